@@ -1,0 +1,19 @@
+//! retrace: record, replay, compare and simulate LLM inference traffic.
+//!
+//! Module map (see ARCHITECTURE.md for the invariants):
+//! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters); pure.
+//! - [`cli`]: command-line definitions (clap); no logic.
+//!
+//! [`run`] matches each subcommand to its module.
+
+pub mod cli;
+pub mod trace;
+
+use std::process::ExitCode;
+
+/// Runs one parsed command line.
+pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        cli::Command::Inspect(_a) => anyhow::bail!("inspect is not built yet"),
+    }
+}

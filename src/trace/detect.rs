@@ -1,0 +1,1 @@
+//! Detecting a trace file's format from its content.

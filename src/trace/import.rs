@@ -1,0 +1,1 @@
+//! Importers for public trace formats.

@@ -1,0 +1,258 @@
+//! The trace data model: what one request of LLM traffic looks like once recorded or imported.
+//!
+//! A [`Trace`] is a [`TraceHeader`] plus [`Request`]s sorted by arrival. Every other part of retrace
+//! reads and writes this model: importers fill it from public formats, the recorder fills it from
+//! live traffic, the replayer turns it into a schedule. Times are monotonic offsets in microseconds
+//! from the trace's t0 (invariant 2 in ARCHITECTURE.md); wall-clock time appears once, in the header.
+//!
+//! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
+
+pub mod detect;
+pub mod hash;
+pub mod import;
+pub mod mooncake;
+pub mod native;
+pub mod stats;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub use hash::HashScheme;
+
+/// Errors from reading or writing traces. Each names where the problem is.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{path}:{line}: {msg}")]
+    Row {
+        path: String,
+        line: u64,
+        msg: String,
+    },
+    #[error("{path}: {msg}")]
+    File { path: String, msg: String },
+    #[error("{path}: trace format version {found_major}.{found_minor} is newer than this retrace understands ({ours_major}.x); upgrade retrace")]
+    NewerVersion {
+        path: String,
+        found_major: u16,
+        found_minor: u16,
+        ours_major: u16,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// File-level facts shared by all requests of a trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Tokens per hash id (512 for Mooncake, 64 for kv-cache-tester, the proxy's choice when recorded).
+    pub block_size: u32,
+    /// What the values in `hash_ids` are.
+    pub hash_scheme: HashScheme,
+    /// `true` when a trailing partial block gets a hash id (Mooncake: ceil); `false` when it is
+    /// dropped (kv-cache-tester: floor).
+    pub partial_tail_block: bool,
+    /// Wall-clock time of t0 in microseconds since the Unix epoch, when known.
+    pub t0_unix_us: Option<i64>,
+    /// Who wrote the file (`retrace 0.1.0`).
+    pub writer: String,
+    /// How it was made (`convert mooncake:conversation_trace.jsonl`, `record --upstream ...`).
+    pub source: String,
+    /// Free-form facts (`dropped_records`, original format, filters applied).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
+}
+
+impl TraceHeader {
+    /// A header for ids imported from a trace that already carries dense prefix-chained ids.
+    pub fn imported(block_size: u32, partial_tail_block: bool, source: impl Into<String>) -> Self {
+        TraceHeader {
+            block_size,
+            hash_scheme: HashScheme::Dense,
+            partial_tail_block,
+            t0_unix_us: None,
+            writer: format!("retrace {}", env!("CARGO_PKG_VERSION")),
+            source: source.into(),
+            meta: BTreeMap::new(),
+        }
+    }
+
+    /// Number of hash ids a prompt of `input_tokens` tokens has under this header's block rule.
+    pub fn blocks_for(&self, input_tokens: u64) -> u64 {
+        let b = u64::from(self.block_size.max(1));
+        if self.partial_tail_block {
+            input_tokens.div_ceil(b)
+        } else {
+            input_tokens / b
+        }
+    }
+}
+
+/// Which API a request used.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum Endpoint {
+    /// `/v1/completions`
+    #[default]
+    Completions,
+    /// `/v1/chat/completions`
+    Chat,
+    /// Any other path, kept as sent.
+    Other(String),
+}
+
+impl Endpoint {
+    pub fn from_path(path: &str) -> Endpoint {
+        let p = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+        if p.ends_with("/chat/completions") {
+            Endpoint::Chat
+        } else if p.ends_with("/completions") {
+            Endpoint::Completions
+        } else {
+            Endpoint::Other(path.to_string())
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        match self {
+            Endpoint::Completions => "completions",
+            Endpoint::Chat => "chat",
+            Endpoint::Other(p) => p,
+        }
+    }
+    pub fn parse(s: &str) -> Endpoint {
+        match s {
+            "completions" => Endpoint::Completions,
+            "chat" => Endpoint::Chat,
+            other => Endpoint::from_path(other),
+        }
+    }
+}
+
+/// Sampling parameters that matter for replay. `None` means "not given in the request".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Params {
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "mt")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "mn")]
+    pub min_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "te")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "ie")]
+    pub ignore_eos: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "st")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "iu")]
+    pub include_usage: Option<bool>,
+}
+
+impl Params {
+    pub fn is_empty(&self) -> bool {
+        *self == Params::default()
+    }
+}
+
+/// Where a request sits in a multi-turn session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    /// Session identifier, unique within the trace.
+    pub id: String,
+    /// Turn number within the session, from 0.
+    pub turn: u32,
+    /// Idle time between the end of the previous turn and this request, in µs, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub think_us: Option<u64>,
+}
+
+/// One streamed event (an SSE `data:` message) of a recorded response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Arrival offset from the request's arrival, µs.
+    pub offset_us: u64,
+    /// Tokens the event carried (0 for a role-only chunk or the usage chunk).
+    pub tokens: u32,
+}
+
+/// Token usage as the server reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// vLLM's per-request `metrics` object (`--enable-per-request-metrics`), in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerMetrics {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_first_token_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_time_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_time_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_itl_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+}
+
+/// What the server did with a recorded request. Offsets are µs from the request's arrival.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Response {
+    /// HTTP status; 0 when no response head arrived.
+    pub status: u16,
+    /// Error kind (`upstream_connect`, `upstream_reset`, `timeout_idle`, `http_500`, ...), if any.
+    pub error: Option<String>,
+    /// Time to response headers.
+    pub headers_us: Option<u64>,
+    /// Time to the first content-bearing event.
+    pub ttft_us: Option<u64>,
+    /// Every streamed event, in order.
+    pub events: Vec<Event>,
+    /// Time the response ended (last byte or failure).
+    pub end_us: Option<u64>,
+    pub usage: Option<Usage>,
+    pub server_metrics: Option<ServerMetrics>,
+    /// The client went away before the response ended.
+    pub cancelled: bool,
+    /// Response body text, only when recorded with `--bodies full`.
+    pub body: Option<Vec<u8>>,
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Request {
+    /// Arrival offset from t0, µs.
+    pub arrival_us: u64,
+    pub session: Option<Session>,
+    pub endpoint: Endpoint,
+    pub model: Option<String>,
+    pub params: Params,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Generated tokens (for an imported trace: the length to generate).
+    pub output_tokens: u64,
+    /// Chained block hashes (or imported ids) of the prompt, one per block (see the header).
+    pub hash_ids: Vec<u64>,
+    pub response: Option<Response>,
+    /// The full request body, only when the user asked for bodies at record time.
+    pub body: Option<Vec<u8>>,
+}
+
+/// A whole trace in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    pub header: TraceHeader,
+    pub requests: Vec<Request>,
+}
+
+impl Trace {
+    /// Duration from t0 to the last arrival, in µs.
+    pub fn span_us(&self) -> u64 {
+        let first = self.requests.first().map_or(0, |r| r.arrival_us);
+        let last = self.requests.last().map_or(0, |r| r.arrival_us);
+        last.saturating_sub(first)
+    }
+}

@@ -1,0 +1,202 @@
+//! Mooncake JSONL (FAST'25 traces): reader and writer.
+//!
+//! One JSON object per line with exactly `timestamp` (integer ms from trace start), `input_length`,
+//! `output_length` and `hash_ids` (one id per 512-token block, ceil). The writer emits those four
+//! keys in that order, with ids compacted to 0..N-1 in order of first appearance, so the file loads
+//! in `vllm bench serve --dataset-name timed_trace`, AIPerf's `mooncake_trace` and SGLang's
+//! `mooncake` loaders. Reading keeps ids as they are (they are already dense).
+
+use super::hash::IdCompactor;
+use super::{Request, Trace, TraceError, TraceHeader};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+/// Mooncake's block size.
+pub const BLOCK_SIZE: u32 = 512;
+/// Largest `input_length` accepted (10^9 tokens): larger values are absurd, not data.
+pub const MAX_TOKENS: u64 = 1_000_000_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RowIn {
+    timestamp: serde_json::Number,
+    input_length: u64,
+    output_length: u64,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct RowOut<'a> {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: &'a [u64],
+}
+
+/// Options shared by the line-oriented importers.
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Skip (and count) malformed rows instead of failing.
+    pub skip_bad: bool,
+}
+
+/// What an importer skipped or adjusted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportReport {
+    pub rows: u64,
+    /// (line, message) of each skipped row (kept up to 100; `skipped` counts all).
+    pub bad: Vec<(u64, String)>,
+    pub skipped: u64,
+    /// Rows out of time order, sorted (stable) by arrival afterwards.
+    pub reordered: u64,
+}
+
+impl ImportReport {
+    pub fn bad_row(&mut self, line: u64, msg: String) {
+        self.skipped += 1;
+        if self.bad.len() < 100 {
+            self.bad.push((line, msg));
+        }
+    }
+}
+
+/// Parses one Mooncake row. Public for fuzzing.
+pub fn parse_row(line: &str) -> Result<Request, String> {
+    let row: RowIn = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let ts = if let Some(u) = row.timestamp.as_u64() {
+        u as f64
+    } else {
+        row.timestamp.as_f64().ok_or("timestamp is not a number")?
+    };
+    if !(ts >= 0.0) || !ts.is_finite() {
+        return Err(format!("timestamp {ts} is negative or not finite"));
+    }
+    if ts > 1e15 {
+        return Err(format!("timestamp {ts} ms is absurd"));
+    }
+    if row.input_length > MAX_TOKENS || row.output_length > MAX_TOKENS {
+        return Err(format!(
+            "input_length {} / output_length {} over the limit of {MAX_TOKENS} tokens",
+            row.input_length, row.output_length
+        ));
+    }
+    Ok(Request {
+        arrival_us: (ts * 1000.0).round() as u64,
+        input_tokens: row.input_length,
+        output_tokens: row.output_length,
+        hash_ids: row.hash_ids,
+        ..Default::default()
+    })
+}
+
+/// Reads Mooncake JSONL. `path` names the source in errors.
+pub fn read<R: BufRead>(
+    path: &str,
+    input: R,
+    opts: &ReadOptions,
+) -> Result<(Trace, ImportReport), TraceError> {
+    let mut rep = ImportReport::default();
+    let mut reqs: Vec<Request> = Vec::new();
+    for (k, line) in input.lines().enumerate() {
+        let lineno = k as u64 + 1;
+        let line = line.map_err(|e| TraceError::Io {
+            path: path.to_string(),
+            source: e,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse_row(&line) {
+            Ok(r) => {
+                if reqs.last().is_some_and(|p| p.arrival_us > r.arrival_us) {
+                    rep.reordered += 1;
+                }
+                reqs.push(r);
+            }
+            Err(msg) if opts.skip_bad => rep.bad_row(lineno, msg),
+            Err(msg) => {
+                return Err(TraceError::Row {
+                    path: path.to_string(),
+                    line: lineno,
+                    msg,
+                })
+            }
+        }
+    }
+    rep.rows = reqs.len() as u64;
+    if rep.reordered > 0 {
+        reqs.sort_by_key(|r| r.arrival_us);
+    }
+    Ok((
+        Trace {
+            header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
+            requests: reqs,
+        },
+        rep,
+    ))
+}
+
+/// Writes Mooncake JSONL: timestamps in ms from the first request (rounded), ids compacted.
+pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
+    let mut ids = IdCompactor::new();
+    let t0 = trace.requests.first().map_or(0, |r| r.arrival_us);
+    let mut hs = Vec::new();
+    for r in &trace.requests {
+        hs.clear();
+        hs.extend(r.hash_ids.iter().map(|&h| ids.id(h)));
+        let row = RowOut {
+            timestamp: (r.arrival_us.saturating_sub(t0) + 500) / 1000,
+            input_length: r.input_tokens,
+            output_length: r.output_tokens,
+            hash_ids: &hs,
+        };
+        serde_json::to_writer(&mut out, &row)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_rows_and_reports_bad_lines() {
+        let data = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n\
+                    {\"timestamp\": 3, \"input_length\": \"x\", \"output_length\": 5, \"hash_ids\": []}\n";
+        let e = read("t.jsonl", data.as_bytes(), &ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.jsonl:2:"), "{e}");
+        let (t, rep) = read(
+            "t.jsonl",
+            data.as_bytes(),
+            &ReadOptions { skip_bad: true },
+        )
+        .unwrap();
+        assert_eq!(t.requests.len(), 1);
+        assert_eq!(rep.skipped, 1);
+        assert_eq!(rep.bad[0].0, 2);
+    }
+
+    #[test]
+    fn absurd_and_negative_values_are_errors() {
+        for row in [
+            r#"{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": []}"#,
+            r#"{"timestamp": 0, "input_length": 1000000000000, "output_length": 1, "hash_ids": []}"#,
+            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [], "x": 1}"#,
+        ] {
+            assert!(parse_row(row).is_err(), "{row}");
+        }
+    }
+
+    #[test]
+    fn unsorted_rows_are_sorted_and_counted() {
+        let data = "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n\
+                    {\"timestamp\": 2, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n";
+        let (t, rep) = read("t", data.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(rep.reordered, 1);
+        assert_eq!(t.requests[0].arrival_us, 2000);
+    }
+}

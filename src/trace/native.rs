@@ -1,0 +1,872 @@
+//! The native trace file format (`*.trace.zst`): writer and crash-tolerant reader.
+//!
+//! # Layout
+//! A native trace is a plain zstd stream made of independent zstd frames (`zstd -t` passes and
+//! `zstd -dc` yields the concatenated CBOR sequence, RFC 8742). Frame 0 holds one CBOR map, the
+//! file header; every later frame holds a frame header map followed by exactly `n` request maps.
+//!
+//! * File header: `{"magic": "retrace-trace", "version": [major, minor], "block_size": u32,
+//!   "hash_scheme": "dense"|"xxh3"|"hmac-sha256", "partial_tail_block": bool,
+//!   "t0_unix_us": i64|null, "writer": text, "source": text, "meta": {text: text}}`.
+//! * Frame header: `{"frame": seq (from 1), "n": records in this frame, "first": index of its first
+//!   record in the file, "dropped": records the writer dropped so far (omitted when 0)}`.
+//! * Request map (short keys; absent keys take the default shown):
+//!   - `t`: arrival, µs, as a signed delta from the previous record *of the same frame* (the first
+//!     record of a frame: from t0), so frames decode independently;
+//!   - `i`, `o`: input and output tokens (0);
+//!   - `h`: hash ids as a flat list of runs `[start0, len0, start1, len1, ...]`, a run being ids
+//!     `start, start+1, ..., start+len-1` (Mooncake's 288,500 ids form 33,391 runs) (`[]`);
+//!   - `e`: endpoint, `"chat"` or a path (`"completions"`); `m`: model (none);
+//!   - `p`: params `{mt: max_tokens, mn: min_tokens, te: temperature, ie: ignore_eos, n, st: stream,
+//!     iu: include_usage}`, each optional;
+//!   - `s`: session `{id, turn, think_us?}`; `b`: request body, a byte string (only when recorded
+//!     with bodies);
+//!   - `r`: response `{st: status, er: error kind, hd: µs to headers, tf: µs to first token,
+//!     eg: [gaps between successive events in µs, the first from arrival], et: [tokens per event]
+//!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
+//!     sm: vLLM metrics object, c: cancelled (false), b: response body bytes}`.
+//!
+//! Unknown keys are ignored, so a newer *minor* version stays readable.
+//!
+//! # Versioning
+//! `version` is `[major, minor]`. A change that old readers can skip (a new optional key) bumps
+//! minor; any other change bumps major. Readers reject a file whose major is newer than theirs with
+//! [`TraceError::NewerVersion`]; older majors are read by this reader's compatibility code (none yet).
+//!
+//! # Durability
+//! The writer closes a frame when its buffered records pass `frame_bytes` (default 4 MiB) or when
+//! the caller asks ([`TraceWriter::flush_frame`], which the recorder does every second), so a crash
+//! loses at most the open frame. The reader returns every record of every complete frame before a
+//! cut, reports cut and corrupt frames with their byte offsets in [`ReadReport`], resynchronises on
+//! the next zstd frame magic after a corrupt frame, and never panics or allocates more than a frame's
+//! declared size (capped at [`MAX_FRAME_CONTENT`]).
+
+use super::{
+    Endpoint, Event, HashScheme, Params, Request, Response, ServerMetrics, Session, Trace,
+    TraceError, TraceHeader, Usage,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+pub const MAGIC: &str = "retrace-trace";
+pub const VERSION_MAJOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 0;
+/// Largest decompressed frame the reader accepts.
+pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+#[derive(Serialize, Deserialize)]
+struct HeaderWire {
+    magic: String,
+    version: (u16, u16),
+    #[serde(flatten)]
+    header: TraceHeader,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FrameWire {
+    frame: u64,
+    n: u64,
+    first: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    dropped: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct RequestWire {
+    #[serde(default)]
+    t: i64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    i: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    o: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    h: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    m: Option<String>,
+    #[serde(default, skip_serializing_if = "Params::is_empty")]
+    p: Params,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    s: Option<Session>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
+    b: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    r: Option<ResponseWire>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct ResponseWire {
+    #[serde(default)]
+    st: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    er: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hd: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tf: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    eg: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    et: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    en: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    u: Option<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sm: Option<ServerMetrics>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    c: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
+    b: Option<Vec<u8>>,
+}
+
+mod opt_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_bytes(b),
+            None => s.serialize_none(),
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Ok(Option::<serde_bytes::ByteBuf>::deserialize(d)?.map(|b| b.into_vec()))
+    }
+}
+
+/// Encodes ids as flat runs of consecutive values.
+pub fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
+    let mut i = 0;
+    while i < ids.len() {
+        let start = ids[i];
+        let mut len = 1u64;
+        while i + (len as usize) < ids.len() && start.checked_add(len) == Some(ids[i + len as usize]) {
+            len += 1;
+        }
+        out.push(start);
+        out.push(len);
+        i += len as usize;
+    }
+}
+
+/// Decodes flat runs; `limit` caps the total ids (corrupt input must not allocate unboundedly).
+pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
+    if runs.len() % 2 != 0 {
+        return Err("hash id runs have odd length".into());
+    }
+    let total = runs
+        .chunks(2)
+        .try_fold(0u64, |acc, r| acc.checked_add(r[1]))
+        .ok_or("hash id run lengths overflow")?;
+    if total > limit {
+        return Err(format!("{total} hash ids exceed the limit of {limit}"));
+    }
+    let mut out = Vec::with_capacity(total as usize);
+    for r in runs.chunks(2) {
+        if r[1] > 0 && r[0].checked_add(r[1] - 1).is_none() {
+            return Err("hash id run overflows u64".into());
+        }
+        out.extend((0..r[1]).map(|k| r[0] + k));
+    }
+    Ok(out)
+}
+
+impl RequestWire {
+    fn from_request(r: &Request, prev_arrival: u64) -> RequestWire {
+        let mut h = Vec::new();
+        encode_runs(&r.hash_ids, &mut h);
+        RequestWire {
+            t: r.arrival_us as i64 - prev_arrival as i64,
+            i: r.input_tokens,
+            o: r.output_tokens,
+            h,
+            e: match &r.endpoint {
+                Endpoint::Completions => None,
+                e => Some(e.as_str().to_string()),
+            },
+            m: r.model.clone(),
+            p: r.params.clone(),
+            s: r.session.clone(),
+            b: r.body.clone(),
+            r: r.response.as_ref().map(ResponseWire::from_response),
+        }
+    }
+
+    fn into_request(self, prev_arrival: u64) -> Result<Request, String> {
+        let arrival = prev_arrival as i64 + self.t;
+        if arrival < 0 {
+            return Err(format!("negative arrival time {arrival} µs"));
+        }
+        Ok(Request {
+            arrival_us: arrival as u64,
+            session: self.s,
+            endpoint: self.e.as_deref().map_or(Endpoint::Completions, Endpoint::parse),
+            model: self.m,
+            params: self.p,
+            input_tokens: self.i,
+            output_tokens: self.o,
+            hash_ids: decode_runs(&self.h, MAX_FRAME_CONTENT)?,
+            response: self.r.map(ResponseWire::into_response).transpose()?,
+            body: self.b,
+        })
+    }
+}
+
+impl ResponseWire {
+    fn from_response(r: &Response) -> ResponseWire {
+        let mut prev = 0u64;
+        let eg = r
+            .events
+            .iter()
+            .map(|e| {
+                let g = e.offset_us.saturating_sub(prev);
+                prev = e.offset_us.max(prev);
+                g
+            })
+            .collect();
+        let et = if r.events.iter().all(|e| e.tokens == 1) {
+            Vec::new()
+        } else {
+            r.events.iter().map(|e| e.tokens).collect()
+        };
+        ResponseWire {
+            st: r.status,
+            er: r.error.clone(),
+            hd: r.headers_us,
+            tf: r.ttft_us,
+            eg,
+            et,
+            en: r.end_us,
+            u: r.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+            sm: r.server_metrics.clone(),
+            c: r.cancelled,
+            b: r.body.clone(),
+        }
+    }
+
+    fn into_response(self) -> Result<Response, String> {
+        if !self.et.is_empty() && self.et.len() != self.eg.len() {
+            return Err(format!(
+                "{} event gaps but {} event token counts",
+                self.eg.len(),
+                self.et.len()
+            ));
+        }
+        let mut off = 0u64;
+        let events = self
+            .eg
+            .iter()
+            .enumerate()
+            .map(|(k, g)| {
+                off = off.saturating_add(*g);
+                Event {
+                    offset_us: off,
+                    tokens: self.et.get(k).copied().unwrap_or(1),
+                }
+            })
+            .collect();
+        Ok(Response {
+            status: self.st,
+            error: self.er,
+            headers_us: self.hd,
+            ttft_us: self.tf,
+            events,
+            end_us: self.en,
+            usage: self.u.map(|(p, c)| Usage {
+                prompt_tokens: p,
+                completion_tokens: c,
+            }),
+            server_metrics: self.sm,
+            cancelled: self.c,
+            body: self.b,
+        })
+    }
+}
+
+fn cbor<T: Serialize>(v: &T, out: &mut Vec<u8>) {
+    // Writing CBOR into a Vec cannot fail for these plain data types.
+    ciborium::into_writer(v, &mut *out).expect("CBOR encoding into memory");
+}
+
+/// Options for [`TraceWriter`].
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    /// zstd level (3 while recording; 19 for `convert`).
+    pub level: i32,
+    /// Close the open frame once its uncompressed size passes this.
+    pub frame_bytes: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            level: 3,
+            frame_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Writes a native trace: header frame, then record frames.
+pub struct TraceWriter<W: Write> {
+    out: W,
+    opts: WriteOptions,
+    buf: Vec<u8>,
+    in_frame: u64,
+    prev_arrival: u64,
+    frames: u64,
+    records: u64,
+    dropped: u64,
+    bytes_written: u64,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Writes the header frame.
+    pub fn new(out: W, header: &TraceHeader, opts: WriteOptions) -> std::io::Result<Self> {
+        let mut w = TraceWriter {
+            out,
+            opts,
+            buf: Vec::with_capacity(1 << 16),
+            in_frame: 0,
+            prev_arrival: 0,
+            frames: 0,
+            records: 0,
+            dropped: 0,
+            bytes_written: 0,
+        };
+        let mut hb = Vec::new();
+        cbor(
+            &HeaderWire {
+                magic: MAGIC.into(),
+                version: (VERSION_MAJOR, VERSION_MINOR),
+                header: header.clone(),
+            },
+            &mut hb,
+        );
+        w.write_frame(&hb)?;
+        Ok(w)
+    }
+
+    fn write_frame(&mut self, content: &[u8]) -> std::io::Result<()> {
+        let z = zstd::bulk::compress(content, self.opts.level)?;
+        self.out.write_all(&z)?;
+        self.bytes_written += z.len() as u64;
+        Ok(())
+    }
+
+    /// Appends a record; closes the frame when it is large enough.
+    pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+        cbor(&RequestWire::from_request(r, self.prev_arrival), &mut self.buf);
+        self.prev_arrival = r.arrival_us;
+        self.in_frame += 1;
+        if self.buf.len() >= self.opts.frame_bytes {
+            self.flush_frame()?;
+        }
+        Ok(())
+    }
+
+    /// Records that `n` more records were dropped upstream of the writer (kept in frame headers).
+    pub fn note_dropped(&mut self, n: u64) {
+        self.dropped += n;
+    }
+
+    /// Closes the open frame (if it holds records) and flushes the output.
+    pub fn flush_frame(&mut self) -> std::io::Result<()> {
+        if self.in_frame == 0 {
+            return self.out.flush();
+        }
+        self.frames += 1;
+        let mut content = Vec::with_capacity(self.buf.len() + 32);
+        cbor(
+            &FrameWire {
+                frame: self.frames,
+                n: self.in_frame,
+                first: self.records,
+                dropped: self.dropped,
+            },
+            &mut content,
+        );
+        content.extend_from_slice(&self.buf);
+        self.write_frame(&content)?;
+        self.records += self.in_frame;
+        self.in_frame = 0;
+        self.prev_arrival = 0;
+        self.buf.clear();
+        self.out.flush()
+    }
+
+    /// Records written so far (including the open frame).
+    pub fn records(&self) -> u64 {
+        self.records + self.in_frame
+    }
+
+    /// Compressed bytes written so far (closed frames only).
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Closes the last frame and returns the output.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.flush_frame()?;
+        Ok(self.out)
+    }
+
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+}
+
+/// What the reader found besides records.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReadReport {
+    /// Complete frames decoded (header frame included).
+    pub frames_ok: u64,
+    pub records: u64,
+    /// Byte offset where a truncated (incomplete) last frame starts, if the file was cut.
+    pub truncated_at: Option<u64>,
+    /// Bytes after the last complete frame that could not be used.
+    pub bytes_lost: u64,
+    /// Corrupt frames: (byte offset, what was wrong).
+    pub corrupt: Vec<(u64, String)>,
+    /// Records dropped by the writer, as its last frame header said.
+    pub dropped_by_writer: u64,
+}
+
+impl ReadReport {
+    /// True when the whole file was read without loss.
+    pub fn is_clean(&self) -> bool {
+        self.truncated_at.is_none() && self.corrupt.is_empty()
+    }
+
+    /// One line for humans, e.g. "recovered 1200 records from 3 complete frames; file cut at byte 4521".
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "recovered {} records from {} complete frames",
+            self.records, self.frames_ok
+        );
+        if let Some(off) = self.truncated_at {
+            s.push_str(&format!(
+                "; file cut at byte {off} ({} bytes of an incomplete frame lost)",
+                self.bytes_lost
+            ));
+        }
+        for (off, msg) in &self.corrupt {
+            s.push_str(&format!("; corrupt frame at byte {off}: {msg}"));
+        }
+        s
+    }
+}
+
+/// Does `data` start like a native trace (a zstd frame whose content starts with our header)?
+pub fn sniff(data: &[u8]) -> bool {
+    if !data.starts_with(&ZSTD_MAGIC) {
+        return false;
+    }
+    let Ok(first) = first_frame(data) else {
+        return false;
+    };
+    first
+        .windows(MAGIC.len())
+        .take(64)
+        .any(|w| w == MAGIC.as_bytes())
+}
+
+fn first_frame(data: &[u8]) -> Result<Vec<u8>, String> {
+    let len = zstd::zstd_safe::find_frame_compressed_size(data).map_err(|_| "no zstd frame")?;
+    decompress_frame(&data[..len])
+}
+
+fn decompress_frame(frame: &[u8]) -> Result<Vec<u8>, String> {
+    let cap = match zstd::zstd_safe::get_frame_content_size(frame) {
+        Ok(Some(n)) if n <= MAX_FRAME_CONTENT => n as usize,
+        Ok(Some(n)) => return Err(format!("frame declares {n} bytes, over the limit")),
+        _ => return Err("frame has no content size".into()),
+    };
+    zstd::bulk::decompress(frame, cap).map_err(|e| format!("zstd: {e}"))
+}
+
+/// Reads a whole native trace from bytes. `path` only names the source in errors.
+///
+/// Errors only when no header can be read or the version is newer; damage after the header is
+/// reported in the [`ReadReport`] and the good records are returned.
+pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceError> {
+    let err = |msg: String| TraceError::File {
+        path: path.to_string(),
+        msg,
+    };
+    let mut report = ReadReport::default();
+    let hlen = zstd::zstd_safe::find_frame_compressed_size(data)
+        .map_err(|_| err("not a native trace (no complete zstd header frame)".into()))?;
+    let hcontent = decompress_frame(&data[..hlen]).map_err(|m| err(format!("header: {m}")))?;
+    let hv: ciborium::Value = ciborium::from_reader(hcontent.as_slice())
+        .map_err(|e| err(format!("header is not CBOR: {e}")))?;
+    check_magic_version(path, &hv)?;
+    let hw: HeaderWire = hv
+        .deserialized()
+        .map_err(|e| err(format!("bad header: {e}")))?;
+    report.frames_ok = 1;
+    let mut requests = Vec::new();
+    let mut pos = hlen;
+    while pos < data.len() {
+        let rest = &data[pos..];
+        match zstd::zstd_safe::find_frame_compressed_size(rest) {
+            Ok(len) if len > 0 && len <= rest.len() => {
+                match decode_frame(&rest[..len], &mut requests) {
+                    Ok(dropped) => {
+                        report.frames_ok += 1;
+                        report.dropped_by_writer = report.dropped_by_writer.max(dropped);
+                    }
+                    Err(msg) => report.corrupt.push((pos as u64, msg)),
+                }
+                pos += len;
+            }
+            _ => {
+                // Either cut short (no later frame magic) or corrupt header: look for the next magic.
+                match find_magic(&rest[1.min(rest.len())..]) {
+                    Some(k) => {
+                        report
+                            .corrupt
+                            .push((pos as u64, "unreadable zstd frame".into()));
+                        pos += 1 + k;
+                    }
+                    None => {
+                        report.truncated_at = Some(pos as u64);
+                        report.bytes_lost = rest.len() as u64;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    report.records = requests.len() as u64;
+    Ok((
+        Trace {
+            header: hw.header,
+            requests,
+        },
+        report,
+    ))
+}
+
+fn find_magic(data: &[u8]) -> Option<usize> {
+    data.windows(4).position(|w| w == ZSTD_MAGIC)
+}
+
+fn check_magic_version(path: &str, v: &ciborium::Value) -> Result<(), TraceError> {
+    let err = |msg: &str| TraceError::File {
+        path: path.to_string(),
+        msg: msg.to_string(),
+    };
+    let map = v.as_map().ok_or_else(|| err("header is not a map"))?;
+    let get = |k: &str| {
+        map.iter()
+            .find(|(kk, _)| kk.as_text() == Some(k))
+            .map(|(_, v)| v)
+    };
+    if get("magic").and_then(|m| m.as_text()) != Some(MAGIC) {
+        return Err(err("not a retrace trace (header magic missing)"));
+    }
+    let ver = get("version")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| err("header has no version"))?;
+    let num = |i: usize| -> u16 {
+        ver.get(i)
+            .and_then(|x| x.as_integer())
+            .and_then(|x| u16::try_from(x).ok())
+            .unwrap_or(u16::MAX)
+    };
+    let (major, minor) = (num(0), num(1));
+    if major > VERSION_MAJOR {
+        return Err(TraceError::NewerVersion {
+            path: path.to_string(),
+            found_major: major,
+            found_minor: minor,
+            ours_major: VERSION_MAJOR,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes one record frame, appending to `out` only if the whole frame is good.
+fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
+    let content = decompress_frame(frame)?;
+    let mut rd = content.as_slice();
+    let fw: FrameWire =
+        ciborium::from_reader(&mut rd).map_err(|e| format!("bad frame header: {e}"))?;
+    // Each record takes at least one byte: a count beyond the content is corrupt.
+    if fw.n > content.len() as u64 {
+        return Err(format!("frame claims {} records in {} bytes", fw.n, content.len()));
+    }
+    let mut recs = Vec::with_capacity(fw.n as usize);
+    let mut prev = 0u64;
+    for k in 0..fw.n {
+        let w: RequestWire =
+            ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
+        let r = w.into_request(prev).map_err(|e| format!("record {k}: {e}"))?;
+        prev = r.arrival_us;
+        recs.push(r);
+    }
+    if !rd.is_empty() {
+        return Err(format!("{} trailing bytes after {} records", rd.len(), fw.n));
+    }
+    out.extend(recs);
+    Ok(fw.dropped)
+}
+
+/// Reads a native trace file.
+pub fn read_file(path: &Path) -> Result<(Trace, ReadReport), TraceError> {
+    let data = std::fs::read(path).map_err(|e| TraceError::Io {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    read_bytes(&path.display().to_string(), &data)
+}
+
+/// Writes a whole trace to bytes.
+pub fn write_bytes(trace: &Trace, opts: WriteOptions) -> Vec<u8> {
+    let mut w = TraceWriter::new(Vec::new(), &trace.header, opts).expect("writing to memory");
+    for r in &trace.requests {
+        w.push(r).expect("writing to memory");
+    }
+    w.finish().expect("writing to memory")
+}
+
+/// Writes a whole trace to a file (via a `.partial` file renamed when complete).
+pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), TraceError> {
+    let io = |e: std::io::Error| TraceError::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    let tmp = std::path::PathBuf::from(tmp);
+    let f = std::fs::File::create(&tmp).map_err(io)?;
+    let mut w = TraceWriter::new(std::io::BufWriter::new(f), &trace.header, opts).map_err(io)?;
+    for r in &trace.requests {
+        w.push(r).map_err(io)?;
+    }
+    let bw = w.finish().map_err(io)?;
+    let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(())
+}
+
+/// Header meta helper: a map from pairs.
+pub fn meta(pairs: &[(&str, String)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+#[allow(dead_code)]
+fn _scheme_is_serializable(_: HashScheme) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n: usize) -> Trace {
+        let mut reqs = Vec::new();
+        for k in 0..n {
+            let mut r = Request {
+                arrival_us: (k as u64) * 1_000 + (k as u64 % 7),
+                input_tokens: 100 + k as u64,
+                output_tokens: 10,
+                hash_ids: vec![0, 1, 2, k as u64 + 10],
+                ..Default::default()
+            };
+            if k % 3 == 0 {
+                r.endpoint = Endpoint::Chat;
+                r.model = Some("m".into());
+                r.params.max_tokens = Some(10);
+                r.session = Some(Session {
+                    id: format!("s{}", k % 5),
+                    turn: (k / 5) as u32,
+                    think_us: Some(5),
+                });
+                r.response = Some(Response {
+                    status: 200,
+                    ttft_us: Some(50_000),
+                    events: vec![
+                        Event {
+                            offset_us: 50_000,
+                            tokens: 0,
+                        },
+                        Event {
+                            offset_us: 60_000,
+                            tokens: 2,
+                        },
+                    ],
+                    end_us: Some(61_000),
+                    usage: Some(Usage {
+                        prompt_tokens: 100,
+                        completion_tokens: 2,
+                    }),
+                    server_metrics: Some(ServerMetrics {
+                        queue_time_ms: Some(0.5),
+                        ..Default::default()
+                    }),
+                    body: Some(b"data: x\n\n".to_vec()),
+                    ..Default::default()
+                });
+                r.body = Some(b"{\"prompt\":[1,2]}".to_vec());
+            }
+            reqs.push(r);
+        }
+        Trace {
+            header: TraceHeader::imported(16, true, "test"),
+            requests: reqs,
+        }
+    }
+
+    #[test]
+    fn round_trip_across_frames() {
+        let t = sample(500);
+        let bytes = write_bytes(
+            &t,
+            WriteOptions {
+                level: 3,
+                frame_bytes: 2000,
+            },
+        );
+        let (back, rep) = read_bytes("mem", &bytes).unwrap();
+        assert!(rep.is_clean(), "{rep:?}");
+        assert!(rep.frames_ok > 3, "small frame_bytes must make several frames");
+        assert_eq!(back, t);
+    }
+
+    #[test]
+    fn runs_round_trip() {
+        let ids = vec![5, 6, 7, 1, 9, 10, u64::MAX, 0];
+        let mut r = Vec::new();
+        encode_runs(&ids, &mut r);
+        assert_eq!(r, vec![5, 3, 1, 1, 9, 2, u64::MAX, 1, 0, 1]);
+        assert_eq!(decode_runs(&r, 100).unwrap(), ids);
+        assert!(decode_runs(&[0, u64::MAX], 1000).is_err());
+        assert!(decode_runs(&[0, 5, 1], 1000).is_err());
+    }
+
+    #[test]
+    fn every_cut_point_recovers_complete_frames_without_panic() {
+        let t = sample(300);
+        let bytes = write_bytes(
+            &t,
+            WriteOptions {
+                level: 1,
+                frame_bytes: 1500,
+            },
+        );
+        // Record where each frame ends, and how many records are complete by then.
+        let (_, full) = read_bytes("mem", &bytes).unwrap();
+        assert!(full.frames_ok >= 5);
+        let mut ends = Vec::new();
+        let mut pos = 0;
+        while pos < bytes.len() {
+            pos += zstd::zstd_safe::find_frame_compressed_size(&bytes[pos..]).unwrap();
+            ends.push(pos);
+        }
+        // records complete at the end of each frame
+        let mut complete_at = Vec::new();
+        for &e in &ends {
+            let (tr, rep) = read_bytes("mem", &bytes[..e]).unwrap();
+            assert!(rep.is_clean());
+            complete_at.push((e, tr.requests.len()));
+        }
+        for cut in 0..bytes.len() {
+            let res = read_bytes("mem", &bytes[..cut]);
+            if cut < ends[0] {
+                assert!(res.is_err(), "cut {cut} inside the header must be an error");
+                continue;
+            }
+            let (tr, rep) = res.unwrap();
+            let expect = complete_at
+                .iter()
+                .rev()
+                .find(|(e, _)| *e <= cut)
+                .map(|(_, n)| *n)
+                .unwrap();
+            assert_eq!(tr.requests.len(), expect, "cut at {cut}");
+            assert_eq!(tr.requests[..], t.requests[..expect]);
+            let at_boundary = ends.contains(&cut);
+            assert_eq!(rep.truncated_at.is_some(), !at_boundary, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn corrupt_middle_frame_is_reported_and_later_frames_read() {
+        let t = sample(300);
+        let mut bytes = write_bytes(
+            &t,
+            WriteOptions {
+                level: 1,
+                frame_bytes: 1500,
+            },
+        );
+        let mut ends = vec![0];
+        let mut pos = 0;
+        while pos < bytes.len() {
+            pos += zstd::zstd_safe::find_frame_compressed_size(&bytes[pos..]).unwrap();
+            ends.push(pos);
+        }
+        // Damage the middle of frame 3 (index 2 counts the header frame as 0).
+        let (a, b) = (ends[2], ends[3]);
+        for x in &mut bytes[a + 8..b - 4] {
+            *x ^= 0x5a;
+        }
+        let (tr, rep) = read_bytes("mem", &bytes).unwrap();
+        assert_eq!(rep.corrupt.len(), 1, "{rep:?}");
+        assert_eq!(rep.corrupt[0].0, a as u64);
+        assert!(tr.requests.len() < t.requests.len());
+        // The last record is still there: frames after the damage were read.
+        assert_eq!(tr.requests.last(), t.requests.last());
+        assert!(rep.summary().contains("corrupt frame at byte"));
+    }
+
+    #[test]
+    fn newer_major_version_is_rejected_clearly() {
+        let mut hb = Vec::new();
+        let hw = HeaderWire {
+            magic: MAGIC.into(),
+            version: (VERSION_MAJOR + 1, 0),
+            header: TraceHeader::imported(16, true, "future"),
+        };
+        cbor(&hw, &mut hb);
+        let bytes = zstd::bulk::compress(&hb, 3).unwrap();
+        let e = read_bytes("f.trace.zst", &bytes).unwrap_err().to_string();
+        assert!(e.contains("f.trace.zst") && e.contains("newer"), "{e}");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for data in [&b""[..], b"hello", &ZSTD_MAGIC[..], b"\x28\xb5\x2f\xfd\x00\x00"] {
+            assert!(read_bytes("x", data).is_err());
+        }
+    }
+
+    #[test]
+    fn output_is_a_plain_zstd_stream_of_cbor() {
+        let t = sample(10);
+        let bytes = write_bytes(&t, WriteOptions::default());
+        let plain = zstd::stream::decode_all(bytes.as_slice()).unwrap();
+        let mut rd = plain.as_slice();
+        let first: ciborium::Value = ciborium::from_reader(&mut rd).unwrap();
+        assert!(format!("{first:?}").contains(MAGIC));
+        let mut items = 1;
+        while !rd.is_empty() {
+            let _: ciborium::Value = ciborium::from_reader(&mut rd).unwrap();
+            items += 1;
+        }
+        assert_eq!(items, 1 + 1 + 10, "header, frame header, 10 records");
+    }
+}
