@@ -2,11 +2,15 @@
 //!
 //! Module map (see ARCHITECTURE.md for the invariants):
 //! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters); pure.
+//! - [`sse`]: incremental SSE splitter; pure.
+//! - [`openai`]: request and stream-chunk shapes we read; pure.
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
 //! [`run`] matches each subcommand to its module.
 
 pub mod cli;
+pub mod openai;
+pub mod sse;
 pub mod trace;
 
 use std::process::ExitCode;

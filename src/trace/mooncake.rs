@@ -169,12 +169,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("t.jsonl:2:"), "{e}");
-        let (t, rep) = read(
-            "t.jsonl",
-            data.as_bytes(),
-            &ReadOptions { skip_bad: true },
-        )
-        .unwrap();
+        let (t, rep) = read("t.jsonl", data.as_bytes(), &ReadOptions { skip_bad: true }).unwrap();
         assert_eq!(t.requests.len(), 1);
         assert_eq!(rep.skipped, 1);
         assert_eq!(rep.bad[0].0, 2);

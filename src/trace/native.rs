@@ -150,7 +150,9 @@ pub fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
     while i < ids.len() {
         let start = ids[i];
         let mut len = 1u64;
-        while i + (len as usize) < ids.len() && start.checked_add(len) == Some(ids[i + len as usize]) {
+        while i + (len as usize) < ids.len()
+            && start.checked_add(len) == Some(ids[i + len as usize])
+        {
             len += 1;
         }
         out.push(start);
@@ -210,7 +212,10 @@ impl RequestWire {
         Ok(Request {
             arrival_us: arrival as u64,
             session: self.s,
-            endpoint: self.e.as_deref().map_or(Endpoint::Completions, Endpoint::parse),
+            endpoint: self
+                .e
+                .as_deref()
+                .map_or(Endpoint::Completions, Endpoint::parse),
             model: self.m,
             params: self.p,
             input_tokens: self.i,
@@ -365,7 +370,10 @@ impl<W: Write> TraceWriter<W> {
 
     /// Appends a record; closes the frame when it is large enough.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
-        cbor(&RequestWire::from_request(r, self.prev_arrival), &mut self.buf);
+        cbor(
+            &RequestWire::from_request(r, self.prev_arrival),
+            &mut self.buf,
+        );
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
         if self.buf.len() >= self.opts.frame_bytes {
@@ -604,19 +612,29 @@ fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
         ciborium::from_reader(&mut rd).map_err(|e| format!("bad frame header: {e}"))?;
     // Each record takes at least one byte: a count beyond the content is corrupt.
     if fw.n > content.len() as u64 {
-        return Err(format!("frame claims {} records in {} bytes", fw.n, content.len()));
+        return Err(format!(
+            "frame claims {} records in {} bytes",
+            fw.n,
+            content.len()
+        ));
     }
     let mut recs = Vec::with_capacity(fw.n as usize);
     let mut prev = 0u64;
     for k in 0..fw.n {
         let w: RequestWire =
             ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
-        let r = w.into_request(prev).map_err(|e| format!("record {k}: {e}"))?;
+        let r = w
+            .into_request(prev)
+            .map_err(|e| format!("record {k}: {e}"))?;
         prev = r.arrival_us;
         recs.push(r);
     }
     if !rd.is_empty() {
-        return Err(format!("{} trailing bytes after {} records", rd.len(), fw.n));
+        return Err(format!(
+            "{} trailing bytes after {} records",
+            rd.len(),
+            fw.n
+        ));
     }
     out.extend(recs);
     Ok(fw.dropped)
@@ -742,7 +760,10 @@ mod tests {
         );
         let (back, rep) = read_bytes("mem", &bytes).unwrap();
         assert!(rep.is_clean(), "{rep:?}");
-        assert!(rep.frames_ok > 3, "small frame_bytes must make several frames");
+        assert!(
+            rep.frames_ok > 3,
+            "small frame_bytes must make several frames"
+        );
         assert_eq!(back, t);
     }
 
@@ -849,7 +870,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for data in [&b""[..], b"hello", &ZSTD_MAGIC[..], b"\x28\xb5\x2f\xfd\x00\x00"] {
+        for data in [
+            &b""[..],
+            b"hello",
+            &ZSTD_MAGIC[..],
+            b"\x28\xb5\x2f\xfd\x00\x00",
+        ] {
             assert!(read_bytes("x", data).is_err());
         }
     }
