@@ -4,12 +4,14 @@
 //! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters); pure.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`record`]: the recording proxy (`retrace record`).
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
 //! [`run`] matches each subcommand to its module.
 
 pub mod cli;
 pub mod openai;
+pub mod record;
 pub mod sse;
 pub mod trace;
 
@@ -19,5 +21,6 @@ use std::process::ExitCode;
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Inspect(_a) => anyhow::bail!("inspect is not built yet"),
+        cli::Command::Record(a) => record::main(&a),
     }
 }

@@ -1,0 +1,67 @@
+//! The admin endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`.
+//!
+//! Served on its own listener (loopback by default), HTTP/1.1 only, so scraping never shares a
+//! connection pool or a port with proxied traffic. It does not record anything.
+
+use super::stats::Stats;
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+async fn handle(
+    stats: Arc<Stats>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, ctype, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            stats.render(),
+        ),
+        (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics or /healthz\n".to_string(),
+        ),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(ctype),
+    );
+    Ok(r)
+}
+
+/// Serves the admin endpoint until `shutdown` resolves.
+pub async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            a = listener.accept() => match a {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("admin accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| handle(stats.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,428 @@
+//! Turns what the body taps saw of one exchange into a trace record. Runs on the writer thread.
+//!
+//! An [`Exchange`] is raw observation: arrival instant, method and path, the captured request
+//! body (bounded), response status and header time, every response chunk with its arrival offset
+//! (bounded), how it ended. [`Extractor::to_request`] parses the request
+//! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
+//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each with
+//! [`crate::openai::parse_chunk`] to fill a [`crate::trace::Request`].
+//!
+//! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
+//! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
+//! server's `usage` when present, else from the events; input tokens are exact for token-id prompts
+//! and otherwise taken from `usage` when present. For approximate prompts the hash list is fitted
+//! to `ceil(input_tokens / block)` ids (truncated, or extended by chaining) so exported traces keep
+//! Mooncake's invariant. A request body that is not a valid OpenAI request is recorded with
+//! error kind `request_parse` (unless a transport error says more). Pure: no I/O, no clock reads.
+
+use super::prompt::{batch_len, TextTokenizer};
+use crate::openai::{self, ChunkInfo};
+use crate::sse::SseParser;
+use crate::trace::hash::BlockHasher;
+use crate::trace::{Endpoint, Event, Request, Response};
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// A bounded capture of a body.
+#[derive(Debug, Default)]
+pub struct Captured {
+    /// The captured bytes (empty when `truncated`).
+    pub chunks: Vec<Bytes>,
+    /// Total body bytes seen (captured or not).
+    pub len: u64,
+    /// The body was longer than the capture cap; `chunks` was released.
+    pub truncated: bool,
+    /// The body ended normally.
+    pub complete: bool,
+}
+
+impl Captured {
+    /// Notes one data frame, keeping a clone while under `max` bytes.
+    pub fn note(&mut self, data: &Bytes, max: usize) {
+        self.len += data.len() as u64;
+        if self.truncated {
+            return;
+        }
+        if self.len > max as u64 {
+            self.truncated = true;
+            self.chunks = Vec::new();
+        } else if !data.is_empty() {
+            self.chunks.push(data.clone());
+        }
+    }
+
+    fn joined(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len as usize);
+        for c in &self.chunks {
+            v.extend_from_slice(c);
+        }
+        v
+    }
+}
+
+/// What the proxy saw of one request/response.
+#[derive(Debug)]
+pub struct Exchange {
+    pub arrival: Instant,
+    pub method: String,
+    /// Path and query as the client sent them.
+    pub path: String,
+    pub request: Captured,
+    /// 0 when no response head arrived from upstream.
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub headers_after: Option<Duration>,
+    /// Response chunks with their arrival offsets (chunks past the capture cap are not kept).
+    pub chunks: Vec<(Duration, Bytes)>,
+    pub response_len: u64,
+    pub response_truncated: bool,
+    pub end: Option<Duration>,
+    /// Transport error kind (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
+    pub error: Option<String>,
+    pub cancelled: bool,
+}
+
+impl Exchange {
+    pub fn new(arrival: Instant, method: String, path: String) -> Self {
+        Exchange {
+            arrival,
+            method,
+            path,
+            request: Captured::default(),
+            status: 0,
+            content_type: None,
+            headers_after: None,
+            chunks: Vec::new(),
+            response_len: 0,
+            response_truncated: false,
+            end: None,
+            error: None,
+            cancelled: false,
+        }
+    }
+
+    /// Notes one response data frame at `at` after arrival.
+    pub fn note_response(&mut self, at: Duration, data: &Bytes, max: usize) {
+        self.response_len += data.len() as u64;
+        if self.response_truncated || data.is_empty() {
+            return;
+        }
+        if self.response_len > max as u64 {
+            self.response_truncated = true;
+        } else {
+            self.chunks.push((at, data.clone()));
+        }
+    }
+}
+
+/// What bodies a trace keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bodies {
+    None,
+    Request,
+    Full,
+}
+
+/// Record-building context owned by the writer thread.
+#[derive(Debug)]
+pub struct Extractor {
+    pub hasher: BlockHasher,
+    pub block_size: u32,
+    pub tokenizer: TextTokenizer,
+    pub bodies: Bodies,
+}
+
+/// Facts about a built record that the caller counts.
+#[derive(Debug, Default, PartialEq)]
+pub struct Notes {
+    pub parse_failure: Option<String>,
+    pub ttft: Option<Duration>,
+}
+
+fn us(d: Duration) -> u64 {
+    d.as_micros().min(u128::from(u64::MAX)) as u64
+}
+
+impl Extractor {
+    /// Builds the trace record; `t0` is the recording's time origin.
+    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Notes) {
+        let mut notes = Notes::default();
+        let endpoint = Endpoint::from_path(&ex.path);
+        let mut req = Request {
+            arrival_us: us(ex.arrival.saturating_duration_since(t0)),
+            endpoint: endpoint.clone(),
+            ..Default::default()
+        };
+
+        // Response side first: usage decides input length for approximate prompts.
+        let mut resp = Response {
+            status: ex.status,
+            error: ex.error.clone(),
+            headers_us: ex.headers_after.map(us),
+            end_us: ex.end.map(us),
+            cancelled: ex.cancelled,
+            ..Default::default()
+        };
+        let is_sse = ex
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
+        let mut stream_error = None;
+        let mut absorb = |c: &ChunkInfo, resp: &mut Response| {
+            if c.usage.is_some() {
+                resp.usage = c.usage;
+            }
+            if c.metrics.is_some() {
+                resp.server_metrics = c.metrics.clone();
+            }
+            if c.error.is_some() && stream_error.is_none() {
+                stream_error = c.error.clone();
+            }
+        };
+        if is_sse {
+            let mut p = SseParser::new(4 << 20);
+            for (at, chunk) in &ex.chunks {
+                p.feed(chunk, |ev| {
+                    if let Ok(ev) = ev {
+                        if ev.is_done() {
+                            return;
+                        }
+                        if let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) {
+                            let off = us(*at);
+                            if c.has_choices && resp.ttft_us.is_none() {
+                                resp.ttft_us = Some(off);
+                            }
+                            resp.events.push(Event {
+                                offset_us: off,
+                                tokens: c.tokens,
+                            });
+                            absorb(&c, &mut resp);
+                        }
+                    }
+                });
+            }
+            if let (Some(ev), Some((at, _))) = (p.finish(), ex.chunks.last()) {
+                if let Ok(ev) = ev {
+                    if !ev.is_done() {
+                        if let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) {
+                            if c.has_choices && resp.ttft_us.is_none() {
+                                resp.ttft_us = Some(us(*at));
+                            }
+                            resp.events.push(Event {
+                                offset_us: us(*at),
+                                tokens: c.tokens,
+                            });
+                            absorb(&c, &mut resp);
+                        }
+                    }
+                }
+            }
+        } else if !ex.response_truncated && !ex.chunks.is_empty() {
+            let mut body = Vec::with_capacity(ex.response_len as usize);
+            for (_, c) in &ex.chunks {
+                body.extend_from_slice(c);
+            }
+            if let Ok(c) = openai::parse_chunk(&body) {
+                absorb(&c, &mut resp);
+            }
+        }
+        notes.ttft = resp.ttft_us.map(Duration::from_micros);
+        if self.bodies == Bodies::Full && !ex.response_truncated {
+            let mut body = Vec::with_capacity(ex.response_len as usize);
+            for (_, c) in &ex.chunks {
+                body.extend_from_slice(c);
+            }
+            resp.body = Some(body);
+        }
+        req.output_tokens = match resp.usage {
+            Some(u) => u.completion_tokens,
+            None => resp.events.iter().map(|e| u64::from(e.tokens)).sum(),
+        };
+
+        // Request side.
+        let parse = match endpoint {
+            Endpoint::Other(_) => None,
+            _ if ex.request.truncated => Some(Err(format!(
+                "request body of {} bytes is over the capture cap; not parsed",
+                ex.request.len
+            ))),
+            _ => Some(openai::parse_request(&endpoint, &ex.request.joined())),
+        };
+        match parse {
+            Some(Ok(info)) => {
+                req.model = info.model.clone();
+                req.params = info.params.clone();
+                let usage_in = resp.usage.map(|u| u.prompt_tokens);
+                if let Some(pt) = self.tokenizer.prompt_tokens(&info) {
+                    let bs = self.block_size.max(1) as usize;
+                    let mut hashes = self.hasher.chain(&pt.ids, bs, true);
+                    let batch_total = match &info.prompt {
+                        Some(p @ openai::Prompt::Batch(_)) => Some(batch_len(&self.tokenizer, p)),
+                        _ => None,
+                    };
+                    req.input_tokens = if pt.exact {
+                        batch_total.unwrap_or(pt.ids.len() as u64)
+                    } else {
+                        usage_in.unwrap_or(batch_total.unwrap_or(pt.ids.len() as u64))
+                    };
+                    if !pt.exact {
+                        let want = req.input_tokens.div_ceil(bs as u64) as usize;
+                        fit(&self.hasher, &mut hashes, want);
+                    }
+                    req.hash_ids = hashes;
+                } else if let Some(n) = usage_in {
+                    req.input_tokens = n;
+                }
+            }
+            Some(Err(msg)) => {
+                notes.parse_failure = Some(msg);
+                if let Some(u) = resp.usage {
+                    req.input_tokens = u.prompt_tokens;
+                }
+            }
+            None => {}
+        }
+        if resp.error.is_none() {
+            resp.error = if notes.parse_failure.is_some() {
+                Some("request_parse".into())
+            } else if stream_error.is_some() {
+                Some("stream_error".into())
+            } else if ex.status >= 400 {
+                Some(format!("http_{}", ex.status))
+            } else {
+                None
+            };
+        }
+        if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
+            req.body = Some(ex.request.joined());
+        }
+        req.response = Some(resp);
+        (req, notes)
+    }
+}
+
+/// Truncates or extends (by chaining a counter) a hash list to `want` ids.
+fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
+    hashes.truncate(want);
+    let mut prev = hashes.last().copied().unwrap_or(0);
+    while hashes.len() < want {
+        prev = h.block(prev, &[u32::MAX, hashes.len() as u32]);
+        hashes.push(prev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(path: &str, body: &[u8], ctype: &str, chunks: &[(u64, &[u8])]) -> Exchange {
+        let t0 = Instant::now();
+        let mut e = Exchange::new(t0 + Duration::from_millis(5), "POST".into(), path.into());
+        e.request.note(&Bytes::copy_from_slice(body), 1 << 20);
+        e.request.complete = true;
+        e.status = 200;
+        e.content_type = Some(ctype.into());
+        e.headers_after = Some(Duration::from_micros(100));
+        for (at, c) in chunks {
+            e.note_response(
+                Duration::from_micros(*at),
+                &Bytes::copy_from_slice(c),
+                1 << 20,
+            );
+        }
+        e.end = Some(Duration::from_micros(9000));
+        e
+    }
+
+    fn xt(bodies: Bodies) -> Extractor {
+        Extractor {
+            hasher: BlockHasher::xxh3(),
+            block_size: 4,
+            tokenizer: TextTokenizer::Approx,
+            bodies,
+        }
+    }
+
+    #[test]
+    fn real_vllm_stream_split_across_chunks() {
+        let s = include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse");
+        let (a, b) = s.split_at(300);
+        let e = ex(
+            "/v1/completions",
+            br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true}"#,
+            "text/event-stream; charset=utf-8",
+            &[(1000, a), (2000, b)],
+        );
+        let t0 = e.arrival - Duration::from_millis(5);
+        let (r, n) = xt(Bodies::None).to_request(&e, t0);
+        assert_eq!(r.arrival_us, 5000);
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(r.input_tokens, 7);
+        assert_eq!(
+            r.hash_ids,
+            BlockHasher::xxh3().chain(&[1, 2, 3, 4, 5, 6, 7], 4, true)
+        );
+        let resp = r.response.unwrap();
+        assert_eq!(resp.events.len(), 5, "4 content events + usage, no [DONE]");
+        assert_eq!(resp.ttft_us, Some(1000));
+        assert_eq!(resp.usage.unwrap().completion_tokens, 4);
+        assert_eq!(r.output_tokens, 4);
+        assert_eq!(resp.error, None);
+        assert_eq!(n.parse_failure, None);
+        assert!(r.body.is_none(), "no bodies by default");
+    }
+
+    #[test]
+    fn non_json_body_is_a_parse_failure() {
+        let e = ex("/v1/completions", b"not json", "application/json", &[]);
+        let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
+        assert!(n.parse_failure.unwrap().contains("not JSON"));
+        assert_eq!(r.response.unwrap().error.as_deref(), Some("request_parse"));
+    }
+
+    #[test]
+    fn non_streamed_body_gives_usage_and_metrics() {
+        let txt = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+        let body = txt.lines().nth(2).unwrap();
+        let e = ex(
+            "/v1/completions",
+            br#"{"prompt":"hello world, hello"}"#,
+            "application/json",
+            &[(3000, body.as_bytes())],
+        );
+        let (r, _) = xt(Bodies::Full).to_request(&e, e.arrival);
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(r.input_tokens, 7, "approximate prompt takes usage");
+        assert_eq!(r.hash_ids.len(), 2, "ceil(7/4)");
+        assert!(resp
+            .server_metrics
+            .as_ref()
+            .unwrap()
+            .queue_time_ms
+            .is_some());
+        assert!(resp.events.is_empty());
+        assert_eq!(resp.body.as_deref(), Some(body.as_bytes()));
+        assert!(r.body.is_some());
+    }
+
+    #[test]
+    fn capture_cap_releases_chunks() {
+        let mut c = Captured::default();
+        c.note(&Bytes::from_static(b"12345"), 8);
+        c.note(&Bytes::from_static(b"6789"), 8);
+        assert!(c.truncated);
+        assert!(c.chunks.is_empty());
+        assert_eq!(c.len, 9);
+    }
+
+    #[test]
+    fn fit_extends_and_truncates() {
+        let h = BlockHasher::xxh3();
+        let mut v = vec![1, 2, 3];
+        fit(&h, &mut v, 2);
+        assert_eq!(v, vec![1, 2]);
+        fit(&h, &mut v, 4);
+        assert_eq!(v.len(), 4);
+        assert_eq!(&v[..2], &[1, 2]);
+    }
+}

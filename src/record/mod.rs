@@ -1,0 +1,466 @@
+//! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server.
+//!
+//! Clients talk to the proxy as they would to the server; every request is forwarded with its
+//! bytes untouched and every response chunk is passed on the moment it arrives, while body taps
+//! note timing, lengths and cheap `Bytes` clones for a writer thread that builds native trace
+//! records off the forwarding path. Module map:
+//! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
+//! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;
+//! - `upstream`: the pooled plain/TLS client;
+//! - `tap`: body wrappers (invariant 1: forward untouched, note only);
+//! - `extract` + `prompt`: exchange → trace record (parsing, tokenizing, hashing), pure;
+//! - `writer`: bounded queue, trace files, rotation, durability;
+//! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
+//!
+//! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
+
+pub mod admin;
+pub mod extract;
+pub mod prompt;
+pub mod proxy;
+pub mod server;
+pub mod stats;
+pub mod tap;
+pub mod upstream;
+pub mod writer;
+
+pub use extract::Bodies;
+
+use anyhow::{bail, Context as _};
+use http::uri::{Authority, Scheme};
+use http::Uri;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::net::TcpListener;
+
+/// Validated settings of one recording proxy.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    /// Upstream base URL (`http://host:port` or `https://host/prefix`).
+    pub upstream: Uri,
+    pub out_dir: PathBuf,
+    /// File name prefix.
+    pub name: String,
+    /// `(cert, key)` PEM files to terminate TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub upstream_ca: Option<PathBuf>,
+    pub upstream_http2: bool,
+    pub connect_timeout: Duration,
+    pub headers_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Option<Duration>,
+    pub drain_timeout: Duration,
+    pub bodies: Bodies,
+    /// Secret for HMAC-SHA256 block hashes (the bytes of `--hash-key-file`, trailing newline cut).
+    pub hash_key: Option<Vec<u8>>,
+    pub tokenizer: Option<PathBuf>,
+    pub block_size: u32,
+    /// Writer queue length (records).
+    pub queue: usize,
+    /// Bytes captured per request body and per response body.
+    pub capture_max: usize,
+    pub rotate_bytes: u64,
+    pub rotate_every: Duration,
+    pub flush_every: Duration,
+    /// Admin endpoint address (`None`: off).
+    pub admin: Option<SocketAddr>,
+}
+
+impl RecordConfig {
+    /// Defaults suited to LLM serving for an upstream and output directory.
+    pub fn new(upstream: &str, out_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
+        Ok(RecordConfig {
+            upstream: parse_upstream(upstream)?,
+            out_dir: out_dir.into(),
+            name: "retrace".into(),
+            tls: None,
+            upstream_ca: None,
+            upstream_http2: false,
+            connect_timeout: Duration::from_secs(10),
+            headers_timeout: Duration::from_secs(900),
+            idle_timeout: Duration::from_secs(300),
+            total_timeout: None,
+            drain_timeout: Duration::from_secs(30),
+            bodies: Bodies::None,
+            hash_key: None,
+            tokenizer: None,
+            block_size: 512,
+            queue: 65_536,
+            capture_max: 16 << 20,
+            rotate_bytes: 256 << 20,
+            rotate_every: Duration::from_secs(3600),
+            flush_every: Duration::from_secs(1),
+            admin: None,
+        })
+    }
+
+    /// Builds the config from the command line; errors name the flag.
+    pub fn from_args(a: &crate::cli::RecordArgs) -> anyhow::Result<Self> {
+        let mut c = RecordConfig::new(&a.upstream, &a.out).context("--upstream")?;
+        c.name = a.name.clone();
+        if c.name.is_empty() || c.name.contains(['/', '\\']) {
+            bail!("--name {:?}: must be a plain file name prefix", a.name);
+        }
+        c.tls = match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        c.upstream_ca = a.upstream_ca.clone();
+        c.upstream_http2 = a.upstream_http2;
+        c.connect_timeout = parse_duration(&a.connect_timeout).context("--connect-timeout")?;
+        c.headers_timeout = parse_duration(&a.headers_timeout).context("--headers-timeout")?;
+        c.idle_timeout = parse_duration(&a.idle_timeout).context("--idle-timeout")?;
+        c.total_timeout = match a.total_timeout.as_deref() {
+            None | Some("none") | Some("off") => None,
+            Some(s) => Some(parse_duration(s).context("--total-timeout")?),
+        };
+        c.drain_timeout = parse_duration(&a.drain_timeout).context("--drain-timeout")?;
+        c.bodies = match a.bodies.as_str() {
+            "none" => Bodies::None,
+            "request" => Bodies::Request,
+            "full" => Bodies::Full,
+            other => bail!("--bodies {other:?}: expected none, request or full"),
+        };
+        if let Some(p) = &a.hash_key_file {
+            let mut k =
+                std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
+            while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
+                k.pop();
+            }
+            if k.is_empty() {
+                bail!("--hash-key-file {}: the key is empty", p.display());
+            }
+            c.hash_key = Some(k);
+        }
+        c.tokenizer = a.tokenizer.clone();
+        if a.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        c.block_size = a.block_size;
+        c.queue = a.queue.max(1);
+        c.capture_max = parse_size(&a.capture_max).context("--capture-max")? as usize;
+        c.rotate_bytes = parse_size(&a.rotate_size).context("--rotate-size")?;
+        c.rotate_every = parse_duration(&a.rotate_interval).context("--rotate-interval")?;
+        c.admin = match a.admin.as_str() {
+            "none" | "off" => None,
+            s => Some(
+                s.parse()
+                    .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
+            ),
+        };
+        Ok(c)
+    }
+}
+
+fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
+    let u: Uri = s
+        .parse()
+        .with_context(|| format!("{s:?} is not a URL (expected http://host:port)"))?;
+    match u.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => bail!("{s:?}: the scheme must be http or https"),
+    }
+    if u.authority().is_none() {
+        bail!("{s:?}: no host");
+    }
+    if u.query().is_some() {
+        bail!("{s:?}: an upstream URL takes no query");
+    }
+    Ok(u)
+}
+
+/// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let t = s.trim();
+    let (num, unit) = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((t, "s"), |i| (&t[..i], t[i..].trim()));
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration (like 500ms, 10s, 5m, 1h)"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" | "" => v,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => bail!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)"),
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        bail!("{s:?} is out of range");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let i = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let n: u64 = t[..i]
+        .parse()
+        .with_context(|| format!("{s:?} is not a size (like 64MiB)"))?;
+    let mul: u64 = match t[i..].trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        u => bail!("{s:?}: unknown unit {u:?} (use KiB, MiB or GiB)"),
+    };
+    n.checked_mul(mul)
+        .with_context(|| format!("{s:?} is too large"))
+}
+
+/// What a recording did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordStats {
+    pub requests: u64,
+    pub records_written: u64,
+    pub records_dropped: u64,
+    pub records_lost_io: u64,
+    pub write_errors: u64,
+    /// Closed trace files, in order.
+    pub files: Vec<PathBuf>,
+    /// Every in-flight exchange finished within the drain timeout.
+    pub drained: bool,
+}
+
+/// Runs the proxy on `listener` until `shutdown` resolves; binds `cfg.admin` if set.
+pub async fn run(
+    listener: TcpListener,
+    cfg: RecordConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<RecordStats> {
+    let admin = match cfg.admin {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("--admin {a}: cannot listen"))?,
+        ),
+        None => None,
+    };
+    run_with_admin(listener, admin, cfg, shutdown).await
+}
+
+/// [`run`] with an already-bound admin listener (tests bind port 0).
+pub async fn run_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    cfg: RecordConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<RecordStats> {
+    let stats = Arc::new(stats::Stats::default());
+    let https = cfg.upstream.scheme_str() == Some("https");
+    let client = upstream::build(&upstream::UpstreamOptions {
+        connect_timeout: cfg.connect_timeout,
+        ca: cfg.upstream_ca.clone(),
+        https,
+        http2: cfg.upstream_http2,
+        pool_idle: Duration::from_secs(90),
+    })?;
+    let tls = match &cfg.tls {
+        Some((c, k)) => Some(server::tls_acceptor(c, k)?),
+        None => None,
+    };
+    let tokenizer = match &cfg.tokenizer {
+        Some(p) => prompt::TextTokenizer::from_file(p)?,
+        None => prompt::TextTokenizer::Approx,
+    };
+    let hasher = match &cfg.hash_key {
+        Some(k) => crate::trace::hash::BlockHasher::hmac(k),
+        None => crate::trace::hash::BlockHasher::xxh3(),
+    };
+    let t0 = Instant::now();
+    let t0_unix_us = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let mut meta = std::collections::BTreeMap::new();
+    meta.insert("tokenization".into(), tokenizer.describe().into());
+    meta.insert(
+        "bodies".into(),
+        format!("{:?}", cfg.bodies).to_ascii_lowercase(),
+    );
+    meta.insert(
+        "record_order".into(),
+        "completion order; sorted by arrival within each frame".into(),
+    );
+    let header = crate::trace::TraceHeader {
+        block_size: cfg.block_size,
+        hash_scheme: hasher.scheme(),
+        partial_tail_block: true,
+        t0_unix_us: Some(t0_unix_us),
+        writer: format!("retrace {}", env!("CARGO_PKG_VERSION")),
+        source: format!("record --upstream {}", cfg.upstream),
+        meta,
+    };
+    let extractor = extract::Extractor {
+        hasher,
+        block_size: cfg.block_size,
+        tokenizer,
+        bodies: cfg.bodies,
+    };
+    let (recorder, writer) = writer::spawn(
+        cfg.queue,
+        writer::FileOptions {
+            dir: cfg.out_dir.clone(),
+            name: cfg.name.clone(),
+            rotate_bytes: cfg.rotate_bytes,
+            rotate_every: cfg.rotate_every,
+            flush_every: cfg.flush_every,
+        },
+        header,
+        extractor,
+        t0,
+        stats.clone(),
+    )
+    .context("starting the trace writer thread")?;
+
+    let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
+    let authority: Authority = cfg
+        .upstream
+        .authority()
+        .cloned()
+        .context("--upstream has no host")?;
+    let base_path = cfg.upstream.path().trim_end_matches('/').to_string();
+    let proxy = Arc::new(proxy::Proxy {
+        client,
+        scheme,
+        authority,
+        base_path,
+        http2_upstream: cfg.upstream_http2,
+        recorder,
+        stats: stats.clone(),
+        headers_timeout: cfg.headers_timeout,
+        idle_timeout: cfg.idle_timeout,
+        total_timeout: cfg.total_timeout,
+        capture_max: cfg.capture_max,
+    });
+
+    let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = admin.map(|l| {
+        let stats = stats.clone();
+        tokio::spawn(admin::serve(l, stats, async move {
+            let _ = stop_admin_rx.await;
+        }))
+    });
+    tracing::info!(
+        "recording {} -> {} into {}",
+        listener
+            .local_addr()
+            .map_or("?".to_string(), |a| a.to_string()),
+        cfg.upstream,
+        cfg.out_dir.display()
+    );
+    let drained = server::serve(listener, tls, proxy, shutdown, cfg.drain_timeout).await;
+    if !drained {
+        tracing::warn!(
+            "drain timeout ({:?}) reached with {} exchanges in flight; closing the trace anyway",
+            cfg.drain_timeout,
+            stats.in_flight.load(Relaxed)
+        );
+    }
+    let report = tokio::task::spawn_blocking(move || writer.close())
+        .await
+        .unwrap_or_default();
+    let _ = stop_admin_tx.send(());
+    if let Some(t) = admin_task {
+        let _ = t.await;
+    }
+    Ok(RecordStats {
+        requests: stats.requests.load(Relaxed),
+        records_written: stats.records_written.load(Relaxed),
+        records_dropped: stats.records_dropped.load(Relaxed),
+        records_lost_io: stats.records_lost_io.load(Relaxed),
+        write_errors: stats.write_errors.load(Relaxed),
+        files: report.files,
+        drained,
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
+pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cfg = RecordConfig::from_args(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let stats = rt.block_on(async {
+        let listener = TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
+        run(listener, cfg, shutdown_signal()).await
+    })?;
+    eprintln!(
+        "retrace record: {} requests, {} records written, {} dropped (queue full), {} lost (write errors: {}), files: {}",
+        stats.requests,
+        stats.records_written,
+        stats.records_dropped,
+        stats.records_lost_io,
+        stats.write_errors,
+        stats
+            .files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("1XB").is_err());
+    }
+
+    #[test]
+    fn upstream_urls() {
+        assert!(parse_upstream("http://127.0.0.1:8000").is_ok());
+        assert!(parse_upstream("https://h/v").is_ok());
+        assert!(parse_upstream("ftp://h").is_err());
+        assert!(parse_upstream("127.0.0.1:8000").is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! Prompt → token ids for block hashing, exact where possible, a documented approximation otherwise.
+//!
+//! * `/v1/completions` with a token-id prompt: the ids as sent (exact).
+//! * A text prompt with `--tokenizer tokenizer.json`: the Hugging Face tokenizer's ids with special
+//!   tokens added, as vLLM does for completions (exact for the same tokenizer).
+//! * Chat messages: each message is rendered canonically — `<|role|>\n` + content + `\n`, where
+//!   content is the string itself or, for structured content, JSON with sorted keys, followed by the
+//!   message's other fields (`name`, `tool_calls`, ...) as sorted-key JSON — and messages are
+//!   tokenized one by one and concatenated. A conversation that extends an earlier one therefore
+//!   starts with the same tokens and shares its block hashes. The server's chat template adds tokens
+//!   we cannot see, so chat lengths are approximate even with a tokenizer.
+//! * Without a tokenizer, text is cut into pseudo-tokens of 4 UTF-8 bytes (each message padded to a
+//!   multiple of 4 so message boundaries stay aligned): about one token per 4 bytes of English.
+//!
+//! Whether the result is exact is returned so the caller can prefer the server's `usage` for the
+//! input length. This module does not hash and does no I/O after loading the tokenizer.
+
+use crate::openai::{Prompt, RequestInfo};
+use serde_json::Value;
+
+/// How text becomes tokens.
+pub enum TextTokenizer {
+    /// 4 bytes per pseudo-token.
+    Approx,
+    /// A Hugging Face `tokenizer.json`.
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TextTokenizer::Approx => f.write_str("Approx"),
+            TextTokenizer::Hf(_) => f.write_str("Hf(..)"),
+        }
+    }
+}
+
+/// The tokens of a prompt and whether they are what the server sees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptTokens {
+    pub ids: Vec<u32>,
+    pub exact: bool,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json`; the error names the file.
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+        let t = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
+        Ok(TextTokenizer::Hf(Box::new(t)))
+    }
+
+    /// A short description for the trace header.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            TextTokenizer::Approx => "approx-4-bytes-per-token",
+            TextTokenizer::Hf(_) => "hf-tokenizer",
+        }
+    }
+
+    fn text(&self, s: &str, add_special: bool, out: &mut Vec<u32>) -> bool {
+        match self {
+            TextTokenizer::Approx => {
+                approx(s.as_bytes(), out);
+                false
+            }
+            TextTokenizer::Hf(t) => match t.encode(s, add_special) {
+                Ok(enc) => {
+                    out.extend_from_slice(enc.get_ids());
+                    true
+                }
+                Err(_) => {
+                    approx(s.as_bytes(), out);
+                    false
+                }
+            },
+        }
+    }
+
+    /// Tokens of the request's prompt (first prompt of a batch), or `None` when it has none.
+    pub fn prompt_tokens(&self, info: &RequestInfo) -> Option<PromptTokens> {
+        if let Some(p) = &info.prompt {
+            let mut p = p;
+            while let Prompt::Batch(items) = p {
+                p = items.first()?;
+            }
+            return Some(match p {
+                Prompt::TokenIds(ids) => PromptTokens {
+                    ids: ids.clone(),
+                    exact: true,
+                },
+                Prompt::Text(s) => {
+                    let mut ids = Vec::new();
+                    let exact = self.text(s, true, &mut ids);
+                    PromptTokens { ids, exact }
+                }
+                Prompt::Batch(_) => unreachable!("batches unwrapped above"),
+            });
+        }
+        let msgs = info.messages.as_ref()?;
+        let mut ids = Vec::new();
+        for m in msgs {
+            self.text(&render_message(m), false, &mut ids);
+        }
+        Some(PromptTokens { ids, exact: false })
+    }
+}
+
+/// Total tokens of every prompt of a batch (for `input_tokens`), when all are token ids or text.
+pub fn batch_len(tok: &TextTokenizer, p: &Prompt) -> u64 {
+    match p {
+        Prompt::TokenIds(ids) => ids.len() as u64,
+        Prompt::Text(s) => {
+            let mut v = Vec::new();
+            tok.text(s, true, &mut v);
+            v.len() as u64
+        }
+        Prompt::Batch(items) => items.iter().map(|x| batch_len(tok, x)).sum(),
+    }
+}
+
+/// Canonical rendering of one chat message (see the module doc).
+pub fn render_message(m: &Value) -> String {
+    let Some(obj) = m.as_object() else {
+        return format!("<|?|>\n{m}\n");
+    };
+    let role = obj.get("role").and_then(Value::as_str).unwrap_or("?");
+    let mut s = format!("<|{role}|>\n");
+    match obj.get("content") {
+        Some(Value::String(c)) => s.push_str(c),
+        Some(Value::Null) | None => {}
+        // serde_json's map is ordered by key, so this is sorted-key JSON.
+        Some(other) => s.push_str(&other.to_string()),
+    }
+    let rest: serde_json::Map<String, Value> = obj
+        .iter()
+        .filter(|(k, _)| *k != "role" && *k != "content")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !rest.is_empty() {
+        s.push_str(&Value::Object(rest).to_string());
+    }
+    s.push('\n');
+    s
+}
+
+fn approx(bytes: &[u8], out: &mut Vec<u32>) {
+    for c in bytes.chunks(4) {
+        let mut b = [0u8; 4];
+        b[..c.len()].copy_from_slice(c);
+        out.push(u32::from_le_bytes(b));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::parse_request;
+    use crate::trace::Endpoint;
+
+    #[test]
+    fn token_ids_are_exact() {
+        let info = parse_request(&Endpoint::Completions, br#"{"prompt":[5,6,7]}"#).unwrap();
+        let t = TextTokenizer::Approx.prompt_tokens(&info).unwrap();
+        assert_eq!(
+            t,
+            PromptTokens {
+                ids: vec![5, 6, 7],
+                exact: true
+            }
+        );
+    }
+
+    #[test]
+    fn approx_is_four_bytes_per_token() {
+        let info = parse_request(&Endpoint::Completions, br#"{"prompt":"abcdefghi"}"#).unwrap();
+        let t = TextTokenizer::Approx.prompt_tokens(&info).unwrap();
+        assert_eq!(t.ids.len(), 3);
+        assert!(!t.exact);
+    }
+
+    #[test]
+    fn chat_prefix_gives_token_prefix_and_key_order_does_not_matter() {
+        let a = parse_request(
+            &Endpoint::Chat,
+            br#"{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let b = parse_request(
+            &Endpoint::Chat,
+            br#"{"messages":[{"content":"be brief","role":"system"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello","name":"x"}]}"#,
+        )
+        .unwrap();
+        let ta = TextTokenizer::Approx.prompt_tokens(&a).unwrap().ids;
+        let tb = TextTokenizer::Approx.prompt_tokens(&b).unwrap().ids;
+        assert!(tb.len() > ta.len());
+        assert_eq!(&tb[..ta.len()], &ta[..]);
+    }
+
+    #[test]
+    fn structured_content_is_canonical() {
+        let a: Value =
+            serde_json::from_str(r#"{"role":"user","content":[{"type":"text","text":"x"}]}"#)
+                .unwrap();
+        let b: Value =
+            serde_json::from_str(r#"{"content":[{"text":"x","type":"text"}],"role":"user"}"#)
+                .unwrap();
+        assert_eq!(render_message(&a), render_message(&b));
+    }
+}

@@ -1,0 +1,258 @@
+//! Forwarding one request: rewrite the target, drop hop-by-hop headers, send upstream, tap bodies.
+//!
+//! Every method and path is forwarded to the upstream's scheme and authority (with its base path
+//! prepended). Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and every header it names,
+//! `Keep-Alive`, `Proxy-Connection`, `TE` other than `trailers`, `Transfer-Encoding`, `Upgrade`)
+//! are removed both ways; `Host` is replaced by the upstream authority; everything else, bodies
+//! included, passes untouched. Errors before the response head become OpenAI-style JSON errors
+//! (`502` for a refused or broken upstream, `504` for a connect or response-header timeout) and
+//! are recorded with their kind. This module does not accept connections (see `server`) and does
+//! not parse bodies.
+
+use super::extract::{Captured, Exchange};
+use super::stats::Stats;
+use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap};
+use super::upstream::UpstreamClient;
+use super::writer::Recorder;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Per-request forwarding settings and shared handles.
+pub struct Proxy {
+    pub client: UpstreamClient,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// Upstream base path without a trailing slash ("" for none).
+    pub base_path: String,
+    pub http2_upstream: bool,
+    pub recorder: Recorder,
+    pub stats: Arc<Stats>,
+    pub headers_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Option<Duration>,
+    pub capture_max: usize,
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1) in place.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TRAILER,
+    ] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+    let te_trailers = h
+        .get_all(header::TE)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.contains("trailers")));
+    h.remove(header::TE);
+    if te_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": {
+            "message": format!("retrace record: {msg}"),
+            "type": kind,
+            "code": status.as_u16(),
+        }
+    })
+    .to_string();
+    let mut r = Response::new(ProxyBody::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Names what went wrong before the response head.
+fn classify(e: &hyper_util::client::legacy::Error) -> &'static str {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut timed_out = false;
+    let mut user_body = false;
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            user_body |= h.is_user() || h.is_body_write_aborted();
+        }
+        timed_out |= s.to_string().contains("timed out");
+        src = s.source();
+    }
+    if e.is_connect() {
+        if timed_out {
+            "timeout_connect"
+        } else {
+            "upstream_connect"
+        }
+    } else if user_body {
+        "client_body"
+    } else {
+        "upstream_closed"
+    }
+}
+
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+impl Proxy {
+    fn target(&self, pq: &str) -> Result<Uri, http::Error> {
+        let pq = if self.base_path.is_empty() {
+            pq.to_string()
+        } else {
+            format!("{}{pq}", self.base_path)
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+    }
+
+    /// Forwards one request and returns the (tapped) response.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
+        let arrival = tokio::time::Instant::now();
+        self.stats
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (mut parts, body) = req.into_parts();
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let cap = Arc::new(Mutex::new(Captured::default()));
+        let mut pending = Pending::new(
+            Exchange::new(arrival.into_std(), parts.method.to_string(), pq.clone()),
+            cap.clone(),
+            self.recorder.clone(),
+            self.stats.clone(),
+            self.capture_max,
+        );
+        let uri = match self.target(&pq) {
+            Ok(u) => u,
+            Err(e) => {
+                pending.finish(Some("other"));
+                return Ok(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    &format!("cannot forward {pq:?}: {e}"),
+                ));
+            }
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        parts.uri = uri;
+        parts.version = if self.http2_upstream {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let up = Request::from_parts(
+            parts,
+            RequestTap::new(body, cap, self.capture_max, self.stats.clone()),
+        );
+        let total_deadline = self.total_timeout.map(|t| arrival + t);
+        let headers_deadline = match total_deadline {
+            Some(t) => t.min(arrival + self.headers_timeout),
+            None => arrival + self.headers_timeout,
+        };
+        let res = tokio::time::timeout_at(headers_deadline, self.client.request(up)).await;
+        match res {
+            Err(_) => {
+                pending.finish(Some("timeout_headers"));
+                Ok(error_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout_headers",
+                    "upstream sent no response headers within the timeout",
+                ))
+            }
+            Ok(Err(e)) => {
+                let kind = classify(&e);
+                let msg = describe(&e);
+                tracing::warn!("upstream request failed ({kind}): {msg}");
+                pending.finish(Some(kind));
+                let status = if kind == "timeout_connect" {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                Ok(error_response(status, kind, &format!("upstream: {msg}")))
+            }
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                let after = arrival.elapsed();
+                self.stats.headers_latency.observe(after);
+                if let Some(ex) = pending.exchange() {
+                    ex.status = parts.status.as_u16();
+                    ex.headers_after = Some(after);
+                    ex.content_type = parts
+                        .headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                }
+                strip_hop_by_hop(&mut parts.headers);
+                let tap = ResponseTap::new(body, pending, self.idle_timeout, total_deadline);
+                Ok(Response::from_parts(parts, ProxyBody::Tap(tap)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-foo"));
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("te", HeaderValue::from_static("trailers, deflate"));
+        h.insert("authorization", HeaderValue::from_static("Bearer x"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, vec!["authorization", "content-type", "te"]);
+        assert_eq!(h["te"], "trailers");
+    }
+}

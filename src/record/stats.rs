@@ -1,0 +1,251 @@
+//! Live counters of the recording proxy and their Prometheus text rendering.
+//!
+//! Everything is a relaxed atomic so the forwarding path only pays an uncontended add; latency
+//! histograms use fixed Prometheus-style buckets. The proxy, the body taps and the writer thread
+//! share one [`Stats`] behind an `Arc`. This module does not serve HTTP (see `admin`) and does not
+//! decide what an error is (the callers pass the kind).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Error kinds counted separately on `/metrics` (anything else is counted as `other`).
+pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
+    "upstream_connect",
+    "timeout_connect",
+    "timeout_headers",
+    "upstream_closed",
+    "upstream_reset",
+    "timeout_idle",
+    "timeout_total",
+    "client_body",
+    "other",
+];
+
+/// Upper bounds (seconds) of the latency buckets.
+const BUCKETS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
+];
+
+/// A cumulative-bucket latency histogram.
+#[derive(Debug)]
+pub struct Histogram {
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: (0..=BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let k = BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(BUCKETS.len());
+        self.counts[k].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(d.as_micros() as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (k, b) in BUCKETS.iter().enumerate() {
+            cum += self.counts[k].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        cum += self.counts[BUCKETS.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
+    }
+}
+
+/// All counters of one proxy instance.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    pub in_flight: AtomicI64,
+    pub responses_by_class: [AtomicU64; 6],
+    pub request_bytes: AtomicU64,
+    pub response_bytes: AtomicU64,
+    pub upstream_errors: [AtomicU64; 9],
+    pub client_cancelled: AtomicU64,
+    /// Records dropped because the writer queue was full.
+    pub records_dropped: AtomicU64,
+    /// Records lost because the trace file could not be written.
+    pub records_lost_io: AtomicU64,
+    pub records_written: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub parse_failures: AtomicU64,
+    pub files_closed: AtomicU64,
+    pub headers_latency: Histogram,
+    pub ttft: Histogram,
+    pub duration: Histogram,
+}
+
+impl Stats {
+    pub fn upstream_error(&self, kind: &str) {
+        let k = UPSTREAM_ERROR_KINDS
+            .iter()
+            .position(|x| *x == kind)
+            .unwrap_or(UPSTREAM_ERROR_KINDS.len() - 1);
+        self.upstream_errors[k].fetch_add(1, Relaxed);
+    }
+
+    pub fn upstream_errors_of(&self, kind: &str) -> u64 {
+        UPSTREAM_ERROR_KINDS
+            .iter()
+            .position(|x| *x == kind)
+            .map_or(0, |k| self.upstream_errors[k].load(Relaxed))
+    }
+
+    pub fn response_status(&self, status: u16) {
+        let class = usize::from(status / 100).min(5);
+        self.responses_by_class[class].fetch_add(1, Relaxed);
+    }
+
+    /// Prometheus text exposition (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut o = String::with_capacity(4096);
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            "retrace_record_requests_total",
+            "Requests received from clients.",
+            self.requests.load(Relaxed),
+        );
+        counter(
+            "retrace_record_request_bytes_total",
+            "Request body bytes forwarded upstream.",
+            self.request_bytes.load(Relaxed),
+        );
+        counter(
+            "retrace_record_response_bytes_total",
+            "Response body bytes forwarded to clients.",
+            self.response_bytes.load(Relaxed),
+        );
+        counter(
+            "retrace_record_client_cancelled_total",
+            "Responses the client abandoned before their end.",
+            self.client_cancelled.load(Relaxed),
+        );
+        counter(
+            "retrace_record_records_dropped_total",
+            "Records dropped because the writer queue was full (traffic was not slowed).",
+            self.records_dropped.load(Relaxed),
+        );
+        counter(
+            "retrace_record_records_lost_io_total",
+            "Records lost because the trace file could not be written.",
+            self.records_lost_io.load(Relaxed),
+        );
+        counter(
+            "retrace_record_records_written_total",
+            "Records written to trace files.",
+            self.records_written.load(Relaxed),
+        );
+        counter(
+            "retrace_record_write_errors_total",
+            "Errors creating, writing or closing trace files.",
+            self.write_errors.load(Relaxed),
+        );
+        counter(
+            "retrace_record_parse_failures_total",
+            "Request bodies that could not be parsed as an OpenAI request (forwarded untouched).",
+            self.parse_failures.load(Relaxed),
+        );
+        counter(
+            "retrace_record_files_closed_total",
+            "Trace files closed (fsynced and renamed).",
+            self.files_closed.load(Relaxed),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_in_flight Requests currently being proxied.\n# TYPE retrace_record_in_flight gauge\nretrace_record_in_flight {}",
+            self.in_flight.load(Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_responses_total Responses sent to clients by status class.\n# TYPE retrace_record_responses_total counter"
+        );
+        for (k, c) in self.responses_by_class.iter().enumerate() {
+            let label = if k == 0 {
+                "none".to_string()
+            } else {
+                format!("{k}xx")
+            };
+            let _ = writeln!(
+                o,
+                "retrace_record_responses_total{{class=\"{label}\"}} {}",
+                c.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_upstream_errors_total Failed exchanges by error kind.\n# TYPE retrace_record_upstream_errors_total counter"
+        );
+        for (k, name) in UPSTREAM_ERROR_KINDS.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "retrace_record_upstream_errors_total{{kind=\"{name}\"}} {}",
+                self.upstream_errors[k].load(Relaxed)
+            );
+        }
+        self.headers_latency.render(
+            "retrace_record_upstream_headers_seconds",
+            "Time from request arrival to upstream response headers.",
+            &mut o,
+        );
+        self.ttft.render(
+            "retrace_record_ttft_seconds",
+            "Time from request arrival to the first SSE event with non-empty choices.",
+            &mut o,
+        );
+        self.duration.render(
+            "retrace_record_duration_seconds",
+            "Time from request arrival to the end of the response.",
+            &mut o,
+        );
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_cumulative_buckets() {
+        let s = Stats::default();
+        s.requests.fetch_add(3, Relaxed);
+        s.upstream_error("upstream_connect");
+        s.upstream_error("weird");
+        s.headers_latency.observe(Duration::from_micros(700));
+        s.headers_latency.observe(Duration::from_millis(20));
+        let t = s.render();
+        assert!(t.contains("retrace_record_requests_total 3\n"), "{t}");
+        assert!(t.contains("retrace_record_upstream_errors_total{kind=\"upstream_connect\"} 1"));
+        assert!(t.contains("retrace_record_upstream_errors_total{kind=\"other\"} 1"));
+        assert!(t.contains("retrace_record_upstream_headers_seconds_bucket{le=\"0.0005\"} 0"));
+        assert!(t.contains("retrace_record_upstream_headers_seconds_bucket{le=\"0.001\"} 1"));
+        assert!(t.contains("retrace_record_upstream_headers_seconds_bucket{le=\"0.025\"} 2"));
+        assert!(t.contains("retrace_record_upstream_headers_seconds_count 2"));
+    }
+}

@@ -1,0 +1,310 @@
+//! Body taps: `http_body::Body` wrappers that forward every frame untouched the moment it arrives.
+//!
+//! [`RequestTap`] wraps the client's request body on its way upstream; [`ResponseTap`] wraps the
+//! upstream response body on its way to the client. Per data frame they only note the arrival
+//! offset, the length and a cheap `Bytes` clone (up to a capture cap) — no parsing, no copying, no
+//! locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
+//! enforces the idle-gap and total timeouts, and when the response ends, fails, or is dropped by
+//! a departed client (which drops the upstream body and so closes that upstream connection,
+//! making the server stop generating) it hands the [`Exchange`] to the writer queue exactly once.
+//! [`ProxyBody`] is what the proxy returns: a tapped upstream body or a small body of our own.
+//! This module does not decide routing or build trace records.
+
+use super::extract::{Captured, Exchange};
+use super::stats::Stats;
+use super::writer::Recorder;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error the proxy raises on a response body (timeouts).
+#[derive(Debug, thiserror::Error)]
+#[error("retrace: {0}")]
+pub struct TapError(pub &'static str);
+
+/// Locks a capture even if a panicking thread poisoned it (captures are plain data).
+pub fn lock(c: &Mutex<Captured>) -> std::sync::MutexGuard<'_, Captured> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The client's request body on its way upstream.
+pub struct RequestTap {
+    inner: Incoming,
+    cap: Arc<Mutex<Captured>>,
+    max: usize,
+    stats: Arc<Stats>,
+}
+
+impl RequestTap {
+    pub fn new(inner: Incoming, cap: Arc<Mutex<Captured>>, max: usize, stats: Arc<Stats>) -> Self {
+        RequestTap {
+            inner,
+            cap,
+            max,
+            stats,
+        }
+    }
+}
+
+impl Body for RequestTap {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    this.stats.request_bytes.fetch_add(d.len() as u64, Relaxed);
+                    lock(&this.cap).note(d, this.max);
+                }
+            }
+            Poll::Ready(None) => lock(&this.cap).complete = true,
+            _ => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+struct TapState {
+    ex: Exchange,
+    req: Arc<Mutex<Captured>>,
+    recorder: Recorder,
+    stats: Arc<Stats>,
+    max: usize,
+}
+
+/// An exchange in progress: finished exactly once, by [`Pending::finish`], by the
+/// [`ResponseTap`] it is moved into, or (when the client leaves before the response headers) by
+/// its `Drop`, which records it as cancelled.
+pub struct Pending(Option<TapState>);
+
+impl Pending {
+    pub fn new(
+        ex: Exchange,
+        req: Arc<Mutex<Captured>>,
+        recorder: Recorder,
+        stats: Arc<Stats>,
+        max: usize,
+    ) -> Self {
+        stats.in_flight.fetch_add(1, Relaxed);
+        Pending(Some(TapState {
+            ex,
+            req,
+            recorder,
+            stats,
+            max,
+        }))
+    }
+
+    /// The exchange being recorded (to note status and header time).
+    pub fn exchange(&mut self) -> Option<&mut Exchange> {
+        self.0.as_mut().map(|s| &mut s.ex)
+    }
+
+    /// Finishes without a response body (error before headers).
+    pub fn finish(mut self, error: Option<&str>) {
+        if let Some(mut st) = self.0.take() {
+            if let Some(k) = error {
+                st.ex.error = Some(k.to_string());
+                st.stats.upstream_error(k);
+            }
+            finish_state(st);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut st) = self.0.take() {
+            st.ex.cancelled = true;
+            finish_state(st);
+        }
+    }
+}
+
+fn finish_state(mut st: TapState) {
+    let now = st.ex.arrival.elapsed();
+    st.ex.end = Some(now);
+    st.ex.request = std::mem::take(&mut *lock(&st.req));
+    st.stats.in_flight.fetch_sub(1, Relaxed);
+    st.stats.duration.observe(now);
+    st.stats.response_status(st.ex.status);
+    if st.ex.cancelled {
+        st.stats.client_cancelled.fetch_add(1, Relaxed);
+    }
+    st.recorder.submit(st.ex);
+}
+
+/// The upstream response body on its way to the client.
+pub struct ResponseTap {
+    inner: Incoming,
+    st: Option<Box<TapState>>,
+    idle_for: Duration,
+    idle: Pin<Box<Sleep>>,
+    total: Option<Pin<Box<Sleep>>>,
+}
+
+impl ResponseTap {
+    /// `total_deadline` is the absolute end of the optional total timeout.
+    pub fn new(
+        inner: Incoming,
+        mut p: Pending,
+        idle_for: Duration,
+        total_deadline: Option<Instant>,
+    ) -> Self {
+        ResponseTap {
+            inner,
+            st: p.0.take().map(Box::new),
+            idle_for,
+            idle: Box::pin(tokio::time::sleep(idle_for)),
+            total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+        }
+    }
+
+    fn end(&mut self, error: Option<&'static str>, cancelled: bool) {
+        if let Some(mut st) = self.st.take() {
+            if let Some(k) = error {
+                st.ex.error = Some(k.to_string());
+                st.stats.upstream_error(k);
+            }
+            st.ex.cancelled = cancelled;
+            finish_state(*st);
+        }
+    }
+}
+
+impl Body for ResponseTap {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.st.is_none() {
+            // Already ended (a timeout fired): never poll the upstream again.
+            return Poll::Ready(None);
+        }
+        if let Some(t) = this.total.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                this.end(Some("timeout_total"), false);
+                return Poll::Ready(Some(Err(Box::new(TapError(
+                    "total timeout reached; response cut",
+                )))));
+            }
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => {
+                if let (Some(d), Some(st)) = (f.data_ref(), this.st.as_mut()) {
+                    let now = Instant::now();
+                    st.stats.response_bytes.fetch_add(d.len() as u64, Relaxed);
+                    let at = now.into_std().saturating_duration_since(st.ex.arrival);
+                    let max = st.max;
+                    st.ex.note_response(at, d, max);
+                    this.idle.as_mut().reset(now + this.idle_for);
+                }
+                Poll::Ready(Some(Ok(f)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.end(Some("upstream_reset"), false);
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                this.end(None, false);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.idle.as_mut().poll(cx).is_ready() {
+                    this.end(Some("timeout_idle"), false);
+                    return Poll::Ready(Some(Err(Box::new(TapError(
+                        "no data from upstream within the idle timeout; response cut",
+                    )))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.st.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for ResponseTap {
+    fn drop(&mut self) {
+        if self.st.is_some() {
+            // Dropped before the end: the client went away (or the server dropped the body of a
+            // response that has none, e.g. HEAD or 204).
+            let cancelled = !self.inner.is_end_stream();
+            self.end(None, cancelled);
+        }
+    }
+}
+
+/// The response body the proxy returns.
+pub enum ProxyBody {
+    Tap(ResponseTap),
+    Full(Option<Bytes>),
+}
+
+impl ProxyBody {
+    pub fn full(b: impl Into<Bytes>) -> Self {
+        ProxyBody::Full(Some(b.into()))
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Tap(t) => Pin::new(t).poll_frame(cx),
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Tap(t) => t.is_end_stream(),
+            ProxyBody::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Tap(t) => t.size_hint(),
+            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The pooled HTTP client towards the upstream server: plain TCP or TLS (rustls), keep-alive.
+//!
+//! [`Connector`] is a `tower_service::Service<Uri>` for hyper-util's pooling client: it dials with
+//! a connect timeout and TCP_NODELAY, and for `https` upstreams wraps the stream in rustls, trusting
+//! `--upstream-ca` (PEM) when given, else the system bundle (`SSL_CERT_FILE`, then the usual
+//! Debian/Red Hat paths). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
+//! does not know about recording.
+
+use crate::record::tap::RequestTap;
+use anyhow::Context as _;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+pub type UpstreamClient = Client<Connector, RequestTap>;
+
+/// Dials the upstream.
+#[derive(Clone)]
+pub struct Connector {
+    http: HttpConnector,
+    tls: Option<TlsConnector>,
+}
+
+/// A plain or TLS connection to the upstream.
+pub enum UpstreamIo {
+    Plain(TokioIo<TcpStream>),
+    Tls(TokioIo<TlsStream<TcpStream>>, bool),
+}
+
+impl Connection for UpstreamIo {
+    fn connected(&self) -> Connected {
+        match self {
+            UpstreamIo::Plain(s) => s.connected(),
+            UpstreamIo::Tls(s, h2) => {
+                let c = s.inner().get_ref().0.connected();
+                if *h2 {
+                    c.negotiated_h2()
+                } else {
+                    c
+                }
+            }
+        }
+    }
+}
+
+impl Read for UpstreamIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Tls(s, _) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl Write for UpstreamIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Tls(s, _) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Tls(s, _) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Tls(s, _) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tls(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(s) => s.is_write_vectored(),
+            UpstreamIo::Tls(s, _) => s.is_write_vectored(),
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = UpstreamIo;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamIo, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let mut http = self.http.clone();
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let is_https = dst.scheme_str() == Some("https");
+            let host = dst.host().unwrap_or("").to_string();
+            let tcp = http.call(dst).await.map_err(BoxError::from)?;
+            match (is_https, tls) {
+                (false, _) => Ok(UpstreamIo::Plain(tcp)),
+                (true, None) => Err("https upstream without a TLS configuration".into()),
+                (true, Some(tls)) => {
+                    let name = rustls::pki_types::ServerName::try_from(
+                        host.trim_start_matches('[')
+                            .trim_end_matches(']')
+                            .to_string(),
+                    )
+                    .map_err(|e| format!("upstream host {host:?}: {e}"))?;
+                    let s = tls.connect(name, tcp.into_inner()).await?;
+                    let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
+                    Ok(UpstreamIo::Tls(TokioIo::new(s), h2))
+                }
+            }
+        })
+    }
+}
+
+/// Reads every certificate of a PEM file.
+pub fn load_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let certs = rustls_pemfile::certs(&mut data.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("{}: not a PEM certificate file", path.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{}: no certificates found", path.display());
+    }
+    Ok(certs)
+}
+
+fn root_store(ca: Option<&Path>) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(p) = ca {
+        for c in load_certs(p).context("--upstream-ca")? {
+            roots
+                .add(c)
+                .with_context(|| format!("--upstream-ca {}: bad certificate", p.display()))?;
+        }
+        return Ok(roots);
+    }
+    let mut candidates: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("SSL_CERT_FILE") {
+        candidates.push(p.into());
+    }
+    candidates.push("/etc/ssl/certs/ca-certificates.crt".into());
+    candidates.push("/etc/pki/tls/certs/ca-bundle.crt".into());
+    for p in candidates {
+        if let Ok(certs) = load_certs(&p) {
+            let (_ok, _bad) = roots.add_parsable_certificates(certs);
+            return Ok(roots);
+        }
+    }
+    anyhow::bail!("no system CA bundle found for an https upstream; pass --upstream-ca")
+}
+
+/// Options for [`build`].
+#[derive(Debug, Clone)]
+pub struct UpstreamOptions {
+    pub connect_timeout: Duration,
+    pub ca: Option<std::path::PathBuf>,
+    pub https: bool,
+    pub http2: bool,
+    pub pool_idle: Duration,
+}
+
+/// Builds the pooling client.
+pub fn build(o: &UpstreamOptions) -> anyhow::Result<UpstreamClient> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(o.connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let tls = if o.https {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS client configuration")?
+            .with_root_certificates(root_store(o.ca.as_deref())?)
+            .with_no_client_auth();
+        cfg.alpn_protocols = if o.http2 {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        Some(TlsConnector::from(Arc::new(cfg)))
+    } else {
+        None
+    };
+    let mut b = Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(o.pool_idle)
+        .pool_max_idle_per_host(usize::MAX)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .timer(hyper_util::rt::TokioTimer::new());
+    if o.http2 {
+        b.http2_only(true);
+    }
+    Ok(b.build(Connector { http, tls }))
+}

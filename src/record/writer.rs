@@ -1,0 +1,342 @@
+//! The recorder's writer thread: a bounded queue in, rotating native trace files out.
+//!
+//! The forwarding path hands each finished [`Exchange`] to [`Recorder::submit`], which uses
+//! `try_send` on a bounded channel: when the queue is full the record is dropped and counted, the
+//! traffic is never slowed (invariant 1). The dedicated thread builds records
+//! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
+//! (so a `kill -9` loses at most about a second), and rotates files by size and age.
+//!
+//! Files are `DIR/<name>-<start>-<seq>.trace.zst` where `<start>` is the recording's UTC start
+//! (`20261129T183000Z`) and `<seq>` counts from 0001. A file is written as `<file>.partial`,
+//! fsynced and renamed when closed. All files of one recording share its t0 (the header's
+//! `t0_unix_us`), so arrivals are comparable across files; records are written in completion order
+//! (sorted by arrival within each frame), so a reader that needs arrival order sorts. When the
+//! directory cannot be written, records are counted as lost, the error is logged, and opening is
+//! retried every 5 seconds; the proxy keeps forwarding. This module does not parse HTTP.
+
+use super::extract::{Exchange, Extractor};
+use super::stats::Stats;
+use crate::trace::native::{TraceWriter, WriteOptions};
+use crate::trace::{Request, TraceHeader};
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+enum Msg {
+    Exchange(Box<Exchange>),
+    Close,
+}
+
+/// The forwarding path's handle to the writer.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: SyncSender<Msg>,
+    stats: Arc<Stats>,
+}
+
+impl Recorder {
+    /// Queues a finished exchange, or drops and counts it when the queue is full.
+    pub fn submit(&self, ex: Exchange) {
+        match self.tx.try_send(Msg::Exchange(Box::new(ex))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.stats.records_dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Where and how files are written.
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    pub dir: PathBuf,
+    pub name: String,
+    pub rotate_bytes: u64,
+    pub rotate_every: Duration,
+    /// Close a frame at least this often.
+    pub flush_every: Duration,
+}
+
+/// What the writer did, returned when it stops.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct WriterReport {
+    pub files: Vec<PathBuf>,
+    pub records: u64,
+}
+
+/// The running writer thread.
+pub struct WriterHandle {
+    tx: SyncSender<Msg>,
+    join: Option<JoinHandle<WriterReport>>,
+}
+
+impl WriterHandle {
+    /// Asks the writer to close its file and waits for it (blocking; call off the async runtime).
+    pub fn close(mut self) -> WriterReport {
+        let _ = self.tx.send(Msg::Close);
+        self.join
+            .take()
+            .and_then(|j| j.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// Starts the writer thread.
+pub fn spawn(
+    queue: usize,
+    files: FileOptions,
+    header: TraceHeader,
+    extractor: Extractor,
+    t0: Instant,
+    stats: Arc<Stats>,
+) -> std::io::Result<(Recorder, WriterHandle)> {
+    let (tx, rx) = sync_channel(queue.max(1));
+    let rec = Recorder {
+        tx: tx.clone(),
+        stats: stats.clone(),
+    };
+    let start_tag = {
+        let secs = header.t0_unix_us.unwrap_or(0).div_euclid(1_000_000);
+        chrono::DateTime::from_timestamp(secs, 0)
+            .map(|d| d.format("%Y%m%dT%H%M%SZ").to_string())
+            .unwrap_or_else(|| "start".into())
+    };
+    let mut w = Writer {
+        files,
+        header,
+        start_tag,
+        seq: 0,
+        cur: None,
+        last_failed_open: None,
+        extractor,
+        t0,
+        stats,
+        report: WriterReport::default(),
+        noted_dropped: 0,
+        pending: Vec::new(),
+    };
+    let join = std::thread::Builder::new()
+        .name("retrace-record-writer".into())
+        .spawn(move || {
+            w.run(rx);
+            w.report
+        })?;
+    Ok((
+        rec,
+        WriterHandle {
+            tx,
+            join: Some(join),
+        },
+    ))
+}
+
+struct OpenFile {
+    w: TraceWriter<BufWriter<File>>,
+    partial: PathBuf,
+    path: PathBuf,
+    opened: Instant,
+}
+
+struct Writer {
+    files: FileOptions,
+    header: TraceHeader,
+    start_tag: String,
+    seq: u32,
+    cur: Option<OpenFile>,
+    last_failed_open: Option<Instant>,
+    extractor: Extractor,
+    t0: Instant,
+    stats: Arc<Stats>,
+    report: WriterReport,
+    noted_dropped: u64,
+    /// Records of the open frame, sorted by arrival before they are pushed.
+    pending: Vec<Request>,
+}
+
+impl Writer {
+    fn run(&mut self, rx: Receiver<Msg>) {
+        let mut next_flush = Instant::now() + self.files.flush_every;
+        loop {
+            let wait = next_flush.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(Msg::Exchange(ex)) => self.record(&ex),
+                Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= next_flush {
+                self.flush();
+                next_flush = Instant::now() + self.files.flush_every;
+            }
+        }
+        // Drain what is already queued, then close.
+        while let Ok(Msg::Exchange(ex)) = rx.try_recv() {
+            self.record(&ex);
+        }
+        self.flush();
+        self.close_file();
+    }
+
+    fn record(&mut self, ex: &Exchange) {
+        let (req, notes) = self.extractor.to_request(ex, self.t0);
+        if let Some(msg) = &notes.parse_failure {
+            self.stats.parse_failures.fetch_add(1, Relaxed);
+            tracing::debug!(path = %ex.path, "request body not parsed: {msg}");
+        }
+        if let Some(t) = notes.ttft {
+            self.stats.ttft.observe(t);
+        }
+        self.pending.push(req);
+        if self.pending.len() >= 4096 {
+            self.flush();
+        }
+    }
+
+    /// Pushes the pending records and closes a frame; rotates when due.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            if self
+                .cur
+                .as_ref()
+                .is_some_and(|f| f.opened.elapsed() >= self.files.rotate_every)
+            {
+                self.close_file();
+            }
+            return;
+        }
+        self.ensure_open();
+        let mut pending = std::mem::take(&mut self.pending);
+        let Some(f) = self.cur.as_mut() else {
+            self.stats
+                .records_lost_io
+                .fetch_add(pending.len() as u64, Relaxed);
+            return;
+        };
+        pending.sort_by_key(|r| r.arrival_us);
+        let dropped = self.stats.records_dropped.load(Relaxed);
+        f.w.note_dropped(dropped - self.noted_dropped);
+        self.noted_dropped = dropped;
+        let n = pending.len() as u64;
+        let res = pending
+            .iter()
+            .try_for_each(|r| f.w.push(r))
+            .and_then(|()| f.w.flush_frame());
+        match res {
+            Ok(()) => {
+                self.stats.records_written.fetch_add(n, Relaxed);
+                self.report.records += n;
+            }
+            Err(e) => {
+                self.stats.write_errors.fetch_add(1, Relaxed);
+                self.stats.records_lost_io.fetch_add(n, Relaxed);
+                tracing::error!("writing {}: {e}; starting a new file", f.partial.display());
+                // Keep what was written (readable up to its last good frame) and move on.
+                self.cur = None;
+                return;
+            }
+        }
+        let rotate = f.w.bytes_written() >= self.files.rotate_bytes
+            || f.opened.elapsed() >= self.files.rotate_every;
+        if rotate {
+            self.close_file();
+        }
+    }
+
+    fn ensure_open(&mut self) {
+        if self.cur.is_some() {
+            return;
+        }
+        if self
+            .last_failed_open
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(5))
+        {
+            return;
+        }
+        match self.open() {
+            Ok(f) => {
+                self.last_failed_open = None;
+                self.cur = Some(f);
+            }
+            Err(e) => {
+                self.stats.write_errors.fetch_add(1, Relaxed);
+                tracing::error!(
+                    "cannot open a trace file in {}: {e}; records are lost until it works (retrying every 5 s)",
+                    self.files.dir.display()
+                );
+                self.last_failed_open = Some(Instant::now());
+            }
+        }
+    }
+
+    fn open(&mut self) -> std::io::Result<OpenFile> {
+        std::fs::create_dir_all(&self.files.dir)?;
+        self.seq += 1;
+        let path = self.files.dir.join(format!(
+            "{}-{}-{:04}.trace.zst",
+            self.files.name, self.start_tag, self.seq
+        ));
+        let partial = partial_path(&path);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&partial)?;
+        let mut header = self.header.clone();
+        let opened_us = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        header
+            .meta
+            .insert("file_opened_unix_us".into(), opened_us.to_string());
+        header.meta.insert("file_seq".into(), self.seq.to_string());
+        let mut w = TraceWriter::new(
+            BufWriter::with_capacity(1 << 16, file),
+            &header,
+            WriteOptions::default(),
+        )?;
+        w.flush_frame()?;
+        Ok(OpenFile {
+            w,
+            partial,
+            path,
+            opened: Instant::now(),
+        })
+    }
+
+    fn close_file(&mut self) {
+        let Some(f) = self.cur.take() else { return };
+        let res = (|| -> std::io::Result<()> {
+            let bw = f.w.finish()?;
+            let file = bw.into_inner().map_err(|e| e.into_error())?;
+            file.sync_all()?;
+            drop(file);
+            std::fs::rename(&f.partial, &f.path)?;
+            if let Some(dir) = f.path.parent() {
+                if let Ok(d) = File::open(dir) {
+                    let _ = d.sync_all();
+                }
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => {
+                self.stats.files_closed.fetch_add(1, Relaxed);
+                self.report.files.push(f.path);
+            }
+            Err(e) => {
+                self.stats.write_errors.fetch_add(1, Relaxed);
+                tracing::error!("closing {}: {e}", f.partial.display());
+            }
+        }
+    }
+}
+
+/// `<path>.partial`.
+pub fn partial_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".partial");
+    PathBuf::from(s)
+}
