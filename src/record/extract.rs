@@ -181,41 +181,30 @@ impl Extractor {
         };
         if is_sse {
             let mut p = SseParser::new(4 << 20);
-            for (at, chunk) in &ex.chunks {
-                p.feed(chunk, |ev| {
-                    if let Ok(ev) = ev {
-                        if ev.is_done() {
-                            return;
-                        }
-                        if let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) {
-                            let off = us(*at);
-                            if c.has_choices && resp.ttft_us.is_none() {
-                                resp.ttft_us = Some(off);
-                            }
-                            resp.events.push(Event {
-                                offset_us: off,
-                                tokens: c.tokens,
-                            });
-                            absorb(&c, &mut resp);
-                        }
+            let mut on_event =
+                |at: Duration, ev: Result<crate::sse::SseEvent, _>, resp: &mut Response| {
+                    let Ok(ev) = ev else { return };
+                    if ev.is_done() {
+                        return;
                     }
-                });
+                    let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) else {
+                        return;
+                    };
+                    let off = us(at);
+                    if c.has_choices && resp.ttft_us.is_none() {
+                        resp.ttft_us = Some(off);
+                    }
+                    resp.events.push(Event {
+                        offset_us: off,
+                        tokens: c.tokens,
+                    });
+                    absorb(&c, resp);
+                };
+            for (at, chunk) in &ex.chunks {
+                p.feed(chunk, |ev| on_event(*at, ev, &mut resp));
             }
             if let (Some(ev), Some((at, _))) = (p.finish(), ex.chunks.last()) {
-                if let Ok(ev) = ev {
-                    if !ev.is_done() {
-                        if let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) {
-                            if c.has_choices && resp.ttft_us.is_none() {
-                                resp.ttft_us = Some(us(*at));
-                            }
-                            resp.events.push(Event {
-                                offset_us: us(*at),
-                                tokens: c.tokens,
-                            });
-                            absorb(&c, &mut resp);
-                        }
-                    }
-                }
+                on_event(*at, ev, &mut resp);
             }
         } else if !ex.response_truncated && !ex.chunks.is_empty() {
             let mut body = Vec::with_capacity(ex.response_len as usize);

@@ -36,7 +36,7 @@ pub struct Connector {
 /// A plain or TLS connection to the upstream.
 pub enum UpstreamIo {
     Plain(TokioIo<TcpStream>),
-    Tls(TokioIo<TlsStream<TcpStream>>, bool),
+    Tls(Box<TokioIo<TlsStream<TcpStream>>>, bool),
 }
 
 impl Connection for UpstreamIo {
@@ -63,7 +63,7 @@ impl Read for UpstreamIo {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpstreamIo::Tls(s, _) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
 }
@@ -76,19 +76,19 @@ impl Write for UpstreamIo {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpstreamIo::Tls(s, _) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_write(cx, buf),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpstreamIo::Tls(s, _) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpstreamIo::Tls(s, _) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
     fn poll_write_vectored(
@@ -98,7 +98,7 @@ impl Write for UpstreamIo {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            UpstreamIo::Tls(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
@@ -139,7 +139,7 @@ impl tower_service::Service<Uri> for Connector {
                     .map_err(|e| format!("upstream host {host:?}: {e}"))?;
                     let s = tls.connect(name, tcp.into_inner()).await?;
                     let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
-                    Ok(UpstreamIo::Tls(TokioIo::new(s), h2))
+                    Ok(UpstreamIo::Tls(Box::new(TokioIo::new(s)), h2))
                 }
             }
         })
