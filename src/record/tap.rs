@@ -69,7 +69,12 @@ impl Body for RequestTap {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     this.stats.request_bytes.fetch_add(d.len() as u64, Relaxed);
-                    lock(&this.cap).note(d, this.max);
+                    let mut c = lock(&this.cap);
+                    c.note(d, this.max);
+                    // hyper stops polling once a body with a known length says it has ended.
+                    if this.inner.is_end_stream() {
+                        c.complete = true;
+                    }
                 }
             }
             Poll::Ready(None) => lock(&this.cap).complete = true,

@@ -193,8 +193,13 @@ pub struct UpstreamOptions {
     pub pool_idle: Duration,
 }
 
-/// Builds the pooling client.
-pub fn build(o: &UpstreamOptions) -> anyhow::Result<UpstreamClient> {
+/// Builds the pooling client (generic over the request body so tests can reuse it as a client).
+pub fn build<B>(o: &UpstreamOptions) -> anyhow::Result<Client<Connector, B>>
+where
+    B: http_body::Body + Send + 'static + Unpin,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

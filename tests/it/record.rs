@@ -1,0 +1,1022 @@
+//! `retrace record`: pass-through exactness, recorded contents, privacy, and every fault.
+//!
+//! Each test runs scripted upstreams and the proxy in-process on 127.0.0.1:0.
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use retrace::record::{self, RecordConfig, RecordStats};
+use retrace::trace::hash::BlockHasher;
+use retrace::trace::{native, HashScheme, Request as TraceRequest};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use super::support::repo;
+
+// ---------- a scripted upstream ----------
+
+/// A response body fed by a channel, so the upstream controls every chunk and its timing.
+struct ChanBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// What the upstream does with a request.
+#[derive(Clone)]
+enum Reply {
+    /// Stream these chunks, sleeping `delay` before each.
+    Chunks {
+        ctype: &'static str,
+        chunks: Vec<Bytes>,
+        delay: Duration,
+    },
+    /// Answer `{"len": body length, "xxh3": hash}` (JSON) with a known length.
+    Digest,
+    /// Send the request body back.
+    Echo,
+    /// Send one chunk every `every` until the client goes away; then signal `gone`.
+    Endless {
+        every: Duration,
+        gone: mpsc::UnboundedSender<()>,
+    },
+    /// Send these chunks, then stay silent for `stall` while keeping the stream open.
+    Stall { chunks: Vec<Bytes>, stall: Duration },
+}
+
+type Script = Arc<dyn Fn(&http::request::Parts) -> Reply + Send + Sync>;
+
+struct Upstream {
+    addr: SocketAddr,
+    /// Headers of every request received.
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+}
+
+async fn reply(
+    script: Script,
+    seen: Arc<Mutex<Vec<HeaderMap>>>,
+    req: Request<Incoming>,
+) -> Result<Response<ChanBody>, Infallible> {
+    let (parts, body) = req.into_parts();
+    seen.lock().unwrap().push(parts.headers.clone());
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let mut resp = Response::new(ChanBody(rx));
+    match script(&parts) {
+        Reply::Chunks {
+            ctype,
+            chunks,
+            delay,
+        } => {
+            resp.headers_mut()
+                .insert("content-type", ctype.parse().unwrap());
+            tokio::spawn(async move {
+                for c in chunks {
+                    tokio::time::sleep(delay).await;
+                    if tx.send(c).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Reply::Digest => {
+            let d = format!(
+                r#"{{"len":{},"xxh3":{}}}"#,
+                body.len(),
+                xxhash_rust::xxh3::xxh3_64(&body)
+            );
+            resp.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            resp.headers_mut()
+                .insert("content-length", d.len().to_string().parse().unwrap());
+            let _ = tx.try_send(Bytes::from(d));
+        }
+        Reply::Echo => {
+            resp.headers_mut()
+                .insert("content-length", body.len().to_string().parse().unwrap());
+            let _ = tx.try_send(body);
+        }
+        Reply::Endless { every, gone } => {
+            resp.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            tokio::spawn(async move {
+                for k in 0..500 {
+                    let c = Bytes::from(format!(
+                        "data: {{\"choices\":[{{\"index\":0,\"text\":\"t{k}\"}}]}}\n\n"
+                    ));
+                    if tx.send(c).await.is_err() {
+                        let _ = gone.send(());
+                        return;
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            });
+        }
+        Reply::Stall { chunks, stall } => {
+            resp.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            tokio::spawn(async move {
+                for c in chunks {
+                    let _ = tx.send(c).await;
+                }
+                tokio::time::sleep(stall).await;
+                drop(tx);
+            });
+        }
+    }
+    Ok(resp)
+}
+
+async fn upstream(
+    script: impl Fn(&http::request::Parts) -> Reply + Send + Sync + 'static,
+) -> Upstream {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let script: Script = Arc::new(script);
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let script = script.clone();
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| reply(script.clone(), seen.clone(), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    Upstream { addr, seen }
+}
+
+// ---------- the proxy under test ----------
+
+struct Rec {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<RecordStats>>,
+    dir: tempfile::TempDir,
+}
+
+async fn start(upstream: &str, tweak: impl FnOnce(&mut RecordConfig, &std::path::Path)) -> Rec {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RecordConfig::new(upstream, dir.path().join("out")).unwrap();
+    cfg.flush_every = Duration::from_millis(100);
+    cfg.block_size = 16;
+    cfg.drain_timeout = Duration::from_secs(5);
+    tweak(&mut cfg, dir.path());
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(record::run_with_admin(l, Some(a), cfg, async move {
+        let _ = rx.await;
+    }));
+    Rec {
+        addr,
+        admin,
+        stop: Some(tx),
+        task,
+        dir,
+    }
+}
+
+impl Rec {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stops the proxy and reads every record it wrote.
+    async fn stop(
+        mut self,
+    ) -> (
+        RecordStats,
+        Vec<TraceRequest>,
+        Vec<native::ReadReport>,
+        tempfile::TempDir,
+    ) {
+        let _ = self.stop.take().unwrap().send(());
+        let stats = tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("proxy stops")
+            .unwrap()
+            .unwrap();
+        let mut recs = Vec::new();
+        let mut reports = Vec::new();
+        for f in &stats.files {
+            let (t, rep) = native::read_file(f).unwrap();
+            recs.extend(t.requests);
+            reports.push(rep);
+        }
+        recs.sort_by_key(|r| r.arrival_us);
+        (stats, recs, reports, self.dir)
+    }
+
+    async fn metrics(&self) -> String {
+        let (st, _, body) = fetch(
+            &format!("http://{}/metrics", self.admin),
+            "GET",
+            Bytes::new(),
+            &[],
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK);
+        String::from_utf8(body.unwrap()).unwrap()
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("metric {name} missing"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+// ---------- a client ----------
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends a request; returns status, headers and the body (or the error that broke it).
+async fn fetch(
+    url: &str,
+    method: &str,
+    body: Bytes,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Result<Vec<u8>, String>) {
+    fetch_with(&client(), url, method, body, headers).await
+}
+
+async fn fetch_with<C>(
+    c: &Client<C, Full<Bytes>>,
+    url: &str,
+    method: &str,
+    body: Bytes,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Result<Vec<u8>, String>)
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = tokio::time::timeout(
+        Duration::from_secs(20),
+        c.request(b.body(Full::new(body)).unwrap()),
+    )
+    .await
+    .expect("response head in time")
+    .expect("response head");
+    let (parts, body) = resp.into_parts();
+    let got = tokio::time::timeout(Duration::from_secs(20), body.collect())
+        .await
+        .expect("body in time")
+        .map(|c| c.to_bytes().to_vec())
+        .map_err(|e| e.to_string());
+    (parts.status, parts.headers, got)
+}
+
+/// Splits an SSE file into its events (each keeps its blank-line terminator).
+fn sse_events(raw: &[u8]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i + 1 < raw.len() {
+        if raw[i] == b'\n' && raw[i + 1] == b'\n' {
+            out.push(Bytes::copy_from_slice(&raw[start..i + 2]));
+            start = i + 2;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    if start < raw.len() {
+        out.push(Bytes::copy_from_slice(&raw[start..]));
+    }
+    out
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(repo(&format!("fixtures/vllm/{name}"))).unwrap()
+}
+
+/// The streamed part of the per-request-metrics sample (with the `metrics` object).
+fn metrics_stream() -> Vec<u8> {
+    let txt = String::from_utf8(fixture("per_request_metrics_example.txt")).unwrap();
+    let mut s = String::new();
+    for l in txt.lines().filter(|l| l.starts_with("data: ")) {
+        s.push_str(l);
+        s.push_str("\n\n");
+    }
+    s.into_bytes()
+}
+
+const SSE: &str = "text/event-stream; charset=utf-8";
+
+// ---------- tests ----------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_is_byte_exact_for_real_vllm_streams_and_bodies() {
+    let files = [
+        "chat_stream.sse",
+        "completions_text_stream.sse",
+        "completions_tokenids_stream.sse",
+        "return_token_ids_stream.sse",
+    ];
+    let up = upstream(move |p| {
+        let path = p.uri.path().to_string();
+        if let Some(name) = path.strip_prefix("/sse/") {
+            let raw = fixture(name);
+            // Event by event, and once more cut at odd byte positions.
+            let chunks = if p.uri.query() == Some("odd") {
+                raw.chunks(37).map(Bytes::copy_from_slice).collect()
+            } else {
+                sse_events(&raw)
+            };
+            Reply::Chunks {
+                ctype: SSE,
+                chunks,
+                delay: Duration::from_millis(3),
+            }
+        } else if path == "/v1/completions" {
+            let txt = String::from_utf8(fixture("per_request_metrics_example.txt")).unwrap();
+            Reply::Chunks {
+                ctype: "application/json",
+                chunks: vec![Bytes::from(txt.lines().nth(2).unwrap().to_string())],
+                delay: Duration::ZERO,
+            }
+        } else {
+            Reply::Echo
+        }
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let direct = format!("http://{}", up.addr);
+    let mut paths: Vec<String> = files.iter().map(|f| format!("/sse/{f}")).collect();
+    paths.extend(files.iter().map(|f| format!("/sse/{f}?odd")));
+    paths.push("/v1/completions".into());
+    paths.push("/anything/else?x=1".into());
+    for p in &paths {
+        let body = Bytes::from_static(br#"{"model":"tiny-llama","prompt":[1,2,3]}"#);
+        let (s1, h1, b1) = fetch(&format!("{direct}{p}"), "POST", body.clone(), &[]).await;
+        let (s2, h2, b2) = fetch(&rec.url(p), "POST", body, &[]).await;
+        assert_eq!(s1, s2, "{p}");
+        assert_eq!(h1.get("content-type"), h2.get("content-type"), "{p}");
+        let (b1, b2) = (b1.unwrap(), b2.unwrap());
+        assert!(!b1.is_empty());
+        assert_eq!(b1, b2, "bytes through the proxy differ from direct for {p}");
+    }
+    // The same through HTTP/2 (h2c prior knowledge) from the client.
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let want = fixture("chat_stream.sse");
+    let (s, _, b) = fetch_with(
+        &h2,
+        &rec.url("/sse/chat_stream.sse"),
+        "POST",
+        Bytes::from_static(b"{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b.unwrap(), want);
+
+    let (stats, recs, reports, _d) = rec.stop().await;
+    assert_eq!(stats.requests as usize, paths.len() + 1);
+    assert_eq!(recs.len(), paths.len() + 1);
+    assert!(reports.iter().all(|r| r.is_clean()));
+    // The chat stream: a role-only first event counts for TTFT (vLLM's rule), 3 tokens in all.
+    let chat: Vec<_> = recs
+        .iter()
+        .filter(|r| r.endpoint.as_str() == "/sse/chat_stream.sse")
+        .collect();
+    assert_eq!(chat.len(), 2, "one per HTTP version");
+    for r in chat {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.events.len(), 5, "4 choice events + usage");
+        assert_eq!(resp.ttft_us, Some(resp.events[0].offset_us));
+        assert_eq!(r.output_tokens, 3);
+        assert_eq!(resp.status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_trace_holds_events_ttft_usage_metrics_and_exact_hashes() {
+    let up = upstream(|_| Reply::Chunks {
+        ctype: SSE,
+        chunks: sse_events(&metrics_stream()),
+        delay: Duration::from_millis(20),
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let prompt: Vec<u32> = (0..100).map(|k| k * 7 % 4096).collect();
+    let body = serde_json::json!({
+        "model": "tiny-llama", "prompt": prompt, "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}, "temperature": 0.5, "ignore_eos": true
+    })
+    .to_string();
+    let (s, _, b) = fetch(&rec.url("/v1/completions"), "POST", Bytes::from(body), &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b.unwrap(), metrics_stream());
+    let (stats, recs, _, _d) = rec.stop().await;
+    assert_eq!(stats.records_written, 1);
+    let r = &recs[0];
+    assert_eq!(r.model.as_deref(), Some("tiny-llama"));
+    assert_eq!(r.input_tokens, 100);
+    assert_eq!(r.hash_ids, BlockHasher::xxh3().chain(&prompt, 16, true));
+    assert_eq!(r.hash_ids.len(), 7);
+    assert_eq!(r.params.max_tokens, Some(3));
+    assert_eq!(r.params.include_usage, Some(true));
+    assert_eq!(r.params.ignore_eos, Some(true));
+    assert_eq!(r.output_tokens, 3);
+    assert!(r.body.is_none(), "no prompt text by default");
+    let resp = r.response.as_ref().unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.error, None);
+    assert!(!resp.cancelled);
+    let toks: Vec<u32> = resp.events.iter().map(|e| e.tokens).collect();
+    assert_eq!(toks, vec![1, 1, 1, 0], "3 text events then the usage chunk");
+    let hd = resp.headers_us.unwrap();
+    let tf = resp.ttft_us.unwrap();
+    let en = resp.end_us.unwrap();
+    assert!(hd <= tf && tf <= en, "{hd} {tf} {en}");
+    assert!(tf >= 20_000, "first event came after a 20 ms delay: {tf}");
+    for w in resp.events.windows(2) {
+        let gap = w[1].offset_us - w[0].offset_us;
+        assert!(gap >= 15_000, "events 20 ms apart, got {gap} µs");
+    }
+    assert_eq!(resp.usage.unwrap().prompt_tokens, 7);
+    let m = resp.server_metrics.as_ref().unwrap();
+    assert!((m.queue_time_ms.unwrap() - 0.026880000064011256).abs() < 1e-9);
+    assert!(m.time_to_first_token_ms.is_some() && m.mean_itl_ms.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_reach_the_trace_and_hmac_keys_the_hashes() {
+    let up = upstream(|_| Reply::Chunks {
+        ctype: SSE,
+        chunks: sse_events(&fixture("completions_tokenids_stream.sse")),
+        delay: Duration::ZERO,
+    })
+    .await;
+    let key = b"trace-sharing-secret";
+    let rec = start(&format!("http://{}", up.addr), |c, dir| {
+        let kf = dir.join("hash.key");
+        std::fs::write(&kf, b"trace-sharing-secret\n").unwrap();
+        let args = super::support::cli(&[
+            "record",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://x:1",
+            "--out",
+            "o",
+            "--hash-key-file",
+            kf.to_str().unwrap(),
+            "--bodies",
+            "full",
+        ]);
+        let retrace::cli::Command::Record(a) = args.command else {
+            unreachable!()
+        };
+        let parsed = RecordConfig::from_args(&a).unwrap();
+        c.hash_key = parsed.hash_key;
+        c.bodies = parsed.bodies;
+    })
+    .await;
+    let prompt: Vec<u32> = (1..=40).collect();
+    let body = serde_json::json!({"model":"m","prompt":prompt,"stream":true}).to_string();
+    let secrets = [
+        ("authorization", "Bearer sk-SECRET-AUTH-1234"),
+        ("api-key", "SECRET-APIKEY-5678"),
+        ("x-api-key", "SECRET-XAPIKEY-9012"),
+        ("cookie", "session=SECRET-COOKIE-3456"),
+    ];
+    let (s, _, b) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from(body.clone()),
+        &secrets,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(b.is_ok());
+    // The upstream got the credentials (the proxy is transparent) ...
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen[0]["authorization"], "Bearer sk-SECRET-AUTH-1234");
+    assert_eq!(seen[0]["cookie"], "session=SECRET-COOKIE-3456");
+    let (_, recs, _, d) = rec.stop().await;
+    // ... the trace did not, even with --bodies full.
+    let mut raw = Vec::new();
+    for e in std::fs::read_dir(d.path().join("out")).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        raw.extend(zstd::stream::decode_all(bytes.as_slice()).unwrap());
+    }
+    assert!(!raw.is_empty());
+    let hay = String::from_utf8_lossy(&raw);
+    assert!(
+        !hay.contains("SECRET"),
+        "a credential leaked into the trace"
+    );
+    assert!(hay.contains("hmac-sha256"));
+    let r = &recs[0];
+    assert_eq!(
+        r.body.as_deref(),
+        Some(body.as_bytes()),
+        "--bodies full keeps the prompt"
+    );
+    assert_eq!(
+        r.response.as_ref().unwrap().body.as_deref(),
+        Some(fixture("completions_tokenids_stream.sse").as_slice())
+    );
+    assert_eq!(r.hash_ids, BlockHasher::hmac(key).chain(&prompt, 16, true));
+    assert_ne!(r.hash_ids, BlockHasher::xxh3().chain(&prompt, 16, true));
+    let (t, _) = native::read_file(
+        &std::fs::read_dir(d.path().join("out"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap();
+    assert_eq!(t.header.hash_scheme, HashScheme::HmacSha256);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_requests_sharing_a_conversation_prefix_share_hash_ids() {
+    let up = upstream(|_| Reply::Chunks {
+        ctype: "application/json",
+        chunks: vec![Bytes::from_static(
+            br#"{"choices":[{"message":{"content":"ok"}}]}"#,
+        )],
+        delay: Duration::ZERO,
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| c.block_size = 8).await;
+    let sys = "You are a careful assistant who answers in full sentences. ".repeat(4);
+    let turn1 = serde_json::json!({"model":"m","messages":[
+        {"role":"system","content":sys},{"role":"user","content":"What is a KV cache?"}]});
+    let turn2 = serde_json::json!({"messages":[
+        {"content":sys,"role":"system"},{"role":"user","content":"What is a KV cache?"},
+        {"role":"assistant","content":"A cache of attention keys and values."},
+        {"role":"user","content":"And prefix caching?"}],"model":"m"});
+    for b in [&turn1, &turn2] {
+        let (s, _, _) = fetch(
+            &rec.url("/v1/chat/completions"),
+            "POST",
+            Bytes::from(b.to_string()),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (_, recs, _, _d) = rec.stop().await;
+    let (a, b) = (&recs[0].hash_ids, &recs[1].hash_ids);
+    assert!(a.len() >= 4 && b.len() > a.len(), "{} {}", a.len(), b.len());
+    // Every full block of turn 1 is shared; only its partial tail may differ.
+    let full = a.len() - 1;
+    assert_eq!(&b[..full], &a[..full]);
+    assert_eq!(recs[1].endpoint, retrace::trace::Endpoint::Chat);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_gives_502_json_and_is_recorded() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let rec = start(&format!("http://{dead}"), |_, _| {}).await;
+    let (s, h, b) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(br#"{"prompt":[1]}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert_eq!(h["content-type"], "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&b.unwrap()).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_connect");
+    assert_eq!(v["error"]["code"], 502);
+    let m = rec.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "retrace_record_upstream_errors_total{kind=\"upstream_connect\"}"
+        ),
+        1.0
+    );
+    let (st, _, hz) = fetch(
+        &format!("http://{}/healthz", rec.admin),
+        "GET",
+        Bytes::new(),
+        &[],
+    )
+    .await;
+    assert_eq!((st, hz.unwrap()), (StatusCode::OK, b"ok\n".to_vec()));
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.status, 0, "no response head came from upstream");
+    assert_eq!(resp.error.as_deref(), Some("upstream_connect"));
+    assert_eq!(recs[0].endpoint, retrace::trace::Endpoint::Completions);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_reset_mid_stream_breaks_the_client_stream_and_is_recorded() {
+    // A raw upstream that sends two events of a chunked SSE response, then resets the connection.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        let ev = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n";
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        for _ in 0..2 {
+            s.write_all(format!("{:x}\r\n{ev}\r\n", ev.len()).as_bytes())
+                .await
+                .unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        #[allow(deprecated)] // zero linger: drop sends a RST at once, nothing blocks
+        s.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(s);
+    });
+    let rec = start(&format!("http://{addr}"), |_, _| {}).await;
+    let (s, _, b) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(br#"{"prompt":"hi","stream":true}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        b.is_err(),
+        "the client must see a broken stream, not a clean end"
+    );
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.error.as_deref(), Some("upstream_reset"));
+    assert_eq!(resp.events.len(), 2);
+    assert!(!resp.cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_gone_mid_stream_closes_upstream_and_is_recorded_as_cancelled() {
+    let (gone_tx, mut gone_rx) = mpsc::unbounded_channel();
+    let up = upstream(move |_| Reply::Endless {
+        every: Duration::from_millis(20),
+        gone: gone_tx.clone(),
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    {
+        let c = client();
+        let req = Request::post(rec.url("/v1/completions"))
+            .body(Full::new(Bytes::from_static(
+                br#"{"prompt":[1,2],"stream":true}"#,
+            )))
+            .unwrap();
+        let resp = c.request(req).await.unwrap();
+        let mut body = resp.into_body();
+        for _ in 0..3 {
+            let f = body.frame().await.unwrap().unwrap();
+            assert!(f.is_data());
+        }
+        // Dropping the body and the client closes the connection mid-stream.
+    }
+    tokio::time::timeout(Duration::from_secs(10), gone_rx.recv())
+        .await
+        .expect("the upstream saw its stream cancelled")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let m = rec.metrics().await;
+    assert_eq!(metric(&m, "retrace_record_client_cancelled_total"), 1.0);
+    assert_eq!(metric(&m, "retrace_record_in_flight"), 0.0);
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert!(resp.cancelled);
+    assert!(resp.events.len() >= 3);
+    assert_eq!(resp.error, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_non_json_bodies_are_forwarded_untouched_and_recorded() {
+    let up = upstream(|_| Reply::Echo).await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let bodies: [&[u8]; 3] = [
+        b"{\"prompt\": [1, 2",
+        b"\xff\xfe binary \x00 junk",
+        br#"{"prompt":{"nested":1}}"#,
+    ];
+    for b in bodies {
+        let (s, _, got) = fetch(
+            &rec.url("/v1/completions"),
+            "POST",
+            Bytes::copy_from_slice(b),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(got.unwrap(), b);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = rec.metrics().await;
+    assert_eq!(metric(&m, "retrace_record_parse_failures_total"), 3.0);
+    let (_, recs, _, _d) = rec.stop().await;
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        assert_eq!(
+            r.response.as_ref().unwrap().error.as_deref(),
+            Some("request_parse")
+        );
+        assert_eq!(r.response.as_ref().unwrap().status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_request_body_is_forwarded_whole_with_capture_capped() {
+    let up = upstream(|_| Reply::Digest).await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| {
+        c.capture_max = 1 << 20
+    })
+    .await;
+    let mut big = br#"{"model":"m","prompt":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 20 << 20));
+    big.extend(br#""}"#);
+    let want = format!(
+        r#"{{"len":{},"xxh3":{}}}"#,
+        big.len(),
+        xxhash_rust::xxh3::xxh3_64(&big)
+    );
+    let (s, _, got) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from(big.clone()),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(String::from_utf8(got.unwrap()).unwrap(), want);
+    let m = rec.metrics().await;
+    assert!(metric(&m, "retrace_record_request_bytes_total") >= big.len() as f64);
+    let (_, recs, _, _d) = rec.stop().await;
+    let r = &recs[0];
+    assert_eq!(
+        r.response.as_ref().unwrap().error.as_deref(),
+        Some("request_parse")
+    );
+    assert!(r.body.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_output_dir_keeps_traffic_flowing_and_counts_errors() {
+    let up = upstream(|_| Reply::Echo).await;
+    let rec = start(&format!("http://{}", up.addr), |c, dir| {
+        let blocker = dir.join("blocker");
+        std::fs::write(&blocker, b"a file, not a directory").unwrap();
+        c.out_dir = blocker.join("traces");
+    })
+    .await;
+    for k in 0..5 {
+        let b = format!(r#"{{"prompt":[{k}]}}"#);
+        let (s, _, got) = fetch(
+            &rec.url("/v1/completions"),
+            "POST",
+            Bytes::from(b.clone()),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(got.unwrap(), b.as_bytes());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let m = rec.metrics().await;
+    assert!(metric(&m, "retrace_record_write_errors_total") >= 1.0);
+    assert_eq!(metric(&m, "retrace_record_records_lost_io_total"), 5.0);
+    let (stats, recs, _, _d) = rec.stop().await;
+    assert!(recs.is_empty() && stats.files.is_empty());
+    assert_eq!(stats.requests, 5);
+    assert!(stats.write_errors >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_file_is_readable_up_to_its_last_closed_frame() {
+    let up = upstream(|_| Reply::Echo).await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let send = |k: u32| {
+        let url = rec.url("/v1/completions");
+        async move {
+            let b = format!(r#"{{"prompt":[{k},{k}]}}"#);
+            let (s, _, _) = fetch(&url, "POST", Bytes::from(b), &[]).await;
+            assert_eq!(s, StatusCode::OK);
+        }
+    };
+    for k in 0..3 {
+        send(k).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for k in 3..5 {
+        send(k).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // While the proxy still runs, as after a kill -9: only the .partial file exists.
+    let out = rec.dir.path().join("out");
+    let names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(names.len(), 1);
+    let partial = &names[0];
+    let fname = partial.file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        fname.starts_with("retrace-") && fname.ends_with("-0001.trace.zst.partial"),
+        "{fname}"
+    );
+    let data = std::fs::read(partial).unwrap();
+    let (t, rep) = native::read_bytes("partial", &data).unwrap();
+    assert!(rep.is_clean(), "{}", rep.summary());
+    assert_eq!(t.requests.len(), 5);
+    // Cut inside the last frame: the earlier frames survive.
+    let (t2, rep2) = native::read_bytes("cut", &data[..data.len() - 5]).unwrap();
+    assert!(rep2.truncated_at.is_some());
+    assert_eq!(t2.requests.len(), 3, "{}", rep2.summary());
+    let (stats, recs, _, d) = rec.stop().await;
+    assert_eq!(recs.len(), 5);
+    let left: Vec<_> = std::fs::read_dir(d.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1);
+    assert!(
+        !left[0].to_str().unwrap().ends_with(".partial"),
+        "closed files are renamed"
+    );
+    assert_eq!(stats.files.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_cuts_a_stalled_stream_and_records_it() {
+    let up = upstream(|_| Reply::Stall {
+        chunks: vec![Bytes::from_static(
+            b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
+        )],
+        stall: Duration::from_secs(5),
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| {
+        c.idle_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let (s, _, b) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(br#"{"prompt":"x"}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(b.is_err(), "a cut stream must not look complete");
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.error.as_deref(), Some("timeout_idle"));
+    assert_eq!(resp.events.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_by_size_closes_and_renames_files() {
+    let up = upstream(|_| Reply::Echo).await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| c.rotate_bytes = 1).await;
+    for k in 0..3 {
+        let _ = fetch(
+            &rec.url("/v1/completions"),
+            "POST",
+            Bytes::from(format!(r#"{{"prompt":[{k}]}}"#)),
+            &[],
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (stats, recs, _, _d) = rec.stop().await;
+    assert_eq!(recs.len(), 3);
+    assert_eq!(stats.files.len(), 3, "{:?}", stats.files);
+    for (k, f) in stats.files.iter().enumerate() {
+        assert!(f
+            .to_str()
+            .unwrap()
+            .ends_with(&format!("-{:04}.trace.zst", k + 1)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_in_flight_streams_finish() {
+    let chunks: Vec<Bytes> = (0..8)
+        .map(|k| Bytes::from(format!("data: {{\"choices\":[{{\"text\":\"{k}\"}}]}}\n\n")))
+        .collect();
+    let want: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+    let up = upstream(move |_| Reply::Chunks {
+        ctype: SSE,
+        chunks: chunks.clone(),
+        delay: Duration::from_millis(40),
+    })
+    .await;
+    let mut rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let url = rec.url("/v1/completions");
+    let inflight = tokio::spawn(async move {
+        fetch(&url, "POST", Bytes::from_static(br#"{"prompt":[1]}"#), &[]).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = rec.stop.take().unwrap().send(());
+    let (s, _, b) = inflight.await.unwrap();
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b.unwrap(), want);
+    let stats = rec.task.await.unwrap().unwrap();
+    assert!(stats.drained);
+    let (t, _) = native::read_file(&stats.files[0]).unwrap();
+    let resp = t.requests[0].response.as_ref().unwrap();
+    assert_eq!(resp.events.len(), 8);
+    assert!(!resp.cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_termination_with_alpn_h2_and_http1() {
+    let up = upstream(|_| Reply::Chunks {
+        ctype: SSE,
+        chunks: sse_events(&fixture("chat_stream.sse")),
+        delay: Duration::from_millis(1),
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| {
+        c.tls = Some((repo("fixtures/tls/cert.pem"), repo("fixtures/tls/key.pem")));
+    })
+    .await;
+    for http2 in [false, true] {
+        let c: Client<_, Full<Bytes>> =
+            record::upstream::build(&record::upstream::UpstreamOptions {
+                connect_timeout: Duration::from_secs(5),
+                ca: Some(repo("fixtures/tls/ca.pem")),
+                https: true,
+                http2,
+                pool_idle: Duration::from_secs(5),
+            })
+            .unwrap();
+        let url = format!("https://localhost:{}/v1/chat/completions", rec.addr.port());
+        let (s, _, b) = fetch_with(
+            &c,
+            &url,
+            "POST",
+            Bytes::from_static(br#"{"messages":[]}"#),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "http2={http2}");
+        assert_eq!(b.unwrap(), fixture("chat_stream.sse"));
+    }
+    let (_, recs, _, _d) = rec.stop().await;
+    assert_eq!(recs.len(), 2);
+}
