@@ -53,6 +53,8 @@ enum Reply {
     Digest,
     /// Send the request body back.
     Echo,
+    /// A non-streamed completion whose usage echoes the prompt length and `max_tokens`.
+    Completion,
     /// Send one chunk every `every` until the client goes away; then signal `gone`.
     Endless {
         every: Duration,
@@ -111,6 +113,20 @@ async fn reply(
                 .insert("content-type", "application/json".parse().unwrap());
             resp.headers_mut()
                 .insert("content-length", d.len().to_string().parse().unwrap());
+            let _ = tx.try_send(Bytes::from(d));
+        }
+        Reply::Completion => {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let d = serde_json::json!({
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                "usage": {
+                    "prompt_tokens": v["prompt"].as_array().map_or(0, |a| a.len()),
+                    "completion_tokens": v["max_tokens"].as_u64().unwrap_or(0),
+                }
+            })
+            .to_string();
+            resp.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
             let _ = tx.try_send(Bytes::from(d));
         }
         Reply::Echo => {
@@ -1019,4 +1035,103 @@ async fn tls_termination_with_alpn_h2_and_http1() {
     }
     let (_, recs, _, _d) = rec.stop().await;
     assert_eq!(recs.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_round_trip_keeps_prefix_structure_lengths_and_timing() {
+    // Token-id prompts built from a real Mooncake slice (same id -> same block), sent on the
+    // trace's schedule at 4x speed, recorded, exported to Mooncake: the same structure comes back.
+    let src = std::fs::read_to_string(repo("fixtures/vllm/bench_serve_input_trace.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = src
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let up = upstream(|_| Reply::Completion).await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| c.block_size = 512).await;
+    let ts0 = rows[0]["timestamp"].as_u64().unwrap();
+    let speed = 4;
+    let t0 = tokio::time::Instant::now();
+    for r in &rows {
+        let ids: Vec<u64> = r["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let len = r["input_length"].as_u64().unwrap() as usize;
+        let mut prompt: Vec<u32> = ids
+            .iter()
+            .flat_map(|&h| {
+                (0..512u32)
+                    .map(move |j| ((h as u32).wrapping_mul(7919).wrapping_add(j * 31)) % 50_000)
+            })
+            .collect();
+        prompt.truncate(len);
+        let body =
+            serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": r["output_length"]})
+                .to_string();
+        let due = (r["timestamp"].as_u64().unwrap() - ts0) / speed;
+        tokio::time::sleep_until(t0 + Duration::from_millis(due)).await;
+        let (s, _, _) = fetch(&rec.url("/v1/completions"), "POST", Bytes::from(body), &[]).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+    let (_, recs, _, _d) = rec.stop().await;
+    assert_eq!(recs.len(), rows.len());
+    let trace = retrace::trace::Trace {
+        header: retrace::trace::TraceHeader::imported(512, true, "test"),
+        requests: recs,
+    };
+    let mut out = Vec::new();
+    retrace::trace::mooncake::write(&trace, &mut out).unwrap();
+    let got: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let src_ids: Vec<Vec<u64>> = rows
+        .iter()
+        .map(|r| {
+            r["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    // A partial tail block is other tokens than the full block of the same id (this slice had its
+    // lengths cut), so an exact recording tells them apart: key each id by its block length.
+    let mut keys = std::collections::HashMap::new();
+    let want_ids: Vec<Vec<u64>> = src_ids
+        .iter()
+        .zip(&rows)
+        .map(|(ids, r)| {
+            let len = r["input_length"].as_u64().unwrap();
+            ids.iter()
+                .enumerate()
+                .map(|(k, &h)| {
+                    let blen = (len - 512 * k as u64).min(512);
+                    let next = keys.len() as u64;
+                    *keys.entry((h, blen)).or_insert(next)
+                })
+                .collect()
+        })
+        .collect();
+    for (k, (g, r)) in got.iter().zip(&rows).enumerate() {
+        let gi: Vec<u64> = g["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(gi, want_ids[k], "row {k}: prefix structure");
+        assert_eq!(g["input_length"], r["input_length"], "row {k}");
+        assert_eq!(g["output_length"], r["output_length"], "row {k}");
+        let want_ts = (r["timestamp"].as_u64().unwrap() - ts0) / speed;
+        let got_ts = g["timestamp"].as_u64().unwrap();
+        assert!(
+            got_ts.abs_diff(want_ts) <= 50,
+            "row {k}: arrival {got_ts} ms, scheduled {want_ts} ms"
+        );
+    }
 }
