@@ -154,6 +154,9 @@ pub struct RecordArgs {
     /// Records the writer may queue; beyond that records are dropped and counted, never traffic slowed.
     #[arg(long, default_value_t = 65536)]
     pub queue: usize,
+    /// Captured body bytes the writer queue may hold (bounds memory when the disk is slow).
+    #[arg(long, default_value = "512MiB", value_name = "SIZE")]
+    pub queue_bytes: String,
     /// Bytes captured per request and per response body for recording (bodies are always
     /// forwarded whole).
     #[arg(long, default_value = "16MiB", value_name = "SIZE")]

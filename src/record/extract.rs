@@ -83,6 +83,13 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// Bytes of body captures this exchange holds (what it costs in the writer queue).
+    pub fn captured_bytes(&self) -> u64 {
+        let req: u64 = self.request.chunks.iter().map(|c| c.len() as u64).sum();
+        let resp: u64 = self.chunks.iter().map(|(_, c)| c.len() as u64).sum();
+        req + resp
+    }
+
     pub fn new(arrival: Instant, method: String, path: String) -> Self {
         Exchange {
             arrival,

@@ -61,6 +61,8 @@ pub struct RecordConfig {
     pub block_size: u32,
     /// Writer queue length (records).
     pub queue: usize,
+    /// Captured body bytes the writer queue may hold.
+    pub queue_bytes: u64,
     /// Bytes captured per request body and per response body.
     pub capture_max: usize,
     pub rotate_bytes: u64,
@@ -90,6 +92,7 @@ impl RecordConfig {
             tokenizer: None,
             block_size: 512,
             queue: 65_536,
+            queue_bytes: 512 << 20,
             capture_max: 16 << 20,
             rotate_bytes: 256 << 20,
             rotate_every: Duration::from_secs(3600),
@@ -143,6 +146,7 @@ impl RecordConfig {
         }
         c.block_size = a.block_size;
         c.queue = a.queue.max(1);
+        c.queue_bytes = parse_size(&a.queue_bytes).context("--queue-bytes")?;
         c.capture_max = parse_size(&a.capture_max).context("--capture-max")? as usize;
         c.rotate_bytes = parse_size(&a.rotate_size).context("--rotate-size")?;
         c.rotate_every = parse_duration(&a.rotate_interval).context("--rotate-interval")?;
@@ -304,6 +308,7 @@ pub async fn run_with_admin(
     };
     let (recorder, writer) = writer::spawn(
         cfg.queue,
+        cfg.queue_bytes,
         writer::FileOptions {
             dir: cfg.out_dir.clone(),
             name: cfg.name.clone(),

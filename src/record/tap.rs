@@ -168,6 +168,7 @@ pub struct ResponseTap {
     st: Option<Box<TapState>>,
     idle_for: Duration,
     idle: Pin<Box<Sleep>>,
+    last_data: Instant,
     total: Option<Pin<Box<Sleep>>>,
 }
 
@@ -184,6 +185,7 @@ impl ResponseTap {
             st: p.0.take().map(Box::new),
             idle_for,
             idle: Box::pin(tokio::time::sleep(idle_for)),
+            last_data: Instant::now(),
             total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
         }
     }
@@ -229,7 +231,8 @@ impl Body for ResponseTap {
                     let at = now.into_std().saturating_duration_since(st.ex.arrival);
                     let max = st.max;
                     st.ex.note_response(at, d, max);
-                    this.idle.as_mut().reset(now + this.idle_for);
+                    // The idle timer is re-armed lazily when it fires (no timer-wheel work per chunk).
+                    this.last_data = now;
                 }
                 Poll::Ready(Some(Ok(f)))
             }
@@ -242,7 +245,12 @@ impl Body for ResponseTap {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.idle.as_mut().poll(cx).is_ready() {
+                while this.idle.as_mut().poll(cx).is_ready() {
+                    let due = this.last_data + this.idle_for;
+                    if Instant::now() < due {
+                        this.idle.as_mut().reset(due);
+                        continue;
+                    }
                     this.end(Some("timeout_idle"), false);
                     return Poll::Ready(Some(Err(Box::new(TapError(
                         "no data from upstream within the idle timeout; response cut",

@@ -1,8 +1,8 @@
 //! The recorder's writer thread: a bounded queue in, rotating native trace files out.
 //!
 //! The forwarding path hands each finished [`Exchange`] to [`Recorder::submit`], which uses
-//! `try_send` on a bounded channel: when the queue is full the record is dropped and counted, the
-//! traffic is never slowed (invariant 1). The dedicated thread builds records
+//! `try_send` on a channel bounded in records and in captured bytes: when either is full the
+//! record is dropped and counted, the traffic is never slowed (invariant 1). The dedicated thread builds records
 //! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
 //! (so a `kill -9` loses at most about a second), and rotates files by size and age.
 //!
@@ -21,7 +21,7 @@ use crate::trace::{Request, TraceHeader};
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -37,14 +37,26 @@ enum Msg {
 pub struct Recorder {
     tx: SyncSender<Msg>,
     stats: Arc<Stats>,
+    /// Captured bytes currently queued, and the budget for them.
+    queued_bytes: Arc<AtomicU64>,
+    max_queued_bytes: u64,
 }
 
 impl Recorder {
-    /// Queues a finished exchange, or drops and counts it when the queue is full.
+    /// Queues a finished exchange, or drops and counts it when the queue is full (in records or
+    /// in captured bytes).
     pub fn submit(&self, ex: Exchange) {
+        let bytes = ex.captured_bytes();
+        let before = self.queued_bytes.fetch_add(bytes, Relaxed);
+        if before + bytes > self.max_queued_bytes {
+            self.queued_bytes.fetch_sub(bytes, Relaxed);
+            self.stats.records_dropped.fetch_add(1, Relaxed);
+            return;
+        }
         match self.tx.try_send(Msg::Exchange(Box::new(ex))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.queued_bytes.fetch_sub(bytes, Relaxed);
                 self.stats.records_dropped.fetch_add(1, Relaxed);
             }
         }
@@ -89,6 +101,7 @@ impl WriterHandle {
 /// Starts the writer thread.
 pub fn spawn(
     queue: usize,
+    max_queued_bytes: u64,
     files: FileOptions,
     header: TraceHeader,
     extractor: Extractor,
@@ -96,9 +109,12 @@ pub fn spawn(
     stats: Arc<Stats>,
 ) -> std::io::Result<(Recorder, WriterHandle)> {
     let (tx, rx) = sync_channel(queue.max(1));
+    let queued_bytes = Arc::new(AtomicU64::new(0));
     let rec = Recorder {
         tx: tx.clone(),
         stats: stats.clone(),
+        queued_bytes: queued_bytes.clone(),
+        max_queued_bytes,
     };
     let start_tag = {
         let secs = header.t0_unix_us.unwrap_or(0).div_euclid(1_000_000);
@@ -119,6 +135,7 @@ pub fn spawn(
         report: WriterReport::default(),
         noted_dropped: 0,
         pending: Vec::new(),
+        queued_bytes,
     };
     let join = std::thread::Builder::new()
         .name("retrace-record-writer".into())
@@ -156,6 +173,7 @@ struct Writer {
     noted_dropped: u64,
     /// Records of the open frame, sorted by arrival before they are pushed.
     pending: Vec<Request>,
+    queued_bytes: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -182,6 +200,7 @@ impl Writer {
     }
 
     fn record(&mut self, ex: &Exchange) {
+        self.queued_bytes.fetch_sub(ex.captured_bytes(), Relaxed);
         let (req, notes) = self.extractor.to_request(ex, self.t0);
         if let Some(msg) = &notes.parse_failure {
             self.stats.parse_failures.fetch_add(1, Relaxed);

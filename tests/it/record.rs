@@ -1135,3 +1135,33 @@ async fn mooncake_round_trip_keeps_prefix_structure_lengths_and_timing() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_writer_queue_drops_records_not_traffic_and_the_trace_says_so() {
+    let up = upstream(|_| Reply::Echo).await;
+    // A byte budget of 1: any exchange with a captured body is dropped at the queue.
+    let rec = start(&format!("http://{}", up.addr), |c, _| c.queue_bytes = 1).await;
+    for k in 0..3 {
+        let b = format!(r#"{{"prompt":[{k}]}}"#);
+        let (s, _, got) = fetch(
+            &rec.url("/v1/completions"),
+            "POST",
+            Bytes::from(b.clone()),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(got.unwrap(), b.as_bytes());
+    }
+    let (s, _, _) = fetch(&rec.url("/v1/models"), "GET", Bytes::new(), &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let m = rec.metrics().await;
+    assert_eq!(metric(&m, "retrace_record_records_dropped_total"), 3.0);
+    let (stats, recs, reports, _d) = rec.stop().await;
+    assert_eq!(stats.records_dropped, 3);
+    assert_eq!(recs.len(), 1, "the bodiless exchange fits the budget");
+    assert_eq!(
+        reports[0].dropped_by_writer, 3,
+        "frame headers carry the dropped count"
+    );
+}

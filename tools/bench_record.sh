@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Overhead of `retrace record`, side by side with nginx (proxy_buffering off) and a direct baseline,
+# all in one run against the same fixed-timing SSE upstream (tools/bench_record.rs).
+#
+# Measures, per target (direct, retrace, nginx), interleaved over ROUNDS rounds:
+#   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
+#   - small non-streamed requests per second (SMALL_CONC connections for SMALL_S seconds);
+#   - memory per idle open stream: proxy RSS with IDLE idle streams open minus RSS before, / IDLE.
+# "Added" latency = proxy percentile - direct percentile of the same round.
+#
+# Usage: tools/bench_record.sh            (defaults: CONC=1000 REQS=3000 TTFT_MS=50 ITL_MS=10 TOKENS=100)
+#        CONC=100 REQS=1000 ROUNDS=3 tools/bench_record.sh
+# Needs: nginx (apt-get install -y nginx-light), python3. Talks to 127.0.0.1 only; every load
+# phase is bounded in requests and time. Results: printed, and kept in $OUT (default target/bench_record).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CONC=${CONC:-1000}
+REQS=${REQS:-3000}
+TTFT_MS=${TTFT_MS:-50}
+ITL_MS=${ITL_MS:-10}
+TOKENS=${TOKENS:-100}
+ROUNDS=${ROUNDS:-2}
+SMALL_CONC=${SMALL_CONC:-64}
+SMALL_S=${SMALL_S:-5}
+IDLE=${IDLE:-1000}
+BASE=${BASE_PORT:-18100}
+UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4))
+TGT=${CARGO_TARGET_DIR:-target}/release
+OUT=${OUT:-target/bench_record}
+
+command -v nginx >/dev/null || { echo "nginx not found: apt-get install -y nginx-light" >&2; exit 1; }
+cargo build --release --quiet --bin retrace --example bench_record
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+B="$TGT/examples/bench_record"
+"$B" upstream --listen 127.0.0.1:$UP --ttft-ms "$TTFT_MS" --itl-ms "$ITL_MS" --tokens "$TOKENS" --lifetime-s 3600 &
+PIDS+=($!)
+RUST_LOG=warn "$TGT/retrace" record --listen 127.0.0.1:$REC --upstream http://127.0.0.1:$UP \
+  --out "$WORK/traces" --admin 127.0.0.1:$ADM 2>"$WORK/retrace.log" &
+REC_PID=$!
+PIDS+=($REC_PID)
+
+mkdir -p "$WORK/nginx"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes auto;
+worker_rlimit_nofile 65535;
+daemon off;
+master_process on;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 20000; multi_accept on; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  upstream llm { server 127.0.0.1:$UP; keepalive 2048; }
+  server {
+    listen 127.0.0.1:$NGX backlog=4096;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://llm;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+EOF
+nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
+NGX_PID=$!
+PIDS+=($NGX_PID)
+
+for port in $UP $REC $NGX; do
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
+    sleep 0.1
+  done
+done
+
+url() {
+  case $1 in
+    direct) echo "http://127.0.0.1:$UP$2" ;;
+    retrace) echo "http://127.0.0.1:$REC$2" ;;
+    nginx) echo "http://127.0.0.1:$NGX$2" ;;
+  esac
+}
+
+RES="$OUT/results.jsonl"
+: >"$RES"
+echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
+# Warm-up (connections, pools) at low load.
+for t in direct retrace nginx; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
+for r in $(seq 1 "$ROUNDS"); do
+  for t in direct retrace nginx; do
+    line=$("$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --label "$t")
+    echo "{\"kind\":\"stream\",\"round\":$r,${line#\{}" >>"$RES"
+    echo "$line" >&2
+  done
+done
+
+echo "== small non-streamed requests: $SMALL_CONC connections, ${SMALL_S}s each" >&2
+for r in $(seq 1 "$ROUNDS"); do
+  for t in direct retrace nginx; do
+    line=$("$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t")
+    echo "{\"kind\":\"small\",\"round\":$r,${line#\{}" >>"$RES"
+    echo "$line" >&2
+  done
+done
+
+rss_kb() { # total VmRSS of a process and its children
+  local total=0 p
+  for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+echo "== idle streams: $IDLE open streams per proxy" >&2
+for t in retrace nginx; do
+  pid=$REC_PID; [ "$t" = nginx ] && pid=$NGX_PID
+  before=$(rss_kb "$pid")
+  "$B" idle --url "$(url $t /idle)" --streams "$IDLE" --hold-s 6 >"$WORK/idle-$t.txt" &
+  IDLE_PID=$!
+  for _ in $(seq 1 100); do grep -q idle_streams_open "$WORK/idle-$t.txt" 2>/dev/null && break; sleep 0.1; done
+  sleep 1
+  during=$(rss_kb "$pid")
+  opened=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['idle_streams_open'])" "$WORK/idle-$t.txt")
+  wait "$IDLE_PID" || true
+  echo "{\"kind\":\"idle\",\"label\":\"$t\",\"streams\":$opened,\"rss_before_kb\":$before,\"rss_during_kb\":$during}" >>"$RES"
+  echo "$t: rss $before kB -> $during kB with $opened idle streams" >&2
+done
+
+kill -TERM "$REC_PID"
+wait "$REC_PID" 2>/dev/null || true
+grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
+grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retrace-summary.txt" || true
+
+python3 - "$RES" "$OUT/summary.md" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = []
+st = [r for r in rows if r["kind"] == "stream"]
+if st:
+    c = st[0]
+    out.append(f"Streams: {c['concurrency']} concurrent, TTFT/ITL in ms at the client (median over rounds of each percentile).\n")
+    out.append("| target | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | added TTFT p50 | added TTFT p99 | added ITL p99 | errors |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    def med(t, k, q):
+        return statistics.median(r[k][q] for r in st if r["label"] == t)
+    for t in ["direct", "retrace", "nginx"]:
+        if not any(r["label"] == t for r in st):
+            continue
+        add = lambda k, q: med(t, k, q) - med("direct", k, q)
+        errs = sum(r["errors"] for r in st if r["label"] == t)
+        out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50'):+.3f} | {add('ttft_ms','p99'):+.3f} | {add('itl_ms','p99'):+.3f} | {errs} |")
+sm = [r for r in rows if r["kind"] == "small"]
+if sm:
+    out.append("\n| target | small requests/s | p50 ms | p99 ms | errors |")
+    out.append("|---|---|---|---|---|")
+    for t in ["direct", "retrace", "nginx"]:
+        rs = [r for r in sm if r["label"] == t]
+        if rs:
+            out.append(f"| {t} | {statistics.median(r['rps'] for r in rs):.0f} | {statistics.median(r['latency_ms']['p50'] for r in rs):.3f} | {statistics.median(r['latency_ms']['p99'] for r in rs):.3f} | {sum(r['errors'] for r in rs)} |")
+idl = [r for r in rows if r["kind"] == "idle"]
+if idl:
+    out.append("\n| proxy | idle streams | RSS before (KiB) | RSS with streams (KiB) | KiB per idle stream |")
+    out.append("|---|---|---|---|---|")
+    for r in idl:
+        per = (r["rss_during_kb"] - r["rss_before_kb"]) / max(r["streams"], 1)
+        out.append(f"| {r['label']} | {r['streams']} | {r['rss_before_kb']} | {r['rss_during_kb']} | {per:.1f} |")
+text = "\n".join(out)
+print(text)
+open(sys.argv[2], "w").write(text + "\n")
+PY
