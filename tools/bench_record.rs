@@ -61,6 +61,9 @@ enum Cmd {
         requests: usize,
         #[arg(long, default_value = "target")]
         label: String,
+        /// Unmeasured requests each connection makes first (connection setup is not TTFT).
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
     },
     /// Small non-streamed requests for `seconds`; prints requests per second.
     Small {
@@ -173,7 +176,7 @@ fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-async fn stream(url: String, conc: usize, n: usize, label: String) {
+async fn stream(url: String, conc: usize, n: usize, label: String, warmup: usize) {
     let c = client(conc);
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -185,7 +188,13 @@ async fn stream(url: String, conc: usize, n: usize, label: String) {
         tasks.push(tokio::spawn(async move {
             let mut ttft = Histogram::<u64>::new(3).unwrap();
             let mut itl = Histogram::<u64>::new(3).unwrap();
-            while (next.fetch_add(1, Ordering::Relaxed) as usize) < n && Instant::now() < deadline {
+            let mut warm = warmup;
+            while warm > 0
+                || ((next.fetch_add(1, Ordering::Relaxed) as usize) < n
+                    && Instant::now() < deadline)
+            {
+                let measured = warm == 0;
+                warm = warm.saturating_sub(1);
                 let req = hyper::Request::post(url.as_str())
                     .header("content-type", "application/json")
                     .body(Full::new(Bytes::from_static(BODY)))
@@ -199,6 +208,7 @@ async fn stream(url: String, conc: usize, n: usize, label: String) {
                 let mut last: Option<Instant> = None;
                 loop {
                     match body.frame().await {
+                        Some(Ok(f)) if f.is_data() && !measured => {}
                         Some(Ok(f)) if f.is_data() => {
                             let now = Instant::now();
                             match last {
@@ -352,7 +362,8 @@ fn main() {
                 concurrency,
                 requests,
                 label,
-            } => stream(url, concurrency.max(1), requests, label).await,
+                warmup,
+            } => stream(url, concurrency.max(1), requests, label, warmup).await,
             Cmd::Small {
                 url,
                 concurrency,

@@ -102,26 +102,6 @@ url() {
 
 RES="$OUT/results.jsonl"
 : >"$RES"
-echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
-# Warm-up (connections, pools) at low load.
-for t in direct retrace nginx; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
-for r in $(seq 1 "$ROUNDS"); do
-  for t in direct retrace nginx; do
-    line=$("$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --label "$t")
-    echo "{\"kind\":\"stream\",\"round\":$r,${line#\{}" >>"$RES"
-    echo "$line" >&2
-  done
-done
-
-echo "== small non-streamed requests: $SMALL_CONC connections, ${SMALL_S}s each" >&2
-for r in $(seq 1 "$ROUNDS"); do
-  for t in direct retrace nginx; do
-    line=$("$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t")
-    echo "{\"kind\":\"small\",\"round\":$r,${line#\{}" >>"$RES"
-    echo "$line" >&2
-  done
-done
-
 rss_kb() { # total VmRSS of a process and its children
   local total=0 p
   for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
@@ -130,7 +110,26 @@ rss_kb() { # total VmRSS of a process and its children
   echo "$total"
 }
 
-echo "== idle streams: $IDLE open streams per proxy" >&2
+cpu_ticks() { # utime+stime (clock ticks) of a process and its children
+  local total=0 p
+  for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
+measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks
+  local kind=$1 t=$2; shift 2
+  local pid c0=0 c1=0 line
+  pid=$(proxy_pid "$t")
+  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+  line=$("$@")
+  [ -n "$pid" ] && c1=$(cpu_ticks "$pid")
+  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),${line#\{}" >>"$RES"
+  echo "$line" >&2
+}
+
+echo "== idle streams: $IDLE open streams per proxy (measured first, on fresh processes)" >&2
 for t in retrace nginx; do
   pid=$REC_PID; [ "$t" = nginx ] && pid=$NGX_PID
   before=$(rss_kb "$pid")
@@ -143,6 +142,22 @@ for t in retrace nginx; do
   wait "$IDLE_PID" || true
   echo "{\"kind\":\"idle\",\"label\":\"$t\",\"streams\":$opened,\"rss_before_kb\":$before,\"rss_during_kb\":$during}" >>"$RES"
   echo "$t: rss $before kB -> $during kB with $opened idle streams" >&2
+done
+
+echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
+# Warm-up (connections, pools) at low load.
+for t in direct retrace nginx; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
+for r in $(seq 1 "$ROUNDS"); do
+  for t in direct retrace nginx; do
+    measure stream "$t" "$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --label "$t"
+  done
+done
+
+echo "== small non-streamed requests: $SMALL_CONC connections, ${SMALL_S}s each" >&2
+for r in $(seq 1 "$ROUNDS"); do
+  for t in direct retrace nginx; do
+    measure small "$t" "$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t"
+  done
 done
 
 kill -TERM "$REC_PID"
@@ -168,6 +183,21 @@ if st:
         add = lambda k, q: med(t, k, q) - med("direct", k, q)
         errs = sum(r["errors"] for r in st if r["label"] == t)
         out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50'):+.3f} | {add('ttft_ms','p99'):+.3f} | {add('itl_ms','p99'):+.3f} | {errs} |")
+HZ = 100  # USER_HZ: /proc/<pid>/stat clock ticks
+cpu = []
+for kind in ["stream", "small"]:
+    for t in ["retrace", "nginx"]:
+        rs = [r for r in rows if r["kind"] == kind and r["label"] == t and r["requests"]]
+        if rs:
+            # stream runs send one unmeasured warm-up request per connection too
+            sent = lambda r: r["requests"] + (r["concurrency"] if kind == "stream" else 0)
+            us = statistics.median(r["cpu_ticks"] * 1e6 / HZ / sent(r) for r in rs)
+            cpu.append(f"| {kind} | {t} | {us:.1f} |")
+if cpu:
+    out.append("\nProxy CPU time per request (user+system, all threads/workers; median over rounds):\n")
+    out.append("| phase | proxy | CPU µs per request |")
+    out.append("|---|---|---|")
+    out.extend(cpu)
 sm = [r for r in rows if r["kind"] == "small"]
 if sm:
     out.append("\n| target | small requests/s | p50 ms | p99 ms | errors |")

@@ -22,10 +22,13 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
+
+/// How long the writer sleeps when its queue is empty.
+const POLL: Duration = Duration::from_millis(5);
 
 enum Msg {
     Exchange(Box<Exchange>),
@@ -178,13 +181,17 @@ struct Writer {
 
 impl Writer {
     fn run(&mut self, rx: Receiver<Msg>) {
+        // The thread polls the queue instead of blocking on it: a blocked receiver would make
+        // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
         let mut next_flush = Instant::now() + self.files.flush_every;
         loop {
-            let wait = next_flush.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(wait) {
+            match rx.try_recv() {
                 Ok(Msg::Exchange(ex)) => self.record(&ex),
-                Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => break,
-                Err(RecvTimeoutError::Timeout) => {}
+                Ok(Msg::Close) | Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty) => {
+                    let wait = next_flush.saturating_duration_since(Instant::now());
+                    std::thread::sleep(wait.min(POLL));
+                }
             }
             if Instant::now() >= next_flush {
                 self.flush();
