@@ -62,6 +62,10 @@ enum Reply {
     },
     /// Send these chunks, then stay silent for `stall` while keeping the stream open.
     Stall { chunks: Vec<Bytes>, stall: Duration },
+    /// Wait this long before sending the response head.
+    SlowHead(Duration),
+    /// Send 64 KiB chunks as fast as the proxy takes them (up to 256 MiB), counting bytes sent.
+    Flood(Arc<std::sync::atomic::AtomicU64>),
 }
 
 type Script = Arc<dyn Fn(&http::request::Parts) -> Reply + Send + Sync>;
@@ -150,6 +154,21 @@ async fn reply(
                 }
             });
         }
+        Reply::SlowHead(d) => {
+            tokio::time::sleep(d).await;
+            let _ = tx.try_send(Bytes::from_static(b"late"));
+        }
+        Reply::Flood(sent) => {
+            tokio::spawn(async move {
+                let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+                for _ in 0..4096 {
+                    if tx.send(chunk.clone()).await.is_err() {
+                        return;
+                    }
+                    sent.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
         Reply::Stall { chunks, stall } => {
             resp.headers_mut()
                 .insert("content-type", "text/event-stream".parse().unwrap());
@@ -168,6 +187,13 @@ async fn reply(
 async fn upstream(
     script: impl Fn(&http::request::Parts) -> Reply + Send + Sync + 'static,
 ) -> Upstream {
+    upstream_with(None, script).await
+}
+
+async fn upstream_with(
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    script: impl Fn(&http::request::Parts) -> Reply + Send + Sync + 'static,
+) -> Upstream {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -180,11 +206,17 @@ async fn upstream(
             };
             let script = script.clone();
             let seen = s2.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req| reply(script.clone(), seen.clone(), req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
+                let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = match tls {
+                    None => b.serve_connection(TokioIo::new(tcp), svc).await,
+                    Some(acc) => {
+                        let Ok(s) = acc.accept(tcp).await else { return };
+                        b.serve_connection(TokioIo::new(s), svc).await
+                    }
+                };
             });
         }
     });
@@ -1164,4 +1196,217 @@ async fn full_writer_queue_drops_records_not_traffic_and_the_trace_says_so() {
         reports[0].dropped_by_writer, 3,
         "frame headers carry the dropped count"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_upstream_with_private_ca_over_http1_and_http2() {
+    let acc = record::server::tls_acceptor(
+        &repo("fixtures/tls/cert.pem"),
+        &repo("fixtures/tls/key.pem"),
+    )
+    .unwrap();
+    let up = upstream_with(Some(acc), |_| Reply::Chunks {
+        ctype: SSE,
+        chunks: sse_events(&fixture("completions_text_stream.sse")),
+        delay: Duration::from_millis(1),
+    })
+    .await;
+    for http2 in [false, true] {
+        let rec = start(&format!("https://localhost:{}", up.addr.port()), |c, _| {
+            c.upstream_ca = Some(repo("fixtures/tls/ca.pem"));
+            c.upstream_http2 = http2;
+        })
+        .await;
+        let (s, _, b) = fetch(
+            &rec.url("/v1/completions"),
+            "POST",
+            Bytes::from_static(br#"{"prompt":"x","stream":true}"#),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "http2={http2}");
+        assert_eq!(b.unwrap(), fixture("completions_text_stream.sse"));
+        let (_, recs, _, _d) = rec.stop().await;
+        assert_eq!(recs[0].response.as_ref().unwrap().error, None);
+    }
+    // Trusting another CA (here: the leaf itself, which is no CA) the upstream is refused, recorded.
+    let rec = start(&format!("https://localhost:{}", up.addr.port()), |c, _| {
+        c.upstream_ca = Some(repo("fixtures/tls/cert.pem"));
+    })
+    .await;
+    let (s, _, _) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(b"{}"),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    let (_, recs, _, _d) = rec.stop().await;
+    assert_eq!(
+        recs[0].response.as_ref().unwrap().error.as_deref(),
+        Some("upstream_connect")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_header_and_total_timeouts_are_visible_and_recorded() {
+    let up = upstream(|p| {
+        if p.uri.path() == "/slow-head" {
+            Reply::SlowHead(Duration::from_secs(3))
+        } else {
+            Reply::Endless {
+                every: Duration::from_millis(20),
+                gone: mpsc::unbounded_channel().0,
+            }
+        }
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| {
+        c.headers_timeout = Duration::from_millis(300);
+        c.total_timeout = Some(Duration::from_millis(600));
+    })
+    .await;
+    let (s, _, b) = fetch(&rec.url("/slow-head"), "POST", Bytes::new(), &[]).await;
+    assert_eq!(s, StatusCode::GATEWAY_TIMEOUT);
+    let v: serde_json::Value = serde_json::from_slice(&b.unwrap()).unwrap();
+    assert_eq!(v["error"]["type"], "timeout_headers");
+    // A stream that would run for 10 s is cut at the total timeout, visibly.
+    let (s, _, b) = fetch(
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(br#"{"prompt":"x"}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(b.is_err());
+    let (_, recs, _, _d) = rec.stop().await;
+    let errs: Vec<_> = recs
+        .iter()
+        .map(|r| r.response.as_ref().unwrap().error.clone().unwrap())
+        .collect();
+    assert_eq!(errs, vec!["timeout_headers", "timeout_total"]);
+    let end = recs[1].response.as_ref().unwrap().end_us.unwrap();
+    assert!(
+        (600_000..5_000_000).contains(&end),
+        "cut near 600 ms, got {end} µs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_client_pushes_back_on_the_upstream_instead_of_buffering() {
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s2 = sent.clone();
+    let up = upstream(move |_| Reply::Flood(s2.clone())).await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    let c = client();
+    let resp = c
+        .request(
+            Request::post(rec.url("/v1/completions"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let mut got = 0u64;
+    while got < (1 << 20) {
+        got += body
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .map_or(0, |d| d.len() as u64);
+    }
+    // The client stops reading; the upstream can only fill socket and proxy buffers.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let pushed = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        pushed < 64 << 20,
+        "upstream pushed {pushed} bytes past a stalled client"
+    );
+    // Reading resumes and everything flows again.
+    while got < pushed + (8 << 20) {
+        got += body
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .map_or(0, |d| d.len() as u64);
+    }
+    drop(body);
+    let (_, recs, _, _d) = rec.stop().await;
+    let r = recs[0].response.as_ref().unwrap();
+    assert!(r.cancelled);
+}
+
+#[test]
+fn kill_9_leaves_the_partial_trace_readable_up_to_its_last_frame() {
+    // The real binary, with the flag names of the CLI contract.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(upstream(|_| Reply::Echo));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("traces");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args([
+            "record",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--upstream",
+            &format!("http://{}", up.addr),
+        ])
+        .arg("--out")
+        .arg(&out)
+        .args(["--admin", "none", "--name", "prod"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    rt.block_on(async {
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for k in 0..4 {
+            let (s, _, _) = fetch(
+                &url,
+                "POST",
+                Bytes::from(format!(r#"{{"prompt":[{k}]}}"#)),
+                &[],
+            )
+            .await;
+            assert_eq!(s, StatusCode::OK);
+        }
+        // More than the one-second frame interval.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+    });
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let files: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    let name = files[0].file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with("prod-") && name.ends_with(".trace.zst.partial"),
+        "{name}"
+    );
+    let (t, rep) = native::read_file(&files[0]).unwrap();
+    assert_eq!(t.requests.len(), 4, "{}", rep.summary());
+    assert_eq!(t.header.hash_scheme, HashScheme::Xxh3);
+    assert_eq!(t.header.block_size, 512);
 }
