@@ -1410,3 +1410,30 @@ fn kill_9_leaves_the_partial_trace_readable_up_to_its_last_frame() {
     assert_eq!(t.header.hash_scheme, HashScheme::Xxh3);
     assert_eq!(t.header.block_size, 512);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_use_the_hf_tokenizer_when_given() {
+    let up = upstream(|_| Reply::Chunks {
+        ctype: "application/json",
+        // The server's usage disagrees on purpose: an exact tokenizer count wins.
+        chunks: vec![Bytes::from_static(
+            br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":99,"completion_tokens":1}}"#,
+        )],
+        delay: Duration::ZERO,
+    })
+    .await;
+    let rec = start(&format!("http://{}", up.addr), |c, _| {
+        c.tokenizer = Some(repo("fixtures/tokenizer/wordlevel.json"));
+        c.block_size = 4;
+    })
+    .await;
+    let text = "The KV cache stores keys and values of attention . the cache";
+    let body = serde_json::json!({"model":"m","prompt":text}).to_string();
+    let (s, _, _) = fetch(&rec.url("/v1/completions"), "POST", Bytes::from(body), &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, recs, _, _d) = rec.stop().await;
+    let ids: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 3];
+    assert_eq!(recs[0].input_tokens, 12);
+    assert_eq!(recs[0].hash_ids, BlockHasher::xxh3().chain(&ids, 4, true));
+    assert_eq!(recs[0].output_tokens, 1);
+}
