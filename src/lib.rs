@@ -4,11 +4,13 @@
 //! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters); pure.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
 //! [`run`] matches each subcommand to its module.
 
 pub mod cli;
+pub mod mock;
 pub mod openai;
 pub mod sse;
 pub mod trace;
@@ -19,5 +21,6 @@ use std::process::ExitCode;
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Inspect(_a) => anyhow::bail!("inspect is not built yet"),
+        cli::Command::Mock(a) => mock::run(a),
     }
 }
