@@ -7,11 +7,15 @@
 //!
 //! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
 
+pub mod azure;
+pub mod custom;
 pub mod detect;
+pub mod filter;
 pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
+pub mod sessions;
 pub mod stats;
 
 use serde::{Deserialize, Serialize};

@@ -1,1 +1,4 @@
-fn main() {}
+//! retrace's single integration-test binary: every area adds a module here.
+
+mod support;
+mod trace_cli;
