@@ -57,6 +57,8 @@ pub struct MockConfig {
     pub faults: FaultConfig,
     /// The emission clock spins (instead of sleeping) this long before each deadline.
     pub spin_us: u64,
+    /// Threads serving HTTP (the engine has its own thread besides).
+    pub io_threads: usize,
 }
 
 impl Default for MockConfig {
@@ -77,6 +79,7 @@ impl Default for MockConfig {
             eos_prob: 0.002,
             faults: FaultConfig::default(),
             spin_us: 200,
+            io_threads: 2,
         }
     }
 }
@@ -152,19 +155,33 @@ impl MockConfig {
     }
 }
 
-/// A running mock.
+/// A running mock. Dropping it without [`MockHandle::shutdown`] stops it abruptly.
 pub struct MockHandle {
     pub addr: SocketAddr,
     stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
     stats: Arc<prom::Stats>,
+    /// The mock's own runtime: its I/O threads are not shared with the caller's tasks, so a busy
+    /// client in the same process (replay) does not delay the mock's emissions.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for MockHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl MockHandle {
     /// Graceful stop: no new connections, open streams end, connections close (bounded wait).
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
     }
 
     /// Emission lateness so far.
@@ -178,7 +195,8 @@ impl MockHandle {
     }
 }
 
-/// Starts the engine on an already-bound listener (tests bind 127.0.0.1:0).
+/// Starts the engine on an already-bound listener (tests bind 127.0.0.1:0). The mock runs on its
+/// own runtime threads (`io_threads` of them) and its own engine thread.
 pub async fn start(
     listener: tokio::net::TcpListener,
     cfg: MockConfig,
@@ -195,6 +213,26 @@ pub async fn start(
                 .context("tokenizer loading task failed")??
         }
         None => tokenize::Tokenizer::Builtin,
+    };
+    let listener = listener
+        .into_std()
+        .context("cannot detach the listener from the caller's runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.max(1))
+        .thread_name("mock-io")
+        .enable_all()
+        .build()
+        .context("cannot start the mock's runtime")?;
+    let listener = {
+        let _g = rt.enter();
+        tokio::net::TcpListener::from_std(listener)
+    };
+    let listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            rt.shutdown_background();
+            return Err(e).context("cannot register the listener");
+        }
     };
     let tokenizer = Arc::new(tokenizer);
     let stats = Arc::new(prom::Stats::new(&cfg.model));
@@ -216,8 +254,13 @@ pub async fn start(
         vocab: tokenizer.vocab(),
         spin: Duration::from_micros(cfg.spin_us),
     };
-    let (etx, ethread) =
-        engine::spawn(ecfg, stats.clone()).context("cannot start the engine thread")?;
+    let (etx, ethread) = match engine::spawn(ecfg, stats.clone()) {
+        Ok(x) => x,
+        Err(e) => {
+            rt.shutdown_background();
+            return Err(e).context("cannot start the engine thread");
+        }
+    };
     let shared = Arc::new(api::Shared {
         model: cfg.model.clone(),
         max_model_len: cfg.max_model_len,
@@ -234,7 +277,7 @@ pub async fn start(
             .unwrap_or(0),
     });
     let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move {
+    let task = rt.spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         loop {
             tokio::select! {
@@ -270,8 +313,9 @@ pub async fn start(
     Ok(MockHandle {
         addr,
         stop,
-        task,
+        task: Some(task),
         stats,
+        rt: Some(rt),
     })
 }
 
@@ -330,7 +374,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
 /// `retrace mock`: serves until Ctrl-C, then prints the emission-lateness summary.
 pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
     let cfg = config_from_args(&a)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
