@@ -181,6 +181,12 @@ pub struct MockArgs {
     /// Delay of slow response headers, ms.
     #[arg(long, default_value_t = 1000.0)]
     pub fault_slow_headers_ms: f64,
+    /// Emission clock: busy-wait this many microseconds before each deadline (more precision, more CPU).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
+    /// Threads serving HTTP connections (the engine has its own thread besides).
+    #[arg(long, default_value_t = 2)]
+    pub io_threads: usize,
 }
 
 #[cfg(test)]

@@ -593,6 +593,13 @@ async fn generate(
             ));
         }
     }
+    if raw.get("stream_options").is_some_and(|v| !v.is_null()) && info.params.stream != Some(true) {
+        return Ok(error_response(
+            400,
+            "Stream options can only be defined when `stream=True`.",
+            Some("stream_options"),
+        ));
+    }
     let return_token_ids = match raw.get("return_token_ids") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,

@@ -78,7 +78,7 @@ impl Default for MockConfig {
             cost: CostModel::default(),
             eos_prob: 0.002,
             faults: FaultConfig::default(),
-            spin_us: 200,
+            spin_us: 0,
             io_threads: 2,
         }
     }
@@ -118,6 +118,12 @@ impl MockConfig {
         }
         if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
+        }
+        if self.spin_us > 10_000 {
+            bail!("--spin-us must be at most 10000");
+        }
+        if self.io_threads == 0 || self.io_threads > 64 {
+            bail!("--io-threads must be 1..=64");
         }
         if self.tokens_per_event == 0 {
             bail!("--tokens-per-event must be at least 1");
@@ -353,6 +359,8 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             context_token_ms: a.context_token_ms,
         },
         eos_prob: a.eos_prob,
+        spin_us: a.spin_us,
+        io_threads: a.io_threads,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),
@@ -365,7 +373,6 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             slow_headers_rate: a.fault_slow_headers_rate,
             slow_headers_ms: a.fault_slow_headers_ms,
         },
-        ..MockConfig::default()
     };
     cfg.validate()?;
     Ok(cfg)

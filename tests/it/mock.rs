@@ -131,7 +131,7 @@ async fn metric(addr: SocketAddr, name: &str) -> f64 {
     let r = send(addr, "GET", "/metrics", "", &[]).await;
     let txt = String::from_utf8(r.body).unwrap();
     txt.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .find(|l| l.starts_with(name) && (name.ends_with('}') || l[name.len()..].starts_with('{')))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))
@@ -916,4 +916,156 @@ fn config_errors_name_the_flag() {
         format!("{:#}", cfg(&["--fault-status-codes", "200"]).unwrap_err())
             .contains("--fault-status-codes")
     );
+}
+
+#[tokio::test]
+async fn metrics_use_vllm_names() {
+    let h = start(fixed(1.0, 1.0)).await;
+    post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"warm up","max_tokens":2}),
+    )
+    .await;
+    let ours = String::from_utf8(send(h.addr, "GET", "/metrics", "", &[]).await.body).unwrap();
+    let theirs = std::fs::read_to_string(crate::support::repo(
+        "fixtures/vllm/metrics_prefix_cache_before_after.txt",
+    ))
+    .unwrap();
+    for line in theirs
+        .lines()
+        .filter(|l| l.starts_with("vllm:") && !l.contains("_sum{"))
+    {
+        let name_labels = line
+            .rsplit_once(' ')
+            .unwrap()
+            .0
+            .replace("tiny-llama", "mock-llama");
+        assert!(
+            ours.lines().any(|l| l.starts_with(&name_labels)),
+            "missing {name_labels}"
+        );
+    }
+    for name in [
+        "vllm:num_requests_running{",
+        "vllm:num_requests_waiting{",
+        "vllm:kv_cache_usage_perc{",
+        "vllm:generation_tokens_total{",
+        "vllm:time_to_first_token_seconds_bucket{",
+        "vllm:inter_token_latency_seconds_count{",
+        "retrace_mock_emit_lateness_seconds_bucket{",
+    ] {
+        assert!(ours.contains(name), "missing {name}");
+    }
+    assert_eq!(metric(h.addr, "vllm:generation_tokens_total").await, 2.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_disconnect_frees_the_engine() {
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        ..MockConfig::default()
+    })
+    .await;
+    let stream = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::post("/v1/completions")
+        .header("host", "m")
+        .body(Full::new(Bytes::from_static(
+            br#"{"prompt":[1,2,3],"max_tokens":5000,"ignore_eos":true,"stream":true}"#,
+        )))
+        .unwrap();
+    let mut body = tx.send_request(req).await.unwrap().into_body();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(metric(h.addr, "vllm:num_requests_running").await, 1.0);
+    assert!(metric(h.addr, "vllm:kv_cache_usage_perc").await > 0.0);
+    drop(body);
+    drop(tx);
+    conn.abort();
+    let t0 = Instant::now();
+    while metric(h.addr, "vllm:num_requests_running").await != 0.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "request still running after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(h.addr, "vllm:kv_cache_usage_perc").await, 0.0);
+    assert!(metric(h.addr, "vllm:request_success_total{engine=\"0\",model_name=\"mock-llama\",finished_reason=\"abort\"}").await >= 1.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn batched_prompts_and_n_give_indexed_choices() {
+    let h = start(fixed(2.0, 1.0)).await;
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":["a b c",[5,6,7]],"n":2,"max_tokens":3,"ignore_eos":true}),
+    )
+    .await
+    .json();
+    let idx: Vec<u64> = r["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3]);
+    assert_eq!(r["usage"]["completion_tokens"], 12);
+    let r = post(h.addr, "/v1/chat/completions", json!({"messages":[{"role":"user","content":"hi"}],"n":2,"max_tokens":2,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})).await;
+    assert!(r.done());
+    let chunks = r.chunks();
+    let roles = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["role"] == "assistant")
+        .count();
+    assert_eq!(roles, 2, "one role chunk per choice");
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 4);
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"x","stream_options":{"include_usage":true}}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "stream_options without stream");
+    h.shutdown().await;
+}
+
+/// Same seed and same (sequential) requests: the same cost-model timings, to the nanosecond.
+#[tokio::test]
+async fn cost_model_timings_are_deterministic() {
+    let run = || async {
+        let h = start(MockConfig {
+            enable_per_request_metrics: true,
+            ..MockConfig::default()
+        })
+        .await;
+        let mut out = Vec::new();
+        for (i, len) in [137u32, 40, 300].into_iter().enumerate() {
+            let p: Vec<u32> = (0..len).map(|t| t + i as u32).collect();
+            let r = post(
+                h.addr,
+                "/v1/completions",
+                json!({"prompt":p,"max_tokens":6,"ignore_eos":true}),
+            )
+            .await
+            .json();
+            out.push((r["choices"][0]["text"].clone(), r["metrics"].clone()));
+        }
+        h.shutdown().await;
+        out
+    };
+    let a = run().await;
+    assert_eq!(a, run().await);
+    // 300-token prompt: 7 + 0.45*300 + 0.05 + 0.0068*300 ms
+    let t = a[2].1["time_to_first_token_ms"].as_f64().unwrap();
+    assert!((t - 144.09).abs() < 0.01, "{t}");
 }
