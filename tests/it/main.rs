@@ -1,4 +1,5 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod fuzz;
 mod support;
 mod trace_cli;
