@@ -37,7 +37,7 @@ fn seeds() -> Vec<Vec<u8>> {
 fn native_sample() -> Vec<u8> {
     let trace = Trace {
         header: TraceHeader::imported(16, true, "fuzz"),
-        requests: (0..40).map(|k| arb_like(k)).collect(),
+        requests: (0..40).map(arb_like).collect(),
     };
     native::write_bytes(
         &trace,
