@@ -85,6 +85,10 @@ pub struct ConvertArgs {
     /// Bake in a speed factor: arrival offsets are divided by X (2 = twice as fast).
     #[arg(long, value_name = "X", default_value_t = 1.0)]
     pub speed: f64,
+    /// Re-block hash ids to N tokens per id, a whole multiple of the trace's block size (e.g. a
+    /// recording hashed at 16 exported as Mooncake's 512).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,
