@@ -199,7 +199,9 @@ struct Seq {
 
 enum Timed {
     FixedNext(u64),
-    Deliver(Emit),
+    /// An emission held back by a stall; carries its channel so that it is delivered even
+    /// after the engine has finished the request.
+    Deliver(UnboundedSender<Emit>, Emit),
 }
 
 struct Entry {
@@ -522,12 +524,10 @@ impl Engine {
             return;
         };
         match e.what {
-            Timed::Deliver(emit) => {
+            Timed::Deliver(tx, emit) => {
                 let reset = matches!(emit, Emit::Reset { .. });
-                if let Some(r) = self.reqs.get(&e.req) {
-                    if r.tx.send(emit).is_err() && !reset {
-                        self.abort(e.req);
-                    }
+                if tx.send(emit).is_err() && !reset {
+                    self.abort(e.req);
                 }
                 if reset {
                     self.drop_req(e.req);
@@ -614,7 +614,7 @@ impl Engine {
                 at,
                 n: self.heap_n,
                 req: rid,
-                what: Timed::Deliver(emit),
+                what: Timed::Deliver(req.tx.clone(), emit),
             }));
         }
         let req = self.reqs.get_mut(&rid).expect("present above");
@@ -631,7 +631,8 @@ impl Engine {
                 // The RST follows after a grace period so that the tokens before it reach the
                 // client (a TCP reset makes the peer discard data it has not read yet).
                 let at = at + RESET_GRACE;
-                self.push(at, rid, Timed::Deliver(Emit::Reset { at }));
+                let tx = req.tx.clone();
+                self.push(at, rid, Timed::Deliver(tx, Emit::Reset { at }));
                 self.reqs
                     .get_mut(&rid)
                     .expect("present above")
@@ -654,7 +655,8 @@ impl Engine {
                         let _ = r.tx.send(done);
                     }
                 } else {
-                    self.push(at, rid, Timed::Deliver(done));
+                    let tx = self.reqs[&rid].tx.clone();
+                    self.push(at, rid, Timed::Deliver(tx, done));
                 }
                 self.complete_req(rid);
             }

@@ -1069,3 +1069,44 @@ async fn cost_model_timings_are_deterministic() {
     let t = a[2].1["time_to_first_token_ms"].as_f64().unwrap();
     assert!((t - 144.09).abs() < 0.01, "{t}");
 }
+
+/// Stalls in cost-model mode hold back emissions past the request's end in the engine.
+#[tokio::test]
+async fn stalls_in_cost_model_mode_deliver_everything() {
+    let h = start(MockConfig {
+        cost: mock::CostModel {
+            step_overhead_ms: 1.0,
+            prefill_token_ms: 0.01,
+            ..Default::default()
+        },
+        ..MockConfig::default()
+    })
+    .await;
+    let body = r#"{"prompt":"x y z","max_tokens":6,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#;
+    for fault in ["stall-first=200", "stall-mid=2:200", "reset-after=2"] {
+        let r = send(
+            h.addr,
+            "POST",
+            "/v1/completions",
+            body,
+            &[("x-mock-fault", fault)],
+        )
+        .await;
+        let ts = r.content_times();
+        if fault.starts_with("reset") {
+            assert_eq!(ts.len(), 2, "{fault}");
+            assert!(r.error.is_some() && !r.done(), "{fault}");
+            continue;
+        }
+        assert!(r.done(), "{fault}: {:?}", r.events);
+        assert_eq!(ts.len(), 6, "{fault}");
+        assert_eq!(r.chunks().last().unwrap()["usage"]["completion_tokens"], 6);
+        let stalled = if fault.starts_with("stall-first") {
+            ts[0]
+        } else {
+            ts[2] - ts[1]
+        };
+        assert!(stalled >= Duration::from_millis(200), "{fault}: {ts:?}");
+    }
+    h.shutdown().await;
+}
