@@ -14,11 +14,14 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing buys nothing
 pub enum Command {
     /// Summarise a trace: rates, length distributions, prefix reuse, recorded latency.
     Inspect(InspectArgs),
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
+    /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
+    Mock(MockArgs),
     /// Record live traffic: a transparent proxy in front of an OpenAI-compatible server.
     Record(Box<RecordArgs>),
 }
@@ -84,9 +87,112 @@ pub struct ConvertArgs {
     /// Bake in a speed factor: arrival offsets are divided by X (2 = twice as fast).
     #[arg(long, value_name = "X", default_value_t = 1.0)]
     pub speed: f64,
+    /// Re-block hash ids to N tokens per id, a whole multiple of the trace's block size (e.g. a
+    /// recording hashed at 16 exported as Mooncake's 512).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,
+}
+
+/// Run the simulated vLLM-compatible engine.
+///
+/// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
+///
+/// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics in
+/// vLLM 0.32's exact shapes. Without --fixed-timing, a continuous-batching scheduler times every
+/// step with a cost model (defaults: a lone 137-token prompt gets ~70 ms TTFT and ~8 ms TPOT).
+/// Per-request faults: header `x-mock-fault: status=503,stall-first=MS,stall-mid=N:MS,reset-after=N,slow-headers=MS`.
+#[derive(Debug, clap::Args)]
+pub struct MockArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: String,
+    /// Served model name (requests naming another model get 404).
+    #[arg(long, default_value = "mock-llama")]
+    pub model: String,
+    /// Exact timings whatever the load, bypassing the cost model: TTFT_MS,ITL_MS (e.g. 50,10).
+    #[arg(long, value_name = "TTFT_MS,ITL_MS")]
+    pub fixed_timing: Option<String>,
+    /// Maximum number of sequences running in one batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Token budget of one scheduler step (decode tokens + prefill chunks).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: u32,
+    /// KV cache block size in tokens (prefix-cache granularity).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// KV cache capacity in tokens; unreferenced cached blocks are evicted LRU beyond it.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub kv_cache_tokens: u64,
+    /// Context length; a prompt of this many tokens or more gets HTTP 400.
+    #[arg(long, default_value_t = 131072)]
+    pub max_model_len: u32,
+    /// Tokens carried by each SSE event after the first (as speculative decoding does).
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub tokens_per_event: u32,
+    /// Add vLLM's per-request `metrics` object (queue, TTFT, generation time, mean ITL, tokens/s).
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+    /// HF tokenizer.json for exact tokenization (default: the documented built-in scheme).
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// Seed for generated tokens, EOS positions and injected faults.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
+    #[arg(long, default_value_t = 0.002)]
+    pub eos_prob: f64,
+    /// Cost model: fixed time of every scheduler step, ms.
+    #[arg(long, default_value_t = 7.0)]
+    pub step_overhead_ms: f64,
+    /// Cost model: time per prefill token, ms.
+    #[arg(long, default_value_t = 0.45)]
+    pub prefill_token_ms: f64,
+    /// Cost model: time per sequence in the step, ms.
+    #[arg(long, default_value_t = 0.05)]
+    pub seq_ms: f64,
+    /// Cost model: time per context (KV) token attended in the step, ms.
+    #[arg(long, default_value_t = 0.0068)]
+    pub context_token_ms: f64,
+    /// Fraction of requests answered with an error status (from --fault-status-codes).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_status_rate: f64,
+    /// Statuses for --fault-status-rate, comma-separated.
+    #[arg(long, default_value = "429,500,503", value_delimiter = ',')]
+    pub fault_status_codes: Vec<u16>,
+    /// Fraction of requests that stall --fault-stall-ms before their first token.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_stall_first_rate: f64,
+    /// Fraction of requests that stall --fault-stall-ms after --fault-stall-after tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_stall_mid_rate: f64,
+    /// Length of an injected stall, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub fault_stall_ms: f64,
+    /// Tokens sent before a mid-stream stall.
+    #[arg(long, default_value_t = 8)]
+    pub fault_stall_after: u32,
+    /// Fraction of requests whose connection is reset (TCP RST) after --fault-reset-after tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_reset_rate: f64,
+    /// Tokens sent before an injected reset.
+    #[arg(long, default_value_t = 4)]
+    pub fault_reset_after: u32,
+    /// Fraction of requests whose response headers are delayed by --fault-slow-headers-ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_slow_headers_rate: f64,
+    /// Delay of slow response headers, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub fault_slow_headers_ms: f64,
+    /// Emission clock: busy-wait this many microseconds before each deadline (more precision, more CPU).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
+    /// Threads serving HTTP connections (the engine has its own thread besides).
+    #[arg(long, default_value_t = 2)]
+    pub io_threads: usize,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

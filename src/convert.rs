@@ -39,6 +39,9 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         },
     )
     .map_err(anyhow::Error::msg)?;
+    if let Some(bs) = args.block_size {
+        filter::reblock(&mut trace, bs).map_err(|e| anyhow::anyhow!("--block-size: {e}"))?;
+    }
     let to = args.to.unwrap_or_else(|| {
         let name = args.output.to_string_lossy();
         if name.ends_with(".jsonl") || name.ends_with(".json") {
@@ -53,7 +56,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         OutFormat::Mooncake => {
             if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
                 tracing::warn!(
-                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): pass the block size to them",
+                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
                     args.input.display(),
                     trace.header.block_size,
                     if trace.header.partial_tail_block { "ceil" } else { "floor" }

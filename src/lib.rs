@@ -6,6 +6,7 @@
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
 //! - [`inspect`], [`convert`]: the commands of the same names.
+//! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`record`]: the recording proxy (`retrace record`).
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
@@ -14,6 +15,7 @@
 pub mod cli;
 pub mod convert;
 pub mod inspect;
+pub mod mock;
 pub mod openai;
 pub mod record;
 pub mod sse;
@@ -33,6 +35,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = convert::run(&a)?;
             eprintln!("{msg}");
         }
+        cli::Command::Mock(a) => return mock::run(a),
         cli::Command::Record(a) => return record::main(&a),
     }
     Ok(ExitCode::SUCCESS)

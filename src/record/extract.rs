@@ -292,7 +292,7 @@ impl Extractor {
         if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
             req.body = Some(ex.request.joined());
         }
-        req.response = Some(resp);
+        req.response = Some(Box::new(resp));
         (req, notes)
     }
 }

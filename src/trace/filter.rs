@@ -78,6 +78,36 @@ pub fn parse_duration_us(s: &str) -> Result<u64, String> {
     Ok((v * mul).round() as u64)
 }
 
+/// Re-blocks hash ids to a block size `new_bs` that is a whole multiple of the trace's.
+///
+/// Chained ids identify whole prefixes, so the id of a coarse block is the id of the last fine
+/// block it contains (every `k`-th id, `k = new_bs / old_bs`); with a partial tail (ceil) the last
+/// fine id closes the trailing partial coarse block. Two requests therefore share coarse block `j`
+/// exactly when they shared the fine prefix up to its end.
+pub fn reblock(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
+    let old = trace.header.block_size;
+    if new_bs == old {
+        return Ok(());
+    }
+    if old == 0 || new_bs == 0 || new_bs % old != 0 {
+        return Err(format!(
+            "block size {new_bs} is not a whole multiple of the trace's {old} tokens"
+        ));
+    }
+    let k = (new_bs / old) as usize;
+    let tail = trace.header.partial_tail_block;
+    for r in &mut trace.requests {
+        let h = &r.hash_ids;
+        let mut out: Vec<u64> = h.iter().skip(k - 1).step_by(k).copied().collect();
+        if tail && h.len() % k != 0 {
+            out.extend(h.last().copied());
+        }
+        r.hash_ids = out;
+    }
+    trace.header.block_size = new_bs;
+    Ok(())
+}
+
 /// Applies the filters in place.
 pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
     if !(f.speed.is_finite() && f.speed > 0.0) {
@@ -146,6 +176,34 @@ mod tests {
         .unwrap();
         let at: Vec<u64> = t.requests.iter().map(|r| r.arrival_us).collect();
         assert_eq!(at, vec![0, 1_000_000, 2_000_000]);
+    }
+
+    #[test]
+    fn reblock_keeps_prefix_identity() {
+        use crate::trace::hash::BlockHasher;
+        let h = BlockHasher::xxh3();
+        let a: Vec<u32> = (0..100).collect();
+        let mut b = a.clone();
+        b[70] = 7777; // differs inside coarse block 2 (tokens 64..96)
+        let mut t = Trace {
+            header: TraceHeader::imported(16, true, "t"),
+            requests: [&a, &b]
+                .iter()
+                .map(|p| Request {
+                    input_tokens: p.len() as u64,
+                    hash_ids: h.chain(p, 16, true),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        reblock(&mut t, 32).unwrap();
+        let (ra, rb) = (&t.requests[0].hash_ids, &t.requests[1].hash_ids);
+        // ceil(100/32) = 4 coarse blocks, and they equal the 32-token chain's structure
+        assert_eq!(ra.len(), 4);
+        assert_eq!(ra[..2], rb[..2]);
+        assert_ne!(ra[2], rb[2]);
+        assert_ne!(ra[3], rb[3]);
+        assert!(reblock(&mut t, 48).is_err());
     }
 
     #[test]

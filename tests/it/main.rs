@@ -1,5 +1,7 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod fuzz;
+mod mock;
 mod record;
 mod support;
 mod trace_cli;
