@@ -276,6 +276,9 @@ pub struct RecordArgs {
     /// Admin endpoint (`/metrics`, `/healthz`); `none` turns it off.
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
     pub admin: String,
+    /// Threads serving connections, each a single-threaded runtime (0: one per CPU).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub io_threads: usize,
 }
 
 #[cfg(test)]

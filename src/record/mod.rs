@@ -70,6 +70,8 @@ pub struct RecordConfig {
     pub flush_every: Duration,
     /// Admin endpoint address (`None`: off).
     pub admin: Option<SocketAddr>,
+    /// Single-threaded I/O runtimes serving connections (0: one per CPU).
+    pub io_threads: usize,
 }
 
 impl RecordConfig {
@@ -98,6 +100,7 @@ impl RecordConfig {
             rotate_every: Duration::from_secs(3600),
             flush_every: Duration::from_secs(1),
             admin: None,
+            io_threads: 0,
         })
     }
 
@@ -141,6 +144,7 @@ impl RecordConfig {
             c.hash_key = Some(k);
         }
         c.tokenizer = a.tokenizer.clone();
+        c.io_threads = a.io_threads;
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
@@ -258,13 +262,15 @@ pub async fn run_with_admin(
 ) -> anyhow::Result<RecordStats> {
     let stats = Arc::new(stats::Stats::default());
     let https = cfg.upstream.scheme_str() == Some("https");
-    let client = upstream::build(&upstream::UpstreamOptions {
+    let upstream_opts = upstream::UpstreamOptions {
         connect_timeout: cfg.connect_timeout,
         ca: cfg.upstream_ca.clone(),
         https,
         http2: cfg.upstream_http2,
         pool_idle: Duration::from_secs(90),
-    })?;
+    };
+    // Fail early on a bad CA file, before anything listens.
+    let _: upstream::UpstreamClient = upstream::build(&upstream_opts)?;
     let tls = match &cfg.tls {
         Some((c, k)) => Some(server::tls_acceptor(c, k)?),
         None => None,
@@ -330,19 +336,29 @@ pub async fn run_with_admin(
         .cloned()
         .context("--upstream has no host")?;
     let base_path = cfg.upstream.path().trim_end_matches('/').to_string();
-    let proxy = Arc::new(proxy::Proxy {
-        client,
-        scheme,
-        authority,
-        base_path,
-        http2_upstream: cfg.upstream_http2,
-        recorder,
-        stats: stats.clone(),
-        headers_timeout: cfg.headers_timeout,
-        idle_timeout: cfg.idle_timeout,
-        total_timeout: cfg.total_timeout,
-        capture_max: cfg.capture_max,
-    });
+    let threads = if cfg.io_threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        cfg.io_threads
+    };
+    let mut proxies = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        proxies.push(Arc::new(proxy::Proxy {
+            // One pool per I/O thread: an upstream connection stays on its thread.
+            client: upstream::build(&upstream_opts)?,
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+            base_path: base_path.clone(),
+            http2_upstream: cfg.upstream_http2,
+            recorder: recorder.clone(),
+            stats: stats.clone(),
+            headers_timeout: cfg.headers_timeout,
+            idle_timeout: cfg.idle_timeout,
+            total_timeout: cfg.total_timeout,
+            capture_max: cfg.capture_max,
+        }));
+    }
+    drop(recorder);
 
     let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_task = admin.map(|l| {
@@ -359,7 +375,9 @@ pub async fn run_with_admin(
         cfg.upstream,
         cfg.out_dir.display()
     );
-    let drained = server::serve(listener, tls, proxy, shutdown, cfg.drain_timeout).await;
+    let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
+        .await
+        .context("starting the I/O threads")?;
     if !drained {
         tracing::warn!(
             "drain timeout ({:?}) reached with {} exchanges in flight; closing the trace anyway",
@@ -419,7 +437,9 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .with_writer(std::io::stderr)
         .try_init();
     let cfg = RecordConfig::from_args(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    // This runtime only accepts, serves the admin endpoint and closes the trace; connections are
+    // served on the I/O threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
