@@ -1437,3 +1437,33 @@ async fn text_prompts_use_the_hf_tokenizer_when_given() {
     assert_eq!(recs[0].hash_ids, BlockHasher::xxh3().chain(&ids, 4, true));
     assert_eq!(recs[0].output_tokens, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_gone_before_the_response_head_is_recorded_as_cancelled() {
+    let up = upstream(|_| Reply::SlowHead(Duration::from_secs(3))).await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    // HTTP/2: dropping the request future resets the stream, and the proxy drops its handler.
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::post(rec.url("/v1/completions"))
+        .body(Full::new(Bytes::from_static(br#"{"prompt":[1,2,3]}"#)))
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(300), h2.request(req)).await;
+    assert!(r.is_err(), "the upstream holds its head for 3 s");
+    drop(h2);
+    let mut in_flight = 1.0;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        in_flight = metric(&rec.metrics().await, "retrace_record_in_flight");
+        if in_flight == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(in_flight, 0.0);
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert!(resp.cancelled);
+    assert_eq!(resp.status, 0);
+    assert_eq!(recs[0].input_tokens, 3, "the body had reached the upstream");
+}
