@@ -201,6 +201,9 @@ pub struct MockArgs {
 ///
 /// Example: `retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/`
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example:\n  retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/\n\nFiles: DIR/<name>-<start>-<seq>.trace.zst (written as .partial, renamed when closed).\nPrompt/completion text is not stored unless --bodies says so; credentials never are."
+)]
 pub struct RecordArgs {
     /// Address to accept clients on (HTTP/1.1 and HTTP/2; TLS with --tls-cert/--tls-key).
     #[arg(long, value_name = "ADDR")]
