@@ -13,7 +13,9 @@
 //! and otherwise taken from `usage` when present. For approximate prompts the hash list is fitted
 //! to `ceil(input_tokens / block)` ids (truncated, or extended by chaining) so exported traces keep
 //! Mooncake's invariant. A request body that is not a valid OpenAI request is recorded with
-//! error kind `request_parse` (unless a transport error says more). Pure: no I/O, no clock reads.
+//! error kind `request_parse` (unless a transport error says more). Other paths are recorded
+//! without their query string (API keys sometimes travel there); headers are never recorded.
+//! Pure: no I/O, no clock reads.
 
 use super::prompt::{batch_len, TextTokenizer};
 use crate::openai::{self, ChunkInfo};
@@ -154,7 +156,8 @@ impl Extractor {
     /// Builds the trace record; `t0` is the recording's time origin.
     pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Notes) {
         let mut notes = Notes::default();
-        let endpoint = Endpoint::from_path(&ex.path);
+        // The query string is never recorded: some APIs put keys there.
+        let endpoint = Endpoint::from_path(ex.path.split('?').next().unwrap_or(""));
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
             endpoint: endpoint.clone(),

@@ -581,6 +581,15 @@ async fn credentials_never_reach_the_trace_and_hmac_keys_the_hashes() {
     .await;
     assert_eq!(s, StatusCode::OK);
     assert!(b.is_ok());
+    // Some APIs take the key in the query string.
+    let (s, _, _) = fetch(
+        &rec.url("/v1/models?key=SECRET-QUERY-7777"),
+        "GET",
+        Bytes::new(),
+        &secrets,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
     // The upstream got the credentials (the proxy is transparent) ...
     let seen = up.seen.lock().unwrap().clone();
     assert_eq!(seen[0]["authorization"], "Bearer sk-SECRET-AUTH-1234");
@@ -599,6 +608,7 @@ async fn credentials_never_reach_the_trace_and_hmac_keys_the_hashes() {
         "a credential leaked into the trace"
     );
     assert!(hay.contains("hmac-sha256"));
+    assert_eq!(recs[1].endpoint.as_str(), "/v1/models");
     let r = &recs[0];
     assert_eq!(
         r.body.as_deref(),
