@@ -4,13 +4,17 @@
 //! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters); pure.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
+//! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
 //! [`run`] matches each subcommand to its module.
 
 pub mod cli;
+pub mod metrics;
 pub mod openai;
 pub mod sse;
+pub mod synth;
 pub mod trace;
 
 use std::process::ExitCode;
