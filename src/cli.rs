@@ -12,10 +12,15 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: boxing the larger variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Summarise a trace: rates, length distributions, prefix reuse, recorded latency.
     Inspect(InspectArgs),
+    /// Replay a trace against an OpenAI-compatible server (the embedded mock by default) at its
+    /// own timing, with vLLM-exact latency metrics.
+    Replay(ReplayArgs),
 }
 
 /// Example: `retrace inspect traces/mooncake_conversation_1k.jsonl --cache-blocks 10000`
@@ -23,4 +28,97 @@ pub enum Command {
 pub struct InspectArgs {
     /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL).
     pub file: PathBuf,
+}
+
+/// Which API replayed requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EndpointArg {
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/chat/completions` (needs `--prompt-mode text --tokenizer ...`)
+    Chat,
+}
+
+/// How synthesised prompts are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptModeArg {
+    /// Token ids (`"prompt": [ints]`): exact lengths and prefixes, no re-tokenisation.
+    TokenIds,
+    /// Text that re-encodes to the same tokens where the tokenizer allows (needs `--tokenizer`).
+    Text,
+}
+
+/// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
+///
+/// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded).
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Trace file (any format `retrace inspect` reads).
+    pub trace: PathBuf,
+    /// Server base URL, e.g. `http://127.0.0.1:8000` (default: the embedded mock).
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+    /// Model name to send (default: the first model the target lists at /v1/models).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// API to call with synthesised prompts.
+    #[arg(long, value_enum, default_value_t = EndpointArg::Completions)]
+    pub endpoint: EndpointArg,
+    /// Time compression: 2 replays twice as fast (default 1; with the embedded mock and no
+    /// --speed, the trace is compressed to about 50 s).
+    #[arg(long, value_name = "X")]
+    pub speed: Option<f64>,
+    /// Replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Cap on requests in flight; waiting time is reported as client queue time.
+    #[arg(long, value_name = "C")]
+    pub max_concurrency: Option<usize>,
+    /// Tokens per hash id (default: the trace's, 512 for Mooncake).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+    /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
+    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
+    pub tokenizer: Option<PathBuf>,
+    /// Vocabulary size to draw token ids from when no tokenizer is given (default 4096; ids below
+    /// 16 are never used).
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u32>,
+    /// How prompts are sent.
+    #[arg(long, value_enum, default_value_t = PromptModeArg::TokenIds)]
+    pub prompt_mode: PromptModeArg,
+    /// Seed of prompt synthesis (same seed, same prompts, in any process).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Write the result (vLLM keys + ours + histograms) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub result_json: Option<PathBuf>,
+    /// Add per-request arrays to the result file.
+    #[arg(long)]
+    pub detailed: bool,
+    /// Extra request header `K=V` (repeatable).
+    #[arg(long, value_name = "K=V")]
+    pub header: Vec<String>,
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// JSON object merged into every request body (its keys win).
+    #[arg(long, value_name = "JSON")]
+    pub extra_body: Option<String>,
+    /// Mark the run invalid (exit 3) when p99 dispatch drift exceeds D ms.
+    #[arg(long, value_name = "D")]
+    pub max_drift_ms: Option<f64>,
+    /// Percentiles to report, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "99")]
+    pub percentiles: String,
+    /// Replay recorded bodies with their own max_tokens/ignore_eos.
+    #[arg(long)]
+    pub keep_original_limits: bool,
+    /// Total time limit per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 3600.0)]
+    pub timeout_s: f64,
+    /// Limit on silence (no headers, no body bytes) per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 300.0)]
+    pub idle_timeout_s: f64,
 }

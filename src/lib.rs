@@ -5,6 +5,8 @@
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
 //! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
+//! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
+//!   result file and console report.
 //! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
@@ -13,6 +15,7 @@
 pub mod cli;
 pub mod metrics;
 pub mod openai;
+pub mod replay;
 pub mod sse;
 pub mod synth;
 pub mod trace;
@@ -23,5 +26,6 @@ use std::process::ExitCode;
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Inspect(_a) => anyhow::bail!("inspect is not built yet"),
+        cli::Command::Replay(a) => replay::run(a),
     }
 }

@@ -193,11 +193,7 @@ impl TextBuilder {
             .map(|(s, id)| (id, s))
             .collect();
         by_id.sort_unstable();
-        let special: HashSet<u32> = tok
-            .get_added_tokens_decoder()
-            .keys()
-            .copied()
-            .collect();
+        let special: HashSet<u32> = tok.get_added_tokens_decoder().keys().copied().collect();
         for (id, _) in by_id {
             if special.contains(&id) {
                 continue;
