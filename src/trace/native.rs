@@ -200,7 +200,7 @@ impl RequestWire {
             p: r.params.clone(),
             s: r.session.clone(),
             b: r.body.clone(),
-            r: r.response.as_ref().map(ResponseWire::from_response),
+            r: r.response.as_deref().map(ResponseWire::from_response),
         }
     }
 
@@ -221,7 +221,10 @@ impl RequestWire {
             input_tokens: self.i,
             output_tokens: self.o,
             hash_ids: decode_runs(&self.h, MAX_FRAME_CONTENT)?,
-            response: self.r.map(ResponseWire::into_response).transpose()?,
+            response: self
+                .r
+                .map(|r| r.into_response().map(Box::new))
+                .transpose()?,
             body: self.b,
         })
     }
@@ -618,25 +621,33 @@ fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
             content.len()
         ));
     }
-    let mut recs = Vec::with_capacity(fw.n as usize);
+    let start = out.len();
+    out.reserve(fw.n as usize);
     let mut prev = 0u64;
-    for k in 0..fw.n {
-        let w: RequestWire =
-            ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
-        let r = w
-            .into_request(prev)
-            .map_err(|e| format!("record {k}: {e}"))?;
-        prev = r.arrival_us;
-        recs.push(r);
+    let res = (|| {
+        for k in 0..fw.n {
+            let w: RequestWire =
+                ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
+            let r = w
+                .into_request(prev)
+                .map_err(|e| format!("record {k}: {e}"))?;
+            prev = r.arrival_us;
+            out.push(r);
+        }
+        if !rd.is_empty() {
+            return Err(format!(
+                "{} trailing bytes after {} records",
+                rd.len(),
+                fw.n
+            ));
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        // All or nothing per frame.
+        out.truncate(start);
+        return Err(e);
     }
-    if !rd.is_empty() {
-        return Err(format!(
-            "{} trailing bytes after {} records",
-            rd.len(),
-            fw.n
-        ));
-    }
-    out.extend(recs);
     Ok(fw.dropped)
 }
 
@@ -713,7 +724,7 @@ mod tests {
                     turn: (k / 5) as u32,
                     think_us: Some(5),
                 });
-                r.response = Some(Response {
+                r.response = Some(Box::new(Response {
                     status: 200,
                     ttft_us: Some(50_000),
                     events: vec![
@@ -737,7 +748,7 @@ mod tests {
                     }),
                     body: Some(b"data: x\n\n".to_vec()),
                     ..Default::default()
-                });
+                }));
                 r.body = Some(b"{\"prompt\":[1,2]}".to_vec());
             }
             reqs.push(r);

@@ -7,6 +7,7 @@
 //! 2 → HTTP 500 with a JSON error body; 3 → connection reset after one chunk; 4 → a malformed
 //! (non-JSON) SSE message after one chunk; 5 → an error object in the stream. Not a simulator:
 //! no batching, no queueing; only what metric and failure tests need.
+#![allow(dead_code)]
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -227,4 +228,17 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
         prompts,
         task,
     }
+}
+
+/// Path of a file relative to the repository root.
+pub fn repo(rel: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Parses a retrace command line (without the program name).
+pub fn cli(args: &[&str]) -> retrace::cli::Cli {
+    use clap::Parser;
+    let mut v = vec!["retrace"];
+    v.extend_from_slice(args);
+    retrace::cli::Cli::parse_from(v)
 }
