@@ -9,6 +9,8 @@
 //! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
 //!   result file and console report.
 //! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
+//! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
+//!   text/markdown/json and self-contained HTML.
 //! - [`inspect`], [`convert`]: the commands of the same names.
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
@@ -20,6 +22,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod openai;
 pub mod replay;
+pub mod report;
 pub mod sse;
 pub mod synth;
 pub mod trace;
@@ -39,6 +42,8 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             eprintln!("{msg}");
         }
         cli::Command::Replay(a) => return replay::run(a),
+        cli::Command::Compare(a) => return report::run_compare(&a),
+        cli::Command::Report(a) => return report::run_report(&a),
     }
     Ok(ExitCode::SUCCESS)
 }
