@@ -242,7 +242,7 @@ fn breakdown(run: &Run) -> Option<Value> {
 
 fn percentile_table(run: &Run) -> (Value, Value) {
     let mut rows = Vec::new();
-    let mut cdfs = serde_json::Map::new();
+    let mut cdfs = Vec::new();
     for m in Metric::ALL {
         let Some(w) = run.dist(m) else { continue };
         let qd = w.quad();
@@ -256,12 +256,9 @@ fn percentile_table(run: &Run) -> (Value, Value) {
             r3(qd.p99),
             r3(w.percentile(100.0))
         ]));
-        cdfs.insert(
-            m.key().into(),
-            json!({"label": m.label(), "pts": cdf_json(&w)}),
-        );
+        cdfs.push(json!({"key": m.key(), "label": m.label(), "pts": cdf_json(&w)}));
     }
-    (Value::Array(rows), Value::Object(cdfs))
+    (Value::Array(rows), Value::Array(cdfs))
 }
 
 fn summary(run: &Run) -> Value {
@@ -351,20 +348,18 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run
             ])
         })
         .collect();
-    let mut cdfs = serde_json::Map::new();
+    let mut cdfs = Vec::new();
     for m in Metric::ALL {
         let (Some(b), Some(c)) = (base.dist(m), cand.dist(m)) else {
             continue;
         };
-        cdfs.insert(
-            m.key().into(),
-            json!({
-                "label": m.label(),
-                "base": cdf_json(&b),
-                "cand": cdf_json(&c),
-                "noise": noise.and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
-            }),
-        );
+        cdfs.push(json!({
+            "key": m.key(),
+            "label": m.label(),
+            "base": cdf_json(&b),
+            "cand": cdf_json(&c),
+            "noise": noise.and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
+        }));
     }
     let paired = cmp.paired.as_ref().map(|p| {
         json!({
@@ -498,7 +493,7 @@ function report(app,D){
   var lat=section(app,'latency','Latency');
   table(lat,'table-percentiles',['metric (ms)','n','mean','p50','p90','p99','max'],D.percentiles);
   var g=h('div',{'class':'grid'},lat);
-  Object.keys(D.cdfs).forEach(function(k){var c=D.cdfs[k];lineChart(g,'chart-cdf-'+k,c.label+' CDF',[{name:c.label,pts:c.pts}],{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
+  D.cdfs.forEach(function(c){lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',[{name:c.label,pts:c.pts}],{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
   if(D.timeline){var tl=section(app,'timeline','Timeline');timeline(tl,D.timeline,D.thresholds);}
   if(D.series){var se=section(app,'over-time','Over time');var g2=h('div',{'class':'grid'},se);var S=D.series;
     var z=function(a){return S.t.map(function(t,i){return [t,a[i]];});};
@@ -521,8 +516,8 @@ function compare(app,D){
   var t=section(app,'metrics','Metrics');table(t,'table-compare',['metric','baseline','candidate','change','rel','interval of change','verdict'],D.rows,6);
   (D.notes||[]).forEach(function(n){h('div',{'class':'note'},t,n);});
   var cd=section(app,'cdfs','Distributions');var g=h('div',{'class':'grid'},cd);
-  Object.keys(D.cdfs).forEach(function(k){var c=D.cdfs[k];var se=[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}];if(c.noise)se.push({name:'noise',pts:c.noise,dash:true,color:COLORS[2]});
-    lineChart(g,'chart-cdf-'+k,c.label+' CDF',se,{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
+  D.cdfs.forEach(function(c){var se=[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}];if(c.noise)se.push({name:'noise',pts:c.noise,dash:true,color:COLORS[2]});
+    lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',se,{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
   if(D.paired){var p=section(app,'paired','Paired per-request TTFT ('+D.paired.n+' requests)');h('div',{'class':'sub'},p,D.paired.text);
     lineChart(p,'chart-paired','candidate / baseline TTFT ratio CDF',[{name:'ratio',pts:D.paired.pts}],{xlabel:'ratio',ylabel:'fraction',logx:true,ymax:1});}
   var tx=section(app,'text','Text report');h('pre',{},tx,D.text);

@@ -33,9 +33,7 @@ pub fn num(v: f64) -> String {
     let a = v.abs();
     if v == 0.0 {
         "0".into()
-    } else if v.fract() == 0.0 && a < 1e15 {
-        format!("{v:.0}")
-    } else if a >= 1000.0 {
+    } else if a >= 1000.0 || (v.fract() == 0.0 && a < 1e15) {
         format!("{v:.0}")
     } else if a >= 100.0 {
         format!("{v:.1}")
