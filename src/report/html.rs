@@ -12,13 +12,15 @@
 //! checks. This module does not read files or compute comparisons.
 
 use super::compare::{Comparison, Verdict};
-use super::load::{Metric, Run};
+use super::load::{Metric, Requests, Run};
 use super::render::num;
 use super::weighted::Weighted;
 use serde_json::{json, Value};
 
 /// Most requests drawn in the timeline.
 pub const TIMELINE_ROWS: usize = 1500;
+/// Requests in the detail window of a large run's timeline.
+pub const DETAIL_ROWS: usize = 300;
 /// Most ITL runs kept per timeline row (the rest merge into the last run).
 const RUNS_PER_ROW: usize = 120;
 /// Most bins of a time series.
@@ -49,37 +51,9 @@ fn class_of(ms: f64, t: (f64, f64)) -> u8 {
     }
 }
 
-/// Timeline rows: `[start_s, ttft_ms|null, ok, [dur_ms, class, dur_ms, class, ...]]`.
-fn timeline(run: &Run, t: (f64, f64)) -> Option<Value> {
-    let q = run.requests.as_ref()?;
-    let n = q.len();
-    if n == 0 {
-        return None;
-    }
-    let mut idx: Vec<usize> = if n <= TIMELINE_ROWS {
-        (0..n).collect()
-    } else {
-        // the slowest 10 % of the budget by E2EL, the rest an even stride
-        let slow_budget = TIMELINE_ROWS / 10;
-        let mut by_e2el: Vec<usize> = (0..n).collect();
-        by_e2el.sort_by(|&a, &b| {
-            q.latency_s[b]
-                .unwrap_or(0.0)
-                .total_cmp(&q.latency_s[a].unwrap_or(0.0))
-        });
-        let mut keep = vec![false; n];
-        for &i in by_e2el.iter().take(slow_budget) {
-            keep[i] = true;
-        }
-        let stride = n as f64 / (TIMELINE_ROWS - slow_budget) as f64;
-        for k in 0..TIMELINE_ROWS - slow_budget {
-            keep[((k as f64 * stride) as usize).min(n - 1)] = true;
-        }
-        (0..n).filter(|&i| keep[i]).collect()
-    };
-    idx.sort_by(|&a, &b| q.start_s[a].total_cmp(&q.start_s[b]));
-    let rows: Vec<Value> = idx
-        .iter()
+/// Timeline rows: `[start_s, ttft_ms|null, ok, [dur_ms, class, dur_ms, class, ...], e2el_ms]`.
+fn rows_of(q: &Requests, idx: &[usize], t: (f64, f64)) -> Vec<Value> {
+    idx.iter()
         .map(|&i| {
             let mut runs: Vec<(f64, u8)> = Vec::new();
             for &g in &q.itls_s[i] {
@@ -102,8 +76,56 @@ fn timeline(run: &Run, t: (f64, f64)) -> Option<Value> {
             let end = (q.end_s(i) - q.start_s[i]) * 1e3;
             json!([r3(q.start_s[i]), ttft, q.ok(i), flat, r3(end)])
         })
-        .collect();
-    Some(json!({"rows": rows, "shown": idx.len(), "total": n}))
+        .collect()
+}
+
+/// The whole-run timeline (every request, or an even stride plus the slowest by E2EL when there
+/// are more than [`TIMELINE_ROWS`]) and, for large runs, a detail window: every request of the
+/// [`DETAIL_ROWS`] around the one with the worst TTFT.
+fn timeline(run: &Run, t: (f64, f64)) -> Option<Value> {
+    let q = run.requests.as_ref()?;
+    let n = q.len();
+    if n == 0 {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| q.start_s[a].total_cmp(&q.start_s[b]));
+    let mut idx: Vec<usize> = if n <= TIMELINE_ROWS {
+        order.clone()
+    } else {
+        let slow_budget = TIMELINE_ROWS / 10;
+        let mut by_e2el: Vec<usize> = (0..n).collect();
+        by_e2el.sort_by(|&a, &b| {
+            q.latency_s[b]
+                .unwrap_or(0.0)
+                .total_cmp(&q.latency_s[a].unwrap_or(0.0))
+        });
+        let mut keep = vec![false; n];
+        for &i in by_e2el.iter().take(slow_budget) {
+            keep[i] = true;
+        }
+        let stride = n as f64 / (TIMELINE_ROWS - slow_budget) as f64;
+        for k in 0..TIMELINE_ROWS - slow_budget {
+            keep[order[((k as f64 * stride) as usize).min(n - 1)]] = true;
+        }
+        (0..n).filter(|&i| keep[i]).collect()
+    };
+    idx.sort_by(|&a, &b| q.start_s[a].total_cmp(&q.start_s[b]));
+    let detail = (n > TIMELINE_ROWS).then(|| {
+        let worst = (0..n)
+            .max_by(|&a, &b| {
+                q.ttft_s[a]
+                    .unwrap_or(0.0)
+                    .total_cmp(&q.ttft_s[b].unwrap_or(0.0))
+            })
+            .unwrap_or(0);
+        let pos = order.iter().position(|&i| i == worst).unwrap_or(0);
+        let lo = pos.saturating_sub(DETAIL_ROWS / 2).min(n - DETAIL_ROWS.min(n));
+        let win = &order[lo..(lo + DETAIL_ROWS).min(n)];
+        json!({"rows": rows_of(q, win, t), "shown": win.len(), "total": n,
+               "from_s": r3(q.start_s[win[0]]), "worst_ttft_ms": q.ttft_s[worst].map(|v| r3(v * 1e3))})
+    });
+    Some(json!({"rows": rows_of(q, &idx, t), "shown": idx.len(), "total": n, "detail": detail}))
 }
 
 /// Time series: completions/s, output tokens/s, in-flight requests, client queue depth.
@@ -467,14 +489,14 @@ function table(parent,id,head,rows,clsCol){
   rows.forEach(function(r){var tr=h('tr',{},t);r.forEach(function(x,i){var td=h('td',{},tr,typeof x==='number'?fmt(x):(x==null?'-':String(x)));if(i===clsCol&&(x==='worse'||x==='better'))td.className=x;});});
   return t;
 }
-function timeline(parent,tl,th){
-  var c=card(parent,'chart-timeline');var rows=tl.rows;
-  var tmax=0;rows.forEach(function(r){tmax=Math.max(tmax,r[0]+r[4]/1000);});if(!(tmax>0))tmax=1;
+function timeline(parent,id,tl,th,note){
+  var c=card(parent,id);var rows=tl.rows;
+  var t0=rows.length?rows[0][0]:0,tmax=0;rows.forEach(function(r){t0=Math.min(t0,r[0]);tmax=Math.max(tmax,r[0]+r[4]/1000);});tmax-=t0;if(!(tmax>0))tmax=1;
   var W=Math.min(1200,Math.max(700,(window.innerWidth||1000)-60)),L=56,R=12,T=8,B=30;
   var rh=rows.length>600?1:(rows.length>300?2:(rows.length>100?3:5));var H=T+B+rows.length*rh;
   var cv=h('canvas',{width:W,height:H,'data-rows':rows.length},c);var g=cv.getContext('2d');
   g.fillStyle='#fff';g.fillRect(0,0,W,H);
-  var X=function(t){return L+t/tmax*(W-L-R);};
+  var X=function(t){return L+(t-t0)/tmax*(W-L-R);};
   rows.forEach(function(r,i){
     var y=T+i*rh,t=r[0];
     if(!r[2]){g.fillStyle='#95a5a6';g.fillRect(X(t),y,Math.max(1,X(t+r[4]/1000)-X(t)),rh);return;}
@@ -483,10 +505,10 @@ function timeline(parent,tl,th){
     for(var k=0;k<seg.length;k+=2){var d=seg[k]/1000;g.fillStyle=CLS[seg[k+1]];g.globalAlpha=0.6;g.fillRect(X(t),y,Math.max(0.5,X(t+d)-X(t)),rh);g.globalAlpha=1;t+=d;}
   });
   g.strokeStyle='#999';g.beginPath();g.moveTo(L,H-B);g.lineTo(W-R,H-B);g.stroke();g.fillStyle='#444';g.font='11px sans-serif';g.textAlign='center';
-  ticks(0,tmax,8).forEach(function(v){g.fillText(fmt(v),X(v),H-B+14);});g.fillText('time since first request (s)',(L+W-R)/2,H-4);
+  ticks(t0,t0+tmax,8).forEach(function(v){g.fillText(fmt(v),X(v),H-B+14);});g.fillText('time since first request (s)',(L+W-R)/2,H-4);
   var lg=h('div',{'class':'legend'},c);
   [['< '+th[0]+' ms',CLS[0]],[th[0]+'-'+th[1]+' ms',CLS[1]],['>= '+th[1]+' ms',CLS[2]],['failed','#95a5a6']].forEach(function(x){var sp=h('span',{},lg);h('span',{'class':'sw',style:'background:'+x[1]},sp);sp.appendChild(document.createTextNode(x[0]));});
-  h('div',{'class':'sub'},c,'One row per request ('+tl.shown+' of '+tl.total+' shown'+(tl.shown<tl.total?': an even sample plus the slowest':'')+'). Solid: TTFT; lighter: inter-token gaps, coloured by the thresholds.');
+  h('div',{'class':'sub'},c,note+' Solid: TTFT; lighter: inter-token gaps, coloured by the thresholds.');
 }
 function report(app,D){
   var sum=section(app,'summary','Summary');table(sum,'table-summary',['',''],D.summary);
@@ -494,7 +516,10 @@ function report(app,D){
   table(lat,'table-percentiles',['metric (ms)','n','mean','p50','p90','p99','max'],D.percentiles);
   var g=h('div',{'class':'grid'},lat);
   D.cdfs.forEach(function(c){lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',[{name:c.label,pts:c.pts}],{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
-  if(D.timeline){var tl=section(app,'timeline','Timeline');timeline(tl,D.timeline,D.thresholds);}
+  if(D.timeline){var tl=section(app,'timeline','Timeline');var T=D.timeline;
+    timeline(tl,'chart-timeline',T,D.thresholds,'One row per request ('+T.shown+' of '+T.total+' shown'+(T.shown<T.total?': an even sample plus the slowest by E2EL':'')+').');
+    if(T.detail){h('h2',{},tl,'Timeline detail: the '+T.detail.shown+' consecutive requests around the worst TTFT ('+fmt(T.detail.worst_ttft_ms)+' ms)');
+      timeline(tl,'chart-timeline-detail',T.detail,D.thresholds,'Every request in this window, from '+fmt(T.detail.from_s)+' s.');}}
   if(D.series){var se=section(app,'over-time','Over time');var g2=h('div',{'class':'grid'},se);var S=D.series;
     var z=function(a){return S.t.map(function(t,i){return [t,a[i]];});};
     lineChart(g2,'chart-throughput','Throughput',[{name:'output tok/s',pts:z(S.tokens)}],{xlabel:'s',ylabel:'tokens/s'});
@@ -579,6 +604,14 @@ mod tests {
         assert_eq!(tl["total"], 20_000);
         // the 99 s request is kept (E2EL 99,000 ms)
         assert!(rows.iter().any(|r| r[4].as_f64() == Some(99_000.0)));
+        // the detail window holds consecutive requests around the worst TTFT
+        run.requests.as_mut().unwrap().ttft_s[777] = Some(5.0);
+        let tl = timeline(&run, (25.0, 50.0)).unwrap();
+        let d = &tl["detail"];
+        assert_eq!(d["shown"], DETAIL_ROWS);
+        assert_eq!(d["worst_ttft_ms"], 5000.0);
+        let rows = d["rows"].as_array().unwrap();
+        assert!(rows.iter().any(|r| r[1].as_f64() == Some(5000.0)));
     }
 
     #[test]
