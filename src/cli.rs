@@ -13,9 +13,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-// Parsed once per process: boxing the larger variants would buy nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing buys nothing
 pub enum Command {
     /// Summarise a trace: rates, length distributions, prefix reuse, recorded latency.
     Inspect(InspectArgs),
@@ -29,6 +28,8 @@ pub enum Command {
     Compare(CompareArgs),
     /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
     Report(ReportArgs),
+    /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
+    Mock(MockArgs),
 }
 
 /// Summarise a trace.
@@ -208,11 +209,11 @@ pub struct ReplayArgs {
     /// API to call with synthesised prompts.
     #[arg(long, value_enum, default_value_t = EndpointArg::Completions)]
     pub endpoint: EndpointArg,
-    /// Time compression: 2 replays twice as fast (default 1; with the embedded mock and no
-    /// --speed, the trace is compressed to about 50 s).
+    /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X")]
     pub speed: Option<f64>,
-    /// Replay only the first N requests.
+    /// Replay only the first N requests (default: all; with the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.
@@ -264,4 +265,95 @@ pub struct ReplayArgs {
     /// Limit on silence (no headers, no body bytes) per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 300.0)]
     pub idle_timeout_s: f64,
+}
+
+/// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
+///
+/// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics in
+/// vLLM 0.32's exact shapes. Without --fixed-timing, a continuous-batching scheduler times every
+/// step with a cost model (defaults: a lone 137-token prompt gets ~70 ms TTFT and ~8 ms TPOT).
+/// Per-request faults: header `x-mock-fault: status=503,stall-first=MS,stall-mid=N:MS,reset-after=N,slow-headers=MS`.
+#[derive(Debug, clap::Args)]
+pub struct MockArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: String,
+    /// Served model name (requests naming another model get 404).
+    #[arg(long, default_value = "mock-llama")]
+    pub model: String,
+    /// Exact timings whatever the load, bypassing the cost model: TTFT_MS,ITL_MS (e.g. 50,10).
+    #[arg(long, value_name = "TTFT_MS,ITL_MS")]
+    pub fixed_timing: Option<String>,
+    /// Maximum number of sequences running in one batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Token budget of one scheduler step (decode tokens + prefill chunks).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: u32,
+    /// KV cache block size in tokens (prefix-cache granularity).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// KV cache capacity in tokens; unreferenced cached blocks are evicted LRU beyond it.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub kv_cache_tokens: u64,
+    /// Context length; a prompt of this many tokens or more gets HTTP 400.
+    #[arg(long, default_value_t = 131072)]
+    pub max_model_len: u32,
+    /// Tokens carried by each SSE event after the first (as speculative decoding does).
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub tokens_per_event: u32,
+    /// Add vLLM's per-request `metrics` object (queue, TTFT, generation time, mean ITL, tokens/s).
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+    /// HF tokenizer.json for exact tokenization (default: the documented built-in scheme).
+    #[arg(long, value_name = "tokenizer.json")]
+    pub tokenizer: Option<PathBuf>,
+    /// Seed for generated tokens, EOS positions and injected faults.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
+    #[arg(long, default_value_t = 0.002)]
+    pub eos_prob: f64,
+    /// Cost model: fixed time of every scheduler step, ms.
+    #[arg(long, default_value_t = 7.0)]
+    pub step_overhead_ms: f64,
+    /// Cost model: time per prefill token, ms.
+    #[arg(long, default_value_t = 0.45)]
+    pub prefill_token_ms: f64,
+    /// Cost model: time per sequence in the step, ms.
+    #[arg(long, default_value_t = 0.05)]
+    pub seq_ms: f64,
+    /// Cost model: time per context (KV) token attended in the step, ms.
+    #[arg(long, default_value_t = 0.0068)]
+    pub context_token_ms: f64,
+    /// Fraction of requests answered with an error status (from --fault-status-codes).
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_status_rate: f64,
+    /// Statuses for --fault-status-rate, comma-separated.
+    #[arg(long, default_value = "429,500,503", value_delimiter = ',')]
+    pub fault_status_codes: Vec<u16>,
+    /// Fraction of requests that stall --fault-stall-ms before their first token.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_stall_first_rate: f64,
+    /// Fraction of requests that stall --fault-stall-ms after --fault-stall-after tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_stall_mid_rate: f64,
+    /// Length of an injected stall, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub fault_stall_ms: f64,
+    /// Tokens sent before a mid-stream stall.
+    #[arg(long, default_value_t = 8)]
+    pub fault_stall_after: u32,
+    /// Fraction of requests whose connection is reset (TCP RST) after --fault-reset-after tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_reset_rate: f64,
+    /// Tokens sent before an injected reset.
+    #[arg(long, default_value_t = 4)]
+    pub fault_reset_after: u32,
+    /// Fraction of requests whose response headers are delayed by --fault-slow-headers-ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub fault_slow_headers_rate: f64,
+    /// Delay of slow response headers, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub fault_slow_headers_ms: f64,
 }

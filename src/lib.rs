@@ -12,6 +12,7 @@
 //! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
 //!   text/markdown/json and self-contained HTML.
 //! - [`inspect`], [`convert`]: the commands of the same names.
+//! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`cli`]: command-line definitions (clap); no logic.
 //!
 //! [`run`] matches each subcommand to its module.
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod convert;
 pub mod inspect;
 pub mod metrics;
+pub mod mock;
 pub mod openai;
 pub mod replay;
 pub mod report;
@@ -44,6 +46,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Replay(a) => return replay::run(a),
         cli::Command::Compare(a) => return report::run_compare(&a),
         cli::Command::Report(a) => return report::run_report(&a),
+        cli::Command::Mock(a) => return mock::run(a),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -36,8 +36,9 @@ pub const EXIT_INVALID: u8 = 3;
 /// Default vocabulary size without a tokenizer.
 pub const DEFAULT_VOCAB: u32 = 4096;
 
-/// With the embedded target and no `--speed`, traces longer than this are compressed to it.
-pub const EMBEDDED_TARGET_SPAN: Duration = Duration::from_secs(50);
+/// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
+/// stretch of the trace are replayed, at real speed, so the run takes about a minute.
+pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
 
 /// A validated replay configuration.
 #[derive(Debug)]
@@ -206,13 +207,43 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 pub struct Embedded {
     pub url: String,
     pub model: String,
-    shutdown:
-        Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>,
+    handle: crate::mock::MockHandle,
 }
 
-/// Starts the embedded simulated engine on an ephemeral loopback port.
+/// The embedded target's engine: the mock's continuous-batching scheduler with the cost model of a
+/// fast multi-accelerator node (≈200k prefill tokens/s, 8,192-token steps, cheap KV reads), so
+/// that a minute of the sample Mooncake traces at real speed is served without an ever-growing
+/// queue (the mock's defaults model one small GPU, far too slow for those traces). Per-request
+/// metrics on.
+pub fn embedded_mock_config() -> crate::mock::MockConfig {
+    crate::mock::MockConfig {
+        enable_per_request_metrics: true,
+        max_num_batched_tokens: 8192,
+        cost: crate::mock::CostModel {
+            step_overhead_ms: 5.0,
+            prefill_token_ms: 0.005,
+            seq_ms: 0.05,
+            context_token_ms: 0.00004,
+        },
+        ..Default::default()
+    }
+}
+
+/// Starts the embedded simulated engine ([`embedded_mock_config`]) on an ephemeral loopback port.
 pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
-    bail!("no --target given and the embedded simulated engine is not built into this binary yet: pass --target http://HOST:PORT")
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding a loopback port for the embedded mock")?;
+    let cfg = embedded_mock_config();
+    let model = cfg.model.clone();
+    let handle = crate::mock::start(listener, cfg)
+        .await
+        .context("starting the embedded mock")?;
+    Ok(Embedded {
+        url: format!("http://{}", handle.addr),
+        model,
+        handle,
+    })
 }
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
@@ -249,29 +280,28 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .await
             .map_err(|e| anyhow!("{e} (or give --model)"))?,
     };
-    let speed = match (cfg.speed, &embedded) {
-        (Some(s), _) => s,
-        (None, Some(_)) => {
-            let mut reqs: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
-            reqs.sort_unstable();
-            if let Some(n) = cfg.limit {
-                reqs.truncate(n);
+    let speed = cfg.speed.unwrap_or(1.0);
+    let limit = match (cfg.limit, cfg.speed, &embedded) {
+        (None, None, Some(_)) => {
+            let mut arrivals: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
+            arrivals.sort_unstable();
+            let first = arrivals.first().copied().unwrap_or(0);
+            let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
+            let n = arrivals.iter().take_while(|&&a| a - first <= span).count();
+            if n < arrivals.len() {
+                eprintln!(
+                    "retrace: embedded mock: replaying the first {n} of {} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
+                    arrivals.len(),
+                    EMBEDDED_DEFAULT_SPAN.as_secs()
+                );
             }
-            let span = reqs.last().zip(reqs.first()).map_or(0, |(l, f)| l - f);
-            let s = (span as f64 / EMBEDDED_TARGET_SPAN.as_micros() as f64).max(1.0);
-            if s > 1.0 {
-                eprintln!("retrace: embedded mock: replaying {:.1}x faster so the run takes about {} s (give --speed to choose)", s, EMBEDDED_TARGET_SPAN.as_secs());
-            }
-            s
+            Some(n)
         }
-        (None, None) => 1.0,
+        (l, _, _) => l,
     };
     let plan = schedule::plan(
         &trace,
-        &schedule::ScheduleOptions {
-            speed,
-            limit: cfg.limit,
-        },
+        &schedule::ScheduleOptions { speed, limit },
     );
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
@@ -352,7 +382,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         pb.finish_and_clear();
     }
     if let Some(e) = embedded {
-        (e.shutdown)().await;
+        e.handle.shutdown().await;
     }
     let summary = metrics::summarize(&driven.samples, driven.duration_s, &cfg.percentiles);
     let drift_p99 = metrics::Stats::from_seconds(

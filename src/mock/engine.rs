@@ -1,0 +1,911 @@
+//! The simulated serving engine: a continuous-batching scheduler stepping in real time on its own
+//! thread, and the emission clock that hands each token event to its response at an exact instant.
+//!
+//! **Cost-model mode** (default). Each step admits waiting sequences in arrival order while fewer
+//! than `max_num_seqs` run and the KV cache can reserve their blocks (prompt + output; the cached
+//! prefix is shared, see [`super::cache`]); then spends a budget of `max_num_batched_tokens`: one
+//! decode token for every running sequence past its prefill, then prefill chunks (chunked prefill).
+//! The step lasts `step_ms = overhead + prefill_token_ms × prefill_tokens + seq_ms × sequences +
+//! context_token_ms × context_tokens` (context = KV tokens attended by the step's sequences). At the step's end
+//! every sequence that finished its prefill emits its first token and every decoding sequence emits
+//! `tokens_per_event` tokens (speculative-decoding style), and the next step starts at that instant.
+//! Defaults: 7 ms + 0.45 ms/prefill token + 0.05 ms/sequence + 0.0068 ms/context token, so a lone
+//! 137-token prompt gets a 69.6 ms TTFT and ~8 ms TPOT (Llama-3.1-8B-like), and load raises both.
+//! Timings are computed on an ideal timeline (a step starts exactly when the previous ends, or at
+//! the arrival that wakes an idle engine), so the same arrivals give the same timings.
+//! **Fixed mode** (`fixed_timing = (ttft, itl)`): every request's first event comes `ttft` after
+//! arrival and each next one `itl` later, whatever the load; the cost model is bypassed (prefix
+//! cache counters are still kept).
+//! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
+//! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
+//! Emission: events wait in a deadline heap; the thread sleeps until about `spin_us` before the
+//! next deadline, then spins, then hands the event to the response channel; the response
+//! measures lateness when it writes the event. This module does not format JSON and does no network I/O.
+
+use super::cache::{Alloc, PrefixCache};
+use super::faults::FaultPlan;
+use super::prom::Stats;
+use crate::trace::hash::BlockHasher;
+use rand::SeedableRng;
+use rand_distr::Distribution;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The step-time cost model, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    pub step_overhead_ms: f64,
+    pub prefill_token_ms: f64,
+    pub seq_ms: f64,
+    pub context_token_ms: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            step_overhead_ms: 7.0,
+            prefill_token_ms: 0.45,
+            seq_ms: 0.05,
+            context_token_ms: 0.0068,
+        }
+    }
+}
+
+impl CostModel {
+    pub fn step_ms(&self, prefill_tokens: u64, seqs: u64, context_tokens: u64) -> f64 {
+        self.step_overhead_ms
+            + self.prefill_token_ms * prefill_tokens as f64
+            + self.seq_ms * seqs as f64
+            + self.context_token_ms * context_tokens as f64
+    }
+}
+
+/// Engine knobs (derived from `MockConfig`).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub fixed: Option<(Duration, Duration)>,
+    pub cost: CostModel,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: u32,
+    pub block_size: u32,
+    pub kv_blocks: usize,
+    pub tokens_per_event: u32,
+    pub seed: u64,
+    pub eos_prob: f64,
+    pub vocab: u32,
+    pub spin: Duration,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// The engine's own timings of one request (vLLM's per-request `metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    pub queue_ms: f64,
+    pub ttft_ms: f64,
+    pub generation_ms: f64,
+    pub mean_itl_ms: f64,
+    pub tokens_per_second: f64,
+}
+
+/// What the engine sends to a response, each at an exact instant.
+#[derive(Debug)]
+pub enum Emit {
+    Tokens {
+        at: Instant,
+        choice: u32,
+        ids: Vec<u32>,
+        finish: Option<Finish>,
+    },
+    /// All choices finished; follows the last `Tokens`.
+    Done {
+        at: Instant,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        timing: Timing,
+    },
+    /// Fault: reset the connection now.
+    Reset { at: Instant },
+}
+
+impl Emit {
+    pub fn at(&self) -> Instant {
+        match self {
+            Emit::Tokens { at, .. } | Emit::Done { at, .. } | Emit::Reset { at } => *at,
+        }
+    }
+}
+
+/// One prompt to complete (a choice).
+#[derive(Debug, Clone)]
+pub struct SeqIn {
+    pub prompt: Vec<u32>,
+    /// Already clamped to the context length; at least 1.
+    pub max_tokens: u32,
+    pub min_tokens: u32,
+    pub ignore_eos: bool,
+}
+
+/// A request handed to the engine.
+#[derive(Debug)]
+pub struct Submit {
+    pub id: u64,
+    pub arrival: Instant,
+    pub seqs: Vec<SeqIn>,
+    pub faults: FaultPlan,
+    pub tx: UnboundedSender<Emit>,
+}
+
+#[derive(Debug)]
+pub enum Cmd {
+    Submit(Box<Submit>),
+    Cancel(u64),
+    Shutdown,
+}
+
+struct Req {
+    tx: UnboundedSender<Emit>,
+    arrival: Instant,
+    faults: FaultPlan,
+    seqs_left: usize,
+    seq_keys: Vec<u64>,
+    prompt_tokens: u64,
+    produced: u64,
+    scheduled: Option<Instant>,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    offset: Duration,
+    mid_done: bool,
+    any_stop: bool,
+}
+
+struct Seq {
+    req: u64,
+    choice: u32,
+    prompt_len: u32,
+    hashes: Vec<u64>,
+    /// Prompt tokens whose KV exists (cache hits + prefilled).
+    computed: u32,
+    registered: usize,
+    target: u32,
+    finish: Finish,
+    generated: u32,
+    out_seed: u64,
+    alloc: Alloc,
+    arrival: Instant,
+    /// Fixed mode: when the next event is due.
+    next_at: Instant,
+}
+
+enum Timed {
+    FixedNext(u64),
+    Deliver(Emit),
+}
+
+struct Entry {
+    at: Instant,
+    n: u64,
+    req: u64,
+    what: Timed,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.n) == (o.at, o.n)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.n).cmp(&(o.at, o.n))
+    }
+}
+
+struct Step {
+    end: Instant,
+    prefill: Vec<(u64, u32)>,
+    decode: Vec<u64>,
+}
+
+struct Engine {
+    cfg: EngineConfig,
+    stats: Arc<Stats>,
+    cache: PrefixCache,
+    hasher: BlockHasher,
+    reqs: HashMap<u64, Req>,
+    seqs: HashMap<u64, Seq>,
+    next_seq: u64,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    heap: BinaryHeap<Reverse<Entry>>,
+    heap_n: u64,
+    step: Option<Step>,
+    last_step_end: Option<Instant>,
+}
+
+/// Starts the engine thread.
+pub fn spawn(
+    cfg: EngineConfig,
+    stats: Arc<Stats>,
+) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("mock-engine".into())
+        .spawn(move || {
+            let mut e = Engine {
+                cache: PrefixCache::new(cfg.kv_blocks, cfg.block_size),
+                cfg,
+                stats,
+                hasher: BlockHasher::xxh3(),
+                reqs: HashMap::new(),
+                seqs: HashMap::new(),
+                next_seq: 0,
+                waiting: VecDeque::new(),
+                running: Vec::new(),
+                heap: BinaryHeap::new(),
+                heap_n: 0,
+                step: None,
+                last_step_end: None,
+            };
+            e.run(rx);
+        })?;
+    Ok((tx, handle))
+}
+
+fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
+    (xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), out_seed) % u64::from(vocab.max(1)))
+        as u32
+}
+
+/// Output length and finish reason for one sequence (see the module doc).
+pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
+    let max = s.max_tokens.max(1);
+    if s.ignore_eos || eos_prob <= 0.0 || s.min_tokens >= max {
+        return (max, Finish::Length);
+    }
+    let Ok(geo) = rand_distr::Geometric::new(eos_prob.min(1.0)) else {
+        return (max, Finish::Length);
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(out_seed);
+    let extra = geo.sample(&mut rng);
+    let len = u64::from(s.min_tokens) + 1 + extra;
+    if len < u64::from(max) {
+        (len as u32, Finish::Stop)
+    } else {
+        (max, Finish::Length)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl Engine {
+    fn run(&mut self, rx: mpsc::Receiver<Cmd>) {
+        loop {
+            loop {
+                match rx.try_recv() {
+                    Ok(Cmd::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return,
+                    Ok(c) => self.handle(c),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                }
+            }
+            self.progress(Instant::now());
+            let wake = self.next_wake();
+            let cmd = match wake {
+                None => match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                },
+                Some(t) => {
+                    let now = Instant::now();
+                    if t <= now {
+                        None
+                    } else if t - now > self.cfg.spin {
+                        match rx.recv_timeout(t - now - self.cfg.spin) {
+                            Ok(c) => Some(c),
+                            Err(mpsc::RecvTimeoutError::Timeout) => None,
+                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    } else {
+                        while Instant::now() < t {
+                            std::hint::spin_loop();
+                        }
+                        None
+                    }
+                }
+            };
+            match cmd {
+                Some(Cmd::Shutdown) => return,
+                Some(c) => self.handle(c),
+                None => {}
+            }
+        }
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let h = self.heap.peek().map(|Reverse(e)| e.at);
+        let s = self.step.as_ref().map(|s| s.end);
+        let idle_start = if self.step.is_none() && !self.waiting.is_empty() {
+            self.idle_start()
+        } else {
+            None
+        };
+        [h, s, idle_start].into_iter().flatten().min()
+    }
+
+    fn idle_start(&self) -> Option<Instant> {
+        let first = self.waiting.front().and_then(|k| self.seqs.get(k))?;
+        Some(match self.last_step_end {
+            Some(e) if e > first.arrival => e,
+            _ => first.arrival,
+        })
+    }
+
+    fn handle(&mut self, c: Cmd) {
+        match c {
+            Cmd::Submit(s) => self.submit(*s),
+            Cmd::Cancel(id) => self.abort(id),
+            Cmd::Shutdown => {}
+        }
+    }
+
+    fn push(&mut self, at: Instant, req: u64, what: Timed) {
+        self.heap_n += 1;
+        self.heap.push(Reverse(Entry {
+            at,
+            n: self.heap_n,
+            req,
+            what,
+        }));
+    }
+
+    fn submit(&mut self, s: Submit) {
+        let prompt_tokens: u64 = s.seqs.iter().map(|q| q.prompt.len() as u64).sum();
+        let mut req = Req {
+            tx: s.tx,
+            arrival: s.arrival,
+            seqs_left: s.seqs.len(),
+            seq_keys: Vec::with_capacity(s.seqs.len()),
+            prompt_tokens,
+            produced: 0,
+            scheduled: None,
+            first: None,
+            last: None,
+            offset: Duration::from_secs_f64(s.faults.stall_first_ms.unwrap_or(0.0) / 1e3),
+            faults: s.faults,
+            mid_done: false,
+            any_stop: false,
+        };
+        for (choice, q) in s.seqs.into_iter().enumerate() {
+            let phash = xxhash_rust::xxh3::xxh3_64(
+                &q.prompt
+                    .iter()
+                    .flat_map(|t| t.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            );
+            let out_seed = self.cfg.seed ^ phash ^ (choice as u64).wrapping_mul(0x9E37_79B9);
+            let (target, finish) = output_len(&q, out_seed, self.cfg.eos_prob);
+            let key = self.next_seq;
+            self.next_seq += 1;
+            let seq = Seq {
+                req: s.id,
+                choice: choice as u32,
+                prompt_len: q.prompt.len() as u32,
+                hashes: self
+                    .hasher
+                    .chain(&q.prompt, self.cfg.block_size as usize, false),
+                computed: 0,
+                registered: 0,
+                target,
+                finish,
+                generated: 0,
+                out_seed,
+                alloc: Alloc::default(),
+                arrival: s.arrival,
+                next_at: s.arrival,
+            };
+            req.seq_keys.push(key);
+            self.seqs.insert(key, seq);
+            if let Some((ttft, _)) = self.cfg.fixed {
+                self.fixed_admit(key, &mut req, ttft);
+            } else {
+                self.waiting.push_back(key);
+            }
+        }
+        self.reqs.insert(s.id, req);
+        self.update_gauges();
+    }
+
+    /// Fixed mode: prefix-cache accounting and the first event's deadline.
+    fn fixed_admit(&mut self, key: u64, req: &mut Req, ttft: Duration) {
+        let seq = self.seqs.get_mut(&key).expect("just inserted");
+        let need = self.cache.blocks_for(seq.prompt_len);
+        let hits = match self.cache.acquire(&seq.hashes, seq.prompt_len, need) {
+            Some(a) => {
+                let h = a.hit_tokens;
+                seq.alloc = a;
+                h
+            }
+            None => 0,
+        };
+        seq.computed = hits;
+        self.stats
+            .prefix_queries
+            .fetch_add(u64::from(seq.prompt_len), Relaxed);
+        self.stats.prefix_hits.fetch_add(u64::from(hits), Relaxed);
+        self.stats
+            .prompt_tokens
+            .fetch_add(u64::from(seq.prompt_len), Relaxed);
+        req.scheduled = Some(req.arrival);
+        self.stats.queue.observe(0.0);
+        seq.next_at = req.arrival + ttft + req.offset;
+        let at = seq.next_at;
+        let rid = seq.req;
+        self.push(at, rid, Timed::FixedNext(key));
+    }
+
+    fn update_gauges(&self) {
+        if self.cfg.fixed.is_some() {
+            self.stats.running.store(self.reqs.len() as u64, Relaxed);
+            self.stats.waiting.store(0, Relaxed);
+        } else {
+            self.stats.running.store(self.running.len() as u64, Relaxed);
+            self.stats.waiting.store(self.waiting.len() as u64, Relaxed);
+        }
+        self.stats.set_kv_usage(self.cache.usage());
+    }
+
+    /// Everything due at or before `now`, in time order.
+    fn progress(&mut self, now: Instant) {
+        loop {
+            let step_due = self.step.as_ref().map(|s| s.end).filter(|&e| e <= now);
+            let heap_due = self
+                .heap
+                .peek()
+                .map(|Reverse(e)| e.at)
+                .filter(|&t| t <= now);
+            match (step_due, heap_due) {
+                (Some(s), Some(h)) if h < s => self.pop_heap(),
+                (Some(_), _) => self.finish_step(),
+                (None, Some(_)) => self.pop_heap(),
+                (None, None) => {
+                    if self.step.is_none() && self.cfg.fixed.is_none() {
+                        if let Some(start) = self.idle_start().filter(|&t| t <= now) {
+                            self.plan_step(start);
+                            continue;
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn pop_heap(&mut self) {
+        let Some(Reverse(e)) = self.heap.pop() else {
+            return;
+        };
+        match e.what {
+            Timed::Deliver(emit) => {
+                if let Some(r) = self.reqs.get(&e.req) {
+                    if r.tx.send(emit).is_err() {
+                        self.abort(e.req);
+                    }
+                }
+            }
+            Timed::FixedNext(key) => self.fixed_event(key, e.at),
+        }
+    }
+
+    /// Fixed mode: one event of one sequence.
+    fn fixed_event(&mut self, key: u64, at: Instant) {
+        let Some((_, itl)) = self.cfg.fixed else {
+            return;
+        };
+        let k = self.cfg.tokens_per_event.max(1);
+        let Some(seq) = self.seqs.get_mut(&key) else {
+            return;
+        };
+        let first = seq.generated == 0;
+        if first {
+            // The prompt is "computed" at the first token: register its full blocks.
+            for (i, h) in seq.hashes.iter().enumerate() {
+                if let Some(&b) = seq.alloc.blocks.get(i) {
+                    self.cache.register(b, *h);
+                }
+            }
+        }
+        let n = if first { 1 } else { k }.min(seq.target - seq.generated);
+        let ids: Vec<u32> = (seq.generated..seq.generated + n)
+            .map(|i| token_id(seq.out_seed, i, self.cfg.vocab))
+            .collect();
+        seq.generated += n;
+        let done = seq.generated >= seq.target;
+        let finish = done.then_some(seq.finish);
+        let (rid, choice) = (seq.req, seq.choice);
+        let added = self.deliver(rid, choice, ids, finish, at, true);
+        if done {
+            self.finish_seq(key);
+        } else if let Some(seq) = self.seqs.get_mut(&key) {
+            seq.next_at = at + itl + added;
+            let next = seq.next_at;
+            self.push(next, rid, Timed::FixedNext(key));
+        }
+    }
+
+    /// Hands tokens of one choice to its request at `at`; applies stall/reset faults and
+    /// finishes the request after its last choice. Returns the stall added to later events.
+    fn deliver(
+        &mut self,
+        rid: u64,
+        choice: u32,
+        ids: Vec<u32>,
+        finish: Option<Finish>,
+        at: Instant,
+        direct: bool,
+    ) -> Duration {
+        let Some(req) = self.reqs.get_mut(&rid) else {
+            return Duration::ZERO;
+        };
+        let n = ids.len() as u64;
+        self.stats.generation_tokens.fetch_add(n, Relaxed);
+        match req.last {
+            None => self.stats.ttft.observe((at - req.arrival).as_secs_f64()),
+            Some(prev) => self.stats.itl.observe((at - prev).as_secs_f64()),
+        }
+        req.first.get_or_insert(at);
+        req.last = Some(at);
+        req.produced += n;
+        if finish == Some(Finish::Stop) {
+            req.any_stop = true;
+        }
+        let emit = Emit::Tokens {
+            at,
+            choice,
+            ids,
+            finish,
+        };
+        let mut ok = true;
+        if direct {
+            ok = req.tx.send(emit).is_ok();
+        } else {
+            self.heap_n += 1;
+            self.heap.push(Reverse(Entry {
+                at,
+                n: self.heap_n,
+                req: rid,
+                what: Timed::Deliver(emit),
+            }));
+        }
+        let req = self.reqs.get_mut(&rid).expect("present above");
+        let mut added = Duration::ZERO;
+        if let Some((after, d)) = req.faults.stall_mid {
+            if !req.mid_done && req.produced >= u64::from(after) {
+                req.mid_done = true;
+                added = Duration::from_secs_f64(d / 1e3);
+                req.offset += added;
+            }
+        }
+        if let Some(after) = req.faults.reset_after {
+            if req.produced >= u64::from(after) {
+                let reset = Emit::Reset { at };
+                if direct {
+                    let _ = req.tx.send(reset);
+                } else {
+                    self.push(at, rid, Timed::Deliver(reset));
+                }
+                self.stats.aborted.fetch_add(1, Relaxed);
+                self.drop_req(rid);
+                return added;
+            }
+        }
+        if !ok {
+            self.abort(rid);
+            return added;
+        }
+        if finish.is_some() {
+            req.seqs_left = req.seqs_left.saturating_sub(1);
+            if req.seqs_left == 0 {
+                let done = self.done_emit(rid, at);
+                if direct {
+                    if let Some(r) = self.reqs.get(&rid) {
+                        let _ = r.tx.send(done);
+                    }
+                } else {
+                    self.push(at, rid, Timed::Deliver(done));
+                }
+                self.complete_req(rid);
+            }
+        }
+        added
+    }
+
+    fn done_emit(&self, rid: u64, at: Instant) -> Emit {
+        let r = &self.reqs[&rid];
+        let scheduled = r.scheduled.unwrap_or(r.arrival);
+        let first = r.first.unwrap_or(at);
+        let last = r.last.unwrap_or(at);
+        let queue_ms = ms(scheduled - r.arrival);
+        let ttft_ms = ms(first.saturating_duration_since(scheduled));
+        let generation_ms = ms(last - first);
+        let mean_itl_ms = if r.produced > 1 {
+            generation_ms / (r.produced - 1) as f64
+        } else {
+            0.0
+        };
+        let total = ttft_ms + generation_ms;
+        Emit::Done {
+            at,
+            prompt_tokens: r.prompt_tokens,
+            completion_tokens: r.produced,
+            timing: Timing {
+                queue_ms,
+                ttft_ms,
+                generation_ms,
+                mean_itl_ms,
+                tokens_per_second: if total > 0.0 {
+                    r.produced as f64 / (total / 1e3)
+                } else {
+                    0.0
+                },
+            },
+        }
+    }
+
+    fn complete_req(&mut self, rid: u64) {
+        if let Some(r) = self.reqs.get(&rid) {
+            if let Some(l) = r.last {
+                self.stats.e2e.observe((l - r.arrival).as_secs_f64());
+            }
+            if r.any_stop {
+                self.stats.success_stop.fetch_add(1, Relaxed);
+            } else {
+                self.stats.success_length.fetch_add(1, Relaxed);
+            }
+        }
+        self.drop_req(rid);
+    }
+
+    /// Client went away or asked to cancel.
+    fn abort(&mut self, rid: u64) {
+        if self.reqs.contains_key(&rid) {
+            self.stats.aborted.fetch_add(1, Relaxed);
+            self.drop_req(rid);
+        }
+    }
+
+    /// Forgets a request and frees its sequences' blocks.
+    fn drop_req(&mut self, rid: u64) {
+        if let Some(r) = self.reqs.remove(&rid) {
+            for k in r.seq_keys {
+                self.finish_seq(k);
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn finish_seq(&mut self, key: u64) {
+        if let Some(s) = self.seqs.remove(&key) {
+            self.cache.release(&s.alloc.blocks);
+            if let Some(p) = self.running.iter().position(|&k| k == key) {
+                self.running.remove(p);
+            } else if let Some(p) = self.waiting.iter().position(|&k| k == key) {
+                self.waiting.remove(p);
+            }
+        }
+    }
+
+    /// Plans the step starting at `start` (cost-model mode).
+    fn plan_step(&mut self, start: Instant) {
+        let mut budget = self.cfg.max_num_batched_tokens.max(1);
+        let mut prefill = Vec::new();
+        let mut decode = Vec::new();
+        let mut prefill_tokens = 0u64;
+        let mut context = 0u64;
+        for &k in &self.running {
+            let s = &self.seqs[&k];
+            if s.computed >= s.prompt_len {
+                if budget == 0 {
+                    continue;
+                }
+                budget -= 1;
+                decode.push(k);
+                context += u64::from(s.prompt_len + s.generated);
+            }
+        }
+        for &k in &self.running {
+            let s = &self.seqs[&k];
+            if s.computed < s.prompt_len && budget > 0 {
+                let chunk = (s.prompt_len - s.computed).min(budget);
+                budget -= chunk;
+                prefill.push((k, chunk));
+                prefill_tokens += u64::from(chunk);
+                context += u64::from(s.computed + chunk);
+            }
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&k) = self.waiting.front() else {
+                break;
+            };
+            let s = &self.seqs[&k];
+            if s.arrival > start {
+                break;
+            }
+            let need = self.cache.blocks_for(s.prompt_len + s.target);
+            let Some(alloc) = self.cache.acquire(&s.hashes, s.prompt_len, need) else {
+                break;
+            };
+            self.waiting.pop_front();
+            let s = self.seqs.get_mut(&k).expect("waiting seq exists");
+            s.computed = alloc.hit_tokens;
+            s.registered = (alloc.hit_tokens / self.cfg.block_size) as usize;
+            s.alloc = alloc;
+            self.stats
+                .prefix_queries
+                .fetch_add(u64::from(s.prompt_len), Relaxed);
+            self.stats
+                .prefix_hits
+                .fetch_add(u64::from(s.computed), Relaxed);
+            self.stats
+                .prompt_tokens
+                .fetch_add(u64::from(s.prompt_len), Relaxed);
+            if let Some(r) = self.reqs.get_mut(&s.req) {
+                if r.scheduled.is_none() {
+                    r.scheduled = Some(start);
+                    self.stats.queue.observe((start - r.arrival).as_secs_f64());
+                }
+            }
+            let chunk = (s.prompt_len - s.computed).min(budget);
+            budget -= chunk;
+            prefill.push((k, chunk));
+            prefill_tokens += u64::from(chunk);
+            context += u64::from(s.computed + chunk);
+            self.running.push(k);
+        }
+        let seqs = (prefill.len() + decode.len()) as u64;
+        if seqs == 0 {
+            // Nothing runnable (e.g. the KV cache is full of waiting work): idle until freed.
+            self.last_step_end = Some(start);
+            self.update_gauges();
+            return;
+        }
+        let dur = self.cfg.cost.step_ms(prefill_tokens, seqs, context);
+        self.step = Some(Step {
+            end: start + Duration::from_secs_f64(dur / 1e3),
+            prefill,
+            decode,
+        });
+        self.update_gauges();
+    }
+
+    fn finish_step(&mut self) {
+        let Some(step) = self.step.take() else {
+            return;
+        };
+        let end = step.end;
+        let bs = self.cfg.block_size;
+        let k_tokens = self.cfg.tokens_per_event.max(1);
+        // (request, choice, token ids, finish, sequence key)
+        type Out = (u64, u32, Vec<u32>, Option<Finish>, u64);
+        let mut out: Vec<Out> = Vec::new();
+        for (key, chunk) in step.prefill {
+            let Some(s) = self.seqs.get_mut(&key) else {
+                continue;
+            };
+            s.computed += chunk;
+            let full = ((s.computed / bs) as usize).min(s.hashes.len());
+            while s.registered < full {
+                if let Some(&b) = s.alloc.blocks.get(s.registered) {
+                    self.cache.register(b, s.hashes[s.registered]);
+                }
+                s.registered += 1;
+            }
+            if s.computed >= s.prompt_len {
+                let id = token_id(s.out_seed, 0, self.cfg.vocab);
+                s.generated = 1;
+                let fin = (s.generated >= s.target).then_some(s.finish);
+                out.push((s.req, s.choice, vec![id], fin, key));
+            }
+        }
+        for key in step.decode {
+            let Some(s) = self.seqs.get_mut(&key) else {
+                continue;
+            };
+            let n = k_tokens.min(s.target.saturating_sub(s.generated));
+            if n == 0 {
+                continue;
+            }
+            let ids = (s.generated..s.generated + n)
+                .map(|i| token_id(s.out_seed, i, self.cfg.vocab))
+                .collect();
+            s.generated += n;
+            let fin = (s.generated >= s.target).then_some(s.finish);
+            out.push((s.req, s.choice, ids, fin, key));
+        }
+        for (rid, choice, ids, fin, key) in out {
+            let offset = self
+                .reqs
+                .get(&rid)
+                .map(|r| r.offset)
+                .unwrap_or(Duration::ZERO);
+            let at = end + offset;
+            self.deliver(rid, choice, ids, fin, at, offset.is_zero());
+            if fin.is_some() {
+                self.finish_seq(key);
+            }
+        }
+        self.last_step_end = Some(end);
+        if !self.running.is_empty()
+            || self
+                .waiting
+                .front()
+                .is_some_and(|k| self.seqs[k].arrival <= end)
+        {
+            self.plan_step(end);
+        } else {
+            self.update_gauges();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_model_calibration() {
+        let c = CostModel::default();
+        let ttft = c.step_ms(137, 1, 137);
+        assert!((ttft - 70.0).abs() < 1.0, "{ttft}");
+        let tpot = c.step_ms(0, 1, 138);
+        assert!((tpot - 8.0).abs() < 0.2, "{tpot}");
+        assert!(c.step_ms(0, 64, 64 * 1000) > 2.0 * tpot);
+    }
+
+    #[test]
+    fn output_len_rules() {
+        let s = SeqIn {
+            prompt: vec![1],
+            max_tokens: 50,
+            min_tokens: 0,
+            ignore_eos: true,
+        };
+        assert_eq!(output_len(&s, 1, 0.5), (50, Finish::Length));
+        let s = SeqIn {
+            ignore_eos: false,
+            min_tokens: 10,
+            ..s
+        };
+        for seed in 0..200 {
+            let (n, f) = output_len(&s, seed, 0.2);
+            assert!((11..=50).contains(&n), "{n}");
+            assert_eq!(f == Finish::Stop, n < 50);
+            assert_eq!(output_len(&s, seed, 0.2), (n, f), "deterministic");
+        }
+        assert!((0..200).any(|seed| output_len(&s, seed, 0.2).1 == Finish::Stop));
+    }
+}

@@ -1,0 +1,362 @@
+//! `retrace mock`: a simulated vLLM-compatible inference engine, and the embedded default target
+//! of `retrace replay`.
+//!
+//! [`start`] serves the API ([`api`]) on an already-bound listener and returns a [`MockHandle`]
+//! whose [`MockHandle::shutdown`] stops accepting, ends open streams and waits for connections
+//! to close. Requests go to the engine thread ([`engine`]): a continuous-batching scheduler with
+//! a documented cost model and a prefix cache ([`cache`]), or fixed TTFT/ITL timing; it emits
+//! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
+//! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
+//! HTTP/1.1 (as uvicorn serves vLLM). This module wires them together and holds the config; it
+//! does not implement any of them.
+
+pub mod api;
+pub mod cache;
+pub mod engine;
+pub mod faults;
+pub mod prom;
+pub mod tokenize;
+
+use anyhow::{bail, Context};
+pub use engine::CostModel;
+pub use faults::FaultConfig;
+pub use prom::LatenessSummary;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything the mock can be told. Every knob has a default (`MockConfig::default()`).
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Served model name; requests naming another model get 404.
+    pub model: String,
+    /// `(ttft_ms, itl_ms)`: bypass the cost model, exact timings whatever the load.
+    pub fixed_timing: Option<(f64, f64)>,
+    /// Seed for output tokens, EOS positions and faults.
+    pub seed: u64,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: u32,
+    /// KV block size in tokens (prefix-cache granularity).
+    pub block_size: u32,
+    /// KV cache capacity in tokens (rounded down to whole blocks).
+    pub kv_cache_tokens: u64,
+    /// Context length: prompts of this many tokens or more get 400.
+    pub max_model_len: u32,
+    /// Tokens per SSE event after the first (speculative-decoding style).
+    pub tokens_per_event: u32,
+    /// Put vLLM's per-request `metrics` object on the usage chunk / in the body.
+    pub enable_per_request_metrics: bool,
+    /// HF `tokenizer.json`; `None` uses the built-in scheme.
+    pub tokenizer: Option<PathBuf>,
+    pub cost: CostModel,
+    /// Per-token EOS probability after `min_tokens` when `ignore_eos` is false.
+    pub eos_prob: f64,
+    pub faults: FaultConfig,
+    /// The emission clock spins (instead of sleeping) this long before each deadline.
+    pub spin_us: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            model: "mock-llama".into(),
+            fixed_timing: None,
+            seed: 0,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_cache_tokens: 1 << 20,
+            max_model_len: 131_072,
+            tokens_per_event: 1,
+            enable_per_request_metrics: false,
+            tokenizer: None,
+            cost: CostModel::default(),
+            eos_prob: 0.002,
+            faults: FaultConfig::default(),
+            spin_us: 200,
+        }
+    }
+}
+
+impl MockConfig {
+    /// Checks the knobs; errors name the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.model.is_empty() {
+            bail!("--model must not be empty");
+        }
+        if let Some((t, i)) = self.fixed_timing {
+            if !(t.is_finite() && i.is_finite() && t >= 0.0 && i >= 0.0 && t < 3.6e6 && i < 3.6e6) {
+                bail!(
+                    "--fixed-timing: TTFT_MS,ITL_MS must be non-negative milliseconds, got {t},{i}"
+                );
+            }
+        }
+        if self.max_num_seqs == 0 {
+            bail!("--max-num-seqs must be at least 1");
+        }
+        if self.max_num_batched_tokens == 0 {
+            bail!("--max-num-batched-tokens must be at least 1");
+        }
+        if self.block_size == 0 || self.block_size > 1 << 16 {
+            bail!("--block-size must be 1..=65536, got {}", self.block_size);
+        }
+        if self.max_model_len < 2 {
+            bail!("--max-model-len must be at least 2");
+        }
+        if self.kv_cache_tokens < u64::from(self.max_model_len) + u64::from(self.block_size) {
+            bail!(
+                "--kv-cache-tokens ({}) must hold at least one full-length sequence (--max-model-len {} + one block)",
+                self.kv_cache_tokens,
+                self.max_model_len
+            );
+        }
+        if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
+            bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
+        }
+        if self.tokens_per_event == 0 {
+            bail!("--tokens-per-event must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.eos_prob) {
+            bail!("--eos-prob must be within 0..=1");
+        }
+        let c = &self.cost;
+        for (name, v) in [
+            ("--step-overhead-ms", c.step_overhead_ms),
+            ("--prefill-token-ms", c.prefill_token_ms),
+            ("--seq-ms", c.seq_ms),
+            ("--context-token-ms", c.context_token_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{name} must be a non-negative number, got {v}");
+            }
+        }
+        let f = &self.faults;
+        for (name, v) in [
+            ("--fault-status-rate", f.status_rate),
+            ("--fault-stall-first-rate", f.stall_first_rate),
+            ("--fault-stall-mid-rate", f.stall_mid_rate),
+            ("--fault-reset-rate", f.reset_rate),
+            ("--fault-slow-headers-rate", f.slow_headers_rate),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("{name} must be within 0..=1, got {v}");
+            }
+        }
+        if let Some(c) = f.status_codes.iter().find(|c| !(400..=599).contains(*c)) {
+            bail!("--fault-status-codes: {c} is not an error status (400..599)");
+        }
+        Ok(())
+    }
+}
+
+/// A running mock.
+pub struct MockHandle {
+    pub addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    stats: Arc<prom::Stats>,
+}
+
+impl MockHandle {
+    /// Graceful stop: no new connections, open streams end, connections close (bounded wait).
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Emission lateness so far.
+    pub fn lateness(&self) -> LatenessSummary {
+        self.stats.lateness()
+    }
+
+    /// The `/metrics` text, without HTTP.
+    pub fn metrics_text(&self) -> String {
+        self.stats.render()
+    }
+}
+
+/// Starts the engine on an already-bound listener (tests bind 127.0.0.1:0).
+pub async fn start(
+    listener: tokio::net::TcpListener,
+    cfg: MockConfig,
+) -> anyhow::Result<MockHandle> {
+    cfg.validate()?;
+    let addr = listener
+        .local_addr()
+        .context("listener has no local address")?;
+    let tokenizer = match &cfg.tokenizer {
+        Some(p) => {
+            let p = p.clone();
+            tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p))
+                .await
+                .context("tokenizer loading task failed")??
+        }
+        None => tokenize::Tokenizer::Builtin,
+    };
+    let tokenizer = Arc::new(tokenizer);
+    let stats = Arc::new(prom::Stats::new(&cfg.model));
+    let ecfg = engine::EngineConfig {
+        fixed: cfg.fixed_timing.map(|(t, i)| {
+            (
+                Duration::from_secs_f64(t / 1e3),
+                Duration::from_secs_f64(i / 1e3),
+            )
+        }),
+        cost: cfg.cost,
+        max_num_seqs: cfg.max_num_seqs,
+        max_num_batched_tokens: cfg.max_num_batched_tokens,
+        block_size: cfg.block_size,
+        kv_blocks: (cfg.kv_cache_tokens / u64::from(cfg.block_size)) as usize,
+        tokens_per_event: cfg.tokens_per_event,
+        seed: cfg.seed,
+        eos_prob: cfg.eos_prob,
+        vocab: tokenizer.vocab(),
+        spin: Duration::from_micros(cfg.spin_us),
+    };
+    let (etx, ethread) =
+        engine::spawn(ecfg, stats.clone()).context("cannot start the engine thread")?;
+    let shared = Arc::new(api::Shared {
+        model: cfg.model.clone(),
+        max_model_len: cfg.max_model_len,
+        per_request_metrics: cfg.enable_per_request_metrics,
+        seed: cfg.seed,
+        faults: cfg.faults.clone(),
+        tokenizer,
+        stats: stats.clone(),
+        engine: etx.clone(),
+        next_id: AtomicU64::new(0),
+        started_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        loop {
+            tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        let fd = stream.as_raw_fd();
+                        let sh = shared.clone();
+                        let svc = hyper::service::service_fn(move |req| {
+                            api::handle(req, sh.clone(), fd)
+                        });
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                        let fut = graceful.watch(conn);
+                        tokio::spawn(async move {
+                            let _ = fut.await;
+                        });
+                    }
+                    Err(e) => {
+                        // Out of descriptors and similar: keep serving the open connections.
+                        tracing::warn!("mock: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                },
+                _ = stop_rx.changed() => break,
+            }
+        }
+        drop(listener);
+        let _ = etx.send(engine::Cmd::Shutdown);
+        let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    });
+    Ok(MockHandle {
+        addr,
+        stop,
+        task,
+        stats,
+    })
+}
+
+/// Parses `TTFT_MS,ITL_MS`.
+fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
+    let (a, b) = s
+        .split_once(',')
+        .with_context(|| format!("--fixed-timing wants TTFT_MS,ITL_MS (e.g. 50,10), got `{s}`"))?;
+    let p = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .with_context(|| format!("--fixed-timing: `{x}` is not a number of milliseconds"))
+    };
+    Ok((p(a)?, p(b)?))
+}
+
+/// The config a command line asks for.
+pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
+    let cfg = MockConfig {
+        model: a.model.clone(),
+        fixed_timing: a.fixed_timing.as_deref().map(parse_fixed).transpose()?,
+        seed: a.seed,
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        block_size: a.block_size,
+        kv_cache_tokens: a.kv_cache_tokens,
+        max_model_len: a.max_model_len,
+        tokens_per_event: a.tokens_per_event,
+        enable_per_request_metrics: a.enable_per_request_metrics,
+        tokenizer: a.tokenizer.clone(),
+        cost: CostModel {
+            step_overhead_ms: a.step_overhead_ms,
+            prefill_token_ms: a.prefill_token_ms,
+            seq_ms: a.seq_ms,
+            context_token_ms: a.context_token_ms,
+        },
+        eos_prob: a.eos_prob,
+        faults: FaultConfig {
+            status_rate: a.fault_status_rate,
+            status_codes: a.fault_status_codes.clone(),
+            stall_first_rate: a.fault_stall_first_rate,
+            stall_mid_rate: a.fault_stall_mid_rate,
+            stall_ms: a.fault_stall_ms,
+            stall_after_tokens: a.fault_stall_after,
+            reset_rate: a.fault_reset_rate,
+            reset_after_tokens: a.fault_reset_after,
+            slow_headers_rate: a.fault_slow_headers_rate,
+            slow_headers_ms: a.fault_slow_headers_ms,
+        },
+        ..MockConfig::default()
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// `retrace mock`: serves until Ctrl-C, then prints the emission-lateness summary.
+pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
+    let cfg = config_from_args(&a)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", a.listen))?;
+        let h = start(listener, cfg.clone()).await?;
+        eprintln!(
+            "retrace mock: serving model `{}` on http://{} ({})",
+            cfg.model,
+            h.addr,
+            match cfg.fixed_timing {
+                Some((t, i)) => format!("fixed timing: TTFT {t} ms, ITL {i} ms"),
+                None => "cost model".to_string(),
+            }
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot wait for Ctrl-C")?;
+        let l = h.lateness();
+        eprintln!(
+            "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+            l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us
+        );
+        h.shutdown().await;
+        Ok(std::process::ExitCode::SUCCESS)
+    })
+}
