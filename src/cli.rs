@@ -163,17 +163,6 @@ pub struct ReportArgs {
     pub thresholds_ms: String,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-}
-
 /// Which API replayed requests use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EndpointArg {
@@ -267,6 +256,8 @@ pub struct ReplayArgs {
     pub idle_timeout_s: f64,
 }
 
+/// Run the simulated vLLM-compatible engine.
+///
 /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
 ///
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics in
@@ -356,4 +347,21 @@ pub struct MockArgs {
     /// Delay of slow response headers, ms.
     #[arg(long, default_value_t = 1000.0)]
     pub fault_slow_headers_ms: f64,
+    /// Emission clock: busy-wait this many microseconds before each deadline (more precision, more CPU).
+    #[arg(long, default_value_t = 0)]
+    pub spin_us: u64,
+    /// Threads serving HTTP connections (the engine has its own thread besides).
+    #[arg(long, default_value_t = 2)]
+    pub io_threads: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

@@ -306,6 +306,45 @@ mod tests {
     }
 
     #[test]
+    fn recorded_latency_summary() {
+        use crate::trace::{Event, Response};
+        let mut t = trace(&[(0, &[]), (10, &[]), (20, &[])]);
+        let ev = |o: u64, n: u32| Event {
+            offset_us: o,
+            tokens: n,
+        };
+        t.requests[0].response = Some(Box::new(Response {
+            status: 200,
+            ttft_us: Some(50_000),
+            // role-only chunk (0 tokens) is not part of ITL
+            events: vec![ev(50_000, 0), ev(50_000, 1), ev(60_000, 1), ev(80_000, 1)],
+            end_us: Some(80_000),
+            ..Default::default()
+        }));
+        t.requests[1].response = Some(Box::new(Response {
+            status: 503,
+            end_us: Some(1_000),
+            ..Default::default()
+        }));
+        t.requests[2].response = Some(Box::new(Response {
+            status: 200,
+            error: Some("upstream_reset".into()),
+            cancelled: true,
+            ..Default::default()
+        }));
+        let r = compute(&t, &StatsOptions::default()).recorded.unwrap();
+        assert_eq!(r.responses, 3);
+        assert_eq!(r.ttft_ms.count, 1);
+        assert_eq!(r.ttft_ms.mean, 50.0);
+        assert_eq!(r.itl_ms.count, 2);
+        assert_eq!(r.itl_ms.mean, 15.0);
+        assert_eq!(r.e2e_ms.max, 80.0);
+        assert_eq!(r.errors.get("http_503"), Some(&1));
+        assert_eq!(r.errors.get("upstream_reset"), Some(&1));
+        assert_eq!(r.cancelled, 1);
+    }
+
+    #[test]
     fn rates_and_percentiles() {
         let t = trace(&[(0, &[]), (100_000, &[]), (900_000, &[]), (5_000_000, &[])]);
         let s = compute(&t, &StatsOptions::default());

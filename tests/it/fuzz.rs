@@ -44,6 +44,7 @@ fn native_sample() -> Vec<u8> {
         native::WriteOptions {
             level: 1,
             frame_bytes: 300,
+            frame_age: None,
         },
     )
 }
@@ -124,7 +125,7 @@ proptest! {
         let mut reqs = reqs;
         reqs.sort_by_key(|r| r.arrival_us);
         let trace = Trace { header: TraceHeader::imported(64, false, "p"), requests: reqs };
-        let bytes = native::write_bytes(&trace, native::WriteOptions { level: 1, frame_bytes: frame });
+        let bytes = native::write_bytes(&trace, native::WriteOptions { level: 1, frame_bytes: frame, frame_age: None });
         let (back, rep) = native::read_bytes("p", &bytes).unwrap();
         prop_assert!(rep.is_clean());
         prop_assert_eq!(back, trace);

@@ -2,6 +2,7 @@
 
 mod compare;
 mod fuzz;
+mod mock;
 mod replay;
 mod support;
 mod trace_cli;
