@@ -230,6 +230,10 @@ pub struct ReplayArgs {
     /// Add per-request arrays to the result file.
     #[arg(long)]
     pub detailed: bool,
+    /// Also write the run's self-contained HTML report (`retrace report`); with --detailed it
+    /// has the per-request timeline and time series.
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
     /// Extra request header `K=V` (repeatable).
     #[arg(long, value_name = "K=V")]
     pub header: Vec<String>,

@@ -188,6 +188,7 @@ pub struct Outcome {
 
 /// Entry point of `retrace replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let report_html = args.report_html.clone();
     let cfg = Config::from_args(args)?;
     raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -195,6 +196,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let out = rt.block_on(replay(cfg))?;
+    crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
     print!("{}", out.report);
     Ok(if out.valid {
         ExitCode::SUCCESS
@@ -299,10 +301,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         }
         (l, _, _) => l,
     };
-    let plan = schedule::plan(
-        &trace,
-        &schedule::ScheduleOptions { speed, limit },
-    );
+    let plan = schedule::plan(&trace, &schedule::ScheduleOptions { speed, limit });
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
         (Some(p), mode) => {

@@ -272,6 +272,19 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
     }
 }
 
+/// A result object already in memory (`replay --report-html`); `path` names it in errors and
+/// labels.
+pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
+    let Value::Object(obj) = v else {
+        return Err(LoadError::Unknown {
+            path: path.display().to_string(),
+            msg: "the result is not a JSON object".into(),
+        });
+    };
+    let is_retrace = obj.contains_key("schema");
+    from_result(path, obj, is_retrace)
+}
+
 fn key_err(path: &Path, key: &str, msg: impl Into<String>) -> LoadError {
     LoadError::Key {
         path: path.display().to_string(),

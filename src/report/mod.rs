@@ -77,6 +77,19 @@ pub fn parse_thresholds(s: &str) -> anyhow::Result<(f64, f64)> {
     }
 }
 
+/// `replay --report-html FILE`: the report of a result that is still in memory.
+pub fn write_replay_report(
+    path: Option<&std::path::Path>,
+    result: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let run = load::from_value(path, result)?;
+    let page = html::report_page(&run, (25.0, 50.0));
+    std::fs::write(path, page)
+        .with_context(|| format!("--report-html {}: cannot write", path.display()))?;
+    Ok(())
+}
+
 /// `retrace report`.
 pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
     let thresholds = parse_thresholds(&a.thresholds_ms)?;

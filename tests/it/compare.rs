@@ -434,3 +434,29 @@ fn report_of_a_bad_file_is_an_input_error() {
         "{err}"
     );
 }
+
+#[test]
+fn replay_writes_its_html_report() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(support::start(ServerConfig::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 5);
+    let html = dir.path().join("run.html");
+    let out = bin()
+        .args(["replay", s(&t), "--target", &srv.url(), "--detailed"])
+        .args(["--report-html", s(&html)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    // the timeline data of all 5 requests is in the page
+    assert!(
+        page.contains("\"timeline\":{") && page.contains("\"total\":5"),
+        "no timeline"
+    );
+}
