@@ -9,7 +9,9 @@
 //! trace replayed again against the baseline), the interval must also clear the observed
 //! baseline-vs-noise difference, so a change counts only beyond measured noise; throughputs (one
 //! number per run, no samples) can only be judged that way. Failure rate uses a two-proportion
-//! z-test. When both runs replayed the same trace (same request count and input lengths), a
+//! z-test. A tail percentile is judged only with enough samples on both sides
+//! ([`min_samples`]: 100 for p90, 1,000 for p99); below that its verdict is `unknown` and a note
+//! says so, because a bootstrap of the top few samples is not a confidence interval. When both runs replayed the same trace (same request count and input lengths), a
 //! paired per-request TTFT ratio distribution is added, with a confidence interval of its
 //! geometric mean (normal approximation on log ratios). Every random draw comes from a ChaCha
 //! generator seeded by the user's seed and the row, so results are reproducible.
@@ -181,6 +183,16 @@ fn point(run: &Run, m: Metric, stat: Stat) -> Option<(f64, bool)> {
     Some((w.quad().get(stat), true))
 }
 
+/// Fewest samples per side for a bootstrap interval of `stat` to mean something: at least 10
+/// samples beyond a tail percentile, 20 for the mean and median.
+pub fn min_samples(stat: Stat) -> u64 {
+    match stat {
+        Stat::Mean | Stat::Median => 20,
+        Stat::P90 => 100,
+        Stat::P99 => 1000,
+    }
+}
+
 /// Bootstrap intervals of candidate − baseline for the four statistics of one metric.
 fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f64); 4] {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
@@ -281,6 +293,7 @@ fn failure_rate(r: &Run) -> Option<(f64, f64)> {
 pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
+    let mut thin: Vec<&str> = Vec::new();
     for (mi, m) in Metric::ALL.into_iter().enumerate() {
         let db = base.dist(m);
         let dc = cand.dist(m);
@@ -299,6 +312,15 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
                 _ => None,
             };
             let approx = pb.is_some_and(|p| p.1) || pc.is_some_and(|p| p.1);
+            // A bootstrap of a tail percentile needs samples in the tail on both sides.
+            let n_min = match (&db, &dc) {
+                (Some(b), Some(c)) => b.n().min(c.n()),
+                _ => 0,
+            };
+            let enough = n_min >= min_samples(stat);
+            if !enough && cis.is_some() && !thin.contains(&stat.key()) {
+                thin.push(stat.key());
+            }
             rows.push(make_row(
                 format!("{}_{}_ms", stat.key(), m.key()),
                 format!("{} {}", stat.key(), m.label()),
@@ -306,7 +328,7 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
                 Better::Lower,
                 pb.map(|p| p.0),
                 pc.map(|p| p.0),
-                cis.map(|c| c[si]),
+                cis.filter(|_| enough).map(|c| c[si]),
                 nz,
                 approx,
             ));
@@ -361,6 +383,14 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
             row.verdict = verdict(Better::Lower, Some(d), row.significant);
         }
         rows.push(row);
+    }
+    if !thin.is_empty() {
+        notes.push(format!(
+            "too few samples to judge {} (needs {} at p90, {} at p99): shown as n/a",
+            thin.join(", "),
+            min_samples(Stat::P90),
+            min_samples(Stat::P99)
+        ));
     }
     let paired = paired_ttft(base, cand);
     if paired.is_none() {
@@ -635,6 +665,27 @@ pub(crate) mod tests {
         assert!((p.geo_mean_ratio - 1.2).abs() < 1e-9);
         assert!(p.significant);
         assert_eq!(p.slower_10pct, 1.0);
+    }
+
+    #[test]
+    fn tail_percentiles_of_small_runs_are_not_judged() {
+        let b = synth_run(200, 100.0, 1);
+        let c = synth_run(200, 300.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 1,
+                resamples: 100,
+            },
+        );
+        assert_eq!(cmp.row("p99_ttft_ms").unwrap().verdict, Verdict::Unknown);
+        assert_eq!(cmp.row("p90_ttft_ms").unwrap().verdict, Verdict::Worse);
+        assert!(cmp
+            .notes
+            .iter()
+            .any(|n| n.contains("too few samples to judge p99")));
     }
 
     #[test]

@@ -422,7 +422,8 @@ fn requests_from(
     };
     let input_lens = lens("input_lens")?;
     let output_lens = lens("output_lens")?;
-    let latencies = need("latencies")?;
+    // older vLLM versions write no `latencies`: E2EL (and TPOT) are then unknown per request
+    let latencies = opt("latencies")?;
     let starts_raw = opt("start_times")?;
     let errors: Vec<String> = match obj.get("errors") {
         Some(Value::Array(a)) if a.len() == n => a
