@@ -357,6 +357,37 @@ mod tests {
     use super::*;
     use crate::report::compare::{compare, tests::synth_run, Options};
 
+    /// The text and Markdown layouts (seeded: the intervals are reproducible).
+    #[test]
+    fn text_and_markdown_snapshots() {
+        let b = synth_run(300, 100.0, 1);
+        let c = synth_run(300, 120.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 5,
+                resamples: 50,
+            },
+        );
+        let rules = crate::report::rules::evaluate(
+            &crate::report::rules::parse("median_ttft_ms>+10%,failure_rate>0.01").unwrap(),
+            &cmp,
+        )
+        .unwrap();
+        let mut t = render(&cmp, &rules, Format::Text);
+        // the synthetic runs' paths are not files; keep the snapshot free of them
+        t = t
+            .replace("synthetic-1.json", "BASE")
+            .replace("synthetic-2.json", "CAND");
+        insta::assert_snapshot!("compare_text", t);
+        let m = render(&cmp, &rules, Format::Markdown)
+            .replace("synthetic-1.json", "BASE")
+            .replace("synthetic-2.json", "CAND");
+        insta::assert_snapshot!("compare_markdown", m);
+    }
+
     #[test]
     fn formats_show_every_row_and_the_verdict() {
         let b = synth_run(500, 100.0, 1);
