@@ -413,13 +413,17 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
                     .map_or("(no reason given)", String::as_str)
             ));
         }
-        if r.requests.is_none() && r.hists.is_empty() {
+        if r.trace.is_some() && r.requests.is_none() {
+            notes.push(format!(
+                "{side} is a trace without recorded responses: workload only"
+            ));
+        } else if r.requests.is_none() && r.hists.is_empty() {
             notes.push(format!(
                 "{side} has neither per-request samples nor histograms: latency significance cannot be judged"
             ));
         }
     }
-    if noise.is_none() {
+    if noise.is_none() && !rows.is_empty() {
         notes.push(
             "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
                 .into(),

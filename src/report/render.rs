@@ -249,11 +249,15 @@ fn text(cmp: &Comparison, rules: &[Outcome]) -> String {
         let _ = writeln!(s, "{l}");
     }
     s.push('\n');
-    let _ = writeln!(
-        s,
-        "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  verdict",
-        "metric", "baseline", "candidate", "change", "rel", "interval of change"
-    );
+    if cmp.rows.is_empty() {
+        s.push_str("no latency or throughput in either input: workload comparison only\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  verdict",
+            "metric", "baseline", "candidate", "change", "rel", "interval of change"
+        );
+    }
     for r in &cmp.rows {
         let _ = writeln!(
             s,
@@ -294,10 +298,14 @@ fn markdown(cmp: &Comparison, rules: &[Outcome]) -> String {
     for l in header_lines(cmp) {
         let _ = writeln!(s, "- {}", l.replace("  ", " "));
     }
-    s.push_str(
-        "\n| metric | baseline | candidate | change | rel | interval of change | verdict |\n",
-    );
-    s.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+    if cmp.rows.is_empty() {
+        s.push_str("\nNo latency or throughput in either input: workload comparison only.\n");
+    } else {
+        s.push_str(
+            "\n| metric | baseline | candidate | change | rel | interval of change | verdict |\n",
+        );
+        s.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+    }
     for r in &cmp.rows {
         let _ = writeln!(
             s,

@@ -460,3 +460,31 @@ fn replay_writes_its_html_report() {
         "no timeline"
     );
 }
+
+#[test]
+fn compare_two_traces_is_a_workload_comparison() {
+    let a = support::repo("traces/mooncake_conversation_1k.jsonl");
+    let b = support::repo("traces/azure_conv_100.csv");
+    let out = bin()
+        .args(["compare", s(&a), s(&b), "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 0);
+    let w = &v["workload"];
+    assert_eq!(w["baseline"]["requests"], 1000);
+    assert_eq!(w["candidate"]["requests"], 100);
+    // Mooncake conversation prompts are far longer than Azure's: the KS test sees it.
+    assert!(w["isl_ks"]["d"].as_f64().unwrap() > 0.5);
+    assert!(w["isl_ks"]["p_value"].as_f64().unwrap() < 1e-6);
+    assert!(w["baseline"]["reuse"]["block_reuse"].as_f64().unwrap() > 0.1);
+    // bursty arrivals on a ~3 s grid
+    assert!(w["baseline"]["gap_cv"].as_f64().unwrap() > 1.0);
+    assert!(w["fidelity"].is_null());
+}
