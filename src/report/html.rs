@@ -383,6 +383,18 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run
             "noise": noise.and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
         }));
     }
+    let mut lens = Vec::new();
+    let ((bi, bo), (ci, co)) = (lengths(base), lengths(cand));
+    for (key, label, b, c) in [
+        ("isl", "input length", bi, ci),
+        ("osl", "output length", bo, co),
+    ] {
+        if b.is_empty() || c.is_empty() {
+            continue;
+        }
+        lens.push(json!({"key": key, "label": label,
+            "base": cdf_json(&Weighted::from_samples(&b)), "cand": cdf_json(&Weighted::from_samples(&c))}));
+    }
     let paired = cmp.paired.as_ref().map(|p| {
         json!({
             "n": p.n,
@@ -400,6 +412,7 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run
         "rows": rows,
         "cdfs": cdfs,
         "paired": paired,
+        "lengths": lens,
         "text": text,
         "notes": cmp.notes,
     });
@@ -543,6 +556,8 @@ function compare(app,D){
   var cd=section(app,'cdfs','Distributions');var g=h('div',{'class':'grid'},cd);
   D.cdfs.forEach(function(c){var se=[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}];if(c.noise)se.push({name:'noise',pts:c.noise,dash:true,color:COLORS[2]});
     lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',se,{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
+  if(D.lengths&&D.lengths.length){var wl=section(app,'workload','Workload');var g4=h('div',{'class':'grid'},wl);
+    D.lengths.forEach(function(c){lineChart(g4,'chart-cdf-'+c.key,c.label+' CDF',[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}],{xlabel:'tokens',ylabel:'fraction',logx:true,ymax:1});});}
   if(D.paired){var p=section(app,'paired','Paired per-request TTFT ('+D.paired.n+' requests)');h('div',{'class':'sub'},p,D.paired.text);
     lineChart(p,'chart-paired','candidate / baseline TTFT ratio CDF',[{name:'ratio',pts:D.paired.pts}],{xlabel:'ratio',ylabel:'fraction',logx:true,ymax:1});}
   var tx=section(app,'text','Text report');h('pre',{},tx,D.text);

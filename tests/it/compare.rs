@@ -404,6 +404,8 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "chart-cdf-ttft",
             "chart-cdf-tpot",
             "chart-paired",
+            "chart-cdf-isl",
+            "chart-cdf-osl",
         ],
     );
 
