@@ -299,10 +299,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         }
         (l, _, _) => l,
     };
-    let plan = schedule::plan(
-        &trace,
-        &schedule::ScheduleOptions { speed, limit },
-    );
+    let plan = schedule::plan(&trace, &schedule::ScheduleOptions { speed, limit });
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
         (Some(p), mode) => {
