@@ -90,7 +90,8 @@ async fn known_timings_give_vllm_metrics() {
     assert_eq!(s.server_reported, 4);
     assert!((s.server_queue.mean - 2.0).abs() < 1e-9);
     assert!((s.server_ttft.mean - 35.0).abs() < 1e-9);
-    assert!(s.unattributed.mean >= 5.0 - 1e-9);
+    // client TTFT (≥ 40) − queue (2) − server TTFT (35) ≥ 3 ms
+    assert!(s.unattributed.mean >= 3.0 - 1e-9, "{}", s.unattributed.mean);
     assert!(o
         .report
         .starts_with("============ Serving Benchmark Result ============\n"));
