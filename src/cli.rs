@@ -258,6 +258,10 @@ pub struct ReplayArgs {
     /// Limit on silence (no headers, no body bytes) per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 300.0)]
     pub idle_timeout_s: f64,
+    /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
+    /// 128; never more than the number of requests; 0 = none).
+    #[arg(long, value_name = "N")]
+    pub warm_connections: Option<usize>,
 }
 
 /// Run the simulated vLLM-compatible engine.

@@ -1,7 +1,8 @@
 //! One request → one [`Sample`]: send a prepared body, time every SSE message, classify failures.
 //!
-//! Uses a hyper 1 HTTP/1.1 client with a keep-alive pool (one connection per in-flight stream,
-//! reused afterwards; `TCP_NODELAY`). Each body frame is timestamped once on arrival and fed to the
+//! Uses hyper 1 HTTP/1.1 connections from the replayer's own keep-alive [`Pool`] (one connection
+//! per in-flight stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a
+//! connection goes back to the pool only after its response was read to the end). Each body frame is timestamped once on arrival and fed to the
 //! SSE splitter; every complete message goes through [`crate::openai::parse_chunk`] and vLLM's
 //! timing rules ([`StreamClock`]). A failure never ends the run: it becomes a sample with an error
 //! kind — `http_<status>` (with the first bytes of the body as detail), `connect`, `reset`
@@ -10,39 +11,25 @@
 //! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
 //! Plain `http://` targets only; this module does not schedule or aggregate.
 
-use crate::metrics::{Api, Sample, ServerTimes, StreamClock};
+use crate::metrics::{Sample, ServerTimes, StreamClock};
 use crate::openai::parse_chunk;
 use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use hyper::{HeaderMap, Method, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use std::time::{Duration, Instant};
 
+use super::pool::{Pool, SendError};
 use super::request::BuiltRequest;
-
-/// The pooled HTTP client.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// Builds the client: keep-alive pool without an idle cap, `TCP_NODELAY`.
-pub fn http_client() -> HttpClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_keepalive(Some(Duration::from_secs(60)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(usize::MAX)
-        .build(conn)
-}
 
 /// Where requests go.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// `http://host:port` plus an optional base path (no trailing slash).
-    pub base: String,
+    /// `host:port`.
+    pub authority: String,
+    /// Base path prefix (no trailing slash; usually empty).
+    pub base_path: String,
     /// Headers sent with every request (auth included; never printed).
     pub headers: HeaderMap,
 }
@@ -63,18 +50,33 @@ impl Target {
             }
             _ => return Err(format!("--target {url:?}: give a URL like http://127.0.0.1:8000")),
         }
-        if uri.authority().is_none() {
+        let Some(auth) = uri.authority() else {
             return Err(format!("--target {url:?} has no host"));
-        }
+        };
+        let authority = match auth.port_u16() {
+            Some(_) => auth.as_str().to_string(),
+            None => format!("{}:80", auth.host()),
+        };
         // A target given as .../v1 keeps working: paths we add start with /v1.
-        let base = url.strip_suffix("/v1").unwrap_or(url).to_string();
-        Ok(Target { base, headers })
+        let path = uri.path().trim_end_matches('/');
+        let base_path = path.strip_suffix("/v1").unwrap_or(path).to_string();
+        Ok(Target {
+            authority,
+            base_path,
+            headers,
+        })
     }
 
-    fn uri(&self, path: &str) -> Result<Uri, String> {
-        format!("{}{}", self.base, path)
+    /// The origin-form request target for `path`.
+    pub fn uri(&self, path: &str) -> Result<Uri, String> {
+        format!("{}{}", self.base_path, path)
             .parse()
             .map_err(|e| format!("bad request URI: {e}"))
+    }
+
+    /// `http://authority/base` for display (no headers).
+    pub fn url(&self) -> String {
+        format!("http://{}{}", self.authority, self.base_path)
     }
 }
 
@@ -101,7 +103,7 @@ pub struct SendTimes {
 /// Sends `req` now and measures it. `sent_ns` is taken immediately before handing the request
 /// to the connection pool.
 pub async fn execute(
-    client: &HttpClient,
+    pool: &Pool,
     target: &Target,
     req: &BuiltRequest,
     times: SendTimes,
@@ -124,28 +126,28 @@ pub async fn execute(
         Ok(u) => u,
         Err(e) => return fail(sample, "local", e),
     };
-    let mut builder = hyper::Request::builder().method(Method::POST).uri(uri);
-    if let Some(h) = builder.headers_mut() {
-        h.extend(target.headers.clone());
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    }
-    let http_req = match builder.body(Full::new(req.body.clone())) {
-        Ok(r) => r,
-        Err(e) => return fail(sample, "local", e.to_string()),
+    let make = || {
+        let mut b = hyper::Request::builder()
+            .method(Method::POST)
+            .uri(uri.clone());
+        if let Some(h) = b.headers_mut() {
+            h.extend(target.headers.clone());
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        b.body(Full::new(req.body.clone()))
+            .map_err(|e| e.to_string())
     };
     sample.sent_ns = ns_since(t0);
     let deadline = tokio::time::Instant::now() + timeouts.total;
     let resp = tokio::select! {
-        r = client.request(http_req) => r,
+        r = pool.send(make) => r,
         _ = tokio::time::sleep(timeouts.idle) => return fail(sample, "timeout_idle", "no response headers".into()),
         _ = tokio::time::sleep_until(deadline) => return fail(sample, "timeout_total", "no response headers".into()),
     };
-    let resp = match resp {
+    let (resp, conn) = match resp {
         Ok(r) => r,
-        Err(e) => {
-            let kind = if e.is_connect() { "connect" } else { "reset" };
-            return fail(sample, kind, format!("{e:?}"));
-        }
+        Err(SendError::Connect(e)) => return fail(sample, "connect", e),
+        Err(SendError::Reset(e)) => return fail(sample, "reset", e),
     };
     let status = resp.status();
     let is_sse = resp
@@ -199,6 +201,7 @@ pub async fn execute(
                 }
             }
         };
+    let mut clean_end = false;
     loop {
         let frame = tokio::select! {
             f = body.frame() => f,
@@ -213,7 +216,10 @@ pub async fn execute(
         };
         let at = ns_since(t0);
         match frame {
-            None => break,
+            None => {
+                clean_end = true;
+                break;
+            }
             Some(Err(e)) => {
                 err.get_or_insert(("reset".into(), e.to_string()));
                 break;
@@ -238,6 +244,9 @@ pub async fn execute(
         }
     }
     let end = ns_since(t0);
+    if clean_end {
+        pool.checkin(conn);
+    }
     if err.is_none() {
         if is_sse {
             if let Some(ev) = parser.finish() {
@@ -271,23 +280,28 @@ pub async fn execute(
 }
 
 /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
-pub async fn first_model(client: &HttpClient, target: &Target) -> Result<String, String> {
+pub async fn first_model(pool: &Pool, target: &Target) -> Result<String, String> {
     let uri = target.uri("/v1/models")?;
-    let mut b = hyper::Request::builder().method(Method::GET).uri(uri);
-    if let Some(h) = b.headers_mut() {
-        h.extend(target.headers.clone());
-    }
-    let req = b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
-    let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+    let make = || {
+        let mut b = hyper::Request::builder()
+            .method(Method::GET)
+            .uri(uri.clone());
+        if let Some(h) = b.headers_mut() {
+            h.extend(target.headers.clone());
+        }
+        b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())
+    };
+    let (resp, conn) = tokio::time::timeout(Duration::from_secs(30), pool.send(make))
         .await
         .map_err(|_| "GET /v1/models timed out".to_string())?
-        .map_err(|e| format!("GET /v1/models: {e}"))?;
+        .map_err(|e| format!("GET /v1/models at {}: {e:?}", target.url()))?;
     let status = resp.status();
     let body = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
         .await
         .map_err(|_| "GET /v1/models timed out".to_string())?
         .map_err(|e| format!("GET /v1/models: {e}"))?
         .to_bytes();
+    pool.checkin(conn);
     if !status.is_success() {
         return Err(format!("GET /v1/models answered HTTP {status}"));
     }
@@ -310,13 +324,4 @@ pub fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
     let value = HeaderValue::from_str(v.trim())
         .map_err(|_| format!("--header {s:?}: the value is not a valid header value"))?;
     Ok((name, value))
-}
-
-/// The API a completion path speaks.
-pub fn api_of(path: &str) -> Api {
-    if path.contains("chat") {
-        Api::Chat
-    } else {
-        Api::Completions
-    }
 }

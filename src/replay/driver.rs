@@ -10,7 +10,8 @@
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
 //! bodies are built before the clock starts.
 
-use super::client::{self, HttpClient, SendTimes, Target, Timeouts};
+use super::client::{self, SendTimes, Target, Timeouts};
+use super::pool::Pool;
 use super::request::BuiltRequest;
 use crate::metrics::Sample;
 use std::sync::Arc;
@@ -69,7 +70,7 @@ pub fn wait_until(deadline: Instant) {
 pub async fn drive(
     plan: Vec<(usize, u64)>,
     requests: Arc<Vec<BuiltRequest>>,
-    client: HttpClient,
+    client: Arc<Pool>,
     target: Arc<Target>,
     opts: DriveOptions,
     mut on_done: impl FnMut(&Sample),

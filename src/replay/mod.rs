@@ -13,6 +13,7 @@
 pub mod client;
 pub mod console;
 pub mod driver;
+pub mod pool;
 pub mod request;
 pub mod result;
 pub mod schedule;
@@ -64,6 +65,8 @@ pub struct Config {
     pub percentiles: Vec<f64>,
     pub keep_original_limits: bool,
     pub timeouts: client::Timeouts,
+    /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
+    pub warm_connections: Option<usize>,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
 }
@@ -172,6 +175,7 @@ impl Config {
                 idle: Duration::from_secs_f64(positive("--idle-timeout-s", a.idle_timeout_s)?),
                 total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
             },
+            warm_connections: a.warm_connections,
             progress: std::io::stderr().is_terminal(),
         })
     }
@@ -274,7 +278,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         .unwrap_or_default();
     let target =
         Arc::new(client::Target::parse(&target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?);
-    let http = client::http_client();
+    let http = Arc::new(
+        pool::Pool::new(&target.authority)
+            .await
+            .map_err(|e| anyhow!("--target {target_url}: {e}"))?,
+    );
     let model = match (&cfg.model, &embedded) {
         (Some(m), _) => m.clone(),
         (None, Some(e)) => e.model.clone(),
@@ -342,6 +350,17 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
     if inexact > 0 {
         eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
+    }
+    // Connections are opened before the clock starts, a bounded number at a time.
+    let warm = cfg
+        .warm_connections
+        .unwrap_or(cfg.max_concurrency.unwrap_or(128))
+        .min(plan.len());
+    if warm > 0 {
+        let opened = http.warm(warm, 32).await;
+        if opened < warm {
+            tracing::warn!("opened {opened} of {warm} warm connections");
+        }
     }
     let bar = if cfg.progress {
         let pb = indicatif::ProgressBar::new(plan.len() as u64);
