@@ -160,27 +160,35 @@ impl Comparison {
 /// Schema of the JSON output.
 pub const SCHEMA: &str = "retrace.compare/1";
 
-/// Point value of `stat` of `m`: the file's own key when present, else exact samples, else the
-/// histogram (approximate).
-fn point(run: &Run, m: Metric, stat: Stat) -> Option<(f64, bool)> {
-    let key = format!("{}_{}_ms", stat.key(), m.key());
-    let count_key = format!("count_{}", m.key());
-    let has_count = run.scalar(&count_key).is_none_or(|c| c > 0.0);
-    if let Some(v) = run.scalar(&key).filter(|_| has_count) {
-        return Some((v, false));
-    }
-    if let Some(mut s) = run.samples_ms(m) {
-        s.sort_by(f64::total_cmp);
-        let v = match stat {
-            Stat::Mean => crate::metrics::np_mean(&s),
-            Stat::Median => percentile_sorted(&s, 50.0),
-            Stat::P90 => percentile_sorted(&s, 90.0),
-            Stat::P99 => percentile_sorted(&s, 99.0),
-        };
-        return Some((v, false));
-    }
-    let w = run.hists.get(&m).filter(|w| w.n() > 0)?;
-    Some((w.quad().get(stat), true))
+/// Point values of the four statistics of `m`: the file's own key when present, else exact
+/// samples (sorted once), else the histogram (approximate).
+fn points(run: &Run, m: Metric) -> [Option<(f64, bool)>; 4] {
+    let mut sorted: Option<Option<Vec<f64>>> = None;
+    Stat::ALL.map(|stat| {
+        let key = format!("{}_{}_ms", stat.key(), m.key());
+        let count_key = format!("count_{}", m.key());
+        let has_count = run.scalar(&count_key).is_none_or(|c| c > 0.0);
+        if let Some(v) = run.scalar(&key).filter(|_| has_count) {
+            return Some((v, false));
+        }
+        let s = sorted.get_or_insert_with(|| {
+            run.samples_ms(m).map(|mut s| {
+                s.sort_by(f64::total_cmp);
+                s
+            })
+        });
+        if let Some(s) = s {
+            let v = match stat {
+                Stat::Mean => crate::metrics::np_mean(s),
+                Stat::Median => percentile_sorted(s, 50.0),
+                Stat::P90 => percentile_sorted(s, 90.0),
+                Stat::P99 => percentile_sorted(s, 99.0),
+            };
+            return Some((v, false));
+        }
+        let w = run.hists.get(&m).filter(|w| w.n() > 0)?;
+        Some((w.quad().get(stat), true))
+    })
 }
 
 /// Fewest samples per side for a bootstrap interval of `stat` to mean something: at least 10
@@ -301,13 +309,14 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
             (Some(b), Some(c)) => Some(bootstrap(b, c, opts, mi as u64 + 1)),
             _ => None,
         };
+        let (ptb, ptc) = (points(base, m), points(cand, m));
+        let ptn = noise.map(|n| points(n, m));
         for (si, stat) in Stat::ALL.into_iter().enumerate() {
-            let pb = point(base, m, stat);
-            let pc = point(cand, m, stat);
+            let (pb, pc) = (ptb[si], ptc[si]);
             if pb.is_none() && pc.is_none() {
                 continue;
             }
-            let nz = match (noise.and_then(|n| point(n, m, stat)), pb) {
+            let nz = match (ptn.and_then(|p| p[si]), pb) {
                 (Some((n, _)), Some((b, _))) => Some((n - b).abs()),
                 _ => None,
             };
