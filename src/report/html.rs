@@ -5,7 +5,8 @@
 //! Rust computes everything the page shows (downsampled so 100,000 requests stay a few MB): CDF
 //! points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
 //! stride plus the slowest, each with its TTFT and runs of ITL gaps grouped by threshold
-//! class), time series in at most [`SERIES_BINS`] bins, length histograms and the server-side
+//! class; above that, also a detail window of [`DETAIL_ROWS`] consecutive requests around the worst
+//! TTFT), time series in at most [`SERIES_BINS`] bins, length histograms and the server-side
 //! breakdown. The data goes in a `<script type="application/json">` block; the script draws it
 //! and, only after every chart rendered without an exception, sets `data-rendered` on `<body>`
 //! and adds `#render-ok` (a script error sets `data-render-error` instead), which the browser test

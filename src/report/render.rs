@@ -1,5 +1,5 @@
-//! Rendering a [`Comparison`] (and `--fail-on` outcomes) as text, Markdown or JSON. The only
-//! place report text is composed; callers write the returned string. Does not compute anything.
+//! Rendering a [`Comparison`] (and `--fail-on` outcomes) as text, Markdown or JSON; the HTML pages
+//! are [`super::html`]'s. Callers write the returned string. Does not compute anything.
 //!
 //! JSON (`retrace.compare/1`): the [`Comparison`] fields (`baseline`, `candidate`, `noise`,
 //! `seed`, `confidence`, `resamples`, `rows[]` with `key`, `label`, `unit`, `baseline`,

@@ -4,9 +4,10 @@
 //!
 //! Per-request samples up to [`EXACT_MAX`] distinct values are kept exactly; larger sets are
 //! grouped on a log grid of 0.1 % relative width (finer than HdrHistogram's 3 significant digits)
-//! so one bootstrap resample costs O(min(samples·log buckets, buckets)): a resample either draws
-//! each sample's bucket, or draws the bucket counts from a multinomial by conditional binomials. Point statistics of a comparison are computed
-//! from the exact samples elsewhere; this module does not know about metrics or files.
+//! so a bootstrap resample stays cheap for millions of samples: it draws each sample's bucket when
+//! there are few samples per bucket, else the bucket counts from a multinomial by conditional
+//! binomials (one draw per bucket). Point statistics of a comparison are computed from the exact
+//! samples elsewhere; this module does not know about metrics or files.
 
 use hdrhistogram::Histogram;
 use rand::Rng;
