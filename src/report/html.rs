@@ -176,7 +176,13 @@ fn series(run: &Run) -> Option<Value> {
     };
     let mut inflight: Vec<(f64, i64)> = Vec::with_capacity(2 * n);
     let mut queued: Vec<(f64, i64)> = Vec::new();
+    let mut server_queued: Vec<(f64, i64)> = Vec::new();
     for i in 0..n {
+        // vLLM reports how long a request queued, not when: placed at its send time.
+        if let Some(sq) = q.server_queue_s[i].filter(|v| *v > 0.0) {
+            server_queued.push((q.start_s[i], 1));
+            server_queued.push((q.start_s[i] + sq, -1));
+        }
         inflight.push((q.start_s[i], 1));
         inflight.push((q.end_s(i), -1));
         if let Some(cq) = q.client_queue_s[i].filter(|v| *v > 0.0) {
@@ -186,6 +192,7 @@ fn series(run: &Run) -> Option<Value> {
     }
     let conc = peak(&mut inflight);
     let qd = peak(&mut queued);
+    let sqd = peak(&mut server_queued);
     let times: Vec<f64> = (0..bins).map(|b| r3((b as f64 + 0.5) * w)).collect();
     let per_s = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| r3(x / w)).collect() };
     Some(json!({
@@ -194,6 +201,7 @@ fn series(run: &Run) -> Option<Value> {
         "tokens": per_s(toks),
         "concurrency": conc,
         "queue": if queued.is_empty() { Value::Null } else { json!(qd) },
+        "server_queue": if server_queued.is_empty() { Value::Null } else { json!(sqd) },
     }))
 }
 
@@ -538,8 +546,9 @@ function report(app,D){
     var z=function(a){return S.t.map(function(t,i){return [t,a[i]];});};
     lineChart(g2,'chart-throughput','Throughput',[{name:'output tok/s',pts:z(S.tokens)}],{xlabel:'s',ylabel:'tokens/s'});
     lineChart(g2,'chart-completions','Completions',[{name:'req/s',pts:z(S.completions)}],{xlabel:'s',ylabel:'requests/s'});
-    var cs=[{name:'in flight',pts:z(S.concurrency)}];if(S.queue)cs.push({name:'client queue',pts:z(S.queue),color:COLORS[1]});
-    lineChart(g2,'chart-concurrency','Concurrency and queue depth (peak per bin)',cs,{xlabel:'s',ylabel:'requests'});}
+    var cs=[{name:'in flight',pts:z(S.concurrency)}];if(S.queue)cs.push({name:'client queue',pts:z(S.queue),color:COLORS[1]});if(S.server_queue)cs.push({name:'server queue*',pts:z(S.server_queue),color:COLORS[3]});
+    lineChart(g2,'chart-concurrency','Concurrency and queue depth (peak per bin)',cs,{xlabel:'s',ylabel:'requests'});
+    if(S.server_queue)h('div',{'class':'sub'},se,'* server queue depth from each request\'s reported queue time, placed at its send time (the server does not say when it queued).');}
   if(D.isl||D.osl){var ln=section(app,'lengths','Lengths');var g3=h('div',{'class':'grid'},ln);
     if(D.isl)barChart(g3,'chart-isl','Input lengths (ISL)',D.isl,'tokens');if(D.osl)barChart(g3,'chart-osl','Output lengths (OSL)',D.osl,'tokens');}
   if(D.breakdown){var bd=section(app,'breakdown','Server-side breakdown of client TTFT');var B=D.breakdown;

@@ -380,6 +380,8 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     if !dom.is_empty() {
         // every request drawn in the timeline
         assert!(dom.contains("data-rows=\"40\""), "timeline rows");
+        // the test server reports per-request metrics: server queue depth is drawn
+        assert!(dom.contains("server queue*"), "server queue series");
     }
 
     let page = dir.path().join("cmp.html");
