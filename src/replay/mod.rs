@@ -502,6 +502,7 @@ fn raise_fd_limit() -> Option<u64> {
                 r = want;
             }
         }
+        #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every unix
         Some(r.rlim_cur as u64)
     }
     #[cfg(not(unix))]
