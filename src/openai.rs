@@ -388,7 +388,7 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("data: ") && l.contains("metrics"))
             .unwrap();
-        let c = parse_chunk(line[6..].as_bytes()).unwrap();
+        let c = parse_chunk(&line.as_bytes()[6..]).unwrap();
         let m = c.metrics.unwrap();
         assert!((m.queue_time_ms.unwrap() - 0.02688).abs() < 1e-6);
         assert!(m.time_to_first_token_ms.unwrap() > 2.0);

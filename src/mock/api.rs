@@ -283,11 +283,18 @@ pub struct SseBody {
     id: u64,
     fd: RawFd,
     finished: bool,
+    reset_pending: bool,
     buf: String,
 }
 
 impl SseBody {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.reset_pending {
+            self.reset_pending = false;
+            self.finished = true;
+            arm_reset(self.fd);
+            return Poll::Ready(Some(Err(Box::new(ResetFault))));
+        }
         if self.finished {
             return Poll::Ready(None);
         }
@@ -319,9 +326,9 @@ impl SseBody {
                             break;
                         }
                         Emit::Reset { .. } => {
-                            self.finished = true;
-                            arm_reset(self.fd);
-                            return Poll::Ready(Some(Err(Box::new(ResetFault))));
+                            // Send what came before the reset first, then fail the body.
+                            self.reset_pending = true;
+                            break;
                         }
                     }
                 }
@@ -338,6 +345,10 @@ impl SseBody {
         }
         if ended {
             self.finished = true;
+        }
+        if self.buf.is_empty() && self.reset_pending {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         if self.buf.is_empty() {
             return if self.finished {
@@ -582,6 +593,13 @@ async fn generate(
             ));
         }
     }
+    if raw.get("stream_options").is_some_and(|v| !v.is_null()) && info.params.stream != Some(true) {
+        return Ok(error_response(
+            400,
+            "Stream options can only be defined when `stream=True`.",
+            Some("stream_options"),
+        ));
+    }
     let return_token_ids = match raw.get("return_token_ids") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -732,6 +750,7 @@ async fn generate(
             id: rn,
             fd,
             finished: false,
+            reset_pending: false,
             buf: String::new(),
         };
         if let Some(d) = slow {

@@ -175,6 +175,8 @@ struct Req {
     offset: Duration,
     mid_done: bool,
     any_stop: bool,
+    /// A reset is scheduled; nothing else is sent.
+    reset_pending: bool,
 }
 
 struct Seq {
@@ -197,7 +199,9 @@ struct Seq {
 
 enum Timed {
     FixedNext(u64),
-    Deliver(Emit),
+    /// An emission held back by a stall; carries its channel so that it is delivered even
+    /// after the engine has finished the request.
+    Deliver(UnboundedSender<Emit>, Emit),
 }
 
 struct Entry {
@@ -255,6 +259,12 @@ pub fn spawn(
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
+            // Timed waits wake within microseconds instead of the default 50 us slack, so the
+            // clock needs only a short spin before each deadline.
+            // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only this thread.
+            unsafe {
+                libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+            }
             let mut e = Engine {
                 cache: PrefixCache::new(cfg.kv_blocks, cfg.block_size),
                 cfg,
@@ -298,6 +308,9 @@ pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
         (max, Finish::Length)
     }
 }
+
+/// Delay between the last token before an injected reset and the reset itself.
+const RESET_GRACE: Duration = Duration::from_millis(20);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -399,6 +412,7 @@ impl Engine {
             faults: s.faults,
             mid_done: false,
             any_stop: false,
+            reset_pending: false,
         };
         for (choice, q) in s.seqs.into_iter().enumerate() {
             let phash = xxhash_rust::xxh3::xxh3_64(
@@ -510,11 +524,13 @@ impl Engine {
             return;
         };
         match e.what {
-            Timed::Deliver(emit) => {
-                if let Some(r) = self.reqs.get(&e.req) {
-                    if r.tx.send(emit).is_err() {
-                        self.abort(e.req);
-                    }
+            Timed::Deliver(tx, emit) => {
+                let reset = matches!(emit, Emit::Reset { .. });
+                if tx.send(emit).is_err() && !reset {
+                    self.abort(e.req);
+                }
+                if reset {
+                    self.drop_req(e.req);
                 }
             }
             Timed::FixedNext(key) => self.fixed_event(key, e.at),
@@ -568,7 +584,7 @@ impl Engine {
         at: Instant,
         direct: bool,
     ) -> Duration {
-        let Some(req) = self.reqs.get_mut(&rid) else {
+        let Some(req) = self.reqs.get_mut(&rid).filter(|r| !r.reset_pending) else {
             return Duration::ZERO;
         };
         let n = ids.len() as u64;
@@ -598,7 +614,7 @@ impl Engine {
                 at,
                 n: self.heap_n,
                 req: rid,
-                what: Timed::Deliver(emit),
+                what: Timed::Deliver(req.tx.clone(), emit),
             }));
         }
         let req = self.reqs.get_mut(&rid).expect("present above");
@@ -612,14 +628,17 @@ impl Engine {
         }
         if let Some(after) = req.faults.reset_after {
             if req.produced >= u64::from(after) {
-                let reset = Emit::Reset { at };
-                if direct {
-                    let _ = req.tx.send(reset);
-                } else {
-                    self.push(at, rid, Timed::Deliver(reset));
-                }
+                // The RST follows after a grace period so that the tokens before it reach the
+                // client (a TCP reset makes the peer discard data it has not read yet).
+                let at = at + RESET_GRACE;
+                let tx = req.tx.clone();
+                self.push(at, rid, Timed::Deliver(tx, Emit::Reset { at }));
+                self.reqs
+                    .get_mut(&rid)
+                    .expect("present above")
+                    .reset_pending = true;
                 self.stats.aborted.fetch_add(1, Relaxed);
-                self.drop_req(rid);
+                self.detach_req(rid);
                 return added;
             }
         }
@@ -636,7 +655,8 @@ impl Engine {
                         let _ = r.tx.send(done);
                     }
                 } else {
-                    self.push(at, rid, Timed::Deliver(done));
+                    let tx = self.reqs[&rid].tx.clone();
+                    self.push(at, rid, Timed::Deliver(tx, done));
                 }
                 self.complete_req(rid);
             }
@@ -696,6 +716,18 @@ impl Engine {
             self.stats.aborted.fetch_add(1, Relaxed);
             self.drop_req(rid);
         }
+    }
+
+    /// Frees a request's sequences but keeps its channel until the pending reset is delivered.
+    fn detach_req(&mut self, rid: u64) {
+        let keys = match self.reqs.get_mut(&rid) {
+            Some(r) => std::mem::take(&mut r.seq_keys),
+            None => return,
+        };
+        for k in keys {
+            self.finish_seq(k);
+        }
+        self.update_gauges();
     }
 
     /// Forgets a request and frees its sequences' blocks.

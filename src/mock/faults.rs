@@ -2,7 +2,7 @@
 //!
 //! Kinds: an error status instead of an answer (429/500/503 by default, vLLM-shaped JSON body);
 //! a stall before the first token; a stall in mid-stream after N tokens; a connection reset
-//! (TCP RST) after N tokens; slow response headers. With rates set by flags, request number `n`
+//! (TCP RST, 20 ms after the N-th token so that the client has read it) after N tokens; slow response headers. With rates set by flags, request number `n`
 //! (arrival order, from 0) gets kind `k` when `xxh3(n, k; seed) / 2^64 < rate_k`, so the same seed
 //! and the same request order inject the same faults. The header `x-mock-fault` forces faults for
 //! one request and overrides the rates: a comma-separated list of `status=503`,

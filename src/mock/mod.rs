@@ -57,6 +57,8 @@ pub struct MockConfig {
     pub faults: FaultConfig,
     /// The emission clock spins (instead of sleeping) this long before each deadline.
     pub spin_us: u64,
+    /// Threads serving HTTP (the engine has its own thread besides).
+    pub io_threads: usize,
 }
 
 impl Default for MockConfig {
@@ -76,7 +78,8 @@ impl Default for MockConfig {
             cost: CostModel::default(),
             eos_prob: 0.002,
             faults: FaultConfig::default(),
-            spin_us: 200,
+            spin_us: 0,
+            io_threads: 2,
         }
     }
 }
@@ -116,6 +119,12 @@ impl MockConfig {
         if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
+        if self.spin_us > 10_000 {
+            bail!("--spin-us must be at most 10000");
+        }
+        if self.io_threads == 0 || self.io_threads > 64 {
+            bail!("--io-threads must be 1..=64");
+        }
         if self.tokens_per_event == 0 {
             bail!("--tokens-per-event must be at least 1");
         }
@@ -152,19 +161,33 @@ impl MockConfig {
     }
 }
 
-/// A running mock.
+/// A running mock. Dropping it without [`MockHandle::shutdown`] stops it abruptly.
 pub struct MockHandle {
     pub addr: SocketAddr,
     stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
     stats: Arc<prom::Stats>,
+    /// The mock's own runtime: its I/O threads are not shared with the caller's tasks, so a busy
+    /// client in the same process (replay) does not delay the mock's emissions.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for MockHandle {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl MockHandle {
     /// Graceful stop: no new connections, open streams end, connections close (bounded wait).
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
     }
 
     /// Emission lateness so far.
@@ -178,7 +201,8 @@ impl MockHandle {
     }
 }
 
-/// Starts the engine on an already-bound listener (tests bind 127.0.0.1:0).
+/// Starts the engine on an already-bound listener (tests bind 127.0.0.1:0). The mock runs on its
+/// own runtime threads (`io_threads` of them) and its own engine thread.
 pub async fn start(
     listener: tokio::net::TcpListener,
     cfg: MockConfig,
@@ -195,6 +219,26 @@ pub async fn start(
                 .context("tokenizer loading task failed")??
         }
         None => tokenize::Tokenizer::Builtin,
+    };
+    let listener = listener
+        .into_std()
+        .context("cannot detach the listener from the caller's runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.max(1))
+        .thread_name("mock-io")
+        .enable_all()
+        .build()
+        .context("cannot start the mock's runtime")?;
+    let listener = {
+        let _g = rt.enter();
+        tokio::net::TcpListener::from_std(listener)
+    };
+    let listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            rt.shutdown_background();
+            return Err(e).context("cannot register the listener");
+        }
     };
     let tokenizer = Arc::new(tokenizer);
     let stats = Arc::new(prom::Stats::new(&cfg.model));
@@ -216,8 +260,13 @@ pub async fn start(
         vocab: tokenizer.vocab(),
         spin: Duration::from_micros(cfg.spin_us),
     };
-    let (etx, ethread) =
-        engine::spawn(ecfg, stats.clone()).context("cannot start the engine thread")?;
+    let (etx, ethread) = match engine::spawn(ecfg, stats.clone()) {
+        Ok(x) => x,
+        Err(e) => {
+            rt.shutdown_background();
+            return Err(e).context("cannot start the engine thread");
+        }
+    };
     let shared = Arc::new(api::Shared {
         model: cfg.model.clone(),
         max_model_len: cfg.max_model_len,
@@ -234,7 +283,7 @@ pub async fn start(
             .unwrap_or(0),
     });
     let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(async move {
+    let task = rt.spawn(async move {
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         loop {
             tokio::select! {
@@ -270,8 +319,9 @@ pub async fn start(
     Ok(MockHandle {
         addr,
         stop,
-        task,
+        task: Some(task),
         stats,
+        rt: Some(rt),
     })
 }
 
@@ -309,6 +359,8 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             context_token_ms: a.context_token_ms,
         },
         eos_prob: a.eos_prob,
+        spin_us: a.spin_us,
+        io_threads: a.io_threads,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),
@@ -321,7 +373,6 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             slow_headers_rate: a.fault_slow_headers_rate,
             slow_headers_ms: a.fault_slow_headers_ms,
         },
-        ..MockConfig::default()
     };
     cfg.validate()?;
     Ok(cfg)
@@ -330,7 +381,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
 /// `retrace mock`: serves until Ctrl-C, then prints the emission-lateness summary.
 pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
     let cfg = config_from_args(&a)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -216,6 +216,28 @@ impl Stats {
             "Number of prefill tokens processed.",
             self.prompt_tokens.load(Relaxed),
         );
+        let hits = self.prefix_hits.load(Relaxed);
+        let prompt = self.prompt_tokens.load(Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter"
+        );
+        for (src, v) in [
+            ("local_compute", prompt.saturating_sub(hits)),
+            ("local_cache_hit", hits),
+            ("external_kv_transfer", 0),
+        ] {
+            let _ = writeln!(
+                out,
+                "vllm:prompt_tokens_by_source_total{{{labels},source=\"{src}\"}} {v}.0"
+            );
+        }
+        counter(
+            &mut out,
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local prefix cache hits).",
+            hits,
+        );
         counter(
             &mut out,
             "vllm:generation_tokens",

@@ -1,4 +1,9 @@
 //! Detecting a trace file's format from its content (never from its name alone).
+//!
+//! Rules, in order: a zstd frame holding our header magic is native; CSV headers name Azure
+//! (`TIMESTAMP,ContextTokens,GeneratedTokens`) or BurstGPT (`Request tokens`); a JSON object with
+//! `requests` and no `hash_ids` at top level is a session trace; JSON lines with `input_length` and
+//! `timestamp` are Mooncake; JSON lines with `prompt` are vLLM custom.
 
 use super::import::Format;
 use super::{native, TraceError};
@@ -8,17 +13,61 @@ pub fn detect(path: &str, data: &[u8]) -> Result<Format, TraceError> {
     if native::sniff(data) {
         return Ok(Format::Native);
     }
-    let head = &data[..data.len().min(4096)];
+    let head = &data[..data.len().min(64 * 1024)];
     let text = String::from_utf8_lossy(head);
-    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    if first.trim_start().starts_with('{')
-        && first.contains("\"hash_ids\"")
-        && first.contains("\"input_length\"")
-    {
-        return Ok(Format::Mooncake);
+    let first = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    let lower = first.to_ascii_lowercase();
+    if lower.starts_with("timestamp,contexttokens,generatedtokens") {
+        return Ok(Format::Azure);
+    }
+    if lower.contains("request tokens") && lower.contains("timestamp") {
+        return Ok(Format::Burstgpt);
+    }
+    let t = text.trim_start();
+    if t.starts_with('{') || t.starts_with('[') {
+        let compact: String = first.chars().filter(|c| !c.is_whitespace()).collect();
+        if compact.contains("\"requests\":")
+            || (t.starts_with('[') && text.contains("\"requests\""))
+        {
+            return Ok(Format::Sessions);
+        }
+        if compact.contains("\"input_length\":") && compact.contains("\"timestamp\":") {
+            return Ok(Format::Mooncake);
+        }
+        if compact.contains("\"prompt\":") {
+            return Ok(Format::Custom);
+        }
+        if t.starts_with('{') && !first.ends_with('}') && text.contains("\"requests\"") {
+            return Ok(Format::Sessions);
+        }
     }
     Err(TraceError::File {
         path: path.to_string(),
-        msg: "unknown trace format (give --from to force one)".into(),
+        msg: "unknown trace format (give --from to force one: native, mooncake, azure, burstgpt, sessions, custom)".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_each_format() {
+        let cases: &[(&str, Format)] = &[
+            ("{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n", Format::Mooncake),
+            ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1", Format::Azure),
+            ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n", Format::Burstgpt),
+            ("{\"id\":\"x\",\"block_size\":64,\"requests\":[]}", Format::Sessions),
+            ("{\n  \"id\": \"x\",\n  \"requests\": []\n}", Format::Sessions),
+            ("{\"prompt\": \"hello\"}\n", Format::Custom),
+        ];
+        for (data, f) in cases {
+            assert_eq!(detect("x", data.as_bytes()).unwrap(), *f, "{data}");
+        }
+        assert!(detect("x", b"hello").is_err());
+    }
 }

@@ -1,18 +1,28 @@
 //! Reading any supported trace file into the data model: format detection and dispatch.
 //!
 //! [`read_path`] detects the format from content (see [`super::detect`]) unless forced, and hands
-//! the file to the matching importer. It does not filter or transform (see `convert`).
+//! the bytes to the matching importer. It does not filter or transform (see [`super::filter`]).
 
 use super::mooncake::{self, ImportReport, ReadOptions};
-use super::{native, Trace, TraceError};
+use super::{azure, custom, native, sessions, Trace, TraceError};
 use std::io::BufReader;
 use std::path::Path;
 
 /// Trace file formats retrace reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// retrace's own `*.trace.zst`.
     Native,
+    /// Mooncake JSONL (timestamp, input_length, output_length, hash_ids).
     Mooncake,
+    /// Azure LLM inference trace CSV (2023/2024).
+    Azure,
+    /// BurstGPT CSV.
+    Burstgpt,
+    /// kv-cache-tester / WEKA session JSON.
+    Sessions,
+    /// vLLM custom dataset JSONL (`{"prompt": ...}`).
+    Custom,
 }
 
 /// Options for [`read_path`].
@@ -27,33 +37,43 @@ pub struct ImportOptions {
 /// Reads a trace file in any supported format.
 pub fn read_path(path: &Path, opts: &ImportOptions) -> Result<(Trace, ImportReport), TraceError> {
     let name = path.display().to_string();
-    let io = |e| TraceError::Io {
+    let data = std::fs::read(path).map_err(|e| TraceError::Io {
         path: name.clone(),
         source: e,
-    };
-    let data = std::fs::read(path).map_err(io)?;
+    })?;
+    read_bytes(&name, &data, opts)
+}
+
+/// Reads trace bytes in any supported format; `name` names the source in errors.
+pub fn read_bytes(
+    name: &str,
+    data: &[u8],
+    opts: &ImportOptions,
+) -> Result<(Trace, ImportReport), TraceError> {
     let format = match opts.format {
         Some(f) => f,
-        None => super::detect::detect(&name, &data)?,
+        None => super::detect::detect(name, data)?,
+    };
+    let ro = ReadOptions {
+        skip_bad: opts.skip_bad,
     };
     match format {
         Format::Native => {
-            let (t, rep) = native::read_bytes(&name, &data)?;
-            let ir = ImportReport {
-                rows: t.requests.len() as u64,
-                ..Default::default()
-            };
+            let (t, rep) = native::read_bytes(name, data)?;
             if !rep.is_clean() {
                 tracing::warn!("{name}: {}", rep.summary());
             }
+            let ir = ImportReport {
+                rows: t.requests.len() as u64,
+                damage: (!rep.is_clean()).then(|| rep.summary()),
+                ..Default::default()
+            };
             Ok((t, ir))
         }
-        Format::Mooncake => mooncake::read(
-            &name,
-            BufReader::new(data.as_slice()),
-            &ReadOptions {
-                skip_bad: opts.skip_bad,
-            },
-        ),
+        Format::Mooncake => mooncake::read(name, BufReader::new(data), &ro),
+        Format::Azure => azure::read_azure(name, data, &ro),
+        Format::Burstgpt => azure::read_burstgpt(name, data, &ro),
+        Format::Sessions => sessions::read(name, data, &ro),
+        Format::Custom => custom::read(name, data, &ro),
     }
 }

@@ -7,11 +7,16 @@
 //!
 //! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
 
+pub mod azure;
+pub mod custom;
 pub mod detect;
+pub mod filter;
 pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
+pub mod sessions;
+pub mod shape;
 pub mod stats;
 
 use serde::{Deserialize, Serialize};
@@ -236,7 +241,7 @@ pub struct Request {
     pub output_tokens: u64,
     /// Chained block hashes (or imported ids) of the prompt, one per block (see the header).
     pub hash_ids: Vec<u64>,
-    pub response: Option<Response>,
+    pub response: Option<Box<Response>>,
     /// The full request body, only when the user asked for bodies at record time.
     pub body: Option<Vec<u8>>,
 }

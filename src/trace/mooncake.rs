@@ -8,7 +8,7 @@
 
 use super::hash::IdCompactor;
 use super::{Request, Trace, TraceError, TraceHeader};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::io::{BufRead, Write};
 
 /// Mooncake's block size.
@@ -24,14 +24,6 @@ struct RowIn {
     output_length: u64,
     #[serde(default)]
     hash_ids: Vec<u64>,
-}
-
-#[derive(Serialize)]
-struct RowOut<'a> {
-    timestamp: u64,
-    input_length: u64,
-    output_length: u64,
-    hash_ids: &'a [u64],
 }
 
 /// Options shared by the line-oriented importers.
@@ -50,6 +42,8 @@ pub struct ImportReport {
     pub skipped: u64,
     /// Rows out of time order, sorted (stable) by arrival afterwards.
     pub reordered: u64,
+    /// For native traces: what was lost to truncation or corruption (see `native::ReadReport`).
+    pub damage: Option<String>,
 }
 
 impl ImportReport {
@@ -69,7 +63,7 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
     } else {
         row.timestamp.as_f64().ok_or("timestamp is not a number")?
     };
-    if !(ts >= 0.0) || !ts.is_finite() {
+    if !ts.is_finite() || ts < 0.0 {
         return Err(format!("timestamp {ts} is negative or not finite"));
     }
     if ts > 1e15 {
@@ -145,14 +139,20 @@ pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
     for r in &trace.requests {
         hs.clear();
         hs.extend(r.hash_ids.iter().map(|&h| ids.id(h)));
-        let row = RowOut {
-            timestamp: (r.arrival_us.saturating_sub(t0) + 500) / 1000,
-            input_length: r.input_tokens,
-            output_length: r.output_tokens,
-            hash_ids: &hs,
-        };
-        serde_json::to_writer(&mut out, &row)?;
-        out.write_all(b"\n")?;
+        // Python's json.dumps layout (", " and ": "), as the published traces are written.
+        let ts = (r.arrival_us.saturating_sub(t0) + 500) / 1000;
+        write!(
+            out,
+            "{{\"timestamp\": {ts}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": [",
+            r.input_tokens, r.output_tokens
+        )?;
+        for (k, h) in hs.iter().enumerate() {
+            if k > 0 {
+                out.write_all(b", ")?;
+            }
+            write!(out, "{h}")?;
+        }
+        out.write_all(b"]}\n")?;
     }
     out.flush()
 }

@@ -200,7 +200,7 @@ impl RequestWire {
             p: r.params.clone(),
             s: r.session.clone(),
             b: r.body.clone(),
-            r: r.response.as_ref().map(ResponseWire::from_response),
+            r: r.response.as_deref().map(ResponseWire::from_response),
         }
     }
 
@@ -221,7 +221,10 @@ impl RequestWire {
             input_tokens: self.i,
             output_tokens: self.o,
             hash_ids: decode_runs(&self.h, MAX_FRAME_CONTENT)?,
-            response: self.r.map(ResponseWire::into_response).transpose()?,
+            response: self
+                .r
+                .map(|r| r.into_response().map(Box::new))
+                .transpose()?,
             body: self.b,
         })
     }
@@ -310,6 +313,9 @@ pub struct WriteOptions {
     pub level: i32,
     /// Close the open frame once its uncompressed size passes this.
     pub frame_bytes: usize,
+    /// Close the open frame at the first push after it has been open this long (`None`: never).
+    /// A writer that may sit idle should also call [`TraceWriter::flush_frame`] on a timer.
+    pub frame_age: Option<std::time::Duration>,
 }
 
 impl Default for WriteOptions {
@@ -317,6 +323,7 @@ impl Default for WriteOptions {
         WriteOptions {
             level: 3,
             frame_bytes: 4 << 20,
+            frame_age: Some(std::time::Duration::from_secs(1)),
         }
     }
 }
@@ -327,6 +334,7 @@ pub struct TraceWriter<W: Write> {
     opts: WriteOptions,
     buf: Vec<u8>,
     in_frame: u64,
+    frame_opened: Option<std::time::Instant>,
     prev_arrival: u64,
     frames: u64,
     records: u64,
@@ -342,6 +350,7 @@ impl<W: Write> TraceWriter<W> {
             opts,
             buf: Vec::with_capacity(1 << 16),
             in_frame: 0,
+            frame_opened: None,
             prev_arrival: 0,
             frames: 0,
             records: 0,
@@ -376,7 +385,14 @@ impl<W: Write> TraceWriter<W> {
         );
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
-        if self.buf.len() >= self.opts.frame_bytes {
+        let opened = *self
+            .frame_opened
+            .get_or_insert_with(std::time::Instant::now);
+        let too_old = self
+            .opts
+            .frame_age
+            .is_some_and(|age| opened.elapsed() >= age);
+        if self.buf.len() >= self.opts.frame_bytes || too_old {
             self.flush_frame()?;
         }
         Ok(())
@@ -407,6 +423,7 @@ impl<W: Write> TraceWriter<W> {
         self.write_frame(&content)?;
         self.records += self.in_frame;
         self.in_frame = 0;
+        self.frame_opened = None;
         self.prev_arrival = 0;
         self.buf.clear();
         self.out.flush()
@@ -618,25 +635,33 @@ fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
             content.len()
         ));
     }
-    let mut recs = Vec::with_capacity(fw.n as usize);
+    let start = out.len();
+    out.reserve(fw.n as usize);
     let mut prev = 0u64;
-    for k in 0..fw.n {
-        let w: RequestWire =
-            ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
-        let r = w
-            .into_request(prev)
-            .map_err(|e| format!("record {k}: {e}"))?;
-        prev = r.arrival_us;
-        recs.push(r);
+    let res = (|| {
+        for k in 0..fw.n {
+            let w: RequestWire =
+                ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
+            let r = w
+                .into_request(prev)
+                .map_err(|e| format!("record {k}: {e}"))?;
+            prev = r.arrival_us;
+            out.push(r);
+        }
+        if !rd.is_empty() {
+            return Err(format!(
+                "{} trailing bytes after {} records",
+                rd.len(),
+                fw.n
+            ));
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        // All or nothing per frame.
+        out.truncate(start);
+        return Err(e);
     }
-    if !rd.is_empty() {
-        return Err(format!(
-            "{} trailing bytes after {} records",
-            rd.len(),
-            fw.n
-        ));
-    }
-    out.extend(recs);
     Ok(fw.dropped)
 }
 
@@ -713,7 +738,7 @@ mod tests {
                     turn: (k / 5) as u32,
                     think_us: Some(5),
                 });
-                r.response = Some(Response {
+                r.response = Some(Box::new(Response {
                     status: 200,
                     ttft_us: Some(50_000),
                     events: vec![
@@ -737,7 +762,7 @@ mod tests {
                     }),
                     body: Some(b"data: x\n\n".to_vec()),
                     ..Default::default()
-                });
+                }));
                 r.body = Some(b"{\"prompt\":[1,2]}".to_vec());
             }
             reqs.push(r);
@@ -756,6 +781,7 @@ mod tests {
             WriteOptions {
                 level: 3,
                 frame_bytes: 2000,
+                frame_age: None,
             },
         );
         let (back, rep) = read_bytes("mem", &bytes).unwrap();
@@ -786,6 +812,7 @@ mod tests {
             WriteOptions {
                 level: 1,
                 frame_bytes: 1500,
+                frame_age: None,
             },
         );
         // Record where each frame ends, and how many records are complete by then.
@@ -832,6 +859,7 @@ mod tests {
             WriteOptions {
                 level: 1,
                 frame_bytes: 1500,
+                frame_age: None,
             },
         );
         let mut ends = vec![0];
@@ -852,6 +880,27 @@ mod tests {
         // The last record is still there: frames after the damage were read.
         assert_eq!(tr.requests.last(), t.requests.last());
         assert!(rep.summary().contains("corrupt frame at byte"));
+    }
+
+    #[test]
+    fn old_frames_close_on_push() {
+        let t = sample(3);
+        let mut w = TraceWriter::new(
+            Vec::new(),
+            &t.header,
+            WriteOptions {
+                frame_age: Some(std::time::Duration::ZERO),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for r in &t.requests {
+            w.push(r).unwrap();
+        }
+        // Every push closed its frame: all three records are readable before finish().
+        let (back, rep) = read_bytes("mem", w.get_mut()).unwrap();
+        assert_eq!(back.requests.len(), 3);
+        assert_eq!(rep.frames_ok, 4);
     }
 
     #[test]

@@ -1,4 +1,7 @@
-//! The integration test binary: servers on 127.0.0.1:0, the tool run in-process.
+//! retrace's single integration-test binary: every area adds a module here.
 
+mod fuzz;
+mod mock;
 mod replay;
 mod support;
+mod trace_cli;

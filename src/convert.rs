@@ -1,0 +1,99 @@
+//! The `convert` command: read any supported trace, apply filters, write native or Mooncake.
+
+use crate::cli::{ConvertArgs, OutFormat};
+use crate::trace::filter::{self, Filters};
+use crate::trace::import::{read_path, ImportOptions};
+use crate::trace::{mooncake, native};
+use anyhow::{Context, Result};
+use std::io::Write;
+
+/// Runs `convert`; returns a one-line summary for stderr.
+pub fn run(args: &ConvertArgs) -> Result<String> {
+    let window = args
+        .window
+        .as_deref()
+        .map(filter::parse_window)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--window: {e}"))?;
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        anyhow::bail!("--speed must be a positive number, got {}", args.speed);
+    }
+    if args.sample == 0 {
+        anyhow::bail!("--sample must be at least 1");
+    }
+    let (mut trace, rep) = read_path(
+        &args.input,
+        &ImportOptions {
+            format: args.from,
+            skip_bad: args.skip_bad,
+        },
+    )?;
+    let rows_in = trace.requests.len();
+    filter::apply(
+        &mut trace,
+        &Filters {
+            window_us: window,
+            head: args.head,
+            sample_every: args.sample,
+            speed: args.speed,
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let Some(bs) = args.block_size {
+        filter::reblock(&mut trace, bs).map_err(|e| anyhow::anyhow!("--block-size: {e}"))?;
+    }
+    let to = args.to.unwrap_or_else(|| {
+        let name = args.output.to_string_lossy();
+        if name.ends_with(".jsonl") || name.ends_with(".json") {
+            OutFormat::Mooncake
+        } else {
+            OutFormat::Native
+        }
+    });
+    let out_name = args.output.display().to_string();
+    let stdout = out_name == "-";
+    match to {
+        OutFormat::Mooncake => {
+            if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
+                tracing::warn!(
+                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
+                    args.input.display(),
+                    trace.header.block_size,
+                    if trace.header.partial_tail_block { "ceil" } else { "floor" }
+                );
+            }
+            if stdout {
+                mooncake::write(&trace, std::io::BufWriter::new(std::io::stdout().lock()))?;
+            } else {
+                let f = std::fs::File::create(&args.output)
+                    .with_context(|| format!("cannot create {out_name}"))?;
+                mooncake::write(&trace, std::io::BufWriter::new(f))
+                    .with_context(|| format!("writing {out_name}"))?;
+            }
+        }
+        OutFormat::Native => {
+            trace
+                .header
+                .meta
+                .insert("converted_from".into(), args.input.display().to_string());
+            let opts = native::WriteOptions {
+                level: args.level,
+                ..Default::default()
+            };
+            if stdout {
+                let bytes = native::write_bytes(&trace, opts);
+                std::io::stdout().lock().write_all(&bytes)?;
+            } else {
+                native::write_file(&args.output, &trace, opts)?;
+            }
+        }
+    }
+    Ok(format!(
+        "{}: {} rows read ({} skipped), {} written to {}",
+        args.input.display(),
+        rows_in,
+        rep.skipped,
+        trace.requests.len(),
+        out_name
+    ))
+}

@@ -1,0 +1,140 @@
+//! The `inspect` command: reads a trace, computes [`crate::trace::stats`], renders text or JSON.
+//!
+//! The JSON form is `{"file", "format_note", "import": {...}, "stats": TraceStats}` as documented
+//! in `docs/inspect-json.md`; a test holds it to that schema.
+
+use crate::cli::InspectArgs;
+use crate::trace::import::{read_path, ImportOptions};
+use crate::trace::stats::{compute, Dist, StatsOptions, TraceStats};
+use anyhow::Result;
+use serde_json::json;
+use std::fmt::Write as _;
+
+/// Runs `inspect`, returning what to print.
+pub fn run(args: &InspectArgs) -> Result<String> {
+    let (trace, rep) = read_path(
+        &args.file,
+        &ImportOptions {
+            format: args.from,
+            skip_bad: args.skip_bad,
+        },
+    )?;
+    let stats = compute(
+        &trace,
+        &StatsOptions {
+            cache_blocks: args.cache_blocks,
+        },
+    );
+    if args.json {
+        let v = json!({
+            "file": args.file.display().to_string(),
+            "source": trace.header.source,
+            "hash_scheme": trace.header.hash_scheme,
+            "import": {
+                "rows": rep.rows,
+                "skipped": rep.skipped,
+                "reordered": rep.reordered,
+                "damage": rep.damage,
+            },
+            "stats": stats,
+        });
+        return Ok(serde_json::to_string_pretty(&v)? + "\n");
+    }
+    let mut s = String::new();
+    writeln!(s, "{}  ({})", args.file.display(), trace.header.source)?;
+    if rep.skipped > 0 {
+        writeln!(s, "skipped {} malformed rows", rep.skipped)?;
+    }
+    if rep.reordered > 0 {
+        writeln!(s, "{} rows were out of time order (sorted)", rep.reordered)?;
+    }
+    if let Some(d) = &rep.damage {
+        writeln!(s, "damaged file: {d}")?;
+    }
+    s.push_str(&render(&stats));
+    Ok(s)
+}
+
+fn dist_row(s: &mut String, name: &str, d: &Dist, unit: &str) {
+    let _ = writeln!(
+        s,
+        "{:<22} mean {:>10.1}  p50 {:>9.1}  p90 {:>9.1}  p99 {:>9.1}  max {:>9.1} {unit}",
+        name, d.mean, d.p50, d.p90, d.p99, d.max
+    );
+}
+
+/// Renders stats as text.
+pub fn render(st: &TraceStats) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<22} {}", "requests", st.requests);
+    let _ = writeln!(s, "{:<22} {:.1} s", "duration", st.duration_s);
+    let _ = writeln!(
+        s,
+        "{:<22} mean {:.2} req/s, peak {} req/s (1 s window)",
+        "arrival rate", st.mean_rate_rps, st.peak_rate_rps
+    );
+    dist_row(&mut s, "input length (ISL)", &st.isl, "tokens");
+    dist_row(&mut s, "output length (OSL)", &st.osl, "tokens");
+    let r = &st.reuse;
+    if r.block_references > 0 {
+        let _ = writeln!(
+            s,
+            "{:<22} {} distinct of {} references ({} tokens per block)",
+            "prefix blocks", r.distinct_blocks, r.block_references, r.block_size
+        );
+        let _ = writeln!(
+            s,
+            "{:<22} {:.1} % of block references seen before (unbounded cache)",
+            "block reuse",
+            r.block_reuse * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "{:<22} {:.1} % mean per-request leading-prefix hit rate",
+            "prefix hit rate",
+            r.mean_prefix_hit_rate * 100.0
+        );
+        if let (Some(n), Some(h)) = (r.lru_blocks, r.lru_hit_rate) {
+            let _ = writeln!(
+                s,
+                "{:<22} {:.1} % with an LRU cache of {n} blocks",
+                "",
+                h * 100.0
+            );
+        }
+    } else {
+        let _ = writeln!(s, "{:<22} none (trace has no hash ids)", "prefix blocks");
+    }
+    if st.sessions > 0 {
+        let t = st.turns.clone().unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{:<22} {} (turns: mean {:.1}, max {})",
+            "sessions", st.sessions, t.mean, t.max
+        );
+    }
+    let mix = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(s, "{:<22} {}", "endpoints", mix(&st.endpoints));
+    if !st.models.is_empty() {
+        let _ = writeln!(s, "{:<22} {}", "models", mix(&st.models));
+    }
+    if let Some(rec) = &st.recorded {
+        let _ = writeln!(
+            s,
+            "recorded responses: {} ({} cancelled)",
+            rec.responses, rec.cancelled
+        );
+        dist_row(&mut s, "  TTFT", &rec.ttft_ms, "ms");
+        dist_row(&mut s, "  ITL", &rec.itl_ms, "ms");
+        dist_row(&mut s, "  E2E", &rec.e2e_ms, "ms");
+        if !rec.errors.is_empty() {
+            let _ = writeln!(s, "  errors: {}", mix(&rec.errors));
+        }
+    }
+    s
+}

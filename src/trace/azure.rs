@@ -1,0 +1,241 @@
+//! Azure LLM inference traces (2023 and the 2024 one-week files), and BurstGPT: CSV readers.
+//!
+//! Azure: header `TIMESTAMP,ContextTokens,GeneratedTokens`; TIMESTAMP is wall-clock text with up
+//! to 7 fractional digits and no zone (read as UTC); arrival offsets are taken from the earliest
+//! row, whose time becomes the header's `t0_unix_us`. BurstGPT: columns found by name
+//! (`Timestamp` in seconds from the trace start, `Model`, `Request tokens`, `Response tokens`,
+//! optional `Session ID`, `Log Type`). Neither format has prefix hashes, so requests carry none.
+//! Rows out of order are sorted (stable) and counted; malformed rows fail with their line number
+//! or, with `skip_bad`, are counted and skipped.
+
+use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::{Request, Session, Trace, TraceError, TraceHeader};
+use chrono::NaiveDateTime;
+
+fn row_err(path: &str, line: u64, msg: String) -> TraceError {
+    TraceError::Row {
+        path: path.to_string(),
+        line,
+        msg,
+    }
+}
+
+fn tokens(field: &str, name: &str) -> Result<u64, String> {
+    let t = field.trim();
+    let v: u64 = match t.parse::<u64>() {
+        Ok(v) => v,
+        // Some exports write counts as floats ("123.0").
+        Err(_) => match t.parse::<f64>() {
+            Ok(f) if f >= 0.0 && f.fract() == 0.0 && f <= MAX_TOKENS as f64 => f as u64,
+            _ => return Err(format!("{name} `{t}` is not a non-negative integer")),
+        },
+    };
+    if v > MAX_TOKENS {
+        return Err(format!(
+            "{name} {v} is over the limit of {MAX_TOKENS} tokens"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses an Azure TIMESTAMP into µs since the Unix epoch (UTC assumed).
+pub fn parse_azure_time(s: &str) -> Result<i64, String> {
+    let t = NaiveDateTime::parse_from_str(s.trim(), "%Y-%m-%d %H:%M:%S%.f")
+        .map_err(|e| format!("TIMESTAMP `{}`: {e}", s.trim()))?;
+    Ok(t.and_utc().timestamp_micros())
+}
+
+fn finish(
+    mut rows: Vec<Request>,
+    mut rep: ImportReport,
+    header: TraceHeader,
+) -> (Trace, ImportReport) {
+    rep.rows = rows.len() as u64;
+    rep.reordered = rows
+        .windows(2)
+        .filter(|w| w[0].arrival_us > w[1].arrival_us)
+        .count() as u64;
+    if rep.reordered > 0 {
+        rows.sort_by_key(|r| r.arrival_us);
+    }
+    (
+        Trace {
+            header,
+            requests: rows,
+        },
+        rep,
+    )
+}
+
+fn csv_reader(data: &[u8]) -> csv::Reader<&[u8]> {
+    csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(false)
+        .trim(csv::Trim::All)
+        .from_reader(data)
+}
+
+/// Reads an Azure LLM inference trace CSV.
+pub fn read_azure(
+    path: &str,
+    data: &[u8],
+    opts: &ReadOptions,
+) -> Result<(Trace, ImportReport), TraceError> {
+    let mut rd = csv_reader(data);
+    let hdr = rd
+        .headers()
+        .map_err(|e| row_err(path, 1, e.to_string()))?
+        .clone();
+    let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
+    let (Some(ct), Some(cc), Some(cg)) = (
+        col("TIMESTAMP"),
+        col("ContextTokens"),
+        col("GeneratedTokens"),
+    ) else {
+        return Err(row_err(
+            path,
+            1,
+            "expected header TIMESTAMP,ContextTokens,GeneratedTokens".into(),
+        ));
+    };
+    let mut rep = ImportReport::default();
+    let mut raw: Vec<(i64, u64, u64)> = Vec::new();
+    for (k, rec) in rd.records().enumerate() {
+        let line = k as u64 + 2;
+        let parsed = rec.map_err(|e| e.to_string()).and_then(|r| {
+            let f = |i: usize| r.get(i).unwrap_or("");
+            Ok((
+                parse_azure_time(f(ct))?,
+                tokens(f(cc), "ContextTokens")?,
+                tokens(f(cg), "GeneratedTokens")?,
+            ))
+        });
+        match parsed {
+            Ok(v) => raw.push(v),
+            Err(m) if opts.skip_bad => rep.bad_row(line, m),
+            Err(m) => return Err(row_err(path, line, m)),
+        }
+    }
+    let t0 = raw.iter().map(|r| r.0).min().unwrap_or(0);
+    let rows = raw
+        .into_iter()
+        .map(|(t, i, o)| Request {
+            arrival_us: (t - t0) as u64,
+            input_tokens: i,
+            output_tokens: o,
+            ..Default::default()
+        })
+        .collect();
+    let mut header = TraceHeader::imported(512, true, format!("azure:{path}"));
+    header.t0_unix_us = Some(t0);
+    Ok(finish(rows, rep, header))
+}
+
+/// Reads a BurstGPT CSV.
+pub fn read_burstgpt(
+    path: &str,
+    data: &[u8],
+    opts: &ReadOptions,
+) -> Result<(Trace, ImportReport), TraceError> {
+    let mut rd = csv_reader(data);
+    let hdr = rd
+        .headers()
+        .map_err(|e| row_err(path, 1, e.to_string()))?
+        .clone();
+    let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
+    let (Some(ct), Some(ci), Some(co)) = (
+        col("Timestamp"),
+        col("Request tokens"),
+        col("Response tokens"),
+    ) else {
+        return Err(row_err(
+            path,
+            1,
+            "expected BurstGPT columns Timestamp, Request tokens, Response tokens".into(),
+        ));
+    };
+    let (cm, cs) = (col("Model"), col("Session ID"));
+    let mut rep = ImportReport::default();
+    let mut rows = Vec::new();
+    let mut turns: std::collections::HashMap<String, u32> = Default::default();
+    for (k, rec) in rd.records().enumerate() {
+        let line = k as u64 + 2;
+        let parsed = rec.map_err(|e| e.to_string()).and_then(|r| {
+            let f = |i: usize| r.get(i).unwrap_or("").to_string();
+            let ts: f64 = f(ct)
+                .parse()
+                .map_err(|_| format!("Timestamp `{}` is not a number", f(ct)))?;
+            if !ts.is_finite() || !(0.0..=1e10).contains(&ts) {
+                return Err(format!("Timestamp {ts} is negative or absurd"));
+            }
+            let mut req = Request {
+                arrival_us: (ts * 1e6).round() as u64,
+                input_tokens: tokens(&f(ci), "Request tokens")?,
+                output_tokens: tokens(&f(co), "Response tokens")?,
+                model: cm.map(f).filter(|m| !m.is_empty()),
+                ..Default::default()
+            };
+            if let Some(sid) = cs.map(f).filter(|s| !s.is_empty()) {
+                let turn = turns.entry(sid.clone()).or_insert(0);
+                req.session = Some(Session {
+                    id: sid,
+                    turn: *turn,
+                    think_us: None,
+                });
+                *turn += 1;
+            }
+            Ok(req)
+        });
+        match parsed {
+            Ok(r) => rows.push(r),
+            Err(m) if opts.skip_bad => rep.bad_row(line, m),
+            Err(m) => return Err(row_err(path, line, m)),
+        }
+    }
+    // Offsets from the first arrival, as the other importers do.
+    let t0 = rows.iter().map(|r| r.arrival_us).min().unwrap_or(0);
+    for r in &mut rows {
+        r.arrival_us -= t0;
+    }
+    let header = TraceHeader::imported(512, true, format!("burstgpt:{path}"));
+    Ok(finish(rows, rep, header))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn azure_rows_are_offsets_from_first() {
+        let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,2\n2023-11-16 18:15:47.0000000,20,3";
+        let (t, rep) = read_azure("a.csv", csv.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(rep.rows, 2);
+        assert_eq!(t.requests[1].arrival_us, 319_410);
+        assert_eq!(t.requests[1].input_tokens, 20);
+        assert!(t.header.t0_unix_us.unwrap() > 1_700_000_000_000_000);
+    }
+
+    #[test]
+    fn azure_bad_row_names_line() {
+        let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,2\nnot a time,1,1\n";
+        let e = read_azure("a.csv", csv.as_bytes(), &ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("a.csv:3:"), "{e}");
+        let (_, rep) =
+            read_azure("a.csv", csv.as_bytes(), &ReadOptions { skip_bad: true }).unwrap();
+        assert_eq!((rep.rows, rep.skipped), (1, 1));
+    }
+
+    #[test]
+    fn burstgpt_reads_columns_by_name() {
+        let csv = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,Conversation log\n4.5,GPT-4,1000,0,1000,API log\n";
+        let (t, rep) = read_burstgpt("b.csv", csv.as_bytes(), &ReadOptions::default()).unwrap();
+        assert_eq!(rep.reordered, 1);
+        assert_eq!(t.requests[0].model.as_deref(), Some("GPT-4"));
+        assert_eq!(t.requests[0].arrival_us, 0);
+        assert_eq!(t.requests[1].arrival_us, 500_000);
+        let bad = "Timestamp,Model,Request tokens,Response tokens\n-1,x,1,1\n";
+        assert!(read_burstgpt("b.csv", bad.as_bytes(), &ReadOptions::default()).is_err());
+    }
+}

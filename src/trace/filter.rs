@@ -1,0 +1,217 @@
+//! Filters applied while converting: time window, first N rows, 1-in-K sampling, speed factor.
+//!
+//! Applied in that order, to arrival offsets (µs from t0). The window keeps arrivals in
+//! `[start, end)` and shifts them so the first kept arrival keeps its offset from `start`; the
+//! speed factor divides every offset (2 = twice as fast; recorded per-request response timings are
+//! left as they were measured). Pure; no I/O.
+
+use super::Trace;
+
+/// Conversion filters. `None`/`1` means "keep everything".
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filters {
+    /// `[start, end)` in µs of trace time.
+    pub window_us: Option<(u64, u64)>,
+    /// Keep only the first N requests (after the window).
+    pub head: Option<usize>,
+    /// Keep every K-th request (1 keeps all).
+    pub sample_every: usize,
+    /// Divide arrival offsets by this.
+    pub speed: f64,
+}
+
+impl Default for Filters {
+    fn default() -> Self {
+        Filters {
+            window_us: None,
+            head: None,
+            sample_every: 1,
+            speed: 1.0,
+        }
+    }
+}
+
+/// Parses `START..END` with units `ms`, `s` (default), `m`, `h`; either side may be empty.
+pub fn parse_window(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("window `{s}` must look like START..END, e.g. 60s..120s"))?;
+    let a = if a.trim().is_empty() {
+        0
+    } else {
+        parse_duration_us(a)?
+    };
+    let b = if b.trim().is_empty() {
+        u64::MAX
+    } else {
+        parse_duration_us(b)?
+    };
+    if b <= a {
+        return Err(format!("window `{s}`: END must be after START"));
+    }
+    Ok((a, b))
+}
+
+/// Parses `1.5s`, `250ms`, `2m`, `1h`, `30` (seconds) into µs.
+pub fn parse_duration_us(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e6)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60e6)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600e6)
+    } else {
+        (s, 1e6)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 90s, 250ms, 2m)"))?;
+    if !v.is_finite() || v < 0.0 || v * mul > 1e18 {
+        return Err(format!("duration `{s}` is negative or too large"));
+    }
+    Ok((v * mul).round() as u64)
+}
+
+/// Re-blocks hash ids to a block size `new_bs` that is a whole multiple of the trace's.
+///
+/// Chained ids identify whole prefixes, so the id of a coarse block is the id of the last fine
+/// block it contains (every `k`-th id, `k = new_bs / old_bs`); with a partial tail (ceil) the last
+/// fine id closes the trailing partial coarse block. Two requests therefore share coarse block `j`
+/// exactly when they shared the fine prefix up to its end.
+pub fn reblock(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
+    let old = trace.header.block_size;
+    if new_bs == old {
+        return Ok(());
+    }
+    if old == 0 || new_bs == 0 || new_bs % old != 0 {
+        return Err(format!(
+            "block size {new_bs} is not a whole multiple of the trace's {old} tokens"
+        ));
+    }
+    let k = (new_bs / old) as usize;
+    let tail = trace.header.partial_tail_block;
+    for r in &mut trace.requests {
+        let h = &r.hash_ids;
+        let mut out: Vec<u64> = h.iter().skip(k - 1).step_by(k).copied().collect();
+        if tail && h.len() % k != 0 {
+            out.extend(h.last().copied());
+        }
+        r.hash_ids = out;
+    }
+    trace.header.block_size = new_bs;
+    Ok(())
+}
+
+/// Applies the filters in place.
+pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
+    if !(f.speed.is_finite() && f.speed > 0.0) {
+        return Err(format!("speed {} must be a positive number", f.speed));
+    }
+    if f.sample_every == 0 {
+        return Err("sample interval must be at least 1".into());
+    }
+    let reqs = std::mem::take(&mut trace.requests);
+    let mut kept: Vec<_> = match f.window_us {
+        Some((a, b)) => reqs
+            .into_iter()
+            .filter(|r| r.arrival_us >= a && r.arrival_us < b)
+            .map(|mut r| {
+                r.arrival_us -= a;
+                r
+            })
+            .collect(),
+        None => reqs,
+    };
+    if let Some(n) = f.head {
+        kept.truncate(n);
+    }
+    if f.sample_every > 1 {
+        kept = kept
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % f.sample_every == 0)
+            .map(|(_, r)| r)
+            .collect();
+    }
+    if f.speed != 1.0 {
+        for r in &mut kept {
+            r.arrival_us = (r.arrival_us as f64 / f.speed).round() as u64;
+        }
+    }
+    trace.requests = kept;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Request, TraceHeader};
+
+    #[test]
+    fn filters_in_order() {
+        let mut t = Trace {
+            header: TraceHeader::imported(512, true, "t"),
+            requests: (0..10)
+                .map(|k| Request {
+                    arrival_us: k * 1_000_000,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        apply(
+            &mut t,
+            &Filters {
+                window_us: Some(parse_window("2s..8s").unwrap()),
+                head: Some(5),
+                sample_every: 2,
+                speed: 2.0,
+            },
+        )
+        .unwrap();
+        let at: Vec<u64> = t.requests.iter().map(|r| r.arrival_us).collect();
+        assert_eq!(at, vec![0, 1_000_000, 2_000_000]);
+    }
+
+    #[test]
+    fn reblock_keeps_prefix_identity() {
+        use crate::trace::hash::BlockHasher;
+        let h = BlockHasher::xxh3();
+        let a: Vec<u32> = (0..100).collect();
+        let mut b = a.clone();
+        b[70] = 7777; // differs inside coarse block 2 (tokens 64..96)
+        let mut t = Trace {
+            header: TraceHeader::imported(16, true, "t"),
+            requests: [&a, &b]
+                .iter()
+                .map(|p| Request {
+                    input_tokens: p.len() as u64,
+                    hash_ids: h.chain(p, 16, true),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        reblock(&mut t, 32).unwrap();
+        let (ra, rb) = (&t.requests[0].hash_ids, &t.requests[1].hash_ids);
+        // ceil(100/32) = 4 coarse blocks, and they equal the 32-token chain's structure
+        assert_eq!(ra.len(), 4);
+        assert_eq!(ra[..2], rb[..2]);
+        assert_ne!(ra[2], rb[2]);
+        assert_ne!(ra[3], rb[3]);
+        assert!(reblock(&mut t, 48).is_err());
+    }
+
+    #[test]
+    fn parse_errors_are_clear() {
+        assert!(parse_window("5s").unwrap_err().contains("START..END"));
+        assert!(parse_window("5s..1s").is_err());
+        assert_eq!(parse_window("..250ms").unwrap(), (0, 250_000));
+        assert_eq!(parse_duration_us("2m").unwrap(), 120_000_000);
+        assert!(parse_duration_us("-1s").is_err());
+    }
+}

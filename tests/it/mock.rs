@@ -1,0 +1,1112 @@
+//! `retrace mock` end to end over loopback: vLLM conformance of streams and errors (against
+//! `fixtures/vllm/`), prefix-cache accounting, batching, fixed timing, faults, determinism.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use retrace::mock::{self, MockConfig, MockHandle};
+use retrace::sse::SseParser;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+async fn start(cfg: MockConfig) -> MockHandle {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    mock::start(l, cfg).await.unwrap()
+}
+
+fn fixed(ttft: f64, itl: f64) -> MockConfig {
+    MockConfig {
+        fixed_timing: Some((ttft, itl)),
+        ..MockConfig::default()
+    }
+}
+
+/// One response as a client sees it.
+#[derive(Debug, Default)]
+struct Reply {
+    status: u16,
+    headers: http::HeaderMap,
+    /// Time from send to response headers.
+    headers_at: Duration,
+    body: Vec<u8>,
+    /// SSE `data` payloads with their arrival time after send.
+    events: Vec<(Duration, String)>,
+    /// The body ended with an error (e.g. reset).
+    error: Option<String>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    /// Parsed JSON events, without `[DONE]`.
+    fn chunks(&self) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter(|(_, d)| d != "[DONE]")
+            .map(|(_, d)| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+    fn done(&self) -> bool {
+        self.events.last().is_some_and(|(_, d)| d == "[DONE]")
+    }
+    /// Arrival times of events with non-empty `choices`.
+    fn content_times(&self) -> Vec<Duration> {
+        self.events
+            .iter()
+            .filter(|(_, d)| d != "[DONE]")
+            .filter(|(_, d)| {
+                let v: Value = serde_json::from_str(d).unwrap();
+                v["choices"].as_array().is_some_and(|c| !c.is_empty())
+            })
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    hdrs: &[(&str, &str)],
+) -> Reply {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "mock")
+        .header("content-type", "application/json");
+    for (k, v) in hdrs {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+    let t0 = Instant::now();
+    let resp = tx.send_request(req).await.unwrap();
+    let mut r = Reply {
+        status: resp.status().as_u16(),
+        headers: resp.headers().clone(),
+        headers_at: t0.elapsed(),
+        ..Default::default()
+    };
+    let mut body = resp.into_body();
+    let mut p = SseParser::default();
+    let sse = r
+        .headers
+        .get("content-type")
+        .is_some_and(|v| v.to_str().unwrap().starts_with("text/event-stream"));
+    while let Some(f) = body.frame().await {
+        match f {
+            Ok(f) => {
+                if let Some(d) = f.data_ref() {
+                    let now = t0.elapsed();
+                    r.body.extend_from_slice(d);
+                    if sse {
+                        p.feed(d, |e| r.events.push((now, e.unwrap().data)));
+                    }
+                }
+            }
+            Err(e) => {
+                r.error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    r
+}
+
+async fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
+    send(addr, "POST", path, &body.to_string(), &[]).await
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let r = send(addr, "GET", "/metrics", "", &[]).await;
+    let txt = String::from_utf8(r.body).unwrap();
+    txt.lines()
+        .find(|l| l.starts_with(name) && (name.ends_with('}') || l[name.len()..].starts_with('{')))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// The structure of a JSON value: objects keep their keys, leaves become type names.
+fn shape(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.iter().map(|(k, v)| (k.clone(), shape(v))).collect()),
+        Value::Array(a) => Value::Array(a.iter().take(1).map(shape).collect()),
+        Value::Null => json!("null"),
+        Value::Bool(_) => json!("bool"),
+        Value::Number(_) => json!("number"),
+        Value::String(_) => json!("string"),
+    }
+}
+
+fn fixture_events(name: &str) -> Vec<Value> {
+    let raw = std::fs::read(crate::support::repo(&format!("fixtures/vllm/{name}"))).unwrap();
+    let mut p = SseParser::default();
+    let mut out = Vec::new();
+    p.feed(&raw, |e| out.push(e.unwrap().data));
+    assert_eq!(out.last().map(String::as_str), Some("[DONE]"));
+    out[..out.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn assert_same_shapes(ours: &[Value], theirs: &[Value], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: event count");
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(
+            shape(a),
+            shape(b),
+            "{what}: event {i}\nours:   {a}\nvllm:   {b}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn completion_streams_match_vllm_fixtures() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"model":"mock-llama","prompt":[0,3077,360,317,273,1383,16],"max_tokens":4,
+               "ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    assert!(r.done());
+    let theirs = fixture_events("completions_tokenids_stream.sse");
+    assert_same_shapes(&r.chunks(), &theirs, "token-id prompt with usage");
+    assert_eq!(
+        r.chunks()[4]["usage"],
+        json!({"prompt_tokens":7,"total_tokens":11,"completion_tokens":4})
+    );
+    // text prompt without include_usage: fingerprint on the last content chunk
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"model":"mock-llama","prompt":"Hello","max_tokens":4,"ignore_eos":true,"stream":true}),
+    )
+    .await;
+    assert_same_shapes(
+        &r.chunks(),
+        &fixture_events("completions_text_stream.sse"),
+        "text prompt",
+    );
+    // return_token_ids
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":[0,3077,360],"max_tokens":2,"ignore_eos":true,"stream":true,"return_token_ids":true}),
+    )
+    .await;
+    assert_same_shapes(
+        &r.chunks(),
+        &fixture_events("return_token_ids_stream.sse"),
+        "return_token_ids",
+    );
+    assert_eq!(
+        r.chunks()[0]["choices"][0]["prompt_token_ids"],
+        json!([0, 3077, 360])
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn chat_stream_matches_vllm_fixture() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let r = post(
+        h.addr,
+        "/v1/chat/completions",
+        json!({"model":"mock-llama","messages":[{"role":"user","content":"Say something"}],
+               "max_tokens":3,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}),
+    )
+    .await;
+    assert!(r.done());
+    let ours = r.chunks();
+    assert_same_shapes(&ours, &fixture_events("chat_stream.sse"), "chat");
+    assert_eq!(
+        ours[0]["choices"][0]["delta"],
+        json!({"role":"assistant","content":""})
+    );
+    assert_eq!(ours[4]["usage"]["completion_tokens"], 3);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_request_metrics_match_vllm_shapes() {
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        ..fixed(20.0, 5.0)
+    })
+    .await;
+    let txt = std::fs::read_to_string(crate::support::repo(
+        "fixtures/vllm/per_request_metrics_example.txt",
+    ))
+    .unwrap();
+    let body_line = txt.lines().find(|l| l.starts_with('{')).unwrap();
+    let theirs_body: Value = serde_json::from_str(body_line).unwrap();
+    let theirs_usage: Value = serde_json::from_str(
+        &txt.lines()
+            .find(|l| l.starts_with("data: ") && l.contains("metrics"))
+            .unwrap()[6..],
+    )
+    .unwrap();
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":[1,2,3,4,5,6,7],"max_tokens":4,"ignore_eos":true}),
+    )
+    .await;
+    let ours = r.json();
+    assert_eq!(
+        shape(&ours),
+        shape(&theirs_body),
+        "non-streamed body\n{ours}"
+    );
+    let m = &ours["metrics"];
+    assert_eq!(m["time_to_first_token_ms"], 20.0);
+    assert_eq!(m["queue_time_ms"], 0.0);
+    assert_eq!(m["generation_time_ms"], 15.0);
+    assert_eq!(m["mean_itl_ms"], 5.0);
+    assert!((m["tokens_per_second"].as_f64().unwrap() - 4.0 / 0.035).abs() < 1e-6);
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":[1,2,3],"max_tokens":3,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}),
+    )
+    .await;
+    let usage = r.chunks().pop().unwrap();
+    assert_eq!(shape(&usage), shape(&theirs_usage));
+    // without include_usage no chunk carries metrics
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":[1,2,3],"max_tokens":3,"ignore_eos":true,"stream":true}),
+    )
+    .await;
+    assert!(!String::from_utf8_lossy(&r.body).contains("metrics"));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn errors_are_vllm_shaped_and_never_hang() {
+    let h = start(MockConfig {
+        max_model_len: 64,
+        kv_cache_tokens: 4096,
+        ..fixed(1.0, 1.0)
+    })
+    .await;
+    let err_shape =
+        json!({"error":{"message":"string","type":"string","param":"string","code":"number"}});
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"model":"nope","prompt":"x"}),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(shape(&r.json()), err_shape);
+    assert_eq!(
+        r.json()["error"]["message"],
+        "The model `nope` does not exist."
+    );
+    let long: Vec<u32> = (0..64).collect();
+    for stream in [false, true] {
+        let r = post(
+            h.addr,
+            "/v1/completions",
+            json!({"prompt":long,"stream":stream}),
+        )
+        .await;
+        assert_eq!(r.status, 400, "too-long prompt, stream={stream}");
+        assert!(r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 64"));
+    }
+    let r = send(h.addr, "POST", "/v1/completions", "{\"prompt\": [1,2", &[]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["type"], "BadRequestError");
+    for bad in [
+        json!({"prompt":"x","max_tokens":"5"}),
+        json!({"prompt":{"a":1}}),
+        json!({"prompt":[1,-2]}),
+        json!({"prompt":[]}),
+        json!({"prompt":"x","max_tokens":0}),
+        json!({"prompt":"x","stream":"yes"}),
+        json!([1, 2]),
+    ] {
+        let r = post(h.addr, "/v1/completions", bad.clone()).await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert!(r.json()["error"]["message"].is_string());
+    }
+    let r = post(h.addr, "/v1/chat/completions", json!({"messages":"hi"})).await;
+    assert_eq!(r.status, 400);
+    let r = post(
+        h.addr,
+        "/v1/chat/completions",
+        json!({"messages":[{"content":"no role"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(send(h.addr, "GET", "/nope", "", &[]).await.status, 404);
+    assert_eq!(
+        send(h.addr, "GET", "/v1/completions", "", &[]).await.status,
+        405
+    );
+    // max_tokens beyond the context is cut silently (as vLLM 0.32 does)
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":(0..60).collect::<Vec<u32>>(),"max_tokens":100,"ignore_eos":true}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 4);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn models_health_tokenize() {
+    let h = start(fixed(1.0, 1.0)).await;
+    assert_eq!(send(h.addr, "GET", "/health", "", &[]).await.status, 200);
+    let m = send(h.addr, "GET", "/v1/models", "", &[]).await.json();
+    assert_eq!(m["data"][0]["id"], "mock-llama");
+    let theirs: Value = serde_json::from_slice(
+        &std::fs::read(crate::support::repo("fixtures/vllm/tokenize.json")).unwrap(),
+    )
+    .unwrap();
+    let r = post(
+        h.addr,
+        "/tokenize",
+        json!({"model":"mock-llama","prompt":"Hello world, this is a test"}),
+    )
+    .await;
+    assert_eq!(shape(&r.json()), shape(&theirs));
+    assert_eq!(
+        r.json()["count"].as_u64().unwrap() as usize,
+        r.json()["tokens"].as_array().unwrap().len()
+    );
+    // the count /tokenize gives is the prompt_tokens a completion reports
+    let c = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"Hello world, this is a test","max_tokens":1}),
+    )
+    .await;
+    assert_eq!(c.json()["usage"]["prompt_tokens"], r.json()["count"]);
+    let r = post(
+        h.addr,
+        "/tokenize",
+        json!({"messages":[{"role":"user","content":"hi"}]}),
+    )
+    .await;
+    let chat = post(
+        h.addr,
+        "/v1/chat/completions",
+        json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":1}),
+    )
+    .await;
+    assert_eq!(chat.json()["usage"]["prompt_tokens"], r.json()["count"]);
+    assert_eq!(chat.json()["choices"][0]["message"]["role"], "assistant");
+    h.shutdown().await;
+}
+
+/// vLLM's rule, seen in /metrics: hits = min(floor(P/B)*B, floor((L-1)/B)*B), queries = L.
+#[tokio::test]
+async fn prefix_cache_hits_follow_vllm_rule_and_cut_ttft() {
+    let h = start(MockConfig {
+        block_size: 128,
+        enable_per_request_metrics: true,
+        cost: mock::CostModel {
+            prefill_token_ms: 0.05,
+            ..Default::default()
+        },
+        ..MockConfig::default()
+    })
+    .await;
+    let prompt: Vec<u32> = (0..2048).map(|i| 100 + i).collect();
+    let body = json!({"prompt":prompt,"max_tokens":2,"ignore_eos":true});
+    let first = post(h.addr, "/v1/completions", body.clone()).await.json();
+    assert_eq!(
+        metric(h.addr, "vllm:prefix_cache_queries_total").await,
+        2048.0
+    );
+    assert_eq!(metric(h.addr, "vllm:prefix_cache_hits_total").await, 0.0);
+    let second = post(h.addr, "/v1/completions", body).await.json();
+    // the same numbers real vLLM showed for the same experiment (fixtures/vllm/metrics_prefix_cache_before_after.txt)
+    assert_eq!(
+        metric(h.addr, "vllm:prefix_cache_queries_total").await,
+        4096.0
+    );
+    assert_eq!(metric(h.addr, "vllm:prefix_cache_hits_total").await, 1920.0);
+    let t1 = first["metrics"]["time_to_first_token_ms"].as_f64().unwrap();
+    let t2 = second["metrics"]["time_to_first_token_ms"]
+        .as_f64()
+        .unwrap();
+    assert!(t2 < t1 / 3.0, "cached TTFT {t2} ms vs cold {t1} ms");
+    // a shared prefix of 300 tokens in a 1000-token prompt: floor(300/128)*128 = 256
+    let mut other: Vec<u32> = (0..1000).map(|i| 100 + i).collect();
+    for t in other.iter_mut().skip(300) {
+        *t += 50_000;
+    }
+    post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":other,"max_tokens":1}),
+    )
+    .await;
+    assert_eq!(
+        metric(h.addr, "vllm:prefix_cache_hits_total").await,
+        1920.0 + 256.0
+    );
+    assert_eq!(metric(h.addr, "vllm:prompt_tokens_total").await, 5096.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn batching_slows_tpot_and_queues_beyond_max_num_seqs() {
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        max_num_seqs: 8,
+        ..MockConfig::default()
+    })
+    .await;
+    let req = |i: u32| json!({"prompt":(0..137).map(|t| t + i * 1000).collect::<Vec<u32>>(),"max_tokens":16,"ignore_eos":true});
+    let lone = post(h.addr, "/v1/completions", req(0)).await.json();
+    let lone_itl = lone["metrics"]["mean_itl_ms"].as_f64().unwrap();
+    let lone_ttft = lone["metrics"]["time_to_first_token_ms"].as_f64().unwrap();
+    assert!(
+        (lone_ttft - 69.6).abs() < 0.5,
+        "calibrated TTFT: {lone_ttft}"
+    );
+    assert!((lone_itl - 8.0).abs() < 0.3, "calibrated TPOT: {lone_itl}");
+    let mut tasks = Vec::new();
+    for i in 1..=16 {
+        let addr = h.addr;
+        tasks.push(tokio::spawn(async move {
+            post(addr, "/v1/completions", req(i)).await.json()
+        }));
+    }
+    let mut itls = Vec::new();
+    let mut queued = 0;
+    for t in tasks {
+        let v = t.await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 16);
+        itls.push(v["metrics"]["mean_itl_ms"].as_f64().unwrap());
+        if v["metrics"]["queue_time_ms"].as_f64().unwrap() > 50.0 {
+            queued += 1;
+        }
+    }
+    let mean = itls.iter().sum::<f64>() / itls.len() as f64;
+    assert!(
+        mean > lone_itl * 1.5,
+        "loaded TPOT {mean} vs lone {lone_itl}"
+    );
+    assert!(
+        queued >= 8,
+        "16 requests with max_num_seqs 8: {queued} waited"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn fixed_timing_is_exact_under_concurrency() {
+    let h = start(fixed(50.0, 10.0)).await;
+    let mut tasks = Vec::new();
+    for i in 0..64u32 {
+        let addr = h.addr;
+        tasks.push(tokio::spawn(async move {
+            post(
+                addr,
+                "/v1/completions",
+                json!({"prompt":[i + 1, 2, 3],"max_tokens":20,"ignore_eos":true,"stream":true}),
+            )
+            .await
+        }));
+    }
+    let mut itls = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        let ts = r.content_times();
+        assert_eq!(ts.len(), 20);
+        let ttft = ts[0].as_secs_f64() * 1e3;
+        // Never early; late only by client + loopback overhead (generous for a loaded 2-core box
+        // running a debug build and 64 client tasks).
+        assert!((50.0..250.0).contains(&ttft), "TTFT {ttft} ms");
+        let span = (ts[19] - ts[0]).as_secs_f64() * 1e3;
+        assert!(
+            (170.0..260.0).contains(&span),
+            "first to last token {span} ms, want 190"
+        );
+        itls.extend(ts.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3));
+    }
+    itls.sort_by(f64::total_cmp);
+    let median = itls[itls.len() / 2];
+    assert!((median - 10.0).abs() < 1.0, "median ITL {median} ms");
+    let l = h.lateness();
+    assert_eq!(l.count, 64 * 21, "20 token events + the end of each stream");
+    eprintln!("server-side emission lateness: {l:?}");
+    // 64 events fall due at the same instant every 10 ms; a debug build on a shared 2-core box
+    // takes milliseconds to write such a burst. The release benchmark (tools/bench_mock.sh)
+    // measures the real accuracy.
+    assert!(
+        l.p50_us < 10_000 && l.p99_us < 50_000,
+        "server-side lateness {l:?}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn tokens_per_event_makes_tpot_differ_from_itl() {
+    let h = start(MockConfig {
+        tokens_per_event: 4,
+        enable_per_request_metrics: true,
+        ..fixed(5.0, 8.0)
+    })
+    .await;
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":[1,2,3],"max_tokens":13,"ignore_eos":true,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true}}),
+    )
+    .await;
+    let chunks = r.chunks();
+    let per_event: Vec<usize> = chunks
+        .iter()
+        .filter(|c| !c["choices"].as_array().unwrap().is_empty())
+        .map(|c| c["choices"][0]["token_ids"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(per_event, vec![1, 4, 4, 4]);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 13);
+    let ts = r.content_times();
+    let span = (ts[3] - ts[0]).as_secs_f64() * 1e3;
+    assert!(span >= 23.0, "3 ITLs of 8 ms, never early: {span}");
+    // The engine's own timing: 3 event gaps of 8 ms carry 12 tokens, so TPOT = ITL / 4.
+    let m = &chunks.last().unwrap()["metrics"];
+    assert_eq!(m["generation_time_ms"], 24.0);
+    assert_eq!(m["mean_itl_ms"], 2.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn outputs_are_deterministic_per_seed_and_honour_eos_rules() {
+    let run = |seed: u64| async move {
+        let h = start(MockConfig {
+            seed,
+            eos_prob: 0.1,
+            ..fixed(1.0, 0.0)
+        })
+        .await;
+        let mut out = Vec::new();
+        for i in 0..8 {
+            let r = post(
+                h.addr,
+                "/v1/completions",
+                json!({"prompt":format!("question {i}"),"max_tokens":64,"min_tokens":5}),
+            )
+            .await
+            .json();
+            out.push((
+                r["choices"][0]["text"].as_str().unwrap().to_string(),
+                r["usage"]["completion_tokens"].as_u64().unwrap(),
+                r["choices"][0]["finish_reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ));
+        }
+        h.shutdown().await;
+        out
+    };
+    let a = run(1).await;
+    assert_eq!(a, run(1).await);
+    assert_ne!(a, run(2).await);
+    for (_, n, f) in &a {
+        assert!((6..=64).contains(n), "min_tokens 5 and max 64: {n}");
+        assert_eq!(f == "stop", *n < 64);
+    }
+    assert!(
+        a.iter().any(|(_, _, f)| f == "stop"),
+        "EOS at 10% per token ends some early"
+    );
+}
+
+#[tokio::test]
+async fn fault_status_and_seeded_rates() {
+    let h = start(MockConfig {
+        faults: mock::FaultConfig {
+            status_rate: 0.5,
+            status_codes: vec![429, 503],
+            ..Default::default()
+        },
+        ..fixed(0.0, 0.0)
+    })
+    .await;
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..40 {
+        let r = post(
+            h.addr,
+            "/v1/completions",
+            json!({"prompt":"x","max_tokens":1}),
+        )
+        .await;
+        *codes.entry(r.status).or_insert(0) += 1;
+        if r.status != 200 {
+            assert_eq!(r.json()["error"]["code"], r.status);
+        }
+    }
+    assert!(
+        codes[&200] >= 8 && codes[&429] >= 4 && codes[&503] >= 4,
+        "{codes:?}"
+    );
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"x"}"#,
+        &[("x-mock-fault", "none")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "the header overrides the rates");
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"x"}"#,
+        &[("x-mock-fault", "status=500")],
+    )
+    .await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.json()["error"]["type"], "InternalServerError");
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"x"}"#,
+        &[("x-mock-fault", "bogus")],
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert!(metric(h.addr, "retrace_mock_faults_injected_total").await >= 9.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn fault_stalls_slow_headers_and_reset() {
+    let h = start(fixed(10.0, 2.0)).await;
+    let body = r#"{"prompt":"x","max_tokens":10,"ignore_eos":true,"stream":true}"#;
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        body,
+        &[("x-mock-fault", "stall-first=300")],
+    )
+    .await;
+    let ts = r.content_times();
+    assert!(
+        ts[0] >= Duration::from_millis(310),
+        "stalled first token at {:?}",
+        ts[0]
+    );
+    assert!(r.done());
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        body,
+        &[("x-mock-fault", "stall-mid=3:300")],
+    )
+    .await;
+    let ts = r.content_times();
+    let gaps: Vec<f64> = ts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+        .collect();
+    assert!(
+        gaps[2] >= 300.0 && gaps.iter().filter(|g| **g >= 300.0).count() == 1,
+        "{gaps:?}"
+    );
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        body,
+        &[("x-mock-fault", "slow-headers=300")],
+    )
+    .await;
+    assert!(
+        r.headers_at >= Duration::from_millis(300),
+        "{:?}",
+        r.headers_at
+    );
+    assert!(r.done());
+    let r = send(
+        h.addr,
+        "POST",
+        "/v1/completions",
+        body,
+        &[("x-mock-fault", "reset-after=3")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content_times().len(), 3);
+    assert!(!r.done());
+    assert!(r.error.is_some(), "the stream must end in an error");
+    // non-streaming reset: the whole exchange fails
+    let stream = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::post("/v1/completions")
+        .header("host", "m")
+        .header("x-mock-fault", "reset-after=1")
+        .body(Full::new(Bytes::from_static(
+            br#"{"prompt":"x","max_tokens":5}"#,
+        )))
+        .unwrap();
+    assert!(tx.send_request(req).await.is_err());
+    // the server keeps serving
+    assert_eq!(
+        post(
+            h.addr,
+            "/v1/completions",
+            json!({"prompt":"x","max_tokens":2})
+        )
+        .await
+        .status,
+        200
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams() {
+    let h = start(fixed(10.0, 50.0)).await;
+    let addr = h.addr;
+    let t = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/completions",
+            json!({"prompt":"x","max_tokens":1000,"ignore_eos":true,"stream":true}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    h.shutdown().await;
+    let r = tokio::time::timeout(Duration::from_secs(5), t)
+        .await
+        .expect("stream ended")
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(!r.done());
+    assert!(!r.content_times().is_empty());
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "listener closed"
+    );
+}
+
+#[tokio::test]
+async fn hf_tokenizer_file_is_used_exactly() {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let vocab: std::collections::HashMap<String, u32> =
+        [("[UNK]", 0), ("hello", 1), ("world", 2), ("again", 3)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab.into_iter().collect())
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tk = tokenizers::Tokenizer::new(model);
+    tk.with_pre_tokenizer(Some(Whitespace {}));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    tk.save(&path, false).unwrap();
+    let h = start(MockConfig {
+        tokenizer: Some(path),
+        ..fixed(1.0, 0.0)
+    })
+    .await;
+    let r = post(
+        h.addr,
+        "/tokenize",
+        json!({"prompt":"hello world again zzz"}),
+    )
+    .await
+    .json();
+    assert_eq!(r["tokens"], json!([1, 2, 3, 0]));
+    let c = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"hello world","max_tokens":3,"ignore_eos":true}),
+    )
+    .await
+    .json();
+    assert_eq!(c["usage"]["prompt_tokens"], 2);
+    let text = c["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        text.split_whitespace()
+            .all(|w| ["[UNK]", "hello", "world", "again"].contains(&w)),
+        "{text}"
+    );
+    h.shutdown().await;
+    let bad = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let e = mock::start(
+        bad,
+        MockConfig {
+            tokenizer: Some(dir.path().join("missing.json")),
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(format!("{e:#}").contains("missing.json"));
+}
+
+#[test]
+fn config_errors_name_the_flag() {
+    let cfg = |args: &[&str]| {
+        let mut v = vec!["mock"];
+        v.extend_from_slice(args);
+        match crate::support::cli(&v).command {
+            retrace::cli::Command::Mock(a) => mock::config_from_args(&a),
+            _ => unreachable!(),
+        }
+    };
+    assert_eq!(
+        cfg(&["--fixed-timing", "50,10"]).unwrap().fixed_timing,
+        Some((50.0, 10.0))
+    );
+    assert!(format!("{:#}", cfg(&["--fixed-timing", "50"]).unwrap_err()).contains("--fixed-timing"));
+    assert!(format!("{:#}", cfg(&["--max-num-seqs", "0"]).unwrap_err()).contains("--max-num-seqs"));
+    assert!(
+        format!("{:#}", cfg(&["--kv-cache-tokens", "100"]).unwrap_err())
+            .contains("--kv-cache-tokens")
+    );
+    assert!(
+        format!("{:#}", cfg(&["--fault-reset-rate", "2"]).unwrap_err())
+            .contains("--fault-reset-rate")
+    );
+    assert!(
+        format!("{:#}", cfg(&["--fault-status-codes", "200"]).unwrap_err())
+            .contains("--fault-status-codes")
+    );
+}
+
+#[tokio::test]
+async fn metrics_use_vllm_names() {
+    let h = start(fixed(1.0, 1.0)).await;
+    post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"warm up","max_tokens":2}),
+    )
+    .await;
+    let ours = String::from_utf8(send(h.addr, "GET", "/metrics", "", &[]).await.body).unwrap();
+    let theirs = std::fs::read_to_string(crate::support::repo(
+        "fixtures/vllm/metrics_prefix_cache_before_after.txt",
+    ))
+    .unwrap();
+    for line in theirs
+        .lines()
+        .filter(|l| l.starts_with("vllm:") && !l.contains("_sum{"))
+    {
+        let name_labels = line
+            .rsplit_once(' ')
+            .unwrap()
+            .0
+            .replace("tiny-llama", "mock-llama");
+        assert!(
+            ours.lines().any(|l| l.starts_with(&name_labels)),
+            "missing {name_labels}"
+        );
+    }
+    for name in [
+        "vllm:num_requests_running{",
+        "vllm:num_requests_waiting{",
+        "vllm:kv_cache_usage_perc{",
+        "vllm:generation_tokens_total{",
+        "vllm:time_to_first_token_seconds_bucket{",
+        "vllm:inter_token_latency_seconds_count{",
+        "retrace_mock_emit_lateness_seconds_bucket{",
+    ] {
+        assert!(ours.contains(name), "missing {name}");
+    }
+    assert_eq!(metric(h.addr, "vllm:generation_tokens_total").await, 2.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_disconnect_frees_the_engine() {
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        ..MockConfig::default()
+    })
+    .await;
+    let stream = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::post("/v1/completions")
+        .header("host", "m")
+        .body(Full::new(Bytes::from_static(
+            br#"{"prompt":[1,2,3],"max_tokens":5000,"ignore_eos":true,"stream":true}"#,
+        )))
+        .unwrap();
+    let mut body = tx.send_request(req).await.unwrap().into_body();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(metric(h.addr, "vllm:num_requests_running").await, 1.0);
+    assert!(metric(h.addr, "vllm:kv_cache_usage_perc").await > 0.0);
+    drop(body);
+    drop(tx);
+    conn.abort();
+    let t0 = Instant::now();
+    while metric(h.addr, "vllm:num_requests_running").await != 0.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "request still running after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(h.addr, "vllm:kv_cache_usage_perc").await, 0.0);
+    assert!(metric(h.addr, "vllm:request_success_total{engine=\"0\",model_name=\"mock-llama\",finished_reason=\"abort\"}").await >= 1.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn batched_prompts_and_n_give_indexed_choices() {
+    let h = start(fixed(2.0, 1.0)).await;
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":["a b c",[5,6,7]],"n":2,"max_tokens":3,"ignore_eos":true}),
+    )
+    .await
+    .json();
+    let idx: Vec<u64> = r["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3]);
+    assert_eq!(r["usage"]["completion_tokens"], 12);
+    let r = post(h.addr, "/v1/chat/completions", json!({"messages":[{"role":"user","content":"hi"}],"n":2,"max_tokens":2,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})).await;
+    assert!(r.done());
+    let chunks = r.chunks();
+    let roles = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["role"] == "assistant")
+        .count();
+    assert_eq!(roles, 2, "one role chunk per choice");
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 4);
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":"x","stream_options":{"include_usage":true}}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "stream_options without stream");
+    h.shutdown().await;
+}
+
+/// Same seed and same (sequential) requests: the same cost-model timings, to the nanosecond.
+#[tokio::test]
+async fn cost_model_timings_are_deterministic() {
+    let run = || async {
+        let h = start(MockConfig {
+            enable_per_request_metrics: true,
+            ..MockConfig::default()
+        })
+        .await;
+        let mut out = Vec::new();
+        for (i, len) in [137u32, 40, 300].into_iter().enumerate() {
+            let p: Vec<u32> = (0..len).map(|t| t + i as u32).collect();
+            let r = post(
+                h.addr,
+                "/v1/completions",
+                json!({"prompt":p,"max_tokens":6,"ignore_eos":true}),
+            )
+            .await
+            .json();
+            out.push((r["choices"][0]["text"].clone(), r["metrics"].clone()));
+        }
+        h.shutdown().await;
+        out
+    };
+    let a = run().await;
+    assert_eq!(a, run().await);
+    // 300-token prompt: 7 + 0.45*300 + 0.05 + 0.0068*300 ms
+    let t = a[2].1["time_to_first_token_ms"].as_f64().unwrap();
+    assert!((t - 144.09).abs() < 0.01, "{t}");
+}
+
+/// Stalls in cost-model mode hold back emissions past the request's end in the engine.
+#[tokio::test]
+async fn stalls_in_cost_model_mode_deliver_everything() {
+    let h = start(MockConfig {
+        cost: mock::CostModel {
+            step_overhead_ms: 1.0,
+            prefill_token_ms: 0.01,
+            ..Default::default()
+        },
+        ..MockConfig::default()
+    })
+    .await;
+    let body = r#"{"prompt":"x y z","max_tokens":6,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#;
+    for fault in ["stall-first=200", "stall-mid=2:200", "reset-after=2"] {
+        let r = send(
+            h.addr,
+            "POST",
+            "/v1/completions",
+            body,
+            &[("x-mock-fault", fault)],
+        )
+        .await;
+        let ts = r.content_times();
+        if fault.starts_with("reset") {
+            assert_eq!(ts.len(), 2, "{fault}");
+            assert!(r.error.is_some() && !r.done(), "{fault}");
+            continue;
+        }
+        assert!(r.done(), "{fault}: {:?}", r.events);
+        assert_eq!(ts.len(), 6, "{fault}");
+        assert_eq!(r.chunks().last().unwrap()["usage"]["completion_tokens"], 6);
+        let stalled = if fault.starts_with("stall-first") {
+            ts[0]
+        } else {
+            ts[2] - ts[1]
+        };
+        assert!(stalled >= Duration::from_millis(200), "{fault}: {ts:?}");
+    }
+    h.shutdown().await;
+}
