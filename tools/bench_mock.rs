@@ -84,6 +84,33 @@ fn proc_usage(pid: u32) -> (f64, u64, u64) {
     (cpu / tick, kb("VmRSS:"), kb("VmHWM:"))
 }
 
+/// CPU seconds per thread name of a process.
+fn thread_cpu(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let name = stat
+            .split_once('(')
+            .and_then(|(_, r)| r.rsplit_once(')'))
+            .map(|(n, _)| n.to_string())
+            .unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let cpu = f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+        *out.entry(name).or_insert(0.0) += cpu / tick;
+    }
+    out
+}
+
 fn self_cpu() -> f64 {
     proc_usage(std::process::id()).0
 }
@@ -274,6 +301,7 @@ fn main() {
     });
     let wall = t0.elapsed().as_secs_f64();
     let (cpu1, _rss, hwm) = proc_usage(pid);
+    let threads = thread_cpu(pid);
     let ccpu1 = self_cpu();
     let metrics = rt.block_on(scrape(addr));
     unsafe {
@@ -328,5 +356,10 @@ fn main() {
         pct(&mut s.itl_us, 0.5),
         pct(&mut s.itl_us, 0.99)
     );
+    let per_thread: Vec<String> = threads
+        .iter()
+        .map(|(k, v)| format!("{k} {:.2} cores", v / wall))
+        .collect();
+    println!("mock CPU by thread: {}", per_thread.join(", "));
     println!("mock's own summary: {summary}");
 }

@@ -519,6 +519,13 @@ impl Engine {
         }
     }
 
+    /// Hands an event over, recording how late the engine clock is in doing so.
+    fn send(&self, tx: &UnboundedSender<Emit>, e: Emit) -> bool {
+        let late = Instant::now().saturating_duration_since(e.at());
+        self.stats.record_dispatch(late.as_nanos());
+        tx.send(e).is_ok()
+    }
+
     fn pop_heap(&mut self) {
         let Some(Reverse(e)) = self.heap.pop() else {
             return;
@@ -526,7 +533,7 @@ impl Engine {
         match e.what {
             Timed::Deliver(tx, emit) => {
                 let reset = matches!(emit, Emit::Reset { .. });
-                if tx.send(emit).is_err() && !reset {
+                if !self.send(&tx, emit) && !reset {
                     self.abort(e.req);
                 }
                 if reset {
@@ -607,6 +614,8 @@ impl Engine {
         };
         let mut ok = true;
         if direct {
+            self.stats
+                .record_dispatch(Instant::now().saturating_duration_since(at).as_nanos());
             ok = req.tx.send(emit).is_ok();
         } else {
             self.heap_n += 1;
@@ -652,7 +661,7 @@ impl Engine {
                 let done = self.done_emit(rid, at);
                 if direct {
                     if let Some(r) = self.reqs.get(&rid) {
-                        let _ = r.tx.send(done);
+                        self.send(&r.tx, done);
                     }
                 } else {
                     let tx = self.reqs[&rid].tx.clone();

@@ -195,6 +195,11 @@ impl MockHandle {
         self.stats.lateness()
     }
 
+    /// The engine clock's part of the lateness (hand-over to the connection task).
+    pub fn dispatch_lateness(&self) -> LatenessSummary {
+        self.stats.dispatch_lateness()
+    }
+
     /// The `/metrics` text, without HTTP.
     pub fn metrics_text(&self) -> String {
         self.stats.render()
@@ -403,9 +408,10 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
             .await
             .context("cannot wait for Ctrl-C")?;
         let l = h.lateness();
+        let d = h.dispatch_lateness();
         eprintln!(
-            "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us",
-            l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us
+            "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us (engine clock alone: p50 {} us, p99 {} us, max {} us)",
+            l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us, d.p50_us, d.p99_us, d.max_us
         );
         h.shutdown().await;
         Ok(std::process::ExitCode::SUCCESS)
