@@ -829,7 +829,15 @@ impl Engine {
         }
         let seqs = (prefill.len() + decode.len()) as u64;
         if seqs == 0 {
-            // Nothing runnable (e.g. the KV cache is full of waiting work): idle until freed.
+            if self.running.is_empty() {
+                // The head of the queue cannot fit even in an empty cache (configuration allows
+                // no such request; never spin on it).
+                if let Some(&k) = self.waiting.front() {
+                    if let Some(rid) = self.seqs.get(&k).map(|s| s.req) {
+                        self.abort(rid);
+                    }
+                }
+            }
             self.last_step_end = Some(start);
             self.update_gauges();
             return;
@@ -925,6 +933,101 @@ mod tests {
         let tpot = c.step_ms(0, 1, 138);
         assert!((tpot - 8.0).abs() < 0.2, "{tpot}");
         assert!(c.step_ms(0, 64, 64 * 1000) > 2.0 * tpot);
+    }
+
+    /// Random workloads on a tiny engine: every request completes with exactly its tokens, its
+    /// events arrive in time order and end with `Done`, and the cache stays within capacity.
+    #[test]
+    fn random_workloads_complete_exactly() {
+        use proptest::prelude::*;
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 64,
+            ..Default::default()
+        });
+        let strat = (
+            1u32..=8,
+            1u32..=32,
+            1usize..=4,
+            1u32..=64,
+            proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
+        );
+        runner
+            .run(&strat, |(bs, budget, max_seqs, tpe, reqs)| {
+                let max_len = 140u32;
+                let cfg = EngineConfig {
+                    fixed: None,
+                    cost: CostModel {
+                        step_overhead_ms: 0.02,
+                        prefill_token_ms: 0.0,
+                        seq_ms: 0.0,
+                        context_token_ms: 0.0,
+                    },
+                    max_num_seqs: max_seqs,
+                    max_num_batched_tokens: budget,
+                    block_size: bs,
+                    kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
+                    tokens_per_event: tpe % 3 + 1,
+                    seed: 1,
+                    eos_prob: 0.0,
+                    vocab: 1000,
+                    spin: Duration::ZERO,
+                };
+                let stats = Arc::new(Stats::new("m"));
+                let (tx, th) = spawn(cfg, stats.clone()).unwrap();
+                let mut rxs = Vec::new();
+                for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
+                    let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+                    // prompts of one family share a prefix
+                    let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
+                    tx.send(Cmd::Submit(Box::new(Submit {
+                        id: i as u64,
+                        arrival: Instant::now(),
+                        seqs: vec![SeqIn {
+                            prompt,
+                            max_tokens: (*max_tokens).min(max_len - plen),
+                            min_tokens: 0,
+                            ignore_eos: true,
+                        }],
+                        faults: FaultPlan::default(),
+                        tx: etx,
+                    })))
+                    .unwrap();
+                    rxs.push(erx);
+                }
+                for (i, mut rx) in rxs.into_iter().enumerate() {
+                    let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
+                    let mut got = 0u64;
+                    let mut last: Option<Instant> = None;
+                    loop {
+                        let e = rx.blocking_recv().expect("request must finish");
+                        if let Some(l) = last {
+                            prop_assert!(e.at() >= l, "events in time order");
+                        }
+                        last = Some(e.at());
+                        match e {
+                            Emit::Tokens { ids, .. } => got += ids.len() as u64,
+                            Emit::Done {
+                                completion_tokens,
+                                timing,
+                                ..
+                            } => {
+                                prop_assert_eq!(completion_tokens, got);
+                                prop_assert!(timing.queue_ms >= 0.0 && timing.ttft_ms > 0.0);
+                                break;
+                            }
+                            Emit::Reset { .. } => prop_assert!(false, "no reset asked"),
+                        }
+                    }
+                    prop_assert_eq!(got, want);
+                }
+                prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
+                tx.send(Cmd::Shutdown).unwrap();
+                th.join().unwrap();
+                // every block released once the engine is done
+                prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[test]
