@@ -192,6 +192,10 @@ pub struct MockArgs {
     /// Threads serving HTTP connections (the engine has its own thread besides).
     #[arg(long, default_value_t = 2)]
     pub io_threads: usize,
+    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE) so emissions stay on
+    /// time on a machine busy with other work; the threads sleep between deadlines.
+    #[arg(long)]
+    pub realtime: bool,
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! TTFT and ITL for reference. Every scenario is bounded in streams, tokens and wall time, and
 //! talks only to 127.0.0.1. Usage:
 //! `bench_mock --retrace target/release/retrace [--streams 1000] [--tokens 100] [--secs 10]
-//! [--ttft 50] [--itl 10] [--label NAME]`.
+//! [--ttft 50] [--itl 10] [--label NAME] [--mock-args "--realtime"]`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,6 +27,8 @@ struct Opts {
     ttft: f64,
     itl: f64,
     label: String,
+    /// Extra `retrace mock` arguments (whitespace-separated), e.g. "--realtime".
+    extra: String,
 }
 
 fn parse_opts() -> Result<Opts, String> {
@@ -38,6 +40,7 @@ fn parse_opts() -> Result<Opts, String> {
         ttft: 50.0,
         itl: 10.0,
         label: String::new(),
+        extra: String::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -54,6 +57,7 @@ fn parse_opts() -> Result<Opts, String> {
             "--ttft" => o.ttft = num(v)?,
             "--itl" => o.itl = num(v)?,
             "--label" => o.label = v.clone(),
+            "--mock-args" => o.extra = v.clone(),
             other => return Err(format!("unknown option {other}")),
         }
         i += 2;
@@ -247,6 +251,7 @@ fn main() {
             "--fixed-timing",
             &format!("{},{}", o.ttft, o.itl),
         ])
+        .args(o.extra.split_whitespace())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", o.retrace));
@@ -322,9 +327,12 @@ fn main() {
         ) * 1e3
     };
     println!(
-        "== {} streams={} fixed-timing={},{} tokens/request={} duration={:.1}s",
-        o.label, o.streams, o.ttft, o.itl, o.tokens, wall
+        "== {} streams={} fixed-timing={},{} tokens/request={} duration={:.1}s mock-args=[{}]",
+        o.label, o.streams, o.ttft, o.itl, o.tokens, wall, o.extra
     );
+    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
+        println!("machine load average (1/5/15 min) at the end: {}", l.trim());
+    }
     println!(
         "events: {n} ({:.0} SSE events/s), client errors: {}",
         n as f64 / wall,

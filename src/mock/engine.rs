@@ -78,6 +78,8 @@ pub struct EngineConfig {
     pub eos_prob: f64,
     pub vocab: u32,
     pub spin: Duration,
+    /// Run the engine thread under SCHED_FIFO (see [`make_realtime`]).
+    pub realtime: bool,
 }
 
 /// Why a choice ended.
@@ -265,6 +267,9 @@ pub fn spawn(
             unsafe {
                 libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
             }
+            if cfg.realtime && !make_realtime() {
+                stats.realtime_failed.store(true, Relaxed);
+            }
             let mut e = Engine {
                 cache: PrefixCache::new(cfg.kv_blocks, cfg.block_size),
                 cfg,
@@ -283,6 +288,16 @@ pub fn spawn(
             e.run(rx);
         })?;
     Ok((tx, handle))
+}
+
+/// Puts the calling thread under SCHED_FIFO priority 10, so that on a busy machine it runs as
+/// soon as it wakes instead of waiting for a CFS time slice. Returns false when not permitted
+/// (needs CAP_SYS_NICE). Safe to use because the mock's threads sleep between deadlines (the
+/// config refuses it together with spinning) and the kernel's RT throttling still applies.
+pub fn make_realtime() -> bool {
+    let p = libc::sched_param { sched_priority: 10 };
+    // SAFETY: changes only the calling thread's scheduling policy; `p` is a valid sched_param.
+    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &p) == 0 }
 }
 
 fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
@@ -971,6 +986,7 @@ mod tests {
                     eos_prob: 0.0,
                     vocab: 1000,
                     spin: Duration::ZERO,
+                    realtime: false,
                 };
                 let stats = Arc::new(Stats::new("m"));
                 let (tx, th) = spawn(cfg, stats.clone()).unwrap();

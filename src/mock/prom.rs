@@ -99,6 +99,8 @@ pub struct Stats {
     pub success_length: AtomicU64,
     pub aborted: AtomicU64,
     pub faults_injected: AtomicU64,
+    /// `realtime` was asked for but the OS refused it.
+    pub realtime_failed: std::sync::atomic::AtomicBool,
     pub ttft: Histo,
     pub itl: Histo,
     pub e2e: Histo,
@@ -123,6 +125,7 @@ impl Stats {
             success_length: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
+            realtime_failed: std::sync::atomic::AtomicBool::new(false),
             ttft: Histo::new(TTFT_BUCKETS),
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
