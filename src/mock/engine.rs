@@ -18,9 +18,11 @@
 //! cache counters are still kept).
 //! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
 //! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
-//! Emission: events wait in a deadline heap; the thread sleeps until about `spin_us` before the
-//! next deadline, then spins, then hands the event to the response channel; the response
-//! measures lateness when it writes the event. This module does not format JSON and does no network I/O.
+//! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
+//! deadline, or about `spin_us` before it and then spins, then hands the event to the response
+//! channel; hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
+//! wake-up and no event is more than `coalesce` late on the engine's side. The response measures
+//! lateness when it writes the event. This module does not format JSON and does no network I/O.
 
 use super::cache::{Alloc, PrefixCache};
 use super::faults::FaultPlan;
@@ -80,6 +82,8 @@ pub struct EngineConfig {
     pub spin: Duration,
     /// Run the engine thread under SCHED_FIFO (see [`make_realtime`]).
     pub realtime: bool,
+    /// Minimum gap between two hand-overs (batches events due close together).
+    pub coalesce: Duration,
 }
 
 /// Why a choice ended.
@@ -341,8 +345,12 @@ impl Engine {
                     Err(mpsc::TryRecvError::Empty) => break,
                 }
             }
-            self.progress(Instant::now());
-            let wake = self.next_wake();
+            let now = Instant::now();
+            self.progress(now);
+            // Coalescing: the next hand-over happens no sooner than `coalesce` after this one, so
+            // events due within that window go out together (one wake-up for several) and each
+            // is at most `coalesce` late; an isolated event is still handed over on time.
+            let wake = self.next_wake().map(|t| t.max(now + self.cfg.coalesce));
             let cmd = match wake {
                 None => match rx.recv() {
                     Ok(c) => Some(c),
@@ -987,6 +995,7 @@ mod tests {
                     vocab: 1000,
                     spin: Duration::ZERO,
                     realtime: false,
+                    coalesce: Duration::from_micros(50),
                 };
                 let stats = Arc::new(Stats::new("m"));
                 let (tx, th) = spawn(cfg, stats.clone()).unwrap();

@@ -62,6 +62,9 @@ pub struct MockConfig {
     /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps emission
     /// on time on a machine busy with other work. Refused together with `spin_us > 0`.
     pub realtime: bool,
+    /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
+    /// go out together (less CPU per event), each at most this much late on the engine's side.
+    pub coalesce_us: u64,
 }
 
 impl Default for MockConfig {
@@ -84,6 +87,7 @@ impl Default for MockConfig {
             spin_us: 0,
             io_threads: 2,
             realtime: false,
+            coalesce_us: 50,
         }
     }
 }
@@ -128,6 +132,9 @@ impl MockConfig {
         }
         if self.realtime && self.spin_us > 0 {
             bail!("--realtime cannot be combined with --spin-us (a spinning real-time thread could starve the machine)");
+        }
+        if self.coalesce_us > 1000 {
+            bail!("--coalesce-us must be at most 1000 (it bounds the mock's own lateness)");
         }
         if self.io_threads == 0 || self.io_threads > 64 {
             bail!("--io-threads must be 1..=64");
@@ -288,6 +295,7 @@ pub async fn start(
         vocab: tokenizer.vocab(),
         spin: Duration::from_micros(cfg.spin_us),
         realtime: cfg.realtime,
+        coalesce: Duration::from_micros(cfg.coalesce_us),
     };
     let (etx, ethread) = match engine::spawn(ecfg, stats.clone()) {
         Ok(x) => x,
@@ -391,6 +399,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         spin_us: a.spin_us,
         io_threads: a.io_threads,
         realtime: a.realtime,
+        coalesce_us: a.coalesce_us,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),
