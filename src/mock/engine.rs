@@ -160,6 +160,11 @@ pub struct Submit {
     pub tx: UnboundedSender<Emit>,
 }
 
+/// Events handed over together: the engine sends one batch per wake-up to a dispatcher task on
+/// the HTTP runtime, which wakes the connections from inside the runtime (one cross-thread
+/// wake-up per batch instead of one per event).
+pub type Batch = Vec<(UnboundedSender<Emit>, Emit)>;
+
 #[derive(Debug)]
 pub enum Cmd {
     Submit(Box<Submit>),
@@ -254,12 +259,15 @@ struct Engine {
     heap_n: u64,
     step: Option<Step>,
     last_step_end: Option<Instant>,
+    out: Batch,
+    out_tx: UnboundedSender<Batch>,
 }
 
 /// Starts the engine thread.
 pub fn spawn(
     cfg: EngineConfig,
     stats: Arc<Stats>,
+    out_tx: UnboundedSender<Batch>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
@@ -288,6 +296,8 @@ pub fn spawn(
                 heap_n: 0,
                 step: None,
                 last_step_end: None,
+                out: Vec::new(),
+                out_tx,
             };
             e.run(rx);
         })?;
@@ -347,6 +357,12 @@ impl Engine {
             }
             let now = Instant::now();
             self.progress(now);
+            if !self.out.is_empty() {
+                let batch = std::mem::take(&mut self.out);
+                if self.out_tx.send(batch).is_err() {
+                    return; // the HTTP side is gone
+                }
+            }
             // Coalescing: the next hand-over happens no sooner than `coalesce` after this one, so
             // events due within that window go out together (one wake-up for several) and each
             // is at most `coalesce` late; an isolated event is still handed over on time.
@@ -542,11 +558,14 @@ impl Engine {
         }
     }
 
-    /// Hands an event over, recording how late the engine clock is in doing so.
-    fn send(&self, tx: &UnboundedSender<Emit>, e: Emit) -> bool {
+    /// Hands an event over (into the current batch), recording how late the engine clock is in
+    /// doing so; false when the response is gone.
+    fn send(&mut self, tx: UnboundedSender<Emit>, e: Emit) -> bool {
         let late = Instant::now().saturating_duration_since(e.at());
         self.stats.record_dispatch(late.as_nanos());
-        tx.send(e).is_ok()
+        let ok = !tx.is_closed();
+        self.out.push((tx, e));
+        ok
     }
 
     fn pop_heap(&mut self) {
@@ -556,7 +575,7 @@ impl Engine {
         match e.what {
             Timed::Deliver(tx, emit) => {
                 let reset = matches!(emit, Emit::Reset { .. });
-                if !self.send(&tx, emit) && !reset {
+                if !self.send(tx, emit) && !reset {
                     self.abort(e.req);
                 }
                 if reset {
@@ -639,7 +658,8 @@ impl Engine {
         if direct {
             self.stats
                 .record_dispatch(Instant::now().saturating_duration_since(at).as_nanos());
-            ok = req.tx.send(emit).is_ok();
+            ok = !req.tx.is_closed();
+            self.out.push((req.tx.clone(), emit));
         } else {
             self.heap_n += 1;
             self.heap.push(Reverse(Entry {
@@ -683,8 +703,8 @@ impl Engine {
             if req.seqs_left == 0 {
                 let done = self.done_emit(rid, at);
                 if direct {
-                    if let Some(r) = self.reqs.get(&rid) {
-                        self.send(&r.tx, done);
+                    if let Some(tx) = self.reqs.get(&rid).map(|r| r.tx.clone()) {
+                        self.send(tx, done);
                     }
                 } else {
                     let tx = self.reqs[&rid].tx.clone();
@@ -998,7 +1018,15 @@ mod tests {
                     coalesce: Duration::from_micros(50),
                 };
                 let stats = Arc::new(Stats::new("m"));
-                let (tx, th) = spawn(cfg, stats.clone()).unwrap();
+                let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();
+                let fwd = std::thread::spawn(move || {
+                    while let Some(b) = brx.blocking_recv() {
+                        for (t, e) in b {
+                            let _ = t.send(e);
+                        }
+                    }
+                });
+                let (tx, th) = spawn(cfg, stats.clone(), btx).unwrap();
                 let mut rxs = Vec::new();
                 for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
                     let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
@@ -1048,6 +1076,7 @@ mod tests {
                 prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
                 tx.send(Cmd::Shutdown).unwrap();
                 th.join().unwrap();
+                fwd.join().unwrap();
                 // every block released once the engine is done
                 prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
                 Ok(())

@@ -297,7 +297,16 @@ pub async fn start(
         realtime: cfg.realtime,
         coalesce: Duration::from_micros(cfg.coalesce_us),
     };
-    let (etx, ethread) = match engine::spawn(ecfg, stats.clone()) {
+    let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
+    rt.spawn(async move {
+        while let Some(batch) = brx.recv().await {
+            for (tx, e) in batch {
+                // A closed channel is a response already gone; its drop told the engine.
+                let _ = tx.send(e);
+            }
+        }
+    });
+    let (etx, ethread) = match engine::spawn(ecfg, stats.clone(), btx) {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
