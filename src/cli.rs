@@ -198,7 +198,7 @@ pub struct MockArgs {
     pub realtime: bool,
     /// Emission clock: minimum gap between hand-overs, µs; events due within it go out together
     /// (less CPU per event), each at most this late on the engine's side.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 100)]
     pub coalesce_us: u64,
 }
 

@@ -87,7 +87,7 @@ impl Default for MockConfig {
             spin_us: 0,
             io_threads: 2,
             realtime: false,
-            coalesce_us: 50,
+            coalesce_us: 100,
         }
     }
 }
