@@ -24,6 +24,14 @@ pub enum Command {
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
+    ///
+    /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
+    ///
+    /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics
+    /// in vLLM 0.32's shapes. Without --fixed-timing a continuous-batching scheduler times each
+    /// step with a cost model (a lone 137-token prompt: ~70 ms TTFT, ~8 ms TPOT). Faults by
+    /// seeded rates (--fault-*) or per request with the header `x-mock-fault` (e.g.
+    /// `status=503`, `stall-first=500`, `reset-after=3`). Details: docs/mock.md.
     Mock(MockArgs),
 }
 
@@ -194,14 +202,7 @@ pub struct ConvertArgs {
     pub level: i32,
 }
 
-/// Run the simulated vLLM-compatible engine.
-///
-/// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
-///
-/// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics in
-/// vLLM 0.32's exact shapes. Without --fixed-timing, a continuous-batching scheduler times every
-/// step with a cost model (defaults: a lone 137-token prompt gets ~70 ms TTFT and ~8 ms TPOT).
-/// Per-request faults: header `x-mock-fault: status=503,stall-first=MS,stall-mid=N:MS,reset-after=N,slow-headers=MS`.
+/// Options of `retrace mock` (help text on the `Mock` command).
 #[derive(Debug, clap::Args)]
 pub struct MockArgs {
     /// Address to listen on.
@@ -291,6 +292,14 @@ pub struct MockArgs {
     /// Threads serving HTTP connections (the engine has its own thread besides).
     #[arg(long, default_value_t = 2)]
     pub io_threads: usize,
+    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE) so emissions stay on
+    /// time on a machine busy with other work; the threads sleep between deadlines.
+    #[arg(long)]
+    pub realtime: bool,
+    /// Emission clock: minimum gap between hand-overs, µs; events due within it go out together
+    /// (less CPU per event), each at most this late on the engine's side.
+    #[arg(long, default_value_t = 100)]
+    pub coalesce_us: u64,
 }
 
 #[cfg(test)]
