@@ -35,6 +35,7 @@ use std::process::ExitCode;
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        cli::Command::Replay(a) => return replay::run(a),
         cli::Command::Inspect(a) => {
             let out = inspect::run(&a)?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
@@ -43,7 +44,6 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = convert::run(&a)?;
             eprintln!("{msg}");
         }
-        cli::Command::Replay(a) => return replay::run(a),
         cli::Command::Compare(a) => return report::run_compare(&a),
         cli::Command::Report(a) => return report::run_report(&a),
         cli::Command::Mock(a) => return mock::run(a),

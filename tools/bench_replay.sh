@@ -7,6 +7,8 @@
 #     50 ms), ITL mean and std (true: 10 ms, 0), and the replayer's CPU time.
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
 #     and achieved request rate.
+#  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
+#     5-token outputs, so the streams overlap for ~4 s): completed/failed and peak concurrency.
 #
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
 # Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000").
@@ -76,4 +78,18 @@ for SPEED in 1 2; do
   printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$N" "$PD" "$MD" "$RT" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
 done
 echo
-echo "results in $OUT (mock lateness: see its log)"
+echo "== scale: 10,000 concurrent streams (mock --fixed-timing 50,1000, 5-token outputs) =="
+PORT2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" mock --listen "127.0.0.1:$PORT2" --fixed-timing 50,1000 --max-num-seqs 100000 >"$OUT/mock2.log" 2>&1 &
+MOCK2=$!
+trap 'kill $MOCK $MOCK2 2>/dev/null || true' EXIT
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT2/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
+gen "$OUT/scale.jsonl" 10000 0 5
+T=$(timed "$OUT/scale.log" "$BIN" replay "$OUT/scale.jsonl" --target "http://127.0.0.1:$PORT2" \
+    --model mock-llama --warm-connections 10000 --result-json "$OUT/scale.json")
+read -r U S W <<<"$T"
+printf "%-10s %-8s %-10s %-10s %-12s\n" completed failed peak mean_ttft "cpu(u+s)/wall"
+read -r C F P MT <<<"$(field "$OUT/scale.json" completed failed max_concurrent_requests mean_ttft_ms)"
+printf "%-10s %-8s %-10s %-10s %-12s\n" "$C" "$F" "$P" "$MT" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+echo
+echo "results in $OUT"

@@ -410,6 +410,9 @@ pub async fn handle(
     sh: Arc<Shared>,
     fd: RawFd,
 ) -> Result<Response<MockBody>, BoxError> {
+    // Arrival: the request head has been parsed; body upload, parsing and tokenization count
+    // toward TTFT as they do in a real server.
+    let arrival = Instant::now();
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let fault_header = req
@@ -473,7 +476,7 @@ pub async fn handle(
         return Ok(tokenize_route(&sh, &body));
     }
     let chat = path == "/v1/chat/completions";
-    generate(sh, &body, chat, forced, fd).await
+    generate(sh, &body, chat, forced, fd, arrival).await
 }
 
 fn models(sh: &Shared) -> Response<MockBody> {
@@ -564,6 +567,7 @@ async fn generate(
     chat: bool,
     forced: Option<FaultPlan>,
     fd: RawFd,
+    arrival: Instant,
 ) -> Result<Response<MockBody>, BoxError> {
     let raw: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
@@ -713,7 +717,7 @@ async fn generate(
     let (tx, rx) = unbounded_channel();
     let submit = Submit {
         id: rn,
-        arrival: Instant::now(),
+        arrival,
         seqs,
         faults: plan,
         tx,

@@ -221,7 +221,7 @@ pub async fn execute(
                 break;
             }
             Some(Err(e)) => {
-                err.get_or_insert(("reset".into(), e.to_string()));
+                err.get_or_insert(("reset".into(), error_chain(&e)));
                 break;
             }
             Some(Ok(fr)) => {
@@ -324,4 +324,16 @@ pub fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
     let value = HeaderValue::from_str(v.trim())
         .map_err(|_| format!("--header {s:?}: the value is not a valid header value"))?;
     Ok((name, value))
+}
+
+/// An error and its sources, `: `-joined (hyper's top-level messages alone are vague).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
 }

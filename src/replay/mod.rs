@@ -69,6 +69,8 @@ pub struct Config {
     pub warm_connections: Option<usize>,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
+    /// The open-file limit in force, when known (warns when streams may exceed it).
+    pub fd_limit: Option<u64>,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -177,6 +179,7 @@ impl Config {
             },
             warm_connections: a.warm_connections,
             progress: std::io::stderr().is_terminal(),
+            fd_limit: None,
         })
     }
 }
@@ -194,12 +197,15 @@ pub struct Outcome {
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let report_html = args.report_html.clone();
     let cfg = Config::from_args(args)?;
-    raise_fd_limit();
+    let fds = raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let out = rt.block_on(replay(cfg))?;
+    let out = rt.block_on(replay(Config {
+        fd_limit: fds,
+        ..cfg
+    }))?;
     crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
     print!("{}", out.report);
     Ok(if out.valid {
@@ -351,6 +357,14 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if inexact > 0 {
         eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
     }
+    if let Some(limit) = cfg.fd_limit {
+        let streams = cfg.max_concurrency.unwrap_or(plan.len()).min(plan.len()) as u64;
+        if streams + 64 > limit {
+            eprintln!(
+                "retrace: warning: up to {streams} streams may be in flight but the open-file limit is {limit}; requests beyond it fail as `connect` (raise it with `ulimit -n`, or give --max-concurrency)"
+            );
+        }
+    }
     // Connections are opened before the clock starts, a bounded number at a time.
     let warm = cfg
         .warm_connections
@@ -468,8 +482,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     })
 }
 
-/// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket).
-fn raise_fd_limit() {
+/// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and
+/// returns the limit now in force (`None` when unknown).
+fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     // SAFETY: getrlimit/setrlimit on RLIMIT_NOFILE with a valid, initialised struct.
     unsafe {
@@ -477,11 +492,23 @@ fn raise_fd_limit() {
             rlim_cur: 0,
             rlim_max: 0,
         };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return None;
         }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+        #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every unix
+        Some(r.rlim_cur as u64)
     }
+    #[cfg(not(unix))]
+    None
 }
 
 /// vLLM's `date` format (`20260101-120000`), in UTC.

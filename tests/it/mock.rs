@@ -1110,3 +1110,92 @@ async fn stalls_in_cost_model_mode_deliver_everything() {
     }
     h.shutdown().await;
 }
+
+/// Arbitrary bodies and field types: always an HTTP answer (200/400/404), never a panic or a hang.
+#[tokio::test]
+async fn arbitrary_requests_get_answers() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    let h = start(MockConfig {
+        max_model_len: 256,
+        kv_cache_tokens: 4096,
+        ..fixed(0.0, 0.0)
+    })
+    .await;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (0u64..300).prop_map(Value::from),
+        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null)),
+        ".{0,12}".prop_map(Value::from),
+    ];
+    let val = leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            proptest::collection::btree_map(
+                prop_oneof![
+                    Just("role".to_string()),
+                    Just("content".to_string()),
+                    ".{0,6}"
+                ],
+                inner,
+                0..4
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    });
+    let keys = prop_oneof![
+        Just("prompt"),
+        Just("messages"),
+        Just("max_tokens"),
+        Just("min_tokens"),
+        Just("n"),
+        Just("stream"),
+        Just("stream_options"),
+        Just("ignore_eos"),
+        Just("model"),
+        Just("return_token_ids"),
+        Just("temperature")
+    ];
+    let body = proptest::collection::btree_map(keys, val, 0..6);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for i in 0..150 {
+        let b: Value = Value::Object(
+            body.new_tree(&mut runner)
+                .unwrap()
+                .current()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        );
+        let path = if i % 2 == 0 {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            send(h.addr, "POST", path, &b.to_string(), &[]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("hang on {b}"));
+        assert!([200, 400, 404].contains(&r.status), "{} on {b}", r.status);
+        if r.status != 200 {
+            assert!(r.json()["error"]["message"].is_string());
+        }
+    }
+    for raw in ["", "{", "nul", "\u{0}", "[[[[", "{\"prompt\":\"\\ud800\"}"] {
+        assert_eq!(
+            send(h.addr, "POST", "/v1/completions", raw, &[])
+                .await
+                .status,
+            400,
+            "{raw:?}"
+        );
+    }
+    assert_eq!(send(h.addr, "GET", "/health", "", &[]).await.status, 200);
+    h.shutdown().await;
+}

@@ -240,7 +240,7 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
     let dir = tempfile::tempdir().unwrap();
     let trace = mooncake(
         dir.path(),
-        &[(0, 10, 2 + 1, &[0]), (0, 10, 6, &[1]), (0, 10, 6, &[2])],
+        &[(0, 10, 6, &[0]), (0, 10, 6, &[1]), (0, 10, 6, &[2])],
     );
     let cfg = config(&[
         trace.to_str().unwrap(),
@@ -256,7 +256,7 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
     .unwrap();
     let o = replay::replay(cfg).await.unwrap();
     let s = &o.summary;
-    assert_eq!(s.completed + s.failed, 2, "--limit 2");
+    assert_eq!((s.completed, s.failed), (2, 0), "--limit 2: {:?}", s.errors);
     assert_eq!(s.max_concurrent_requests, 1);
     // The second request waited for the first (≥ 30 ms TTFT) in the client queue.
     assert!(
@@ -342,7 +342,7 @@ fn api_key_is_never_written() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = rt.block_on(support::start(ServerConfig::default()));
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 3, &[0])]);
+    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0])]);
     let out = dir.path().join("r.json");
     let o = std::process::Command::new(bin)
         .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
@@ -373,7 +373,7 @@ fn drift_limit_sets_exit_status() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = rt.block_on(support::start(ServerConfig::default()));
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 3, &[0]), (5, 10, 3, &[1])]);
+    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
     let run = |limit: &str| {
         std::process::Command::new(bin)
             .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])

@@ -1,4 +1,6 @@
-//! Test helpers: a small OpenAI-compatible SSE server with fixed timing and fault modes.
+//! Shared helpers for integration tests.
+//!
+//! Also a small OpenAI-compatible SSE server with fixed timing and fault modes.
 //!
 //! Serves `POST /v1/completions`, `POST /v1/chat/completions` and `GET /v1/models` on 127.0.0.1:0.
 //! Each completion streams `max_tokens` content chunks, the first after `ttft`, then one every
@@ -8,6 +10,21 @@
 //! (non-JSON) SSE message after one chunk; 5 → an error object in the stream. Not a simulator:
 //! no batching, no queueing; only what metric and failure tests need.
 #![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// Path of a file relative to the repository root.
+pub fn repo(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Parses a retrace command line (without the program name).
+pub fn cli(args: &[&str]) -> retrace::cli::Cli {
+    use clap::Parser;
+    let mut v = vec!["retrace"];
+    v.extend_from_slice(args);
+    retrace::cli::Cli::parse_from(v)
+}
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -228,17 +245,4 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
         prompts,
         task,
     }
-}
-
-/// Path of a file relative to the repository root.
-pub fn repo(rel: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-/// Parses a retrace command line (without the program name).
-pub fn cli(args: &[&str]) -> retrace::cli::Cli {
-    use clap::Parser;
-    let mut v = vec!["retrace"];
-    v.extend_from_slice(args);
-    retrace::cli::Cli::parse_from(v)
 }
