@@ -1199,3 +1199,35 @@ async fn arbitrary_requests_get_answers() {
     assert_eq!(send(h.addr, "GET", "/health", "", &[]).await.status, 200);
     h.shutdown().await;
 }
+
+/// Chunked prefill: a 200-token prompt with a 64-token step budget takes 4 steps (64+64+64+8).
+#[tokio::test]
+async fn chunked_prefill_spreads_a_long_prompt_over_steps() {
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        max_num_batched_tokens: 64,
+        cost: mock::CostModel {
+            step_overhead_ms: 1.0,
+            prefill_token_ms: 0.1,
+            seq_ms: 0.0,
+            context_token_ms: 0.0,
+        },
+        ..MockConfig::default()
+    })
+    .await;
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":(0..200).collect::<Vec<u32>>(),"max_tokens":3,"ignore_eos":true}),
+    )
+    .await
+    .json();
+    let m = &r["metrics"];
+    let ttft = m["time_to_first_token_ms"].as_f64().unwrap();
+    assert!((ttft - (3.0 * 7.4 + 1.8)).abs() < 0.001, "{ttft}");
+    assert!(
+        (m["mean_itl_ms"].as_f64().unwrap() - 1.0).abs() < 0.001,
+        "decode steps cost the overhead only"
+    );
+    h.shutdown().await;
+}
