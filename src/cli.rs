@@ -18,9 +18,25 @@ pub struct Cli {
 pub enum Command {
     /// Summarise a trace: rates, length distributions, prefix reuse, recorded latency.
     Inspect(InspectArgs),
+    /// Replay a trace against an OpenAI-compatible server (the embedded mock by default) at its
+    /// own timing, with vLLM-exact latency metrics.
+    Replay(ReplayArgs),
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
+    /// Compare two runs (retrace results, vllm bench serve results, or traces): per-metric change
+    /// with significance, paired per-request TTFT, workload, and `--fail-on` gating for CI.
+    Compare(CompareArgs),
+    /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
+    Report(ReportArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
+    ///
+    /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
+    ///
+    /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics
+    /// in vLLM 0.32's shapes. Without --fixed-timing a continuous-batching scheduler times each
+    /// step with a cost model (a lone 137-token prompt: ~70 ms TTFT, ~8 ms TPOT). Faults by
+    /// seeded rates (--fault-*) or per request with the header `x-mock-fault` (e.g.
+    /// `status=503`, `stall-first=500`, `reset-after=3`). Details: docs/mock.md.
     Mock(MockArgs),
     /// Record live traffic: a transparent proxy in front of an OpenAI-compatible server.
     Record(Box<RecordArgs>),
@@ -45,6 +61,107 @@ pub struct InspectArgs {
     /// Skip (and count) malformed rows instead of stopping at the first.
     #[arg(long)]
     pub skip_bad: bool,
+}
+
+/// Which API replayed requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EndpointArg {
+    /// `/v1/completions`
+    Completions,
+    /// `/v1/chat/completions` (needs `--prompt-mode text --tokenizer ...`)
+    Chat,
+}
+
+/// How synthesised prompts are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptModeArg {
+    /// Token ids (`"prompt": [ints]`): exact lengths and prefixes, no re-tokenisation.
+    TokenIds,
+    /// Text that re-encodes to the same tokens where the tokenizer allows (needs `--tokenizer`).
+    Text,
+}
+
+/// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
+///
+/// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded).
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Trace file (any format `retrace inspect` reads).
+    pub trace: PathBuf,
+    /// Server base URL, e.g. `http://127.0.0.1:8000` (default: the embedded mock).
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+    /// Model name to send (default: the first model the target lists at /v1/models).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// API to call with synthesised prompts.
+    #[arg(long, value_enum, default_value_t = EndpointArg::Completions)]
+    pub endpoint: EndpointArg,
+    /// Time compression: 2 replays twice as fast (default 1).
+    #[arg(long, value_name = "X")]
+    pub speed: Option<f64>,
+    /// Replay only the first N requests (default: all; with the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Cap on requests in flight; waiting time is reported as client queue time.
+    #[arg(long, value_name = "C")]
+    pub max_concurrency: Option<usize>,
+    /// Tokens per hash id (default: the trace's, 512 for Mooncake).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+    /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
+    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
+    pub tokenizer: Option<PathBuf>,
+    /// Vocabulary size to draw token ids from when no tokenizer is given (default 4096; ids below
+    /// 16 are never used).
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u32>,
+    /// How prompts are sent.
+    #[arg(long, value_enum, default_value_t = PromptModeArg::TokenIds)]
+    pub prompt_mode: PromptModeArg,
+    /// Seed of prompt synthesis (same seed, same prompts, in any process).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Write the result (vLLM keys + ours + histograms) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub result_json: Option<PathBuf>,
+    /// Add per-request arrays to the result file.
+    #[arg(long)]
+    pub detailed: bool,
+    /// Also write the run's self-contained HTML report (`retrace report`); with --detailed it
+    /// has the per-request timeline and time series.
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
+    /// Extra request header `K=V` (repeatable).
+    #[arg(long, value_name = "K=V")]
+    pub header: Vec<String>,
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// JSON object merged into every request body (its keys win).
+    #[arg(long, value_name = "JSON")]
+    pub extra_body: Option<String>,
+    /// Mark the run invalid (exit 3) when p99 dispatch drift exceeds D ms.
+    #[arg(long, value_name = "D")]
+    pub max_drift_ms: Option<f64>,
+    /// Percentiles to report, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "99")]
+    pub percentiles: String,
+    /// Replay recorded bodies with their own max_tokens/ignore_eos.
+    #[arg(long)]
+    pub keep_original_limits: bool,
+    /// Total time limit per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 3600.0)]
+    pub timeout_s: f64,
+    /// Limit on silence (no headers, no body bytes) per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 300.0)]
+    pub idle_timeout_s: f64,
+    /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
+    /// 128; never more than the number of requests; 0 = none).
+    #[arg(long, value_name = "N")]
+    pub warm_connections: Option<usize>,
 }
 
 /// Output formats `convert` writes.
@@ -96,14 +213,68 @@ pub struct ConvertArgs {
     pub level: i32,
 }
 
-/// Run the simulated vLLM-compatible engine.
+/// Output format of `compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// Compare a candidate run against a baseline.
 ///
-/// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
+/// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
 ///
-/// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics in
-/// vLLM 0.32's exact shapes. Without --fixed-timing, a continuous-batching scheduler times every
-/// step with a cost model (defaults: a lone 137-token prompt gets ~70 ms TTFT and ~8 ms TPOT).
-/// Per-request faults: header `x-mock-fault: status=503,stall-first=MS,stall-mid=N:MS,reset-after=N,slow-headers=MS`.
+/// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
+/// paired comparison), `vllm bench serve --save-result` files, or traces. Exit status: 0 ok,
+/// 1 a `--fail-on` rule tripped, 2 usage or input error.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The reference run.
+    pub baseline: PathBuf,
+    /// The run under test.
+    pub candidate: PathBuf,
+    /// A second run of the baseline (same trace, same target): changes count only beyond the
+    /// difference between it and the baseline.
+    #[arg(long, value_name = "OTHER_BASELINE")]
+    pub noise: Option<PathBuf>,
+    /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
+    /// (+N% relative change, +N absolute change, N the candidate's value).
+    #[arg(long, value_name = "RULES")]
+    pub fail_on: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
+    pub format: CompareFormat,
+    /// Also write the comparison as a self-contained HTML page.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Seed of the bootstrap resampling (same seed, same intervals).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Bootstrap resamples per metric.
+    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+    pub resamples: u64,
+}
+
+/// Write a self-contained HTML report of one run.
+///
+/// Example: `retrace report result.json -o report.html`
+///
+/// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
+/// result, or a recorded trace. The page needs no network.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Result or trace file.
+    pub input: PathBuf,
+    /// Output HTML file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Timeline colour thresholds in ms (green below the first, amber below the second, red above).
+    #[arg(long, value_name = "A,B", default_value = "25,50")]
+    pub thresholds_ms: String,
+}
+
+/// Options of `retrace mock` (help text on the `Mock` command).
 #[derive(Debug, clap::Args)]
 pub struct MockArgs {
     /// Address to listen on.
@@ -193,6 +364,14 @@ pub struct MockArgs {
     /// Threads serving HTTP connections (the engine has its own thread besides).
     #[arg(long, default_value_t = 2)]
     pub io_threads: usize,
+    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE) so emissions stay on
+    /// time on a machine busy with other work; the threads sleep between deadlines.
+    #[arg(long)]
+    pub realtime: bool,
+    /// Emission clock: minimum gap between hand-overs, µs; events due within it go out together
+    /// (less CPU per event), each at most this late on the engine's side.
+    #[arg(long, default_value_t = 100)]
+    pub coalesce_us: u64,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

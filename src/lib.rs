@@ -5,6 +5,12 @@
 //!   filters, statistics); pure and synchronous.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
+//! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
+//!   result file and console report.
+//! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
+//! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
+//!   text/markdown/json and self-contained HTML.
 //! - [`inspect`], [`convert`]: the commands of the same names.
 //! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`record`]: the recording proxy (`retrace record`).
@@ -15,10 +21,14 @@
 pub mod cli;
 pub mod convert;
 pub mod inspect;
+pub mod metrics;
 pub mod mock;
 pub mod openai;
 pub mod record;
+pub mod replay;
+pub mod report;
 pub mod sse;
+pub mod synth;
 pub mod trace;
 
 use std::io::Write;
@@ -27,6 +37,7 @@ use std::process::ExitCode;
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        cli::Command::Replay(a) => return replay::run(a),
         cli::Command::Inspect(a) => {
             let out = inspect::run(&a)?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
@@ -35,6 +46,8 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = convert::run(&a)?;
             eprintln!("{msg}");
         }
+        cli::Command::Compare(a) => return report::run_compare(&a),
+        cli::Command::Report(a) => return report::run_report(&a),
         cli::Command::Mock(a) => return mock::run(a),
         cli::Command::Record(a) => return record::main(&a),
     }

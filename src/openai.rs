@@ -144,8 +144,85 @@ pub struct ChunkInfo {
     pub error: Option<String>,
 }
 
+/// The common chunk shape, borrowed: the fast path of [`parse_chunk`] (no allocation for ordinary
+/// content chunks). Anything unusual (an error, `metrics`, `token_ids`, a type we do not expect)
+/// falls back to the general path.
+#[derive(serde::Deserialize)]
+struct FastChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<FastChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    metrics: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(default, borrow)]
+    object: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastChoice<'a> {
+    #[serde(default, borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    delta: Option<FastDelta<'a>>,
+    #[serde(default, borrow)]
+    message: Option<FastDelta<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    token_ids: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+}
+
+fn parse_chunk_fast(data: &[u8]) -> Option<ChunkInfo> {
+    let c: FastChunk = serde_json::from_slice(data).ok()?;
+    if c.metrics.is_some() || c.error.is_some() || c.object.as_deref() == Some("error") {
+        return None;
+    }
+    let mut info = ChunkInfo {
+        usage: c.usage,
+        ..Default::default()
+    };
+    if let Some(choices) = c.choices {
+        info.has_choices = !choices.is_empty();
+        for (k, ch) in choices.into_iter().enumerate() {
+            if ch.token_ids.is_some() {
+                return None;
+            }
+            if k == 0 {
+                info.finish_reason = ch.finish_reason.map(|f| f.into_owned());
+            }
+            let text = ch
+                .text
+                .or_else(|| ch.delta.as_ref().and_then(|d| d.content.clone()))
+                .or_else(|| ch.delta.as_ref().and_then(|d| d.reasoning_content.clone()))
+                .or_else(|| ch.message.as_ref().and_then(|d| d.content.clone()));
+            if text.is_some_and(|t| !t.is_empty()) {
+                info.tokens += 1;
+            }
+        }
+    }
+    Some(info)
+}
+
 /// Parses one SSE `data:` payload (not `[DONE]`) or a non-streamed response body.
 pub fn parse_chunk(data: &[u8]) -> Result<ChunkInfo, String> {
+    if let Some(info) = parse_chunk_fast(data) {
+        return Ok(info);
+    }
+    parse_chunk_general(data)
+}
+
+fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
     let v: Value = serde_json::from_slice(data).map_err(|e| format!("chunk is not JSON: {e}"))?;
     let obj = v.as_object().ok_or("chunk is not a JSON object")?;
     let mut info = ChunkInfo::default();
@@ -277,6 +354,31 @@ mod tests {
             "../fixtures/vllm/return_token_ids_stream.sse"
         ));
         assert_eq!(parse_chunk(evs[0].as_bytes()).unwrap().tokens, 1);
+    }
+
+    /// The fast path and the general path agree on every real vLLM chunk.
+    #[test]
+    fn fast_path_agrees_with_general_path() {
+        for raw in [
+            &include_bytes!("../fixtures/vllm/completions_tokenids_stream.sse")[..],
+            include_bytes!("../fixtures/vllm/chat_stream.sse"),
+            include_bytes!("../fixtures/vllm/completions_text_stream.sse"),
+            include_bytes!("../fixtures/vllm/return_token_ids_stream.sse"),
+        ] {
+            for d in events(raw).iter().filter(|d| d.as_str() != "[DONE]") {
+                let general = parse_chunk_general(d.as_bytes()).unwrap();
+                if let Some(fast) = parse_chunk_fast(d.as_bytes()) {
+                    assert_eq!(fast, general, "{d}");
+                }
+                assert_eq!(parse_chunk(d.as_bytes()).unwrap(), general);
+            }
+        }
+        assert!(parse_chunk_fast(br#"{"choices":[{"text":"a"}]}"#).is_some());
+        assert!(parse_chunk_fast(br#"{"error":{"message":"x"}}"#).is_none());
+        assert!(parse_chunk_fast(
+            br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2},"metrics":{}}"#
+        )
+        .is_none());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! TTFT and ITL for reference. Every scenario is bounded in streams, tokens and wall time, and
 //! talks only to 127.0.0.1. Usage:
 //! `bench_mock --retrace target/release/retrace [--streams 1000] [--tokens 100] [--secs 10]
-//! [--ttft 50] [--itl 10] [--label NAME]`.
+//! [--ttft 50] [--itl 10] [--label NAME] [--mock-args "--realtime"]`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,6 +27,8 @@ struct Opts {
     ttft: f64,
     itl: f64,
     label: String,
+    /// Extra `retrace mock` arguments (whitespace-separated), e.g. "--realtime".
+    extra: String,
 }
 
 fn parse_opts() -> Result<Opts, String> {
@@ -38,6 +40,7 @@ fn parse_opts() -> Result<Opts, String> {
         ttft: 50.0,
         itl: 10.0,
         label: String::new(),
+        extra: String::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -54,6 +57,7 @@ fn parse_opts() -> Result<Opts, String> {
             "--ttft" => o.ttft = num(v)?,
             "--itl" => o.itl = num(v)?,
             "--label" => o.label = v.clone(),
+            "--mock-args" => o.extra = v.clone(),
             other => return Err(format!("unknown option {other}")),
         }
         i += 2;
@@ -82,6 +86,33 @@ fn proc_usage(pid: u32) -> (f64, u64, u64) {
             .unwrap_or(0)
     };
     (cpu / tick, kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// CPU seconds per thread name of a process.
+fn thread_cpu(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let name = stat
+            .split_once('(')
+            .and_then(|(_, r)| r.rsplit_once(')'))
+            .map(|(n, _)| n.to_string())
+            .unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let cpu = f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+        *out.entry(name).or_insert(0.0) += cpu / tick;
+    }
+    out
 }
 
 fn self_cpu() -> f64 {
@@ -220,6 +251,7 @@ fn main() {
             "--fixed-timing",
             &format!("{},{}", o.ttft, o.itl),
         ])
+        .args(o.extra.split_whitespace())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", o.retrace));
@@ -274,6 +306,7 @@ fn main() {
     });
     let wall = t0.elapsed().as_secs_f64();
     let (cpu1, _rss, hwm) = proc_usage(pid);
+    let threads = thread_cpu(pid);
     let ccpu1 = self_cpu();
     let metrics = rt.block_on(scrape(addr));
     unsafe {
@@ -294,9 +327,12 @@ fn main() {
         ) * 1e3
     };
     println!(
-        "== {} streams={} fixed-timing={},{} tokens/request={} duration={:.1}s",
-        o.label, o.streams, o.ttft, o.itl, o.tokens, wall
+        "== {} streams={} fixed-timing={},{} tokens/request={} duration={:.1}s mock-args=[{}]",
+        o.label, o.streams, o.ttft, o.itl, o.tokens, wall, o.extra
     );
+    if let Ok(l) = std::fs::read_to_string("/proc/loadavg") {
+        println!("machine load average (1/5/15 min) at the end: {}", l.trim());
+    }
     println!(
         "events: {n} ({:.0} SSE events/s), client errors: {}",
         n as f64 / wall,
@@ -328,5 +364,10 @@ fn main() {
         pct(&mut s.itl_us, 0.5),
         pct(&mut s.itl_us, 0.99)
     );
+    let per_thread: Vec<String> = threads
+        .iter()
+        .map(|(k, v)| format!("{k} {:.2} cores", v / wall))
+        .collect();
+    println!("mock CPU by thread: {}", per_thread.join(", "));
     println!("mock's own summary: {summary}");
 }

@@ -74,6 +74,16 @@ impl Body for MockBody {
     fn is_end_stream(&self) -> bool {
         matches!(self, MockBody::Full(None))
     }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            // Whole bodies get a content-length, as uvicorn sends them.
+            MockBody::Full(b) => {
+                http_body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            MockBody::Sse(_) => http_body::SizeHint::default(),
+        }
+    }
 }
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
@@ -410,6 +420,9 @@ pub async fn handle(
     sh: Arc<Shared>,
     fd: RawFd,
 ) -> Result<Response<MockBody>, BoxError> {
+    // Arrival: the request head has been parsed; body upload, parsing and tokenization count
+    // toward TTFT as they do in a real server.
+    let arrival = Instant::now();
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let fault_header = req
@@ -473,7 +486,7 @@ pub async fn handle(
         return Ok(tokenize_route(&sh, &body));
     }
     let chat = path == "/v1/chat/completions";
-    generate(sh, &body, chat, forced, fd).await
+    generate(sh, &body, chat, forced, fd, arrival).await
 }
 
 fn models(sh: &Shared) -> Response<MockBody> {
@@ -564,6 +577,7 @@ async fn generate(
     chat: bool,
     forced: Option<FaultPlan>,
     fd: RawFd,
+    arrival: Instant,
 ) -> Result<Response<MockBody>, BoxError> {
     let raw: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
@@ -713,7 +727,7 @@ async fn generate(
     let (tx, rx) = unbounded_channel();
     let submit = Submit {
         id: rn,
-        arrival: Instant::now(),
+        arrival,
         seqs,
         faults: plan,
         tx,

@@ -59,6 +59,12 @@ pub struct MockConfig {
     pub spin_us: u64,
     /// Threads serving HTTP (the engine has its own thread besides).
     pub io_threads: usize,
+    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps emission
+    /// on time on a machine busy with other work. Refused together with `spin_us > 0`.
+    pub realtime: bool,
+    /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
+    /// go out together (less CPU per event), each at most this much late on the engine's side.
+    pub coalesce_us: u64,
 }
 
 impl Default for MockConfig {
@@ -80,6 +86,8 @@ impl Default for MockConfig {
             faults: FaultConfig::default(),
             spin_us: 0,
             io_threads: 2,
+            realtime: false,
+            coalesce_us: 100,
         }
     }
 }
@@ -122,6 +130,12 @@ impl MockConfig {
         if self.spin_us > 10_000 {
             bail!("--spin-us must be at most 10000");
         }
+        if self.realtime && self.spin_us > 0 {
+            bail!("--realtime cannot be combined with --spin-us (a spinning real-time thread could starve the machine)");
+        }
+        if self.coalesce_us > 1000 {
+            bail!("--coalesce-us must be at most 1000 (it bounds the mock's own lateness)");
+        }
         if self.io_threads == 0 || self.io_threads > 64 {
             bail!("--io-threads must be 1..=64");
         }
@@ -138,8 +152,8 @@ impl MockConfig {
             ("--seq-ms", c.seq_ms),
             ("--context-token-ms", c.context_token_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("{name} must be a non-negative number, got {v}");
+            if !(v.is_finite() && (0.0..=60_000.0).contains(&v)) {
+                bail!("{name} must be a number of milliseconds within 0..=60000, got {v}");
             }
         }
         let f = &self.faults;
@@ -152,6 +166,14 @@ impl MockConfig {
         ] {
             if !(0.0..=1.0).contains(&v) {
                 bail!("{name} must be within 0..=1, got {v}");
+            }
+        }
+        for (name, v) in [
+            ("--fault-stall-ms", f.stall_ms),
+            ("--fault-slow-headers-ms", f.slow_headers_ms),
+        ] {
+            if !(v.is_finite() && (0.0..=3_600_000.0).contains(&v)) {
+                bail!("{name} must be milliseconds within 0..=3600000, got {v}");
             }
         }
         if let Some(c) = f.status_codes.iter().find(|c| !(400..=599).contains(*c)) {
@@ -195,6 +217,18 @@ impl MockHandle {
         self.stats.lateness()
     }
 
+    /// `realtime` was asked for and the OS refused it for at least one thread.
+    pub fn realtime_refused(&self) -> bool {
+        self.stats
+            .realtime_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The engine clock's part of the lateness (hand-over to the connection task).
+    pub fn dispatch_lateness(&self) -> LatenessSummary {
+        self.stats.dispatch_lateness()
+    }
+
     /// The `/metrics` text, without HTTP.
     pub fn metrics_text(&self) -> String {
         self.stats.render()
@@ -223,9 +257,19 @@ pub async fn start(
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
+    let stats = Arc::new(prom::Stats::new(&cfg.model));
+    let rt_stats = stats.clone();
+    let realtime = cfg.realtime;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.max(1))
         .thread_name("mock-io")
+        .on_thread_start(move || {
+            if realtime && !engine::make_realtime() {
+                rt_stats
+                    .realtime_failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
         .enable_all()
         .build()
         .context("cannot start the mock's runtime")?;
@@ -241,7 +285,6 @@ pub async fn start(
         }
     };
     let tokenizer = Arc::new(tokenizer);
-    let stats = Arc::new(prom::Stats::new(&cfg.model));
     let ecfg = engine::EngineConfig {
         fixed: cfg.fixed_timing.map(|(t, i)| {
             (
@@ -259,8 +302,19 @@ pub async fn start(
         eos_prob: cfg.eos_prob,
         vocab: tokenizer.vocab(),
         spin: Duration::from_micros(cfg.spin_us),
+        realtime: cfg.realtime,
+        coalesce: Duration::from_micros(cfg.coalesce_us),
     };
-    let (etx, ethread) = match engine::spawn(ecfg, stats.clone()) {
+    let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
+    rt.spawn(async move {
+        while let Some(batch) = brx.recv().await {
+            for (tx, e) in batch {
+                // A closed channel is a response already gone; its drop told the engine.
+                let _ = tx.send(e);
+            }
+        }
+    });
+    let (etx, ethread) = match engine::spawn(ecfg, stats.clone(), btx) {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
@@ -361,6 +415,8 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         eos_prob: a.eos_prob,
         spin_us: a.spin_us,
         io_threads: a.io_threads,
+        realtime: a.realtime,
+        coalesce_us: a.coalesce_us,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),
@@ -399,13 +455,21 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
                 None => "cost model".to_string(),
             }
         );
+        if cfg.realtime {
+            // Give the threads a moment to start before reporting.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if h.realtime_refused() {
+                eprintln!("retrace mock: warning: --realtime refused by the OS (needs CAP_SYS_NICE); running with normal priority");
+            }
+        }
         tokio::signal::ctrl_c()
             .await
             .context("cannot wait for Ctrl-C")?;
         let l = h.lateness();
+        let d = h.dispatch_lateness();
         eprintln!(
-            "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us",
-            l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us
+            "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us (engine clock alone: p50 {} us, p99 {} us, max {} us)",
+            l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us, d.p50_us, d.p99_us, d.max_us
         );
         h.shutdown().await;
         Ok(std::process::ExitCode::SUCCESS)

@@ -99,11 +99,15 @@ pub struct Stats {
     pub success_length: AtomicU64,
     pub aborted: AtomicU64,
     pub faults_injected: AtomicU64,
+    /// `realtime` was asked for but the OS refused it.
+    pub realtime_failed: std::sync::atomic::AtomicBool,
     pub ttft: Histo,
     pub itl: Histo,
     pub e2e: Histo,
     pub queue: Histo,
     lateness: Mutex<hdrhistogram::Histogram<u64>>,
+    /// Engine-side: time the engine thread handed an event over minus its deadline.
+    dispatch: Mutex<hdrhistogram::Histogram<u64>>,
 }
 
 impl Stats {
@@ -121,11 +125,16 @@ impl Stats {
             success_length: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
             faults_injected: AtomicU64::new(0),
+            realtime_failed: std::sync::atomic::AtomicBool::new(false),
             ttft: Histo::new(TTFT_BUCKETS),
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
             queue: Histo::new(TTFT_BUCKETS),
             lateness: Mutex::new(
+                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                    .expect("static histogram bounds are valid"),
+            ),
+            dispatch: Mutex::new(
                 hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
                     .expect("static histogram bounds are valid"),
             ),
@@ -140,23 +149,41 @@ impl Stats {
         }
     }
 
-    pub fn lateness(&self) -> LatenessSummary {
-        let h = match self.lateness.lock() {
-            Ok(h) => h.clone(),
-            Err(_) => return LatenessSummary::default(),
-        };
-        if h.is_empty() {
-            return LatenessSummary::default();
-        }
-        LatenessSummary {
-            count: h.len(),
-            p50_us: h.value_at_quantile(0.5),
-            p99_us: h.value_at_quantile(0.99),
-            p999_us: h.value_at_quantile(0.999),
-            max_us: h.max(),
+    /// Records the engine thread's own lateness in handing an event over.
+    pub fn record_dispatch(&self, nanos: u128) {
+        if let Ok(mut h) = self.dispatch.lock() {
+            h.saturating_record(((nanos / 1000) as u64).max(1));
         }
     }
 
+    /// Engine-side dispatch lateness (the part of the emission lateness that is the clock's).
+    pub fn dispatch_lateness(&self) -> LatenessSummary {
+        summarize(&self.dispatch)
+    }
+
+    pub fn lateness(&self) -> LatenessSummary {
+        summarize(&self.lateness)
+    }
+}
+
+fn summarize(m: &Mutex<hdrhistogram::Histogram<u64>>) -> LatenessSummary {
+    let h = match m.lock() {
+        Ok(h) => h.clone(),
+        Err(_) => return LatenessSummary::default(),
+    };
+    if h.is_empty() {
+        return LatenessSummary::default();
+    }
+    LatenessSummary {
+        count: h.len(),
+        p50_us: h.value_at_quantile(0.5),
+        p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
+    }
+}
+
+impl Stats {
     pub fn set_kv_usage(&self, frac: f64) {
         self.kv_usage_bits.store(frac.to_bits(), Relaxed);
     }
@@ -310,6 +337,24 @@ impl Stats {
             let sum = h.mean() * n as f64 / 1e6;
             let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
             let q = "retrace_mock_emit_lateness_quantile_seconds";
+            let d = self.dispatch_lateness();
+            let dq = "retrace_mock_dispatch_lateness_quantile_seconds";
+            let _ = writeln!(
+                out,
+                "# HELP {dq} Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).\n# TYPE {dq} gauge"
+            );
+            for (p, v) in [
+                ("0.5", d.p50_us),
+                ("0.99", d.p99_us),
+                ("0.999", d.p999_us),
+                ("1", d.max_us),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "{dq}{{{labels},quantile=\"{p}\"}} {:?}",
+                    v as f64 / 1e6
+                );
+            }
             let _ = writeln!(
                 out,
                 "# HELP {q} Quantiles of SSE event emission lateness since start.\n# TYPE {q} gauge"

@@ -16,6 +16,7 @@ pub mod import;
 pub mod mooncake;
 pub mod native;
 pub mod sessions;
+pub mod shape;
 pub mod stats;
 
 use serde::{Deserialize, Serialize};

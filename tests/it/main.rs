@@ -1,7 +1,9 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod compare;
 mod fuzz;
 mod mock;
 mod record;
+mod replay;
 mod support;
 mod trace_cli;

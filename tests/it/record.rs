@@ -470,7 +470,11 @@ async fn passthrough_is_byte_exact_for_real_vllm_streams_and_bodies() {
         .iter()
         .filter(|r| r.endpoint.as_str() == "/sse/chat_stream.sse")
         .collect();
-    assert_eq!(chat.len(), 3, "by event, at odd cuts (query not recorded), over HTTP/2");
+    assert_eq!(
+        chat.len(),
+        3,
+        "by event, at odd cuts (query not recorded), over HTTP/2"
+    );
     for r in chat {
         let resp = r.response.as_ref().unwrap();
         assert_eq!(resp.events.len(), 5, "4 choice events + usage");

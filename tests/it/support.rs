@@ -1,4 +1,14 @@
 //! Shared helpers for integration tests.
+//!
+//! Also a small OpenAI-compatible SSE server with fixed timing and fault modes.
+//!
+//! Serves `POST /v1/completions`, `POST /v1/chat/completions` and `GET /v1/models` on 127.0.0.1:0.
+//! Each completion streams `max_tokens` content chunks, the first after `ttft`, then one every
+//! `itl`, then a usage chunk (with vLLM's per-request `metrics` object when `server_metrics`) and
+//! `data: [DONE]`. The request's `max_tokens` selects a fault, so one trace can mix them:
+//! 2 → HTTP 500 with a JSON error body; 3 → connection reset after one chunk; 4 → a malformed
+//! (non-JSON) SSE message after one chunk; 5 → an error object in the stream. Not a simulator:
+//! no batching, no queueing; only what metric and failure tests need.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -14,4 +24,225 @@ pub fn cli(args: &[&str]) -> retrace::cli::Cli {
     let mut v = vec!["retrace"];
     v.extend_from_slice(args);
     retrace::cli::Cli::parse_from(v)
+}
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Frame;
+use hyper::{Request, Response};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub ttft: Duration,
+    pub itl: Duration,
+    pub server_metrics: bool,
+    pub model: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            ttft: Duration::from_millis(20),
+            itl: Duration::from_millis(5),
+            server_metrics: false,
+            model: "test-model".into(),
+        }
+    }
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub requests: Arc<AtomicU64>,
+    /// Prompt token-id arrays received, in arrival order.
+    pub prompts: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestServer {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn full(status: u16, body: &str, ctype: &str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .expect("valid response")
+}
+
+async fn handle(
+    req: Request<hyper::body::Incoming>,
+    cfg: ServerConfig,
+    prompts: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    if path == "/v1/models" {
+        let body =
+            serde_json::json!({"object": "list", "data": [{"id": cfg.model, "object": "model"}]});
+        return Ok(full(200, &body.to_string(), "application/json"));
+    }
+    let chat = path == "/v1/chat/completions";
+    if path != "/v1/completions" && !chat {
+        return Ok(full(
+            404,
+            r#"{"error":{"message":"not found"}}"#,
+            "application/json",
+        ));
+    }
+    let Ok(bytes) = req.into_body().collect().await else {
+        return Ok(full(400, "bad body", "text/plain"));
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes.to_bytes()) else {
+        return Ok(full(
+            400,
+            r#"{"error":{"message":"not json"}}"#,
+            "application/json",
+        ));
+    };
+    prompts
+        .lock()
+        .unwrap()
+        .push(v.get("prompt").cloned().unwrap_or(v["messages"].clone()));
+    let n = v["max_tokens"].as_u64().unwrap_or(16);
+    if n == 2 {
+        return Ok(full(
+            500,
+            r#"{"error":{"message":"injected failure","type":"InternalServerError","code":500}}"#,
+            "application/json",
+        ));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
+    tokio::spawn(async move {
+        let send = |s: String| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(Frame::data(Bytes::from(s)))).await.is_ok() }
+        };
+        let start = tokio::time::Instant::now();
+        let obj = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let choice = |k: u64| {
+            if chat {
+                serde_json::json!([{"index": 0, "delta": {"content": format!(" t{k}")}, "finish_reason": null}])
+            } else {
+                serde_json::json!([{"index": 0, "text": format!(" t{k}"), "finish_reason": null}])
+            }
+        };
+        tokio::time::sleep_until(start + cfg.ttft).await;
+        if chat {
+            let role = serde_json::json!({"object": obj, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]});
+            if !send(format!("data: {role}\n\n")).await {
+                return;
+            }
+        }
+        for k in 0..n {
+            let at = start + cfg.ttft + cfg.itl * (k as u32 + u32::from(chat));
+            tokio::time::sleep_until(at).await;
+            let chunk = serde_json::json!({"object": obj, "choices": choice(k)});
+            if !send(format!("data: {chunk}\n\n")).await {
+                return;
+            }
+            if k == 0 && n == 3 {
+                let _ = tx
+                    .send(Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "injected reset",
+                    )))
+                    .await;
+                return;
+            }
+            if k == 0 && n == 4 {
+                send("data: {this is not json\n\n".into()).await;
+                send("data: [DONE]\n\n".into()).await;
+                return;
+            }
+            if k == 0 && n == 5 {
+                send("data: {\"error\":{\"message\":\"injected stream error\"}}\n\n".into()).await;
+                send("data: [DONE]\n\n".into()).await;
+                return;
+            }
+        }
+        let mut usage = serde_json::json!({"object": obj, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}});
+        if cfg.server_metrics {
+            usage["metrics"] = serde_json::json!({"queue_time_ms": 2.0, "time_to_first_token_ms": cfg.ttft.as_secs_f64() * 1000.0 - 5.0});
+        }
+        send(format!("data: {usage}\n\n")).await;
+        send("data: [DONE]\n\n".into()).await;
+    });
+    Ok(Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream; charset=utf-8")
+        .body(ChanBody(rx).boxed())
+        .expect("valid response"))
+}
+
+/// A response body fed by a channel (frames as the server task produces them).
+struct ChanBody(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl hyper::body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// Starts the server on 127.0.0.1:0.
+pub async fn start(cfg: ServerConfig) -> TestServer {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    let requests = Arc::new(AtomicU64::new(0));
+    let prompts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (r2, p2) = (requests.clone(), prompts.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = sock.set_nodelay(true);
+            let (cfg, r, p) = (cfg.clone(), r2.clone(), p2.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    handle(req, cfg.clone(), p.clone())
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    TestServer {
+        addr,
+        requests,
+        prompts,
+        task,
+    }
 }

@@ -1,0 +1,753 @@
+//! Client-side serving metrics exactly as `vllm bench serve` defines them, from per-request samples.
+//!
+//! [`StreamClock`] applies vLLM's per-stream timing rules message by message (domain.md §3):
+//! TTFT is the first SSE message with a non-empty `choices` array minus the send time; each later
+//! such message adds one ITL gap; E2EL ends at the last content message on `/v1/completions` and at
+//! the last message of any kind (the usage chunk included) on chat, where every message also moves
+//! the "previous message" mark that ITL gaps are measured from. [`Sample`] is one finished request;
+//! [`summarize`] turns samples into vLLM's statistics: mean, median, population std and linearly
+//! interpolated percentiles, computed from the exact samples with numpy's own arithmetic (pairwise
+//! summation, its percentile interpolation), in seconds then scaled to ms as vLLM does, so the
+//! numbers match `vllm bench serve` on the same timings bit for bit. TPOT per request is
+//! (E2EL − TTFT)/(output_tokens − 1) when output_tokens > 1; ITL is pooled over requests;
+//! throughputs divide by the run duration; input/output tokens count successful requests only.
+//!
+//! [`Histograms`] holds the same distributions as HdrHistograms (µs, 3 significant digits; drift and
+//! client queue in ns) and serialises them in the V2 format, base64, so result files from shards
+//! merge and compare exactly. This module is pure: no clock, no I/O, no async.
+
+use base64::Engine as _;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2Serializer};
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
+
+/// Which API the stream came from (the rules differ, see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    Chat,
+}
+
+/// vLLM's timing rules for one stream, applied incrementally. Times are ns offsets on one clock.
+#[derive(Debug, Clone)]
+pub struct StreamClock {
+    api: Api,
+    send_ns: u64,
+    first_ns: Option<u64>,
+    recent_ns: Option<u64>,
+    itls_ns: Vec<u64>,
+    usage_tokens: Option<u64>,
+    chunk_tokens: u64,
+}
+
+impl StreamClock {
+    pub fn new(api: Api, send_ns: u64) -> StreamClock {
+        StreamClock {
+            api,
+            send_ns,
+            first_ns: None,
+            recent_ns: None,
+            itls_ns: Vec::new(),
+            usage_tokens: None,
+            chunk_tokens: 0,
+        }
+    }
+
+    /// One SSE message (not `[DONE]`) that arrived at `at_ns`: whether its `choices` array was
+    /// non-empty, how many tokens it carried, and its `usage.completion_tokens` if any.
+    pub fn on_message(&mut self, at_ns: u64, has_choices: bool, tokens: u32, usage: Option<u64>) {
+        self.chunk_tokens += u64::from(tokens);
+        if has_choices {
+            match self.first_ns {
+                None => self.first_ns = Some(at_ns),
+                Some(_) => {
+                    let prev = self.recent_ns.unwrap_or(at_ns);
+                    self.itls_ns.push(at_ns.saturating_sub(prev));
+                }
+            }
+            self.recent_ns = Some(at_ns);
+        } else {
+            // vLLM reads usage only from a message without choices.
+            if let Some(u) = usage {
+                self.usage_tokens = Some(u);
+            }
+            if self.api == Api::Chat {
+                self.recent_ns = Some(at_ns);
+            }
+        }
+        if has_choices && usage.is_some() && self.usage_tokens.is_none() {
+            // Some servers put usage on the last content chunk; keep it as a fallback count.
+            self.usage_tokens = usage;
+        }
+    }
+
+    /// TTFT from the send time, once a content message arrived.
+    pub fn ttft_ns(&self) -> Option<u64> {
+        self.first_ns.map(|f| f.saturating_sub(self.send_ns))
+    }
+
+    /// Arrival of the first content message.
+    pub fn first_ns(&self) -> Option<u64> {
+        self.first_ns
+    }
+
+    /// E2EL from the send time (see the module docs for which message ends it).
+    pub fn e2el_ns(&self) -> Option<u64> {
+        self.first_ns?;
+        self.recent_ns.map(|r| r.saturating_sub(self.send_ns))
+    }
+
+    pub fn itls_ns(&self) -> &[u64] {
+        &self.itls_ns
+    }
+
+    pub fn into_itls(self) -> Vec<u64> {
+        self.itls_ns
+    }
+
+    /// Output tokens: the usage chunk's `completion_tokens`, else the tokens counted in chunks.
+    pub fn output_tokens(&self) -> u64 {
+        self.usage_tokens.unwrap_or(self.chunk_tokens)
+    }
+
+    /// Whether the count came from the server's usage chunk.
+    pub fn has_usage(&self) -> bool {
+        self.usage_tokens.is_some()
+    }
+}
+
+/// vLLM's per-request server metrics, ms (when the server sent them).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServerTimes {
+    pub queue_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+}
+
+/// One finished request. Times are ns offsets from the run's t0.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    pub input_tokens: u64,
+    /// Output tokens (usage chunk, else counted); 0 for a failure without output.
+    pub output_tokens: u64,
+    /// When the schedule wanted the request sent.
+    pub intended_ns: u64,
+    /// When the dispatcher released it (drift = dispatched − intended).
+    pub dispatched_ns: u64,
+    /// When it was handed to the connection after getting a concurrency slot (client queue =
+    /// sent − dispatched). vLLM's latencies start here.
+    pub sent_ns: u64,
+    /// First content message, from `sent_ns`.
+    pub ttft_ns: Option<u64>,
+    /// End-to-end latency from `sent_ns`.
+    pub e2el_ns: Option<u64>,
+    pub itls_ns: Vec<u64>,
+    /// When the request finished (last byte, or failure).
+    pub end_ns: u64,
+    /// Error kind (`http_500`, `reset`, `malformed_stream`, `timeout_idle`, ...); `None` = success.
+    pub error: Option<String>,
+    /// Human-readable detail of the error (first bytes of an error body, the I/O error).
+    pub error_detail: Option<String>,
+    pub server: ServerTimes,
+}
+
+impl Sample {
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.ttft_ns.is_some()
+    }
+    pub fn drift_ns(&self) -> i64 {
+        self.dispatched_ns as i64 - self.intended_ns as i64
+    }
+    pub fn client_queue_ns(&self) -> u64 {
+        self.sent_ns.saturating_sub(self.dispatched_ns)
+    }
+    /// TPOT in seconds, per vLLM (only when more than one output token).
+    pub fn tpot_s(&self) -> Option<f64> {
+        let (t, e) = (self.ttft_ns?, self.e2el_ns?);
+        (self.output_tokens > 1)
+            .then(|| (ns_to_s(e) - ns_to_s(t)) / (self.output_tokens - 1) as f64)
+    }
+}
+
+pub fn ns_to_s(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// numpy's pairwise summation (`np.add.reduce` over a contiguous float64 array).
+pub fn np_sum(a: &[f64]) -> f64 {
+    const BLOCK: usize = 128;
+    let n = a.len();
+    if n < 8 {
+        let mut res = 0.0;
+        for &x in a {
+            res += x;
+        }
+        res
+    } else if n <= BLOCK {
+        let mut r = [0.0f64; 8];
+        r.copy_from_slice(&a[..8]);
+        let mut i = 8;
+        while i < n - (n % 8) {
+            for k in 0..8 {
+                r[k] += a[i + k];
+            }
+            i += 8;
+        }
+        let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        while i < n {
+            res += a[i];
+            i += 1;
+        }
+        res
+    } else {
+        let mut n2 = n / 2;
+        n2 -= n2 % 8;
+        np_sum(&a[..n2]) + np_sum(&a[n2..])
+    }
+}
+
+/// `np.mean` (0 for an empty slice, as vLLM's `np.mean(x or 0)`).
+pub fn np_mean(a: &[f64]) -> f64 {
+    if a.is_empty() {
+        return 0.0;
+    }
+    np_sum(a) / a.len() as f64
+}
+
+/// `np.std` (population).
+pub fn np_std(a: &[f64]) -> f64 {
+    if a.is_empty() {
+        return 0.0;
+    }
+    let m = np_mean(a);
+    let sq: Vec<f64> = a
+        .iter()
+        .map(|x| {
+            let d = x - m;
+            d * d
+        })
+        .collect();
+    (np_sum(&sq) / a.len() as f64).sqrt()
+}
+
+/// `np.percentile(a, p)` with the default linear method, on an already sorted slice.
+pub fn np_percentile_sorted(sorted: &[f64], p: f64) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let q = p / 100.0;
+    // numpy: virtual index = n*q + (alpha + q*(1 - alpha - beta)) - 1 with alpha = beta = 1,
+    // i.e. n*q + (1 - q) - 1, evaluated in that order.
+    let v = n as f64 * q + (1.0 - q) - 1.0;
+    let last = (n - 1) as f64;
+    if v <= 0.0 {
+        return sorted[0];
+    }
+    if v >= last {
+        return sorted[n - 1];
+    }
+    let lo = v.floor();
+    let g = v - lo;
+    let a = sorted[lo as usize];
+    let b = sorted[(lo as usize + 1).min(n - 1)];
+    let diff = b - a;
+    if g >= 0.5 {
+        b - diff * (1.0 - g)
+    } else {
+        a + diff * g
+    }
+}
+
+/// `np.median`.
+pub fn np_median_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => np_mean(&[sorted[n / 2 - 1], sorted[n / 2]]),
+    }
+}
+
+/// Statistics of one metric, in ms.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stats {
+    pub count: usize,
+    pub mean: f64,
+    pub median: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    /// (percentile, value) in the order asked.
+    pub percentiles: Vec<(f64, f64)>,
+}
+
+impl Stats {
+    /// From samples in seconds (vLLM computes in seconds and scales to ms afterwards).
+    pub fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Stats {
+            count: values.len(),
+            mean: np_mean(values) * 1000.0,
+            median: np_median_sorted(&sorted) * 1000.0,
+            std: np_std(values) * 1000.0,
+            min: sorted.first().copied().unwrap_or(0.0) * 1000.0,
+            max: sorted.last().copied().unwrap_or(0.0) * 1000.0,
+            percentiles: percentiles
+                .iter()
+                .map(|&p| (p, np_percentile_sorted(&sorted, p) * 1000.0))
+                .collect(),
+        }
+    }
+
+    pub fn percentile(&self, p: f64) -> Option<f64> {
+        self.percentiles
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map(|(_, v)| *v)
+    }
+}
+
+/// How vLLM names a percentile in keys and labels: `99`, `99.9`.
+pub fn percentile_label(p: f64) -> String {
+    if p.fract() == 0.0 {
+        format!("{}", p as i64)
+    } else {
+        format!("{p}")
+    }
+}
+
+/// Everything a run measured, summarised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub completed: u64,
+    pub failed: u64,
+    pub duration_s: f64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    /// Peak requests in flight (sent, not finished).
+    pub max_concurrent_requests: u64,
+    pub ttft: Stats,
+    pub tpot: Stats,
+    pub itl: Stats,
+    pub e2el: Stats,
+    /// TTFT and E2EL measured from the intended send time (free of coordinated omission).
+    pub ttft_from_intended: Stats,
+    pub e2el_from_intended: Stats,
+    /// Dispatch drift (dispatched − intended) of every request; negative = early.
+    pub drift: Stats,
+    /// Time waiting for a concurrency slot (sent − dispatched) of every request.
+    pub client_queue: Stats,
+    /// Successful requests whose server reported per-request metrics.
+    pub server_reported: u64,
+    pub server_queue: Stats,
+    pub server_ttft: Stats,
+    /// Client TTFT − server queue − server TTFT, for requests with both server numbers.
+    pub unattributed: Stats,
+    /// Failures by kind.
+    pub errors: BTreeMap<String, u64>,
+}
+
+/// Summarises `samples`; `duration_s` is first dispatch to last completion.
+pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Summary {
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
+    let secs = |f: &dyn Fn(&Sample) -> Option<u64>| -> Vec<f64> {
+        ok.iter().filter_map(|s| f(s).map(ns_to_s)).collect()
+    };
+    let ttfts = secs(&|s| s.ttft_ns);
+    let e2els = secs(&|s| s.e2el_ns);
+    let tpots: Vec<f64> = ok.iter().filter_map(|s| s.tpot_s()).collect();
+    let itls: Vec<f64> = ok
+        .iter()
+        .flat_map(|s| s.itls_ns.iter().map(|&n| ns_to_s(n)))
+        .collect();
+    let from_int =
+        |s: &Sample, v: Option<u64>| v.map(|v| (s.sent_ns + v).saturating_sub(s.intended_ns));
+    let ttft_i = secs(&|s| from_int(s, s.ttft_ns));
+    let e2el_i = secs(&|s| from_int(s, s.e2el_ns));
+    let drift: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
+    let queue: Vec<f64> = samples
+        .iter()
+        .map(|s| ns_to_s(s.client_queue_ns()))
+        .collect();
+    let mut sq = Vec::new();
+    let mut st = Vec::new();
+    let mut un = Vec::new();
+    let mut reported = 0;
+    for s in &ok {
+        if s.server.queue_ms.is_some() || s.server.ttft_ms.is_some() {
+            reported += 1;
+        }
+        if let Some(q) = s.server.queue_ms {
+            sq.push(q / 1000.0);
+        }
+        if let Some(t) = s.server.ttft_ms {
+            st.push(t / 1000.0);
+        }
+        if let (Some(q), Some(t), Some(c)) = (s.server.queue_ms, s.server.ttft_ms, s.ttft_ns) {
+            un.push(ns_to_s(c) - (q + t) / 1000.0);
+        }
+    }
+    let completed = ok.len() as u64;
+    let total_input_tokens: u64 = ok.iter().map(|s| s.input_tokens).sum();
+    let total_output_tokens: u64 = ok.iter().map(|s| s.output_tokens).sum();
+    let per_s = |x: f64| {
+        if duration_s > 0.0 {
+            x / duration_s
+        } else {
+            0.0
+        }
+    };
+    let mut errors = BTreeMap::new();
+    for s in samples.iter().filter(|s| !s.ok()) {
+        let kind = s.error.clone().unwrap_or_else(|| "no_content".into());
+        *errors.entry(kind).or_insert(0) += 1;
+    }
+    let p = percentiles;
+    Summary {
+        completed,
+        failed: samples.len() as u64 - completed,
+        duration_s,
+        total_input_tokens,
+        total_output_tokens,
+        request_throughput: per_s(completed as f64),
+        output_throughput: per_s(total_output_tokens as f64),
+        total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
+        max_concurrent_requests: max_concurrency(samples),
+        ttft: Stats::from_seconds(&ttfts, p),
+        tpot: Stats::from_seconds(&tpots, p),
+        itl: Stats::from_seconds(&itls, p),
+        e2el: Stats::from_seconds(&e2els, p),
+        ttft_from_intended: Stats::from_seconds(&ttft_i, p),
+        e2el_from_intended: Stats::from_seconds(&e2el_i, p),
+        drift: Stats::from_seconds(&drift, p),
+        client_queue: Stats::from_seconds(&queue, p),
+        server_reported: reported,
+        server_queue: Stats::from_seconds(&sq, p),
+        server_ttft: Stats::from_seconds(&st, p),
+        unattributed: Stats::from_seconds(&un, p),
+        errors,
+    }
+}
+
+/// Peak number of requests between send and end at the same time.
+fn max_concurrency(samples: &[Sample]) -> u64 {
+    let mut ev: Vec<(u64, i8)> = Vec::with_capacity(samples.len() * 2);
+    for s in samples {
+        ev.push((s.sent_ns, 1));
+        ev.push((s.end_ns.max(s.sent_ns), -1));
+    }
+    // ends before starts at the same instant
+    ev.sort_unstable();
+    let (mut cur, mut max) = (0i64, 0i64);
+    for (_, d) in ev {
+        cur += i64::from(d);
+        max = max.max(cur);
+    }
+    max as u64
+}
+
+/// The run's distributions as HdrHistograms.
+#[derive(Debug, Clone)]
+pub struct Histograms {
+    /// name → histogram; units in the name (`ttft_us`, `drift_abs_ns`, ...).
+    pub by_name: BTreeMap<String, Histogram<u64>>,
+}
+
+impl Histograms {
+    fn new_hist(high: u64) -> Histogram<u64> {
+        Histogram::new_with_bounds(1, high, 3).expect("valid static bounds")
+    }
+
+    /// Builds the histograms of successful samples (drift and queue of all samples).
+    pub fn from_samples(samples: &[Sample]) -> Histograms {
+        let mut h: BTreeMap<String, Histogram<u64>> = BTreeMap::new();
+        const HOUR_US: u64 = 3_600_000_000;
+        const HOUR_NS: u64 = 3_600_000_000_000;
+        for name in ["ttft_us", "tpot_us", "itl_us", "e2el_us"] {
+            h.insert(name.into(), Self::new_hist(HOUR_US));
+        }
+        for name in ["drift_abs_ns", "client_queue_ns"] {
+            h.insert(name.into(), Self::new_hist(HOUR_NS));
+        }
+        let mut rec = |name: &str, v: u64| {
+            if let Some(hist) = h.get_mut(name) {
+                hist.saturating_record(v.max(1));
+            }
+        };
+        for s in samples {
+            rec("drift_abs_ns", s.drift_ns().unsigned_abs());
+            rec("client_queue_ns", s.client_queue_ns());
+            if !s.ok() {
+                continue;
+            }
+            if let Some(t) = s.ttft_ns {
+                rec("ttft_us", t / 1000);
+            }
+            if let Some(e) = s.e2el_ns {
+                rec("e2el_us", e / 1000);
+            }
+            if let Some(t) = s.tpot_s() {
+                rec("tpot_us", (t * 1e6).round() as u64);
+            }
+            for &i in &s.itls_ns {
+                rec("itl_us", i / 1000);
+            }
+        }
+        Histograms { by_name: h }
+    }
+
+    /// name → base64 of the V2 serialisation.
+    pub fn encode(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let mut ser = V2Serializer::new();
+        for (name, h) in &self.by_name {
+            let mut buf = Vec::new();
+            if ser.serialize(h, &mut buf).is_ok() {
+                out.insert(
+                    name.clone(),
+                    base64::engine::general_purpose::STANDARD.encode(&buf),
+                );
+            }
+        }
+        out
+    }
+
+    /// Decodes one histogram written by [`Histograms::encode`].
+    pub fn decode(b64: &str) -> Result<Histogram<u64>, String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("histogram is not base64: {e}"))?;
+        Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| format!("histogram is not HdrHistogram V2: {e:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// A completions stream: send at 0, content at 50, 60, 70 ms, usage chunk at 75 ms.
+    #[test]
+    fn completions_rules_ignore_usage_chunk_for_e2el() {
+        let mut c = StreamClock::new(Api::Completions, 0);
+        c.on_message(50 * MS, true, 1, None);
+        c.on_message(60 * MS, true, 1, None);
+        c.on_message(70 * MS, true, 1, None);
+        c.on_message(75 * MS, false, 0, Some(3));
+        assert_eq!(c.ttft_ns(), Some(50 * MS));
+        assert_eq!(c.itls_ns(), &[10 * MS, 10 * MS]);
+        assert_eq!(c.e2el_ns(), Some(70 * MS));
+        assert_eq!(c.output_tokens(), 3);
+    }
+
+    /// A chat stream: role chunk (empty content, non-empty choices) at 20 ms is the first token by
+    /// vLLM's rule; the usage chunk ends E2EL.
+    #[test]
+    fn chat_rules_role_chunk_is_ttft_usage_ends_e2el() {
+        let mut c = StreamClock::new(Api::Chat, 5 * MS);
+        c.on_message(20 * MS, true, 0, None);
+        c.on_message(50 * MS, true, 1, None);
+        c.on_message(60 * MS, true, 1, None);
+        c.on_message(64 * MS, false, 0, Some(2));
+        assert_eq!(c.ttft_ns(), Some(15 * MS));
+        assert_eq!(c.itls_ns(), &[30 * MS, 10 * MS]);
+        assert_eq!(c.e2el_ns(), Some(59 * MS));
+        assert_eq!(c.output_tokens(), 2);
+    }
+
+    #[test]
+    fn no_content_means_no_ttft() {
+        let mut c = StreamClock::new(Api::Completions, 0);
+        c.on_message(10 * MS, false, 0, Some(0));
+        assert_eq!(c.ttft_ns(), None);
+        assert_eq!(c.e2el_ns(), None);
+    }
+
+    #[test]
+    fn without_usage_tokens_are_counted() {
+        let mut c = StreamClock::new(Api::Completions, 0);
+        c.on_message(1, true, 1, None);
+        c.on_message(2, true, 2, None);
+        assert_eq!(c.output_tokens(), 3);
+        assert!(!c.has_usage());
+    }
+
+    fn sample(send: u64, ttft: u64, itl: &[u64], out: u64) -> Sample {
+        let e2el = ttft + itl.iter().sum::<u64>();
+        Sample {
+            input_tokens: 100,
+            output_tokens: out,
+            intended_ns: send,
+            dispatched_ns: send,
+            sent_ns: send,
+            ttft_ns: Some(ttft),
+            e2el_ns: Some(e2el),
+            itls_ns: itl.to_vec(),
+            end_ns: send + e2el,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tpot_and_pooled_itl() {
+        let a = sample(0, 50 * MS, &[10 * MS, 10 * MS, 10 * MS], 4);
+        let b = sample(0, 30 * MS, &[20 * MS], 2);
+        let c = sample(0, 40 * MS, &[], 1); // one token: no TPOT, no ITL
+        let s = summarize(&[a, b, c], 1.0, &[50.0]);
+        assert_eq!(s.completed, 3);
+        assert_eq!(s.tpot.count, 2);
+        assert!((s.tpot.mean - 15.0).abs() < 1e-9, "{}", s.tpot.mean);
+        assert_eq!(s.itl.count, 4);
+        assert!((s.itl.mean - 12.5).abs() < 1e-9);
+        assert!((s.ttft.mean - 40.0).abs() < 1e-9);
+        assert_eq!(s.total_output_tokens, 7);
+        assert!((s.output_throughput - 7.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn failures_are_counted_by_kind_and_excluded_from_latency() {
+        let ok = sample(0, 50 * MS, &[10 * MS], 2);
+        let bad = Sample {
+            error: Some("http_500".into()),
+            ..Default::default()
+        };
+        let bad2 = Sample {
+            error: Some("reset".into()),
+            ttft_ns: Some(MS),
+            ..Default::default()
+        };
+        let s = summarize(&[ok, bad.clone(), bad, bad2], 2.0, &[99.0]);
+        assert_eq!((s.completed, s.failed), (1, 3));
+        assert_eq!(s.errors["http_500"], 2);
+        assert_eq!(s.errors["reset"], 1);
+        assert_eq!(s.ttft.count, 1);
+        assert_eq!(s.total_input_tokens, 100);
+        assert!((s.request_throughput - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn intended_time_latency_includes_queue_and_drift() {
+        let mut a = sample(10 * MS, 50 * MS, &[], 1);
+        a.intended_ns = 0;
+        a.dispatched_ns = MS;
+        let s = summarize(&[a], 1.0, &[]);
+        assert!((s.ttft.mean - 50.0).abs() < 1e-9);
+        assert!((s.ttft_from_intended.mean - 60.0).abs() < 1e-9);
+        assert!((s.drift.mean - 1.0).abs() < 1e-9);
+        assert!((s.client_queue.mean - 9.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn server_breakdown() {
+        let mut a = sample(0, 50 * MS, &[], 1);
+        a.server = ServerTimes {
+            queue_ms: Some(5.0),
+            ttft_ms: Some(30.0),
+        };
+        let b = sample(0, 40 * MS, &[], 1);
+        let s = summarize(&[a, b], 1.0, &[]);
+        assert_eq!(s.server_reported, 1);
+        assert!((s.unattributed.mean - 15.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn numpy_percentiles_median_std() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        let st = Stats::from_seconds(&v, &[0.0, 25.0, 50.0, 99.0, 100.0]);
+        // np.percentile([1,2,3,4], [0,25,50,99,100]) = 1, 1.75, 2.5, 3.97, 4
+        let want = [1.0, 1.75, 2.5, 3.97, 4.0];
+        for ((_, got), w) in st.percentiles.iter().zip(want) {
+            assert!((got / 1000.0 - w).abs() < 1e-12, "{got} {w}");
+        }
+        assert_eq!(st.median, 2500.0);
+        // np.std([1,2,3,4]) = 1.118033988749895
+        assert!((st.std / 1000.0 - 1.118033988749895).abs() < 1e-15);
+        let empty = Stats::from_seconds(&[], &[99.0]);
+        assert_eq!((empty.mean, empty.percentiles[0].1), (0.0, 0.0));
+    }
+
+    #[test]
+    fn pairwise_sum_matches_numpy_on_long_arrays() {
+        // Values from numpy 2.4: np.sum([0.1]*1000) and np.sum([0.1*i + 1e-3*(i%7) for i in
+        // range(1000)]); a naive loop gives 99.9999999999986 and 49952.99699999996.
+        assert_eq!(np_sum(&[0.1; 1000]), 100.00000000000001);
+        let v: Vec<f64> = (0..1000)
+            .map(|i| 0.1 * i as f64 + 1e-3 * (i % 7) as f64)
+            .collect();
+        assert_eq!(np_sum(&v), 49952.997);
+    }
+
+    /// vLLM's own result file: recomputing its statistics from its per-request arrays must give
+    /// its numbers exactly.
+    #[test]
+    fn matches_real_vllm_bench_serve_result() {
+        let raw = include_str!("../fixtures/vllm/bench_serve_result_timed_trace.json");
+        let v: serde_json::Value = serde_json::from_str(raw).unwrap();
+        let arr = |k: &str| -> Vec<f64> {
+            v[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        let ttfts = arr("ttfts");
+        let lat = arr("latencies");
+        let outs = arr("output_lens");
+        let itls: Vec<f64> = v["itls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|a| a.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+            .collect();
+        let tpots: Vec<f64> = (0..ttfts.len())
+            .filter(|&i| outs[i] > 1.0)
+            .map(|i| (lat[i] - ttfts[i]) / (outs[i] - 1.0))
+            .collect();
+        for (name, vals) in [("ttft", &ttfts), ("tpot", &tpots), ("itl", &itls)] {
+            let s = Stats::from_seconds(vals, &[99.0]);
+            let key = |k: &str| v[format!("{k}_{name}_ms")].as_f64().unwrap();
+            assert_eq!(s.mean, key("mean"), "mean {name}");
+            assert_eq!(s.median, key("median"), "median {name}");
+            assert_eq!(s.std, key("std"), "std {name}");
+            assert_eq!(s.percentiles[0].1, key("p99"), "p99 {name}");
+        }
+    }
+
+    #[test]
+    fn histograms_round_trip_and_merge() {
+        let a = sample(0, 50 * MS, &[10 * MS; 9], 10);
+        let h = Histograms::from_samples(std::slice::from_ref(&a));
+        let enc = h.encode();
+        let mut back = Histograms::decode(&enc["itl_us"]).unwrap();
+        assert_eq!(back.len(), 9);
+        assert_eq!(back.value_at_quantile(0.5), back.highest_equivalent(10_000));
+        let other = Histograms::decode(&Histograms::from_samples(&[a]).encode()["itl_us"]).unwrap();
+        back.add(&other).unwrap();
+        assert_eq!(back.len(), 18);
+        assert!(Histograms::decode("not base64!").is_err());
+    }
+
+    #[test]
+    fn max_concurrency_counts_overlaps() {
+        let mut a = sample(0, 10, &[], 1);
+        a.end_ns = 100;
+        let mut b = sample(50, 10, &[], 1);
+        b.end_ns = 150;
+        let mut c = sample(100, 10, &[], 1);
+        c.end_ns = 200;
+        assert_eq!(max_concurrency(&[a, b, c]), 2);
+    }
+
+    #[test]
+    fn percentile_labels() {
+        assert_eq!(percentile_label(99.0), "99");
+        assert_eq!(percentile_label(99.9), "99.9");
+    }
+}

@@ -1,0 +1,209 @@
+//! The replay's console report: vLLM's `Serving Benchmark Result` block, then retrace's sections.
+//!
+//! The first block reproduces `vllm bench serve`'s layout exactly (rows `{:<40} {:<10}`, section
+//! rules centred in 50 columns, TTFT/TPOT/ITL with mean, median and each chosen percentile), so it
+//! can be read side by side with vLLM's. The sections after it are ours: failures by kind, latency
+//! from the intended send time, dispatch drift, client queue, and the server-side TTFT breakdown
+//! (client TTFT = server queue + server TTFT + unattributed). Renders to a `String`; printing is the
+//! caller's business.
+
+use crate::metrics::{percentile_label, Stats, Summary};
+use std::fmt::Write as _;
+
+// vLLM pads the value to 10 columns; the reference output has trailing spaces trimmed.
+fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
+    let line = format!("{:<40} {:<10}", label, value);
+    let _ = writeln!(out, "{}", line.trim_end());
+}
+
+fn rowf(out: &mut String, label: &str, value: f64) {
+    let line = format!("{:<40} {:<10.2}", label, value);
+    let _ = writeln!(out, "{}", line.trim_end());
+}
+
+fn rule(out: &mut String, title: &str, fill: char) {
+    let _ = writeln!(out, "{}", center(title, fill));
+}
+
+fn center(title: &str, fill: char) -> String {
+    let n = title.chars().count();
+    if n >= 50 {
+        return title.to_string();
+    }
+    let pad = 50 - n;
+    let left = pad / 2;
+    let f = fill.to_string();
+    format!("{}{}{}", f.repeat(left), title, f.repeat(pad - left))
+}
+
+fn metric(out: &mut String, title: &str, short: &str, s: &Stats) {
+    rule(out, title, '-');
+    rowf(out, &format!("Mean {short} (ms):"), s.mean);
+    rowf(out, &format!("Median {short} (ms):"), s.median);
+    for (p, v) in &s.percentiles {
+        rowf(out, &format!("P{} {short} (ms):", percentile_label(*p)), *v);
+    }
+}
+
+/// vLLM's block, byte for byte in vLLM's layout.
+pub fn vllm_block(sum: &Summary) -> String {
+    let mut out = String::new();
+    rule(&mut out, " Serving Benchmark Result ", '=');
+    row(&mut out, "Successful requests:", sum.completed);
+    rowf(&mut out, "Benchmark duration (s):", sum.duration_s);
+    row(&mut out, "Total input tokens:", sum.total_input_tokens);
+    row(&mut out, "Total generated tokens:", sum.total_output_tokens);
+    rowf(
+        &mut out,
+        "Request throughput (req/s):",
+        sum.request_throughput,
+    );
+    rowf(
+        &mut out,
+        "Output token throughput (tok/s):",
+        sum.output_throughput,
+    );
+    rowf(
+        &mut out,
+        "Total token throughput (tok/s):",
+        sum.total_token_throughput,
+    );
+    metric(&mut out, "Time to First Token", "TTFT", &sum.ttft);
+    metric(
+        &mut out,
+        "Time per Output Token (excl. 1st token)",
+        "TPOT",
+        &sum.tpot,
+    );
+    metric(&mut out, "Inter-token Latency", "ITL", &sum.itl);
+    let _ = writeln!(out, "{}", "=".repeat(50));
+    out
+}
+
+fn brief(out: &mut String, label: &str, s: &Stats) {
+    let p99 = s
+        .percentile(99.0)
+        .map_or(String::new(), |v| format!(" p99 {v:.3}"));
+    let _ = writeln!(
+        out,
+        "{:<40} mean {:.3} median {:.3}{} max {:.3}",
+        label, s.mean, s.median, p99, s.max
+    );
+}
+
+/// Our sections, after vLLM's block.
+pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
+    let mut out = String::new();
+    rule(&mut out, " retrace: beyond vLLM ", '=');
+    row(&mut out, "Failed requests:", sum.failed);
+    for (kind, n) in &sum.errors {
+        row(&mut out, &format!("  {kind}:"), n);
+    }
+    row(
+        &mut out,
+        "Peak concurrent requests:",
+        sum.max_concurrent_requests,
+    );
+    rule(&mut out, "End-to-end Latency", '-');
+    rowf(&mut out, "Mean E2EL (ms):", sum.e2el.mean);
+    rowf(&mut out, "Median E2EL (ms):", sum.e2el.median);
+    for (p, v) in &sum.e2el.percentiles {
+        rowf(
+            &mut out,
+            &format!("P{} E2EL (ms):", percentile_label(*p)),
+            *v,
+        );
+    }
+    rule(
+        &mut out,
+        "From intended send time (no coord. omission)",
+        '-',
+    );
+    brief(&mut out, "TTFT (ms):", &sum.ttft_from_intended);
+    brief(&mut out, "E2EL (ms):", &sum.e2el_from_intended);
+    rule(&mut out, "Dispatch drift (actual - intended)", '-');
+    brief(&mut out, "Drift (ms):", &sum.drift);
+    if let Some(d) = max_drift_ms {
+        let p99 = sum.drift.percentile(99.0).unwrap_or(sum.drift.max);
+        let verdict = if p99 <= d {
+            "ok"
+        } else {
+            "EXCEEDED: run invalid"
+        };
+        row(&mut out, &format!("Limit p99 <= {d} ms:"), verdict);
+    }
+    rule(&mut out, "Client queue (waiting for a slot)", '-');
+    brief(&mut out, "Client queue (ms):", &sum.client_queue);
+    rule(&mut out, "Server-side TTFT breakdown", '-');
+    if sum.server_reported == 0 {
+        let _ = writeln!(
+            out,
+            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics)"
+        );
+    } else {
+        row(
+            &mut out,
+            "Requests with server metrics:",
+            sum.server_reported,
+        );
+        rowf(&mut out, "Mean client TTFT (ms):", sum.ttft.mean);
+        rowf(
+            &mut out,
+            "  = mean server queue (ms):",
+            sum.server_queue.mean,
+        );
+        rowf(&mut out, "  + mean server TTFT (ms):", sum.server_ttft.mean);
+        rowf(
+            &mut out,
+            "  + mean unattributed (ms):",
+            sum.unattributed.mean,
+        );
+    }
+    let _ = writeln!(out, "{}", "=".repeat(50));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{summarize, Sample};
+
+    #[test]
+    fn centred_rules_match_vllm() {
+        assert_eq!(
+            center(" Serving Benchmark Result ", '='),
+            "============ Serving Benchmark Result ============"
+        );
+        assert_eq!(
+            center("Time per Output Token (excl. 1st token)", '-'),
+            "-----Time per Output Token (excl. 1st token)------"
+        );
+    }
+
+    /// The seed excerpt's numbers rendered by us give the seed excerpt, byte for byte.
+    #[test]
+    fn block_matches_vllm_seed_output() {
+        let mut sum = summarize(&[Sample::default()], 0.0, &[99.0]);
+        sum.completed = 10;
+        sum.duration_s = 5.78;
+        sum.total_input_tokens = 1369;
+        sum.total_output_tokens = 2212;
+        sum.request_throughput = 1.73;
+        sum.output_throughput = 382.89;
+        sum.total_token_throughput = 619.85;
+        let st = |mean, median, p99| Stats {
+            count: 1,
+            mean,
+            median,
+            std: 0.0,
+            min: 0.0,
+            max: 0.0,
+            percentiles: vec![(99.0, p99)],
+        };
+        sum.ttft = st(71.54, 73.88, 79.49);
+        sum.tpot = st(7.91, 7.96, 8.03);
+        sum.itl = st(7.74, 7.70, 8.39);
+        let seed = include_str!("../../fixtures/replay/seed-output.txt");
+        assert_eq!(vllm_block(&sum), seed);
+    }
+}

@@ -1,0 +1,171 @@
+//! The driver: executes a plan against absolute deadlines from a monotonic t0.
+//!
+//! A dedicated dispatcher thread walks the plan in order and releases each request at
+//! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 µs (Linux `prctl`) until
+//! [`SPIN_WINDOW`] before the deadline, then yields/spins the rest, so releases land within
+//! microseconds instead of tokio's 1 ms timer-wheel granularity. Deadlines are absolute, so a late
+//! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
+//! already due back to back. Each released request becomes a tokio task that waits for a
+//! concurrency slot (client queue time, measured), then runs [`client::execute`]. Every request
+//! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
+//! bodies are built before the clock starts.
+
+use super::client::{self, SendTimes, Target, Timeouts};
+use super::pool::Pool;
+use super::request::BuiltRequest;
+use crate::metrics::Sample;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Semaphore};
+
+/// Sleep until this long before a deadline, then spin.
+pub const SPIN_WINDOW: Duration = Duration::from_micros(200);
+
+/// How far in the future t0 is set, so the dispatcher and runtime are settled at the first send.
+pub const START_LEAD: Duration = Duration::from_millis(20);
+
+/// What the driver needs besides the plan.
+pub struct DriveOptions {
+    pub max_concurrency: Option<usize>,
+    pub timeouts: Timeouts,
+}
+
+/// The outcome of a drive.
+pub struct Driven {
+    /// One sample per planned send, in plan order.
+    pub samples: Vec<Sample>,
+    /// First dispatch to last completion, seconds (vLLM's benchmark duration).
+    pub duration_s: f64,
+}
+
+/// Lowers this thread's timer slack so `nanosleep` wakes within microseconds.
+fn precise_sleep_setup() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and only affects the calling thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Blocks the calling thread until `deadline`, precisely.
+pub fn wait_until(deadline: Instant) {
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > SPIN_WINDOW {
+            std::thread::sleep(left - SPIN_WINDOW);
+        } else if left > Duration::from_micros(20) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Runs `plan` (`(request index, offset ns)` pairs, sorted by offset); `on_done` is called once
+/// per finished request (progress).
+pub async fn drive(
+    plan: Vec<(usize, u64)>,
+    requests: Arc<Vec<BuiltRequest>>,
+    client: Arc<Pool>,
+    target: Arc<Target>,
+    opts: DriveOptions,
+    mut on_done: impl FnMut(&Sample),
+) -> Driven {
+    let n = plan.len();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Sample)>();
+    let sem = opts
+        .max_concurrency
+        .map(|c| Arc::new(Semaphore::new(c.max(1))));
+    let handle = tokio::runtime::Handle::current();
+    let t0 = Instant::now() + START_LEAD;
+    let timeouts = opts.timeouts;
+    let dispatcher = std::thread::Builder::new()
+        .name("retrace-dispatch".into())
+        .spawn(move || {
+            precise_sleep_setup();
+            for (slot, (idx, at_ns)) in plan.into_iter().enumerate() {
+                wait_until(t0 + Duration::from_nanos(at_ns));
+                let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
+                let times = SendTimes {
+                    intended_ns: at_ns,
+                    dispatched_ns,
+                };
+                let (tx, client, target, requests, sem) = (
+                    tx.clone(),
+                    client.clone(),
+                    target.clone(),
+                    requests.clone(),
+                    sem.clone(),
+                );
+                handle.spawn(async move {
+                    let _permit = match &sem {
+                        Some(s) => s.clone().acquire_owned().await.ok(),
+                        None => None,
+                    };
+                    let req = &requests[idx];
+                    let s = client::execute(&client, &target, req, times, t0, timeouts).await;
+                    let _ = tx.send((slot, s));
+                });
+            }
+        });
+    let mut samples: Vec<Option<Sample>> = vec![None; n];
+    if let Err(e) = dispatcher {
+        // Could not start the thread: every request is a local failure, the run still reports.
+        for (i, s) in samples.iter_mut().enumerate() {
+            *s = Some(Sample {
+                error: Some("local".into()),
+                error_detail: Some(format!("dispatcher thread: {e}")),
+                end_ns: i as u64,
+                ..Default::default()
+            });
+        }
+    } else {
+        let mut got = 0;
+        while got < n {
+            match rx.recv().await {
+                Some((slot, s)) => {
+                    on_done(&s);
+                    samples[slot] = Some(s);
+                    got += 1;
+                }
+                None => break,
+            }
+        }
+    }
+    let samples: Vec<Sample> = samples
+        .into_iter()
+        .map(|s| {
+            s.unwrap_or_else(|| Sample {
+                error: Some("local".into()),
+                error_detail: Some("request task ended without a result".into()),
+                ..Default::default()
+            })
+        })
+        .collect();
+    let first = samples.iter().map(|s| s.dispatched_ns).min().unwrap_or(0);
+    let last = samples.iter().map(|s| s.end_ns).max().unwrap_or(0);
+    Driven {
+        duration_s: last.saturating_sub(first) as f64 / 1e9,
+        samples,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_until_never_returns_early() {
+        let start = Instant::now();
+        for k in 1..=5u64 {
+            let d = start + Duration::from_micros(300 * k);
+            wait_until(d);
+            assert!(Instant::now() >= d);
+        }
+        wait_until(start); // a past deadline returns at once
+    }
+}

@@ -1,0 +1,522 @@
+//! `retrace replay`: re-issue a trace against an OpenAI-compatible server at its own timing.
+//!
+//! The pipeline, each step its own module: [`Config::from_args`] validates the command line (every
+//! error names its flag); the trace is read with [`crate::trace::import`]; [`schedule::plan`]
+//! (pure) decides what is sent when; [`request::build`] makes every body before the clock starts;
+//! [`driver::drive`] releases requests at absolute deadlines and [`client::execute`] turns each
+//! into a [`crate::metrics::Sample`]; [`crate::metrics::summarize`] computes vLLM-exact statistics;
+//! [`console`] renders them and [`result`] writes the result file. Without `--target`, the
+//! embedded simulated engine is started on a loopback port (see [`start_embedded_target`]).
+//! A failed request is data; only a broken setup (bad flag, unreadable trace, unreachable
+//! target for the model list) is an error.
+
+pub mod client;
+pub mod console;
+pub mod driver;
+pub mod pool;
+pub mod request;
+pub mod result;
+pub mod schedule;
+
+use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
+use crate::metrics::{self, Api, Histograms};
+use crate::synth::{self, Synth, TextBuilder, Vocab};
+use crate::trace::import::{read_path, ImportOptions};
+use anyhow::{anyhow, bail, Context};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use request::{BodyOptions, PromptMode, Prompts};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Exit status of a run whose p99 drift exceeded `--max-drift-ms`.
+pub const EXIT_INVALID: u8 = 3;
+
+/// Default vocabulary size without a tokenizer.
+pub const DEFAULT_VOCAB: u32 = 4096;
+
+/// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
+/// stretch of the trace are replayed, at real speed, so the run takes about a minute.
+pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
+
+/// A validated replay configuration.
+#[derive(Debug)]
+pub struct Config {
+    pub trace: PathBuf,
+    pub target: Option<String>,
+    pub model: Option<String>,
+    pub api: Api,
+    pub speed: Option<f64>,
+    pub limit: Option<usize>,
+    pub max_concurrency: Option<usize>,
+    pub block_size: Option<u32>,
+    pub tokenizer: Option<PathBuf>,
+    pub vocab_size: u32,
+    pub prompt_mode: PromptMode,
+    pub seed: u64,
+    pub result_json: Option<PathBuf>,
+    pub detailed: bool,
+    /// Extra headers, the API key included (never printed or written).
+    pub headers: HeaderMap,
+    pub extra_body: serde_json::Map<String, serde_json::Value>,
+    pub max_drift_ms: Option<f64>,
+    pub percentiles: Vec<f64>,
+    pub keep_original_limits: bool,
+    pub timeouts: client::Timeouts,
+    /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
+    pub warm_connections: Option<usize>,
+    /// Show a progress bar (stderr is a terminal).
+    pub progress: bool,
+    /// The open-file limit in force, when known (warns when streams may exceed it).
+    pub fd_limit: Option<u64>,
+}
+
+fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        bail!("{flag} {v}: must be a positive number")
+    }
+}
+
+impl Config {
+    /// Validates the command line; every error names the flag.
+    pub fn from_args(a: ReplayArgs) -> anyhow::Result<Config> {
+        if let Some(s) = a.speed {
+            positive("--speed", s)?;
+        }
+        if a.max_concurrency == Some(0) {
+            bail!("--max-concurrency 0: must be at least 1");
+        }
+        if a.block_size == Some(0) {
+            bail!("--block-size 0: must be at least 1");
+        }
+        if let Some(d) = a.max_drift_ms {
+            if !(d.is_finite() && d >= 0.0) {
+                bail!("--max-drift-ms {d}: must be a non-negative number");
+            }
+        }
+        let percentiles = a
+            .percentiles
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                s.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=100.0).contains(p))
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "--percentiles {:?}: {s:?} is not a number in 0..=100",
+                            a.percentiles
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        let prompt_mode = match a.prompt_mode {
+            PromptModeArg::TokenIds => PromptMode::TokenIds,
+            PromptModeArg::Text => PromptMode::Text,
+        };
+        let api = match a.endpoint {
+            EndpointArg::Completions => Api::Completions,
+            EndpointArg::Chat => Api::Chat,
+        };
+        if prompt_mode == PromptMode::Text && a.tokenizer.is_none() {
+            bail!(
+                "--prompt-mode text needs --tokenizer (text must re-encode to the trace's blocks)"
+            );
+        }
+        if api == Api::Chat && prompt_mode == PromptMode::TokenIds {
+            bail!("--endpoint chat sends text: add --prompt-mode text and --tokenizer FILE");
+        }
+        let mut headers = HeaderMap::new();
+        for h in &a.header {
+            let (k, v) = client::parse_header(h).map_err(|e| anyhow!(e))?;
+            headers.append(k, v);
+        }
+        if let Some(var) = &a.api_key_env {
+            let key = std::env::var(var).map_err(|_| {
+                anyhow!("--api-key-env {var}: environment variable {var} is not set")
+            })?;
+            let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+                .map_err(|_| anyhow!("--api-key-env {var}: the key is not a valid header value"))?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        let extra_body = match &a.extra_body {
+            None => serde_json::Map::new(),
+            Some(s) => match serde_json::from_str::<serde_json::Value>(s) {
+                Ok(serde_json::Value::Object(m)) => m,
+                Ok(_) => bail!("--extra-body: must be a JSON object, like '{{\"temperature\":0}}'"),
+                Err(e) => bail!("--extra-body: not JSON: {e}"),
+            },
+        };
+        Ok(Config {
+            trace: a.trace,
+            target: a.target,
+            model: a.model,
+            api,
+            speed: a.speed,
+            limit: a.limit,
+            max_concurrency: a.max_concurrency,
+            block_size: a.block_size,
+            tokenizer: a.tokenizer,
+            vocab_size: a.vocab_size.unwrap_or(DEFAULT_VOCAB),
+            prompt_mode,
+            seed: a.seed,
+            result_json: a.result_json,
+            detailed: a.detailed,
+            headers,
+            extra_body,
+            max_drift_ms: a.max_drift_ms,
+            percentiles,
+            keep_original_limits: a.keep_original_limits,
+            timeouts: client::Timeouts {
+                idle: Duration::from_secs_f64(positive("--idle-timeout-s", a.idle_timeout_s)?),
+                total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
+            },
+            warm_connections: a.warm_connections,
+            progress: std::io::stderr().is_terminal(),
+            fd_limit: None,
+        })
+    }
+}
+
+/// What a finished replay produced.
+pub struct Outcome {
+    pub summary: metrics::Summary,
+    pub result: serde_json::Value,
+    /// Console report (vLLM block + ours).
+    pub report: String,
+    pub valid: bool,
+}
+
+/// Entry point of `retrace replay`.
+pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let report_html = args.report_html.clone();
+    let cfg = Config::from_args(args)?;
+    let fds = raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let out = rt.block_on(replay(Config {
+        fd_limit: fds,
+        ..cfg
+    }))?;
+    crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
+    print!("{}", out.report);
+    Ok(if out.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_INVALID)
+    })
+}
+
+/// A running embedded target; shut down after the run.
+pub struct Embedded {
+    pub url: String,
+    pub model: String,
+    handle: crate::mock::MockHandle,
+}
+
+/// The embedded target's engine: the mock's continuous-batching scheduler with the cost model of a
+/// fast multi-accelerator node (≈200k prefill tokens/s, 8,192-token steps, cheap KV reads), so
+/// that a minute of the sample Mooncake traces at real speed is served without an ever-growing
+/// queue (the mock's defaults model one small GPU, far too slow for those traces). Per-request
+/// metrics on.
+pub fn embedded_mock_config() -> crate::mock::MockConfig {
+    crate::mock::MockConfig {
+        enable_per_request_metrics: true,
+        max_num_batched_tokens: 8192,
+        cost: crate::mock::CostModel {
+            step_overhead_ms: 5.0,
+            prefill_token_ms: 0.005,
+            seq_ms: 0.05,
+            context_token_ms: 0.00004,
+        },
+        ..Default::default()
+    }
+}
+
+/// Starts the embedded simulated engine ([`embedded_mock_config`]) on an ephemeral loopback port.
+pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("binding a loopback port for the embedded mock")?;
+    let cfg = embedded_mock_config();
+    let model = cfg.model.clone();
+    let handle = crate::mock::start(listener, cfg)
+        .await
+        .context("starting the embedded mock")?;
+    Ok(Embedded {
+        url: format!("http://{}", handle.addr),
+        model,
+        handle,
+    })
+}
+
+/// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
+pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
+    let (trace, report) = {
+        let path = cfg.trace.clone();
+        tokio::task::spawn_blocking(move || read_path(&path, &ImportOptions::default()))
+            .await
+            .context("reading the trace")??
+    };
+    if report.skipped > 0 {
+        tracing::warn!(
+            "{}: skipped {} malformed rows",
+            cfg.trace.display(),
+            report.skipped
+        );
+    }
+    let embedded = match &cfg.target {
+        Some(_) => None,
+        None => Some(start_embedded_target().await?),
+    };
+    let target_url = cfg
+        .target
+        .clone()
+        .or_else(|| embedded.as_ref().map(|e| e.url.clone()))
+        .unwrap_or_default();
+    let target =
+        Arc::new(client::Target::parse(&target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?);
+    let http = Arc::new(
+        pool::Pool::new(&target.authority)
+            .await
+            .map_err(|e| anyhow!("--target {target_url}: {e}"))?,
+    );
+    let model = match (&cfg.model, &embedded) {
+        (Some(m), _) => m.clone(),
+        (None, Some(e)) => e.model.clone(),
+        (None, None) => client::first_model(&http, &target)
+            .await
+            .map_err(|e| anyhow!("{e} (or give --model)"))?,
+    };
+    let speed = cfg.speed.unwrap_or(1.0);
+    let limit = match (cfg.limit, cfg.speed, &embedded) {
+        (None, None, Some(_)) => {
+            let mut arrivals: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
+            arrivals.sort_unstable();
+            let first = arrivals.first().copied().unwrap_or(0);
+            let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
+            let n = arrivals.iter().take_while(|&&a| a - first <= span).count();
+            if n < arrivals.len() {
+                eprintln!(
+                    "retrace: embedded mock: replaying the first {n} of {} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
+                    arrivals.len(),
+                    EMBEDDED_DEFAULT_SPAN.as_secs()
+                );
+            }
+            Some(n)
+        }
+        (l, _, _) => l,
+    };
+    let plan = schedule::plan(&trace, &schedule::ScheduleOptions { speed, limit });
+    let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
+    let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
+        (Some(p), mode) => {
+            let tok = synth::load_tokenizer(p)?;
+            if mode == PromptMode::Text {
+                let tb = TextBuilder::new(tok, block_size, cfg.seed).ok_or_else(|| {
+                    anyhow!("--tokenizer {}: fewer than 64 tokens decode to a plain space-led word; text prompts cannot be built exactly (use --prompt-mode token-ids)", p.display())
+                })?;
+                Prompts::Text(Box::new(tb))
+            } else {
+                let v = Vocab::from_tokenizer(&tok)
+                    .ok_or_else(|| anyhow!("--tokenizer {}: no usable tokens", p.display()))?;
+                Prompts::Tokens(Synth::new(v, block_size, cfg.seed))
+            }
+        }
+        (None, _) => Prompts::Tokens(Synth::new(
+            Vocab::from_size(cfg.vocab_size)?,
+            block_size,
+            cfg.seed,
+        )),
+    };
+    let body_opts = BodyOptions {
+        api: cfg.api,
+        model: model.clone(),
+        model_override: cfg.model.is_some(),
+        extra_body: cfg.extra_body.clone(),
+        keep_original_limits: cfg.keep_original_limits,
+    };
+    // Every body is built before the clock starts.
+    let mut built = Vec::with_capacity(plan.len());
+    for p in &plan {
+        let r = &trace.requests[p.index];
+        let b = request::build(r, p.index as u64, &body_opts, &prompts)
+            .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))?;
+        built.push(b);
+    }
+    drop(trace);
+    let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
+    if inexact > 0 {
+        eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
+    }
+    if let Some(limit) = cfg.fd_limit {
+        let streams = cfg.max_concurrency.unwrap_or(plan.len()).min(plan.len()) as u64;
+        if streams + 64 > limit {
+            eprintln!(
+                "retrace: warning: up to {streams} streams may be in flight but the open-file limit is {limit}; requests beyond it fail as `connect` (raise it with `ulimit -n`, or give --max-concurrency)"
+            );
+        }
+    }
+    // Connections are opened before the clock starts, a bounded number at a time.
+    let warm = cfg
+        .warm_connections
+        .unwrap_or(cfg.max_concurrency.unwrap_or(128))
+        .min(plan.len());
+    if warm > 0 {
+        let opened = http.warm(warm, 32).await;
+        if opened < warm {
+            tracing::warn!("opened {opened} of {warm} warm connections");
+        }
+    }
+    let bar = if cfg.progress {
+        let pb = indicatif::ProgressBar::new(plan.len() as u64);
+        pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}",
+        ) {
+            pb.set_style(style);
+        }
+        Some(pb)
+    } else {
+        None
+    };
+    let sends: Vec<(usize, u64)> = plan.iter().enumerate().map(|(i, p)| (i, p.at_ns)).collect();
+    let mut failed = 0u64;
+    let driven = driver::drive(
+        sends,
+        Arc::new(built),
+        http,
+        target,
+        driver::DriveOptions {
+            max_concurrency: cfg.max_concurrency,
+            timeouts: cfg.timeouts,
+        },
+        |s| {
+            if let Some(pb) = &bar {
+                if !s.ok() {
+                    failed += 1;
+                    pb.set_message(format!("({failed} failed)"));
+                }
+                pb.inc(1);
+            }
+        },
+    )
+    .await;
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    if let Some(e) = embedded {
+        e.handle.shutdown().await;
+    }
+    let summary = metrics::summarize(&driven.samples, driven.duration_s, &cfg.percentiles);
+    let drift_p99 = metrics::Stats::from_seconds(
+        &driven
+            .samples
+            .iter()
+            .map(|s| s.drift_ns() as f64 / 1e9)
+            .collect::<Vec<_>>(),
+        &[99.0],
+    )
+    .percentiles[0]
+        .1;
+    let (valid, invalid_reason) = match cfg.max_drift_ms {
+        Some(d) if drift_p99 > d => (
+            false,
+            Some(format!(
+                "p99 dispatch drift {drift_p99:.3} ms exceeds --max-drift-ms {d}"
+            )),
+        ),
+        _ => (true, None),
+    };
+    let hist = Histograms::from_samples(&driven.samples);
+    let info = result::RunInfo {
+        date: now_utc_compact(),
+        trace: cfg.trace.display().to_string(),
+        target: if cfg.target.is_some() {
+            target_url.clone()
+        } else {
+            "embedded-mock".into()
+        },
+        model,
+        endpoint: match cfg.api {
+            Api::Completions => "completions".into(),
+            Api::Chat => "chat".into(),
+        },
+        speed,
+        max_concurrency: cfg.max_concurrency,
+        seed: cfg.seed,
+        block_size,
+        prompt_mode: match cfg.prompt_mode {
+            PromptMode::TokenIds => "token-ids".into(),
+            PromptMode::Text => "text".into(),
+        },
+        drift_limit_ms: cfg.max_drift_ms,
+        valid,
+        invalid_reason: invalid_reason.clone(),
+        inexact_prompts: inexact,
+    };
+    let result = result::build(&info, &summary, &hist, &driven.samples, cfg.detailed);
+    if let Some(path) = &cfg.result_json {
+        let text = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, text)
+            .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
+    }
+    let mut report = console::vllm_block(&summary);
+    report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
+    if let Some(r) = &invalid_reason {
+        report.push_str(&format!("RUN INVALID: {r}\n"));
+    }
+    Ok(Outcome {
+        summary,
+        result,
+        report,
+        valid,
+    })
+}
+
+/// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and
+/// returns the limit now in force (`None` when unknown).
+fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    // SAFETY: getrlimit/setrlimit on RLIMIT_NOFILE with a valid, initialised struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return None;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+        #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every unix
+        Some(r.rlim_cur as u64)
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// vLLM's `date` format (`20260101-120000`), in UTC.
+fn now_utc_compact() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|d| d.format("%Y%m%d-%H%M%S").to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,317 @@
+//! The replay result file (`--result-json`): vLLM's keys, ours, and whole histograms.
+//!
+//! One JSON object. Schema `retrace.replay/1` (documented in `docs/result-format.md`, held by the
+//! snapshot test below):
+//!
+//! - **vLLM keys** (same names, units and definitions as `vllm bench serve --save-result`):
+//!   `date`, `backend`, `endpoint_type`, `model_id`, `num_prompts`, `request_rate`, `max_concurrency`,
+//!   `duration` (s, first dispatch to last completion), `completed`, `failed`,
+//!   `total_input_tokens`, `total_output_tokens`, `request_throughput`, `request_goodput` (null),
+//!   `output_throughput`, `total_token_throughput`, `max_concurrent_requests`, and for each metric
+//!   `M` in `ttft`, `tpot`, `itl`, `e2el`: `mean_M_ms`, `median_M_ms`, `std_M_ms`, `pP_M_ms` for
+//!   every `--percentiles` value P (`p99`, `p99.9`).
+//! - **ours**: `schema`, `retrace_version`, `trace`, `target` (URL only; headers and keys are never
+//!   written), `speed`, `seed`, `block_size`, `prompt_mode`, `drift_limit_ms` (`--max-drift-ms`), `valid` (false
+//!   when p99 drift exceeded it), `invalid_reason`, `errors_by_kind` ({kind: count}), and the same
+//!   mean/median/std/pP/min/max family for `ttft_from_intended`, `e2el_from_intended` (latency from
+//!   the intended send time, free of coordinated omission), `drift` (dispatch − intended; negative =
+//!   early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
+//!   per-request `metrics`, when the server sent them) and `unattributed` (client TTFT − server queue
+//!   − server TTFT), plus `server_reported` (requests with server metrics) and `inexact_prompts`.
+//! - **histograms**: `{name: base64 HdrHistogram V2}` for `ttft_us`, `tpot_us`, `itl_us`,
+//!   `e2el_us`, `drift_abs_ns`, `client_queue_ns` (successful requests; drift/queue of all).
+//! - **with `--detailed`**, index-aligned per-request arrays in seconds like vLLM's: `input_lens`,
+//!   `output_lens`, `ttfts` (0 when none), `itls` (lists), `latencies` (E2EL, 0 when none),
+//!   `start_times` (actual send, s from t0), `errors` ("" on success, else `kind: detail`),
+//!   `server_queue_times`, `server_ttfts` (null where unknown), and ours: `intended_times`,
+//!   `drifts`, `client_queue_times`.
+//!
+//! This module builds the JSON value; it does not print or write files.
+
+use crate::metrics::{ns_to_s, percentile_label, Histograms, Sample, Stats, Summary};
+use serde_json::{json, Map, Value};
+
+/// Schema identifier written into every result.
+pub const SCHEMA: &str = "retrace.replay/1";
+
+/// Run facts that are not measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInfo {
+    pub date: String,
+    pub trace: String,
+    pub target: String,
+    pub model: String,
+    pub endpoint: String,
+    pub speed: f64,
+    pub max_concurrency: Option<usize>,
+    pub seed: u64,
+    pub block_size: u32,
+    pub prompt_mode: String,
+    /// `--max-drift-ms`, when given.
+    pub drift_limit_ms: Option<f64>,
+    pub valid: bool,
+    pub invalid_reason: Option<String>,
+    pub inexact_prompts: u64,
+}
+
+fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
+    m.insert(format!("mean_{name}_ms"), json!(s.mean));
+    m.insert(format!("median_{name}_ms"), json!(s.median));
+    m.insert(format!("std_{name}_ms"), json!(s.std));
+    for (p, v) in &s.percentiles {
+        m.insert(format!("p{}_{name}_ms", percentile_label(*p)), json!(v));
+    }
+    if extra {
+        m.insert(format!("min_{name}_ms"), json!(s.min));
+        m.insert(format!("max_{name}_ms"), json!(s.max));
+        m.insert(format!("count_{name}"), json!(s.count));
+    }
+}
+
+/// Builds the result object; `detailed` adds the per-request arrays.
+pub fn build(
+    info: &RunInfo,
+    sum: &Summary,
+    hist: &Histograms,
+    samples: &[Sample],
+    detailed: bool,
+) -> Value {
+    let mut m = Map::new();
+    m.insert("schema".into(), json!(SCHEMA));
+    m.insert("retrace_version".into(), json!(env!("CARGO_PKG_VERSION")));
+    m.insert("date".into(), json!(info.date));
+    m.insert("backend".into(), json!("retrace"));
+    m.insert("endpoint_type".into(), json!(info.endpoint));
+    m.insert("model_id".into(), json!(info.model));
+    m.insert("num_prompts".into(), json!(samples.len()));
+    m.insert("request_rate".into(), json!("trace"));
+    m.insert("max_concurrency".into(), json!(info.max_concurrency));
+    m.insert("duration".into(), json!(sum.duration_s));
+    m.insert("completed".into(), json!(sum.completed));
+    m.insert("failed".into(), json!(sum.failed));
+    m.insert("total_input_tokens".into(), json!(sum.total_input_tokens));
+    m.insert("total_output_tokens".into(), json!(sum.total_output_tokens));
+    m.insert("request_throughput".into(), json!(sum.request_throughput));
+    m.insert("request_goodput".into(), Value::Null);
+    m.insert("output_throughput".into(), json!(sum.output_throughput));
+    m.insert(
+        "total_token_throughput".into(),
+        json!(sum.total_token_throughput),
+    );
+    m.insert(
+        "max_concurrent_requests".into(),
+        json!(sum.max_concurrent_requests),
+    );
+    for (name, s) in [
+        ("ttft", &sum.ttft),
+        ("tpot", &sum.tpot),
+        ("itl", &sum.itl),
+        ("e2el", &sum.e2el),
+    ] {
+        put_stats(&mut m, name, s, false);
+    }
+    // ours
+    m.insert("trace".into(), json!(info.trace));
+    m.insert("target".into(), json!(info.target));
+    m.insert("speed".into(), json!(info.speed));
+    m.insert("seed".into(), json!(info.seed));
+    m.insert("block_size".into(), json!(info.block_size));
+    m.insert("prompt_mode".into(), json!(info.prompt_mode));
+    m.insert("drift_limit_ms".into(), json!(info.drift_limit_ms));
+    m.insert("valid".into(), json!(info.valid));
+    m.insert("invalid_reason".into(), json!(info.invalid_reason));
+    m.insert("inexact_prompts".into(), json!(info.inexact_prompts));
+    m.insert("errors_by_kind".into(), json!(sum.errors));
+    m.insert("server_reported".into(), json!(sum.server_reported));
+    for (name, s) in [
+        ("ttft_from_intended", &sum.ttft_from_intended),
+        ("e2el_from_intended", &sum.e2el_from_intended),
+        ("drift", &sum.drift),
+        ("client_queue", &sum.client_queue),
+        ("server_queue", &sum.server_queue),
+        ("server_ttft", &sum.server_ttft),
+        ("unattributed", &sum.unattributed),
+    ] {
+        put_stats(&mut m, name, s, true);
+    }
+    m.insert("histograms".into(), json!(hist.encode()));
+    if detailed {
+        let s = samples;
+        let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
+        m.insert(
+            "input_lens".into(),
+            json!(s.iter().map(|x| x.input_tokens).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "output_lens".into(),
+            json!(s.iter().map(|x| x.output_tokens).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "ttfts".into(),
+            json!(s.iter().map(|x| opt_s(x.ttft_ns)).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "itls".into(),
+            json!(s
+                .iter()
+                .map(|x| x.itls_ns.iter().map(|&n| ns_to_s(n)).collect::<Vec<_>>())
+                .collect::<Vec<_>>()),
+        );
+        m.insert(
+            "latencies".into(),
+            json!(s.iter().map(|x| opt_s(x.e2el_ns)).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "start_times".into(),
+            json!(s.iter().map(|x| ns_to_s(x.sent_ns)).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "errors".into(),
+            json!(s
+                .iter()
+                .map(|x| match (&x.error, &x.error_detail) {
+                    (None, _) if x.ok() => String::new(),
+                    (None, _) => "no_content".to_string(),
+                    (Some(k), Some(d)) => format!("{k}: {d}"),
+                    (Some(k), None) => k.clone(),
+                })
+                .collect::<Vec<_>>()),
+        );
+        m.insert(
+            "server_queue_times".into(),
+            json!(s
+                .iter()
+                .map(|x| x.server.queue_ms.map(|v| v / 1000.0))
+                .collect::<Vec<_>>()),
+        );
+        m.insert(
+            "server_ttfts".into(),
+            json!(s
+                .iter()
+                .map(|x| x.server.ttft_ms.map(|v| v / 1000.0))
+                .collect::<Vec<_>>()),
+        );
+        m.insert(
+            "intended_times".into(),
+            json!(s.iter().map(|x| ns_to_s(x.intended_ns)).collect::<Vec<_>>()),
+        );
+        m.insert(
+            "drifts".into(),
+            json!(s
+                .iter()
+                .map(|x| x.drift_ns() as f64 / 1e9)
+                .collect::<Vec<_>>()),
+        );
+        m.insert(
+            "client_queue_times".into(),
+            json!(s
+                .iter()
+                .map(|x| ns_to_s(x.client_queue_ns()))
+                .collect::<Vec<_>>()),
+        );
+    }
+    Value::Object(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{summarize, ServerTimes};
+
+    const MS: u64 = 1_000_000;
+
+    fn samples() -> Vec<Sample> {
+        vec![
+            Sample {
+                input_tokens: 100,
+                output_tokens: 3,
+                intended_ns: 0,
+                dispatched_ns: 10_000,
+                sent_ns: 20_000,
+                ttft_ns: Some(50 * MS),
+                e2el_ns: Some(70 * MS),
+                itls_ns: vec![10 * MS, 10 * MS],
+                end_ns: 70 * MS + 20_000,
+                server: ServerTimes {
+                    queue_ms: Some(1.0),
+                    ttft_ms: Some(40.0),
+                },
+                ..Default::default()
+            },
+            Sample {
+                input_tokens: 200,
+                intended_ns: 5 * MS,
+                dispatched_ns: 5 * MS,
+                sent_ns: 5 * MS,
+                end_ns: 6 * MS,
+                error: Some("http_500".into()),
+                error_detail: Some("boom".into()),
+                ..Default::default()
+            },
+        ]
+    }
+
+    fn info() -> RunInfo {
+        RunInfo {
+            date: "20260101-000000".into(),
+            trace: "t.jsonl".into(),
+            target: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            endpoint: "completions".into(),
+            speed: 1.0,
+            max_concurrency: None,
+            seed: 0,
+            block_size: 512,
+            prompt_mode: "token-ids".into(),
+            drift_limit_ms: None,
+            valid: true,
+            invalid_reason: None,
+            inexact_prompts: 0,
+        }
+    }
+
+    /// The schema contract: key names and value types. A change here is a format change: bump
+    /// SCHEMA and update docs/result-format.md.
+    #[test]
+    fn schema_snapshot() {
+        let s = samples();
+        let sum = summarize(&s, 0.1, &[50.0, 99.0]);
+        let h = Histograms::from_samples(&s);
+        let mut v = build(&info(), &sum, &h, &s, true);
+        // histograms are binary blobs: check they decode, snapshot only their names
+        let hist = v["histograms"].as_object_mut().unwrap();
+        for (_, b64) in hist.iter_mut() {
+            assert!(Histograms::decode(b64.as_str().unwrap()).is_ok());
+            *b64 = json!("<base64>");
+        }
+        insta::assert_json_snapshot!(v);
+    }
+
+    #[test]
+    fn vllm_keys_present_without_detail() {
+        let s = samples();
+        let sum = summarize(&s, 0.1, &[99.0]);
+        let v = build(&info(), &sum, &Histograms::from_samples(&s), &s, false);
+        for k in [
+            "completed",
+            "failed",
+            "duration",
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "std_ttft_ms",
+            "p99_ttft_ms",
+            "p99_itl_ms",
+            "mean_tpot_ms",
+            "mean_e2el_ms",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+            "max_concurrent_requests",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert!(v.get("ttfts").is_none());
+        assert_eq!(v["completed"], 1);
+        assert_eq!(v["errors_by_kind"]["http_500"], 1);
+    }
+}

@@ -1,0 +1,415 @@
+//! Workload shaping: pure transforms of a trace's arrivals for "what if" replays.
+//!
+//! Each function maps a [`Trace`] (plus options) to a new arrival pattern; the replay schedule is
+//! then built from the result, so a schedule stays a pure function of trace + options. Offered:
+//! looping (`--loop K`), overlaying time-shifted copies (`--overlay K`, ids kept or made distinct),
+//! capping idle gaps (`--max-gap`), replacing the trace's timing by a synthetic arrival process
+//! (`--request-rate R --burstiness B`, gamma gaps with shape B and mean 1/R exactly as vLLM draws
+//! them, or a linear/exponential ramp between two rates), and deterministic sharding
+//! (`--shard I/N`, sessions kept whole). Everything random is drawn from a seeded ChaCha RNG.
+//! No I/O, no clocks.
+
+use super::{HashScheme, Request, Trace};
+use rand::SeedableRng;
+use rand_distr::{Distribution, Gamma};
+
+/// A synthetic arrival process that replaces the trace's own timing.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arrivals {
+    /// Gamma-distributed gaps with `shape = burstiness`, mean `1/rate` (burstiness 1 = Poisson).
+    /// `rate = inf` sends everything at t0.
+    Rate { rate: f64, burstiness: f64 },
+    /// The rate moves from `start` to `end` requests/s over the run (vLLM's ramp-up): request `i`
+    /// of `n` draws its gap at `start + (end-start)·p` (linear) or `start·(end/start)^p`
+    /// (exponential), `p = i/(n-1)`.
+    Ramp {
+        exponential: bool,
+        start: f64,
+        end: f64,
+        burstiness: f64,
+    },
+}
+
+/// Re-times every request by a synthetic arrival process (order kept).
+pub fn retime(trace: &mut Trace, arrivals: &Arrivals, seed: u64) -> Result<(), String> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let n = trace.requests.len();
+    let gamma = |rate: f64, b: f64| -> Result<Gamma<f64>, String> {
+        Gamma::new(b, 1.0 / (rate * b)).map_err(|e| format!("rate {rate}, burstiness {b}: {e}"))
+    };
+    let check_b = |b: f64| {
+        if b.is_finite() && b > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("burstiness must be a positive number, got {b}"))
+        }
+    };
+    let mut t = 0f64;
+    match *arrivals {
+        Arrivals::Rate { rate, burstiness } => {
+            check_b(burstiness)?;
+            if rate.is_infinite() && rate > 0.0 {
+                trace.requests.iter_mut().for_each(|r| r.arrival_us = 0);
+                return Ok(());
+            }
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(format!("request rate must be positive, got {rate}"));
+            }
+            let g = gamma(rate, burstiness)?;
+            for (k, r) in trace.requests.iter_mut().enumerate() {
+                if k > 0 {
+                    t += g.sample(&mut rng);
+                }
+                r.arrival_us = (t * 1e6).round() as u64;
+            }
+        }
+        Arrivals::Ramp {
+            exponential,
+            start,
+            end,
+            burstiness,
+        } => {
+            check_b(burstiness)?;
+            for (name, v) in [("start", start), ("end", end)] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(format!("ramp-up {name} rate must be positive, got {v}"));
+                }
+            }
+            for (k, r) in trace.requests.iter_mut().enumerate() {
+                let p = k as f64 / (n.max(2) - 1) as f64;
+                let rate = if exponential {
+                    start * (end / start).powf(p)
+                } else {
+                    start + (end - start) * p
+                };
+                if k > 0 {
+                    t += gamma(rate, burstiness)?.sample(&mut rng);
+                }
+                r.arrival_us = (t * 1e6).round() as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Caps every idle gap between successive arrivals at `max_gap_us`.
+pub fn cap_gaps(trace: &mut Trace, max_gap_us: u64) {
+    let mut prev_in: Option<u64> = None;
+    let mut prev_out = 0u64;
+    for r in &mut trace.requests {
+        let out = match prev_in {
+            None => r.arrival_us,
+            Some(p) => prev_out + r.arrival_us.saturating_sub(p).min(max_gap_us),
+        };
+        prev_in = Some(r.arrival_us);
+        prev_out = out;
+        r.arrival_us = out;
+    }
+}
+
+fn distinct_id(scheme: HashScheme, id: u64, copy: u64, stride: u64) -> u64 {
+    match scheme {
+        // Dense ids stay dense: copy k uses k*stride + id.
+        HashScheme::Dense => copy * stride + id,
+        _ => xxhash_rust::xxh3::xxh3_64_with_seed(&id.to_le_bytes(), copy),
+    }
+}
+
+fn copy_of(r: &Request, k: u64, offset: u64, distinct: Option<(HashScheme, u64)>) -> Request {
+    let mut c = r.clone();
+    c.arrival_us = r.arrival_us + offset;
+    if let Some((scheme, stride)) = distinct {
+        for h in &mut c.hash_ids {
+            *h = distinct_id(scheme, *h, k, stride);
+        }
+    }
+    if let Some(s) = &mut c.session {
+        s.id = format!("{}#{k}", s.id);
+    }
+    c
+}
+
+fn stride(trace: &Trace) -> u64 {
+    trace
+        .requests
+        .iter()
+        .flat_map(|r| r.hash_ids.iter())
+        .max()
+        .map_or(0, |m| m.saturating_add(1))
+}
+
+/// Repeats the trace `k` times back to back; each repeat starts one mean inter-arrival gap after
+/// the previous one's last arrival. Hash ids are kept (later loops hit what earlier ones cached).
+pub fn repeat(trace: &mut Trace, k: u32) {
+    if k <= 1 || trace.requests.is_empty() {
+        return;
+    }
+    let span = trace.span_us();
+    let n = trace.requests.len() as u64;
+    let gap = if n > 1 { span / (n - 1) } else { 1_000_000 };
+    let period = span + gap.max(1);
+    let orig = std::mem::take(&mut trace.requests);
+    for i in 0..u64::from(k) {
+        trace
+            .requests
+            .extend(orig.iter().map(|r| copy_of(r, i, i * period, None)));
+        if i == 0 {
+            // the first copy keeps its session ids as they were
+            for (c, o) in trace.requests.iter_mut().zip(&orig) {
+                c.session = o.session.clone();
+            }
+        }
+    }
+}
+
+/// Overlays `k` copies of the trace, copy `i` shifted by `i/k` of its span, raising load while
+/// keeping burst shape. With `distinct`, each copy gets its own hash ids (no cross-copy reuse).
+pub fn overlay(trace: &mut Trace, k: u32, distinct: bool) {
+    if k <= 1 || trace.requests.is_empty() {
+        return;
+    }
+    let span = trace.span_us();
+    let d = distinct.then(|| (trace.header.hash_scheme, stride(trace)));
+    let orig = std::mem::take(&mut trace.requests);
+    for i in 0..u64::from(k) {
+        let off = span * i / u64::from(k);
+        trace.requests.extend(orig.iter().map(|r| {
+            let mut c = copy_of(r, i, off, d.filter(|_| i > 0));
+            if i == 0 {
+                c.session = r.session.clone();
+            }
+            c
+        }));
+    }
+    trace.requests.sort_by_key(|r| r.arrival_us);
+}
+
+/// Parses `I/N` (0-based shard index I of N).
+pub fn parse_shard(s: &str) -> Result<(u32, u32), String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("shard `{s}` must look like I/N, e.g. 0/4"))?;
+    let i: u32 = i
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard index `{i}` is not a number"))?;
+    let n: u32 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("shard count `{n}` is not a number"))?;
+    if n == 0 || i >= n {
+        return Err(format!("shard `{s}`: need 0 <= I < N"));
+    }
+    Ok((i, n))
+}
+
+/// Which shard of `n` a request belongs to: by session id when it has one (sessions stay whole),
+/// else by its index in the trace. Deterministic across processes.
+pub fn shard_of(r: &Request, index: usize, n: u32) -> u32 {
+    let h = match &r.session {
+        Some(s) => xxhash_rust::xxh3::xxh3_64(s.id.as_bytes()),
+        None => xxhash_rust::xxh3::xxh3_64(&(index as u64).to_le_bytes()),
+    };
+    (h % u64::from(n)) as u32
+}
+
+/// Keeps shard `i` of `n`; arrival times are kept as they were.
+pub fn shard(trace: &mut Trace, i: u32, n: u32) {
+    let reqs = std::mem::take(&mut trace.requests);
+    trace.requests = reqs
+        .into_iter()
+        .enumerate()
+        .filter(|(k, r)| shard_of(r, *k, n) == i)
+        .map(|(_, r)| r)
+        .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Session, TraceHeader};
+
+    fn trace(n: usize, step: u64) -> Trace {
+        Trace {
+            header: TraceHeader::imported(512, true, "t"),
+            requests: (0..n)
+                .map(|k| Request {
+                    arrival_us: k as u64 * step,
+                    hash_ids: vec![0, k as u64 + 1],
+                    session: Some(Session {
+                        id: format!("s{}", k % 7),
+                        turn: (k / 7) as u32,
+                        think_us: None,
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn gaps_s(t: &Trace) -> Vec<f64> {
+        t.requests
+            .windows(2)
+            .map(|w| (w[1].arrival_us - w[0].arrival_us) as f64 / 1e6)
+            .collect()
+    }
+
+    fn mean_cv(v: &[f64]) -> (f64, f64) {
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / v.len() as f64;
+        (m, var.sqrt() / m)
+    }
+
+    #[test]
+    fn gamma_gaps_have_the_asked_mean_and_cv() {
+        // Gamma(shape B): CV = 1/sqrt(B). 20,000 gaps: standard errors well under the tolerances.
+        for (rate, b) in [(10.0, 1.0), (50.0, 0.25), (5.0, 4.0)] {
+            let mut t = trace(20_001, 0);
+            retime(
+                &mut t,
+                &Arrivals::Rate {
+                    rate,
+                    burstiness: b,
+                },
+                42,
+            )
+            .unwrap();
+            let (m, cv) = mean_cv(&gaps_s(&t));
+            assert!(
+                (m * rate - 1.0).abs() < 0.05,
+                "rate {rate} b {b}: mean gap {m}"
+            );
+            let want = 1.0 / b.sqrt();
+            assert!(
+                (cv - want).abs() / want < 0.06,
+                "rate {rate} b {b}: cv {cv} want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn retime_is_reproducible_from_seed() {
+        let a = Arrivals::Rate {
+            rate: 3.0,
+            burstiness: 1.0,
+        };
+        let (mut x, mut y, mut z) = (trace(100, 0), trace(100, 0), trace(100, 0));
+        retime(&mut x, &a, 1).unwrap();
+        retime(&mut y, &a, 1).unwrap();
+        retime(&mut z, &a, 2).unwrap();
+        assert_eq!(x, y);
+        assert_ne!(x, z);
+        let mut inf = trace(5, 9);
+        retime(
+            &mut inf,
+            &Arrivals::Rate {
+                rate: f64::INFINITY,
+                burstiness: 1.0,
+            },
+            0,
+        )
+        .unwrap();
+        assert!(inf.requests.iter().all(|r| r.arrival_us == 0));
+        assert!(retime(
+            &mut inf,
+            &Arrivals::Rate {
+                rate: 0.0,
+                burstiness: 1.0
+            },
+            0
+        )
+        .is_err());
+        assert!(retime(
+            &mut inf,
+            &Arrivals::Rate {
+                rate: 1.0,
+                burstiness: -1.0
+            },
+            0
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn ramp_rates_rise() {
+        for exponential in [false, true] {
+            let mut t = trace(4001, 0);
+            let a = Arrivals::Ramp {
+                exponential,
+                start: 2.0,
+                end: 200.0,
+                burstiness: 1.0,
+            };
+            retime(&mut t, &a, 3).unwrap();
+            let g = gaps_s(&t);
+            let (first, _) = mean_cv(&g[..400]);
+            let (last, _) = mean_cv(&g[g.len() - 400..]);
+            assert!(first > 5.0 * last, "exp={exponential}: {first} vs {last}");
+            // the last gaps are drawn near 200 req/s
+            assert!((last * 200.0 - 1.0).abs() < 0.35, "{last}");
+        }
+    }
+
+    #[test]
+    fn cap_gaps_only_shortens_long_gaps() {
+        let mut t = trace(3, 0);
+        for (r, at) in t.requests.iter_mut().zip([0, 100, 10_000_100]) {
+            r.arrival_us = at;
+        }
+        cap_gaps(&mut t, 1_000);
+        let at: Vec<u64> = t.requests.iter().map(|r| r.arrival_us).collect();
+        assert_eq!(at, vec![0, 100, 1_100]);
+    }
+
+    #[test]
+    fn loop_and_overlay() {
+        let mut t = trace(4, 1_000);
+        repeat(&mut t, 3);
+        assert_eq!(t.requests.len(), 12);
+        assert_eq!(t.requests[4].arrival_us, 4_000);
+        assert_eq!(t.requests[4].hash_ids, t.requests[0].hash_ids);
+        assert!(t
+            .requests
+            .windows(2)
+            .all(|w| w[0].arrival_us <= w[1].arrival_us));
+
+        let mut o = trace(4, 1_000);
+        overlay(&mut o, 2, true);
+        assert_eq!(o.requests.len(), 8);
+        let copies: Vec<_> = o
+            .requests
+            .iter()
+            .filter(|r| r.session.as_ref().unwrap().id.ends_with("#1"))
+            .collect();
+        assert_eq!(copies.len(), 4);
+        assert_eq!(copies[0].arrival_us, 1_500);
+        // distinct ids: the shared id 0 became 0 + stride in copy 1
+        assert_eq!(copies[0].hash_ids[0], 5);
+        let mut same = trace(4, 1_000);
+        overlay(&mut same, 2, false);
+        assert!(same.requests.iter().all(|r| r.hash_ids[0] == 0));
+    }
+
+    #[test]
+    fn shards_partition_and_keep_sessions_whole() {
+        let t = trace(500, 10);
+        let mut seen = 0;
+        for i in 0..3 {
+            let mut s = t.clone();
+            shard(&mut s, i, 3);
+            seen += s.requests.len();
+            for r in &s.requests {
+                let id = &r.session.as_ref().unwrap().id;
+                assert!(t
+                    .requests
+                    .iter()
+                    .filter(|x| &x.session.as_ref().unwrap().id == id)
+                    .all(|x| s.requests.contains(x)));
+            }
+        }
+        assert_eq!(seen, 500);
+        assert_eq!(parse_shard("1/4").unwrap(), (1, 4));
+        assert!(parse_shard("4/4").is_err());
+        assert!(parse_shard("x").unwrap_err().contains("I/N"));
+    }
+}

@@ -1,0 +1,508 @@
+//! `retrace replay` end to end against the test SSE server: metrics with known timings, failures by
+//! kind, prompts on the wire (exact lengths, shared prefixes, determinism), the result file, flag
+//! validation, and the `--max-drift-ms` exit status.
+
+use crate::support::{self, ServerConfig};
+use clap::Parser;
+use retrace::cli::{Cli, Command};
+use retrace::replay::{self, Config};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Writes a Mooncake trace: (timestamp ms, input_length, output_length, hash_ids).
+fn mooncake(dir: &Path, rows: &[(u64, u64, u64, &[u64])]) -> PathBuf {
+    let mut s = String::new();
+    for (ts, i, o, h) in rows {
+        s.push_str(&format!(
+            "{{\"timestamp\": {ts}, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": {h:?}}}\n"
+        ));
+    }
+    let p = dir.join("trace.jsonl");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn config(args: &[&str]) -> anyhow::Result<Config> {
+    let mut v = vec!["retrace", "replay"];
+    v.extend_from_slice(args);
+    let cli = Cli::try_parse_from(v)?;
+    match cli.command {
+        Command::Replay(a) => Config::from_args(a),
+        _ => unreachable!("replay subcommand"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_timings_give_vllm_metrics() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(40),
+        itl: Duration::from_millis(8),
+        server_metrics: true,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(
+        dir.path(),
+        &[
+            (0, 600, 10, &[0, 1]),
+            (20, 700, 10, &[0, 2]),
+            (40, 512, 10, &[3]),
+            (60, 100, 1, &[4]),
+        ],
+    );
+    let out = dir.path().join("r.json");
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--result-json",
+        out.to_str().unwrap(),
+        "--detailed",
+        "--percentiles",
+        "50,99",
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    let s = &o.summary;
+    assert_eq!((s.completed, s.failed), (4, 0), "{:?}", s.errors);
+    assert_eq!(s.total_input_tokens, 600 + 700 + 512 + 100);
+    assert_eq!(s.total_output_tokens, 31);
+    // Loopback on a loaded 2-core machine: generous bounds, but the definitions must hold:
+    // TTFT ≥ the server's 40 ms, ITL ≥ 8 ms, TPOT = (E2EL − TTFT)/(n − 1) ≈ ITL.
+    assert!(
+        s.ttft.mean >= 40.0 && s.ttft.mean < 140.0,
+        "ttft {}",
+        s.ttft.mean
+    );
+    assert!(s.itl.mean >= 7.0 && s.itl.mean < 40.0, "itl {}", s.itl.mean);
+    assert_eq!(
+        s.itl.count, 27,
+        "9 gaps for each 10-token stream, none for 1 token"
+    );
+    assert_eq!(s.tpot.count, 3, "no TPOT for a one-token request");
+    assert!(
+        (s.tpot.mean - s.itl.mean).abs() < 1.0,
+        "tpot {} itl {}",
+        s.tpot.mean,
+        s.itl.mean
+    );
+    assert_eq!(s.server_reported, 4);
+    assert!((s.server_queue.mean - 2.0).abs() < 1e-9);
+    assert!((s.server_ttft.mean - 35.0).abs() < 1e-9);
+    // client TTFT (≥ 40) − queue (2) − server TTFT (35) ≥ 3 ms
+    assert!(s.unattributed.mean >= 3.0 - 1e-9, "{}", s.unattributed.mean);
+    assert!(o
+        .report
+        .starts_with("============ Serving Benchmark Result ============\n"));
+    assert!(o.report.contains("P50 TTFT (ms):"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["completed"], 4);
+    assert_eq!(v["input_lens"], serde_json::json!([600, 700, 512, 100]));
+    assert_eq!(v["output_lens"], serde_json::json!([10, 10, 10, 1]));
+    assert_eq!(v["itls"][0].as_array().unwrap().len(), 9);
+    assert_eq!(v["server_queue_times"][0], 0.002);
+    let starts: Vec<f64> = v["intended_times"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(starts, [0.0, 0.02, 0.04, 0.06]);
+    assert!(v["p50_ttft_ms"].as_f64().is_some());
+    assert!(v["histograms"]["ttft_us"].as_str().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_counted_by_kind_and_the_run_completes() {
+    let srv = support::start(ServerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    // max_tokens selects the fault: 2 → 500, 3 → reset, 4 → malformed, 5 → stream error.
+    let trace = mooncake(
+        dir.path(),
+        &[
+            (0, 10, 6, &[0]),
+            (5, 10, 2, &[1]),
+            (10, 10, 3, &[2]),
+            (15, 10, 4, &[3]),
+            (20, 10, 5, &[4]),
+            (25, 10, 6, &[5]),
+        ],
+    );
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--model",
+        "x",
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    let s = &o.summary;
+    assert_eq!((s.completed, s.failed), (2, 4));
+    for kind in ["http_500", "reset", "malformed_stream", "stream_error"] {
+        assert_eq!(s.errors.get(kind), Some(&1), "{kind}: {:?}", s.errors);
+    }
+    assert_eq!(s.total_output_tokens, 12, "failed requests add no tokens");
+    assert!(o.report.contains("http_500:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused_is_a_failure_not_an_error() {
+    // Bind then drop a listener: nothing listens on that port any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
+    let url = format!("http://127.0.0.1:{port}");
+    let cfg = config(&[trace.to_str().unwrap(), "--target", &url, "--model", "m"]).unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    assert_eq!(o.summary.failed, 2);
+    assert_eq!(
+        o.summary.errors.get("connect"),
+        Some(&2),
+        "{:?}",
+        o.summary.errors
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_on_the_wire_are_exact_shared_and_deterministic() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    // Requests far apart so they arrive in trace order.
+    let trace = mooncake(
+        dir.path(),
+        &[
+            (0, 1000, 6, &[0, 1]),
+            (30, 1100, 6, &[0, 1, 2]),
+            (60, 300, 6, &[5]),
+        ],
+    );
+    let run = |seed: &'static str| {
+        let (t, u) = (trace.clone(), srv.url());
+        async move {
+            let cfg = config(&[t.to_str().unwrap(), "--target", &u, "--seed", seed]).unwrap();
+            replay::replay(cfg).await.unwrap()
+        }
+    };
+    run("7").await;
+    let first: Vec<Vec<u64>> = srv
+        .prompts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(first.len(), 3);
+    assert_eq!(
+        first.iter().map(Vec::len).collect::<Vec<_>>(),
+        [1000, 1100, 300]
+    );
+    assert_eq!(
+        first[0][..1000],
+        first[1][..1000],
+        "ids 0,1 shared: 1000-token prefix"
+    );
+    assert_ne!(first[0][..300], first[2][..300]);
+    assert!(first.iter().flatten().all(|&t| (16..4096).contains(&t)));
+    run("7").await;
+    run("8").await;
+    let all = srv.prompts.lock().unwrap().clone();
+    assert_eq!(all[0], all[3], "same seed, same prompt");
+    assert_ne!(all[0], all[6], "another seed, another prompt");
+    // The model came from GET /v1/models.
+    assert!(srv.requests.load(std::sync::atomic::Ordering::Relaxed) >= 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrency_queues_and_reports_client_queue_time() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(30),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(
+        dir.path(),
+        &[(0, 10, 6, &[0]), (0, 10, 6, &[1]), (0, 10, 6, &[2])],
+    );
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--max-concurrency",
+        "1",
+        "--limit",
+        "2",
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    let s = &o.summary;
+    assert_eq!((s.completed, s.failed), (2, 0), "--limit 2: {:?}", s.errors);
+    assert_eq!(s.max_concurrent_requests, 1);
+    // The second request waited for the first (≥ 30 ms TTFT) in the client queue.
+    assert!(
+        s.client_queue.max >= 25.0,
+        "queue max {}",
+        s.client_queue.max
+    );
+    // Latency from the intended time includes the queue: ≥ queue + the server's 30 ms TTFT.
+    assert!(
+        s.ttft_from_intended.max >= s.client_queue.max + 29.0,
+        "{:?} {:?}",
+        s.ttft_from_intended,
+        s.client_queue
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speed_compresses_the_schedule() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0]), (400, 10, 6, &[1])]);
+    let out = dir.path().join("r.json");
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--speed",
+        "4",
+        "--detailed",
+        "--result-json",
+        out.to_str().unwrap(),
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    assert_eq!(o.summary.completed, 2);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["intended_times"], serde_json::json!([0.0, 0.1]));
+    let starts = v["start_times"].as_array().unwrap();
+    let gap = starts[1].as_f64().unwrap() - starts[0].as_f64().unwrap();
+    assert!((gap - 0.1).abs() < 0.02, "send gap {gap}");
+    assert_eq!(v["speed"], 4.0);
+}
+
+#[test]
+fn invalid_flags_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["t", "--speed", "0"], "--speed"),
+        (&["t", "--speed", "nan"], "--speed"),
+        (&["t", "--max-concurrency", "0"], "--max-concurrency"),
+        (&["t", "--percentiles", "50,abc"], "--percentiles"),
+        (&["t", "--percentiles", "101"], "--percentiles"),
+        (&["t", "--extra-body", "[1]"], "--extra-body"),
+        (&["t", "--extra-body", "{"], "--extra-body"),
+        (&["t", "--endpoint", "chat"], "--endpoint chat"),
+        (&["t", "--prompt-mode", "text"], "--tokenizer"),
+        (&["t", "--header", "novalue"], "--header"),
+        (
+            &["t", "--api-key-env", "RETRACE_TEST_SURELY_UNSET_VAR"],
+            "--api-key-env",
+        ),
+        (&["t", "--max-drift-ms=-1"], "--max-drift-ms"),
+        (&["t", "--timeout-s", "0"], "--timeout-s"),
+    ];
+    for (args, flag) in cases {
+        let e = config(args).unwrap_err().to_string();
+        assert!(e.contains(flag), "{args:?}: {e}");
+    }
+    let e = config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
+    assert!(e.to_string().contains("--vocab-size"), "{e}");
+    assert!(config(&["t", "--endpoint", "bogus"]).is_err());
+}
+
+#[test]
+fn api_key_is_never_written() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(support::start(ServerConfig::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0])]);
+    let out = dir.path().join("r.json");
+    let o = std::process::Command::new(bin)
+        .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
+        .args([
+            "--api-key-env",
+            "RETRACE_TEST_KEY",
+            "--detailed",
+            "--result-json",
+        ])
+        .arg(&out)
+        .env("RETRACE_TEST_KEY", "sk-very-secret-123")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let all = format!(
+        "{}{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+        std::fs::read_to_string(&out).unwrap()
+    );
+    assert!(!all.contains("sk-very-secret"), "secret leaked");
+    assert!(all.contains("Serving Benchmark Result"));
+}
+
+#[test]
+fn drift_limit_sets_exit_status() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(support::start(ServerConfig::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
+    let run = |limit: &str| {
+        std::process::Command::new(bin)
+            .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
+            .args(["--max-drift-ms", limit])
+            .output()
+            .unwrap()
+    };
+    // Any real dispatch is at least some nanoseconds late: a zero limit is always exceeded.
+    let strict = run("0");
+    assert_eq!(
+        strict.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&strict.stderr)
+    );
+    assert!(String::from_utf8_lossy(&strict.stdout).contains("RUN INVALID"));
+    let lax = run("10000");
+    assert_eq!(
+        lax.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&lax.stderr)
+    );
+}
+
+/// vLLM's prefix-cache hit rule (domain.md §4) applied to a Mooncake trace replayed in order with
+/// an unbounded cache: P = the longest prefix shared with an earlier request, in tokens.
+fn theoretical_hits(rows: &[(u64, u64, Vec<u64>)], block: u64, kv_block: u64) -> u64 {
+    let mut total = 0;
+    for (k, (len, _, ids)) in rows.iter().enumerate() {
+        let mut p = 0;
+        for (elen, _, eids) in &rows[..k] {
+            let common = ids.iter().zip(eids).take_while(|(a, b)| a == b).count() as u64;
+            p = p.max((common * block).min(*len).min(*elen));
+        }
+        total += ((p / kv_block) * kv_block).min(((len - 1) / kv_block) * kv_block);
+    }
+    total
+}
+
+fn prom_counter(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
+    let raw = include_str!("../../fixtures/replay/mooncake_conversation_30.jsonl");
+    let rows: Vec<(u64, u64, Vec<u64>)> = raw
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ids = v["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
+            (
+                v["input_length"].as_u64().unwrap(),
+                v["output_length"].as_u64().unwrap(),
+                ids,
+            )
+        })
+        .collect();
+    // Re-timed 25 ms apart with 2-token outputs: admission order is the trace order.
+    let dir = tempfile::tempdir().unwrap();
+    let retimed: Vec<(u64, u64, u64, &[u64])> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (len, _, ids))| (i as u64 * 25, *len, 2, ids.as_slice()))
+        .collect();
+    let trace = mooncake(dir.path(), &retimed);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let kv_block = u64::from(cfg.block_size);
+    let mock = retrace::mock::start(listener, cfg).await.unwrap();
+    let url = format!("http://{}", mock.addr);
+    let o = replay::replay(config(&[trace.to_str().unwrap(), "--target", &url]).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.summary.completed, o.summary.failed),
+        (30, 0),
+        "{:?}",
+        o.summary.errors
+    );
+    let text = mock.metrics_text();
+    let want = theoretical_hits(&rows, 512, kv_block);
+    assert!(want > 10_000, "the slice shares prefixes: {want}");
+    assert_eq!(prom_counter(&text, "vllm:prefix_cache_hits"), want);
+    assert_eq!(
+        prom_counter(&text, "vllm:prefix_cache_queries"),
+        rows.iter().map(|r| r.0).sum::<u64>()
+    );
+    mock.shutdown().await;
+}
+
+#[test]
+fn no_target_replays_against_the_embedded_mock() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(
+        dir.path(),
+        &[
+            (0, 600, 5, &[0, 1]),
+            (10, 700, 5, &[0, 2]),
+            (20, 300, 5, &[3]),
+        ],
+    );
+    let out = dir.path().join("r.json");
+    let o = std::process::Command::new(bin)
+        .args(["replay", trace.to_str().unwrap(), "--result-json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["completed"], 3);
+    assert_eq!(v["total_output_tokens"], 15);
+    assert_eq!(v["target"], "embedded-mock");
+    assert_eq!(v["model_id"], "mock-llama");
+    assert_eq!(
+        v["server_reported"], 3,
+        "the embedded mock sends per-request metrics"
+    );
+}

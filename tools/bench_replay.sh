@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Benchmark of `retrace replay` against `retrace mock --fixed-timing 50,10` (both release builds,
+# separate processes, loopback only). Bounded: every run has a fixed request count.
+#
+#  1. Fidelity: 100-token outputs at 100/500/1000 concurrent streams (closed loop: all requests
+#     due at t=0, --max-concurrency C, 2*C requests, at most 2000). Reports mean TTFT (true value:
+#     50 ms), ITL mean and std (true: 10 ms, 0), and the replayer's CPU time.
+#  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
+#     and achieved request rate.
+#  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
+#     5-token outputs, so the streams overlap for ~4 s): completed/failed and peak concurrency.
+#
+# Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
+# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/retrace}
+OUT=${1:-$(mktemp -d /tmp/bench_replay.XXXX)}
+RATE_SECONDS=${RATE_SECONDS:-5}
+CONCURRENCIES=${CONCURRENCIES:-"100 500 1000"}
+mkdir -p "$OUT"
+[ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 2; }
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" mock --listen "127.0.0.1:$PORT" --fixed-timing 50,10 --max-num-seqs 100000 >"$OUT/mock.log" 2>&1 &
+MOCK=$!
+trap 'kill $MOCK 2>/dev/null || true' EXIT
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
+
+gen() { # gen FILE N SPACING_MS OUTPUT_TOKENS
+  python3 - "$@" <<'PY'
+import json, sys
+path, n, gap, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+with open(path, "w") as f:
+    for i in range(n):
+        f.write(json.dumps({"timestamp": int(i * gap), "input_length": 100, "output_length": out, "hash_ids": [i]}) + "\n")
+PY
+}
+
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(f"{d[k]:.3f}" if isinstance(d[k], float) else str(d[k]) for k in sys.argv[2:]))' "$@"; }
+
+timed() { # timed LOG cmd...: runs cmd, prints "user sys wall" seconds of it
+  local log=$1; shift
+  python3 - "$log" "$@" <<'PY'
+import resource, subprocess, sys, time
+log = open(sys.argv[1], "w")
+t = time.monotonic()
+subprocess.run(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)
+wall = time.monotonic() - t
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f}")
+PY
+}
+
+echo "== fidelity: mock --fixed-timing 50,10, 100-token outputs (truth: TTFT 50 ms, ITL 10 ms, std 0) =="
+printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed "cpu(u+s)/wall"
+for C in $CONCURRENCIES; do
+  N=$((2 * C)); [ $N -gt 2000 ] && N=2000
+  gen "$OUT/closed_$C.jsonl" $N 0 100
+  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$PORT" \
+      --model mock-llama --max-concurrency "$C" --result-json "$OUT/closed_$C.json")
+  read -r U S W <<<"$T"
+  read -r MT PT MI SI F <<<"$(field "$OUT/closed_$C.json" mean_ttft_ms p99_ttft_ms mean_itl_ms std_itl_ms failed)"
+  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+done
+
+echo
+echo "== dispatch: open loop, 2-token outputs, ${RATE_SECONDS} s =="
+printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
+N=$((1000 * RATE_SECONDS))
+gen "$OUT/open.jsonl" $N 1 2
+for SPEED in 1 2; do
+  T=$(timed "$OUT/open_$SPEED.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
+      --model mock-llama --speed $SPEED --result-json "$OUT/open_$SPEED.json")
+  read -r U S W <<<"$T"
+  read -r PD MD RT MT F <<<"$(field "$OUT/open_$SPEED.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
+  printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$N" "$PD" "$MD" "$RT" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+done
+echo
+echo "== scale: 10,000 concurrent streams (mock --fixed-timing 50,1000, 5-token outputs) =="
+PORT2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" mock --listen "127.0.0.1:$PORT2" --fixed-timing 50,1000 --max-num-seqs 100000 >"$OUT/mock2.log" 2>&1 &
+MOCK2=$!
+trap 'kill $MOCK $MOCK2 2>/dev/null || true' EXIT
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT2/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
+gen "$OUT/scale.jsonl" 10000 0 5
+T=$(timed "$OUT/scale.log" "$BIN" replay "$OUT/scale.jsonl" --target "http://127.0.0.1:$PORT2" \
+    --model mock-llama --warm-connections 10000 --result-json "$OUT/scale.json")
+read -r U S W <<<"$T"
+printf "%-10s %-8s %-10s %-10s %-12s\n" completed failed peak mean_ttft "cpu(u+s)/wall"
+read -r C F P MT <<<"$(field "$OUT/scale.json" completed failed max_concurrent_requests mean_ttft_ms)"
+printf "%-10s %-8s %-10s %-10s %-12s\n" "$C" "$F" "$P" "$MT" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+echo
+echo "results in $OUT"
