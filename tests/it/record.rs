@@ -1481,3 +1481,98 @@ async fn client_gone_before_the_response_head_is_recorded_as_cancelled() {
     assert_eq!(resp.status, 0);
     assert_eq!(recs[0].input_tokens, 3, "the body had reached the upstream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_through_the_proxy_into_the_mock_round_trips_to_mooncake() {
+    // The round trip, with the real replayer and the real mock: replay a Mooncake slice
+    // (token-id prompts) through `record` into `mock`, export the recording to Mooncake JSONL.
+    let src_path = repo("fixtures/vllm/bench_serve_input_trace.jsonl");
+    let src = std::fs::read_to_string(&src_path).unwrap();
+    let rows: Vec<serde_json::Value> = src
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mock = retrace::mock::start(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        retrace::mock::MockConfig {
+            fixed_timing: Some((2.0, 1.0)),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let rec = start(&format!("http://{}", mock.addr), |c, _| c.block_size = 512).await;
+    let speed = 4.0;
+    let args = super::support::cli(&[
+        "replay",
+        src_path.to_str().unwrap(),
+        "--target",
+        &format!("http://{}", rec.addr),
+        "--speed",
+        "4",
+    ]);
+    let retrace::cli::Command::Replay(a) = args.command else {
+        unreachable!()
+    };
+    let o = retrace::replay::replay(retrace::replay::Config::from_args(a).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.summary.completed, o.summary.failed),
+        (30, 0),
+        "{:?}",
+        o.summary.errors
+    );
+    let (_, recs, _, _d) = rec.stop().await;
+    mock.shutdown().await;
+    // The replayer may ask other endpoints first (e.g. /v1/models): keep the completions.
+    let recs: Vec<_> = recs
+        .into_iter()
+        .filter(|r| r.endpoint == retrace::trace::Endpoint::Completions)
+        .collect();
+    assert_eq!(recs.len(), rows.len());
+    let trace = retrace::trace::Trace {
+        header: retrace::trace::TraceHeader::imported(512, true, "test"),
+        requests: recs,
+    };
+    let mut out = Vec::new();
+    retrace::trace::mooncake::write(&trace, &mut out).unwrap();
+    let got: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Same structure, keyed by block length: this slice's lengths were cut, so a partial tail
+    // block is other tokens than the full block of the same id (see the round trip test above).
+    let mut keys = std::collections::HashMap::new();
+    let ts0 = rows[0]["timestamp"].as_u64().unwrap();
+    for (k, (g, r)) in got.iter().zip(&rows).enumerate() {
+        let len = r["input_length"].as_u64().unwrap();
+        let want: Vec<u64> = r["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(b, h)| {
+                let blen = (len - 512 * b as u64).min(512);
+                let next = keys.len() as u64;
+                *keys.entry((h.as_u64().unwrap(), blen)).or_insert(next)
+            })
+            .collect();
+        let gi: Vec<u64> = g["hash_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(gi, want, "row {k}: prefix structure");
+        assert_eq!(g["input_length"], r["input_length"], "row {k}");
+        assert_eq!(g["output_length"], r["output_length"], "row {k}");
+        let want_ts = (r["timestamp"].as_u64().unwrap() - ts0) as f64 / speed;
+        let got_ts = g["timestamp"].as_u64().unwrap() as f64;
+        assert!(
+            (got_ts - want_ts).abs() <= 50.0,
+            "row {k}: arrival {got_ts} ms, scheduled {want_ts} ms"
+        );
+    }
+}
