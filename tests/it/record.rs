@@ -1176,7 +1176,7 @@ async fn mooncake_round_trip_keeps_prefix_structure_lengths_and_timing() {
         let want_ts = (r["timestamp"].as_u64().unwrap() - ts0) / speed;
         let got_ts = g["timestamp"].as_u64().unwrap();
         assert!(
-            got_ts.abs_diff(want_ts) <= 50,
+            got_ts.abs_diff(want_ts) <= 100,
             "row {k}: arrival {got_ts} ms, scheduled {want_ts} ms"
         );
     }
@@ -1571,7 +1571,7 @@ async fn replay_through_the_proxy_into_the_mock_round_trips_to_mooncake() {
         let want_ts = (r["timestamp"].as_u64().unwrap() - ts0) as f64 / speed;
         let got_ts = g["timestamp"].as_u64().unwrap() as f64;
         assert!(
-            (got_ts - want_ts).abs() <= 50.0,
+            (got_ts - want_ts).abs() <= 100.0,
             "row {k}: arrival {got_ts} ms, scheduled {want_ts} ms"
         );
     }
