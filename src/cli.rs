@@ -151,6 +151,10 @@ pub struct ReplayArgs {
     /// 128; never more than the number of requests; 0 = none).
     #[arg(long, value_name = "N")]
     pub warm_connections: Option<usize>,
+    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
+    /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
+    #[arg(long)]
+    pub realtime: bool,
 }
 
 /// Output formats `convert` writes.

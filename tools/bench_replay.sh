@@ -53,6 +53,7 @@ print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f}")
 PY
 }
 
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== fidelity: mock --fixed-timing 50,10, 100-token outputs (truth: TTFT 50 ms, ITL 10 ms, std 0) =="
 printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed "cpu(u+s)/wall"
 for C in $CONCURRENCIES; do
@@ -67,15 +68,18 @@ done
 
 echo
 echo "== dispatch: open loop, 2-token outputs, ${RATE_SECONDS} s =="
-printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
+printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate dispatcher reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
 N=$((1000 * RATE_SECONDS))
 gen "$OUT/open.jsonl" $N 1 2
 for SPEED in 1 2; do
-  T=$(timed "$OUT/open_$SPEED.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
-      --model mock-llama --speed $SPEED --result-json "$OUT/open_$SPEED.json")
-  read -r U S W <<<"$T"
-  read -r PD MD RT MT F <<<"$(field "$OUT/open_$SPEED.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
-  printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$N" "$PD" "$MD" "$RT" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  for RT in normal realtime; do
+    EXTRA=""; [ $RT = realtime ] && EXTRA="--realtime"
+    T=$(timed "$OUT/open_${SPEED}_$RT.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
+        --model mock-llama --speed $SPEED $EXTRA --result-json "$OUT/open_${SPEED}_$RT.json")
+    read -r U S W <<<"$T"
+    read -r PD MD RR MT F <<<"$(field "$OUT/open_${SPEED}_$RT.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
+    printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$RT" "$N" "$PD" "$MD" "$RR" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  done
 done
 echo
 echo "== scale: 10,000 concurrent streams (mock --fixed-timing 50,1000, 5-token outputs) =="

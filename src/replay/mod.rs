@@ -65,6 +65,8 @@ pub struct Config {
     pub percentiles: Vec<f64>,
     pub keep_original_limits: bool,
     pub timeouts: client::Timeouts,
+    /// Dispatcher thread under SCHED_FIFO.
+    pub realtime: bool,
     /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
     pub warm_connections: Option<usize>,
     /// Show a progress bar (stderr is a terminal).
@@ -178,6 +180,7 @@ impl Config {
                 total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
             },
             warm_connections: a.warm_connections,
+            realtime: a.realtime,
             progress: std::io::stderr().is_terminal(),
             fd_limit: None,
         })
@@ -396,6 +399,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         driver::DriveOptions {
             max_concurrency: cfg.max_concurrency,
             timeouts: cfg.timeouts,
+            realtime: cfg.realtime,
         },
         |s| {
             if let Some(pb) = &bar {
