@@ -506,3 +506,85 @@ fn no_target_replays_against_the_embedded_mock() {
         "the embedded mock sends per-request metrics"
     );
 }
+
+/// A byte-level word tokenizer (`Ġaa`..`Ġzh` plus specials), written as a tokenizer.json.
+fn word_tokenizer(dir: &Path) -> PathBuf {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), 0.into());
+    vocab.insert("</s>".into(), 1.into());
+    vocab.insert("<unk>".into(), 2.into());
+    let mut id = 3u32;
+    for a in b'a'..=b'z' {
+        for b in b'a'..=b'h' {
+            vocab.insert(format!("Ġ{}{}", a as char, b as char), id.into());
+            id += 1;
+        }
+    }
+    let special = |id: u32, s: &str| {
+        serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<s>"), special(1, "</s>")],
+        "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let p = dir.join("tokenizer.json");
+    std::fs::write(&p, json.to_string()).unwrap();
+    p
+}
+
+/// Chat end to end: text prompts that re-encode exactly, the role chunk counts as the first token
+/// (vLLM's rule), the usage chunk ends E2EL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_text_mode_end_to_end() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(30),
+        itl: Duration::from_millis(10),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = word_tokenizer(dir.path());
+    let trace = mooncake(dir.path(), &[(0, 600, 6, &[0, 1]), (20, 700, 6, &[0, 2])]);
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--endpoint",
+        "chat",
+        "--prompt-mode",
+        "text",
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    let s = &o.summary;
+    assert_eq!((s.completed, s.failed), (2, 0), "{:?}", s.errors);
+    assert_eq!(o.result["inexact_prompts"], 0);
+    assert_eq!(o.result["endpoint_type"], "chat");
+    // The role chunk arrives at 30 ms, content every 10 ms after: 6 ITL gaps per request.
+    assert_eq!(s.itl.count, 12);
+    assert!(
+        s.ttft.mean >= 30.0 && s.ttft.mean < 100.0,
+        "{}",
+        s.ttft.mean
+    );
+    let prompts = srv.prompts.lock().unwrap().clone();
+    let text = |i: usize| prompts[i][0]["content"].as_str().unwrap().to_string();
+    assert_eq!(
+        text(0).split(' ').count(),
+        601,
+        "600 words after a leading space"
+    );
+    let (a, b) = (text(0), text(1));
+    let shared: Vec<&str> = a.split(' ').take(513).collect();
+    assert_eq!(
+        shared,
+        b.split(' ').take(513).collect::<Vec<_>>(),
+        "block 0 shared"
+    );
+}
