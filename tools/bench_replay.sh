@@ -55,15 +55,30 @@ PY
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== fidelity: mock --fixed-timing 50,10, 100-token outputs (truth: TTFT 50 ms, ITL 10 ms, std 0) =="
-printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed "cpu(u+s)/wall"
+echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server added)"
+printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu(u+s)/wall"
 for C in $CONCURRENCIES; do
   N=$((2 * C)); [ $N -gt 2000 ] && N=2000
+  # a fresh mock per level, so its lateness counters cover this run only
+  P3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$BIN" mock --listen "127.0.0.1:$P3" --fixed-timing 50,10 --max-num-seqs 100000 >"$OUT/mock_$C.log" 2>&1 &
+  M3=$!
+  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$P3/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
   gen "$OUT/closed_$C.jsonl" $N 0 100
-  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$PORT" \
+  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$P3" \
       --model mock-llama --max-concurrency "$C" --result-json "$OUT/closed_$C.json")
+  LATE=$(curl -s "http://127.0.0.1:$P3/metrics" | python3 -c '
+import sys
+s = c = p99 = 0.0
+for l in sys.stdin:
+    if l.startswith("retrace_mock_emit_lateness_seconds_sum"): s = float(l.split()[-1])
+    if l.startswith("retrace_mock_emit_lateness_seconds_count"): c = float(l.split()[-1])
+    if l.startswith("retrace_mock_emit_lateness_quantile_seconds") and "quantile=\"0.99\"" in l: p99 = float(l.split()[-1])
+print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")')
+  kill $M3 2>/dev/null || true
   read -r U S W <<<"$T"
   read -r MT PT MI SI F <<<"$(field "$OUT/closed_$C.json" mean_ttft_ms p99_ttft_ms mean_itl_ms std_itl_ms failed)"
-  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$LATE" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
 done
 
 echo
