@@ -23,6 +23,11 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
+    /// Compare two runs (retrace results, vllm bench serve results, or traces): per-metric change
+    /// with significance, paired per-request TTFT, workload, and `--fail-on` gating for CI.
+    Compare(CompareArgs),
+    /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
+    Report(ReportArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
     ///
     /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
@@ -123,6 +128,10 @@ pub struct ReplayArgs {
     /// Add per-request arrays to the result file.
     #[arg(long)]
     pub detailed: bool,
+    /// Also write the run's self-contained HTML report (`retrace report`); with --detailed it
+    /// has the per-request timeline and time series.
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
     /// Extra request header `K=V` (repeatable).
     #[arg(long, value_name = "K=V")]
     pub header: Vec<String>,
@@ -204,6 +213,67 @@ pub struct ConvertArgs {
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,
+}
+
+/// Output format of `compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+/// Compare a candidate run against a baseline.
+///
+/// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
+///
+/// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
+/// paired comparison), `vllm bench serve --save-result` files, or traces. Exit status: 0 ok,
+/// 1 a `--fail-on` rule tripped, 2 usage or input error.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The reference run.
+    pub baseline: PathBuf,
+    /// The run under test.
+    pub candidate: PathBuf,
+    /// A second run of the baseline (same trace, same target): changes count only beyond the
+    /// difference between it and the baseline.
+    #[arg(long, value_name = "OTHER_BASELINE")]
+    pub noise: Option<PathBuf>,
+    /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
+    /// (+N% relative change, +N absolute change, N the candidate's value).
+    #[arg(long, value_name = "RULES")]
+    pub fail_on: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
+    pub format: CompareFormat,
+    /// Also write the comparison as a self-contained HTML page.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Seed of the bootstrap resampling (same seed, same intervals).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Bootstrap resamples per metric.
+    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+    pub resamples: u64,
+}
+
+/// Write a self-contained HTML report of one run.
+///
+/// Example: `retrace report result.json -o report.html`
+///
+/// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
+/// result, or a recorded trace. The page needs no network.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Result or trace file.
+    pub input: PathBuf,
+    /// Output HTML file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Timeline colour thresholds in ms (green below the first, amber below the second, red above).
+    #[arg(long, value_name = "A,B", default_value = "25,50")]
+    pub thresholds_ms: String,
 }
 
 /// Options of `retrace mock` (help text on the `Mock` command).

@@ -9,6 +9,8 @@
 //! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
 //!   result file and console report.
 //! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
+//! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
+//!   text/markdown/json and self-contained HTML.
 //! - [`inspect`], [`convert`]: the commands of the same names.
 //! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`cli`]: command-line definitions (clap); no logic.
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod mock;
 pub mod openai;
 pub mod replay;
+pub mod report;
 pub mod sse;
 pub mod synth;
 pub mod trace;
@@ -41,6 +44,8 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = convert::run(&a)?;
             eprintln!("{msg}");
         }
+        cli::Command::Compare(a) => return report::run_compare(&a),
+        cli::Command::Report(a) => return report::run_report(&a),
         cli::Command::Mock(a) => return mock::run(a),
     }
     Ok(ExitCode::SUCCESS)

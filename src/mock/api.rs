@@ -74,6 +74,16 @@ impl Body for MockBody {
     fn is_end_stream(&self) -> bool {
         matches!(self, MockBody::Full(None))
     }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            // Whole bodies get a content-length, as uvicorn sends them.
+            MockBody::Full(b) => {
+                http_body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            MockBody::Sse(_) => http_body::SizeHint::default(),
+        }
+    }
 }
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.

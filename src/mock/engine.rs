@@ -885,7 +885,12 @@ impl Engine {
             self.update_gauges();
             return;
         }
-        let dur = self.cfg.cost.step_ms(prefill_tokens, seqs, context);
+        // At most an hour per step, whatever the cost knobs say.
+        let dur = self
+            .cfg
+            .cost
+            .step_ms(prefill_tokens, seqs, context)
+            .clamp(0.0, 3_600_000.0);
         self.step = Some(Step {
             end: start + Duration::from_secs_f64(dur / 1e3),
             prefill,

@@ -152,8 +152,8 @@ impl MockConfig {
             ("--seq-ms", c.seq_ms),
             ("--context-token-ms", c.context_token_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("{name} must be a non-negative number, got {v}");
+            if !(v.is_finite() && (0.0..=60_000.0).contains(&v)) {
+                bail!("{name} must be a number of milliseconds within 0..=60000, got {v}");
             }
         }
         let f = &self.faults;
@@ -166,6 +166,14 @@ impl MockConfig {
         ] {
             if !(0.0..=1.0).contains(&v) {
                 bail!("{name} must be within 0..=1, got {v}");
+            }
+        }
+        for (name, v) in [
+            ("--fault-stall-ms", f.stall_ms),
+            ("--fault-slow-headers-ms", f.slow_headers_ms),
+        ] {
+            if !(v.is_finite() && (0.0..=3_600_000.0).contains(&v)) {
+                bail!("{name} must be milliseconds within 0..=3600000, got {v}");
             }
         }
         if let Some(c) = f.status_codes.iter().find(|c| !(400..=599).contains(*c)) {

@@ -198,6 +198,7 @@ pub struct Outcome {
 
 /// Entry point of `retrace replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let report_html = args.report_html.clone();
     let cfg = Config::from_args(args)?;
     let fds = raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -208,6 +209,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         fd_limit: fds,
         ..cfg
     }))?;
+    crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
     print!("{}", out.report);
     Ok(if out.valid {
         ExitCode::SUCCESS

@@ -1,5 +1,6 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod compare;
 mod fuzz;
 mod mock;
 mod replay;

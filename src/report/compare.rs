@@ -1,0 +1,723 @@
+//! The comparison of two runs (pure): for each metric the baseline and candidate values, the
+//! absolute and relative change, which direction is better, and whether the change is
+//! significant.
+//!
+//! Significance: a percentile-bootstrap confidence interval ([`CONFIDENCE`]) of
+//! `candidate − baseline` for each statistic, resampling each run independently from its
+//! per-request samples when the file has them, else from its stored HdrHistogram (bucket values
+//! and counts). A change is significant when the interval excludes 0. With a noise run (the same
+//! trace replayed again against the baseline), the interval must also clear the observed
+//! baseline-vs-noise difference, so a change counts only beyond measured noise; throughputs (one
+//! number per run, no samples) can only be judged that way. Failure rate uses a two-proportion
+//! z-test. A tail percentile is judged only with enough samples on both sides
+//! ([`min_samples`]: 100 for p90, 1,000 for p99); below that its verdict is `unknown` and a note
+//! says so, because a bootstrap of the top few samples is not a confidence interval. When both runs replayed the same trace (same request count and input lengths), a
+//! paired per-request TTFT ratio distribution is added, with a confidence interval of its
+//! geometric mean (normal approximation on log ratios). Every random draw comes from a ChaCha
+//! generator seeded by the user's seed and the row, so results are reproducible.
+//!
+//! Known limit: ITL samples are pooled like vLLM's; gaps within one stream are correlated, so
+//! the ITL interval is somewhat narrower than the truth. This module prints nothing.
+
+use super::load::{Metric, Run};
+use super::weighted::{quad_of, Stat, Weighted};
+use super::workload::{self, WorkloadCmp};
+use crate::trace::stats::percentile_sorted;
+use rand::SeedableRng;
+use serde::Serialize;
+
+/// Two-sided confidence level of every interval.
+pub const CONFIDENCE: f64 = 0.99;
+/// Normal quantile for [`CONFIDENCE`].
+const Z: f64 = 2.575_829_303_548_901;
+
+/// Which direction of change is an improvement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Better {
+    Lower,
+    Higher,
+}
+
+/// The judgement of one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Significant change in the good direction.
+    Better,
+    /// Significant change in the bad direction.
+    Worse,
+    /// No change beyond the confidence interval (or beyond noise).
+    Same,
+    /// Significance cannot be judged (no samples, no noise run).
+    Unknown,
+    /// A side lacks the value.
+    Missing,
+}
+
+/// One compared number.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// Key (vLLM-style): `p99_ttft_ms`, `request_throughput`, `failure_rate`.
+    pub key: String,
+    pub label: String,
+    pub unit: &'static str,
+    pub baseline: Option<f64>,
+    pub candidate: Option<f64>,
+    /// candidate − baseline.
+    pub abs_change: Option<f64>,
+    /// (candidate − baseline) / baseline.
+    pub rel_change: Option<f64>,
+    pub better: Better,
+    /// Confidence interval of candidate − baseline.
+    pub ci: Option<(f64, f64)>,
+    /// |noise − baseline|, when a noise run was given.
+    pub noise: Option<f64>,
+    pub significant: Option<bool>,
+    pub verdict: Verdict,
+    /// A value came from a histogram (bucket precision), not exact samples or the file's key.
+    pub approx: bool,
+}
+
+/// Paired per-request TTFT comparison (same trace replayed by both runs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Paired {
+    /// Requests successful in both runs.
+    pub n: usize,
+    /// Geometric mean of candidate/baseline TTFT.
+    pub geo_mean_ratio: f64,
+    pub ci: (f64, f64),
+    pub p10: f64,
+    pub p50: f64,
+    pub p90: f64,
+    /// Fraction of requests more than 10 % slower / faster in the candidate.
+    pub slower_10pct: f64,
+    pub faster_10pct: f64,
+    pub significant: bool,
+    /// Sorted ratios, downsampled, for the chart.
+    #[serde(skip)]
+    pub cdf: Vec<(f64, f64)>,
+}
+
+/// Comparison settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub seed: u64,
+    /// Bootstrap resamples per metric.
+    pub resamples: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            seed: 0,
+            resamples: 400,
+        }
+    }
+}
+
+/// One side's identity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Side {
+    pub path: String,
+    pub kind: &'static str,
+    pub requests: Option<f64>,
+}
+
+impl Side {
+    fn of(r: &Run) -> Side {
+        Side {
+            path: r.path.display().to_string(),
+            kind: r.kind.as_str(),
+            requests: r.total_requests(),
+        }
+    }
+}
+
+/// The whole comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub schema: &'static str,
+    pub baseline: Side,
+    pub candidate: Side,
+    pub noise: Option<Side>,
+    pub seed: u64,
+    pub confidence: f64,
+    pub resamples: usize,
+    pub rows: Vec<Row>,
+    pub paired: Option<Paired>,
+    pub workload: Option<WorkloadCmp>,
+    /// Caveats worth reading (different traces, invalid runs, missing data).
+    pub notes: Vec<String>,
+}
+
+impl Comparison {
+    pub fn row(&self, key: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.key == key)
+    }
+}
+
+/// Schema of the JSON output.
+pub const SCHEMA: &str = "retrace.compare/1";
+
+/// Point values of the four statistics of `m`: the file's own key when present, else exact
+/// samples (sorted once), else the histogram (approximate).
+fn points(run: &Run, m: Metric) -> [Option<(f64, bool)>; 4] {
+    let mut sorted: Option<Option<Vec<f64>>> = None;
+    Stat::ALL.map(|stat| {
+        let key = format!("{}_{}_ms", stat.key(), m.key());
+        let count_key = format!("count_{}", m.key());
+        let has_count = run.scalar(&count_key).is_none_or(|c| c > 0.0);
+        if let Some(v) = run.scalar(&key).filter(|_| has_count) {
+            return Some((v, false));
+        }
+        let s = sorted.get_or_insert_with(|| {
+            run.samples_ms(m).map(|mut s| {
+                s.sort_by(f64::total_cmp);
+                s
+            })
+        });
+        if let Some(s) = s {
+            let v = match stat {
+                Stat::Mean => crate::metrics::np_mean(s),
+                Stat::Median => percentile_sorted(s, 50.0),
+                Stat::P90 => percentile_sorted(s, 90.0),
+                Stat::P99 => percentile_sorted(s, 99.0),
+            };
+            return Some((v, false));
+        }
+        let w = run.hists.get(&m).filter(|w| w.n() > 0)?;
+        Some((w.quad().get(stat), true))
+    })
+}
+
+/// Fewest samples per side for a bootstrap interval of `stat` to mean something: at least 10
+/// samples beyond a tail percentile, 20 for the mean and median.
+pub fn min_samples(stat: Stat) -> u64 {
+    match stat {
+        Stat::Mean | Stat::Median => 20,
+        Stat::P90 => 100,
+        Stat::P99 => 1000,
+    }
+}
+
+/// Bootstrap intervals of candidate − baseline for the four statistics of one metric.
+fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f64); 4] {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+        opts.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    let mut diffs: [Vec<f64>; 4] = Default::default();
+    for _ in 0..opts.resamples.max(10) {
+        let qb = quad_of(&b.values, &b.resample(&mut rng));
+        let qc = quad_of(&c.values, &c.resample(&mut rng));
+        for (i, s) in Stat::ALL.iter().enumerate() {
+            diffs[i].push(qc.get(*s) - qb.get(*s));
+        }
+    }
+    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
+    diffs.map(|mut d| {
+        d.sort_by(f64::total_cmp);
+        (
+            percentile_sorted(&d, alpha),
+            percentile_sorted(&d, 100.0 - alpha),
+        )
+    })
+}
+
+fn verdict(better: Better, abs: Option<f64>, significant: Option<bool>) -> Verdict {
+    match (abs, significant) {
+        (None, _) => Verdict::Missing,
+        (Some(_), None) => Verdict::Unknown,
+        (Some(_), Some(false)) => Verdict::Same,
+        (Some(d), Some(true)) => {
+            let improved = match better {
+                Better::Lower => d < 0.0,
+                Better::Higher => d > 0.0,
+            };
+            if improved {
+                Verdict::Better
+            } else {
+                Verdict::Worse
+            }
+        }
+    }
+}
+
+/// Significance from an interval and the noise band: the interval must exclude 0 and clear the
+/// noise difference on the same side.
+fn judge(ci: Option<(f64, f64)>, abs: Option<f64>, noise: Option<f64>) -> Option<bool> {
+    let band = noise.unwrap_or(0.0);
+    match (ci, abs) {
+        (Some((lo, hi)), Some(_)) => Some(lo > band || hi < -band),
+        (None, Some(d)) if noise.is_some() => Some(d.abs() > band),
+        _ => None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn make_row(
+    key: String,
+    label: String,
+    unit: &'static str,
+    better: Better,
+    b: Option<f64>,
+    c: Option<f64>,
+    ci: Option<(f64, f64)>,
+    noise: Option<f64>,
+    approx: bool,
+) -> Row {
+    let abs = match (b, c) {
+        (Some(b), Some(c)) => Some(c - b),
+        _ => None,
+    };
+    let rel = match (b, abs) {
+        (Some(b), Some(d)) if b != 0.0 => Some(d / b),
+        _ => None,
+    };
+    let significant = judge(ci, abs, noise);
+    Row {
+        key,
+        label,
+        unit,
+        baseline: b,
+        candidate: c,
+        abs_change: abs,
+        rel_change: rel,
+        better,
+        ci,
+        noise,
+        significant,
+        verdict: verdict(better, abs, significant),
+        approx,
+    }
+}
+
+fn failure_rate(r: &Run) -> Option<(f64, f64)> {
+    let n = r.total_requests()?;
+    (n > 0.0).then(|| (r.scalar("failed").unwrap_or(0.0) / n, n))
+}
+
+/// Compares `cand` against `base`; `noise` is a second run of the baseline.
+pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> Comparison {
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    let mut thin: Vec<&str> = Vec::new();
+    for (mi, m) in Metric::ALL.into_iter().enumerate() {
+        let db = base.dist(m);
+        let dc = cand.dist(m);
+        let cis = match (&db, &dc) {
+            (Some(b), Some(c)) => Some(bootstrap(b, c, opts, mi as u64 + 1)),
+            _ => None,
+        };
+        let (ptb, ptc) = (points(base, m), points(cand, m));
+        let ptn = noise.map(|n| points(n, m));
+        for (si, stat) in Stat::ALL.into_iter().enumerate() {
+            let (pb, pc) = (ptb[si], ptc[si]);
+            if pb.is_none() && pc.is_none() {
+                continue;
+            }
+            let nz = match (ptn.and_then(|p| p[si]), pb) {
+                (Some((n, _)), Some((b, _))) => Some((n - b).abs()),
+                _ => None,
+            };
+            let approx = pb.is_some_and(|p| p.1) || pc.is_some_and(|p| p.1);
+            // A bootstrap of a tail percentile needs samples in the tail on both sides.
+            let n_min = match (&db, &dc) {
+                (Some(b), Some(c)) => b.n().min(c.n()),
+                _ => 0,
+            };
+            let enough = n_min >= min_samples(stat);
+            if !enough && cis.is_some() && !thin.contains(&stat.key()) {
+                thin.push(stat.key());
+            }
+            rows.push(make_row(
+                format!("{}_{}_ms", stat.key(), m.key()),
+                format!("{} {}", stat.key(), m.label()),
+                "ms",
+                Better::Lower,
+                pb.map(|p| p.0),
+                pc.map(|p| p.0),
+                cis.filter(|_| enough).map(|c| c[si]),
+                nz,
+                approx,
+            ));
+        }
+    }
+    for (key, label, unit) in [
+        ("request_throughput", "request throughput", "req/s"),
+        ("output_throughput", "output token throughput", "tok/s"),
+        ("total_token_throughput", "total token throughput", "tok/s"),
+        ("request_goodput", "request goodput", "req/s"),
+    ] {
+        let (b, c) = (base.scalar(key), cand.scalar(key));
+        if b.is_none() && c.is_none() {
+            continue;
+        }
+        let nz = match (noise.and_then(|n| n.scalar(key)), b) {
+            (Some(n), Some(b)) => Some((n - b).abs()),
+            _ => None,
+        };
+        rows.push(make_row(
+            key.into(),
+            label.into(),
+            unit,
+            Better::Higher,
+            b,
+            c,
+            None,
+            nz,
+            false,
+        ));
+    }
+    if let (Some((pb, nb)), Some((pc, nc))) = (failure_rate(base), failure_rate(cand)) {
+        let p = (pb * nb + pc * nc) / (nb + nc);
+        let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();
+        let d = pc - pb;
+        let ci = Some((d - Z * se, d + Z * se));
+        let nz = noise.and_then(failure_rate).map(|(pn, _)| (pn - pb).abs());
+        let mut row = make_row(
+            "failure_rate".into(),
+            "failure rate".into(),
+            "",
+            Better::Lower,
+            Some(pb),
+            Some(pc),
+            ci,
+            nz,
+            false,
+        );
+        if se == 0.0 {
+            // both 0 % or both 100 %: identical
+            row.significant = Some(d != 0.0);
+            row.verdict = verdict(Better::Lower, Some(d), row.significant);
+        }
+        rows.push(row);
+    }
+    if !thin.is_empty() {
+        notes.push(format!(
+            "too few samples to judge {} (needs {} at p90, {} at p99): shown as n/a",
+            thin.join(", "),
+            min_samples(Stat::P90),
+            min_samples(Stat::P99)
+        ));
+    }
+    let paired = paired_ttft(base, cand);
+    if paired.is_none() {
+        if let (Some(a), Some(b)) = (&base.requests, &cand.requests) {
+            if a.len() != b.len() || a.input_lens != b.input_lens {
+                notes.push(format!(
+                    "the runs did not replay the same requests ({} vs {}, or different input lengths): no paired comparison",
+                    a.len(),
+                    b.len()
+                ));
+            }
+        }
+    }
+    for (side, r) in [("baseline", base), ("candidate", cand)] {
+        if r.info.get("valid").is_some_and(|v| v == "false") {
+            notes.push(format!(
+                "{side} run is marked invalid: {}",
+                r.info
+                    .get("invalid_reason")
+                    .map_or("(no reason given)", String::as_str)
+            ));
+        }
+        if r.trace.is_some() && r.requests.is_none() {
+            notes.push(format!(
+                "{side} is a trace without recorded responses: workload only"
+            ));
+        } else if r.requests.is_none() && r.hists.is_empty() {
+            notes.push(format!(
+                "{side} has neither per-request samples nor histograms: latency significance cannot be judged"
+            ));
+        }
+    }
+    if noise.is_none() && !rows.is_empty() {
+        notes.push(
+            "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
+                .into(),
+        );
+    }
+    let workload = workload::compare(base, cand);
+    Comparison {
+        schema: SCHEMA,
+        baseline: Side::of(base),
+        candidate: Side::of(cand),
+        noise: noise.map(Side::of),
+        seed: opts.seed,
+        confidence: CONFIDENCE,
+        resamples: opts.resamples,
+        rows,
+        paired,
+        workload,
+        notes,
+    }
+}
+
+/// Per-request TTFT ratios when both runs replayed the same requests.
+pub fn paired_ttft(base: &Run, cand: &Run) -> Option<Paired> {
+    let (a, b) = (base.requests.as_ref()?, cand.requests.as_ref()?);
+    if a.len() != b.len() || a.input_lens != b.input_lens || a.is_empty() {
+        return None;
+    }
+    let mut ratios: Vec<f64> = (0..a.len())
+        .filter(|&i| a.ok(i) && b.ok(i))
+        .filter_map(|i| Some(b.ttft_s[i]? / a.ttft_s[i]?))
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let n = ratios.len();
+    if n < 2 {
+        return None;
+    }
+    let logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+    let mean = logs.iter().sum::<f64>() / n as f64;
+    let var = logs.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let se = (var / n as f64).sqrt();
+    let ci = ((mean - Z * se).exp(), (mean + Z * se).exp());
+    ratios.sort_by(f64::total_cmp);
+    let slower = ratios.iter().filter(|&&r| r > 1.1).count() as f64 / n as f64;
+    let faster = ratios.iter().filter(|&&r| r < 1.0 / 1.1).count() as f64 / n as f64;
+    let cdf = Weighted::from_samples(&ratios).cdf_points(200);
+    Some(Paired {
+        n,
+        geo_mean_ratio: mean.exp(),
+        ci,
+        p10: percentile_sorted(&ratios, 10.0),
+        p50: percentile_sorted(&ratios, 50.0),
+        p90: percentile_sorted(&ratios, 90.0),
+        slower_10pct: slower,
+        faster_10pct: faster,
+        significant: ci.0 > 1.0 || ci.1 < 1.0,
+        cdf,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::report::load::{Kind, Requests};
+    use rand::Rng;
+    use rand_distr::{Distribution, LogNormal};
+    use std::collections::BTreeMap;
+
+    /// A synthetic run of `n` requests whose TTFTs are lognormal around `median_ms` (sigma 0.5:
+    /// noisy, like real TTFTs under load), with fixed seed.
+    pub(crate) fn synth_run(n: usize, median_ms: f64, seed: u64) -> Run {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let ln = LogNormal::new((median_ms / 1e3).ln(), 0.5).unwrap();
+        let mut r = Requests::default();
+        for i in 0..n {
+            let ttft: f64 = ln.sample(&mut rng);
+            let itls: Vec<f64> = (0..9)
+                .map(|_| 0.010 + rng.random::<f64>() * 0.002)
+                .collect();
+            r.input_lens.push(100 + i as u64 % 7);
+            r.output_lens.push(10);
+            r.start_s.push(i as f64 * 0.01);
+            r.ttft_s.push(Some(ttft));
+            r.latency_s.push(Some(ttft + itls.iter().sum::<f64>()));
+            r.itls_s.push(itls);
+            r.errors.push(String::new());
+            r.client_queue_s.push(Some(0.0));
+            r.server_queue_s.push(None);
+            r.server_ttft_s.push(None);
+        }
+        let mut scalars = BTreeMap::new();
+        scalars.insert("completed".into(), n as f64);
+        scalars.insert("failed".into(), 0.0);
+        Run {
+            path: format!("synthetic-{seed}.json").into(),
+            kind: Kind::Retrace,
+            scalars,
+            info: BTreeMap::new(),
+            requests: Some(r),
+            hists: BTreeMap::new(),
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn ten_percent_shift_in_noisy_metric_is_found() {
+        let b = synth_run(1500, 100.0, 1);
+        let c = synth_run(1500, 110.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        for key in ["mean_ttft_ms", "median_ttft_ms"] {
+            let row = cmp.row(key).unwrap();
+            assert_eq!(row.significant, Some(true), "{row:?}");
+            assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
+            let rel = row.rel_change.unwrap();
+            assert!((0.04..0.16).contains(&rel), "{row:?}");
+        }
+    }
+
+    #[test]
+    fn identical_distributions_are_not_flagged() {
+        // Same distribution, different draws, several seeds: no TTFT statistic flagged.
+        for (sb, sc) in [(11, 12), (13, 14), (15, 16)] {
+            let b = synth_run(1000, 100.0, sb);
+            let c = synth_run(1000, 100.0, sc);
+            let cmp = compare(
+                &b,
+                &c,
+                None,
+                &Options {
+                    seed: 3,
+                    resamples: 200,
+                },
+            );
+            for stat in ["mean", "median", "p90"] {
+                let row = cmp.row(&format!("{stat}_ttft_ms")).unwrap();
+                assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
+                assert_eq!(row.verdict, Verdict::Same);
+            }
+        }
+    }
+
+    #[test]
+    fn same_seed_same_result() {
+        let b = synth_run(500, 100.0, 1);
+        let c = synth_run(500, 104.0, 2);
+        let o = Options {
+            seed: 9,
+            resamples: 100,
+        };
+        assert_eq!(compare(&b, &c, None, &o), compare(&b, &c, None, &o));
+    }
+
+    #[test]
+    fn noise_band_suppresses_changes_within_noise() {
+        // The candidate is 10 % slower, but the baseline's own rerun differed by 15 %: not counted.
+        let b = synth_run(1500, 100.0, 1);
+        let c = synth_run(1500, 110.0, 2);
+        let noise = synth_run(1500, 115.0, 3);
+        let cmp = compare(
+            &b,
+            &c,
+            Some(&noise),
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        let row = cmp.row("median_ttft_ms").unwrap();
+        assert!(row.noise.unwrap() > 10.0, "{row:?}");
+        assert_eq!(row.significant, Some(false), "{row:?}");
+        // A rerun within 1 % leaves the 10 % change standing.
+        let quiet = synth_run(1500, 100.5, 4);
+        let cmp = compare(
+            &b,
+            &c,
+            Some(&quiet),
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Worse);
+    }
+
+    #[test]
+    fn histogram_only_runs_are_judged_from_buckets() {
+        let strip = |mut r: Run| {
+            let q = r.requests.take().unwrap();
+            let mut h =
+                hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+            for t in q.ttft_s.iter().flatten() {
+                h.record((t * 1e6) as u64).unwrap();
+            }
+            r.hists
+                .insert(Metric::Ttft, Weighted::from_histogram(&h, 1e-3));
+            r
+        };
+        let b = strip(synth_run(1500, 100.0, 1));
+        let c = strip(synth_run(1500, 110.0, 2));
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        let row = cmp.row("median_ttft_ms").unwrap();
+        assert!(row.approx);
+        assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
+        let b2 = strip(synth_run(1500, 100.0, 5));
+        let cmp = compare(
+            &b,
+            &b2,
+            None,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Same);
+    }
+
+    #[test]
+    fn paired_ratio_of_same_trace() {
+        let b = synth_run(1000, 100.0, 1);
+        let mut c = b.clone();
+        if let Some(r) = c.requests.as_mut() {
+            for t in r.ttft_s.iter_mut().flatten() {
+                *t *= 1.2;
+            }
+        }
+        let p = paired_ttft(&b, &c).unwrap();
+        assert_eq!(p.n, 1000);
+        assert!((p.geo_mean_ratio - 1.2).abs() < 1e-9);
+        assert!(p.significant);
+        assert_eq!(p.slower_10pct, 1.0);
+    }
+
+    #[test]
+    fn tail_percentiles_of_small_runs_are_not_judged() {
+        let b = synth_run(200, 100.0, 1);
+        let c = synth_run(200, 300.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 1,
+                resamples: 100,
+            },
+        );
+        assert_eq!(cmp.row("p99_ttft_ms").unwrap().verdict, Verdict::Unknown);
+        assert_eq!(cmp.row("p90_ttft_ms").unwrap().verdict, Verdict::Worse);
+        assert!(cmp
+            .notes
+            .iter()
+            .any(|n| n.contains("too few samples to judge p99")));
+    }
+
+    #[test]
+    fn failure_rate_row() {
+        let b = synth_run(100, 100.0, 1);
+        let mut c = synth_run(100, 100.0, 2);
+        c.scalars.insert("completed".into(), 50.0);
+        c.scalars.insert("failed".into(), 50.0);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 1,
+                resamples: 50,
+            },
+        );
+        let row = cmp.row("failure_rate").unwrap();
+        assert_eq!(row.candidate, Some(0.5));
+        assert_eq!(row.verdict, Verdict::Worse);
+    }
+}

@@ -1,0 +1,629 @@
+//! Reading the three kinds of input `compare` and `report` accept into one comparable model
+//! ([`Run`]): a retrace replay result (`retrace.replay/1`), a `vllm bench serve --save-result`
+//! JSON file, or a recorded trace (any format [`crate::trace::import`] reads; its recorded
+//! responses give the latencies).
+//!
+//! Per-request arrays (retrace `--detailed`, vLLM's always-present `ttfts`/`itls`/...) become
+//! [`Requests`]; retrace's whole HdrHistograms become [`Weighted`] distributions; top-level numbers
+//! keep their vLLM key names in [`Run::scalars`]. Errors name the file and the key. This module
+//! does not compute comparisons or statistics beyond turning inputs into samples.
+
+use super::weighted::Weighted;
+use crate::metrics::Histograms;
+use crate::trace::{self, Trace};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What a file turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `retrace replay --result-json`.
+    Retrace,
+    /// `vllm bench serve --save-result`.
+    Vllm,
+    /// A recorded (or imported) trace.
+    Trace,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Retrace => "retrace result",
+            Kind::Vllm => "vllm bench serve result",
+            Kind::Trace => "trace",
+        }
+    }
+}
+
+/// A latency metric, named as in vLLM's keys (`mean_<name>_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    Ttft,
+    Tpot,
+    Itl,
+    E2el,
+    ClientQueue,
+    ServerQueue,
+    ServerTtft,
+    Unattributed,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 8] = [
+        Metric::Ttft,
+        Metric::Tpot,
+        Metric::Itl,
+        Metric::E2el,
+        Metric::ClientQueue,
+        Metric::ServerQueue,
+        Metric::ServerTtft,
+        Metric::Unattributed,
+    ];
+
+    /// Key fragment: `ttft`, `client_queue`, ...
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::Ttft => "ttft",
+            Metric::Tpot => "tpot",
+            Metric::Itl => "itl",
+            Metric::E2el => "e2el",
+            Metric::ClientQueue => "client_queue",
+            Metric::ServerQueue => "server_queue",
+            Metric::ServerTtft => "server_ttft",
+            Metric::Unattributed => "unattributed",
+        }
+    }
+
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::Ttft => "TTFT",
+            Metric::Tpot => "TPOT",
+            Metric::Itl => "ITL",
+            Metric::E2el => "E2EL",
+            Metric::ClientQueue => "client queue",
+            Metric::ServerQueue => "server queue",
+            Metric::ServerTtft => "server TTFT",
+            Metric::Unattributed => "unattributed server time",
+        }
+    }
+
+    /// The histogram retrace results store for this metric, and its unit in ms.
+    fn histogram(self) -> Option<(&'static str, f64)> {
+        match self {
+            Metric::Ttft => Some(("ttft_us", 1e-3)),
+            Metric::Tpot => Some(("tpot_us", 1e-3)),
+            Metric::Itl => Some(("itl_us", 1e-3)),
+            Metric::E2el => Some(("e2el_us", 1e-3)),
+            Metric::ClientQueue => Some(("client_queue_ns", 1e-6)),
+            _ => None,
+        }
+    }
+}
+
+/// Index-aligned per-request arrays, times in seconds (vLLM's layout). Start times are shifted
+/// so the first request starts at 0.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Requests {
+    pub input_lens: Vec<u64>,
+    pub output_lens: Vec<u64>,
+    pub start_s: Vec<f64>,
+    /// When the schedule wanted each request sent (retrace only), same origin as `start_s`.
+    pub intended_s: Option<Vec<f64>>,
+    pub ttft_s: Vec<Option<f64>>,
+    pub latency_s: Vec<Option<f64>>,
+    pub itls_s: Vec<Vec<f64>>,
+    /// `""` on success.
+    pub errors: Vec<String>,
+    pub client_queue_s: Vec<Option<f64>>,
+    pub server_queue_s: Vec<Option<f64>>,
+    pub server_ttft_s: Vec<Option<f64>>,
+}
+
+impl Requests {
+    pub fn len(&self) -> usize {
+        self.start_s.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.start_s.is_empty()
+    }
+    /// Succeeded with a first token.
+    pub fn ok(&self, i: usize) -> bool {
+        self.errors[i].is_empty() && self.ttft_s[i].is_some()
+    }
+
+    /// The samples of one metric in ms (successful requests; ITL pooled), like vLLM.
+    pub fn samples_ms(&self, m: Metric) -> Vec<f64> {
+        let mut out = Vec::new();
+        for i in 0..self.len() {
+            let ok = self.ok(i);
+            match m {
+                Metric::Ttft if ok => out.extend(self.ttft_s[i].map(|v| v * 1e3)),
+                Metric::E2el if ok => out.extend(self.latency_s[i].map(|v| v * 1e3)),
+                Metric::Tpot if ok => {
+                    if let (Some(t), Some(l)) = (self.ttft_s[i], self.latency_s[i]) {
+                        if self.output_lens[i] > 1 {
+                            out.push((l - t) / (self.output_lens[i] - 1) as f64 * 1e3);
+                        }
+                    }
+                }
+                Metric::Itl if ok => out.extend(self.itls_s[i].iter().map(|v| v * 1e3)),
+                Metric::ClientQueue => out.extend(self.client_queue_s[i].map(|v| v * 1e3)),
+                Metric::ServerQueue if ok => out.extend(self.server_queue_s[i].map(|v| v * 1e3)),
+                Metric::ServerTtft if ok => out.extend(self.server_ttft_s[i].map(|v| v * 1e3)),
+                Metric::Unattributed if ok => {
+                    if let (Some(t), Some(q), Some(s)) = (
+                        self.ttft_s[i],
+                        self.server_queue_s[i],
+                        self.server_ttft_s[i],
+                    ) {
+                        out.push((t - q - s) * 1e3);
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// When request `i` ended, s (start + E2EL; start + TTFT or start for failures).
+    pub fn end_s(&self, i: usize) -> f64 {
+        self.start_s[i] + self.latency_s[i].or(self.ttft_s[i]).unwrap_or(0.0)
+    }
+}
+
+/// One input, ready to compare or report.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub path: PathBuf,
+    pub kind: Kind,
+    /// Top-level numbers under their vLLM (or retrace) key names.
+    pub scalars: BTreeMap<String, f64>,
+    /// Top-level strings worth showing (model, target, trace, date, ...).
+    pub info: BTreeMap<String, String>,
+    pub requests: Option<Requests>,
+    /// Whole histograms (retrace results), in ms.
+    pub hists: BTreeMap<Metric, Weighted>,
+    /// The trace itself, when the input was one.
+    pub trace: Option<Trace>,
+}
+
+impl Run {
+    /// File name for labels.
+    pub fn label(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        )
+    }
+
+    /// The samples of a metric in ms, when the input has per-request data.
+    pub fn samples_ms(&self, m: Metric) -> Option<Vec<f64>> {
+        let r = self.requests.as_ref()?;
+        let v = r.samples_ms(m);
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// The distribution of a metric: from per-request samples when present (exact), else from the
+    /// stored histogram.
+    pub fn dist(&self, m: Metric) -> Option<Weighted> {
+        match self.samples_ms(m) {
+            Some(v) => Some(Weighted::from_samples(&v)),
+            None => self.hists.get(&m).cloned().filter(|w| w.n() > 0),
+        }
+    }
+
+    pub fn scalar(&self, key: &str) -> Option<f64> {
+        self.scalars.get(key).copied()
+    }
+
+    /// Requests counted (completed + failed).
+    pub fn total_requests(&self) -> Option<f64> {
+        Some(self.scalar("completed")? + self.scalar("failed").unwrap_or(0.0))
+    }
+}
+
+/// A load failure naming the file (and key).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: key `{key}`: {msg}")]
+    Key {
+        path: String,
+        key: String,
+        msg: String,
+    },
+    #[error("{path}: not a retrace result, a vllm bench serve result, or a trace: {msg}")]
+    Unknown { path: String, msg: String },
+}
+
+/// Reads any supported input.
+pub fn load(path: &Path) -> Result<Run, LoadError> {
+    let name = path.display().to_string();
+    let data = std::fs::read(path).map_err(|e| LoadError::Io {
+        path: name.clone(),
+        source: e,
+    })?;
+    let first = data.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if first == Some(b'{') {
+        if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(&data) {
+            let is_retrace = obj
+                .get("schema")
+                .and_then(Value::as_str)
+                .is_some_and(|s| s.starts_with("retrace.replay/"));
+            let is_vllm = obj.contains_key("completed")
+                && (obj.contains_key("duration") || obj.contains_key("mean_ttft_ms"));
+            if is_retrace || is_vllm {
+                return from_result(path, &obj, is_retrace);
+            }
+        }
+    }
+    match trace::import::read_bytes(&name, &data, &Default::default()) {
+        Ok((t, _)) => Ok(from_trace(path, t)),
+        Err(e) => Err(LoadError::Unknown {
+            path: name,
+            msg: e.to_string(),
+        }),
+    }
+}
+
+/// A result object already in memory (`replay --report-html`); `path` names it in errors and
+/// labels.
+pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
+    let Value::Object(obj) = v else {
+        return Err(LoadError::Unknown {
+            path: path.display().to_string(),
+            msg: "the result is not a JSON object".into(),
+        });
+    };
+    let is_retrace = obj.contains_key("schema");
+    from_result(path, obj, is_retrace)
+}
+
+fn key_err(path: &Path, key: &str, msg: impl Into<String>) -> LoadError {
+    LoadError::Key {
+        path: path.display().to_string(),
+        key: key.into(),
+        msg: msg.into(),
+    }
+}
+
+fn f64_array(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<Option<Vec<Option<f64>>>, LoadError> {
+    let Some(v) = obj.get(key) else {
+        return Ok(None);
+    };
+    let Value::Array(a) = v else {
+        return Err(key_err(path, key, "expected an array"));
+    };
+    a.iter()
+        .enumerate()
+        .map(|(i, x)| match x {
+            Value::Null => Ok(None),
+            Value::Number(n) => Ok(n.as_f64()),
+            _ => Err(key_err(
+                path,
+                key,
+                format!("element {i} is not a number or null"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn from_result(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+    is_retrace: bool,
+) -> Result<Run, LoadError> {
+    let mut scalars = BTreeMap::new();
+    let mut info = BTreeMap::new();
+    for (k, v) in obj {
+        match v {
+            Value::Number(n) => {
+                if let Some(f) = n.as_f64() {
+                    scalars.insert(k.clone(), f);
+                }
+            }
+            Value::String(s) if s.len() < 300 => {
+                info.insert(k.clone(), s.clone());
+            }
+            Value::Bool(b) => {
+                info.insert(k.clone(), b.to_string());
+            }
+            _ => {}
+        }
+    }
+    for k in ["completed", "duration"] {
+        if let Some(v) = obj.get(k) {
+            if !v.is_number() {
+                return Err(key_err(path, k, "expected a number"));
+            }
+        }
+    }
+    let mut hists = BTreeMap::new();
+    if let Some(h) = obj.get("histograms") {
+        let Value::Object(h) = h else {
+            return Err(key_err(path, "histograms", "expected an object"));
+        };
+        for m in Metric::ALL {
+            let Some((name, unit)) = m.histogram() else {
+                continue;
+            };
+            let Some(b64) = h.get(name) else { continue };
+            let s = b64
+                .as_str()
+                .ok_or_else(|| key_err(path, &format!("histograms.{name}"), "expected a string"))?;
+            let hist = Histograms::decode(s)
+                .map_err(|e| key_err(path, &format!("histograms.{name}"), e))?;
+            hists.insert(m, Weighted::from_histogram(&hist, unit));
+        }
+    }
+    let requests = requests_from(path, obj)?;
+    Ok(Run {
+        path: path.to_path_buf(),
+        kind: if is_retrace {
+            Kind::Retrace
+        } else {
+            Kind::Vllm
+        },
+        scalars,
+        info,
+        requests,
+        hists,
+        trace: None,
+    })
+}
+
+fn requests_from(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+) -> Result<Option<Requests>, LoadError> {
+    let Some(ttfts) = f64_array(path, obj, "ttfts")? else {
+        return Ok(None);
+    };
+    let n = ttfts.len();
+    let need = |key: &str| -> Result<Vec<Option<f64>>, LoadError> {
+        let v = f64_array(path, obj, key)?
+            .ok_or_else(|| key_err(path, key, "missing (ttfts is present)"))?;
+        if v.len() != n {
+            return Err(key_err(
+                path,
+                key,
+                format!("has {} elements, ttfts has {n}", v.len()),
+            ));
+        }
+        Ok(v)
+    };
+    let opt = |key: &str| -> Result<Vec<Option<f64>>, LoadError> {
+        match f64_array(path, obj, key)? {
+            Some(v) if v.len() == n => Ok(v),
+            Some(v) => Err(key_err(
+                path,
+                key,
+                format!("has {} elements, ttfts has {n}", v.len()),
+            )),
+            None => Ok(vec![None; n]),
+        }
+    };
+    let lens = |key: &str| -> Result<Vec<u64>, LoadError> {
+        Ok(need(key)?
+            .into_iter()
+            .map(|v| v.unwrap_or(0.0).max(0.0) as u64)
+            .collect())
+    };
+    let input_lens = lens("input_lens")?;
+    let output_lens = lens("output_lens")?;
+    // older vLLM versions write no `latencies`: E2EL (and TPOT) are then unknown per request
+    let latencies = opt("latencies")?;
+    let starts_raw = opt("start_times")?;
+    let errors: Vec<String> = match obj.get("errors") {
+        Some(Value::Array(a)) if a.len() == n => a
+            .iter()
+            .map(|e| e.as_str().unwrap_or("").to_string())
+            .collect(),
+        Some(_) => {
+            return Err(key_err(
+                path,
+                "errors",
+                format!("expected an array of {n} strings"),
+            ))
+        }
+        None => vec![String::new(); n],
+    };
+    let itls_s: Vec<Vec<f64>> = match obj.get("itls") {
+        Some(Value::Array(a)) if a.len() == n => a
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match e {
+                Value::Array(x) => x
+                    .iter()
+                    .map(|v| {
+                        v.as_f64().ok_or_else(|| {
+                            key_err(path, "itls", format!("element {i} holds a non-number"))
+                        })
+                    })
+                    .collect(),
+                _ => Err(key_err(path, "itls", format!("element {i} is not a list"))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(key_err(
+                path,
+                "itls",
+                format!("expected an array of {n} lists"),
+            ))
+        }
+        None => vec![Vec::new(); n],
+    };
+    let t0 = starts_raw
+        .iter()
+        .flatten()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    let t0 = if t0.is_finite() { t0 } else { 0.0 };
+    let intended = f64_array(path, obj, "intended_times")?.filter(|v| v.len() == n);
+    // retrace's start times and intended times share t0; shift both by the same origin.
+    let origin = match &intended {
+        Some(v) => v.iter().flatten().copied().fold(t0, f64::min),
+        None => t0,
+    };
+    let start_s = starts_raw
+        .iter()
+        .map(|v| v.map_or(0.0, |x| x - origin))
+        .collect();
+    let intended_s = intended.map(|v| v.iter().map(|x| x.unwrap_or(0.0) - origin).collect());
+    // vLLM writes 0 for "no first token"; so does retrace.
+    let pos = |v: Option<f64>| v.filter(|x| *x > 0.0);
+    Ok(Some(Requests {
+        input_lens,
+        output_lens,
+        start_s,
+        intended_s,
+        ttft_s: ttfts.into_iter().map(pos).collect(),
+        latency_s: latencies.into_iter().map(pos).collect(),
+        itls_s,
+        errors,
+        client_queue_s: opt("client_queue_times")?,
+        server_queue_s: opt("server_queue_times")?,
+        server_ttft_s: opt("server_ttfts")?,
+    }))
+}
+
+/// A trace: workload always; latency from recorded responses when present.
+fn from_trace(path: &Path, t: Trace) -> Run {
+    let mut scalars = BTreeMap::new();
+    let mut info = BTreeMap::new();
+    info.insert("source".to_string(), t.header.source.clone());
+    let n = t.requests.len();
+    let recorded = t.requests.iter().any(|r| r.response.is_some());
+    let requests = recorded.then(|| {
+        let mut r = Requests::default();
+        let t0 = t.requests.iter().map(|q| q.arrival_us).min().unwrap_or(0);
+        for q in &t.requests {
+            r.input_lens.push(q.input_tokens);
+            r.output_lens.push(q.output_tokens);
+            r.start_s.push((q.arrival_us - t0) as f64 / 1e6);
+            let resp = q.response.as_deref();
+            let failed = resp.is_none_or(|p| p.status >= 400 || p.error.is_some() || p.cancelled);
+            let err = match resp {
+                None => "no_response".to_string(),
+                Some(p) if p.status >= 400 => format!("http_{}", p.status),
+                Some(p) => p.error.clone().unwrap_or_else(|| {
+                    if p.cancelled {
+                        "cancelled".into()
+                    } else {
+                        String::new()
+                    }
+                }),
+            };
+            r.errors.push(if failed && err.is_empty() {
+                "failed".into()
+            } else {
+                err
+            });
+            r.ttft_s
+                .push(resp.and_then(|p| p.ttft_us).map(|v| v as f64 / 1e6));
+            r.latency_s
+                .push(resp.and_then(|p| p.end_us).map(|v| v as f64 / 1e6));
+            let itls = resp.map_or_else(Vec::new, |p| {
+                p.events
+                    .windows(2)
+                    .map(|w| w[1].offset_us.saturating_sub(w[0].offset_us) as f64 / 1e6)
+                    .collect()
+            });
+            r.itls_s.push(itls);
+            let sm = resp.and_then(|p| p.server_metrics.as_ref());
+            r.client_queue_s.push(None);
+            r.server_queue_s
+                .push(sm.and_then(|m| m.queue_time_ms).map(|v| v / 1e3));
+            r.server_ttft_s
+                .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
+        }
+        r
+    });
+    if let Some(r) = &requests {
+        let completed = (0..r.len()).filter(|&i| r.ok(i)).count();
+        scalars.insert("completed".into(), completed as f64);
+        scalars.insert("failed".into(), (n - completed) as f64);
+        let end = (0..r.len()).map(|i| r.end_s(i)).fold(0.0, f64::max);
+        if end > 0.0 {
+            scalars.insert("duration".into(), end);
+            let out: u64 = (0..r.len())
+                .filter(|&i| r.ok(i))
+                .map(|i| r.output_lens[i])
+                .sum();
+            let inp: u64 = (0..r.len())
+                .filter(|&i| r.ok(i))
+                .map(|i| r.input_lens[i])
+                .sum();
+            scalars.insert("request_throughput".into(), completed as f64 / end);
+            scalars.insert("output_throughput".into(), out as f64 / end);
+            scalars.insert("total_token_throughput".into(), (inp + out) as f64 / end);
+        }
+    }
+    Run {
+        path: path.to_path_buf(),
+        kind: Kind::Trace,
+        scalars,
+        info,
+        requests,
+        hists: BTreeMap::new(),
+        trace: Some(t),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(p: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)
+    }
+
+    #[test]
+    fn reads_real_vllm_result() {
+        let r = load(&fixture(
+            "fixtures/vllm/bench_serve_result_timed_trace.json",
+        ))
+        .unwrap();
+        assert_eq!(r.kind, Kind::Vllm);
+        assert_eq!(r.scalar("completed"), Some(30.0));
+        let q = r.requests.as_ref().unwrap();
+        assert_eq!(q.len(), 30);
+        assert_eq!(q.start_s.iter().copied().fold(f64::INFINITY, f64::min), 0.0);
+        // Our TTFT statistics from its per-request arrays equal vLLM's own keys.
+        let ttft = r.samples_ms(Metric::Ttft).unwrap();
+        let mean = ttft.iter().sum::<f64>() / ttft.len() as f64;
+        assert!((mean - r.scalar("mean_ttft_ms").unwrap()).abs() < 1e-6);
+        let tpot = r.samples_ms(Metric::Tpot).unwrap();
+        let mean = tpot.iter().sum::<f64>() / tpot.len() as f64;
+        assert!((mean - r.scalar("mean_tpot_ms").unwrap()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_key_names_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        std::fs::write(&p, r#"{"completed": 2, "duration": 1.0, "ttfts": [0.1, 0.2], "input_lens": [1], "output_lens": [1,1], "latencies": [1,1]}"#).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("r.json") && e.contains("input_lens"), "{e}");
+    }
+
+    #[test]
+    fn unknown_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        std::fs::write(&p, "{\"hello\": 1}").unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("x.json"), "{e}");
+    }
+}

@@ -1,0 +1,106 @@
+//! `retrace compare` and `retrace report`: read runs, compare them, render the result.
+//!
+//! Sub-modules, one concept each: [`load`] (any input → [`load::Run`]), [`weighted`] (values with
+//! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
+//! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
+//! (`--fail-on`), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
+//! only glues them to the command line and writes files; it computes nothing itself.
+
+pub mod compare;
+pub mod html;
+pub mod load;
+pub mod render;
+pub mod rules;
+pub mod weighted;
+pub mod workload;
+
+use crate::cli::{CompareArgs, CompareFormat, ReportArgs};
+use anyhow::Context;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// `retrace compare`: exit 1 when a `--fail-on` rule trips; errors (exit 2) for bad input.
+pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
+    let rules = match &a.fail_on {
+        Some(spec) => rules::parse(spec)?,
+        None => Vec::new(),
+    };
+    let base = load::load(&a.baseline)?;
+    let cand = load::load(&a.candidate)?;
+    let noise = a.noise.as_deref().map(load::load).transpose()?;
+    let opts = compare::Options {
+        seed: a.seed,
+        resamples: a.resamples as usize,
+    };
+    let cmp = compare::compare(&base, &cand, noise.as_ref(), &opts);
+    let outcomes = rules::evaluate(&rules, &cmp)?;
+    let format = match a.format {
+        CompareFormat::Text => render::Format::Text,
+        CompareFormat::Markdown => render::Format::Markdown,
+        CompareFormat::Json => render::Format::Json,
+    };
+    if let Some(path) = &a.html {
+        let page = html::compare_page(&cmp, &base, &cand, noise.as_ref());
+        std::fs::write(path, page)
+            .with_context(|| format!("--html {}: cannot write", path.display()))?;
+    }
+    std::io::stdout()
+        .lock()
+        .write_all(render::render(&cmp, &outcomes, format).as_bytes())?;
+    let tripped: Vec<&rules::Outcome> = outcomes.iter().filter(|o| o.tripped).collect();
+    if tripped.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for o in &tripped {
+        eprintln!("retrace compare: {}", o.message);
+    }
+    eprintln!(
+        "retrace compare: {} of {} --fail-on rules tripped",
+        tripped.len(),
+        outcomes.len()
+    );
+    Ok(ExitCode::from(1))
+}
+
+/// Parses `--thresholds-ms A,B`.
+pub fn parse_thresholds(s: &str) -> anyhow::Result<(f64, f64)> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| anyhow::anyhow!("--thresholds-ms `{s}`: expected two numbers like 25,50"))?;
+    match v[..] {
+        [a, b] if a > 0.0 && b > a && b.is_finite() => Ok((a, b)),
+        _ => anyhow::bail!(
+            "--thresholds-ms `{s}`: expected two increasing positive numbers like 25,50"
+        ),
+    }
+}
+
+/// `replay --report-html FILE`: the report of a result that is still in memory.
+pub fn write_replay_report(
+    path: Option<&std::path::Path>,
+    result: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let run = load::from_value(path, result)?;
+    let page = html::report_page(&run, (25.0, 50.0));
+    std::fs::write(path, page)
+        .with_context(|| format!("--report-html {}: cannot write", path.display()))?;
+    Ok(())
+}
+
+/// `retrace report`.
+pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
+    let thresholds = parse_thresholds(&a.thresholds_ms)?;
+    let run = load::load(&a.input)?;
+    let page = html::report_page(&run, thresholds);
+    std::fs::write(&a.output, &page)
+        .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
+    eprintln!(
+        "wrote {} ({:.1} KB)",
+        a.output.display(),
+        page.len() as f64 / 1024.0
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,431 @@
+//! Rendering a [`Comparison`] (and `--fail-on` outcomes) as text, Markdown or JSON; the HTML pages
+//! are [`super::html`]'s. Callers write the returned string. Does not compute anything.
+//!
+//! JSON (`retrace.compare/1`): the [`Comparison`] fields (`baseline`, `candidate`, `noise`,
+//! `seed`, `confidence`, `resamples`, `rows[]` with `key`, `label`, `unit`, `baseline`,
+//! `candidate`, `abs_change`, `rel_change`, `better`, `ci` ([lo, hi] of candidate − baseline),
+//! `noise`, `significant`, `verdict`, `approx`; `paired`; `workload`; `notes`) plus `rules[]`
+//! (`rule`, `tripped`, `ignored_as_noise`, `observed`, `message`) and `failed`.
+
+use super::compare::{Comparison, Row, Verdict};
+use super::rules::Outcome;
+use super::workload::{Shape, WorkloadCmp};
+use std::fmt::Write;
+
+/// Output format of `compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Markdown,
+    Json,
+}
+
+pub fn render(cmp: &Comparison, rules: &[Outcome], format: Format) -> String {
+    match format {
+        Format::Text => text(cmp, rules),
+        Format::Markdown => markdown(cmp, rules),
+        Format::Json => json(cmp, rules),
+    }
+}
+
+/// Human form of a number: 4 significant-ish digits.
+pub fn num(v: f64) -> String {
+    let a = v.abs();
+    if v == 0.0 {
+        "0".into()
+    } else if a >= 1000.0 || (v.fract() == 0.0 && a < 1e15) {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else if a >= 0.001 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), num)
+}
+
+fn signed(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v >= 0.0 => format!("+{}", num(v)),
+        Some(v) => num(v),
+        None => "-".into(),
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:+.1}%", v * 100.0))
+}
+
+fn ci(r: &Row) -> String {
+    r.ci.map_or_else(
+        || "-".into(),
+        |(a, b)| format!("[{}, {}]", signed(Some(a)), signed(Some(b))),
+    )
+}
+
+fn verdict(v: Verdict, md: bool) -> &'static str {
+    match (v, md) {
+        (Verdict::Worse, false) => "WORSE",
+        (Verdict::Worse, true) => "**worse**",
+        (Verdict::Better, _) => "better",
+        (Verdict::Same, _) => "no change",
+        (Verdict::Unknown, _) => "n/a",
+        (Verdict::Missing, _) => "-",
+    }
+}
+
+fn label(r: &Row) -> String {
+    let unit = if r.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", r.unit)
+    };
+    format!("{}{unit}{}", r.label, if r.approx { " ~" } else { "" })
+}
+
+fn header_lines(cmp: &Comparison) -> Vec<String> {
+    let side = |name: &str, s: &super::compare::Side| {
+        format!(
+            "{name}: {} ({}{})",
+            s.path,
+            s.kind,
+            s.requests
+                .map_or(String::new(), |n| format!(", {n} requests"))
+        )
+    };
+    let mut v = vec![
+        side("baseline ", &cmp.baseline),
+        side("candidate", &cmp.candidate),
+    ];
+    if let Some(n) = &cmp.noise {
+        v.push(side("noise    ", n));
+    }
+    v.push(format!(
+        "significance: {:.0}% bootstrap interval of the change ({} resamples, seed {}){}",
+        cmp.confidence * 100.0,
+        cmp.resamples,
+        cmp.seed,
+        if cmp.noise.is_some() {
+            "; a change must also exceed |noise - baseline|"
+        } else {
+            ""
+        }
+    ));
+    v
+}
+
+fn shape_cells(s: &Shape) -> Vec<String> {
+    vec![
+        s.requests.to_string(),
+        format!("{:.1}", s.duration_s),
+        format!("{:.3}", s.rate_rps),
+        format!("{:.2}", s.gap_cv),
+        format!("{:.0} / {:.0} / {:.0}", s.isl.mean, s.isl.p50, s.isl.p99),
+        format!("{:.0} / {:.0} / {:.0}", s.osl.mean, s.osl.p50, s.osl.p99),
+        s.reuse
+            .as_ref()
+            .map_or("-".into(), |r| format!("{:.1}%", r.block_reuse * 100.0)),
+        mix(&s.models),
+        mix(&s.endpoints),
+    ]
+}
+
+fn mix(m: &std::collections::BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "-".into();
+    }
+    let total: u64 = m.values().sum();
+    m.iter()
+        .map(|(k, v)| format!("{k} {:.0}%", *v as f64 * 100.0 / total.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+const WORKLOAD_ROWS: [&str; 9] = [
+    "requests",
+    "duration (s)",
+    "arrival rate (req/s)",
+    "burstiness (CV of gaps)",
+    "ISL mean / p50 / p99",
+    "OSL mean / p50 / p99",
+    "block reuse",
+    "models",
+    "endpoints",
+];
+
+fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
+    let mut s = String::new();
+    let (b, c) = (shape_cells(&w.baseline), shape_cells(&w.candidate));
+    if md {
+        s.push_str("\n### Workload\n\n| | baseline | candidate |\n|---|---:|---:|\n");
+        for (i, name) in WORKLOAD_ROWS.iter().enumerate() {
+            let _ = writeln!(s, "| {name} | {} | {} |", b[i], c[i]);
+        }
+        s.push('\n');
+    } else {
+        s.push_str("\nWorkload\n");
+        let _ = writeln!(s, "  {:<26} {:>22} {:>22}", "", "baseline", "candidate");
+        for (i, name) in WORKLOAD_ROWS.iter().enumerate() {
+            let _ = writeln!(s, "  {name:<26} {:>22} {:>22}", b[i], c[i]);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "{}ISL two-sample KS: D = {:.4}, p = {}; OSL: D = {:.4}, p = {}",
+        if md { "" } else { "  " },
+        w.isl_ks.d,
+        pval(w.isl_ks.p_value),
+        w.osl_ks.d,
+        pval(w.osl_ks.p_value)
+    );
+    if let Some(f) = &w.fidelity {
+        let _ = writeln!(
+            s,
+            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}%; output length exact {:.1}% (mean |diff| {:.2} tokens){}",
+            if md { "\n" } else { "  " },
+            f.paired,
+            f.speed,
+            f.arrival_error_ms.p50,
+            f.arrival_error_ms.p99,
+            f.arrival_error_ms.max,
+            f.isl_exact * 100.0,
+            f.osl_exact * 100.0,
+            f.osl_mean_abs_diff,
+            f.inexact_prompts
+                .map_or(String::new(), |n| format!("; inexact prompts {n}"))
+        );
+        let _ = writeln!(
+            s,
+            "{}Prefix sharing is not in result files: compare the server's prefix-cache counters with `retrace inspect --cache-blocks`.",
+            if md { "\n" } else { "  " }
+        );
+    }
+    s
+}
+
+fn pval(p: f64) -> String {
+    if p >= 0.001 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
+fn paired_line(cmp: &Comparison) -> Option<String> {
+    let p = cmp.paired.as_ref()?;
+    Some(format!(
+        "Paired TTFT (same {} requests): candidate/baseline geometric mean {:.3} ({:.0}% CI {:.3}..{:.3}, {}); ratio p10 {:.3}, p50 {:.3}, p90 {:.3}; {:.1}% of requests >10% slower, {:.1}% >10% faster",
+        p.n,
+        p.geo_mean_ratio,
+        cmp.confidence * 100.0,
+        p.ci.0,
+        p.ci.1,
+        if p.significant { "significant" } else { "not significant" },
+        p.p10,
+        p.p50,
+        p.p90,
+        p.slower_10pct * 100.0,
+        p.faster_10pct * 100.0
+    ))
+}
+
+fn rules_lines(rules: &[Outcome]) -> String {
+    let mut s = String::new();
+    for o in rules {
+        let _ = writeln!(s, "{}", o.message);
+    }
+    s
+}
+
+fn text(cmp: &Comparison, rules: &[Outcome]) -> String {
+    let mut s = String::new();
+    for l in header_lines(cmp) {
+        let _ = writeln!(s, "{l}");
+    }
+    s.push('\n');
+    if cmp.rows.is_empty() {
+        s.push_str("no latency or throughput in either input: workload comparison only\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  verdict",
+            "metric", "baseline", "candidate", "change", "rel", "interval of change"
+        );
+    }
+    for r in &cmp.rows {
+        let _ = writeln!(
+            s,
+            "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  {}",
+            label(r),
+            opt(r.baseline),
+            opt(r.candidate),
+            signed(r.abs_change),
+            pct(r.rel_change),
+            ci(r),
+            verdict(r.verdict, false)
+        );
+    }
+    if cmp.rows.iter().any(|r| r.approx) {
+        s.push_str("~ from HdrHistogram buckets (0.1% precision)\n");
+    }
+    if let Some(p) = paired_line(cmp) {
+        let _ = writeln!(s, "\n{p}");
+    }
+    if let Some(w) = &cmp.workload {
+        s.push_str(&workload_lines(w, false));
+    }
+    if !cmp.notes.is_empty() {
+        s.push('\n');
+        for n in &cmp.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+    }
+    if !rules.is_empty() {
+        s.push('\n');
+        s.push_str(&rules_lines(rules));
+    }
+    s
+}
+
+fn markdown(cmp: &Comparison, rules: &[Outcome]) -> String {
+    let mut s = String::from("## retrace compare\n\n");
+    for l in header_lines(cmp) {
+        let _ = writeln!(s, "- {}", l.replace("  ", " "));
+    }
+    if cmp.rows.is_empty() {
+        s.push_str("\nNo latency or throughput in either input: workload comparison only.\n");
+    } else {
+        s.push_str(
+            "\n| metric | baseline | candidate | change | rel | interval of change | verdict |\n",
+        );
+        s.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+    }
+    for r in &cmp.rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            label(r),
+            opt(r.baseline),
+            opt(r.candidate),
+            signed(r.abs_change),
+            pct(r.rel_change),
+            ci(r),
+            verdict(r.verdict, true)
+        );
+    }
+    if cmp.rows.iter().any(|r| r.approx) {
+        s.push_str("\n~ from HdrHistogram buckets (0.1% precision)\n");
+    }
+    if let Some(p) = paired_line(cmp) {
+        let _ = writeln!(s, "\n{p}");
+    }
+    if let Some(w) = &cmp.workload {
+        s.push_str(&workload_lines(w, true));
+    }
+    if !cmp.notes.is_empty() {
+        s.push('\n');
+        for n in &cmp.notes {
+            let _ = writeln!(s, "> note: {n}");
+        }
+    }
+    if !rules.is_empty() {
+        s.push_str("\n### --fail-on\n\n");
+        for o in rules {
+            let _ = writeln!(s, "- {}", o.message);
+        }
+    }
+    s
+}
+
+fn json(cmp: &Comparison, rules: &[Outcome]) -> String {
+    let mut v = serde_json::to_value(cmp).unwrap_or_default();
+    if let Some(m) = v.as_object_mut() {
+        m.insert(
+            "rules".into(),
+            serde_json::to_value(rules).unwrap_or_default(),
+        );
+        m.insert(
+            "failed".into(),
+            serde_json::Value::Bool(rules.iter().any(|o| o.tripped)),
+        );
+    }
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::compare::{compare, tests::synth_run, Options};
+
+    /// The text and Markdown layouts (seeded: the intervals are reproducible).
+    #[test]
+    fn text_and_markdown_snapshots() {
+        let b = synth_run(300, 100.0, 1);
+        let c = synth_run(300, 120.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 5,
+                resamples: 50,
+            },
+        );
+        let rules = crate::report::rules::evaluate(
+            &crate::report::rules::parse("median_ttft_ms>+10%,failure_rate>0.01").unwrap(),
+            &cmp,
+        )
+        .unwrap();
+        let mut t = render(&cmp, &rules, Format::Text);
+        // the synthetic runs' paths are not files; keep the snapshot free of them
+        t = t
+            .replace("synthetic-1.json", "BASE")
+            .replace("synthetic-2.json", "CAND");
+        insta::assert_snapshot!("compare_text", t);
+        let m = render(&cmp, &rules, Format::Markdown)
+            .replace("synthetic-1.json", "BASE")
+            .replace("synthetic-2.json", "CAND");
+        insta::assert_snapshot!("compare_markdown", m);
+    }
+
+    #[test]
+    fn formats_show_every_row_and_the_verdict() {
+        let b = synth_run(500, 100.0, 1);
+        let c = synth_run(500, 150.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 1,
+                resamples: 100,
+            },
+        );
+        let t = render(&cmp, &[], Format::Text);
+        assert!(t.contains("mean TTFT (ms)") && t.contains("WORSE"), "{t}");
+        let m = render(&cmp, &[], Format::Markdown);
+        assert!(
+            m.contains("| mean TTFT (ms) |") && m.contains("**worse**"),
+            "{m}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&render(&cmp, &[], Format::Json)).unwrap();
+        assert_eq!(j["schema"], "retrace.compare/1");
+        assert_eq!(j["failed"], false);
+        let row = j["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == "mean_ttft_ms")
+            .unwrap();
+        assert_eq!(row["verdict"], "worse");
+        assert_eq!(row["better"], "lower");
+    }
+}

@@ -1,0 +1,360 @@
+//! `--fail-on` rules for CI gating: parsing and evaluation against a [`Comparison`].
+//!
+//! Grammar: comma-separated `METRIC OP THRESHOLD`, `OP` one of `>`, `>=`, `<`, `<=`.
+//! - `p99_ttft_ms>+10%`: relative change (candidate vs baseline) above +10 % (a `%` threshold is
+//!   always a relative change; the sign is optional);
+//! - `mean_tpot_ms>+2.5`: signed number = absolute change in the metric's unit;
+//! - `failure_rate>0.01`: unsigned number = the candidate's own value.
+//!
+//! `METRIC` is a comparison row key: `{mean,median,p90,p99}_{ttft,tpot,itl,e2el,client_queue,
+//! server_queue,server_ttft,unattributed}_ms`, `request_throughput`, `output_throughput`,
+//! `total_token_throughput`, `request_goodput`, `failure_rate`.
+//!
+//! A change rule does not trip when the comparison judged the change not significant (inside the
+//! confidence interval or the `--noise` band): it is reported as ignored. Value rules always
+//! apply. A rule whose metric is missing from an input is an error, not a pass. This module
+//! prints nothing.
+
+use super::compare::Comparison;
+use serde::Serialize;
+
+/// Comparison operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Op {
+    Gt,
+    Ge,
+    Lt,
+    Le,
+}
+
+impl Op {
+    fn holds(self, a: f64, b: f64) -> bool {
+        match self {
+            Op::Gt => a > b,
+            Op::Ge => a >= b,
+            Op::Lt => a < b,
+            Op::Le => a <= b,
+        }
+    }
+    fn as_str(self) -> &'static str {
+        match self {
+            Op::Gt => ">",
+            Op::Ge => ">=",
+            Op::Lt => "<",
+            Op::Le => "<=",
+        }
+    }
+}
+
+/// What the threshold is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Threshold {
+    /// Relative change, as a fraction (+10 % → 0.10).
+    Relative(f64),
+    /// Absolute change in the metric's unit.
+    Absolute(f64),
+    /// The candidate's value.
+    Value(f64),
+}
+
+/// One parsed rule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rule {
+    pub text: String,
+    pub metric: String,
+    pub op: Op,
+    pub threshold: Threshold,
+}
+
+/// A rule that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--fail-on rule `{rule}`: {msg}")]
+pub struct RuleError {
+    pub rule: String,
+    pub msg: String,
+}
+
+const STATS: [&str; 4] = ["mean", "median", "p90", "p99"];
+const METRICS: [&str; 8] = [
+    "ttft",
+    "tpot",
+    "itl",
+    "e2el",
+    "client_queue",
+    "server_queue",
+    "server_ttft",
+    "unattributed",
+];
+const SCALARS: [&str; 5] = [
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "request_goodput",
+    "failure_rate",
+];
+
+fn known_metric(m: &str) -> bool {
+    if SCALARS.contains(&m) {
+        return true;
+    }
+    let Some(rest) = m.strip_suffix("_ms") else {
+        return false;
+    };
+    STATS.iter().any(|s| {
+        rest.strip_prefix(s)
+            .and_then(|r| r.strip_prefix('_'))
+            .is_some_and(|r| METRICS.contains(&r))
+    })
+}
+
+/// Parses a `--fail-on` list.
+pub fn parse(spec: &str) -> Result<Vec<Rule>, RuleError> {
+    let mut out = Vec::new();
+    for raw in spec.split(',') {
+        let text = raw.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let err = |msg: String| RuleError {
+            rule: text.to_string(),
+            msg,
+        };
+        let pos = text.find(['>', '<']).ok_or_else(|| {
+            err("no operator; write METRIC>THRESHOLD, e.g. p99_ttft_ms>+10%".into())
+        })?;
+        let metric = text[..pos].trim();
+        let rest = &text[pos..];
+        let (op, thr) = if let Some(r) = rest.strip_prefix(">=") {
+            (Op::Ge, r)
+        } else if let Some(r) = rest.strip_prefix("<=") {
+            (Op::Le, r)
+        } else if let Some(r) = rest.strip_prefix('>') {
+            (Op::Gt, r)
+        } else {
+            (Op::Lt, &rest[1..])
+        };
+        if metric.is_empty() {
+            return Err(err("missing metric name before the operator".into()));
+        }
+        if !known_metric(metric) {
+            return Err(err(format!(
+                "unknown metric `{metric}`; use {{mean,median,p90,p99}}_{{{}}}_ms or one of {}",
+                METRICS.join(","),
+                SCALARS.join(", ")
+            )));
+        }
+        let thr = thr.trim();
+        if thr.is_empty() {
+            return Err(err("missing threshold after the operator".into()));
+        }
+        let signed = thr.starts_with(['+', '-']);
+        let threshold = if let Some(num) = thr.strip_suffix('%') {
+            let v: f64 = num
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("`{thr}` is not a percentage like +10%")))?;
+            Threshold::Relative(v / 100.0)
+        } else {
+            let v: f64 = thr.parse().map_err(|_| {
+                err(format!(
+                    "`{thr}` is not a number (use +N% for a relative change, +N for an absolute change, N for a value)"
+                ))
+            })?;
+            if signed {
+                Threshold::Absolute(v)
+            } else {
+                Threshold::Value(v)
+            }
+        };
+        let finite = match threshold {
+            Threshold::Relative(v) | Threshold::Absolute(v) | Threshold::Value(v) => v.is_finite(),
+        };
+        if !finite {
+            return Err(err("threshold must be finite".into()));
+        }
+        out.push(Rule {
+            text: text.to_string(),
+            metric: metric.to_string(),
+            op,
+            threshold,
+        });
+    }
+    Ok(out)
+}
+
+/// The outcome of one rule.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    pub rule: String,
+    pub tripped: bool,
+    /// The threshold was crossed but the change is not significant.
+    pub ignored_as_noise: bool,
+    /// The value compared with the threshold.
+    pub observed: f64,
+    pub message: String,
+}
+
+/// A rule that cannot be evaluated (its metric is missing from an input).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--fail-on rule `{rule}` cannot be evaluated: {msg}")]
+pub struct EvalError {
+    pub rule: String,
+    pub msg: String,
+}
+
+/// Evaluates every rule.
+pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalError> {
+    rules
+        .iter()
+        .map(|rule| {
+            let err = |msg: &str| EvalError {
+                rule: rule.text.clone(),
+                msg: msg.to_string(),
+            };
+            let row = cmp
+                .row(&rule.metric)
+                .ok_or_else(|| err("neither input has this metric"))?;
+            let (observed, shown, is_change) = match rule.threshold {
+                Threshold::Relative(t) => {
+                    let r = row.rel_change.ok_or_else(|| {
+                        err("no relative change (missing on one side, or a baseline of 0)")
+                    })?;
+                    (r, (r, t, format!("{:+.2}%", r * 100.0), format!("{:+}%", t * 100.0)), true)
+                }
+                Threshold::Absolute(t) => {
+                    let a = row
+                        .abs_change
+                        .ok_or_else(|| err("missing on one side"))?;
+                    (a, (a, t, format!("{a:+.4}"), format!("{t:+}")), true)
+                }
+                Threshold::Value(t) => {
+                    let v = row.candidate.ok_or_else(|| err("missing in the candidate"))?;
+                    (v, (v, t, format!("{v:.4}"), format!("{t}")), false)
+                }
+            };
+            let (a, t, a_text, t_text) = shown;
+            let crossed = rule.op.holds(a, t);
+            let noise = is_change && crossed && row.significant == Some(false);
+            let tripped = crossed && !noise;
+            let what = match rule.threshold {
+                Threshold::Relative(_) | Threshold::Absolute(_) => "change",
+                Threshold::Value(_) => "value",
+            };
+            let message = if tripped {
+                format!(
+                    "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
+                    rule.text,
+                    rule.op.as_str(),
+                    fmt_opt(row.baseline),
+                    fmt_opt(row.candidate)
+                )
+            } else if noise {
+                format!(
+                    "ignored {}: {what} {a_text} crosses {t_text} but is not significant (within the confidence interval or noise band)",
+                    rule.text
+                )
+            } else {
+                format!("ok {}: {what} {a_text}", rule.text)
+            };
+            Ok(Outcome {
+                rule: rule.text.clone(),
+                tripped,
+                ignored_as_noise: noise,
+                observed,
+                message,
+            })
+        })
+        .collect()
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.4}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_forms() {
+        let r = parse("p99_ttft_ms>+10%, mean_tpot_ms>+5%,failure_rate>0.01,request_throughput<-5%,mean_itl_ms>=+2.5")
+            .unwrap();
+        assert_eq!(r.len(), 5);
+        assert_eq!(r[0].metric, "p99_ttft_ms");
+        assert_eq!(r[0].op, Op::Gt);
+        assert_eq!(r[0].threshold, Threshold::Relative(0.10));
+        assert_eq!(r[2].threshold, Threshold::Value(0.01));
+        assert_eq!(r[3].op, Op::Lt);
+        assert_eq!(r[3].threshold, Threshold::Relative(-0.05));
+        assert_eq!(r[4].op, Op::Ge);
+        assert_eq!(r[4].threshold, Threshold::Absolute(2.5));
+    }
+
+    #[test]
+    fn bad_rules_are_named() {
+        for (spec, bad, words) in [
+            (
+                "p99_ttft_ms>+10%,p99_tfft_ms>+10%",
+                "p99_tfft_ms>+10%",
+                "unknown metric",
+            ),
+            ("p99_ttft_ms 10%", "p99_ttft_ms 10%", "no operator"),
+            (">5", ">5", "missing metric"),
+            ("p99_ttft_ms>", "p99_ttft_ms>", "missing threshold"),
+            ("p99_ttft_ms>+ten%", "p99_ttft_ms>+ten%", "not a percentage"),
+            ("failure_rate>abc", "failure_rate>abc", "not a number"),
+        ] {
+            let e = parse(spec).unwrap_err();
+            assert_eq!(e.rule, bad);
+            let text = e.to_string();
+            assert!(text.contains(words) && text.contains(bad), "{text}");
+        }
+    }
+
+    #[test]
+    fn evaluation_trips_ignores_noise_and_refuses_missing() {
+        use crate::report::compare::{compare, tests::synth_run, Options};
+        let b = synth_run(1500, 100.0, 1);
+        let c = synth_run(1500, 110.0, 2);
+        let cmp = compare(
+            &b,
+            &c,
+            None,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        let o = evaluate(
+            &parse("median_ttft_ms>+5%,failure_rate>0.01").unwrap(),
+            &cmp,
+        )
+        .unwrap();
+        assert!(o[0].tripped, "{:?}", o[0]);
+        assert!(o[0].message.starts_with("FAIL median_ttft_ms>+5%"));
+        assert!(!o[1].tripped);
+        // Same distribution: a +0.1 % threshold is crossed by chance but is noise.
+        let c2 = synth_run(1500, 100.0, 3);
+        let cmp = compare(
+            &b,
+            &c2,
+            None,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        let rel = cmp.row("median_ttft_ms").unwrap().rel_change.unwrap();
+        let rule = if rel > 0.0 {
+            "median_ttft_ms>+0%"
+        } else {
+            "median_ttft_ms<-0%"
+        };
+        let o = evaluate(&parse(rule).unwrap(), &cmp).unwrap();
+        assert!(!o[0].tripped && o[0].ignored_as_noise, "{:?}", o[0]);
+        // No server metrics in either run.
+        let e = evaluate(&parse("p99_server_ttft_ms>+1%").unwrap(), &cmp).unwrap_err();
+        assert!(e.to_string().contains("p99_server_ttft_ms"));
+    }
+}

@@ -1,0 +1,296 @@
+//! Workload comparison (pure): what was sent, not how fast it was served. For each side the
+//! arrival rate, burstiness (coefficient of variation of inter-arrival gaps: 1 for Poisson,
+//! above 1 bursty), input/output length distributions, prefix reuse and model/endpoint mix; between
+//! the sides a two-sample Kolmogorov–Smirnov statistic and asymptotic p-value for ISL and OSL.
+//!
+//! Fidelity mode (a recorded trace against a replay result of it): request by request, how far
+//! the replay's send times were from the trace's arrivals (scaled by the run's `speed`) and how
+//! often input and output lengths were reproduced exactly. Result files carry no hash ids, so
+//! prefix sharing is compared only between two traces. This module prints nothing.
+
+use super::load::{Kind, Run};
+use crate::trace::stats::{self, Dist, Reuse};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One side's workload figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Shape {
+    pub requests: usize,
+    pub duration_s: f64,
+    pub rate_rps: f64,
+    /// Coefficient of variation of inter-arrival gaps.
+    pub gap_cv: f64,
+    pub isl: Dist,
+    pub osl: Dist,
+    /// Traces only.
+    pub reuse: Option<Reuse>,
+    pub models: BTreeMap<String, u64>,
+    pub endpoints: BTreeMap<String, u64>,
+}
+
+/// Two-sample Kolmogorov–Smirnov result.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Ks {
+    /// sup |F1 − F2|.
+    pub d: f64,
+    /// Asymptotic p-value (Kolmogorov distribution with Stephens' small-sample correction).
+    pub p_value: f64,
+}
+
+/// A recorded trace against its replay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fidelity {
+    /// Requests paired by position.
+    pub paired: usize,
+    pub speed: f64,
+    /// |actual send offset − arrival offset / speed|, ms.
+    pub arrival_error_ms: Dist,
+    /// Fractions of paired requests with exactly the trace's input / output length.
+    pub isl_exact: f64,
+    pub osl_exact: f64,
+    /// Mean |output length − trace output length| over successful requests.
+    pub osl_mean_abs_diff: f64,
+    /// Prompts the replayer could not build at the exact length (retrace's `inexact_prompts`).
+    pub inexact_prompts: Option<f64>,
+}
+
+/// The workload section of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadCmp {
+    pub baseline: Shape,
+    pub candidate: Shape,
+    pub isl_ks: Ks,
+    pub osl_ks: Ks,
+    pub fidelity: Option<Fidelity>,
+}
+
+struct View {
+    arrivals_s: Vec<f64>,
+    isl: Vec<f64>,
+    osl: Vec<f64>,
+    shape_extra: Option<stats::TraceStats>,
+}
+
+fn view(r: &Run) -> Option<View> {
+    if let Some(t) = &r.trace {
+        let st = stats::compute(t, &Default::default());
+        return Some(View {
+            arrivals_s: t
+                .requests
+                .iter()
+                .map(|q| q.arrival_us as f64 / 1e6)
+                .collect(),
+            isl: t.requests.iter().map(|q| q.input_tokens as f64).collect(),
+            osl: t.requests.iter().map(|q| q.output_tokens as f64).collect(),
+            shape_extra: Some(st),
+        });
+    }
+    let q = r.requests.as_ref()?;
+    Some(View {
+        arrivals_s: q.intended_s.clone().unwrap_or_else(|| q.start_s.clone()),
+        isl: q.input_lens.iter().map(|&v| v as f64).collect(),
+        osl: (0..q.len())
+            .filter(|&i| q.ok(i))
+            .map(|i| q.output_lens[i] as f64)
+            .collect(),
+        shape_extra: None,
+    })
+}
+
+/// Coefficient of variation of the gaps between sorted arrivals (population std / mean).
+pub fn gap_cv(arrivals: &[f64]) -> f64 {
+    let mut a = arrivals.to_vec();
+    a.sort_by(f64::total_cmp);
+    let gaps: Vec<f64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+    if gaps.len() < 2 {
+        return 0.0;
+    }
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    if mean <= 0.0 {
+        return 0.0;
+    }
+    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+    var.sqrt() / mean
+}
+
+fn shape(v: &View) -> Shape {
+    let n = v.arrivals_s.len();
+    let lo = v.arrivals_s.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v
+        .arrivals_s
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
+    let duration_s = if n > 0 { hi - lo } else { 0.0 };
+    let (reuse, models, endpoints) = match &v.shape_extra {
+        Some(s) => (Some(s.reuse.clone()), s.models.clone(), s.endpoints.clone()),
+        None => (None, BTreeMap::new(), BTreeMap::new()),
+    };
+    Shape {
+        requests: n,
+        duration_s,
+        rate_rps: if duration_s > 0.0 {
+            n as f64 / duration_s
+        } else {
+            0.0
+        },
+        gap_cv: gap_cv(&v.arrivals_s),
+        isl: Dist::of(v.isl.clone()),
+        osl: Dist::of(v.osl.clone()),
+        reuse,
+        models,
+        endpoints,
+    }
+}
+
+/// Two-sample KS statistic and asymptotic p-value.
+pub fn ks_2samp(a: &[f64], b: &[f64]) -> Ks {
+    if a.is_empty() || b.is_empty() {
+        return Ks {
+            d: 0.0,
+            p_value: 1.0,
+        };
+    }
+    let mut x = a.to_vec();
+    let mut y = b.to_vec();
+    x.sort_by(f64::total_cmp);
+    y.sort_by(f64::total_cmp);
+    let (n1, n2) = (x.len(), y.len());
+    let (mut i, mut j, mut d) = (0usize, 0usize, 0f64);
+    while i < n1 && j < n2 {
+        let v = x[i].min(y[j]);
+        while i < n1 && x[i] <= v {
+            i += 1;
+        }
+        while j < n2 && y[j] <= v {
+            j += 1;
+        }
+        d = d.max((i as f64 / n1 as f64 - j as f64 / n2 as f64).abs());
+    }
+    let en = ((n1 * n2) as f64 / (n1 + n2) as f64).sqrt();
+    Ks {
+        d,
+        p_value: kolmogorov_q((en + 0.12 + 0.11 / en) * d),
+    }
+}
+
+/// Q_KS(λ) = 2 Σ (−1)^(j−1) exp(−2 j² λ²), the Kolmogorov survival function.
+fn kolmogorov_q(lambda: f64) -> f64 {
+    if lambda < 0.2 {
+        return 1.0;
+    }
+    let mut sum = 0.0;
+    let mut sign = 1.0;
+    for j in 1..=100 {
+        let term = sign * 2.0 * (-2.0 * (j * j) as f64 * lambda * lambda).exp();
+        sum += term;
+        if term.abs() < 1e-12 {
+            break;
+        }
+        sign = -sign;
+    }
+    sum.clamp(0.0, 1.0)
+}
+
+fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
+    let t = trace_run.trace.as_ref()?;
+    let q = replay.requests.as_ref()?;
+    let n = t.requests.len().min(q.len());
+    if n == 0 {
+        return None;
+    }
+    let speed = replay.scalar("speed").filter(|s| *s > 0.0).unwrap_or(1.0);
+    let a0 = t.requests[0].arrival_us as f64 / 1e6;
+    let s0 = q.start_s[0];
+    let mut err = Vec::with_capacity(n);
+    let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
+    for i in 0..n {
+        let want = (t.requests[i].arrival_us as f64 / 1e6 - a0) / speed;
+        err.push(((q.start_s[i] - s0) - want).abs() * 1e3);
+        isl_ok += usize::from(q.input_lens[i] == t.requests[i].input_tokens);
+        if q.ok(i) {
+            ok_n += 1;
+            osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
+            osl_diff += (q.output_lens[i] as f64 - t.requests[i].output_tokens as f64).abs();
+        }
+    }
+    Some(Fidelity {
+        paired: n,
+        speed,
+        arrival_error_ms: Dist::of(err),
+        isl_exact: isl_ok as f64 / n as f64,
+        osl_exact: if ok_n > 0 {
+            osl_ok as f64 / ok_n as f64
+        } else {
+            0.0
+        },
+        osl_mean_abs_diff: if ok_n > 0 {
+            osl_diff / ok_n as f64
+        } else {
+            0.0
+        },
+        inexact_prompts: replay.scalar("inexact_prompts"),
+    })
+}
+
+/// The workload comparison, when both sides carry arrivals and lengths.
+pub fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
+    let (vb, vc) = (view(base)?, view(cand)?);
+    let fid = match (base.kind, cand.kind) {
+        (Kind::Trace, Kind::Retrace | Kind::Vllm) => fidelity(base, cand),
+        (Kind::Retrace | Kind::Vllm, Kind::Trace) => fidelity(cand, base),
+        _ => None,
+    };
+    Some(WorkloadCmp {
+        baseline: shape(&vb),
+        candidate: shape(&vc),
+        isl_ks: ks_2samp(&vb.isl, &vc.isl),
+        osl_ks: ks_2samp(&vb.osl, &vc.osl),
+        fidelity: fid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ks_statistic_on_known_samples() {
+        // scipy.stats.ks_2samp([1,2,3,4,5], [3,4,5,6,7]).statistic == 0.4
+        let k = ks_2samp(&[1., 2., 3., 4., 5.], &[3., 4., 5., 6., 7.]);
+        assert!((k.d - 0.4).abs() < 1e-12);
+        // disjoint samples: D = 1
+        let k = ks_2samp(&[1., 2., 3.], &[10., 11., 12., 13.]);
+        assert_eq!(k.d, 1.0);
+        // identical samples: D = 0, p = 1
+        let k = ks_2samp(&[1., 2., 2., 3.], &[1., 2., 2., 3.]);
+        assert_eq!((k.d, k.p_value), (0.0, 1.0));
+        // ties across samples are stepped together
+        let k = ks_2samp(&[1., 1., 2.], &[1., 2., 2.]);
+        assert!((k.d - 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ks_p_value_large_samples() {
+        // Uniform grids offset by 10 % of the range, n=1000 each: D = 0.1; the Kolmogorov
+        // asymptotic p-value is 2·exp(−2·(√500·0.1)²) ≈ 8e-5.
+        let a: Vec<f64> = (0..1000).map(|i| i as f64).collect();
+        let b: Vec<f64> = (0..1000).map(|i| i as f64 + 100.0).collect();
+        let k = ks_2samp(&a, &b);
+        assert!((k.d - 0.1).abs() < 1e-12);
+        assert!(k.p_value > 1e-5 && k.p_value < 2e-4, "{}", k.p_value);
+        // Interleaved samples of one distribution: large p.
+        let c: Vec<f64> = (0..1000).map(|i| i as f64 + 0.5).collect();
+        assert!(ks_2samp(&a, &c).p_value > 0.99);
+    }
+
+    #[test]
+    fn burstiness_of_regular_and_bursty_arrivals() {
+        let regular: Vec<f64> = (0..100).map(|i| i as f64).collect();
+        assert!(gap_cv(&regular) < 1e-9);
+        // bursts of 10 at the same instant every 10 s
+        let bursty: Vec<f64> = (0..100).map(|i| (i / 10) as f64 * 10.0).collect();
+        assert!(gap_cv(&bursty) > 2.0);
+    }
+}
