@@ -144,6 +144,9 @@ pub struct ReplayArgs {
     /// Mark the run invalid (exit 3) when p99 dispatch drift exceeds D ms.
     #[arg(long, value_name = "D")]
     pub max_drift_ms: Option<f64>,
+    /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).
+    #[arg(long, value_name = "METRIC:MS", num_args = 1..)]
+    pub goodput: Vec<String>,
     /// Percentiles to report, comma-separated.
     #[arg(long, value_name = "LIST", default_value = "99")]
     pub percentiles: String,

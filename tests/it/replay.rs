@@ -61,6 +61,9 @@ async fn known_timings_give_vllm_metrics() {
         "--detailed",
         "--percentiles",
         "50,99",
+        "--goodput",
+        "ttft:10000",
+        "tpot:10000",
     ])
     .unwrap();
     let o = replay::replay(cfg).await.unwrap();
@@ -96,6 +99,11 @@ async fn known_timings_give_vllm_metrics() {
         .report
         .starts_with("============ Serving Benchmark Result ============\n"));
     assert!(o.report.contains("P50 TTFT (ms):"));
+    assert!(o.report.contains("Request goodput (req/s):"));
+    assert!(
+        (s.request_goodput.unwrap() - s.request_throughput).abs() < 1e-9,
+        "all meet loose SLOs"
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(v["completed"], 4);
     assert_eq!(v["input_lens"], serde_json::json!([600, 700, 512, 100]));
@@ -326,6 +334,8 @@ fn invalid_flags_name_the_flag() {
         ),
         (&["t", "--max-drift-ms=-1"], "--max-drift-ms"),
         (&["t", "--timeout-s", "0"], "--timeout-s"),
+        (&["t", "--goodput", "ttft=5"], "--goodput"),
+        (&["t", "--goodput", "itl:5"], "--goodput"),
     ];
     for (args, flag) in cases {
         let e = config(args).unwrap_err().to_string();
