@@ -146,6 +146,9 @@ pub struct ReplayArgs {
     /// Mark the run invalid (exit 3) when p99 dispatch drift exceeds D ms.
     #[arg(long, value_name = "D")]
     pub max_drift_ms: Option<f64>,
+    /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).
+    #[arg(long, value_name = "METRIC:MS", num_args = 1..)]
+    pub goodput: Vec<String>,
     /// Percentiles to report, comma-separated.
     #[arg(long, value_name = "LIST", default_value = "99")]
     pub percentiles: String,
@@ -162,6 +165,10 @@ pub struct ReplayArgs {
     /// 128; never more than the number of requests; 0 = none).
     #[arg(long, value_name = "N")]
     pub warm_connections: Option<usize>,
+    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
+    /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
+    #[arg(long)]
+    pub realtime: bool,
 }
 
 /// Output formats `convert` writes.

@@ -328,6 +328,8 @@ pub struct Summary {
     pub request_throughput: f64,
     pub output_throughput: f64,
     pub total_token_throughput: f64,
+    /// Requests meeting every SLO per second ([`goodput`]); `None` when no SLO was given.
+    pub request_goodput: Option<f64>,
     /// Peak requests in flight (sent, not finished).
     pub max_concurrent_requests: u64,
     pub ttft: Stats,
@@ -416,6 +418,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         request_throughput: per_s(completed as f64),
         output_throughput: per_s(total_output_tokens as f64),
         total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
+        request_goodput: None,
         max_concurrent_requests: max_concurrency(samples),
         ttft: Stats::from_seconds(&ttfts, p),
         tpot: Stats::from_seconds(&tpots, p),
@@ -431,6 +434,37 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         unattributed: Stats::from_seconds(&un, p),
         errors,
     }
+}
+
+/// Service-level objectives for goodput, in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Slo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2el_ms: Option<f64>,
+}
+
+impl Slo {
+    pub fn is_empty(&self) -> bool {
+        *self == Slo::default()
+    }
+}
+
+/// Successful requests meeting every given SLO, as vLLM counts them (a request with one output
+/// token has TPOT 0 for this check).
+pub fn good_requests(samples: &[Sample], slo: &Slo) -> u64 {
+    samples
+        .iter()
+        .filter(|s| s.ok())
+        .filter(|s| {
+            let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
+            let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
+            let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
+            slo.ttft_ms.is_none_or(|m| ttft <= m)
+                && slo.tpot_ms.is_none_or(|m| tpot <= m)
+                && slo.e2el_ms.is_none_or(|m| e2el <= m)
+        })
+        .count() as u64
 }
 
 /// Peak number of requests between send and end at the same time.
@@ -732,6 +766,23 @@ mod tests {
         back.add(&other).unwrap();
         assert_eq!(back.len(), 18);
         assert!(Histograms::decode("not base64!").is_err());
+    }
+
+    #[test]
+    fn goodput_counts_requests_meeting_every_slo() {
+        let fast = sample(0, 40 * MS, &[10 * MS], 2); // ttft 40, tpot 10, e2el 50
+        let slow_tpot = sample(0, 40 * MS, &[30 * MS], 2); // tpot 30
+        let one_token = sample(0, 45 * MS, &[], 1); // tpot counts as 0
+        let all = [fast, slow_tpot, one_token];
+        let slo = |t, p, e| Slo {
+            ttft_ms: t,
+            tpot_ms: p,
+            e2el_ms: e,
+        };
+        assert_eq!(good_requests(&all, &slo(Some(50.0), None, None)), 3);
+        assert_eq!(good_requests(&all, &slo(Some(50.0), Some(20.0), None)), 2);
+        assert_eq!(good_requests(&all, &slo(None, Some(20.0), Some(46.0))), 1);
+        assert_eq!(good_requests(&all, &slo(Some(10.0), None, None)), 0);
     }
 
     #[test]

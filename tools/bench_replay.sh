@@ -10,8 +10,13 @@
 #  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
 #     5-token outputs, so the streams overlap for ~4 s): completed/failed and peak concurrency.
 #
+#  Peer (optional): with AIPERF=/path/to/aiperf (PyPI `aiperf`, ~1.2 GB venv), AIPerf runs the
+#     same fidelity levels against the same fresh mock right after retrace (row `aiperf`; its
+#     "inter_chunk_latency" is vLLM's ITL). An offline tokenizer is made for it in a private
+#     HF_HOME (a word-level tokenizer.json; AIPerf will not load a plain local path offline).
+#
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
-# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000").
+# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -53,29 +58,87 @@ print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f}")
 PY
 }
 
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ -n "${AIPERF:-}" ]; then
+  SNAP="$OUT/hf/hub/models--retrace--word-tokenizer/snapshots/0123456789abcdef0123456789abcdef01234567"
+  mkdir -p "$SNAP" "$OUT/hf/hub/models--retrace--word-tokenizer/refs"
+  printf 0123456789abcdef0123456789abcdef01234567 >"$OUT/hf/hub/models--retrace--word-tokenizer/refs/main"
+  python3 - "$SNAP" <<'PY'
+import json, sys
+d = sys.argv[1] + "/"
+vocab = {"<s>": 0, "</s>": 1, "<unk>": 2}
+for a in "abcdefghijklmnopqrstuvwxyz":
+    for b in "abcdefgh":
+        vocab["\u0120" + a + b] = len(vocab)
+sp = lambda i, s: {"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [sp(0, "<s>"), sp(1, "</s>"), sp(2, "<unk>")],
+           "normalizer": None, "pre_tokenizer": bl, "post_processor": None, "decoder": bl,
+           "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}, open(d + "tokenizer.json", "w"))
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, open(d + "tokenizer_config.json", "w"))
+json.dump({"model_type": "gpt2"}, open(d + "config.json", "w"))
+PY
+fi
+
 echo "== fidelity: mock --fixed-timing 50,10, 100-token outputs (truth: TTFT 50 ms, ITL 10 ms, std 0) =="
-printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed "cpu(u+s)/wall"
+echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server added)"
+printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu(u+s)/wall"
 for C in $CONCURRENCIES; do
   N=$((2 * C)); [ $N -gt 2000 ] && N=2000
+  # a fresh mock per level, so its lateness counters cover this run only
+  P3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$BIN" mock --listen "127.0.0.1:$P3" --fixed-timing 50,10 --max-num-seqs 100000 >"$OUT/mock_$C.log" 2>&1 &
+  M3=$!
+  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$P3/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
   gen "$OUT/closed_$C.jsonl" $N 0 100
-  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$PORT" \
+  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$P3" \
       --model mock-llama --max-concurrency "$C" --result-json "$OUT/closed_$C.json")
+  LATE=$(curl -s "http://127.0.0.1:$P3/metrics" | python3 -c '
+import sys
+s = c = p99 = 0.0
+for l in sys.stdin:
+    if l.startswith("retrace_mock_emit_lateness_seconds_sum"): s = float(l.split()[-1])
+    if l.startswith("retrace_mock_emit_lateness_seconds_count"): c = float(l.split()[-1])
+    if l.startswith("retrace_mock_emit_lateness_quantile_seconds") and "quantile=\"0.99\"" in l: p99 = float(l.split()[-1])
+print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")')
   read -r U S W <<<"$T"
   read -r MT PT MI SI F <<<"$(field "$OUT/closed_$C.json" mean_ttft_ms p99_ttft_ms mean_itl_ms std_itl_ms failed)"
-  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$LATE" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  if [ -n "${AIPERF:-}" ]; then
+    T=$(HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 timed "$OUT/aiperf_$C.log" timeout 600 "$AIPERF" profile --model mock-llama \
+        --url "http://127.0.0.1:$P3" --endpoint-type completions --streaming --concurrency "$C" \
+        --request-count "$N" --isl 100 --osl 100 --use-server-token-count --ui none --no-server-metrics \
+        --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true --artifact-dir "$OUT/aiperf_$C")
+    read -r U S W <<<"$T"
+    python3 - "$OUT/aiperf_$C/profile_export_aiperf.json" "$C" "$N" "$U" "$S" "$W" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    t, icl = d["time_to_first_token"], d["inter_chunk_latency"]
+    fail = d.get("error_request_count", {}).get("avg", 0) if isinstance(d.get("error_request_count"), dict) else 0
+    cpu = float(sys.argv[4]) + float(sys.argv[5])
+    print(f"{'aiperf':<8} {sys.argv[3]:<6} {t['avg']:<10.3f} {t['p99']:<10.3f} {icl['avg']:<10.3f} {icl['std']:<10.3f} {fail:<8} {'-':<14} {cpu:.2f}/{float(sys.argv[6]):.2f}s")
+except Exception as e:
+    print(f"aiperf   (no result: {e}; see its log)")
+PY
+  fi
+  kill $M3 2>/dev/null || true
 done
 
 echo
 echo "== dispatch: open loop, 2-token outputs, ${RATE_SECONDS} s =="
-printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
+printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate dispatcher reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
 N=$((1000 * RATE_SECONDS))
 gen "$OUT/open.jsonl" $N 1 2
 for SPEED in 1 2; do
-  T=$(timed "$OUT/open_$SPEED.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
-      --model mock-llama --speed $SPEED --result-json "$OUT/open_$SPEED.json")
-  read -r U S W <<<"$T"
-  read -r PD MD RT MT F <<<"$(field "$OUT/open_$SPEED.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
-  printf "%-8s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$N" "$PD" "$MD" "$RT" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  for RT in normal realtime; do
+    EXTRA=""; [ $RT = realtime ] && EXTRA="--realtime"
+    T=$(timed "$OUT/open_${SPEED}_$RT.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
+        --model mock-llama --speed $SPEED $EXTRA --result-json "$OUT/open_${SPEED}_$RT.json")
+    read -r U S W <<<"$T"
+    read -r PD MD RR MT F <<<"$(field "$OUT/open_${SPEED}_$RT.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
+    printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$RT" "$N" "$PD" "$MD" "$RR" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+  done
 done
 echo
 echo "== scale: 10,000 concurrent streams (mock --fixed-timing 50,1000, 5-token outputs) =="

@@ -58,6 +58,9 @@ pub fn vllm_block(sum: &Summary) -> String {
         "Request throughput (req/s):",
         sum.request_throughput,
     );
+    if let Some(g) = sum.request_goodput {
+        rowf(&mut out, "Request goodput (req/s):", g);
+    }
     rowf(
         &mut out,
         "Output token throughput (tok/s):",

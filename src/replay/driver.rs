@@ -28,6 +28,22 @@ pub const START_LEAD: Duration = Duration::from_millis(20);
 pub struct DriveOptions {
     pub max_concurrency: Option<usize>,
     pub timeouts: Timeouts,
+    /// Run the dispatcher thread under SCHED_FIFO (needs CAP_SYS_NICE); on a loaded machine this
+    /// keeps other processes from delaying releases.
+    pub realtime: bool,
+}
+
+/// Puts the calling thread under SCHED_FIFO; returns whether it worked.
+fn realtime_setup() -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: sched_setscheduler(0, ...) changes only the calling thread's policy; the param
+    // struct is fully initialised.
+    unsafe {
+        let p = libc::sched_param { sched_priority: 10 };
+        libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 /// The outcome of a drive.
@@ -83,10 +99,14 @@ pub async fn drive(
     let handle = tokio::runtime::Handle::current();
     let t0 = Instant::now() + START_LEAD;
     let timeouts = opts.timeouts;
+    let realtime = opts.realtime;
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
         .spawn(move || {
             precise_sleep_setup();
+            if realtime && !realtime_setup() {
+                eprintln!("retrace: warning: --realtime: cannot use SCHED_FIFO (needs CAP_SYS_NICE); dispatching at normal priority");
+            }
             for (slot, (idx, at_ns)) in plan.into_iter().enumerate() {
                 wait_until(t0 + Duration::from_nanos(at_ns));
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;

@@ -63,8 +63,12 @@ pub struct Config {
     pub extra_body: serde_json::Map<String, serde_json::Value>,
     pub max_drift_ms: Option<f64>,
     pub percentiles: Vec<f64>,
+    /// `--goodput` objectives (empty = no goodput).
+    pub slo: metrics::Slo,
     pub keep_original_limits: bool,
     pub timeouts: client::Timeouts,
+    /// Dispatcher thread under SCHED_FIFO.
+    pub realtime: bool,
     /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
     pub warm_connections: Option<usize>,
     /// Show a progress bar (stderr is a terminal).
@@ -115,6 +119,21 @@ impl Config {
                     })
             })
             .collect::<anyhow::Result<Vec<f64>>>()?;
+        let mut slo = metrics::Slo::default();
+        for item in &a.goodput {
+            let bad = || anyhow!("--goodput {item:?}: expected ttft:MS, tpot:MS or e2el:MS");
+            let (k, v) = item.split_once(':').ok_or_else(bad)?;
+            let ms: f64 = v.trim().parse().map_err(|_| bad())?;
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(bad());
+            }
+            match k.trim() {
+                "ttft" => slo.ttft_ms = Some(ms),
+                "tpot" => slo.tpot_ms = Some(ms),
+                "e2el" => slo.e2el_ms = Some(ms),
+                _ => return Err(bad()),
+            }
+        }
         let prompt_mode = match a.prompt_mode {
             PromptModeArg::TokenIds => PromptMode::TokenIds,
             PromptModeArg::Text => PromptMode::Text,
@@ -172,12 +191,14 @@ impl Config {
             extra_body,
             max_drift_ms: a.max_drift_ms,
             percentiles,
+            slo,
             keep_original_limits: a.keep_original_limits,
             timeouts: client::Timeouts {
                 idle: Duration::from_secs_f64(positive("--idle-timeout-s", a.idle_timeout_s)?),
                 total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
             },
             warm_connections: a.warm_connections,
+            realtime: a.realtime,
             progress: std::io::stderr().is_terminal(),
             fd_limit: None,
         })
@@ -398,6 +419,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         driver::DriveOptions {
             max_concurrency: cfg.max_concurrency,
             timeouts: cfg.timeouts,
+            realtime: cfg.realtime,
         },
         |s| {
             if let Some(pb) = &bar {
@@ -416,7 +438,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(e) = embedded {
         e.handle.shutdown().await;
     }
-    let summary = metrics::summarize(&driven.samples, driven.duration_s, &cfg.percentiles);
+    let mut summary = metrics::summarize(&driven.samples, driven.duration_s, &cfg.percentiles);
+    if !cfg.slo.is_empty() && driven.duration_s > 0.0 {
+        let good = metrics::good_requests(&driven.samples, &cfg.slo);
+        summary.request_goodput = Some(good as f64 / driven.duration_s);
+    }
     let drift_p99 = metrics::Stats::from_seconds(
         &driven
             .samples

@@ -6,7 +6,7 @@
 //! - **vLLM keys** (same names, units and definitions as `vllm bench serve --save-result`):
 //!   `date`, `backend`, `endpoint_type`, `model_id`, `num_prompts`, `request_rate`, `max_concurrency`,
 //!   `duration` (s, first dispatch to last completion), `completed`, `failed`,
-//!   `total_input_tokens`, `total_output_tokens`, `request_throughput`, `request_goodput` (null),
+//!   `total_input_tokens`, `total_output_tokens`, `request_throughput`, `request_goodput` (null without `--goodput`),
 //!   `output_throughput`, `total_token_throughput`, `max_concurrent_requests`, and for each metric
 //!   `M` in `ttft`, `tpot`, `itl`, `e2el`: `mean_M_ms`, `median_M_ms`, `std_M_ms`, `pP_M_ms` for
 //!   every `--percentiles` value P (`p99`, `p99.9`).
@@ -92,7 +92,7 @@ pub fn build(
     m.insert("total_input_tokens".into(), json!(sum.total_input_tokens));
     m.insert("total_output_tokens".into(), json!(sum.total_output_tokens));
     m.insert("request_throughput".into(), json!(sum.request_throughput));
-    m.insert("request_goodput".into(), Value::Null);
+    m.insert("request_goodput".into(), json!(sum.request_goodput));
     m.insert("output_throughput".into(), json!(sum.output_throughput));
     m.insert(
         "total_token_throughput".into(),

@@ -61,6 +61,9 @@ async fn known_timings_give_vllm_metrics() {
         "--detailed",
         "--percentiles",
         "50,99",
+        "--goodput",
+        "ttft:10000",
+        "tpot:10000",
     ])
     .unwrap();
     let o = replay::replay(cfg).await.unwrap();
@@ -96,6 +99,11 @@ async fn known_timings_give_vllm_metrics() {
         .report
         .starts_with("============ Serving Benchmark Result ============\n"));
     assert!(o.report.contains("P50 TTFT (ms):"));
+    assert!(o.report.contains("Request goodput (req/s):"));
+    assert!(
+        (s.request_goodput.unwrap() - s.request_throughput).abs() < 1e-9,
+        "all meet loose SLOs"
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(v["completed"], 4);
     assert_eq!(v["input_lens"], serde_json::json!([600, 700, 512, 100]));
@@ -326,6 +334,8 @@ fn invalid_flags_name_the_flag() {
         ),
         (&["t", "--max-drift-ms=-1"], "--max-drift-ms"),
         (&["t", "--timeout-s", "0"], "--timeout-s"),
+        (&["t", "--goodput", "ttft=5"], "--goodput"),
+        (&["t", "--goodput", "itl:5"], "--goodput"),
     ];
     for (args, flag) in cases {
         let e = config(args).unwrap_err().to_string();
@@ -504,5 +514,87 @@ fn no_target_replays_against_the_embedded_mock() {
     assert_eq!(
         v["server_reported"], 3,
         "the embedded mock sends per-request metrics"
+    );
+}
+
+/// A byte-level word tokenizer (`Ġaa`..`Ġzh` plus specials), written as a tokenizer.json.
+fn word_tokenizer(dir: &Path) -> PathBuf {
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), 0.into());
+    vocab.insert("</s>".into(), 1.into());
+    vocab.insert("<unk>".into(), 2.into());
+    let mut id = 3u32;
+    for a in b'a'..=b'z' {
+        for b in b'a'..=b'h' {
+            vocab.insert(format!("Ġ{}{}", a as char, b as char), id.into());
+            id += 1;
+        }
+    }
+    let special = |id: u32, s: &str| {
+        serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<s>"), special(1, "</s>")],
+        "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let p = dir.join("tokenizer.json");
+    std::fs::write(&p, json.to_string()).unwrap();
+    p
+}
+
+/// Chat end to end: text prompts that re-encode exactly, the role chunk counts as the first token
+/// (vLLM's rule), the usage chunk ends E2EL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_text_mode_end_to_end() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(30),
+        itl: Duration::from_millis(10),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = word_tokenizer(dir.path());
+    let trace = mooncake(dir.path(), &[(0, 600, 6, &[0, 1]), (20, 700, 6, &[0, 2])]);
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--endpoint",
+        "chat",
+        "--prompt-mode",
+        "text",
+        "--tokenizer",
+        tok.to_str().unwrap(),
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    let s = &o.summary;
+    assert_eq!((s.completed, s.failed), (2, 0), "{:?}", s.errors);
+    assert_eq!(o.result["inexact_prompts"], 0);
+    assert_eq!(o.result["endpoint_type"], "chat");
+    // The role chunk arrives at 30 ms, content every 10 ms after: 6 ITL gaps per request.
+    assert_eq!(s.itl.count, 12);
+    assert!(
+        s.ttft.mean >= 30.0 && s.ttft.mean < 100.0,
+        "{}",
+        s.ttft.mean
+    );
+    let prompts = srv.prompts.lock().unwrap().clone();
+    let text = |i: usize| prompts[i][0]["content"].as_str().unwrap().to_string();
+    assert_eq!(
+        text(0).split(' ').count(),
+        601,
+        "600 words after a leading space"
+    );
+    let (a, b) = (text(0), text(1));
+    let shared: Vec<&str> = a.split(' ').take(513).collect();
+    assert_eq!(
+        shared,
+        b.split(' ').take(513).collect::<Vec<_>>(),
+        "block 0 shared"
     );
 }
