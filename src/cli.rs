@@ -169,6 +169,52 @@ pub struct ReplayArgs {
     /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
     #[arg(long)]
     pub realtime: bool,
+    /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
+    #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
+    pub window: Option<String>,
+    /// Repeat the trace K times back to back (hash ids kept: later loops hit the cache).
+    #[arg(long = "loop", value_name = "K", help_heading = "Workload shaping")]
+    pub loop_count: Option<u32>,
+    /// Overlay K copies of the trace, each shifted by 1/K of its span: K times the load, same
+    /// burst shape.
+    #[arg(long, value_name = "K", help_heading = "Workload shaping")]
+    pub overlay: Option<u32>,
+    /// Give each overlaid copy its own hash ids (no prefix sharing between copies).
+    #[arg(long, help_heading = "Workload shaping")]
+    pub overlay_distinct: bool,
+    /// Cap idle gaps between arrivals at D (e.g. `5s`).
+    #[arg(long, value_name = "D", help_heading = "Workload shaping")]
+    pub max_gap: Option<String>,
+    /// Replace the trace's timing by gamma-distributed gaps at R requests/s (`inf`: all at once),
+    /// as `vllm bench serve --request-rate` does.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub request_rate: Option<f64>,
+    /// Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 more regular.
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = 1.0,
+        help_heading = "Workload shaping"
+    )]
+    pub burstiness: f64,
+    /// Ramp the request rate from --ramp-up-start-rps to --ramp-up-end-rps over the run.
+    #[arg(
+        long,
+        value_name = "linear|exponential",
+        help_heading = "Workload shaping"
+    )]
+    pub ramp_up: Option<String>,
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub ramp_up_start_rps: Option<f64>,
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub ramp_up_end_rps: Option<f64>,
+    /// Replay shard I of N (0-based): a deterministic 1/N of the requests, sessions kept whole,
+    /// arrival times kept as in the whole trace.
+    #[arg(long, value_name = "I/N", help_heading = "Workload shaping")]
+    pub shard: Option<String>,
+    /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Output formats `convert` writes.

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod request;
 pub mod result;
 pub mod schedule;
+pub mod shaping;
 
 use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
 use crate::metrics::{self, Api, Histograms};
@@ -75,6 +76,10 @@ pub struct Config {
     pub progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
     pub fd_limit: Option<u64>,
+    /// Workload shaping applied to the trace before planning.
+    pub shaping: shaping::Shaping,
+    /// Print the schedule summary and exit.
+    pub dry_run: bool,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -172,7 +177,24 @@ impl Config {
                 Err(e) => bail!("--extra-body: not JSON: {e}"),
             },
         };
+        let shaping = shaping::Shaping::from_flags(&shaping::ShapingFlags {
+            window: a.window.as_deref(),
+            loops: a.loop_count,
+            overlay: a.overlay,
+            overlay_distinct: a.overlay_distinct,
+            max_gap: a.max_gap.as_deref(),
+            request_rate: a.request_rate,
+            burstiness: a.burstiness,
+            ramp_up: a.ramp_up.as_deref(),
+            ramp_up_start_rps: a.ramp_up_start_rps,
+            ramp_up_end_rps: a.ramp_up_end_rps,
+            shard: a.shard.as_deref(),
+            seed: a.seed,
+        })
+        .map_err(anyhow::Error::msg)?;
         Ok(Config {
+            shaping,
+            dry_run: a.dry_run,
             trace: a.trace,
             target: a.target,
             model: a.model,
@@ -218,6 +240,19 @@ pub struct Outcome {
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let report_html = args.report_html.clone();
     let cfg = Config::from_args(args)?;
+    if cfg.dry_run {
+        let (trace, _) = read_path(&cfg.trace, &ImportOptions::default())?;
+        let (trace, plan) = prepare(&cfg, trace, cfg.target.is_none())?;
+        let sends: Vec<(u64, u64, u64)> = plan
+            .iter()
+            .map(|p| {
+                let r = &trace.requests[p.index];
+                (p.at_ns, r.input_tokens, r.output_tokens)
+            })
+            .collect();
+        print!("{}", shaping::dry_run_summary(&sends));
+        return Ok(ExitCode::SUCCESS);
+    }
     let fds = raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -279,6 +314,43 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
+/// Shapes the trace and plans its sends. With the embedded target and neither `--limit` nor
+/// `--speed`, only the first [`EMBEDDED_DEFAULT_SPAN`] of the (shaped) trace is planned.
+pub fn prepare(
+    cfg: &Config,
+    mut trace: crate::trace::Trace,
+    embedded: bool,
+) -> anyhow::Result<(crate::trace::Trace, Vec<schedule::PlannedSend>)> {
+    let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
+    let speed = cfg.speed.unwrap_or(1.0);
+    let limit = match (cfg.limit, cfg.speed, embedded) {
+        (None, None, true) => {
+            let mut arrivals: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
+            arrivals.sort_unstable();
+            let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
+            let n = arrivals.iter().take_while(|&&a| a - origin <= span).count();
+            if n < arrivals.len() {
+                eprintln!(
+                    "retrace: embedded mock: replaying the first {n} of {} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
+                    arrivals.len(),
+                    EMBEDDED_DEFAULT_SPAN.as_secs()
+                );
+            }
+            Some(n)
+        }
+        (l, _, _) => l,
+    };
+    let plan = schedule::plan(
+        &trace,
+        &schedule::ScheduleOptions {
+            speed,
+            limit,
+            origin_us: Some(origin),
+        },
+    );
+    Ok((trace, plan))
+}
+
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
 pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let (trace, report) = {
@@ -318,25 +390,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{e} (or give --model)"))?,
     };
     let speed = cfg.speed.unwrap_or(1.0);
-    let limit = match (cfg.limit, cfg.speed, &embedded) {
-        (None, None, Some(_)) => {
-            let mut arrivals: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
-            arrivals.sort_unstable();
-            let first = arrivals.first().copied().unwrap_or(0);
-            let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
-            let n = arrivals.iter().take_while(|&&a| a - first <= span).count();
-            if n < arrivals.len() {
-                eprintln!(
-                    "retrace: embedded mock: replaying the first {n} of {} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
-                    arrivals.len(),
-                    EMBEDDED_DEFAULT_SPAN.as_secs()
-                );
-            }
-            Some(n)
-        }
-        (l, _, _) => l,
-    };
-    let plan = schedule::plan(&trace, &schedule::ScheduleOptions { speed, limit });
+    let (trace, plan) = prepare(&cfg, trace, embedded.is_some())?;
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
         (Some(p), mode) => {

@@ -24,6 +24,9 @@ pub struct ScheduleOptions {
     pub speed: f64,
     /// Keep only the first N requests (by arrival).
     pub limit: Option<usize>,
+    /// Measure offsets from this arrival instead of the first one kept (a shard keeps the whole
+    /// trace's timeline).
+    pub origin_us: Option<u64>,
 }
 
 impl Default for ScheduleOptions {
@@ -31,6 +34,7 @@ impl Default for ScheduleOptions {
         ScheduleOptions {
             speed: 1.0,
             limit: None,
+            origin_us: None,
         }
     }
 }
@@ -43,6 +47,7 @@ pub fn plan(trace: &Trace, opts: &ScheduleOptions) -> Vec<PlannedSend> {
         order.truncate(n);
     }
     let first = order.first().map_or(0, |&i| trace.requests[i].arrival_us);
+    let first = opts.origin_us.map_or(first, |o| o.min(first));
     let speed = if opts.speed.is_finite() && opts.speed > 0.0 {
         opts.speed
     } else {
@@ -91,6 +96,7 @@ mod tests {
     #[test]
     fn speed_scales_gaps() {
         let opts = ScheduleOptions {
+            origin_us: None,
             speed: 4.0,
             limit: None,
         };
@@ -98,6 +104,7 @@ mod tests {
         let at: Vec<u64> = p.iter().map(|p| p.at_ns).collect();
         assert_eq!(at, [0, 250_000_000, 750_000_000]);
         let slow = ScheduleOptions {
+            origin_us: None,
             speed: 0.5,
             limit: None,
         };
@@ -107,6 +114,7 @@ mod tests {
     #[test]
     fn limit_keeps_first_arrivals() {
         let opts = ScheduleOptions {
+            origin_us: None,
             speed: 1.0,
             limit: Some(2),
         };

@@ -598,3 +598,53 @@ async fn chat_text_mode_end_to_end() {
         "block 0 shared"
     );
 }
+
+/// `--dry-run` plans without sending: overlaying 3 copies triples the requests; shards partition.
+#[test]
+fn dry_run_shows_shaped_schedule() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let trace = super::support::repo("traces/mooncake_conversation_1k.jsonl");
+    let run = |extra: &[&str]| -> String {
+        let out = std::process::Command::new(bin)
+            .arg("replay")
+            .arg(&trace)
+            .args([
+                "--dry-run",
+                "--limit",
+                "1000000",
+                "--target",
+                "http://127.0.0.1:9",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let planned = |s: &str| -> u64 {
+        s.lines()
+            .find(|l| l.starts_with("Planned requests:"))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(planned(&run(&[])), 1000);
+    assert_eq!(planned(&run(&["--overlay", "3"])), 3000);
+    let shards: u64 = (0..3)
+        .map(|i| planned(&run(&["--shard", &format!("{i}/3")])))
+        .sum();
+    assert_eq!(shards, 1000);
+    let bad = std::process::Command::new(bin)
+        .arg("replay")
+        .arg(&trace)
+        .args(["--dry-run", "--ramp-up", "linear"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--ramp-up-start-rps"));
+}
