@@ -75,6 +75,34 @@ fn csv_reader(data: &[u8]) -> csv::Reader<&[u8]> {
         .from_reader(data)
 }
 
+fn headers(path: &str, rd: &mut csv::Reader<&[u8]>) -> Result<csv::StringRecord, TraceError> {
+    rd.headers()
+        .cloned()
+        .map_err(|e| row_err(path, 1, e.to_string()))
+}
+
+/// Positions of the required columns (matched case-insensitively), or an error naming them.
+fn required<const N: usize>(
+    path: &str,
+    hdr: &csv::StringRecord,
+    names: [&str; N],
+) -> Result<[usize; N], TraceError> {
+    let mut out = [0; N];
+    for (slot, name) in out.iter_mut().zip(names) {
+        *slot = hdr
+            .iter()
+            .position(|h| h.eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                row_err(
+                    path,
+                    1,
+                    format!("expected columns {}; `{name}` is missing", names.join(", ")),
+                )
+            })?;
+    }
+    Ok(out)
+}
+
 /// Reads an Azure LLM inference trace CSV.
 pub fn read_azure(
     path: &str,
@@ -82,22 +110,12 @@ pub fn read_azure(
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
     let mut rd = csv_reader(data);
-    let hdr = rd
-        .headers()
-        .map_err(|e| row_err(path, 1, e.to_string()))?
-        .clone();
-    let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
-    let (Some(ct), Some(cc), Some(cg)) = (
-        col("TIMESTAMP"),
-        col("ContextTokens"),
-        col("GeneratedTokens"),
-    ) else {
-        return Err(row_err(
-            path,
-            1,
-            "expected header TIMESTAMP,ContextTokens,GeneratedTokens".into(),
-        ));
-    };
+    let hdr = headers(path, &mut rd)?;
+    let [ct, cc, cg] = required(
+        path,
+        &hdr,
+        ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
+    )?;
     let mut rep = ImportReport::default();
     let mut raw: Vec<(i64, u64, u64)> = Vec::new();
     for (k, rec) in rd.records().enumerate() {
@@ -138,22 +156,13 @@ pub fn read_burstgpt(
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
     let mut rd = csv_reader(data);
-    let hdr = rd
-        .headers()
-        .map_err(|e| row_err(path, 1, e.to_string()))?
-        .clone();
+    let hdr = headers(path, &mut rd)?;
+    let [ct, ci, co] = required(
+        path,
+        &hdr,
+        ["Timestamp", "Request tokens", "Response tokens"],
+    )?;
     let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
-    let (Some(ct), Some(ci), Some(co)) = (
-        col("Timestamp"),
-        col("Request tokens"),
-        col("Response tokens"),
-    ) else {
-        return Err(row_err(
-            path,
-            1,
-            "expected BurstGPT columns Timestamp, Request tokens, Response tokens".into(),
-        ));
-    };
     let (cm, cs) = (col("Model"), col("Session ID"));
     let mut rep = ImportReport::default();
     let mut rows = Vec::new();
