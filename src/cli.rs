@@ -29,6 +29,14 @@ pub enum Command {
     /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
     Report(ReportArgs),
     /// Merge replay result files (e.g. the shards of `replay --shard I/N`) into one result.
+    ///
+    /// Example: `retrace merge shard-0.json shard-1.json shard-2.json -o all.json`
+    ///
+    /// Histograms are added (lossless), counts and tokens summed, `duration` is the longest
+    /// input's (shards run concurrently), per-request arrays concatenated. Statistics are
+    /// recomputed from the per-request data when every input was `--detailed` (then they equal one
+    /// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
+    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/replay.md.
     Merge(MergeArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
     ///
@@ -329,15 +337,7 @@ pub struct ReportArgs {
     pub thresholds_ms: String,
 }
 
-/// Merge `retrace replay --result-json` files into one result of the same schema.
-///
-/// Example: `retrace merge shard-0.json shard-1.json shard-2.json -o all.json`
-///
-/// Histograms are added (lossless), counts and tokens summed, `duration` is the longest input's
-/// (shards run concurrently), per-request arrays concatenated. Statistics are recomputed from the
-/// per-request data when every input was `--detailed` (then they equal one process's), else from
-/// the merged histograms (`merged_from_histograms: true`). Inputs must come from the same trace,
-/// seed, speed, endpoint, model and prompt mode. Details: docs/replay.md ("Scale-out").
+/// Options of `retrace merge` (help text on the `Merge` command).
 #[derive(Debug, clap::Args)]
 pub struct MergeArgs {
     /// Result files (`retrace.replay/1`).
