@@ -116,6 +116,13 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
         inputs.push((p.clone(), v));
     }
     let merged = merge::merge(&inputs)?;
+    if inputs.len() > 1 && merged["target"] == "embedded-mock" {
+        eprintln!(
+            "retrace merge: warning: the inputs replayed against embedded mocks (no --target): each \
+             shard had its own server at 1/N of the load, so the merged latencies are not one \
+             server's"
+        );
+    }
     let text = serde_json::to_string_pretty(&merged)?;
     std::fs::write(&a.output, text)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
