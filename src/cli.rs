@@ -28,6 +28,16 @@ pub enum Command {
     Compare(CompareArgs),
     /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
     Report(ReportArgs),
+    /// Merge replay result files (e.g. the shards of `replay --shard I/N`) into one result.
+    ///
+    /// Example: `retrace merge shard-0.json shard-1.json shard-2.json -o all.json`
+    ///
+    /// Histograms are added (lossless), counts and tokens summed, `duration` is the longest
+    /// input's (shards run concurrently), per-request arrays concatenated. Statistics are
+    /// recomputed from the per-request data when every input was `--detailed` (then they equal one
+    /// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
+    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/replay.md.
+    Merge(MergeArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
     ///
     /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
@@ -325,6 +335,17 @@ pub struct ReportArgs {
     /// Timeline colour thresholds in ms (green below the first, amber below the second, red above).
     #[arg(long, value_name = "A,B", default_value = "25,50")]
     pub thresholds_ms: String,
+}
+
+/// Options of `retrace merge` (help text on the `Merge` command).
+#[derive(Debug, clap::Args)]
+pub struct MergeArgs {
+    /// Result files (`retrace.replay/1`).
+    #[arg(required = true, num_args = 1..)]
+    pub inputs: Vec<PathBuf>,
+    /// Output result file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
 }
 
 /// Options of `retrace mock` (help text on the `Mock` command).

@@ -48,6 +48,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         }
         cli::Command::Compare(a) => return report::run_compare(&a),
         cli::Command::Report(a) => return report::run_report(&a),
+        cli::Command::Merge(a) => return report::run_merge(&a),
         cli::Command::Mock(a) => return mock::run(a),
         cli::Command::Record(a) => return record::main(&a),
     }

@@ -3,18 +3,19 @@
 //! Sub-modules, one concept each: [`load`] (any input → [`load::Run`]), [`weighted`] (values with
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
-//! (`--fail-on`), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
+//! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
 //! only glues them to the command line and writes files; it computes nothing itself.
 
 pub mod compare;
 pub mod html;
 pub mod load;
+pub mod merge;
 pub mod render;
 pub mod rules;
 pub mod weighted;
 pub mod workload;
 
-use crate::cli::{CompareArgs, CompareFormat, ReportArgs};
+use crate::cli::{CompareArgs, CompareFormat, MergeArgs, ReportArgs};
 use anyhow::Context;
 use std::io::Write;
 use std::process::ExitCode;
@@ -101,6 +102,41 @@ pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
         "wrote {} ({:.1} KB)",
         a.output.display(),
         page.len() as f64 / 1024.0
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `retrace merge`: shard results → one result file.
+pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
+    let mut inputs = Vec::with_capacity(a.inputs.len());
+    for p in &a.inputs {
+        let data = std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&data).with_context(|| format!("{}: not JSON", p.display()))?;
+        inputs.push((p.clone(), v));
+    }
+    let merged = merge::merge(&inputs)?;
+    if inputs.len() > 1 && merged["target"] == "embedded-mock" {
+        eprintln!(
+            "retrace merge: warning: the inputs replayed against embedded mocks (no --target): each \
+             shard had its own server at 1/N of the load, so the merged latencies are not one \
+             server's"
+        );
+    }
+    let text = serde_json::to_string_pretty(&merged)?;
+    std::fs::write(&a.output, text)
+        .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
+    eprintln!(
+        "merged {} results into {} ({} completed, {} failed{})",
+        inputs.len(),
+        a.output.display(),
+        merged["completed"],
+        merged["failed"],
+        if merged["merged_from_histograms"] == true {
+            "; statistics from merged histograms: not every input was --detailed"
+        } else {
+            ""
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

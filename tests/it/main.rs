@@ -2,6 +2,7 @@
 
 mod compare;
 mod fuzz;
+mod merge;
 mod mock;
 mod record;
 mod replay;

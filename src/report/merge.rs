@@ -1,0 +1,701 @@
+//! `retrace merge`: several replay result files (`retrace.replay/1`, e.g. the shards of one
+//! `--shard I/N` run) → one result file of the same schema, as one process would have written it.
+//!
+//! Rules (documented in `docs/replay.md`): HdrHistograms are added (lossless); counts, tokens and
+//! `errors_by_kind` are summed; `duration` is the longest input's (shards run concurrently on one
+//! timeline), throughputs are recomputed over it; per-request arrays (`--detailed`) are
+//! concatenated in input order (index-aligned arrays stay aligned). Statistics: when every input is
+//! detailed they are recomputed from the concatenated per-request samples with [`crate::metrics`]
+//! (then they equal a single process's); otherwise the vLLM families (`ttft`, `tpot`, `itl`,
+//! `e2el`) come from the merged histograms (3 significant digits) and the others are pooled
+//! exactly where possible (count, mean, std, min, max) with medians/percentiles null; the output
+//! then says `merged_from_histograms: true`. Inputs must agree on `trace`, `seed`, `speed`,
+//! `endpoint_type`, `model_id` and `prompt_mode`. Each input is validated by
+//! [`super::load::from_value`] (the one reader of result files). This module does not read or
+//! write files; it does not merge vLLM's own result files.
+
+use super::load::{self, Requests};
+use crate::metrics::{percentile_label, Histograms, Stats};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Keys every input must share (a merge of different experiments is meaningless).
+pub const SAME_KEYS: [&str; 6] = [
+    "trace",
+    "seed",
+    "speed",
+    "endpoint_type",
+    "model_id",
+    "prompt_mode",
+];
+
+/// Per-request arrays written by `--detailed`.
+pub const ARRAY_KEYS: [&str; 12] = [
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "errors",
+    "server_queue_times",
+    "server_ttfts",
+    "intended_times",
+    "drifts",
+    "client_queue_times",
+];
+
+/// Integer counts that are summed.
+const SUM_KEYS: [&str; 7] = [
+    "num_prompts",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "inexact_prompts",
+    "server_reported",
+];
+
+/// Statistics families written with min/max/count (ours); the vLLM four have no count key.
+const OUR_FAMILIES: [&str; 7] = [
+    "ttft_from_intended",
+    "e2el_from_intended",
+    "drift",
+    "client_queue",
+    "server_queue",
+    "server_ttft",
+    "unattributed",
+];
+const VLLM_FAMILIES: [(&str, &str); 4] = [
+    ("ttft", "ttft_us"),
+    ("tpot", "tpot_us"),
+    ("itl", "itl_us"),
+    ("e2el", "e2el_us"),
+];
+
+/// A merge failure naming the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("{path}: key `{key}`: {msg}")]
+    Key {
+        path: String,
+        key: String,
+        msg: String,
+    },
+    #[error(transparent)]
+    Load(#[from] load::LoadError),
+    #[error("merge needs at least one input")]
+    Empty,
+}
+
+fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeError {
+    MergeError::Key {
+        path: path.display().to_string(),
+        key: key.into(),
+        msg: msg.into(),
+    }
+}
+
+/// Merges result objects (`path` names each in errors).
+pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
+    let Some((first_path, first)) = inputs.first() else {
+        return Err(MergeError::Empty);
+    };
+    let mut reqs: Vec<Option<Requests>> = Vec::new();
+    for (path, v) in inputs {
+        let schema = v.get("schema").and_then(Value::as_str);
+        if schema != Some(crate::replay::result::SCHEMA) {
+            return Err(key_err(
+                path,
+                "schema",
+                format!(
+                    "is {}, merge reads only {} (retrace replay --result-json)",
+                    schema.map_or_else(|| "missing".to_string(), |s| format!("`{s}`")),
+                    crate::replay::result::SCHEMA
+                ),
+            ));
+        }
+        for k in SAME_KEYS {
+            if v.get(k) != first.get(k) {
+                return Err(key_err(
+                    path,
+                    k,
+                    format!(
+                        "is {} but {} has {}: not shards of the same replay",
+                        v.get(k).unwrap_or(&Value::Null),
+                        first_path.display(),
+                        first.get(k).unwrap_or(&Value::Null)
+                    ),
+                ));
+            }
+        }
+        if !v.get("histograms").is_some_and(Value::is_object) {
+            return Err(key_err(path, "histograms", "missing or not an object"));
+        }
+        reqs.push(load::from_value(path, v)?.requests);
+    }
+    let detailed = reqs.iter().all(Option::is_some);
+
+    let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
+    for k in ARRAY_KEYS {
+        m.remove(k);
+    }
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    for k in SUM_KEYS {
+        let mut total = 0u64;
+        for (path, v) in inputs {
+            match v.get(k) {
+                None => {}
+                Some(x) => {
+                    total += x
+                        .as_u64()
+                        .ok_or_else(|| key_err(path, k, "expected a non-negative integer"))?
+                }
+            }
+        }
+        m.insert(k.into(), json!(total));
+    }
+    let mut duration = 0.0f64;
+    for (path, v) in inputs {
+        let d = num(v, "duration").ok_or_else(|| key_err(path, "duration", "expected a number"))?;
+        duration = duration.max(d);
+    }
+    m.insert("duration".into(), json!(duration));
+    let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
+    let get_u = |k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0) as f64;
+    let (completed, tin, tout) = (
+        get_u("completed"),
+        get_u("total_input_tokens"),
+        get_u("total_output_tokens"),
+    );
+    m.insert("request_throughput".into(), json!(per_s(completed)));
+    m.insert("output_throughput".into(), json!(per_s(tout)));
+    m.insert("total_token_throughput".into(), json!(per_s(tin + tout)));
+    // goodput: good requests = goodput × own duration (an integer written as a rate)
+    let goodput = inputs
+        .iter()
+        .map(|(_, v)| Some((num(v, "request_goodput")? * num(v, "duration")?).round()))
+        .sum::<Option<f64>>();
+    m.insert("request_goodput".into(), json!(goodput.map(per_s)));
+    // peaks of shards need not coincide: the sum is an upper bound
+    let peak: u64 = inputs
+        .iter()
+        .filter_map(|(_, v)| v.get("max_concurrent_requests").and_then(Value::as_u64))
+        .sum();
+    m.insert("max_concurrent_requests".into(), json!(peak));
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, v) in inputs {
+        if let Some(Value::Object(e)) = v.get("errors_by_kind") {
+            for (k, c) in e {
+                *errors.entry(k.clone()).or_default() += c.as_u64().unwrap_or(0);
+            }
+        }
+    }
+    m.insert("errors_by_kind".into(), json!(errors));
+    let valid = inputs
+        .iter()
+        .all(|(_, v)| v.get("valid").and_then(Value::as_bool) != Some(false));
+    m.insert("valid".into(), json!(valid));
+    let reasons: Vec<String> = inputs
+        .iter()
+        .filter_map(|(p, v)| {
+            let r = v.get("invalid_reason")?.as_str()?;
+            Some(format!("{}: {r}", p.display()))
+        })
+        .collect();
+    m.insert(
+        "invalid_reason".into(),
+        if reasons.is_empty() {
+            Value::Null
+        } else {
+            json!(reasons.join("; "))
+        },
+    );
+
+    // histograms: lossless addition
+    let mut hists: BTreeMap<String, hdrhistogram::Histogram<u64>> = BTreeMap::new();
+    for (path, v) in inputs {
+        let Some(Value::Object(h)) = v.get("histograms") else {
+            continue;
+        };
+        for (name, b64) in h {
+            let key = format!("histograms.{name}");
+            let s = b64
+                .as_str()
+                .ok_or_else(|| key_err(path, &key, "expected a string"))?;
+            let h = Histograms::decode(s).map_err(|e| key_err(path, &key, e))?;
+            match hists.get_mut(name) {
+                Some(acc) => acc
+                    .add(&h)
+                    .map_err(|e| key_err(path, &key, format!("cannot add: {e:?}")))?,
+                None => {
+                    hists.insert(name.clone(), h);
+                }
+            }
+        }
+    }
+
+    let percentiles = percentiles_of(first);
+    if detailed {
+        let mut all = Requests::default();
+        let mut drifts = Vec::new();
+        for ((_, v), r) in inputs.iter().zip(&reqs) {
+            let r = r.as_ref().expect("checked: every input is detailed");
+            concat(&mut all, r);
+            // `drifts` (all requests) is not part of load::Requests
+            let d = v.get("drifts").and_then(Value::as_array);
+            drifts.extend((0..r.len()).map(|i| d.and_then(|d| d.get(i)).and_then(Value::as_f64)));
+        }
+        for (fam, s) in stats_from_requests(&all, &drifts, &percentiles) {
+            put_stats(
+                &mut m,
+                fam,
+                &s,
+                !VLLM_FAMILIES.iter().any(|(f, _)| *f == fam),
+            );
+        }
+        for k in ARRAY_KEYS {
+            let mut out = Vec::new();
+            for (path, v) in inputs {
+                match v.get(k) {
+                    Some(Value::Array(a)) => out.extend(a.iter().cloned()),
+                    Some(_) => return Err(key_err(path, k, "expected an array")),
+                    None => {
+                        let n = v["ttfts"].as_array().map_or(0, Vec::len);
+                        out.extend(std::iter::repeat_n(Value::Null, n));
+                    }
+                }
+            }
+            m.insert(k.into(), Value::Array(out));
+        }
+        m.insert("merged_from_histograms".into(), json!(false));
+    } else {
+        for (fam, hname) in VLLM_FAMILIES {
+            if let Some(h) = hists.get(hname) {
+                put_hist_stats(&mut m, fam, h, &percentiles);
+            }
+        }
+        for fam in OUR_FAMILIES {
+            pool_stats(&mut m, fam, inputs, &percentiles);
+        }
+        m.insert("merged_from_histograms".into(), json!(true));
+    }
+    let encoded = Histograms { by_name: hists }.encode();
+    m.insert("histograms".into(), json!(encoded));
+    m.insert(
+        "merged_from".into(),
+        json!(inputs
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect::<Vec<_>>()),
+    );
+    Ok(Value::Object(m))
+}
+
+/// The `--percentiles` of a result, read back from its `pP_ttft_ms` keys.
+fn percentiles_of(v: &Value) -> Vec<f64> {
+    let mut p: Vec<f64> = v
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.keys())
+        .filter_map(|k| k.strip_prefix('p')?.strip_suffix("_ttft_ms")?.parse().ok())
+        .collect();
+    p.sort_by(f64::total_cmp);
+    p
+}
+
+fn concat(all: &mut Requests, r: &Requests) {
+    all.input_lens.extend(&r.input_lens);
+    all.output_lens.extend(&r.output_lens);
+    all.start_s.extend(&r.start_s);
+    let intended = r.intended_s.clone().unwrap_or_else(|| vec![0.0; r.len()]);
+    all.intended_s.get_or_insert_with(Vec::new).extend(intended);
+    all.ttft_s.extend(&r.ttft_s);
+    all.latency_s.extend(&r.latency_s);
+    all.itls_s.extend(r.itls_s.iter().cloned());
+    all.errors.extend(r.errors.iter().cloned());
+    all.client_queue_s.extend(&r.client_queue_s);
+    all.server_queue_s.extend(&r.server_queue_s);
+    all.server_ttft_s.extend(&r.server_ttft_s);
+}
+
+/// Every statistics family from per-request data, with [`crate::metrics::summarize`]'s rules
+/// (seconds in, vLLM's arithmetic).
+fn stats_from_requests(
+    r: &Requests,
+    drifts: &[Option<f64>],
+    p: &[f64],
+) -> Vec<(&'static str, Stats)> {
+    let mut f: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let intended = r.intended_s.as_deref().unwrap_or(&[]);
+    for i in 0..r.len() {
+        if let Some(q) = r.client_queue_s[i] {
+            f.entry("client_queue").or_default().push(q);
+        }
+        if let Some(d) = drifts.get(i).copied().flatten() {
+            f.entry("drift").or_default().push(d);
+        }
+        if !r.ok(i) {
+            continue;
+        }
+        let t = r.ttft_s[i].unwrap_or(0.0);
+        f.entry("ttft").or_default().push(t);
+        let from_int =
+            |x: f64| (r.start_s[i] + x - intended.get(i).copied().unwrap_or(0.0)).max(0.0);
+        f.entry("ttft_from_intended").or_default().push(from_int(t));
+        if let Some(l) = r.latency_s[i] {
+            f.entry("e2el").or_default().push(l);
+            f.entry("e2el_from_intended").or_default().push(from_int(l));
+            if r.output_lens[i] > 1 {
+                f.entry("tpot")
+                    .or_default()
+                    .push((l - t) / (r.output_lens[i] - 1) as f64);
+            }
+        }
+        f.entry("itl").or_default().extend(&r.itls_s[i]);
+        let (q, s) = (r.server_queue_s[i], r.server_ttft_s[i]);
+        if let Some(q) = q {
+            f.entry("server_queue").or_default().push(q);
+        }
+        if let Some(s) = s {
+            f.entry("server_ttft").or_default().push(s);
+        }
+        if let (Some(q), Some(s)) = (q, s) {
+            f.entry("unattributed").or_default().push(t - (q + s));
+        }
+    }
+    VLLM_FAMILIES
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(OUR_FAMILIES)
+        .map(|n| {
+            (
+                n,
+                Stats::from_seconds(f.get(n).map_or(&[][..], Vec::as_slice), p),
+            )
+        })
+        .collect()
+}
+
+fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
+    m.insert(format!("mean_{name}_ms"), json!(s.mean));
+    m.insert(format!("median_{name}_ms"), json!(s.median));
+    m.insert(format!("std_{name}_ms"), json!(s.std));
+    for (p, v) in &s.percentiles {
+        m.insert(format!("p{}_{name}_ms", percentile_label(*p)), json!(v));
+    }
+    if extra {
+        m.insert(format!("min_{name}_ms"), json!(s.min));
+        m.insert(format!("max_{name}_ms"), json!(s.max));
+        m.insert(format!("count_{name}"), json!(s.count));
+    }
+}
+
+/// vLLM family statistics from a merged µs histogram (3 significant digits).
+fn put_hist_stats(
+    m: &mut Map<String, Value>,
+    name: &str,
+    h: &hdrhistogram::Histogram<u64>,
+    p: &[f64],
+) {
+    let ms = |us: f64| us / 1000.0;
+    let empty = h.is_empty();
+    let q = |x: f64| {
+        if empty {
+            0.0
+        } else {
+            ms(h.value_at_quantile(x) as f64)
+        }
+    };
+    m.insert(format!("mean_{name}_ms"), json!(ms(h.mean())));
+    m.insert(format!("median_{name}_ms"), json!(q(0.5)));
+    m.insert(format!("std_{name}_ms"), json!(ms(h.stdev())));
+    for pp in p {
+        m.insert(
+            format!("p{}_{name}_ms", percentile_label(*pp)),
+            json!(q(pp / 100.0)),
+        );
+    }
+}
+
+/// Our families without per-request data: count, mean, population std, min and max pool exactly
+/// from each input's; median and percentiles cannot (null).
+fn pool_stats(m: &mut Map<String, Value>, name: &str, inputs: &[(PathBuf, Value)], p: &[f64]) {
+    let (mut n, mut sum, mut sq) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (_, v) in inputs {
+        let g = |k: String| v.get(&k).and_then(Value::as_f64);
+        let Some(c) = g(format!("count_{name}")) else {
+            continue;
+        };
+        if c == 0.0 {
+            continue;
+        }
+        let mean = g(format!("mean_{name}_ms")).unwrap_or(0.0);
+        let std = g(format!("std_{name}_ms")).unwrap_or(0.0);
+        n += c;
+        sum += c * mean;
+        sq += c * (std * std + mean * mean);
+        lo = lo.min(g(format!("min_{name}_ms")).unwrap_or(lo));
+        hi = hi.max(g(format!("max_{name}_ms")).unwrap_or(hi));
+    }
+    let (mean, std) = if n > 0.0 {
+        let mean = sum / n;
+        (mean, (sq / n - mean * mean).max(0.0).sqrt())
+    } else {
+        (0.0, 0.0)
+    };
+    m.insert(format!("mean_{name}_ms"), json!(mean));
+    m.insert(format!("std_{name}_ms"), json!(std));
+    m.insert(format!("median_{name}_ms"), Value::Null);
+    for pp in p {
+        m.insert(format!("p{}_{name}_ms", percentile_label(*pp)), Value::Null);
+    }
+    m.insert(
+        format!("min_{name}_ms"),
+        json!(if n > 0.0 { lo } else { 0.0 }),
+    );
+    m.insert(
+        format!("max_{name}_ms"),
+        json!(if n > 0.0 { hi } else { 0.0 }),
+    );
+    m.insert(format!("count_{name}"), json!(n as u64));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{summarize, Sample};
+    use crate::replay::result::{build, RunInfo};
+
+    const MS: u64 = 1_000_000;
+
+    fn sample(i: u64, ok: bool) -> Sample {
+        Sample {
+            input_tokens: 100 + i,
+            output_tokens: if ok { 3 + i % 4 } else { 0 },
+            intended_ns: i * 7 * MS,
+            dispatched_ns: i * 7 * MS + 30_000 * (i % 3),
+            sent_ns: i * 7 * MS + 50_000 * (i % 3),
+            ttft_ns: ok.then_some((20 + i * 3 % 17) * MS + i * 1013),
+            e2el_ns: ok.then_some((60 + i * 5 % 23) * MS + i * 7001),
+            itls_ns: if ok {
+                (0..(2 + i % 4))
+                    .map(|k| (5 + k + i % 5) * MS + k * 333)
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            end_ns: i * 7 * MS + 90 * MS,
+            error: (!ok).then(|| "http_500".to_string()),
+            server: crate::metrics::ServerTimes {
+                queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
+                ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
+            },
+            ..Default::default()
+        }
+    }
+
+    fn result(samples: &[Sample], detailed: bool, duration: f64) -> Value {
+        let info = RunInfo {
+            date: "20260101-000000".into(),
+            trace: "t.jsonl".into(),
+            target: "http://127.0.0.1:1".into(),
+            model: "m".into(),
+            endpoint: "completions".into(),
+            speed: 1.0,
+            max_concurrency: None,
+            seed: 0,
+            block_size: 512,
+            prompt_mode: "token-ids".into(),
+            drift_limit_ms: None,
+            valid: true,
+            invalid_reason: None,
+            inexact_prompts: 0,
+        };
+        let sum = summarize(samples, duration, &[50.0, 99.0]);
+        build(
+            &info,
+            &sum,
+            &Histograms::from_samples(samples),
+            samples,
+            detailed,
+        )
+    }
+
+    fn all() -> Vec<Sample> {
+        (0..30).map(|i| sample(i, i % 7 != 3)).collect()
+    }
+
+    fn shards(detailed: bool) -> Vec<(PathBuf, Value)> {
+        let s = all();
+        (0..3)
+            .map(|k| {
+                let part: Vec<Sample> = s.iter().skip(k).step_by(3).cloned().collect();
+                (
+                    PathBuf::from(format!("shard-{k}.json")),
+                    result(&part, detailed, 1.0 + k as f64),
+                )
+            })
+            .collect()
+    }
+
+    fn hist_len(v: &Value, name: &str) -> u64 {
+        Histograms::decode(v["histograms"][name].as_str().unwrap())
+            .unwrap()
+            .len()
+    }
+
+    /// Detailed shards merged give exactly the statistics of one process over all samples (the
+    /// order of samples does not change sorted percentiles; means may differ in the last bits).
+    #[test]
+    fn detailed_merge_equals_one_process() {
+        let merged = merge(&shards(true)).unwrap();
+        let whole = result(&all(), true, 3.0);
+        for k in [
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+        ] {
+            assert_eq!(merged[k], whole[k], "{k}");
+        }
+        assert_eq!(merged["duration"], json!(3.0), "longest shard");
+        assert_eq!(merged["errors_by_kind"], whole["errors_by_kind"]);
+        assert_eq!(merged["merged_from_histograms"], json!(false));
+        for fam in [
+            "ttft",
+            "tpot",
+            "itl",
+            "e2el",
+            "ttft_from_intended",
+            "drift",
+            "client_queue",
+            "server_queue",
+            "server_ttft",
+            "unattributed",
+        ] {
+            for stat in ["mean", "median", "std", "p50", "p99"] {
+                let k = format!("{stat}_{fam}_ms");
+                let (a, b) = (merged[&k].as_f64().unwrap(), whole[&k].as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{k}: {a} vs {b}");
+            }
+        }
+        for k in [
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+        ] {
+            assert!(
+                (merged[k].as_f64().unwrap() - whole[k].as_f64().unwrap()).abs() < 1e-9,
+                "{k}"
+            );
+        }
+        for k in ARRAY_KEYS {
+            assert_eq!(merged[k].as_array().unwrap().len(), 30, "{k}");
+        }
+        for name in [
+            "ttft_us",
+            "tpot_us",
+            "itl_us",
+            "e2el_us",
+            "drift_abs_ns",
+            "client_queue_ns",
+        ] {
+            assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
+        }
+    }
+
+    /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.
+    #[test]
+    fn merging_one_detailed_input_is_identity_for_vllm_stats() {
+        let one = result(&all(), true, 2.0);
+        let m = merge(&[("a.json".into(), one.clone())]).unwrap();
+        for fam in ["ttft", "tpot", "itl", "e2el"] {
+            for stat in ["mean", "median", "std", "p99"] {
+                let k = format!("{stat}_{fam}_ms");
+                assert_eq!(m[&k], one[&k], "{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn histogram_merge_is_lossless_and_self_merge_doubles() {
+        let sh = shards(false);
+        let merged = merge(&sh).unwrap();
+        assert_eq!(merged["merged_from_histograms"], json!(true));
+        assert!(merged.get("ttfts").is_none());
+        for name in [
+            "ttft_us",
+            "tpot_us",
+            "itl_us",
+            "e2el_us",
+            "drift_abs_ns",
+            "client_queue_ns",
+        ] {
+            let sum: u64 = sh.iter().map(|(_, v)| hist_len(v, name)).sum();
+            assert_eq!(hist_len(&merged, name), sum, "{name}");
+        }
+        let one = result(&all(), false, 2.0);
+        let twice = merge(&[("a".into(), one.clone()), ("b".into(), one.clone())]).unwrap();
+        for name in ["ttft_us", "itl_us", "drift_abs_ns"] {
+            let a = Histograms::decode(one["histograms"][name].as_str().unwrap()).unwrap();
+            let b = Histograms::decode(twice["histograms"][name].as_str().unwrap()).unwrap();
+            for (x, y) in a.iter_recorded().zip(b.iter_recorded()) {
+                assert_eq!(x.value_iterated_to(), y.value_iterated_to());
+                assert_eq!(2 * x.count_at_value(), y.count_at_value(), "{name}");
+            }
+        }
+        assert_eq!(
+            twice["completed"],
+            json!(2 * one["completed"].as_u64().unwrap())
+        );
+        // pooled (exact) mean/std of a family without histograms: same as the one input
+        let (a, b) = (
+            one["mean_server_ttft_ms"].as_f64().unwrap(),
+            twice["mean_server_ttft_ms"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() < 1e-9);
+        assert!(twice["p99_server_ttft_ms"].is_null());
+    }
+
+    #[test]
+    fn mixed_detail_falls_back_to_histograms() {
+        let mut sh = shards(true);
+        sh[1].1 = shards(false)[1].1.clone();
+        let m = merge(&sh).unwrap();
+        assert_eq!(m["merged_from_histograms"], json!(true));
+        assert!(
+            m.get("input_lens").is_none(),
+            "arrays could not stay aligned"
+        );
+        let p99 = m["p99_ttft_ms"].as_f64().unwrap();
+        let whole = result(&all(), false, 3.0)["p99_ttft_ms"].as_f64().unwrap();
+        assert!((p99 - whole).abs() / whole < 0.01, "{p99} vs {whole}");
+    }
+
+    #[test]
+    fn refuses_other_schema_and_other_experiment_naming_file_and_key() {
+        let mut sh = shards(false);
+        sh[2].1["seed"] = json!(7);
+        let e = merge(&sh).unwrap_err().to_string();
+        assert!(e.contains("shard-2.json") && e.contains("`seed`"), "{e}");
+        let mut sh = shards(false);
+        sh[1].1["schema"] = json!("retrace.replay/2");
+        let e = merge(&sh).unwrap_err().to_string();
+        assert!(e.contains("shard-1.json") && e.contains("`schema`"), "{e}");
+        let mut sh = shards(false);
+        sh[0].1["speed"] = json!(2.0);
+        let e = merge(&sh).unwrap_err().to_string();
+        assert!(e.contains("shard-1.json") && e.contains("`speed`"), "{e}");
+        let mut sh = shards(false);
+        sh[1].1["histograms"]["ttft_us"] = json!("not base64!");
+        let e = merge(&sh).unwrap_err().to_string();
+        assert!(
+            e.contains("shard-1.json") && e.contains("histograms.ttft_us"),
+            "{e}"
+        );
+        assert!(merge(&[]).is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! `retrace merge` end to end: a small trace replayed against the fixed-timing test server once
+//! whole and as three `--shard i/3` runs, the shards merged by the CLI, and the merged result
+//! compared with the whole run (deterministic parts exactly, timings with loaded-machine
+//! tolerances); plus the refusals (other schema, other experiment, unreadable file).
+
+use crate::support::{self, ServerConfig};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// 18 requests, 15 ms apart, 6..=10 output tokens (2..=5 select the test server's faults),
+/// distinct prefixes.
+fn trace(dir: &Path) -> PathBuf {
+    let mut s = String::new();
+    for k in 0..18u64 {
+        s.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}, \"hash_ids\": [{}]}}\n",
+            k * 15,
+            100 + 37 * k,
+            6 + k % 5,
+            k
+        ));
+    }
+    let p = dir.join("trace.jsonl");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn read(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn hist_len(v: &Value, name: &str) -> u64 {
+    retrace::metrics::Histograms::decode(v["histograms"][name].as_str().unwrap())
+        .unwrap()
+        .len()
+}
+
+fn sorted(v: &Value, key: &str) -> Vec<u64> {
+    let mut x: Vec<u64> = v[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_u64().unwrap())
+        .collect();
+    x.sort_unstable();
+    x
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} not a number"))
+}
+
+/// Runs `retrace replay` through the CLI (blocking: it owns its runtime).
+fn replay(trace: &Path, target: &str, out: &Path, shard: Option<&str>) {
+    let mut args = vec![
+        "replay",
+        trace.to_str().unwrap(),
+        "--target",
+        target,
+        "--result-json",
+        out.to_str().unwrap(),
+        "--detailed",
+    ];
+    if let Some(s) = shard {
+        args.extend(["--shard", s]);
+    }
+    let code = retrace::run(support::cli(&args)).unwrap();
+    assert_eq!(code, std::process::ExitCode::SUCCESS);
+}
+
+#[test]
+fn three_shards_merged_match_one_process() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(support::start(ServerConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(4),
+        ..Default::default()
+    }));
+    let url = srv.url();
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path());
+    let whole_p = dir.path().join("whole.json");
+    replay(&t, &url, &whole_p, None);
+    let mut shard_ps = Vec::new();
+    for i in 0..3 {
+        let p = dir.path().join(format!("shard-{i}.json"));
+        replay(&t, &url, &p, Some(&format!("{i}/3")));
+        shard_ps.push(p);
+    }
+    let all_p = dir.path().join("all.json");
+    let mut args = vec!["merge"];
+    args.extend(shard_ps.iter().map(|p| p.to_str().unwrap()));
+    args.extend(["-o", all_p.to_str().unwrap()]);
+    assert_eq!(
+        retrace::run(support::cli(&args)).unwrap(),
+        std::process::ExitCode::SUCCESS
+    );
+    let whole = read(&whole_p);
+    let merged = read(&all_p);
+    let shards: Vec<Value> = shard_ps.iter().map(|p| read(p)).collect();
+
+    // every shard got something, and together exactly the whole trace
+    for s in &shards {
+        assert!(s["num_prompts"].as_u64().unwrap() > 0, "an empty shard");
+    }
+    assert_eq!(merged["schema"], "retrace.replay/1");
+    assert_eq!(merged["merged_from_histograms"], false);
+    for k in [
+        "num_prompts",
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+    ] {
+        assert_eq!(merged[k], whole[k], "{k}");
+    }
+    assert_eq!(whole["completed"], 18);
+    assert_eq!(
+        sorted(&merged, "input_lens"),
+        sorted(&whole, "input_lens"),
+        "same requests"
+    );
+    assert_eq!(
+        sorted(&merged, "output_lens"),
+        sorted(&whole, "output_lens")
+    );
+    // index-aligned arrays stay aligned
+    for k in [
+        "ttfts",
+        "itls",
+        "latencies",
+        "start_times",
+        "errors",
+        "drifts",
+    ] {
+        assert_eq!(merged[k].as_array().unwrap().len(), 18, "{k}");
+    }
+    let durations: Vec<f64> = shards.iter().map(|s| f(s, "duration")).collect();
+    assert_eq!(
+        f(&merged, "duration"),
+        durations.iter().copied().fold(0.0, f64::max)
+    );
+
+    // lossless: merged histogram counts = sum of shards' = the whole run's (deterministic counts)
+    for name in [
+        "ttft_us",
+        "tpot_us",
+        "itl_us",
+        "e2el_us",
+        "drift_abs_ns",
+        "client_queue_ns",
+    ] {
+        let sum: u64 = shards.iter().map(|s| hist_len(s, name)).sum();
+        assert_eq!(hist_len(&merged, name), sum, "{name}");
+        assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
+    }
+
+    // timings differ between runs: same server timing, loaded-machine tolerances
+    for (k, lo, tol) in [
+        ("mean_ttft_ms", 20.0, 60.0),
+        ("median_ttft_ms", 20.0, 60.0),
+        ("mean_itl_ms", 3.5, 25.0),
+        ("median_itl_ms", 3.5, 25.0),
+        ("mean_tpot_ms", 3.5, 25.0),
+    ] {
+        let (a, b) = (f(&merged, k), f(&whole, k));
+        assert!(a >= lo && b >= lo, "{k}: merged {a}, whole {b} below {lo}");
+        assert!((a - b).abs() < tol, "{k}: merged {a}, whole {b}");
+    }
+
+    // merged statistics are recomputed from the merged per-request data, as one process would
+    let ttfts: Vec<f64> = merged["ttfts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let mean = ttfts.iter().sum::<f64>() / ttfts.len() as f64 * 1000.0;
+    assert!((mean - f(&merged, "mean_ttft_ms")).abs() < 1e-6);
+
+    // merging a result with itself doubles every count
+    let twice_p = dir.path().join("twice.json");
+    let w = whole_p.to_str().unwrap();
+    retrace::run(support::cli(&[
+        "merge",
+        w,
+        w,
+        "-o",
+        twice_p.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let twice = read(&twice_p);
+    assert_eq!(twice["completed"], 36);
+    for name in ["ttft_us", "itl_us", "e2el_us"] {
+        assert_eq!(hist_len(&twice, name), 2 * hist_len(&whole, name), "{name}");
+    }
+    drop(srv);
+}
+
+#[test]
+fn merge_refuses_foreign_or_mismatched_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.json");
+    let o = out.to_str().unwrap();
+    // a vllm bench serve result: not our schema
+    let vllm = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
+    let e = retrace::run(support::cli(&["merge", vllm.to_str().unwrap(), "-o", o]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bench_serve_result_timed_trace.json") && e.contains("`schema`"),
+        "{e}"
+    );
+    // a missing file
+    let e = retrace::run(support::cli(&["merge", "/nonexistent/a.json", "-o", o]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/a.json"), "{e}");
+    // two results of different traces
+    let mk = |name: &str, trace: &str| {
+        let v = serde_json::json!({
+            "schema": "retrace.replay/1", "trace": trace, "seed": 0, "speed": 1.0,
+            "endpoint_type": "completions", "model_id": "m", "prompt_mode": "token-ids",
+            "completed": 0, "failed": 0, "duration": 0.0, "histograms": {}
+        });
+        let p = dir.path().join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p
+    };
+    let a = mk("a.json", "x.jsonl");
+    let b = mk("b.json", "y.jsonl");
+    let e = retrace::run(support::cli(&[
+        "merge",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "-o",
+        o,
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("b.json") && e.contains("`trace`"), "{e}");
+    assert!(!out.exists(), "nothing written on refusal");
+}
