@@ -158,13 +158,15 @@ fn three_shards_merged_match_one_process() {
         assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
     }
 
-    // timings differ between runs: same server timing, loaded-machine tolerances
+    // timings differ between runs: same server timing, loaded-machine tolerances. The floors only
+    // catch missing data: a late event followed by an on-time one makes a client-side gap shorter
+    // than the server's 4 ms ITL, so gap statistics may sit below 4 ms (seen: median 3.50 ms).
     for (k, lo, tol) in [
         ("mean_ttft_ms", 20.0, 60.0),
         ("median_ttft_ms", 20.0, 60.0),
-        ("mean_itl_ms", 3.5, 25.0),
-        ("median_itl_ms", 3.5, 25.0),
-        ("mean_tpot_ms", 3.5, 25.0),
+        ("mean_itl_ms", 2.0, 25.0),
+        ("median_itl_ms", 1.0, 25.0),
+        ("mean_tpot_ms", 2.0, 25.0),
     ] {
         let (a, b) = (f(&merged, k), f(&whole, k));
         assert!(a >= lo && b >= lo, "{k}: merged {a}, whole {b} below {lo}");
