@@ -22,7 +22,7 @@
 use super::load::{Metric, Run};
 use super::weighted::{quad_of, Stat, Weighted};
 use super::workload::{self, WorkloadCmp};
-use crate::trace::stats::percentile_sorted;
+use crate::metrics::np_percentile_sorted as percentile_sorted;
 use rand::SeedableRng;
 use serde::Serialize;
 

@@ -255,7 +255,7 @@ pub fn percentiles_of(values: &[f64], counts: &[u64], qs: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::stats::percentile_sorted;
+    use crate::metrics::np_percentile_sorted as percentile_sorted;
     use rand::SeedableRng;
 
     #[test]

@@ -8,9 +8,11 @@
 //!   divided by its number of ids; averaged over requests that have ids (AIPerf's "cache hit rate").
 //! - `lru_hit_rate`: the same leading-prefix rule against an LRU cache of N blocks, as hit blocks
 //!   over all block references.
-//! - Percentiles are linear-interpolated over exact samples (numpy's default, as vLLM reports).
+//! - Percentiles are linear-interpolated over exact samples with numpy's arithmetic
+//!   ([`crate::metrics::np_percentile_sorted`], as vLLM reports).
 
 use super::Trace;
+use crate::metrics::np_percentile_sorted as percentile_sorted;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 
@@ -23,17 +25,6 @@ pub struct Dist {
     pub p90: f64,
     pub p99: f64,
     pub max: f64,
-}
-
-/// Linear-interpolated percentile (numpy's default) of sorted data; `q` in 0..=100.
-pub fn percentile_sorted(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let pos = (q / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let lo = pos.floor() as usize;
-    let hi = pos.ceil() as usize;
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
 impl Dist {
