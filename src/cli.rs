@@ -99,9 +99,14 @@ pub enum PromptModeArg {
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads).
     pub trace: PathBuf,
-    /// Server base URL, e.g. `http://127.0.0.1:8000` (default: the embedded mock).
+    /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
+    /// embedded mock).
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
+    /// PEM file of the CA that signed an `https://` target's certificate (default: the system
+    /// bundle). Verification is never turned off.
+    #[arg(long, value_name = "FILE")]
+    pub target_ca: Option<PathBuf>,
     /// Model name to send (default: the first model the target lists at /v1/models).
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,

@@ -29,6 +29,7 @@ pub mod replay;
 pub mod report;
 pub mod sse;
 pub mod synth;
+pub mod tls;
 pub mod trace;
 
 use std::io::Write;

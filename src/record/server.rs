@@ -24,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 
 /// Builds the TLS acceptor from PEM files; errors name the flag and file.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    let certs = super::upstream::load_certs(cert).context("--tls-cert")?;
+    let certs = crate::tls::load_certs(cert).context("--tls-cert")?;
     let key_pem = std::fs::read(key).with_context(|| format!("--tls-key {}", key.display()))?;
     let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .with_context(|| format!("--tls-key {}: not PEM", key.display()))?

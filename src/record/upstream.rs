@@ -3,11 +3,10 @@
 //! [`Connector`] is a `tower_service::Service<Uri>` for hyper-util's pooling client: it dials with
 //! a connect timeout and TCP_NODELAY, and for `https` upstreams wraps the stream in rustls, trusting
 //! `--upstream-ca` (PEM) when given, else the system bundle (`SSL_CERT_FILE`, then the usual
-//! Debian/Red Hat paths). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
+//! Debian/Red Hat paths; see [`crate::tls`]). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
 //! does not know about recording.
 
 use crate::record::tap::RequestTap;
-use anyhow::Context as _;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
@@ -15,9 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::future::Future;
 use std::io;
-use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -146,43 +143,6 @@ impl tower_service::Service<Uri> for Connector {
     }
 }
 
-/// Reads every certificate of a PEM file.
-pub fn load_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
-    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let certs = rustls_pemfile::certs(&mut data.as_slice())
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("{}: not a PEM certificate file", path.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("{}: no certificates found", path.display());
-    }
-    Ok(certs)
-}
-
-fn root_store(ca: Option<&Path>) -> anyhow::Result<rustls::RootCertStore> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(p) = ca {
-        for c in load_certs(p).context("--upstream-ca")? {
-            roots
-                .add(c)
-                .with_context(|| format!("--upstream-ca {}: bad certificate", p.display()))?;
-        }
-        return Ok(roots);
-    }
-    let mut candidates: Vec<std::path::PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os("SSL_CERT_FILE") {
-        candidates.push(p.into());
-    }
-    candidates.push("/etc/ssl/certs/ca-certificates.crt".into());
-    candidates.push("/etc/pki/tls/certs/ca-bundle.crt".into());
-    for p in candidates {
-        if let Ok(certs) = load_certs(&p) {
-            let (_ok, _bad) = roots.add_parsable_certificates(certs);
-            return Ok(roots);
-        }
-    }
-    anyhow::bail!("no system CA bundle found for an https upstream; pass --upstream-ca")
-}
-
 /// Options for [`build`].
 #[derive(Debug, Clone)]
 pub struct UpstreamOptions {
@@ -206,18 +166,9 @@ where
     http.set_connect_timeout(Some(o.connect_timeout));
     http.set_keepalive(Some(Duration::from_secs(60)));
     let tls = if o.https {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .context("TLS client configuration")?
-            .with_root_certificates(root_store(o.ca.as_deref())?)
-            .with_no_client_auth();
-        cfg.alpn_protocols = if o.http2 {
-            vec![b"h2".to_vec()]
-        } else {
-            vec![b"http/1.1".to_vec()]
-        };
-        Some(TlsConnector::from(Arc::new(cfg)))
+        let alpn: &[&[u8]] = if o.http2 { &[b"h2"] } else { &[b"http/1.1"] };
+        let cfg = crate::tls::client_config(o.ca.as_deref(), "--upstream-ca", alpn)?;
+        Some(TlsConnector::from(cfg))
     } else {
         None
     };

@@ -9,7 +9,7 @@
 //! (connection broken mid-response), `malformed_stream` (an SSE message that is not a JSON object),
 //! `stream_error` (the server sent an error object in the stream), `no_content` (the stream ended
 //! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
-//! Plain `http://` targets only; this module does not schedule or aggregate.
+//! `http://` and `https://` targets (TLS in [`Pool`]); this module does not schedule or aggregate.
 
 use crate::metrics::{Sample, ServerTimes, StreamClock};
 use crate::openai::parse_chunk;
@@ -28,6 +28,10 @@ use super::request::BuiltRequest;
 pub struct Target {
     /// `host:port`.
     pub authority: String,
+    /// The host alone (TLS server name).
+    pub host: String,
+    /// `https://`: connections are wrapped in TLS.
+    pub tls: bool,
     /// Base path prefix (no trailing slash; usually empty).
     pub base_path: String,
     /// Headers sent with every request (auth included; never printed).
@@ -35,33 +39,40 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses `--target`; only `http://` is supported.
+    /// Parses `--target` (`http://` or `https://`).
     pub fn parse(url: &str, headers: HeaderMap) -> Result<Target, String> {
         let url = url.trim_end_matches('/');
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("--target {url:?} is not a URL: {e}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
                 return Err(format!(
-                    "--target {url}: https is not supported yet; use http:// (or a local TLS-terminating proxy)"
+                    "--target {url:?}: give a URL like http://127.0.0.1:8000"
                 ))
             }
-            _ => return Err(format!("--target {url:?}: give a URL like http://127.0.0.1:8000")),
-        }
+        };
         let Some(auth) = uri.authority() else {
             return Err(format!("--target {url:?} has no host"));
         };
         let authority = match auth.port_u16() {
             Some(_) => auth.as_str().to_string(),
-            None => format!("{}:80", auth.host()),
+            None => format!("{}:{}", auth.host(), if tls { 443 } else { 80 }),
         };
+        let host = auth
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         // A target given as .../v1 keeps working: paths we add start with /v1.
         let path = uri.path().trim_end_matches('/');
         let base_path = path.strip_suffix("/v1").unwrap_or(path).to_string();
         Ok(Target {
             authority,
+            host,
+            tls,
             base_path,
             headers,
         })
@@ -76,7 +87,8 @@ impl Target {
 
     /// `http://authority/base` for display (no headers).
     pub fn url(&self) -> String {
-        format!("http://{}{}", self.authority, self.base_path)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.authority, self.base_path)
     }
 }
 
@@ -336,4 +348,34 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         src = x.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_urls() {
+        let t = Target::parse("https://example.org/v1/", HeaderMap::new()).unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.host.as_str(), t.tls),
+            ("example.org:443", "example.org", true)
+        );
+        assert_eq!(
+            (t.base_path.as_str(), t.url()),
+            ("", "https://example.org:443".to_string())
+        );
+        let t = Target::parse("http://[::1]:8000/proxy", HeaderMap::new()).unwrap();
+        assert_eq!(
+            (t.authority.as_str(), t.host.as_str(), t.tls),
+            ("[::1]:8000", "::1", false)
+        );
+        assert_eq!(t.uri("/v1/models").unwrap().path(), "/proxy/v1/models");
+        let t = Target::parse("http://localhost", HeaderMap::new()).unwrap();
+        assert_eq!(t.authority, "localhost:80");
+        for bad in ["ftp://x", "localhost:8000", "http:///v1"] {
+            let e = Target::parse(bad, HeaderMap::new()).err().expect(bad);
+            assert!(e.contains("--target"), "{e}");
+        }
+    }
 }

@@ -47,6 +47,8 @@ pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
 pub struct Config {
     pub trace: PathBuf,
     pub target: Option<String>,
+    /// `--target-ca`: trust roots for an https target (default: system bundle).
+    pub target_ca: Option<PathBuf>,
     pub model: Option<String>,
     pub api: Api,
     pub speed: Option<f64>,
@@ -197,6 +199,7 @@ impl Config {
             dry_run: a.dry_run,
             trace: a.trace,
             target: a.target,
+            target_ca: a.target_ca,
             model: a.model,
             api,
             speed: a.speed,
@@ -378,7 +381,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let target =
         Arc::new(client::Target::parse(&target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?);
     let http = Arc::new(
-        pool::Pool::new(&target.authority)
+        pool::Pool::new(&target, cfg.target_ca.as_deref())
             .await
             .map_err(|e| anyhow!("--target {target_url}: {e}"))?,
     );

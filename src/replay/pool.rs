@@ -7,7 +7,9 @@
 //! connects at a time), hands out idle connections LIFO, opens a new one when none is idle, and
 //! takes a connection back only after its response was read to the end. A request that fails on a
 //! reused connection before any response byte (the server closed it while idle) is retried once on
-//! a fresh connection, as browsers and hyper's own pool do. Plain TCP only; no scheduling here.
+//! a fresh connection, as browsers and hyper's own pool do. `https://` targets get rustls
+//! (ALPN `http/1.1`, trust roots from `--target-ca` or the system bundle, see [`crate::tls`]); the
+//! TLS handshake is part of the connect, so warming takes it off the clock too. No scheduling here.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -17,6 +19,7 @@ use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Mutex;
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -33,13 +36,28 @@ pub enum SendError {
 /// A pool of connections to one address.
 pub struct Pool {
     addr: SocketAddr,
+    /// TLS connector and server name for `https://` targets.
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     host: HeaderValue,
     idle: Mutex<Vec<Sender>>,
 }
 
 impl Pool {
-    /// A pool for `authority` (`host:port`), resolved once.
-    pub async fn new(authority: &str) -> Result<Pool, String> {
+    /// A pool for `target` (its `host:port` resolved once); `ca` is `--target-ca`.
+    pub async fn new(target: &super::client::Target, ca: Option<&Path>) -> Result<Pool, String> {
+        let authority = target.authority.as_str();
+        let tls = if target.tls {
+            let cfg = crate::tls::client_config(ca, "--target-ca", &[b"http/1.1"])
+                .map_err(|e| format!("{e:#}"))?;
+            let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                .map_err(|e| format!("{:?} is not a TLS server name: {e}", target.host))?;
+            Some((tokio_rustls::TlsConnector::from(cfg), name))
+        } else {
+            None
+        };
         let addr = tokio::net::lookup_host(authority)
             .await
             .map_err(|e| format!("cannot resolve {authority}: {e}"))?
@@ -49,6 +67,7 @@ impl Pool {
             .map_err(|_| format!("{authority:?} is not a valid Host header"))?;
         Ok(Pool {
             addr,
+            tls,
             host,
             idle: Mutex::new(Vec::new()),
         })
@@ -59,7 +78,21 @@ impl Pool {
             .await
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        if let Some((connector, name)) = &self.tls {
+            let stream = connector
+                .connect(name.clone(), stream)
+                .await
+                .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?;
+            return self.handshake(TokioIo::new(stream)).await;
+        }
+        self.handshake(TokioIo::new(stream)).await
+    }
+
+    async fn handshake<T>(&self, io: T) -> Result<Sender, String>
+    where
+        T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
             .map_err(|e| format!("handshake {}: {e}", self.addr))?;
         tokio::spawn(async move {

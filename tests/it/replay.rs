@@ -648,3 +648,92 @@ fn dry_run_shows_shaped_schedule() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--ramp-up-start-rps"));
 }
+
+/// A TLS terminator for tests: accepts TLS on 127.0.0.1:0 with the fixture certificate and relays
+/// each connection's plaintext to `backend`.
+async fn tls_front(backend: std::net::SocketAddr) -> u16 {
+    let acc = retrace::record::server::tls_acceptor(
+        &support::repo("fixtures/tls/cert.pem"),
+        &support::repo("fixtures/tls/key.pem"),
+    )
+    .unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acc = acc.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acc.accept(s).await else {
+                    return;
+                };
+                let Ok(mut up) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_target_with_private_ca() {
+    let srv = support::start(ServerConfig::default()).await;
+    let port = tls_front(srv.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = mooncake(dir.path(), &[(0, 100, 6, &[0]), (10, 200, 7, &[0, 1])]);
+    let url = format!("https://localhost:{port}");
+    let ca = support::repo("fixtures/tls/ca.pem");
+    // Trusting the private CA: every request completes over TLS; the model comes from /v1/models.
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--target-ca",
+        ca.to_str().unwrap(),
+        "--detailed",
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    assert_eq!(
+        (o.summary.completed, o.summary.failed),
+        (2, 0),
+        "{}",
+        o.result["errors"]
+    );
+    assert_eq!(o.summary.total_output_tokens, 13);
+    // Trusting something else (the leaf, which is no CA): requests fail as connect errors, the run
+    // still completes and says so.
+    let leaf = support::repo("fixtures/tls/cert.pem");
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--target-ca",
+        leaf.to_str().unwrap(),
+        "--model",
+        "m",
+    ])
+    .unwrap();
+    let o = replay::replay(cfg).await.unwrap();
+    assert_eq!((o.summary.completed, o.summary.failed), (0, 2));
+    let kinds: Vec<String> = o.summary.errors.keys().cloned().collect();
+    assert_eq!(kinds, vec!["connect".to_string()], "{:?}", o.summary.errors);
+    // A CA path that does not exist is a clear error naming the flag.
+    let cfg = config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--target-ca",
+        "/nonexistent/ca.pem",
+        "--model",
+        "m",
+    ])
+    .unwrap();
+    let e = replay::replay(cfg).await.err().expect("missing CA file");
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("--target-ca") && msg.contains("/nonexistent/ca.pem"),
+        "{msg}"
+    );
+}
