@@ -81,14 +81,12 @@ mod tests {
     #[test]
     fn errors_name_the_flag_and_file() {
         let e = client_config(Some(&repo("fixtures/tls/key.pem")), "--x-ca", &[])
-            .err()
-            .expect("a key file is not a certificate file");
+            .expect_err("a key file is not a certificate file");
         let msg = format!("{e:#}");
         assert!(msg.contains("--x-ca"), "{msg}");
         assert!(msg.contains("key.pem"), "{msg}");
         let e = client_config(Some(Path::new("/nonexistent/ca.pem")), "--x-ca", &[])
-            .err()
-            .expect("missing file");
+            .expect_err("missing file");
         assert!(format!("{e:#}").contains("/nonexistent/ca.pem"));
     }
 }

@@ -374,7 +374,7 @@ mod tests {
         let t = Target::parse("http://localhost", HeaderMap::new()).unwrap();
         assert_eq!(t.authority, "localhost:80");
         for bad in ["ftp://x", "localhost:8000", "http:///v1"] {
-            let e = Target::parse(bad, HeaderMap::new()).err().expect(bad);
+            let e = Target::parse(bad, HeaderMap::new()).expect_err(bad);
             assert!(e.contains("--target"), "{e}");
         }
     }
