@@ -16,8 +16,13 @@
 //! geometric mean (normal approximation on log ratios). Every random draw comes from a ChaCha
 //! generator seeded by the user's seed and the row, so results are reproducible.
 //!
-//! Known limit: ITL samples are pooled like vLLM's; gaps within one stream are correlated, so
-//! the ITL interval is somewhat narrower than the truth. This module prints nothing.
+//! ITL is pooled like vLLM's (every gap of every stream is one sample), but gaps within one
+//! stream are correlated (a stream that decodes in a big batch is slow for all its tokens), so a
+//! bootstrap over pooled gaps gives intervals far too narrow and flags noise as change. When both
+//! runs have per-request gaps, ITL is therefore resampled by request (a cluster bootstrap): the
+//! mean's interval is the cluster bootstrap's, exactly; the percentile intervals, still drawn from
+//! pooled gaps, are widened by the ratio of the clustered to the pooled interval of the mean (the
+//! measured design effect, never below 1). This module prints nothing.
 
 use super::load::{Metric, Run};
 use super::weighted::{quad_of, Stat, Weighted};
@@ -224,6 +229,85 @@ fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f6
     })
 }
 
+/// Per-request ITL sums and gap counts (ms) of one run's successful requests with gaps.
+struct Clusters {
+    sum: Vec<f64>,
+    n: Vec<u64>,
+}
+
+impl Clusters {
+    fn of(run: &Run) -> Option<Clusters> {
+        let r = run.requests.as_ref()?;
+        let mut c = Clusters {
+            sum: Vec::new(),
+            n: Vec::new(),
+        };
+        for i in 0..r.len() {
+            let gaps = &r.itls_s[i];
+            if r.ok(i) && !gaps.is_empty() {
+                let v: Vec<f64> = gaps
+                    .iter()
+                    .map(|g| g * 1e3)
+                    .filter(|g| g.is_finite())
+                    .collect();
+                if !v.is_empty() {
+                    c.sum.push(v.iter().sum());
+                    c.n.push(v.len() as u64);
+                }
+            }
+        }
+        (c.sum.len() >= 2).then_some(c)
+    }
+
+    /// The pooled mean of a resample of whole requests.
+    fn resampled_mean<R: rand::Rng>(&self, rng: &mut R) -> f64 {
+        let k = self.sum.len();
+        let (mut s, mut n) = (0.0, 0u64);
+        for _ in 0..k {
+            let i = rng.random_range(0..k);
+            s += self.sum[i];
+            n += self.n[i];
+        }
+        s / n.max(1) as f64
+    }
+}
+
+/// ITL intervals that respect the per-request clustering (see the module doc): the mean's from a
+/// cluster bootstrap, the percentiles' `pooled` intervals widened about their centre by the ratio
+/// of the clustered to the pooled width of the mean's interval (at least 1).
+fn clustered_intervals(
+    b: &Clusters,
+    c: &Clusters,
+    pooled: [(f64, f64); 4],
+    opts: &Options,
+    salt: u64,
+) -> [(f64, f64); 4] {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+        opts.seed ^ 0xC1_u64 ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    let mut d: Vec<f64> = (0..opts.resamples.max(10))
+        .map(|_| c.resampled_mean(&mut rng) - b.resampled_mean(&mut rng))
+        .collect();
+    d.sort_by(f64::total_cmp);
+    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
+    let mean_ci = (
+        percentile_sorted(&d, alpha),
+        percentile_sorted(&d, 100.0 - alpha),
+    );
+    let pooled_w = pooled[0].1 - pooled[0].0;
+    let factor = if pooled_w > 0.0 {
+        ((mean_ci.1 - mean_ci.0) / pooled_w).max(1.0)
+    } else {
+        1.0
+    };
+    let mut out = pooled.map(|(lo, hi)| {
+        let mid = (lo + hi) / 2.0;
+        (mid - (mid - lo) * factor, mid + (hi - mid) * factor)
+    });
+    out[0] = mean_ci;
+    out
+}
+
 fn verdict(better: Better, abs: Option<f64>, significant: Option<bool>) -> Verdict {
     match (abs, significant) {
         (None, _) => Verdict::Missing,
@@ -305,10 +389,15 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
     for (mi, m) in Metric::ALL.into_iter().enumerate() {
         let db = base.dist(m);
         let dc = cand.dist(m);
-        let cis = match (&db, &dc) {
+        let mut cis = match (&db, &dc) {
             (Some(b), Some(c)) => Some(bootstrap(b, c, opts, mi as u64 + 1)),
             _ => None,
         };
+        if let (Metric::Itl, Some(pooled)) = (m, &mut cis) {
+            if let (Some(b), Some(c)) = (Clusters::of(base), Clusters::of(cand)) {
+                *pooled = clustered_intervals(&b, &c, *pooled, opts, mi as u64 + 1);
+            }
+        }
         let (ptb, ptc) = (points(base, m), points(cand, m));
         let ptn = noise.map(|n| points(n, m));
         for (si, stat) in Stat::ALL.into_iter().enumerate() {
@@ -578,6 +667,65 @@ pub(crate) mod tests {
                 assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
                 assert_eq!(row.verdict, Verdict::Same);
             }
+        }
+    }
+
+    /// A run whose streams each decode at their own pace: request i's ITL level is lognormal
+    /// around `itl_ms` (sigma 0.2), its 30 gaps jitter ±2 % around that level.
+    fn correlated_itl_run(n: usize, itl_ms: f64, seed: u64) -> Run {
+        let mut run = synth_run(n, 100.0, seed);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0xABCD);
+        let ln = LogNormal::new((itl_ms / 1e3).ln(), 0.2).unwrap();
+        let r = run.requests.as_mut().unwrap();
+        for i in 0..n {
+            let level: f64 = ln.sample(&mut rng);
+            r.itls_s[i] = (0..30)
+                .map(|_| level * (0.98 + 0.04 * rng.random::<f64>()))
+                .collect();
+        }
+        run
+    }
+
+    #[test]
+    fn itl_intervals_respect_per_stream_correlation() {
+        let o = Options {
+            seed: 5,
+            resamples: 200,
+        };
+        // Same distribution, different draws: the pooled bootstrap (what this module did before)
+        // calls about half of these pairs significant; the clustered intervals call none.
+        let mut pooled_flags = 0;
+        for (sb, sc) in [(21, 22), (23, 24), (25, 26), (27, 28)] {
+            let b = correlated_itl_run(150, 10.0, sb);
+            let c = correlated_itl_run(150, 10.0, sc);
+            let pooled = bootstrap(
+                &b.dist(Metric::Itl).unwrap(),
+                &c.dist(Metric::Itl).unwrap(),
+                &o,
+                1,
+            );
+            if pooled[0].0 > 0.0 || pooled[0].1 < 0.0 {
+                pooled_flags += 1;
+            }
+            let cmp = compare(&b, &c, None, &o);
+            for stat in ["mean", "median", "p90"] {
+                let row = cmp.row(&format!("{stat}_itl_ms")).unwrap();
+                assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
+            }
+        }
+        // (Its 99 % interval is about 5x too narrow here, so it should flag about 60 % of pairs.)
+        assert!(
+            pooled_flags >= 2,
+            "the pooled bootstrap should be fooled by correlated gaps ({pooled_flags}/4)"
+        );
+        // A real 10 % slowdown of every stream is still found.
+        let b = correlated_itl_run(600, 10.0, 41);
+        let c = correlated_itl_run(600, 11.0, 42);
+        let cmp = compare(&b, &c, None, &o);
+        for stat in ["mean", "median"] {
+            let row = cmp.row(&format!("{stat}_itl_ms")).unwrap();
+            assert_eq!(row.significant, Some(true), "{row:?}");
+            assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
         }
     }
 
