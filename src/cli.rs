@@ -302,10 +302,10 @@ pub struct CompareArgs {
     pub baseline: PathBuf,
     /// The run under test.
     pub candidate: PathBuf,
-    /// A second run of the baseline (same trace, same target): changes count only beyond the
-    /// difference between it and the baseline.
+    /// Another run of the baseline (same trace, same target): changes count only beyond the
+    /// largest difference between such a run and the baseline. Repeat for several reruns.
     #[arg(long, value_name = "OTHER_BASELINE")]
-    pub noise: Option<PathBuf>,
+    pub noise: Vec<PathBuf>,
     /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
     /// (+N% relative change, +N absolute change, N the candidate's value).
     #[arg(long, value_name = "RULES")]

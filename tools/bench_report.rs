@@ -117,9 +117,9 @@ fn main() {
 
     let c = load::load(&cand).expect("load cand");
     let t = Instant::now();
-    let cmp = compare::compare(&b, &c, None, &compare::Options::default());
+    let cmp = compare::compare(&b, &c, &[], &compare::Options::default());
     let cmp_s = t.elapsed().as_secs_f64();
-    let page = html::compare_page(&cmp, &b, &c, None);
+    let page = html::compare_page(&cmp, &b, &c, &[]);
     let cpath = dir.join("compare.html");
     std::fs::write(&cpath, &page).expect("write compare page");
     let row = cmp.row("median_ttft_ms").expect("row");

@@ -145,7 +145,8 @@ pub struct Comparison {
     pub schema: &'static str,
     pub baseline: Side,
     pub candidate: Side,
-    pub noise: Option<Side>,
+    /// The noise runs (reruns of the baseline), possibly none.
+    pub noise: Vec<Side>,
     pub seed: u64,
     pub confidence: f64,
     pub resamples: usize,
@@ -382,7 +383,13 @@ fn failure_rate(r: &Run) -> Option<(f64, f64)> {
 }
 
 /// Compares `cand` against `base`; `noise` is a second run of the baseline.
-pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> Comparison {
+/// The noise band of a row: the largest |noise − baseline| over the noise runs that have it.
+fn band(noise: impl Iterator<Item = Option<f64>>, base: Option<f64>) -> Option<f64> {
+    let b = base?;
+    noise.flatten().map(|n| (n - b).abs()).reduce(f64::max)
+}
+
+pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     let mut thin: Vec<&str> = Vec::new();
@@ -399,16 +406,13 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
             }
         }
         let (ptb, ptc) = (points(base, m), points(cand, m));
-        let ptn = noise.map(|n| points(n, m));
+        let ptn: Vec<_> = noise.iter().map(|n| points(n, m)).collect();
         for (si, stat) in Stat::ALL.into_iter().enumerate() {
             let (pb, pc) = (ptb[si], ptc[si]);
             if pb.is_none() && pc.is_none() {
                 continue;
             }
-            let nz = match (ptn.and_then(|p| p[si]), pb) {
-                (Some((n, _)), Some((b, _))) => Some((n - b).abs()),
-                _ => None,
-            };
+            let nz = band(ptn.iter().map(|p| p[si].map(|x| x.0)), pb.map(|p| p.0));
             let approx = pb.is_some_and(|p| p.1) || pc.is_some_and(|p| p.1);
             // A bootstrap of a tail percentile needs samples in the tail on both sides.
             let n_min = match (&db, &dc) {
@@ -442,10 +446,7 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
         if b.is_none() && c.is_none() {
             continue;
         }
-        let nz = match (noise.and_then(|n| n.scalar(key)), b) {
-            (Some(n), Some(b)) => Some((n - b).abs()),
-            _ => None,
-        };
+        let nz = band(noise.iter().map(|n| n.scalar(key)), b);
         rows.push(make_row(
             key.into(),
             label.into(),
@@ -463,7 +464,7 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
         let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();
         let d = pc - pb;
         let ci = Some((d - Z * se, d + Z * se));
-        let nz = noise.and_then(failure_rate).map(|(pn, _)| (pn - pb).abs());
+        let nz = band(noise.iter().map(|n| failure_rate(n).map(|f| f.0)), Some(pb));
         let mut row = make_row(
             "failure_rate".into(),
             "failure rate".into(),
@@ -521,7 +522,7 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
             ));
         }
     }
-    if noise.is_none() && !rows.is_empty() {
+    if noise.is_empty() && !rows.is_empty() {
         notes.push(
             "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
                 .into(),
@@ -532,7 +533,7 @@ pub fn compare(base: &Run, cand: &Run, noise: Option<&Run>, opts: &Options) -> C
         schema: SCHEMA,
         baseline: Side::of(base),
         candidate: Side::of(cand),
-        noise: noise.map(Side::of),
+        noise: noise.iter().map(Side::of).collect(),
         seed: opts.seed,
         confidence: CONFIDENCE,
         resamples: opts.resamples,
@@ -632,7 +633,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 7,
                 resamples: 200,
@@ -656,7 +657,7 @@ pub(crate) mod tests {
             let cmp = compare(
                 &b,
                 &c,
-                None,
+                &[],
                 &Options {
                     seed: 3,
                     resamples: 200,
@@ -707,7 +708,7 @@ pub(crate) mod tests {
             if pooled[0].0 > 0.0 || pooled[0].1 < 0.0 {
                 pooled_flags += 1;
             }
-            let cmp = compare(&b, &c, None, &o);
+            let cmp = compare(&b, &c, &[], &o);
             for stat in ["mean", "median", "p90"] {
                 let row = cmp.row(&format!("{stat}_itl_ms")).unwrap();
                 assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
@@ -721,7 +722,7 @@ pub(crate) mod tests {
         // A real 10 % slowdown of every stream is still found.
         let b = correlated_itl_run(600, 10.0, 41);
         let c = correlated_itl_run(600, 11.0, 42);
-        let cmp = compare(&b, &c, None, &o);
+        let cmp = compare(&b, &c, &[], &o);
         for stat in ["mean", "median"] {
             let row = cmp.row(&format!("{stat}_itl_ms")).unwrap();
             assert_eq!(row.significant, Some(true), "{row:?}");
@@ -737,7 +738,7 @@ pub(crate) mod tests {
             seed: 9,
             resamples: 100,
         };
-        assert_eq!(compare(&b, &c, None, &o), compare(&b, &c, None, &o));
+        assert_eq!(compare(&b, &c, &[], &o), compare(&b, &c, &[], &o));
     }
 
     #[test]
@@ -749,7 +750,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            Some(&noise),
+            std::slice::from_ref(&noise),
             &Options {
                 seed: 7,
                 resamples: 200,
@@ -763,13 +764,31 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            Some(&quiet),
+            std::slice::from_ref(&quiet),
             &Options {
                 seed: 7,
                 resamples: 200,
             },
         );
         assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Worse);
+        // Several reruns: the band is the largest difference, so one noisy rerun is enough.
+        let quiet_noise = [quiet.clone(), noise.clone()];
+        let cmp = compare(
+            &b,
+            &c,
+            &quiet_noise,
+            &Options {
+                seed: 7,
+                resamples: 200,
+            },
+        );
+        assert_eq!(cmp.noise.len(), 2);
+        let row = cmp.row("median_ttft_ms").unwrap();
+        let widest = (points(&noise, Metric::Ttft)[1].unwrap().0
+            - points(&b, Metric::Ttft)[1].unwrap().0)
+            .abs();
+        assert_eq!(row.noise, Some(widest), "{row:?}");
+        assert_eq!(row.significant, Some(false), "{row:?}");
     }
 
     #[test]
@@ -790,7 +809,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 7,
                 resamples: 200,
@@ -803,7 +822,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &b2,
-            None,
+            &[],
             &Options {
                 seed: 7,
                 resamples: 200,
@@ -835,7 +854,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 1,
                 resamples: 100,
@@ -858,7 +877,7 @@ pub(crate) mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 1,
                 resamples: 50,

@@ -347,7 +347,7 @@ pub fn report_page(run: &Run, thresholds: (f64, f64)) -> String {
 }
 
 /// The comparison page.
-pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run>) -> String {
+pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> String {
     let rows: Vec<Value> = cmp
         .rows
         .iter()
@@ -389,7 +389,7 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run
             "label": m.label(),
             "base": cdf_json(&b),
             "cand": cdf_json(&c),
-            "noise": noise.and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
+            "noise": noise.first().and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
         }));
     }
     let mut lens = Vec::new();
@@ -417,7 +417,7 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: Option<&Run
         "page": "compare",
         "title": format!("retrace compare: {} vs {}", base.label(), cand.label()),
         "subtitle": format!("baseline {} · candidate {}{}", base.path.display(), cand.path.display(),
-            noise.map_or(String::new(), |n| format!(" · noise {}", n.path.display()))),
+            noise.iter().map(|n| format!(" · noise {}", n.path.display())).collect::<String>()),
         "rows": rows,
         "cdfs": cdfs,
         "paired": paired,

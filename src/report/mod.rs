@@ -28,12 +28,16 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
     };
     let base = load::load(&a.baseline)?;
     let cand = load::load(&a.candidate)?;
-    let noise = a.noise.as_deref().map(load::load).transpose()?;
+    let noise = a
+        .noise
+        .iter()
+        .map(|p| load::load(p))
+        .collect::<Result<Vec<_>, _>>()?;
     let opts = compare::Options {
         seed: a.seed,
         resamples: a.resamples as usize,
     };
-    let cmp = compare::compare(&base, &cand, noise.as_ref(), &opts);
+    let cmp = compare::compare(&base, &cand, &noise, &opts);
     let outcomes = rules::evaluate(&rules, &cmp)?;
     let format = match a.format {
         CompareFormat::Text => render::Format::Text,
@@ -41,7 +45,7 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         CompareFormat::Json => render::Format::Json,
     };
     if let Some(path) = &a.html {
-        let page = html::compare_page(&cmp, &base, &cand, noise.as_ref());
+        let page = html::compare_page(&cmp, &base, &cand, &noise);
         std::fs::write(path, page)
             .with_context(|| format!("--html {}: cannot write", path.display()))?;
     }

@@ -1,7 +1,7 @@
 //! Rendering a [`Comparison`] (and `--fail-on` outcomes) as text, Markdown or JSON; the HTML pages
 //! are [`super::html`]'s. Callers write the returned string. Does not compute anything.
 //!
-//! JSON (`retrace.compare/1`): the [`Comparison`] fields (`baseline`, `candidate`, `noise`,
+//! JSON (`retrace.compare/1`): the [`Comparison`] fields (`baseline`, `candidate`, `noise` (a list),
 //! `seed`, `confidence`, `resamples`, `rows[]` with `key`, `label`, `unit`, `baseline`,
 //! `candidate`, `abs_change`, `rel_change`, `better`, `ci` ([lo, hi] of candidate − baseline),
 //! `noise`, `significant`, `verdict`, `approx`; `paired`; `workload`; `notes`) plus `rules[]`
@@ -103,7 +103,7 @@ fn header_lines(cmp: &Comparison) -> Vec<String> {
         side("baseline ", &cmp.baseline),
         side("candidate", &cmp.candidate),
     ];
-    if let Some(n) = &cmp.noise {
+    for n in &cmp.noise {
         v.push(side("noise    ", n));
     }
     v.push(format!(
@@ -111,8 +111,8 @@ fn header_lines(cmp: &Comparison) -> Vec<String> {
         cmp.confidence * 100.0,
         cmp.resamples,
         cmp.seed,
-        if cmp.noise.is_some() {
-            "; a change must also exceed |noise - baseline|"
+        if !cmp.noise.is_empty() {
+            "; a change must also exceed the largest |noise - baseline|"
         } else {
             ""
         }
@@ -373,7 +373,7 @@ mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 5,
                 resamples: 50,
@@ -403,7 +403,7 @@ mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 1,
                 resamples: 100,

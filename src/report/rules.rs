@@ -320,7 +320,7 @@ mod tests {
         let cmp = compare(
             &b,
             &c,
-            None,
+            &[],
             &Options {
                 seed: 7,
                 resamples: 200,
@@ -339,7 +339,7 @@ mod tests {
         let cmp = compare(
             &b,
             &c2,
-            None,
+            &[],
             &Options {
                 seed: 7,
                 resamples: 200,
