@@ -153,7 +153,10 @@ fn compare_two_replays_gates_with_exit_codes() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["noise"][0]["path"].as_str().unwrap().ends_with("fast2.json"));
+    assert!(v["noise"][0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("fast2.json"));
     assert!(v["rows"][0]["noise"].as_f64().is_some(), "{}", v["rows"][0]);
 
     // The baseline against its own rerun passes the same gate: exit 0.

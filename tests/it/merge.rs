@@ -77,6 +77,7 @@ fn three_shards_merged_match_one_process() {
     let srv = rt.block_on(support::start(ServerConfig {
         ttft: Duration::from_millis(20),
         itl: Duration::from_millis(4),
+        server_metrics: true,
         ..Default::default()
     }));
     let url = srv.url();
@@ -158,19 +159,37 @@ fn three_shards_merged_match_one_process() {
         assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
     }
 
-    // timings differ between runs: same server timing, loaded-machine tolerances. The floors only
-    // catch missing data: a late event followed by an on-time one makes a client-side gap shorter
-    // than the server's 4 ms ITL, so gap statistics may sit below 4 ms (seen: median 3.50 ms).
-    for (k, lo, tol) in [
-        ("mean_ttft_ms", 20.0, 60.0),
-        ("median_ttft_ms", 20.0, 60.0),
-        ("mean_itl_ms", 2.0, 25.0),
-        ("median_itl_ms", 1.0, 25.0),
-        ("mean_tpot_ms", 2.0, 25.0),
+    // The server's own per-request timings do not depend on the machine's load: merged and whole
+    // carry exactly the same distribution.
+    for k in ["server_ttfts", "server_queue_times"] {
+        let vals = |v: &Value| {
+            let mut x: Vec<f64> = v[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_f64().expect("server metrics present"))
+                .collect();
+            x.sort_by(f64::total_cmp);
+            x
+        };
+        assert_eq!(vals(&merged), vals(&whole), "{k}");
+        assert_eq!(vals(&whole).len(), 18, "{k}");
+    }
+
+    // Client-side timings differ between runs (separate runs on a shared machine): the floors
+    // catch missing data, the ceilings a hang. A late event followed by an on-time one makes a
+    // client-side gap shorter than the server's 4 ms ITL, so gap statistics may sit below 4 ms.
+    for (k, lo, hi) in [
+        ("mean_ttft_ms", 20.0, 2000.0),
+        ("median_ttft_ms", 20.0, 2000.0),
+        ("mean_itl_ms", 2.0, 500.0),
+        ("median_itl_ms", 1.0, 500.0),
+        ("mean_tpot_ms", 2.0, 500.0),
     ] {
-        let (a, b) = (f(&merged, k), f(&whole, k));
-        assert!(a >= lo && b >= lo, "{k}: merged {a}, whole {b} below {lo}");
-        assert!((a - b).abs() < tol, "{k}: merged {a}, whole {b}");
+        for (name, v) in [("merged", &merged), ("whole", &whole)] {
+            let x = f(v, k);
+            assert!((lo..hi).contains(&x), "{k}: {name} {x} outside {lo}..{hi}");
+        }
     }
 
     // merged statistics are recomputed from the merged per-request data, as one process would
