@@ -12,7 +12,8 @@
 #
 #  Peer (optional): with AIPERF=/path/to/aiperf (PyPI `aiperf`, ~1.2 GB venv), AIPerf runs the
 #     same fidelity levels against the same fresh mock right after retrace (row `aiperf`; its
-#     "inter_chunk_latency" is vLLM's ITL). An offline tokenizer is made for it in a private
+#     "inter_chunk_latency" is vLLM's ITL), and both replay a Mooncake trace slice exported by
+#     `retrace convert --to mooncake` (section 4: send drift, exact prompt tokens, prefix hits). An offline tokenizer is made for it in a private
 #     HF_HOME (a word-level tokenizer.json; AIPerf will not load a plain local path offline).
 #
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
@@ -154,5 +155,58 @@ read -r U S W <<<"$T"
 printf "%-10s %-8s %-10s %-10s %-12s\n" completed failed peak mean_ttft "cpu(u+s)/wall"
 read -r C F P MT <<<"$(field "$OUT/scale.json" completed failed max_concurrent_requests mean_ttft_ms)"
 printf "%-10s %-8s %-10s %-10s %-12s\n" "$C" "$F" "$P" "$MT" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
+if [ -n "${AIPERF:-}" ]; then
+  echo
+  echo "== trace: first 30 requests of traces/mooncake_conversation.trace.zst, exported to Mooncake JSONL =="
+  echo "   (each client against its own fresh mock --fixed-timing 50,10 that tokenizes with the same"
+  echo "    word-level tokenizer AIPerf uses, so both can send exact lengths; drift: send time minus the"
+  echo "    trace's arrival offset, origin at the earliest send)"
+  "$BIN" convert traces/mooncake_conversation.trace.zst --head 30 --to mooncake -o "$OUT/mc30.jsonl" >/dev/null 2>&1
+  printf "%-8s %-6s %-12s %-12s %-14s %-12s\n" client reqs p50_drift_ms p99_drift_ms prompt_tokens prefix_hits
+  for CLIENT in retrace aiperf; do
+    P4=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$BIN" mock --listen "127.0.0.1:$P4" --model mock-llama --fixed-timing 50,10 --max-model-len 200000 \
+      --tokenizer "$SNAP/tokenizer.json" >"$OUT/mock_trace_$CLIENT.log" 2>&1 &
+    M4=$!
+    for _ in $(seq 50); do curl -sf "http://127.0.0.1:$P4/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
+    if [ $CLIENT = retrace ]; then
+      "$BIN" replay "$OUT/mc30.jsonl" --target "http://127.0.0.1:$P4" --model mock-llama --detailed \
+        --result-json "$OUT/trace_retrace.json" >"$OUT/trace_retrace.log" 2>&1
+    else
+      HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 timeout 600 "$AIPERF" profile --model mock-llama \
+        --url "http://127.0.0.1:$P4" --endpoint-type completions --streaming --input-file "$OUT/mc30.jsonl" \
+        --custom-dataset-type mooncake_trace --fixed-schedule --use-server-token-count --ui none \
+        --no-server-metrics --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true \
+        --artifact-dir "$OUT/aiperf_trace" >"$OUT/trace_aiperf.log" 2>&1 || true
+    fi
+    curl -s "http://127.0.0.1:$P4/metrics" >"$OUT/trace_$CLIENT.metrics"
+    kill $M4 2>/dev/null || true
+    python3 - "$CLIENT" "$OUT" <<'PY'
+import json, sys
+client, out = sys.argv[1], sys.argv[2]
+trace = [json.loads(l) for l in open(f"{out}/mc30.jsonl")]
+ts = sorted(t["timestamp"] * 1e6 for t in trace)
+try:
+    if client == "retrace":
+        d = json.load(open(f"{out}/trace_retrace.json"))
+        starts = sorted(s * 1e9 for s in d["start_times"])
+    else:
+        recs = [json.loads(l) for l in open(f"{out}/aiperf_trace/profile_export.jsonl")]
+        starts = sorted(r["metadata"]["request_start_ns"] for r in recs)
+    offs = [s - t for s, t in zip(starts, ts)]
+    base = min(offs)
+    dr = sorted((o - base) / 1e6 for o in offs)
+    m = {}
+    for l in open(f"{out}/trace_{client}.metrics"):
+        if l.startswith(("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total")):
+            m[l.split("{")[0]] = int(float(l.split()[-1]))
+    print(f"{client:<8} {len(starts):<6} {dr[len(dr) // 2]:<12.3f} {dr[int(0.99 * (len(dr) - 1))]:<12.3f} "
+          f"{m.get('vllm:prompt_tokens_total', 0):<14} {m.get('vllm:prefix_cache_hits_total', 0):<12}")
+except Exception as e:
+    print(f"{client:<8} (no result: {e}; see {out}/trace_{client}.log)")
+PY
+  done
+  echo "   trace input tokens: $(python3 -c "import json,sys; print(sum(json.loads(l)['input_length'] for l in open(sys.argv[1])))" "$OUT/mc30.jsonl")"
+fi
 echo
 echo "results in $OUT"
