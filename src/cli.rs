@@ -225,6 +225,11 @@ pub struct ReplayArgs {
     /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
     #[arg(long)]
     pub dry_run: bool,
+    /// Session-ordered replay of a multi-turn trace: a turn is sent only when the previous turn
+    /// of its session has finished (failed or not), plus its think time (/ --speed); first turns
+    /// keep their planned times. Reports how far turns drifted from their recorded arrivals.
+    #[arg(long, help_heading = "Workload shaping")]
+    pub sessions: bool,
 }
 
 /// Output formats `convert` writes.

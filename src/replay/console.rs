@@ -94,6 +94,28 @@ fn brief(out: &mut String, label: &str, s: &Stats) {
     );
 }
 
+/// The `--sessions` section: turn ordering and drift from the recorded arrivals.
+pub fn sessions_section(r: &crate::replay::sessions::SessionReport) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Session ordering (--sessions)", '-');
+    row(&mut out, "Sessions:", r.sessions);
+    row(&mut out, "Turns:", r.turns);
+    row(
+        &mut out,
+        "Turns released by their predecessor:",
+        r.dependent_turns,
+    );
+    row(
+        &mut out,
+        "  after a failed predecessor:",
+        r.released_after_failure,
+    );
+    if r.dependent_turns > 0 {
+        brief(&mut out, "Drift from recorded arrival (ms):", &r.drift);
+    }
+    out
+}
+
 /// Our sections, after vLLM's block.
 pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
     let mut out = String::new();

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod request;
 pub mod result;
 pub mod schedule;
+pub mod sessions;
 pub mod shaping;
 
 use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
@@ -80,6 +81,8 @@ pub struct Config {
     pub shaping: shaping::Shaping,
     /// Print the schedule summary and exit.
     pub dry_run: bool,
+    /// `--sessions`: a turn waits for its session's previous turn plus think time.
+    pub sessions: bool,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -195,6 +198,7 @@ impl Config {
         Ok(Config {
             shaping,
             dry_run: a.dry_run,
+            sessions: a.sessions,
             trace: a.trace,
             target: a.target,
             model: a.model,
@@ -234,6 +238,8 @@ pub struct Outcome {
     /// Console report (vLLM block + ours).
     pub report: String,
     pub valid: bool,
+    /// `--sessions`: how the session-ordered replay went.
+    pub sessions: Option<sessions::SessionReport>,
 }
 
 /// Entry point of `retrace replay`.
@@ -391,6 +397,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     };
     let speed = cfg.speed.unwrap_or(1.0);
     let (trace, plan) = prepare(&cfg, trace, embedded.is_some())?;
+    let links = if cfg.sessions {
+        Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
         (Some(p), mode) => {
@@ -474,6 +485,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             max_concurrency: cfg.max_concurrency,
             timeouts: cfg.timeouts,
             realtime: cfg.realtime,
+            links: links.clone(),
         },
         |s| {
             if let Some(pb) = &bar {
@@ -516,6 +528,16 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         ),
         _ => (true, None),
     };
+    let session_report = links.as_ref().map(|l| {
+        let recorded: Vec<u64> = plan.iter().map(|p| p.at_ns).collect();
+        let mut ps = vec![50.0, 99.0];
+        for p in &cfg.percentiles {
+            if !ps.contains(p) {
+                ps.push(*p);
+            }
+        }
+        sessions::report(l, &recorded, &driven.samples, &ps)
+    });
     let hist = Histograms::from_samples(&driven.samples);
     let info = result::RunInfo {
         date: now_utc_compact(),
@@ -543,7 +565,10 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         invalid_reason: invalid_reason.clone(),
         inexact_prompts: inexact,
     };
-    let result = result::build(&info, &summary, &hist, &driven.samples, cfg.detailed);
+    let mut result = result::build(&info, &summary, &hist, &driven.samples, cfg.detailed);
+    if let Some(r) = &session_report {
+        result::add_sessions(&mut result, r);
+    }
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
         std::fs::write(path, text)
@@ -551,6 +576,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     }
     let mut report = console::vllm_block(&summary);
     report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
+    if let Some(r) = &session_report {
+        report.push_str(&console::sessions_section(r));
+    }
     if let Some(r) = &invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
@@ -559,6 +587,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         result,
         report,
         valid,
+        sessions: session_report,
     })
 }
 

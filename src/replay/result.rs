@@ -213,6 +213,34 @@ pub fn build(
     Value::Object(m)
 }
 
+/// Adds the `--sessions` report as `sessions`: `{sessions, turns, dependent_turns,
+/// released_after_failure, drift: {count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}}`
+/// (drift = actual release − recorded arrival of each dependent turn, ms).
+pub fn add_sessions(result: &mut Value, r: &crate::replay::sessions::SessionReport) {
+    let mut d = Map::new();
+    d.insert("count".into(), json!(r.drift.count));
+    d.insert("mean_ms".into(), json!(r.drift.mean));
+    d.insert("median_ms".into(), json!(r.drift.median));
+    d.insert("std_ms".into(), json!(r.drift.std));
+    d.insert("min_ms".into(), json!(r.drift.min));
+    d.insert("max_ms".into(), json!(r.drift.max));
+    for (p, v) in &r.drift.percentiles {
+        d.insert(format!("p{}_ms", percentile_label(*p)), json!(v));
+    }
+    if let Value::Object(m) = result {
+        m.insert(
+            "sessions".into(),
+            json!({
+                "sessions": r.sessions,
+                "turns": r.turns,
+                "dependent_turns": r.dependent_turns,
+                "released_after_failure": r.released_after_failure,
+                "drift": Value::Object(d),
+            }),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +312,21 @@ mod tests {
             assert!(Histograms::decode(b64.as_str().unwrap()).is_ok());
             *b64 = json!("<base64>");
         }
+        insta::assert_json_snapshot!(v);
+    }
+
+    /// The optional `sessions` object (`--sessions`): key names and value types.
+    #[test]
+    fn sessions_schema_snapshot() {
+        let r = crate::replay::sessions::SessionReport {
+            sessions: 2,
+            turns: 5,
+            dependent_turns: 3,
+            released_after_failure: 1,
+            drift: Stats::from_seconds(&[0.010, -0.002, 0.030], &[50.0, 99.0]),
+        };
+        let mut v = json!({});
+        add_sessions(&mut v, &r);
         insta::assert_json_snapshot!(v);
     }
 

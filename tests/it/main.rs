@@ -6,5 +6,6 @@ mod merge;
 mod mock;
 mod record;
 mod replay;
+mod sessions;
 mod support;
 mod trace_cli;
