@@ -230,6 +230,21 @@ pub struct ReplayArgs {
     /// keep their planned times. Reports how far turns drifted from their recorded arrivals.
     #[arg(long, help_heading = "Workload shaping")]
     pub sessions: bool,
+    /// Read the server's Prometheus metrics before, every second during, and after the run:
+    /// achieved prefix-cache hit rate beside the trace's theoretical one, running/waiting
+    /// requests and KV-cache usage over time (console + result file). Default URL: the target's
+    /// /metrics; another with `--scrape-metrics=http://host:port/metrics`.
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics")]
+    pub scrape_metrics: Option<Option<String>>,
+    /// The server's KV-cache block size in tokens (vLLM `--block-size`), for the theoretical
+    /// prefix-cache hit count that --scrape-metrics reports.
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        default_value_t = 16,
+        help_heading = "Server metrics"
+    )]
+    pub server_block_size: u32,
 }
 
 /// Output formats `convert` writes.

@@ -116,6 +116,63 @@ pub fn sessions_section(r: &crate::replay::sessions::SessionReport) -> String {
     out
 }
 
+/// The `--scrape-metrics` section, from the result's `server_metrics` object.
+pub fn server_metrics_section(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Server metrics (--scrape-metrics)", '-');
+    let num = |x: &serde_json::Value| x.as_f64();
+    let or_na =
+        |x: Option<f64>, prec: usize| x.map_or("n/a".to_string(), |x| format!("{x:.prec$}"));
+    row(
+        &mut out,
+        "Scrapes (failed):",
+        format!("{} ({})", v["scrapes"], v["failed_scrapes"]),
+    );
+    if let Some(e) = v["last_error"].as_str() {
+        row(&mut out, "  last error:", e);
+    }
+    let pc = &v["prefix_cache"];
+    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{:.2} %", x * 100.0));
+    row(
+        &mut out,
+        "Prefix cache hit rate, achieved:",
+        format!(
+            "{} ({} / {} tokens)",
+            pct(num(&pc["hit_rate"])),
+            or_na(num(&pc["hits"]), 0),
+            or_na(num(&pc["queries"]), 0)
+        ),
+    );
+    row(
+        &mut out,
+        &format!(
+            "  theoretical (block {}):",
+            pc["server_block_size"].as_u64().unwrap_or(0)
+        ),
+        format!(
+            "{} ({} / {} tokens)",
+            pct(num(&pc["theoretical_hit_rate"])),
+            pc["theoretical_hits"],
+            pc["theoretical_queries"]
+        ),
+    );
+    row(
+        &mut out,
+        "Peak running / waiting requests:",
+        format!(
+            "{} / {}",
+            or_na(num(&v["peak_running"]), 0),
+            or_na(num(&v["peak_waiting"]), 0)
+        ),
+    );
+    row(
+        &mut out,
+        "Peak KV-cache usage:",
+        pct(num(&v["peak_kv_cache_usage"])),
+    );
+    out
+}
+
 /// Our sections, after vLLM's block.
 pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
     let mut out = String::new();

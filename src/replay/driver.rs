@@ -44,6 +44,8 @@ pub struct DriveOptions {
     pub realtime: bool,
     /// Session links over plan slots (`--sessions`): dependent turns wait for their predecessor.
     pub links: Option<Links>,
+    /// The replay's t0 (offsets are from it); `None` = [`START_LEAD`] from now.
+    pub t0: Option<Instant>,
 }
 
 /// Puts the calling thread under SCHED_FIFO; returns whether it worked.
@@ -129,7 +131,7 @@ pub async fn drive(
         .max_concurrency
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let handle = tokio::runtime::Handle::current();
-    let t0 = Instant::now() + START_LEAD;
+    let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
     let timeouts = opts.timeouts;
     let realtime = opts.realtime;
     let links = opts.links.map(Arc::new);

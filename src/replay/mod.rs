@@ -17,6 +17,7 @@ pub mod pool;
 pub mod request;
 pub mod result;
 pub mod schedule;
+pub mod scrape;
 pub mod sessions;
 pub mod shaping;
 
@@ -83,6 +84,10 @@ pub struct Config {
     pub dry_run: bool,
     /// `--sessions`: a turn waits for its session's previous turn plus think time.
     pub sessions: bool,
+    /// `--scrape-metrics`: `Some(None)` = the target's /metrics, `Some(Some(url))` = that URL.
+    pub scrape_metrics: Option<Option<String>>,
+    /// `--server-block-size`, tokens.
+    pub server_block_size: u32,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -104,6 +109,16 @@ impl Config {
         }
         if a.block_size == Some(0) {
             bail!("--block-size 0: must be at least 1");
+        }
+        if a.server_block_size == 0 {
+            bail!("--server-block-size 0: must be at least 1");
+        }
+        if let Some(Some(u)) = &a.scrape_metrics {
+            if !u.starts_with("http://") {
+                bail!(
+                    "--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics"
+                );
+            }
         }
         if let Some(d) = a.max_drift_ms {
             if !(d.is_finite() && d >= 0.0) {
@@ -199,6 +214,8 @@ impl Config {
             shaping,
             dry_run: a.dry_run,
             sessions: a.sessions,
+            scrape_metrics: a.scrape_metrics,
+            server_block_size: a.server_block_size,
             trace: a.trace,
             target: a.target,
             model: a.model,
@@ -438,6 +455,25 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))?;
         built.push(b);
     }
+    let theory = scrape::Theory {
+        server_block_size: cfg.server_block_size,
+        ..Default::default()
+    };
+    let theory = if cfg.scrape_metrics.is_some() {
+        let (hits, queries) = crate::trace::stats::vllm_prefix_cache(
+            &trace,
+            plan.iter().map(|p| p.index),
+            block_size,
+            cfg.server_block_size,
+        );
+        scrape::Theory {
+            hits,
+            queries,
+            ..theory
+        }
+    } else {
+        theory
+    };
     drop(trace);
     let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
     if inexact > 0 {
@@ -474,6 +510,25 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     } else {
         None
     };
+    let scraper = match &cfg.scrape_metrics {
+        None => None,
+        Some(url) => {
+            let (url, headers) = match url {
+                Some(u) => (u.clone(), HeaderMap::new()),
+                None => (
+                    format!("http://{}/metrics", target.authority),
+                    target.headers.clone(),
+                ),
+            };
+            let st = scrape::ScrapeTarget::new(&url, headers)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            Some(scrape::start(st, None, driver::START_LEAD).await)
+        }
+    };
+    let t0 = scraper
+        .as_ref()
+        .map_or_else(|| std::time::Instant::now() + driver::START_LEAD, |s| s.t0);
     let sends: Vec<(usize, u64)> = plan.iter().enumerate().map(|(i, p)| (i, p.at_ns)).collect();
     let mut failed = 0u64;
     let driven = driver::drive(
@@ -486,6 +541,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             timeouts: cfg.timeouts,
             realtime: cfg.realtime,
             links: links.clone(),
+            t0: Some(t0),
         },
         |s| {
             if let Some(pb) = &bar {
@@ -501,6 +557,13 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    let server_metrics = match scraper {
+        Some(s) => {
+            let series = s.finish().await;
+            Some(scrape::summarize(&series, &theory))
+        }
+        None => None,
+    };
     if let Some(e) = embedded {
         e.handle.shutdown().await;
     }
@@ -569,6 +632,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(r) = &session_report {
         result::add_sessions(&mut result, r);
     }
+    if let (Some(sm), serde_json::Value::Object(m)) = (&server_metrics, &mut result) {
+        m.insert("server_metrics".into(), sm.clone());
+    }
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
         std::fs::write(path, text)
@@ -578,6 +644,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
     if let Some(r) = &session_report {
         report.push_str(&console::sessions_section(r));
+    }
+    if let Some(sm) = &server_metrics {
+        report.push_str(&console::server_metrics_section(sm));
     }
     if let Some(r) = &invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));

@@ -306,18 +306,7 @@ mod tests {
         let sum = summarize(&s, 0.1, &[50.0, 99.0]);
         let h = Histograms::from_samples(&s);
         let mut v = build(&info(), &sum, &h, &s, true);
-        // histograms are binary blobs: check they decode, snapshot only their names
-        let hist = v["histograms"].as_object_mut().unwrap();
-        for (_, b64) in hist.iter_mut() {
-            assert!(Histograms::decode(b64.as_str().unwrap()).is_ok());
-            *b64 = json!("<base64>");
-        }
-        insta::assert_json_snapshot!(v);
-    }
-
-    /// The optional `sessions` object (`--sessions`): key names and value types.
-    #[test]
-    fn sessions_schema_snapshot() {
+        // The optional sections (`--sessions`, `--scrape-metrics`) are part of the contract.
         let r = crate::replay::sessions::SessionReport {
             sessions: 2,
             turns: 5,
@@ -325,8 +314,36 @@ mod tests {
             released_after_failure: 1,
             drift: Stats::from_seconds(&[0.010, -0.002, 0.030], &[50.0, 99.0]),
         };
-        let mut v = json!({});
         add_sessions(&mut v, &r);
+        let point = |t_s: f64, x: f64| crate::replay::scrape::Point {
+            t_s,
+            running: Some(x),
+            waiting: Some(0.0),
+            kv_usage: Some(x / 8.0),
+            hits: Some(100.0 * x),
+            queries: Some(1000.0 * x),
+            prompt_tokens: Some(1000.0 * x),
+            generation_tokens: None,
+        };
+        let series = crate::replay::scrape::Series {
+            url: "http://127.0.0.1:1/metrics".into(),
+            points: vec![point(-0.02, 0.0), point(1.0, 2.0), point(1.5, 3.0)],
+            before_ok: true,
+            after_ok: true,
+            ..Default::default()
+        };
+        let theory = crate::replay::scrape::Theory {
+            hits: 320,
+            queries: 3000,
+            server_block_size: 16,
+        };
+        v["server_metrics"] = crate::replay::scrape::summarize(&series, &theory);
+        // histograms are binary blobs: check they decode, snapshot only their names
+        let hist = v["histograms"].as_object_mut().unwrap();
+        for (_, b64) in hist.iter_mut() {
+            assert!(Histograms::decode(b64.as_str().unwrap()).is_ok());
+            *b64 = json!("<base64>");
+        }
         insta::assert_json_snapshot!(v);
     }
 

@@ -294,6 +294,9 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         Some(v) => m.insert("sessions".into(), v),
         None => m.remove("sessions"),
     };
+    // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
+    // and one shard's view is not the merged run's. Read them in the shard files.
+    m.remove("server_metrics");
     Ok(Value::Object(m))
 }
 
@@ -714,6 +717,9 @@ mod tests {
         }
         assert!(d["p99_ms"].is_null() && d["median_ms"].is_null());
         assert_eq!(d["pooled"], true);
+        // server-side scrapes are not merged
+        inputs[0].1["server_metrics"] = json!({"scrapes": 3});
+        assert!(merge(&inputs).unwrap().get("server_metrics").is_none());
     }
 
     /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.

@@ -6,6 +6,7 @@ mod merge;
 mod mock;
 mod record;
 mod replay;
+mod scrape;
 mod sessions;
 mod support;
 mod trace_cli;
