@@ -245,6 +245,11 @@ pub struct ReplayArgs {
         help_heading = "Server metrics"
     )]
     pub server_block_size: u32,
+    /// Also send probe requests (8-token fresh prompt, 1 output token) at this steady rate per
+    /// second beside the workload, outside --max-concurrency; reported separately (probe TTFT and
+    /// E2E latency: how much the workload slows unrelated traffic), never mixed into the metrics.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub probe_request_rate: Option<f64>,
 }
 
 /// Output formats `convert` writes.

@@ -173,6 +173,34 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
     out
 }
 
+/// The `--probe-request-rate` section, from the result's `probes` object.
+pub fn probes_section(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Probe requests (--probe-request-rate)", '-');
+    row(
+        &mut out,
+        "Probes sent / completed / failed:",
+        format!("{} / {} / {}", v["sent"], v["completed"], v["failed"]),
+    );
+    for (label, key) in [("Probe TTFT (ms):", "ttft"), ("Probe E2EL (ms):", "e2el")] {
+        let s = &v[key];
+        let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+        let p99 = s["p99_ms"]
+            .as_f64()
+            .map_or(String::new(), |x| format!(" p99 {x:.3}"));
+        let _ = writeln!(
+            out,
+            "{:<40} mean {:.3} median {:.3}{} max {:.3}",
+            label,
+            f("mean_ms"),
+            f("median_ms"),
+            p99,
+            f("max_ms")
+        );
+    }
+    out
+}
+
 /// Our sections, after vLLM's block.
 pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
     let mut out = String::new();

@@ -14,6 +14,7 @@ pub mod client;
 pub mod console;
 pub mod driver;
 pub mod pool;
+pub mod probe;
 pub mod request;
 pub mod result;
 pub mod schedule;
@@ -88,6 +89,8 @@ pub struct Config {
     pub scrape_metrics: Option<Option<String>>,
     /// `--server-block-size`, tokens.
     pub server_block_size: u32,
+    /// `--probe-request-rate`, probes per second.
+    pub probe_rate: Option<f64>,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -216,6 +219,10 @@ impl Config {
             sessions: a.sessions,
             scrape_metrics: a.scrape_metrics,
             server_block_size: a.server_block_size,
+            probe_rate: match a.probe_request_rate {
+                Some(r) => Some(positive("--probe-request-rate", r)?),
+                None => None,
+            },
             trace: a.trace,
             target: a.target,
             model: a.model,
@@ -455,6 +462,33 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))?;
         built.push(b);
     }
+    // Probe bodies: fresh hash ids above the trace's, built before the clock like the rest.
+    let probe_bodies = match cfg.probe_rate {
+        None => Vec::new(),
+        Some(rate) => {
+            let base = trace
+                .requests
+                .iter()
+                .flat_map(|r| r.hash_ids.iter())
+                .max()
+                .map_or(0, |m| m.saturating_add(1));
+            let n = probe::bodies_needed(schedule::span_ns(&plan), rate, 100_000);
+            let mut v = Vec::with_capacity(n);
+            for k in 0..n as u64 {
+                let r = crate::trace::Request {
+                    input_tokens: probe::PROBE_PROMPT_TOKENS,
+                    output_tokens: 1,
+                    hash_ids: vec![base.saturating_add(k)],
+                    ..Default::default()
+                };
+                v.push(
+                    request::build(&r, u64::MAX - k, &body_opts, &prompts)
+                        .map_err(|e| anyhow!("--probe-request-rate: building a probe: {e}"))?,
+                );
+            }
+            v
+        }
+    };
     let theory = scrape::Theory {
         server_block_size: cfg.server_block_size,
         ..Default::default()
@@ -529,6 +563,16 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let t0 = scraper
         .as_ref()
         .map_or_else(|| std::time::Instant::now() + driver::START_LEAD, |s| s.t0);
+    let prober = cfg.probe_rate.map(|rate| {
+        probe::start(
+            rate,
+            Arc::new(probe_bodies),
+            http.clone(),
+            target.clone(),
+            t0,
+            cfg.timeouts,
+        )
+    });
     let sends: Vec<(usize, u64)> = plan.iter().enumerate().map(|(i, p)| (i, p.at_ns)).collect();
     let mut failed = 0u64;
     let driven = driver::drive(
@@ -557,9 +601,31 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    let probes = match (prober, cfg.probe_rate) {
+        (Some(p), Some(rate)) => {
+            let samples = p.finish().await;
+            let mut ps = vec![50.0, 99.0];
+            for p in &cfg.percentiles {
+                if !ps.contains(p) {
+                    ps.push(*p);
+                }
+            }
+            Some((
+                samples.len() as u64,
+                probe::summarize(rate, &samples, driven.duration_s, &ps),
+            ))
+        }
+        _ => None,
+    };
     let server_metrics = match scraper {
         Some(s) => {
             let series = s.finish().await;
+            // Probes reach the server's counters too (fresh prompts: queries, never hits).
+            let sent = probes.as_ref().map_or(0, |p| p.0);
+            let theory = scrape::Theory {
+                queries: theory.queries + sent * probe::PROBE_PROMPT_TOKENS,
+                ..theory
+            };
             Some(scrape::summarize(&series, &theory))
         }
         None => None,
@@ -632,8 +698,13 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(r) = &session_report {
         result::add_sessions(&mut result, r);
     }
-    if let (Some(sm), serde_json::Value::Object(m)) = (&server_metrics, &mut result) {
-        m.insert("server_metrics".into(), sm.clone());
+    if let serde_json::Value::Object(m) = &mut result {
+        if let Some(sm) = &server_metrics {
+            m.insert("server_metrics".into(), sm.clone());
+        }
+        if let Some((_, p)) = &probes {
+            m.insert("probes".into(), p.clone());
+        }
     }
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
@@ -647,6 +718,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     }
     if let Some(sm) = &server_metrics {
         report.push_str(&console::server_metrics_section(sm));
+    }
+    if let Some((_, p)) = &probes {
+        report.push_str(&console::probes_section(p));
     }
     if let Some(r) = &invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));

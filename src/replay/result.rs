@@ -338,6 +338,7 @@ mod tests {
             server_block_size: 16,
         };
         v["server_metrics"] = crate::replay::scrape::summarize(&series, &theory);
+        v["probes"] = crate::replay::probe::summarize(2.0, &s[..1], 0.5, &[50.0, 99.0]);
         // histograms are binary blobs: check they decode, snapshot only their names
         let hist = v["histograms"].as_object_mut().unwrap();
         for (_, b64) in hist.iter_mut() {

@@ -294,6 +294,10 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         Some(v) => m.insert("sessions".into(), v),
         None => m.remove("sessions"),
     };
+    match merge_probes(inputs) {
+        Some(v) => m.insert("probes".into(), v),
+        None => m.remove("probes"),
+    };
     // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
     // and one shard's view is not the merged run's. Read them in the shard files.
     m.remove("server_metrics");
@@ -321,11 +325,46 @@ fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Option<Value> {
         let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
         m.insert(k.into(), json!(total));
     }
+    let drifts: Vec<&Value> = all.iter().map(|v| &v["drift"]).collect();
+    m.insert("drift".into(), pool_dist(&drifts));
+    Some(Value::Object(m))
+}
+
+/// `--probe-request-rate` reports of shards: each shard sent its own probes, so rates and counts
+/// add; `ttft`, `e2el`, `drift` pooled like [`pool_dist`]. `None` when no input has one.
+fn merge_probes(inputs: &[(PathBuf, Value)]) -> Option<Value> {
+    let all: Vec<&Value> = inputs.iter().filter_map(|(_, v)| v.get("probes")).collect();
+    let first = all.first()?;
+    let mut m = Map::new();
+    m.insert("prompt_tokens".into(), first["prompt_tokens"].clone());
+    let rate: f64 = all.iter().filter_map(|v| v["rate"].as_f64()).sum();
+    m.insert("rate".into(), json!(rate));
+    for k in ["sent", "completed", "failed"] {
+        let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
+        m.insert(k.into(), json!(total));
+    }
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for v in &all {
+        for (k, c) in v["errors_by_kind"].as_object().into_iter().flatten() {
+            *errors.entry(k.clone()).or_default() += c.as_u64().unwrap_or(0);
+        }
+    }
+    m.insert("errors_by_kind".into(), json!(errors));
+    for k in ["ttft", "e2el", "drift"] {
+        let d: Vec<&Value> = all.iter().map(|v| &v[k]).collect();
+        m.insert(k.into(), pool_dist(&d));
+    }
+    Some(Value::Object(m))
+}
+
+/// Pools `{count, mean_ms, std_ms, min_ms, max_ms, median_ms, pP_ms}` distributions exactly
+/// where possible (count, mean, population std, min, max); median and percentiles become null,
+/// and `pooled: true` says so.
+fn pool_dist(ds: &[&Value]) -> Value {
     let (mut n, mut sum, mut sq) = (0.0f64, 0.0f64, 0.0f64);
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut keys: Vec<String> = Vec::new();
-    for v in &all {
-        let d = &v["drift"];
+    for d in ds {
         let g = |k: &str| d.get(k).and_then(Value::as_f64);
         for k in d.as_object().into_iter().flat_map(|o| o.keys()) {
             if !keys.contains(k) {
@@ -361,8 +400,7 @@ fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Option<Value> {
     d.insert("min_ms".into(), json!(if n > 0.0 { lo } else { 0.0 }));
     d.insert("max_ms".into(), json!(if n > 0.0 { hi } else { 0.0 }));
     d.insert("pooled".into(), json!(true));
-    m.insert("drift".into(), Value::Object(d));
-    Some(Value::Object(m))
+    Value::Object(d)
 }
 
 /// The `--percentiles` of a result, read back from its `pP_ttft_ms` keys.
@@ -720,6 +758,30 @@ mod tests {
         // server-side scrapes are not merged
         inputs[0].1["server_metrics"] = json!({"scrapes": 3});
         assert!(merge(&inputs).unwrap().get("server_metrics").is_none());
+        // probes: rates and counts add, distributions pool
+        let probe = |ttft: &[f64]| {
+            let ok: Vec<Sample> = ttft
+                .iter()
+                .map(|&s| Sample {
+                    output_tokens: 1,
+                    ttft_ns: Some((s * 1e9) as u64),
+                    e2el_ns: Some((s * 1e9) as u64),
+                    ..Default::default()
+                })
+                .collect();
+            crate::replay::probe::summarize(2.0, &ok, 1.0, &[50.0, 99.0])
+        };
+        inputs[0].1["probes"] = probe(&[0.010, 0.020]);
+        inputs[1].1["probes"] = probe(&[0.030]);
+        let p = merge(&inputs).unwrap()["probes"].clone();
+        assert_eq!(
+            (p["rate"].as_f64(), p["sent"].as_u64()),
+            (Some(4.0), Some(3))
+        );
+        assert_eq!(p["completed"], 3);
+        assert!((p["ttft"]["mean_ms"].as_f64().unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(p["ttft"]["count"], 3);
+        assert!(p["ttft"]["p99_ms"].is_null());
     }
 
     /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.

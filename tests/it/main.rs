@@ -4,6 +4,7 @@ mod compare;
 mod fuzz;
 mod merge;
 mod mock;
+mod probe;
 mod record;
 mod replay;
 mod scrape;
