@@ -250,6 +250,12 @@ pub struct ReplayArgs {
     /// E2E latency: how much the workload slows unrelated traffic), never mixed into the metrics.
     #[arg(long, value_name = "R", help_heading = "Workload shaping")]
     pub probe_request_rate: Option<f64>,
+    /// Start the replay's clock (t0) at this wall-clock time: Unix seconds or RFC 3339
+    /// (`2026-11-29T22:00:00Z`). Shards started separately then replay one timeline together
+    /// (machine clocks synced by NTP). Bodies and connections are prepared before it; a time more
+    /// than 5 s in the past is refused.
+    #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
+    pub start_at: Option<String>,
 }
 
 /// Output formats `convert` writes.

@@ -21,6 +21,7 @@ pub mod schedule;
 pub mod scrape;
 pub mod sessions;
 pub mod shaping;
+pub mod start;
 
 use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
 use crate::metrics::{self, Api, Histograms};
@@ -91,6 +92,8 @@ pub struct Config {
     pub server_block_size: u32,
     /// `--probe-request-rate`, probes per second.
     pub probe_rate: Option<f64>,
+    /// `--start-at`: the wall-clock instant of t0.
+    pub start_at: Option<std::time::SystemTime>,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -221,6 +224,12 @@ impl Config {
             server_block_size: a.server_block_size,
             probe_rate: match a.probe_request_rate {
                 Some(r) => Some(positive("--probe-request-rate", r)?),
+                None => None,
+            },
+            start_at: match &a.start_at {
+                Some(t) => Some(
+                    start::parse(t, std::time::SystemTime::now()).map_err(anyhow::Error::msg)?,
+                ),
                 None => None,
             },
             trace: a.trace,
@@ -521,6 +530,17 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             );
         }
     }
+    if let Some(at) = cfg.start_at {
+        // Wait here, before opening connections: servers close idle keep-alives within seconds.
+        if let Ok(ahead) = at.duration_since(std::time::SystemTime::now()) {
+            eprintln!(
+                "retrace: --start-at: starting at {} (in {:.1} s)",
+                start::display(at),
+                ahead.as_secs_f64()
+            );
+            tokio::time::sleep(ahead.saturating_sub(start::WARM_LEAD)).await;
+        }
+    }
     // Connections are opened before the clock starts, a bounded number at a time.
     let warm = cfg
         .warm_connections
@@ -544,6 +564,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     } else {
         None
     };
+    let fixed = fixed_t0(&cfg)?;
     let scraper = match &cfg.scrape_metrics {
         None => None,
         Some(url) => {
@@ -557,12 +578,14 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             let st = scrape::ScrapeTarget::new(&url, headers)
                 .await
                 .map_err(anyhow::Error::msg)?;
-            Some(scrape::start(st, None, driver::START_LEAD).await)
+            Some(scrape::start(st, fixed, driver::START_LEAD).await)
         }
     };
-    let t0 = scraper
-        .as_ref()
-        .map_or_else(|| std::time::Instant::now() + driver::START_LEAD, |s| s.t0);
+    let t0 = match (&scraper, fixed) {
+        (Some(s), _) => s.t0,
+        (None, Some(t)) => t,
+        (None, None) => std::time::Instant::now() + driver::START_LEAD,
+    };
     let prober = cfg.probe_rate.map(|rate| {
         probe::start(
             rate,
@@ -699,6 +722,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         result::add_sessions(&mut result, r);
     }
     if let serde_json::Value::Object(m) = &mut result {
+        if let Some(at) = cfg.start_at {
+            m.insert("start_at".into(), serde_json::json!(start::display(at)));
+        }
         if let Some(sm) = &server_metrics {
             m.insert("server_metrics".into(), sm.clone());
         }
@@ -732,6 +758,17 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         valid,
         sessions: session_report,
     })
+}
+
+/// `--start-at` on the monotonic clock, read now (an error when setup ran past it).
+fn fixed_t0(cfg: &Config) -> anyhow::Result<Option<std::time::Instant>> {
+    match cfg.start_at {
+        None => Ok(None),
+        Some(at) => Ok(Some(
+            start::t0_for(at, std::time::SystemTime::now(), std::time::Instant::now())
+                .map_err(anyhow::Error::msg)?,
+        )),
+    }
 }
 
 /// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and

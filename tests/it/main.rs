@@ -9,5 +9,6 @@ mod record;
 mod replay;
 mod scrape;
 mod sessions;
+mod start_at;
 mod support;
 mod trace_cli;
