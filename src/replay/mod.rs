@@ -290,6 +290,24 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         print!("{}", shaping::dry_run_summary(&sends));
+        if cfg.sessions {
+            let l = sessions::link(&trace, &plan, cfg.speed.unwrap_or(1.0))
+                .map_err(anyhow::Error::msg)?;
+            let dependent = l.pred.iter().filter(|p| p.is_some()).count();
+            println!(
+                "sessions: {} sessions; {dependent} turns wait for their previous turn + think time (their send times depend on the server)",
+                l.sessions
+            );
+        }
+        if let Some(rate) = cfg.probe_rate {
+            let n = probe::bodies_needed(schedule::span_ns(&plan), rate, usize::MAX) - 1;
+            println!(
+                "probes: {rate}/s, about {n} over the planned span (more if the run outlasts it)"
+            );
+        }
+        if let Some(at) = cfg.start_at {
+            println!("start at: {}", start::display(at));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let fds = raise_fd_limit();

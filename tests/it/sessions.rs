@@ -220,3 +220,23 @@ fn sessions_on_a_trace_without_sessions_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn dry_run_tells_which_turns_wait() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let o = std::process::Command::new(bin)
+        .args(["replay", "--sessions", "--dry-run", "--speed", "1"])
+        .arg(support::repo("traces/kv_cache_tester_trace_0012.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Planned requests:                        14"),
+        "{out}"
+    );
+    assert!(
+        out.contains("sessions: 1 sessions; 13 turns wait for their previous turn + think time"),
+        "{out}"
+    );
+}
