@@ -156,6 +156,19 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
             pc["theoretical_queries"]
         ),
     );
+    if let (Some(a), Some(t)) = (num(&pc["hit_rate"]), num(&pc["theoretical_hit_rate"])) {
+        if a > t + 1e-9 {
+            let _ = writeln!(
+                out,
+                "  (above theoretical: a cache warm from an earlier run, or other traffic on the server)"
+            );
+        } else if a + 1e-9 < t {
+            let _ = writeln!(
+                out,
+                "  (below theoretical: eviction, concurrent prefills, failed requests, or another block size)"
+            );
+        }
+    }
     row(
         &mut out,
         "Peak running / waiting requests:",

@@ -141,6 +141,31 @@ async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
     // block 64: r1 1024, r2 512, r3 min(1088, 1088) = 1088 → the same total here; queries equal.
     assert_eq!(pc["hits"], pc["theoretical_hits"].as_f64().unwrap(), "{pc}");
     assert_eq!(pc["server_block_size"], 64);
+    assert!(!o.report.contains("theoretical:"), "{}", o.report);
+    // The same run again on the now-warm server: more hits than the trace alone explains, said so.
+    let again = replay::replay(
+        config(&[
+            trace.to_str().unwrap(),
+            "--target",
+            &url,
+            &scrape,
+            "--server-block-size",
+            "64",
+        ])
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pc = &again.result["server_metrics"]["prefix_cache"];
+    assert!(
+        pc["hits"].as_f64().unwrap() > pc["theoretical_hits"].as_f64().unwrap(),
+        "{pc}"
+    );
+    assert!(
+        again.report.contains("(above theoretical: a cache warm"),
+        "{}",
+        again.report
+    );
     mock.shutdown().await;
 
     // Nothing listens on the scrape URL: counted, the run still completes.
