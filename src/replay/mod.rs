@@ -645,15 +645,14 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let probes = match (prober, cfg.probe_rate) {
         (Some(p), Some(rate)) => {
             let samples = p.finish().await;
-            let mut ps = vec![50.0, 99.0];
-            for p in &cfg.percentiles {
-                if !ps.contains(p) {
-                    ps.push(*p);
-                }
-            }
             Some((
                 samples.len() as u64,
-                probe::summarize(rate, &samples, driven.duration_s, &ps),
+                probe::summarize(
+                    rate,
+                    &samples,
+                    driven.duration_s,
+                    &median_p99_and(&cfg.percentiles),
+                ),
             ))
         }
         _ => None,
@@ -700,13 +699,12 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     };
     let session_report = links.as_ref().map(|l| {
         let recorded: Vec<u64> = plan.iter().map(|p| p.at_ns).collect();
-        let mut ps = vec![50.0, 99.0];
-        for p in &cfg.percentiles {
-            if !ps.contains(p) {
-                ps.push(*p);
-            }
-        }
-        sessions::report(l, &recorded, &driven.samples, &ps)
+        sessions::report(
+            l,
+            &recorded,
+            &driven.samples,
+            &median_p99_and(&cfg.percentiles),
+        )
     });
     let hist = Histograms::from_samples(&driven.samples);
     let info = result::RunInfo {
@@ -776,6 +774,17 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         valid,
         sessions: session_report,
     })
+}
+
+/// Percentiles of our own sections (sessions, probes): 50 and 99 always, then `--percentiles`.
+fn median_p99_and(percentiles: &[f64]) -> Vec<f64> {
+    let mut ps = vec![50.0, 99.0];
+    for p in percentiles {
+        if !ps.contains(p) {
+            ps.push(*p);
+        }
+    }
+    ps
 }
 
 /// `--start-at` on the monotonic clock, read now (an error when setup ran past it).
