@@ -151,6 +151,24 @@ async fn turns_wait_for_predecessor_plus_think_time_and_drift_is_reported() {
         assert!(o.summary.drift.mean < 50.0, "{}", o.summary.drift.mean);
     }
     mock.shutdown().await;
+    // The embedded default target (no --target): the same ordering holds.
+    let out = dir.path().join("e.json");
+    let o = replay::replay(config(&[
+        trace.to_str().unwrap(),
+        "--sessions",
+        "--detailed",
+        "--result-json",
+        out.to_str().unwrap(),
+    ]))
+    .await
+    .unwrap();
+    assert_eq!((o.summary.completed, o.summary.failed), (12, 0));
+    let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(v["target"], "embedded-mock");
+    assert_order(&v, &turns);
+    assert_eq!(v["sessions"]["dependent_turns"], 9);
+    // 30 ms think vs 20 ms recorded gaps: every dependent turn is at least 10 ms late.
+    assert!(v["sessions"]["drift"]["min_ms"].as_f64().unwrap() >= 9.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
