@@ -230,6 +230,37 @@ pub struct ReplayArgs {
     /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
     #[arg(long)]
     pub dry_run: bool,
+    /// Session-ordered replay of a multi-turn trace: a turn is sent only when the previous turn
+    /// of its session has finished (failed or not), plus its think time (/ --speed); first turns
+    /// keep their planned times. Reports how far turns drifted from their recorded arrivals.
+    #[arg(long, help_heading = "Workload shaping")]
+    pub sessions: bool,
+    /// Read the server's Prometheus metrics before, every second during, and after the run:
+    /// achieved prefix-cache hit rate beside the trace's theoretical one, running/waiting
+    /// requests and KV-cache usage over time (console + result file). Default URL: the target's
+    /// /metrics; another with `--scrape-metrics=http://host:port/metrics`.
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics")]
+    pub scrape_metrics: Option<Option<String>>,
+    /// The server's KV-cache block size in tokens (vLLM `--block-size`), for the theoretical
+    /// prefix-cache hit count that --scrape-metrics reports.
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        default_value_t = 16,
+        help_heading = "Server metrics"
+    )]
+    pub server_block_size: u32,
+    /// Also send probe requests (8-token fresh prompt, 1 output token) at this steady rate per
+    /// second beside the workload, outside --max-concurrency; reported separately (probe TTFT and
+    /// E2E latency: how much the workload slows unrelated traffic), never mixed into the metrics.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub probe_request_rate: Option<f64>,
+    /// Start the replay's clock (t0) at this wall-clock time: Unix seconds or RFC 3339
+    /// (`2026-11-29T22:00:00Z`). Shards started separately then replay one timeline together
+    /// (machine clocks synced by NTP). Bodies and connections are prepared before it; a time more
+    /// than 5 s in the past is refused.
+    #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
+    pub start_at: Option<String>,
 }
 
 /// Output formats `convert` writes.

@@ -5,6 +5,7 @@
 //!   filters, statistics); pure and synchronous.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`prom`]: Prometheus text exposition parser (scraping servers' `/metrics`); pure.
 //! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
 //! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
 //!   result file and console report.
@@ -24,6 +25,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod mock;
 pub mod openai;
+pub mod prom;
 pub mod record;
 pub mod replay;
 pub mod report;

@@ -94,6 +94,126 @@ fn brief(out: &mut String, label: &str, s: &Stats) {
     );
 }
 
+/// The `--sessions` section: turn ordering and drift from the recorded arrivals.
+pub fn sessions_section(r: &crate::replay::sessions::SessionReport) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Session ordering (--sessions)", '-');
+    row(&mut out, "Sessions:", r.sessions);
+    row(&mut out, "Turns:", r.turns);
+    row(
+        &mut out,
+        "Turns released by their predecessor:",
+        r.dependent_turns,
+    );
+    row(
+        &mut out,
+        "  after a failed predecessor:",
+        r.released_after_failure,
+    );
+    if r.dependent_turns > 0 {
+        brief(&mut out, "Drift from recorded arrival (ms):", &r.drift);
+    }
+    out
+}
+
+/// The `--scrape-metrics` section, from the result's `server_metrics` object.
+pub fn server_metrics_section(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Server metrics (--scrape-metrics)", '-');
+    let num = |x: &serde_json::Value| x.as_f64();
+    let or_na =
+        |x: Option<f64>, prec: usize| x.map_or("n/a".to_string(), |x| format!("{x:.prec$}"));
+    row(
+        &mut out,
+        "Scrapes (failed):",
+        format!("{} ({})", v["scrapes"], v["failed_scrapes"]),
+    );
+    if let Some(e) = v["last_error"].as_str() {
+        row(&mut out, "  last error:", e);
+    }
+    let pc = &v["prefix_cache"];
+    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{:.2} %", x * 100.0));
+    row(
+        &mut out,
+        "Prefix cache hit rate, achieved:",
+        format!(
+            "{} ({} / {} tokens)",
+            pct(num(&pc["hit_rate"])),
+            or_na(num(&pc["hits"]), 0),
+            or_na(num(&pc["queries"]), 0)
+        ),
+    );
+    row(
+        &mut out,
+        &format!(
+            "  theoretical (block {}):",
+            pc["server_block_size"].as_u64().unwrap_or(0)
+        ),
+        format!(
+            "{} ({} / {} tokens)",
+            pct(num(&pc["theoretical_hit_rate"])),
+            pc["theoretical_hits"],
+            pc["theoretical_queries"]
+        ),
+    );
+    if let (Some(a), Some(t)) = (num(&pc["hit_rate"]), num(&pc["theoretical_hit_rate"])) {
+        if a > t + 1e-9 {
+            let _ = writeln!(
+                out,
+                "  (above theoretical: a cache warm from an earlier run, or other traffic on the server)"
+            );
+        } else if a + 1e-9 < t {
+            let _ = writeln!(
+                out,
+                "  (below theoretical: eviction, concurrent prefills, failed requests, or another block size)"
+            );
+        }
+    }
+    row(
+        &mut out,
+        "Peak running / waiting requests:",
+        format!(
+            "{} / {}",
+            or_na(num(&v["peak_running"]), 0),
+            or_na(num(&v["peak_waiting"]), 0)
+        ),
+    );
+    row(
+        &mut out,
+        "Peak KV-cache usage:",
+        pct(num(&v["peak_kv_cache_usage"])),
+    );
+    out
+}
+
+/// The `--probe-request-rate` section, from the result's `probes` object.
+pub fn probes_section(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    rule(&mut out, "Probe requests (--probe-request-rate)", '-');
+    row(
+        &mut out,
+        "Probes sent / completed / failed:",
+        format!("{} / {} / {}", v["sent"], v["completed"], v["failed"]),
+    );
+    for (label, key) in [("Probe TTFT (ms):", "ttft"), ("Probe E2EL (ms):", "e2el")] {
+        let s = &v[key];
+        let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+        let p99 = s["p99_ms"]
+            .as_f64()
+            .map_or(String::new(), |x| format!(" p99 {x:.3}"));
+        let _ = writeln!(
+            out,
+            "{:<40} mean {:.3} median {:.3}{} max {:.3}",
+            label,
+            f("mean_ms"),
+            f("median_ms"),
+            p99,
+            f("max_ms")
+        );
+    }
+    out
+}
+
 /// Our sections, after vLLM's block.
 pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
     let mut out = String::new();

@@ -10,11 +10,22 @@
 //! concurrency slot (client queue time, measured), then runs [`client::execute`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
 //! bodies are built before the clock starts.
+//!
+//! With session links ([`super::sessions::Links`], `--sessions`) the dispatcher walks only the
+//! roots of the plan; a dependent turn is handed to it by its predecessor's task when that ends
+//! (success or failure, or even a panic: the hand-over sits in a drop guard) with the deadline
+//! `predecessor end + think time`, and the dispatcher merges those into its walk (it waits on the
+//! hand-over channel with a timeout instead of sleeping, then spins as usual). A dependent turn's
+//! `intended_ns` is that deadline, so dispatch drift keeps meaning "dispatcher lateness".
 
 use super::client::{self, SendTimes, Target, Timeouts};
 use super::pool::Pool;
 use super::request::BuiltRequest;
+use super::sessions::Links;
 use crate::metrics::Sample;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Semaphore};
@@ -32,6 +43,10 @@ pub struct DriveOptions {
     /// Run the dispatcher thread under SCHED_FIFO (needs CAP_SYS_NICE); on a loaded machine this
     /// keeps other processes from delaying releases.
     pub realtime: bool,
+    /// Session links over plan slots (`--sessions`): dependent turns wait for their predecessor.
+    pub links: Option<Links>,
+    /// The replay's t0 (offsets are from it); `None` = [`START_LEAD`] from now.
+    pub t0: Option<Instant>,
 }
 
 /// Puts the calling thread under SCHED_FIFO; returns whether it worked.
@@ -53,6 +68,25 @@ pub struct Driven {
     pub samples: Vec<Sample>,
     /// First dispatch to last completion, seconds (vLLM's benchmark duration).
     pub duration_s: f64,
+}
+
+/// Hands the next turn of a session to the dispatcher when dropped: at the end of its
+/// predecessor's task, or during a panic's unwinding (then "now" stands for the end).
+struct Handover {
+    tx: std_mpsc::Sender<(u64, usize)>,
+    slot: usize,
+    think_ns: u64,
+    end_ns: Option<u64>,
+    t0: Instant,
+}
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        let end = self
+            .end_ns
+            .unwrap_or_else(|| Instant::now().saturating_duration_since(self.t0).as_nanos() as u64);
+        let _ = self.tx.send((end.saturating_add(self.think_ns), self.slot));
+    }
 }
 
 /// `struct sched_attr` of `sched_setattr(2)` (not in the libc crate).
@@ -139,9 +173,10 @@ pub async fn drive(
         .max_concurrency
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let handle = tokio::runtime::Handle::current();
-    let t0 = Instant::now() + START_LEAD;
+    let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
     let timeouts = opts.timeouts;
     let realtime = opts.realtime;
+    let links = opts.links.map(Arc::new);
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
         .spawn(move || {
@@ -150,11 +185,66 @@ pub async fn drive(
             if realtime && !realtime_setup() {
                 eprintln!("retrace: warning: --realtime: cannot use SCHED_FIFO (needs CAP_SYS_NICE); dispatching at normal priority");
             }
-            for (slot, (idx, at_ns)) in plan.into_iter().enumerate() {
-                wait_until(t0 + Duration::from_nanos(at_ns));
+            // Dependent turns handed over by their predecessor's task: (deadline ns, slot).
+            let (dep_tx, dep_rx) = std_mpsc::channel::<(u64, usize)>();
+            let mut due: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+            let mut roots = plan
+                .iter()
+                .enumerate()
+                .filter(|(slot, _)| links.as_ref().is_none_or(|l| l.is_root(*slot)))
+                .map(|(slot, &(idx, at))| (slot, idx, at))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .peekable();
+            let mut released = 0;
+            while released < n {
+                while let Ok((at, slot)) = dep_rx.try_recv() {
+                    due.push(Reverse((at, slot)));
+                }
+                let next_root = roots.peek().map(|r| r.2);
+                let next_dep = due.peek().map(|Reverse((at, _))| *at);
+                let at_ns = match (next_root, next_dep) {
+                    (None, None) => {
+                        // Nothing due until a running turn ends.
+                        match dep_rx.recv() {
+                            Ok((at, slot)) => {
+                                due.push(Reverse((at, slot)));
+                                continue;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    (Some(a), None) | (None, Some(a)) => a,
+                    (Some(a), Some(b)) => a.min(b),
+                };
+                let deadline = t0 + Duration::from_nanos(at_ns);
+                if links.is_some() {
+                    let now = Instant::now();
+                    if deadline > now + SPIN_WINDOW {
+                        if let Ok((at, slot)) =
+                            dep_rx.recv_timeout(deadline - SPIN_WINDOW - now)
+                        {
+                            due.push(Reverse((at, slot)));
+                            continue;
+                        }
+                    }
+                }
+                wait_until(deadline);
+                let (slot, idx, intended_ns) = if next_root == Some(at_ns) {
+                    match roots.next() {
+                        Some(r) => r,
+                        None => break,
+                    }
+                } else {
+                    match due.pop() {
+                        Some(Reverse((at, slot))) => (slot, plan[slot].0, at),
+                        None => break,
+                    }
+                };
+                released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
                 let times = SendTimes {
-                    intended_ns: at_ns,
+                    intended_ns,
                     dispatched_ns,
                 };
                 let (tx, client, target, requests, sem) = (
@@ -164,6 +254,15 @@ pub async fn drive(
                     requests.clone(),
                     sem.clone(),
                 );
+                let mut next = links.as_ref().and_then(|l| {
+                    l.succ[slot].map(|s| Handover {
+                        tx: dep_tx.clone(),
+                        slot: s,
+                        think_ns: l.think_ns[s],
+                        end_ns: None,
+                        t0,
+                    })
+                });
                 handle.spawn(async move {
                     let _permit = match &sem {
                         Some(s) => s.clone().acquire_owned().await.ok(),
@@ -171,6 +270,10 @@ pub async fn drive(
                     };
                     let req = &requests[idx];
                     let s = client::execute(&client, &target, req, times, t0, timeouts).await;
+                    if let Some(h) = &mut next {
+                        h.end_ns = Some(s.end_ns);
+                    }
+                    drop(next); // releases the next turn before the sample is collected
                     let _ = tx.send((slot, s));
                 });
             }

@@ -14,10 +14,14 @@ pub mod client;
 pub mod console;
 pub mod driver;
 pub mod pool;
+pub mod probe;
 pub mod request;
 pub mod result;
 pub mod schedule;
+pub mod scrape;
+pub mod sessions;
 pub mod shaping;
+pub mod start;
 
 use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
 use crate::metrics::{self, Api, Histograms};
@@ -82,6 +86,16 @@ pub struct Config {
     pub shaping: shaping::Shaping,
     /// Print the schedule summary and exit.
     pub dry_run: bool,
+    /// `--sessions`: a turn waits for its session's previous turn plus think time.
+    pub sessions: bool,
+    /// `--scrape-metrics`: `Some(None)` = the target's /metrics, `Some(Some(url))` = that URL.
+    pub scrape_metrics: Option<Option<String>>,
+    /// `--server-block-size`, tokens.
+    pub server_block_size: u32,
+    /// `--probe-request-rate`, probes per second.
+    pub probe_rate: Option<f64>,
+    /// `--start-at`: the wall-clock instant of t0.
+    pub start_at: Option<std::time::SystemTime>,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -103,6 +117,16 @@ impl Config {
         }
         if a.block_size == Some(0) {
             bail!("--block-size 0: must be at least 1");
+        }
+        if a.server_block_size == 0 {
+            bail!("--server-block-size 0: must be at least 1");
+        }
+        if let Some(Some(u)) = &a.scrape_metrics {
+            if !u.starts_with("http://") {
+                bail!(
+                    "--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics"
+                );
+            }
         }
         if let Some(d) = a.max_drift_ms {
             if !(d.is_finite() && d >= 0.0) {
@@ -197,6 +221,19 @@ impl Config {
         Ok(Config {
             shaping,
             dry_run: a.dry_run,
+            sessions: a.sessions,
+            scrape_metrics: a.scrape_metrics,
+            server_block_size: a.server_block_size,
+            probe_rate: match a.probe_request_rate {
+                Some(r) => Some(positive("--probe-request-rate", r)?),
+                None => None,
+            },
+            start_at: match &a.start_at {
+                Some(t) => Some(
+                    start::parse(t, std::time::SystemTime::now()).map_err(anyhow::Error::msg)?,
+                ),
+                None => None,
+            },
             trace: a.trace,
             target: a.target,
             target_ca: a.target_ca,
@@ -237,6 +274,8 @@ pub struct Outcome {
     /// Console report (vLLM block + ours).
     pub report: String,
     pub valid: bool,
+    /// `--sessions`: how the session-ordered replay went.
+    pub sessions: Option<sessions::SessionReport>,
 }
 
 /// Entry point of `retrace replay`.
@@ -254,6 +293,24 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             })
             .collect();
         print!("{}", shaping::dry_run_summary(&sends));
+        if cfg.sessions {
+            let l = sessions::link(&trace, &plan, cfg.speed.unwrap_or(1.0))
+                .map_err(anyhow::Error::msg)?;
+            let dependent = l.pred.iter().filter(|p| p.is_some()).count();
+            println!(
+                "sessions: {} sessions; {dependent} turns wait for their previous turn + think time (their send times depend on the server)",
+                l.sessions
+            );
+        }
+        if let Some(rate) = cfg.probe_rate {
+            let n = probe::bodies_needed(schedule::span_ns(&plan), rate, usize::MAX) - 1;
+            println!(
+                "probes: {rate}/s, about {n} over the planned span (more if the run outlasts it)"
+            );
+        }
+        if let Some(at) = cfg.start_at {
+            println!("start at: {}", start::display(at));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let fds = raise_fd_limit();
@@ -394,6 +451,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     };
     let speed = cfg.speed.unwrap_or(1.0);
     let (trace, plan) = prepare(&cfg, trace, embedded.is_some())?;
+    let links = if cfg.sessions {
+        Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = match (&cfg.tokenizer, cfg.prompt_mode) {
         (Some(p), mode) => {
@@ -430,6 +492,52 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))?;
         built.push(b);
     }
+    // Probe bodies: fresh hash ids above the trace's, built before the clock like the rest.
+    let probe_bodies = match cfg.probe_rate {
+        None => Vec::new(),
+        Some(rate) => {
+            let base = trace
+                .requests
+                .iter()
+                .flat_map(|r| r.hash_ids.iter())
+                .max()
+                .map_or(0, |m| m.saturating_add(1));
+            let n = probe::bodies_needed(schedule::span_ns(&plan), rate, 100_000);
+            let mut v = Vec::with_capacity(n);
+            for k in 0..n as u64 {
+                let r = crate::trace::Request {
+                    input_tokens: probe::PROBE_PROMPT_TOKENS,
+                    output_tokens: 1,
+                    hash_ids: vec![base.saturating_add(k)],
+                    ..Default::default()
+                };
+                v.push(
+                    request::build(&r, u64::MAX - k, &body_opts, &prompts)
+                        .map_err(|e| anyhow!("--probe-request-rate: building a probe: {e}"))?,
+                );
+            }
+            v
+        }
+    };
+    let theory = scrape::Theory {
+        server_block_size: cfg.server_block_size,
+        ..Default::default()
+    };
+    let theory = if cfg.scrape_metrics.is_some() {
+        let (hits, queries) = crate::trace::stats::vllm_prefix_cache(
+            &trace,
+            plan.iter().map(|p| p.index),
+            block_size,
+            cfg.server_block_size,
+        );
+        scrape::Theory {
+            hits,
+            queries,
+            ..theory
+        }
+    } else {
+        theory
+    };
     drop(trace);
     let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
     if inexact > 0 {
@@ -441,6 +549,17 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             eprintln!(
                 "retrace: warning: up to {streams} streams may be in flight but the open-file limit is {limit}; requests beyond it fail as `connect` (raise it with `ulimit -n`, or give --max-concurrency)"
             );
+        }
+    }
+    if let Some(at) = cfg.start_at {
+        // Wait here, before opening connections: servers close idle keep-alives within seconds.
+        if let Ok(ahead) = at.duration_since(std::time::SystemTime::now()) {
+            eprintln!(
+                "retrace: --start-at: starting at {} (in {:.1} s)",
+                start::display(at),
+                ahead.as_secs_f64()
+            );
+            tokio::time::sleep(ahead.saturating_sub(start::WARM_LEAD)).await;
         }
     }
     // Connections are opened before the clock starts, a bounded number at a time.
@@ -466,6 +585,42 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     } else {
         None
     };
+    let fixed = fixed_t0(&cfg)?;
+    let scraper = match &cfg.scrape_metrics {
+        None => None,
+        Some(url) => {
+            let (url, headers) = match url {
+                Some(u) => (u.clone(), HeaderMap::new()),
+                None => (
+                    format!(
+                        "{}://{}/metrics",
+                        if target.tls { "https" } else { "http" },
+                        target.authority
+                    ),
+                    target.headers.clone(),
+                ),
+            };
+            let st = scrape::ScrapeTarget::new(&url, headers, cfg.target_ca.as_deref())
+                .await
+                .map_err(anyhow::Error::msg)?;
+            Some(scrape::start(st, fixed, driver::START_LEAD).await)
+        }
+    };
+    let t0 = match (&scraper, fixed) {
+        (Some(s), _) => s.t0,
+        (None, Some(t)) => t,
+        (None, None) => std::time::Instant::now() + driver::START_LEAD,
+    };
+    let prober = cfg.probe_rate.map(|rate| {
+        probe::start(
+            rate,
+            Arc::new(probe_bodies),
+            http.clone(),
+            target.clone(),
+            t0,
+            cfg.timeouts,
+        )
+    });
     let sends: Vec<(usize, u64)> = plan.iter().enumerate().map(|(i, p)| (i, p.at_ns)).collect();
     let mut failed = 0u64;
     let driven = driver::drive(
@@ -477,6 +632,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             max_concurrency: cfg.max_concurrency,
             timeouts: cfg.timeouts,
             realtime: cfg.realtime,
+            links: links.clone(),
+            t0: Some(t0),
         },
         |s| {
             if let Some(pb) = &bar {
@@ -492,6 +649,34 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    let probes = match (prober, cfg.probe_rate) {
+        (Some(p), Some(rate)) => {
+            let samples = p.finish().await;
+            Some((
+                samples.len() as u64,
+                probe::summarize(
+                    rate,
+                    &samples,
+                    driven.duration_s,
+                    &median_p99_and(&cfg.percentiles),
+                ),
+            ))
+        }
+        _ => None,
+    };
+    let server_metrics = match scraper {
+        Some(s) => {
+            let series = s.finish().await;
+            // Probes reach the server's counters too (fresh prompts: queries, never hits).
+            let sent = probes.as_ref().map_or(0, |p| p.0);
+            let theory = scrape::Theory {
+                queries: theory.queries + sent * probe::PROBE_PROMPT_TOKENS,
+                ..theory
+            };
+            Some(scrape::summarize(&series, &theory))
+        }
+        None => None,
+    };
     if let Some(e) = embedded {
         e.handle.shutdown().await;
     }
@@ -519,6 +704,15 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         ),
         _ => (true, None),
     };
+    let session_report = links.as_ref().map(|l| {
+        let recorded: Vec<u64> = plan.iter().map(|p| p.at_ns).collect();
+        sessions::report(
+            l,
+            &recorded,
+            &driven.samples,
+            &median_p99_and(&cfg.percentiles),
+        )
+    });
     let hist = Histograms::from_samples(&driven.samples);
     let info = result::RunInfo {
         date: now_utc_compact(),
@@ -546,7 +740,21 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         invalid_reason: invalid_reason.clone(),
         inexact_prompts: inexact,
     };
-    let result = result::build(&info, &summary, &hist, &driven.samples, cfg.detailed);
+    let mut result = result::build(&info, &summary, &hist, &driven.samples, cfg.detailed);
+    if let Some(r) = &session_report {
+        result::add_sessions(&mut result, r);
+    }
+    if let serde_json::Value::Object(m) = &mut result {
+        if let Some(at) = cfg.start_at {
+            m.insert("start_at".into(), serde_json::json!(start::display(at)));
+        }
+        if let Some(sm) = &server_metrics {
+            m.insert("server_metrics".into(), sm.clone());
+        }
+        if let Some((_, p)) = &probes {
+            m.insert("probes".into(), p.clone());
+        }
+    }
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
         std::fs::write(path, text)
@@ -554,6 +762,15 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     }
     let mut report = console::vllm_block(&summary);
     report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
+    if let Some(r) = &session_report {
+        report.push_str(&console::sessions_section(r));
+    }
+    if let Some(sm) = &server_metrics {
+        report.push_str(&console::server_metrics_section(sm));
+    }
+    if let Some((_, p)) = &probes {
+        report.push_str(&console::probes_section(p));
+    }
     if let Some(r) = &invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
@@ -562,7 +779,30 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         result,
         report,
         valid,
+        sessions: session_report,
     })
+}
+
+/// Percentiles of our own sections (sessions, probes): 50 and 99 always, then `--percentiles`.
+fn median_p99_and(percentiles: &[f64]) -> Vec<f64> {
+    let mut ps = vec![50.0, 99.0];
+    for p in percentiles {
+        if !ps.contains(p) {
+            ps.push(*p);
+        }
+    }
+    ps
+}
+
+/// `--start-at` on the monotonic clock, read now (an error when setup ran past it).
+fn fixed_t0(cfg: &Config) -> anyhow::Result<Option<std::time::Instant>> {
+    match cfg.start_at {
+        None => Ok(None),
+        Some(at) => Ok(Some(
+            start::t0_for(at, std::time::SystemTime::now(), std::time::Instant::now())
+                .map_err(anyhow::Error::msg)?,
+        )),
+    }
 }
 
 /// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and

@@ -213,6 +213,34 @@ pub fn build(
     Value::Object(m)
 }
 
+/// Adds the `--sessions` report as `sessions`: `{sessions, turns, dependent_turns,
+/// released_after_failure, drift: {count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}}`
+/// (drift = actual release − recorded arrival of each dependent turn, ms).
+pub fn add_sessions(result: &mut Value, r: &crate::replay::sessions::SessionReport) {
+    let mut d = Map::new();
+    d.insert("count".into(), json!(r.drift.count));
+    d.insert("mean_ms".into(), json!(r.drift.mean));
+    d.insert("median_ms".into(), json!(r.drift.median));
+    d.insert("std_ms".into(), json!(r.drift.std));
+    d.insert("min_ms".into(), json!(r.drift.min));
+    d.insert("max_ms".into(), json!(r.drift.max));
+    for (p, v) in &r.drift.percentiles {
+        d.insert(format!("p{}_ms", percentile_label(*p)), json!(v));
+    }
+    if let Value::Object(m) = result {
+        m.insert(
+            "sessions".into(),
+            json!({
+                "sessions": r.sessions,
+                "turns": r.turns,
+                "dependent_turns": r.dependent_turns,
+                "released_after_failure": r.released_after_failure,
+                "drift": Value::Object(d),
+            }),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +306,39 @@ mod tests {
         let sum = summarize(&s, 0.1, &[50.0, 99.0]);
         let h = Histograms::from_samples(&s);
         let mut v = build(&info(), &sum, &h, &s, true);
+        // The optional sections (`--sessions`, `--scrape-metrics`) are part of the contract.
+        let r = crate::replay::sessions::SessionReport {
+            sessions: 2,
+            turns: 5,
+            dependent_turns: 3,
+            released_after_failure: 1,
+            drift: Stats::from_seconds(&[0.010, -0.002, 0.030], &[50.0, 99.0]),
+        };
+        add_sessions(&mut v, &r);
+        let point = |t_s: f64, x: f64| crate::replay::scrape::Point {
+            t_s,
+            running: Some(x),
+            waiting: Some(0.0),
+            kv_usage: Some(x / 8.0),
+            hits: Some(100.0 * x),
+            queries: Some(1000.0 * x),
+            prompt_tokens: Some(1000.0 * x),
+            generation_tokens: None,
+        };
+        let series = crate::replay::scrape::Series {
+            url: "http://127.0.0.1:1/metrics".into(),
+            points: vec![point(-0.02, 0.0), point(1.0, 2.0), point(1.5, 3.0)],
+            before_ok: true,
+            after_ok: true,
+            ..Default::default()
+        };
+        let theory = crate::replay::scrape::Theory {
+            hits: 320,
+            queries: 3000,
+            server_block_size: 16,
+        };
+        v["server_metrics"] = crate::replay::scrape::summarize(&series, &theory);
+        v["probes"] = crate::replay::probe::summarize(2.0, &s[..1], 0.5, &[50.0, 99.0]);
         // histograms are binary blobs: check they decode, snapshot only their names
         let hist = v["histograms"].as_object_mut().unwrap();
         for (_, b64) in hist.iter_mut() {

@@ -623,6 +623,7 @@ pub(crate) mod tests {
             requests: Some(r),
             hists: BTreeMap::new(),
             trace: None,
+            server_series: None,
         }
     }
 

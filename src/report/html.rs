@@ -195,7 +195,30 @@ fn series(run: &Run) -> Option<Value> {
     let sqd = peak(&mut server_queued);
     let times: Vec<f64> = (0..bins).map(|b| r3((b as f64 + 0.5) * w)).collect();
     let per_s = |v: Vec<f64>| -> Vec<f64> { v.into_iter().map(|x| r3(x / w)).collect() };
+    // `--scrape-metrics`: the server's own gauges, as [t, value] points (nulls dropped).
+    let scraped = |col: &str| -> Value {
+        let Some(s) = &run.server_series else {
+            return Value::Null;
+        };
+        let (Some(t), Some(v)) = (s["t"].as_array(), s[col].as_array()) else {
+            return Value::Null;
+        };
+        let pts: Vec<[f64; 2]> = t
+            .iter()
+            .zip(v)
+            .filter_map(|(t, v)| Some([r3(t.as_f64()?), v.as_f64()?]))
+            .take(SERIES_BINS * 4)
+            .collect();
+        if pts.is_empty() {
+            Value::Null
+        } else {
+            json!(pts)
+        }
+    };
     Some(json!({
+        "server_running": scraped("running"),
+        "server_waiting": scraped("waiting"),
+        "server_kv": scraped("kv_cache_usage"),
         "t": times,
         "completions": per_s(done),
         "tokens": per_s(toks),
@@ -547,8 +570,11 @@ function report(app,D){
     lineChart(g2,'chart-throughput','Throughput',[{name:'output tok/s',pts:z(S.tokens)}],{xlabel:'s',ylabel:'tokens/s'});
     lineChart(g2,'chart-completions','Completions',[{name:'req/s',pts:z(S.completions)}],{xlabel:'s',ylabel:'requests/s'});
     var cs=[{name:'in flight',pts:z(S.concurrency)}];if(S.queue)cs.push({name:'client queue',pts:z(S.queue),color:COLORS[1]});if(S.server_queue)cs.push({name:'server queue*',pts:z(S.server_queue),color:COLORS[3]});
+    if(S.server_running)cs.push({name:'server running',pts:S.server_running,color:COLORS[2],dash:true});if(S.server_waiting)cs.push({name:'server waiting',pts:S.server_waiting,color:COLORS[3],dash:true});
     lineChart(g2,'chart-concurrency','Concurrency and queue depth (peak per bin)',cs,{xlabel:'s',ylabel:'requests'});
-    if(S.server_queue)h('div',{'class':'sub'},se,'* server queue depth from each request\'s reported queue time, placed at its send time (the server does not say when it queued).');}
+    if(S.server_kv)lineChart(g2,'chart-server-kv','Server KV-cache usage (scraped)',[{name:'KV usage',pts:S.server_kv}],{xlabel:'s',ylabel:'fraction'});
+    if(S.server_queue)h('div',{'class':'sub'},se,'* server queue depth from each request\'s reported queue time, placed at its send time (the server does not say when it queued).');
+    if(S.server_running||S.server_waiting)h('div',{'class':'sub'},se,'Dashed: the server\'s own /metrics gauges, scraped every second (--scrape-metrics).');}
   if(D.isl||D.osl){var ln=section(app,'lengths','Lengths');var g3=h('div',{'class':'grid'},ln);
     if(D.isl)barChart(g3,'chart-isl','Input lengths (ISL)',D.isl,'tokens');if(D.osl)barChart(g3,'chart-osl','Output lengths (OSL)',D.osl,'tokens');}
   if(D.breakdown){var bd=section(app,'breakdown','Server-side breakdown of client TTFT');var B=D.breakdown;
@@ -616,6 +642,27 @@ mod tests {
         }
         assert_eq!(p.matches("http://").count(), 1);
         assert!(p.contains("'http://www.w3.org/2000/svg'"));
+    }
+
+    /// Scraped server gauges (`--scrape-metrics`) join the queue-depth chart; nulls are dropped.
+    #[test]
+    fn scraped_server_gauges_join_the_queue_chart() {
+        let mut run = synth_run(50, 80.0, 1);
+        assert!(report_page(&run, (25.0, 50.0)).contains("\"server_running\":null"));
+        run.server_series = Some(json!({
+            "t": [-0.02, 1.0, 2.0],
+            "running": [0.0, 4.0, null],
+            "waiting": [0.0, 1.0, 0.0],
+            "kv_cache_usage": [0.0, 0.5, 0.25],
+        }));
+        let p = report_page(&run, (25.0, 50.0));
+        assert!(
+            p.contains("\"server_running\":[[-0.02,0.0],[1.0,4.0]]"),
+            "nulls dropped"
+        );
+        assert!(p.contains("\"server_waiting\":[[-0.02,0.0],[1.0,1.0],[2.0,0.0]]"));
+        assert!(p.contains("\"server_kv\":[[-0.02,0.0],[1.0,0.5],[2.0,0.25]]"));
+        assert!(p.contains("chart-server-kv"));
     }
 
     #[test]

@@ -187,6 +187,9 @@ pub struct Run {
     pub hists: BTreeMap<Metric, Weighted>,
     /// The trace itself, when the input was one.
     pub trace: Option<Trace>,
+    /// `server_metrics.series` of a retrace result (`--scrape-metrics`): `{t, running, waiting,
+    /// kv_cache_usage, ...}` columns, seconds from t0; not validated beyond being an object.
+    pub server_series: Option<serde_json::Value>,
 }
 
 impl Run {
@@ -380,6 +383,11 @@ fn from_result(
         requests,
         hists,
         trace: None,
+        server_series: obj
+            .get("server_metrics")
+            .and_then(|m| m.get("series"))
+            .filter(|v| v.is_object())
+            .cloned(),
     })
 }
 
@@ -578,6 +586,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
         requests,
         hists: BTreeMap::new(),
         trace: Some(t),
+        server_series: None,
     }
 }
 

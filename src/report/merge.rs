@@ -290,7 +290,117 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
             .map(|(p, _)| p.display().to_string())
             .collect::<Vec<_>>()),
     );
+    match merge_sessions(inputs) {
+        Some(v) => m.insert("sessions".into(), v),
+        None => m.remove("sessions"),
+    };
+    match merge_probes(inputs) {
+        Some(v) => m.insert("probes".into(), v),
+        None => m.remove("probes"),
+    };
+    // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
+    // and one shard's view is not the merged run's. Read them in the shard files.
+    m.remove("server_metrics");
     Ok(Value::Object(m))
+}
+
+/// `--sessions` reports of shards (sessions are kept whole by `--shard`): counts summed, the drift
+/// distribution pooled exactly where it can be (count, mean, std, min, max); median and
+/// percentiles null (`pooled: true`). `None` when no input has one.
+fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Option<Value> {
+    let all: Vec<&Value> = inputs
+        .iter()
+        .filter_map(|(_, v)| v.get("sessions"))
+        .collect();
+    if all.is_empty() {
+        return None;
+    }
+    let mut m = Map::new();
+    for k in [
+        "sessions",
+        "turns",
+        "dependent_turns",
+        "released_after_failure",
+    ] {
+        let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
+        m.insert(k.into(), json!(total));
+    }
+    let drifts: Vec<&Value> = all.iter().map(|v| &v["drift"]).collect();
+    m.insert("drift".into(), pool_dist(&drifts));
+    Some(Value::Object(m))
+}
+
+/// `--probe-request-rate` reports of shards: each shard sent its own probes, so rates and counts
+/// add; `ttft`, `e2el`, `drift` pooled like [`pool_dist`]. `None` when no input has one.
+fn merge_probes(inputs: &[(PathBuf, Value)]) -> Option<Value> {
+    let all: Vec<&Value> = inputs.iter().filter_map(|(_, v)| v.get("probes")).collect();
+    let first = all.first()?;
+    let mut m = Map::new();
+    m.insert("prompt_tokens".into(), first["prompt_tokens"].clone());
+    let rate: f64 = all.iter().filter_map(|v| v["rate"].as_f64()).sum();
+    m.insert("rate".into(), json!(rate));
+    for k in ["sent", "completed", "failed"] {
+        let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
+        m.insert(k.into(), json!(total));
+    }
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for v in &all {
+        for (k, c) in v["errors_by_kind"].as_object().into_iter().flatten() {
+            *errors.entry(k.clone()).or_default() += c.as_u64().unwrap_or(0);
+        }
+    }
+    m.insert("errors_by_kind".into(), json!(errors));
+    for k in ["ttft", "e2el", "drift"] {
+        let d: Vec<&Value> = all.iter().map(|v| &v[k]).collect();
+        m.insert(k.into(), pool_dist(&d));
+    }
+    Some(Value::Object(m))
+}
+
+/// Pools `{count, mean_ms, std_ms, min_ms, max_ms, median_ms, pP_ms}` distributions exactly
+/// where possible (count, mean, population std, min, max); median and percentiles become null,
+/// and `pooled: true` says so.
+fn pool_dist(ds: &[&Value]) -> Value {
+    let (mut n, mut sum, mut sq) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    let mut keys: Vec<String> = Vec::new();
+    for d in ds {
+        let g = |k: &str| d.get(k).and_then(Value::as_f64);
+        for k in d.as_object().into_iter().flat_map(|o| o.keys()) {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+        let c = g("count").unwrap_or(0.0);
+        if c == 0.0 {
+            continue;
+        }
+        let (mean, std) = (g("mean_ms").unwrap_or(0.0), g("std_ms").unwrap_or(0.0));
+        n += c;
+        sum += c * mean;
+        sq += c * (std * std + mean * mean);
+        lo = lo.min(g("min_ms").unwrap_or(lo));
+        hi = hi.max(g("max_ms").unwrap_or(hi));
+    }
+    let mut d = Map::new();
+    for k in keys {
+        d.insert(k, Value::Null); // medians and percentiles cannot be pooled
+    }
+    let mean = if n > 0.0 { sum / n } else { 0.0 };
+    d.insert("count".into(), json!(n as u64));
+    d.insert("mean_ms".into(), json!(mean));
+    d.insert(
+        "std_ms".into(),
+        json!(if n > 0.0 {
+            (sq / n - mean * mean).max(0.0).sqrt()
+        } else {
+            0.0
+        }),
+    );
+    d.insert("min_ms".into(), json!(if n > 0.0 { lo } else { 0.0 }));
+    d.insert("max_ms".into(), json!(if n > 0.0 { hi } else { 0.0 }));
+    d.insert("pooled".into(), json!(true));
+    Value::Object(d)
 }
 
 /// The `--percentiles` of a result, read back from its `pP_ttft_ms` keys.
@@ -605,6 +715,73 @@ mod tests {
         ] {
             assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
         }
+    }
+
+    /// Shards' `--sessions` reports: counts summed, drift pooled exactly (count, mean, std, min,
+    /// max), percentiles null; without any, no `sessions` key.
+    #[test]
+    fn session_reports_are_summed_and_pooled() {
+        use crate::replay::sessions::SessionReport;
+        let drifts = [vec![0.010, 0.020], vec![0.030, 0.050, 0.040]];
+        let mut inputs = shards(false);
+        assert!(merge(&inputs).unwrap().get("sessions").is_none());
+        for (k, (_, v)) in inputs.iter_mut().take(2).enumerate() {
+            let r = SessionReport {
+                sessions: 1 + k,
+                turns: 3 + k,
+                dependent_turns: drifts[k].len(),
+                released_after_failure: k,
+                drift: Stats::from_seconds(&drifts[k], &[50.0, 99.0]),
+            };
+            crate::replay::result::add_sessions(v, &r);
+        }
+        let m = merge(&inputs).unwrap();
+        let s = &m["sessions"];
+        assert_eq!(s["sessions"], 3);
+        assert_eq!(s["turns"], 7);
+        assert_eq!(s["dependent_turns"], 5);
+        assert_eq!(s["released_after_failure"], 1);
+        let all: Vec<f64> = drifts.concat();
+        let whole = Stats::from_seconds(&all, &[50.0]);
+        let d = &s["drift"];
+        assert_eq!(d["count"], 5);
+        for (k, want) in [
+            ("mean_ms", whole.mean),
+            ("std_ms", whole.std),
+            ("min_ms", whole.min),
+            ("max_ms", whole.max),
+        ] {
+            assert!((d[k].as_f64().unwrap() - want).abs() < 1e-9, "{k}");
+        }
+        assert!(d["p99_ms"].is_null() && d["median_ms"].is_null());
+        assert_eq!(d["pooled"], true);
+        // server-side scrapes are not merged
+        inputs[0].1["server_metrics"] = json!({"scrapes": 3});
+        assert!(merge(&inputs).unwrap().get("server_metrics").is_none());
+        // probes: rates and counts add, distributions pool
+        let probe = |ttft: &[f64]| {
+            let ok: Vec<Sample> = ttft
+                .iter()
+                .map(|&s| Sample {
+                    output_tokens: 1,
+                    ttft_ns: Some((s * 1e9) as u64),
+                    e2el_ns: Some((s * 1e9) as u64),
+                    ..Default::default()
+                })
+                .collect();
+            crate::replay::probe::summarize(2.0, &ok, 1.0, &[50.0, 99.0])
+        };
+        inputs[0].1["probes"] = probe(&[0.010, 0.020]);
+        inputs[1].1["probes"] = probe(&[0.030]);
+        let p = merge(&inputs).unwrap()["probes"].clone();
+        assert_eq!(
+            (p["rate"].as_f64(), p["sent"].as_u64()),
+            (Some(4.0), Some(3))
+        );
+        assert_eq!(p["completed"], 3);
+        assert!((p["ttft"]["mean_ms"].as_f64().unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(p["ttft"]["count"], 3);
+        assert!(p["ttft"]["p99_ms"].is_null());
     }
 
     /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.

@@ -219,6 +219,68 @@ pub fn lru_hit_rate(trace: &Trace, cap: u64) -> f64 {
     }
 }
 
+/// The prefix-cache counters an ideal vLLM would report for `trace`'s requests sent one after
+/// another in `order` (unbounded cache, each request computed before the next is scheduled):
+/// `(hits, queries)` in tokens, by vLLM's rule (domain.md §4): for a request of L prompt tokens
+/// whose first P tokens were computed by earlier requests, `hits = min(floor(P/B)*B,
+/// floor((L-1)/B)*B)` and `queries = L`, with B = `server_block`. P comes from the hash ids:
+/// each id stands for `block_tokens` tokens (the last block of a request may be partial, a prefix
+/// of the full one), ids are chained (equal ids at equal positions after an equal prefix mean
+/// equal tokens), so P is the longest id-prefix shared with any earlier request, in tokens,
+/// capped by both lengths. Concurrent requests and eviction only lower the real count.
+pub fn vllm_prefix_cache(
+    trace: &Trace,
+    order: impl IntoIterator<Item = usize>,
+    block_tokens: u32,
+    server_block: u32,
+) -> (u64, u64) {
+    use std::collections::HashMap;
+    let t = u64::from(block_tokens.max(1));
+    let b = u64::from(server_block.max(1));
+    // A trie of id prefixes; `covered[node]` = the most tokens an earlier request computed
+    // through that node.
+    let mut child: HashMap<(usize, u64), usize> = HashMap::new();
+    let mut covered: Vec<u64> = vec![0];
+    let (mut hits, mut queries) = (0u64, 0u64);
+    for i in order {
+        let Some(r) = trace.requests.get(i) else {
+            continue;
+        };
+        let len = r.input_tokens;
+        queries += len;
+        let mut node = 0;
+        let mut p = 0;
+        for h in &r.hash_ids {
+            match child.get(&(node, *h)) {
+                Some(&n) => {
+                    node = n;
+                    p = covered[n];
+                }
+                None => break,
+            }
+        }
+        let p = p.min(len);
+        if len > 0 {
+            hits += ((p / b) * b).min(((len - 1) / b) * b);
+        }
+        let mut node = 0;
+        for (k, h) in r.hash_ids.iter().enumerate() {
+            let upto = ((k as u64 + 1) * t).min(len);
+            let next = covered.len();
+            let n = *child.entry((node, *h)).or_insert(next);
+            if n == next {
+                covered.push(0);
+            }
+            covered[n] = covered[n].max(upto);
+            node = n;
+            if upto == len {
+                break;
+            }
+        }
+    }
+    (hits, queries)
+}
+
 fn recorded(trace: &Trace) -> Option<Recorded> {
     let mut rec = Recorded::default();
     let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
@@ -274,6 +336,60 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+        }
+    }
+
+    /// The trie agrees with the pairwise definition (longest shared prefix with any earlier
+    /// request) on random chained traces, partial blocks included.
+    #[test]
+    fn vllm_prefix_cache_matches_the_pairwise_rule() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..50 {
+            let (t, b) = (rng.random_range(1..40u64), rng.random_range(1..20u32));
+            let mut reqs = Vec::new();
+            for _ in 0..rng.random_range(1..25) {
+                let n = rng.random_range(0..6u64);
+                // few distinct ids: prefixes are shared often
+                let ids: Vec<u64> = (0..n).map(|k| k * 10 + rng.random_range(0..2)).collect();
+                let len = if n == 0 {
+                    rng.random_range(0..50)
+                } else {
+                    (n - 1) * t + rng.random_range(1..=t)
+                };
+                reqs.push(Request {
+                    input_tokens: len,
+                    hash_ids: ids,
+                    ..Default::default()
+                });
+            }
+            let tr = Trace {
+                header: crate::trace::TraceHeader::imported(t as u32, true, "t"),
+                requests: reqs,
+            };
+            let bb = u64::from(b);
+            let mut want = 0;
+            for (k, r) in tr.requests.iter().enumerate() {
+                let mut p = 0;
+                for e in &tr.requests[..k] {
+                    let common = r
+                        .hash_ids
+                        .iter()
+                        .zip(&e.hash_ids)
+                        .take_while(|(x, y)| x == y)
+                        .count() as u64;
+                    p = p.max((common * t).min(r.input_tokens).min(e.input_tokens));
+                }
+                if r.input_tokens > 0 {
+                    want += ((p / bb) * bb).min(((r.input_tokens - 1) / bb) * bb);
+                }
+            }
+            let (hits, queries) = vllm_prefix_cache(&tr, 0..tr.requests.len(), t as u32, b);
+            assert_eq!(hits, want);
+            assert_eq!(
+                queries,
+                tr.requests.iter().map(|r| r.input_tokens).sum::<u64>()
+            );
         }
     }
 

@@ -1,0 +1,119 @@
+//! `retrace replay --start-at`: two shards started separately send nothing before the agreed
+//! instant and everything right after it; a time in the past is refused with a clear error
+//! (exit status 2) before anything is sent.
+
+use crate::support::{self, ServerConfig};
+use clap::Parser;
+use retrace::cli::{Cli, Command};
+use retrace::replay::{self, Config};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn config(args: &[&str]) -> Config {
+    let mut v = vec!["retrace", "replay"];
+    v.extend_from_slice(args);
+    match Cli::try_parse_from(v).unwrap().command {
+        Command::Replay(a) => Config::from_args(a).unwrap(),
+        _ => unreachable!("replay subcommand"),
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_shards_begin_together_at_the_agreed_instant() {
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.jsonl");
+    let rows: String = (0..8)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": 100, \"output_length\": 6, \"hash_ids\": [{i}]}}\n",
+                i * 20
+            )
+        })
+        .collect();
+    std::fs::write(&trace, rows).unwrap();
+    let start = unix_now() + 1.5;
+    let at = format!("{start:.3}");
+    let url = srv.url();
+    let shard = |i: &str| {
+        let shard = format!("{i}/2");
+        config(&[
+            trace.to_str().unwrap(),
+            "--target",
+            &url,
+            "--model",
+            "test-model",
+            "--shard",
+            &shard,
+            "--start-at",
+            &at,
+            "--detailed",
+        ])
+    };
+    let (a, b) = (shard("0"), shard("1"));
+    let counter = srv.requests.clone();
+    let watch = tokio::spawn(async move {
+        // Just before the instant: nothing sent by either shard.
+        let before = start - 0.1 - unix_now();
+        tokio::time::sleep(Duration::from_secs_f64(before.max(0.0))).await;
+        counter.load(Ordering::SeqCst)
+    });
+    let (ra, rb) = tokio::join!(replay::replay(a), replay::replay(b));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(
+        watch.await.unwrap(),
+        0,
+        "a request went out before --start-at"
+    );
+    let done = unix_now();
+    assert_eq!(ra.summary.completed + rb.summary.completed, 8);
+    assert_eq!(srv.requests.load(Ordering::SeqCst), 8);
+    // Both shards ran on the one timeline from the instant: the last arrival is at 140 ms.
+    assert!(
+        done >= start + 0.14,
+        "finished {:.3} s after the start",
+        done - start
+    );
+    assert!(
+        done < start + 5.0,
+        "finished {:.3} s after the start",
+        done - start
+    );
+    for r in [&ra, &rb] {
+        assert!(r.result["start_at"].as_str().unwrap().ends_with('Z'));
+        // offsets kept from the whole trace's origin: intended times are multiples of 20 ms
+        for t in r.result["intended_times"].as_array().unwrap() {
+            let ms = t.as_f64().unwrap() * 1000.0;
+            assert!((ms / 20.0 - (ms / 20.0).round()).abs() < 1e-6, "{ms}");
+        }
+    }
+}
+
+#[test]
+fn a_start_time_in_the_past_is_refused() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    let past = format!("{}", unix_now() as u64 - 60);
+    let o = std::process::Command::new(bin)
+        .args(["replay", "--start-at", &past])
+        .arg(support::repo(
+            "fixtures/replay/mooncake_conversation_30.jsonl",
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("--start-at {past}")), "{err}");
+    assert!(err.contains("s in the past"), "{err}");
+}
