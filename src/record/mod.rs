@@ -16,11 +16,13 @@
 
 pub mod admin;
 pub mod extract;
+pub mod pool;
 pub mod prompt;
 pub mod proxy;
 pub mod server;
 pub mod stats;
 pub mod tap;
+pub mod timing;
 pub mod upstream;
 pub mod writer;
 
@@ -343,9 +345,26 @@ pub async fn run_with_admin(
     };
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
+        // One pool per I/O thread: an upstream connection stays on its thread.
+        let upstream = if cfg.upstream_http2 {
+            proxy::Upstream::Client(Box::new(upstream::build(&upstream_opts)?))
+        } else {
+            let dst = Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query("/")
+                .build()
+                .context("--upstream")?;
+            proxy::Upstream::H1(Arc::new(pool::H1Pool::new(
+                upstream::connector(&upstream_opts)?,
+                dst,
+                upstream_opts.pool_idle,
+            )))
+        };
         proxies.push(Arc::new(proxy::Proxy {
-            // One pool per I/O thread: an upstream connection stays on its thread.
-            client: upstream::build(&upstream_opts)?,
+            upstream,
+            host: http::HeaderValue::from_str(authority.as_str())
+                .context("--upstream: the host is not a valid Host header")?,
             scheme: scheme.clone(),
             authority: authority.clone(),
             base_path: base_path.clone(),
@@ -437,6 +456,10 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .with_writer(std::io::stderr)
         .try_init();
     let cfg = RecordConfig::from_args(args)?;
+    // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
+    if let Some(n) = crate::replay::raise_fd_limit() {
+        tracing::debug!("open-file limit: {n}");
+    }
     // This runtime only accepts, serves the admin endpoint and closes the trace; connections are
     // served on the I/O threads.
     let rt = tokio::runtime::Builder::new_current_thread()

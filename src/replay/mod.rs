@@ -564,7 +564,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
 
 /// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and
 /// returns the limit now in force (`None` when unknown).
-fn raise_fd_limit() -> Option<u64> {
+pub(crate) fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     // SAFETY: getrlimit/setrlimit on RLIMIT_NOFILE with a valid, initialised struct.
     unsafe {

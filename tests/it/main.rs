@@ -5,6 +5,7 @@ mod fuzz;
 mod merge;
 mod mock;
 mod record;
+mod record_scale;
 mod replay;
 mod support;
 mod trace_cli;
