@@ -2,7 +2,7 @@
 //!
 //! Clients talk to the proxy as they would to the server; every request is forwarded with its
 //! bytes untouched and every response chunk is passed on the moment it arrives, while body taps
-//! note timing, lengths and cheap `Bytes` clones for a writer thread that builds native trace
+//! note timing, lengths and copies of the bytes (capped) for a writer thread that builds native trace
 //! records off the forwarding path. Module map:
 //! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
 //! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;

@@ -2,8 +2,9 @@
 //!
 //! [`RequestTap`] wraps the client's request body on its way upstream; [`ResponseTap`] wraps the
 //! upstream response body on its way to the client. Per data frame they only note the arrival
-//! offset, the length and a cheap `Bytes` clone (up to a capture cap) — no parsing, no copying, no
-//! locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
+//! offset, the length and a copy of the bytes (up to a capture cap; a copy rather than a shared
+//! `Bytes` so hyper can reuse its connection read buffer, see `extract::Captured::note`) — no
+//! parsing, no locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
 //! enforces the idle-gap and total timeouts, and when the response ends, fails, or is dropped by
 //! a departed client (which drops the upstream body and so closes that upstream connection,
 //! making the server stop generating) it hands the [`Exchange`] to the writer queue exactly once.
