@@ -111,9 +111,18 @@ impl http_body::Body for ChanBody {
 }
 
 async fn upstream(listen: String, ttft: Duration, itl: Duration, tokens: u32, lifetime: Duration) {
-    let l = tokio::net::TcpListener::bind(&listen)
-        .await
-        .expect("bind upstream");
+    // A deep backlog: a proxy opening thousands of upstream connections at once must not see
+    // SYNs dropped (a one-second retransmit each).
+    let sa: std::net::SocketAddr = listen.parse().expect("--listen IP:PORT");
+    let sock = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .expect("socket");
+    sock.set_reuseaddr(true).expect("SO_REUSEADDR");
+    sock.bind(sa).expect("bind upstream");
+    let l = sock.listen(4096).expect("listen");
     let end = Instant::now() + lifetime;
     loop {
         let (tcp, _) = tokio::select! {

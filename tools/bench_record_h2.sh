@@ -126,7 +126,7 @@ cpu_ticks() {
   echo "$total"
 }
 proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
-fwd_hist() { curl -s "http://127.0.0.1:$ADM/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr '\n' ';'; }
+fwd_hist() { curl -s "http://127.0.0.1:$ADM/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'; }
 
 RES="$OUT/results.jsonl"
 : >"$RES"
@@ -198,7 +198,7 @@ if st:
 def parse(h):
     d = {}
     for part in h.split(";"):
-        m = re.match(r'.*le="([^"]+)"\} (\d+)', part)
+        m = re.match(r'.*le=([^}]+)\} (\d+)', part)
         if m:
             d[m.group(1)] = int(m.group(2))
     return d

@@ -446,6 +446,23 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Binds `addr` with a deep accept backlog (4096, capped by the kernel's `somaxconn`), so a burst
+/// of new client connections is queued rather than dropped (a dropped SYN costs the client a
+/// one-second retransmit). Host names fall back to the default backlog.
+async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+    let Ok(sa) = addr.parse::<SocketAddr>() else {
+        return TcpListener::bind(addr).await;
+    };
+    let sock = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(sa)?;
+    sock.listen(4096)
+}
+
 /// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
 pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
     let _ = tracing_subscriber::fmt()
@@ -467,7 +484,7 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .build()
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
-        let listener = TcpListener::bind(&args.listen)
+        let listener = listen(&args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
         run(listener, cfg, shutdown_signal()).await
