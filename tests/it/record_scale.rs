@@ -57,6 +57,14 @@ fn chunks_for(k: u64) -> Vec<Bytes> {
 /// An upstream that streams `chunks_for(id)` (id from the request's first prompt token), one
 /// chunk every 10 ms, and counts the connections it accepted.
 async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
+    upstream_with(|_| {}).await
+}
+
+/// [`upstream`] with its HTTP/1 connection settings changed by `tweak`.
+async fn upstream_with(
+    tweak: impl Fn(&mut hyper::server::conn::http1::Builder) + Send + Sync + 'static,
+) -> (SocketAddr, Arc<AtomicU64>) {
+    let tweak = Arc::new(tweak);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let conns = Arc::new(AtomicU64::new(0));
@@ -67,6 +75,7 @@ async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
                 return;
             };
             c2.fetch_add(1, Ordering::Relaxed);
+            let tweak = tweak.clone();
             tokio::spawn(async move {
                 let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
                     let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -86,9 +95,9 @@ async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
                         .insert("content-type", "text/event-stream".parse().unwrap());
                     Ok::<_, Infallible>(resp)
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
+                let mut b = hyper::server::conn::http1::Builder::new();
+                tweak(&mut b);
+                let _ = b.serve_connection(TokioIo::new(tcp), svc).await;
             });
         }
     });
@@ -282,4 +291,50 @@ async fn sequential_requests_reuse_one_pooled_upstream_connection() {
     let _ = p.stop.send(());
     let stats = p.task.await.unwrap().unwrap();
     assert_eq!(stats.records_written, 20);
+}
+
+/// Upstreams that close connections (after every response, or when idle) never cost a client
+/// request: the pool drops closed connections and dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_closing_connections_costs_no_request() {
+    for (name, close_each, gap) in [("no keep-alive", true, 0u64), ("idle close", false, 150)] {
+        let (up, up_conns) = upstream_with(move |b| {
+            if close_each {
+                b.keep_alive(false);
+            } else {
+                // Closes a kept-alive connection when no next request head arrives in 50 ms.
+                b.timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_millis(50));
+            }
+        })
+        .await;
+        let p = proxy(up, 1).await;
+        let c = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        for k in 0..5 {
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            let req = Request::post(format!("http://{}/v1/completions", p.addr))
+                .body(Full::new(body_for(k)))
+                .unwrap();
+            let resp = c.request(req).await.unwrap();
+            assert_eq!(resp.status(), 200, "{name}: request {k}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, chunks_for(k).concat(), "{name}: request {k}");
+        }
+        assert_eq!(
+            up_conns.load(Ordering::Relaxed),
+            5,
+            "{name}: one connection each"
+        );
+        let m = admin_metrics(p.admin).await;
+        for kind in ["upstream_connect", "upstream_closed", "upstream_reset"] {
+            let v = metric(
+                &m,
+                &format!("retrace_record_upstream_errors_total{{kind=\"{kind}\"}}"),
+            );
+            assert_eq!(v, 0.0, "{name}: {kind}");
+        }
+        let _ = p.stop.send(());
+        let stats = p.task.await.unwrap().unwrap();
+        assert_eq!(stats.records_written, 5, "{name}");
+    }
 }
