@@ -65,7 +65,7 @@ daemon off;
 master_process on;
 pid $WORK/nginx.pid;
 error_log $WORK/nginx-error.log warn;
-events { worker_connections $((STREAMS * 2 + 1000)); multi_accept on; }
+events { worker_connections $(( STREAMS * 2 + 1000 < $(ulimit -Hn) - 100 ? STREAMS * 2 + 1000 : $(ulimit -Hn) - 100 )); multi_accept on; }
 http {
   access_log off;
   client_body_temp_path $WORK/nginx/body;
@@ -194,7 +194,7 @@ if st:
         has_direct = any(r["label"] == "direct" for r in st)
         add = (lambda k, q: f"{med(t, k, q) - med('direct', k, q):+.3f}") if has_direct else (lambda k, q: "n/a")
         cpu = statistics.median(r["cpu_ticks"] * 1e6 / 100 / max(r["requests"], 1) for r in rs) if t != "direct" else None
-        out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50')} | {add('ttft_ms','p99')} | {add('itl_ms','p99')} | {statistics.median(r['requests'] for r in rs)} | {sum(r['errors'] for r in rs)} | {'' if cpu is None else f'{cpu:.1f}'} |")
+        out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50')} | {add('ttft_ms','p99')} | {add('itl_ms','p99')} | {statistics.median(r['requests'] for r in rs):.0f} | {sum(r['errors'] for r in rs)} | {'' if cpu is None else f'{cpu:.1f}'} |")
 def parse(h):
     d = {}
     for part in h.split(";"):
