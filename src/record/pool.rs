@@ -106,11 +106,6 @@ impl H1Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Idle connections currently held.
-    pub fn idle_len(&self) -> usize {
-        self.lock().len()
-    }
-
     /// The most recently used idle connection that can take a request now.
     fn checkout(&self) -> Option<(SendRequest<RequestTap>, Arc<ReadClock>)> {
         let mut idle = self.lock();
