@@ -64,6 +64,11 @@ enum Cmd {
         /// Unmeasured requests each connection makes first (connection setup is not TTFT).
         #[arg(long, default_value_t = 1)]
         warmup: usize,
+        /// Speak HTTP/2 with prior knowledge (h2c): streams multiplexed on `--h2-conns` connections.
+        #[arg(long)]
+        h2: bool,
+        #[arg(long, default_value_t = 4)]
+        h2_conns: usize,
     },
     /// Small non-streamed requests for `seconds`; prints requests per second.
     Small {
@@ -84,6 +89,11 @@ enum Cmd {
         streams: usize,
         #[arg(long, default_value_t = 10)]
         hold_s: u64,
+        /// Speak HTTP/2 with prior knowledge (h2c): streams multiplexed on `--h2-conns` connections.
+        #[arg(long)]
+        h2: bool,
+        #[arg(long, default_value_t = 4)]
+        h2_conns: usize,
     },
 }
 
@@ -101,9 +111,18 @@ impl http_body::Body for ChanBody {
 }
 
 async fn upstream(listen: String, ttft: Duration, itl: Duration, tokens: u32, lifetime: Duration) {
-    let l = tokio::net::TcpListener::bind(&listen)
-        .await
-        .expect("bind upstream");
+    // A deep backlog: a proxy opening thousands of upstream connections at once must not see
+    // SYNs dropped (a one-second retransmit each).
+    let sa: std::net::SocketAddr = listen.parse().expect("--listen IP:PORT");
+    let sock = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .expect("socket");
+    sock.set_reuseaddr(true).expect("SO_REUSEADDR");
+    sock.bind(sa).expect("bind upstream");
+    let l = sock.listen(4096).expect("listen");
     let end = Instant::now() + lifetime;
     loop {
         let (tcp, _) = tokio::select! {
@@ -162,12 +181,33 @@ async fn upstream(listen: String, ttft: Duration, itl: Duration, tokens: u32, li
     }
 }
 
-fn client(conc: usize) -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+type Http = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn client(conc: usize) -> Http {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(conc)
         .build(http)
+}
+
+/// HTTP/1.1 keep-alive pool (one client), or `conns` h2c clients (each one multiplexed
+/// connection); task `k` uses client `k % len`.
+fn clients(conc: usize, h2: bool, conns: usize) -> Vec<Http> {
+    if !h2 {
+        return vec![client(conc)];
+    }
+    (0..conns.max(1))
+        .map(|_| {
+            let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+            http.set_nodelay(true);
+            Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .http2_initial_stream_window_size(1 << 20)
+                .http2_initial_connection_window_size(64 << 20)
+                .build(http)
+        })
+        .collect()
 }
 
 const BODY: &[u8] = br#"{"model":"m","prompt":[1,2,3,4],"max_tokens":100,"stream":true}"#;
@@ -176,15 +216,15 @@ fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-async fn stream(url: String, conc: usize, n: usize, label: String, warmup: usize) {
-    let c = client(conc);
+async fn stream(url: String, conc: usize, n: usize, label: String, warmup: usize, cs: Vec<Http>) {
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(300);
     let mut tasks = Vec::new();
-    for _ in 0..conc {
-        let (c, url, next, errors) = (c.clone(), url.clone(), next.clone(), errors.clone());
+    for k in 0..conc {
+        let c = cs[k % cs.len()].clone();
+        let (url, next, errors) = (url.clone(), next.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
             let mut ttft = Histogram::<u64>::new(3).unwrap();
             let mut itl = Histogram::<u64>::new(3).unwrap();
@@ -304,11 +344,11 @@ async fn small(url: String, conc: usize, secs: u64, label: String) {
     );
 }
 
-async fn idle(url: String, streams: usize, hold: u64) {
-    let c = client(streams);
+async fn idle(url: String, streams: usize, hold: u64, cs: Vec<Http>) {
     let mut bodies = Vec::with_capacity(streams);
     let mut futs = Vec::new();
-    for _ in 0..streams {
+    for k in 0..streams {
+        let c = &cs[k % cs.len()];
         let req = hyper::Request::post(url.as_str())
             .body(Full::new(Bytes::from_static(BODY)))
             .unwrap();
@@ -363,7 +403,12 @@ fn main() {
                 requests,
                 label,
                 warmup,
-            } => stream(url, concurrency.max(1), requests, label, warmup).await,
+                h2,
+                h2_conns,
+            } => {
+                let cs = clients(concurrency.max(1), h2, h2_conns);
+                stream(url, concurrency.max(1), requests, label, warmup, cs).await
+            }
             Cmd::Small {
                 url,
                 concurrency,
@@ -374,7 +419,9 @@ fn main() {
                 url,
                 streams,
                 hold_s,
-            } => idle(url, streams, hold_s).await,
+                h2,
+                h2_conns,
+            } => idle(url, streams, hold_s, clients(streams, h2, h2_conns)).await,
         }
     });
 }

@@ -118,17 +118,22 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   echo "$total"
 }
 proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
+# retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
+fwd_hist() { curl -s "http://127.0.0.1:$ADM/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'; }
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks
   local kind=$1 t=$2; shift 2
-  local pid c0=0 c1=0 line
+  local pid c0=0 c1=0 line h0="" h1=""
   pid=$(proxy_pid "$t")
   [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+  [ "$t" = retrace ] && h0=$(fwd_hist)
   line=$("$@")
   [ -n "$pid" ] && c1=$(cpu_ticks "$pid")
-  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),${line#\{}" >>"$RES"
+  [ "$t" = retrace ] && h1=$(fwd_hist)
+  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
   echo "$line" >&2
 }
 
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt" >&2
 echo "== idle streams: $IDLE open streams per proxy (measured first, on fresh processes)" >&2
 for t in retrace nginx; do
   pid=$REC_PID; [ "$t" = nginx ] && pid=$NGX_PID
@@ -206,6 +211,30 @@ if sm:
         rs = [r for r in sm if r["label"] == t]
         if rs:
             out.append(f"| {t} | {statistics.median(r['rps'] for r in rs):.0f} | {statistics.median(r['latency_ms']['p50'] for r in rs):.3f} | {statistics.median(r['latency_ms']['p99'] for r in rs):.3f} | {sum(r['errors'] for r in rs)} |")
+import re
+def parse(h):
+    d = {}
+    for part in h.split(";"):
+        m = re.match(r'.*le=([^}]+)\} (\d+)', part)
+        if m:
+            d[m.group(1)] = int(m.group(2))
+    return d
+fw = [r for r in st if r["label"] == "retrace" and r.get("fwd1")]
+if fw:
+    out.append("\nretrace's own per-chunk forwarding delay (upstream socket read -> client socket write completed), admin histogram over each streaming phase; a percentile is the upper bound of its bucket:\n")
+    out.append("| round | writes observed | p50 ≤ | p90 ≤ | p99 ≤ | p99.9 ≤ |")
+    out.append("|---|---|---|---|---|---|")
+    for r in fw:
+        a, b = parse(r["fwd0"]), parse(r["fwd1"])
+        les = sorted((k for k in b if k != "+Inf"), key=float) + ["+Inf"]
+        cum = [(le, b.get(le, 0) - a.get(le, 0)) for le in les]
+        n = cum[-1][1]
+        def q(p):
+            for le, c in cum:
+                if c >= p * n:
+                    return "> 1 s" if le == "+Inf" else f"{float(le) * 1e3:g} ms"
+            return "?"
+        out.append(f"| {r['round']} | {n} | {q(0.5)} | {q(0.9)} | {q(0.99)} | {q(0.999)} |")
 idl = [r for r in rows if r["kind"] == "idle"]
 if idl:
     out.append("\n| proxy | idle streams | RSS before (KiB) | RSS with streams (KiB) | KiB per idle stream |")

@@ -2,7 +2,7 @@
 //!
 //! Clients talk to the proxy as they would to the server; every request is forwarded with its
 //! bytes untouched and every response chunk is passed on the moment it arrives, while body taps
-//! note timing, lengths and cheap `Bytes` clones for a writer thread that builds native trace
+//! note timing, lengths and copies of the bytes (capped) for a writer thread that builds native trace
 //! records off the forwarding path. Module map:
 //! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
 //! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;
@@ -16,11 +16,13 @@
 
 pub mod admin;
 pub mod extract;
+pub mod pool;
 pub mod prompt;
 pub mod proxy;
 pub mod server;
 pub mod stats;
 pub mod tap;
+pub mod timing;
 pub mod upstream;
 pub mod writer;
 
@@ -343,9 +345,26 @@ pub async fn run_with_admin(
     };
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
+        // One pool per I/O thread: an upstream connection stays on its thread.
+        let upstream = if cfg.upstream_http2 {
+            proxy::Upstream::Client(Box::new(upstream::build(&upstream_opts)?))
+        } else {
+            let dst = Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query("/")
+                .build()
+                .context("--upstream")?;
+            proxy::Upstream::H1(Arc::new(pool::H1Pool::new(
+                upstream::connector(&upstream_opts)?,
+                dst,
+                upstream_opts.pool_idle,
+            )))
+        };
         proxies.push(Arc::new(proxy::Proxy {
-            // One pool per I/O thread: an upstream connection stays on its thread.
-            client: upstream::build(&upstream_opts)?,
+            upstream,
+            host: http::HeaderValue::from_str(authority.as_str())
+                .context("--upstream: the host is not a valid Host header")?,
             scheme: scheme.clone(),
             authority: authority.clone(),
             base_path: base_path.clone(),
@@ -427,6 +446,23 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Binds `addr` with a deep accept backlog (4096, capped by the kernel's `somaxconn`), so a burst
+/// of new client connections is queued rather than dropped (a dropped SYN costs the client a
+/// one-second retransmit). Host names fall back to the default backlog.
+async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+    let Ok(sa) = addr.parse::<SocketAddr>() else {
+        return TcpListener::bind(addr).await;
+    };
+    let sock = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(sa)?;
+    sock.listen(4096)
+}
+
 /// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
 pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
     let _ = tracing_subscriber::fmt()
@@ -437,6 +473,10 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .with_writer(std::io::stderr)
         .try_init();
     let cfg = RecordConfig::from_args(args)?;
+    // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
+    if let Some(n) = crate::replay::raise_fd_limit() {
+        tracing::debug!("open-file limit: {n}");
+    }
     // This runtime only accepts, serves the admin endpoint and closes the trace; connections are
     // served on the I/O threads.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -444,7 +484,7 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .build()
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
-        let listener = TcpListener::bind(&args.listen)
+        let listener = listen(&args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
         run(listener, cfg, shutdown_signal()).await

@@ -10,8 +10,10 @@
 //! not parse bodies.
 
 use super::extract::{Captured, Exchange};
+use super::pool::{H1Pool, SendError};
 use super::stats::Stats;
 use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap};
+use super::timing::WriteClock;
 use super::upstream::UpstreamClient;
 use super::writer::Recorder;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -22,11 +24,21 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How requests reach the upstream.
+pub enum Upstream {
+    /// HTTP/1.1 (plain or TLS): this I/O thread's own pool of bare hyper connections.
+    H1(Arc<H1Pool>),
+    /// HTTP/2 (`--upstream-http2`): hyper-util's pooling client (one multiplexed connection).
+    Client(Box<UpstreamClient>),
+}
+
 /// Per-request forwarding settings and shared handles.
 pub struct Proxy {
-    pub client: UpstreamClient,
+    pub upstream: Upstream,
     pub scheme: Scheme,
     pub authority: Authority,
+    /// `Host` sent upstream (the upstream authority).
+    pub host: HeaderValue,
     /// Upstream base path without a trailing slash ("" for none).
     pub base_path: String,
     pub http2_upstream: bool,
@@ -38,8 +50,23 @@ pub struct Proxy {
     pub capture_max: usize,
 }
 
+/// Whether a header name is hop-by-hop by itself (without being named in `Connection`).
+fn is_hop_by_hop(n: &HeaderName) -> bool {
+    n == header::CONNECTION
+        || n == header::TRANSFER_ENCODING
+        || n == header::UPGRADE
+        || n == header::TRAILER
+        || n == header::TE
+        || n.as_str() == "keep-alive"
+        || n.as_str() == "proxy-connection"
+}
+
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1) in place.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names, no lookups.
+    if !h.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -89,7 +116,7 @@ fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<ProxyBo
 }
 
 /// Names what went wrong before the response head.
-fn classify(e: &hyper_util::client::legacy::Error) -> &'static str {
+fn classify(is_connect: bool, e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     let mut timed_out = false;
     let mut user_body = false;
@@ -103,7 +130,7 @@ fn classify(e: &hyper_util::client::legacy::Error) -> &'static str {
         timed_out |= s.to_string().contains("timed out");
         src = s.source();
     }
-    if e.is_connect() {
+    if is_connect {
         if timed_out {
             "timeout_connect"
         } else {
@@ -128,23 +155,30 @@ fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 impl Proxy {
+    /// The upstream request target: origin-form for our HTTP/1 pool (with `Host` set
+    /// separately), absolute for the pooling client.
     fn target(&self, pq: &str) -> Result<Uri, http::Error> {
         let pq = if self.base_path.is_empty() {
             pq.to_string()
         } else {
             format!("{}{pq}", self.base_path)
         };
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()
+        match self.upstream {
+            Upstream::H1(_) => Uri::builder().path_and_query(pq).build(),
+            Upstream::Client(_) => Uri::builder()
+                .scheme(self.scheme.clone())
+                .authority(self.authority.clone())
+                .path_and_query(pq)
+                .build(),
+        }
     }
 
-    /// Forwards one request and returns the (tapped) response.
+    /// Forwards one request and returns the (tapped) response. `client` is the client
+    /// connection's write clock (forwarding delay).
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        client: Option<Arc<WriteClock>>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let arrival = tokio::time::Instant::now();
         self.stats
@@ -176,7 +210,14 @@ impl Proxy {
             }
         };
         strip_hop_by_hop(&mut parts.headers);
-        parts.headers.remove(header::HOST);
+        match self.upstream {
+            Upstream::H1(_) => {
+                parts.headers.insert(header::HOST, self.host.clone());
+            }
+            Upstream::Client(_) => {
+                parts.headers.remove(header::HOST);
+            }
+        }
         parts.uri = uri;
         parts.version = if self.http2_upstream {
             Version::HTTP_2
@@ -192,7 +233,25 @@ impl Proxy {
             Some(t) => t.min(arrival + self.headers_timeout),
             None => arrival + self.headers_timeout,
         };
-        let res = tokio::time::timeout_at(headers_deadline, self.client.request(up)).await;
+        let sent = async {
+            match &self.upstream {
+                Upstream::H1(pool) => match pool.send(up).await {
+                    Ok((resp, conn)) => Ok((resp, Some(conn))),
+                    Err(e) => {
+                        let connect = matches!(e, SendError::Connect(_));
+                        Err((
+                            connect,
+                            Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                        ))
+                    }
+                },
+                Upstream::Client(c) => match c.request(up).await {
+                    Ok(resp) => Ok((resp, None)),
+                    Err(e) => Err((e.is_connect(), Box::new(e) as _)),
+                },
+            }
+        };
+        let res = tokio::time::timeout_at(headers_deadline, sent).await;
         match res {
             Err(_) => {
                 pending.finish(Some("timeout_headers"));
@@ -202,9 +261,9 @@ impl Proxy {
                     "upstream sent no response headers within the timeout",
                 ))
             }
-            Ok(Err(e)) => {
-                let kind = classify(&e);
-                let msg = describe(&e);
+            Ok(Err((connect, e))) => {
+                let kind = classify(connect, &*e);
+                let msg = describe(&*e);
                 tracing::warn!("upstream request failed ({kind}): {msg}");
                 pending.finish(Some(kind));
                 let status = if kind == "timeout_connect" {
@@ -214,7 +273,7 @@ impl Proxy {
                 };
                 Ok(error_response(status, kind, &format!("upstream: {msg}")))
             }
-            Ok(Ok(resp)) => {
+            Ok(Ok((resp, conn))) => {
                 let (mut parts, body) = resp.into_parts();
                 let after = arrival.elapsed();
                 self.stats.headers_latency.observe(after);
@@ -228,7 +287,14 @@ impl Proxy {
                         .map(str::to_string);
                 }
                 strip_hop_by_hop(&mut parts.headers);
-                let tap = ResponseTap::new(body, pending, self.idle_timeout, total_deadline);
+                let tap = ResponseTap::new(
+                    body,
+                    pending,
+                    self.idle_timeout,
+                    total_deadline,
+                    conn,
+                    client,
+                );
                 Ok(Response::from_parts(parts, ProxyBody::Tap(tap)))
             }
         }

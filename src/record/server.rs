@@ -9,6 +9,7 @@
 //! itself (see `proxy`).
 
 use super::proxy::Proxy;
+use super::timing::{WriteClock, WriteStamped};
 use anyhow::Context as _;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -165,11 +166,15 @@ async fn serve_conn(
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
 ) {
-    let svc = service_fn(move |req| proxy.clone().handle(req));
+    let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
+    let svc = {
+        let clock = clock.clone();
+        service_fn(move |req| proxy.clone().handle(req, Some(clock.clone())))
+    };
     let res = match tls {
         None => {
             watcher
-                .watch(builder.serve_connection(TokioIo::new(tcp), svc))
+                .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(tcp), clock), svc))
                 .await
         }
         Some(acc) => {
@@ -185,7 +190,7 @@ async fn serve_conn(
                 }
             };
             watcher
-                .watch(builder.serve_connection(TokioIo::new(s), svc))
+                .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(s), clock), svc))
                 .await
         }
     };

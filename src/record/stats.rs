@@ -28,34 +28,60 @@ const BUCKETS: &[f64] = &[
     60.0, 300.0,
 ];
 
+/// Upper bounds (seconds) of the per-chunk forwarding delay buckets (10 µs to 1 s).
+const FINE_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 1.0,
+];
+
 /// A cumulative-bucket latency histogram.
 #[derive(Debug)]
 pub struct Histogram {
+    bounds: &'static [f64],
     counts: Vec<AtomicU64>,
-    sum_us: AtomicU64,
+    sum_ns: AtomicU64,
     count: AtomicU64,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram {
-            counts: (0..=BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_us: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
+        Histogram::with_bounds(BUCKETS)
     }
 }
 
 impl Histogram {
+    fn with_bounds(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Buckets from 10 µs to 1 s, for per-chunk delays.
+    pub fn fine() -> Self {
+        Histogram::with_bounds(FINE_BUCKETS)
+    }
+
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let k = BUCKETS
+        let k = self
+            .bounds
             .iter()
             .position(|b| s <= *b)
-            .unwrap_or(BUCKETS.len());
+            .unwrap_or(self.bounds.len());
         self.counts[k].fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(d.as_micros() as u64, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
         self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Observations per bucket (the last one is above every bound), with the bounds.
+    pub fn snapshot(&self) -> (Vec<f64>, Vec<u64>) {
+        (
+            self.bounds.to_vec(),
+            self.counts.iter().map(|c| c.load(Relaxed)).collect(),
+        )
     }
 
     pub fn count(&self) -> u64 {
@@ -65,19 +91,19 @@ impl Histogram {
     fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cum = 0u64;
-        for (k, b) in BUCKETS.iter().enumerate() {
+        for (k, b) in self.bounds.iter().enumerate() {
             cum += self.counts[k].load(Relaxed);
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
         }
-        cum += self.counts[BUCKETS.len()].load(Relaxed);
+        cum += self.counts[self.bounds.len()].load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_sum {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
         let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
     }
 }
 
 /// All counters of one proxy instance.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     pub requests: AtomicU64,
     pub in_flight: AtomicI64,
@@ -97,6 +123,32 @@ pub struct Stats {
     pub headers_latency: Histogram,
     pub ttft: Histogram,
     pub duration: Histogram,
+    /// Per forwarded chunk: upstream socket read → client socket write completed.
+    pub forward_delay: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            requests: AtomicU64::new(0),
+            in_flight: AtomicI64::new(0),
+            responses_by_class: Default::default(),
+            request_bytes: AtomicU64::new(0),
+            response_bytes: AtomicU64::new(0),
+            upstream_errors: Default::default(),
+            client_cancelled: AtomicU64::new(0),
+            records_dropped: AtomicU64::new(0),
+            records_lost_io: AtomicU64::new(0),
+            records_written: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            parse_failures: AtomicU64::new(0),
+            files_closed: AtomicU64::new(0),
+            headers_latency: Histogram::default(),
+            ttft: Histogram::default(),
+            duration: Histogram::default(),
+            forward_delay: Histogram::fine(),
+        }
+    }
 }
 
 impl Stats {
@@ -221,6 +273,11 @@ impl Stats {
         self.duration.render(
             "retrace_record_duration_seconds",
             "Time from request arrival to the end of the response.",
+            &mut o,
+        );
+        self.forward_delay.render(
+            "retrace_record_forward_delay_seconds",
+            "Per forwarded response chunk: from the upstream socket read to the completed write to the client socket (the proxy's own added latency).",
             &mut o,
         );
         o

@@ -2,8 +2,9 @@
 //!
 //! [`RequestTap`] wraps the client's request body on its way upstream; [`ResponseTap`] wraps the
 //! upstream response body on its way to the client. Per data frame they only note the arrival
-//! offset, the length and a cheap `Bytes` clone (up to a capture cap) — no parsing, no copying, no
-//! locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
+//! offset, the length and a copy of the bytes (up to a capture cap; a copy rather than a shared
+//! `Bytes` so hyper can reuse its connection read buffer, see `extract::Captured::note`) — no
+//! parsing, no locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
 //! enforces the idle-gap and total timeouts, and when the response ends, fails, or is dropped by
 //! a departed client (which drops the upstream body and so closes that upstream connection,
 //! making the server stop generating) it hands the [`Exchange`] to the writer queue exactly once.
@@ -11,7 +12,9 @@
 //! This module does not decide routing or build trace records.
 
 use super::extract::{Captured, Exchange};
+use super::pool::Pooled;
 use super::stats::Stats;
+use super::timing::{now_ns, WriteClock};
 use super::writer::Recorder;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -170,15 +173,23 @@ pub struct ResponseTap {
     idle: Pin<Box<Sleep>>,
     last_data: Instant,
     total: Option<Pin<Box<Sleep>>>,
+    /// The pooled upstream connection, given back when the response ends cleanly.
+    conn: Option<Pooled>,
+    /// The client connection's write clock (forwarding delay).
+    client: Option<Arc<WriteClock>>,
 }
 
 impl ResponseTap {
-    /// `total_deadline` is the absolute end of the optional total timeout.
+    /// `total_deadline` is the absolute end of the optional total timeout; `conn` is the pooled
+    /// upstream connection the body comes from (if pooled by us); `client` the client
+    /// connection's write clock.
     pub fn new(
         inner: Incoming,
         mut p: Pending,
         idle_for: Duration,
         total_deadline: Option<Instant>,
+        conn: Option<Pooled>,
+        client: Option<Arc<WriteClock>>,
     ) -> Self {
         ResponseTap {
             inner,
@@ -187,6 +198,8 @@ impl ResponseTap {
             idle: Box::pin(tokio::time::sleep(idle_for)),
             last_data: Instant::now(),
             total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            conn,
+            client,
         }
     }
 
@@ -233,14 +246,25 @@ impl Body for ResponseTap {
                     st.ex.note_response(at, d, max);
                     // The idle timer is re-armed lazily when it fires (no timer-wheel work per chunk).
                     this.last_data = now;
+                    if let Some(c) = &this.client {
+                        c.pending(
+                            this.conn
+                                .as_ref()
+                                .map_or_else(now_ns, |p| p.clock.last_read_ns()),
+                        );
+                    }
                 }
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
+                this.conn = None;
                 this.end(Some("upstream_reset"), false);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
+                if let Some(c) = this.conn.take() {
+                    c.release();
+                }
                 this.end(None, false);
                 Poll::Ready(None)
             }
@@ -276,6 +300,11 @@ impl Drop for ResponseTap {
             // Dropped before the end: the client went away (or the server dropped the body of a
             // response that has none, e.g. HEAD or 204).
             let cancelled = !self.inner.is_end_stream();
+            if !cancelled {
+                if let Some(c) = self.conn.take() {
+                    c.release();
+                }
+            }
             self.end(None, cancelled);
         }
     }

@@ -1,6 +1,7 @@
-//! The pooled HTTP client towards the upstream server: plain TCP or TLS (rustls), keep-alive.
+//! Dialing the upstream server (plain TCP or TLS with rustls) and the HTTP/2 pooling client.
 //!
-//! [`Connector`] is a `tower_service::Service<Uri>` for hyper-util's pooling client: it dials with
+//! [`Connector`] is a `tower_service::Service<Uri>` used by the HTTP/1.1 pool (`pool`) and by
+//! hyper-util's pooling client (HTTP/2 upstreams, and tests as a client): it dials with
 //! a connect timeout and TCP_NODELAY, and for `https` upstreams wraps the stream in rustls, trusting
 //! `--upstream-ca` (PEM) when given, else the system bundle (`SSL_CERT_FILE`, then the usual
 //! Debian/Red Hat paths; see [`crate::tls`]). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
@@ -106,7 +107,7 @@ impl Write for UpstreamIo {
     }
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<Uri> for Connector {
     type Response = UpstreamIo;
@@ -160,6 +161,20 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    let connector = connector(o)?;
+    let mut b = Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(o.pool_idle)
+        .pool_max_idle_per_host(usize::MAX)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .timer(hyper_util::rt::TokioTimer::new());
+    if o.http2 {
+        b.http2_only(true);
+    }
+    Ok(b.build(connector))
+}
+
+/// The dialer for `o`: plain TCP (connect timeout, TCP_NODELAY, keepalive), TLS for https.
+pub fn connector(o: &UpstreamOptions) -> anyhow::Result<Connector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -172,13 +187,5 @@ where
     } else {
         None
     };
-    let mut b = Client::builder(TokioExecutor::new());
-    b.pool_idle_timeout(o.pool_idle)
-        .pool_max_idle_per_host(usize::MAX)
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .timer(hyper_util::rt::TokioTimer::new());
-    if o.http2 {
-        b.http2_only(true);
-    }
-    Ok(b.build(Connector { http, tls }))
+    Ok(Connector { http, tls })
 }

@@ -4,7 +4,9 @@
 //! `try_send` on a channel bounded in records and in captured bytes: when either is full the
 //! record is dropped and counted, the traffic is never slowed (invariant 1). The dedicated thread builds records
 //! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
-//! (so a `kill -9` loses at most about a second), and rotates files by size and age.
+//! (so a `kill -9` loses at most about a second), and rotates files by size and age. On Linux the
+//! thread runs at nice 10, so under CPU saturation forwarding wins and recording falls behind
+//! (and, past its queue, drops and counts) instead of the other way round.
 //!
 //! Files are `DIR/<name>-<start>-<seq>.trace.zst` where `<start>` is the recording's UTC start
 //! (`20261129T183000Z`) and `<seq>` counts from 0001. A file is written as `<file>.partial`,
@@ -62,6 +64,20 @@ impl Recorder {
                 self.queued_bytes.fetch_sub(bytes, Relaxed);
                 self.stats.records_dropped.fetch_add(1, Relaxed);
             }
+        }
+    }
+}
+
+/// Lowers this thread's CPU priority (nice 10, Linux): when the machine is CPU-bound the I/O
+/// threads forward first and the writer catches up when there is slack; if it cannot, its queue
+/// fills and records are dropped and counted, never the traffic slowed (invariant 13).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
+            tracing::debug!("could not lower the writer thread's priority");
         }
     }
 }
@@ -143,6 +159,7 @@ pub fn spawn(
     let join = std::thread::Builder::new()
         .name("retrace-record-writer".into())
         .spawn(move || {
+            lower_priority();
             w.run(rx);
             w.report
         })?;

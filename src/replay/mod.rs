@@ -807,7 +807,7 @@ fn fixed_t0(cfg: &Config) -> anyhow::Result<Option<std::time::Instant>> {
 
 /// Raises the soft open-file limit to the hard limit (each in-flight stream holds a socket) and
 /// returns the limit now in force (`None` when unknown).
-fn raise_fd_limit() -> Option<u64> {
+pub(crate) fn raise_fd_limit() -> Option<u64> {
     #[cfg(unix)]
     // SAFETY: getrlimit/setrlimit on RLIMIT_NOFILE with a valid, initialised struct.
     unsafe {
