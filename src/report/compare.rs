@@ -624,6 +624,7 @@ pub(crate) mod tests {
             hists: BTreeMap::new(),
             trace: None,
             server_series: None,
+            sections: Vec::new(),
         }
     }
 

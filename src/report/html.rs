@@ -345,6 +345,14 @@ fn summary(run: &Run) -> Value {
             out.push(json!([k, v]));
         }
     }
+    // --sessions / --probe-request-rate / --scrape-metrics summaries, one row per leaf
+    for (k, v) in &run.sections {
+        let shown = match v {
+            Value::Number(n) => n.as_f64().map_or_else(|| v.clone(), |f| json!(num(f))),
+            _ => v.clone(),
+        };
+        out.push(json!([k, shown]));
+    }
     Value::Array(out)
 }
 

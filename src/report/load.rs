@@ -190,6 +190,9 @@ pub struct Run {
     /// `server_metrics.series` of a retrace result (`--scrape-metrics`): `{t, running, waiting,
     /// kv_cache_usage, ...}` columns, seconds from t0; not validated beyond being an object.
     pub server_series: Option<serde_json::Value>,
+    /// Flattened scalar leaves of a retrace result's `sessions`, `probes` and `server_metrics`
+    /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report.
+    pub sections: Vec<(String, Value)>,
 }
 
 impl Run {
@@ -388,7 +391,33 @@ fn from_result(
             .and_then(|m| m.get("series"))
             .filter(|v| v.is_object())
             .cloned(),
+        sections: ["sessions", "probes", "server_metrics"]
+            .iter()
+            .filter_map(|k| obj.get(*k).map(|v| (*k, v)))
+            .flat_map(|(k, v)| flatten(k, v))
+            .collect(),
     })
+}
+
+/// Scalar leaves of `v` under `prefix` (`a.b.c`), arrays and the `series` object skipped, at most
+/// three levels deep.
+fn flatten(prefix: &str, v: &Value) -> Vec<(String, Value)> {
+    fn walk(prefix: String, v: &Value, depth: usize, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(m) if depth < 3 => {
+                for (k, x) in m {
+                    if k != "series" {
+                        walk(format!("{prefix}.{k}"), x, depth + 1, out);
+                    }
+                }
+            }
+            Value::Number(_) | Value::String(_) | Value::Bool(_) => out.push((prefix, v.clone())),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(prefix.to_string(), v, 0, &mut out);
+    out
 }
 
 fn requests_from(
@@ -587,6 +616,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
         hists: BTreeMap::new(),
         trace: Some(t),
         server_series: None,
+        sections: Vec::new(),
     }
 }
 
@@ -625,6 +655,34 @@ mod tests {
         std::fs::write(&p, r#"{"completed": 2, "duration": 1.0, "ttfts": [0.1, 0.2], "input_lens": [1], "output_lens": [1,1], "latencies": [1,1]}"#).unwrap();
         let e = load(&p).unwrap_err().to_string();
         assert!(e.contains("r.json") && e.contains("input_lens"), "{e}");
+    }
+
+    #[test]
+    fn session_probe_and_server_sections_are_flattened_for_the_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        std::fs::write(
+            &p,
+            r#"{"schema": "retrace.replay/1", "completed": 2, "duration": 1.0,
+                "sessions": {"turns": 4, "drift_from_recorded_ms": {"mean": 1.5, "p99": null}},
+                "probes": {"sent": 10, "ttft_ms": {"p99": 12.0}},
+                "server_metrics": {"achieved": {"hit_rate": 0.5}, "series": {"t": [0, 1]}}}"#,
+        )
+        .unwrap();
+        let r = load(&p).unwrap();
+        let keys: Vec<&str> = r.sections.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "sessions.drift_from_recorded_ms.mean",
+                "sessions.turns",
+                "probes.sent",
+                "probes.ttft_ms.p99",
+                "server_metrics.achieved.hit_rate"
+            ]
+        );
+        assert_eq!(r.sections[3].1, serde_json::json!(12.0));
+        assert!(r.server_series.is_some());
     }
 
     #[test]
