@@ -19,10 +19,13 @@
 //! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
 //! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
 //! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
-//! deadline, or about `spin_us` before it and then spins, then hands the event to the response
-//! channel; hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
+//! deadline, or about `spin_us` before it and then spins, then hands the event to its response:
+//! a streamed response's [`Sink`] takes it right there on this thread (it formats the event and
+//! writes it to the socket, `super::stream`); a channel response gets it in one batch per
+//! wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
 //! wake-up and no event is more than `coalesce` late on the engine's side. The response measures
-//! lateness when it writes the event. This module does not format JSON and does no network I/O.
+//! lateness when it hands the bytes to the socket. This module itself does not format JSON or
+//! touch sockets.
 
 use super::cache::{Alloc, PrefixCache};
 use super::faults::FaultPlan;
@@ -157,12 +160,36 @@ pub struct Submit {
     pub arrival: Instant,
     pub seqs: Vec<SeqIn>,
     pub faults: FaultPlan,
-    pub tx: UnboundedSender<Emit>,
+    pub tx: Out,
 }
 
-/// Events handed over together: the engine sends one batch per wake-up to a dispatcher task on
-/// the HTTP runtime, which wakes the connections from inside the runtime (one cross-thread
-/// wake-up per batch instead of one per event).
+/// A response that takes each event on the engine thread, at its due instant (the streaming
+/// writer, `super::stream`): it formats the event and hands its bytes to the socket at once.
+pub trait Sink: Send + Sync {
+    /// Takes one event; false when the client is gone (the engine then aborts the request).
+    fn emit(&self, e: Emit) -> bool;
+}
+
+/// Where a request's events go: a channel read by a task on the HTTP runtime (whole bodies, and
+/// streams served through hyper), or a [`Sink`] called directly on the engine thread.
+#[derive(Clone)]
+pub enum Out {
+    Chan(UnboundedSender<Emit>),
+    Sink(Arc<dyn Sink>),
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Out::Chan(_) => "Out::Chan",
+            Out::Sink(_) => "Out::Sink",
+        })
+    }
+}
+
+/// Channel events handed over together: the engine sends one batch per wake-up to a dispatcher
+/// task on the HTTP runtime, which wakes the connections from inside the runtime (one
+/// cross-thread wake-up per batch instead of one per event).
 pub type Batch = Vec<(UnboundedSender<Emit>, Emit)>;
 
 #[derive(Debug)]
@@ -173,7 +200,7 @@ pub enum Cmd {
 }
 
 struct Req {
-    tx: UnboundedSender<Emit>,
+    tx: Out,
     arrival: Instant,
     faults: FaultPlan,
     seqs_left: usize,
@@ -212,7 +239,7 @@ enum Timed {
     FixedNext(u64),
     /// An emission held back by a stall; carries its channel so that it is delivered even
     /// after the engine has finished the request.
-    Deliver(UnboundedSender<Emit>, Emit),
+    Deliver(Out, Emit),
 }
 
 struct Entry {
@@ -560,12 +587,18 @@ impl Engine {
 
     /// Hands an event over (into the current batch), recording how late the engine clock is in
     /// doing so; false when the response is gone.
-    fn send(&mut self, tx: UnboundedSender<Emit>, e: Emit) -> bool {
+    fn send(&mut self, tx: Out, e: Emit) -> bool {
         let late = Instant::now().saturating_duration_since(e.at());
         self.stats.record_dispatch(late.as_nanos());
-        let ok = !tx.is_closed();
-        self.out.push((tx, e));
-        ok
+        match tx {
+            Out::Chan(tx) => {
+                let ok = !tx.is_closed();
+                self.out.push((tx, e));
+                ok
+            }
+            // Written now, on this thread: no hand-over to another thread at all.
+            Out::Sink(s) => s.emit(e),
+        }
     }
 
     fn pop_heap(&mut self) {
@@ -656,10 +689,8 @@ impl Engine {
         };
         let mut ok = true;
         if direct {
-            self.stats
-                .record_dispatch(Instant::now().saturating_duration_since(at).as_nanos());
-            ok = !req.tx.is_closed();
-            self.out.push((req.tx.clone(), emit));
+            let tx = req.tx.clone();
+            ok = self.send(tx, emit);
         } else {
             self.heap_n += 1;
             self.heap.push(Reverse(Entry {
@@ -1047,7 +1078,7 @@ mod tests {
                             ignore_eos: true,
                         }],
                         faults: FaultPlan::default(),
-                        tx: etx,
+                        tx: Out::Chan(etx),
                     })))
                     .unwrap();
                     rxs.push(erx);

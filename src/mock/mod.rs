@@ -7,14 +7,17 @@
 //! a documented cost model and a prefix cache ([`cache`]), or fixed TTFT/ITL timing; it emits
 //! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
 //! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
-//! HTTP/1.1 (as uvicorn serves vLLM). This module wires them together and holds the config; it
+//! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
+//! connection over and the engine thread writes its events to the socket itself ([`stream`]). This module wires them together and holds the config; it
 //! does not implement any of them.
 
 pub mod api;
 pub mod cache;
+pub mod conn;
 pub mod engine;
 pub mod faults;
 pub mod prom;
+pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
@@ -22,7 +25,6 @@ pub use engine::CostModel;
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -338,22 +340,19 @@ pub async fn start(
     });
     let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        // Every connection task holds a clone; when all are gone, `recv` returns None.
+        let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let conn_stop = stop_rx.clone();
         loop {
             tokio::select! {
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        let fd = stream.as_raw_fd();
                         let sh = shared.clone();
-                        let svc = hyper::service::service_fn(move |req| {
-                            api::handle(req, sh.clone(), fd)
-                        });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                        let fut = graceful.watch(conn);
+                        let stop = conn_stop.clone();
+                        let alive = alive_tx.clone();
                         tokio::spawn(async move {
-                            let _ = fut.await;
+                            conn::serve(stream, sh, stop).await;
+                            drop(alive);
                         });
                     }
                     Err(e) => {
@@ -366,9 +365,10 @@ pub async fn start(
             }
         }
         drop(listener);
+        drop(alive_tx);
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), alive_rx.recv()).await;
     });
     Ok(MockHandle {
         addr,

@@ -1260,3 +1260,142 @@ async fn chunked_prefill_spreads_a_long_prompt_over_steps() {
     );
     h.shutdown().await;
 }
+
+/// Reads raw HTTP/1.1 responses from `s` until `want` complete ones have arrived (or 10 s).
+/// Returns each response's head and its de-chunked (or content-length) body.
+async fn read_raw_responses(s: &mut tokio::net::TcpStream, want: usize) -> Vec<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Try to parse `want` responses from what we have.
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while out.len() < want {
+            let Some(h) = buf[pos..].windows(4).position(|w| w == b"\r\n\r\n") else {
+                break;
+            };
+            let head = String::from_utf8_lossy(&buf[pos..pos + h]).to_string();
+            let mut p = pos + h + 4;
+            let mut body = Vec::new();
+            let lower = head.to_ascii_lowercase();
+            let complete = if lower.contains("transfer-encoding: chunked") {
+                loop {
+                    let Some(l) = buf[p..].windows(2).position(|w| w == b"\r\n") else {
+                        break false;
+                    };
+                    let n = usize::from_str_radix(std::str::from_utf8(&buf[p..p + l]).unwrap(), 16)
+                        .unwrap();
+                    if buf.len() < p + l + 2 + n + 2 {
+                        break false;
+                    }
+                    body.extend_from_slice(&buf[p + l + 2..p + l + 2 + n]);
+                    p += l + 2 + n + 2;
+                    if n == 0 {
+                        break true;
+                    }
+                }
+            } else {
+                let n: usize = lower
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map(|v| v.trim().parse().unwrap())
+                    .unwrap_or(0);
+                if buf.len() >= p + n {
+                    body.extend_from_slice(&buf[p..p + n]);
+                    p += n;
+                    true
+                } else {
+                    false
+                }
+            };
+            if !complete {
+                break;
+            }
+            out.push((head, body));
+            pos = p;
+        }
+        if out.len() == want {
+            return out;
+        }
+        let mut tmp = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline.into(), s.read(&mut tmp))
+            .await
+            .expect("responses within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+#[tokio::test]
+async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
+    use tokio::io::AsyncWriteExt;
+    let h = start(fixed(5.0, 2.0)).await;
+    let body = r#"{"prompt":[1,2,3],"max_tokens":5,"ignore_eos":true,"stream":true}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: m\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // Two streams and a /health pipelined in one write on one connection, then one more stream.
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let pipelined = format!("{req}{req}GET /health HTTP/1.1\r\nhost: m\r\n\r\n");
+    s.write_all(pipelined.as_bytes()).await.unwrap();
+    let rs = read_raw_responses(&mut s, 3).await;
+    s.write_all(req.as_bytes()).await.unwrap();
+    let more = read_raw_responses(&mut s, 1).await;
+    for (i, (head, body)) in rs.iter().chain(more.iter()).enumerate() {
+        let mut lines = head.lines();
+        assert_eq!(
+            lines.next(),
+            Some("HTTP/1.1 200 OK"),
+            "response {i}: {head}"
+        );
+        let mut names: Vec<String> = lines
+            .map(|l| l.split(':').next().unwrap().to_ascii_lowercase())
+            .collect();
+        names.sort();
+        if i == 2 {
+            assert_eq!(names, ["content-length", "content-type", "date"], "{head}");
+            continue;
+        }
+        // The same head hyper writes for a chunked SSE response, and no `connection: close`.
+        assert_eq!(
+            names,
+            ["content-type", "date", "transfer-encoding"],
+            "{head}"
+        );
+        assert!(head.contains("content-type: text/event-stream; charset=utf-8"));
+        let mut p = SseParser::default();
+        let mut evs = Vec::new();
+        p.feed(body, |e| evs.push(e.unwrap().data));
+        assert_eq!(evs.len(), 6, "5 token events and [DONE]: {evs:?}");
+        assert_eq!(evs[5], "[DONE]");
+        let last: Value = serde_json::from_str(&evs[4]).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+    }
+    // HTTP/1.0 keeps hyper's framing (no chunks; the body ends with the connection).
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(req.replace("HTTP/1.1", "HTTP/1.0").as_bytes())
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut all),
+    )
+    .await
+    .expect("HTTP/1.0 stream ends")
+    .unwrap();
+    let txt = String::from_utf8_lossy(&all);
+    assert!(txt.starts_with("HTTP/1.0 200 OK\r\n"), "{txt}");
+    assert!(!txt.to_ascii_lowercase().contains("transfer-encoding"));
+    assert!(txt.ends_with("data: [DONE]\n\n"), "{txt}");
+    // Lateness is measured for every event of the direct streams (4 x (5 + [DONE])).
+    assert!(h.lateness().count >= 24, "{:?}", h.lateness());
+    h.shutdown().await;
+}
