@@ -21,7 +21,7 @@ pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
-pub use engine::CostModel;
+pub use engine::{CostModel, Profile};
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
 use std::net::SocketAddr;
@@ -76,14 +76,14 @@ impl Default for MockConfig {
             fixed_timing: None,
             seed: 0,
             max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
+            max_num_batched_tokens: Profile::LLAMA8B.max_num_batched_tokens,
             block_size: 16,
             kv_cache_tokens: 1 << 20,
             max_model_len: 131_072,
             tokens_per_event: 1,
             enable_per_request_metrics: false,
             tokenizer: None,
-            cost: CostModel::default(),
+            cost: Profile::LLAMA8B.cost,
             eos_prob: 0.002,
             faults: FaultConfig::default(),
             spin_us: 0,
@@ -392,14 +392,29 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
     Ok((p(a)?, p(b)?))
 }
 
-/// The config a command line asks for.
+impl MockConfig {
+    /// The defaults with `profile`'s cost model and step budget.
+    pub fn with_profile(profile: Profile) -> MockConfig {
+        MockConfig {
+            cost: profile.cost,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            ..MockConfig::default()
+        }
+    }
+}
+
+/// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
 pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
+    let profile = Profile::by_name(&a.profile).map_err(anyhow::Error::msg)?;
+    let p = profile.cost;
     let cfg = MockConfig {
         model: a.model.clone(),
         fixed_timing: a.fixed_timing.as_deref().map(parse_fixed).transpose()?,
         seed: a.seed,
         max_num_seqs: a.max_num_seqs,
-        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_num_batched_tokens: a
+            .max_num_batched_tokens
+            .unwrap_or(profile.max_num_batched_tokens),
         block_size: a.block_size,
         kv_cache_tokens: a.kv_cache_tokens,
         max_model_len: a.max_model_len,
@@ -407,10 +422,10 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         enable_per_request_metrics: a.enable_per_request_metrics,
         tokenizer: a.tokenizer.clone(),
         cost: CostModel {
-            step_overhead_ms: a.step_overhead_ms,
-            prefill_token_ms: a.prefill_token_ms,
-            seq_ms: a.seq_ms,
-            context_token_ms: a.context_token_ms,
+            step_overhead_ms: a.step_overhead_ms.unwrap_or(p.step_overhead_ms),
+            prefill_token_ms: a.prefill_token_ms.unwrap_or(p.prefill_token_ms),
+            seq_ms: a.seq_ms.unwrap_or(p.seq_ms),
+            context_token_ms: a.context_token_ms.unwrap_or(p.context_token_ms),
         },
         eos_prob: a.eos_prob,
         spin_us: a.spin_us,

@@ -1399,3 +1399,82 @@ async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
     assert!(h.lateness().count >= 24, "{:?}", h.lateness());
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn profiles_pick_the_cost_model_and_flags_override_them() {
+    let cfg = |args: &[&str]| {
+        let mut v = vec!["mock"];
+        v.extend_from_slice(args);
+        match crate::support::cli(&v).command {
+            retrace::cli::Command::Mock(a) => mock::config_from_args(&a),
+            _ => unreachable!(),
+        }
+    };
+    // The default is the calibrated profile, exactly as before profiles existed.
+    let d = cfg(&[]).unwrap();
+    assert_eq!(d.cost, mock::Profile::LLAMA8B.cost);
+    assert_eq!(d.cost, mock::CostModel::default());
+    assert_eq!(d.max_num_batched_tokens, 2048);
+    let f = cfg(&["--profile", "fast"]).unwrap();
+    assert_eq!(f.cost, mock::Profile::FAST.cost);
+    assert_eq!(f.max_num_batched_tokens, 8192);
+    // replay's embedded target is the same engine as `--profile fast`.
+    let e = retrace::replay::embedded_mock_config();
+    assert_eq!(
+        (e.cost, e.max_num_batched_tokens),
+        (f.cost, f.max_num_batched_tokens)
+    );
+    // A flag given explicitly wins over the profile; the others keep the profile's values.
+    let o = cfg(&[
+        "--profile",
+        "fast",
+        "--prefill-token-ms",
+        "0.1",
+        "--max-num-batched-tokens",
+        "4096",
+    ])
+    .unwrap();
+    assert_eq!(o.cost.prefill_token_ms, 0.1);
+    assert_eq!(
+        o.cost.step_overhead_ms,
+        mock::Profile::FAST.cost.step_overhead_ms
+    );
+    assert_eq!(o.max_num_batched_tokens, 4096);
+    let err = format!("{:#}", cfg(&["--profile", "h200"]).unwrap_err());
+    assert!(
+        err.contains("--profile") && err.contains("llama8b") && err.contains("fast"),
+        "{err}"
+    );
+
+    // A Mooncake-size prompt (7,000 tokens): one 8,192-token step on `fast`, which the engine
+    // reports exactly (5 + 0.005 x 7000 + 0.05 + 0.00004 x 7000 ms); `llama8b` would need four
+    // 2,048-token chunks of about 0.93 s each (not run here: seconds of wall time).
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        ..MockConfig::with_profile(mock::Profile::FAST)
+    })
+    .await;
+    let prompt: Vec<u32> = (0..7000).map(|i| 1000 + i % 20000).collect();
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2, "ignore_eos": true, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    let chunks = r.chunks();
+    let m = &chunks.last().unwrap()["metrics"];
+    let ttft = m["time_to_first_token_ms"].as_f64().unwrap();
+    let want = mock::Profile::FAST.cost.step_ms(7000, 1, 7000);
+    assert!(
+        (ttft - want).abs() < 1e-3,
+        "TTFT {ttft} ms, cost model {want} ms"
+    );
+    assert!(ttft < 50.0);
+    let slow = mock::Profile::LLAMA8B.cost.step_ms(2048, 1, 2048);
+    assert!(
+        slow * 3.0 > 2000.0,
+        "llama8b: {slow} ms per 2,048-token chunk"
+    );
+    h.shutdown().await;
+}
