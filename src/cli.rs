@@ -455,6 +455,10 @@ pub struct MockArgs {
     /// (less CPU per event), each at most this late on the engine's side.
     #[arg(long, default_value_t = 100)]
     pub coalesce_us: u64,
+    /// Threads that write streamed events to their sockets, each stream always on the same one;
+    /// 0: the engine thread writes them itself (least CPU per event, but one thread's share).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub writer_threads: usize,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

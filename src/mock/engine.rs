@@ -20,9 +20,11 @@
 //! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
 //! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
 //! deadline, or about `spin_us` before it and then spins, then hands the event to its response:
-//! a streamed response's [`Sink`] takes it right there on this thread (it formats the event and
-//! writes it to the socket, `super::stream`); a channel response gets it in one batch per
-//! wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
+//! a streamed response's [`Sink`] formats the event and writes it to the socket
+//! (`super::stream`), on this thread when at most [`DIRECT_MAX`] events are due in this wake-up,
+//! else on `writers` writer threads in parallel (a response stays on one writer while it has
+//! events queued there, so its events keep their order); a channel response gets it in one batch
+//! per wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
 //! wake-up and no event is more than `coalesce` late on the engine's side. The response measures
 //! lateness when it hands the bytes to the socket. This module itself does not format JSON or
 //! touch sockets.
@@ -134,6 +136,10 @@ pub struct EngineConfig {
     pub realtime: bool,
     /// Minimum gap between two hand-overs (batches events due close together).
     pub coalesce: Duration,
+    /// Threads that call the sinks (write streams to their sockets); 0: the engine thread
+    /// writes them itself. Several spread the socket work over cores (and over CPU shares on a
+    /// busy machine); each response always goes through the same one.
+    pub writers: usize,
 }
 
 /// Why a choice ended.
@@ -213,9 +219,24 @@ pub struct Submit {
 /// A response that takes each event on the engine thread, at its due instant (the streaming
 /// writer, `super::stream`): it formats the event and hands its bytes to the socket at once.
 pub trait Sink: Send + Sync {
-    /// Takes one event; false when the client is gone (the engine then aborts the request).
+    /// Takes one event; false when the client is gone (the engine then aborts the request; a
+    /// sink called on a writer thread also sends `Cmd::Cancel` itself).
     fn emit(&self, e: Emit) -> bool;
+    /// A stable number of this response (shards responses over the writer threads, so that one
+    /// response's events stay in order).
+    fn key(&self) -> u64;
+    /// Events of this response handed to a writer thread and not yet taken by it: the engine
+    /// writes an event itself only when this is 0, so a response's events stay in order.
+    fn queued(&self) -> &std::sync::atomic::AtomicU32;
 }
+
+/// At most this many due events per hand-over are written by the engine thread itself; a larger
+/// burst (the engine fell behind, or a cost-model step ended for many sequences) goes to the
+/// writer threads, which write in parallel.
+const DIRECT_MAX: usize = 32;
+
+/// Sink events for one writer thread, in hand-over order.
+type SinkBatch = Vec<(Arc<dyn Sink>, Emit)>;
 
 /// Where a request's events go: a channel read by a task on the HTTP runtime (whole bodies, and
 /// streams served through hyper), or a [`Sink`] called directly on the engine thread.
@@ -356,6 +377,10 @@ struct Engine {
     last_step_end: Option<Instant>,
     out: Batch,
     out_tx: UnboundedSender<Batch>,
+    /// Sink events due in this wake-up, in time order.
+    sink_now: SinkBatch,
+    sink_out: Vec<SinkBatch>,
+    writer_txs: Vec<mpsc::Sender<SinkBatch>>,
 }
 
 /// Starts the engine thread.
@@ -365,6 +390,29 @@ pub fn spawn(
     out_tx: UnboundedSender<Batch>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
+    let mut writer_txs = Vec::new();
+    let mut writers = Vec::new();
+    for i in 0..cfg.writers {
+        let (wtx, wrx) = mpsc::channel::<SinkBatch>();
+        let realtime = cfg.realtime;
+        let st = stats.clone();
+        writers.push(
+            std::thread::Builder::new()
+                .name(format!("mock-writer-{i}"))
+                .spawn(move || {
+                    if realtime && !make_realtime() {
+                        st.realtime_failed.store(true, Relaxed);
+                    }
+                    while let Ok(batch) = wrx.recv() {
+                        for (sink, e) in batch {
+                            sink.emit(e);
+                            sink.queued().fetch_sub(1, Relaxed);
+                        }
+                    }
+                })?,
+        );
+        writer_txs.push(wtx);
+    }
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
@@ -393,8 +441,17 @@ pub fn spawn(
                 last_step_end: None,
                 out: Vec::new(),
                 out_tx,
+                sink_now: Vec::new(),
+                sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
+                writer_txs,
             };
             e.run(rx);
+            // Writers end once their queue is empty and closed; every queued write is done
+            // before the engine thread (which shutdown waits for) ends.
+            drop(e);
+            for w in writers {
+                let _ = w.join();
+            }
         })?;
     Ok((tx, handle))
 }
@@ -458,6 +515,7 @@ impl Engine {
                     return; // the HTTP side is gone
                 }
             }
+            self.write_sinks();
             // Coalescing: the next hand-over happens no sooner than `coalesce` after this one, so
             // events due within that window go out together (one wake-up for several) and each
             // is at most `coalesce` late; an isolated event is still handed over on time.
@@ -664,8 +722,43 @@ impl Engine {
                 self.out.push((tx, e));
                 ok
             }
-            // Written now, on this thread: no hand-over to another thread at all.
-            Out::Sink(s) => s.emit(e),
+            // Written at the end of this wake-up's `progress` (see `write_sinks`); a client
+            // found gone there is cancelled then.
+            Out::Sink(s) => {
+                self.sink_now.push((s, e));
+                true
+            }
+        }
+    }
+
+    /// Writes this wake-up's stream events: a small batch on this thread (no hand-over at all),
+    /// a large one spread over the writer threads. A response with events still queued at a
+    /// writer keeps going through that writer.
+    fn write_sinks(&mut self) {
+        if self.sink_now.is_empty() {
+            return;
+        }
+        let n = self.writer_txs.len();
+        let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
+        let mut gone = Vec::new();
+        for (sink, e) in std::mem::take(&mut self.sink_now) {
+            if local && sink.queued().load(Relaxed) == 0 {
+                if !sink.emit(e) {
+                    gone.push(sink.key());
+                }
+            } else {
+                sink.queued().fetch_add(1, Relaxed);
+                let w = (sink.key() % n as u64) as usize;
+                self.sink_out[w].push((sink, e));
+            }
+        }
+        for (w, b) in self.sink_out.iter_mut().enumerate() {
+            if !b.is_empty() {
+                let _ = self.writer_txs[w].send(std::mem::take(b));
+            }
+        }
+        for rid in gone {
+            self.abort(rid);
         }
     }
 
@@ -1120,6 +1213,7 @@ mod tests {
                     spin: Duration::ZERO,
                     realtime: false,
                     coalesce: Duration::from_micros(50),
+                    writers: 0,
                 };
                 let stats = Arc::new(Stats::new("m"));
                 let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();

@@ -67,6 +67,8 @@ pub struct MockConfig {
     /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
     /// go out together (less CPU per event), each at most this much late on the engine's side.
     pub coalesce_us: u64,
+    /// Threads that write streamed events to their sockets (0: the engine thread does).
+    pub writer_threads: usize,
 }
 
 impl Default for MockConfig {
@@ -90,6 +92,7 @@ impl Default for MockConfig {
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
+            writer_threads: 2,
         }
     }
 }
@@ -140,6 +143,9 @@ impl MockConfig {
         }
         if self.io_threads == 0 || self.io_threads > 64 {
             bail!("--io-threads must be 1..=64");
+        }
+        if self.writer_threads > 64 {
+            bail!("--writer-threads must be 0..=64");
         }
         if self.tokens_per_event == 0 {
             bail!("--tokens-per-event must be at least 1");
@@ -306,6 +312,7 @@ pub async fn start(
         spin: Duration::from_micros(cfg.spin_us),
         realtime: cfg.realtime,
         coalesce: Duration::from_micros(cfg.coalesce_us),
+        writers: cfg.writer_threads,
     };
     let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
     rt.spawn(async move {
@@ -432,6 +439,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         io_threads: a.io_threads,
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
+        writer_threads: a.writer_threads,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

@@ -20,6 +20,7 @@ use super::prom::Stats;
 use super::tokenize::Tokenizer;
 use std::fmt::Write as _;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::net::TcpStream;
@@ -60,6 +61,7 @@ pub struct Stream {
     engine: mpsc::Sender<Cmd>,
     id: u64,
     may_reset: bool,
+    queued: AtomicU32,
 }
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
@@ -80,6 +82,12 @@ impl Drop for StreamSink {
 impl Sink for StreamSink {
     fn emit(&self, e: Emit) -> bool {
         self.0.emit(e)
+    }
+    fn key(&self) -> u64 {
+        self.0.id
+    }
+    fn queued(&self) -> &AtomicU32 {
+        &self.0.queued
     }
 }
 
@@ -154,6 +162,7 @@ impl Stream {
             engine,
             id,
             may_reset,
+            queued: AtomicU32::new(0),
         })
     }
 
@@ -237,6 +246,8 @@ impl Stream {
                     st.client_gone = true;
                     drop(guard);
                     self.notify.notify_one();
+                    // On a writer thread nobody else tells the engine (it ignores a repeat).
+                    let _ = self.engine.send(Cmd::Cancel(self.id));
                     return false;
                 }
             }
