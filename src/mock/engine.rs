@@ -220,8 +220,10 @@ pub struct Submit {
 /// writer, `super::stream`): it formats the event and hands its bytes to the socket at once.
 pub trait Sink: Send + Sync {
     /// Takes one event; false when the client is gone (the engine then aborts the request; a
-    /// sink called on a writer thread also sends `Cmd::Cancel` itself).
-    fn emit(&self, e: Emit) -> bool;
+    /// sink called on a writer thread also sends `Cmd::Cancel` itself). `flush: false` when
+    /// another event of the same response follows in the same batch: the bytes are queued and
+    /// go out with that one, in one write.
+    fn emit(&self, e: Emit, flush: bool) -> bool;
     /// A stable number of this response (shards responses over the writer threads, so that one
     /// response's events stay in order).
     fn key(&self) -> u64;
@@ -237,6 +239,24 @@ const DIRECT_MAX: usize = 32;
 
 /// Sink events for one writer thread, in hand-over order.
 type SinkBatch = Vec<(Arc<dyn Sink>, Emit)>;
+
+/// Marks, for each response in `batch`, the index of its last event (`last` is reused scratch).
+fn last_of_each(batch: &SinkBatch, last: &mut IdMap<usize>) {
+    last.clear();
+    for (i, (s, _)) in batch.iter().enumerate() {
+        last.insert(s.key(), i);
+    }
+}
+
+/// Hands a writer's batch to its sinks: each response's events in one write.
+fn write_batch(batch: SinkBatch, last: &mut IdMap<usize>) {
+    last_of_each(&batch, last);
+    for (i, (sink, e)) in batch.into_iter().enumerate() {
+        let flush = last.get(&sink.key()) == Some(&i);
+        sink.emit(e, flush);
+        sink.queued().fetch_sub(1, Relaxed);
+    }
+}
 
 /// Where a request's events go: a channel read by a task on the HTTP runtime (whole bodies, and
 /// streams served through hyper), or a [`Sink`] called directly on the engine thread.
@@ -379,6 +399,7 @@ struct Engine {
     out_tx: UnboundedSender<Batch>,
     /// Sink events due in this wake-up, in time order.
     sink_now: SinkBatch,
+    sink_last: IdMap<usize>,
     sink_out: Vec<SinkBatch>,
     writer_txs: Vec<mpsc::Sender<SinkBatch>>,
 }
@@ -403,11 +424,9 @@ pub fn spawn(
                     if realtime && !make_realtime() {
                         st.realtime_failed.store(true, Relaxed);
                     }
+                    let mut last = IdMap::default();
                     while let Ok(batch) = wrx.recv() {
-                        for (sink, e) in batch {
-                            sink.emit(e);
-                            sink.queued().fetch_sub(1, Relaxed);
-                        }
+                        write_batch(batch, &mut last);
                     }
                 })?,
         );
@@ -442,6 +461,7 @@ pub fn spawn(
                 out: Vec::new(),
                 out_tx,
                 sink_now: Vec::new(),
+                sink_last: IdMap::default(),
                 sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
                 writer_txs,
             };
@@ -741,9 +761,14 @@ impl Engine {
         let n = self.writer_txs.len();
         let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
-        for (sink, e) in std::mem::take(&mut self.sink_now) {
+        let batch = std::mem::take(&mut self.sink_now);
+        // All of one response's events in this batch go the same way (its `queued` count
+        // changes only below, and only for responses sent to a writer).
+        last_of_each(&batch, &mut self.sink_last);
+        for (i, (sink, e)) in batch.into_iter().enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
-                if !sink.emit(e) {
+                let flush = self.sink_last.get(&sink.key()) == Some(&i);
+                if !sink.emit(e, flush) {
                     gone.push(sink.key());
                 }
             } else {

@@ -1,6 +1,8 @@
-//! The direct SSE writer: a streamed completion whose events the engine thread formats and hands
-//! to the socket itself, at each event's due instant, with one `send` per event and nothing else
-//! in between (no channel, no task wake-up, no HTTP framework on the per-event path).
+//! The direct SSE writer: a streamed completion whose events the engine thread (or, for large
+//! bursts, a writer thread) formats and hands to the socket itself at each event's due instant,
+//! with one `send` per event, or one for all of a stream's events due together (the last token
+//! and `[DONE]`; a backlog when the machine was busy), and nothing else in between (no channel,
+//! no task wake-up, no HTTP framework on the per-event path).
 //!
 //! hyper parses the request and the response is decided as usual; then the connection is taken
 //! over ([`super::conn`]) and its task writes the response head and whatever events are already
@@ -80,8 +82,8 @@ impl Drop for StreamSink {
 }
 
 impl Sink for StreamSink {
-    fn emit(&self, e: Emit) -> bool {
-        self.0.emit(e)
+    fn emit(&self, e: Emit, flush: bool) -> bool {
+        self.0.emit(e, flush)
     }
     fn key(&self) -> u64 {
         self.0.id
@@ -179,7 +181,7 @@ impl Stream {
     }
 
     /// Engine thread: format one event and hand it to the socket now (or queue it).
-    fn emit(&self, e: Emit) -> bool {
+    fn emit(&self, e: Emit, flush: bool) -> bool {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.client_gone {
@@ -228,7 +230,7 @@ impl Stream {
         }
         st.pending_at.push(at);
         let mut wake = st.end != End::Open;
-        if let (Some(fd), false, false) = (st.fd, st.draining, hold) {
+        if let (Some(fd), false, false, true) = (st.fd, st.draining, hold, flush) {
             let now = Instant::now();
             let mut off = 0;
             match send_now(fd, &st.pending, &mut off) {
