@@ -237,24 +237,48 @@ pub trait Sink: Send + Sync {
 /// writer threads, which write in parallel.
 const DIRECT_MAX: usize = 32;
 
-/// Sink events for one writer thread, in hand-over order.
-type SinkBatch = Vec<(Arc<dyn Sink>, Emit)>;
+/// Sink events (with the sink's key) in hand-over order.
+type SinkBatch = Vec<(u64, Arc<dyn Sink>, Emit)>;
 
-/// Marks, for each response in `batch`, the index of its last event (`last` is reused scratch).
-fn last_of_each(batch: &SinkBatch, last: &mut IdMap<usize>) {
-    last.clear();
-    for (i, (s, _)) in batch.iter().enumerate() {
-        last.insert(s.key(), i);
+/// Scratch for [`flush_marks`].
+#[derive(Default)]
+struct Marks {
+    last: IdMap<usize>,
+    flush: Vec<bool>,
+}
+
+/// `m.flush[i]`: event `i` is its response's last one in `batch` (its write carries the others).
+fn flush_marks(batch: &SinkBatch, m: &mut Marks) {
+    m.flush.clear();
+    if batch.len() <= 64 {
+        for (i, (k, _, _)) in batch.iter().enumerate() {
+            m.flush
+                .push(!batch[i + 1..].iter().any(|(k2, _, _)| k2 == k));
+        }
+        return;
+    }
+    m.last.clear();
+    for (i, (k, _, _)) in batch.iter().enumerate() {
+        m.last.insert(*k, i);
+    }
+    for (i, (k, _, _)) in batch.iter().enumerate() {
+        m.flush.push(m.last.get(k) == Some(&i));
     }
 }
 
-/// Hands a writer's batch to its sinks: each response's events in one write.
-fn write_batch(batch: SinkBatch, last: &mut IdMap<usize>) {
-    last_of_each(&batch, last);
-    for (i, (sink, e)) in batch.into_iter().enumerate() {
-        let flush = last.get(&sink.key()) == Some(&i);
-        sink.emit(e, flush);
-        sink.queued().fetch_sub(1, Relaxed);
+/// A writer thread: takes everything queued for it (a backlog merges, so that each response's
+/// overdue events go out in one write) and hands it to the sinks.
+fn writer_loop(rx: mpsc::Receiver<SinkBatch>) {
+    let mut m = Marks::default();
+    while let Ok(mut batch) = rx.recv() {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        flush_marks(&batch, &mut m);
+        for (i, (_, sink, e)) in batch.into_iter().enumerate() {
+            sink.emit(e, m.flush[i]);
+            sink.queued().fetch_sub(1, Relaxed);
+        }
     }
 }
 
@@ -399,7 +423,7 @@ struct Engine {
     out_tx: UnboundedSender<Batch>,
     /// Sink events due in this wake-up, in time order.
     sink_now: SinkBatch,
-    sink_last: IdMap<usize>,
+    sink_marks: Marks,
     sink_out: Vec<SinkBatch>,
     writer_txs: Vec<mpsc::Sender<SinkBatch>>,
 }
@@ -424,10 +448,7 @@ pub fn spawn(
                     if realtime && !make_realtime() {
                         st.realtime_failed.store(true, Relaxed);
                     }
-                    let mut last = IdMap::default();
-                    while let Ok(batch) = wrx.recv() {
-                        write_batch(batch, &mut last);
-                    }
+                    writer_loop(wrx);
                 })?,
         );
         writer_txs.push(wtx);
@@ -461,7 +482,7 @@ pub fn spawn(
                 out: Vec::new(),
                 out_tx,
                 sink_now: Vec::new(),
-                sink_last: IdMap::default(),
+                sink_marks: Marks::default(),
                 sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
                 writer_txs,
             };
@@ -745,7 +766,7 @@ impl Engine {
             // Written at the end of this wake-up's `progress` (see `write_sinks`); a client
             // found gone there is cancelled then.
             Out::Sink(s) => {
-                self.sink_now.push((s, e));
+                self.sink_now.push((s.key(), s, e));
                 true
             }
         }
@@ -764,17 +785,16 @@ impl Engine {
         let batch = std::mem::take(&mut self.sink_now);
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
-        last_of_each(&batch, &mut self.sink_last);
-        for (i, (sink, e)) in batch.into_iter().enumerate() {
+        flush_marks(&batch, &mut self.sink_marks);
+        for (i, (key, sink, e)) in batch.into_iter().enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
-                let flush = self.sink_last.get(&sink.key()) == Some(&i);
-                if !sink.emit(e, flush) {
-                    gone.push(sink.key());
+                if !sink.emit(e, self.sink_marks.flush[i]) {
+                    gone.push(key);
                 }
             } else {
                 sink.queued().fetch_add(1, Relaxed);
-                let w = (sink.key() % n as u64) as usize;
-                self.sink_out[w].push((sink, e));
+                let w = (key % n as u64) as usize;
+                self.sink_out[w].push((key, sink, e));
             }
         }
         for (w, b) in self.sink_out.iter_mut().enumerate() {
@@ -1305,6 +1325,38 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    struct NoSink(std::sync::atomic::AtomicU32);
+    impl Sink for NoSink {
+        fn emit(&self, _: Emit, _: bool) -> bool {
+            true
+        }
+        fn key(&self) -> u64 {
+            0
+        }
+        fn queued(&self) -> &std::sync::atomic::AtomicU32 {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn each_response_flushes_on_its_last_event_in_a_batch() {
+        let sink: Arc<dyn Sink> = Arc::new(NoSink(Default::default()));
+        let ev = || Emit::Reset { at: Instant::now() };
+        for n in [5usize, 200] {
+            // keys 0..n, then key 1 and key 3 again
+            let mut keys: Vec<u64> = (0..n as u64).collect();
+            keys.extend([1, 3]);
+            let batch: SinkBatch = keys.iter().map(|&k| (k, sink.clone(), ev())).collect();
+            let mut m = Marks::default();
+            flush_marks(&batch, &mut m);
+            for (i, &k) in keys.iter().enumerate() {
+                let last = keys.iter().rposition(|&x| x == k) == Some(i);
+                assert_eq!(m.flush[i], last, "n {n}, index {i}, key {k}");
+            }
+            assert_eq!(m.flush.iter().filter(|&&f| f).count(), n);
+        }
     }
 
     #[test]
