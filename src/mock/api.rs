@@ -826,7 +826,7 @@ async fn generate(
         );
         let st = guard.disarm();
         direct.conn.take_over(Hijack {
-            stream: st,
+            stream: Some(st),
             head: head.into_bytes(),
             close_after: direct.close_after,
         });

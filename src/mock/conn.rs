@@ -24,13 +24,22 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// A stream that took the connection over.
+/// A stream that took the connection over. Dropped without being driven (the connection failed
+/// or the mock was dropped abruptly), it cancels its request.
 pub struct Hijack {
-    pub stream: Arc<stream::Stream>,
+    pub stream: Option<Arc<stream::Stream>>,
     /// The response head to write (status line and headers).
     pub head: Vec<u8>,
     /// The client asked for `connection: close`.
     pub close_after: bool,
+}
+
+impl Drop for Hijack {
+    fn drop(&mut self) {
+        if let Some(s) = self.stream.take() {
+            s.abandon();
+        }
+    }
 }
 
 /// What the request handler knows about its connection.
@@ -242,15 +251,10 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
         let hijack = ctx.take();
         let parts = match r {
             Ok(p) => p,
-            Err(_) => {
-                if let Some(h) = hijack {
-                    h.stream.abandon();
-                }
-                return;
-            }
+            Err(_) => return, // dropping `hijack` abandons its stream
         };
         let io = parts.io.into_inner();
-        let Some(h) = hijack else {
+        let Some(mut h) = hijack else {
             // hyper ended the connection by itself (close, error, shutdown): close it properly.
             let mut io = io;
             io.ctx.swallow.store(false, Relaxed);
@@ -261,7 +265,11 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
         let mut read_ahead = parts.read_buf.to_vec();
         read_ahead.extend_from_slice(&io.prefix);
         stream = io.stream;
-        match stream::drive(h.stream, &stream, h.head, &mut read_ahead).await {
+        let Some(st) = h.stream.take() else {
+            return;
+        };
+        let head = std::mem::take(&mut h.head);
+        match stream::drive(st, &stream, head, &mut read_ahead).await {
             Outcome::Finished if !h.close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
             }
