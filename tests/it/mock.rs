@@ -945,6 +945,48 @@ fn config_errors_name_the_flag() {
         format!("{:#}", cfg(&["--fault-status-codes", "200"]).unwrap_err())
             .contains("--fault-status-codes")
     );
+    assert!(
+        format!("{:#}", cfg(&["--writer-threads", "65"]).unwrap_err()).contains("--writer-threads")
+    );
+}
+
+#[tokio::test]
+async fn streams_keep_order_when_the_engine_thread_writes_every_burst() {
+    // 40 streams due together: more than the engine writes itself per hand-over, so with writer
+    // threads the burst is handed to them; with none the engine thread writes it all.
+    for writers in [0, 1] {
+        let h = start(MockConfig {
+            writer_threads: writers,
+            ..fixed(30.0, 5.0)
+        })
+        .await;
+        let mut tasks = Vec::new();
+        for i in 0..40u32 {
+            let addr = h.addr;
+            tasks.push(tokio::spawn(async move {
+                post(
+                    addr,
+                    "/v1/completions",
+                    json!({"prompt":[i + 1, 7],"max_tokens":12,"ignore_eos":true,"stream":true,
+                           "return_token_ids":true}),
+                )
+                .await
+            }));
+        }
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert!(r.done(), "writers {writers}: stream ended with [DONE]");
+            let chunks = r.chunks();
+            assert_eq!(chunks.len(), 12, "writers {writers}");
+            let last = &chunks[11]["choices"][0];
+            assert_eq!(last["finish_reason"], "length");
+            assert!(chunks[..11]
+                .iter()
+                .all(|c| c["choices"][0]["finish_reason"].is_null()));
+        }
+        assert_eq!(h.lateness().count, 40 * 13);
+        h.shutdown().await;
+    }
 }
 
 #[tokio::test]
@@ -1395,6 +1437,31 @@ async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
     assert!(txt.starts_with("HTTP/1.0 200 OK\r\n"), "{txt}");
     assert!(!txt.to_ascii_lowercase().contains("transfer-encoding"));
     assert!(txt.ends_with("data: [DONE]\n\n"), "{txt}");
+    // Both paths send the same SSE bytes once de-chunked, but for the response id and the
+    // `created` second.
+    let hyper_body = &txt[txt.find("\r\n\r\n").unwrap() + 4..];
+    let norm = |b: &str| {
+        let id = b
+            .split("\"id\":\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .to_string();
+        let created = b
+            .split("\"created\":")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string();
+        b.replace(&id, "ID")
+            .replace(&format!("\"created\":{created},"), "\"created\":0,")
+    };
+    let direct_body = String::from_utf8(rs[0].1.clone()).unwrap();
+    assert_eq!(norm(&direct_body), norm(hyper_body));
     // Lateness is measured for every event of the direct streams (4 x (5 + [DONE])).
     assert!(h.lateness().count >= 24, "{:?}", h.lateness());
     h.shutdown().await;
