@@ -44,7 +44,11 @@ pub enum Command {
     ///
     /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics
     /// in vLLM 0.32's shapes. Without --fixed-timing a continuous-batching scheduler times each
-    /// step with a cost model (a lone 137-token prompt: ~70 ms TTFT, ~8 ms TPOT). Faults by
+    /// step with a cost model chosen by --profile: `llama8b` (default; a lone 137-token prompt
+    /// gets ~70 ms TTFT, ~8 ms TPOT; 7k-100k-token prompts take seconds to minutes) or `fast`
+    /// (≈200k prefill tokens/s: Mooncake-size prompts at trace speed; replay's embedded target),
+    /// e.g. `retrace mock --profile fast`. The --step-overhead-ms, --prefill-token-ms, --seq-ms,
+    /// --context-token-ms and --max-num-batched-tokens flags override the profile. Faults by
     /// seeded rates (--fault-*) or per request with the header `x-mock-fault` (e.g.
     /// `status=503`, `stall-first=500`, `reset-after=3`). Details: docs/mock.md.
     Mock(MockArgs),
@@ -399,9 +403,14 @@ pub struct MockArgs {
     /// Maximum number of sequences running in one batch.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
-    /// Token budget of one scheduler step (decode tokens + prefill chunks).
-    #[arg(long, default_value_t = 2048)]
-    pub max_num_batched_tokens: u32,
+    /// Engine profile: cost model and step token budget. `llama8b` (default: the calibrated
+    /// Llama-3.1-8B-like figures, ~70 ms TTFT / ~8 ms TPOT for a 137-token prompt) or `fast`
+    /// (≈200k prefill tokens/s, 8,192-token steps; the embedded target of `retrace replay`).
+    #[arg(long, default_value = "llama8b", value_name = "NAME")]
+    pub profile: String,
+    /// Token budget of one scheduler step (decode tokens + prefill chunks) [default: from --profile].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
     /// KV cache block size in tokens (prefix-cache granularity).
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
@@ -426,18 +435,18 @@ pub struct MockArgs {
     /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
     #[arg(long, default_value_t = 0.002)]
     pub eos_prob: f64,
-    /// Cost model: fixed time of every scheduler step, ms.
-    #[arg(long, default_value_t = 7.0)]
-    pub step_overhead_ms: f64,
-    /// Cost model: time per prefill token, ms.
-    #[arg(long, default_value_t = 0.45)]
-    pub prefill_token_ms: f64,
-    /// Cost model: time per sequence in the step, ms.
-    #[arg(long, default_value_t = 0.05)]
-    pub seq_ms: f64,
-    /// Cost model: time per context (KV) token attended in the step, ms.
-    #[arg(long, default_value_t = 0.0068)]
-    pub context_token_ms: f64,
+    /// Cost model: fixed time of every scheduler step, ms [default: from --profile].
+    #[arg(long)]
+    pub step_overhead_ms: Option<f64>,
+    /// Cost model: time per prefill token, ms [default: from --profile].
+    #[arg(long)]
+    pub prefill_token_ms: Option<f64>,
+    /// Cost model: time per sequence in the step, ms [default: from --profile].
+    #[arg(long)]
+    pub seq_ms: Option<f64>,
+    /// Cost model: time per context (KV) token attended in the step, ms [default: from --profile].
+    #[arg(long)]
+    pub context_token_ms: Option<f64>,
     /// Fraction of requests answered with an error status (from --fault-status-codes).
     #[arg(long, default_value_t = 0.0)]
     pub fault_status_rate: f64,
@@ -482,6 +491,10 @@ pub struct MockArgs {
     /// (less CPU per event), each at most this late on the engine's side.
     #[arg(long, default_value_t = 100)]
     pub coalesce_us: u64,
+    /// Threads that write streamed events to their sockets, each stream always on the same one;
+    /// 0: the engine thread writes them itself (least CPU per event, but one thread's share).
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub writer_threads: usize,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

@@ -5,14 +5,18 @@
 //! `GET /metrics`, `POST /tokenize`, `GET /version`. Checks in vLLM's order: body JSON and field
 //! types (400), model name (404), prompt length against `max_model_len` (400, also when
 //! streaming); `max_tokens` beyond the context is cut silently as vLLM 0.32 does. Injected status
-//! faults come after validation. Streaming responses are a [`SseBody`] that formats each engine
-//! event when the connection polls it and records the event's lateness there (the instant closest
-//! to the socket write that the mock controls). A dropped stream cancels its request in the engine.
-//! This module does not schedule anything; it only talks to the engine through its channel.
+//! faults come after validation. A streamed HTTP/1.1 response takes the connection over and is
+//! written by the engine thread itself ([`super::stream`], [`super::conn`]); for HTTP/1.0 (or
+//! when hyper still holds unsent bytes) it is a [`SseBody`] that formats each engine event when
+//! hyper polls it and records its lateness there. [`Fmt`] formats the SSE chunks for both. A
+//! dropped stream cancels its request in the engine. This module does not schedule anything; it
+//! only talks to the engine through its channel.
 
-use super::engine::{Cmd, Emit, Finish, SeqIn, Submit, Timing};
+use super::conn::{ConnCtx, Hijack};
+use super::engine::{Cmd, Emit, Finish, Out, SeqIn, Submit, Timing};
 use super::faults::{self, FaultPlan};
 use super::prom::Stats;
+use super::stream::{Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
 use crate::openai::{parse_request, Prompt};
 use crate::trace::Endpoint;
@@ -87,7 +91,7 @@ impl Body for MockBody {
 }
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
-fn arm_reset(fd: RawFd) {
+pub(super) fn arm_reset(fd: RawFd) {
     let l = libc::linger {
         l_onoff: 1,
         l_linger: 0,
@@ -114,9 +118,33 @@ impl std::fmt::Display for ResetFault {
 }
 impl std::error::Error for ResetFault {}
 
+/// Appends `s` as a JSON string literal, escaped exactly as serde_json (and Python's json with
+/// `ensure_ascii=False`) does: `"` and `\` and control characters; nothing else. No allocation.
 fn json_str(out: &mut String, s: &str) {
-    // serde_json escapes exactly as JSON requires; writing to a String cannot fail.
-    out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+    out.push('"');
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if esc.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(esc);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
 }
 
 fn ids_json(out: &mut String, ids: &[u32]) {
@@ -142,8 +170,8 @@ fn metrics_json(out: &mut String, t: &Timing, spec: bool) {
     out.push('}');
 }
 
-/// Per-stream formatting state.
-struct Fmt {
+/// Per-stream formatting state (shared by the hyper-served [`SseBody`] and the direct writer).
+pub(super) struct Fmt {
     chat: bool,
     head: String,
     include_usage: bool,
@@ -152,11 +180,13 @@ struct Fmt {
     prompts: Vec<Arc<Vec<u32>>>,
     started: Vec<bool>,
     choices_left: usize,
+    /// Scratch for one event's text (reused: no allocation per event).
+    text: String,
 }
 
 impl Fmt {
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub(super) fn new(
         chat: bool,
         id: &str,
         created: u64,
@@ -187,10 +217,11 @@ impl Fmt {
             prompts,
             started: vec![false; n],
             choices_left: n,
+            text: String::new(),
         }
     }
 
-    fn tokens(
+    pub(super) fn tokens(
         &mut self,
         out: &mut String,
         tok: &Tokenizer,
@@ -207,7 +238,8 @@ impl Fmt {
             self.choices_left = self.choices_left.saturating_sub(1);
         }
         let last_chunk = finish.is_some() && self.choices_left == 0 && !self.include_usage;
-        let mut text = String::new();
+        let mut text = std::mem::take(&mut self.text);
+        text.clear();
         tok.render(ids, &mut text);
         if self.chat && first {
             out.push_str("data: ");
@@ -262,9 +294,15 @@ impl Fmt {
             let _ = write!(out, ",\"system_fingerprint\":\"{FINGERPRINT}\"");
         }
         out.push_str("}\n\n");
+        self.text = text;
     }
 
-    fn done(&self, out: &mut String, prompt: u64, completion: u64, t: &Timing) {
+    /// Every choice has had its last token (only the usage chunk and `[DONE]` remain).
+    pub(super) fn all_finished(&self) -> bool {
+        self.choices_left == 0
+    }
+
+    pub(super) fn done(&self, out: &mut String, prompt: u64, completion: u64, t: &Timing) {
         if self.include_usage {
             out.push_str("data: ");
             out.push_str(&self.head);
@@ -414,11 +452,11 @@ fn detail(status: StatusCode, msg: &str) -> Response<MockBody> {
     )
 }
 
-/// Serves one HTTP request.
+/// Serves one HTTP request arriving on the connection described by `conn`.
 pub async fn handle(
     req: Request<hyper::body::Incoming>,
     sh: Arc<Shared>,
-    fd: RawFd,
+    conn: Arc<ConnCtx>,
 ) -> Result<Response<MockBody>, BoxError> {
     // Arrival: the request head has been parsed; body upload, parsing and tokenization count
     // toward TTFT as they do in a real server.
@@ -430,6 +468,15 @@ pub async fn handle(
         .get(faults::FAULT_HEADER)
         .map(|v| v.to_str().map(str::to_string));
     let get = method == Method::GET || method == Method::HEAD;
+    let direct = StreamConn {
+        // The direct writer speaks HTTP/1.1 chunked only; HTTP/1.0 keeps hyper's framing.
+        http11: req.version() == http::Version::HTTP_11,
+        close_after: req.headers().get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+        }),
+        conn,
+    };
     match (path.as_str(), get) {
         ("/health", true) => return Ok(full(StatusCode::OK, "application/json", "")),
         ("/version", true) => {
@@ -486,7 +533,7 @@ pub async fn handle(
         return Ok(tokenize_route(&sh, &body));
     }
     let chat = path == "/v1/chat/completions";
-    generate(sh, &body, chat, forced, fd, arrival).await
+    generate(sh, &body, chat, forced, &direct, arrival).await
 }
 
 fn models(sh: &Shared) -> Response<MockBody> {
@@ -576,9 +623,10 @@ async fn generate(
     body: &[u8],
     chat: bool,
     forced: Option<FaultPlan>,
-    fd: RawFd,
+    direct: &StreamConn,
     arrival: Instant,
 ) -> Result<Response<MockBody>, BoxError> {
+    let fd = direct.conn.fd;
     let raw: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -724,17 +772,6 @@ async fn generate(
     let stream = info.params.stream.unwrap_or(false);
     let include_usage = info.params.include_usage.unwrap_or(false);
     let prompt_arcs: Vec<Arc<Vec<u32>>> = seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
-    let (tx, rx) = unbounded_channel();
-    let submit = Submit {
-        id: rn,
-        arrival,
-        seqs,
-        faults: plan,
-        tx,
-    };
-    if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
-        return Ok(error_response(503, "the engine is shutting down", None));
-    }
     let id = format!(
         "{}-{}",
         if chat { "chatcmpl" } else { "cmpl" },
@@ -744,8 +781,8 @@ async fn generate(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    if stream {
-        let fmt = Fmt::new(
+    let fmt = || {
+        Fmt::new(
             chat,
             &id,
             created,
@@ -753,11 +790,69 @@ async fn generate(
             include_usage,
             sh.per_request_metrics,
             return_token_ids,
-            prompt_arcs,
+            prompt_arcs.clone(),
+        )
+    };
+    if stream && direct.http11 && direct.conn.can_take_over() {
+        // The engine writes this stream's events to the socket itself (see `super::stream`).
+        let st = Stream::new(
+            fmt(),
+            sh.tokenizer.clone(),
+            sh.stats.clone(),
+            sh.engine.clone(),
+            rn,
+            plan.reset_after.is_some(),
         );
+        let submit = Submit {
+            id: rn,
+            arrival,
+            seqs,
+            faults: plan,
+            tx: Out::Sink(Arc::new(StreamSink(st.clone()))),
+        };
+        if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+            return Ok(error_response(503, "the engine is shutting down", None));
+        }
+        // Until the connection takes the stream, a dropped handler (client gone) cancels it.
+        let guard = AbandonGuard { s: st, armed: true };
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+        let mut head = String::with_capacity(160);
+        let _ = write!(
+            head,
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: {}\r\n\r\n",
+            chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now()).format("%a, %d %b %Y %H:%M:%S GMT")
+        );
+        let st = guard.disarm();
+        direct.conn.take_over(Hijack {
+            stream: Some(st),
+            head: head.into_bytes(),
+            close_after: direct.close_after,
+        });
+        // hyper's own response is discarded; `connection: close` makes it hand the socket back.
+        let mut r = Response::new(MockBody::Full(None));
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        return Ok(r);
+    }
+    let (tx, rx) = unbounded_channel();
+    let submit = Submit {
+        id: rn,
+        arrival,
+        seqs,
+        faults: plan,
+        tx: Out::Chan(tx),
+    };
+    if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+        return Ok(error_response(503, "the engine is shutting down", None));
+    }
+    if stream {
         let body = SseBody {
             rx,
-            fmt,
+            fmt: fmt(),
             tok: sh.tokenizer.clone(),
             stats: sh.stats.clone(),
             engine: sh.engine.clone(),
@@ -800,6 +895,34 @@ async fn generate(
         tokio::time::sleep(d).await;
     }
     Ok(r)
+}
+
+/// How the connection can carry a streamed response.
+pub struct StreamConn {
+    http11: bool,
+    close_after: bool,
+    conn: Arc<ConnCtx>,
+}
+
+/// Abandons a directly written stream whose handler is dropped before the connection took it.
+struct AbandonGuard {
+    s: Arc<Stream>,
+    armed: bool,
+}
+
+impl AbandonGuard {
+    fn disarm(mut self) -> Arc<Stream> {
+        self.armed = false;
+        self.s.clone()
+    }
+}
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.s.abandon();
+        }
+    }
 }
 
 struct CancelGuard {
@@ -990,6 +1113,25 @@ mod tests {
         assert_eq!(evs[0]["choices"][0]["delta"]["content"], "");
         assert_eq!(evs[1]["object"], "chat.completion.chunk");
         assert_eq!(evs[2]["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn json_strings_are_escaped_as_serde_json_does() {
+        let mut all = String::new();
+        for c in (0u32..0x80).chain([0xe9, 0x2028, 0x1F600]) {
+            all.push(char::from_u32(c).unwrap());
+        }
+        for s in [
+            "",
+            "plain",
+            " can",
+            "a\"b\\c\n\t\u{1}\u{7f}/é",
+            all.as_str(),
+        ] {
+            let mut ours = String::from("x");
+            json_str(&mut ours, s);
+            assert_eq!(ours[1..], serde_json::to_string(s).unwrap(), "{s:?}");
+        }
     }
 
     #[test]

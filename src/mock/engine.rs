@@ -19,10 +19,15 @@
 //! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
 //! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
 //! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
-//! deadline, or about `spin_us` before it and then spins, then hands the event to the response
-//! channel; hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
+//! deadline, or about `spin_us` before it and then spins, then hands the event to its response:
+//! a streamed response's [`Sink`] formats the event and writes it to the socket
+//! (`super::stream`), on this thread when at most [`DIRECT_MAX`] events are due in this wake-up,
+//! else on `writers` writer threads in parallel (a response stays on one writer while it has
+//! events queued there, so its events keep their order); a channel response gets it in one batch
+//! per wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
 //! wake-up and no event is more than `coalesce` late on the engine's side. The response measures
-//! lateness when it writes the event. This module does not format JSON and does no network I/O.
+//! lateness when it hands the bytes to the socket. This module itself does not format JSON or
+//! touch sockets.
 
 use super::cache::{Alloc, PrefixCache};
 use super::faults::FaultPlan;
@@ -48,12 +53,59 @@ pub struct CostModel {
 
 impl Default for CostModel {
     fn default() -> Self {
-        CostModel {
+        Profile::LLAMA8B.cost
+    }
+}
+
+/// A named engine model: the cost model and the step token budget (`retrace mock --profile`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Profile {
+    pub name: &'static str,
+    pub cost: CostModel,
+    pub max_num_batched_tokens: u32,
+}
+
+impl Profile {
+    /// The calibrated default: a lone 137-token prompt gets a 69.6 ms TTFT and 8.0 ms TPOT (the
+    /// issue's Llama-3.1-8B figures). Prefill runs at about 2,200 tokens/s, so a 7k-token prompt
+    /// waits seconds and a 100k-token one minutes.
+    pub const LLAMA8B: Profile = Profile {
+        name: "llama8b",
+        cost: CostModel {
             step_overhead_ms: 7.0,
             prefill_token_ms: 0.45,
             seq_ms: 0.05,
             context_token_ms: 0.0068,
-        }
+        },
+        max_num_batched_tokens: 2048,
+    };
+    /// A fast multi-accelerator node: about 200k prefill tokens/s, 8,192-token steps, cheap KV
+    /// reads, so Mooncake-size prompts (7k-100k tokens) at the traces' own speed are served
+    /// without an ever-growing queue. The embedded target of `retrace replay`.
+    pub const FAST: Profile = Profile {
+        name: "fast",
+        cost: CostModel {
+            step_overhead_ms: 5.0,
+            prefill_token_ms: 0.005,
+            seq_ms: 0.05,
+            context_token_ms: 0.00004,
+        },
+        max_num_batched_tokens: 8192,
+    };
+    pub const ALL: [Profile; 2] = [Profile::LLAMA8B, Profile::FAST];
+
+    /// The profile called `name`; the error lists the known ones.
+    pub fn by_name(name: &str) -> Result<Profile, String> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Profile::ALL.iter().map(|p| p.name).collect();
+                format!(
+                    "--profile: unknown profile `{name}` (known: {})",
+                    known.join(", ")
+                )
+            })
     }
 }
 
@@ -84,6 +136,10 @@ pub struct EngineConfig {
     pub realtime: bool,
     /// Minimum gap between two hand-overs (batches events due close together).
     pub coalesce: Duration,
+    /// Threads that call the sinks (write streams to their sockets); 0: the engine thread
+    /// writes them itself. Several spread the socket work over cores (and over CPU shares on a
+    /// busy machine); each response always goes through the same one.
+    pub writers: usize,
 }
 
 /// Why a choice ended.
@@ -157,12 +213,95 @@ pub struct Submit {
     pub arrival: Instant,
     pub seqs: Vec<SeqIn>,
     pub faults: FaultPlan,
-    pub tx: UnboundedSender<Emit>,
+    pub tx: Out,
 }
 
-/// Events handed over together: the engine sends one batch per wake-up to a dispatcher task on
-/// the HTTP runtime, which wakes the connections from inside the runtime (one cross-thread
-/// wake-up per batch instead of one per event).
+/// A response that takes each event on the engine thread, at its due instant (the streaming
+/// writer, `super::stream`): it formats the event and hands its bytes to the socket at once.
+pub trait Sink: Send + Sync {
+    /// Takes one event; false when the client is gone (the engine then aborts the request; a
+    /// sink called on a writer thread also sends `Cmd::Cancel` itself). `flush: false` when
+    /// another event of the same response follows in the same batch: the bytes are queued and
+    /// go out with that one, in one write.
+    fn emit(&self, e: Emit, flush: bool) -> bool;
+    /// A stable number of this response (shards responses over the writer threads, so that one
+    /// response's events stay in order).
+    fn key(&self) -> u64;
+    /// Events of this response handed to a writer thread and not yet taken by it: the engine
+    /// writes an event itself only when this is 0, so a response's events stay in order.
+    fn queued(&self) -> &std::sync::atomic::AtomicU32;
+}
+
+/// At most this many due events per hand-over are written by the engine thread itself; a larger
+/// burst (the engine fell behind, or a cost-model step ended for many sequences) goes to the
+/// writer threads, which write in parallel.
+const DIRECT_MAX: usize = 32;
+
+/// Sink events (with the sink's key) in hand-over order.
+type SinkBatch = Vec<(u64, Arc<dyn Sink>, Emit)>;
+
+/// Scratch for [`flush_marks`].
+#[derive(Default)]
+struct Marks {
+    last: IdMap<usize>,
+    flush: Vec<bool>,
+}
+
+/// `m.flush[i]`: event `i` is its response's last one in `batch` (its write carries the others).
+fn flush_marks(batch: &SinkBatch, m: &mut Marks) {
+    m.flush.clear();
+    if batch.len() <= 64 {
+        for (i, (k, _, _)) in batch.iter().enumerate() {
+            m.flush
+                .push(!batch[i + 1..].iter().any(|(k2, _, _)| k2 == k));
+        }
+        return;
+    }
+    m.last.clear();
+    for (i, (k, _, _)) in batch.iter().enumerate() {
+        m.last.insert(*k, i);
+    }
+    for (i, (k, _, _)) in batch.iter().enumerate() {
+        m.flush.push(m.last.get(k) == Some(&i));
+    }
+}
+
+/// A writer thread: takes everything queued for it (a backlog merges, so that each response's
+/// overdue events go out in one write) and hands it to the sinks.
+fn writer_loop(rx: mpsc::Receiver<SinkBatch>) {
+    let mut m = Marks::default();
+    while let Ok(mut batch) = rx.recv() {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        flush_marks(&batch, &mut m);
+        for (i, (_, sink, e)) in batch.into_iter().enumerate() {
+            sink.emit(e, m.flush[i]);
+            sink.queued().fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Where a request's events go: a channel read by a task on the HTTP runtime (whole bodies, and
+/// streams served through hyper), or a [`Sink`] called directly on the engine thread.
+#[derive(Clone)]
+pub enum Out {
+    Chan(UnboundedSender<Emit>),
+    Sink(Arc<dyn Sink>),
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Out::Chan(_) => "Out::Chan",
+            Out::Sink(_) => "Out::Sink",
+        })
+    }
+}
+
+/// Channel events handed over together: the engine sends one batch per wake-up to a dispatcher
+/// task on the HTTP runtime, which wakes the connections from inside the runtime (one
+/// cross-thread wake-up per batch instead of one per event).
 pub type Batch = Vec<(UnboundedSender<Emit>, Emit)>;
 
 #[derive(Debug)]
@@ -173,7 +312,7 @@ pub enum Cmd {
 }
 
 struct Req {
-    tx: UnboundedSender<Emit>,
+    tx: Out,
     arrival: Instant,
     faults: FaultPlan,
     seqs_left: usize,
@@ -212,7 +351,7 @@ enum Timed {
     FixedNext(u64),
     /// An emission held back by a stall; carries its channel so that it is delivered even
     /// after the engine has finished the request.
-    Deliver(UnboundedSender<Emit>, Emit),
+    Deliver(Out, Emit),
 }
 
 struct Entry {
@@ -239,6 +378,27 @@ impl Ord for Entry {
     }
 }
 
+/// Hashes the engine's own u64 ids (sequential, not attacker-chosen) with one multiply instead
+/// of SipHash: the maps are looked up several times per emitted event.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 struct Step {
     end: Instant,
     prefill: Vec<(u64, u32)>,
@@ -250,8 +410,8 @@ struct Engine {
     stats: Arc<Stats>,
     cache: PrefixCache,
     hasher: BlockHasher,
-    reqs: HashMap<u64, Req>,
-    seqs: HashMap<u64, Seq>,
+    reqs: IdMap<Req>,
+    seqs: IdMap<Seq>,
     next_seq: u64,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
@@ -261,6 +421,11 @@ struct Engine {
     last_step_end: Option<Instant>,
     out: Batch,
     out_tx: UnboundedSender<Batch>,
+    /// Sink events due in this wake-up, in time order.
+    sink_now: SinkBatch,
+    sink_marks: Marks,
+    sink_out: Vec<SinkBatch>,
+    writer_txs: Vec<mpsc::Sender<SinkBatch>>,
 }
 
 /// Starts the engine thread.
@@ -270,6 +435,24 @@ pub fn spawn(
     out_tx: UnboundedSender<Batch>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
+    let mut writer_txs = Vec::new();
+    let mut writers = Vec::new();
+    for i in 0..cfg.writers {
+        let (wtx, wrx) = mpsc::channel::<SinkBatch>();
+        let realtime = cfg.realtime;
+        let st = stats.clone();
+        writers.push(
+            std::thread::Builder::new()
+                .name(format!("mock-writer-{i}"))
+                .spawn(move || {
+                    if realtime && !make_realtime() {
+                        st.realtime_failed.store(true, Relaxed);
+                    }
+                    writer_loop(wrx);
+                })?,
+        );
+        writer_txs.push(wtx);
+    }
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
@@ -287,8 +470,8 @@ pub fn spawn(
                 cfg,
                 stats,
                 hasher: BlockHasher::xxh3(),
-                reqs: HashMap::new(),
-                seqs: HashMap::new(),
+                reqs: IdMap::default(),
+                seqs: IdMap::default(),
                 next_seq: 0,
                 waiting: VecDeque::new(),
                 running: Vec::new(),
@@ -298,8 +481,18 @@ pub fn spawn(
                 last_step_end: None,
                 out: Vec::new(),
                 out_tx,
+                sink_now: Vec::new(),
+                sink_marks: Marks::default(),
+                sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
+                writer_txs,
             };
             e.run(rx);
+            // Writers end once their queue is empty and closed; every queued write is done
+            // before the engine thread (which shutdown waits for) ends.
+            drop(e);
+            for w in writers {
+                let _ = w.join();
+            }
         })?;
     Ok((tx, handle))
 }
@@ -363,6 +556,7 @@ impl Engine {
                     return; // the HTTP side is gone
                 }
             }
+            self.write_sinks();
             // Coalescing: the next hand-over happens no sooner than `coalesce` after this one, so
             // events due within that window go out together (one wake-up for several) and each
             // is at most `coalesce` late; an isolated event is still handed over on time.
@@ -560,12 +754,57 @@ impl Engine {
 
     /// Hands an event over (into the current batch), recording how late the engine clock is in
     /// doing so; false when the response is gone.
-    fn send(&mut self, tx: UnboundedSender<Emit>, e: Emit) -> bool {
+    fn send(&mut self, tx: Out, e: Emit) -> bool {
         let late = Instant::now().saturating_duration_since(e.at());
         self.stats.record_dispatch(late.as_nanos());
-        let ok = !tx.is_closed();
-        self.out.push((tx, e));
-        ok
+        match tx {
+            Out::Chan(tx) => {
+                let ok = !tx.is_closed();
+                self.out.push((tx, e));
+                ok
+            }
+            // Written at the end of this wake-up's `progress` (see `write_sinks`); a client
+            // found gone there is cancelled then.
+            Out::Sink(s) => {
+                self.sink_now.push((s.key(), s, e));
+                true
+            }
+        }
+    }
+
+    /// Writes this wake-up's stream events: a small batch on this thread (no hand-over at all),
+    /// a large one spread over the writer threads. A response with events still queued at a
+    /// writer keeps going through that writer.
+    fn write_sinks(&mut self) {
+        if self.sink_now.is_empty() {
+            return;
+        }
+        let n = self.writer_txs.len();
+        let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
+        let mut gone = Vec::new();
+        let batch = std::mem::take(&mut self.sink_now);
+        // All of one response's events in this batch go the same way (its `queued` count
+        // changes only below, and only for responses sent to a writer).
+        flush_marks(&batch, &mut self.sink_marks);
+        for (i, (key, sink, e)) in batch.into_iter().enumerate() {
+            if local && sink.queued().load(Relaxed) == 0 {
+                if !sink.emit(e, self.sink_marks.flush[i]) {
+                    gone.push(key);
+                }
+            } else {
+                sink.queued().fetch_add(1, Relaxed);
+                let w = (key % n as u64) as usize;
+                self.sink_out[w].push((key, sink, e));
+            }
+        }
+        for (w, b) in self.sink_out.iter_mut().enumerate() {
+            if !b.is_empty() {
+                let _ = self.writer_txs[w].send(std::mem::take(b));
+            }
+        }
+        for rid in gone {
+            self.abort(rid);
+        }
     }
 
     fn pop_heap(&mut self) {
@@ -656,10 +895,8 @@ impl Engine {
         };
         let mut ok = true;
         if direct {
-            self.stats
-                .record_dispatch(Instant::now().saturating_duration_since(at).as_nanos());
-            ok = !req.tx.is_closed();
-            self.out.push((req.tx.clone(), emit));
+            let tx = req.tx.clone();
+            ok = self.send(tx, emit);
         } else {
             self.heap_n += 1;
             self.heap.push(Reverse(Entry {
@@ -1021,6 +1258,7 @@ mod tests {
                     spin: Duration::ZERO,
                     realtime: false,
                     coalesce: Duration::from_micros(50),
+                    writers: 0,
                 };
                 let stats = Arc::new(Stats::new("m"));
                 let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();
@@ -1047,7 +1285,7 @@ mod tests {
                             ignore_eos: true,
                         }],
                         faults: FaultPlan::default(),
-                        tx: etx,
+                        tx: Out::Chan(etx),
                     })))
                     .unwrap();
                     rxs.push(erx);
@@ -1087,6 +1325,38 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    struct NoSink(std::sync::atomic::AtomicU32);
+    impl Sink for NoSink {
+        fn emit(&self, _: Emit, _: bool) -> bool {
+            true
+        }
+        fn key(&self) -> u64 {
+            0
+        }
+        fn queued(&self) -> &std::sync::atomic::AtomicU32 {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn each_response_flushes_on_its_last_event_in_a_batch() {
+        let sink: Arc<dyn Sink> = Arc::new(NoSink(Default::default()));
+        let ev = || Emit::Reset { at: Instant::now() };
+        for n in [5usize, 200] {
+            // keys 0..n, then key 1 and key 3 again
+            let mut keys: Vec<u64> = (0..n as u64).collect();
+            keys.extend([1, 3]);
+            let batch: SinkBatch = keys.iter().map(|&k| (k, sink.clone(), ev())).collect();
+            let mut m = Marks::default();
+            flush_marks(&batch, &mut m);
+            for (i, &k) in keys.iter().enumerate() {
+                let last = keys.iter().rposition(|&x| x == k) == Some(i);
+                assert_eq!(m.flush[i], last, "n {n}, index {i}, key {k}");
+            }
+            assert_eq!(m.flush.iter().filter(|&&f| f).count(), n);
+        }
     }
 
     #[test]

@@ -7,22 +7,24 @@
 //! a documented cost model and a prefix cache ([`cache`]), or fixed TTFT/ITL timing; it emits
 //! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
 //! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
-//! HTTP/1.1 (as uvicorn serves vLLM). This module wires them together and holds the config; it
+//! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
+//! connection over and the engine thread writes its events to the socket itself ([`stream`]). This module wires them together and holds the config; it
 //! does not implement any of them.
 
 pub mod api;
 pub mod cache;
+pub mod conn;
 pub mod engine;
 pub mod faults;
 pub mod prom;
+pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
-pub use engine::CostModel;
+pub use engine::{CostModel, Profile};
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -65,6 +67,8 @@ pub struct MockConfig {
     /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
     /// go out together (less CPU per event), each at most this much late on the engine's side.
     pub coalesce_us: u64,
+    /// Threads that write streamed events to their sockets (0: the engine thread does).
+    pub writer_threads: usize,
 }
 
 impl Default for MockConfig {
@@ -74,20 +78,21 @@ impl Default for MockConfig {
             fixed_timing: None,
             seed: 0,
             max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
+            max_num_batched_tokens: Profile::LLAMA8B.max_num_batched_tokens,
             block_size: 16,
             kv_cache_tokens: 1 << 20,
             max_model_len: 131_072,
             tokens_per_event: 1,
             enable_per_request_metrics: false,
             tokenizer: None,
-            cost: CostModel::default(),
+            cost: Profile::LLAMA8B.cost,
             eos_prob: 0.002,
             faults: FaultConfig::default(),
             spin_us: 0,
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
+            writer_threads: 2,
         }
     }
 }
@@ -138,6 +143,9 @@ impl MockConfig {
         }
         if self.io_threads == 0 || self.io_threads > 64 {
             bail!("--io-threads must be 1..=64");
+        }
+        if self.writer_threads > 64 {
+            bail!("--writer-threads must be 0..=64");
         }
         if self.tokens_per_event == 0 {
             bail!("--tokens-per-event must be at least 1");
@@ -304,6 +312,7 @@ pub async fn start(
         spin: Duration::from_micros(cfg.spin_us),
         realtime: cfg.realtime,
         coalesce: Duration::from_micros(cfg.coalesce_us),
+        writers: cfg.writer_threads,
     };
     let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
     rt.spawn(async move {
@@ -338,22 +347,19 @@ pub async fn start(
     });
     let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        // Every connection task holds a clone; when all are gone, `recv` returns None.
+        let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let conn_stop = stop_rx.clone();
         loop {
             tokio::select! {
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        let fd = stream.as_raw_fd();
                         let sh = shared.clone();
-                        let svc = hyper::service::service_fn(move |req| {
-                            api::handle(req, sh.clone(), fd)
-                        });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                        let fut = graceful.watch(conn);
+                        let stop = conn_stop.clone();
+                        let alive = alive_tx.clone();
                         tokio::spawn(async move {
-                            let _ = fut.await;
+                            conn::serve(stream, sh, stop).await;
+                            drop(alive);
                         });
                     }
                     Err(e) => {
@@ -366,9 +372,10 @@ pub async fn start(
             }
         }
         drop(listener);
+        drop(alive_tx);
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), alive_rx.recv()).await;
     });
     Ok(MockHandle {
         addr,
@@ -392,14 +399,29 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
     Ok((p(a)?, p(b)?))
 }
 
-/// The config a command line asks for.
+impl MockConfig {
+    /// The defaults with `profile`'s cost model and step budget.
+    pub fn with_profile(profile: Profile) -> MockConfig {
+        MockConfig {
+            cost: profile.cost,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            ..MockConfig::default()
+        }
+    }
+}
+
+/// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
 pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
+    let profile = Profile::by_name(&a.profile).map_err(anyhow::Error::msg)?;
+    let p = profile.cost;
     let cfg = MockConfig {
         model: a.model.clone(),
         fixed_timing: a.fixed_timing.as_deref().map(parse_fixed).transpose()?,
         seed: a.seed,
         max_num_seqs: a.max_num_seqs,
-        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_num_batched_tokens: a
+            .max_num_batched_tokens
+            .unwrap_or(profile.max_num_batched_tokens),
         block_size: a.block_size,
         kv_cache_tokens: a.kv_cache_tokens,
         max_model_len: a.max_model_len,
@@ -407,16 +429,17 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         enable_per_request_metrics: a.enable_per_request_metrics,
         tokenizer: a.tokenizer.clone(),
         cost: CostModel {
-            step_overhead_ms: a.step_overhead_ms,
-            prefill_token_ms: a.prefill_token_ms,
-            seq_ms: a.seq_ms,
-            context_token_ms: a.context_token_ms,
+            step_overhead_ms: a.step_overhead_ms.unwrap_or(p.step_overhead_ms),
+            prefill_token_ms: a.prefill_token_ms.unwrap_or(p.prefill_token_ms),
+            seq_ms: a.seq_ms.unwrap_or(p.seq_ms),
+            context_token_ms: a.context_token_ms.unwrap_or(p.context_token_ms),
         },
         eos_prob: a.eos_prob,
         spin_us: a.spin_us,
         io_threads: a.io_threads,
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
+        writer_threads: a.writer_threads,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

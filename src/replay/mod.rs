@@ -338,22 +338,15 @@ pub struct Embedded {
     handle: crate::mock::MockHandle,
 }
 
-/// The embedded target's engine: the mock's continuous-batching scheduler with the cost model of a
-/// fast multi-accelerator node (≈200k prefill tokens/s, 8,192-token steps, cheap KV reads), so
-/// that a minute of the sample Mooncake traces at real speed is served without an ever-growing
-/// queue (the mock's defaults model one small GPU, far too slow for those traces). Per-request
-/// metrics on.
+/// The embedded target's engine: the mock's continuous-batching scheduler with its `fast` profile
+/// ([`crate::mock::Profile::FAST`]: ≈200k prefill tokens/s, 8,192-token steps, cheap KV reads),
+/// so that a minute of the sample Mooncake traces at real speed is served without an
+/// ever-growing queue (the default `llama8b` profile is far too slow for those traces); the same
+/// engine as `retrace mock --profile fast`. Per-request metrics on.
 pub fn embedded_mock_config() -> crate::mock::MockConfig {
     crate::mock::MockConfig {
         enable_per_request_metrics: true,
-        max_num_batched_tokens: 8192,
-        cost: crate::mock::CostModel {
-            step_overhead_ms: 5.0,
-            prefill_token_ms: 0.005,
-            seq_ms: 0.05,
-            context_token_ms: 0.00004,
-        },
-        ..Default::default()
+        ..crate::mock::MockConfig::with_profile(crate::mock::Profile::FAST)
     }
 }
 

@@ -945,6 +945,48 @@ fn config_errors_name_the_flag() {
         format!("{:#}", cfg(&["--fault-status-codes", "200"]).unwrap_err())
             .contains("--fault-status-codes")
     );
+    assert!(
+        format!("{:#}", cfg(&["--writer-threads", "65"]).unwrap_err()).contains("--writer-threads")
+    );
+}
+
+#[tokio::test]
+async fn streams_keep_order_when_the_engine_thread_writes_every_burst() {
+    // 40 streams due together: more than the engine writes itself per hand-over, so with writer
+    // threads the burst is handed to them; with none the engine thread writes it all.
+    for writers in [0, 1] {
+        let h = start(MockConfig {
+            writer_threads: writers,
+            ..fixed(30.0, 5.0)
+        })
+        .await;
+        let mut tasks = Vec::new();
+        for i in 0..40u32 {
+            let addr = h.addr;
+            tasks.push(tokio::spawn(async move {
+                post(
+                    addr,
+                    "/v1/completions",
+                    json!({"prompt":[i + 1, 7],"max_tokens":12,"ignore_eos":true,"stream":true,
+                           "return_token_ids":true}),
+                )
+                .await
+            }));
+        }
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert!(r.done(), "writers {writers}: stream ended with [DONE]");
+            let chunks = r.chunks();
+            assert_eq!(chunks.len(), 12, "writers {writers}");
+            let last = &chunks[11]["choices"][0];
+            assert_eq!(last["finish_reason"], "length");
+            assert!(chunks[..11]
+                .iter()
+                .all(|c| c["choices"][0]["finish_reason"].is_null()));
+        }
+        assert_eq!(h.lateness().count, 40 * 13);
+        h.shutdown().await;
+    }
 }
 
 #[tokio::test]
@@ -1257,6 +1299,249 @@ async fn chunked_prefill_spreads_a_long_prompt_over_steps() {
     assert!(
         (m["mean_itl_ms"].as_f64().unwrap() - 1.0).abs() < 0.001,
         "decode steps cost the overhead only"
+    );
+    h.shutdown().await;
+}
+
+/// Reads raw HTTP/1.1 responses from `s` until `want` complete ones have arrived (or 10 s).
+/// Returns each response's head and its de-chunked (or content-length) body.
+async fn read_raw_responses(s: &mut tokio::net::TcpStream, want: usize) -> Vec<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Try to parse `want` responses from what we have.
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while out.len() < want {
+            let Some(h) = buf[pos..].windows(4).position(|w| w == b"\r\n\r\n") else {
+                break;
+            };
+            let head = String::from_utf8_lossy(&buf[pos..pos + h]).to_string();
+            let mut p = pos + h + 4;
+            let mut body = Vec::new();
+            let lower = head.to_ascii_lowercase();
+            let complete = if lower.contains("transfer-encoding: chunked") {
+                loop {
+                    let Some(l) = buf[p..].windows(2).position(|w| w == b"\r\n") else {
+                        break false;
+                    };
+                    let n = usize::from_str_radix(std::str::from_utf8(&buf[p..p + l]).unwrap(), 16)
+                        .unwrap();
+                    if buf.len() < p + l + 2 + n + 2 {
+                        break false;
+                    }
+                    body.extend_from_slice(&buf[p + l + 2..p + l + 2 + n]);
+                    p += l + 2 + n + 2;
+                    if n == 0 {
+                        break true;
+                    }
+                }
+            } else {
+                let n: usize = lower
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map(|v| v.trim().parse().unwrap())
+                    .unwrap_or(0);
+                if buf.len() >= p + n {
+                    body.extend_from_slice(&buf[p..p + n]);
+                    p += n;
+                    true
+                } else {
+                    false
+                }
+            };
+            if !complete {
+                break;
+            }
+            out.push((head, body));
+            pos = p;
+        }
+        if out.len() == want {
+            return out;
+        }
+        let mut tmp = [0u8; 65536];
+        let n = tokio::time::timeout_at(deadline.into(), s.read(&mut tmp))
+            .await
+            .expect("responses within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+#[tokio::test]
+async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
+    use tokio::io::AsyncWriteExt;
+    let h = start(fixed(5.0, 2.0)).await;
+    let body = r#"{"prompt":[1,2,3],"max_tokens":5,"ignore_eos":true,"stream":true}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: m\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // Two streams and a /health pipelined in one write on one connection, then one more stream.
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let pipelined = format!("{req}{req}GET /health HTTP/1.1\r\nhost: m\r\n\r\n");
+    s.write_all(pipelined.as_bytes()).await.unwrap();
+    let rs = read_raw_responses(&mut s, 3).await;
+    s.write_all(req.as_bytes()).await.unwrap();
+    let more = read_raw_responses(&mut s, 1).await;
+    for (i, (head, body)) in rs.iter().chain(more.iter()).enumerate() {
+        let mut lines = head.lines();
+        assert_eq!(
+            lines.next(),
+            Some("HTTP/1.1 200 OK"),
+            "response {i}: {head}"
+        );
+        let mut names: Vec<String> = lines
+            .map(|l| l.split(':').next().unwrap().to_ascii_lowercase())
+            .collect();
+        names.sort();
+        if i == 2 {
+            assert_eq!(names, ["content-length", "content-type", "date"], "{head}");
+            continue;
+        }
+        // The same head hyper writes for a chunked SSE response, and no `connection: close`.
+        assert_eq!(
+            names,
+            ["content-type", "date", "transfer-encoding"],
+            "{head}"
+        );
+        assert!(head.contains("content-type: text/event-stream; charset=utf-8"));
+        let mut p = SseParser::default();
+        let mut evs = Vec::new();
+        p.feed(body, |e| evs.push(e.unwrap().data));
+        assert_eq!(evs.len(), 6, "5 token events and [DONE]: {evs:?}");
+        assert_eq!(evs[5], "[DONE]");
+        let last: Value = serde_json::from_str(&evs[4]).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+    }
+    // HTTP/1.0 keeps hyper's framing (no chunks; the body ends with the connection).
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    s.write_all(req.replace("HTTP/1.1", "HTTP/1.0").as_bytes())
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut all),
+    )
+    .await
+    .expect("HTTP/1.0 stream ends")
+    .unwrap();
+    let txt = String::from_utf8_lossy(&all);
+    assert!(txt.starts_with("HTTP/1.0 200 OK\r\n"), "{txt}");
+    assert!(!txt.to_ascii_lowercase().contains("transfer-encoding"));
+    assert!(txt.ends_with("data: [DONE]\n\n"), "{txt}");
+    // Both paths send the same SSE bytes once de-chunked, but for the response id and the
+    // `created` second.
+    let hyper_body = &txt[txt.find("\r\n\r\n").unwrap() + 4..];
+    let norm = |b: &str| {
+        let id = b
+            .split("\"id\":\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .to_string();
+        let created = b
+            .split("\"created\":")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string();
+        b.replace(&id, "ID")
+            .replace(&format!("\"created\":{created},"), "\"created\":0,")
+    };
+    let direct_body = String::from_utf8(rs[0].1.clone()).unwrap();
+    assert_eq!(norm(&direct_body), norm(hyper_body));
+    // Lateness is measured for every event of the direct streams (4 x (5 + [DONE])).
+    assert!(h.lateness().count >= 24, "{:?}", h.lateness());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn profiles_pick_the_cost_model_and_flags_override_them() {
+    let cfg = |args: &[&str]| {
+        let mut v = vec!["mock"];
+        v.extend_from_slice(args);
+        match crate::support::cli(&v).command {
+            retrace::cli::Command::Mock(a) => mock::config_from_args(&a),
+            _ => unreachable!(),
+        }
+    };
+    // The default is the calibrated profile, exactly as before profiles existed.
+    let d = cfg(&[]).unwrap();
+    assert_eq!(d.cost, mock::Profile::LLAMA8B.cost);
+    assert_eq!(d.cost, mock::CostModel::default());
+    assert_eq!(d.max_num_batched_tokens, 2048);
+    let f = cfg(&["--profile", "fast"]).unwrap();
+    assert_eq!(f.cost, mock::Profile::FAST.cost);
+    assert_eq!(f.max_num_batched_tokens, 8192);
+    // replay's embedded target is the same engine as `--profile fast`.
+    let e = retrace::replay::embedded_mock_config();
+    assert_eq!(
+        (e.cost, e.max_num_batched_tokens),
+        (f.cost, f.max_num_batched_tokens)
+    );
+    // A flag given explicitly wins over the profile; the others keep the profile's values.
+    let o = cfg(&[
+        "--profile",
+        "fast",
+        "--prefill-token-ms",
+        "0.1",
+        "--max-num-batched-tokens",
+        "4096",
+    ])
+    .unwrap();
+    assert_eq!(o.cost.prefill_token_ms, 0.1);
+    assert_eq!(
+        o.cost.step_overhead_ms,
+        mock::Profile::FAST.cost.step_overhead_ms
+    );
+    assert_eq!(o.max_num_batched_tokens, 4096);
+    let err = format!("{:#}", cfg(&["--profile", "h200"]).unwrap_err());
+    assert!(
+        err.contains("--profile") && err.contains("llama8b") && err.contains("fast"),
+        "{err}"
+    );
+
+    // A Mooncake-size prompt (7,000 tokens): one 8,192-token step on `fast`, which the engine
+    // reports exactly (5 + 0.005 x 7000 + 0.05 + 0.00004 x 7000 ms); `llama8b` would need four
+    // 2,048-token chunks of about 0.93 s each (not run here: seconds of wall time).
+    let h = start(MockConfig {
+        enable_per_request_metrics: true,
+        ..MockConfig::with_profile(mock::Profile::FAST)
+    })
+    .await;
+    let prompt: Vec<u32> = (0..7000).map(|i| 1000 + i % 20000).collect();
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2, "ignore_eos": true, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    let chunks = r.chunks();
+    let m = &chunks.last().unwrap()["metrics"];
+    let ttft = m["time_to_first_token_ms"].as_f64().unwrap();
+    let want = mock::Profile::FAST.cost.step_ms(7000, 1, 7000);
+    assert!(
+        (ttft - want).abs() < 1e-3,
+        "TTFT {ttft} ms, cost model {want} ms"
+    );
+    assert!(ttft < 50.0);
+    let slow = mock::Profile::LLAMA8B.cost.step_ms(2048, 1, 2048);
+    assert!(
+        slow * 3.0 > 2000.0,
+        "llama8b: {slow} ms per 2,048-token chunk"
     );
     h.shutdown().await;
 }

@@ -1,0 +1,283 @@
+//! One client connection: hyper serves its HTTP/1.1 requests, and a streamed completion takes the
+//! socket over so that the engine can write the stream's events directly ([`super::stream`]).
+//!
+//! The take-over: the request handler registers the stream in this connection's [`ConnCtx`] and
+//! answers hyper with an empty `connection: close` response; from that moment the connection's
+//! I/O wrapper swallows what hyper writes (that placeholder response), so hyper ends the
+//! connection as if it had been closed and hands back the socket and any bytes it had read
+//! ahead. This task then writes the real response head (the same bytes hyper writes for a
+//! chunked SSE response) and runs the stream; afterwards the socket goes back to a fresh hyper
+//! connection, with the read-ahead bytes replayed first, unless the client asked to close. The
+//! take-over is refused (the hyper-served body is used instead) for HTTP/1.0 and while hyper
+//! still has unsent bytes of an earlier response. Graceful shutdown: no new request is read,
+//! open streams end when the engine stops. This module does not format bodies or decide routes.
+
+use super::api::{self, Shared};
+use super::stream::{self, Outcome};
+use bytes::{Buf, Bytes};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// A stream that took the connection over. Dropped without being driven (the connection failed
+/// or the mock was dropped abruptly), it cancels its request.
+pub struct Hijack {
+    pub stream: Option<Arc<stream::Stream>>,
+    /// The response head to write (status line and headers).
+    pub head: Vec<u8>,
+    /// The client asked for `connection: close`.
+    pub close_after: bool,
+}
+
+impl Drop for Hijack {
+    fn drop(&mut self) {
+        if let Some(s) = self.stream.take() {
+            s.abandon();
+        }
+    }
+}
+
+/// What the request handler knows about its connection.
+pub struct ConnCtx {
+    /// The socket (for the reset fault on the hyper path).
+    pub fd: RawFd,
+    swallow: AtomicBool,
+    /// hyper's last write attempt did not complete (it holds unsent bytes).
+    blocked: AtomicBool,
+    hijack: Mutex<Option<Hijack>>,
+}
+
+impl ConnCtx {
+    /// Whether a streamed response may take the connection over now.
+    pub fn can_take_over(&self) -> bool {
+        !self.blocked.load(Relaxed) && self.hijack.lock().map(|h| h.is_none()).unwrap_or(false)
+    }
+
+    /// Registers the stream; everything hyper writes from now on is discarded.
+    pub fn take_over(&self, h: Hijack) {
+        if let Ok(mut slot) = self.hijack.lock() {
+            *slot = Some(h);
+            self.swallow.store(true, Relaxed);
+        }
+    }
+
+    fn take(&self) -> Option<Hijack> {
+        self.hijack.lock().ok().and_then(|mut s| s.take())
+    }
+}
+
+/// The socket as hyper sees it: bytes read ahead are replayed first, and writes are discarded
+/// once a stream has taken over.
+struct ConnIo {
+    stream: TcpStream,
+    prefix: Bytes,
+    ctx: Arc<ConnCtx>,
+}
+
+impl AsyncRead for ConnIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl ConnIo {
+    fn track<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        self.ctx.blocked.store(p.is_pending(), Relaxed);
+        p
+    }
+}
+
+impl AsyncWrite for ConnIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.ctx.swallow.load(Relaxed) {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let p = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.track(p)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.ctx.swallow.load(Relaxed) {
+            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
+        }
+        let p = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.track(p)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.ctx.swallow.load(Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.ctx.swallow.load(Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+type HandlerFuture = Pin<
+    Box<
+        dyn std::future::Future<Output = Result<http::Response<api::MockBody>, api::BoxError>>
+            + Send,
+    >,
+>;
+
+/// The request handler as a hyper service.
+struct Svc {
+    sh: Arc<Shared>,
+    ctx: Arc<ConnCtx>,
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Svc {
+    type Response = http::Response<api::MockBody>;
+    type Error = api::BoxError;
+    type Future = HandlerFuture;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> HandlerFuture {
+        Box::pin(api::handle(req, self.sh.clone(), self.ctx.clone()))
+    }
+}
+
+type HttpConn = hyper::server::conn::http1::Connection<hyper_util::rt::TokioIo<ConnIo>, Svc>;
+type HttpParts = hyper::server::conn::http1::Parts<hyper_util::rt::TokioIo<ConnIo>, Svc>;
+
+/// hyper serving the connection until it is done, without shutting the socket down (so that a
+/// stream can take it over); a stop signal turns keep-alive off (graceful shutdown).
+struct Http {
+    conn: Option<HttpConn>,
+    stop: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl std::future::Future for &mut Http {
+    type Output = Result<HttpParts, hyper::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut **self.get_mut();
+        if let Some(s) = this.stop.as_mut() {
+            if s.as_mut().poll(cx).is_ready() {
+                this.stop = None;
+                if let Some(c) = this.conn.as_mut() {
+                    Pin::new(c).graceful_shutdown();
+                }
+            }
+        }
+        let Some(c) = this.conn.as_mut() else {
+            return Poll::Pending;
+        };
+        match c.poll_without_shutdown(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => match this.conn.take() {
+                Some(c) => Poll::Ready(Ok(c.into_parts())),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// Serves one accepted connection until it closes (or the mock stops).
+pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let mut stream = stream;
+    let mut prefix = Bytes::new();
+    loop {
+        let ctx = Arc::new(ConnCtx {
+            fd: stream.as_raw_fd(),
+            swallow: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            hijack: Mutex::new(None),
+        });
+        let io = ConnIo {
+            stream,
+            prefix,
+            ctx: ctx.clone(),
+        };
+        let svc = Svc {
+            sh: sh.clone(),
+            ctx: ctx.clone(),
+        };
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+        let stop_fut: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
+            if *stop.borrow() {
+                None
+            } else {
+                let mut stop = stop.clone();
+                Some(Box::pin(async move {
+                    let _ = stop.changed().await;
+                }))
+            };
+        let mut http = Http {
+            conn: Some(conn),
+            stop: stop_fut,
+        };
+        if http.stop.is_none() {
+            if let Some(c) = http.conn.as_mut() {
+                Pin::new(c).graceful_shutdown();
+            }
+        }
+        let r = (&mut http).await;
+        let hijack = ctx.take();
+        let parts = match r {
+            Ok(p) => p,
+            Err(_) => return, // dropping `hijack` abandons its stream
+        };
+        let io = parts.io.into_inner();
+        let Some(mut h) = hijack else {
+            // hyper ended the connection by itself (close, error, shutdown): close it properly.
+            let mut io = io;
+            io.ctx.swallow.store(false, Relaxed);
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
+            return;
+        };
+        // Bytes hyper read ahead come before the ones still unread in the old prefix.
+        let mut read_ahead = parts.read_buf.to_vec();
+        read_ahead.extend_from_slice(&io.prefix);
+        stream = io.stream;
+        let Some(st) = h.stream.take() else {
+            return;
+        };
+        let head = std::mem::take(&mut h.head);
+        match stream::drive(st, &stream, head, &mut read_ahead).await {
+            Outcome::Finished if !h.close_after && !*stop.borrow() => {
+                prefix = Bytes::from(read_ahead);
+            }
+            Outcome::Reset => return, // dropping the socket sends the RST
+            _ => {
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+                return;
+            }
+        }
+    }
+}

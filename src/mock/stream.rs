@@ -1,0 +1,426 @@
+//! The direct SSE writer: a streamed completion whose events the engine thread (or, for large
+//! bursts, a writer thread) formats and hands to the socket itself at each event's due instant,
+//! with one `send` per event, or one for all of a stream's events due together (the last token
+//! and `[DONE]`; a backlog when the machine was busy), and nothing else in between (no channel,
+//! no task wake-up, no HTTP framework on the per-event path).
+//!
+//! hyper parses the request and the response is decided as usual; then the connection is taken
+//! over ([`super::conn`]) and its task writes the response head and whatever events are already
+//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body uses
+//! HTTP/1.1 chunked framing exactly as hyper writes it (upper-case hex size, one chunk per
+//! event), so the bytes on the wire are the same as on the hyper path. When the socket is full
+//! the engine appends to a pending buffer and the task drains it when the socket is writable;
+//! when the stream is over the connection goes back to hyper for the next request. Lateness is
+//! recorded for each event at the instant its bytes are handed to the socket (`send`), not when
+//! they were formatted. Every access to the socket descriptor by the engine happens under the
+//! stream's lock while the task still owns the socket, so a closed descriptor is never written.
+//! This module does not parse HTTP, schedule events, or decide response shapes (see [`super::api`]).
+
+use super::api::Fmt;
+use super::engine::{Cmd, Emit, Sink};
+use super::prom::Stats;
+use super::tokenize::Tokenizer;
+use std::fmt::Write as _;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::AtomicU32;
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use tokio::net::TcpStream;
+
+/// How the body ended (as far as the engine is concerned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Open,
+    /// `[DONE]` and the last chunk are in `pending` (or already sent).
+    Done,
+    /// An injected connection reset: send what is pending, then RST.
+    Reset,
+    /// The engine stopped (shutdown) before the stream finished: end the body, close.
+    EngineGone,
+}
+
+struct State {
+    fmt: Fmt,
+    /// One event's SSE text, reused.
+    scratch: String,
+    /// Framed bytes not yet handed to the socket, and the scheduled instants of their events.
+    pending: Vec<u8>,
+    pending_at: Vec<Instant>,
+    /// Set while the engine may write to the socket itself (attached and not draining).
+    fd: Option<RawFd>,
+    /// The connection task owns writing (head not sent yet, or the socket was full).
+    draining: bool,
+    end: End,
+    client_gone: bool,
+}
+
+/// One streamed response, shared by the engine (through [`StreamSink`]) and the connection task.
+pub struct Stream {
+    state: Mutex<State>,
+    notify: tokio::sync::Notify,
+    tok: Arc<Tokenizer>,
+    stats: Arc<Stats>,
+    engine: mpsc::Sender<Cmd>,
+    id: u64,
+    may_reset: bool,
+    queued: AtomicU32,
+}
+
+/// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
+/// the connection to end the body.
+pub struct StreamSink(pub Arc<Stream>);
+
+impl Drop for StreamSink {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        if st.end == End::Open {
+            st.end = End::EngineGone;
+        }
+        drop(st);
+        self.0.notify.notify_one();
+    }
+}
+
+impl Sink for StreamSink {
+    fn emit(&self, e: Emit, flush: bool) -> bool {
+        self.0.emit(e, flush)
+    }
+    fn key(&self) -> u64 {
+        self.0.id
+    }
+    fn queued(&self) -> &AtomicU32 {
+        &self.0.queued
+    }
+}
+
+/// Appends `data` as one HTTP/1.1 chunk, framed as hyper frames it.
+fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+    let mut h = String::with_capacity(8);
+    let _ = write!(h, "{:X}\r\n", data.len());
+    out.extend_from_slice(h.as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+enum Wrote {
+    All,
+    Blocked,
+    Gone,
+}
+
+/// Hands `buf[*off..]` to the socket without blocking; advances `off`.
+fn send_now(fd: RawFd, buf: &[u8], off: &mut usize) -> Wrote {
+    while *off < buf.len() {
+        let rest = &buf[*off..];
+        // SAFETY: `fd` is the connection's socket, kept open by its task while `fd` is set in the
+        // stream state (checked under the lock held by the caller); the pointer and length
+        // describe a live slice.
+        let r = unsafe {
+            libc::send(
+                fd,
+                rest.as_ptr() as *const libc::c_void,
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r > 0 {
+            *off += r as usize;
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        match err.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Wrote::Blocked,
+            _ if r == 0 => return Wrote::Blocked,
+            _ => return Wrote::Gone,
+        }
+    }
+    Wrote::All
+}
+
+impl Stream {
+    pub(super) fn new(
+        fmt: Fmt,
+        tok: Arc<Tokenizer>,
+        stats: Arc<Stats>,
+        engine: mpsc::Sender<Cmd>,
+        id: u64,
+        may_reset: bool,
+    ) -> Arc<Stream> {
+        Arc::new(Stream {
+            state: Mutex::new(State {
+                fmt,
+                scratch: String::with_capacity(512),
+                pending: Vec::new(),
+                pending_at: Vec::new(),
+                fd: None,
+                draining: true,
+                end: End::Open,
+                client_gone: false,
+            }),
+            notify: tokio::sync::Notify::new(),
+            tok,
+            stats,
+            engine,
+            id,
+            may_reset,
+            queued: AtomicU32::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock would be a bug; the state stays usable either way.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, ats: &[Instant], now: Instant) {
+        for &at in ats {
+            self.stats
+                .record_lateness(now.saturating_duration_since(at).as_nanos() as i128);
+        }
+    }
+
+    /// Engine thread: format one event and hand it to the socket now (or queue it).
+    fn emit(&self, e: Emit, flush: bool) -> bool {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if st.client_gone {
+            return false;
+        }
+        if st.end != End::Open {
+            return true;
+        }
+        let at = e.at();
+        st.scratch.clear();
+        let mut hold = false;
+        match e {
+            Emit::Tokens {
+                choice,
+                ids,
+                finish,
+                ..
+            } => {
+                st.fmt
+                    .tokens(&mut st.scratch, &self.tok, choice, &ids, finish);
+                // The engine hands over the end of the stream right after the last token, at the
+                // same instant: both go out in one write.
+                // (Not with a reset fault pending: its last tokens must reach the client early.)
+                hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
+            }
+            Emit::Done {
+                prompt_tokens,
+                completion_tokens,
+                timing,
+                ..
+            } => {
+                st.fmt
+                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
+                st.end = End::Done;
+            }
+            Emit::Reset { .. } => {
+                st.end = End::Reset;
+                drop(guard);
+                self.notify.notify_one();
+                return true;
+            }
+        }
+        chunk(&mut st.pending, st.scratch.as_bytes());
+        if st.end == End::Done {
+            st.pending.extend_from_slice(b"0\r\n\r\n");
+        }
+        st.pending_at.push(at);
+        let mut wake = st.end != End::Open;
+        if let (Some(fd), false, false, true) = (st.fd, st.draining, hold, flush) {
+            let now = Instant::now();
+            let mut off = 0;
+            match send_now(fd, &st.pending, &mut off) {
+                Wrote::All => {
+                    self.record(&st.pending_at, now);
+                    st.pending.clear();
+                    st.pending_at.clear();
+                }
+                Wrote::Blocked => {
+                    st.pending.drain(..off);
+                    st.draining = true;
+                    wake = true;
+                }
+                Wrote::Gone => {
+                    st.client_gone = true;
+                    drop(guard);
+                    self.notify.notify_one();
+                    // On a writer thread nobody else tells the engine (it ignores a repeat).
+                    let _ = self.engine.send(Cmd::Cancel(self.id));
+                    return false;
+                }
+            }
+        }
+        drop(guard);
+        if wake {
+            self.notify.notify_one();
+        }
+        true
+    }
+
+    /// The request will not be served (the client left before the stream started, or the
+    /// connection failed): the engine stops producing for it.
+    pub fn abandon(&self) {
+        let mut st = self.lock();
+        st.fd = None;
+        let was_open = !st.client_gone && st.end == End::Open;
+        st.client_gone = true;
+        drop(st);
+        if was_open {
+            let _ = self.engine.send(Cmd::Cancel(self.id));
+        }
+    }
+}
+
+/// How a taken-over stream ended, for the connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Body complete: the connection can serve its next request.
+    Finished,
+    /// Close the connection (client gone, or the engine stopped).
+    Close,
+    /// Close with a TCP reset (`SO_LINGER 0` is already set).
+    Reset,
+}
+
+/// Detaches the engine from the socket on every way out of [`drive`] (also cancellation).
+struct Detach<'a> {
+    s: &'a Stream,
+    finished: bool,
+}
+
+impl Drop for Detach<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            self.s.lock().fd = None;
+        } else {
+            self.s.abandon();
+        }
+    }
+}
+
+enum Action {
+    Write(Vec<u8>, Vec<Instant>),
+    Wait,
+    End(End),
+    Gone,
+}
+
+async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
+    let mut off = 0;
+    while off < buf.len() {
+        if stream.writable().await.is_err() {
+            return false;
+        }
+        match stream.try_write(&buf[off..]) {
+            Ok(0) => return false,
+            Ok(n) => off += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Connection task: writes `head` and the events due so far, lets the engine write directly,
+/// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
+/// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB), and says how the
+/// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
+/// this returns.
+pub async fn drive(
+    s: Arc<Stream>,
+    stream: &TcpStream,
+    head: Vec<u8>,
+    read_ahead: &mut Vec<u8>,
+) -> Outcome {
+    let fd = stream.as_raw_fd();
+    let mut detach = Detach {
+        s: &s,
+        finished: false,
+    };
+    s.lock().fd = Some(fd);
+    let mut head = Some(head);
+    loop {
+        let action = {
+            let mut st = s.lock();
+            if st.client_gone {
+                Action::Gone
+            } else if head.is_some() || (st.draining && !st.pending.is_empty()) {
+                let mut buf = head.take().unwrap_or_default();
+                buf.extend_from_slice(&st.pending);
+                st.pending.clear();
+                Action::Write(buf, std::mem::take(&mut st.pending_at))
+            } else {
+                // Everything handed over: the engine writes the next events itself.
+                st.draining = false;
+                match st.end {
+                    End::Open => Action::Wait,
+                    e => Action::End(e),
+                }
+            }
+        };
+        match action {
+            Action::Write(buf, ats) => {
+                if !write_all(stream, &buf).await {
+                    return Outcome::Close; // `detach` abandons the request
+                }
+                s.record(&ats, Instant::now());
+            }
+            Action::Gone => return Outcome::Close,
+            Action::End(End::Done) => {
+                detach.finished = true;
+                return Outcome::Finished;
+            }
+            Action::End(End::EngineGone) => {
+                detach.finished = true;
+                s.lock().fd = None;
+                let _ = write_all(stream, b"0\r\n\r\n").await;
+                return Outcome::Close;
+            }
+            Action::End(End::Reset) => {
+                detach.finished = true;
+                s.lock().fd = None;
+                super::api::arm_reset(fd);
+                return Outcome::Reset;
+            }
+            Action::End(End::Open) => {} // not produced (an open stream waits)
+            Action::Wait => {
+                let reading = read_ahead.len() < 1 << 20;
+                tokio::select! {
+                    _ = s.notify.notified() => {}
+                    r = stream.readable(), if reading => {
+                        if r.is_err() {
+                            return Outcome::Close;
+                        }
+                        let mut tmp = [0u8; 4096];
+                        match stream.try_read(&mut tmp) {
+                            // The client closed its side: as on the hyper path, the stream ends.
+                            Ok(0) => return Outcome::Close,
+                            Ok(n) => read_ahead.extend_from_slice(&tmp[..n]),
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => return Outcome::Close,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_framed_as_hyper_frames_them() {
+        let mut v = Vec::new();
+        chunk(&mut v, &[b'x'; 242]);
+        assert!(v.starts_with(b"F2\r\nxx"));
+        assert!(v.ends_with(b"x\r\n"));
+        assert_eq!(v.len(), 4 + 242 + 2);
+    }
+}
