@@ -45,9 +45,10 @@ pub enum Command {
     /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics
     /// in vLLM 0.32's shapes. Without --fixed-timing a continuous-batching scheduler times each
     /// step with a cost model chosen by --profile: `llama8b` (default; a lone 137-token prompt
-    /// gets ~70 ms TTFT, ~8 ms TPOT; 7k-100k-token prompts take seconds to minutes) or `fast`
+    /// gets ~70 ms TTFT, ~8 ms TPOT; a 7k-token prompt ~0.4 s) or `fast`
     /// (≈200k prefill tokens/s: Mooncake-size prompts at trace speed; replay's embedded target),
-    /// e.g. `retrace mock --profile fast`. The --step-overhead-ms, --prefill-token-ms, --seq-ms,
+    /// e.g. `retrace mock --profile fast`. The --request-overhead-ms, --step-overhead-ms,
+    /// --prefill-token-ms, --seq-ms,
     /// --context-token-ms and --max-num-batched-tokens flags override the profile. Faults by
     /// seeded rates (--fault-*) or per request with the header `x-mock-fault` (e.g.
     /// `status=503`, `stall-first=500`, `reset-after=3`). Details: docs/mock.md.
@@ -435,6 +436,10 @@ pub struct MockArgs {
     /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
     #[arg(long, default_value_t = 0.002)]
     pub eos_prob: f64,
+    /// Cost model: front-end latency of every request before the engine queues it (HTTP,
+    /// tokenization), ms; part of the client's TTFT, not of the engine's [default: from --profile].
+    #[arg(long)]
+    pub request_overhead_ms: Option<f64>,
     /// Cost model: fixed time of every scheduler step, ms [default: from --profile].
     #[arg(long)]
     pub step_overhead_ms: Option<f64>,

@@ -155,6 +155,7 @@ impl MockConfig {
         }
         let c = &self.cost;
         for (name, v) in [
+            ("--request-overhead-ms", c.request_overhead_ms),
             ("--step-overhead-ms", c.step_overhead_ms),
             ("--prefill-token-ms", c.prefill_token_ms),
             ("--seq-ms", c.seq_ms),
@@ -429,6 +430,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         enable_per_request_metrics: a.enable_per_request_metrics,
         tokenizer: a.tokenizer.clone(),
         cost: CostModel {
+            request_overhead_ms: a.request_overhead_ms.unwrap_or(p.request_overhead_ms),
             step_overhead_ms: a.step_overhead_ms.unwrap_or(p.step_overhead_ms),
             prefill_token_ms: a.prefill_token_ms.unwrap_or(p.prefill_token_ms),
             seq_ms: a.seq_ms.unwrap_or(p.seq_ms),
