@@ -31,6 +31,7 @@ pub mod replay;
 pub mod report;
 pub mod sse;
 pub mod synth;
+pub mod thread_timing;
 pub mod tls;
 pub mod trace;
 

@@ -143,7 +143,7 @@ pub struct EngineConfig {
     pub eos_prob: f64,
     pub vocab: u32,
     pub spin: Duration,
-    /// Run the engine thread under SCHED_FIFO (see [`make_realtime`]).
+    /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
     pub realtime: bool,
     /// Minimum gap between two hand-overs (batches events due close together).
     pub coalesce: Duration,
@@ -456,7 +456,8 @@ pub fn spawn(
             std::thread::Builder::new()
                 .name(format!("mock-writer-{i}"))
                 .spawn(move || {
-                    if realtime && !make_realtime() {
+                    crate::thread_timing::precise(true);
+                    if realtime && !crate::thread_timing::realtime() {
                         st.realtime_failed.store(true, Relaxed);
                     }
                     writer_loop(wrx);
@@ -468,12 +469,10 @@ pub fn spawn(
         .name("mock-engine".into())
         .spawn(move || {
             // Timed waits wake within microseconds instead of the default 50 us slack, so the
-            // clock needs only a short spin before each deadline.
-            // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only this thread.
-            unsafe {
-                libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
-            }
-            if cfg.realtime && !make_realtime() {
+            // clock needs only a short spin before each deadline; a short EEVDF slice gets the
+            // thread onto a busy CPU sooner when a deadline comes.
+            crate::thread_timing::precise(true);
+            if cfg.realtime && !crate::thread_timing::realtime() {
                 stats.realtime_failed.store(true, Relaxed);
             }
             let mut e = Engine {
@@ -506,16 +505,6 @@ pub fn spawn(
             }
         })?;
     Ok((tx, handle))
-}
-
-/// Puts the calling thread under SCHED_FIFO priority 10, so that on a busy machine it runs as
-/// soon as it wakes instead of waiting for a CFS time slice. Returns false when not permitted
-/// (needs CAP_SYS_NICE). Safe to use because the mock's threads sleep between deadlines (the
-/// config refuses it together with spinning) and the kernel's RT throttling still applies.
-pub fn make_realtime() -> bool {
-    let p = libc::sched_param { sched_priority: 10 };
-    // SAFETY: changes only the calling thread's scheduling policy; `p` is a valid sched_param.
-    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &p) == 0 }
 }
 
 fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {

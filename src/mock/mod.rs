@@ -273,7 +273,7 @@ pub async fn start(
         .worker_threads(cfg.io_threads.max(1))
         .thread_name("mock-io")
         .on_thread_start(move || {
-            if realtime && !engine::make_realtime() {
+            if realtime && !crate::thread_timing::realtime() {
                 rt_stats
                     .realtime_failed
                     .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -2,7 +2,7 @@
 //!
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 µs (Linux `prctl`) and a
-//! short EEVDF slice ([`DISPATCH_SLICE_NS`], unprivileged) until
+//! short EEVDF slice ([`crate::thread_timing`], unprivileged) until
 //! [`SPIN_WINDOW`] before the deadline, then yields/spins the rest, so releases land within
 //! microseconds instead of tokio's 1 ms timer-wheel granularity. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
@@ -49,19 +49,6 @@ pub struct DriveOptions {
     pub t0: Option<Instant>,
 }
 
-/// Puts the calling thread under SCHED_FIFO; returns whether it worked.
-fn realtime_setup() -> bool {
-    #[cfg(target_os = "linux")]
-    // SAFETY: sched_setscheduler(0, ...) changes only the calling thread's policy; the param
-    // struct is fully initialised.
-    unsafe {
-        let p = libc::sched_param { sched_priority: 10 };
-        libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0
-    }
-    #[cfg(not(target_os = "linux"))]
-    false
-}
-
 /// The outcome of a drive.
 pub struct Driven {
     /// One sample per planned send, in plan order.
@@ -86,56 +73,6 @@ impl Drop for Handover {
             .end_ns
             .unwrap_or_else(|| Instant::now().saturating_duration_since(self.t0).as_nanos() as u64);
         let _ = self.tx.send((end.saturating_add(self.think_ns), self.slot));
-    }
-}
-
-/// `struct sched_attr` of `sched_setattr(2)` (not in the libc crate).
-#[cfg(target_os = "linux")]
-#[repr(C)]
-#[derive(Default)]
-struct SchedAttr {
-    size: u32,
-    policy: u32,
-    flags: u64,
-    nice: i32,
-    priority: u32,
-    runtime: u64,
-    deadline: u64,
-    period: u64,
-    util_min: u32,
-    util_max: u32,
-}
-
-/// The EEVDF slice asked for the dispatcher thread (Linux ≥ 6.12 honours `sched_runtime` as a
-/// fair task's slice; the minimum is 100 µs). A short slice gives the thread an earlier virtual
-/// deadline, so on a busy machine it preempts CPU-bound threads sooner when its timer fires. It
-/// needs no privilege and changes neither policy nor nice; older kernels ignore or refuse it.
-pub const DISPATCH_SLICE_NS: u64 = 100_000;
-
-/// Lowers this thread's timer slack so `nanosleep` wakes within microseconds, and asks for a short
-/// scheduler slice ([`DISPATCH_SLICE_NS`]); returns whether the slice was accepted.
-pub fn precise_sleep_setup(short_slice: bool) -> bool {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and only affects the calling thread;
-    // sched_setattr(0, attr, 0) reads a fully initialised struct of the size it is told and only
-    // changes the calling thread (SCHED_OTHER kept, nice 0 kept).
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
-        if !short_slice {
-            return false;
-        }
-        let attr = SchedAttr {
-            size: std::mem::size_of::<SchedAttr>() as u32,
-            policy: libc::SCHED_OTHER as u32,
-            runtime: DISPATCH_SLICE_NS,
-            ..Default::default()
-        };
-        libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) == 0
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = short_slice;
-        false
     }
 }
 
@@ -180,9 +117,9 @@ pub async fn drive(
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
         .spawn(move || {
-            let short_slice = precise_sleep_setup(true);
+            let short_slice = crate::thread_timing::precise(true);
             tracing::debug!(short_slice, "dispatcher thread set up");
-            if realtime && !realtime_setup() {
+            if realtime && !crate::thread_timing::realtime() {
                 eprintln!("retrace: warning: --realtime: cannot use SCHED_FIFO (needs CAP_SYS_NICE); dispatching at normal priority");
             }
             // Dependent turns handed over by their predecessor's task: (deadline ns, slot).
