@@ -41,21 +41,26 @@ pub struct Target {
 impl Target {
     /// Parses `--target` (`http://` or `https://`).
     pub fn parse(url: &str, headers: HeaderMap) -> Result<Target, String> {
+        Target::parse_as(url, headers, "--target")
+    }
+
+    /// Parses a server URL given by `flag` (named in errors).
+    pub fn parse_as(url: &str, headers: HeaderMap, flag: &str) -> Result<Target, String> {
         let url = url.trim_end_matches('/');
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("--target {url:?} is not a URL: {e}"))?;
+            .map_err(|e| format!("{flag} {url:?} is not a URL: {e}"))?;
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
             _ => {
                 return Err(format!(
-                    "--target {url:?}: give a URL like http://127.0.0.1:8000"
+                    "{flag} {url:?}: give a URL like http://127.0.0.1:8000"
                 ))
             }
         };
         let Some(auth) = uri.authority() else {
-            return Err(format!("--target {url:?} has no host"));
+            return Err(format!("{flag} {url:?} has no host"));
         };
         let authority = match auth.port_u16() {
             Some(_) => auth.as_str().to_string(),

@@ -188,33 +188,7 @@ impl ScrapeTarget {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("--scrape-metrics {url:?} is not a URL: {e}"))?;
-        let tls = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => {
-                return Err(format!(
-                    "--scrape-metrics {url}: give an http:// or https:// URL"
-                ))
-            }
-        };
-        let auth = uri
-            .authority()
-            .ok_or_else(|| format!("--scrape-metrics {url:?} has no host"))?;
-        let authority = match auth.port_u16() {
-            Some(_) => auth.as_str().to_string(),
-            None => format!("{}:{}", auth.host(), if tls { 443 } else { 80 }),
-        };
-        let target = super::client::Target {
-            authority,
-            host: auth
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-            tls,
-            base_path: String::new(),
-            headers: HeaderMap::new(),
-        };
+        let target = super::client::Target::parse_as(url, HeaderMap::new(), "--scrape-metrics")?;
         let path: Uri = uri
             .path_and_query()
             .map_or("/metrics", |p| {

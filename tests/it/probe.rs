@@ -3,32 +3,8 @@
 //! metrics; with `--scrape-metrics` the server's query counter accounts for them exactly.
 
 use crate::support::{self, ServerConfig};
-use clap::Parser;
-use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
-use std::path::{Path, PathBuf};
+use retrace::replay::{self};
 use std::time::Duration;
-
-fn mooncake(dir: &Path, rows: &[(u64, u64, u64, &[u64])]) -> PathBuf {
-    let mut s = String::new();
-    for (ts, i, o, h) in rows {
-        s.push_str(&format!(
-            "{{\"timestamp\": {ts}, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": {h:?}}}\n"
-        ));
-    }
-    let p = dir.join("trace.jsonl");
-    std::fs::write(&p, s).unwrap();
-    p
-}
-
-fn config(args: &[&str]) -> anyhow::Result<Config> {
-    let mut v = vec!["retrace", "replay"];
-    v.extend_from_slice(args);
-    match Cli::try_parse_from(v)?.command {
-        Command::Replay(a) => Config::from_args(a),
-        _ => unreachable!("replay subcommand"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_run_beside_the_workload_outside_the_concurrency_limit() {
@@ -41,12 +17,12 @@ async fn probes_run_beside_the_workload_outside_the_concurrency_limit() {
     let dir = tempfile::tempdir().unwrap();
     // 3 requests of ~30 + 39 x 10 = 420 ms each, one at a time (--max-concurrency 1): the
     // workload lasts ≥ 1.2 s; probes at 10/s must keep going out meanwhile.
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[(0, 100, 40, &[0]), (10, 200, 40, &[1]), (20, 300, 40, &[2])],
     );
     let o = replay::replay(
-        config(&[
+        support::replay_config(&[
             trace.to_str().unwrap(),
             "--target",
             &srv.url(),
@@ -93,7 +69,7 @@ async fn probes_run_beside_the_workload_outside_the_concurrency_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_are_counted_in_the_theoretical_queries_of_the_scrape() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[
             (0, 1100, 2, &[0, 1, 2]),
@@ -102,7 +78,7 @@ async fn probes_are_counted_in_the_theoretical_queries_of_the_scrape() {
         ],
     );
     let o = replay::replay(
-        config(&[
+        support::replay_config(&[
             trace.to_str().unwrap(),
             "--probe-request-rate",
             "20",
@@ -126,7 +102,7 @@ async fn probes_are_counted_in_the_theoretical_queries_of_the_scrape() {
 
 #[test]
 fn probe_rate_must_be_positive() {
-    let e = config(&["t.jsonl", "--probe-request-rate", "0"])
+    let e = support::replay_config(&["t.jsonl", "--probe-request-rate", "0"])
         .unwrap_err()
         .to_string();
     assert!(e.contains("--probe-request-rate 0"), "{e}");

@@ -3,34 +3,9 @@
 //! validation, and the `--max-drift-ms` exit status.
 
 use crate::support::{self, ServerConfig};
-use clap::Parser;
-use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
+use retrace::replay::{self};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// Writes a Mooncake trace: (timestamp ms, input_length, output_length, hash_ids).
-fn mooncake(dir: &Path, rows: &[(u64, u64, u64, &[u64])]) -> PathBuf {
-    let mut s = String::new();
-    for (ts, i, o, h) in rows {
-        s.push_str(&format!(
-            "{{\"timestamp\": {ts}, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": {h:?}}}\n"
-        ));
-    }
-    let p = dir.join("trace.jsonl");
-    std::fs::write(&p, s).unwrap();
-    p
-}
-
-fn config(args: &[&str]) -> anyhow::Result<Config> {
-    let mut v = vec!["retrace", "replay"];
-    v.extend_from_slice(args);
-    let cli = Cli::try_parse_from(v)?;
-    match cli.command {
-        Command::Replay(a) => Config::from_args(a),
-        _ => unreachable!("replay subcommand"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn known_timings_give_vllm_metrics() {
@@ -42,7 +17,7 @@ async fn known_timings_give_vllm_metrics() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[
             (0, 600, 10, &[0, 1]),
@@ -52,7 +27,7 @@ async fn known_timings_give_vllm_metrics() {
         ],
     );
     let out = dir.path().join("r.json");
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),
@@ -126,7 +101,7 @@ async fn failures_are_counted_by_kind_and_the_run_completes() {
     let srv = support::start(ServerConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
     // max_tokens selects the fault: 2 → 500, 3 → reset, 4 → malformed, 5 → stream error.
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[
             (0, 10, 6, &[0]),
@@ -137,7 +112,7 @@ async fn failures_are_counted_by_kind_and_the_run_completes() {
             (25, 10, 6, &[5]),
         ],
     );
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),
@@ -164,9 +139,10 @@ async fn connection_refused_is_a_failure_not_an_error() {
         .unwrap()
         .port();
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
+    let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
     let url = format!("http://127.0.0.1:{port}");
-    let cfg = config(&[trace.to_str().unwrap(), "--target", &url, "--model", "m"]).unwrap();
+    let cfg = support::replay_config(&[trace.to_str().unwrap(), "--target", &url, "--model", "m"])
+        .unwrap();
     let o = replay::replay(cfg).await.unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
@@ -187,7 +163,7 @@ async fn prompts_on_the_wire_are_exact_shared_and_deterministic() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     // Requests far apart so they arrive in trace order.
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[
             (0, 1000, 6, &[0, 1]),
@@ -198,7 +174,9 @@ async fn prompts_on_the_wire_are_exact_shared_and_deterministic() {
     let run = |seed: &'static str| {
         let (t, u) = (trace.clone(), srv.url());
         async move {
-            let cfg = config(&[t.to_str().unwrap(), "--target", &u, "--seed", seed]).unwrap();
+            let cfg =
+                support::replay_config(&[t.to_str().unwrap(), "--target", &u, "--seed", seed])
+                    .unwrap();
             replay::replay(cfg).await.unwrap()
         }
     };
@@ -246,11 +224,11 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[(0, 10, 6, &[0]), (0, 10, 6, &[1]), (0, 10, 6, &[2])],
     );
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),
@@ -290,9 +268,9 @@ async fn speed_compresses_the_schedule() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0]), (400, 10, 6, &[1])]);
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (400, 10, 6, &[1])]);
     let out = dir.path().join("r.json");
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),
@@ -338,12 +316,13 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--goodput", "itl:5"], "--goodput"),
     ];
     for (args, flag) in cases {
-        let e = config(args).unwrap_err().to_string();
+        let e = support::replay_config(args).unwrap_err().to_string();
         assert!(e.contains(flag), "{args:?}: {e}");
     }
-    let e = config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
+    let e =
+        support::replay_config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
     assert!(e.to_string().contains("--vocab-size"), "{e}");
-    assert!(config(&["t", "--endpoint", "bogus"]).is_err());
+    assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
 }
 
 #[test]
@@ -352,7 +331,7 @@ fn api_key_is_never_written() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = rt.block_on(support::start(ServerConfig::default()));
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0])]);
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0])]);
     let out = dir.path().join("r.json");
     let o = std::process::Command::new(bin)
         .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
@@ -383,7 +362,7 @@ fn drift_limit_sets_exit_status() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let srv = rt.block_on(support::start(ServerConfig::default()));
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
     let run = |limit: &str| {
         std::process::Command::new(bin)
             .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
@@ -458,7 +437,7 @@ async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
         .enumerate()
         .map(|(i, (len, _, ids))| (i as u64 * 25, *len, 2, ids.as_slice()))
         .collect();
-    let trace = mooncake(dir.path(), &retimed);
+    let trace = support::mooncake(dir.path(), &retimed);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = retrace::mock::MockConfig {
         fixed_timing: Some((1.0, 1.0)),
@@ -467,9 +446,11 @@ async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
     let kv_block = u64::from(cfg.block_size);
     let mock = retrace::mock::start(listener, cfg).await.unwrap();
     let url = format!("http://{}", mock.addr);
-    let o = replay::replay(config(&[trace.to_str().unwrap(), "--target", &url]).unwrap())
-        .await
-        .unwrap();
+    let o = replay::replay(
+        support::replay_config(&[trace.to_str().unwrap(), "--target", &url]).unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (o.summary.completed, o.summary.failed),
         (30, 0),
@@ -491,7 +472,7 @@ async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
 fn no_target_replays_against_the_embedded_mock() {
     let bin = env!("CARGO_BIN_EXE_retrace");
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(
+    let trace = support::mooncake(
         dir.path(),
         &[
             (0, 600, 5, &[0, 1]),
@@ -558,8 +539,8 @@ async fn chat_text_mode_end_to_end() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let tok = word_tokenizer(dir.path());
-    let trace = mooncake(dir.path(), &[(0, 600, 6, &[0, 1]), (20, 700, 6, &[0, 2])]);
-    let cfg = config(&[
+    let trace = support::mooncake(dir.path(), &[(0, 600, 6, &[0, 1]), (20, 700, 6, &[0, 2])]);
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),
@@ -681,11 +662,11 @@ async fn https_target_with_private_ca() {
     let srv = support::start(ServerConfig::default()).await;
     let port = tls_front(srv.addr).await;
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &[(0, 100, 6, &[0]), (10, 200, 7, &[0, 1])]);
+    let trace = support::mooncake(dir.path(), &[(0, 100, 6, &[0]), (10, 200, 7, &[0, 1])]);
     let url = format!("https://localhost:{port}");
     let ca = support::repo("fixtures/tls/ca.pem");
     // Trusting the private CA: every request completes over TLS; the model comes from /v1/models.
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &url,
@@ -705,7 +686,7 @@ async fn https_target_with_private_ca() {
     // Trusting something else (the leaf, which is no CA): requests fail as connect errors, the run
     // still completes and says so.
     let leaf = support::repo("fixtures/tls/cert.pem");
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &url,
@@ -720,7 +701,7 @@ async fn https_target_with_private_ca() {
     let kinds: Vec<String> = o.summary.errors.keys().cloned().collect();
     assert_eq!(kinds, vec!["connect".to_string()], "{:?}", o.summary.errors);
     // A CA path that does not exist is a clear error naming the flag.
-    let cfg = config(&[
+    let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
         "--target",
         &url,

@@ -3,32 +3,9 @@
 //! reuse, the time series lands in the result file; an explicit URL works; an unreachable one is
 //! counted, never fatal; flag errors name the flag.
 
-use clap::Parser;
-use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
+use crate::support;
+use retrace::replay::{self};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-fn mooncake(dir: &Path, rows: &[(u64, u64, u64, &[u64])]) -> PathBuf {
-    let mut s = String::new();
-    for (ts, i, o, h) in rows {
-        s.push_str(&format!(
-            "{{\"timestamp\": {ts}, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": {h:?}}}\n"
-        ));
-    }
-    let p = dir.join("trace.jsonl");
-    std::fs::write(&p, s).unwrap();
-    p
-}
-
-fn config(args: &[&str]) -> anyhow::Result<Config> {
-    let mut v = vec!["retrace", "replay"];
-    v.extend_from_slice(args);
-    match Cli::try_parse_from(v)?.command {
-        Command::Replay(a) => Config::from_args(a),
-        _ => unreachable!("replay subcommand"),
-    }
-}
 
 /// Mooncake blocks are 512 tokens; the mock's KV blocks 16. By domain.md's rule, hits =
 /// min(floor(P/16)*16, floor((L-1)/16)*16): r1 shares 2 blocks (P = 1024) → 1024; r2 shares 1
@@ -45,10 +22,10 @@ const QUERIES: f64 = 3830.0;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn achieved_hits_on_the_embedded_mock_equal_the_theoretical_count() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &ROWS);
+    let trace = support::mooncake(dir.path(), &ROWS);
     let out = dir.path().join("r.json");
     let o = replay::replay(
-        config(&[
+        support::replay_config(&[
             trace.to_str().unwrap(),
             "--scrape-metrics",
             "--result-json",
@@ -109,7 +86,7 @@ async fn achieved_hits_on_the_embedded_mock_equal_the_theoretical_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = mooncake(dir.path(), &ROWS);
+    let trace = support::mooncake(dir.path(), &ROWS);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mock = retrace::mock::start(
         listener,
@@ -124,7 +101,7 @@ async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
     let url = format!("http://{}", mock.addr);
     let scrape = format!("--scrape-metrics={url}/metrics");
     let o = replay::replay(
-        config(&[
+        support::replay_config(&[
             trace.to_str().unwrap(),
             "--target",
             &url,
@@ -144,7 +121,7 @@ async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
     assert!(!o.report.contains("theoretical:"), "{}", o.report);
     // The same run again on the now-warm server: more hits than the trace alone explains, said so.
     let again = replay::replay(
-        config(&[
+        support::replay_config(&[
             trace.to_str().unwrap(),
             "--target",
             &url,
@@ -175,7 +152,7 @@ async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
         dead.local_addr().unwrap()
     );
     drop(dead);
-    let o = replay::replay(config(&[trace.to_str().unwrap(), &dead_url]).unwrap())
+    let o = replay::replay(support::replay_config(&[trace.to_str().unwrap(), &dead_url]).unwrap())
         .await
         .unwrap();
     assert_eq!(o.summary.completed, 4);
@@ -191,11 +168,11 @@ async fn explicit_url_and_server_block_size_and_an_unreachable_url() {
 
 #[test]
 fn scrape_flag_errors_name_the_flag() {
-    let e = config(&["t.jsonl", "--scrape-metrics=ftp://x/metrics"])
+    let e = support::replay_config(&["t.jsonl", "--scrape-metrics=ftp://x/metrics"])
         .unwrap_err()
         .to_string();
     assert!(e.contains("--scrape-metrics=ftp://x/metrics"), "{e}");
-    let e = config(&["t.jsonl", "--scrape-metrics", "--server-block-size", "0"])
+    let e = support::replay_config(&["t.jsonl", "--scrape-metrics", "--server-block-size", "0"])
         .unwrap_err()
         .to_string();
     assert!(e.contains("--server-block-size 0"), "{e}");

@@ -4,9 +4,7 @@
 //! next one (against the test server's fault modes).
 
 use crate::support::{self, ServerConfig};
-use clap::Parser;
-use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
+use retrace::replay::{self};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -31,15 +29,6 @@ fn sessions_file(dir: &Path, sessions: &[Vec<(f64, u64, u64, f64)>]) -> PathBuf 
     let p = dir.join("sessions.jsonl");
     std::fs::write(&p, s).unwrap();
     p
-}
-
-fn config(args: &[&str]) -> Config {
-    let mut v = vec!["retrace", "replay"];
-    v.extend_from_slice(args);
-    match Cli::try_parse_from(v).unwrap().command {
-        Command::Replay(a) => Config::from_args(a).unwrap(),
-        _ => unreachable!("replay subcommand"),
-    }
 }
 
 fn f64s(v: &Value, key: &str) -> Vec<f64> {
@@ -127,7 +116,7 @@ async fn turns_wait_for_predecessor_plus_think_time_and_drift_is_reported() {
         if let Some(c) = conc {
             args.extend(["--max-concurrency", c]);
         }
-        let o = replay::replay(config(&args)).await.unwrap();
+        let o = replay::replay(support::replay_cfg(&args)).await.unwrap();
         assert_eq!((o.summary.completed, o.summary.failed), (12, 0));
         let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
         assert_order(&v, &turns);
@@ -153,7 +142,7 @@ async fn turns_wait_for_predecessor_plus_think_time_and_drift_is_reported() {
     mock.shutdown().await;
     // The embedded default target (no --target): the same ordering holds.
     let out = dir.path().join("e.json");
-    let o = replay::replay(config(&[
+    let o = replay::replay(support::replay_cfg(&[
         trace.to_str().unwrap(),
         "--sessions",
         "--detailed",
@@ -187,7 +176,7 @@ async fn a_failed_turn_still_releases_the_next_and_is_counted() {
     ];
     let trace = sessions_file(dir.path(), &turns);
     let out = dir.path().join("r.json");
-    let o = replay::replay(config(&[
+    let o = replay::replay(support::replay_cfg(&[
         trace.to_str().unwrap(),
         "--target",
         &srv.url(),

@@ -3,20 +3,9 @@
 //! (exit status 2) before anything is sent.
 
 use crate::support::{self, ServerConfig};
-use clap::Parser;
-use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
+use retrace::replay::{self};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-fn config(args: &[&str]) -> Config {
-    let mut v = vec!["retrace", "replay"];
-    v.extend_from_slice(args);
-    match Cli::try_parse_from(v).unwrap().command {
-        Command::Replay(a) => Config::from_args(a).unwrap(),
-        _ => unreachable!("replay subcommand"),
-    }
-}
 
 fn unix_now() -> f64 {
     SystemTime::now()
@@ -49,7 +38,7 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
     let url = srv.url();
     let shard = |i: &str| {
         let shard = format!("{i}/2");
-        config(&[
+        support::replay_cfg(&[
             trace.to_str().unwrap(),
             "--target",
             &url,

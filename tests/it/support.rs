@@ -11,7 +11,36 @@
 //! no batching, no queueing; only what metric and failure tests need.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// Writes a Mooncake trace `dir/trace.jsonl`: (timestamp ms, input_length, output_length,
+/// hash_ids) per row.
+pub fn mooncake(dir: &Path, rows: &[(u64, u64, u64, &[u64])]) -> PathBuf {
+    let mut s = String::new();
+    for (ts, i, o, h) in rows {
+        s.push_str(&format!(
+            "{{\"timestamp\": {ts}, \"input_length\": {i}, \"output_length\": {o}, \"hash_ids\": {h:?}}}\n"
+        ));
+    }
+    let p = dir.join("trace.jsonl");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+/// The replay configuration of `retrace replay ARGS...`, through the real CLI parser.
+pub fn replay_config(args: &[&str]) -> anyhow::Result<retrace::replay::Config> {
+    let mut v = vec!["retrace", "replay"];
+    v.extend_from_slice(args);
+    match <retrace::cli::Cli as clap::Parser>::try_parse_from(v)?.command {
+        retrace::cli::Command::Replay(a) => retrace::replay::Config::from_args(a),
+        _ => unreachable!("replay subcommand"),
+    }
+}
+
+/// [`replay_config`] for arguments that must parse.
+pub fn replay_cfg(args: &[&str]) -> retrace::replay::Config {
+    replay_config(args).expect("valid replay arguments")
+}
 
 /// Path of a file relative to the repository root.
 pub fn repo(rel: &str) -> PathBuf {
