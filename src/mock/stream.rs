@@ -20,7 +20,6 @@ use super::api::Fmt;
 use super::engine::{Cmd, Emit, Sink};
 use super::prom::Stats;
 use super::tokenize::Tokenizer;
-use std::fmt::Write as _;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -95,9 +94,20 @@ impl Sink for StreamSink {
 
 /// Appends `data` as one HTTP/1.1 chunk, framed as hyper frames it.
 fn chunk(out: &mut Vec<u8>, data: &[u8]) {
-    let mut h = String::with_capacity(8);
-    let _ = write!(h, "{:X}\r\n", data.len());
-    out.extend_from_slice(h.as_bytes());
+    // Upper-case hex size without a temporary String (this runs once per event).
+    let mut hex = [0u8; 16];
+    let mut i = hex.len();
+    let mut n = data.len();
+    loop {
+        i -= 1;
+        hex[i] = b"0123456789ABCDEF"[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&hex[i..]);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
@@ -422,5 +432,14 @@ mod tests {
         assert!(v.starts_with(b"F2\r\nxx"));
         assert!(v.ends_with(b"x\r\n"));
         assert_eq!(v.len(), 4 + 242 + 2);
+        for n in [1usize, 9, 10, 15, 16, 255, 256, 4096, 65_535, 1 << 20] {
+            let mut v = Vec::new();
+            let data = vec![b'y'; n];
+            chunk(&mut v, &data);
+            let mut want = format!("{n:X}\r\n").into_bytes();
+            want.extend_from_slice(&data);
+            want.extend_from_slice(b"\r\n");
+            assert_eq!(v, want, "size {n}");
+        }
     }
 }
