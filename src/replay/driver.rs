@@ -1,12 +1,13 @@
 //! The driver: executes a plan against absolute deadlines from a monotonic t0.
 //!
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
-//! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 µs (Linux `prctl`) and a
+//! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
 //! short EEVDF slice ([`crate::thread_timing`], unprivileged) until
 //! [`SPIN_WINDOW`] before the deadline, then yields/spins the rest, so releases land within
 //! microseconds instead of tokio's 1 ms timer-wheel granularity. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
-//! already due back to back. Each released request becomes a tokio task that waits for a
+//! already due back to back. Each released request becomes a tokio task (requests released at
+//! the same instant reach the runtime together, see `flush`) that waits for a
 //! concurrency slot (client queue time, measured), then runs [`client::execute`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
 //! bodies are built before the clock starts.
