@@ -211,30 +211,9 @@ if sm:
         rs = [r for r in sm if r["label"] == t]
         if rs:
             out.append(f"| {t} | {statistics.median(r['rps'] for r in rs):.0f} | {statistics.median(r['latency_ms']['p50'] for r in rs):.3f} | {statistics.median(r['latency_ms']['p99'] for r in rs):.3f} | {sum(r['errors'] for r in rs)} |")
-import re
-def parse(h):
-    d = {}
-    for part in h.split(";"):
-        m = re.match(r'.*le=([^}]+)\} (\d+)', part)
-        if m:
-            d[m.group(1)] = int(m.group(2))
-    return d
-fw = [r for r in st if r["label"] == "retrace" and r.get("fwd1")]
-if fw:
-    out.append("\nretrace's own per-chunk forwarding delay (upstream socket read -> client socket write completed), admin histogram over each streaming phase; a percentile is the upper bound of its bucket:\n")
-    out.append("| round | writes observed | p50 ≤ | p90 ≤ | p99 ≤ | p99.9 ≤ |")
-    out.append("|---|---|---|---|---|---|")
-    for r in fw:
-        a, b = parse(r["fwd0"]), parse(r["fwd1"])
-        les = sorted((k for k in b if k != "+Inf"), key=float) + ["+Inf"]
-        cum = [(le, b.get(le, 0) - a.get(le, 0)) for le in les]
-        n = cum[-1][1]
-        def q(p):
-            for le, c in cum:
-                if c >= p * n:
-                    return "> 1 s" if le == "+Inf" else f"{float(le) * 1e3:g} ms"
-            return "?"
-        out.append(f"| {r['round']} | {n} | {q(0.5)} | {q(0.9)} | {q(0.99)} | {q(0.999)} |")
+sys.path.insert(0, "tools")
+from bench_record_fwd import table as fwd_table
+out.extend(fwd_table(st, "admin histogram over each streaming phase", "writes observed"))
 idl = [r for r in rows if r["kind"] == "idle"]
 if idl:
     out.append("\n| proxy | idle streams | RSS before (KiB) | RSS with streams (KiB) | KiB per idle stream |")

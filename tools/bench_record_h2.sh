@@ -195,29 +195,9 @@ if st:
         add = (lambda k, q: f"{med(t, k, q) - med('direct', k, q):+.3f}") if has_direct else (lambda k, q: "n/a")
         cpu = statistics.median(r["cpu_ticks"] * 1e6 / 100 / max(r["requests"], 1) for r in rs) if t != "direct" else None
         out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50')} | {add('ttft_ms','p99')} | {add('itl_ms','p99')} | {statistics.median(r['requests'] for r in rs):.0f} | {sum(r['errors'] for r in rs)} | {'' if cpu is None else f'{cpu:.1f}'} |")
-def parse(h):
-    d = {}
-    for part in h.split(";"):
-        m = re.match(r'.*le=([^}]+)\} (\d+)', part)
-        if m:
-            d[m.group(1)] = int(m.group(2))
-    return d
-fw = [r for r in st if r["label"] == "retrace" and r.get("fwd1")]
-if fw:
-    out.append("\nretrace's own per-chunk forwarding delay (upstream socket read -> client socket write completed), from the admin histogram; a percentile is the upper bound of its bucket:\n")
-    out.append("| round | chunks observed | p50 ≤ | p90 ≤ | p99 ≤ | p99.9 ≤ |")
-    out.append("|---|---|---|---|---|---|")
-    for r in fw:
-        a, b = parse(r["fwd0"]), parse(r["fwd1"])
-        les = sorted((k for k in b if k != "+Inf"), key=float) + ["+Inf"]
-        cum = [(le, b.get(le, 0) - a.get(le, 0)) for le in les]
-        n = cum[-1][1]
-        def q(p):
-            for le, c in cum:
-                if c >= p * n:
-                    return "> 1 s" if le == "+Inf" else f"{float(le) * 1e3:g} ms"
-            return "?"
-        out.append(f"| {r['round']} | {n} | {q(0.5)} | {q(0.9)} | {q(0.99)} | {q(0.999)} |")
+sys.path.insert(0, "tools")
+from bench_record_fwd import table as fwd_table
+out.extend(fwd_table(st, "from the admin histogram", "chunks observed"))
 text = "\n".join(out)
 print(text)
 open(sys.argv[2], "w").write(text + "\n")
