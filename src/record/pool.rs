@@ -155,10 +155,12 @@ impl H1Pool {
     }
 
     /// Sends `req` (origin-form target, `Host` set) and waits for the response head.
+    /// Sends `req` on a pooled or fresh connection. When no connection could be made the error
+    /// comes back with the request, its body unread (the recorder still wants its prompt).
     pub async fn send(
         self: &Arc<Self>,
         mut req: Request<RequestTap>,
-    ) -> Result<(Response<Incoming>, Pooled), SendError> {
+    ) -> Result<(Response<Incoming>, Pooled), (SendError, Option<Request<RequestTap>>)> {
         if let Some((mut tx, clock)) = self.checkout() {
             match tx.try_send_request(req).await {
                 Ok(resp) => {
@@ -172,12 +174,18 @@ impl H1Pool {
                 Err(mut e) => match e.take_message() {
                     // Closed before the request was written: once more on a fresh connection.
                     Some(r) => req = r,
-                    None => return Err(SendError::Request(e.into_error())),
+                    None => return Err((SendError::Request(e.into_error()), None)),
                 },
             }
         }
-        let (mut tx, clock) = self.connect().await?;
-        let resp = tx.send_request(req).await.map_err(SendError::Request)?;
+        let (mut tx, clock) = match self.connect().await {
+            Ok(c) => c,
+            Err(e) => return Err((e, Some(req))),
+        };
+        let resp = tx
+            .send_request(req)
+            .await
+            .map_err(|e| (SendError::Request(e), None))?;
         Ok((
             resp,
             Pooled {

@@ -154,6 +154,25 @@ fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// How long a request that never reached the upstream may take to hand over the rest of its body
+/// for the record, before the client gets its error.
+const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
+
+/// Reads the body of a request that never reached the upstream, so the tap records its prompt:
+/// at most `max` bytes beyond what was already read, for at most [`UNSENT_BODY_WAIT`]. The
+/// client is answered with an error right after; nothing is forwarded.
+async fn read_for_record(mut body: RequestTap, max: usize) {
+    use http_body_util::BodyExt;
+    let deadline = tokio::time::Instant::now() + UNSENT_BODY_WAIT;
+    let mut seen = 0usize;
+    while seen <= max {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(f))) => seen += f.data_ref().map_or(0, |d| d.len()),
+            _ => break,
+        }
+    }
+}
+
 impl Proxy {
     /// The upstream request target: origin-form for our HTTP/1 pool (with `Host` set
     /// separately), absolute for the pooling client.
@@ -237,17 +256,18 @@ impl Proxy {
             match &self.upstream {
                 Upstream::H1(pool) => match pool.send(up).await {
                     Ok((resp, conn)) => Ok((resp, Some(conn))),
-                    Err(e) => {
+                    Err((e, unsent)) => {
                         let connect = matches!(e, SendError::Connect(_));
                         Err((
                             connect,
                             Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                            unsent,
                         ))
                     }
                 },
                 Upstream::Client(c) => match c.request(up).await {
                     Ok(resp) => Ok((resp, None)),
-                    Err(e) => Err((e.is_connect(), Box::new(e) as _)),
+                    Err(e) => Err((e.is_connect(), Box::new(e) as _, None)),
                 },
             }
         };
@@ -261,10 +281,13 @@ impl Proxy {
                     "upstream sent no response headers within the timeout",
                 ))
             }
-            Ok(Err((connect, e))) => {
+            Ok(Err((connect, e, unsent))) => {
                 let kind = classify(connect, &*e);
                 let msg = describe(&*e);
                 tracing::warn!("upstream request failed ({kind}): {msg}");
+                if let Some(req) = unsent {
+                    read_for_record(req.into_body(), self.capture_max).await;
+                }
                 pending.finish(Some(kind));
                 let status = if kind == "timeout_connect" {
                     StatusCode::GATEWAY_TIMEOUT

@@ -715,6 +715,9 @@ async fn upstream_down_gives_502_json_and_is_recorded() {
     assert_eq!(resp.status, 0, "no response head came from upstream");
     assert_eq!(resp.error.as_deref(), Some("upstream_connect"));
     assert_eq!(recs[0].endpoint, retrace::trace::Endpoint::Completions);
+    // The prompt is recorded although no upstream ever read it.
+    assert_eq!(recs[0].input_tokens, 1);
+    assert_eq!(recs[0].hash_ids.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
