@@ -328,7 +328,7 @@ pub struct Summary {
     pub request_throughput: f64,
     pub output_throughput: f64,
     pub total_token_throughput: f64,
-    /// Requests meeting every SLO per second ([`goodput`]); `None` when no SLO was given.
+    /// Requests meeting every SLO per second ([`good_requests`]); `None` when no SLO was given.
     pub request_goodput: Option<f64>,
     /// Peak requests in flight (sent, not finished).
     pub max_concurrent_requests: u64,

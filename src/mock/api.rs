@@ -8,7 +8,7 @@
 //! faults come after validation. A streamed HTTP/1.1 response takes the connection over and is
 //! written by the engine thread itself ([`super::stream`], [`super::conn`]); for HTTP/1.0 (or
 //! when hyper still holds unsent bytes) it is a [`SseBody`] that formats each engine event when
-//! hyper polls it and records its lateness there. [`Fmt`] formats the SSE chunks for both. A
+//! hyper polls it and records its lateness there. `Fmt` formats the SSE chunks for both. A
 //! dropped stream cancels its request in the engine. This module does not schedule anything; it
 //! only talks to the engine through its channel.
 

@@ -23,7 +23,7 @@
 //! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
 //! deadline, or about `spin_us` before it and then spins, then hands the event to its response:
 //! a streamed response's [`Sink`] formats the event and writes it to the socket
-//! (`super::stream`), on this thread when at most [`DIRECT_MAX`] events are due in this wake-up,
+//! (`super::stream`), on this thread when at most `DIRECT_MAX` events are due in this wake-up,
 //! else on `writers` writer threads in parallel (a response stays on one writer while it has
 //! events queued there, so its events keep their order); a channel response gets it in one batch
 //! per wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one

@@ -4,7 +4,7 @@
 //!
 //! Order: window → loop → overlay → max-gap → arrival override → shard. Sharding comes last so
 //! that every shard keeps the arrival times the whole shaped trace would have had (the plan's
-//! origin is the shaped trace's first arrival, see [`Shaping::origin_us`]). The transforms
+//! origin is the shaped trace's first arrival, see [`Shaping::apply`], which returns it). The transforms
 //! themselves are the pure functions of [`crate::trace::shape`]; this module only orders them.
 
 use crate::trace::filter;
