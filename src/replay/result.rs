@@ -242,7 +242,7 @@ pub fn add_sessions(result: &mut Value, r: &crate::replay::sessions::SessionRepo
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::metrics::{summarize, ServerTimes};
 
@@ -279,7 +279,8 @@ mod tests {
         ]
     }
 
-    fn info() -> RunInfo {
+    /// A fixed run description for tests (also used by `report::merge`'s tests).
+    pub(crate) fn info() -> RunInfo {
         RunInfo {
             date: "20260101-000000".into(),
             trace: "t.jsonl".into(),

@@ -577,7 +577,7 @@ fn pool_stats(m: &mut Map<String, Value>, name: &str, inputs: &[(PathBuf, Value)
 mod tests {
     use super::*;
     use crate::metrics::{summarize, Sample};
-    use crate::replay::result::{build, RunInfo};
+    use crate::replay::result::build;
 
     const MS: u64 = 1_000_000;
 
@@ -608,22 +608,7 @@ mod tests {
     }
 
     fn result(samples: &[Sample], detailed: bool, duration: f64) -> Value {
-        let info = RunInfo {
-            date: "20260101-000000".into(),
-            trace: "t.jsonl".into(),
-            target: "http://127.0.0.1:1".into(),
-            model: "m".into(),
-            endpoint: "completions".into(),
-            speed: 1.0,
-            max_concurrency: None,
-            seed: 0,
-            block_size: 512,
-            prompt_mode: "token-ids".into(),
-            drift_limit_ms: None,
-            valid: true,
-            invalid_reason: None,
-            inexact_prompts: 0,
-        };
+        let info = crate::replay::result::tests::info();
         let sum = summarize(samples, duration, &[50.0, 99.0]);
         build(
             &info,

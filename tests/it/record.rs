@@ -4,7 +4,6 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -15,9 +14,7 @@ use retrace::trace::hash::BlockHasher;
 use retrace::trace::{native, HashScheme, Request as TraceRequest};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -26,19 +23,7 @@ use super::support::repo;
 
 // ---------- a scripted upstream ----------
 
-/// A response body fed by a channel, so the upstream controls every chunk and its timing.
-struct ChanBody(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChanBody {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
-}
+use super::support::ChanBody;
 
 /// What the upstream does with a request.
 #[derive(Clone)]

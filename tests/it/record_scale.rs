@@ -7,7 +7,6 @@
 
 use bytes::Bytes;
 use http::Request;
-use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
@@ -16,28 +15,15 @@ use retrace::record::{self, RecordConfig};
 use retrace::trace::native;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 const EVENTS: usize = 8;
 
-struct ChanBody(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChanBody {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
-}
+use crate::support::ChanBody;
 
 /// The SSE chunks the upstream sends for request `k` (distinct per request).
 fn chunks_for(k: u64) -> Vec<Bytes> {

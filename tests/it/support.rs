@@ -223,14 +223,14 @@ async fn handle(
     Ok(Response::builder()
         .status(200)
         .header("content-type", "text/event-stream; charset=utf-8")
-        .body(ChanBody(rx).boxed())
+        .body(FrameChan(rx).boxed())
         .expect("valid response"))
 }
 
 /// A response body fed by a channel (frames as the server task produces them).
-struct ChanBody(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+struct FrameChan(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
 
-impl hyper::body::Body for ChanBody {
+impl hyper::body::Body for FrameChan {
     type Data = Bytes;
     type Error = std::io::Error;
     fn poll_frame(
@@ -273,5 +273,20 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
         requests,
         prompts,
         task,
+    }
+}
+
+/// A response body fed by a channel of chunks, so a scripted upstream controls every chunk and
+/// its timing (the record tests' upstreams).
+pub struct ChanBody(pub tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
     }
 }
