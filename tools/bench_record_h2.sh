@@ -37,24 +37,10 @@ if [ "$(ulimit -n)" -le "$((STREAMS + 200))" ]; then
   echo "open-file limit $(ulimit -n) is too low for $STREAMS streams" >&2
   exit 1
 fi
-cargo build --release --quiet --bin retrace --example bench_record
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+. tools/bench_record_common.sh
+bench_setup
 
-B="$TGT/examples/bench_record"
-"$B" upstream --listen 127.0.0.1:$UP --ttft-ms "$TTFT_MS" --itl-ms "$ITL_MS" --tokens "$TOKENS" --lifetime-s 3600 &
-PIDS+=($!)
-RUST_LOG=warn "$TGT/retrace" record --listen 127.0.0.1:$REC --upstream http://127.0.0.1:$UP \
-  --out "$WORK/traces" --admin 127.0.0.1:$ADM 2>"$WORK/retrace.log" &
-REC_PID=$!
-PIDS+=($REC_PID)
+start_upstream_and_recorder
 NGX_PID=""
 if command -v nginx >/dev/null && [[ " $TARGETS " == *" nginx "* ]]; then
   mkdir -p "$WORK/nginx"
