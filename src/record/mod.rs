@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod extract;
+pub mod h1wire;
 pub mod pool;
 pub mod prompt;
 pub mod proxy;
