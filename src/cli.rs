@@ -592,7 +592,7 @@ pub struct RecordArgs {
     /// Who forwards HTTP/1.1 clients to an HTTP/1.1 upstream: `own` (retrace's own loop, like
     /// nginx: less CPU and memory per request) or `hyper` (hyper's server and client, the
     /// fallback). HTTP/2 clients and upstreams always use hyper.
-    #[arg(long, default_value = "hyper", value_name = "own|hyper")]
+    #[arg(long, default_value = "own", value_name = "own|hyper")]
     pub h1_engine: String,
 }
 

@@ -118,7 +118,7 @@ impl RecordConfig {
             flush_every: Duration::from_secs(1),
             admin: None,
             io_threads: 0,
-            h1_engine: H1Engine::Hyper,
+            h1_engine: H1Engine::Own,
         })
     }
 
