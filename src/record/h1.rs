@@ -794,7 +794,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                     progress = true;
                                     self.ubuf.consume(h.len);
                                     ex.cout = 0;
-                                    if !(100..200).contains(&h.status) {
+                                    let interim = (100..200).contains(&h.status);
+                                    if !interim {
                                         self.on_final_head(ex, h);
                                         // Body bytes that came with the head go out with it.
                                         if ex.phase == Phase::Body
@@ -805,7 +806,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                         }
                                     }
                                     // Interim heads (100 Continue, 103 Early Hints) are
-                                    // forwarded and the next head is parsed after.
+                                    // forwarded (not to HTTP/1.0 clients, RFC 9110 §15.2) and
+                                    // the next head is parsed after.
+                                    if interim && ex.opts.dechunk {
+                                        self.out.clear();
+                                    }
                                 }
                                 Err(e) => {
                                     return Poll::Ready(Outcome::BeforeHead(
