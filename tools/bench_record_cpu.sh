@@ -6,7 +6,9 @@
 #
 # Per target: start under callgrind, warm up (WARM_S s), zero the counters, run the small-request
 # loop for SECS seconds at CONC connections, dump, and divide the program total by the requests
-# the load generator completed. Also prints the writer thread's share for retrace.
+# the load generator completed. For retrace the total is split by thread: valgrind numbers
+# threads in creation order, and `retrace record` starts the trace writer (thread 2) before its
+# one I/O thread (thread 3); thread 1 only accepts.
 #
 # Usage: tools/bench_record_cpu.sh          (defaults: SECS=10 CONC=8 WARM_S=3)
 # Needs: valgrind, nginx (apt-get install -y valgrind nginx-light). Loopback only; bounded.
@@ -78,9 +80,9 @@ for t in own hyper nginx; do
   VPID=$!
   for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$PX/small" -d '{}' && break; sleep 0.1; done
   "$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$WARM_S" --label warm >/dev/null
-  callgrind_control -z "$VPID" >/dev/null
+  callgrind_control -z "$VPID" >/dev/null 2>&1
   line=$("$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$SECS" --label "$t")
-  callgrind_control -d "$VPID" >/dev/null
+  callgrind_control -d "$VPID" >/dev/null 2>&1
   sleep 1
   kill -TERM "$VPID" 2>/dev/null || true
   wait "$VPID" 2>/dev/null || true
@@ -100,12 +102,14 @@ for f in files:
     head = open(f, errors="replace").read(4000)
     name = re.search(r"^cmd: .*$", head, re.M)
     thr = re.search(r"^thread: (\d+)", head, re.M)
-    per_thread[thr.group(1) if thr else "1"] = n
-print(f"{t}\trequests={reqs}\tinstructions={total}\tper_request={total / max(reqs, 1):.0f}\tthreads={sorted(per_thread.values(), reverse=True)}")
+    per_thread[int(thr.group(1)) if thr else 1] = n
+per = lambda k: f"{per_thread.get(k, 0) / max(reqs, 1):.0f}"
+io, wr = (per(3), per(2)) if t != "nginx" else (f"{total / max(reqs, 1):.0f}", "-")
+print(f"{t}\trequests={reqs}\tinstructions={total}\tper_request={total / max(reqs, 1):.0f}\tio={io}\twriter={wr}")
 PY
   tail -1 "$RES"
 done
 echo
-echo "| target | requests | user-space instructions per small request |"
-echo "|---|---|---|"
-awk -F'\t' '{split($2,a,"=");split($4,b,"=");printf "| %s | %s | %s |\n",$1,a[2],b[2]}' "$RES"
+echo "| target | requests | user-space instructions per small request | of which I/O thread (nginx: its worker) | of which trace writer |"
+echo "|---|---|---|---|---|"
+awk -F'\t' '{split($2,a,"=");split($4,b,"=");split($5,c,"=");split($6,d,"=");printf "| %s | %s | %s | %s | %s |\n",$1,a[2],b[2],c[2],d[2]}' "$RES"
