@@ -10,7 +10,11 @@
 # threads in creation order, and `retrace record` starts the trace writer (thread 2) before its
 # one I/O thread (thread 3); thread 1 only accepts.
 #
+# MODE=stream measures streams instead: REQS streamed completions of TOKENS events each (upstream
+# TTFT 5 ms, one event every 2 ms) over CONC connections, instructions per stream.
+#
 # Usage: tools/bench_record_cpu.sh          (defaults: SECS=10 CONC=8 WARM_S=3)
+#        MODE=stream CONC=20 REQS=400 tools/bench_record_cpu.sh
 # Needs: valgrind, nginx (apt-get install -y valgrind nginx-light). Loopback only; bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +26,9 @@ BASE=${BASE_PORT:-18200}
 UP=$((BASE + 1)); PX=$((BASE + 2))
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record_cpu}
-TTFT_MS=1; ITL_MS=1; TOKENS=1
+MODE=${MODE:-small}
+REQS=${REQS:-400}
+if [ "$MODE" = stream ]; then TTFT_MS=5; ITL_MS=2; TOKENS=${TOKENS:-100}; else TTFT_MS=1; ITL_MS=1; TOKENS=1; fi
 
 command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install -y valgrind" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "nginx not found: apt-get install -y nginx-light" >&2; exit 1; }
@@ -79,9 +85,16 @@ for t in own hyper nginx; do
   esac
   VPID=$!
   for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$PX/small" -d '{}' && break; sleep 0.1; done
-  "$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$WARM_S" --label warm >/dev/null
-  callgrind_control -z "$VPID" >/dev/null 2>&1
-  line=$("$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$SECS" --label "$t")
+  if [ "$MODE" = stream ]; then
+    "$B" stream --url "http://127.0.0.1:$PX/v1/completions" --concurrency "$CONC" --requests "$CONC" --label warm >/dev/null
+    callgrind_control -z "$VPID" >/dev/null 2>&1
+    # --warmup 0: every request counted is a measured stream.
+    line=$("$B" stream --url "http://127.0.0.1:$PX/v1/completions" --concurrency "$CONC" --requests "$REQS" --warmup 0 --label "$t")
+  else
+    "$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$WARM_S" --label warm >/dev/null
+    callgrind_control -z "$VPID" >/dev/null 2>&1
+    line=$("$B" small --url "http://127.0.0.1:$PX/small" --concurrency "$CONC" --seconds "$SECS" --label "$t")
+  fi
   callgrind_control -d "$VPID" >/dev/null 2>&1
   sleep 1
   kill -TERM "$VPID" 2>/dev/null || true
@@ -110,6 +123,6 @@ PY
   tail -1 "$RES"
 done
 echo
-echo "| target | requests | user-space instructions per small request | of which I/O thread (nginx: its worker) | of which trace writer |"
+echo "| target | requests | user-space instructions per $MODE request | of which I/O thread (nginx: its worker) | of which trace writer |"
 echo "|---|---|---|---|---|"
 awk -F'\t' '{split($2,a,"=");split($4,b,"=");split($5,c,"=");split($6,d,"=");printf "| %s | %s | %s | %s | %s |\n",$1,a[2],b[2],c[2],d[2]}' "$RES"
