@@ -207,7 +207,9 @@ fn origin_form(target: &str) -> Result<&str, HeadError> {
         return Ok(target);
     }
     for scheme in ["http://", "https://"] {
-        if target.len() >= scheme.len() && eq(&target[..scheme.len()], scheme) {
+        let b = target.as_bytes();
+        if b.len() >= scheme.len() && b[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes()) {
+            // The scheme is ASCII, so this is a char boundary.
             let rest = &target[scheme.len()..];
             return Ok(match rest.find(['/', '?']) {
                 Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
@@ -782,5 +784,47 @@ mod tests {
         let mut long = b"1;".to_vec();
         long.extend(std::iter::repeat_n(b'e', 5000));
         assert!(ChunkedDecoder::new().feed(&long, |_, _| {}).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever a client or an upstream sends, the parsers answer (never panic).
+        #[test]
+        fn parsers_never_panic_on_arbitrary_bytes(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let mut out = Vec::new();
+            let _ = parse_request(&data, HOST, "/b", &mut out);
+            let _ = parse_response(&data, ResponseOptions::default(), &mut out);
+            let mut d = ChunkedDecoder::new();
+            let _ = d.feed(&data, |a, b| assert!(a <= b && b <= data.len()));
+        }
+
+        /// Any chunking of any payload, cut anywhere, decodes to the payload and ends exactly
+        /// at the end of the framing.
+        #[test]
+        fn chunked_round_trip_at_any_cut(
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            sizes in proptest::collection::vec(1usize..40, 1..20),
+            cut in 0usize..400,
+            upper in proptest::prelude::any::<bool>(),
+        ) {
+            let mut wire = Vec::new();
+            let mut rest = &payload[..];
+            let mut k = 0;
+            while !rest.is_empty() {
+                let n = sizes[k % sizes.len()].min(rest.len());
+                let size = if upper { format!("{n:X}") } else { format!("{n:x}") };
+                wire.extend_from_slice(size.as_bytes());
+                wire.extend_from_slice(b"\r\n");
+                wire.extend_from_slice(&rest[..n]);
+                wire.extend_from_slice(b"\r\n");
+                rest = &rest[n..];
+                k += 1;
+            }
+            wire.extend_from_slice(b"0\r\n\r\n");
+            let body_len = wire.len();
+            wire.extend_from_slice(b"GET / HTTP/1.1\r\n");
+            let (got, n) = dechunk(&wire, &[cut]).unwrap();
+            proptest::prop_assert_eq!(got, payload);
+            proptest::prop_assert_eq!(n, body_len);
+        }
     }
 }
