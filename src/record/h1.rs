@@ -209,6 +209,8 @@ struct Conn<'a, C> {
     up: Option<RawUp>,
     sleep: Pin<Box<Sleep>>,
     drain: watch::Receiver<bool>,
+    /// The client may still be sending a request we did not read: close with a linger.
+    linger: bool,
 }
 
 /// Serves one HTTP/1.1 client connection until it closes; `initial` holds bytes already read
@@ -232,6 +234,7 @@ where
         up: None,
         sleep: Box::pin(tokio::time::sleep(HEAD_TIMEOUT)),
         drain,
+        linger: false,
     };
     loop {
         let head = match c.read_head().await {
@@ -246,7 +249,11 @@ where
             break;
         }
     }
-    let _ = tokio::time::timeout(Duration::from_secs(1), c.client.shutdown()).await;
+    if c.linger || c.cbuf.len() > 0 {
+        c.linger_close().await;
+    } else {
+        let _ = tokio::time::timeout(Duration::from_secs(1), c.client.shutdown()).await;
+    }
 }
 
 impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
@@ -307,6 +314,27 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         self.out.extend_from_slice(body.as_bytes());
         let _ =
             tokio::time::timeout(Duration::from_secs(5), self.client.write_all(&self.out)).await;
+        self.linger_close().await;
+    }
+
+    /// Closes our side, then reads and discards what the client still sends (for at most a
+    /// second and 1 MiB) until it closes too: closing with unread bytes would send a reset that
+    /// can destroy a response the client has not read yet (a refused head, an early error).
+    async fn linger_close(&mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.shutdown()).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let mut seen = 0usize;
+        while seen < 1 << 20 {
+            self.cbuf.clear();
+            self.cbuf.make_room(CLIENT_BUF);
+            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => seen += n,
+                _ => break,
+            }
+        }
     }
 
     /// Forwards one exchange; returns whether the client connection carries on.
@@ -407,6 +435,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         match outcome {
             Outcome::Done => {
                 let req_done = ex.req.done() && ex.req_ready == 0 && !ex.req_abandoned;
+                self.linger |= !req_done;
                 if let Some(up) = up {
                     if ex.up_reusable && req_done {
                         self.pool.checkin(up);
@@ -439,6 +468,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
                 // The record still wants the prompt: read the rest of the body (capped, briefly).
                 let body_read = self.read_for_record(&mut ex).await;
+                self.linger |= !body_read;
                 if let Some(p) = ex.pending.take() {
                     p.end(Some(kind), false);
                 }
