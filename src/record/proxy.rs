@@ -6,8 +6,9 @@
 //! are removed both ways; `Host` is replaced by the upstream authority; everything else, bodies
 //! included, passes untouched. Errors before the response head become OpenAI-style JSON errors
 //! (`502` for a refused or broken upstream, `504` for a connect or response-header timeout) and
-//! are recorded with their kind. This module does not accept connections (see `server`) and does
-//! not parse bodies.
+//! are recorded with their kind. This is hyper's path (HTTP/2 clients or upstreams, and
+//! `--h1-engine hyper`); `h1` applies the same rules to raw HTTP/1.1 heads. This module does not
+//! accept connections (see `server`) and does not parse bodies.
 
 use super::extract::{Captured, Exchange};
 use super::pool::{H1Pool, SendError};

@@ -637,3 +637,30 @@ async fn http10_client_gets_a_decoded_body_and_a_close() {
     assert_eq!(r.body, b"hello world");
     assert_eq!(rec.records().await.len(), 1);
 }
+
+#[test]
+fn h1_engine_flag_defaults_to_own_and_names_itself_in_errors() {
+    let parse = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--out",
+            "o",
+        ];
+        args.extend_from_slice(extra);
+        let retrace::cli::Command::Record(a) = super::support::cli(&args).command else {
+            unreachable!()
+        };
+        RecordConfig::from_args(&a)
+    };
+    assert_eq!(parse(&[]).unwrap().h1_engine, H1Engine::Own);
+    assert_eq!(
+        parse(&["--h1-engine", "hyper"]).unwrap().h1_engine,
+        H1Engine::Hyper
+    );
+    let e = parse(&["--h1-engine", "nginx"]).unwrap_err().to_string();
+    assert!(e.contains("--h1-engine"), "{e}");
+}
