@@ -40,6 +40,8 @@ const CLIENT_BUF: usize = 4096;
 const UPSTREAM_BUF: usize = 8192;
 /// A request head must be complete this long after the connection starts waiting for it.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// An idle keep-alive client connection frees its buffers after this long without a request.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// How long a request that reached no upstream may take to hand over the rest of its body for
 /// the record before the client gets its error (as in `proxy`).
 const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
@@ -260,9 +262,15 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// Waits for the next request head. `Ok(None)`: the client closed, the head timed out, or
     /// the proxy is draining and the connection is idle.
     async fn read_head(&mut self) -> Result<Option<RequestHead>, HeadError> {
-        self.sleep
-            .as_mut()
-            .reset(tokio::time::Instant::now() + HEAD_TIMEOUT);
+        let now = tokio::time::Instant::now();
+        let head_deadline = now + HEAD_TIMEOUT;
+        // A connection idle for a while gives its buffers back (re-made by the next exchange).
+        let holds = self.ubuf.v.capacity() > 0 || self.out.capacity() > 0;
+        self.sleep.as_mut().reset(if holds {
+            now + IDLE_RELEASE
+        } else {
+            head_deadline
+        });
         loop {
             if self.cbuf.len() > 0 {
                 let host = self.p.host.as_bytes();
@@ -286,13 +294,32 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     Ok(0) | Err(_) => return Ok(None),
                     Ok(_) => {}
                 },
-                _ = self.sleep.as_mut() => return Ok(None),
+                _ = self.sleep.as_mut() => {
+                    if tokio::time::Instant::now() >= head_deadline {
+                        return Ok(None);
+                    }
+                    if self.cbuf.len() == 0 {
+                        self.release_buffers();
+                    }
+                    self.sleep.as_mut().reset(head_deadline);
+                }
                 r = self.drain.changed(), if idle => {
                     if r.is_err() {
                         return Ok(None);
                     }
                 }
             }
+        }
+    }
+
+    /// Frees the per-exchange buffers of an idle connection (the client buffer shrinks back to
+    /// its first size): an idle keep-alive connection then costs its task and 4 KiB.
+    fn release_buffers(&mut self) {
+        self.ubuf = Buf::new(Vec::new(), 0);
+        self.out = Vec::new();
+        self.scratch = Vec::new();
+        if self.cbuf.v.capacity() > CLIENT_BUF {
+            self.cbuf = Buf::new(Vec::new(), CLIENT_BUF);
         }
     }
 
@@ -352,6 +379,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             p.capture_max,
         );
         self.cbuf.consume(h.len);
+        if self.ubuf.v.capacity() < UPSTREAM_BUF {
+            self.ubuf.v.reserve_exact(UPSTREAM_BUF);
+        }
         let req = BodyState::new(h.body);
         if req.done() {
             lock(&cap).complete = true;

@@ -664,3 +664,35 @@ fn h1_engine_flag_defaults_to_own_and_names_itself_in_errors() {
     let e = parse(&["--h1-engine", "nginx"]).unwrap_err().to_string();
     assert!(e.contains("--h1-engine"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_serves_again_after_releasing_its_buffers() {
+    let (up, conns) = raw_upstream(echo).await;
+    let rec = start(up, H1Engine::Own).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for k in 0..2 {
+        // Past the one-second idle release in between.
+        if k > 0 {
+            tokio::time::sleep(Duration::from_millis(1300)).await;
+        }
+        let b = format!(r#"{{"prompt":[{k}]}}"#);
+        c.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{b}",
+                b.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!((r.status, r.body), (200, b.into_bytes()));
+    }
+    assert_eq!(
+        conns.load(Ordering::Relaxed),
+        1,
+        "the upstream socket was pooled"
+    );
+    assert_eq!(rec.records().await.len(), 2);
+}
