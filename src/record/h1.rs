@@ -421,7 +421,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         self.sleep.as_mut().reset(headers_deadline);
         let mut retried = false;
         let outcome = loop {
-            let (up, reused) = match self.pool.checkout() {
+            // A retry dials a fresh socket rather than trying another pooled one.
+            let pooled = if retried { None } else { self.pool.checkout() };
+            let (up, reused) = match pooled {
                 Some(u) => (u, true),
                 None => {
                     match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
@@ -462,6 +464,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         self.ubuf.clear();
         self.out.clear();
         let up = self.up.take();
+        let outcome = match outcome {
+            Outcome::Retry(e) => {
+                Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+            }
+            o => o,
+        };
         match outcome {
             Outcome::Done => {
                 let req_done = ex.req.done() && ex.req_ready == 0 && !ex.req_abandoned;
@@ -490,7 +498,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
                 false
             }
-            Outcome::Retry(_) => unreachable!("turned into BeforeHead by the caller"),
+            Outcome::Retry(_) => false, // made a BeforeHead above
             Outcome::BeforeHead(kind, msg) => {
                 drop(up);
                 if kind != "client_body" && kind != "timeout_headers" {
