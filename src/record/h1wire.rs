@@ -142,13 +142,11 @@ fn framing_fields(
             chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
         } else if eq(h.name, "content-length") {
             for t in tokens(h.value) {
-                if t.is_empty() || t.len() > 19 || !t.iter().all(u8::is_ascii_digit) {
+                // At most 18 digits: no overflow possible.
+                if t.is_empty() || t.len() > 18 || !t.iter().all(u8::is_ascii_digit) {
                     return Err(HeadError::Malformed("invalid content-length"));
                 }
-                let n = std::str::from_utf8(t)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or(HeadError::Malformed("invalid content-length"))?;
+                let n = t.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
                 if length.is_some_and(|l| l != n) {
                     return Err(HeadError::Malformed("conflicting content-length"));
                 }
