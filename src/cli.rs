@@ -589,6 +589,11 @@ pub struct RecordArgs {
     /// Threads serving connections, each a single-threaded runtime (0: one per CPU).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub io_threads: usize,
+    /// Who forwards HTTP/1.1 clients to an HTTP/1.1 upstream: `own` (retrace's own loop, like
+    /// nginx: less CPU and memory per request) or `hyper` (hyper's server and client, the
+    /// fallback). HTTP/2 clients and upstreams always use hyper.
+    #[arg(long, default_value = "own", value_name = "own|hyper")]
+    pub h1_engine: String,
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 # Overhead of `retrace record`, side by side with nginx (proxy_buffering off) and a direct baseline,
 # all in one run against the same fixed-timing SSE upstream (tools/bench_record.rs).
 #
-# Measures, per target (direct, retrace, nginx), interleaved over ROUNDS rounds:
+# Targets: direct, retrace (`--h1-engine own`, the default), retrace-hyper (`--h1-engine hyper`),
+# nginx; TARGETS="direct retrace nginx" runs a subset.
+# Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
 #   - small non-streamed requests per second (SMALL_CONC connections for SMALL_S seconds);
 #   - memory per idle open stream: proxy RSS with IDLE idle streams open minus RSS before, / IDLE.
@@ -25,7 +27,9 @@ SMALL_CONC=${SMALL_CONC:-64}
 SMALL_S=${SMALL_S:-5}
 IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
-UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4))
+UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
+TARGETS=${TARGETS:-direct retrace retrace-hyper nginx}
+PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record}
 
@@ -35,6 +39,13 @@ bench_setup
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 start_upstream_and_recorder
+REC2_PID=
+if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
+  RUST_LOG=warn "$TGT/retrace" record --listen 127.0.0.1:$REC2 --upstream http://127.0.0.1:$UP \
+    --out "$WORK/traces-hyper" --admin 127.0.0.1:$ADM2 --h1-engine hyper 2>"$WORK/retrace-hyper.log" &
+  REC2_PID=$!
+  PIDS+=($REC2_PID)
+fi
 
 mkdir -p "$WORK/nginx"
 cat >"$WORK/nginx.conf" <<EOF
@@ -71,7 +82,7 @@ nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX; do
+for port in $UP $REC $NGX ${REC2_PID:+$REC2}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -82,6 +93,7 @@ url() {
   case $1 in
     direct) echo "http://127.0.0.1:$UP$2" ;;
     retrace) echo "http://127.0.0.1:$REC$2" ;;
+    retrace-hyper) echo "http://127.0.0.1:$REC2$2" ;;
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
   esac
 }
@@ -103,26 +115,29 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   done
   echo "$total"
 }
-proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
-fwd_hist() { curl -s "http://127.0.0.1:$ADM/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'; }
+fwd_hist() {
+  local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2
+  curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
+}
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks
   local kind=$1 t=$2; shift 2
   local pid c0=0 c1=0 line h0="" h1=""
   pid=$(proxy_pid "$t")
   [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
-  [ "$t" = retrace ] && h0=$(fwd_hist)
+  [[ "$t" == retrace* ]] && h0=$(fwd_hist "$t")
   line=$("$@")
   [ -n "$pid" ] && c1=$(cpu_ticks "$pid")
-  [ "$t" = retrace ] && h1=$(fwd_hist)
+  [[ "$t" == retrace* ]] && h1=$(fwd_hist "$t")
   echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
   echo "$line" >&2
 }
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt" >&2
 echo "== idle streams: $IDLE open streams per proxy (measured first, on fresh processes)" >&2
-for t in retrace nginx; do
-  pid=$REC_PID; [ "$t" = nginx ] && pid=$NGX_PID
+for t in $PROXIES; do
+  pid=$(proxy_pid "$t")
   before=$(rss_kb "$pid")
   "$B" idle --url "$(url $t /idle)" --streams "$IDLE" --hold-s 6 >"$WORK/idle-$t.txt" &
   IDLE_PID=$!
@@ -137,22 +152,22 @@ done
 
 echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
 # Warm-up (connections, pools) at low load.
-for t in direct retrace nginx; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
+for t in $TARGETS; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
-  for t in direct retrace nginx; do
+  for t in $TARGETS; do
     measure stream "$t" "$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --label "$t"
   done
 done
 
 echo "== small non-streamed requests: $SMALL_CONC connections, ${SMALL_S}s each" >&2
 for r in $(seq 1 "$ROUNDS"); do
-  for t in direct retrace nginx; do
+  for t in $TARGETS; do
     measure small "$t" "$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t"
   done
 done
 
-kill -TERM "$REC_PID"
-wait "$REC_PID" 2>/dev/null || true
+kill -TERM "$REC_PID" ${REC2_PID:+"$REC2_PID"}
+wait "$REC_PID" ${REC2_PID:+"$REC2_PID"} 2>/dev/null || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retrace-summary.txt" || true
 
@@ -168,7 +183,7 @@ if st:
     out.append("|---|---|---|---|---|---|---|---|---|")
     def med(t, k, q):
         return statistics.median(r[k][q] for r in st if r["label"] == t)
-    for t in ["direct", "retrace", "nginx"]:
+    for t in ["direct", "retrace", "retrace-hyper", "nginx"]:
         if not any(r["label"] == t for r in st):
             continue
         add = lambda k, q: med(t, k, q) - med("direct", k, q)
@@ -177,7 +192,7 @@ if st:
 HZ = 100  # USER_HZ: /proc/<pid>/stat clock ticks
 cpu = []
 for kind in ["stream", "small"]:
-    for t in ["retrace", "nginx"]:
+    for t in ["retrace", "retrace-hyper", "nginx"]:
         rs = [r for r in rows if r["kind"] == kind and r["label"] == t and r["requests"]]
         if rs:
             # stream runs send one unmeasured warm-up request per connection too
@@ -193,7 +208,7 @@ sm = [r for r in rows if r["kind"] == "small"]
 if sm:
     out.append("\n| target | small requests/s | p50 ms | p99 ms | errors |")
     out.append("|---|---|---|---|---|")
-    for t in ["direct", "retrace", "nginx"]:
+    for t in ["direct", "retrace", "retrace-hyper", "nginx"]:
         rs = [r for r in sm if r["label"] == t]
         if rs:
             out.append(f"| {t} | {statistics.median(r['rps'] for r in rs):.0f} | {statistics.median(r['latency_ms']['p50'] for r in rs):.3f} | {statistics.median(r['latency_ms']['p99'] for r in rs):.3f} | {sum(r['errors'] for r in rs)} |")

@@ -18,13 +18,14 @@ def parse(h):
 
 
 def table(rows, note, count_label):
-    """Markdown lines for the retrace rows of `rows` that carry both scrapes (empty if none)."""
-    fw = [r for r in rows if r["label"] == "retrace" and r.get("fwd1")]
+    """Markdown lines for the retrace rows (labels `retrace`, `retrace-hyper`, ...) of `rows` that
+    carry both scrapes (empty if none)."""
+    fw = [r for r in rows if r["label"].startswith("retrace") and r.get("fwd1")]
     if not fw:
         return []
     out = [f"\nretrace's own per-chunk forwarding delay (upstream socket read -> client socket write completed), {note}; a percentile is the upper bound of its bucket:\n",
-           f"| round | {count_label} | p50 ≤ | p90 ≤ | p99 ≤ | p99.9 ≤ |",
-           "|---|---|---|---|---|---|"]
+           f"| target | round | {count_label} | p50 ≤ | p90 ≤ | p99 ≤ | p99.9 ≤ |",
+           "|---|---|---|---|---|---|---|"]
     for r in fw:
         a, b = parse(r["fwd0"]), parse(r["fwd1"])
         les = sorted((k for k in b if k != "+Inf"), key=float) + ["+Inf"]
@@ -36,7 +37,7 @@ def table(rows, note, count_label):
                 if c >= p * n:
                     return "> 1 s" if le == "+Inf" else f"{float(le) * 1e3:g} ms"
             return "?"
-        out.append(f"| {r['round']} | {n} | {q(0.5)} | {q(0.9)} | {q(0.99)} | {q(0.999)} |")
+        out.append(f"| {r['label']} | {r['round']} | {n} | {q(0.5)} | {q(0.9)} | {q(0.99)} | {q(0.999)} |")
     return out
 
 
@@ -46,5 +47,5 @@ if __name__ == "__main__":
     before = 'x{le=0.0001} 0;x{le=0.001} 0;x{le=+Inf} 0'
     after = 'x{le=0.0001} 50;x{le=0.001} 99;x{le=+Inf} 100'
     lines = table([{"label": "retrace", "round": 1, "fwd0": before, "fwd1": after}], "test", "chunks")
-    assert lines[-1] == "| 1 | 100 | 0.1 ms | 1 ms | 1 ms | > 1 s |", lines[-1]
+    assert lines[-1] == "| retrace | 1 | 100 | 0.1 ms | 1 ms | 1 ms | > 1 s |", lines[-1]
     print("ok")

@@ -45,7 +45,7 @@ impl Captured {
     /// it alive until the exchange ends, so every later socket read would need a fresh 8 KiB
     /// buffer (measured: more memory per stream and an allocation per read). Copying a frame of a
     /// few hundred bytes costs less than that allocation.
-    pub fn note(&mut self, data: &Bytes, max: usize) {
+    pub fn note(&mut self, data: &[u8], max: usize) {
         self.len += data.len() as u64;
         if self.truncated {
             return;
@@ -116,7 +116,7 @@ impl Exchange {
     }
 
     /// Notes one response data frame at `at` after arrival (a copy; see [`Captured::note`]).
-    pub fn note_response(&mut self, at: Duration, data: &Bytes, max: usize) {
+    pub fn note_response(&mut self, at: Duration, data: &[u8], max: usize) {
         self.response_len += data.len() as u64;
         if self.response_truncated || data.is_empty() {
             return;

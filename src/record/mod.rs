@@ -6,6 +6,8 @@
 //! records off the forwarding path. Module map:
 //! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
 //! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;
+//! - `h1` + `h1wire` + `rawpool`: retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`,
+//!   the default): HTTP/1.1 clients to an HTTP/1.1 upstream without hyper;
 //! - `upstream`: the pooled plain/TLS client;
 //! - `tap`: body wrappers (invariant 1: forward untouched, note only);
 //! - `extract` + `prompt`: exchange → trace record (parsing, tokenizing, hashing), pure;
@@ -16,9 +18,12 @@
 
 pub mod admin;
 pub mod extract;
+pub mod h1;
+pub mod h1wire;
 pub mod pool;
 pub mod prompt;
 pub mod proxy;
+pub mod rawpool;
 pub mod server;
 pub mod stats;
 pub mod tap;
@@ -38,6 +43,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::net::TcpListener;
+
+/// Who serves HTTP/1.1 clients towards an HTTP/1.1 upstream (`--h1-engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum H1Engine {
+    /// retrace's own forwarding loop (`h1`, `h1wire`, `rawpool`).
+    Own,
+    /// hyper's server and client (`proxy`, `pool`, `tap`), as for HTTP/2.
+    Hyper,
+}
 
 /// Validated settings of one recording proxy.
 #[derive(Debug, Clone)]
@@ -74,6 +88,7 @@ pub struct RecordConfig {
     pub admin: Option<SocketAddr>,
     /// Single-threaded I/O runtimes serving connections (0: one per CPU).
     pub io_threads: usize,
+    pub h1_engine: H1Engine,
 }
 
 impl RecordConfig {
@@ -103,6 +118,7 @@ impl RecordConfig {
             flush_every: Duration::from_secs(1),
             admin: None,
             io_threads: 0,
+            h1_engine: H1Engine::Own,
         })
     }
 
@@ -147,6 +163,11 @@ impl RecordConfig {
         }
         c.tokenizer = a.tokenizer.clone();
         c.io_threads = a.io_threads;
+        c.h1_engine = match a.h1_engine.as_str() {
+            "own" => H1Engine::Own,
+            "hyper" => H1Engine::Hyper,
+            other => bail!("--h1-engine {other:?}: expected own or hyper"),
+        };
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
@@ -375,6 +396,20 @@ pub async fn run_with_admin(
             idle_timeout: cfg.idle_timeout,
             total_timeout: cfg.total_timeout,
             capture_max: cfg.capture_max,
+            raw: if cfg.h1_engine == H1Engine::Own && !cfg.upstream_http2 {
+                Some(rawpool::RawPool::new(
+                    upstream::connector(&upstream_opts)?,
+                    Uri::builder()
+                        .scheme(scheme.clone())
+                        .authority(authority.clone())
+                        .path_and_query("/")
+                        .build()
+                        .context("--upstream")?,
+                    upstream_opts.pool_idle,
+                ))
+            } else {
+                None
+            },
         }));
     }
     drop(recorder);

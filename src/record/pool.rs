@@ -1,4 +1,6 @@
-//! The HTTP/1.1 upstream connection pool of one I/O thread: hyper's bare client connections.
+//! The HTTP/1.1 upstream connection pool of one I/O thread: hyper's bare client connections,
+//! for requests that come through hyper's server (HTTP/2 clients, and every client with
+//! `--h1-engine hyper`; HTTP/1.1 clients otherwise use `rawpool` through `h1`).
 //!
 //! Each I/O thread owns one [`H1Pool`]: a stack of idle keep-alive connections (most recently used
 //! first, so the warm ones are reused and the cold ones age out) to the one upstream. A request

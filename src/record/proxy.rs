@@ -6,8 +6,9 @@
 //! are removed both ways; `Host` is replaced by the upstream authority; everything else, bodies
 //! included, passes untouched. Errors before the response head become OpenAI-style JSON errors
 //! (`502` for a refused or broken upstream, `504` for a connect or response-header timeout) and
-//! are recorded with their kind. This module does not accept connections (see `server`) and does
-//! not parse bodies.
+//! are recorded with their kind. This is hyper's path (HTTP/2 clients or upstreams, and
+//! `--h1-engine hyper`); `h1` applies the same rules to raw HTTP/1.1 heads. This module does not
+//! accept connections (see `server`) and does not parse bodies.
 
 use super::extract::{Captured, Exchange};
 use super::pool::{H1Pool, SendError};
@@ -48,6 +49,9 @@ pub struct Proxy {
     pub idle_timeout: Duration,
     pub total_timeout: Option<Duration>,
     pub capture_max: usize,
+    /// This I/O thread's raw upstream sockets for the own HTTP/1.1 loop (`--h1-engine own`
+    /// with an HTTP/1.1 upstream); `None`: every client goes through hyper.
+    pub raw: Option<super::rawpool::RawPool>,
 }
 
 /// Whether a header name is hop-by-hop by itself (without being named in `Connection`).
@@ -97,15 +101,20 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
+/// The OpenAI-style JSON error body the proxy answers with.
+pub fn error_json(status: u16, kind: &str, msg: &str) -> String {
+    serde_json::json!({
         "error": {
             "message": format!("retrace record: {msg}"),
             "type": kind,
-            "code": status.as_u16(),
+            "code": status,
         }
     })
-    .to_string();
+    .to_string()
+}
+
+fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<ProxyBody> {
+    let body = error_json(status.as_u16(), kind, msg);
     let mut r = Response::new(ProxyBody::full(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -116,7 +125,7 @@ fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<ProxyBo
 }
 
 /// Names what went wrong before the response head.
-fn classify(is_connect: bool, e: &(dyn std::error::Error + 'static)) -> &'static str {
+pub fn classify(is_connect: bool, e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     let mut timed_out = false;
     let mut user_body = false;
@@ -143,7 +152,7 @@ fn classify(is_connect: bool, e: &(dyn std::error::Error + 'static)) -> &'static
     }
 }
 
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(x) = src {

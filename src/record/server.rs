@@ -5,8 +5,12 @@
 //! handshake (rustls, ALPN `h2` then `http/1.1`) comes first. When the shutdown future resolves it
 //! stops accepting, asks every connection to finish gracefully (HTTP/1 keep-alive off, HTTP/2
 //! GOAWAY) and waits for in-flight exchanges up to the drain timeout. Connections are served on
-//! a fixed set of single-threaded I/O runtimes (thread per core, like nginx's workers). It does not forward requests
-//! itself (see `proxy`).
+//! a fixed set of single-threaded I/O runtimes (thread per core, like nginx's workers). With
+//! `--h1-engine own` (and an HTTP/1.1 upstream) HTTP/1.1 clients — plain connections that do not
+//! open with the HTTP/2 preface, TLS connections that negotiated `http/1.1` or no ALPN — are served
+//! by retrace's own loop (`h1`) instead; those connections drain through a watch channel (idle
+//! ones close at once, busy ones after their exchange) that the drain waits on too. It does not
+//! forward requests itself (see `proxy`, `h1`).
 
 use super::proxy::Proxy;
 use super::timing::{WriteClock, WriteStamped};
@@ -18,9 +22,13 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// Builds the TLS acceptor from PEM files; errors name the flag and file.
@@ -60,6 +68,83 @@ struct Conn {
     tcp: std::net::TcpStream,
     peer: SocketAddr,
     watcher: Watcher,
+    /// Turns true when the proxy drains (connections served by the own HTTP/1.1 loop); dropped
+    /// when the connection ends, which the drain waits for.
+    drain: watch::Receiver<bool>,
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads the first bytes of a plain connection: whether they are the HTTP/2 preface (h2c with
+/// prior knowledge), and the bytes read.
+async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<(bool, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(4096);
+    loop {
+        if tcp.read_buf(&mut buf).await? == 0 {
+            return Ok((false, buf));
+        }
+        let k = buf.len().min(H2_PREFACE.len());
+        if buf[..k] != H2_PREFACE[..k] {
+            return Ok((false, buf));
+        }
+        if buf.len() >= H2_PREFACE.len() {
+            return Ok((true, buf));
+        }
+    }
+}
+
+/// A connection whose first bytes were already read: they are read again first.
+struct Prefixed<T> {
+    pre: Vec<u8>,
+    pos: usize,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.pos < this.pre.len() {
+            let n = (this.pre.len() - this.pos).min(buf.remaining());
+            buf.put_slice(&this.pre[this.pos..this.pos + n]);
+            this.pos += n;
+            if this.pos == this.pre.len() {
+                this.pre = Vec::new();
+                this.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Serves until `shutdown` resolves, then drains for at most `drain`. Returns whether every
@@ -77,6 +162,7 @@ pub async fn serve(
 ) -> std::io::Result<bool> {
     let builder = http_builder();
     let graceful = GracefulShutdown::new();
+    let (drain_tx, drain_rx) = watch::channel(false);
     let mut workers = Vec::with_capacity(proxies.len());
     for (k, proxy) in proxies.into_iter().enumerate() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Conn>();
@@ -95,6 +181,7 @@ pub async fn serve(
                                     tcp,
                                     c.peer,
                                     c.watcher,
+                                    c.drain,
                                     builder.clone(),
                                     proxy.clone(),
                                     tls.clone(),
@@ -138,6 +225,7 @@ pub async fn serve(
             tcp,
             peer,
             watcher: graceful.watcher(),
+            drain: drain_rx.clone(),
         };
         if workers[next % workers.len()].0.send(conn).is_err() {
             tracing::error!("an I/O thread has stopped; connection from {peer} dropped");
@@ -145,9 +233,14 @@ pub async fn serve(
         next = next.wrapping_add(1);
     }
     drop(listener);
-    let drained = tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_ok();
+    drop(drain_rx);
+    drain_tx.send_replace(true);
+    let drained = tokio::time::timeout(drain, async {
+        graceful.shutdown().await;
+        drain_tx.closed().await;
+    })
+    .await
+    .is_ok();
     let joins: Vec<_> = workers.into_iter().map(|(_tx, j)| j).collect();
     let _ = tokio::task::spawn_blocking(move || {
         for j in joins {
@@ -159,16 +252,46 @@ pub async fn serve(
 }
 
 async fn serve_conn(
-    tcp: tokio::net::TcpStream,
+    mut tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     watcher: Watcher,
+    drain: watch::Receiver<bool>,
     builder: Builder<TokioExecutor>,
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
 ) {
+    let own = proxy.raw.is_some();
+    if own && tls.is_none() {
+        // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
+        let (h2, pre) = match tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await {
+            Ok(Ok(x)) => x,
+            _ => return,
+        };
+        if !h2 {
+            return super::h1::serve(tcp, pre, proxy, drain).await;
+        }
+        drop(drain);
+        let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
+        let svc = {
+            let clock = clock.clone();
+            service_fn(move |req| proxy.clone().handle(req, Some(clock.clone())))
+        };
+        let io = Prefixed {
+            pre,
+            pos: 0,
+            inner: tcp,
+        };
+        let res = watcher
+            .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(io), clock), svc))
+            .await;
+        if let Err(e) = res {
+            tracing::debug!("connection from {peer}: {e}");
+        }
+        return;
+    }
     let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
     let svc = {
-        let clock = clock.clone();
+        let (clock, proxy) = (clock.clone(), proxy.clone());
         service_fn(move |req| proxy.clone().handle(req, Some(clock.clone())))
     };
     let res = match tls {
@@ -189,6 +312,10 @@ async fn serve_conn(
                     return;
                 }
             };
+            if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return super::h1::serve(s, Vec::new(), proxy, drain).await;
+            }
+            drop(drain);
             watcher
                 .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(s), clock), svc))
                 .await

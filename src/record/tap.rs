@@ -131,6 +131,18 @@ impl Pending {
         self.0.as_mut().map(|s| &mut s.ex)
     }
 
+    /// Finishes with an error kind (counted) and whether the client went away.
+    pub fn end(mut self, error: Option<&str>, cancelled: bool) {
+        if let Some(mut st) = self.0.take() {
+            if let Some(k) = error {
+                st.ex.error = Some(k.to_string());
+                st.stats.upstream_error(k);
+            }
+            st.ex.cancelled = cancelled;
+            finish_state(st);
+        }
+    }
+
     /// Finishes without a response body (error before headers).
     pub fn finish(mut self, error: Option<&str>) {
         if let Some(mut st) = self.0.take() {

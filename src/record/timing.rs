@@ -10,8 +10,9 @@
 //! what the proxy itself adds per chunk — and not the network or the client. Stamps are
 //! nanoseconds since a process-wide base instant in relaxed atomics (one `Instant::now` per read
 //! and per write). With HTTP/2 towards the client, frames of several streams share one
-//! connection, so a write completes the oldest pending chunk of the connection. This module does
-//! not decide what is forwarded.
+//! connection, so a write completes the oldest pending chunk of the connection. These wrappers
+//! serve hyper's path; retrace's own HTTP/1.1 loop (`h1`) reads and writes both sockets itself
+//! and observes the same histogram directly. This module does not decide what is forwarded.
 
 use super::stats::Stats;
 use hyper::rt::{Read, ReadBufCursor, Write};

@@ -6,6 +6,7 @@ mod merge;
 mod mock;
 mod probe;
 mod record;
+mod record_h1;
 mod record_scale;
 mod replay;
 mod scrape;

@@ -1,0 +1,1027 @@
+//! retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`): one task per client connection.
+//!
+//! For an HTTP/1.1 client towards an HTTP/1.1 upstream this replaces hyper's server and client
+//! with what nginx does: the task reads a request head into a small per-connection buffer,
+//! rewrites it ([`super::h1wire`]), writes it to an upstream socket borrowed from this I/O
+//! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
+//! request body client → upstream (Content-Length or chunked, the framing passed through raw),
+//! interim 1xx heads and the response head upstream → client, and then every upstream read is
+//! written to the client as it is, in one write, before the next read (so a slow client pushes
+//! back on the upstream with at most one buffer in between). The body framing is followed to know
+//! where each message ends; the decoded payload goes to the capture with the arrival offset of the
+//! read that brought it, as [`Exchange`] expects. While a response streams, the client's read side
+//! is watched: EOF or a reset cancels the exchange and closes the upstream socket so the server
+//! stops generating; bytes of a pipelined next request are kept. Errors before the response head
+//! become the same JSON errors as `proxy`'s (502/504, 400 for a bad request body); errors after it
+//! close the client connection without a clean end. Timeouts: response headers (and total) from
+//! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
+//! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
+//! write completed. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
+
+use super::extract::{Captured, Exchange};
+use super::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
+use super::proxy::{classify, describe, error_json, Proxy};
+use super::rawpool::{RawPool, RawUp};
+use super::tap::{lock, Pending};
+use std::future::{poll_fn, Future as _};
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::sync::watch;
+use tokio::time::Sleep;
+
+/// Client read buffer (grown only for a large request head, up to [`h1wire::MAX_HEAD`]).
+const CLIENT_BUF: usize = 4096;
+/// Upstream read buffer: one read becomes one client write.
+const UPSTREAM_BUF: usize = 8192;
+/// A request head must be complete this long after the connection starts waiting for it.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// An idle keep-alive client connection frees its buffers after this long without a request.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
+/// How long a request that reached no upstream may take to hand over the rest of its body for
+/// the record before the client gets its error (as in `proxy`).
+const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
+
+/// A byte buffer read from the front.
+struct Buf {
+    v: Vec<u8>,
+    start: usize,
+}
+
+impl Buf {
+    fn new(v: Vec<u8>, cap: usize) -> Self {
+        let mut v = v;
+        if v.capacity() < cap {
+            v.reserve_exact(cap - v.len());
+        }
+        Buf { v, start: 0 }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.v[self.start..]
+    }
+
+    fn len(&self) -> usize {
+        self.v.len() - self.start
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start >= self.v.len() {
+            self.v.clear();
+            self.start = 0;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.v.clear();
+        self.start = 0;
+    }
+
+    /// Moves the data to the front and makes room for at least one more byte, growing the
+    /// capacity only up to `limit`. Returns whether there is room.
+    fn make_room(&mut self, limit: usize) -> bool {
+        if self.v.len() < self.v.capacity() {
+            return true;
+        }
+        if self.start > 0 {
+            self.v.drain(..self.start);
+            self.start = 0;
+            return true;
+        }
+        let cap = self.v.capacity();
+        if cap >= limit {
+            return false;
+        }
+        self.v.reserve_exact((cap * 2).clamp(1024, limit) - cap);
+        true
+    }
+
+    /// Reads once into the free capacity (which must not be empty).
+    fn poll_read_from<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        let len = self.v.len();
+        let mut rb = ReadBuf::uninit(self.v.spare_capacity_mut());
+        ready!(Pin::new(r).poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
+        // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes were initialised, and
+        // they are the `n` bytes right after the vector's current length.
+        unsafe { self.v.set_len(len + n) };
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Where a body is in its framing.
+enum BodyState {
+    Done,
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    Close,
+}
+
+impl BodyState {
+    fn new(f: Framing) -> Self {
+        match f {
+            Framing::None => BodyState::Done,
+            Framing::Length(n) => BodyState::Length(n),
+            Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
+            Framing::Close => BodyState::Close,
+        }
+    }
+
+    fn done(&self) -> bool {
+        matches!(self, BodyState::Done)
+    }
+}
+
+#[derive(PartialEq, Eq, Clone, Copy)]
+enum Phase {
+    /// Waiting for the response head (interim heads are forwarded meanwhile).
+    Head,
+    Body,
+    Done,
+}
+
+/// How an exchange's poll loop ended.
+enum Outcome {
+    /// The response went out whole.
+    Done,
+    /// The client went away.
+    Cancelled,
+    /// The first write to a pooled upstream socket failed: nothing was sent.
+    Retry(io::Error),
+    /// No response head: the client gets a JSON error (kind, message).
+    BeforeHead(&'static str, String),
+    /// After the head: the client connection is closed without a clean end.
+    Cut(&'static str),
+}
+
+/// One request/response in flight.
+struct Ex {
+    arrival: Instant,
+    req: BodyState,
+    /// Framed request-body bytes at the front of the client buffer, not yet written upstream.
+    req_ready: usize,
+    /// Request-head bytes already written upstream (the head is in `out` until sent).
+    head_sent: usize,
+    head_done: bool,
+    sent_any: bool,
+    /// The upstream answered before the request body ended: the rest is not forwarded.
+    req_abandoned: bool,
+    phase: Phase,
+    resp: BodyState,
+    /// Client-bound bytes in `out[cout..]` (heads, or a decoded body for HTTP/1.0 clients).
+    cout: usize,
+    /// Client-bound raw bytes at the front of the upstream buffer.
+    raw_pend: usize,
+    /// The upstream read whose bytes are waiting for the client (forwarding delay).
+    pend_since: Option<Instant>,
+    last_read: Instant,
+    last_activity: tokio::time::Instant,
+    headers_deadline: tokio::time::Instant,
+    total_deadline: Option<tokio::time::Instant>,
+    opts: ResponseOptions,
+    keep_client: bool,
+    up_reusable: bool,
+    pending: Option<Pending>,
+    cap: Arc<Mutex<Captured>>,
+}
+
+impl Ex {
+    fn exchange(&mut self) -> Option<&mut Exchange> {
+        self.pending.as_mut().and_then(|p| p.exchange())
+    }
+}
+
+struct Conn<'a, C> {
+    client: C,
+    p: &'a Proxy,
+    pool: &'a RawPool,
+    cbuf: Buf,
+    ubuf: Buf,
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    up: Option<RawUp>,
+    sleep: Pin<Box<Sleep>>,
+    drain: watch::Receiver<bool>,
+    /// The client may still be sending a request we did not read: close with a linger.
+    linger: bool,
+}
+
+/// Serves one HTTP/1.1 client connection until it closes; `initial` holds bytes already read
+/// from it (protocol detection). `drain` turns true when the proxy shuts down: idle
+/// connections close at once, busy ones after their exchange.
+pub async fn serve<C>(client: C, initial: Vec<u8>, proxy: Arc<Proxy>, drain: watch::Receiver<bool>)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let Some(pool) = proxy.raw.as_ref() else {
+        return;
+    };
+    let mut c = Conn {
+        client,
+        p: &proxy,
+        pool,
+        cbuf: Buf::new(initial, CLIENT_BUF),
+        ubuf: Buf::new(Vec::new(), UPSTREAM_BUF),
+        out: Vec::with_capacity(1024),
+        scratch: Vec::new(),
+        up: None,
+        sleep: Box::pin(tokio::time::sleep(HEAD_TIMEOUT)),
+        drain,
+        linger: false,
+    };
+    loop {
+        let head = match c.read_head().await {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                c.reject(e).await;
+                return;
+            }
+        };
+        if !c.exchange(head).await {
+            break;
+        }
+    }
+    if c.linger || c.cbuf.len() > 0 {
+        c.linger_close().await;
+    } else {
+        let _ = tokio::time::timeout(Duration::from_secs(1), c.client.shutdown()).await;
+    }
+}
+
+impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
+    /// Waits for the next request head. `Ok(None)`: the client closed, the head timed out, or
+    /// the proxy is draining and the connection is idle.
+    async fn read_head(&mut self) -> Result<Option<RequestHead>, HeadError> {
+        let now = tokio::time::Instant::now();
+        let head_deadline = now + HEAD_TIMEOUT;
+        // A connection idle for a while gives its buffers back (re-made by the next exchange).
+        let holds = self.ubuf.v.capacity() > 0 || self.out.capacity() > 0;
+        self.sleep.as_mut().reset(if holds {
+            now + IDLE_RELEASE
+        } else {
+            head_deadline
+        });
+        loop {
+            if self.cbuf.len() > 0 {
+                let host = self.p.host.as_bytes();
+                if let Some(h) =
+                    h1wire::parse_request(self.cbuf.data(), host, &self.p.base_path, &mut self.out)?
+                {
+                    return Ok(Some(h));
+                }
+            }
+            let idle = self.cbuf.len() == 0;
+            if idle && *self.drain.borrow() {
+                return Ok(None);
+            }
+            if !self.cbuf.make_room(h1wire::MAX_HEAD) {
+                return Err(HeadError::TooLarge);
+            }
+            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+            tokio::select! {
+                biased;
+                r = poll_fn(|cx| cbuf.poll_read_from(client, cx)) => match r {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                },
+                _ = self.sleep.as_mut() => {
+                    if tokio::time::Instant::now() >= head_deadline {
+                        return Ok(None);
+                    }
+                    if self.cbuf.len() == 0 {
+                        self.release_buffers();
+                    }
+                    self.sleep.as_mut().reset(head_deadline);
+                }
+                r = self.drain.changed(), if idle => {
+                    if r.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees the per-exchange buffers of an idle connection (the client buffer shrinks back to
+    /// its first size): an idle keep-alive connection then costs its task and 4 KiB.
+    fn release_buffers(&mut self) {
+        self.ubuf = Buf::new(Vec::new(), 0);
+        self.out = Vec::new();
+        self.scratch = Vec::new();
+        if self.cbuf.v.capacity() > CLIENT_BUF {
+            self.cbuf = Buf::new(Vec::new(), CLIENT_BUF);
+        }
+    }
+
+    /// Answers a refused request head and closes.
+    async fn reject(&mut self, e: HeadError) {
+        let kind = match e {
+            HeadError::TooLarge => "request_header_too_large",
+            HeadError::Malformed(_) => "bad_request",
+        };
+        let status = e.status();
+        let reason = if status == 431 {
+            "Request Header Fields Too Large"
+        } else {
+            "Bad Request"
+        };
+        let body = error_json(status, kind, e.reason());
+        self.out.clear();
+        write_error_head(&mut self.out, status, reason, body.len(), true);
+        self.out.extend_from_slice(body.as_bytes());
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), self.client.write_all(&self.out)).await;
+        self.linger_close().await;
+    }
+
+    /// Closes our side, then reads and discards what the client still sends (for at most a
+    /// second and 1 MiB) until it closes too: closing with unread bytes would send a reset that
+    /// can destroy a response the client has not read yet (a refused head, an early error).
+    async fn linger_close(&mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.client.shutdown()).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let mut seen = 0usize;
+        while seen < 1 << 20 {
+            self.cbuf.clear();
+            self.cbuf.make_room(CLIENT_BUF);
+            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => seen += n,
+                _ => break,
+            }
+        }
+    }
+
+    /// Forwards one exchange; returns whether the client connection carries on.
+    async fn exchange(&mut self, h: RequestHead) -> bool {
+        let p = self.p;
+        let arrival = Instant::now();
+        let t_arrival = tokio::time::Instant::from_std(arrival);
+        p.stats.requests.fetch_add(1, Relaxed);
+        let cap = Arc::new(Mutex::new(Captured::default()));
+        let pending = Pending::new(
+            Exchange::new(arrival, h.method, h.path),
+            cap.clone(),
+            p.recorder.clone(),
+            p.stats.clone(),
+            p.capture_max,
+        );
+        self.cbuf.consume(h.len);
+        if self.ubuf.v.capacity() < UPSTREAM_BUF {
+            self.ubuf.v.reserve_exact(UPSTREAM_BUF);
+        }
+        let req = BodyState::new(h.body);
+        if req.done() {
+            lock(&cap).complete = true;
+        }
+        let total_deadline = p.total_timeout.map(|t| t_arrival + t);
+        let headers_deadline = match total_deadline {
+            Some(t) => t.min(t_arrival + p.headers_timeout),
+            None => t_arrival + p.headers_timeout,
+        };
+        let mut ex = Ex {
+            arrival,
+            req,
+            req_ready: 0,
+            head_sent: 0,
+            head_done: false,
+            sent_any: false,
+            req_abandoned: false,
+            phase: Phase::Head,
+            resp: BodyState::Done,
+            cout: 0,
+            raw_pend: 0,
+            pend_since: None,
+            last_read: arrival,
+            last_activity: t_arrival,
+            headers_deadline,
+            total_deadline,
+            opts: ResponseOptions {
+                head_request: h.is_head,
+                close: !h.keep_alive,
+                dechunk: h.http10,
+            },
+            keep_client: h.keep_alive,
+            up_reusable: true,
+            pending: Some(pending),
+            cap,
+        };
+        self.sleep.as_mut().reset(headers_deadline);
+        let mut retried = false;
+        let outcome = loop {
+            // A retry dials a fresh socket rather than trying another pooled one.
+            let pooled = if retried { None } else { self.pool.checkout() };
+            let (up, reused) = match pooled {
+                Some(u) => (u, true),
+                None => {
+                    match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
+                        Ok(Ok(u)) => (u, false),
+                        Ok(Err(e)) => {
+                            let kind = classify(true, &*e);
+                            break Outcome::BeforeHead(kind, describe(&*e));
+                        }
+                        Err(_) => {
+                            break Outcome::BeforeHead(
+                                "timeout_headers",
+                                "upstream sent no response headers within the timeout".into(),
+                            )
+                        }
+                    }
+                }
+            };
+            self.up = Some(up);
+            match poll_fn(|cx| self.poll_exchange(cx, &mut ex)).await {
+                Outcome::Retry(_) if reused && !retried => {
+                    // The pooled socket was closed under us before a byte went out.
+                    retried = true;
+                    self.up = None;
+                    continue;
+                }
+                Outcome::Retry(e) => {
+                    break Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+                }
+                o => break o,
+            }
+        };
+        self.finish(ex, outcome).await
+    }
+
+    /// Records the exchange, gives back or drops the upstream socket, answers errors before the
+    /// head; returns whether the client connection carries on.
+    async fn finish(&mut self, mut ex: Ex, outcome: Outcome) -> bool {
+        self.ubuf.clear();
+        self.out.clear();
+        let up = self.up.take();
+        let outcome = match outcome {
+            Outcome::Retry(e) => {
+                Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+            }
+            o => o,
+        };
+        match outcome {
+            Outcome::Done => {
+                let req_done = ex.req.done() && ex.req_ready == 0 && !ex.req_abandoned;
+                self.linger |= !req_done;
+                if let Some(up) = up {
+                    if ex.up_reusable && req_done {
+                        self.pool.checkin(up);
+                    }
+                }
+                if let Some(p) = ex.pending.take() {
+                    p.end(None, false);
+                }
+                ex.keep_client && req_done && !*self.drain.borrow()
+            }
+            Outcome::Cancelled => {
+                drop(up);
+                if let Some(p) = ex.pending.take() {
+                    p.end(None, true);
+                }
+                false
+            }
+            Outcome::Cut(kind) => {
+                drop(up);
+                if let Some(p) = ex.pending.take() {
+                    p.end(Some(kind), false);
+                }
+                false
+            }
+            Outcome::Retry(_) => false, // made a BeforeHead above
+            Outcome::BeforeHead(kind, msg) => {
+                drop(up);
+                if kind != "client_body" && kind != "timeout_headers" {
+                    tracing::warn!("upstream request failed ({kind}): {msg}");
+                }
+                // The record still wants the prompt: read the rest of the body (capped, briefly).
+                let body_read = self.read_for_record(&mut ex).await;
+                self.linger |= !body_read;
+                if let Some(p) = ex.pending.take() {
+                    p.end(Some(kind), false);
+                }
+                let (status, reason) = match kind {
+                    "timeout_connect" | "timeout_headers" => (504, "Gateway Timeout"),
+                    "client_body" => (400, "Bad Request"),
+                    _ => (502, "Bad Gateway"),
+                };
+                let keep = body_read && ex.keep_client && !*self.drain.borrow();
+                let body = error_json(status, kind, &msg);
+                self.out.clear();
+                write_error_head(&mut self.out, status, reason, body.len(), !keep);
+                self.out.extend_from_slice(body.as_bytes());
+                let w =
+                    tokio::time::timeout(Duration::from_secs(10), self.client.write_all(&self.out));
+                let ok = matches!(w.await, Ok(Ok(())));
+                self.out.clear();
+                keep && ok
+            }
+        }
+    }
+
+    /// Reads what is left of a request body that will not be forwarded, noting it for the
+    /// record, for at most [`UNSENT_BODY_WAIT`] and the capture cap. Returns whether the whole
+    /// body was read (the connection can then carry another request).
+    async fn read_for_record(&mut self, ex: &mut Ex) -> bool {
+        if ex.req_ready > 0 {
+            self.cbuf.consume(ex.req_ready);
+            ex.req_ready = 0;
+        }
+        if ex.req_abandoned {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + UNSENT_BODY_WAIT;
+        let mut seen = 0usize;
+        loop {
+            if self.cbuf.len() > 0 {
+                match self.frame_request(ex) {
+                    Ok(k) => {
+                        seen += k;
+                        self.cbuf.consume(k);
+                        ex.req_ready = 0;
+                    }
+                    Err(_) => return false,
+                }
+            }
+            if ex.req.done() {
+                return true;
+            }
+            if seen > self.p.capture_max || !self.cbuf.make_room(CLIENT_BUF) {
+                return false;
+            }
+            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return false,
+            }
+        }
+    }
+
+    /// Frames request-body bytes at the front of the client buffer (all of them unframed),
+    /// noting the payload; returns how many belong to the body.
+    fn frame_request(&mut self, ex: &mut Ex) -> Result<usize, h1wire::ChunkError> {
+        let data = self.cbuf.data();
+        let max = self.p.capture_max;
+        let (k, decoded) = match &mut ex.req {
+            BodyState::Length(rem) => {
+                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
+                lock(&ex.cap).note(&data[..k], max);
+                *rem -= k as u64;
+                if *rem == 0 {
+                    ex.req = BodyState::Done;
+                }
+                (k, k)
+            }
+            BodyState::Chunked(d) => {
+                let mut c = lock(&ex.cap);
+                let mut decoded = 0;
+                let k = d.feed(data, |a, b| {
+                    c.note(&data[a..b], max);
+                    decoded += b - a;
+                })?;
+                drop(c);
+                if d.is_done() {
+                    ex.req = BodyState::Done;
+                }
+                (k, decoded)
+            }
+            BodyState::Done | BodyState::Close => (0, 0),
+        };
+        self.p
+            .stats
+            .request_bytes
+            .fetch_add(decoded as u64, Relaxed);
+        if ex.req.done() {
+            lock(&ex.cap).complete = true;
+        }
+        Ok(k)
+    }
+
+    /// Frames response bytes at the front of the upstream buffer (body phase), noting the
+    /// payload; sets up what goes to the client.
+    fn frame_response(&mut self, ex: &mut Ex) -> Result<(), h1wire::ChunkError> {
+        let data = self.ubuf.data();
+        let at = ex.last_read.saturating_duration_since(ex.arrival);
+        let max = self.p.capture_max;
+        let chunked = matches!(ex.resp, BodyState::Chunked(_));
+        let decoded: usize;
+        let k = match &mut ex.resp {
+            BodyState::Length(rem) => {
+                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
+                decoded = k;
+                *rem -= k as u64;
+                if *rem == 0 {
+                    ex.resp = BodyState::Done;
+                }
+                k
+            }
+            BodyState::Close => {
+                decoded = data.len();
+                data.len()
+            }
+            BodyState::Chunked(d) => {
+                self.scratch.clear();
+                let scratch = &mut self.scratch;
+                let k = d.feed(data, |a, b| scratch.extend_from_slice(&data[a..b]))?;
+                decoded = scratch.len();
+                if d.is_done() {
+                    ex.resp = BodyState::Done;
+                }
+                k
+            }
+            BodyState::Done => {
+                decoded = 0;
+                0
+            }
+        };
+        let payload: &[u8] = if chunked {
+            &self.scratch
+        } else {
+            &data[..decoded]
+        };
+        if decoded > 0 {
+            self.p
+                .stats
+                .response_bytes
+                .fetch_add(decoded as u64, Relaxed);
+            if let Some(e) = ex.exchange() {
+                e.note_response(at, payload, max);
+            }
+        }
+        if chunked && ex.opts.dechunk {
+            // HTTP/1.0 client: the payload goes out decoded, the framing is dropped.
+            self.out.extend_from_slice(payload);
+            self.ubuf.consume(k);
+        } else {
+            ex.raw_pend = k;
+        }
+        if k > 0 || decoded > 0 {
+            ex.pend_since.get_or_insert(ex.last_read);
+        }
+        if ex.resp.done() {
+            ex.phase = Phase::Done;
+            if self.ubuf.len() > ex.raw_pend {
+                // Bytes after the end of the response: the socket cannot be trusted again.
+                ex.up_reusable = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_exchange(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Poll<Outcome> {
+        loop {
+            let mut progress = false;
+            if self.up.is_none() {
+                return Poll::Ready(Outcome::BeforeHead(
+                    "upstream_closed",
+                    "no upstream connection".into(),
+                ));
+            }
+
+            // Timers: response headers (and total) before the head; idle gap and total after.
+            while self.sleep.as_mut().poll(cx).is_ready() {
+                let now = tokio::time::Instant::now();
+                if ex.phase == Phase::Head {
+                    if now >= ex.headers_deadline {
+                        return Poll::Ready(Outcome::BeforeHead(
+                            "timeout_headers",
+                            "upstream sent no response headers within the timeout".into(),
+                        ));
+                    }
+                    self.sleep.as_mut().reset(ex.headers_deadline);
+                    continue;
+                }
+                if ex.total_deadline.is_some_and(|t| now >= t) {
+                    return Poll::Ready(Outcome::Cut("timeout_total"));
+                }
+                let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
+                if waiting_client || ex.phase == Phase::Done {
+                    ex.last_activity = now;
+                }
+                let idle_due = ex.last_activity + self.p.idle_timeout;
+                if now >= idle_due {
+                    return Poll::Ready(Outcome::Cut("timeout_idle"));
+                }
+                let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
+                self.sleep.as_mut().reset(next);
+            }
+
+            // More request body from the client (framed before the write below, so a small
+            // request goes upstream in one write with its head).
+            if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
+                if self.cbuf.len() > 0 {
+                    match self.frame_request(ex) {
+                        Ok(k) => {
+                            ex.req_ready = k;
+                            progress = true;
+                        }
+                        Err(e) => {
+                            if ex.phase == Phase::Head {
+                                return Poll::Ready(Outcome::BeforeHead(
+                                    "client_body",
+                                    format!("request body: {e}"),
+                                ));
+                            }
+                            return Poll::Ready(Outcome::Cut("client_body"));
+                        }
+                    }
+                } else {
+                    self.cbuf.make_room(CLIENT_BUF);
+                    match self.cbuf.poll_read_from(&mut self.client, cx) {
+                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                            return Poll::Ready(Outcome::Cancelled)
+                        }
+                        Poll::Ready(Ok(_)) => progress = true,
+                        Poll::Pending => {}
+                    }
+                }
+            }
+
+            // Request head and framed body → upstream.
+            if !ex.head_done || ex.req_ready > 0 {
+                let head: &[u8] = if ex.head_done {
+                    &[]
+                } else {
+                    &self.out[ex.head_sent..]
+                };
+                let body = &self.cbuf.data()[..ex.req_ready];
+                let bufs = [IoSlice::new(head), IoSlice::new(body)];
+                let Some(up) = self.up.as_mut() else {
+                    return Poll::Pending;
+                };
+                match Pin::new(up).poll_write_vectored(cx, &bufs) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
+                        return Poll::Ready(Outcome::Retry(io::Error::new(
+                            io::ErrorKind::BrokenPipe,
+                            "the upstream connection was closed",
+                        )));
+                    }
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        ex.sent_any = true;
+                        progress = true;
+                        let h = n.min(head.len());
+                        let b = n - h;
+                        if !ex.head_done {
+                            ex.head_sent += h;
+                            if ex.head_sent == self.out.len() {
+                                ex.head_done = true;
+                                self.out.clear();
+                            }
+                        }
+                        if b > 0 {
+                            self.cbuf.consume(b);
+                            ex.req_ready -= b;
+                        }
+                    }
+                    Poll::Ready(r) => {
+                        let e = r
+                            .err()
+                            .map_or("write returned 0".to_string(), |e| e.to_string());
+                        match ex.phase {
+                            Phase::Head => {
+                                return Poll::Ready(Outcome::BeforeHead(
+                                    "upstream_closed",
+                                    format!("writing the request upstream: {e}"),
+                                ))
+                            }
+                            // The upstream answered and stopped reading: deliver the answer,
+                            // forward no more of the request, close the client after.
+                            _ => {
+                                ex.req_abandoned = true;
+                                ex.keep_client = false;
+                                ex.up_reusable = false;
+                                self.cbuf.consume(ex.req_ready);
+                                ex.req_ready = 0;
+                            }
+                        }
+                    }
+                    Poll::Pending => {}
+                }
+            }
+
+            // Response bytes → client.
+            if ex.cout < self.out.len() || ex.raw_pend > 0 {
+                let a = &self.out[ex.cout..];
+                let b = &self.ubuf.data()[..ex.raw_pend];
+                let bufs = [IoSlice::new(a), IoSlice::new(b)];
+                match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        progress = true;
+                        let h = n.min(a.len());
+                        ex.cout += h;
+                        let r = n - h;
+                        if r > 0 {
+                            self.ubuf.consume(r);
+                            ex.raw_pend -= r;
+                        }
+                        if ex.cout == self.out.len() && ex.raw_pend == 0 {
+                            self.out.clear();
+                            ex.cout = 0;
+                            if let Some(t) = ex.pend_since.take() {
+                                let now = Instant::now();
+                                self.p
+                                    .stats
+                                    .forward_delay
+                                    .observe(now.saturating_duration_since(t));
+                                ex.last_activity = tokio::time::Instant::from_std(now);
+                            }
+                        }
+                    }
+                    Poll::Ready(_) => return Poll::Ready(Outcome::Cancelled),
+                    Poll::Pending => {}
+                }
+            }
+
+            // Upstream → response head, body framing, reads.
+            let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
+            if ex.head_done && ex.phase != Phase::Done && idle_out {
+                let mut need_read = true;
+                if self.ubuf.len() > 0 {
+                    match ex.phase {
+                        Phase::Head => {
+                            match h1wire::parse_response(
+                                self.ubuf.data(),
+                                ex.opts_now(&self.drain),
+                                &mut self.out,
+                            ) {
+                                Ok(None) => {}
+                                Ok(Some(h)) => {
+                                    need_read = false;
+                                    progress = true;
+                                    self.ubuf.consume(h.len);
+                                    ex.cout = 0;
+                                    let interim = (100..200).contains(&h.status);
+                                    if !interim {
+                                        self.on_final_head(ex, h);
+                                        // Body bytes that came with the head go out with it.
+                                        if ex.phase == Phase::Body
+                                            && self.ubuf.len() > 0
+                                            && self.frame_response(ex).is_err()
+                                        {
+                                            return Poll::Ready(Outcome::Cut("upstream_reset"));
+                                        }
+                                    }
+                                    // Interim heads (100 Continue, 103 Early Hints) are
+                                    // forwarded (not to HTTP/1.0 clients, RFC 9110 §15.2) and
+                                    // the next head is parsed after.
+                                    if interim && ex.opts.dechunk {
+                                        self.out.clear();
+                                    }
+                                }
+                                Err(e) => {
+                                    return Poll::Ready(Outcome::BeforeHead(
+                                        "upstream_closed",
+                                        format!("bad response head from upstream: {}", e.reason()),
+                                    ))
+                                }
+                            }
+                        }
+                        Phase::Body => {
+                            need_read = false;
+                            progress = true;
+                            if self.frame_response(ex).is_err() {
+                                return Poll::Ready(Outcome::Cut("upstream_reset"));
+                            }
+                        }
+                        Phase::Done => need_read = false,
+                    }
+                }
+                if need_read {
+                    let limit = if ex.phase == Phase::Head {
+                        h1wire::MAX_HEAD + 1
+                    } else {
+                        UPSTREAM_BUF
+                    };
+                    if !self.ubuf.make_room(limit) {
+                        return Poll::Ready(Outcome::BeforeHead(
+                            "upstream_closed",
+                            "response head from upstream too large".into(),
+                        ));
+                    }
+                    let Some(up) = self.up.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    match self.ubuf.poll_read_from(up, cx) {
+                        Poll::Ready(Ok(n)) if n > 0 => {
+                            progress = true;
+                            ex.last_read = Instant::now();
+                            ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
+                        }
+                        Poll::Ready(r) => {
+                            let eof = r.is_ok();
+                            let what = r.err().map_or("closed".to_string(), |e| e.to_string());
+                            match ex.phase {
+                                Phase::Head => {
+                                    return Poll::Ready(Outcome::BeforeHead(
+                                        "upstream_closed",
+                                        format!(
+                                        "the upstream connection {what} before the response head"
+                                    ),
+                                    ))
+                                }
+                                _ if matches!(ex.resp, BodyState::Close) && eof => {
+                                    ex.resp = BodyState::Done;
+                                    ex.phase = Phase::Done;
+                                    ex.up_reusable = false;
+                                    ex.keep_client = false;
+                                    progress = true;
+                                }
+                                _ => return Poll::Ready(Outcome::Cut("upstream_reset")),
+                            }
+                        }
+                        Poll::Pending => {}
+                    }
+                }
+            }
+
+            // The client's read side while the response streams: EOF or reset cancels;
+            // bytes of a pipelined next request are kept.
+            if (ex.req.done() || ex.req_abandoned)
+                && ex.phase != Phase::Done
+                && self.cbuf.v.len() < self.cbuf.v.capacity()
+            {
+                match self.cbuf.poll_read_from(&mut self.client, cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Outcome::Cancelled)
+                    }
+                    Poll::Ready(Ok(_)) => progress = true,
+                    Poll::Pending => {}
+                }
+            }
+
+            let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
+            if ex.phase == Phase::Done && sent_all && ex.head_done {
+                if !ex.req.done() || ex.req_ready > 0 {
+                    // Answered before the request body ended: do not wait for the rest.
+                    ex.req_abandoned = true;
+                    ex.keep_client = false;
+                    ex.up_reusable = false;
+                }
+                return Poll::Ready(Outcome::Done);
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// The final response head arrived (already rewritten into `out`).
+    fn on_final_head(&mut self, ex: &mut Ex, h: h1wire::ResponseHead) {
+        let after = ex.arrival.elapsed();
+        self.p.stats.headers_latency.observe(after);
+        if let Some(e) = ex.exchange() {
+            e.status = h.status;
+            e.headers_after = Some(after);
+            e.content_type = h.content_type;
+        }
+        ex.up_reusable &= h.reusable;
+        if ex.opts_now(&self.drain).close || h.body == Framing::Close {
+            ex.keep_client = false;
+        }
+        if h.body == Framing::Chunked && ex.opts.dechunk {
+            ex.keep_client = false;
+        }
+        ex.resp = BodyState::new(h.body);
+        if ex.resp.done() {
+            ex.phase = Phase::Done;
+        } else {
+            ex.phase = Phase::Body;
+            let idle_due = tokio::time::Instant::now() + self.p.idle_timeout;
+            let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
+            self.sleep.as_mut().reset(next);
+        }
+    }
+}
+
+impl Ex {
+    /// Response options, with `close` set once the proxy drains.
+    fn opts_now(&self, drain: &watch::Receiver<bool>) -> ResponseOptions {
+        let mut o = self.opts;
+        o.close |= !self.keep_client || *drain.borrow();
+        o
+    }
+}
+
+fn write_error_head(out: &mut Vec<u8>, status: u16, reason: &str, len: usize, close: bool) {
+    use std::io::Write as _;
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n"
+    );
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}

@@ -1,0 +1,828 @@
+//! HTTP/1.1 wire format for retrace's own forwarding loop (`h1`): message heads and chunked framing.
+//!
+//! [`parse_request`] and [`parse_response`] read one head with `httparse`, decide how its body is
+//! framed (RFC 9112 §6.3) and write the rewritten head for the next hop: hop-by-hop headers
+//! removed (RFC 9110 §7.6.1: `Connection` and every header it names, `Keep-Alive`,
+//! `Proxy-Connection`, `TE` other than `trailers`, `Trailer`, `Transfer-Encoding`, `Upgrade`),
+//! `Host` replaced by the upstream authority, the upstream base path prepended; the same rules
+//! as `proxy` applies to hyper's messages. Because both hops speak HTTP/1.1, a chunked body is
+//! passed through with its framing untouched, so the original `Transfer-Encoding` line is written
+//! again on the next hop; [`ChunkedDecoder`] follows that framing byte by byte to find where the
+//! body ends and to hand the decoded payload to the capture. Header names keep their case and
+//! order. Pure: no I/O, no clock, no allocation beyond the output head and the two strings of a
+//! request line. It does not read sockets or decide timeouts (see `h1`).
+
+/// Largest request or response head accepted (bytes).
+pub const MAX_HEAD: usize = 64 << 10;
+/// Most header fields accepted in one head.
+pub const MAX_HEADERS: usize = 128;
+/// Longest chunk-size line (with extensions) or trailer section accepted by [`ChunkedDecoder`].
+const MAX_CHUNK_LINE: u32 = 4096;
+const MAX_TRAILERS: u32 = 64 << 10;
+
+/// How a message body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    None,
+    /// Exactly this many bytes (never 0: that is [`Framing::None`]).
+    Length(u64),
+    /// `Transfer-Encoding` ending in `chunked`.
+    Chunked,
+    /// Until the sender closes the connection (responses only).
+    Close,
+}
+
+/// Why a head was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadError {
+    /// Longer than [`MAX_HEAD`] or more than [`MAX_HEADERS`] fields (431 for a request).
+    TooLarge,
+    /// Not HTTP/1.x, or framing that cannot be forwarded safely (400 for a request).
+    Malformed(&'static str),
+}
+
+impl HeadError {
+    /// The status a client gets for a request head refused this way.
+    pub fn status(self) -> u16 {
+        match self {
+            HeadError::TooLarge => 431,
+            HeadError::Malformed(_) => 400,
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            HeadError::TooLarge => "request header fields too large",
+            HeadError::Malformed(why) => why,
+        }
+    }
+}
+
+/// A parsed request head (the rewritten head went to the output buffer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Bytes of the head in the input, blank line included.
+    pub len: usize,
+    pub method: String,
+    /// Path and query as the client sent them (origin-form; from absolute-form when given so).
+    pub path: String,
+    /// [`Framing::None`], [`Framing::Length`] or [`Framing::Chunked`].
+    pub body: Framing,
+    /// The client lets the connection carry another request (HTTP/1.1 without `close`).
+    pub keep_alive: bool,
+    /// HTTP/1.0: chunked responses are decoded for it and the connection closes after.
+    pub http10: bool,
+    /// A `HEAD` request: the response has no body whatever its headers say.
+    pub is_head: bool,
+}
+
+/// A parsed response head (the rewritten head went to the output buffer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub len: usize,
+    pub status: u16,
+    pub body: Framing,
+    /// The upstream keeps the connection open after this response.
+    pub reusable: bool,
+    pub content_type: Option<String>,
+}
+
+/// How to write a response head for the client.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseOptions {
+    /// The request was `HEAD`.
+    pub head_request: bool,
+    /// The client connection closes after this response (`Connection: close` is written).
+    pub close: bool,
+    /// The client speaks HTTP/1.0: a chunked body is sent decoded, so no `Transfer-Encoding`.
+    pub dechunk: bool,
+}
+
+fn eq(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+/// Hop-by-hop by itself (RFC 9110 §7.6.1), without being named in `Connection`.
+fn is_hop_by_hop(name: &str) -> bool {
+    eq(name, "connection")
+        || eq(name, "transfer-encoding")
+        || eq(name, "upgrade")
+        || eq(name, "trailer")
+        || eq(name, "te")
+        || eq(name, "keep-alive")
+        || eq(name, "proxy-connection")
+}
+
+fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',').map(|t| t.trim_ascii())
+}
+
+/// Whether a `Connection` field of `headers` names `name`.
+fn named_in_connection(headers: &[httparse::Header<'_>], name: &str) -> bool {
+    headers
+        .iter()
+        .filter(|h| eq(h.name, "connection"))
+        .any(|h| tokens(h.value).any(|t| t.eq_ignore_ascii_case(name.as_bytes())))
+}
+
+fn connection_has(headers: &[httparse::Header<'_>], token: &str) -> bool {
+    named_in_connection(headers, token)
+}
+
+/// Framing from `Transfer-Encoding` (chunked last or not) and `Content-Length` fields.
+fn framing_fields(
+    headers: &[httparse::Header<'_>],
+) -> Result<(Option<bool>, Option<u64>), HeadError> {
+    let mut chunked = None;
+    let mut length: Option<u64> = None;
+    for h in headers {
+        if eq(h.name, "transfer-encoding") {
+            let last = tokens(h.value).filter(|t| !t.is_empty()).last();
+            chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
+        } else if eq(h.name, "content-length") {
+            for t in tokens(h.value) {
+                // At most 18 digits: no overflow possible.
+                if t.is_empty() || t.len() > 18 || !t.iter().all(u8::is_ascii_digit) {
+                    return Err(HeadError::Malformed("invalid content-length"));
+                }
+                let n = t.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+                if length.is_some_and(|l| l != n) {
+                    return Err(HeadError::Malformed("conflicting content-length"));
+                }
+                length = Some(n);
+            }
+        }
+    }
+    Ok((chunked, length))
+}
+
+/// Writes the fields of `headers` that survive the hop (hop-by-hop ones and `Host` dropped;
+/// `TE: trailers` kept; the `Transfer-Encoding` lines again when `keep_te`).
+fn write_fields(
+    headers: &[httparse::Header<'_>],
+    keep_te: bool,
+    drop_host: bool,
+    out: &mut Vec<u8>,
+) {
+    let has_connection = headers.iter().any(|h| eq(h.name, "connection"));
+    let mut te_trailers = false;
+    for h in headers {
+        if eq(h.name, "transfer-encoding") {
+            if keep_te {
+                field(out, h.name.as_bytes(), h.value);
+            }
+            continue;
+        }
+        if eq(h.name, "te") {
+            te_trailers |=
+                tokens(h.value).any(|t| t.len() >= 8 && t[..8].eq_ignore_ascii_case(b"trailers"));
+            continue;
+        }
+        if is_hop_by_hop(h.name)
+            || (drop_host && eq(h.name, "host"))
+            || (has_connection && named_in_connection(headers, h.name))
+        {
+            continue;
+        }
+        field(out, h.name.as_bytes(), h.value);
+    }
+    if te_trailers {
+        out.extend_from_slice(b"te: trailers\r\n");
+    }
+}
+
+fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The origin-form path and query of a request target.
+fn origin_form(target: &str) -> Result<&str, HeadError> {
+    if target.starts_with('/') || target == "*" {
+        return Ok(target);
+    }
+    for scheme in ["http://", "https://"] {
+        let b = target.as_bytes();
+        if b.len() >= scheme.len() && b[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes()) {
+            // The scheme is ASCII, so this is a char boundary.
+            let rest = &target[scheme.len()..];
+            return Ok(match rest.find(['/', '?']) {
+                Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
+                Some(i) => &rest[i..], // "?q" without a path: written as "/?q" by the caller
+                None => "/",
+            });
+        }
+    }
+    Err(HeadError::Malformed(
+        "request target is not origin-form or absolute-form",
+    ))
+}
+
+/// Parses one request head at the start of `buf`. `Ok(None)`: incomplete, read more (the caller
+/// refuses a buffer of [`MAX_HEAD`] bytes that is still incomplete, see [`incomplete_limit`]).
+/// On success the head for the upstream (`host` as `Host`, `base_path` prepended) is in `out`.
+pub fn parse_request(
+    buf: &[u8],
+    host: &[u8],
+    base_path: &str,
+    out: &mut Vec<u8>,
+) -> Result<Option<RequestHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) => return Err(HeadError::Malformed("malformed request head")),
+    };
+    if len > MAX_HEAD {
+        return Err(HeadError::TooLarge);
+    }
+    let method = req.method.unwrap_or("GET");
+    let target = req.path.unwrap_or("/");
+    let http10 = req.version == Some(0);
+    let headers = req.headers;
+    let pq = origin_form(target)?;
+    let (chunked, length) = framing_fields(headers)?;
+    let body = match (chunked, length) {
+        (Some(_), Some(_)) => {
+            return Err(HeadError::Malformed(
+                "both transfer-encoding and content-length",
+            ))
+        }
+        (Some(true), None) => Framing::Chunked,
+        (Some(false), None) => {
+            return Err(HeadError::Malformed(
+                "transfer-encoding of a request must end in chunked",
+            ))
+        }
+        (None, Some(0)) | (None, None) => Framing::None,
+        (None, Some(n)) => Framing::Length(n),
+    };
+    let keep_alive = !http10 && !connection_has(headers, "close");
+
+    out.clear();
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    if pq != "*" {
+        out.extend_from_slice(base_path.as_bytes());
+    }
+    if pq.starts_with('?') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(pq.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    field(out, b"host", host);
+    write_fields(headers, body == Framing::Chunked, true, out);
+    out.extend_from_slice(b"\r\n");
+    let path = if pq.starts_with('?') {
+        format!("/{pq}")
+    } else {
+        pq.to_string()
+    };
+    Ok(Some(RequestHead {
+        len,
+        method: method.to_string(),
+        path,
+        body,
+        keep_alive,
+        http10,
+        is_head: method == "HEAD",
+    }))
+}
+
+/// `Err(TooLarge)` when an incomplete head already fills [`MAX_HEAD`] bytes.
+pub fn incomplete_limit(have: usize) -> Result<(), HeadError> {
+    if have >= MAX_HEAD {
+        Err(HeadError::TooLarge)
+    } else {
+        Ok(())
+    }
+}
+
+/// Parses one response head at the start of `buf` and writes the head for the client to `out`.
+/// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
+/// forwards them and parses again.
+pub fn parse_response(
+    buf: &[u8],
+    o: ResponseOptions,
+    out: &mut Vec<u8>,
+) -> Result<Option<ResponseHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(_) => return Err(HeadError::Malformed("malformed response head")),
+    };
+    if len > MAX_HEAD {
+        return Err(HeadError::TooLarge);
+    }
+    let status = resp.code.unwrap_or(0);
+    let reason = resp.reason.unwrap_or("");
+    let http10 = resp.version == Some(0);
+    let headers = resp.headers;
+    let interim = (100..200).contains(&status);
+    if status == 101 {
+        // Upgrade is hop-by-hop and never forwarded, so a switch cannot have been asked for.
+        return Err(HeadError::Malformed("unrequested 101 switching protocols"));
+    }
+    let (chunked, length) = framing_fields(headers)?;
+    let body = if interim || status == 204 || status == 304 || o.head_request {
+        Framing::None
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Close,
+            (None, Some(0)) => Framing::None,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        }
+    };
+    let ambiguous = chunked.is_some() && length.is_some();
+    let reusable =
+        !(http10 || connection_has(headers, "close") || body == Framing::Close || ambiguous);
+    let content_type = headers
+        .iter()
+        .find(|h| eq(h.name, "content-type"))
+        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .map(str::to_string);
+
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let mut code = [0u8; 3];
+    code[0] = b'0' + (status / 100 % 10) as u8;
+    code[1] = b'0' + (status / 10 % 10) as u8;
+    code[2] = b'0' + (status % 10) as u8;
+    out.extend_from_slice(&code);
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let raw_chunked = body == Framing::Chunked && !o.dechunk;
+    // Content-Length next to a chunked body is dropped: the chunked framing wins (RFC 9112 §6.3).
+    if body == Framing::Chunked && length.is_some() {
+        let kept: Vec<httparse::Header<'_>> = headers
+            .iter()
+            .filter(|h| !eq(h.name, "content-length"))
+            .copied()
+            .collect();
+        write_fields(&kept, raw_chunked, false, out);
+    } else {
+        write_fields(headers, raw_chunked, false, out);
+    }
+    if !interim && (o.close || body == Framing::Close || (body == Framing::Chunked && o.dechunk)) {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        body,
+        reusable,
+        content_type,
+    }))
+}
+
+/// A malformed chunked body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkError(pub &'static str);
+
+impl std::fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bad chunked framing: {}", self.0)
+    }
+}
+
+impl std::error::Error for ChunkError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum St {
+    #[default]
+    Size,
+    Ext,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    TrailerStart,
+    Trailer,
+    TrailerLf,
+    EndLf,
+    Done,
+}
+
+/// Follows chunked framing incrementally: where the body ends and which bytes are payload.
+#[derive(Debug, Clone, Default)]
+pub struct ChunkedDecoder {
+    st: St,
+    size: u64,
+    digits: u8,
+    line: u32,
+    trailers: u32,
+}
+
+impl ChunkedDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The terminating chunk and trailer section have been seen.
+    pub fn is_done(&self) -> bool {
+        self.st == St::Done
+    }
+
+    /// Consumes framing bytes from `buf`, calling `payload(start, end)` for each range of
+    /// payload bytes (indices into `buf`), and stops right after the end of the body. Returns
+    /// how many bytes of `buf` belong to the body.
+    pub fn feed(
+        &mut self,
+        buf: &[u8],
+        mut payload: impl FnMut(usize, usize),
+    ) -> Result<usize, ChunkError> {
+        let mut i = 0;
+        while i < buf.len() {
+            if self.st == St::Data {
+                let n = (buf.len() - i).min(usize::try_from(self.size).unwrap_or(usize::MAX));
+                payload(i, i + n);
+                i += n;
+                self.size -= n as u64;
+                if self.size == 0 {
+                    self.st = St::DataCr;
+                }
+                continue;
+            }
+            let b = buf[i];
+            i += 1;
+            match self.st {
+                St::Size => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        if self.digits == 16 {
+                            return Err(ChunkError("chunk size too large"));
+                        }
+                        let d = (b as char).to_digit(16).unwrap_or(0) as u64;
+                        self.size = self.size << 4 | d;
+                        self.digits += 1;
+                    }
+                    b';' | b' ' | b'\t' if self.digits > 0 => {
+                        self.st = St::Ext;
+                        self.line = 0;
+                    }
+                    b'\r' if self.digits > 0 => self.st = St::SizeLf,
+                    b'\n' if self.digits > 0 => self.size_line_end(),
+                    _ => return Err(ChunkError("invalid chunk size")),
+                },
+                St::Ext => match b {
+                    b'\r' => self.st = St::SizeLf,
+                    b'\n' => self.size_line_end(),
+                    _ => {
+                        self.line += 1;
+                        if self.line > MAX_CHUNK_LINE {
+                            return Err(ChunkError("chunk extension too long"));
+                        }
+                    }
+                },
+                St::SizeLf => {
+                    if b != b'\n' {
+                        return Err(ChunkError("expected LF after chunk size"));
+                    }
+                    self.size_line_end();
+                }
+                St::DataCr => match b {
+                    b'\r' => self.st = St::DataLf,
+                    b'\n' => self.next_chunk(),
+                    _ => return Err(ChunkError("expected CRLF after chunk data")),
+                },
+                St::DataLf => {
+                    if b != b'\n' {
+                        return Err(ChunkError("expected LF after chunk data"));
+                    }
+                    self.next_chunk();
+                }
+                St::TrailerStart => match b {
+                    b'\r' => self.st = St::EndLf,
+                    b'\n' => {
+                        self.st = St::Done;
+                        return Ok(i);
+                    }
+                    _ => {
+                        self.st = St::Trailer;
+                        self.trailer_byte()?;
+                    }
+                },
+                St::Trailer => match b {
+                    b'\r' => self.st = St::TrailerLf,
+                    b'\n' => self.st = St::TrailerStart,
+                    _ => self.trailer_byte()?,
+                },
+                St::TrailerLf => {
+                    if b != b'\n' {
+                        return Err(ChunkError("expected LF after trailer field"));
+                    }
+                    self.st = St::TrailerStart;
+                }
+                St::EndLf => {
+                    if b != b'\n' {
+                        return Err(ChunkError("expected LF after last chunk"));
+                    }
+                    self.st = St::Done;
+                    return Ok(i);
+                }
+                St::Done => return Ok(i - 1),
+                St::Data => unreachable!("handled above"),
+            }
+        }
+        Ok(i)
+    }
+
+    fn size_line_end(&mut self) {
+        self.st = if self.size == 0 {
+            St::TrailerStart
+        } else {
+            St::Data
+        };
+    }
+
+    fn next_chunk(&mut self) {
+        self.st = St::Size;
+        self.size = 0;
+        self.digits = 0;
+    }
+
+    fn trailer_byte(&mut self) -> Result<(), ChunkError> {
+        self.trailers += 1;
+        if self.trailers > MAX_TRAILERS {
+            return Err(ChunkError("trailer section too long"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOST: &[u8] = b"up.example:8001";
+
+    fn req(raw: &str) -> (Result<Option<RequestHead>, HeadError>, String) {
+        let mut out = Vec::new();
+        let r = parse_request(raw.as_bytes(), HOST, "", &mut out);
+        (r, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn request_head_is_rewritten_for_the_upstream() {
+        let raw = "POST /v1/completions?x=1 HTTP/1.1\r\nHost: proxy:8000\r\nContent-Type: application/json\r\n\
+                   Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers, deflate\r\n\
+                   Authorization: Bearer k\r\nContent-Length: 5\r\n\r\nhello";
+        let (r, out) = req(raw);
+        let h = r.unwrap().unwrap();
+        assert_eq!(h.len, raw.len() - 5);
+        assert_eq!(h.method, "POST");
+        assert_eq!(h.path, "/v1/completions?x=1");
+        assert_eq!(h.body, Framing::Length(5));
+        assert!(h.keep_alive && !h.http10 && !h.is_head);
+        assert_eq!(
+            out,
+            "POST /v1/completions?x=1 HTTP/1.1\r\nhost: up.example:8001\r\nContent-Type: application/json\r\n\
+             Authorization: Bearer k\r\nContent-Length: 5\r\nte: trailers\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn base_path_absolute_form_and_chunked_requests() {
+        let mut out = Vec::new();
+        let raw = b"GET http://proxy:8000/v1/models HTTP/1.1\r\nhost: proxy\r\n\r\n";
+        let h = parse_request(raw, HOST, "/prefix", &mut out)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.path, "/v1/models");
+        assert_eq!(h.body, Framing::None);
+        assert!(out.starts_with(b"GET /prefix/v1/models HTTP/1.1\r\nhost: up.example:8001\r\n\r\n"));
+        let raw = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n";
+        let h = parse_request(raw, HOST, "", &mut out).unwrap().unwrap();
+        assert_eq!(h.body, Framing::Chunked);
+        let s = String::from_utf8(out.clone()).unwrap();
+        assert!(s.contains("Transfer-Encoding: chunked\r\n"), "{s}");
+        assert!(s.contains("Expect: 100-continue\r\n"), "{s}");
+        let raw = b"GET http://h?q=1 HTTP/1.1\r\n\r\n";
+        let h = parse_request(raw, HOST, "", &mut out).unwrap().unwrap();
+        assert_eq!(h.path, "/?q=1");
+        assert!(out.starts_with(b"GET /?q=1 HTTP/1.1\r\n"));
+    }
+
+    #[test]
+    fn keep_alive_http10_and_head() {
+        let (r, _) = req("GET / HTTP/1.1\r\nConnection: Close\r\n\r\n");
+        assert!(!r.unwrap().unwrap().keep_alive);
+        let (r, _) = req("HEAD / HTTP/1.0\r\n\r\n");
+        let h = r.unwrap().unwrap();
+        assert!(h.http10 && !h.keep_alive && h.is_head);
+    }
+
+    #[test]
+    fn incomplete_oversized_and_malformed_request_heads() {
+        assert_eq!(req("POST /x HTTP/1.1\r\nHost: a\r\n").0, Ok(None));
+        let mut big = "GET / HTTP/1.1\r\nX: ".to_string();
+        big.push_str(&"a".repeat(MAX_HEAD));
+        assert_eq!(req(&big).0, Err(HeadError::TooLarge));
+        let mut many = "GET / HTTP/1.1\r\n".to_string();
+        for k in 0..=MAX_HEADERS {
+            many.push_str(&format!("x-{k}: 1\r\n"));
+        }
+        many.push_str("\r\n");
+        assert_eq!(req(&many).0, Err(HeadError::TooLarge));
+        assert_eq!(HeadError::TooLarge.status(), 431);
+        for bad in [
+            "GARBAGE\r\n\r\n",
+            "GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "CONNECT host:443 HTTP/1.1\r\n\r\n",
+        ] {
+            let e = req(bad).0.unwrap_err();
+            assert_eq!(e.status(), 400, "{bad:?}: {e:?}");
+        }
+    }
+
+    fn resp(raw: &str, o: ResponseOptions) -> (ResponseHead, String) {
+        let mut out = Vec::new();
+        let h = parse_response(raw.as_bytes(), o, &mut out)
+            .unwrap()
+            .unwrap();
+        (h, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn response_heads_framing_and_rewriting() {
+        let o = ResponseOptions::default();
+        let (h, out) = resp(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\r\n",
+            o,
+        );
+        assert_eq!(h.body, Framing::Chunked);
+        assert!(h.reusable);
+        assert_eq!(h.content_type.as_deref(), Some("text/event-stream"));
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        let (h, out) = resp(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc",
+            o,
+        );
+        assert_eq!((h.body, h.reusable, h.len), (Framing::Length(3), false, 57));
+        assert_eq!(out, "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n");
+        let (h, out) = resp("HTTP/1.0 200 OK\r\n\r\n", o);
+        assert_eq!((h.body, h.reusable), (Framing::Close, false));
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n");
+        for (raw, head) in [
+            (
+                "HTTP/1.1 204 No Content\r\ncontent-length: 7\r\n\r\n",
+                false,
+            ),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", false),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n", true),
+            ("HTTP/1.1 100 Continue\r\n\r\n", false),
+        ] {
+            let o = ResponseOptions {
+                head_request: head,
+                ..o
+            };
+            let (h, _) = resp(raw, o);
+            assert_eq!(h.body, Framing::None, "{raw:?}");
+            assert!(h.reusable);
+        }
+        // An interim head never says close; a final one does when asked, and for an HTTP/1.0
+        // client the chunked framing goes.
+        let c = ResponseOptions {
+            close: true,
+            dechunk: true,
+            ..o
+        };
+        let (_, out) = resp("HTTP/1.1 100 Continue\r\n\r\n", c);
+        assert_eq!(out, "HTTP/1.1 100 Continue\r\n\r\n");
+        let (h, out) = resp("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", c);
+        assert_eq!(h.body, Framing::Chunked);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n");
+        let (h, out) = resp(
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n",
+            o,
+        );
+        assert_eq!((h.body, h.reusable), (Framing::Chunked, false));
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let mut out = Vec::new();
+        assert_eq!(
+            parse_response(b"HTTP/1.1 200 OK\r\n", o, &mut out),
+            Ok(None)
+        );
+        assert!(parse_response(b"SSH-2.0-x\r\n\r\n", o, &mut out).is_err());
+        assert!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", o, &mut out).is_err());
+    }
+
+    /// Feeds `wire` cut at `cut` and returns (payload, body length consumed).
+    fn dechunk(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, usize), ChunkError> {
+        let mut d = ChunkedDecoder::new();
+        let mut payload = Vec::new();
+        let mut pos = 0;
+        let mut bounds: Vec<usize> = cuts.iter().copied().filter(|&c| c < wire.len()).collect();
+        bounds.push(wire.len());
+        for end in bounds {
+            if end < pos {
+                continue;
+            }
+            let part = &wire[pos..end];
+            let n = d.feed(part, |a, b| payload.extend_from_slice(&part[a..b]))?;
+            pos += n;
+            if d.is_done() {
+                return Ok((payload, pos));
+            }
+            assert_eq!(n, part.len(), "stops early only when done");
+        }
+        Err(ChunkError("unterminated"))
+    }
+
+    #[test]
+    fn chunked_decoder_follows_framing_at_every_cut() {
+        let wire = b"5\r\nhello\r\nA;ext=1\r\n0123456789\r\n0\r\nx-trailer: 1\r\n\r\nNEXT";
+        let body_len = wire.len() - 4;
+        for cut in 0..wire.len() {
+            let (p, n) = dechunk(wire, &[cut]).unwrap();
+            assert_eq!(p, b"hello0123456789", "cut {cut}");
+            assert_eq!(n, body_len);
+        }
+        let every: Vec<usize> = (1..wire.len()).collect();
+        assert_eq!(dechunk(wire, &every).unwrap().1, body_len);
+        // Bare LF line ends are accepted; the last chunk with no trailers.
+        assert_eq!(
+            dechunk(b"3\nabc\n0\n\n", &[]).unwrap(),
+            (b"abc".to_vec(), 9)
+        );
+        assert!(dechunk(b"3\r\nabc\r\n", &[]).is_err(), "no last chunk");
+    }
+
+    #[test]
+    fn chunked_decoder_rejects_bad_framing() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"3\r\nabcX\r\n",
+            b"11111111111111111\r\n",
+            b"3\rX",
+            b"0\r\n\rX",
+        ] {
+            let mut d = ChunkedDecoder::new();
+            assert!(d.feed(bad, |_, _| {}).is_err(), "{bad:?}");
+        }
+        let mut long = b"1;".to_vec();
+        long.extend(std::iter::repeat_n(b'e', 5000));
+        assert!(ChunkedDecoder::new().feed(&long, |_, _| {}).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever a client or an upstream sends, the parsers answer (never panic).
+        #[test]
+        fn parsers_never_panic_on_arbitrary_bytes(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let mut out = Vec::new();
+            let _ = parse_request(&data, HOST, "/b", &mut out);
+            let _ = parse_response(&data, ResponseOptions::default(), &mut out);
+            let mut d = ChunkedDecoder::new();
+            let _ = d.feed(&data, |a, b| assert!(a <= b && b <= data.len()));
+        }
+
+        /// Any chunking of any payload, cut anywhere, decodes to the payload and ends exactly
+        /// at the end of the framing.
+        #[test]
+        fn chunked_round_trip_at_any_cut(
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            sizes in proptest::collection::vec(1usize..40, 1..20),
+            cut in 0usize..400,
+            upper in proptest::prelude::any::<bool>(),
+        ) {
+            let mut wire = Vec::new();
+            let mut rest = &payload[..];
+            let mut k = 0;
+            while !rest.is_empty() {
+                let n = sizes[k % sizes.len()].min(rest.len());
+                let size = if upper { format!("{n:X}") } else { format!("{n:x}") };
+                wire.extend_from_slice(size.as_bytes());
+                wire.extend_from_slice(b"\r\n");
+                wire.extend_from_slice(&rest[..n]);
+                wire.extend_from_slice(b"\r\n");
+                rest = &rest[n..];
+                k += 1;
+            }
+            wire.extend_from_slice(b"0\r\n\r\n");
+            let body_len = wire.len();
+            wire.extend_from_slice(b"GET / HTTP/1.1\r\n");
+            let (got, n) = dechunk(&wire, &[cut]).unwrap();
+            proptest::prop_assert_eq!(got, payload);
+            proptest::prop_assert_eq!(n, body_len);
+        }
+    }
+}

@@ -1,0 +1,698 @@
+//! `retrace record`'s HTTP/1.1 forwarding at the wire level, with raw sockets on both sides:
+//! pipelining, chunked request bodies, `Expect: 100-continue`, HEAD, 204, close-delimited
+//! responses, refused heads (400/431), an upstream that says `Connection: close`, and raw chunk
+//! framing passed through byte for byte. The behaviours HTTP defines run against both engines
+//! (`--h1-engine own` and `hyper`); the ones only the own loop promises (the exact framing bytes,
+//! its JSON refusals) against `own`.
+
+use retrace::record::{self, H1Engine, RecordConfig, RecordStats};
+use retrace::trace::{native, Request as TraceRequest};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const T: Duration = Duration::from_secs(10);
+
+/// What the raw upstream sends for one request: pieces written with a short pause between
+/// them, then whether it closes the connection.
+struct Answer {
+    pieces: Vec<Vec<u8>>,
+    close: bool,
+}
+
+type Script = Arc<dyn Fn(&str, &str, &[u8]) -> Answer + Send + Sync>;
+
+/// A raw HTTP/1.1 upstream: per request (Content-Length or chunked body read whole), the script
+/// says what bytes to send back. Counts accepted connections.
+async fn raw_upstream(
+    script: impl Fn(&str, &str, &[u8]) -> Answer + Send + Sync + 'static,
+) -> (SocketAddr, Arc<AtomicU64>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let conns = Arc::new(AtomicU64::new(0));
+    let c2 = conns.clone();
+    let script: Script = Arc::new(script);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            c2.fetch_add(1, Ordering::Relaxed);
+            let script = script.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some((method, path, body)) = read_request(&mut s, &mut buf).await else {
+                        return;
+                    };
+                    let a = script(&method, &path, &body);
+                    for p in a.pieces {
+                        if s.write_all(&p).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if a.close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, conns)
+}
+
+/// Reads one request (head and body) off a raw socket; `buf` keeps bytes read past it.
+async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String, Vec<u8>)> {
+    loop {
+        let mut h = [httparse::EMPTY_HEADER; 64];
+        let mut r = httparse::Request::new(&mut h);
+        if let Ok(httparse::Status::Complete(n)) = r.parse(buf) {
+            let method = r.method.unwrap().to_string();
+            let path = r.path.unwrap().to_string();
+            let get = |name: &str| {
+                r.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name))
+                    .map(|h| String::from_utf8_lossy(h.value).to_string())
+            };
+            let chunked = get("transfer-encoding").is_some_and(|v| v.contains("chunked"));
+            let len: usize = get("content-length").map_or(0, |v| v.parse().unwrap());
+            buf.drain(..n);
+            let body = if chunked {
+                read_chunked(s, buf).await?
+            } else {
+                while buf.len() < len {
+                    read_more(s, buf).await?;
+                }
+                buf.drain(..len).collect()
+            };
+            return Some((method, path, body));
+        }
+        read_more(s, buf).await?;
+    }
+}
+
+async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+    let mut tmp = [0u8; 8192];
+    let n = tokio::time::timeout(T, s.read(&mut tmp)).await.ok()?.ok()?;
+    if n == 0 {
+        return None;
+    }
+    buf.extend_from_slice(&tmp[..n]);
+    Some(())
+}
+
+/// Decodes a chunked body from `buf` (reading more as needed) with the library's decoder.
+async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let mut d = record::h1wire::ChunkedDecoder::new();
+    let mut out = Vec::new();
+    loop {
+        let n = d.feed(buf, |a, b| out.extend_from_slice(&buf[a..b])).ok()?;
+        buf.drain(..n);
+        if d.is_done() {
+            return Some(out);
+        }
+        read_more(s, buf).await?;
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    /// The body bytes as they came on the wire (chunk framing included).
+    raw_body: Vec<u8>,
+    /// The payload (chunked framing removed).
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one response from the proxy; `head_request` says the request was HEAD.
+async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Resp {
+    loop {
+        let mut h = [httparse::EMPTY_HEADER; 64];
+        let mut r = httparse::Response::new(&mut h);
+        if let Ok(httparse::Status::Complete(n)) = r.parse(buf) {
+            let status = r.code.unwrap();
+            let headers: Vec<(String, String)> = r
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_string(),
+                        String::from_utf8_lossy(h.value).to_string(),
+                    )
+                })
+                .collect();
+            buf.drain(..n);
+            let mut resp = Resp {
+                status,
+                headers,
+                raw_body: Vec::new(),
+                body: Vec::new(),
+            };
+            if (100..200).contains(&status) || status == 204 || status == 304 || head_request {
+                return resp;
+            }
+            if resp
+                .header("transfer-encoding")
+                .is_some_and(|v| v.contains("chunked"))
+            {
+                let mut d = record::h1wire::ChunkedDecoder::new();
+                loop {
+                    let mut body = Vec::new();
+                    let k = d
+                        .feed(buf, |a, b| body.extend_from_slice(&buf[a..b]))
+                        .unwrap();
+                    resp.body.extend(body);
+                    resp.raw_body.extend(buf.drain(..k));
+                    if d.is_done() {
+                        return resp;
+                    }
+                    read_more(s, buf).await.expect("chunked body complete");
+                }
+            } else if let Some(len) = resp.header("content-length") {
+                let len: usize = len.parse().unwrap();
+                while buf.len() < len {
+                    read_more(s, buf).await.expect("whole body");
+                }
+                resp.body = buf.drain(..len).collect();
+            } else {
+                while read_more(s, buf).await.is_some() {}
+                resp.body = std::mem::take(buf);
+            }
+            resp.raw_body = resp.body.clone();
+            return resp;
+        }
+        read_more(s, buf).await.expect("a response head");
+    }
+}
+
+/// Whether the proxy closed the connection (EOF) within a second.
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+struct Rec {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<RecordStats>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(upstream: SocketAddr, engine: H1Engine) -> Rec {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RecordConfig::new(&format!("http://{upstream}"), dir.path().join("out")).unwrap();
+    cfg.flush_every = Duration::from_millis(100);
+    cfg.block_size = 16;
+    cfg.io_threads = 1;
+    cfg.h1_engine = engine;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(record::run_with_admin(l, None, cfg, async move {
+        let _ = rx.await;
+    }));
+    Rec {
+        addr,
+        stop,
+        task,
+        _dir: dir,
+    }
+}
+
+impl Rec {
+    async fn records(self) -> Vec<TraceRequest> {
+        let _ = self.stop.send(());
+        let stats = tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("proxy stops")
+            .unwrap()
+            .unwrap();
+        let mut recs = Vec::new();
+        for f in &stats.files {
+            recs.extend(native::read_file(f).unwrap().0.requests);
+        }
+        recs.sort_by_key(|r| r.arrival_us);
+        recs
+    }
+}
+
+fn ok(body: &[u8], extra: &str) -> Vec<u8> {
+    let mut v = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Echoes the request body; `/path` with its method as JSON for bodiless requests.
+fn echo(method: &str, path: &str, body: &[u8]) -> Answer {
+    let b = if body.is_empty() {
+        format!("{{\"method\":\"{method}\",\"path\":\"{path}\"}}").into_bytes()
+    } else {
+        body.to_vec()
+    };
+    Answer {
+        pieces: vec![ok(&b, "")],
+        close: false,
+    }
+}
+
+const ENGINES: [H1Engine; 2] = [H1Engine::Own, H1Engine::Hyper];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_on_one_connection_come_back_in_order() {
+    let (up, _) = raw_upstream(echo).await;
+    for engine in ENGINES {
+        let rec = start(up, engine).await;
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        // Three requests in one write: two with bodies, one without.
+        let mut wire = Vec::new();
+        for (k, body) in [r#"{"prompt":[1]}"#, "", r#"{"prompt":[3,3]}"#]
+            .iter()
+            .enumerate()
+        {
+            let method = if body.is_empty() { "GET" } else { "POST" };
+            wire.extend(
+                format!(
+                    "{method} /v1/completions?k={k} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .bytes(),
+            );
+        }
+        c.write_all(&wire).await.unwrap();
+        let mut buf = Vec::new();
+        let r1 = read_response(&mut c, &mut buf, false).await;
+        let r2 = read_response(&mut c, &mut buf, false).await;
+        let r3 = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r1.body, br#"{"prompt":[1]}"#, "{engine:?}");
+        assert_eq!(
+            r2.body, br#"{"method":"GET","path":"/v1/completions?k=1"}"#,
+            "{engine:?}"
+        );
+        assert_eq!(r3.body, br#"{"prompt":[3,3]}"#, "{engine:?}");
+        // The connection carries on.
+        c.write_all(b"GET /again HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let r4 = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r4.status, 200);
+        let recs = rec.records().await;
+        assert_eq!(recs.len(), 4, "{engine:?}");
+        assert_eq!(recs[0].input_tokens, 1);
+        assert_eq!(recs[2].input_tokens, 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_request_body_streams_through_and_is_recorded_decoded() {
+    let (up, _) = raw_upstream(echo).await;
+    for engine in ENGINES {
+        let rec = start(up, engine).await;
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        c.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let parts = [r#"{"prompt":"#, "[1,2,", "3,4]", "}"];
+        for p in parts {
+            c.write_all(format!("{:x}\r\n{p}\r\n", p.len()).as_bytes())
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        c.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, parts.concat().as_bytes(), "{engine:?}");
+        let recs = rec.records().await;
+        assert_eq!(recs[0].input_tokens, 4, "{engine:?}: the decoded prompt");
+        assert_eq!(recs[0].response.as_ref().unwrap().error, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_is_forwarded_before_the_body() {
+    // The upstream answers 100 Continue to an Expect request, then reads the body.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        if read_more(&mut s, &mut buf).await.is_none() {
+                            return;
+                        }
+                    }
+                    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    buf.drain(..end);
+                    assert!(head.contains("expect: 100-continue"), "{head}");
+                    s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.unwrap();
+                    while buf.len() < 5 {
+                        if read_more(&mut s, &mut buf).await.is_none() {
+                            return;
+                        }
+                    }
+                    let body: Vec<u8> = buf.drain(..5).collect();
+                    s.write_all(&ok(&body, "")).await.unwrap();
+                }
+            });
+        }
+    });
+    for engine in ENGINES {
+        let rec = start(up, engine).await;
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        c.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut buf = Vec::new();
+        let interim = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(
+            interim.status, 100,
+            "{engine:?}: the client is told to go on"
+        );
+        c.write_all(b"hello").await.unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+        let recs = rec.records().await;
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].response.as_ref().unwrap().status, 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_and_204_responses_have_no_body_and_keep_the_connection() {
+    let (up, conns) = raw_upstream(|method, path, _| {
+        let pieces = if path == "/empty" {
+            vec![b"HTTP/1.1 204 No Content\r\nx-why: nothing\r\n\r\n".to_vec()]
+        } else {
+            assert_eq!(method, "HEAD");
+            // A HEAD answer announces the length of the body it does not send.
+            vec![b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1234\r\n\r\n"
+                .to_vec()]
+        };
+        Answer {
+            pieces,
+            close: false,
+        }
+    })
+    .await;
+    for engine in ENGINES {
+        let before = conns.load(Ordering::Relaxed);
+        let rec = start(up, engine).await;
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        let mut buf = Vec::new();
+        for _ in 0..2 {
+            c.write_all(b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let r = read_response(&mut c, &mut buf, true).await;
+            assert_eq!(r.status, 200, "{engine:?}");
+            assert_eq!(r.header("content-length"), Some("1234"));
+            c.write_all(b"DELETE /empty HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let r = read_response(&mut c, &mut buf, false).await;
+            assert_eq!(r.status, 204, "{engine:?}");
+            assert_eq!(r.header("x-why"), Some("nothing"));
+        }
+        assert!(buf.is_empty(), "{engine:?}: no stray body bytes");
+        assert!(!closed(&mut c).await, "{engine:?}: keep-alive");
+        assert_eq!(
+            conns.load(Ordering::Relaxed) - before,
+            1,
+            "{engine:?}: one upstream connection reused"
+        );
+        let recs = rec.records().await;
+        let st: Vec<u16> = recs
+            .iter()
+            .map(|r| r.response.as_ref().unwrap().status)
+            .collect();
+        assert_eq!(st, vec![200, 204, 200, 204]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_delimited_response_is_forwarded_then_the_client_connection_closes() {
+    let (up, _) = raw_upstream(|_, _, _| Answer {
+        pieces: vec![
+            b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n".to_vec(),
+            b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n".to_vec(),
+            b"data: {\"choices\":[{\"text\":\"b\"}]}\n\n".to_vec(),
+        ],
+        close: true,
+    })
+    .await;
+    let rec = start(up, H1Engine::Own).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 14\r\n\r\n{\"prompt\":[1]}",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(
+        r.body,
+        b"data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n"
+    );
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(
+        resp.error, None,
+        "the close ends a close-delimited body cleanly"
+    );
+    assert!(!resp.cancelled);
+    assert_eq!(resp.events.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_heads_are_refused_and_the_connection_closed() {
+    let (up, conns) = raw_upstream(echo).await;
+    let rec = start(up, H1Engine::Own).await;
+    for (wire, status) in [
+        (b"GARBAGE\r\n\r\n".to_vec(), 400),
+        (
+            b"POST / HTTP/1.1\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            {
+                let mut v = b"GET / HTTP/1.1\r\nx-big: ".to_vec();
+                v.extend(std::iter::repeat_n(b'a', 70 << 10));
+                v
+            },
+            431,
+        ),
+    ] {
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        // The proxy may answer and close before the whole oversized head is written.
+        let _ = c.write_all(&wire).await;
+        let mut buf = Vec::new();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.status, status);
+        assert_eq!(r.header("connection"), Some("close"));
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], status);
+        assert!(closed(&mut c).await, "closed after {status}");
+    }
+    assert_eq!(
+        conns.load(Ordering::Relaxed),
+        0,
+        "nothing reached the upstream"
+    );
+    assert!(rec.records().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connection_close_is_handled_per_hop() {
+    // Every upstream answer says Connection: close and closes: the client's connection stays open.
+    let (up, conns) = raw_upstream(|_, _, body| Answer {
+        pieces: vec![ok(body, "connection: close\r\n")],
+        close: true,
+    })
+    .await;
+    for engine in ENGINES {
+        let before = conns.load(Ordering::Relaxed);
+        let rec = start(up, engine).await;
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        let mut buf = Vec::new();
+        for k in 0..3 {
+            let b = format!(r#"{{"prompt":[{k}]}}"#);
+            c.write_all(
+                format!(
+                    "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{b}",
+                    b.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+            let r = read_response(&mut c, &mut buf, false).await;
+            assert_eq!(r.status, 200, "{engine:?} request {k}");
+            assert_eq!(r.body, b.as_bytes());
+            assert_ne!(r.header("connection"), Some("close"), "hop-by-hop");
+        }
+        assert_eq!(conns.load(Ordering::Relaxed) - before, 3, "{engine:?}");
+        let recs = rec.records().await;
+        assert_eq!(recs.len(), 3);
+        assert!(recs
+            .iter()
+            .all(|r| r.response.as_ref().unwrap().error.is_none()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunk_framing_passes_through_byte_for_byte() {
+    // Odd chunk sizes, upper-case hex, an extension and a trailer: the client gets these bytes.
+    let p1 = "data: {\"choices\":[{\"i\":1}]}\n\n";
+    let (a, b) = ("data: {", "\"choices\":[{\"i\":2}]}\n\n");
+    let framing: Vec<Vec<u8>> = vec![
+        format!("{:X};name=val\r\n{p1}\r\n", p1.len()).into_bytes(),
+        format!("{:X}\r\n{a}", a.len()).into_bytes(),
+        format!("\r\n{:X}\r\n{b}\r\n", b.len()).into_bytes(),
+        b"0\r\nx-trailer: done\r\n\r\n".to_vec(),
+    ];
+    let raw: Vec<u8> = framing.concat();
+    let f2 = framing.clone();
+    let (up, _) = raw_upstream(move |_, _, _| {
+        let mut pieces =
+            vec![b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec()];
+        pieces.extend(f2.clone());
+        Answer {
+            pieces,
+            close: false,
+        }
+    })
+    .await;
+    let rec = start(up, H1Engine::Own).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for _ in 0..2 {
+        c.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 14\r\n\r\n{\"prompt\":[1]}",
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+        assert_eq!(r.raw_body, raw, "chunk framing changed on the way");
+    }
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.error, None);
+    assert_eq!(
+        resp.events.len(),
+        2,
+        "the decoded payload reached the capture"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http10_client_gets_a_decoded_body_and_a_close() {
+    let (up, _) = raw_upstream(|_, _, _| Answer {
+        pieces: vec![
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            b"6\r\n world\r\n0\r\n\r\n".to_vec(),
+        ],
+        close: false,
+    })
+    .await;
+    let rec = start(up, H1Engine::Own).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"GET /v1/models HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(r.header("transfer-encoding"), None);
+    assert_eq!(r.body, b"hello world");
+    assert_eq!(rec.records().await.len(), 1);
+}
+
+#[test]
+fn h1_engine_flag_defaults_to_own_and_names_itself_in_errors() {
+    let parse = |extra: &[&str]| {
+        let mut args = vec![
+            "record",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--out",
+            "o",
+        ];
+        args.extend_from_slice(extra);
+        let retrace::cli::Command::Record(a) = super::support::cli(&args).command else {
+            unreachable!()
+        };
+        RecordConfig::from_args(&a)
+    };
+    assert_eq!(parse(&[]).unwrap().h1_engine, H1Engine::Own);
+    assert_eq!(
+        parse(&["--h1-engine", "hyper"]).unwrap().h1_engine,
+        H1Engine::Hyper
+    );
+    let e = parse(&["--h1-engine", "nginx"]).unwrap_err().to_string();
+    assert!(e.contains("--h1-engine"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_serves_again_after_releasing_its_buffers() {
+    let (up, conns) = raw_upstream(echo).await;
+    let rec = start(up, H1Engine::Own).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for k in 0..2 {
+        // Past the one-second idle release in between.
+        if k > 0 {
+            tokio::time::sleep(Duration::from_millis(1300)).await;
+        }
+        let b = format!(r#"{{"prompt":[{k}]}}"#);
+        c.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{b}",
+                b.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!((r.status, r.body), (200, b.into_bytes()));
+    }
+    assert_eq!(
+        conns.load(Ordering::Relaxed),
+        1,
+        "the upstream socket was pooled"
+    );
+    assert_eq!(rec.records().await.len(), 2);
+}
