@@ -30,6 +30,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod sse;
+pub mod stamps;
 pub mod synth;
 pub mod thread_timing;
 pub mod tls;

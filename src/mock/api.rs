@@ -802,6 +802,7 @@ async fn generate(
             sh.engine.clone(),
             rn,
             plan.reset_after.is_some(),
+            direct.conn.stamp_port,
         );
         let submit = Submit {
             id: rn,
@@ -825,6 +826,19 @@ async fn generate(
             chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now()).format("%a, %d %b %Y %H:%M:%S GMT")
         );
         let st = guard.disarm();
+        if crate::stamps::enabled() {
+            // first bytes read, head parsed (`arrival`), request handed to the engine
+            let c = &direct.conn;
+            crate::stamps::record(
+                "mock",
+                c.stamp_port,
+                vec![
+                    c.first_read_ns.swap(0, Relaxed),
+                    crate::stamps::mono_ns(arrival),
+                    crate::stamps::now_ns(),
+                ],
+            );
+        }
         direct.conn.take_over(Hijack {
             stream: Some(st),
             head: head.into_bytes(),
