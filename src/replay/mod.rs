@@ -642,6 +642,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    crate::stamps::flush();
     let probes = match (prober, cfg.probe_rate) {
         (Some(p), Some(rate)) => {
             let samples = p.finish().await;
