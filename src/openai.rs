@@ -83,6 +83,11 @@ fn parse_prompt(v: &Value) -> Result<Prompt, String> {
 /// Parses a request body for `endpoint`.
 pub fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    parse_request_value(endpoint, &v)
+}
+
+/// [`parse_request`] of a body already parsed as JSON.
+pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo, String> {
     let obj = v.as_object().ok_or("body is not a JSON object")?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => None,

@@ -18,7 +18,7 @@ use super::faults::{self, FaultPlan};
 use super::prom::Stats;
 use super::stream::{Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
-use crate::openai::{parse_request, Prompt};
+use crate::openai::{parse_request_value, Prompt};
 use crate::trace::Endpoint;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -51,6 +51,8 @@ pub struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub stats: Arc<Stats>,
     pub engine: mpsc::Sender<Cmd>,
+    /// New requests go here (the engine thread is woken only when needed).
+    pub inbox: Arc<super::engine::Inbox>,
     pub next_id: AtomicU64,
     pub started_unix: u64,
 }
@@ -642,7 +644,7 @@ async fn generate(
     } else {
         Endpoint::Completions
     };
-    let info = match parse_request(&endpoint, body) {
+    let info = match parse_request_value(&endpoint, &raw) {
         Ok(i) => i,
         Err(e) => return Ok(error_response(400, &e, None)),
     };
@@ -811,7 +813,7 @@ async fn generate(
             faults: plan,
             tx: Out::Sink(Arc::new(StreamSink(st.clone()))),
         };
-        if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+        if sh.inbox.submit(&sh.engine, submit).is_err() {
             return Ok(error_response(503, "the engine is shutting down", None));
         }
         // Until the connection takes the stream, a dropped handler (client gone) cancels it.
@@ -860,7 +862,7 @@ async fn generate(
         faults: plan,
         tx: Out::Chan(tx),
     };
-    if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+    if sh.inbox.submit(&sh.engine, submit).is_err() {
         return Ok(error_response(503, "the engine is shutting down", None));
     }
     if stream {
