@@ -133,6 +133,77 @@ pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo
     Ok(info)
 }
 
+/// A `/v1/completions` body with token-id prompts, as [`parse_request`] reads it, plus the two
+/// fields the mock checks besides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FastCompletion {
+    pub info: RequestInfo,
+    /// `stream_options` is present and not null.
+    pub stream_options_set: bool,
+    /// `return_token_ids` (absent or null: false).
+    pub return_token_ids: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct FastRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<Vec<u32>>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    min_tokens: Option<u32>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    stream_options: Option<FastStreamOptions>,
+    #[serde(default)]
+    return_token_ids: Option<bool>,
+}
+
+#[derive(serde::Deserialize)]
+struct FastStreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// The common `/v1/completions` request (a token-id prompt, fields of the expected types) read
+/// straight into its fields, without a JSON value tree (a 100-token prompt as a `Value` costs
+/// about as much as the rest of the mock's request handling). `None` for anything else (a text
+/// or batched prompt, a wrong type, a duplicate key, malformed JSON): use [`parse_request`],
+/// which decides and words the error. Agrees with [`parse_request`] where it answers (tested).
+pub fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
+    let r: FastRequest = serde_json::from_slice(body).ok()?;
+    let prompt = r.prompt?;
+    Some(FastCompletion {
+        info: RequestInfo {
+            model: r.model,
+            prompt: Some(Prompt::TokenIds(prompt)),
+            messages: None,
+            params: Params {
+                max_tokens: r.max_tokens.or(r.max_completion_tokens),
+                min_tokens: r.min_tokens,
+                n: r.n,
+                ignore_eos: r.ignore_eos,
+                stream: r.stream,
+                temperature: r.temperature.map(|t| t as f32),
+                include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
+            },
+        },
+        stream_options_set: r.stream_options.is_some(),
+        return_token_ids: r.return_token_ids.unwrap_or(false),
+    })
+}
+
 /// What one streamed chunk (or a whole non-streamed body) says.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChunkInfo {
@@ -615,6 +686,50 @@ mod tests {
         assert!(e.contains("max_tokens"), "{e}");
         assert!(parse_request(&Endpoint::Chat, br#"{"prompt":"x"}"#).is_err());
         assert!(parse_request(&Endpoint::Chat, b"not json").is_err());
+    }
+
+    /// The typed request path agrees with the general one wherever it answers, and answers the
+    /// bodies replay sends.
+    #[test]
+    fn fast_completion_parse_agrees_with_parse_request() {
+        let bodies: &[&str] = &[
+            r#"{"model":"m","prompt":[1,2,3],"max_tokens":5,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"temperature":0}"#,
+            r#"{"prompt":[],"max_completion_tokens":7,"n":2,"min_tokens":1,"temperature":0.5}"#,
+            r#"{"prompt":[4],"max_tokens":null,"max_completion_tokens":3,"stream_options":null,"return_token_ids":true,"extra":{"a":[1]}}"#,
+            r#"{"prompt":[4],"stream_options":{},"return_token_ids":null,"messages":[{"role":"user"}]}"#,
+            r#"{"prompt":"text"}"#,
+            r#"{"prompt":[1,"a"]}"#,
+            r#"{"prompt":[4294967296]}"#,
+            r#"{"prompt":[1],"max_tokens":"5"}"#,
+            r#"{"prompt":[1],"max_tokens":5.0}"#,
+            r#"{"prompt":[1],"max_tokens":-1}"#,
+            r#"{"prompt":[1],"stream_options":5}"#,
+            r#"{"prompt":[1],"return_token_ids":1}"#,
+            r#"{"prompt":[1],"prompt":[2]}"#,
+            r#"{"model":null,"prompt":[[1],[2]]}"#,
+            r#"{"max_tokens":5}"#,
+            r#"[1]"#,
+            r#"{"prompt":[1]"#,
+        ];
+        let mut answered = 0;
+        for b in bodies {
+            let general = parse_request(&Endpoint::Completions, b.as_bytes());
+            if let Some(f) = parse_completion_fast(b.as_bytes()) {
+                answered += 1;
+                assert_eq!(Ok(f.info.clone()), general, "{b}");
+                let v: Value = serde_json::from_str(b).unwrap();
+                assert_eq!(
+                    f.stream_options_set,
+                    v.get("stream_options").is_some_and(|x| !x.is_null()),
+                    "{b}"
+                );
+                assert_eq!(
+                    f.return_token_ids,
+                    v["return_token_ids"] == Value::Bool(true)
+                );
+            }
+        }
+        assert_eq!(answered, 4);
     }
 
     #[test]

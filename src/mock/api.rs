@@ -620,23 +620,22 @@ fn random_hex(sh: &Shared, n: u64) -> String {
     )
 }
 
-async fn generate(
-    sh: Arc<Shared>,
+/// The general path of a request body: (what it says, `stream_options` set, `return_token_ids`
+/// or its error, checked after the model and stream options as vLLM does), or the 400 response
+/// vLLM gives.
+#[allow(clippy::type_complexity)]
+fn request_fields(
     body: &[u8],
     chat: bool,
-    forced: Option<FaultPlan>,
-    direct: &StreamConn,
-    arrival: Instant,
-) -> Result<Response<MockBody>, BoxError> {
-    let fd = direct.conn.fd;
+) -> Result<(crate::openai::RequestInfo, bool, Result<bool, ()>), Box<Response<MockBody>>> {
     let raw: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
-            return Ok(error_response(
+            return Err(Box::new(error_response(
                 400,
                 &format!("JSON decode error: {e}"),
                 None,
-            ))
+            )))
         }
     };
     let endpoint = if chat {
@@ -646,7 +645,39 @@ async fn generate(
     };
     let info = match parse_request_value(&endpoint, &raw) {
         Ok(i) => i,
-        Err(e) => return Ok(error_response(400, &e, None)),
+        Err(e) => return Err(Box::new(error_response(400, &e, None))),
+    };
+    let stream_options_set = raw.get("stream_options").is_some_and(|v| !v.is_null());
+    let return_token_ids = match raw.get("return_token_ids") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(()),
+    };
+    Ok((info, stream_options_set, return_token_ids))
+}
+
+async fn generate(
+    sh: Arc<Shared>,
+    body: &[u8],
+    chat: bool,
+    forced: Option<FaultPlan>,
+    direct: &StreamConn,
+    arrival: Instant,
+) -> Result<Response<MockBody>, BoxError> {
+    let fd = direct.conn.fd;
+    // The common token-id completion goes straight into its fields; anything else (and every
+    // error) through the JSON value path.
+    let fast = if chat {
+        None
+    } else {
+        crate::openai::parse_completion_fast(body)
+    };
+    let (info, stream_options_set, return_token_ids) = match fast {
+        Some(f) => (f.info, f.stream_options_set, Ok(f.return_token_ids)),
+        None => match request_fields(body, chat) {
+            Ok(x) => x,
+            Err(r) => return Ok(*r),
+        },
     };
     if let Some(m) = &info.model {
         if *m != sh.model {
@@ -657,23 +688,19 @@ async fn generate(
             ));
         }
     }
-    if raw.get("stream_options").is_some_and(|v| !v.is_null()) && info.params.stream != Some(true) {
+    if stream_options_set && info.params.stream != Some(true) {
         return Ok(error_response(
             400,
             "Stream options can only be defined when `stream=True`.",
             Some("stream_options"),
         ));
     }
-    let return_token_ids = match raw.get("return_token_ids") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Ok(error_response(
-                400,
-                "field `return_token_ids` must be a boolean",
-                Some("return_token_ids"),
-            ))
-        }
+    let Ok(return_token_ids) = return_token_ids else {
+        return Ok(error_response(
+            400,
+            "field `return_token_ids` must be a boolean",
+            Some("return_token_ids"),
+        ));
     };
     // Prompts, tokenized.
     let mut prompts: Vec<Vec<u32>> = Vec::new();
