@@ -144,63 +144,124 @@ pub struct FastCompletion {
     pub return_token_ids: bool,
 }
 
-#[derive(serde::Deserialize)]
-struct FastRequest {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    prompt: Option<Vec<u32>>,
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    #[serde(default)]
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    min_tokens: Option<u32>,
-    #[serde(default)]
-    n: Option<u32>,
-    #[serde(default)]
-    ignore_eos: Option<bool>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    temperature: Option<f64>,
-    #[serde(default)]
-    stream_options: Option<FastStreamOptions>,
-    #[serde(default)]
-    return_token_ids: Option<bool>,
-}
-
-#[derive(serde::Deserialize)]
-struct FastStreamOptions {
-    #[serde(default)]
-    include_usage: Option<bool>,
-}
-
 /// The common `/v1/completions` request (a token-id prompt, fields of the expected types) read
-/// straight into its fields, without a JSON value tree (a 100-token prompt as a `Value` costs
-/// about as much as the rest of the mock's request handling). `None` for anything else (a text
-/// or batched prompt, a wrong type, a duplicate key, malformed JSON): use [`parse_request`],
-/// which decides and words the error. Agrees with [`parse_request`] where it answers (tested).
+/// in one pass without a JSON value tree or serde's per-element machinery (a 100-token prompt
+/// as a `Value` costs about as much as the rest of the mock's request handling). `None` for
+/// anything else (a text or batched prompt, a wrong type, an escaped string, a duplicate key,
+/// malformed JSON): use [`parse_request`], which decides and words the error. Agrees with
+/// [`parse_request`] where it answers (tested).
 pub fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
-    let r: FastRequest = serde_json::from_slice(body).ok()?;
-    let prompt = r.prompt?;
+    if !body.is_ascii() {
+        std::str::from_utf8(body).ok()?;
+    }
+    let mut s = Scan { b: body, i: 0 };
+    let mut info = RequestInfo::default();
+    let (mut max_tokens, mut max_completion_tokens) = (None, None);
+    let (mut stream_options_set, mut return_token_ids) = (false, false);
+    let mut seen = 0u32;
+    fn opt_u32(s: &mut Scan<'_>) -> Option<Option<u32>> {
+        if s.peek()? == b'n' {
+            return s.literal(b"null").map(|_| None);
+        }
+        let v = s.number()??;
+        Some(Some(u32::try_from(v).ok()?))
+    }
+    fn opt_bool(s: &mut Scan<'_>) -> Option<Option<bool>> {
+        match s.peek()? {
+            b'n' => s.literal(b"null").map(|_| None),
+            b't' => s.literal(b"true").map(|_| Some(true)),
+            b'f' => s.literal(b"false").map(|_| Some(false)),
+            _ => None,
+        }
+    }
+    s.object(|s, key| {
+        let bit = match key {
+            b"model" => 1,
+            b"prompt" => 2,
+            b"max_tokens" => 4,
+            b"max_completion_tokens" => 8,
+            b"min_tokens" => 16,
+            b"n" => 32,
+            b"ignore_eos" => 64,
+            b"stream" => 128,
+            b"temperature" => 256,
+            b"stream_options" => 512,
+            b"return_token_ids" => 1024,
+            _ => return s.skip(1),
+        };
+        once(&mut seen, bit)?;
+        match key {
+            b"model" => {
+                info.model = if s.peek()? == b'n' {
+                    s.literal(b"null")?;
+                    None
+                } else {
+                    let v = s.string()?;
+                    if v.escaped {
+                        return None;
+                    }
+                    Some(std::str::from_utf8(v.raw).ok()?.to_string())
+                };
+            }
+            b"prompt" => {
+                let mut ids = Vec::new();
+                s.array(|s| {
+                    ids.push(u32::try_from(s.number()??).ok()?);
+                    Some(())
+                })?;
+                info.prompt = Some(Prompt::TokenIds(ids));
+            }
+            b"max_tokens" => max_tokens = opt_u32(s)?,
+            b"max_completion_tokens" => max_completion_tokens = opt_u32(s)?,
+            b"min_tokens" => info.params.min_tokens = opt_u32(s)?,
+            b"n" => info.params.n = opt_u32(s)?,
+            b"ignore_eos" => info.params.ignore_eos = opt_bool(s)?,
+            b"stream" => info.params.stream = opt_bool(s)?,
+            b"return_token_ids" => return_token_ids = opt_bool(s)?.unwrap_or(false),
+            b"temperature" => {
+                info.params.temperature = if s.peek()? == b'n' {
+                    s.literal(b"null")?;
+                    None
+                } else {
+                    s.ws();
+                    let start = s.i;
+                    s.number()?;
+                    let text = std::str::from_utf8(&s.b[start..s.i]).ok()?;
+                    Some(text.parse::<f64>().ok()? as f32)
+                };
+            }
+            _ => {
+                // stream_options
+                match s.peek()? {
+                    b'n' => s.literal(b"null")?,
+                    b'{' => {
+                        stream_options_set = true;
+                        let mut oseen = 0u32;
+                        s.object(|s, k| {
+                            if k == b"include_usage" {
+                                once(&mut oseen, 1)?;
+                                info.params.include_usage = opt_bool(s)?;
+                                Some(())
+                            } else {
+                                s.skip(2)
+                            }
+                        })?;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        Some(())
+    })?;
+    s.ws();
+    if s.i != body.len() || info.prompt.is_none() {
+        return None;
+    }
+    info.params.max_tokens = max_tokens.or(max_completion_tokens);
     Some(FastCompletion {
-        info: RequestInfo {
-            model: r.model,
-            prompt: Some(Prompt::TokenIds(prompt)),
-            messages: None,
-            params: Params {
-                max_tokens: r.max_tokens.or(r.max_completion_tokens),
-                min_tokens: r.min_tokens,
-                n: r.n,
-                ignore_eos: r.ignore_eos,
-                stream: r.stream,
-                temperature: r.temperature.map(|t| t as f32),
-                include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage),
-            },
-        },
-        stream_options_set: r.stream_options.is_some(),
-        return_token_ids: r.return_token_ids.unwrap_or(false),
+        info,
+        stream_options_set,
+        return_token_ids,
     })
 }
 
@@ -710,6 +771,12 @@ mod tests {
             r#"{"max_tokens":5}"#,
             r#"[1]"#,
             r#"{"prompt":[1]"#,
+            r#" { "prompt" : [ 1 , 2 ] , "temperature" : 1 , "stream_options" : { "x" : [ ] } } "#,
+            r#"{"model":"m\"x","prompt":[1]}"#,
+            r#"{"prompt":[01]}"#,
+            r#"{"prompt":[1],"temperature":1e400}"#,
+            r#"{"prompt":[1],"stream":"yes"}"#,
+            r#"{"prompt":[1],"stream_options":{"include_usage":true,"include_usage":false}}"#,
         ];
         let mut answered = 0;
         for b in bodies {
@@ -729,7 +796,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(answered, 4);
+        assert_eq!(answered, 5);
     }
 
     #[test]
