@@ -370,7 +370,13 @@ impl<'a> Scan<'a> {
             self.i += 1;
         }
         let int_start = self.i;
-        if !digits(self) {
+        // The integer part, accumulated as it is read (None once it overflows a u64).
+        let mut value = Some(0u64);
+        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
+            value = value.and_then(|v| v.checked_mul(10)?.checked_add(u64::from(c - b'0')));
+            self.i += 1;
+        }
+        if self.i == int_start {
             return None;
         }
         if self.b[int_start] == b'0' && self.i - int_start > 1 {
@@ -394,13 +400,13 @@ impl<'a> Scan<'a> {
                 return None;
             }
         }
-        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
         if integer {
-            if let Ok(n) = text.parse::<u64>() {
-                return Some(Some(n));
+            if let Some(v) = value {
+                return Some(Some(v));
             }
         }
         // serde_json refuses a number that overflows an f64 (1e400, 400 digits).
+        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
         text.parse::<f64>().ok()?.is_finite().then_some(None)
     }
 
