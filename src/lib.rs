@@ -19,6 +19,7 @@
 //!
 //! [`run`] matches each subcommand to its module.
 
+pub mod bytescan;
 pub mod cli;
 pub mod convert;
 pub mod inspect;

@@ -334,6 +334,7 @@ impl<'a> Scan<'a> {
         let start = self.i;
         let mut escaped = false;
         loop {
+            self.i = crate::bytescan::find_json_special(self.b, self.i);
             match *self.b.get(self.i)? {
                 b'"' => {
                     let raw = &self.b[start..self.i];
@@ -348,8 +349,7 @@ impl<'a> Scan<'a> {
                     escaped = true;
                     self.i += 2;
                 }
-                0..=0x1f => return None,
-                _ => self.i += 1,
+                _ => return None, // a control character
             }
         }
     }

@@ -86,11 +86,12 @@ impl SseParser {
         let mut start = 0;
         let mut i = 0;
         while i < chunk.len() {
-            let Some(rel) = chunk[i..].iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let j = crate::bytescan::find2(chunk, i, b'\n', b'\r');
+            if j == chunk.len() {
                 self.last_was_cr = false;
                 break;
-            };
-            let j = i + rel;
+            }
+            let rel = j - i;
             if rel > 0 {
                 self.last_was_cr = false;
             }
