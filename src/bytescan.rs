@@ -12,7 +12,8 @@ fn word(hay: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// High bit set in (at least) the lowest byte of `x` equal to `c`; may also flag later bytes.
+/// High bit set in the lowest byte of `x` equal to `c` (and possibly in later bytes: a borrow
+/// only runs upwards, so the lowest flag is always exact; callers use only that one).
 fn eq_mask(x: u64, c: u8) -> u64 {
     let v = x ^ (ONES * u64::from(c));
     v.wrapping_sub(ONES) & !v & HIGH
@@ -22,9 +23,12 @@ fn eq_mask(x: u64, c: u8) -> u64 {
 pub fn find2(hay: &[u8], from: usize, a: u8, b: u8) -> usize {
     let mut i = from;
     while i + 8 <= hay.len() {
-        let x = word(hay, i);
-        if eq_mask(x, a) | eq_mask(x, b) != 0 {
-            break;
+        let m = {
+            let x = word(hay, i);
+            eq_mask(x, a) | eq_mask(x, b)
+        };
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
         }
         i += 8;
     }
@@ -43,9 +47,11 @@ pub fn find_json_special(hay: &[u8], from: usize) -> usize {
     let mut i = from;
     while i + 8 <= hay.len() {
         let x = word(hay, i);
+        // bytes below 0x20 (the lowest flag is exact, as in `eq_mask`)
         let control = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
-        if eq_mask(x, b'"') | eq_mask(x, b'\\') | control != 0 {
-            break;
+        let m = eq_mask(x, b'"') | eq_mask(x, b'\\') | control;
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
         }
         i += 8;
     }
