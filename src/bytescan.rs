@@ -1,7 +1,9 @@
-//! Word-at-a-time byte searches for the per-event parsers ([`crate::sse`], [`crate::openai`]):
-//! eight bytes are tested at once with the classic "has a zero byte" bit trick, and only the
-//! word that may hold a match is searched byte by byte. Pure; no allocation, no `unsafe`. It does
-//! not parse anything itself.
+//! The word-at-a-time search for the end of a plain run inside a JSON string, for the one-pass
+//! chunk scanner in [`crate::openai`]: eight bytes are tested at once with the classic "has a zero
+//! byte" bit trick. It exists because the set it looks for includes a byte range (control
+//! characters, which make a string invalid JSON), which `memchr` does not search; searches for
+//! one to three fixed bytes use `memchr` (as [`crate::sse`] does). Pure; no allocation, no
+//! `unsafe`. It does not parse anything itself.
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -17,28 +19,6 @@ fn word(hay: &[u8], i: usize) -> u64 {
 fn eq_mask(x: u64, c: u8) -> u64 {
     let v = x ^ (ONES * u64::from(c));
     v.wrapping_sub(ONES) & !v & HIGH
-}
-
-/// Index of the first `a` or `b` in `hay[from..]`, or `hay.len()`.
-pub fn find2(hay: &[u8], from: usize, a: u8, b: u8) -> usize {
-    let mut i = from;
-    while i + 8 <= hay.len() {
-        let m = {
-            let x = word(hay, i);
-            eq_mask(x, a) | eq_mask(x, b)
-        };
-        if m != 0 {
-            return i + (m.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    while i < hay.len() {
-        if hay[i] == a || hay[i] == b {
-            return i;
-        }
-        i += 1;
-    }
-    hay.len()
 }
 
 /// Index of the first byte in `hay[from..]` that ends a plain run inside a JSON string: `"`,
@@ -79,8 +59,6 @@ mod tests {
             from in 0usize..90,
         ) {
             let from = from.min(hay.len());
-            let naive2 = hay[from..].iter().position(|&c| c == b'\n' || c == b'\r').map_or(hay.len(), |p| from + p);
-            prop_assert_eq!(find2(&hay, from, b'\n', b'\r'), naive2);
             let naive = hay[from..]
                 .iter()
                 .position(|&c| matches!(c, b'"' | b'\\' | 0..=0x1f))
@@ -98,9 +76,6 @@ mod tests {
                     v[pos] = c;
                     assert_eq!(find_json_special(&v, 0), pos, "{n} {pos} {c}");
                 }
-                let mut v = vec![0xffu8; n];
-                v[pos] = b'\r';
-                assert_eq!(find2(&v, 0, b'\n', b'\r'), pos);
             }
             assert_eq!(find_json_special(&vec![0x80u8; n], 0), n);
         }

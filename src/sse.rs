@@ -86,7 +86,7 @@ impl SseParser {
         let mut start = 0;
         let mut i = 0;
         while i < chunk.len() {
-            let j = crate::bytescan::find2(chunk, i, b'\n', b'\r');
+            let j = memchr::memchr2(b'\n', b'\r', &chunk[i..]).map_or(chunk.len(), |k| i + k);
             if j == chunk.len() {
                 self.last_was_cr = false;
                 break;
