@@ -5,6 +5,7 @@
 //!   filters, statistics); pure and synchronous.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`h1wire`]: HTTP/1.1 heads (parse, rewrite for the next hop) and chunked framing; pure.
 //! - [`prom`]: Prometheus text exposition parser (scraping servers' `/metrics`); pure.
 //! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
 //! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
@@ -22,6 +23,7 @@
 pub mod bytescan;
 pub mod cli;
 pub mod convert;
+pub mod h1wire;
 pub mod inspect;
 pub mod metrics;
 pub mod mock;

@@ -2,7 +2,7 @@
 //!
 //! For an HTTP/1.1 client towards an HTTP/1.1 upstream this replaces hyper's server and client
 //! with what nginx does: the task reads a request head into a small per-connection buffer,
-//! rewrites it ([`super::h1wire`]), writes it to an upstream socket borrowed from this I/O
+//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket borrowed from this I/O
 //! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
 //! request body client → upstream (Content-Length or chunked, the framing passed through raw),
 //! interim 1xx heads and the response head upstream → client, and then every upstream read is
@@ -19,10 +19,10 @@
 //! write completed. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
 use super::extract::{Captured, Exchange};
-use super::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use super::proxy::{classify, describe, error_json, Proxy};
 use super::rawpool::{RawPool, RawUp};
 use super::tap::{lock, Pending};
+use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use std::future::{poll_fn, Future as _};
 use std::io::{self, IoSlice};
 use std::pin::Pin;

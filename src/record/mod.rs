@@ -6,7 +6,7 @@
 //! records off the forwarding path. Module map:
 //! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
 //! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;
-//! - `h1` + `h1wire` + `rawpool`: retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`,
+//! - `h1` + `rawpool` (+ the pure leaf [`crate::h1wire`]): retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`,
 //!   the default): HTTP/1.1 clients to an HTTP/1.1 upstream without hyper;
 //! - `upstream`: the pooled plain/TLS client;
 //! - `tap`: body wrappers (invariant 1: forward untouched, note only);
@@ -19,7 +19,6 @@
 pub mod admin;
 pub mod extract;
 pub mod h1;
-pub mod h1wire;
 pub mod pool;
 pub mod prompt;
 pub mod proxy;

@@ -106,7 +106,7 @@ async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
 
 /// Decodes a chunked body from `buf` (reading more as needed) with the library's decoder.
 async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    let mut d = record::h1wire::ChunkedDecoder::new();
+    let mut d = retrace::h1wire::ChunkedDecoder::new();
     let mut out = Vec::new();
     loop {
         let n = d.feed(buf, |a, b| out.extend_from_slice(&buf[a..b])).ok()?;
@@ -169,7 +169,7 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
                 .header("transfer-encoding")
                 .is_some_and(|v| v.contains("chunked"))
             {
-                let mut d = record::h1wire::ChunkedDecoder::new();
+                let mut d = retrace::h1wire::ChunkedDecoder::new();
                 loop {
                     let mut body = Vec::new();
                     let k = d

@@ -1,4 +1,5 @@
-//! HTTP/1.1 wire format for retrace's own forwarding loop (`h1`): message heads and chunked framing.
+//! HTTP/1.1 wire format for retrace's own forwarding loop (`record::h1`) and HTTP/1.1 clients:
+//! message heads and chunked framing.
 //!
 //! [`parse_request`] and [`parse_response`] read one head with `httparse`, decide how its body is
 //! framed (RFC 9112 §6.3) and write the rewritten head for the next hop: hop-by-hop headers
