@@ -283,7 +283,7 @@ pub struct ChunkInfo {
 
 /// Parses one SSE `data:` payload (not `[DONE]`) or a non-streamed response body.
 ///
-/// Ordinary chunks go through [`scan_chunk`], a single pass over the bytes that builds no JSON
+/// Ordinary chunks go through `scan_chunk`, a single pass over the bytes that builds no JSON
 /// values; anything it is not sure about (an error, `metrics`, a `\u` escape, a duplicate key it
 /// reads, malformed JSON) goes through the general `serde_json` path, which decides. The two
 /// agree on every chunk the scan answers (tests: real vLLM 0.32 streams and property tests over

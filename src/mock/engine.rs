@@ -331,7 +331,7 @@ pub struct EngineGone;
 /// New requests handed to the engine without waking its thread when it will look anyway before
 /// the request's first event can be due: a burst of C arrivals costs the engine thread one
 /// wake-up instead of C (each a futex wake and a context switch competing with the HTTP threads
-/// for the CPU). The engine publishes when it next looks ([`Inbox::wake_at`]); a request whose
+/// for the CPU). The engine publishes when it next looks (`Inbox::wake_at`); a request whose
 /// first event may be due sooner (`arrival + lead`) wakes it. `lead` is the fixed TTFT, or the
 /// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
 /// wakes it, as before).
