@@ -304,16 +304,28 @@ pub fn incomplete_limit(have: usize) -> Result<(), HeadError> {
     }
 }
 
-/// Parses one response head at the start of `buf` and writes the head for the client to `out`.
-/// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
-/// forwards them and parses again.
-pub fn parse_response(
+/// Parses one response head at the start of `buf` for a client that consumes the body itself
+/// (the replayer): the same framing and reuse decisions as [`parse_response`], without writing a
+/// head for another hop. `head_request`: the request was `HEAD` (no body whatever the headers
+/// say). `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
+/// skips `len` bytes and parses again.
+pub fn parse_response_head(
     buf: &[u8],
-    o: ResponseOptions,
-    out: &mut Vec<u8>,
+    head_request: bool,
 ) -> Result<Option<ResponseHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
+    let len = match parse_head(&mut resp, buf)? {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    response_head(&resp, len, head_request).map(|(h, _)| Some(h))
+}
+
+fn parse_head<'h, 'b>(
+    resp: &mut httparse::Response<'h, 'b>,
+    buf: &'b [u8],
+) -> Result<Option<usize>, HeadError> {
     let len = match resp.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
@@ -323,17 +335,25 @@ pub fn parse_response(
     if len > MAX_HEAD {
         return Err(HeadError::TooLarge);
     }
+    Ok(Some(len))
+}
+
+/// Framing and reuse of a parsed response head; also its `Content-Length`, if any.
+fn response_head(
+    resp: &httparse::Response<'_, '_>,
+    len: usize,
+    head_request: bool,
+) -> Result<(ResponseHead, Option<u64>), HeadError> {
     let status = resp.code.unwrap_or(0);
-    let reason = resp.reason.unwrap_or("");
     let http10 = resp.version == Some(0);
-    let headers = resp.headers;
+    let headers: &[httparse::Header<'_>] = resp.headers;
     let interim = (100..200).contains(&status);
     if status == 101 {
         // Upgrade is hop-by-hop and never forwarded, so a switch cannot have been asked for.
         return Err(HeadError::Malformed("unrequested 101 switching protocols"));
     }
     let (chunked, length) = framing_fields(headers)?;
-    let body = if interim || status == 204 || status == 304 || o.head_request {
+    let body = if interim || status == 204 || status == 304 || head_request {
         Framing::None
     } else {
         match (chunked, length) {
@@ -352,6 +372,37 @@ pub fn parse_response(
         .find(|h| eq(h.name, "content-type"))
         .and_then(|h| std::str::from_utf8(h.value).ok())
         .map(str::to_string);
+    Ok((
+        ResponseHead {
+            len,
+            status,
+            body,
+            reusable,
+            content_type,
+        },
+        length,
+    ))
+}
+
+/// Parses one response head at the start of `buf` and writes the head for the client to `out`.
+/// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
+/// forwards them and parses again.
+pub fn parse_response(
+    buf: &[u8],
+    o: ResponseOptions,
+    out: &mut Vec<u8>,
+) -> Result<Option<ResponseHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match parse_head(&mut resp, buf)? {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    let (head, length) = response_head(&resp, len, o.head_request)?;
+    let (status, body) = (head.status, head.body);
+    let interim = (100..200).contains(&status);
+    let reason = resp.reason.unwrap_or("");
+    let headers: &[httparse::Header<'_>] = resp.headers;
 
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -379,13 +430,45 @@ pub fn parse_response(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Ok(Some(ResponseHead {
-        len,
-        status,
-        body,
-        reusable,
-        content_type,
-    }))
+    Ok(Some(head))
+}
+
+/// Serializes a client request with a `Content-Length` body into `out` (cleared first): request
+/// line, `Host`, the caller's `fields` (names and values as given; the caller guarantees they are
+/// valid header tokens and values), `content-length`, blank line, then `body`, so that the whole
+/// request goes out in one write. Nothing is validated or rewritten here.
+pub fn write_request<'a>(
+    method: &str,
+    path: &str,
+    host: &[u8],
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.reserve(256 + body.len());
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    field(out, b"host", host);
+    for (k, v) in fields {
+        field(out, k, v);
+    }
+    let mut digits = [0u8; 20];
+    let mut n = body.len();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    field(out, b"content-length", &digits[i..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
 }
 
 /// A malformed chunked body.
@@ -657,6 +740,82 @@ mod tests {
             .unwrap()
             .unwrap();
         (h, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn client_response_heads_match_the_forwarding_decisions() {
+        for (raw, head_req, framing, reusable) in [
+            ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\ndata", false, Framing::Chunked, true),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc", false, Framing::Length(3), false),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", true, Framing::None, true),
+            ("HTTP/1.1 500 Oops\r\ncontent-length: 0\r\n\r\n", false, Framing::None, true),
+            ("HTTP/1.0 200 OK\r\n\r\nrest", false, Framing::Close, false),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false, Framing::Close, false),
+            ("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n", false, Framing::None, true),
+        ] {
+            let h = parse_response_head(raw.as_bytes(), head_req).unwrap().unwrap();
+            assert_eq!((h.body, h.reusable), (framing, reusable), "{raw}");
+            let (fwd, _) = resp(raw, ResponseOptions { head_request: head_req, ..Default::default() });
+            assert_eq!(h, fwd, "{raw}");
+        }
+        let h = parse_response_head(b"HTTP/1.1 429 Too Many\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}", false).unwrap().unwrap();
+        assert_eq!(
+            (h.status, h.len, h.content_type.as_deref()),
+            (429, 76, Some("application/json"))
+        );
+        assert_eq!(
+            parse_response_head(b"HTTP/1.1 200 OK\r\ncontent-le", false),
+            Ok(None)
+        );
+        assert_eq!(
+            parse_response_head(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                false
+            ),
+            Err(HeadError::Malformed("conflicting content-length"))
+        );
+        assert!(matches!(
+            parse_response_head(b"SSH-2.0-x\r\n\r\n", false),
+            Err(HeadError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_response_head(b"HTTP/1.1 101 Switching\r\n\r\n", false),
+            Err(HeadError::Malformed(_))
+        ));
+        let mut big = b"HTTP/1.1 200 OK\r\nx: ".to_vec();
+        big.resize(MAX_HEAD, b'a');
+        assert_eq!(parse_response_head(&big, false), Err(HeadError::TooLarge));
+    }
+
+    #[test]
+    fn client_requests_are_serialized_in_one_buffer() {
+        let mut out = b"stale".to_vec();
+        let fields: [(&[u8], &[u8]); 2] = [
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer k"),
+        ];
+        write_request(
+            "POST",
+            "/v1/completions",
+            b"127.0.0.1:8000",
+            fields,
+            b"{\"a\":1}",
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:8000\r\ncontent-type: application/json\r\nauthorization: Bearer k\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+        );
+        let mut headers = [httparse::EMPTY_HEADER; 8];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(
+            matches!(req.parse(&out), Ok(httparse::Status::Complete(n)) if &out[n..] == b"{\"a\":1}")
+        );
+        write_request("GET", "/", b"h", [], b"", &mut out);
+        assert_eq!(
+            out,
+            b"GET / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+        );
     }
 
     #[test]
