@@ -645,6 +645,86 @@ impl ChunkedDecoder {
     }
 }
 
+/// Follows one response body of any [`Framing`] for a client that consumes it: hands out the
+/// payload and says where the body ends. The end of a [`Framing::Close`] body is the sender's
+/// close, which the caller sees (`at_eof`); this type only counts and decodes.
+#[derive(Debug, Clone)]
+pub struct BodyDecoder {
+    framing: Framing,
+    left: u64,
+    chunked: ChunkedDecoder,
+    done: bool,
+}
+
+impl BodyDecoder {
+    pub fn new(framing: Framing) -> Self {
+        BodyDecoder {
+            framing,
+            left: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            chunked: ChunkedDecoder::new(),
+            done: framing == Framing::None,
+        }
+    }
+
+    /// The whole body has been seen (never true for [`Framing::Close`]).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Consumes body bytes from `buf`, calling `payload` with each run of payload bytes (in place,
+    /// no copy); stops right after the end of the body and returns how many bytes of `buf` it used
+    /// (fewer than `buf.len()` only when the body ended inside `buf`).
+    pub fn feed(
+        &mut self,
+        buf: &[u8],
+        mut payload: impl FnMut(&[u8]),
+    ) -> Result<usize, ChunkError> {
+        if self.done {
+            return Ok(0);
+        }
+        match self.framing {
+            Framing::None => Ok(0),
+            Framing::Close => {
+                if !buf.is_empty() {
+                    payload(buf);
+                }
+                Ok(buf.len())
+            }
+            Framing::Length(_) => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                if n > 0 {
+                    payload(&buf[..n]);
+                }
+                self.left -= n as u64;
+                self.done = self.left == 0;
+                Ok(n)
+            }
+            Framing::Chunked => {
+                let n = self.chunked.feed(buf, |a, b| payload(&buf[a..b]))?;
+                self.done = self.chunked.is_done();
+                Ok(n)
+            }
+        }
+    }
+
+    /// What is missing when the connection ends now: `None` when the body is complete (a
+    /// [`Framing::Close`] body ends exactly here), otherwise why it is truncated.
+    pub fn at_eof(&self) -> Option<&'static str> {
+        match (self.done, self.framing) {
+            (true, _) | (_, Framing::Close) => None,
+            (_, Framing::Length(_)) => {
+                Some("connection closed before the end of the content-length body")
+            }
+            _ => Some("connection closed before the last chunk"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -905,6 +985,58 @@ mod tests {
             assert_eq!(n, part.len(), "stops early only when done");
         }
         Err(ChunkError("unterminated"))
+    }
+
+    fn body(
+        framing: Framing,
+        wire: &[u8],
+        cut: usize,
+    ) -> (Vec<u8>, usize, bool, Option<&'static str>) {
+        let mut d = BodyDecoder::new(framing);
+        let mut out = Vec::new();
+        let mut used = 0;
+        for part in [&wire[..cut], &wire[cut..]] {
+            let n = d.feed(part, |p| out.extend_from_slice(p)).unwrap();
+            used += n;
+            if n < part.len() {
+                break;
+            }
+        }
+        (out, used, d.is_done(), d.at_eof())
+    }
+
+    #[test]
+    fn body_decoder_follows_every_framing_at_every_cut() {
+        let chunked = b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT";
+        for cut in 0..=chunked.len() {
+            assert_eq!(
+                body(Framing::Chunked, chunked, cut),
+                (b"hello world".to_vec(), chunked.len() - 4, true, None),
+                "cut {cut}"
+            );
+        }
+        let plain = b"hello worldNEXT";
+        for cut in 0..=plain.len() {
+            assert_eq!(
+                body(Framing::Length(11), plain, cut),
+                (b"hello world".to_vec(), 11, true, None),
+                "cut {cut}"
+            );
+            assert_eq!(
+                body(Framing::Close, plain, cut),
+                (plain.to_vec(), plain.len(), false, None),
+                "cut {cut}"
+            );
+        }
+        assert_eq!(body(Framing::None, b"x", 0), (vec![], 0, true, None));
+        // Truncated bodies say so at EOF.
+        let (out, _, done, eof) = body(Framing::Length(20), plain, 3);
+        assert_eq!((out.len(), done), (plain.len(), false));
+        assert!(eof.unwrap().contains("content-length"));
+        let (_, _, done, eof) = body(Framing::Chunked, b"5\r\nhel", 2);
+        assert!(!done && eof.unwrap().contains("chunk"));
+        let mut d = BodyDecoder::new(Framing::Chunked);
+        assert!(d.feed(b"zz\r\n", |_| {}).is_err());
     }
 
     #[test]
