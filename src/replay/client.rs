@@ -1,12 +1,16 @@
 //! One request → one [`Sample`]: send a prepared body, time every SSE message, classify failures.
 //!
-//! Uses hyper 1 HTTP/1.1 connections from the replayer's own keep-alive [`Pool`] (one connection
-//! per in-flight stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a
-//! connection goes back to the pool only after its response was read to the end). Each body frame is timestamped once on arrival and fed to the
-//! SSE splitter; every complete message goes through [`crate::openai::parse_chunk`] and vLLM's
-//! timing rules ([`StreamClock`]). A failure never ends the run: it becomes a sample with an error
-//! kind — `http_<status>` (with the first bytes of the body as detail), `connect`, `reset`
-//! (connection broken mid-response), `malformed_stream` (an SSE message that is not a JSON object),
+//! Two HTTP/1.1 clients share the replayer's keep-alive [`Pool`] (one connection per in-flight
+//! stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a connection goes
+//! back to the pool only after its response was read to the end): `--http-client own` (default:
+//! [`super::h1client`]; this task owns the socket, the request is serialized into one buffer
+//! before `sent_ns`, and each socket read's payload goes straight to the SSE splitter stamped with
+//! that read's instant) and `--http-client hyper` (hyper's client connections; each body frame is
+//! stamped when this task receives it). Both feed the same `Stream` state: every complete
+//! message goes through [`crate::openai::parse_chunk`] and vLLM's timing rules ([`StreamClock`]).
+//! A failure never ends the run: it becomes a sample with an error kind — `http_<status>` (with
+//! the first bytes of the body as detail), `connect`, `reset` (connection broken mid-response,
+//! or bad framing), `malformed_stream` (an SSE message that is not a JSON object),
 //! `stream_error` (the server sent an error object in the stream), `no_content` (the stream ended
 //! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
 //! `http://` and `https://` targets (TLS in [`Pool`]); this module does not schedule or aggregate.

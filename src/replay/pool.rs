@@ -9,7 +9,10 @@
 //! reused connection before any response byte (the server closed it while idle) is retried once on
 //! a fresh connection, as browsers and hyper's own pool do. `https://` targets get rustls
 //! (ALPN `http/1.1`, trust roots from `--target-ca` or the system bundle, see [`crate::tls`]); the
-//! TLS handshake is part of the connect, so warming takes it off the clock too. No scheduling here.
+//! TLS handshake is part of the connect, so warming takes it off the clock too. It holds two kinds of
+//! connection: hyper's ([`Conn`], `--http-client hyper`, and `GET /v1/models` / scrapes) and the own
+//! client's ([`RawConn`], [`super::h1client`]); [`Pool::warm`] opens the kind the run uses. No
+//! scheduling here.
 
 use super::h1client::{RawConn, RawIo};
 use bytes::Bytes;
