@@ -84,11 +84,17 @@ async fn pieces(s: &mut TcpStream, parts: &[&[u8]]) -> std::io::Result<()> {
 /// One connection: answers requests by their `max_tokens` (the fault selector):
 /// 3 chunked, 4 Content-Length, 5 close-delimited, 6 chunked cut after two events,
 /// 7 Content-Length cut after two events, 8 HTTP 503 with a body, 9 Content-Length then the
-/// connection is closed while idle (keep-alive was not refused).
+/// connection is closed while idle (keep-alive was not refused), 10 Content-Length on a fresh
+/// connection but on a reused one the request is read and the connection closed unanswered.
 async fn serve(mut s: TcpStream, counts: Arc<Counts>) -> std::io::Result<()> {
     let mut buf = Vec::new();
+    let mut served = 0;
     while let Some(n) = read_request(&mut s, &mut buf).await {
         counts.requests.fetch_add(1, SeqCst);
+        served += 1;
+        if n == 10 && served > 1 {
+            return Ok(());
+        }
         let body = sse(n);
         let ok = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n";
         match n {
@@ -137,6 +143,10 @@ async fn serve(mut s: TcpStream, counts: Arc<Counts>) -> std::io::Result<()> {
                     msg.len()
                 );
                 s.write_all(r.as_bytes()).await?;
+            }
+            10 => {
+                let head = format!("{ok}content-length: {}\r\n\r\n{body}", body.len());
+                s.write_all(head.as_bytes()).await?;
             }
             _ => {
                 let head = format!("{ok}content-length: {}\r\n\r\n{body}", body.len());
@@ -236,4 +246,35 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
     // own: the warm connection serves 3, 4, 9; 9's idle close forces a new one for 3 and 5
     // (close-delimited); then one each for 6, 7 (cut), 8 (error: not reused) and the last 4.
     assert_eq!(results[0].2, 6, "own client connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_connection_closed_before_the_response_is_retried_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(
+        dir.path(),
+        &[(0, 10, 10, &[0]), (100, 10, 10, &[1]), (200, 10, 10, &[2])],
+    );
+    for client in ["own", "hyper"] {
+        let (url, counts) = raw_server().await;
+        let cfg = support::replay_config(&[
+            trace.to_str().unwrap(),
+            "--target",
+            &url,
+            "--model",
+            "m",
+            "--max-concurrency",
+            "1",
+            "--http-client",
+            client,
+        ])
+        .unwrap();
+        let o = replay::replay(cfg).await.unwrap();
+        let s = &o.summary;
+        assert_eq!((s.completed, s.failed), (3, 0), "{client}: {:?}", s.errors);
+        assert_eq!(s.total_output_tokens, 30, "{client}");
+        // Each reused connection swallows one request and closes: 3 answered + 2 retried.
+        assert_eq!(counts.requests.load(SeqCst), 5, "{client}");
+        assert_eq!(counts.connections.load(SeqCst), 3, "{client}");
+    }
 }
