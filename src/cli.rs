@@ -185,6 +185,10 @@ pub struct ReplayArgs {
     /// 128; never more than the number of requests; 0 = none).
     #[arg(long, value_name = "N")]
     pub warm_connections: Option<usize>,
+    /// Who sends the measured requests: `own` (retrace's own HTTP/1.1 client: the request's task
+    /// reads its socket, less CPU per streamed event) or `hyper` (hyper's client connections).
+    #[arg(long, default_value = "own", value_name = "own|hyper")]
+    pub http_client: String,
     /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
     /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
     #[arg(long)]

@@ -304,16 +304,28 @@ pub fn incomplete_limit(have: usize) -> Result<(), HeadError> {
     }
 }
 
-/// Parses one response head at the start of `buf` and writes the head for the client to `out`.
-/// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
-/// forwards them and parses again.
-pub fn parse_response(
+/// Parses one response head at the start of `buf` for a client that consumes the body itself
+/// (the replayer): the same framing and reuse decisions as [`parse_response`], without writing a
+/// head for another hop. `head_request`: the request was `HEAD` (no body whatever the headers
+/// say). `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
+/// skips `len` bytes and parses again.
+pub fn parse_response_head(
     buf: &[u8],
-    o: ResponseOptions,
-    out: &mut Vec<u8>,
+    head_request: bool,
 ) -> Result<Option<ResponseHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
+    let len = match parse_head(&mut resp, buf)? {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    response_head(&resp, len, head_request).map(|(h, _)| Some(h))
+}
+
+fn parse_head<'h, 'b>(
+    resp: &mut httparse::Response<'h, 'b>,
+    buf: &'b [u8],
+) -> Result<Option<usize>, HeadError> {
     let len = match resp.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
@@ -323,17 +335,25 @@ pub fn parse_response(
     if len > MAX_HEAD {
         return Err(HeadError::TooLarge);
     }
+    Ok(Some(len))
+}
+
+/// Framing and reuse of a parsed response head; also its `Content-Length`, if any.
+fn response_head(
+    resp: &httparse::Response<'_, '_>,
+    len: usize,
+    head_request: bool,
+) -> Result<(ResponseHead, Option<u64>), HeadError> {
     let status = resp.code.unwrap_or(0);
-    let reason = resp.reason.unwrap_or("");
     let http10 = resp.version == Some(0);
-    let headers = resp.headers;
+    let headers: &[httparse::Header<'_>] = resp.headers;
     let interim = (100..200).contains(&status);
     if status == 101 {
         // Upgrade is hop-by-hop and never forwarded, so a switch cannot have been asked for.
         return Err(HeadError::Malformed("unrequested 101 switching protocols"));
     }
     let (chunked, length) = framing_fields(headers)?;
-    let body = if interim || status == 204 || status == 304 || o.head_request {
+    let body = if interim || status == 204 || status == 304 || head_request {
         Framing::None
     } else {
         match (chunked, length) {
@@ -352,6 +372,37 @@ pub fn parse_response(
         .find(|h| eq(h.name, "content-type"))
         .and_then(|h| std::str::from_utf8(h.value).ok())
         .map(str::to_string);
+    Ok((
+        ResponseHead {
+            len,
+            status,
+            body,
+            reusable,
+            content_type,
+        },
+        length,
+    ))
+}
+
+/// Parses one response head at the start of `buf` and writes the head for the client to `out`.
+/// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
+/// forwards them and parses again.
+pub fn parse_response(
+    buf: &[u8],
+    o: ResponseOptions,
+    out: &mut Vec<u8>,
+) -> Result<Option<ResponseHead>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match parse_head(&mut resp, buf)? {
+        Some(n) => n,
+        None => return Ok(None),
+    };
+    let (head, length) = response_head(&resp, len, o.head_request)?;
+    let (status, body) = (head.status, head.body);
+    let interim = (100..200).contains(&status);
+    let reason = resp.reason.unwrap_or("");
+    let headers: &[httparse::Header<'_>] = resp.headers;
 
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -379,13 +430,45 @@ pub fn parse_response(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Ok(Some(ResponseHead {
-        len,
-        status,
-        body,
-        reusable,
-        content_type,
-    }))
+    Ok(Some(head))
+}
+
+/// Serializes a client request with a `Content-Length` body into `out` (cleared first): request
+/// line, `Host`, the caller's `fields` (names and values as given; the caller guarantees they are
+/// valid header tokens and values), `content-length`, blank line, then `body`, so that the whole
+/// request goes out in one write. Nothing is validated or rewritten here.
+pub fn write_request<'a>(
+    method: &str,
+    path: &str,
+    host: &[u8],
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    body: &[u8],
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.reserve(256 + body.len());
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    field(out, b"host", host);
+    for (k, v) in fields {
+        field(out, k, v);
+    }
+    let mut digits = [0u8; 20];
+    let mut n = body.len();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    field(out, b"content-length", &digits[i..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
 }
 
 /// A malformed chunked body.
@@ -562,6 +645,86 @@ impl ChunkedDecoder {
     }
 }
 
+/// Follows one response body of any [`Framing`] for a client that consumes it: hands out the
+/// payload and says where the body ends. The end of a [`Framing::Close`] body is the sender's
+/// close, which the caller sees (`at_eof`); this type only counts and decodes.
+#[derive(Debug, Clone)]
+pub struct BodyDecoder {
+    framing: Framing,
+    left: u64,
+    chunked: ChunkedDecoder,
+    done: bool,
+}
+
+impl BodyDecoder {
+    pub fn new(framing: Framing) -> Self {
+        BodyDecoder {
+            framing,
+            left: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            chunked: ChunkedDecoder::new(),
+            done: framing == Framing::None,
+        }
+    }
+
+    /// The whole body has been seen (never true for [`Framing::Close`]).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Consumes body bytes from `buf`, calling `payload` with each run of payload bytes (in place,
+    /// no copy); stops right after the end of the body and returns how many bytes of `buf` it used
+    /// (fewer than `buf.len()` only when the body ended inside `buf`).
+    pub fn feed(
+        &mut self,
+        buf: &[u8],
+        mut payload: impl FnMut(&[u8]),
+    ) -> Result<usize, ChunkError> {
+        if self.done {
+            return Ok(0);
+        }
+        match self.framing {
+            Framing::None => Ok(0),
+            Framing::Close => {
+                if !buf.is_empty() {
+                    payload(buf);
+                }
+                Ok(buf.len())
+            }
+            Framing::Length(_) => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                if n > 0 {
+                    payload(&buf[..n]);
+                }
+                self.left -= n as u64;
+                self.done = self.left == 0;
+                Ok(n)
+            }
+            Framing::Chunked => {
+                let n = self.chunked.feed(buf, |a, b| payload(&buf[a..b]))?;
+                self.done = self.chunked.is_done();
+                Ok(n)
+            }
+        }
+    }
+
+    /// What is missing when the connection ends now: `None` when the body is complete (a
+    /// [`Framing::Close`] body ends exactly here), otherwise why it is truncated.
+    pub fn at_eof(&self) -> Option<&'static str> {
+        match (self.done, self.framing) {
+            (true, _) | (_, Framing::Close) => None,
+            (_, Framing::Length(_)) => {
+                Some("connection closed before the end of the content-length body")
+            }
+            _ => Some("connection closed before the last chunk"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +823,82 @@ mod tests {
     }
 
     #[test]
+    fn client_response_heads_match_the_forwarding_decisions() {
+        for (raw, head_req, framing, reusable) in [
+            ("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\ndata", false, Framing::Chunked, true),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc", false, Framing::Length(3), false),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", true, Framing::None, true),
+            ("HTTP/1.1 500 Oops\r\ncontent-length: 0\r\n\r\n", false, Framing::None, true),
+            ("HTTP/1.0 200 OK\r\n\r\nrest", false, Framing::Close, false),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false, Framing::Close, false),
+            ("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n", false, Framing::None, true),
+        ] {
+            let h = parse_response_head(raw.as_bytes(), head_req).unwrap().unwrap();
+            assert_eq!((h.body, h.reusable), (framing, reusable), "{raw}");
+            let (fwd, _) = resp(raw, ResponseOptions { head_request: head_req, ..Default::default() });
+            assert_eq!(h, fwd, "{raw}");
+        }
+        let h = parse_response_head(b"HTTP/1.1 429 Too Many\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}", false).unwrap().unwrap();
+        assert_eq!(
+            (h.status, h.len, h.content_type.as_deref()),
+            (429, 76, Some("application/json"))
+        );
+        assert_eq!(
+            parse_response_head(b"HTTP/1.1 200 OK\r\ncontent-le", false),
+            Ok(None)
+        );
+        assert_eq!(
+            parse_response_head(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                false
+            ),
+            Err(HeadError::Malformed("conflicting content-length"))
+        );
+        assert!(matches!(
+            parse_response_head(b"SSH-2.0-x\r\n\r\n", false),
+            Err(HeadError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_response_head(b"HTTP/1.1 101 Switching\r\n\r\n", false),
+            Err(HeadError::Malformed(_))
+        ));
+        let mut big = b"HTTP/1.1 200 OK\r\nx: ".to_vec();
+        big.resize(MAX_HEAD, b'a');
+        assert_eq!(parse_response_head(&big, false), Err(HeadError::TooLarge));
+    }
+
+    #[test]
+    fn client_requests_are_serialized_in_one_buffer() {
+        let mut out = b"stale".to_vec();
+        let fields: [(&[u8], &[u8]); 2] = [
+            (b"content-type", b"application/json"),
+            (b"authorization", b"Bearer k"),
+        ];
+        write_request(
+            "POST",
+            "/v1/completions",
+            b"127.0.0.1:8000",
+            fields,
+            b"{\"a\":1}",
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            "POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:8000\r\ncontent-type: application/json\r\nauthorization: Bearer k\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+        );
+        let mut headers = [httparse::EMPTY_HEADER; 8];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(
+            matches!(req.parse(&out), Ok(httparse::Status::Complete(n)) if &out[n..] == b"{\"a\":1}")
+        );
+        write_request("GET", "/", b"h", [], b"", &mut out);
+        assert_eq!(
+            out,
+            b"GET / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
+    #[test]
     fn response_heads_framing_and_rewriting() {
         let o = ResponseOptions::default();
         let (h, out) = resp(
@@ -746,6 +985,58 @@ mod tests {
             assert_eq!(n, part.len(), "stops early only when done");
         }
         Err(ChunkError("unterminated"))
+    }
+
+    fn body(
+        framing: Framing,
+        wire: &[u8],
+        cut: usize,
+    ) -> (Vec<u8>, usize, bool, Option<&'static str>) {
+        let mut d = BodyDecoder::new(framing);
+        let mut out = Vec::new();
+        let mut used = 0;
+        for part in [&wire[..cut], &wire[cut..]] {
+            let n = d.feed(part, |p| out.extend_from_slice(p)).unwrap();
+            used += n;
+            if n < part.len() {
+                break;
+            }
+        }
+        (out, used, d.is_done(), d.at_eof())
+    }
+
+    #[test]
+    fn body_decoder_follows_every_framing_at_every_cut() {
+        let chunked = b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT";
+        for cut in 0..=chunked.len() {
+            assert_eq!(
+                body(Framing::Chunked, chunked, cut),
+                (b"hello world".to_vec(), chunked.len() - 4, true, None),
+                "cut {cut}"
+            );
+        }
+        let plain = b"hello worldNEXT";
+        for cut in 0..=plain.len() {
+            assert_eq!(
+                body(Framing::Length(11), plain, cut),
+                (b"hello world".to_vec(), 11, true, None),
+                "cut {cut}"
+            );
+            assert_eq!(
+                body(Framing::Close, plain, cut),
+                (plain.to_vec(), plain.len(), false, None),
+                "cut {cut}"
+            );
+        }
+        assert_eq!(body(Framing::None, b"x", 0), (vec![], 0, true, None));
+        // Truncated bodies say so at EOF.
+        let (out, _, done, eof) = body(Framing::Length(20), plain, 3);
+        assert_eq!((out.len(), done), (plain.len(), false));
+        assert!(eof.unwrap().contains("content-length"));
+        let (_, _, done, eof) = body(Framing::Chunked, b"5\r\nhel", 2);
+        assert!(!done && eof.unwrap().contains("chunk"));
+        let mut d = BodyDecoder::new(Framing::Chunked);
+        assert!(d.feed(b"zz\r\n", |_| {}).is_err());
     }
 
     #[test]

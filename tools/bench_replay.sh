@@ -21,7 +21,8 @@
 #
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
 # Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF, STAMPS,
-#      SECTIONS (default "fidelity dispatch scale trace": which sections run).
+#      SECTIONS (default "fidelity dispatch scale trace": which sections run),
+#      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--http-client hyper").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -159,6 +160,7 @@ except Exception as e:
     print(f"{C:<8} {scen:<7} {client:<7} (no result: {e}; see {path} and its log)")
 PY
 }
+read -r -a RA <<<"${REPLAY_ARGS:-}"
 for C in $CONCURRENCIES; do
   for SCEN in burst steady; do
     if [ $SCEN = burst ]; then
@@ -179,7 +181,7 @@ for C in $CONCURRENCIES; do
       export RETRACE_STAMPS="$OUT/stamps_${SCEN}_$C"
     fi
     T=$(timed "$OUT/${SCEN}_$C.log" "$BIN" replay "$OUT/${SCEN}_$C.jsonl" --target "http://127.0.0.1:$MP" \
-        --model mock-llama "${LIMIT[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
+        --model mock-llama "${LIMIT[@]}" "${RA[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
     unset RETRACE_STAMPS
     LATE=$(mock_late)
     read -r U S W <<<"$T"

@@ -4,6 +4,8 @@
 # Loopback only, bounded.
 # Usage: tools/bench_replay_cpu.sh [RETRACE_BIN ...]   (default: target/release/retrace)
 # e.g.   tools/bench_replay_cpu.sh /tmp/retrace-before target/release/retrace   (before vs after)
+#        CLIENTS="hyper own" tools/bench_replay_cpu.sh   (one binary, each --http-client in turn,
+#        alternating per run so load drift hits both alike; default: the binary's default client)
 # For each binary, the replayer runs under callgrind against a `retrace mock --fixed-timing 50,20`
 # (native, same binary) three times: R requests x T tokens with (R, T) = (40, 50), (40, 150) and
 # (120, 50), at most 20 in flight (closed loop). Marginal instructions:
@@ -32,6 +34,7 @@ gen "$T/a.jsonl" 40 50
 gen "$T/b.jsonl" 40 150
 gen "$T/c.jsonl" 120 50
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+read -r -a CL <<<"${CLIENTS:-default}"
 for bin in "${BINS[@]}"; do
   abs=$(readlink -f "$bin")
   PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -40,16 +43,22 @@ for bin in "${BINS[@]}"; do
   for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
   declare -A IR
   for k in a b c; do
-    valgrind --tool=callgrind --log-file="$T/vg_$k.log" --callgrind-out-file="$T/cg_$k.out" \
-      "$abs" replay "$T/$k.jsonl" --target "http://127.0.0.1:$PORT" --model mock-llama \
-      --max-concurrency 20 --result-json "$T/$k.json" >"$T/replay_$k.log" 2>&1
-    IR[$k]=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$T/vg_$k.log")
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["failed"] == 0, d["failed"]; assert d["completed"] > 0' "$T/$k.json"
+    for cl in "${CL[@]}"; do
+      extra=()
+      [ "$cl" != default ] && extra=(--http-client "$cl")
+      valgrind --tool=callgrind --log-file="$T/vg_$k$cl.log" --callgrind-out-file="$T/cg_$k$cl.out" \
+        "$abs" replay "$T/$k.jsonl" --target "http://127.0.0.1:$PORT" --model mock-llama \
+        --max-concurrency 20 --result-json "$T/$k$cl.json" "${extra[@]}" >"$T/replay_$k$cl.log" 2>&1
+      IR[$k$cl]=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$T/vg_$k$cl.log")
+      python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["failed"] == 0, d["failed"]; assert d["completed"] > 0' "$T/$k$cl.json"
+    done
   done
   kill $M 2>/dev/null || true
   wait $M 2>/dev/null || true
-  ev=$(( (IR[b] - IR[a]) / 4000 ))
-  rq=$(( (IR[c] - IR[a]) / 80 - 51 * ev ))
-  echo "$bin: $ev instructions per SSE event, $rq per request beyond its events (Ir ${IR[a]} / ${IR[b]} / ${IR[c]})"
+  for cl in "${CL[@]}"; do
+    ev=$(( (IR[b$cl] - IR[a$cl]) / 4000 ))
+    rq=$(( (IR[c$cl] - IR[a$cl]) / 80 - 51 * ev ))
+    echo "$bin ($cl client): $ev instructions per SSE event, $rq per request beyond its events (Ir ${IR[a$cl]} / ${IR[b$cl]} / ${IR[c$cl]})"
+  done
   [ -n "${KEEP:-}" ] && cp "$T"/cg_*.out "$KEEP"/ 2>/dev/null || true
 done

@@ -1,26 +1,36 @@
 //! One request → one [`Sample`]: send a prepared body, time every SSE message, classify failures.
 //!
-//! Uses hyper 1 HTTP/1.1 connections from the replayer's own keep-alive [`Pool`] (one connection
-//! per in-flight stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a
-//! connection goes back to the pool only after its response was read to the end). Each body frame is timestamped once on arrival and fed to the
-//! SSE splitter; every complete message goes through [`crate::openai::parse_chunk`] and vLLM's
-//! timing rules ([`StreamClock`]). A failure never ends the run: it becomes a sample with an error
-//! kind — `http_<status>` (with the first bytes of the body as detail), `connect`, `reset`
-//! (connection broken mid-response), `malformed_stream` (an SSE message that is not a JSON object),
+//! Two HTTP/1.1 clients share the replayer's keep-alive [`Pool`] (one connection per in-flight
+//! stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a connection goes
+//! back to the pool only after its response was read to the end): `--http-client own` (default:
+//! [`super::h1client`]; this task owns the socket, the request is serialized into one buffer
+//! before `sent_ns`, and each socket read's payload goes straight to the SSE splitter stamped with
+//! that read's instant) and `--http-client hyper` (hyper's client connections; each body frame is
+//! stamped when this task receives it). Both feed the same `Stream` state: every complete
+//! message goes through [`crate::openai::parse_chunk`] and vLLM's timing rules ([`StreamClock`]).
+//! A failure never ends the run: it becomes a sample with an error kind — `http_<status>` (with
+//! the first bytes of the body as detail), `connect`, `reset` (connection broken mid-response,
+//! or bad framing), `malformed_stream` (an SSE message that is not a JSON object),
 //! `stream_error` (the server sent an error object in the stream), `no_content` (the stream ended
 //! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
 //! `http://` and `https://` targets (TLS in [`Pool`]); this module does not schedule or aggregate.
 
+use crate::h1wire::{self, BodyDecoder};
 use crate::metrics::{Sample, ServerTimes, StreamClock};
 use crate::openai::parse_chunk;
 use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use hyper::header::{
+    HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING,
+};
 use hyper::{HeaderMap, Method, Uri};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::pool::{Pool, SendError};
+use super::h1client;
+use super::pool::{HttpClient, IoStamps, Pool, SendError};
 use super::request::BuiltRequest;
 
 /// Where requests go.
@@ -118,7 +128,7 @@ pub struct SendTimes {
 }
 
 /// Sends `req` now and measures it. `sent_ns` is taken immediately before handing the request
-/// to the connection pool.
+/// to the connection pool (for the own client, after the request was serialized).
 pub async fn execute(
     pool: &Pool,
     target: &Target,
@@ -127,22 +137,333 @@ pub async fn execute(
     t0: Instant,
     timeouts: Timeouts,
 ) -> Sample {
-    let mut sample = Sample {
+    let sample = Sample {
         input_tokens: req.input_tokens,
         intended_ns: times.intended_ns,
         dispatched_ns: times.dispatched_ns,
         ..Default::default()
     };
-    let fail = |mut s: Sample, kind: &str, detail: String| {
-        s.error = Some(kind.to_string());
-        s.error_detail = Some(detail);
-        s.end_ns = ns_since(t0);
-        s
-    };
     let uri = match target.uri(&req.path) {
         Ok(u) => u,
-        Err(e) => return fail(sample, "local", e),
+        Err(e) => return fail(sample, t0, "local", e),
     };
+    match pool.client() {
+        HttpClient::Own => execute_own(pool, target, req, &uri, sample, t0, timeouts).await,
+        HttpClient::Hyper => execute_hyper(pool, target, req, uri, sample, t0, timeouts).await,
+    }
+}
+
+fn fail(mut s: Sample, t0: Instant, kind: &str, detail: String) -> Sample {
+    s.error = Some(kind.to_string());
+    s.error_detail = Some(detail);
+    s.end_ns = ns_since(t0);
+    s
+}
+
+/// Diagnostic stamps: [sent, request written, response head read, first content read from the
+/// socket, first content seen here].
+type Stamps = Option<(u16, Vec<u64>)>;
+
+fn stamps_start(io: &Option<Arc<IoStamps>>, sent: u64) -> Stamps {
+    io.as_ref().map(|st| {
+        let mut v = vec![
+            sent,
+            st.last_write_ns.load(Relaxed),
+            st.last_read_ns.load(Relaxed),
+        ];
+        v.reserve(2);
+        (st.port, v)
+    })
+}
+
+fn stamps_content(stamps: &mut Stamps, io: &Option<Arc<IoStamps>>, clock: &StreamClock) {
+    if let Some((_, v)) = stamps {
+        if v.len() == 3 && clock.ttft_ns().is_some() {
+            v.push(io.as_ref().map_or(0, |st| st.last_read_ns.load(Relaxed)));
+            v.push(crate::stamps::now_ns());
+        }
+    }
+}
+
+/// The measured state of one successful response's body: SSE splitting, vLLM's timing rules,
+/// server metrics, the first error.
+struct Stream {
+    is_sse: bool,
+    clock: StreamClock,
+    parser: SseParser,
+    whole: Vec<u8>,
+    err: Option<(String, String)>,
+    server: ServerTimes,
+}
+
+/// One complete message (an SSE event's data, or a whole non-SSE body) arrived at `at`.
+fn on_message(
+    data: &[u8],
+    at: u64,
+    clock: &mut StreamClock,
+    err: &mut Option<(String, String)>,
+    server: &mut ServerTimes,
+) {
+    match parse_chunk(data) {
+        Ok(info) => {
+            if let Some(e) = info.error {
+                err.get_or_insert(("stream_error".into(), e));
+                return;
+            }
+            if let Some(m) = info.metrics {
+                server.queue_ms = m.queue_time_ms.or(server.queue_ms);
+                server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
+            }
+            let usage = info.usage.map(|u| u.completion_tokens);
+            clock.on_message(at, info.has_choices, info.tokens, usage);
+        }
+        Err(e) => {
+            err.get_or_insert(("malformed_stream".into(), e));
+        }
+    }
+}
+
+impl Stream {
+    fn new(req: &BuiltRequest, sent_ns: u64, is_sse: bool) -> Stream {
+        Stream {
+            is_sse,
+            clock: StreamClock::new(req.api, sent_ns),
+            parser: SseParser::default(),
+            whole: Vec::new(),
+            err: None,
+            server: ServerTimes::default(),
+        }
+    }
+
+    /// Body payload bytes that arrived at `at`.
+    fn feed(&mut self, data: &[u8], at: u64) {
+        if !self.is_sse {
+            self.whole.extend_from_slice(data);
+            return;
+        }
+        let Stream {
+            clock,
+            parser,
+            err,
+            server,
+            ..
+        } = self;
+        parser.feed_raw(data, |ev| match ev {
+            Ok(ev) if ev.is_done() => {}
+            Ok(ev) => on_message(ev.data, at, clock, err, server),
+            Err(e) => {
+                err.get_or_insert(("malformed_stream".into(), format!("{e:?}")));
+            }
+        });
+    }
+
+    /// The body ended (or was abandoned) at `end`: the last message, then the sample.
+    fn finish(mut self, end: u64, mut sample: Sample) -> Sample {
+        let Stream {
+            is_sse,
+            clock,
+            parser,
+            whole,
+            err,
+            server,
+        } = &mut self;
+        if err.is_none() {
+            if *is_sse {
+                if let Some(ev) = parser.finish() {
+                    match ev {
+                        Ok(ev) if ev.is_done() => {}
+                        Ok(ev) => on_message(ev.data.as_bytes(), end, clock, err, server),
+                        Err(e) => *err = Some(("malformed_stream".into(), format!("{e:?}"))),
+                    }
+                }
+            } else {
+                on_message(whole, end, clock, err, server);
+            }
+        }
+        let mut err = self.err;
+        sample.end_ns = end;
+        sample.server = self.server;
+        sample.output_tokens = self.clock.output_tokens();
+        sample.ttft_ns = self.clock.ttft_ns();
+        sample.e2el_ns = self.clock.e2el_ns();
+        if err.is_none() && sample.ttft_ns.is_none() {
+            err = Some((
+                "no_content".into(),
+                "the response ended without a content message".into(),
+            ));
+        }
+        sample.itls_ns = self.clock.into_itls();
+        if let Some((kind, detail)) = err {
+            sample.error = Some(kind);
+            sample.error_detail = Some(detail);
+        }
+        sample
+    }
+}
+
+/// Headers of `target` that the own client writes: all but those it sets itself.
+fn extra_fields(target: &Target) -> impl Iterator<Item = (&[u8], &[u8])> {
+    target
+        .headers
+        .iter()
+        .filter(|(k, _)| {
+            *k != CONTENT_TYPE && *k != HOST && *k != CONTENT_LENGTH && *k != TRANSFER_ENCODING
+        })
+        .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()))
+        .chain(std::iter::once((
+            CONTENT_TYPE.as_str().as_bytes(),
+            &b"application/json"[..],
+        )))
+}
+
+/// [`execute`] on retrace's own HTTP/1.1 client ([`super::h1client`]): this task owns the
+/// socket, reads it, and feeds each read's payload to the SSE splitter with that read's instant.
+async fn execute_own(
+    pool: &Pool,
+    target: &Target,
+    req: &BuiltRequest,
+    uri: &Uri,
+    mut sample: Sample,
+    t0: Instant,
+    timeouts: Timeouts,
+) -> Sample {
+    let mut wire = Vec::new();
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    h1wire::write_request(
+        "POST",
+        path,
+        pool.host(),
+        extra_fields(target),
+        &req.body,
+        &mut wire,
+    );
+    sample.sent_ns = ns_since(t0);
+    let stamp_sent = crate::stamps::now_ns();
+    let deadline = tokio::time::Instant::now() + timeouts.total;
+    let resp = tokio::select! {
+        r = h1client::send(pool, &wire) => r,
+        _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, "timeout_idle", "no response headers".into()),
+        _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, "timeout_total", "no response headers".into()),
+    };
+    drop(wire);
+    let (mut conn, head) = match resp {
+        Ok(r) => r,
+        Err(SendError::Connect(e)) => return fail(sample, t0, "connect", e),
+        Err(SendError::Reset(e)) => return fail(sample, t0, "reset", e),
+    };
+    let mut last_data = Instant::now();
+    let is_sse = head
+        .content_type
+        .as_deref()
+        .is_some_and(|v| v.contains("event-stream"));
+    let mut stamps = stamps_start(&conn.stamps, stamp_sent);
+    let mut body = BodyDecoder::new(head.body);
+    if !(200..300).contains(&head.status) {
+        let mut text = Vec::new();
+        loop {
+            let ok = body.feed(conn.pending(), |p| text.extend_from_slice(p));
+            conn.consume_all();
+            if ok.is_err() || body.is_done() || text.len() >= 2048 {
+                break;
+            }
+            let r = tokio::select! {
+                r = conn.read() => r,
+                _ = tokio::time::sleep(timeouts.idle) => break,
+            };
+            if !matches!(r, Ok(n) if n > 0) {
+                break;
+            }
+        }
+        text.truncate(2048);
+        let detail = String::from_utf8_lossy(&text).into_owned();
+        return fail(sample, t0, &format!("http_{}", head.status), detail);
+    }
+    let mut stream = Stream::new(req, sample.sent_ns, is_sse);
+    let mut clean_end = false;
+    let mut reuse = false;
+    // Two timers for the whole body, as on the hyper path (the idle one re-armed lazily).
+    let total_sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(total_sleep);
+    let idle_sleep = tokio::time::sleep(timeouts.idle);
+    tokio::pin!(idle_sleep);
+    let mut at = last_data.saturating_duration_since(t0).as_nanos() as u64;
+    loop {
+        // The bytes of the last read (or those that came with the head), all at its instant.
+        let pending = conn.pending();
+        let fed = body.feed(pending, |p| stream.feed(p, at));
+        let extra = matches!(fed, Ok(n) if n < pending.len());
+        conn.consume_all();
+        if let Err(e) = fed {
+            stream.err.get_or_insert(("reset".into(), e.to_string()));
+            break;
+        }
+        stamps_content(&mut stamps, &conn.stamps, &stream.clock);
+        if stream.err.is_some() {
+            break;
+        }
+        if body.is_done() {
+            clean_end = true;
+            reuse = head.reusable && !extra;
+            break;
+        }
+        let r = tokio::select! {
+            biased;
+            r = conn.read() => r,
+            _ = &mut idle_sleep => {
+                let due = tokio::time::Instant::from_std(last_data + timeouts.idle);
+                if due > tokio::time::Instant::now() {
+                    idle_sleep.as_mut().reset(due);
+                    continue;
+                }
+                stream.err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
+                break;
+            }
+            _ = &mut total_sleep => {
+                stream.err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
+                break;
+            }
+        };
+        last_data = Instant::now();
+        at = last_data.saturating_duration_since(t0).as_nanos() as u64;
+        match r {
+            Ok(0) => {
+                match body.at_eof() {
+                    None => clean_end = true,
+                    Some(why) => {
+                        stream.err.get_or_insert(("reset".into(), why.to_string()));
+                    }
+                }
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                stream
+                    .err
+                    .get_or_insert(("reset".into(), format!("reading the body: {e}")));
+                break;
+            }
+        }
+    }
+    let end = ns_since(t0);
+    if let Some((port, v)) = stamps {
+        crate::stamps::record("replay", port, v);
+    }
+    if clean_end && reuse {
+        pool.checkin_raw(conn);
+    }
+    stream.finish(end, sample)
+}
+
+/// [`execute`] on hyper's HTTP/1.1 client connections.
+async fn execute_hyper(
+    pool: &Pool,
+    target: &Target,
+    req: &BuiltRequest,
+    uri: Uri,
+    mut sample: Sample,
+    t0: Instant,
+    timeouts: Timeouts,
+) -> Sample {
     let make = || {
         let mut b = hyper::Request::builder()
             .method(Method::POST)
@@ -159,13 +480,13 @@ pub async fn execute(
     let deadline = tokio::time::Instant::now() + timeouts.total;
     let resp = tokio::select! {
         r = pool.send(make) => r,
-        _ = tokio::time::sleep(timeouts.idle) => return fail(sample, "timeout_idle", "no response headers".into()),
-        _ = tokio::time::sleep_until(deadline) => return fail(sample, "timeout_total", "no response headers".into()),
+        _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, "timeout_idle", "no response headers".into()),
+        _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, "timeout_total", "no response headers".into()),
     };
     let (resp, conn) = match resp {
         Ok(r) => r,
-        Err(SendError::Connect(e)) => return fail(sample, "connect", e),
-        Err(SendError::Reset(e)) => return fail(sample, "reset", e),
+        Err(SendError::Connect(e)) => return fail(sample, t0, "connect", e),
+        Err(SendError::Reset(e)) => return fail(sample, t0, "reset", e),
     };
     let status = resp.status();
     let is_sse = resp
@@ -173,17 +494,7 @@ pub async fn execute(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("event-stream"));
-    // Diagnostic stamps: [sent, request written, response head read, first content read
-    // from the socket, first content seen here].
-    let mut stamps = conn.stamps.as_ref().map(|st| {
-        let mut v = vec![
-            stamp_sent,
-            st.last_write_ns.load(std::sync::atomic::Ordering::Relaxed),
-            st.last_read_ns.load(std::sync::atomic::Ordering::Relaxed),
-        ];
-        v.reserve(2);
-        (st.port, v)
-    });
+    let mut stamps = stamps_start(&conn.stamps, stamp_sent);
     let mut body = resp.into_body();
     if !status.is_success() {
         let mut text = Vec::new();
@@ -203,33 +514,9 @@ pub async fn execute(
         }
         text.truncate(2048);
         let detail = String::from_utf8_lossy(&text).into_owned();
-        return fail(sample, &format!("http_{}", status.as_u16()), detail);
+        return fail(sample, t0, &format!("http_{}", status.as_u16()), detail);
     }
-    let mut clock = StreamClock::new(req.api, sample.sent_ns);
-    let mut parser = SseParser::default();
-    let mut whole = Vec::new();
-    let mut err: Option<(String, String)> = None;
-    let mut server = ServerTimes::default();
-    let mut handle =
-        |data: &[u8], at: u64, clock: &mut StreamClock, err: &mut Option<(String, String)>| {
-            match parse_chunk(data) {
-                Ok(info) => {
-                    if let Some(e) = info.error {
-                        err.get_or_insert(("stream_error".into(), e));
-                        return;
-                    }
-                    if let Some(m) = info.metrics {
-                        server.queue_ms = m.queue_time_ms.or(server.queue_ms);
-                        server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
-                    }
-                    let usage = info.usage.map(|u| u.completion_tokens);
-                    clock.on_message(at, info.has_choices, info.tokens, usage);
-                }
-                Err(e) => {
-                    err.get_or_insert(("malformed_stream".into(), e));
-                }
-            }
-        };
+    let mut stream = Stream::new(req, sample.sent_ns, is_sse);
     let mut clean_end = false;
     // Two timers for the whole body, not two per frame: the idle timer is re-armed only when
     // it fires and data came since (lazily), so a streamed event costs no timer operations.
@@ -248,11 +535,11 @@ pub async fn execute(
                     idle_sleep.as_mut().reset(due);
                     continue;
                 }
-                err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
+                stream.err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
                 break;
             }
             _ = &mut total_sleep => {
-                err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
+                stream.err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
                 break;
             }
         };
@@ -264,32 +551,14 @@ pub async fn execute(
                 break;
             }
             Some(Err(e)) => {
-                err.get_or_insert(("reset".into(), error_chain(&e)));
+                stream.err.get_or_insert(("reset".into(), error_chain(&e)));
                 break;
             }
             Some(Ok(fr)) => {
                 let Ok(data) = fr.into_data() else { continue };
-                if !is_sse {
-                    whole.extend_from_slice(&data);
-                    continue;
-                }
-                parser.feed_raw(&data, |ev| match ev {
-                    Ok(ev) if ev.is_done() => {}
-                    Ok(ev) => handle(ev.data, at, &mut clock, &mut err),
-                    Err(e) => {
-                        err.get_or_insert(("malformed_stream".into(), format!("{e:?}")));
-                    }
-                });
-                if let Some((_, v)) = &mut stamps {
-                    if v.len() == 3 && clock.ttft_ns().is_some() {
-                        let read = conn.stamps.as_ref().map_or(0, |st| {
-                            st.last_read_ns.load(std::sync::atomic::Ordering::Relaxed)
-                        });
-                        v.push(read);
-                        v.push(crate::stamps::now_ns());
-                    }
-                }
-                if err.is_some() {
+                stream.feed(&data, at);
+                stamps_content(&mut stamps, &conn.stamps, &stream.clock);
+                if stream.err.is_some() {
                     break;
                 }
             }
@@ -302,36 +571,7 @@ pub async fn execute(
     if clean_end {
         pool.checkin(conn);
     }
-    if err.is_none() {
-        if is_sse {
-            if let Some(ev) = parser.finish() {
-                match ev {
-                    Ok(ev) if ev.is_done() => {}
-                    Ok(ev) => handle(ev.data.as_bytes(), end, &mut clock, &mut err),
-                    Err(e) => err = Some(("malformed_stream".into(), format!("{e:?}"))),
-                }
-            }
-        } else {
-            handle(&whole, end, &mut clock, &mut err);
-        }
-    }
-    sample.end_ns = end;
-    sample.server = server;
-    sample.output_tokens = clock.output_tokens();
-    sample.ttft_ns = clock.ttft_ns();
-    sample.e2el_ns = clock.e2el_ns();
-    if err.is_none() && sample.ttft_ns.is_none() {
-        err = Some((
-            "no_content".into(),
-            "the response ended without a content message".into(),
-        ));
-    }
-    sample.itls_ns = clock.into_itls();
-    if let Some((kind, detail)) = err {
-        sample.error = Some(kind);
-        sample.error_detail = Some(detail);
-    }
-    sample
+    stream.finish(end, sample)
 }
 
 /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.

@@ -13,6 +13,7 @@
 pub mod client;
 pub mod console;
 pub mod driver;
+pub mod h1client;
 pub mod pool;
 pub mod probe;
 pub mod request;
@@ -78,6 +79,8 @@ pub struct Config {
     pub realtime: bool,
     /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
     pub warm_connections: Option<usize>,
+    /// `--http-client`.
+    pub http_client: pool::HttpClient,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
@@ -260,6 +263,11 @@ impl Config {
                 total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
             },
             warm_connections: a.warm_connections,
+            http_client: match a.http_client.as_str() {
+                "own" => pool::HttpClient::Own,
+                "hyper" => pool::HttpClient::Hyper,
+                other => bail!("--http-client {other:?}: give own or hyper"),
+            },
             realtime: a.realtime,
             progress: std::io::stderr().is_terminal(),
             fd_limit: None,
@@ -433,7 +441,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let http = Arc::new(
         pool::Pool::new(&target, cfg.target_ca.as_deref())
             .await
-            .map_err(|e| anyhow!("--target {target_url}: {e}"))?,
+            .map_err(|e| anyhow!("--target {target_url}: {e}"))?
+            .with_client(cfg.http_client),
     );
     let model = match (&cfg.model, &embedded) {
         (Some(m), _) => m.clone(),

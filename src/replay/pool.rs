@@ -9,8 +9,12 @@
 //! reused connection before any response byte (the server closed it while idle) is retried once on
 //! a fresh connection, as browsers and hyper's own pool do. `https://` targets get rustls
 //! (ALPN `http/1.1`, trust roots from `--target-ca` or the system bundle, see [`crate::tls`]); the
-//! TLS handshake is part of the connect, so warming takes it off the clock too. No scheduling here.
+//! TLS handshake is part of the connect, so warming takes it off the clock too. It holds two kinds of
+//! connection: hyper's ([`Conn`], `--http-client hyper`, and `GET /v1/models` / scrapes) and the own
+//! client's ([`RawConn`], [`super::h1client`]); [`Pool::warm`] opens the kind the run uses. No
+//! scheduling here.
 
+use super::h1client::{RawConn, RawIo};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -107,6 +111,16 @@ pub enum SendError {
     Reset(String),
 }
 
+/// Which HTTP/1.1 client sends the measured requests (`--http-client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpClient {
+    /// retrace's own loop ([`super::h1client`]): the request task owns its socket.
+    #[default]
+    Own,
+    /// hyper 1's client connections (a connection task per connection).
+    Hyper,
+}
+
 /// A pool of connections to one address.
 pub struct Pool {
     addr: SocketAddr,
@@ -117,6 +131,10 @@ pub struct Pool {
     )>,
     host: HeaderValue,
     idle: Mutex<Vec<Conn>>,
+    /// Which client [`Pool::warm`] opens connections for.
+    client: HttpClient,
+    /// Idle connections of the own client ([`super::h1client`]), LIFO.
+    raw_idle: Mutex<Vec<RawConn>>,
 }
 
 impl Pool {
@@ -144,7 +162,69 @@ impl Pool {
             tls,
             host,
             idle: Mutex::new(Vec::new()),
+            client: HttpClient::default(),
+            raw_idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Sets which client the measured requests use (and [`Pool::warm`] warms).
+    pub fn with_client(mut self, client: HttpClient) -> Pool {
+        self.client = client;
+        self
+    }
+
+    /// The client the measured requests use.
+    pub fn client(&self) -> HttpClient {
+        self.client
+    }
+
+    /// The `Host` header value (`host:port`).
+    pub fn host(&self) -> &[u8] {
+        self.host.as_bytes()
+    }
+
+    /// Opens a connection for the own client: TCP (`TCP_NODELAY`), then TLS for `https://`.
+    pub async fn connect_raw(&self) -> Result<RawConn, String> {
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+        let _ = stream.set_nodelay(true);
+        let stamps = crate::stamps::enabled().then(|| {
+            use std::os::fd::AsRawFd;
+            Arc::new(IoStamps {
+                port: crate::stamps::port_of(stream.as_raw_fd(), true),
+                ..Default::default()
+            })
+        });
+        let io = match &self.tls {
+            Some((connector, name)) => RawIo::Tls(Box::new(
+                connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?,
+            )),
+            None => RawIo::Plain(stream),
+        };
+        Ok(RawConn::new(io, stamps))
+    }
+
+    /// The most recently used idle own-client connection that the server has not visibly closed.
+    pub fn take_raw(&self) -> Option<RawConn> {
+        let mut idle = self.raw_idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(c) = idle.pop() {
+            if c.looks_open() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Returns an own-client connection whose last response was read exactly to its end.
+    pub fn checkin_raw(&self, conn: RawConn) {
+        self.raw_idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(conn);
     }
 
     async fn connect(&self) -> Result<Conn, String> {
@@ -209,6 +289,11 @@ impl Pool {
     /// Idle connections now.
     pub fn idle_len(&self) -> usize {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
+            + self
+                .raw_idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len()
     }
 
     /// Opens up to `n` connections, at most `parallel` connects at a time; returns how many opened.
@@ -217,11 +302,19 @@ impl Pool {
         let mut left = n;
         while left > 0 {
             let k = left.min(parallel.max(1));
-            let batch = futures_join_all((0..k).map(|_| self.connect())).await;
             let mut ok = 0;
-            for s in batch.into_iter().flatten() {
-                self.checkin(s);
-                ok += 1;
+            if self.client == HttpClient::Own {
+                let batch = futures_join_all((0..k).map(|_| self.connect_raw())).await;
+                for s in batch.into_iter().flatten() {
+                    self.checkin_raw(s);
+                    ok += 1;
+                }
+            } else {
+                let batch = futures_join_all((0..k).map(|_| self.connect())).await;
+                for s in batch.into_iter().flatten() {
+                    self.checkin(s);
+                    ok += 1;
+                }
             }
             opened += ok;
             if ok == 0 {

@@ -9,6 +9,7 @@ mod record;
 mod record_h1;
 mod record_scale;
 mod replay;
+mod replay_h1;
 mod scrape;
 mod sessions;
 mod start_at;
