@@ -19,6 +19,7 @@
 //!
 //! [`run`] matches each subcommand to its module.
 
+pub mod bytescan;
 pub mod cli;
 pub mod convert;
 pub mod inspect;
@@ -30,6 +31,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod sse;
+pub mod stamps;
 pub mod synth;
 pub mod thread_timing;
 pub mod tls;

@@ -83,6 +83,11 @@ fn parse_prompt(v: &Value) -> Result<Prompt, String> {
 /// Parses a request body for `endpoint`.
 pub fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    parse_request_value(endpoint, &v)
+}
+
+/// [`parse_request`] of a body already parsed as JSON.
+pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo, String> {
     let obj = v.as_object().ok_or("body is not a JSON object")?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => None,
@@ -128,6 +133,138 @@ pub fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, St
     Ok(info)
 }
 
+/// A `/v1/completions` body with token-id prompts, as [`parse_request`] reads it, plus the two
+/// fields the mock checks besides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FastCompletion {
+    pub info: RequestInfo,
+    /// `stream_options` is present and not null.
+    pub stream_options_set: bool,
+    /// `return_token_ids` (absent or null: false).
+    pub return_token_ids: bool,
+}
+
+/// The common `/v1/completions` request (a token-id prompt, fields of the expected types) read
+/// in one pass without a JSON value tree or serde's per-element machinery (a 100-token prompt
+/// as a `Value` costs about as much as the rest of the mock's request handling). `None` for
+/// anything else (a text or batched prompt, a wrong type, an escaped string, a duplicate key,
+/// malformed JSON): use [`parse_request`], which decides and words the error. Agrees with
+/// [`parse_request`] where it answers (tested).
+pub fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
+    if !body.is_ascii() {
+        std::str::from_utf8(body).ok()?;
+    }
+    let mut s = Scan { b: body, i: 0 };
+    let mut info = RequestInfo::default();
+    let (mut max_tokens, mut max_completion_tokens) = (None, None);
+    let (mut stream_options_set, mut return_token_ids) = (false, false);
+    let mut seen = 0u32;
+    fn opt_u32(s: &mut Scan<'_>) -> Option<Option<u32>> {
+        if s.peek()? == b'n' {
+            return s.literal(b"null").map(|_| None);
+        }
+        let v = s.number()??;
+        Some(Some(u32::try_from(v).ok()?))
+    }
+    fn opt_bool(s: &mut Scan<'_>) -> Option<Option<bool>> {
+        match s.peek()? {
+            b'n' => s.literal(b"null").map(|_| None),
+            b't' => s.literal(b"true").map(|_| Some(true)),
+            b'f' => s.literal(b"false").map(|_| Some(false)),
+            _ => None,
+        }
+    }
+    s.object(|s, key| {
+        let bit = match key {
+            b"model" => 1,
+            b"prompt" => 2,
+            b"max_tokens" => 4,
+            b"max_completion_tokens" => 8,
+            b"min_tokens" => 16,
+            b"n" => 32,
+            b"ignore_eos" => 64,
+            b"stream" => 128,
+            b"temperature" => 256,
+            b"stream_options" => 512,
+            b"return_token_ids" => 1024,
+            _ => return s.skip(1),
+        };
+        once(&mut seen, bit)?;
+        match key {
+            b"model" => {
+                info.model = if s.peek()? == b'n' {
+                    s.literal(b"null")?;
+                    None
+                } else {
+                    let v = s.string()?;
+                    if v.escaped {
+                        return None;
+                    }
+                    Some(std::str::from_utf8(v.raw).ok()?.to_string())
+                };
+            }
+            b"prompt" => {
+                let mut ids = Vec::new();
+                s.array(|s| {
+                    ids.push(u32::try_from(s.number()??).ok()?);
+                    Some(())
+                })?;
+                info.prompt = Some(Prompt::TokenIds(ids));
+            }
+            b"max_tokens" => max_tokens = opt_u32(s)?,
+            b"max_completion_tokens" => max_completion_tokens = opt_u32(s)?,
+            b"min_tokens" => info.params.min_tokens = opt_u32(s)?,
+            b"n" => info.params.n = opt_u32(s)?,
+            b"ignore_eos" => info.params.ignore_eos = opt_bool(s)?,
+            b"stream" => info.params.stream = opt_bool(s)?,
+            b"return_token_ids" => return_token_ids = opt_bool(s)?.unwrap_or(false),
+            b"temperature" => {
+                info.params.temperature = if s.peek()? == b'n' {
+                    s.literal(b"null")?;
+                    None
+                } else {
+                    s.ws();
+                    let start = s.i;
+                    s.number()?;
+                    let text = std::str::from_utf8(&s.b[start..s.i]).ok()?;
+                    Some(text.parse::<f64>().ok()? as f32)
+                };
+            }
+            _ => {
+                // stream_options
+                match s.peek()? {
+                    b'n' => s.literal(b"null")?,
+                    b'{' => {
+                        stream_options_set = true;
+                        let mut oseen = 0u32;
+                        s.object(|s, k| {
+                            if k == b"include_usage" {
+                                once(&mut oseen, 1)?;
+                                info.params.include_usage = opt_bool(s)?;
+                                Some(())
+                            } else {
+                                s.skip(2)
+                            }
+                        })?;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        Some(())
+    })?;
+    s.ws();
+    if s.i != body.len() || info.prompt.is_none() {
+        return None;
+    }
+    info.params.max_tokens = max_tokens.or(max_completion_tokens);
+    Some(FastCompletion {
+        info,
+        stream_options_set,
+        return_token_ids,
+    })
+}
+
 /// What one streamed chunk (or a whole non-streamed body) says.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChunkInfo {
@@ -144,82 +281,382 @@ pub struct ChunkInfo {
     pub error: Option<String>,
 }
 
-/// The common chunk shape, borrowed: the fast path of [`parse_chunk`] (no allocation for ordinary
-/// content chunks). Anything unusual (an error, `metrics`, `token_ids`, a type we do not expect)
-/// falls back to the general path.
-#[derive(serde::Deserialize)]
-struct FastChunk<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<FastChoice<'a>>>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    metrics: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-    #[serde(default, borrow)]
-    object: Option<std::borrow::Cow<'a, str>>,
-}
-
-#[derive(serde::Deserialize)]
-struct FastChoice<'a> {
-    #[serde(default, borrow)]
-    text: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    delta: Option<FastDelta<'a>>,
-    #[serde(default, borrow)]
-    message: Option<FastDelta<'a>>,
-    #[serde(default, borrow)]
-    finish_reason: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    token_ids: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(serde::Deserialize)]
-struct FastDelta<'a> {
-    #[serde(default, borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<std::borrow::Cow<'a, str>>,
-}
-
-fn parse_chunk_fast(data: &[u8]) -> Option<ChunkInfo> {
-    let c: FastChunk = serde_json::from_slice(data).ok()?;
-    if c.metrics.is_some() || c.error.is_some() || c.object.as_deref() == Some("error") {
-        return None;
-    }
-    let mut info = ChunkInfo {
-        usage: c.usage,
-        ..Default::default()
-    };
-    if let Some(choices) = c.choices {
-        info.has_choices = !choices.is_empty();
-        for (k, ch) in choices.into_iter().enumerate() {
-            if ch.token_ids.is_some() {
-                return None;
-            }
-            if k == 0 {
-                info.finish_reason = ch.finish_reason.map(|f| f.into_owned());
-            }
-            let text = ch
-                .text
-                .or_else(|| ch.delta.as_ref().and_then(|d| d.content.clone()))
-                .or_else(|| ch.delta.as_ref().and_then(|d| d.reasoning_content.clone()))
-                .or_else(|| ch.message.as_ref().and_then(|d| d.content.clone()));
-            if text.is_some_and(|t| !t.is_empty()) {
-                info.tokens += 1;
-            }
-        }
-    }
-    Some(info)
-}
-
 /// Parses one SSE `data:` payload (not `[DONE]`) or a non-streamed response body.
+///
+/// Ordinary chunks go through [`scan_chunk`], a single pass over the bytes that builds no JSON
+/// values; anything it is not sure about (an error, `metrics`, a `\u` escape, a duplicate key it
+/// reads, malformed JSON) goes through the general `serde_json` path, which decides. The two
+/// agree on every chunk the scan answers (tests: real vLLM 0.32 streams and property tests over
+/// reshaped chunks).
 pub fn parse_chunk(data: &[u8]) -> Result<ChunkInfo, String> {
-    if let Some(info) = parse_chunk_fast(data) {
+    if let Some(info) = scan_chunk(data) {
         return Ok(info);
     }
     parse_chunk_general(data)
+}
+
+/// Nesting deeper than this is left to the general parser (serde_json's own limit is 128).
+const SCAN_MAX_DEPTH: u32 = 64;
+
+/// A forward-only JSON reader over a byte slice that validates what it skips.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+/// A string as [`scan_chunk`] needs it.
+struct Str<'a> {
+    /// The raw bytes between the quotes (escapes not decoded).
+    raw: &'a [u8],
+    escaped: bool,
+}
+
+impl<'a> Scan<'a> {
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.i).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// A string (at its opening quote). Escapes other than `\uXXXX` are accepted (not decoded);
+    /// `\u` and raw control characters end the scan (the general parser decides).
+    fn string(&mut self) -> Option<Str<'a>> {
+        self.eat(b'"')?;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            self.i = crate::bytescan::find_json_special(self.b, self.i);
+            match *self.b.get(self.i)? {
+                b'"' => {
+                    let raw = &self.b[start..self.i];
+                    self.i += 1;
+                    return Some(Str { raw, escaped });
+                }
+                b'\\' => {
+                    match self.b.get(self.i + 1)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                        _ => return None,
+                    }
+                    escaped = true;
+                    self.i += 2;
+                }
+                _ => return None, // a control character
+            }
+        }
+    }
+
+    /// A JSON number; `Some(Some(n))` when it is a non-negative integer that fits a u64.
+    fn number(&mut self) -> Option<Option<u64>> {
+        self.ws();
+        let start = self.i;
+        fn digits(s: &mut Scan<'_>) -> bool {
+            let d = s.i;
+            while let Some(b'0'..=b'9') = s.b.get(s.i) {
+                s.i += 1;
+            }
+            s.i > d
+        }
+        let neg = self.b.get(self.i) == Some(&b'-');
+        if neg {
+            self.i += 1;
+        }
+        let int_start = self.i;
+        // The integer part, accumulated as it is read (None once it overflows a u64).
+        let mut value = Some(0u64);
+        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
+            value = value.and_then(|v| v.checked_mul(10)?.checked_add(u64::from(c - b'0')));
+            self.i += 1;
+        }
+        if self.i == int_start {
+            return None;
+        }
+        if self.b[int_start] == b'0' && self.i - int_start > 1 {
+            return None; // leading zero
+        }
+        let mut integer = !neg;
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            integer = false;
+            if !digits(self) {
+                return None;
+            }
+        }
+        if let Some(b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+            integer = false;
+            if let Some(b'+' | b'-') = self.b.get(self.i) {
+                self.i += 1;
+            }
+            if !digits(self) {
+                return None;
+            }
+        }
+        if integer {
+            if let Some(v) = value {
+                return Some(Some(v));
+            }
+        }
+        // serde_json refuses a number that overflows an f64 (1e400, 400 digits).
+        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        text.parse::<f64>().ok()?.is_finite().then_some(None)
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.ws();
+        if self.b.get(self.i..self.i + word.len())? == word {
+            self.i += word.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// Skips any value, validating it.
+    fn skip(&mut self, depth: u32) -> Option<()> {
+        if depth > SCAN_MAX_DEPTH {
+            return None;
+        }
+        match self.peek()? {
+            b'"' => self.string().map(|_| ()),
+            b'{' => self.object(|s, _| s.skip(depth + 1)),
+            b'[' => self.array(|s| s.skip(depth + 1)).map(|_| ()),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number().map(|_| ()),
+            _ => None,
+        }
+    }
+
+    /// An object: `field(scan, key)` reads (or skips) the value of each key. A key with an
+    /// escape ends the scan.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            let k = self.string()?;
+            if k.escaped {
+                return None;
+            }
+            self.eat(b':')?;
+            field(self, k.raw)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// An array: `item` reads each element; returns the number of elements.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<u32> {
+        self.eat(b'[')?;
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(0);
+        }
+        let mut n = 0u32;
+        loop {
+            item(self)?;
+            n = n.checked_add(1)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Some(n);
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Marks a key as seen; a second sighting ends the scan (serde_json keeps the last value).
+fn once(seen: &mut u32, bit: u32) -> Option<()> {
+    if *seen & bit != 0 {
+        return None;
+    }
+    *seen |= bit;
+    Some(())
+}
+
+/// A text field: `Some(true)` for a non-empty string, `Some(false)` for any other value.
+fn text_value(s: &mut Scan<'_>) -> Option<bool> {
+    if s.peek()? == b'"' {
+        return Some(!s.string()?.raw.is_empty());
+    }
+    s.skip(1)?;
+    Some(false)
+}
+
+/// `delta` / `message`: presence and non-emptiness of `content` and `reasoning_content`
+/// (`None` = absent); a value that is not an object has neither.
+fn delta_value(s: &mut Scan<'_>) -> Option<(Option<bool>, Option<bool>)> {
+    if s.peek()? != b'{' {
+        s.skip(1)?;
+        return Some((None, None));
+    }
+    let (mut content, mut reasoning, mut seen) = (None, None, 0u32);
+    s.object(|s, k| match k {
+        b"content" => {
+            once(&mut seen, 1)?;
+            content = Some(text_value(s)?);
+            Some(())
+        }
+        b"reasoning_content" => {
+            once(&mut seen, 2)?;
+            reasoning = Some(text_value(s)?);
+            Some(())
+        }
+        _ => s.skip(2),
+    })?;
+    Some((content, reasoning))
+}
+
+/// One element of `choices`: the tokens it carries and its `finish_reason` (an escaped one
+/// ends the scan). Mirrors the general path: `token_ids` (an array) counts its length, else
+/// the first present of `text`, `delta.content`, `delta.reasoning_content`, `message.content`
+/// counts 1 when it is a non-empty string.
+fn scan_choice(s: &mut Scan<'_>) -> Option<(u32, Option<String>)> {
+    let (mut text, mut dc, mut dr, mut mc) = (None, None, None, None);
+    let (mut ids, mut finish, mut seen) = (None, None, 0u32);
+    s.object(|s, f| match f {
+        b"text" => {
+            once(&mut seen, 1)?;
+            text = Some(text_value(s)?);
+            Some(())
+        }
+        b"delta" => {
+            once(&mut seen, 2)?;
+            (dc, dr) = delta_value(s)?;
+            Some(())
+        }
+        b"message" => {
+            once(&mut seen, 4)?;
+            (mc, _) = delta_value(s)?;
+            Some(())
+        }
+        b"token_ids" => {
+            once(&mut seen, 8)?;
+            if s.peek()? == b'[' {
+                ids = Some(s.array(|s| s.skip(3))?);
+                Some(())
+            } else {
+                s.skip(2)
+            }
+        }
+        b"finish_reason" => {
+            once(&mut seen, 16)?;
+            if s.peek()? == b'"' {
+                let v = s.string()?;
+                if v.escaped {
+                    return None;
+                }
+                finish = Some(std::str::from_utf8(v.raw).ok()?.to_string());
+                Some(())
+            } else {
+                s.skip(2)
+            }
+        }
+        _ => s.skip(2),
+    })?;
+    let tokens = match ids {
+        Some(n) => n,
+        None => u32::from(text.or(dc).or(dr).or(mc) == Some(true)),
+    };
+    Some((tokens, finish))
+}
+
+/// The fast path of [`parse_chunk`]: `None` when the general parser must decide.
+fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
+    // serde_json refuses invalid UTF-8 anywhere, so the scan does too (ASCII checked quickly).
+    if !data.is_ascii() {
+        std::str::from_utf8(data).ok()?;
+    }
+    let mut s = Scan { b: data, i: 0 };
+    let mut info = ChunkInfo::default();
+    let mut seen = 0u32;
+    s.object(|s, key| match key {
+        b"error" | b"metrics" => None,
+        b"object" => {
+            once(&mut seen, 1)?;
+            if s.peek()? == b'"' {
+                let v = s.string()?;
+                return (!v.escaped && v.raw != b"error").then_some(());
+            }
+            s.skip(1)
+        }
+        b"usage" => {
+            once(&mut seen, 2)?;
+            match s.peek()? {
+                b'n' => s.literal(b"null"),
+                b'{' => {
+                    let mut u = Usage::default();
+                    let mut useen = 0u32;
+                    s.object(|s, k| {
+                        let slot = match k {
+                            b"prompt_tokens" => {
+                                once(&mut useen, 1)?;
+                                &mut u.prompt_tokens
+                            }
+                            b"completion_tokens" => {
+                                once(&mut useen, 2)?;
+                                &mut u.completion_tokens
+                            }
+                            _ => return s.skip(2),
+                        };
+                        *slot = match s.peek()? {
+                            b'-' | b'0'..=b'9' => s.number()?.unwrap_or(0),
+                            _ => {
+                                s.skip(2)?;
+                                0
+                            }
+                        };
+                        Some(())
+                    })?;
+                    info.usage = Some(u);
+                    Some(())
+                }
+                _ => None,
+            }
+        }
+        b"choices" => {
+            once(&mut seen, 4)?;
+            if s.peek()? != b'[' {
+                return s.skip(1);
+            }
+            let mut first = true;
+            let n = s.array(|s| {
+                let (tokens, finish) = scan_choice(s)?;
+                if first {
+                    info.finish_reason = finish;
+                    first = false;
+                }
+                info.tokens = info.tokens.checked_add(tokens)?;
+                Some(())
+            })?;
+            info.has_choices = n > 0;
+            Some(())
+        }
+        _ => s.skip(1),
+    })?;
+    s.ws();
+    (s.i == data.len()).then_some(info)
 }
 
 fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
@@ -318,6 +755,56 @@ mod tests {
         assert!(parse_request(&Endpoint::Chat, b"not json").is_err());
     }
 
+    /// The typed request path agrees with the general one wherever it answers, and answers the
+    /// bodies replay sends.
+    #[test]
+    fn fast_completion_parse_agrees_with_parse_request() {
+        let bodies: &[&str] = &[
+            r#"{"model":"m","prompt":[1,2,3],"max_tokens":5,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},"temperature":0}"#,
+            r#"{"prompt":[],"max_completion_tokens":7,"n":2,"min_tokens":1,"temperature":0.5}"#,
+            r#"{"prompt":[4],"max_tokens":null,"max_completion_tokens":3,"stream_options":null,"return_token_ids":true,"extra":{"a":[1]}}"#,
+            r#"{"prompt":[4],"stream_options":{},"return_token_ids":null,"messages":[{"role":"user"}]}"#,
+            r#"{"prompt":"text"}"#,
+            r#"{"prompt":[1,"a"]}"#,
+            r#"{"prompt":[4294967296]}"#,
+            r#"{"prompt":[1],"max_tokens":"5"}"#,
+            r#"{"prompt":[1],"max_tokens":5.0}"#,
+            r#"{"prompt":[1],"max_tokens":-1}"#,
+            r#"{"prompt":[1],"stream_options":5}"#,
+            r#"{"prompt":[1],"return_token_ids":1}"#,
+            r#"{"prompt":[1],"prompt":[2]}"#,
+            r#"{"model":null,"prompt":[[1],[2]]}"#,
+            r#"{"max_tokens":5}"#,
+            r#"[1]"#,
+            r#"{"prompt":[1]"#,
+            r#" { "prompt" : [ 1 , 2 ] , "temperature" : 1 , "stream_options" : { "x" : [ ] } } "#,
+            r#"{"model":"m\"x","prompt":[1]}"#,
+            r#"{"prompt":[01]}"#,
+            r#"{"prompt":[1],"temperature":1e400}"#,
+            r#"{"prompt":[1],"stream":"yes"}"#,
+            r#"{"prompt":[1],"stream_options":{"include_usage":true,"include_usage":false}}"#,
+        ];
+        let mut answered = 0;
+        for b in bodies {
+            let general = parse_request(&Endpoint::Completions, b.as_bytes());
+            if let Some(f) = parse_completion_fast(b.as_bytes()) {
+                answered += 1;
+                assert_eq!(Ok(f.info.clone()), general, "{b}");
+                let v: Value = serde_json::from_str(b).unwrap();
+                assert_eq!(
+                    f.stream_options_set,
+                    v.get("stream_options").is_some_and(|x| !x.is_null()),
+                    "{b}"
+                );
+                assert_eq!(
+                    f.return_token_ids,
+                    v["return_token_ids"] == Value::Bool(true)
+                );
+            }
+        }
+        assert_eq!(answered, 5);
+    }
+
     #[test]
     fn real_vllm_completion_stream() {
         let evs = events(include_bytes!(
@@ -356,29 +843,202 @@ mod tests {
         assert_eq!(parse_chunk(evs[0].as_bytes()).unwrap().tokens, 1);
     }
 
-    /// The fast path and the general path agree on every real vLLM chunk.
-    #[test]
-    fn fast_path_agrees_with_general_path() {
+    /// Every data payload of the real vLLM 0.32 streams (fixtures/vllm, copies of
+    /// /work/shared/vllm-samples), the usage+metrics chunk included.
+    fn real_chunks() -> Vec<String> {
+        let mut out = Vec::new();
         for raw in [
             &include_bytes!("../fixtures/vllm/completions_tokenids_stream.sse")[..],
             include_bytes!("../fixtures/vllm/chat_stream.sse"),
             include_bytes!("../fixtures/vllm/completions_text_stream.sse"),
             include_bytes!("../fixtures/vllm/return_token_ids_stream.sse"),
         ] {
-            for d in events(raw).iter().filter(|d| d.as_str() != "[DONE]") {
-                let general = parse_chunk_general(d.as_bytes()).unwrap();
-                if let Some(fast) = parse_chunk_fast(d.as_bytes()) {
-                    assert_eq!(fast, general, "{d}");
-                }
-                assert_eq!(parse_chunk(d.as_bytes()).unwrap(), general);
-            }
+            out.extend(events(raw).into_iter().filter(|d| d != "[DONE]"));
         }
-        assert!(parse_chunk_fast(br#"{"choices":[{"text":"a"}]}"#).is_some());
-        assert!(parse_chunk_fast(br#"{"error":{"message":"x"}}"#).is_none());
-        assert!(parse_chunk_fast(
+        let txt = include_str!("../fixtures/vllm/per_request_metrics_example.txt");
+        out.extend(
+            txt.lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter(|d| *d != "[DONE]")
+                .map(str::to_string),
+        );
+        out.extend(
+            txt.lines()
+                .filter(|l| l.starts_with('{'))
+                .map(str::to_string),
+        );
+        out
+    }
+
+    /// The scan answers every ordinary real chunk, and exactly as the general path does.
+    #[test]
+    fn scan_agrees_with_general_path_on_real_vllm_chunks() {
+        let chunks = real_chunks();
+        assert!(chunks.len() > 20, "{}", chunks.len());
+        let mut answered = 0;
+        for d in &chunks {
+            let general = parse_chunk_general(d.as_bytes()).unwrap();
+            match scan_chunk(d.as_bytes()) {
+                Some(fast) => {
+                    assert_eq!(fast, general, "{d}");
+                    answered += 1;
+                }
+                // Only the chunks carrying vLLM's `metrics` object go the general way.
+                None => assert!(d.contains("\"metrics\""), "{d}"),
+            }
+            assert_eq!(parse_chunk(d.as_bytes()).unwrap(), general);
+        }
+        assert!(
+            answered >= chunks.len() - 3,
+            "{answered} of {}",
+            chunks.len()
+        );
+        assert!(scan_chunk(br#"{"choices":[{"text":"a"}]}"#).is_some());
+        assert!(scan_chunk(br#"{"error":{"message":"x"}}"#).is_none());
+        assert!(scan_chunk(br#"{"object":"error","message":"x"}"#).is_none());
+        assert!(scan_chunk(
             br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2},"metrics":{}}"#
         )
         .is_none());
+    }
+
+    /// Hand-picked edge cases: where the scan answers, it answers as serde_json does; where
+    /// serde_json refuses the input, the scan does not answer.
+    #[test]
+    fn scan_edge_cases() {
+        let cases: &[&[u8]] = &[
+            br#"{"choices":[{"text":""}]}"#,
+            br#"{"choices":[{"text":null,"delta":{"content":"x"}}]}"#,
+            br#"{"choices":[{"delta":{"content":null,"reasoning_content":"r"}}]}"#,
+            br#"{"choices":[{"delta":{"reasoning_content":"r"}}]}"#,
+            br#"{"choices":[{"delta":"x","message":{"content":"m"}}]}"#,
+            br#"{"choices":[{"token_ids":[1,2,3],"text":""}]}"#,
+            br#"{"choices":[{"token_ids":null,"text":"a\n\"b\""}]}"#,
+            br#"{"choices":[{"text":"a","finish_reason":"st\nop"}]}"#,
+            br#"{"choices":[{"text":"\u00e9"}]}"#,
+            "{\"choices\":[{\"text\":\"é\"}],\"x\":[1.5e3,-2,0.25,true,false,null,{\"a\":[]}]}"
+                .as_bytes(),
+            br#"{"choices":[{"text":"a"},{"text":"b","finish_reason":"length"}],"usage":null}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1.0}}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":-7,"completion_tokens":"3"}}"#,
+            br#"{"choices":[],"usage":{"completion_tokens":99999999999999999999}}"#,
+            br#"{"choices":[],"usage":{}}"#,
+            br#"{"choices":[],"usage":5}"#,
+            br#"{"choices":null}"#,
+            br#"{"choices":{"text":"a"}}"#,
+            br#"{"choices":[1]}"#,
+            br#"{"choices":[{"text":"a"}],"choices":[]}"#,
+            br#"{"choices":[{"text":"a","text":""}]}"#,
+            br#"{"object":"text_completion","object":"error"}"#,
+            b" \r\n\t{ \"choices\" : [ { \"text\" : \"a\" } ] } \n",
+            br#"{"x":1e400,"choices":[]}"#,
+            br#"{"x":01,"choices":[]}"#,
+            br#"{"x":1.,"choices":[]}"#,
+            br#"{"x":-,"choices":[]}"#,
+            br#"{"x":"\q","choices":[]}"#,
+            b"{\"x\":\"a\x01\",\"choices\":[]}",
+            b"{\"choices\":[{\"text\":\"\xff\"}]}",
+            br#"{"choices":[{"text":"a"}]} x"#,
+            br#"{"choices":[{"text":"a"}],}"#,
+            br#"{"choices":[{"text":"a"},]}"#,
+            br#"{"choices":[{"text":"a"}]"#,
+            br#"[{"choices":[]}]"#,
+            br#"{"ch\"oices":[]}"#,
+            br#"{"choices":[{"text":tru}]}"#,
+            b"",
+        ];
+        for c in cases {
+            let general = parse_chunk_general(c);
+            if let Some(fast) = scan_chunk(c) {
+                assert_eq!(Ok(fast), general, "{}", String::from_utf8_lossy(c));
+            }
+            assert_eq!(parse_chunk(c), general, "{}", String::from_utf8_lossy(c));
+        }
+        // the ordinary shapes are answered by the scan
+        for c in &cases[..7] {
+            assert!(scan_chunk(c).is_some(), "{}", String::from_utf8_lossy(c));
+        }
+    }
+
+    /// Real chunks reshaped (keys reordered, whitespace, fields changed, bytes cut or inserted):
+    /// whenever the scan answers, it equals the general path.
+    #[test]
+    fn scan_agrees_with_general_path_on_reshaped_chunks() {
+        use proptest::prelude::*;
+        let chunks = real_chunks();
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 2000,
+            ..Default::default()
+        });
+        let values = prop_oneof![
+            Just(Value::Null),
+            Just(Value::String(String::new())),
+            Just(Value::String("tok".into())),
+            Just(Value::String("a\n\"b\\".into())),
+            Just(Value::String("é\u{1}".into())),
+            Just(serde_json::json!([1, 2, 3])),
+            Just(serde_json::json!({"content": "x"})),
+            Just(serde_json::json!({"content": "", "reasoning_content": "y"})),
+            Just(serde_json::json!({"prompt_tokens": 5, "completion_tokens": 9})),
+            Just(serde_json::json!(-1.5e-7)),
+            Just(serde_json::json!(12)),
+            Just(serde_json::json!(true)),
+        ];
+        let keys = prop_oneof![
+            Just("text"),
+            Just("delta"),
+            Just("message"),
+            Just("token_ids"),
+            Just("finish_reason"),
+            Just("usage"),
+            Just("object"),
+            Just("choices"),
+            Just("other"),
+        ];
+        let strat = (
+            0..chunks.len(),
+            proptest::collection::vec((keys, values, any::<bool>()), 0..4),
+            0u8..4,
+            any::<u16>(),
+            any::<u8>(),
+        );
+        runner
+            .run(&strat, |(i, edits, layout, pos, byte)| {
+                let mut v: Value = serde_json::from_str(&chunks[i]).unwrap();
+                for (k, val, in_choice) in edits {
+                    let target = if in_choice {
+                        v.get_mut("choices")
+                            .and_then(|c| c.get_mut(0))
+                            .filter(|c| c.is_object())
+                    } else {
+                        Some(&mut v)
+                    };
+                    if let Some(Value::Object(m)) = target {
+                        m.insert(k.to_string(), val);
+                    }
+                }
+                let mut text = match layout {
+                    0 => serde_json::to_string(&v).unwrap(),
+                    1 => serde_json::to_string_pretty(&v).unwrap(),
+                    _ => serde_json::to_string(&v).unwrap().replace(',', " ,\t"),
+                }
+                .into_bytes();
+                if layout == 3 && !text.is_empty() {
+                    // a cut or an inserted byte: mostly malformed
+                    let p = pos as usize % text.len();
+                    if byte % 2 == 0 {
+                        text.truncate(p);
+                    } else {
+                        text.insert(p, byte);
+                    }
+                }
+                let general = parse_chunk_general(&text);
+                if let Some(fast) = scan_chunk(&text) {
+                    prop_assert_eq!(Ok(fast), general, "{}", String::from_utf8_lossy(&text));
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[test]

@@ -64,37 +64,63 @@ impl SseParser {
 
     /// Feeds a chunk; calls `on_event` for every event completed by it.
     pub fn feed(&mut self, chunk: &[u8], mut on_event: impl FnMut(Result<SseEvent, SseError>)) {
-        let mut start = 0;
-        for (i, &b) in chunk.iter().enumerate() {
-            if b == b'\n' || b == b'\r' {
-                if b == b'\n' && self.last_was_cr && start == i {
-                    // second half of a CRLF
-                    self.last_was_cr = false;
-                    start = i + 1;
-                    continue;
-                }
-                self.push_line_bytes(&chunk[start..i]);
-                self.end_line(&mut on_event);
-                self.last_was_cr = b == b'\r';
-                start = i + 1;
-            } else {
-                self.last_was_cr = false;
-            }
-        }
-        self.push_line_bytes(&chunk[start..]);
+        self.feed_raw(chunk, |e| on_event(e.and_then(RawEvent::to_owned)));
     }
 
     /// Ends the stream: an event left without its blank line is returned (servers that close
     /// right after the last `data:` line are common).
     pub fn finish(&mut self) -> Option<Result<SseEvent, SseError>> {
         let mut out = None;
-        if !self.line.is_empty() {
-            self.end_line(&mut |e| out = Some(e));
-        }
-        if out.is_none() {
-            self.end_line(&mut |e| out = Some(e));
-        }
+        self.finish_raw(|e| out = Some(e.and_then(RawEvent::to_owned)));
         out
+    }
+
+    /// [`SseParser::feed`] without copies: each event's data is lent to `on_event` as bytes
+    /// (not checked for UTF-8; the JSON layer does that), from a buffer reused across events,
+    /// and a line that lies whole in `chunk` is read in place.
+    pub fn feed_raw(
+        &mut self,
+        chunk: &[u8],
+        mut on_event: impl FnMut(Result<RawEvent<'_>, SseError>),
+    ) {
+        let mut start = 0;
+        let mut i = 0;
+        while i < chunk.len() {
+            let j = crate::bytescan::find2(chunk, i, b'\n', b'\r');
+            if j == chunk.len() {
+                self.last_was_cr = false;
+                break;
+            }
+            let rel = j - i;
+            if rel > 0 {
+                self.last_was_cr = false;
+            }
+            let b = chunk[j];
+            if b == b'\n' && self.last_was_cr && start == j {
+                // second half of a CRLF
+                self.last_was_cr = false;
+            } else {
+                self.line_end(&chunk[start..j], &mut on_event);
+                self.last_was_cr = b == b'\r';
+            }
+            start = j + 1;
+            i = j + 1;
+        }
+        self.push_line_bytes(&chunk[start..]);
+    }
+
+    /// [`SseParser::finish`] without copies.
+    pub fn finish_raw(&mut self, mut on_event: impl FnMut(Result<RawEvent<'_>, SseError>)) {
+        let mut emitted = false;
+        if !self.line.is_empty() {
+            self.line_end(&[], &mut |e| {
+                emitted = true;
+                on_event(e)
+            });
+        }
+        if !emitted {
+            self.line_end(&[], &mut on_event);
+        }
     }
 
     fn push_line_bytes(&mut self, bytes: &[u8]) {
@@ -110,43 +136,56 @@ impl SseParser {
         self.line.extend_from_slice(bytes);
     }
 
-    fn end_line(&mut self, on_event: &mut impl FnMut(Result<SseEvent, SseError>)) {
-        if self.line.is_empty() {
-            // Blank line: dispatch.
-            if self.overflow {
-                self.overflow = false;
-                on_event(Err(SseError::EventTooLarge(self.max_event_bytes)));
-            } else if self.has_data {
-                let data = std::mem::take(&mut self.data);
-                match String::from_utf8(data) {
-                    Ok(data) => on_event(Ok(SseEvent {
-                        event: self.event.take(),
-                        data,
-                    })),
-                    Err(_) => on_event(Err(SseError::NotUtf8)),
-                }
-            }
-            self.has_data = false;
-            self.event = None;
+    /// A line ends: its bytes are what is buffered followed by `tail`.
+    fn line_end(&mut self, tail: &[u8], on_event: &mut impl FnMut(Result<RawEvent<'_>, SseError>)) {
+        if !self.overflow && self.line.len() + self.data.len() + tail.len() > self.max_event_bytes {
+            self.overflow = true;
+            self.line.clear();
             self.data.clear();
-            return;
         }
         if self.overflow {
-            self.line.clear();
+            // An over-long event was dropped: the next line end reports it.
+            self.overflow = false;
+            on_event(Err(SseError::EventTooLarge(self.max_event_bytes)));
+            self.reset_event();
             return;
         }
-        let line = std::mem::take(&mut self.line);
-        let (field, value) = match line.iter().position(|&b| b == b':') {
-            Some(0) => {
-                self.line = line;
-                self.line.clear();
-                return; // comment
+        if self.line.is_empty() {
+            self.process(tail, on_event);
+        } else {
+            self.line.extend_from_slice(tail);
+            let line = std::mem::take(&mut self.line);
+            self.process(&line, on_event);
+            self.line = line;
+            self.line.clear();
+        }
+    }
+
+    fn reset_event(&mut self) {
+        self.has_data = false;
+        self.event = None;
+        self.data.clear();
+    }
+
+    fn process(&mut self, line: &[u8], on_event: &mut impl FnMut(Result<RawEvent<'_>, SseError>)) {
+        if line.is_empty() {
+            // Blank line: dispatch.
+            if self.has_data {
+                on_event(Ok(RawEvent {
+                    event: self.event.as_deref(),
+                    data: &self.data,
+                }));
             }
+            self.reset_event();
+            return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(0) => return, // comment
             Some(p) => {
                 let v = &line[p + 1..];
                 (&line[..p], v.strip_prefix(b" ").unwrap_or(v))
             }
-            None => (&line[..], &b""[..]),
+            None => (line, &b""[..]),
         };
         match field {
             b"data" => {
@@ -159,8 +198,31 @@ impl SseParser {
             b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
             _ => {}
         }
-        self.line = line;
-        self.line.clear();
+    }
+}
+
+/// One complete event, borrowed from the parser ([`SseParser::feed_raw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawEvent<'a> {
+    pub event: Option<&'a str>,
+    /// The joined `data:` lines, as sent (not checked for UTF-8).
+    pub data: &'a [u8],
+}
+
+impl RawEvent<'_> {
+    /// `data: [DONE]`, the OpenAI end-of-stream marker.
+    pub fn is_done(&self) -> bool {
+        self.data.trim_ascii() == b"[DONE]"
+    }
+
+    fn to_owned(self) -> Result<SseEvent, SseError> {
+        match std::str::from_utf8(self.data) {
+            Ok(d) => Ok(SseEvent {
+                event: self.event.map(str::to_string),
+                data: d.to_string(),
+            }),
+            Err(_) => Err(SseError::NotUtf8),
+        }
     }
 }
 

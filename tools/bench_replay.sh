@@ -2,9 +2,12 @@
 # Benchmark of `retrace replay` against `retrace mock --fixed-timing 50,10` (both release builds,
 # separate processes, loopback only). Bounded: every run has a fixed request count.
 #
-#  1. Fidelity: 100-token outputs at 100/500/1000 concurrent streams (closed loop: all requests
-#     due at t=0, --max-concurrency C, 2*C requests, at most 2000). Reports mean TTFT (true value:
-#     50 ms), ITL mean and std (true: 10 ms, 0), and the replayer's CPU time.
+#  1. Fidelity: 100-token outputs at 100/500/1000 concurrent streams, two scenarios per level:
+#     burst (2*C requests all due at t=0, --max-concurrency C, at most 2000) and steady (3*C
+#     requests arriving uniformly, C per stream lifetime, so C streams are in flight with their
+#     phases spread; measured on the middle third). Reports mean/p99 TTFT (true: 50 ms), ITL mean
+#     and std (true: 10 ms, 0), the mock's lateness and the replayer's CPU during the run.
+#     STAMPS=1 adds the per-stage split of each run (RETRACE_STAMPS, tools/stamps_split.py).
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
 #     and achieved request rate.
 #  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
@@ -17,7 +20,8 @@
 #     HF_HOME (a word-level tokenizer.json; AIPerf will not load a plain local path offline).
 #
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
-# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF.
+# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF, STAMPS,
+#      SECTIONS (default "fidelity dispatch scale trace": which sections run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -31,7 +35,9 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$BIN" mock --listen "127.0.0.1:$PORT" --fixed-timing 50,10 --max-num-seqs 100000 >"$OUT/mock.log" 2>&1 &
 MOCK=$!
-trap 'kill $MOCK 2>/dev/null || true' EXIT
+trap 'kill $MOCK ${MPID:-} ${MOCK2:-} 2>/dev/null || true' EXIT
+SECTIONS=${SECTIONS:-"fidelity dispatch scale trace"}
+has() { [[ " $SECTIONS " == *" $1 "* ]]; }
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
 
 gen() { # gen FILE N SPACING_MS OUTPUT_TOKENS
@@ -81,51 +87,131 @@ json.dump({"model_type": "gpt2"}, open(d + "config.json", "w"))
 PY
 fi
 
+if has fidelity; then
 echo "== fidelity: mock --fixed-timing 50,10, 100-token outputs (truth: TTFT 50 ms, ITL 10 ms, std 0) =="
-echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server added)"
-printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" streams reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu(u+s)/wall"
-for C in $CONCURRENCIES; do
-  N=$((2 * C)); [ $N -gt 2000 ] && N=2000
-  # a fresh mock per level, so its lateness counters cover this run only
-  P3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$BIN" mock --listen "127.0.0.1:$P3" --fixed-timing 50,10 --max-num-seqs 100000 >"$OUT/mock_$C.log" 2>&1 &
-  M3=$!
-  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$P3/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
-  gen "$OUT/closed_$C.jsonl" $N 0 100
-  T=$(timed "$OUT/closed_$C.log" "$BIN" replay "$OUT/closed_$C.jsonl" --target "http://127.0.0.1:$P3" \
-      --model mock-llama --max-concurrency "$C" --result-json "$OUT/closed_$C.json")
-  LATE=$(curl -s "http://127.0.0.1:$P3/metrics" | python3 -c '
+echo "   burst : 2C requests all due at t=0, --max-concurrency C (all C streams phase-aligned: C events"
+echo "           due at the same instant every 10 ms; C requests reach the server at one instant)"
+echo "   steady: 3C requests arriving uniformly, C per stream lifetime (1.04 s), open loop: C streams"
+echo "           in flight with phases spread; measured on requests C..2C-1 (sent in the 2nd lifetime,"
+echo "           which run while C others are in flight), whole run in brackets"
+echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server"
+echo "    added; cpu: the client's CPU seconds during the run / wall seconds of the run, setup excluded"
+echo "    (retrace: its result's client_cpu; AIPerf: whole process, setup included))"
+printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall"
+start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
+  MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$BIN" mock --listen "127.0.0.1:$MP" --fixed-timing 50,10 --max-num-seqs 100000 --enable-per-request-metrics >"$OUT/mock_$1.log" 2>&1 &
+  MPID=$!
+  for _ in $(seq 50); do curl -sf "http://127.0.0.1:$MP/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
+}
+mock_late() {
+  curl -s "http://127.0.0.1:$MP/metrics" | python3 -c '
 import sys
 s = c = p99 = 0.0
 for l in sys.stdin:
     if l.startswith("retrace_mock_emit_lateness_seconds_sum"): s = float(l.split()[-1])
     if l.startswith("retrace_mock_emit_lateness_seconds_count"): c = float(l.split()[-1])
     if l.startswith("retrace_mock_emit_lateness_quantile_seconds") and "quantile=\"0.99\"" in l: p99 = float(l.split()[-1])
-print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")')
-  read -r U S W <<<"$T"
-  read -r MT PT MI SI F <<<"$(field "$OUT/closed_$C.json" mean_ttft_ms p99_ttft_ms mean_itl_ms std_itl_ms failed)"
-  printf "%-8s %-6s %-10s %-10s %-10s %-10s %-8s %-14s %-12s\n" "$C" "$N" "$MT" "$PT" "$MI" "$SI" "$F" "$LATE" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
-  if [ -n "${AIPERF:-}" ]; then
-    T=$(HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 timed "$OUT/aiperf_$C.log" timeout 600 "$AIPERF" profile --model mock-llama \
-        --url "http://127.0.0.1:$P3" --endpoint-type completions --streaming --concurrency "$C" \
-        --request-count "$N" --isl 100 --osl 100 --use-server-token-count --ui none --no-server-metrics \
-        --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true --artifact-dir "$OUT/aiperf_$C")
-    read -r U S W <<<"$T"
-    python3 - "$OUT/aiperf_$C/profile_export_aiperf.json" "$C" "$N" "$U" "$S" "$W" <<'PY'
+print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")'
+}
+# summary C SCENARIO CLIENT N RESULT LATE CPU WALL: one table row (window = requests C..2C-1 in steady)
+summary() {
+  python3 - "$@" <<'PY'
 import json, sys
+C, scen, client, n, path, late, cpu, wall = sys.argv[1:9]
+C = int(C)
+def stats(ttfts, itls):
+    import statistics
+    t = sorted(ttfts)
+    p99 = t[min(len(t) - 1, int(round(0.99 * (len(t) - 1))))] if t else float("nan")
+    flat = [x for v in itls for x in v]
+    m = sum(flat) / len(flat) if flat else float("nan")
+    sd = (sum((x - m) ** 2 for x in flat) / len(flat)) ** 0.5 if flat else float("nan")
+    return sum(t) / len(t), p99, m, sd
 try:
-    d = json.load(open(sys.argv[1]))
-    t, icl = d["time_to_first_token"], d["inter_chunk_latency"]
-    fail = d.get("error_request_count", {}).get("avg", 0) if isinstance(d.get("error_request_count"), dict) else 0
-    cpu = float(sys.argv[4]) + float(sys.argv[5])
-    print(f"{'aiperf':<8} {sys.argv[3]:<6} {t['avg']:<10.3f} {t['p99']:<10.3f} {icl['avg']:<10.3f} {icl['std']:<10.3f} {fail:<8} {'-':<14} {cpu:.2f}/{float(sys.argv[6]):.2f}s")
+    if client == "retrace":
+        d = json.load(open(path))
+        ttfts = [x * 1e3 for x in d["ttfts"]]
+        itls = [[x * 1e3 for x in v] for v in d["itls"]]
+        order = sorted(range(len(ttfts)), key=lambda i: d["start_times"][i])
+        failed = d["failed"]
+    else:
+        recs = [json.loads(l) for l in open(path)]
+        recs.sort(key=lambda r: r["metadata"]["request_start_ns"])
+        get = lambda r, k: (r.get("metrics", {}).get(k) or {}).get("value")
+        ttfts = [get(r, "time_to_first_token") for r in recs]
+        itls = [get(r, "inter_chunk_latency") or [] for r in recs]
+        failed = sum(1 for t in ttfts if t is None)
+        keep = [i for i, t in enumerate(ttfts) if t is not None]
+        ttfts = [ttfts[i] for i in keep]
+        itls = [itls[i] if isinstance(itls[i], list) else [itls[i]] for i in keep]
+        order = list(range(len(ttfts)))
+    whole = stats(ttfts, itls)
+    if scen == "steady":
+        w = order[C:2 * C]
+        win = stats([ttfts[i] for i in w], [itls[i] for i in w])
+        ttft = f"{win[0]:.2f} [{whole[0]:.2f}]"
+        row = (ttft, f"{win[1]:.2f}", f"{win[2]:.3f}", f"{win[3]:.3f}")
+    else:
+        row = (f"{whole[0]:.2f}", f"{whole[1]:.2f}", f"{whole[2]:.3f}", f"{whole[3]:.3f}")
+    print(f"{C:<8} {scen:<7} {client:<7} {n:<6} {row[0]:<16} {row[1]:<10} {row[2]:<10} {row[3]:<10} {failed:<7} {late:<12} {cpu}/{wall}")
 except Exception as e:
-    print(f"aiperf   (no result: {e}; see its log)")
+    print(f"{C:<8} {scen:<7} {client:<7} (no result: {e}; see {path} and its log)")
 PY
-  fi
-  kill $M3 2>/dev/null || true
+}
+for C in $CONCURRENCIES; do
+  for SCEN in burst steady; do
+    if [ $SCEN = burst ]; then
+      N=$((2 * C)); [ $N -gt 2000 ] && N=2000
+      gen "$OUT/${SCEN}_$C.jsonl" $N 0 100
+      LIMIT=(--max-concurrency "$C")
+    else
+      N=$((3 * C))
+      gen "$OUT/${SCEN}_$C.jsonl" $N "$(python3 -c "print(1040 / $C)")" 100
+      LIMIT=()
+    fi
+    # a fresh mock per run, so its lateness counters cover this run only
+    start_mock "${SCEN}_$C"
+    if [ -n "${STAMPS:-}" ]; then
+      rm -rf "$OUT/stamps_${SCEN}_$C"; mkdir -p "$OUT/stamps_${SCEN}_$C"
+      kill $MPID; wait $MPID 2>/dev/null || true
+      RETRACE_STAMPS="$OUT/stamps_${SCEN}_$C" start_mock "${SCEN}_$C"
+      export RETRACE_STAMPS="$OUT/stamps_${SCEN}_$C"
+    fi
+    T=$(timed "$OUT/${SCEN}_$C.log" "$BIN" replay "$OUT/${SCEN}_$C.jsonl" --target "http://127.0.0.1:$MP" \
+        --model mock-llama "${LIMIT[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
+    unset RETRACE_STAMPS
+    LATE=$(mock_late)
+    read -r U S W <<<"$T"
+    read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/${SCEN}_$C.json")"
+    summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR"
+    if [ -n "${STAMPS:-}" ]; then
+      sleep 0.5
+      python3 tools/stamps_split.py "$OUT/stamps_${SCEN}_$C" | sed 's/^/      /'
+    fi
+    kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
+    if [ -n "${AIPERF:-}" ]; then
+      start_mock "aiperf_${SCEN}_$C"
+      if [ $SCEN = burst ]; then
+        MODE=(--concurrency "$C")
+      else
+        MODE=(--request-rate "$(python3 -c "print($C / 1.04)")" --arrival-pattern constant)
+      fi
+      T=$(HF_HOME="$OUT/hf" HF_HUB_OFFLINE=1 timed "$OUT/aiperf_${SCEN}_$C.log" timeout 600 "$AIPERF" profile --model mock-llama \
+          --url "http://127.0.0.1:$MP" --endpoint-type completions --streaming "${MODE[@]}" \
+          --request-count "$N" --isl 100 --osl 100 --use-server-token-count --ui none --no-server-metrics \
+          --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true --artifact-dir "$OUT/aiperf_${SCEN}_$C")
+      LATE=$(mock_late)
+      read -r U S W <<<"$T"
+      summary "$C" $SCEN aiperf "$N" "$OUT/aiperf_${SCEN}_$C/profile_export.jsonl" "$LATE" \
+        "$(python3 -c "print(f'{$U + $S:.2f}')")" "${W}s"
+      kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
+    fi
+  done
 done
 
+fi
+if has dispatch; then
 echo
 echo "== dispatch: open loop, 2-token outputs, ${RATE_SECONDS} s =="
 printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate dispatcher reqs p99_drift_ms max_drift_ms achieved_rps mean_ttft failed "cpu(u+s)/wall"
@@ -141,12 +227,14 @@ for SPEED in 1 2; do
     printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$RT" "$N" "$PD" "$MD" "$RR" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
   done
 done
+fi
+if has scale; then
 echo
 echo "== scale: 10,000 concurrent streams (mock --fixed-timing 50,1000, 5-token outputs) =="
 PORT2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$BIN" mock --listen "127.0.0.1:$PORT2" --fixed-timing 50,1000 --max-num-seqs 100000 >"$OUT/mock2.log" 2>&1 &
 MOCK2=$!
-trap 'kill $MOCK $MOCK2 2>/dev/null || true' EXIT
+trap 'kill $MOCK ${MPID:-} $MOCK2 2>/dev/null || true' EXIT
 for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT2/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
 gen "$OUT/scale.jsonl" 10000 0 5
 T=$(timed "$OUT/scale.log" "$BIN" replay "$OUT/scale.jsonl" --target "http://127.0.0.1:$PORT2" \
@@ -155,7 +243,8 @@ read -r U S W <<<"$T"
 printf "%-10s %-8s %-10s %-10s %-12s\n" completed failed peak mean_ttft "cpu(u+s)/wall"
 read -r C F P MT <<<"$(field "$OUT/scale.json" completed failed max_concurrent_requests mean_ttft_ms)"
 printf "%-10s %-8s %-10s %-10s %-12s\n" "$C" "$F" "$P" "$MT" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
-if [ -n "${AIPERF:-}" ]; then
+fi
+if has trace && [ -n "${AIPERF:-}" ]; then
   echo
   echo "== trace: first 30 requests of traces/mooncake_conversation.trace.zst, exported to Mooncake JSONL =="
   echo "   (each client against its own fresh mock --fixed-timing 50,10 that tokenizes with the same"

@@ -18,7 +18,7 @@ use super::faults::{self, FaultPlan};
 use super::prom::Stats;
 use super::stream::{Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
-use crate::openai::{parse_request, Prompt};
+use crate::openai::{parse_request_value, Prompt};
 use crate::trace::Endpoint;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -51,6 +51,8 @@ pub struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub stats: Arc<Stats>,
     pub engine: mpsc::Sender<Cmd>,
+    /// New requests go here (the engine thread is woken only when needed).
+    pub inbox: Arc<super::engine::Inbox>,
     pub next_id: AtomicU64,
     pub started_unix: u64,
 }
@@ -618,6 +620,42 @@ fn random_hex(sh: &Shared, n: u64) -> String {
     )
 }
 
+/// The general path of a request body: (what it says, `stream_options` set, `return_token_ids`
+/// or its error, checked after the model and stream options as vLLM does), or the 400 response
+/// vLLM gives.
+#[allow(clippy::type_complexity)]
+fn request_fields(
+    body: &[u8],
+    chat: bool,
+) -> Result<(crate::openai::RequestInfo, bool, Result<bool, ()>), Box<Response<MockBody>>> {
+    let raw: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Err(Box::new(error_response(
+                400,
+                &format!("JSON decode error: {e}"),
+                None,
+            )))
+        }
+    };
+    let endpoint = if chat {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let info = match parse_request_value(&endpoint, &raw) {
+        Ok(i) => i,
+        Err(e) => return Err(Box::new(error_response(400, &e, None))),
+    };
+    let stream_options_set = raw.get("stream_options").is_some_and(|v| !v.is_null());
+    let return_token_ids = match raw.get("return_token_ids") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(()),
+    };
+    Ok((info, stream_options_set, return_token_ids))
+}
+
 async fn generate(
     sh: Arc<Shared>,
     body: &[u8],
@@ -627,24 +665,19 @@ async fn generate(
     arrival: Instant,
 ) -> Result<Response<MockBody>, BoxError> {
     let fd = direct.conn.fd;
-    let raw: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return Ok(error_response(
-                400,
-                &format!("JSON decode error: {e}"),
-                None,
-            ))
-        }
-    };
-    let endpoint = if chat {
-        Endpoint::Chat
+    // The common token-id completion goes straight into its fields; anything else (and every
+    // error) through the JSON value path.
+    let fast = if chat {
+        None
     } else {
-        Endpoint::Completions
+        crate::openai::parse_completion_fast(body)
     };
-    let info = match parse_request(&endpoint, body) {
-        Ok(i) => i,
-        Err(e) => return Ok(error_response(400, &e, None)),
+    let (info, stream_options_set, return_token_ids) = match fast {
+        Some(f) => (f.info, f.stream_options_set, Ok(f.return_token_ids)),
+        None => match request_fields(body, chat) {
+            Ok(x) => x,
+            Err(r) => return Ok(*r),
+        },
     };
     if let Some(m) = &info.model {
         if *m != sh.model {
@@ -655,23 +688,19 @@ async fn generate(
             ));
         }
     }
-    if raw.get("stream_options").is_some_and(|v| !v.is_null()) && info.params.stream != Some(true) {
+    if stream_options_set && info.params.stream != Some(true) {
         return Ok(error_response(
             400,
             "Stream options can only be defined when `stream=True`.",
             Some("stream_options"),
         ));
     }
-    let return_token_ids = match raw.get("return_token_ids") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Ok(error_response(
-                400,
-                "field `return_token_ids` must be a boolean",
-                Some("return_token_ids"),
-            ))
-        }
+    let Ok(return_token_ids) = return_token_ids else {
+        return Ok(error_response(
+            400,
+            "field `return_token_ids` must be a boolean",
+            Some("return_token_ids"),
+        ));
     };
     // Prompts, tokenized.
     let mut prompts: Vec<Vec<u32>> = Vec::new();
@@ -802,6 +831,7 @@ async fn generate(
             sh.engine.clone(),
             rn,
             plan.reset_after.is_some(),
+            direct.conn.stamp_port,
         );
         let submit = Submit {
             id: rn,
@@ -810,7 +840,7 @@ async fn generate(
             faults: plan,
             tx: Out::Sink(Arc::new(StreamSink(st.clone()))),
         };
-        if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+        if sh.inbox.submit(&sh.engine, submit).is_err() {
             return Ok(error_response(503, "the engine is shutting down", None));
         }
         // Until the connection takes the stream, a dropped handler (client gone) cancels it.
@@ -825,6 +855,19 @@ async fn generate(
             chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now()).format("%a, %d %b %Y %H:%M:%S GMT")
         );
         let st = guard.disarm();
+        if crate::stamps::enabled() {
+            // first bytes read, head parsed (`arrival`), request handed to the engine
+            let c = &direct.conn;
+            crate::stamps::record(
+                "mock",
+                c.stamp_port,
+                vec![
+                    c.first_read_ns.swap(0, Relaxed),
+                    crate::stamps::mono_ns(arrival),
+                    crate::stamps::now_ns(),
+                ],
+            );
+        }
         direct.conn.take_over(Hijack {
             stream: Some(st),
             head: head.into_bytes(),
@@ -846,7 +889,7 @@ async fn generate(
         faults: plan,
         tx: Out::Chan(tx),
     };
-    if sh.engine.send(Cmd::Submit(Box::new(submit))).is_err() {
+    if sh.inbox.submit(&sh.engine, submit).is_err() {
         return Ok(error_response(503, "the engine is shutting down", None));
     }
     if stream {

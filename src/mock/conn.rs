@@ -18,7 +18,7 @@ use bytes::{Buf, Bytes};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -50,6 +50,10 @@ pub struct ConnCtx {
     /// hyper's last write attempt did not complete (it holds unsent bytes).
     blocked: AtomicBool,
     hijack: Mutex<Option<Hijack>>,
+    /// Diagnostic stamps ([`crate::stamps`]): the client's port, and when the first bytes of the
+    /// request being read arrived (0: none yet).
+    pub stamp_port: u16,
+    pub first_read_ns: AtomicU64,
 }
 
 impl ConnCtx {
@@ -91,7 +95,17 @@ impl AsyncRead for ConnIo {
             self.prefix.advance(n);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let p = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if crate::stamps::enabled()
+            && buf.filled().len() > before
+            && self.ctx.first_read_ns.load(Relaxed) == 0
+        {
+            self.ctx
+                .first_read_ns
+                .store(crate::stamps::now_ns(), Relaxed);
+        }
+        p
     }
 }
 
@@ -211,12 +225,23 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
     let _ = stream.set_nodelay(true);
     let mut stream = stream;
     let mut prefix = Bytes::new();
+    let stamp_port = if crate::stamps::enabled() {
+        crate::stamps::port_of(stream.as_raw_fd(), false)
+    } else {
+        0
+    };
     loop {
         let ctx = Arc::new(ConnCtx {
             fd: stream.as_raw_fd(),
             swallow: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
             hijack: Mutex::new(None),
+            stamp_port,
+            first_read_ns: AtomicU64::new(if prefix.is_empty() {
+                0
+            } else {
+                crate::stamps::now_ns()
+            }),
         });
         let io = ConnIo {
             stream,

@@ -320,6 +320,89 @@ pub enum Cmd {
     Submit(Box<Submit>),
     Cancel(u64),
     Shutdown,
+    /// Look at the [`Inbox`] now.
+    Wake,
+}
+
+/// The engine thread has ended (the mock is shutting down).
+#[derive(Debug)]
+pub struct EngineGone;
+
+/// New requests handed to the engine without waking its thread when it will look anyway before
+/// the request's first event can be due: a burst of C arrivals costs the engine thread one
+/// wake-up instead of C (each a futex wake and a context switch competing with the HTTP threads
+/// for the CPU). The engine publishes when it next looks ([`Inbox::wake_at`]); a request whose
+/// first event may be due sooner (`arrival + lead`) wakes it. `lead` is the fixed TTFT, or the
+/// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
+/// wakes it, as before).
+pub struct Inbox {
+    queue: std::sync::Mutex<Vec<Submit>>,
+    /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
+    /// `u64::MAX` while it waits for a command.
+    wake_at: std::sync::atomic::AtomicU64,
+    base: Instant,
+    lead: Duration,
+}
+
+impl Inbox {
+    pub fn new(lead: Duration) -> Inbox {
+        Inbox {
+            queue: std::sync::Mutex::new(Vec::new()),
+            wake_at: std::sync::atomic::AtomicU64::new(0),
+            base: Instant::now(),
+            lead,
+        }
+    }
+
+    /// The earliest instant a request's first event could be due, for a request arriving at
+    /// `arrival`.
+    pub fn lead(cfg: &EngineConfig) -> Duration {
+        match cfg.fixed {
+            Some((ttft, _)) => ttft,
+            None => Duration::from_secs_f64(cfg.cost.request_overhead_ms.max(0.0) / 1e3),
+        }
+    }
+
+    /// Hands `s` to the engine; wakes its thread only when it would look too late.
+    /// Err: the engine thread is gone (shutting down).
+    pub fn submit(&self, engine: &mpsc::Sender<Cmd>, s: Submit) -> Result<(), EngineGone> {
+        let due = (s.arrival + self.lead)
+            .saturating_duration_since(self.base)
+            .as_nanos() as u64;
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+        // After the push (the mutex orders it against the engine's last look at the queue).
+        if self.wake_at.load(std::sync::atomic::Ordering::SeqCst) > due {
+            return engine.send(Cmd::Wake).map_err(|_| EngineGone);
+        }
+        Ok(())
+    }
+
+    fn take(&self) -> Vec<Submit> {
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Publishes the engine's next look (`None`: only a command wakes it); false when requests
+    /// are already waiting (the engine must not sleep).
+    fn publish(&self, next: Option<Instant>) -> bool {
+        let ns = next.map_or(u64::MAX, |t| {
+            t.saturating_duration_since(self.base).as_nanos() as u64
+        });
+        self.wake_at
+            .store(ns.max(1), std::sync::atomic::Ordering::SeqCst);
+        let empty = self
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if !empty {
+            self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+        }
+        empty
+    }
+
+    fn awake(&self) {
+        self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 struct Req {
@@ -439,11 +522,22 @@ struct Engine {
     writer_txs: Vec<mpsc::Sender<SinkBatch>>,
 }
 
-/// Starts the engine thread.
+/// Starts the engine thread (requests come as [`Cmd::Submit`]).
 pub fn spawn(
     cfg: EngineConfig,
     stats: Arc<Stats>,
     out_tx: UnboundedSender<Batch>,
+) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
+    let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg)));
+    spawn_with_inbox(cfg, stats, out_tx, inbox)
+}
+
+/// Starts the engine thread, which also takes requests from `inbox` ([`Inbox::submit`]).
+pub fn spawn_with_inbox(
+    cfg: EngineConfig,
+    stats: Arc<Stats>,
+    out_tx: UnboundedSender<Batch>,
+    inbox: Arc<Inbox>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let mut writer_txs = Vec::new();
@@ -496,7 +590,13 @@ pub fn spawn(
                 sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
                 writer_txs,
             };
-            e.run(rx);
+            e.run(rx, &inbox);
+            // Requests queued after the last look are dropped with the engine (their responses
+            // end as on shutdown); later submits find no engine to wake and fail.
+            inbox
+                .wake_at
+                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+            drop(inbox.take());
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
             drop(e);
@@ -539,8 +639,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl Engine {
-    fn run(&mut self, rx: mpsc::Receiver<Cmd>) {
+    fn run(&mut self, rx: mpsc::Receiver<Cmd>, inbox: &Inbox) {
         loop {
+            inbox.awake();
+            for s in inbox.take() {
+                self.submit(s);
+            }
             loop {
                 match rx.try_recv() {
                     Ok(Cmd::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return,
@@ -561,6 +665,9 @@ impl Engine {
             // events due within that window go out together (one wake-up for several) and each
             // is at most `coalesce` late; an isolated event is still handed over on time.
             let wake = self.next_wake().map(|t| t.max(now + self.cfg.coalesce));
+            if !inbox.publish(wake) {
+                continue; // requests arrived meanwhile
+            }
             let cmd = match wake {
                 None => match rx.recv() {
                     Ok(c) => Some(c),
@@ -584,6 +691,7 @@ impl Engine {
                     }
                 }
             };
+            inbox.awake();
             match cmd {
                 Some(Cmd::Shutdown) => return,
                 Some(c) => self.handle(c),
@@ -615,7 +723,7 @@ impl Engine {
         match c {
             Cmd::Submit(s) => self.submit(*s),
             Cmd::Cancel(id) => self.abort(id),
-            Cmd::Shutdown => {}
+            Cmd::Shutdown | Cmd::Wake => {}
         }
     }
 
@@ -1341,6 +1449,104 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// Requests handed over through the inbox while the engine sleeps (a burst, then stragglers
+    /// while streams run) all complete, none before `arrival + ttft`, and in fixed mode the
+    /// engine is woken only when needed (it keeps on time without a wake-up per request).
+    #[test]
+    fn inbox_requests_are_served_on_time() {
+        let cfg = EngineConfig {
+            fixed: Some((Duration::from_millis(30), Duration::from_millis(5))),
+            cost: CostModel::default(),
+            max_num_seqs: 1000,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_blocks: 10_000,
+            tokens_per_event: 1,
+            seed: 1,
+            eos_prob: 0.0,
+            vocab: 1000,
+            spin: Duration::ZERO,
+            realtime: false,
+            coalesce: Duration::from_micros(50),
+            writers: 0,
+        };
+        let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg)));
+        assert_eq!(inbox.lead, Duration::from_millis(30));
+        let stats = Arc::new(Stats::new("m"));
+        let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();
+        let fwd = std::thread::spawn(move || {
+            while let Some(b) = brx.blocking_recv() {
+                for (t, e) in b {
+                    let _ = t.send(e);
+                }
+            }
+        });
+        let (tx, th) = spawn_with_inbox(cfg, stats, btx, inbox.clone()).unwrap();
+        let mut rxs = Vec::new();
+        for i in 0..60u64 {
+            if i >= 40 {
+                std::thread::sleep(Duration::from_millis(3)); // stragglers while streams run
+            }
+            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            let arrival = Instant::now();
+            inbox
+                .submit(
+                    &tx,
+                    Submit {
+                        id: i,
+                        arrival,
+                        seqs: vec![SeqIn {
+                            prompt: vec![1, 2, 3, i as u32],
+                            max_tokens: 4,
+                            min_tokens: 0,
+                            ignore_eos: true,
+                        }],
+                        faults: FaultPlan::default(),
+                        tx: Out::Chan(etx),
+                    },
+                )
+                .unwrap();
+            rxs.push((arrival, erx));
+        }
+        for (arrival, mut rx) in rxs {
+            let mut tokens = 0;
+            let mut first = None;
+            loop {
+                match rx.blocking_recv().expect("request must finish") {
+                    Emit::Tokens { at, ids, .. } => {
+                        first.get_or_insert(at);
+                        tokens += ids.len();
+                    }
+                    Emit::Done { .. } => break,
+                    Emit::Reset { .. } => panic!("no reset asked"),
+                }
+            }
+            assert_eq!(tokens, 4);
+            let first = first.unwrap();
+            assert_eq!(
+                first,
+                arrival + Duration::from_millis(30),
+                "scheduled from arrival"
+            );
+        }
+        tx.send(Cmd::Shutdown).unwrap();
+        th.join().unwrap();
+        fwd.join().unwrap();
+        // after the engine ended, a submit fails instead of waiting forever
+        let (etx, _erx) = tokio::sync::mpsc::unbounded_channel();
+        let r = inbox.submit(
+            &tx,
+            Submit {
+                id: 99,
+                arrival: Instant::now(),
+                seqs: Vec::new(),
+                faults: FaultPlan::default(),
+                tx: Out::Chan(etx),
+            },
+        );
+        assert!(r.is_err());
     }
 
     struct NoSink(std::sync::atomic::AtomicU32);

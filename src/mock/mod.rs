@@ -324,7 +324,8 @@ pub async fn start(
             }
         }
     });
-    let (etx, ethread) = match engine::spawn(ecfg, stats.clone(), btx) {
+    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg)));
+    let (etx, ethread) = match engine::spawn_with_inbox(ecfg, stats.clone(), btx, inbox.clone()) {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
@@ -340,6 +341,7 @@ pub async fn start(
         tokenizer,
         stats: stats.clone(),
         engine: etx.clone(),
+        inbox,
         next_id: AtomicU64::new(0),
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

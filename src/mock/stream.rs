@@ -21,7 +21,7 @@ use super::engine::{Cmd, Emit, Sink};
 use super::prom::Stats;
 use super::tokenize::Tokenizer;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::net::TcpStream;
@@ -63,6 +63,9 @@ pub struct Stream {
     id: u64,
     may_reset: bool,
     queued: AtomicU32,
+    first_stamped: std::sync::atomic::AtomicBool,
+    /// Diagnostic stamps ([`crate::stamps`]): the client's port (0: off).
+    stamp_port: u16,
 }
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
@@ -156,6 +159,7 @@ impl Stream {
         engine: mpsc::Sender<Cmd>,
         id: u64,
         may_reset: bool,
+        stamp_port: u16,
     ) -> Arc<Stream> {
         Arc::new(Stream {
             state: Mutex::new(State {
@@ -175,6 +179,8 @@ impl Stream {
             id,
             may_reset,
             queued: AtomicU32::new(0),
+            first_stamped: Default::default(),
+            stamp_port,
         })
     }
 
@@ -184,10 +190,27 @@ impl Stream {
     }
 
     fn record(&self, ats: &[Instant], now: Instant) {
+        if self.stamp_port != 0 {
+            // The first event of the stream (the first token): due, and handed to the socket.
+            if let Some(&first) = ats.first().filter(|_| self.queued_first()) {
+                crate::stamps::record(
+                    "mock_first",
+                    self.stamp_port,
+                    vec![crate::stamps::mono_ns(first), crate::stamps::mono_ns(now)],
+                );
+            }
+        }
         for &at in ats {
             self.stats
                 .record_lateness(now.saturating_duration_since(at).as_nanos() as i128);
         }
+    }
+
+    /// True the first time it is called (diagnostic stamps only).
+    fn queued_first(&self) -> bool {
+        self.first_stamped
+            .compare_exchange(false, true, Relaxed, Relaxed)
+            .is_ok()
     }
 
     /// Engine thread: format one event and hand it to the socket now (or queue it).

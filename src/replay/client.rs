@@ -155,6 +155,7 @@ pub async fn execute(
             .map_err(|e| e.to_string())
     };
     sample.sent_ns = ns_since(t0);
+    let stamp_sent = crate::stamps::now_ns();
     let deadline = tokio::time::Instant::now() + timeouts.total;
     let resp = tokio::select! {
         r = pool.send(make) => r,
@@ -172,6 +173,17 @@ pub async fn execute(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("event-stream"));
+    // Diagnostic stamps: [sent, request written, response head read, first content read
+    // from the socket, first content seen here].
+    let mut stamps = conn.stamps.as_ref().map(|st| {
+        let mut v = vec![
+            stamp_sent,
+            st.last_write_ns.load(std::sync::atomic::Ordering::Relaxed),
+            st.last_read_ns.load(std::sync::atomic::Ordering::Relaxed),
+        ];
+        v.reserve(2);
+        (st.port, v)
+    });
     let mut body = resp.into_body();
     if !status.is_success() {
         let mut text = Vec::new();
@@ -219,19 +231,33 @@ pub async fn execute(
             }
         };
     let mut clean_end = false;
+    // Two timers for the whole body, not two per frame: the idle timer is re-armed only when
+    // it fires and data came since (lazily), so a streamed event costs no timer operations.
+    let total_sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(total_sleep);
+    let idle_sleep = tokio::time::sleep(timeouts.idle);
+    tokio::pin!(idle_sleep);
+    let mut last_data = Instant::now();
     loop {
         let frame = tokio::select! {
+            biased;
             f = body.frame() => f,
-            _ = tokio::time::sleep(timeouts.idle) => {
+            _ = &mut idle_sleep => {
+                let due = tokio::time::Instant::from_std(last_data + timeouts.idle);
+                if due > tokio::time::Instant::now() {
+                    idle_sleep.as_mut().reset(due);
+                    continue;
+                }
                 err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
                 break;
             }
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = &mut total_sleep => {
                 err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
                 break;
             }
         };
-        let at = ns_since(t0);
+        last_data = Instant::now();
+        let at = last_data.saturating_duration_since(t0).as_nanos() as u64;
         match frame {
             None => {
                 clean_end = true;
@@ -247,13 +273,22 @@ pub async fn execute(
                     whole.extend_from_slice(&data);
                     continue;
                 }
-                parser.feed(&data, |ev| match ev {
+                parser.feed_raw(&data, |ev| match ev {
                     Ok(ev) if ev.is_done() => {}
-                    Ok(ev) => handle(ev.data.as_bytes(), at, &mut clock, &mut err),
+                    Ok(ev) => handle(ev.data, at, &mut clock, &mut err),
                     Err(e) => {
                         err.get_or_insert(("malformed_stream".into(), format!("{e:?}")));
                     }
                 });
+                if let Some((_, v)) = &mut stamps {
+                    if v.len() == 3 && clock.ttft_ns().is_some() {
+                        let read = conn.stamps.as_ref().map_or(0, |st| {
+                            st.last_read_ns.load(std::sync::atomic::Ordering::Relaxed)
+                        });
+                        v.push(read);
+                        v.push(crate::stamps::now_ns());
+                    }
+                }
                 if err.is_some() {
                     break;
                 }
@@ -261,6 +296,9 @@ pub async fn execute(
         }
     }
     let end = ns_since(t0);
+    if let Some((port, v)) = stamps {
+        crate::stamps::record("replay", port, v);
+    }
     if clean_end {
         pool.checkin(conn);
     }

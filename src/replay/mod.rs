@@ -615,6 +615,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         )
     });
     let sends: Vec<(usize, u64)> = plan.iter().enumerate().map(|(i, p)| (i, p.at_ns)).collect();
+    // The process's CPU time before the clock (trace, bodies, connections) and during the run.
+    let cpu_setup_s = process_cpu_s();
     let mut failed = 0u64;
     let driven = driver::drive(
         sends,
@@ -639,9 +641,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         },
     )
     .await;
+    let cpu_run_s = process_cpu_s() - cpu_setup_s;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
+    crate::stamps::flush();
     let probes = match (prober, cfg.probe_rate) {
         (Some(p), Some(rate)) => {
             let samples = p.finish().await;
@@ -670,6 +674,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         }
         None => None,
     };
+    let embedded_target = embedded.is_some();
     if let Some(e) = embedded {
         e.handle.shutdown().await;
     }
@@ -741,6 +746,14 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         if let Some(at) = cfg.start_at {
             m.insert("start_at".into(), serde_json::json!(start::display(at)));
         }
+        m.insert(
+            "client_cpu".into(),
+            serde_json::json!({
+                "setup_s": cpu_setup_s,
+                "run_s": cpu_run_s,
+                "embedded_target": embedded_target,
+            }),
+        );
         if let Some(sm) = &server_metrics {
             m.insert("server_metrics".into(), sm.clone());
         }
@@ -774,6 +787,20 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         valid,
         sessions: session_report,
     })
+}
+
+/// User + system CPU time of this process so far, seconds (0 where unknown).
+fn process_cpu_s() -> f64 {
+    #[cfg(unix)]
+    // SAFETY: getrusage writes one rusage struct to a valid pointer.
+    unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut r) == 0 {
+            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            return tv(r.ru_utime) + tv(r.ru_stime);
+        }
+    }
+    0.0
 }
 
 /// Percentiles of our own sections (sessions, probes): 50 and 99 always, then `--percentiles`.

@@ -20,9 +20,83 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 type Sender = SendRequest<Full<Bytes>>;
+
+/// One keep-alive connection: hyper's request sender, and its socket's last read/write instants
+/// when diagnostic stamps are on ([`crate::stamps`]).
+pub struct Conn {
+    sender: Sender,
+    pub stamps: Option<Arc<IoStamps>>,
+}
+
+/// A connection's socket activity, on `CLOCK_MONOTONIC` (diagnostic stamps only).
+#[derive(Debug, Default)]
+pub struct IoStamps {
+    /// The local port (the server sees it as the peer port).
+    pub port: u16,
+    /// End of the last write, and the last read that returned bytes.
+    pub last_write_ns: AtomicU64,
+    pub last_read_ns: AtomicU64,
+}
+
+/// The socket as hyper sees it, noting read/write instants when stamps are on.
+struct StampIo<T> {
+    inner: T,
+    stamps: Option<Arc<IoStamps>>,
+}
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for StampIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let p = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let (Some(s), Poll::Ready(Ok(()))) = (&self.stamps, &p) {
+            s.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
+        }
+        p
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for StampIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let p = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let (Some(s), Poll::Ready(Ok(_))) = (&self.stamps, &p) {
+            s.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
+        }
+        p
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let p = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let (Some(s), Poll::Ready(Ok(_))) = (&self.stamps, &p) {
+            s.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
+        }
+        p
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 /// Why a request could not get a response head.
 #[derive(Debug)]
@@ -42,7 +116,7 @@ pub struct Pool {
         rustls::pki_types::ServerName<'static>,
     )>,
     host: HeaderValue,
-    idle: Mutex<Vec<Sender>>,
+    idle: Mutex<Vec<Conn>>,
 }
 
 impl Pool {
@@ -73,51 +147,62 @@ impl Pool {
         })
     }
 
-    async fn connect(&self) -> Result<Sender, String> {
+    async fn connect(&self) -> Result<Conn, String> {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
         let _ = stream.set_nodelay(true);
+        let stamps = crate::stamps::enabled().then(|| {
+            use std::os::fd::AsRawFd;
+            Arc::new(IoStamps {
+                port: crate::stamps::port_of(stream.as_raw_fd(), true),
+                ..Default::default()
+            })
+        });
         if let Some((connector, name)) = &self.tls {
             let stream = connector
                 .connect(name.clone(), stream)
                 .await
                 .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?;
-            return self.handshake(TokioIo::new(stream)).await;
+            return self.handshake(TokioIo::new(stream), stamps).await;
         }
-        self.handshake(TokioIo::new(stream)).await
+        self.handshake(TokioIo::new(stream), stamps).await
     }
 
-    async fn handshake<T>(&self, io: T) -> Result<Sender, String>
+    async fn handshake<T>(&self, io: T, stamps: Option<Arc<IoStamps>>) -> Result<Conn, String>
     where
         T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
+        let io = StampIo {
+            inner: io,
+            stamps: stamps.clone(),
+        };
         let (sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
             .map_err(|e| format!("handshake {}: {e}", self.addr))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(sender)
+        Ok(Conn { sender, stamps })
     }
 
-    fn take_idle(&self) -> Option<Sender> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(s) = idle.pop() {
-            if s.is_ready() && !s.is_closed() {
-                return Some(s);
+        while let Some(c) = idle.pop() {
+            if c.sender.is_ready() && !c.sender.is_closed() {
+                return Some(c);
             }
         }
         None
     }
 
     /// Returns a connection whose last response was read to the end.
-    pub fn checkin(&self, sender: Sender) {
-        if !sender.is_closed() {
+    pub fn checkin(&self, conn: Conn) {
+        if !conn.sender.is_closed() {
             self.idle
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(sender);
+                .push(conn);
         }
     }
 
@@ -152,15 +237,15 @@ impl Pool {
     pub async fn send(
         &self,
         make: impl Fn() -> Result<Request<Full<Bytes>>, String>,
-    ) -> Result<(Response<Incoming>, Sender), SendError> {
+    ) -> Result<(Response<Incoming>, Conn), SendError> {
         for attempt in 0..2 {
-            let (mut sender, reused) = match self.take_idle() {
+            let (mut conn, reused) = match self.take_idle() {
                 Some(s) if attempt == 0 => (s, true),
                 _ => (self.connect().await.map_err(SendError::Connect)?, false),
             };
             let mut req = make().map_err(SendError::Connect)?;
             req.headers_mut().insert(HOST, self.host.clone());
-            if sender.ready().await.is_err() {
+            if conn.sender.ready().await.is_err() {
                 if reused {
                     continue;
                 }
@@ -168,8 +253,8 @@ impl Pool {
                     "connection closed before the request".into(),
                 ));
             }
-            match sender.send_request(req).await {
-                Ok(resp) => return Ok((resp, sender)),
+            match conn.sender.send_request(req).await {
+                Ok(resp) => return Ok((resp, conn)),
                 Err(e)
                     if reused
                         && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) =>
