@@ -17,9 +17,10 @@
 //! without their query string (API keys sometimes travel there); headers are never recorded.
 //! Pure: no I/O, no clock reads.
 
+use super::chunkmemo::ChunkMemo;
 use super::prompt::{batch_len, TextTokenizer};
 use crate::openai::{self, ChunkInfo};
-use crate::sse::SseParser;
+use crate::sse::{RawEvent, SseParser};
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, Request, Response};
 use bytes::Bytes;
@@ -195,31 +196,34 @@ impl Extractor {
             }
         };
         if is_sse {
+            // Events are lent by the splitter (no copy per event) and read through the
+            // stream's chunk template (see `chunkmemo`): the same answers as `parse_chunk`.
             let mut p = SseParser::new(4 << 20);
-            let mut on_event =
-                |at: Duration, ev: Result<crate::sse::SseEvent, _>, resp: &mut Response| {
-                    let Ok(ev) = ev else { return };
-                    if ev.is_done() {
-                        return;
-                    }
-                    let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) else {
-                        return;
-                    };
-                    let off = us(at);
-                    if c.has_choices && resp.ttft_us.is_none() {
-                        resp.ttft_us = Some(off);
-                    }
-                    resp.events.push(Event {
-                        offset_us: off,
-                        tokens: c.tokens,
-                    });
-                    absorb(&c, resp);
+            let mut memo = ChunkMemo::default();
+            resp.events.reserve(ex.chunks.len());
+            let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
+                let Ok(ev) = ev else { return };
+                if ev.is_done() {
+                    return;
+                }
+                let Ok(c) = memo.parse(ev.data) else {
+                    return;
                 };
+                let off = us(at);
+                if c.has_choices && resp.ttft_us.is_none() {
+                    resp.ttft_us = Some(off);
+                }
+                resp.events.push(Event {
+                    offset_us: off,
+                    tokens: c.tokens,
+                });
+                absorb(&c, resp);
+            };
             for (at, chunk) in &ex.chunks {
-                p.feed(chunk, |ev| on_event(*at, ev, &mut resp));
+                p.feed_raw(chunk, |ev| on_event(*at, ev, &mut resp));
             }
-            if let (Some(ev), Some((at, _))) = (p.finish(), ex.chunks.last()) {
-                on_event(*at, ev, &mut resp);
+            if let Some((at, _)) = ex.chunks.last() {
+                p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.chunks.is_empty() {
             let mut body = Vec::with_capacity(ex.response_len as usize);
