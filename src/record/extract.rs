@@ -59,6 +59,15 @@ impl Captured {
         }
     }
 
+    /// The captured body in one slice (borrowed when it came in one frame, the common case).
+    fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.chunks.as_slice() {
+            [] => std::borrow::Cow::Borrowed(&[]),
+            [one] => std::borrow::Cow::Borrowed(one),
+            _ => std::borrow::Cow::Owned(self.joined()),
+        }
+    }
+
     fn joined(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len as usize);
         for c in &self.chunks {
@@ -80,8 +89,12 @@ pub struct Exchange {
     pub status: u16,
     pub content_type: Option<String>,
     pub headers_after: Option<Duration>,
-    /// Response chunks with their arrival offsets (chunks past the capture cap are not kept).
-    pub chunks: Vec<(Duration, Bytes)>,
+    /// The captured response bytes (frames past the capture cap are not kept), in one buffer:
+    /// one copy per frame into a growing buffer instead of an allocation per frame (and a free
+    /// per frame on the writer thread).
+    pub response_body: Vec<u8>,
+    /// Each captured response frame: its arrival offset and where it ends in `response_body`.
+    pub frames: Vec<(Duration, usize)>,
     pub response_len: u64,
     pub response_truncated: bool,
     pub end: Option<Duration>,
@@ -94,7 +107,7 @@ impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
     pub fn captured_bytes(&self) -> u64 {
         let req: u64 = self.request.chunks.iter().map(|c| c.len() as u64).sum();
-        let resp: u64 = self.chunks.iter().map(|(_, c)| c.len() as u64).sum();
+        let resp = self.response_body.len() as u64;
         req + resp
     }
 
@@ -107,7 +120,8 @@ impl Exchange {
             status: 0,
             content_type: None,
             headers_after: None,
-            chunks: Vec::new(),
+            response_body: Vec::new(),
+            frames: Vec::new(),
             response_len: 0,
             response_truncated: false,
             end: None,
@@ -125,7 +139,8 @@ impl Exchange {
         if self.response_len > max as u64 {
             self.response_truncated = true;
         } else {
-            self.chunks.push((at, Bytes::copy_from_slice(data)));
+            self.response_body.extend_from_slice(data);
+            self.frames.push((at, self.response_body.len()));
         }
     }
 }
@@ -200,7 +215,7 @@ impl Extractor {
             // stream's chunk template (see `chunkmemo`): the same answers as `parse_chunk`.
             let mut p = SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
-            resp.events.reserve(ex.chunks.len());
+            resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
                 let Ok(ev) = ev else { return };
                 if ev.is_done() {
@@ -219,28 +234,24 @@ impl Extractor {
                 });
                 absorb(&c, resp);
             };
-            for (at, chunk) in &ex.chunks {
-                p.feed_raw(chunk, |ev| on_event(*at, ev, &mut resp));
+            let mut from = 0;
+            for &(at, end) in &ex.frames {
+                p.feed_raw(&ex.response_body[from..end], |ev| {
+                    on_event(at, ev, &mut resp)
+                });
+                from = end;
             }
-            if let Some((at, _)) = ex.chunks.last() {
+            if let Some((at, _)) = ex.frames.last() {
                 p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
-        } else if !ex.response_truncated && !ex.chunks.is_empty() {
-            let mut body = Vec::with_capacity(ex.response_len as usize);
-            for (_, c) in &ex.chunks {
-                body.extend_from_slice(c);
-            }
-            if let Ok(c) = openai::parse_chunk(&body) {
+        } else if !ex.response_truncated && !ex.frames.is_empty() {
+            if let Ok(c) = openai::parse_chunk(&ex.response_body) {
                 absorb(&c, &mut resp);
             }
         }
         notes.ttft = resp.ttft_us.map(Duration::from_micros);
         if self.bodies == Bodies::Full && !ex.response_truncated {
-            let mut body = Vec::with_capacity(ex.response_len as usize);
-            for (_, c) in &ex.chunks {
-                body.extend_from_slice(c);
-            }
-            resp.body = Some(body);
+            resp.body = Some(ex.response_body.clone());
         }
         req.output_tokens = match resp.usage {
             Some(u) => u.completion_tokens,
@@ -254,12 +265,12 @@ impl Extractor {
                 "request body of {} bytes is over the capture cap; not parsed",
                 ex.request.len
             ))),
-            _ => Some(openai::parse_request(&endpoint, &ex.request.joined())),
+            _ => Some(parse_request(&endpoint, &ex.request.contiguous())),
         };
         match parse {
-            Some(Ok(info)) => {
-                req.model = info.model.clone();
-                req.params = info.params.clone();
+            Some(Ok(mut info)) => {
+                req.model = info.model.take();
+                req.params = std::mem::take(&mut info.params);
                 let usage_in = resp.usage.map(|u| u.prompt_tokens);
                 if let Some(pt) = self.tokenizer.prompt_tokens(&info) {
                     let bs = self.block_size.max(1) as usize;
@@ -307,6 +318,18 @@ impl Extractor {
         req.response = Some(Box::new(resp));
         (req, notes)
     }
+}
+
+/// [`openai::parse_request`], through the one-pass reader for the common `/v1/completions` body
+/// with a token-id prompt ([`openai::parse_completion_fast`], which agrees with it wherever it
+/// answers); everything else through the general path, which decides and words errors.
+fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<openai::RequestInfo, String> {
+    if *endpoint == Endpoint::Completions {
+        if let Some(f) = openai::parse_completion_fast(body) {
+            return Ok(f.info);
+        }
+    }
+    openai::parse_request(endpoint, body)
 }
 
 /// Truncates or extends (by chaining a counter) a hash list to `want` ids.
@@ -421,6 +444,54 @@ mod tests {
         assert!(c.truncated);
         assert!(c.chunks.is_empty());
         assert_eq!(c.len, 9);
+    }
+
+    /// The request reader used here answers as `openai::parse_request` does, through its fast
+    /// path for token-id completions and the general one for everything else.
+    #[test]
+    fn request_fast_path_agrees_with_parse_request() {
+        let mut bodies: Vec<(Endpoint, Vec<u8>)> = [
+            &br#"{"model":"m","prompt":[1,2,3,4],"max_tokens":100,"stream":true}"#[..],
+            br#"{"model":"m","prompt":[],"max_completion_tokens":5,"stream_options":{"include_usage":true},"temperature":0.5,"n":1,"ignore_eos":false,"min_tokens":null}"#,
+            br#"{"prompt":[1,2],"prompt":[3]}"#,
+            br#"{"prompt":[1,-2]}"#,
+            br#"{"prompt":[1,4294967296]}"#,
+            br#"{"prompt":"text"}"#,
+            br#"{"prompt":[[1,2],[3]]}"#,
+            br#"{"model":7,"prompt":[1]}"#,
+            br#"{"model":"m\u00e9","prompt":[1]}"#,
+            br#"{"prompt":[1],"max_tokens":"5"}"#,
+            br#"{"max_tokens":5}"#,
+            br#"[1,2]"#,
+            b"not json",
+            br#"{"prompt":[1,2]} x"#,
+        ]
+        .iter()
+        .map(|b| (Endpoint::Completions, b.to_vec()))
+        .collect();
+        let ids: Vec<String> = (0..2000).map(|k| (k * 7919 % 32000).to_string()).collect();
+        let long = format!(
+            r#"{{"model":"m","prompt":[{}],"stream":true}}"#,
+            ids.join(",")
+        );
+        bodies.push((Endpoint::Completions, long.into_bytes()));
+        bodies.push((
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_vec(),
+        ));
+        let mut fast = 0;
+        for (e, b) in &bodies {
+            assert_eq!(
+                parse_request(e, b),
+                openai::parse_request(e, b),
+                "{}",
+                String::from_utf8_lossy(b)
+            );
+            fast += usize::from(
+                *e == Endpoint::Completions && openai::parse_completion_fast(b).is_some(),
+            );
+        }
+        assert!(fast >= 2, "the fast path answered {fast} bodies");
     }
 
     #[test]
