@@ -4,8 +4,9 @@
 //! body (bounded), response status and header time, every response chunk with its arrival offset
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each with
-//! [`crate::openai::parse_chunk`] to fill a [`crate::trace::Request`].
+//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
+//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`super::chunkmemo`])
+//! to fill a [`crate::trace::Request`].
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
 //! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
@@ -19,8 +20,9 @@
 
 use super::chunkmemo::ChunkMemo;
 use super::prompt::{batch_len, TextTokenizer};
+use super::sseframes::FrameSplitter;
 use crate::openai::{self, ChunkInfo};
-use crate::sse::{RawEvent, SseParser};
+use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, Request, Response};
 use bytes::Bytes;
@@ -211,9 +213,10 @@ impl Extractor {
             }
         };
         if is_sse {
-            // Events are lent by the splitter (no copy per event) and read through the
-            // stream's chunk template (see `chunkmemo`): the same answers as `parse_chunk`.
-            let mut p = SseParser::new(4 << 20);
+            // Events are lent by the splitter (in place for plain `data:` blocks, see
+            // `sseframes`) and read through the stream's chunk template (`chunkmemo`): the
+            // same events and answers as `SseParser` + `parse_chunk`.
+            let mut p = FrameSplitter::new(4 << 20);
             let mut memo = ChunkMemo::default();
             resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
@@ -236,13 +239,13 @@ impl Extractor {
             };
             let mut from = 0;
             for &(at, end) in &ex.frames {
-                p.feed_raw(&ex.response_body[from..end], |ev| {
+                p.feed(&ex.response_body[from..end], |ev| {
                     on_event(at, ev, &mut resp)
                 });
                 from = end;
             }
             if let Some((at, _)) = ex.frames.last() {
-                p.finish_raw(|ev| on_event(*at, ev, &mut resp));
+                p.finish(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
             if let Ok(c) = openai::parse_chunk(&ex.response_body) {
