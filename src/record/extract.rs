@@ -185,9 +185,10 @@ impl Extractor {
         let mut notes = Notes::default();
         // The query string is never recorded: some APIs put keys there.
         let endpoint = Endpoint::from_path(ex.path.split('?').next().unwrap_or(""));
+        let parse_body = !matches!(endpoint, Endpoint::Other(_));
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
-            endpoint: endpoint.clone(),
+            endpoint,
             ..Default::default()
         };
 
@@ -266,32 +267,42 @@ impl Extractor {
         };
 
         // Request side.
-        let parse = match endpoint {
-            Endpoint::Other(_) => None,
+        let parse = match &req.endpoint {
+            _ if !parse_body => None,
             _ if ex.request.truncated => Some(Err(format!(
                 "request body of {} bytes is over the capture cap; not parsed",
                 ex.request.len
             ))),
-            _ => Some(parse_request(&endpoint, &ex.request.contiguous())),
+            e => Some(parse_request(e, &ex.request.contiguous())),
         };
         match parse {
             Some(Ok(mut info)) => {
                 req.model = info.model.take();
                 req.params = std::mem::take(&mut info.params);
                 let usage_in = resp.usage.map(|u| u.prompt_tokens);
-                if let Some(pt) = self.tokenizer.prompt_tokens(&info) {
+                // A token-id prompt is hashed in place (prompt_tokens would copy the ids).
+                let pt = match &info.prompt {
+                    Some(openai::Prompt::TokenIds(ids)) => {
+                        Some((std::borrow::Cow::Borrowed(ids.as_slice()), true))
+                    }
+                    _ => self
+                        .tokenizer
+                        .prompt_tokens(&info)
+                        .map(|p| (std::borrow::Cow::Owned(p.ids), p.exact)),
+                };
+                if let Some((ids, exact)) = pt {
                     let bs = self.block_size.max(1) as usize;
-                    let mut hashes = self.hasher.chain(&pt.ids, bs, true);
+                    let mut hashes = self.hasher.chain(&ids, bs, true);
                     let batch_total = match &info.prompt {
                         Some(p @ openai::Prompt::Batch(_)) => Some(batch_len(&self.tokenizer, p)),
                         _ => None,
                     };
-                    req.input_tokens = if pt.exact {
-                        batch_total.unwrap_or(pt.ids.len() as u64)
+                    req.input_tokens = if exact {
+                        batch_total.unwrap_or(ids.len() as u64)
                     } else {
-                        usage_in.unwrap_or(batch_total.unwrap_or(pt.ids.len() as u64))
+                        usage_in.unwrap_or(batch_total.unwrap_or(ids.len() as u64))
                     };
-                    if !pt.exact {
+                    if !exact {
                         let want = req.input_tokens.div_ceil(bs as u64) as usize;
                         fit(&self.hasher, &mut hashes, want);
                     }
