@@ -141,8 +141,13 @@ impl Exchange {
         if self.response_len > max as u64 {
             self.response_truncated = true;
         } else {
-            if self.response_body.capacity() == 0 {
-                // 1 KiB to start: a 100-event stream then grows in 4 steps instead of 7.
+            let spare = self.response_body.capacity() - self.response_body.len();
+            if self.response_body.is_empty() {
+                // The first frame exactly: a one-frame body (the usual non-streamed response)
+                // costs one small allocation, as a copy of the frame would.
+                self.response_body.reserve_exact(data.len());
+            } else if spare < data.len() {
+                // A stream: at least 1 KiB more, so 100 events grow the buffer in 5 steps, not 7.
                 self.response_body.reserve(data.len().max(1024));
             }
             self.response_body.extend_from_slice(data);
