@@ -13,8 +13,14 @@
 # MODE=stream measures streams instead: REQS streamed completions of TOKENS events each (upstream
 # TTFT 5 ms, one event every 2 ms) over CONC connections, instructions per stream.
 #
+# TARGETS picks what is measured (default "own hyper nginx"); "before" is `--h1-engine own` of
+# another build, the binary named by BEFORE=path (e.g. a copy of target/release/retrace made
+# before a change), so a change is measured side by side in one run. The callgrind files are
+# kept in $OUT (callgrind.<target>.out*) for callgrind_annotate.
+#
 # Usage: tools/bench_record_cpu.sh          (defaults: SECS=10 CONC=8 WARM_S=3)
 #        MODE=stream CONC=20 REQS=400 tools/bench_record_cpu.sh
+#        TARGETS="before own nginx" BEFORE=target/baseline/retrace tools/bench_record_cpu.sh
 # Needs: valgrind, nginx (apt-get install -y valgrind nginx-light). Loopback only; bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +33,8 @@ UP=$((BASE + 1)); PX=$((BASE + 2))
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record_cpu}
 MODE=${MODE:-small}
+TARGETS=${TARGETS:-own hyper nginx}
+BEFORE=${BEFORE:-}
 REQS=${REQS:-400}
 if [ "$MODE" = stream ]; then TTFT_MS=5; ITL_MS=2; TOKENS=${TOKENS:-100}; else TTFT_MS=1; ITL_MS=1; TOKENS=1; fi
 
@@ -75,13 +83,18 @@ EOF
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt"
 RES="$OUT/results.txt"
 : >"$RES"
-for t in own hyper nginx; do
+for t in $TARGETS; do
+  bin="$TGT/retrace"; engine=$t
+  if [ "$t" = before ]; then
+    [ -x "$BEFORE" ] || { echo "TARGETS has before: set BEFORE=path to a retrace binary" >&2; exit 1; }
+    bin=$BEFORE; engine=own
+  fi
   cg="$WORK/callgrind.$t.out"
   case $t in
     nginx) valgrind --tool=callgrind --callgrind-out-file="$cg" nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" 2>"$WORK/vg-$t.log" & ;;
     *) RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" --separate-threads=yes \
-         "$TGT/retrace" record --listen 127.0.0.1:$PX --upstream http://127.0.0.1:$UP \
-         --out "$WORK/traces-$t" --admin none --io-threads 1 --h1-engine "$t" 2>"$WORK/vg-$t.log" & ;;
+         "$bin" record --listen 127.0.0.1:$PX --upstream http://127.0.0.1:$UP \
+         --out "$WORK/traces-$t" --admin none --io-threads 1 --h1-engine "$engine" 2>"$WORK/vg-$t.log" & ;;
   esac
   VPID=$!
   for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$PX/small" -d '{}' && break; sleep 0.1; done
@@ -121,6 +134,8 @@ io, wr = (per(3), per(2)) if t != "nginx" else (f"{total / max(reqs, 1):.0f}", "
 print(f"{t}\trequests={reqs}\tinstructions={total}\tper_request={total / max(reqs, 1):.0f}\tio={io}\twriter={wr}")
 PY
   tail -1 "$RES"
+  rm -f "$OUT"/callgrind."$t".out*
+  cp "$cg"* "$OUT"/ 2>/dev/null || true
 done
 echo
 echo "| target | requests | user-space instructions per $MODE request | of which I/O thread (nginx: its worker) | of which trace writer |"

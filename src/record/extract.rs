@@ -4,8 +4,9 @@
 //! body (bounded), response status and header time, every response chunk with its arrival offset
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each with
-//! [`crate::openai::parse_chunk`] to fill a [`crate::trace::Request`].
+//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
+//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`super::chunkmemo`])
+//! to fill a [`crate::trace::Request`].
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
 //! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
@@ -17,9 +18,11 @@
 //! without their query string (API keys sometimes travel there); headers are never recorded.
 //! Pure: no I/O, no clock reads.
 
+use super::chunkmemo::ChunkMemo;
 use super::prompt::{batch_len, TextTokenizer};
+use super::sseframes::FrameSplitter;
 use crate::openai::{self, ChunkInfo};
-use crate::sse::SseParser;
+use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, Request, Response};
 use bytes::Bytes;
@@ -58,6 +61,15 @@ impl Captured {
         }
     }
 
+    /// The captured body in one slice (borrowed when it came in one frame, the common case).
+    fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.chunks.as_slice() {
+            [] => std::borrow::Cow::Borrowed(&[]),
+            [one] => std::borrow::Cow::Borrowed(one),
+            _ => std::borrow::Cow::Owned(self.joined()),
+        }
+    }
+
     fn joined(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len as usize);
         for c in &self.chunks {
@@ -79,8 +91,12 @@ pub struct Exchange {
     pub status: u16,
     pub content_type: Option<String>,
     pub headers_after: Option<Duration>,
-    /// Response chunks with their arrival offsets (chunks past the capture cap are not kept).
-    pub chunks: Vec<(Duration, Bytes)>,
+    /// The captured response bytes (frames past the capture cap are not kept), in one buffer:
+    /// one copy per frame into a growing buffer instead of an allocation per frame (and a free
+    /// per frame on the writer thread).
+    pub response_body: Vec<u8>,
+    /// Each captured response frame: its arrival offset and where it ends in `response_body`.
+    pub frames: Vec<(Duration, usize)>,
     pub response_len: u64,
     pub response_truncated: bool,
     pub end: Option<Duration>,
@@ -93,7 +109,7 @@ impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
     pub fn captured_bytes(&self) -> u64 {
         let req: u64 = self.request.chunks.iter().map(|c| c.len() as u64).sum();
-        let resp: u64 = self.chunks.iter().map(|(_, c)| c.len() as u64).sum();
+        let resp = self.response_body.len() as u64;
         req + resp
     }
 
@@ -106,7 +122,8 @@ impl Exchange {
             status: 0,
             content_type: None,
             headers_after: None,
-            chunks: Vec::new(),
+            response_body: Vec::new(),
+            frames: Vec::new(),
             response_len: 0,
             response_truncated: false,
             end: None,
@@ -124,7 +141,17 @@ impl Exchange {
         if self.response_len > max as u64 {
             self.response_truncated = true;
         } else {
-            self.chunks.push((at, Bytes::copy_from_slice(data)));
+            let spare = self.response_body.capacity() - self.response_body.len();
+            if self.response_body.is_empty() {
+                // The first frame exactly: a one-frame body (the usual non-streamed response)
+                // costs one small allocation, as a copy of the frame would.
+                self.response_body.reserve_exact(data.len());
+            } else if spare < data.len() {
+                // A stream: at least 1 KiB more, so 100 events grow the buffer in 5 steps, not 7.
+                self.response_body.reserve(data.len().max(1024));
+            }
+            self.response_body.extend_from_slice(data);
+            self.frames.push((at, self.response_body.len()));
         }
     }
 }
@@ -163,9 +190,10 @@ impl Extractor {
         let mut notes = Notes::default();
         // The query string is never recorded: some APIs put keys there.
         let endpoint = Endpoint::from_path(ex.path.split('?').next().unwrap_or(""));
+        let parse_body = !matches!(endpoint, Endpoint::Other(_));
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
-            endpoint: endpoint.clone(),
+            endpoint,
             ..Default::default()
         };
 
@@ -195,48 +223,48 @@ impl Extractor {
             }
         };
         if is_sse {
-            let mut p = SseParser::new(4 << 20);
-            let mut on_event =
-                |at: Duration, ev: Result<crate::sse::SseEvent, _>, resp: &mut Response| {
-                    let Ok(ev) = ev else { return };
-                    if ev.is_done() {
-                        return;
-                    }
-                    let Ok(c) = openai::parse_chunk(ev.data.as_bytes()) else {
-                        return;
-                    };
-                    let off = us(at);
-                    if c.has_choices && resp.ttft_us.is_none() {
-                        resp.ttft_us = Some(off);
-                    }
-                    resp.events.push(Event {
-                        offset_us: off,
-                        tokens: c.tokens,
-                    });
-                    absorb(&c, resp);
+            // Events are lent by the splitter (in place for plain `data:` blocks, see
+            // `sseframes`) and read through the stream's chunk template (`chunkmemo`): the
+            // same events and answers as `SseParser` + `parse_chunk`.
+            let mut p = FrameSplitter::new(4 << 20);
+            let mut memo = ChunkMemo::default();
+            resp.events.reserve(ex.frames.len());
+            let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
+                let Ok(ev) = ev else { return };
+                if ev.is_done() {
+                    return;
+                }
+                let Ok(c) = memo.parse(ev.data) else {
+                    return;
                 };
-            for (at, chunk) in &ex.chunks {
-                p.feed(chunk, |ev| on_event(*at, ev, &mut resp));
+                let off = us(at);
+                if c.has_choices && resp.ttft_us.is_none() {
+                    resp.ttft_us = Some(off);
+                }
+                resp.events.push(Event {
+                    offset_us: off,
+                    tokens: c.tokens,
+                });
+                absorb(&c, resp);
+            };
+            let mut from = 0;
+            for &(at, end) in &ex.frames {
+                p.feed(&ex.response_body[from..end], |ev| {
+                    on_event(at, ev, &mut resp)
+                });
+                from = end;
             }
-            if let (Some(ev), Some((at, _))) = (p.finish(), ex.chunks.last()) {
-                on_event(*at, ev, &mut resp);
+            if let Some((at, _)) = ex.frames.last() {
+                p.finish(|ev| on_event(*at, ev, &mut resp));
             }
-        } else if !ex.response_truncated && !ex.chunks.is_empty() {
-            let mut body = Vec::with_capacity(ex.response_len as usize);
-            for (_, c) in &ex.chunks {
-                body.extend_from_slice(c);
-            }
-            if let Ok(c) = openai::parse_chunk(&body) {
+        } else if !ex.response_truncated && !ex.frames.is_empty() {
+            if let Ok(c) = openai::parse_chunk(&ex.response_body) {
                 absorb(&c, &mut resp);
             }
         }
         notes.ttft = resp.ttft_us.map(Duration::from_micros);
         if self.bodies == Bodies::Full && !ex.response_truncated {
-            let mut body = Vec::with_capacity(ex.response_len as usize);
-            for (_, c) in &ex.chunks {
-                body.extend_from_slice(c);
-            }
-            resp.body = Some(body);
+            resp.body = Some(ex.response_body.clone());
         }
         req.output_tokens = match resp.usage {
             Some(u) => u.completion_tokens,
@@ -244,32 +272,42 @@ impl Extractor {
         };
 
         // Request side.
-        let parse = match endpoint {
-            Endpoint::Other(_) => None,
+        let parse = match &req.endpoint {
+            _ if !parse_body => None,
             _ if ex.request.truncated => Some(Err(format!(
                 "request body of {} bytes is over the capture cap; not parsed",
                 ex.request.len
             ))),
-            _ => Some(openai::parse_request(&endpoint, &ex.request.joined())),
+            e => Some(parse_request(e, &ex.request.contiguous())),
         };
         match parse {
-            Some(Ok(info)) => {
-                req.model = info.model.clone();
-                req.params = info.params.clone();
+            Some(Ok(mut info)) => {
+                req.model = info.model.take();
+                req.params = std::mem::take(&mut info.params);
                 let usage_in = resp.usage.map(|u| u.prompt_tokens);
-                if let Some(pt) = self.tokenizer.prompt_tokens(&info) {
+                // A token-id prompt is hashed in place (prompt_tokens would copy the ids).
+                let pt = match &info.prompt {
+                    Some(openai::Prompt::TokenIds(ids)) => {
+                        Some((std::borrow::Cow::Borrowed(ids.as_slice()), true))
+                    }
+                    _ => self
+                        .tokenizer
+                        .prompt_tokens(&info)
+                        .map(|p| (std::borrow::Cow::Owned(p.ids), p.exact)),
+                };
+                if let Some((ids, exact)) = pt {
                     let bs = self.block_size.max(1) as usize;
-                    let mut hashes = self.hasher.chain(&pt.ids, bs, true);
+                    let mut hashes = self.hasher.chain(&ids, bs, true);
                     let batch_total = match &info.prompt {
                         Some(p @ openai::Prompt::Batch(_)) => Some(batch_len(&self.tokenizer, p)),
                         _ => None,
                     };
-                    req.input_tokens = if pt.exact {
-                        batch_total.unwrap_or(pt.ids.len() as u64)
+                    req.input_tokens = if exact {
+                        batch_total.unwrap_or(ids.len() as u64)
                     } else {
-                        usage_in.unwrap_or(batch_total.unwrap_or(pt.ids.len() as u64))
+                        usage_in.unwrap_or(batch_total.unwrap_or(ids.len() as u64))
                     };
-                    if !pt.exact {
+                    if !exact {
                         let want = req.input_tokens.div_ceil(bs as u64) as usize;
                         fit(&self.hasher, &mut hashes, want);
                     }
@@ -303,6 +341,18 @@ impl Extractor {
         req.response = Some(Box::new(resp));
         (req, notes)
     }
+}
+
+/// [`openai::parse_request`], through the one-pass reader for the common `/v1/completions` body
+/// with a token-id prompt ([`openai::parse_completion_fast`], which agrees with it wherever it
+/// answers); everything else through the general path, which decides and words errors.
+fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<openai::RequestInfo, String> {
+    if *endpoint == Endpoint::Completions {
+        if let Some(f) = openai::parse_completion_fast(body) {
+            return Ok(f.info);
+        }
+    }
+    openai::parse_request(endpoint, body)
 }
 
 /// Truncates or extends (by chaining a counter) a hash list to `want` ids.
@@ -417,6 +467,54 @@ mod tests {
         assert!(c.truncated);
         assert!(c.chunks.is_empty());
         assert_eq!(c.len, 9);
+    }
+
+    /// The request reader used here answers as `openai::parse_request` does, through its fast
+    /// path for token-id completions and the general one for everything else.
+    #[test]
+    fn request_fast_path_agrees_with_parse_request() {
+        let mut bodies: Vec<(Endpoint, Vec<u8>)> = [
+            &br#"{"model":"m","prompt":[1,2,3,4],"max_tokens":100,"stream":true}"#[..],
+            br#"{"model":"m","prompt":[],"max_completion_tokens":5,"stream_options":{"include_usage":true},"temperature":0.5,"n":1,"ignore_eos":false,"min_tokens":null}"#,
+            br#"{"prompt":[1,2],"prompt":[3]}"#,
+            br#"{"prompt":[1,-2]}"#,
+            br#"{"prompt":[1,4294967296]}"#,
+            br#"{"prompt":"text"}"#,
+            br#"{"prompt":[[1,2],[3]]}"#,
+            br#"{"model":7,"prompt":[1]}"#,
+            br#"{"model":"m\u00e9","prompt":[1]}"#,
+            br#"{"prompt":[1],"max_tokens":"5"}"#,
+            br#"{"max_tokens":5}"#,
+            br#"[1,2]"#,
+            b"not json",
+            br#"{"prompt":[1,2]} x"#,
+        ]
+        .iter()
+        .map(|b| (Endpoint::Completions, b.to_vec()))
+        .collect();
+        let ids: Vec<String> = (0..2000).map(|k| (k * 7919 % 32000).to_string()).collect();
+        let long = format!(
+            r#"{{"model":"m","prompt":[{}],"stream":true}}"#,
+            ids.join(",")
+        );
+        bodies.push((Endpoint::Completions, long.into_bytes()));
+        bodies.push((
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_vec(),
+        ));
+        let mut fast = 0;
+        for (e, b) in &bodies {
+            assert_eq!(
+                parse_request(e, b),
+                openai::parse_request(e, b),
+                "{}",
+                String::from_utf8_lossy(b)
+            );
+            fast += usize::from(
+                *e == Endpoint::Completions && openai::parse_completion_fast(b).is_some(),
+            );
+        }
+        assert!(fast >= 2, "the fast path answered {fast} bodies");
     }
 
     #[test]
