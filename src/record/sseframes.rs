@@ -7,7 +7,6 @@
 //! so the events and the frame each completes at are exactly the parser's (tested on every cut
 //! of real vLLM streams and on property-generated SSE). It does not parse JSON.
 
-use crate::bytescan::find2;
 use crate::sse::{RawEvent, SseError, SseParser};
 
 /// Events of one response, frame by frame.
@@ -34,7 +33,8 @@ impl FrameSplitter {
         if self.idle {
             while frame[i..].starts_with(b"data: ") {
                 let start = i + 6;
-                let end = find2(frame, start, b'\n', b'\r');
+                let end = memchr::memchr2(b'\n', b'\r', &frame[start..])
+                    .map_or(frame.len(), |k| start + k);
                 // The parser's size rule for a line read in place: the whole line counts.
                 if frame.get(end) != Some(&b'\n')
                     || frame.get(end + 1) != Some(&b'\n')
