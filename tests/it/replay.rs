@@ -718,3 +718,57 @@ async fn https_target_with_private_ca() {
         "{msg}"
     );
 }
+
+/// The idle and total timeouts after the response head (and before it) are failures of their own
+/// kind, on both HTTP/1.1 clients: the mock stalls on request (`x-mock-fault`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = retrace::mock::start(listener, cfg).await.unwrap();
+    let url = format!("http://{}", mock.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
+    let cases: [(&str, &str, &str, &str); 3] = [
+        ("stall-mid=2:1500", "0.3", "30", "timeout_idle"),
+        ("stall-mid=2:1500", "30", "0.4", "timeout_total"),
+        ("slow-headers=1500", "0.3", "30", "timeout_idle"),
+    ];
+    for client in ["own", "hyper"] {
+        for (fault, idle, total, kind) in cases {
+            let header = format!("x-mock-fault={fault}");
+            let cfg = support::replay_config(&[
+                trace.to_str().unwrap(),
+                "--target",
+                &url,
+                "--header",
+                &header,
+                "--idle-timeout-s",
+                idle,
+                "--timeout-s",
+                total,
+                "--http-client",
+                client,
+            ])
+            .unwrap();
+            let o = replay::replay(cfg).await.unwrap();
+            let s = &o.summary;
+            assert_eq!(
+                (s.completed, s.failed),
+                (0, 2),
+                "{client} {fault}: {:?}",
+                s.errors
+            );
+            assert_eq!(
+                s.errors.get(kind),
+                Some(&2),
+                "{client} {fault}: {:?}",
+                s.errors
+            );
+        }
+    }
+    mock.shutdown().await;
+}
