@@ -25,9 +25,11 @@ use hyper::header::{
     HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING,
 };
 use hyper::{HeaderMap, Method, Uri};
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::time::Sleep;
 
 use super::h1client;
 use super::pool::{HttpClient, IoStamps, Pool, SendError};
@@ -150,6 +152,50 @@ pub async fn execute(
     match pool.client() {
         HttpClient::Own => execute_own(pool, target, req, &uri, sample, t0, timeouts).await,
         HttpClient::Hyper => execute_hyper(pool, target, req, uri, sample, t0, timeouts).await,
+    }
+}
+
+/// The two timers of a response body, for both clients: the total deadline and the idle gap.
+/// Two per body, not two per frame: the idle timer is re-armed only when it fires and data came
+/// since (lazily), so a streamed event costs no timer operation.
+struct BodyTimers {
+    total: Pin<Box<Sleep>>,
+    idle: Pin<Box<Sleep>>,
+    idle_for: Duration,
+    /// When the body's last data came; the caller sets it after each read.
+    last_data: Instant,
+}
+
+impl BodyTimers {
+    fn new(deadline: tokio::time::Instant, idle_for: Duration, last_data: Instant) -> Self {
+        BodyTimers {
+            total: Box::pin(tokio::time::sleep_until(deadline)),
+            idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+                last_data + idle_for,
+            ))),
+            idle_for,
+            last_data,
+        }
+    }
+
+    /// Resolves when a timeout is due, with its failure kind and detail.
+    async fn expired(&mut self) -> (String, String) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.idle.as_mut() => {
+                    let due = tokio::time::Instant::from_std(self.last_data + self.idle_for);
+                    if due > tokio::time::Instant::now() {
+                        self.idle.as_mut().reset(due);
+                        continue;
+                    }
+                    return ("timeout_idle".into(), "no data for the idle timeout".into());
+                }
+                _ = self.total.as_mut() => {
+                    return ("timeout_total".into(), "request exceeded the total timeout".into());
+                }
+            }
+        }
     }
 }
 
@@ -381,11 +427,7 @@ async fn execute_own(
     let mut stream = Stream::new(req, sample.sent_ns, is_sse);
     let mut clean_end = false;
     let mut reuse = false;
-    // Two timers for the whole body, as on the hyper path (the idle one re-armed lazily).
-    let total_sleep = tokio::time::sleep_until(deadline);
-    tokio::pin!(total_sleep);
-    let idle_sleep = tokio::time::sleep(timeouts.idle);
-    tokio::pin!(idle_sleep);
+    let mut timers = BodyTimers::new(deadline, timeouts.idle, last_data);
     let mut at = last_data.saturating_duration_since(t0).as_nanos() as u64;
     loop {
         // The bytes of the last read (or those that came with the head), all at its instant.
@@ -409,21 +451,13 @@ async fn execute_own(
         let r = tokio::select! {
             biased;
             r = conn.read() => r,
-            _ = &mut idle_sleep => {
-                let due = tokio::time::Instant::from_std(last_data + timeouts.idle);
-                if due > tokio::time::Instant::now() {
-                    idle_sleep.as_mut().reset(due);
-                    continue;
-                }
-                stream.err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
-                break;
-            }
-            _ = &mut total_sleep => {
-                stream.err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
+            e = timers.expired() => {
+                stream.err.get_or_insert(e);
                 break;
             }
         };
         last_data = Instant::now();
+        timers.last_data = last_data;
         at = last_data.saturating_duration_since(t0).as_nanos() as u64;
         match r {
             Ok(0) => {
@@ -518,33 +552,18 @@ async fn execute_hyper(
     }
     let mut stream = Stream::new(req, sample.sent_ns, is_sse);
     let mut clean_end = false;
-    // Two timers for the whole body, not two per frame: the idle timer is re-armed only when
-    // it fires and data came since (lazily), so a streamed event costs no timer operations.
-    let total_sleep = tokio::time::sleep_until(deadline);
-    tokio::pin!(total_sleep);
-    let idle_sleep = tokio::time::sleep(timeouts.idle);
-    tokio::pin!(idle_sleep);
-    let mut last_data = Instant::now();
+    let mut timers = BodyTimers::new(deadline, timeouts.idle, Instant::now());
     loop {
         let frame = tokio::select! {
             biased;
             f = body.frame() => f,
-            _ = &mut idle_sleep => {
-                let due = tokio::time::Instant::from_std(last_data + timeouts.idle);
-                if due > tokio::time::Instant::now() {
-                    idle_sleep.as_mut().reset(due);
-                    continue;
-                }
-                stream.err.get_or_insert(("timeout_idle".into(), "no data for the idle timeout".into()));
-                break;
-            }
-            _ = &mut total_sleep => {
-                stream.err.get_or_insert(("timeout_total".into(), "request exceeded the total timeout".into()));
+            e = timers.expired() => {
+                stream.err.get_or_insert(e);
                 break;
             }
         };
-        last_data = Instant::now();
-        let at = last_data.saturating_duration_since(t0).as_nanos() as u64;
+        timers.last_data = Instant::now();
+        let at = timers.last_data.saturating_duration_since(t0).as_nanos() as u64;
         match frame {
             None => {
                 clean_end = true;
