@@ -47,37 +47,10 @@ if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
   PIDS+=($REC2_PID)
 fi
 
-mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes auto;
+write_nginx_conf "worker_processes auto;
 worker_rlimit_nofile 65535;
-daemon off;
-master_process on;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
-events { worker_connections 20000; multi_accept on; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  upstream llm { server 127.0.0.1:$UP; keepalive 2048; }
-  server {
-    listen 127.0.0.1:$NGX backlog=4096;
-    keepalive_requests 1000000;
-    location / {
-      proxy_pass http://llm;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-EOF
+master_process on;" \
+  "worker_connections 20000; multi_accept on;" 2048 "127.0.0.1:$NGX backlog=4096"
 nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)

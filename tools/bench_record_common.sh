@@ -26,3 +26,40 @@ start_upstream_and_recorder() {
   REC_PID=$!
   PIDS+=($REC_PID)
 }
+
+# nginx as the peer reverse proxy (buffering off both ways, HTTP/1.1 keep-alive pool upstream),
+# the same in every record benchmark but for its process model, connection limits and listener:
+# write_nginx_conf PROCESS_LINES EVENTS UPSTREAM_KEEPALIVE LISTEN [HTTP_EXTRA]
+# writes $WORK/nginx.conf (prefix $WORK/nginx) for the upstream on $UP.
+write_nginx_conf() {
+  mkdir -p "$WORK/nginx"
+  cat >"$WORK/nginx.conf" <<EOF
+$1
+daemon off;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { $2 }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  upstream llm { server 127.0.0.1:$UP; keepalive $3; }
+  ${5:-}
+  server {
+    listen $4;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://llm;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+EOF
+}

@@ -50,35 +50,9 @@ B="$TGT/examples/bench_record"
 "$B" upstream --listen 127.0.0.1:$UP --ttft-ms $TTFT_MS --itl-ms $ITL_MS --tokens $TOKENS --lifetime-s 3600 &
 PIDS+=($!)
 
-mkdir -p "$WORK/nginx"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-master_process off;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  upstream llm { server 127.0.0.1:$UP; keepalive 256; }
-  server {
-    listen 127.0.0.1:$PX;
-    keepalive_requests 1000000;
-    location / {
-      proxy_pass http://llm;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-    }
-  }
-}
-EOF
+. tools/bench_record_common.sh   # write_nginx_conf only
+write_nginx_conf "worker_processes 1;
+master_process off;" "worker_connections 4096;" 256 "127.0.0.1:$PX"
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt"
 RES="$OUT/results.txt"

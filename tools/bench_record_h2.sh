@@ -43,38 +43,12 @@ bench_setup
 start_upstream_and_recorder
 NGX_PID=""
 if command -v nginx >/dev/null && [[ " $TARGETS " == *" nginx "* ]]; then
-  mkdir -p "$WORK/nginx"
-  cat >"$WORK/nginx.conf" <<EOF
-worker_processes auto;
+  NGX_CONNS=$(( STREAMS * 2 + 1000 < $(ulimit -Hn) - 100 ? STREAMS * 2 + 1000 : $(ulimit -Hn) - 100 ))
+  write_nginx_conf "worker_processes auto;
 worker_rlimit_nofile $(ulimit -Hn);
-daemon off;
-master_process on;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
-events { worker_connections $(( STREAMS * 2 + 1000 < $(ulimit -Hn) - 100 ? STREAMS * 2 + 1000 : $(ulimit -Hn) - 100 )); multi_accept on; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  upstream llm { server 127.0.0.1:$UP; keepalive $STREAMS; }
-  http2_max_concurrent_streams $STREAMS;
-  server {
-    listen 127.0.0.1:$NGX http2 backlog=4096;
-    keepalive_requests 1000000;
-    location / {
-      proxy_pass http://llm;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-EOF
+master_process on;" \
+    "worker_connections $NGX_CONNS; multi_accept on;" "$STREAMS" "127.0.0.1:$NGX http2 backlog=4096" \
+    "http2_max_concurrent_streams $STREAMS;"
   nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
   NGX_PID=$!
   PIDS+=($NGX_PID)
