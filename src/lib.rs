@@ -27,6 +27,7 @@ pub mod h1wire;
 pub mod inspect;
 pub mod metrics;
 pub mod mock;
+pub mod netio;
 pub mod openai;
 pub mod prom;
 pub mod record;

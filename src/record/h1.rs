@@ -20,9 +20,10 @@
 
 use super::extract::{Captured, Exchange};
 use super::proxy::{classify, describe, error_json, Proxy};
-use super::rawpool::{RawPool, RawUp};
+use super::rawpool::RawPool;
 use super::tap::{lock, Pending};
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
+use crate::netio::ClientStream;
 use std::future::{poll_fn, Future as _};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -208,7 +209,7 @@ struct Conn<'a, C> {
     ubuf: Buf,
     out: Vec<u8>,
     scratch: Vec<u8>,
-    up: Option<RawUp>,
+    up: Option<ClientStream>,
     sleep: Pin<Box<Sleep>>,
     drain: watch::Receiver<bool>,
     /// The client may still be sending a request we did not read: close with a linger.

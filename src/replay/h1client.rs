@@ -13,23 +13,17 @@
 
 use super::pool::{IoStamps, Pool, SendError};
 use crate::h1wire::{self, Framing, ResponseHead};
+use crate::netio::ClientStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Initial read buffer per connection; grows only for a response head longer than this.
 const READ_BUF: usize = 16 << 10;
 
-/// The socket under a connection.
-pub enum RawIo {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
-
 /// One keep-alive connection of the own client.
 pub struct RawConn {
-    io: RawIo,
+    io: ClientStream,
     /// Read buffer; `buf[start..filled]` holds bytes read but not yet consumed.
     buf: Vec<u8>,
     start: usize,
@@ -38,7 +32,7 @@ pub struct RawConn {
 }
 
 impl RawConn {
-    pub fn new(io: RawIo, stamps: Option<Arc<IoStamps>>) -> RawConn {
+    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>) -> RawConn {
         RawConn {
             io,
             buf: vec![0; READ_BUF],
@@ -48,15 +42,10 @@ impl RawConn {
         }
     }
 
-    /// No sign that the server closed the idle connection (a non-blocking peek at the TCP
-    /// socket: readable EOF, an error or unsolicited bytes all mean it is unusable).
-    pub fn looks_open(&self) -> bool {
-        let tcp = match &self.io {
-            RawIo::Plain(s) => s,
-            RawIo::Tls(s) => s.get_ref().0,
-        };
-        let mut b = [0u8; 1];
-        matches!(tcp.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    /// No sign that the server closed the idle connection (readable EOF, an error or
+    /// unsolicited bytes all mean it is unusable). Never blocks.
+    pub fn looks_open(&mut self) -> bool {
+        !self.io.is_closed()
     }
 
     /// Bytes read but not yet consumed.
@@ -86,10 +75,7 @@ impl RawConn {
             }
         }
         let dst = &mut self.buf[self.filled..];
-        let n = match &mut self.io {
-            RawIo::Plain(s) => s.read(dst).await?,
-            RawIo::Tls(s) => s.read(dst).await?,
-        };
+        let n = self.io.read(dst).await?;
         self.filled += n;
         if let Some(st) = &self.stamps {
             if n > 0 {
@@ -100,13 +86,8 @@ impl RawConn {
     }
 
     async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
-        match &mut self.io {
-            RawIo::Plain(s) => s.write_all(wire).await?,
-            RawIo::Tls(s) => {
-                s.write_all(wire).await?;
-                s.flush().await?
-            }
-        }
+        self.io.write_all(wire).await?;
+        self.io.flush().await?;
         if let Some(st) = &self.stamps {
             st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
         }

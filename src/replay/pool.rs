@@ -14,7 +14,8 @@
 //! client's ([`RawConn`], [`super::h1client`]); [`Pool::warm`] opens the kind the run uses. No
 //! scheduling here.
 
-use super::h1client::{RawConn, RawIo};
+use super::h1client::RawConn;
+use crate::netio::ClientStream;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -197,13 +198,13 @@ impl Pool {
             })
         });
         let io = match &self.tls {
-            Some((connector, name)) => RawIo::Tls(Box::new(
+            Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
                     .connect(name.clone(), stream)
                     .await
                     .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?,
             )),
-            None => RawIo::Plain(stream),
+            None => ClientStream::Plain(stream),
         };
         Ok(RawConn::new(io, stamps))
     }
@@ -211,7 +212,7 @@ impl Pool {
     /// The most recently used idle own-client connection that the server has not visibly closed.
     pub fn take_raw(&self) -> Option<RawConn> {
         let mut idle = self.raw_idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(c) = idle.pop() {
+        while let Some(mut c) = idle.pop() {
             if c.looks_open() {
                 return Some(c);
             }
