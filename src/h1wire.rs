@@ -233,15 +233,9 @@ pub fn parse_request(
 ) -> Result<Option<RequestHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(_) => return Err(HeadError::Malformed("malformed request head")),
+    let Some(len) = head_len(req.parse(buf), buf.len(), "malformed request head")? else {
+        return Ok(None);
     };
-    if len > MAX_HEAD {
-        return Err(HeadError::TooLarge);
-    }
     let method = req.method.unwrap_or("GET");
     let target = req.path.unwrap_or("/");
     let http10 = req.version == Some(0);
@@ -326,11 +320,21 @@ fn parse_head<'h, 'b>(
     resp: &mut httparse::Response<'h, 'b>,
     buf: &'b [u8],
 ) -> Result<Option<usize>, HeadError> {
-    let len = match resp.parse(buf) {
+    head_len(resp.parse(buf), buf.len(), "malformed response head")
+}
+
+/// The length of a complete head from httparse's answer, `None` while incomplete (and within
+/// the size limit), or why the head is refused.
+fn head_len(
+    r: httparse::Result<usize>,
+    buf_len: usize,
+    malformed: &'static str,
+) -> Result<Option<usize>, HeadError> {
+    let len = match r {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return incomplete_limit(buf.len()).map(|_| None),
+        Ok(httparse::Status::Partial) => return incomplete_limit(buf_len).map(|_| None),
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
-        Err(_) => return Err(HeadError::Malformed("malformed response head")),
+        Err(_) => return Err(HeadError::Malformed(malformed)),
     };
     if len > MAX_HEAD {
         return Err(HeadError::TooLarge);
