@@ -64,6 +64,12 @@ enum Cmd {
         /// Unmeasured requests each connection makes first (connection setup is not TTFT).
         #[arg(long, default_value_t = 1)]
         warmup: usize,
+        /// Spread the connections' first measured requests evenly over this many ms (after their
+        /// warm-up), so that with a spread of one stream lifetime the streams' phases are spread
+        /// (a steady state of `concurrency` streams in flight) instead of starting, and so ending
+        /// and restarting, all together (0, the default: a burst).
+        #[arg(long, default_value_t = 0)]
+        spread_ms: u64,
         /// Speak HTTP/2 with prior knowledge (h2c): streams multiplexed on `--h2-conns` connections.
         #[arg(long)]
         h2: bool,
@@ -216,7 +222,20 @@ fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
 
-async fn stream(url: String, conc: usize, n: usize, label: String, warmup: usize, cs: Vec<Http>) {
+struct StreamLoad {
+    conc: usize,
+    requests: usize,
+    warmup: usize,
+    spread: Duration,
+}
+
+async fn stream(url: String, load: StreamLoad, label: String, cs: Vec<Http>) {
+    let StreamLoad {
+        conc,
+        requests: n,
+        warmup,
+        spread,
+    } = load;
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -229,12 +248,19 @@ async fn stream(url: String, conc: usize, n: usize, label: String, warmup: usize
             let mut ttft = Histogram::<u64>::new(3).unwrap();
             let mut itl = Histogram::<u64>::new(3).unwrap();
             let mut warm = warmup;
+            // This connection's place in the spread, counted from the end of its warm-up.
+            let offset = spread.mul_f64(k as f64 / conc as f64);
+            let mut spread_pending = !spread.is_zero();
             while warm > 0
                 || ((next.fetch_add(1, Ordering::Relaxed) as usize) < n
                     && Instant::now() < deadline)
             {
                 let measured = warm == 0;
                 warm = warm.saturating_sub(1);
+                if measured && spread_pending {
+                    spread_pending = false;
+                    tokio::time::sleep(offset).await;
+                }
                 let req = hyper::Request::post(url.as_str())
                     .header("content-type", "application/json")
                     .body(Full::new(Bytes::from_static(BODY)))
@@ -403,11 +429,18 @@ fn main() {
                 requests,
                 label,
                 warmup,
+                spread_ms,
                 h2,
                 h2_conns,
             } => {
                 let cs = clients(concurrency.max(1), h2, h2_conns);
-                stream(url, concurrency.max(1), requests, label, warmup, cs).await
+                let load = StreamLoad {
+                    conc: concurrency.max(1),
+                    requests,
+                    warmup,
+                    spread: Duration::from_millis(spread_ms.min(600_000)),
+                };
+                stream(url, load, label, cs).await
             }
             Cmd::Small {
                 url,

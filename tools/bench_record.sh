@@ -23,6 +23,9 @@ TTFT_MS=${TTFT_MS:-50}
 ITL_MS=${ITL_MS:-10}
 TOKENS=${TOKENS:-100}
 ROUNDS=${ROUNDS:-2}
+# SPREAD_MS: spread the load connections' first measured requests over this many ms (one stream
+# lifetime, TTFT_MS + TOKENS*ITL_MS, gives a steady state of CONC streams in flight; 0: a burst).
+SPREAD_MS=${SPREAD_MS:-0}
 SMALL_CONC=${SMALL_CONC:-64}
 SMALL_S=${SMALL_S:-5}
 IDLE=${IDLE:-1000}
@@ -41,17 +44,17 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 start_upstream_and_recorder
 REC2_PID=
 if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
-  RUST_LOG=warn "$TGT/retrace" record --listen 127.0.0.1:$REC2 --upstream http://127.0.0.1:$UP \
+  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC2 --upstream http://127.0.0.1:$UP \
     --out "$WORK/traces-hyper" --admin 127.0.0.1:$ADM2 --h1-engine hyper 2>"$WORK/retrace-hyper.log" &
   REC2_PID=$!
   PIDS+=($REC2_PID)
 fi
 
-write_nginx_conf "worker_processes auto;
+write_nginx_conf "worker_processes $NGX_WORKERS;
 worker_rlimit_nofile 65535;
 master_process on;" \
   "worker_connections 20000; multi_accept on;" 2048 "127.0.0.1:$NGX backlog=4096"
-nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
+$PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
@@ -112,7 +115,7 @@ echo "== idle streams: $IDLE open streams per proxy (measured first, on fresh pr
 for t in $PROXIES; do
   pid=$(proxy_pid "$t")
   before=$(rss_kb "$pid")
-  "$B" idle --url "$(url $t /idle)" --streams "$IDLE" --hold-s 6 >"$WORK/idle-$t.txt" &
+  $GEN "$B" idle --url "$(url $t /idle)" --streams "$IDLE" --hold-s 6 >"$WORK/idle-$t.txt" &
   IDLE_PID=$!
   for _ in $(seq 1 100); do grep -q idle_streams_open "$WORK/idle-$t.txt" 2>/dev/null && break; sleep 0.1; done
   sleep 1
@@ -123,19 +126,19 @@ for t in $PROXIES; do
   echo "$t: rss $before kB -> $during kB with $opened idle streams" >&2
 done
 
-echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
+echo "== streams: $CONC concurrent, $REQS requests, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens, spread ${SPREAD_MS} ms; $ROUNDS rounds; PIN=${PIN:-0}" >&2
 # Warm-up (connections, pools) at low load.
-for t in $TARGETS; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
+for t in $TARGETS; do $GEN "$B" stream --url "$(url $t /v1/completions)" --concurrency 20 --requests 40 --label warm >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
   for t in $TARGETS; do
-    measure stream "$t" "$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --label "$t"
+    measure stream "$t" $GEN "$B" stream --url "$(url $t /v1/completions)" --concurrency "$CONC" --requests "$REQS" --spread-ms "$SPREAD_MS" --label "$t"
   done
 done
 
 echo "== small non-streamed requests: $SMALL_CONC connections, ${SMALL_S}s each" >&2
 for r in $(seq 1 "$ROUNDS"); do
   for t in $TARGETS; do
-    measure small "$t" "$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t"
+    measure small "$t" $GEN "$B" small --url "$(url $t /small)" --concurrency "$SMALL_CONC" --seconds "$SMALL_S" --label "$t"
   done
 done
 

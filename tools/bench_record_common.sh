@@ -2,6 +2,16 @@
 # scratch directory and its cleanup, and the two processes every round talks to: the scripted SSE
 # upstream (bench_record upstream) and `retrace record` in front of it. Uses the caller's OUT, TGT,
 # UP, REC, ADM, TTFT_MS, ITL_MS, TOKENS; sets WORK, PIDS, B and REC_PID.
+#
+# PIN=1 splits the 2 cores: the load generator and the upstream run on CPU 0 ($GEN), every proxy on
+# CPU 1 ($PRX; nginx then gets one worker). Direct and proxied rounds then leave the generator
+# side the same core, so "added" latency is the proxy's own, not its share of a saturated machine.
+if [ "${PIN:-0}" = 1 ]; then
+  command -v taskset >/dev/null || { echo "PIN=1 needs taskset (util-linux)" >&2; exit 1; }
+  GEN="taskset -c 0"; PRX="taskset -c 1"; NGX_WORKERS=1
+else
+  GEN=""; PRX=""; NGX_WORKERS=auto
+fi
 
 bench_setup() {
   cargo build --release --quiet --bin retrace --example bench_record
@@ -19,9 +29,9 @@ bench_cleanup() {
 
 start_upstream_and_recorder() {
   B="$TGT/examples/bench_record"
-  "$B" upstream --listen 127.0.0.1:$UP --ttft-ms "$TTFT_MS" --itl-ms "$ITL_MS" --tokens "$TOKENS" --lifetime-s 3600 &
+  $GEN "$B" upstream --listen 127.0.0.1:$UP --ttft-ms "$TTFT_MS" --itl-ms "$ITL_MS" --tokens "$TOKENS" --lifetime-s 3600 &
   PIDS+=($!)
-  RUST_LOG=warn "$TGT/retrace" record --listen 127.0.0.1:$REC --upstream http://127.0.0.1:$UP \
+  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC --upstream http://127.0.0.1:$UP \
     --out "$WORK/traces" --admin 127.0.0.1:$ADM 2>"$WORK/retrace.log" &
   REC_PID=$!
   PIDS+=($REC_PID)

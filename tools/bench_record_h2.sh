@@ -44,12 +44,12 @@ start_upstream_and_recorder
 NGX_PID=""
 if command -v nginx >/dev/null && [[ " $TARGETS " == *" nginx "* ]]; then
   NGX_CONNS=$(( STREAMS * 2 + 1000 < $(ulimit -Hn) - 100 ? STREAMS * 2 + 1000 : $(ulimit -Hn) - 100 ))
-  write_nginx_conf "worker_processes auto;
+  write_nginx_conf "worker_processes $NGX_WORKERS;
 worker_rlimit_nofile $(ulimit -Hn);
 master_process on;" \
     "worker_connections $NGX_CONNS; multi_accept on;" "$STREAMS" "127.0.0.1:$NGX http2 backlog=4096" \
     "http2_max_concurrent_streams $STREAMS;"
-  nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
+  $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
   NGX_PID=$!
   PIDS+=($NGX_PID)
 else
@@ -97,7 +97,7 @@ for t in $TARGETS; do
   [ "$t" = direct ] && continue
   pid=$(proxy_pid "$t")
   before=$(rss_kb "$pid")
-  "$B" idle --url "$(url $t /idle)" --streams "$STREAMS" --hold-s 8 --h2 --h2-conns "$H2_CONNS" >"$WORK/idle-$t.txt" &
+  $GEN "$B" idle --url "$(url $t /idle)" --streams "$STREAMS" --hold-s 8 --h2 --h2-conns "$H2_CONNS" >"$WORK/idle-$t.txt" &
   IDLE_PID=$!
   for _ in $(seq 1 300); do grep -q idle_streams_open "$WORK/idle-$t.txt" 2>/dev/null && break; sleep 0.1; done
   sleep 1
@@ -110,13 +110,13 @@ for t in $TARGETS; do
 done
 
 echo "== streams: $STREAMS concurrent h2c streams, TTFT ${TTFT_MS} ms, ITL ${ITL_MS} ms, $TOKENS tokens; $ROUNDS rounds" >&2
-for t in $TARGETS; do "$B" stream --url "$(url $t /v1/completions)" --concurrency 50 --requests 100 --warmup 0 --h2 --h2-conns "$H2_CONNS" --label warm >/dev/null; done
+for t in $TARGETS; do $GEN "$B" stream --url "$(url $t /v1/completions)" --concurrency 50 --requests 100 --warmup 0 --h2 --h2-conns "$H2_CONNS" --label warm >/dev/null; done
 for r in $(seq 1 "$ROUNDS"); do
   for t in $TARGETS; do
     pid=$(proxy_pid "$t"); c0=0; c1=0; h0=""; h1=""
     [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
     [ "$t" = retrace ] && h0=$(fwd_hist)
-    line=$("$B" stream --url "$(url $t /v1/completions)" --concurrency "$STREAMS" --requests "$STREAMS" --warmup 0 --h2 --h2-conns "$H2_CONNS" --label "$t")
+    line=$($GEN "$B" stream --url "$(url $t /v1/completions)" --concurrency "$STREAMS" --requests "$STREAMS" --warmup 0 --h2 --h2-conns "$H2_CONNS" --label "$t")
     [ -n "$pid" ] && c1=$(cpu_ticks "$pid")
     [ "$t" = retrace ] && h1=$(fwd_hist)
     echo "{\"kind\":\"stream\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
