@@ -5,6 +5,7 @@
 //!   filters, statistics); pure and synchronous.
 //! - [`sse`]: incremental SSE splitter; pure.
 //! - [`openai`]: request and stream-chunk shapes we read; pure.
+//! - [`chunkmemo`]: a stream's chunks read by comparison with the previous one (record, replay); pure.
 //! - [`h1wire`]: HTTP/1.1 heads (parse, rewrite for the next hop) and chunked framing; pure.
 //! - [`prom`]: Prometheus text exposition parser (scraping servers' `/metrics`); pure.
 //! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
@@ -21,6 +22,7 @@
 //! [`run`] matches each subcommand to its module.
 
 pub mod bytescan;
+pub mod chunkmemo;
 pub mod cli;
 pub mod convert;
 pub mod h1wire;

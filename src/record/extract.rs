@@ -5,7 +5,7 @@
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
 //! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
-//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`super::chunkmemo`])
+//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`])
 //! to fill a [`crate::trace::Request`].
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
@@ -18,9 +18,9 @@
 //! without their query string (API keys sometimes travel there); headers are never recorded.
 //! Pure: no I/O, no clock reads.
 
-use super::chunkmemo::ChunkMemo;
 use super::prompt::{batch_len, TextTokenizer};
 use super::sseframes::FrameSplitter;
+use crate::chunkmemo::ChunkMemo;
 use crate::openai::{self, ChunkInfo};
 use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;

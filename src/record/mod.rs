@@ -10,15 +10,14 @@
 //!   the default): HTTP/1.1 clients to an HTTP/1.1 upstream without hyper;
 //! - `upstream`: the pooled plain/TLS client;
 //! - `tap`: body wrappers (invariant 1: forward untouched, note only);
-//! - `extract` + `prompt` + `sseframes` + `chunkmemo`: exchange → trace record (parsing,
-//!   tokenizing, hashing), pure;
+//! - `extract` + `prompt` + `sseframes` (+ the pure leaf [`crate::chunkmemo`]): exchange → trace
+//!   record (parsing, tokenizing, hashing), pure;
 //! - `writer`: bounded queue, trace files, rotation, durability;
 //! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
 //!
 //! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
 
 pub mod admin;
-pub mod chunkmemo;
 pub mod extract;
 pub mod h1;
 pub mod pool;

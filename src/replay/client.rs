@@ -7,7 +7,9 @@
 //! before `sent_ns`, and each socket read's payload goes straight to the SSE splitter stamped with
 //! that read's instant) and `--http-client hyper` (hyper's client connections; each body frame is
 //! stamped when this task receives it). Both feed the same `Stream` state: every complete
-//! message goes through [`crate::openai::parse_chunk`] and vLLM's timing rules ([`StreamClock`]).
+//! message is read as [`crate::openai::parse_chunk`] reads it (through the stream's chunk template,
+//! [`ChunkMemo`], which answers a chunk that differs from the previous one only in its text) and
+//! goes through vLLM's timing rules ([`StreamClock`]).
 //! A failure never ends the run: it becomes a sample with an error kind — `http_<status>` (with
 //! the first bytes of the body as detail), `connect`, `reset` (connection broken mid-response,
 //! or bad framing), `malformed_stream` (an SSE message that is not a JSON object),
@@ -15,9 +17,9 @@
 //! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
 //! `http://` and `https://` targets (TLS in [`Pool`]); this module does not schedule or aggregate.
 
+use crate::chunkmemo::ChunkMemo;
 use crate::h1wire::{self, BodyDecoder};
 use crate::metrics::{Sample, ServerTimes, StreamClock};
-use crate::openai::parse_chunk;
 use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -237,6 +239,8 @@ struct Stream {
     is_sse: bool,
     clock: StreamClock,
     parser: SseParser,
+    /// The previous chunk as a template for the next (most chunks differ only in their text).
+    memo: ChunkMemo,
     whole: Vec<u8>,
     err: Option<(String, String)>,
     server: ServerTimes,
@@ -246,11 +250,12 @@ struct Stream {
 fn on_message(
     data: &[u8],
     at: u64,
+    memo: &mut ChunkMemo,
     clock: &mut StreamClock,
     err: &mut Option<(String, String)>,
     server: &mut ServerTimes,
 ) {
-    match parse_chunk(data) {
+    match memo.parse(data) {
         Ok(info) => {
             if let Some(e) = info.error {
                 err.get_or_insert(("stream_error".into(), e));
@@ -275,6 +280,7 @@ impl Stream {
             is_sse,
             clock: StreamClock::new(req.api, sent_ns),
             parser: SseParser::default(),
+            memo: ChunkMemo::default(),
             whole: Vec::new(),
             err: None,
             server: ServerTimes::default(),
@@ -290,13 +296,14 @@ impl Stream {
         let Stream {
             clock,
             parser,
+            memo,
             err,
             server,
             ..
         } = self;
         parser.feed_raw(data, |ev| match ev {
             Ok(ev) if ev.is_done() => {}
-            Ok(ev) => on_message(ev.data, at, clock, err, server),
+            Ok(ev) => on_message(ev.data, at, memo, clock, err, server),
             Err(e) => {
                 err.get_or_insert(("malformed_stream".into(), format!("{e:?}")));
             }
@@ -309,6 +316,7 @@ impl Stream {
             is_sse,
             clock,
             parser,
+            memo,
             whole,
             err,
             server,
@@ -318,12 +326,12 @@ impl Stream {
                 if let Some(ev) = parser.finish() {
                     match ev {
                         Ok(ev) if ev.is_done() => {}
-                        Ok(ev) => on_message(ev.data.as_bytes(), end, clock, err, server),
+                        Ok(ev) => on_message(ev.data.as_bytes(), end, memo, clock, err, server),
                         Err(e) => *err = Some(("malformed_stream".into(), format!("{e:?}"))),
                     }
                 }
             } else {
-                on_message(whole, end, clock, err, server);
+                on_message(whole, end, memo, clock, err, server);
             }
         }
         let mut err = self.err;
@@ -655,6 +663,191 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Api;
+    use proptest::prelude::*;
+
+    fn stream(api: Api) -> Stream {
+        Stream {
+            is_sse: true,
+            clock: StreamClock::new(api, 1_000),
+            parser: SseParser::default(),
+            memo: ChunkMemo::default(),
+            whole: Vec::new(),
+            err: None,
+            server: ServerTimes::default(),
+        }
+    }
+
+    /// Feeds `events` (SSE event texts, each ending in a blank line) one per read, 10 µs apart,
+    /// then ends the body: the sample replay would take from them. `memo: false` forgets the
+    /// chunk template before every read, so every chunk goes through `parse_chunk` (the general
+    /// path). Also returns how many chunks the template answered.
+    fn replay_events(api: Api, events: &[String], memo: bool) -> (Sample, u64) {
+        let mut st = stream(api);
+        let mut at = 2_000;
+        for ev in events {
+            if !memo {
+                st.memo.reset();
+            }
+            st.feed(ev.as_bytes(), at);
+            at += 10_000;
+        }
+        let hits = st.memo.hits;
+        (st.finish(at, Sample::default()), hits)
+    }
+
+    /// The SSE events of a stream file (`data: ...` lines separated by blank lines).
+    fn events_of(raw: &str) -> Vec<String> {
+        raw.split_inclusive("\n\n").map(str::to_string).collect()
+    }
+
+    fn real_streams() -> Vec<(Api, Vec<String>)> {
+        let metrics_example = include_str!("../../fixtures/vllm/per_request_metrics_example.txt")
+            .lines()
+            .filter(|l| l.starts_with("data: "))
+            .map(|l| format!("{l}\n\n"))
+            .collect();
+        vec![
+            (
+                Api::Completions,
+                events_of(include_str!(
+                    "../../fixtures/vllm/completions_tokenids_stream.sse"
+                )),
+            ),
+            (
+                Api::Completions,
+                events_of(include_str!(
+                    "../../fixtures/vllm/completions_text_stream.sse"
+                )),
+            ),
+            (
+                Api::Completions,
+                events_of(include_str!(
+                    "../../fixtures/vllm/return_token_ids_stream.sse"
+                )),
+            ),
+            (
+                Api::Chat,
+                events_of(include_str!("../../fixtures/vllm/chat_stream.sse")),
+            ),
+            (Api::Completions, metrics_example),
+        ]
+    }
+
+    /// Replay's per-event path with the chunk template gives the same sample (TTFT, ITLs, output
+    /// tokens from usage or counted, server metrics, errors) as with `parse_chunk` alone, on
+    /// the real vLLM 0.32 streams (fixtures/vllm, copies of /work/shared/vllm-samples).
+    #[test]
+    fn chunk_template_gives_parse_chunks_samples_on_real_vllm_streams() {
+        let mut hits = 0;
+        for (api, events) in real_streams() {
+            assert!(events.len() >= 2, "{events:?}");
+            let (with, h) = replay_events(api, &events, true);
+            let (without, h0) = replay_events(api, &events, false);
+            assert_eq!(h0, 0);
+            assert_eq!(with, without, "{events:?}");
+            assert!(with.ttft_ns.is_some() && with.output_tokens > 0, "{with:?}");
+            hits += h;
+        }
+        assert!(hits >= 5, "the template answered {hits} real chunks");
+    }
+
+    /// The text or content of one token: plain, empty, escaped, non-ASCII, or pieces of JSON
+    /// that change the chunk's shape when pasted in.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            30 => "[a-z ]{1,4}",
+            1 => Just(String::new()),
+            1 => Just("\\\"q".to_string()),
+            1 => Just("é€".to_string()),
+            1 => Just("\"".to_string()),
+            1 => Just("\\u0041".to_string()),
+            1 => Just("\",\"error\":{\"message\":\"boom\"},\"x\":\"".to_string()),
+            1 => Just("\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":7},\"y\":[{\"z\":\"".to_string()),
+        ]
+    }
+
+    /// One chunk of a vLLM-like stream (mock and vLLM 0.32 shapes), or an odd one.
+    #[derive(Debug, Clone)]
+    enum Chunk {
+        Token {
+            text: String,
+            finish: bool,
+            token_ids: Option<Vec<u32>>,
+        },
+        Usage(u32),
+        Metrics,
+        Error,
+        Malformed,
+    }
+
+    fn chunk() -> impl Strategy<Value = Chunk> {
+        prop_oneof![
+            40 => (piece(), prop::bool::weighted(0.05), prop::option::weighted(0.05, prop::collection::vec(0u32..100_000, 0..3)))
+                .prop_map(|(text, finish, token_ids)| Chunk::Token { text, finish, token_ids }),
+            1 => (0u32..200).prop_map(Chunk::Usage),
+            1 => Just(Chunk::Metrics),
+            1 => Just(Chunk::Error),
+            1 => Just(Chunk::Malformed),
+        ]
+    }
+
+    fn render(api: Api, c: &Chunk) -> String {
+        let head = match api {
+            Api::Completions => {
+                r#"{"id":"cmpl-7","object":"text_completion","created":1795972270,"model":"m""#
+            }
+            Api::Chat => {
+                r#"{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1795972270,"model":"m""#
+            }
+        };
+        let body = match c {
+            Chunk::Token { text, finish, token_ids } => {
+                let fin = if *finish { r#""length""# } else { "null" };
+                let ids = match token_ids {
+                    None => "null".to_string(),
+                    Some(v) => format!("{v:?}").replace(' ', ""),
+                };
+                match api {
+                    Api::Completions => format!(
+                        r#","choices":[{{"index":0,"text":"{text}","logprobs":null,"finish_reason":{fin},"stop_reason":null,"token_ids":{ids}}}]}}"#
+                    ),
+                    Api::Chat => format!(
+                        r#","choices":[{{"index":0,"delta":{{"content":"{text}"}},"logprobs":null,"finish_reason":{fin},"token_ids":{ids}}}]}}"#
+                    ),
+                }
+            }
+            Chunk::Usage(n) => format!(
+                r#","choices":[],"usage":{{"prompt_tokens":5,"total_tokens":{},"completion_tokens":{n}}}}}"#,
+                n + 5
+            ),
+            Chunk::Metrics => r#","choices":[],"metrics":{"queue_time_ms":1.5,"time_to_first_token_ms":50.25}}"#.to_string(),
+            Chunk::Error => r#","object":"error","message":"engine died","type":"InternalServerError","code":500}"#.to_string(),
+            Chunk::Malformed => r#","choices":[{"text":"x"}"#.to_string(),
+        };
+        format!("data: {head}{body}\n\n")
+    }
+
+    proptest! {
+        /// Streams of vLLM-like chunks whose text varies arbitrarily (quotes, escapes, JSON
+        /// fragments, non-ASCII), with token ids, finish reasons, usage, metrics, error and
+        /// malformed chunks mixed in: replay's sample is the same with and without the template.
+        #[test]
+        fn chunk_template_gives_parse_chunks_samples_on_varied_streams(
+            chat in any::<bool>(),
+            chunks in prop::collection::vec(chunk(), 1..40),
+            done in any::<bool>(),
+        ) {
+            let api = if chat { Api::Chat } else { Api::Completions };
+            let mut events: Vec<String> = chunks.iter().map(|c| render(api, c)).collect();
+            if done {
+                events.push("data: [DONE]\n\n".into());
+            }
+            let (with, _) = replay_events(api, &events, true);
+            let (without, _) = replay_events(api, &events, false);
+            prop_assert_eq!(with, without);
+        }
+    }
 
     #[test]
     fn target_urls() {

@@ -147,15 +147,15 @@ mod tests {
 
     fn real_streams() -> Vec<Vec<Vec<u8>>> {
         let mut v: Vec<Vec<Vec<u8>>> = [
-            &include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse")[..],
-            include_bytes!("../../fixtures/vllm/chat_stream.sse"),
-            include_bytes!("../../fixtures/vllm/completions_text_stream.sse"),
-            include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
+            &include_bytes!("../fixtures/vllm/completions_tokenids_stream.sse")[..],
+            include_bytes!("../fixtures/vllm/chat_stream.sse"),
+            include_bytes!("../fixtures/vllm/completions_text_stream.sse"),
+            include_bytes!("../fixtures/vllm/return_token_ids_stream.sse"),
         ]
         .iter()
         .map(|s| stream_events(s))
         .collect();
-        let txt = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+        let txt = include_str!("../fixtures/vllm/per_request_metrics_example.txt");
         v.push(
             txt.lines()
                 .filter_map(|l| l.strip_prefix("data: "))
