@@ -890,11 +890,12 @@ impl Engine {
         let n = self.writer_txs.len();
         let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
-        let batch = std::mem::take(&mut self.sink_now);
+        // The batch's buffer is kept for the next hand-over (no regrowth per wake-up).
+        let mut batch = std::mem::take(&mut self.sink_now);
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
         flush_marks(&batch, &mut self.sink_marks);
-        for (i, (key, sink, e)) in batch.into_iter().enumerate() {
+        for (i, (key, sink, e)) in batch.drain(..).enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
                 if !sink.emit(e, self.sink_marks.flush[i]) {
                     gone.push(key);
@@ -910,6 +911,7 @@ impl Engine {
                 let _ = self.writer_txs[w].send(std::mem::take(b));
             }
         }
+        self.sink_now = batch;
         for rid in gone {
             self.abort(rid);
         }
