@@ -504,6 +504,12 @@ pub struct MockArgs {
     /// 0: the engine thread writes them itself (least CPU per event, but one thread's share).
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub writer_threads: usize,
+    /// What a request's timings (fixed TTFT, front-end latency) count from: `kernel`, when its
+    /// bytes reached the mock's socket (the kernel's receive timestamp of the read that completed
+    /// it, so the mock's own CPU queue is not charged to the engine), or `parsed`, when the
+    /// mock's threads had read and parsed its head.
+    #[arg(long, default_value = "kernel", value_name = "kernel|parsed")]
+    pub arrival_stamp: String,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

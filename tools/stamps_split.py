@@ -5,7 +5,9 @@ Usage: tools/stamps_split.py DIR   (DIR holds replay-<pid>.tsv and mock-<pid>.ts
 
 Rows (nanoseconds of CLOCK_MONOTONIC, shared by both processes):
   replay PORT sent written head_read first_read first_seen
-  mock   PORT first_byte_read arrival(head parsed) handed_to_engine
+  mock   PORT first_byte_read arrival handed_to_engine   (arrival: what the mock's timings count
+         from; by default the kernel's receive timestamp of the read that completed the request,
+         so usually before first_byte_read; with --arrival-stamp parsed, the head parsed)
   mock_first PORT due sent        (the stream's first event: scheduled, handed to the socket)
 A connection carries its requests one after another, so the k-th row of a port on each side is
 the same request. Prints mean / p50 / p99 (ms) of each stage and the TTFT they add up to.
@@ -36,14 +38,14 @@ for port, reqs in rows["replay"].items():
         sent, written, head, fread, fseen = r[:5]
         mread, arrival, handed = mocks[k]
         due, msent = firsts[k]
-        if not (sent <= written <= mread <= arrival and arrival <= due):
+        if not (sent <= written <= mread and arrival <= due):
             continue
         joined += 1
         s = stages
         s["client: sent stamp -> request written"].append(written - sent)
         s["kernel+server wake: written -> server read"].append(mread - written)
-        s["server: read -> head parsed (arrival)"].append(arrival - mread)
-        s["server: arrival -> handed to engine"].append(handed - arrival)
+        s["server: arrival stamp -> read (<0: arrival after read)"].append(mread - arrival)
+        s["server: read -> handed to engine"].append(handed - mread)
         s["server TTFT (due - arrival, fixed)"].append(due - arrival)
         s["server: first event late (socket - due)"].append(msent - due)
         s["kernel+client wake: server send -> client read"].append(fread - msent)

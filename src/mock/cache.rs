@@ -13,6 +13,29 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// Hashes u64 keys with one multiply instead of SipHash: the engine's own ids (sequential, not
+/// chosen by a client) and the block hashes here (xxh3 outputs, already mixed); both maps are
+/// looked up several times per request or per emitted event.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by u64 with [`IdHasher`].
+pub type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 #[derive(Debug, Clone, Default)]
 struct Block {
     hash: Option<u64>,
@@ -34,7 +57,7 @@ pub struct PrefixCache {
     block_size: u32,
     blocks: Vec<Block>,
     free: Vec<u32>,
-    by_hash: HashMap<u64, u32>,
+    by_hash: IdMap<u32>,
     lru: BTreeMap<u64, u32>,
     tick: u64,
     in_use: usize,
@@ -46,7 +69,7 @@ impl PrefixCache {
             block_size: block_size.max(1),
             blocks: vec![Block::default(); total_blocks],
             free: (0..total_blocks as u32).rev().collect(),
-            by_hash: HashMap::new(),
+            by_hash: IdMap::default(),
             lru: BTreeMap::new(),
             tick: 0,
             in_use: 0,

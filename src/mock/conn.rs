@@ -13,6 +13,7 @@
 //! open streams end when the engine stops. This module does not format bodies or decide routes.
 
 use super::api::{self, Shared};
+use super::rxstamp;
 use super::stream::{self, Outcome};
 use bytes::{Buf, Bytes};
 use std::io;
@@ -21,6 +22,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -54,6 +56,8 @@ pub struct ConnCtx {
     /// request being read arrived (0: none yet).
     pub stamp_port: u16,
     pub first_read_ns: AtomicU64,
+    /// When the bytes of the latest read reached the socket ([`super::rxstamp`]).
+    last_rx: Mutex<Option<Instant>>,
 }
 
 impl ConnCtx {
@@ -72,6 +76,17 @@ impl ConnCtx {
 
     fn take(&self) -> Option<Hijack> {
         self.hijack.lock().ok().and_then(|mut s| s.take())
+    }
+
+    /// When the bytes of the connection's latest read reached its socket (the kernel's receive
+    /// timestamp, or the read's own instant): after a request's body has been read, the arrival
+    /// of the read that completed it. `None` before any read.
+    pub fn last_rx(&self) -> Option<Instant> {
+        *self.last_rx.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_rx(&self, at: Instant) {
+        *self.last_rx.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
     }
 }
 
@@ -95,17 +110,38 @@ impl AsyncRead for ConnIo {
             self.prefix.advance(n);
             return Poll::Ready(Ok(()));
         }
-        let before = buf.filled().len();
-        let p = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if crate::stamps::enabled()
-            && buf.filled().len() > before
-            && self.ctx.first_read_ns.load(Relaxed) == 0
-        {
-            self.ctx
-                .first_read_ns
-                .store(crate::stamps::now_ns(), Relaxed);
+        // One `recvmsg` per read, with the kernel's receive timestamp (`super::rxstamp`).
+        let this = &mut *self;
+        let fd = this.stream.as_raw_fd();
+        loop {
+            if let Err(e) = std::task::ready!(this.stream.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            // SAFETY: `recv` only writes into the unfilled part; exactly the `n` bytes it
+            // reports are marked initialised and filled below.
+            let dst = unsafe { buf.unfilled_mut() };
+            match this
+                .stream
+                .try_io(tokio::io::Interest::READABLE, || rxstamp::recv(fd, dst))
+            {
+                Ok((n, at)) => {
+                    // SAFETY: the kernel wrote `n` bytes at the start of the unfilled part.
+                    unsafe { buf.assume_init(n) };
+                    buf.advance(n);
+                    if n > 0 {
+                        this.ctx.set_rx(at);
+                        if crate::stamps::enabled() && this.ctx.first_read_ns.load(Relaxed) == 0 {
+                            this.ctx
+                                .first_read_ns
+                                .store(crate::stamps::now_ns(), Relaxed);
+                        }
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
         }
-        p
     }
 }
 
@@ -223,8 +259,13 @@ impl std::future::Future for &mut Http {
 /// Serves one accepted connection until it closes (or the mock stops).
 pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
+    if sh.kernel_arrival {
+        rxstamp::enable(stream.as_raw_fd());
+    }
     let mut stream = stream;
     let mut prefix = Bytes::new();
+    // When the bytes in `prefix` reached the socket (the latest read that got any of them).
+    let mut prefix_rx: Option<Instant> = None;
     let stamp_port = if crate::stamps::enabled() {
         crate::stamps::port_of(stream.as_raw_fd(), false)
     } else {
@@ -242,6 +283,7 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
             } else {
                 crate::stamps::now_ns()
             }),
+            last_rx: Mutex::new(if prefix.is_empty() { None } else { prefix_rx }),
         });
         let io = ConnIo {
             stream,
@@ -289,14 +331,16 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
         // Bytes hyper read ahead come before the ones still unread in the old prefix.
         let mut read_ahead = parts.read_buf.to_vec();
         read_ahead.extend_from_slice(&io.prefix);
+        let mut ahead_rx = ctx.last_rx();
         stream = io.stream;
         let Some(st) = h.stream.take() else {
             return;
         };
         let head = std::mem::take(&mut h.head);
-        match stream::drive(st, &stream, head, &mut read_ahead).await {
+        match stream::drive(st, &stream, head, &mut read_ahead, &mut ahead_rx).await {
             Outcome::Finished if !h.close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
+                prefix_rx = ahead_rx;
             }
             Outcome::Reset => return, // dropping the socket sends the RST
             _ => {

@@ -31,14 +31,14 @@
 //! lateness when it hands the bytes to the socket. This module itself does not format JSON or
 //! touch sockets.
 
-use super::cache::{Alloc, PrefixCache};
+use super::cache::{Alloc, IdMap, PrefixCache};
 use super::faults::FaultPlan;
 use super::prom::Stats;
 use crate::trace::hash::BlockHasher;
 use rand::SeedableRng;
 use rand_distr::Distribution;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -472,27 +472,6 @@ impl Ord for Entry {
     }
 }
 
-/// Hashes the engine's own u64 ids (sequential, not attacker-chosen) with one multiply instead
-/// of SipHash: the maps are looked up several times per emitted event.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
-
 struct Step {
     end: Instant,
     prefill: Vec<(u64, u32)>,
@@ -605,6 +584,28 @@ pub fn spawn_with_inbox(
             }
         })?;
     Ok((tx, handle))
+}
+
+/// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).
+fn prompt_hash(prompt: &[u32]) -> u64 {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: a u32 slice is readable as 4 bytes per element, which are its little-endian
+        // bytes on this target; the length cannot overflow (it is the slice's own size).
+        let bytes = unsafe {
+            std::slice::from_raw_parts(prompt.as_ptr() as *const u8, std::mem::size_of_val(prompt))
+        };
+        xxhash_rust::xxh3::xxh3_64(bytes)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        xxhash_rust::xxh3::xxh3_64(
+            &prompt
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+    }
 }
 
 fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
@@ -760,12 +761,7 @@ impl Engine {
             reset_pending: false,
         };
         for (choice, q) in s.seqs.into_iter().enumerate() {
-            let phash = xxhash_rust::xxh3::xxh3_64(
-                &q.prompt
-                    .iter()
-                    .flat_map(|t| t.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            );
+            let phash = prompt_hash(&q.prompt);
             let out_seed = self.cfg.seed ^ phash ^ (choice as u64).wrapping_mul(0x9E37_79B9);
             let (target, finish) = output_len(&q, out_seed, self.cfg.eos_prob);
             let key = self.next_seq;
@@ -894,11 +890,12 @@ impl Engine {
         let n = self.writer_txs.len();
         let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
-        let batch = std::mem::take(&mut self.sink_now);
+        // The batch's buffer is kept for the next hand-over (no regrowth per wake-up).
+        let mut batch = std::mem::take(&mut self.sink_now);
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
         flush_marks(&batch, &mut self.sink_marks);
-        for (i, (key, sink, e)) in batch.into_iter().enumerate() {
+        for (i, (key, sink, e)) in batch.drain(..).enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
                 if !sink.emit(e, self.sink_marks.flush[i]) {
                     gone.push(key);
@@ -914,6 +911,7 @@ impl Engine {
                 let _ = self.writer_txs[w].send(std::mem::take(b));
             }
         }
+        self.sink_now = batch;
         for rid in gone {
             self.abort(rid);
         }
@@ -1578,6 +1576,14 @@ mod tests {
                 assert_eq!(m.flush[i], last, "n {n}, index {i}, key {k}");
             }
             assert_eq!(m.flush.iter().filter(|&&f| f).count(), n);
+        }
+    }
+
+    #[test]
+    fn prompt_hash_is_xxh3_of_little_endian_ids() {
+        for p in [vec![], vec![7u32], vec![1, 2, 3, u32::MAX, 0x0102_0304]] {
+            let bytes: Vec<u8> = p.iter().flat_map(|t| t.to_le_bytes()).collect();
+            assert_eq!(prompt_hash(&p), xxhash_rust::xxh3::xxh3_64(&bytes));
         }
     }
 

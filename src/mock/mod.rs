@@ -17,6 +17,7 @@ pub mod conn;
 pub mod engine;
 pub mod faults;
 pub mod prom;
+pub mod rxstamp;
 pub mod stream;
 pub mod tokenize;
 
@@ -69,6 +70,32 @@ pub struct MockConfig {
     pub coalesce_us: u64,
     /// Threads that write streamed events to their sockets (0: the engine thread does).
     pub writer_threads: usize,
+    /// What a request's timings count from: when its bytes reached the socket (`Kernel`, the
+    /// kernel's receive timestamp of the read that completed it) or when its head had been
+    /// parsed (`Parsed`, the mock's threads having got to it).
+    pub arrival: ArrivalStamp,
+}
+
+/// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArrivalStamp {
+    /// The kernel's receive timestamp of the read that completed the request ([`rxstamp`]): the
+    /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
+    #[default]
+    Kernel,
+    /// The instant the request's head had been parsed (the mock's threads got to it).
+    Parsed,
+}
+
+impl ArrivalStamp {
+    /// `kernel` or `parsed` (`--arrival-stamp`).
+    pub fn by_name(s: &str) -> anyhow::Result<ArrivalStamp> {
+        match s {
+            "kernel" => Ok(ArrivalStamp::Kernel),
+            "parsed" => Ok(ArrivalStamp::Parsed),
+            _ => bail!("--arrival-stamp: `{s}` is not one of kernel, parsed"),
+        }
+    }
 }
 
 impl Default for MockConfig {
@@ -93,6 +120,7 @@ impl Default for MockConfig {
             realtime: false,
             coalesce_us: 100,
             writer_threads: 2,
+            arrival: ArrivalStamp::Kernel,
         }
     }
 }
@@ -282,6 +310,12 @@ pub async fn start(
         .enable_all()
         .build()
         .context("cannot start the mock's runtime")?;
+    if cfg.arrival == ArrivalStamp::Kernel {
+        // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
+        // later, before clients normally send); accepted sockets ask for them too (conn.rs).
+        use std::os::fd::AsRawFd;
+        rxstamp::enable(listener.as_raw_fd());
+    }
     let listener = {
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
@@ -342,6 +376,7 @@ pub async fn start(
         stats: stats.clone(),
         engine: etx.clone(),
         inbox,
+        kernel_arrival: cfg.arrival == ArrivalStamp::Kernel,
         next_id: AtomicU64::new(0),
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -444,6 +479,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
         writer_threads: a.writer_threads,
+        arrival: ArrivalStamp::by_name(&a.arrival_stamp)?,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

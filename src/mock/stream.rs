@@ -361,7 +361,8 @@ async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
 
 /// Connection task: writes `head` and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
-/// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB), and says how the
+/// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
+/// set to when the latest of them reached the socket, see [`super::rxstamp`]), and says how the
 /// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
 /// this returns.
 pub async fn drive(
@@ -369,6 +370,7 @@ pub async fn drive(
     stream: &TcpStream,
     head: Vec<u8>,
     read_ahead: &mut Vec<u8>,
+    read_ahead_rx: &mut Option<Instant>,
 ) -> Outcome {
     let fd = stream.as_raw_fd();
     let mut detach = Detach {
@@ -429,11 +431,18 @@ pub async fn drive(
                         if r.is_err() {
                             return Outcome::Close;
                         }
-                        let mut tmp = [0u8; 4096];
-                        match stream.try_read(&mut tmp) {
+                        let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+                        let r = stream.try_io(tokio::io::Interest::READABLE, || {
+                            super::rxstamp::recv(fd, &mut tmp)
+                        });
+                        match r {
                             // The client closed its side: as on the hyper path, the stream ends.
-                            Ok(0) => return Outcome::Close,
-                            Ok(n) => read_ahead.extend_from_slice(&tmp[..n]),
+                            Ok((0, _)) => return Outcome::Close,
+                            Ok((n, at)) => {
+                                // SAFETY: the kernel wrote the first `n` bytes.
+                                read_ahead.extend(tmp[..n].iter().map(|b| unsafe { b.assume_init() }));
+                                *read_ahead_rx = Some(at);
+                            }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                             Err(_) => return Outcome::Close,
                         }

@@ -1567,3 +1567,73 @@ async fn profiles_pick_the_cost_model_and_flags_override_them() {
     );
     h.shutdown().await;
 }
+
+/// What fixed timing counts from: by default the read that completed the request (its body's
+/// last bytes reaching the socket), with `ArrivalStamp::Parsed` the moment its head was parsed.
+/// A request whose body arrives 150 ms after its head shows the difference: by default the first
+/// token comes TTFT after the body's last bytes were sent, never sooner; in `parsed` mode TTFT
+/// after the head. Generous bounds (loaded 2-core machine).
+#[tokio::test]
+async fn fixed_timing_counts_from_the_read_that_completed_the_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = json!({"model": "mock-llama", "prompt": [1, 2, 3, 4], "max_tokens": 2,
+        "ignore_eos": true, "stream": true})
+    .to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: mock\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    for (arrival, name) in [
+        (mock::ArrivalStamp::Kernel, "kernel"),
+        (mock::ArrivalStamp::Parsed, "parsed"),
+    ] {
+        let h = start(MockConfig {
+            arrival,
+            ..fixed(200.0, 5.0)
+        })
+        .await;
+        let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        // Head and the first byte of the body, then the rest of the body 150 ms later.
+        let (first, rest) = body.split_at(1);
+        s.write_all(format!("{head}{first}").as_bytes())
+            .await
+            .unwrap();
+        let t_head = Instant::now();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let t_body = Instant::now();
+        s.write_all(rest.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        let first_token = loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut tmp))
+                .await
+                .expect("a response within 10 s")
+                .unwrap();
+            assert!(n > 0, "{name}: closed early");
+            buf.extend_from_slice(&tmp[..n]);
+            if buf.windows(9).any(|w| w == b"\"choices\"") {
+                break Instant::now();
+            }
+        };
+        let since_body = first_token - t_body;
+        let since_head = first_token - t_head;
+        match arrival {
+            mock::ArrivalStamp::Kernel => assert!(
+                since_body >= Duration::from_millis(199),
+                "{name}: first token {since_body:?} after the request was complete"
+            ),
+            mock::ArrivalStamp::Parsed => {
+                assert!(
+                    since_head >= Duration::from_millis(199),
+                    "{name}: first token {since_head:?} after the head"
+                );
+                assert!(
+                    since_body < Duration::from_millis(190),
+                    "{name}: counted from the body ({since_body:?}), not the head"
+                );
+            }
+        }
+        h.shutdown().await;
+    }
+}
