@@ -517,6 +517,73 @@ mod tests {
         assert!(fast >= 2, "the fast path answered {fast} bodies");
     }
 
+    /// Records built from the real vLLM samples (streams of every shape, a non-streamed body
+    /// with usage and metrics, with and without bodies) encode to the same bytes through the
+    /// trace writer's direct encoder as through the serde path.
+    #[test]
+    fn records_from_real_vllm_samples_encode_as_serde_does() {
+        let streams: [&[u8]; 4] = [
+            include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse"),
+            include_bytes!("../../fixtures/vllm/completions_text_stream.sse"),
+            include_bytes!("../../fixtures/vllm/chat_stream.sse"),
+            include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
+        ];
+        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+        let mut exchanges = Vec::new();
+        for s in streams {
+            let chunks: Vec<(u64, &[u8])> = s
+                .chunks(97)
+                .enumerate()
+                .map(|(k, c)| (1000 + 731 * k as u64, c))
+                .collect();
+            for path in ["/v1/completions", "/v1/chat/completions"] {
+                exchanges.push(ex(
+                    path,
+                    br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
+                    "text/event-stream",
+                    &chunks,
+                ));
+            }
+        }
+        for line in metrics.lines().filter(|l| l.starts_with('{')) {
+            exchanges.push(ex(
+                "/v1/completions",
+                br#"{"prompt":"hello world, hello"}"#,
+                "application/json",
+                &[(3000, line.as_bytes())],
+            ));
+        }
+        let metrics_sse: String = metrics
+            .lines()
+            .filter(|l| l.starts_with("data:"))
+            .map(|l| format!("{l}\n\n"))
+            .collect();
+        exchanges.push(ex(
+            "/v1/completions",
+            br#"{"prompt":"hi","stream":true}"#,
+            "text/event-stream",
+            &[(2000, metrics_sse.as_bytes())],
+        ));
+        exchanges.push(ex("/small", b"{}", "application/json", &[(5, b"{}")]));
+        assert!(exchanges.len() >= 10);
+        let mut with_metrics = 0;
+        for e in &exchanges {
+            for bodies in [Bodies::None, Bodies::Full] {
+                let (r, _) = xt(bodies).to_request(e, e.arrival - Duration::from_millis(5));
+                with_metrics += usize::from(
+                    r.response
+                        .as_ref()
+                        .is_some_and(|x| x.server_metrics.is_some()),
+                );
+                for prev in [0, 4000, 9000] {
+                    let (a, b) = crate::trace::native::record_bytes_both(&r, prev);
+                    assert_eq!(a, b, "{r:?}");
+                }
+            }
+        }
+        assert!(with_metrics > 0, "a sample carries vLLM's metrics object");
+    }
+
     #[test]
     fn fit_extends_and_truncates() {
         let h = BlockHasher::xxh3();
