@@ -65,9 +65,14 @@ impl HeadError {
 pub struct RequestHead {
     /// Bytes of the head in the input, blank line included.
     pub len: usize,
-    pub method: String,
-    /// Path and query as the client sent them (origin-form; from absolute-form when given so).
-    pub path: String,
+    /// Where the method is in the parsed buffer (see [`RequestHead::method_in`]): positions,
+    /// not a copy, so parsing a head allocates nothing.
+    pub method: std::ops::Range<usize>,
+    /// Where the path and query are in the parsed buffer, as the client sent them
+    /// (origin-form; from absolute-form when given so; see [`RequestHead::path_into`]).
+    pub path: std::ops::Range<usize>,
+    /// The target had a query but no path (`?q`, `http://h?q`): the path is `/` + `buf[path]`.
+    pub path_slash: bool,
     /// [`Framing::None`], [`Framing::Length`] or [`Framing::Chunked`].
     pub body: Framing,
     /// The client lets the connection carry another request (HTTP/1.1 without `close`).
@@ -78,6 +83,38 @@ pub struct RequestHead {
     pub is_head: bool,
 }
 
+impl RequestHead {
+    /// The method, from the buffer the head was parsed from.
+    pub fn method_in<'a>(&self, buf: &'a [u8]) -> &'a str {
+        buf.get(self.method.clone())
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or("")
+    }
+
+    /// Appends the path and query (origin-form) to `out`, from the buffer the head was parsed from.
+    pub fn path_into(&self, buf: &[u8], out: &mut String) {
+        if self.path_slash {
+            out.push('/');
+        }
+        if let Some(p) = buf
+            .get(self.path.clone())
+            .and_then(|b| std::str::from_utf8(b).ok())
+        {
+            out.push_str(p);
+        }
+    }
+}
+
+/// Where `part` (a slice of `buf`) sits in `buf`.
+fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
+    let start = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    if start <= buf.len() && part.len() <= buf.len() - start {
+        start..start + part.len()
+    } else {
+        0..0
+    }
+}
+
 /// A parsed response head (the rewritten head went to the output buffer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseHead {
@@ -86,7 +123,11 @@ pub struct ResponseHead {
     pub body: Framing,
     /// The upstream keeps the connection open after this response.
     pub reusable: bool,
+    /// The `Content-Type` value, copied (from [`parse_response_head`]; [`parse_response`],
+    /// the recorder's, leaves it `None` and gives its position instead).
     pub content_type: Option<String>,
+    /// Where the `Content-Type` value is in the parsed buffer.
+    pub content_type_at: Option<std::ops::Range<usize>>,
 }
 
 /// How to write a response head for the client.
@@ -273,15 +314,11 @@ pub fn parse_request(
     field(out, b"host", host);
     write_fields(headers, body == Framing::Chunked, true, out);
     out.extend_from_slice(b"\r\n");
-    let path = if pq.starts_with('?') {
-        format!("/{pq}")
-    } else {
-        pq.to_string()
-    };
     Ok(Some(RequestHead {
         len,
-        method: method.to_string(),
-        path,
+        method: range_in(buf, method),
+        path: range_in(buf, pq),
+        path_slash: pq.starts_with('?'),
         body,
         keep_alive,
         http10,
@@ -313,7 +350,7 @@ pub fn parse_response_head(
         Some(n) => n,
         None => return Ok(None),
     };
-    response_head(&resp, len, head_request).map(|(h, _)| Some(h))
+    response_head(&resp, buf, len, head_request, true).map(|(h, _)| Some(h))
 }
 
 fn parse_head<'h, 'b>(
@@ -345,8 +382,10 @@ fn head_len(
 /// Framing and reuse of a parsed response head; also its `Content-Length`, if any.
 fn response_head(
     resp: &httparse::Response<'_, '_>,
+    buf: &[u8],
     len: usize,
     head_request: bool,
+    copy_content_type: bool,
 ) -> Result<(ResponseHead, Option<u64>), HeadError> {
     let status = resp.code.unwrap_or(0);
     let http10 = resp.version == Some(0);
@@ -371,18 +410,18 @@ fn response_head(
     let ambiguous = chunked.is_some() && length.is_some();
     let reusable =
         !(http10 || connection_has(headers, "close") || body == Framing::Close || ambiguous);
-    let content_type = headers
+    let ct = headers
         .iter()
         .find(|h| eq(h.name, "content-type"))
-        .and_then(|h| std::str::from_utf8(h.value).ok())
-        .map(str::to_string);
+        .and_then(|h| std::str::from_utf8(h.value).ok());
     Ok((
         ResponseHead {
             len,
             status,
             body,
             reusable,
-            content_type,
+            content_type: ct.filter(|_| copy_content_type).map(str::to_string),
+            content_type_at: ct.map(|v| range_in(buf, v)),
         },
         length,
     ))
@@ -402,7 +441,7 @@ pub fn parse_response(
         Some(n) => n,
         None => return Ok(None),
     };
-    let (head, length) = response_head(&resp, len, o.head_request)?;
+    let (head, length) = response_head(&resp, buf, len, o.head_request, false)?;
     let (status, body) = (head.status, head.body);
     let interim = (100..200).contains(&status);
     let reason = resp.reason.unwrap_or("");
@@ -735,6 +774,12 @@ mod tests {
 
     const HOST: &[u8] = b"up.example:8001";
 
+    fn path_of(h: &RequestHead, buf: &[u8]) -> String {
+        let mut p = String::new();
+        h.path_into(buf, &mut p);
+        p
+    }
+
     fn req(raw: &str) -> (Result<Option<RequestHead>, HeadError>, String) {
         let mut out = Vec::new();
         let r = parse_request(raw.as_bytes(), HOST, "", &mut out);
@@ -749,8 +794,8 @@ mod tests {
         let (r, out) = req(raw);
         let h = r.unwrap().unwrap();
         assert_eq!(h.len, raw.len() - 5);
-        assert_eq!(h.method, "POST");
-        assert_eq!(h.path, "/v1/completions?x=1");
+        assert_eq!(h.method_in(raw.as_bytes()), "POST");
+        assert_eq!(path_of(&h, raw.as_bytes()), "/v1/completions?x=1");
         assert_eq!(h.body, Framing::Length(5));
         assert!(h.keep_alive && !h.http10 && !h.is_head);
         assert_eq!(
@@ -767,7 +812,7 @@ mod tests {
         let h = parse_request(raw, HOST, "/prefix", &mut out)
             .unwrap()
             .unwrap();
-        assert_eq!(h.path, "/v1/models");
+        assert_eq!(path_of(&h, raw), "/v1/models");
         assert_eq!(h.body, Framing::None);
         assert!(out.starts_with(b"GET /prefix/v1/models HTTP/1.1\r\nhost: up.example:8001\r\n\r\n"));
         let raw = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n";
@@ -778,7 +823,7 @@ mod tests {
         assert!(s.contains("Expect: 100-continue\r\n"), "{s}");
         let raw = b"GET http://h?q=1 HTTP/1.1\r\n\r\n";
         let h = parse_request(raw, HOST, "", &mut out).unwrap().unwrap();
-        assert_eq!(h.path, "/?q=1");
+        assert_eq!(path_of(&h, raw), "/?q=1");
         assert!(out.starts_with(b"GET /?q=1 HTTP/1.1\r\n"));
     }
 
@@ -840,7 +885,10 @@ mod tests {
             let h = parse_response_head(raw.as_bytes(), head_req).unwrap().unwrap();
             assert_eq!((h.body, h.reusable), (framing, reusable), "{raw}");
             let (fwd, _) = resp(raw, ResponseOptions { head_request: head_req, ..Default::default() });
-            assert_eq!(h, fwd, "{raw}");
+            // The recorder's parse gives the content type's position instead of a copy.
+            let ct = fwd.content_type_at.clone().map(|r| raw[r].to_string());
+            assert_eq!(ct, h.content_type, "{raw}");
+            assert_eq!(ResponseHead { content_type: ct, ..fwd }, h, "{raw}");
         }
         let h = parse_response_head(b"HTTP/1.1 429 Too Many\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}", false).unwrap().unwrap();
         assert_eq!(
@@ -911,7 +959,8 @@ mod tests {
         );
         assert_eq!(h.body, Framing::Chunked);
         assert!(h.reusable);
-        assert_eq!(h.content_type.as_deref(), Some("text/event-stream"));
+        assert_eq!(h.content_type, None, "the recorder's parse copies nothing");
+        assert_eq!(h.content_type_at, Some(31..48));
         assert_eq!(
             out,
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

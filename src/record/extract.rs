@@ -6,7 +6,8 @@
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
 //! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
 //! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`])
-//! to fill a [`crate::trace::Request`].
+//! to fill a [`crate::trace::Request`]; a non-streamed body's usage is read by
+//! [`super::bodyusage`] (falling back to `parse_chunk` whenever it is not sure).
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
 //! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
@@ -18,6 +19,7 @@
 //! without their query string (API keys sometimes travel there); headers are never recorded.
 //! Pure: no I/O, no clock reads.
 
+use super::bodyusage;
 use super::prompt::{batch_len, TextTokenizer};
 use super::sseframes::FrameSplitter;
 use crate::chunkmemo::ChunkMemo;
@@ -25,17 +27,16 @@ use crate::openai::{self, ChunkInfo};
 use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, Request, Response};
-use bytes::Bytes;
 use std::time::{Duration, Instant};
 
 /// A bounded capture of a body.
 #[derive(Debug, Default)]
 pub struct Captured {
-    /// The captured bytes (empty when `truncated`).
-    pub chunks: Vec<Bytes>,
+    /// The captured bytes, frames concatenated (empty when `truncated`).
+    pub data: Vec<u8>,
     /// Total body bytes seen (captured or not).
     pub len: u64,
-    /// The body was longer than the capture cap; `chunks` was released.
+    /// The body was longer than the capture cap; `data` was released.
     pub truncated: bool,
     /// The body ended normally.
     pub complete: bool,
@@ -47,7 +48,8 @@ impl Captured {
     /// A copy, not a `Bytes` clone: a clone would share hyper's connection read buffer and keep
     /// it alive until the exchange ends, so every later socket read would need a fresh 8 KiB
     /// buffer (measured: more memory per stream and an allocation per read). Copying a frame of a
-    /// few hundred bytes costs less than that allocation.
+    /// few hundred bytes costs less than that allocation; frames go into one buffer (reused
+    /// across exchanges, see [`Exchange::reuse`]).
     pub fn note(&mut self, data: &[u8], max: usize) {
         self.len += data.len() as u64;
         if self.truncated {
@@ -55,27 +57,18 @@ impl Captured {
         }
         if self.len > max as u64 {
             self.truncated = true;
-            self.chunks = Vec::new();
-        } else if !data.is_empty() {
-            self.chunks.push(Bytes::copy_from_slice(data));
+            self.data = Vec::new();
+        } else {
+            self.data.extend_from_slice(data);
         }
     }
 
-    /// The captured body in one slice (borrowed when it came in one frame, the common case).
-    fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
-        match self.chunks.as_slice() {
-            [] => std::borrow::Cow::Borrowed(&[]),
-            [one] => std::borrow::Cow::Borrowed(one),
-            _ => std::borrow::Cow::Owned(self.joined()),
-        }
-    }
-
-    fn joined(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(self.len as usize);
-        for c in &self.chunks {
-            v.extend_from_slice(c);
-        }
-        v
+    /// Empties the capture for another body, keeping its buffer.
+    fn clear(&mut self) {
+        self.data.clear();
+        self.len = 0;
+        self.truncated = false;
+        self.complete = false;
     }
 }
 
@@ -89,7 +82,8 @@ pub struct Exchange {
     pub request: Captured,
     /// 0 when no response head arrived from upstream.
     pub status: u16,
-    pub content_type: Option<String>,
+    /// The response's `Content-Type` value (empty when none came).
+    pub content_type: String,
     pub headers_after: Option<Duration>,
     /// The captured response bytes (frames past the capture cap are not kept), in one buffer:
     /// one copy per frame into a growing buffer instead of an allocation per frame (and a free
@@ -108,9 +102,38 @@ pub struct Exchange {
 impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
     pub fn captured_bytes(&self) -> u64 {
-        let req: u64 = self.request.chunks.iter().map(|c| c.len() as u64).sum();
-        let resp = self.response_body.len() as u64;
-        req + resp
+        (self.request.data.len() + self.response_body.len()) as u64
+    }
+
+    /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
+    /// for a new request arriving at `arrival`: every field as [`Exchange::new`] sets it (method
+    /// and path empty, for the caller to fill), the buffers emptied but kept, so a recycled
+    /// exchange costs no allocation.
+    pub fn reuse(&mut self, arrival: Instant) {
+        self.arrival = arrival;
+        self.method.clear();
+        self.path.clear();
+        self.request.clear();
+        self.status = 0;
+        self.content_type.clear();
+        self.headers_after = None;
+        self.response_body.clear();
+        self.frames.clear();
+        self.response_len = 0;
+        self.response_truncated = false;
+        self.end = None;
+        self.error = None;
+        self.cancelled = false;
+    }
+
+    /// Buffer capacity this exchange would keep if recycled.
+    pub fn retained_bytes(&self) -> usize {
+        self.request.data.capacity()
+            + self.response_body.capacity()
+            + self.method.capacity()
+            + self.path.capacity()
+            + self.content_type.capacity()
+            + self.frames.capacity() * std::mem::size_of::<(Duration, usize)>()
     }
 
     pub fn new(arrival: Instant, method: String, path: String) -> Self {
@@ -120,7 +143,7 @@ impl Exchange {
             path,
             request: Captured::default(),
             status: 0,
-            content_type: None,
+            content_type: String::new(),
             headers_after: None,
             response_body: Vec::new(),
             frames: Vec::new(),
@@ -208,8 +231,8 @@ impl Extractor {
         };
         let is_sse = ex
             .content_type
-            .as_deref()
-            .is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
+            .trim_start()
+            .starts_with("text/event-stream");
         let mut stream_error = None;
         let mut absorb = |c: &ChunkInfo, resp: &mut Response| {
             if c.usage.is_some() {
@@ -258,8 +281,15 @@ impl Extractor {
                 p.finish(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
-            if let Ok(c) = openai::parse_chunk(&ex.response_body) {
-                absorb(&c, &mut resp);
+            // The ordinary body's usage in one pass that reads nothing else (`bodyusage`);
+            // anything it is not sure about goes to `parse_chunk`, which decides.
+            match bodyusage::usage(&ex.response_body) {
+                Some(u) => resp.usage = u,
+                None => {
+                    if let Ok(c) = openai::parse_chunk(&ex.response_body) {
+                        absorb(&c, &mut resp);
+                    }
+                }
             }
         }
         notes.ttft = resp.ttft_us.map(Duration::from_micros);
@@ -278,7 +308,7 @@ impl Extractor {
                 "request body of {} bytes is over the capture cap; not parsed",
                 ex.request.len
             ))),
-            e => Some(parse_request(e, &ex.request.contiguous())),
+            e => Some(parse_request(e, &ex.request.data)),
         };
         match parse {
             Some(Ok(mut info)) => {
@@ -336,7 +366,7 @@ impl Extractor {
             };
         }
         if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
-            req.body = Some(ex.request.joined());
+            req.body = Some(ex.request.data.clone());
         }
         req.response = Some(Box::new(resp));
         (req, notes)
@@ -368,6 +398,7 @@ fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn ex(path: &str, body: &[u8], ctype: &str, chunks: &[(u64, &[u8])]) -> Exchange {
         let t0 = Instant::now();
@@ -375,7 +406,7 @@ mod tests {
         e.request.note(&Bytes::copy_from_slice(body), 1 << 20);
         e.request.complete = true;
         e.status = 200;
-        e.content_type = Some(ctype.into());
+        e.content_type = ctype.into();
         e.headers_after = Some(Duration::from_micros(100));
         for (at, c) in chunks {
             e.note_response(
@@ -465,7 +496,7 @@ mod tests {
         c.note(&Bytes::from_static(b"12345"), 8);
         c.note(&Bytes::from_static(b"6789"), 8);
         assert!(c.truncated);
-        assert!(c.chunks.is_empty());
+        assert!(c.data.is_empty());
         assert_eq!(c.len, 9);
     }
 
@@ -515,6 +546,73 @@ mod tests {
             );
         }
         assert!(fast >= 2, "the fast path answered {fast} bodies");
+    }
+
+    /// Records built from the real vLLM samples (streams of every shape, a non-streamed body
+    /// with usage and metrics, with and without bodies) encode to the same bytes through the
+    /// trace writer's direct encoder as through the serde path.
+    #[test]
+    fn records_from_real_vllm_samples_encode_as_serde_does() {
+        let streams: [&[u8]; 4] = [
+            include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse"),
+            include_bytes!("../../fixtures/vllm/completions_text_stream.sse"),
+            include_bytes!("../../fixtures/vllm/chat_stream.sse"),
+            include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
+        ];
+        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+        let mut exchanges = Vec::new();
+        for s in streams {
+            let chunks: Vec<(u64, &[u8])> = s
+                .chunks(97)
+                .enumerate()
+                .map(|(k, c)| (1000 + 731 * k as u64, c))
+                .collect();
+            for path in ["/v1/completions", "/v1/chat/completions"] {
+                exchanges.push(ex(
+                    path,
+                    br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
+                    "text/event-stream",
+                    &chunks,
+                ));
+            }
+        }
+        for line in metrics.lines().filter(|l| l.starts_with('{')) {
+            exchanges.push(ex(
+                "/v1/completions",
+                br#"{"prompt":"hello world, hello"}"#,
+                "application/json",
+                &[(3000, line.as_bytes())],
+            ));
+        }
+        let metrics_sse: String = metrics
+            .lines()
+            .filter(|l| l.starts_with("data:"))
+            .map(|l| format!("{l}\n\n"))
+            .collect();
+        exchanges.push(ex(
+            "/v1/completions",
+            br#"{"prompt":"hi","stream":true}"#,
+            "text/event-stream",
+            &[(2000, metrics_sse.as_bytes())],
+        ));
+        exchanges.push(ex("/small", b"{}", "application/json", &[(5, b"{}")]));
+        assert!(exchanges.len() >= 10);
+        let mut with_metrics = 0;
+        for e in &exchanges {
+            for bodies in [Bodies::None, Bodies::Full] {
+                let (r, _) = xt(bodies).to_request(e, e.arrival - Duration::from_millis(5));
+                with_metrics += usize::from(
+                    r.response
+                        .as_ref()
+                        .is_some_and(|x| x.server_metrics.is_some()),
+                );
+                for prev in [0, 4000, 9000] {
+                    let (a, b) = crate::trace::native::record_bytes_both(&r, prev);
+                    assert_eq!(a, b, "{r:?}");
+                }
+            }
+        }
+        assert!(with_metrics > 0, "a sample carries vLLM's metrics object");
     }
 
     #[test]

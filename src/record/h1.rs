@@ -371,9 +371,14 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let arrival = Instant::now();
         let t_arrival = tokio::time::Instant::from_std(arrival);
         p.stats.requests.fetch_add(1, Relaxed);
-        let cap = Arc::new(Mutex::new(Captured::default()));
+        // Method and path are copied from the client buffer into the (reused) exchange's own.
+        let data = self.cbuf.data();
+        let mut ex = p.recorder.exchange(arrival, h.method_in(data), "");
+        h.path_into(data, &mut ex.path);
+        // The exchange's (reused) capture buffer is noted into here and comes back at the end.
+        let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
         let pending = Pending::new(
-            Exchange::new(arrival, h.method, h.path),
+            ex,
             cap.clone(),
             p.recorder.clone(),
             p.stats.clone(),
@@ -419,7 +424,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             pending: Some(pending),
             cap,
         };
-        self.sleep.as_mut().reset(headers_deadline);
+        self.arm_by(headers_deadline);
         let mut retried = false;
         let outcome = loop {
             // A retry dials a fresh socket rather than trying another pooled one.
@@ -861,6 +866,15 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                 Ok(Some(h)) => {
                                     need_read = false;
                                     progress = true;
+                                    if let (false, Some(at), Some(e)) = (
+                                        (100..200).contains(&h.status),
+                                        h.content_type_at.clone(),
+                                        ex.exchange(),
+                                    ) {
+                                        // Copied before the head leaves the buffer.
+                                        let v = self.ubuf.data().get(at).unwrap_or_default();
+                                        e.content_type.push_str(&String::from_utf8_lossy(v));
+                                    }
                                     self.ubuf.consume(h.len);
                                     ex.cout = 0;
                                     let interim = (100..200).contains(&h.status);
@@ -985,7 +999,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if let Some(e) = ex.exchange() {
             e.status = h.status;
             e.headers_after = Some(after);
-            e.content_type = h.content_type;
         }
         ex.up_reusable &= h.reusable;
         if ex.opts_now(&self.drain).close || h.body == Framing::Close {
@@ -1001,7 +1014,16 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             ex.phase = Phase::Body;
             let idle_due = tokio::time::Instant::now() + self.p.idle_timeout;
             let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
-            self.sleep.as_mut().reset(next);
+            self.arm_by(next);
+        }
+    }
+
+    /// Makes the timer fire no later than `deadline`. A timer already due earlier is left as
+    /// it is (re-arming costs a timer-wheel update per request): when it fires, the exchange's
+    /// timer loop compares the time with the real deadlines and re-arms for the next one.
+    fn arm_by(&mut self, deadline: tokio::time::Instant) {
+        if self.sleep.deadline() > deadline {
+            self.sleep.as_mut().reset(deadline);
         }
     }
 }

@@ -10,7 +10,6 @@
 //! `--h1-engine hyper`); `h1` applies the same rules to raw HTTP/1.1 heads. This module does not
 //! accept connections (see `server`) and does not parse bodies.
 
-use super::extract::{Captured, Exchange};
 use super::pool::{H1Pool, SendError};
 use super::stats::Stats;
 use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap};
@@ -218,9 +217,13 @@ impl Proxy {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
-        let cap = Arc::new(Mutex::new(Captured::default()));
+        let mut ex = self
+            .recorder
+            .exchange(arrival.into_std(), parts.method.as_str(), &pq);
+        // The exchange's (reused) capture buffer goes to the request tap and comes back at the end.
+        let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
         let mut pending = Pending::new(
-            Exchange::new(arrival.into_std(), parts.method.to_string(), pq.clone()),
+            ex,
             cap.clone(),
             self.recorder.clone(),
             self.stats.clone(),
@@ -312,11 +315,13 @@ impl Proxy {
                 if let Some(ex) = pending.exchange() {
                     ex.status = parts.status.as_u16();
                     ex.headers_after = Some(after);
-                    ex.content_type = parts
+                    if let Some(v) = parts
                         .headers
                         .get(header::CONTENT_TYPE)
                         .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
+                    {
+                        ex.content_type.push_str(v);
+                    }
                 }
                 strip_hop_by_hop(&mut parts.headers);
                 let tap = ResponseTap::new(

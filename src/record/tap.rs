@@ -96,7 +96,7 @@ impl Body for RequestTap {
 }
 
 struct TapState {
-    ex: Exchange,
+    ex: Box<Exchange>,
     req: Arc<Mutex<Captured>>,
     recorder: Recorder,
     stats: Arc<Stats>,
@@ -110,7 +110,7 @@ pub struct Pending(Option<TapState>);
 
 impl Pending {
     pub fn new(
-        ex: Exchange,
+        ex: Box<Exchange>,
         req: Arc<Mutex<Captured>>,
         recorder: Recorder,
         stats: Arc<Stats>,
@@ -128,7 +128,7 @@ impl Pending {
 
     /// The exchange being recorded (to note status and header time).
     pub fn exchange(&mut self) -> Option<&mut Exchange> {
-        self.0.as_mut().map(|s| &mut s.ex)
+        self.0.as_mut().map(|s| &mut *s.ex)
     }
 
     /// Finishes with an error kind (counted) and whether the client went away.

@@ -6,7 +6,10 @@
 //! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
 //! (so a `kill -9` loses at most about a second), and rotates files by size and age. On Linux the
 //! thread runs at nice 10, so under CPU saturation forwarding wins and recording falls behind
-//! (and, past its queue, drops and counts) instead of the other way round.
+//! (and, past its queue, drops and counts) instead of the other way round. Recorded exchanges
+//! go back to the forwarding path for reuse ([`Recorder::exchange`]; at most 256, none holding
+//! more than 32 KiB of buffers), so a small request allocates nothing on either side for its
+//! record's raw observation.
 //!
 //! Files are `DIR/<name>-<start>-<seq>.trace.zst` where `<start>` is the recording's UTC start
 //! (`20261129T183000Z`) and `<seq>` counts from 0001. A file is written as `<file>.partial`,
@@ -25,7 +28,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -37,6 +40,23 @@ enum Msg {
     Close,
 }
 
+/// Recorded exchanges the writer hands back for reuse, at most this many.
+const SPARE_MAX: usize = 256;
+/// An exchange holding more buffer capacity than this is freed, not reused.
+const SPARE_MAX_BYTES: usize = 32 << 10;
+
+/// Exchanges the writer is done with, emptied and reused by the forwarding path. A recorded
+/// exchange would otherwise be allocated on an I/O thread and freed on the writer thread (about
+/// eight blocks per request: the exchange, its capture buffers, its frame list), which is
+/// malloc's slow path on both sides; handed back, its buffers are reused as they are.
+type Spare = Arc<Mutex<Vec<Box<Exchange>>>>;
+
+// The boxes are the point: the queue carries `Box<Exchange>`, and the box is reused too.
+#[allow(clippy::vec_box)]
+fn lock_spare(s: &Spare) -> std::sync::MutexGuard<'_, Vec<Box<Exchange>>> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The forwarding path's handle to the writer.
 #[derive(Clone)]
 pub struct Recorder {
@@ -45,12 +65,28 @@ pub struct Recorder {
     /// Captured bytes currently queued, and the budget for them.
     queued_bytes: Arc<AtomicU64>,
     max_queued_bytes: u64,
+    spare: Spare,
 }
 
 impl Recorder {
+    /// A new exchange for a request arriving at `arrival`, with its method and path: one the
+    /// writer handed back when there is one (its buffers kept, every field reset), else a fresh one.
+    pub fn exchange(&self, arrival: Instant, method: &str, path: &str) -> Box<Exchange> {
+        let reused = lock_spare(&self.spare).pop();
+        match reused {
+            Some(mut ex) => {
+                ex.reuse(arrival);
+                ex.method.push_str(method);
+                ex.path.push_str(path);
+                ex
+            }
+            None => Box::new(Exchange::new(arrival, method.into(), path.into())),
+        }
+    }
+
     /// Queues a finished exchange, or drops and counts it when the queue is full (in records or
     /// in captured bytes).
-    pub fn submit(&self, ex: Exchange) {
+    pub fn submit(&self, ex: Box<Exchange>) {
         let bytes = ex.captured_bytes();
         let before = self.queued_bytes.fetch_add(bytes, Relaxed);
         if before + bytes > self.max_queued_bytes {
@@ -58,7 +94,7 @@ impl Recorder {
             self.stats.records_dropped.fetch_add(1, Relaxed);
             return;
         }
-        match self.tx.try_send(Msg::Exchange(Box::new(ex))) {
+        match self.tx.try_send(Msg::Exchange(ex)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.queued_bytes.fetch_sub(bytes, Relaxed);
@@ -129,11 +165,13 @@ pub fn spawn(
 ) -> std::io::Result<(Recorder, WriterHandle)> {
     let (tx, rx) = sync_channel(queue.max(1));
     let queued_bytes = Arc::new(AtomicU64::new(0));
+    let spare: Spare = Arc::default();
     let rec = Recorder {
         tx: tx.clone(),
         stats: stats.clone(),
         queued_bytes: queued_bytes.clone(),
         max_queued_bytes,
+        spare: spare.clone(),
     };
     let start_tag = {
         let secs = header.t0_unix_us.unwrap_or(0).div_euclid(1_000_000);
@@ -156,6 +194,8 @@ pub fn spawn(
         pending: Vec::new(),
         order: Vec::new(),
         queued_bytes,
+        spare,
+        done: Vec::new(),
     };
     let join = std::thread::Builder::new()
         .name("retrace-record-writer".into())
@@ -197,6 +237,10 @@ struct Writer {
     /// (arrival, index into the frame's records), reused across frames.
     order: Vec<(u64, usize)>,
     queued_bytes: Arc<AtomicU64>,
+    spare: Spare,
+    /// Recorded exchanges waiting to go back to `spare` (handed back in batches, one lock each).
+    #[allow(clippy::vec_box)]
+    done: Vec<Box<Exchange>>,
 }
 
 impl Writer {
@@ -204,15 +248,25 @@ impl Writer {
         // The thread polls the queue instead of blocking on it: a blocked receiver would make
         // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
         let mut next_flush = Instant::now() + self.files.flush_every;
+        // While records keep coming the clock is read every 64 of them (well under a
+        // millisecond of work), not after each one.
+        let mut since_clock = 0u32;
         loop {
             match rx.try_recv() {
-                Ok(Msg::Exchange(ex)) => self.record(&ex),
+                Ok(Msg::Exchange(ex)) => {
+                    self.record(ex);
+                    since_clock += 1;
+                    if since_clock < 64 {
+                        continue;
+                    }
+                }
                 Ok(Msg::Close) | Err(TryRecvError::Disconnected) => break,
                 Err(TryRecvError::Empty) => {
                     let wait = next_flush.saturating_duration_since(Instant::now());
                     std::thread::sleep(wait.min(POLL));
                 }
             }
+            since_clock = 0;
             if Instant::now() >= next_flush {
                 self.flush();
                 next_flush = Instant::now() + self.files.flush_every;
@@ -220,15 +274,15 @@ impl Writer {
         }
         // Drain what is already queued, then close.
         while let Ok(Msg::Exchange(ex)) = rx.try_recv() {
-            self.record(&ex);
+            self.record(ex);
         }
         self.flush();
         self.close_file();
     }
 
-    fn record(&mut self, ex: &Exchange) {
+    fn record(&mut self, ex: Box<Exchange>) {
         self.queued_bytes.fetch_sub(ex.captured_bytes(), Relaxed);
-        let (req, notes) = self.extractor.to_request(ex, self.t0);
+        let (req, notes) = self.extractor.to_request(&ex, self.t0);
         if let Some(msg) = &notes.parse_failure {
             self.stats.parse_failures.fetch_add(1, Relaxed);
             tracing::debug!(path = %ex.path, "request body not parsed: {msg}");
@@ -237,8 +291,25 @@ impl Writer {
             self.stats.ttft.observe(t);
         }
         self.pending.push(req);
+        self.give_back(ex);
         if self.pending.len() >= 4096 {
             self.flush();
+        }
+    }
+
+    /// Keeps a recorded exchange for reuse unless it holds large buffers (a long stream's) or
+    /// enough are kept; hands them back 32 at a time.
+    fn give_back(&mut self, ex: Box<Exchange>) {
+        if ex.retained_bytes() <= SPARE_MAX_BYTES {
+            self.done.push(ex);
+        }
+        if self.done.len() >= 32 {
+            let mut spare = lock_spare(&self.spare);
+            let room = SPARE_MAX.saturating_sub(spare.len());
+            let n = self.done.len().min(room);
+            spare.extend(self.done.drain(..n));
+            drop(spare);
+            self.done.clear();
         }
     }
 
@@ -267,7 +338,9 @@ impl Writer {
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(pending.iter().enumerate().map(|(k, r)| (r.arrival_us, k)));
-        order.sort_unstable();
+        // Stable sort: completion order is nearly arrival order, and its runs make this cheap
+        // (the keys are unique, so the result is what an unstable sort gives).
+        order.sort();
         let dropped = self.stats.records_dropped.load(Relaxed);
         f.w.note_dropped(dropped - self.noted_dropped);
         self.noted_dropped = dropped;
@@ -437,7 +510,7 @@ mod tests {
         // (arrival ms, path): completion order is the submission order.
         let order = [(5, "/a"), (1, "/b"), (5, "/c"), (3, "/d"), (1, "/e")];
         for (ms, path) in order {
-            let ex = Exchange::new(t0 + Duration::from_millis(ms), "GET".into(), path.into());
+            let ex = rec.exchange(t0 + Duration::from_millis(ms), "GET", path);
             rec.submit(ex);
         }
         let report = handle.close();

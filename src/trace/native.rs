@@ -184,6 +184,8 @@ pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
 }
 
 impl RequestWire {
+    /// The serde path's record (the writer uses [`super::recenc`], tested to give its bytes).
+    #[cfg(test)]
     fn from_request(r: &Request, prev_arrival: u64) -> RequestWire {
         let mut h = Vec::new();
         encode_runs(&r.hash_ids, &mut h);
@@ -231,6 +233,7 @@ impl RequestWire {
 }
 
 impl ResponseWire {
+    #[cfg(test)]
     fn from_response(r: &Response) -> ResponseWire {
         let mut prev = 0u64;
         let eg = r
@@ -301,9 +304,34 @@ impl ResponseWire {
     }
 }
 
+/// One zstd frame of `content` into `out` (replaced), through a reused context: the same bytes
+/// as `zstd::bulk::compress` at the context's level (content size in the frame header).
+fn compress_into(
+    zc: &mut zstd::bulk::Compressor<'static>,
+    content: &[u8],
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    out.clear();
+    out.reserve(zstd::zstd_safe::compress_bound(content.len()));
+    zc.compress_to_buffer(content, out)?;
+    Ok(())
+}
+
 fn cbor<T: Serialize>(v: &T, out: &mut Vec<u8>) {
     // Writing CBOR into a Vec cannot fail for these plain data types.
     ciborium::into_writer(v, &mut *out).expect("CBOR encoding into memory");
+}
+
+/// One record's bytes through the serde path (`RequestWire` + ciborium) and through the
+/// writer's direct encoder ([`super::recenc`]): tests elsewhere (the recorder's, on records
+/// built from real vLLM responses) check that they agree.
+#[cfg(test)]
+pub(crate) fn record_bytes_both(r: &Request, prev_arrival: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut serde_path = Vec::new();
+    cbor(&RequestWire::from_request(r, prev_arrival), &mut serde_path);
+    let mut direct = Vec::new();
+    super::recenc::encode_request(r, prev_arrival, &mut direct);
+    (serde_path, direct)
 }
 
 /// Options for [`TraceWriter`].
@@ -328,11 +356,20 @@ impl Default for WriteOptions {
     }
 }
 
+/// Bytes kept free at the front of the frame buffer for the frame header (at most 59 bytes:
+/// a map of four keys with 64-bit values), so a frame is compressed from one slice, uncopied.
+const FRAME_HEAD_ROOM: usize = 64;
+
 /// Writes a native trace: header frame, then record frames.
 pub struct TraceWriter<W: Write> {
     out: W,
     opts: WriteOptions,
+    /// The open frame: `FRAME_HEAD_ROOM` bytes of room, then its records' CBOR.
     buf: Vec<u8>,
+    /// One zstd context for every frame of the file (a fresh one per frame costs its setup),
+    /// and the reused output buffer.
+    zc: zstd::bulk::Compressor<'static>,
+    zbuf: Vec<u8>,
     in_frame: u64,
     frame_opened: Option<std::time::Instant>,
     prev_arrival: u64,
@@ -345,10 +382,15 @@ pub struct TraceWriter<W: Write> {
 impl<W: Write> TraceWriter<W> {
     /// Writes the header frame.
     pub fn new(out: W, header: &TraceHeader, opts: WriteOptions) -> std::io::Result<Self> {
+        let zc = zstd::bulk::Compressor::new(opts.level)?;
+        let mut buf = Vec::with_capacity(1 << 16);
+        buf.resize(FRAME_HEAD_ROOM, 0);
         let mut w = TraceWriter {
             out,
             opts,
-            buf: Vec::with_capacity(1 << 16),
+            buf,
+            zc,
+            zbuf: Vec::new(),
             in_frame: 0,
             frame_opened: None,
             prev_arrival: 0,
@@ -371,18 +413,15 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn write_frame(&mut self, content: &[u8]) -> std::io::Result<()> {
-        let z = zstd::bulk::compress(content, self.opts.level)?;
-        self.out.write_all(&z)?;
-        self.bytes_written += z.len() as u64;
+        compress_into(&mut self.zc, content, &mut self.zbuf)?;
+        self.out.write_all(&self.zbuf)?;
+        self.bytes_written += self.zbuf.len() as u64;
         Ok(())
     }
 
     /// Appends a record; closes the frame when it is large enough.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
-        cbor(
-            &RequestWire::from_request(r, self.prev_arrival),
-            &mut self.buf,
-        );
+        super::recenc::encode_request(r, self.prev_arrival, &mut self.buf);
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
         let opened = *self
@@ -392,7 +431,7 @@ impl<W: Write> TraceWriter<W> {
             .opts
             .frame_age
             .is_some_and(|age| opened.elapsed() >= age);
-        if self.buf.len() >= self.opts.frame_bytes || too_old {
+        if self.buf.len() - FRAME_HEAD_ROOM >= self.opts.frame_bytes || too_old {
             self.flush_frame()?;
         }
         Ok(())
@@ -409,7 +448,7 @@ impl<W: Write> TraceWriter<W> {
             return self.out.flush();
         }
         self.frames += 1;
-        let mut content = Vec::with_capacity(self.buf.len() + 32);
+        let mut head = Vec::with_capacity(FRAME_HEAD_ROOM);
         cbor(
             &FrameWire {
                 frame: self.frames,
@@ -417,15 +456,25 @@ impl<W: Write> TraceWriter<W> {
                 first: self.records,
                 dropped: self.dropped,
             },
-            &mut content,
+            &mut head,
         );
-        content.extend_from_slice(&self.buf);
-        self.write_frame(&content)?;
+        // The frame header goes into the room before the records: one slice, no copy of them.
+        let at = FRAME_HEAD_ROOM - head.len().min(FRAME_HEAD_ROOM);
+        let res = if head.len() <= FRAME_HEAD_ROOM {
+            self.buf[at..FRAME_HEAD_ROOM].copy_from_slice(&head);
+            compress_into(&mut self.zc, &self.buf[at..], &mut self.zbuf)
+        } else {
+            head.extend_from_slice(&self.buf[FRAME_HEAD_ROOM..]);
+            compress_into(&mut self.zc, &head, &mut self.zbuf)
+        };
+        res?;
+        self.out.write_all(&self.zbuf)?;
+        self.bytes_written += self.zbuf.len() as u64;
         self.records += self.in_frame;
         self.in_frame = 0;
         self.frame_opened = None;
         self.prev_arrival = 0;
-        self.buf.clear();
+        self.buf.truncate(FRAME_HEAD_ROOM);
         self.out.flush()
     }
 
@@ -718,6 +767,7 @@ fn _scheme_is_serializable(_: HashScheme) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sample(n: usize) -> Trace {
         let mut reqs = Vec::new();
@@ -901,6 +951,231 @@ mod tests {
         let (back, rep) = read_bytes("mem", w.get_mut()).unwrap();
         assert_eq!(back.requests.len(), 3);
         assert_eq!(rep.frames_ok, 4);
+    }
+
+    /// The writer's direct encoder gives the serde path's bytes on the shipped traces (real
+    /// Mooncake and synthetic records) and on the hand-built sample (sessions, params, events
+    /// with token counts, usage, metrics, bodies), with every previous-arrival the writer passes.
+    #[test]
+    fn direct_encoder_matches_serde_on_shipped_traces_and_sample() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+        let mut checked = 0;
+        for name in [
+            "mooncake_conversation.trace.zst",
+            "mooncake_synthetic.trace.zst",
+        ] {
+            let (t, rep) = read_file(&root.join(name)).unwrap();
+            assert!(rep.is_clean() && !t.requests.is_empty(), "{name}");
+            let mut prev = 0;
+            for r in &t.requests {
+                let (a, b) = record_bytes_both(r, prev);
+                assert_eq!(a, b, "{name}: {r:?}");
+                prev = r.arrival_us;
+                checked += 1;
+            }
+        }
+        let mut prev = 0;
+        for r in &sample(300).requests {
+            for p in [0, prev, r.arrival_us + 7] {
+                let (a, b) = record_bytes_both(r, p);
+                assert_eq!(a, b, "{r:?}");
+            }
+            prev = r.arrival_us;
+            checked += 1;
+        }
+        assert!(checked > 300);
+    }
+
+    fn arb_f64() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            any::<f64>(),
+            (0u32..100_000).prop_map(|v| f64::from(v) / 1000.0),
+            (0u16..2048).prop_map(f64::from),
+            Just(f64::NAN),
+            Just(-0.0),
+            Just(f64::INFINITY),
+            Just(1e-8),
+        ]
+    }
+
+    fn arb_request() -> impl Strategy<Value = Request> {
+        let ids = prop_oneof![
+            proptest::collection::vec(any::<u64>(), 0..12),
+            (any::<u64>(), 0usize..40)
+                .prop_map(|(s, n)| (0..n as u64).map(|k| s.wrapping_add(k)).collect()),
+            proptest::collection::vec(0u64..6, 0..20),
+        ];
+        let params = (
+            proptest::option::of(any::<u32>()),
+            proptest::option::of(any::<u32>()),
+            proptest::option::of(any::<f32>()),
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(any::<u32>()),
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(any::<bool>()),
+        )
+            .prop_map(|(mt, mn, te, ie, n, st, iu)| Params {
+                max_tokens: mt,
+                min_tokens: mn,
+                temperature: te,
+                ignore_eos: ie,
+                n,
+                stream: st,
+                include_usage: iu,
+            });
+        let session = proptest::option::of(
+            (
+                "\\PC{0,12}",
+                any::<u32>(),
+                proptest::option::of(any::<u64>()),
+            )
+                .prop_map(|(id, turn, think_us)| Session { id, turn, think_us }),
+        );
+        let metrics = proptest::option::of(
+            (
+                proptest::option::of(arb_f64()),
+                proptest::option::of(arb_f64()),
+                proptest::option::of(arb_f64()),
+                proptest::option::of(arb_f64()),
+                proptest::option::of(arb_f64()),
+            )
+                .prop_map(|(a, b, c, d, e)| ServerMetrics {
+                    time_to_first_token_ms: a,
+                    queue_time_ms: b,
+                    generation_time_ms: c,
+                    mean_itl_ms: d,
+                    tokens_per_second: e,
+                }),
+        );
+        let events =
+            proptest::collection::vec((any::<u64>(), prop_oneof![Just(1u32), any::<u32>()]), 0..30)
+                .prop_map(|v| {
+                    v.into_iter()
+                        .map(|(offset_us, tokens)| Event { offset_us, tokens })
+                        .collect::<Vec<_>>()
+                });
+        let ones = proptest::collection::vec(0u64..1 << 40, 0..30).prop_map(|v| {
+            v.into_iter()
+                .map(|offset_us| Event {
+                    offset_us,
+                    tokens: 1,
+                })
+                .collect::<Vec<_>>()
+        });
+        let small = |v: u64| proptest::option::of(0..v);
+        let response = proptest::option::of(
+            (
+                any::<u16>(),
+                proptest::option::of("[a-z_0-9]{0,30}"),
+                (small(1 << 20), proptest::option::of(any::<u64>())),
+                prop_oneof![events, ones],
+                small(u64::MAX),
+                proptest::option::of((any::<u64>(), 0u64..300)),
+                metrics,
+                any::<bool>(),
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..300)),
+            )
+                .prop_map(|(status, error, (hd, tf), events, end, u, sm, c, body)| {
+                    Box::new(Response {
+                        status,
+                        error,
+                        headers_us: hd,
+                        ttft_us: tf,
+                        events,
+                        end_us: end,
+                        usage: u.map(|(p, c)| Usage {
+                            prompt_tokens: p,
+                            completion_tokens: c,
+                        }),
+                        server_metrics: sm,
+                        cancelled: c,
+                        body,
+                    })
+                }),
+        );
+        let endpoint = prop_oneof![
+            Just(Endpoint::Completions),
+            Just(Endpoint::Chat),
+            "/[a-z/?=]{0,40}".prop_map(Endpoint::Other),
+            Just(Endpoint::Other("completions".into())),
+        ];
+        (
+            (
+                0u64..1 << 62,
+                prop_oneof![Just(0u64), any::<u64>()],
+                prop_oneof![Just(0u64), 0u64..1 << 20],
+            ),
+            ids,
+            endpoint,
+            proptest::option::of("\\PC{0,40}"),
+            params,
+            session,
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
+            response,
+        )
+            .prop_map(
+                |(
+                    (arrival_us, i, o),
+                    hash_ids,
+                    endpoint,
+                    model,
+                    params,
+                    session,
+                    body,
+                    response,
+                )| {
+                    Request {
+                        arrival_us,
+                        session,
+                        endpoint,
+                        model,
+                        params,
+                        input_tokens: i,
+                        output_tokens: o,
+                        hash_ids,
+                        response,
+                        body,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// The direct encoder gives the serde path's bytes for any record, any previous arrival.
+        #[test]
+        fn direct_encoder_matches_serde(r in arb_request(), prev in prop_oneof![Just(0u64), 0u64..1 << 62]) {
+            let (a, b) = record_bytes_both(&r, prev);
+            prop_assert_eq!(a, b);
+        }
+    }
+
+    /// Frames written through the writer's one reused zstd context are the bytes
+    /// `zstd::bulk::compress` gives for each frame's content alone.
+    #[test]
+    fn reused_zstd_context_gives_fresh_context_bytes() {
+        let t = sample(400);
+        for level in [1, 3, 19] {
+            let bytes = write_bytes(
+                &t,
+                WriteOptions {
+                    level,
+                    frame_bytes: 3000,
+                    frame_age: None,
+                },
+            );
+            let mut pos = 0;
+            let mut frames = 0;
+            while pos < bytes.len() {
+                let len = zstd::zstd_safe::find_frame_compressed_size(&bytes[pos..]).unwrap();
+                let frame = &bytes[pos..pos + len];
+                let content = decompress_frame(frame).unwrap();
+                assert_eq!(zstd::bulk::compress(&content, level).unwrap(), frame);
+                pos += len;
+                frames += 1;
+            }
+            assert!(frames > 5, "{frames} frames");
+        }
     }
 
     #[test]
