@@ -6,8 +6,7 @@
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
 //! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
 //! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`])
-//! to fill a [`crate::trace::Request`]; a non-streamed body's usage is read by
-//! [`super::bodyusage`] (falling back to `parse_chunk` whenever it is not sure).
+//! to fill a [`crate::trace::Request`].
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
 //! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
@@ -19,7 +18,6 @@
 //! without their query string (API keys sometimes travel there); headers are never recorded.
 //! Pure: no I/O, no clock reads.
 
-use super::bodyusage;
 use super::prompt::{batch_len, TextTokenizer};
 use super::sseframes::FrameSplitter;
 use crate::chunkmemo::ChunkMemo;
@@ -281,15 +279,8 @@ impl Extractor {
                 p.finish(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
-            // The ordinary body's usage in one pass that reads nothing else (`bodyusage`);
-            // anything it is not sure about goes to `parse_chunk`, which decides.
-            match bodyusage::usage(&ex.response_body) {
-                Some(u) => resp.usage = u,
-                None => {
-                    if let Ok(c) = openai::parse_chunk(&ex.response_body) {
-                        absorb(&c, &mut resp);
-                    }
-                }
+            if let Ok(c) = openai::parse_chunk(&ex.response_body) {
+                absorb(&c, &mut resp);
             }
         }
         notes.ttft = resp.ttft_us.map(Duration::from_micros);

@@ -18,7 +18,6 @@
 //! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
 
 pub mod admin;
-pub mod bodyusage;
 pub mod extract;
 pub mod h1;
 pub mod pool;
