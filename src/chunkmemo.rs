@@ -16,7 +16,8 @@
 //! string's value only for whether it is empty (text and content count a token when non-empty;
 //! no other field it reads can be named `text`, `content` or `reasoning_content`). Tested to agree
 //! with `parse_chunk` on the real vLLM streams and on property-generated variations.
-//! It does not split SSE, and it keeps one chunk's bytes per stream (a buffer reused).
+//! It does not split SSE, and it keeps one chunk's bytes per stream (a buffer reused). Used by
+//! the recorder's writer (`record::extract`) and replay's per-event path (`replay::client`).
 
 use crate::bytescan::find_json_special;
 use crate::openai::{parse_chunk, ChunkInfo};

@@ -285,7 +285,8 @@ impl Stats {
     /// From samples in seconds (vLLM computes in seconds and scales to ms afterwards).
     pub fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
         let mut sorted = values.to_vec();
-        sorted.sort_by(f64::total_cmp);
+        // Values equal under total_cmp are the same bits, so an unstable sort gives the same.
+        sorted.sort_unstable_by(f64::total_cmp);
         Stats {
             count: values.len(),
             mean: np_mean(values) * 1000.0,
@@ -507,28 +508,31 @@ impl Histograms {
         for name in ["drift_abs_ns", "client_queue_ns"] {
             h.insert(name.into(), Self::new_hist(HOUR_NS));
         }
-        let mut rec = |name: &str, v: u64| {
+        fn rec(h: &mut BTreeMap<String, Histogram<u64>>, name: &str, v: u64) {
             if let Some(hist) = h.get_mut(name) {
                 hist.saturating_record(v.max(1));
             }
-        };
+        }
         for s in samples {
-            rec("drift_abs_ns", s.drift_ns().unsigned_abs());
-            rec("client_queue_ns", s.client_queue_ns());
+            rec(&mut h, "drift_abs_ns", s.drift_ns().unsigned_abs());
+            rec(&mut h, "client_queue_ns", s.client_queue_ns());
             if !s.ok() {
                 continue;
             }
             if let Some(t) = s.ttft_ns {
-                rec("ttft_us", t / 1000);
+                rec(&mut h, "ttft_us", t / 1000);
             }
             if let Some(e) = s.e2el_ns {
-                rec("e2el_us", e / 1000);
+                rec(&mut h, "e2el_us", e / 1000);
             }
             if let Some(t) = s.tpot_s() {
-                rec("tpot_us", (t * 1e6).round() as u64);
+                rec(&mut h, "tpot_us", (t * 1e6).round() as u64);
             }
-            for &i in &s.itls_ns {
-                rec("itl_us", i / 1000);
+            if let Some(hist) = h.get_mut("itl_us") {
+                // One lookup per request, not per token.
+                for &i in &s.itls_ns {
+                    hist.saturating_record((i / 1000).max(1));
+                }
             }
         }
         Histograms { by_name: h }

@@ -1,13 +1,16 @@
-//! Benchmark of the replay dispatcher's wake-up precision on a busy machine: the lateness of
-//! [`retrace::replay::driver::wait_until`] over a train of deadlines 1 ms apart, with and without
-//! the short EEVDF slice the dispatcher asks for, while `--hogs` CPU-bound threads (at the same
-//! nice level) compete for the cores. The two variants alternate in one process, `--rounds` times
-//! each, and the medians of their p50/p99/max are printed side by side.
+//! Benchmark of the replay dispatcher's wake-up precision and cost on a busy machine: the
+//! lateness of [`retrace::replay::driver::Waiter`] over a train of deadlines 1 ms apart, and the
+//! waiting thread's CPU time per deadline (the spin before each release), while `--hogs`
+//! CPU-bound threads (at the same nice level) compete for the cores. Three variants alternate in
+//! one process, `--rounds` times each: the default scheduler slice with the fixed 200 µs spin
+//! window, the 100 µs EEVDF slice the dispatcher asks for with the fixed window, and that slice
+//! with the adaptive window the dispatcher uses. Medians of their p50/p99/max and CPU are printed
+//! side by side.
 //!
-//! Bounded: `--rounds` × 2 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
+//! Bounded: `--rounds` × 3 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
 //! Usage: `cargo run --release --example bench_dispatch -- [--hogs 3] [--rounds 5] [--deadlines 2000]`
 
-use retrace::replay::driver::wait_until;
+use retrace::replay::driver::{Waiter, SPIN_WINDOW};
 use retrace::thread_timing::precise as precise_sleep_setup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,21 +25,40 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// One train of deadlines on a fresh thread; returns (p50, p99, max) lateness in ms.
-fn train(short_slice: bool, n: u64) -> (f64, f64, f64, bool) {
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One train of deadlines on a fresh thread; returns (p50, p99, max) lateness in ms, CPU µs per
+/// deadline, and whether the slice hint was accepted.
+fn train(short_slice: bool, adaptive: bool, n: u64) -> (f64, f64, f64, f64, bool) {
     std::thread::spawn(move || {
         let ok = precise_sleep_setup(short_slice);
+        let mut waiter = if adaptive {
+            Waiter::default()
+        } else {
+            Waiter::fixed(SPIN_WINDOW)
+        };
         let t0 = Instant::now() + Duration::from_millis(5);
+        let cpu0 = thread_cpu_ns();
         let mut late: Vec<u64> = (0..n)
             .map(|k| {
                 let d = t0 + Duration::from_millis(k);
-                wait_until(d);
+                waiter.wait_until(d);
                 (Instant::now() - d).as_nanos() as u64
             })
             .collect();
+        let cpu_us = (thread_cpu_ns() - cpu0) as f64 / n as f64 / 1e3;
         late.sort_unstable();
         let q = |p: f64| late[((late.len() - 1) as f64 * p).round() as usize] as f64 / 1e6;
-        (q(0.5), q(0.99), q(1.0), ok)
+        (q(0.5), q(0.99), q(1.0), cpu_us, ok)
     })
     .join()
     .expect("train thread")
@@ -63,13 +85,18 @@ fn main() {
             })
         })
         .collect();
-    let mut res: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    const VARIANTS: [(&str, bool, bool); 3] = [
+        ("default slice, 200 µs spin", false, false),
+        ("100 µs slice, 200 µs spin", true, false),
+        ("100 µs slice, adaptive spin", true, true),
+    ];
+    let mut res: [Vec<(f64, f64, f64, f64)>; 3] = Default::default();
     let mut accepted = false;
     for _ in 0..rounds {
-        for (i, slice) in [false, true].into_iter().enumerate() {
-            let (a, b, c, ok) = train(slice, n);
+        for (i, (_, slice, adaptive)) in VARIANTS.into_iter().enumerate() {
+            let (a, b, c, cpu, ok) = train(slice, adaptive, n);
             accepted |= ok;
-            res[i].push((a, b, c));
+            res[i].push((a, b, c, cpu));
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -81,14 +108,15 @@ fn main() {
         "dispatch wake-up lateness, {n} deadlines 1 ms apart, {hogs} CPU hogs, medians of {rounds} rounds (load {})",
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
-    println!("variant          p50_ms   p99_ms   max_ms");
-    for (i, name) in ["default slice", "100 µs slice"].iter().enumerate() {
+    println!("variant                       p50_ms   p99_ms   max_ms   cpu_us/deadline");
+    for (i, (name, _, _)) in VARIANTS.iter().enumerate() {
         let r = &res[i];
         println!(
-            "{name:<16} {:<8.3} {:<8.3} {:<8.3}",
+            "{name:<29} {:<8.3} {:<8.3} {:<8.3} {:<8.1}",
             median(r.iter().map(|x| x.0).collect()),
             median(r.iter().map(|x| x.1).collect()),
-            median(r.iter().map(|x| x.2).collect())
+            median(r.iter().map(|x| x.2).collect()),
+            median(r.iter().map(|x| x.3).collect())
         );
     }
     if !accepted {

@@ -14,6 +14,7 @@
 # Setup (trace read, bodies, connections) is in all three and cancels out. At 20 streams x 50
 # events/s the replayer reads one event per socket read even under valgrind, as it does natively
 # at 1,000 streams when it keeps up. The kernel's share (socket reads) is not counted.
+# KEEP=DIR keeps the callgrind files (DIR/<binary name>_cg_<run><client>.out) for callgrind_annotate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "valgrind is needed" >&2; exit 2; }
@@ -60,5 +61,7 @@ for bin in "${BINS[@]}"; do
     rq=$(( (IR[c$cl] - IR[a$cl]) / 80 - 51 * ev ))
     echo "$bin ($cl client): $ev instructions per SSE event, $rq per request beyond its events (Ir ${IR[a$cl]} / ${IR[b$cl]} / ${IR[c$cl]})"
   done
-  [ -n "${KEEP:-}" ] && cp "$T"/cg_*.out "$KEEP"/ 2>/dev/null || true
+  if [ -n "${KEEP:-}" ]; then
+    for f in "$T"/cg_*.out; do cp "$f" "$KEEP/$(basename "$bin")_$(basename "$f")"; done
+  fi
 done

@@ -27,9 +27,11 @@ use hyper::header::{
     HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING,
 };
 use hyper::{HeaderMap, Method, Uri};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
@@ -159,13 +161,18 @@ pub async fn execute(
 
 /// The two timers of a response body, for both clients: the total deadline and the idle gap.
 /// Two per body, not two per frame: the idle timer is re-armed only when it fires and data came
-/// since (lazily), so a streamed event costs no timer operation.
+/// since (lazily), so a streamed event costs no timer operation. Nor does it cost a poll of the
+/// timers: once both are registered with the task's waker, they are polled again only when the
+/// earlier of their deadlines has passed (a timer that fires wakes the task at or after its
+/// deadline) or the waker changed; otherwise a check is one clock read.
 struct BodyTimers {
     total: Pin<Box<Sleep>>,
     idle: Pin<Box<Sleep>>,
     idle_for: Duration,
     /// When the body's last data came; the caller sets it after each read.
     last_data: Instant,
+    /// The waker both timers were last polled with, and the earlier of their deadlines then.
+    registered: Option<(Waker, tokio::time::Instant)>,
 }
 
 impl BodyTimers {
@@ -177,27 +184,44 @@ impl BodyTimers {
             ))),
             idle_for,
             last_data,
+            registered: None,
         }
     }
 
     /// Resolves when a timeout is due, with its failure kind and detail.
     async fn expired(&mut self) -> (String, String) {
-        loop {
-            tokio::select! {
-                biased;
-                _ = self.idle.as_mut() => {
-                    let due = tokio::time::Instant::from_std(self.last_data + self.idle_for);
-                    if due > tokio::time::Instant::now() {
-                        self.idle.as_mut().reset(due);
-                        continue;
-                    }
-                    return ("timeout_idle".into(), "no data for the idle timeout".into());
-                }
-                _ = self.total.as_mut() => {
-                    return ("timeout_total".into(), "request exceeded the total timeout".into());
-                }
+        std::future::poll_fn(|cx| self.poll_expired(cx)).await
+    }
+
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<(String, String)> {
+        if let Some((waker, due)) = &self.registered {
+            if waker.will_wake(cx.waker()) && tokio::time::Instant::now() < *due {
+                return Poll::Pending;
             }
         }
+        loop {
+            if self.idle.as_mut().poll(cx).is_ready() {
+                let due = tokio::time::Instant::from_std(self.last_data + self.idle_for);
+                if due > tokio::time::Instant::now() {
+                    self.idle.as_mut().reset(due);
+                    continue;
+                }
+                return Poll::Ready(("timeout_idle".into(), "no data for the idle timeout".into()));
+            }
+            if self.total.as_mut().poll(cx).is_ready() {
+                return Poll::Ready((
+                    "timeout_total".into(),
+                    "request exceeded the total timeout".into(),
+                ));
+            }
+            break;
+        }
+        let due = self.idle.deadline().min(self.total.deadline());
+        match &mut self.registered {
+            Some((waker, d)) if waker.will_wake(cx.waker()) => *d = due,
+            r => *r = Some((cx.waker().clone(), due)),
+        }
+        Poll::Pending
     }
 }
 
@@ -665,6 +689,39 @@ mod tests {
     use super::*;
     use crate::metrics::Api;
     use proptest::prelude::*;
+
+    /// The body timers fire only after the idle gap since the last data (re-armed lazily while
+    /// data keeps coming, and polled only when due) and at the total deadline, never before
+    /// (a stalled machine may make a gap long enough to fire: then it must be a real one).
+    #[tokio::test(flavor = "current_thread")]
+    async fn body_timers_fire_after_the_idle_gap_or_the_total_deadline() {
+        async fn run(t: &mut BodyTimers, steps: u32) -> (String, Instant) {
+            for _ in 0..steps {
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                    e = t.expired() => return (e.0, t.last_data),
+                }
+                t.last_data = Instant::now();
+            }
+            (t.expired().await.0, t.last_data)
+        }
+        let idle = Duration::from_millis(40);
+        let far = tokio::time::Instant::now() + Duration::from_secs(30);
+        // Data every 10 ms for 120 ms (three idle periods), then silence.
+        let mut t = BodyTimers::new(far, idle, Instant::now());
+        let (kind, last) = run(&mut t, 12).await;
+        assert_eq!(kind, "timeout_idle");
+        assert!(Instant::now() >= last + idle);
+
+        let start = Instant::now();
+        let total = Duration::from_millis(60);
+        let at = tokio::time::Instant::from_std(start + total);
+        let mut t = BodyTimers::new(at, Duration::from_secs(30), start);
+        let (kind, _) = run(&mut t, 3).await;
+        assert_eq!(kind, "timeout_total");
+        assert!(Instant::now() >= start + total);
+    }
 
     fn stream(api: Api) -> Stream {
         Stream {

@@ -2,9 +2,11 @@
 //!
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
-//! short EEVDF slice ([`crate::thread_timing`], unprivileged) until
-//! [`SPIN_WINDOW`] before the deadline, then yields/spins the rest, so releases land within
-//! microseconds instead of tokio's 1 ms timer-wheel granularity. Deadlines are absolute, so a late
+//! short EEVDF slice ([`crate::thread_timing`], unprivileged) until a spin window before the
+//! deadline, then yields/spins the rest, so releases land within microseconds instead of tokio's
+//! 1 ms timer-wheel granularity. The window adapts ([`Waiter`]): it covers the recent oversleeps of
+//! the thread's timed sleeps (typically 15–40 µs here) plus a margin, between [`MIN_SPIN_WINDOW`]
+//! and [`SPIN_WINDOW`], since every microsecond of it is CPU burnt per release. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
 //! already due back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
@@ -31,8 +33,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Semaphore};
 
-/// Sleep until this long before a deadline, then spin.
+/// The longest spin window: sleep until this long before a deadline at most, then spin.
 pub const SPIN_WINDOW: Duration = Duration::from_micros(200);
+
+/// The shortest spin window.
+pub const MIN_SPIN_WINDOW: Duration = Duration::from_micros(30);
+
+/// Added to the largest recent oversleep to make the window.
+const SPIN_MARGIN: Duration = Duration::from_micros(25);
+
+/// How many recent oversleeps the window covers.
+const RECENT: usize = 64;
 
 /// How far in the future t0 is set, so the dispatcher and runtime are settled at the first send.
 pub const START_LEAD: Duration = Duration::from_millis(20);
@@ -107,20 +118,86 @@ impl Drop for Handover {
     }
 }
 
-/// Blocks the calling thread until `deadline`, precisely.
+/// Blocks the calling thread until `deadline`, precisely, with the longest spin window
+/// ([`SPIN_WINDOW`]); a thread that waits for many deadlines should use a [`Waiter`].
 pub fn wait_until(deadline: Instant) {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
+    Waiter::fixed(SPIN_WINDOW).wait_until(deadline);
+}
+
+/// Waits for deadlines on one thread: a timed sleep until the spin window before the deadline,
+/// then `sched_yield` (other threads may run) and finally a pause loop for the last 20 µs.
+///
+/// The spin window is what the sleep may overshoot: on this VM a 1 ns-slack `nanosleep` wakes
+/// 15–40 µs late when the thread is not preempted, and spinning costs CPU for the whole window
+/// (a fixed 200 µs window cost ~150 µs of CPU per release, 0.45 s over the 3,000 releases of a
+/// steady 1,000-stream run). So the window is the largest of the last [`RECENT`] oversleeps plus
+/// [`SPIN_MARGIN`], within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than
+/// [`SPIN_WINDOW`] (the thread was preempted: no window would have helped) is not counted.
+#[derive(Debug, Clone)]
+pub struct Waiter {
+    /// Recent oversleeps, µs (a ring).
+    recent: [u32; RECENT],
+    next: usize,
+    window: Duration,
+    adaptive: bool,
+}
+
+impl Default for Waiter {
+    /// An adaptive waiter that starts with the longest window.
+    fn default() -> Self {
+        Waiter {
+            recent: [SPIN_WINDOW.as_micros() as u32; RECENT],
+            next: 0,
+            window: SPIN_WINDOW,
+            adaptive: true,
+        }
+    }
+}
+
+impl Waiter {
+    /// A waiter whose window never changes (benchmarks compare against it).
+    pub fn fixed(window: Duration) -> Waiter {
+        Waiter {
+            window,
+            adaptive: false,
+            ..Waiter::default()
+        }
+    }
+
+    /// The current spin window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Notes how far a timed sleep overshot its end.
+    fn note(&mut self, over: Duration) {
+        if !self.adaptive || over > SPIN_WINDOW {
             return;
         }
-        let left = deadline - now;
-        if left > SPIN_WINDOW {
-            std::thread::sleep(left - SPIN_WINDOW);
-        } else if left > Duration::from_micros(20) {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
+        self.recent[self.next] = over.as_micros() as u32;
+        self.next = (self.next + 1) % RECENT;
+        let worst = self.recent.iter().copied().max().unwrap_or(0);
+        self.window = (Duration::from_micros(u64::from(worst)) + SPIN_MARGIN)
+            .clamp(MIN_SPIN_WINDOW, SPIN_WINDOW);
+    }
+
+    /// Blocks the calling thread until `deadline` (returns at once when it has passed).
+    pub fn wait_until(&mut self, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            let left = deadline - now;
+            if left > self.window {
+                let target = deadline - self.window;
+                std::thread::sleep(left - self.window);
+                self.note(Instant::now().saturating_duration_since(target));
+            } else if left > Duration::from_micros(20) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -165,6 +242,7 @@ pub async fn drive(
                 .into_iter()
                 .peekable();
             let mut released = 0;
+            let mut waiter = Waiter::default();
             // Requests released at this instant, handed to the runtime together (see `flush`).
             let mut batch: Vec<Task> = Vec::new();
             while released < n {
@@ -194,16 +272,16 @@ pub async fn drive(
                 }
                 if links.is_some() {
                     let now = Instant::now();
-                    if deadline > now + SPIN_WINDOW {
-                        if let Ok((at, slot)) =
-                            dep_rx.recv_timeout(deadline - SPIN_WINDOW - now)
+                    let window = waiter.window();
+                    if deadline > now + window {
+                        if let Ok((at, slot)) = dep_rx.recv_timeout(deadline - window - now)
                         {
                             due.push(Reverse((at, slot)));
                             continue;
                         }
                     }
                 }
-                wait_until(deadline);
+                waiter.wait_until(deadline);
                 let (slot, idx, intended_ns) = if next_root == Some(at_ns) {
                     match roots.next() {
                         Some(r) => r,
@@ -308,5 +386,51 @@ mod tests {
             assert!(Instant::now() >= d);
         }
         wait_until(start); // a past deadline returns at once
+        let mut w = Waiter::default();
+        for k in 1..=20u64 {
+            let d = Instant::now() + Duration::from_micros(150 * k);
+            w.wait_until(d);
+            assert!(Instant::now() >= d);
+        }
+        assert!(w.window() >= MIN_SPIN_WINDOW && w.window() <= SPIN_WINDOW);
+    }
+
+    #[test]
+    fn spin_window_covers_recent_oversleeps_but_not_preemptions() {
+        let us = Duration::from_micros;
+        let m = SPIN_MARGIN;
+        let mut w = Waiter::default();
+        assert_eq!(w.window(), SPIN_WINDOW, "starts with the longest window");
+        for _ in 0..RECENT {
+            w.note(us(0));
+        }
+        assert_eq!(w.window(), MIN_SPIN_WINDOW, "never shorter than this");
+        for _ in 0..RECENT {
+            w.note(us(10));
+        }
+        assert_eq!(w.window(), (us(10) + m).max(MIN_SPIN_WINDOW));
+        w.note(us(100));
+        assert_eq!(
+            w.window(),
+            us(100) + m,
+            "the largest recent oversleep + margin"
+        );
+        w.note(us(5_000));
+        assert_eq!(w.window(), us(100) + m, "a preemption is not counted");
+        for _ in 0..RECENT - 1 {
+            w.note(us(40));
+        }
+        assert_eq!(w.window(), us(100) + m, "still among the last {RECENT}");
+        w.note(us(40));
+        assert_eq!(w.window(), us(40) + m, "forgotten after {RECENT} more");
+        w.note(us(199));
+        assert_eq!(
+            w.window(),
+            SPIN_WINDOW,
+            "never longer than the longest window"
+        );
+        let mut f = Waiter::fixed(us(200));
+        f.note(us(1));
+        assert_eq!(f.window(), us(200));
     }
 }
