@@ -18,8 +18,16 @@ use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+/// Elsewhere than Linux the reads are not stamped by the kernel: they fall back to the instant
+/// they return.
+#[cfg(not(target_os = "linux"))]
+pub fn enable(_fd: RawFd) -> bool {
+    false
+}
+
 /// Asks the kernel to timestamp what `fd` receives (`SO_TIMESTAMPNS`). Failure only means reads
 /// fall back to the instant they return.
+#[cfg(target_os = "linux")]
 pub fn enable(fd: RawFd) -> bool {
     let on: libc::c_int = 1;
     // SAFETY: setsockopt reads one c_int from a valid pointer; `fd` is an open socket.
@@ -88,7 +96,9 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
         }
     };
     let now = Instant::now();
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut stamp = None;
+    #[cfg(target_os = "linux")]
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within
     // `msg_controllen`; a timespec is read unaligned from a SCM_TIMESTAMPNS message's data.
     unsafe {
@@ -127,6 +137,7 @@ mod tests {
 
     /// Bytes that sat in the socket before the read are stamped when they arrived, not when
     /// they were read (the kernel stamps them; generous bounds for a loaded machine).
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_read_is_stamped_when_its_bytes_arrived() {
         use std::os::fd::AsRawFd;
