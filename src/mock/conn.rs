@@ -123,10 +123,7 @@ impl AsyncRead for ConnIo {
             // SAFETY: `recv` only writes into the unfilled part; exactly the `n` bytes it
             // reports are marked initialised and filled below.
             let dst = unsafe { buf.unfilled_mut() };
-            match this
-                .stream
-                .try_io(tokio::io::Interest::READABLE, || rxstamp::recv(fd, dst))
-            {
+            match rxstamp::try_recv(&this.stream, fd, dst) {
                 Ok((n, at)) => {
                     // SAFETY: the kernel wrote `n` bytes at the start of the unfilled part.
                     unsafe { buf.assume_init(n) };

@@ -120,6 +120,32 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
     Ok((n, at))
 }
 
+/// [`recv`] through tokio's readiness: a short read (fewer bytes than `buf` holds, so the
+/// socket is most likely drained) also clears the socket's readiness, as tokio's own `poll_read`
+/// does, so that the next read waits for the next readiness event instead of making one more
+/// `recvmsg` that finds nothing. `WouldBlock` when nothing was there.
+pub fn try_recv(
+    stream: &tokio::net::TcpStream,
+    fd: RawFd,
+    buf: &mut [MaybeUninit<u8>],
+) -> io::Result<(usize, Instant)> {
+    let len = buf.len();
+    let mut short = None;
+    let r = stream.try_io(tokio::io::Interest::READABLE, || {
+        let (n, at) = recv(fd, buf)?;
+        if n > 0 && n < len {
+            // Reported as WouldBlock so that tokio clears the readiness it saw before the read.
+            short = Some((n, at));
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok((n, at))
+    });
+    match short {
+        Some(x) => Ok(x),
+        None => r,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
