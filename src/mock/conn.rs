@@ -9,7 +9,10 @@
 //! chunked SSE response) and runs the stream; afterwards the socket goes back to a fresh hyper
 //! connection, with the read-ahead bytes replayed first, unless the client asked to close. The
 //! take-over is refused (the hyper-served body is used instead) for HTTP/1.0 and while hyper
-//! still has unsent bytes of an earlier response. Graceful shutdown: no new request is read,
+//! still has unsent bytes of an earlier response. Every read of the socket is a `recvmsg` that
+//! also notes when its bytes reached the socket ([`super::rxstamp`]; [`ConnCtx::last_rx`]), which
+//! the handler takes as the request's arrival once its body is read; bytes read ahead carry their
+//! read's stamp into the next request. Graceful shutdown: no new request is read,
 //! open streams end when the engine stops. This module does not format bodies or decide routes.
 
 use super::api::{self, Shared};
@@ -120,10 +123,7 @@ impl AsyncRead for ConnIo {
             // SAFETY: `recv` only writes into the unfilled part; exactly the `n` bytes it
             // reports are marked initialised and filled below.
             let dst = unsafe { buf.unfilled_mut() };
-            match this
-                .stream
-                .try_io(tokio::io::Interest::READABLE, || rxstamp::recv(fd, dst))
-            {
+            match rxstamp::try_recv(&this.stream, fd, dst) {
                 Ok((n, at)) => {
                     // SAFETY: the kernel wrote `n` bytes at the start of the unfilled part.
                     unsafe { buf.assume_init(n) };

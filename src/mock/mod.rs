@@ -8,7 +8,9 @@
 //! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
 //! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
 //! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
-//! connection over and the engine thread writes its events to the socket itself ([`stream`]). This module wires them together and holds the config; it
+//! connection over and the engine thread writes its events to the socket itself ([`stream`]).
+//! A request's timings count from its arrival: by default the kernel's receive timestamp of the
+//! read that completed it ([`rxstamp`], [`ArrivalStamp`]). This module wires them together and holds the config; it
 //! does not implement any of them.
 
 pub mod api;

@@ -18,8 +18,16 @@ use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+/// Elsewhere than Linux the reads are not stamped by the kernel: they fall back to the instant
+/// they return.
+#[cfg(not(target_os = "linux"))]
+pub fn enable(_fd: RawFd) -> bool {
+    false
+}
+
 /// Asks the kernel to timestamp what `fd` receives (`SO_TIMESTAMPNS`). Failure only means reads
 /// fall back to the instant they return.
+#[cfg(target_os = "linux")]
 pub fn enable(fd: RawFd) -> bool {
     let on: libc::c_int = 1;
     // SAFETY: setsockopt reads one c_int from a valid pointer; `fd` is an open socket.
@@ -88,7 +96,9 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
         }
     };
     let now = Instant::now();
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut stamp = None;
+    #[cfg(target_os = "linux")]
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled, within
     // `msg_controllen`; a timespec is read unaligned from a SCM_TIMESTAMPNS message's data.
     unsafe {
@@ -110,6 +120,32 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
     Ok((n, at))
 }
 
+/// [`recv`] through tokio's readiness: a short read (fewer bytes than `buf` holds, so the
+/// socket is most likely drained) also clears the socket's readiness, as tokio's own `poll_read`
+/// does, so that the next read waits for the next readiness event instead of making one more
+/// `recvmsg` that finds nothing. `WouldBlock` when nothing was there.
+pub fn try_recv(
+    stream: &tokio::net::TcpStream,
+    fd: RawFd,
+    buf: &mut [MaybeUninit<u8>],
+) -> io::Result<(usize, Instant)> {
+    let len = buf.len();
+    let mut short = None;
+    let r = stream.try_io(tokio::io::Interest::READABLE, || {
+        let (n, at) = recv(fd, buf)?;
+        if n > 0 && n < len {
+            // Reported as WouldBlock so that tokio clears the readiness it saw before the read.
+            short = Some((n, at));
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok((n, at))
+    });
+    match short {
+        Some(x) => Ok(x),
+        None => r,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +163,7 @@ mod tests {
 
     /// Bytes that sat in the socket before the read are stamped when they arrived, not when
     /// they were read (the kernel stamps them; generous bounds for a loaded machine).
+    #[cfg(target_os = "linux")]
     #[test]
     fn a_read_is_stamped_when_its_bytes_arrived() {
         use std::os::fd::AsRawFd;

@@ -432,10 +432,7 @@ pub async fn drive(
                             return Outcome::Close;
                         }
                         let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-                        let r = stream.try_io(tokio::io::Interest::READABLE, || {
-                            super::rxstamp::recv(fd, &mut tmp)
-                        });
-                        match r {
+                        match super::rxstamp::try_recv(stream, fd, &mut tmp) {
                             // The client closed its side: as on the hyper path, the stream ends.
                             Ok((0, _)) => return Outcome::Close,
                             Ok((n, at)) => {
