@@ -22,7 +22,9 @@
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
 # Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF, STAMPS,
 #      SECTIONS (default "fidelity dispatch scale trace": which sections run),
-#      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--http-client hyper").
+#      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--http-client hyper"),
+#      MOCK_ARGS (extra flags for the fidelity runs' mocks, e.g. "--realtime": the instrument's
+#      emission under SCHED_FIFO, so that what is measured is the client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -101,7 +103,8 @@ echo "    (retrace: its result's client_cpu; AIPerf: whole process, setup includ
 printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall"
 start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
   MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$BIN" mock --listen "127.0.0.1:$MP" --fixed-timing 50,10 --max-num-seqs 100000 --enable-per-request-metrics >"$OUT/mock_$1.log" 2>&1 &
+  # shellcheck disable=SC2086
+  "$BIN" mock --listen "127.0.0.1:$MP" --fixed-timing 50,10 --max-num-seqs 100000 --enable-per-request-metrics ${MOCK_ARGS:-} >"$OUT/mock_$1.log" 2>&1 &
   MPID=$!
   for _ in $(seq 50); do curl -sf "http://127.0.0.1:$MP/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
 }
