@@ -35,6 +35,7 @@ pub mod prom;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod rxstamp;
 pub mod sse;
 pub mod stamps;
 pub mod synth;

@@ -464,7 +464,7 @@ pub async fn handle(
     conn: Arc<ConnCtx>,
 ) -> Result<Response<MockBody>, BoxError> {
     // Arrival (what the mock's timings count from): by default when the read that completed the
-    // request got its bytes from the kernel (`super::rxstamp`), taken after the body is read
+    // request got its bytes from the kernel (`crate::rxstamp`), taken after the body is read
     // below; with `--arrival-stamp parsed`, now (the head has been parsed). Body parsing and
     // tokenization count toward TTFT either way.
     let parsed = Instant::now();

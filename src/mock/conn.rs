@@ -10,13 +10,13 @@
 //! connection, with the read-ahead bytes replayed first, unless the client asked to close. The
 //! take-over is refused (the hyper-served body is used instead) for HTTP/1.0 and while hyper
 //! still has unsent bytes of an earlier response. Every read of the socket is a `recvmsg` that
-//! also notes when its bytes reached the socket ([`super::rxstamp`]; [`ConnCtx::last_rx`]), which
+//! also notes when its bytes reached the socket ([`crate::rxstamp`]; [`ConnCtx::last_rx`]), which
 //! the handler takes as the request's arrival once its body is read; bytes read ahead carry their
 //! read's stamp into the next request. Graceful shutdown: no new request is read,
 //! open streams end when the engine stops. This module does not format bodies or decide routes.
 
 use super::api::{self, Shared};
-use super::rxstamp;
+use crate::rxstamp;
 use super::stream::{self, Outcome};
 use bytes::{Buf, Bytes};
 use std::io;
@@ -59,7 +59,7 @@ pub struct ConnCtx {
     /// request being read arrived (0: none yet).
     pub stamp_port: u16,
     pub first_read_ns: AtomicU64,
-    /// When the bytes of the latest read reached the socket ([`super::rxstamp`]).
+    /// When the bytes of the latest read reached the socket ([`crate::rxstamp`]).
     last_rx: Mutex<Option<Instant>>,
 }
 
@@ -113,7 +113,7 @@ impl AsyncRead for ConnIo {
             self.prefix.advance(n);
             return Poll::Ready(Ok(()));
         }
-        // One `recvmsg` per read, with the kernel's receive timestamp (`super::rxstamp`).
+        // One `recvmsg` per read, with the kernel's receive timestamp (`crate::rxstamp`).
         let this = &mut *self;
         let fd = this.stream.as_raw_fd();
         loop {

@@ -10,7 +10,7 @@
 //! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
 //! connection over and the engine thread writes its events to the socket itself ([`stream`]).
 //! A request's timings count from its arrival: by default the kernel's receive timestamp of the
-//! read that completed it ([`rxstamp`], [`ArrivalStamp`]). This module wires them together and holds the config; it
+//! read that completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and holds the config; it
 //! does not implement any of them.
 
 pub mod api;
@@ -19,7 +19,6 @@ pub mod conn;
 pub mod engine;
 pub mod faults;
 pub mod prom;
-pub mod rxstamp;
 pub mod stream;
 pub mod tokenize;
 
@@ -81,7 +80,7 @@ pub struct MockConfig {
 /// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ArrivalStamp {
-    /// The kernel's receive timestamp of the read that completed the request ([`rxstamp`]): the
+    /// The kernel's receive timestamp of the read that completed the request ([`crate::rxstamp`]): the
     /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
     #[default]
     Kernel,
@@ -316,7 +315,7 @@ pub async fn start(
         // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
         // later, before clients normally send); accepted sockets ask for them too (conn.rs).
         use std::os::fd::AsRawFd;
-        rxstamp::enable(listener.as_raw_fd());
+        crate::rxstamp::enable(listener.as_raw_fd());
     }
     let listener = {
         let _g = rt.enter();

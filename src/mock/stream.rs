@@ -362,7 +362,7 @@ async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
 /// Connection task: writes `head` and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
 /// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
-/// set to when the latest of them reached the socket, see [`super::rxstamp`]), and says how the
+/// set to when the latest of them reached the socket, see [`crate::rxstamp`]), and says how the
 /// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
 /// this returns.
 pub async fn drive(
@@ -432,7 +432,7 @@ pub async fn drive(
                             return Outcome::Close;
                         }
                         let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-                        match super::rxstamp::try_recv(stream, fd, &mut tmp) {
+                        match crate::rxstamp::try_recv(stream, fd, &mut tmp) {
                             // The client closed its side: as on the hyper path, the stream ends.
                             Ok((0, _)) => return Outcome::Close,
                             Ok((n, at)) => {

@@ -1,17 +1,21 @@
-//! When a request reached the mock: the kernel's receive timestamp of the bytes a socket read
-//! returns (`SO_TIMESTAMPNS`), as an [`Instant`].
+//! When the bytes a socket read returns reached this host: the kernel's receive timestamp
+//! (`SO_TIMESTAMPNS`), as an [`Instant`], for the mock (a request's arrival) and the replayer (an
+//! event's arrival).
 //!
-//! The mock's timings (fixed TTFT, the cost model's front-end latency) count from a request's
-//! arrival. Stamping it when the mock's own threads get around to reading or parsing the request
-//! would charge the mock's CPU queue (a burst of 1,000 requests handled one after another on
-//! cores shared with the client) to the simulated engine. Instead each read of a connection's
-//! socket is a `recvmsg` asking for the kernel's timestamp of the newest segment it returns:
-//! the instant the request's last bytes were queued on the mock's socket (on loopback, inside the
-//! client's `send`). [`recv`] gives that instant, or the instant the read returned when the kernel
-//! gives no timestamp (it stamps only segments received after timestamping was first enabled on
-//! the machine), or when the timestamp is not plausible (in the future, or older than a minute,
-//! e.g. after the wall clock was stepped: the kernel stamps with `CLOCK_REALTIME`). This module
-//! does not decide which read completes a request (the connection does) and never blocks.
+//! A process that is busy reads late; the stamp still says when the bytes arrived. The mock's
+//! timings (fixed TTFT, the cost model's front-end latency) count from a request's arrival:
+//! stamping it when the mock's own threads get around to reading or parsing the request would
+//! charge the mock's CPU queue (a burst of 1,000 requests handled one after another on cores
+//! shared with the client) to the simulated engine. The replayer's own client stamps each
+//! response read the same way, so that its TTFT and ITL are the server's timing as it reached
+//! the client host, not the client's scheduling. Each read is a `recvmsg` asking for the
+//! kernel's timestamp of the newest segment it returns (on loopback, stamped inside the sender's
+//! `send`). [`recv`] gives that instant, or the instant the read returned when the kernel gives
+//! no timestamp (it stamps only segments received after timestamping was first enabled on the
+//! machine), or when the timestamp is not plausible (in the future, or older than a minute, e.g.
+//! after the wall clock was stepped: the kernel stamps with `CLOCK_REALTIME`). A read that
+//! returns several segments carries the newest one's stamp. This module does not decide what a
+//! read means (the connection does) and never blocks.
 
 use std::io;
 use std::mem::MaybeUninit;
