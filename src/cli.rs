@@ -189,6 +189,12 @@ pub struct ReplayArgs {
     /// reads its socket, less CPU per streamed event) or `hyper` (hyper's client connections).
     #[arg(long, default_value = "own", value_name = "own|hyper")]
     pub http_client: String,
+    /// When a response's bytes count as received (own client, plain `http://` targets): `kernel`
+    /// (when they reached this host: the kernel's receive timestamp of each socket read, so TTFT
+    /// and ITL do not include the replayer's own scheduling delays) or `read` (when the replayer
+    /// read them, as `vllm bench serve` does). TLS targets and `--http-client hyper` use `read`.
+    #[arg(long, default_value = "kernel", value_name = "kernel|read")]
+    pub rx_stamp: String,
     /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
     /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
     #[arg(long)]

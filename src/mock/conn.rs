@@ -16,8 +16,8 @@
 //! open streams end when the engine stops. This module does not format bodies or decide routes.
 
 use super::api::{self, Shared};
-use crate::rxstamp;
 use super::stream::{self, Outcome};
+use crate::rxstamp;
 use bytes::{Buf, Bytes};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

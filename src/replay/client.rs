@@ -430,6 +430,8 @@ async fn execute_own(
         Err(SendError::Reset(e)) => return fail(sample, t0, "reset", e),
     };
     let mut last_data = Instant::now();
+    // When the bytes of the head's read reached this host (the kernel's stamp; see h1client).
+    let mut last_rx = conn.last_rx().min(last_data);
     let is_sse = head
         .content_type
         .as_deref()
@@ -460,9 +462,10 @@ async fn execute_own(
     let mut clean_end = false;
     let mut reuse = false;
     let mut timers = BodyTimers::new(deadline, timeouts.idle, last_data);
-    let mut at = last_data.saturating_duration_since(t0).as_nanos() as u64;
+    let mut at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
     loop {
-        // The bytes of the last read (or those that came with the head), all at its instant.
+        // The bytes of the last read (or those that came with the head), all at the instant
+        // they reached this host.
         let pending = conn.pending();
         let fed = body.feed(pending, |p| stream.feed(p, at));
         let extra = matches!(fed, Ok(n) if n < pending.len());
@@ -490,7 +493,8 @@ async fn execute_own(
         };
         last_data = Instant::now();
         timers.last_data = last_data;
-        at = last_data.saturating_duration_since(t0).as_nanos() as u64;
+        last_rx = conn.last_rx().min(last_data);
+        at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
         match r {
             Ok(0) => {
                 match body.at_eof() {

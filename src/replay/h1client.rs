@@ -9,13 +9,19 @@
 //! byte (the server closed it while idle) is retried once on a fresh connection, like hyper's
 //! pool. The body bytes already read stay in the buffer; the caller then reads the body itself
 //! with [`RawConn::read`] and [`h1wire::BodyDecoder`], so no task hand-over, no per-frame
-//! allocation. No timeouts here (the caller races this against its timers) and no SSE or metrics.
+//! allocation. Each read notes when its bytes reached this host ([`RawConn::last_rx`]): the
+//! kernel's receive stamp on plain TCP sockets opened with stamping on ([`crate::rxstamp`]),
+//! else the instant the read returned (TLS). No timeouts here (the caller races this against
+//! its timers) and no SSE or metrics.
 
 use super::pool::{IoStamps, Pool, SendError};
 use crate::h1wire::{self, Framing, ResponseHead};
 use crate::netio::ClientStream;
+use std::mem::MaybeUninit;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Initial read buffer per connection; grows only for a response head longer than this.
@@ -29,17 +35,33 @@ pub struct RawConn {
     start: usize,
     filled: usize,
     pub stamps: Option<Arc<IoStamps>>,
+    /// Reads of a plain socket ask the kernel when their bytes arrived.
+    kernel_rx: bool,
+    last_rx: Instant,
 }
 
 impl RawConn {
-    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>) -> RawConn {
+    /// `kernel_rx`: stamp reads with the kernel's receive time (plain TCP only; turns the
+    /// socket's `SO_TIMESTAMPNS` on).
+    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>, kernel_rx: bool) -> RawConn {
+        let kernel_rx = match &io {
+            ClientStream::Plain(s) => kernel_rx && crate::rxstamp::enable(s.as_raw_fd()),
+            ClientStream::Tls(_) => false,
+        };
         RawConn {
             io,
             buf: vec![0; READ_BUF],
             start: 0,
             filled: 0,
             stamps,
+            kernel_rx,
+            last_rx: Instant::now(),
         }
+    }
+
+    /// When the bytes of the latest read reached this host (see the module doc).
+    pub fn last_rx(&self) -> Instant {
+        self.last_rx
     }
 
     /// No sign that the server closed the idle connection (readable EOF, an error or
@@ -75,7 +97,30 @@ impl RawConn {
             }
         }
         let dst = &mut self.buf[self.filled..];
-        let n = self.io.read(dst).await?;
+        let n = match &self.io {
+            ClientStream::Plain(s) if self.kernel_rx => {
+                // SAFETY: viewing initialised bytes as MaybeUninit is sound; the kernel writes
+                // only initialised bytes into them.
+                let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+                let fd = s.as_raw_fd();
+                loop {
+                    s.readable().await?;
+                    match crate::rxstamp::try_recv(s, fd, dst) {
+                        Ok((n, at)) => {
+                            self.last_rx = at;
+                            break n;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            _ => {
+                let n = self.io.read(dst).await?;
+                self.last_rx = Instant::now();
+                n
+            }
+        };
         self.filled += n;
         if let Some(st) = &self.stamps {
             if n > 0 {
@@ -154,4 +199,58 @@ pub async fn send(pool: &Pool, wire: &[u8]) -> Result<(RawConn, ResponseHead), S
 /// Whether a connection whose body ended cleanly may carry another request.
 pub fn reusable(head: &ResponseHead, conn: &RawConn) -> bool {
     head.reusable && head.body != Framing::Close && conn.pending().is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    async fn pair(kernel_rx: bool) -> (RawConn, tokio::net::TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (RawConn::new(ClientStream::Plain(c), None, kernel_rx), s)
+    }
+
+    /// Bytes that waited in the socket while the replayer was busy count from when they
+    /// arrived, not from the late read (`--rx-stamp kernel`); with `read`, from the read.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_late_read_keeps_the_instant_the_bytes_arrived() {
+        let mut late = Duration::ZERO;
+        // The kernel turns packet stamps on a moment after the first socket asks: a few tries.
+        for _ in 0..20 {
+            let (mut conn, mut server) = pair(true).await;
+            server.write_all(b"data: {}\n\n").await.unwrap();
+            // The replayer is busy (this thread blocks, nothing reads) for 100 ms.
+            std::thread::sleep(Duration::from_millis(100));
+            let n = conn.read().await.unwrap();
+            let read_at = Instant::now();
+            assert_eq!(conn.pending(), b"data: {}\n\n");
+            assert_eq!(n, 10);
+            assert!(conn.last_rx() <= read_at);
+            late = read_at - conn.last_rx();
+            if late >= Duration::from_millis(80) {
+                break;
+            }
+        }
+        assert!(
+            late >= Duration::from_millis(80),
+            "stamped only {late:?} before the read"
+        );
+
+        let (mut conn, mut server) = pair(false).await;
+        server.write_all(b"x").await.unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(conn.read().await.unwrap(), 1);
+        assert!(conn.last_rx().elapsed() < Duration::from_millis(50));
+        // The peer's close still reads as 0 on the stamped path.
+        let (mut conn, server) = pair(true).await;
+        drop(server);
+        assert_eq!(conn.read().await.unwrap(), 0);
+    }
 }

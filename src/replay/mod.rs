@@ -81,6 +81,8 @@ pub struct Config {
     pub warm_connections: Option<usize>,
     /// `--http-client`.
     pub http_client: pool::HttpClient,
+    /// `--rx-stamp kernel`: the own client's events are stamped when they reached this host.
+    pub kernel_rx: bool,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
@@ -268,6 +270,11 @@ impl Config {
                 "hyper" => pool::HttpClient::Hyper,
                 other => bail!("--http-client {other:?}: give own or hyper"),
             },
+            kernel_rx: match a.rx_stamp.as_str() {
+                "kernel" => true,
+                "read" => false,
+                other => bail!("--rx-stamp {other:?}: give kernel or read"),
+            },
             realtime: a.realtime,
             progress: std::io::stderr().is_terminal(),
             fd_limit: None,
@@ -442,8 +449,10 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         pool::Pool::new(&target, cfg.target_ca.as_deref())
             .await
             .map_err(|e| anyhow!("--target {target_url}: {e}"))?
-            .with_client(cfg.http_client),
+            .with_client(cfg.http_client)
+            .with_kernel_rx(cfg.kernel_rx),
     );
+    let rx_stamp = http.rx_stamp();
     let model = match (&cfg.model, &embedded) {
         (Some(m), _) => m.clone(),
         (None, Some(e)) => e.model.clone(),
@@ -755,6 +764,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         if let Some(at) = cfg.start_at {
             m.insert("start_at".into(), serde_json::json!(start::display(at)));
         }
+        m.insert("rx_stamp".into(), serde_json::json!(rx_stamp));
         m.insert(
             "client_cpu".into(),
             serde_json::json!({

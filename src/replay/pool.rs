@@ -134,6 +134,8 @@ pub struct Pool {
     idle: Mutex<Vec<Conn>>,
     /// Which client [`Pool::warm`] opens connections for.
     client: HttpClient,
+    /// Own-client reads are stamped with the kernel's receive time (`--rx-stamp kernel`).
+    kernel_rx: bool,
     /// Idle connections of the own client ([`super::h1client`]), LIFO.
     raw_idle: Mutex<Vec<RawConn>>,
 }
@@ -164,6 +166,7 @@ impl Pool {
             host,
             idle: Mutex::new(Vec::new()),
             client: HttpClient::default(),
+            kernel_rx: false,
             raw_idle: Mutex::new(Vec::new()),
         })
     }
@@ -172,6 +175,23 @@ impl Pool {
     pub fn with_client(mut self, client: HttpClient) -> Pool {
         self.client = client;
         self
+    }
+
+    /// Stamp the own client's reads with the kernel's receive time (plain TCP targets).
+    pub fn with_kernel_rx(mut self, on: bool) -> Pool {
+        self.kernel_rx = on;
+        self
+    }
+
+    /// What the measured responses' arrival instants are: `"kernel"` (own client, plain TCP,
+    /// `--rx-stamp kernel`; a read the kernel did not stamp falls back to its own instant) or
+    /// `"read"`.
+    pub fn rx_stamp(&self) -> &'static str {
+        if self.kernel_rx && self.tls.is_none() && self.client == HttpClient::Own {
+            "kernel"
+        } else {
+            "read"
+        }
     }
 
     /// The client the measured requests use.
@@ -206,7 +226,7 @@ impl Pool {
             )),
             None => ClientStream::Plain(stream),
         };
-        Ok(RawConn::new(io, stamps))
+        Ok(RawConn::new(io, stamps, self.kernel_rx))
     }
 
     /// The most recently used idle own-client connection that the server has not visibly closed.
