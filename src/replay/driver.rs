@@ -130,8 +130,8 @@ pub fn wait_until(deadline: Instant) {
 /// The spin window is what the sleep may overshoot: on this VM a 1 ns-slack `nanosleep` wakes
 /// 15–40 µs late when the thread is not preempted, and spinning costs CPU for the whole window
 /// (a fixed 200 µs window cost ~150 µs of CPU per release, 0.45 s over the 3,000 releases of a
-/// steady 1,000-stream run). So the window is the largest of the last [`RECENT`] oversleeps plus
-/// [`SPIN_MARGIN`], within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than
+/// steady 1,000-stream run). So the window is the largest of the last `RECENT` (64) oversleeps plus
+/// `SPIN_MARGIN` (25 µs), within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than
 /// [`SPIN_WINDOW`] (the thread was preempted: no window would have helped) is not counted.
 #[derive(Debug, Clone)]
 pub struct Waiter {
