@@ -204,8 +204,9 @@ impl Pool {
         self.host.as_bytes()
     }
 
-    /// Opens a connection for the own client: TCP (`TCP_NODELAY`), then TLS for `https://`.
-    pub async fn connect_raw(&self) -> Result<RawConn, String> {
+    /// A TCP connection to the target (`TCP_NODELAY`), with its stage stamps when
+    /// `RETRACE_STAMPS` is on; both clients' connections start here.
+    async fn dial(&self) -> Result<(tokio::net::TcpStream, Option<Arc<IoStamps>>), String> {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
@@ -217,6 +218,12 @@ impl Pool {
                 ..Default::default()
             })
         });
+        Ok((stream, stamps))
+    }
+
+    /// Opens a connection for the own client: TCP (`TCP_NODELAY`), then TLS for `https://`.
+    pub async fn connect_raw(&self) -> Result<RawConn, String> {
+        let (stream, stamps) = self.dial().await?;
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
@@ -249,17 +256,7 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<Conn, String> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| format!("connect {}: {e}", self.addr))?;
-        let _ = stream.set_nodelay(true);
-        let stamps = crate::stamps::enabled().then(|| {
-            use std::os::fd::AsRawFd;
-            Arc::new(IoStamps {
-                port: crate::stamps::port_of(stream.as_raw_fd(), true),
-                ..Default::default()
-            })
-        });
+        let (stream, stamps) = self.dial().await?;
         if let Some((connector, name)) = &self.tls {
             let stream = connector
                 .connect(name.clone(), stream)
