@@ -1,6 +1,7 @@
 //! A client socket that is plain TCP or rustls over TCP, as one `AsyncRead + AsyncWrite` type:
-//! the recorder's raw upstream connections (`record::rawpool`) and the replayer's own HTTP/1.1
-//! client (`replay::h1client`) both hold one. It also tells whether an idle socket was closed by
+//! the recorder's upstream connections (dialed by `record::upstream`, held by hyper through
+//! `UpstreamIo` or raw by `record::rawpool`) and the replayer's own HTTP/1.1 client
+//! (`replay::h1client`) all hold one. It also tells whether an idle socket was closed by
 //! its peer without blocking. It does not dial or configure TLS (see `tls`, and the two callers).
 
 use std::io;

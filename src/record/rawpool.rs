@@ -9,7 +9,7 @@
 //! back with [`RawPool::checkin`] only after a response that ended cleanly with nothing left
 //! unread. This module does not parse HTTP (see `h1wire`) or know about recording.
 
-use super::upstream::{Connector, UpstreamIo};
+use super::upstream::Connector;
 use crate::netio::ClientStream;
 use http::Uri;
 use std::collections::VecDeque;
@@ -67,9 +67,11 @@ impl RawPool {
 
     /// Dials a new socket (connect timeout and TLS as configured).
     pub async fn connect(&self) -> Result<ClientStream, BoxError> {
-        match self.connector.clone().call(self.dst.clone()).await? {
-            UpstreamIo::Plain(s) => Ok(ClientStream::Plain(s.into_inner())),
-            UpstreamIo::Tls(s, _) => Ok(ClientStream::Tls(Box::new(s.into_inner()))),
-        }
+        Ok(self
+            .connector
+            .clone()
+            .call(self.dst.clone())
+            .await?
+            .into_inner())
     }
 }

@@ -7,6 +7,7 @@
 //! Debian/Red Hat paths; see [`crate::tls`]). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
 //! does not know about recording.
 
+use crate::netio::ClientStream;
 use crate::record::tap::RequestTap;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::Uri;
@@ -18,8 +19,6 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 pub type UpstreamClient = Client<Connector, RequestTap>;
@@ -31,24 +30,27 @@ pub struct Connector {
     tls: Option<TlsConnector>,
 }
 
-/// A plain or TLS connection to the upstream.
-pub enum UpstreamIo {
-    Plain(TokioIo<TcpStream>),
-    Tls(Box<TokioIo<TlsStream<TcpStream>>>, bool),
+/// A plain or TLS connection to the upstream, as hyper's I/O: the shared
+/// [`crate::netio::ClientStream`] (also what the own HTTP/1.1 loop's raw pool holds) plus
+/// whether TLS negotiated HTTP/2.
+pub struct UpstreamIo {
+    io: TokioIo<ClientStream>,
+    h2: bool,
+}
+
+impl UpstreamIo {
+    /// The socket itself (the raw pool drives it without hyper).
+    pub fn into_inner(self) -> ClientStream {
+        self.io.into_inner()
+    }
 }
 
 impl Connection for UpstreamIo {
     fn connected(&self) -> Connected {
-        match self {
-            UpstreamIo::Plain(s) => s.connected(),
-            UpstreamIo::Tls(s, h2) => {
-                let c = s.inner().get_ref().0.connected();
-                if *h2 {
-                    c.negotiated_h2()
-                } else {
-                    c
-                }
-            }
+        match self.io.inner() {
+            ClientStream::Plain(s) => s.connected(),
+            ClientStream::Tls(s) if self.h2 => s.get_ref().0.connected().negotiated_h2(),
+            ClientStream::Tls(s) => s.get_ref().0.connected(),
         }
     }
 }
@@ -59,10 +61,7 @@ impl Read for UpstreamIo {
         cx: &mut Context<'_>,
         buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
@@ -72,38 +71,23 @@ impl Write for UpstreamIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpstreamIo::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            UpstreamIo::Tls(s, _) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
-        match self {
-            UpstreamIo::Plain(s) => s.is_write_vectored(),
-            UpstreamIo::Tls(s, _) => s.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 }
 
@@ -126,7 +110,10 @@ impl tower_service::Service<Uri> for Connector {
             let host = dst.host().unwrap_or("").to_string();
             let tcp = http.call(dst).await.map_err(BoxError::from)?;
             match (is_https, tls) {
-                (false, _) => Ok(UpstreamIo::Plain(tcp)),
+                (false, _) => Ok(UpstreamIo {
+                    io: TokioIo::new(ClientStream::Plain(tcp.into_inner())),
+                    h2: false,
+                }),
                 (true, None) => Err("https upstream without a TLS configuration".into()),
                 (true, Some(tls)) => {
                     let name = rustls::pki_types::ServerName::try_from(
@@ -137,7 +124,10 @@ impl tower_service::Service<Uri> for Connector {
                     .map_err(|e| format!("upstream host {host:?}: {e}"))?;
                     let s = tls.connect(name, tcp.into_inner()).await?;
                     let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
-                    Ok(UpstreamIo::Tls(Box::new(TokioIo::new(s)), h2))
+                    Ok(UpstreamIo {
+                        io: TokioIo::new(ClientStream::Tls(Box::new(s))),
+                        h2,
+                    })
                 }
             }
         })
