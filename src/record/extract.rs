@@ -108,20 +108,37 @@ impl Exchange {
     /// and path empty, for the caller to fill), the buffers emptied but kept, so a recycled
     /// exchange costs no allocation.
     pub fn reuse(&mut self, arrival: Instant) {
-        self.arrival = arrival;
-        self.method.clear();
-        self.path.clear();
-        self.request.clear();
-        self.status = 0;
-        self.content_type.clear();
-        self.headers_after = None;
-        self.response_body.clear();
-        self.frames.clear();
-        self.response_len = 0;
-        self.response_truncated = false;
-        self.end = None;
-        self.error = None;
-        self.cancelled = false;
+        // Exhaustive: a field added to Exchange must be reset here too (or this fails to build).
+        let Exchange {
+            arrival: at,
+            method,
+            path,
+            request,
+            status,
+            content_type,
+            headers_after,
+            response_body,
+            frames,
+            response_len,
+            response_truncated,
+            end,
+            error,
+            cancelled,
+        } = self;
+        *at = arrival;
+        method.clear();
+        path.clear();
+        request.clear();
+        *status = 0;
+        content_type.clear();
+        *headers_after = None;
+        response_body.clear();
+        frames.clear();
+        *response_len = 0;
+        *response_truncated = false;
+        *end = None;
+        *error = None;
+        *cancelled = false;
     }
 
     /// Buffer capacity this exchange would keep if recycled.
