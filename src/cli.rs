@@ -196,9 +196,17 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "kernel", value_name = "kernel|read")]
     pub rx_stamp: String,
     /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
-    /// low on a busy machine. It sleeps between sends and spins at most 200 µs before each.
+    /// low on a busy machine (it sleeps between sends, and spins as --spin-us says).
     #[arg(long)]
     pub realtime: bool,
+    /// How long the dispatcher spins before each send, after its precise (1 ns slack) sleep: `0`
+    /// (the default: sleep only; a release is as late as the kernel wakes the thread, p99 about
+    /// 0.04–0.07 ms here even with CPU hogs, and the dispatcher costs ~8 µs of CPU per send), a
+    /// fixed number of µs, or `auto` (the largest recent oversleep plus 25 µs, 30–200 µs:
+    /// releases within a microsecond on an idle machine, at up to that much CPU per send; on a
+    /// busy one the spinning thread loses its scheduler credit and is often later than sleep-only).
+    #[arg(long, default_value = "0", value_name = "US|auto")]
+    pub spin_us: String,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
     pub window: Option<String>,

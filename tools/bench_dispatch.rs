@@ -1,11 +1,11 @@
 //! Benchmark of the replay dispatcher's wake-up precision and cost on a busy machine: the
 //! lateness of [`retrace::replay::driver::Waiter`] over a train of deadlines 1 ms apart, and the
 //! waiting thread's CPU time per deadline (the spin before each release), while `--hogs`
-//! CPU-bound threads (at the same nice level) compete for the cores. Three variants alternate in
+//! CPU-bound threads (at the same nice level) compete for the cores. Four variants alternate in
 //! one process, `--rounds` times each: the default scheduler slice with the fixed 200 µs spin
-//! window, the 100 µs EEVDF slice the dispatcher asks for with the fixed window, and that slice
-//! with the adaptive window the dispatcher uses. Medians of their p50/p99/max and CPU are printed
-//! side by side.
+//! window, and with the 100 µs EEVDF slice the dispatcher asks for: the fixed window, the
+//! adaptive window (`--spin-us auto`) and no spin at all (`--spin-us 0`, the default). Medians of
+//! their p50/p99/max and CPU are printed side by side.
 //!
 //! Bounded: `--rounds` × 3 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
 //! Usage: `cargo run --release --example bench_dispatch -- [--hogs 3] [--rounds 5] [--deadlines 2000]`
@@ -38,14 +38,11 @@ fn thread_cpu_ns() -> u64 {
 
 /// One train of deadlines on a fresh thread; returns (p50, p99, max) lateness in ms, CPU µs per
 /// deadline, and whether the slice hint was accepted.
-fn train(short_slice: bool, adaptive: bool, n: u64) -> (f64, f64, f64, f64, bool) {
+/// `spin`: a fixed spin window, `None` = adaptive.
+fn train(short_slice: bool, spin: Option<Duration>, n: u64) -> (f64, f64, f64, f64, bool) {
     std::thread::spawn(move || {
         let ok = precise_sleep_setup(short_slice);
-        let mut waiter = if adaptive {
-            Waiter::default()
-        } else {
-            Waiter::fixed(SPIN_WINDOW)
-        };
+        let mut waiter = spin.map_or_else(Waiter::default, Waiter::fixed);
         let t0 = Instant::now() + Duration::from_millis(5);
         let cpu0 = thread_cpu_ns();
         let mut late: Vec<u64> = (0..n)
@@ -85,16 +82,17 @@ fn main() {
             })
         })
         .collect();
-    const VARIANTS: [(&str, bool, bool); 3] = [
-        ("default slice, 200 µs spin", false, false),
-        ("100 µs slice, 200 µs spin", true, false),
-        ("100 µs slice, adaptive spin", true, true),
+    const VARIANTS: [(&str, bool, Option<Duration>); 4] = [
+        ("default slice, 200 µs spin", false, Some(SPIN_WINDOW)),
+        ("100 µs slice, 200 µs spin", true, Some(SPIN_WINDOW)),
+        ("100 µs slice, adaptive spin", true, None),
+        ("100 µs slice, no spin", true, Some(Duration::ZERO)),
     ];
-    let mut res: [Vec<(f64, f64, f64, f64)>; 3] = Default::default();
+    let mut res: [Vec<(f64, f64, f64, f64)>; 4] = Default::default();
     let mut accepted = false;
     for _ in 0..rounds {
-        for (i, (_, slice, adaptive)) in VARIANTS.into_iter().enumerate() {
-            let (a, b, c, cpu, ok) = train(slice, adaptive, n);
+        for (i, (_, slice, spin)) in VARIANTS.into_iter().enumerate() {
+            let (a, b, c, cpu, ok) = train(slice, spin, n);
             accepted |= ok;
             res[i].push((a, b, c, cpu));
         }

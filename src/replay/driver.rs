@@ -2,11 +2,15 @@
 //!
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
-//! short EEVDF slice ([`crate::thread_timing`], unprivileged) until a spin window before the
-//! deadline, then yields/spins the rest, so releases land within microseconds instead of tokio's
-//! 1 ms timer-wheel granularity. The window adapts ([`Waiter`]): it covers the recent oversleeps of
-//! the thread's timed sleeps (typically 15–40 µs here) plus a margin, between [`MIN_SPIN_WINDOW`]
-//! and [`SPIN_WINDOW`], since every microsecond of it is CPU burnt per release. Deadlines are absolute, so a late
+//! short EEVDF slice ([`crate::thread_timing`], unprivileged), so releases land within tens of
+//! microseconds instead of tokio's 1 ms timer-wheel granularity. By default it does not spin
+//! (`--spin-us 0`): a thread that sleeps keeps its scheduler credit, so with CPU hogs on every
+//! core its wake-ups still preempt them (p99 0.04 ms), while one that spins before each deadline
+//! spends that credit and is then preempted for milliseconds (p99 3.9 ms), besides burning CPU
+//! (`tools/bench_dispatch.rs`). A spin window is available ([`Waiter`]): fixed, or adaptive
+//! (`--spin-us auto`: the recent oversleeps of the thread's sleeps plus a margin, between
+//! [`MIN_SPIN_WINDOW`] and [`SPIN_WINDOW`]) for µs precision on an idle machine or under
+//! `--realtime`. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
 //! already due back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
@@ -55,6 +59,9 @@ pub struct DriveOptions {
     /// Run the dispatcher thread under SCHED_FIFO (needs CAP_SYS_NICE); on a loaded machine this
     /// keeps other processes from delaying releases.
     pub realtime: bool,
+    /// A fixed spin window before each release (`Some(ZERO)`: sleep only, the CLI default;
+    /// `None`: adaptive, see [`Waiter`]).
+    pub spin: Option<Duration>,
     /// Session links over plan slots (`--sessions`): dependent turns wait for their predecessor.
     pub links: Option<Links>,
     /// The replay's t0 (offsets are from it); `None` = [`START_LEAD`] from now.
@@ -221,6 +228,7 @@ pub async fn drive(
     let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
     let timeouts = opts.timeouts;
     let realtime = opts.realtime;
+    let spin = opts.spin;
     let links = opts.links.map(Arc::new);
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
@@ -242,7 +250,7 @@ pub async fn drive(
                 .into_iter()
                 .peekable();
             let mut released = 0;
-            let mut waiter = Waiter::default();
+            let mut waiter = spin.map_or_else(Waiter::default, Waiter::fixed);
             // Requests released at this instant, handed to the runtime together (see `flush`).
             let mut batch: Vec<Task> = Vec::new();
             while released < n {

@@ -77,6 +77,8 @@ pub struct Config {
     pub timeouts: client::Timeouts,
     /// Dispatcher thread under SCHED_FIFO.
     pub realtime: bool,
+    /// `--spin-us`: the dispatcher's fixed spin window (`None` = adaptive).
+    pub spin: Option<std::time::Duration>,
     /// Connections opened before the clock starts (`None` = default rule, see the CLI help).
     pub warm_connections: Option<usize>,
     /// `--http-client`.
@@ -276,6 +278,15 @@ impl Config {
                 other => bail!("--rx-stamp {other:?}: give kernel or read"),
             },
             realtime: a.realtime,
+            spin: match a.spin_us.as_str() {
+                "auto" => None,
+                us => match us.parse::<u64>() {
+                    Ok(v) if v <= 100_000 => Some(std::time::Duration::from_micros(v)),
+                    _ => bail!(
+                        "--spin-us {us:?}: give auto or a number of microseconds up to 100000"
+                    ),
+                },
+            },
             progress: std::io::stderr().is_terminal(),
             fd_limit: None,
         })
@@ -645,6 +656,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             max_concurrency: cfg.max_concurrency,
             timeouts: cfg.timeouts,
             realtime: cfg.realtime,
+            spin: cfg.spin,
             links: links.clone(),
             t0: Some(t0),
         },

@@ -314,6 +314,8 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--timeout-s", "0"], "--timeout-s"),
         (&["t", "--goodput", "ttft=5"], "--goodput"),
         (&["t", "--goodput", "itl:5"], "--goodput"),
+        (&["t", "--spin-us", "fast"], "--spin-us"),
+        (&["t", "--spin-us", "200000"], "--spin-us"),
     ];
     for (args, flag) in cases {
         let e = support::replay_config(args).unwrap_err().to_string();
@@ -323,6 +325,14 @@ fn invalid_flags_name_the_flag() {
         support::replay_config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
     assert!(e.to_string().contains("--vocab-size"), "{e}");
     assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
+    // The dispatcher sleeps without spinning unless asked.
+    let spin = |a: &[&str]| support::replay_config(a).unwrap().spin;
+    assert_eq!(spin(&["t"]), Some(std::time::Duration::ZERO));
+    assert_eq!(spin(&["t", "--spin-us", "auto"]), None);
+    assert_eq!(
+        spin(&["t", "--spin-us", "50"]),
+        Some(std::time::Duration::from_micros(50))
+    );
 }
 
 #[test]
