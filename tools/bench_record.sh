@@ -2,8 +2,16 @@
 # Overhead of `retrace record`, side by side with nginx (proxy_buffering off) and a direct baseline,
 # all in one run against the same fixed-timing SSE upstream (tools/bench_record.rs).
 #
-# Targets: direct, retrace (`--h1-engine own`, the default), retrace-hyper (`--h1-engine hyper`),
-# nginx; TARGETS="direct retrace nginx" runs a subset.
+# Targets: direct, floor, retrace (`--h1-engine own`, the default), retrace-hyper
+# (`--h1-engine hyper`), nginx, and floor-epoll (not in the default set); TARGETS="direct floor
+# retrace nginx" runs a subset.
+#   floor: the latency floor of any proxy hop, tools/fwd_floor.rs (example fwd_floor): a plain TCP
+#     forwarder, no HTTP parsing, no recording, one upstream connection per client connection and
+#     one blocking thread per direction (TCP_NODELAY both sides). Whatever it adds over direct
+#     (the second socket hop, the wake-up of the proxy, the client woken from another CPU) any
+#     proxy adds; "over floor" in the summary is a proxy's latency minus the floor's.
+#   floor-epoll: the same forwarder as one thread over epoll (`fwd_floor --mode epoll`).
+# Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
 #   - small non-streamed requests per second (SMALL_CONC connections for SMALL_S seconds);
@@ -31,7 +39,8 @@ SMALL_S=${SMALL_S:-5}
 IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
-TARGETS=${TARGETS:-direct retrace retrace-hyper nginx}
+FLR=$((BASE + 7)); FLR2=$((BASE + 8))
+TARGETS=${TARGETS:-direct floor retrace retrace-hyper nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record}
@@ -50,6 +59,18 @@ if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
   PIDS+=($REC2_PID)
 fi
 
+FLR_PID=; FLR2_PID=
+if [[ " $TARGETS " == *" floor "* ]]; then
+  $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR --upstream 127.0.0.1:$UP --lifetime-s 3600 2>"$WORK/floor.log" &
+  FLR_PID=$!
+  PIDS+=($FLR_PID)
+fi
+if [[ " $TARGETS " == *" floor-epoll "* ]]; then
+  $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR2 --upstream 127.0.0.1:$UP --mode epoll --lifetime-s 3600 2>"$WORK/floor-epoll.log" &
+  FLR2_PID=$!
+  PIDS+=($FLR2_PID)
+fi
+
 write_nginx_conf "worker_processes $NGX_WORKERS;
 worker_rlimit_nofile 65535;
 master_process on;" \
@@ -58,7 +79,7 @@ $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX ${REC2_PID:+$REC2}; do
+for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -71,6 +92,8 @@ url() {
     retrace) echo "http://127.0.0.1:$REC$2" ;;
     retrace-hyper) echo "http://127.0.0.1:$REC2$2" ;;
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
+    floor) echo "http://127.0.0.1:$FLR$2" ;;
+    floor-epoll) echo "http://127.0.0.1:$FLR2$2" ;;
   esac
 }
 
@@ -91,7 +114,8 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   done
   echo "$total"
 }
-proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "" ;; esac; }
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; nginx) echo "$NGX_PID" ;;
+  floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
   local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2
@@ -150,6 +174,7 @@ grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retr
 python3 - "$RES" "$OUT/summary.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+TARGETS = ["direct", "floor", "floor-epoll", "retrace", "retrace-hyper", "nginx"]
 out = []
 st = [r for r in rows if r["kind"] == "stream"]
 if st:
@@ -159,16 +184,26 @@ if st:
     out.append("|---|---|---|---|---|---|---|---|---|")
     def med(t, k, q):
         return statistics.median(r[k][q] for r in st if r["label"] == t)
-    for t in ["direct", "retrace", "retrace-hyper", "nginx"]:
+    for t in TARGETS:
         if not any(r["label"] == t for r in st):
             continue
         add = lambda k, q: med(t, k, q) - med("direct", k, q)
         errs = sum(r["errors"] for r in st if r["label"] == t)
         out.append(f"| {t} | {med(t,'ttft_ms','p50'):.3f} | {med(t,'ttft_ms','p99'):.3f} | {med(t,'itl_ms','p50'):.3f} | {med(t,'itl_ms','p99'):.3f} | {add('ttft_ms','p50'):+.3f} | {add('ttft_ms','p99'):+.3f} | {add('itl_ms','p99'):+.3f} | {errs} |")
+    # What each proxy adds beyond the floor forwarder's hop (the part a proxy can still remove).
+    for floor in [f for f in ["floor", "floor-epoll"] if any(r["label"] == f for r in st)]:
+        out.append(f"\nOver `{floor}` (proxy percentile − {floor} percentile, ms; the floor's own row is what any forwarding hop adds over direct):\n")
+        out.append("| target | over floor TTFT p50 | over floor TTFT p99 | over floor ITL p99 |")
+        out.append("|---|---|---|---|")
+        for t in TARGETS:
+            if t in ("direct", floor) or not any(r["label"] == t for r in st):
+                continue
+            over = lambda k, q: med(t, k, q) - med(floor, k, q)
+            out.append(f"| {t} | {over('ttft_ms','p50'):+.3f} | {over('ttft_ms','p99'):+.3f} | {over('itl_ms','p99'):+.3f} |")
 HZ = 100  # USER_HZ: /proc/<pid>/stat clock ticks
 cpu = []
 for kind in ["stream", "small"]:
-    for t in ["retrace", "retrace-hyper", "nginx"]:
+    for t in TARGETS[1:]:
         rs = [r for r in rows if r["kind"] == kind and r["label"] == t and r["requests"]]
         if rs:
             # stream runs send one unmeasured warm-up request per connection too
@@ -184,7 +219,7 @@ sm = [r for r in rows if r["kind"] == "small"]
 if sm:
     out.append("\n| target | small requests/s | p50 ms | p99 ms | errors |")
     out.append("|---|---|---|---|---|")
-    for t in ["direct", "retrace", "retrace-hyper", "nginx"]:
+    for t in TARGETS:
         rs = [r for r in sm if r["label"] == t]
         if rs:
             out.append(f"| {t} | {statistics.median(r['rps'] for r in rs):.0f} | {statistics.median(r['latency_ms']['p50'] for r in rs):.3f} | {statistics.median(r['latency_ms']['p99'] for r in rs):.3f} | {sum(r['errors'] for r in rs)} |")

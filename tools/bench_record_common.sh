@@ -4,7 +4,7 @@
 # UP, REC, ADM, TTFT_MS, ITL_MS, TOKENS; sets WORK, PIDS, B and REC_PID.
 #
 # PIN=1 splits the 2 cores: the load generator and the upstream run on CPU 0 ($GEN), every proxy on
-# CPU 1 ($PRX; nginx then gets one worker). Direct and proxied rounds then leave the generator
+# CPU 1 ($PRX; nginx then gets one worker; the floor forwarder tools/fwd_floor.rs too). Direct and proxied rounds then leave the generator
 # side the same core, so "added" latency is the proxy's own, not its share of a saturated machine.
 if [ "${PIN:-0}" = 1 ]; then
   command -v taskset >/dev/null || { echo "PIN=1 needs taskset (util-linux)" >&2; exit 1; }
@@ -14,7 +14,7 @@ else
 fi
 
 bench_setup() {
-  cargo build --release --quiet --bin retrace --example bench_record
+  cargo build --release --quiet --bin retrace --example bench_record --example fwd_floor
   mkdir -p "$OUT"
   WORK=$(mktemp -d)
   PIDS=()
