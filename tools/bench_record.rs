@@ -218,6 +218,11 @@ fn clients(conc: usize, h2: bool, conns: usize) -> Vec<Http> {
 
 const BODY: &[u8] = br#"{"model":"m","prompt":[1,2,3,4],"max_tokens":100,"stream":true}"#;
 
+/// A duration in whole µs, saturating (a sample is at most the run's 300 s deadline).
+fn micros(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
 fn pct(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
 }
@@ -245,8 +250,11 @@ async fn stream(url: String, load: StreamLoad, label: String, cs: Vec<Http>) {
         let c = cs[k % cs.len()].clone();
         let (url, next, errors) = (url.clone(), next.clone(), errors.clone());
         tasks.push(tokio::spawn(async move {
-            let mut ttft = Histogram::<u64>::new(3).unwrap();
-            let mut itl = Histogram::<u64>::new(3).unwrap();
+            // Raw samples (µs), merged into one exact histogram at the end: per-connection
+            // histograms with 3 significant digits had 32 µs buckets at 32-65 ms, too coarse for
+            // added latencies of tens of µs.
+            let mut ttft: Vec<u32> = Vec::new();
+            let mut itl: Vec<u32> = Vec::new();
             let mut warm = warmup;
             // This connection's place in the spread, counted from the end of its warm-up.
             let offset = spread.mul_f64(k as f64 / conc as f64);
@@ -278,12 +286,8 @@ async fn stream(url: String, load: StreamLoad, label: String, cs: Vec<Http>) {
                         Some(Ok(f)) if f.is_data() => {
                             let now = Instant::now();
                             match last {
-                                None => {
-                                    let _ = ttft.record((now - t0).as_micros() as u64);
-                                }
-                                Some(p) => {
-                                    let _ = itl.record((now - p).as_micros() as u64);
-                                }
+                                None => ttft.push(micros(now - t0)),
+                                Some(p) => itl.push(micros(now - p)),
                             }
                             last = Some(now);
                         }
@@ -299,12 +303,17 @@ async fn stream(url: String, load: StreamLoad, label: String, cs: Vec<Http>) {
             (ttft, itl)
         }));
     }
-    let mut ttft = Histogram::<u64>::new(3).unwrap();
-    let mut itl = Histogram::<u64>::new(3).unwrap();
+    // 5 significant digits: every value below 131 ms is its own 1 µs bucket.
+    let mut ttft = Histogram::<u64>::new(5).unwrap();
+    let mut itl = Histogram::<u64>::new(5).unwrap();
     for t in tasks {
         let (a, b) = t.await.unwrap();
-        ttft.add(a).unwrap();
-        itl.add(b).unwrap();
+        for v in a {
+            let _ = ttft.record(u64::from(v));
+        }
+        for v in b {
+            let _ = itl.record(u64::from(v));
+        }
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
