@@ -10,7 +10,9 @@
 #     one blocking thread per direction (TCP_NODELAY both sides). Whatever it adds over direct
 #     (the second socket hop, the wake-up of the proxy, the client woken from another CPU) any
 #     proxy adds; "over floor" in the summary is a proxy's latency minus the floor's.
-#   floor-epoll: the same forwarder as one thread over epoll (`fwd_floor --mode epoll`).
+#   floor-epoll: the same forwarder as one thread over epoll (`fwd_floor --mode epoll`). At 1,000
+#     streams (25,000 chunks/s on one core) it, not `floor`, is the lower floor: one wake-up per
+#     burst of chunks instead of one thread switch per chunk (tools/bench_record.md, session 5).
 # Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
