@@ -16,7 +16,12 @@
 //! close the client connection without a clean end. Timeouts: response headers (and total) from
 //! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
 //! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
-//! write completed. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
+//! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
+//! e.g. a WebSocket handshake; see [`crate::h1wire`]) goes upstream with those two headers; a `101`
+//! answer is written to the client and then the connection becomes a `tunnel` (bytes read past
+//! either head go first), the exchange is recorded when the tunnel ends, the upstream socket is
+//! never pooled again and the client connection ends with the tunnel; any other answer is an
+//! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
 use super::extract::{Captured, Exchange};
 use super::proxy::{classify, describe, error_json, Proxy};
