@@ -23,7 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Bytes each direction buffers at most (more only to hold what was read before the switch).
+/// Bytes each direction reads at once. The buffer exists only while bytes are on their way: a
+/// direction waiting for its reader frees it, so an idle tunnel holds no buffers.
 const TUNNEL_BUF: usize = 16 << 10;
 
 /// The error kind recorded for a tunnel the proxy cut because it was shutting down.
@@ -58,9 +59,9 @@ enum Failed {
 
 /// One direction: bytes read from one socket, written to the other.
 struct Dir {
+    /// Bytes read and not yet written are `buf[start..]`.
     buf: Vec<u8>,
     start: usize,
-    end: usize,
     eof: bool,
     shut: bool,
     need_flush: bool,
@@ -70,13 +71,10 @@ struct Dir {
 impl Dir {
     /// `pending` holds bytes already read (before the switch) that go out first; its allocation
     /// becomes the buffer.
-    fn new(mut pending: Vec<u8>) -> Self {
-        let end = pending.len();
-        pending.resize(end.max(TUNNEL_BUF), 0);
+    fn new(pending: Vec<u8>) -> Self {
         Dir {
             buf: pending,
             start: 0,
-            end,
             eof: false,
             shut: false,
             need_flush: false,
@@ -97,16 +95,16 @@ impl Dir {
         W: AsyncWrite + Unpin + ?Sized,
     {
         loop {
-            if self.start < self.end {
-                match Pin::new(&mut *w).poll_write(cx, &self.buf[self.start..self.end]) {
+            if self.start < self.buf.len() {
+                match Pin::new(&mut *w).poll_write(cx, &self.buf[self.start..]) {
                     Poll::Ready(Ok(n)) if n > 0 => {
                         self.start += n;
                         self.moved += n as u64;
                         counter.fetch_add(n as u64, Relaxed);
                         self.need_flush = true;
-                        if self.start == self.end {
+                        if self.start == self.buf.len() {
                             self.start = 0;
-                            self.end = 0;
+                            self.buf.clear();
                         }
                         continue;
                     }
@@ -115,19 +113,27 @@ impl Dir {
                 }
             }
             if !self.eof {
-                let mut rb = ReadBuf::new(&mut self.buf[..]);
+                // The buffer is empty here.
+                if self.buf.capacity() < TUNNEL_BUF {
+                    self.buf = Vec::with_capacity(TUNNEL_BUF);
+                }
+                let mut rb = ReadBuf::uninit(self.buf.spare_capacity_mut());
                 match Pin::new(&mut *r).poll_read(cx, &mut rb) {
                     Poll::Ready(Ok(())) => {
                         let n = rb.filled().len();
                         if n == 0 {
                             self.eof = true;
                         } else {
-                            self.end = n;
+                            // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes
+                            // were initialised; they are the vector's first `n` (it was empty).
+                            unsafe { self.buf.set_len(n) };
                         }
                         continue;
                     }
                     Poll::Ready(Err(_)) => return Poll::Ready(Err(Failed::Reader)),
                     Poll::Pending => {
+                        // Idle: give the buffer back (an open, quiet WebSocket costs none).
+                        self.buf = Vec::new();
                         // Nothing more to send for now: make sure what was written goes out
                         // (a TLS stream may hold it).
                         if self.need_flush {
