@@ -3,14 +3,15 @@
 //! bytes; through the recorder the client sees the 101 head and the echoes both ways, the half
 //! close, and the trace holds the exchange (status 101, no payload, no credentials). A refused
 //! upgrade (426) is an ordinary response on a connection that carries on; an unrequested 101 is a
-//! 502; a draining proxy cuts an open tunnel just before its drain deadline.
+//! 502; a draining proxy cuts an open tunnel just before its drain deadline; TLS on both hops
+//! (close_notify as the half close) works the same.
 
 use retrace::record::{self, H1Engine, RecordConfig, RecordStats};
 use retrace::trace::{native, Endpoint, Request as TraceRequest};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -41,44 +42,28 @@ impl Seen {
 /// stream, answered with `bye` and a close; `/refuse` gets a 426 with a body; `/switch` gets a
 /// 101 whatever it asked; anything else a small JSON 200. Keep-alive otherwise.
 async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
+    upstream_with(None).await
+}
+
+/// [`upstream`], over TLS when given an acceptor.
+async fn upstream_with(
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
+        while let Ok((tcp, _)) = l.accept().await {
             let seen = s2.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let Some(req) = read_head(&mut s, &mut buf).await else {
-                        return;
-                    };
-                    seen.lock().unwrap().push(req.clone());
-                    let path = req.line.split(' ').nth(1).unwrap_or("").to_string();
-                    let ws = req.get("upgrade") == Some("websocket");
-                    if (path.starts_with("/v1/realtime") && ws) || path == "/switch" {
-                        let head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
-                            Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\nhello";
-                        if s.write_all(head.as_bytes()).await.is_err() {
-                            return;
+                match tls {
+                    None => serve_upstream(tcp, seen).await,
+                    Some(acc) => {
+                        if let Ok(s) = acc.accept(tcp).await {
+                            serve_upstream(s, seen).await
                         }
-                        echo(s, buf).await;
-                        return;
-                    }
-                    let resp = if path == "/refuse" {
-                        "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-                         content-type: text/plain\r\ncontent-length: 15\r\n\r\nupgrade refused"
-                            .to_string()
-                    } else {
-                        let b = format!("{{\"path\":\"{path}\"}}");
-                        format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}",
-                            b.len()
-                        )
-                    };
-                    if s.write_all(resp.as_bytes()).await.is_err() {
-                        return;
                     }
                 }
             });
@@ -87,8 +72,44 @@ async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
     (addr, seen)
 }
 
+/// Serves one upstream connection (see [`upstream`]).
+async fn serve_upstream<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, seen: Arc<Mutex<Vec<Seen>>>) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(req) = read_head(&mut s, &mut buf).await else {
+            return;
+        };
+        seen.lock().unwrap().push(req.clone());
+        let path = req.line.split(' ').nth(1).unwrap_or("").to_string();
+        let ws = req.get("upgrade") == Some("websocket");
+        if (path.starts_with("/v1/realtime") && ws) || path == "/switch" {
+            let head = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+                Connection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\nhello";
+            if s.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            echo(s, buf).await;
+            return;
+        }
+        let resp = if path == "/refuse" {
+            "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             content-type: text/plain\r\ncontent-length: 15\r\n\r\nupgrade refused"
+                .to_string()
+        } else {
+            let b = format!("{{\"path\":\"{path}\"}}");
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}",
+                b.len()
+            )
+        };
+        if s.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Echoes bytes (`pending` first) until end of stream, then says `bye` and closes.
-async fn echo(mut s: TcpStream, pending: Vec<u8>) {
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, pending: Vec<u8>) {
     if !pending.is_empty() && s.write_all(&pending).await.is_err() {
         return;
     }
@@ -109,7 +130,7 @@ async fn echo(mut s: TcpStream, pending: Vec<u8>) {
 }
 
 /// Reads one request head (no bodies in these tests); `buf` keeps what follows it.
-async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
+async fn read_head<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Option<Seen> {
     loop {
         let mut h = [httparse::EMPTY_HEADER; 64];
         let mut r = httparse::Request::new(&mut h);
@@ -154,7 +175,7 @@ impl Head {
     }
 }
 
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> usize {
+async fn read_more<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> usize {
     let mut tmp = [0u8; 4096];
     let n = tokio::time::timeout(T, s.read(&mut tmp))
         .await
@@ -164,7 +185,7 @@ async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> usize {
     n
 }
 
-async fn read_response_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
+async fn read_response_head<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Head {
     loop {
         let mut h = [httparse::EMPTY_HEADER; 64];
         let mut r = httparse::Response::new(&mut h);
@@ -193,7 +214,7 @@ async fn read_response_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Head {
 }
 
 /// Reads exactly `n` bytes (some may already be in `buf`).
-async fn read_n(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> Vec<u8> {
+async fn read_n<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>, n: usize) -> Vec<u8> {
     while buf.len() < n {
         assert!(read_more(s, buf).await > 0, "connection closed early");
     }
@@ -201,7 +222,7 @@ async fn read_n(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) -> Vec<u8> {
 }
 
 /// Reads a Content-Length response body.
-async fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, h: &Head) -> Vec<u8> {
+async fn read_body<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>, h: &Head) -> Vec<u8> {
     let len: usize = h.get("content-length").unwrap().parse().unwrap();
     read_n(s, buf, len).await
 }
@@ -215,13 +236,23 @@ struct Rec {
 }
 
 async fn start(upstream: SocketAddr, engine: H1Engine, drain: Duration) -> Rec {
+    start_with(&format!("http://{upstream}"), engine, drain, |_| {}).await
+}
+
+async fn start_with(
+    upstream: &str,
+    engine: H1Engine,
+    drain: Duration,
+    tweak: impl FnOnce(&mut RecordConfig),
+) -> Rec {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = RecordConfig::new(&format!("http://{upstream}"), dir.path().join("out")).unwrap();
+    let mut cfg = RecordConfig::new(upstream, dir.path().join("out")).unwrap();
     cfg.flush_every = Duration::from_millis(100);
     cfg.io_threads = 1;
     cfg.h1_engine = engine;
     cfg.drain_timeout = drain;
     cfg.bodies = record::Bodies::Full;
+    tweak(&mut cfg);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
@@ -542,5 +573,64 @@ async fn a_draining_proxy_keeps_a_tunnel_until_just_before_its_deadline() {
         assert_eq!(resp.status, 101, "{engine:?}");
         assert_eq!(resp.error.as_deref(), Some("drain_deadline"), "{engine:?}");
         assert!(!resp.cancelled, "{engine:?}");
+    }
+}
+
+fn repo(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_works_over_tls_on_both_hops() {
+    let acc = record::server::tls_acceptor(
+        &repo("fixtures/tls/cert.pem"),
+        &repo("fixtures/tls/key.pem"),
+    )
+    .unwrap();
+    let (up, seen) = upstream_with(Some(acc)).await;
+    let client_tls = tokio_rustls::TlsConnector::from(
+        retrace::tls::client_config(Some(&repo("fixtures/tls/ca.pem")), "ca", &[b"http/1.1"])
+            .unwrap(),
+    );
+    for engine in ENGINES {
+        let rec = start_with(
+            &format!("https://localhost:{}", up.port()),
+            engine,
+            Duration::from_secs(5),
+            |c| {
+                c.tls = Some((repo("fixtures/tls/cert.pem"), repo("fixtures/tls/key.pem")));
+                c.upstream_ca = Some(repo("fixtures/tls/ca.pem"));
+            },
+        )
+        .await;
+        let tcp = TcpStream::connect(rec.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut c = client_tls.connect(name, tcp).await.unwrap();
+        c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let h = read_response_head(&mut c, &mut buf).await;
+        assert_eq!(h.status, 101, "{engine:?}");
+        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello", "{engine:?}");
+        for k in 0..3u8 {
+            let msg = vec![k; 20_000];
+            c.write_all(&msg).await.unwrap();
+            assert_eq!(read_n(&mut c, &mut buf, msg.len()).await, msg, "{engine:?}");
+        }
+        // A TLS half close (close_notify) is passed on; the upstream answers and closes.
+        c.shutdown().await.unwrap();
+        assert_eq!(read_n(&mut c, &mut buf, 3).await, b"bye", "{engine:?}");
+        assert_eq!(read_more(&mut c, &mut buf).await, 0, "{engine:?}");
+        assert_eq!(
+            seen.lock().unwrap().last().unwrap().get("upgrade"),
+            Some("websocket")
+        );
+        let (recs, _, _) = rec.stop().await;
+        assert_eq!(recs.len(), 1, "{engine:?}");
+        let resp = recs[0].response.as_ref().unwrap();
+        assert_eq!(
+            (resp.status, resp.error.as_deref()),
+            (101, None),
+            "{engine:?}"
+        );
     }
 }
