@@ -160,6 +160,22 @@ impl Dir {
     }
 }
 
+/// Counts a tunnel in `tunnels_open` while it lives (also when its task is dropped).
+struct OpenGauge<'a>(&'a Stats);
+
+impl<'a> OpenGauge<'a> {
+    fn new(stats: &'a Stats) -> Self {
+        stats.tunnels_open.fetch_add(1, Relaxed);
+        OpenGauge(stats)
+    }
+}
+
+impl Drop for OpenGauge<'_> {
+    fn drop(&mut self) {
+        self.0.tunnels_open.fetch_sub(1, Relaxed);
+    }
+}
+
 /// Copies bytes between `client` and `upstream` until the tunnel ends. `to_upstream` and
 /// `to_client` are bytes read before the switch that belong to the tunnel (a client that did
 /// not wait for the 101, a frame the upstream sent with it). `drain` carries the instant a
@@ -177,7 +193,7 @@ where
     U: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
     stats.upgrades.fetch_add(1, Relaxed);
-    stats.tunnels_open.fetch_add(1, Relaxed);
+    let _open = OpenGauge::new(stats);
     let mut up = Dir::new(to_upstream);
     let mut down = Dir::new(to_client);
     let mut up_done = false;
@@ -225,7 +241,6 @@ where
             }
         }
     };
-    stats.tunnels_open.fetch_sub(1, Relaxed);
     TunnelEnd {
         to_upstream: up.moved,
         to_client: down.moved,
