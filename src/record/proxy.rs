@@ -440,7 +440,7 @@ async fn tunnel(
     conn: Option<Pooled>,
     pending: Pending,
     mut drain: Drain,
-    stats: Arc<super::stats::Stats>,
+    stats: Arc<Stats>,
 ) {
     let (c, u) = tokio::join!(client, upstream);
     drop(conn);

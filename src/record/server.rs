@@ -313,41 +313,36 @@ async fn serve_conn(
                 .handle(req, Some(clock.clone()), Some(drain.clone()))
         })
     };
-    let res =
-        match tls {
-            None => {
-                drop(drain);
-                watcher
-                    .watch(builder.serve_connection_with_upgrades(
-                        WriteStamped::new(TokioIo::new(tcp), clock),
-                        svc,
-                    ))
-                    .await
-            }
-            Some(acc) => {
-                let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!("TLS handshake with {peer} failed: {e}");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!("TLS handshake with {peer} timed out");
-                        return;
-                    }
-                };
-                if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
-                    return super::h1::serve(s, Vec::new(), proxy, drain).await;
+    let res = match tls {
+        None => {
+            drop(drain);
+            let io = WriteStamped::new(TokioIo::new(tcp), clock);
+            watcher
+                .watch(builder.serve_connection_with_upgrades(io, svc))
+                .await
+        }
+        Some(acc) => {
+            let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!("TLS handshake with {peer} failed: {e}");
+                    return;
                 }
-                drop(drain);
-                watcher
-                    .watch(builder.serve_connection_with_upgrades(
-                        WriteStamped::new(TokioIo::new(s), clock),
-                        svc,
-                    ))
-                    .await
+                Err(_) => {
+                    tracing::debug!("TLS handshake with {peer} timed out");
+                    return;
+                }
+            };
+            if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return super::h1::serve(s, Vec::new(), proxy, drain).await;
             }
-        };
+            drop(drain);
+            let io = WriteStamped::new(TokioIo::new(s), clock);
+            watcher
+                .watch(builder.serve_connection_with_upgrades(io, svc))
+                .await
+        }
+    };
     if let Err(e) = res {
         tracing::debug!("connection from {peer}: {e}");
     }
