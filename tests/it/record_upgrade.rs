@@ -501,13 +501,20 @@ async fn a_refused_upgrade_is_an_ordinary_response_and_the_connection_carries_on
             assert_eq!(seen[2].get("upgrade"), None, "{engine:?}");
             assert_eq!(seen[2].get("http2-settings"), None, "{engine:?}");
         }
+        // After ordinary exchanges, the same client connection (and the pooled upstream one)
+        // can still switch.
+        c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
+        assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
+        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello", "{engine:?}");
+        c.write_all(b"ping").await.unwrap();
+        assert_eq!(read_n(&mut c, &mut buf, 4).await, b"ping", "{engine:?}");
         drop(c);
         let (recs, _, _) = rec.stop().await;
         let statuses: Vec<u16> = recs
             .iter()
             .map(|r| r.response.as_ref().unwrap().status)
             .collect();
-        assert_eq!(statuses, [426, 200, 200], "{engine:?}");
+        assert_eq!(statuses, [426, 200, 200, 101], "{engine:?}");
     }
 }
 
