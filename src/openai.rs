@@ -3,7 +3,8 @@
 //! [`parse_request`] pulls from a request body what recording and simulation need (model, prompt as
 //! token ids or text, chat messages, the sampling parameters that matter for replay);
 //! [`parse_chunk`] pulls from one streamed SSE payload (or a non-streamed body) what measurement
-//! needs (whether `choices` is non-empty, tokens carried, `usage`, vLLM's per-request `metrics`).
+//! needs (whether `choices` is non-empty, tokens carried, `usage`, vLLM's per-request `metrics`);
+//! [`parse_response_body`] the part of that a recording keeps of a non-streamed body.
 //! Lenient by design: unknown fields are ignored; a wrong type for a field we use is an error
 //! message naming the field. It does not tokenize, hash, or build requests.
 
@@ -284,8 +285,9 @@ pub struct ChunkInfo {
 /// Parses one SSE `data:` payload (not `[DONE]`) or a non-streamed response body.
 ///
 /// Ordinary chunks go through `scan_chunk`, a single pass over the bytes that builds no JSON
-/// values; anything it is not sure about (an error, `metrics`, a `\u` escape, a duplicate key it
-/// reads, malformed JSON) goes through the general `serde_json` path, which decides. The two
+/// values (vLLM's `metrics` object included); anything it is not sure about (an error, a `\u`
+/// escape, a duplicate key it reads, malformed JSON) goes through the general `serde_json` path,
+/// which decides. The two
 /// agree on every chunk the scan answers (tests: real vLLM 0.32 streams and property tests over
 /// reshaped chunks).
 pub fn parse_chunk(data: &[u8]) -> Result<ChunkInfo, String> {
@@ -356,6 +358,20 @@ impl<'a> Scan<'a> {
 
     /// A JSON number; `Some(Some(n))` when it is a non-negative integer that fits a u64.
     fn number(&mut self) -> Option<Option<u64>> {
+        self.number_value().map(Result::ok)
+    }
+
+    /// A JSON number as serde_json reads it into an `f64`: an integer that fits a u64 converted
+    /// (`as f64`, as serde's f64 visitor does), anything else parsed from its text (serde_json's
+    /// `float_roundtrip` parse is correctly rounded, as `str::parse` is; tested).
+    fn float(&mut self) -> Option<f64> {
+        self.number_value()
+            .map(|r| r.map_or_else(|f| f, |v| v as f64))
+    }
+
+    /// A JSON number: `Ok(n)` for a non-negative integer that fits a u64, else `Err(value)`
+    /// (finite; serde_json refuses a number that overflows an f64).
+    fn number_value(&mut self) -> Option<Result<u64, f64>> {
         self.ws();
         let start = self.i;
         fn digits(s: &mut Scan<'_>) -> bool {
@@ -402,12 +418,13 @@ impl<'a> Scan<'a> {
         }
         if integer {
             if let Some(v) = value {
-                return Some(Some(v));
+                return Some(Ok(v));
             }
         }
         // serde_json refuses a number that overflows an f64 (1e400, 400 digits).
         let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
-        text.parse::<f64>().ok()?.is_finite().then_some(None)
+        let f = text.parse::<f64>().ok()?;
+        f.is_finite().then_some(Err(f))
     }
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
@@ -582,6 +599,101 @@ fn scan_choice(s: &mut Scan<'_>) -> Option<(u32, Option<String>)> {
     Some((tokens, finish))
 }
 
+/// `object`: any value but the string `"error"` (an error chunk goes the general way, as does
+/// an escaped name, which could spell it).
+fn scan_object_name(s: &mut Scan<'_>) -> Option<()> {
+    if s.peek()? == b'"' {
+        let v = s.string()?;
+        return (!v.escaped && v.raw != b"error").then_some(());
+    }
+    s.skip(1)
+}
+
+/// `usage` as the general path reads it: `None` (inner) for null; for an object, `prompt_tokens`
+/// and `completion_tokens` when they are integers that fit a u64, else 0. Any other value ends
+/// the scan (the general path reads it as zero usage; rare enough to leave to it).
+fn scan_usage(s: &mut Scan<'_>) -> Option<Option<Usage>> {
+    match s.peek()? {
+        b'n' => s.literal(b"null").map(|_| None),
+        b'{' => {
+            let mut u = Usage::default();
+            let mut useen = 0u32;
+            s.object(|s, k| {
+                let slot = match k {
+                    b"prompt_tokens" => {
+                        once(&mut useen, 1)?;
+                        &mut u.prompt_tokens
+                    }
+                    b"completion_tokens" => {
+                        once(&mut useen, 2)?;
+                        &mut u.completion_tokens
+                    }
+                    _ => return s.skip(2),
+                };
+                *slot = match s.peek()? {
+                    b'-' | b'0'..=b'9' => s.number()?.unwrap_or(0),
+                    _ => {
+                        s.skip(2)?;
+                        0
+                    }
+                };
+                Some(())
+            })?;
+            Some(Some(u))
+        }
+        _ => None,
+    }
+}
+
+/// vLLM's `metrics` as the general path reads it (`serde_json::from_value::<ServerMetrics>`, and
+/// `None` when that fails): a value that is not an object is no metrics; in an object, each known
+/// field is a number (`Some`), null or absent (`None`); any other value of a known field fails the
+/// whole object (no metrics). Unknown fields are skipped; a known field twice ends the scan.
+fn scan_metrics(s: &mut Scan<'_>) -> Option<Option<ServerMetrics>> {
+    if s.peek()? != b'{' {
+        s.skip(1)?;
+        return Some(None);
+    }
+    let mut m = ServerMetrics::default();
+    let (mut typed, mut seen) = (true, 0u32);
+    s.object(|s, k| {
+        let slot = match k {
+            b"time_to_first_token_ms" => {
+                once(&mut seen, 1)?;
+                &mut m.time_to_first_token_ms
+            }
+            b"queue_time_ms" => {
+                once(&mut seen, 2)?;
+                &mut m.queue_time_ms
+            }
+            b"generation_time_ms" => {
+                once(&mut seen, 4)?;
+                &mut m.generation_time_ms
+            }
+            b"mean_itl_ms" => {
+                once(&mut seen, 8)?;
+                &mut m.mean_itl_ms
+            }
+            b"tokens_per_second" => {
+                once(&mut seen, 16)?;
+                &mut m.tokens_per_second
+            }
+            _ => return s.skip(2),
+        };
+        *slot = match s.peek()? {
+            b'-' | b'0'..=b'9' => Some(s.float()?),
+            b'n' => s.literal(b"null").map(|_| None)?,
+            _ => {
+                s.skip(2)?;
+                typed = false;
+                None
+            }
+        };
+        Some(())
+    })?;
+    Some(typed.then_some(m))
+}
+
 /// The fast path of [`parse_chunk`]: `None` when the general parser must decide.
 fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
     // serde_json refuses invalid UTF-8 anywhere, so the scan does too (ASCII checked quickly).
@@ -592,48 +704,20 @@ fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
     let mut info = ChunkInfo::default();
     let mut seen = 0u32;
     s.object(|s, key| match key {
-        b"error" | b"metrics" => None,
+        b"error" => None,
         b"object" => {
             once(&mut seen, 1)?;
-            if s.peek()? == b'"' {
-                let v = s.string()?;
-                return (!v.escaped && v.raw != b"error").then_some(());
-            }
-            s.skip(1)
+            scan_object_name(s)
         }
         b"usage" => {
             once(&mut seen, 2)?;
-            match s.peek()? {
-                b'n' => s.literal(b"null"),
-                b'{' => {
-                    let mut u = Usage::default();
-                    let mut useen = 0u32;
-                    s.object(|s, k| {
-                        let slot = match k {
-                            b"prompt_tokens" => {
-                                once(&mut useen, 1)?;
-                                &mut u.prompt_tokens
-                            }
-                            b"completion_tokens" => {
-                                once(&mut useen, 2)?;
-                                &mut u.completion_tokens
-                            }
-                            _ => return s.skip(2),
-                        };
-                        *slot = match s.peek()? {
-                            b'-' | b'0'..=b'9' => s.number()?.unwrap_or(0),
-                            _ => {
-                                s.skip(2)?;
-                                0
-                            }
-                        };
-                        Some(())
-                    })?;
-                    info.usage = Some(u);
-                    Some(())
-                }
-                _ => None,
-            }
+            info.usage = scan_usage(s)?;
+            Some(())
+        }
+        b"metrics" => {
+            once(&mut seen, 8)?;
+            info.metrics = scan_metrics(s)?;
+            Some(())
         }
         b"choices" => {
             once(&mut seen, 4)?;
@@ -653,6 +737,68 @@ fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
             info.has_choices = n > 0;
             Some(())
         }
+        _ => s.skip(1),
+    })?;
+    s.ws();
+    (s.i == data.len()).then_some(info)
+}
+
+/// What a non-streamed response body says that a recording keeps: [`ChunkInfo`] without what
+/// only a streamed event needs (whether it has choices, tokens, finish reason).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BodyInfo {
+    pub usage: Option<Usage>,
+    pub metrics: Option<ServerMetrics>,
+    /// The body is an error object (as [`ChunkInfo::error`]).
+    pub error: Option<String>,
+}
+
+impl From<ChunkInfo> for BodyInfo {
+    fn from(c: ChunkInfo) -> Self {
+        BodyInfo {
+            usage: c.usage,
+            metrics: c.metrics,
+            error: c.error,
+        }
+    }
+}
+
+/// [`parse_chunk`] of a whole non-streamed response body, keeping only [`BodyInfo`]: always
+/// `parse_chunk(data).map(BodyInfo::from)` (tested), cheaper. The scan validates `choices` as
+/// any JSON value without reading it (no finish-reason string, no token count) and falls back
+/// to the general path whenever `scan_chunk` would.
+pub fn parse_response_body(data: &[u8]) -> Result<BodyInfo, String> {
+    if let Some(info) = scan_body(data) {
+        return Ok(info);
+    }
+    parse_chunk_general(data).map(BodyInfo::from)
+}
+
+/// The fast path of [`parse_response_body`]: [`scan_chunk`] with `choices` only validated.
+fn scan_body(data: &[u8]) -> Option<BodyInfo> {
+    if !data.is_ascii() {
+        std::str::from_utf8(data).ok()?;
+    }
+    let mut s = Scan { b: data, i: 0 };
+    let mut info = BodyInfo::default();
+    let mut seen = 0u32;
+    s.object(|s, key| match key {
+        b"error" => None,
+        b"object" => {
+            once(&mut seen, 1)?;
+            scan_object_name(s)
+        }
+        b"usage" => {
+            once(&mut seen, 2)?;
+            info.usage = scan_usage(s)?;
+            Some(())
+        }
+        b"metrics" => {
+            once(&mut seen, 8)?;
+            info.metrics = scan_metrics(s)?;
+            Some(())
+        }
+        // `choices` included: what the general path reads of it is not kept here.
         _ => s.skip(1),
     })?;
     s.ws();
@@ -875,31 +1021,166 @@ mod tests {
     fn scan_agrees_with_general_path_on_real_vllm_chunks() {
         let chunks = real_chunks();
         assert!(chunks.len() > 20, "{}", chunks.len());
-        let mut answered = 0;
+        let mut with_metrics = 0;
         for d in &chunks {
             let general = parse_chunk_general(d.as_bytes()).unwrap();
-            match scan_chunk(d.as_bytes()) {
-                Some(fast) => {
-                    assert_eq!(fast, general, "{d}");
-                    answered += 1;
-                }
-                // Only the chunks carrying vLLM's `metrics` object go the general way.
-                None => assert!(d.contains("\"metrics\""), "{d}"),
-            }
+            // Every real chunk and body is answered by the scan, vLLM's `metrics` included.
+            let fast = scan_chunk(d.as_bytes()).unwrap_or_else(|| panic!("not scanned: {d}"));
+            assert_eq!(fast, general, "{d}");
+            with_metrics += usize::from(general.metrics.is_some());
             assert_eq!(parse_chunk(d.as_bytes()).unwrap(), general);
+            // The body reader too, as the projection of the general path.
+            let body = scan_body(d.as_bytes()).unwrap_or_else(|| panic!("not scanned: {d}"));
+            assert_eq!(body, BodyInfo::from(general.clone()), "{d}");
+            assert_eq!(parse_response_body(d.as_bytes()), Ok(general.into()));
         }
-        assert!(
-            answered >= chunks.len() - 3,
-            "{answered} of {}",
-            chunks.len()
-        );
+        assert!(with_metrics >= 2, "{with_metrics}");
         assert!(scan_chunk(br#"{"choices":[{"text":"a"}]}"#).is_some());
         assert!(scan_chunk(br#"{"error":{"message":"x"}}"#).is_none());
         assert!(scan_chunk(br#"{"object":"error","message":"x"}"#).is_none());
-        assert!(scan_chunk(
-            br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2},"metrics":{}}"#
-        )
-        .is_none());
+        assert!(scan_body(br#"{"error":{"message":"x"}}"#).is_none());
+        assert!(scan_body(br#"{"object":"error","message":"x"}"#).is_none());
+        assert_eq!(
+            scan_chunk(
+                br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2},"metrics":{}}"#
+            )
+            .unwrap()
+            .metrics,
+            Some(ServerMetrics::default())
+        );
+    }
+
+    /// vLLM's `metrics` object: where the scan answers, it says what `serde_json::from_value`
+    /// says (wrong types, nulls, integers, duplicates, odd numbers).
+    #[test]
+    fn metrics_scan_edge_cases() {
+        let cases: &[&str] = &[
+            r#"{"metrics":{"queue_time_ms":1.5,"mean_itl_ms":2}}"#,
+            r#"{"metrics":{"queue_time_ms":null,"tokens_per_second":-0}}"#,
+            r#"{"metrics":{"queue_time_ms":"1.5"}}"#,
+            r#"{"metrics":{"queue_time_ms":true,"mean_itl_ms":2}}"#,
+            r#"{"metrics":{"queue_time_ms":[1],"x":{"y":[]}}}"#,
+            r#"{"metrics":{"queue_time_ms":{}}}"#,
+            r#"{"metrics":{"queue_time_ms":1,"queue_time_ms":2}}"#,
+            r#"{"metrics":{"other":1,"other":{"a":"b"}}}"#,
+            r#"{"metrics":null,"choices":[]}"#,
+            r#"{"metrics":[1,2],"choices":[]}"#,
+            r#"{"metrics":"x"}"#,
+            r#"{"metrics":7}"#,
+            r#"{"metrics":{},"metrics":{}}"#,
+            r#"{"metrics":{"generation_time_ms":1e400}}"#,
+            r#"{"metrics":{"generation_time_ms":1e-400}}"#,
+            r#"{"metrics":{"generation_time_ms":-1e-400}}"#,
+            r#"{"metrics":{"generation_time_ms":0e999999999}}"#,
+            r#"{"metrics":{"generation_time_ms":18446744073709551616}}"#,
+            r#"{"metrics":{"generation_time_ms":18446744073709551615}}"#,
+            r#"{"metrics":{"generation_time_ms":-9223372036854775809}}"#,
+            r#"{"metrics":{"generation_time_ms":9007199254740993}}"#,
+            r#"{"metrics":{"generation_time_ms":2.2250738585072011e-308}}"#,
+            r#"{"metrics":{"generation_time_ms":4.9e-324,"mean_itl_ms":1.7976931348623157e308}}"#,
+            r#"{"metrics":{"generation_time_ms":0.1000000000000000055511151231257827021181583404541015625}}"#,
+            r#"{"metrics":{"generation_time_ms":01}}"#,
+            r#"{"metrics":{"generation_time_ms":1.}}"#,
+            r#"{"metrics":{"generation_time_ms":-}}"#,
+            r#"{"metrics":{"generation_time_ms":nul}}"#,
+            r#"{"metrics":{"generation_time_ms":1,}}"#,
+            r#"{"metrics":{"gen\u0065ration_time_ms":1}}"#,
+            r#"{"metrics":{"time_to_first_token_ms":8.378015000062078,"generation_time_ms":10.772924999969291,"queue_time_ms":0.039352999920083676,"mean_itl_ms":3.5909749999897635,"tokens_per_second":208.8670321140084,"speculative_decoding":null}}"#,
+        ];
+        let mut answered = 0;
+        for c in cases {
+            let general = parse_chunk_general(c.as_bytes());
+            if let Some(fast) = scan_chunk(c.as_bytes()) {
+                answered += 1;
+                assert_eq!(Ok(fast.clone()), general, "{c}");
+                // bit for bit, -0.0 and 0.0 included
+                let bits = |m: &Option<ServerMetrics>| {
+                    m.as_ref().map(|m| {
+                        [
+                            m.time_to_first_token_ms,
+                            m.queue_time_ms,
+                            m.generation_time_ms,
+                            m.mean_itl_ms,
+                            m.tokens_per_second,
+                        ]
+                        .map(|x| x.map(f64::to_bits))
+                    })
+                };
+                assert_eq!(
+                    bits(&fast.metrics),
+                    bits(&general.as_ref().unwrap().metrics)
+                );
+            }
+            if let Some(body) = scan_body(c.as_bytes()) {
+                assert_eq!(Ok(body), general.clone().map(BodyInfo::from), "{c}");
+            }
+            assert_eq!(parse_chunk(c.as_bytes()), general, "{c}");
+            assert_eq!(
+                parse_response_body(c.as_bytes()),
+                general.map(BodyInfo::from),
+                "{c}"
+            );
+        }
+        assert!(answered >= 20, "{answered}");
+    }
+
+    /// `Scan::float` reads any JSON number to the f64 serde_json gives (bit for bit), and
+    /// refuses what serde_json refuses.
+    #[test]
+    fn float_scan_agrees_with_serde_json() {
+        use proptest::prelude::*;
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 4000,
+            ..Default::default()
+        });
+        let text = prop_oneof![
+            any::<f64>().prop_map(|x| format!("{x}")),
+            any::<f64>().prop_map(|x| format!("{x:e}")),
+            any::<f64>().prop_map(|x| format!("{x:.3}")),
+            any::<u64>().prop_map(|x| format!("{x}")),
+            any::<i64>().prop_map(|x| format!("{x}")),
+            (
+                any::<bool>(),
+                "[0-9]{1,40}",
+                proptest::option::of("[0-9]{1,40}"),
+                proptest::option::of((
+                    prop_oneof![Just("e"), Just("E-"), Just("e+")],
+                    -400i32..400
+                )),
+            )
+                .prop_map(|(neg, int, frac, exp)| {
+                    let mut t = String::new();
+                    if neg {
+                        t.push('-');
+                    }
+                    t.push_str(&int);
+                    if let Some(f) = frac {
+                        t.push('.');
+                        t.push_str(&f);
+                    }
+                    if let Some((e, x)) = exp {
+                        t.push_str(&format!("{e}{x}"));
+                    }
+                    t
+                }),
+        ];
+        runner
+            .run(&text, |t| {
+                let serde: Result<f64, _> = serde_json::from_str::<Value>(&t)
+                    .map_err(|_| ())
+                    .and_then(|v| serde_json::from_value::<f64>(v).map_err(|_| ()));
+                let mut s = Scan {
+                    b: t.as_bytes(),
+                    i: 0,
+                };
+                let fast = s.float().filter(|_| s.i == t.len());
+                match serde {
+                    Ok(x) => prop_assert_eq!(fast.map(f64::to_bits), Some(x.to_bits()), "{}", t),
+                    Err(()) => prop_assert!(fast.is_none(), "{}", t),
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 
     /// Hand-picked edge cases: where the scan answers, it answers as serde_json does; where
@@ -952,7 +1233,17 @@ mod tests {
             if let Some(fast) = scan_chunk(c) {
                 assert_eq!(Ok(fast), general, "{}", String::from_utf8_lossy(c));
             }
+            if let Some(body) = scan_body(c) {
+                let want = general.clone().map(BodyInfo::from);
+                assert_eq!(Ok(body), want, "{}", String::from_utf8_lossy(c));
+            }
             assert_eq!(parse_chunk(c), general, "{}", String::from_utf8_lossy(c));
+            assert_eq!(
+                parse_response_body(c),
+                general.map(BodyInfo::from),
+                "{}",
+                String::from_utf8_lossy(c)
+            );
         }
         // the ordinary shapes are answered by the scan
         for c in &cases[..7] {
@@ -983,6 +1274,12 @@ mod tests {
             Just(serde_json::json!(-1.5e-7)),
             Just(serde_json::json!(12)),
             Just(serde_json::json!(true)),
+            Just(serde_json::json!(8.378015000062078)),
+            Just(serde_json::json!(-0.0)),
+            Just(serde_json::json!(u64::MAX)),
+            Just(serde_json::json!({"queue_time_ms": 0.25, "mean_itl_ms": null, "x": [1]})),
+            Just(serde_json::json!({"generation_time_ms": "3"})),
+            Just(serde_json::json!({"message": "m"})),
         ];
         let keys = prop_oneof![
             Just("text"),
@@ -994,10 +1291,16 @@ mod tests {
             Just("object"),
             Just("choices"),
             Just("other"),
+            Just("metrics"),
+            Just("error"),
+            Just("queue_time_ms"),
+            Just("tokens_per_second"),
+            Just("speculative_decoding"),
         ];
+        // where an edit goes: the top level, the first choice, the `metrics` object
         let strat = (
             0..chunks.len(),
-            proptest::collection::vec((keys, values, any::<bool>()), 0..4),
+            proptest::collection::vec((keys, values, 0u8..3), 0..4),
             0u8..4,
             any::<u16>(),
             any::<u8>(),
@@ -1005,13 +1308,14 @@ mod tests {
         runner
             .run(&strat, |(i, edits, layout, pos, byte)| {
                 let mut v: Value = serde_json::from_str(&chunks[i]).unwrap();
-                for (k, val, in_choice) in edits {
-                    let target = if in_choice {
-                        v.get_mut("choices")
+                for (k, val, place) in edits {
+                    let target = match place {
+                        0 => Some(&mut v),
+                        1 => v
+                            .get_mut("choices")
                             .and_then(|c| c.get_mut(0))
-                            .filter(|c| c.is_object())
-                    } else {
-                        Some(&mut v)
+                            .filter(|c| c.is_object()),
+                        _ => v.get_mut("metrics").filter(|c| c.is_object()),
                     };
                     if let Some(Value::Object(m)) = target {
                         m.insert(k.to_string(), val);
@@ -1034,7 +1338,16 @@ mod tests {
                 }
                 let general = parse_chunk_general(&text);
                 if let Some(fast) = scan_chunk(&text) {
-                    prop_assert_eq!(Ok(fast), general, "{}", String::from_utf8_lossy(&text));
+                    prop_assert_eq!(
+                        Ok(fast),
+                        general.clone(),
+                        "{}",
+                        String::from_utf8_lossy(&text)
+                    );
+                }
+                if let Some(body) = scan_body(&text) {
+                    let want = general.map(BodyInfo::from);
+                    prop_assert_eq!(Ok(body), want, "{}", String::from_utf8_lossy(&text));
                 }
                 Ok(())
             })
