@@ -320,7 +320,13 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// The next byte that is not whitespace (compact JSON, the usual case, tested first).
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
+        let c = *self.b.get(self.i)?;
+        if c > b' ' {
+            return Some(c);
+        }
         self.ws();
         self.b.get(self.i).copied()
     }
@@ -331,9 +337,26 @@ impl<'a> Scan<'a> {
 
     /// A string (at its opening quote). Escapes other than `\uXXXX` are accepted (not decoded);
     /// `\u` and raw control characters end the scan (the general parser decides).
+    #[inline(always)]
     fn string(&mut self) -> Option<Str<'a>> {
         self.eat(b'"')?;
         let start = self.i;
+        // The common case, a string without escapes, inline; the rest out of line.
+        let end = crate::bytescan::find_json_special(self.b, start);
+        if self.b.get(end) == Some(&b'"') {
+            self.i = end + 1;
+            return Some(Str {
+                raw: &self.b[start..end],
+                escaped: false,
+            });
+        }
+        self.i = end;
+        self.string_rest(start)
+    }
+
+    /// The rest of a string from the first escape or control character (at `self.i`).
+    #[inline(never)]
+    fn string_rest(&mut self, start: usize) -> Option<Str<'a>> {
         let mut escaped = false;
         loop {
             self.i = crate::bytescan::find_json_special(self.b, self.i);
@@ -357,7 +380,27 @@ impl<'a> Scan<'a> {
     }
 
     /// A JSON number; `Some(Some(n))` when it is a non-negative integer that fits a u64.
+    #[inline(always)]
     fn number(&mut self) -> Option<Option<u64>> {
+        // Inline: a non-negative integer of at most 19 digits (no overflow), without leading
+        // zero, fraction or exponent; anything else (or whitespace first) the full reader.
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
+        let mut acc = 0u64;
+        while let Some(&c @ b'0'..=b'9') = b.get(i) {
+            if i - start == 19 {
+                return self.number_value().map(Result::ok);
+            }
+            acc = acc * 10 + u64::from(c - b'0');
+            i += 1;
+        }
+        let plain = i > start
+            && (i == start + 1 || b[start] != b'0')
+            && !matches!(b.get(i), Some(b'.' | b'e' | b'E'));
+        if plain {
+            self.i = i;
+            return Some(Some(acc));
+        }
         self.number_value().map(Result::ok)
     }
 
@@ -386,15 +429,24 @@ impl<'a> Scan<'a> {
             self.i += 1;
         }
         let int_start = self.i;
-        // The integer part, accumulated as it is read (None once it overflows a u64).
-        let mut value = Some(0u64);
+        // The integer part, accumulated as it is read; up to 19 digits cannot overflow a u64,
+        // more are checked.
+        let mut acc = 0u64;
         while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
-            value = value.and_then(|v| v.checked_mul(10)?.checked_add(u64::from(c - b'0')));
+            acc = acc.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
             self.i += 1;
         }
-        if self.i == int_start {
+        let n = self.i - int_start;
+        if n == 0 {
             return None;
         }
+        let value = if n <= 19 {
+            Some(acc)
+        } else {
+            self.b[int_start..self.i].iter().try_fold(0u64, |v, &c| {
+                v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+            })
+        };
         if self.b[int_start] == b'0' && self.i - int_start > 1 {
             return None; // leading zero
         }
@@ -437,21 +489,79 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Skips any value, validating it.
+    /// Skips any value at nesting `depth`, validating it: the grammar as [`Scan::object`] and
+    /// [`Scan::array`] read it (an escaped key ends the scan there too), iteratively, one bit per
+    /// open container (object or array) instead of a call per nested value.
     fn skip(&mut self, depth: u32) -> Option<()> {
         if depth > SCAN_MAX_DEPTH {
             return None;
         }
-        match self.peek()? {
-            b'"' => self.string().map(|_| ()),
-            b'{' => self.object(|s, _| s.skip(depth + 1)),
-            b'[' => self.array(|s| s.skip(depth + 1)).map(|_| ()),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number().map(|_| ()),
-            _ => None,
+        // Bit k of `objects`: the k-th innermost open container is an object.
+        let (mut objects, mut open) = (0u64, 0u32);
+        loop {
+            // A value.
+            match self.peek()? {
+                b'"' => {
+                    self.string()?;
+                }
+                c @ (b'{' | b'[') => {
+                    self.i += 1;
+                    let close = if c == b'{' { b'}' } else { b']' };
+                    if self.peek()? == close {
+                        self.i += 1;
+                    } else {
+                        // Its values are one level deeper.
+                        open += 1;
+                        if depth + open > SCAN_MAX_DEPTH {
+                            return None;
+                        }
+                        objects = (objects << 1) | u64::from(c == b'{');
+                        if c == b'{' {
+                            self.key()?;
+                        }
+                        continue;
+                    }
+                }
+                b't' => self.literal(b"true")?,
+                b'f' => self.literal(b"false")?,
+                b'n' => self.literal(b"null")?,
+                b'-' | b'0'..=b'9' => {
+                    self.number()?;
+                }
+                _ => return None,
+            }
+            // After a value: a comma (then the next value, or key and value) or closings.
+            loop {
+                if open == 0 {
+                    return Some(());
+                }
+                let in_object = objects & 1 == 1;
+                match self.peek()? {
+                    b',' => {
+                        self.i += 1;
+                        if in_object {
+                            self.key()?;
+                        }
+                        break;
+                    }
+                    b'}' if in_object => {}
+                    b']' if !in_object => {}
+                    _ => return None,
+                }
+                self.i += 1;
+                objects >>= 1;
+                open -= 1;
+            }
         }
+    }
+
+    /// An object key and its colon (a key with an escape ends the scan, as in [`Scan::object`]).
+    #[inline]
+    fn key(&mut self) -> Option<()> {
+        if self.string()?.escaped {
+            return None;
+        }
+        self.eat(b':')
     }
 
     /// An object: `field(scan, key)` reads (or skips) the value of each key. A key with an
@@ -1352,6 +1462,114 @@ mod tests {
                 Ok(())
             })
             .unwrap();
+    }
+
+    /// `Scan::skip` (the validating skip every unread value goes through) accepts exactly what
+    /// serde_json accepts, on generated JSON values (deep nesting, every scalar kind, escapes,
+    /// odd whitespace) and on the same text cut or with a byte inserted: whenever it accepts,
+    /// serde_json does; whenever serde_json accepts a value without `\u` escapes or escaped keys
+    /// and not nested past the scan's limit, it accepts too.
+    #[test]
+    fn skip_accepts_what_serde_json_accepts() {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|x| serde_json::json!(x)),
+            any::<u64>().prop_map(|x| serde_json::json!(x)),
+            any::<f64>()
+                .prop_filter("finite", |x| x.is_finite())
+                .prop_map(|x| serde_json::json!(x)),
+            r#"[a-z \\"\n\t\x01é/]{0,12}"#.prop_map(Value::String),
+        ];
+        let value = leaf.prop_recursive(70, 200, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((r#"[a-z"\\]{0,5}"#, inner), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        });
+        fn depth(v: &Value) -> u32 {
+            match v {
+                Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+                Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+                _ => 0,
+            }
+        }
+        fn escaped_key(v: &Value) -> bool {
+            match v {
+                Value::Array(a) => a.iter().any(escaped_key),
+                Value::Object(o) => o
+                    .iter()
+                    .any(|(k, v)| k.contains(['"', '\\']) || escaped_key(v)),
+                _ => false,
+            }
+        }
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+            cases: 3000,
+            ..Default::default()
+        });
+        let strat = (value, 0u8..4, any::<u16>(), any::<u8>());
+        let accepted = std::cell::Cell::new(0u32);
+        runner
+            .run(&strat, |(v, layout, pos, byte)| {
+                let mut text = match layout {
+                    0 | 3 => serde_json::to_string(&v).unwrap(),
+                    1 => serde_json::to_string_pretty(&v).unwrap(),
+                    _ => serde_json::to_string(&v).unwrap().replace(',', " ,\r\n"),
+                }
+                .into_bytes();
+                let mutated = layout == 3 && !text.is_empty();
+                if mutated {
+                    let p = pos as usize % text.len();
+                    if byte % 2 == 0 {
+                        text.truncate(p);
+                    } else {
+                        text.insert(p, byte);
+                    }
+                }
+                let serde_ok = std::str::from_utf8(&text)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Value>(t).ok())
+                    .is_some();
+                let scanned = {
+                    let ascii_or_utf8 = std::str::from_utf8(&text).is_ok();
+                    let mut s = Scan { b: &text, i: 0 };
+                    ascii_or_utf8 && s.skip(1).is_some() && {
+                        s.ws();
+                        s.i == text.len()
+                    }
+                };
+                if scanned {
+                    prop_assert!(serde_ok, "{}", String::from_utf8_lossy(&text));
+                    accepted.set(accepted.get() + 1);
+                }
+                if !mutated {
+                    let t = String::from_utf8_lossy(&text);
+                    if depth(&v) < SCAN_MAX_DEPTH && !escaped_key(&v) && !t.contains("\\u") {
+                        prop_assert!(scanned, "{}", t);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(accepted.get() > 500, "{}", accepted.get());
+        // Nesting at and past the scan's limit (serde_json's is 128): accepted up to the
+        // limit, left to serde_json beyond it, never accepted where serde_json refuses.
+        for n in [1usize, 2, 62, 63, 64, 65, 127, 128, 129, 200] {
+            for (open, close) in [("[", "]"), ("{\"a\":", "}"), ("[{\"k\":[", "]}]")] {
+                let t = format!("{}1{}", open.repeat(n), close.repeat(n));
+                let serde_ok = serde_json::from_str::<Value>(&t).is_ok();
+                let mut s = Scan {
+                    b: t.as_bytes(),
+                    i: 0,
+                };
+                let scanned = s.skip(1).is_some() && s.i == t.len();
+                assert!(!scanned || serde_ok, "{t}");
+                let levels = n * open.matches(['[', '{']).count();
+                assert_eq!(scanned, levels < SCAN_MAX_DEPTH as usize, "{levels}: {t}");
+            }
+        }
     }
 
     #[test]
