@@ -297,6 +297,12 @@ pub fn parse_chunk(data: &[u8]) -> Result<ChunkInfo, String> {
     parse_chunk_general(data)
 }
 
+/// The powers of ten that are exact `f64`s.
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
 /// Nesting deeper than this is left to the general parser (serde_json's own limit is 128).
 const SCAN_MAX_DEPTH: u32 = 64;
 
@@ -389,7 +395,7 @@ impl<'a> Scan<'a> {
         let mut acc = 0u64;
         while let Some(&c @ b'0'..=b'9') = b.get(i) {
             if i - start == 19 {
-                return self.number_value().map(Result::ok);
+                return self.number_value(false).map(Result::ok);
             }
             acc = acc * 10 + u64::from(c - b'0');
             i += 1;
@@ -401,80 +407,99 @@ impl<'a> Scan<'a> {
             self.i = i;
             return Some(Some(acc));
         }
-        self.number_value().map(Result::ok)
+        self.number_value(false).map(Result::ok)
     }
 
     /// A JSON number as serde_json reads it into an `f64`: an integer that fits a u64 converted
-    /// (`as f64`, as serde's f64 visitor does), anything else parsed from its text (serde_json's
-    /// `float_roundtrip` parse is correctly rounded, as `str::parse` is; tested).
+    /// (`as f64`, as serde's f64 visitor does), anything else the correctly rounded value of its
+    /// text (serde_json's `float_roundtrip` parse is correctly rounded, as `str::parse` is; tested
+    /// bit for bit).
     fn float(&mut self) -> Option<f64> {
-        self.number_value()
+        self.number_value(true)
             .map(|r| r.map_or_else(|f| f, |v| v as f64))
     }
 
-    /// A JSON number: `Ok(n)` for a non-negative integer that fits a u64, else `Err(value)`
-    /// (finite; serde_json refuses a number that overflows an f64).
-    fn number_value(&mut self) -> Option<Result<u64, f64>> {
+    /// A JSON number: `Ok(n)` for a non-negative integer that fits a u64, else `Err(value)`;
+    /// `None` for what serde_json refuses (bad grammar, or a value that overflows an f64). With
+    /// `value` false the caller only wants to know it is valid and `Err(0.0)` stands for any
+    /// non-integer (its finiteness is then often settled from its digit counts alone).
+    fn number_value(&mut self, value: bool) -> Option<Result<u64, f64>> {
         self.ws();
-        let start = self.i;
-        fn digits(s: &mut Scan<'_>) -> bool {
-            let d = s.i;
-            while let Some(b'0'..=b'9') = s.b.get(s.i) {
-                s.i += 1;
-            }
-            s.i > d
-        }
-        let neg = self.b.get(self.i) == Some(&b'-');
+        let (b, start) = (self.b, self.i);
+        let neg = b.get(self.i) == Some(&b'-');
         if neg {
             self.i += 1;
         }
-        let int_start = self.i;
-        // The integer part, accumulated as it is read; up to 19 digits cannot overflow a u64,
-        // more are checked.
-        let mut acc = 0u64;
-        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
-            acc = acc.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
-            self.i += 1;
-        }
-        let n = self.i - int_start;
-        if n == 0 {
-            return None;
-        }
-        let value = if n <= 19 {
-            Some(acc)
-        } else {
-            self.b[int_start..self.i].iter().try_fold(0u64, |v, &c| {
-                v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
-            })
+        // Integer and fraction digits as one mantissa (exact for 19 digits or fewer).
+        let mut m = 0u64;
+        let mut digits = |s: &mut Scan<'_>| {
+            let d = s.i;
+            while let Some(&c @ b'0'..=b'9') = s.b.get(s.i) {
+                m = m.wrapping_mul(10).wrapping_add(u64::from(c - b'0'));
+                s.i += 1;
+            }
+            s.i - d
         };
-        if self.b[int_start] == b'0' && self.i - int_start > 1 {
-            return None; // leading zero
+        let int_start = self.i;
+        let int_digits = digits(self);
+        if int_digits == 0 || (b[int_start] == b'0' && int_digits > 1) {
+            return None; // no digit, or a leading zero
         }
-        let mut integer = !neg;
-        if self.b.get(self.i) == Some(&b'.') {
+        let int_end = self.i;
+        let mut frac_digits = 0;
+        if b.get(self.i) == Some(&b'.') {
             self.i += 1;
-            integer = false;
-            if !digits(self) {
+            frac_digits = digits(self);
+            if frac_digits == 0 {
                 return None;
             }
         }
-        if let Some(b'e' | b'E') = self.b.get(self.i) {
+        // The exponent, saturated (its size only matters up to where the value is 0 or ∞).
+        let (mut exp, mut has_exp) = (0i64, false);
+        if let Some(b'e' | b'E') = b.get(self.i) {
             self.i += 1;
-            integer = false;
-            if let Some(b'+' | b'-') = self.b.get(self.i) {
+            has_exp = true;
+            let eneg = b.get(self.i) == Some(&b'-');
+            if let Some(b'+' | b'-') = b.get(self.i) {
                 self.i += 1;
             }
-            if !digits(self) {
+            let e0 = self.i;
+            while let Some(&c @ b'0'..=b'9') = b.get(self.i) {
+                exp = (exp * 10 + i64::from(c - b'0')).min(1 << 30);
+                self.i += 1;
+            }
+            if self.i == e0 {
                 return None;
             }
+            if eneg {
+                exp = -exp;
+            }
         }
-        if integer {
-            if let Some(v) = value {
+        if !neg && frac_digits == 0 && !has_exp {
+            if int_digits <= 19 {
+                return Some(Ok(m));
+            }
+            let wide = b[int_start..int_end].iter().try_fold(0u64, |v, &c| {
+                v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+            });
+            if let Some(v) = wide {
                 return Some(Ok(v));
             }
         }
+        // Not a u64: an f64. Clinger's fast path when the mantissa and the power of ten are
+        // both exact f64s (one correctly rounded operation, so the correctly rounded value).
+        let e10 = exp - frac_digits as i64;
+        if int_digits + frac_digits <= 19 && m <= 1 << 53 && (-22..=22).contains(&e10) {
+            let p = POW10[e10.unsigned_abs() as usize];
+            let f = if e10 < 0 { m as f64 / p } else { m as f64 * p };
+            return Some(Err(if neg { -f } else { f }));
+        }
+        // Below 10^(integer digits + exponent) in magnitude: finite when that is at most 300.
+        if !value && int_digits as i64 + exp <= 300 {
+            return Some(Err(0.0));
+        }
         // serde_json refuses a number that overflows an f64 (1e400, 400 digits).
-        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        let text = std::str::from_utf8(&b[start..self.i]).ok()?;
         let f = text.parse::<f64>().ok()?;
         f.is_finite().then_some(Err(f))
     }
@@ -1244,6 +1269,21 @@ mod tests {
             ..Default::default()
         });
         let text = prop_oneof![
+            // around the exact fast path's edges: up to 19 digits, exponents around ±22
+            (
+                any::<bool>(),
+                "[0-9]{1,10}",
+                proptest::option::of("[0-9]{0,12}"),
+                -30i32..30
+            )
+                .prop_map(|(neg, int, frac, e)| {
+                    let int = int.trim_start_matches('0');
+                    let int = if int.is_empty() { "0" } else { int };
+                    let frac = frac.filter(|f| !f.is_empty()).map(|f| format!(".{f}"));
+                    let sign = if neg { "-" } else { "" };
+                    format!("{sign}{int}{}e{e}", frac.unwrap_or_default())
+                }),
+            (1u64 << 53..(1u64 << 53) + 3, -23i32..23).prop_map(|(m, e)| format!("{m}e{e}")),
             any::<f64>().prop_map(|x| format!("{x}")),
             any::<f64>().prop_map(|x| format!("{x:e}")),
             any::<f64>().prop_map(|x| format!("{x:.3}")),
@@ -1287,6 +1327,17 @@ mod tests {
                 match serde {
                     Ok(x) => prop_assert_eq!(fast.map(f64::to_bits), Some(x.to_bits()), "{}", t),
                     Err(()) => prop_assert!(fast.is_none(), "{}", t),
+                }
+                // validity alone (what a skipped number needs), and the integer reading
+                let mut s = Scan {
+                    b: t.as_bytes(),
+                    i: 0,
+                };
+                let valid = s.number().filter(|_| s.i == t.len());
+                prop_assert_eq!(valid.is_some(), serde.is_ok(), "{}", t);
+                if let Some(Some(n)) = valid {
+                    let v: Value = serde_json::from_str(&t).unwrap();
+                    prop_assert_eq!(v.as_u64(), Some(n), "{}", t);
                 }
                 Ok(())
             })
