@@ -337,6 +337,7 @@ impl<'a> Scan<'a> {
         self.b.get(self.i).copied()
     }
 
+    #[inline(always)]
     fn eat(&mut self, c: u8) -> Option<()> {
         (self.peek()? == c).then(|| self.i += 1)
     }
@@ -580,8 +581,20 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// [`Scan::skip`] with the common scalars (a string, null, a short integer) read inline:
+    /// the value of a key the caller does not read.
+    #[inline(always)]
+    fn skip_value(&mut self, depth: u32) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(|_| ()),
+            b'n' => self.literal(b"null"),
+            b'0'..=b'9' => self.number().map(|_| ()),
+            _ => self.skip(depth),
+        }
+    }
+
     /// An object key and its colon (a key with an escape ends the scan, as in [`Scan::object`]).
-    #[inline]
+    #[inline(always)]
     fn key(&mut self) -> Option<()> {
         if self.string()?.escaped {
             return None;
@@ -664,18 +677,18 @@ fn delta_value(s: &mut Scan<'_>) -> Option<(Option<bool>, Option<bool>)> {
         return Some((None, None));
     }
     let (mut content, mut reasoning, mut seen) = (None, None, 0u32);
-    s.object(|s, k| match k {
-        b"content" => {
+    s.object(|s, k| match () {
+        _ if k == b"content" => {
             once(&mut seen, 1)?;
             content = Some(text_value(s)?);
             Some(())
         }
-        b"reasoning_content" => {
+        _ if k == b"reasoning_content" => {
             once(&mut seen, 2)?;
             reasoning = Some(text_value(s)?);
             Some(())
         }
-        _ => s.skip(2),
+        _ => s.skip_value(2),
     })?;
     Some((content, reasoning))
 }
@@ -687,23 +700,23 @@ fn delta_value(s: &mut Scan<'_>) -> Option<(Option<bool>, Option<bool>)> {
 fn scan_choice(s: &mut Scan<'_>) -> Option<(u32, Option<String>)> {
     let (mut text, mut dc, mut dr, mut mc) = (None, None, None, None);
     let (mut ids, mut finish, mut seen) = (None, None, 0u32);
-    s.object(|s, f| match f {
-        b"text" => {
+    s.object(|s, f| match () {
+        _ if f == b"text" => {
             once(&mut seen, 1)?;
             text = Some(text_value(s)?);
             Some(())
         }
-        b"delta" => {
+        _ if f == b"delta" => {
             once(&mut seen, 2)?;
             (dc, dr) = delta_value(s)?;
             Some(())
         }
-        b"message" => {
+        _ if f == b"message" => {
             once(&mut seen, 4)?;
             (mc, _) = delta_value(s)?;
             Some(())
         }
-        b"token_ids" => {
+        _ if f == b"token_ids" => {
             once(&mut seen, 8)?;
             if s.peek()? == b'[' {
                 ids = Some(s.array(|s| s.skip(3))?);
@@ -712,7 +725,7 @@ fn scan_choice(s: &mut Scan<'_>) -> Option<(u32, Option<String>)> {
                 s.skip(2)
             }
         }
-        b"finish_reason" => {
+        _ if f == b"finish_reason" => {
             once(&mut seen, 16)?;
             if s.peek()? == b'"' {
                 let v = s.string()?;
@@ -725,7 +738,7 @@ fn scan_choice(s: &mut Scan<'_>) -> Option<(u32, Option<String>)> {
                 s.skip(2)
             }
         }
-        _ => s.skip(2),
+        _ => s.skip_value(2),
     })?;
     let tokens = match ids {
         Some(n) => n,
@@ -754,16 +767,15 @@ fn scan_usage(s: &mut Scan<'_>) -> Option<Option<Usage>> {
             let mut u = Usage::default();
             let mut useen = 0u32;
             s.object(|s, k| {
-                let slot = match k {
-                    b"prompt_tokens" => {
-                        once(&mut useen, 1)?;
-                        &mut u.prompt_tokens
-                    }
-                    b"completion_tokens" => {
-                        once(&mut useen, 2)?;
-                        &mut u.completion_tokens
-                    }
-                    _ => return s.skip(2),
+                // (`==` on slices compares words; a `match` on byte strings, byte by byte.)
+                let slot = if k == b"prompt_tokens" {
+                    once(&mut useen, 1)?;
+                    &mut u.prompt_tokens
+                } else if k == b"completion_tokens" {
+                    once(&mut useen, 2)?;
+                    &mut u.completion_tokens
+                } else {
+                    return s.skip_value(2);
                 };
                 *slot = match s.peek()? {
                     b'-' | b'0'..=b'9' => s.number()?.unwrap_or(0),
@@ -792,28 +804,28 @@ fn scan_metrics(s: &mut Scan<'_>) -> Option<Option<ServerMetrics>> {
     let mut m = ServerMetrics::default();
     let (mut typed, mut seen) = (true, 0u32);
     s.object(|s, k| {
-        let slot = match k {
-            b"time_to_first_token_ms" => {
+        let slot = match () {
+            _ if k == b"time_to_first_token_ms" => {
                 once(&mut seen, 1)?;
                 &mut m.time_to_first_token_ms
             }
-            b"queue_time_ms" => {
+            _ if k == b"queue_time_ms" => {
                 once(&mut seen, 2)?;
                 &mut m.queue_time_ms
             }
-            b"generation_time_ms" => {
+            _ if k == b"generation_time_ms" => {
                 once(&mut seen, 4)?;
                 &mut m.generation_time_ms
             }
-            b"mean_itl_ms" => {
+            _ if k == b"mean_itl_ms" => {
                 once(&mut seen, 8)?;
                 &mut m.mean_itl_ms
             }
-            b"tokens_per_second" => {
+            _ if k == b"tokens_per_second" => {
                 once(&mut seen, 16)?;
                 &mut m.tokens_per_second
             }
-            _ => return s.skip(2),
+            _ => return s.skip_value(2),
         };
         *slot = match s.peek()? {
             b'-' | b'0'..=b'9' => Some(s.float()?),
@@ -838,23 +850,23 @@ fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
     let mut s = Scan { b: data, i: 0 };
     let mut info = ChunkInfo::default();
     let mut seen = 0u32;
-    s.object(|s, key| match key {
-        b"error" => None,
-        b"object" => {
+    s.object(|s, key| match () {
+        _ if key == b"error" => None,
+        _ if key == b"object" => {
             once(&mut seen, 1)?;
             scan_object_name(s)
         }
-        b"usage" => {
+        _ if key == b"usage" => {
             once(&mut seen, 2)?;
             info.usage = scan_usage(s)?;
             Some(())
         }
-        b"metrics" => {
+        _ if key == b"metrics" => {
             once(&mut seen, 8)?;
             info.metrics = scan_metrics(s)?;
             Some(())
         }
-        b"choices" => {
+        _ if key == b"choices" => {
             once(&mut seen, 4)?;
             if s.peek()? != b'[' {
                 return s.skip(1);
@@ -872,7 +884,7 @@ fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
             info.has_choices = n > 0;
             Some(())
         }
-        _ => s.skip(1),
+        _ => s.skip_value(1),
     })?;
     s.ws();
     (s.i == data.len()).then_some(info)
@@ -917,24 +929,24 @@ fn scan_body(data: &[u8]) -> Option<BodyInfo> {
     let mut s = Scan { b: data, i: 0 };
     let mut info = BodyInfo::default();
     let mut seen = 0u32;
-    s.object(|s, key| match key {
-        b"error" => None,
-        b"object" => {
+    s.object(|s, key| match () {
+        _ if key == b"error" => None,
+        _ if key == b"object" => {
             once(&mut seen, 1)?;
             scan_object_name(s)
         }
-        b"usage" => {
+        _ if key == b"usage" => {
             once(&mut seen, 2)?;
             info.usage = scan_usage(s)?;
             Some(())
         }
-        b"metrics" => {
+        _ if key == b"metrics" => {
             once(&mut seen, 8)?;
             info.metrics = scan_metrics(s)?;
             Some(())
         }
         // `choices` included: what the general path reads of it is not kept here.
-        _ => s.skip(1),
+        _ => s.skip_value(1),
     })?;
     s.ws();
     (s.i == data.len()).then_some(info)
