@@ -231,7 +231,8 @@ impl Extractor {
         // (A byte search: `split('?')` costs a generic char searcher per record.)
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
-        let parse_body = !matches!(endpoint, Endpoint::Other(_));
+        // A protocol switch (101: a WebSocket) carries no OpenAI body, whatever its path.
+        let parse_body = !matches!(endpoint, Endpoint::Other(_)) && ex.status != 101;
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
             endpoint,
@@ -475,6 +476,19 @@ mod tests {
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
         assert!(n.parse_failure.unwrap().contains("not JSON"));
         assert_eq!(r.response.unwrap().error.as_deref(), Some("request_parse"));
+    }
+
+    #[test]
+    fn a_protocol_switch_is_not_parsed_as_a_completion() {
+        // A WebSocket on a completions-like path: empty request body, status 101, no payload.
+        let mut e = ex("/v1/completions", b"", "", &[]);
+        e.status = 101;
+        let (r, n) = xt(Bodies::Full).to_request(&e, e.arrival);
+        assert_eq!(n.parse_failure, None);
+        let resp = r.response.unwrap();
+        assert_eq!(resp.status, 101);
+        assert_eq!(resp.error, None);
+        assert!(resp.events.is_empty());
     }
 
     #[test]
