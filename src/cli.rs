@@ -573,7 +573,8 @@ pub struct RecordArgs {
     /// Optional limit on a whole exchange (`none` by default: long generations are normal).
     #[arg(long, value_name = "DURATION")]
     pub total_timeout: Option<String>,
-    /// On SIGINT/SIGTERM, how long in-flight streams may take to finish before the trace is closed.
+    /// On SIGINT/SIGTERM, how long in-flight streams may take to finish before the trace is closed
+    /// (upgraded tunnels, e.g. WebSockets, are cut just before; see docs/record.md).
     #[arg(long, default_value = "30s", value_name = "DURATION")]
     pub drain_timeout: String,
     /// Bodies to keep in the trace: none (default), request (prompts), full (prompts and outputs).

@@ -6,7 +6,13 @@
 //! removed (RFC 9110 §7.6.1: `Connection` and every header it names, `Keep-Alive`,
 //! `Proxy-Connection`, `TE` other than `trailers`, `Trailer`, `Transfer-Encoding`, `Upgrade`),
 //! `Host` replaced by the upstream authority, the upstream base path prepended; the same rules
-//! as `proxy` applies to hyper's messages. Because both hops speak HTTP/1.1, a chunked body is
+//! as `proxy` applies to hyper's messages. The one exception is a protocol switch (RFC 9110
+//! §7.8, e.g. WebSocket): a request with `Connection: upgrade` and an `Upgrade` field (other
+//! than `h2c`, which would hide the requests inside from the recorder) keeps its `Upgrade` field
+//! and says `connection: upgrade` on the next hop, as nginx does with `proxy_set_header`; a `101
+//! Switching Protocols` answering it is accepted ([`ResponseOptions::upgrade`]) and written with
+//! its `Upgrade` field and `connection: upgrade`. A 101 nobody asked for stays an error. Because
+//! both hops speak HTTP/1.1, a chunked body is
 //! passed through with its framing untouched, so the original `Transfer-Encoding` line is written
 //! again on the next hop; [`ChunkedDecoder`] follows that framing byte by byte to find where the
 //! body ends and to hand the decoded payload to the capture. Header names keep their case and
@@ -81,6 +87,9 @@ pub struct RequestHead {
     pub http10: bool,
     /// A `HEAD` request: the response has no body whatever its headers say.
     pub is_head: bool,
+    /// The request asks to switch protocols (`Connection: upgrade` + `Upgrade`, HTTP/1.1, not
+    /// `h2c`): the head for the upstream kept its `Upgrade` field and says `connection: upgrade`.
+    pub upgrade: bool,
 }
 
 impl RequestHead {
@@ -139,6 +148,10 @@ pub struct ResponseOptions {
     pub close: bool,
     /// The client speaks HTTP/1.0: a chunked body is sent decoded, so no `Transfer-Encoding`.
     pub dechunk: bool,
+    /// The request asked to switch protocols ([`RequestHead::upgrade`]): a `101 Switching
+    /// Protocols` is accepted and written with its `Upgrade` field and `connection: upgrade`
+    /// (never `connection: close`).
+    pub upgrade: bool,
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -200,11 +213,13 @@ fn framing_fields(
 }
 
 /// Writes the fields of `headers` that survive the hop (hop-by-hop ones and `Host` dropped;
-/// `TE: trailers` kept; the `Transfer-Encoding` lines again when `keep_te`).
+/// `TE: trailers` kept; the `Transfer-Encoding` lines again when `keep_te`; the `Upgrade` lines
+/// and `connection: upgrade` when `upgrade`).
 fn write_fields(
     headers: &[httparse::Header<'_>],
     keep_te: bool,
     drop_host: bool,
+    upgrade: bool,
     out: &mut Vec<u8>,
 ) {
     let has_connection = headers.iter().any(|h| eq(h.name, "connection"));
@@ -214,6 +229,10 @@ fn write_fields(
             if keep_te {
                 field(out, h.name.as_bytes(), h.value);
             }
+            continue;
+        }
+        if upgrade && eq(h.name, "upgrade") {
+            field(out, h.name.as_bytes(), h.value);
             continue;
         }
         if eq(h.name, "te") {
@@ -232,6 +251,28 @@ fn write_fields(
     if te_trailers {
         out.extend_from_slice(b"te: trailers\r\n");
     }
+    if upgrade {
+        out.extend_from_slice(b"connection: upgrade\r\n");
+    }
+}
+
+/// Whether a request's fields ask for a protocol switch the proxy forwards: `Connection` names
+/// `upgrade` and an `Upgrade` field names a protocol other than `h2c` (an HTTP/2 upgrade would
+/// hide the requests inside from the recorder; without it the client carries on in HTTP/1.1).
+fn wants_upgrade(headers: &[httparse::Header<'_>]) -> bool {
+    if !connection_has(headers, "upgrade") {
+        return false;
+    }
+    let mut any = false;
+    for h in headers.iter().filter(|h| eq(h.name, "upgrade")) {
+        for t in tokens(h.value).filter(|t| !t.is_empty()) {
+            if t.eq_ignore_ascii_case(b"h2c") {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
 }
 
 fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -299,6 +340,7 @@ pub fn parse_request(
         (None, Some(n)) => Framing::Length(n),
     };
     let keep_alive = !http10 && !connection_has(headers, "close");
+    let upgrade = !http10 && wants_upgrade(headers);
 
     out.clear();
     out.extend_from_slice(method.as_bytes());
@@ -312,7 +354,7 @@ pub fn parse_request(
     out.extend_from_slice(pq.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     field(out, b"host", host);
-    write_fields(headers, body == Framing::Chunked, true, out);
+    write_fields(headers, body == Framing::Chunked, true, upgrade, out);
     out.extend_from_slice(b"\r\n");
     Ok(Some(RequestHead {
         len,
@@ -323,6 +365,7 @@ pub fn parse_request(
         keep_alive,
         http10,
         is_head: method == "HEAD",
+        upgrade,
     }))
 }
 
@@ -350,7 +393,7 @@ pub fn parse_response_head(
         Some(n) => n,
         None => return Ok(None),
     };
-    response_head(&resp, buf, len, head_request, true).map(|(h, _)| Some(h))
+    response_head(&resp, buf, len, head_request, false, true).map(|(h, _)| Some(h))
 }
 
 fn parse_head<'h, 'b>(
@@ -379,20 +422,23 @@ fn head_len(
     Ok(Some(len))
 }
 
-/// Framing and reuse of a parsed response head; also its `Content-Length`, if any.
+/// Framing and reuse of a parsed response head; also its `Content-Length`, if any. `upgrade`:
+/// the request asked to switch protocols, so a 101 is accepted (no body, not reusable: the
+/// connection then carries the new protocol).
 fn response_head(
     resp: &httparse::Response<'_, '_>,
     buf: &[u8],
     len: usize,
     head_request: bool,
+    upgrade: bool,
     copy_content_type: bool,
 ) -> Result<(ResponseHead, Option<u64>), HeadError> {
     let status = resp.code.unwrap_or(0);
     let http10 = resp.version == Some(0);
     let headers: &[httparse::Header<'_>] = resp.headers;
     let interim = (100..200).contains(&status);
-    if status == 101 {
-        // Upgrade is hop-by-hop and never forwarded, so a switch cannot have been asked for.
+    if status == 101 && !upgrade {
+        // Upgrade is forwarded only for a request that asked to switch.
         return Err(HeadError::Malformed("unrequested 101 switching protocols"));
     }
     let (chunked, length) = framing_fields(headers)?;
@@ -408,8 +454,11 @@ fn response_head(
         }
     };
     let ambiguous = chunked.is_some() && length.is_some();
-    let reusable =
-        !(http10 || connection_has(headers, "close") || body == Framing::Close || ambiguous);
+    let reusable = !(http10
+        || connection_has(headers, "close")
+        || body == Framing::Close
+        || ambiguous
+        || status == 101);
     let ct = headers
         .iter()
         .find(|h| eq(h.name, "content-type"))
@@ -441,7 +490,7 @@ pub fn parse_response(
         Some(n) => n,
         None => return Ok(None),
     };
-    let (head, length) = response_head(&resp, buf, len, o.head_request, false)?;
+    let (head, length) = response_head(&resp, buf, len, o.head_request, o.upgrade, false)?;
     let (status, body) = (head.status, head.body);
     let interim = (100..200).contains(&status);
     let reason = resp.reason.unwrap_or("");
@@ -458,6 +507,7 @@ pub fn parse_response(
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
     let raw_chunked = body == Framing::Chunked && !o.dechunk;
+    let switch = status == 101;
     // Content-Length next to a chunked body is dropped: the chunked framing wins (RFC 9112 §6.3).
     if body == Framing::Chunked && length.is_some() {
         let kept: Vec<httparse::Header<'_>> = headers
@@ -465,9 +515,9 @@ pub fn parse_response(
             .filter(|h| !eq(h.name, "content-length"))
             .copied()
             .collect();
-        write_fields(&kept, raw_chunked, false, out);
+        write_fields(&kept, raw_chunked, false, false, out);
     } else {
-        write_fields(headers, raw_chunked, false, out);
+        write_fields(headers, raw_chunked, false, switch, out);
     }
     if !interim && (o.close || body == Framing::Close || (body == Framing::Chunked && o.dechunk)) {
         out.extend_from_slice(b"connection: close\r\n");
@@ -802,6 +852,92 @@ mod tests {
             out,
             "POST /v1/completions?x=1 HTTP/1.1\r\nhost: up.example:8001\r\nContent-Type: application/json\r\n\
              Authorization: Bearer k\r\nContent-Length: 5\r\nte: trailers\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn upgrade_requests_keep_upgrade_and_say_connection_upgrade() {
+        let raw = "GET /v1/realtime HTTP/1.1\r\nHost: proxy\r\nConnection: keep-alive, Upgrade\r\n\
+                   Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+                   Sec-WebSocket-Version: 13\r\nKeep-Alive: timeout=5\r\n\r\n";
+        let (r, out) = req(raw);
+        let h = r.unwrap().unwrap();
+        assert!(h.upgrade && h.keep_alive);
+        assert_eq!(h.body, Framing::None);
+        assert_eq!(
+            out,
+            "GET /v1/realtime HTTP/1.1\r\nhost: up.example:8001\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             connection: upgrade\r\n\r\n"
+        );
+        // Not a switch: Upgrade without Connection naming it, Connection without Upgrade, h2c
+        // (the recorder must keep seeing the requests), HTTP/1.0.
+        for raw in [
+            "GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: upgrade\r\n\r\n",
+            "GET / HTTP/1.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+            "GET / HTTP/1.0\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+        ] {
+            let (r, out) = req(raw);
+            assert!(!r.unwrap().unwrap().upgrade, "{raw:?}");
+            assert!(!out.to_ascii_lowercase().contains("upgrade"), "{raw:?}: {out}");
+            assert!(!out.contains("HTTP2-Settings"), "{raw:?}: {out}");
+        }
+        // A body is framed as usual.
+        let (r, out) = req("POST /ws HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: foo/2, bar\r\nContent-Length: 2\r\n\r\nhi");
+        let h = r.unwrap().unwrap();
+        assert!(h.upgrade);
+        assert_eq!(h.body, Framing::Length(2));
+        assert!(
+            out.contains("Upgrade: foo/2, bar\r\n") && out.ends_with("connection: upgrade\r\n\r\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_101_is_accepted_only_for_an_upgrade_request() {
+        let raw =
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                   Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n\x01\x02hi";
+        let o = ResponseOptions {
+            upgrade: true,
+            // A draining proxy never writes close on a switch.
+            close: true,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let h = parse_response(raw.as_bytes(), o, &mut out)
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.status, h.body, h.reusable), (101, Framing::None, false));
+        assert_eq!(
+            &raw[h.len..],
+            "\x01\x02hi",
+            "tunnel bytes after the head are not consumed"
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\nconnection: upgrade\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        let plain = ResponseOptions::default();
+        assert_eq!(
+            parse_response(raw.as_bytes(), plain, &mut out),
+            Err(HeadError::Malformed("unrequested 101 switching protocols"))
+        );
+        // A refusal is an ordinary response: its Upgrade field is hop-by-hop as ever.
+        let (h, out) = resp(
+            "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\nConnection: Upgrade\r\ncontent-length: 2\r\n\r\nno",
+            ResponseOptions { upgrade: true, ..Default::default() },
+        );
+        assert_eq!(
+            (h.status, h.body, h.reusable),
+            (426, Framing::Length(2), true)
+        );
+        assert_eq!(
+            out,
+            "HTTP/1.1 426 Upgrade Required\r\ncontent-length: 2\r\n\r\n"
         );
     }
 

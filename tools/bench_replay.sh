@@ -9,8 +9,9 @@
 #     and std (true: 10 ms, 0), the mock's lateness and the replayer's CPU during the run.
 #     STAMPS=1 adds the per-stage split of each run (RETRACE_STAMPS, tools/stamps_split.py).
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
-#     and achieved request rate, per dispatcher mode (DISPATCH_MODES, default "normal spin0
-#     realtime": the default adaptive spin, `--spin-us 0` (sleep only), `--realtime`).
+#     and achieved request rate, per dispatcher mode (DISPATCH_MODES, default "normal spinauto
+#     realtime": the default (sleep only, no spin), `--spin-us auto` (adaptive spin window before
+#     each send), `--realtime` (SCHED_FIFO; needs CAP_SYS_NICE)).
 #  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
 #     5-token outputs, so the streams overlap for ~4 s): completed/failed and peak concurrency.
 #
@@ -224,8 +225,8 @@ printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate dispatcher re
 N=$((1000 * RATE_SECONDS))
 gen "$OUT/open.jsonl" $N 1 2
 for SPEED in 1 2; do
-  for RT in ${DISPATCH_MODES:-normal spin0 realtime}; do
-    case $RT in realtime) EXTRA="--realtime" ;; spin0) EXTRA="--spin-us 0" ;; *) EXTRA="" ;; esac
+  for RT in ${DISPATCH_MODES:-normal spinauto realtime}; do
+    case $RT in realtime) EXTRA="--realtime" ;; spinauto) EXTRA="--spin-us auto" ;; *) EXTRA="" ;; esac
     T=$(timed "$OUT/open_${SPEED}_$RT.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
         --model mock-llama --speed $SPEED $EXTRA --result-json "$OUT/open_${SPEED}_$RT.json")
     read -r U S W <<<"$T"

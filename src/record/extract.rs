@@ -5,8 +5,9 @@
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
 //! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
-//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`])
-//! to fill a [`crate::trace::Request`].
+//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
+//! or reads a non-streamed body ([`crate::openai::parse_response_body`]), to fill a
+//! [`crate::trace::Request`].
 //!
 //! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
 //! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
@@ -21,7 +22,7 @@
 use super::prompt::{batch_len, TextTokenizer};
 use super::sseframes::FrameSplitter;
 use crate::chunkmemo::ChunkMemo;
-use crate::openai::{self, ChunkInfo};
+use crate::openai::{self, BodyInfo};
 use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, Request, Response};
@@ -227,8 +228,11 @@ impl Extractor {
     pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Notes) {
         let mut notes = Notes::default();
         // The query string is never recorded: some APIs put keys there.
-        let endpoint = Endpoint::from_path(ex.path.split('?').next().unwrap_or(""));
-        let parse_body = !matches!(endpoint, Endpoint::Other(_));
+        // (A byte search: `split('?')` costs a generic char searcher per record.)
+        let no_query = ex.path.bytes().position(|b| b == b'?');
+        let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
+        // A protocol switch (101: a WebSocket) carries no OpenAI body, whatever its path.
+        let parse_body = !matches!(endpoint, Endpoint::Other(_)) && ex.status != 101;
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
             endpoint,
@@ -249,15 +253,15 @@ impl Extractor {
             .trim_start()
             .starts_with("text/event-stream");
         let mut stream_error = None;
-        let mut absorb = |c: &ChunkInfo, resp: &mut Response| {
+        let mut absorb = |c: BodyInfo, resp: &mut Response| {
             if c.usage.is_some() {
                 resp.usage = c.usage;
             }
             if c.metrics.is_some() {
-                resp.server_metrics = c.metrics.clone();
+                resp.server_metrics = c.metrics;
             }
             if c.error.is_some() && stream_error.is_none() {
-                stream_error = c.error.clone();
+                stream_error = c.error;
             }
         };
         if is_sse {
@@ -283,7 +287,7 @@ impl Extractor {
                     offset_us: off,
                     tokens: c.tokens,
                 });
-                absorb(&c, resp);
+                absorb(BodyInfo::from(c), resp);
             };
             let mut from = 0;
             for &(at, end) in &ex.frames {
@@ -296,8 +300,9 @@ impl Extractor {
                 p.finish(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
-            if let Ok(c) = openai::parse_chunk(&ex.response_body) {
-                absorb(&c, &mut resp);
+            // What `parse_chunk` says of the body, less what only streamed events use.
+            if let Ok(c) = openai::parse_response_body(&ex.response_body) {
+                absorb(c, &mut resp);
             }
         }
         notes.ttft = resp.ttft_us.map(Duration::from_micros);
@@ -474,6 +479,19 @@ mod tests {
     }
 
     #[test]
+    fn a_protocol_switch_is_not_parsed_as_a_completion() {
+        // A WebSocket on a completions-like path: empty request body, status 101, no payload.
+        let mut e = ex("/v1/completions", b"", "", &[]);
+        e.status = 101;
+        let (r, n) = xt(Bodies::Full).to_request(&e, e.arrival);
+        assert_eq!(n.parse_failure, None);
+        let resp = r.response.unwrap();
+        assert_eq!(resp.status, 101);
+        assert_eq!(resp.error, None);
+        assert!(resp.events.is_empty());
+    }
+
+    #[test]
     fn non_streamed_body_gives_usage_and_metrics() {
         let txt = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
         let body = txt.lines().nth(2).unwrap();
@@ -621,6 +639,87 @@ mod tests {
             }
         }
         assert!(with_metrics > 0, "a sample carries vLLM's metrics object");
+    }
+
+    /// Non-streamed bodies (the real vLLM body with `metrics`, the same without, error bodies,
+    /// malformed and odd ones): the record built through `openai::parse_response_body` is the
+    /// record the `parse_chunk` path built: usage, server metrics bit for bit and error kind are
+    /// all a non-streamed body decides (and the record encodes as the serde path does).
+    #[test]
+    fn non_streamed_records_are_what_the_parse_chunk_path_recorded() {
+        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+        let real = metrics.lines().find(|l| l.starts_with('{')).unwrap();
+        let plain = format!("{}}}", &real[..real.find(",\"metrics\":").unwrap()]);
+        let mut bodies: Vec<Vec<u8>> = vec![real.as_bytes().to_vec(), plain.into_bytes()];
+        // every streamed payload of the real samples, sent as a whole body
+        for raw in [
+            &include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse")[..],
+            include_bytes!("../../fixtures/vllm/chat_stream.sse"),
+            include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
+        ] {
+            let mut p = crate::sse::SseParser::default();
+            p.feed(raw, |e| bodies.push(e.unwrap().data.into_bytes()));
+        }
+        for b in [
+            &br#"{"id":"x","object":"text_completion","choices":[{"index":0,"text":"ok","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#[..],
+            br#"{"object":"error","message":"too long","type":"BadRequestError","code":400}"#,
+            br#"{"error":{"message":"model not found","code":404}}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1},"metrics":{"queue_time_ms":"x"}}"#,
+            br#"{"usage":{"prompt_tokens":3},"metrics":{"queue_time_ms":1,"queue_time_ms":2}}"#,
+            br#"{"usage":5}"#,
+            br#"{"usage":{"prompt_tokens":3}"#,
+            b"not json",
+            b"",
+            b"{}",
+        ] {
+            bodies.push(b.to_vec());
+        }
+        let bits = |m: &Option<crate::trace::ServerMetrics>| {
+            m.as_ref().map(|m| {
+                [
+                    m.time_to_first_token_ms,
+                    m.queue_time_ms,
+                    m.generation_time_ms,
+                    m.mean_itl_ms,
+                    m.tokens_per_second,
+                ]
+                .map(|x| x.map(f64::to_bits))
+            })
+        };
+        let mut with_metrics = 0;
+        for body in &bodies {
+            for (path, status) in [
+                ("/v1/completions", 200),
+                ("/small", 200),
+                ("/v1/completions", 400),
+            ] {
+                let mut e = ex(
+                    path,
+                    br#"{"prompt":"hello world, hello"}"#,
+                    "application/json",
+                    &[(3000, body)],
+                );
+                e.status = status;
+                let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
+                let resp = r.response.as_ref().unwrap();
+                // the parse_chunk path, as `to_request` did it before
+                let old = openai::parse_chunk(body).ok();
+                let want_usage = old.as_ref().and_then(|c| c.usage);
+                let want_metrics = old.as_ref().and_then(|c| c.metrics.clone());
+                let stream_error = old.as_ref().is_some_and(|c| c.error.is_some());
+                let text = String::from_utf8_lossy(body);
+                assert_eq!(resp.usage, want_usage, "{text}");
+                assert_eq!(bits(&resp.server_metrics), bits(&want_metrics), "{text}");
+                if status == 200 && path == "/small" {
+                    let want = stream_error.then(|| "stream_error".to_string());
+                    assert_eq!(resp.error, want, "{text}");
+                }
+                with_metrics += usize::from(resp.server_metrics.is_some());
+                let (a, b) = crate::trace::native::record_bytes_both(&r, 0);
+                assert_eq!(a, b);
+            }
+        }
+        assert!(with_metrics >= 3, "{with_metrics}");
     }
 
     #[test]

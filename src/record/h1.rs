@@ -16,12 +16,19 @@
 //! close the client connection without a clean end. Timeouts: response headers (and total) from
 //! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
 //! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
-//! write completed. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
+//! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
+//! e.g. a WebSocket handshake; see [`crate::h1wire`]) goes upstream with those two headers; a `101`
+//! answer is written to the client and then the connection becomes a `tunnel` (bytes read past
+//! either head go first), the exchange is recorded when the tunnel ends, the upstream socket is
+//! never pooled again and the client connection ends with the tunnel; any other answer is an
+//! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
 use super::extract::{Captured, Exchange};
 use super::proxy::{classify, describe, error_json, Proxy};
 use super::rawpool::RawPool;
+use super::server::Drain;
 use super::tap::{lock, Pending};
+use super::tunnel;
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use crate::netio::ClientStream;
 use std::future::{poll_fn, Future as _};
@@ -32,7 +39,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::sync::watch;
 use tokio::time::Sleep;
 
 /// Client read buffer (grown only for a large request head, up to [`h1wire::MAX_HEAD`]).
@@ -191,6 +197,9 @@ struct Ex {
     opts: ResponseOptions,
     keep_client: bool,
     up_reusable: bool,
+    /// The upstream answered the request's protocol switch with 101: once the head went out,
+    /// the connection becomes a tunnel.
+    upgraded: bool,
     pending: Option<Pending>,
     cap: Arc<Mutex<Captured>>,
 }
@@ -211,15 +220,16 @@ struct Conn<'a, C> {
     scratch: Vec<u8>,
     up: Option<ClientStream>,
     sleep: Pin<Box<Sleep>>,
-    drain: watch::Receiver<bool>,
+    drain: Drain,
     /// The client may still be sending a request we did not read: close with a linger.
     linger: bool,
 }
 
 /// Serves one HTTP/1.1 client connection until it closes; `initial` holds bytes already read
-/// from it (protocol detection). `drain` turns true when the proxy shuts down: idle
-/// connections close at once, busy ones after their exchange.
-pub async fn serve<C>(client: C, initial: Vec<u8>, proxy: Arc<Proxy>, drain: watch::Receiver<bool>)
+/// from it (protocol detection). `drain` turns `Some` when the proxy shuts down: idle
+/// connections close at once, busy ones after their exchange, upgraded tunnels at the instant
+/// it names.
+pub async fn serve<C>(client: C, initial: Vec<u8>, proxy: Arc<Proxy>, drain: Drain)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
@@ -282,7 +292,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
             }
             let idle = self.cbuf.len() == 0;
-            if idle && *self.drain.borrow() {
+            if idle && self.drain.borrow().is_some() {
                 return Ok(None);
             }
             if !self.cbuf.make_room(h1wire::MAX_HEAD) {
@@ -418,7 +428,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 head_request: h.is_head,
                 close: !h.keep_alive,
                 dechunk: h.http10,
+                upgrade: h.upgrade,
             },
+            upgraded: false,
             keep_client: h.keep_alive,
             up_reusable: true,
             pending: Some(pending),
@@ -467,6 +479,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// Records the exchange, gives back or drops the upstream socket, answers errors before the
     /// head; returns whether the client connection carries on.
     async fn finish(&mut self, mut ex: Ex, outcome: Outcome) -> bool {
+        if ex.upgraded && matches!(outcome, Outcome::Done) {
+            return self.tunnel(ex).await;
+        }
         self.ubuf.clear();
         self.out.clear();
         let up = self.up.take();
@@ -488,7 +503,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 if let Some(p) = ex.pending.take() {
                     p.end(None, false);
                 }
-                ex.keep_client && req_done && !*self.drain.borrow()
+                ex.keep_client && req_done && self.drain.borrow().is_none()
             }
             Outcome::Cancelled => {
                 drop(up);
@@ -521,7 +536,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     "client_body" => (400, "Bad Request"),
                     _ => (502, "Bad Gateway"),
                 };
-                let keep = body_read && ex.keep_client && !*self.drain.borrow();
+                let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
                 let body = error_json(status, kind, &msg);
                 self.out.clear();
                 write_error_head(&mut self.out, status, reason, body.len(), !keep);
@@ -533,6 +548,35 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 keep && ok
             }
         }
+    }
+
+    /// Turns the connection into a tunnel after a 101 went to the client: what each side sent
+    /// past the switch goes first, then bytes flow both ways until the tunnel ends; the upstream
+    /// socket is never pooled again and the client connection ends with the tunnel.
+    async fn tunnel(&mut self, mut ex: Ex) -> bool {
+        let Some(mut up) = self.up.take() else {
+            if let Some(p) = ex.pending.take() {
+                p.end(Some("upstream_closed"), false);
+            }
+            return false;
+        };
+        self.out.clear();
+        let to_client = take_data(&mut self.ubuf);
+        let to_upstream = take_data(&mut self.cbuf);
+        let end = tunnel::run(
+            &mut self.client,
+            &mut up,
+            to_upstream,
+            to_client,
+            Some(&mut self.drain),
+            &self.p.stats,
+        )
+        .await;
+        drop(up);
+        if let Some(p) = ex.pending.take() {
+            tunnel::record(p, &end);
+        }
+        false
     }
 
     /// Reads what is left of a request body that will not be forwarded, noting it for the
@@ -866,18 +910,18 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                 Ok(Some(h)) => {
                                     need_read = false;
                                     progress = true;
-                                    if let (false, Some(at), Some(e)) = (
-                                        (100..200).contains(&h.status),
-                                        h.content_type_at.clone(),
-                                        ex.exchange(),
-                                    ) {
+                                    // A 101 (only accepted when asked for) is final: the
+                                    // connection switches protocols after it.
+                                    let interim = (100..200).contains(&h.status) && h.status != 101;
+                                    if let (false, Some(at), Some(e)) =
+                                        (interim, h.content_type_at.clone(), ex.exchange())
+                                    {
                                         // Copied before the head leaves the buffer.
                                         let v = self.ubuf.data().get(at).unwrap_or_default();
                                         e.content_type.push_str(&String::from_utf8_lossy(v));
                                     }
                                     self.ubuf.consume(h.len);
                                     ex.cout = 0;
-                                    let interim = (100..200).contains(&h.status);
                                     if !interim {
                                         self.on_final_head(ex, h);
                                         // Body bytes that came with the head go out with it.
@@ -995,6 +1039,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// The final response head arrived (already rewritten into `out`).
     fn on_final_head(&mut self, ex: &mut Ex, h: h1wire::ResponseHead) {
         let after = ex.arrival.elapsed();
+        // Bytes after a 101 head are the new protocol's: they stay in the upstream buffer for
+        // the tunnel (the head has no body, so the exchange is done once the head is out).
+        ex.upgraded = h.status == 101;
         self.p.stats.headers_latency.observe(after);
         if let Some(e) = ex.exchange() {
             e.status = h.status;
@@ -1030,11 +1077,19 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
 impl Ex {
     /// Response options, with `close` set once the proxy drains.
-    fn opts_now(&self, drain: &watch::Receiver<bool>) -> ResponseOptions {
+    fn opts_now(&self, drain: &Drain) -> ResponseOptions {
         let mut o = self.opts;
-        o.close |= !self.keep_client || *drain.borrow();
+        o.close |= !self.keep_client || drain.borrow().is_some();
         o
     }
+}
+
+/// The unread bytes of a buffer, as a vector (its allocation reused); the buffer is left empty.
+fn take_data(b: &mut Buf) -> Vec<u8> {
+    let mut v = std::mem::take(&mut b.v);
+    v.drain(..b.start.min(v.len()));
+    b.start = 0;
+    v
 }
 
 fn write_error_head(out: &mut Vec<u8>, status: u16, reason: &str, len: usize, close: bool) {

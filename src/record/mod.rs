@@ -29,6 +29,7 @@ pub mod sseframes;
 pub mod stats;
 pub mod tap;
 pub mod timing;
+pub mod tunnel;
 pub mod upstream;
 pub mod writer;
 

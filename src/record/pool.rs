@@ -149,7 +149,8 @@ impl H1Pool {
             .await
             .map_err(SendError::Request)?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // With upgrades: after a 101 the socket goes to the tunnel (see `proxy`).
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!("upstream connection: {e}");
             }
         });

@@ -7,10 +7,17 @@
 //! included, passes untouched. Errors before the response head become OpenAI-style JSON errors
 //! (`502` for a refused or broken upstream, `504` for a connect or response-header timeout) and
 //! are recorded with their kind. This is hyper's path (HTTP/2 clients or upstreams, and
-//! `--h1-engine hyper`); `h1` applies the same rules to raw HTTP/1.1 heads. This module does not
-//! accept connections (see `server`) and does not parse bodies.
+//! `--h1-engine hyper`); `h1` applies the same rules to raw HTTP/1.1 heads. A protocol switch
+//! (`Connection: upgrade` + `Upgrade`, not `h2c`) from an HTTP/1.1 client towards an HTTP/1.1
+//! upstream keeps those two headers; a `101` answer goes to the client and both connections are
+//! taken over with hyper's upgrade API (`hyper::upgrade::on`) and joined by a `tunnel`; any
+//! other answer is an ordinary response. HTTP/2 clients cannot ask for one (extended CONNECT,
+//! RFC 8441, is not supported) and an HTTP/2 upstream cannot grant one: there `Upgrade` stays
+//! hop-by-hop. An unrequested 101 is a 502. This module does not accept connections (see
+//! `server`) and does not parse bodies.
 
-use super::pool::{H1Pool, SendError};
+use super::pool::{H1Pool, Pooled, SendError};
+use super::server::Drain;
 use super::stats::Stats;
 use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap};
 use super::timing::WriteClock;
@@ -98,6 +105,40 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     if te_trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
     }
+}
+
+/// The `Upgrade` values of a request that asks to switch protocols: `Connection` names `upgrade`
+/// and `Upgrade` names at least one protocol, none of them `h2c` (an HTTP/2 upgrade would hide the
+/// requests inside from the recorder). `None`: not a switch the proxy forwards.
+pub fn upgrade_request(h: &HeaderMap) -> Option<Vec<HeaderValue>> {
+    let named = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if !named {
+        return None;
+    }
+    let values: Vec<HeaderValue> = h.get_all(header::UPGRADE).iter().cloned().collect();
+    let mut any = false;
+    for v in &values {
+        for t in v.to_str().ok()?.split(',').map(str::trim) {
+            if t.eq_ignore_ascii_case("h2c") {
+                return None;
+            }
+            any |= !t.is_empty();
+        }
+    }
+    any.then_some(values)
+}
+
+/// Puts a switch's `Upgrade` values back after [`strip_hop_by_hop`], with `Connection: upgrade`.
+fn keep_upgrade(h: &mut HeaderMap, values: Vec<HeaderValue>) {
+    for v in values {
+        h.append(header::UPGRADE, v);
+    }
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
 /// The OpenAI-style JSON error body the proxy answers with.
@@ -201,11 +242,13 @@ impl Proxy {
     }
 
     /// Forwards one request and returns the (tapped) response. `client` is the client
-    /// connection's write clock (forwarding delay).
+    /// connection's write clock (forwarding delay); `drain` the drain signal a tunnel watches
+    /// (`None`: this connection cannot switch protocols, e.g. HTTP/2).
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
         client: Option<Arc<WriteClock>>,
+        drain: Option<Drain>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let arrival = tokio::time::Instant::now();
         self.stats
@@ -240,7 +283,24 @@ impl Proxy {
                 ));
             }
         };
+        // A protocol switch needs HTTP/1.1 on both hops and the client connection's upgrade.
+        let switch = match (&self.upstream, &drain) {
+            (Upstream::H1(_), Some(_)) if parts.version == Version::HTTP_11 => {
+                upgrade_request(&parts.headers)
+            }
+            _ => None,
+        };
+        let switch = switch.and_then(|v| {
+            parts
+                .extensions
+                .remove::<hyper::upgrade::OnUpgrade>()
+                .map(|on| (v, on))
+        });
         strip_hop_by_hop(&mut parts.headers);
+        let client_upgrade = switch.map(|(values, on)| {
+            keep_upgrade(&mut parts.headers, values);
+            on
+        });
         match self.upstream {
             Upstream::H1(_) => {
                 parts.headers.insert(header::HOST, self.host.clone());
@@ -323,6 +383,39 @@ impl Proxy {
                         ex.content_type.push_str(v);
                     }
                 }
+                if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+                    let (Some(client_up), Some(up_up), Some(drain)) = (
+                        client_upgrade,
+                        parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+                        drain,
+                    ) else {
+                        drop(conn);
+                        pending.finish(Some("upstream_closed"));
+                        return Ok(error_response(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream_closed",
+                            "upstream: unrequested 101 switching protocols",
+                        ));
+                    };
+                    let values: Vec<HeaderValue> = parts
+                        .headers
+                        .get_all(header::UPGRADE)
+                        .iter()
+                        .cloned()
+                        .collect();
+                    strip_hop_by_hop(&mut parts.headers);
+                    keep_upgrade(&mut parts.headers, values);
+                    drop(body);
+                    tokio::spawn(tunnel(
+                        client_up,
+                        up_up,
+                        conn,
+                        pending,
+                        drain,
+                        self.stats.clone(),
+                    ));
+                    return Ok(Response::from_parts(parts, ProxyBody::Full(None)));
+                }
                 strip_hop_by_hop(&mut parts.headers);
                 let tap = ResponseTap::new(
                     body,
@@ -335,6 +428,40 @@ impl Proxy {
                 Ok(Response::from_parts(parts, ProxyBody::Tap(tap)))
             }
         }
+    }
+}
+
+/// Once the 101 went to the client, joins the two upgraded connections (hyper hands them over
+/// when the heads are through) until the tunnel ends, then records the exchange. The upstream
+/// connection is never pooled again.
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    conn: Option<Pooled>,
+    pending: Pending,
+    mut drain: Drain,
+    stats: Arc<Stats>,
+) {
+    let (c, u) = tokio::join!(client, upstream);
+    drop(conn);
+    match (c, u) {
+        (Ok(c), Ok(u)) => {
+            let mut c = hyper_util::rt::TokioIo::new(c);
+            let mut u = hyper_util::rt::TokioIo::new(u);
+            let end = super::tunnel::run(
+                &mut c,
+                &mut u,
+                Vec::new(),
+                Vec::new(),
+                Some(&mut drain),
+                &stats,
+            )
+            .await;
+            super::tunnel::record(pending, &end);
+        }
+        // The client left before the switch was through.
+        (Err(_), _) => pending.end(None, true),
+        (Ok(_), Err(_)) => pending.end(Some("upstream_reset"), false),
     }
 }
 
@@ -357,5 +484,32 @@ mod tests {
         names.sort();
         assert_eq!(names, vec!["authorization", "content-type", "te"]);
         assert_eq!(h["te"], "trailers");
+    }
+
+    #[test]
+    fn protocol_switches_are_recognised_and_kept() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("sec-websocket-key", HeaderValue::from_static("k"));
+        let v = upgrade_request(&h).unwrap();
+        strip_hop_by_hop(&mut h);
+        keep_upgrade(&mut h, v);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["sec-websocket-key"], "k");
+        for (conn, up) in [
+            ("keep-alive", "websocket"),
+            ("upgrade", ""),
+            ("Upgrade, HTTP2-Settings", "h2c"),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("connection", HeaderValue::from_static(conn));
+            h.insert("upgrade", HeaderValue::from_static(up));
+            assert!(upgrade_request(&h).is_none(), "{conn} / {up}");
+        }
     }
 }

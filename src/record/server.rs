@@ -9,8 +9,10 @@
 //! `--h1-engine own` (and an HTTP/1.1 upstream) HTTP/1.1 clients — plain connections that do not
 //! open with the HTTP/2 preface, TLS connections that negotiated `http/1.1` or no ALPN — are served
 //! by retrace's own loop (`h1`) instead; those connections drain through a watch channel (idle
-//! ones close at once, busy ones after their exchange) that the drain waits on too. It does not
-//! forward requests itself (see `proxy`, `h1`).
+//! ones close at once, busy ones after their exchange) that the drain waits on too. Upgraded
+//! tunnels (`tunnel`, both engines) hold a receiver of that channel too: the drain waits for
+//! them and they are cut just before its deadline. It does not forward requests itself (see
+//! `proxy`, `h1`).
 
 use super::proxy::Proxy;
 use super::timing::{WriteClock, WriteStamped};
@@ -68,9 +70,19 @@ struct Conn {
     tcp: std::net::TcpStream,
     peer: SocketAddr,
     watcher: Watcher,
-    /// Turns true when the proxy drains (connections served by the own HTTP/1.1 loop); dropped
-    /// when the connection ends, which the drain waits for.
-    drain: watch::Receiver<bool>,
+    /// Turns `Some` when the proxy drains; dropped when the connection (or a tunnel it turned
+    /// into) ends, which the drain waits for.
+    drain: Drain,
+}
+
+/// The drain signal: `None` while serving; once the proxy drains, the instant at which upgraded
+/// tunnels are cut (a little before the drain deadline, so their records say so instead of the
+/// runtime dropping them). Every receiver is dropped when its connection or tunnel ends.
+pub type Drain = watch::Receiver<Option<tokio::time::Instant>>;
+
+/// How long before the drain deadline tunnels are cut.
+fn tunnel_cut_margin(drain: Duration) -> Duration {
+    (drain / 10).min(Duration::from_millis(100))
 }
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -162,7 +174,7 @@ pub async fn serve(
 ) -> std::io::Result<bool> {
     let builder = http_builder();
     let graceful = GracefulShutdown::new();
-    let (drain_tx, drain_rx) = watch::channel(false);
+    let (drain_tx, drain_rx) = watch::channel(None);
     let mut workers = Vec::with_capacity(proxies.len());
     for (k, proxy) in proxies.into_iter().enumerate() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Conn>();
@@ -234,7 +246,9 @@ pub async fn serve(
     }
     drop(listener);
     drop(drain_rx);
-    drain_tx.send_replace(true);
+    drain_tx.send_replace(Some(
+        tokio::time::Instant::now() + drain - tunnel_cut_margin(drain),
+    ));
     let drained = tokio::time::timeout(drain, async {
         graceful.shutdown().await;
         drain_tx.closed().await;
@@ -255,7 +269,7 @@ async fn serve_conn(
     mut tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     watcher: Watcher,
-    drain: watch::Receiver<bool>,
+    drain: Drain,
     builder: Builder<TokioExecutor>,
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
@@ -274,7 +288,7 @@ async fn serve_conn(
         let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
         let svc = {
             let clock = clock.clone();
-            service_fn(move |req| proxy.clone().handle(req, Some(clock.clone())))
+            service_fn(move |req| proxy.clone().handle(req, Some(clock.clone()), None))
         };
         let io = Prefixed {
             pre,
@@ -291,13 +305,20 @@ async fn serve_conn(
     }
     let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
     let svc = {
-        let (clock, proxy) = (clock.clone(), proxy.clone());
-        service_fn(move |req| proxy.clone().handle(req, Some(clock.clone())))
+        // Upgraded tunnels outlive their exchange: each holds a drain receiver.
+        let (clock, proxy, drain) = (clock.clone(), proxy.clone(), drain.clone());
+        service_fn(move |req| {
+            proxy
+                .clone()
+                .handle(req, Some(clock.clone()), Some(drain.clone()))
+        })
     };
     let res = match tls {
         None => {
+            drop(drain);
+            let io = WriteStamped::new(TokioIo::new(tcp), clock);
             watcher
-                .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(tcp), clock), svc))
+                .watch(builder.serve_connection_with_upgrades(io, svc))
                 .await
         }
         Some(acc) => {
@@ -316,8 +337,9 @@ async fn serve_conn(
                 return super::h1::serve(s, Vec::new(), proxy, drain).await;
             }
             drop(drain);
+            let io = WriteStamped::new(TokioIo::new(s), clock);
             watcher
-                .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(s), clock), svc))
+                .watch(builder.serve_connection_with_upgrades(io, svc))
                 .await
         }
     };

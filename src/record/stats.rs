@@ -125,6 +125,11 @@ pub struct Stats {
     pub duration: Histogram,
     /// Per forwarded chunk: upstream socket read → client socket write completed.
     pub forward_delay: Histogram,
+    /// Exchanges switched to another protocol (101) and tunnelled.
+    pub upgrades: AtomicU64,
+    pub tunnels_open: AtomicI64,
+    pub tunnel_bytes_to_upstream: AtomicU64,
+    pub tunnel_bytes_to_client: AtomicU64,
 }
 
 impl Default for Stats {
@@ -147,6 +152,10 @@ impl Default for Stats {
             ttft: Histogram::default(),
             duration: Histogram::default(),
             forward_delay: Histogram::fine(),
+            upgrades: AtomicU64::new(0),
+            tunnels_open: AtomicI64::new(0),
+            tunnel_bytes_to_upstream: AtomicU64::new(0),
+            tunnel_bytes_to_client: AtomicU64::new(0),
         }
     }
 }
@@ -228,6 +237,22 @@ impl Stats {
             "Trace files closed (fsynced and renamed).",
             self.files_closed.load(Relaxed),
         );
+        counter(
+            "retrace_record_upgrades_total",
+            "Exchanges the upstream switched to another protocol (101, e.g. WebSocket), tunnelled.",
+            self.upgrades.load(Relaxed),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_tunnel_bytes_total Bytes carried by upgraded tunnels (never parsed or stored).\n# TYPE retrace_record_tunnel_bytes_total counter\nretrace_record_tunnel_bytes_total{{direction=\"to_upstream\"}} {}\nretrace_record_tunnel_bytes_total{{direction=\"to_client\"}} {}",
+            self.tunnel_bytes_to_upstream.load(Relaxed),
+            self.tunnel_bytes_to_client.load(Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_tunnels_open Upgraded tunnels open now.\n# TYPE retrace_record_tunnels_open gauge\nretrace_record_tunnels_open {}",
+            self.tunnels_open.load(Relaxed)
+        );
         let _ = writeln!(
             o,
             "# HELP retrace_record_in_flight Requests currently being proxied.\n# TYPE retrace_record_in_flight gauge\nretrace_record_in_flight {}",
@@ -272,7 +297,7 @@ impl Stats {
         );
         self.duration.render(
             "retrace_record_duration_seconds",
-            "Time from request arrival to the end of the response.",
+            "Time from request arrival to the end of the response (upgraded tunnels not included).",
             &mut o,
         );
         self.forward_delay.render(

@@ -169,7 +169,10 @@ fn finish_state(mut st: TapState) {
     st.ex.end = Some(now);
     st.ex.request = std::mem::take(&mut *lock(&st.req));
     st.stats.in_flight.fetch_sub(1, Relaxed);
-    st.stats.duration.observe(now);
+    // An upgraded tunnel lasts as long as its peers want: not a response duration.
+    if st.ex.status != 101 {
+        st.stats.duration.observe(now);
+    }
     st.stats.response_status(st.ex.status);
     if st.ex.cancelled {
         st.stats.client_cancelled.fetch_add(1, Relaxed);

@@ -8,6 +8,7 @@ mod probe;
 mod record;
 mod record_h1;
 mod record_scale;
+mod record_upgrade;
 mod replay;
 mod replay_h1;
 mod scrape;
