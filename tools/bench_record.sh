@@ -2,17 +2,18 @@
 # Overhead of `retrace record`, side by side with nginx (proxy_buffering off) and a direct baseline,
 # all in one run against the same fixed-timing SSE upstream (tools/bench_record.rs).
 #
-# Targets: direct, floor, retrace (`--h1-engine own`, the default), retrace-hyper
-# (`--h1-engine hyper`), nginx, and floor-epoll (not in the default set); TARGETS="direct floor
+# Targets: direct, floor-epoll, retrace (`--h1-engine own`, the default), retrace-hyper
+# (`--h1-engine hyper`), nginx, and floor (not in the default set); TARGETS="direct floor-epoll
 # retrace nginx" runs a subset.
-#   floor: the latency floor of any proxy hop, tools/fwd_floor.rs (example fwd_floor): a plain TCP
-#     forwarder, no HTTP parsing, no recording, one upstream connection per client connection and
-#     one blocking thread per direction (TCP_NODELAY both sides). Whatever it adds over direct
-#     (the second socket hop, the wake-up of the proxy, the client woken from another CPU) any
-#     proxy adds; "over floor" in the summary is a proxy's latency minus the floor's.
-#   floor-epoll: the same forwarder as one thread over epoll (`fwd_floor --mode epoll`). At 1,000
-#     streams (25,000 chunks/s on one core) it, not `floor`, is the lower floor: one wake-up per
-#     burst of chunks instead of one thread switch per chunk (tools/bench_record.md, session 5).
+#   floor-epoll: the latency floor of any proxy hop, tools/fwd_floor.rs (example fwd_floor
+#     --mode epoll): a plain TCP forwarder, no HTTP parsing, no recording, one upstream connection
+#     per client connection, one thread over epoll (TCP_NODELAY both sides). Whatever it adds
+#     over direct (the second socket hop, the wake-up of the proxy, the client woken from another
+#     CPU) any proxy adds; "over floor" in the summary is a proxy's latency minus the floor's.
+#   floor: the same forwarder with one blocking thread per direction. At 1,000 streams (25,000
+#     chunks/s on one core) it is above floor-epoll (one thread switch per chunk instead of one
+#     wake-up per burst of chunks, tools/bench_record.md, session 5), and its 2,000 threads raise
+#     the load average while it runs.
 # Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
@@ -42,7 +43,7 @@ IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
 FLR=$((BASE + 7)); FLR2=$((BASE + 8))
-TARGETS=${TARGETS:-direct floor retrace retrace-hyper nginx}
+TARGETS=${TARGETS:-direct floor-epoll retrace retrace-hyper nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record}
