@@ -843,6 +843,12 @@ fn scan_metrics(s: &mut Scan<'_>) -> Option<Option<ServerMetrics>> {
 
 /// The fast path of [`parse_chunk`]: `None` when the general parser must decide.
 fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
+    scan_fields(data, true)
+}
+
+/// The one-pass scan of a chunk or body; `read_choices: false` only validates `choices` (what a
+/// non-streamed body's record keeps does not come from it), leaving the choice fields default.
+fn scan_fields(data: &[u8], read_choices: bool) -> Option<ChunkInfo> {
     // serde_json refuses invalid UTF-8 anywhere, so the scan does too (ASCII checked quickly).
     if !data.is_ascii() {
         std::str::from_utf8(data).ok()?;
@@ -868,8 +874,8 @@ fn scan_chunk(data: &[u8]) -> Option<ChunkInfo> {
         }
         _ if key == b"choices" => {
             once(&mut seen, 4)?;
-            if s.peek()? != b'[' {
-                return s.skip(1);
+            if !read_choices || s.peek()? != b'[' {
+                return s.skip_value(1);
             }
             let mut first = true;
             let n = s.array(|s| {
@@ -923,33 +929,7 @@ pub fn parse_response_body(data: &[u8]) -> Result<BodyInfo, String> {
 
 /// The fast path of [`parse_response_body`]: [`scan_chunk`] with `choices` only validated.
 fn scan_body(data: &[u8]) -> Option<BodyInfo> {
-    if !data.is_ascii() {
-        std::str::from_utf8(data).ok()?;
-    }
-    let mut s = Scan { b: data, i: 0 };
-    let mut info = BodyInfo::default();
-    let mut seen = 0u32;
-    s.object(|s, key| match () {
-        _ if key == b"error" => None,
-        _ if key == b"object" => {
-            once(&mut seen, 1)?;
-            scan_object_name(s)
-        }
-        _ if key == b"usage" => {
-            once(&mut seen, 2)?;
-            info.usage = scan_usage(s)?;
-            Some(())
-        }
-        _ if key == b"metrics" => {
-            once(&mut seen, 8)?;
-            info.metrics = scan_metrics(s)?;
-            Some(())
-        }
-        // `choices` included: what the general path reads of it is not kept here.
-        _ => s.skip_value(1),
-    })?;
-    s.ws();
-    (s.i == data.len()).then_some(info)
+    scan_fields(data, false).map(BodyInfo::from)
 }
 
 fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
