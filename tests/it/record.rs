@@ -225,13 +225,12 @@ async fn start(upstream: &str, tweak: impl FnOnce(&mut RecordConfig, &std::path:
     cfg.block_size = 16;
     cfg.drain_timeout = Duration::from_secs(5);
     tweak(&mut cfg, dir.path());
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(record::run_with_admin(l, Some(a), cfg, async move {
-        let _ = rx.await;
-    }));
+    let super::support::Recorder {
+        addr,
+        admin,
+        stop: tx,
+        task,
+    } = super::support::spawn_recorder(cfg).await;
     Rec {
         addr,
         admin,

@@ -120,13 +120,12 @@ async fn proxy(upstream: SocketAddr, io_threads: usize) -> Proxy {
     cfg.io_threads = io_threads;
     // Request bodies in the trace, so the test can tell which stream each record is.
     cfg.bodies = record::Bodies::Request;
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(record::run_with_admin(l, Some(a), cfg, async move {
-        let _ = rx.await;
-    }));
+    let super::support::Recorder {
+        addr,
+        admin,
+        stop,
+        task,
+    } = super::support::spawn_recorder(cfg).await;
     Proxy {
         addr,
         admin,

@@ -253,13 +253,12 @@ async fn start_with(
     cfg.drain_timeout = drain;
     cfg.bodies = record::Bodies::Full;
     tweak(&mut cfg);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(record::run_with_admin(l, Some(a), cfg, async move {
-        let _ = rx.await;
-    }));
+    let super::support::Recorder {
+        addr,
+        admin,
+        stop,
+        task,
+    } = super::support::spawn_recorder(cfg).await;
     Rec {
         addr,
         admin,

@@ -290,3 +290,34 @@ impl hyper::body::Body for ChanBody {
         self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
     }
 }
+
+/// `retrace record` under test: listening on 127.0.0.1:0 with its admin endpoint on another
+/// loopback port; it drains and stops when `stop` is sent (or dropped).
+pub struct Recorder {
+    pub addr: std::net::SocketAddr,
+    pub admin: std::net::SocketAddr,
+    pub stop: tokio::sync::oneshot::Sender<()>,
+    pub task: tokio::task::JoinHandle<anyhow::Result<retrace::record::RecordStats>>,
+}
+
+/// Starts a recorder with `cfg` on fresh loopback ports (see [`Recorder`]).
+pub async fn spawn_recorder(cfg: retrace::record::RecordConfig) -> Recorder {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, admin) = (l.local_addr().unwrap(), a.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(retrace::record::run_with_admin(
+        l,
+        Some(a),
+        cfg,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Recorder {
+        addr,
+        admin,
+        stop,
+        task,
+    }
+}
