@@ -179,14 +179,15 @@ fn three_shards_merged_match_one_process() {
     // Client-side timings differ between runs (separate runs on a shared machine): the floors
     // catch missing data, the ceilings a hang. A late event followed by an on-time one makes a
     // client-side gap shorter than the server's 4 ms ITL, so gap statistics may sit below 4 ms;
-    // under heavy load most events arrive in pairs (one read, two events) and the median gap
-    // nears zero, so its floor only says "present".
+    // under heavy load (a load average of 56 once did it) a stream's events can all arrive in
+    // one read, so its gaps are all zero: the gap floors only say "present" (the metric
+    // definitions themselves are held by the known-timings tests in replay.rs).
     for (k, lo, hi) in [
         ("mean_ttft_ms", 20.0, 2000.0),
         ("median_ttft_ms", 20.0, 2000.0),
-        ("mean_itl_ms", 2.0, 500.0),
-        ("median_itl_ms", f64::MIN_POSITIVE, 500.0),
-        ("mean_tpot_ms", 2.0, 500.0),
+        ("mean_itl_ms", 0.0, 500.0),
+        ("median_itl_ms", 0.0, 500.0),
+        ("mean_tpot_ms", 0.0, 500.0),
     ] {
         for (name, v) in [("merged", &merged), ("whole", &whole)] {
             let x = f(v, k);
