@@ -254,12 +254,7 @@ impl Rec {
         Vec<native::ReadReport>,
         tempfile::TempDir,
     ) {
-        let _ = self.stop.take().unwrap().send(());
-        let stats = tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("proxy stops")
-            .unwrap()
-            .unwrap();
+        let stats = super::support::stop_recorder(self.stop.take().unwrap(), self.task).await;
         let mut recs = Vec::new();
         let mut reports = Vec::new();
         for f in &stats.files {

@@ -238,12 +238,7 @@ async fn start(upstream: SocketAddr, engine: H1Engine) -> Rec {
 
 impl Rec {
     async fn records(self) -> Vec<TraceRequest> {
-        let _ = self.stop.send(());
-        let stats = tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("proxy stops")
-            .unwrap()
-            .unwrap();
+        let stats = super::support::stop_recorder(self.stop, self.task).await;
         let mut recs = Vec::new();
         for f in &stats.files {
             recs.extend(native::read_file(f).unwrap().0.requests);

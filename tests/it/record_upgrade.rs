@@ -129,6 +129,18 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, pending: Vec<u8>) {
     let _ = s.shutdown().await;
 }
 
+/// A parsed head's fields as (lower-case name, value) pairs.
+fn lowercase_headers(h: &[httparse::Header<'_>]) -> Vec<(String, String)> {
+    h.iter()
+        .map(|h| {
+            (
+                h.name.to_ascii_lowercase(),
+                String::from_utf8_lossy(h.value).to_string(),
+            )
+        })
+        .collect()
+}
+
 /// Reads one request head (no bodies in these tests); `buf` keeps what follows it.
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Option<Seen> {
     loop {
@@ -137,16 +149,7 @@ async fn read_head<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) -> Option
         if let Ok(httparse::Status::Complete(n)) = r.parse(buf) {
             let seen = Seen {
                 line: format!("{} {}", r.method.unwrap(), r.path.unwrap()),
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8_lossy(h.value).to_string(),
-                        )
-                    })
-                    .collect(),
+                headers: lowercase_headers(r.headers),
             };
             buf.drain(..n);
             return Some(seen);
@@ -192,16 +195,7 @@ async fn read_response_head<S: AsyncRead + Unpin>(s: &mut S, buf: &mut Vec<u8>) 
         if let Ok(httparse::Status::Complete(n)) = r.parse(buf) {
             let head = Head {
                 status: r.code.unwrap(),
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8_lossy(h.value).to_string(),
-                        )
-                    })
-                    .collect(),
+                headers: lowercase_headers(r.headers),
             };
             buf.drain(..n);
             return head;
@@ -284,12 +278,7 @@ impl Rec {
 
     /// Stops the proxy; the records (by arrival), the stats and the decompressed trace bytes.
     async fn stop(self) -> (Vec<TraceRequest>, RecordStats, Vec<u8>) {
-        let _ = self.stop.send(());
-        let stats = tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("proxy stops")
-            .unwrap()
-            .unwrap();
+        let stats = super::support::stop_recorder(self.stop, self.task).await;
         let mut recs = Vec::new();
         let mut raw = Vec::new();
         for f in &stats.files {

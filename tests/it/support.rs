@@ -321,3 +321,16 @@ pub async fn spawn_recorder(cfg: retrace::record::RecordConfig) -> Recorder {
         task,
     }
 }
+
+/// Stops a recorder started by a test (`stop` sent) and waits for its stats, at most 20 s.
+pub async fn stop_recorder(
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<retrace::record::RecordStats>>,
+) -> retrace::record::RecordStats {
+    let _ = stop.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(20), task)
+        .await
+        .expect("proxy stops")
+        .unwrap()
+        .unwrap()
+}
