@@ -42,7 +42,8 @@ SMALL_S=${SMALL_S:-5}
 IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
-FLR=$((BASE + 7)); FLR2=$((BASE + 8))
+FLR=$((BASE + 7)); FLR2=$((BASE + 8)); FLR3=$((BASE + 9))
+FLOOR_SPIN_US=${FLOOR_SPIN_US:-50}
 TARGETS=${TARGETS:-direct floor-epoll retrace retrace-hyper nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
 TGT=${CARGO_TARGET_DIR:-target}/release
@@ -62,7 +63,12 @@ if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
   PIDS+=($REC2_PID)
 fi
 
-FLR_PID=; FLR2_PID=
+FLR_PID=; FLR2_PID=; FLR3_PID=
+if [[ " $TARGETS " == *" floor-spin "* ]]; then
+  $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR3 --upstream 127.0.0.1:$UP --mode epoll --spin-us "$FLOOR_SPIN_US" --lifetime-s 3600 2>"$WORK/floor-spin.log" &
+  FLR3_PID=$!
+  PIDS+=($FLR3_PID)
+fi
 if [[ " $TARGETS " == *" floor "* ]]; then
   $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR --upstream 127.0.0.1:$UP --lifetime-s 3600 2>"$WORK/floor.log" &
   FLR_PID=$!
@@ -82,7 +88,7 @@ $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2}; do
+for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -97,6 +103,7 @@ url() {
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
     floor) echo "http://127.0.0.1:$FLR$2" ;;
     floor-epoll) echo "http://127.0.0.1:$FLR2$2" ;;
+    floor-spin) echo "http://127.0.0.1:$FLR3$2" ;;
   esac
 }
 
@@ -118,7 +125,7 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   echo "$total"
 }
 proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; nginx) echo "$NGX_PID" ;;
-  floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; *) echo "" ;; esac; }
+  floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
   local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2
@@ -177,7 +184,7 @@ grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retr
 python3 - "$RES" "$OUT/summary.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-TARGETS = ["direct", "floor", "floor-epoll", "retrace", "retrace-hyper", "nginx"]
+TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-hyper", "nginx"]
 out = []
 st = [r for r in rows if r["kind"] == "stream"]
 if st:

@@ -30,6 +30,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
+# The client floor (tools/client_floor.rs), run beside retrace in the fidelity section when built
+# (cargo build --release --example client_floor); FLOOR= (empty) skips it.
+FLOOR=${FLOOR-${CARGO_TARGET_DIR:-target}/release/examples/client_floor}
 OUT=${1:-$(mktemp -d /tmp/bench_replay.XXXX)}
 RATE_SECONDS=${RATE_SECONDS:-5}
 CONCURRENCIES=${CONCURRENCIES:-"100 500 1000"}
@@ -57,16 +60,42 @@ PY
 
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(f"{d[k]:.3f}" if isinstance(d[k], float) else str(d[k]) for k in sys.argv[2:]))' "$@"; }
 
-timed() { # timed LOG cmd...: runs cmd, prints "user sys wall" seconds of it
+timed() { # timed LOG cmd...: runs cmd, prints "user sys wall peak" (seconds; peak: the highest
+  # CPU rate, in cores, over any 1 s window of the run, sampled every 50 ms from /proc for the
+  # process and its live descendants: the rate at full load, where a whole-run average also
+  # counts the ramps up and down)
   local log=$1; shift
   python3 - "$log" "$@" <<'PY'
-import resource, subprocess, sys, time
+import os, resource, subprocess, sys, time
 log = open(sys.argv[1], "w")
+tick = os.sysconf("SC_CLK_TCK")
+def tree_ticks(pid):
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+            for t in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 t = time.monotonic()
-subprocess.run(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)
+proc = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)
+samples = []
+while proc.poll() is None:
+    samples.append((time.monotonic(), tree_ticks(proc.pid)))
+    time.sleep(0.05)
 wall = time.monotonic() - t
+peak = 0.0
+for i, (ta, ca) in enumerate(samples):
+    for tb, cb in samples[i + 1:]:
+        if tb - ta >= 1.0:
+            peak = max(peak, (cb - ca) / tick / (tb - ta))
+            break
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f}")
+print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f} {peak:.2f}")
 PY
 }
 
@@ -102,7 +131,7 @@ echo "           which run while C others are in flight), whole run in brackets"
 echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server"
 echo "    added; cpu: the client's CPU seconds during the run / wall seconds of the run, setup excluded"
 echo "    (retrace: its result's client_cpu; AIPerf: whole process, setup included))"
-printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall"
+printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall" peak_cores
 start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
   MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   # shellcheck disable=SC2086
@@ -120,11 +149,11 @@ for l in sys.stdin:
     if l.startswith("retrace_mock_emit_lateness_quantile_seconds") and "quantile=\"0.99\"" in l: p99 = float(l.split()[-1])
 print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")'
 }
-# summary C SCENARIO CLIENT N RESULT LATE CPU WALL: one table row (window = requests C..2C-1 in steady)
+# summary C SCENARIO CLIENT N RESULT LATE CPU WALL PEAK: one table row (window = requests C..2C-1 in steady)
 summary() {
   python3 - "$@" <<'PY'
 import json, sys
-C, scen, client, n, path, late, cpu, wall = sys.argv[1:9]
+C, scen, client, n, path, late, cpu, wall, peak = sys.argv[1:10]
 C = int(C)
 def stats(ttfts, itls):
     import statistics
@@ -135,7 +164,7 @@ def stats(ttfts, itls):
     sd = (sum((x - m) ** 2 for x in flat) / len(flat)) ** 0.5 if flat else float("nan")
     return sum(t) / len(t), p99, m, sd
 try:
-    if client == "retrace":
+    if client in ("retrace", "floor"):
         d = json.load(open(path))
         ttfts = [x * 1e3 for x in d["ttfts"]]
         itls = [[x * 1e3 for x in v] for v in d["itls"]]
@@ -160,7 +189,7 @@ try:
         row = (ttft, f"{win[1]:.2f}", f"{win[2]:.3f}", f"{win[3]:.3f}")
     else:
         row = (f"{whole[0]:.2f}", f"{whole[1]:.2f}", f"{whole[2]:.3f}", f"{whole[3]:.3f}")
-    print(f"{C:<8} {scen:<7} {client:<7} {n:<6} {row[0]:<16} {row[1]:<10} {row[2]:<10} {row[3]:<10} {failed:<7} {late:<12} {cpu}/{wall}")
+    print(f"{C:<8} {scen:<7} {client:<7} {n:<6} {row[0]:<16} {row[1]:<10} {row[2]:<10} {row[3]:<10} {failed:<7} {late:<12} {cpu + '/' + wall:<14} {peak}")
 except Exception as e:
     print(f"{C:<8} {scen:<7} {client:<7} (no result: {e}; see {path} and its log)")
 PY
@@ -189,14 +218,25 @@ for C in $CONCURRENCIES; do
         --model mock-llama "${LIMIT[@]}" "${RA[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
     unset RETRACE_STAMPS
     LATE=$(mock_late)
-    read -r U S W <<<"$T"
+    read -r U S W PEAK <<<"$T"
     read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/${SCEN}_$C.json")"
-    summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR"
+    summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK"
     if [ -n "${STAMPS:-}" ]; then
       sleep 0.5
       python3 tools/stamps_split.py "$OUT/stamps_${SCEN}_$C" | sed 's/^/      /'
     fi
     kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
+    if [ -x "$FLOOR" ]; then
+      start_mock "floor_${SCEN}_$C"
+      FL=(); [ $SCEN = burst ] && FL=(--max-concurrency "$C")
+      T=$(timed "$OUT/floor_${SCEN}_$C.log" "$FLOOR" --target "127.0.0.1:$MP" --trace "$OUT/${SCEN}_$C.jsonl" \
+          --rx-stamp kernel "${FL[@]}" --out "$OUT/floor_${SCEN}_$C.json")
+      LATE=$(mock_late)
+      read -r U S W PEAK <<<"$T"
+      read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/floor_${SCEN}_$C.json")"
+      summary "$C" $SCEN floor "$N" "$OUT/floor_${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK"
+      kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
+    fi
     if [ -n "${AIPERF:-}" ]; then
       start_mock "aiperf_${SCEN}_$C"
       if [ $SCEN = burst ]; then
@@ -209,9 +249,9 @@ for C in $CONCURRENCIES; do
           --request-count "$N" --isl 100 --osl 100 --use-server-token-count --ui none --no-server-metrics \
           --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true --artifact-dir "$OUT/aiperf_${SCEN}_$C")
       LATE=$(mock_late)
-      read -r U S W <<<"$T"
+      read -r U S W PEAK <<<"$T"
       summary "$C" $SCEN aiperf "$N" "$OUT/aiperf_${SCEN}_$C/profile_export.jsonl" "$LATE" \
-        "$(python3 -c "print(f'{$U + $S:.2f}')")" "${W}s"
+        "$(python3 -c "print(f'{$U + $S:.2f}')")" "${W}s" "$PEAK"
       kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
     fi
   done
@@ -229,7 +269,7 @@ for SPEED in 1 2; do
     case $RT in realtime) EXTRA="--realtime" ;; spinauto) EXTRA="--spin-us auto" ;; *) EXTRA="" ;; esac
     T=$(timed "$OUT/open_${SPEED}_$RT.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
         --model mock-llama --speed $SPEED $EXTRA --result-json "$OUT/open_${SPEED}_$RT.json")
-    read -r U S W <<<"$T"
+    read -r U S W _ <<<"$T"
     read -r PD MD RR MT F <<<"$(field "$OUT/open_${SPEED}_$RT.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
     printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$RT" "$N" "$PD" "$MD" "$RR" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
   done
@@ -246,7 +286,7 @@ for _ in $(seq 50); do curl -sf "http://127.0.0.1:$PORT2/v1/models" >/dev/null 2
 gen "$OUT/scale.jsonl" 10000 0 5
 T=$(timed "$OUT/scale.log" "$BIN" replay "$OUT/scale.jsonl" --target "http://127.0.0.1:$PORT2" \
     --model mock-llama --warm-connections 10000 --result-json "$OUT/scale.json")
-read -r U S W <<<"$T"
+read -r U S W _ <<<"$T"
 printf "%-10s %-8s %-10s %-10s %-12s\n" completed failed peak mean_ttft "cpu(u+s)/wall"
 read -r C F P MT <<<"$(field "$OUT/scale.json" completed failed max_concurrent_requests mean_ttft_ms)"
 printf "%-10s %-8s %-10s %-10s %-12s\n" "$C" "$F" "$P" "$MT" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"
@@ -283,7 +323,7 @@ client, out = sys.argv[1], sys.argv[2]
 trace = [json.loads(l) for l in open(f"{out}/mc30.jsonl")]
 ts = sorted(t["timestamp"] * 1e6 for t in trace)
 try:
-    if client == "retrace":
+    if client in ("retrace", "floor"):
         d = json.load(open(f"{out}/trace_retrace.json"))
         starts = sorted(s * 1e9 for s in d["start_times"])
     else:

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: fwd_floor --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT \
-[--mode threads|epoll] [--buf-kib 16] [--max-conns 20000] [--lifetime-s 3600]";
+[--mode threads|epoll] [--spin-us 0] [--buf-kib 16] [--max-conns 20000] [--lifetime-s 3600]";
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Mode {
@@ -44,6 +44,8 @@ struct Config {
     buf: usize,
     max_conns: usize,
     lifetime: Duration,
+    /// epoll mode: after events, poll (timeout 0) for this long before blocking again.
+    spin: Duration,
 }
 
 /// Parses the command line (`args` without the program name); errors name the flag.
@@ -54,6 +56,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
     let mut buf_kib: usize = 16;
     let mut max_conns: usize = 20_000;
     let mut lifetime_s: u64 = 3600;
+    let mut spin_us: u64 = 0;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -90,6 +93,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
             "--buf-kib" => buf_kib = num(value()?)? as usize,
             "--max-conns" => max_conns = num(value()?)? as usize,
             "--lifetime-s" => lifetime_s = num(value()?)?,
+            "--spin-us" => spin_us = num(value()?)?,
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -107,6 +111,7 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
         buf: buf_kib * 1024,
         max_conns,
         lifetime: Duration::from_secs(lifetime_s),
+        spin: Duration::from_micros(spin_us),
     })
 }
 
@@ -293,9 +298,19 @@ mod epoll {
         let mut free: Vec<usize> = Vec::new();
         let mut active = 0usize;
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
+        let mut last_busy = Instant::now() - cfg.spin;
         while Instant::now() < end {
+            let timeout = if last_busy.elapsed() < cfg.spin {
+                0
+            } else {
+                1000
+            };
             // SAFETY: epoll_wait writes at most events.len() entries into our buffer.
-            let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, 1000) };
+            let n =
+                unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, timeout) };
+            if n > 0 && !cfg.spin.is_zero() {
+                last_busy = Instant::now();
+            }
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == ErrorKind::Interrupted {
@@ -543,6 +558,7 @@ mod tests {
             buf: 4096, // smaller than the payload's pieces: partial writes, back-pressure
             max_conns: 16,
             lifetime: Duration::from_secs(60),
+            spin: Duration::ZERO,
         };
         std::thread::spawn(move || match mode {
             Mode::Threads => serve_threads(listener, &cfg),
