@@ -14,6 +14,9 @@
 #     chunks/s on one core) it is above floor-epoll (one thread switch per chunk instead of one
 #     wake-up per burst of chunks, tools/bench_record.md, session 5), and its 2,000 threads raise
 #     the load average while it runs.
+# retrace-b: a second retrace recorder for A/B comparisons in one run, interleaved round by round:
+#   REC_B_BIN (another build, default the same binary), REC_B_ARGS (extra flags), REC_B_ENV
+#   (environment assignments, e.g. "RUST_LOG=debug").
 # Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
@@ -42,7 +45,7 @@ SMALL_S=${SMALL_S:-5}
 IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
-FLR=$((BASE + 7)); FLR2=$((BASE + 8)); FLR3=$((BASE + 9))
+FLR=$((BASE + 7)); FLR2=$((BASE + 8)); FLR3=$((BASE + 9)); REC3=$((BASE + 10)); ADM3=$((BASE + 11))
 FLOOR_SPIN_US=${FLOOR_SPIN_US:-50}
 TARGETS=${TARGETS:-direct floor-epoll retrace retrace-hyper nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
@@ -63,6 +66,15 @@ if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
   PIDS+=($REC2_PID)
 fi
 
+REC3_PID=
+if [[ " $TARGETS " == *" retrace-b "* ]]; then
+  # shellcheck disable=SC2086
+  env RUST_LOG=warn ${REC_B_ENV:-} $PRX "${REC_B_BIN:-$TGT/retrace}" record --listen 127.0.0.1:$REC3 \
+    --upstream http://127.0.0.1:$UP --out "$WORK/traces-b" --admin 127.0.0.1:$ADM3 ${REC_B_ARGS:-} \
+    2>"$WORK/retrace-b.log" &
+  REC3_PID=$!
+  PIDS+=($REC3_PID)
+fi
 FLR_PID=; FLR2_PID=; FLR3_PID=
 if [[ " $TARGETS " == *" floor-spin "* ]]; then
   $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR3 --upstream 127.0.0.1:$UP --mode epoll --spin-us "$FLOOR_SPIN_US" --lifetime-s 3600 2>"$WORK/floor-spin.log" &
@@ -88,7 +100,7 @@ $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3}; do
+for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3} ${REC3_PID:+$REC3}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -100,6 +112,7 @@ url() {
     direct) echo "http://127.0.0.1:$UP$2" ;;
     retrace) echo "http://127.0.0.1:$REC$2" ;;
     retrace-hyper) echo "http://127.0.0.1:$REC2$2" ;;
+    retrace-b) echo "http://127.0.0.1:$REC3$2" ;;
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
     floor) echo "http://127.0.0.1:$FLR$2" ;;
     floor-epoll) echo "http://127.0.0.1:$FLR2$2" ;;
@@ -124,11 +137,11 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   done
   echo "$total"
 }
-proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; nginx) echo "$NGX_PID" ;;
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
-  local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2
+  local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2; [ "$1" = retrace-b ] && port=$ADM3
   curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
 }
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks
@@ -176,15 +189,15 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-kill -TERM "$REC_PID" ${REC2_PID:+"$REC2_PID"}
-wait "$REC_PID" ${REC2_PID:+"$REC2_PID"} 2>/dev/null || true
+kill -TERM "$REC_PID" ${REC2_PID:+"$REC2_PID"} ${REC3_PID:+"$REC3_PID"}
+wait "$REC_PID" ${REC2_PID:+"$REC2_PID"} ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retrace-summary.txt" || true
 
 python3 - "$RES" "$OUT/summary.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-hyper", "nginx"]
+TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-b", "retrace-hyper", "nginx"]
 out = []
 st = [r for r in rows if r["kind"] == "stream"]
 if st:
