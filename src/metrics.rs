@@ -131,10 +131,13 @@ pub struct Sample {
     pub output_tokens: u64,
     /// When the schedule wanted the request sent.
     pub intended_ns: u64,
-    /// When the dispatcher released it (drift = dispatched − intended).
+    /// When the dispatcher released it (dispatch drift = dispatched − intended).
     pub dispatched_ns: u64,
-    /// When it was handed to the connection after getting a concurrency slot (client queue =
-    /// sent − dispatched). vLLM's latencies start here.
+    /// Time spent waiting for a `--max-concurrency` slot after the release (0 without a limit):
+    /// the client queue.
+    pub slot_wait_ns: u64,
+    /// When it was handed to the connection (after any slot wait). vLLM's latencies start here.
+    /// 0 when the request failed before it could be sent.
     pub sent_ns: u64,
     /// First content message, from `sent_ns`.
     pub ttft_ns: Option<u64>,
@@ -154,11 +157,24 @@ impl Sample {
     pub fn ok(&self) -> bool {
         self.error.is_none() && self.ttft_ns.is_some()
     }
+    /// Send drift: how late the request was actually sent, less the time it waited for a
+    /// concurrency slot (sent − slot wait − intended; negative = early). It is the dispatcher's
+    /// lateness plus the hand-over to the request's task and the request's serialisation. A
+    /// request that failed before it was sent counts its dispatch drift.
     pub fn drift_ns(&self) -> i64 {
+        if self.sent_ns >= self.dispatched_ns && self.sent_ns > 0 {
+            self.sent_ns.saturating_sub(self.slot_wait_ns) as i64 - self.intended_ns as i64
+        } else {
+            self.dispatch_drift_ns()
+        }
+    }
+    /// The dispatcher's own lateness: release − intended.
+    pub fn dispatch_drift_ns(&self) -> i64 {
         self.dispatched_ns as i64 - self.intended_ns as i64
     }
+    /// Client queue: time waiting for a concurrency slot.
     pub fn client_queue_ns(&self) -> u64 {
-        self.sent_ns.saturating_sub(self.dispatched_ns)
+        self.slot_wait_ns
     }
     /// TPOT in seconds, per vLLM (only when more than one output token).
     pub fn tpot_s(&self) -> Option<f64> {
@@ -340,9 +356,11 @@ pub struct Summary {
     /// TTFT and E2EL measured from the intended send time (free of coordinated omission).
     pub ttft_from_intended: Stats,
     pub e2el_from_intended: Stats,
-    /// Dispatch drift (dispatched − intended) of every request; negative = early.
+    /// Send drift ([`Sample::drift_ns`]) of every request; negative = early.
     pub drift: Stats,
-    /// Time waiting for a concurrency slot (sent − dispatched) of every request.
+    /// The dispatcher's part of it (released − intended) of every request.
+    pub dispatch_drift: Stats,
+    /// Time waiting for a concurrency slot of every request.
     pub client_queue: Stats,
     /// Successful requests whose server reported per-request metrics.
     pub server_reported: u64,
@@ -372,6 +390,10 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
     let ttft_i = secs(&|s| from_int(s, s.ttft_ns));
     let e2el_i = secs(&|s| from_int(s, s.e2el_ns));
     let drift: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
+    let dispatch_drift: Vec<f64> = samples
+        .iter()
+        .map(|s| s.dispatch_drift_ns() as f64 / 1e9)
+        .collect();
     let queue: Vec<f64> = samples
         .iter()
         .map(|s| ns_to_s(s.client_queue_ns()))
@@ -428,6 +450,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         ttft_from_intended: Stats::from_seconds(&ttft_i, p),
         e2el_from_intended: Stats::from_seconds(&e2el_i, p),
         drift: Stats::from_seconds(&drift, p),
+        dispatch_drift: Stats::from_seconds(&dispatch_drift, p),
         client_queue: Stats::from_seconds(&queue, p),
         server_reported: reported,
         server_queue: Stats::from_seconds(&sq, p),
@@ -633,6 +656,36 @@ mod tests {
         }
     }
 
+    /// Send drift is the actual send's lateness without the slot wait; the client queue is the
+    /// slot wait alone; a request that never went out keeps its dispatch drift.
+    #[test]
+    fn drift_and_client_queue_split_the_send_delay() {
+        let s = Sample {
+            intended_ns: 1_000,
+            dispatched_ns: 1_010,
+            slot_wait_ns: 500,
+            sent_ns: 1_540,
+            ..Default::default()
+        };
+        assert_eq!(s.dispatch_drift_ns(), 10);
+        assert_eq!(s.drift_ns(), 40, "10 dispatcher + 30 hand-over");
+        assert_eq!(s.client_queue_ns(), 500);
+        let early = Sample {
+            intended_ns: 1_000,
+            dispatched_ns: 990,
+            sent_ns: 995,
+            ..Default::default()
+        };
+        assert_eq!(early.drift_ns(), -5);
+        assert_eq!(early.client_queue_ns(), 0);
+        let unsent = Sample {
+            intended_ns: 1_000,
+            dispatched_ns: 1_020,
+            ..Default::default()
+        };
+        assert_eq!(unsent.drift_ns(), 20);
+    }
+
     #[test]
     fn tpot_and_pooled_itl() {
         let a = sample(0, 50 * MS, &[10 * MS, 10 * MS, 10 * MS], 4);
@@ -675,11 +728,14 @@ mod tests {
         let mut a = sample(10 * MS, 50 * MS, &[], 1);
         a.intended_ns = 0;
         a.dispatched_ns = MS;
+        a.slot_wait_ns = 8 * MS;
         let s = summarize(&[a], 1.0, &[]);
         assert!((s.ttft.mean - 50.0).abs() < 1e-9);
         assert!((s.ttft_from_intended.mean - 60.0).abs() < 1e-9);
-        assert!((s.drift.mean - 1.0).abs() < 1e-9);
-        assert!((s.client_queue.mean - 9.0).abs() < 1e-9);
+        // Sent at 10 ms after an 8 ms slot wait: 2 ms late, 1 ms of it the dispatcher's.
+        assert!((s.drift.mean - 2.0).abs() < 1e-9);
+        assert!((s.dispatch_drift.mean - 1.0).abs() < 1e-9);
+        assert!((s.client_queue.mean - 8.0).abs() < 1e-9);
     }
 
     #[test]

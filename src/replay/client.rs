@@ -131,6 +131,8 @@ fn ns_since(t0: Instant) -> u64 {
 pub struct SendTimes {
     pub intended_ns: u64,
     pub dispatched_ns: u64,
+    /// Time the request's task waited for a concurrency slot (0 without a limit).
+    pub slot_wait_ns: u64,
 }
 
 /// Sends `req` now and measures it. `sent_ns` is taken immediately before handing the request
@@ -147,6 +149,7 @@ pub async fn execute(
         input_tokens: req.input_tokens,
         intended_ns: times.intended_ns,
         dispatched_ns: times.dispatched_ns,
+        slot_wait_ns: times.slot_wait_ns,
         ..Default::default()
     };
     let uri = match target.uri(&req.path) {

@@ -3,7 +3,7 @@
 //! The first block reproduces `vllm bench serve`'s layout exactly (rows `{:<40} {:<10}`, section
 //! rules centred in 50 columns, TTFT/TPOT/ITL with mean, median and each chosen percentile), so it
 //! can be read side by side with vLLM's. The sections after it are ours: failures by kind, latency
-//! from the intended send time, dispatch drift, client queue, and the server-side TTFT breakdown
+//! from the intended send time, send drift (and the dispatcher's part of it), client queue, and the server-side TTFT breakdown
 //! (client TTFT = server queue + server TTFT + unattributed). Renders to a `String`; printing is the
 //! caller's business.
 
@@ -244,8 +244,9 @@ pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
     );
     brief(&mut out, "TTFT (ms):", &sum.ttft_from_intended);
     brief(&mut out, "E2EL (ms):", &sum.e2el_from_intended);
-    rule(&mut out, "Dispatch drift (actual - intended)", '-');
+    rule(&mut out, "Send drift (actual - intended)", '-');
     brief(&mut out, "Drift (ms):", &sum.drift);
+    brief(&mut out, "  of which dispatcher (ms):", &sum.dispatch_drift);
     if let Some(d) = max_drift_ms {
         let p99 = sum.drift.percentile(99.0).unwrap_or(sum.drift.max);
         let verdict = if p99 <= d {

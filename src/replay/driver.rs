@@ -23,7 +23,8 @@
 //! (success or failure, or even a panic: the hand-over sits in a drop guard) with the deadline
 //! `predecessor end + think time`, and the dispatcher merges those into its walk (it waits on the
 //! hand-over channel with a timeout instead of sleeping, then spins as usual). A dependent turn's
-//! `intended_ns` is that deadline, so dispatch drift keeps meaning "dispatcher lateness".
+//! `intended_ns` is that deadline, so drift keeps meaning lateness of the send (and the dispatch
+//! drift, lateness of the dispatcher), not the think time.
 
 use super::client::{self, SendTimes, Target, Timeouts};
 use super::pool::Pool;
@@ -303,9 +304,10 @@ pub async fn drive(
                 };
                 released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
-                let times = SendTimes {
+                let mut times = SendTimes {
                     intended_ns,
                     dispatched_ns,
+                    slot_wait_ns: 0,
                 };
                 let (tx, client, target, requests, sem) = (
                     tx.clone(),
@@ -325,7 +327,12 @@ pub async fn drive(
                 });
                 batch.push(Box::pin(async move {
                     let _permit = match &sem {
-                        Some(s) => s.clone().acquire_owned().await.ok(),
+                        Some(s) => {
+                            let asked = Instant::now();
+                            let p = s.clone().acquire_owned().await.ok();
+                            times.slot_wait_ns = asked.elapsed().as_nanos() as u64;
+                            p
+                        }
                         None => None,
                     };
                     let req = &requests[idx];

@@ -727,7 +727,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         Some(d) if drift_p99 > d => (
             false,
             Some(format!(
-                "p99 dispatch drift {drift_p99:.3} ms exceeds --max-drift-ms {d}"
+                "p99 send drift {drift_p99:.3} ms exceeds --max-drift-ms {d}"
             )),
         ),
         _ => (true, None),

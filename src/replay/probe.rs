@@ -70,6 +70,7 @@ pub fn start(
                 let times = SendTimes {
                     intended_ns: at_ns,
                     dispatched_ns: Instant::now().saturating_duration_since(t0).as_nanos() as u64,
+                    slot_wait_ns: 0,
                 };
                 let (pool, target, bodies) = (pool.clone(), target.clone(), bodies.clone());
                 let idx = (k % bodies.len() as u64) as usize;

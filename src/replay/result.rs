@@ -14,8 +14,9 @@
 //!   written), `speed`, `seed`, `block_size`, `prompt_mode`, `drift_limit_ms` (`--max-drift-ms`), `valid` (false
 //!   when p99 drift exceeded it), `invalid_reason`, `errors_by_kind` ({kind: count}), and the same
 //!   mean/median/std/pP/min/max family for `ttft_from_intended`, `e2el_from_intended` (latency from
-//!   the intended send time, free of coordinated omission), `drift` (dispatch − intended; negative =
-//!   early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
+//!   the intended send time, free of coordinated omission), `drift` (send drift: actual send −
+//!   intended − client queue, i.e. the dispatcher's lateness plus the hand-over to the request's
+//!   task; negative = early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
 //!   per-request `metrics`, when the server sent them) and `unattributed` (client TTFT − server queue
 //!   − server TTFT), plus `server_reported` (requests with server metrics) and `inexact_prompts`.
 //! - **histograms**: `{name: base64 HdrHistogram V2}` for `ttft_us`, `tpot_us`, `itl_us`,
@@ -255,6 +256,7 @@ pub(crate) mod tests {
                 output_tokens: 3,
                 intended_ns: 0,
                 dispatched_ns: 10_000,
+                slot_wait_ns: 10_000,
                 sent_ns: 20_000,
                 ttft_ns: Some(50 * MS),
                 e2el_ns: Some(70 * MS),

@@ -257,6 +257,18 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
         s.ttft_from_intended,
         s.client_queue
     );
+    // Send drift leaves the slot wait out: the queued request was not "late" by its wait.
+    assert!(
+        s.drift.max < s.client_queue.max - 5.0,
+        "drift {:?} queue {:?}",
+        s.drift,
+        s.client_queue
+    );
+    assert!(
+        s.dispatch_drift.max <= s.drift.max + 1e-9,
+        "{:?}",
+        s.dispatch_drift
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
