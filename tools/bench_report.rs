@@ -40,6 +40,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                 output_tokens: if failed { 0 } else { out },
                 intended_ns: intended,
                 dispatched_ns: intended + 50_000,
+                slot_wait_ns: sent.saturating_sub(intended + 50_000),
                 sent_ns: sent.max(intended + 50_000),
                 ttft_ns: (!failed).then_some(first),
                 e2el_ns: (!failed).then_some(e2el),
