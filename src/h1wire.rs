@@ -540,6 +540,20 @@ pub fn write_request<'a>(
 ) {
     out.clear();
     out.reserve(256 + body.len());
+    write_request_head(method, path, host, fields, body.len(), out);
+    out.extend_from_slice(body);
+}
+
+/// [`write_request`]'s head alone (for a body of `body_len` bytes sent after it, e.g. by one
+/// vectored write): appended to `out`.
+pub fn write_request_head<'a>(
+    method: &str,
+    path: &str,
+    host: &[u8],
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    body_len: usize,
+    out: &mut Vec<u8>,
+) {
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(path.as_bytes());
@@ -549,7 +563,7 @@ pub fn write_request<'a>(
         field(out, k, v);
     }
     let mut digits = [0u8; 20];
-    let mut n = body.len();
+    let mut n = body_len;
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -561,7 +575,6 @@ pub fn write_request<'a>(
     }
     field(out, b"content-length", &digits[i..]);
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
 }
 
 /// A malformed chunked body.

@@ -75,6 +75,11 @@ type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'sta
 /// Most requests handed to the runtime in one go.
 const MAX_BATCH: usize = 256;
 
+/// Releases in one batch (due at the same instant) beyond this many are sent by their tasks on
+/// the runtime's workers instead of by the dispatcher ([`client::presend`]): a burst of a
+/// thousand would otherwise be written one by one on this thread.
+const PRESEND_MAX_BATCH: usize = 16;
+
 /// Hands the released requests to the runtime. One request is spawned directly; several (a burst
 /// due at one instant, or a dispatcher running late) go in one task that spawns them from inside
 /// the runtime: one cross-thread hand-off and wake-up instead of one per request. 2,000 requests
@@ -325,18 +330,33 @@ pub async fn drive(
                         t0,
                     })
                 });
+                // The request leaves from this thread at its deadline when a connection is idle
+                // and a slot free (client::presend); not within a large simultaneous release,
+                // whose sends the runtime's workers share.
+                let mut permit = None;
+                let pre = if batch.len() < PRESEND_MAX_BATCH {
+                    permit = sem.as_ref().and_then(|s| s.clone().try_acquire_owned().ok());
+                    if sem.is_none() || permit.is_some() {
+                        client::presend(&client, &target, &requests[idx], t0)
+                    } else {
+                        None
+                    }
+                } else {
+                    None
+                };
                 batch.push(Box::pin(async move {
-                    let _permit = match &sem {
-                        Some(s) => {
+                    let _permit = match (&sem, permit) {
+                        (_, Some(p)) => Some(p),
+                        (Some(s), None) => {
                             let asked = Instant::now();
                             let p = s.clone().acquire_owned().await.ok();
                             times.slot_wait_ns = asked.elapsed().as_nanos() as u64;
                             p
                         }
-                        None => None,
+                        (None, None) => None,
                     };
                     let req = &requests[idx];
-                    let s = client::execute(&client, &target, req, times, t0, timeouts).await;
+                    let s = client::execute(&client, &target, req, times, t0, timeouts, pre).await;
                     if let Some(h) = &mut next {
                         h.end_ns = Some(s.end_ns);
                     }

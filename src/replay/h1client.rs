@@ -130,6 +130,28 @@ impl RawConn {
         Ok(n)
     }
 
+    /// One non-blocking vectored write of `head` then `body` on a plain socket, from any thread
+    /// (the dispatcher's): how many bytes went out. `WouldBlock` when tokio has not seen the
+    /// socket writable or the kernel took nothing; TLS connections always answer `WouldBlock`
+    /// (their records are written by the request's task).
+    pub fn try_send(&mut self, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
+        match &self.io {
+            ClientStream::Plain(s) => {
+                let n = s.try_write_vectored(&[
+                    std::io::IoSlice::new(head),
+                    std::io::IoSlice::new(body),
+                ])?;
+                if n == head.len() + body.len() {
+                    if let Some(st) = &self.stamps {
+                        st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
+                    }
+                }
+                Ok(n)
+            }
+            ClientStream::Tls(_) => Err(std::io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
         self.io.write_all(wire).await?;
         self.io.flush().await?;
@@ -170,16 +192,34 @@ impl RawConn {
 }
 
 /// Writes `wire` (a whole request) on a pooled connection and reads the response head; retries
-/// once on a fresh connection when a reused one fails before any response byte. The returned
-/// connection goes back with [`Pool::checkin_raw`] only if its body was read exactly to the end
-/// and the head allows reuse.
-pub async fn send(pool: &Pool, wire: &[u8]) -> Result<(RawConn, ResponseHead), SendError> {
+/// once on a fresh connection when a reused one fails before any response byte. `present`: a
+/// pooled connection on which the first `n` bytes of `wire` were already written (by the
+/// dispatcher, [`RawConn::try_send`]); the rest is written here. The returned connection goes
+/// back with [`Pool::checkin_raw`] only if its body was read exactly to the end and the head
+/// allows reuse.
+pub async fn send(
+    pool: &Pool,
+    wire: &[u8],
+    mut present: Option<(RawConn, usize)>,
+) -> Result<(RawConn, ResponseHead), SendError> {
     for attempt in 0..2 {
-        let (mut conn, reused) = match pool.take_raw() {
-            Some(c) if attempt == 0 => (c, true),
-            _ => (pool.connect_raw().await.map_err(SendError::Connect)?, false),
+        let (mut conn, reused, done) = match (attempt, present.take()) {
+            (0, Some((c, n))) => (c, true, n.min(wire.len())),
+            (0, None) => match pool.take_raw() {
+                Some(c) => (c, true, 0),
+                None => (
+                    pool.connect_raw().await.map_err(SendError::Connect)?,
+                    false,
+                    0,
+                ),
+            },
+            _ => (
+                pool.connect_raw().await.map_err(SendError::Connect)?,
+                false,
+                0,
+            ),
         };
-        if let Err(e) = conn.write_all(wire).await {
+        if let Err(e) = conn.write_all(&wire[done..]).await {
             if reused {
                 continue;
             }

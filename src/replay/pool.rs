@@ -199,6 +199,11 @@ impl Pool {
         self.client
     }
 
+    /// Plain `http://` (no TLS wrapping of connections).
+    pub fn is_plain(&self) -> bool {
+        self.tls.is_none()
+    }
+
     /// The `Host` header value (`host:port`).
     pub fn host(&self) -> &[u8] {
         self.host.as_bytes()

@@ -75,7 +75,7 @@ pub fn start(
                 let (pool, target, bodies) = (pool.clone(), target.clone(), bodies.clone());
                 let idx = (k % bodies.len() as u64) as usize;
                 set.spawn(async move {
-                    client::execute(&pool, &target, &bodies[idx], times, t0, timeouts).await
+                    client::execute(&pool, &target, &bodies[idx], times, t0, timeouts, None).await
                 });
                 k += 1;
             }
