@@ -140,8 +140,9 @@ pub struct PreSent {
     conn: RawConn,
     /// Bytes of the request that went out (head, then body); 0 when the socket took none.
     written: usize,
-    /// When the write began (ns from t0).
+    /// When the write began (ns from t0), and as a `RETRACE_STAMPS` stamp (0 when off).
     sent_ns: u64,
+    stamp_sent: u64,
 }
 
 /// At the dispatcher's release, on the dispatcher's thread: takes an idle pooled connection of
@@ -168,6 +169,7 @@ pub fn presend(pool: &Pool, target: &Target, req: &BuiltRequest, t0: Instant) ->
         &mut head,
     );
     let sent_ns = ns_since(t0);
+    let stamp_sent = crate::stamps::now_ns();
     // An error here (a connection the server closed) is the task's to see: its write fails, and
     // a reused connection is retried once on a fresh one.
     let written = conn.try_send(&head, &req.body).unwrap_or(0);
@@ -175,6 +177,7 @@ pub fn presend(pool: &Pool, target: &Target, req: &BuiltRequest, t0: Instant) ->
         conn,
         written,
         sent_ns,
+        stamp_sent,
     })
 }
 
@@ -465,11 +468,11 @@ async fn execute_own(
         &req.body,
         &mut wire,
     );
-    sample.sent_ns = match &pre {
-        Some(p) if p.written > 0 => p.sent_ns,
-        _ => ns_since(t0),
+    let stamp_sent;
+    (sample.sent_ns, stamp_sent) = match &pre {
+        Some(p) if p.written > 0 => (p.sent_ns, p.stamp_sent),
+        _ => (ns_since(t0), crate::stamps::now_ns()),
     };
-    let stamp_sent = crate::stamps::now_ns();
     let deadline = tokio::time::Instant::now() + timeouts.total;
     let present = pre.map(|p| (p.conn, p.written));
     let resp = tokio::select! {
@@ -795,6 +798,7 @@ mod tests {
                         conn,
                         written,
                         sent_ns,
+                        stamp_sent: 0,
                     }
                 })
                 .join()
