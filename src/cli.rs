@@ -163,7 +163,8 @@ pub struct ReplayArgs {
     /// JSON object merged into every request body (its keys win).
     #[arg(long, value_name = "JSON")]
     pub extra_body: Option<String>,
-    /// Mark the run invalid (exit 3) when p99 dispatch drift exceeds D ms.
+    /// Mark the run invalid (exit 3) when p99 send drift (actual send − intended time, less any
+    /// --max-concurrency slot wait) exceeds D ms.
     #[arg(long, value_name = "D")]
     pub max_drift_ms: Option<f64>,
     /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).

@@ -8,6 +8,10 @@
 #     phases spread; measured on the middle third). Reports mean/p99 TTFT (true: 50 ms), ITL mean
 #     and std (true: 10 ms, 0), the mock's lateness and the replayer's CPU during the run.
 #     STAMPS=1 adds the per-stage split of each run (RETRACE_STAMPS, tools/stamps_split.py).
+#     After retrace, the client floor (tools/client_floor.rs, row `floor`: one epoll thread, one
+#     stamped read per event, no HTTP parser or runtime) runs the same trace against a fresh mock:
+#     what any client pays on this machine in the same minute. peak_cores: each client's highest
+#     CPU rate over any 1 s window (the run average also counts the ramps up and down).
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
 #     and achieved request rate, per dispatcher mode (DISPATCH_MODES, default "normal spinauto
 #     realtime": the default (sleep only, no spin), `--spin-us auto` (adaptive spin window before
