@@ -378,6 +378,26 @@ fn dial(cfg: &Config) -> std::io::Result<TcpStream> {
 
 const TIMER: u64 = u64::MAX;
 
+/// Dials one more connection, watches it for reads (its index is its epoll data) and returns
+/// that index.
+fn open_conn(cfg: &Config, ep: i32, conns: &mut Vec<Conn>) -> std::io::Result<usize> {
+    let sock = dial(cfg)?;
+    ctl(
+        ep,
+        libc::EPOLL_CTL_ADD,
+        sock.as_raw_fd(),
+        libc::EPOLLIN as u32,
+        conns.len() as u64,
+    )?;
+    conns.push(Conn {
+        sock,
+        req: None,
+        dead: false,
+        scan: Scan::default(),
+    });
+    Ok(conns.len() - 1)
+}
+
 /// Runs the trace; returns the samples, the run's wall time and its CPU seconds.
 fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
     let wires: Vec<Vec<u8>> = rows
@@ -402,21 +422,7 @@ fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
     let mut conns: Vec<Conn> = Vec::new();
     let mut idle: Vec<usize> = Vec::new();
     for _ in 0..warm {
-        let sock = dial(cfg)?;
-        ctl(
-            ep,
-            libc::EPOLL_CTL_ADD,
-            sock.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            conns.len() as u64,
-        )?;
-        idle.push(conns.len());
-        conns.push(Conn {
-            sock,
-            req: None,
-            dead: false,
-            scan: Scan::default(),
-        });
+        idle.push(open_conn(cfg, ep, &mut conns)?);
     }
     idle.reverse();
     let mut samples = vec![Sample::default(); rows.len()];
@@ -493,23 +499,7 @@ fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
             }
             let c = match idle.pop() {
                 Some(c) => c,
-                None => {
-                    let sock = dial(cfg)?;
-                    ctl(
-                        ep,
-                        libc::EPOLL_CTL_ADD,
-                        sock.as_raw_fd(),
-                        libc::EPOLLIN as u32,
-                        conns.len() as u64,
-                    )?;
-                    conns.push(Conn {
-                        sock,
-                        req: None,
-                        dead: false,
-                        scan: Scan::default(),
-                    });
-                    conns.len() - 1
-                }
+                None => open_conn(cfg, ep, &mut conns)?,
             };
             let conn = &mut conns[c];
             samples[next].sent = Some(Instant::now());
