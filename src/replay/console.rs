@@ -3,9 +3,9 @@
 //! The first block reproduces `vllm bench serve`'s layout exactly (rows `{:<40} {:<10}`, section
 //! rules centred in 50 columns, TTFT/TPOT/ITL with mean, median and each chosen percentile), so it
 //! can be read side by side with vLLM's. The sections after it are ours: failures by kind, latency
-//! from the intended send time, send drift (and the dispatcher's part of it), client queue, and the server-side TTFT breakdown
-//! (client TTFT = server queue + server TTFT + unattributed). Renders to a `String`; printing is the
-//! caller's business.
+//! from the intended send time, send drift (and the dispatcher's part of it), client queue, and
+//! the server-side TTFT breakdown (client TTFT = server queue + server TTFT + unattributed).
+//! Renders to a `String`; printing is the caller's business.
 
 use crate::metrics::{percentile_label, Stats, Summary};
 use std::fmt::Write as _;
