@@ -137,6 +137,18 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
   done
   echo "$total"
 }
+sched_counts() { # "minor_faults major_faults involuntary_switches" of a process's threads and its
+  # children's: a round whose tail latency jumps can be checked against faults and preemptions
+  local mn=0 mj=0 nv=0 p t
+  for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    for t in /proc/"$p"/task/*; do
+      read -r a b <<<"$(awk '{print $10, $12}' "$t/stat" 2>/dev/null || echo "0 0")"
+      mn=$((mn + ${a:-0})); mj=$((mj + ${b:-0}))
+      nv=$((nv + $(awk '/^nonvoluntary_ctxt_switches/ {print $2}' "$t/status" 2>/dev/null || echo 0)))
+    done
+  done
+  echo "$mn $mj $nv"
+}
 proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
@@ -144,16 +156,19 @@ fwd_hist() {
   local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2; [ "$1" = retrace-b ] && port=$ADM3
   curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
 }
-measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks
+measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks, page
+  # faults and involuntary context switches over the phase
   local kind=$1 t=$2; shift 2
   local pid c0=0 c1=0 line h0="" h1=""
   pid=$(proxy_pid "$t")
-  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+  local s0="0 0 0" s1="0 0 0" mn0 mj0 nv0 mn1 mj1 nv1
+  [ -n "$pid" ] && c0=$(cpu_ticks "$pid") && s0=$(sched_counts "$pid")
   [[ "$t" == retrace* ]] && h0=$(fwd_hist "$t")
   line=$("$@")
-  [ -n "$pid" ] && c1=$(cpu_ticks "$pid")
+  [ -n "$pid" ] && c1=$(cpu_ticks "$pid") && s1=$(sched_counts "$pid")
   [[ "$t" == retrace* ]] && h1=$(fwd_hist "$t")
-  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
+  read -r mn0 mj0 nv0 <<<"$s0"; read -r mn1 mj1 nv1 <<<"$s1"
+  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"minflt\":$((mn1 - mn0)),\"majflt\":$((mj1 - mj0)),\"nvcsw\":$((nv1 - nv0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
   echo "$line" >&2
 }
 

@@ -8,6 +8,10 @@ many rounds A was lower. Round-to-round noise on this machine is about +-0.1 ms 
 at p99 (even direct moves by a millisecond at p99), so a difference is only a difference when
 its interval excludes 0.
 
+With the fault and preemption counts bench_record.sh records per phase (session 6 on), it also
+prints each proxy's per-round TTFT p99 beside its minor/major page faults and involuntary
+context switches over that phase.
+
 Usage: tools/bench_record_pairs.py RESULTS.jsonl [A B]   (default A=retrace B=nginx)
 """
 import json
@@ -43,6 +47,17 @@ def main():
         lo, hi = boots[250], boots[9749]
         print(f"  {a} - {b}: median {statistics.median(d):+.3f} ms, 95% bootstrap CI [{lo:+.3f}, {hi:+.3f}], "
               f"{a} lower in {sum(x < 0 for x in d)}/{len(d)} rounds")
+    # Faults and preemptions of each proxy over each stream phase (bench_record.sh since session
+    # 6), beside its TTFT p99: does a round whose tail jumps also fault or get preempted more?
+    if any("nvcsw" in by[(t, r)] for t in labels for r in full):
+        print("== per round: added TTFT p99 ms / minor faults / major faults / involuntary switches")
+        for t in labels:
+            cells = []
+            for r in full:
+                x = by[(t, r)]
+                add = x["ttft_ms"]["p99"] - by[("direct", r)]["ttft_ms"]["p99"]
+                cells.append(f"{add:+.2f}/{x.get('minflt', 0)}/{x.get('majflt', 0)}/{x.get('nvcsw', 0)}")
+            print(f"  {t:14} " + "  ".join(cells))
 
 
 if __name__ == "__main__":
