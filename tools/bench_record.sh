@@ -139,7 +139,7 @@ cpu_ticks() { # utime+stime (clock ticks) of a process and its children
 }
 sched_counts() { # "minor_faults major_faults involuntary_switches" of a process's threads and its
   # children's: a round whose tail latency jumps can be checked against faults and preemptions
-  local mn=0 mj=0 nv=0 p t
+  local mn=0 mj=0 nv=0 p t a b
   for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
     for t in /proc/"$p"/task/*; do
       read -r a b <<<"$(awk '{print $10, $12}' "$t/stat" 2>/dev/null || echo "0 0")"
