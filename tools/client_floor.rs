@@ -6,10 +6,10 @@
 //! in the same minute, not against zero (as `fwd_floor` is for the recording proxy).
 //!
 //! One thread over epoll: every request body is built and C connections are opened before the
-//! clock starts; a timerfd (absolute CLOCK_MONOTONIC deadlines, 1 ns precision) releases each send
+//! clock starts; a timerfd (armed for each deadline, 1 ns resolution) releases each send
 //! at the trace's offset; each readable socket gets one read, timed either by the clock after the
 //! read (`--rx-stamp read`) or by the kernel's receive timestamp of its bytes (`--rx-stamp kernel`,
-//! SO_TIMESTAMPNS on the monotonic clock, as `retrace replay`'s default).
+//! `retrace::rxstamp`, as `retrace replay`'s default).
 //!
 //! It speaks only to `retrace mock` (or anything that writes each SSE event in its own HTTP chunk
 //! and ends the body with the zero-length chunk): an event is a `data: {` whose JSON is not the
@@ -262,69 +262,29 @@ struct Conn {
     scan: Scan,
 }
 
-fn now_monotonic_ns() -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-}
-
-/// One read; with `kernel`, also the instant the kernel stamped its bytes (SO_TIMESTAMPNS), mapped
-/// from CLOCK_MONOTONIC nanoseconds onto `Instant` through (`anchor_ns`, `anchor`).
+/// One read, and when its bytes arrived: with `kernel`, the kernel's receive stamp through
+/// `retrace::rxstamp` (what `retrace replay --rx-stamp kernel` uses), else the read's own instant.
 fn read_stamped(
     sock: &mut TcpStream,
     buf: &mut [u8],
     kernel: bool,
-    anchor: (i128, Instant),
 ) -> std::io::Result<(usize, Instant)> {
     if !kernel {
         let n = sock.read(buf)?;
         return Ok((n, Instant::now()));
     }
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cmsg = [0u64; 8];
-    // SAFETY: msghdr is plain data; every pointer in it refers to a live buffer of this frame.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
-    // SAFETY: recvmsg writes at most iov_len bytes into buf and msg_controllen into cmsg.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut at = Instant::now();
-    // SAFETY: the CMSG_* walk stays within msg_controllen bytes the kernel filled.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                let ns = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
-                let back = anchor.0 - ns;
-                if back <= 0 {
-                    at = anchor.1 + Duration::from_nanos((-back) as u64);
-                } else if let Some(t) = anchor.1.checked_sub(Duration::from_nanos(back as u64)) {
-                    at = t;
-                }
-                at = at.min(Instant::now());
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok((n as usize, at))
+    // SAFETY: viewing initialised bytes as MaybeUninit is sound; the kernel writes only
+    // initialised bytes into them.
+    let dst = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+    retrace::rxstamp::recv(sock.as_raw_fd(), dst)
 }
 
-fn set_timer(tfd: i32, anchor: (i128, Instant), when: Instant) {
-    let ns = anchor.0 + when.saturating_duration_since(anchor.1).as_nanos() as i128;
-    let ns = ns.max(1);
+/// Arms the timerfd to fire at `when` (relative to now; at once if it is due).
+fn set_timer(tfd: i32, when: Instant) {
+    let ns = when
+        .saturating_duration_since(Instant::now())
+        .as_nanos()
+        .max(1);
     let spec = libc::itimerspec {
         it_interval: libc::timespec {
             tv_sec: 0,
@@ -336,7 +296,7 @@ fn set_timer(tfd: i32, anchor: (i128, Instant), when: Instant) {
         },
     };
     // SAFETY: timerfd_settime reads one itimerspec we own; tfd is our timerfd.
-    unsafe { libc::timerfd_settime(tfd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) };
+    unsafe { libc::timerfd_settime(tfd, 0, &spec, std::ptr::null_mut()) };
 }
 
 fn cpu_seconds() -> f64 {
@@ -360,17 +320,7 @@ fn dial(cfg: &Config) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect(cfg.target)?;
     s.set_nodelay(true)?;
     if cfg.kernel_rx {
-        let on: libc::c_int = 1;
-        // SAFETY: setsockopt reads one c_int; the fd is open.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_TIMESTAMPNS,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as _,
-            )
-        };
+        retrace::rxstamp::enable(s.as_raw_fd());
     }
     s.set_nonblocking(true)?;
     Ok(s)
@@ -429,11 +379,10 @@ fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 1024];
     let t0 = Instant::now() + Duration::from_millis(20);
-    let anchor = (now_monotonic_ns(), Instant::now());
     let cpu0 = cpu_seconds();
     let mut next = 0usize;
     let mut open = 0usize;
-    set_timer(tfd, anchor, t0 + rows[0].at);
+    set_timer(tfd, t0 + rows[0].at);
     let mut armed = 0usize;
     let give_up = t0 + span + cfg.timeout;
     while (next < rows.len() || open > 0) && Instant::now() < give_up {
@@ -455,7 +404,7 @@ fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
             }
             let c = ev.u64 as usize;
             let conn = &mut conns[c];
-            let (k, at) = match read_stamped(&mut conn.sock, &mut buf, cfg.kernel_rx, anchor) {
+            let (k, at) = match read_stamped(&mut conn.sock, &mut buf, cfg.kernel_rx) {
                 Ok(x) => x,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
                 Err(_) => (0, Instant::now()),
@@ -519,7 +468,7 @@ fn run(cfg: &Config, rows: &[Row]) -> std::io::Result<(Vec<Sample>, f64, f64)> {
             next += 1;
         }
         if next < rows.len() && open < cfg.max_concurrency && next != armed {
-            set_timer(tfd, anchor, t0 + rows[next].at);
+            set_timer(tfd, t0 + rows[next].at);
             armed = next;
         }
     }
