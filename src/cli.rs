@@ -196,6 +196,12 @@ pub struct ReplayArgs {
     /// read them, as `vllm bench serve` does). TLS targets and `--http-client hyper` use `read`.
     #[arg(long, default_value = "kernel", value_name = "kernel|read")]
     pub rx_stamp: String,
+    /// Threads that read streamed response bodies (own client, plain `http://` targets): each
+    /// runs its own epoll loop over the sockets handed to it once their response head is read,
+    /// so an event costs no async task wake-up. `auto`: one per CPU, at most 4; `0`: every body
+    /// is read by its request's task on the async runtime.
+    #[arg(long, default_value = "auto", value_name = "N|auto")]
+    pub reader_threads: String,
     /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
     /// low on a busy machine (it sleeps between sends, and spins as --spin-us says).
     #[arg(long)]

@@ -493,7 +493,7 @@ async fn execute_own(
         .content_type
         .as_deref()
         .is_some_and(|v| v.contains("event-stream"));
-    let mut stamps = stamps_start(&conn.stamps, stamp_sent);
+    let stamps = stamps_start(&conn.stamps, stamp_sent);
     let mut body = BodyDecoder::new(head.body);
     if !(200..300).contains(&head.status) {
         let mut text = Vec::new();
@@ -515,70 +515,231 @@ async fn execute_own(
         let detail = String::from_utf8_lossy(&text).into_owned();
         return fail(sample, t0, &format!("http_{}", head.status), detail);
     }
-    let mut stream = Stream::new(req, sample.sent_ns, is_sse);
-    let mut clean_end = false;
-    let mut reuse = false;
+    let mut run = BodyRun {
+        stream: Stream::new(req, sample.sent_ns, is_sse),
+        body,
+        stamps,
+        reusable_head: head.reusable,
+        clean_end: false,
+        reuse: false,
+    };
+    let at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
+    // The bytes that came with the head.
+    let mut over = run.take(&mut conn, at);
+    if !over && conn.is_plain() {
+        if let Some(readers) = pool.readers() {
+            // The rest of the body on a reader thread (see super::reader).
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            match conn.detach() {
+                Ok(detached) => {
+                    readers.submit(Box::new(BodyJob {
+                        conn: detached,
+                        run,
+                        t0,
+                        deadline: deadline.into_std(),
+                        idle: timeouts.idle,
+                        last_data,
+                        tx: Some(tx),
+                    }));
+                }
+                Err(e) => {
+                    run.stream
+                        .err
+                        .get_or_insert(("local".into(), format!("detaching the socket: {e}")));
+                    return run.stream.finish(ns_since(t0), sample);
+                }
+            }
+            let Ok(Ended { conn, run, end_ns }) = rx.await else {
+                return fail(
+                    sample,
+                    t0,
+                    "local",
+                    "the reader thread stopped before the body ended".into(),
+                );
+            };
+            if let Some((port, v)) = run.stamps {
+                crate::stamps::record("replay", port, v);
+            }
+            if run.clean_end && run.reuse {
+                if let Ok(c) = conn.attach() {
+                    pool.checkin_raw(c);
+                }
+            }
+            return run.stream.finish(end_ns, sample);
+        }
+    }
     let mut timers = BodyTimers::new(deadline, timeouts.idle, last_data);
-    let mut at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
-    loop {
-        // The bytes of the last read (or those that came with the head), all at the instant
-        // they reached this host.
-        let pending = conn.pending();
-        let fed = body.feed(pending, |p| stream.feed(p, at));
-        let extra = matches!(fed, Ok(n) if n < pending.len());
-        conn.consume_all();
-        if let Err(e) = fed {
-            stream.err.get_or_insert(("reset".into(), e.to_string()));
-            break;
-        }
-        stamps_content(&mut stamps, &conn.stamps, &stream.clock);
-        if stream.err.is_some() {
-            break;
-        }
-        if body.is_done() {
-            clean_end = true;
-            reuse = head.reusable && !extra;
-            break;
-        }
+    while !over {
         let r = tokio::select! {
             biased;
             r = conn.read() => r,
             e = timers.expired() => {
-                stream.err.get_or_insert(e);
+                run.stream.err.get_or_insert(e);
                 break;
             }
         };
         last_data = Instant::now();
         timers.last_data = last_data;
         last_rx = conn.last_rx().min(last_data);
-        at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
+        over = run.after_read(r) || run.take(&mut conn, ns_between(t0, last_rx));
+    }
+    let end = ns_since(t0);
+    if let Some((port, v)) = run.stamps {
+        crate::stamps::record("replay", port, v);
+    }
+    if run.clean_end && run.reuse {
+        pool.checkin_raw(conn);
+    }
+    run.stream.finish(end, sample)
+}
+
+fn ns_between(t0: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(t0).as_nanos() as u64
+}
+
+/// A successful response's body as it is read, on the request's task or on a reader thread.
+struct BodyRun {
+    stream: Stream,
+    body: BodyDecoder,
+    stamps: Stamps,
+    /// The head allows the connection to carry another request.
+    reusable_head: bool,
+    /// The body ended as its framing says.
+    clean_end: bool,
+    /// ... with nothing after it: the connection may go back to the pool.
+    reuse: bool,
+}
+
+impl BodyRun {
+    /// Consumes the connection's pending bytes, which reached this host `at` (ns from t0).
+    /// True when the body is over: complete, or failed.
+    fn take<I>(&mut self, conn: &mut RawConn<I>, at: u64) -> bool {
+        let pending = conn.pending();
+        let stream = &mut self.stream;
+        let fed = self.body.feed(pending, |p| stream.feed(p, at));
+        let extra = matches!(fed, Ok(n) if n < pending.len());
+        conn.consume_all();
+        if let Err(e) = fed {
+            self.stream
+                .err
+                .get_or_insert(("reset".into(), e.to_string()));
+            return true;
+        }
+        stamps_content(&mut self.stamps, &conn.stamps, &self.stream.clock);
+        if self.stream.err.is_some() {
+            return true;
+        }
+        if self.body.is_done() {
+            self.clean_end = true;
+            self.reuse = self.reusable_head && !extra;
+            return true;
+        }
+        false
+    }
+
+    /// What a read returned: true when that ended the body (the server's close or an error);
+    /// after bytes, [`BodyRun::take`] them.
+    fn after_read(&mut self, r: std::io::Result<usize>) -> bool {
         match r {
             Ok(0) => {
-                match body.at_eof() {
-                    None => clean_end = true,
+                match self.body.at_eof() {
+                    None => self.clean_end = true,
                     Some(why) => {
-                        stream.err.get_or_insert(("reset".into(), why.to_string()));
+                        self.stream
+                            .err
+                            .get_or_insert(("reset".into(), why.to_string()));
                     }
                 }
-                break;
+                true
             }
-            Ok(_) => {}
+            Ok(_) => false,
             Err(e) => {
-                stream
+                self.stream
                     .err
                     .get_or_insert(("reset".into(), format!("reading the body: {e}")));
-                break;
+                true
             }
         }
     }
-    let end = ns_since(t0);
-    if let Some((port, v)) = stamps {
-        crate::stamps::record("replay", port, v);
+}
+
+/// What a reader thread hands back when a body is over.
+struct Ended {
+    conn: RawConn<std::net::TcpStream>,
+    run: BodyRun,
+    /// When it ended (ns from t0).
+    end_ns: u64,
+}
+
+/// The rest of a body, read on a reader thread ([`super::reader`]): the same [`BodyRun`] as
+/// the task's loop, the same timeouts (checked every [`super::reader::TICK`]).
+struct BodyJob {
+    conn: RawConn<std::net::TcpStream>,
+    run: BodyRun,
+    t0: Instant,
+    deadline: Instant,
+    idle: Duration,
+    /// When data last arrived (the idle timeout runs from it).
+    last_data: Instant,
+    tx: Option<tokio::sync::oneshot::Sender<Ended>>,
+}
+
+impl super::reader::Job for BodyJob {
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.conn.fd()
     }
-    if clean_end && reuse {
-        pool.checkin_raw(conn);
+
+    fn readable(&mut self) -> bool {
+        loop {
+            match self.conn.read_now() {
+                Ok((n, more)) => {
+                    if self.run.after_read(Ok(n)) {
+                        return true;
+                    }
+                    // The kernel's stamp (never later than the read) or the read's instant.
+                    self.last_data = self.conn.last_rx();
+                    if self
+                        .run
+                        .take(&mut self.conn, ns_between(self.t0, self.last_data))
+                    {
+                        return true;
+                    }
+                    if !more {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) => return self.run.after_read(Err(e)),
+            }
+        }
     }
-    stream.finish(end, sample)
+
+    fn tick(&mut self, now: Instant) -> bool {
+        let why = if now >= self.deadline {
+            ("timeout_total", "request exceeded the total timeout")
+        } else if now >= self.last_data + self.idle {
+            ("timeout_idle", "no data for the idle timeout")
+        } else {
+            return false;
+        };
+        self.run
+            .stream
+            .err
+            .get_or_insert((why.0.into(), why.1.into()));
+        true
+    }
+
+    fn failed(&mut self, why: String) {
+        self.run.stream.err.get_or_insert(("local".into(), why));
+    }
+
+    fn done(mut self: Box<Self>) {
+        let end_ns = ns_since(self.t0);
+        if let Some(tx) = self.tx.take() {
+            let BodyJob { conn, run, .. } = *self;
+            let _ = tx.send(Ended { conn, run, end_ns });
+        }
+    }
 }
 
 /// [`execute`] on hyper's HTTP/1.1 client connections.

@@ -27,62 +27,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Initial read buffer per connection; grows only for a response head longer than this.
 const READ_BUF: usize = 16 << 10;
 
-/// One keep-alive connection of the own client.
-pub struct RawConn {
-    io: ClientStream,
-    /// Read buffer; `buf[start..filled]` holds bytes read but not yet consumed.
+/// A connection's read buffer; `buf[start..filled]` holds bytes read but not yet consumed.
+struct ReadBuf {
     buf: Vec<u8>,
     start: usize,
     filled: usize,
-    pub stamps: Option<Arc<IoStamps>>,
-    /// Reads of a plain socket ask the kernel when their bytes arrived.
-    kernel_rx: bool,
-    last_rx: Instant,
 }
 
-impl RawConn {
-    /// `kernel_rx`: stamp reads with the kernel's receive time (plain TCP only; turns the
-    /// socket's `SO_TIMESTAMPNS` on).
-    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>, kernel_rx: bool) -> RawConn {
-        let kernel_rx = match &io {
-            ClientStream::Plain(s) => kernel_rx && crate::rxstamp::enable(s.as_raw_fd()),
-            ClientStream::Tls(_) => false,
-        };
-        RawConn {
-            io,
-            buf: vec![0; READ_BUF],
-            start: 0,
-            filled: 0,
-            stamps,
-            kernel_rx,
-            last_rx: Instant::now(),
-        }
-    }
-
-    /// When the bytes of the latest read reached this host (see the module doc).
-    pub fn last_rx(&self) -> Instant {
-        self.last_rx
-    }
-
-    /// No sign that the server closed the idle connection (readable EOF, an error or
-    /// unsolicited bytes all mean it is unusable). Never blocks.
-    pub fn looks_open(&mut self) -> bool {
-        !self.io.is_closed()
-    }
-
-    /// Bytes read but not yet consumed.
-    pub fn pending(&self) -> &[u8] {
-        &self.buf[self.start..self.filled]
-    }
-
-    /// Marks all pending bytes consumed.
-    pub fn consume_all(&mut self) {
-        self.start = 0;
-        self.filled = 0;
-    }
-
-    /// One socket read appended to the pending bytes; `Ok(0)` is the server's close.
-    pub async fn read(&mut self) -> std::io::Result<usize> {
+impl ReadBuf {
+    /// Room for the next read after the pending bytes (compacted first, or the buffer grown
+    /// when it is full of them).
+    fn spare(&mut self) -> &mut [u8] {
         if self.start == self.filled {
             self.start = 0;
             self.filled = 0;
@@ -96,8 +51,113 @@ impl RawConn {
                 self.buf.resize(n.max(self.buf.len() + 1), 0);
             }
         }
-        let dst = &mut self.buf[self.filled..];
-        let n = match &self.io {
+        &mut self.buf[self.filled..]
+    }
+}
+
+/// One keep-alive connection of the own client. `I` is its socket: the runtime's
+/// [`ClientStream`], or a plain [`std::net::TcpStream`] while a reader thread reads the body
+/// ([`RawConn::detach`], [`RawConn::attach`]).
+pub struct RawConn<I = ClientStream> {
+    io: I,
+    rb: ReadBuf,
+    pub stamps: Option<Arc<IoStamps>>,
+    /// Reads of a plain socket ask the kernel when their bytes arrived.
+    kernel_rx: bool,
+    last_rx: Instant,
+}
+
+impl<I> RawConn<I> {
+    /// When the bytes of the latest read reached this host (see the module doc).
+    pub fn last_rx(&self) -> Instant {
+        self.last_rx
+    }
+
+    /// Bytes read but not yet consumed.
+    pub fn pending(&self) -> &[u8] {
+        &self.rb.buf[self.rb.start..self.rb.filled]
+    }
+
+    /// Marks all pending bytes consumed.
+    pub fn consume_all(&mut self) {
+        self.rb.start = 0;
+        self.rb.filled = 0;
+    }
+
+    /// `n` bytes were read into the buffer's spare room; they reached this host at `at`.
+    fn commit(&mut self, n: usize, at: Instant) {
+        self.rb.filled += n;
+        self.last_rx = at;
+        if let Some(st) = &self.stamps {
+            if n > 0 {
+                st.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
+            }
+        }
+    }
+}
+
+impl RawConn {
+    /// `kernel_rx`: stamp reads with the kernel's receive time (plain TCP only; turns the
+    /// socket's `SO_TIMESTAMPNS` on).
+    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>, kernel_rx: bool) -> RawConn {
+        let kernel_rx = match &io {
+            ClientStream::Plain(s) => kernel_rx && crate::rxstamp::enable(s.as_raw_fd()),
+            ClientStream::Tls(_) => false,
+        };
+        RawConn {
+            io,
+            rb: ReadBuf {
+                buf: vec![0; READ_BUF],
+                start: 0,
+                filled: 0,
+            },
+            stamps,
+            kernel_rx,
+            last_rx: Instant::now(),
+        }
+    }
+
+    /// Plain TCP: a reader thread can take it ([`RawConn::detach`]).
+    pub fn is_plain(&self) -> bool {
+        matches!(self.io, ClientStream::Plain(_))
+    }
+
+    /// The plain socket taken off the runtime's reactor, with its buffer and pending bytes, for
+    /// a reader thread ([`super::reader`]). A TLS connection cannot be detached (an error:
+    /// check [`RawConn::is_plain`] first). On an error the connection is gone.
+    pub fn detach(self) -> std::io::Result<RawConn<std::net::TcpStream>> {
+        let RawConn {
+            io,
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        } = self;
+        let ClientStream::Plain(s) = io else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "a TLS connection stays on the runtime",
+            ));
+        };
+        Ok(RawConn {
+            io: s.into_std()?,
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        })
+    }
+
+    /// No sign that the server closed the idle connection (readable EOF, an error or
+    /// unsolicited bytes all mean it is unusable). Never blocks.
+    pub fn looks_open(&mut self) -> bool {
+        !self.io.is_closed()
+    }
+
+    /// One socket read appended to the pending bytes; `Ok(0)` is the server's close.
+    pub async fn read(&mut self) -> std::io::Result<usize> {
+        let dst = self.rb.spare();
+        let (n, at) = match &mut self.io {
             ClientStream::Plain(s) if self.kernel_rx => {
                 // SAFETY: viewing initialised bytes as MaybeUninit is sound; the kernel writes
                 // only initialised bytes into them.
@@ -106,27 +166,18 @@ impl RawConn {
                 loop {
                     s.readable().await?;
                     match crate::rxstamp::try_recv(s, fd, dst) {
-                        Ok((n, at)) => {
-                            self.last_rx = at;
-                            break n;
-                        }
+                        Ok(r) => break r,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                         Err(e) => return Err(e),
                     }
                 }
             }
-            _ => {
-                let n = self.io.read(dst).await?;
-                self.last_rx = Instant::now();
-                n
+            io => {
+                let n = io.read(dst).await?;
+                (n, Instant::now())
             }
         };
-        self.filled += n;
-        if let Some(st) = &self.stamps {
-            if n > 0 {
-                st.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
-            }
-        }
+        self.commit(n, at);
         Ok(n)
     }
 
@@ -168,7 +219,7 @@ impl RawConn {
         loop {
             match h1wire::parse_response_head(self.pending(), false) {
                 Ok(Some(h)) => {
-                    self.start += h.len;
+                    self.rb.start += h.len;
                     if (100..200).contains(&h.status) {
                         continue;
                     }
@@ -188,6 +239,56 @@ impl RawConn {
                 Err(e) => return Err((any, format!("reading the response head: {e}"))),
             }
         }
+    }
+}
+
+impl RawConn<std::net::TcpStream> {
+    /// The socket (for the reader thread's registration).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.io.as_raw_fd()
+    }
+
+    /// One non-blocking read appended to the pending bytes: how many bytes, and whether they
+    /// filled the room there was (then more may be waiting; a shorter read drained the
+    /// socket). `Ok((0, _))` is the server's close; `WouldBlock` when nothing was there.
+    pub fn read_now(&mut self) -> std::io::Result<(usize, bool)> {
+        let fd = self.io.as_raw_fd();
+        let kernel_rx = self.kernel_rx;
+        let dst = self.rb.spare();
+        let room = dst.len();
+        let (n, at) = loop {
+            let r = if kernel_rx {
+                // SAFETY: as in `RawConn::read`.
+                let dst = unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) };
+                crate::rxstamp::recv(fd, dst)
+            } else {
+                std::io::Read::read(&mut self.io, dst).map(|n| (n, Instant::now()))
+            };
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
+        self.commit(n, at);
+        Ok((n, n == room))
+    }
+
+    /// Back on the runtime's reactor (call from within the runtime).
+    pub fn attach(self) -> std::io::Result<RawConn> {
+        let RawConn {
+            io,
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        } = self;
+        Ok(RawConn {
+            io: ClientStream::Plain(tokio::net::TcpStream::from_std(io)?),
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        })
     }
 }
 

@@ -16,6 +16,7 @@ pub mod driver;
 pub mod h1client;
 pub mod pool;
 pub mod probe;
+pub mod reader;
 pub mod request;
 pub mod result;
 pub mod schedule;
@@ -85,6 +86,8 @@ pub struct Config {
     pub http_client: pool::HttpClient,
     /// `--rx-stamp kernel`: the own client's events are stamped when they reached this host.
     pub kernel_rx: bool,
+    /// `--reader-threads`, resolved (0 = bodies read on the tasks).
+    pub reader_threads: usize,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
@@ -271,6 +274,15 @@ impl Config {
                 "own" => pool::HttpClient::Own,
                 "hyper" => pool::HttpClient::Hyper,
                 other => bail!("--http-client {other:?}: give own or hyper"),
+            },
+            reader_threads: match a.reader_threads.as_str() {
+                "auto" => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+                n => match n.parse::<usize>() {
+                    Ok(v) if v <= 64 => v,
+                    _ => {
+                        bail!("--reader-threads {n:?}: give a number of threads (0 to 64) or auto")
+                    }
+                },
             },
             kernel_rx: match a.rx_stamp.as_str() {
                 "kernel" => true,
@@ -461,7 +473,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .await
             .map_err(|e| anyhow!("--target {target_url}: {e}"))?
             .with_client(cfg.http_client)
-            .with_kernel_rx(cfg.kernel_rx),
+            .with_kernel_rx(cfg.kernel_rx)
+            .with_readers(cfg.reader_threads)
+            .context("starting the reader threads")?,
     );
     let rx_stamp = http.rx_stamp();
     let model = match (&cfg.model, &embedded) {

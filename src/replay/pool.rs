@@ -138,6 +138,8 @@ pub struct Pool {
     kernel_rx: bool,
     /// Idle connections of the own client ([`super::h1client`]), LIFO.
     raw_idle: Mutex<Vec<RawConn>>,
+    /// Reader threads for the own client's plain response bodies (`--readers`).
+    readers: Option<super::reader::Readers>,
 }
 
 impl Pool {
@@ -168,6 +170,7 @@ impl Pool {
             client: HttpClient::default(),
             kernel_rx: false,
             raw_idle: Mutex::new(Vec::new()),
+            readers: None,
         })
     }
 
@@ -181,6 +184,22 @@ impl Pool {
     pub fn with_kernel_rx(mut self, on: bool) -> Pool {
         self.kernel_rx = on;
         self
+    }
+
+    /// Reads the own client's plain response bodies on `n` reader threads ([`super::reader`]);
+    /// 0: on the requests' tasks. Only the own client over plain TCP uses them.
+    pub fn with_readers(mut self, n: usize) -> std::io::Result<Pool> {
+        self.readers = if n > 0 && self.client == HttpClient::Own && self.tls.is_none() {
+            Some(super::reader::Readers::start(n)?)
+        } else {
+            None
+        };
+        Ok(self)
+    }
+
+    /// The reader threads, if bodies are read on them.
+    pub fn readers(&self) -> Option<&super::reader::Readers> {
+        self.readers.as_ref()
     }
 
     /// What the measured responses' arrival instants are: `"kernel"` (own client, plain TCP,

@@ -759,7 +759,8 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
         ("stall-mid=2:1500", "30", "0.4", "timeout_total"),
         ("slow-headers=1500", "0.3", "30", "timeout_idle"),
     ];
-    for client in ["own", "hyper"] {
+    // The own client reads bodies on its reader threads by default, on the tasks with 0.
+    for (client, readers) in [("own", "auto"), ("own", "0"), ("hyper", "auto")] {
         for (fault, idle, total, kind) in cases {
             let header = format!("x-mock-fault={fault}");
             let cfg = support::replay_config(&[
@@ -774,8 +775,11 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
                 total,
                 "--http-client",
                 client,
+                "--reader-threads",
+                readers,
             ])
             .unwrap();
+            let client = format!("{client} (readers {readers})");
             let o = replay::replay(cfg).await.unwrap();
             let s = &o.summary;
             assert_eq!(

@@ -191,9 +191,10 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
     ];
     let trace = support::mooncake(dir.path(), &rows);
     let mut results = Vec::new();
-    for client in ["own", "hyper"] {
+    // The own client reads bodies on its reader threads by default, on the tasks with 0.
+    for (client, readers) in [("own", "auto"), ("own", "0"), ("hyper", "auto")] {
         let (url, counts) = raw_server().await;
-        let out = dir.path().join(format!("{client}.json"));
+        let out = dir.path().join(format!("{client}-{readers}.json"));
         let cfg = support::replay_config(&[
             trace.to_str().unwrap(),
             "--target",
@@ -204,11 +205,14 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
             "1",
             "--http-client",
             client,
+            "--reader-threads",
+            readers,
             "--result-json",
             out.to_str().unwrap(),
             "--detailed",
         ])
         .unwrap();
+        let client = format!("{client} (readers {readers})");
         let o = replay::replay(cfg).await.unwrap();
         let s = &o.summary;
         assert_eq!((s.completed, s.failed), (6, 3), "{client}: {:?}", s.errors);
@@ -242,10 +246,12 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
             counts.connections.load(SeqCst),
         ));
     }
-    assert_eq!(results[0].1, results[1].1, "same output lengths");
+    assert_eq!(results[0].1, results[2].1, "same output lengths");
+    assert_eq!(results[1].1, results[2].1, "same output lengths");
     // own: the warm connection serves 3, 4, 9; 9's idle close forces a new one for 3 and 5
     // (close-delimited); then one each for 6, 7 (cut), 8 (error: not reused) and the last 4.
-    assert_eq!(results[0].2, 6, "own client connections");
+    assert_eq!(results[0].2, 6, "own client connections (reader threads)");
+    assert_eq!(results[1].2, 6, "own client connections (tasks)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

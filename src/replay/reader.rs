@@ -1,0 +1,353 @@
+//! Reader threads for streamed response bodies: each runs its own `epoll` loop (through mio)
+//! over the sockets handed to it, and reads and measures every event on that thread.
+//!
+//! Why: at 1,000 streams × 100 events/s, reading each body in its request's tokio task costs a
+//! reactor wake-up, a task hand-over between the runtime's two workers (futex) and a poll per
+//! event, and on a 2-core machine that CPU is taken from the server under test (26k futex calls
+//! and 40k context switches per run, against 0 and 19k for a bare epoll client; see
+//! docs/replay.md). Here a body is a [`Job`]: a socket plus a synchronous state machine. The
+//! request's task parses the response head, then detaches the socket from the runtime and
+//! submits the job; the reader thread registers it, reads it when it is readable, asks it for
+//! its timeouts every [`TICK`], and when the job says it is over, removes the socket and calls
+//! [`Job::done`], which hands the result back to the task (a oneshot channel).
+//!
+//! A job sits on one reader for its whole body (the reader with the fewest jobs when it was
+//! submitted). Nothing here parses HTTP or knows about samples: that is the job's business.
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often every job is asked whether one of its timeouts passed (the precision of body
+/// timeouts, which are seconds long).
+pub const TICK: Duration = Duration::from_millis(20);
+
+const WAKE: Token = Token(0);
+
+/// A socket being read on a reader thread.
+pub trait Job: Send {
+    /// The socket (non-blocking); the reader registers it for readability, edge-triggered.
+    fn fd(&self) -> RawFd;
+    /// The socket became readable (or was closed or failed): read until the socket is drained
+    /// or the job is over. Returns true when it is over.
+    fn readable(&mut self) -> bool;
+    /// Called at least every [`TICK`] with the current instant: true when a timeout ended it.
+    fn tick(&mut self, now: Instant) -> bool;
+    /// The reader could not take the socket (registration failed): the job is over.
+    fn failed(&mut self, why: String);
+    /// The job is over and its socket no longer registered: hand the result on.
+    fn done(self: Box<Self>);
+}
+
+struct Shard {
+    waker: Waker,
+    incoming: Mutex<Vec<Box<dyn Job>>>,
+    /// Jobs submitted to this reader and not yet done.
+    load: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// A set of reader threads; dropping it stops them (jobs still running are dropped, so their
+/// tasks see the channel closed).
+pub struct Readers {
+    shards: Vec<Arc<Shard>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Readers {
+    /// Starts `n` (≥ 1) reader threads.
+    pub fn start(n: usize) -> std::io::Result<Readers> {
+        let mut shards = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..n.max(1) {
+            let poll = Poll::new()?;
+            let shard = Arc::new(Shard {
+                waker: Waker::new(poll.registry(), WAKE)?,
+                incoming: Mutex::new(Vec::new()),
+                load: AtomicUsize::new(0),
+                stop: AtomicBool::new(false),
+            });
+            let s = shard.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("retrace-read-{i}"))
+                    .spawn(move || run(poll, &s))?,
+            );
+            shards.push(shard);
+        }
+        Ok(Readers { shards, threads })
+    }
+
+    /// Number of reader threads.
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Never empty (at least one thread); for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    /// Hands `job` to the reader with the fewest jobs.
+    pub fn submit(&self, job: Box<dyn Job>) {
+        let Some(shard) = self
+            .shards
+            .iter()
+            .min_by_key(|s| s.load.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        shard.load.fetch_add(1, Ordering::Relaxed);
+        shard
+            .incoming
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job);
+        if let Err(e) = shard.waker.wake() {
+            // Not expected (an eventfd write); the job is still picked up at the next event.
+            tracing::warn!("waking a reader thread: {e}");
+        }
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        for s in &self.shards {
+            s.stop.store(true, Ordering::Relaxed);
+            let _ = s.waker.wake();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One reader thread's loop.
+fn run(mut poll: Poll, shard: &Shard) {
+    let mut events = Events::with_capacity(256);
+    // Jobs by slot (token = slot + 1), and free slots.
+    let mut jobs: Vec<Option<Box<dyn Job>>> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let mut live = 0usize;
+    let mut next_tick = Instant::now() + TICK;
+    let finish = |poll: &Poll, job: Box<dyn Job>| {
+        let fd = job.fd();
+        let _ = poll.registry().deregister(&mut SourceFd(&fd));
+        shard.load.fetch_sub(1, Ordering::Relaxed);
+        job.done();
+    };
+    loop {
+        let timeout = if live == 0 {
+            None
+        } else {
+            Some(next_tick.saturating_duration_since(Instant::now()))
+        };
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!("reader thread: epoll_wait: {e}");
+                std::thread::sleep(TICK);
+            }
+            continue;
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKE {
+                continue;
+            }
+            let slot = ev.token().0 - 1;
+            let over = match jobs.get_mut(slot).and_then(|j| j.as_mut()) {
+                Some(job) => job.readable(),
+                None => false,
+            };
+            if over {
+                if let Some(job) = jobs[slot].take() {
+                    free.push(slot);
+                    live -= 1;
+                    finish(&poll, job);
+                }
+            }
+        }
+        if shard.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let new = std::mem::take(&mut *shard.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut job in new {
+            let slot = free.pop().unwrap_or_else(|| {
+                jobs.push(None);
+                jobs.len() - 1
+            });
+            let fd = job.fd();
+            match poll
+                .registry()
+                .register(&mut SourceFd(&fd), Token(slot + 1), Interest::READABLE)
+            {
+                Ok(()) => {
+                    jobs[slot] = Some(job);
+                    live += 1;
+                }
+                Err(e) => {
+                    free.push(slot);
+                    job.failed(format!("registering the socket with a reader thread: {e}"));
+                    shard.load.fetch_sub(1, Ordering::Relaxed);
+                    job.done();
+                }
+            }
+        }
+        let now = Instant::now();
+        if now >= next_tick {
+            next_tick = now + TICK;
+            for (slot, entry) in jobs.iter_mut().enumerate() {
+                if entry.as_mut().is_some_and(|j| j.tick(now)) {
+                    if let Some(job) = entry.take() {
+                        free.push(slot);
+                        live -= 1;
+                        finish(&poll, job);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::sync::mpsc;
+
+    /// Reads a socket until EOF or `limit` bytes; reports what it read and why it ended.
+    struct Echo {
+        sock: std::net::TcpStream,
+        got: Vec<u8>,
+        deadline: Instant,
+        end: Option<String>,
+        tx: mpsc::Sender<(Vec<u8>, String)>,
+    }
+
+    impl Job for Echo {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn readable(&mut self) -> bool {
+            let mut buf = [0u8; 4];
+            loop {
+                match self.sock.read(&mut buf) {
+                    Ok(0) => {
+                        self.end = Some("eof".into());
+                        return true;
+                    }
+                    Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                    Err(e) => {
+                        self.end = Some(e.to_string());
+                        return true;
+                    }
+                }
+            }
+        }
+        fn tick(&mut self, now: Instant) -> bool {
+            if now >= self.deadline {
+                self.end = Some("timeout".into());
+                return true;
+            }
+            false
+        }
+        fn failed(&mut self, why: String) {
+            self.end = Some(why);
+        }
+        fn done(self: Box<Self>) {
+            let _ = self.tx.send((self.got, self.end.unwrap_or_default()));
+        }
+    }
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        c.set_nonblocking(true).unwrap();
+        (c, s)
+    }
+
+    fn job(
+        sock: std::net::TcpStream,
+        within: Duration,
+    ) -> (Box<Echo>, mpsc::Receiver<(Vec<u8>, String)>) {
+        let (tx, rx) = mpsc::channel();
+        let j = Box::new(Echo {
+            sock,
+            got: Vec::new(),
+            deadline: Instant::now() + within,
+            end: None,
+            tx,
+        });
+        (j, rx)
+    }
+
+    /// Bytes written before and after the hand-over, in pieces longer than one read, all
+    /// arrive; the server's close ends the job; many jobs spread over both threads.
+    #[test]
+    fn jobs_read_to_the_end_on_their_threads() {
+        let readers = Readers::start(2).unwrap();
+        let mut peers = Vec::new();
+        let mut rxs = Vec::new();
+        for i in 0..20u8 {
+            let (c, mut s) = pair();
+            s.write_all(&[i; 3]).unwrap(); // before the job is submitted
+            let (j, rx) = job(c, Duration::from_secs(30));
+            readers.submit(j);
+            peers.push(s);
+            rxs.push(rx);
+        }
+        let loads: Vec<usize> = readers
+            .shards
+            .iter()
+            .map(|s| s.load.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(
+            loads,
+            vec![10, 10],
+            "submissions go to the least-loaded reader"
+        );
+        for (i, s) in peers.iter_mut().enumerate() {
+            s.write_all(&[i as u8; 7]).unwrap();
+        }
+        drop(peers);
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let (got, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(got, vec![i as u8; 10]);
+            assert_eq!(end, "eof");
+        }
+        for s in &readers.shards {
+            assert_eq!(s.load.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    /// A silent socket is ended by its own timeout, within a few ticks.
+    #[test]
+    fn a_silent_job_times_out() {
+        let readers = Readers::start(1).unwrap();
+        let (c, _s) = pair();
+        let t = Instant::now();
+        let (j, rx) = job(c, Duration::from_millis(50));
+        readers.submit(j);
+        let (got, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(got.is_empty());
+        assert_eq!(end, "timeout");
+        assert!(t.elapsed() >= Duration::from_millis(50));
+    }
+
+    /// Dropping the readers drops the jobs still running: their receivers see the end.
+    #[test]
+    fn stopping_drops_running_jobs() {
+        let readers = Readers::start(1).unwrap();
+        let (c, _s) = pair();
+        let (j, rx) = job(c, Duration::from_secs(30));
+        readers.submit(j);
+        drop(readers);
+        assert!(rx.recv_timeout(Duration::from_secs(10)).is_err());
+    }
+}
