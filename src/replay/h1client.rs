@@ -182,16 +182,16 @@ impl RawConn {
     }
 
     /// One non-blocking vectored write of `head` then `body` on a plain socket, from any thread
-    /// (the dispatcher's): how many bytes went out. `WouldBlock` when tokio has not seen the
-    /// socket writable or the kernel took nothing; TLS connections always answer `WouldBlock`
-    /// (their records are written by the request's task).
+    /// (the dispatcher's): how many bytes went out. `WouldBlock` when the kernel took nothing;
+    /// TLS connections always answer `WouldBlock` (their records are written by the request's
+    /// task).
     pub fn try_send(&mut self, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
         match &self.io {
             ClientStream::Plain(s) => {
-                let n = s.try_write_vectored(&[
-                    std::io::IoSlice::new(head),
-                    std::io::IoSlice::new(body),
-                ])?;
+                let n = send_now(
+                    s,
+                    &[std::io::IoSlice::new(head), std::io::IoSlice::new(body)],
+                )?;
                 if n == head.len() + body.len() {
                     if let Some(st) = &self.stamps {
                         st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
@@ -204,8 +204,18 @@ impl RawConn {
     }
 
     async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
-        self.io.write_all(wire).await?;
-        self.io.flush().await?;
+        let mut done = 0;
+        if let ClientStream::Plain(s) = &self.io {
+            match send_now(s, &[std::io::IoSlice::new(wire)]) {
+                Ok(n) => done = n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if done < wire.len() {
+            self.io.write_all(&wire[done..]).await?;
+            self.io.flush().await?;
+        }
         if let Some(st) = &self.stamps {
             st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
         }
@@ -238,6 +248,20 @@ impl RawConn {
                 Ok(_) => any = true,
                 Err(e) => return Err((any, format!("reading the response head: {e}"))),
             }
+        }
+    }
+}
+
+/// One non-blocking send straight to a plain socket, whatever tokio last saw of its
+/// writability: tokio's own writes wait until its reactor has seen the socket writable, which
+/// for a socket just put back on the reactor ([`RawConn::attach`]) takes the reactor's next
+/// turn (up to 19 ms at p99 in a 1,000-stream burst). A short or `WouldBlock` answer leaves the
+/// rest to tokio's writes, which then wait for writability as usual.
+fn send_now(s: &tokio::net::TcpStream, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+    loop {
+        match socket2::SockRef::from(s).send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r,
         }
     }
 }
