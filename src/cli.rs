@@ -202,6 +202,13 @@ pub struct ReplayArgs {
     /// is read by its request's task on the async runtime.
     #[arg(long, default_value = "auto", value_name = "N|auto")]
     pub reader_threads: String,
+    /// With reader threads and `--rx-stamp kernel`: after reading what was there, a reader
+    /// thread waits until this many µs after it woke before it looks again, so that one
+    /// wake-up reads many streams (less CPU taken from a server on the same machine). Arrival
+    /// times stay the kernel's, but two chunks of one stream that arrive within this window are
+    /// read together and both get the later one's time; 0 = read as soon as bytes arrive.
+    #[arg(long, default_value_t = 500, value_name = "US")]
+    pub read_batch_us: u64,
     /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
     /// low on a busy machine (it sleeps between sends, and spins as --spin-us says).
     #[arg(long)]

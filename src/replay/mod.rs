@@ -88,6 +88,8 @@ pub struct Config {
     pub kernel_rx: bool,
     /// `--reader-threads`, resolved (0 = bodies read on the tasks).
     pub reader_threads: usize,
+    /// `--read-batch-us`.
+    pub read_batch: std::time::Duration,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
@@ -284,6 +286,10 @@ impl Config {
                     }
                 },
             },
+            read_batch: match a.read_batch_us {
+                us if us <= 5_000 => std::time::Duration::from_micros(us),
+                us => bail!("--read-batch-us {us}: at most 5000 (5 ms)"),
+            },
             kernel_rx: match a.rx_stamp.as_str() {
                 "kernel" => true,
                 "read" => false,
@@ -474,10 +480,11 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("--target {target_url}: {e}"))?
             .with_client(cfg.http_client)
             .with_kernel_rx(cfg.kernel_rx)
-            .with_readers(cfg.reader_threads)
+            .with_readers(cfg.reader_threads, cfg.read_batch)
             .context("starting the reader threads")?,
     );
     let rx_stamp = http.rx_stamp();
+    let readers = http.readers().map(|r| (r.len(), r.batch()));
     let model = match (&cfg.model, &embedded) {
         (Some(m), _) => m.clone(),
         (None, Some(e)) => e.model.clone(),
@@ -791,6 +798,16 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             m.insert("start_at".into(), serde_json::json!(start::display(at)));
         }
         m.insert("rx_stamp".into(), serde_json::json!(rx_stamp));
+        m.insert(
+            "body_readers".into(),
+            match readers {
+                Some((n, batch)) => serde_json::json!({
+                    "threads": n,
+                    "batch_us": batch.as_micros() as u64,
+                }),
+                None => serde_json::Value::Null,
+            },
+        );
         m.insert(
             "client_cpu".into(),
             serde_json::json!({

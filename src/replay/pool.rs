@@ -188,9 +188,15 @@ impl Pool {
 
     /// Reads the own client's plain response bodies on `n` reader threads ([`super::reader`]);
     /// 0: on the requests' tasks. Only the own client over plain TCP uses them.
-    pub fn with_readers(mut self, n: usize) -> std::io::Result<Pool> {
+    /// `batch` ([`super::reader::Readers::start`]) applies only with `--rx-stamp kernel`.
+    pub fn with_readers(mut self, n: usize, batch: std::time::Duration) -> std::io::Result<Pool> {
+        let batch = if self.kernel_rx {
+            batch
+        } else {
+            std::time::Duration::ZERO
+        };
         self.readers = if n > 0 && self.client == HttpClient::Own && self.tls.is_none() {
-            Some(super::reader::Readers::start(n)?)
+            Some(super::reader::Readers::start(n, batch)?)
         } else {
             None
         };

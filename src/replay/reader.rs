@@ -54,13 +54,17 @@ struct Shard {
 /// A set of reader threads; dropping it stops them (jobs still running are dropped, so their
 /// tasks see the channel closed).
 pub struct Readers {
+    batch: Duration,
     shards: Vec<Arc<Shard>>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Readers {
-    /// Starts `n` (≥ 1) reader threads.
-    pub fn start(n: usize) -> std::io::Result<Readers> {
+    /// Starts `n` (≥ 1) reader threads. `batch`: after a round of reads, a thread waits until
+    /// this long after the round began before it looks for readable sockets again, so that one
+    /// wake-up reads many (only when every read carries the kernel's arrival stamp: two chunks
+    /// of one stream that arrive within `batch` are read together and get the later stamp).
+    pub fn start(n: usize, batch: Duration) -> std::io::Result<Readers> {
         let mut shards = Vec::new();
         let mut threads = Vec::new();
         for i in 0..n.max(1) {
@@ -75,16 +79,25 @@ impl Readers {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("retrace-read-{i}"))
-                    .spawn(move || run(poll, &s))?,
+                    .spawn(move || run(poll, &s, batch))?,
             );
             shards.push(shard);
         }
-        Ok(Readers { shards, threads })
+        Ok(Readers {
+            batch,
+            shards,
+            threads,
+        })
     }
 
     /// Number of reader threads.
     pub fn len(&self) -> usize {
         self.shards.len()
+    }
+
+    /// The batch window the threads keep between rounds of reads.
+    pub fn batch(&self) -> Duration {
+        self.batch
     }
 
     /// Never empty (at least one thread); for clippy's `len_without_is_empty`.
@@ -127,13 +140,15 @@ impl Drop for Readers {
 }
 
 /// One reader thread's loop.
-fn run(mut poll: Poll, shard: &Shard) {
+fn run(mut poll: Poll, shard: &Shard, batch: Duration) {
     let mut events = Events::with_capacity(256);
     // Jobs by slot (token = slot + 1), and free slots.
     let mut jobs: Vec<Option<Box<dyn Job>>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut live = 0usize;
     let mut next_tick = Instant::now() + TICK;
+    // When the latest round of reads began.
+    let mut round = Instant::now();
     let finish = |poll: &Poll, job: Box<dyn Job>| {
         let fd = job.fd();
         let _ = poll.registry().deregister(&mut SourceFd(&fd));
@@ -141,6 +156,11 @@ fn run(mut poll: Poll, shard: &Shard) {
         job.done();
     };
     loop {
+        if !batch.is_zero() && live > 0 {
+            if let Some(left) = (round + batch).checked_duration_since(Instant::now()) {
+                std::thread::sleep(left);
+            }
+        }
         let timeout = if live == 0 {
             None
         } else {
@@ -153,6 +173,7 @@ fn run(mut poll: Poll, shard: &Shard) {
             }
             continue;
         }
+        round = Instant::now();
         for ev in events.iter() {
             if ev.token() == WAKE {
                 continue;
@@ -291,7 +312,7 @@ mod tests {
     /// arrive; the server's close ends the job; many jobs spread over both threads.
     #[test]
     fn jobs_read_to_the_end_on_their_threads() {
-        let readers = Readers::start(2).unwrap();
+        let readers = Readers::start(2, Duration::ZERO).unwrap();
         let mut peers = Vec::new();
         let mut rxs = Vec::new();
         for i in 0..20u8 {
@@ -329,7 +350,7 @@ mod tests {
     /// A silent socket is ended by its own timeout, within a few ticks.
     #[test]
     fn a_silent_job_times_out() {
-        let readers = Readers::start(1).unwrap();
+        let readers = Readers::start(1, Duration::ZERO).unwrap();
         let (c, _s) = pair();
         let t = Instant::now();
         let (j, rx) = job(c, Duration::from_millis(50));
@@ -340,10 +361,61 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(50));
     }
 
+    /// With a batch window, a job is still read in separate reads for bytes that arrive further
+    /// apart than the window, and its bytes are all read (bounds generous for a loaded machine).
+    #[test]
+    fn a_batch_window_keeps_reads_apart_that_arrive_apart() {
+        struct Reads {
+            sock: std::net::TcpStream,
+            reads: Vec<usize>,
+            tx: mpsc::Sender<Vec<usize>>,
+        }
+        impl Job for Reads {
+            fn fd(&self) -> RawFd {
+                self.sock.as_raw_fd()
+            }
+            fn readable(&mut self) -> bool {
+                let mut buf = [0u8; 64];
+                loop {
+                    match self.sock.read(&mut buf) {
+                        Ok(0) => return true,
+                        Ok(n) => self.reads.push(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                        Err(_) => return true,
+                    }
+                }
+            }
+            fn tick(&mut self, _: Instant) -> bool {
+                false
+            }
+            fn failed(&mut self, _: String) {}
+            fn done(self: Box<Self>) {
+                let _ = self.tx.send(self.reads);
+            }
+        }
+        let readers = Readers::start(1, Duration::from_millis(20)).unwrap();
+        let (c, mut s) = pair();
+        let (tx, rx) = mpsc::channel();
+        readers.submit(Box::new(Reads {
+            sock: c,
+            reads: Vec::new(),
+            tx,
+        }));
+        s.write_all(b"abc").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        s.write_all(b"defgh").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        drop(s);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            vec![3, 5]
+        );
+    }
+
     /// Dropping the readers drops the jobs still running: their receivers see the end.
     #[test]
     fn stopping_drops_running_jobs() {
-        let readers = Readers::start(1).unwrap();
+        let readers = Readers::start(1, Duration::ZERO).unwrap();
         let (c, _s) = pair();
         let (j, rx) = job(c, Duration::from_secs(30));
         readers.submit(j);

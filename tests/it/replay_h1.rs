@@ -212,6 +212,7 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
             "--detailed",
         ])
         .unwrap();
+        let on_readers = client == "own" && readers == "auto";
         let client = format!("{client} (readers {readers})");
         let o = replay::replay(cfg).await.unwrap();
         let s = &o.summary;
@@ -225,6 +226,20 @@ async fn both_clients_follow_every_framing_and_fail_alike() {
             "{client}: one ITL per gap"
         );
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        // The result says how bodies were read (kernel stamps: the default batch window).
+        if on_readers {
+            assert!(
+                v["body_readers"]["threads"].as_u64().unwrap() >= 1,
+                "{client}"
+            );
+            assert_eq!(v["body_readers"]["batch_us"], 500, "{client}");
+        } else {
+            assert!(
+                v["body_readers"].is_null(),
+                "{client}: {}",
+                v["body_readers"]
+            );
+        }
         let errors: Vec<String> = v["errors"]
             .as_array()
             .unwrap()
