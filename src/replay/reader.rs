@@ -49,6 +49,21 @@ struct Shard {
     /// Jobs submitted to this reader and not yet done.
     load: AtomicUsize,
     stop: AtomicBool,
+    /// The thread has ended (stopped, or a job panicked): it takes no more jobs.
+    dead: AtomicBool,
+}
+
+/// Marks the shard dead when its thread ends, however it ends, and drops the jobs still queued
+/// for it (their tasks see the channel closed instead of waiting forever).
+struct Exit<'a>(&'a Shard);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        // Under the queue's lock, so that `submit` never queues a job after this.
+        let mut q = self.0.incoming.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.dead.store(true, Ordering::Relaxed);
+        q.clear();
+    }
 }
 
 /// A set of reader threads; dropping it stops them (jobs still running are dropped, so their
@@ -74,6 +89,7 @@ impl Readers {
                 incoming: Mutex::new(Vec::new()),
                 load: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),
+                dead: AtomicBool::new(false),
             });
             let s = shard.clone();
             threads.push(
@@ -105,21 +121,25 @@ impl Readers {
         self.shards.is_empty()
     }
 
-    /// Hands `job` to the reader with the fewest jobs.
+    /// Hands `job` to the reader with the fewest jobs. With no reader thread left (only after a
+    /// bug made one panic) the job is dropped: its task sees the channel closed.
     pub fn submit(&self, job: Box<dyn Job>) {
         let Some(shard) = self
             .shards
             .iter()
+            .filter(|s| !s.dead.load(Ordering::Relaxed))
             .min_by_key(|s| s.load.load(Ordering::Relaxed))
         else {
             return;
         };
-        shard.load.fetch_add(1, Ordering::Relaxed);
-        shard
-            .incoming
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(job);
+        {
+            let mut q = shard.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            if shard.dead.load(Ordering::Relaxed) {
+                return;
+            }
+            shard.load.fetch_add(1, Ordering::Relaxed);
+            q.push(job);
+        }
         if let Err(e) = shard.waker.wake() {
             // Not expected (an eventfd write); the job is still picked up at the next event.
             tracing::warn!("waking a reader thread: {e}");
@@ -141,6 +161,7 @@ impl Drop for Readers {
 
 /// One reader thread's loop.
 fn run(mut poll: Poll, shard: &Shard, batch: Duration) {
+    let _exit = Exit(shard);
     let mut events = Events::with_capacity(256);
     // Jobs by slot (token = slot + 1), and free slots.
     let mut jobs: Vec<Option<Box<dyn Job>>> = Vec::new();
@@ -410,6 +431,38 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(10)).unwrap(),
             vec![3, 5]
         );
+    }
+
+    /// A job that panics (a bug) ends its thread, not the process: its own and every later
+    /// job's receiver sees the end instead of waiting forever.
+    #[test]
+    fn a_panicking_job_ends_its_reader_without_hanging_anyone() {
+        struct Boom(std::net::TcpStream, mpsc::Sender<()>);
+        impl Job for Boom {
+            fn fd(&self) -> RawFd {
+                self.0.as_raw_fd()
+            }
+            fn readable(&mut self) -> bool {
+                panic!("a bug in a job");
+            }
+            fn tick(&mut self, _: Instant) -> bool {
+                false
+            }
+            fn failed(&mut self, _: String) {}
+            fn done(self: Box<Self>) {
+                let _ = self.1.send(());
+            }
+        }
+        let readers = Readers::start(1, Duration::ZERO).unwrap();
+        let (c, mut s) = pair();
+        let (tx, rx) = mpsc::channel();
+        readers.submit(Box::new(Boom(c, tx)));
+        s.write_all(b"x").unwrap();
+        assert!(rx.recv_timeout(Duration::from_secs(10)).is_err());
+        let (c2, _s2) = pair();
+        let (j, rx2) = job(c2, Duration::from_secs(30));
+        readers.submit(j);
+        assert!(rx2.recv_timeout(Duration::from_secs(10)).is_err());
     }
 
     /// Dropping the readers drops the jobs still running: their receivers see the end.
