@@ -149,6 +149,10 @@ sched_counts() { # "minor_faults major_faults involuntary_switches" of a process
   done
   echo "$mn $mj $nv"
 }
+# The VM's stolen time so far (jiffies, all CPUs; /proc/stat's 8th cpu field): time the hypervisor
+# ran something else while this machine had work. A 10 ms steal tick during a phase can alone
+# make its tail latency jump, for every target alike.
+steal_ticks() { awk '/^cpu /{print $9; exit}' /proc/stat; }
 proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
@@ -161,14 +165,16 @@ measure() { # kind target command... ; appends one JSON line with the proxy's CP
   local kind=$1 t=$2; shift 2
   local pid c0=0 c1=0 line h0="" h1=""
   pid=$(proxy_pid "$t")
-  local s0="0 0 0" s1="0 0 0" mn0 mj0 nv0 mn1 mj1 nv1
+  local s0="0 0 0" s1="0 0 0" mn0 mj0 nv0 mn1 mj1 nv1 st0 st1
   [ -n "$pid" ] && c0=$(cpu_ticks "$pid") && s0=$(sched_counts "$pid")
+  st0=$(steal_ticks)
   [[ "$t" == retrace* ]] && h0=$(fwd_hist "$t")
   line=$("$@")
+  st1=$(steal_ticks)
   [ -n "$pid" ] && c1=$(cpu_ticks "$pid") && s1=$(sched_counts "$pid")
   [[ "$t" == retrace* ]] && h1=$(fwd_hist "$t")
   read -r mn0 mj0 nv0 <<<"$s0"; read -r mn1 mj1 nv1 <<<"$s1"
-  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"minflt\":$((mn1 - mn0)),\"majflt\":$((mj1 - mj0)),\"nvcsw\":$((nv1 - nv0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
+  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"minflt\":$((mn1 - mn0)),\"majflt\":$((mj1 - mj0)),\"nvcsw\":$((nv1 - nv0)),\"steal_ticks\":$((st1 - st0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
   echo "$line" >&2
 }
 

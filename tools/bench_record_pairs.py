@@ -10,7 +10,9 @@ its interval excludes 0.
 
 With the fault and preemption counts bench_record.sh records per phase (session 6 on), it also
 prints each proxy's per-round TTFT p99 beside its minor/major page faults and involuntary
-context switches over that phase.
+context switches over that phase; with the VM's steal ticks per phase (session 7 on), the
+stolen time of each phase too (10 ms per tick), direct's included: a round with steal in one
+target's phase and not in the others' is not a fair comparison of that round.
 
 Usage: tools/bench_record_pairs.py RESULTS.jsonl [A B]   (default A=retrace B=nginx)
 """
@@ -58,6 +60,10 @@ def main():
                 add = x["ttft_ms"]["p99"] - by[("direct", r)]["ttft_ms"]["p99"]
                 cells.append(f"{add:+.2f}/{x.get('minflt', 0)}/{x.get('majflt', 0)}/{x.get('nvcsw', 0)}")
             print(f"  {t:14} " + "  ".join(cells))
+    if any("steal_ticks" in by[(t, r)] for t in labels for r in full):
+        print("== per round: the VM's steal ticks (10 ms each) during each target's stream phase")
+        for t in ["direct"] + labels:
+            print(f"  {t:14} " + " ".join(f"{by[(t, r)].get('steal_ticks', 0):>3}" for r in full))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
 #     stamped read per event, no HTTP parser or runtime) runs the same trace against a fresh mock:
 #     what any client pays on this machine in the same minute. peak_cores: each client's highest
 #     CPU rate over any 1 s window (the run average also counts the ramps up and down).
+#     steal_ms: the VM's stolen time during that run (/proc/stat; 10 ms ticks): a run with steal
+#     was stalled by the hypervisor, client and mock alike, and says little about either.
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
 #     and achieved request rate, per dispatcher mode (DISPATCH_MODES, default "normal spinauto
 #     realtime": the default (sleep only, no spin), `--spin-us auto` (adaptive spin window before
@@ -64,10 +66,12 @@ PY
 
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(f"{d[k]:.3f}" if isinstance(d[k], float) else str(d[k]) for k in sys.argv[2:]))' "$@"; }
 
-timed() { # timed LOG cmd...: runs cmd, prints "user sys wall peak" (seconds; peak: the highest
-  # CPU rate, in cores, over any 1 s window of the run, sampled every 50 ms from /proc for the
-  # process and its live descendants: the rate at full load, where a whole-run average also
-  # counts the ramps up and down)
+timed() { # timed LOG cmd...: runs cmd, prints "user sys wall peak steal" (seconds; peak: the
+  # highest CPU rate, in cores, over any 1 s window of the run, sampled every 50 ms from /proc for
+  # the process and its live descendants: the rate at full load, where a whole-run average also
+  # counts the ramps up and down; steal: the VM's stolen time during the run in ms, /proc/stat's
+  # steal ticks: the hypervisor ran something else while this machine had work, which stalls
+  # client and server alike)
   local log=$1; shift
   python3 - "$log" "$@" <<'PY'
 import os, resource, subprocess, sys, time
@@ -85,7 +89,10 @@ def tree_ticks(pid):
         except (OSError, ValueError, IndexError):
             pass
     return total
+def steal():
+    return int(open("/proc/stat").readline().split()[8])
 t = time.monotonic()
+s0 = steal()
 proc = subprocess.Popen(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)
 samples = []
 while proc.poll() is None:
@@ -99,7 +106,7 @@ for i, (ta, ca) in enumerate(samples):
             peak = max(peak, (cb - ca) / tick / (tb - ta))
             break
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f} {peak:.2f}")
+print(f"{r.ru_utime:.2f} {r.ru_stime:.2f} {wall:.2f} {peak:.2f} {(steal() - s0) * 1000 // tick}")
 PY
 }
 
@@ -135,7 +142,7 @@ echo "           which run while C others are in flight), whole run in brackets"
 echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server"
 echo "    added; cpu: the client's CPU seconds during the run / wall seconds of the run, setup excluded"
 echo "    (retrace: its result's client_cpu; AIPerf: whole process, setup included))"
-printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall" peak_cores
+printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall" peak_cores steal_ms
 start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
   MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   # shellcheck disable=SC2086
@@ -157,7 +164,7 @@ print(f"{(s / c * 1000 if c else 0):.2f}/{p99 * 1000:.2f}")'
 summary() {
   python3 - "$@" <<'PY'
 import json, sys
-C, scen, client, n, path, late, cpu, wall, peak = sys.argv[1:10]
+C, scen, client, n, path, late, cpu, wall, peak, steal = sys.argv[1:11]
 C = int(C)
 def stats(ttfts, itls):
     import statistics
@@ -193,7 +200,7 @@ try:
         row = (ttft, f"{win[1]:.2f}", f"{win[2]:.3f}", f"{win[3]:.3f}")
     else:
         row = (f"{whole[0]:.2f}", f"{whole[1]:.2f}", f"{whole[2]:.3f}", f"{whole[3]:.3f}")
-    print(f"{C:<8} {scen:<7} {client:<7} {n:<6} {row[0]:<16} {row[1]:<10} {row[2]:<10} {row[3]:<10} {failed:<7} {late:<12} {cpu + '/' + wall:<14} {peak}")
+    print(f"{C:<8} {scen:<7} {client:<7} {n:<6} {row[0]:<16} {row[1]:<10} {row[2]:<10} {row[3]:<10} {failed:<7} {late:<12} {cpu + '/' + wall:<14} {peak:<10} {steal}")
 except Exception as e:
     print(f"{C:<8} {scen:<7} {client:<7} (no result: {e}; see {path} and its log)")
 PY
@@ -222,9 +229,9 @@ for C in $CONCURRENCIES; do
         --model mock-llama "${LIMIT[@]}" "${RA[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
     unset RETRACE_STAMPS
     LATE=$(mock_late)
-    read -r U S W PEAK <<<"$T"
+    read -r U S W PEAK STEAL <<<"$T"
     read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/${SCEN}_$C.json")"
-    summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK"
+    summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK" "$STEAL"
     if [ -n "${STAMPS:-}" ]; then
       sleep 0.5
       python3 tools/stamps_split.py "$OUT/stamps_${SCEN}_$C" | sed 's/^/      /'
@@ -236,9 +243,9 @@ for C in $CONCURRENCIES; do
       T=$(timed "$OUT/floor_${SCEN}_$C.log" "$FLOOR" --target "127.0.0.1:$MP" --trace "$OUT/${SCEN}_$C.jsonl" \
           --rx-stamp kernel "${FL[@]}" --out "$OUT/floor_${SCEN}_$C.json")
       LATE=$(mock_late)
-      read -r U S W PEAK <<<"$T"
+      read -r U S W PEAK STEAL <<<"$T"
       read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/floor_${SCEN}_$C.json")"
-      summary "$C" $SCEN floor "$N" "$OUT/floor_${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK"
+      summary "$C" $SCEN floor "$N" "$OUT/floor_${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK" "$STEAL"
       kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
     fi
     if [ -n "${AIPERF:-}" ]; then
@@ -253,9 +260,9 @@ for C in $CONCURRENCIES; do
           --request-count "$N" --isl 100 --osl 100 --use-server-token-count --ui none --no-server-metrics \
           --tokenizer retrace/word-tokenizer --extra-inputs ignore_eos:true --artifact-dir "$OUT/aiperf_${SCEN}_$C")
       LATE=$(mock_late)
-      read -r U S W PEAK <<<"$T"
+      read -r U S W PEAK STEAL <<<"$T"
       summary "$C" $SCEN aiperf "$N" "$OUT/aiperf_${SCEN}_$C/profile_export.jsonl" "$LATE" \
-        "$(python3 -c "print(f'{$U + $S:.2f}')")" "${W}s" "$PEAK"
+        "$(python3 -c "print(f'{$U + $S:.2f}')")" "${W}s" "$PEAK" "$STEAL"
       kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
     fi
   done
