@@ -9,7 +9,9 @@
 //! byte (the server closed it while idle) is retried once on a fresh connection, like hyper's
 //! pool. The body bytes already read stay in the buffer; the caller then reads the body itself
 //! with [`RawConn::read`] and [`h1wire::BodyDecoder`], so no task hand-over, no per-frame
-//! allocation. Each read notes when its bytes reached this host ([`RawConn::last_rx`]): the
+//! allocation; or, on plain TCP, takes the socket off the runtime ([`RawConn::detach`]) for a
+//! reader thread ([`super::reader`]), which reads it with [`RawConn::read_now`] and hands it
+//! back ([`RawConn::attach`]). Each read notes when its bytes reached this host ([`RawConn::last_rx`]): the
 //! kernel's receive stamp on plain TCP sockets opened with stamping on ([`crate::rxstamp`]),
 //! else the instant the read returned (TLS). No timeouts here (the caller races this against
 //! its timers) and no SSE or metrics.
@@ -84,6 +86,25 @@ impl<I> RawConn<I> {
         self.rb.filled = 0;
     }
 
+    /// The socket, and the rest of the connection around no socket.
+    fn split(self) -> (I, RawConn<()>) {
+        let RawConn {
+            io,
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        } = self;
+        let rest = RawConn {
+            io: (),
+            rb,
+            stamps,
+            kernel_rx,
+            last_rx,
+        };
+        (io, rest)
+    }
+
     /// `n` bytes were read into the buffer's spare room; they reached this host at `at`.
     fn commit(&mut self, n: usize, at: Instant) {
         self.rb.filled += n;
@@ -92,6 +113,19 @@ impl<I> RawConn<I> {
             if n > 0 {
                 st.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
             }
+        }
+    }
+}
+
+impl RawConn<()> {
+    /// This connection around socket `io`.
+    fn join<J>(self, io: J) -> RawConn<J> {
+        RawConn {
+            io,
+            rb: self.rb,
+            stamps: self.stamps,
+            kernel_rx: self.kernel_rx,
+            last_rx: self.last_rx,
         }
     }
 }
@@ -126,26 +160,13 @@ impl RawConn {
     /// a reader thread ([`super::reader`]). A TLS connection cannot be detached (an error:
     /// check [`RawConn::is_plain`] first). On an error the connection is gone.
     pub fn detach(self) -> std::io::Result<RawConn<std::net::TcpStream>> {
-        let RawConn {
-            io,
-            rb,
-            stamps,
-            kernel_rx,
-            last_rx,
-        } = self;
-        let ClientStream::Plain(s) = io else {
-            return Err(std::io::Error::new(
+        match self.split() {
+            (ClientStream::Plain(s), rest) => Ok(rest.join(s.into_std()?)),
+            (ClientStream::Tls(_), _) => Err(std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
                 "a TLS connection stays on the runtime",
-            ));
-        };
-        Ok(RawConn {
-            io: s.into_std()?,
-            rb,
-            stamps,
-            kernel_rx,
-            last_rx,
-        })
+            )),
+        }
     }
 
     /// No sign that the server closed the idle connection (readable EOF, an error or
@@ -299,20 +320,8 @@ impl RawConn<std::net::TcpStream> {
 
     /// Back on the runtime's reactor (call from within the runtime).
     pub fn attach(self) -> std::io::Result<RawConn> {
-        let RawConn {
-            io,
-            rb,
-            stamps,
-            kernel_rx,
-            last_rx,
-        } = self;
-        Ok(RawConn {
-            io: ClientStream::Plain(tokio::net::TcpStream::from_std(io)?),
-            rb,
-            stamps,
-            kernel_rx,
-            last_rx,
-        })
+        let (io, rest) = self.split();
+        Ok(rest.join(ClientStream::Plain(tokio::net::TcpStream::from_std(io)?)))
     }
 }
 

@@ -265,10 +265,15 @@ mod tests {
     struct Echo {
         sock: std::net::TcpStream,
         got: Vec<u8>,
+        /// The size of each read.
+        reads: Vec<usize>,
         deadline: Instant,
         end: Option<String>,
-        tx: mpsc::Sender<(Vec<u8>, String)>,
+        tx: mpsc::Sender<Ended>,
     }
+
+    /// What an [`Echo`] read, its reads' sizes and why it ended.
+    type Ended = (Vec<u8>, Vec<usize>, String);
 
     impl Job for Echo {
         fn fd(&self) -> RawFd {
@@ -282,7 +287,10 @@ mod tests {
                         self.end = Some("eof".into());
                         return true;
                     }
-                    Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                    Ok(n) => {
+                        self.got.extend_from_slice(&buf[..n]);
+                        self.reads.push(n);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
                     Err(e) => {
                         self.end = Some(e.to_string());
@@ -302,7 +310,9 @@ mod tests {
             self.end = Some(why);
         }
         fn done(self: Box<Self>) {
-            let _ = self.tx.send((self.got, self.end.unwrap_or_default()));
+            let _ = self
+                .tx
+                .send((self.got, self.reads, self.end.unwrap_or_default()));
         }
     }
 
@@ -314,14 +324,12 @@ mod tests {
         (c, s)
     }
 
-    fn job(
-        sock: std::net::TcpStream,
-        within: Duration,
-    ) -> (Box<Echo>, mpsc::Receiver<(Vec<u8>, String)>) {
+    fn job(sock: std::net::TcpStream, within: Duration) -> (Box<Echo>, mpsc::Receiver<Ended>) {
         let (tx, rx) = mpsc::channel();
         let j = Box::new(Echo {
             sock,
             got: Vec::new(),
+            reads: Vec::new(),
             deadline: Instant::now() + within,
             end: None,
             tx,
@@ -359,7 +367,7 @@ mod tests {
         }
         drop(peers);
         for (i, rx) in rxs.into_iter().enumerate() {
-            let (got, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            let (got, _, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
             assert_eq!(got, vec![i as u8; 10]);
             assert_eq!(end, "eof");
         }
@@ -376,7 +384,7 @@ mod tests {
         let t = Instant::now();
         let (j, rx) = job(c, Duration::from_millis(50));
         readers.submit(j);
-        let (got, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (got, _, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(got.is_empty());
         assert_eq!(end, "timeout");
         assert!(t.elapsed() >= Duration::from_millis(50));
@@ -386,51 +394,20 @@ mod tests {
     /// apart than the window, and its bytes are all read (bounds generous for a loaded machine).
     #[test]
     fn a_batch_window_keeps_reads_apart_that_arrive_apart() {
-        struct Reads {
-            sock: std::net::TcpStream,
-            reads: Vec<usize>,
-            tx: mpsc::Sender<Vec<usize>>,
-        }
-        impl Job for Reads {
-            fn fd(&self) -> RawFd {
-                self.sock.as_raw_fd()
-            }
-            fn readable(&mut self) -> bool {
-                let mut buf = [0u8; 64];
-                loop {
-                    match self.sock.read(&mut buf) {
-                        Ok(0) => return true,
-                        Ok(n) => self.reads.push(n),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-                        Err(_) => return true,
-                    }
-                }
-            }
-            fn tick(&mut self, _: Instant) -> bool {
-                false
-            }
-            fn failed(&mut self, _: String) {}
-            fn done(self: Box<Self>) {
-                let _ = self.tx.send(self.reads);
-            }
-        }
         let readers = Readers::start(1, Duration::from_millis(20)).unwrap();
         let (c, mut s) = pair();
-        let (tx, rx) = mpsc::channel();
-        readers.submit(Box::new(Reads {
-            sock: c,
-            reads: Vec::new(),
-            tx,
-        }));
+        let (j, rx) = job(c, Duration::from_secs(30));
+        readers.submit(j);
         s.write_all(b"abc").unwrap();
         std::thread::sleep(Duration::from_millis(300));
         s.write_all(b"defgh").unwrap();
         std::thread::sleep(Duration::from_millis(300));
         drop(s);
-        assert_eq!(
-            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
-            vec![3, 5]
-        );
+        let (got, reads, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(got, b"abcdefgh");
+        // Echo reads 4 bytes at a time.
+        assert_eq!(reads, vec![3, 4, 1]);
+        assert_eq!(end, "eof");
     }
 
     /// A job that panics (a bug) ends its thread, not the process: its own and every later
