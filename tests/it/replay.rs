@@ -328,6 +328,9 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--goodput", "itl:5"], "--goodput"),
         (&["t", "--spin-us", "fast"], "--spin-us"),
         (&["t", "--spin-us", "200000"], "--spin-us"),
+        (&["t", "--reader-threads", "many"], "--reader-threads"),
+        (&["t", "--reader-threads", "65"], "--reader-threads"),
+        (&["t", "--read-batch-us", "6000"], "--read-batch-us"),
     ];
     for (args, flag) in cases {
         let e = support::replay_config(args).unwrap_err().to_string();
@@ -344,6 +347,20 @@ fn invalid_flags_name_the_flag() {
     assert_eq!(
         spin(&["t", "--spin-us", "50"]),
         Some(std::time::Duration::from_micros(50))
+    );
+    // Reader threads: one per CPU up to 4 by default, 0 for none; a 500 µs batch window.
+    let cfg = support::replay_config(&["t"]).unwrap();
+    assert!(
+        (1..=4).contains(&cfg.reader_threads),
+        "{}",
+        cfg.reader_threads
+    );
+    assert_eq!(cfg.read_batch, std::time::Duration::from_micros(500));
+    let cfg = support::replay_config(&["t", "--reader-threads", "0", "--read-batch-us", "0"]);
+    let cfg = cfg.unwrap();
+    assert_eq!(
+        (cfg.reader_threads, cfg.read_batch),
+        (0, std::time::Duration::ZERO)
     );
 }
 
