@@ -215,7 +215,14 @@ fn run(mut poll: Poll, shard: &Shard, batch: Duration) {
         if shard.stop.load(Ordering::Relaxed) {
             return;
         }
-        let new = std::mem::take(&mut *shard.incoming.lock().unwrap_or_else(|p| p.into_inner()));
+        // Never wait for the queue's lock: a submitting task preempted while holding it would
+        // stall every read on this thread. A busy lock is retried at the next round (the
+        // submitter wakes this thread after releasing it, so no job waits for the tick).
+        let new = match shard.incoming.try_lock() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(std::sync::TryLockError::Poisoned(p)) => std::mem::take(&mut *p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
+        };
         for mut job in new {
             let slot = free.pop().unwrap_or_else(|| {
                 jobs.push(None);
