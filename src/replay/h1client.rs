@@ -11,9 +11,9 @@
 //! with [`RawConn::read`] and [`h1wire::BodyDecoder`], so no task hand-over, no per-frame
 //! allocation; or, on plain TCP, takes the socket off the runtime ([`RawConn::detach`]) for a
 //! reader thread ([`super::reader`]), which reads it with [`RawConn::read_now`] and hands it
-//! back ([`RawConn::attach`]). Each read notes when its bytes reached this host ([`RawConn::last_rx`]): the
-//! kernel's receive stamp on plain TCP sockets opened with stamping on ([`crate::rxstamp`]),
-//! else the instant the read returned (TLS). No timeouts here (the caller races this against
+//! back ([`RawConn::attach`]). Each read notes when its bytes reached this host
+//! ([`RawConn::last_rx`]): the kernel's receive stamp on plain TCP sockets opened with stamping
+//! on ([`crate::rxstamp`]), else the instant the read returned (TLS). No timeouts here (the caller races this against
 //! its timers) and no SSE or metrics.
 
 use super::pool::{IoStamps, Pool, SendError};

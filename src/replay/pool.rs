@@ -138,7 +138,7 @@ pub struct Pool {
     kernel_rx: bool,
     /// Idle connections of the own client ([`super::h1client`]), LIFO.
     raw_idle: Mutex<Vec<RawConn>>,
-    /// Reader threads for the own client's plain response bodies (`--readers`).
+    /// Reader threads for the own client's plain response bodies (`--reader-threads`).
     readers: Option<super::reader::Readers>,
 }
 
@@ -188,7 +188,9 @@ impl Pool {
 
     /// Reads the own client's plain response bodies on `n` reader threads ([`super::reader`]);
     /// 0: on the requests' tasks. Only the own client over plain TCP uses them.
-    /// `batch` ([`super::reader::Readers::start`]) applies only with `--rx-stamp kernel`.
+    /// `batch` ([`super::reader::Readers::start`]) applies only with `--rx-stamp kernel` (were
+    /// the kernel to refuse one socket its stamps, that socket's reads would count from the
+    /// read, up to `batch` late; Linux TCP sockets always accept them).
     pub fn with_readers(mut self, n: usize, batch: std::time::Duration) -> std::io::Result<Pool> {
         let batch = if self.kernel_rx {
             batch
