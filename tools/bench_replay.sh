@@ -142,7 +142,7 @@ echo "           which run while C others are in flight), whole run in brackets"
 echo "   (mock_late: the mock's own emission lateness, mean/p99 ms, from its /metrics: what the server"
 echo "    added; cpu: the client's CPU seconds during the run / wall seconds of the run, setup excluded"
 echo "    (retrace: its result's client_cpu; AIPerf: whole process, setup included))"
-printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall" peak_cores steal_ms
+printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %-10s %s\n" streams scenario client reqs mean_ttft p99_ttft mean_itl std_itl failed mock_late "cpu_run/wall" peak_cores steal_ms
 start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
   MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   # shellcheck disable=SC2086
