@@ -427,4 +427,66 @@ mod tests {
         drop(server);
         assert_eq!(conn.read().await.unwrap(), 0);
     }
+
+    /// A detached connection (a reader thread's) keeps its pending bytes, reads without the
+    /// runtime with the same arrival stamps, says when a read filled its room, and goes back
+    /// on the runtime able to write and read again.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_detached_connection_reads_stamped_and_comes_back() {
+        let mut late = Duration::ZERO;
+        for _ in 0..20 {
+            let (mut conn, mut server) = pair(true).await;
+            server
+                .write_all(b"HTTP/1.1 200 OK\r\n\r\nab")
+                .await
+                .unwrap();
+            conn.read_head().await.unwrap();
+            assert_eq!(conn.pending(), b"ab");
+            let mut d = conn.detach().unwrap();
+            assert_eq!(d.pending(), b"ab", "pending bytes travel with the socket");
+            assert_eq!(
+                d.read_now().unwrap_err().kind(),
+                std::io::ErrorKind::WouldBlock
+            );
+            server.write_all(b"cd").await.unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            let (n, more) = d.read_now().unwrap();
+            let read_at = Instant::now();
+            assert_eq!((n, more), (2, false));
+            assert_eq!(d.pending(), b"abcd");
+            late = read_at - d.last_rx();
+            let mut conn = d.attach().unwrap();
+            conn.consume_all();
+            conn.write_all(b"again").await.unwrap();
+            let mut got = [0u8; 5];
+            tokio::io::AsyncReadExt::read_exact(&mut server, &mut got)
+                .await
+                .unwrap();
+            assert_eq!(&got, b"again");
+            server.write_all(b"e").await.unwrap();
+            assert_eq!(conn.read().await.unwrap(), 1);
+            assert_eq!(conn.pending(), b"e");
+            if late >= Duration::from_millis(80) {
+                break;
+            }
+        }
+        assert!(
+            late >= Duration::from_millis(80),
+            "stamped only {late:?} before the read"
+        );
+        // A read that fills the room says so; the close reads as 0.
+        let (conn, mut server) = pair(true).await;
+        let mut d = conn.detach().unwrap();
+        let big = vec![b'x'; READ_BUF + 100];
+        server.write_all(&big).await.unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let (n, more) = d.read_now().unwrap();
+        assert_eq!((n, more), (READ_BUF, true));
+        d.consume_all();
+        assert_eq!(d.read_now().unwrap(), (100, false));
+        drop(server);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(d.read_now().unwrap().0, 0);
+    }
 }
