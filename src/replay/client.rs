@@ -523,9 +523,8 @@ async fn execute_own(
         clean_end: false,
         reuse: false,
     };
-    let at = last_rx.saturating_duration_since(t0).as_nanos() as u64;
     // The bytes that came with the head.
-    let mut over = run.take(&mut conn, at);
+    let mut over = run.take(&mut conn, ns_between(t0, last_rx));
     if !over && conn.is_plain() {
         if let Some(readers) = pool.readers() {
             // The rest of the body on a reader thread (see super::reader).
@@ -546,7 +545,7 @@ async fn execute_own(
                     run.stream
                         .err
                         .get_or_insert(("local".into(), format!("detaching the socket: {e}")));
-                    return run.stream.finish(ns_since(t0), sample);
+                    return run.end(None, pool, ns_since(t0), sample);
                 }
             }
             let Ok(Ended { conn, run, end_ns }) = rx.await else {
@@ -557,15 +556,11 @@ async fn execute_own(
                     "the reader thread stopped before the body ended".into(),
                 );
             };
-            if let Some((port, v)) = run.stamps {
-                crate::stamps::record("replay", port, v);
-            }
-            if run.clean_end && run.reuse {
-                if let Ok(c) = conn.attach() {
-                    pool.checkin_raw(c);
-                }
-            }
-            return run.stream.finish(end_ns, sample);
+            // Back on the runtime only if the pool is to keep it.
+            let conn = (run.clean_end && run.reuse)
+                .then(|| conn.attach().ok())
+                .flatten();
+            return run.end(conn, pool, end_ns, sample);
         }
     }
     let mut timers = BodyTimers::new(deadline, timeouts.idle, last_data);
@@ -583,14 +578,7 @@ async fn execute_own(
         last_rx = conn.last_rx().min(last_data);
         over = run.after_read(r) || run.take(&mut conn, ns_between(t0, last_rx));
     }
-    let end = ns_since(t0);
-    if let Some((port, v)) = run.stamps {
-        crate::stamps::record("replay", port, v);
-    }
-    if run.clean_end && run.reuse {
-        pool.checkin_raw(conn);
-    }
-    run.stream.finish(end, sample)
+    run.end(Some(conn), pool, ns_since(t0), sample)
 }
 
 fn ns_between(t0: Instant, t: Instant) -> u64 {
@@ -635,6 +623,18 @@ impl BodyRun {
             return true;
         }
         false
+    }
+
+    /// The body is over at `end_ns`: its diagnostic stamps are written, the connection goes
+    /// back to the pool when it may carry another request, and the sample is made.
+    fn end(self, conn: Option<RawConn>, pool: &Pool, end_ns: u64, sample: Sample) -> Sample {
+        if let Some((port, v)) = self.stamps {
+            crate::stamps::record("replay", port, v);
+        }
+        if let (true, Some(c)) = (self.clean_end && self.reuse, conn) {
+            pool.checkin_raw(c);
+        }
+        self.stream.finish(end_ns, sample)
     }
 
     /// What a read returned: true when that ended the body (the server's close or an error);
