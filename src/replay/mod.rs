@@ -21,7 +21,6 @@ pub mod request;
 pub mod result;
 pub mod schedule;
 pub mod scrape;
-pub mod select;
 pub mod sessions;
 pub mod shaping;
 pub mod start;
@@ -60,7 +59,7 @@ pub struct Config {
     /// `--endpoint`: the API of synthesised prompts (`None`: each request's recorded one).
     pub api: Option<Api>,
     /// `--include-aux`, `--skip-recorded-failures`: which requests are sent.
-    pub select: select::Selection,
+    pub select: crate::trace::select::Selection,
     pub speed: Option<f64>,
     pub limit: Option<usize>,
     pub max_concurrency: Option<usize>,
@@ -255,7 +254,7 @@ impl Config {
             target_ca: a.target_ca,
             model: a.model,
             api,
-            select: select::Selection {
+            select: crate::trace::select::Selection {
                 include_aux: a.include_aux,
                 skip_recorded_failures: a.skip_recorded_failures,
                 text_prompts: prompt_mode == PromptMode::Text,
@@ -337,7 +336,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let cfg = Config::from_args(args)?;
     if cfg.dry_run {
         let (trace, _) = read_path(&cfg.trace, &ImportOptions::default())?;
-        let (trace, plan) = prepare(&cfg, trace, cfg.target.is_none())?;
+        let (trace, plan, _) = prepare(&cfg, trace, cfg.target.is_none())?;
         let sends: Vec<(u64, u64, u64)> = plan
             .iter()
             .map(|p| {
@@ -439,9 +438,14 @@ pub fn prepare(
     cfg: &Config,
     mut trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(crate::trace::Trace, Vec<schedule::PlannedSend>)> {
+) -> anyhow::Result<(
+    crate::trace::Trace,
+    Vec<schedule::PlannedSend>,
+    crate::trace::select::Skipped,
+)> {
     let before = trace.requests.len();
-    if let Some(line) = select::select(&mut trace, &cfg.select).summary(before) {
+    let left_out = crate::trace::select::select(&mut trace, &cfg.select);
+    if let Some(line) = left_out.summary(before) {
         eprintln!("retrace: {line}");
     }
     let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
@@ -471,7 +475,7 @@ pub fn prepare(
             origin_us: Some(origin),
         },
     );
-    Ok((trace, plan))
+    Ok((trace, plan, left_out))
 }
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
@@ -519,7 +523,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{e} (or give --model)"))?,
     };
     let speed = cfg.speed.unwrap_or(1.0);
-    let (trace, plan) = prepare(&cfg, trace, embedded.is_some())?;
+    let (trace, plan, left_out) = prepare(&cfg, trace, embedded.is_some())?;
     let links = if cfg.sessions {
         Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?)
     } else {
@@ -822,6 +826,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             m.insert("start_at".into(), serde_json::json!(start::display(at)));
         }
         m.insert("rx_stamp".into(), serde_json::json!(rx_stamp));
+        m.insert("selection".into(), serde_json::json!(cfg.select));
+        m.insert("left_out".into(), serde_json::json!(left_out.by_name()));
         m.insert(
             "body_readers".into(),
             match readers {

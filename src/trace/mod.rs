@@ -16,6 +16,7 @@ pub mod import;
 pub mod mooncake;
 pub mod native;
 mod recenc;
+pub mod select;
 pub mod sessions;
 pub mod shape;
 pub mod stats;
