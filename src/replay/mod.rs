@@ -14,6 +14,7 @@ pub mod client;
 pub mod console;
 pub mod driver;
 pub mod h1client;
+pub mod outcome;
 pub mod pool;
 pub mod probe;
 pub mod reader;
@@ -419,6 +420,17 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
+/// `METHOD path` → requests sent (the result's `requests_by_endpoint`).
+fn requests_by_endpoint(
+    built: &[request::BuiltRequest],
+) -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for b in built {
+        *m.entry(format!("{} {}", b.method, b.path)).or_default() += 1;
+    }
+    m
+}
+
 /// The result's `endpoint`: the one API every measured request used, or `mixed`.
 fn endpoint_label(built: &[request::BuiltRequest]) -> String {
     let name = |b: &request::BuiltRequest| match b.api {
@@ -611,6 +623,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     } else {
         theory
     };
+    let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
+    let aux_mask: Vec<bool> = built.iter().map(|b| b.aux).collect();
+    let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
     drop(trace);
     let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
     if inexact > 0 {
@@ -699,7 +714,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let cpu_setup_s = process_cpu_s();
     let mut failed = 0u64;
     let endpoint = endpoint_label(&built);
-    let driven = driver::drive(
+    let by_endpoint = requests_by_endpoint(&built);
+    let mut driven = driver::drive(
         sends,
         Arc::new(built),
         http,
@@ -724,6 +740,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     )
     .await;
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
+    // Side requests are counted apart; the workload's samples alone make the statistics.
+    let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &aux_mask);
+    driven.samples = work;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
@@ -828,6 +847,22 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
         m.insert("rx_stamp".into(), serde_json::json!(rx_stamp));
         m.insert("selection".into(), serde_json::json!(cfg.select));
         m.insert("left_out".into(), serde_json::json!(left_out.by_name()));
+        m.insert(
+            "requests_by_endpoint".into(),
+            serde_json::json!(by_endpoint),
+        );
+        if let Some(a) = outcome::auxiliary(&aux_samples) {
+            m.insert("auxiliary".into(), a);
+        }
+        if let Some(rec) = &recorded {
+            m.insert(
+                "recorded_outcomes".into(),
+                outcome::recorded(rec, &driven.samples),
+            );
+            if cfg.detailed {
+                m.insert("recorded_errors".into(), serde_json::json!(rec));
+            }
+        }
         m.insert(
             "body_readers".into(),
             match readers {

@@ -107,7 +107,11 @@ pub struct StatsOptions {
 pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     let mut auxiliary: BTreeMap<String, u64> = BTreeMap::new();
     for r in trace.requests.iter().filter(|r| !r.is_workload()) {
-        let key = format!("{} {}", r.method.as_deref().unwrap_or("POST"), r.endpoint.path());
+        let key = format!(
+            "{} {}",
+            r.method.as_deref().unwrap_or("POST"),
+            r.endpoint.path()
+        );
         *auxiliary.entry(key).or_default() += 1;
     }
     if auxiliary.is_empty() {
@@ -115,7 +119,12 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     }
     let workload = Trace {
         header: trace.header.clone(),
-        requests: trace.requests.iter().filter(|r| r.is_workload()).cloned().collect(),
+        requests: trace
+            .requests
+            .iter()
+            .filter(|r| r.is_workload())
+            .cloned()
+            .collect(),
     };
     TraceStats {
         auxiliary,
