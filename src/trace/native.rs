@@ -209,11 +209,20 @@ impl RequestWire {
         }
     }
 
-    fn into_request(self, prev_arrival: u64) -> Result<Request, String> {
+    fn into_request(self, prev_arrival: u64, header: &TraceHeader) -> Result<Request, String> {
         let arrival = prev_arrival as i64 + self.t;
         if arrival < 0 {
             return Err(format!("negative arrival time {arrival} µs"));
         }
+        let max = super::mooncake::MAX_TOKENS;
+        if self.i > max || self.o > max {
+            return Err(format!(
+                "input {} / output {} tokens: over the limit of {max}",
+                self.i, self.o
+            ));
+        }
+        // A prompt's ids cannot outnumber its blocks (twice, with room for re-blocked tails).
+        let id_limit = 2 * header.blocks_for(self.i) + 16;
         Ok(Request {
             arrival_us: arrival as u64,
             session: self.s,
@@ -226,7 +235,8 @@ impl RequestWire {
             params: self.p,
             input_tokens: self.i,
             output_tokens: self.o,
-            hash_ids: decode_runs(&self.h, MAX_FRAME_CONTENT)?,
+            hash_ids: decode_runs(&self.h, id_limit)
+                .map_err(|e| format!("{e} (input length {} allows {id_limit})", self.i))?,
             response: self
                 .r
                 .map(|r| r.into_response().map(Box::new))
@@ -601,7 +611,7 @@ pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceE
         let rest = &data[pos..];
         match zstd::zstd_safe::find_frame_compressed_size(rest) {
             Ok(len) if len > 0 && len <= rest.len() => {
-                match decode_frame(&rest[..len], &mut requests) {
+                match decode_frame(&rest[..len], &hw.header, &mut requests) {
                     Ok(dropped) => {
                         report.frames_ok += 1;
                         report.dropped_by_writer = report.dropped_by_writer.max(dropped);
@@ -677,7 +687,7 @@ fn check_magic_version(path: &str, v: &ciborium::Value) -> Result<(), TraceError
 }
 
 /// Decodes one record frame, appending to `out` only if the whole frame is good.
-fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
+fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> Result<u64, String> {
     let content = decompress_frame(frame)?;
     let mut rd = content.as_slice();
     let fw: FrameWire =
@@ -698,7 +708,7 @@ fn decode_frame(frame: &[u8], out: &mut Vec<Request>) -> Result<u64, String> {
             let w: RequestWire =
                 ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
             let r = w
-                .into_request(prev)
+                .into_request(prev, header)
                 .map_err(|e| format!("record {k}: {e}"))?;
             prev = r.arrival_us;
             out.push(r);
