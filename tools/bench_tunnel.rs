@@ -17,7 +17,7 @@
 //! (see tools/bench_tunnel.sh). It does not measure the recording of ordinary requests (see
 //! tools/bench_record.md).
 
-use retrace::record::{self, H1Engine, RecordConfig};
+use retrace::record::{self, RecordConfig};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -176,11 +176,8 @@ async fn main() {
     let n = args.get(1).copied().unwrap_or(5000).clamp(10, 1_000_000);
     let mib = args.get(2).copied().unwrap_or(64).clamp(1, 4096);
     let up = upstream().await;
-    let targets: [(&str, Option<H1Engine>); 3] = [
-        ("direct", None),
-        ("retrace own", Some(H1Engine::Own)),
-        ("retrace hyper", Some(H1Engine::Hyper)),
-    ];
+    // `true`: through retrace record.
+    let targets: [(&str, bool); 2] = [("direct", false), ("retrace", true)];
     let only = std::env::var("TARGETS").unwrap_or_default();
     let wanted = |name: &str| {
         only.is_empty()
@@ -197,12 +194,11 @@ async fn main() {
             let dir = tempfile::tempdir().unwrap();
             let mut proxy = None;
             let addr = match engine {
-                None => up,
-                Some(e) => {
+                false => up,
+                true => {
                     let mut cfg =
                         RecordConfig::new(&format!("http://{up}"), dir.path().join("out")).unwrap();
                     cfg.io_threads = 1;
-                    cfg.h1_engine = *e;
                     cfg.drain_timeout = Duration::from_secs(1);
                     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
                     let a = l.local_addr().unwrap();
@@ -222,7 +218,7 @@ async fn main() {
             row.p50.push(pct(&mut rt, 0.5));
             row.p99.push(pct(&mut rt, 0.99));
             row.mibs.push(rate);
-            if let (Some(a), Some(b), Some(_)) = (cpu0, cpu1, engine) {
+            if let (Some(a), Some(b), true) = (cpu0, cpu1, *engine) {
                 row.cpu_per_mib_us.push((b - a) * 1e6 / mib as f64);
             }
             if let Some((tx, task)) = proxy {

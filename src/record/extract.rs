@@ -93,8 +93,8 @@ pub struct Exchange {
     pub response_len: u64,
     pub response_truncated: bool,
     pub end: Option<Duration>,
-    /// Transport error kind (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
-    pub error: Option<String>,
+    /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
+    pub error: Option<super::failure::Failure>,
     pub cancelled: bool,
 }
 
@@ -242,7 +242,7 @@ impl Extractor {
         // Response side first: usage decides input length for approximate prompts.
         let mut resp = Response {
             status: ex.status,
-            error: ex.error.clone(),
+            error: ex.error.map(|f| f.as_str().to_string()),
             headers_us: ex.headers_after.map(us),
             end_us: ex.end.map(us),
             cancelled: ex.cancelled,

@@ -23,10 +23,10 @@
 //! never pooled again and the client connection ends with the tunnel; any other answer is an
 //! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
+use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::{Captured, Exchange};
-use super::proxy::{classify, describe, error_json, Proxy};
+use super::failure::Failure;
 use super::rawpool::RawPool;
-use super::server::Drain;
 use super::tap::{lock, Pending};
 use super::tunnel;
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
@@ -49,9 +49,6 @@ const UPSTREAM_BUF: usize = 8192;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idle keep-alive client connection frees its buffers after this long without a request.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
-/// How long a request that reached no upstream may take to hand over the rest of its body for
-/// the record before the client gets its error (as in `proxy`).
-const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
 
 /// A byte buffer read from the front.
 struct Buf {
@@ -165,9 +162,9 @@ enum Outcome {
     /// The first write to a pooled upstream socket failed: nothing was sent.
     Retry(io::Error),
     /// No response head: the client gets a JSON error (kind, message).
-    BeforeHead(&'static str, String),
+    BeforeHead(Failure, String),
     /// After the head: the client connection is closed without a clean end.
-    Cut(&'static str),
+    Cut(Failure),
 }
 
 /// One request/response in flight.
@@ -402,11 +399,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if req.done() {
             lock(&cap).complete = true;
         }
-        let total_deadline = p.total_timeout.map(|t| t_arrival + t);
-        let headers_deadline = match total_deadline {
-            Some(t) => t.min(t_arrival + p.headers_timeout),
-            None => t_arrival + p.headers_timeout,
-        };
+        let (headers_deadline, total_deadline) = p.deadlines(t_arrival);
         let mut ex = Ex {
             arrival,
             req,
@@ -447,12 +440,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
                         Ok(Ok(u)) => (u, false),
                         Ok(Err(e)) => {
-                            let kind = classify(true, &*e);
+                            let kind = classify(true, false, &*e);
                             break Outcome::BeforeHead(kind, describe(&*e));
                         }
                         Err(_) => {
                             break Outcome::BeforeHead(
-                                "timeout_headers",
+                                Failure::TimeoutHeaders,
                                 "upstream sent no response headers within the timeout".into(),
                             )
                         }
@@ -468,7 +461,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     continue;
                 }
                 Outcome::Retry(e) => {
-                    break Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+                    break Outcome::BeforeHead(
+                        Failure::UpstreamClosed,
+                        format!("writing upstream: {e}"),
+                    )
                 }
                 o => break o,
             }
@@ -487,7 +483,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let up = self.up.take();
         let outcome = match outcome {
             Outcome::Retry(e) => {
-                Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+                Outcome::BeforeHead(Failure::UpstreamClosed, format!("writing upstream: {e}"))
             }
             o => o,
         };
@@ -522,7 +518,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             Outcome::Retry(_) => false, // made a BeforeHead above
             Outcome::BeforeHead(kind, msg) => {
                 drop(up);
-                if kind != "client_body" && kind != "timeout_headers" {
+                if kind.is_upstream_fault() {
                     tracing::warn!("upstream request failed ({kind}): {msg}");
                 }
                 // The record still wants the prompt: read the rest of the body (capped, briefly).
@@ -531,13 +527,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 if let Some(p) = ex.pending.take() {
                     p.end(Some(kind), false);
                 }
-                let (status, reason) = match kind {
-                    "timeout_connect" | "timeout_headers" => (504, "Gateway Timeout"),
-                    "client_body" => (400, "Bad Request"),
-                    _ => (502, "Bad Gateway"),
-                };
+                let (status, reason) = kind.status();
                 let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
-                let body = error_json(status, kind, &msg);
+                let body = error_json(status, kind.as_str(), &msg);
                 self.out.clear();
                 write_error_head(&mut self.out, status, reason, body.len(), !keep);
                 self.out.extend_from_slice(body.as_bytes());
@@ -556,7 +548,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     async fn tunnel(&mut self, mut ex: Ex) -> bool {
         let Some(mut up) = self.up.take() else {
             if let Some(p) = ex.pending.take() {
-                p.end(Some("upstream_closed"), false);
+                p.end(Some(Failure::UpstreamClosed), false);
             }
             return false;
         };
@@ -580,7 +572,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Reads what is left of a request body that will not be forwarded, noting it for the
-    /// record, for at most [`UNSENT_BODY_WAIT`] and the capture cap. Returns whether the whole
+    /// record, for at most [`common::UNSENT_BODY_WAIT`] and the capture cap. Returns whether the whole
     /// body was read (the connection can then carry another request).
     async fn read_for_record(&mut self, ex: &mut Ex) -> bool {
         if ex.req_ready > 0 {
@@ -590,7 +582,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if ex.req_abandoned {
             return false;
         }
-        let deadline = tokio::time::Instant::now() + UNSENT_BODY_WAIT;
+        let deadline = tokio::time::Instant::now() + common::UNSENT_BODY_WAIT;
         let mut seen = 0usize;
         loop {
             if self.cbuf.len() > 0 {
@@ -735,7 +727,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let mut progress = false;
             if self.up.is_none() {
                 return Poll::Ready(Outcome::BeforeHead(
-                    "upstream_closed",
+                    Failure::UpstreamClosed,
                     "no upstream connection".into(),
                 ));
             }
@@ -746,7 +738,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 if ex.phase == Phase::Head {
                     if now >= ex.headers_deadline {
                         return Poll::Ready(Outcome::BeforeHead(
-                            "timeout_headers",
+                            Failure::TimeoutHeaders,
                             "upstream sent no response headers within the timeout".into(),
                         ));
                     }
@@ -754,7 +746,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     continue;
                 }
                 if ex.total_deadline.is_some_and(|t| now >= t) {
-                    return Poll::Ready(Outcome::Cut("timeout_total"));
+                    return Poll::Ready(Outcome::Cut(Failure::TimeoutTotal));
                 }
                 let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
                 if waiting_client || ex.phase == Phase::Done {
@@ -762,7 +754,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
                 let idle_due = ex.last_activity + self.p.idle_timeout;
                 if now >= idle_due {
-                    return Poll::Ready(Outcome::Cut("timeout_idle"));
+                    return Poll::Ready(Outcome::Cut(Failure::TimeoutIdle));
                 }
                 let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
                 self.sleep.as_mut().reset(next);
@@ -780,11 +772,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                         Err(e) => {
                             if ex.phase == Phase::Head {
                                 return Poll::Ready(Outcome::BeforeHead(
-                                    "client_body",
+                                    Failure::ClientBody,
                                     format!("request body: {e}"),
                                 ));
                             }
-                            return Poll::Ready(Outcome::Cut("client_body"));
+                            return Poll::Ready(Outcome::Cut(Failure::ClientBody));
                         }
                     }
                 } else {
@@ -842,7 +834,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                         match ex.phase {
                             Phase::Head => {
                                 return Poll::Ready(Outcome::BeforeHead(
-                                    "upstream_closed",
+                                    Failure::UpstreamClosed,
                                     format!("writing the request upstream: {e}"),
                                 ))
                             }
@@ -929,7 +921,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                             && self.ubuf.len() > 0
                                             && self.frame_response(ex).is_err()
                                         {
-                                            return Poll::Ready(Outcome::Cut("upstream_reset"));
+                                            return Poll::Ready(Outcome::Cut(
+                                                Failure::UpstreamReset,
+                                            ));
                                         }
                                     }
                                     // Interim heads (100 Continue, 103 Early Hints) are
@@ -941,7 +935,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                 }
                                 Err(e) => {
                                     return Poll::Ready(Outcome::BeforeHead(
-                                        "upstream_closed",
+                                        Failure::UpstreamClosed,
                                         format!("bad response head from upstream: {}", e.reason()),
                                     ))
                                 }
@@ -951,7 +945,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                             need_read = false;
                             progress = true;
                             if self.frame_response(ex).is_err() {
-                                return Poll::Ready(Outcome::Cut("upstream_reset"));
+                                return Poll::Ready(Outcome::Cut(Failure::UpstreamReset));
                             }
                         }
                         Phase::Done => need_read = false,
@@ -965,8 +959,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     };
                     if !self.ubuf.make_room(limit) {
                         return Poll::Ready(Outcome::BeforeHead(
-                            "upstream_closed",
-                            "response head from upstream too large".into(),
+                            Failure::UpstreamClosed,
+                            common::HEAD_TOO_LARGE.into(),
                         ));
                     }
                     let Some(up) = self.up.as_mut() else {
@@ -984,7 +978,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                             match ex.phase {
                                 Phase::Head => {
                                     return Poll::Ready(Outcome::BeforeHead(
-                                        "upstream_closed",
+                                        Failure::UpstreamClosed,
                                         format!(
                                         "the upstream connection {what} before the response head"
                                     ),
@@ -997,7 +991,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                     ex.keep_client = false;
                                     progress = true;
                                 }
-                                _ => return Poll::Ready(Outcome::Cut("upstream_reset")),
+                                _ => return Poll::Ready(Outcome::Cut(Failure::UpstreamReset)),
                             }
                         }
                         Poll::Pending => {}
