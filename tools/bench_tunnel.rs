@@ -1,6 +1,5 @@
 //! Benchmark of `retrace record`'s upgraded tunnels (WebSocket passthrough): round-trip latency
-//! of small messages and bulk echo throughput, direct vs through the recorder with each HTTP/1.1
-//! engine, interleaved over rounds, plus the recorder I/O thread's CPU per MiB tunnelled.
+//! of small messages and bulk echo throughput, direct vs through the recorder, interleaved over rounds, plus the recorder I/O thread's CPU per MiB tunnelled.
 //!
 //! Everything runs in this process on loopback: an upstream that answers `101` to an upgrade
 //! request and echoes every byte, the recorder (`record::run_with_admin`, one I/O thread, trace
@@ -11,7 +10,7 @@
 //! ```
 //!
 //! Defaults: 3 rounds, 5000 round trips of 64 bytes, 64 MiB echoed in 64 KiB writes. Every loop
-//! is bounded in count and each phase in time (60 s). `TARGETS=own` (or `direct`, `hyper`, a
+//! is bounded in count and each phase in time (60 s). `TARGETS=retrace` (or `direct`, a
 //! comma list) runs only those: under `valgrind --tool=callgrind` the difference between a
 //! proxied run and a direct one is the proxy's instruction count, repeatable on a busy machine
 //! (see tools/bench_tunnel.sh). It does not measure the recording of ordinary requests (see

@@ -933,6 +933,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                                         self.out.clear();
                                     }
                                 }
+                                Err(HeadError::TooLarge) => {
+                                    return Poll::Ready(Outcome::BeforeHead(
+                                        Failure::UpstreamClosed,
+                                        common::HEAD_TOO_LARGE.into(),
+                                    ))
+                                }
                                 Err(e) => {
                                     return Poll::Ready(Outcome::BeforeHead(
                                         Failure::UpstreamClosed,

@@ -671,3 +671,102 @@ async fn an_idle_keep_alive_connection_serves_again_after_the_idle_release() {
     );
     assert_eq!(rec.records().await.len(), 2);
 }
+
+/// One POST through the proxy from an HTTP/2 client (h2c prior knowledge): status, headers,
+/// body.
+async fn h2_post(proxy: SocketAddr, body: &'static str) -> (u16, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Full};
+    let c: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let req = http::Request::post(format!("http://{proxy}/v1/completions"))
+        .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let resp = tokio::time::timeout(T, c.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let (parts, b) = resp.into_parts();
+    let b = tokio::time::timeout(T, b.collect()).await.unwrap().unwrap();
+    (parts.status.as_u16(), parts.headers, b.to_bytes().to_vec())
+}
+
+/// One POST through the proxy from an HTTP/1.1 client on a fresh connection.
+async fn h1_post(proxy: SocketAddr, body: &str) -> Resp {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    let wire = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(wire.as_bytes()).await.unwrap();
+    read_response(&mut c, &mut Vec::new(), false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_beside_chunked_is_dropped_for_http1_and_http2_clients() {
+    // RFC 9112 §6.3: Transfer-Encoding wins; the client must get the whole body.
+    let (up, _) = raw_upstream(|_, _, _| Answer {
+        pieces: vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            b"6\r\n world\r\n0\r\n\r\n".to_vec(),
+        ],
+        close: false,
+    })
+    .await;
+    let rec = start(up).await;
+    let r = h1_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-length"), None, "{:?}", r.headers);
+    assert_eq!(r.body, b"hello world");
+    let (status, headers, body) = h2_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    assert_eq!(status, 200);
+    assert_ne!(
+        headers.get("content-length").map(|v| v.as_bytes()),
+        Some(&b"3"[..]),
+        "{headers:?}"
+    );
+    assert_eq!(body, b"hello world");
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!((resp.status, resp.error.as_deref()), (200, None));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_kb_response_head_is_a_502_for_http1_and_http2_clients() {
+    let (up, _) = raw_upstream(|_, _, _| {
+        let mut head = b"HTTP/1.1 200 OK\r\nx-big: ".to_vec();
+        head.extend(std::iter::repeat_n(b'a', 200 << 10));
+        head.extend_from_slice(b"\r\ncontent-length: 2\r\n\r\nok");
+        Answer {
+            pieces: vec![head],
+            close: false,
+        }
+    })
+    .await;
+    let rec = start(up).await;
+    let check = |status: u16, body: &[u8]| {
+        assert_eq!(status, 502);
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["error"]["type"], "upstream_closed");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("response head from upstream too large"),
+            "{msg}"
+        );
+    };
+    let r = h1_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    check(r.status, &r.body);
+    let (status, _, body) = h2_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    check(status, &body);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.status, 0, "no usable head came from upstream");
+        assert_eq!(resp.error.as_deref(), Some("upstream_closed"));
+    }
+}
