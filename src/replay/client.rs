@@ -161,7 +161,7 @@ pub fn presend(pool: &Pool, target: &Target, req: &BuiltRequest, t0: Instant) ->
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let mut head = Vec::with_capacity(256);
     h1wire::write_request_head(
-        "POST",
+        req.method.as_str(),
         path,
         pool.host(),
         extra_fields(target),
@@ -461,7 +461,7 @@ async fn execute_own(
     let mut wire = Vec::new();
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     h1wire::write_request(
-        "POST",
+        req.method.as_str(),
         path,
         pool.host(),
         extra_fields(target),
@@ -754,7 +754,7 @@ async fn execute_hyper(
 ) -> Sample {
     let make = || {
         let mut b = hyper::Request::builder()
-            .method(Method::POST)
+            .method(req.method.clone())
             .uri(uri.clone());
         if let Some(h) = b.headers_mut() {
             h.extend(target.headers.clone());
@@ -932,6 +932,7 @@ mod tests {
         let pool = Pool::new(&target, None).await.unwrap();
         assert_eq!(pool.warm(2, 2).await, 2);
         let req = BuiltRequest {
+            method: http::Method::POST,
             path: "/v1/completions".into(),
             body: Bytes::from_static(
                 br#"{"model":"mock-llama","prompt":[11,12,13,14],"max_tokens":3,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#,

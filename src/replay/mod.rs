@@ -21,6 +21,7 @@ pub mod request;
 pub mod result;
 pub mod schedule;
 pub mod scrape;
+pub mod select;
 pub mod sessions;
 pub mod shaping;
 pub mod start;
@@ -56,7 +57,10 @@ pub struct Config {
     /// `--target-ca`: trust roots for an https target (default: system bundle).
     pub target_ca: Option<PathBuf>,
     pub model: Option<String>,
-    pub api: Api,
+    /// `--endpoint`: the API of synthesised prompts (`None`: each request's recorded one).
+    pub api: Option<Api>,
+    /// `--include-aux`, `--skip-recorded-failures`: which requests are sent.
+    pub select: select::Selection,
     pub speed: Option<f64>,
     pub limit: Option<usize>,
     pub max_concurrency: Option<usize>,
@@ -181,16 +185,16 @@ impl Config {
             PromptModeArg::TokenIds => PromptMode::TokenIds,
             PromptModeArg::Text => PromptMode::Text,
         };
-        let api = match a.endpoint {
+        let api = a.endpoint.map(|e| match e {
             EndpointArg::Completions => Api::Completions,
             EndpointArg::Chat => Api::Chat,
-        };
+        });
         if prompt_mode == PromptMode::Text && a.tokenizer.is_none() {
             bail!(
                 "--prompt-mode text needs --tokenizer (text must re-encode to the trace's blocks)"
             );
         }
-        if api == Api::Chat && prompt_mode == PromptMode::TokenIds {
+        if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds {
             bail!("--endpoint chat sends text: add --prompt-mode text and --tokenizer FILE");
         }
         let mut headers = HeaderMap::new();
@@ -251,6 +255,11 @@ impl Config {
             target_ca: a.target_ca,
             model: a.model,
             api,
+            select: select::Selection {
+                include_aux: a.include_aux,
+                skip_recorded_failures: a.skip_recorded_failures,
+                text_prompts: prompt_mode == PromptMode::Text,
+            },
             speed: a.speed,
             limit: a.limit,
             max_concurrency: a.max_concurrency,
@@ -411,6 +420,19 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
+/// The result's `endpoint`: the one API every measured request used, or `mixed`.
+fn endpoint_label(built: &[request::BuiltRequest]) -> String {
+    let name = |b: &request::BuiltRequest| match b.api {
+        Api::Completions => "completions",
+        Api::Chat => "chat",
+    };
+    match built.first().map(name) {
+        Some(first) if built.iter().all(|b| name(b) == first) => first.into(),
+        Some(_) => "mixed".into(),
+        None => "completions".into(),
+    }
+}
+
 /// Shapes the trace and plans its sends. With the embedded target and neither `--limit` nor
 /// `--speed`, only the first [`EMBEDDED_DEFAULT_SPAN`] of the (shaped) trace is planned.
 pub fn prepare(
@@ -418,6 +440,10 @@ pub fn prepare(
     mut trace: crate::trace::Trace,
     embedded: bool,
 ) -> anyhow::Result<(crate::trace::Trace, Vec<schedule::PlannedSend>)> {
+    let before = trace.requests.len();
+    if let Some(line) = select::select(&mut trace, &cfg.select).summary(before) {
+        eprintln!("retrace: {line}");
+    }
     let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
     let speed = cfg.speed.unwrap_or(1.0);
     let limit = match (cfg.limit, cfg.speed, embedded) {
@@ -668,6 +694,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     // The process's CPU time before the clock (trace, bodies, connections) and during the run.
     let cpu_setup_s = process_cpu_s();
     let mut failed = 0u64;
+    let endpoint = endpoint_label(&built);
     let driven = driver::drive(
         sends,
         Arc::new(built),
@@ -772,10 +799,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             "embedded-mock".into()
         },
         model,
-        endpoint: match cfg.api {
-            Api::Completions => "completions".into(),
-            Api::Chat => "chat".into(),
-        },
+        endpoint,
         speed,
         max_concurrency: cfg.max_concurrency,
         seed: cfg.seed,
