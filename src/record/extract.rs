@@ -618,11 +618,9 @@ mod tests {
         assert!(fast >= 2, "the fast path answered {fast} bodies");
     }
 
-    /// Records built from the real vLLM samples (streams of every shape, a non-streamed body
-    /// with usage and metrics, with and without bodies) encode to the same bytes through the
-    /// trace writer's direct encoder as through the serde path.
-    #[test]
-    fn records_from_real_vllm_samples_encode_as_serde_does() {
+    /// Exchanges built from the real vLLM samples: streams of every shape cut into frames at
+    /// several sizes, non-streamed bodies with usage and metrics, a metrics stream, a tiny body.
+    fn real_sample_exchanges() -> Vec<Exchange> {
         let streams: [&[u8]; 4] = [
             include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse"),
             include_bytes!("../../fixtures/vllm/completions_text_stream.sse"),
@@ -632,18 +630,20 @@ mod tests {
         let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
         let mut exchanges = Vec::new();
         for s in streams {
-            let chunks: Vec<(u64, &[u8])> = s
-                .chunks(97)
-                .enumerate()
-                .map(|(k, c)| (1000 + 731 * k as u64, c))
-                .collect();
-            for path in ["/v1/completions", "/v1/chat/completions"] {
-                exchanges.push(ex(
-                    path,
-                    br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
-                    "text/event-stream",
-                    &chunks,
-                ));
+            for size in [97, 13, s.len()] {
+                let chunks: Vec<(u64, &[u8])> = s
+                    .chunks(size)
+                    .enumerate()
+                    .map(|(k, c)| (1000 + 731 * k as u64, c))
+                    .collect();
+                for path in ["/v1/completions", "/v1/chat/completions"] {
+                    exchanges.push(ex(
+                        path,
+                        br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
+                        "text/event-stream",
+                        &chunks,
+                    ));
+                }
             }
         }
         for line in metrics.lines().filter(|l| l.starts_with('{')) {
@@ -666,8 +666,19 @@ mod tests {
             &[(2000, metrics_sse.as_bytes())],
         ));
         exchanges.push(ex("/small", b"{}", "application/json", &[(5, b"{}")]));
-        assert!(exchanges.len() >= 10);
+        exchanges
+    }
+
+    /// The records the recorder writes for the real vLLM samples, byte for byte as the trace
+    /// writer encodes them, are the ones in `fixtures/record/vllm_sample_records.cbor` (made by
+    /// the writer before its SSE splitter and CBOR encoder were reduced to `sse` and serde's;
+    /// `RETRACE_BLESS=1` rewrites it).
+    #[test]
+    fn records_from_real_vllm_samples_are_byte_identical_to_the_golden_file() {
+        let exchanges = real_sample_exchanges();
+        assert!(exchanges.len() >= 26, "{}", exchanges.len());
         let mut with_metrics = 0;
+        let mut bytes = Vec::new();
         for e in &exchanges {
             for bodies in [Bodies::None, Bodies::Full] {
                 let (r, _) = xt(bodies).to_request(e, e.arrival - Duration::from_millis(5));
@@ -677,12 +688,24 @@ mod tests {
                         .is_some_and(|x| x.server_metrics.is_some()),
                 );
                 for prev in [0, 4000, 9000] {
-                    let (a, b) = crate::trace::native::record_bytes_both(&r, prev);
-                    assert_eq!(a, b, "{r:?}");
+                    crate::trace::native::encode_record(&r, prev, &mut bytes);
                 }
             }
         }
         assert!(with_metrics > 0, "a sample carries vLLM's metrics object");
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/record/vllm_sample_records.cbor");
+        if std::env::var_os("RETRACE_BLESS").is_some() {
+            std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+            std::fs::write(&golden, &bytes).unwrap();
+        }
+        let want = std::fs::read(&golden).unwrap();
+        assert!(
+            bytes == want,
+            "{} bytes, golden {}",
+            bytes.len(),
+            want.len()
+        );
     }
 
     /// Non-streamed bodies (the real vLLM body with `metrics`, the same without, error bodies,

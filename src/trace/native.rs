@@ -326,6 +326,12 @@ fn cbor<T: Serialize>(v: &T, out: &mut Vec<u8>) {
     ciborium::into_writer(v, &mut *out).expect("CBOR encoding into memory");
 }
 
+/// Appends one record as the trace writer encodes it, `prev_arrival` being the previous
+/// record's arrival in the same file.
+pub(crate) fn encode_record(r: &Request, prev_arrival: u64, out: &mut Vec<u8>) {
+    super::recenc::encode_request(r, prev_arrival, out);
+}
+
 /// One record's bytes through the serde path (`RequestWire` + ciborium) and through the
 /// writer's direct encoder ([`super::recenc`]): tests elsewhere (the recorder's, on records
 /// built from real vLLM responses) check that they agree.
@@ -425,7 +431,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// Appends a record; closes the frame when it is large enough.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
-        super::recenc::encode_request(r, self.prev_arrival, &mut self.buf);
+        encode_record(r, self.prev_arrival, &mut self.buf);
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
         let opened = *self
