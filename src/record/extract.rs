@@ -4,8 +4,7 @@
 //! body (bounded), response status and header time, every response chunk with its arrival offset
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
-//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
+//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
 //! or reads a non-streamed body ([`crate::openai::parse_response_body`]), to fill a
 //! [`crate::trace::Request`].
 //!
@@ -20,7 +19,6 @@
 //! Pure: no I/O, no clock reads.
 
 use super::prompt::{batch_len, TextTokenizer};
-use super::sseframes::FrameSplitter;
 use crate::chunkmemo::ChunkMemo;
 use crate::openai::{self, BodyInfo};
 use crate::sse::RawEvent;
@@ -269,10 +267,9 @@ impl Extractor {
             }
         };
         if is_sse {
-            // Events are lent by the splitter (in place for plain `data:` blocks, see
-            // `sseframes`) and read through the stream's chunk template (`chunkmemo`): the
-            // same events and answers as `SseParser` + `parse_chunk`.
-            let mut p = FrameSplitter::new(4 << 20);
+            // Events are lent by the splitter and read through the stream's chunk template
+            // (`chunkmemo`): the same answers as `parse_chunk`.
+            let mut p = crate::sse::SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
             resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
@@ -295,13 +292,13 @@ impl Extractor {
             };
             let mut from = 0;
             for &(at, end) in &ex.frames {
-                p.feed(&ex.response_body[from..end], |ev| {
+                p.feed_raw(&ex.response_body[from..end], |ev| {
                     on_event(at, ev, &mut resp)
                 });
                 from = end;
             }
             if let Some((at, _)) = ex.frames.last() {
-                p.finish(|ev| on_event(*at, ev, &mut resp));
+                p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
             // What `parse_chunk` says of the body, less what only streamed events use.
@@ -670,9 +667,9 @@ mod tests {
     }
 
     /// The records the recorder writes for the real vLLM samples, byte for byte as the trace
-    /// writer encodes them, are the ones in `fixtures/record/vllm_sample_records.cbor` (made by
-    /// the writer before its SSE splitter and CBOR encoder were reduced to `sse` and serde's;
-    /// `RETRACE_BLESS=1` rewrites it).
+    /// writer encodes them, are the ones in `fixtures/record/vllm_sample_records.cbor` (made with
+    /// the in-place SSE splitter and direct CBOR encoder the writer used before `sse` and
+    /// serde's encoder replaced them; `RETRACE_BLESS=1` rewrites it).
     #[test]
     fn records_from_real_vllm_samples_are_byte_identical_to_the_golden_file() {
         let exchanges = real_sample_exchanges();
@@ -711,7 +708,7 @@ mod tests {
     /// Non-streamed bodies (the real vLLM body with `metrics`, the same without, error bodies,
     /// malformed and odd ones): the record built through `openai::parse_response_body` is the
     /// record the `parse_chunk` path built: usage, server metrics bit for bit and error kind are
-    /// all a non-streamed body decides (and the record encodes as the serde path does).
+    /// all a non-streamed body decides.
     #[test]
     fn non_streamed_records_are_what_the_parse_chunk_path_recorded() {
         let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
@@ -782,8 +779,6 @@ mod tests {
                     assert_eq!(resp.error, want, "{text}");
                 }
                 with_metrics += usize::from(resp.server_metrics.is_some());
-                let (a, b) = crate::trace::native::record_bytes_both(&r, 0);
-                assert_eq!(a, b);
             }
         }
         assert!(with_metrics >= 3, "{with_metrics}");

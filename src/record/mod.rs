@@ -12,7 +12,7 @@
 //!   failure kinds, JSON errors);
 //! - `upstream`: dialing (plain/TLS) and hyper-util's pooling client;
 //! - `tap`: body wrappers (invariant 1: forward untouched, note only);
-//! - `extract` + `prompt` + `sseframes` (+ the pure leaf [`crate::chunkmemo`]): exchange → trace
+//! - `extract` + `prompt` (+ the pure leaves [`crate::sse`], [`crate::chunkmemo`]): exchange → trace
 //!   record (parsing, tokenizing, hashing), pure;
 //! - `writer`: bounded queue, trace files, rotation, durability;
 //! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
@@ -28,7 +28,6 @@ pub mod prompt;
 pub mod proxy;
 pub mod rawpool;
 pub mod server;
-pub mod sseframes;
 pub mod stats;
 pub mod tap;
 pub mod timing;

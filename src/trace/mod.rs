@@ -15,7 +15,6 @@ pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
-mod recenc;
 pub mod sessions;
 pub mod shape;
 pub mod stats;
