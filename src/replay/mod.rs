@@ -14,6 +14,7 @@ pub mod client;
 pub mod console;
 pub mod driver;
 pub mod h1client;
+pub mod outcome;
 pub mod pool;
 pub mod probe;
 pub mod reader;
@@ -21,7 +22,6 @@ pub mod request;
 pub mod result;
 pub mod schedule;
 pub mod scrape;
-pub mod select;
 pub mod sessions;
 pub mod shaping;
 pub mod start;
@@ -60,7 +60,7 @@ pub struct Config {
     /// `--endpoint`: the API of synthesised prompts (`None`: each request's recorded one).
     pub api: Option<Api>,
     /// `--include-aux`, `--skip-recorded-failures`: which requests are sent.
-    pub select: select::Selection,
+    pub select: crate::trace::select::Selection,
     pub speed: Option<f64>,
     pub limit: Option<usize>,
     pub max_concurrency: Option<usize>,
@@ -255,7 +255,7 @@ impl Config {
             target_ca: a.target_ca,
             model: a.model,
             api,
-            select: select::Selection {
+            select: crate::trace::select::Selection {
                 include_aux: a.include_aux,
                 skip_recorded_failures: a.skip_recorded_failures,
                 text_prompts: prompt_mode == PromptMode::Text,
@@ -337,7 +337,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let cfg = Config::from_args(args)?;
     if cfg.dry_run {
         let (trace, _) = read_path(&cfg.trace, &ImportOptions::default())?;
-        let (trace, plan) = prepare(&cfg, trace, cfg.target.is_none())?;
+        let (trace, plan, _) = prepare(&cfg, trace, cfg.target.is_none())?;
         let sends: Vec<(u64, u64, u64)> = plan
             .iter()
             .map(|p| {
@@ -420,6 +420,17 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
+/// `METHOD path` → requests sent (the result's `requests_by_endpoint`).
+fn requests_by_endpoint(
+    built: &[request::BuiltRequest],
+) -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for b in built {
+        *m.entry(format!("{} {}", b.method, b.path)).or_default() += 1;
+    }
+    m
+}
+
 /// The result's `endpoint`: the one API every measured request used, or `mixed`.
 fn endpoint_label(built: &[request::BuiltRequest]) -> String {
     let name = |b: &request::BuiltRequest| match b.api {
@@ -439,9 +450,14 @@ pub fn prepare(
     cfg: &Config,
     mut trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(crate::trace::Trace, Vec<schedule::PlannedSend>)> {
+) -> anyhow::Result<(
+    crate::trace::Trace,
+    Vec<schedule::PlannedSend>,
+    crate::trace::select::Skipped,
+)> {
     let before = trace.requests.len();
-    if let Some(line) = select::select(&mut trace, &cfg.select).summary(before) {
+    let left_out = crate::trace::select::select(&mut trace, &cfg.select);
+    if let Some(line) = left_out.summary(before) {
         eprintln!("retrace: {line}");
     }
     let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
@@ -471,7 +487,7 @@ pub fn prepare(
             origin_us: Some(origin),
         },
     );
-    Ok((trace, plan))
+    Ok((trace, plan, left_out))
 }
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
@@ -519,7 +535,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             .map_err(|e| anyhow!("{e} (or give --model)"))?,
     };
     let speed = cfg.speed.unwrap_or(1.0);
-    let (trace, plan) = prepare(&cfg, trace, embedded.is_some())?;
+    let (trace, plan, left_out) = prepare(&cfg, trace, embedded.is_some())?;
     let links = if cfg.sessions {
         Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?)
     } else {
@@ -607,6 +623,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     } else {
         theory
     };
+    let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
+    let aux_mask: Vec<bool> = built.iter().map(|b| b.aux).collect();
+    let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
     drop(trace);
     let inexact = built.iter().filter(|b| !b.exact_prompt).count() as u64;
     if inexact > 0 {
@@ -695,7 +714,8 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let cpu_setup_s = process_cpu_s();
     let mut failed = 0u64;
     let endpoint = endpoint_label(&built);
-    let driven = driver::drive(
+    let by_endpoint = requests_by_endpoint(&built);
+    let mut driven = driver::drive(
         sends,
         Arc::new(built),
         http,
@@ -720,6 +740,9 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     )
     .await;
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
+    // Side requests are counted apart; the workload's samples alone make the statistics.
+    let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &aux_mask);
+    driven.samples = work;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
@@ -822,6 +845,24 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
             m.insert("start_at".into(), serde_json::json!(start::display(at)));
         }
         m.insert("rx_stamp".into(), serde_json::json!(rx_stamp));
+        m.insert("selection".into(), serde_json::json!(cfg.select));
+        m.insert("left_out".into(), serde_json::json!(left_out.by_name()));
+        m.insert(
+            "requests_by_endpoint".into(),
+            serde_json::json!(by_endpoint),
+        );
+        if let Some(a) = outcome::auxiliary(&aux_samples) {
+            m.insert("auxiliary".into(), a);
+        }
+        if let Some(rec) = &recorded {
+            m.insert(
+                "recorded_outcomes".into(),
+                outcome::recorded(rec, &driven.samples),
+            );
+            if cfg.detailed {
+                m.insert("recorded_errors".into(), serde_json::json!(rec));
+            }
+        }
         m.insert(
             "body_readers".into(),
             match readers {

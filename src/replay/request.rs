@@ -53,6 +53,8 @@ pub struct BodyOptions {
 #[derive(Debug, Clone)]
 pub struct BuiltRequest {
     pub method: http::Method,
+    /// An auxiliary request (`--include-aux`): sent and timed, its body not read as a response.
+    pub aux: bool,
     /// Path relative to the target's base (`/v1/completions`).
     pub path: String,
     pub body: Bytes,
@@ -129,6 +131,7 @@ fn recorded_bytes(req: &Request, body: Vec<u8>) -> BuiltRequest {
         .unwrap_or(http::Method::POST);
     BuiltRequest {
         method,
+        aux: !req.is_workload(),
         path: req.endpoint.path().to_string(),
         body: Bytes::from(body),
         api: api_of(&req.endpoint),
@@ -191,6 +194,7 @@ fn synthesised(
     let body = serde_json::to_vec(&Value::Object(obj)).map_err(|e| e.to_string())?;
     Ok(BuiltRequest {
         method: http::Method::POST,
+        aux: false,
         path,
         body: Bytes::from(body),
         api,

@@ -9,7 +9,9 @@
 //! prefix sharing is compared only between two traces. This module prints nothing.
 
 use super::load::{Kind, Run};
+use crate::trace::select::{self, Selection};
 use crate::trace::stats::{self, Dist, Reuse};
+use crate::trace::Trace;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -75,14 +77,11 @@ struct View {
 fn view(r: &Run) -> Option<View> {
     if let Some(t) = &r.trace {
         let st = stats::compute(t, &Default::default());
+        let work = || t.requests.iter().filter(|q| q.is_workload());
         return Some(View {
-            arrivals_s: t
-                .requests
-                .iter()
-                .map(|q| q.arrival_us as f64 / 1e6)
-                .collect(),
-            isl: t.requests.iter().map(|q| q.input_tokens as f64).collect(),
-            osl: t.requests.iter().map(|q| q.output_tokens as f64).collect(),
+            arrivals_s: work().map(|q| q.arrival_us as f64 / 1e6).collect(),
+            isl: work().map(|q| q.input_tokens as f64).collect(),
+            osl: work().map(|q| q.output_tokens as f64).collect(),
             shape_extra: Some(st),
         });
     }
@@ -193,8 +192,22 @@ fn kolmogorov_q(lambda: f64) -> f64 {
     sum.clamp(0.0, 1.0)
 }
 
+/// The trace's requests that the replay sent, in arrival order: the replay's own selection
+/// (its result says which), or for other tools' results the workload with a prompt.
+fn sent_by(t: &Trace, replay: &Run) -> Trace {
+    let sel = replay.selection.unwrap_or(Selection {
+        text_prompts: true,
+        ..Default::default()
+    });
+    let mut t = t.clone();
+    select::select(&mut t, &sel);
+    t
+}
+
+/// Pairs request `i` of the replay with request `i` of what it sent of the trace: both are in
+/// arrival (schedule) order, never completion order.
 fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
-    let t = trace_run.trace.as_ref()?;
+    let t = &sent_by(trace_run.trace.as_ref()?, replay);
     let q = replay.requests.as_ref()?;
     let n = t.requests.len().min(q.len());
     if n == 0 {

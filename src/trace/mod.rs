@@ -15,6 +15,7 @@ pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
+pub mod select;
 pub mod sessions;
 pub mod shape;
 pub mod stats;

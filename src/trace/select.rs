@@ -1,15 +1,17 @@
-//! Which trace requests a replay sends, and why the others are left out (pure).
+//! Which trace requests a replay sends, and why the others are left out (pure; `compare`
+//! applies the same selection to pair a recording with its replay).
 //!
 //! A recording holds more than the workload: side requests such as `/tokenize`, `GET /v1/models`
 //! or `/metrics` scrapes. They stay in the trace but are left out of a replay unless
 //! `--include-aux`. A request that cannot be re-issued faithfully is left out and counted with
 //! its reason, never sent as an empty completion.
 
-use crate::trace::{Endpoint, Request, Trace};
+use super::{Endpoint, Request, Trace};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// What the user chose (`--include-aux`, `--skip-recorded-failures`) and what the run can build.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Selection {
     pub include_aux: bool,
     pub skip_recorded_failures: bool,
@@ -63,6 +65,11 @@ impl Skip {
 pub struct Skipped(pub BTreeMap<Skip, u64>);
 
 impl Skipped {
+    /// Reason name → count (the result file's `left_out`).
+    pub fn by_name(&self) -> BTreeMap<&'static str, u64> {
+        self.0.iter().map(|(k, n)| (k.as_str(), *n)).collect()
+    }
+
     pub fn total(&self) -> u64 {
         self.0.values().sum()
     }
