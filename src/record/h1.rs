@@ -1,7 +1,6 @@
-//! retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`): one task per client connection.
+//! retrace's own HTTP/1.1 forwarding loop: one task per client connection.
 //!
-//! For an HTTP/1.1 client towards an HTTP/1.1 upstream this replaces hyper's server and client
-//! with what nginx does: the task reads a request head into a small per-connection buffer,
+//! Every HTTP/1.1 client of an HTTP/1.1 upstream is served here, the way nginx does it: the task reads a request head into a small per-connection buffer,
 //! rewrites it ([`crate::h1wire`]), writes it to an upstream socket borrowed from this I/O
 //! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
 //! request body client → upstream (Content-Length or chunked, the framing passed through raw),
@@ -12,8 +11,8 @@
 //! read that brought it, as [`Exchange`] expects. While a response streams, the client's read side
 //! is watched: EOF or a reset cancels the exchange and closes the upstream socket so the server
 //! stops generating; bytes of a pipelined next request are kept. Errors before the response head
-//! become the same JSON errors as `proxy`'s (502/504, 400 for a bad request body); errors after it
-//! close the client connection without a clean end. Timeouts: response headers (and total) from
+//! become the JSON errors of `common` ([`Failure::status`]: 502/504, 400 for a bad request
+//! body); errors after it close the client connection without a clean end. Timeouts: response headers (and total) from
 //! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
 //! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
 //! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
