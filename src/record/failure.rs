@@ -27,6 +27,9 @@ pub enum Failure {
     Other,
     /// The proxy drained and cut an upgraded tunnel (not counted as an upstream error).
     DrainDeadline,
+    /// The upstream answered before the whole request body was sent to it (and stopped
+    /// reading); the answer was forwarded. Not counted as an upstream error.
+    BodyUnsent,
 }
 
 impl Failure {
@@ -56,6 +59,7 @@ impl Failure {
             Failure::ClientBody => "client_body",
             Failure::Other => "other",
             Failure::DrainDeadline => "drain_deadline",
+            Failure::BodyUnsent => "request_body_unsent",
         }
     }
 
@@ -73,7 +77,10 @@ impl Failure {
     pub fn is_upstream_fault(self) -> bool {
         !matches!(
             self,
-            Failure::ClientBody | Failure::TimeoutHeaders | Failure::DrainDeadline
+            Failure::ClientBody
+                | Failure::TimeoutHeaders
+                | Failure::DrainDeadline
+                | Failure::BodyUnsent
         )
     }
 }

@@ -496,7 +496,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     }
                 }
                 if let Some(p) = ex.pending.take() {
-                    p.end(None, false);
+                    // Answered before the whole request body went upstream: the record says so.
+                    p.end((!req_done).then_some(Failure::BodyUnsent), false);
                 }
                 ex.keep_client && req_done && self.drain.borrow().is_none()
             }
@@ -827,25 +828,22 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                         }
                     }
                     Poll::Ready(r) => {
-                        let e = r
-                            .err()
-                            .map_or("write returned 0".to_string(), |e| e.to_string());
-                        match ex.phase {
-                            Phase::Head => {
-                                return Poll::Ready(Outcome::BeforeHead(
-                                    Failure::UpstreamClosed,
-                                    format!("writing the request upstream: {e}"),
-                                ))
-                            }
-                            // The upstream answered and stopped reading: deliver the answer,
-                            // forward no more of the request, close the client after.
-                            _ => {
-                                ex.req_abandoned = true;
-                                ex.keep_client = false;
-                                ex.up_reusable = false;
-                                self.cbuf.consume(ex.req_ready);
-                                ex.req_ready = 0;
-                            }
+                        // The upstream stopped reading, as servers do when they answer early
+                        // (an error) and close: forward no more of the request, deliver the
+                        // answer if it comes (it may be read yet, even after a reset), close
+                        // the client after. No answer is a 502 when the read fails below.
+                        if let Err(e) = r {
+                            tracing::debug!("writing the request upstream: {e}");
+                        }
+                        progress = true;
+                        ex.req_abandoned = true;
+                        ex.keep_client = false;
+                        ex.up_reusable = false;
+                        self.cbuf.consume(ex.req_ready);
+                        ex.req_ready = 0;
+                        if !ex.head_done {
+                            ex.head_done = true;
+                            self.out.clear();
                         }
                     }
                     Poll::Pending => {}

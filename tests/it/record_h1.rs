@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -95,7 +95,7 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, S
 
 /// Reads until the proxy closes the connection: panics if it is still open after [`T`] (a
 /// timeout is not an end of the body).
-async fn read_to_eof(s: &mut TcpStream, buf: &mut Vec<u8>) {
+async fn read_to_eof(s: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) {
     let mut tmp = [0u8; 8192];
     loop {
         match tokio::time::timeout(T, s.read(&mut tmp)).await {
@@ -106,7 +106,7 @@ async fn read_to_eof(s: &mut TcpStream, buf: &mut Vec<u8>) {
     }
 }
 
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+async fn read_more(s: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) -> Option<()> {
     let mut tmp = [0u8; 8192];
     let n = tokio::time::timeout(T, s.read(&mut tmp)).await.ok()?.ok()?;
     if n == 0 {
@@ -151,7 +151,11 @@ impl Resp {
 }
 
 /// Reads one response from the proxy; `head_request` says the request was HEAD.
-async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Resp {
+async fn read_response(
+    s: &mut (impl AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+    head_request: bool,
+) -> Resp {
     loop {
         let mut h = [httparse::EMPTY_HEADER; 64];
         let mut r = httparse::Response::new(&mut h);
@@ -674,14 +678,17 @@ async fn an_idle_keep_alive_connection_serves_again_after_the_idle_release() {
 
 /// One POST through the proxy from an HTTP/2 client (h2c prior knowledge): status, headers,
 /// body.
-async fn h2_post(proxy: SocketAddr, body: &'static str) -> (u16, http::HeaderMap, Vec<u8>) {
+async fn h2_post(
+    proxy: SocketAddr,
+    body: impl Into<bytes::Bytes>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
     use http_body_util::{BodyExt, Full};
     let c: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .http2_only(true)
             .build_http();
     let req = http::Request::post(format!("http://{proxy}/v1/completions"))
-        .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
+        .body(Full::new(body.into()))
         .unwrap();
     let resp = tokio::time::timeout(T, c.request(req))
         .await
@@ -769,4 +776,102 @@ async fn a_200_kb_response_head_is_a_502_for_http1_and_http2_clients() {
         assert_eq!(resp.status, 0, "no usable head came from upstream");
         assert_eq!(resp.error.as_deref(), Some("upstream_closed"));
     }
+}
+
+/// An upstream that answers every request `400` as soon as its head is in, then closes without
+/// reading the body (as servers do on errors).
+async fn early_400_upstream() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    if read_more(&mut s, &mut buf).await.is_none() {
+                        return;
+                    }
+                }
+                let body = br#"{"object":"error","message":"too long","type":"BadRequestError","code":400}"#;
+                let mut head = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                head.extend_from_slice(body);
+                let _ = s.write_all(&head).await;
+                // Dropped with the body unread: the kernel resets the connection.
+            });
+        }
+    });
+    addr
+}
+
+/// A 20k-token completion request body.
+fn big_prompt() -> String {
+    let ids: Vec<String> = (0..20_000)
+        .map(|k| (10_000 + k % 40_000).to_string())
+        .collect();
+    format!(
+        r#"{{"model":"m","prompt":[{}],"max_tokens":1}}"#,
+        ids.join(",")
+    )
+}
+
+/// Sends one POST of `body` on a fresh connection and reads the answer while still writing.
+async fn post_while_writing(addr: SocketAddr, body: String) -> Resp {
+    let c = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = c.into_split();
+    let wire = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // The proxy may stop reading once the answer is out: a failed write is fine. The write half
+    // stays open until the answer is read (a half-close would mean the client left).
+    let w = tokio::spawn(async move {
+        let _ = wr.write_all(wire.as_bytes()).await;
+        wr
+    });
+    let r = read_response(&mut rd, &mut Vec::new(), false).await;
+    drop(w.await);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answering_before_the_body_is_read_gets_its_answer_through() {
+    let up = early_400_upstream().await;
+    let rec = start(up).await;
+    let body = big_prompt();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(post_while_writing(rec.addr, body.clone())))
+        .collect();
+    let check = |status: u16, body: &[u8]| {
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(body));
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["message"], "too long", "the upstream's own answer");
+    };
+    for t in tasks {
+        let r = t.await.unwrap();
+        check(r.status, &r.body);
+    }
+    let (status, _, b) = h2_post(rec.addr, body).await;
+    check(status, &b);
+    // Larger than both hops' socket buffers together: the upstream cannot have had it whole.
+    let huge = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(12 << 20));
+    let r = post_while_writing(rec.addr, huge).await;
+    check(r.status, &r.body);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 22);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.status, 400);
+        // Written whole into the socket before the upstream closed, or not.
+        let e = resp.error.as_deref();
+        assert!(
+            matches!(e, Some("http_400" | "request_body_unsent")),
+            "{e:?}"
+        );
+    }
+    let last = recs.last().unwrap().response.as_ref().unwrap();
+    assert_eq!(last.error.as_deref(), Some("request_body_unsent"));
 }
