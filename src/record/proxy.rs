@@ -55,6 +55,20 @@ async fn read_for_record(mut body: RequestTap, max: usize) {
     }
 }
 
+/// Whether hyper gave up because of the client's request body (it broke off or failed).
+fn user_body(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut src = Some(e);
+    while let Some(s) = src {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_user() || h.is_body_write_aborted() {
+                return true;
+            }
+        }
+        src = s.source();
+    }
+    false
+}
+
 /// The upstream request target (absolute: the pooling client takes origin-form from it).
 fn target(p: &Proxy, pq: &str) -> Result<Uri, http::Error> {
     Uri::builder()
@@ -121,10 +135,7 @@ pub async fn handle(
             return Ok(fail(pending, Failure::TimeoutHeaders, msg));
         }
         Ok(Err(e)) => {
-            let user_body = std::error::Error::source(&e)
-                .and_then(|s| s.downcast_ref::<hyper::Error>())
-                .is_some_and(|h| h.is_user() || h.is_body_write_aborted());
-            let f = classify(e.is_connect(), user_body, &e);
+            let f = classify(e.is_connect(), user_body(&e), &e);
             let msg = describe(&e);
             if f.is_upstream_fault() {
                 tracing::warn!("upstream request failed ({f}): {msg}");
