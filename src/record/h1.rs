@@ -152,6 +152,9 @@ enum Phase {
     Done,
 }
 
+/// One step of an exchange's poll loop: whether it made progress, or how the exchange ended.
+type Step = Result<bool, Outcome>;
+
 /// How an exchange's poll loop ended.
 enum Outcome {
     /// The response went out whole.
@@ -722,308 +725,25 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         Ok(())
     }
 
+    /// Moves the exchange on until it ends or waits: each step below runs once per pass, and
+    /// the pass repeats while any step made progress.
     fn poll_exchange(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Poll<Outcome> {
         loop {
-            let mut progress = false;
             if self.up.is_none() {
                 return Poll::Ready(Outcome::BeforeHead(
                     Failure::UpstreamClosed,
                     "no upstream connection".into(),
                 ));
             }
-
-            // Timers: response headers (and total) before the head; idle gap and total after.
-            while self.sleep.as_mut().poll(cx).is_ready() {
-                let now = tokio::time::Instant::now();
-                if ex.phase == Phase::Head {
-                    if now >= ex.headers_deadline {
-                        return Poll::Ready(Outcome::BeforeHead(
-                            Failure::TimeoutHeaders,
-                            "upstream sent no response headers within the timeout".into(),
-                        ));
-                    }
-                    self.sleep.as_mut().reset(ex.headers_deadline);
-                    continue;
-                }
-                if ex.total_deadline.is_some_and(|t| now >= t) {
-                    return Poll::Ready(Outcome::Cut(Failure::TimeoutTotal));
-                }
-                let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
-                if waiting_client || ex.phase == Phase::Done {
-                    ex.last_activity = now;
-                }
-                let idle_due = ex.last_activity + self.p.idle_timeout;
-                if now >= idle_due {
-                    return Poll::Ready(Outcome::Cut(Failure::TimeoutIdle));
-                }
-                let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
-                self.sleep.as_mut().reset(next);
-            }
-
-            // More request body from the client (framed before the write below, so a small
-            // request goes upstream in one write with its head).
-            if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
-                if self.cbuf.len() > 0 {
-                    match self.frame_request(ex) {
-                        Ok(k) => {
-                            ex.req_ready = k;
-                            progress = true;
-                        }
-                        Err(e) => {
-                            if ex.phase == Phase::Head {
-                                return Poll::Ready(Outcome::BeforeHead(
-                                    Failure::ClientBody,
-                                    format!("request body: {e}"),
-                                ));
-                            }
-                            return Poll::Ready(Outcome::Cut(Failure::ClientBody));
-                        }
-                    }
-                } else {
-                    self.cbuf.make_room(CLIENT_BUF);
-                    match self.cbuf.poll_read_from(&mut self.client, cx) {
-                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                            return Poll::Ready(Outcome::Cancelled)
-                        }
-                        Poll::Ready(Ok(_)) => progress = true,
-                        Poll::Pending => {}
-                    }
-                }
-            }
-
-            // Request head and framed body → upstream.
-            if !ex.head_done || ex.req_ready > 0 {
-                let head: &[u8] = if ex.head_done {
-                    &[]
-                } else {
-                    &self.out[ex.head_sent..]
-                };
-                let body = &self.cbuf.data()[..ex.req_ready];
-                let bufs = [IoSlice::new(head), IoSlice::new(body)];
-                let Some(up) = self.up.as_mut() else {
-                    return Poll::Pending;
-                };
-                match Pin::new(up).poll_write_vectored(cx, &bufs) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
-                        return Poll::Ready(Outcome::Retry(io::Error::new(
-                            io::ErrorKind::BrokenPipe,
-                            "the upstream connection was closed",
-                        )));
-                    }
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        ex.sent_any = true;
-                        progress = true;
-                        let h = n.min(head.len());
-                        let b = n - h;
-                        if !ex.head_done {
-                            ex.head_sent += h;
-                            if ex.head_sent == self.out.len() {
-                                ex.head_done = true;
-                                self.out.clear();
-                            }
-                        }
-                        if b > 0 {
-                            self.cbuf.consume(b);
-                            ex.req_ready -= b;
-                        }
-                    }
-                    Poll::Ready(r) => {
-                        // The upstream stopped reading, as servers do when they answer early
-                        // (an error) and close: forward no more of the request, deliver the
-                        // answer if it comes (it may be read yet, even after a reset), close
-                        // the client after. No answer is a 502 when the read fails below.
-                        if let Err(e) = r {
-                            tracing::debug!("writing the request upstream: {e}");
-                        }
-                        progress = true;
-                        ex.req_abandoned = true;
-                        ex.keep_client = false;
-                        ex.up_reusable = false;
-                        self.cbuf.consume(ex.req_ready);
-                        ex.req_ready = 0;
-                        if !ex.head_done {
-                            ex.head_done = true;
-                            self.out.clear();
-                        }
-                    }
-                    Poll::Pending => {}
-                }
-            }
-
-            // Response bytes → client.
-            if ex.cout < self.out.len() || ex.raw_pend > 0 {
-                let a = &self.out[ex.cout..];
-                let b = &self.ubuf.data()[..ex.raw_pend];
-                let bufs = [IoSlice::new(a), IoSlice::new(b)];
-                match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        progress = true;
-                        let h = n.min(a.len());
-                        ex.cout += h;
-                        let r = n - h;
-                        if r > 0 {
-                            self.ubuf.consume(r);
-                            ex.raw_pend -= r;
-                        }
-                        if ex.cout == self.out.len() && ex.raw_pend == 0 {
-                            self.out.clear();
-                            ex.cout = 0;
-                            if let Some(t) = ex.pend_since.take() {
-                                let now = Instant::now();
-                                self.p
-                                    .stats
-                                    .forward_delay
-                                    .observe(now.saturating_duration_since(t));
-                                ex.last_activity = tokio::time::Instant::from_std(now);
-                            }
-                        }
-                    }
-                    Poll::Ready(_) => return Poll::Ready(Outcome::Cancelled),
-                    Poll::Pending => {}
-                }
-            }
-
-            // Upstream → response head, body framing, reads.
-            let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
-            if ex.head_done && ex.phase != Phase::Done && idle_out {
-                let mut need_read = true;
-                if self.ubuf.len() > 0 {
-                    match ex.phase {
-                        Phase::Head => {
-                            match h1wire::parse_response(
-                                self.ubuf.data(),
-                                ex.opts_now(&self.drain),
-                                &mut self.out,
-                            ) {
-                                Ok(None) => {}
-                                Ok(Some(h)) => {
-                                    need_read = false;
-                                    progress = true;
-                                    // A 101 (only accepted when asked for) is final: the
-                                    // connection switches protocols after it.
-                                    let interim = (100..200).contains(&h.status) && h.status != 101;
-                                    if let (false, Some(at), Some(e)) =
-                                        (interim, h.content_type_at.clone(), ex.exchange())
-                                    {
-                                        // Copied before the head leaves the buffer.
-                                        let v = self.ubuf.data().get(at).unwrap_or_default();
-                                        e.content_type.push_str(&String::from_utf8_lossy(v));
-                                    }
-                                    self.ubuf.consume(h.len);
-                                    ex.cout = 0;
-                                    if !interim {
-                                        self.on_final_head(ex, h);
-                                        // Body bytes that came with the head go out with it.
-                                        if ex.phase == Phase::Body
-                                            && self.ubuf.len() > 0
-                                            && self.frame_response(ex).is_err()
-                                        {
-                                            return Poll::Ready(Outcome::Cut(
-                                                Failure::UpstreamReset,
-                                            ));
-                                        }
-                                    }
-                                    // Interim heads (100 Continue, 103 Early Hints) are
-                                    // forwarded (not to HTTP/1.0 clients, RFC 9110 §15.2) and
-                                    // the next head is parsed after.
-                                    if interim && ex.opts.dechunk {
-                                        self.out.clear();
-                                    }
-                                }
-                                Err(HeadError::TooLarge) => {
-                                    return Poll::Ready(Outcome::BeforeHead(
-                                        Failure::UpstreamClosed,
-                                        common::HEAD_TOO_LARGE.into(),
-                                    ))
-                                }
-                                Err(e) => {
-                                    return Poll::Ready(Outcome::BeforeHead(
-                                        Failure::UpstreamClosed,
-                                        format!("bad response head from upstream: {}", e.reason()),
-                                    ))
-                                }
-                            }
-                        }
-                        Phase::Body => {
-                            need_read = false;
-                            progress = true;
-                            if self.frame_response(ex).is_err() {
-                                return Poll::Ready(Outcome::Cut(Failure::UpstreamReset));
-                            }
-                        }
-                        Phase::Done => need_read = false,
-                    }
-                }
-                if need_read {
-                    let limit = if ex.phase == Phase::Head {
-                        h1wire::MAX_HEAD + 1
-                    } else {
-                        UPSTREAM_BUF
-                    };
-                    if !self.ubuf.make_room(limit) {
-                        return Poll::Ready(Outcome::BeforeHead(
-                            Failure::UpstreamClosed,
-                            common::HEAD_TOO_LARGE.into(),
-                        ));
-                    }
-                    let Some(up) = self.up.as_mut() else {
-                        return Poll::Pending;
-                    };
-                    match self.ubuf.poll_read_from(up, cx) {
-                        Poll::Ready(Ok(n)) if n > 0 => {
-                            progress = true;
-                            ex.last_read = Instant::now();
-                            ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
-                        }
-                        Poll::Ready(r) => {
-                            let eof = r.is_ok();
-                            let what = r.err().map_or("closed".to_string(), |e| e.to_string());
-                            match ex.phase {
-                                Phase::Head => {
-                                    return Poll::Ready(Outcome::BeforeHead(
-                                        Failure::UpstreamClosed,
-                                        format!(
-                                        "the upstream connection {what} before the response head"
-                                    ),
-                                    ))
-                                }
-                                _ if matches!(ex.resp, BodyState::Close) && eof => {
-                                    ex.resp = BodyState::Done;
-                                    ex.phase = Phase::Done;
-                                    ex.up_reusable = false;
-                                    ex.keep_client = false;
-                                    progress = true;
-                                }
-                                _ => return Poll::Ready(Outcome::Cut(Failure::UpstreamReset)),
-                            }
-                        }
-                        Poll::Pending => {}
-                    }
-                }
-            }
-
-            // The client's read side while the response streams: EOF or reset cancels;
-            // bytes of a pipelined next request are kept.
-            if (ex.req.done() || ex.req_abandoned)
-                && ex.phase != Phase::Done
-                && self.cbuf.v.len() < self.cbuf.v.capacity()
-            {
-                match self.cbuf.poll_read_from(&mut self.client, cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Outcome::Cancelled)
-                    }
-                    Poll::Ready(Ok(_)) => progress = true,
-                    Poll::Pending => {}
-                }
-            }
-
+            let progress = match self.poll_steps(cx, ex) {
+                Ok(p) => p,
+                Err(o) => return Poll::Ready(o),
+            };
             let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
             if ex.phase == Phase::Done && sent_all && ex.head_done {
                 if !ex.req.done() || ex.req_ready > 0 {
                     // Answered before the request body ended: do not wait for the rest.
-                    ex.req_abandoned = true;
-                    ex.keep_client = false;
-                    ex.up_reusable = false;
+                    ex.abandon_request();
                 }
                 return Poll::Ready(Outcome::Done);
             }
@@ -1031,6 +751,303 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 return Poll::Pending;
             }
         }
+    }
+
+    /// One pass over both halves of the exchange, in order (every step runs).
+    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        self.poll_timers(cx, ex)?;
+        Ok(self.poll_request_body(cx, ex)?
+            | self.poll_send_upstream(cx, ex)?
+            | self.poll_send_client(cx, ex)?
+            | self.poll_upstream(cx, ex)?
+            | self.poll_client_gone(cx, ex)?)
+    }
+
+    /// Timers: response headers (and total) before the head; idle gap and total after.
+    fn poll_timers(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Result<(), Outcome> {
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            if ex.phase == Phase::Head {
+                if now >= ex.headers_deadline {
+                    return Err(Outcome::BeforeHead(
+                        Failure::TimeoutHeaders,
+                        "upstream sent no response headers within the timeout".into(),
+                    ));
+                }
+                self.sleep.as_mut().reset(ex.headers_deadline);
+                continue;
+            }
+            if ex.total_deadline.is_some_and(|t| now >= t) {
+                return Err(Outcome::Cut(Failure::TimeoutTotal));
+            }
+            let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
+            if waiting_client || ex.phase == Phase::Done {
+                ex.last_activity = now;
+            }
+            let idle_due = ex.last_activity + self.p.idle_timeout;
+            if now >= idle_due {
+                return Err(Outcome::Cut(Failure::TimeoutIdle));
+            }
+            let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
+            self.sleep.as_mut().reset(next);
+        }
+        Ok(())
+    }
+
+    /// More request body from the client (framed before the write to the upstream, so a small
+    /// request goes upstream in one write with its head).
+    fn poll_request_body(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
+            if self.cbuf.len() > 0 {
+                match self.frame_request(ex) {
+                    Ok(k) => {
+                        ex.req_ready = k;
+                        progress = true;
+                    }
+                    Err(e) => {
+                        if ex.phase == Phase::Head {
+                            return Err(Outcome::BeforeHead(
+                                Failure::ClientBody,
+                                format!("request body: {e}"),
+                            ));
+                        }
+                        return Err(Outcome::Cut(Failure::ClientBody));
+                    }
+                }
+            } else {
+                self.cbuf.make_room(CLIENT_BUF);
+                match self.cbuf.poll_read_from(&mut self.client, cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
+                    Poll::Ready(Ok(_)) => progress = true,
+                    Poll::Pending => {}
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Request head and framed body → upstream.
+    fn poll_send_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if !ex.head_done || ex.req_ready > 0 {
+            let head: &[u8] = if ex.head_done {
+                &[]
+            } else {
+                &self.out[ex.head_sent..]
+            };
+            let body = &self.cbuf.data()[..ex.req_ready];
+            let bufs = [IoSlice::new(head), IoSlice::new(body)];
+            let Some(up) = self.up.as_mut() else {
+                return Ok(progress);
+            };
+            match Pin::new(up).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
+                    return Err(Outcome::Retry(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the upstream connection was closed",
+                    )));
+                }
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    ex.sent_any = true;
+                    progress = true;
+                    let h = n.min(head.len());
+                    let b = n - h;
+                    if !ex.head_done {
+                        ex.head_sent += h;
+                        if ex.head_sent == self.out.len() {
+                            ex.head_done = true;
+                            self.out.clear();
+                        }
+                    }
+                    if b > 0 {
+                        self.cbuf.consume(b);
+                        ex.req_ready -= b;
+                    }
+                }
+                Poll::Ready(r) => {
+                    // The upstream stopped reading, as servers do when they answer early
+                    // (an error) and close: forward no more of the request, deliver the
+                    // answer if it comes (it may be read yet, even after a reset), close
+                    // the client after. No answer is a 502 when the read fails below.
+                    if let Err(e) = r {
+                        tracing::debug!("writing the request upstream: {e}");
+                    }
+                    progress = true;
+                    ex.abandon_request();
+                    self.cbuf.consume(ex.req_ready);
+                    ex.req_ready = 0;
+                    if !ex.head_done {
+                        ex.head_done = true;
+                        self.out.clear();
+                    }
+                }
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Response bytes → client.
+    fn poll_send_client(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if ex.cout < self.out.len() || ex.raw_pend > 0 {
+            let a = &self.out[ex.cout..];
+            let b = &self.ubuf.data()[..ex.raw_pend];
+            let bufs = [IoSlice::new(a), IoSlice::new(b)];
+            match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    progress = true;
+                    let h = n.min(a.len());
+                    ex.cout += h;
+                    let r = n - h;
+                    if r > 0 {
+                        self.ubuf.consume(r);
+                        ex.raw_pend -= r;
+                    }
+                    if ex.cout == self.out.len() && ex.raw_pend == 0 {
+                        self.out.clear();
+                        ex.cout = 0;
+                        if let Some(t) = ex.pend_since.take() {
+                            let now = Instant::now();
+                            self.p
+                                .stats
+                                .forward_delay
+                                .observe(now.saturating_duration_since(t));
+                            ex.last_activity = tokio::time::Instant::from_std(now);
+                        }
+                    }
+                }
+                Poll::Ready(_) => return Err(Outcome::Cancelled),
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Upstream → response head, body framing, reads.
+    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
+        if !ex.head_done || ex.phase == Phase::Done || !idle_out {
+            return Ok(false);
+        }
+        if self.ubuf.len() > 0 {
+            match ex.phase {
+                Phase::Head => {
+                    if self.take_response_head(ex)? {
+                        return Ok(true);
+                    }
+                }
+                Phase::Body => {
+                    let reset = |_| Outcome::Cut(Failure::UpstreamReset);
+                    self.frame_response(ex).map_err(reset)?;
+                    return Ok(true);
+                }
+                Phase::Done => return Ok(false),
+            }
+        }
+        self.poll_upstream_read(cx, ex)
+    }
+
+    /// Parses a response head at the front of the upstream buffer (rewritten into `out`);
+    /// returns whether one was complete.
+    fn take_response_head(&mut self, ex: &mut Ex) -> Result<bool, Outcome> {
+        let opts = ex.opts_now(&self.drain);
+        let h = match h1wire::parse_response(self.ubuf.data(), opts, &mut self.out) {
+            Ok(None) => return Ok(false),
+            Ok(Some(h)) => h,
+            Err(HeadError::TooLarge) => {
+                let msg = common::HEAD_TOO_LARGE.into();
+                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+            }
+            Err(e) => {
+                let msg = format!("bad response head from upstream: {}", e.reason());
+                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+            }
+        };
+        // A 101 (only accepted when asked for) is final: the connection switches protocols
+        // after it.
+        let interim = (100..200).contains(&h.status) && h.status != 101;
+        if let (false, Some(at), Some(e)) = (interim, h.content_type_at.clone(), ex.exchange()) {
+            // Copied before the head leaves the buffer.
+            let v = self.ubuf.data().get(at).unwrap_or_default();
+            e.content_type.push_str(&String::from_utf8_lossy(v));
+        }
+        self.ubuf.consume(h.len);
+        ex.cout = 0;
+        if !interim {
+            self.on_final_head(ex, h);
+            // Body bytes that came with the head go out with it.
+            if ex.phase == Phase::Body && self.ubuf.len() > 0 && self.frame_response(ex).is_err() {
+                return Err(Outcome::Cut(Failure::UpstreamReset));
+            }
+        }
+        // Interim heads (100 Continue, 103 Early Hints) are forwarded (not to HTTP/1.0
+        // clients, RFC 9110 §15.2) and the next head is parsed after.
+        if interim && ex.opts.dechunk {
+            self.out.clear();
+        }
+        Ok(true)
+    }
+
+    /// Reads from the upstream into its buffer (the head may grow it up to the head limit).
+    fn poll_upstream_read(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let limit = if ex.phase == Phase::Head {
+            h1wire::MAX_HEAD + 1
+        } else {
+            UPSTREAM_BUF
+        };
+        if !self.ubuf.make_room(limit) {
+            let msg = common::HEAD_TOO_LARGE.into();
+            return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+        }
+        let Some(up) = self.up.as_mut() else {
+            return Ok(false);
+        };
+        match self.ubuf.poll_read_from(up, cx) {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                ex.last_read = Instant::now();
+                ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
+                Ok(true)
+            }
+            Poll::Ready(r) => {
+                let eof = r.is_ok();
+                let what = r.err().map_or("closed".to_string(), |e| e.to_string());
+                match ex.phase {
+                    Phase::Head => {
+                        let msg =
+                            format!("the upstream connection {what} before the response head");
+                        Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg))
+                    }
+                    _ if matches!(ex.resp, BodyState::Close) && eof => {
+                        ex.resp = BodyState::Done;
+                        ex.phase = Phase::Done;
+                        ex.up_reusable = false;
+                        ex.keep_client = false;
+                        Ok(true)
+                    }
+                    _ => Err(Outcome::Cut(Failure::UpstreamReset)),
+                }
+            }
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// The client's read side while the response streams: EOF or reset cancels; bytes of a
+    /// pipelined next request are kept.
+    fn poll_client_gone(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if (ex.req.done() || ex.req_abandoned)
+            && ex.phase != Phase::Done
+            && self.cbuf.v.len() < self.cbuf.v.capacity()
+        {
+            match self.cbuf.poll_read_from(&mut self.client, cx) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
     }
 
     /// The final response head arrived (already rewritten into `out`).
@@ -1073,6 +1090,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 }
 
 impl Ex {
+    /// Forwards no more of the request body: neither connection can carry another exchange.
+    fn abandon_request(&mut self) {
+        self.req_abandoned = true;
+        self.keep_client = false;
+        self.up_reusable = false;
+    }
+
     /// Response options, with `close` set once the proxy drains.
     fn opts_now(&self, drain: &Drain) -> ResponseOptions {
         let mut o = self.opts;
