@@ -748,6 +748,39 @@ async fn upstream_down_gives_502_json_and_is_recorded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_is_the_same_502_for_an_http2_client_and_its_prompt_is_recorded() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let rec = start(&format!("http://{dead}"), |_, _| {}).await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let (s, h, b) = fetch_with(
+        &h2,
+        &rec.url("/v1/completions"),
+        "POST",
+        Bytes::from_static(br#"{"prompt":[1]}"#),
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert_eq!(h["content-type"], "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&b.unwrap()).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_connect");
+    assert_eq!(v["error"]["code"], 502);
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(
+        (resp.status, resp.error.as_deref()),
+        (0, Some("upstream_connect"))
+    );
+    // The body hyper's client never sent is read for the record.
+    assert_eq!(recs[0].input_tokens, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_reset_mid_stream_breaks_the_client_stream_and_is_recorded() {
     // A raw upstream that sends two events of a chunked SSE response, then resets the connection.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
