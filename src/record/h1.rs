@@ -582,9 +582,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             self.cbuf.consume(ex.req_ready);
             ex.req_ready = 0;
         }
-        if ex.req_abandoned {
-            return false;
-        }
         let deadline = tokio::time::Instant::now() + common::UNSENT_BODY_WAIT;
         let mut seen = 0usize;
         loop {

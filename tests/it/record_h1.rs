@@ -778,9 +778,9 @@ async fn a_200_kb_response_head_is_a_502_for_http1_and_http2_clients() {
     }
 }
 
-/// An upstream that answers every request `400` as soon as its head is in, then closes without
-/// reading the body (as servers do on errors).
-async fn early_400_upstream() -> SocketAddr {
+/// An upstream that answers every request `400` as soon as its head is in (or, `silent`, not at
+/// all), then closes without reading the body (as servers do on errors).
+async fn early_400_upstream(silent: bool) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -799,7 +799,9 @@ async fn early_400_upstream() -> SocketAddr {
                 )
                 .into_bytes();
                 head.extend_from_slice(body);
-                let _ = s.write_all(&head).await;
+                if !silent {
+                    let _ = s.write_all(&head).await;
+                }
                 // Dropped with the body unread: the kernel resets the connection.
             });
         }
@@ -839,7 +841,7 @@ async fn post_while_writing(addr: SocketAddr, body: String) -> Resp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_answering_before_the_body_is_read_gets_its_answer_through() {
-    let up = early_400_upstream().await;
+    let up = early_400_upstream(false).await;
     let rec = start(up).await;
     let body = big_prompt();
     let tasks: Vec<_> = (0..20)
@@ -874,4 +876,22 @@ async fn an_upstream_answering_before_the_body_is_read_gets_its_answer_through()
     }
     let last = recs.last().unwrap().response.as_ref().unwrap();
     assert_eq!(last.error.as_deref(), Some("request_body_unsent"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_closing_unanswered_mid_body_is_a_502_with_the_prompt_recorded() {
+    let up = early_400_upstream(true).await;
+    let rec = start(up).await;
+    let r = post_while_writing(rec.addr, big_prompt()).await;
+    assert_eq!(r.status, 502);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_closed");
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(
+        (resp.status, resp.error.as_deref()),
+        (0, Some("upstream_closed"))
+    );
+    // The part never forwarded is read from the client for the record.
+    assert_eq!(recs[0].input_tokens, 20_000);
 }
