@@ -10,7 +10,11 @@
 #
 # Usage: tools/bench_fidelity.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N (requests, default 400), SPEED (default 4), TRACE (default the shipped 1k Mooncake slice),
-#      PROFILE (default fast), RUNS (default 3: independent record+replay pairs)
+#      PROFILE (default fast), RUNS (default 3: independent record+replay pairs),
+#      SERVER=URL MODEL=NAME: a real server instead of the mock (e.g. llama-server from
+#      ../shared/realserver-llamacpp/start.sh; recorded and replayed against the same server;
+#      scale a Mooncake slice to its context with REPLAY_ARGS, e.g. "--block-size 32"),
+#      REPLAY_ARGS: extra flags for the recorded client
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -31,22 +35,32 @@ echo "# bench_fidelity $(date -u +%Y-%m-%dT%H:%MZ): $N requests of $TRACE at spe
 printf '%-4s %8s %8s %8s %10s %10s %s\n' run ks_ttft ks_itl ks_e2el sched_p99 send_p99 verdict
 for run in $(seq "$RUNS"); do
   d="$OUT/run$run"; mkdir -p "$d/rec"
-  up=$(port); px=$(port); fresh=$(port)
-  "$BIN" mock --listen "127.0.0.1:$up" --profile "$PROFILE" >"$d/mock1.log" 2>&1 & PIDS+=($!); m1=$!
-  wait_up "http://127.0.0.1:$up/v1/models"
-  "$BIN" record --listen "127.0.0.1:$px" --upstream "http://127.0.0.1:$up" --out "$d/rec" --admin none \
+  px=$(port)
+  if [ -n "${SERVER:-}" ]; then
+    upstream=$SERVER; model=${MODEL:?give MODEL, the real server model name}
+  else
+    up=$(port); upstream="http://127.0.0.1:$up"; model=mock-llama
+    "$BIN" mock --listen "127.0.0.1:$up" --profile "$PROFILE" >"$d/mock1.log" 2>&1 & PIDS+=($!); m1=$!
+  fi
+  wait_up "$upstream/v1/models"
+  "$BIN" record --listen "127.0.0.1:$px" --upstream "$upstream" --out "$d/rec" --admin none \
     --block-size 512 >"$d/record.log" 2>&1 & PIDS+=($!); rp=$!
   wait_up "http://127.0.0.1:$px/v1/models"
-  "$BIN" replay "$TRACE" --target "http://127.0.0.1:$px" --model mock-llama --limit "$N" --speed "$SPEED" \
-    >"$d/client.txt" 2>&1
+  # shellcheck disable=SC2086
+  "$BIN" replay "$TRACE" --target "http://127.0.0.1:$px" --model "$model" --limit "$N" --speed "$SPEED" \
+    ${REPLAY_ARGS:-} >"$d/client.txt" 2>&1
   kill -INT "$rp"; wait "$rp" || true
-  kill "$m1"; wait "$m1" 2>/dev/null || true
   rec=$(ls "$d"/rec/*.trace.zst | head -1)
-  "$BIN" mock --listen "127.0.0.1:$fresh" --profile "$PROFILE" >"$d/mock2.log" 2>&1 & PIDS+=($!); m2=$!
-  wait_up "http://127.0.0.1:$fresh/v1/models"
-  "$BIN" replay "$rec" --target "http://127.0.0.1:$fresh" --detailed --result-json "$d/replay.json" \
+  target=$upstream
+  if [ -z "${SERVER:-}" ]; then
+    kill "$m1"; wait "$m1" 2>/dev/null || true
+    fresh=$(port); target="http://127.0.0.1:$fresh"
+    "$BIN" mock --listen "127.0.0.1:$fresh" --profile "$PROFILE" >"$d/mock2.log" 2>&1 & PIDS+=($!); m2=$!
+    wait_up "$target/v1/models"
+  fi
+  "$BIN" replay "$rec" --target "$target" --detailed --result-json "$d/replay.json" \
     >"$d/replay.txt" 2>&1
-  kill "$m2"; wait "$m2" 2>/dev/null || true
+  [ -z "${SERVER:-}" ] && { kill "$m2"; wait "$m2" 2>/dev/null || true; }
   "$BIN" compare "$rec" "$d/replay.json" --format json >"$d/compare.json"
   "$BIN" compare "$rec" "$d/replay.json" >"$d/compare.txt"
   python3 - "$d/compare.json" "$run" <<'PY'

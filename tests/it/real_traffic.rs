@@ -332,7 +332,7 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
         .all(|r| r.hash_ids == ta.requests[0].hash_ids && r.hash_ids.len() == 4));
     assert_eq!(
         m.header.t0_unix_us,
-        ta.header.t0_unix_us.min(m.header.t0_unix_us)
+        ta.header.t0_unix_us.min(tb.header.t0_unix_us)
     );
     // A recording hashed with another key is refused, naming the file.
     let mut other = ta.clone();
