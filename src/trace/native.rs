@@ -186,8 +186,7 @@ pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
 }
 
 impl RequestWire {
-    /// The serde path's record (the writer uses [`super::recenc`], tested to give its bytes).
-    #[cfg(test)]
+    /// The wire form of a record; `prev_arrival` is the previous record's arrival.
     fn from_request(r: &Request, prev_arrival: u64) -> RequestWire {
         let mut h = Vec::new();
         encode_runs(&r.hash_ids, &mut h);
@@ -247,7 +246,6 @@ impl RequestWire {
 }
 
 impl ResponseWire {
-    #[cfg(test)]
     fn from_response(r: &Response) -> ResponseWire {
         let mut prev = 0u64;
         let eg = r
@@ -336,16 +334,10 @@ fn cbor<T: Serialize>(v: &T, out: &mut Vec<u8>) {
     ciborium::into_writer(v, &mut *out).expect("CBOR encoding into memory");
 }
 
-/// One record's bytes through the serde path (`RequestWire` + ciborium) and through the
-/// writer's direct encoder ([`super::recenc`]): tests elsewhere (the recorder's, on records
-/// built from real vLLM responses) check that they agree.
-#[cfg(test)]
-pub(crate) fn record_bytes_both(r: &Request, prev_arrival: u64) -> (Vec<u8>, Vec<u8>) {
-    let mut serde_path = Vec::new();
-    cbor(&RequestWire::from_request(r, prev_arrival), &mut serde_path);
-    let mut direct = Vec::new();
-    super::recenc::encode_request(r, prev_arrival, &mut direct);
-    (serde_path, direct)
+/// Appends one record as the trace writer encodes it, `prev_arrival` being the previous
+/// record's arrival in the same file.
+pub(crate) fn encode_record(r: &Request, prev_arrival: u64, out: &mut Vec<u8>) {
+    cbor(&RequestWire::from_request(r, prev_arrival), out);
 }
 
 /// Options for [`TraceWriter`].
@@ -435,7 +427,7 @@ impl<W: Write> TraceWriter<W> {
 
     /// Appends a record; closes the frame when it is large enough.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
-        super::recenc::encode_request(r, self.prev_arrival, &mut self.buf);
+        encode_record(r, self.prev_arrival, &mut self.buf);
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
         let opened = *self
@@ -783,7 +775,6 @@ fn _scheme_is_serializable(_: HashScheme) {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     fn sample(n: usize) -> Trace {
         let mut reqs = Vec::new();
@@ -967,213 +958,6 @@ mod tests {
         let (back, rep) = read_bytes("mem", w.get_mut()).unwrap();
         assert_eq!(back.requests.len(), 3);
         assert_eq!(rep.frames_ok, 4);
-    }
-
-    /// The writer's direct encoder gives the serde path's bytes on the shipped traces (real
-    /// Mooncake and synthetic records) and on the hand-built sample (sessions, params, events
-    /// with token counts, usage, metrics, bodies), with every previous-arrival the writer passes.
-    #[test]
-    fn direct_encoder_matches_serde_on_shipped_traces_and_sample() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
-        let mut checked = 0;
-        for name in [
-            "mooncake_conversation.trace.zst",
-            "mooncake_synthetic.trace.zst",
-        ] {
-            let (t, rep) = read_file(&root.join(name)).unwrap();
-            assert!(rep.is_clean() && !t.requests.is_empty(), "{name}");
-            let mut prev = 0;
-            for r in &t.requests {
-                let (a, b) = record_bytes_both(r, prev);
-                assert_eq!(a, b, "{name}: {r:?}");
-                prev = r.arrival_us;
-                checked += 1;
-            }
-        }
-        let mut prev = 0;
-        for r in &sample(300).requests {
-            for p in [0, prev, r.arrival_us + 7] {
-                let (a, b) = record_bytes_both(r, p);
-                assert_eq!(a, b, "{r:?}");
-            }
-            prev = r.arrival_us;
-            checked += 1;
-        }
-        assert!(checked > 300);
-    }
-
-    fn arb_f64() -> impl Strategy<Value = f64> {
-        prop_oneof![
-            any::<f64>(),
-            (0u32..100_000).prop_map(|v| f64::from(v) / 1000.0),
-            (0u16..2048).prop_map(f64::from),
-            Just(f64::NAN),
-            Just(-0.0),
-            Just(f64::INFINITY),
-            Just(1e-8),
-        ]
-    }
-
-    fn arb_request() -> impl Strategy<Value = Request> {
-        let ids = prop_oneof![
-            proptest::collection::vec(any::<u64>(), 0..12),
-            (any::<u64>(), 0usize..40)
-                .prop_map(|(s, n)| (0..n as u64).map(|k| s.wrapping_add(k)).collect()),
-            proptest::collection::vec(0u64..6, 0..20),
-        ];
-        let params = (
-            proptest::option::of(any::<u32>()),
-            proptest::option::of(any::<u32>()),
-            proptest::option::of(any::<f32>()),
-            proptest::option::of(any::<bool>()),
-            proptest::option::of(any::<u32>()),
-            proptest::option::of(any::<bool>()),
-            proptest::option::of(any::<bool>()),
-        )
-            .prop_map(|(mt, mn, te, ie, n, st, iu)| Params {
-                max_tokens: mt,
-                min_tokens: mn,
-                temperature: te,
-                ignore_eos: ie,
-                n,
-                stream: st,
-                include_usage: iu,
-            });
-        let session = proptest::option::of(
-            (
-                "\\PC{0,12}",
-                any::<u32>(),
-                proptest::option::of(any::<u64>()),
-            )
-                .prop_map(|(id, turn, think_us)| Session { id, turn, think_us }),
-        );
-        let metrics = proptest::option::of(
-            (
-                proptest::option::of(arb_f64()),
-                proptest::option::of(arb_f64()),
-                proptest::option::of(arb_f64()),
-                proptest::option::of(arb_f64()),
-                proptest::option::of(arb_f64()),
-            )
-                .prop_map(|(a, b, c, d, e)| ServerMetrics {
-                    time_to_first_token_ms: a,
-                    queue_time_ms: b,
-                    generation_time_ms: c,
-                    mean_itl_ms: d,
-                    tokens_per_second: e,
-                }),
-        );
-        let events =
-            proptest::collection::vec((any::<u64>(), prop_oneof![Just(1u32), any::<u32>()]), 0..30)
-                .prop_map(|v| {
-                    v.into_iter()
-                        .map(|(offset_us, tokens)| Event { offset_us, tokens })
-                        .collect::<Vec<_>>()
-                });
-        let ones = proptest::collection::vec(0u64..1 << 40, 0..30).prop_map(|v| {
-            v.into_iter()
-                .map(|offset_us| Event {
-                    offset_us,
-                    tokens: 1,
-                })
-                .collect::<Vec<_>>()
-        });
-        let small = |v: u64| proptest::option::of(0..v);
-        let response = proptest::option::of(
-            (
-                any::<u16>(),
-                proptest::option::of("[a-z_0-9]{0,30}"),
-                (small(1 << 20), proptest::option::of(any::<u64>())),
-                prop_oneof![events, ones],
-                small(u64::MAX),
-                proptest::option::of((any::<u64>(), 0u64..300)),
-                metrics,
-                any::<bool>(),
-                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..300)),
-            )
-                .prop_map(|(status, error, (hd, tf), events, end, u, sm, c, body)| {
-                    Box::new(Response {
-                        status,
-                        error,
-                        headers_us: hd,
-                        ttft_us: tf,
-                        events,
-                        end_us: end,
-                        usage: u.map(|(p, c)| Usage {
-                            prompt_tokens: p,
-                            completion_tokens: c,
-                        }),
-                        server_metrics: sm,
-                        cancelled: c,
-                        body,
-                    })
-                }),
-        );
-        let endpoint = prop_oneof![
-            Just(Endpoint::Completions),
-            Just(Endpoint::Chat),
-            Just(Endpoint::Responses),
-            Just(Endpoint::Embeddings),
-            "/[a-z/?=]{0,40}".prop_map(Endpoint::Other),
-            Just(Endpoint::Other("completions".into())),
-        ];
-        (
-            (
-                0u64..1 << 62,
-                prop_oneof![Just(0u64), any::<u64>()],
-                prop_oneof![Just(0u64), 0u64..1 << 20],
-            ),
-            ids,
-            (
-                endpoint,
-                proptest::option::of(prop_oneof![
-                    Just("GET".to_string()),
-                    Just("PUT".to_string())
-                ]),
-            )
-                .boxed(),
-            proptest::option::of("\\PC{0,40}"),
-            params,
-            session,
-            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
-            response,
-        )
-            .prop_map(
-                |(
-                    (arrival_us, i, o),
-                    hash_ids,
-                    (endpoint, method),
-                    model,
-                    params,
-                    session,
-                    body,
-                    response,
-                )| {
-                    Request {
-                        arrival_us,
-                        session,
-                        method,
-                        endpoint,
-                        model,
-                        params,
-                        input_tokens: i,
-                        output_tokens: o,
-                        hash_ids,
-                        response,
-                        body,
-                    }
-                },
-            )
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-        /// The direct encoder gives the serde path's bytes for any record, any previous arrival.
-        #[test]
-        fn direct_encoder_matches_serde(r in arb_request(), prev in prop_oneof![Just(0u64), 0u64..1 << 62]) {
-            let (a, b) = record_bytes_both(&r, prev);
-            prop_assert_eq!(a, b);
-        }
     }
 
     /// Frames written through the writer's one reused zstd context are the bytes
