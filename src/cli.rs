@@ -376,7 +376,8 @@ pub enum CompareFormat {
 ///
 /// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
 /// paired comparison), `vllm bench serve --save-result` files, or traces. Exit status: 0 ok,
-/// 1 a `--fail-on` rule tripped, 2 usage or input error.
+/// 1 a `--fail-on` rule tripped, 2 usage or input error, 4 no rule tripped but some could not be
+/// judged (too few samples).
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
     /// The reference run.
@@ -397,6 +398,10 @@ pub struct CompareArgs {
     /// Also write the comparison as a self-contained HTML page.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Smallest change that counts: a percentage of the baseline (`1%`, the default) or an
+    /// absolute amount in the metric's unit (`0.5`); smaller changes are "no change".
+    #[arg(long, value_name = "X%|X", default_value = "1%")]
+    pub min_effect: String,
     /// Seed of the bootstrap resampling (same seed, same intervals).
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,

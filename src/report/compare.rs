@@ -104,12 +104,56 @@ pub struct Paired {
     pub cdf: Vec<(f64, f64)>,
 }
 
+/// The smallest change that counts (`--min-effect`): below it a change is "no change", however
+/// narrow its interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MinEffect {
+    /// A fraction of the baseline (1 % → 0.01).
+    Relative(f64),
+    /// In the metric's own unit.
+    Absolute(f64),
+}
+
+impl MinEffect {
+    /// The default: 1 % of the baseline.
+    pub const DEFAULT: MinEffect = MinEffect::Relative(0.01);
+
+    /// Parses `1%`, `0.5%` or an absolute `0.2`.
+    pub fn parse(s: &str) -> Result<MinEffect, String> {
+        let bad =
+            || format!("--min-effect `{s}`: give a percentage like 1% or a non-negative number");
+        let t = s.trim();
+        let (num, rel) = match t.strip_suffix('%') {
+            Some(n) => (n.trim(), true),
+            None => (t, false),
+        };
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(bad());
+        }
+        Ok(if rel {
+            MinEffect::Relative(v / 100.0)
+        } else {
+            MinEffect::Absolute(v)
+        })
+    }
+
+    fn too_small(self, abs: f64, base: Option<f64>) -> bool {
+        match self {
+            MinEffect::Absolute(m) => abs.abs() < m,
+            MinEffect::Relative(m) => base.is_some_and(|b| b != 0.0 && (abs / b).abs() < m),
+        }
+    }
+}
+
 /// Comparison settings.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub seed: u64,
     /// Bootstrap resamples per metric.
     pub resamples: usize,
+    pub min_effect: MinEffect,
 }
 
 impl Default for Options {
@@ -117,8 +161,23 @@ impl Default for Options {
         Options {
             seed: 0,
             resamples: 400,
+            min_effect: MinEffect::DEFAULT,
         }
     }
+}
+
+/// Makes a row's interval hold its own point estimate (a bootstrap of a discrete statistic can
+/// collapse to a point beside it) and its significance respect the minimum effect.
+fn settle(row: &mut Row, min_effect: MinEffect) {
+    let Some(d) = row.abs_change else { return };
+    if let Some((lo, hi)) = row.ci {
+        row.ci = Some((lo.min(d), hi.max(d)));
+        row.significant = judge(row.ci, row.abs_change, row.noise);
+    }
+    if row.significant == Some(true) && min_effect.too_small(d, row.baseline) {
+        row.significant = Some(false);
+    }
+    row.verdict = verdict(row.better, row.abs_change, row.significant);
 }
 
 /// One side's identity.
@@ -463,7 +522,8 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
         let p = (pb * nb + pc * nc) / (nb + nc);
         let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();
         let d = pc - pb;
-        let ci = Some((d - Z * se, d + Z * se));
+        // A difference of two rates lies in [-pb, 1 - pb].
+        let ci = Some(((d - Z * se).max(-pb), (d + Z * se).min(1.0 - pb)));
         let nz = band(noise.iter().map(|n| failure_rate(n).map(|f| f.0)), Some(pb));
         let mut row = make_row(
             "failure_rate".into(),
@@ -527,6 +587,9 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
             "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
                 .into(),
         );
+    }
+    for row in &mut rows {
+        settle(row, opts.min_effect);
     }
     let workload = workload::compare(base, cand);
     Comparison {
@@ -638,6 +701,7 @@ pub(crate) mod tests {
             &c,
             &[],
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -662,6 +726,7 @@ pub(crate) mod tests {
                 &c,
                 &[],
                 &Options {
+                    min_effect: MinEffect::Absolute(0.0),
                     seed: 3,
                     resamples: 200,
                 },
@@ -693,6 +758,7 @@ pub(crate) mod tests {
     #[test]
     fn itl_intervals_respect_per_stream_correlation() {
         let o = Options {
+            min_effect: MinEffect::Absolute(0.0),
             seed: 5,
             resamples: 200,
         };
@@ -738,6 +804,7 @@ pub(crate) mod tests {
         let b = synth_run(500, 100.0, 1);
         let c = synth_run(500, 104.0, 2);
         let o = Options {
+            min_effect: MinEffect::Absolute(0.0),
             seed: 9,
             resamples: 100,
         };
@@ -755,6 +822,7 @@ pub(crate) mod tests {
             &c,
             std::slice::from_ref(&noise),
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -769,6 +837,7 @@ pub(crate) mod tests {
             &c,
             std::slice::from_ref(&quiet),
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -781,6 +850,7 @@ pub(crate) mod tests {
             &c,
             &quiet_noise,
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -814,6 +884,7 @@ pub(crate) mod tests {
             &c,
             &[],
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -827,6 +898,7 @@ pub(crate) mod tests {
             &b2,
             &[],
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -859,6 +931,7 @@ pub(crate) mod tests {
             &c,
             &[],
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 1,
                 resamples: 100,
             },
@@ -882,6 +955,7 @@ pub(crate) mod tests {
             &c,
             &[],
             &Options {
+                min_effect: MinEffect::Absolute(0.0),
                 seed: 1,
                 resamples: 50,
             },

@@ -21,6 +21,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 /// `retrace compare`: exit 1 when a `--fail-on` rule trips; errors (exit 2) for bad input.
+/// `compare`'s exit status when no rule tripped but some could not be judged (too few samples).
+pub const NOT_JUDGED: u8 = 4;
+
 pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
     let rules = match &a.fail_on {
         Some(spec) => rules::parse(spec)?,
@@ -34,6 +37,7 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         .map(|p| load::load(p))
         .collect::<Result<Vec<_>, _>>()?;
     let opts = compare::Options {
+        min_effect: compare::MinEffect::parse(&a.min_effect).map_err(anyhow::Error::msg)?,
         seed: a.seed,
         resamples: a.resamples as usize,
     };
@@ -53,6 +57,13 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         .lock()
         .write_all(render::render(&cmp, &outcomes, format).as_bytes())?;
     let tripped: Vec<&rules::Outcome> = outcomes.iter().filter(|o| o.tripped).collect();
+    let unjudged: Vec<&rules::Outcome> = outcomes.iter().filter(|o| o.not_judged).collect();
+    if tripped.is_empty() && !unjudged.is_empty() {
+        for o in &unjudged {
+            eprintln!("retrace compare: {}", o.message);
+        }
+        return Ok(ExitCode::from(NOT_JUDGED));
+    }
     if tripped.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }

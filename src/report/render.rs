@@ -411,6 +411,7 @@ mod tests {
             &c,
             &[],
             &Options {
+                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
                 seed: 5,
                 resamples: 50,
             },
@@ -441,6 +442,7 @@ mod tests {
             &c,
             &[],
             &Options {
+                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
                 seed: 1,
                 resamples: 100,
             },

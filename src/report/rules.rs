@@ -11,9 +11,12 @@
 //! `total_token_throughput`, `request_goodput`, `failure_rate`.
 //!
 //! A change rule does not trip when the comparison judged the change not significant (inside the
-//! confidence interval or the `--noise` band): it is reported as ignored. Value rules always
-//! apply. A rule whose metric is missing from an input is an error, not a pass. This module
-//! prints nothing.
+//! confidence interval, the `--noise` band, or below `--min-effect`): it is reported as ignored.
+//! A change rule on a row with too few samples (`n/a`) is "not judged", neither pass nor fail.
+//! Value rules always apply. Nothing missing or NaN ever passes: a rule whose metric is missing
+//! from an input is an error, a NaN fails, and when the candidate's failure rate rose by more than
+//! [`FAILURE_GUARD`] (or every request failed) every rule but `failure_rate`'s fails, saying why.
+//! This module prints nothing.
 
 use super::compare::Comparison;
 use serde::Serialize;
@@ -190,6 +193,8 @@ pub struct Outcome {
     pub tripped: bool,
     /// The threshold was crossed but the change is not significant.
     pub ignored_as_noise: bool,
+    /// Too few samples to judge the change (the row's `n/a`): neither a pass nor a failure.
+    pub not_judged: bool,
     /// The value compared with the threshold.
     pub observed: f64,
     pub message: String,
@@ -212,6 +217,17 @@ pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalEr
                 rule: rule.text.clone(),
                 msg: msg.to_string(),
             };
+            // Before anything is read: a failed candidate's figures may be missing altogether.
+            if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
+                return Ok(Outcome {
+                    rule: rule.text.clone(),
+                    tripped: true,
+                    ignored_as_noise: false,
+                    not_judged: false,
+                    observed: f64::NAN,
+                    message: format!("FAIL {}: {why}", rule.text),
+                });
+            }
             let row = cmp
                 .row(&rule.metric)
                 .ok_or_else(|| err("neither input has this metric"))?;
@@ -234,13 +250,36 @@ pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalEr
                 }
             };
             let (a, t, a_text, t_text) = shown;
-            let crossed = rule.op.holds(a, t);
-            let noise = is_change && crossed && row.significant == Some(false);
-            let tripped = crossed && !noise;
             let what = match rule.threshold {
                 Threshold::Relative(_) | Threshold::Absolute(_) => "change",
                 Threshold::Value(_) => "value",
             };
+            if !a.is_finite() {
+                return Ok(Outcome {
+                    rule: rule.text.clone(),
+                    tripped: true,
+                    ignored_as_noise: false,
+                    not_judged: false,
+                    observed,
+                    message: format!("FAIL {}: {what} is {a_text}, which never passes", rule.text),
+                });
+            }
+            if is_change && row.significant.is_none() {
+                return Ok(Outcome {
+                    rule: rule.text.clone(),
+                    tripped: false,
+                    ignored_as_noise: false,
+                    not_judged: true,
+                    observed,
+                    message: format!(
+                        "not judged {}: {what} {a_text}, too few samples to tell it from noise",
+                        rule.text
+                    ),
+                });
+            }
+            let crossed = rule.op.holds(a, t);
+            let noise = is_change && crossed && row.significant == Some(false);
+            let tripped = crossed && !noise;
             let message = if tripped {
                 format!(
                     "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
@@ -261,11 +300,31 @@ pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalEr
                 rule: rule.text.clone(),
                 tripped,
                 ignored_as_noise: noise,
+                not_judged: false,
                 observed,
                 message,
             })
         })
         .collect()
+}
+
+/// A rise of the candidate's failure rate beyond this (absolute) makes its latency and
+/// throughput incomparable with the baseline's: every rule on them fails.
+pub const FAILURE_GUARD: f64 = 0.05;
+
+/// Why the candidate's figures cannot pass, if its failure rate rose beyond [`FAILURE_GUARD`]
+/// (a candidate with no successful request included) or is unknown.
+fn failed_candidate(cmp: &Comparison) -> Option<String> {
+    let row = cmp.row("failure_rate")?;
+    let (b, c) = (row.baseline.unwrap_or(0.0), row.candidate?);
+    if !c.is_finite() || c - b > FAILURE_GUARD || c >= 1.0 {
+        return Some(format!(
+            "the candidate's failure rate is {:.1}% (baseline {:.1}%): its latency and throughput are not comparable",
+            c * 100.0,
+            b * 100.0
+        ));
+    }
+    None
 }
 
 fn fmt_opt(v: Option<f64>) -> String {
@@ -322,6 +381,7 @@ mod tests {
             &c,
             &[],
             &Options {
+                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -341,6 +401,7 @@ mod tests {
             &c2,
             &[],
             &Options {
+                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
                 seed: 7,
                 resamples: 200,
             },
@@ -356,5 +417,116 @@ mod tests {
         // No server metrics in either run.
         let e = evaluate(&parse("p99_server_ttft_ms>+1%").unwrap(), &cmp).unwrap_err();
         assert!(e.to_string().contains("p99_server_ttft_ms"));
+    }
+
+    fn cmp_of(b: &crate::report::load::Run, c: &crate::report::load::Run) -> Comparison {
+        use crate::report::compare::{compare, Options};
+        compare(
+            b,
+            c,
+            &[],
+            &Options {
+                seed: 7,
+                resamples: 200,
+                ..Default::default()
+            },
+        )
+    }
+
+    #[test]
+    fn a_candidate_whose_requests_all_failed_fails_every_latency_rule() {
+        use crate::report::compare::tests::synth_run;
+        let b = synth_run(500, 100.0, 1);
+        let mut c = synth_run(500, 100.0, 2);
+        let r = c.requests.as_mut().unwrap();
+        for i in 0..r.len() {
+            r.errors[i] = "http_503".into();
+            r.ttft_s[i] = None;
+            r.latency_s[i] = None;
+            r.itls_s[i].clear();
+        }
+        c.scalars.insert("completed".into(), 0.0);
+        c.scalars.insert("failed".into(), 500.0);
+        let cmp = cmp_of(&b, &c);
+        let fr = cmp.row("failure_rate").unwrap();
+        let (lo, hi) = fr.ci.unwrap();
+        assert!(
+            (-1.0..=1.0).contains(&lo) && (-1.0..=1.0).contains(&hi),
+            "{fr:?}"
+        );
+        let o = evaluate(
+            &parse("p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.5").unwrap(),
+            &cmp,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        for x in &o {
+            assert!(x.tripped, "{x:?}");
+        }
+        assert!(
+            o[0].message.contains("failure rate is 100.0%"),
+            "{}",
+            o[0].message
+        );
+    }
+
+    #[test]
+    fn too_few_samples_is_not_judged_and_nan_never_passes() {
+        use crate::report::compare::tests::synth_run;
+        let cmp = cmp_of(&synth_run(200, 100.0, 1), &synth_run(200, 100.0, 2));
+        let o = evaluate(&parse("p99_ttft_ms>+5%,p99_ttft_ms<-5%").unwrap(), &cmp).unwrap();
+        for x in &o {
+            assert!(x.not_judged && !x.tripped, "{x:?}");
+            assert!(x.message.starts_with("not judged"), "{}", x.message);
+        }
+        let mut cmp = cmp_of(&synth_run(1500, 100.0, 1), &synth_run(1500, 100.0, 2));
+        let row = cmp.rows.iter_mut().find(|r| r.key == "p90_itl_ms").unwrap();
+        row.rel_change = Some(f64::NAN);
+        let o = evaluate(&parse("p90_itl_ms>+10%").unwrap(), &cmp).unwrap();
+        assert!(o[0].tripped && o[0].message.contains("NaN"), "{:?}", o[0]);
+    }
+
+    #[test]
+    fn a_change_below_the_minimum_effect_is_no_change() {
+        use crate::report::compare::tests::synth_run;
+        use crate::report::compare::{compare, MinEffect, Options, Verdict};
+        let b = synth_run(1500, 100.0, 1);
+        let mut c = b.clone();
+        for itls in &mut c.requests.as_mut().unwrap().itls_s {
+            for v in itls.iter_mut() {
+                *v += 0.00003; // +0.03 ms on 11 ms: 0.27 %
+            }
+        }
+        let with = |m| {
+            compare(
+                &b,
+                &c,
+                &[],
+                &Options {
+                    seed: 7,
+                    resamples: 200,
+                    min_effect: m,
+                },
+            )
+        };
+        let strict = with(MinEffect::Absolute(0.0));
+        assert_eq!(strict.row("mean_itl_ms").unwrap().verdict, Verdict::Worse);
+        let default = with(MinEffect::DEFAULT);
+        assert_eq!(default.row("mean_itl_ms").unwrap().verdict, Verdict::Same);
+        let o = evaluate(&parse("mean_itl_ms>+0.1%").unwrap(), &default).unwrap();
+        assert!(!o[0].tripped && o[0].ignored_as_noise, "{:?}", o[0]);
+        assert_eq!(
+            MinEffect::parse("0.5%").unwrap(),
+            MinEffect::Relative(0.005)
+        );
+        assert_eq!(MinEffect::parse("2").unwrap(), MinEffect::Absolute(2.0));
+        assert!(MinEffect::parse("-1%")
+            .unwrap_err()
+            .contains("--min-effect"));
+        // Every interval holds its own point estimate.
+        for r in strict.rows.iter().chain(&default.rows) {
+            if let (Some((lo, hi)), Some(d)) = (r.ci, r.abs_change) {
+                assert!(lo <= d && d <= hi, "{r:?}");
+            }
+        }
     }
 }
