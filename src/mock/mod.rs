@@ -18,14 +18,16 @@ pub mod cache;
 pub mod conn;
 pub mod engine;
 pub mod faults;
+pub mod format;
 pub mod prom;
+pub mod sched;
 pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
-pub use engine::{CostModel, Profile};
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
+pub use sched::{CostModel, Profile};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -330,37 +332,30 @@ pub async fn start(
     };
     let tokenizer = Arc::new(tokenizer);
     let ecfg = engine::EngineConfig {
-        fixed: cfg.fixed_timing.map(|(t, i)| {
-            (
-                Duration::from_secs_f64(t / 1e3),
-                Duration::from_secs_f64(i / 1e3),
-            )
-        }),
-        cost: cfg.cost,
-        max_num_seqs: cfg.max_num_seqs,
-        max_num_batched_tokens: cfg.max_num_batched_tokens,
-        block_size: cfg.block_size,
-        kv_blocks: (cfg.kv_cache_tokens / u64::from(cfg.block_size)) as usize,
-        tokens_per_event: cfg.tokens_per_event,
-        seed: cfg.seed,
-        eos_prob: cfg.eos_prob,
-        vocab: tokenizer.vocab(),
+        sched: sched::SchedConfig {
+            fixed: cfg.fixed_timing.map(|(t, i)| {
+                (
+                    Duration::from_secs_f64(t / 1e3),
+                    Duration::from_secs_f64(i / 1e3),
+                )
+            }),
+            cost: cfg.cost,
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            kv_blocks: (cfg.kv_cache_tokens / u64::from(cfg.block_size)) as usize,
+            tokens_per_event: cfg.tokens_per_event,
+            seed: cfg.seed,
+            eos_prob: cfg.eos_prob,
+            vocab: tokenizer.vocab(),
+        },
         spin: Duration::from_micros(cfg.spin_us),
         realtime: cfg.realtime,
         coalesce: Duration::from_micros(cfg.coalesce_us),
         writers: cfg.writer_threads,
     };
-    let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
-    rt.spawn(async move {
-        while let Some(batch) = brx.recv().await {
-            for (tx, e) in batch {
-                // A closed channel is a response already gone; its drop told the engine.
-                let _ = tx.send(e);
-            }
-        }
-    });
-    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg)));
-    let (etx, ethread) = match engine::spawn_with_inbox(ecfg, stats.clone(), btx, inbox.clone()) {
+    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
+    let (etx, ethread) = match engine::spawn(ecfg, stats.clone(), inbox.clone()) {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
@@ -384,6 +379,9 @@ pub async fn start(
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
+    let rx_stamps = shared.kernel_arrival;
+    let handler: conn::Handler =
+        Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
     let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
         // Every connection task holds a clone; when all are gone, `recv` returns None.
@@ -393,11 +391,11 @@ pub async fn start(
             tokio::select! {
                 r = listener.accept() => match r {
                     Ok((stream, _)) => {
-                        let sh = shared.clone();
+                        let h = handler.clone();
                         let stop = conn_stop.clone();
                         let alive = alive_tx.clone();
                         tokio::spawn(async move {
-                            conn::serve(stream, sh, stop).await;
+                            conn::serve(stream, h, rx_stamps, stop).await;
                             drop(alive);
                         });
                     }
@@ -451,7 +449,7 @@ impl MockConfig {
 
 /// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
 pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
-    let profile = Profile::by_name(&a.profile).map_err(anyhow::Error::msg)?;
+    let profile = Profile::by_name(&a.profile)?;
     let p = profile.cost;
     let cfg = MockConfig {
         model: a.model.clone(),

@@ -6,9 +6,9 @@
 //!
 //! hyper parses the request and the response is decided as usual; then the connection is taken
 //! over ([`super::conn`]) and its task writes the response head and whatever events are already
-//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body uses
-//! HTTP/1.1 chunked framing exactly as hyper writes it (upper-case hex size, one chunk per
-//! event), so the bytes on the wire are the same as on the hyper path. When the socket is full
+//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body is framed
+//! as hyper frames a body of unknown length ([`Framing`]): HTTP/1.1 chunks (upper-case hex size,
+//! one chunk per event), or for HTTP/1.0 the bare bytes, ended by closing. When the socket is full
 //! the engine appends to a pending buffer and the task drains it when the socket is writable;
 //! when the stream is over the connection goes back to hyper for the next request. Lateness is
 //! recorded for each event at the instant its bytes are handed to the socket (`send`), not when
@@ -16,8 +16,8 @@
 //! stream's lock while the task still owns the socket, so a closed descriptor is never written.
 //! This module does not parse HTTP, schedule events, or decide response shapes (see [`super::api`]).
 
-use super::api::Fmt;
 use super::engine::{Cmd, Emit, Sink};
+use super::format::Fmt;
 use super::prom::Stats;
 use super::tokenize::Tokenizer;
 use std::os::fd::{AsRawFd, RawFd};
@@ -25,6 +25,34 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::net::TcpStream;
+
+/// How a streamed body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// HTTP/1.1 chunked transfer coding; the connection stays open afterwards.
+    Chunked,
+    /// HTTP/1.0: the body is the bytes until the connection closes.
+    UntilClose,
+}
+
+/// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
+pub fn arm_reset(fd: RawFd) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `fd` is the connection's socket, alive while its request is being served; the
+    // option value is a valid `linger` of the stated size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
 
 /// How the body ended (as far as the engine is concerned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +94,7 @@ pub struct Stream {
     first_stamped: std::sync::atomic::AtomicBool,
     /// Diagnostic stamps ([`crate::stamps`]): the client's port (0: off).
     stamp_port: u16,
+    framing: Framing,
 }
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
@@ -92,6 +121,14 @@ impl Sink for StreamSink {
     }
     fn queued(&self) -> &AtomicU32 {
         &self.0.queued
+    }
+}
+
+/// Appends `data` framed as `framing` says.
+fn frame(framing: Framing, out: &mut Vec<u8>, data: &[u8]) {
+    match framing {
+        Framing::Chunked => chunk(out, data),
+        Framing::UntilClose => out.extend_from_slice(data),
     }
 }
 
@@ -152,6 +189,7 @@ fn send_now(fd: RawFd, buf: &[u8], off: &mut usize) -> Wrote {
 }
 
 impl Stream {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         fmt: Fmt,
         tok: Arc<Tokenizer>,
@@ -160,6 +198,7 @@ impl Stream {
         id: u64,
         may_reset: bool,
         stamp_port: u16,
+        framing: Framing,
     ) -> Arc<Stream> {
         Arc::new(Stream {
             state: Mutex::new(State {
@@ -181,6 +220,7 @@ impl Stream {
             queued: AtomicU32::new(0),
             first_stamped: Default::default(),
             stamp_port,
+            framing,
         })
     }
 
@@ -257,8 +297,8 @@ impl Stream {
                 return true;
             }
         }
-        chunk(&mut st.pending, st.scratch.as_bytes());
-        if st.end == End::Done {
+        frame(self.framing, &mut st.pending, st.scratch.as_bytes());
+        if st.end == End::Done && self.framing == Framing::Chunked {
             st.pending.extend_from_slice(b"0\r\n\r\n");
         }
         st.pending_at.push(at);
@@ -413,13 +453,15 @@ pub async fn drive(
             Action::End(End::EngineGone) => {
                 detach.finished = true;
                 s.lock().fd = None;
-                let _ = write_all(stream, b"0\r\n\r\n").await;
+                if s.framing == Framing::Chunked {
+                    let _ = write_all(stream, b"0\r\n\r\n").await;
+                }
                 return Outcome::Close;
             }
             Action::End(End::Reset) => {
                 detach.finished = true;
                 s.lock().fd = None;
-                super::api::arm_reset(fd);
+                arm_reset(fd);
                 return Outcome::Reset;
             }
             Action::End(End::Open) => {} // not produced (an open stream waits)
