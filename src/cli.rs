@@ -531,7 +531,12 @@ pub struct MockArgs {
     #[arg(long, default_value_t = 2, value_name = "N", hide = true)]
     pub writer_threads: usize,
     /// What a request's timings count from: `kernel` (receive timestamp) or `parsed`.
-    #[arg(long, default_value = "kernel", value_name = "kernel|parsed", hide = true)]
+    #[arg(
+        long,
+        default_value = "kernel",
+        value_name = "kernel|parsed",
+        hide = true
+    )]
     pub arrival_stamp: String,
 }
 

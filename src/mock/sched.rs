@@ -657,4 +657,68 @@ mod tests {
         }
         assert!((0..200).any(|seed| output_len(&s, seed, 0.2).1 == Finish::Stop));
     }
+
+    /// Runs `reqs` requests (137-token prompts, 16 tokens each) arriving together on the
+    /// scheduler's own clock: (admission offset, mean ITL) of each, in ms.
+    fn batch_run(reqs: u32, max_num_seqs: usize) -> Vec<(f64, f64)> {
+        let mut s = Scheduler::new(SchedConfig {
+            fixed: None,
+            cost: Profile::LLAMA8B.cost,
+            max_num_seqs,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_blocks: 1 << 16,
+            tokens_per_event: 1,
+            seed: 0,
+            eos_prob: 0.0,
+            vocab: 1000,
+        });
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        for i in 0..reqs {
+            let prompt = (0..137).map(|t| t + i * 1000).collect();
+            let q = SeqIn {
+                prompt,
+                max_tokens: 16,
+                min_tokens: 0,
+                ignore_eos: true,
+            };
+            s.add(u64::from(i), t0, vec![q], &mut out);
+        }
+        while s.next_due().is_some() {
+            s.run_next(&mut out);
+        }
+        let ms = |t: Instant| (t - t0).as_secs_f64() * 1e3;
+        let mut r = vec![(f64::NAN, Vec::new()); reqs as usize];
+        for e in out {
+            match e {
+                Event::Admitted { req, at, .. } => r[req as usize].0 = ms(at),
+                Event::Tokens { req, at, .. } => r[req as usize].1.push(ms(at)),
+                Event::Rejected { .. } => panic!("nothing is too large here"),
+            }
+        }
+        r.into_iter()
+            .map(|(adm, ts)| {
+                assert_eq!(ts.len(), 16);
+                (adm, (ts[15] - ts[0]) / 15.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn batching_slows_steps_and_queues_beyond_max_num_seqs() {
+        let lone = batch_run(1, 64)[0].1;
+        assert!((lone - 8.0).abs() < 0.3, "calibrated TPOT: {lone}");
+        let all = batch_run(128, 64);
+        let mean = all.iter().map(|r| r.1).sum::<f64>() / 128.0;
+        assert!(mean > lone * 1.5, "loaded TPOT {mean} vs lone {lone}");
+        assert!(all.iter().all(|r| r.1 >= lone), "no ITL below the lone one");
+        // The second half waits for a sequence of the first to finish (16 steps at least).
+        let min_wait = 16.0 * Profile::LLAMA8B.cost.step_overhead_ms;
+        assert!(
+            all[64..].iter().all(|r| r.0 >= min_wait),
+            "{:?}",
+            &all[64..]
+        );
+    }
 }
