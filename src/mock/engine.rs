@@ -171,7 +171,7 @@ pub struct EngineGone;
 /// for the CPU). The engine publishes when it next looks (`Inbox::wake_at`); a request whose
 /// first event may be due sooner (`arrival + lead`) wakes it. `lead` is the fixed TTFT, or the
 /// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
-/// wakes it, as before).
+/// wakes it).
 pub struct Inbox {
     queue: std::sync::Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,

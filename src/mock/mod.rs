@@ -3,15 +3,16 @@
 //!
 //! [`start`] serves the API ([`api`]) on an already-bound listener and returns a [`MockHandle`]
 //! whose [`MockHandle::shutdown`] stops accepting, ends open streams and waits for connections
-//! to close. Requests go to the engine thread ([`engine`]): a continuous-batching scheduler with
-//! a documented cost model and a prefix cache ([`cache`]), or fixed TTFT/ITL timing; it emits
-//! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
-//! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
-//! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
-//! connection over and the engine thread writes its events to the socket itself ([`stream`]).
-//! A request's timings count from its arrival: by default the kernel's receive timestamp of the
-//! read that completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and holds the config; it
-//! does not implement any of them.
+//! to close. Requests go to the engine thread ([`engine`]), which runs a pure scheduler
+//! ([`sched`]: continuous batching with a documented cost model and a prefix cache ([`cache`]),
+//! or fixed TTFT/ITL timing) in real time and emits each token event at its exact instant; the
+//! mock measures its own lateness ([`prom`]). Faults ([`faults`]) and tokenization
+//! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
+//! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
+//! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
+//! timings count from its arrival: by default the kernel's receive timestamp of the read that
+//! completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and
+//! holds the config; it does not implement any of them.
 
 pub mod api;
 pub mod cache;
