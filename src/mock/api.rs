@@ -18,7 +18,7 @@ use super::format::{ids_json, json_str, metrics_json, Fmt, FINGERPRINT};
 use super::prom::Stats;
 use super::stream::{arm_reset, Framing, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
-use crate::openai::{parse_request_value, Prompt};
+use crate::openai::{parse_request_value, Prompt, RequestInfo};
 use crate::trace::Endpoint;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -336,40 +336,159 @@ fn random_hex(sh: &Shared, n: u64) -> String {
     )
 }
 
-/// The general path of a request body: (what it says, `stream_options` set, `return_token_ids`
-/// or its error, checked after the model and stream options as vLLM does), or the 400 response
-/// vLLM gives.
-#[allow(clippy::type_complexity)]
-fn request_fields(
-    body: &[u8],
-    chat: bool,
-) -> Result<(crate::openai::RequestInfo, bool, Result<bool, ()>), Box<Reply>> {
-    let raw: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return Err(Box::new(error_response(
-                400,
-                &format!("JSON decode error: {e}"),
-                None,
-            )))
+/// A request the mock refuses, as vLLM words it (turned into [`error_response`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{status}: {message}")]
+struct Reject {
+    status: u16,
+    message: String,
+    param: Option<&'static str>,
+}
+
+fn reject(status: u16, message: impl Into<String>, param: Option<&'static str>) -> Reject {
+    Reject {
+        status,
+        message: message.into(),
+        param,
+    }
+}
+
+impl Reject {
+    fn reply(&self) -> Reply {
+        error_response(self.status, &self.message, self.param)
+    }
+}
+
+/// A completion request as validated: its sequences and how to answer.
+struct Gen {
+    seqs: Vec<SeqIn>,
+    stream: bool,
+    include_usage: bool,
+    return_token_ids: bool,
+}
+
+/// What a request body says, with `return_token_ids`, checked in vLLM's order: the body and its
+/// fields (the common token-id completion in one pass, anything else and every error through
+/// the JSON value path), the model, `stream_options`, then `return_token_ids`.
+fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bool), Reject> {
+    let fast = (!chat)
+        .then(|| crate::openai::parse_completion_fast(body))
+        .flatten();
+    let (info, stream_options_set, return_token_ids) = match fast {
+        Some(f) => (f.info, f.stream_options_set, Some(f.return_token_ids)),
+        None => {
+            let raw: Value = serde_json::from_slice(body)
+                .map_err(|e| reject(400, format!("JSON decode error: {e}"), None))?;
+            let endpoint = if chat {
+                Endpoint::Chat
+            } else {
+                Endpoint::Completions
+            };
+            let info = parse_request_value(&endpoint, &raw).map_err(|e| reject(400, e, None))?;
+            let rti = match raw.get("return_token_ids") {
+                None | Some(Value::Null) => Some(false),
+                Some(Value::Bool(b)) => Some(*b),
+                Some(_) => None,
+            };
+            let so = raw.get("stream_options").is_some_and(|v| !v.is_null());
+            (info, so, rti)
         }
     };
-    let endpoint = if chat {
-        Endpoint::Chat
-    } else {
-        Endpoint::Completions
-    };
-    let info = match parse_request_value(&endpoint, &raw) {
-        Ok(i) => i,
-        Err(e) => return Err(Box::new(error_response(400, &e, None))),
-    };
-    let stream_options_set = raw.get("stream_options").is_some_and(|v| !v.is_null());
-    let return_token_ids = match raw.get("return_token_ids") {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(()),
-    };
-    Ok((info, stream_options_set, return_token_ids))
+    if let Some(m) = info.model.as_ref().filter(|m| **m != sh.model) {
+        let msg = format!("The model `{m}` does not exist.");
+        return Err(reject(404, msg, Some("model")));
+    }
+    if stream_options_set && info.params.stream != Some(true) {
+        let msg = "Stream options can only be defined when `stream=True`.";
+        return Err(reject(400, msg, Some("stream_options")));
+    }
+    let rti = return_token_ids.ok_or_else(|| {
+        let msg = "field `return_token_ids` must be a boolean";
+        reject(400, msg, Some("return_token_ids"))
+    })?;
+    Ok((info, rti))
+}
+
+/// The request's prompts as token ids.
+fn prompts(sh: &Shared, info: &RequestInfo, chat: bool) -> Result<Vec<Vec<u32>>, Reject> {
+    if chat {
+        let msgs = info.messages.clone().unwrap_or_default();
+        let ids = tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t));
+        return Ok(vec![ids.map_err(|e| reject(400, e, Some("messages")))?]);
+    }
+    let mut flat = Vec::new();
+    if let Some(p) = info.prompt.clone() {
+        flatten(p, &mut flat);
+    }
+    if flat.is_empty() {
+        return Err(reject(400, "field `prompt` is empty", Some("prompt")));
+    }
+    let mut out = Vec::with_capacity(flat.len());
+    for p in flat {
+        match p {
+            Prompt::TokenIds(ids) => out.push(ids),
+            Prompt::Text(t) => out.push(
+                sh.tokenizer
+                    .encode(&t)
+                    .map_err(|e| reject(400, e, Some("prompt")))?,
+            ),
+            Prompt::Batch(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// One sequence per prompt and choice (`n`), with lengths checked against the context.
+fn sequences(
+    sh: &Shared,
+    info: &RequestInfo,
+    prompts: Vec<Vec<u32>>,
+) -> Result<Vec<SeqIn>, Reject> {
+    let n = info.params.n.unwrap_or(1).max(1) as usize;
+    if prompts.len() * n > MAX_CHOICES {
+        let msg =
+            format!("the mock serves at most {MAX_CHOICES} choices per request (prompts x n)");
+        return Err(reject(400, msg, Some("n")));
+    }
+    let max_len = sh.max_model_len;
+    let mut seqs = Vec::with_capacity(prompts.len() * n);
+    for p in prompts {
+        let l = p.len() as u32;
+        if l == 0 {
+            return Err(reject(400, "The prompt cannot be empty.", Some("prompt")));
+        }
+        if l >= max_len {
+            let msg = format!(
+                "This model's maximum context length is {max_len} tokens. However, your request has {l} input tokens. Please reduce the length of the input messages."
+            );
+            return Err(reject(400, msg, Some("prompt")));
+        }
+        if info.params.max_tokens == Some(0) {
+            let msg = "max_tokens must be at least 1, got 0.";
+            return Err(reject(400, msg, Some("max_tokens")));
+        }
+        let room = max_len - l;
+        let max_tokens = info.params.max_tokens.unwrap_or(room).min(room);
+        let q = SeqIn {
+            prompt: p,
+            max_tokens,
+            min_tokens: info.params.min_tokens.unwrap_or(0).min(max_tokens),
+            ignore_eos: info.params.ignore_eos.unwrap_or(false),
+        };
+        seqs.extend(std::iter::repeat_n(q, n));
+    }
+    Ok(seqs)
+}
+
+fn parse_generate(sh: &Shared, body: &[u8], chat: bool) -> Result<Gen, Reject> {
+    let (info, return_token_ids) = request_info(sh, body, chat)?;
+    let prompts = prompts(sh, &info, chat)?;
+    Ok(Gen {
+        seqs: sequences(sh, &info, prompts)?,
+        stream: info.params.stream.unwrap_or(false),
+        include_usage: info.params.include_usage.unwrap_or(false),
+        return_token_ids,
+    })
 }
 
 async fn generate(
@@ -380,121 +499,10 @@ async fn generate(
     direct: &StreamConn,
     arrival: Instant,
 ) -> Result<Reply, BoxError> {
-    // The common token-id completion goes straight into its fields; anything else (and every
-    // error) through the JSON value path.
-    let fast = if chat {
-        None
-    } else {
-        crate::openai::parse_completion_fast(body)
+    let g = match parse_generate(&sh, body, chat) {
+        Ok(g) => g,
+        Err(r) => return Ok(r.reply()),
     };
-    let (info, stream_options_set, return_token_ids) = match fast {
-        Some(f) => (f.info, f.stream_options_set, Ok(f.return_token_ids)),
-        None => match request_fields(body, chat) {
-            Ok(x) => x,
-            Err(r) => return Ok(*r),
-        },
-    };
-    if let Some(m) = &info.model {
-        if *m != sh.model {
-            return Ok(error_response(
-                404,
-                &format!("The model `{m}` does not exist."),
-                Some("model"),
-            ));
-        }
-    }
-    if stream_options_set && info.params.stream != Some(true) {
-        return Ok(error_response(
-            400,
-            "Stream options can only be defined when `stream=True`.",
-            Some("stream_options"),
-        ));
-    }
-    let Ok(return_token_ids) = return_token_ids else {
-        return Ok(error_response(
-            400,
-            "field `return_token_ids` must be a boolean",
-            Some("return_token_ids"),
-        ));
-    };
-    // Prompts, tokenized.
-    let mut prompts: Vec<Vec<u32>> = Vec::new();
-    if chat {
-        let msgs = info.messages.clone().unwrap_or_default();
-        match tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t)) {
-            Ok(t) => prompts.push(t),
-            Err(e) => return Ok(error_response(400, &e, Some("messages"))),
-        }
-    } else {
-        let mut flat = Vec::new();
-        if let Some(p) = info.prompt.clone() {
-            flatten(p, &mut flat);
-        }
-        if flat.is_empty() {
-            return Ok(error_response(
-                400,
-                "field `prompt` is empty",
-                Some("prompt"),
-            ));
-        }
-        for p in flat {
-            match p {
-                Prompt::TokenIds(ids) => prompts.push(ids),
-                Prompt::Text(t) => match sh.tokenizer.encode(&t) {
-                    Ok(ids) => prompts.push(ids),
-                    Err(e) => return Ok(error_response(400, &e, Some("prompt"))),
-                },
-                Prompt::Batch(_) => {}
-            }
-        }
-    }
-    let n = info.params.n.unwrap_or(1).max(1) as usize;
-    if prompts.len() * n > MAX_CHOICES {
-        return Ok(error_response(
-            400,
-            &format!("the mock serves at most {MAX_CHOICES} choices per request (prompts x n)"),
-            Some("n"),
-        ));
-    }
-    let max_len = sh.max_model_len;
-    let mut seqs = Vec::with_capacity(prompts.len() * n);
-    for p in &prompts {
-        let l = p.len() as u32;
-        if l == 0 {
-            return Ok(error_response(
-                400,
-                "The prompt cannot be empty.",
-                Some("prompt"),
-            ));
-        }
-        if l >= max_len {
-            return Ok(error_response(
-                400,
-                &format!(
-                    "This model's maximum context length is {max_len} tokens. However, your request has {l} input tokens. Please reduce the length of the input messages."
-                ),
-                Some("prompt"),
-            ));
-        }
-        if info.params.max_tokens == Some(0) {
-            return Ok(error_response(
-                400,
-                "max_tokens must be at least 1, got 0.",
-                Some("max_tokens"),
-            ));
-        }
-        let room = max_len - l;
-        let max_tokens = info.params.max_tokens.unwrap_or(room).min(room);
-        for _ in 0..n {
-            seqs.push(SeqIn {
-                prompt: p.clone(),
-                max_tokens,
-                min_tokens: info.params.min_tokens.unwrap_or(0).min(max_tokens),
-                ignore_eos: info.params.ignore_eos.unwrap_or(false),
-            });
-        }
-    }
-    // Faults.
     let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
     if !plan.is_empty() {
@@ -507,104 +515,117 @@ async fn generate(
         if let Some(d) = slow {
             tokio::time::sleep(d).await;
         }
-        return Ok(error_response(
-            status,
-            &format!("simulated {status} (retrace mock fault injection)"),
-            None,
-        ));
+        let msg = format!("simulated {status} (retrace mock fault injection)");
+        return Ok(error_response(status, &msg, None));
     }
-    let stream = info.params.stream.unwrap_or(false);
-    let include_usage = info.params.include_usage.unwrap_or(false);
-    let prompt_arcs: Vec<Arc<Vec<u32>>> = seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
-    let id = format!(
-        "{}-{}",
-        if chat { "chatcmpl" } else { "cmpl" },
-        random_hex(&sh, rn)
-    );
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let fmt = || {
-        Fmt::new(
-            chat,
-            &id,
-            created,
-            &sh.model,
-            include_usage,
-            sh.per_request_metrics,
-            return_token_ids,
-            prompt_arcs.clone(),
-        )
+    let prompts: Vec<Arc<Vec<u32>>> = g.seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
+    let kind = if chat { "chatcmpl" } else { "cmpl" };
+    let head = Head {
+        rn,
+        chat,
+        id: format!("{kind}-{}", random_hex(&sh, rn)),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        return_token_ids: g.return_token_ids,
     };
     let may_reset = plan.reset_after.is_some();
     let submit = |sink: Arc<dyn Sink>| Submit {
         id: rn,
         arrival,
-        seqs,
+        seqs: g.seqs,
         faults: plan,
         sink,
     };
-    if stream {
-        let st = Stream::new(
-            fmt(),
-            sh.tokenizer.clone(),
-            sh.stats.clone(),
-            sh.engine.clone(),
-            rn,
-            may_reset,
-            direct.conn.stamp_port,
-            direct.framing,
-        );
-        let req = submit(Arc::new(StreamSink(st.clone())));
-        return stream_response(&sh, st, req, slow, direct).await;
+    if !g.stream {
+        return whole_response(&sh, &head, prompts, submit, slow, direct).await;
     }
-    let n = prompt_arcs.len();
+    let fmt = Fmt::new(
+        chat,
+        &head.id,
+        head.created,
+        &sh.model,
+        g.include_usage,
+        sh.per_request_metrics,
+        g.return_token_ids,
+        prompts,
+    );
+    let st = Stream::new(
+        fmt,
+        sh.tokenizer.clone(),
+        sh.stats.clone(),
+        sh.engine.clone(),
+        rn,
+        may_reset,
+        direct.conn.stamp_port,
+        direct.framing,
+    );
+    let req = submit(Arc::new(StreamSink(st.clone())));
+    stream_response(&sh, st, req, slow, direct).await
+}
+
+/// What every chunk or body of one answer names.
+struct Head {
+    /// The request's number (the engine's id of it).
+    rn: u64,
+    chat: bool,
+    id: String,
+    created: u64,
+    return_token_ids: bool,
+}
+
+/// A whole (non-streamed) answer: collected on the engine side, sent in one piece (after slow
+/// headers, if any).
+async fn whole_response(
+    sh: &Shared,
+    head: &Head,
+    prompts: Vec<Arc<Vec<u32>>>,
+    submit: impl FnOnce(Arc<dyn Sink>) -> Submit,
+    slow: Option<Duration>,
+    direct: &StreamConn,
+) -> Result<Reply, BoxError> {
+    let n = prompts.len();
     let (tx, rx) = oneshot::channel();
-    let sink = Collect {
-        id: rn,
+    let req = submit(Arc::new(Collect {
+        id: head.rn,
         queued: AtomicU32::new(0),
         parts: Mutex::new(Parts {
             ids: vec![Vec::new(); n],
             fin: vec![None; n],
             tx: Some(tx),
         }),
-    };
-    if sh.inbox.submit(&sh.engine, submit(Arc::new(sink))).is_err() {
+    }));
+    if sh.inbox.submit(&sh.engine, req).is_err() {
         return Ok(error_response(503, "the engine is shutting down", None));
     }
-    // Wait for the whole answer, then send it (after slow headers, if any).
     let mut guard = CancelGuard {
         engine: sh.engine.clone(),
-        id: rn,
+        id: head.rn,
         armed: true,
     };
     let whole = rx.await;
     guard.armed = false;
-    let (ids, fin, prompt_tokens, completion_tokens, timing) = match whole {
+    let body = match whole {
         Ok(Whole::Done {
             ids,
             fin,
             prompt_tokens,
             completion_tokens,
             timing,
-        }) => (ids, fin, prompt_tokens, completion_tokens, timing),
+        }) => WholeBody {
+            head,
+            prompts: &prompts,
+            ids: &ids,
+            fin: &fin,
+        }
+        .render(sh, prompt_tokens, completion_tokens, &timing),
         Ok(Whole::Reset) => {
             arm_reset(direct.conn.fd);
             return Err(Box::new(ResetFault));
         }
         Err(_) => return Ok(error_response(503, "the engine is shutting down", None)),
     };
-    let body = WholeBody {
-        chat,
-        id: &id,
-        created,
-        return_token_ids,
-        prompts: &prompt_arcs,
-        ids: &ids,
-        fin: &fin,
-    }
-    .render(&sh, prompt_tokens, completion_tokens, &timing);
     if let Some(d) = slow {
         tokio::time::sleep(d).await;
     }
@@ -732,10 +753,7 @@ impl Drop for CancelGuard {
 
 /// The JSON body of a whole (non-streamed) answer.
 struct WholeBody<'a> {
-    chat: bool,
-    id: &'a str,
-    created: u64,
-    return_token_ids: bool,
+    head: &'a Head,
     prompts: &'a [Arc<Vec<u32>>],
     ids: &'a [Vec<u32>],
     fin: &'a [Option<Finish>],
@@ -750,14 +768,18 @@ impl WholeBody<'_> {
         timing: &Timing,
     ) -> String {
         let WholeBody {
-            chat,
-            id,
-            created,
-            return_token_ids,
+            head,
             prompts,
             ids,
             fin,
         } = *self;
+        let Head {
+            chat,
+            ref id,
+            created,
+            return_token_ids,
+            ..
+        } = *head;
         let n = prompts.len();
         let mut s = String::with_capacity(256);
         s.push_str("{\"id\":");

@@ -94,8 +94,8 @@ pub trait Sink: Send + Sync {
     /// another event of the same response follows in the same batch: the bytes are queued and
     /// go out with that one, in one write.
     fn emit(&self, e: Emit, flush: bool) -> bool;
-    /// A stable number of this response (shards responses over the writer threads, so that one
-    /// response's events stay in order).
+    /// The request's id ([`Submit::id`]): shards responses over the writer threads (so that one
+    /// response's events stay in order) and names the request to abort when the client is gone.
     fn key(&self) -> u64;
     /// Events of this response handed to a writer thread and not yet taken by it: the engine
     /// writes an event itself only when this is 0, so a response's events stay in order.
