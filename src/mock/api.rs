@@ -657,7 +657,7 @@ async fn stream_response(
         Framing::Chunked => "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: ",
         Framing::UntilClose => "HTTP/1.0 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ndate: ",
     });
-    http_date(&mut head);
+    head.push_str(&httpdate::fmt_http_date(std::time::SystemTime::now()));
     head.push_str("\r\n\r\n");
     if crate::stamps::enabled() {
         // first bytes read, head parsed (`arrival`), request handed to the engine
@@ -684,29 +684,6 @@ async fn stream_response(
         header::HeaderValue::from_static("close"),
     );
     Ok(r)
-}
-
-/// Appends the current time as an HTTP `date` value (`Sun, 30 Nov 2026 02:30:00 GMT`), formatted
-/// once per second and reused (not once per request).
-fn http_date(out: &mut String) {
-    static CACHE: std::sync::Mutex<(u64, String)> =
-        std::sync::Mutex::new((u64::MAX, String::new()));
-    let now = std::time::SystemTime::now();
-    let secs = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if c.0 != secs {
-        c.1.clear();
-        let _ = write!(
-            c.1,
-            "{}",
-            chrono::DateTime::<chrono::Utc>::from(now).format("%a, %d %b %Y %H:%M:%S GMT")
-        );
-        c.0 = secs;
-    }
-    out.push_str(&c.1);
 }
 
 /// How the connection can carry a streamed response.
@@ -862,29 +839,6 @@ impl WholeBody<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn http_date_is_the_current_second_in_imf_fixdate() {
-        let unix = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as i64
-        };
-        let before = unix();
-        let mut a = String::new();
-        http_date(&mut a);
-        let mut b = String::new();
-        http_date(&mut b);
-        let after = unix();
-        for d in [&a, &b] {
-            assert!(d.ends_with(" GMT") && d.len() == 29, "{d}");
-            let t = chrono::DateTime::parse_from_rfc2822(&d.replace("GMT", "+0000"))
-                .expect("an RFC 2822 date")
-                .timestamp();
-            assert!((before..=after).contains(&t), "{d}: {before}..{after}");
-        }
-    }
 
     #[tokio::test]
     async fn error_body_shape() {

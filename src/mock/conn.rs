@@ -19,6 +19,7 @@
 use super::stream::{self, Outcome};
 use crate::rxstamp;
 use bytes::{Buf, Bytes};
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -228,41 +229,41 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Svc {
     }
 }
 
-type HttpConn = hyper::server::conn::http1::Connection<hyper_util::rt::TokioIo<ConnIo>, Svc>;
 type HttpParts = hyper::server::conn::http1::Parts<hyper_util::rt::TokioIo<ConnIo>, Svc>;
 
-/// hyper serving the connection until it is done, without shutting the socket down (so that a
-/// stream can take it over); a stop signal turns keep-alive off (graceful shutdown).
-struct Http {
-    conn: Option<HttpConn>,
-    stop: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
-}
-
-impl std::future::Future for &mut Http {
-    type Output = Result<HttpParts, hyper::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut **self.get_mut();
-        if let Some(s) = this.stop.as_mut() {
-            if s.as_mut().poll(cx).is_ready() {
-                this.stop = None;
-                if let Some(c) = this.conn.as_mut() {
-                    Pin::new(c).graceful_shutdown();
-                }
-            }
-        }
-        let Some(c) = this.conn.as_mut() else {
-            return Poll::Pending;
-        };
-        match c.poll_without_shutdown(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Ready(Ok(())) => match this.conn.take() {
-                Some(c) => Poll::Ready(Ok(c.into_parts())),
-                None => Poll::Pending,
-            },
+/// hyper serving `io` until it is done, without shutting the socket down (so that a stream can
+/// take it over); a stop signal turns keep-alive off (graceful shutdown).
+async fn http(
+    io: ConnIo,
+    svc: Svc,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<HttpParts, hyper::Error> {
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    let mut conn = Some(conn);
+    let mut stopping = *stop.borrow();
+    if stopping {
+        if let Some(c) = conn.as_mut() {
+            Pin::new(c).graceful_shutdown();
         }
     }
+    let mut stopped = Box::pin(async move {
+        let _ = stop.changed().await;
+    });
+    std::future::poll_fn(|cx| {
+        let Some(c) = conn.as_mut() else {
+            return Poll::Pending;
+        };
+        if !stopping && stopped.as_mut().poll(cx).is_ready() {
+            stopping = true;
+            Pin::new(&mut *c).graceful_shutdown();
+        }
+        match std::task::ready!(c.poll_without_shutdown(cx)) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(()) => Poll::Ready(Ok(conn.take().expect("polled once more").into_parts())),
+        }
+    })
+    .await
 }
 
 /// Serves one accepted connection until it closes (or the mock stops); `rx_stamps`: reads carry
@@ -310,27 +311,7 @@ pub async fn serve(
             handler: handler.clone(),
             ctx: ctx.clone(),
         };
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
-        let stop_fut: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
-            if *stop.borrow() {
-                None
-            } else {
-                let mut stop = stop.clone();
-                Some(Box::pin(async move {
-                    let _ = stop.changed().await;
-                }))
-            };
-        let mut http = Http {
-            conn: Some(conn),
-            stop: stop_fut,
-        };
-        if http.stop.is_none() {
-            if let Some(c) = http.conn.as_mut() {
-                Pin::new(c).graceful_shutdown();
-            }
-        }
-        let r = (&mut http).await;
+        let r = http(io, svc, stop.clone()).await;
         let hijack = ctx.take();
         let parts = match r {
             Ok(p) => p,
@@ -353,7 +334,7 @@ pub async fn serve(
             return;
         };
         let head = std::mem::take(&mut h.head);
-        match stream::drive(st, &stream, head, &mut read_ahead, &mut ahead_rx).await {
+        match stream::drive(st, &mut stream, head, &mut read_ahead, &mut ahead_rx).await {
             Outcome::Finished if !h.close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;

@@ -81,7 +81,7 @@ pub struct MockConfig {
 }
 
 /// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ArrivalStamp {
     /// The kernel's receive timestamp of the read that completed the request ([`crate::rxstamp`]): the
     /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
@@ -89,17 +89,6 @@ pub enum ArrivalStamp {
     Kernel,
     /// The instant the request's head had been parsed (the mock's threads got to it).
     Parsed,
-}
-
-impl ArrivalStamp {
-    /// `kernel` or `parsed` (`--arrival-stamp`).
-    pub fn by_name(s: &str) -> anyhow::Result<ArrivalStamp> {
-        match s {
-            "kernel" => Ok(ArrivalStamp::Kernel),
-            "parsed" => Ok(ArrivalStamp::Parsed),
-            _ => bail!("--arrival-stamp: `{s}` is not one of kernel, parsed"),
-        }
-    }
 }
 
 impl Default for MockConfig {
@@ -479,7 +468,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
         writer_threads: a.writer_threads,
-        arrival: ArrivalStamp::by_name(&a.arrival_stamp)?,
+        arrival: a.arrival_stamp,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

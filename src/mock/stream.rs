@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// How a streamed body is delimited.
@@ -382,23 +383,6 @@ enum Action {
     Gone,
 }
 
-async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
-    let mut off = 0;
-    while off < buf.len() {
-        if stream.writable().await.is_err() {
-            return false;
-        }
-        match stream.try_write(&buf[off..]) {
-            Ok(0) => return false,
-            Ok(n) => off += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
-        }
-    }
-    true
-}
-
 /// Connection task: writes `head` and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
 /// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
@@ -407,7 +391,7 @@ async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
 /// this returns.
 pub async fn drive(
     s: Arc<Stream>,
-    stream: &TcpStream,
+    stream: &mut TcpStream,
     head: Vec<u8>,
     read_ahead: &mut Vec<u8>,
     read_ahead_rx: &mut Option<Instant>,
@@ -440,7 +424,7 @@ pub async fn drive(
         };
         match action {
             Action::Write(buf, ats) => {
-                if !write_all(stream, &buf).await {
+                if stream.write_all(&buf).await.is_err() {
                     return Outcome::Close; // `detach` abandons the request
                 }
                 s.record(&ats, Instant::now());
@@ -454,7 +438,7 @@ pub async fn drive(
                 detach.finished = true;
                 s.lock().fd = None;
                 if s.framing == Framing::Chunked {
-                    let _ = write_all(stream, b"0\r\n\r\n").await;
+                    let _ = stream.write_all(b"0\r\n\r\n").await;
                 }
                 return Outcome::Close;
             }
