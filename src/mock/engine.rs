@@ -18,8 +18,6 @@ use super::faults::FaultPlan;
 use super::prom::Stats;
 use super::sched::{Event, SchedConfig, Scheduler};
 pub use super::sched::{Finish, SeqIn};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -120,13 +118,6 @@ struct Marks {
 /// `m.flush[i]`: event `i` is its response's last one in `batch` (its write carries the others).
 fn flush_marks(batch: &SinkBatch, m: &mut Marks) {
     m.flush.clear();
-    if batch.len() <= 64 {
-        for (i, (k, _, _)) in batch.iter().enumerate() {
-            m.flush
-                .push(!batch[i + 1..].iter().any(|(k2, _, _)| k2 == k));
-        }
-        return;
-    }
     m.last.clear();
     for (i, (k, _, _)) in batch.iter().enumerate() {
         m.last.insert(*k, i);
@@ -261,32 +252,9 @@ struct Req {
     reset_pending: bool,
 }
 
-/// An event held back by a stall (or an injected reset), with its sink, so that it is
-/// delivered even after the engine has finished the request.
-struct Delayed {
-    at: Instant,
-    n: u64,
-    req: u64,
-    sink: Arc<dyn Sink>,
-    emit: Emit,
-}
-
-impl PartialEq for Delayed {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.n) == (o.at, o.n)
-    }
-}
-impl Eq for Delayed {}
-impl PartialOrd for Delayed {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Delayed {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.n).cmp(&(o.at, o.n))
-    }
-}
+/// Events held back by a stall (or an injected reset), by (due, order): with their request and
+/// sink, so that they are delivered even after the engine has finished the request.
+type Delayed = std::collections::BTreeMap<(Instant, u64), (u64, Arc<dyn Sink>, Emit)>;
 
 /// Stream events due in this wake-up and the writer threads they may go to.
 struct Writers {
@@ -301,7 +269,7 @@ struct Engine {
     sched: Scheduler,
     stats: Arc<Stats>,
     reqs: IdMap<Req>,
-    delayed: BinaryHeap<Reverse<Delayed>>,
+    delayed: Delayed,
     delayed_n: u64,
     /// The scheduler's events (scratch).
     events: Vec<Event>,
@@ -340,7 +308,7 @@ pub fn spawn(
                 cfg,
                 stats,
                 reqs: IdMap::default(),
-                delayed: BinaryHeap::new(),
+                delayed: Delayed::new(),
                 delayed_n: 0,
                 events: Vec::new(),
                 writers: Writers {
@@ -447,7 +415,7 @@ impl Engine {
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let d = self.delayed.peek().map(|Reverse(e)| e.at);
+        let d = self.delayed.first_key_value().map(|(k, _)| k.0);
         [d, self.sched.next_due()].into_iter().flatten().min()
     }
 
@@ -506,8 +474,8 @@ impl Engine {
             let s = self.sched.next_due().filter(|&t| t <= now);
             let d = self
                 .delayed
-                .peek()
-                .map(|Reverse(e)| e.at)
+                .first_key_value()
+                .map(|(k, _)| k.0)
                 .filter(|&t| t <= now);
             match (s, d) {
                 (Some(s), Some(d)) if d < s => self.pop_delayed(),
@@ -573,23 +541,18 @@ impl Engine {
             return self.hand_over(sink, e);
         }
         self.delayed_n += 1;
-        self.delayed.push(Reverse(Delayed {
-            at: e.at(),
-            n: self.delayed_n,
-            req,
-            sink,
-            emit: e,
-        }));
+        self.delayed
+            .insert((e.at(), self.delayed_n), (req, sink, e));
     }
 
     fn pop_delayed(&mut self) {
-        let Some(Reverse(d)) = self.delayed.pop() else {
+        let Some((_, (req, sink, e))) = self.delayed.pop_first() else {
             return;
         };
-        let reset = matches!(d.emit, Emit::Reset { .. });
-        self.hand_over(d.sink, d.emit);
+        let reset = matches!(e, Emit::Reset { .. });
+        self.hand_over(sink, e);
         if reset {
-            self.drop_req(d.req);
+            self.drop_req(req);
         }
     }
 
@@ -992,22 +955,9 @@ mod tests {
         assert!(r.is_err());
     }
 
-    struct NoSink(std::sync::atomic::AtomicU32);
-    impl Sink for NoSink {
-        fn emit(&self, _: Emit, _: bool) -> bool {
-            true
-        }
-        fn key(&self) -> u64 {
-            0
-        }
-        fn queued(&self) -> &std::sync::atomic::AtomicU32 {
-            &self.0
-        }
-    }
-
     #[test]
     fn each_response_flushes_on_its_last_event_in_a_batch() {
-        let sink: Arc<dyn Sink> = Arc::new(NoSink(Default::default()));
+        let (sink, _rx) = chan();
         let ev = || Emit::Reset { at: Instant::now() };
         for n in [5usize, 200] {
             // keys 0..n, then key 1 and key 3 again
