@@ -288,22 +288,9 @@ pub async fn start(
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
-    let rt_stats = stats.clone();
-    let realtime = cfg.realtime;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.io_threads.max(1))
-        .thread_name("mock-io")
-        .on_thread_start(move || {
-            if realtime && !crate::thread_timing::realtime() {
-                rt_stats
-                    .realtime_failed
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        })
-        .enable_all()
-        .build()
-        .context("cannot start the mock's runtime")?;
-    if cfg.arrival == ArrivalStamp::Kernel {
+    let rt = runtime(&cfg, stats.clone())?;
+    let kernel_arrival = cfg.arrival == ArrivalStamp::Kernel;
+    if kernel_arrival {
         // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
         // later, before clients normally send); accepted sockets ask for them too (conn.rs).
         use std::os::fd::AsRawFd;
@@ -313,43 +300,20 @@ pub async fn start(
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
     };
-    let listener = match listener {
-        Ok(l) => l,
-        Err(e) => {
-            rt.shutdown_background();
-            return Err(e).context("cannot register the listener");
-        }
-    };
     let tokenizer = Arc::new(tokenizer);
-    let ecfg = engine::EngineConfig {
-        sched: sched::SchedConfig {
-            fixed: cfg.fixed_timing.map(|(t, i)| {
-                (
-                    Duration::from_secs_f64(t / 1e3),
-                    Duration::from_secs_f64(i / 1e3),
-                )
-            }),
-            cost: cfg.cost,
-            max_num_seqs: cfg.max_num_seqs,
-            max_num_batched_tokens: cfg.max_num_batched_tokens,
-            block_size: cfg.block_size,
-            kv_blocks: (cfg.kv_cache_tokens / u64::from(cfg.block_size)) as usize,
-            tokens_per_event: cfg.tokens_per_event,
-            seed: cfg.seed,
-            eos_prob: cfg.eos_prob,
-            vocab: tokenizer.vocab(),
-        },
-        spin: Duration::from_micros(cfg.spin_us),
-        realtime: cfg.realtime,
-        coalesce: Duration::from_micros(cfg.coalesce_us),
-        writers: cfg.writer_threads,
-    };
+    let ecfg = cfg.engine_config(tokenizer.vocab());
     let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
-    let (etx, ethread) = match engine::spawn(ecfg, stats.clone(), inbox.clone()) {
+    let started = listener
+        .context("cannot register the listener")
+        .and_then(|l| {
+            let e = engine::spawn(ecfg, stats.clone(), inbox.clone());
+            Ok((l, e.context("cannot start the engine thread")?))
+        });
+    let (listener, (etx, ethread)) = match started {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
-            return Err(e).context("cannot start the engine thread");
+            return Err(e);
         }
     };
     let shared = Arc::new(api::Shared {
@@ -362,47 +326,22 @@ pub async fn start(
         stats: stats.clone(),
         engine: etx.clone(),
         inbox,
-        kernel_arrival: cfg.arrival == ArrivalStamp::Kernel,
+        kernel_arrival,
         next_id: AtomicU64::new(0),
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    let rx_stamps = shared.kernel_arrival;
     let handler: conn::Handler =
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
-    let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        // Every connection task holds a clone; when all are gone, `recv` returns None.
-        let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
-        let conn_stop = stop_rx.clone();
-        loop {
-            tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((stream, _)) => {
-                        let h = handler.clone();
-                        let stop = conn_stop.clone();
-                        let alive = alive_tx.clone();
-                        tokio::spawn(async move {
-                            conn::serve(stream, h, rx_stamps, stop).await;
-                            drop(alive);
-                        });
-                    }
-                    Err(e) => {
-                        // Out of descriptors and similar: keep serving the open connections.
-                        tracing::warn!("mock: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                },
-                _ = stop_rx.changed() => break,
-            }
-        }
-        drop(listener);
-        drop(alive_tx);
+        let mut alive = accept_loop(listener, handler, kernel_arrival, stop_rx).await;
+        // Open streams end when the engine stops; then the connections close.
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), alive_rx.recv()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), alive.recv()).await;
     });
     Ok(MockHandle {
         addr,
@@ -411,6 +350,55 @@ pub async fn start(
         stats,
         rt: Some(rt),
     })
+}
+
+/// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
+fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let realtime = cfg.realtime;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.max(1))
+        .thread_name("mock-io")
+        .on_thread_start(move || {
+            if realtime && !crate::thread_timing::realtime() {
+                stats
+                    .realtime_failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .enable_all()
+        .build()
+        .context("cannot start the mock's runtime")
+}
+
+/// Serves connections until `stop`; the returned channel closes when the last one has closed.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    handler: conn::Handler,
+    rx_stamps: bool,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::sync::mpsc::Receiver<()> {
+    // Every connection task holds a clone; when all are gone, `recv` returns None.
+    let (alive_tx, alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let (h, stop, alive) = (handler.clone(), stop.clone(), alive_tx.clone());
+                    tokio::spawn(async move {
+                        conn::serve(stream, h, rx_stamps, stop).await;
+                        drop(alive);
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors and similar: keep serving the open connections.
+                    tracing::warn!("mock: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    alive_rx
 }
 
 /// Parses `TTFT_MS,ITL_MS`.
@@ -427,6 +415,28 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
 }
 
 impl MockConfig {
+    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        engine::EngineConfig {
+            sched: sched::SchedConfig {
+                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
+                cost: self.cost,
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                block_size: self.block_size,
+                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
+                tokens_per_event: self.tokens_per_event,
+                seed: self.seed,
+                eos_prob: self.eos_prob,
+                vocab,
+            },
+            spin: Duration::from_micros(self.spin_us),
+            realtime: self.realtime,
+            coalesce: Duration::from_micros(self.coalesce_us),
+            writers: self.writer_threads,
+        }
+    }
+
     /// The defaults with `profile`'s cost model and step budget.
     pub fn with_profile(profile: Profile) -> MockConfig {
         MockConfig {
