@@ -191,30 +191,8 @@ pub async fn handle(
         }),
         conn,
     };
-    match (path.as_str(), get) {
-        ("/health", true) => return Ok(full(StatusCode::OK, "application/json", "")),
-        ("/version", true) => {
-            return Ok(full(
-                StatusCode::OK,
-                "application/json",
-                "{\"version\":\"0.32.0\"}",
-            ))
-        }
-        ("/metrics", true) => {
-            return Ok(full(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                sh.stats.render(),
-            ))
-        }
-        ("/v1/models", true) => return Ok(models(&sh)),
-        ("/v1/completions" | "/v1/chat/completions" | "/tokenize", false)
-            if method == Method::POST => {}
-        ("/health" | "/version" | "/metrics" | "/v1/models", false)
-        | ("/v1/completions" | "/v1/chat/completions" | "/tokenize", _) => {
-            return Ok(detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed"))
-        }
-        _ => return Ok(detail(StatusCode::NOT_FOUND, "Not Found")),
+    if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
+        return Ok(r);
     }
     let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
         .collect()
@@ -229,20 +207,14 @@ pub async fn handle(
             ))
         }
     };
-    let forced = match fault_header {
-        None => None,
-        Some(Ok(v)) => match faults::parse_header(&v) {
-            Ok(p) => Some(p),
-            Err(e) => return Ok(error_response(400, &e, None)),
-        },
-        Some(Err(_)) => {
-            return Ok(error_response(
-                400,
-                &format!("{}: not ASCII", faults::FAULT_HEADER),
-                None,
-            ))
-        }
-    };
+    let forced =
+        match fault_header.map(|h| h.map_err(|_| format!("{}: not ASCII", faults::FAULT_HEADER))) {
+            None => None,
+            Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
+                Ok(p) => Some(p),
+                Err(e) => return Ok(error_response(400, &e, None)),
+            },
+        };
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body));
     }
@@ -252,6 +224,26 @@ pub async fn handle(
     };
     let chat = path == "/v1/chat/completions";
     generate(sh, &body, chat, forced, &direct, arrival).await
+}
+
+/// The answer to every route but the three POST ones that read a body (`None` for those).
+fn simple_route(sh: &Shared, path: &str, get: bool, post: bool) -> Option<Reply> {
+    let json = "application/json";
+    Some(match (path, get) {
+        ("/health", true) => full(StatusCode::OK, json, ""),
+        ("/version", true) => full(StatusCode::OK, json, "{\"version\":\"0.32.0\"}"),
+        ("/metrics", true) => {
+            let ctype = "text/plain; version=0.0.4; charset=utf-8";
+            full(StatusCode::OK, ctype, sh.stats.render())
+        }
+        ("/v1/models", true) => models(sh),
+        ("/v1/completions" | "/v1/chat/completions" | "/tokenize", false) if post => return None,
+        ("/health" | "/version" | "/metrics" | "/v1/models", false)
+        | ("/v1/completions" | "/v1/chat/completions" | "/tokenize", _) => {
+            detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+        }
+        _ => detail(StatusCode::NOT_FOUND, "Not Found"),
+    })
 }
 
 fn models(sh: &Shared) -> Reply {
