@@ -207,14 +207,13 @@ pub async fn handle(
             ))
         }
     };
-    let forced =
-        match fault_header.map(|h| h.map_err(|_| format!("{}: not ASCII", faults::FAULT_HEADER))) {
-            None => None,
-            Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
-                Ok(p) => Some(p),
-                Err(e) => return Ok(error_response(400, &e, None)),
-            },
-        };
+    let forced = match fault_header.map(|h| h.map_err(|_| faults::not_ascii())) {
+        None => None,
+        Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
+            Ok(p) => Some(p),
+            Err(e) => return Ok(error_response(400, &e.to_string(), None)),
+        },
+    };
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body));
     }
