@@ -636,8 +636,12 @@ async fn stream_response(
     if sh.inbox.submit(&sh.engine, req).is_err() {
         return Ok(error_response(503, "the engine is shutting down", None));
     }
-    // Until the connection takes the stream, a dropped handler (client gone) cancels it.
-    let guard = AbandonGuard { s: st, armed: true };
+    // Until the connection takes the stream, a dropped handler (client gone) abandons it.
+    let mut hijack = Hijack {
+        stream: Some(st),
+        head: Vec::new(),
+        close_after: direct.close_after || direct.framing == Framing::UntilClose,
+    };
     if let Some(d) = slow {
         tokio::time::sleep(d).await;
     }
@@ -663,11 +667,8 @@ async fn stream_response(
             ],
         );
     }
-    direct.conn.take_over(Hijack {
-        stream: Some(guard.disarm()),
-        head: head.into_bytes(),
-        close_after: direct.close_after || direct.framing == Framing::UntilClose,
-    });
+    hijack.head = head.into_bytes();
+    direct.conn.take_over(hijack);
     // hyper's own response is discarded; `connection: close` makes it hand the socket back.
     let mut r = Response::new(Full::new(Bytes::new()));
     r.headers_mut().insert(
@@ -682,27 +683,6 @@ pub struct StreamConn {
     framing: Framing,
     close_after: bool,
     conn: Arc<ConnCtx>,
-}
-
-/// Abandons a directly written stream whose handler is dropped before the connection took it.
-struct AbandonGuard {
-    s: Arc<Stream>,
-    armed: bool,
-}
-
-impl AbandonGuard {
-    fn disarm(mut self) -> Arc<Stream> {
-        self.armed = false;
-        self.s.clone()
-    }
-}
-
-impl Drop for AbandonGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            self.s.abandon();
-        }
-    }
 }
 
 struct CancelGuard {

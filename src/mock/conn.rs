@@ -36,7 +36,7 @@ pub struct Hijack {
     pub stream: Option<Arc<stream::Stream>>,
     /// The response head to write (status line and headers).
     pub head: Vec<u8>,
-    /// The client asked for `connection: close`.
+    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
     pub close_after: bool,
 }
 
@@ -180,22 +180,6 @@ impl AsyncWrite for ConnIo {
         }
         let p = Pin::new(&mut self.stream).poll_write(cx, buf);
         self.track(p)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
-        }
-        let p = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.track(p)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
