@@ -459,7 +459,7 @@ pub async fn drive(
                         }
                         let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
                         match crate::rxstamp::try_recv(stream, fd, &mut tmp) {
-                            // The client closed its side: as on the hyper path, the stream ends.
+                            // The client closed its side: the stream ends.
                             Ok((0, _)) => return Outcome::Close,
                             Ok((n, at)) => {
                                 // SAFETY: the kernel wrote the first `n` bytes.

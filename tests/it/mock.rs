@@ -1428,7 +1428,7 @@ async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
         let last: Value = serde_json::from_str(&evs[4]).unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], "length");
     }
-    // HTTP/1.0 keeps hyper's framing (no chunks; the body ends with the connection).
+    // HTTP/1.0: no chunks, the body ends with the connection (as hyper frames it).
     let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
     s.write_all(req.replace("HTTP/1.1", "HTTP/1.0").as_bytes())
         .await
@@ -1445,7 +1445,7 @@ async fn direct_stream_writer_keeps_http_framing_keep_alive_and_pipelining() {
     assert!(txt.starts_with("HTTP/1.0 200 OK\r\n"), "{txt}");
     assert!(!txt.to_ascii_lowercase().contains("transfer-encoding"));
     assert!(txt.ends_with("data: [DONE]\n\n"), "{txt}");
-    // Both paths send the same SSE bytes once de-chunked, but for the response id and the
+    // Both framings carry the same SSE bytes once de-chunked, but for the response id and the
     // `created` second.
     let hyper_body = &txt[txt.find("\r\n\r\n").unwrap() + 4..];
     let norm = |b: &str| {
@@ -1622,4 +1622,61 @@ async fn fixed_timing_counts_from_the_read_that_completed_the_request() {
         }
         h.shutdown().await;
     }
+}
+
+/// A stream pipelined behind a response larger than the socket buffers, which the client does not
+/// read at first, goes out after it (the take-over waits until hyper holds no unsent bytes): both
+/// responses arrive whole and in order.
+#[tokio::test]
+async fn pipelined_stream_waits_for_an_unsent_response() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = start(fixed(1.0, 1.0)).await;
+    let big = json!({"prompt": "w ".repeat(3_000_000), "return_token_strs": true}).to_string();
+    let stream = r#"{"prompt":[1,2,3],"max_tokens":3,"ignore_eos":true,"stream":true}"#;
+    let post = |path: &str, body: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: m\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let reqs =
+        post("/tokenize", &big, "") + &post("/v1/completions", stream, "connection: close\r\n");
+    s.write_all(reqs.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the mock's socket fills meanwhile
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut all))
+        .await
+        .expect("both responses within 60 s")
+        .unwrap();
+    let split = |b: &[u8]| b.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let h1 = split(&all);
+    let head1 = String::from_utf8_lossy(&all[..h1]).to_ascii_lowercase();
+    let n: usize = head1
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body1 = &all[h1 + 4..h1 + 4 + n];
+    let v: Value = serde_json::from_slice(body1).unwrap();
+    assert_eq!(
+        v["count"].as_u64().unwrap() as usize,
+        v["tokens"].as_array().unwrap().len()
+    );
+    assert!(
+        n > 8 << 20,
+        "the response must not fit in the socket buffers: {n} bytes"
+    );
+    let rest = &all[h1 + 4 + n..];
+    let h2 = split(rest);
+    let head2 = String::from_utf8_lossy(&rest[..h2]);
+    assert!(head2.starts_with("HTTP/1.1 200 OK\r\n"), "{head2}");
+    assert!(head2.contains("transfer-encoding: chunked"), "{head2}");
+    let body2 = String::from_utf8_lossy(&rest[h2 + 4..]);
+    assert!(
+        body2.contains("data: [DONE]") && body2.ends_with("0\r\n\r\n"),
+        "{body2}"
+    );
+    h.shutdown().await;
 }
