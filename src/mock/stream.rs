@@ -264,62 +264,19 @@ impl Stream {
         if st.end != End::Open {
             return true;
         }
-        let at = e.at();
-        st.scratch.clear();
-        let mut hold = false;
-        match e {
-            Emit::Tokens {
-                choice,
-                ids,
-                finish,
-                ..
-            } => {
-                st.fmt
-                    .tokens(&mut st.scratch, &self.tok, choice, &ids, finish);
-                // The engine hands over the end of the stream right after the last token, at the
-                // same instant: both go out in one write.
-                // (Not with a reset fault pending: its last tokens must reach the client early.)
-                hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
-            }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => {
-                st.fmt
-                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
-                st.end = End::Done;
-            }
-            Emit::Reset { .. } => {
-                st.end = End::Reset;
-                drop(guard);
-                self.notify.notify_one();
-                return true;
-            }
+        if matches!(e, Emit::Reset { .. }) {
+            st.end = End::Reset;
+            drop(guard);
+            self.notify.notify_one();
+            return true;
         }
-        frame(self.framing, &mut st.pending, st.scratch.as_bytes());
-        if st.end == End::Done && self.framing == Framing::Chunked {
-            st.pending.extend_from_slice(b"0\r\n\r\n");
-        }
-        st.pending_at.push(at);
+        let hold = self.append(st, e);
         let mut wake = st.end != End::Open;
         if let (Some(fd), false, false, true) = (st.fd, st.draining, hold, flush) {
-            let now = Instant::now();
-            let mut off = 0;
-            match send_now(fd, &st.pending, &mut off) {
-                Wrote::All => {
-                    self.record(&st.pending_at, now);
-                    st.pending.clear();
-                    st.pending_at.clear();
-                }
-                Wrote::Blocked => {
-                    st.pending.drain(..off);
-                    st.draining = true;
-                    wake = true;
-                }
+            match self.send_pending(st, fd) {
+                Wrote::All => {}
+                Wrote::Blocked => wake = true,
                 Wrote::Gone => {
-                    st.client_gone = true;
                     drop(guard);
                     self.notify.notify_one();
                     // On a writer thread nobody else tells the engine (it ignores a repeat).
@@ -333,6 +290,66 @@ impl Stream {
             self.notify.notify_one();
         }
         true
+    }
+
+    /// Formats and frames a token or end event into `pending`; true when it should wait for the
+    /// event that follows it at the same instant (the end of the stream after its last token:
+    /// both go out in one write).
+    fn append(&self, st: &mut State, e: Emit) -> bool {
+        let at = e.at();
+        st.scratch.clear();
+        let mut hold = false;
+        match e {
+            Emit::Tokens {
+                choice,
+                ids,
+                finish,
+                ..
+            } => {
+                st.fmt
+                    .tokens(&mut st.scratch, &self.tok, choice, &ids, finish);
+                // Not with a reset fault pending: its last tokens must reach the client early.
+                hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
+            }
+            Emit::Done {
+                prompt_tokens,
+                completion_tokens,
+                timing,
+                ..
+            } => {
+                st.fmt
+                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
+                st.end = End::Done;
+            }
+            Emit::Reset { .. } => {}
+        }
+        frame(self.framing, &mut st.pending, st.scratch.as_bytes());
+        if st.end == End::Done && self.framing == Framing::Chunked {
+            st.pending.extend_from_slice(b"0\r\n\r\n");
+        }
+        st.pending_at.push(at);
+        hold
+    }
+
+    /// Hands `pending` to the socket now; what is left when it is full goes to the connection
+    /// task (`draining`).
+    fn send_pending(&self, st: &mut State, fd: RawFd) -> Wrote {
+        let now = Instant::now();
+        let mut off = 0;
+        let w = send_now(fd, &st.pending, &mut off);
+        match w {
+            Wrote::All => {
+                self.record(&st.pending_at, now);
+                st.pending.clear();
+                st.pending_at.clear();
+            }
+            Wrote::Blocked => {
+                st.pending.drain(..off);
+                st.draining = true;
+            }
+            Wrote::Gone => st.client_gone = true,
+        }
+        w
     }
 
     /// The request will not be served (the client left before the stream started, or the
