@@ -532,30 +532,25 @@ pub struct MockArgs {
     /// Delay of slow response headers, ms.
     #[arg(long, default_value_t = 1000.0)]
     pub fault_slow_headers_ms: f64,
-    /// Emission clock: busy-wait this many microseconds before each deadline (more precision, more CPU).
-    #[arg(long, default_value_t = 0)]
+    // Tuning knobs, hidden from --help (docs/tuning.md, `## mock`).
+    /// Emission clock: busy-wait this many microseconds before each deadline.
+    #[arg(long, default_value_t = 0, hide = true)]
     pub spin_us: u64,
     /// Threads serving HTTP connections (the engine has its own thread besides).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, hide = true)]
     pub io_threads: usize,
-    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE) so emissions stay on
-    /// time on a machine busy with other work; the threads sleep between deadlines.
-    #[arg(long)]
+    /// Run the engine, writer and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE).
+    #[arg(long, hide = true)]
     pub realtime: bool,
-    /// Emission clock: minimum gap between hand-overs, µs; events due within it go out together
-    /// (less CPU per event), each at most this late on the engine's side.
-    #[arg(long, default_value_t = 100)]
+    /// Emission clock: minimum gap between hand-overs, µs.
+    #[arg(long, default_value_t = 100, hide = true)]
     pub coalesce_us: u64,
-    /// Threads that write streamed events to their sockets, each stream always on the same one;
-    /// 0: the engine thread writes them itself (least CPU per event, but one thread's share).
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    /// Threads that write streamed events to their sockets (0: the engine thread does).
+    #[arg(long, default_value_t = 2, value_name = "N", hide = true)]
     pub writer_threads: usize,
-    /// What a request's timings (fixed TTFT, front-end latency) count from: `kernel`, when its
-    /// bytes reached the mock's socket (the kernel's receive timestamp of the read that completed
-    /// it, so the mock's own CPU queue is not charged to the engine), or `parsed`, when the
-    /// mock's threads had read and parsed its head.
-    #[arg(long, default_value = "kernel", value_name = "kernel|parsed")]
-    pub arrival_stamp: String,
+    /// What a request's timings count from: `kernel` (receive timestamp) or `parsed`.
+    #[arg(long, value_enum, default_value = "kernel", hide = true)]
+    pub arrival_stamp: crate::mock::ArrivalStamp,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

@@ -117,8 +117,14 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
+    // The wall clock is read before the monotonic one that anchors it: a preemption between the
+    // two reads can only make the stamp come out later than it was, never earlier, so a request
+    // is never taken to have arrived before its bytes did.
     let at = match stamp {
-        Some(s) => to_instant(s, now, realtime_ns()),
+        Some(s) => {
+            let rt = realtime_ns();
+            to_instant(s, Instant::now(), rt).min(now)
+        }
         None => now,
     };
     Ok((n, at))

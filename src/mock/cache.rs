@@ -80,10 +80,6 @@ impl PrefixCache {
         self.block_size
     }
 
-    pub fn total_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
     /// Blocks referenced by at least one sequence.
     pub fn blocks_in_use(&self) -> usize {
         self.in_use
@@ -105,7 +101,7 @@ impl PrefixCache {
 
     /// Leading blocks of `hashes` that would hit, under the last-block rule for a prompt of
     /// `prompt_len` tokens.
-    pub fn matched_blocks(&self, hashes: &[u64], prompt_len: u32) -> usize {
+    fn matched_blocks(&self, hashes: &[u64], prompt_len: u32) -> usize {
         let cap = (prompt_len.saturating_sub(1) / self.block_size) as usize;
         hashes
             .iter()
@@ -155,17 +151,6 @@ impl PrefixCache {
             blocks: out,
             hit_tokens: matched as u32 * self.block_size,
         })
-    }
-
-    /// Grows a sequence's allocation by one fresh block (for decode), if capacity allows.
-    pub fn grow(&mut self, alloc: &mut Alloc) -> bool {
-        match self.acquire(&[], 0, 1) {
-            Some(a) => {
-                alloc.blocks.extend(a.blocks);
-                true
-            }
-            None => false,
-        }
     }
 
     fn take_ref(&mut self, id: u32) {

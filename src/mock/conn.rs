@@ -5,20 +5,21 @@
 //! answers hyper with an empty `connection: close` response; from that moment the connection's
 //! I/O wrapper swallows what hyper writes (that placeholder response), so hyper ends the
 //! connection as if it had been closed and hands back the socket and any bytes it had read
-//! ahead. This task then writes the real response head (the same bytes hyper writes for a
-//! chunked SSE response) and runs the stream; afterwards the socket goes back to a fresh hyper
-//! connection, with the read-ahead bytes replayed first, unless the client asked to close. The
-//! take-over is refused (the hyper-served body is used instead) for HTTP/1.0 and while hyper
-//! still has unsent bytes of an earlier response. Every read of the socket is a `recvmsg` that
+//! ahead. This task then writes the real response head (the same bytes hyper writes for an SSE
+//! response) and runs the stream; afterwards the socket goes back to a fresh hyper connection,
+//! with the read-ahead bytes replayed first, unless the client asked to close (or spoke
+//! HTTP/1.0, whose stream ends with the connection). A take-over waits until hyper has sent
+//! everything of earlier responses ([`ConnCtx::flushed`]). Every read of the socket is a `recvmsg` that
 //! also notes when its bytes reached the socket ([`crate::rxstamp`]; [`ConnCtx::last_rx`]), which
 //! the handler takes as the request's arrival once its body is read; bytes read ahead carry their
 //! read's stamp into the next request. Graceful shutdown: no new request is read,
-//! open streams end when the engine stops. This module does not format bodies or decide routes.
+//! open streams end when the engine stops. This module does not format bodies or decide routes
+//! (the request handler is given to [`serve`]).
 
-use super::api::{self, Shared};
 use super::stream::{self, Outcome};
 use crate::rxstamp;
 use bytes::{Buf, Bytes};
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
@@ -35,7 +36,7 @@ pub struct Hijack {
     pub stream: Option<Arc<stream::Stream>>,
     /// The response head to write (status line and headers).
     pub head: Vec<u8>,
-    /// The client asked for `connection: close`.
+    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
     pub close_after: bool,
 }
 
@@ -47,13 +48,23 @@ impl Drop for Hijack {
     }
 }
 
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// What the request handler answers.
+pub type Reply = http::Response<http_body_util::Full<Bytes>>;
+type HandlerFuture = Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxError>> + Send>>;
+/// The request handler (`super::api::handle` with its shared state).
+pub type Handler =
+    Arc<dyn Fn(http::Request<hyper::body::Incoming>, Arc<ConnCtx>) -> HandlerFuture + Send + Sync>;
+
 /// What the request handler knows about its connection.
 pub struct ConnCtx {
-    /// The socket (for the reset fault on the hyper path).
+    /// The socket (for the reset fault of a whole-body response).
     pub fd: RawFd,
     swallow: AtomicBool,
     /// hyper's last write attempt did not complete (it holds unsent bytes).
     blocked: AtomicBool,
+    /// Signalled when a write of hyper's completes after one did not.
+    unblocked: tokio::sync::Notify,
     hijack: Mutex<Option<Hijack>>,
     /// Diagnostic stamps ([`crate::stamps`]): the client's port, and when the first bytes of the
     /// request being read arrived (0: none yet).
@@ -64,9 +75,12 @@ pub struct ConnCtx {
 }
 
 impl ConnCtx {
-    /// Whether a streamed response may take the connection over now.
-    pub fn can_take_over(&self) -> bool {
-        !self.blocked.load(Relaxed) && self.hijack.lock().map(|h| h.is_none()).unwrap_or(false)
+    /// Returns once hyper holds no unsent bytes of earlier responses (a pipelining client that
+    /// does not read keeps it waiting, as it would keep hyper's own next response waiting).
+    pub async fn flushed(&self) {
+        while self.blocked.load(Relaxed) {
+            self.unblocked.notified().await;
+        }
     }
 
     /// Registers the stream; everything hyper writes from now on is discarded.
@@ -147,7 +161,10 @@ impl AsyncRead for ConnIo {
 
 impl ConnIo {
     fn track<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        self.ctx.blocked.store(p.is_pending(), Relaxed);
+        let was = self.ctx.blocked.swap(p.is_pending(), Relaxed);
+        if was && p.is_ready() {
+            self.ctx.unblocked.notify_one();
+        }
         p
     }
 }
@@ -165,22 +182,6 @@ impl AsyncWrite for ConnIo {
         self.track(p)
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
-        }
-        let p = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.track(p)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.ctx.swallow.load(Relaxed) {
             return Poll::Ready(Ok(()));
@@ -196,70 +197,69 @@ impl AsyncWrite for ConnIo {
     }
 }
 
-type HandlerFuture = Pin<
-    Box<
-        dyn std::future::Future<Output = Result<http::Response<api::MockBody>, api::BoxError>>
-            + Send,
-    >,
->;
-
 /// The request handler as a hyper service.
 struct Svc {
-    sh: Arc<Shared>,
+    handler: Handler,
     ctx: Arc<ConnCtx>,
 }
 
 impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Svc {
-    type Response = http::Response<api::MockBody>;
-    type Error = api::BoxError;
+    type Response = Reply;
+    type Error = BoxError;
     type Future = HandlerFuture;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> HandlerFuture {
-        Box::pin(api::handle(req, self.sh.clone(), self.ctx.clone()))
+        (self.handler)(req, self.ctx.clone())
     }
 }
 
-type HttpConn = hyper::server::conn::http1::Connection<hyper_util::rt::TokioIo<ConnIo>, Svc>;
 type HttpParts = hyper::server::conn::http1::Parts<hyper_util::rt::TokioIo<ConnIo>, Svc>;
 
-/// hyper serving the connection until it is done, without shutting the socket down (so that a
-/// stream can take it over); a stop signal turns keep-alive off (graceful shutdown).
-struct Http {
-    conn: Option<HttpConn>,
-    stop: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
-}
-
-impl std::future::Future for &mut Http {
-    type Output = Result<HttpParts, hyper::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut **self.get_mut();
-        if let Some(s) = this.stop.as_mut() {
-            if s.as_mut().poll(cx).is_ready() {
-                this.stop = None;
-                if let Some(c) = this.conn.as_mut() {
-                    Pin::new(c).graceful_shutdown();
-                }
-            }
-        }
-        let Some(c) = this.conn.as_mut() else {
-            return Poll::Pending;
-        };
-        match c.poll_without_shutdown(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Ready(Ok(())) => match this.conn.take() {
-                Some(c) => Poll::Ready(Ok(c.into_parts())),
-                None => Poll::Pending,
-            },
+/// hyper serving `io` until it is done, without shutting the socket down (so that a stream can
+/// take it over); a stop signal turns keep-alive off (graceful shutdown).
+async fn http(
+    io: ConnIo,
+    svc: Svc,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<HttpParts, hyper::Error> {
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    let mut conn = Some(conn);
+    let mut stopping = *stop.borrow();
+    if stopping {
+        if let Some(c) = conn.as_mut() {
+            Pin::new(c).graceful_shutdown();
         }
     }
+    let mut stopped = Box::pin(async move {
+        let _ = stop.changed().await;
+    });
+    std::future::poll_fn(|cx| {
+        let Some(c) = conn.as_mut() else {
+            return Poll::Pending;
+        };
+        if !stopping && stopped.as_mut().poll(cx).is_ready() {
+            stopping = true;
+            Pin::new(&mut *c).graceful_shutdown();
+        }
+        match std::task::ready!(c.poll_without_shutdown(cx)) {
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(()) => Poll::Ready(Ok(conn.take().expect("polled once more").into_parts())),
+        }
+    })
+    .await
 }
 
-/// Serves one accepted connection until it closes (or the mock stops).
-pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch::Receiver<bool>) {
+/// Serves one accepted connection until it closes (or the mock stops); `rx_stamps`: reads carry
+/// the kernel's receive timestamps.
+pub async fn serve(
+    stream: TcpStream,
+    handler: Handler,
+    rx_stamps: bool,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let _ = stream.set_nodelay(true);
-    if sh.kernel_arrival {
+    if rx_stamps {
         rxstamp::enable(stream.as_raw_fd());
     }
     let mut stream = stream;
@@ -276,6 +276,7 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
             fd: stream.as_raw_fd(),
             swallow: AtomicBool::new(false),
             blocked: AtomicBool::new(false),
+            unblocked: tokio::sync::Notify::new(),
             hijack: Mutex::new(None),
             stamp_port,
             first_read_ns: AtomicU64::new(if prefix.is_empty() {
@@ -291,30 +292,10 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
             ctx: ctx.clone(),
         };
         let svc = Svc {
-            sh: sh.clone(),
+            handler: handler.clone(),
             ctx: ctx.clone(),
         };
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
-        let stop_fut: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>> =
-            if *stop.borrow() {
-                None
-            } else {
-                let mut stop = stop.clone();
-                Some(Box::pin(async move {
-                    let _ = stop.changed().await;
-                }))
-            };
-        let mut http = Http {
-            conn: Some(conn),
-            stop: stop_fut,
-        };
-        if http.stop.is_none() {
-            if let Some(c) = http.conn.as_mut() {
-                Pin::new(c).graceful_shutdown();
-            }
-        }
-        let r = (&mut http).await;
+        let r = http(io, svc, stop.clone()).await;
         let hijack = ctx.take();
         let parts = match r {
             Ok(p) => p,
@@ -337,7 +318,7 @@ pub async fn serve(stream: TcpStream, sh: Arc<Shared>, stop: tokio::sync::watch:
             return;
         };
         let head = std::mem::take(&mut h.head);
-        match stream::drive(st, &stream, head, &mut read_ahead, &mut ahead_rx).await {
+        match stream::drive(st, &mut stream, head, &mut read_ahead, &mut ahead_rx).await {
             Outcome::Finished if !h.close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;

@@ -1,147 +1,31 @@
-//! The simulated serving engine: a continuous-batching scheduler stepping in real time on its own
-//! thread, and the emission clock that hands each token event to its response at an exact instant.
+//! The simulated engine's emission side: a thread that runs the scheduler ([`super::sched`])
+//! in real time and hands each token event to its response at its due instant, applying the
+//! request's stall and reset faults on the way, and keeps the engine's counters ([`super::prom`]).
 //!
-//! **Cost-model mode** (default). Each step admits waiting sequences in arrival order while fewer
-//! than `max_num_seqs` run and the KV cache can reserve their blocks (prompt + output; the cached
-//! prefix is shared, see [`super::cache`]); then spends a budget of `max_num_batched_tokens`: one
-//! decode token for every running sequence past its prefill, then prefill chunks (chunked prefill).
-//! The step lasts `step_ms = overhead + prefill_token_ms × prefill_tokens + seq_ms × sequences +
-//! context_token_ms × context_tokens` (context = KV tokens attended by the step's sequences). At the step's end
-//! every sequence that finished its prefill emits its first token and every decoding sequence emits
-//! `tokens_per_event` tokens (speculative-decoding style), and the next step starts at that instant.
-//! A request reaches the queue `request_overhead_ms` after it arrived (front-end latency).
-//! Defaults (profile `llama8b`): 56.4 ms front end; steps of 7.9 ms + 0.04 ms/prefill token +
-//! 0.12 ms/sequence + 0.00005 ms/context token, so a lone 137-token prompt gets a 69.9 ms TTFT and
-//! ~8 ms TPOT (Llama-3.1-8B-like), and load raises both.
-//! Timings are computed on an ideal timeline (a step starts exactly when the previous ends, or at
-//! the arrival that wakes an idle engine), so the same arrivals give the same timings.
-//! **Fixed mode** (`fixed_timing = (ttft, itl)`): every request's first event comes `ttft` after
-//! arrival and each next one `itl` later, whatever the load; the cost model is bypassed (prefix
-//! cache counters are still kept).
-//! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
-//! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
-//! Emission: events wait in a deadline heap; the thread sleeps (1 ns timer slack) until the next
-//! deadline, or about `spin_us` before it and then spins, then hands the event to its response:
-//! a streamed response's [`Sink`] formats the event and writes it to the socket
-//! (`super::stream`), on this thread when at most `DIRECT_MAX` events are due in this wake-up,
-//! else on `writers` writer threads in parallel (a response stays on one writer while it has
-//! events queued there, so its events keep their order); a channel response gets it in one batch
-//! per wake-up. Hand-overs are at least `coalesce` apart, so a burst of close deadlines costs one
-//! wake-up and no event is more than `coalesce` late on the engine's side. The response measures
-//! lateness when it hands the bytes to the socket. This module itself does not format JSON or
-//! touch sockets.
+//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one, or
+//! about `spin` before it and then spins, then hands every due event to its response's [`Sink`]:
+//! a stream's sink formats the event and writes it to the socket ([`super::stream`]), on this
+//! thread when at most `DIRECT_MAX` events are due in this wake-up, else on `writers` writer
+//! threads in parallel (a response stays on one writer while it has events queued there, so its
+//! events keep their order). Hand-overs are at least `coalesce` apart, so a burst of close
+//! deadlines costs one wake-up and no event is more than `coalesce` late on the engine's side.
+//! A request reaches the scheduler `request_overhead_ms` after it arrived (front-end latency,
+//! cost-model mode). The response measures lateness when it hands the bytes to the socket. This
+//! module does not format JSON or touch sockets.
 
-use super::cache::{Alloc, IdMap, PrefixCache};
+use super::cache::IdMap;
 use super::faults::FaultPlan;
 use super::prom::Stats;
-use crate::trace::hash::BlockHasher;
-use rand::SeedableRng;
-use rand_distr::Distribution;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use super::sched::{Event, SchedConfig, Scheduler};
+pub use super::sched::{Finish, SeqIn};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
-
-/// The step-time cost model, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CostModel {
-    /// Front-end latency of every request before the engine queues it (HTTP, tokenization,
-    /// hand-off to the engine): adds to the client's TTFT, not to the engine's queue time or
-    /// per-request `metrics`, and uses no engine capacity. Cost-model mode only.
-    pub request_overhead_ms: f64,
-    pub step_overhead_ms: f64,
-    pub prefill_token_ms: f64,
-    pub seq_ms: f64,
-    pub context_token_ms: f64,
-}
-
-impl Default for CostModel {
-    fn default() -> Self {
-        Profile::LLAMA8B.cost
-    }
-}
-
-/// A named engine model: the cost model and the step token budget (`retrace mock --profile`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Profile {
-    pub name: &'static str,
-    pub cost: CostModel,
-    pub max_num_batched_tokens: u32,
-}
-
-impl Profile {
-    /// The calibrated default: a lone 137-token prompt gets a 69.9 ms TTFT and 8.0 ms TPOT (the
-    /// issue's Llama-3.1-8B figures). Most of that TTFT is front-end latency (56.4 ms), not
-    /// compute: prefill runs at 25k tokens/s and a decode step reads KV at 50 ns per context
-    /// token, so long prompts and long contexts cost what a single accelerator's memory and
-    /// compute suggest (a 7k-token prompt ≈ 0.4 s TTFT; 64 sequences × 1k context ≈ 19 ms steps)
-    /// instead of growing with the short-prompt fit.
-    pub const LLAMA8B: Profile = Profile {
-        name: "llama8b",
-        cost: CostModel {
-            request_overhead_ms: 56.4,
-            step_overhead_ms: 7.9,
-            prefill_token_ms: 0.04,
-            seq_ms: 0.12,
-            context_token_ms: 0.00005,
-        },
-        max_num_batched_tokens: 2048,
-    };
-    /// A fast multi-accelerator node: about 200k prefill tokens/s, 8,192-token steps, cheap KV
-    /// reads, so Mooncake-size prompts (7k-100k tokens) at the traces' own speed are served
-    /// without an ever-growing queue. The embedded target of `retrace replay`.
-    pub const FAST: Profile = Profile {
-        name: "fast",
-        cost: CostModel {
-            request_overhead_ms: 0.0,
-            step_overhead_ms: 5.0,
-            prefill_token_ms: 0.005,
-            seq_ms: 0.05,
-            context_token_ms: 0.00004,
-        },
-        max_num_batched_tokens: 8192,
-    };
-    pub const ALL: [Profile; 2] = [Profile::LLAMA8B, Profile::FAST];
-
-    /// The profile called `name`; the error lists the known ones.
-    pub fn by_name(name: &str) -> Result<Profile, String> {
-        Profile::ALL
-            .into_iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Profile::ALL.iter().map(|p| p.name).collect();
-                format!(
-                    "--profile: unknown profile `{name}` (known: {})",
-                    known.join(", ")
-                )
-            })
-    }
-}
-
-impl CostModel {
-    pub fn step_ms(&self, prefill_tokens: u64, seqs: u64, context_tokens: u64) -> f64 {
-        self.step_overhead_ms
-            + self.prefill_token_ms * prefill_tokens as f64
-            + self.seq_ms * seqs as f64
-            + self.context_token_ms * context_tokens as f64
-    }
-}
 
 /// Engine knobs (derived from `MockConfig`).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    pub fixed: Option<(Duration, Duration)>,
-    pub cost: CostModel,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: u32,
-    pub block_size: u32,
-    pub kv_blocks: usize,
-    pub tokens_per_event: u32,
-    pub seed: u64,
-    pub eos_prob: f64,
-    pub vocab: u32,
+    pub sched: SchedConfig,
     pub spin: Duration,
     /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
     pub realtime: bool,
@@ -151,22 +35,6 @@ pub struct EngineConfig {
     /// writes them itself. Several spread the socket work over cores (and over CPU shares on a
     /// busy machine); each response always goes through the same one.
     pub writers: usize,
-}
-
-/// Why a choice ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Stop,
-    Length,
-}
-
-impl Finish {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
 }
 
 /// The engine's own timings of one request (vLLM's per-request `metrics`).
@@ -207,36 +75,25 @@ impl Emit {
     }
 }
 
-/// One prompt to complete (a choice).
-#[derive(Debug, Clone)]
-pub struct SeqIn {
-    pub prompt: Vec<u32>,
-    /// Already clamped to the context length; at least 1.
-    pub max_tokens: u32,
-    pub min_tokens: u32,
-    pub ignore_eos: bool,
-}
-
 /// A request handed to the engine.
-#[derive(Debug)]
 pub struct Submit {
     pub id: u64,
     pub arrival: Instant,
     pub seqs: Vec<SeqIn>,
     pub faults: FaultPlan,
-    pub tx: Out,
+    pub sink: Arc<dyn Sink>,
 }
 
-/// A response that takes each event on the engine thread, at its due instant (the streaming
-/// writer, `super::stream`): it formats the event and hands its bytes to the socket at once.
+/// A response that takes each event at its due instant, on the engine thread or a writer thread
+/// (a stream, `super::stream`, formats it and hands its bytes to the socket at once).
 pub trait Sink: Send + Sync {
     /// Takes one event; false when the client is gone (the engine then aborts the request; a
     /// sink called on a writer thread also sends `Cmd::Cancel` itself). `flush: false` when
     /// another event of the same response follows in the same batch: the bytes are queued and
     /// go out with that one, in one write.
     fn emit(&self, e: Emit, flush: bool) -> bool;
-    /// A stable number of this response (shards responses over the writer threads, so that one
-    /// response's events stay in order).
+    /// The request's id ([`Submit::id`]): shards responses over the writer threads (so that one
+    /// response's events stay in order) and names the request to abort when the client is gone.
     fn key(&self) -> u64;
     /// Events of this response handed to a writer thread and not yet taken by it: the engine
     /// writes an event itself only when this is 0, so a response's events stay in order.
@@ -261,13 +118,6 @@ struct Marks {
 /// `m.flush[i]`: event `i` is its response's last one in `batch` (its write carries the others).
 fn flush_marks(batch: &SinkBatch, m: &mut Marks) {
     m.flush.clear();
-    if batch.len() <= 64 {
-        for (i, (k, _, _)) in batch.iter().enumerate() {
-            m.flush
-                .push(!batch[i + 1..].iter().any(|(k2, _, _)| k2 == k));
-        }
-        return;
-    }
     m.last.clear();
     for (i, (k, _, _)) in batch.iter().enumerate() {
         m.last.insert(*k, i);
@@ -293,31 +143,8 @@ fn writer_loop(rx: mpsc::Receiver<SinkBatch>) {
     }
 }
 
-/// Where a request's events go: a channel read by a task on the HTTP runtime (whole bodies, and
-/// streams served through hyper), or a [`Sink`] called directly on the engine thread.
-#[derive(Clone)]
-pub enum Out {
-    Chan(UnboundedSender<Emit>),
-    Sink(Arc<dyn Sink>),
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Out::Chan(_) => "Out::Chan",
-            Out::Sink(_) => "Out::Sink",
-        })
-    }
-}
-
-/// Channel events handed over together: the engine sends one batch per wake-up to a dispatcher
-/// task on the HTTP runtime, which wakes the connections from inside the runtime (one
-/// cross-thread wake-up per batch instead of one per event).
-pub type Batch = Vec<(UnboundedSender<Emit>, Emit)>;
-
 #[derive(Debug)]
 pub enum Cmd {
-    Submit(Box<Submit>),
     Cancel(u64),
     Shutdown,
     /// Look at the [`Inbox`] now.
@@ -325,7 +152,8 @@ pub enum Cmd {
 }
 
 /// The engine thread has ended (the mock is shutting down).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the engine has stopped")]
 pub struct EngineGone;
 
 /// New requests handed to the engine without waking its thread when it will look anyway before
@@ -334,7 +162,7 @@ pub struct EngineGone;
 /// for the CPU). The engine publishes when it next looks (`Inbox::wake_at`); a request whose
 /// first event may be due sooner (`arrival + lead`) wakes it. `lead` is the fixed TTFT, or the
 /// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
-/// wakes it, as before).
+/// wakes it).
 pub struct Inbox {
     queue: std::sync::Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
@@ -356,7 +184,7 @@ impl Inbox {
 
     /// The earliest instant a request's first event could be due, for a request arriving at
     /// `arrival`.
-    pub fn lead(cfg: &EngineConfig) -> Duration {
+    pub fn lead(cfg: &SchedConfig) -> Duration {
         match cfg.fixed {
             Some((ttft, _)) => ttft,
             None => Duration::from_secs_f64(cfg.cost.request_overhead_ms.max(0.0) / 1e3),
@@ -406,7 +234,7 @@ impl Inbox {
 }
 
 struct Req {
-    tx: Out,
+    sink: Arc<dyn Sink>,
     arrival: Instant,
     faults: FaultPlan,
     seqs_left: usize,
@@ -416,6 +244,7 @@ struct Req {
     scheduled: Option<Instant>,
     first: Option<Instant>,
     last: Option<Instant>,
+    /// Stalls so far: each later event comes this much after the scheduler's instant.
     offset: Duration,
     mid_done: bool,
     any_stop: bool,
@@ -423,153 +252,73 @@ struct Req {
     reset_pending: bool,
 }
 
-struct Seq {
-    req: u64,
-    choice: u32,
-    prompt_len: u32,
-    hashes: Vec<u64>,
-    /// Prompt tokens whose KV exists (cache hits + prefilled).
-    computed: u32,
-    registered: usize,
-    target: u32,
-    finish: Finish,
-    generated: u32,
-    out_seed: u64,
-    alloc: Alloc,
-    arrival: Instant,
-    /// Fixed mode: when the next event is due.
-    next_at: Instant,
-}
+/// Events held back by a stall (or an injected reset), by (due, order): with their request and
+/// sink, so that they are delivered even after the engine has finished the request.
+type Delayed = std::collections::BTreeMap<(Instant, u64), (u64, Arc<dyn Sink>, Emit)>;
 
-enum Timed {
-    FixedNext(u64),
-    /// An emission held back by a stall; carries its channel so that it is delivered even
-    /// after the engine has finished the request.
-    Deliver(Out, Emit),
-}
-
-struct Entry {
-    at: Instant,
-    n: u64,
-    req: u64,
-    what: Timed,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.n) == (o.at, o.n)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.n).cmp(&(o.at, o.n))
-    }
-}
-
-struct Step {
-    end: Instant,
-    prefill: Vec<(u64, u32)>,
-    decode: Vec<u64>,
+/// Stream events due in this wake-up and the writer threads they may go to.
+struct Writers {
+    now: SinkBatch,
+    marks: Marks,
+    out: Vec<SinkBatch>,
+    txs: Vec<mpsc::Sender<SinkBatch>>,
 }
 
 struct Engine {
     cfg: EngineConfig,
+    sched: Scheduler,
     stats: Arc<Stats>,
-    cache: PrefixCache,
-    hasher: BlockHasher,
     reqs: IdMap<Req>,
-    seqs: IdMap<Seq>,
-    next_seq: u64,
-    waiting: VecDeque<u64>,
-    running: Vec<u64>,
-    heap: BinaryHeap<Reverse<Entry>>,
-    heap_n: u64,
-    step: Option<Step>,
-    last_step_end: Option<Instant>,
-    out: Batch,
-    out_tx: UnboundedSender<Batch>,
-    /// Sink events due in this wake-up, in time order.
-    sink_now: SinkBatch,
-    sink_marks: Marks,
-    sink_out: Vec<SinkBatch>,
-    writer_txs: Vec<mpsc::Sender<SinkBatch>>,
+    delayed: Delayed,
+    delayed_n: u64,
+    /// The scheduler's events (scratch).
+    events: Vec<Event>,
+    writers: Writers,
 }
 
-/// Starts the engine thread (requests come as [`Cmd::Submit`]).
+/// Starts the engine thread (and its writer threads), which takes requests from `inbox`
+/// ([`Inbox::submit`]) and commands from the returned channel.
 pub fn spawn(
     cfg: EngineConfig,
     stats: Arc<Stats>,
-    out_tx: UnboundedSender<Batch>,
-) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
-    let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg)));
-    spawn_with_inbox(cfg, stats, out_tx, inbox)
-}
-
-/// Starts the engine thread, which also takes requests from `inbox` ([`Inbox::submit`]).
-pub fn spawn_with_inbox(
-    cfg: EngineConfig,
-    stats: Arc<Stats>,
-    out_tx: UnboundedSender<Batch>,
     inbox: Arc<Inbox>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
-    let mut writer_txs = Vec::new();
-    let mut writers = Vec::new();
+    let mut txs = Vec::new();
+    let mut threads = Vec::new();
     for i in 0..cfg.writers {
         let (wtx, wrx) = mpsc::channel::<SinkBatch>();
-        let realtime = cfg.realtime;
-        let st = stats.clone();
-        writers.push(
+        let (realtime, st) = (cfg.realtime, stats.clone());
+        threads.push(
             std::thread::Builder::new()
                 .name(format!("mock-writer-{i}"))
                 .spawn(move || {
-                    crate::thread_timing::precise(true);
-                    if realtime && !crate::thread_timing::realtime() {
-                        st.realtime_failed.store(true, Relaxed);
-                    }
+                    timing_thread(realtime, &st);
                     writer_loop(wrx);
                 })?,
         );
-        writer_txs.push(wtx);
+        txs.push(wtx);
     }
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
-            // Timed waits wake within microseconds instead of the default 50 us slack, so the
-            // clock needs only a short spin before each deadline; a short EEVDF slice gets the
-            // thread onto a busy CPU sooner when a deadline comes.
-            crate::thread_timing::precise(true);
-            if cfg.realtime && !crate::thread_timing::realtime() {
-                stats.realtime_failed.store(true, Relaxed);
-            }
+            timing_thread(cfg.realtime, &stats);
             let mut e = Engine {
-                cache: PrefixCache::new(cfg.kv_blocks, cfg.block_size),
+                sched: Scheduler::new(cfg.sched.clone()),
                 cfg,
                 stats,
-                hasher: BlockHasher::xxh3(),
                 reqs: IdMap::default(),
-                seqs: IdMap::default(),
-                next_seq: 0,
-                waiting: VecDeque::new(),
-                running: Vec::new(),
-                heap: BinaryHeap::new(),
-                heap_n: 0,
-                step: None,
-                last_step_end: None,
-                out: Vec::new(),
-                out_tx,
-                sink_now: Vec::new(),
-                sink_marks: Marks::default(),
-                sink_out: (0..writer_txs.len()).map(|_| Vec::new()).collect(),
-                writer_txs,
+                delayed: Delayed::new(),
+                delayed_n: 0,
+                events: Vec::new(),
+                writers: Writers {
+                    now: Vec::new(),
+                    marks: Marks::default(),
+                    out: (0..txs.len()).map(|_| Vec::new()).collect(),
+                    txs,
+                },
             };
-            e.run(rx, &inbox);
+            e.run(&rx, &inbox);
             // Requests queued after the last look are dropped with the engine (their responses
             // end as on shutdown); later submits find no engine to wake and fail.
             inbox
@@ -579,60 +328,24 @@ pub fn spawn_with_inbox(
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
             drop(e);
-            for w in writers {
+            for w in threads {
                 let _ = w.join();
             }
         })?;
     Ok((tx, handle))
 }
 
-/// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).
-fn prompt_hash(prompt: &[u32]) -> u64 {
-    #[cfg(target_endian = "little")]
-    {
-        // SAFETY: a u32 slice is readable as 4 bytes per element, which are its little-endian
-        // bytes on this target; the length cannot overflow (it is the slice's own size).
-        let bytes = unsafe {
-            std::slice::from_raw_parts(prompt.as_ptr() as *const u8, std::mem::size_of_val(prompt))
-        };
-        xxhash_rust::xxh3::xxh3_64(bytes)
-    }
-    #[cfg(not(target_endian = "little"))]
-    {
-        xxhash_rust::xxh3::xxh3_64(
-            &prompt
-                .iter()
-                .flat_map(|t| t.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )
+/// Timed waits wake within microseconds instead of the default 50 µs slack, and a short EEVDF
+/// slice gets the thread onto a busy CPU sooner when a deadline comes; `realtime`: SCHED_FIFO.
+fn timing_thread(realtime: bool, stats: &Stats) {
+    crate::thread_timing::precise(true);
+    if realtime && !crate::thread_timing::realtime() {
+        stats.realtime_failed.store(true, Relaxed);
     }
 }
 
-fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
-    (xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), out_seed) % u64::from(vocab.max(1)))
-        as u32
-}
-
-/// Output length and finish reason for one sequence (see the module doc).
-pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
-    let max = s.max_tokens.max(1);
-    if s.ignore_eos || eos_prob <= 0.0 || s.min_tokens >= max {
-        return (max, Finish::Length);
-    }
-    let Ok(geo) = rand_distr::Geometric::new(eos_prob.min(1.0)) else {
-        return (max, Finish::Length);
-    };
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(out_seed);
-    let extra = geo.sample(&mut rng);
-    let len = u64::from(s.min_tokens) + 1 + extra;
-    if len < u64::from(max) {
-        (len as u32, Finish::Stop)
-    } else {
-        (max, Finish::Length)
-    }
-}
-
-/// Delay between the last token before an injected reset and the reset itself.
+/// Delay between the last token before an injected reset and the reset itself: the tokens
+/// before it reach the client (a TCP reset makes the peer discard data it has not read yet).
 const RESET_GRACE: Duration = Duration::from_millis(20);
 
 fn ms(d: Duration) -> f64 {
@@ -640,7 +353,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl Engine {
-    fn run(&mut self, rx: mpsc::Receiver<Cmd>, inbox: &Inbox) {
+    fn run(&mut self, rx: &mpsc::Receiver<Cmd>, inbox: &Inbox) {
         loop {
             inbox.awake();
             for s in inbox.take() {
@@ -655,42 +368,16 @@ impl Engine {
             }
             let now = Instant::now();
             self.progress(now);
-            if !self.out.is_empty() {
-                let batch = std::mem::take(&mut self.out);
-                if self.out_tx.send(batch).is_err() {
-                    return; // the HTTP side is gone
-                }
-            }
             self.write_sinks();
-            // Coalescing: the next hand-over happens no sooner than `coalesce` after this one, so
-            // events due within that window go out together (one wake-up for several) and each
-            // is at most `coalesce` late; an isolated event is still handed over on time.
+            // The next hand-over happens no sooner than `coalesce` after this one, so events due
+            // within that window go out together (one wake-up for several) and each is at most
+            // `coalesce` late; an isolated event is still handed over on time.
             let wake = self.next_wake().map(|t| t.max(now + self.cfg.coalesce));
             if !inbox.publish(wake) {
                 continue; // requests arrived meanwhile
             }
-            let cmd = match wake {
-                None => match rx.recv() {
-                    Ok(c) => Some(c),
-                    Err(_) => return,
-                },
-                Some(t) => {
-                    let now = Instant::now();
-                    if t <= now {
-                        None
-                    } else if t - now > self.cfg.spin {
-                        match rx.recv_timeout(t - now - self.cfg.spin) {
-                            Ok(c) => Some(c),
-                            Err(mpsc::RecvTimeoutError::Timeout) => None,
-                            Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                        }
-                    } else {
-                        while Instant::now() < t {
-                            std::hint::spin_loop();
-                        }
-                        None
-                    }
-                }
+            let Ok(cmd) = self.wait(rx, wake) else {
+                return;
             };
             inbox.awake();
             match cmd {
@@ -701,55 +388,56 @@ impl Engine {
         }
     }
 
-    fn next_wake(&self) -> Option<Instant> {
-        let h = self.heap.peek().map(|Reverse(e)| e.at);
-        let s = self.step.as_ref().map(|s| s.end);
-        let idle_start = if self.step.is_none() && !self.waiting.is_empty() {
-            self.idle_start()
-        } else {
-            None
+    /// Sleeps until `wake` (spinning its last `spin`), or until a command comes.
+    fn wait(
+        &self,
+        rx: &mpsc::Receiver<Cmd>,
+        wake: Option<Instant>,
+    ) -> Result<Option<Cmd>, mpsc::RecvError> {
+        let Some(t) = wake else {
+            return rx.recv().map(Some);
         };
-        [h, s, idle_start].into_iter().flatten().min()
+        let now = Instant::now();
+        if t <= now {
+            return Ok(None);
+        }
+        if t - now <= self.cfg.spin {
+            while Instant::now() < t {
+                std::hint::spin_loop();
+            }
+            return Ok(None);
+        }
+        match rx.recv_timeout(t - now - self.cfg.spin) {
+            Ok(c) => Ok(Some(c)),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(mpsc::RecvError),
+        }
     }
 
-    fn idle_start(&self) -> Option<Instant> {
-        let first = self.waiting.front().and_then(|k| self.seqs.get(k))?;
-        Some(match self.last_step_end {
-            Some(e) if e > first.arrival => e,
-            _ => first.arrival,
-        })
+    fn next_wake(&self) -> Option<Instant> {
+        let d = self.delayed.first_key_value().map(|(k, _)| k.0);
+        [d, self.sched.next_due()].into_iter().flatten().min()
     }
 
     fn handle(&mut self, c: Cmd) {
         match c {
-            Cmd::Submit(s) => self.submit(*s),
             Cmd::Cancel(id) => self.abort(id),
             Cmd::Shutdown | Cmd::Wake => {}
         }
     }
 
-    fn push(&mut self, at: Instant, req: u64, what: Timed) {
-        self.heap_n += 1;
-        self.heap.push(Reverse(Entry {
-            at,
-            n: self.heap_n,
-            req,
-            what,
-        }));
-    }
-
-    fn submit(&mut self, mut s: Submit) {
-        // The engine sees the request after the front end's latency (cost-model mode only).
-        if self.cfg.fixed.is_none() {
-            s.arrival += Duration::from_secs_f64(self.cfg.cost.request_overhead_ms / 1e3);
+    fn submit(&mut self, s: Submit) {
+        let mut arrival = s.arrival;
+        if !self.sched.fixed() {
+            // The engine sees the request after the front end's latency.
+            arrival += Duration::from_secs_f64(self.cfg.sched.cost.request_overhead_ms / 1e3);
         }
-        let prompt_tokens: u64 = s.seqs.iter().map(|q| q.prompt.len() as u64).sum();
-        let mut req = Req {
-            tx: s.tx,
-            arrival: s.arrival,
+        let req = Req {
+            sink: s.sink,
+            arrival,
             seqs_left: s.seqs.len(),
-            seq_keys: Vec::with_capacity(s.seqs.len()),
-            prompt_tokens,
+            seq_keys: Vec::new(),
+            prompt_tokens: s.seqs.iter().map(|q| q.prompt.len() as u64).sum(),
             produced: 0,
             scheduled: None,
             first: None,
@@ -760,123 +448,111 @@ impl Engine {
             any_stop: false,
             reset_pending: false,
         };
-        for (choice, q) in s.seqs.into_iter().enumerate() {
-            let phash = prompt_hash(&q.prompt);
-            let out_seed = self.cfg.seed ^ phash ^ (choice as u64).wrapping_mul(0x9E37_79B9);
-            let (target, finish) = output_len(&q, out_seed, self.cfg.eos_prob);
-            let key = self.next_seq;
-            self.next_seq += 1;
-            let seq = Seq {
-                req: s.id,
-                choice: choice as u32,
-                prompt_len: q.prompt.len() as u32,
-                hashes: self
-                    .hasher
-                    .chain(&q.prompt, self.cfg.block_size as usize, false),
-                computed: 0,
-                registered: 0,
-                target,
-                finish,
-                generated: 0,
-                out_seed,
-                alloc: Alloc::default(),
-                arrival: s.arrival,
-                next_at: s.arrival,
-            };
-            req.seq_keys.push(key);
-            self.seqs.insert(key, seq);
-            if let Some((ttft, _)) = self.cfg.fixed {
-                self.fixed_admit(key, &mut req, ttft);
-            } else {
-                self.waiting.push_back(key);
-            }
-        }
         self.reqs.insert(s.id, req);
+        let keys = self.sched.add(s.id, arrival, s.seqs, &mut self.events);
+        if let Some(r) = self.reqs.get_mut(&s.id) {
+            r.seq_keys = keys;
+        }
+        self.take_events();
         self.update_gauges();
     }
 
-    /// Fixed mode: prefix-cache accounting and the first event's deadline.
-    fn fixed_admit(&mut self, key: u64, req: &mut Req, ttft: Duration) {
-        let seq = self.seqs.get_mut(&key).expect("just inserted");
-        let need = self.cache.blocks_for(seq.prompt_len);
-        let hits = match self.cache.acquire(&seq.hashes, seq.prompt_len, need) {
-            Some(a) => {
-                let h = a.hit_tokens;
-                seq.alloc = a;
-                h
-            }
-            None => 0,
-        };
-        seq.computed = hits;
-        self.stats
-            .prefix_queries
-            .fetch_add(u64::from(seq.prompt_len), Relaxed);
-        self.stats.prefix_hits.fetch_add(u64::from(hits), Relaxed);
-        self.stats
-            .prompt_tokens
-            .fetch_add(u64::from(seq.prompt_len), Relaxed);
-        req.scheduled = Some(req.arrival);
-        self.stats.queue.observe(0.0);
-        seq.next_at = req.arrival + ttft + req.offset;
-        let at = seq.next_at;
-        let rid = seq.req;
-        self.push(at, rid, Timed::FixedNext(key));
-    }
-
     fn update_gauges(&self) {
-        if self.cfg.fixed.is_some() {
-            self.stats.running.store(self.reqs.len() as u64, Relaxed);
-            self.stats.waiting.store(0, Relaxed);
+        let (running, waiting) = if self.sched.fixed() {
+            (self.reqs.len(), 0)
         } else {
-            self.stats.running.store(self.running.len() as u64, Relaxed);
-            self.stats.waiting.store(self.waiting.len() as u64, Relaxed);
-        }
-        self.stats.set_kv_usage(self.cache.usage());
+            self.sched.counts()
+        };
+        self.stats.running.store(running as u64, Relaxed);
+        self.stats.waiting.store(waiting as u64, Relaxed);
+        self.stats.set_kv_usage(self.sched.kv_usage());
     }
 
     /// Everything due at or before `now`, in time order.
     fn progress(&mut self, now: Instant) {
         loop {
-            let step_due = self.step.as_ref().map(|s| s.end).filter(|&e| e <= now);
-            let heap_due = self
-                .heap
-                .peek()
-                .map(|Reverse(e)| e.at)
+            let s = self.sched.next_due().filter(|&t| t <= now);
+            let d = self
+                .delayed
+                .first_key_value()
+                .map(|(k, _)| k.0)
                 .filter(|&t| t <= now);
-            match (step_due, heap_due) {
-                (Some(s), Some(h)) if h < s => self.pop_heap(),
-                (Some(_), _) => self.finish_step(),
-                (None, Some(_)) => self.pop_heap(),
-                (None, None) => {
-                    if self.step.is_none() && self.cfg.fixed.is_none() {
-                        if let Some(start) = self.idle_start().filter(|&t| t <= now) {
-                            self.plan_step(start);
-                            continue;
-                        }
-                    }
-                    break;
+            match (s, d) {
+                (Some(s), Some(d)) if d < s => self.pop_delayed(),
+                (Some(_), _) => {
+                    self.sched.run_next(&mut self.events);
+                    self.take_events();
                 }
+                (None, Some(_)) => self.pop_delayed(),
+                (None, None) => break,
             }
+        }
+        self.update_gauges();
+    }
+
+    /// Acts on what the scheduler decided.
+    fn take_events(&mut self) {
+        let mut events = std::mem::take(&mut self.events);
+        for e in events.drain(..) {
+            match e {
+                Event::Admitted {
+                    req,
+                    at,
+                    prompt_tokens,
+                    hit_tokens,
+                } => self.admitted(req, at, prompt_tokens, hit_tokens),
+                Event::Tokens {
+                    req,
+                    choice,
+                    ids,
+                    finish,
+                    at,
+                } => self.deliver(req, choice, ids, finish, at),
+                Event::Rejected { req } => self.abort(req),
+            }
+        }
+        self.events = events;
+    }
+
+    fn admitted(&mut self, rid: u64, at: Instant, prompt_tokens: u32, hit_tokens: u32) {
+        let s = &self.stats;
+        s.prefix_queries
+            .fetch_add(u64::from(prompt_tokens), Relaxed);
+        s.prefix_hits.fetch_add(u64::from(hit_tokens), Relaxed);
+        s.prompt_tokens.fetch_add(u64::from(prompt_tokens), Relaxed);
+        if let Some(r) = self.reqs.get_mut(&rid).filter(|r| r.scheduled.is_none()) {
+            r.scheduled = Some(at);
+            s.queue
+                .observe(at.saturating_duration_since(r.arrival).as_secs_f64());
         }
     }
 
-    /// Hands an event over (into the current batch), recording how late the engine clock is in
-    /// doing so; false when the response is gone.
-    fn send(&mut self, tx: Out, e: Emit) -> bool {
+    /// Hands an event to its sink now (into this wake-up's batch), recording how late the
+    /// engine clock is in doing so.
+    fn hand_over(&mut self, sink: Arc<dyn Sink>, e: Emit) {
         let late = Instant::now().saturating_duration_since(e.at());
         self.stats.record_dispatch(late.as_nanos());
-        match tx {
-            Out::Chan(tx) => {
-                let ok = !tx.is_closed();
-                self.out.push((tx, e));
-                ok
-            }
-            // Written at the end of this wake-up's `progress` (see `write_sinks`); a client
-            // found gone there is cancelled then.
-            Out::Sink(s) => {
-                self.sink_now.push((s.key(), s, e));
-                true
-            }
+        self.writers.now.push((sink.key(), sink, e));
+    }
+
+    /// Hands `e` over now, or when it is due if a stall holds it back.
+    fn emit(&mut self, req: u64, sink: Arc<dyn Sink>, e: Emit, held: bool) {
+        if !held {
+            return self.hand_over(sink, e);
+        }
+        self.delayed_n += 1;
+        self.delayed
+            .insert((e.at(), self.delayed_n), (req, sink, e));
+    }
+
+    fn pop_delayed(&mut self) {
+        let Some((_, (req, sink, e))) = self.delayed.pop_first() else {
+            return;
+        };
+        let reset = matches!(e, Emit::Reset { .. });
+        self.hand_over(sink, e);
+        if reset {
+            self.drop_req(req);
         }
     }
 
@@ -884,95 +560,38 @@ impl Engine {
     /// a large one spread over the writer threads. A response with events still queued at a
     /// writer keeps going through that writer.
     fn write_sinks(&mut self) {
-        if self.sink_now.is_empty() {
+        let w = &mut self.writers;
+        if w.now.is_empty() {
             return;
         }
-        let n = self.writer_txs.len();
-        let local = n == 0 || self.sink_now.len() <= DIRECT_MAX;
+        let n = w.txs.len();
+        let local = n == 0 || w.now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
-        // The batch's buffer is kept for the next hand-over (no regrowth per wake-up).
-        let mut batch = std::mem::take(&mut self.sink_now);
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
-        flush_marks(&batch, &mut self.sink_marks);
-        for (i, (key, sink, e)) in batch.drain(..).enumerate() {
+        flush_marks(&w.now, &mut w.marks);
+        for (i, (key, sink, e)) in w.now.drain(..).enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
-                if !sink.emit(e, self.sink_marks.flush[i]) {
+                if !sink.emit(e, w.marks.flush[i]) {
                     gone.push(key);
                 }
             } else {
                 sink.queued().fetch_add(1, Relaxed);
-                let w = (key % n as u64) as usize;
-                self.sink_out[w].push((key, sink, e));
+                w.out[(key % n as u64) as usize].push((key, sink, e));
             }
         }
-        for (w, b) in self.sink_out.iter_mut().enumerate() {
+        for (tx, b) in w.txs.iter().zip(w.out.iter_mut()) {
             if !b.is_empty() {
-                let _ = self.writer_txs[w].send(std::mem::take(b));
+                let _ = tx.send(std::mem::take(b));
             }
         }
-        self.sink_now = batch;
         for rid in gone {
             self.abort(rid);
         }
     }
 
-    fn pop_heap(&mut self) {
-        let Some(Reverse(e)) = self.heap.pop() else {
-            return;
-        };
-        match e.what {
-            Timed::Deliver(tx, emit) => {
-                let reset = matches!(emit, Emit::Reset { .. });
-                if !self.send(tx, emit) && !reset {
-                    self.abort(e.req);
-                }
-                if reset {
-                    self.drop_req(e.req);
-                }
-            }
-            Timed::FixedNext(key) => self.fixed_event(key, e.at),
-        }
-    }
-
-    /// Fixed mode: one event of one sequence.
-    fn fixed_event(&mut self, key: u64, at: Instant) {
-        let Some((_, itl)) = self.cfg.fixed else {
-            return;
-        };
-        let k = self.cfg.tokens_per_event.max(1);
-        let Some(seq) = self.seqs.get_mut(&key) else {
-            return;
-        };
-        let first = seq.generated == 0;
-        if first {
-            // The prompt is "computed" at the first token: register its full blocks.
-            for (i, h) in seq.hashes.iter().enumerate() {
-                if let Some(&b) = seq.alloc.blocks.get(i) {
-                    self.cache.register(b, *h);
-                }
-            }
-        }
-        let n = if first { 1 } else { k }.min(seq.target - seq.generated);
-        let ids: Vec<u32> = (seq.generated..seq.generated + n)
-            .map(|i| token_id(seq.out_seed, i, self.cfg.vocab))
-            .collect();
-        seq.generated += n;
-        let done = seq.generated >= seq.target;
-        let finish = done.then_some(seq.finish);
-        let (rid, choice) = (seq.req, seq.choice);
-        let added = self.deliver(rid, choice, ids, finish, at, true);
-        if done {
-            self.finish_seq(key);
-        } else if let Some(seq) = self.seqs.get_mut(&key) {
-            seq.next_at = at + itl + added;
-            let next = seq.next_at;
-            self.push(next, rid, Timed::FixedNext(key));
-        }
-    }
-
-    /// Hands tokens of one choice to its request at `at`; applies stall/reset faults and
-    /// finishes the request after its last choice. Returns the stall added to later events.
+    /// Tokens of one choice, scheduled at `at`: applies the request's stalls and reset fault,
+    /// hands them over, and finishes the request after its last choice.
     fn deliver(
         &mut self,
         rid: u64,
@@ -980,11 +599,12 @@ impl Engine {
         ids: Vec<u32>,
         finish: Option<Finish>,
         at: Instant,
-        direct: bool,
-    ) -> Duration {
+    ) {
         let Some(req) = self.reqs.get_mut(&rid).filter(|r| !r.reset_pending) else {
-            return Duration::ZERO;
+            return;
         };
+        let held = !req.offset.is_zero();
+        let at = at + req.offset;
         let n = ids.len() as u64;
         self.stats.generation_tokens.fetch_add(n, Relaxed);
         match req.last {
@@ -994,104 +614,37 @@ impl Engine {
         req.first.get_or_insert(at);
         req.last = Some(at);
         req.produced += n;
-        if finish == Some(Finish::Stop) {
-            req.any_stop = true;
+        req.any_stop |= finish == Some(Finish::Stop);
+        if let Some((after, d)) = req.faults.stall_mid {
+            if !req.mid_done && req.produced >= u64::from(after) {
+                req.mid_done = true;
+                req.offset += Duration::from_secs_f64(d / 1e3);
+            }
         }
-        let emit = Emit::Tokens {
+        let reset = req
+            .faults
+            .reset_after
+            .is_some_and(|a| req.produced >= u64::from(a));
+        if finish.is_some() {
+            req.seqs_left = req.seqs_left.saturating_sub(1);
+        }
+        let last = req.seqs_left == 0 && finish.is_some();
+        let sink = req.sink.clone();
+        let tokens = Emit::Tokens {
             at,
             choice,
             ids,
             finish,
         };
-        let mut ok = true;
-        if direct {
-            let tx = req.tx.clone();
-            ok = self.send(tx, emit);
-        } else {
-            self.heap_n += 1;
-            self.heap.push(Reverse(Entry {
-                at,
-                n: self.heap_n,
-                req: rid,
-                what: Timed::Deliver(req.tx.clone(), emit),
-            }));
-        }
-        let req = self.reqs.get_mut(&rid).expect("present above");
-        let mut added = Duration::ZERO;
-        if let Some((after, d)) = req.faults.stall_mid {
-            if !req.mid_done && req.produced >= u64::from(after) {
-                req.mid_done = true;
-                added = Duration::from_secs_f64(d / 1e3);
-                req.offset += added;
+        self.emit(rid, sink.clone(), tokens, held);
+        if reset {
+            req_reset(self, rid, sink, at);
+        } else if last {
+            let done = self.reqs.get(&rid).map(|r| done_emit(r, at));
+            if let Some(done) = done {
+                self.emit(rid, sink, done, held);
             }
-        }
-        if let Some(after) = req.faults.reset_after {
-            if req.produced >= u64::from(after) {
-                // The RST follows after a grace period so that the tokens before it reach the
-                // client (a TCP reset makes the peer discard data it has not read yet).
-                let at = at + RESET_GRACE;
-                let tx = req.tx.clone();
-                self.push(at, rid, Timed::Deliver(tx, Emit::Reset { at }));
-                self.reqs
-                    .get_mut(&rid)
-                    .expect("present above")
-                    .reset_pending = true;
-                self.stats.aborted.fetch_add(1, Relaxed);
-                self.detach_req(rid);
-                return added;
-            }
-        }
-        if !ok {
-            self.abort(rid);
-            return added;
-        }
-        if finish.is_some() {
-            req.seqs_left = req.seqs_left.saturating_sub(1);
-            if req.seqs_left == 0 {
-                let done = self.done_emit(rid, at);
-                if direct {
-                    if let Some(tx) = self.reqs.get(&rid).map(|r| r.tx.clone()) {
-                        self.send(tx, done);
-                    }
-                } else {
-                    let tx = self.reqs[&rid].tx.clone();
-                    self.push(at, rid, Timed::Deliver(tx, done));
-                }
-                self.complete_req(rid);
-            }
-        }
-        added
-    }
-
-    fn done_emit(&self, rid: u64, at: Instant) -> Emit {
-        let r = &self.reqs[&rid];
-        let scheduled = r.scheduled.unwrap_or(r.arrival);
-        let first = r.first.unwrap_or(at);
-        let last = r.last.unwrap_or(at);
-        let queue_ms = ms(scheduled - r.arrival);
-        let ttft_ms = ms(first.saturating_duration_since(scheduled));
-        let generation_ms = ms(last - first);
-        let mean_itl_ms = if r.produced > 1 {
-            generation_ms / (r.produced - 1) as f64
-        } else {
-            0.0
-        };
-        let total = ttft_ms + generation_ms;
-        Emit::Done {
-            at,
-            prompt_tokens: r.prompt_tokens,
-            completion_tokens: r.produced,
-            timing: Timing {
-                queue_ms,
-                ttft_ms,
-                generation_ms,
-                mean_itl_ms,
-                tokens_per_second: if total > 0.0 {
-                    r.produced as f64 / (total / 1e3)
-                } else {
-                    0.0
-                },
-            },
+            self.complete_req(rid);
         }
     }
 
@@ -1100,11 +653,12 @@ impl Engine {
             if let Some(l) = r.last {
                 self.stats.e2e.observe((l - r.arrival).as_secs_f64());
             }
-            if r.any_stop {
-                self.stats.success_stop.fetch_add(1, Relaxed);
+            let n = if r.any_stop {
+                &self.stats.success_stop
             } else {
-                self.stats.success_length.fetch_add(1, Relaxed);
-            }
+                &self.stats.success_length
+            };
+            n.fetch_add(1, Relaxed);
         }
         self.drop_req(rid);
     }
@@ -1117,228 +671,103 @@ impl Engine {
         }
     }
 
-    /// Frees a request's sequences but keeps its channel until the pending reset is delivered.
+    /// Frees a request's sequences but keeps the request until its pending reset is delivered.
     fn detach_req(&mut self, rid: u64) {
         let keys = match self.reqs.get_mut(&rid) {
             Some(r) => std::mem::take(&mut r.seq_keys),
             None => return,
         };
-        for k in keys {
-            self.finish_seq(k);
-        }
+        keys.into_iter().for_each(|k| self.sched.remove(k));
         self.update_gauges();
     }
 
     /// Forgets a request and frees its sequences' blocks.
     fn drop_req(&mut self, rid: u64) {
         if let Some(r) = self.reqs.remove(&rid) {
-            for k in r.seq_keys {
-                self.finish_seq(k);
-            }
+            r.seq_keys.into_iter().for_each(|k| self.sched.remove(k));
         }
         self.update_gauges();
     }
+}
 
-    fn finish_seq(&mut self, key: u64) {
-        if let Some(s) = self.seqs.remove(&key) {
-            self.cache.release(&s.alloc.blocks);
-            if let Some(p) = self.running.iter().position(|&k| k == key) {
-                self.running.remove(p);
-            } else if let Some(p) = self.waiting.iter().position(|&k| k == key) {
-                self.waiting.remove(p);
-            }
-        }
+/// The injected reset of request `rid`, whose last tokens went out at `at`: the RST follows
+/// [`RESET_GRACE`] later; the request's sequences are freed now.
+fn req_reset(e: &mut Engine, rid: u64, sink: Arc<dyn Sink>, at: Instant) {
+    let at = at + RESET_GRACE;
+    e.emit(rid, sink, Emit::Reset { at }, true);
+    if let Some(r) = e.reqs.get_mut(&rid) {
+        r.reset_pending = true;
     }
+    e.stats.aborted.fetch_add(1, Relaxed);
+    e.detach_req(rid);
+}
 
-    /// Plans the step starting at `start` (cost-model mode).
-    fn plan_step(&mut self, start: Instant) {
-        let mut budget = self.cfg.max_num_batched_tokens.max(1);
-        let mut prefill = Vec::new();
-        let mut decode = Vec::new();
-        let mut prefill_tokens = 0u64;
-        let mut context = 0u64;
-        for &k in &self.running {
-            let s = &self.seqs[&k];
-            if s.computed >= s.prompt_len {
-                if budget == 0 {
-                    continue;
-                }
-                budget -= 1;
-                decode.push(k);
-                context += u64::from(s.prompt_len + s.generated);
-            }
-        }
-        for &k in &self.running {
-            let s = &self.seqs[&k];
-            if s.computed < s.prompt_len && budget > 0 {
-                let chunk = (s.prompt_len - s.computed).min(budget);
-                budget -= chunk;
-                prefill.push((k, chunk));
-                prefill_tokens += u64::from(chunk);
-                context += u64::from(s.computed + chunk);
-            }
-        }
-        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&k) = self.waiting.front() else {
-                break;
-            };
-            let s = &self.seqs[&k];
-            if s.arrival > start {
-                break;
-            }
-            let need = self.cache.blocks_for(s.prompt_len + s.target);
-            let Some(alloc) = self.cache.acquire(&s.hashes, s.prompt_len, need) else {
-                break;
-            };
-            self.waiting.pop_front();
-            let s = self.seqs.get_mut(&k).expect("waiting seq exists");
-            s.computed = alloc.hit_tokens;
-            s.registered = (alloc.hit_tokens / self.cfg.block_size) as usize;
-            s.alloc = alloc;
-            self.stats
-                .prefix_queries
-                .fetch_add(u64::from(s.prompt_len), Relaxed);
-            self.stats
-                .prefix_hits
-                .fetch_add(u64::from(s.computed), Relaxed);
-            self.stats
-                .prompt_tokens
-                .fetch_add(u64::from(s.prompt_len), Relaxed);
-            if let Some(r) = self.reqs.get_mut(&s.req) {
-                if r.scheduled.is_none() {
-                    r.scheduled = Some(start);
-                    self.stats.queue.observe((start - r.arrival).as_secs_f64());
-                }
-            }
-            let chunk = (s.prompt_len - s.computed).min(budget);
-            budget -= chunk;
-            prefill.push((k, chunk));
-            prefill_tokens += u64::from(chunk);
-            context += u64::from(s.computed + chunk);
-            self.running.push(k);
-        }
-        let seqs = (prefill.len() + decode.len()) as u64;
-        if seqs == 0 {
-            if self.running.is_empty() {
-                // The head of the queue cannot fit even in an empty cache (configuration allows
-                // no such request; never spin on it).
-                if let Some(&k) = self.waiting.front() {
-                    if let Some(rid) = self.seqs.get(&k).map(|s| s.req) {
-                        self.abort(rid);
-                    }
-                }
-            }
-            self.last_step_end = Some(start);
-            self.update_gauges();
-            return;
-        }
-        // At most an hour per step, whatever the cost knobs say.
-        let dur = self
-            .cfg
-            .cost
-            .step_ms(prefill_tokens, seqs, context)
-            .clamp(0.0, 3_600_000.0);
-        self.step = Some(Step {
-            end: start + Duration::from_secs_f64(dur / 1e3),
-            prefill,
-            decode,
-        });
-        self.update_gauges();
-    }
-
-    fn finish_step(&mut self) {
-        let Some(step) = self.step.take() else {
-            return;
-        };
-        let end = step.end;
-        let bs = self.cfg.block_size;
-        let k_tokens = self.cfg.tokens_per_event.max(1);
-        // (request, choice, token ids, finish, sequence key)
-        type Out = (u64, u32, Vec<u32>, Option<Finish>, u64);
-        let mut out: Vec<Out> = Vec::new();
-        for (key, chunk) in step.prefill {
-            let Some(s) = self.seqs.get_mut(&key) else {
-                continue;
-            };
-            s.computed += chunk;
-            let full = ((s.computed / bs) as usize).min(s.hashes.len());
-            while s.registered < full {
-                if let Some(&b) = s.alloc.blocks.get(s.registered) {
-                    self.cache.register(b, s.hashes[s.registered]);
-                }
-                s.registered += 1;
-            }
-            if s.computed >= s.prompt_len {
-                let id = token_id(s.out_seed, 0, self.cfg.vocab);
-                s.generated = 1;
-                let fin = (s.generated >= s.target).then_some(s.finish);
-                out.push((s.req, s.choice, vec![id], fin, key));
-            }
-        }
-        for key in step.decode {
-            let Some(s) = self.seqs.get_mut(&key) else {
-                continue;
-            };
-            let n = k_tokens.min(s.target.saturating_sub(s.generated));
-            if n == 0 {
-                continue;
-            }
-            let ids = (s.generated..s.generated + n)
-                .map(|i| token_id(s.out_seed, i, self.cfg.vocab))
-                .collect();
-            s.generated += n;
-            let fin = (s.generated >= s.target).then_some(s.finish);
-            out.push((s.req, s.choice, ids, fin, key));
-        }
-        for (rid, choice, ids, fin, key) in out {
-            let offset = self
-                .reqs
-                .get(&rid)
-                .map(|r| r.offset)
-                .unwrap_or(Duration::ZERO);
-            let at = end + offset;
-            self.deliver(rid, choice, ids, fin, at, offset.is_zero());
-            if fin.is_some() {
-                self.finish_seq(key);
-            }
-        }
-        self.last_step_end = Some(end);
-        if !self.running.is_empty()
-            || self
-                .waiting
-                .front()
-                .is_some_and(|k| self.seqs[k].arrival <= end)
-        {
-            self.plan_step(end);
-        } else {
-            self.update_gauges();
-        }
+/// The request's `Done` at `at`, with the engine's own timings of it.
+fn done_emit(r: &Req, at: Instant) -> Emit {
+    let scheduled = r.scheduled.unwrap_or(r.arrival);
+    let first = r.first.unwrap_or(at);
+    let last = r.last.unwrap_or(at);
+    let ttft_ms = ms(first.saturating_duration_since(scheduled));
+    let generation_ms = ms(last - first);
+    let mean_itl_ms = if r.produced > 1 {
+        generation_ms / (r.produced - 1) as f64
+    } else {
+        0.0
+    };
+    let total = ttft_ms + generation_ms;
+    Emit::Done {
+        at,
+        prompt_tokens: r.prompt_tokens,
+        completion_tokens: r.produced,
+        timing: Timing {
+            queue_ms: ms(scheduled - r.arrival),
+            ttft_ms,
+            generation_ms,
+            mean_itl_ms,
+            tokens_per_second: if total > 0.0 {
+                r.produced as f64 / (total / 1e3)
+            } else {
+                0.0
+            },
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mock::sched::CostModel;
 
-    #[test]
-    fn cost_model_calibration() {
-        let c = CostModel::default();
-        let ttft = c.request_overhead_ms + c.step_ms(137, 1, 137);
-        assert!((ttft - 70.0).abs() < 1.0, "{ttft}");
-        let tpot = c.step_ms(0, 1, 138);
-        assert!((tpot - 8.0).abs() < 0.2, "{tpot}");
-        assert!(c.step_ms(0, 64, 64 * 1000) > 2.0 * tpot);
-        // Long prompts and contexts stay within an accelerator's reach: a 7k-token prompt in
-        // 2,048-token chunks is under half a second, a 100k-token context step under 20 ms.
-        let long = c.request_overhead_ms
-            + (0..4)
-                .map(|k| {
-                    let chunk = (7000 - 2048 * k).min(2048);
-                    c.step_ms(chunk, 1, 2048 * k + chunk)
-                })
-                .sum::<f64>();
-        assert!(long < 500.0, "{long}");
-        assert!(c.step_ms(0, 1, 100_000) < 20.0);
+    /// A sink that forwards every event to a channel.
+    struct ChanSink(
+        tokio::sync::mpsc::UnboundedSender<Emit>,
+        std::sync::atomic::AtomicU32,
+    );
+    impl Sink for ChanSink {
+        fn emit(&self, e: Emit, _: bool) -> bool {
+            self.0.send(e).is_ok()
+        }
+        fn key(&self) -> u64 {
+            0
+        }
+        fn queued(&self) -> &std::sync::atomic::AtomicU32 {
+            &self.1
+        }
+    }
+
+    fn chan() -> (Arc<dyn Sink>, tokio::sync::mpsc::UnboundedReceiver<Emit>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Arc::new(ChanSink(tx, Default::default())), rx)
+    }
+
+    fn engine_cfg(sched: SchedConfig) -> EngineConfig {
+        EngineConfig {
+            sched,
+            spin: Duration::ZERO,
+            realtime: false,
+            coalesce: Duration::from_micros(50),
+            writers: 0,
+        }
     }
 
     /// Random workloads on a tiny engine: every request completes with exactly its tokens, its
@@ -1360,7 +789,7 @@ mod tests {
         runner
             .run(&strat, |(bs, budget, max_seqs, tpe, reqs)| {
                 let max_len = 140u32;
-                let cfg = EngineConfig {
+                let cfg = engine_cfg(SchedConfig {
                     fixed: None,
                     cost: CostModel {
                         request_overhead_ms: 0.0,
@@ -1377,39 +806,32 @@ mod tests {
                     seed: 1,
                     eos_prob: 0.0,
                     vocab: 1000,
-                    spin: Duration::ZERO,
-                    realtime: false,
-                    coalesce: Duration::from_micros(50),
-                    writers: 0,
-                };
-                let stats = Arc::new(Stats::new("m"));
-                let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();
-                let fwd = std::thread::spawn(move || {
-                    while let Some(b) = brx.blocking_recv() {
-                        for (t, e) in b {
-                            let _ = t.send(e);
-                        }
-                    }
                 });
-                let (tx, th) = spawn(cfg, stats.clone(), btx).unwrap();
+                let stats = Arc::new(Stats::new("m"));
+                let inbox = Arc::new(Inbox::new(Duration::ZERO));
+                let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
                 let mut rxs = Vec::new();
                 for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
-                    let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+                    let (sink, erx) = chan();
                     // prompts of one family share a prefix
                     let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
-                    tx.send(Cmd::Submit(Box::new(Submit {
-                        id: i as u64,
-                        arrival: Instant::now(),
-                        seqs: vec![SeqIn {
-                            prompt,
-                            max_tokens: (*max_tokens).min(max_len - plen),
-                            min_tokens: 0,
-                            ignore_eos: true,
-                        }],
-                        faults: FaultPlan::default(),
-                        tx: Out::Chan(etx),
-                    })))
-                    .unwrap();
+                    inbox
+                        .submit(
+                            &tx,
+                            Submit {
+                                id: i as u64,
+                                arrival: Instant::now(),
+                                seqs: vec![SeqIn {
+                                    prompt,
+                                    max_tokens: (*max_tokens).min(max_len - plen),
+                                    min_tokens: 0,
+                                    ignore_eos: true,
+                                }],
+                                faults: FaultPlan::default(),
+                                sink,
+                            },
+                        )
+                        .unwrap();
                     rxs.push(erx);
                 }
                 for (i, mut rx) in rxs.into_iter().enumerate() {
@@ -1441,7 +863,6 @@ mod tests {
                 prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
                 tx.send(Cmd::Shutdown).unwrap();
                 th.join().unwrap();
-                fwd.join().unwrap();
                 // every block released once the engine is done
                 prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
                 Ok(())
@@ -1454,7 +875,7 @@ mod tests {
     /// engine is woken only when needed (it keeps on time without a wake-up per request).
     #[test]
     fn inbox_requests_are_served_on_time() {
-        let cfg = EngineConfig {
+        let cfg = engine_cfg(SchedConfig {
             fixed: Some((Duration::from_millis(30), Duration::from_millis(5))),
             cost: CostModel::default(),
             max_num_seqs: 1000,
@@ -1465,29 +886,17 @@ mod tests {
             seed: 1,
             eos_prob: 0.0,
             vocab: 1000,
-            spin: Duration::ZERO,
-            realtime: false,
-            coalesce: Duration::from_micros(50),
-            writers: 0,
-        };
-        let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg)));
+        });
+        let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg.sched)));
         assert_eq!(inbox.lead, Duration::from_millis(30));
         let stats = Arc::new(Stats::new("m"));
-        let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<Batch>();
-        let fwd = std::thread::spawn(move || {
-            while let Some(b) = brx.blocking_recv() {
-                for (t, e) in b {
-                    let _ = t.send(e);
-                }
-            }
-        });
-        let (tx, th) = spawn_with_inbox(cfg, stats, btx, inbox.clone()).unwrap();
+        let (tx, th) = spawn(cfg, stats, inbox.clone()).unwrap();
         let mut rxs = Vec::new();
         for i in 0..60u64 {
             if i >= 40 {
                 std::thread::sleep(Duration::from_millis(3)); // stragglers while streams run
             }
-            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            let (sink, erx) = chan();
             let arrival = Instant::now();
             inbox
                 .submit(
@@ -1502,7 +911,7 @@ mod tests {
                             ignore_eos: true,
                         }],
                         faults: FaultPlan::default(),
-                        tx: Out::Chan(etx),
+                        sink,
                     },
                 )
                 .unwrap();
@@ -1531,9 +940,8 @@ mod tests {
         }
         tx.send(Cmd::Shutdown).unwrap();
         th.join().unwrap();
-        fwd.join().unwrap();
         // after the engine ended, a submit fails instead of waiting forever
-        let (etx, _erx) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, _erx) = chan();
         let r = inbox.submit(
             &tx,
             Submit {
@@ -1541,28 +949,15 @@ mod tests {
                 arrival: Instant::now(),
                 seqs: Vec::new(),
                 faults: FaultPlan::default(),
-                tx: Out::Chan(etx),
+                sink,
             },
         );
         assert!(r.is_err());
     }
 
-    struct NoSink(std::sync::atomic::AtomicU32);
-    impl Sink for NoSink {
-        fn emit(&self, _: Emit, _: bool) -> bool {
-            true
-        }
-        fn key(&self) -> u64 {
-            0
-        }
-        fn queued(&self) -> &std::sync::atomic::AtomicU32 {
-            &self.0
-        }
-    }
-
     #[test]
     fn each_response_flushes_on_its_last_event_in_a_batch() {
-        let sink: Arc<dyn Sink> = Arc::new(NoSink(Default::default()));
+        let (sink, _rx) = chan();
         let ev = || Emit::Reset { at: Instant::now() };
         for n in [5usize, 200] {
             // keys 0..n, then key 1 and key 3 again
@@ -1577,36 +972,5 @@ mod tests {
             }
             assert_eq!(m.flush.iter().filter(|&&f| f).count(), n);
         }
-    }
-
-    #[test]
-    fn prompt_hash_is_xxh3_of_little_endian_ids() {
-        for p in [vec![], vec![7u32], vec![1, 2, 3, u32::MAX, 0x0102_0304]] {
-            let bytes: Vec<u8> = p.iter().flat_map(|t| t.to_le_bytes()).collect();
-            assert_eq!(prompt_hash(&p), xxhash_rust::xxh3::xxh3_64(&bytes));
-        }
-    }
-
-    #[test]
-    fn output_len_rules() {
-        let s = SeqIn {
-            prompt: vec![1],
-            max_tokens: 50,
-            min_tokens: 0,
-            ignore_eos: true,
-        };
-        assert_eq!(output_len(&s, 1, 0.5), (50, Finish::Length));
-        let s = SeqIn {
-            ignore_eos: false,
-            min_tokens: 10,
-            ..s
-        };
-        for seed in 0..200 {
-            let (n, f) = output_len(&s, seed, 0.2);
-            assert!((11..=50).contains(&n), "{n}");
-            assert_eq!(f == Finish::Stop, n < 50);
-            assert_eq!(output_len(&s, seed, 0.2), (n, f), "deterministic");
-        }
-        assert!((0..200).any(|seed| output_len(&s, seed, 0.2).1 == Finish::Stop));
     }
 }

@@ -120,22 +120,36 @@ impl FaultConfig {
     }
 }
 
-fn ms(v: &str, what: &str) -> Result<f64, String> {
+/// An `x-mock-fault` header the mock cannot follow (answered with 400).
+#[derive(Debug, thiserror::Error)]
+#[error("{FAULT_HEADER}: {0}")]
+pub struct BadFaultHeader(String);
+
+fn bad(msg: String) -> BadFaultHeader {
+    BadFaultHeader(msg)
+}
+
+/// The header's value is not ASCII.
+pub fn not_ascii() -> BadFaultHeader {
+    bad("not ASCII".into())
+}
+
+fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
     v.trim()
         .parse::<f64>()
         .ok()
         .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 3_600_000.0)
-        .ok_or_else(|| format!("{FAULT_HEADER}: `{what}` wants milliseconds, got `{v}`"))
+        .ok_or_else(|| bad(format!("`{what}` wants milliseconds, got `{v}`")))
 }
 
-fn count(v: &str, what: &str) -> Result<u32, String> {
+fn count(v: &str, what: &str) -> Result<u32, BadFaultHeader> {
     v.trim()
         .parse::<u32>()
-        .map_err(|_| format!("{FAULT_HEADER}: `{what}` wants a token count, got `{v}`"))
+        .map_err(|_| bad(format!("`{what}` wants a token count, got `{v}`")))
 }
 
 /// Parses the `x-mock-fault` header.
-pub fn parse_header(value: &str) -> Result<FaultPlan, String> {
+pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
     let mut p = FaultPlan::default();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (k, v) = item.split_once('=').unwrap_or((item, ""));
@@ -148,23 +162,23 @@ pub fn parse_header(value: &str) -> Result<FaultPlan, String> {
                     .ok()
                     .filter(|c| (400..=599).contains(c))
                     .ok_or_else(|| {
-                        format!("{FAULT_HEADER}: `status` wants 400..599, got `{v}`")
+                        bad(format!("`status` wants 400..599, got `{v}`"))
                     })?;
                 p.status = Some(code);
             }
             "stall-first" => p.stall_first_ms = Some(ms(v, k)?),
             "stall-mid" => {
                 let (n, d) = v.split_once(':').ok_or_else(|| {
-                    format!("{FAULT_HEADER}: `stall-mid` wants TOKENS:MS, got `{v}`")
+                    bad(format!("`stall-mid` wants TOKENS:MS, got `{v}`"))
                 })?;
                 p.stall_mid = Some((count(n, k)?, ms(d, k)?));
             }
             "reset-after" => p.reset_after = Some(count(v, k)?),
             "slow-headers" => p.slow_headers_ms = Some(ms(v, k)?),
             other => {
-                return Err(format!(
-                    "{FAULT_HEADER}: unknown fault `{other}` (status, stall-first, stall-mid, reset-after, slow-headers, none)"
-                ))
+                return Err(bad(format!(
+                    "unknown fault `{other}` (status, stall-first, stall-mid, reset-after, slow-headers, none)"
+                )))
             }
         }
     }
@@ -202,7 +216,10 @@ mod tests {
         assert!(parse_header("none").unwrap().is_empty());
         assert!(parse_header("status=200").is_err());
         assert!(parse_header("stall-mid=5").is_err());
-        assert!(parse_header("explode").unwrap_err().contains("explode"));
+        assert!(parse_header("explode")
+            .unwrap_err()
+            .to_string()
+            .contains("explode"));
         assert!(parse_header("stall-first=-1").is_err());
     }
 

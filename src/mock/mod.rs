@@ -3,29 +3,32 @@
 //!
 //! [`start`] serves the API ([`api`]) on an already-bound listener and returns a [`MockHandle`]
 //! whose [`MockHandle::shutdown`] stops accepting, ends open streams and waits for connections
-//! to close. Requests go to the engine thread ([`engine`]): a continuous-batching scheduler with
-//! a documented cost model and a prefix cache ([`cache`]), or fixed TTFT/ITL timing; it emits
-//! each token event at an exact instant and the mock measures its own lateness ([`prom`]).
-//! Faults ([`faults`]) and tokenization ([`tokenize`]) are separate concepts. Connections are
-//! HTTP/1.1 (as uvicorn serves vLLM), served by hyper ([`conn`]); a streamed completion takes its
-//! connection over and the engine thread writes its events to the socket itself ([`stream`]).
-//! A request's timings count from its arrival: by default the kernel's receive timestamp of the
-//! read that completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and holds the config; it
-//! does not implement any of them.
+//! to close. Requests go to the engine thread ([`engine`]), which runs a pure scheduler
+//! ([`sched`]: continuous batching with a documented cost model and a prefix cache ([`cache`]),
+//! or fixed TTFT/ITL timing) in real time and emits each token event at its exact instant; the
+//! mock measures its own lateness ([`prom`]). Faults ([`faults`]) and tokenization
+//! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
+//! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
+//! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
+//! timings count from its arrival: by default the kernel's receive timestamp of the read that
+//! completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and
+//! holds the config; it does not implement any of them.
 
 pub mod api;
 pub mod cache;
 pub mod conn;
 pub mod engine;
 pub mod faults;
+pub mod format;
 pub mod prom;
+pub mod sched;
 pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
-pub use engine::{CostModel, Profile};
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
+pub use sched::{CostModel, Profile};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -78,7 +81,7 @@ pub struct MockConfig {
 }
 
 /// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ArrivalStamp {
     /// The kernel's receive timestamp of the read that completed the request ([`crate::rxstamp`]): the
     /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
@@ -86,17 +89,6 @@ pub enum ArrivalStamp {
     Kernel,
     /// The instant the request's head had been parsed (the mock's threads got to it).
     Parsed,
-}
-
-impl ArrivalStamp {
-    /// `kernel` or `parsed` (`--arrival-stamp`).
-    pub fn by_name(s: &str) -> anyhow::Result<ArrivalStamp> {
-        match s {
-            "kernel" => Ok(ArrivalStamp::Kernel),
-            "parsed" => Ok(ArrivalStamp::Parsed),
-            _ => bail!("--arrival-stamp: `{s}` is not one of kernel, parsed"),
-        }
-    }
 }
 
 impl Default for MockConfig {
@@ -296,22 +288,9 @@ pub async fn start(
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
-    let rt_stats = stats.clone();
-    let realtime = cfg.realtime;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.io_threads.max(1))
-        .thread_name("mock-io")
-        .on_thread_start(move || {
-            if realtime && !crate::thread_timing::realtime() {
-                rt_stats
-                    .realtime_failed
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        })
-        .enable_all()
-        .build()
-        .context("cannot start the mock's runtime")?;
-    if cfg.arrival == ArrivalStamp::Kernel {
+    let rt = runtime(&cfg, stats.clone())?;
+    let kernel_arrival = cfg.arrival == ArrivalStamp::Kernel;
+    if kernel_arrival {
         // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
         // later, before clients normally send); accepted sockets ask for them too (conn.rs).
         use std::os::fd::AsRawFd;
@@ -321,50 +300,20 @@ pub async fn start(
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
     };
-    let listener = match listener {
-        Ok(l) => l,
-        Err(e) => {
-            rt.shutdown_background();
-            return Err(e).context("cannot register the listener");
-        }
-    };
     let tokenizer = Arc::new(tokenizer);
-    let ecfg = engine::EngineConfig {
-        fixed: cfg.fixed_timing.map(|(t, i)| {
-            (
-                Duration::from_secs_f64(t / 1e3),
-                Duration::from_secs_f64(i / 1e3),
-            )
-        }),
-        cost: cfg.cost,
-        max_num_seqs: cfg.max_num_seqs,
-        max_num_batched_tokens: cfg.max_num_batched_tokens,
-        block_size: cfg.block_size,
-        kv_blocks: (cfg.kv_cache_tokens / u64::from(cfg.block_size)) as usize,
-        tokens_per_event: cfg.tokens_per_event,
-        seed: cfg.seed,
-        eos_prob: cfg.eos_prob,
-        vocab: tokenizer.vocab(),
-        spin: Duration::from_micros(cfg.spin_us),
-        realtime: cfg.realtime,
-        coalesce: Duration::from_micros(cfg.coalesce_us),
-        writers: cfg.writer_threads,
-    };
-    let (btx, mut brx) = tokio::sync::mpsc::unbounded_channel::<engine::Batch>();
-    rt.spawn(async move {
-        while let Some(batch) = brx.recv().await {
-            for (tx, e) in batch {
-                // A closed channel is a response already gone; its drop told the engine.
-                let _ = tx.send(e);
-            }
-        }
-    });
-    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg)));
-    let (etx, ethread) = match engine::spawn_with_inbox(ecfg, stats.clone(), btx, inbox.clone()) {
+    let ecfg = cfg.engine_config(tokenizer.vocab());
+    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
+    let started = listener
+        .context("cannot register the listener")
+        .and_then(|l| {
+            let e = engine::spawn(ecfg, stats.clone(), inbox.clone());
+            Ok((l, e.context("cannot start the engine thread")?))
+        });
+    let (listener, (etx, ethread)) = match started {
         Ok(x) => x,
         Err(e) => {
             rt.shutdown_background();
-            return Err(e).context("cannot start the engine thread");
+            return Err(e);
         }
     };
     let shared = Arc::new(api::Shared {
@@ -377,44 +326,22 @@ pub async fn start(
         stats: stats.clone(),
         engine: etx.clone(),
         inbox,
-        kernel_arrival: cfg.arrival == ArrivalStamp::Kernel,
+        kernel_arrival,
         next_id: AtomicU64::new(0),
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
     });
-    let (stop, mut stop_rx) = tokio::sync::watch::channel(false);
+    let handler: conn::Handler =
+        Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        // Every connection task holds a clone; when all are gone, `recv` returns None.
-        let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
-        let conn_stop = stop_rx.clone();
-        loop {
-            tokio::select! {
-                r = listener.accept() => match r {
-                    Ok((stream, _)) => {
-                        let sh = shared.clone();
-                        let stop = conn_stop.clone();
-                        let alive = alive_tx.clone();
-                        tokio::spawn(async move {
-                            conn::serve(stream, sh, stop).await;
-                            drop(alive);
-                        });
-                    }
-                    Err(e) => {
-                        // Out of descriptors and similar: keep serving the open connections.
-                        tracing::warn!("mock: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                },
-                _ = stop_rx.changed() => break,
-            }
-        }
-        drop(listener);
-        drop(alive_tx);
+        let mut alive = accept_loop(listener, handler, kernel_arrival, stop_rx).await;
+        // Open streams end when the engine stops; then the connections close.
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), alive_rx.recv()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), alive.recv()).await;
     });
     Ok(MockHandle {
         addr,
@@ -423,6 +350,55 @@ pub async fn start(
         stats,
         rt: Some(rt),
     })
+}
+
+/// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
+fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let realtime = cfg.realtime;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.io_threads.max(1))
+        .thread_name("mock-io")
+        .on_thread_start(move || {
+            if realtime && !crate::thread_timing::realtime() {
+                stats
+                    .realtime_failed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .enable_all()
+        .build()
+        .context("cannot start the mock's runtime")
+}
+
+/// Serves connections until `stop`; the returned channel closes when the last one has closed.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    handler: conn::Handler,
+    rx_stamps: bool,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::sync::mpsc::Receiver<()> {
+    // Every connection task holds a clone; when all are gone, `recv` returns None.
+    let (alive_tx, alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let (h, stop, alive) = (handler.clone(), stop.clone(), alive_tx.clone());
+                    tokio::spawn(async move {
+                        conn::serve(stream, h, rx_stamps, stop).await;
+                        drop(alive);
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors and similar: keep serving the open connections.
+                    tracing::warn!("mock: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    alive_rx
 }
 
 /// Parses `TTFT_MS,ITL_MS`.
@@ -439,6 +415,28 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
 }
 
 impl MockConfig {
+    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        engine::EngineConfig {
+            sched: sched::SchedConfig {
+                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
+                cost: self.cost,
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                block_size: self.block_size,
+                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
+                tokens_per_event: self.tokens_per_event,
+                seed: self.seed,
+                eos_prob: self.eos_prob,
+                vocab,
+            },
+            spin: Duration::from_micros(self.spin_us),
+            realtime: self.realtime,
+            coalesce: Duration::from_micros(self.coalesce_us),
+            writers: self.writer_threads,
+        }
+    }
+
     /// The defaults with `profile`'s cost model and step budget.
     pub fn with_profile(profile: Profile) -> MockConfig {
         MockConfig {
@@ -451,7 +449,7 @@ impl MockConfig {
 
 /// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
 pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
-    let profile = Profile::by_name(&a.profile).map_err(anyhow::Error::msg)?;
+    let profile = Profile::by_name(&a.profile)?;
     let p = profile.cost;
     let cfg = MockConfig {
         model: a.model.clone(),
@@ -480,7 +478,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
         writer_threads: a.writer_threads,
-        arrival: ArrivalStamp::by_name(&a.arrival_stamp)?,
+        arrival: a.arrival_stamp,
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

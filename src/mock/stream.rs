@@ -6,9 +6,9 @@
 //!
 //! hyper parses the request and the response is decided as usual; then the connection is taken
 //! over ([`super::conn`]) and its task writes the response head and whatever events are already
-//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body uses
-//! HTTP/1.1 chunked framing exactly as hyper writes it (upper-case hex size, one chunk per
-//! event), so the bytes on the wire are the same as on the hyper path. When the socket is full
+//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body is framed
+//! as hyper frames a body of unknown length ([`Framing`]): HTTP/1.1 chunks (upper-case hex size,
+//! one chunk per event), or for HTTP/1.0 the bare bytes, ended by closing. When the socket is full
 //! the engine appends to a pending buffer and the task drains it when the socket is writable;
 //! when the stream is over the connection goes back to hyper for the next request. Lateness is
 //! recorded for each event at the instant its bytes are handed to the socket (`send`), not when
@@ -16,15 +16,44 @@
 //! stream's lock while the task still owns the socket, so a closed descriptor is never written.
 //! This module does not parse HTTP, schedule events, or decide response shapes (see [`super::api`]).
 
-use super::api::Fmt;
 use super::engine::{Cmd, Emit, Sink};
+use super::format::Fmt;
 use super::prom::Stats;
 use super::tokenize::Tokenizer;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+
+/// How a streamed body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// HTTP/1.1 chunked transfer coding; the connection stays open afterwards.
+    Chunked,
+    /// HTTP/1.0: the body is the bytes until the connection closes.
+    UntilClose,
+}
+
+/// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
+pub fn arm_reset(fd: RawFd) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `fd` is the connection's socket, alive while its request is being served; the
+    // option value is a valid `linger` of the stated size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
 
 /// How the body ended (as far as the engine is concerned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +95,7 @@ pub struct Stream {
     first_stamped: std::sync::atomic::AtomicBool,
     /// Diagnostic stamps ([`crate::stamps`]): the client's port (0: off).
     stamp_port: u16,
+    framing: Framing,
 }
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
@@ -92,6 +122,14 @@ impl Sink for StreamSink {
     }
     fn queued(&self) -> &AtomicU32 {
         &self.0.queued
+    }
+}
+
+/// Appends `data` framed as `framing` says.
+fn frame(framing: Framing, out: &mut Vec<u8>, data: &[u8]) {
+    match framing {
+        Framing::Chunked => chunk(out, data),
+        Framing::UntilClose => out.extend_from_slice(data),
     }
 }
 
@@ -152,6 +190,7 @@ fn send_now(fd: RawFd, buf: &[u8], off: &mut usize) -> Wrote {
 }
 
 impl Stream {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         fmt: Fmt,
         tok: Arc<Tokenizer>,
@@ -160,6 +199,7 @@ impl Stream {
         id: u64,
         may_reset: bool,
         stamp_port: u16,
+        framing: Framing,
     ) -> Arc<Stream> {
         Arc::new(Stream {
             state: Mutex::new(State {
@@ -181,6 +221,7 @@ impl Stream {
             queued: AtomicU32::new(0),
             first_stamped: Default::default(),
             stamp_port,
+            framing,
         })
     }
 
@@ -223,62 +264,19 @@ impl Stream {
         if st.end != End::Open {
             return true;
         }
-        let at = e.at();
-        st.scratch.clear();
-        let mut hold = false;
-        match e {
-            Emit::Tokens {
-                choice,
-                ids,
-                finish,
-                ..
-            } => {
-                st.fmt
-                    .tokens(&mut st.scratch, &self.tok, choice, &ids, finish);
-                // The engine hands over the end of the stream right after the last token, at the
-                // same instant: both go out in one write.
-                // (Not with a reset fault pending: its last tokens must reach the client early.)
-                hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
-            }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => {
-                st.fmt
-                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
-                st.end = End::Done;
-            }
-            Emit::Reset { .. } => {
-                st.end = End::Reset;
-                drop(guard);
-                self.notify.notify_one();
-                return true;
-            }
+        if matches!(e, Emit::Reset { .. }) {
+            st.end = End::Reset;
+            drop(guard);
+            self.notify.notify_one();
+            return true;
         }
-        chunk(&mut st.pending, st.scratch.as_bytes());
-        if st.end == End::Done {
-            st.pending.extend_from_slice(b"0\r\n\r\n");
-        }
-        st.pending_at.push(at);
+        let hold = self.append(st, e);
         let mut wake = st.end != End::Open;
         if let (Some(fd), false, false, true) = (st.fd, st.draining, hold, flush) {
-            let now = Instant::now();
-            let mut off = 0;
-            match send_now(fd, &st.pending, &mut off) {
-                Wrote::All => {
-                    self.record(&st.pending_at, now);
-                    st.pending.clear();
-                    st.pending_at.clear();
-                }
-                Wrote::Blocked => {
-                    st.pending.drain(..off);
-                    st.draining = true;
-                    wake = true;
-                }
+            match self.send_pending(st, fd) {
+                Wrote::All => {}
+                Wrote::Blocked => wake = true,
                 Wrote::Gone => {
-                    st.client_gone = true;
                     drop(guard);
                     self.notify.notify_one();
                     // On a writer thread nobody else tells the engine (it ignores a repeat).
@@ -292,6 +290,66 @@ impl Stream {
             self.notify.notify_one();
         }
         true
+    }
+
+    /// Formats and frames a token or end event into `pending`; true when it should wait for the
+    /// event that follows it at the same instant (the end of the stream after its last token:
+    /// both go out in one write).
+    fn append(&self, st: &mut State, e: Emit) -> bool {
+        let at = e.at();
+        st.scratch.clear();
+        let mut hold = false;
+        match e {
+            Emit::Tokens {
+                choice,
+                ids,
+                finish,
+                ..
+            } => {
+                st.fmt
+                    .tokens(&mut st.scratch, &self.tok, choice, &ids, finish);
+                // Not with a reset fault pending: its last tokens must reach the client early.
+                hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
+            }
+            Emit::Done {
+                prompt_tokens,
+                completion_tokens,
+                timing,
+                ..
+            } => {
+                st.fmt
+                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
+                st.end = End::Done;
+            }
+            Emit::Reset { .. } => {}
+        }
+        frame(self.framing, &mut st.pending, st.scratch.as_bytes());
+        if st.end == End::Done && self.framing == Framing::Chunked {
+            st.pending.extend_from_slice(b"0\r\n\r\n");
+        }
+        st.pending_at.push(at);
+        hold
+    }
+
+    /// Hands `pending` to the socket now; what is left when it is full goes to the connection
+    /// task (`draining`).
+    fn send_pending(&self, st: &mut State, fd: RawFd) -> Wrote {
+        let now = Instant::now();
+        let mut off = 0;
+        let w = send_now(fd, &st.pending, &mut off);
+        match w {
+            Wrote::All => {
+                self.record(&st.pending_at, now);
+                st.pending.clear();
+                st.pending_at.clear();
+            }
+            Wrote::Blocked => {
+                st.pending.drain(..off);
+                st.draining = true;
+            }
+            Wrote::Gone => st.client_gone = true,
+        }
+        w
     }
 
     /// The request will not be served (the client left before the stream started, or the
@@ -342,23 +400,6 @@ enum Action {
     Gone,
 }
 
-async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
-    let mut off = 0;
-    while off < buf.len() {
-        if stream.writable().await.is_err() {
-            return false;
-        }
-        match stream.try_write(&buf[off..]) {
-            Ok(0) => return false,
-            Ok(n) => off += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
-        }
-    }
-    true
-}
-
 /// Connection task: writes `head` and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
 /// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
@@ -367,7 +408,7 @@ async fn write_all(stream: &TcpStream, buf: &[u8]) -> bool {
 /// this returns.
 pub async fn drive(
     s: Arc<Stream>,
-    stream: &TcpStream,
+    stream: &mut TcpStream,
     head: Vec<u8>,
     read_ahead: &mut Vec<u8>,
     read_ahead_rx: &mut Option<Instant>,
@@ -400,7 +441,7 @@ pub async fn drive(
         };
         match action {
             Action::Write(buf, ats) => {
-                if !write_all(stream, &buf).await {
+                if stream.write_all(&buf).await.is_err() {
                     return Outcome::Close; // `detach` abandons the request
                 }
                 s.record(&ats, Instant::now());
@@ -413,13 +454,15 @@ pub async fn drive(
             Action::End(End::EngineGone) => {
                 detach.finished = true;
                 s.lock().fd = None;
-                let _ = write_all(stream, b"0\r\n\r\n").await;
+                if s.framing == Framing::Chunked {
+                    let _ = stream.write_all(b"0\r\n\r\n").await;
+                }
                 return Outcome::Close;
             }
             Action::End(End::Reset) => {
                 detach.finished = true;
                 s.lock().fd = None;
-                super::api::arm_reset(fd);
+                arm_reset(fd);
                 return Outcome::Reset;
             }
             Action::End(End::Open) => {} // not produced (an open stream waits)
@@ -433,7 +476,7 @@ pub async fn drive(
                         }
                         let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
                         match crate::rxstamp::try_recv(stream, fd, &mut tmp) {
-                            // The client closed its side: as on the hyper path, the stream ends.
+                            // The client closed its side: the stream ends.
                             Ok((0, _)) => return Outcome::Close,
                             Ok((n, at)) => {
                                 // SAFETY: the kernel wrote the first `n` bytes.

@@ -1,0 +1,295 @@
+//! vLLM 0.32's exact JSON text for streamed chunks and body fragments (field names, order,
+//! `null`s; see `fixtures/vllm/`), written into reused buffers without serde: [`Fmt`] formats one
+//! stream's SSE events, [`json_str`], [`ids_json`] and [`metrics_json`] the shared pieces. This
+//! module does no I/O and decides no routes.
+
+use super::engine::{Finish, Timing};
+use super::tokenize::Tokenizer;
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// `system_fingerprint` the mock reports.
+pub const FINGERPRINT: &str = "vllm-0.32.0-retrace-mock";
+
+/// Appends `s` as a JSON string literal, escaped exactly as serde_json (and Python's json with
+/// `ensure_ascii=False`) does: `"` and `\` and control characters; nothing else. No allocation.
+pub(super) fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    let mut start = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if esc.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(esc);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
+pub(super) fn ids_json(out: &mut String, ids: &[u32]) {
+    out.push('[');
+    for (i, t) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{t}");
+    }
+    out.push(']');
+}
+
+pub(super) fn metrics_json(out: &mut String, t: &Timing, spec: bool) {
+    let _ = write!(
+        out,
+        "{{\"time_to_first_token_ms\":{:?},\"generation_time_ms\":{:?},\"queue_time_ms\":{:?},\"mean_itl_ms\":{:?},\"tokens_per_second\":{:?}",
+        t.ttft_ms, t.generation_ms, t.queue_ms, t.mean_itl_ms, t.tokens_per_second
+    );
+    if spec {
+        out.push_str(",\"speculative_decoding\":null");
+    }
+    out.push('}');
+}
+
+/// One stream's formatting state.
+pub(super) struct Fmt {
+    chat: bool,
+    head: String,
+    include_usage: bool,
+    metrics: bool,
+    return_token_ids: bool,
+    prompts: Vec<Arc<Vec<u32>>>,
+    started: Vec<bool>,
+    choices_left: usize,
+    /// Scratch for one event's text (reused: no allocation per event).
+    text: String,
+}
+
+impl Fmt {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        chat: bool,
+        id: &str,
+        created: u64,
+        model: &str,
+        include_usage: bool,
+        metrics: bool,
+        return_token_ids: bool,
+        prompts: Vec<Arc<Vec<u32>>>,
+    ) -> Self {
+        let mut head = String::with_capacity(128);
+        head.push_str("{\"id\":");
+        json_str(&mut head, id);
+        head.push_str(if chat {
+            ",\"object\":\"chat.completion.chunk\""
+        } else {
+            ",\"object\":\"text_completion\""
+        });
+        let _ = write!(head, ",\"created\":{created},\"model\":");
+        json_str(&mut head, model);
+        head.push_str(",\"choices\":[");
+        let n = prompts.len();
+        Fmt {
+            chat,
+            head,
+            include_usage,
+            metrics,
+            return_token_ids,
+            prompts,
+            started: vec![false; n],
+            choices_left: n,
+            text: String::new(),
+        }
+    }
+
+    pub(super) fn tokens(
+        &mut self,
+        out: &mut String,
+        tok: &Tokenizer,
+        choice: u32,
+        ids: &[u32],
+        finish: Option<Finish>,
+    ) {
+        let c = choice as usize;
+        let first = !self.started.get(c).copied().unwrap_or(true);
+        if let Some(s) = self.started.get_mut(c) {
+            *s = true;
+        }
+        if finish.is_some() {
+            self.choices_left = self.choices_left.saturating_sub(1);
+        }
+        let last_chunk = finish.is_some() && self.choices_left == 0 && !self.include_usage;
+        let mut text = std::mem::take(&mut self.text);
+        text.clear();
+        tok.render(ids, &mut text);
+        if self.chat && first {
+            out.push_str("data: ");
+            out.push_str(&self.head);
+            let _ = write!(
+                out,
+                "{{\"index\":{choice},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}],\"prompt_token_ids\":"
+            );
+            match (self.return_token_ids, self.prompts.get(c)) {
+                (true, Some(p)) => ids_json(out, p),
+                _ => out.push_str("null"),
+            }
+            out.push_str(",\"prompt_text\":null}\n\n");
+        }
+        out.push_str("data: ");
+        out.push_str(&self.head);
+        let _ = write!(out, "{{\"index\":{choice},");
+        if self.chat {
+            out.push_str("\"delta\":{\"content\":");
+            json_str(out, &text);
+            out.push_str("},\"logprobs\":null,\"finish_reason\":");
+            match finish {
+                Some(f) => {
+                    let _ = write!(out, "\"{}\",\"stop_reason\":null", f.as_str());
+                }
+                None => out.push_str("null"),
+            }
+        } else {
+            out.push_str("\"text\":");
+            json_str(out, &text);
+            out.push_str(",\"logprobs\":null,\"finish_reason\":");
+            match finish {
+                Some(f) => {
+                    let _ = write!(out, "\"{}\"", f.as_str());
+                }
+                None => out.push_str("null"),
+            }
+            out.push_str(",\"stop_reason\":null,\"prompt_token_ids\":");
+            match (self.return_token_ids && first, self.prompts.get(c)) {
+                (true, Some(p)) => ids_json(out, p),
+                _ => out.push_str("null"),
+            }
+        }
+        out.push_str(",\"token_ids\":");
+        if self.return_token_ids {
+            ids_json(out, ids);
+        } else {
+            out.push_str("null");
+        }
+        out.push_str("}]");
+        if last_chunk {
+            let _ = write!(out, ",\"system_fingerprint\":\"{FINGERPRINT}\"");
+        }
+        out.push_str("}\n\n");
+        self.text = text;
+    }
+
+    /// Every choice has had its last token (only the usage chunk and `[DONE]` remain).
+    pub(super) fn all_finished(&self) -> bool {
+        self.choices_left == 0
+    }
+
+    pub(super) fn done(&self, out: &mut String, prompt: u64, completion: u64, t: &Timing) {
+        if self.include_usage {
+            out.push_str("data: ");
+            out.push_str(&self.head);
+            let _ = write!(
+                out,
+                "],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":{},\"completion_tokens\":{completion}}},\"system_fingerprint\":\"{FINGERPRINT}\"",
+                prompt + completion
+            );
+            if self.metrics {
+                out.push_str(",\"metrics\":");
+                metrics_json(out, t, false);
+            }
+            out.push_str("}\n\n");
+        }
+        out.push_str("data: [DONE]\n\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::SseParser;
+    use serde_json::Value;
+
+    fn fmt_stream(chat: bool, usage: bool, tids: bool) -> Vec<Value> {
+        let mut f = Fmt::new(
+            chat,
+            "cmpl-1",
+            5,
+            "m",
+            usage,
+            true,
+            tids,
+            vec![Arc::new(vec![1, 2, 3])],
+        );
+        let t = Tokenizer::Builtin;
+        let mut out = String::new();
+        f.tokens(&mut out, &t, 0, &[4], None);
+        f.tokens(&mut out, &t, 0, &[5, 6], Some(Finish::Length));
+        f.done(&mut out, 3, 3, &Timing::default());
+        let mut p = SseParser::default();
+        let mut evs = Vec::new();
+        p.feed(out.as_bytes(), |e| evs.push(e.unwrap().data));
+        assert_eq!(evs.last().map(String::as_str), Some("[DONE]"));
+        evs[..evs.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn completion_stream_shape() {
+        let evs = fmt_stream(false, true, false);
+        assert_eq!(evs.len(), 3);
+        assert_eq!(evs[1]["choices"][0]["finish_reason"], "length");
+        assert_eq!(evs[2]["choices"], serde_json::json!([]));
+        assert_eq!(evs[2]["usage"]["total_tokens"], 6);
+        assert!(evs[2]["metrics"]["time_to_first_token_ms"].is_number());
+        let evs = fmt_stream(false, false, true);
+        assert_eq!(evs.len(), 2);
+        assert_eq!(
+            evs[0]["choices"][0]["prompt_token_ids"],
+            serde_json::json!([1, 2, 3])
+        );
+        assert_eq!(evs[1]["choices"][0]["token_ids"], serde_json::json!([5, 6]));
+        assert_eq!(evs[1]["system_fingerprint"], FINGERPRINT);
+    }
+
+    #[test]
+    fn chat_stream_starts_with_role_chunk() {
+        let evs = fmt_stream(true, true, false);
+        assert_eq!(evs.len(), 4);
+        assert_eq!(evs[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(evs[0]["choices"][0]["delta"]["content"], "");
+        assert_eq!(evs[1]["object"], "chat.completion.chunk");
+        assert_eq!(evs[2]["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn json_strings_are_escaped_as_serde_json_does() {
+        let mut all = String::new();
+        for c in (0u32..0x80).chain([0xe9, 0x2028, 0x1F600]) {
+            all.push(char::from_u32(c).unwrap());
+        }
+        for s in [
+            "",
+            "plain",
+            " can",
+            "a\"b\\c\n\t\u{1}\u{7f}/é",
+            all.as_str(),
+        ] {
+            let mut ours = String::from("x");
+            json_str(&mut ours, s);
+            assert_eq!(ours[1..], serde_json::to_string(s).unwrap(), "{s:?}");
+        }
+    }
+}
