@@ -182,44 +182,34 @@ pub struct ReplayArgs {
     /// Limit on silence (no headers, no body bytes) per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 300.0)]
     pub idle_timeout_s: f64,
+    // Tuning knobs: hidden from --help, documented in docs/tuning.md.
     /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
     /// 128; never more than the number of requests; 0 = none).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", hide = true)]
     pub warm_connections: Option<usize>,
-    /// Who sends the measured requests: `own` (retrace's own HTTP/1.1 client: the request's task
-    /// reads its socket, less CPU per streamed event) or `hyper` (hyper's client connections).
-    #[arg(long, default_value = "own", value_name = "own|hyper")]
-    pub http_client: String,
-    /// When a response's bytes count as received (own client, plain `http://` targets): `kernel`
-    /// (when they reached this host: the kernel's receive timestamp of each socket read, so TTFT
-    /// and ITL do not include the replayer's own scheduling delays) or `read` (when the replayer
-    /// read them, as `vllm bench serve` does). TLS targets and `--http-client hyper` use `read`.
-    #[arg(long, default_value = "kernel", value_name = "kernel|read")]
+    /// When a response's bytes count as received (plain `http://` targets): `kernel` (the
+    /// kernel's receive timestamp of each socket read) or `read` (when the replayer read them).
+    #[arg(
+        long,
+        default_value = "kernel",
+        value_name = "kernel|read",
+        hide = true
+    )]
     pub rx_stamp: String,
-    /// Threads that read streamed response bodies (own client, plain `http://` targets): each
-    /// runs its own epoll loop over the sockets handed to it once their response head is read,
-    /// so an event costs no async task wake-up. `auto`: one per CPU, at most 4; `0`: every body
-    /// is read by its request's task on the async runtime.
-    #[arg(long, default_value = "auto", value_name = "N|auto")]
+    /// Threads that read streamed plain `http://` response bodies (`auto`: one per CPU, at most
+    /// 4; `0`: every body is read by its request's task).
+    #[arg(long, default_value = "auto", value_name = "N|auto", hide = true)]
     pub reader_threads: String,
-    /// With reader threads and `--rx-stamp kernel`: after reading what was there, a reader
-    /// thread waits until this many µs after it woke before it looks again, so that one
-    /// wake-up reads many streams (less CPU taken from a server on the same machine). Arrival
-    /// times stay the kernel's, but two chunks of one stream that arrive within this window are
-    /// read together and both get the later one's time; 0 = read as soon as bytes arrive.
-    #[arg(long, default_value_t = 500, value_name = "US")]
+    /// With reader threads and `--rx-stamp kernel`: how long a reader thread waits after a wake-up
+    /// before it looks again, so one wake-up reads many streams.
+    #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
     pub read_batch_us: u64,
-    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
-    /// low on a busy machine (it sleeps between sends, and spins as --spin-us says).
-    #[arg(long)]
+    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE).
+    #[arg(long, hide = true)]
     pub realtime: bool,
-    /// How long the dispatcher spins before each send, after its precise (1 ns slack) sleep: `0`
-    /// (the default: sleep only; a release is as late as the kernel wakes the thread, p99 about
-    /// 0.04–0.07 ms here even with CPU hogs, and the dispatcher costs ~8 µs of CPU per send), a
-    /// fixed number of µs, or `auto` (the largest recent oversleep plus 25 µs, 30–200 µs:
-    /// releases within a microsecond on an idle machine, at up to that much CPU per send; on a
-    /// busy one the spinning thread loses its scheduler credit and is often later than sleep-only).
-    #[arg(long, default_value = "0", value_name = "US|auto")]
+    /// How long the dispatcher spins before each send after its precise sleep: `0` (sleep only),
+    /// µs, or `auto` (adaptive, 30–200 µs).
+    #[arg(long, default_value = "0", value_name = "US|auto", hide = true)]
     pub spin_us: String,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]

@@ -14,7 +14,7 @@
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
 //! already due back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
-//! concurrency slot (client queue time, measured), then runs [`client::execute`]. Every request
+//! concurrency slot (client queue time, measured), then runs [`Client::send`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
 //! bodies are built before the clock starts.
 //!
@@ -26,11 +26,10 @@
 //! `intended_ns` is that deadline, so drift keeps meaning lateness of the send (and the dispatch
 //! drift, lateness of the dispatcher), not the think time.
 
-use super::client::{self, SendTimes, Target, Timeouts};
-use super::pool::Pool;
+use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
 use super::sessions::Links;
-use crate::metrics::Sample;
+use crate::metrics::{Failure, Sample};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::mpsc as std_mpsc;
@@ -56,7 +55,6 @@ pub const START_LEAD: Duration = Duration::from_millis(20);
 /// What the driver needs besides the plan.
 pub struct DriveOptions {
     pub max_concurrency: Option<usize>,
-    pub timeouts: Timeouts,
     /// Run the dispatcher thread under SCHED_FIFO (needs CAP_SYS_NICE); on a loaded machine this
     /// keeps other processes from delaying releases.
     pub realtime: bool,
@@ -76,7 +74,7 @@ type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'sta
 const MAX_BATCH: usize = 256;
 
 /// Releases in one batch (due at the same instant) beyond this many are sent by their tasks on
-/// the runtime's workers instead of by the dispatcher ([`client::presend`]): a burst of a
+/// the runtime's workers instead of by the dispatcher ([`Client::presend`]): a burst of a
 /// thousand would otherwise be written one by one on this thread.
 const PRESEND_MAX_BATCH: usize = 16;
 
@@ -220,8 +218,7 @@ impl Waiter {
 pub async fn drive(
     plan: Vec<(usize, u64)>,
     requests: Arc<Vec<BuiltRequest>>,
-    client: Arc<Pool>,
-    target: Arc<Target>,
+    client: Arc<Client>,
     opts: DriveOptions,
     mut on_done: impl FnMut(&Sample),
 ) -> Driven {
@@ -232,7 +229,6 @@ pub async fn drive(
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let handle = tokio::runtime::Handle::current();
     let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
-    let timeouts = opts.timeouts;
     let realtime = opts.realtime;
     let spin = opts.spin;
     let links = opts.links.map(Arc::new);
@@ -314,13 +310,8 @@ pub async fn drive(
                     dispatched_ns,
                     slot_wait_ns: 0,
                 };
-                let (tx, client, target, requests, sem) = (
-                    tx.clone(),
-                    client.clone(),
-                    target.clone(),
-                    requests.clone(),
-                    sem.clone(),
-                );
+                let (tx, client, requests, sem) =
+                    (tx.clone(), client.clone(), requests.clone(), sem.clone());
                 let mut next = links.as_ref().and_then(|l| {
                     l.succ[slot].map(|s| Handover {
                         tx: dep_tx.clone(),
@@ -331,13 +322,13 @@ pub async fn drive(
                     })
                 });
                 // The request leaves from this thread at its deadline when a connection is idle
-                // and a slot free (client::presend); not within a large simultaneous release,
+                // and a slot free (Client::presend); not within a large simultaneous release,
                 // whose sends the runtime's workers share.
                 let mut permit = None;
                 let pre = if batch.len() < PRESEND_MAX_BATCH {
                     permit = sem.as_ref().and_then(|s| s.clone().try_acquire_owned().ok());
                     if sem.is_none() || permit.is_some() {
-                        client::presend(&client, &target, &requests[idx], t0)
+                        client.presend(&requests[idx], t0)
                     } else {
                         None
                     }
@@ -356,7 +347,7 @@ pub async fn drive(
                         (None, None) => None,
                     };
                     let req = &requests[idx];
-                    let s = client::execute(&client, &target, req, times, t0, timeouts, pre).await;
+                    let s = client.send(req, times, t0, pre).await;
                     if let Some(h) = &mut next {
                         h.end_ns = Some(s.end_ns);
                     }
@@ -371,7 +362,7 @@ pub async fn drive(
         // Could not start the thread: every request is a local failure, the run still reports.
         for (i, s) in samples.iter_mut().enumerate() {
             *s = Some(Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some(format!("dispatcher thread: {e}")),
                 end_ns: i as u64,
                 ..Default::default()
@@ -394,7 +385,7 @@ pub async fn drive(
         .into_iter()
         .map(|s| {
             s.unwrap_or_else(|| Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some("request task ended without a result".into()),
                 ..Default::default()
             })

@@ -13,10 +13,9 @@
 //! the workload's precise dispatcher; their drift is reported. This module builds no bodies and
 //! does not print.
 
-use super::client::{self, SendTimes, Target, Timeouts};
-use super::pool::Pool;
+use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
-use crate::metrics::{self, Sample};
+use crate::metrics::{self, Failure, Sample};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,10 +49,8 @@ pub struct Prober {
 pub fn start(
     rate: f64,
     bodies: Arc<Vec<BuiltRequest>>,
-    pool: Arc<Pool>,
-    target: Arc<Target>,
+    client: Arc<Client>,
     t0: Instant,
-    timeouts: Timeouts,
 ) -> Prober {
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
@@ -72,18 +69,16 @@ pub fn start(
                     dispatched_ns: Instant::now().saturating_duration_since(t0).as_nanos() as u64,
                     slot_wait_ns: 0,
                 };
-                let (pool, target, bodies) = (pool.clone(), target.clone(), bodies.clone());
+                let (client, bodies) = (client.clone(), bodies.clone());
                 let idx = (k % bodies.len() as u64) as usize;
-                set.spawn(async move {
-                    client::execute(&pool, &target, &bodies[idx], times, t0, timeouts, None).await
-                });
+                set.spawn(async move { client.send(&bodies[idx], times, t0, None).await });
                 k += 1;
             }
         }
         let mut samples = Vec::with_capacity(k as usize);
         while let Some(r) = set.join_next().await {
             samples.push(r.unwrap_or_else(|e| Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some(format!("probe task: {e}")),
                 ..Default::default()
             }));
@@ -158,7 +153,7 @@ mod tests {
             ..Default::default()
         };
         let bad = Sample {
-            error: Some("http_503".into()),
+            error: Some(Failure::Http(503)),
             ..Default::default()
         };
         let v = summarize(2.0, &[ok(10), ok(30), bad], 1.0, &[99.0]);

@@ -29,7 +29,7 @@
 //!
 //! This module builds the JSON value; it does not print or write files.
 
-use crate::metrics::{ns_to_s, percentile_label, Histograms, Sample, Stats, Summary};
+use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Stats, Summary};
 use serde_json::{json, Map, Value};
 
 /// Schema identifier written into every result.
@@ -55,7 +55,9 @@ pub struct RunInfo {
     pub inexact_prompts: u64,
 }
 
-fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
+/// Writes `s` as vLLM's `mean_/median_/std_/pP_{name}_ms` keys; `extra` adds `min_`, `max_` and
+/// `count_` (also used by `retrace merge`).
+pub(crate) fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
     m.insert(format!("mean_{name}_ms"), json!(s.mean));
     m.insert(format!("median_{name}_ms"), json!(s.median));
     m.insert(format!("std_{name}_ms"), json!(s.std));
@@ -172,9 +174,9 @@ pub fn build(
                 .iter()
                 .map(|x| match (&x.error, &x.error_detail) {
                     (None, _) if x.ok() => String::new(),
-                    (None, _) => "no_content".to_string(),
+                    (None, _) => Failure::NoContent.to_string(),
                     (Some(k), Some(d)) => format!("{k}: {d}"),
-                    (Some(k), None) => k.clone(),
+                    (Some(k), None) => k.to_string(),
                 })
                 .collect::<Vec<_>>()),
         );
@@ -242,6 +244,56 @@ pub fn add_sessions(result: &mut Value, r: &crate::replay::sessions::SessionRepo
     }
 }
 
+/// Run facts that are not in [`RunInfo`]: how the run was measured and what ran beside it.
+#[derive(Debug, Clone, Default)]
+pub struct RunExtras {
+    /// `--start-at`, as displayed.
+    pub start_at: Option<String>,
+    /// `kernel` or `read` (see [`crate::replay::pool::Pool::rx_stamp`]).
+    pub rx_stamp: &'static str,
+    /// Reader threads and their batch window, when bodies were read on them.
+    pub readers: Option<(usize, std::time::Duration)>,
+    pub cpu_setup_s: f64,
+    pub cpu_run_s: f64,
+    pub embedded_target: bool,
+    /// `--scrape-metrics`'s summary.
+    pub server_metrics: Option<Value>,
+    /// `--probe-request-rate`'s summary.
+    pub probes: Option<Value>,
+}
+
+/// Adds `start_at` (with `--start-at`), `rx_stamp`, `body_readers` (`{threads, batch_us}` or
+/// null), `client_cpu` (`{setup_s, run_s, embedded_target}`), `server_metrics` and `probes` (when
+/// they ran).
+pub fn add_run(result: &mut Value, x: &RunExtras) {
+    let Value::Object(m) = result else { return };
+    if let Some(at) = &x.start_at {
+        m.insert("start_at".into(), json!(at));
+    }
+    m.insert("rx_stamp".into(), json!(x.rx_stamp));
+    let readers = x.readers.map(|(n, batch)| {
+        json!({
+            "threads": n,
+            "batch_us": batch.as_micros() as u64,
+        })
+    });
+    m.insert("body_readers".into(), json!(readers));
+    m.insert(
+        "client_cpu".into(),
+        json!({
+            "setup_s": x.cpu_setup_s,
+            "run_s": x.cpu_run_s,
+            "embedded_target": x.embedded_target,
+        }),
+    );
+    if let Some(sm) = &x.server_metrics {
+        m.insert("server_metrics".into(), sm.clone());
+    }
+    if let Some(p) = &x.probes {
+        m.insert("probes".into(), p.clone());
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -274,7 +326,7 @@ pub(crate) mod tests {
                 dispatched_ns: 5 * MS,
                 sent_ns: 5 * MS,
                 end_ns: 6 * MS,
-                error: Some("http_500".into()),
+                error: Some(crate::metrics::Failure::Http(500)),
                 error_detail: Some("boom".into()),
                 ..Default::default()
             },

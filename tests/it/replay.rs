@@ -341,7 +341,7 @@ fn invalid_flags_name_the_flag() {
     assert!(e.to_string().contains("--vocab-size"), "{e}");
     assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
     // The dispatcher sleeps without spinning unless asked.
-    let spin = |a: &[&str]| support::replay_config(a).unwrap().spin;
+    let spin = |a: &[&str]| support::replay_config(a).unwrap().tuning.spin;
     assert_eq!(spin(&["t"]), Some(std::time::Duration::ZERO));
     assert_eq!(spin(&["t", "--spin-us", "auto"]), None);
     assert_eq!(
@@ -351,15 +351,15 @@ fn invalid_flags_name_the_flag() {
     // Reader threads: one per CPU up to 4 by default, 0 for none; a 500 µs batch window.
     let cfg = support::replay_config(&["t"]).unwrap();
     assert!(
-        (1..=4).contains(&cfg.reader_threads),
+        (1..=4).contains(&cfg.tuning.reader_threads),
         "{}",
-        cfg.reader_threads
+        cfg.tuning.reader_threads
     );
-    assert_eq!(cfg.read_batch, std::time::Duration::from_micros(500));
+    assert_eq!(cfg.tuning.read_batch, std::time::Duration::from_micros(500));
     let cfg = support::replay_config(&["t", "--reader-threads", "0", "--read-batch-us", "0"]);
     let cfg = cfg.unwrap();
     assert_eq!(
-        (cfg.reader_threads, cfg.read_batch),
+        (cfg.tuning.reader_threads, cfg.tuning.read_batch),
         (0, std::time::Duration::ZERO)
     );
 }
@@ -759,9 +759,10 @@ async fn https_target_with_private_ca() {
 }
 
 /// The idle and total timeouts after the response head (and before it) are failures of their own
-/// kind, on both HTTP/1.1 clients: the mock stalls on request (`x-mock-fault`).
+/// kind, with bodies read on the reader threads and on the tasks: the mock stalls on request
+/// (`x-mock-fault`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
+async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_body_paths() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = retrace::mock::MockConfig {
         fixed_timing: Some((1.0, 1.0)),
@@ -776,8 +777,8 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
         ("stall-mid=2:1500", "30", "0.4", "timeout_total"),
         ("slow-headers=1500", "0.3", "30", "timeout_idle"),
     ];
-    // The own client reads bodies on its reader threads by default, on the tasks with 0.
-    for (client, readers) in [("own", "auto"), ("own", "0"), ("hyper", "auto")] {
+    // Bodies are read on the reader threads by default, on the tasks with 0.
+    for readers in ["auto", "0"] {
         for (fault, idle, total, kind) in cases {
             let header = format!("x-mock-fault={fault}");
             let cfg = support::replay_config(&[
@@ -790,13 +791,11 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
                 idle,
                 "--timeout-s",
                 total,
-                "--http-client",
-                client,
                 "--reader-threads",
                 readers,
             ])
             .unwrap();
-            let client = format!("{client} (readers {readers})");
+            let client = format!("readers {readers}");
             let o = replay::replay(cfg).await.unwrap();
             let s = &o.summary;
             assert_eq!(
