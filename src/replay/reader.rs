@@ -272,6 +272,8 @@ mod tests {
     struct Echo {
         sock: std::net::TcpStream,
         got: Vec<u8>,
+        /// How many bytes it has read so far (for the test to wait on).
+        seen: Arc<AtomicUsize>,
         /// The size of each read.
         reads: Vec<usize>,
         deadline: Instant,
@@ -297,6 +299,7 @@ mod tests {
                     Ok(n) => {
                         self.got.extend_from_slice(&buf[..n]);
                         self.reads.push(n);
+                        self.seen.store(self.got.len(), Ordering::SeqCst);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
                     Err(e) => {
@@ -336,6 +339,7 @@ mod tests {
         let j = Box::new(Echo {
             sock,
             got: Vec::new(),
+            seen: Arc::new(AtomicUsize::new(0)),
             reads: Vec::new(),
             deadline: Instant::now() + within,
             end: None,
@@ -397,18 +401,28 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(50));
     }
 
-    /// With a batch window, a job is still read in separate reads for bytes that arrive further
-    /// apart than the window, and its bytes are all read (bounds generous for a loaded machine).
+    /// Waits (bounded) until `seen` reaches `n`.
+    fn wait_for(seen: &AtomicUsize, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "the reader never read {n} bytes");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// With a batch window, bytes that arrive after a round of reads are read in a later round
+    /// (not lost, not merged into the earlier read), and all of a job's bytes are read.
     #[test]
     fn a_batch_window_keeps_reads_apart_that_arrive_apart() {
         let readers = Readers::start(1, Duration::from_millis(20)).unwrap();
         let (c, mut s) = pair();
         let (j, rx) = job(c, Duration::from_secs(30));
+        let seen = j.seen.clone();
         readers.submit(j);
         s.write_all(b"abc").unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        wait_for(&seen, 3);
         s.write_all(b"defgh").unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        wait_for(&seen, 8);
         drop(s);
         let (got, reads, end) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(got, b"abcdefgh");
@@ -442,11 +456,23 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         readers.submit(Box::new(Boom(c, tx)));
         s.write_all(b"x").unwrap();
-        assert!(rx.recv_timeout(Duration::from_secs(10)).is_err());
+        assert_ends(&rx);
         let (c2, _s2) = pair();
         let (j, rx2) = job(c2, Duration::from_secs(30));
         readers.submit(j);
-        assert!(rx2.recv_timeout(Duration::from_secs(10)).is_err());
+        assert_ends(&rx2);
+    }
+
+    /// The job was dropped without a result: its receiver sees the channel closed at once, not
+    /// after a timeout (which a hang would also give).
+    fn assert_ends<T: std::fmt::Debug>(rx: &mpsc::Receiver<T>) {
+        let t = Instant::now();
+        let r = rx.recv_timeout(Duration::from_secs(30));
+        assert!(
+            matches!(r, Err(mpsc::RecvTimeoutError::Disconnected)),
+            "{r:?} after {:?}",
+            t.elapsed()
+        );
     }
 
     /// Dropping the readers drops the jobs still running: their receivers see the end.
@@ -457,6 +483,6 @@ mod tests {
         let (j, rx) = job(c, Duration::from_secs(30));
         readers.submit(j);
         drop(readers);
-        assert!(rx.recv_timeout(Duration::from_secs(10)).is_err());
+        assert_ends(&rx);
     }
 }
