@@ -116,9 +116,10 @@ pub struct ReplayArgs {
     /// Model name to send (default: the first model the target lists at /v1/models).
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
-    /// API to call with synthesised prompts.
-    #[arg(long, value_enum, default_value_t = EndpointArg::Completions)]
-    pub endpoint: EndpointArg,
+    /// API to call with synthesised prompts (default: each request's recorded endpoint;
+    /// completions for traces that do not say, such as Mooncake).
+    #[arg(long, value_enum)]
+    pub endpoint: Option<EndpointArg>,
     /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X")]
     pub speed: Option<f64>,
@@ -181,6 +182,14 @@ pub struct ReplayArgs {
     /// Replay recorded bodies with their own max_tokens/ignore_eos.
     #[arg(long)]
     pub keep_original_limits: bool,
+    /// Also re-issue a recording's side requests (`/tokenize`, `GET /v1/models`, `/metrics`,
+    /// ...) verbatim; by default they are left out of the workload and counted.
+    #[arg(long)]
+    pub include_aux: bool,
+    /// Leave out requests that failed in the recording (by default they are sent as recorded,
+    /// so they fail again the same way).
+    #[arg(long)]
+    pub skip_recorded_failures: bool,
     /// Total time limit per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 3600.0)]
     pub timeout_s: f64,

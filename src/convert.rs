@@ -52,8 +52,10 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
     });
     let out_name = args.output.display().to_string();
     let stdout = out_name == "-";
+    let mut left_out = String::new();
     match to {
         OutFormat::Mooncake => {
+            left_out = mooncake_rows_only(&mut trace);
             if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
                 tracing::warn!(
                     "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
@@ -89,11 +91,29 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         }
     }
     Ok(format!(
-        "{}: {} rows read ({} skipped), {} written to {}",
+        "{}: {} rows read ({} skipped), {} written to {}{left_out}",
         args.input.display(),
         rows_in,
         rep.skipped,
         trace.requests.len(),
         out_name
     ))
+}
+
+/// Mooncake rows are generations with a prompt and an output: keeps those and says what it
+/// left out (side requests; rows of zero input or output length, such as recorded failures,
+/// which Mooncake readers refuse or would send as empty prompts).
+fn mooncake_rows_only(trace: &mut crate::trace::Trace) -> String {
+    let aux = trace.drop_auxiliary();
+    let before = trace.requests.len();
+    trace
+        .requests
+        .retain(|r| r.input_tokens > 0 && r.output_tokens > 0);
+    let empty = before - trace.requests.len();
+    match (aux, empty) {
+        (0, 0) => String::new(),
+        _ => format!(
+            "; left out {aux} auxiliary requests and {empty} with zero input or output length"
+        ),
+    }
 }

@@ -123,6 +123,15 @@ pub fn render(st: &TraceStats) -> String {
     if !st.models.is_empty() {
         let _ = writeln!(s, "{:<22} {}", "models", mix(&st.models));
     }
+    if !st.auxiliary.is_empty() {
+        let n: u64 = st.auxiliary.values().sum();
+        let _ = writeln!(
+            s,
+            "{:<22} {n} side requests, left out of the figures above: {}",
+            "auxiliary",
+            mix(&st.auxiliary)
+        );
+    }
     if let Some(rec) = &st.recorded {
         let _ = writeln!(
             s,

@@ -109,10 +109,24 @@ pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo
             Some(p) => info.prompt = Some(parse_prompt(p)?),
             None => return Err("field `prompt` is missing".into()),
         },
+        // `input`: text or a list of messages (responses); text, token ids or a batch
+        // (embeddings).
+        Endpoint::Responses => match obj.get("input") {
+            Some(Value::String(s)) => info.prompt = Some(Prompt::Text(s.clone())),
+            Some(Value::Array(m)) => info.messages = Some(m.clone()),
+            Some(_) => return Err(field_err("input", "text or a list of messages")),
+            None => return Err("field `input` is missing".into()),
+        },
+        Endpoint::Embeddings => match obj.get("input") {
+            Some(p) => info.prompt = Some(parse_prompt(p)?),
+            None => return Err("field `input` is missing".into()),
+        },
         Endpoint::Other(_) => {}
     }
     let p = &mut info.params;
-    p.max_tokens = opt_u32(obj, "max_tokens")?.or(opt_u32(obj, "max_completion_tokens")?);
+    p.max_tokens = opt_u32(obj, "max_tokens")?
+        .or(opt_u32(obj, "max_completion_tokens")?)
+        .or(opt_u32(obj, "max_output_tokens")?);
     p.min_tokens = opt_u32(obj, "min_tokens")?;
     p.n = opt_u32(obj, "n")?;
     p.ignore_eos = opt_bool(obj, "ignore_eos")?;

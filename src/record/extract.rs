@@ -231,10 +231,14 @@ impl Extractor {
         // (A byte search: `split('?')` costs a generic char searcher per record.)
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
-        // A protocol switch (101: a WebSocket) carries no OpenAI body, whatever its path.
-        let parse_body = !matches!(endpoint, Endpoint::Other(_)) && ex.status != 101;
+        let method = (!ex.method.eq_ignore_ascii_case("POST")).then(|| ex.method.clone());
+        // A protocol switch (101: a WebSocket) carries no OpenAI body, whatever its path; nor
+        // does anything but a POST to a known API.
+        let parse_body =
+            !matches!(endpoint, Endpoint::Other(_)) && method.is_none() && ex.status != 101;
         let mut req = Request {
             arrival_us: us(ex.arrival.saturating_duration_since(t0)),
+            method,
             endpoint,
             ..Default::default()
         };
@@ -368,12 +372,14 @@ impl Extractor {
             None => {}
         }
         if resp.error.is_none() {
-            resp.error = if notes.parse_failure.is_some() {
+            // The upstream's status names its own refusals (a JSON 404 or 400 error body is not
+            // a broken stream); `stream_error` is an error event inside a successful response.
+            resp.error = if ex.status >= 400 {
+                Some(format!("http_{}", ex.status))
+            } else if notes.parse_failure.is_some() {
                 Some("request_parse".into())
             } else if stream_error.is_some() {
                 Some("stream_error".into())
-            } else if ex.status >= 400 {
-                Some(format!("http_{}", ex.status))
             } else {
                 None
             };
@@ -476,6 +482,44 @@ mod tests {
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
         assert!(n.parse_failure.unwrap().contains("not JSON"));
         assert_eq!(r.response.unwrap().error.as_deref(), Some("request_parse"));
+    }
+
+    #[test]
+    fn upstream_json_errors_are_named_by_their_status() {
+        // vLLM 0.32's body for an unknown model (shared/vllm-samples), streamed request or not.
+        let body = br#"{"error":{"message":"The model `nope` does not exist.","type":"NotFoundError","param":"model","code":404}}"#;
+        let mut e = ex(
+            "/v1/completions",
+            br#"{"model":"nope","prompt":[1,2,3],"stream":true}"#,
+            "application/json",
+            &[(400, &body[..])],
+        );
+        e.status = 404;
+        let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
+        assert_eq!(n.parse_failure, None);
+        assert_eq!(r.response.unwrap().error.as_deref(), Some("http_404"));
+    }
+
+    #[test]
+    fn side_requests_keep_their_method_and_are_auxiliary() {
+        let mut e = ex(
+            "/v1/models",
+            b"",
+            "application/json",
+            &[(300, br#"{"data":[]}"#)],
+        );
+        e.method = "GET".into();
+        let (r, n) = xt(Bodies::Request).to_request(&e, e.arrival);
+        assert_eq!(n.parse_failure, None);
+        assert_eq!(r.method.as_deref(), Some("GET"));
+        assert_eq!(r.kind(), crate::trace::EndpointKind::Auxiliary);
+        assert_eq!(r.input_tokens, 0);
+        let e = ex("/tokenize", br#"{"prompt":"hi"}"#, "application/json", &[]);
+        let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
+        assert_eq!(
+            (r.kind(), r.method),
+            (crate::trace::EndpointKind::Auxiliary, None)
+        );
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl Client {
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let mut head = Vec::with_capacity(256);
         h1wire::write_request_head(
-            "POST",
+            req.method.as_str(),
             path,
             self.pool.host(),
             extra_fields(&self.target),
@@ -119,7 +119,7 @@ impl Client {
         let mut wire = Vec::new();
         match self.target.uri(&req.path) {
             Ok(uri) => h1wire::write_request(
-                "POST",
+                req.method.as_str(),
                 uri.path_and_query().map_or("/", |p| p.as_str()),
                 self.pool.host(),
                 extra_fields(&self.target),
@@ -259,6 +259,8 @@ fn stamps_content(stamps: &mut Stamps, io: &Option<Arc<IoStamps>>, clock: &Strea
 /// server metrics, the first error.
 struct Stream {
     is_sse: bool,
+    /// `false` for an auxiliary request: its body is not an OpenAI response and is not read.
+    measured: bool,
     clock: StreamClock,
     parser: SseParser,
     /// The previous chunk as a template for the next (most chunks differ only in their text).
@@ -300,6 +302,7 @@ impl Stream {
     fn new(req: &BuiltRequest, sent_ns: u64, is_sse: bool) -> Stream {
         Stream {
             is_sse,
+            measured: !req.aux,
             clock: StreamClock::new(req.api, sent_ns),
             parser: SseParser::default(),
             memo: ChunkMemo::default(),
@@ -311,6 +314,9 @@ impl Stream {
 
     /// Body payload bytes that arrived at `at`.
     fn feed(&mut self, data: &[u8], at: u64) {
+        if !self.measured {
+            return;
+        }
         if !self.is_sse {
             self.whole.extend_from_slice(data);
             return;
@@ -334,6 +340,11 @@ impl Stream {
 
     /// The body ended (or was abandoned) at `end`: the last message, then the sample.
     fn finish(mut self, end: u64, mut sample: Sample) -> Sample {
+        if !self.measured {
+            sample.end_ns = end;
+            sample.e2el_ns = Some(end.saturating_sub(sample.sent_ns));
+            return sample;
+        }
         let Stream {
             is_sse,
             clock,
@@ -342,6 +353,7 @@ impl Stream {
             whole,
             err,
             server,
+            ..
         } = &mut self;
         if err.is_none() {
             if *is_sse {
@@ -741,6 +753,8 @@ mod tests {
             timeouts,
         };
         let req = BuiltRequest {
+            method: http::Method::POST,
+            aux: false,
             path: "/v1/completions".into(),
             body: Bytes::from_static(
                 br#"{"model":"mock-llama","prompt":[11,12,13,14],"max_tokens":3,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#,
@@ -844,6 +858,7 @@ mod tests {
     fn stream(api: Api) -> Stream {
         Stream {
             is_sse: true,
+            measured: true,
             clock: StreamClock::new(api, 1_000),
             parser: SseParser::default(),
             memo: ChunkMemo::default(),

@@ -22,7 +22,10 @@ pub struct Config {
     /// `--target-ca`: trust roots for an https target (default: system bundle).
     pub target_ca: Option<PathBuf>,
     pub model: Option<String>,
-    pub api: Api,
+    /// `--endpoint`: the API of synthesised prompts (`None`: each request's recorded one).
+    pub api: Option<Api>,
+    /// `--include-aux`, `--skip-recorded-failures`: which requests are sent.
+    pub select: crate::trace::select::Selection,
     pub speed: Option<f64>,
     pub limit: Option<usize>,
     pub max_concurrency: Option<usize>,
@@ -129,19 +132,19 @@ fn goodput(items: &[String]) -> anyhow::Result<metrics::Slo> {
 }
 
 /// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer`.
-fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Api, PromptMode)> {
+fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
     let prompt_mode = match a.prompt_mode {
         PromptModeArg::TokenIds => PromptMode::TokenIds,
         PromptModeArg::Text => PromptMode::Text,
     };
-    let api = match a.endpoint {
+    let api = a.endpoint.map(|e| match e {
         EndpointArg::Completions => Api::Completions,
         EndpointArg::Chat => Api::Chat,
-    };
+    });
     if prompt_mode == PromptMode::Text && a.tokenizer.is_none() {
         bail!("--prompt-mode text needs --tokenizer (text must re-encode to the trace's blocks)");
     }
-    if api == Api::Chat && prompt_mode == PromptMode::TokenIds {
+    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds {
         bail!("--endpoint chat sends text: add --prompt-mode text and --tokenizer FILE");
     }
     Ok((api, prompt_mode))
@@ -278,6 +281,11 @@ impl Config {
             probe_rate,
             start_at,
             api,
+            select: crate::trace::select::Selection {
+                include_aux: a.include_aux,
+                skip_recorded_failures: a.skip_recorded_failures,
+                text_prompts: prompt_mode == PromptMode::Text,
+            },
             prompt_mode,
             dry_run: a.dry_run,
             sessions: a.sessions,

@@ -17,6 +17,7 @@ pub mod config;
 pub mod console;
 pub mod driver;
 pub mod h1client;
+pub mod outcome;
 pub mod pool;
 pub mod probe;
 pub mod reader;
@@ -88,7 +89,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 /// `--dry-run`: the planned schedule's summary, nothing sent.
 fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
     let (trace, _) = read_path(&cfg.trace, &ImportOptions::default())?;
-    let (trace, plan) = plan(cfg, trace, cfg.target.is_none())?;
+    let (trace, plan, _) = plan(cfg, trace, cfg.target.is_none())?;
     let sends: Vec<(u64, u64, u64)> = plan
         .iter()
         .map(|p| {
@@ -152,13 +153,46 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
+/// `METHOD path` → requests sent (the result's `requests_by_endpoint`).
+fn requests_by_endpoint(
+    built: &[request::BuiltRequest],
+) -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for b in built {
+        *m.entry(format!("{} {}", b.method, b.path)).or_default() += 1;
+    }
+    m
+}
+
+/// The result's `endpoint`: the one API every measured request used, or `mixed`.
+fn endpoint_label(built: &[request::BuiltRequest]) -> String {
+    let name = |b: &request::BuiltRequest| match b.api {
+        Api::Completions => "completions",
+        Api::Chat => "chat",
+    };
+    match built.first().map(name) {
+        Some(first) if built.iter().all(|b| name(b) == first) => first.into(),
+        Some(_) => "mixed".into(),
+        None => "completions".into(),
+    }
+}
+
 /// Shapes the trace and plans its sends. With the embedded target and neither `--limit` nor
 /// `--speed`, only the first [`EMBEDDED_DEFAULT_SPAN`] of the (shaped) trace is planned.
 pub fn plan(
     cfg: &Config,
     mut trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(crate::trace::Trace, Vec<schedule::PlannedSend>)> {
+) -> anyhow::Result<(
+    crate::trace::Trace,
+    Vec<schedule::PlannedSend>,
+    crate::trace::select::Skipped,
+)> {
+    let before = trace.requests.len();
+    let left_out = crate::trace::select::select(&mut trace, &cfg.select);
+    if let Some(line) = left_out.summary(before) {
+        eprintln!("retrace: {line}");
+    }
     let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
     let speed = cfg.speed.unwrap_or(1.0);
     let limit = match (cfg.limit, cfg.speed, embedded) {
@@ -186,7 +220,7 @@ pub fn plan(
             origin_us: Some(origin),
         },
     );
-    Ok((trace, plan))
+    Ok((trace, plan, left_out))
 }
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
@@ -206,6 +240,8 @@ pub struct Prepared {
     plan: Vec<schedule::PlannedSend>,
     links: Option<sessions::Links>,
     bodies: Arc<Vec<BuiltRequest>>,
+    /// Which sends are side requests (`--include-aux`), counted apart from the workload.
+    aux_mask: Vec<bool>,
     probe_bodies: Vec<BuiltRequest>,
     theory: scrape::Theory,
     facts: RunFacts,
@@ -221,6 +257,14 @@ pub struct RunFacts {
     rx_stamp: &'static str,
     /// Reader threads and their batch window, when bodies are read on them.
     readers: Option<(usize, Duration)>,
+    /// The one API every measured request used, or `mixed`.
+    endpoint: String,
+    /// `METHOD path` → requests sent.
+    by_endpoint: std::collections::BTreeMap<String, u64>,
+    /// Requests the selection left out, and why.
+    left_out: crate::trace::select::Skipped,
+    /// The recorded failure of each measured request, for a recorded trace.
+    recorded: Option<Vec<Option<String>>>,
 }
 
 /// Stage 1: reads and plans the trace, starts the embedded target when there is no `--target`,
@@ -255,7 +299,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
             .map_err(|e| anyhow!("{e} (or give --model)"))?,
     };
     let speed = cfg.speed.unwrap_or(1.0);
-    let (trace, plan) = plan(cfg, trace, embedded.is_some())?;
+    let (trace, plan, left_out) = plan(cfg, trace, embedded.is_some())?;
     let links = match cfg.sessions {
         true => Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?),
         false => None,
@@ -281,6 +325,9 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         None => Vec::new(),
     };
     let theory = theory(cfg, &trace, &plan, block_size);
+    let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
+    let aux_mask: Vec<bool> = bodies.iter().map(|b| b.aux).collect();
+    let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
     drop(trace);
     let inexact = bodies.iter().filter(|b| !b.exact_prompt).count() as u64;
     warn_before_the_run(cfg, inexact, plan.len());
@@ -294,6 +341,10 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         inexact,
         rx_stamp: client.pool.rx_stamp(),
         readers: client.pool.readers().map(|r| (r.len(), r.batch())),
+        endpoint: endpoint_label(&bodies),
+        by_endpoint: requests_by_endpoint(&bodies),
+        left_out,
+        recorded,
     };
     Ok(Prepared {
         embedded,
@@ -301,6 +352,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         plan,
         links,
         bodies: Arc::new(bodies),
+        aux_mask,
         probe_bodies,
         theory,
         facts,
@@ -439,7 +491,9 @@ async fn warm(cfg: &Config, client: &client::Client, planned: usize) {
 
 /// What the clock-driven stage measured.
 pub struct Ran {
+    /// The workload's samples (side requests split off).
     driven: driver::Driven,
+    aux_samples: Vec<metrics::Sample>,
     cpu_setup_s: f64,
     cpu_run_s: f64,
     /// Probes sent and their summary.
@@ -482,7 +536,7 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
         links: p.links.clone(),
         t0: Some(t0),
     };
-    let driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |s| {
+    let mut driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |s| {
         if let Some(pb) = &bar {
             if !s.ok() {
                 failed += 1;
@@ -493,6 +547,9 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
     })
     .await;
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
+    // Side requests are counted apart; the workload's samples alone make the statistics.
+    let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
+    driven.samples = work;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
@@ -521,6 +578,7 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
     };
     Ok(Ran {
         driven,
+        aux_samples,
         cpu_setup_s,
         cpu_run_s,
         probes,
@@ -598,6 +656,24 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
             probes: ran.probes.as_ref().map(|p| p.1.clone()),
         },
     );
+    result::add_selection(
+        &mut result,
+        &result::Selected {
+            selection: serde_json::json!(cfg.select),
+            left_out: serde_json::json!(facts.left_out.by_name()),
+            by_endpoint: serde_json::json!(facts.by_endpoint),
+            auxiliary: outcome::auxiliary(&ran.aux_samples),
+            recorded_outcomes: facts
+                .recorded
+                .as_ref()
+                .map(|rec| outcome::recorded(rec, samples)),
+            recorded_errors: facts
+                .recorded
+                .as_ref()
+                .filter(|_| cfg.detailed)
+                .map(|rec| serde_json::json!(rec)),
+        },
+    );
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
         std::fs::write(path, text)
@@ -647,10 +723,7 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
             None => "embedded-mock".into(),
         },
         model: facts.model.clone(),
-        endpoint: match cfg.api {
-            Api::Completions => "completions".into(),
-            Api::Chat => "chat".into(),
-        },
+        endpoint: facts.endpoint.clone(),
         speed: facts.speed,
         max_concurrency: cfg.max_concurrency,
         seed: cfg.seed,

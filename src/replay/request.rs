@@ -1,14 +1,23 @@
-//! Building the HTTP request bodies of a replay, all of them before the clock starts.
+//! Building the HTTP requests of a replay, all of them before the clock starts.
 //!
-//! A trace request recorded with its body is replayed verbatim, except that `max_tokens` and
-//! `ignore_eos` are set from the recorded output length (unless `--keep-original-limits`), streaming
-//! with `stream_options.include_usage` is switched on (measurement needs the stream and the usage
-//! chunk), and `--model` replaces the model when given. Otherwise the prompt is synthesised from
-//! the request's hash ids ([`crate::synth`]): token ids on `/v1/completions` by default, or text
-//! (completions `prompt` or a single chat user message) with a tokenizer. Defaults:
-//! `max_tokens = output_length` (at least 1), `ignore_eos: true`, `stream: true`,
-//! `stream_options.include_usage: true`; `--extra-body` keys are merged last and win. This module
-//! does no I/O and knows nothing of timing.
+//! Each request is re-issued the way it was made: its recorded method, endpoint and (when the
+//! trace holds it) body.
+//! - A recorded body of a generation request is sent as recorded, except: `model` is replaced
+//!   when `--model` is given; `max_tokens` (or `max_output_tokens` on `/v1/responses`) and
+//!   `ignore_eos` are set from the recorded output length unless `--keep-original-limits`; a
+//!   streamed request gets `stream_options.include_usage: true` (measurement needs the usage
+//!   chunk); `--extra-body` keys are merged last. `stream` stays as recorded.
+//! - A request that failed in the recording is sent byte for byte as recorded (its model too),
+//!   so that it fails again the same way; a body that is not a JSON object is sent as recorded.
+//! - Auxiliary requests (`--include-aux`: `/tokenize`, `GET /v1/models`, ...) are sent verbatim
+//!   with their recorded method, path and body.
+//! - Without a body the prompt is synthesised from the request's hash ids ([`crate::synth`]):
+//!   token ids on `/v1/completions` (and `/v1/embeddings`), or text (completions `prompt` or one
+//!   chat user message) with a tokenizer; `max_tokens = output_length` (at least 1),
+//!   `ignore_eos: true`, `stream: true`, `stream_options.include_usage: true`.
+//!
+//! Which requests are left out, and why, is [`super::select`]'s. This module does no I/O and
+//! knows nothing of timing.
 
 use crate::metrics::Api;
 use crate::synth::{Synth, TextBuilder, TextFidelity};
@@ -31,7 +40,8 @@ pub enum Prompts {
 
 /// Options shared by every body.
 pub struct BodyOptions {
-    pub api: Api,
+    /// `--endpoint`: the API for synthesised generation prompts (`None`: the recorded one).
+    pub api: Option<Api>,
     pub model: String,
     /// `--model` was given explicitly (replaces the model of verbatim bodies too).
     pub model_override: bool,
@@ -42,6 +52,9 @@ pub struct BodyOptions {
 /// One ready-to-send request.
 #[derive(Debug, Clone)]
 pub struct BuiltRequest {
+    pub method: http::Method,
+    /// An auxiliary request (`--include-aux`): sent and timed, its body not read as a response.
+    pub aux: bool,
     /// Path relative to the target's base (`/v1/completions`).
     pub path: String,
     pub body: Bytes,
@@ -59,14 +72,31 @@ fn api_path(api: Api) -> &'static str {
     }
 }
 
-fn set_limits(obj: &mut Map<String, Value>, output_tokens: u64) {
+/// The metric rules for a recorded endpoint (chat's: every message counts for E2EL).
+fn api_of(e: &Endpoint) -> Api {
+    match e {
+        Endpoint::Chat | Endpoint::Responses => Api::Chat,
+        _ => Api::Completions,
+    }
+}
+
+fn set_limits(obj: &mut Map<String, Value>, endpoint: &Endpoint, output_tokens: u64) {
+    let key = match endpoint {
+        Endpoint::Responses => "max_output_tokens",
+        Endpoint::Embeddings | Endpoint::Other(_) => return,
+        _ => "max_tokens",
+    };
     obj.remove("max_completion_tokens");
-    obj.insert("max_tokens".into(), json!(output_tokens.max(1)));
+    obj.insert(key.into(), json!(output_tokens.max(1)));
     obj.insert("ignore_eos".into(), json!(true));
 }
 
 fn set_stream(obj: &mut Map<String, Value>) {
     obj.insert("stream".into(), json!(true));
+    set_include_usage(obj);
+}
+
+fn set_include_usage(obj: &mut Map<String, Value>) {
     let so = obj.entry("stream_options").or_insert_with(|| json!({}));
     if !so.is_object() {
         *so = json!({});
@@ -83,15 +113,54 @@ pub fn build(
     opts: &BodyOptions,
     prompts: &Prompts,
 ) -> Result<BuiltRequest, String> {
-    if let Some(body) = &req.body {
-        return verbatim(req, body, opts);
+    let as_recorded = !req.is_workload() || req.recorded_failure().is_some();
+    match &req.body {
+        Some(body) if as_recorded => Ok(recorded_bytes(req, body.clone())),
+        None if !req.is_workload() => Ok(recorded_bytes(req, Vec::new())),
+        Some(body) => Ok(verbatim(req, body, opts)),
+        None => synthesised(req, key, opts, prompts),
     }
+}
+
+/// The recorded method, path and body, unchanged.
+fn recorded_bytes(req: &Request, body: Vec<u8>) -> BuiltRequest {
+    let method = req
+        .method
+        .as_deref()
+        .and_then(|m| http::Method::from_bytes(m.as_bytes()).ok())
+        .unwrap_or(http::Method::POST);
+    BuiltRequest {
+        method,
+        aux: !req.is_workload(),
+        path: req.endpoint.path().to_string(),
+        body: Bytes::from(body),
+        api: api_of(&req.endpoint),
+        input_tokens: req.input_tokens,
+        exact_prompt: true,
+    }
+}
+
+fn synthesised(
+    req: &Request,
+    key: u64,
+    opts: &BodyOptions,
+    prompts: &Prompts,
+) -> Result<BuiltRequest, String> {
     let mut obj = Map::new();
-    obj.insert("model".into(), json!(opts.model));
+    let model = match (&req.model, req.recorded_failure()) {
+        (Some(m), Some(_)) if !opts.model_override => m.clone(),
+        _ => opts.model.clone(),
+    };
+    obj.insert("model".into(), json!(model));
+    let embeddings = req.endpoint == Endpoint::Embeddings;
+    let api = match opts.api {
+        Some(a) if !embeddings => a,
+        _ => api_of(&req.endpoint),
+    };
     let mut exact = true;
     let prompt_value = match prompts {
         Prompts::Tokens(s) => {
-            if opts.api == Api::Chat {
+            if api == Api::Chat {
                 return Err(
                     "chat needs text prompts: give --prompt-mode text and --tokenizer".into(),
                 );
@@ -104,60 +173,62 @@ pub fn build(
             json!(text)
         }
     };
-    match opts.api {
-        Api::Completions => {
-            obj.insert("prompt".into(), prompt_value);
-        }
-        Api::Chat => {
-            obj.insert(
+    let path = if embeddings {
+        obj.insert("input".into(), prompt_value);
+        req.endpoint.path().to_string()
+    } else {
+        match api {
+            Api::Completions => obj.insert("prompt".into(), prompt_value),
+            Api::Chat => obj.insert(
                 "messages".into(),
                 json!([{"role": "user", "content": prompt_value}]),
-            );
-        }
-    }
-    set_limits(&mut obj, req.output_tokens);
-    set_stream(&mut obj);
+            ),
+        };
+        set_limits(&mut obj, &Endpoint::Completions, req.output_tokens);
+        set_stream(&mut obj);
+        api_path(api).to_string()
+    };
     for (k, v) in &opts.extra_body {
         obj.insert(k.clone(), v.clone());
     }
     let body = serde_json::to_vec(&Value::Object(obj)).map_err(|e| e.to_string())?;
     Ok(BuiltRequest {
-        path: api_path(opts.api).into(),
+        method: http::Method::POST,
+        aux: false,
+        path,
         body: Bytes::from(body),
-        api: opts.api,
+        api,
         input_tokens: req.input_tokens,
         exact_prompt: exact,
     })
 }
 
-fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> Result<BuiltRequest, String> {
-    let mut v: Value =
-        serde_json::from_slice(body).map_err(|e| format!("recorded body is not JSON: {e}"))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or("recorded body is not a JSON object")?;
+/// A recorded generation or pooling body, adjusted as the module docs say.
+fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> BuiltRequest {
+    let mut v = match serde_json::from_slice::<Value>(body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return recorded_bytes(req, body.to_vec()),
+    };
+    let Some(obj) = v.as_object_mut() else {
+        return recorded_bytes(req, body.to_vec());
+    };
     if opts.model_override || !obj.contains_key("model") {
         obj.insert("model".into(), json!(opts.model));
     }
     if !opts.keep_original_limits {
-        set_limits(obj, req.output_tokens);
+        set_limits(obj, &req.endpoint, req.output_tokens);
     }
-    set_stream(obj);
+    let streamed = obj.get("stream").and_then(Value::as_bool) == Some(true);
+    if streamed && matches!(req.endpoint, Endpoint::Completions | Endpoint::Chat) {
+        set_include_usage(obj);
+    }
     for (k, val) in &opts.extra_body {
         obj.insert(k.clone(), val.clone());
     }
-    let (api, path) = match &req.endpoint {
-        Endpoint::Chat => (Api::Chat, api_path(Api::Chat).to_string()),
-        Endpoint::Completions => (Api::Completions, api_path(Api::Completions).to_string()),
-        Endpoint::Other(p) => (Api::Completions, p.clone()),
-    };
-    Ok(BuiltRequest {
-        path,
-        body: Bytes::from(serde_json::to_vec(&v).map_err(|e| e.to_string())?),
-        api,
-        input_tokens: req.input_tokens,
-        exact_prompt: true,
-    })
+    let mut built = recorded_bytes(req, Vec::new());
+    // Serialising a parsed JSON value cannot fail (no non-string keys, no NaN).
+    built.body = Bytes::from(serde_json::to_vec(&v).unwrap_or_else(|_| body.to_vec()));
+    built
 }
 
 #[cfg(test)]
@@ -167,7 +238,7 @@ mod tests {
 
     fn opts(api: Api) -> BodyOptions {
         BodyOptions {
-            api,
+            api: Some(api),
             model: "m".into(),
             model_override: false,
             extra_body: Map::new(),
@@ -221,17 +292,21 @@ mod tests {
     }
 
     #[test]
-    fn verbatim_body_gets_limits_and_streaming() {
+    fn verbatim_body_keeps_its_endpoint_and_stream_flag() {
         let mut r = req();
         r.endpoint = Endpoint::Chat;
         r.body = Some(br#"{"model":"orig","messages":[{"role":"user","content":"hi"}],"max_tokens":99,"stream":false}"#.to_vec());
         let b = build(&r, 0, &opts(Api::Completions), &tokens()).unwrap();
-        assert_eq!(b.path, "/v1/chat/completions");
+        assert_eq!(
+            (b.method.as_str(), b.path.as_str()),
+            ("POST", "/v1/chat/completions")
+        );
         assert_eq!(b.api, Api::Chat);
         let v: Value = serde_json::from_slice(&b.body).unwrap();
         assert_eq!(v["model"], "orig");
         assert_eq!(v["max_tokens"], 7);
-        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream"], false);
+        assert!(v.get("stream_options").is_none());
         assert_eq!(v["messages"][0]["content"], "hi");
         let mut o = opts(Api::Completions);
         o.keep_original_limits = true;
@@ -239,6 +314,81 @@ mod tests {
         let v: Value = serde_json::from_slice(&build(&r, 0, &o, &tokens()).unwrap().body).unwrap();
         assert_eq!(v["max_tokens"], 99);
         assert_eq!(v["model"], "m");
+        r.body = Some(br#"{"model":"orig","prompt":"hi","stream":true}"#.to_vec());
+        r.endpoint = Endpoint::Completions;
+        let v: Value = serde_json::from_slice(&build(&r, 0, &o, &tokens()).unwrap().body).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+
+    fn failed(r: &mut Request, status: u16) {
+        r.response = Some(Box::new(crate::trace::Response {
+            status,
+            error: Some(format!("http_{status}")),
+            ..Default::default()
+        }));
+    }
+
+    #[test]
+    fn recorded_failures_and_side_requests_go_out_as_recorded() {
+        let mut r = req();
+        r.model = Some("nope".into());
+        let body = br#"{"model":"nope","prompt":[1,2],"max_tokens":5}"#;
+        r.body = Some(body.to_vec());
+        failed(&mut r, 404);
+        let mut o = opts(Api::Completions);
+        o.model_override = true;
+        let b = build(&r, 0, &o, &tokens()).unwrap();
+        assert_eq!(&b.body[..], &body[..]);
+        // Without a body: the recorded model, so an unknown model fails again.
+        r.body = None;
+        let v: Value = serde_json::from_slice(
+            &build(&r, 0, &opts(Api::Completions), &tokens())
+                .unwrap()
+                .body,
+        )
+        .unwrap();
+        assert_eq!(v["model"], "nope");
+        // A body that is not JSON is sent as it was.
+        let mut r = req();
+        r.body = Some(b"not json".to_vec());
+        assert_eq!(&build(&r, 0, &o, &tokens()).unwrap().body[..], b"not json");
+        // GET /v1/models, no body recorded.
+        let mut r = req();
+        r.method = Some("GET".into());
+        r.endpoint = Endpoint::from_path("/v1/models");
+        let b = build(&r, 0, &o, &tokens()).unwrap();
+        assert_eq!(
+            (b.method.as_str(), b.path.as_str(), b.body.len()),
+            ("GET", "/v1/models", 0)
+        );
+        // POST /tokenize with its body.
+        let mut r = req();
+        r.endpoint = Endpoint::from_path("/tokenize");
+        r.body = Some(br#"{"prompt":"hi"}"#.to_vec());
+        let b = build(&r, 0, &o, &tokens()).unwrap();
+        assert_eq!(
+            (b.path.as_str(), &b.body[..]),
+            ("/tokenize", &br#"{"prompt":"hi"}"#[..])
+        );
+    }
+
+    #[test]
+    fn the_recorded_endpoint_is_kept_unless_endpoint_is_forced() {
+        let mut r = req();
+        r.endpoint = Endpoint::Embeddings;
+        let mut o = opts(Api::Completions);
+        o.api = None;
+        let b = build(&r, 0, &o, &tokens()).unwrap();
+        assert_eq!(b.path, "/v1/embeddings");
+        let v: Value = serde_json::from_slice(&b.body).unwrap();
+        assert_eq!(v["input"].as_array().unwrap().len(), 10);
+        assert!(v.get("stream").is_none());
+        r.endpoint = Endpoint::Chat;
+        assert!(build(&r, 0, &o, &tokens())
+            .unwrap_err()
+            .contains("--tokenizer"));
+        r.endpoint = Endpoint::Completions;
+        assert_eq!(build(&r, 0, &o, &tokens()).unwrap().path, "/v1/completions");
     }
 
     #[test]

@@ -294,6 +294,41 @@ pub fn add_run(result: &mut Value, x: &RunExtras) {
     }
 }
 
+/// What the replay sent of a recording, and how it compares with the recording.
+#[derive(Debug, Clone, Default)]
+pub struct Selected {
+    /// `--include-aux`, `--skip-recorded-failures`.
+    pub selection: Value,
+    /// Requests left out, by reason.
+    pub left_out: Value,
+    /// `METHOD path` → requests sent.
+    pub by_endpoint: Value,
+    /// Side requests sent (`--include-aux`): `{sent, ok, errors}`.
+    pub auxiliary: Option<Value>,
+    /// Recorded against replayed outcomes (recorded traces).
+    pub recorded_outcomes: Option<Value>,
+    /// With `--detailed`: each measured request's recorded failure.
+    pub recorded_errors: Option<Value>,
+}
+
+/// Adds `selection`, `left_out`, `requests_by_endpoint`, and when present `auxiliary`,
+/// `recorded_outcomes` and `recorded_errors`.
+pub fn add_selection(result: &mut Value, x: &Selected) {
+    let Value::Object(m) = result else { return };
+    m.insert("selection".into(), x.selection.clone());
+    m.insert("left_out".into(), x.left_out.clone());
+    m.insert("requests_by_endpoint".into(), x.by_endpoint.clone());
+    for (k, v) in [
+        ("auxiliary", &x.auxiliary),
+        ("recorded_outcomes", &x.recorded_outcomes),
+        ("recorded_errors", &x.recorded_errors),
+    ] {
+        if let Some(v) = v {
+            m.insert(k.into(), v.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -625,6 +625,7 @@ pub(crate) mod tests {
             trace: None,
             server_series: None,
             sections: Vec::new(),
+            selection: None,
         }
     }
 

@@ -193,6 +193,8 @@ pub struct Run {
     /// Flattened scalar leaves of a retrace result's `sessions`, `probes` and `server_metrics`
     /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report.
     pub sections: Vec<(String, Value)>,
+    /// Which requests of its trace a retrace replay sent (its result's `selection`).
+    pub selection: Option<crate::trace::select::Selection>,
 }
 
 impl Run {
@@ -396,6 +398,9 @@ fn from_result(
             .filter_map(|k| obj.get(*k).map(|v| (*k, v)))
             .flat_map(|(k, v)| flatten(k, v))
             .collect(),
+        selection: obj
+            .get("selection")
+            .and_then(|v| serde_json::from_value(v.clone()).ok()),
     })
 }
 
@@ -540,12 +545,18 @@ fn from_trace(path: &Path, t: Trace) -> Run {
     let mut scalars = BTreeMap::new();
     let mut info = BTreeMap::new();
     info.insert("source".to_string(), t.header.source.clone());
-    let n = t.requests.len();
-    let recorded = t.requests.iter().any(|r| r.response.is_some());
+    // The workload only: side requests (/tokenize, GET /v1/models, ...) are counted apart.
+    let work: Vec<&trace::Request> = t.requests.iter().filter(|r| r.is_workload()).collect();
+    let aux = t.requests.len() - work.len();
+    if aux > 0 {
+        scalars.insert("auxiliary_left_out".to_string(), aux as f64);
+    }
+    let n = work.len();
+    let recorded = work.iter().any(|r| r.response.is_some());
     let requests = recorded.then(|| {
         let mut r = Requests::default();
-        let t0 = t.requests.iter().map(|q| q.arrival_us).min().unwrap_or(0);
-        for q in &t.requests {
+        let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
+        for q in &work {
             r.input_lens.push(q.input_tokens);
             r.output_lens.push(q.output_tokens);
             r.start_s.push((q.arrival_us - t0) as f64 / 1e6);
@@ -617,6 +628,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
         trace: Some(t),
         server_series: None,
         sections: Vec::new(),
+        selection: None,
     }
 }
 

@@ -200,6 +200,20 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
             f.inexact_prompts
                 .map_or(String::new(), |n| format!("; inexact prompts {n}"))
         );
+        let _ = writeln!(s, "{}{}", if md { "\n" } else { "  " }, fidelity_verdict(f));
+        if !f.latency_ks.is_empty() {
+            let ks: Vec<String> = f
+                .latency_ks
+                .iter()
+                .map(|(k, d)| format!("{} D = {d:.3}", k.to_uppercase()))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{}Latency agreement (two-sample KS, recorded vs replayed): {}",
+                if md { "\n" } else { "  " },
+                ks.join(", ")
+            );
+        }
         let _ = writeln!(
             s,
             "{}Prefix sharing is not in result files: compare the server's prefix-cache counters with `retrace inspect --cache-blocks`.",
@@ -207,6 +221,26 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
         );
     }
     s
+}
+
+/// "Faithful replay" or what kept it from being one.
+fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
+    if f.faithful {
+        return "Faithful replay: every request sent, lengths reproduced, schedule as recorded."
+            .into();
+    }
+    let mut why = Vec::new();
+    if f.unpaired > 0 {
+        why.push(format!("{} requests not sent", f.unpaired));
+    }
+    if f.isl_exact < 1.0 || f.osl_exact < 1.0 {
+        why.push("lengths differ".to_string());
+    }
+    let sched = f.schedule_error_ms.as_ref().unwrap_or(&f.arrival_error_ms);
+    if sched.p99 > 1.0 {
+        why.push(format!("schedule off by {:.2} ms at p99", sched.p99));
+    }
+    format!("Not a faithful replay: {}.", why.join(", "))
 }
 
 fn pval(p: f64) -> String {

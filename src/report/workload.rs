@@ -8,8 +8,10 @@
 //! often input and output lengths were reproduced exactly. Result files carry no hash ids, so
 //! prefix sharing is compared only between two traces. This module prints nothing.
 
-use super::load::{Kind, Run};
+use super::load::{Kind, Metric, Run};
+use crate::trace::select::{self, Selection};
 use crate::trace::stats::{self, Dist, Reuse};
+use crate::trace::Trace;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -53,7 +55,19 @@ pub struct Fidelity {
     pub osl_mean_abs_diff: f64,
     /// Prompts the replayer could not build at the exact length (retrace's `inexact_prompts`).
     pub inexact_prompts: Option<f64>,
+    /// |intended send offset − arrival offset / speed|, ms (retrace results: the schedule
+    /// itself, free of the machine's send lateness).
+    pub schedule_error_ms: Option<Dist>,
+    /// Requests of the trace the replay should have sent (its own selection) and did not.
+    pub unpaired: usize,
+    /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL.
+    pub latency_ks: BTreeMap<String, f64>,
+    /// Every sent request paired, lengths reproduced, the schedule within 1 ms at p99.
+    pub faithful: bool,
 }
+
+/// The schedule may differ from the recording by this much at p99 and still be faithful.
+const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
 
 /// The workload section of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -75,14 +89,11 @@ struct View {
 fn view(r: &Run) -> Option<View> {
     if let Some(t) = &r.trace {
         let st = stats::compute(t, &Default::default());
+        let work = || t.requests.iter().filter(|q| q.is_workload());
         return Some(View {
-            arrivals_s: t
-                .requests
-                .iter()
-                .map(|q| q.arrival_us as f64 / 1e6)
-                .collect(),
-            isl: t.requests.iter().map(|q| q.input_tokens as f64).collect(),
-            osl: t.requests.iter().map(|q| q.output_tokens as f64).collect(),
+            arrivals_s: work().map(|q| q.arrival_us as f64 / 1e6).collect(),
+            isl: work().map(|q| q.input_tokens as f64).collect(),
+            osl: work().map(|q| q.output_tokens as f64).collect(),
             shape_extra: Some(st),
         });
     }
@@ -193,8 +204,24 @@ fn kolmogorov_q(lambda: f64) -> f64 {
     sum.clamp(0.0, 1.0)
 }
 
+/// The trace's workload requests that the replay sent, in arrival order: the replay's own selection
+/// (its result says which), or for other tools' results the workload with a prompt.
+fn sent_by(t: &Trace, replay: &Run) -> Trace {
+    let sel = replay.selection.unwrap_or(Selection {
+        text_prompts: true,
+        ..Default::default()
+    });
+    let mut t = t.clone();
+    select::select(&mut t, &sel);
+    // Side requests a replay sent (`--include-aux`) are counted apart, not in its arrays.
+    t.drop_auxiliary();
+    t
+}
+
+/// Pairs request `i` of the replay with request `i` of what it sent of the trace: both are in
+/// arrival (schedule) order, never completion order.
 fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
-    let t = trace_run.trace.as_ref()?;
+    let t = &sent_by(trace_run.trace.as_ref()?, replay);
     let q = replay.requests.as_ref()?;
     let n = t.requests.len().min(q.len());
     if n == 0 {
@@ -203,11 +230,18 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     let speed = replay.scalar("speed").filter(|s| *s > 0.0).unwrap_or(1.0);
     let a0 = t.requests[0].arrival_us as f64 / 1e6;
     let s0 = q.start_s[0];
+    let want = |i: usize| (t.requests[i].arrival_us as f64 / 1e6 - a0) / speed;
+    let schedule_error_ms = q.intended_s.as_ref().filter(|v| v.len() >= n).map(|v| {
+        Dist::of(
+            (0..n)
+                .map(|i| ((v[i] - v[0]) - want(i)).abs() * 1e3)
+                .collect(),
+        )
+    });
     let mut err = Vec::with_capacity(n);
     let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
     for i in 0..n {
-        let want = (t.requests[i].arrival_us as f64 / 1e6 - a0) / speed;
-        err.push(((q.start_s[i] - s0) - want).abs() * 1e3);
+        err.push(((q.start_s[i] - s0) - want(i)).abs() * 1e3);
         isl_ok += usize::from(q.input_lens[i] == t.requests[i].input_tokens);
         if q.ok(i) {
             ok_n += 1;
@@ -215,16 +249,41 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
             osl_diff += (q.output_lens[i] as f64 - t.requests[i].output_tokens as f64).abs();
         }
     }
+    let arrival_error_ms = Dist::of(err);
+    let isl_exact = isl_ok as f64 / n as f64;
+    let osl_exact = if ok_n > 0 {
+        osl_ok as f64 / ok_n as f64
+    } else {
+        0.0
+    };
+    let unpaired = t.requests.len().saturating_sub(q.len());
+    let schedule_p99 = schedule_error_ms
+        .as_ref()
+        .map_or(arrival_error_ms.p99, |d| d.p99);
+    let latency_ks = [
+        (Metric::Ttft, "ttft"),
+        (Metric::Itl, "itl"),
+        (Metric::E2el, "e2el"),
+    ]
+    .into_iter()
+    .filter_map(|(m, name)| {
+        let (a, b) = (trace_run.samples_ms(m)?, replay.samples_ms(m)?);
+        Some((name.to_string(), ks_2samp(&a, &b).d))
+    })
+    .collect();
     Some(Fidelity {
         paired: n,
         speed,
-        arrival_error_ms: Dist::of(err),
-        isl_exact: isl_ok as f64 / n as f64,
-        osl_exact: if ok_n > 0 {
-            osl_ok as f64 / ok_n as f64
-        } else {
-            0.0
-        },
+        faithful: unpaired == 0
+            && isl_exact == 1.0
+            && osl_exact == 1.0
+            && schedule_p99 <= FAITHFUL_SCHEDULE_MS,
+        schedule_error_ms,
+        unpaired,
+        latency_ks,
+        arrival_error_ms,
+        isl_exact,
+        osl_exact,
         osl_mean_abs_diff: if ok_n > 0 {
             osl_diff / ok_n as f64
         } else {

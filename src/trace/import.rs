@@ -65,6 +65,7 @@ pub fn read_bytes(
             }
             let ir = ImportReport {
                 rows: t.requests.len() as u64,
+                reordered: rep.reordered,
                 damage: (!rep.is_clean()).then(|| rep.summary()),
                 ..Default::default()
             };

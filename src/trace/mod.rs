@@ -16,6 +16,7 @@ pub mod import;
 pub mod mooncake;
 pub mod native;
 mod recenc;
+pub mod select;
 pub mod sessions;
 pub mod shape;
 pub mod stats;
@@ -105,9 +106,38 @@ pub enum Endpoint {
     Completions,
     /// `/v1/chat/completions`
     Chat,
-    /// Any other path, kept as sent.
+    /// `/v1/responses`
+    Responses,
+    /// `/v1/embeddings`
+    Embeddings,
+    /// Any other path, kept as sent (without its query string).
     Other(String),
 }
+
+/// What an exchange is to the workload (trace format 1.1; derived from method and endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EndpointKind {
+    /// Completions, chat completions, responses: the workload replay re-issues.
+    Generation,
+    /// Embeddings, rerank, score, classify, pooling: a workload of its own.
+    Pooling,
+    /// Anything else (`/tokenize`, `/detokenize`, `GET /v1/models`, `/metrics`, `/health`, ...):
+    /// kept in the trace, left out of the workload.
+    Auxiliary,
+}
+
+impl EndpointKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointKind::Generation => "generation",
+            EndpointKind::Pooling => "pooling",
+            EndpointKind::Auxiliary => "auxiliary",
+        }
+    }
+}
+
+/// Last path segments of the pooling APIs (vLLM's and the common rerank/score routes).
+const POOLING_SEGMENTS: &[&str] = &["rerank", "score", "classify", "pooling"];
 
 impl Endpoint {
     pub fn from_path(path: &str) -> Endpoint {
@@ -116,6 +146,10 @@ impl Endpoint {
             Endpoint::Chat
         } else if p.ends_with("/completions") {
             Endpoint::Completions
+        } else if p.ends_with("/responses") {
+            Endpoint::Responses
+        } else if p.ends_with("/embeddings") {
+            Endpoint::Embeddings
         } else {
             Endpoint::Other(path.to_string())
         }
@@ -124,6 +158,8 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "completions",
             Endpoint::Chat => "chat",
+            Endpoint::Responses => "responses",
+            Endpoint::Embeddings => "embeddings",
             Endpoint::Other(p) => p,
         }
     }
@@ -131,7 +167,35 @@ impl Endpoint {
         match s {
             "completions" => Endpoint::Completions,
             "chat" => Endpoint::Chat,
+            "responses" => Endpoint::Responses,
+            "embeddings" => Endpoint::Embeddings,
             other => Endpoint::from_path(other),
+        }
+    }
+    /// The path a replay sends this endpoint's requests to.
+    pub fn path(&self) -> &str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Other(p) => p,
+        }
+    }
+    fn kind(&self) -> EndpointKind {
+        match self {
+            Endpoint::Completions | Endpoint::Chat | Endpoint::Responses => {
+                EndpointKind::Generation
+            }
+            Endpoint::Embeddings => EndpointKind::Pooling,
+            Endpoint::Other(p) => {
+                let last = p.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                if POOLING_SEGMENTS.contains(&last) {
+                    EndpointKind::Pooling
+                } else {
+                    EndpointKind::Auxiliary
+                }
+            }
         }
     }
 }
@@ -233,6 +297,8 @@ pub struct Request {
     /// Arrival offset from t0, µs.
     pub arrival_us: u64,
     pub session: Option<Session>,
+    /// The HTTP method when it was not `POST` (recorded `GET /v1/models`, `GET /metrics`, ...).
+    pub method: Option<String>,
     pub endpoint: Endpoint,
     pub model: Option<String>,
     pub params: Params,
@@ -245,6 +311,31 @@ pub struct Request {
     pub response: Option<Box<Response>>,
     /// The full request body, only when the user asked for bodies at record time.
     pub body: Option<Vec<u8>>,
+}
+
+impl Request {
+    /// What this exchange is to the workload: anything but a `POST` is auxiliary.
+    pub fn kind(&self) -> EndpointKind {
+        match self.method {
+            Some(_) => EndpointKind::Auxiliary,
+            None => self.endpoint.kind(),
+        }
+    }
+
+    /// Part of the workload (generation or pooling), not an auxiliary call.
+    pub fn is_workload(&self) -> bool {
+        self.kind() != EndpointKind::Auxiliary
+    }
+
+    /// The recorded response failed (an error kind, or a status of 400 or more).
+    pub fn recorded_failure(&self) -> Option<&str> {
+        let r = self.response.as_deref()?;
+        match &r.error {
+            Some(e) => Some(e),
+            None if r.status >= 400 => Some("http_error"),
+            None => None,
+        }
+    }
 }
 
 /// A whole trace in memory.
@@ -260,5 +351,86 @@ impl Trace {
         let first = self.requests.first().map_or(0, |r| r.arrival_us);
         let last = self.requests.last().map_or(0, |r| r.arrival_us);
         last.saturating_sub(first)
+    }
+
+    /// Puts the requests in arrival order (stable: equal arrivals keep their file order) and
+    /// says how many were out of order. Every reader yields this one canonical order.
+    pub fn sort_by_arrival(&mut self) -> u64 {
+        let late = self
+            .requests
+            .windows(2)
+            .filter(|w| w[1].arrival_us < w[0].arrival_us)
+            .count() as u64;
+        if late > 0 {
+            self.requests.sort_by_key(|r| r.arrival_us);
+        }
+        late
+    }
+
+    /// Keeps only the workload (generation and pooling requests); returns how many auxiliary
+    /// requests it left out.
+    pub fn drop_auxiliary(&mut self) -> u64 {
+        let before = self.requests.len();
+        self.requests.retain(Request::is_workload);
+        (before - self.requests.len()) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(method: Option<&str>, path: &str) -> EndpointKind {
+        Request {
+            method: method.map(str::to_string),
+            endpoint: Endpoint::from_path(path),
+            ..Default::default()
+        }
+        .kind()
+    }
+
+    #[test]
+    fn exchanges_are_classified_by_method_and_path() {
+        assert_eq!(at(None, "/v1/completions"), EndpointKind::Generation);
+        assert_eq!(at(None, "/v1/chat/completions"), EndpointKind::Generation);
+        assert_eq!(at(None, "/v1/responses"), EndpointKind::Generation);
+        assert_eq!(at(None, "/v1/embeddings"), EndpointKind::Pooling);
+        assert_eq!(at(None, "/v1/rerank"), EndpointKind::Pooling);
+        assert_eq!(at(None, "/score"), EndpointKind::Pooling);
+        assert_eq!(at(None, "/tokenize"), EndpointKind::Auxiliary);
+        assert_eq!(at(None, "/detokenize"), EndpointKind::Auxiliary);
+        assert_eq!(at(Some("GET"), "/v1/models"), EndpointKind::Auxiliary);
+        assert_eq!(at(Some("GET"), "/metrics"), EndpointKind::Auxiliary);
+        assert_eq!(at(Some("GET"), "/v1/completions"), EndpointKind::Auxiliary);
+        for e in [
+            "completions",
+            "chat",
+            "responses",
+            "embeddings",
+            "/tokenize",
+        ] {
+            assert_eq!(Endpoint::parse(e).as_str(), e);
+        }
+    }
+
+    #[test]
+    fn sorting_is_stable_and_counts_what_was_late() {
+        let r = |t: u64, o: u64| Request {
+            arrival_us: t,
+            output_tokens: o,
+            ..Default::default()
+        };
+        let mut t = Trace {
+            header: TraceHeader::imported(16, true, "t"),
+            requests: vec![r(5, 0), r(1, 1), r(5, 2), r(3, 3)],
+        };
+        assert_eq!(t.sort_by_arrival(), 2);
+        let got: Vec<_> = t
+            .requests
+            .iter()
+            .map(|r| (r.arrival_us, r.output_tokens))
+            .collect();
+        assert_eq!(got, [(1, 1), (3, 3), (5, 0), (5, 2)]);
+        assert_eq!(t.sort_by_arrival(), 0);
     }
 }

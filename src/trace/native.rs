@@ -52,7 +52,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
@@ -93,6 +93,8 @@ struct RequestWire {
     h: Vec<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     e: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    v: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     m: Option<String>,
     #[serde(default, skip_serializing_if = "Params::is_empty")]
@@ -198,6 +200,7 @@ impl RequestWire {
                 Endpoint::Completions => None,
                 e => Some(e.as_str().to_string()),
             },
+            v: r.method.clone(),
             m: r.model.clone(),
             p: r.params.clone(),
             s: r.session.clone(),
@@ -214,6 +217,7 @@ impl RequestWire {
         Ok(Request {
             arrival_us: arrival as u64,
             session: self.s,
+            method: self.v,
             endpoint: self
                 .e
                 .as_deref()
@@ -513,6 +517,9 @@ pub struct ReadReport {
     pub corrupt: Vec<(u64, String)>,
     /// Records dropped by the writer, as its last frame header said.
     pub dropped_by_writer: u64,
+    /// Records that came after a later arrival in the file (frames are written in completion
+    /// order); the reader returns them in arrival order.
+    pub reordered: u64,
 }
 
 impl ReadReport {
@@ -622,13 +629,12 @@ pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceE
         }
     }
     report.records = requests.len() as u64;
-    Ok((
-        Trace {
-            header: hw.header,
-            requests,
-        },
-        report,
-    ))
+    let mut trace = Trace {
+        header: hw.header,
+        requests,
+    };
+    report.reordered = trace.sort_by_arrival();
+    Ok((trace, report))
 }
 
 fn find_magic(data: &[u8]) -> Option<usize> {
@@ -1096,6 +1102,8 @@ mod tests {
         let endpoint = prop_oneof![
             Just(Endpoint::Completions),
             Just(Endpoint::Chat),
+            Just(Endpoint::Responses),
+            Just(Endpoint::Embeddings),
             "/[a-z/?=]{0,40}".prop_map(Endpoint::Other),
             Just(Endpoint::Other("completions".into())),
         ];
@@ -1106,7 +1114,14 @@ mod tests {
                 prop_oneof![Just(0u64), 0u64..1 << 20],
             ),
             ids,
-            endpoint,
+            (
+                endpoint,
+                proptest::option::of(prop_oneof![
+                    Just("GET".to_string()),
+                    Just("PUT".to_string())
+                ]),
+            )
+                .boxed(),
             proptest::option::of("\\PC{0,40}"),
             params,
             session,
@@ -1117,7 +1132,7 @@ mod tests {
                 |(
                     (arrival_us, i, o),
                     hash_ids,
-                    endpoint,
+                    (endpoint, method),
                     model,
                     params,
                     session,
@@ -1127,6 +1142,7 @@ mod tests {
                     Request {
                         arrival_us,
                         session,
+                        method,
                         endpoint,
                         model,
                         params,

@@ -255,6 +255,7 @@ pub fn encode_request(r: &Request, prev_arrival: u64, out: &mut Vec<u8>) {
         + usize::from(r.output_tokens != 0)
         + usize::from(runs_n != 0)
         + usize::from(r.endpoint != Endpoint::Completions)
+        + usize::from(r.method.is_some())
         + usize::from(r.model.is_some())
         + usize::from(params_set)
         + usize::from(r.session.is_some())
@@ -279,6 +280,10 @@ pub fn encode_request(r: &Request, prev_arrival: u64, out: &mut Vec<u8>) {
     if r.endpoint != Endpoint::Completions {
         key(out, b"e");
         text(out, r.endpoint.as_str());
+    }
+    if let Some(v) = &r.method {
+        key(out, b"v");
+        text(out, v);
     }
     if let Some(m) = &r.model {
         key(out, b"m");

@@ -90,6 +90,8 @@ pub struct TraceStats {
     pub endpoints: BTreeMap<String, u64>,
     /// model → count (requests without a model are not counted)
     pub models: BTreeMap<String, u64>,
+    /// Side requests left out of every statistic above: `METHOD path` → count.
+    pub auxiliary: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded: Option<Recorded>,
 }
@@ -101,8 +103,36 @@ pub struct StatsOptions {
     pub cache_blocks: Option<u64>,
 }
 
-/// Computes the statistics of a trace.
+/// Computes the statistics of a trace's workload; auxiliary requests are only counted.
 pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
+    let mut auxiliary: BTreeMap<String, u64> = BTreeMap::new();
+    for r in trace.requests.iter().filter(|r| !r.is_workload()) {
+        let key = format!(
+            "{} {}",
+            r.method.as_deref().unwrap_or("POST"),
+            r.endpoint.path()
+        );
+        *auxiliary.entry(key).or_default() += 1;
+    }
+    if auxiliary.is_empty() {
+        return compute_workload(trace, opts);
+    }
+    let workload = Trace {
+        header: trace.header.clone(),
+        requests: trace
+            .requests
+            .iter()
+            .filter(|r| r.is_workload())
+            .cloned()
+            .collect(),
+    };
+    TraceStats {
+        auxiliary,
+        ..compute_workload(&workload, opts)
+    }
+}
+
+fn compute_workload(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     let reqs = &trace.requests;
     let n = reqs.len() as u64;
     let span_us = trace.span_us();

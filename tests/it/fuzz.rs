@@ -161,13 +161,10 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 input_tokens: i,
                 output_tokens: o,
                 hash_ids,
+                method: None,
                 endpoint: match endpoint {
-                    // "completions"/"chat" spelled as a path decode to the named endpoints.
-                    Endpoint::Other(p)
-                        if matches!(Endpoint::from_path(&p), Endpoint::Other(_))
-                            && p != "completions"
-                            && p != "chat" =>
-                    {
+                    // Names ("chat") and paths of named endpoints decode to those endpoints.
+                    Endpoint::Other(p) if Endpoint::parse(&p) == Endpoint::Other(p.clone()) => {
                         Endpoint::Other(p)
                     }
                     Endpoint::Other(_) => Endpoint::Completions,

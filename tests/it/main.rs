@@ -5,6 +5,7 @@ mod fuzz;
 mod merge;
 mod mock;
 mod probe;
+mod real_traffic;
 mod record;
 mod record_h1;
 mod record_scale;

@@ -70,6 +70,7 @@ fn inspect_json_schema() {
         "turns",
         "endpoints",
         "models",
+        "auxiliary",
     ] {
         assert!(s.get(k).is_some(), "missing stats.{k}");
     }

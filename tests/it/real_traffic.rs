@@ -1,0 +1,274 @@
+//! The loop on the traffic real clients send: `vllm bench serve`, AIPerf and the `openai` SDK
+//! mix completions and chat, streamed and not, with side requests (`/tokenize`, `/detokenize`,
+//! `GET /v1/models`, `/metrics`) and the odd 404 or 400. Recorded through the proxy in front of
+//! the mock, the recording replays against a fresh mock with the same requests per endpoint,
+//! the same lengths, the recorded schedule, recorded failures failing the same way, and
+//! `compare RECORDING REPLAY` calling it faithful.
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use retrace::mock::MockConfig;
+use retrace::record::{Bodies, RecordConfig};
+use retrace::trace::Trace;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::support::{replay_cfg, spawn_recorder, stop_recorder};
+
+async fn mock() -> retrace::mock::MockHandle {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = MockConfig {
+        fixed_timing: Some((15.0, 2.0)),
+        ..Default::default()
+    };
+    retrace::mock::start(l, cfg).await.unwrap()
+}
+
+/// One exchange of the mix: method, path, body (empty for GET), expected status.
+fn mix() -> Vec<(&'static str, &'static str, Value, StatusCode)> {
+    let ok = StatusCode::OK;
+    let m = "mock-llama";
+    let ids = |n: u32, base: u32| (0..n).map(|k| 100 + base + k).collect::<Vec<_>>();
+    let mut v = vec![
+        ("GET", "/v1/models", Value::Null, ok),
+        (
+            "POST",
+            "/tokenize",
+            json!({"model": m, "prompt": "hello world"}),
+            ok,
+        ),
+    ];
+    for k in 0..6u32 {
+        let shared = ids(32, 0);
+        let mut prompt = shared.clone();
+        prompt.extend(ids(8 + k, 1000 * (k + 1)));
+        v.push((
+            "POST",
+            "/v1/completions",
+            json!({"model": m, "prompt": prompt, "max_tokens": 4 + k, "ignore_eos": true,
+                   "stream": true, "stream_options": {"include_usage": true}}),
+            ok,
+        ));
+        let mut chat = json!({"model": m, "max_tokens": 3 + k, "ignore_eos": true,
+            "messages": [{"role": "user", "content": format!("question {k}: how do caches work?")}]});
+        if k % 2 == 0 {
+            chat["stream"] = json!(true);
+            chat["stream_options"] = json!({"include_usage": true});
+        }
+        v.push(("POST", "/v1/chat/completions", chat, ok));
+        if k % 3 == 0 {
+            v.push(("GET", "/metrics", Value::Null, ok));
+            v.push((
+                "POST",
+                "/detokenize",
+                json!({"model": m, "tokens": [1, 2, 3]}),
+                StatusCode::NOT_FOUND,
+            ));
+        }
+    }
+    v.push((
+        "POST",
+        "/v1/completions",
+        json!({"model": m, "prompt": "a non-streamed text prompt", "max_tokens": 5, "ignore_eos": true}),
+        ok,
+    ));
+    v.push((
+        "POST",
+        "/v1/completions",
+        json!({"model": "no-such-model", "prompt": [1, 2, 3], "max_tokens": 3, "stream": true}),
+        StatusCode::NOT_FOUND,
+    ));
+    v.push((
+        "POST",
+        "/v1/completions",
+        json!({"model": m, "prompt": [1, 2, 3], "max_tokens": "three"}),
+        StatusCode::BAD_REQUEST,
+    ));
+    v
+}
+
+/// Sends the mix through `base`, one exchange every 20 ms on an absolute schedule.
+async fn drive(base: &str) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let t0 = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for (k, (method, path, body, want)) in mix().into_iter().enumerate() {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(t0 + Duration::from_millis(20 * k as u64)).await;
+            let bytes = match body {
+                Value::Null => Bytes::new(),
+                b => Bytes::from(b.to_string()),
+            };
+            let req = Request::builder()
+                .method(method)
+                .uri(url)
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer sk-never-recorded")
+                .body(Full::new(bytes))
+                .unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+                .await
+                .expect("response in time")
+                .expect("response");
+            let status = resp.status();
+            let body = resp.into_body().collect().await.expect("whole body");
+            assert_eq!(status, want, "{method} {path}: {:?}", body.to_bytes());
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+fn read_trace(dir: &Path) -> (PathBuf, Trace) {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".trace.zst"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (t, _) = retrace::trace::import::read_path(&files[0], &Default::default()).unwrap();
+    (files[0].clone(), t)
+}
+
+fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for r in &t.requests {
+        let key = format!(
+            "{} {}",
+            r.method.as_deref().unwrap_or("POST"),
+            r.endpoint.path()
+        );
+        *m.entry(key).or_default() += 1;
+    }
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recording_of_real_client_traffic_replays_faithfully() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = mock().await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.bodies = Bodies::Request;
+    cfg.block_size = 16;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    drive(&format!("http://{}", rec.addr)).await;
+    stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+
+    let (path, trace) = read_trace(&dir.path().join("rec"));
+    let sent = mix();
+    assert_eq!(trace.requests.len(), sent.len());
+    assert!(trace
+        .requests
+        .windows(2)
+        .all(|w| w[0].arrival_us <= w[1].arrival_us));
+    let raw = std::fs::read(&path).unwrap();
+    assert!(
+        !raw.windows(9).any(|w| w == b"sk-never-"),
+        "a credential reached the trace"
+    );
+    let work: Vec<_> = trace.requests.iter().filter(|r| r.is_workload()).collect();
+    assert_eq!(
+        work.len(),
+        15,
+        "6 completions, 6 chats, 1 text, 1 unknown model, 1 bad"
+    );
+    let errors: Vec<_> = trace
+        .requests
+        .iter()
+        .filter_map(|r| r.recorded_failure())
+        .collect();
+    assert_eq!(
+        errors.iter().filter(|e| **e == "http_404").count(),
+        3,
+        "{errors:?}"
+    );
+    assert_eq!(
+        errors.iter().filter(|e| **e == "http_400").count(),
+        1,
+        "{errors:?}"
+    );
+
+    // The replay, against a fresh mock, side requests included.
+    let target = mock().await;
+    let result = dir.path().join("replay.json");
+    let cfg = replay_cfg(&[
+        path.to_str().unwrap(),
+        "--target",
+        &format!("http://{}", target.addr),
+        "--include-aux",
+        "--detailed",
+        "--result-json",
+        result.to_str().unwrap(),
+    ]);
+    let out = tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
+        .await
+        .expect("replay ends")
+        .unwrap();
+    target.shutdown().await;
+    let r = &out.result;
+
+    // The same requests per endpoint, every side request answered as recorded.
+    let got: BTreeMap<String, u64> =
+        serde_json::from_value(r["requests_by_endpoint"].clone()).unwrap();
+    assert_eq!(got, by_endpoint(&trace));
+    assert_eq!(r["auxiliary"]["sent"], 6);
+    assert_eq!(r["auxiliary"]["errors"], json!({"http_404": 2}));
+    // Lengths: input from the trace, output as the server produced it again.
+    let lens = |k: &str| -> Vec<u64> { serde_json::from_value(r[k].clone()).unwrap() };
+    let want_in: Vec<u64> = work.iter().map(|q| q.input_tokens).collect();
+    let want_out: Vec<u64> = work.iter().map(|q| q.output_tokens).collect();
+    assert_eq!(lens("input_lens"), want_in);
+    assert_eq!(lens("output_lens"), want_out);
+    // Recorded failures fail again the same way; nothing else fails.
+    let o = &r["recorded_outcomes"];
+    assert_eq!(o["recorded_failures"], 2, "{o}");
+    assert_eq!(o["failed_again_same_way"], 2, "{o}");
+    assert_eq!(
+        (o["now_succeed"].clone(), o["newly_failed"].clone()),
+        (json!(0), json!(0)),
+        "{o}"
+    );
+    assert_eq!(r["failed"], 2);
+    // The schedule is the recording's (the machine's own send lateness is a benchmark's
+    // business; here only that no send was grossly late).
+    let times = |k: &str| -> Vec<f64> { serde_json::from_value(r[k].clone()).unwrap() };
+    let (intended, started) = (times("intended_times"), times("start_times"));
+    let a0 = work[0].arrival_us as f64 / 1e6;
+    for (i, q) in work.iter().enumerate() {
+        let want = q.arrival_us as f64 / 1e6 - a0;
+        assert!(
+            ((intended[i] - intended[0]) - want).abs() < 1e-3,
+            "request {i}"
+        );
+        assert!(
+            started[i] - intended[i] < 5.0,
+            "request {i} sent {} s late",
+            started[i] - intended[i]
+        );
+    }
+
+    // compare RECORDING REPLAY: paired in arrival order, faithful.
+    let base = retrace::report::load::load(&path).unwrap();
+    let cand = retrace::report::load::load(&result).unwrap();
+    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
+    let f = cmp
+        .workload
+        .as_ref()
+        .and_then(|w| w.fidelity.clone())
+        .expect("fidelity");
+    assert_eq!((f.paired, f.unpaired), (15, 0));
+    assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
+    assert!(f.faithful, "{f:?}");
+    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    assert!(text.contains("Faithful replay"), "{text}");
+}
