@@ -67,7 +67,7 @@ impl Client {
     /// At the dispatcher's release, on the dispatcher's thread: takes an idle pooled connection
     /// (plain `http://` only) and writes the request's head and body to it in one non-blocking
     /// vectored write, so that the request leaves at its deadline instead of when the runtime
-    /// gets round to its task (0.05–2 ms later on a busy machine). [`Client::send`] then writes
+    /// gets round to its task (up to milliseconds later on a busy machine). [`Client::send`] then writes
     /// whatever the socket did not take and reads the response; the kernel stamps the response's
     /// bytes on arrival, so a late task does not delay its TTFT. `None` (the task sends it all)
     /// for TLS targets, a bad path, or no idle connection.

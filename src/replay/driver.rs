@@ -3,14 +3,11 @@
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
 //! short EEVDF slice ([`crate::thread_timing`], unprivileged), so releases land within tens of
-//! microseconds instead of tokio's 1 ms timer-wheel granularity. By default it does not spin
-//! (`--spin-us 0`): a thread that sleeps keeps its scheduler credit, so with CPU hogs on every
-//! core its wake-ups still preempt them (p99 0.04 ms), while one that spins before each deadline
-//! spends that credit and is then preempted for milliseconds (p99 3.9 ms), besides burning CPU
-//! (`tools/bench_dispatch.rs`). A spin window is available ([`Waiter`]): fixed, or adaptive
-//! (`--spin-us auto`: the recent oversleeps of the thread's sleeps plus a margin, between
-//! [`MIN_SPIN_WINDOW`] and [`SPIN_WINDOW`]) for µs precision on an idle machine or under
-//! `--realtime`. Deadlines are absolute, so a late
+//! microseconds instead of tokio's 1 ms timer-wheel granularity. By default it does not spin: a
+//! thread that sleeps keeps its scheduler credit, so with CPU hogs on every core its wake-ups
+//! still preempt them, while one that spins spends that credit and is then preempted for
+//! milliseconds (`tools/bench_dispatch.rs` measures both). A spin window is available
+//! ([`Waiter`], the hidden `--spin-us`): fixed, or adaptive. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
 //! already due back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
@@ -80,9 +77,8 @@ const PRESEND_MAX_BATCH: usize = 16;
 
 /// Hands the released requests to the runtime. One request is spawned directly; several (a burst
 /// due at one instant, or a dispatcher running late) go in one task that spawns them from inside
-/// the runtime: one cross-thread hand-off and wake-up instead of one per request. 2,000 requests
-/// due at once, 1,000 in flight, 3 alternating rounds on 2 cores: mean dispatch drift 13.1 / 5.5 /
-/// 5.2 ms → 8.1 / 4.0 / 4.4 ms, max 25.8 / 11.0 / 15.4 → 19.2 / 8.0 / 8.9 ms.
+/// the runtime: one cross-thread hand-off and wake-up instead of one per request (less dispatch
+/// drift in large bursts).
 fn flush(handle: &tokio::runtime::Handle, batch: &mut Vec<Task>) {
     match batch.len() {
         0 => {}
@@ -138,12 +134,10 @@ pub fn wait_until(deadline: Instant) {
 /// Waits for deadlines on one thread: a timed sleep until the spin window before the deadline,
 /// then `sched_yield` (other threads may run) and finally a pause loop for the last 20 µs.
 ///
-/// The spin window is what the sleep may overshoot: on this VM a 1 ns-slack `nanosleep` wakes
-/// 15–40 µs late when the thread is not preempted, and spinning costs CPU for the whole window
-/// (a fixed 200 µs window cost ~150 µs of CPU per release, 0.45 s over the 3,000 releases of a
-/// steady 1,000-stream run). So the window is the largest of the last `RECENT` (64) oversleeps plus
-/// `SPIN_MARGIN` (25 µs), within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than
-/// [`SPIN_WINDOW`] (the thread was preempted: no window would have helped) is not counted.
+/// The spin window is what the sleep may overshoot, and spinning costs CPU for the whole window.
+/// So the adaptive window is the largest of the last `RECENT` oversleeps plus `SPIN_MARGIN`,
+/// within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than [`SPIN_WINDOW`] (the
+/// thread was preempted: no window would have helped) is not counted.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     /// Recent oversleeps, µs (a ring).

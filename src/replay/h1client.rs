@@ -290,7 +290,7 @@ impl RawConn {
 /// One non-blocking send straight to a plain socket, whatever tokio last saw of its
 /// writability: tokio's own writes wait until its reactor has seen the socket writable, which
 /// for a socket just put back on the reactor ([`RawConn::attach`]) takes the reactor's next
-/// turn (up to 19 ms at p99 in a 1,000-stream burst). A short or `WouldBlock` answer leaves the
+/// turn (milliseconds in a large burst). A short or `WouldBlock` answer leaves the
 /// rest to tokio's writes, which then wait for writability as usual.
 fn send_now(s: &tokio::net::TcpStream, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
     loop {

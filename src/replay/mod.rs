@@ -639,41 +639,35 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     });
     let info = run_info(cfg, facts, invalid_reason.clone());
     let hist = Histograms::from_samples(samples);
-    let mut result = result::build(&info, &summary, &hist, samples, cfg.detailed);
-    if let Some(r) = &session_report {
-        result::add_sessions(&mut result, r);
-    }
-    result::add_run(
-        &mut result,
-        &result::RunExtras {
-            start_at: cfg.start_at.map(start::display),
-            rx_stamp: facts.rx_stamp,
-            readers: facts.readers,
-            cpu_setup_s: ran.cpu_setup_s,
-            cpu_run_s: ran.cpu_run_s,
+    let mut r = result::ReplayResult::new(&info, &summary, &hist, samples, cfg.detailed);
+    r.sessions = session_report.as_ref().map(result::sessions_json);
+    r.server_metrics = ran.server_metrics.clone();
+    r.probes = ran.probes.as_ref().map(|p| p.1.clone());
+    r.run = Some(result::RunExtras {
+        start_at: cfg.start_at.map(start::display),
+        rx_stamp: facts.rx_stamp,
+        body_readers: facts.readers.map(|(threads, batch)| result::BodyReaders {
+            threads,
+            batch_us: batch.as_micros() as u64,
+        }),
+        client_cpu: result::ClientCpu {
+            setup_s: ran.cpu_setup_s,
+            run_s: ran.cpu_run_s,
             embedded_target: ran.embedded_target,
-            server_metrics: ran.server_metrics.clone(),
-            probes: ran.probes.as_ref().map(|p| p.1.clone()),
         },
-    );
-    result::add_selection(
-        &mut result,
-        &result::Selected {
-            selection: serde_json::json!(cfg.select),
-            left_out: serde_json::json!(facts.left_out.by_name()),
-            by_endpoint: serde_json::json!(facts.by_endpoint),
-            auxiliary: outcome::auxiliary(&ran.aux_samples),
-            recorded_outcomes: facts
-                .recorded
-                .as_ref()
-                .map(|rec| outcome::recorded(rec, samples)),
-            recorded_errors: facts
-                .recorded
-                .as_ref()
-                .filter(|_| cfg.detailed)
-                .map(|rec| serde_json::json!(rec)),
-        },
-    );
+    });
+    let recorded = facts.recorded.as_ref();
+    r.selected = Some(result::Selected {
+        selection: serde_json::json!(cfg.select),
+        left_out: serde_json::json!(facts.left_out.by_name()),
+        requests_by_endpoint: facts.by_endpoint.clone(),
+        auxiliary: outcome::auxiliary(&ran.aux_samples),
+        recorded_outcomes: recorded.map(|rec| outcome::recorded(rec, samples)),
+        recorded_errors: recorded
+            .filter(|_| cfg.detailed)
+            .map(|rec| serde_json::json!(rec)),
+    });
+    let result = r.to_value();
     if let Some(path) = &cfg.result_json {
         let text = serde_json::to_string_pretty(&result)?;
         std::fs::write(path, text)

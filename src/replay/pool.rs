@@ -165,11 +165,6 @@ impl Pool {
             .push(conn);
     }
 
-    /// Idle connections now.
-    pub fn idle_len(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
     /// Opens up to `n` connections, at most `parallel` connects at a time; returns how many opened.
     pub async fn warm(&self, n: usize, parallel: usize) -> usize {
         let mut opened = 0;

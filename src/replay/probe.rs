@@ -16,7 +16,7 @@
 use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
 use crate::metrics::{self, Failure, Sample};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,20 +97,6 @@ impl Prober {
     }
 }
 
-fn stats_json(s: &metrics::Stats) -> Value {
-    let mut m = Map::new();
-    m.insert("count".into(), json!(s.count));
-    m.insert("mean_ms".into(), json!(s.mean));
-    m.insert("median_ms".into(), json!(s.median));
-    m.insert("std_ms".into(), json!(s.std));
-    m.insert("min_ms".into(), json!(s.min));
-    m.insert("max_ms".into(), json!(s.max));
-    for (p, v) in &s.percentiles {
-        m.insert(format!("p{}_ms", metrics::percentile_label(*p)), json!(v));
-    }
-    Value::Object(m)
-}
-
 /// The result file's `probes` object (pure): rate, counts, failures by kind, and the TTFT, E2EL
 /// and dispatch-drift distributions of the probes.
 pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Value {
@@ -122,9 +108,9 @@ pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[
         "completed": sum.completed,
         "failed": sum.failed,
         "errors_by_kind": sum.errors,
-        "ttft": stats_json(&sum.ttft),
-        "e2el": stats_json(&sum.e2el),
-        "drift": stats_json(&sum.drift),
+        "ttft": super::result::stats_object(&sum.ttft),
+        "e2el": super::result::stats_object(&sum.e2el),
+        "drift": super::result::stats_object(&sum.drift),
     })
 }
 

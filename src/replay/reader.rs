@@ -2,10 +2,8 @@
 //! over the sockets handed to it, and reads and measures every event on that thread.
 //!
 //! Why: at 1,000 streams × 100 events/s, reading each body in its request's tokio task costs a
-//! reactor wake-up, a task hand-over between the runtime's two workers (futex) and a poll per
-//! event, and on a 2-core machine that CPU is taken from the server under test (26k futex calls
-//! and 40k context switches per run, against 0 and 19k for a bare epoll client; see
-//! docs/replay.md). Here a body is a [`Job`]: a socket plus a synchronous state machine. The
+//! reactor wake-up, a task hand-over between the runtime's workers (futex) and a poll per event,
+//! and on a small machine that CPU is taken from the server under test. Here a body is a [`Job`]: a socket plus a synchronous state machine. The
 //! request's task parses the response head, then detaches the socket from the runtime and
 //! submits the job; the reader thread registers it, reads it when it is readable, asks it for
 //! its timeouts every [`TICK`], and when the job says it is over, removes the socket and calls

@@ -705,7 +705,7 @@ mod tests {
                 released_after_failure: k,
                 drift: Stats::from_seconds(&drifts[k], &[50.0, 99.0]),
             };
-            crate::replay::result::add_sessions(v, &r);
+            v["sessions"] = crate::replay::result::sessions_json(&r);
         }
         let m = merge(&inputs).unwrap();
         let s = &m["sessions"];
