@@ -346,6 +346,29 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// As `{count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}` (the result file's
+    /// sessions and probes sections).
+    pub fn to_json_ms(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("count".into(), self.count.into());
+        for (k, v) in [
+            ("mean_ms", self.mean),
+            ("median_ms", self.median),
+            ("std_ms", self.std),
+            ("min_ms", self.min),
+            ("max_ms", self.max),
+        ] {
+            m.insert(k.into(), serde_json::json!(v));
+        }
+        for (p, v) in &self.percentiles {
+            m.insert(
+                format!("p{}_ms", percentile_label(*p)),
+                serde_json::json!(v),
+            );
+        }
+        serde_json::Value::Object(m)
+    }
+
     /// From samples in seconds (vLLM computes in seconds and scales to ms afterwards).
     pub fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
         let mut sorted = values.to_vec();

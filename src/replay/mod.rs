@@ -270,16 +270,7 @@ pub struct RunFacts {
 /// Stage 1: reads and plans the trace, starts the embedded target when there is no `--target`,
 /// builds every body and opens the connections (after any `--start-at` wait).
 pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
-    let (trace, report) = {
-        let path = cfg.trace.clone();
-        tokio::task::spawn_blocking(move || read_path(&path, &ImportOptions::default()))
-            .await
-            .context("reading the trace")??
-    };
-    if report.skipped > 0 {
-        let skipped = report.skipped;
-        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace.display());
-    }
+    let trace = read_trace(cfg).await?;
     let embedded = match &cfg.target {
         Some(_) => None,
         None => Some(start_embedded_target().await?),
@@ -313,13 +304,18 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         extra_body: cfg.extra_body.clone(),
         keep_original_limits: cfg.keep_original_limits,
     };
-    let mut bodies = Vec::with_capacity(plan.len());
-    for p in &plan {
-        let r = &trace.requests[p.index];
-        let b = request::build(r, p.index as u64, &body_opts, &prompts)
-            .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))?;
-        bodies.push(b);
-    }
+    let bodies = plan
+        .iter()
+        .map(|p| {
+            request::build(
+                &trace.requests[p.index],
+                p.index as u64,
+                &body_opts,
+                &prompts,
+            )
+            .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let probe_bodies = match cfg.probe_rate {
         Some(rate) => probe_bodies(&trace, &plan, rate, &body_opts, &prompts)?,
         None => Vec::new(),
@@ -357,6 +353,20 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         theory,
         facts,
     })
+}
+
+/// The trace, read off the runtime's threads (malformed rows skipped with a warning).
+async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
+    let path = cfg.trace.clone();
+    let (trace, report) =
+        tokio::task::spawn_blocking(move || read_path(&path, &ImportOptions::default()))
+            .await
+            .context("reading the trace")??;
+    if report.skipped > 0 {
+        let skipped = report.skipped;
+        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace.display());
+    }
+    Ok(trace)
 }
 
 /// The client for `target_url`: its pool, kernel stamps and reader threads as tuned.
@@ -505,7 +515,6 @@ pub struct Ran {
 /// Stage 2: starts the clock (after the first scrape, or at `--start-at`), drives the plan with
 /// probes and scrapes beside it, and stops them when the last request ended.
 pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
-    let bar = progress_bar(cfg, p.plan.len());
     let fixed = fixed_t0(cfg)?;
     let scraper = match &cfg.scrape_metrics {
         Some(url) => Some(start_scraper(cfg, url.as_deref(), &p.client.target, fixed).await?),
@@ -520,39 +529,13 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
         let bodies = Arc::new(p.probe_bodies.clone());
         probe::start(rate, bodies, p.client.clone(), t0)
     });
-    let sends: Vec<(usize, u64)> = p
-        .plan
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (i, s.at_ns))
-        .collect();
     // The process's CPU time before the clock (trace, bodies, connections) and during the run.
     let cpu_setup_s = process_cpu_s();
-    let mut failed = 0u64;
-    let opts = driver::DriveOptions {
-        max_concurrency: cfg.max_concurrency,
-        realtime: cfg.tuning.realtime,
-        spin: cfg.tuning.spin,
-        links: p.links.clone(),
-        t0: Some(t0),
-    };
-    let mut driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |s| {
-        if let Some(pb) = &bar {
-            if !s.ok() {
-                failed += 1;
-                pb.set_message(format!("({failed} failed)"));
-            }
-            pb.inc(1);
-        }
-    })
-    .await;
+    let mut driven = drive(cfg, p, t0).await;
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
     // Side requests are counted apart; the workload's samples alone make the statistics.
     let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
     driven.samples = work;
-    if let Some(pb) = bar {
-        pb.finish_and_clear();
-    }
     crate::stamps::flush();
     let probes = match (prober, cfg.probe_rate) {
         (Some(pr), Some(rate)) => {
@@ -585,6 +568,39 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
         server_metrics,
         embedded_target: p.embedded.is_some(),
     })
+}
+
+/// The plan driven from `t0`, with a progress bar on a terminal.
+async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
+    let bar = progress_bar(cfg, p.plan.len());
+    let sends: Vec<(usize, u64)> = p
+        .plan
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.at_ns))
+        .collect();
+    let opts = driver::DriveOptions {
+        max_concurrency: cfg.max_concurrency,
+        realtime: cfg.tuning.realtime,
+        spin: cfg.tuning.spin,
+        links: p.links.clone(),
+        t0: Some(t0),
+    };
+    let mut failed = 0u64;
+    let driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |s| {
+        if let Some(pb) = &bar {
+            if !s.ok() {
+                failed += 1;
+                pb.set_message(format!("({failed} failed)"));
+            }
+            pb.inc(1);
+        }
+    })
+    .await;
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    driven
 }
 
 fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
@@ -624,7 +640,6 @@ async fn start_scraper(
 
 /// Stage 3: the summary, validity, the result file and the console report.
 pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome> {
-    let facts = &p.facts;
     let samples = &ran.driven.samples;
     let duration_s = ran.driven.duration_s;
     let mut summary = metrics::summarize(samples, duration_s, &cfg.percentiles);
@@ -633,14 +648,53 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
         summary.request_goodput = Some(good as f64 / duration_s);
     }
     let invalid_reason = invalid_reason(cfg, samples);
-    let session_report = p.links.as_ref().map(|l| {
+    let sessions = p.links.as_ref().map(|l| {
         let recorded: Vec<u64> = p.plan.iter().map(|s| s.at_ns).collect();
         sessions::report(l, &recorded, samples, &median_p99_and(&cfg.percentiles))
     });
-    let info = run_info(cfg, facts, invalid_reason.clone());
+    let info = run_info(cfg, &p.facts, invalid_reason.clone());
+    let mut r = result_of(cfg, p, &ran, &info, &summary);
+    r.sessions = sessions.as_ref().map(result::sessions_json);
+    let result = r.to_value();
+    if let Some(path) = &cfg.result_json {
+        let text = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, text)
+            .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
+    }
+    let mut report = console::vllm_block(&summary);
+    report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
+    if let Some(r) = &sessions {
+        report.push_str(&console::sessions_section(r));
+    }
+    if let Some(sm) = &ran.server_metrics {
+        report.push_str(&console::server_metrics_section(sm));
+    }
+    if let Some((_, p)) = &ran.probes {
+        report.push_str(&console::probes_section(p));
+    }
+    if let Some(r) = &invalid_reason {
+        report.push_str(&format!("RUN INVALID: {r}\n"));
+    }
+    Ok(Outcome {
+        summary,
+        result,
+        report,
+        valid: invalid_reason.is_none(),
+        sessions,
+    })
+}
+
+/// The result file of the run (without its sessions section).
+fn result_of(
+    cfg: &Config,
+    p: &Prepared,
+    ran: &Ran,
+    info: &result::RunInfo,
+    summary: &metrics::Summary,
+) -> result::ReplayResult {
+    let (facts, samples) = (&p.facts, &ran.driven.samples);
     let hist = Histograms::from_samples(samples);
-    let mut r = result::ReplayResult::new(&info, &summary, &hist, samples, cfg.detailed);
-    r.sessions = session_report.as_ref().map(result::sessions_json);
+    let mut r = result::ReplayResult::new(info, summary, &hist, samples, cfg.detailed);
     r.server_metrics = ran.server_metrics.clone();
     r.probes = ran.probes.as_ref().map(|p| p.1.clone());
     r.run = Some(result::RunExtras {
@@ -667,33 +721,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
             .filter(|_| cfg.detailed)
             .map(|rec| serde_json::json!(rec)),
     });
-    let result = r.to_value();
-    if let Some(path) = &cfg.result_json {
-        let text = serde_json::to_string_pretty(&result)?;
-        std::fs::write(path, text)
-            .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
-    }
-    let mut report = console::vllm_block(&summary);
-    report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
-    if let Some(r) = &session_report {
-        report.push_str(&console::sessions_section(r));
-    }
-    if let Some(sm) = &ran.server_metrics {
-        report.push_str(&console::server_metrics_section(sm));
-    }
-    if let Some((_, p)) = &ran.probes {
-        report.push_str(&console::probes_section(p));
-    }
-    if let Some(r) = &invalid_reason {
-        report.push_str(&format!("RUN INVALID: {r}\n"));
-    }
-    Ok(Outcome {
-        summary,
-        result,
-        report,
-        valid: invalid_reason.is_none(),
-        sessions: session_report,
-    })
+    r
 }
 
 /// Why the run is invalid: its p99 send drift exceeded `--max-drift-ms`.

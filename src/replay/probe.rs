@@ -108,9 +108,9 @@ pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[
         "completed": sum.completed,
         "failed": sum.failed,
         "errors_by_kind": sum.errors,
-        "ttft": super::result::stats_object(&sum.ttft),
-        "e2el": super::result::stats_object(&sum.e2el),
-        "drift": super::result::stats_object(&sum.drift),
+        "ttft": sum.ttft.to_json_ms(),
+        "e2el": sum.e2el.to_json_ms(),
+        "drift": sum.drift.to_json_ms(),
     })
 }
 

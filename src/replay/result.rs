@@ -270,22 +270,6 @@ pub fn build(
     ReplayResult::new(info, sum, hist, samples, detailed).to_value()
 }
 
-/// A distribution as `{count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}` (sessions' and
-/// probes' sections).
-pub fn stats_object(s: &Stats) -> Value {
-    let mut m = Map::new();
-    m.insert("count".into(), json!(s.count));
-    m.insert("mean_ms".into(), json!(s.mean));
-    m.insert("median_ms".into(), json!(s.median));
-    m.insert("std_ms".into(), json!(s.std));
-    m.insert("min_ms".into(), json!(s.min));
-    m.insert("max_ms".into(), json!(s.max));
-    for (p, v) in &s.percentiles {
-        m.insert(format!("p{}_ms", percentile_label(*p)), json!(v));
-    }
-    Value::Object(m)
-}
-
 /// The `--sessions` report as the result's `sessions`: `{sessions, turns, dependent_turns,
 /// released_after_failure, drift}` (drift = actual release − recorded arrival of each dependent
 /// turn, ms).
@@ -295,7 +279,7 @@ pub fn sessions_json(r: &crate::replay::sessions::SessionReport) -> Value {
         "turns": r.turns,
         "dependent_turns": r.dependent_turns,
         "released_after_failure": r.released_after_failure,
-        "drift": stats_object(&r.drift),
+        "drift": r.drift.to_json_ms(),
     })
 }
 
