@@ -37,13 +37,15 @@ use std::collections::BTreeMap;
 /// Schema identifier written into every result.
 pub const SCHEMA: &str = "retrace.replay/1";
 
-/// Run facts that are not measurements.
-#[derive(Debug, Clone, PartialEq)]
+/// Run facts that are not measurements (keys of the result as they are).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunInfo {
     pub date: String,
     pub trace: String,
     pub target: String,
+    #[serde(rename = "model_id")]
     pub model: String,
+    #[serde(rename = "endpoint_type")]
     pub endpoint: String,
     pub speed: f64,
     pub max_concurrency: Option<usize>,
@@ -79,13 +81,11 @@ pub(crate) fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra
 pub struct ReplayResult {
     pub schema: &'static str,
     pub retrace_version: &'static str,
-    pub date: String,
     pub backend: &'static str,
-    pub endpoint_type: String,
-    pub model_id: String,
     pub num_prompts: usize,
     pub request_rate: &'static str,
-    pub max_concurrency: Option<usize>,
+    #[serde(flatten)]
+    pub info: RunInfo,
     pub duration: f64,
     pub completed: u64,
     pub failed: u64,
@@ -99,16 +99,6 @@ pub struct ReplayResult {
     /// The statistics families (`mean_ttft_ms`, `p99_drift_ms`, `count_client_queue`, ...).
     #[serde(flatten)]
     pub stats: Map<String, Value>,
-    pub trace: String,
-    pub target: String,
-    pub speed: f64,
-    pub seed: u64,
-    pub block_size: u32,
-    pub prompt_mode: String,
-    pub drift_limit_ms: Option<f64>,
-    pub valid: bool,
-    pub invalid_reason: Option<String>,
-    pub inexact_prompts: u64,
     pub errors_by_kind: BTreeMap<String, u64>,
     pub server_reported: u64,
     pub histograms: BTreeMap<String, String>,
@@ -213,13 +203,10 @@ impl ReplayResult {
         ReplayResult {
             schema: SCHEMA,
             retrace_version: env!("CARGO_PKG_VERSION"),
-            date: info.date.clone(),
             backend: "retrace",
-            endpoint_type: info.endpoint.clone(),
-            model_id: info.model.clone(),
             num_prompts: samples.len(),
             request_rate: "trace",
-            max_concurrency: info.max_concurrency,
+            info: info.clone(),
             duration: sum.duration_s,
             completed: sum.completed,
             failed: sum.failed,
@@ -231,16 +218,6 @@ impl ReplayResult {
             total_token_throughput: sum.total_token_throughput,
             max_concurrent_requests: sum.max_concurrent_requests,
             stats,
-            trace: info.trace.clone(),
-            target: info.target.clone(),
-            speed: info.speed,
-            seed: info.seed,
-            block_size: info.block_size,
-            prompt_mode: info.prompt_mode.clone(),
-            drift_limit_ms: info.drift_limit_ms,
-            valid: info.valid,
-            invalid_reason: info.invalid_reason.clone(),
-            inexact_prompts: info.inexact_prompts,
             errors_by_kind: sum.errors.clone(),
             server_reported: sum.server_reported,
             histograms: hist.encode(),
