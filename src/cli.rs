@@ -324,13 +324,17 @@ pub enum OutFormat {
     Mooncake,
 }
 
-/// Convert a trace between formats.
+/// Convert a trace between formats, or merge the recordings of several proxies into one.
 ///
 /// Example: `retrace convert ../mooncake_trace.jsonl -o mooncake.trace.zst --window 0s..600s --speed 2`
+///
+/// Fleet: `retrace convert proxy-a.trace.zst proxy-b.trace.zst -o fleet.trace.zst` merges
+/// recordings by wall clock (same block size and hash key, or a clear refusal).
 #[derive(Debug, clap::Args)]
 pub struct ConvertArgs {
-    /// Input trace (any format `inspect` reads).
-    pub input: PathBuf,
+    /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
+    #[arg(required = true, num_args = 1..)]
+    pub inputs: Vec<PathBuf>,
     /// Output file; `-` writes to stdout.
     #[arg(short, long)]
     pub output: PathBuf,

@@ -21,13 +21,29 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
     if args.sample == 0 {
         anyhow::bail!("--sample must be at least 1");
     }
-    let (mut trace, rep) = read_path(
-        &args.input,
-        &ImportOptions {
-            format: args.from,
-            skip_bad: args.skip_bad,
-        },
-    )?;
+    let opts = ImportOptions {
+        format: args.from,
+        skip_bad: args.skip_bad,
+    };
+    let input_name = args
+        .inputs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (mut trace, rep) = match args.inputs.as_slice() {
+        [one] => read_path(one, &opts)?,
+        many => {
+            let mut traces = Vec::with_capacity(many.len());
+            let mut rep = crate::trace::mooncake::ImportReport::default();
+            for p in many {
+                let (t, r) = read_path(p, &opts)?;
+                rep.skipped += r.skipped;
+                traces.push((p.display().to_string(), t));
+            }
+            (crate::trace::fleet::merge(traces)?, rep)
+        }
+    };
     let rows_in = trace.requests.len();
     filter::apply(
         &mut trace,
@@ -59,7 +75,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
             if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
                 tracing::warn!(
                     "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
-                    args.input.display(),
+                    input_name,
                     trace.header.block_size,
                     if trace.header.partial_tail_block { "ceil" } else { "floor" }
                 );
@@ -77,7 +93,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
             trace
                 .header
                 .meta
-                .insert("converted_from".into(), args.input.display().to_string());
+                .insert("converted_from".into(), input_name.clone());
             let opts = native::WriteOptions {
                 level: args.level,
                 ..Default::default()
@@ -92,7 +108,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
     }
     Ok(format!(
         "{}: {} rows read ({} skipped), {} written to {}{left_out}",
-        args.input.display(),
+        input_name,
         rows_in,
         rep.skipped,
         trace.requests.len(),

@@ -314,6 +314,9 @@ pub async fn run_with_admin(
         .map_or(0, |d| d.as_micros() as i64);
     let mut meta = std::collections::BTreeMap::new();
     meta.insert("tokenization".into(), tokenizer.describe().into());
+    if let Some(id) = hasher.key_id() {
+        meta.insert(crate::trace::fleet::KEY_ID.into(), id);
+    }
     meta.insert(
         "bodies".into(),
         format!("{:?}", cfg.bodies).to_ascii_lowercase(),

@@ -123,6 +123,7 @@ fn header_lines(cmp: &Comparison) -> Vec<String> {
 fn shape_cells(s: &Shape) -> Vec<String> {
     vec![
         s.requests.to_string(),
+        s.auxiliary_left_out.to_string(),
         format!("{:.1}", s.duration_s),
         format!("{:.3}", s.rate_rps),
         format!("{:.2}", s.gap_cv),
@@ -147,8 +148,9 @@ fn mix(m: &std::collections::BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-const WORKLOAD_ROWS: [&str; 9] = [
+const WORKLOAD_ROWS: [&str; 10] = [
     "requests",
+    "side requests left out",
     "duration (s)",
     "arrival rate (req/s)",
     "burstiness (CV of gaps)",

@@ -29,6 +29,8 @@ pub struct Shape {
     pub reuse: Option<Reuse>,
     pub models: BTreeMap<String, u64>,
     pub endpoints: BTreeMap<String, u64>,
+    /// A trace's side requests (`/tokenize`, `GET /v1/models`, ...), left out of every figure.
+    pub auxiliary_left_out: u64,
 }
 
 /// Two-sample Kolmogorov–Smirnov result.
@@ -134,9 +136,14 @@ fn shape(v: &View) -> Shape {
         .copied()
         .fold(f64::NEG_INFINITY, f64::max);
     let duration_s = if n > 0 { hi - lo } else { 0.0 };
-    let (reuse, models, endpoints) = match &v.shape_extra {
-        Some(s) => (Some(s.reuse.clone()), s.models.clone(), s.endpoints.clone()),
-        None => (None, BTreeMap::new(), BTreeMap::new()),
+    let (reuse, models, endpoints, aux) = match &v.shape_extra {
+        Some(s) => (
+            Some(s.reuse.clone()),
+            s.models.clone(),
+            s.endpoints.clone(),
+            s.auxiliary.values().sum(),
+        ),
+        None => (None, BTreeMap::new(), BTreeMap::new(), 0),
     };
     Shape {
         requests: n,
@@ -152,6 +159,7 @@ fn shape(v: &View) -> Shape {
         reuse,
         models,
         endpoints,
+        auxiliary_left_out: aux,
     }
 }
 

@@ -5,8 +5,24 @@
 //! `requests` and no `hash_ids` at top level is a session trace; JSON lines with `input_length` and
 //! `timestamp` are Mooncake; JSON lines with `prompt` are vLLM custom.
 
-use super::import::Format;
 use super::{native, TraceError};
+
+/// Trace file formats retrace reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// retrace's own `*.trace.zst`.
+    Native,
+    /// Mooncake JSONL (timestamp, input_length, output_length, hash_ids).
+    Mooncake,
+    /// Azure LLM inference trace CSV (2023/2024).
+    Azure,
+    /// BurstGPT CSV.
+    Burstgpt,
+    /// kv-cache-tester / WEKA session JSON.
+    Sessions,
+    /// vLLM custom dataset JSONL (`{"prompt": ...}`).
+    Custom,
+}
 
 /// Detects the format of `data` (the file's bytes); `path` names it in errors.
 pub fn detect(path: &str, data: &[u8]) -> Result<Format, TraceError> {

@@ -60,6 +60,20 @@ impl BlockHasher {
         }
     }
 
+    /// A public name of the HMAC key (16 hex digits of HMAC(key, "retrace key id")): equal for
+    /// recordings made with the same key, and saying nothing of the key; `None` for xxh3.
+    pub fn key_id(&self) -> Option<String> {
+        match self {
+            BlockHasher::Xxh3 => None,
+            BlockHasher::Hmac(mac) => {
+                let mut m = (**mac).clone();
+                m.update(b"retrace key id");
+                let out = m.finalize().into_bytes();
+                Some(out[..8].iter().map(|b| format!("{b:02x}")).collect())
+            }
+        }
+    }
+
     /// The hash of one block given the previous block's hash.
     pub fn block(&self, prev: u64, tokens: &[u32]) -> u64 {
         match self {

@@ -8,22 +8,7 @@ use super::{azure, custom, native, sessions, Trace, TraceError};
 use std::io::BufReader;
 use std::path::Path;
 
-/// Trace file formats retrace reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// retrace's own `*.trace.zst`.
-    Native,
-    /// Mooncake JSONL (timestamp, input_length, output_length, hash_ids).
-    Mooncake,
-    /// Azure LLM inference trace CSV (2023/2024).
-    Azure,
-    /// BurstGPT CSV.
-    Burstgpt,
-    /// kv-cache-tester / WEKA session JSON.
-    Sessions,
-    /// vLLM custom dataset JSONL (`{"prompt": ...}`).
-    Custom,
-}
+pub use super::detect::Format;
 
 /// Options for [`read_path`].
 #[derive(Debug, Clone, Default)]

@@ -11,6 +11,7 @@ pub mod azure;
 pub mod custom;
 pub mod detect;
 pub mod filter;
+pub mod fleet;
 pub mod hash;
 pub mod import;
 pub mod mooncake;

@@ -272,3 +272,90 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
     assert!(text.contains("Faithful replay"), "{text}");
 }
+
+/// Two proxy replicas in front of one server, the same prompts through both: `convert A B -o M`
+/// merges them by wall clock into one trace in arrival order, hash ids shared across replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recordings_of_a_fleet_merge_into_one_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = mock().await;
+    let mut recs = Vec::new();
+    for name in ["a", "b"] {
+        let mut cfg =
+            RecordConfig::new(&format!("http://{}", up.addr), dir.path().join(name)).unwrap();
+        cfg.block_size = 16;
+        cfg.flush_every = Duration::from_millis(100);
+        recs.push(spawn_recorder(cfg).await);
+    }
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let prompt: Vec<u32> = (100..164).collect();
+    for k in 0..6 {
+        let body =
+            json!({"model": "mock-llama", "prompt": prompt, "max_tokens": 2, "ignore_eos": true});
+        let req = Request::builder()
+            .method("POST")
+            .uri(format!("http://{}/v1/completions", recs[k % 2].addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+    }
+    for r in recs {
+        stop_recorder(r.stop, r.task).await;
+    }
+    up.shutdown().await;
+    let (a, ta) = read_trace(&dir.path().join("a"));
+    let (b, tb) = read_trace(&dir.path().join("b"));
+    let merged = dir.path().join("fleet.trace.zst");
+    let cli = super::support::cli(&[
+        "convert",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "-o",
+        merged.to_str().unwrap(),
+    ]);
+    let retrace::cli::Command::Convert(args) = cli.command else {
+        unreachable!()
+    };
+    retrace::convert::run(&args).unwrap();
+    let (m, _) = retrace::trace::import::read_path(&merged, &Default::default()).unwrap();
+    assert_eq!(m.requests.len(), 6);
+    assert!(m
+        .requests
+        .windows(2)
+        .all(|w| w[0].arrival_us <= w[1].arrival_us));
+    assert!(m
+        .requests
+        .iter()
+        .all(|r| r.hash_ids == ta.requests[0].hash_ids && r.hash_ids.len() == 4));
+    assert_eq!(
+        m.header.t0_unix_us,
+        ta.header.t0_unix_us.min(tb.header.t0_unix_us)
+    );
+    // A recording hashed with another key is refused, naming the file.
+    let mut other = ta.clone();
+    other.header.hash_scheme = retrace::trace::HashScheme::HmacSha256;
+    other
+        .header
+        .meta
+        .insert("hash_key_id".into(), "0123456789abcdef".into());
+    let c = dir.path().join("other.trace.zst");
+    retrace::trace::native::write_file(&c, &other, Default::default()).unwrap();
+    let cli = super::support::cli(&[
+        "convert",
+        a.to_str().unwrap(),
+        c.to_str().unwrap(),
+        "-o",
+        merged.to_str().unwrap(),
+    ]);
+    let retrace::cli::Command::Convert(args) = cli.command else {
+        unreachable!()
+    };
+    let e = retrace::convert::run(&args).unwrap_err().to_string();
+    assert!(
+        e.contains("other.trace.zst") && e.contains("cannot be merged"),
+        "{e}"
+    );
+}
