@@ -421,11 +421,11 @@ impl Client {
         };
         let deadline = tokio::time::Instant::now() + timeouts.total;
         let present = pre.map(|p| (p.conn, p.written));
-        let no_head = "no response headers".to_string();
+        let no_head = || "no response headers".to_string();
         let resp = tokio::select! {
             r = self.pool.exchange(&wire, present) => r,
-            _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, Failure::TimeoutIdle, no_head),
-            _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, Failure::TimeoutTotal, no_head),
+            _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, Failure::TimeoutIdle, no_head()),
+            _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, Failure::TimeoutTotal, no_head()),
         };
         drop(wire);
         let (mut conn, head) = match resp {
