@@ -644,14 +644,10 @@ pub struct RecordArgs {
     /// Admin endpoint (`/metrics`, `/healthz`); `none` turns it off.
     #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR")]
     pub admin: String,
-    /// Threads serving connections, each a single-threaded runtime (0: one per CPU).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// Threads serving connections, each a single-threaded runtime (0: one per CPU). Tuning,
+    /// hidden: see docs/tuning.md.
+    #[arg(long, default_value_t = 0, value_name = "N", hide = true)]
     pub io_threads: usize,
-    /// Who forwards HTTP/1.1 clients to an HTTP/1.1 upstream: `own` (retrace's own loop, like
-    /// nginx: less CPU and memory per request) or `hyper` (hyper's server and client, the
-    /// fallback). HTTP/2 clients and upstreams always use hyper.
-    #[arg(long, default_value = "own", value_name = "own|hyper")]
-    pub h1_engine: String,
 }
 
 #[cfg(test)]

@@ -158,8 +158,9 @@ fn eq(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
 
-/// Hop-by-hop by itself (RFC 9110 §7.6.1), without being named in `Connection`.
-fn is_hop_by_hop(name: &str) -> bool {
+/// Hop-by-hop by itself (RFC 9110 §7.6.1), without being named in `Connection`: the one list
+/// both of record's paths apply (raw heads here, header maps in `record::common`).
+pub fn is_hop_by_hop(name: &str) -> bool {
     eq(name, "connection")
         || eq(name, "transfer-encoding")
         || eq(name, "upgrade")

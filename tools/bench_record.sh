@@ -2,8 +2,7 @@
 # Overhead of `retrace record`, side by side with nginx (proxy_buffering off) and a direct baseline,
 # all in one run against the same fixed-timing SSE upstream (tools/bench_record.rs).
 #
-# Targets: direct, floor-epoll, retrace (`--h1-engine own`, the default), retrace-hyper
-# (`--h1-engine hyper`), nginx, and floor (not in the default set); TARGETS="direct floor-epoll
+# Targets: direct, floor-epoll, retrace, nginx, and floor (not in the default set); TARGETS="direct floor-epoll
 # retrace nginx" runs a subset.
 #   floor-epoll: the latency floor of any proxy hop, tools/fwd_floor.rs (example fwd_floor
 #     --mode epoll): a plain TCP forwarder, no HTTP parsing, no recording, one upstream connection
@@ -47,7 +46,7 @@ BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
 FLR=$((BASE + 7)); FLR2=$((BASE + 8)); FLR3=$((BASE + 9)); REC3=$((BASE + 10)); ADM3=$((BASE + 11))
 FLOOR_SPIN_US=${FLOOR_SPIN_US:-50}
-TARGETS=${TARGETS:-direct floor-epoll retrace retrace-hyper nginx}
+TARGETS=${TARGETS:-direct floor-epoll retrace nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record}
@@ -58,13 +57,6 @@ bench_setup
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 start_upstream_and_recorder
-REC2_PID=
-if [[ " $TARGETS " == *" retrace-hyper "* ]]; then
-  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC2 --upstream http://127.0.0.1:$UP \
-    --out "$WORK/traces-hyper" --admin 127.0.0.1:$ADM2 --h1-engine hyper 2>"$WORK/retrace-hyper.log" &
-  REC2_PID=$!
-  PIDS+=($REC2_PID)
-fi
 
 REC3_PID=
 if [[ " $TARGETS " == *" retrace-b "* ]]; then
@@ -100,7 +92,7 @@ $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX ${REC2_PID:+$REC2} ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3} ${REC3_PID:+$REC3}; do
+for port in $UP $REC $NGX ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3} ${REC3_PID:+$REC3}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -111,7 +103,6 @@ url() {
   case $1 in
     direct) echo "http://127.0.0.1:$UP$2" ;;
     retrace) echo "http://127.0.0.1:$REC$2" ;;
-    retrace-hyper) echo "http://127.0.0.1:$REC2$2" ;;
     retrace-b) echo "http://127.0.0.1:$REC3$2" ;;
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
     floor) echo "http://127.0.0.1:$FLR$2" ;;
@@ -153,11 +144,11 @@ sched_counts() { # "minor_faults major_faults involuntary_switches" of a process
 # ran something else while this machine had work. A 10 ms steal tick during a phase can alone
 # make its tail latency jump, for every target alike.
 steal_ticks() { awk '/^cpu /{print $9; exit}' /proc/stat; }
-proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-hyper) echo "$REC2_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
-  local port=$ADM; [ "$1" = retrace-hyper ] && port=$ADM2; [ "$1" = retrace-b ] && port=$ADM3
+  local port=$ADM; [ "$1" = retrace-b ] && port=$ADM3
   curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
 }
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks, page
@@ -210,15 +201,15 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-kill -TERM "$REC_PID" ${REC2_PID:+"$REC2_PID"} ${REC3_PID:+"$REC3_PID"}
-wait "$REC_PID" ${REC2_PID:+"$REC2_PID"} ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
+kill -TERM "$REC_PID" ${REC3_PID:+"$REC3_PID"}
+wait "$REC_PID" ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retrace-summary.txt" || true
 
 python3 - "$RES" "$OUT/summary.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-b", "retrace-hyper", "nginx"]
+TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-b", "nginx"]
 out = []
 st = [r for r in rows if r["kind"] == "stream"]
 if st:

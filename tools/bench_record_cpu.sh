@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # User-space instructions per small non-streamed request (callgrind), side by side in one run:
-# `retrace record --h1-engine own`, `--h1-engine hyper`, and nginx (one worker), each with one
+# `retrace record` (its own HTTP/1.1 loop) and nginx (one worker), each with one
 # I/O thread / worker under valgrind, in front of the same upstream (tools/bench_record.rs).
 # Instruction counts are repeatable on a shared, loaded machine (unlike wall-clock numbers).
 #
@@ -13,7 +13,7 @@
 # MODE=stream measures streams instead: REQS streamed completions of TOKENS events each (upstream
 # TTFT 5 ms, one event every 2 ms) over CONC connections, instructions per stream.
 #
-# TARGETS picks what is measured (default "own hyper nginx"); "before" is `--h1-engine own` of
+# TARGETS picks what is measured (default "own nginx"); "before" is the own loop of
 # another build, the binary named by BEFORE=path (e.g. a copy of target/release/retrace made
 # before a change), so a change is measured side by side in one run. The callgrind files are
 # kept in $OUT (callgrind.<target>.out*) for callgrind_annotate.
@@ -33,7 +33,7 @@ UP=$((BASE + 1)); PX=$((BASE + 2))
 TGT=${CARGO_TARGET_DIR:-target}/release
 OUT=${OUT:-target/bench_record_cpu}
 MODE=${MODE:-small}
-TARGETS=${TARGETS:-own hyper nginx}
+TARGETS=${TARGETS:-own nginx}
 BEFORE=${BEFORE:-}
 REQS=${REQS:-400}
 if [ "$MODE" = stream ]; then TTFT_MS=5; ITL_MS=2; TOKENS=${TOKENS:-100}; else TTFT_MS=1; ITL_MS=1; TOKENS=1; fi
@@ -58,17 +58,17 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/loadavg.txt"
 RES="$OUT/results.txt"
 : >"$RES"
 for t in $TARGETS; do
-  bin="$TGT/retrace"; engine=$t
+  bin="$TGT/retrace"
   if [ "$t" = before ]; then
     [ -x "$BEFORE" ] || { echo "TARGETS has before: set BEFORE=path to a retrace binary" >&2; exit 1; }
-    bin=$BEFORE; engine=own
+    bin=$BEFORE
   fi
   cg="$WORK/callgrind.$t.out"
   case $t in
     nginx) valgrind --tool=callgrind --callgrind-out-file="$cg" nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" 2>"$WORK/vg-$t.log" & ;;
     *) RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$cg" --separate-threads=yes \
          "$bin" record --listen 127.0.0.1:$PX --upstream http://127.0.0.1:$UP \
-         --out "$WORK/traces-$t" --admin none --io-threads 1 --h1-engine "$engine" 2>"$WORK/vg-$t.log" & ;;
+         --out "$WORK/traces-$t" --admin none --io-threads 1 2>"$WORK/vg-$t.log" & ;;
   esac
   VPID=$!
   for _ in $(seq 1 300); do curl -s -o /dev/null "http://127.0.0.1:$PX/small" -d '{}' && break; sleep 0.1; done

@@ -1,6 +1,5 @@
 //! Benchmark of `retrace record`'s upgraded tunnels (WebSocket passthrough): round-trip latency
-//! of small messages and bulk echo throughput, direct vs through the recorder with each HTTP/1.1
-//! engine, interleaved over rounds, plus the recorder I/O thread's CPU per MiB tunnelled.
+//! of small messages and bulk echo throughput, direct vs through the recorder, interleaved over rounds, plus the recorder I/O thread's CPU per MiB tunnelled.
 //!
 //! Everything runs in this process on loopback: an upstream that answers `101` to an upgrade
 //! request and echoes every byte, the recorder (`record::run_with_admin`, one I/O thread, trace
@@ -11,13 +10,13 @@
 //! ```
 //!
 //! Defaults: 3 rounds, 5000 round trips of 64 bytes, 64 MiB echoed in 64 KiB writes. Every loop
-//! is bounded in count and each phase in time (60 s). `TARGETS=own` (or `direct`, `hyper`, a
+//! is bounded in count and each phase in time (60 s). `TARGETS=retrace` (or `direct`, a
 //! comma list) runs only those: under `valgrind --tool=callgrind` the difference between a
 //! proxied run and a direct one is the proxy's instruction count, repeatable on a busy machine
 //! (see tools/bench_tunnel.sh). It does not measure the recording of ordinary requests (see
 //! tools/bench_record.md).
 
-use retrace::record::{self, H1Engine, RecordConfig};
+use retrace::record::{self, RecordConfig};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -176,11 +175,8 @@ async fn main() {
     let n = args.get(1).copied().unwrap_or(5000).clamp(10, 1_000_000);
     let mib = args.get(2).copied().unwrap_or(64).clamp(1, 4096);
     let up = upstream().await;
-    let targets: [(&str, Option<H1Engine>); 3] = [
-        ("direct", None),
-        ("retrace own", Some(H1Engine::Own)),
-        ("retrace hyper", Some(H1Engine::Hyper)),
-    ];
+    // `true`: through retrace record.
+    let targets: [(&str, bool); 2] = [("direct", false), ("retrace", true)];
     let only = std::env::var("TARGETS").unwrap_or_default();
     let wanted = |name: &str| {
         only.is_empty()
@@ -197,12 +193,11 @@ async fn main() {
             let dir = tempfile::tempdir().unwrap();
             let mut proxy = None;
             let addr = match engine {
-                None => up,
-                Some(e) => {
+                false => up,
+                true => {
                     let mut cfg =
                         RecordConfig::new(&format!("http://{up}"), dir.path().join("out")).unwrap();
                     cfg.io_threads = 1;
-                    cfg.h1_engine = *e;
                     cfg.drain_timeout = Duration::from_secs(1);
                     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
                     let a = l.local_addr().unwrap();
@@ -222,7 +217,7 @@ async fn main() {
             row.p50.push(pct(&mut rt, 0.5));
             row.p99.push(pct(&mut rt, 0.99));
             row.mibs.push(rate);
-            if let (Some(a), Some(b), Some(_)) = (cpu0, cpu1, engine) {
+            if let (Some(a), Some(b), true) = (cpu0, cpu1, *engine) {
                 row.cpu_per_mib_us.push((b - a) * 1e6 / mib as f64);
             }
             if let Some((tx, task)) = proxy {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions the recorder spends on upgraded tunnels (WebSocket passthrough), measured with
 # callgrind so the numbers repeat on a busy machine. The bench_tunnel example runs direct and
-# through each engine with the same client and upstream work, so proxied - direct is the
+# through the recorder with the same client and upstream work, so proxied - direct is the
 # proxy's cost (setup included). Three shapes per target separate the setup (recorder start and
 # stop, handshake), the cost per 64-byte round trip and the cost per MiB echoed:
 #   c = 10 round trips + 1 MiB,  a = N round trips + 1 MiB,  b = 10 round trips + M MiB
@@ -20,14 +20,14 @@ ir() { # target round_trips mib
   grep -h '^summary:' "$OUT"/cg.$1.$2.$3.* | awk '{s+=$2} END {print s}'
 }
 declare -A A B C
-for t in direct own hyper; do
+for t in direct retrace; do
   C[$t]=$(ir $t 10 1)
   A[$t]=$(ir $t "$N" 1)
   B[$t]=$(ir $t 10 "$M")
 done
 echo "callgrind instructions, whole process minus the direct run ($N round trips of 64 B; $M MiB echoed)"
 printf "%-8s %14s %16s %18s\n" engine setup per-round-trip per-MiB-echoed
-for t in own hyper; do
+for t in retrace; do
   c=$(( C[$t] - C[direct] )); a=$(( A[$t] - A[direct] )); b=$(( B[$t] - B[direct] ))
   printf "%-8s %14d %16d %18d\n" "$t" "$c" $(( (a - c) / (N - 10) )) $(( (b - c) / (M - 1) ))
 done

@@ -4,8 +4,7 @@
 //! body (bounded), response status and header time, every response chunk with its arrival offset
 //! (bounded), how it ended. [`Extractor::to_request`] parses the request
 //! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`super::sseframes`] over
-//! [`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
+//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
 //! or reads a non-streamed body ([`crate::openai::parse_response_body`]), to fill a
 //! [`crate::trace::Request`].
 //!
@@ -20,7 +19,6 @@
 //! Pure: no I/O, no clock reads.
 
 use super::prompt::{batch_len, TextTokenizer};
-use super::sseframes::FrameSplitter;
 use crate::chunkmemo::ChunkMemo;
 use crate::openai::{self, BodyInfo};
 use crate::sse::RawEvent;
@@ -93,8 +91,8 @@ pub struct Exchange {
     pub response_len: u64,
     pub response_truncated: bool,
     pub end: Option<Duration>,
-    /// Transport error kind (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
-    pub error: Option<String>,
+    /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
+    pub error: Option<super::failure::Failure>,
     pub cancelled: bool,
 }
 
@@ -246,7 +244,7 @@ impl Extractor {
         // Response side first: usage decides input length for approximate prompts.
         let mut resp = Response {
             status: ex.status,
-            error: ex.error.clone(),
+            error: ex.error.map(|f| f.as_str().to_string()),
             headers_us: ex.headers_after.map(us),
             end_us: ex.end.map(us),
             cancelled: ex.cancelled,
@@ -269,10 +267,9 @@ impl Extractor {
             }
         };
         if is_sse {
-            // Events are lent by the splitter (in place for plain `data:` blocks, see
-            // `sseframes`) and read through the stream's chunk template (`chunkmemo`): the
-            // same events and answers as `SseParser` + `parse_chunk`.
-            let mut p = FrameSplitter::new(4 << 20);
+            // Events are lent by the splitter and read through the stream's chunk template
+            // (`chunkmemo`): the same answers as `parse_chunk`.
+            let mut p = crate::sse::SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
             resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
@@ -295,13 +292,13 @@ impl Extractor {
             };
             let mut from = 0;
             for &(at, end) in &ex.frames {
-                p.feed(&ex.response_body[from..end], |ev| {
+                p.feed_raw(&ex.response_body[from..end], |ev| {
                     on_event(at, ev, &mut resp)
                 });
                 from = end;
             }
             if let Some((at, _)) = ex.frames.last() {
-                p.finish(|ev| on_event(*at, ev, &mut resp));
+                p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
             // What `parse_chunk` says of the body, less what only streamed events use.
@@ -618,11 +615,9 @@ mod tests {
         assert!(fast >= 2, "the fast path answered {fast} bodies");
     }
 
-    /// Records built from the real vLLM samples (streams of every shape, a non-streamed body
-    /// with usage and metrics, with and without bodies) encode to the same bytes through the
-    /// trace writer's direct encoder as through the serde path.
-    #[test]
-    fn records_from_real_vllm_samples_encode_as_serde_does() {
+    /// Exchanges built from the real vLLM samples: streams of every shape cut into frames at
+    /// several sizes, non-streamed bodies with usage and metrics, a metrics stream, a tiny body.
+    fn real_sample_exchanges() -> Vec<Exchange> {
         let streams: [&[u8]; 4] = [
             include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse"),
             include_bytes!("../../fixtures/vllm/completions_text_stream.sse"),
@@ -632,18 +627,20 @@ mod tests {
         let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
         let mut exchanges = Vec::new();
         for s in streams {
-            let chunks: Vec<(u64, &[u8])> = s
-                .chunks(97)
-                .enumerate()
-                .map(|(k, c)| (1000 + 731 * k as u64, c))
-                .collect();
-            for path in ["/v1/completions", "/v1/chat/completions"] {
-                exchanges.push(ex(
-                    path,
-                    br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
-                    "text/event-stream",
-                    &chunks,
-                ));
+            for size in [97, 13, s.len()] {
+                let chunks: Vec<(u64, &[u8])> = s
+                    .chunks(size)
+                    .enumerate()
+                    .map(|(k, c)| (1000 + 731 * k as u64, c))
+                    .collect();
+                for path in ["/v1/completions", "/v1/chat/completions"] {
+                    exchanges.push(ex(
+                        path,
+                        br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true,"temperature":0.7,"max_tokens":9}"#,
+                        "text/event-stream",
+                        &chunks,
+                    ));
+                }
             }
         }
         for line in metrics.lines().filter(|l| l.starts_with('{')) {
@@ -666,8 +663,19 @@ mod tests {
             &[(2000, metrics_sse.as_bytes())],
         ));
         exchanges.push(ex("/small", b"{}", "application/json", &[(5, b"{}")]));
-        assert!(exchanges.len() >= 10);
+        exchanges
+    }
+
+    /// The records the recorder writes for the real vLLM samples, byte for byte as the trace
+    /// writer encodes them, are the ones in `fixtures/record/vllm_sample_records.cbor` (made with
+    /// the in-place SSE splitter and direct CBOR encoder the writer used before `sse` and
+    /// serde's encoder replaced them; `RETRACE_BLESS=1` rewrites it).
+    #[test]
+    fn records_from_real_vllm_samples_are_byte_identical_to_the_golden_file() {
+        let exchanges = real_sample_exchanges();
+        assert!(exchanges.len() >= 26, "{}", exchanges.len());
         let mut with_metrics = 0;
+        let mut bytes = Vec::new();
         for e in &exchanges {
             for bodies in [Bodies::None, Bodies::Full] {
                 let (r, _) = xt(bodies).to_request(e, e.arrival - Duration::from_millis(5));
@@ -677,18 +685,30 @@ mod tests {
                         .is_some_and(|x| x.server_metrics.is_some()),
                 );
                 for prev in [0, 4000, 9000] {
-                    let (a, b) = crate::trace::native::record_bytes_both(&r, prev);
-                    assert_eq!(a, b, "{r:?}");
+                    crate::trace::native::encode_record(&r, prev, &mut bytes);
                 }
             }
         }
         assert!(with_metrics > 0, "a sample carries vLLM's metrics object");
+        let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/record/vllm_sample_records.cbor");
+        if std::env::var_os("RETRACE_BLESS").is_some() {
+            std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+            std::fs::write(&golden, &bytes).unwrap();
+        }
+        let want = std::fs::read(&golden).unwrap();
+        assert!(
+            bytes == want,
+            "{} bytes, golden {}",
+            bytes.len(),
+            want.len()
+        );
     }
 
     /// Non-streamed bodies (the real vLLM body with `metrics`, the same without, error bodies,
     /// malformed and odd ones): the record built through `openai::parse_response_body` is the
     /// record the `parse_chunk` path built: usage, server metrics bit for bit and error kind are
-    /// all a non-streamed body decides (and the record encodes as the serde path does).
+    /// all a non-streamed body decides.
     #[test]
     fn non_streamed_records_are_what_the_parse_chunk_path_recorded() {
         let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
@@ -759,8 +779,6 @@ mod tests {
                     assert_eq!(resp.error, want, "{text}");
                 }
                 with_metrics += usize::from(resp.server_metrics.is_some());
-                let (a, b) = crate::trace::native::record_bytes_both(&r, 0);
-                assert_eq!(a, b);
             }
         }
         assert!(with_metrics >= 3, "{with_metrics}");

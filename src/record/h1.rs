@@ -1,7 +1,6 @@
-//! retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`): one task per client connection.
+//! retrace's own HTTP/1.1 forwarding loop: one task per client connection.
 //!
-//! For an HTTP/1.1 client towards an HTTP/1.1 upstream this replaces hyper's server and client
-//! with what nginx does: the task reads a request head into a small per-connection buffer,
+//! Every HTTP/1.1 client of an HTTP/1.1 upstream is served here, the way nginx does it: the task reads a request head into a small per-connection buffer,
 //! rewrites it ([`crate::h1wire`]), writes it to an upstream socket borrowed from this I/O
 //! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
 //! request body client → upstream (Content-Length or chunked, the framing passed through raw),
@@ -12,8 +11,8 @@
 //! read that brought it, as [`Exchange`] expects. While a response streams, the client's read side
 //! is watched: EOF or a reset cancels the exchange and closes the upstream socket so the server
 //! stops generating; bytes of a pipelined next request are kept. Errors before the response head
-//! become the same JSON errors as `proxy`'s (502/504, 400 for a bad request body); errors after it
-//! close the client connection without a clean end. Timeouts: response headers (and total) from
+//! become the JSON errors of `common` ([`Failure::status`]: 502/504, 400 for a bad request
+//! body); errors after it close the client connection without a clean end. Timeouts: response headers (and total) from
 //! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
 //! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
 //! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
@@ -23,10 +22,10 @@
 //! never pooled again and the client connection ends with the tunnel; any other answer is an
 //! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
+use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::{Captured, Exchange};
-use super::proxy::{classify, describe, error_json, Proxy};
+use super::failure::Failure;
 use super::rawpool::RawPool;
-use super::server::Drain;
 use super::tap::{lock, Pending};
 use super::tunnel;
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
@@ -49,9 +48,6 @@ const UPSTREAM_BUF: usize = 8192;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idle keep-alive client connection frees its buffers after this long without a request.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
-/// How long a request that reached no upstream may take to hand over the rest of its body for
-/// the record before the client gets its error (as in `proxy`).
-const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
 
 /// A byte buffer read from the front.
 struct Buf {
@@ -156,6 +152,9 @@ enum Phase {
     Done,
 }
 
+/// One step of an exchange's poll loop: whether it made progress, or how the exchange ended.
+type Step = Result<bool, Outcome>;
+
 /// How an exchange's poll loop ended.
 enum Outcome {
     /// The response went out whole.
@@ -165,9 +164,9 @@ enum Outcome {
     /// The first write to a pooled upstream socket failed: nothing was sent.
     Retry(io::Error),
     /// No response head: the client gets a JSON error (kind, message).
-    BeforeHead(&'static str, String),
+    BeforeHead(Failure, String),
     /// After the head: the client connection is closed without a clean end.
-    Cut(&'static str),
+    Cut(Failure),
 }
 
 /// One request/response in flight.
@@ -402,11 +401,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if req.done() {
             lock(&cap).complete = true;
         }
-        let total_deadline = p.total_timeout.map(|t| t_arrival + t);
-        let headers_deadline = match total_deadline {
-            Some(t) => t.min(t_arrival + p.headers_timeout),
-            None => t_arrival + p.headers_timeout,
-        };
+        let (headers_deadline, total_deadline) = p.deadlines(t_arrival);
         let mut ex = Ex {
             arrival,
             req,
@@ -447,12 +442,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
                         Ok(Ok(u)) => (u, false),
                         Ok(Err(e)) => {
-                            let kind = classify(true, &*e);
+                            let kind = classify(true, false, &*e);
                             break Outcome::BeforeHead(kind, describe(&*e));
                         }
                         Err(_) => {
                             break Outcome::BeforeHead(
-                                "timeout_headers",
+                                Failure::TimeoutHeaders,
                                 "upstream sent no response headers within the timeout".into(),
                             )
                         }
@@ -468,7 +463,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     continue;
                 }
                 Outcome::Retry(e) => {
-                    break Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+                    break Outcome::BeforeHead(
+                        Failure::UpstreamClosed,
+                        format!("writing upstream: {e}"),
+                    )
                 }
                 o => break o,
             }
@@ -487,7 +485,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let up = self.up.take();
         let outcome = match outcome {
             Outcome::Retry(e) => {
-                Outcome::BeforeHead("upstream_closed", format!("writing upstream: {e}"))
+                Outcome::BeforeHead(Failure::UpstreamClosed, format!("writing upstream: {e}"))
             }
             o => o,
         };
@@ -501,7 +499,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     }
                 }
                 if let Some(p) = ex.pending.take() {
-                    p.end(None, false);
+                    // Answered before the whole request body went upstream: the record says so.
+                    p.end((!req_done).then_some(Failure::BodyUnsent), false);
                 }
                 ex.keep_client && req_done && self.drain.borrow().is_none()
             }
@@ -522,7 +521,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             Outcome::Retry(_) => false, // made a BeforeHead above
             Outcome::BeforeHead(kind, msg) => {
                 drop(up);
-                if kind != "client_body" && kind != "timeout_headers" {
+                if kind.is_upstream_fault() {
                     tracing::warn!("upstream request failed ({kind}): {msg}");
                 }
                 // The record still wants the prompt: read the rest of the body (capped, briefly).
@@ -531,13 +530,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 if let Some(p) = ex.pending.take() {
                     p.end(Some(kind), false);
                 }
-                let (status, reason) = match kind {
-                    "timeout_connect" | "timeout_headers" => (504, "Gateway Timeout"),
-                    "client_body" => (400, "Bad Request"),
-                    _ => (502, "Bad Gateway"),
-                };
+                let (status, reason) = kind.status();
                 let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
-                let body = error_json(status, kind, &msg);
+                let body = error_json(status, kind.as_str(), &msg);
                 self.out.clear();
                 write_error_head(&mut self.out, status, reason, body.len(), !keep);
                 self.out.extend_from_slice(body.as_bytes());
@@ -556,7 +551,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     async fn tunnel(&mut self, mut ex: Ex) -> bool {
         let Some(mut up) = self.up.take() else {
             if let Some(p) = ex.pending.take() {
-                p.end(Some("upstream_closed"), false);
+                p.end(Some(Failure::UpstreamClosed), false);
             }
             return false;
         };
@@ -580,17 +575,14 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Reads what is left of a request body that will not be forwarded, noting it for the
-    /// record, for at most [`UNSENT_BODY_WAIT`] and the capture cap. Returns whether the whole
+    /// record, for at most [`common::UNSENT_BODY_WAIT`] and the capture cap. Returns whether the whole
     /// body was read (the connection can then carry another request).
     async fn read_for_record(&mut self, ex: &mut Ex) -> bool {
         if ex.req_ready > 0 {
             self.cbuf.consume(ex.req_ready);
             ex.req_ready = 0;
         }
-        if ex.req_abandoned {
-            return false;
-        }
-        let deadline = tokio::time::Instant::now() + UNSENT_BODY_WAIT;
+        let deadline = tokio::time::Instant::now() + common::UNSENT_BODY_WAIT;
         let mut seen = 0usize;
         loop {
             if self.cbuf.len() > 0 {
@@ -730,303 +722,25 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         Ok(())
     }
 
+    /// Moves the exchange on until it ends or waits: each step below runs once per pass, and
+    /// the pass repeats while any step made progress.
     fn poll_exchange(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Poll<Outcome> {
         loop {
-            let mut progress = false;
             if self.up.is_none() {
                 return Poll::Ready(Outcome::BeforeHead(
-                    "upstream_closed",
+                    Failure::UpstreamClosed,
                     "no upstream connection".into(),
                 ));
             }
-
-            // Timers: response headers (and total) before the head; idle gap and total after.
-            while self.sleep.as_mut().poll(cx).is_ready() {
-                let now = tokio::time::Instant::now();
-                if ex.phase == Phase::Head {
-                    if now >= ex.headers_deadline {
-                        return Poll::Ready(Outcome::BeforeHead(
-                            "timeout_headers",
-                            "upstream sent no response headers within the timeout".into(),
-                        ));
-                    }
-                    self.sleep.as_mut().reset(ex.headers_deadline);
-                    continue;
-                }
-                if ex.total_deadline.is_some_and(|t| now >= t) {
-                    return Poll::Ready(Outcome::Cut("timeout_total"));
-                }
-                let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
-                if waiting_client || ex.phase == Phase::Done {
-                    ex.last_activity = now;
-                }
-                let idle_due = ex.last_activity + self.p.idle_timeout;
-                if now >= idle_due {
-                    return Poll::Ready(Outcome::Cut("timeout_idle"));
-                }
-                let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
-                self.sleep.as_mut().reset(next);
-            }
-
-            // More request body from the client (framed before the write below, so a small
-            // request goes upstream in one write with its head).
-            if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
-                if self.cbuf.len() > 0 {
-                    match self.frame_request(ex) {
-                        Ok(k) => {
-                            ex.req_ready = k;
-                            progress = true;
-                        }
-                        Err(e) => {
-                            if ex.phase == Phase::Head {
-                                return Poll::Ready(Outcome::BeforeHead(
-                                    "client_body",
-                                    format!("request body: {e}"),
-                                ));
-                            }
-                            return Poll::Ready(Outcome::Cut("client_body"));
-                        }
-                    }
-                } else {
-                    self.cbuf.make_room(CLIENT_BUF);
-                    match self.cbuf.poll_read_from(&mut self.client, cx) {
-                        Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                            return Poll::Ready(Outcome::Cancelled)
-                        }
-                        Poll::Ready(Ok(_)) => progress = true,
-                        Poll::Pending => {}
-                    }
-                }
-            }
-
-            // Request head and framed body → upstream.
-            if !ex.head_done || ex.req_ready > 0 {
-                let head: &[u8] = if ex.head_done {
-                    &[]
-                } else {
-                    &self.out[ex.head_sent..]
-                };
-                let body = &self.cbuf.data()[..ex.req_ready];
-                let bufs = [IoSlice::new(head), IoSlice::new(body)];
-                let Some(up) = self.up.as_mut() else {
-                    return Poll::Pending;
-                };
-                match Pin::new(up).poll_write_vectored(cx, &bufs) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
-                        return Poll::Ready(Outcome::Retry(io::Error::new(
-                            io::ErrorKind::BrokenPipe,
-                            "the upstream connection was closed",
-                        )));
-                    }
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        ex.sent_any = true;
-                        progress = true;
-                        let h = n.min(head.len());
-                        let b = n - h;
-                        if !ex.head_done {
-                            ex.head_sent += h;
-                            if ex.head_sent == self.out.len() {
-                                ex.head_done = true;
-                                self.out.clear();
-                            }
-                        }
-                        if b > 0 {
-                            self.cbuf.consume(b);
-                            ex.req_ready -= b;
-                        }
-                    }
-                    Poll::Ready(r) => {
-                        let e = r
-                            .err()
-                            .map_or("write returned 0".to_string(), |e| e.to_string());
-                        match ex.phase {
-                            Phase::Head => {
-                                return Poll::Ready(Outcome::BeforeHead(
-                                    "upstream_closed",
-                                    format!("writing the request upstream: {e}"),
-                                ))
-                            }
-                            // The upstream answered and stopped reading: deliver the answer,
-                            // forward no more of the request, close the client after.
-                            _ => {
-                                ex.req_abandoned = true;
-                                ex.keep_client = false;
-                                ex.up_reusable = false;
-                                self.cbuf.consume(ex.req_ready);
-                                ex.req_ready = 0;
-                            }
-                        }
-                    }
-                    Poll::Pending => {}
-                }
-            }
-
-            // Response bytes → client.
-            if ex.cout < self.out.len() || ex.raw_pend > 0 {
-                let a = &self.out[ex.cout..];
-                let b = &self.ubuf.data()[..ex.raw_pend];
-                let bufs = [IoSlice::new(a), IoSlice::new(b)];
-                match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        progress = true;
-                        let h = n.min(a.len());
-                        ex.cout += h;
-                        let r = n - h;
-                        if r > 0 {
-                            self.ubuf.consume(r);
-                            ex.raw_pend -= r;
-                        }
-                        if ex.cout == self.out.len() && ex.raw_pend == 0 {
-                            self.out.clear();
-                            ex.cout = 0;
-                            if let Some(t) = ex.pend_since.take() {
-                                let now = Instant::now();
-                                self.p
-                                    .stats
-                                    .forward_delay
-                                    .observe(now.saturating_duration_since(t));
-                                ex.last_activity = tokio::time::Instant::from_std(now);
-                            }
-                        }
-                    }
-                    Poll::Ready(_) => return Poll::Ready(Outcome::Cancelled),
-                    Poll::Pending => {}
-                }
-            }
-
-            // Upstream → response head, body framing, reads.
-            let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
-            if ex.head_done && ex.phase != Phase::Done && idle_out {
-                let mut need_read = true;
-                if self.ubuf.len() > 0 {
-                    match ex.phase {
-                        Phase::Head => {
-                            match h1wire::parse_response(
-                                self.ubuf.data(),
-                                ex.opts_now(&self.drain),
-                                &mut self.out,
-                            ) {
-                                Ok(None) => {}
-                                Ok(Some(h)) => {
-                                    need_read = false;
-                                    progress = true;
-                                    // A 101 (only accepted when asked for) is final: the
-                                    // connection switches protocols after it.
-                                    let interim = (100..200).contains(&h.status) && h.status != 101;
-                                    if let (false, Some(at), Some(e)) =
-                                        (interim, h.content_type_at.clone(), ex.exchange())
-                                    {
-                                        // Copied before the head leaves the buffer.
-                                        let v = self.ubuf.data().get(at).unwrap_or_default();
-                                        e.content_type.push_str(&String::from_utf8_lossy(v));
-                                    }
-                                    self.ubuf.consume(h.len);
-                                    ex.cout = 0;
-                                    if !interim {
-                                        self.on_final_head(ex, h);
-                                        // Body bytes that came with the head go out with it.
-                                        if ex.phase == Phase::Body
-                                            && self.ubuf.len() > 0
-                                            && self.frame_response(ex).is_err()
-                                        {
-                                            return Poll::Ready(Outcome::Cut("upstream_reset"));
-                                        }
-                                    }
-                                    // Interim heads (100 Continue, 103 Early Hints) are
-                                    // forwarded (not to HTTP/1.0 clients, RFC 9110 §15.2) and
-                                    // the next head is parsed after.
-                                    if interim && ex.opts.dechunk {
-                                        self.out.clear();
-                                    }
-                                }
-                                Err(e) => {
-                                    return Poll::Ready(Outcome::BeforeHead(
-                                        "upstream_closed",
-                                        format!("bad response head from upstream: {}", e.reason()),
-                                    ))
-                                }
-                            }
-                        }
-                        Phase::Body => {
-                            need_read = false;
-                            progress = true;
-                            if self.frame_response(ex).is_err() {
-                                return Poll::Ready(Outcome::Cut("upstream_reset"));
-                            }
-                        }
-                        Phase::Done => need_read = false,
-                    }
-                }
-                if need_read {
-                    let limit = if ex.phase == Phase::Head {
-                        h1wire::MAX_HEAD + 1
-                    } else {
-                        UPSTREAM_BUF
-                    };
-                    if !self.ubuf.make_room(limit) {
-                        return Poll::Ready(Outcome::BeforeHead(
-                            "upstream_closed",
-                            "response head from upstream too large".into(),
-                        ));
-                    }
-                    let Some(up) = self.up.as_mut() else {
-                        return Poll::Pending;
-                    };
-                    match self.ubuf.poll_read_from(up, cx) {
-                        Poll::Ready(Ok(n)) if n > 0 => {
-                            progress = true;
-                            ex.last_read = Instant::now();
-                            ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
-                        }
-                        Poll::Ready(r) => {
-                            let eof = r.is_ok();
-                            let what = r.err().map_or("closed".to_string(), |e| e.to_string());
-                            match ex.phase {
-                                Phase::Head => {
-                                    return Poll::Ready(Outcome::BeforeHead(
-                                        "upstream_closed",
-                                        format!(
-                                        "the upstream connection {what} before the response head"
-                                    ),
-                                    ))
-                                }
-                                _ if matches!(ex.resp, BodyState::Close) && eof => {
-                                    ex.resp = BodyState::Done;
-                                    ex.phase = Phase::Done;
-                                    ex.up_reusable = false;
-                                    ex.keep_client = false;
-                                    progress = true;
-                                }
-                                _ => return Poll::Ready(Outcome::Cut("upstream_reset")),
-                            }
-                        }
-                        Poll::Pending => {}
-                    }
-                }
-            }
-
-            // The client's read side while the response streams: EOF or reset cancels;
-            // bytes of a pipelined next request are kept.
-            if (ex.req.done() || ex.req_abandoned)
-                && ex.phase != Phase::Done
-                && self.cbuf.v.len() < self.cbuf.v.capacity()
-            {
-                match self.cbuf.poll_read_from(&mut self.client, cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Outcome::Cancelled)
-                    }
-                    Poll::Ready(Ok(_)) => progress = true,
-                    Poll::Pending => {}
-                }
-            }
-
+            let progress = match self.poll_steps(cx, ex) {
+                Ok(p) => p,
+                Err(o) => return Poll::Ready(o),
+            };
             let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
             if ex.phase == Phase::Done && sent_all && ex.head_done {
                 if !ex.req.done() || ex.req_ready > 0 {
                     // Answered before the request body ended: do not wait for the rest.
-                    ex.req_abandoned = true;
-                    ex.keep_client = false;
-                    ex.up_reusable = false;
+                    ex.abandon_request();
                 }
                 return Poll::Ready(Outcome::Done);
             }
@@ -1034,6 +748,303 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 return Poll::Pending;
             }
         }
+    }
+
+    /// One pass over both halves of the exchange, in order (every step runs).
+    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        self.poll_timers(cx, ex)?;
+        Ok(self.poll_request_body(cx, ex)?
+            | self.poll_send_upstream(cx, ex)?
+            | self.poll_send_client(cx, ex)?
+            | self.poll_upstream(cx, ex)?
+            | self.poll_client_gone(cx, ex)?)
+    }
+
+    /// Timers: response headers (and total) before the head; idle gap and total after.
+    fn poll_timers(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Result<(), Outcome> {
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            let now = tokio::time::Instant::now();
+            if ex.phase == Phase::Head {
+                if now >= ex.headers_deadline {
+                    return Err(Outcome::BeforeHead(
+                        Failure::TimeoutHeaders,
+                        "upstream sent no response headers within the timeout".into(),
+                    ));
+                }
+                self.sleep.as_mut().reset(ex.headers_deadline);
+                continue;
+            }
+            if ex.total_deadline.is_some_and(|t| now >= t) {
+                return Err(Outcome::Cut(Failure::TimeoutTotal));
+            }
+            let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
+            if waiting_client || ex.phase == Phase::Done {
+                ex.last_activity = now;
+            }
+            let idle_due = ex.last_activity + self.p.idle_timeout;
+            if now >= idle_due {
+                return Err(Outcome::Cut(Failure::TimeoutIdle));
+            }
+            let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
+            self.sleep.as_mut().reset(next);
+        }
+        Ok(())
+    }
+
+    /// More request body from the client (framed before the write to the upstream, so a small
+    /// request goes upstream in one write with its head).
+    fn poll_request_body(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
+            if self.cbuf.len() > 0 {
+                match self.frame_request(ex) {
+                    Ok(k) => {
+                        ex.req_ready = k;
+                        progress = true;
+                    }
+                    Err(e) => {
+                        if ex.phase == Phase::Head {
+                            return Err(Outcome::BeforeHead(
+                                Failure::ClientBody,
+                                format!("request body: {e}"),
+                            ));
+                        }
+                        return Err(Outcome::Cut(Failure::ClientBody));
+                    }
+                }
+            } else {
+                self.cbuf.make_room(CLIENT_BUF);
+                match self.cbuf.poll_read_from(&mut self.client, cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
+                    Poll::Ready(Ok(_)) => progress = true,
+                    Poll::Pending => {}
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Request head and framed body → upstream.
+    fn poll_send_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if !ex.head_done || ex.req_ready > 0 {
+            let head: &[u8] = if ex.head_done {
+                &[]
+            } else {
+                &self.out[ex.head_sent..]
+            };
+            let body = &self.cbuf.data()[..ex.req_ready];
+            let bufs = [IoSlice::new(head), IoSlice::new(body)];
+            let Some(up) = self.up.as_mut() else {
+                return Ok(progress);
+            };
+            match Pin::new(up).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
+                    return Err(Outcome::Retry(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the upstream connection was closed",
+                    )));
+                }
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    ex.sent_any = true;
+                    progress = true;
+                    let h = n.min(head.len());
+                    let b = n - h;
+                    if !ex.head_done {
+                        ex.head_sent += h;
+                        if ex.head_sent == self.out.len() {
+                            ex.head_done = true;
+                            self.out.clear();
+                        }
+                    }
+                    if b > 0 {
+                        self.cbuf.consume(b);
+                        ex.req_ready -= b;
+                    }
+                }
+                Poll::Ready(r) => {
+                    // The upstream stopped reading, as servers do when they answer early
+                    // (an error) and close: forward no more of the request, deliver the
+                    // answer if it comes (it may be read yet, even after a reset), close
+                    // the client after. No answer is a 502 when the read fails below.
+                    if let Err(e) = r {
+                        tracing::debug!("writing the request upstream: {e}");
+                    }
+                    progress = true;
+                    ex.abandon_request();
+                    self.cbuf.consume(ex.req_ready);
+                    ex.req_ready = 0;
+                    if !ex.head_done {
+                        ex.head_done = true;
+                        self.out.clear();
+                    }
+                }
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Response bytes → client.
+    fn poll_send_client(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if ex.cout < self.out.len() || ex.raw_pend > 0 {
+            let a = &self.out[ex.cout..];
+            let b = &self.ubuf.data()[..ex.raw_pend];
+            let bufs = [IoSlice::new(a), IoSlice::new(b)];
+            match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    progress = true;
+                    let h = n.min(a.len());
+                    ex.cout += h;
+                    let r = n - h;
+                    if r > 0 {
+                        self.ubuf.consume(r);
+                        ex.raw_pend -= r;
+                    }
+                    if ex.cout == self.out.len() && ex.raw_pend == 0 {
+                        self.out.clear();
+                        ex.cout = 0;
+                        if let Some(t) = ex.pend_since.take() {
+                            let now = Instant::now();
+                            self.p
+                                .stats
+                                .forward_delay
+                                .observe(now.saturating_duration_since(t));
+                            ex.last_activity = tokio::time::Instant::from_std(now);
+                        }
+                    }
+                }
+                Poll::Ready(_) => return Err(Outcome::Cancelled),
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Upstream → response head, body framing, reads.
+    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
+        if !ex.head_done || ex.phase == Phase::Done || !idle_out {
+            return Ok(false);
+        }
+        if self.ubuf.len() > 0 {
+            match ex.phase {
+                Phase::Head => {
+                    if self.take_response_head(ex)? {
+                        return Ok(true);
+                    }
+                }
+                Phase::Body => {
+                    let reset = |_| Outcome::Cut(Failure::UpstreamReset);
+                    self.frame_response(ex).map_err(reset)?;
+                    return Ok(true);
+                }
+                Phase::Done => return Ok(false),
+            }
+        }
+        self.poll_upstream_read(cx, ex)
+    }
+
+    /// Parses a response head at the front of the upstream buffer (rewritten into `out`);
+    /// returns whether one was complete.
+    fn take_response_head(&mut self, ex: &mut Ex) -> Result<bool, Outcome> {
+        let opts = ex.opts_now(&self.drain);
+        let h = match h1wire::parse_response(self.ubuf.data(), opts, &mut self.out) {
+            Ok(None) => return Ok(false),
+            Ok(Some(h)) => h,
+            Err(HeadError::TooLarge) => {
+                let msg = common::HEAD_TOO_LARGE.into();
+                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+            }
+            Err(e) => {
+                let msg = format!("bad response head from upstream: {}", e.reason());
+                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+            }
+        };
+        // A 101 (only accepted when asked for) is final: the connection switches protocols
+        // after it.
+        let interim = (100..200).contains(&h.status) && h.status != 101;
+        if let (false, Some(at), Some(e)) = (interim, h.content_type_at.clone(), ex.exchange()) {
+            // Copied before the head leaves the buffer.
+            let v = self.ubuf.data().get(at).unwrap_or_default();
+            e.content_type.push_str(&String::from_utf8_lossy(v));
+        }
+        self.ubuf.consume(h.len);
+        ex.cout = 0;
+        if !interim {
+            self.on_final_head(ex, h);
+            // Body bytes that came with the head go out with it.
+            if ex.phase == Phase::Body && self.ubuf.len() > 0 && self.frame_response(ex).is_err() {
+                return Err(Outcome::Cut(Failure::UpstreamReset));
+            }
+        }
+        // Interim heads (100 Continue, 103 Early Hints) are forwarded (not to HTTP/1.0
+        // clients, RFC 9110 §15.2) and the next head is parsed after.
+        if interim && ex.opts.dechunk {
+            self.out.clear();
+        }
+        Ok(true)
+    }
+
+    /// Reads from the upstream into its buffer (the head may grow it up to the head limit).
+    fn poll_upstream_read(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let limit = if ex.phase == Phase::Head {
+            h1wire::MAX_HEAD + 1
+        } else {
+            UPSTREAM_BUF
+        };
+        if !self.ubuf.make_room(limit) {
+            let msg = common::HEAD_TOO_LARGE.into();
+            return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+        }
+        let Some(up) = self.up.as_mut() else {
+            return Ok(false);
+        };
+        match self.ubuf.poll_read_from(up, cx) {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                ex.last_read = Instant::now();
+                ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
+                Ok(true)
+            }
+            Poll::Ready(r) => {
+                let eof = r.is_ok();
+                let what = r.err().map_or("closed".to_string(), |e| e.to_string());
+                match ex.phase {
+                    Phase::Head => {
+                        let msg =
+                            format!("the upstream connection {what} before the response head");
+                        Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg))
+                    }
+                    _ if matches!(ex.resp, BodyState::Close) && eof => {
+                        ex.resp = BodyState::Done;
+                        ex.phase = Phase::Done;
+                        ex.up_reusable = false;
+                        ex.keep_client = false;
+                        Ok(true)
+                    }
+                    _ => Err(Outcome::Cut(Failure::UpstreamReset)),
+                }
+            }
+            Poll::Pending => Ok(false),
+        }
+    }
+
+    /// The client's read side while the response streams: EOF or reset cancels; bytes of a
+    /// pipelined next request are kept.
+    fn poll_client_gone(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+        let mut progress = false;
+        if (ex.req.done() || ex.req_abandoned)
+            && ex.phase != Phase::Done
+            && self.cbuf.v.len() < self.cbuf.v.capacity()
+        {
+            match self.cbuf.poll_read_from(&mut self.client, cx) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
+                Poll::Ready(Ok(_)) => progress = true,
+                Poll::Pending => {}
+            }
+        }
+        Ok(progress)
     }
 
     /// The final response head arrived (already rewritten into `out`).
@@ -1076,6 +1087,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 }
 
 impl Ex {
+    /// Forwards no more of the request body: neither connection can carry another exchange.
+    fn abandon_request(&mut self) {
+        self.req_abandoned = true;
+        self.keep_client = false;
+        self.up_reusable = false;
+    }
+
     /// Response options, with `close` set once the proxy drains.
     fn opts_now(&self, drain: &Drain) -> ResponseOptions {
         let mut o = self.opts;

@@ -5,12 +5,14 @@
 //! note timing, lengths and copies of the bytes (capped) for a writer thread that builds native trace
 //! records off the forwarding path. Module map:
 //! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
-//! - `proxy`: per-request forwarding, hop-by-hop headers, errors before the head;
-//! - `h1` + `rawpool` (+ the pure leaf [`crate::h1wire`]): retrace's own HTTP/1.1 forwarding loop (`--h1-engine own`,
-//!   the default): HTTP/1.1 clients to an HTTP/1.1 upstream without hyper;
-//! - `upstream`: the pooled plain/TLS client;
+//! - `h1` + `rawpool` (+ the pure leaf [`crate::h1wire`]): retrace's own HTTP/1.1 forwarding
+//!   loop, for HTTP/1.1 clients of an HTTP/1.1 upstream;
+//! - `proxy`: hyper's path, for HTTP/2 clients and HTTP/2 upstreams;
+//! - `common` + `failure`: what both paths share (settings, hop-by-hop rules, deadlines,
+//!   failure kinds, JSON errors);
+//! - `upstream`: dialing (plain/TLS) and hyper-util's pooling client;
 //! - `tap`: body wrappers (invariant 1: forward untouched, note only);
-//! - `extract` + `prompt` + `sseframes` (+ the pure leaf [`crate::chunkmemo`]): exchange → trace
+//! - `extract` + `prompt` (+ the pure leaves [`crate::sse`], [`crate::chunkmemo`]): exchange → trace
 //!   record (parsing, tokenizing, hashing), pure;
 //! - `writer`: bounded queue, trace files, rotation, durability;
 //! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
@@ -18,14 +20,14 @@
 //! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
 
 pub mod admin;
+pub mod common;
 pub mod extract;
+pub mod failure;
 pub mod h1;
-pub mod pool;
 pub mod prompt;
 pub mod proxy;
 pub mod rawpool;
 pub mod server;
-pub mod sseframes;
 pub mod stats;
 pub mod tap;
 pub mod timing;
@@ -45,15 +47,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::net::TcpListener;
-
-/// Who serves HTTP/1.1 clients towards an HTTP/1.1 upstream (`--h1-engine`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum H1Engine {
-    /// retrace's own forwarding loop (`h1`, `h1wire`, `rawpool`).
-    Own,
-    /// hyper's server and client (`proxy`, `pool`, `tap`), as for HTTP/2.
-    Hyper,
-}
 
 /// Validated settings of one recording proxy.
 #[derive(Debug, Clone)]
@@ -90,7 +83,6 @@ pub struct RecordConfig {
     pub admin: Option<SocketAddr>,
     /// Single-threaded I/O runtimes serving connections (0: one per CPU).
     pub io_threads: usize,
-    pub h1_engine: H1Engine,
 }
 
 impl RecordConfig {
@@ -120,7 +112,6 @@ impl RecordConfig {
             flush_every: Duration::from_secs(1),
             admin: None,
             io_threads: 0,
-            h1_engine: H1Engine::Own,
         })
     }
 
@@ -165,11 +156,6 @@ impl RecordConfig {
         }
         c.tokenizer = a.tokenizer.clone();
         c.io_threads = a.io_threads;
-        c.h1_engine = match a.h1_engine.as_str() {
-            "own" => H1Engine::Own,
-            "hyper" => H1Engine::Hyper,
-            other => bail!("--h1-engine {other:?}: expected own or hyper"),
-        };
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
@@ -295,7 +281,7 @@ pub async fn run_with_admin(
         pool_idle: Duration::from_secs(90),
     };
     // Fail early on a bad CA file, before anything listens.
-    let _: upstream::UpstreamClient = upstream::build(&upstream_opts)?;
+    upstream::connector(&upstream_opts)?;
     let tls = match &cfg.tls {
         Some((c, k)) => Some(server::tls_acceptor(c, k)?),
         None => None,
@@ -369,52 +355,35 @@ pub async fn run_with_admin(
     } else {
         cfg.io_threads
     };
+    let host = http::HeaderValue::from_str(authority.as_str())
+        .context("--upstream: the host is not a valid Host header")?;
+    let dst = Uri::builder()
+        .scheme(scheme.clone())
+        .authority(authority.clone())
+        .path_and_query("/")
+        .build()
+        .context("--upstream")?;
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.
-        let upstream = if cfg.upstream_http2 {
-            proxy::Upstream::Client(Box::new(upstream::build(&upstream_opts)?))
-        } else {
-            let dst = Uri::builder()
-                .scheme(scheme.clone())
-                .authority(authority.clone())
-                .path_and_query("/")
-                .build()
-                .context("--upstream")?;
-            proxy::Upstream::H1(Arc::new(pool::H1Pool::new(
-                upstream::connector(&upstream_opts)?,
-                dst,
-                upstream_opts.pool_idle,
-            )))
-        };
-        proxies.push(Arc::new(proxy::Proxy {
-            upstream,
-            host: http::HeaderValue::from_str(authority.as_str())
-                .context("--upstream: the host is not a valid Host header")?,
-            scheme: scheme.clone(),
-            authority: authority.clone(),
-            base_path: base_path.clone(),
-            http2_upstream: cfg.upstream_http2,
+        let raw = (!cfg.upstream_http2)
+            .then(|| upstream::connector(&upstream_opts))
+            .transpose()?
+            .map(|c| rawpool::RawPool::new(c, dst.clone(), upstream_opts.pool_idle));
+        proxies.push(Arc::new(common::Proxy {
             recorder: recorder.clone(),
             stats: stats.clone(),
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+            host: host.clone(),
+            base_path: base_path.clone(),
+            http2_upstream: cfg.upstream_http2,
             headers_timeout: cfg.headers_timeout,
             idle_timeout: cfg.idle_timeout,
             total_timeout: cfg.total_timeout,
             capture_max: cfg.capture_max,
-            raw: if cfg.h1_engine == H1Engine::Own && !cfg.upstream_http2 {
-                Some(rawpool::RawPool::new(
-                    upstream::connector(&upstream_opts)?,
-                    Uri::builder()
-                        .scheme(scheme.clone())
-                        .authority(authority.clone())
-                        .path_and_query("/")
-                        .build()
-                        .context("--upstream")?,
-                    upstream_opts.pool_idle,
-                ))
-            } else {
-                None
-            },
+            raw,
+            client: upstream::build(&upstream_opts)?,
         }));
     }
     drop(recorder);

@@ -1,20 +1,19 @@
 //! Accepting client connections: HTTP/1.1 and HTTP/2 (h2c by preface, or ALPN over TLS).
 //!
-//! Takes an already-bound listener (invariant 6). Each connection is served by hyper-util's auto
-//! builder, which detects the HTTP/2 preface on plain TCP; with `--tls-cert/--tls-key` the TLS
-//! handshake (rustls, ALPN `h2` then `http/1.1`) comes first. When the shutdown future resolves it
-//! stops accepting, asks every connection to finish gracefully (HTTP/1 keep-alive off, HTTP/2
-//! GOAWAY) and waits for in-flight exchanges up to the drain timeout. Connections are served on
-//! a fixed set of single-threaded I/O runtimes (thread per core, like nginx's workers). With
-//! `--h1-engine own` (and an HTTP/1.1 upstream) HTTP/1.1 clients — plain connections that do not
-//! open with the HTTP/2 preface, TLS connections that negotiated `http/1.1` or no ALPN — are served
-//! by retrace's own loop (`h1`) instead; those connections drain through a watch channel (idle
-//! ones close at once, busy ones after their exchange) that the drain waits on too. Upgraded
-//! tunnels (`tunnel`, both engines) hold a receiver of that channel too: the drain waits for
-//! them and they are cut just before its deadline. It does not forward requests itself (see
-//! `proxy`, `h1`).
+//! Takes an already-bound listener (invariant 6); with `--tls-cert/--tls-key` the TLS handshake
+//! (rustls, ALPN `h2` then `http/1.1`) comes first. One engine per protocol: with an HTTP/1.1
+//! upstream, HTTP/1.1 clients — plain connections that do not open with the HTTP/2 preface, TLS
+//! connections that negotiated `http/1.1` or no ALPN — are served by retrace's own loop (`h1`);
+//! HTTP/2 clients (h2c prior knowledge, ALPN `h2`), and every client of an HTTP/2 upstream, by
+//! hyper (`proxy`). When the shutdown future resolves it stops accepting, asks hyper's
+//! connections to finish gracefully (HTTP/1 keep-alive off, HTTP/2 GOAWAY) and waits for
+//! in-flight exchanges up to the drain timeout. The own loop's connections drain through a watch
+//! channel (idle ones close at once, busy ones after their exchange) that the drain waits on
+//! too; upgraded tunnels (`tunnel`) hold a receiver of that channel as well and are cut just
+//! before the drain deadline. Connections are served on a fixed set of single-threaded I/O
+//! runtimes (thread per core, like nginx's workers). It does not forward requests itself.
 
-use super::proxy::Proxy;
+use super::common::{Drain, Proxy};
 use super::timing::{WriteClock, WriteStamped};
 use anyhow::Context as _;
 use hyper::service::service_fn;
@@ -74,11 +73,6 @@ struct Conn {
     /// into) ends, which the drain waits for.
     drain: Drain,
 }
-
-/// The drain signal: `None` while serving; once the proxy drains, the instant at which upgraded
-/// tunnels are cut (a little before the drain deadline, so their records say so instead of the
-/// runtime dropping them). Every receiver is dropped when its connection or tunnel ends.
-pub type Drain = watch::Receiver<Option<tokio::time::Instant>>;
 
 /// How long before the drain deadline tunnels are cut.
 fn tunnel_cut_margin(drain: Duration) -> Duration {
@@ -275,52 +269,22 @@ async fn serve_conn(
     tls: Option<TlsAcceptor>,
 ) {
     let own = proxy.raw.is_some();
-    if own && tls.is_none() {
-        // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
-        let (h2, pre) = match tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await {
-            Ok(Ok(x)) => x,
-            _ => return,
-        };
-        if !h2 {
-            return super::h1::serve(tcp, pre, proxy, drain).await;
-        }
-        drop(drain);
-        let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
-        let svc = {
-            let clock = clock.clone();
-            service_fn(move |req| proxy.clone().handle(req, Some(clock.clone()), None))
-        };
-        let io = Prefixed {
-            pre,
-            pos: 0,
-            inner: tcp,
-        };
-        let res = watcher
-            .watch(builder.serve_connection(WriteStamped::new(TokioIo::new(io), clock), svc))
-            .await;
-        if let Err(e) = res {
-            tracing::debug!("connection from {peer}: {e}");
-        }
-        return;
-    }
-    let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
-    let svc = {
-        // Upgraded tunnels outlive their exchange: each holds a drain receiver.
-        let (clock, proxy, drain) = (clock.clone(), proxy.clone(), drain.clone());
-        service_fn(move |req| {
-            proxy
-                .clone()
-                .handle(req, Some(clock.clone()), Some(drain.clone()))
-        })
-    };
     let res = match tls {
-        None => {
-            drop(drain);
-            let io = WriteStamped::new(TokioIo::new(tcp), clock);
-            watcher
-                .watch(builder.serve_connection_with_upgrades(io, svc))
-                .await
+        None if own => {
+            // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
+            let sniffed = tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await;
+            let Ok(Ok((h2, pre))) = sniffed else { return };
+            if !h2 {
+                return super::h1::serve(tcp, pre, proxy, drain).await;
+            }
+            let io = Prefixed {
+                pre,
+                pos: 0,
+                inner: tcp,
+            };
+            serve_hyper(io, watcher, &builder, proxy).await
         }
+        None => serve_hyper(tcp, watcher, &builder, proxy).await,
         Some(acc) => {
             let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
                 Ok(Ok(s)) => s,
@@ -336,14 +300,30 @@ async fn serve_conn(
             if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return super::h1::serve(s, Vec::new(), proxy, drain).await;
             }
-            drop(drain);
-            let io = WriteStamped::new(TokioIo::new(s), clock);
-            watcher
-                .watch(builder.serve_connection_with_upgrades(io, svc))
-                .await
+            serve_hyper(s, watcher, &builder, proxy).await
         }
     };
     if let Err(e) = res {
         tracing::debug!("connection from {peer}: {e}");
     }
+}
+
+/// Serves one connection with hyper (HTTP/2, or HTTP/1.1 towards an HTTP/2 upstream) until it
+/// closes or the graceful shutdown finishes it.
+async fn serve_hyper<I>(
+    io: I,
+    watcher: Watcher,
+    builder: &Builder<TokioExecutor>,
+    proxy: Arc<Proxy>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
+    let svc = {
+        let clock = clock.clone();
+        service_fn(move |req| super::proxy::handle(proxy.clone(), req, Some(clock.clone())))
+    };
+    let io = WriteStamped::new(TokioIo::new(io), clock);
+    watcher.watch(builder.serve_connection(io, svc)).await
 }

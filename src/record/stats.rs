@@ -3,24 +3,12 @@
 //! Everything is a relaxed atomic so the forwarding path only pays an uncontended add; latency
 //! histograms use fixed Prometheus-style buckets. The proxy, the body taps and the writer thread
 //! share one [`Stats`] behind an `Arc`. This module does not serve HTTP (see `admin`) and does not
-//! decide what an error is (the callers pass the kind).
+//! decide what an error is (the callers pass the [`Failure`]).
 
+use super::failure::Failure;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
-
-/// Error kinds counted separately on `/metrics` (anything else is counted as `other`).
-pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
-    "upstream_connect",
-    "timeout_connect",
-    "timeout_headers",
-    "upstream_closed",
-    "upstream_reset",
-    "timeout_idle",
-    "timeout_total",
-    "client_body",
-    "other",
-];
 
 /// Upper bounds (seconds) of the latency buckets.
 const BUCKETS: &[f64] = &[
@@ -161,19 +149,11 @@ impl Default for Stats {
 }
 
 impl Stats {
-    pub fn upstream_error(&self, kind: &str) {
-        let k = UPSTREAM_ERROR_KINDS
-            .iter()
-            .position(|x| *x == kind)
-            .unwrap_or(UPSTREAM_ERROR_KINDS.len() - 1);
-        self.upstream_errors[k].fetch_add(1, Relaxed);
-    }
-
-    pub fn upstream_errors_of(&self, kind: &str) -> u64 {
-        UPSTREAM_ERROR_KINDS
-            .iter()
-            .position(|x| *x == kind)
-            .map_or(0, |k| self.upstream_errors[k].load(Relaxed))
+    /// Counts a failure (a kind `/metrics` does not list is not counted).
+    pub fn upstream_error(&self, f: Failure) {
+        if let Some(k) = Failure::COUNTED.iter().position(|x| *x == f) {
+            self.upstream_errors[k].fetch_add(1, Relaxed);
+        }
     }
 
     pub fn response_status(&self, status: u16) {
@@ -278,7 +258,8 @@ impl Stats {
             o,
             "# HELP retrace_record_upstream_errors_total Failed exchanges by error kind.\n# TYPE retrace_record_upstream_errors_total counter"
         );
-        for (k, name) in UPSTREAM_ERROR_KINDS.iter().enumerate() {
+        for (k, f) in Failure::COUNTED.iter().enumerate() {
+            let name = f.as_str();
             let _ = writeln!(
                 o,
                 "retrace_record_upstream_errors_total{{kind=\"{name}\"}} {}",
@@ -317,8 +298,9 @@ mod tests {
     fn renders_counters_and_cumulative_buckets() {
         let s = Stats::default();
         s.requests.fetch_add(3, Relaxed);
-        s.upstream_error("upstream_connect");
-        s.upstream_error("weird");
+        s.upstream_error(Failure::UpstreamConnect);
+        s.upstream_error(Failure::Other);
+        s.upstream_error(Failure::DrainDeadline);
         s.headers_latency.observe(Duration::from_micros(700));
         s.headers_latency.observe(Duration::from_millis(20));
         let t = s.render();

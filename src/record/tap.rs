@@ -12,7 +12,7 @@
 //! This module does not decide routing or build trace records.
 
 use super::extract::{Captured, Exchange};
-use super::pool::Pooled;
+use super::failure::Failure;
 use super::stats::Stats;
 use super::timing::{now_ns, WriteClock};
 use super::writer::Recorder;
@@ -39,21 +39,52 @@ pub fn lock(c: &Mutex<Captured>) -> std::sync::MutexGuard<'_, Captured> {
     c.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it (see
+/// [`RequestTap::keep_unsent`]).
+#[derive(Clone, Default)]
+pub struct Unsent(Arc<Mutex<Option<Incoming>>>);
+
+impl Unsent {
+    /// The body left behind, if the tap was dropped before its end.
+    pub fn take(&self) -> Option<Incoming> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// The client's request body on its way upstream.
 pub struct RequestTap {
-    inner: Incoming,
+    inner: Option<Incoming>,
     cap: Arc<Mutex<Captured>>,
     max: usize,
     stats: Arc<Stats>,
+    unsent: Option<Unsent>,
 }
 
 impl RequestTap {
     pub fn new(inner: Incoming, cap: Arc<Mutex<Captured>>, max: usize, stats: Arc<Stats>) -> Self {
         RequestTap {
-            inner,
+            inner: Some(inner),
             cap,
             max,
             stats,
+            unsent: None,
+        }
+    }
+
+    /// When the tap is dropped before its body ended (the client that sent it upstream gave
+    /// up, e.g. no connection), the rest goes into `slot` for the record to read.
+    pub fn keep_unsent(mut self, slot: Unsent) -> Self {
+        self.unsent = Some(slot);
+        self
+    }
+}
+
+impl Drop for RequestTap {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(b)) = (&self.unsent, self.inner.take()) {
+            if !b.is_end_stream() {
+                *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(b);
+            }
         }
     }
 }
@@ -67,7 +98,10 @@ impl Body for RequestTap {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let r = Pin::new(&mut *inner).poll_frame(cx);
         match &r {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
@@ -75,7 +109,7 @@ impl Body for RequestTap {
                     let mut c = lock(&this.cap);
                     c.note(d, this.max);
                     // hyper stops polling once a body with a known length says it has ended.
-                    if this.inner.is_end_stream() {
+                    if inner.is_end_stream() {
                         c.complete = true;
                     }
                 }
@@ -87,11 +121,13 @@ impl Body for RequestTap {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
     }
 }
 
@@ -132,26 +168,15 @@ impl Pending {
     }
 
     /// Finishes with an error kind (counted) and whether the client went away.
-    pub fn end(mut self, error: Option<&str>, cancelled: bool) {
-        if let Some(mut st) = self.0.take() {
-            if let Some(k) = error {
-                st.ex.error = Some(k.to_string());
-                st.stats.upstream_error(k);
-            }
-            st.ex.cancelled = cancelled;
-            finish_state(st);
+    pub fn end(mut self, error: Option<Failure>, cancelled: bool) {
+        if let Some(st) = self.0.take() {
+            finish_with(st, error, cancelled);
         }
     }
 
     /// Finishes without a response body (error before headers).
-    pub fn finish(mut self, error: Option<&str>) {
-        if let Some(mut st) = self.0.take() {
-            if let Some(k) = error {
-                st.ex.error = Some(k.to_string());
-                st.stats.upstream_error(k);
-            }
-            finish_state(st);
-        }
+    pub fn finish(self, error: Option<Failure>) {
+        self.end(error, false);
     }
 }
 
@@ -162,6 +187,16 @@ impl Drop for Pending {
             finish_state(st);
         }
     }
+}
+
+/// Notes the failure (counted) and whether the client went away, then finishes.
+fn finish_with(mut st: TapState, error: Option<Failure>, cancelled: bool) {
+    if let Some(f) = error {
+        st.ex.error = Some(f);
+        st.stats.upstream_error(f);
+    }
+    st.ex.cancelled = cancelled;
+    finish_state(st);
 }
 
 fn finish_state(mut st: TapState) {
@@ -188,22 +223,18 @@ pub struct ResponseTap {
     idle: Pin<Box<Sleep>>,
     last_data: Instant,
     total: Option<Pin<Box<Sleep>>>,
-    /// The pooled upstream connection, given back when the response ends cleanly.
-    conn: Option<Pooled>,
     /// The client connection's write clock (forwarding delay).
     client: Option<Arc<WriteClock>>,
 }
 
 impl ResponseTap {
-    /// `total_deadline` is the absolute end of the optional total timeout; `conn` is the pooled
-    /// upstream connection the body comes from (if pooled by us); `client` the client
+    /// `total_deadline` is the absolute end of the optional total timeout; `client` the client
     /// connection's write clock.
     pub fn new(
         inner: Incoming,
         mut p: Pending,
         idle_for: Duration,
         total_deadline: Option<Instant>,
-        conn: Option<Pooled>,
         client: Option<Arc<WriteClock>>,
     ) -> Self {
         ResponseTap {
@@ -213,19 +244,13 @@ impl ResponseTap {
             idle: Box::pin(tokio::time::sleep(idle_for)),
             last_data: Instant::now(),
             total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-            conn,
             client,
         }
     }
 
-    fn end(&mut self, error: Option<&'static str>, cancelled: bool) {
-        if let Some(mut st) = self.st.take() {
-            if let Some(k) = error {
-                st.ex.error = Some(k.to_string());
-                st.stats.upstream_error(k);
-            }
-            st.ex.cancelled = cancelled;
-            finish_state(*st);
+    fn end(&mut self, error: Option<Failure>, cancelled: bool) {
+        if let Some(st) = self.st.take() {
+            finish_with(*st, error, cancelled);
         }
     }
 }
@@ -245,7 +270,7 @@ impl Body for ResponseTap {
         }
         if let Some(t) = this.total.as_mut() {
             if t.as_mut().poll(cx).is_ready() {
-                this.end(Some("timeout_total"), false);
+                this.end(Some(Failure::TimeoutTotal), false);
                 return Poll::Ready(Some(Err(Box::new(TapError(
                     "total timeout reached; response cut",
                 )))));
@@ -262,24 +287,16 @@ impl Body for ResponseTap {
                     // The idle timer is re-armed lazily when it fires (no timer-wheel work per chunk).
                     this.last_data = now;
                     if let Some(c) = &this.client {
-                        c.pending(
-                            this.conn
-                                .as_ref()
-                                .map_or_else(now_ns, |p| p.clock.last_read_ns()),
-                        );
+                        c.pending(now_ns());
                     }
                 }
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.conn = None;
-                this.end(Some("upstream_reset"), false);
+                this.end(Some(Failure::UpstreamReset), false);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
-                if let Some(c) = this.conn.take() {
-                    c.release();
-                }
                 this.end(None, false);
                 Poll::Ready(None)
             }
@@ -290,7 +307,7 @@ impl Body for ResponseTap {
                         this.idle.as_mut().reset(due);
                         continue;
                     }
-                    this.end(Some("timeout_idle"), false);
+                    this.end(Some(Failure::TimeoutIdle), false);
                     return Poll::Ready(Some(Err(Box::new(TapError(
                         "no data from upstream within the idle timeout; response cut",
                     )))));
@@ -315,11 +332,6 @@ impl Drop for ResponseTap {
             // Dropped before the end: the client went away (or the server dropped the body of a
             // response that has none, e.g. HEAD or 204).
             let cancelled = !self.inner.is_end_stream();
-            if !cancelled {
-                if let Some(c) = self.conn.take() {
-                    c.release();
-                }
-            }
             self.end(None, cancelled);
         }
     }

@@ -1,14 +1,13 @@
-//! Socket-level stamps for the forwarding delay: upstream read → client write completed.
+//! Socket-level stamps for the forwarding delay on hyper's path: frame handed over → client
+//! write completed.
 //!
-//! [`ReadStamped`] wraps an upstream connection and notes when its last read returned;
 //! [`WriteStamped`] wraps a client connection and, when a write to the client socket completes
 //! while a forwarded chunk is pending on that connection, observes `now − pending_since` into the
-//! `retrace_record_forward_delay_seconds` histogram. The response tap links the two: when it hands
-//! a data frame to the client connection it marks the connection pending since the upstream read
-//! that preceded the frame (if nothing older is pending). The delay therefore covers the hand-over
-//! from the upstream connection task, the tap, hyper's buffering and the client `write` syscall —
-//! what the proxy itself adds per chunk — and not the network or the client. Stamps are
-//! nanoseconds since a process-wide base instant in relaxed atomics (one `Instant::now` per read
+//! `retrace_record_forward_delay_seconds` histogram. The response tap marks the connection
+//! pending when it hands a data frame over (if nothing older is pending). The delay therefore
+//! covers the tap, hyper's buffering and the client `write` syscall — what the proxy itself adds
+//! per chunk — and not the network or the client. Stamps are
+//! nanoseconds since a process-wide base instant in relaxed atomics (one `Instant::now` per frame
 //! and per write). With HTTP/2 towards the client, frames of several streams share one
 //! connection, so a write completes the oldest pending chunk of the connection. These wrappers
 //! serve hyper's path; retrace's own HTTP/1.1 loop (`h1`) reads and writes both sockets itself
@@ -31,22 +30,6 @@ fn base() -> Instant {
 /// Nanoseconds since the process-wide base instant (never 0, which means "none").
 pub fn now_ns() -> u64 {
     (base().elapsed().as_nanos() as u64).max(1)
-}
-
-/// When the upstream connection's last read returned.
-#[derive(Debug, Default)]
-pub struct ReadClock {
-    last_read_ns: AtomicU64,
-}
-
-impl ReadClock {
-    /// The last read's stamp, or now when nothing was read yet.
-    pub fn last_read_ns(&self) -> u64 {
-        match self.last_read_ns.load(Relaxed) {
-            0 => now_ns(),
-            t => t,
-        }
-    }
 }
 
 /// The client connection's oldest forwarded-but-not-yet-written chunk.
@@ -77,59 +60,6 @@ impl WriteClock {
             let d = now_ns().saturating_sub(t);
             self.stats.forward_delay.observe(Duration::from_nanos(d));
         }
-    }
-}
-
-/// An upstream connection that stamps its reads.
-pub struct ReadStamped<T> {
-    inner: T,
-    clock: Arc<ReadClock>,
-}
-
-impl<T> ReadStamped<T> {
-    pub fn new(inner: T, clock: Arc<ReadClock>) -> Self {
-        ReadStamped { inner, clock }
-    }
-}
-
-impl<T: Read + Unpin> Read for ReadStamped<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = r {
-            this.clock.last_read_ns.store(now_ns(), Relaxed);
-        }
-        r
-    }
-}
-
-impl<T: Write + Unpin> Write for ReadStamped<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
     }
 }
 

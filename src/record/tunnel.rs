@@ -13,6 +13,7 @@
 //! stored or hashed. This module does not read HTTP heads or decide whether to switch (see `h1`
 //! and `proxy`); [`record`] turns a tunnel's end into the exchange's record.
 
+use super::failure::Failure;
 use super::stats::Stats;
 use super::tap::Pending;
 use std::future::poll_fn;
@@ -26,9 +27,6 @@ use tokio::time::Instant;
 /// Bytes each direction reads at once. The buffer exists only while bytes are on their way: a
 /// direction waiting for its reader frees it, so an idle tunnel holds no buffers.
 const TUNNEL_BUF: usize = 16 << 10;
-
-/// The error kind recorded for a tunnel the proxy cut because it was shutting down.
-pub const DRAIN_KIND: &str = "drain_deadline";
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,19 +247,14 @@ where
 }
 
 /// Finishes an upgraded exchange's record: its end is the tunnel's end; a failed upstream is
-/// `upstream_reset`, a failed client a cancellation, a drain cut [`DRAIN_KIND`] (not counted as
+/// `upstream_reset`, a failed client a cancellation, a drain cut [`Failure::DrainDeadline`] (not counted as
 /// an upstream error). Status and header time were noted when the 101 arrived.
-pub fn record(mut pending: Pending, end: &TunnelEnd) {
+pub fn record(pending: Pending, end: &TunnelEnd) {
     match end.how {
         How::Closed => pending.end(None, false),
         How::ClientFailed => pending.end(None, true),
-        How::UpstreamFailed => pending.end(Some("upstream_reset"), false),
-        How::Drained => {
-            if let Some(e) = pending.exchange() {
-                e.error = Some(DRAIN_KIND.to_string());
-            }
-            pending.end(None, false);
-        }
+        How::UpstreamFailed => pending.end(Some(Failure::UpstreamReset), false),
+        How::Drained => pending.end(Some(Failure::DrainDeadline), false),
     }
 }
 

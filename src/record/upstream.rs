@@ -1,7 +1,8 @@
-//! Dialing the upstream server (plain TCP or TLS with rustls) and the HTTP/2 pooling client.
+//! Dialing the upstream server (plain TCP or TLS with rustls) and hyper-util's pooling client.
 //!
-//! [`Connector`] is a `tower_service::Service<Uri>` used by the HTTP/1.1 pool (`pool`) and by
-//! hyper-util's pooling client (HTTP/2 upstreams, and tests as a client): it dials with
+//! [`Connector`] is a `tower_service::Service<Uri>` used by the own loop's raw pool (`rawpool`)
+//! and by hyper-util's pooling client (hyper's path, HTTP/1.1 or HTTP/2 upstream; tests use it
+//! as a client too): it dials with
 //! a connect timeout and TCP_NODELAY, and for `https` upstreams wraps the stream in rustls, trusting
 //! `--upstream-ca` (PEM) when given, else the system bundle (`SSL_CERT_FILE`, then the usual
 //! Debian/Red Hat paths; see [`crate::tls`]). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It

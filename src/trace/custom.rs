@@ -44,8 +44,10 @@ pub fn read(
             continue;
         }
         let lineno = k as u64 + 1;
-        let row = serde_json::from_str::<Row>(line)
-            .map_err(|e| e.to_string())
+        let row = Some(line)
+            .filter(|l| l.trim_start().starts_with('{'))
+            .ok_or_else(|| "a row must be a JSON object".to_string())
+            .and_then(|l| serde_json::from_str::<Row>(l).map_err(|e| e.to_string()))
             .and_then(|r| match r.output_tokens {
                 Some(o) if o > MAX_TOKENS => Err(format!("output_tokens {o} is absurd")),
                 _ => Ok(r),

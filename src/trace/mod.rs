@@ -16,7 +16,6 @@ pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
-mod recenc;
 pub mod select;
 pub mod sessions;
 pub mod shape;

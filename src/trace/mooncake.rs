@@ -13,8 +13,9 @@ use std::io::{BufRead, Write};
 
 /// Mooncake's block size.
 pub const BLOCK_SIZE: u32 = 512;
-/// Largest `input_length` accepted (10^9 tokens): larger values are absurd, not data.
-pub const MAX_TOKENS: u64 = 1_000_000_000;
+/// Largest token count accepted (10^7): no model's context comes near it, and a larger length
+/// would make a replay build a prompt of gigabytes. Larger values are absurd, not data.
+pub const MAX_TOKENS: u64 = 10_000_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +58,10 @@ impl ImportReport {
 
 /// Parses one Mooncake row. Public for fuzzing.
 pub fn parse_row(line: &str) -> Result<Request, String> {
+    // serde would read a JSON array positionally as the row's fields.
+    if !line.trim_start().starts_with('{') {
+        return Err("a row must be a JSON object".into());
+    }
     let row: RowIn = serde_json::from_str(line).map_err(|e| e.to_string())?;
     let ts = if let Some(u) = row.timestamp.as_u64() {
         u as f64
@@ -176,11 +181,14 @@ mod tests {
     }
 
     #[test]
-    fn absurd_and_negative_values_are_errors() {
+    fn absurd_and_negative_values_and_arrays_are_errors() {
         for row in [
             r#"{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": []}"#,
             r#"{"timestamp": 0, "input_length": 1000000000000, "output_length": 1, "hash_ids": []}"#,
             r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [], "x": 1}"#,
+            r#"{"timestamp": 0, "input_length": 999999999, "output_length": 1, "hash_ids": []}"#,
+            r#"[1, 2, 3, []]"#,
+            r#"[1,2,3]"#,
         ] {
             assert!(parse_row(row).is_err(), "{row}");
         }

@@ -1,17 +1,16 @@
 //! `retrace record`'s HTTP/1.1 forwarding at the wire level, with raw sockets on both sides:
 //! pipelining, chunked request bodies, `Expect: 100-continue`, HEAD, 204, close-delimited
 //! responses, refused heads (400/431), an upstream that says `Connection: close`, and raw chunk
-//! framing passed through byte for byte. The behaviours HTTP defines run against both engines
-//! (`--h1-engine own` and `hyper`); the ones only the own loop promises (the exact framing bytes,
-//! its JSON refusals) against `own`.
+//! framing passed through byte for byte. HTTP/1.1 clients of an HTTP/1.1 upstream are served by
+//! retrace's own loop (`record::h1`).
 
-use retrace::record::{self, H1Engine, RecordConfig, RecordStats};
+use retrace::record::{self, RecordConfig, RecordStats};
 use retrace::trace::{native, Request as TraceRequest};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -94,7 +93,20 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, S
     }
 }
 
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+/// Reads until the proxy closes the connection: panics if it is still open after [`T`] (a
+/// timeout is not an end of the body).
+async fn read_to_eof(s: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) {
+    let mut tmp = [0u8; 8192];
+    loop {
+        match tokio::time::timeout(T, s.read(&mut tmp)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => buf.extend_from_slice(&tmp[..n]),
+            Err(_) => panic!("the proxy did not close the connection within {T:?}"),
+        }
+    }
+}
+
+async fn read_more(s: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) -> Option<()> {
     let mut tmp = [0u8; 8192];
     let n = tokio::time::timeout(T, s.read(&mut tmp)).await.ok()?.ok()?;
     if n == 0 {
@@ -139,7 +151,11 @@ impl Resp {
 }
 
 /// Reads one response from the proxy; `head_request` says the request was HEAD.
-async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Resp {
+async fn read_response(
+    s: &mut (impl AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+    head_request: bool,
+) -> Resp {
     loop {
         let mut h = [httparse::EMPTY_HEADER; 64];
         let mut r = httparse::Response::new(&mut h);
@@ -189,7 +205,7 @@ async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool)
                 }
                 resp.body = buf.drain(..len).collect();
             } else {
-                while read_more(s, buf).await.is_some() {}
+                read_to_eof(s, buf).await;
                 resp.body = std::mem::take(buf);
             }
             resp.raw_body = resp.body.clone();
@@ -215,13 +231,12 @@ struct Rec {
     _dir: tempfile::TempDir,
 }
 
-async fn start(upstream: SocketAddr, engine: H1Engine) -> Rec {
+async fn start(upstream: SocketAddr) -> Rec {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = RecordConfig::new(&format!("http://{upstream}"), dir.path().join("out")).unwrap();
     cfg.flush_every = Duration::from_millis(100);
     cfg.block_size = 16;
     cfg.io_threads = 1;
-    cfg.h1_engine = engine;
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (stop, rx) = oneshot::channel::<()>();
@@ -271,80 +286,69 @@ fn echo(method: &str, path: &str, body: &[u8]) -> Answer {
     }
 }
 
-const ENGINES: [H1Engine; 2] = [H1Engine::Own, H1Engine::Hyper];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_on_one_connection_come_back_in_order() {
     let (up, _) = raw_upstream(echo).await;
-    for engine in ENGINES {
-        let rec = start(up, engine).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        // Three requests in one write: two with bodies, one without.
-        let mut wire = Vec::new();
-        for (k, body) in [r#"{"prompt":[1]}"#, "", r#"{"prompt":[3,3]}"#]
-            .iter()
-            .enumerate()
-        {
-            let method = if body.is_empty() { "GET" } else { "POST" };
-            wire.extend(
-                format!(
-                    "{method} /v1/completions?k={k} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .bytes(),
-            );
-        }
-        c.write_all(&wire).await.unwrap();
-        let mut buf = Vec::new();
-        let r1 = read_response(&mut c, &mut buf, false).await;
-        let r2 = read_response(&mut c, &mut buf, false).await;
-        let r3 = read_response(&mut c, &mut buf, false).await;
-        assert_eq!(r1.body, br#"{"prompt":[1]}"#, "{engine:?}");
-        assert_eq!(
-            r2.body, br#"{"method":"GET","path":"/v1/completions?k=1"}"#,
-            "{engine:?}"
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    // Three requests in one write: two with bodies, one without.
+    let mut wire = Vec::new();
+    for (k, body) in [r#"{"prompt":[1]}"#, "", r#"{"prompt":[3,3]}"#]
+        .iter()
+        .enumerate()
+    {
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        wire.extend(
+            format!(
+                "{method} /v1/completions?k={k} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .bytes(),
         );
-        assert_eq!(r3.body, br#"{"prompt":[3,3]}"#, "{engine:?}");
-        // The connection carries on.
-        c.write_all(b"GET /again HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let r4 = read_response(&mut c, &mut buf, false).await;
-        assert_eq!(r4.status, 200);
-        let recs = rec.records().await;
-        assert_eq!(recs.len(), 4, "{engine:?}");
-        assert_eq!(recs[0].input_tokens, 1);
-        assert_eq!(recs[2].input_tokens, 2);
     }
+    c.write_all(&wire).await.unwrap();
+    let mut buf = Vec::new();
+    let r1 = read_response(&mut c, &mut buf, false).await;
+    let r2 = read_response(&mut c, &mut buf, false).await;
+    let r3 = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(r1.body, br#"{"prompt":[1]}"#);
+    assert_eq!(r2.body, br#"{"method":"GET","path":"/v1/completions?k=1"}"#);
+    assert_eq!(r3.body, br#"{"prompt":[3,3]}"#);
+    // The connection carries on.
+    c.write_all(b"GET /again HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let r4 = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(r4.status, 200);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 4);
+    assert_eq!(recs[0].input_tokens, 1);
+    assert_eq!(recs[2].input_tokens, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_request_body_streams_through_and_is_recorded_decoded() {
     let (up, _) = raw_upstream(echo).await;
-    for engine in ENGINES {
-        let rec = start(up, engine).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        c.write_all(
-            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
-        )
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n")
         .await
         .unwrap();
-        let parts = [r#"{"prompt":"#, "[1,2,", "3,4]", "}"];
-        for p in parts {
-            c.write_all(format!("{:x}\r\n{p}\r\n", p.len()).as_bytes())
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        c.write_all(b"0\r\n\r\n").await.unwrap();
-        let mut buf = Vec::new();
-        let r = read_response(&mut c, &mut buf, false).await;
-        assert_eq!(r.status, 200);
-        assert_eq!(r.body, parts.concat().as_bytes(), "{engine:?}");
-        let recs = rec.records().await;
-        assert_eq!(recs[0].input_tokens, 4, "{engine:?}: the decoded prompt");
-        assert_eq!(recs[0].response.as_ref().unwrap().error, None);
+    let parts = [r#"{"prompt":"#, "[1,2,", "3,4]", "}"];
+    for p in parts {
+        c.write_all(format!("{:x}\r\n{p}\r\n", p.len()).as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    c.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, parts.concat().as_bytes());
+    let recs = rec.records().await;
+    assert_eq!(recs[0].input_tokens, 4, "the decoded prompt");
+    assert_eq!(recs[0].response.as_ref().unwrap().error, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,27 +382,22 @@ async fn expect_100_continue_is_forwarded_before_the_body() {
             });
         }
     });
-    for engine in ENGINES {
-        let rec = start(up, engine).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        c.write_all(
-            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let mut buf = Vec::new();
-        let interim = read_response(&mut c, &mut buf, false).await;
-        assert_eq!(
-            interim.status, 100,
-            "{engine:?}: the client is told to go on"
-        );
-        c.write_all(b"hello").await.unwrap();
-        let r = read_response(&mut c, &mut buf, false).await;
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
-        let recs = rec.records().await;
-        assert_eq!(recs.len(), 1);
-        assert_eq!(recs[0].response.as_ref().unwrap().status, 200);
-    }
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let interim = read_response(&mut c, &mut buf, false).await;
+    assert_eq!(interim.status, 100, "the client is told to go on");
+    c.write_all(b"hello").await.unwrap();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hello"[..]));
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].response.as_ref().unwrap().status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,39 +417,37 @@ async fn head_and_204_responses_have_no_body_and_keep_the_connection() {
         }
     })
     .await;
-    for engine in ENGINES {
-        let before = conns.load(Ordering::Relaxed);
-        let rec = start(up, engine).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        let mut buf = Vec::new();
-        for _ in 0..2 {
-            c.write_all(b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let r = read_response(&mut c, &mut buf, true).await;
-            assert_eq!(r.status, 200, "{engine:?}");
-            assert_eq!(r.header("content-length"), Some("1234"));
-            c.write_all(b"DELETE /empty HTTP/1.1\r\nhost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let r = read_response(&mut c, &mut buf, false).await;
-            assert_eq!(r.status, 204, "{engine:?}");
-            assert_eq!(r.header("x-why"), Some("nothing"));
-        }
-        assert!(buf.is_empty(), "{engine:?}: no stray body bytes");
-        assert!(!closed(&mut c).await, "{engine:?}: keep-alive");
-        assert_eq!(
-            conns.load(Ordering::Relaxed) - before,
-            1,
-            "{engine:?}: one upstream connection reused"
-        );
-        let recs = rec.records().await;
-        let st: Vec<u16> = recs
-            .iter()
-            .map(|r| r.response.as_ref().unwrap().status)
-            .collect();
-        assert_eq!(st, vec![200, 204, 200, 204]);
+    let before = conns.load(Ordering::Relaxed);
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for _ in 0..2 {
+        c.write_all(b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let r = read_response(&mut c, &mut buf, true).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("content-length"), Some("1234"));
+        c.write_all(b"DELETE /empty HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.status, 204);
+        assert_eq!(r.header("x-why"), Some("nothing"));
     }
+    assert!(buf.is_empty(), "no stray body bytes");
+    assert!(!closed(&mut c).await, "keep-alive");
+    assert_eq!(
+        conns.load(Ordering::Relaxed) - before,
+        1,
+        "one upstream connection reused"
+    );
+    let recs = rec.records().await;
+    let st: Vec<u16> = recs
+        .iter()
+        .map(|r| r.response.as_ref().unwrap().status)
+        .collect();
+    assert_eq!(st, vec![200, 204, 200, 204]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,7 +461,7 @@ async fn close_delimited_response_is_forwarded_then_the_client_connection_closes
         close: true,
     })
     .await;
-    let rec = start(up, H1Engine::Own).await;
+    let rec = start(up).await;
     let mut c = TcpStream::connect(rec.addr).await.unwrap();
     c.write_all(
         b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 14\r\n\r\n{\"prompt\":[1]}",
@@ -492,7 +489,7 @@ async fn close_delimited_response_is_forwarded_then_the_client_connection_closes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_heads_are_refused_and_the_connection_closed() {
     let (up, conns) = raw_upstream(echo).await;
-    let rec = start(up, H1Engine::Own).await;
+    let rec = start(up).await;
     for (wire, status) in [
         (b"GARBAGE\r\n\r\n".to_vec(), 400),
         (
@@ -535,34 +532,32 @@ async fn upstream_connection_close_is_handled_per_hop() {
         close: true,
     })
     .await;
-    for engine in ENGINES {
-        let before = conns.load(Ordering::Relaxed);
-        let rec = start(up, engine).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        let mut buf = Vec::new();
-        for k in 0..3 {
-            let b = format!(r#"{{"prompt":[{k}]}}"#);
-            c.write_all(
-                format!(
-                    "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{b}",
-                    b.len()
-                )
-                .as_bytes(),
+    let before = conns.load(Ordering::Relaxed);
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for k in 0..3 {
+        let b = format!(r#"{{"prompt":[{k}]}}"#);
+        c.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{b}",
+                b.len()
             )
-            .await
-            .unwrap();
-            let r = read_response(&mut c, &mut buf, false).await;
-            assert_eq!(r.status, 200, "{engine:?} request {k}");
-            assert_eq!(r.body, b.as_bytes());
-            assert_ne!(r.header("connection"), Some("close"), "hop-by-hop");
-        }
-        assert_eq!(conns.load(Ordering::Relaxed) - before, 3, "{engine:?}");
-        let recs = rec.records().await;
-        assert_eq!(recs.len(), 3);
-        assert!(recs
-            .iter()
-            .all(|r| r.response.as_ref().unwrap().error.is_none()));
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.status, 200, "request {k}");
+        assert_eq!(r.body, b.as_bytes());
+        assert_ne!(r.header("connection"), Some("close"), "hop-by-hop");
     }
+    assert_eq!(conns.load(Ordering::Relaxed) - before, 3);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 3);
+    assert!(recs
+        .iter()
+        .all(|r| r.response.as_ref().unwrap().error.is_none()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,7 +583,7 @@ async fn chunk_framing_passes_through_byte_for_byte() {
         }
     })
     .await;
-    let rec = start(up, H1Engine::Own).await;
+    let rec = start(up).await;
     let mut c = TcpStream::connect(rec.addr).await.unwrap();
     let mut buf = Vec::new();
     for _ in 0..2 {
@@ -621,7 +616,7 @@ async fn http10_client_gets_a_decoded_body_and_a_close() {
         close: false,
     })
     .await;
-    let rec = start(up, H1Engine::Own).await;
+    let rec = start(up).await;
     let mut c = TcpStream::connect(rec.addr).await.unwrap();
     c.write_all(b"GET /v1/models HTTP/1.0\r\n\r\n")
         .await
@@ -634,36 +629,25 @@ async fn http10_client_gets_a_decoded_body_and_a_close() {
 }
 
 #[test]
-fn h1_engine_flag_defaults_to_own_and_names_itself_in_errors() {
-    let parse = |extra: &[&str]| {
-        let mut args = vec![
-            "record",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            "http://127.0.0.1:1",
-            "--out",
-            "o",
-        ];
-        args.extend_from_slice(extra);
-        let retrace::cli::Command::Record(a) = super::support::cli(&args).command else {
-            unreachable!()
-        };
-        RecordConfig::from_args(&a)
-    };
-    assert_eq!(parse(&[]).unwrap().h1_engine, H1Engine::Own);
-    assert_eq!(
-        parse(&["--h1-engine", "hyper"]).unwrap().h1_engine,
-        H1Engine::Hyper
-    );
-    let e = parse(&["--h1-engine", "nginx"]).unwrap_err().to_string();
-    assert!(e.contains("--h1-engine"), "{e}");
+fn the_h1_engine_flag_is_gone() {
+    use clap::Parser as _;
+    let r = retrace::cli::Cli::try_parse_from([
+        "retrace",
+        "record",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--out",
+        "o",
+        "--h1-engine",
+        "hyper",
+    ]);
+    assert!(r.is_err(), "--h1-engine is no longer accepted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_keep_alive_connection_serves_again_after_releasing_its_buffers() {
+async fn an_idle_keep_alive_connection_serves_again_after_the_idle_release() {
     let (up, conns) = raw_upstream(echo).await;
-    let rec = start(up, H1Engine::Own).await;
+    let rec = start(up).await;
     let mut c = TcpStream::connect(rec.addr).await.unwrap();
     let mut buf = Vec::new();
     for k in 0..2 {
@@ -690,4 +674,224 @@ async fn an_idle_keep_alive_connection_serves_again_after_releasing_its_buffers(
         "the upstream socket was pooled"
     );
     assert_eq!(rec.records().await.len(), 2);
+}
+
+/// One POST through the proxy from an HTTP/2 client (h2c prior knowledge): status, headers,
+/// body.
+async fn h2_post(
+    proxy: SocketAddr,
+    body: impl Into<bytes::Bytes>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    use http_body_util::{BodyExt, Full};
+    let c: hyper_util::client::legacy::Client<_, Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let req = http::Request::post(format!("http://{proxy}/v1/completions"))
+        .body(Full::new(body.into()))
+        .unwrap();
+    let resp = tokio::time::timeout(T, c.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let (parts, b) = resp.into_parts();
+    let b = tokio::time::timeout(T, b.collect()).await.unwrap().unwrap();
+    (parts.status.as_u16(), parts.headers, b.to_bytes().to_vec())
+}
+
+/// One POST through the proxy from an HTTP/1.1 client on a fresh connection.
+async fn h1_post(proxy: SocketAddr, body: &str) -> Resp {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    let wire = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(wire.as_bytes()).await.unwrap();
+    read_response(&mut c, &mut Vec::new(), false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_length_beside_chunked_is_dropped_for_http1_and_http2_clients() {
+    // RFC 9112 §6.3: Transfer-Encoding wins; the client must get the whole body.
+    let (up, _) = raw_upstream(|_, _, _| Answer {
+        pieces: vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec(),
+            b"6\r\n world\r\n0\r\n\r\n".to_vec(),
+        ],
+        close: false,
+    })
+    .await;
+    let rec = start(up).await;
+    let r = h1_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-length"), None, "{:?}", r.headers);
+    assert_eq!(r.body, b"hello world");
+    let (status, headers, body) = h2_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    assert_eq!(status, 200);
+    assert_ne!(
+        headers.get("content-length").map(|v| v.as_bytes()),
+        Some(&b"3"[..]),
+        "{headers:?}"
+    );
+    assert_eq!(body, b"hello world");
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!((resp.status, resp.error.as_deref()), (200, None));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_kb_response_head_is_a_502_for_http1_and_http2_clients() {
+    let (up, _) = raw_upstream(|_, _, _| {
+        let mut head = b"HTTP/1.1 200 OK\r\nx-big: ".to_vec();
+        head.extend(std::iter::repeat_n(b'a', 200 << 10));
+        head.extend_from_slice(b"\r\ncontent-length: 2\r\n\r\nok");
+        Answer {
+            pieces: vec![head],
+            close: false,
+        }
+    })
+    .await;
+    let rec = start(up).await;
+    let check = |status: u16, body: &[u8]| {
+        assert_eq!(status, 502);
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["error"]["type"], "upstream_closed");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("response head from upstream too large"),
+            "{msg}"
+        );
+    };
+    let r = h1_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    check(r.status, &r.body);
+    let (status, _, body) = h2_post(rec.addr, r#"{"prompt":[1]}"#).await;
+    check(status, &body);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.status, 0, "no usable head came from upstream");
+        assert_eq!(resp.error.as_deref(), Some("upstream_closed"));
+    }
+}
+
+/// An upstream that answers every request `400` as soon as its head is in (or, `silent`, not at
+/// all), then closes without reading the body (as servers do on errors).
+async fn early_400_upstream(silent: bool) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    if read_more(&mut s, &mut buf).await.is_none() {
+                        return;
+                    }
+                }
+                let body = br#"{"object":"error","message":"too long","type":"BadRequestError","code":400}"#;
+                let mut head = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                head.extend_from_slice(body);
+                if !silent {
+                    let _ = s.write_all(&head).await;
+                }
+                // Dropped with the body unread: the kernel resets the connection.
+            });
+        }
+    });
+    addr
+}
+
+/// A 20k-token completion request body.
+fn big_prompt() -> String {
+    let ids: Vec<String> = (0..20_000)
+        .map(|k| (10_000 + k % 40_000).to_string())
+        .collect();
+    format!(
+        r#"{{"model":"m","prompt":[{}],"max_tokens":1}}"#,
+        ids.join(",")
+    )
+}
+
+/// Sends one POST of `body` on a fresh connection and reads the answer while still writing.
+async fn post_while_writing(addr: SocketAddr, body: String) -> Resp {
+    let c = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = c.into_split();
+    let wire = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // The proxy may stop reading once the answer is out: a failed write is fine. The write half
+    // stays open until the answer is read (a half-close would mean the client left).
+    let w = tokio::spawn(async move {
+        let _ = wr.write_all(wire.as_bytes()).await;
+        wr
+    });
+    let r = read_response(&mut rd, &mut Vec::new(), false).await;
+    drop(w.await);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answering_before_the_body_is_read_gets_its_answer_through() {
+    let up = early_400_upstream(false).await;
+    let rec = start(up).await;
+    let body = big_prompt();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(post_while_writing(rec.addr, body.clone())))
+        .collect();
+    let check = |status: u16, body: &[u8]| {
+        assert_eq!(status, 400, "{}", String::from_utf8_lossy(body));
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["message"], "too long", "the upstream's own answer");
+    };
+    for t in tasks {
+        let r = t.await.unwrap();
+        check(r.status, &r.body);
+    }
+    let (status, _, b) = h2_post(rec.addr, body).await;
+    check(status, &b);
+    // Larger than both hops' socket buffers together: the upstream cannot have had it whole.
+    let huge = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(12 << 20));
+    let r = post_while_writing(rec.addr, huge).await;
+    check(r.status, &r.body);
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 22);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.status, 400);
+        // Written whole into the socket before the upstream closed, or not.
+        let e = resp.error.as_deref();
+        assert!(
+            matches!(e, Some("http_400" | "request_body_unsent")),
+            "{e:?}"
+        );
+    }
+    let last = recs.last().unwrap().response.as_ref().unwrap();
+    assert_eq!(last.error.as_deref(), Some("request_body_unsent"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_closing_unanswered_mid_body_is_a_502_with_the_prompt_recorded() {
+    let up = early_400_upstream(true).await;
+    let rec = start(up).await;
+    let r = post_while_writing(rec.addr, big_prompt()).await;
+    assert_eq!(r.status, 502);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["type"], "upstream_closed");
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(
+        (resp.status, resp.error.as_deref()),
+        (0, Some("upstream_closed"))
+    );
+    // The part never forwarded is read from the client for the record.
+    assert_eq!(recs[0].input_tokens, 20_000);
 }

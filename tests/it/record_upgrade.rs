@@ -1,12 +1,11 @@
-//! `retrace record` and HTTP/1.1 protocol switches (`Connection: upgrade`, e.g. WebSocket), for
-//! both engines: a plain-tokio upstream answers `101` to an upgrade request and then echoes
+//! `retrace record` and HTTP/1.1 protocol switches (`Connection: upgrade`, e.g. WebSocket), : a plain-tokio upstream answers `101` to an upgrade request and then echoes
 //! bytes; through the recorder the client sees the 101 head and the echoes both ways, the half
 //! close, and the trace holds the exchange (status 101, no payload, no credentials). A refused
 //! upgrade (426) is an ordinary response on a connection that carries on; an unrequested 101 is a
 //! 502; a draining proxy cuts an open tunnel just before its drain deadline; TLS on both hops
 //! (close_notify as the half close) works the same.
 
-use retrace::record::{self, H1Engine, RecordConfig, RecordStats};
+use retrace::record::{self, RecordConfig, RecordStats};
 use retrace::trace::{native, Endpoint, Request as TraceRequest};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -16,7 +15,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 const T: Duration = Duration::from_secs(10);
-const ENGINES: [H1Engine; 2] = [H1Engine::Own, H1Engine::Hyper];
 const WS_REQUEST: &str = "GET /v1/realtime?token=SECRET-QUERY HTTP/1.1\r\nHost: proxy\r\n\
     Connection: keep-alive, Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
     Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer sk-SECRET-AUTH\r\n\r\n";
@@ -229,21 +227,15 @@ struct Rec {
     dir: tempfile::TempDir,
 }
 
-async fn start(upstream: SocketAddr, engine: H1Engine, drain: Duration) -> Rec {
-    start_with(&format!("http://{upstream}"), engine, drain, |_| {}).await
+async fn start(upstream: SocketAddr, drain: Duration) -> Rec {
+    start_with(&format!("http://{upstream}"), drain, |_| {}).await
 }
 
-async fn start_with(
-    upstream: &str,
-    engine: H1Engine,
-    drain: Duration,
-    tweak: impl FnOnce(&mut RecordConfig),
-) -> Rec {
+async fn start_with(upstream: &str, drain: Duration, tweak: impl FnOnce(&mut RecordConfig)) -> Rec {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = RecordConfig::new(upstream, dir.path().join("out")).unwrap();
     cfg.flush_every = Duration::from_millis(100);
     cfg.io_threads = 1;
-    cfg.h1_engine = engine;
     cfg.drain_timeout = drain;
     cfg.bodies = record::Bodies::Full;
     tweak(&mut cfg);
@@ -300,275 +292,226 @@ fn metric(text: &str, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_upgrade_is_tunnelled_both_ways_and_recorded_without_payload() {
     let (up, seen) = upstream().await;
-    for engine in ENGINES {
-        seen.lock().unwrap().clear();
-        let rec = start(up, engine, Duration::from_secs(5)).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        // The first frame goes with the request, before the 101 (allowed once the switch is
-        // granted): it must reach the upstream after the head, not be taken for a request.
-        let mut first = WS_REQUEST.as_bytes().to_vec();
-        first.extend_from_slice(b"EARLY-PAYLOAD");
-        c.write_all(&first).await.unwrap();
-        let mut buf = Vec::new();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 101, "{engine:?}");
-        assert_eq!(h.get("upgrade"), Some("websocket"), "{engine:?}");
-        assert!(
-            h.get("connection")
-                .is_some_and(|v| v.eq_ignore_ascii_case("upgrade")),
-            "{engine:?}: {:?}",
-            h.headers
-        );
+    seen.lock().unwrap().clear();
+    let rec = start(up, Duration::from_secs(5)).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    // The first frame goes with the request, before the 101 (allowed once the switch is
+    // granted): it must reach the upstream after the head, not be taken for a request.
+    let mut first = WS_REQUEST.as_bytes().to_vec();
+    first.extend_from_slice(b"EARLY-PAYLOAD");
+    c.write_all(&first).await.unwrap();
+    let mut buf = Vec::new();
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 101);
+    assert_eq!(h.get("upgrade"), Some("websocket"));
+    assert!(
+        h.get("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("upgrade")),
+        "{:?}",
+        h.headers
+    );
+    assert_eq!(
+        h.get("sec-websocket-accept"),
+        Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+    );
+    // The greeting the upstream sent with its head, then the early bytes echoed.
+    assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
+    assert_eq!(read_n(&mut c, &mut buf, 13).await, b"EARLY-PAYLOAD");
+    // Several round trips of arbitrary bytes (a frame-like binary blob, some large).
+    let mut sent = 13u64;
+    for k in 0..6u32 {
+        let msg: Vec<u8> = (0..(1 + k * 7919))
+            .map(|i| (i.wrapping_mul(31) ^ k) as u8)
+            .collect();
+        c.write_all(&msg).await.unwrap();
+        sent += msg.len() as u64;
         assert_eq!(
-            h.get("sec-websocket-accept"),
-            Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
-            "{engine:?}"
+            read_n(&mut c, &mut buf, msg.len()).await,
+            msg,
+            "round trip {k}"
         );
-        // The greeting the upstream sent with its head, then the early bytes echoed.
-        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello", "{engine:?}");
-        assert_eq!(
-            read_n(&mut c, &mut buf, 13).await,
-            b"EARLY-PAYLOAD",
-            "{engine:?}"
-        );
-        // Several round trips of arbitrary bytes (a frame-like binary blob, some large).
-        let mut sent = 13u64;
-        for k in 0..6u32 {
-            let msg: Vec<u8> = (0..(1 + k * 7919))
-                .map(|i| (i.wrapping_mul(31) ^ k) as u8)
-                .collect();
-            c.write_all(&msg).await.unwrap();
-            sent += msg.len() as u64;
-            assert_eq!(
-                read_n(&mut c, &mut buf, msg.len()).await,
-                msg,
-                "{engine:?} round trip {k}"
-            );
-        }
-        // Half close: the client is done sending; the upstream still answers, then closes.
-        c.shutdown().await.unwrap();
-        assert_eq!(read_n(&mut c, &mut buf, 3).await, b"bye", "{engine:?}");
-        assert_eq!(
-            read_more(&mut c, &mut buf).await,
-            0,
-            "{engine:?}: EOF after the tunnel"
-        );
+    }
+    // Half close: the client is done sending; the upstream still answers, then closes.
+    c.shutdown().await.unwrap();
+    assert_eq!(read_n(&mut c, &mut buf, 3).await, b"bye");
+    assert_eq!(read_more(&mut c, &mut buf).await, 0, "EOF after the tunnel");
 
-        // The upstream saw the switch asked for, and the credentials (the proxy is transparent).
-        let s = seen.lock().unwrap()[0].clone();
-        assert!(s.line.starts_with("GET /v1/realtime?token="), "{engine:?}");
-        assert_eq!(s.get("upgrade"), Some("websocket"), "{engine:?}");
-        assert!(
-            s.get("connection")
-                .is_some_and(|v| v.eq_ignore_ascii_case("upgrade")),
-            "{engine:?}: {:?}",
-            s.headers
-        );
-        assert_eq!(
-            s.get("sec-websocket-key"),
-            Some("dGhlIHNhbXBsZSBub25jZQ=="),
-            "{engine:?}"
-        );
-        assert_eq!(
-            s.get("authorization"),
-            Some("Bearer sk-SECRET-AUTH"),
-            "{engine:?}"
-        );
+    // The upstream saw the switch asked for, and the credentials (the proxy is transparent).
+    let s = seen.lock().unwrap()[0].clone();
+    assert!(s.line.starts_with("GET /v1/realtime?token="));
+    assert_eq!(s.get("upgrade"), Some("websocket"));
+    assert!(
+        s.get("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("upgrade")),
+        "{:?}",
+        s.headers
+    );
+    assert_eq!(s.get("sec-websocket-key"), Some("dGhlIHNhbXBsZSBub25jZQ=="));
+    assert_eq!(s.get("authorization"), Some("Bearer sk-SECRET-AUTH"));
 
-        // /metrics counts the upgrade and the tunnel's bytes (the tunnel has closed).
-        let mut m = String::new();
-        for _ in 0..50 {
-            m = rec.metrics().await;
-            if metric(&m, "retrace_record_tunnels_open") == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    // /metrics counts the upgrade and the tunnel's bytes (the tunnel has closed).
+    let mut m = String::new();
+    for _ in 0..50 {
+        m = rec.metrics().await;
+        if metric(&m, "retrace_record_tunnels_open") == 0 {
+            break;
         }
-        assert_eq!(metric(&m, "retrace_record_upgrades_total"), 1, "{engine:?}");
-        assert_eq!(metric(&m, "retrace_record_tunnels_open"), 0, "{engine:?}");
-        assert_eq!(
-            metric(
-                &m,
-                "retrace_record_tunnel_bytes_total{direction=\"to_upstream\"}"
-            ),
-            sent,
-            "{engine:?}"
-        );
-        assert_eq!(
-            metric(
-                &m,
-                "retrace_record_tunnel_bytes_total{direction=\"to_client\"}"
-            ),
-            // The greeting came with the 101 head; echoes; bye.
-            5 + sent + 3,
-            "{engine:?}"
-        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&m, "retrace_record_upgrades_total"), 1);
+    assert_eq!(metric(&m, "retrace_record_tunnels_open"), 0);
+    assert_eq!(
+        metric(
+            &m,
+            "retrace_record_tunnel_bytes_total{direction=\"to_upstream\"}"
+        ),
+        sent
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "retrace_record_tunnel_bytes_total{direction=\"to_client\"}"
+        ),
+        // The greeting came with the 101 head; echoes; bye.
+        5 + sent + 3
+    );
 
-        let (recs, _, raw) = rec.stop().await;
-        assert_eq!(recs.len(), 1, "{engine:?}");
-        let r = &recs[0];
-        assert_eq!(r.endpoint, Endpoint::Other("/v1/realtime".into()));
-        let resp = r.response.as_ref().unwrap();
-        assert_eq!(resp.status, 101, "{engine:?}");
-        assert_eq!(resp.error, None, "{engine:?}");
-        assert!(!resp.cancelled, "{engine:?}");
-        let headers = resp.headers_us.expect("time to the 101 head");
-        let end = resp.end_us.expect("the tunnel's end");
-        assert!(end >= headers, "{engine:?}: {end} < {headers}");
-        assert!(
-            resp.events.is_empty() && resp.ttft_us.is_none(),
-            "{engine:?}"
-        );
-        // --bodies full keeps the (empty) request and response bodies, never the tunnel's.
-        assert!(
-            resp.body.as_deref().is_none_or(|b| b.is_empty()),
-            "{engine:?}"
-        );
-        assert!(r.body.as_deref().is_none_or(|b| b.is_empty()), "{engine:?}");
-        assert_eq!((r.input_tokens, r.output_tokens), (0, 0), "{engine:?}");
-        let hay = String::from_utf8_lossy(&raw);
-        for secret in ["SECRET", "EARLY-PAYLOAD", "hello", "bye"] {
-            assert!(
-                !hay.contains(secret),
-                "{engine:?}: {secret:?} reached the trace"
-            );
-        }
+    let (recs, _, raw) = rec.stop().await;
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(r.endpoint, Endpoint::Other("/v1/realtime".into()));
+    let resp = r.response.as_ref().unwrap();
+    assert_eq!(resp.status, 101);
+    assert_eq!(resp.error, None);
+    assert!(!resp.cancelled);
+    let headers = resp.headers_us.expect("time to the 101 head");
+    let end = resp.end_us.expect("the tunnel's end");
+    assert!(end >= headers, "{end} < {headers}");
+    assert!(resp.events.is_empty() && resp.ttft_us.is_none());
+    // --bodies full keeps the (empty) request and response bodies, never the tunnel's.
+    assert!(resp.body.as_deref().is_none_or(|b| b.is_empty()));
+    assert!(r.body.as_deref().is_none_or(|b| b.is_empty()));
+    assert_eq!((r.input_tokens, r.output_tokens), (0, 0));
+    let hay = String::from_utf8_lossy(&raw);
+    for secret in ["SECRET", "EARLY-PAYLOAD", "hello", "bye"] {
+        assert!(!hay.contains(secret), "{secret:?} reached the trace");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_upgrade_is_an_ordinary_response_and_the_connection_carries_on() {
     let (up, seen) = upstream().await;
-    for engine in ENGINES {
-        seen.lock().unwrap().clear();
-        let rec = start(up, engine, Duration::from_secs(5)).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        c.write_all(
-            b"GET /refuse HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-        )
+    seen.lock().unwrap().clear();
+    let rec = start(up, Duration::from_secs(5)).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(
+        b"GET /refuse HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 426);
+    assert_eq!(read_body(&mut c, &mut buf, &h).await, b"upgrade refused");
+    assert!(!h.get("connection").is_some_and(|v| v.contains("close")));
+    // The next keep-alive request on the same connection.
+    c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-        let mut buf = Vec::new();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 426, "{engine:?}");
-        assert_eq!(
-            read_body(&mut c, &mut buf, &h).await,
-            b"upgrade refused",
-            "{engine:?}"
-        );
-        assert!(
-            !h.get("connection").is_some_and(|v| v.contains("close")),
-            "{engine:?}"
-        );
-        // The next keep-alive request on the same connection.
-        c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 200, "{engine:?}");
-        assert_eq!(
-            read_body(&mut c, &mut buf, &h).await,
-            br#"{"path":"/v1/models"}"#,
-            "{engine:?}"
-        );
-        // An h2c upgrade is not forwarded (the recorder must keep seeing the requests): an
-        // ordinary request upstream, an ordinary answer.
-        c.write_all(
-            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
-        )
-        .await
-        .unwrap();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 200, "{engine:?}");
-        read_body(&mut c, &mut buf, &h).await;
-        {
-            let seen = seen.lock().unwrap();
-            assert_eq!(seen.len(), 3, "{engine:?}");
-            assert_eq!(seen[0].get("upgrade"), Some("websocket"), "{engine:?}");
-            assert_eq!(seen[1].get("upgrade"), None, "{engine:?}");
-            assert_eq!(seen[2].get("upgrade"), None, "{engine:?}");
-            assert_eq!(seen[2].get("http2-settings"), None, "{engine:?}");
-        }
-        // After ordinary exchanges, the same client connection (and the pooled upstream one)
-        // can still switch.
-        c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
-        assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
-        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello", "{engine:?}");
-        c.write_all(b"ping").await.unwrap();
-        assert_eq!(read_n(&mut c, &mut buf, 4).await, b"ping", "{engine:?}");
-        drop(c);
-        let (recs, _, _) = rec.stop().await;
-        let statuses: Vec<u16> = recs
-            .iter()
-            .map(|r| r.response.as_ref().unwrap().status)
-            .collect();
-        assert_eq!(statuses, [426, 200, 200, 101], "{engine:?}");
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 200);
+    assert_eq!(
+        read_body(&mut c, &mut buf, &h).await,
+        br#"{"path":"/v1/models"}"#
+    );
+    // An h2c upgrade is not forwarded (the recorder must keep seeing the requests): an
+    // ordinary request upstream, an ordinary answer.
+    c.write_all(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 200);
+    read_body(&mut c, &mut buf, &h).await;
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[0].get("upgrade"), Some("websocket"));
+        assert_eq!(seen[1].get("upgrade"), None);
+        assert_eq!(seen[2].get("upgrade"), None);
+        assert_eq!(seen[2].get("http2-settings"), None);
     }
+    // After ordinary exchanges, the same client connection (and the pooled upstream one)
+    // can still switch.
+    c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
+    assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
+    assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
+    c.write_all(b"ping").await.unwrap();
+    assert_eq!(read_n(&mut c, &mut buf, 4).await, b"ping");
+    drop(c);
+    let (recs, _, _) = rec.stop().await;
+    let statuses: Vec<u16> = recs
+        .iter()
+        .map(|r| r.response.as_ref().unwrap().status)
+        .collect();
+    assert_eq!(statuses, [426, 200, 200, 101]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrequested_101_is_a_bad_gateway() {
     let (up, _) = upstream().await;
-    for engine in ENGINES {
-        let rec = start(up, engine, Duration::from_secs(5)).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        c.write_all(b"GET /switch HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = Vec::new();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 502, "{engine:?}");
-        let body = String::from_utf8(read_body(&mut c, &mut buf, &h).await).unwrap();
-        assert!(body.contains("101"), "{engine:?}: {body}");
-        drop(c);
-        let (recs, _, _) = rec.stop().await;
-        assert_eq!(recs.len(), 1, "{engine:?}");
-        assert_eq!(
-            recs[0].response.as_ref().unwrap().error.as_deref(),
-            Some("upstream_closed"),
-            "{engine:?}"
-        );
-    }
+    let rec = start(up, Duration::from_secs(5)).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"GET /switch HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 502);
+    let body = String::from_utf8(read_body(&mut c, &mut buf, &h).await).unwrap();
+    assert!(body.contains("101"), "{body}");
+    drop(c);
+    let (recs, _, _) = rec.stop().await;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(
+        recs[0].response.as_ref().unwrap().error.as_deref(),
+        Some("upstream_closed")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_proxy_keeps_a_tunnel_until_just_before_its_deadline() {
     let (up, _) = upstream().await;
-    for engine in ENGINES {
-        let drain = Duration::from_millis(1500);
-        let rec = start(up, engine, drain).await;
-        let mut c = TcpStream::connect(rec.addr).await.unwrap();
-        c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
-        let mut buf = Vec::new();
-        assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
-        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
-        let stopping = Instant::now();
-        let stop = tokio::spawn(rec.stop());
-        // Still working while the proxy drains.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        c.write_all(b"still there?").await.unwrap();
-        assert_eq!(
-            read_n(&mut c, &mut buf, 12).await,
-            b"still there?",
-            "{engine:?}"
-        );
-        // Cut a little before the deadline: the client sees the end.
-        while read_more(&mut c, &mut buf).await > 0 {}
-        let cut = stopping.elapsed();
-        assert!(
-            cut >= Duration::from_millis(1000) && cut < Duration::from_secs(8),
-            "{engine:?}: cut after {cut:?}"
-        );
-        let (recs, _, _) = tokio::time::timeout(Duration::from_secs(20), stop)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(recs.len(), 1, "{engine:?}");
-        let resp = recs[0].response.as_ref().unwrap();
-        assert_eq!(resp.status, 101, "{engine:?}");
-        assert_eq!(resp.error.as_deref(), Some("drain_deadline"), "{engine:?}");
-        assert!(!resp.cancelled, "{engine:?}");
-    }
+    let drain = Duration::from_millis(1500);
+    let rec = start(up, drain).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
+    assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
+    let stopping = Instant::now();
+    let stop = tokio::spawn(rec.stop());
+    // Still working while the proxy drains.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.write_all(b"still there?").await.unwrap();
+    assert_eq!(read_n(&mut c, &mut buf, 12).await, b"still there?");
+    // Cut a little before the deadline: the client sees the end.
+    while read_more(&mut c, &mut buf).await > 0 {}
+    let cut = stopping.elapsed();
+    assert!(
+        cut >= Duration::from_millis(1000) && cut < Duration::from_secs(8),
+        "cut after {cut:?}"
+    );
+    let (recs, _, _) = tokio::time::timeout(Duration::from_secs(20), stop)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recs.len(), 1);
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.status, 101);
+    assert_eq!(resp.error.as_deref(), Some("drain_deadline"));
+    assert!(!resp.cancelled);
 }
 
 fn repo(rel: &str) -> std::path::PathBuf {
@@ -587,45 +530,38 @@ async fn a_tunnel_works_over_tls_on_both_hops() {
         retrace::tls::client_config(Some(&repo("fixtures/tls/ca.pem")), "ca", &[b"http/1.1"])
             .unwrap(),
     );
-    for engine in ENGINES {
-        let rec = start_with(
-            &format!("https://localhost:{}", up.port()),
-            engine,
-            Duration::from_secs(5),
-            |c| {
-                c.tls = Some((repo("fixtures/tls/cert.pem"), repo("fixtures/tls/key.pem")));
-                c.upstream_ca = Some(repo("fixtures/tls/ca.pem"));
-            },
-        )
-        .await;
-        let tcp = TcpStream::connect(rec.addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        let mut c = client_tls.connect(name, tcp).await.unwrap();
-        c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
-        let mut buf = Vec::new();
-        let h = read_response_head(&mut c, &mut buf).await;
-        assert_eq!(h.status, 101, "{engine:?}");
-        assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello", "{engine:?}");
-        for k in 0..3u8 {
-            let msg = vec![k; 20_000];
-            c.write_all(&msg).await.unwrap();
-            assert_eq!(read_n(&mut c, &mut buf, msg.len()).await, msg, "{engine:?}");
-        }
-        // A TLS half close (close_notify) is passed on; the upstream answers and closes.
-        c.shutdown().await.unwrap();
-        assert_eq!(read_n(&mut c, &mut buf, 3).await, b"bye", "{engine:?}");
-        assert_eq!(read_more(&mut c, &mut buf).await, 0, "{engine:?}");
-        assert_eq!(
-            seen.lock().unwrap().last().unwrap().get("upgrade"),
-            Some("websocket")
-        );
-        let (recs, _, _) = rec.stop().await;
-        assert_eq!(recs.len(), 1, "{engine:?}");
-        let resp = recs[0].response.as_ref().unwrap();
-        assert_eq!(
-            (resp.status, resp.error.as_deref()),
-            (101, None),
-            "{engine:?}"
-        );
+    let rec = start_with(
+        &format!("https://localhost:{}", up.port()),
+        Duration::from_secs(5),
+        |c| {
+            c.tls = Some((repo("fixtures/tls/cert.pem"), repo("fixtures/tls/key.pem")));
+            c.upstream_ca = Some(repo("fixtures/tls/ca.pem"));
+        },
+    )
+    .await;
+    let tcp = TcpStream::connect(rec.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut c = client_tls.connect(name, tcp).await.unwrap();
+    c.write_all(WS_REQUEST.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let h = read_response_head(&mut c, &mut buf).await;
+    assert_eq!(h.status, 101);
+    assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
+    for k in 0..3u8 {
+        let msg = vec![k; 20_000];
+        c.write_all(&msg).await.unwrap();
+        assert_eq!(read_n(&mut c, &mut buf, msg.len()).await, msg);
     }
+    // A TLS half close (close_notify) is passed on; the upstream answers and closes.
+    c.shutdown().await.unwrap();
+    assert_eq!(read_n(&mut c, &mut buf, 3).await, b"bye");
+    assert_eq!(read_more(&mut c, &mut buf).await, 0);
+    assert_eq!(
+        seen.lock().unwrap().last().unwrap().get("upgrade"),
+        Some("websocket")
+    );
+    let (recs, _, _) = rec.stop().await;
+    assert_eq!(recs.len(), 1);
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!((resp.status, resp.error.as_deref()), (101, None));
 }

@@ -1,0 +1,190 @@
+//! What both forwarding paths share: the per-I/O-thread settings, the drain signal, hop-by-hop
+//! rules on header maps, deadlines, failure classification and the JSON error body.
+//!
+//! `h1` (retrace's own HTTP/1.1 loop) and `proxy` (hyper, for HTTP/2 clients or upstreams) both
+//! build on this module, in the manner of pingora's `proxy_common.rs`, so the two cannot drift:
+//! a failure is a [`Failure`] with one status and one wire name, an error body is
+//! [`error_json`], a response head larger than [`MAX_RESPONSE_HEAD`] is refused the same way
+//! ([`HEAD_TOO_LARGE`]), and the hop-by-hop list is [`crate::h1wire::is_hop_by_hop`] for raw
+//! heads and header maps alike. It forwards nothing itself.
+
+use super::failure::Failure;
+use super::rawpool::RawPool;
+use super::stats::Stats;
+use super::upstream::UpstreamClient;
+use super::writer::Recorder;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The drain signal: `None` while serving; once the proxy drains, the instant at which upgraded
+/// tunnels are cut (a little before the drain deadline, so their records say so instead of the
+/// runtime dropping them). Every receiver is dropped when its connection or tunnel ends.
+pub type Drain = watch::Receiver<Option<Instant>>;
+
+/// Largest response head accepted from the upstream, on both paths (bytes).
+pub const MAX_RESPONSE_HEAD: usize = crate::h1wire::MAX_HEAD;
+/// The message of the 502 for a response head over [`MAX_RESPONSE_HEAD`].
+pub const HEAD_TOO_LARGE: &str = "response head from upstream too large";
+/// How long a request that reached no upstream may take to hand over the rest of its body for
+/// the record, before the client gets its error.
+pub const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
+
+/// Forwarding settings and shared handles of one I/O thread.
+pub struct Proxy {
+    pub recorder: Recorder,
+    pub stats: Arc<Stats>,
+    pub scheme: Scheme,
+    pub authority: Authority,
+    /// `Host` sent upstream by the own loop (the upstream authority).
+    pub host: HeaderValue,
+    /// Upstream base path without a trailing slash ("" for none).
+    pub base_path: String,
+    pub http2_upstream: bool,
+    pub headers_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Option<Duration>,
+    pub capture_max: usize,
+    /// Raw upstream sockets of the own HTTP/1.1 loop; `None` with an HTTP/2 upstream (then every
+    /// client is served by hyper).
+    pub raw: Option<RawPool>,
+    /// hyper-util's pooling client (HTTP/1.1 or HTTP/2 upstream) for exchanges hyper serves.
+    pub client: UpstreamClient,
+}
+
+impl Proxy {
+    /// The response-header deadline (never past the total one) and the total deadline of an
+    /// exchange that arrived at `arrival`.
+    pub fn deadlines(&self, arrival: Instant) -> (Instant, Option<Instant>) {
+        let total = self.total_timeout.map(|t| arrival + t);
+        let headers = arrival + self.headers_timeout;
+        (total.map_or(headers, |t| t.min(headers)), total)
+    }
+}
+
+/// The OpenAI-style JSON error body the proxy answers with.
+pub fn error_json(status: u16, kind: &str, msg: &str) -> String {
+    serde_json::json!({
+        "error": {
+            "message": format!("retrace record: {msg}"),
+            "type": kind,
+            "code": status,
+        }
+    })
+    .to_string()
+}
+
+/// Names a failure to reach the upstream before the response head: `is_connect` when dialing
+/// failed; `user_body` when the client's own body broke the request.
+pub fn classify(
+    is_connect: bool,
+    user_body: bool,
+    e: &(dyn std::error::Error + 'static),
+) -> Failure {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut timed_out = false;
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        timed_out |= s.to_string().contains("timed out");
+        src = s.source();
+    }
+    match (is_connect, timed_out, user_body) {
+        (true, true, _) => Failure::TimeoutConnect,
+        (true, false, _) => Failure::UpstreamConnect,
+        (false, _, true) => Failure::ClientBody,
+        (false, _, false) => Failure::UpstreamClosed,
+    }
+}
+
+/// An error and its chain of sources, `: `-joined.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1) in place, keeping `TE: trailers`. A message
+/// with `Transfer-Encoding` also loses its `Content-Length` (RFC 9112 §6.3: the transfer coding
+/// wins, and the next hop frames the body itself).
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names, no lookups.
+    if !h.keys().any(|n| crate::h1wire::is_hop_by_hop(n.as_str())) {
+        return;
+    }
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    if h.remove(header::TRANSFER_ENCODING).is_some() {
+        h.remove(header::CONTENT_LENGTH);
+    }
+    let te_trailers = h
+        .get_all(header::TE)
+        .iter()
+        .any(|v| v.to_str().is_ok_and(|s| s.contains("trailers")));
+    let hop: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| crate::h1wire::is_hop_by_hop(n.as_str()))
+        .cloned()
+        .collect();
+    for n in hop {
+        h.remove(n);
+    }
+    if te_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// The size of a head's fields as HTTP/1.1 writes them (`name: value\r\n`).
+pub fn head_size(h: &HeaderMap) -> usize {
+    h.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("keep-alive, x-foo"));
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("content-length", HeaderValue::from_static("3"));
+        h.insert("te", HeaderValue::from_static("trailers, deflate"));
+        h.insert("authorization", HeaderValue::from_static("Bearer x"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        strip_hop_by_hop(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, vec!["authorization", "content-type", "te"]);
+        assert_eq!(h["te"], "trailers");
+    }
+
+    #[test]
+    fn connect_failures_are_timeouts_or_refusals() {
+        let t = std::io::Error::new(std::io::ErrorKind::TimedOut, "x");
+        assert_eq!(classify(true, false, &t), Failure::TimeoutConnect);
+        let r = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(classify(true, false, &r), Failure::UpstreamConnect);
+        assert_eq!(classify(false, false, &r), Failure::UpstreamClosed);
+        assert_eq!(classify(false, true, &r), Failure::ClientBody);
+    }
+}
