@@ -108,8 +108,9 @@ pub struct ReplayArgs {
     /// embedded mock).
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
-    /// PEM file of the CA that signed an `https://` target's certificate (default: the system
-    /// bundle). Verification is never turned off.
+    /// CA (PEM) of an `https://` target (default: the system bundle).
+    ///
+    /// Verification is never turned off.
     #[arg(long, value_name = "FILE")]
     pub target_ca: Option<PathBuf>,
     /// Model name to send (default: the first model the target lists at /v1/models).
@@ -122,8 +123,9 @@ pub struct ReplayArgs {
     /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X")]
     pub speed: Option<f64>,
-    /// Replay only the first N requests (default: all; with the embedded mock and neither
-    /// --limit nor --speed, the first 45 s of the trace).
+    /// Replay only the first N requests (default: all).
+    ///
+    /// With the embedded mock and neither --limit nor --speed, the first 45 s of the trace.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.
@@ -135,8 +137,9 @@ pub struct ReplayArgs {
     /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
     #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
     pub tokenizer: Option<PathBuf>,
-    /// Vocabulary size to draw token ids from when no tokenizer is given (default 4096; ids below
-    /// 16 are never used).
+    /// Vocabulary size without a tokenizer (default 4096).
+    ///
+    /// Ids below 16 are never used.
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<u32>,
     /// How prompts are sent.
@@ -151,8 +154,9 @@ pub struct ReplayArgs {
     /// Add per-request arrays to the result file.
     #[arg(long)]
     pub detailed: bool,
-    /// Also write the run's self-contained HTML report (`retrace report`); with --detailed it
-    /// has the per-request timeline and time series.
+    /// Also write the run's self-contained HTML report (`retrace report`).
+    ///
+    /// With --detailed it has the per-request timeline and time series.
     #[arg(long, value_name = "FILE")]
     pub report_html: Option<PathBuf>,
     /// Extra request header `K=V` (repeatable).
@@ -164,8 +168,9 @@ pub struct ReplayArgs {
     /// JSON object merged into every request body (its keys win).
     #[arg(long, value_name = "JSON")]
     pub extra_body: Option<String>,
-    /// Mark the run invalid (exit 3) when p99 send drift (actual send − intended time, less any
-    /// --max-concurrency slot wait) exceeds D ms.
+    /// Mark the run invalid (exit 3) when p99 send drift exceeds D ms.
+    ///
+    /// Send drift is actual send − intended time, less any --max-concurrency slot wait.
     #[arg(long, value_name = "D")]
     pub max_drift_ms: Option<f64>,
     /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).
@@ -191,44 +196,34 @@ pub struct ReplayArgs {
     /// Limit on silence (no headers, no body bytes) per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 300.0)]
     pub idle_timeout_s: f64,
+    // Tuning knobs: hidden from --help, documented in docs/tuning.md.
     /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
     /// 128; never more than the number of requests; 0 = none).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", hide = true)]
     pub warm_connections: Option<usize>,
-    /// Who sends the measured requests: `own` (retrace's own HTTP/1.1 client: the request's task
-    /// reads its socket, less CPU per streamed event) or `hyper` (hyper's client connections).
-    #[arg(long, default_value = "own", value_name = "own|hyper")]
-    pub http_client: String,
-    /// When a response's bytes count as received (own client, plain `http://` targets): `kernel`
-    /// (when they reached this host: the kernel's receive timestamp of each socket read, so TTFT
-    /// and ITL do not include the replayer's own scheduling delays) or `read` (when the replayer
-    /// read them, as `vllm bench serve` does). TLS targets and `--http-client hyper` use `read`.
-    #[arg(long, default_value = "kernel", value_name = "kernel|read")]
+    /// When a response's bytes count as received (plain `http://` targets): `kernel` (the
+    /// kernel's receive timestamp of each socket read) or `read` (when the replayer read them).
+    #[arg(
+        long,
+        default_value = "kernel",
+        value_name = "kernel|read",
+        hide = true
+    )]
     pub rx_stamp: String,
-    /// Threads that read streamed response bodies (own client, plain `http://` targets): each
-    /// runs its own epoll loop over the sockets handed to it once their response head is read,
-    /// so an event costs no async task wake-up. `auto`: one per CPU, at most 4; `0`: every body
-    /// is read by its request's task on the async runtime.
-    #[arg(long, default_value = "auto", value_name = "N|auto")]
+    /// Threads that read streamed plain `http://` response bodies (`auto`: one per CPU, at most
+    /// 4; `0`: every body is read by its request's task).
+    #[arg(long, default_value = "auto", value_name = "N|auto", hide = true)]
     pub reader_threads: String,
-    /// With reader threads and `--rx-stamp kernel`: after reading what was there, a reader
-    /// thread waits until this many µs after it woke before it looks again, so that one
-    /// wake-up reads many streams (less CPU taken from a server on the same machine). Arrival
-    /// times stay the kernel's, but two chunks of one stream that arrive within this window are
-    /// read together and both get the later one's time; 0 = read as soon as bytes arrive.
-    #[arg(long, default_value_t = 500, value_name = "US")]
+    /// With reader threads and `--rx-stamp kernel`: how long a reader thread waits after a wake-up
+    /// before it looks again, so one wake-up reads many streams.
+    #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
     pub read_batch_us: u64,
-    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE): keeps send drift
-    /// low on a busy machine (it sleeps between sends, and spins as --spin-us says).
-    #[arg(long)]
+    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE).
+    #[arg(long, hide = true)]
     pub realtime: bool,
-    /// How long the dispatcher spins before each send, after its precise (1 ns slack) sleep: `0`
-    /// (the default: sleep only; a release is as late as the kernel wakes the thread, p99 about
-    /// 0.04–0.07 ms here even with CPU hogs, and the dispatcher costs ~8 µs of CPU per send), a
-    /// fixed number of µs, or `auto` (the largest recent oversleep plus 25 µs, 30–200 µs:
-    /// releases within a microsecond on an idle machine, at up to that much CPU per send; on a
-    /// busy one the spinning thread loses its scheduler credit and is often later than sleep-only).
-    #[arg(long, default_value = "0", value_name = "US|auto")]
+    /// How long the dispatcher spins before each send after its precise sleep: `0` (sleep only),
+    /// µs, or `auto` (adaptive, 30–200 µs).
+    #[arg(long, default_value = "0", value_name = "US|auto", hide = true)]
     pub spin_us: String,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
@@ -246,8 +241,9 @@ pub struct ReplayArgs {
     /// Cap idle gaps between arrivals at D (e.g. `5s`).
     #[arg(long, value_name = "D", help_heading = "Workload shaping")]
     pub max_gap: Option<String>,
-    /// Replace the trace's timing by gamma-distributed gaps at R requests/s (`inf`: all at once),
-    /// as `vllm bench serve --request-rate` does.
+    /// Replace the trace's timing by gamma gaps at R requests/s (`inf`: all at once).
+    ///
+    /// As `vllm bench serve --request-rate` does.
     #[arg(long, value_name = "R", help_heading = "Workload shaping")]
     pub request_rate: Option<f64>,
     /// Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 more regular.
@@ -265,30 +261,37 @@ pub struct ReplayArgs {
         help_heading = "Workload shaping"
     )]
     pub ramp_up: Option<String>,
+    /// Request rate at the start of --ramp-up.
     #[arg(long, value_name = "R", help_heading = "Workload shaping")]
     pub ramp_up_start_rps: Option<f64>,
+    /// Request rate at the end of --ramp-up.
     #[arg(long, value_name = "R", help_heading = "Workload shaping")]
     pub ramp_up_end_rps: Option<f64>,
-    /// Replay shard I of N (0-based): a deterministic 1/N of the requests, sessions kept whole,
-    /// arrival times kept as in the whole trace.
+    /// Replay shard I of N (0-based): a deterministic 1/N of the requests.
+    ///
+    /// Sessions are kept whole, arrival times as in the whole trace.
     #[arg(long, value_name = "I/N", help_heading = "Workload shaping")]
     pub shard: Option<String>,
     /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
     #[arg(long)]
     pub dry_run: bool,
-    /// Session-ordered replay of a multi-turn trace: a turn is sent only when the previous turn
-    /// of its session has finished (failed or not), plus its think time (/ --speed); first turns
-    /// keep their planned times. Reports how far turns drifted from their recorded arrivals.
+    /// Send a turn only when its session's previous turn finished, plus its think time.
+    ///
+    /// Session-ordered replay of a multi-turn trace: a turn waits for the previous turn of its
+    /// session (failed or not) plus its think time (/ --speed); first turns keep their planned
+    /// times. Reports how far turns drifted from their recorded arrivals.
     #[arg(long, help_heading = "Workload shaping")]
     pub sessions: bool,
-    /// Read the server's Prometheus metrics before, every second during, and after the run:
-    /// achieved prefix-cache hit rate beside the trace's theoretical one, running/waiting
-    /// requests and KV-cache usage over time (console + result file). Default URL: the target's
-    /// /metrics; another with `--scrape-metrics=http://host:port/metrics`.
+    /// Read the server's Prometheus metrics during the run (default URL: the target's /metrics).
+    ///
+    /// Before, every second during, and after the run: achieved prefix-cache hit rate beside the
+    /// trace's theoretical one, running/waiting requests and KV-cache usage over time (console +
+    /// result file). Another URL with `--scrape-metrics=http://host:port/metrics`.
     #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics")]
     pub scrape_metrics: Option<Option<String>>,
-    /// The server's KV-cache block size in tokens (vLLM `--block-size`), for the theoretical
-    /// prefix-cache hit count that --scrape-metrics reports.
+    /// The server's KV-cache block size in tokens (vLLM `--block-size`).
+    ///
+    /// For the theoretical prefix-cache hit count that --scrape-metrics reports.
     #[arg(
         long,
         value_name = "TOKENS",
@@ -296,13 +299,16 @@ pub struct ReplayArgs {
         help_heading = "Server metrics"
     )]
     pub server_block_size: u32,
-    /// Also send probe requests (8-token fresh prompt, 1 output token) at this steady rate per
-    /// second beside the workload, outside --max-concurrency; reported separately (probe TTFT and
-    /// E2E latency: how much the workload slows unrelated traffic), never mixed into the metrics.
+    /// Also send small probe requests at R per second, reported separately.
+    ///
+    /// Probes (8-token fresh prompt, 1 output token) go beside the workload, outside
+    /// --max-concurrency; their TTFT and E2E latency show how much the workload slows unrelated
+    /// traffic, never mixed into the metrics.
     #[arg(long, value_name = "R", help_heading = "Workload shaping")]
     pub probe_request_rate: Option<f64>,
-    /// Start the replay's clock (t0) at this wall-clock time: Unix seconds or RFC 3339
-    /// (`2026-11-29T22:00:00Z`). Shards started separately then replay one timeline together
+    /// Start the clock (t0) at this wall-clock time: Unix seconds or RFC 3339.
+    ///
+    /// E.g. `2026-11-29T22:00:00Z`. Shards started separately then replay one timeline together
     /// (machine clocks synced by NTP). Bodies and connections are prepared before it; a time more
     /// than 5 s in the past is refused.
     #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]

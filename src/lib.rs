@@ -25,6 +25,7 @@ pub mod bytescan;
 pub mod chunkmemo;
 pub mod cli;
 pub mod convert;
+pub mod fdlimit;
 pub mod h1wire;
 pub mod inspect;
 pub mod metrics;

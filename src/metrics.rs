@@ -123,6 +123,54 @@ pub struct ServerTimes {
     pub ttft_ms: Option<f64>,
 }
 
+/// Why a request failed. [`Failure::as_str`] is its name in result files and error counts
+/// (`errors_by_kind`, the `errors` array).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Failure {
+    /// The server answered with this non-2xx status (`http_<status>`).
+    Http(u16),
+    /// The TCP connect or TLS handshake failed.
+    Connect,
+    /// The connection broke mid-response, or the framing was bad.
+    Reset,
+    /// An SSE message that is not a JSON object.
+    MalformedStream,
+    /// The server sent an error object in the stream.
+    StreamError,
+    /// The stream ended without a content message.
+    NoContent,
+    /// No byte for the idle timeout.
+    TimeoutIdle,
+    /// The request exceeded the total timeout.
+    TimeoutTotal,
+    /// The replayer itself could not run the request.
+    Local,
+}
+
+impl Failure {
+    /// The wire name: `http_503`, `connect`, `reset`, `malformed_stream`, `stream_error`,
+    /// `no_content`, `timeout_idle`, `timeout_total`, `local`.
+    pub fn as_str(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed(match self {
+            Failure::Http(status) => return format!("http_{status}").into(),
+            Failure::Connect => "connect",
+            Failure::Reset => "reset",
+            Failure::MalformedStream => "malformed_stream",
+            Failure::StreamError => "stream_error",
+            Failure::NoContent => "no_content",
+            Failure::TimeoutIdle => "timeout_idle",
+            Failure::TimeoutTotal => "timeout_total",
+            Failure::Local => "local",
+        })
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.as_str())
+    }
+}
+
 /// One finished request. Times are ns offsets from the run's t0.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sample {
@@ -146,8 +194,8 @@ pub struct Sample {
     pub itls_ns: Vec<u64>,
     /// When the request finished (last byte, or failure).
     pub end_ns: u64,
-    /// Error kind (`http_500`, `reset`, `malformed_stream`, `timeout_idle`, ...); `None` = success.
-    pub error: Option<String>,
+    /// Why it failed; `None` = success (or no content: see [`Sample::ok`]).
+    pub error: Option<Failure>,
     /// Human-readable detail of the error (first bytes of an error body, the I/O error).
     pub error_detail: Option<String>,
     pub server: ServerTimes,
@@ -298,6 +346,29 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// As `{count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}` (the result file's
+    /// sessions and probes sections).
+    pub fn to_json_ms(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        m.insert("count".into(), self.count.into());
+        for (k, v) in [
+            ("mean_ms", self.mean),
+            ("median_ms", self.median),
+            ("std_ms", self.std),
+            ("min_ms", self.min),
+            ("max_ms", self.max),
+        ] {
+            m.insert(k.into(), serde_json::json!(v));
+        }
+        for (p, v) in &self.percentiles {
+            m.insert(
+                format!("p{}_ms", percentile_label(*p)),
+                serde_json::json!(v),
+            );
+        }
+        serde_json::Value::Object(m)
+    }
+
     /// From samples in seconds (vLLM computes in seconds and scales to ms afterwards).
     pub fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
         let mut sorted = values.to_vec();
@@ -428,8 +499,8 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
     };
     let mut errors = BTreeMap::new();
     for s in samples.iter().filter(|s| !s.ok()) {
-        let kind = s.error.clone().unwrap_or_else(|| "no_content".into());
-        *errors.entry(kind).or_insert(0) += 1;
+        let kind = s.error.unwrap_or(Failure::NoContent);
+        *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
     }
     let p = percentiles;
     Summary {
@@ -706,11 +777,11 @@ mod tests {
     fn failures_are_counted_by_kind_and_excluded_from_latency() {
         let ok = sample(0, 50 * MS, &[10 * MS], 2);
         let bad = Sample {
-            error: Some("http_500".into()),
+            error: Some(Failure::Http(500)),
             ..Default::default()
         };
         let bad2 = Sample {
-            error: Some("reset".into()),
+            error: Some(Failure::Reset),
             ttft_ns: Some(MS),
             ..Default::default()
         };

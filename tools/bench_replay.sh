@@ -30,7 +30,7 @@
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
 # Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF, STAMPS,
 #      SECTIONS (default "fidelity dispatch scale trace": which sections run),
-#      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--http-client hyper"),
+#      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--reader-threads 0"),
 #      MOCK_ARGS (extra flags for the fidelity runs' mocks, e.g. "--realtime": the instrument's
 #      emission under SCHED_FIFO, so that what is measured is the client).
 set -euo pipefail

@@ -4,8 +4,8 @@
 # Loopback only, bounded.
 # Usage: tools/bench_replay_cpu.sh [RETRACE_BIN ...]   (default: target/release/retrace)
 # e.g.   tools/bench_replay_cpu.sh /tmp/retrace-before target/release/retrace   (before vs after)
-#        CLIENTS="hyper own" tools/bench_replay_cpu.sh   (one binary, each --http-client in turn,
-#        alternating per run so load drift hits both alike; default: the binary's default client)
+#        READERS="auto 0" tools/bench_replay_cpu.sh   (one binary, each --reader-threads value in
+#        turn, alternating per run so load drift hits both alike; default: the binary's default)
 # For each binary, the replayer runs under callgrind against a `retrace mock --fixed-timing 50,20`
 # (native, same binary) three times: R requests x T tokens with (R, T) = (40, 50), (40, 150) and
 # (120, 50), at most 20 in flight (closed loop). Marginal instructions:
@@ -35,7 +35,7 @@ gen "$T/a.jsonl" 40 50
 gen "$T/b.jsonl" 40 150
 gen "$T/c.jsonl" 120 50
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-read -r -a CL <<<"${CLIENTS:-default}"
+read -r -a CL <<<"${READERS:-default}"
 for bin in "${BINS[@]}"; do
   abs=$(readlink -f "$bin")
   PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -46,7 +46,7 @@ for bin in "${BINS[@]}"; do
   for k in a b c; do
     for cl in "${CL[@]}"; do
       extra=()
-      [ "$cl" != default ] && extra=(--http-client "$cl")
+      [ "$cl" != default ] && extra=(--reader-threads "$cl")
       valgrind --tool=callgrind --log-file="$T/vg_$k$cl.log" --callgrind-out-file="$T/cg_$k$cl.out" \
         "$abs" replay "$T/$k.jsonl" --target "http://127.0.0.1:$PORT" --model mock-llama \
         --max-concurrency 20 --result-json "$T/$k$cl.json" "${extra[@]}" >"$T/replay_$k$cl.log" 2>&1
@@ -59,7 +59,7 @@ for bin in "${BINS[@]}"; do
   for cl in "${CL[@]}"; do
     ev=$(( (IR[b$cl] - IR[a$cl]) / 4000 ))
     rq=$(( (IR[c$cl] - IR[a$cl]) / 80 - 51 * ev ))
-    echo "$bin ($cl client): $ev instructions per SSE event, $rq per request beyond its events (Ir ${IR[a$cl]} / ${IR[b$cl]} / ${IR[c$cl]})"
+    echo "$bin (reader threads $cl): $ev instructions per SSE event, $rq per request beyond its events (Ir ${IR[a$cl]} / ${IR[b$cl]} / ${IR[c$cl]})"
   done
   if [ -n "${KEEP:-}" ]; then
     for f in "$T"/cg_*.out; do cp "$f" "$KEEP/$(basename "$bin")_$(basename "$f")"; done

@@ -46,7 +46,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                 e2el_ns: (!failed).then_some(e2el),
                 itls_ns: if failed { Vec::new() } else { itls },
                 end_ns: sent + if failed { MS } else { e2el },
-                error: failed.then(|| "http_500".to_string()),
+                error: failed.then_some(retrace::metrics::Failure::Http(500)),
                 error_detail: None,
                 server: ServerTimes {
                     queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),

@@ -483,7 +483,7 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .try_init();
     let cfg = RecordConfig::from_args(args)?;
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
-    if let Some(n) = crate::replay::raise_fd_limit() {
+    if let Some(n) = crate::fdlimit::raise() {
         tracing::debug!("open-file limit: {n}");
     }
     // This runtime only accepts, serves the admin endpoint and closes the trace; connections are

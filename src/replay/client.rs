@@ -1,32 +1,25 @@
-//! One request → one [`Sample`]: send a prepared body, time every SSE message, classify failures.
+//! One request → one [`Sample`]: [`Client::send`] sends a prepared body, times every SSE message
+//! and classifies failures.
 //!
-//! Two HTTP/1.1 clients share the replayer's keep-alive [`Pool`] (one connection per in-flight
-//! stream, reused afterwards, `TCP_NODELAY`, warmed before the clock starts; a connection goes
-//! back to the pool only after its response was read to the end): `--http-client own` (default:
-//! [`super::h1client`]; this task owns the socket, the request is serialized into one buffer
-//! before `sent_ns`, and each socket read's payload goes straight to the SSE splitter stamped with
-//! that read's instant) and `--http-client hyper` (hyper's client connections; each body frame is
-//! stamped when this task receives it). Both feed the same `Stream` state: every complete
-//! message is read as [`crate::openai::parse_chunk`] reads it (through the stream's chunk template,
-//! [`ChunkMemo`], which answers a chunk that differs from the previous one only in its text) and
-//! goes through vLLM's timing rules ([`StreamClock`]).
-//! A failure never ends the run: it becomes a sample with an error kind — `http_<status>` (with
-//! the first bytes of the body as detail), `connect`, `reset` (connection broken mid-response,
-//! or bad framing), `malformed_stream` (an SSE message that is not a JSON object),
-//! `stream_error` (the server sent an error object in the stream), `no_content` (the stream ended
-//! without a content message), `timeout_idle` (no byte for `idle_timeout`), `timeout_total`.
-//! `http://` and `https://` targets (TLS in [`Pool`]); this module does not schedule or aggregate.
+//! The client is retrace's own HTTP/1.1 client over the replayer's keep-alive [`Pool`] (one
+//! connection per in-flight stream, reused afterwards, `TCP_NODELAY`, warmed before the clock
+//! starts; a connection goes back to the pool only after its response was read to the end). The
+//! request is serialized into one buffer before `sent_ns`; the request's task writes it and reads
+//! the response head. Its detours stay behind `send`: the dispatcher may have started the write at
+//! the release ([`Client::presend`]); a plain `http://` body is read on a reader thread
+//! ([`super::reader`], a [`BodyJob`]) and a TLS body on the task, both by the same [`BodyRun`].
+//! Each socket read's payload goes straight to the SSE splitter stamped with when its bytes
+//! arrived. Every complete message is read as [`crate::openai::parse_chunk`] reads it (through the
+//! stream's chunk template, [`ChunkMemo`], which answers a chunk that differs from the previous one
+//! only in its text) and goes through vLLM's timing rules ([`StreamClock`]).
+//! A failure never ends the run: it becomes a sample with a [`Failure`] (an `http_<status>` has
+//! the first bytes of the body as detail). This module does not schedule or aggregate.
 
 use crate::chunkmemo::ChunkMemo;
 use crate::h1wire::{self, BodyDecoder};
-use crate::metrics::{Sample, ServerTimes, StreamClock};
+use crate::metrics::{Failure, Sample, ServerTimes, StreamClock};
 use crate::sse::SseParser;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::header::{
-    HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING,
-};
-use hyper::{HeaderMap, Method, Uri};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -35,92 +28,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
-use super::h1client::{self, RawConn};
-use super::pool::{HttpClient, IoStamps, Pool, SendError};
+use super::h1client::{IoStamps, RawConn, SendError};
+use super::pool::Pool;
 use super::request::BuiltRequest;
-
-/// Where requests go.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// `host:port`.
-    pub authority: String,
-    /// The host alone (TLS server name).
-    pub host: String,
-    /// `https://`: connections are wrapped in TLS.
-    pub tls: bool,
-    /// Base path prefix (no trailing slash; usually empty).
-    pub base_path: String,
-    /// Headers sent with every request (auth included; never printed).
-    pub headers: HeaderMap,
-}
-
-impl Target {
-    /// Parses `--target` (`http://` or `https://`).
-    pub fn parse(url: &str, headers: HeaderMap) -> Result<Target, String> {
-        Target::parse_as(url, headers, "--target")
-    }
-
-    /// Parses a server URL given by `flag` (named in errors).
-    pub fn parse_as(url: &str, headers: HeaderMap, flag: &str) -> Result<Target, String> {
-        let url = url.trim_end_matches('/');
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("{flag} {url:?} is not a URL: {e}"))?;
-        let tls = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => {
-                return Err(format!(
-                    "{flag} {url:?}: give a URL like http://127.0.0.1:8000"
-                ))
-            }
-        };
-        let Some(auth) = uri.authority() else {
-            return Err(format!("{flag} {url:?} has no host"));
-        };
-        let authority = match auth.port_u16() {
-            Some(_) => auth.as_str().to_string(),
-            None => format!("{}:{}", auth.host(), if tls { 443 } else { 80 }),
-        };
-        let host = auth
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        // A target given as .../v1 keeps working: paths we add start with /v1.
-        let path = uri.path().trim_end_matches('/');
-        let base_path = path.strip_suffix("/v1").unwrap_or(path).to_string();
-        Ok(Target {
-            authority,
-            host,
-            tls,
-            base_path,
-            headers,
-        })
-    }
-
-    /// The origin-form request target for `path`.
-    pub fn uri(&self, path: &str) -> Result<Uri, String> {
-        format!("{}{}", self.base_path, path)
-            .parse()
-            .map_err(|e| format!("bad request URI: {e}"))
-    }
-
-    /// `http://authority/base` for display (no headers).
-    pub fn url(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}{}", self.authority, self.base_path)
-    }
-}
-
-/// Per-request limits.
-#[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
-    /// No byte (headers or body) for this long → `timeout_idle`.
-    pub idle: Duration,
-    /// The whole request took longer → `timeout_total`.
-    pub total: Duration,
-}
+use super::target::{Target, Timeouts};
 
 fn ns_since(t0: Instant) -> u64 {
     Instant::now().saturating_duration_since(t0).as_nanos() as u64
@@ -135,7 +46,7 @@ pub struct SendTimes {
     pub slot_wait_ns: u64,
 }
 
-/// A request the dispatcher already started sending at its release ([`presend`]).
+/// A request the dispatcher already started sending at its release ([`Client::presend`]).
 pub struct PreSent {
     conn: RawConn,
     /// Bytes of the request that went out (head, then body); 0 when the socket took none.
@@ -145,68 +56,104 @@ pub struct PreSent {
     stamp_sent: u64,
 }
 
-/// At the dispatcher's release, on the dispatcher's thread: takes an idle pooled connection of
-/// the own client (plain `http://` only) and writes the request's head and body to it in one
-/// non-blocking vectored write, so that the request leaves at its deadline instead of when the
-/// runtime gets round to its task (0.05–2 ms later on a busy machine). The task then writes
-/// whatever the socket did not take and reads the response; the kernel stamps the response's
-/// bytes on arrival, so a late task does not delay its TTFT. `None` (the task sends it all) for
-/// the hyper client, TLS targets, a bad path, or no idle connection.
-pub fn presend(pool: &Pool, target: &Target, req: &BuiltRequest, t0: Instant) -> Option<PreSent> {
-    if pool.client() != HttpClient::Own || !pool.is_plain() || target.tls {
-        return None;
-    }
-    let uri = target.uri(&req.path).ok()?;
-    let mut conn = pool.take_raw()?;
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut head = Vec::with_capacity(256);
-    h1wire::write_request_head(
-        req.method.as_str(),
-        path,
-        pool.host(),
-        extra_fields(target),
-        req.body.len(),
-        &mut head,
-    );
-    let sent_ns = ns_since(t0);
-    let stamp_sent = crate::stamps::now_ns();
-    // An error here (a connection the server closed) is the task's to see: its write fails, and
-    // a reused connection is retried once on a fresh one.
-    let written = conn.try_send(&head, &req.body).unwrap_or(0);
-    Some(PreSent {
-        conn,
-        written,
-        sent_ns,
-        stamp_sent,
-    })
+/// The replayer's client: a target, its connection pool and the per-request limits.
+pub struct Client {
+    pub pool: Pool,
+    pub target: Target,
+    pub timeouts: Timeouts,
 }
 
-/// Sends `req` now and measures it. `sent_ns` is taken immediately before handing the request
-/// to the connection pool (for the own client, after the request was serialized), or is when
-/// the dispatcher began writing it (`pre`, [`presend`]).
-pub async fn execute(
-    pool: &Pool,
-    target: &Target,
-    req: &BuiltRequest,
-    times: SendTimes,
-    t0: Instant,
-    timeouts: Timeouts,
-    pre: Option<PreSent>,
-) -> Sample {
-    let sample = Sample {
-        input_tokens: req.input_tokens,
-        intended_ns: times.intended_ns,
-        dispatched_ns: times.dispatched_ns,
-        slot_wait_ns: times.slot_wait_ns,
-        ..Default::default()
-    };
-    let uri = match target.uri(&req.path) {
-        Ok(u) => u,
-        Err(e) => return fail(sample, t0, "local", e),
-    };
-    match pool.client() {
-        HttpClient::Own => execute_own(pool, target, req, &uri, sample, t0, timeouts, pre).await,
-        HttpClient::Hyper => execute_hyper(pool, target, req, uri, sample, t0, timeouts).await,
+impl Client {
+    /// At the dispatcher's release, on the dispatcher's thread: takes an idle pooled connection
+    /// (plain `http://` only) and writes the request's head and body to it in one non-blocking
+    /// vectored write, so that the request leaves at its deadline instead of when the runtime
+    /// gets round to its task (up to milliseconds later on a busy machine). [`Client::send`] then writes
+    /// whatever the socket did not take and reads the response; the kernel stamps the response's
+    /// bytes on arrival, so a late task does not delay its TTFT. `None` (the task sends it all)
+    /// for TLS targets, a bad path, or no idle connection.
+    pub fn presend(&self, req: &BuiltRequest, t0: Instant) -> Option<PreSent> {
+        if !self.pool.is_plain() || self.target.tls {
+            return None;
+        }
+        let uri = self.target.uri(&req.path).ok()?;
+        let mut conn = self.pool.take()?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut head = Vec::with_capacity(256);
+        h1wire::write_request_head(
+            req.method.as_str(),
+            path,
+            self.pool.host(),
+            extra_fields(&self.target),
+            req.body.len(),
+            &mut head,
+        );
+        let sent_ns = ns_since(t0);
+        let stamp_sent = crate::stamps::now_ns();
+        // An error here (a connection the server closed) is the task's to see: its write fails,
+        // and a reused connection is retried once on a fresh one.
+        let written = conn.try_send(&head, &req.body).unwrap_or(0);
+        Some(PreSent {
+            conn,
+            written,
+            sent_ns,
+            stamp_sent,
+        })
+    }
+
+    /// Sends `req` now and measures it. `sent_ns` is taken after the request was serialized,
+    /// immediately before it is written, or is when the dispatcher began writing it (`pre`).
+    pub async fn send(
+        &self,
+        req: &BuiltRequest,
+        times: SendTimes,
+        t0: Instant,
+        pre: Option<PreSent>,
+    ) -> Sample {
+        let sample = Sample {
+            input_tokens: req.input_tokens,
+            intended_ns: times.intended_ns,
+            dispatched_ns: times.dispatched_ns,
+            slot_wait_ns: times.slot_wait_ns,
+            ..Default::default()
+        };
+        let mut wire = Vec::new();
+        match self.target.uri(&req.path) {
+            Ok(uri) => h1wire::write_request(
+                req.method.as_str(),
+                uri.path_and_query().map_or("/", |p| p.as_str()),
+                self.pool.host(),
+                extra_fields(&self.target),
+                &req.body,
+                &mut wire,
+            ),
+            Err(e) => return fail(sample, t0, Failure::Local, e),
+        }
+        self.exchange(req, wire, sample, t0, pre).await
+    }
+
+    /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
+    pub async fn first_model(&self) -> Result<String, String> {
+        let uri = self.target.uri("/v1/models")?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let (status, body) = self
+            .pool
+            .get(
+                path,
+                &self.target.headers,
+                Duration::from_secs(30),
+                16 << 20,
+            )
+            .await
+            .map_err(|e| format!("GET /v1/models at {}: {e}", self.target.url()))?;
+        if !(200..300).contains(&status) {
+            return Err(format!("GET /v1/models answered HTTP {status}"));
+        }
+        let v: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: not JSON: {e}"))?;
+        v["data"][0]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| "GET /v1/models listed no model; give --model".to_string())
     }
 }
 
@@ -240,11 +187,11 @@ impl BodyTimers {
     }
 
     /// Resolves when a timeout is due, with its failure kind and detail.
-    async fn expired(&mut self) -> (String, String) {
+    async fn expired(&mut self) -> (Failure, &'static str) {
         std::future::poll_fn(|cx| self.poll_expired(cx)).await
     }
 
-    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<(String, String)> {
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<(Failure, &'static str)> {
         if let Some((waker, due)) = &self.registered {
             if waker.will_wake(cx.waker()) && tokio::time::Instant::now() < *due {
                 return Poll::Pending;
@@ -257,13 +204,10 @@ impl BodyTimers {
                     self.idle.as_mut().reset(due);
                     continue;
                 }
-                return Poll::Ready(("timeout_idle".into(), "no data for the idle timeout".into()));
+                return Poll::Ready((Failure::TimeoutIdle, IDLE_EXCEEDED));
             }
             if self.total.as_mut().poll(cx).is_ready() {
-                return Poll::Ready((
-                    "timeout_total".into(),
-                    "request exceeded the total timeout".into(),
-                ));
+                return Poll::Ready((Failure::TimeoutTotal, TOTAL_EXCEEDED));
             }
             break;
         }
@@ -276,8 +220,11 @@ impl BodyTimers {
     }
 }
 
-fn fail(mut s: Sample, t0: Instant, kind: &str, detail: String) -> Sample {
-    s.error = Some(kind.to_string());
+const IDLE_EXCEEDED: &str = "no data for the idle timeout";
+const TOTAL_EXCEEDED: &str = "request exceeded the total timeout";
+
+fn fail(mut s: Sample, t0: Instant, kind: Failure, detail: String) -> Sample {
+    s.error = Some(kind);
     s.error_detail = Some(detail);
     s.end_ns = ns_since(t0);
     s
@@ -319,7 +266,7 @@ struct Stream {
     /// The previous chunk as a template for the next (most chunks differ only in their text).
     memo: ChunkMemo,
     whole: Vec<u8>,
-    err: Option<(String, String)>,
+    err: Option<(Failure, String)>,
     server: ServerTimes,
 }
 
@@ -329,13 +276,13 @@ fn on_message(
     at: u64,
     memo: &mut ChunkMemo,
     clock: &mut StreamClock,
-    err: &mut Option<(String, String)>,
+    err: &mut Option<(Failure, String)>,
     server: &mut ServerTimes,
 ) {
     match memo.parse(data) {
         Ok(info) => {
             if let Some(e) = info.error {
-                err.get_or_insert(("stream_error".into(), e));
+                err.get_or_insert((Failure::StreamError, e));
                 return;
             }
             if let Some(m) = info.metrics {
@@ -346,7 +293,7 @@ fn on_message(
             clock.on_message(at, info.has_choices, info.tokens, usage);
         }
         Err(e) => {
-            err.get_or_insert(("malformed_stream".into(), e));
+            err.get_or_insert((Failure::MalformedStream, e));
         }
     }
 }
@@ -386,7 +333,7 @@ impl Stream {
             Ok(ev) if ev.is_done() => {}
             Ok(ev) => on_message(ev.data, at, memo, clock, err, server),
             Err(e) => {
-                err.get_or_insert(("malformed_stream".into(), format!("{e:?}")));
+                err.get_or_insert((Failure::MalformedStream, format!("{e:?}")));
             }
         });
     }
@@ -414,7 +361,7 @@ impl Stream {
                     match ev {
                         Ok(ev) if ev.is_done() => {}
                         Ok(ev) => on_message(ev.data.as_bytes(), end, memo, clock, err, server),
-                        Err(e) => *err = Some(("malformed_stream".into(), format!("{e:?}"))),
+                        Err(e) => *err = Some((Failure::MalformedStream, format!("{e:?}"))),
                     }
                 }
             } else {
@@ -428,10 +375,8 @@ impl Stream {
         sample.ttft_ns = self.clock.ttft_ns();
         sample.e2el_ns = self.clock.e2el_ns();
         if err.is_none() && sample.ttft_ns.is_none() {
-            err = Some((
-                "no_content".into(),
-                "the response ended without a content message".into(),
-            ));
+            let why = "the response ended without a content message";
+            err = Some((Failure::NoContent, why.into()));
         }
         sample.itls_ns = self.clock.into_itls();
         if let Some((kind, detail)) = err {
@@ -457,140 +402,167 @@ fn extra_fields(target: &Target) -> impl Iterator<Item = (&[u8], &[u8])> {
         )))
 }
 
-/// [`execute`] on retrace's own HTTP/1.1 client ([`super::h1client`]): this task owns the
-/// socket, reads it, and feeds each read's payload to the SSE splitter with that read's instant.
-#[allow(clippy::too_many_arguments)]
-async fn execute_own(
-    pool: &Pool,
-    target: &Target,
-    req: &BuiltRequest,
-    uri: &Uri,
-    mut sample: Sample,
-    t0: Instant,
-    timeouts: Timeouts,
-    pre: Option<PreSent>,
-) -> Sample {
-    let mut wire = Vec::new();
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    h1wire::write_request(
-        req.method.as_str(),
-        path,
-        pool.host(),
-        extra_fields(target),
-        &req.body,
-        &mut wire,
-    );
-    let stamp_sent;
-    (sample.sent_ns, stamp_sent) = match &pre {
-        Some(p) if p.written > 0 => (p.sent_ns, p.stamp_sent),
-        _ => (ns_since(t0), crate::stamps::now_ns()),
-    };
-    let deadline = tokio::time::Instant::now() + timeouts.total;
-    let present = pre.map(|p| (p.conn, p.written));
-    let resp = tokio::select! {
-        r = h1client::send(pool, &wire, present) => r,
-        _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, "timeout_idle", "no response headers".into()),
-        _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, "timeout_total", "no response headers".into()),
-    };
-    drop(wire);
-    let (mut conn, head) = match resp {
-        Ok(r) => r,
-        Err(SendError::Connect(e)) => return fail(sample, t0, "connect", e),
-        Err(SendError::Reset(e)) => return fail(sample, t0, "reset", e),
-    };
-    let mut last_data = Instant::now();
-    // When the bytes of the head's read reached this host (the kernel's stamp; see h1client).
-    let mut last_rx = conn.last_rx().min(last_data);
-    let is_sse = head
-        .content_type
-        .as_deref()
-        .is_some_and(|v| v.contains("event-stream"));
-    let stamps = stamps_start(&conn.stamps, stamp_sent);
-    let mut body = BodyDecoder::new(head.body);
-    if !(200..300).contains(&head.status) {
-        let mut text = Vec::new();
-        loop {
-            let ok = body.feed(conn.pending(), |p| text.extend_from_slice(p));
-            conn.consume_all();
-            if ok.is_err() || body.is_done() || text.len() >= 2048 {
-                break;
-            }
-            let r = tokio::select! {
-                r = conn.read() => r,
-                _ = tokio::time::sleep(timeouts.idle) => break,
-            };
-            if !matches!(r, Ok(n) if n > 0) {
-                break;
-            }
+impl Client {
+    /// Writes `wire` (the whole request), reads the response head, then the body: on a reader
+    /// thread for plain TCP when there are reader threads, else on this task.
+    async fn exchange(
+        &self,
+        req: &BuiltRequest,
+        wire: Vec<u8>,
+        mut sample: Sample,
+        t0: Instant,
+        pre: Option<PreSent>,
+    ) -> Sample {
+        let timeouts = self.timeouts;
+        let stamp_sent;
+        (sample.sent_ns, stamp_sent) = match &pre {
+            Some(p) if p.written > 0 => (p.sent_ns, p.stamp_sent),
+            _ => (ns_since(t0), crate::stamps::now_ns()),
+        };
+        let deadline = tokio::time::Instant::now() + timeouts.total;
+        let present = pre.map(|p| (p.conn, p.written));
+        let no_head = || "no response headers".to_string();
+        let resp = tokio::select! {
+            r = self.pool.exchange(&wire, present) => r,
+            _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, Failure::TimeoutIdle, no_head()),
+            _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, Failure::TimeoutTotal, no_head()),
+        };
+        drop(wire);
+        let (mut conn, head) = match resp {
+            Ok(r) => r,
+            Err(SendError::Connect(e)) => return fail(sample, t0, Failure::Connect, e),
+            Err(SendError::Reset(e)) => return fail(sample, t0, Failure::Reset, e),
+        };
+        let last_data = Instant::now();
+        // When the bytes of the head's read reached this host (the kernel's stamp).
+        let last_rx = conn.last_rx().min(last_data);
+        let mut body = BodyDecoder::new(head.body);
+        if !(200..300).contains(&head.status) {
+            let detail = error_body(&mut conn, &mut body, timeouts.idle).await;
+            return fail(sample, t0, Failure::Http(head.status), detail);
         }
-        text.truncate(2048);
-        let detail = String::from_utf8_lossy(&text).into_owned();
-        return fail(sample, t0, &format!("http_{}", head.status), detail);
-    }
-    let mut run = BodyRun {
-        stream: Stream::new(req, sample.sent_ns, is_sse),
-        body,
-        stamps,
-        reusable_head: head.reusable,
-        clean_end: false,
-        reuse: false,
-    };
-    // The bytes that came with the head.
-    let mut over = run.take(&mut conn, ns_between(t0, last_rx));
-    if !over && conn.is_plain() {
-        if let Some(readers) = pool.readers() {
-            // The rest of the body on a reader thread (see super::reader).
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            match conn.detach() {
-                Ok(detached) => {
-                    readers.submit(Box::new(BodyJob {
-                        conn: detached,
-                        run,
-                        t0,
-                        deadline: deadline.into_std(),
-                        idle: timeouts.idle,
-                        last_data,
-                        tx: Some(tx),
-                    }));
-                }
-                Err(e) => {
-                    run.stream
-                        .err
-                        .get_or_insert(("local".into(), format!("detaching the socket: {e}")));
-                    return run.end(None, pool, ns_since(t0), sample);
-                }
+        let is_sse = head
+            .content_type
+            .as_deref()
+            .is_some_and(|v| v.contains("event-stream"));
+        let mut run = BodyRun {
+            stream: Stream::new(req, sample.sent_ns, is_sse),
+            body,
+            stamps: stamps_start(&conn.stamps, stamp_sent),
+            reusable_head: head.reusable,
+            clean_end: false,
+            reuse: false,
+        };
+        // The bytes that came with the head.
+        if run.take(&mut conn, ns_between(t0, last_rx)) {
+            return run.end(Some(conn), &self.pool, ns_since(t0), sample);
+        }
+        let timing = BodyTiming {
+            t0,
+            deadline: deadline.into_std(),
+            idle: timeouts.idle,
+            last_data,
+        };
+        match self.pool.readers() {
+            Some(readers) if conn.is_plain() => {
+                self.body_on_reader(readers, conn, run, timing, sample)
+                    .await
             }
-            let Ok(Ended { conn, run, end_ns }) = rx.await else {
-                return fail(
-                    sample,
-                    t0,
-                    "local",
-                    "the reader thread stopped before the body ended".into(),
-                );
-            };
-            // Back on the runtime only if the pool is to keep it.
-            let conn = (run.clean_end && run.reuse)
-                .then(|| conn.attach().ok())
-                .flatten();
-            return run.end(conn, pool, end_ns, sample);
+            _ => self.body_on_task(conn, run, timing, sample).await,
         }
     }
-    let mut timers = BodyTimers::new(deadline, timeouts.idle, last_data);
-    while !over {
-        let r = tokio::select! {
-            biased;
-            r = conn.read() => r,
-            e = timers.expired() => {
-                run.stream.err.get_or_insert(e);
-                break;
+
+    /// The rest of the body on a reader thread (see [`super::reader`]).
+    async fn body_on_reader(
+        &self,
+        readers: &super::reader::Readers,
+        conn: RawConn,
+        mut run: BodyRun,
+        timing: BodyTiming,
+        sample: Sample,
+    ) -> Sample {
+        let t0 = timing.t0;
+        let detached = match conn.detach() {
+            Ok(d) => d,
+            Err(e) => {
+                run.fail(Failure::Local, format!("detaching the socket: {e}"));
+                return run.end(None, &self.pool, ns_since(t0), sample);
             }
         };
-        last_data = Instant::now();
-        timers.last_data = last_data;
-        last_rx = conn.last_rx().min(last_data);
-        over = run.after_read(r) || run.take(&mut conn, ns_between(t0, last_rx));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        readers.submit(Box::new(BodyJob {
+            conn: detached,
+            run,
+            timing,
+            tx: Some(tx),
+        }));
+        let Ok(Ended { conn, run, end_ns }) = rx.await else {
+            let why = "the reader thread stopped before the body ended".to_string();
+            return fail(sample, t0, Failure::Local, why);
+        };
+        // Back on the runtime only if the pool is to keep it.
+        let conn = (run.clean_end && run.reuse)
+            .then(|| conn.attach().ok())
+            .flatten();
+        run.end(conn, &self.pool, end_ns, sample)
     }
-    run.end(Some(conn), pool, ns_since(t0), sample)
+
+    /// The rest of the body on this task, raced against the body's timers.
+    async fn body_on_task(
+        &self,
+        mut conn: RawConn,
+        mut run: BodyRun,
+        timing: BodyTiming,
+        sample: Sample,
+    ) -> Sample {
+        let t0 = timing.t0;
+        let mut timers = BodyTimers::new(timing.deadline.into(), timing.idle, timing.last_data);
+        loop {
+            let r = tokio::select! {
+                biased;
+                r = conn.read() => r,
+                (kind, why) = timers.expired() => {
+                    run.fail(kind, why.into());
+                    break;
+                }
+            };
+            timers.last_data = Instant::now();
+            let last_rx = conn.last_rx().min(timers.last_data);
+            if run.after_read(r) || run.take(&mut conn, ns_between(t0, last_rx)) {
+                break;
+            }
+        }
+        run.end(Some(conn), &self.pool, ns_since(t0), sample)
+    }
+}
+
+/// The first bytes (at most 2 KiB) of an error response's body, as text, for the sample's detail.
+async fn error_body(conn: &mut RawConn, body: &mut BodyDecoder, idle: Duration) -> String {
+    let mut text = Vec::new();
+    loop {
+        let ok = body.feed(conn.pending(), |p| text.extend_from_slice(p));
+        conn.consume_all();
+        if ok.is_err() || body.is_done() || text.len() >= 2048 {
+            break;
+        }
+        let r = tokio::select! {
+            r = conn.read() => r,
+            _ = tokio::time::sleep(idle) => break,
+        };
+        if !matches!(r, Ok(n) if n > 0) {
+            break;
+        }
+    }
+    text.truncate(2048);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// A body's clock: t0, the total deadline, the idle limit and when data last arrived.
+struct BodyTiming {
+    t0: Instant,
+    deadline: Instant,
+    idle: Duration,
+    last_data: Instant,
 }
 
 fn ns_between(t0: Instant, t: Instant) -> u64 {
@@ -611,6 +583,11 @@ struct BodyRun {
 }
 
 impl BodyRun {
+    /// The body failed (the first failure is kept).
+    fn fail(&mut self, kind: Failure, why: String) {
+        self.stream.err.get_or_insert((kind, why));
+    }
+
     /// Consumes the connection's pending bytes, which reached this host `at` (ns from t0).
     /// True when the body is over: complete, or failed.
     fn take<I>(&mut self, conn: &mut RawConn<I>, at: u64) -> bool {
@@ -620,9 +597,7 @@ impl BodyRun {
         let extra = matches!(fed, Ok(n) if n < pending.len());
         conn.consume_all();
         if let Err(e) = fed {
-            self.stream
-                .err
-                .get_or_insert(("reset".into(), e.to_string()));
+            self.fail(Failure::Reset, e.to_string());
             return true;
         }
         stamps_content(&mut self.stamps, &conn.stamps, &self.stream.clock);
@@ -644,7 +619,7 @@ impl BodyRun {
             crate::stamps::record("replay", port, v);
         }
         if let (true, Some(c)) = (self.clean_end && self.reuse, conn) {
-            pool.checkin_raw(c);
+            pool.checkin(c);
         }
         self.stream.finish(end_ns, sample)
     }
@@ -656,19 +631,13 @@ impl BodyRun {
             Ok(0) => {
                 match self.body.at_eof() {
                     None => self.clean_end = true,
-                    Some(why) => {
-                        self.stream
-                            .err
-                            .get_or_insert(("reset".into(), why.to_string()));
-                    }
+                    Some(why) => self.fail(Failure::Reset, why.to_string()),
                 }
                 true
             }
             Ok(_) => false,
             Err(e) => {
-                self.stream
-                    .err
-                    .get_or_insert(("reset".into(), format!("reading the body: {e}")));
+                self.fail(Failure::Reset, format!("reading the body: {e}"));
                 true
             }
         }
@@ -688,11 +657,8 @@ struct Ended {
 struct BodyJob {
     conn: RawConn<std::net::TcpStream>,
     run: BodyRun,
-    t0: Instant,
-    deadline: Instant,
-    idle: Duration,
-    /// When data last arrived (the idle timeout runs from it).
-    last_data: Instant,
+    /// `last_data`: the kernel's stamp of the latest read (the idle timeout runs from it).
+    timing: BodyTiming,
     tx: Option<tokio::sync::oneshot::Sender<Ended>>,
 }
 
@@ -709,11 +675,9 @@ impl super::reader::Job for BodyJob {
                         return true;
                     }
                     // The kernel's stamp (never later than the read) or the read's instant.
-                    self.last_data = self.conn.last_rx();
-                    if self
-                        .run
-                        .take(&mut self.conn, ns_between(self.t0, self.last_data))
-                    {
+                    self.timing.last_data = self.conn.last_rx();
+                    let at = ns_between(self.timing.t0, self.timing.last_data);
+                    if self.run.take(&mut self.conn, at) {
                         return true;
                     }
                     if !more {
@@ -727,26 +691,24 @@ impl super::reader::Job for BodyJob {
     }
 
     fn tick(&mut self, now: Instant) -> bool {
-        let why = if now >= self.deadline {
-            ("timeout_total", "request exceeded the total timeout")
-        } else if now >= self.last_data + self.idle {
-            ("timeout_idle", "no data for the idle timeout")
+        let t = &self.timing;
+        let (kind, why) = if now >= t.deadline {
+            (Failure::TimeoutTotal, TOTAL_EXCEEDED)
+        } else if now >= t.last_data + t.idle {
+            (Failure::TimeoutIdle, IDLE_EXCEEDED)
         } else {
             return false;
         };
-        self.run
-            .stream
-            .err
-            .get_or_insert((why.0.into(), why.1.into()));
+        self.run.fail(kind, why.into());
         true
     }
 
     fn failed(&mut self, why: String) {
-        self.run.stream.err.get_or_insert(("local".into(), why));
+        self.run.fail(Failure::Local, why);
     }
 
     fn done(mut self: Box<Self>) {
-        let end_ns = ns_since(self.t0);
+        let end_ns = ns_since(self.timing.t0);
         if let Some(tx) = self.tx.take() {
             let BodyJob { conn, run, .. } = *self;
             let _ = tx.send(Ended { conn, run, end_ns });
@@ -754,174 +716,12 @@ impl super::reader::Job for BodyJob {
     }
 }
 
-/// [`execute`] on hyper's HTTP/1.1 client connections.
-async fn execute_hyper(
-    pool: &Pool,
-    target: &Target,
-    req: &BuiltRequest,
-    uri: Uri,
-    mut sample: Sample,
-    t0: Instant,
-    timeouts: Timeouts,
-) -> Sample {
-    let make = || {
-        let mut b = hyper::Request::builder()
-            .method(req.method.clone())
-            .uri(uri.clone());
-        if let Some(h) = b.headers_mut() {
-            h.extend(target.headers.clone());
-            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        }
-        b.body(Full::new(req.body.clone()))
-            .map_err(|e| e.to_string())
-    };
-    sample.sent_ns = ns_since(t0);
-    let stamp_sent = crate::stamps::now_ns();
-    let deadline = tokio::time::Instant::now() + timeouts.total;
-    let resp = tokio::select! {
-        r = pool.send(make) => r,
-        _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, "timeout_idle", "no response headers".into()),
-        _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, "timeout_total", "no response headers".into()),
-    };
-    let (resp, conn) = match resp {
-        Ok(r) => r,
-        Err(SendError::Connect(e)) => return fail(sample, t0, "connect", e),
-        Err(SendError::Reset(e)) => return fail(sample, t0, "reset", e),
-    };
-    let status = resp.status();
-    let is_sse = resp
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("event-stream"));
-    let mut stamps = stamps_start(&conn.stamps, stamp_sent);
-    let mut body = resp.into_body();
-    if !status.is_success() {
-        let mut text = Vec::new();
-        while text.len() < 2048 {
-            let f = tokio::select! {
-                f = body.frame() => f,
-                _ = tokio::time::sleep(timeouts.idle) => None,
-            };
-            match f {
-                Some(Ok(fr)) => {
-                    if let Ok(d) = fr.into_data() {
-                        text.extend_from_slice(&d);
-                    }
-                }
-                _ => break,
-            }
-        }
-        text.truncate(2048);
-        let detail = String::from_utf8_lossy(&text).into_owned();
-        return fail(sample, t0, &format!("http_{}", status.as_u16()), detail);
-    }
-    let mut stream = Stream::new(req, sample.sent_ns, is_sse);
-    let mut clean_end = false;
-    let mut timers = BodyTimers::new(deadline, timeouts.idle, Instant::now());
-    loop {
-        let frame = tokio::select! {
-            biased;
-            f = body.frame() => f,
-            e = timers.expired() => {
-                stream.err.get_or_insert(e);
-                break;
-            }
-        };
-        timers.last_data = Instant::now();
-        let at = timers.last_data.saturating_duration_since(t0).as_nanos() as u64;
-        match frame {
-            None => {
-                clean_end = true;
-                break;
-            }
-            Some(Err(e)) => {
-                stream.err.get_or_insert(("reset".into(), error_chain(&e)));
-                break;
-            }
-            Some(Ok(fr)) => {
-                let Ok(data) = fr.into_data() else { continue };
-                stream.feed(&data, at);
-                stamps_content(&mut stamps, &conn.stamps, &stream.clock);
-                if stream.err.is_some() {
-                    break;
-                }
-            }
-        }
-    }
-    let end = ns_since(t0);
-    if let Some((port, v)) = stamps {
-        crate::stamps::record("replay", port, v);
-    }
-    if clean_end {
-        pool.checkin(conn);
-    }
-    stream.finish(end, sample)
-}
-
-/// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
-pub async fn first_model(pool: &Pool, target: &Target) -> Result<String, String> {
-    let uri = target.uri("/v1/models")?;
-    let make = || {
-        let mut b = hyper::Request::builder()
-            .method(Method::GET)
-            .uri(uri.clone());
-        if let Some(h) = b.headers_mut() {
-            h.extend(target.headers.clone());
-        }
-        b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())
-    };
-    let (resp, conn) = tokio::time::timeout(Duration::from_secs(30), pool.send(make))
-        .await
-        .map_err(|_| "GET /v1/models timed out".to_string())?
-        .map_err(|e| format!("GET /v1/models at {}: {e:?}", target.url()))?;
-    let status = resp.status();
-    let body = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
-        .await
-        .map_err(|_| "GET /v1/models timed out".to_string())?
-        .map_err(|e| format!("GET /v1/models: {e}"))?
-        .to_bytes();
-    pool.checkin(conn);
-    if !status.is_success() {
-        return Err(format!("GET /v1/models answered HTTP {status}"));
-    }
-    let v: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: not JSON: {e}"))?;
-    v["data"][0]["id"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| "GET /v1/models listed no model; give --model".to_string())
-}
-
-/// Parses one `--header K=V` (or `K: V`).
-pub fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
-    let (k, v) = s
-        .split_once('=')
-        .or_else(|| s.split_once(':'))
-        .ok_or_else(|| format!("--header {s:?}: expected K=V"))?;
-    let name = HeaderName::from_bytes(k.trim().as_bytes())
-        .map_err(|_| format!("--header {s:?}: {k:?} is not a header name"))?;
-    let value = HeaderValue::from_str(v.trim())
-        .map_err(|_| format!("--header {s:?}: the value is not a valid header value"))?;
-    Ok((name, value))
-}
-
-/// An error and its sources, `: `-joined (hyper's top-level messages alone are vague).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
-        src = x.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::Api;
+    use bytes::Bytes;
+    use hyper::HeaderMap;
     use proptest::prelude::*;
 
     /// A request started by `presend` on another OS thread (the dispatcher's) is finished by its
@@ -943,6 +743,15 @@ mod tests {
         let target = Target::parse(&format!("http://{}", mock.addr), HeaderMap::new()).unwrap();
         let pool = Pool::new(&target, None).await.unwrap();
         assert_eq!(pool.warm(2, 2).await, 2);
+        let timeouts = Timeouts {
+            idle: Duration::from_secs(20),
+            total: Duration::from_secs(30),
+        };
+        let client = Client {
+            pool,
+            target,
+            timeouts,
+        };
         let req = BuiltRequest {
             method: http::Method::POST,
             aux: false,
@@ -954,19 +763,15 @@ mod tests {
             input_tokens: 4,
             exact_prompt: true,
         };
-        let timeouts = Timeouts {
-            idle: Duration::from_secs(20),
-            total: Duration::from_secs(30),
-        };
         let t0 = Instant::now();
         for partial in [false, true] {
             let pre = std::thread::scope(|sc| {
                 sc.spawn(|| {
                     if !partial {
-                        return presend(&pool, &target, &req, t0).unwrap();
+                        return client.presend(&req, t0).unwrap();
                     }
                     // Only the first bytes of the head go out on this thread.
-                    let mut conn = pool.take_raw().unwrap();
+                    let mut conn = client.pool.take().unwrap();
                     let sent_ns = ns_since(t0);
                     let written = conn.try_send(b"POST /v1/comp", b"").unwrap();
                     PreSent {
@@ -990,7 +795,7 @@ mod tests {
                 dispatched_ns: sent_ns,
                 slot_wait_ns: 0,
             };
-            let s = execute(&pool, &target, &req, times, t0, timeouts, Some(pre)).await;
+            let s = client.send(&req, times, t0, Some(pre)).await;
             assert!(
                 s.ok(),
                 "partial {partial}: {:?} {:?}",
@@ -1002,11 +807,18 @@ mod tests {
             assert!(s.ttft_ns.unwrap() >= 4_000_000, "{:?}", s.ttft_ns);
         }
         // Nothing idle is left to pre-send on once both connections are taken.
-        let (a, b) = (pool.take_raw(), pool.take_raw());
+        let (a, b) = (client.pool.take(), client.pool.take());
         assert!(a.is_some() && b.is_some());
-        assert!(presend(&pool, &target, &req, t0).is_none());
-        let tls = Target::parse("https://127.0.0.1:1", HeaderMap::new()).unwrap();
-        assert!(presend(&pool, &tls, &req, t0).is_none());
+        assert!(client.presend(&req, t0).is_none());
+        let tls = Client {
+            target: Target::parse("https://127.0.0.1:1", HeaderMap::new()).unwrap(),
+            ..client
+        };
+        tls.pool.checkin(a.unwrap());
+        assert!(
+            tls.presend(&req, t0).is_none(),
+            "no pre-send to a TLS target"
+        );
         mock.shutdown().await;
     }
 
@@ -1015,7 +827,7 @@ mod tests {
     /// (a stalled machine may make a gap long enough to fire: then it must be a real one).
     #[tokio::test(flavor = "current_thread")]
     async fn body_timers_fire_after_the_idle_gap_or_the_total_deadline() {
-        async fn run(t: &mut BodyTimers, steps: u32) -> (String, Instant) {
+        async fn run(t: &mut BodyTimers, steps: u32) -> (Failure, Instant) {
             for _ in 0..steps {
                 tokio::select! {
                     biased;
@@ -1031,7 +843,7 @@ mod tests {
         // Data every 10 ms for 120 ms (three idle periods), then silence.
         let mut t = BodyTimers::new(far, idle, Instant::now());
         let (kind, last) = run(&mut t, 12).await;
-        assert_eq!(kind, "timeout_idle");
+        assert_eq!(kind, Failure::TimeoutIdle);
         assert!(Instant::now() >= last + idle);
 
         let start = Instant::now();
@@ -1039,7 +851,7 @@ mod tests {
         let at = tokio::time::Instant::from_std(start + total);
         let mut t = BodyTimers::new(at, Duration::from_secs(30), start);
         let (kind, _) = run(&mut t, 3).await;
-        assert_eq!(kind, "timeout_total");
+        assert_eq!(kind, Failure::TimeoutTotal);
         assert!(Instant::now() >= start + total);
     }
 
@@ -1224,31 +1036,6 @@ mod tests {
             let (with, _) = replay_events(api, &events, true);
             let (without, _) = replay_events(api, &events, false);
             prop_assert_eq!(with, without);
-        }
-    }
-
-    #[test]
-    fn target_urls() {
-        let t = Target::parse("https://example.org/v1/", HeaderMap::new()).unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.host.as_str(), t.tls),
-            ("example.org:443", "example.org", true)
-        );
-        assert_eq!(
-            (t.base_path.as_str(), t.url()),
-            ("", "https://example.org:443".to_string())
-        );
-        let t = Target::parse("http://[::1]:8000/proxy", HeaderMap::new()).unwrap();
-        assert_eq!(
-            (t.authority.as_str(), t.host.as_str(), t.tls),
-            ("[::1]:8000", "::1", false)
-        );
-        assert_eq!(t.uri("/v1/models").unwrap().path(), "/proxy/v1/models");
-        let t = Target::parse("http://localhost", HeaderMap::new()).unwrap();
-        assert_eq!(t.authority, "localhost:80");
-        for bad in ["ftp://x", "localhost:8000", "http:///v1"] {
-            let e = Target::parse(bad, HeaderMap::new()).expect_err(bad);
-            assert!(e.contains("--target"), "{e}");
         }
     }
 }

@@ -3,18 +3,15 @@
 //! A dedicated dispatcher thread walks the plan in order and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
 //! short EEVDF slice ([`crate::thread_timing`], unprivileged), so releases land within tens of
-//! microseconds instead of tokio's 1 ms timer-wheel granularity. By default it does not spin
-//! (`--spin-us 0`): a thread that sleeps keeps its scheduler credit, so with CPU hogs on every
-//! core its wake-ups still preempt them (p99 0.04 ms), while one that spins before each deadline
-//! spends that credit and is then preempted for milliseconds (p99 3.9 ms), besides burning CPU
-//! (`tools/bench_dispatch.rs`). A spin window is available ([`Waiter`]): fixed, or adaptive
-//! (`--spin-us auto`: the recent oversleeps of the thread's sleeps plus a margin, between
-//! [`MIN_SPIN_WINDOW`] and [`SPIN_WINDOW`]) for µs precision on an idle machine or under
-//! `--realtime`. Deadlines are absolute, so a late
+//! microseconds instead of tokio's 1 ms timer-wheel granularity. By default it does not spin: a
+//! thread that sleeps keeps its scheduler credit, so with CPU hogs on every core its wake-ups
+//! still preempt them, while one that spins spends that credit and is then preempted for
+//! milliseconds (`tools/bench_dispatch.rs` measures both). A spin window is available
+//! ([`Waiter`], the hidden `--spin-us`): fixed, or adaptive. Deadlines are absolute, so a late
 //! release never shifts later ones (no drift accumulation); a late dispatcher releases everything
 //! already due back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
-//! concurrency slot (client queue time, measured), then runs [`client::execute`]. Every request
+//! concurrency slot (client queue time, measured), then runs [`Client::send`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
 //! bodies are built before the clock starts.
 //!
@@ -26,11 +23,10 @@
 //! `intended_ns` is that deadline, so drift keeps meaning lateness of the send (and the dispatch
 //! drift, lateness of the dispatcher), not the think time.
 
-use super::client::{self, SendTimes, Target, Timeouts};
-use super::pool::Pool;
+use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
 use super::sessions::Links;
-use crate::metrics::Sample;
+use crate::metrics::{Failure, Sample};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::mpsc as std_mpsc;
@@ -56,7 +52,6 @@ pub const START_LEAD: Duration = Duration::from_millis(20);
 /// What the driver needs besides the plan.
 pub struct DriveOptions {
     pub max_concurrency: Option<usize>,
-    pub timeouts: Timeouts,
     /// Run the dispatcher thread under SCHED_FIFO (needs CAP_SYS_NICE); on a loaded machine this
     /// keeps other processes from delaying releases.
     pub realtime: bool,
@@ -76,15 +71,14 @@ type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'sta
 const MAX_BATCH: usize = 256;
 
 /// Releases in one batch (due at the same instant) beyond this many are sent by their tasks on
-/// the runtime's workers instead of by the dispatcher ([`client::presend`]): a burst of a
+/// the runtime's workers instead of by the dispatcher ([`Client::presend`]): a burst of a
 /// thousand would otherwise be written one by one on this thread.
 const PRESEND_MAX_BATCH: usize = 16;
 
 /// Hands the released requests to the runtime. One request is spawned directly; several (a burst
 /// due at one instant, or a dispatcher running late) go in one task that spawns them from inside
-/// the runtime: one cross-thread hand-off and wake-up instead of one per request. 2,000 requests
-/// due at once, 1,000 in flight, 3 alternating rounds on 2 cores: mean dispatch drift 13.1 / 5.5 /
-/// 5.2 ms → 8.1 / 4.0 / 4.4 ms, max 25.8 / 11.0 / 15.4 → 19.2 / 8.0 / 8.9 ms.
+/// the runtime: one cross-thread hand-off and wake-up instead of one per request (less dispatch
+/// drift in large bursts).
 fn flush(handle: &tokio::runtime::Handle, batch: &mut Vec<Task>) {
     match batch.len() {
         0 => {}
@@ -140,12 +134,10 @@ pub fn wait_until(deadline: Instant) {
 /// Waits for deadlines on one thread: a timed sleep until the spin window before the deadline,
 /// then `sched_yield` (other threads may run) and finally a pause loop for the last 20 µs.
 ///
-/// The spin window is what the sleep may overshoot: on this VM a 1 ns-slack `nanosleep` wakes
-/// 15–40 µs late when the thread is not preempted, and spinning costs CPU for the whole window
-/// (a fixed 200 µs window cost ~150 µs of CPU per release, 0.45 s over the 3,000 releases of a
-/// steady 1,000-stream run). So the window is the largest of the last `RECENT` (64) oversleeps plus
-/// `SPIN_MARGIN` (25 µs), within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than
-/// [`SPIN_WINDOW`] (the thread was preempted: no window would have helped) is not counted.
+/// The spin window is what the sleep may overshoot, and spinning costs CPU for the whole window.
+/// So the adaptive window is the largest of the last `RECENT` oversleeps plus `SPIN_MARGIN`,
+/// within [`MIN_SPIN_WINDOW`]..=[`SPIN_WINDOW`]. An oversleep longer than [`SPIN_WINDOW`] (the
+/// thread was preempted: no window would have helped) is not counted.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     /// Recent oversleeps, µs (a ring).
@@ -220,8 +212,7 @@ impl Waiter {
 pub async fn drive(
     plan: Vec<(usize, u64)>,
     requests: Arc<Vec<BuiltRequest>>,
-    client: Arc<Pool>,
-    target: Arc<Target>,
+    client: Arc<Client>,
     opts: DriveOptions,
     mut on_done: impl FnMut(&Sample),
 ) -> Driven {
@@ -232,7 +223,6 @@ pub async fn drive(
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
     let handle = tokio::runtime::Handle::current();
     let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
-    let timeouts = opts.timeouts;
     let realtime = opts.realtime;
     let spin = opts.spin;
     let links = opts.links.map(Arc::new);
@@ -314,13 +304,8 @@ pub async fn drive(
                     dispatched_ns,
                     slot_wait_ns: 0,
                 };
-                let (tx, client, target, requests, sem) = (
-                    tx.clone(),
-                    client.clone(),
-                    target.clone(),
-                    requests.clone(),
-                    sem.clone(),
-                );
+                let (tx, client, requests, sem) =
+                    (tx.clone(), client.clone(), requests.clone(), sem.clone());
                 let mut next = links.as_ref().and_then(|l| {
                     l.succ[slot].map(|s| Handover {
                         tx: dep_tx.clone(),
@@ -331,13 +316,13 @@ pub async fn drive(
                     })
                 });
                 // The request leaves from this thread at its deadline when a connection is idle
-                // and a slot free (client::presend); not within a large simultaneous release,
+                // and a slot free (Client::presend); not within a large simultaneous release,
                 // whose sends the runtime's workers share.
                 let mut permit = None;
                 let pre = if batch.len() < PRESEND_MAX_BATCH {
                     permit = sem.as_ref().and_then(|s| s.clone().try_acquire_owned().ok());
                     if sem.is_none() || permit.is_some() {
-                        client::presend(&client, &target, &requests[idx], t0)
+                        client.presend(&requests[idx], t0)
                     } else {
                         None
                     }
@@ -356,7 +341,7 @@ pub async fn drive(
                         (None, None) => None,
                     };
                     let req = &requests[idx];
-                    let s = client::execute(&client, &target, req, times, t0, timeouts, pre).await;
+                    let s = client.send(req, times, t0, pre).await;
                     if let Some(h) = &mut next {
                         h.end_ns = Some(s.end_ns);
                     }
@@ -371,7 +356,7 @@ pub async fn drive(
         // Could not start the thread: every request is a local failure, the run still reports.
         for (i, s) in samples.iter_mut().enumerate() {
             *s = Some(Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some(format!("dispatcher thread: {e}")),
                 end_ns: i as u64,
                 ..Default::default()
@@ -394,7 +379,7 @@ pub async fn drive(
         .into_iter()
         .map(|s| {
             s.unwrap_or_else(|| Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some("request task ended without a result".into()),
                 ..Default::default()
             })

@@ -1,30 +1,44 @@
-//! The replayer's own HTTP/1.1 client exchange (`--http-client own`): one request on one pooled
-//! socket, owned by the request's task.
+//! The replayer's own HTTP/1.1 client connection: one plain TCP or tokio-rustls stream plus one
+//! read buffer reused for the connection's life ([`RawConn`]).
 //!
-//! A [`RawConn`] is a plain TCP or tokio-rustls stream plus one read buffer reused for the
-//! connection's life. [`send`] takes a connection from the [`Pool`] (LIFO; a fresh one when none
-//! is idle), writes the whole request (head and body serialized into one buffer by the caller, so
-//! it is one write), and reads until the response head parses ([`h1wire::parse_response_head`],
-//! interim 1xx heads skipped). A request that fails on a reused connection before any response
-//! byte (the server closed it while idle) is retried once on a fresh connection, like hyper's
-//! pool. The body bytes already read stay in the buffer; the caller then reads the body itself
-//! with [`RawConn::read`] and [`h1wire::BodyDecoder`], so no task hand-over, no per-frame
-//! allocation; or, on plain TCP, takes the socket off the runtime ([`RawConn::detach`]) for a
-//! reader thread ([`super::reader`]), which reads it with [`RawConn::read_now`] and hands it
-//! back ([`RawConn::attach`]). Each read notes when its bytes reached this host
-//! ([`RawConn::last_rx`]): the kernel's receive stamp on plain TCP sockets opened with stamping
-//! on ([`crate::rxstamp`]), else the instant the read returned (TLS). No timeouts here (the caller races this against
-//! its timers) and no SSE or metrics.
+//! The request is written in one write ([`RawConn::write_all`], or started by the dispatcher
+//! with [`RawConn::try_send`]); [`RawConn::read_head`] reads until the response head parses
+//! ([`h1wire::parse_response_head`], interim 1xx heads skipped). The body bytes already read stay
+//! in the buffer; the caller reads the body itself with [`RawConn::read`] and
+//! [`h1wire::BodyDecoder`] (no task hand-over, no per-frame allocation), or, on plain TCP, takes
+//! the socket off the runtime ([`RawConn::detach`]) for a reader thread ([`super::reader`]),
+//! which reads it with [`RawConn::read_now`] and hands it back ([`RawConn::attach`]). Each read
+//! notes when its bytes reached this host ([`RawConn::last_rx`]): the kernel's receive stamp on
+//! plain TCP sockets opened with stamping on ([`crate::rxstamp`]), else the instant the read
+//! returned (TLS). No pooling, timeouts, SSE or metrics here.
 
-use super::pool::{IoStamps, Pool, SendError};
-use crate::h1wire::{self, Framing, ResponseHead};
+use crate::h1wire::{self, ResponseHead};
 use crate::netio::ClientStream;
 use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A connection's socket activity, on `CLOCK_MONOTONIC` (diagnostic stamps only).
+#[derive(Debug, Default)]
+pub struct IoStamps {
+    /// The local port (the server sees it as the peer port).
+    pub port: u16,
+    /// End of the last write, and the last read that returned bytes.
+    pub last_write_ns: AtomicU64,
+    pub last_read_ns: AtomicU64,
+}
+
+/// Why a request could not get a response head.
+#[derive(Debug)]
+pub enum SendError {
+    /// The TCP connect or TLS handshake failed.
+    Connect(String),
+    /// The connection broke before a response head.
+    Reset(String),
+}
 
 /// Initial read buffer per connection; grows only for a response head longer than this.
 const READ_BUF: usize = 16 << 10;
@@ -224,7 +238,7 @@ impl RawConn {
         }
     }
 
-    async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
+    pub(super) async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
         let mut done = 0;
         if let ClientStream::Plain(s) = &self.io {
             match send_now(s, &[std::io::IoSlice::new(wire)]) {
@@ -245,7 +259,7 @@ impl RawConn {
 
     /// Reads until a final response head; its bytes are consumed, body bytes stay pending.
     /// `Err((got_bytes, why))`.
-    async fn read_head(&mut self) -> Result<ResponseHead, (bool, String)> {
+    pub(super) async fn read_head(&mut self) -> Result<ResponseHead, (bool, String)> {
         let mut any = false;
         loop {
             match h1wire::parse_response_head(self.pending(), false) {
@@ -276,7 +290,7 @@ impl RawConn {
 /// One non-blocking send straight to a plain socket, whatever tokio last saw of its
 /// writability: tokio's own writes wait until its reactor has seen the socket writable, which
 /// for a socket just put back on the reactor ([`RawConn::attach`]) takes the reactor's next
-/// turn (up to 19 ms at p99 in a 1,000-stream burst). A short or `WouldBlock` answer leaves the
+/// turn (milliseconds in a large burst). A short or `WouldBlock` answer leaves the
 /// rest to tokio's writes, which then wait for writability as usual.
 fn send_now(s: &tokio::net::TcpStream, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
     loop {
@@ -323,56 +337,6 @@ impl RawConn<std::net::TcpStream> {
         let (io, rest) = self.split();
         Ok(rest.join(ClientStream::Plain(tokio::net::TcpStream::from_std(io)?)))
     }
-}
-
-/// Writes `wire` (a whole request) on a pooled connection and reads the response head; retries
-/// once on a fresh connection when a reused one fails before any response byte. `present`: a
-/// pooled connection on which the first `n` bytes of `wire` were already written (by the
-/// dispatcher, [`RawConn::try_send`]); the rest is written here. The returned connection goes
-/// back with [`Pool::checkin_raw`] only if its body was read exactly to the end and the head
-/// allows reuse.
-pub async fn send(
-    pool: &Pool,
-    wire: &[u8],
-    mut present: Option<(RawConn, usize)>,
-) -> Result<(RawConn, ResponseHead), SendError> {
-    for attempt in 0..2 {
-        let (mut conn, reused, done) = match (attempt, present.take()) {
-            (0, Some((c, n))) => (c, true, n.min(wire.len())),
-            (0, None) => match pool.take_raw() {
-                Some(c) => (c, true, 0),
-                None => (
-                    pool.connect_raw().await.map_err(SendError::Connect)?,
-                    false,
-                    0,
-                ),
-            },
-            _ => (
-                pool.connect_raw().await.map_err(SendError::Connect)?,
-                false,
-                0,
-            ),
-        };
-        if let Err(e) = conn.write_all(&wire[done..]).await {
-            if reused {
-                continue;
-            }
-            return Err(SendError::Reset(format!("writing the request: {e}")));
-        }
-        match conn.read_head().await {
-            Ok(h) => return Ok((conn, h)),
-            Err((false, _)) if reused => continue,
-            Err((_, why)) => return Err(SendError::Reset(why)),
-        }
-    }
-    Err(SendError::Reset(
-        "connection closed twice before a response".into(),
-    ))
-}
-
-/// Whether a connection whose body ended cleanly may carry another request.
-pub fn reusable(head: &ResponseHead, conn: &RawConn) -> bool {
-    head.reusable && head.body != Framing::Close && conn.pending().is_empty()
 }
 
 #[cfg(test)]

@@ -58,10 +58,14 @@ pub fn auxiliary(aux: &[Sample]) -> Option<Value> {
         return None;
     }
     let ok = aux.iter().filter(|s| s.error.is_none()).count();
+    let kinds: Vec<_> = aux
+        .iter()
+        .filter_map(|s| s.error.map(|e| e.as_str()))
+        .collect();
     Some(json!({
         "sent": aux.len(),
         "ok": ok,
-        "errors": error_counts(aux.iter().filter_map(|s| s.error.as_deref())),
+        "errors": error_counts(kinds.iter().map(|k| k.as_ref())),
     }))
 }
 
@@ -72,9 +76,9 @@ pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
     for (r, s) in rec.iter().zip(samples) {
         let replayed = match s.ok() {
             true => None,
-            false => Some(s.error.as_deref().unwrap_or("failed")),
+            false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
         };
-        match (r.as_deref(), replayed) {
+        match (r.as_deref(), replayed.as_deref()) {
             (Some(a), Some(b)) if a == b => same += 1,
             (Some(_), Some(_)) => differently += 1,
             (Some(_), None) => now_ok += 1,
@@ -95,12 +99,13 @@ pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Failure;
     use crate::trace::{Request, Response, TraceHeader};
 
-    fn sample(err: Option<&str>) -> Sample {
+    fn sample(err: Option<Failure>) -> Sample {
         Sample {
             ttft_ns: err.is_none().then_some(5),
-            error: err.map(str::to_string),
+            error: err,
             ..Default::default()
         }
     }
@@ -131,10 +136,10 @@ mod tests {
         let rec = recorded_failures(&t, &[0, 1, 2, 3, 4, 5], &aux).unwrap();
         assert_eq!(rec.len(), 5);
         let samples = vec![
-            sample(Some("http_404")),
-            sample(Some("http_404")),
+            sample(Some(Failure::Http(404))),
+            sample(Some(Failure::Http(404))),
             sample(None),
-            sample(Some("reset")),
+            sample(Some(Failure::Reset)),
             sample(None),
         ];
         let v = recorded(&rec, &samples);
@@ -156,7 +161,7 @@ mod tests {
         let s = vec![
             sample(None),
             sample(None),
-            sample(Some("http_404")),
+            sample(Some(Failure::Http(404))),
             sample(None),
         ];
         let (work, side) = split(s, &[false, true, true, false]);

@@ -1,126 +1,27 @@
 //! The replayer's HTTP/1.1 connection pool: keep-alive connections to one target, opened ahead.
 //!
 //! Each in-flight stream needs its own HTTP/1.1 connection. Opening hundreds at the instant a burst
-//! is due overflows the server's accept queue (SYNs dropped, a 1 s retransmit added to TTFT: seen
-//! against the mock at 500 simultaneous streams), and charges connection setup to the first
-//! requests. So the pool can be warmed before the clock starts ([`Pool::warm`], a bounded number of
-//! connects at a time), hands out idle connections LIFO, opens a new one when none is idle, and
-//! takes a connection back only after its response was read to the end. A request that fails on a
-//! reused connection before any response byte (the server closed it while idle) is retried once on
-//! a fresh connection, as browsers and hyper's own pool do. `https://` targets get rustls
-//! (ALPN `http/1.1`, trust roots from `--target-ca` or the system bundle, see [`crate::tls`]); the
-//! TLS handshake is part of the connect, so warming takes it off the clock too. It holds two kinds of
-//! connection: hyper's ([`Conn`], `--http-client hyper`, and `GET /v1/models` / scrapes) and the own
-//! client's ([`RawConn`], [`super::h1client`]); [`Pool::warm`] opens the kind the run uses. No
-//! scheduling here.
+//! is due overflows the server's accept queue (SYNs dropped, a 1 s retransmit added to TTFT), and
+//! charges connection setup to the first requests. So the pool can be warmed before the clock
+//! starts ([`Pool::warm`], a bounded number of connects at a time), hands out idle connections
+//! LIFO, opens a new one when none is idle, and takes a connection back only after its response was
+//! read to the end. [`Pool::exchange`] writes a request and reads its response head; a request that
+//! fails on a reused connection before any response byte (the server closed it while idle) is
+//! retried once on a fresh connection, as browsers do. `https://` targets get rustls (ALPN
+//! `http/1.1`, trust roots from `--target-ca` or the system bundle, see [`crate::tls`]); the TLS
+//! handshake is part of the connect, so warming takes it off the clock too. [`Pool::get`] is the
+//! small GET of `/v1/models` and scrapes. No scheduling and no measuring here.
 
-use super::h1client::RawConn;
+use super::h1client::{IoStamps, RawConn, SendError};
+use super::target::Target;
+use crate::h1wire::{self, BodyDecoder, ResponseHead};
 use crate::netio::ClientStream;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, HOST};
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use hyper::HeaderMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-
-type Sender = SendRequest<Full<Bytes>>;
-
-/// One keep-alive connection: hyper's request sender, and its socket's last read/write instants
-/// when diagnostic stamps are on ([`crate::stamps`]).
-pub struct Conn {
-    sender: Sender,
-    pub stamps: Option<Arc<IoStamps>>,
-}
-
-/// A connection's socket activity, on `CLOCK_MONOTONIC` (diagnostic stamps only).
-#[derive(Debug, Default)]
-pub struct IoStamps {
-    /// The local port (the server sees it as the peer port).
-    pub port: u16,
-    /// End of the last write, and the last read that returned bytes.
-    pub last_write_ns: AtomicU64,
-    pub last_read_ns: AtomicU64,
-}
-
-/// The socket as hyper sees it, noting read/write instants when stamps are on.
-struct StampIo<T> {
-    inner: T,
-    stamps: Option<Arc<IoStamps>>,
-}
-
-impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for StampIo<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let p = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let (Some(s), Poll::Ready(Ok(()))) = (&self.stamps, &p) {
-            s.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
-        }
-        p
-    }
-}
-
-impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for StampIo<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let p = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let (Some(s), Poll::Ready(Ok(_))) = (&self.stamps, &p) {
-            s.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
-        }
-        p
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let p = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let (Some(s), Poll::Ready(Ok(_))) = (&self.stamps, &p) {
-            s.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
-        }
-        p
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Why a request could not get a response head.
-#[derive(Debug)]
-pub enum SendError {
-    /// The TCP connect or HTTP handshake failed.
-    Connect(String),
-    /// The connection broke before a response head.
-    Reset(String),
-}
-
-/// Which HTTP/1.1 client sends the measured requests (`--http-client`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HttpClient {
-    /// retrace's own loop ([`super::h1client`]): the request task owns its socket.
-    #[default]
-    Own,
-    /// hyper 1's client connections (a connection task per connection).
-    Hyper,
-}
+use std::time::Duration;
 
 /// A pool of connections to one address.
 pub struct Pool {
@@ -131,20 +32,17 @@ pub struct Pool {
         rustls::pki_types::ServerName<'static>,
     )>,
     host: HeaderValue,
-    idle: Mutex<Vec<Conn>>,
-    /// Which client [`Pool::warm`] opens connections for.
-    client: HttpClient,
-    /// Own-client reads are stamped with the kernel's receive time (`--rx-stamp kernel`).
+    /// Reads are stamped with the kernel's receive time (plain TCP).
     kernel_rx: bool,
-    /// Idle connections of the own client ([`super::h1client`]), LIFO.
-    raw_idle: Mutex<Vec<RawConn>>,
-    /// Reader threads for the own client's plain response bodies (`--reader-threads`).
+    /// Idle connections, LIFO.
+    idle: Mutex<Vec<RawConn>>,
+    /// Reader threads for plain response bodies.
     readers: Option<super::reader::Readers>,
 }
 
 impl Pool {
     /// A pool for `target` (its `host:port` resolved once); `ca` is `--target-ca`.
-    pub async fn new(target: &super::client::Target, ca: Option<&Path>) -> Result<Pool, String> {
+    pub async fn new(target: &Target, ca: Option<&Path>) -> Result<Pool, String> {
         let authority = target.authority.as_str();
         let tls = if target.tls {
             let cfg = crate::tls::client_config(ca, "--target-ca", &[b"http/1.1"])
@@ -166,38 +64,30 @@ impl Pool {
             addr,
             tls,
             host,
-            idle: Mutex::new(Vec::new()),
-            client: HttpClient::default(),
             kernel_rx: false,
-            raw_idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Vec::new()),
             readers: None,
         })
     }
 
-    /// Sets which client the measured requests use (and [`Pool::warm`] warms).
-    pub fn with_client(mut self, client: HttpClient) -> Pool {
-        self.client = client;
-        self
-    }
-
-    /// Stamp the own client's reads with the kernel's receive time (plain TCP targets).
+    /// Stamp reads with the kernel's receive time (plain TCP targets).
     pub fn with_kernel_rx(mut self, on: bool) -> Pool {
         self.kernel_rx = on;
         self
     }
 
-    /// Reads the own client's plain response bodies on `n` reader threads ([`super::reader`]);
-    /// 0: on the requests' tasks. Only the own client over plain TCP uses them.
-    /// `batch` ([`super::reader::Readers::start`]) applies only with `--rx-stamp kernel` (were
-    /// the kernel to refuse one socket its stamps, that socket's reads would count from the
-    /// read, up to `batch` late; Linux TCP sockets always accept them).
-    pub fn with_readers(mut self, n: usize, batch: std::time::Duration) -> std::io::Result<Pool> {
+    /// Reads plain response bodies on `n` reader threads ([`super::reader`]); 0: on the requests'
+    /// tasks. TLS bodies always stay on the tasks. `batch` ([`super::reader::Readers::start`])
+    /// applies only with kernel stamps (were the kernel to refuse one socket its stamps, that
+    /// socket's reads would count from the read, up to `batch` late; Linux TCP sockets always
+    /// accept them).
+    pub fn with_readers(mut self, n: usize, batch: Duration) -> std::io::Result<Pool> {
         let batch = if self.kernel_rx {
             batch
         } else {
-            std::time::Duration::ZERO
+            Duration::ZERO
         };
-        self.readers = if n > 0 && self.client == HttpClient::Own && self.tls.is_none() {
+        self.readers = if n > 0 && self.tls.is_none() {
             Some(super::reader::Readers::start(n, batch)?)
         } else {
             None
@@ -210,20 +100,14 @@ impl Pool {
         self.readers.as_ref()
     }
 
-    /// What the measured responses' arrival instants are: `"kernel"` (own client, plain TCP,
-    /// `--rx-stamp kernel`; a read the kernel did not stamp falls back to its own instant) or
-    /// `"read"`.
+    /// What the responses' arrival instants are: `"kernel"` (plain TCP with kernel stamps; a
+    /// read the kernel did not stamp falls back to its own instant) or `"read"`.
     pub fn rx_stamp(&self) -> &'static str {
-        if self.kernel_rx && self.tls.is_none() && self.client == HttpClient::Own {
+        if self.kernel_rx && self.tls.is_none() {
             "kernel"
         } else {
             "read"
         }
-    }
-
-    /// The client the measured requests use.
-    pub fn client(&self) -> HttpClient {
-        self.client
     }
 
     /// Plain `http://` (no TLS wrapping of connections).
@@ -236,9 +120,9 @@ impl Pool {
         self.host.as_bytes()
     }
 
-    /// A TCP connection to the target (`TCP_NODELAY`), with its stage stamps when
-    /// `RETRACE_STAMPS` is on; both clients' connections start here.
-    async fn dial(&self) -> Result<(tokio::net::TcpStream, Option<Arc<IoStamps>>), String> {
+    /// Opens a connection: TCP (`TCP_NODELAY`, stage stamps when `RETRACE_STAMPS` is on), then
+    /// TLS for `https://`.
+    pub async fn connect(&self) -> Result<RawConn, String> {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
@@ -250,12 +134,6 @@ impl Pool {
                 ..Default::default()
             })
         });
-        Ok((stream, stamps))
-    }
-
-    /// Opens a connection for the own client: TCP (`TCP_NODELAY`), then TLS for `https://`.
-    pub async fn connect_raw(&self) -> Result<RawConn, String> {
-        let (stream, stamps) = self.dial().await?;
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
@@ -268,9 +146,9 @@ impl Pool {
         Ok(RawConn::new(io, stamps, self.kernel_rx))
     }
 
-    /// The most recently used idle own-client connection that the server has not visibly closed.
-    pub fn take_raw(&self) -> Option<RawConn> {
-        let mut idle = self.raw_idle.lock().unwrap_or_else(|p| p.into_inner());
+    /// The most recently used idle connection that the server has not visibly closed.
+    pub fn take(&self) -> Option<RawConn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(mut c) = idle.pop() {
             if c.looks_open() {
                 return Some(c);
@@ -279,71 +157,12 @@ impl Pool {
         None
     }
 
-    /// Returns an own-client connection whose last response was read exactly to its end.
-    pub fn checkin_raw(&self, conn: RawConn) {
-        self.raw_idle
+    /// Returns a connection whose last response was read exactly to its end.
+    pub fn checkin(&self, conn: RawConn) {
+        self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(conn);
-    }
-
-    async fn connect(&self) -> Result<Conn, String> {
-        let (stream, stamps) = self.dial().await?;
-        if let Some((connector, name)) = &self.tls {
-            let stream = connector
-                .connect(name.clone(), stream)
-                .await
-                .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?;
-            return self.handshake(TokioIo::new(stream), stamps).await;
-        }
-        self.handshake(TokioIo::new(stream), stamps).await
-    }
-
-    async fn handshake<T>(&self, io: T, stamps: Option<Arc<IoStamps>>) -> Result<Conn, String>
-    where
-        T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let io = StampIo {
-            inner: io,
-            stamps: stamps.clone(),
-        };
-        let (sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| format!("handshake {}: {e}", self.addr))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(Conn { sender, stamps })
-    }
-
-    fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(c) = idle.pop() {
-            if c.sender.is_ready() && !c.sender.is_closed() {
-                return Some(c);
-            }
-        }
-        None
-    }
-
-    /// Returns a connection whose last response was read to the end.
-    pub fn checkin(&self, conn: Conn) {
-        if !conn.sender.is_closed() {
-            self.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(conn);
-        }
-    }
-
-    /// Idle connections now.
-    pub fn idle_len(&self) -> usize {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).len()
-            + self
-                .raw_idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .len()
     }
 
     /// Opens up to `n` connections, at most `parallel` connects at a time; returns how many opened.
@@ -353,18 +172,13 @@ impl Pool {
         while left > 0 {
             let k = left.min(parallel.max(1));
             let mut ok = 0;
-            if self.client == HttpClient::Own {
-                let batch = futures_join_all((0..k).map(|_| self.connect_raw())).await;
-                for s in batch.into_iter().flatten() {
-                    self.checkin_raw(s);
-                    ok += 1;
-                }
-            } else {
-                let batch = futures_join_all((0..k).map(|_| self.connect())).await;
-                for s in batch.into_iter().flatten() {
-                    self.checkin(s);
-                    ok += 1;
-                }
+            for c in join_all((0..k).map(|_| self.connect()))
+                .await
+                .into_iter()
+                .flatten()
+            {
+                self.checkin(c);
+                ok += 1;
             }
             opened += ok;
             if ok == 0 {
@@ -375,50 +189,98 @@ impl Pool {
         opened
     }
 
-    /// Sends a request built by `make` (called again for a retry), returning the response head
-    /// and the connection to check in once the body is read.
-    pub async fn send(
+    /// Writes `wire` (a whole request) on a pooled connection and reads the response head;
+    /// retries once on a fresh connection when a reused one fails before any response byte.
+    /// `present`: a pooled connection on which the first `n` bytes of `wire` were already
+    /// written (by the dispatcher, [`RawConn::try_send`]); the rest is written here. The
+    /// connection goes back with [`Pool::checkin`] only if its body was read exactly to the end
+    /// and the head allows reuse.
+    pub async fn exchange(
         &self,
-        make: impl Fn() -> Result<Request<Full<Bytes>>, String>,
-    ) -> Result<(Response<Incoming>, Conn), SendError> {
+        wire: &[u8],
+        mut present: Option<(RawConn, usize)>,
+    ) -> Result<(RawConn, ResponseHead), SendError> {
         for attempt in 0..2 {
-            let (mut conn, reused) = match self.take_idle() {
-                Some(s) if attempt == 0 => (s, true),
-                _ => (self.connect().await.map_err(SendError::Connect)?, false),
+            let (mut conn, reused, done) = match (attempt, present.take()) {
+                (0, Some((c, n))) => (c, true, n.min(wire.len())),
+                (0, None) => match self.take() {
+                    Some(c) => (c, true, 0),
+                    None => (self.connect().await.map_err(SendError::Connect)?, false, 0),
+                },
+                _ => (self.connect().await.map_err(SendError::Connect)?, false, 0),
             };
-            let mut req = make().map_err(SendError::Connect)?;
-            req.headers_mut().insert(HOST, self.host.clone());
-            if conn.sender.ready().await.is_err() {
+            if let Err(e) = conn.write_all(&wire[done..]).await {
                 if reused {
                     continue;
                 }
-                return Err(SendError::Reset(
-                    "connection closed before the request".into(),
-                ));
+                return Err(SendError::Reset(format!("writing the request: {e}")));
             }
-            match conn.sender.send_request(req).await {
-                Ok(resp) => return Ok((resp, conn)),
-                Err(e)
-                    if reused
-                        && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) =>
-                {
-                    continue;
-                }
-                Err(e) => return Err(SendError::Reset(e.to_string())),
+            match conn.read_head().await {
+                Ok(h) => return Ok((conn, h)),
+                Err((false, _)) if reused => continue,
+                Err((_, why)) => return Err(SendError::Reset(why)),
             }
         }
         Err(SendError::Reset(
             "connection closed twice before a response".into(),
         ))
     }
+
+    /// `GET path` with `headers`, the whole exchange within `limit`: the status and the body (at
+    /// most `max_body` bytes, else an error). For `/v1/models` and metric scrapes.
+    pub async fn get(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        limit: Duration,
+        max_body: usize,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let mut wire = Vec::new();
+        let fields = headers
+            .iter()
+            .filter(|(k, _)| *k != HOST && *k != CONTENT_LENGTH && *k != TRANSFER_ENCODING)
+            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()));
+        h1wire::write_request("GET", path, self.host(), fields, b"", &mut wire);
+        let exchange = async {
+            let (mut conn, head) = self.exchange(&wire, None).await.map_err(|e| match e {
+                SendError::Connect(e) | SendError::Reset(e) => e,
+            })?;
+            let mut body = BodyDecoder::new(head.body);
+            let mut out = Vec::new();
+            loop {
+                let used = body
+                    .feed(conn.pending(), |p| out.extend_from_slice(p))
+                    .map_err(|e| e.to_string())?;
+                let extra = used < conn.pending().len();
+                conn.consume_all();
+                if out.len() > max_body {
+                    return Err(format!("the body is longer than {max_body} bytes"));
+                }
+                if body.is_done() {
+                    if head.reusable && !extra {
+                        self.checkin(conn);
+                    }
+                    return Ok((head.status, out));
+                }
+                match conn.read().await {
+                    Ok(0) => match body.at_eof() {
+                        None => return Ok((head.status, out)),
+                        Some(why) => return Err(why.to_string()),
+                    },
+                    Ok(_) => {}
+                    Err(e) => return Err(format!("reading the body: {e}")),
+                }
+            }
+        };
+        tokio::time::timeout(limit, exchange)
+            .await
+            .map_err(|_| format!("timed out after {} s", limit.as_secs_f64()))?
+    }
 }
 
 /// Awaits all futures concurrently (a tiny join_all without the futures crate).
-async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for f in futs {
-        set.push(Box::pin(f));
-    }
+async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set: Vec<_> = futs.map(Box::pin).collect();
     let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
         let mut pending = false;

@@ -13,11 +13,10 @@
 //! the workload's precise dispatcher; their drift is reported. This module builds no bodies and
 //! does not print.
 
-use super::client::{self, SendTimes, Target, Timeouts};
-use super::pool::Pool;
+use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
-use crate::metrics::{self, Sample};
-use serde_json::{json, Map, Value};
+use crate::metrics::{self, Failure, Sample};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,10 +49,8 @@ pub struct Prober {
 pub fn start(
     rate: f64,
     bodies: Arc<Vec<BuiltRequest>>,
-    pool: Arc<Pool>,
-    target: Arc<Target>,
+    client: Arc<Client>,
     t0: Instant,
-    timeouts: Timeouts,
 ) -> Prober {
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(async move {
@@ -72,18 +69,16 @@ pub fn start(
                     dispatched_ns: Instant::now().saturating_duration_since(t0).as_nanos() as u64,
                     slot_wait_ns: 0,
                 };
-                let (pool, target, bodies) = (pool.clone(), target.clone(), bodies.clone());
+                let (client, bodies) = (client.clone(), bodies.clone());
                 let idx = (k % bodies.len() as u64) as usize;
-                set.spawn(async move {
-                    client::execute(&pool, &target, &bodies[idx], times, t0, timeouts, None).await
-                });
+                set.spawn(async move { client.send(&bodies[idx], times, t0, None).await });
                 k += 1;
             }
         }
         let mut samples = Vec::with_capacity(k as usize);
         while let Some(r) = set.join_next().await {
             samples.push(r.unwrap_or_else(|e| Sample {
-                error: Some("local".into()),
+                error: Some(Failure::Local),
                 error_detail: Some(format!("probe task: {e}")),
                 ..Default::default()
             }));
@@ -102,20 +97,6 @@ impl Prober {
     }
 }
 
-fn stats_json(s: &metrics::Stats) -> Value {
-    let mut m = Map::new();
-    m.insert("count".into(), json!(s.count));
-    m.insert("mean_ms".into(), json!(s.mean));
-    m.insert("median_ms".into(), json!(s.median));
-    m.insert("std_ms".into(), json!(s.std));
-    m.insert("min_ms".into(), json!(s.min));
-    m.insert("max_ms".into(), json!(s.max));
-    for (p, v) in &s.percentiles {
-        m.insert(format!("p{}_ms", metrics::percentile_label(*p)), json!(v));
-    }
-    Value::Object(m)
-}
-
 /// The result file's `probes` object (pure): rate, counts, failures by kind, and the TTFT, E2EL
 /// and dispatch-drift distributions of the probes.
 pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Value {
@@ -127,9 +108,9 @@ pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[
         "completed": sum.completed,
         "failed": sum.failed,
         "errors_by_kind": sum.errors,
-        "ttft": stats_json(&sum.ttft),
-        "e2el": stats_json(&sum.e2el),
-        "drift": stats_json(&sum.drift),
+        "ttft": sum.ttft.to_json_ms(),
+        "e2el": sum.e2el.to_json_ms(),
+        "drift": sum.drift.to_json_ms(),
     })
 }
 
@@ -158,7 +139,7 @@ mod tests {
             ..Default::default()
         };
         let bad = Sample {
-            error: Some("http_503".into()),
+            error: Some(Failure::Http(503)),
             ..Default::default()
         };
         let v = summarize(2.0, &[ok(10), ok(30), bad], 1.0, &[99.0]);

@@ -27,21 +27,25 @@
 //!   `server_queue_times`, `server_ttfts` (null where unknown), and ours: `intended_times`,
 //!   `drifts`, `client_queue_times`.
 //!
-//! This module builds the JSON value; it does not print or write files.
+//! This module builds the result ([`ReplayResult`]); it does not print or write files.
 
-use crate::metrics::{ns_to_s, percentile_label, Histograms, Sample, Stats, Summary};
+use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Stats, Summary};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 
 /// Schema identifier written into every result.
 pub const SCHEMA: &str = "retrace.replay/1";
 
-/// Run facts that are not measurements.
-#[derive(Debug, Clone, PartialEq)]
+/// Run facts that are not measurements (keys of the result as they are).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunInfo {
     pub date: String,
     pub trace: String,
     pub target: String,
+    #[serde(rename = "model_id")]
     pub model: String,
+    #[serde(rename = "endpoint_type")]
     pub endpoint: String,
     pub speed: f64,
     pub max_concurrency: Option<usize>,
@@ -55,7 +59,9 @@ pub struct RunInfo {
     pub inexact_prompts: u64,
 }
 
-fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
+/// Writes `s` as vLLM's `mean_/median_/std_/pP_{name}_ms` keys; `extra` adds `min_`, `max_` and
+/// `count_` (also used by `retrace merge`).
+pub(crate) fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
     m.insert(format!("mean_{name}_ms"), json!(s.mean));
     m.insert(format!("median_{name}_ms"), json!(s.median));
     m.insert(format!("std_{name}_ms"), json!(s.std));
@@ -69,7 +75,168 @@ fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
     }
 }
 
-/// Builds the result object; `detailed` adds the per-request arrays.
+/// One replay's result, serialised once ([`ReplayResult::to_value`]); the keys are the module
+/// docs' (serde_json sorts them).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayResult {
+    pub schema: &'static str,
+    pub retrace_version: &'static str,
+    pub backend: &'static str,
+    pub num_prompts: usize,
+    pub request_rate: &'static str,
+    #[serde(flatten)]
+    pub info: RunInfo,
+    pub duration: f64,
+    pub completed: u64,
+    pub failed: u64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    pub request_throughput: f64,
+    pub request_goodput: Option<f64>,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub max_concurrent_requests: u64,
+    /// The statistics families (`mean_ttft_ms`, `p99_drift_ms`, `count_client_queue`, ...).
+    #[serde(flatten)]
+    pub stats: Map<String, Value>,
+    pub errors_by_kind: BTreeMap<String, u64>,
+    pub server_reported: u64,
+    pub histograms: BTreeMap<String, String>,
+    /// `--detailed`: the per-request arrays.
+    #[serde(flatten)]
+    pub detailed: Option<Detailed>,
+    /// `--sessions`: [`sessions_json`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<Value>,
+    /// `--scrape-metrics`'s summary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_metrics: Option<Value>,
+    /// `--probe-request-rate`'s summary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probes: Option<Value>,
+    /// How the run was measured (a real replay always has it).
+    #[serde(flatten)]
+    pub run: Option<RunExtras>,
+    /// What was sent of a recording (a real replay always has it).
+    #[serde(flatten)]
+    pub selected: Option<Selected>,
+}
+
+/// The per-request arrays of `--detailed`, index-aligned, seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Detailed {
+    pub input_lens: Vec<u64>,
+    pub output_lens: Vec<u64>,
+    /// 0 when none.
+    pub ttfts: Vec<f64>,
+    pub itls: Vec<Vec<f64>>,
+    /// E2EL, 0 when none.
+    pub latencies: Vec<f64>,
+    /// Actual sends, from t0.
+    pub start_times: Vec<f64>,
+    /// "" on success, else `kind: detail`.
+    pub errors: Vec<String>,
+    pub server_queue_times: Vec<Option<f64>>,
+    pub server_ttfts: Vec<Option<f64>>,
+    pub intended_times: Vec<f64>,
+    pub drifts: Vec<f64>,
+    pub client_queue_times: Vec<f64>,
+}
+
+impl Detailed {
+    fn of(s: &[Sample]) -> Detailed {
+        fn col<T>(s: &[Sample], f: impl Fn(&Sample) -> T) -> Vec<T> {
+            s.iter().map(f).collect()
+        }
+        let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
+        Detailed {
+            input_lens: col(s, |x| x.input_tokens),
+            output_lens: col(s, |x| x.output_tokens),
+            ttfts: col(s, |x| opt_s(x.ttft_ns)),
+            itls: col(s, |x| x.itls_ns.iter().map(|&n| ns_to_s(n)).collect()),
+            latencies: col(s, |x| opt_s(x.e2el_ns)),
+            start_times: col(s, |x| ns_to_s(x.sent_ns)),
+            errors: col(s, |x| match (&x.error, &x.error_detail) {
+                (None, _) if x.ok() => String::new(),
+                (None, _) => Failure::NoContent.to_string(),
+                (Some(k), Some(d)) => format!("{k}: {d}"),
+                (Some(k), None) => k.to_string(),
+            }),
+            server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
+            server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
+            intended_times: col(s, |x| ns_to_s(x.intended_ns)),
+            drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
+            client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
+        }
+    }
+}
+
+impl ReplayResult {
+    /// The result of a run; `detailed` adds the per-request arrays.
+    pub fn new(
+        info: &RunInfo,
+        sum: &Summary,
+        hist: &Histograms,
+        samples: &[Sample],
+        detailed: bool,
+    ) -> ReplayResult {
+        let mut stats = Map::new();
+        for (name, s) in [
+            ("ttft", &sum.ttft),
+            ("tpot", &sum.tpot),
+            ("itl", &sum.itl),
+            ("e2el", &sum.e2el),
+        ] {
+            put_stats(&mut stats, name, s, false);
+        }
+        for (name, s) in [
+            ("ttft_from_intended", &sum.ttft_from_intended),
+            ("e2el_from_intended", &sum.e2el_from_intended),
+            ("drift", &sum.drift),
+            ("client_queue", &sum.client_queue),
+            ("server_queue", &sum.server_queue),
+            ("server_ttft", &sum.server_ttft),
+            ("unattributed", &sum.unattributed),
+        ] {
+            put_stats(&mut stats, name, s, true);
+        }
+        ReplayResult {
+            schema: SCHEMA,
+            retrace_version: env!("CARGO_PKG_VERSION"),
+            backend: "retrace",
+            num_prompts: samples.len(),
+            request_rate: "trace",
+            info: info.clone(),
+            duration: sum.duration_s,
+            completed: sum.completed,
+            failed: sum.failed,
+            total_input_tokens: sum.total_input_tokens,
+            total_output_tokens: sum.total_output_tokens,
+            request_throughput: sum.request_throughput,
+            request_goodput: sum.request_goodput,
+            output_throughput: sum.output_throughput,
+            total_token_throughput: sum.total_token_throughput,
+            max_concurrent_requests: sum.max_concurrent_requests,
+            stats,
+            errors_by_kind: sum.errors.clone(),
+            server_reported: sum.server_reported,
+            histograms: hist.encode(),
+            detailed: detailed.then(|| Detailed::of(samples)),
+            sessions: None,
+            server_metrics: None,
+            probes: None,
+            run: None,
+            selected: None,
+        }
+    }
+
+    /// The result as one JSON object.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+    }
+}
+
+/// [`ReplayResult::new`] as JSON.
 pub fn build(
     info: &RunInfo,
     sum: &Summary,
@@ -77,169 +244,68 @@ pub fn build(
     samples: &[Sample],
     detailed: bool,
 ) -> Value {
-    let mut m = Map::new();
-    m.insert("schema".into(), json!(SCHEMA));
-    m.insert("retrace_version".into(), json!(env!("CARGO_PKG_VERSION")));
-    m.insert("date".into(), json!(info.date));
-    m.insert("backend".into(), json!("retrace"));
-    m.insert("endpoint_type".into(), json!(info.endpoint));
-    m.insert("model_id".into(), json!(info.model));
-    m.insert("num_prompts".into(), json!(samples.len()));
-    m.insert("request_rate".into(), json!("trace"));
-    m.insert("max_concurrency".into(), json!(info.max_concurrency));
-    m.insert("duration".into(), json!(sum.duration_s));
-    m.insert("completed".into(), json!(sum.completed));
-    m.insert("failed".into(), json!(sum.failed));
-    m.insert("total_input_tokens".into(), json!(sum.total_input_tokens));
-    m.insert("total_output_tokens".into(), json!(sum.total_output_tokens));
-    m.insert("request_throughput".into(), json!(sum.request_throughput));
-    m.insert("request_goodput".into(), json!(sum.request_goodput));
-    m.insert("output_throughput".into(), json!(sum.output_throughput));
-    m.insert(
-        "total_token_throughput".into(),
-        json!(sum.total_token_throughput),
-    );
-    m.insert(
-        "max_concurrent_requests".into(),
-        json!(sum.max_concurrent_requests),
-    );
-    for (name, s) in [
-        ("ttft", &sum.ttft),
-        ("tpot", &sum.tpot),
-        ("itl", &sum.itl),
-        ("e2el", &sum.e2el),
-    ] {
-        put_stats(&mut m, name, s, false);
-    }
-    // ours
-    m.insert("trace".into(), json!(info.trace));
-    m.insert("target".into(), json!(info.target));
-    m.insert("speed".into(), json!(info.speed));
-    m.insert("seed".into(), json!(info.seed));
-    m.insert("block_size".into(), json!(info.block_size));
-    m.insert("prompt_mode".into(), json!(info.prompt_mode));
-    m.insert("drift_limit_ms".into(), json!(info.drift_limit_ms));
-    m.insert("valid".into(), json!(info.valid));
-    m.insert("invalid_reason".into(), json!(info.invalid_reason));
-    m.insert("inexact_prompts".into(), json!(info.inexact_prompts));
-    m.insert("errors_by_kind".into(), json!(sum.errors));
-    m.insert("server_reported".into(), json!(sum.server_reported));
-    for (name, s) in [
-        ("ttft_from_intended", &sum.ttft_from_intended),
-        ("e2el_from_intended", &sum.e2el_from_intended),
-        ("drift", &sum.drift),
-        ("client_queue", &sum.client_queue),
-        ("server_queue", &sum.server_queue),
-        ("server_ttft", &sum.server_ttft),
-        ("unattributed", &sum.unattributed),
-    ] {
-        put_stats(&mut m, name, s, true);
-    }
-    m.insert("histograms".into(), json!(hist.encode()));
-    if detailed {
-        let s = samples;
-        let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
-        m.insert(
-            "input_lens".into(),
-            json!(s.iter().map(|x| x.input_tokens).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "output_lens".into(),
-            json!(s.iter().map(|x| x.output_tokens).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "ttfts".into(),
-            json!(s.iter().map(|x| opt_s(x.ttft_ns)).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "itls".into(),
-            json!(s
-                .iter()
-                .map(|x| x.itls_ns.iter().map(|&n| ns_to_s(n)).collect::<Vec<_>>())
-                .collect::<Vec<_>>()),
-        );
-        m.insert(
-            "latencies".into(),
-            json!(s.iter().map(|x| opt_s(x.e2el_ns)).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "start_times".into(),
-            json!(s.iter().map(|x| ns_to_s(x.sent_ns)).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "errors".into(),
-            json!(s
-                .iter()
-                .map(|x| match (&x.error, &x.error_detail) {
-                    (None, _) if x.ok() => String::new(),
-                    (None, _) => "no_content".to_string(),
-                    (Some(k), Some(d)) => format!("{k}: {d}"),
-                    (Some(k), None) => k.clone(),
-                })
-                .collect::<Vec<_>>()),
-        );
-        m.insert(
-            "server_queue_times".into(),
-            json!(s
-                .iter()
-                .map(|x| x.server.queue_ms.map(|v| v / 1000.0))
-                .collect::<Vec<_>>()),
-        );
-        m.insert(
-            "server_ttfts".into(),
-            json!(s
-                .iter()
-                .map(|x| x.server.ttft_ms.map(|v| v / 1000.0))
-                .collect::<Vec<_>>()),
-        );
-        m.insert(
-            "intended_times".into(),
-            json!(s.iter().map(|x| ns_to_s(x.intended_ns)).collect::<Vec<_>>()),
-        );
-        m.insert(
-            "drifts".into(),
-            json!(s
-                .iter()
-                .map(|x| x.drift_ns() as f64 / 1e9)
-                .collect::<Vec<_>>()),
-        );
-        m.insert(
-            "client_queue_times".into(),
-            json!(s
-                .iter()
-                .map(|x| ns_to_s(x.client_queue_ns()))
-                .collect::<Vec<_>>()),
-        );
-    }
-    Value::Object(m)
+    ReplayResult::new(info, sum, hist, samples, detailed).to_value()
 }
 
-/// Adds the `--sessions` report as `sessions`: `{sessions, turns, dependent_turns,
-/// released_after_failure, drift: {count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}}`
-/// (drift = actual release − recorded arrival of each dependent turn, ms).
-pub fn add_sessions(result: &mut Value, r: &crate::replay::sessions::SessionReport) {
-    let mut d = Map::new();
-    d.insert("count".into(), json!(r.drift.count));
-    d.insert("mean_ms".into(), json!(r.drift.mean));
-    d.insert("median_ms".into(), json!(r.drift.median));
-    d.insert("std_ms".into(), json!(r.drift.std));
-    d.insert("min_ms".into(), json!(r.drift.min));
-    d.insert("max_ms".into(), json!(r.drift.max));
-    for (p, v) in &r.drift.percentiles {
-        d.insert(format!("p{}_ms", percentile_label(*p)), json!(v));
-    }
-    if let Value::Object(m) = result {
-        m.insert(
-            "sessions".into(),
-            json!({
-                "sessions": r.sessions,
-                "turns": r.turns,
-                "dependent_turns": r.dependent_turns,
-                "released_after_failure": r.released_after_failure,
-                "drift": Value::Object(d),
-            }),
-        );
-    }
+/// The `--sessions` report as the result's `sessions`: `{sessions, turns, dependent_turns,
+/// released_after_failure, drift}` (drift = actual release − recorded arrival of each dependent
+/// turn, ms).
+pub fn sessions_json(r: &crate::replay::sessions::SessionReport) -> Value {
+    json!({
+        "sessions": r.sessions,
+        "turns": r.turns,
+        "dependent_turns": r.dependent_turns,
+        "released_after_failure": r.released_after_failure,
+        "drift": r.drift.to_json_ms(),
+    })
+}
+
+/// How the run was measured and what ran beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunExtras {
+    /// `--start-at`, as displayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    /// `kernel` or `read` (see [`crate::replay::pool::Pool::rx_stamp`]).
+    pub rx_stamp: &'static str,
+    /// Reader threads and their batch window; null when bodies were read on the tasks.
+    pub body_readers: Option<BodyReaders>,
+    pub client_cpu: ClientCpu,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BodyReaders {
+    pub threads: usize,
+    pub batch_us: u64,
+}
+
+/// The replayer's CPU time before the clock and during the run, seconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ClientCpu {
+    pub setup_s: f64,
+    pub run_s: f64,
+    /// The embedded mock ran in this process (its CPU is in the figures).
+    pub embedded_target: bool,
+}
+
+/// What the replay sent of a recording, and how it compares with the recording.
+#[derive(Debug, Clone, Serialize)]
+pub struct Selected {
+    /// `--include-aux`, `--skip-recorded-failures`.
+    pub selection: Value,
+    /// Requests left out, by reason.
+    pub left_out: Value,
+    /// `METHOD path` → requests sent.
+    pub requests_by_endpoint: BTreeMap<String, u64>,
+    /// Side requests sent (`--include-aux`): `{sent, ok, errors}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auxiliary: Option<Value>,
+    /// Recorded against replayed outcomes (recorded traces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_outcomes: Option<Value>,
+    /// With `--detailed`: each measured request's recorded failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_errors: Option<Value>,
 }
 
 #[cfg(test)]
@@ -274,7 +340,7 @@ pub(crate) mod tests {
                 dispatched_ns: 5 * MS,
                 sent_ns: 5 * MS,
                 end_ns: 6 * MS,
-                error: Some("http_500".into()),
+                error: Some(crate::metrics::Failure::Http(500)),
                 error_detail: Some("boom".into()),
                 ..Default::default()
             },
@@ -317,7 +383,7 @@ pub(crate) mod tests {
             released_after_failure: 1,
             drift: Stats::from_seconds(&[0.010, -0.002, 0.030], &[50.0, 99.0]),
         };
-        add_sessions(&mut v, &r);
+        v["sessions"] = sessions_json(&r);
         let point = |t_s: f64, x: f64| crate::replay::scrape::Point {
             t_s,
             running: Some(x),

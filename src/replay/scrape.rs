@@ -15,9 +15,7 @@
 
 use super::pool::Pool;
 use crate::prom;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{HeaderMap, Method, Uri};
+use hyper::{HeaderMap, Uri};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -188,7 +186,7 @@ impl ScrapeTarget {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("--scrape-metrics {url:?} is not a URL: {e}"))?;
-        let target = super::client::Target::parse_as(url, HeaderMap::new(), "--scrape-metrics")?;
+        let target = super::target::Target::parse_as(url, HeaderMap::new(), "--scrape-metrics")?;
         let path: Uri = uri
             .path_and_query()
             .map_or("/metrics", |p| {
@@ -213,31 +211,15 @@ impl ScrapeTarget {
 
     /// One GET; the body as text.
     pub async fn get(&self) -> Result<String, String> {
-        let make = || {
-            let mut b = hyper::Request::builder()
-                .method(Method::GET)
-                .uri(self.uri.clone());
-            if let Some(h) = b.headers_mut() {
-                h.extend(self.headers.clone());
-            }
-            b.body(Full::new(Bytes::new())).map_err(|e| e.to_string())
-        };
-        let limit = Duration::from_secs(5);
-        let (resp, conn) = tokio::time::timeout(limit, self.pool.send(make))
-            .await
-            .map_err(|_| "timed out after 5 s".to_string())?
-            .map_err(|e| format!("{e:?}"))?;
-        let status = resp.status();
-        let body = tokio::time::timeout(limit, resp.into_body().collect())
-            .await
-            .map_err(|_| "body timed out after 5 s".to_string())?
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        self.pool.checkin(conn);
-        if !status.is_success() {
+        let path = self.uri.path_and_query().map_or("/metrics", |p| p.as_str());
+        let (status, body) = self
+            .pool
+            .get(path, &self.headers, Duration::from_secs(5), 64 << 20)
+            .await?;
+        if !(200..300).contains(&status) {
             return Err(format!("HTTP {status}"));
         }
-        String::from_utf8(body.to_vec()).map_err(|_| "the body is not UTF-8".to_string())
+        String::from_utf8(body).map_err(|_| "the body is not UTF-8".to_string())
     }
 }
 

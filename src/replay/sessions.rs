@@ -211,7 +211,7 @@ mod tests {
         let mk = |dispatched_ms: u64, ok: bool| Sample {
             dispatched_ns: dispatched_ms * 1_000_000,
             ttft_ns: ok.then_some(1),
-            error: (!ok).then(|| "http_500".to_string()),
+            error: (!ok).then_some(crate::metrics::Failure::Http(500)),
             ..Default::default()
         };
         let samples = [mk(0, false), mk(130, true), mk(190, true), mk(60, true)];

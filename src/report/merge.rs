@@ -16,6 +16,7 @@
 
 use super::load::{self, Requests};
 use crate::metrics::{percentile_label, Histograms, Stats};
+use crate::replay::result::put_stats;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -488,20 +489,6 @@ fn stats_from_requests(
         .collect()
 }
 
-fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra: bool) {
-    m.insert(format!("mean_{name}_ms"), json!(s.mean));
-    m.insert(format!("median_{name}_ms"), json!(s.median));
-    m.insert(format!("std_{name}_ms"), json!(s.std));
-    for (p, v) in &s.percentiles {
-        m.insert(format!("p{}_{name}_ms", percentile_label(*p)), json!(v));
-    }
-    if extra {
-        m.insert(format!("min_{name}_ms"), json!(s.min));
-        m.insert(format!("max_{name}_ms"), json!(s.max));
-        m.insert(format!("count_{name}"), json!(s.count));
-    }
-}
-
 /// vLLM family statistics from a merged µs histogram (3 significant digits).
 fn put_hist_stats(
     m: &mut Map<String, Value>,
@@ -598,7 +585,7 @@ mod tests {
                 Vec::new()
             },
             end_ns: i * 7 * MS + 90 * MS,
-            error: (!ok).then(|| "http_500".to_string()),
+            error: (!ok).then_some(crate::metrics::Failure::Http(500)),
             server: crate::metrics::ServerTimes {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
@@ -718,7 +705,7 @@ mod tests {
                 released_after_failure: k,
                 drift: Stats::from_seconds(&drifts[k], &[50.0, 99.0]),
             };
-            crate::replay::result::add_sessions(v, &r);
+            v["sessions"] = crate::replay::result::sessions_json(&r);
         }
         let m = merge(&inputs).unwrap();
         let s = &m["sessions"];

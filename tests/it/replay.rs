@@ -2,7 +2,7 @@
 //! kind, prompts on the wire (exact lengths, shared prefixes, determinism), the result file, flag
 //! validation, and the `--max-drift-ms` exit status.
 
-use crate::support::{self, ServerConfig};
+use crate::support::{self, OutputWithin, ServerConfig};
 use retrace::replay::{self};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,14 +46,10 @@ async fn known_timings_give_vllm_metrics() {
     assert_eq!((s.completed, s.failed), (4, 0), "{:?}", s.errors);
     assert_eq!(s.total_input_tokens, 600 + 700 + 512 + 100);
     assert_eq!(s.total_output_tokens, 31);
-    // Loopback on a loaded 2-core machine: generous bounds, but the definitions must hold:
-    // TTFT ≥ the server's 40 ms, ITL ≥ 8 ms, TPOT = (E2EL − TTFT)/(n − 1) ≈ ITL.
-    assert!(
-        s.ttft.mean >= 40.0 && s.ttft.mean < 140.0,
-        "ttft {}",
-        s.ttft.mean
-    );
-    assert!(s.itl.mean >= 7.0 && s.itl.mean < 40.0, "itl {}", s.itl.mean);
+    // The definitions hold however loaded the machine: TTFT ≥ the server's 40 ms, ITL ≥ 8 ms
+    // (less a timer's rounding), TPOT = (E2EL − TTFT)/(n − 1) = the mean ITL of equal streams.
+    assert!(s.ttft.mean >= 40.0, "ttft {}", s.ttft.mean);
+    assert!(s.itl.mean >= 7.0, "itl {}", s.itl.mean);
     assert_eq!(
         s.itl.count, 27,
         "9 gaps for each 10-token stream, none for 1 token"
@@ -238,17 +234,29 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
         "1",
         "--limit",
         "2",
+        "--detailed",
     ])
     .unwrap();
     let o = replay::replay(cfg).await.unwrap();
     let s = &o.summary;
     assert_eq!((s.completed, s.failed), (2, 0), "--limit 2: {:?}", s.errors);
     assert_eq!(s.max_concurrent_requests, 1);
-    // The second request waited for the first (≥ 30 ms TTFT) in the client queue.
+    let col = |k: &str| -> Vec<f64> {
+        let v = o.result[k].as_array().unwrap_or_else(|| panic!("{k}"));
+        v.iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let (start, latency, queue) = (
+        col("start_times"),
+        col("latencies"),
+        col("client_queue_times"),
+    );
+    let (intended, drift) = (col("intended_times"), col("drifts"));
+    // The second request waited in the client queue and was sent only when the first ended.
+    let (first, second) = if start[0] <= start[1] { (0, 1) } else { (1, 0) };
+    assert!(queue[second] > 0.0, "queue {queue:?}");
     assert!(
-        s.client_queue.max >= 25.0,
-        "queue max {}",
-        s.client_queue.max
+        start[second] >= start[first] + latency[first] - 1e-6,
+        "sent {start:?}, latencies {latency:?}"
     );
     // Latency from the intended time includes the queue: ≥ queue + the server's 30 ms TTFT.
     assert!(
@@ -258,12 +266,13 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
         s.client_queue
     );
     // Send drift leaves the slot wait out: the queued request was not "late" by its wait.
-    assert!(
-        s.drift.max < s.client_queue.max - 5.0,
-        "drift {:?} queue {:?}",
-        s.drift,
-        s.client_queue
-    );
+    for i in 0..2 {
+        let want = start[i] - queue[i] - intended[i];
+        assert!(
+            (drift[i] - want).abs() < 1e-6,
+            "request {i}: drift {drift:?} want {want}"
+        );
+    }
     assert!(
         s.dispatch_drift.max <= s.drift.max + 1e-9,
         "{:?}",
@@ -299,9 +308,9 @@ async fn speed_compresses_the_schedule() {
     assert_eq!(o.summary.completed, 2);
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(v["intended_times"], serde_json::json!([0.0, 0.1]));
+    // Never sent before the compressed schedule's time (how late is a benchmark's business).
     let starts = v["start_times"].as_array().unwrap();
-    let gap = starts[1].as_f64().unwrap() - starts[0].as_f64().unwrap();
-    assert!((gap - 0.1).abs() < 0.02, "send gap {gap}");
+    assert!(starts[1].as_f64().unwrap() >= 0.1, "{starts:?}");
     assert_eq!(v["speed"], 4.0);
 }
 
@@ -341,7 +350,7 @@ fn invalid_flags_name_the_flag() {
     assert!(e.to_string().contains("--vocab-size"), "{e}");
     assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
     // The dispatcher sleeps without spinning unless asked.
-    let spin = |a: &[&str]| support::replay_config(a).unwrap().spin;
+    let spin = |a: &[&str]| support::replay_config(a).unwrap().tuning.spin;
     assert_eq!(spin(&["t"]), Some(std::time::Duration::ZERO));
     assert_eq!(spin(&["t", "--spin-us", "auto"]), None);
     assert_eq!(
@@ -351,15 +360,15 @@ fn invalid_flags_name_the_flag() {
     // Reader threads: one per CPU up to 4 by default, 0 for none; a 500 µs batch window.
     let cfg = support::replay_config(&["t"]).unwrap();
     assert!(
-        (1..=4).contains(&cfg.reader_threads),
+        (1..=4).contains(&cfg.tuning.reader_threads),
         "{}",
-        cfg.reader_threads
+        cfg.tuning.reader_threads
     );
-    assert_eq!(cfg.read_batch, std::time::Duration::from_micros(500));
+    assert_eq!(cfg.tuning.read_batch, std::time::Duration::from_micros(500));
     let cfg = support::replay_config(&["t", "--reader-threads", "0", "--read-batch-us", "0"]);
     let cfg = cfg.unwrap();
     assert_eq!(
-        (cfg.reader_threads, cfg.read_batch),
+        (cfg.tuning.reader_threads, cfg.tuning.read_batch),
         (0, std::time::Duration::ZERO)
     );
 }
@@ -382,7 +391,7 @@ fn api_key_is_never_written() {
         ])
         .arg(&out)
         .env("RETRACE_TEST_KEY", "sk-very-secret-123")
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let all = format!(
@@ -406,7 +415,7 @@ fn drift_limit_sets_exit_status() {
         std::process::Command::new(bin)
             .args(["replay", trace.to_str().unwrap(), "--target", &srv.url()])
             .args(["--max-drift-ms", limit])
-            .output()
+            .output_within(support::CHILD_LIMIT)
             .unwrap()
     };
     // Any real dispatch is at least some nanoseconds late: a zero limit is always exceeded.
@@ -469,7 +478,8 @@ async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
             )
         })
         .collect();
-    // Re-timed 25 ms apart with 2-token outputs: admission order is the trace order.
+    // Re-timed 25 ms apart with 2-token outputs, one at a time: admission order is the trace
+    // order however late a request goes out.
     let dir = tempfile::tempdir().unwrap();
     let retimed: Vec<(u64, u64, u64, &[u64])> = rows
         .iter()
@@ -485,11 +495,16 @@ async fn prefix_cache_hits_on_the_mock_equal_the_theoretical_count() {
     let kv_block = u64::from(cfg.block_size);
     let mock = retrace::mock::start(listener, cfg).await.unwrap();
     let url = format!("http://{}", mock.addr);
-    let o = replay::replay(
-        support::replay_config(&[trace.to_str().unwrap(), "--target", &url]).unwrap(),
-    )
-    .await
-    .unwrap();
+    let args = [
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--max-concurrency",
+        "1",
+    ];
+    let o = replay::replay(support::replay_config(&args).unwrap())
+        .await
+        .unwrap();
     assert_eq!(
         (o.summary.completed, o.summary.failed),
         (30, 0),
@@ -523,7 +538,7 @@ fn no_target_replays_against_the_embedded_mock() {
     let o = std::process::Command::new(bin)
         .args(["replay", trace.to_str().unwrap(), "--result-json"])
         .arg(&out)
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
@@ -598,11 +613,7 @@ async fn chat_text_mode_end_to_end() {
     assert_eq!(o.result["endpoint_type"], "chat");
     // The role chunk arrives at 30 ms, content every 10 ms after: 6 ITL gaps per request.
     assert_eq!(s.itl.count, 12);
-    assert!(
-        s.ttft.mean >= 30.0 && s.ttft.mean < 100.0,
-        "{}",
-        s.ttft.mean
-    );
+    assert!(s.ttft.mean >= 30.0, "{}", s.ttft.mean);
     let prompts = srv.prompts.lock().unwrap().clone();
     let text = |i: usize| prompts[i][0]["content"].as_str().unwrap().to_string();
     assert_eq!(
@@ -636,7 +647,7 @@ fn dry_run_shows_shaped_schedule() {
                 "http://127.0.0.1:9",
             ])
             .args(extra)
-            .output()
+            .output_within(support::CHILD_LIMIT)
             .unwrap();
         assert!(
             out.status.success(),
@@ -663,7 +674,7 @@ fn dry_run_shows_shaped_schedule() {
         .arg("replay")
         .arg(&trace)
         .args(["--dry-run", "--ramp-up", "linear"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--ramp-up-start-rps"));
@@ -759,9 +770,10 @@ async fn https_target_with_private_ca() {
 }
 
 /// The idle and total timeouts after the response head (and before it) are failures of their own
-/// kind, on both HTTP/1.1 clients: the mock stalls on request (`x-mock-fault`).
+/// kind, with bodies read on the reader threads and on the tasks: the mock stalls on request
+/// (`x-mock-fault`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
+async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_body_paths() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = retrace::mock::MockConfig {
         fixed_timing: Some((1.0, 1.0)),
@@ -776,8 +788,8 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
         ("stall-mid=2:1500", "30", "0.4", "timeout_total"),
         ("slow-headers=1500", "0.3", "30", "timeout_idle"),
     ];
-    // The own client reads bodies on its reader threads by default, on the tasks with 0.
-    for (client, readers) in [("own", "auto"), ("own", "0"), ("hyper", "auto")] {
+    // Bodies are read on the reader threads by default, on the tasks with 0.
+    for readers in ["auto", "0"] {
         for (fault, idle, total, kind) in cases {
             let header = format!("x-mock-fault={fault}");
             let cfg = support::replay_config(&[
@@ -790,13 +802,11 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_clients() {
                 idle,
                 "--timeout-s",
                 total,
-                "--http-client",
-                client,
                 "--reader-threads",
                 readers,
             ])
             .unwrap();
-            let client = format!("{client} (readers {readers})");
+            let client = format!("readers {readers}");
             let o = replay::replay(cfg).await.unwrap();
             let s = &o.summary;
             assert_eq!(

@@ -3,7 +3,7 @@
 //! the console, `--max-concurrency` together with sessions, and failed turns still releasing the
 //! next one (against the test server's fault modes).
 
-use crate::support::{self, ServerConfig};
+use crate::support::{self, OutputWithin, ServerConfig};
 use retrace::replay::{self};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -218,7 +218,7 @@ fn sessions_on_a_trace_without_sessions_is_a_clear_error() {
         .arg(support::repo(
             "fixtures/replay/mooncake_conversation_30.jsonl",
         ))
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -234,7 +234,7 @@ fn dry_run_tells_which_turns_wait() {
     let o = std::process::Command::new(bin)
         .args(["replay", "--sessions", "--dry-run", "--speed", "1"])
         .arg(support::repo("traces/kv_cache_tester_trace_0012.json"))
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);

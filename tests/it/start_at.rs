@@ -2,7 +2,7 @@
 //! instant and everything right after it; a time in the past is refused with a clear error
 //! (exit status 2) before anything is sent.
 
-use crate::support::{self, ServerConfig};
+use crate::support::{self, OutputWithin, ServerConfig};
 use retrace::replay::{self};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,7 +33,8 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
         })
         .collect();
     std::fs::write(&trace, rows).unwrap();
-    let start = unix_now() + 1.5;
+    // Setup (trace, bodies, connections) must end before the instant, even on a loaded machine.
+    let start = unix_now() + 4.0;
     let at = format!("{start:.3}");
     let url = srv.url();
     let shard = |i: &str| {
@@ -54,17 +55,19 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
     let (a, b) = (shard("0"), shard("1"));
     let counter = srv.requests.clone();
     let watch = tokio::spawn(async move {
-        // Just before the instant: nothing sent by either shard.
+        // Just before the instant: nothing sent by either shard (a read this watcher only got
+        // round to after the instant says nothing).
         let before = start - 0.1 - unix_now();
         tokio::time::sleep(Duration::from_secs_f64(before.max(0.0))).await;
-        counter.load(Ordering::SeqCst)
+        let sent = counter.load(Ordering::SeqCst);
+        (unix_now() < start).then_some(sent)
     });
     let (ra, rb) = tokio::join!(replay::replay(a), replay::replay(b));
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
-    assert_eq!(
-        watch.await.unwrap(),
-        0,
-        "a request went out before --start-at"
+    let early = watch.await.unwrap();
+    assert!(
+        early.is_none_or(|n| n == 0),
+        "a request went out before --start-at: {early:?}"
     );
     let done = unix_now();
     assert_eq!(ra.summary.completed + rb.summary.completed, 8);
@@ -76,8 +79,8 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
         done - start
     );
     assert!(
-        done < start + 5.0,
-        "finished {:.3} s after the start",
+        done < start + 120.0,
+        "did not hang: finished {:.3} s after the start",
         done - start
     );
     for r in [&ra, &rb] {
@@ -99,7 +102,7 @@ fn a_start_time_in_the_past_is_refused() {
         .arg(support::repo(
             "fixtures/replay/mooncake_conversation_30.jsonl",
         ))
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);

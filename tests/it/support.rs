@@ -42,6 +42,74 @@ pub fn replay_cfg(args: &[&str]) -> retrace::replay::Config {
     replay_config(args).expect("valid replay arguments")
 }
 
+/// How long a `retrace` child process of a test may run before it counts as hung.
+pub const CHILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// A child process that is killed when dropped, so a failed assert never leaks it.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// [`std::process::Command::output`] with a time limit.
+pub trait OutputWithin {
+    /// Runs the command to its end and captures stdout and stderr, as `output` does; a child
+    /// still running after `limit` is killed and the test fails (it hung).
+    fn output_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputWithin for std::process::Command {
+    fn output_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> std::io::Result<std::process::Output> {
+        use std::io::Read;
+        use std::process::Stdio;
+        let child = self
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let mut child = KillOnDrop(child);
+        fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                v
+            })
+        }
+        let out = drain(child.0.stdout.take().expect("piped stdout"));
+        let err = drain(child.0.stderr.take().expect("piped stderr"));
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.0.try_wait()? {
+                break s;
+            }
+            if std::time::Instant::now() >= deadline {
+                drop(child);
+                let err = err.join().unwrap_or_default();
+                panic!(
+                    "the child still ran after {limit:?} (hung); its stderr: {}",
+                    String::from_utf8_lossy(&err)
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        Ok(std::process::Output {
+            status,
+            stdout: out.join().unwrap_or_default(),
+            stderr: err.join().unwrap_or_default(),
+        })
+    }
+}
+
 /// Path of a file relative to the repository root.
 pub fn repo(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
