@@ -9,7 +9,7 @@ venv="${1:-tools/.venv-aiperf}"
 py="$venv/bin/python"
 have() { [ -x "$py" ] && [ "$("$py" -c 'import importlib.metadata as m; print(m.version("aiperf"))' 2>/dev/null)" = "$AIPERF_VERSION" ]; }
 if ! have; then
-  python3 -m venv "$venv" >&2
+  python3 -m venv "$venv" >&2 || { echo "venv_aiperf: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
   "$py" -m pip install --quiet --disable-pip-version-check "aiperf==$AIPERF_VERSION" >&2
   have || { echo "venv_aiperf: $py has no aiperf $AIPERF_VERSION" >&2; exit 1; }
 fi

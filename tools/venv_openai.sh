@@ -9,7 +9,7 @@ venv="${1:-tools/.venv-openai}"
 py="$venv/bin/python"
 have() { [ -x "$py" ] && "$py" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; }
 if ! have; then
-  python3 -m venv "$venv" >&2
+  python3 -m venv "$venv" >&2 || { echo "venv_openai: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
   "$py" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" >&2
   have || { echo "venv_openai: $py cannot import openai $OPENAI_VERSION" >&2; exit 1; }
 fi
