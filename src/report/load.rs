@@ -540,6 +540,17 @@ fn requests_from(
     }))
 }
 
+/// When the response's first content arrived: its first content event when streamed; the
+/// end of a whole (non-streamed) completion body, as replay times one.
+fn first_content_us(p: &trace::Response) -> Option<u64> {
+    let whole_body = p.events.is_empty()
+        && p.status < 400
+        && p.error.is_none()
+        && !p.cancelled
+        && p.usage.is_some();
+    p.ttft_us.or(if whole_body { p.end_us } else { None })
+}
+
 /// A trace: workload always; latency from recorded responses when present.
 fn from_trace(path: &Path, t: Trace) -> Run {
     let mut scalars = BTreeMap::new();
@@ -579,7 +590,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
                 err
             });
             r.ttft_s
-                .push(resp.and_then(|p| p.ttft_us).map(|v| v as f64 / 1e6));
+                .push(resp.and_then(first_content_us).map(|v| v as f64 / 1e6));
             r.latency_s
                 .push(resp.and_then(|p| p.end_us).map(|v| v as f64 / 1e6));
             let itls = resp.map_or_else(Vec::new, |p| {
@@ -695,6 +706,46 @@ mod tests {
         );
         assert_eq!(r.sections[3].1, serde_json::json!(12.0));
         assert!(r.server_series.is_some());
+    }
+
+    #[test]
+    fn a_recorded_non_streamed_completion_counts_as_completed_with_its_end_as_ttft() {
+        let resp = |stream: bool, status: u16| trace::Response {
+            status,
+            ttft_us: stream.then_some(10_000),
+            events: if stream {
+                vec![trace::Event {
+                    offset_us: 10_000,
+                    tokens: 1,
+                }]
+            } else {
+                Vec::new()
+            },
+            end_us: Some(30_000),
+            usage: (status == 200).then(Default::default),
+            ..Default::default()
+        };
+        let req = |arrival_us, r| trace::Request {
+            arrival_us,
+            input_tokens: 4,
+            output_tokens: 1,
+            response: Some(Box::new(r)),
+            ..Default::default()
+        };
+        let t = Trace {
+            header: trace::TraceHeader::imported(16, true, "t"),
+            requests: vec![
+                req(0, resp(true, 200)),
+                req(1, resp(false, 200)),
+                req(2, resp(false, 404)),
+            ],
+        };
+        let r = from_trace(Path::new("rec.trace.zst"), t);
+        assert_eq!(
+            (r.scalar("completed"), r.scalar("failed")),
+            (Some(2.0), Some(1.0))
+        );
+        assert_eq!(r.samples_ms(Metric::Ttft).unwrap(), [10.0, 30.0]);
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod compare;
 mod fuzz;
 mod merge;
 mod mock;
+mod openai_sdk;
 mod probe;
 mod real_traffic;
 mod record;

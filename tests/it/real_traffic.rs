@@ -126,7 +126,7 @@ async fn drive(base: &str) {
     }
 }
 
-fn read_trace(dir: &Path) -> (PathBuf, Trace) {
+pub(super) fn read_trace(dir: &Path) -> (PathBuf, Trace) {
     let files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -137,7 +137,7 @@ fn read_trace(dir: &Path) -> (PathBuf, Trace) {
     (files[0].clone(), t)
 }
 
-fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
+pub(super) fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for r in &t.requests {
         let key = format!(
