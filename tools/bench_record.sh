@@ -11,7 +11,7 @@
 #     CPU) any proxy adds; "over floor" in the summary is a proxy's latency minus the floor's.
 #   floor: the same forwarder with one blocking thread per direction. At 1,000 streams (25,000
 #     chunks/s on one core) it is above floor-epoll (one thread switch per chunk instead of one
-#     wake-up per burst of chunks, tools/bench_record.md, session 5), and its 2,000 threads raise
+#     wake-up per burst of chunks, see tools/bench_record.md), and its 2,000 threads raise
 #     the load average while it runs.
 # retrace-b: a second retrace recorder for A/B comparisons in one run, interleaved round by round:
 #   REC_B_BIN (another build, default the same binary), REC_B_ARGS (extra flags), REC_B_ENV

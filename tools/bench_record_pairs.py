@@ -8,9 +8,9 @@ many rounds A was lower. Round-to-round noise on this machine is about +-0.1 ms 
 at p99 (even direct moves by a millisecond at p99), so a difference is only a difference when
 its interval excludes 0.
 
-With the fault and preemption counts bench_record.sh records per phase (session 6 on), it also
+With the fault and preemption counts bench_record.sh records per phase, it also
 prints each proxy's per-round TTFT p99 beside its minor/major page faults and involuntary
-context switches over that phase; with the VM's steal ticks per phase (session 7 on), the
+context switches over that phase; with the VM's steal ticks per phase, the
 stolen time of each phase too (10 ms per tick), direct's included: a round with steal in one
 target's phase and not in the others' is not a fair comparison of that round.
 
@@ -49,8 +49,8 @@ def main():
         lo, hi = boots[250], boots[9749]
         print(f"  {a} - {b}: median {statistics.median(d):+.3f} ms, 95% bootstrap CI [{lo:+.3f}, {hi:+.3f}], "
               f"{a} lower in {sum(x < 0 for x in d)}/{len(d)} rounds")
-    # Faults and preemptions of each proxy over each stream phase (bench_record.sh since session
-    # 6), beside its TTFT p99: does a round whose tail jumps also fault or get preempted more?
+    # Faults and preemptions of each proxy over each stream phase (bench_record.sh), beside its
+    # TTFT p99: does a round whose tail jumps also fault or get preempted more?
     if any("nvcsw" in by[(t, r)] for t in labels for r in full):
         print("== per round: added TTFT p99 ms / minor faults / major faults / involuntary switches")
         for t in labels:
