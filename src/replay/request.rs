@@ -16,7 +16,7 @@
 //!   chat user message) with a tokenizer; `max_tokens = output_length` (at least 1),
 //!   `ignore_eos: true`, `stream: true`, `stream_options.include_usage: true`.
 //!
-//! Which requests are left out, and why, is [`super::select`]'s. This module does no I/O and
+//! Which requests are left out, and why, is [`crate::trace::select`]'s. This module does no I/O and
 //! knows nothing of timing.
 
 use crate::metrics::Api;

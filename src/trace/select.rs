@@ -32,6 +32,9 @@ pub enum Skip {
     ChatWithoutTokenizer,
     /// `/v1/responses` without a recorded body (its prompts are not synthesised).
     ResponsesWithoutBody,
+    /// Rerank, score, classify or pooling without a recorded body (their inputs are not
+    /// synthesised; embeddings are).
+    PoolingWithoutBody,
     /// No recorded body and no prompt tokens: nothing to send but an empty prompt.
     EmptyPrompt,
 }
@@ -44,6 +47,7 @@ impl Skip {
             Skip::RecordedFailure => "recorded_failure",
             Skip::ChatWithoutTokenizer => "chat_without_tokenizer",
             Skip::ResponsesWithoutBody => "responses_without_body",
+            Skip::PoolingWithoutBody => "pooling_without_body",
             Skip::EmptyPrompt => "empty_prompt",
         }
     }
@@ -54,7 +58,7 @@ impl Skip {
             Skip::AuxiliaryWithoutBody => "record with --bodies request to re-issue them",
             Skip::RecordedFailure => "--skip-recorded-failures",
             Skip::ChatWithoutTokenizer => "give --prompt-mode text --tokenizer FILE",
-            Skip::ResponsesWithoutBody => "record with --bodies request",
+            Skip::ResponsesWithoutBody | Skip::PoolingWithoutBody => "record with --bodies request",
             Skip::EmptyPrompt => "no recorded body and input length 0",
         }
     }
@@ -110,6 +114,7 @@ fn reason(r: &Request, s: &Selection) -> Option<Skip> {
     match r.endpoint {
         Endpoint::Chat if !s.text_prompts => Some(Skip::ChatWithoutTokenizer),
         Endpoint::Responses => Some(Skip::ResponsesWithoutBody),
+        Endpoint::Other(_) => Some(Skip::PoolingWithoutBody),
         _ if r.input_tokens == 0 && !failed => Some(Skip::EmptyPrompt),
         _ => None,
     }
@@ -161,6 +166,7 @@ mod tests {
                 r(None, "/v1/completions", false, 10, 404),
                 r(None, "/v1/completions", false, 0, 200),
                 r(None, "/v1/responses", false, 5, 200),
+                r(None, "/v1/rerank", false, 5, 200),
             ],
         }
     }
@@ -173,14 +179,15 @@ mod tests {
             (Skip::Auxiliary, 3),
             (Skip::ChatWithoutTokenizer, 1),
             (Skip::ResponsesWithoutBody, 1),
+            (Skip::PoolingWithoutBody, 1),
             (Skip::EmptyPrompt, 1),
         ];
         assert_eq!(sk.0, want.into_iter().collect());
         assert_eq!(t.requests.len(), 3);
         assert!(sk
-            .summary(9)
+            .summary(10)
             .unwrap()
-            .starts_with("left out 6 of 9 requests: 3 auxiliary"));
+            .starts_with("left out 7 of 10 requests: 3 auxiliary"));
 
         let mut t = mix();
         let s = Selection {
@@ -193,6 +200,7 @@ mod tests {
             (Skip::AuxiliaryWithoutBody, 1),
             (Skip::RecordedFailure, 1),
             (Skip::ResponsesWithoutBody, 1),
+            (Skip::PoolingWithoutBody, 1),
             (Skip::EmptyPrompt, 1),
         ];
         assert_eq!(sk.0, want.into_iter().collect());
