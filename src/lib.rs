@@ -43,6 +43,7 @@ pub mod synth;
 pub mod thread_timing;
 pub mod tls;
 pub mod trace;
+pub mod userinfo;
 
 use std::io::Write;
 use std::process::ExitCode;

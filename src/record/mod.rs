@@ -177,6 +177,7 @@ impl RecordConfig {
 }
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
+    crate::userinfo::refuse("--upstream", s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
         .with_context(|| format!("{s:?} is not a URL (expected http://host:port)"))?;

@@ -201,6 +201,7 @@ fn check_measurement_flags(a: &ReplayArgs) -> anyhow::Result<()> {
         bail!("--server-block-size 0: must be at least 1");
     }
     if let Some(Some(u)) = &a.scrape_metrics {
+        crate::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
         if !u.starts_with("http://") {
             bail!("--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics");
         }

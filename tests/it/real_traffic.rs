@@ -359,3 +359,28 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
         "{e}"
     );
 }
+
+/// Credentials in `--upstream` or `--target` are refused, and the refusal never shows them.
+#[test]
+fn credentials_in_urls_are_refused_without_being_shown() {
+    let e = RecordConfig::new("http://USER:PASS@127.0.0.1:18100/", "/tmp/unused")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--upstream") && e.contains("***@127.0.0.1") && !e.contains("PASS"),
+        "{e}"
+    );
+    let e =
+        super::support::replay_config(&["t.jsonl", "--target", "http://user:SECRET@127.0.0.1:9/"])
+            .and_then(|c| {
+                retrace::replay::target::Target::parse(
+                    c.target.as_deref().unwrap_or(""),
+                    Default::default(),
+                )
+                .map(|_| c)
+                .map_err(anyhow::Error::msg)
+            })
+            .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("--target") && !e.contains("SECRET"), "{e}");
+}
