@@ -254,6 +254,9 @@ impl Config {
     pub fn from_args(a: ReplayArgs) -> anyhow::Result<Config> {
         if let Some(s) = a.speed {
             positive("--speed", s)?;
+            if !(1e-6..=1e6).contains(&s) {
+                bail!("--speed {s}: give a factor between 0.000001 and 1000000");
+            }
         }
         at_least_one("--max-concurrency", a.max_concurrency)?;
         at_least_one("--block-size", a.block_size)?;

@@ -164,6 +164,9 @@ fn requests_by_endpoint(
     m
 }
 
+/// The longest schedule a replay accepts (30 days): anything longer is a mistaken flag or trace.
+const MAX_SCHEDULE: Duration = Duration::from_secs(30 * 86_400);
+
 /// The result's `endpoint`: the one API every measured request used, or `mixed`.
 fn endpoint_label(built: &[request::BuiltRequest]) -> String {
     let name = |b: &request::BuiltRequest| match b.api {
@@ -220,6 +223,14 @@ pub fn plan(
             origin_us: Some(origin),
         },
     );
+    let span_ns = plan.iter().map(|p| p.at_ns).max().unwrap_or(0);
+    if span_ns > MAX_SCHEDULE.as_nanos() as u64 {
+        anyhow::bail!(
+            "the schedule would run for {:.0} days (more than {}): check --speed, --request-rate, --ramp-up and the trace's timestamps",
+            span_ns as f64 / 86_400e9,
+            MAX_SCHEDULE.as_secs() / 86_400
+        );
+    }
     Ok((trace, plan, left_out))
 }
 

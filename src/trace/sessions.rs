@@ -8,6 +8,9 @@
 //! no session start times); each request keeps its session id, turn and think time.
 
 use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
+
+/// Longest think time accepted (30 days); a longer one would stall a session-ordered replay.
+const MAX_THINK_S: f64 = 30.0 * 86_400.0;
 use super::{Params, Request, Session, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -111,6 +114,13 @@ pub fn read(
                 Some(format!("request {turn}: t {} is negative or absurd", r.t))
             } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
                 Some(format!("request {turn}: token count over {MAX_TOKENS}"))
+            } else if let Some(x) = r
+                .think_time
+                .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
+            {
+                Some(format!(
+                    "request {turn}: think_time {x} s is negative or longer than 30 days"
+                ))
             } else {
                 None
             };
@@ -131,10 +141,7 @@ pub fn read(
                     })
                 })
                 .collect();
-            let think = r
-                .think_time
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .map(|x| (x * 1e6).round() as u64);
+            let think = r.think_time.map(|x| (x * 1e6).round() as u64);
             reqs.push(Request {
                 arrival_us: (r.t * 1e6).round() as u64,
                 session: Some(Session {

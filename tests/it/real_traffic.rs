@@ -384,3 +384,34 @@ fn credentials_in_urls_are_refused_without_being_shown() {
     let e = format!("{e:#}");
     assert!(e.contains("--target") && !e.contains("SECRET"), "{e}");
 }
+
+/// Absurd values that would make a replay wait for ever are refused, naming the flag or row.
+#[test]
+fn schedules_beyond_a_sane_bound_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = super::support::mooncake(dir.path(), &[(0, 10, 2, &[1]), (1000, 10, 2, &[2])]);
+    let t = t.to_str().unwrap();
+    let e = super::support::replay_config(&[t, "--speed", "1e-300"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--speed"), "{e}");
+    let cfg = super::support::replay_cfg(&[
+        t,
+        "--request-rate",
+        "1e-300",
+        "--target",
+        "http://127.0.0.1:9",
+    ]);
+    let (trace, _) = retrace::trace::import::read_path(Path::new(t), &Default::default()).unwrap();
+    let e = retrace::replay::plan(&cfg, trace, false)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("days") && e.contains("--request-rate"), "{e}");
+    let s = dir.path().join("s.json");
+    std::fs::write(&s, r#"{"id":"a","block_size":64,"requests":[{"t":0,"type":"s","in":130,"out":5,"hash_ids":[1,2],"think_time":1e300}]}"#).unwrap();
+    let e = retrace::trace::import::read_path(&s, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("think_time") && e.contains("30 days"), "{e}");
+}
