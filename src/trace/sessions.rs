@@ -114,15 +114,14 @@ pub fn read(
                 Some(format!("request {turn}: t {} is negative or absurd", r.t))
             } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
                 Some(format!("request {turn}: token count over {MAX_TOKENS}"))
-            } else if let Some(x) = r
-                .think_time
-                .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
-            {
-                Some(format!(
-                    "request {turn}: think_time {x} s is negative or longer than 30 days"
-                ))
             } else {
-                None
+                r.think_time
+                    .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
+                    .map(|x| {
+                        format!(
+                            "request {turn}: think_time {x} s is negative or longer than 30 days"
+                        )
+                    })
             };
             if let Some(m) = bad {
                 if opts.skip_bad {
