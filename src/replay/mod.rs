@@ -674,6 +674,11 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     }
     let mut report = console::vllm_block(&summary);
     report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
+    report.push_str(&outcome::console(
+        p.facts.recorded.as_deref(),
+        samples,
+        &ran.aux_samples,
+    ));
     if let Some(r) = &sessions {
         report.push_str(&console::sessions_section(r));
     }

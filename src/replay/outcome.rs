@@ -96,6 +96,27 @@ pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
     })
 }
 
+/// The console lines after vLLM's block: how the recording's failures and its side requests
+/// fared (empty when there are neither).
+pub fn console(rec: Option<&[Option<String>]>, samples: &[Sample], aux: &[Sample]) -> String {
+    let mut s = String::new();
+    if let Some(rec) = rec.filter(|r| r.iter().any(Option::is_some)) {
+        let v = recorded(rec, samples);
+        s.push_str(&format!(
+            "Recorded failures: {} ({} failed again the same way, {} differently, {} now succeed); {} requests newly failed\n",
+            v["recorded_failures"], v["failed_again_same_way"], v["failed_differently"],
+            v["now_succeed"], v["newly_failed"]
+        ));
+    }
+    if let Some(a) = auxiliary(aux) {
+        s.push_str(&format!(
+            "Side requests (--include-aux): {} sent, {} answered 2xx, errors {}\n",
+            a["sent"], a["ok"], a["errors"]
+        ));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +170,9 @@ mod tests {
         assert_eq!(v["newly_failed"], 1);
         assert_eq!(v["now_succeed"], 1);
         assert_eq!(v["recorded_errors"]["http_404"], 2);
+        let line = console(Some(&rec), &samples, &[]);
+        assert!(line.starts_with("Recorded failures: 3 (1 failed again the same way, 1 differently, 1 now succeed); 1 requests newly failed"), "{line}");
+        assert_eq!(console(None, &samples, &[]), "");
         let imported = Trace {
             header: t.header.clone(),
             requests: vec![Request::default()],
