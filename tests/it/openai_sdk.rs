@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::real_traffic::{by_endpoint, read_trace};
-use super::support::{replay_cfg, repo, spawn_recorder, stop_recorder};
+use super::support::{repo, spawn_recorder, stop_recorder};
 
 /// The venv's python, or why there is none.
 fn python() -> Result<PathBuf, String> {
@@ -192,19 +192,7 @@ async fn a_recording_of_the_openai_sdk_replays_faithfully() {
     cfg.flush_every = Duration::from_millis(100);
     let seen = spawn_recorder(cfg).await;
     let result = dir.path().join("replay.json");
-    let cfg = replay_cfg(&[
-        path.to_str().unwrap(),
-        "--target",
-        &format!("http://{}", seen.addr),
-        "--include-aux",
-        "--detailed",
-        "--result-json",
-        result.to_str().unwrap(),
-    ]);
-    let out = tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
-        .await
-        .expect("replay ends")
-        .unwrap();
+    let out = super::real_traffic::replay_recording(&path, &seen.addr.to_string(), &result).await;
     stop_recorder(seen.stop, seen.task).await;
     target.shutdown().await;
     let r = &out.result;

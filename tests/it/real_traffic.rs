@@ -137,6 +137,28 @@ pub(super) fn read_trace(dir: &Path) -> (PathBuf, Trace) {
     (files[0].clone(), t)
 }
 
+/// `replay RECORDING --target http://ADDR --include-aux --detailed --result-json RESULT`, at most
+/// 60 s.
+pub(super) async fn replay_recording(
+    recording: &Path,
+    addr: &str,
+    result: &Path,
+) -> retrace::replay::Outcome {
+    let cfg = replay_cfg(&[
+        recording.to_str().unwrap(),
+        "--target",
+        &format!("http://{addr}"),
+        "--include-aux",
+        "--detailed",
+        "--result-json",
+        result.to_str().unwrap(),
+    ]);
+    tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
+        .await
+        .expect("replay ends")
+        .unwrap()
+}
+
 pub(super) fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for r in &t.requests {
@@ -201,19 +223,7 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     // The replay, against a fresh mock, side requests included.
     let target = mock().await;
     let result = dir.path().join("replay.json");
-    let cfg = replay_cfg(&[
-        path.to_str().unwrap(),
-        "--target",
-        &format!("http://{}", target.addr),
-        "--include-aux",
-        "--detailed",
-        "--result-json",
-        result.to_str().unwrap(),
-    ]);
-    let out = tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
-        .await
-        .expect("replay ends")
-        .unwrap();
+    let out = replay_recording(&path, &target.addr.to_string(), &result).await;
     target.shutdown().await;
     let r = &out.result;
 
