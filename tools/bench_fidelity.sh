@@ -11,9 +11,11 @@
 # Usage: tools/bench_fidelity.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N (requests, default 400), SPEED (default 4), TRACE (default the shipped 1k Mooncake slice),
 #      PROFILE (default fast), RUNS (default 3: independent record+replay pairs),
-#      SERVER=URL MODEL=NAME: a real server instead of the mock (e.g. llama-server from
+#      SERVER=URL SERVER_MODEL=NAME: a real server instead of the mock (e.g. llama-server from
 #      ../shared/realserver-llamacpp/start.sh; recorded and replayed against the same server;
 #      scale a Mooncake slice to its context with REPLAY_ARGS, e.g. "--block-size 32"),
+#      RESTART="CMD": with SERVER, run between recording and replay so the replay meets a server
+#      as fresh as the recording did (e.g. "LCPP/stop.sh 8090; LCPP/start.sh 8090"),
 #      REPLAY_ARGS: extra flags for the recorded client
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,13 +33,13 @@ wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; s
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 
-echo "# bench_fidelity $(date -u +%Y-%m-%dT%H:%MZ): $N requests of $TRACE at speed $SPEED, mock --profile $PROFILE, $RUNS runs"
+echo "# bench_fidelity $(date -u +%Y-%m-%dT%H:%MZ): $N requests of $TRACE at speed $SPEED, ${SERVER:-mock --profile $PROFILE}, $RUNS runs"
 printf '%-4s %8s %8s %8s %10s %10s %s\n' run ks_ttft ks_itl ks_e2el sched_p99 send_p99 verdict
 for run in $(seq "$RUNS"); do
   d="$OUT/run$run"; mkdir -p "$d/rec"
   px=$(port)
   if [ -n "${SERVER:-}" ]; then
-    upstream=$SERVER; model=${MODEL:?give MODEL, the real server model name}
+    upstream=$SERVER; model=${SERVER_MODEL:?give SERVER_MODEL, the real server model name}
   else
     up=$(port); upstream="http://127.0.0.1:$up"; model=mock-llama
     "$BIN" mock --listen "127.0.0.1:$up" --profile "$PROFILE" >"$d/mock1.log" 2>&1 & PIDS+=($!); m1=$!
@@ -52,6 +54,10 @@ for run in $(seq "$RUNS"); do
   kill -INT "$rp"; wait "$rp" || true
   rec=$(ls "$d"/rec/*.trace.zst | head -1)
   target=$upstream
+  if [ -n "${SERVER:-}" ] && [ -n "${RESTART:-}" ]; then
+    bash -c "$RESTART" >"$d/restart.log" 2>&1
+    wait_up "$upstream/v1/models"
+  fi
   if [ -z "${SERVER:-}" ]; then
     kill "$m1"; wait "$m1" 2>/dev/null || true
     fresh=$(port); target="http://127.0.0.1:$fresh"
