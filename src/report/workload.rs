@@ -95,7 +95,11 @@ fn view(r: &Run) -> Option<View> {
         return Some(View {
             arrivals_s: work().map(|q| q.arrival_us as f64 / 1e6).collect(),
             isl: work().map(|q| q.input_tokens as f64).collect(),
-            osl: work().map(|q| q.output_tokens as f64).collect(),
+            // As a result file counts them: output lengths of the requests that succeeded.
+            osl: work()
+                .filter(|q| q.recorded_failure().is_none())
+                .map(|q| q.output_tokens as f64)
+                .collect(),
             shape_extra: Some(st),
         });
     }

@@ -276,6 +276,9 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
         .as_ref()
         .and_then(|w| w.fidelity.clone())
         .expect("fidelity");
+    // Both sides' output lengths are those of the requests that succeeded.
+    let w = cmp.workload.as_ref().unwrap();
+    assert_eq!((w.osl_ks.d, w.isl_ks.d), (0.0, 0.0), "{w:?}");
     assert_eq!((f.paired, f.unpaired), (15, 0));
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     assert!(f.faithful, "{f:?}");
