@@ -239,7 +239,7 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
         why.push("lengths differ".to_string());
     }
     let sched = f.schedule_error_ms.as_ref().unwrap_or(&f.arrival_error_ms);
-    if sched.p99 > 1.0 {
+    if sched.p99 > crate::report::workload::FAITHFUL_SCHEDULE_MS {
         why.push(format!("schedule off by {:.2} ms at p99", sched.p99));
     }
     format!("Not a faithful replay: {}.", why.join(", "))

@@ -69,7 +69,7 @@ pub struct Fidelity {
 }
 
 /// The schedule may differ from the recording by this much at p99 and still be faithful.
-const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
+pub const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
 
 /// The workload section of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]

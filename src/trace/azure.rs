@@ -45,26 +45,14 @@ pub fn parse_azure_time(s: &str) -> Result<i64, String> {
     Ok(t.and_utc().timestamp_micros())
 }
 
-fn finish(
-    mut rows: Vec<Request>,
-    mut rep: ImportReport,
-    header: TraceHeader,
-) -> (Trace, ImportReport) {
+fn finish(rows: Vec<Request>, mut rep: ImportReport, header: TraceHeader) -> (Trace, ImportReport) {
     rep.rows = rows.len() as u64;
-    rep.reordered = rows
-        .windows(2)
-        .filter(|w| w[0].arrival_us > w[1].arrival_us)
-        .count() as u64;
-    if rep.reordered > 0 {
-        rows.sort_by_key(|r| r.arrival_us);
-    }
-    (
-        Trace {
-            header,
-            requests: rows,
-        },
-        rep,
-    )
+    let mut trace = Trace {
+        header,
+        requests: rows,
+    };
+    rep.reordered = trace.sort_by_arrival();
+    (trace, rep)
 }
 
 fn csv_reader(data: &[u8]) -> csv::Reader<&[u8]> {

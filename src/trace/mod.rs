@@ -322,6 +322,15 @@ impl Request {
         }
     }
 
+    /// `METHOD path`, e.g. `GET /v1/models` (how counts by endpoint are keyed).
+    pub fn route(&self) -> String {
+        format!(
+            "{} {}",
+            self.method.as_deref().unwrap_or("POST"),
+            self.endpoint.path()
+        )
+    }
+
     /// Part of the workload (generation or pooling), not an auxiliary call.
     pub fn is_workload(&self) -> bool {
         self.kind() != EndpointKind::Auxiliary

@@ -107,12 +107,7 @@ pub fn read<R: BufRead>(
             continue;
         }
         match parse_row(&line) {
-            Ok(r) => {
-                if reqs.last().is_some_and(|p| p.arrival_us > r.arrival_us) {
-                    rep.reordered += 1;
-                }
-                reqs.push(r);
-            }
+            Ok(r) => reqs.push(r),
             Err(msg) if opts.skip_bad => rep.bad_row(lineno, msg),
             Err(msg) => {
                 return Err(TraceError::Row {
@@ -124,16 +119,12 @@ pub fn read<R: BufRead>(
         }
     }
     rep.rows = reqs.len() as u64;
-    if rep.reordered > 0 {
-        reqs.sort_by_key(|r| r.arrival_us);
-    }
-    Ok((
-        Trace {
-            header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
-            requests: reqs,
-        },
-        rep,
-    ))
+    let mut trace = Trace {
+        header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
+        requests: reqs,
+    };
+    rep.reordered = trace.sort_by_arrival();
+    Ok((trace, rep))
 }
 
 /// Writes Mooncake JSONL: timestamps in ms from the first request (rounded), ids compacted.

@@ -107,12 +107,7 @@ pub struct StatsOptions {
 pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     let mut auxiliary: BTreeMap<String, u64> = BTreeMap::new();
     for r in trace.requests.iter().filter(|r| !r.is_workload()) {
-        let key = format!(
-            "{} {}",
-            r.method.as_deref().unwrap_or("POST"),
-            r.endpoint.path()
-        );
-        *auxiliary.entry(key).or_default() += 1;
+        *auxiliary.entry(r.route()).or_default() += 1;
     }
     if auxiliary.is_empty() {
         return compute_workload(trace, opts);

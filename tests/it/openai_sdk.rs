@@ -8,7 +8,6 @@
 //! The venv's python is `RETRACE_OPENAI_PYTHON`, else `tools/.venv-openai/bin/python`. Without
 //! either the test says why and skips, except under CI (`CI` set), where that is a failure.
 
-use retrace::mock::MockConfig;
 use retrace::record::{Bodies, RecordConfig};
 use retrace::trace::{Request, Trace};
 use serde_json::{json, Value};
@@ -16,6 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::real_traffic::mock;
 use super::real_traffic::{by_endpoint, read_trace};
 use super::support::{repo, spawn_recorder, stop_recorder};
 
@@ -41,15 +41,6 @@ fn python() -> Result<PathBuf, String> {
             p.display()
         ))
     }
-}
-
-async fn mock() -> retrace::mock::MockHandle {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = MockConfig {
-        fixed_timing: Some((15.0, 2.0)),
-        ..Default::default()
-    };
-    retrace::mock::start(l, cfg).await.unwrap()
 }
 
 /// What the script saw, one entry per call: (name, HTTP status, usage.completion_tokens).

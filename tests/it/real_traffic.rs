@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use super::support::{replay_cfg, spawn_recorder, stop_recorder};
 
-async fn mock() -> retrace::mock::MockHandle {
+pub(super) async fn mock() -> retrace::mock::MockHandle {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = MockConfig {
         fixed_timing: Some((15.0, 2.0)),
@@ -162,12 +162,7 @@ pub(super) async fn replay_recording(
 pub(super) fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for r in &t.requests {
-        let key = format!(
-            "{} {}",
-            r.method.as_deref().unwrap_or("POST"),
-            r.endpoint.path()
-        );
-        *m.entry(key).or_default() += 1;
+        *m.entry(r.route()).or_default() += 1;
     }
     m
 }
