@@ -547,7 +547,6 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
     // Side requests are counted apart; the workload's samples alone make the statistics.
     let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
     driven.samples = work;
-    crate::stamps::flush();
     let probes = match (prober, cfg.probe_rate) {
         (Some(pr), Some(rate)) => {
             let samples = pr.finish().await;

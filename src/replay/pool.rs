@@ -12,7 +12,7 @@
 //! handshake is part of the connect, so warming takes it off the clock too. [`Pool::get`] is the
 //! small GET of `/v1/models` and scrapes. No scheduling and no measuring here.
 
-use super::h1client::{IoStamps, RawConn, SendError};
+use super::h1client::{RawConn, SendError};
 use super::target::Target;
 use crate::h1wire::{self, BodyDecoder, ResponseHead};
 use crate::netio::ClientStream;
@@ -20,7 +20,7 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use hyper::HeaderMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// A pool of connections to one address.
@@ -120,20 +120,12 @@ impl Pool {
         self.host.as_bytes()
     }
 
-    /// Opens a connection: TCP (`TCP_NODELAY`, stage stamps when `RETRACE_STAMPS` is on), then
-    /// TLS for `https://`.
+    /// Opens a connection: TCP (`TCP_NODELAY`), then TLS for `https://`.
     pub async fn connect(&self) -> Result<RawConn, String> {
         let stream = tokio::net::TcpStream::connect(self.addr)
             .await
             .map_err(|e| format!("connect {}: {e}", self.addr))?;
         let _ = stream.set_nodelay(true);
-        let stamps = crate::stamps::enabled().then(|| {
-            use std::os::fd::AsRawFd;
-            Arc::new(IoStamps {
-                port: crate::stamps::port_of(stream.as_raw_fd(), true),
-                ..Default::default()
-            })
-        });
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
@@ -143,7 +135,7 @@ impl Pool {
             )),
             None => ClientStream::Plain(stream),
         };
-        Ok(RawConn::new(io, stamps, self.kernel_rx))
+        Ok(RawConn::new(io, self.kernel_rx))
     }
 
     /// The most recently used idle connection that the server has not visibly closed.
