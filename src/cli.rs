@@ -218,13 +218,6 @@ pub struct ReplayArgs {
     /// before it looks again, so one wake-up reads many streams.
     #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
     pub read_batch_us: u64,
-    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE).
-    #[arg(long, hide = true)]
-    pub realtime: bool,
-    /// How long the dispatcher spins before each send after its precise sleep: `0` (sleep only),
-    /// µs, or `auto` (adaptive, 30–200 µs).
-    #[arg(long, default_value = "0", value_name = "US|auto", hide = true)]
-    pub spin_us: String,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
     pub window: Option<String>,

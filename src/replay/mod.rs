@@ -591,8 +591,6 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
         .collect();
     let opts = driver::DriveOptions {
         max_concurrency: cfg.max_concurrency,
-        realtime: cfg.tuning.realtime,
-        spin: cfg.tuning.spin,
         links: p.links.clone(),
         t0: Some(t0),
     };

@@ -335,8 +335,9 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--timeout-s", "0"], "--timeout-s"),
         (&["t", "--goodput", "ttft=5"], "--goodput"),
         (&["t", "--goodput", "itl:5"], "--goodput"),
-        (&["t", "--spin-us", "fast"], "--spin-us"),
-        (&["t", "--spin-us", "200000"], "--spin-us"),
+        // The dispatcher only sleeps: its spin window and SCHED_FIFO are gone from the CLI.
+        (&["t", "--spin-us", "50"], "--spin-us"),
+        (&["t", "--realtime"], "--realtime"),
         (&["t", "--reader-threads", "many"], "--reader-threads"),
         (&["t", "--reader-threads", "65"], "--reader-threads"),
         (&["t", "--read-batch-us", "6000"], "--read-batch-us"),
@@ -349,14 +350,6 @@ fn invalid_flags_name_the_flag() {
         support::replay_config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
     assert!(e.to_string().contains("--vocab-size"), "{e}");
     assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
-    // The dispatcher sleeps without spinning unless asked.
-    let spin = |a: &[&str]| support::replay_config(a).unwrap().tuning.spin;
-    assert_eq!(spin(&["t"]), Some(std::time::Duration::ZERO));
-    assert_eq!(spin(&["t", "--spin-us", "auto"]), None);
-    assert_eq!(
-        spin(&["t", "--spin-us", "50"]),
-        Some(std::time::Duration::from_micros(50))
-    );
     // Reader threads: one per CPU up to 4 by default, 0 for none; a 500 µs batch window.
     let cfg = support::replay_config(&["t"]).unwrap();
     assert!(
