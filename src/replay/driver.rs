@@ -220,7 +220,9 @@ pub async fn drive(
                 // whose sends the runtime's workers share.
                 let mut permit = None;
                 let pre = if batch.len() < PRESEND_MAX_BATCH {
-                    permit = sem.as_ref().and_then(|s| s.clone().try_acquire_owned().ok());
+                    permit = sem
+                        .as_ref()
+                        .and_then(|s| s.clone().try_acquire_owned().ok());
                     if sem.is_none() || permit.is_some() {
                         client.presend(&requests[idx], t0)
                     } else {

@@ -9,8 +9,8 @@
 //! probes and metric scrapes. [`assemble`]: [`crate::metrics::summarize`] computes vLLM-exact
 //! statistics, [`console`] renders them and [`result`] makes the result file. Without `--target`,
 //! the embedded simulated engine is started on a loopback port (see [`start_embedded_target`]).
-//! A failed request is data; only a broken setup (bad flag, unreadable trace, unreachable
-//! target for the model list) is an error.
+//! A failed request is data; only a broken setup (bad flag, unreadable trace, a target that
+//! cannot be reached) is an error.
 
 pub mod client;
 pub mod config;
@@ -380,7 +380,8 @@ async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
     Ok(trace)
 }
 
-/// The client for `target_url`: its pool, kernel stamps and reader threads as tuned.
+/// The client for `target_url`: its pool, kernel stamps and reader threads as tuned, and one
+/// connection opened to check that the target can be reached.
 async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::Client> {
     let target = target::Target::parse(target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?;
     let t = &cfg.tuning;
@@ -390,6 +391,12 @@ async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::C
         .with_kernel_rx(t.kernel_rx)
         .with_readers(t.reader_threads, t.read_batch)
         .context("starting the reader threads")?;
+    pool.reach().await.map_err(|e| {
+        anyhow!(
+            "--target {target_url}: the target could not be reached ({})",
+            e.reason()
+        )
+    })?;
     Ok(client::Client {
         pool,
         target,

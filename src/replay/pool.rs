@@ -23,6 +23,49 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Why a connection to the target could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connect {addr}: {source}")]
+    Tcp {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {addr}: {source}")]
+    Tls {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("connect {addr}: no answer within {} s", .limit.as_secs())]
+    Timeout { addr: SocketAddr, limit: Duration },
+}
+
+impl ConnectError {
+    /// What went wrong, in words: `connection refused at 127.0.0.1:1`.
+    pub fn reason(&self) -> String {
+        use std::io::ErrorKind::*;
+        match self {
+            ConnectError::Tcp { addr, source } => {
+                let what = match source.kind() {
+                    ConnectionRefused => "connection refused".to_string(),
+                    TimedOut => "connection timed out".to_string(),
+                    HostUnreachable => "host unreachable".to_string(),
+                    NetworkUnreachable => "network unreachable".to_string(),
+                    _ => source.to_string(),
+                };
+                format!("{what} at {addr}")
+            }
+            ConnectError::Tls { addr, source } => format!("TLS handshake with {addr}: {source}"),
+            ConnectError::Timeout { addr, limit } => {
+                format!("no answer from {addr} within {} s", limit.as_secs())
+            }
+        }
+    }
+}
+
+/// How long [`Pool::reach`] waits for the first connection.
+const REACH_LIMIT: Duration = Duration::from_secs(30);
+
 /// A pool of connections to one address.
 pub struct Pool {
     addr: SocketAddr,
@@ -121,21 +164,35 @@ impl Pool {
     }
 
     /// Opens a connection: TCP (`TCP_NODELAY`), then TLS for `https://`.
-    pub async fn connect(&self) -> Result<RawConn, String> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
+    pub async fn connect(&self) -> Result<RawConn, ConnectError> {
+        let addr = self.addr;
+        let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+            .map_err(|source| ConnectError::Tcp { addr, source })?;
         let _ = stream.set_nodelay(true);
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
                     .connect(name.clone(), stream)
                     .await
-                    .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?,
+                    .map_err(|source| ConnectError::Tls { addr, source })?,
             )),
             None => ClientStream::Plain(stream),
         };
         Ok(RawConn::new(io, self.kernel_rx))
+    }
+
+    /// Opens one connection (kept idle for the run), within 30 s: whether the target can be
+    /// reached at all.
+    pub async fn reach(&self) -> Result<(), ConnectError> {
+        let conn = tokio::time::timeout(REACH_LIMIT, self.connect())
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                addr: self.addr,
+                limit: REACH_LIMIT,
+            })??;
+        self.checkin(conn);
+        Ok(())
     }
 
     /// The most recently used idle connection that the server has not visibly closed.
@@ -197,9 +254,21 @@ impl Pool {
                 (0, Some((c, n))) => (c, true, n.min(wire.len())),
                 (0, None) => match self.take() {
                     Some(c) => (c, true, 0),
-                    None => (self.connect().await.map_err(SendError::Connect)?, false, 0),
+                    None => (
+                        self.connect()
+                            .await
+                            .map_err(|e| SendError::Connect(e.to_string()))?,
+                        false,
+                        0,
+                    ),
                 },
-                _ => (self.connect().await.map_err(SendError::Connect)?, false, 0),
+                _ => (
+                    self.connect()
+                        .await
+                        .map_err(|e| SendError::Connect(e.to_string()))?,
+                    false,
+                    0,
+                ),
             };
             if let Err(e) = conn.write_all(&wire[done..]).await {
                 if reused {

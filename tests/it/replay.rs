@@ -126,20 +126,31 @@ async fn failures_are_counted_by_kind_and_the_run_completes() {
     assert!(o.report.contains("http_500:"));
 }
 
+/// A target that stops listening after the setup: its refused connections are failures of the
+/// run (`connect`), not an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_is_a_failure_not_an_error() {
-    // Bind then drop a listener: nothing listens on that port any more.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The listener takes the one connection that checks the target, then closes it and goes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gone = std::thread::spawn(move || drop(listener.accept()));
     let dir = tempfile::tempdir().unwrap();
     let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
     let url = format!("http://127.0.0.1:{port}");
-    let cfg = support::replay_config(&[trace.to_str().unwrap(), "--target", &url, "--model", "m"])
-        .unwrap();
-    let o = replay::replay(cfg).await.unwrap();
+    let cfg = support::replay_config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--model",
+        "m",
+        "--warm-connections",
+        "0",
+    ])
+    .unwrap();
+    let p = replay::prepare(&cfg).await.unwrap();
+    gone.join().unwrap(); // the listener is gone before the clock starts
+    let ran = replay::execute(&cfg, &p).await.unwrap();
+    let o = replay::assemble(&cfg, &p, ran).unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
         o.summary.errors.get("connect"),
@@ -427,6 +438,39 @@ fn drift_limit_sets_exit_status() {
         "{}",
         String::from_utf8_lossy(&lax.stderr)
     );
+}
+
+/// `--target` with nothing listening: a plain message saying the target could not be reached,
+/// exit 2, with or without `--model` (it used to end in "(or give --model)").
+#[test]
+fn target_not_listening_says_it_could_not_be_reached() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    // Bind then drop a listener: nothing listens on that port any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0])]);
+    let url = format!("http://127.0.0.1:{port}");
+    for model in [&[][..], &["--model", "m"][..]] {
+        let o = std::process::Command::new(bin)
+            .args(["replay", trace.to_str().unwrap(), "--target", &url])
+            .args(model)
+            .output_within(support::CHILD_LIMIT)
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{model:?}: {err}");
+        let want = format!(
+            "retrace: error: --target {url}: the target could not be reached (connection refused at 127.0.0.1:{port})\n"
+        );
+        assert_eq!(err, want, "{model:?}");
+        assert!(
+            o.stdout.is_empty(),
+            "{model:?}: nothing measured, nothing printed"
+        );
+    }
 }
 
 /// vLLM's prefix-cache hit rule (domain.md §4) applied to a Mooncake trace replayed in order with
@@ -726,8 +770,7 @@ async fn https_target_with_private_ca() {
         o.result["errors"]
     );
     assert_eq!(o.summary.total_output_tokens, 13);
-    // Trusting something else (the leaf, which is no CA): requests fail as connect errors, the run
-    // still completes and says so.
+    // Trusting something else (the leaf, which is no CA): the handshake fails before the run.
     let leaf = support::repo("fixtures/tls/cert.pem");
     let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
@@ -739,10 +782,15 @@ async fn https_target_with_private_ca() {
         "m",
     ])
     .unwrap();
-    let o = replay::replay(cfg).await.unwrap();
-    assert_eq!((o.summary.completed, o.summary.failed), (0, 2));
-    let kinds: Vec<String> = o.summary.errors.keys().cloned().collect();
-    assert_eq!(kinds, vec!["connect".to_string()], "{:?}", o.summary.errors);
+    let e = replay::replay(cfg)
+        .await
+        .err()
+        .expect("an untrusted certificate");
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("could not be reached (TLS handshake with"),
+        "{msg}"
+    );
     // A CA path that does not exist is a clear error naming the flag.
     let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
