@@ -99,7 +99,7 @@ pub enum PromptModeArg {
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
-/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded).
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded), 5 every request failed.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads).

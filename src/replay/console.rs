@@ -2,11 +2,13 @@
 //!
 //! The first block reproduces `vllm bench serve`'s layout exactly (rows `{:<40} {:<10}`, section
 //! rules centred in 50 columns, TTFT/TPOT/ITL with mean, median and each chosen percentile), so it
-//! can be read side by side with vLLM's. The sections after it are ours: failures by kind, latency
+//! can be read side by side with vLLM's. The sections after it are ours: failures by kind (and the
+//! first distinct error messages), latency
 //! from the intended send time, send drift (and the dispatcher's part of it), client queue, and
 //! the server-side TTFT breakdown (client TTFT = server queue + server TTFT + unattributed).
 //! Renders to a `String`; printing is the caller's business.
 
+use super::outcome::FirstError;
 use crate::metrics::{percentile_label, Stats, Summary};
 use std::fmt::Write as _;
 
@@ -214,13 +216,23 @@ pub fn probes_section(v: &serde_json::Value) -> String {
     out
 }
 
-/// Our sections, after vLLM's block.
-pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
+/// Our sections, after vLLM's block; `first_errors`: the first distinct failure messages.
+pub fn extra_sections(
+    sum: &Summary,
+    max_drift_ms: Option<f64>,
+    first_errors: &[FirstError],
+) -> String {
     let mut out = String::new();
     rule(&mut out, " retrace: beyond vLLM ", '=');
     row(&mut out, "Failed requests:", sum.failed);
     for (kind, n) in &sum.errors {
         row(&mut out, &format!("  {kind}:"), n);
+    }
+    if !first_errors.is_empty() {
+        let _ = writeln!(out, "First error messages:");
+    }
+    for e in first_errors {
+        let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
     row(
         &mut out,

@@ -46,6 +46,10 @@ use std::time::{Duration, Instant};
 /// Exit status of a run whose p99 drift exceeded `--max-drift-ms`.
 pub const EXIT_INVALID: u8 = 3;
 
+/// Exit status of a run in which no measured request succeeded ([`outcome::all_failed`]); it
+/// wins over [`EXIT_INVALID`].
+pub const EXIT_ALL_FAILED: u8 = 5;
+
 /// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
 /// stretch of the trace are replayed, at real speed, so the run takes about a minute.
 pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
@@ -57,6 +61,8 @@ pub struct Outcome {
     /// Console report (vLLM block + ours).
     pub report: String,
     pub valid: bool,
+    /// No measured request succeeded (and not every one failed as recorded).
+    pub all_failed: bool,
     /// `--sessions`: how the session-ordered replay went.
     pub sessions: Option<sessions::SessionReport>,
 }
@@ -79,10 +85,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     }))?;
     crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
     print!("{}", out.report);
-    Ok(if out.valid {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_INVALID)
+    Ok(match (out.all_failed, out.valid) {
+        (true, _) => ExitCode::from(EXIT_ALL_FAILED),
+        (false, false) => ExitCode::from(EXIT_INVALID),
+        (false, true) => ExitCode::SUCCESS,
     })
 }
 
@@ -676,14 +682,45 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
         std::fs::write(path, text)
             .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
     }
-    let mut report = console::vllm_block(&summary);
-    report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
-    report.push_str(&outcome::console(
-        p.facts.recorded.as_deref(),
-        samples,
-        &ran.aux_samples,
-    ));
-    if let Some(r) = &sessions {
+    let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
+    let verdict = Verdict {
+        invalid_reason: invalid_reason.as_deref(),
+        all_failed,
+    };
+    let report = console_report(cfg, p, &ran, &summary, sessions.as_ref(), verdict);
+    Ok(Outcome {
+        summary,
+        result,
+        report,
+        valid: invalid_reason.is_none(),
+        all_failed,
+        sessions,
+    })
+}
+
+/// Why the run is not a clean one: its drift limit was exceeded, or every request failed.
+#[derive(Clone, Copy)]
+struct Verdict<'a> {
+    invalid_reason: Option<&'a str>,
+    all_failed: bool,
+}
+
+/// The console report: vLLM's block, ours, then each optional section and the verdict.
+fn console_report(
+    cfg: &Config,
+    p: &Prepared,
+    ran: &Ran,
+    summary: &metrics::Summary,
+    sessions: Option<&sessions::SessionReport>,
+    verdict: Verdict,
+) -> String {
+    let samples = &ran.driven.samples;
+    let firsts = outcome::first_errors(samples);
+    let mut report = console::vllm_block(summary);
+    report.push_str(&console::extra_sections(summary, cfg.max_drift_ms, &firsts));
+    let recorded = p.facts.recorded.as_deref();
+    report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
+    if let Some(r) = sessions {
         report.push_str(&console::sessions_section(r));
     }
     if let Some(sm) = &ran.server_metrics {
@@ -692,16 +729,16 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     if let Some((_, p)) = &ran.probes {
         report.push_str(&console::probes_section(p));
     }
-    if let Some(r) = &invalid_reason {
+    if let Some(r) = verdict.invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
-    Ok(Outcome {
-        summary,
-        result,
-        report,
-        valid: invalid_reason.is_none(),
-        sessions,
-    })
+    if verdict.all_failed {
+        let n = samples.len();
+        report.push_str(&format!(
+            "RUN FAILED: all {n} requests failed (exit {EXIT_ALL_FAILED})\n"
+        ));
+    }
+    report
 }
 
 /// The result file of the run (without its sessions section).

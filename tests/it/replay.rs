@@ -473,6 +473,113 @@ fn target_not_listening_says_it_could_not_be_reached() {
     }
 }
 
+/// Runs `retrace replay TRACE --target URL ARGS...` to its end.
+fn replay_child(trace: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["replay", trace.to_str().unwrap(), "--target", url])
+        .args(args)
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// `--model nope`: every request got 404. The run exits 5 and the console shows the server's
+/// message (it used to exit 0 with the message only in the JSON); a run where only some
+/// requests failed still exits 0.
+#[test]
+fn run_where_every_request_failed_exits_5_with_the_server_messages() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = rt.block_on(retrace::mock::start(listener, cfg)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
+    let url = format!("http://{}", mock.addr);
+    let (code, out, err) = replay_child(&trace, &url, &["--model", "nope"]);
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        out.contains("First error messages:\n  http_404 (2): {"),
+        "{out}"
+    );
+    assert!(out.contains("The model `nope` does not exist."), "{out}");
+    assert!(
+        out.contains("RUN FAILED: all 2 requests failed (exit 5)"),
+        "{out}"
+    );
+    let (code, out, err) = replay_child(&trace, &url, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("First error messages") && !out.contains("RUN FAILED"));
+    rt.block_on(mock.shutdown());
+    // One of two requests fails (the test server answers max_tokens 2 with a 500).
+    let srv = rt.block_on(support::start(ServerConfig::default()));
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (1, 10, 2, &[1])]);
+    let (code, out, err) = replay_child(&trace, &srv.url(), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("First error messages:\n  http_500 (1): "),
+        "{out}"
+    );
+    assert!(!out.contains("RUN FAILED"), "{out}");
+}
+
+/// A recording whose every request failed (404: the model is gone), replayed faithfully: each
+/// fails again the same way, which is what was asked for, so the run exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_failures_that_fail_again_the_same_way_do_not_fail_the_run() {
+    use retrace::trace::{Request, Response, Trace, TraceHeader};
+    let body = br#"{"model":"gone","prompt":[20,21,22],"max_tokens":2,"stream":true}"#;
+    let failed = |at: u64| Request {
+        arrival_us: at,
+        input_tokens: 3,
+        output_tokens: 2,
+        body: Some(body.to_vec()),
+        response: Some(Box::new(Response {
+            status: 404,
+            error: Some("http_404".into()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failed.trace.zst");
+    let trace = Trace {
+        header: TraceHeader::imported(16, true, "test"),
+        requests: vec![failed(0), failed(1_000)],
+    };
+    retrace::trace::native::write_file(&path, &trace, Default::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = retrace::mock::start(listener, cfg).await.unwrap();
+    let url = format!("http://{}", mock.addr);
+    let args = [path.to_str().unwrap(), "--target", &url];
+    let o = replay::replay(support::replay_config(&args).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(o.summary.errors.get("http_404"), Some(&2), "{}", o.report);
+    assert_eq!(o.result["recorded_outcomes"]["failed_again_same_way"], 2);
+    assert!(!o.all_failed, "{}", o.report);
+    mock.shutdown().await;
+    // Against a target that fails them some other way (the test server answers max_tokens 2
+    // with a 500), the run failed.
+    let srv = support::start(ServerConfig::default()).await;
+    let url = srv.url();
+    let args = [path.to_str().unwrap(), "--target", &url, "--model", "m"];
+    let o = replay::replay(support::replay_config(&args).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(o.summary.errors.get("http_500"), Some(&2), "{}", o.report);
+    assert!(o.all_failed, "{}", o.report);
+}
+
 /// vLLM's prefix-cache hit rule (domain.md §4) applied to a Mooncake trace replayed in order with
 /// an unbounded cache: P = the longest prefix shared with an earlier request, in tokens.
 fn theoretical_hits(rows: &[(u64, u64, Vec<u64>)], block: u64, kv_block: u64) -> u64 {
