@@ -298,14 +298,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         .or_else(|| embedded.as_ref().map(|e| e.url.clone()))
         .unwrap_or_default();
     let client = Arc::new(open_client(cfg, &target_url).await?);
-    let model = match (&cfg.model, &embedded) {
-        (Some(m), _) => m.clone(),
-        (None, Some(e)) => e.model.clone(),
-        (None, None) => client
-            .first_model()
-            .await
-            .map_err(|e| anyhow!("{e} (or give --model)"))?,
-    };
+    let model = model(cfg, embedded.as_ref(), &client).await?;
     let speed = cfg.speed.unwrap_or(1.0);
     let (trace, plan, left_out) = plan(cfg, trace, embedded.is_some())?;
     let links = match cfg.sessions {
@@ -321,18 +314,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         extra_body: cfg.extra_body.clone(),
         keep_original_limits: cfg.keep_original_limits,
     };
-    let bodies = plan
-        .iter()
-        .map(|p| {
-            request::build(
-                &trace.requests[p.index],
-                p.index as u64,
-                &body_opts,
-                &prompts,
-            )
-            .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let bodies = bodies(cfg, &trace, &plan, &body_opts, &prompts)?;
     let probe_bodies = match cfg.probe_rate {
         Some(rate) => probe_bodies(&trace, &plan, rate, &body_opts, &prompts)?,
         None => Vec::new(),
@@ -370,6 +352,38 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         theory,
         facts,
     })
+}
+
+/// The model to send: `--model`, the embedded mock's, else the target's first.
+async fn model(
+    cfg: &Config,
+    embedded: Option<&Embedded>,
+    client: &client::Client,
+) -> anyhow::Result<String> {
+    match (&cfg.model, embedded) {
+        (Some(m), _) => Ok(m.clone()),
+        (None, Some(e)) => Ok(e.model.clone()),
+        (None, None) => client
+            .first_model()
+            .await
+            .map_err(|e| anyhow!("{e} (or give --model)")),
+    }
+}
+
+/// Every planned request's body, built before the clock starts.
+fn bodies(
+    cfg: &Config,
+    trace: &crate::trace::Trace,
+    plan: &[schedule::PlannedSend],
+    opts: &BodyOptions,
+    prompts: &Prompts,
+) -> anyhow::Result<Vec<BuiltRequest>> {
+    plan.iter()
+        .map(|p| {
+            request::build(&trace.requests[p.index], p.index as u64, opts, prompts)
+                .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
+        })
+        .collect()
 }
 
 /// The trace, read off the runtime's threads (malformed rows skipped with a warning).

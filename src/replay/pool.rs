@@ -23,42 +23,28 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Why a connection to the target could not be opened.
+/// Why a connection to the target could not be opened: the TCP connect or the TLS handshake.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    #[error("connect {addr}: {source}")]
-    Tcp {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("TLS handshake with {addr}: {source}")]
-    Tls {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("connect {addr}: no answer within {} s", .limit.as_secs())]
-    Timeout { addr: SocketAddr, limit: Duration },
+#[error("{stage} {addr}: {source}")]
+pub struct ConnectError {
+    stage: &'static str,
+    addr: SocketAddr,
+    source: std::io::Error,
 }
 
 impl ConnectError {
     /// What went wrong, in words: `connection refused at 127.0.0.1:1`.
     pub fn reason(&self) -> String {
-        use std::io::ErrorKind::*;
-        match self {
-            ConnectError::Tcp { addr, source } => {
-                let what = match source.kind() {
-                    ConnectionRefused => "connection refused".to_string(),
-                    TimedOut => "connection timed out".to_string(),
-                    HostUnreachable => "host unreachable".to_string(),
-                    NetworkUnreachable => "network unreachable".to_string(),
-                    _ => source.to_string(),
-                };
-                format!("{what} at {addr}")
+        match self.source.kind() {
+            std::io::ErrorKind::ConnectionRefused => format!("connection refused at {}", self.addr),
+            std::io::ErrorKind::TimedOut => {
+                format!(
+                    "no answer from {} within {} s",
+                    self.addr,
+                    REACH_LIMIT.as_secs()
+                )
             }
-            ConnectError::Tls { addr, source } => format!("TLS handshake with {addr}: {source}"),
-            ConnectError::Timeout { addr, limit } => {
-                format!("no answer from {addr} within {} s", limit.as_secs())
-            }
+            _ => self.to_string(),
         }
     }
 }
@@ -168,14 +154,22 @@ impl Pool {
         let addr = self.addr;
         let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|source| ConnectError::Tcp { addr, source })?;
+            .map_err(|source| ConnectError {
+                stage: "connect",
+                addr,
+                source,
+            })?;
         let _ = stream.set_nodelay(true);
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
                     .connect(name.clone(), stream)
                     .await
-                    .map_err(|source| ConnectError::Tls { addr, source })?,
+                    .map_err(|source| ConnectError {
+                        stage: "TLS handshake with",
+                        addr,
+                        source,
+                    })?,
             )),
             None => ClientStream::Plain(stream),
         };
@@ -187,9 +181,10 @@ impl Pool {
     pub async fn reach(&self) -> Result<(), ConnectError> {
         let conn = tokio::time::timeout(REACH_LIMIT, self.connect())
             .await
-            .map_err(|_| ConnectError::Timeout {
+            .map_err(|_| ConnectError {
+                stage: "connect",
                 addr: self.addr,
-                limit: REACH_LIMIT,
+                source: std::io::ErrorKind::TimedOut.into(),
             })??;
         self.checkin(conn);
         Ok(())
