@@ -232,6 +232,12 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
             .into();
     }
     let mut why = Vec::new();
+    if f.left_out > 0 {
+        why.push(format!(
+            "{} workload requests left out by the replay (its result's `left_out` says why)",
+            f.left_out
+        ));
+    }
     if f.unpaired > 0 {
         why.push(format!("{} requests not sent", f.unpaired));
     }

@@ -62,9 +62,13 @@ pub struct Fidelity {
     pub schedule_error_ms: Option<Dist>,
     /// Requests of the trace the replay should have sent (its own selection) and did not.
     pub unpaired: usize,
+    /// Workload requests of the trace the replay's selection left out (a chat request without a
+    /// tokenizer, `--skip-recorded-failures`, ...; side requests are not counted).
+    pub left_out: usize,
     /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL.
     pub latency_ks: BTreeMap<String, f64>,
-    /// Every sent request paired, lengths reproduced, the schedule within 1 ms at p99.
+    /// Every workload request sent and paired, lengths reproduced, the schedule within 1 ms at
+    /// p99.
     pub faithful: bool,
 }
 
@@ -233,7 +237,10 @@ fn sent_by(t: &Trace, replay: &Run) -> Trace {
 /// Pairs request `i` of the replay with request `i` of what it sent of the trace: both are in
 /// arrival (schedule) order, never completion order.
 fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
-    let t = &sent_by(trace_run.trace.as_ref()?, replay);
+    let whole = trace_run.trace.as_ref()?;
+    let t = &sent_by(whole, replay);
+    let workload = whole.requests.iter().filter(|q| q.is_workload()).count();
+    let left_out = workload.saturating_sub(t.requests.len());
     let q = replay.requests.as_ref()?;
     let n = t.requests.len().min(q.len());
     if n == 0 {
@@ -287,11 +294,13 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         paired: n,
         speed,
         faithful: unpaired == 0
+            && left_out == 0
             && isl_exact == 1.0
             && osl_exact == 1.0
             && schedule_p99 <= FAITHFUL_SCHEDULE_MS,
         schedule_error_ms,
         unpaired,
+        left_out,
         latency_ks,
         arrival_error_ms,
         isl_exact,
