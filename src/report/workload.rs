@@ -50,8 +50,12 @@ pub struct Fidelity {
     pub speed: f64,
     /// |actual send offset − arrival offset / speed|, ms.
     pub arrival_error_ms: Dist,
-    /// Fractions of paired requests with exactly the trace's input / output length.
+    /// Fractions of paired requests with exactly the trace's input / output length. The input
+    /// length is the server's count (`usage.prompt_tokens`) where the replay got one, else the
+    /// length the replay meant to send.
     pub isl_exact: f64,
+    /// Paired requests whose input length the server counted.
+    pub isl_server_counted: usize,
     pub osl_exact: f64,
     /// Mean |output length − trace output length| over successful requests.
     pub osl_mean_abs_diff: f64,
@@ -259,9 +263,12 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     });
     let mut err = Vec::with_capacity(n);
     let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
+    let server_isl = |i: usize| q.server_input_lens.get(i).copied().flatten();
+    let isl_server_counted = (0..n).filter(|&i| server_isl(i).is_some()).count();
     for i in 0..n {
         err.push(((q.start_s[i] - s0) - want(i)).abs() * 1e3);
-        isl_ok += usize::from(q.input_lens[i] == t.requests[i].input_tokens);
+        let isl = server_isl(i).unwrap_or(q.input_lens[i]);
+        isl_ok += usize::from(isl == t.requests[i].input_tokens);
         if q.ok(i) {
             ok_n += 1;
             osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
@@ -304,6 +311,7 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         latency_ks,
         arrival_error_ms,
         isl_exact,
+        isl_server_counted,
         osl_exact,
         osl_mean_abs_diff: if ok_n > 0 {
             osl_diff / ok_n as f64

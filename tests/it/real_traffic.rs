@@ -275,6 +275,9 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     let w = cmp.workload.as_ref().unwrap();
     assert_eq!((w.osl_ks.d, w.isl_ks.d), (0.0, 0.0), "{w:?}");
     assert_eq!((f.paired, f.unpaired), (15, 0));
+    // Input lengths as the server counted them again (every success reports usage), equal to
+    // the recording's.
+    assert_eq!(f.isl_server_counted, 13, "{f:?}");
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     assert!(f.faithful, "{f:?}");
     let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
