@@ -259,6 +259,9 @@ fn on_message(
                 server.queue_ms = m.queue_time_ms.or(server.queue_ms);
                 server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
             }
+            if let Some(p) = info.usage.map(|u| u.prompt_tokens).filter(|p| *p > 0) {
+                server.prompt_tokens = Some(p);
+            }
             let usage = info.usage.map(|u| u.completion_tokens);
             clock.on_message(at, info.has_choices, info.tokens, usage);
         }

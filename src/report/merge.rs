@@ -32,7 +32,7 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed`.
-pub const ARRAY_KEYS: [&str; 12] = [
+pub const ARRAY_KEYS: [&str; 13] = [
     "input_lens",
     "output_lens",
     "ttfts",
@@ -42,6 +42,7 @@ pub const ARRAY_KEYS: [&str; 12] = [
     "errors",
     "server_queue_times",
     "server_ttfts",
+    "server_input_lens",
     "intended_times",
     "drifts",
     "client_queue_times",
@@ -429,6 +430,7 @@ fn concat(all: &mut Requests, r: &Requests) {
     all.client_queue_s.extend(&r.client_queue_s);
     all.server_queue_s.extend(&r.server_queue_s);
     all.server_ttft_s.extend(&r.server_ttft_s);
+    all.server_input_lens.extend(&r.server_input_lens);
 }
 
 /// Every statistics family from per-request data, with [`crate::metrics::summarize`]'s rules
@@ -589,6 +591,7 @@ mod tests {
             server: crate::metrics::ServerTimes {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
+                prompt_tokens: None,
             },
             ..Default::default()
         }

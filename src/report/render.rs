@@ -189,7 +189,7 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     if let Some(f) = &w.fidelity {
         let _ = writeln!(
             s,
-            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}%; output length exact {:.1}% (mean |diff| {:.2} tokens){}",
+            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}% ({} counted by the server); output length exact {:.1}% (mean |diff| {:.2} tokens){}",
             if md { "\n" } else { "  " },
             f.paired,
             f.speed,
@@ -197,6 +197,7 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
             f.arrival_error_ms.p99,
             f.arrival_error_ms.max,
             f.isl_exact * 100.0,
+            f.isl_server_counted,
             f.osl_exact * 100.0,
             f.osl_mean_abs_diff,
             f.inexact_prompts
@@ -232,6 +233,12 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
             .into();
     }
     let mut why = Vec::new();
+    if f.left_out > 0 {
+        why.push(format!(
+            "{} workload requests left out by the replay (its result's `left_out` says why)",
+            f.left_out
+        ));
+    }
     if f.unpaired > 0 {
         why.push(format!("{} requests not sent", f.unpaired));
     }

@@ -275,10 +275,64 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     let w = cmp.workload.as_ref().unwrap();
     assert_eq!((w.osl_ks.d, w.isl_ks.d), (0.0, 0.0), "{w:?}");
     assert_eq!((f.paired, f.unpaired), (15, 0));
+    // Input lengths as the server counted them again (every success reports usage), equal to
+    // the recording's.
+    assert_eq!(f.isl_server_counted, 13, "{f:?}");
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     assert!(f.faithful, "{f:?}");
     let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
     assert!(text.contains("Faithful replay"), "{text}");
+}
+
+/// A recording without bodies (the default: prompt text is stored only when asked) holds chat
+/// requests that replay cannot rebuild without a tokenizer. The replay leaves them out, counted,
+/// and `compare RECORDING REPLAY` must not call that replay faithful.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = mock().await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.block_size = 16;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    drive(&format!("http://{}", rec.addr)).await;
+    stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (path, trace) = read_trace(&dir.path().join("rec"));
+    let chats = trace
+        .requests
+        .iter()
+        .filter(|r| r.is_workload() && r.endpoint == retrace::trace::Endpoint::Chat)
+        .count();
+    assert!(chats > 0);
+
+    let target = mock().await;
+    let result = dir.path().join("replay.json");
+    let out = replay_recording(&path, &target.addr.to_string(), &result).await;
+    target.shutdown().await;
+    assert_eq!(
+        out.result["left_out"]["chat_without_tokenizer"], chats,
+        "{}",
+        out.result["left_out"]
+    );
+
+    let base = retrace::report::load::load(&path).unwrap();
+    let cand = retrace::report::load::load(&result).unwrap();
+    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
+    let f = cmp
+        .workload
+        .as_ref()
+        .and_then(|w| w.fidelity.clone())
+        .unwrap();
+    assert_eq!(f.left_out, chats, "{f:?}");
+    assert!(!f.faithful, "{f:?}");
+    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    assert!(text.contains("Not a faithful replay"), "{text}");
+    assert!(
+        text.contains(&format!("{chats} workload requests left out")),
+        "{text}"
+    );
 }
 
 /// Two proxy replicas in front of one server, the same prompts through both: `convert A B -o M`
