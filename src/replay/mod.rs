@@ -697,10 +697,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
             .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
     }
     let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
-    let verdict = Verdict {
-        invalid_reason: invalid_reason.as_deref(),
-        all_failed,
-    };
+    let verdict = (invalid_reason.as_deref(), all_failed);
     let report = console_report(cfg, p, &ran, &summary, sessions.as_ref(), verdict);
     Ok(Outcome {
         summary,
@@ -712,21 +709,15 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     })
 }
 
-/// Why the run is not a clean one: its drift limit was exceeded, or every request failed.
-#[derive(Clone, Copy)]
-struct Verdict<'a> {
-    invalid_reason: Option<&'a str>,
-    all_failed: bool,
-}
-
-/// The console report: vLLM's block, ours, then each optional section and the verdict.
+/// The console report: vLLM's block, ours, then each optional section and the verdict (why the
+/// run is invalid, whether every request failed).
 fn console_report(
     cfg: &Config,
     p: &Prepared,
     ran: &Ran,
     summary: &metrics::Summary,
     sessions: Option<&sessions::SessionReport>,
-    verdict: Verdict,
+    (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
     let samples = &ran.driven.samples;
     let firsts = outcome::first_errors(samples);
@@ -743,10 +734,10 @@ fn console_report(
     if let Some((_, p)) = &ran.probes {
         report.push_str(&console::probes_section(p));
     }
-    if let Some(r) = verdict.invalid_reason {
+    if let Some(r) = invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
-    if verdict.all_failed {
+    if all_failed {
         let n = samples.len();
         report.push_str(&format!(
             "RUN FAILED: all {n} requests failed (exit {EXIT_ALL_FAILED})\n"
