@@ -528,7 +528,8 @@ async fn warm(cfg: &Config, client: &client::Client, planned: usize) {
         .tuning
         .warm_connections
         .unwrap_or(cfg.max_concurrency.unwrap_or(128))
-        .min(planned);
+        .min(planned)
+        .saturating_sub(1); // the one that checked the target is idle already
     if warm > 0 {
         let opened = client.pool.warm(warm, 32).await;
         if opened < warm {
