@@ -30,7 +30,7 @@ wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; s
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 up=$(port); px=$(port)
-"$BIN" mock --listen "127.0.0.1:$up" --model tiny-llama --profile fast >"$OUT/mock1.log" 2>&1 & PIDS+=($!); m1=$!
+"$BIN" mock --listen "127.0.0.1:$up" --model tiny-llama --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock1.log" 2>&1 & PIDS+=($!); m1=$!
 wait_up "http://127.0.0.1:$up/v1/models"
 "$BIN" record --listen "127.0.0.1:$px" --upstream "http://127.0.0.1:$up" --out "$OUT/rec" --admin none \
   >"$OUT/record.log" 2>&1 & PIDS+=($!); rp=$!
@@ -50,7 +50,7 @@ echo "# bench_vllm_client $(date -u +%Y-%m-%dT%H:%MZ): vllm bench serve $("$(dir
 echo "## inspect RECORDING"
 "$BIN" inspect "$rec" | grep -E "^(requests|endpoints|auxiliary|input length|output length)"
 fresh=$(port)
-"$BIN" mock --listen "127.0.0.1:$fresh" --model tiny-llama --profile fast >"$OUT/mock2.log" 2>&1 & PIDS+=($!); m2=$!
+"$BIN" mock --listen "127.0.0.1:$fresh" --model tiny-llama --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock2.log" 2>&1 & PIDS+=($!); m2=$!
 wait_up "http://127.0.0.1:$fresh/v1/models"
 "$BIN" replay "$rec" --target "http://127.0.0.1:$fresh" --tokenizer "$OUT/tok/tokenizer.json" \
   --prompt-mode text --detailed --result-json "$OUT/res/replay.json" >"$OUT/replay.txt" 2>&1
