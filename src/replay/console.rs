@@ -86,13 +86,15 @@ pub fn vllm_block(sum: &Summary) -> String {
 }
 
 fn brief(out: &mut String, label: &str, s: &Stats) {
-    let p99 = s
-        .percentile(99.0)
-        .map_or(String::new(), |v| format!(" p99 {v:.3}"));
+    brief_line(out, label, [s.mean, s.median, s.max], s.percentile(99.0));
+}
+
+/// `label  mean M median M[ p99 P] max M`, ms.
+fn brief_line(out: &mut String, label: &str, [mean, median, max]: [f64; 3], p99: Option<f64>) {
+    let p99 = p99.map_or(String::new(), |v| format!(" p99 {v:.3}"));
     let _ = writeln!(
         out,
-        "{:<40} mean {:.3} median {:.3}{} max {:.3}",
-        label, s.mean, s.median, p99, s.max
+        "{label:<40} mean {mean:.3} median {median:.3}{p99} max {max:.3}"
     );
 }
 
@@ -200,18 +202,8 @@ pub fn probes_section(v: &serde_json::Value) -> String {
     for (label, key) in [("Probe TTFT (ms):", "ttft"), ("Probe E2EL (ms):", "e2el")] {
         let s = &v[key];
         let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
-        let p99 = s["p99_ms"]
-            .as_f64()
-            .map_or(String::new(), |x| format!(" p99 {x:.3}"));
-        let _ = writeln!(
-            out,
-            "{:<40} mean {:.3} median {:.3}{} max {:.3}",
-            label,
-            f("mean_ms"),
-            f("median_ms"),
-            p99,
-            f("max_ms")
-        );
+        let stats = [f("mean_ms"), f("median_ms"), f("max_ms")];
+        brief_line(&mut out, label, stats, s["p99_ms"].as_f64());
     }
     out
 }
