@@ -692,20 +692,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// Options that count every significant change (no minimum effect).
+    pub(crate) fn strict(seed: u64, resamples: usize) -> Options {
+        Options {
+            min_effect: MinEffect::Absolute(0.0),
+            seed,
+            resamples,
+        }
+    }
+
+    /// [`compare`] with [`strict`] options.
+    pub(crate) fn strict_compare(
+        b: &Run,
+        c: &Run,
+        noise: &[Run],
+        seed: u64,
+        resamples: usize,
+    ) -> Comparison {
+        compare(b, c, noise, &strict(seed, resamples))
+    }
+
     #[test]
     fn ten_percent_shift_in_noisy_metric_is_found() {
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         for key in ["mean_ttft_ms", "median_ttft_ms"] {
             let row = cmp.row(key).unwrap();
             assert_eq!(row.significant, Some(true), "{row:?}");
@@ -721,16 +732,7 @@ pub(crate) mod tests {
         for (sb, sc) in [(11, 12), (13, 14), (15, 16)] {
             let b = synth_run(1000, 100.0, sb);
             let c = synth_run(1000, 100.0, sc);
-            let cmp = compare(
-                &b,
-                &c,
-                &[],
-                &Options {
-                    min_effect: MinEffect::Absolute(0.0),
-                    seed: 3,
-                    resamples: 200,
-                },
-            );
+            let cmp = strict_compare(&b, &c, &[], 3, 200);
             for stat in ["mean", "median", "p90"] {
                 let row = cmp.row(&format!("{stat}_ttft_ms")).unwrap();
                 assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
@@ -757,11 +759,7 @@ pub(crate) mod tests {
 
     #[test]
     fn itl_intervals_respect_per_stream_correlation() {
-        let o = Options {
-            min_effect: MinEffect::Absolute(0.0),
-            seed: 5,
-            resamples: 200,
-        };
+        let o = strict(5, 200);
         // Same distribution, different draws: the pooled bootstrap (what this module did before)
         // calls about half of these pairs significant; the clustered intervals call none.
         let mut pooled_flags = 0;
@@ -803,11 +801,7 @@ pub(crate) mod tests {
     fn same_seed_same_result() {
         let b = synth_run(500, 100.0, 1);
         let c = synth_run(500, 104.0, 2);
-        let o = Options {
-            min_effect: MinEffect::Absolute(0.0),
-            seed: 9,
-            resamples: 100,
-        };
+        let o = strict(9, 100);
         assert_eq!(compare(&b, &c, &[], &o), compare(&b, &c, &[], &o));
     }
 
@@ -817,44 +811,17 @@ pub(crate) mod tests {
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
         let noise = synth_run(1500, 115.0, 3);
-        let cmp = compare(
-            &b,
-            &c,
-            std::slice::from_ref(&noise),
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, std::slice::from_ref(&noise), 7, 200);
         let row = cmp.row("median_ttft_ms").unwrap();
         assert!(row.noise.unwrap() > 10.0, "{row:?}");
         assert_eq!(row.significant, Some(false), "{row:?}");
         // A rerun within 1 % leaves the 10 % change standing.
         let quiet = synth_run(1500, 100.5, 4);
-        let cmp = compare(
-            &b,
-            &c,
-            std::slice::from_ref(&quiet),
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, std::slice::from_ref(&quiet), 7, 200);
         assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Worse);
         // Several reruns: the band is the largest difference, so one noisy rerun is enough.
         let quiet_noise = [quiet.clone(), noise.clone()];
-        let cmp = compare(
-            &b,
-            &c,
-            &quiet_noise,
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &quiet_noise, 7, 200);
         assert_eq!(cmp.noise.len(), 2);
         let row = cmp.row("median_ttft_ms").unwrap();
         let widest = (points(&noise, Metric::Ttft)[1].unwrap().0
@@ -879,30 +846,12 @@ pub(crate) mod tests {
         };
         let b = strip(synth_run(1500, 100.0, 1));
         let c = strip(synth_run(1500, 110.0, 2));
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         let row = cmp.row("median_ttft_ms").unwrap();
         assert!(row.approx);
         assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
         let b2 = strip(synth_run(1500, 100.0, 5));
-        let cmp = compare(
-            &b,
-            &b2,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &b2, &[], 7, 200);
         assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Same);
     }
 
@@ -926,16 +875,7 @@ pub(crate) mod tests {
     fn tail_percentiles_of_small_runs_are_not_judged() {
         let b = synth_run(200, 100.0, 1);
         let c = synth_run(200, 300.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 1,
-                resamples: 100,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 1, 100);
         assert_eq!(cmp.row("p99_ttft_ms").unwrap().verdict, Verdict::Unknown);
         assert_eq!(cmp.row("p90_ttft_ms").unwrap().verdict, Verdict::Worse);
         assert!(cmp
@@ -950,16 +890,7 @@ pub(crate) mod tests {
         let mut c = synth_run(100, 100.0, 2);
         c.scalars.insert("completed".into(), 50.0);
         c.scalars.insert("failed".into(), 50.0);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 1,
-                resamples: 50,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 1, 50);
         let row = cmp.row("failure_rate").unwrap();
         assert_eq!(row.candidate, Some(0.5));
         assert_eq!(row.verdict, Verdict::Worse);

@@ -334,6 +334,9 @@ fn fmt_opt(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::compare::tests::{strict_compare, synth_run};
+    use crate::report::compare::{compare, MinEffect, Options, Verdict};
+    use crate::report::load::Run;
 
     #[test]
     fn parses_the_documented_forms() {
@@ -373,19 +376,9 @@ mod tests {
 
     #[test]
     fn evaluation_trips_ignores_noise_and_refuses_missing() {
-        use crate::report::compare::{compare, tests::synth_run, Options};
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         let o = evaluate(
             &parse("median_ttft_ms>+5%,failure_rate>0.01").unwrap(),
             &cmp,
@@ -396,16 +389,7 @@ mod tests {
         assert!(!o[1].tripped);
         // Same distribution: a +0.1 % threshold is crossed by chance but is noise.
         let c2 = synth_run(1500, 100.0, 3);
-        let cmp = compare(
-            &b,
-            &c2,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c2, &[], 7, 200);
         let rel = cmp.row("median_ttft_ms").unwrap().rel_change.unwrap();
         let rule = if rel > 0.0 {
             "median_ttft_ms>+0%"
@@ -419,8 +403,7 @@ mod tests {
         assert!(e.to_string().contains("p99_server_ttft_ms"));
     }
 
-    fn cmp_of(b: &crate::report::load::Run, c: &crate::report::load::Run) -> Comparison {
-        use crate::report::compare::{compare, Options};
+    fn cmp_of(b: &Run, c: &Run) -> Comparison {
         compare(
             b,
             c,
@@ -435,7 +418,6 @@ mod tests {
 
     #[test]
     fn a_candidate_whose_requests_all_failed_fails_every_latency_rule() {
-        use crate::report::compare::tests::synth_run;
         let b = synth_run(500, 100.0, 1);
         let mut c = synth_run(500, 100.0, 2);
         let r = c.requests.as_mut().unwrap();
@@ -471,7 +453,6 @@ mod tests {
 
     #[test]
     fn too_few_samples_is_not_judged_and_nan_never_passes() {
-        use crate::report::compare::tests::synth_run;
         let cmp = cmp_of(&synth_run(200, 100.0, 1), &synth_run(200, 100.0, 2));
         let o = evaluate(&parse("p99_ttft_ms>+5%,p99_ttft_ms<-5%").unwrap(), &cmp).unwrap();
         for x in &o {
@@ -487,8 +468,6 @@ mod tests {
 
     #[test]
     fn a_change_below_the_minimum_effect_is_no_change() {
-        use crate::report::compare::tests::synth_run;
-        use crate::report::compare::{compare, MinEffect, Options, Verdict};
         let b = synth_run(1500, 100.0, 1);
         let mut c = b.clone();
         for itls in &mut c.requests.as_mut().unwrap().itls_s {
@@ -496,21 +475,9 @@ mod tests {
                 *v += 0.00003; // +0.03 ms on 11 ms: 0.27 %
             }
         }
-        let with = |m| {
-            compare(
-                &b,
-                &c,
-                &[],
-                &Options {
-                    seed: 7,
-                    resamples: 200,
-                    min_effect: m,
-                },
-            )
-        };
-        let strict = with(MinEffect::Absolute(0.0));
+        let strict = strict_compare(&b, &c, &[], 7, 200);
         assert_eq!(strict.row("mean_itl_ms").unwrap().verdict, Verdict::Worse);
-        let default = with(MinEffect::DEFAULT);
+        let default = cmp_of(&b, &c); // MinEffect::DEFAULT
         assert_eq!(default.row("mean_itl_ms").unwrap().verdict, Verdict::Same);
         let o = evaluate(&parse("mean_itl_ms>+0.1%").unwrap(), &default).unwrap();
         assert!(!o[0].tripped && o[0].ignored_as_noise, "{:?}", o[0]);
