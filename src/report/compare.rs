@@ -266,11 +266,24 @@ pub fn min_samples(stat: Stat) -> u64 {
     }
 }
 
+/// The generator of one row's draws: the user's seed mixed with the row's `salt`.
+fn rng(seed: u64, salt: u64) -> rand_chacha::ChaCha8Rng {
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// The [`CONFIDENCE`] percentile interval of bootstrap differences.
+fn interval(mut d: Vec<f64>) -> (f64, f64) {
+    d.sort_by(f64::total_cmp);
+    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
+    (
+        percentile_sorted(&d, alpha),
+        percentile_sorted(&d, 100.0 - alpha),
+    )
+}
+
 /// Bootstrap intervals of candidate − baseline for the four statistics of one metric.
 fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f64); 4] {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-        opts.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
+    let mut rng = rng(opts.seed, salt);
     let mut diffs: [Vec<f64>; 4] = Default::default();
     for _ in 0..opts.resamples.max(10) {
         let qb = quad_of(&b.values, &b.resample(&mut rng));
@@ -279,14 +292,7 @@ fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f6
             diffs[i].push(qc.get(*s) - qb.get(*s));
         }
     }
-    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    diffs.map(|mut d| {
-        d.sort_by(f64::total_cmp);
-        (
-            percentile_sorted(&d, alpha),
-            percentile_sorted(&d, 100.0 - alpha),
-        )
-    })
+    diffs.map(interval)
 }
 
 /// Per-request ITL sums and gap counts (ms) of one run's successful requests with gaps.
@@ -342,17 +348,11 @@ fn clustered_intervals(
     opts: &Options,
     salt: u64,
 ) -> [(f64, f64); 4] {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-        opts.seed ^ 0xC1_u64 ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
-    let mut d: Vec<f64> = (0..opts.resamples.max(10))
-        .map(|_| c.resampled_mean(&mut rng) - b.resampled_mean(&mut rng))
-        .collect();
-    d.sort_by(f64::total_cmp);
-    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    let mean_ci = (
-        percentile_sorted(&d, alpha),
-        percentile_sorted(&d, 100.0 - alpha),
+    let mut rng = rng(opts.seed ^ 0xC1, salt);
+    let mean_ci = interval(
+        (0..opts.resamples.max(10))
+            .map(|_| c.resampled_mean(&mut rng) - b.resampled_mean(&mut rng))
+            .collect(),
     );
     let pooled_w = pooled[0].1 - pooled[0].0;
     let factor = if pooled_w > 0.0 {
@@ -441,13 +441,13 @@ fn failure_rate(r: &Run) -> Option<(f64, f64)> {
     (n > 0.0).then(|| (r.scalar("failed").unwrap_or(0.0) / n, n))
 }
 
-/// Compares `cand` against `base`; `noise` is a second run of the baseline.
 /// The noise band of a row: the largest |noise − baseline| over the noise runs that have it.
 fn band(noise: impl Iterator<Item = Option<f64>>, base: Option<f64>) -> Option<f64> {
     let b = base?;
     noise.flatten().map(|n| (n - b).abs()).reduce(f64::max)
 }
 
+/// Compares `cand` against `base`; `noise` holds reruns of the baseline.
 pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();

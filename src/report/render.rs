@@ -12,13 +12,8 @@ use super::rules::Outcome;
 use super::workload::{Shape, WorkloadCmp};
 use std::fmt::Write;
 
-/// Output format of `compare`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Text,
-    Markdown,
-    Json,
-}
+/// Output format of `compare` (`--format`).
+pub use crate::cli::CompareFormat as Format;
 
 pub fn render(cmp: &Comparison, rules: &[Outcome], format: Format) -> String {
     match format {

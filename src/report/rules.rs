@@ -210,102 +210,94 @@ pub struct EvalError {
 
 /// Evaluates every rule.
 pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalError> {
-    rules
-        .iter()
-        .map(|rule| {
-            let err = |msg: &str| EvalError {
-                rule: rule.text.clone(),
-                msg: msg.to_string(),
-            };
-            // Before anything is read: a failed candidate's figures may be missing altogether.
-            if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: true,
-                    ignored_as_noise: false,
-                    not_judged: false,
-                    observed: f64::NAN,
-                    message: format!("FAIL {}: {why}", rule.text),
-                });
-            }
-            let row = cmp
-                .row(&rule.metric)
-                .ok_or_else(|| err("neither input has this metric"))?;
-            let (observed, shown, is_change) = match rule.threshold {
-                Threshold::Relative(t) => {
-                    let r = row.rel_change.ok_or_else(|| {
-                        err("no relative change (missing on one side, or a baseline of 0)")
-                    })?;
-                    (r, (r, t, format!("{:+.2}%", r * 100.0), format!("{:+}%", t * 100.0)), true)
-                }
-                Threshold::Absolute(t) => {
-                    let a = row
-                        .abs_change
-                        .ok_or_else(|| err("missing on one side"))?;
-                    (a, (a, t, format!("{a:+.4}"), format!("{t:+}")), true)
-                }
-                Threshold::Value(t) => {
-                    let v = row.candidate.ok_or_else(|| err("missing in the candidate"))?;
-                    (v, (v, t, format!("{v:.4}"), format!("{t}")), false)
-                }
-            };
-            let (a, t, a_text, t_text) = shown;
-            let what = match rule.threshold {
-                Threshold::Relative(_) | Threshold::Absolute(_) => "change",
-                Threshold::Value(_) => "value",
-            };
-            if !a.is_finite() {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: true,
-                    ignored_as_noise: false,
-                    not_judged: false,
-                    observed,
-                    message: format!("FAIL {}: {what} is {a_text}, which never passes", rule.text),
-                });
-            }
-            if is_change && row.significant.is_none() {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: false,
-                    ignored_as_noise: false,
-                    not_judged: true,
-                    observed,
-                    message: format!(
-                        "not judged {}: {what} {a_text}, too few samples to tell it from noise",
-                        rule.text
-                    ),
-                });
-            }
-            let crossed = rule.op.holds(a, t);
-            let noise = is_change && crossed && row.significant == Some(false);
-            let tripped = crossed && !noise;
-            let message = if tripped {
-                format!(
-                    "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
-                    rule.text,
-                    rule.op.as_str(),
-                    fmt_opt(row.baseline),
-                    fmt_opt(row.candidate)
-                )
-            } else if noise {
-                format!(
-                    "ignored {}: {what} {a_text} crosses {t_text} but is not significant (within the confidence interval or noise band)",
-                    rule.text
-                )
-            } else {
-                format!("ok {}: {what} {a_text}", rule.text)
-            };
-            Ok(Outcome {
-                rule: rule.text.clone(),
-                tripped,
-                ignored_as_noise: noise,
-                not_judged: false,
-                observed,
-                message,
-            })
-        })
-        .collect()
+    rules.iter().map(|rule| evaluate_one(rule, cmp)).collect()
+}
+
+fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
+    let outcome = |observed: f64, message: String| Outcome {
+        rule: rule.text.clone(),
+        tripped: false,
+        ignored_as_noise: false,
+        not_judged: false,
+        observed,
+        message,
+    };
+    let err = |msg: &str| EvalError {
+        rule: rule.text.clone(),
+        msg: msg.to_string(),
+    };
+    // Before anything is read: a failed candidate's figures may be missing altogether.
+    if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
+        let message = format!("FAIL {}: {why}", rule.text);
+        return Ok(Outcome {
+            tripped: true,
+            ..outcome(f64::NAN, message)
+        });
+    }
+    let row = cmp
+        .row(&rule.metric)
+        .ok_or_else(|| err("neither input has this metric"))?;
+    let (a, t, a_text, t_text, what) = match rule.threshold {
+        Threshold::Relative(t) => {
+            let r = row.rel_change.ok_or_else(|| {
+                err("no relative change (missing on one side, or a baseline of 0)")
+            })?;
+            let (r_text, t_text) = (format!("{:+.2}%", r * 100.0), format!("{:+}%", t * 100.0));
+            (r, t, r_text, t_text, "change")
+        }
+        Threshold::Absolute(t) => {
+            let a = row.abs_change.ok_or_else(|| err("missing on one side"))?;
+            (a, t, format!("{a:+.4}"), format!("{t:+}"), "change")
+        }
+        Threshold::Value(t) => {
+            let v = row
+                .candidate
+                .ok_or_else(|| err("missing in the candidate"))?;
+            (v, t, format!("{v:.4}"), format!("{t}"), "value")
+        }
+    };
+    if !a.is_finite() {
+        let message = format!("FAIL {}: {what} is {a_text}, which never passes", rule.text);
+        return Ok(Outcome {
+            tripped: true,
+            ..outcome(a, message)
+        });
+    }
+    let is_change = what == "change";
+    if is_change && row.significant.is_none() {
+        let message = format!(
+            "not judged {}: {what} {a_text}, too few samples to tell it from noise",
+            rule.text
+        );
+        return Ok(Outcome {
+            not_judged: true,
+            ..outcome(a, message)
+        });
+    }
+    let crossed = rule.op.holds(a, t);
+    let noise = is_change && crossed && row.significant == Some(false);
+    let tripped = crossed && !noise;
+    let message = if tripped {
+        format!(
+            "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
+            rule.text,
+            rule.op.as_str(),
+            fmt_opt(row.baseline),
+            fmt_opt(row.candidate)
+        )
+    } else if noise {
+        format!(
+            "ignored {}: {what} {a_text} crosses {t_text} but is not significant (within the confidence interval or noise band)",
+            rule.text
+        )
+    } else {
+        format!("ok {}: {what} {a_text}", rule.text)
+    };
+    Ok(Outcome {
+        tripped,
+        ignored_as_noise: noise,
+        ..outcome(a, message)
+    })
 }
 
 /// A rise of the candidate's failure rate beyond this (absolute) makes its latency and
