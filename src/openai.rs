@@ -98,29 +98,27 @@ pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo
         model: opt(obj, "model", "a string", |v| v.as_str().map(str::to_string))?,
         ..Default::default()
     };
-    match endpoint {
-        Endpoint::Chat => match obj.get("messages") {
-            Some(Value::Array(m)) => info.messages = Some(m.clone()),
-            Some(_) => return Err(field_err("messages", "a list")),
-            None => return Err("field `messages` is missing".into()),
-        },
-        Endpoint::Completions => match obj.get("prompt") {
-            Some(p) => info.prompt = Some(parse_prompt(p)?),
-            None => return Err("field `prompt` is missing".into()),
-        },
+    let input = match endpoint {
+        Endpoint::Chat => Some("messages"),
+        Endpoint::Completions => Some("prompt"),
+        Endpoint::Responses | Endpoint::Embeddings => Some("input"),
+        Endpoint::Other(_) => None,
+    };
+    if let Some(name) = input {
+        let v = obj
+            .get(name)
+            .ok_or_else(|| format!("field `{name}` is missing"))?;
         // `input`: text or a list of messages (responses); text, token ids or a batch
         // (embeddings).
-        Endpoint::Responses => match obj.get("input") {
-            Some(Value::String(s)) => info.prompt = Some(Prompt::Text(s.clone())),
-            Some(Value::Array(m)) => info.messages = Some(m.clone()),
-            Some(_) => return Err(field_err("input", "text or a list of messages")),
-            None => return Err("field `input` is missing".into()),
-        },
-        Endpoint::Embeddings => match obj.get("input") {
-            Some(p) => info.prompt = Some(parse_prompt(p)?),
-            None => return Err("field `input` is missing".into()),
-        },
-        Endpoint::Other(_) => {}
+        match (endpoint, v) {
+            (Endpoint::Chat | Endpoint::Responses, Value::Array(m)) => {
+                info.messages = Some(m.clone())
+            }
+            (Endpoint::Chat, _) => return Err(field_err(name, "a list")),
+            (Endpoint::Responses, Value::String(t)) => info.prompt = Some(Prompt::Text(t.clone())),
+            (Endpoint::Responses, _) => return Err(field_err(name, "text or a list of messages")),
+            _ => info.prompt = Some(parse_prompt(v)?),
+        }
     }
     let p = &mut info.params;
     p.max_tokens = opt_u32(obj, "max_tokens")?
