@@ -55,13 +55,15 @@ fn finish(rows: Vec<Request>, mut rep: ImportReport, header: TraceHeader) -> (Tr
     (trace, rep)
 }
 
+type Opened<'d, const N: usize> = (csv::Reader<&'d [u8]>, csv::StringRecord, [usize; N]);
+
 /// A CSV reader past its header, the header, and the positions of the `names` columns (matched
 /// case-insensitively), or an error naming them.
 fn open<'d, const N: usize>(
     path: &str,
     data: &'d [u8],
     names: [&str; N],
-) -> Result<(csv::Reader<&'d [u8]>, csv::StringRecord, [usize; N]), TraceError> {
+) -> Result<Opened<'d, N>, TraceError> {
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(false)
