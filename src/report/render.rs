@@ -64,7 +64,7 @@ fn ci(r: &Row) -> String {
     )
 }
 
-fn verdict(v: Verdict, md: bool) -> &'static str {
+pub(super) fn verdict(v: Verdict, md: bool) -> &'static str {
     match (v, md) {
         (Verdict::Worse, false) => "WORSE",
         (Verdict::Worse, true) => "**worse**",
@@ -75,7 +75,8 @@ fn verdict(v: Verdict, md: bool) -> &'static str {
     }
 }
 
-fn label(r: &Row) -> String {
+/// A row's label with its unit, `~` when approximate.
+pub(super) fn label(r: &Row) -> String {
     let unit = if r.unit.is_empty() {
         String::new()
     } else {
