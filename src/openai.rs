@@ -37,25 +37,27 @@ fn field_err(name: &str, want: &str) -> String {
     format!("field `{name}` must be {want}")
 }
 
-fn opt_u32(obj: &serde_json::Map<String, Value>, name: &str) -> Result<Option<u32>, String> {
+/// Field `name` read by `get` (absent or null: `None`), or an error saying it must be `want`.
+fn opt<T>(
+    obj: &serde_json::Map<String, Value>,
+    name: &str,
+    want: &str,
+    get: impl Fn(&Value) -> Option<T>,
+) -> Result<Option<T>, String> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .and_then(|x| u32::try_from(x).ok())
-            .map(Some)
-            .ok_or_else(|| field_err(name, "a non-negative integer")),
+        Some(v) => get(v).map(Some).ok_or_else(|| field_err(name, want)),
     }
 }
 
+fn opt_u32(obj: &serde_json::Map<String, Value>, name: &str) -> Result<Option<u32>, String> {
+    opt(obj, name, "a non-negative integer", |v| {
+        u32::try_from(v.as_u64()?).ok()
+    })
+}
+
 fn opt_bool(obj: &serde_json::Map<String, Value>, name: &str) -> Result<Option<bool>, String> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_bool()
-            .map(Some)
-            .ok_or_else(|| field_err(name, "a boolean")),
-    }
+    opt(obj, name, "a boolean", Value::as_bool)
 }
 
 fn parse_prompt(v: &Value) -> Result<Prompt, String> {
@@ -92,38 +94,31 @@ pub fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, St
 /// [`parse_request`] of a body already parsed as JSON.
 pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo, String> {
     let obj = v.as_object().ok_or("body is not a JSON object")?;
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(field_err("model", "a string")),
-    };
     let mut info = RequestInfo {
-        model,
+        model: opt(obj, "model", "a string", |v| v.as_str().map(str::to_string))?,
         ..Default::default()
     };
-    match endpoint {
-        Endpoint::Chat => match obj.get("messages") {
-            Some(Value::Array(m)) => info.messages = Some(m.clone()),
-            Some(_) => return Err(field_err("messages", "a list")),
-            None => return Err("field `messages` is missing".into()),
-        },
-        Endpoint::Completions => match obj.get("prompt") {
-            Some(p) => info.prompt = Some(parse_prompt(p)?),
-            None => return Err("field `prompt` is missing".into()),
-        },
+    let input = match endpoint {
+        Endpoint::Chat => Some("messages"),
+        Endpoint::Completions => Some("prompt"),
+        Endpoint::Responses | Endpoint::Embeddings => Some("input"),
+        Endpoint::Other(_) => None,
+    };
+    if let Some(name) = input {
+        let v = obj
+            .get(name)
+            .ok_or_else(|| format!("field `{name}` is missing"))?;
         // `input`: text or a list of messages (responses); text, token ids or a batch
         // (embeddings).
-        Endpoint::Responses => match obj.get("input") {
-            Some(Value::String(s)) => info.prompt = Some(Prompt::Text(s.clone())),
-            Some(Value::Array(m)) => info.messages = Some(m.clone()),
-            Some(_) => return Err(field_err("input", "text or a list of messages")),
-            None => return Err("field `input` is missing".into()),
-        },
-        Endpoint::Embeddings => match obj.get("input") {
-            Some(p) => info.prompt = Some(parse_prompt(p)?),
-            None => return Err("field `input` is missing".into()),
-        },
-        Endpoint::Other(_) => {}
+        match (endpoint, v) {
+            (Endpoint::Chat | Endpoint::Responses, Value::Array(m)) => {
+                info.messages = Some(m.clone())
+            }
+            (Endpoint::Chat, _) => return Err(field_err(name, "a list")),
+            (Endpoint::Responses, Value::String(t)) => info.prompt = Some(Prompt::Text(t.clone())),
+            (Endpoint::Responses, _) => return Err(field_err(name, "text or a list of messages")),
+            _ => info.prompt = Some(parse_prompt(v)?),
+        }
     }
     let p = &mut info.params;
     p.max_tokens = opt_u32(obj, "max_tokens")?
@@ -133,13 +128,7 @@ pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo
     p.n = opt_u32(obj, "n")?;
     p.ignore_eos = opt_bool(obj, "ignore_eos")?;
     p.stream = opt_bool(obj, "stream")?;
-    p.temperature = match obj.get("temperature") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_f64()
-                .ok_or_else(|| field_err("temperature", "a number"))? as f32,
-        ),
-    };
+    p.temperature = opt(obj, "temperature", "a number", |v| Some(v.as_f64()? as f32))?;
     if let Some(so) = obj.get("stream_options") {
         match so {
             Value::Object(o) => p.include_usage = opt_bool(o, "include_usage")?,

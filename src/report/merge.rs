@@ -626,6 +626,16 @@ mod tests {
             .collect()
     }
 
+    /// The histograms every result file has.
+    const HISTOGRAMS: [&str; 6] = [
+        "ttft_us",
+        "tpot_us",
+        "itl_us",
+        "e2el_us",
+        "drift_abs_ns",
+        "client_queue_ns",
+    ];
+
     fn hist_len(v: &Value, name: &str) -> u64 {
         Histograms::decode(v["histograms"][name].as_str().unwrap())
             .unwrap()
@@ -680,14 +690,7 @@ mod tests {
         for k in ARRAY_KEYS {
             assert_eq!(merged[k].as_array().unwrap().len(), 30, "{k}");
         }
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
         }
     }
@@ -778,14 +781,7 @@ mod tests {
         let merged = merge(&sh).unwrap();
         assert_eq!(merged["merged_from_histograms"], json!(true));
         assert!(merged.get("ttfts").is_none());
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             let sum: u64 = sh.iter().map(|(_, v)| hist_len(v, name)).sum();
             assert_eq!(hist_len(&merged, name), sum, "{name}");
         }

@@ -97,30 +97,49 @@ struct View {
 }
 
 fn view(r: &Run) -> Option<View> {
-    if let Some(t) = &r.trace {
-        let st = stats::compute(t, &Default::default());
-        let work = || t.requests.iter().filter(|q| q.is_workload());
-        return Some(View {
-            arrivals_s: work().map(|q| q.arrival_us as f64 / 1e6).collect(),
-            isl: work().map(|q| q.input_tokens as f64).collect(),
-            // As a result file counts them: output lengths of the requests that succeeded.
-            osl: work()
-                .filter(|q| q.recorded_failure().is_none())
-                .map(|q| q.output_tokens as f64)
+    let (isl, osl) = lengths(r)?;
+    let (arrivals_s, shape_extra) = match (&r.trace, &r.requests) {
+        (Some(t), _) => (
+            t.requests
+                .iter()
+                .filter(|q| q.is_workload())
+                .map(|q| q.arrival_us as f64 / 1e6)
                 .collect(),
-            shape_extra: Some(st),
-        });
+            Some(stats::compute(t, &Default::default())),
+        ),
+        (None, Some(q)) => (
+            q.intended_s.clone().unwrap_or_else(|| q.start_s.clone()),
+            None,
+        ),
+        (None, None) => return None,
+    };
+    Some(View {
+        arrivals_s,
+        isl,
+        osl,
+        shape_extra,
+    })
+}
+
+/// Input lengths of the workload requests (a trace's side requests left out) and, as a result
+/// file counts them, output lengths of those that succeeded.
+pub fn lengths(r: &Run) -> Option<(Vec<f64>, Vec<f64>)> {
+    if let Some(t) = &r.trace {
+        let work = || t.requests.iter().filter(|q| q.is_workload());
+        let osl = work().filter(|q| q.recorded_failure().is_none());
+        return Some((
+            work().map(|q| q.input_tokens as f64).collect(),
+            osl.map(|q| q.output_tokens as f64).collect(),
+        ));
     }
     let q = r.requests.as_ref()?;
-    Some(View {
-        arrivals_s: q.intended_s.clone().unwrap_or_else(|| q.start_s.clone()),
-        isl: q.input_lens.iter().map(|&v| v as f64).collect(),
-        osl: (0..q.len())
+    Some((
+        q.input_lens.iter().map(|&v| v as f64).collect(),
+        (0..q.len())
             .filter(|&i| q.ok(i))
             .map(|i| q.output_lens[i] as f64)
             .collect(),
-        shape_extra: None,
-    })
+    ))
 }
 
 /// Coefficient of variation of the gaps between sorted arrivals (population std / mean).

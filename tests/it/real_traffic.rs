@@ -335,6 +335,98 @@ async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
     );
 }
 
+/// A mock that counts tokens with `tokenizer` (its chat template adds tokens around a message).
+async fn mock_with_tokenizer(tokenizer: &Path) -> retrace::mock::MockHandle {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = MockConfig {
+        fixed_timing: Some((15.0, 2.0)),
+        tokenizer: Some(tokenizer.to_path_buf()),
+        ..Default::default()
+    };
+    retrace::mock::start(l, cfg).await.unwrap()
+}
+
+/// Text completions and chats recorded without bodies (input lengths are the server's counts,
+/// chat template and special tokens included), replayed with the tokenizer: the replay takes
+/// what the target adds off its synthesised text, so the server counts every recorded length
+/// again, and `compare` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = super::replay::word_tokenizer(dir.path());
+    let up = mock_with_tokenizer(&tok).await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.block_size = 4;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let text = " aa ab ac ad ae af ba bb bc";
+    for k in 0..6 {
+        let (path, body) = if k % 2 == 0 {
+            (
+                "/v1/chat/completions",
+                json!({"model": "mock-llama", "messages": [{"role": "user", "content": text}],
+                       "max_tokens": 3, "stream": k % 4 == 0}),
+            )
+        } else {
+            (
+                "/v1/completions",
+                json!({"model": "mock-llama", "prompt": text, "max_tokens": 3, "stream": true}),
+            )
+        };
+        let req = Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{path}", rec.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+            .await
+            .expect("response in time")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+    }
+    stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (path, trace) = read_trace(&dir.path().join("rec"));
+    assert_eq!(trace.requests.len(), 6);
+    assert!(trace.requests.iter().all(|r| r.body.is_none()));
+
+    let target = mock_with_tokenizer(&tok).await;
+    let result = dir.path().join("replay.json");
+    let cfg = replay_cfg(&[
+        path.to_str().unwrap(),
+        "--target",
+        &format!("http://{}", target.addr),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--prompt-mode",
+        "text",
+        "--detailed",
+        "--result-json",
+        result.to_str().unwrap(),
+    ]);
+    tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
+        .await
+        .expect("replay ends")
+        .unwrap();
+    target.shutdown().await;
+
+    let base = retrace::report::load::load(&path).unwrap();
+    let cand = retrace::report::load::load(&result).unwrap();
+    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
+    let f = cmp
+        .workload
+        .as_ref()
+        .and_then(|w| w.fidelity.clone())
+        .unwrap();
+    assert_eq!((f.paired, f.isl_server_counted), (6, 6), "{f:?}");
+    assert_eq!(f.isl_exact, 1.0, "{f:?}");
+    assert!(f.faithful, "{f:?}");
+}
+
 /// Two proxy replicas in front of one server, the same prompts through both: `convert A B -o M`
 /// merges them by wall clock into one trace in arrival order, hash ids shared across replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
