@@ -345,14 +345,24 @@ fn check_schema_and_counts(
 ) -> Result<(), LoadError> {
     let schema = obj.get("schema");
     if is_retrace && schema.and_then(Value::as_str) != Some(crate::replay::result::SCHEMA) {
-        let found = schema.map_or_else(|| "missing".to_string(), |s| s.to_string());
+        let found: String =
+            schema.map_or_else(|| "missing".into(), |s| trace::clip(&s.to_string()).into());
         let want = crate::replay::result::SCHEMA;
-        return Err(key_err(path, "schema", format!("is {found}, this retrace reads {want}")));
+        return Err(key_err(
+            path,
+            "schema",
+            format!("is {found}, this retrace reads {want}"),
+        ));
     }
     for k in COUNT_KEYS {
         match obj.get(k) {
             Some(v) if !v.is_u64() => {
-                return Err(key_err(path, k, format!("is {v}, expected a non-negative integer")))
+                let v = trace::clip(&v.to_string()).into_owned();
+                return Err(key_err(
+                    path,
+                    k,
+                    format!("is {v}, expected a non-negative integer"),
+                ));
             }
             _ => {}
         }
@@ -361,7 +371,10 @@ fn check_schema_and_counts(
         Some(v) if !v.as_f64().is_some_and(|d| d.is_finite() && d >= 0.0) => Err(key_err(
             path,
             "duration",
-            format!("is {v}, expected a non-negative number of seconds"),
+            format!(
+                "is {}, expected a non-negative number of seconds",
+                trace::clip(&v.to_string())
+            ),
         )),
         _ => Ok(()),
     }
@@ -796,11 +809,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("cand.json");
         let cases = [
-            (r#""schema": "retrace.replay/2", "completed": 2"#, "`schema`"),
-            (r#""schema": "retrace.replay/1", "completed": -3"#, "`completed`"),
-            (r#""schema": "retrace.replay/1", "completed": 1e300"#, "`completed`"),
-            (r#""schema": "retrace.replay/1", "completed": 2, "failed": -1"#, "`failed`"),
-            (r#""completed": 2, "total_input_tokens": 1e300"#, "`total_input_tokens`"),
+            (
+                r#""schema": "retrace.replay/2", "completed": 2"#,
+                "`schema`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": -3"#,
+                "`completed`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": 1e300"#,
+                "`completed`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": 2, "failed": -1"#,
+                "`failed`",
+            ),
+            (
+                r#""completed": 2, "total_input_tokens": 1e300"#,
+                "`total_input_tokens`",
+            ),
         ];
         for (body, key) in cases {
             std::fs::write(&p, format!(r#"{{{body}, "duration": 1.0}}"#)).unwrap();
@@ -810,8 +838,11 @@ mod tests {
         let v = serde_json::json!({"schema": "retrace.replay/1", "completed": 2, "duration": -1.0});
         let e = from_value(&p, &v).unwrap_err().to_string();
         assert!(e.contains("cand.json") && e.contains("`duration`"), "{e}");
-        std::fs::write(&p, r#"{"schema": "retrace.replay/1", "completed": 2, "duration": 1.0}"#)
-            .unwrap();
+        std::fs::write(
+            &p,
+            r#"{"schema": "retrace.replay/1", "completed": 2, "duration": 1.0}"#,
+        )
+        .unwrap();
         assert_eq!(load(&p).unwrap().scalar("completed"), Some(2.0));
     }
 }

@@ -884,17 +884,27 @@ mod tests {
         let sh = shards(false);
         let e = merge(&[sh[0].clone(), sh[1].clone(), sh[0].clone()]).unwrap_err();
         let e = e.to_string();
-        assert!(e.contains("shard-0.json") && e.contains("same result"), "{e}");
+        assert!(
+            e.contains("shard-0.json") && e.contains("same result"),
+            "{e}"
+        );
         let with = |k: usize, s: &str| {
             let (p, mut v) = sh[k].clone();
             v["shard"] = json!(s);
             (p, v)
         };
-        let e = merge(&[with(0, "0/2"), with(1, "0/3")]).unwrap_err().to_string();
+        let e = merge(&[with(0, "0/2"), with(1, "0/3")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("shard-1.json") && e.contains("`shard`"), "{e}");
         assert!(e.contains("0/3") && e.contains("0/2"), "{e}");
-        let e = merge(&[with(0, "1/3"), with(1, "1/3")]).unwrap_err().to_string();
-        assert!(e.contains("shard-1.json") && e.contains("already given"), "{e}");
+        let e = merge(&[with(0, "1/3"), with(1, "1/3")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("shard-1.json") && e.contains("already given"),
+            "{e}"
+        );
         let m = merge(&[with(0, "0/3"), with(1, "1/3"), with(2, "2/3")]).unwrap();
         assert!(m.get("shard").is_none(), "the merged run is not one shard");
     }

@@ -246,3 +246,77 @@ fn bad_input_names_file_and_line() {
     );
     assert!(e.contains("--window"), "{e}");
 }
+
+/// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
+#[test]
+fn a_10_mb_field_is_not_echoed_whole_in_error_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "7".repeat(10 << 20) + "x";
+    let cases = [
+        ("azure", format!("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,{big},5\n")),
+        ("burstgpt", format!("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n{big},ChatGPT,4,1,5,Conversation log\n")),
+        ("mooncake", format!("{{\"timestamp\": 0, \"input_length\": \"{big}\", \"output_length\": 1}}\n")),
+        ("custom", format!("{{\"prompt\": \"hi\", \"output_tokens\": \"{big}\"}}\n")),
+    ];
+    for (from, data) in cases {
+        let p = dir.path().join(format!("big.{from}"));
+        std::fs::write(&p, data).unwrap();
+        let e = format!(
+            "{:#}",
+            inspect(&["inspect", p.to_str().unwrap(), "--from", from]).unwrap_err()
+        );
+        assert!(e.len() < 400, "{from}: {} bytes: {}", e.len(), &e[..400]);
+        assert!(
+            e.contains(&format!("{}… (", "7".repeat(80))) && e.contains(" bytes)"),
+            "{from}: {e}"
+        );
+        assert!(
+            e.contains(&format!("big.{from}:2")) || e.contains(&format!("big.{from}:1")),
+            "{e}"
+        );
+    }
+}
+
+/// Bytes flipped in the record frames of a new native trace: `inspect` reports damage (the frame
+/// checksum) or, where zstd ignores the bit, the stats of the file as written.
+#[test]
+fn flipped_bytes_in_a_native_trace_are_reported_as_damage_by_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let native = dir.path().join("a.trace.zst");
+    let src = repo("traces/mooncake_conversation_1k.jsonl");
+    convert(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        native.to_str().unwrap(),
+    ])
+    .unwrap();
+    let bytes = std::fs::read(&native).unwrap();
+    let stats = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&inspect(&["inspect", p.to_str().unwrap(), "--json"]).unwrap())
+            .unwrap()
+    };
+    let clean = stats(&native);
+    assert!(clean["import"]["damage"].is_null());
+    let flipped = dir.path().join("f.trace.zst");
+    let (mut damaged, flips) = (0, 40);
+    for k in 0..flips {
+        let at = 200 + k * (bytes.len() - 200) / flips;
+        let mut b = bytes.clone();
+        b[at] ^= 0x10;
+        std::fs::write(&flipped, &b).unwrap();
+        let v = stats(&flipped);
+        if v["import"]["damage"].is_string() {
+            damaged += 1;
+        } else {
+            assert_eq!(
+                v["stats"], clean["stats"],
+                "byte {at}: changed records, no damage reported"
+            );
+        }
+    }
+    assert!(
+        damaged >= flips - 2,
+        "{damaged} of {flips} flips reported as damage"
+    );
+}
