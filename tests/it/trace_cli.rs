@@ -320,3 +320,62 @@ fn flipped_bytes_in_a_native_trace_are_reported_as_damage_by_inspect() {
         "{damaged} of {flips} flips reported as damage"
     );
 }
+
+fn run_bin(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(args)
+        .env("RETRACE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A missing file: one line naming it, the OS message once (it was printed twice), every command.
+#[test]
+fn missing_file_error_names_the_file_and_prints_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let nope = dir.path().join("nope.jsonl");
+    let (n, o) = (nope.to_str().unwrap(), dir.path().join("o.json"));
+    let o = o.to_str().unwrap();
+    for args in [
+        vec!["inspect", n],
+        vec!["convert", n, "-o", o],
+        vec!["compare", n, n],
+        vec!["merge", n, "-o", o],
+        vec!["report", n, "-o", o],
+        vec!["replay", n, "--dry-run"],
+    ] {
+        let (code, err) = run_bin(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(n), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("No such file or directory").count(),
+            1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Logs going to a file or pipe carry no ANSI colour codes.
+#[test]
+fn logs_written_to_a_file_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.trace.zst");
+    let src = repo("traces/mooncake_conversation_1k.jsonl");
+    convert(&["convert", src.to_str().unwrap(), "-o", p.to_str().unwrap()]).unwrap();
+    let mut b = std::fs::read(&p).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0xff;
+    std::fs::write(&p, b).unwrap();
+    let (code, err) = run_bin(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains("corrupt"),
+        "a damage warning: {err}"
+    );
+    assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
+}
