@@ -88,6 +88,8 @@ pub enum MergeError {
     Load(#[from] load::LoadError),
     #[error("merge needs at least one input")]
     Empty,
+    #[error("{path}: given twice (the same result as {earlier}): each input counts once")]
+    Twice { path: String, earlier: String },
 }
 
 fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeError {
@@ -317,8 +319,11 @@ fn check_distinct_shards(inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> 
     for (k, (path, v)) in inputs.iter().enumerate() {
         for (earlier, u) in &inputs[..k] {
             let earlier = earlier.display();
+            if v == u {
+                let (path, earlier) = (path.display().to_string(), earlier.to_string());
+                return Err(MergeError::Twice { path, earlier });
+            }
             let msg = match (shard(v), shard(u)) {
-                _ if v == u => format!("is the same result as {earlier}"),
                 (Some((s, _, n)), Some((t, _, m))) if n != m => {
                     format!("is shard {s} but {earlier} is shard {t}: not shards of one split")
                 }
@@ -885,7 +890,7 @@ mod tests {
         let e = merge(&[sh[0].clone(), sh[1].clone(), sh[0].clone()]).unwrap_err();
         let e = e.to_string();
         assert!(
-            e.contains("shard-0.json") && e.contains("same result"),
+            e.contains("shard-0.json") && e.contains("given twice"),
             "{e}"
         );
         let with = |k: usize, s: &str| {
