@@ -51,6 +51,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                 server: ServerTimes {
                     queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
                     ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
+                    prompt_tokens: None,
                 },
             }
         })

@@ -131,6 +131,32 @@ impl Client {
         self.exchange(req, wire, sample, t0, pre).await
     }
 
+    /// The `count` of the target's `POST /tokenize` answer for `body` (vLLM's tokenizer
+    /// endpoint: `{"model", "prompt"}` or `{"model", "messages"}`).
+    pub async fn tokenize_count(&self, body: &serde_json::Value) -> Result<u64, String> {
+        let uri = self.target.uri("/tokenize")?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let json = body.to_string();
+        let (status, answer) = self
+            .pool
+            .call(
+                "POST",
+                path,
+                &self.target.headers,
+                Some(json.as_bytes()),
+                Duration::from_secs(30),
+                16 << 20,
+            )
+            .await?;
+        if !(200..300).contains(&status) {
+            return Err(format!("POST /tokenize answered HTTP {status}"));
+        }
+        serde_json::from_slice::<serde_json::Value>(&answer)
+            .ok()
+            .and_then(|v| v["count"].as_u64())
+            .ok_or_else(|| "POST /tokenize: no `count` in the answer".to_string())
+    }
+
     /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
     pub async fn first_model(&self) -> Result<String, String> {
         let uri = self.target.uri("/v1/models")?;
@@ -288,6 +314,9 @@ fn on_message(
             if let Some(m) = info.metrics {
                 server.queue_ms = m.queue_time_ms.or(server.queue_ms);
                 server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
+            }
+            if let Some(p) = info.usage.map(|u| u.prompt_tokens).filter(|p| *p > 0) {
+                server.prompt_tokens = Some(p);
             }
             let usage = info.usage.map(|u| u.completion_tokens);
             clock.on_message(at, info.has_choices, info.tokens, usage);

@@ -18,6 +18,7 @@ pub mod console;
 pub mod driver;
 pub mod h1client;
 pub mod outcome;
+pub mod overhead;
 pub mod pool;
 pub mod probe;
 pub mod reader;
@@ -308,12 +309,21 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     };
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = prompts(cfg, block_size)?;
+    let overheads = match &prompts {
+        Prompts::Text(tb) => {
+            let (o, line) = overhead::measure(&client, &model, tb).await;
+            eprintln!("retrace: {line}");
+            o
+        }
+        Prompts::Tokens(_) => Default::default(),
+    };
     let body_opts = BodyOptions {
         api: cfg.api,
         model: model.clone(),
         model_override: cfg.model.is_some(),
         extra_body: cfg.extra_body.clone(),
         keep_original_limits: cfg.keep_original_limits,
+        overheads,
     };
     let bodies = plan
         .iter()

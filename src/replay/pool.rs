@@ -235,12 +235,33 @@ impl Pool {
         limit: Duration,
         max_body: usize,
     ) -> Result<(u16, Vec<u8>), String> {
+        self.call("GET", path, headers, None, limit, max_body).await
+    }
+
+    /// [`Pool::get`] with any method and an optional JSON body (e.g. `POST /tokenize`).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        json: Option<&[u8]>,
+        limit: Duration,
+        max_body: usize,
+    ) -> Result<(u16, Vec<u8>), String> {
         let mut wire = Vec::new();
         let fields = headers
             .iter()
             .filter(|(k, _)| *k != HOST && *k != CONTENT_LENGTH && *k != TRANSFER_ENCODING)
-            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()));
-        h1wire::write_request("GET", path, self.host(), fields, b"", &mut wire);
+            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()))
+            .chain(json.map(|_| (&b"content-type"[..], &b"application/json"[..])));
+        h1wire::write_request(
+            method,
+            path,
+            self.host(),
+            fields,
+            json.unwrap_or(b""),
+            &mut wire,
+        );
         let exchange = async {
             let (mut conn, head) = self.exchange(&wire, None).await.map_err(|e| match e {
                 SendError::Connect(e) | SendError::Reset(e) => e,

@@ -141,6 +141,8 @@ pub struct Detailed {
     pub errors: Vec<String>,
     pub server_queue_times: Vec<Option<f64>>,
     pub server_ttfts: Vec<Option<f64>>,
+    /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
+    pub server_input_lens: Vec<Option<u64>>,
     pub intended_times: Vec<f64>,
     pub drifts: Vec<f64>,
     pub client_queue_times: Vec<f64>,
@@ -167,6 +169,7 @@ impl Detailed {
             }),
             server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
             server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
+            server_input_lens: col(s, |x| x.server.prompt_tokens),
             intended_times: col(s, |x| ns_to_s(x.intended_ns)),
             drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
             client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
@@ -334,6 +337,7 @@ pub(crate) mod tests {
                 server: ServerTimes {
                     queue_ms: Some(1.0),
                     ttft_ms: Some(40.0),
+                    prompt_tokens: None,
                 },
                 ..Default::default()
             },

@@ -119,6 +119,8 @@ pub struct Requests {
     pub client_queue_s: Vec<Option<f64>>,
     pub server_queue_s: Vec<Option<f64>>,
     pub server_ttft_s: Vec<Option<f64>>,
+    /// Prompt lengths as the server counted them (retrace results), where it said.
+    pub server_input_lens: Vec<Option<u64>>,
 }
 
 impl Requests {
@@ -584,6 +586,10 @@ fn requests_from(
         client_queue_s: opt("client_queue_times")?,
         server_queue_s: opt("server_queue_times")?,
         server_ttft_s: opt("server_ttfts")?,
+        server_input_lens: opt("server_input_lens")?
+            .into_iter()
+            .map(|v| v.filter(|x| *x >= 1.0).map(|x| x as u64))
+            .collect(),
     }))
 }
 
@@ -653,6 +659,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
                 .push(sm.and_then(|m| m.queue_time_ms).map(|v| v / 1e3));
             r.server_ttft_s
                 .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
+            r.server_input_lens.push(None);
         }
         r
     });

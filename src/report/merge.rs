@@ -32,7 +32,7 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed`.
-pub const ARRAY_KEYS: [&str; 12] = [
+pub const ARRAY_KEYS: [&str; 13] = [
     "input_lens",
     "output_lens",
     "ttfts",
@@ -42,6 +42,7 @@ pub const ARRAY_KEYS: [&str; 12] = [
     "errors",
     "server_queue_times",
     "server_ttfts",
+    "server_input_lens",
     "intended_times",
     "drifts",
     "client_queue_times",
@@ -462,6 +463,7 @@ fn concat(all: &mut Requests, r: &Requests) {
     all.client_queue_s.extend(&r.client_queue_s);
     all.server_queue_s.extend(&r.server_queue_s);
     all.server_ttft_s.extend(&r.server_ttft_s);
+    all.server_input_lens.extend(&r.server_input_lens);
 }
 
 /// Every statistics family from per-request data, with [`crate::metrics::summarize`]'s rules
@@ -622,6 +624,7 @@ mod tests {
             server: crate::metrics::ServerTimes {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
+                prompt_tokens: None,
             },
             ..Default::default()
         }
@@ -655,6 +658,16 @@ mod tests {
             })
             .collect()
     }
+
+    /// The histograms every result file has.
+    const HISTOGRAMS: [&str; 6] = [
+        "ttft_us",
+        "tpot_us",
+        "itl_us",
+        "e2el_us",
+        "drift_abs_ns",
+        "client_queue_ns",
+    ];
 
     fn hist_len(v: &Value, name: &str) -> u64 {
         Histograms::decode(v["histograms"][name].as_str().unwrap())
@@ -710,14 +723,7 @@ mod tests {
         for k in ARRAY_KEYS {
             assert_eq!(merged[k].as_array().unwrap().len(), 30, "{k}");
         }
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
         }
     }
@@ -808,14 +814,7 @@ mod tests {
         let merged = merge(&sh).unwrap();
         assert_eq!(merged["merged_from_histograms"], json!(true));
         assert!(merged.get("ttfts").is_none());
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             let sum: u64 = sh.iter().map(|(_, v)| hist_len(v, name)).sum();
             assert_eq!(hist_len(&merged, name), sum, "{name}");
         }

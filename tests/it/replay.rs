@@ -553,7 +553,7 @@ fn no_target_replays_against_the_embedded_mock() {
 }
 
 /// A byte-level word tokenizer (`Ġaa`..`Ġzh` plus specials), written as a tokenizer.json.
-fn word_tokenizer(dir: &Path) -> PathBuf {
+pub(super) fn word_tokenizer(dir: &Path) -> PathBuf {
     let mut vocab = serde_json::Map::new();
     vocab.insert("<s>".into(), 0.into());
     vocab.insert("</s>".into(), 1.into());
