@@ -74,6 +74,7 @@ fn write_result(path: &PathBuf, s: &[Sample]) {
         block_size: 512,
         prompt_mode: "token-ids".into(),
         drift_limit_ms: None,
+        shard: None,
         valid: true,
         invalid_reason: None,
         inexact_prompts: 0,

@@ -828,6 +828,7 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
             PromptMode::Text => "text".into(),
         },
         drift_limit_ms: cfg.max_drift_ms,
+        shard: cfg.shaping.shard.map(|(i, n)| format!("{i}/{n}")),
         valid: invalid_reason.is_none(),
         invalid_reason,
         inexact_prompts: facts.inexact,

@@ -54,6 +54,9 @@ pub struct RunInfo {
     pub prompt_mode: String,
     /// `--max-drift-ms`, when given.
     pub drift_limit_ms: Option<f64>,
+    /// `--shard I/N`, when given (`retrace merge` refuses a repeated or foreign shard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub valid: bool,
     pub invalid_reason: Option<String>,
     pub inexact_prompts: u64,
@@ -365,6 +368,7 @@ pub(crate) mod tests {
             block_size: 512,
             prompt_mode: "token-ids".into(),
             drift_limit_ms: None,
+            shard: None,
             valid: true,
             invalid_reason: None,
             inexact_prompts: 0,

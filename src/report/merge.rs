@@ -89,6 +89,8 @@ pub enum MergeError {
     Load(#[from] load::LoadError),
     #[error("merge needs at least one input")]
     Empty,
+    #[error("{path}: given twice (the same result as {earlier}): each input counts once")]
+    Twice { path: String, earlier: String },
 }
 
 fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeError {
@@ -137,11 +139,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         }
         reqs.push(load::from_value(path, v)?.requests);
     }
+    check_distinct_shards(inputs)?;
     let detailed = reqs.iter().all(Option::is_some);
 
     let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
-    for k in ARRAY_KEYS {
-        m.remove(k);
+    for k in ARRAY_KEYS.iter().chain(&["shard"]) {
+        m.remove(*k);
     }
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
     for k in SUM_KEYS {
@@ -304,6 +307,36 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     // and one shard's view is not the merged run's. Read them in the shard files.
     m.remove("server_metrics");
     Ok(Value::Object(m))
+}
+
+/// Each input once: no result given twice, shards (`shard: "I/N"`) of one count with distinct
+/// indexes.
+fn check_distinct_shards(inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> {
+    let shard = |v: &Value| {
+        let s = v.get("shard")?.as_str()?;
+        let (i, n) = s.split_once('/')?;
+        Some((s.to_string(), i.to_string(), n.to_string()))
+    };
+    for (k, (path, v)) in inputs.iter().enumerate() {
+        for (earlier, u) in &inputs[..k] {
+            let earlier = earlier.display();
+            if v == u {
+                let (path, earlier) = (path.display().to_string(), earlier.to_string());
+                return Err(MergeError::Twice { path, earlier });
+            }
+            let msg = match (shard(v), shard(u)) {
+                (Some((s, _, n)), Some((t, _, m))) if n != m => {
+                    format!("is shard {s} but {earlier} is shard {t}: not shards of one split")
+                }
+                (Some((s, i, _)), Some((_, j, _))) if i == j => {
+                    format!("is shard {s}, already given as {earlier}")
+                }
+                _ => continue,
+            };
+            return Err(key_err(path, "shard", msg));
+        }
+    }
+    Ok(())
 }
 
 /// `--sessions` reports of shards (sessions are kept whole by `--shard`): counts summed, the drift
@@ -786,7 +819,10 @@ mod tests {
             assert_eq!(hist_len(&merged, name), sum, "{name}");
         }
         let one = result(&all(), false, 2.0);
-        let twice = merge(&[("a".into(), one.clone()), ("b".into(), one.clone())]).unwrap();
+        // two runs with equal samples (not one file given twice, which is refused)
+        let mut other = one.clone();
+        other["date"] = json!("20260101-000001");
+        let twice = merge(&[("a".into(), one.clone()), ("b".into(), other)]).unwrap();
         for name in ["ttft_us", "itl_us", "drift_abs_ns"] {
             let a = Histograms::decode(one["histograms"][name].as_str().unwrap()).unwrap();
             let b = Histograms::decode(twice["histograms"][name].as_str().unwrap()).unwrap();
@@ -845,5 +881,35 @@ mod tests {
             "{e}"
         );
         assert!(merge(&[]).is_err());
+    }
+
+    #[test]
+    fn merge_refuses_the_same_shard_twice_and_shards_of_different_splits() {
+        let sh = shards(false);
+        let e = merge(&[sh[0].clone(), sh[1].clone(), sh[0].clone()]).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("shard-0.json") && e.contains("given twice"),
+            "{e}"
+        );
+        let with = |k: usize, s: &str| {
+            let (p, mut v) = sh[k].clone();
+            v["shard"] = json!(s);
+            (p, v)
+        };
+        let e = merge(&[with(0, "0/2"), with(1, "0/3")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shard-1.json") && e.contains("`shard`"), "{e}");
+        assert!(e.contains("0/3") && e.contains("0/2"), "{e}");
+        let e = merge(&[with(0, "1/3"), with(1, "1/3")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("shard-1.json") && e.contains("already given"),
+            "{e}"
+        );
+        let m = merge(&[with(0, "0/3"), with(1, "1/3"), with(2, "2/3")]).unwrap();
+        assert!(m.get("shard").is_none(), "the merged run is not one shard");
     }
 }
