@@ -55,6 +55,7 @@ wait_up "http://127.0.0.1:$fresh/v1/models"
 "$BIN" replay "$rec" --target "http://127.0.0.1:$fresh" --tokenizer "$OUT/tok/tokenizer.json" \
   --prompt-mode text --detailed --result-json "$OUT/res/replay.json" >"$OUT/replay.txt" 2>&1
 kill "$m2"; wait "$m2" 2>/dev/null || true
+grep -E "^retrace: (text prompts|left out)" "$OUT/replay.txt" || true
 echo "## compare RECORDING REPLAY (workload)"
 "$BIN" compare "$rec" "$OUT/res/replay.json" | sed -n '/^Workload/,/Latency agreement/p'
 echo "## requests by endpoint in the replay"
