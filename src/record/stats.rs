@@ -98,7 +98,7 @@ pub struct Stats {
     pub responses_by_class: [AtomicU64; 6],
     pub request_bytes: AtomicU64,
     pub response_bytes: AtomicU64,
-    pub upstream_errors: [AtomicU64; 9],
+    pub upstream_errors: [AtomicU64; Failure::COUNTED.len()],
     pub client_cancelled: AtomicU64,
     /// Records dropped because the writer queue was full.
     pub records_dropped: AtomicU64,

@@ -895,3 +895,35 @@ async fn an_upstream_closing_unanswered_mid_body_is_a_502_with_the_prompt_record
     // The part never forwarded is read from the client for the record.
     assert_eq!(recs[0].input_tokens, 20_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_chunk_in_the_same_read_as_the_head_forwards_the_valid_event_then_cuts() {
+    // Head, one valid event and a bad chunk-size line, in one write.
+    let event = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+    let valid = format!("{:x}\r\n{event}", event.len());
+    let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    wire.extend_from_slice(format!("{valid}\r\nzz\r\nbad\r\n").as_bytes());
+    let (up, _) = raw_upstream(move |_, _, _| Answer {
+        pieces: vec![wire.clone()],
+        close: false,
+    })
+    .await;
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 14\r\n\r\n{\"prompt\":[1]}",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    read_to_eof(&mut c, &mut got).await;
+    let got = String::from_utf8_lossy(&got).to_string();
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got:?}");
+    assert!(got.ends_with(&valid), "the valid event reached the client: {got:?}");
+    assert!(!got.contains("zz"), "nothing past the valid bytes: {got:?}");
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.error.as_deref(), Some("upstream_framing"));
+    assert_eq!(resp.events.len(), 1, "the valid event is recorded");
+}
