@@ -407,13 +407,6 @@ pub async fn run_with_admin(
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    if !drained {
-        tracing::warn!(
-            "drain timeout ({:?}) reached with {} exchanges in flight; closing the trace anyway",
-            cfg.drain_timeout,
-            stats.in_flight.load(Relaxed)
-        );
-    }
     let report = tokio::task::spawn_blocking(move || writer.close())
         .await
         .unwrap_or_default();

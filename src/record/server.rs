@@ -167,6 +167,7 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<bool> {
     let builder = http_builder();
+    let stats = proxies.first().map(|p| p.stats.clone());
     let graceful = GracefulShutdown::new();
     let (drain_tx, drain_rx) = watch::channel(None);
     let mut workers = Vec::with_capacity(proxies.len());
@@ -249,6 +250,14 @@ pub async fn serve(
     })
     .await
     .is_ok();
+    if let (false, Some(s)) = (drained, stats) {
+        // Counted before the I/O threads drop what is still open (each then ends its record).
+        s.drain_cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "drain timeout ({drain:?}) reached with {} exchanges in flight: cut, recorded as drain_deadline",
+            s.in_flight.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
     let joins: Vec<_> = workers.into_iter().map(|(_tx, j)| j).collect();
     let _ = tokio::task::spawn_blocking(move || {
         for j in joins {

@@ -7,7 +7,7 @@
 
 use super::failure::Failure;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency buckets.
@@ -118,6 +118,8 @@ pub struct Stats {
     pub tunnels_open: AtomicI64,
     pub tunnel_bytes_to_upstream: AtomicU64,
     pub tunnel_bytes_to_client: AtomicU64,
+    /// The drain deadline passed: exchanges still open end as [`Failure::DrainDeadline`].
+    pub drain_cut: AtomicBool,
 }
 
 impl Default for Stats {
@@ -144,6 +146,7 @@ impl Default for Stats {
             tunnels_open: AtomicI64::new(0),
             tunnel_bytes_to_upstream: AtomicU64::new(0),
             tunnel_bytes_to_client: AtomicU64::new(0),
+            drain_cut: AtomicBool::new(false),
         }
     }
 }

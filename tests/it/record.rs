@@ -1712,3 +1712,93 @@ async fn replay_through_the_proxy_into_the_mock_round_trips_to_mooncake() {
         .collect();
     assert_causal_arrivals(&got_ms, &sent, &done);
 }
+
+#[test]
+fn drain_deadline_is_recorded_as_drain_deadline() {
+    // Streams that outlive --drain-timeout at SIGINT: each record says drain_deadline (not a
+    // client cancellation), the log gives their number, and the process exits soon after.
+    const N: usize = 50;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (gone_tx, _gone) = mpsc::unbounded_channel();
+    let up = rt.block_on(upstream(move |_| Reply::Endless {
+        every: Duration::from_millis(50),
+        gone: gone_tx.clone(),
+    }));
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("traces");
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args(["record", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", &format!("http://{}", up.addr)])
+            .arg("--out")
+            .arg(&out)
+            .args(["--admin", "none", "--drain-timeout", "1s"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let streams: Vec<_> = rt.block_on(async {
+        wait_listening(port).await;
+        let s: Vec<_> = (0..N)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    fetch(&url, "POST", Bytes::from_static(br#"{"prompt":[1]}"#), &[]).await
+                })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while up.seen.lock().unwrap().len() < N {
+            assert!(tokio::time::Instant::now() < deadline, "streams started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s
+    });
+    let signalled = std::time::Instant::now();
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.0.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains(&format!("with {N} exchanges in flight")),
+        "{log}"
+    );
+    assert!(took < Duration::from_secs(5), "exit {took:?} after SIGINT");
+    for s in streams {
+        let (st, _, body) = rt.block_on(s).unwrap();
+        assert_eq!(st, StatusCode::OK);
+        assert!(body.is_err(), "a cut stream must not look complete");
+    }
+    let mut recs = Vec::new();
+    for e in std::fs::read_dir(&out).unwrap() {
+        recs.extend(native::read_file(&e.unwrap().path()).unwrap().0.requests);
+    }
+    assert_eq!(recs.len(), N);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.error.as_deref(), Some("drain_deadline"));
+        assert!(!resp.cancelled);
+    }
+    eprintln!("exit {took:?} after SIGINT with a 1 s drain");
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn wait_listening(port: u16) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "record listens");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
