@@ -336,6 +336,7 @@ pub async fn run_with_admin(
             rotate_bytes: cfg.rotate_bytes,
             rotate_every: cfg.rotate_every,
             flush_every: cfg.flush_every,
+            space: None,
         },
         header,
         extractor,
