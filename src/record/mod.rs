@@ -281,8 +281,11 @@ pub async fn run_with_admin(
         http2: cfg.upstream_http2,
         pool_idle: Duration::from_secs(90),
     };
-    // Fail early on a bad CA file, before anything listens.
+    // Fail early on a bad CA file or output directory, before anything is served.
     upstream::connector(&upstream_opts)?;
+    writer::check_dir(&cfg.out_dir).with_context(|| {
+        format!("--out {}: trace files cannot be written there", cfg.out_dir.display())
+    })?;
     let tls = match &cfg.tls {
         Some((c, k)) => Some(server::tls_acceptor(c, k)?),
         None => None,

@@ -120,6 +120,8 @@ pub struct Stats {
     pub tunnel_bytes_to_client: AtomicU64,
     /// The drain deadline passed: exchanges still open end as [`Failure::DrainDeadline`].
     pub drain_cut: AtomicBool,
+    /// The writer's last write or open failed (no frame written since).
+    pub writer_failing: AtomicBool,
 }
 
 impl Default for Stats {
@@ -147,6 +149,7 @@ impl Default for Stats {
             tunnel_bytes_to_upstream: AtomicU64::new(0),
             tunnel_bytes_to_client: AtomicU64::new(0),
             drain_cut: AtomicBool::new(false),
+            writer_failing: AtomicBool::new(false),
         }
     }
 }

@@ -291,6 +291,12 @@ struct Writer {
 }
 
 impl Writer {
+    /// Counts a failed write or open; `/healthz` says so until a frame is written again.
+    fn write_failed(&self) {
+        self.stats.write_errors.fetch_add(1, Relaxed);
+        self.stats.writer_failing.store(true, Relaxed);
+    }
+
     fn run(&mut self, rx: Receiver<Msg>) {
         // The thread polls the queue instead of blocking on it: a blocked receiver would make
         // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
@@ -403,12 +409,12 @@ impl Writer {
             self.pending = pending;
         }
         if let Err(e) = res {
-            self.stats.write_errors.fetch_add(1, Relaxed);
-            self.stats.records_lost_io.fetch_add(n, Relaxed);
             tracing::error!(
                 "writing {}: {e}; it ends at its last complete frame, a new file in 5 s",
                 f.partial.display()
             );
+            self.write_failed();
+            self.stats.records_lost_io.fetch_add(n, Relaxed);
             if let Some(f) = self.cur.take() {
                 drop(f.w);
                 self.seal(f.partial, f.path, f.good, f.kept);
@@ -417,6 +423,7 @@ impl Writer {
             return;
         }
         self.stats.records_written.fetch_add(n, Relaxed);
+        self.stats.writer_failing.store(false, Relaxed);
         self.report.records += n;
         f.good = f.w.get_mut().get_ref().written;
         f.kept = f.w.records();
@@ -443,7 +450,7 @@ impl Writer {
                 self.cur = Some(f);
             }
             Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
+                self.write_failed();
                 tracing::error!(
                     "cannot open a trace file in {}: {e}; records are lost until it works (retrying every 5 s)",
                     self.files.dir.display()
@@ -514,7 +521,7 @@ impl Writer {
         match f.w.finish().and_then(|b| b.into_inner().map_err(|e| e.into_error())) {
             Ok(sink) => self.seal(f.partial, f.path, sink.written, total),
             Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
+                self.write_failed();
                 let lost = total - f.kept;
                 self.stats.records_lost_io.fetch_add(lost, Relaxed);
                 tracing::error!("closing {}: {e}; {lost} records lost", f.partial.display());
@@ -532,7 +539,7 @@ impl Writer {
             }
             Ok(false) => {}
             Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
+                self.write_failed();
                 tracing::error!("closing {}: {e}", partial.display());
             }
         }
@@ -557,6 +564,18 @@ fn seal_file(partial: &Path, path: &Path, len: u64, records: u64) -> std::io::Re
         }
     }
     Ok(true)
+}
+
+/// Refuses an output directory trace files cannot be written to (a regular file, a path below
+/// one, a read-only directory): creates it if missing, then writes and removes a probe file.
+pub fn check_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(std::io::Error::other("it is not a directory"));
+    }
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".retrace-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
 }
 
 /// `<path>.partial`.

@@ -939,15 +939,21 @@ async fn large_request_body_is_forwarded_whole_with_capture_capped() {
     assert!(r.body.is_none());
 }
 
+async fn healthz(rec: &Rec) -> (StatusCode, String) {
+    let url = format!("http://{}/healthz", rec.admin);
+    let (st, _, b) = fetch(&url, "GET", Bytes::new(), &[]).await;
+    (st, String::from_utf8(b.unwrap()).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unwritable_output_dir_keeps_traffic_flowing_and_counts_errors() {
+async fn output_dir_lost_after_start_keeps_traffic_flowing_and_healthz_says_so() {
     let up = upstream(|_| Reply::Echo).await;
-    let rec = start(&format!("http://{}", up.addr), |c, dir| {
-        let blocker = dir.join("blocker");
-        std::fs::write(&blocker, b"a file, not a directory").unwrap();
-        c.out_dir = blocker.join("traces");
-    })
-    .await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    assert_eq!(healthz(&rec).await, (StatusCode::OK, "ok\n".into()));
+    // The directory becomes a regular file: the first trace file cannot be opened.
+    let out = rec.dir.path().join("out");
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::write(&out, b"a file, not a directory").unwrap();
     for k in 0..5 {
         let b = format!(r#"{{"prompt":[{k}]}}"#);
         let (s, _, got) = fetch(
@@ -964,10 +970,43 @@ async fn unwritable_output_dir_keeps_traffic_flowing_and_counts_errors() {
     let m = rec.metrics().await;
     assert!(metric(&m, "retrace_record_write_errors_total") >= 1.0);
     assert_eq!(metric(&m, "retrace_record_records_lost_io_total"), 5.0);
+    let (st, body) = healthz(&rec).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     let (stats, recs, _, _d) = rec.stop().await;
     assert!(recs.is_empty() && stats.files.is_empty());
     assert_eq!(stats.requests, 5);
     assert!(stats.write_errors >= 1);
+}
+
+/// Starts a recorder writing to `out`; returns its start-up error.
+async fn start_error(out: &std::path::Path) -> String {
+    let cfg = RecordConfig::new("http://127.0.0.1:9", out).unwrap();
+    let r = super::support::spawn_recorder(cfg).await;
+    let res = tokio::time::timeout(Duration::from_secs(20), r.task).await;
+    format!("{:#}", res.expect("refused at once").unwrap().unwrap_err())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_out_is_refused_at_start_up_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for out in [file.clone(), file.join("traces")] {
+        let e = start_error(&out).await;
+        assert!(e.contains(&format!("--out {}", out.display())), "{e}");
+        assert!(e.contains("cannot be written"), "{e}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        eprintln!("skipped the read-only directory case: running as root, which may write it");
+        return;
+    }
+    let ro = dir.path().join("read-only");
+    std::fs::create_dir(&ro).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let e = start_error(&ro).await;
+    assert!(e.contains(&format!("--out {}", ro.display())), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
