@@ -181,6 +181,7 @@ pub async fn serve(
             .name(format!("retrace-io-{k}"))
             .spawn(move || {
                 rt.block_on(async move {
+                    tokio::spawn(reap_idle(proxy.clone()));
                     while let Some(c) = rx.recv().await {
                         match tokio::net::TcpStream::from_std(c.tcp) {
                             Ok(tcp) => {
@@ -266,6 +267,18 @@ pub async fn serve(
     })
     .await;
     Ok(drained)
+}
+
+/// Drops the closed idle upstream sockets of this I/O thread's pool, every second.
+async fn reap_idle(proxy: Arc<Proxy>) {
+    let Some(pool) = proxy.raw.as_ref() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        pool.reap();
+    }
 }
 
 async fn serve_conn(

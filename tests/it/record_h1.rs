@@ -927,3 +927,55 @@ async fn invalid_chunk_in_the_same_read_as_the_head_forwards_the_valid_event_the
     assert_eq!(resp.error.as_deref(), Some("upstream_framing"));
     assert_eq!(resp.events.len(), 1, "the valid event is recorded");
 }
+
+/// Open sockets of the upstream listening on `port`, other than its listener and those in
+/// TIME-WAIT (both sides closed): while the proxy holds a socket the upstream closed, the
+/// upstream's side stays in FIN-WAIT-2 (Linux: /proc/net/tcp).
+fn upstream_half_closed(port: u16) -> usize {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local = f.get(1).and_then(|r| r.rsplit(':').next());
+            local.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+                && !matches!(f.get(3), Some(&"0A") | Some(&"06"))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_sockets_closed_by_the_upstream_are_reaped() {
+    // The upstream answers keep-alive, then closes each connection; no request follows that
+    // would check the pooled sockets out.
+    let (up, conns) = raw_upstream(|m, p, b| Answer {
+        close: true,
+        ..echo(m, p, b)
+    })
+    .await;
+    let rec = start(up).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        c.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(c);
+    }
+    for c in &mut clients {
+        let mut buf = Vec::new();
+        assert_eq!(read_response(c, &mut buf, false).await.status, 200);
+    }
+    assert!(conns.load(Ordering::Relaxed) >= 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while upstream_half_closed(up.port()) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} upstream sockets still held open by the proxy",
+            upstream_half_closed(up.port())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(clients);
+    rec.records().await;
+}
