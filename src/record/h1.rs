@@ -286,9 +286,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         });
         loop {
             if self.cbuf.len() > 0 {
-                let host = self.p.host.as_bytes();
+                let (host, via) = (self.p.host.as_bytes(), self.p.via.as_bytes());
+                let base = &self.p.base_path;
                 if let Some(h) =
-                    h1wire::parse_request(self.cbuf.data(), host, &self.p.base_path, &mut self.out)?
+                    h1wire::parse_request(self.cbuf.data(), host, base, via, &mut self.out)?
                 {
                     return Ok(Some(h));
                 }
@@ -338,16 +339,15 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Answers a refused request head and closes.
     async fn reject(&mut self, e: HeadError) {
-        let kind = match e {
-            HeadError::TooLarge => "request_header_too_large",
-            HeadError::Malformed(_) => "bad_request",
+        let (kind, reason) = match e {
+            HeadError::TooLarge => (
+                "request_header_too_large",
+                "Request Header Fields Too Large",
+            ),
+            HeadError::Malformed(_) => ("bad_request", "Bad Request"),
+            HeadError::Loop => (common::LOOP_KIND, "Loop Detected"),
         };
         let status = e.status();
-        let reason = if status == 431 {
-            "Request Header Fields Too Large"
-        } else {
-            "Bad Request"
-        };
         let body = error_json(status, kind, e.reason());
         self.out.clear();
         write_error_head(&mut self.out, status, reason, body.len(), true);

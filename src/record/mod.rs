@@ -284,7 +284,10 @@ pub async fn run_with_admin(
     // Fail early on a bad CA file or output directory, before anything is served.
     upstream::connector(&upstream_opts)?;
     writer::check_dir(&cfg.out_dir).with_context(|| {
-        format!("--out {}: trace files cannot be written there", cfg.out_dir.display())
+        format!(
+            "--out {}: trace files cannot be written there",
+            cfg.out_dir.display()
+        )
     })?;
     let tls = match &cfg.tls {
         Some((c, k)) => Some(server::tls_acceptor(c, k)?),
@@ -368,6 +371,7 @@ pub async fn run_with_admin(
         .path_and_query("/")
         .build()
         .context("--upstream")?;
+    let via = common::via_entry();
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.
@@ -389,6 +393,7 @@ pub async fn run_with_admin(
             capture_max: cfg.capture_max,
             raw,
             client: upstream::build(&upstream_opts)?,
+            via: via.clone(),
         }));
     }
     drop(recorder);

@@ -253,7 +253,8 @@ pub async fn serve(
     .is_ok();
     if let (false, Some(s)) = (drained, stats) {
         // Counted before the I/O threads drop what is still open (each then ends its record).
-        s.drain_cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        s.drain_cut
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(
             "drain timeout ({drain:?}) reached with {} exchanges in flight: cut, recorded as drain_deadline",
             s.in_flight.load(std::sync::atomic::Ordering::Relaxed)

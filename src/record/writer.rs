@@ -478,12 +478,13 @@ impl Writer {
             failed: false,
             space: self.files.space.clone(),
         };
-        self.start_file(sink, partial.clone(), path).inspect_err(|_| {
-            // Nothing worth keeping: the name is used again by the next try.
-            if std::fs::remove_file(&partial).is_ok() {
-                self.seq -= 1;
-            }
-        })
+        self.start_file(sink, partial.clone(), path)
+            .inspect_err(|_| {
+                // Nothing worth keeping: the name is used again by the next try.
+                if std::fs::remove_file(&partial).is_ok() {
+                    self.seq -= 1;
+                }
+            })
     }
 
     /// Writes the header of a new file.
@@ -518,7 +519,11 @@ impl Writer {
     fn close_file(&mut self) {
         let Some(f) = self.cur.take() else { return };
         let total = f.w.records();
-        match f.w.finish().and_then(|b| b.into_inner().map_err(|e| e.into_error())) {
+        match f
+            .w
+            .finish()
+            .and_then(|b| b.into_inner().map_err(|e| e.into_error()))
+        {
             Ok(sink) => self.seal(f.partial, f.path, sink.written, total),
             Err(e) => {
                 self.write_failed();
@@ -682,7 +687,8 @@ mod tests {
             bodies: Bodies::None,
         };
         let stats = Arc::new(Stats::default());
-        let (rec, handle) = spawn(64, 1 << 20, files, header, extractor, t0, stats.clone()).unwrap();
+        let (rec, handle) =
+            spawn(64, 1 << 20, files, header, extractor, t0, stats.clone()).unwrap();
         (rec, handle, stats, t0)
     }
 
@@ -690,14 +696,21 @@ mod tests {
     fn wait_for(counter: &AtomicU64, want: u64) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while counter.load(Relaxed) < want {
-            assert!(Instant::now() < deadline, "{} of {want}", counter.load(Relaxed));
+            assert!(
+                Instant::now() < deadline,
+                "{} of {want}",
+                counter.load(Relaxed)
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
     fn names_in(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| d.map(|e| e.unwrap().file_name().into_string().unwrap()).collect())
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v
@@ -722,7 +735,10 @@ mod tests {
         wait_for(&stats.records_lost_io, 2);
         let report = handle.close();
         assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
-        assert_eq!(report.files, [dir.path().join("t-19700101T000000Z-0001.trace.zst")]);
+        assert_eq!(
+            report.files,
+            [dir.path().join("t-19700101T000000Z-0001.trace.zst")]
+        );
         let (t, rep) = crate::trace::native::read_file(&report.files[0]).unwrap();
         assert!(rep.is_clean(), "{}", rep.summary());
         assert_eq!(t.requests.len(), 3);

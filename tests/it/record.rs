@@ -1841,3 +1841,53 @@ async fn wait_listening(port: u16) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn upstream_pointing_at_the_proxy_itself_is_a_508_with_bounded_fds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let me = format!("127.0.0.1:{port}");
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args([
+                "record",
+                "--listen",
+                &me,
+                "--upstream",
+                &format!("http://{me}"),
+            ])
+            .arg("--out")
+            .arg(dir.path().join("traces"))
+            .args(["--admin", "none", "--io-threads", "1"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let url = format!("http://{me}/v1/completions");
+    rt.block_on(async {
+        wait_listening(port).await;
+        let before = open_fds(pid);
+        for _ in 0..50 {
+            let (st, _, body) = fetch(&url, "POST", Bytes::from_static(b"{}"), &[]).await;
+            assert_eq!(st.as_u16(), 508);
+            let v: serde_json::Value = serde_json::from_slice(&body.unwrap()).unwrap();
+            assert_eq!(v["error"]["type"], "loop_detected");
+        }
+        // Each request looped once: its sockets close, they do not pile up.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while open_fds(pid) > before + 8 {
+            let n = open_fds(pid);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} fds, {before} before"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}

@@ -901,7 +901,9 @@ async fn invalid_chunk_in_the_same_read_as_the_head_forwards_the_valid_event_the
     // Head, one valid event and a bad chunk-size line, in one write.
     let event = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
     let valid = format!("{:x}\r\n{event}", event.len());
-    let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let mut wire =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
     wire.extend_from_slice(format!("{valid}\r\nzz\r\nbad\r\n").as_bytes());
     let (up, _) = raw_upstream(move |_, _, _| Answer {
         pieces: vec![wire.clone()],
@@ -919,7 +921,10 @@ async fn invalid_chunk_in_the_same_read_as_the_head_forwards_the_valid_event_the
     read_to_eof(&mut c, &mut got).await;
     let got = String::from_utf8_lossy(&got).to_string();
     assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got:?}");
-    assert!(got.ends_with(&valid), "the valid event reached the client: {got:?}");
+    assert!(
+        got.ends_with(&valid),
+        "the valid event reached the client: {got:?}"
+    );
     assert!(!got.contains("zz"), "nothing past the valid bytes: {got:?}");
     let recs = rec.records().await;
     let resp = recs[0].response.as_ref().unwrap();
@@ -977,5 +982,52 @@ async fn idle_upstream_sockets_closed_by_the_upstream_are_reaped() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(clients);
+    rec.records().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_content_lengths_go_out_once_and_two_hosts_are_a_400() {
+    // The upstream keeps the raw request head it got and answers with two equal lengths.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (head_tx, head_rx) = oneshot::channel::<String>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            read_more(&mut s, &mut buf).await.unwrap();
+        }
+        let _ = head_tx.send(String::from_utf8_lossy(&buf).to_string());
+        let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 2\r\n\r\nhi";
+        s.write_all(resp).await.unwrap();
+        let _ = read_more(&mut s, &mut buf).await;
+    });
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));
+    let lengths = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"));
+    assert_eq!(lengths.count(), 1, "{:?}", r.headers);
+    let head = head_rx.await.unwrap();
+    assert_eq!(
+        head.to_ascii_lowercase()
+            .matches("content-length: 3\r\n")
+            .count(),
+        1,
+        "{head}"
+    );
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"GET /v1/models HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(read_response(&mut c, &mut buf, false).await.status, 400);
     rec.records().await;
 }
