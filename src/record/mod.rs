@@ -399,20 +399,14 @@ pub async fn run_with_admin(
     drop(recorder);
 
     let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let admin_task = admin.map(|l| {
         let stats = stats.clone();
         tokio::spawn(admin::serve(l, stats, async move {
             let _ = stop_admin_rx.await;
         }))
     });
-    tracing::info!(
-        "recording {} -> {} into {}",
-        listener
-            .local_addr()
-            .map_or("?".to_string(), |a| a.to_string()),
-        cfg.upstream,
-        cfg.out_dir.display()
-    );
+    eprintln!("{}", start_line(&listener, admin_addr, &cfg));
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
@@ -432,6 +426,19 @@ pub async fn run_with_admin(
         files: report.files,
         drained,
     })
+}
+
+/// What the proxy says when it starts: where it listens, forwards (credentials never shown) and
+/// writes, and its admin endpoint.
+fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) -> String {
+    let at = l.local_addr().map_or("?".to_string(), |a| a.to_string());
+    let upstream = crate::userinfo::redact(&cfg.upstream.to_string());
+    let out = cfg.out_dir.join(format!("{}-*.trace.zst", cfg.name));
+    let admin = admin.map_or(String::new(), |a| format!("; /metrics and /healthz on {a}"));
+    format!(
+        "retrace record: listening on {at}, forwarding to {upstream}, writing {}{admin}",
+        out.display()
+    )
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -477,13 +484,6 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
 
 /// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
 pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
     let cfg = RecordConfig::from_args(args)?;
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
     if let Some(n) = crate::fdlimit::raise() {

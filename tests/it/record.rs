@@ -1891,3 +1891,33 @@ fn upstream_pointing_at_the_proxy_itself_is_a_508_with_bounded_fds() {
         }
     });
 }
+
+#[test]
+fn record_prints_where_it_listens_forwards_and_writes() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("traces");
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args(["record", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", "http://127.0.0.1:9/base", "--name", "prod"])
+            .arg("--out")
+            .arg(&out)
+            .args(["--admin", "none"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_listening(port));
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    assert!(child.0.wait().unwrap().success());
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    let want = format!(
+        "retrace record: listening on 127.0.0.1:{port}, forwarding to http://127.0.0.1:9/base, writing {}",
+        out.join("prod-*.trace.zst").display()
+    );
+    assert!(log.lines().next().is_some_and(|l| l == want), "{log}");
+}
