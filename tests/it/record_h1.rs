@@ -951,13 +951,28 @@ fn upstream_half_closed(port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_upstream_sockets_closed_by_the_upstream_are_reaped() {
-    // The upstream answers keep-alive, then closes each connection; no request follows that
-    // would check the pooled sockets out.
-    let (up, conns) = raw_upstream(|m, p, b| Answer {
-        close: true,
-        ..echo(m, p, b)
-    })
-    .await;
+    // The upstream answers keep-alive, and closes a connection idle for 300 ms; no request
+    // follows that would check the pooled sockets out.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let conns = Arc::new(AtomicU64::new(0));
+    let c2 = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            c2.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let idle = Duration::from_millis(300);
+                while let Ok(Some(_)) =
+                    tokio::time::timeout(idle, read_request(&mut s, &mut buf)).await
+                {
+                    if s.write_all(&ok(b"{}", "")).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
     let rec = start(up).await;
     let mut clients = Vec::new();
     for _ in 0..4 {
