@@ -99,7 +99,7 @@ pub enum PromptModeArg {
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
-/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded).
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded), 5 every request failed.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads).
@@ -218,13 +218,6 @@ pub struct ReplayArgs {
     /// before it looks again, so one wake-up reads many streams.
     #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
     pub read_batch_us: u64,
-    /// Run the request dispatcher under SCHED_FIFO (Linux, needs CAP_SYS_NICE).
-    #[arg(long, hide = true)]
-    pub realtime: bool,
-    /// How long the dispatcher spins before each send after its precise sleep: `0` (sleep only),
-    /// µs, or `auto` (adaptive, 30–200 µs).
-    #[arg(long, default_value = "0", value_name = "US|auto", hide = true)]
-    pub spin_us: String,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
     pub window: Option<String>,

@@ -431,20 +431,23 @@ pub fn parse_response_head(
     buf: &[u8],
     head_request: bool,
 ) -> Result<Option<ResponseHead>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match parse_head(&mut resp, buf)? {
-        Some(n) => n,
-        None => return Ok(None),
-    };
-    response_head(&resp, buf, len, head_request, false, true).map(|(h, _)| Some(h))
+    with_response_head(buf, |resp, len| {
+        response_head(resp, buf, len, head_request, false, true).map(|(h, _)| h)
+    })
 }
 
-fn parse_head<'h, 'b>(
-    resp: &mut httparse::Response<'h, 'b>,
-    buf: &'b [u8],
-) -> Result<Option<usize>, HeadError> {
-    head_len(resp.parse(buf), buf.len(), "malformed response head")
+/// Parses a response head at the start of `buf` and hands it and its length to `then`;
+/// `Ok(None)` while incomplete.
+fn with_response_head<T>(
+    buf: &[u8],
+    then: impl FnOnce(&httparse::Response<'_, '_>, usize) -> Result<T, HeadError>,
+) -> Result<Option<T>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match head_len(resp.parse(buf), buf.len(), "malformed response head")? {
+        Some(len) => then(&resp, len).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// The length of a complete head from httparse's answer, `None` while incomplete (and within
@@ -528,13 +531,22 @@ pub fn parse_response(
     o: ResponseOptions,
     out: &mut Vec<u8>,
 ) -> Result<Option<ResponseHead>, HeadError> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let len = match parse_head(&mut resp, buf)? {
-        Some(n) => n,
-        None => return Ok(None),
-    };
-    let (head, length) = response_head(&resp, buf, len, o.head_request, o.upgrade, false)?;
+    with_response_head(buf, |resp, len| {
+        let (head, length) = response_head(resp, buf, len, o.head_request, o.upgrade, false)?;
+        write_response_head(resp, &head, length.is_some(), o, out);
+        Ok(head)
+    })
+}
+
+/// The head [`parse_response`] writes for the client: status line, fields for the next hop,
+/// `connection: close` when this response ends the connection.
+fn write_response_head(
+    resp: &httparse::Response<'_, '_>,
+    head: &ResponseHead,
+    has_length: bool,
+    o: ResponseOptions,
+    out: &mut Vec<u8>,
+) {
     let (status, body) = (head.status, head.body);
     let interim = (100..200).contains(&status);
     let reason = resp.reason.unwrap_or("");
@@ -553,7 +565,7 @@ pub fn parse_response(
     let raw_chunked = body == Framing::Chunked && !o.dechunk;
     let switch = status == 101;
     // Content-Length next to a chunked body is dropped: the chunked framing wins (RFC 9112 §6.3).
-    if body == Framing::Chunked && length.is_some() {
+    if body == Framing::Chunked && has_length {
         let kept: Vec<httparse::Header<'_>> = headers
             .iter()
             .filter(|h| !eq(h.name, "content-length"))
@@ -567,7 +579,6 @@ pub fn parse_response(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Ok(Some(head))
 }
 
 /// Serializes a client request with a `Content-Length` body into `out` (cleared first): request
@@ -649,6 +660,11 @@ enum St {
     Done,
 }
 
+/// The LF that must end a framing line.
+fn lf(b: u8, expected: &'static str) -> Result<(), ChunkError> {
+    (b == b'\n').then_some(()).ok_or(ChunkError(expected))
+}
+
 /// Follows chunked framing incrementally: where the body ends and which bytes are payload.
 #[derive(Debug, Clone, Default)]
 pub struct ChunkedDecoder {
@@ -720,9 +736,7 @@ impl ChunkedDecoder {
                     }
                 },
                 St::SizeLf => {
-                    if b != b'\n' {
-                        return Err(ChunkError("expected LF after chunk size"));
-                    }
+                    lf(b, "expected LF after chunk size")?;
                     self.size_line_end();
                 }
                 St::DataCr => match b {
@@ -731,9 +745,7 @@ impl ChunkedDecoder {
                     _ => return Err(ChunkError("expected CRLF after chunk data")),
                 },
                 St::DataLf => {
-                    if b != b'\n' {
-                        return Err(ChunkError("expected LF after chunk data"));
-                    }
+                    lf(b, "expected LF after chunk data")?;
                     self.next_chunk();
                 }
                 St::TrailerStart => match b {
@@ -753,15 +765,11 @@ impl ChunkedDecoder {
                     _ => self.trailer_byte()?,
                 },
                 St::TrailerLf => {
-                    if b != b'\n' {
-                        return Err(ChunkError("expected LF after trailer field"));
-                    }
+                    lf(b, "expected LF after trailer field")?;
                     self.st = St::TrailerStart;
                 }
                 St::EndLf => {
-                    if b != b'\n' {
-                        return Err(ChunkError("expected LF after last chunk"));
-                    }
+                    lf(b, "expected LF after last chunk")?;
                     self.st = St::Done;
                     return Ok(i);
                 }

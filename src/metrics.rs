@@ -121,6 +121,8 @@ impl StreamClock {
 pub struct ServerTimes {
     pub queue_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
+    /// The prompt's length as the server counted it (`usage.prompt_tokens`), when it said.
+    pub prompt_tokens: Option<u64>,
 }
 
 /// Why a request failed. [`Failure::as_str`] is its name in result files and error counts
@@ -815,6 +817,7 @@ mod tests {
         a.server = ServerTimes {
             queue_ms: Some(5.0),
             ttft_ms: Some(30.0),
+            prompt_tokens: None,
         };
         let b = sample(0, 40 * MS, &[], 1);
         let s = summarize(&[a, b], 1.0, &[]);

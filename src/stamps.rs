@@ -1,14 +1,11 @@
 //! Diagnostic stage stamps: per-request instants on the machine-wide monotonic clock, written by
-//! the replayer and the mock so that a request's path through both processes can be split
-//! (client send → bytes written → server read → request parsed → ...).
+//! the mock (first bytes read → request parsed → first event due → sent).
 //!
 //! Off unless the environment variable `RETRACE_STAMPS=DIR` is set when the process starts; then
 //! [`record`] queues one row per call and a background thread appends the rows, every 200 ms, to
-//! `DIR/<role>-<pid>.tsv` (`role  port  t1  t2 ...`, nanoseconds of `CLOCK_MONOTONIC`, which every
-//! process on a Linux machine shares). The hot paths pay one relaxed load when it is off, and
-//! a mutex push (no wake-up, no I/O) when it is on. `tools/stamps_split.py` joins a replayer's and
-//! a mock's rows by TCP port and prints the split. This module measures nothing by itself and
-//! never changes what is measured for results (TTFT etc. keep their own clocks).
+//! `DIR/<role>-<pid>.tsv` (`role  port  t1  t2 ...`, nanoseconds of `CLOCK_MONOTONIC`). The hot
+//! paths pay one relaxed load when it is off, and a mutex push (no wake-up, no I/O) when it is on.
+//! This module measures nothing by itself and never changes what is measured for results.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};

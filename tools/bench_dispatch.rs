@@ -1,20 +1,74 @@
 //! Benchmark of the replay dispatcher's wake-up precision and cost on a busy machine: the
-//! lateness of [`retrace::replay::driver::Waiter`] over a train of deadlines 1 ms apart, and the
-//! waiting thread's CPU time per deadline (the spin before each release), while `--hogs`
-//! CPU-bound threads (at the same nice level) compete for the cores. Four variants alternate in
-//! one process, `--rounds` times each: the default scheduler slice with the fixed 200 µs spin
-//! window, and with the 100 µs EEVDF slice the dispatcher asks for: the fixed window, the
-//! adaptive window (`--spin-us auto`) and no spin at all (`--spin-us 0`, the default). Medians of
-//! their p50/p99/max and CPU are printed side by side.
+//! lateness of a thread waiting for a train of deadlines 1 ms apart, and its CPU time per deadline,
+//! while `--hogs` CPU-bound threads (at the same nice level) compete for the cores. Four variants
+//! alternate in one process, `--rounds` times each: the default scheduler slice with a fixed
+//! 200 µs spin window before each deadline, and with the 100 µs EEVDF slice the dispatcher asks
+//! for: the fixed window, an adaptive window (the largest recent oversleep plus a margin) and no
+//! spin at all (what `retrace replay`'s dispatcher does). Medians of their p50/p99/max and CPU are
+//! printed side by side.
 //!
-//! Bounded: `--rounds` × 3 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
+//! Bounded: `--rounds` × 4 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
 //! Usage: `cargo run --release --example bench_dispatch -- [--hogs 3] [--rounds 5] [--deadlines 2000]`
 
-use retrace::replay::driver::{Waiter, SPIN_WINDOW};
 use retrace::thread_timing::precise as precise_sleep_setup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The longest spin window.
+const SPIN_WINDOW: Duration = Duration::from_micros(200);
+
+/// Waits for deadlines: a timed sleep until the spin window before the deadline, then
+/// `sched_yield` and a pause loop for the last 20 µs. Adaptive: the window is the largest of the
+/// last 64 oversleeps (preemptions beyond [`SPIN_WINDOW`] not counted) plus 25 µs, within
+/// 30..=200 µs.
+struct Waiter {
+    recent: [u32; 64],
+    next: usize,
+    window: Duration,
+    adaptive: bool,
+}
+
+impl Waiter {
+    fn new(fixed: Option<Duration>) -> Waiter {
+        Waiter {
+            recent: [SPIN_WINDOW.as_micros() as u32; 64],
+            next: 0,
+            window: fixed.unwrap_or(SPIN_WINDOW),
+            adaptive: fixed.is_none(),
+        }
+    }
+
+    fn note(&mut self, over: Duration) {
+        if !self.adaptive || over > SPIN_WINDOW {
+            return;
+        }
+        self.recent[self.next] = over.as_micros() as u32;
+        self.next = (self.next + 1) % self.recent.len();
+        let worst = self.recent.iter().copied().max().unwrap_or(0);
+        self.window = (Duration::from_micros(u64::from(worst)) + Duration::from_micros(25))
+            .clamp(Duration::from_micros(30), SPIN_WINDOW);
+    }
+
+    fn wait_until(&mut self, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            let left = deadline - now;
+            if left > self.window {
+                let target = deadline - self.window;
+                std::thread::sleep(left - self.window);
+                self.note(Instant::now().saturating_duration_since(target));
+            } else if left > Duration::from_micros(20) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
 
 fn arg(name: &str, default: u64) -> u64 {
     let v: Vec<String> = std::env::args().collect();
@@ -42,7 +96,7 @@ fn thread_cpu_ns() -> u64 {
 fn train(short_slice: bool, spin: Option<Duration>, n: u64) -> (f64, f64, f64, f64, bool) {
     std::thread::spawn(move || {
         let ok = precise_sleep_setup(short_slice);
-        let mut waiter = spin.map_or_else(Waiter::default, Waiter::fixed);
+        let mut waiter = Waiter::new(spin);
         let t0 = Instant::now() + Duration::from_millis(5);
         let cpu0 = thread_cpu_ns();
         let mut late: Vec<u64> = (0..n)

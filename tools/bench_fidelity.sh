@@ -16,7 +16,10 @@
 #      scale a Mooncake slice to its context with REPLAY_ARGS, e.g. "--block-size 32"),
 #      RESTART="CMD": with SERVER, run between recording and replay so the replay meets a server
 #      as fresh as the recording did (e.g. "LCPP/stop.sh 8090; LCPP/start.sh 8090"),
-#      REPLAY_ARGS: extra flags for the recorded client
+#      REPLAY_ARGS: extra flags for the recorded client,
+#      NOISE=1: replay the recording a second time (after RESTART, or against another fresh mock)
+#      and print the KS D between the two replays: the server's own run-to-run spread for the same
+#      schedule, the floor the recording-vs-replay figures can be read against
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -34,7 +37,8 @@ PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 
 echo "# bench_fidelity $(date -u +%Y-%m-%dT%H:%MZ): $N requests of $TRACE at speed $SPEED, ${SERVER:-mock --profile $PROFILE}, $RUNS runs"
-printf '%-4s %8s %8s %8s %10s %10s %s\n' run ks_ttft ks_itl ks_e2el sched_p99 send_p99 verdict
+printf '%-4s %8s %8s %8s %10s %10s %-12s %s\n' run ks_ttft ks_itl ks_e2el sched_p99 send_p99 verdict \
+  "${NOISE:+replay-vs-replay ks ttft/itl/e2el}"
 for run in $(seq "$RUNS"); do
   d="$OUT/run$run"; mkdir -p "$d/rec"
   px=$(port)
@@ -64,19 +68,49 @@ for run in $(seq "$RUNS"); do
     "$BIN" mock --listen "127.0.0.1:$fresh" --profile "$PROFILE" >"$d/mock2.log" 2>&1 & PIDS+=($!); m2=$!
     wait_up "$target/v1/models"
   fi
+  fresh_target() {
+    if [ -n "${SERVER:-}" ]; then
+      [ -n "${RESTART:-}" ] && { bash -c "$RESTART" >>"$d/restart.log" 2>&1; wait_up "$upstream/v1/models"; }
+    else
+      kill "$m2"; wait "$m2" 2>/dev/null || true
+      fresh=$(port); target="http://127.0.0.1:$fresh"
+      "$BIN" mock --listen "127.0.0.1:$fresh" --profile "$PROFILE" >"$d/mock3.log" 2>&1 & PIDS+=($!); m2=$!
+      wait_up "$target/v1/models"
+    fi
+  }
   "$BIN" replay "$rec" --target "$target" --detailed --result-json "$d/replay.json" \
     >"$d/replay.txt" 2>&1
+  rm -f "$d/replay2.json"
+  if [ -n "${NOISE:-}" ]; then
+    fresh_target
+    "$BIN" replay "$rec" --target "$target" --detailed --result-json "$d/replay2.json" \
+      >"$d/replay2.txt" 2>&1
+  fi
   [ -z "${SERVER:-}" ] && { kill "$m2"; wait "$m2" 2>/dev/null || true; }
   "$BIN" compare "$rec" "$d/replay.json" --format json >"$d/compare.json"
   "$BIN" compare "$rec" "$d/replay.json" >"$d/compare.txt"
-  python3 - "$d/compare.json" "$run" <<'PY'
-import json, sys
+  python3 - "$d/compare.json" "$run" "$d/replay.json" "$d/replay2.json" <<'PY'
+import bisect, json, os, sys
+def ks(a, b):
+    a, b = sorted(a), sorted(b)
+    if not a or not b:
+        return float("nan")
+    return max(abs(bisect.bisect_right(a, x) / len(a) - bisect.bisect_right(b, x) / len(b)) for x in a + b)
+def samples(path):
+    r = json.load(open(path))
+    ok = [not e for e in r["errors"]]
+    pick = lambda v: [x for x, good in zip(v, ok) if good]
+    return {"ttft": pick(r["ttfts"]), "itl": [x for l in pick(r["itls"]) for x in l], "e2el": pick(r["latencies"])}
+noise = ""
+if os.path.exists(sys.argv[4]):
+    s1, s2 = samples(sys.argv[3]), samples(sys.argv[4])
+    noise = "/".join(f"{ks(s1[k], s2[k]):.3f}" for k in ("ttft", "itl", "e2el"))
 c = json.load(open(sys.argv[1]))
 f = c["workload"]["fidelity"]
 ks = f.get("latency_ks", {})
 g = lambda k: f"{ks[k]:.3f}" if k in ks else "n/a"
 sched = (f.get("schedule_error_ms") or {}).get("p99", float("nan"))
-print(f'{sys.argv[2]:<4} {g("ttft"):>8} {g("itl"):>8} {g("e2el"):>8} {sched:>10.3f} {f["arrival_error_ms"]["p99"]:>10.3f} {"faithful" if f["faithful"] else "not faithful"}')
+print(f'{sys.argv[2]:<4} {g("ttft"):>8} {g("itl"):>8} {g("e2el"):>8} {sched:>10.3f} {f["arrival_error_ms"]["p99"]:>10.3f} {"faithful" if f["faithful"] else "not faithful":<12} {noise}')
 PY
 done
 echo "# outputs in $OUT (compare.txt per run)"

@@ -7,7 +7,6 @@
 #     requests arriving uniformly, C per stream lifetime, so C streams are in flight with their
 #     phases spread; measured on the middle third). Reports mean/p99 TTFT (true: 50 ms), ITL mean
 #     and std (true: 10 ms, 0), the mock's lateness and the replayer's CPU during the run.
-#     STAMPS=1 adds the per-stage split of each run (RETRACE_STAMPS, tools/stamps_split.py).
 #     After retrace, the client floor (tools/client_floor.rs, row `floor`: one epoll thread, one
 #     stamped read per event, no HTTP parser or runtime) runs the same trace against a fresh mock:
 #     what any client pays on this machine in the same minute. peak_cores: each client's highest
@@ -15,9 +14,7 @@
 #     steal_ms: the VM's stolen time during that run (/proc/stat; 10 ms ticks): a run with steal
 #     was stalled by the hypervisor, client and mock alike, and says little about either.
 #  2. Dispatch: open loop at 1,000 and 2,000 requests/s (2-token outputs, 5 s): p99 send drift
-#     and achieved request rate, per dispatcher mode (DISPATCH_MODES, default "normal spinauto
-#     realtime": the default (sleep only, no spin), `--spin-us auto` (adaptive spin window before
-#     each send), `--realtime` (SCHED_FIFO; needs CAP_SYS_NICE)).
+#     and achieved request rate.
 #  3. Scale: 10,000 streams in flight at once (a second mock with --fixed-timing 50,1000 and
 #     5-token outputs, so the streams overlap for ~4 s): completed/failed and peak concurrency.
 #
@@ -28,7 +25,7 @@
 #     HF_HOME (a word-level tokenizer.json; AIPerf will not load a plain local path offline).
 #
 # Usage: tools/bench_replay.sh [OUTDIR]   (build first: cargo build --release)
-# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF, STAMPS,
+# Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF,
 #      SECTIONS (default "fidelity dispatch scale trace": which sections run),
 #      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--reader-threads 0"),
 #      MOCK_ARGS (extra flags for the fidelity runs' mocks, e.g. "--realtime": the instrument's
@@ -219,23 +216,12 @@ for C in $CONCURRENCIES; do
     fi
     # a fresh mock per run, so its lateness counters cover this run only
     start_mock "${SCEN}_$C"
-    if [ -n "${STAMPS:-}" ]; then
-      rm -rf "$OUT/stamps_${SCEN}_$C"; mkdir -p "$OUT/stamps_${SCEN}_$C"
-      kill $MPID; wait $MPID 2>/dev/null || true
-      RETRACE_STAMPS="$OUT/stamps_${SCEN}_$C" start_mock "${SCEN}_$C"
-      export RETRACE_STAMPS="$OUT/stamps_${SCEN}_$C"
-    fi
     T=$(timed "$OUT/${SCEN}_$C.log" "$BIN" replay "$OUT/${SCEN}_$C.jsonl" --target "http://127.0.0.1:$MP" \
         --model mock-llama "${LIMIT[@]}" "${RA[@]}" --detailed --result-json "$OUT/${SCEN}_$C.json")
-    unset RETRACE_STAMPS
     LATE=$(mock_late)
     read -r U S W PEAK STEAL <<<"$T"
     read -r CPU DUR <<<"$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); c=d["client_cpu"]["run_s"]; print("%.2f %.2fs" % (c, d["duration"]))' "$OUT/${SCEN}_$C.json")"
     summary "$C" $SCEN retrace "$N" "$OUT/${SCEN}_$C.json" "$LATE" "$CPU" "$DUR" "$PEAK" "$STEAL"
-    if [ -n "${STAMPS:-}" ]; then
-      sleep 0.5
-      python3 tools/stamps_split.py "$OUT/stamps_${SCEN}_$C" | sed 's/^/      /'
-    fi
     kill $MPID 2>/dev/null || true; wait $MPID 2>/dev/null || true
     if [ -x "$FLOOR" ]; then
       start_mock "floor_${SCEN}_$C"
@@ -276,10 +262,9 @@ printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" rate dispatcher re
 N=$((1000 * RATE_SECONDS))
 gen "$OUT/open.jsonl" $N 1 2
 for SPEED in 1 2; do
-  for RT in ${DISPATCH_MODES:-normal spinauto realtime}; do
-    case $RT in realtime) EXTRA="--realtime" ;; spinauto) EXTRA="--spin-us auto" ;; *) EXTRA="" ;; esac
+  for RT in normal; do
     T=$(timed "$OUT/open_${SPEED}_$RT.log" "$BIN" replay "$OUT/open.jsonl" --target "http://127.0.0.1:$PORT" \
-        --model mock-llama --speed $SPEED $EXTRA --result-json "$OUT/open_${SPEED}_$RT.json")
+        --model mock-llama --speed $SPEED --result-json "$OUT/open_${SPEED}_$RT.json")
     read -r U S W _ <<<"$T"
     read -r PD MD RR MT F <<<"$(field "$OUT/open_${SPEED}_$RT.json" p99_drift_ms max_drift_ms request_throughput mean_ttft_ms failed)"
     printf "%-8s %-10s %-6s %-12s %-12s %-12s %-10s %-8s %-12s\n" "$((1000 * SPEED))/s" "$RT" "$N" "$PD" "$MD" "$RR" "$MT" "$F" "$(python3 -c "print(f'{($U+$S):.2f}/{$W:.2f}s')")"

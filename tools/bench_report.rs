@@ -51,6 +51,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                 server: ServerTimes {
                     queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
                     ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
+                    prompt_tokens: None,
                 },
             }
         })
@@ -73,6 +74,7 @@ fn write_result(path: &PathBuf, s: &[Sample]) {
         block_size: 512,
         prompt_mode: "token-ids".into(),
         drift_limit_ms: None,
+        shard: None,
         valid: true,
         invalid_reason: None,
         inexact_prompts: 0,

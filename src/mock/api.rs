@@ -359,7 +359,7 @@ struct Gen {
 }
 
 /// What a request body says, with `return_token_ids`, checked in vLLM's order: the body and its
-/// fields (the common token-id completion in one pass, anything else and every error through
+/// fields (the common token-id completion typed, anything else and every error through
 /// the JSON value path), the model, `stream_options`, then `return_token_ids`.
 fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bool), Reject> {
     let fast = (!chat)

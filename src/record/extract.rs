@@ -389,7 +389,7 @@ impl Extractor {
     }
 }
 
-/// [`openai::parse_request`], through the one-pass reader for the common `/v1/completions` body
+/// [`openai::parse_request`], through the typed reader for the common `/v1/completions` body
 /// with a token-id prompt ([`openai::parse_completion_fast`], which agrees with it wherever it
 /// answers); everything else through the general path, which decides and words errors.
 fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<openai::RequestInfo, String> {

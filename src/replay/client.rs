@@ -22,13 +22,11 @@ use crate::sse::SseParser;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
-use super::h1client::{IoStamps, RawConn, SendError};
+use super::h1client::{RawConn, SendError};
 use super::pool::Pool;
 use super::request::BuiltRequest;
 use super::target::{Target, Timeouts};
@@ -51,9 +49,8 @@ pub struct PreSent {
     conn: RawConn,
     /// Bytes of the request that went out (head, then body); 0 when the socket took none.
     written: usize,
-    /// When the write began (ns from t0), and as a `RETRACE_STAMPS` stamp (0 when off).
+    /// When the write began (ns from t0).
     sent_ns: u64,
-    stamp_sent: u64,
 }
 
 /// The replayer's client: a target, its connection pool and the per-request limits.
@@ -88,7 +85,6 @@ impl Client {
             &mut head,
         );
         let sent_ns = ns_since(t0);
-        let stamp_sent = crate::stamps::now_ns();
         // An error here (a connection the server closed) is the task's to see: its write fails,
         // and a reused connection is retried once on a fresh one.
         let written = conn.try_send(&head, &req.body).unwrap_or(0);
@@ -96,7 +92,6 @@ impl Client {
             conn,
             written,
             sent_ns,
-            stamp_sent,
         })
     }
 
@@ -129,6 +124,32 @@ impl Client {
             Err(e) => return fail(sample, t0, Failure::Local, e),
         }
         self.exchange(req, wire, sample, t0, pre).await
+    }
+
+    /// The `count` of the target's `POST /tokenize` answer for `body` (vLLM's tokenizer
+    /// endpoint: `{"model", "prompt"}` or `{"model", "messages"}`).
+    pub async fn tokenize_count(&self, body: &serde_json::Value) -> Result<u64, String> {
+        let uri = self.target.uri("/tokenize")?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let json = body.to_string();
+        let (status, answer) = self
+            .pool
+            .call(
+                "POST",
+                path,
+                &self.target.headers,
+                Some(json.as_bytes()),
+                Duration::from_secs(30),
+                16 << 20,
+            )
+            .await?;
+        if !(200..300).contains(&status) {
+            return Err(format!("POST /tokenize answered HTTP {status}"));
+        }
+        serde_json::from_slice::<serde_json::Value>(&answer)
+            .ok()
+            .and_then(|v| v["count"].as_u64())
+            .ok_or_else(|| "POST /tokenize: no `count` in the answer".to_string())
     }
 
     /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
@@ -230,31 +251,6 @@ fn fail(mut s: Sample, t0: Instant, kind: Failure, detail: String) -> Sample {
     s
 }
 
-/// Diagnostic stamps: [sent, request written, response head read, first content read from the
-/// socket, first content seen here].
-type Stamps = Option<(u16, Vec<u64>)>;
-
-fn stamps_start(io: &Option<Arc<IoStamps>>, sent: u64) -> Stamps {
-    io.as_ref().map(|st| {
-        let mut v = vec![
-            sent,
-            st.last_write_ns.load(Relaxed),
-            st.last_read_ns.load(Relaxed),
-        ];
-        v.reserve(2);
-        (st.port, v)
-    })
-}
-
-fn stamps_content(stamps: &mut Stamps, io: &Option<Arc<IoStamps>>, clock: &StreamClock) {
-    if let Some((_, v)) = stamps {
-        if v.len() == 3 && clock.ttft_ns().is_some() {
-            v.push(io.as_ref().map_or(0, |st| st.last_read_ns.load(Relaxed)));
-            v.push(crate::stamps::now_ns());
-        }
-    }
-}
-
 /// The measured state of one successful response's body: SSE splitting, vLLM's timing rules,
 /// server metrics, the first error.
 struct Stream {
@@ -288,6 +284,9 @@ fn on_message(
             if let Some(m) = info.metrics {
                 server.queue_ms = m.queue_time_ms.or(server.queue_ms);
                 server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
+            }
+            if let Some(p) = info.usage.map(|u| u.prompt_tokens).filter(|p| *p > 0) {
+                server.prompt_tokens = Some(p);
             }
             let usage = info.usage.map(|u| u.completion_tokens);
             clock.on_message(at, info.has_choices, info.tokens, usage);
@@ -414,10 +413,9 @@ impl Client {
         pre: Option<PreSent>,
     ) -> Sample {
         let timeouts = self.timeouts;
-        let stamp_sent;
-        (sample.sent_ns, stamp_sent) = match &pre {
-            Some(p) if p.written > 0 => (p.sent_ns, p.stamp_sent),
-            _ => (ns_since(t0), crate::stamps::now_ns()),
+        sample.sent_ns = match &pre {
+            Some(p) if p.written > 0 => p.sent_ns,
+            _ => ns_since(t0),
         };
         let deadline = tokio::time::Instant::now() + timeouts.total;
         let present = pre.map(|p| (p.conn, p.written));
@@ -448,7 +446,6 @@ impl Client {
         let mut run = BodyRun {
             stream: Stream::new(req, sample.sent_ns, is_sse),
             body,
-            stamps: stamps_start(&conn.stamps, stamp_sent),
             reusable_head: head.reusable,
             clean_end: false,
             reuse: false,
@@ -573,7 +570,6 @@ fn ns_between(t0: Instant, t: Instant) -> u64 {
 struct BodyRun {
     stream: Stream,
     body: BodyDecoder,
-    stamps: Stamps,
     /// The head allows the connection to carry another request.
     reusable_head: bool,
     /// The body ended as its framing says.
@@ -600,7 +596,6 @@ impl BodyRun {
             self.fail(Failure::Reset, e.to_string());
             return true;
         }
-        stamps_content(&mut self.stamps, &conn.stamps, &self.stream.clock);
         if self.stream.err.is_some() {
             return true;
         }
@@ -612,12 +607,9 @@ impl BodyRun {
         false
     }
 
-    /// The body is over at `end_ns`: its diagnostic stamps are written, the connection goes
-    /// back to the pool when it may carry another request, and the sample is made.
+    /// The body is over at `end_ns`: the connection goes back to the pool when it may carry
+    /// another request, and the sample is made.
     fn end(self, conn: Option<RawConn>, pool: &Pool, end_ns: u64, sample: Sample) -> Sample {
-        if let Some((port, v)) = self.stamps {
-            crate::stamps::record("replay", port, v);
-        }
         if let (true, Some(c)) = (self.clean_end && self.reuse, conn) {
             pool.checkin(c);
         }
@@ -778,7 +770,6 @@ mod tests {
                         conn,
                         written,
                         sent_ns,
-                        stamp_sent: 0,
                     }
                 })
                 .join()

@@ -78,10 +78,6 @@ pub struct Tuning {
     pub reader_threads: usize,
     /// `--read-batch-us`.
     pub read_batch: Duration,
-    /// Dispatcher thread under SCHED_FIFO.
-    pub realtime: bool,
-    /// `--spin-us`: the dispatcher's fixed spin window (`None` = adaptive).
-    pub spin: Option<Duration>,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -231,20 +227,11 @@ impl Tuning {
             "read" => false,
             other => bail!("--rx-stamp {other:?}: give kernel or read"),
         };
-        let spin = match a.spin_us.as_str() {
-            "auto" => None,
-            us => match us.parse::<u64>() {
-                Ok(v) if v <= 100_000 => Some(Duration::from_micros(v)),
-                _ => bail!("--spin-us {us:?}: give auto or a number of microseconds up to 100000"),
-            },
-        };
         Ok(Tuning {
             warm_connections: a.warm_connections,
             kernel_rx,
             reader_threads,
             read_batch: Duration::from_micros(a.read_batch_us),
-            realtime: a.realtime,
-            spin,
         })
     }
 }

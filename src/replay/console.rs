@@ -2,11 +2,13 @@
 //!
 //! The first block reproduces `vllm bench serve`'s layout exactly (rows `{:<40} {:<10}`, section
 //! rules centred in 50 columns, TTFT/TPOT/ITL with mean, median and each chosen percentile), so it
-//! can be read side by side with vLLM's. The sections after it are ours: failures by kind, latency
+//! can be read side by side with vLLM's. The sections after it are ours: failures by kind (and the
+//! first distinct error messages), latency
 //! from the intended send time, send drift (and the dispatcher's part of it), client queue, and
 //! the server-side TTFT breakdown (client TTFT = server queue + server TTFT + unattributed).
 //! Renders to a `String`; printing is the caller's business.
 
+use super::outcome::FirstError;
 use crate::metrics::{percentile_label, Stats, Summary};
 use std::fmt::Write as _;
 
@@ -84,13 +86,15 @@ pub fn vllm_block(sum: &Summary) -> String {
 }
 
 fn brief(out: &mut String, label: &str, s: &Stats) {
-    let p99 = s
-        .percentile(99.0)
-        .map_or(String::new(), |v| format!(" p99 {v:.3}"));
+    brief_line(out, label, [s.mean, s.median, s.max], s.percentile(99.0));
+}
+
+/// `label  mean M median M[ p99 P] max M`, ms.
+fn brief_line(out: &mut String, label: &str, [mean, median, max]: [f64; 3], p99: Option<f64>) {
+    let p99 = p99.map_or(String::new(), |v| format!(" p99 {v:.3}"));
     let _ = writeln!(
         out,
-        "{:<40} mean {:.3} median {:.3}{} max {:.3}",
-        label, s.mean, s.median, p99, s.max
+        "{label:<40} mean {mean:.3} median {median:.3}{p99} max {max:.3}"
     );
 }
 
@@ -198,29 +202,29 @@ pub fn probes_section(v: &serde_json::Value) -> String {
     for (label, key) in [("Probe TTFT (ms):", "ttft"), ("Probe E2EL (ms):", "e2el")] {
         let s = &v[key];
         let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
-        let p99 = s["p99_ms"]
-            .as_f64()
-            .map_or(String::new(), |x| format!(" p99 {x:.3}"));
-        let _ = writeln!(
-            out,
-            "{:<40} mean {:.3} median {:.3}{} max {:.3}",
-            label,
-            f("mean_ms"),
-            f("median_ms"),
-            p99,
-            f("max_ms")
-        );
+        let stats = [f("mean_ms"), f("median_ms"), f("max_ms")];
+        brief_line(&mut out, label, stats, s["p99_ms"].as_f64());
     }
     out
 }
 
-/// Our sections, after vLLM's block.
-pub fn extra_sections(sum: &Summary, max_drift_ms: Option<f64>) -> String {
+/// Our sections, after vLLM's block; `first_errors`: the first distinct failure messages.
+pub fn extra_sections(
+    sum: &Summary,
+    max_drift_ms: Option<f64>,
+    first_errors: &[FirstError],
+) -> String {
     let mut out = String::new();
     rule(&mut out, " retrace: beyond vLLM ", '=');
     row(&mut out, "Failed requests:", sum.failed);
     for (kind, n) in &sum.errors {
         row(&mut out, &format!("  {kind}:"), n);
+    }
+    if !first_errors.is_empty() {
+        let _ = writeln!(out, "First error messages:");
+    }
+    for e in first_errors {
+        let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
     row(
         &mut out,

@@ -16,20 +16,8 @@ use crate::h1wire::{self, ResponseHead};
 use crate::netio::ClientStream;
 use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A connection's socket activity, on `CLOCK_MONOTONIC` (diagnostic stamps only).
-#[derive(Debug, Default)]
-pub struct IoStamps {
-    /// The local port (the server sees it as the peer port).
-    pub port: u16,
-    /// End of the last write, and the last read that returned bytes.
-    pub last_write_ns: AtomicU64,
-    pub last_read_ns: AtomicU64,
-}
 
 /// Why a request could not get a response head.
 #[derive(Debug)]
@@ -77,7 +65,6 @@ impl ReadBuf {
 pub struct RawConn<I = ClientStream> {
     io: I,
     rb: ReadBuf,
-    pub stamps: Option<Arc<IoStamps>>,
     /// Reads of a plain socket ask the kernel when their bytes arrived.
     kernel_rx: bool,
     last_rx: Instant,
@@ -105,14 +92,12 @@ impl<I> RawConn<I> {
         let RawConn {
             io,
             rb,
-            stamps,
             kernel_rx,
             last_rx,
         } = self;
         let rest = RawConn {
             io: (),
             rb,
-            stamps,
             kernel_rx,
             last_rx,
         };
@@ -123,11 +108,6 @@ impl<I> RawConn<I> {
     fn commit(&mut self, n: usize, at: Instant) {
         self.rb.filled += n;
         self.last_rx = at;
-        if let Some(st) = &self.stamps {
-            if n > 0 {
-                st.last_read_ns.store(crate::stamps::now_ns(), Relaxed);
-            }
-        }
     }
 }
 
@@ -137,7 +117,6 @@ impl RawConn<()> {
         RawConn {
             io,
             rb: self.rb,
-            stamps: self.stamps,
             kernel_rx: self.kernel_rx,
             last_rx: self.last_rx,
         }
@@ -147,7 +126,7 @@ impl RawConn<()> {
 impl RawConn {
     /// `kernel_rx`: stamp reads with the kernel's receive time (plain TCP only; turns the
     /// socket's `SO_TIMESTAMPNS` on).
-    pub fn new(io: ClientStream, stamps: Option<Arc<IoStamps>>, kernel_rx: bool) -> RawConn {
+    pub fn new(io: ClientStream, kernel_rx: bool) -> RawConn {
         let kernel_rx = match &io {
             ClientStream::Plain(s) => kernel_rx && crate::rxstamp::enable(s.as_raw_fd()),
             ClientStream::Tls(_) => false,
@@ -159,7 +138,6 @@ impl RawConn {
                 start: 0,
                 filled: 0,
             },
-            stamps,
             kernel_rx,
             last_rx: Instant::now(),
         }
@@ -222,18 +200,10 @@ impl RawConn {
     /// task).
     pub fn try_send(&mut self, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
         match &self.io {
-            ClientStream::Plain(s) => {
-                let n = send_now(
-                    s,
-                    &[std::io::IoSlice::new(head), std::io::IoSlice::new(body)],
-                )?;
-                if n == head.len() + body.len() {
-                    if let Some(st) = &self.stamps {
-                        st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
-                    }
-                }
-                Ok(n)
-            }
+            ClientStream::Plain(s) => send_now(
+                s,
+                &[std::io::IoSlice::new(head), std::io::IoSlice::new(body)],
+            ),
             ClientStream::Tls(_) => Err(std::io::ErrorKind::WouldBlock.into()),
         }
     }
@@ -250,9 +220,6 @@ impl RawConn {
         if done < wire.len() {
             self.io.write_all(&wire[done..]).await?;
             self.io.flush().await?;
-        }
-        if let Some(st) = &self.stamps {
-            st.last_write_ns.store(crate::stamps::now_ns(), Relaxed);
         }
         Ok(())
     }
@@ -351,7 +318,7 @@ mod tests {
             .await
             .unwrap();
         let (s, _) = l.accept().await.unwrap();
-        (RawConn::new(ClientStream::Plain(c), None, kernel_rx), s)
+        (RawConn::new(ClientStream::Plain(c), kernel_rx), s)
     }
 
     /// Bytes that waited in the socket while the replayer was busy count from when they

@@ -9,8 +9,8 @@
 //! probes and metric scrapes. [`assemble`]: [`crate::metrics::summarize`] computes vLLM-exact
 //! statistics, [`console`] renders them and [`result`] makes the result file. Without `--target`,
 //! the embedded simulated engine is started on a loopback port (see [`start_embedded_target`]).
-//! A failed request is data; only a broken setup (bad flag, unreadable trace, unreachable
-//! target for the model list) is an error.
+//! A failed request is data; only a broken setup (bad flag, unreadable trace, a target that
+//! cannot be reached) is an error.
 
 pub mod client;
 pub mod config;
@@ -18,6 +18,7 @@ pub mod console;
 pub mod driver;
 pub mod h1client;
 pub mod outcome;
+pub mod overhead;
 pub mod pool;
 pub mod probe;
 pub mod reader;
@@ -46,6 +47,10 @@ use std::time::{Duration, Instant};
 /// Exit status of a run whose p99 drift exceeded `--max-drift-ms`.
 pub const EXIT_INVALID: u8 = 3;
 
+/// Exit status of a run in which no measured request succeeded ([`outcome::all_failed`]); it
+/// wins over [`EXIT_INVALID`].
+pub const EXIT_ALL_FAILED: u8 = 5;
+
 /// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
 /// stretch of the trace are replayed, at real speed, so the run takes about a minute.
 pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
@@ -57,6 +62,8 @@ pub struct Outcome {
     /// Console report (vLLM block + ours).
     pub report: String,
     pub valid: bool,
+    /// No measured request succeeded (and not every one failed as recorded).
+    pub all_failed: bool,
     /// `--sessions`: how the session-ordered replay went.
     pub sessions: Option<sessions::SessionReport>,
 }
@@ -79,10 +86,10 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     }))?;
     crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
     print!("{}", out.report);
-    Ok(if out.valid {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_INVALID)
+    Ok(match (out.all_failed, out.valid) {
+        (true, _) => ExitCode::from(EXIT_ALL_FAILED),
+        (false, false) => ExitCode::from(EXIT_INVALID),
+        (false, true) => ExitCode::SUCCESS,
     })
 }
 
@@ -292,14 +299,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         .or_else(|| embedded.as_ref().map(|e| e.url.clone()))
         .unwrap_or_default();
     let client = Arc::new(open_client(cfg, &target_url).await?);
-    let model = match (&cfg.model, &embedded) {
-        (Some(m), _) => m.clone(),
-        (None, Some(e)) => e.model.clone(),
-        (None, None) => client
-            .first_model()
-            .await
-            .map_err(|e| anyhow!("{e} (or give --model)"))?,
-    };
+    let model = model(cfg, embedded.as_ref(), &client).await?;
     let speed = cfg.speed.unwrap_or(1.0);
     let (trace, plan, left_out) = plan(cfg, trace, embedded.is_some())?;
     let links = match cfg.sessions {
@@ -308,25 +308,23 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     };
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = prompts(cfg, block_size)?;
+    let overheads = match &prompts {
+        Prompts::Text(tb) => {
+            let (o, line) = overhead::measure(&client, &model, tb).await;
+            eprintln!("retrace: {line}");
+            o
+        }
+        Prompts::Tokens(_) => Default::default(),
+    };
     let body_opts = BodyOptions {
         api: cfg.api,
         model: model.clone(),
         model_override: cfg.model.is_some(),
         extra_body: cfg.extra_body.clone(),
         keep_original_limits: cfg.keep_original_limits,
+        overheads,
     };
-    let bodies = plan
-        .iter()
-        .map(|p| {
-            request::build(
-                &trace.requests[p.index],
-                p.index as u64,
-                &body_opts,
-                &prompts,
-            )
-            .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let bodies = bodies(cfg, &trace, &plan, &body_opts, &prompts)?;
     let probe_bodies = match cfg.probe_rate {
         Some(rate) => probe_bodies(&trace, &plan, rate, &body_opts, &prompts)?,
         None => Vec::new(),
@@ -366,6 +364,38 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     })
 }
 
+/// The model to send: `--model`, the embedded mock's, else the target's first.
+async fn model(
+    cfg: &Config,
+    embedded: Option<&Embedded>,
+    client: &client::Client,
+) -> anyhow::Result<String> {
+    match (&cfg.model, embedded) {
+        (Some(m), _) => Ok(m.clone()),
+        (None, Some(e)) => Ok(e.model.clone()),
+        (None, None) => client
+            .first_model()
+            .await
+            .map_err(|e| anyhow!("{e} (or give --model)")),
+    }
+}
+
+/// Every planned request's body, built before the clock starts.
+fn bodies(
+    cfg: &Config,
+    trace: &crate::trace::Trace,
+    plan: &[schedule::PlannedSend],
+    opts: &BodyOptions,
+    prompts: &Prompts,
+) -> anyhow::Result<Vec<BuiltRequest>> {
+    plan.iter()
+        .map(|p| {
+            request::build(&trace.requests[p.index], p.index as u64, opts, prompts)
+                .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
+        })
+        .collect()
+}
+
 /// The trace, read off the runtime's threads (malformed rows skipped with a warning).
 async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
     let path = cfg.trace.clone();
@@ -380,7 +410,8 @@ async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
     Ok(trace)
 }
 
-/// The client for `target_url`: its pool, kernel stamps and reader threads as tuned.
+/// The client for `target_url`: its pool, kernel stamps and reader threads as tuned, and one
+/// connection opened to check that the target can be reached.
 async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::Client> {
     let target = target::Target::parse(target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?;
     let t = &cfg.tuning;
@@ -390,6 +421,12 @@ async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::C
         .with_kernel_rx(t.kernel_rx)
         .with_readers(t.reader_threads, t.read_batch)
         .context("starting the reader threads")?;
+    pool.reach().await.map_err(|e| {
+        anyhow!(
+            "--target {target_url}: the target could not be reached ({})",
+            e.reason()
+        )
+    })?;
     Ok(client::Client {
         pool,
         target,
@@ -501,7 +538,8 @@ async fn warm(cfg: &Config, client: &client::Client, planned: usize) {
         .tuning
         .warm_connections
         .unwrap_or(cfg.max_concurrency.unwrap_or(128))
-        .min(planned);
+        .min(planned)
+        .saturating_sub(1); // the one that checked the target is idle already
     if warm > 0 {
         let opened = client.pool.warm(warm, 32).await;
         if opened < warm {
@@ -547,7 +585,6 @@ pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
     // Side requests are counted apart; the workload's samples alone make the statistics.
     let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
     driven.samples = work;
-    crate::stamps::flush();
     let probes = match (prober, cfg.probe_rate) {
         (Some(pr), Some(rate)) => {
             let samples = pr.finish().await;
@@ -592,8 +629,6 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
         .collect();
     let opts = driver::DriveOptions {
         max_concurrency: cfg.max_concurrency,
-        realtime: cfg.tuning.realtime,
-        spin: cfg.tuning.spin,
         links: p.links.clone(),
         t0: Some(t0),
     };
@@ -672,14 +707,36 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
         std::fs::write(path, text)
             .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
     }
-    let mut report = console::vllm_block(&summary);
-    report.push_str(&console::extra_sections(&summary, cfg.max_drift_ms));
-    report.push_str(&outcome::console(
-        p.facts.recorded.as_deref(),
-        samples,
-        &ran.aux_samples,
-    ));
-    if let Some(r) = &sessions {
+    let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
+    let verdict = (invalid_reason.as_deref(), all_failed);
+    let report = console_report(cfg, p, &ran, &summary, sessions.as_ref(), verdict);
+    Ok(Outcome {
+        summary,
+        result,
+        report,
+        valid: invalid_reason.is_none(),
+        all_failed,
+        sessions,
+    })
+}
+
+/// The console report: vLLM's block, ours, then each optional section and the verdict (why the
+/// run is invalid, whether every request failed).
+fn console_report(
+    cfg: &Config,
+    p: &Prepared,
+    ran: &Ran,
+    summary: &metrics::Summary,
+    sessions: Option<&sessions::SessionReport>,
+    (invalid_reason, all_failed): (Option<&str>, bool),
+) -> String {
+    let samples = &ran.driven.samples;
+    let firsts = outcome::first_errors(samples);
+    let mut report = console::vllm_block(summary);
+    report.push_str(&console::extra_sections(summary, cfg.max_drift_ms, &firsts));
+    let recorded = p.facts.recorded.as_deref();
+    report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
+    if let Some(r) = sessions {
         report.push_str(&console::sessions_section(r));
     }
     if let Some(sm) = &ran.server_metrics {
@@ -688,16 +745,16 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     if let Some((_, p)) = &ran.probes {
         report.push_str(&console::probes_section(p));
     }
-    if let Some(r) = &invalid_reason {
+    if let Some(r) = invalid_reason {
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
-    Ok(Outcome {
-        summary,
-        result,
-        report,
-        valid: invalid_reason.is_none(),
-        sessions,
-    })
+    if all_failed {
+        let n = samples.len();
+        report.push_str(&format!(
+            "RUN FAILED: all {n} requests failed (exit {EXIT_ALL_FAILED})\n"
+        ));
+    }
+    report
 }
 
 /// The result file of the run (without its sessions section).
@@ -771,6 +828,7 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
             PromptMode::Text => "text".into(),
         },
         drift_limit_ms: cfg.max_drift_ms,
+        shard: cfg.shaping.shard.map(|(i, n)| format!("{i}/{n}")),
         valid: invalid_reason.is_none(),
         invalid_reason,
         inexact_prompts: facts.inexact,

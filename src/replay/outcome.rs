@@ -3,12 +3,18 @@
 //! Auxiliary requests (`--include-aux`) are sent and counted here, apart from the workload's
 //! samples, so they never enter vLLM's latency statistics. For a recorded trace, each measured
 //! request's recorded outcome is held against the replayed one: a request that failed in
-//! production should fail again the same way.
+//! production should fail again the same way. A run in which no measured request succeeded is
+//! a failed run ([`all_failed`]), unless every request failed exactly as it was recorded to.
 
 use crate::metrics::Sample;
 use crate::trace::Trace;
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+/// How many distinct failure messages the console shows, and how many characters of each.
+pub const FIRST_ERRORS: usize = 3;
+const MESSAGE_CHARS: usize = 200;
 
 /// Splits `samples` (schedule order; `aux[i]` says whether send `i` was auxiliary) into the
 /// workload's samples and the auxiliary ones.
@@ -69,15 +75,81 @@ pub fn auxiliary(aux: &[Sample]) -> Option<Value> {
     }))
 }
 
+/// How a replayed request failed (its kind's wire name), `None` when it succeeded.
+fn replayed_failure(s: &Sample) -> Option<Cow<'static, str>> {
+    match s.ok() {
+        true => None,
+        false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
+    }
+}
+
+/// Whether the run failed as a whole: requests were measured, none succeeded, and not every one
+/// of them failed the way it was recorded to (`rec`, as in [`recorded`]; a recording whose
+/// requests all failed, replayed faithfully, is not a failed run).
+pub fn all_failed(rec: Option<&[Option<String>]>, samples: &[Sample]) -> bool {
+    let as_recorded = |(i, s): (usize, &Sample)| {
+        let was = rec.and_then(|r| r.get(i)).and_then(Option::as_deref);
+        was.is_some() && was == replayed_failure(s).as_deref()
+    };
+    !samples.is_empty()
+        && !samples.iter().any(Sample::ok)
+        && !samples.iter().enumerate().all(as_recorded)
+}
+
+/// A failure message and how many measured requests failed with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstError {
+    pub kind: String,
+    /// The detail (an error body's first bytes, the I/O error) on one line, at most 200 chars.
+    pub message: String,
+    pub count: u64,
+}
+
+/// The first [`FIRST_ERRORS`] distinct (kind, message) failures of `samples`, in the order they
+/// first occurred, each with its count.
+pub fn first_errors(samples: &[Sample]) -> Vec<FirstError> {
+    let mut out: Vec<FirstError> = Vec::new();
+    for s in samples {
+        let Some(kind) = replayed_failure(s) else {
+            continue;
+        };
+        let message = one_line(s.error_detail.as_deref().unwrap_or(""), MESSAGE_CHARS);
+        match out
+            .iter()
+            .position(|e| e.kind == kind && e.message == message)
+        {
+            Some(i) => out[i].count += 1,
+            None if out.len() < FIRST_ERRORS => out.push(FirstError {
+                kind: kind.into_owned(),
+                message,
+                count: 1,
+            }),
+            None => {}
+        }
+    }
+    out
+}
+
+/// `text` with runs of whitespace and control characters as one space, cut at `max` characters
+/// (an ellipsis says so).
+fn one_line(text: &str, max: usize) -> String {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let line = words.join(" ");
+    match line.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
 /// The result's `recorded_outcomes`: recorded against replayed outcomes of the measured
 /// requests (`rec[i]` is sample `i`'s recorded failure).
 pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
     let (mut same, mut differently, mut now_ok, mut newly_failed) = (0u64, 0u64, 0u64, 0u64);
     for (r, s) in rec.iter().zip(samples) {
-        let replayed = match s.ok() {
-            true => None,
-            false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
-        };
+        let replayed = replayed_failure(s);
         match (r.as_deref(), replayed.as_deref()) {
             (Some(a), Some(b)) if a == b => same += 1,
             (Some(_), Some(_)) => differently += 1,
@@ -178,6 +250,54 @@ mod tests {
             requests: vec![Request::default()],
         };
         assert_eq!(recorded_failures(&imported, &[0], &[false]), None);
+    }
+
+    fn failed(kind: Failure, detail: &str) -> Sample {
+        Sample {
+            error_detail: Some(detail.into()),
+            ..sample(Some(kind))
+        }
+    }
+
+    /// A recording whose requests failed, replayed faithfully, is not a failed run; one that
+    /// fails some other way is.
+    #[test]
+    fn recorded_failures_that_fail_again_the_same_way_are_not_a_failed_run() {
+        let rec = vec![Some("http_404".to_string()), Some("http_400".into())];
+        let same = [
+            failed(Failure::Http(404), "a"),
+            failed(Failure::Http(400), "b"),
+        ];
+        assert!(!all_failed(Some(&rec), &same));
+        let other = [failed(Failure::Http(404), "a"), failed(Failure::Reset, "b")];
+        assert!(all_failed(Some(&rec), &other));
+        let partly_recorded = [Some("http_404".to_string()), None];
+        let both_404 = [
+            failed(Failure::Http(404), "a"),
+            failed(Failure::Http(404), "a"),
+        ];
+        assert!(all_failed(Some(&partly_recorded), &both_404));
+        // Without a recording: no success is a failed run, one success is not.
+        assert!(all_failed(None, &both_404) && !all_failed(None, &[]));
+        assert!(!all_failed(None, &[both_404[0].clone(), sample(None)]));
+    }
+
+    #[test]
+    fn first_errors_are_distinct_bounded_and_one_line() {
+        let long = "x".repeat(500);
+        let s = vec![
+            failed(Failure::Http(503), "busy\n  try later"),
+            failed(Failure::Connect, "connect 127.0.0.1:9: refused"),
+            failed(Failure::Http(503), "busy try later"),
+            failed(Failure::Http(500), &long),
+            failed(Failure::Reset, "a fourth kind is not shown"),
+            sample(None),
+        ];
+        let f = first_errors(&s);
+        let got: Vec<(&str, u64)> = f.iter().map(|e| (e.kind.as_str(), e.count)).collect();
+        assert_eq!(got, [("http_503", 2), ("connect", 1), ("http_500", 1)]);
+        assert_eq!(f[0].message, "busy try later");
+        assert_eq!(f[2].message, format!("{}…", "x".repeat(200)));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! handshake is part of the connect, so warming takes it off the clock too. [`Pool::get`] is the
 //! small GET of `/v1/models` and scrapes. No scheduling and no measuring here.
 
-use super::h1client::{IoStamps, RawConn, SendError};
+use super::h1client::{RawConn, SendError};
 use super::target::Target;
 use crate::h1wire::{self, BodyDecoder, ResponseHead};
 use crate::netio::ClientStream;
@@ -20,8 +20,37 @@ use hyper::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use hyper::HeaderMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// Why a connection to the target could not be opened: the TCP connect or the TLS handshake.
+#[derive(Debug, thiserror::Error)]
+#[error("{stage} {addr}: {source}")]
+pub struct ConnectError {
+    stage: &'static str,
+    addr: SocketAddr,
+    source: std::io::Error,
+}
+
+impl ConnectError {
+    /// What went wrong, in words: `connection refused at 127.0.0.1:1`.
+    pub fn reason(&self) -> String {
+        match self.source.kind() {
+            std::io::ErrorKind::ConnectionRefused => format!("connection refused at {}", self.addr),
+            std::io::ErrorKind::TimedOut => {
+                format!(
+                    "no answer from {} within {} s",
+                    self.addr,
+                    REACH_LIMIT.as_secs()
+                )
+            }
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// How long [`Pool::reach`] waits for the first connection.
+const REACH_LIMIT: Duration = Duration::from_secs(30);
 
 /// A pool of connections to one address.
 pub struct Pool {
@@ -120,30 +149,45 @@ impl Pool {
         self.host.as_bytes()
     }
 
-    /// Opens a connection: TCP (`TCP_NODELAY`, stage stamps when `RETRACE_STAMPS` is on), then
-    /// TLS for `https://`.
-    pub async fn connect(&self) -> Result<RawConn, String> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
+    /// Opens a connection: TCP (`TCP_NODELAY`), then TLS for `https://`.
+    pub async fn connect(&self) -> Result<RawConn, ConnectError> {
+        let addr = self.addr;
+        let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+            .map_err(|source| ConnectError {
+                stage: "connect",
+                addr,
+                source,
+            })?;
         let _ = stream.set_nodelay(true);
-        let stamps = crate::stamps::enabled().then(|| {
-            use std::os::fd::AsRawFd;
-            Arc::new(IoStamps {
-                port: crate::stamps::port_of(stream.as_raw_fd(), true),
-                ..Default::default()
-            })
-        });
         let io = match &self.tls {
             Some((connector, name)) => ClientStream::Tls(Box::new(
                 connector
                     .connect(name.clone(), stream)
                     .await
-                    .map_err(|e| format!("TLS handshake with {}: {e}", self.addr))?,
+                    .map_err(|source| ConnectError {
+                        stage: "TLS handshake with",
+                        addr,
+                        source,
+                    })?,
             )),
             None => ClientStream::Plain(stream),
         };
-        Ok(RawConn::new(io, stamps, self.kernel_rx))
+        Ok(RawConn::new(io, self.kernel_rx))
+    }
+
+    /// Opens one connection (kept idle for the run), within 30 s: whether the target can be
+    /// reached at all.
+    pub async fn reach(&self) -> Result<(), ConnectError> {
+        let conn = tokio::time::timeout(REACH_LIMIT, self.connect())
+            .await
+            .map_err(|_| ConnectError {
+                stage: "connect",
+                addr: self.addr,
+                source: std::io::ErrorKind::TimedOut.into(),
+            })??;
+        self.checkin(conn);
+        Ok(())
     }
 
     /// The most recently used idle connection that the server has not visibly closed.
@@ -205,9 +249,21 @@ impl Pool {
                 (0, Some((c, n))) => (c, true, n.min(wire.len())),
                 (0, None) => match self.take() {
                     Some(c) => (c, true, 0),
-                    None => (self.connect().await.map_err(SendError::Connect)?, false, 0),
+                    None => (
+                        self.connect()
+                            .await
+                            .map_err(|e| SendError::Connect(e.to_string()))?,
+                        false,
+                        0,
+                    ),
                 },
-                _ => (self.connect().await.map_err(SendError::Connect)?, false, 0),
+                _ => (
+                    self.connect()
+                        .await
+                        .map_err(|e| SendError::Connect(e.to_string()))?,
+                    false,
+                    0,
+                ),
             };
             if let Err(e) = conn.write_all(&wire[done..]).await {
                 if reused {
@@ -235,12 +291,33 @@ impl Pool {
         limit: Duration,
         max_body: usize,
     ) -> Result<(u16, Vec<u8>), String> {
+        self.call("GET", path, headers, None, limit, max_body).await
+    }
+
+    /// [`Pool::get`] with any method and an optional JSON body (e.g. `POST /tokenize`).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &HeaderMap,
+        json: Option<&[u8]>,
+        limit: Duration,
+        max_body: usize,
+    ) -> Result<(u16, Vec<u8>), String> {
         let mut wire = Vec::new();
         let fields = headers
             .iter()
             .filter(|(k, _)| *k != HOST && *k != CONTENT_LENGTH && *k != TRANSFER_ENCODING)
-            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()));
-        h1wire::write_request("GET", path, self.host(), fields, b"", &mut wire);
+            .map(|(k, v)| (k.as_str().as_bytes(), v.as_bytes()))
+            .chain(json.map(|_| (&b"content-type"[..], &b"application/json"[..])));
+        h1wire::write_request(
+            method,
+            path,
+            self.host(),
+            fields,
+            json.unwrap_or(b""),
+            &mut wire,
+        );
         let exchange = async {
             let (mut conn, head) = self.exchange(&wire, None).await.map_err(|e| match e {
                 SendError::Connect(e) | SendError::Reset(e) => e,

@@ -47,6 +47,9 @@ pub struct BodyOptions {
     pub model_override: bool,
     pub extra_body: Map<String, Value>,
     pub keep_original_limits: bool,
+    /// What the target adds to a text prompt ([`super::overhead`]): synthesised text is that
+    /// much shorter.
+    pub overheads: super::overhead::Overheads,
 }
 
 /// One ready-to-send request.
@@ -168,7 +171,11 @@ fn synthesised(
             json!(s.prompt(&req.hash_ids, req.input_tokens, key))
         }
         Prompts::Text(tb) => {
-            let (text, fid) = tb.prompt_text(&req.hash_ids, req.input_tokens, key);
+            let n = req
+                .input_tokens
+                .saturating_sub(opts.overheads.of(api))
+                .max(1);
+            let (text, fid) = tb.prompt_text(&req.hash_ids, n, key);
             exact = fid == TextFidelity::Exact;
             json!(text)
         }
@@ -243,6 +250,7 @@ mod tests {
             model_override: false,
             extra_body: Map::new(),
             keep_original_limits: false,
+            overheads: Default::default(),
         }
     }
 
@@ -407,5 +415,35 @@ mod tests {
             11
         );
         assert!(b.exact_prompt);
+    }
+
+    /// The target's chat template and special tokens are taken off the synthesised text, so the
+    /// server counts the recorded length; the intended length stays the trace's.
+    #[test]
+    fn text_prompts_leave_room_for_what_the_target_adds() {
+        let words = |b: &BuiltRequest, api: Api| {
+            let v: Value = serde_json::from_slice(&b.body).unwrap();
+            let t = match api {
+                Api::Chat => v["messages"][0]["content"].clone(),
+                Api::Completions => v["prompt"].clone(),
+            };
+            t.as_str()
+                .unwrap()
+                .split(' ')
+                .filter(|w| !w.is_empty())
+                .count()
+        };
+        for (api, added) in [(Api::Chat, 4), (Api::Completions, 1)] {
+            let tb = TextBuilder::new(crate::synth::test_tokenizer::word_level(), 4, 0).unwrap();
+            let mut o = opts(api);
+            o.overheads = super::super::overhead::Overheads {
+                completions: 1,
+                chat: 4,
+            };
+            let r = req();
+            let b = build(&r, 0, &o, &Prompts::Text(Box::new(tb))).unwrap();
+            assert_eq!(words(&b, api) as u64, r.input_tokens - added, "{api:?}");
+            assert_eq!(b.input_tokens, r.input_tokens);
+        }
     }
 }

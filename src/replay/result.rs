@@ -54,6 +54,9 @@ pub struct RunInfo {
     pub prompt_mode: String,
     /// `--max-drift-ms`, when given.
     pub drift_limit_ms: Option<f64>,
+    /// `--shard I/N`, when given (`retrace merge` refuses a repeated or foreign shard).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub valid: bool,
     pub invalid_reason: Option<String>,
     pub inexact_prompts: u64,
@@ -138,6 +141,8 @@ pub struct Detailed {
     pub errors: Vec<String>,
     pub server_queue_times: Vec<Option<f64>>,
     pub server_ttfts: Vec<Option<f64>>,
+    /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
+    pub server_input_lens: Vec<Option<u64>>,
     pub intended_times: Vec<f64>,
     pub drifts: Vec<f64>,
     pub client_queue_times: Vec<f64>,
@@ -164,6 +169,7 @@ impl Detailed {
             }),
             server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
             server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
+            server_input_lens: col(s, |x| x.server.prompt_tokens),
             intended_times: col(s, |x| ns_to_s(x.intended_ns)),
             drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
             client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
@@ -331,6 +337,7 @@ pub(crate) mod tests {
                 server: ServerTimes {
                     queue_ms: Some(1.0),
                     ttft_ms: Some(40.0),
+                    prompt_tokens: None,
                 },
                 ..Default::default()
             },
@@ -361,6 +368,7 @@ pub(crate) mod tests {
             block_size: 512,
             prompt_mode: "token-ids".into(),
             drift_limit_ms: None,
+            shard: None,
             valid: true,
             invalid_reason: None,
             inexact_prompts: 0,

@@ -80,7 +80,33 @@ pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, St
             links.think_ns[b] = (think_us as f64 * 1000.0 / speed).round() as u64;
         }
     }
+    let held = longest_hold_ns(&links, plan);
+    if held > super::MAX_SCHEDULE.as_nanos() as u64 {
+        return Err(format!(
+            "--sessions: a session's first send and think times add up to {:.0} days at --speed {speed} (more than {}): check the trace's think_time values and --speed",
+            held as f64 / 86_400e9,
+            super::MAX_SCHEDULE.as_secs() / 86_400
+        ));
+    }
     Ok(links)
+}
+
+/// The longest a session waits before its last turn is released, ns: its first planned send
+/// plus every think time after it (the server's time comes on top).
+fn longest_hold_ns(links: &Links, plan: &[PlannedSend]) -> u64 {
+    let chain = |root: usize| {
+        let (mut t, mut s) = (plan[root].at_ns, links.succ[root]);
+        while let Some(n) = s {
+            t = t.saturating_add(links.think_ns[n]);
+            s = links.succ[n];
+        }
+        t
+    };
+    (0..plan.len())
+        .filter(|&s| links.is_root(s))
+        .map(chain)
+        .max()
+        .unwrap_or(0)
 }
 
 /// How the session-ordered replay went.

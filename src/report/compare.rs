@@ -266,11 +266,24 @@ pub fn min_samples(stat: Stat) -> u64 {
     }
 }
 
+/// The generator of one row's draws: the user's seed mixed with the row's `salt`.
+fn rng(seed: u64, salt: u64) -> rand_chacha::ChaCha8Rng {
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// The [`CONFIDENCE`] percentile interval of bootstrap differences.
+fn interval(mut d: Vec<f64>) -> (f64, f64) {
+    d.sort_by(f64::total_cmp);
+    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
+    (
+        percentile_sorted(&d, alpha),
+        percentile_sorted(&d, 100.0 - alpha),
+    )
+}
+
 /// Bootstrap intervals of candidate − baseline for the four statistics of one metric.
 fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f64); 4] {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-        opts.seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
+    let mut rng = rng(opts.seed, salt);
     let mut diffs: [Vec<f64>; 4] = Default::default();
     for _ in 0..opts.resamples.max(10) {
         let qb = quad_of(&b.values, &b.resample(&mut rng));
@@ -279,14 +292,7 @@ fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f6
             diffs[i].push(qc.get(*s) - qb.get(*s));
         }
     }
-    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    diffs.map(|mut d| {
-        d.sort_by(f64::total_cmp);
-        (
-            percentile_sorted(&d, alpha),
-            percentile_sorted(&d, 100.0 - alpha),
-        )
-    })
+    diffs.map(interval)
 }
 
 /// Per-request ITL sums and gap counts (ms) of one run's successful requests with gaps.
@@ -342,17 +348,11 @@ fn clustered_intervals(
     opts: &Options,
     salt: u64,
 ) -> [(f64, f64); 4] {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-        opts.seed ^ 0xC1_u64 ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
-    let mut d: Vec<f64> = (0..opts.resamples.max(10))
-        .map(|_| c.resampled_mean(&mut rng) - b.resampled_mean(&mut rng))
-        .collect();
-    d.sort_by(f64::total_cmp);
-    let alpha = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    let mean_ci = (
-        percentile_sorted(&d, alpha),
-        percentile_sorted(&d, 100.0 - alpha),
+    let mut rng = rng(opts.seed ^ 0xC1, salt);
+    let mean_ci = interval(
+        (0..opts.resamples.max(10))
+            .map(|_| c.resampled_mean(&mut rng) - b.resampled_mean(&mut rng))
+            .collect(),
     );
     let pooled_w = pooled[0].1 - pooled[0].0;
     let factor = if pooled_w > 0.0 {
@@ -441,13 +441,13 @@ fn failure_rate(r: &Run) -> Option<(f64, f64)> {
     (n > 0.0).then(|| (r.scalar("failed").unwrap_or(0.0) / n, n))
 }
 
-/// Compares `cand` against `base`; `noise` is a second run of the baseline.
 /// The noise band of a row: the largest |noise − baseline| over the noise runs that have it.
 fn band(noise: impl Iterator<Item = Option<f64>>, base: Option<f64>) -> Option<f64> {
     let b = base?;
     noise.flatten().map(|n| (n - b).abs()).reduce(f64::max)
 }
 
+/// Compares `cand` against `base`; `noise` holds reruns of the baseline.
 pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
@@ -692,20 +692,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// Options that count every significant change (no minimum effect).
+    pub(crate) fn strict(seed: u64, resamples: usize) -> Options {
+        Options {
+            min_effect: MinEffect::Absolute(0.0),
+            seed,
+            resamples,
+        }
+    }
+
+    /// [`compare`] with [`strict`] options.
+    pub(crate) fn strict_compare(
+        b: &Run,
+        c: &Run,
+        noise: &[Run],
+        seed: u64,
+        resamples: usize,
+    ) -> Comparison {
+        compare(b, c, noise, &strict(seed, resamples))
+    }
+
     #[test]
     fn ten_percent_shift_in_noisy_metric_is_found() {
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         for key in ["mean_ttft_ms", "median_ttft_ms"] {
             let row = cmp.row(key).unwrap();
             assert_eq!(row.significant, Some(true), "{row:?}");
@@ -721,16 +732,7 @@ pub(crate) mod tests {
         for (sb, sc) in [(11, 12), (13, 14), (15, 16)] {
             let b = synth_run(1000, 100.0, sb);
             let c = synth_run(1000, 100.0, sc);
-            let cmp = compare(
-                &b,
-                &c,
-                &[],
-                &Options {
-                    min_effect: MinEffect::Absolute(0.0),
-                    seed: 3,
-                    resamples: 200,
-                },
-            );
+            let cmp = strict_compare(&b, &c, &[], 3, 200);
             for stat in ["mean", "median", "p90"] {
                 let row = cmp.row(&format!("{stat}_ttft_ms")).unwrap();
                 assert_eq!(row.significant, Some(false), "seeds {sb},{sc}: {row:?}");
@@ -757,11 +759,7 @@ pub(crate) mod tests {
 
     #[test]
     fn itl_intervals_respect_per_stream_correlation() {
-        let o = Options {
-            min_effect: MinEffect::Absolute(0.0),
-            seed: 5,
-            resamples: 200,
-        };
+        let o = strict(5, 200);
         // Same distribution, different draws: the pooled bootstrap (what this module did before)
         // calls about half of these pairs significant; the clustered intervals call none.
         let mut pooled_flags = 0;
@@ -803,11 +801,7 @@ pub(crate) mod tests {
     fn same_seed_same_result() {
         let b = synth_run(500, 100.0, 1);
         let c = synth_run(500, 104.0, 2);
-        let o = Options {
-            min_effect: MinEffect::Absolute(0.0),
-            seed: 9,
-            resamples: 100,
-        };
+        let o = strict(9, 100);
         assert_eq!(compare(&b, &c, &[], &o), compare(&b, &c, &[], &o));
     }
 
@@ -817,44 +811,17 @@ pub(crate) mod tests {
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
         let noise = synth_run(1500, 115.0, 3);
-        let cmp = compare(
-            &b,
-            &c,
-            std::slice::from_ref(&noise),
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, std::slice::from_ref(&noise), 7, 200);
         let row = cmp.row("median_ttft_ms").unwrap();
         assert!(row.noise.unwrap() > 10.0, "{row:?}");
         assert_eq!(row.significant, Some(false), "{row:?}");
         // A rerun within 1 % leaves the 10 % change standing.
         let quiet = synth_run(1500, 100.5, 4);
-        let cmp = compare(
-            &b,
-            &c,
-            std::slice::from_ref(&quiet),
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, std::slice::from_ref(&quiet), 7, 200);
         assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Worse);
         // Several reruns: the band is the largest difference, so one noisy rerun is enough.
         let quiet_noise = [quiet.clone(), noise.clone()];
-        let cmp = compare(
-            &b,
-            &c,
-            &quiet_noise,
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &quiet_noise, 7, 200);
         assert_eq!(cmp.noise.len(), 2);
         let row = cmp.row("median_ttft_ms").unwrap();
         let widest = (points(&noise, Metric::Ttft)[1].unwrap().0
@@ -879,30 +846,12 @@ pub(crate) mod tests {
         };
         let b = strip(synth_run(1500, 100.0, 1));
         let c = strip(synth_run(1500, 110.0, 2));
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         let row = cmp.row("median_ttft_ms").unwrap();
         assert!(row.approx);
         assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
         let b2 = strip(synth_run(1500, 100.0, 5));
-        let cmp = compare(
-            &b,
-            &b2,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &b2, &[], 7, 200);
         assert_eq!(cmp.row("median_ttft_ms").unwrap().verdict, Verdict::Same);
     }
 
@@ -926,16 +875,7 @@ pub(crate) mod tests {
     fn tail_percentiles_of_small_runs_are_not_judged() {
         let b = synth_run(200, 100.0, 1);
         let c = synth_run(200, 300.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 1,
-                resamples: 100,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 1, 100);
         assert_eq!(cmp.row("p99_ttft_ms").unwrap().verdict, Verdict::Unknown);
         assert_eq!(cmp.row("p90_ttft_ms").unwrap().verdict, Verdict::Worse);
         assert!(cmp
@@ -950,16 +890,7 @@ pub(crate) mod tests {
         let mut c = synth_run(100, 100.0, 2);
         c.scalars.insert("completed".into(), 50.0);
         c.scalars.insert("failed".into(), 50.0);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: MinEffect::Absolute(0.0),
-                seed: 1,
-                resamples: 50,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 1, 50);
         let row = cmp.row("failure_rate").unwrap();
         assert_eq!(row.candidate, Some(0.5));
         assert_eq!(row.verdict, Verdict::Worse);

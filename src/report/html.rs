@@ -14,7 +14,7 @@
 
 use super::compare::{Comparison, Verdict};
 use super::load::{Metric, Requests, Run};
-use super::render::num;
+use super::render::{label, num, verdict};
 use super::weighted::Weighted;
 use serde_json::{json, Value};
 
@@ -242,22 +242,7 @@ fn histogram(v: &[f64]) -> Option<Value> {
 }
 
 fn lengths(run: &Run) -> (Vec<f64>, Vec<f64>) {
-    if let Some(t) = &run.trace {
-        return (
-            t.requests.iter().map(|r| r.input_tokens as f64).collect(),
-            t.requests.iter().map(|r| r.output_tokens as f64).collect(),
-        );
-    }
-    match &run.requests {
-        Some(q) => (
-            q.input_lens.iter().map(|&v| v as f64).collect(),
-            (0..q.len())
-                .filter(|&i| q.ok(i))
-                .map(|i| q.output_lens[i] as f64)
-                .collect(),
-        ),
-        None => (Vec::new(), Vec::new()),
-    }
+    super::workload::lengths(run).unwrap_or_default()
 }
 
 /// Client TTFT split into server queue, server TTFT and unattributed time (mean and median of
@@ -385,22 +370,10 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> 
         .map(|r| {
             let v = match r.verdict {
                 Verdict::Worse => "worse",
-                Verdict::Better => "better",
-                Verdict::Same => "no change",
-                Verdict::Unknown => "n/a",
-                Verdict::Missing => "-",
+                v => verdict(v, false),
             };
             json!([
-                format!(
-                    "{}{}{}",
-                    r.label,
-                    if r.unit.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", r.unit)
-                    },
-                    if r.approx { " ~" } else { "" }
-                ),
+                label(r),
                 r.baseline.map(num),
                 r.candidate.map(num),
                 r.abs_change.map(num),
@@ -650,6 +623,36 @@ mod tests {
         }
         assert_eq!(p.matches("http://").count(), 1);
         assert!(p.contains("'http://www.w3.org/2000/svg'"));
+    }
+
+    /// A recording's length histograms count what compare's workload counts: side requests left
+    /// out, output lengths of the requests that succeeded only.
+    #[test]
+    fn recording_length_histograms_leave_out_side_requests_and_failures() {
+        use crate::trace::{Endpoint, Request, Response, Trace, TraceHeader};
+        let req = |input: u64, output: u64, status: u16, method: Option<&str>| Request {
+            method: method.map(str::to_string),
+            endpoint: Endpoint::Completions,
+            input_tokens: input,
+            output_tokens: output,
+            response: Some(Box::new(Response {
+                status,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let mut run = synth_run(1, 80.0, 1);
+        run.requests = None;
+        run.trace = Some(Trace {
+            header: TraceHeader::imported(16, false, "test"),
+            requests: vec![
+                req(10, 5, 200, None),
+                req(20, 7, 500, None),
+                req(0, 0, 200, Some("GET")),
+            ],
+        });
+        let (isl, osl) = lengths(&run);
+        assert_eq!((isl, osl), (vec![10.0, 20.0], vec![5.0]));
     }
 
     /// Scraped server gauges (`--scrape-metrics`) join the queue-depth chart; nulls are dropped.

@@ -119,6 +119,8 @@ pub struct Requests {
     pub client_queue_s: Vec<Option<f64>>,
     pub server_queue_s: Vec<Option<f64>>,
     pub server_ttft_s: Vec<Option<f64>>,
+    /// Prompt lengths as the server counted them (retrace results), where it said.
+    pub server_input_lens: Vec<Option<u64>>,
 }
 
 impl Requests {
@@ -327,6 +329,59 @@ fn f64_array(
         .map(Some)
 }
 
+/// Counts of a result file: non-negative integers (a negative or float count such as 1e300 is
+/// not a count).
+const COUNT_KEYS: [&str; 5] = [
+    "num_prompts",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+];
+
+/// The schema this build writes, counts that are counts, and a finite non-negative duration.
+fn check_schema_and_counts(
+    path: &Path,
+    obj: &serde_json::Map<String, Value>,
+    is_retrace: bool,
+) -> Result<(), LoadError> {
+    let schema = obj.get("schema");
+    if is_retrace && schema.and_then(Value::as_str) != Some(crate::replay::result::SCHEMA) {
+        let found: String =
+            schema.map_or_else(|| "missing".into(), |s| trace::clip(&s.to_string()).into());
+        let want = crate::replay::result::SCHEMA;
+        return Err(key_err(
+            path,
+            "schema",
+            format!("is {found}, this retrace reads {want}"),
+        ));
+    }
+    for k in COUNT_KEYS {
+        match obj.get(k) {
+            Some(v) if !v.is_u64() => {
+                let v = trace::clip(&v.to_string()).into_owned();
+                return Err(key_err(
+                    path,
+                    k,
+                    format!("is {v}, expected a non-negative integer"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    match obj.get("duration") {
+        Some(v) if !v.as_f64().is_some_and(|d| d.is_finite() && d >= 0.0) => Err(key_err(
+            path,
+            "duration",
+            format!(
+                "is {}, expected a non-negative number of seconds",
+                trace::clip(&v.to_string())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn from_result(
     path: &Path,
     obj: &serde_json::Map<String, Value>,
@@ -350,13 +405,7 @@ fn from_result(
             _ => {}
         }
     }
-    for k in ["completed", "duration"] {
-        if let Some(v) = obj.get(k) {
-            if !v.is_number() {
-                return Err(key_err(path, k, "expected a number"));
-            }
-        }
-    }
+    check_schema_and_counts(path, obj, is_retrace)?;
     let mut hists = BTreeMap::new();
     if let Some(h) = obj.get("histograms") {
         let Value::Object(h) = h else {
@@ -537,6 +586,10 @@ fn requests_from(
         client_queue_s: opt("client_queue_times")?,
         server_queue_s: opt("server_queue_times")?,
         server_ttft_s: opt("server_ttfts")?,
+        server_input_lens: opt("server_input_lens")?
+            .into_iter()
+            .map(|v| v.filter(|x| *x >= 1.0).map(|x| x as u64))
+            .collect(),
     }))
 }
 
@@ -606,6 +659,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
                 .push(sm.and_then(|m| m.queue_time_ms).map(|v| v / 1e3));
             r.server_ttft_s
                 .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
+            r.server_input_lens.push(None);
         }
         r
     });
@@ -755,5 +809,47 @@ mod tests {
         std::fs::write(&p, "{\"hello\": 1}").unwrap();
         let e = load(&p).unwrap_err().to_string();
         assert!(e.contains("x.json"), "{e}");
+    }
+
+    #[test]
+    fn compare_refuses_other_schema_and_negative_or_absurd_counts_naming_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cand.json");
+        let cases = [
+            (
+                r#""schema": "retrace.replay/2", "completed": 2"#,
+                "`schema`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": -3"#,
+                "`completed`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": 1e300"#,
+                "`completed`",
+            ),
+            (
+                r#""schema": "retrace.replay/1", "completed": 2, "failed": -1"#,
+                "`failed`",
+            ),
+            (
+                r#""completed": 2, "total_input_tokens": 1e300"#,
+                "`total_input_tokens`",
+            ),
+        ];
+        for (body, key) in cases {
+            std::fs::write(&p, format!(r#"{{{body}, "duration": 1.0}}"#)).unwrap();
+            let e = load(&p).unwrap_err().to_string();
+            assert!(e.contains("cand.json") && e.contains(key), "{body}: {e}");
+        }
+        let v = serde_json::json!({"schema": "retrace.replay/1", "completed": 2, "duration": -1.0});
+        let e = from_value(&p, &v).unwrap_err().to_string();
+        assert!(e.contains("cand.json") && e.contains("`duration`"), "{e}");
+        std::fs::write(
+            &p,
+            r#"{"schema": "retrace.replay/1", "completed": 2, "duration": 1.0}"#,
+        )
+        .unwrap();
+        assert_eq!(load(&p).unwrap().scalar("completed"), Some(2.0));
     }
 }

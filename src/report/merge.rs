@@ -32,7 +32,7 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed`.
-pub const ARRAY_KEYS: [&str; 12] = [
+pub const ARRAY_KEYS: [&str; 13] = [
     "input_lens",
     "output_lens",
     "ttfts",
@@ -42,6 +42,7 @@ pub const ARRAY_KEYS: [&str; 12] = [
     "errors",
     "server_queue_times",
     "server_ttfts",
+    "server_input_lens",
     "intended_times",
     "drifts",
     "client_queue_times",
@@ -88,6 +89,8 @@ pub enum MergeError {
     Load(#[from] load::LoadError),
     #[error("merge needs at least one input")]
     Empty,
+    #[error("{path}: given twice (the same result as {earlier}): each input counts once")]
+    Twice { path: String, earlier: String },
 }
 
 fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeError {
@@ -136,11 +139,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         }
         reqs.push(load::from_value(path, v)?.requests);
     }
+    check_distinct_shards(inputs)?;
     let detailed = reqs.iter().all(Option::is_some);
 
     let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
-    for k in ARRAY_KEYS {
-        m.remove(k);
+    for k in ARRAY_KEYS.iter().chain(&["shard"]) {
+        m.remove(*k);
     }
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
     for k in SUM_KEYS {
@@ -305,6 +309,36 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     Ok(Value::Object(m))
 }
 
+/// Each input once: no result given twice, shards (`shard: "I/N"`) of one count with distinct
+/// indexes.
+fn check_distinct_shards(inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> {
+    let shard = |v: &Value| {
+        let s = v.get("shard")?.as_str()?;
+        let (i, n) = s.split_once('/')?;
+        Some((s.to_string(), i.to_string(), n.to_string()))
+    };
+    for (k, (path, v)) in inputs.iter().enumerate() {
+        for (earlier, u) in &inputs[..k] {
+            let earlier = earlier.display();
+            if v == u {
+                let (path, earlier) = (path.display().to_string(), earlier.to_string());
+                return Err(MergeError::Twice { path, earlier });
+            }
+            let msg = match (shard(v), shard(u)) {
+                (Some((s, _, n)), Some((t, _, m))) if n != m => {
+                    format!("is shard {s} but {earlier} is shard {t}: not shards of one split")
+                }
+                (Some((s, i, _)), Some((_, j, _))) if i == j => {
+                    format!("is shard {s}, already given as {earlier}")
+                }
+                _ => continue,
+            };
+            return Err(key_err(path, "shard", msg));
+        }
+    }
+    Ok(())
+}
+
 /// `--sessions` reports of shards (sessions are kept whole by `--shard`): counts summed, the drift
 /// distribution pooled exactly where it can be (count, mean, std, min, max); median and
 /// percentiles null (`pooled: true`). `None` when no input has one.
@@ -429,6 +463,7 @@ fn concat(all: &mut Requests, r: &Requests) {
     all.client_queue_s.extend(&r.client_queue_s);
     all.server_queue_s.extend(&r.server_queue_s);
     all.server_ttft_s.extend(&r.server_ttft_s);
+    all.server_input_lens.extend(&r.server_input_lens);
 }
 
 /// Every statistics family from per-request data, with [`crate::metrics::summarize`]'s rules
@@ -589,6 +624,7 @@ mod tests {
             server: crate::metrics::ServerTimes {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
+                prompt_tokens: None,
             },
             ..Default::default()
         }
@@ -622,6 +658,16 @@ mod tests {
             })
             .collect()
     }
+
+    /// The histograms every result file has.
+    const HISTOGRAMS: [&str; 6] = [
+        "ttft_us",
+        "tpot_us",
+        "itl_us",
+        "e2el_us",
+        "drift_abs_ns",
+        "client_queue_ns",
+    ];
 
     fn hist_len(v: &Value, name: &str) -> u64 {
         Histograms::decode(v["histograms"][name].as_str().unwrap())
@@ -677,14 +723,7 @@ mod tests {
         for k in ARRAY_KEYS {
             assert_eq!(merged[k].as_array().unwrap().len(), 30, "{k}");
         }
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
         }
     }
@@ -775,19 +814,15 @@ mod tests {
         let merged = merge(&sh).unwrap();
         assert_eq!(merged["merged_from_histograms"], json!(true));
         assert!(merged.get("ttfts").is_none());
-        for name in [
-            "ttft_us",
-            "tpot_us",
-            "itl_us",
-            "e2el_us",
-            "drift_abs_ns",
-            "client_queue_ns",
-        ] {
+        for name in HISTOGRAMS {
             let sum: u64 = sh.iter().map(|(_, v)| hist_len(v, name)).sum();
             assert_eq!(hist_len(&merged, name), sum, "{name}");
         }
         let one = result(&all(), false, 2.0);
-        let twice = merge(&[("a".into(), one.clone()), ("b".into(), one.clone())]).unwrap();
+        // two runs with equal samples (not one file given twice, which is refused)
+        let mut other = one.clone();
+        other["date"] = json!("20260101-000001");
+        let twice = merge(&[("a".into(), one.clone()), ("b".into(), other)]).unwrap();
         for name in ["ttft_us", "itl_us", "drift_abs_ns"] {
             let a = Histograms::decode(one["histograms"][name].as_str().unwrap()).unwrap();
             let b = Histograms::decode(twice["histograms"][name].as_str().unwrap()).unwrap();
@@ -846,5 +881,35 @@ mod tests {
             "{e}"
         );
         assert!(merge(&[]).is_err());
+    }
+
+    #[test]
+    fn merge_refuses_the_same_shard_twice_and_shards_of_different_splits() {
+        let sh = shards(false);
+        let e = merge(&[sh[0].clone(), sh[1].clone(), sh[0].clone()]).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("shard-0.json") && e.contains("given twice"),
+            "{e}"
+        );
+        let with = |k: usize, s: &str| {
+            let (p, mut v) = sh[k].clone();
+            v["shard"] = json!(s);
+            (p, v)
+        };
+        let e = merge(&[with(0, "0/2"), with(1, "0/3")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shard-1.json") && e.contains("`shard`"), "{e}");
+        assert!(e.contains("0/3") && e.contains("0/2"), "{e}");
+        let e = merge(&[with(0, "1/3"), with(1, "1/3")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("shard-1.json") && e.contains("already given"),
+            "{e}"
+        );
+        let m = merge(&[with(0, "0/3"), with(1, "1/3"), with(2, "2/3")]).unwrap();
+        assert!(m.get("shard").is_none(), "the merged run is not one shard");
     }
 }

@@ -15,15 +15,16 @@ pub mod rules;
 pub mod weighted;
 pub mod workload;
 
-use crate::cli::{CompareArgs, CompareFormat, MergeArgs, ReportArgs};
+use crate::cli::{CompareArgs, MergeArgs, ReportArgs};
 use anyhow::Context;
 use std::io::Write;
 use std::process::ExitCode;
 
-/// `retrace compare`: exit 1 when a `--fail-on` rule trips; errors (exit 2) for bad input.
 /// `compare`'s exit status when no rule tripped but some could not be judged (too few samples).
 pub const NOT_JUDGED: u8 = 4;
 
+/// `retrace compare`: exit 1 when a `--fail-on` rule trips, [`NOT_JUDGED`] when none tripped but
+/// some could not be judged; errors (exit 2) for bad input.
 pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
     let rules = match &a.fail_on {
         Some(spec) => rules::parse(spec)?,
@@ -43,11 +44,6 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
     };
     let cmp = compare::compare(&base, &cand, &noise, &opts);
     let outcomes = rules::evaluate(&rules, &cmp)?;
-    let format = match a.format {
-        CompareFormat::Text => render::Format::Text,
-        CompareFormat::Markdown => render::Format::Markdown,
-        CompareFormat::Json => render::Format::Json,
-    };
     if let Some(path) = &a.html {
         let page = html::compare_page(&cmp, &base, &cand, &noise);
         std::fs::write(path, page)
@@ -55,24 +51,24 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
     }
     std::io::stdout()
         .lock()
-        .write_all(render::render(&cmp, &outcomes, format).as_bytes())?;
-    let tripped: Vec<&rules::Outcome> = outcomes.iter().filter(|o| o.tripped).collect();
-    let unjudged: Vec<&rules::Outcome> = outcomes.iter().filter(|o| o.not_judged).collect();
-    if tripped.is_empty() && !unjudged.is_empty() {
-        for o in &unjudged {
-            eprintln!("retrace compare: {}", o.message);
-        }
-        return Ok(ExitCode::from(NOT_JUDGED));
-    }
-    if tripped.is_empty() {
+        .write_all(render::render(&cmp, &outcomes, a.format).as_bytes())?;
+    let tripped = outcomes.iter().filter(|o| o.tripped).count();
+    let unjudged = outcomes.iter().any(|o| o.not_judged);
+    if tripped == 0 && !unjudged {
         return Ok(ExitCode::SUCCESS);
     }
-    for o in &tripped {
+    // the tripped rules, or else the ones that could not be judged
+    for o in outcomes
+        .iter()
+        .filter(|o| if tripped > 0 { o.tripped } else { o.not_judged })
+    {
         eprintln!("retrace compare: {}", o.message);
     }
+    if tripped == 0 {
+        return Ok(ExitCode::from(NOT_JUDGED));
+    }
     eprintln!(
-        "retrace compare: {} of {} --fail-on rules tripped",
-        tripped.len(),
+        "retrace compare: {tripped} of {} --fail-on rules tripped",
         outcomes.len()
     );
     Ok(ExitCode::from(1))

@@ -12,18 +12,13 @@ use super::rules::Outcome;
 use super::workload::{Shape, WorkloadCmp};
 use std::fmt::Write;
 
-/// Output format of `compare`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Text,
-    Markdown,
-    Json,
-}
+/// Output format of `compare` (`--format`).
+pub use crate::cli::CompareFormat as Format;
 
 pub fn render(cmp: &Comparison, rules: &[Outcome], format: Format) -> String {
     match format {
-        Format::Text => text(cmp, rules),
-        Format::Markdown => markdown(cmp, rules),
+        Format::Text => table(cmp, rules, false),
+        Format::Markdown => table(cmp, rules, true),
         Format::Json => json(cmp, rules),
     }
 }
@@ -69,7 +64,7 @@ fn ci(r: &Row) -> String {
     )
 }
 
-fn verdict(v: Verdict, md: bool) -> &'static str {
+pub(super) fn verdict(v: Verdict, md: bool) -> &'static str {
     match (v, md) {
         (Verdict::Worse, false) => "WORSE",
         (Verdict::Worse, true) => "**worse**",
@@ -80,7 +75,8 @@ fn verdict(v: Verdict, md: bool) -> &'static str {
     }
 }
 
-fn label(r: &Row) -> String {
+/// A row's label with its unit, `~` when approximate.
+pub(super) fn label(r: &Row) -> String {
     let unit = if r.unit.is_empty() {
         String::new()
     } else {
@@ -189,7 +185,7 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     if let Some(f) = &w.fidelity {
         let _ = writeln!(
             s,
-            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}%; output length exact {:.1}% (mean |diff| {:.2} tokens){}",
+            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}% ({} counted by the server); output length exact {:.1}% (mean |diff| {:.2} tokens){}",
             if md { "\n" } else { "  " },
             f.paired,
             f.speed,
@@ -197,6 +193,7 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
             f.arrival_error_ms.p99,
             f.arrival_error_ms.max,
             f.isl_exact * 100.0,
+            f.isl_server_counted,
             f.osl_exact * 100.0,
             f.osl_mean_abs_diff,
             f.inexact_prompts
@@ -232,6 +229,12 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
             .into();
     }
     let mut why = Vec::new();
+    if f.left_out > 0 {
+        why.push(format!(
+            "{} workload requests left out by the replay (its result's `left_out` says why)",
+            f.left_out
+        ));
+    }
     if f.unpaired > 0 {
         why.push(format!("{} requests not sent", f.unpaired));
     }
@@ -271,109 +274,81 @@ fn paired_line(cmp: &Comparison) -> Option<String> {
     ))
 }
 
-fn rules_lines(rules: &[Outcome]) -> String {
-    let mut s = String::new();
-    for o in rules {
-        let _ = writeln!(s, "{}", o.message);
+const COLUMNS: [&str; 7] = [
+    "metric",
+    "baseline",
+    "candidate",
+    "change",
+    "rel",
+    "interval of change",
+    "verdict",
+];
+
+/// One line of the metrics table: aligned columns, or a Markdown row.
+fn table_row(c: [&str; 7], md: bool) -> String {
+    if md {
+        return format!("| {} |", c.join(" | "));
     }
-    s
+    format!(
+        "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  {}",
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+    )
 }
 
-fn text(cmp: &Comparison, rules: &[Outcome]) -> String {
-    let mut s = String::new();
+/// The text (`md` false) or Markdown report: the same sections in the same order.
+fn table(cmp: &Comparison, rules: &[Outcome], md: bool) -> String {
+    let mut s = String::from(if md { "## retrace compare\n\n" } else { "" });
     for l in header_lines(cmp) {
+        let l = if md {
+            format!("- {}", l.replace("  ", " "))
+        } else {
+            l
+        };
         let _ = writeln!(s, "{l}");
     }
     s.push('\n');
-    if cmp.rows.is_empty() {
+    if cmp.rows.is_empty() && md {
+        s.push_str("No latency or throughput in either input: workload comparison only.\n");
+    } else if cmp.rows.is_empty() {
         s.push_str("no latency or throughput in either input: workload comparison only\n");
     } else {
-        let _ = writeln!(
-            s,
-            "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  verdict",
-            "metric", "baseline", "candidate", "change", "rel", "interval of change"
-        );
+        let _ = writeln!(s, "{}", table_row(COLUMNS, md));
+        if md {
+            s.push_str("|---|---:|---:|---:|---:|---:|---|\n");
+        }
     }
     for r in &cmp.rows {
-        let _ = writeln!(
-            s,
-            "{:<36} {:>11} {:>11} {:>11} {:>8} {:>26}  {}",
+        let cells = [
             label(r),
             opt(r.baseline),
             opt(r.candidate),
             signed(r.abs_change),
             pct(r.rel_change),
             ci(r),
-            verdict(r.verdict, false)
-        );
+            verdict(r.verdict, md).to_string(),
+        ];
+        let _ = writeln!(s, "{}", table_row(cells.each_ref().map(String::as_str), md));
     }
     if cmp.rows.iter().any(|r| r.approx) {
+        s.push_str(if md { "\n" } else { "" });
         s.push_str("~ from HdrHistogram buckets (0.1% precision)\n");
     }
     if let Some(p) = paired_line(cmp) {
         let _ = writeln!(s, "\n{p}");
     }
     if let Some(w) = &cmp.workload {
-        s.push_str(&workload_lines(w, false));
+        s.push_str(&workload_lines(w, md));
     }
     if !cmp.notes.is_empty() {
         s.push('\n');
         for n in &cmp.notes {
-            let _ = writeln!(s, "note: {n}");
+            let _ = writeln!(s, "{}note: {n}", if md { "> " } else { "" });
         }
     }
     if !rules.is_empty() {
-        s.push('\n');
-        s.push_str(&rules_lines(rules));
-    }
-    s
-}
-
-fn markdown(cmp: &Comparison, rules: &[Outcome]) -> String {
-    let mut s = String::from("## retrace compare\n\n");
-    for l in header_lines(cmp) {
-        let _ = writeln!(s, "- {}", l.replace("  ", " "));
-    }
-    if cmp.rows.is_empty() {
-        s.push_str("\nNo latency or throughput in either input: workload comparison only.\n");
-    } else {
-        s.push_str(
-            "\n| metric | baseline | candidate | change | rel | interval of change | verdict |\n",
-        );
-        s.push_str("|---|---:|---:|---:|---:|---:|---|\n");
-    }
-    for r in &cmp.rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            label(r),
-            opt(r.baseline),
-            opt(r.candidate),
-            signed(r.abs_change),
-            pct(r.rel_change),
-            ci(r),
-            verdict(r.verdict, true)
-        );
-    }
-    if cmp.rows.iter().any(|r| r.approx) {
-        s.push_str("\n~ from HdrHistogram buckets (0.1% precision)\n");
-    }
-    if let Some(p) = paired_line(cmp) {
-        let _ = writeln!(s, "\n{p}");
-    }
-    if let Some(w) = &cmp.workload {
-        s.push_str(&workload_lines(w, true));
-    }
-    if !cmp.notes.is_empty() {
-        s.push('\n');
-        for n in &cmp.notes {
-            let _ = writeln!(s, "> note: {n}");
-        }
-    }
-    if !rules.is_empty() {
-        s.push_str("\n### --fail-on\n\n");
+        s.push_str(if md { "\n### --fail-on\n\n" } else { "\n" });
         for o in rules {
-            let _ = writeln!(s, "- {}", o.message);
+            let _ = writeln!(s, "{}{}", if md { "- " } else { "" }, o.message);
         }
     }
     s
@@ -399,23 +374,14 @@ fn json(cmp: &Comparison, rules: &[Outcome]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::compare::{compare, tests::synth_run, Options};
+    use crate::report::compare::tests::{strict_compare, synth_run};
 
     /// The text and Markdown layouts (seeded: the intervals are reproducible).
     #[test]
     fn text_and_markdown_snapshots() {
         let b = synth_run(300, 100.0, 1);
         let c = synth_run(300, 120.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 5,
-                resamples: 50,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 5, 50);
         let rules = crate::report::rules::evaluate(
             &crate::report::rules::parse("median_ttft_ms>+10%,failure_rate>0.01").unwrap(),
             &cmp,
@@ -437,16 +403,7 @@ mod tests {
     fn formats_show_every_row_and_the_verdict() {
         let b = synth_run(500, 100.0, 1);
         let c = synth_run(500, 150.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 1,
-                resamples: 100,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 1, 100);
         let t = render(&cmp, &[], Format::Text);
         assert!(t.contains("mean TTFT (ms)") && t.contains("WORSE"), "{t}");
         let m = render(&cmp, &[], Format::Markdown);

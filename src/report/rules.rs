@@ -210,102 +210,94 @@ pub struct EvalError {
 
 /// Evaluates every rule.
 pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalError> {
-    rules
-        .iter()
-        .map(|rule| {
-            let err = |msg: &str| EvalError {
-                rule: rule.text.clone(),
-                msg: msg.to_string(),
-            };
-            // Before anything is read: a failed candidate's figures may be missing altogether.
-            if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: true,
-                    ignored_as_noise: false,
-                    not_judged: false,
-                    observed: f64::NAN,
-                    message: format!("FAIL {}: {why}", rule.text),
-                });
-            }
-            let row = cmp
-                .row(&rule.metric)
-                .ok_or_else(|| err("neither input has this metric"))?;
-            let (observed, shown, is_change) = match rule.threshold {
-                Threshold::Relative(t) => {
-                    let r = row.rel_change.ok_or_else(|| {
-                        err("no relative change (missing on one side, or a baseline of 0)")
-                    })?;
-                    (r, (r, t, format!("{:+.2}%", r * 100.0), format!("{:+}%", t * 100.0)), true)
-                }
-                Threshold::Absolute(t) => {
-                    let a = row
-                        .abs_change
-                        .ok_or_else(|| err("missing on one side"))?;
-                    (a, (a, t, format!("{a:+.4}"), format!("{t:+}")), true)
-                }
-                Threshold::Value(t) => {
-                    let v = row.candidate.ok_or_else(|| err("missing in the candidate"))?;
-                    (v, (v, t, format!("{v:.4}"), format!("{t}")), false)
-                }
-            };
-            let (a, t, a_text, t_text) = shown;
-            let what = match rule.threshold {
-                Threshold::Relative(_) | Threshold::Absolute(_) => "change",
-                Threshold::Value(_) => "value",
-            };
-            if !a.is_finite() {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: true,
-                    ignored_as_noise: false,
-                    not_judged: false,
-                    observed,
-                    message: format!("FAIL {}: {what} is {a_text}, which never passes", rule.text),
-                });
-            }
-            if is_change && row.significant.is_none() {
-                return Ok(Outcome {
-                    rule: rule.text.clone(),
-                    tripped: false,
-                    ignored_as_noise: false,
-                    not_judged: true,
-                    observed,
-                    message: format!(
-                        "not judged {}: {what} {a_text}, too few samples to tell it from noise",
-                        rule.text
-                    ),
-                });
-            }
-            let crossed = rule.op.holds(a, t);
-            let noise = is_change && crossed && row.significant == Some(false);
-            let tripped = crossed && !noise;
-            let message = if tripped {
-                format!(
-                    "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
-                    rule.text,
-                    rule.op.as_str(),
-                    fmt_opt(row.baseline),
-                    fmt_opt(row.candidate)
-                )
-            } else if noise {
-                format!(
-                    "ignored {}: {what} {a_text} crosses {t_text} but is not significant (within the confidence interval or noise band)",
-                    rule.text
-                )
-            } else {
-                format!("ok {}: {what} {a_text}", rule.text)
-            };
-            Ok(Outcome {
-                rule: rule.text.clone(),
-                tripped,
-                ignored_as_noise: noise,
-                not_judged: false,
-                observed,
-                message,
-            })
-        })
-        .collect()
+    rules.iter().map(|rule| evaluate_one(rule, cmp)).collect()
+}
+
+fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
+    let outcome = |observed: f64, message: String| Outcome {
+        rule: rule.text.clone(),
+        tripped: false,
+        ignored_as_noise: false,
+        not_judged: false,
+        observed,
+        message,
+    };
+    let err = |msg: &str| EvalError {
+        rule: rule.text.clone(),
+        msg: msg.to_string(),
+    };
+    // Before anything is read: a failed candidate's figures may be missing altogether.
+    if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
+        let message = format!("FAIL {}: {why}", rule.text);
+        return Ok(Outcome {
+            tripped: true,
+            ..outcome(f64::NAN, message)
+        });
+    }
+    let row = cmp
+        .row(&rule.metric)
+        .ok_or_else(|| err("neither input has this metric"))?;
+    let (a, t, a_text, t_text, what) = match rule.threshold {
+        Threshold::Relative(t) => {
+            let r = row.rel_change.ok_or_else(|| {
+                err("no relative change (missing on one side, or a baseline of 0)")
+            })?;
+            let (r_text, t_text) = (format!("{:+.2}%", r * 100.0), format!("{:+}%", t * 100.0));
+            (r, t, r_text, t_text, "change")
+        }
+        Threshold::Absolute(t) => {
+            let a = row.abs_change.ok_or_else(|| err("missing on one side"))?;
+            (a, t, format!("{a:+.4}"), format!("{t:+}"), "change")
+        }
+        Threshold::Value(t) => {
+            let v = row
+                .candidate
+                .ok_or_else(|| err("missing in the candidate"))?;
+            (v, t, format!("{v:.4}"), format!("{t}"), "value")
+        }
+    };
+    if !a.is_finite() {
+        let message = format!("FAIL {}: {what} is {a_text}, which never passes", rule.text);
+        return Ok(Outcome {
+            tripped: true,
+            ..outcome(a, message)
+        });
+    }
+    let is_change = what == "change";
+    if is_change && row.significant.is_none() {
+        let message = format!(
+            "not judged {}: {what} {a_text}, too few samples to tell it from noise",
+            rule.text
+        );
+        return Ok(Outcome {
+            not_judged: true,
+            ..outcome(a, message)
+        });
+    }
+    let crossed = rule.op.holds(a, t);
+    let noise = is_change && crossed && row.significant == Some(false);
+    let tripped = crossed && !noise;
+    let message = if tripped {
+        format!(
+            "FAIL {}: {what} {a_text} {} {t_text} (baseline {}, candidate {})",
+            rule.text,
+            rule.op.as_str(),
+            fmt_opt(row.baseline),
+            fmt_opt(row.candidate)
+        )
+    } else if noise {
+        format!(
+            "ignored {}: {what} {a_text} crosses {t_text} but is not significant (within the confidence interval or noise band)",
+            rule.text
+        )
+    } else {
+        format!("ok {}: {what} {a_text}", rule.text)
+    };
+    Ok(Outcome {
+        tripped,
+        ignored_as_noise: noise,
+        ..outcome(a, message)
+    })
 }
 
 /// A rise of the candidate's failure rate beyond this (absolute) makes its latency and
@@ -334,6 +326,9 @@ fn fmt_opt(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::compare::tests::{strict_compare, synth_run};
+    use crate::report::compare::{compare, MinEffect, Options, Verdict};
+    use crate::report::load::Run;
 
     #[test]
     fn parses_the_documented_forms() {
@@ -373,19 +368,9 @@ mod tests {
 
     #[test]
     fn evaluation_trips_ignores_noise_and_refuses_missing() {
-        use crate::report::compare::{compare, tests::synth_run, Options};
         let b = synth_run(1500, 100.0, 1);
         let c = synth_run(1500, 110.0, 2);
-        let cmp = compare(
-            &b,
-            &c,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c, &[], 7, 200);
         let o = evaluate(
             &parse("median_ttft_ms>+5%,failure_rate>0.01").unwrap(),
             &cmp,
@@ -396,16 +381,7 @@ mod tests {
         assert!(!o[1].tripped);
         // Same distribution: a +0.1 % threshold is crossed by chance but is noise.
         let c2 = synth_run(1500, 100.0, 3);
-        let cmp = compare(
-            &b,
-            &c2,
-            &[],
-            &Options {
-                min_effect: crate::report::compare::MinEffect::Absolute(0.0),
-                seed: 7,
-                resamples: 200,
-            },
-        );
+        let cmp = strict_compare(&b, &c2, &[], 7, 200);
         let rel = cmp.row("median_ttft_ms").unwrap().rel_change.unwrap();
         let rule = if rel > 0.0 {
             "median_ttft_ms>+0%"
@@ -419,8 +395,7 @@ mod tests {
         assert!(e.to_string().contains("p99_server_ttft_ms"));
     }
 
-    fn cmp_of(b: &crate::report::load::Run, c: &crate::report::load::Run) -> Comparison {
-        use crate::report::compare::{compare, Options};
+    fn cmp_of(b: &Run, c: &Run) -> Comparison {
         compare(
             b,
             c,
@@ -435,7 +410,6 @@ mod tests {
 
     #[test]
     fn a_candidate_whose_requests_all_failed_fails_every_latency_rule() {
-        use crate::report::compare::tests::synth_run;
         let b = synth_run(500, 100.0, 1);
         let mut c = synth_run(500, 100.0, 2);
         let r = c.requests.as_mut().unwrap();
@@ -471,7 +445,6 @@ mod tests {
 
     #[test]
     fn too_few_samples_is_not_judged_and_nan_never_passes() {
-        use crate::report::compare::tests::synth_run;
         let cmp = cmp_of(&synth_run(200, 100.0, 1), &synth_run(200, 100.0, 2));
         let o = evaluate(&parse("p99_ttft_ms>+5%,p99_ttft_ms<-5%").unwrap(), &cmp).unwrap();
         for x in &o {
@@ -487,8 +460,6 @@ mod tests {
 
     #[test]
     fn a_change_below_the_minimum_effect_is_no_change() {
-        use crate::report::compare::tests::synth_run;
-        use crate::report::compare::{compare, MinEffect, Options, Verdict};
         let b = synth_run(1500, 100.0, 1);
         let mut c = b.clone();
         for itls in &mut c.requests.as_mut().unwrap().itls_s {
@@ -496,21 +467,9 @@ mod tests {
                 *v += 0.00003; // +0.03 ms on 11 ms: 0.27 %
             }
         }
-        let with = |m| {
-            compare(
-                &b,
-                &c,
-                &[],
-                &Options {
-                    seed: 7,
-                    resamples: 200,
-                    min_effect: m,
-                },
-            )
-        };
-        let strict = with(MinEffect::Absolute(0.0));
+        let strict = strict_compare(&b, &c, &[], 7, 200);
         assert_eq!(strict.row("mean_itl_ms").unwrap().verdict, Verdict::Worse);
-        let default = with(MinEffect::DEFAULT);
+        let default = cmp_of(&b, &c); // MinEffect::DEFAULT
         assert_eq!(default.row("mean_itl_ms").unwrap().verdict, Verdict::Same);
         let o = evaluate(&parse("mean_itl_ms>+0.1%").unwrap(), &default).unwrap();
         assert!(!o[0].tripped && o[0].ignored_as_noise, "{:?}", o[0]);

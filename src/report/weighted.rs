@@ -73,17 +73,23 @@ impl Weighted {
         s.sort_by(f64::total_cmp);
         let mut w = Weighted::default();
         for x in s {
-            if w.values.last() == Some(&x) {
-                *w.counts.last_mut().expect("parallel vectors") += 1;
-            } else {
-                w.values.push(x);
-                w.counts.push(1);
-            }
+            w.push(x, 1);
         }
         if w.values.len() > EXACT_MAX {
             w = w.grouped();
         }
         w
+    }
+
+    /// Appends `c` samples of `v`, the largest value so far (an equal one adds to its count).
+    fn push(&mut self, v: f64, c: u64) {
+        match (self.values.last(), self.counts.last_mut()) {
+            (Some(&last), Some(n)) if last == v => *n += c,
+            _ => {
+                self.values.push(v);
+                self.counts.push(c);
+            }
+        }
     }
 
     /// Groups values on the log grid (bucket value = count-weighted mean of its members).
@@ -106,16 +112,14 @@ impl Weighted {
                 }
                 _ => {
                     if let Some((_, sum, n)) = cur.take() {
-                        out.values.push(sum / n as f64);
-                        out.counts.push(n);
+                        out.push(sum / n as f64, n);
                     }
                     cur = Some((k, x * c as f64, c));
                 }
             }
         }
         if let Some((_, sum, n)) = cur {
-            out.values.push(sum / n as f64);
-            out.counts.push(n);
+            out.push(sum / n as f64, n);
         }
         out
     }
@@ -126,13 +130,7 @@ impl Weighted {
         let mut w = Weighted::default();
         for it in h.iter_recorded() {
             let v = h.median_equivalent(it.value_iterated_to()) as f64 * unit_ms;
-            let c = it.count_at_value();
-            if w.values.last() == Some(&v) {
-                *w.counts.last_mut().expect("parallel vectors") += c;
-            } else {
-                w.values.push(v);
-                w.counts.push(c);
-            }
+            w.push(v, it.count_at_value());
         }
         w
     }
@@ -160,12 +158,7 @@ impl Weighted {
             return out;
         }
         if (total as usize) <= self.counts.len() * 8 {
-            let mut cum = Vec::with_capacity(self.counts.len());
-            let mut acc = 0u64;
-            for &c in &self.counts {
-                acc += c;
-                cum.push(acc);
-            }
+            let cum = cumulative(&self.counts);
             for _ in 0..total {
                 let r = rng.random_range(0..total);
                 out[cum.partition_point(|&c| c <= r)] += 1;
@@ -224,6 +217,17 @@ pub fn quad_of(values: &[f64], counts: &[u64]) -> Quad {
     }
 }
 
+/// Running totals of `counts`.
+fn cumulative(counts: &[u64]) -> Vec<u64> {
+    counts
+        .iter()
+        .scan(0, |acc, &c| {
+            *acc += c;
+            Some(*acc)
+        })
+        .collect()
+}
+
 /// Linear-interpolated percentiles (ascending `qs` for one pass; any order works).
 pub fn percentiles_of(values: &[f64], counts: &[u64], qs: &[f64]) -> Vec<f64> {
     let n: u64 = counts.iter().sum();
@@ -231,12 +235,7 @@ pub fn percentiles_of(values: &[f64], counts: &[u64], qs: &[f64]) -> Vec<f64> {
         return vec![0.0; qs.len()];
     }
     // value at 0-based rank r of the expanded sample
-    let mut cum: Vec<u64> = Vec::with_capacity(counts.len());
-    let mut acc = 0;
-    for &c in counts {
-        acc += c;
-        cum.push(acc);
-    }
+    let cum = cumulative(counts);
     let at = |r: u64| -> f64 {
         let i = cum.partition_point(|&c| c <= r);
         values[i.min(values.len() - 1)]

@@ -50,8 +50,12 @@ pub struct Fidelity {
     pub speed: f64,
     /// |actual send offset − arrival offset / speed|, ms.
     pub arrival_error_ms: Dist,
-    /// Fractions of paired requests with exactly the trace's input / output length.
+    /// Fractions of paired requests with exactly the trace's input / output length. The input
+    /// length is the server's count (`usage.prompt_tokens`) where the replay got one, else the
+    /// length the replay meant to send.
     pub isl_exact: f64,
+    /// Paired requests whose input length the server counted.
+    pub isl_server_counted: usize,
     pub osl_exact: f64,
     /// Mean |output length − trace output length| over successful requests.
     pub osl_mean_abs_diff: f64,
@@ -62,9 +66,13 @@ pub struct Fidelity {
     pub schedule_error_ms: Option<Dist>,
     /// Requests of the trace the replay should have sent (its own selection) and did not.
     pub unpaired: usize,
+    /// Workload requests of the trace the replay's selection left out (a chat request without a
+    /// tokenizer, `--skip-recorded-failures`, ...; side requests are not counted).
+    pub left_out: usize,
     /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL.
     pub latency_ks: BTreeMap<String, f64>,
-    /// Every sent request paired, lengths reproduced, the schedule within 1 ms at p99.
+    /// Every workload request sent and paired, lengths reproduced, the schedule within 1 ms at
+    /// p99.
     pub faithful: bool,
 }
 
@@ -89,30 +97,49 @@ struct View {
 }
 
 fn view(r: &Run) -> Option<View> {
-    if let Some(t) = &r.trace {
-        let st = stats::compute(t, &Default::default());
-        let work = || t.requests.iter().filter(|q| q.is_workload());
-        return Some(View {
-            arrivals_s: work().map(|q| q.arrival_us as f64 / 1e6).collect(),
-            isl: work().map(|q| q.input_tokens as f64).collect(),
-            // As a result file counts them: output lengths of the requests that succeeded.
-            osl: work()
-                .filter(|q| q.recorded_failure().is_none())
-                .map(|q| q.output_tokens as f64)
+    let (isl, osl) = lengths(r)?;
+    let (arrivals_s, shape_extra) = match (&r.trace, &r.requests) {
+        (Some(t), _) => (
+            t.requests
+                .iter()
+                .filter(|q| q.is_workload())
+                .map(|q| q.arrival_us as f64 / 1e6)
                 .collect(),
-            shape_extra: Some(st),
-        });
+            Some(stats::compute(t, &Default::default())),
+        ),
+        (None, Some(q)) => (
+            q.intended_s.clone().unwrap_or_else(|| q.start_s.clone()),
+            None,
+        ),
+        (None, None) => return None,
+    };
+    Some(View {
+        arrivals_s,
+        isl,
+        osl,
+        shape_extra,
+    })
+}
+
+/// Input lengths of the workload requests (a trace's side requests left out) and, as a result
+/// file counts them, output lengths of those that succeeded.
+pub fn lengths(r: &Run) -> Option<(Vec<f64>, Vec<f64>)> {
+    if let Some(t) = &r.trace {
+        let work = || t.requests.iter().filter(|q| q.is_workload());
+        let osl = work().filter(|q| q.recorded_failure().is_none());
+        return Some((
+            work().map(|q| q.input_tokens as f64).collect(),
+            osl.map(|q| q.output_tokens as f64).collect(),
+        ));
     }
     let q = r.requests.as_ref()?;
-    Some(View {
-        arrivals_s: q.intended_s.clone().unwrap_or_else(|| q.start_s.clone()),
-        isl: q.input_lens.iter().map(|&v| v as f64).collect(),
-        osl: (0..q.len())
+    Some((
+        q.input_lens.iter().map(|&v| v as f64).collect(),
+        (0..q.len())
             .filter(|&i| q.ok(i))
             .map(|i| q.output_lens[i] as f64)
             .collect(),
-        shape_extra: None,
-    })
+    ))
 }
 
 /// Coefficient of variation of the gaps between sorted arrivals (population std / mean).
@@ -233,7 +260,10 @@ fn sent_by(t: &Trace, replay: &Run) -> Trace {
 /// Pairs request `i` of the replay with request `i` of what it sent of the trace: both are in
 /// arrival (schedule) order, never completion order.
 fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
-    let t = &sent_by(trace_run.trace.as_ref()?, replay);
+    let whole = trace_run.trace.as_ref()?;
+    let t = &sent_by(whole, replay);
+    let workload = whole.requests.iter().filter(|q| q.is_workload()).count();
+    let left_out = workload.saturating_sub(t.requests.len());
     let q = replay.requests.as_ref()?;
     let n = t.requests.len().min(q.len());
     if n == 0 {
@@ -252,9 +282,12 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     });
     let mut err = Vec::with_capacity(n);
     let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
+    let server_isl = |i: usize| q.server_input_lens.get(i).copied().flatten();
+    let isl_server_counted = (0..n).filter(|&i| server_isl(i).is_some()).count();
     for i in 0..n {
         err.push(((q.start_s[i] - s0) - want(i)).abs() * 1e3);
-        isl_ok += usize::from(q.input_lens[i] == t.requests[i].input_tokens);
+        let isl = server_isl(i).unwrap_or(q.input_lens[i]);
+        isl_ok += usize::from(isl == t.requests[i].input_tokens);
         if q.ok(i) {
             ok_n += 1;
             osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
@@ -287,14 +320,17 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         paired: n,
         speed,
         faithful: unpaired == 0
+            && left_out == 0
             && isl_exact == 1.0
             && osl_exact == 1.0
             && schedule_p99 <= FAITHFUL_SCHEDULE_MS,
         schedule_error_ms,
         unpaired,
+        left_out,
         latency_ks,
         arrival_error_ms,
         isl_exact,
+        isl_server_counted,
         osl_exact,
         osl_mean_abs_diff: if ok_n > 0 {
             osl_diff / ok_n as f64

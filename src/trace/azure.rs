@@ -55,40 +55,55 @@ fn finish(rows: Vec<Request>, mut rep: ImportReport, header: TraceHeader) -> (Tr
     (trace, rep)
 }
 
-fn csv_reader(data: &[u8]) -> csv::Reader<&[u8]> {
-    csv::ReaderBuilder::new()
+type Opened<'d, const N: usize> = (csv::Reader<&'d [u8]>, csv::StringRecord, [usize; N]);
+
+/// A CSV reader past its header, the header, and the positions of the `names` columns (matched
+/// case-insensitively), or an error naming them.
+fn open<'d, const N: usize>(
+    path: &str,
+    data: &'d [u8],
+    names: [&str; N],
+) -> Result<Opened<'d, N>, TraceError> {
+    let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(false)
         .trim(csv::Trim::All)
-        .from_reader(data)
-}
-
-fn headers(path: &str, rd: &mut csv::Reader<&[u8]>) -> Result<csv::StringRecord, TraceError> {
-    rd.headers()
+        .from_reader(data);
+    let hdr = rd
+        .headers()
         .cloned()
-        .map_err(|e| row_err(path, 1, e.to_string()))
-}
-
-/// Positions of the required columns (matched case-insensitively), or an error naming them.
-fn required<const N: usize>(
-    path: &str,
-    hdr: &csv::StringRecord,
-    names: [&str; N],
-) -> Result<[usize; N], TraceError> {
-    let mut out = [0; N];
-    for (slot, name) in out.iter_mut().zip(names) {
+        .map_err(|e| row_err(path, 1, e.to_string()))?;
+    let mut cols = [0; N];
+    for (slot, name) in cols.iter_mut().zip(names) {
         *slot = hdr
             .iter()
             .position(|h| h.eq_ignore_ascii_case(name))
             .ok_or_else(|| {
-                row_err(
-                    path,
-                    1,
-                    format!("expected columns {}; `{name}` is missing", names.join(", ")),
-                )
+                let msg = format!("expected columns {}; `{name}` is missing", names.join(", "));
+                row_err(path, 1, msg)
             })?;
     }
-    Ok(out)
+    Ok((rd, hdr, cols))
+}
+
+/// Each data row read by `parse`; a bad row fails with its line number or, with `skip_bad`, is
+/// counted and skipped.
+fn rows<T>(
+    path: &str,
+    rd: csv::Reader<&[u8]>,
+    opts: &ReadOptions,
+    mut parse: impl FnMut(&csv::StringRecord) -> Result<T, String>,
+) -> Result<(Vec<T>, ImportReport), TraceError> {
+    let (mut out, mut rep) = (Vec::new(), ImportReport::default());
+    for (k, rec) in rd.into_records().enumerate() {
+        let line = k as u64 + 2;
+        match rec.map_err(|e| e.to_string()).and_then(|r| parse(&r)) {
+            Ok(v) => out.push(v),
+            Err(m) if opts.skip_bad => rep.bad_row(line, m),
+            Err(m) => return Err(row_err(path, line, m)),
+        }
+    }
+    Ok((out, rep))
 }
 
 /// Reads an Azure LLM inference trace CSV.
@@ -97,31 +112,16 @@ pub fn read_azure(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    let mut rd = csv_reader(data);
-    let hdr = headers(path, &mut rd)?;
-    let [ct, cc, cg] = required(
-        path,
-        &hdr,
-        ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
-    )?;
-    let mut rep = ImportReport::default();
-    let mut raw: Vec<(i64, u64, u64)> = Vec::new();
-    for (k, rec) in rd.records().enumerate() {
-        let line = k as u64 + 2;
-        let parsed = rec.map_err(|e| e.to_string()).and_then(|r| {
-            let f = |i: usize| r.get(i).unwrap_or("");
-            Ok((
-                parse_azure_time(f(ct))?,
-                tokens(f(cc), "ContextTokens")?,
-                tokens(f(cg), "GeneratedTokens")?,
-            ))
-        });
-        match parsed {
-            Ok(v) => raw.push(v),
-            Err(m) if opts.skip_bad => rep.bad_row(line, m),
-            Err(m) => return Err(row_err(path, line, m)),
-        }
-    }
+    let names = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
+    let (rd, _, [ct, cc, cg]) = open(path, data, names)?;
+    let (raw, rep) = rows(path, rd, opts, |r| {
+        let f = |i: usize| r.get(i).unwrap_or("");
+        Ok((
+            parse_azure_time(f(ct))?,
+            tokens(f(cc), "ContextTokens")?,
+            tokens(f(cg), "GeneratedTokens")?,
+        ))
+    })?;
     let t0 = raw.iter().map(|r| r.0).min().unwrap_or(0);
     let rows = raw
         .into_iter()
@@ -143,52 +143,37 @@ pub fn read_burstgpt(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    let mut rd = csv_reader(data);
-    let hdr = headers(path, &mut rd)?;
-    let [ct, ci, co] = required(
-        path,
-        &hdr,
-        ["Timestamp", "Request tokens", "Response tokens"],
-    )?;
+    let names = ["Timestamp", "Request tokens", "Response tokens"];
+    let (rd, hdr, [ct, ci, co]) = open(path, data, names)?;
     let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
     let (cm, cs) = (col("Model"), col("Session ID"));
-    let mut rep = ImportReport::default();
-    let mut rows = Vec::new();
     let mut turns: std::collections::HashMap<String, u32> = Default::default();
-    for (k, rec) in rd.records().enumerate() {
-        let line = k as u64 + 2;
-        let parsed = rec.map_err(|e| e.to_string()).and_then(|r| {
-            let f = |i: usize| r.get(i).unwrap_or("").to_string();
-            let ts: f64 = f(ct)
-                .parse()
-                .map_err(|_| format!("Timestamp `{}` is not a number", f(ct)))?;
-            if !ts.is_finite() || !(0.0..=1e10).contains(&ts) {
-                return Err(format!("Timestamp {ts} is negative or absurd"));
-            }
-            let mut req = Request {
-                arrival_us: (ts * 1e6).round() as u64,
-                input_tokens: tokens(&f(ci), "Request tokens")?,
-                output_tokens: tokens(&f(co), "Response tokens")?,
-                model: cm.map(f).filter(|m| !m.is_empty()),
-                ..Default::default()
-            };
-            if let Some(sid) = cs.map(f).filter(|s| !s.is_empty()) {
-                let turn = turns.entry(sid.clone()).or_insert(0);
-                req.session = Some(Session {
-                    id: sid,
-                    turn: *turn,
-                    think_us: None,
-                });
-                *turn += 1;
-            }
-            Ok(req)
-        });
-        match parsed {
-            Ok(r) => rows.push(r),
-            Err(m) if opts.skip_bad => rep.bad_row(line, m),
-            Err(m) => return Err(row_err(path, line, m)),
+    let (mut rows, rep) = rows(path, rd, opts, |r| {
+        let f = |i: usize| r.get(i).unwrap_or("").to_string();
+        let ts: f64 = f(ct)
+            .parse()
+            .map_err(|_| format!("Timestamp `{}` is not a number", f(ct)))?;
+        if !ts.is_finite() || !(0.0..=1e10).contains(&ts) {
+            return Err(format!("Timestamp {ts} is negative or absurd"));
         }
-    }
+        let mut req = Request {
+            arrival_us: (ts * 1e6).round() as u64,
+            input_tokens: tokens(&f(ci), "Request tokens")?,
+            output_tokens: tokens(&f(co), "Response tokens")?,
+            model: cm.map(f).filter(|m| !m.is_empty()),
+            ..Default::default()
+        };
+        if let Some(sid) = cs.map(f).filter(|s| !s.is_empty()) {
+            let turn = turns.entry(sid.clone()).or_insert(0);
+            req.session = Some(Session {
+                id: sid,
+                turn: *turn,
+                think_us: None,
+            });
+            *turn += 1;
+        }
+        Ok(req)
+    })?;
     // Offsets from the first arrival, as the other importers do.
     let t0 = rows.iter().map(|r| r.arrival_us).min().unwrap_or(0);
     for r in &mut rows {

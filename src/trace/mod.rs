@@ -29,13 +29,13 @@ pub use hash::HashScheme;
 /// Errors from reading or writing traces. Each names where the problem is.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{path}:{line}: {msg}")]
+    #[error("{path}:{line}: {}", clip_quoted(.msg))]
     Row {
         path: String,
         line: u64,
         msg: String,
     },
-    #[error("{path}: {msg}")]
+    #[error("{path}: {}", clip_quoted(.msg))]
     File { path: String, msg: String },
     #[error("{path}: trace format version {found_major}.{found_minor} is newer than this retrace understands ({ours_major}.x); upgrade retrace")]
     NewerVersion {
@@ -50,6 +50,46 @@ pub enum TraceError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Characters of quoted input an error message shows.
+pub const CLIP_CHARS: usize = 80;
+
+/// Input quoted in an error message: its first [`CLIP_CHARS`] characters, then `… (N bytes)`.
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(CLIP_CHARS) {
+        None => s.into(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()).into(),
+    }
+}
+
+/// `msg` with each part quoted in `"` (backslash escapes skipped, as serde quotes input) or
+/// backticks (as our messages do) cut by [`clip`]; an unclosed quote runs to the end.
+pub fn clip_quoted(msg: &str) -> String {
+    let mut out = String::new();
+    let mut rest = msg;
+    while let Some(k) = rest.find(['"', '`']) {
+        let q = rest.as_bytes()[k];
+        let inner = &rest[k + 1..];
+        let mut end = 0;
+        while end < inner.len() && inner.as_bytes()[end] != q {
+            end += if q == b'"' && inner.as_bytes()[end] == b'\\' {
+                2
+            } else {
+                1
+            };
+        }
+        let end = end.min(inner.len());
+        out.push_str(&rest[..=k]);
+        out.push_str(&clip(&inner[..end]));
+        rest = &inner[end..];
+        if let Some(r) = rest.strip_prefix(q as char) {
+            out.push(q as char);
+            rest = r;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// File-level facts shared by all requests of a trace.
@@ -388,6 +428,33 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clip_quoted_cuts_long_quoted_input_and_keeps_the_rest() {
+        let big = "x".repeat(10 << 20);
+        let msg = clip_quoted(&format!(
+            "field `{big}` is bad; invalid type: string \"a\\\"{big}\", expected u64 at line 1"
+        ));
+        assert!(msg.len() < 300, "{}", msg.len());
+        assert!(
+            msg.starts_with("field `xxx") && msg.ends_with("\", expected u64 at line 1"),
+            "{msg}"
+        );
+        assert_eq!(
+            msg.matches(&format!("… ({} bytes)", big.len())).count(),
+            1,
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!("… ({} bytes)", big.len() + 3)),
+            "{msg}"
+        );
+        let short = "line 2: `12a` is not a number, \"ok\"";
+        assert_eq!(clip_quoted(short), short);
+        let odd = format!("unclosed `{} and é\\", "é".repeat(100));
+        let tail = format!("… ({} bytes)", odd.len() - "unclosed `".len());
+        assert!(clip_quoted(&odd).ends_with(&tail), "{}", clip_quoted(&odd));
+    }
 
     fn at(method: Option<&str>, path: &str) -> EndpointKind {
         Request {

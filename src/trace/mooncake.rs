@@ -51,7 +51,7 @@ impl ImportReport {
     pub fn bad_row(&mut self, line: u64, msg: String) {
         self.skipped += 1;
         if self.bad.len() < 100 {
-            self.bad.push((line, msg));
+            self.bad.push((line, super::clip_quoted(&msg)));
         }
     }
 }

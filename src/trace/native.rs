@@ -4,6 +4,8 @@
 //! A native trace is a plain zstd stream made of independent zstd frames (`zstd -t` passes and
 //! `zstd -dc` yields the concatenated CBOR sequence, RFC 8742). Frame 0 holds one CBOR map, the
 //! file header; every later frame holds a frame header map followed by exactly `n` request maps.
+//! Every frame declares its content size and, since version 1.2, carries zstd's content checksum
+//! (XXH64), so a changed byte is found as damage; files without checksums still read.
 //!
 //! * File header: `{"magic": "retrace-trace", "version": [major, minor], "block_size": u32,
 //!   "hash_scheme": "dense"|"xxh3"|"hmac-sha256", "partial_tail_block": bool,
@@ -37,7 +39,8 @@
 //! The writer closes a frame when its buffered records pass `frame_bytes` (default 4 MiB) or when
 //! the caller asks ([`TraceWriter::flush_frame`], which the recorder does every second), so a crash
 //! loses at most the open frame. The reader returns every record of every complete frame before a
-//! cut, reports cut and corrupt frames with their byte offsets in [`ReadReport`], resynchronises on
+//! cut, reports cut and corrupt frames (a checksum mismatch among them) with their byte offsets in
+//! [`ReadReport`], resynchronises on
 //! the next zstd frame magic after a corrupt frame, and never panics or allocates more than a frame's
 //! declared size (capped at [`MAX_FRAME_CONTENT`]).
 
@@ -52,7 +55,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
@@ -317,7 +320,8 @@ impl ResponseWire {
 }
 
 /// One zstd frame of `content` into `out` (replaced), through a reused context: the same bytes
-/// as `zstd::bulk::compress` at the context's level (content size in the frame header).
+/// as a fresh compressor at the context's level with a content checksum (content size in the
+/// frame header).
 fn compress_into(
     zc: &mut zstd::bulk::Compressor<'static>,
     content: &[u8],
@@ -388,7 +392,8 @@ pub struct TraceWriter<W: Write> {
 impl<W: Write> TraceWriter<W> {
     /// Writes the header frame.
     pub fn new(out: W, header: &TraceHeader, opts: WriteOptions) -> std::io::Result<Self> {
-        let zc = zstd::bulk::Compressor::new(opts.level)?;
+        let mut zc = zstd::bulk::Compressor::new(opts.level)?;
+        zc.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
         let mut buf = Vec::with_capacity(1 << 16);
         buf.resize(FRAME_HEAD_ROOM, 0);
         let mut w = TraceWriter {
@@ -960,8 +965,8 @@ mod tests {
         assert_eq!(rep.frames_ok, 4);
     }
 
-    /// Frames written through the writer's one reused zstd context are the bytes
-    /// `zstd::bulk::compress` gives for each frame's content alone.
+    /// Frames written through the writer's one reused zstd context are the bytes a fresh
+    /// checksumming compressor gives for each frame's content alone.
     #[test]
     fn reused_zstd_context_gives_fresh_context_bytes() {
         let t = sample(400);
@@ -980,7 +985,11 @@ mod tests {
                 let len = zstd::zstd_safe::find_frame_compressed_size(&bytes[pos..]).unwrap();
                 let frame = &bytes[pos..pos + len];
                 let content = decompress_frame(frame).unwrap();
-                assert_eq!(zstd::bulk::compress(&content, level).unwrap(), frame);
+                let mut fresh = zstd::bulk::Compressor::new(level).unwrap();
+                fresh
+                    .set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
+                    .unwrap();
+                assert_eq!(fresh.compress(&content).unwrap(), frame);
                 pos += len;
                 frames += 1;
             }
@@ -1028,5 +1037,64 @@ mod tests {
             items += 1;
         }
         assert_eq!(items, 1 + 1 + 10, "header, frame header, 10 records");
+    }
+
+    /// Every single-bit flip anywhere in a written file is found: the read fails (the header
+    /// frame), reports damage, or gives the very records written (a bit zstd ignores, such as the
+    /// frame descriptor's unused bit). Without frame checksums flips changed records unnoticed.
+    #[test]
+    fn byte_flips_in_a_native_trace_are_detected_as_damage() {
+        let t = sample(60);
+        let opts = WriteOptions {
+            level: 3,
+            frame_bytes: 1500,
+            frame_age: None,
+        };
+        let bytes = write_bytes(&t, opts);
+        let hlen = zstd::zstd_safe::find_frame_compressed_size(&bytes).unwrap();
+        let mut unnoticed = Vec::new();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << (i % 8);
+            match read_bytes("flip", &b) {
+                Ok((back, rep)) if rep.is_clean() && back != t => unnoticed.push(i),
+                Ok(_) => {}
+                Err(_) => assert!(i < hlen, "byte {i}: only a damaged header fails the read"),
+            }
+        }
+        assert!(bytes.len() > 1000 && hlen < 200, "{} bytes", bytes.len());
+        assert!(unnoticed.is_empty(), "flips not detected at {unnoticed:?}");
+    }
+
+    /// A file written without checksums (format 1.1) still reads cleanly.
+    #[test]
+    fn old_files_without_checksums_still_read() {
+        let t = sample(30);
+        let mut bytes = Vec::new();
+        let mut hb = Vec::new();
+        let hw = HeaderWire {
+            magic: MAGIC.into(),
+            version: (1, 1),
+            header: t.header.clone(),
+        };
+        cbor(&hw, &mut hb);
+        bytes.extend(zstd::bulk::compress(&hb, 3).unwrap());
+        let mut fb = Vec::new();
+        let fw = FrameWire {
+            frame: 1,
+            n: t.requests.len() as u64,
+            first: 0,
+            dropped: 0,
+        };
+        cbor(&fw, &mut fb);
+        let mut prev = 0;
+        for r in &t.requests {
+            encode_record(r, prev, &mut fb);
+            prev = r.arrival_us;
+        }
+        bytes.extend(zstd::bulk::compress(&fb, 3).unwrap());
+        let (back, rep) = read_bytes("old", &bytes).unwrap();
+        assert!(rep.is_clean(), "{}", rep.summary());
+        assert_eq!(back, t);
     }
 }

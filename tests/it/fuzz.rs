@@ -206,3 +206,299 @@ fn arb_request() -> impl Strategy<Value = Request> {
             },
         )
 }
+
+// Bounds: hash-id runs, session think times, schedules, and the `--fail-on` gate.
+
+const THIRTY_DAYS_NS: u64 = 30 * 86_400 * 1_000_000_000;
+
+fn cbor_map(pairs: Vec<(&str, ciborium::Value)>) -> ciborium::Value {
+    ciborium::Value::Map(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (ciborium::Value::Text(k.into()), v))
+            .collect(),
+    )
+}
+
+/// A native trace whose one record frame holds `record` as given (any `h` runs).
+fn native_with_record(header: &TraceHeader, record: ciborium::Value) -> Vec<u8> {
+    let empty = Trace {
+        header: header.clone(),
+        requests: Vec::new(),
+    };
+    let mut bytes = native::write_bytes(&empty, native::WriteOptions::default());
+    let head = cbor_map(vec![
+        ("frame", 1u64.into()),
+        ("n", 1u64.into()),
+        ("first", 0u64.into()),
+    ]);
+    let mut content = Vec::new();
+    ciborium::into_writer(&head, &mut content).unwrap();
+    ciborium::into_writer(&record, &mut content).unwrap();
+    bytes.extend(zstd::bulk::compress(&content, 1).unwrap());
+    bytes
+}
+
+fn think_time() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        0.0..100.0f64,
+        0.0..2.6e6f64,
+        -1e6..0.0f64,
+        1e5..1e9f64,
+        Just(1e300),
+        Just(-3.0),
+        Just(2_592_000.0),
+        Just(2_592_000.5),
+    ]
+}
+
+/// `M·10^E` for E across f64's whole range (0 and inf at the ends), written as a flag value.
+fn extreme() -> impl Strategy<Value = String> {
+    (1.0..10.0f64, -330i32..330).prop_map(|(m, e)| format!("{m}e{e}"))
+}
+
+/// A vLLM-style result of `n` requests, the first `failed` of them failed (HTTP 503).
+fn result_json(n: usize, failed: usize, ttft_s: f64, jitter: &[f64]) -> serde_json::Value {
+    let ok = |i: usize| i >= failed;
+    let ttft = |i: usize| ttft_s * (1.0 + jitter[i % jitter.len()]);
+    let each = |f: &dyn Fn(usize) -> serde_json::Value| (0..n).map(f).collect::<Vec<_>>();
+    serde_json::json!({
+        "completed": n - failed, "failed": failed, "num_prompts": n, "duration": 10.0,
+        "ttfts": each(&|i| serde_json::json!(if ok(i) { ttft(i) } else { 0.0 })),
+        "latencies": each(&|i| serde_json::json!(if ok(i) { ttft(i) + 0.04 } else { 0.0 })),
+        "itls": each(&|i| serde_json::json!(if ok(i) { vec![0.01; 4] } else { vec![] })),
+        "input_lens": each(&|_| serde_json::json!(100)),
+        "output_lens": each(&|i| serde_json::json!(if ok(i) { 5 } else { 0 })),
+        "errors": each(&|i| serde_json::json!(if ok(i) { "" } else { "HTTP 503" })),
+    })
+}
+
+const GATE_RULES: [&str; 8] = [
+    "p99_ttft_ms>+10%",
+    "median_ttft_ms>+1000%",
+    "p90_itl_ms>+10%",
+    "mean_e2el_ms>+5",
+    "mean_tpot_ms<-50%",
+    "request_throughput<-90%",
+    "output_throughput<-99%",
+    "p99_ttft_ms>=+0%",
+];
+
+fn gate_row(
+    key: &str,
+    base: f64,
+    cand: f64,
+    significant: Option<bool>,
+) -> retrace::report::compare::Row {
+    use retrace::report::compare::{Better, Row, Verdict};
+    let abs = cand - base;
+    Row {
+        key: key.into(),
+        label: key.into(),
+        unit: "ms",
+        baseline: Some(base),
+        candidate: Some(cand),
+        abs_change: Some(abs),
+        rel_change: Some(abs / base),
+        better: Better::Lower,
+        ci: Some((abs - 1.0, abs + 1.0)),
+        noise: None,
+        significant,
+        verdict: Verdict::Unknown,
+        approx: false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random `{"h": [...]}` runs: a record's ids never outnumber what its input length allows
+    /// (2 × its blocks + 16), whatever the runs declare, and a read never allocates for more
+    /// (a run of 2^40 ids would abort the test); runs within the bound are read back whole.
+    #[test]
+    fn prop_hash_id_runs_never_expand_past_the_input_length_bound(
+        block in prop::sample::select(vec![16u32, 64, 512]),
+        input in prop_oneof![0u64..20_000, any::<u64>()],
+        runs in proptest::collection::vec(
+            (prop_oneof![0u64..1000, any::<u64>()], prop_oneof![0u64..40, (1u64 << 20)..(1u64 << 40), any::<u64>()]),
+            0..6,
+        ),
+        odd in any::<bool>(),
+    ) {
+        let header = TraceHeader::imported(block, true, "p");
+        let mut h: Vec<ciborium::Value> = runs.iter().flat_map(|&(s, l)| [s.into(), l.into()]).collect();
+        if odd {
+            h.push(1u64.into());
+        }
+        let rec = cbor_map(vec![("t", 0u64.into()), ("i", input.into()), ("h", ciborium::Value::Array(h))]);
+        let (trace, rep) = native::read_bytes("p", &native_with_record(&header, rec)).unwrap();
+        let bound = 2 * header.blocks_for(input) + 16;
+        let declared: u128 = runs.iter().map(|r| u128::from(r.1)).sum();
+        if rep.is_clean() {
+            let r = &trace.requests[0];
+            prop_assert!(r.hash_ids.len() as u64 <= bound, "{} ids for input {input}", r.hash_ids.len());
+            prop_assert_eq!(r.hash_ids.len() as u128, declared);
+        } else {
+            prop_assert!(trace.requests.is_empty());
+            let overflows = runs.iter().any(|&(s, l)| l > 0 && s.checked_add(l - 1).is_none());
+            let absurd = input > retrace::trace::mooncake::MAX_TOKENS;
+            prop_assert!(odd || overflows || absurd || declared > u128::from(bound), "refused a valid record: {}", rep.summary());
+        }
+    }
+
+    /// Session think times outside 0..=30 days are refused; the accepted ones never make a
+    /// session-ordered schedule (first send plus every think time, at `--speed`) longer than
+    /// 30 days.
+    #[test]
+    fn prop_session_think_times_never_make_a_schedule_longer_than_30_days(
+        sessions in proptest::collection::vec(proptest::collection::vec((0.0..1e6f64, think_time()), 1..5), 1..4),
+        speed in prop::sample::select(vec!["0.000001", "0.001", "0.5", "1", "100", "1000000"]),
+    ) {
+        let lines: Vec<String> = sessions.iter().enumerate().map(|(k, turns)| {
+            let reqs: Vec<serde_json::Value> = turns.iter().map(|&(t, think)| serde_json::json!(
+                {"t": t, "type": "s", "in": 64, "out": 4, "hash_ids": [1], "think_time": think})).collect();
+            serde_json::json!({"id": format!("s{k}"), "block_size": 64, "requests": reqs}).to_string()
+        }).collect();
+        let opts = ImportOptions { format: Some(Format::Sessions), skip_bad: false };
+        let read = read_bytes("s.json", lines.join("\n").as_bytes(), &opts);
+        let out_of_range = sessions.iter().flatten().any(|&(_, x)| !(0.0..=2_592_000.0).contains(&x));
+        let Ok((trace, _)) = read else {
+            prop_assert!(out_of_range, "refused in-range think times: {}", read.unwrap_err());
+            return Ok(());
+        };
+        prop_assert!(!out_of_range, "accepted a think time out of range");
+        let cfg = super::support::replay_cfg(&["s.json", "--sessions", "--speed", speed, "--target", "http://127.0.0.1:9"]);
+        let Ok((trace, plan, _)) = retrace::replay::plan(&cfg, trace, false) else { return Ok(()) };
+        let Ok(links) = retrace::replay::sessions::link(&trace, &plan, speed.parse().unwrap()) else { return Ok(()) };
+        for root in (0..plan.len()).filter(|&s| links.is_root(s)) {
+            let (mut t, mut s) = (plan[root].at_ns, links.succ[root]);
+            while let Some(n) = s {
+                t = t.saturating_add(links.think_ns[n]);
+                s = links.succ[n];
+            }
+            prop_assert!(t <= THIRTY_DAYS_NS, "a session held for {:.0} days at --speed {speed}", t as f64 / 86_400e9);
+        }
+    }
+
+    /// `--speed` and `--request-rate` from 1e-330 to 1e330: refused naming the flag (or the
+    /// schedule), or a plan of at most 30 days.
+    #[test]
+    fn prop_schedule_bounds_hold_for_extreme_speed_and_request_rate(
+        speed in proptest::option::of(extreme()),
+        rate in proptest::option::of(extreme()),
+        n in 2u64..40,
+        gap_s in prop::sample::select(vec![0u64, 1, 3600, 86_400]),
+    ) {
+        let mut args = vec!["t.jsonl", "--target", "http://127.0.0.1:9"];
+        if let Some(s) = &speed {
+            args.extend(["--speed", s]);
+        }
+        if let Some(r) = &rate {
+            args.extend(["--request-rate", r]);
+        }
+        let cfg = match super::support::replay_config(&args) {
+            Ok(c) => c,
+            Err(e) => {
+                let e = format!("{e:#}");
+                prop_assert!(e.contains("--speed") || e.contains("--request-rate"), "{e}");
+                return Ok(());
+            }
+        };
+        let trace = Trace {
+            header: TraceHeader::imported(64, true, "p"),
+            requests: (0..n).map(|k| Request { arrival_us: k * gap_s * 1_000_000, input_tokens: 64, ..Default::default() }).collect(),
+        };
+        match retrace::replay::plan(&cfg, trace, false) {
+            Ok((_, plan, _)) => {
+                let span = plan.iter().map(|p| p.at_ns).max().unwrap_or(0);
+                prop_assert!(span <= THIRTY_DAYS_NS, "planned {:.0} days", span as f64 / 86_400e9);
+            }
+            Err(e) => prop_assert!(format!("{e:#}").contains("schedule"), "{e:#}"),
+        }
+    }
+
+    /// `compare --fail-on` never passes a candidate whose failure rate rose past the guard
+    /// (every request failed included): every latency and throughput rule fails, and no rule
+    /// passes on a value that is not finite.
+    #[test]
+    fn prop_fail_on_never_passes_a_failed_candidate(
+        n in 20usize..120,
+        base_failed in 0usize..3,
+        cand_failed_frac in prop_oneof![Just(1.0), 0.0..1.0f64],
+        slower in 0.5..3.0f64,
+        jitter in proptest::collection::vec(-0.3..0.3f64, 1..8),
+        rules in proptest::sample::subsequence(GATE_RULES.to_vec(), 1..8),
+    ) {
+        use retrace::report::{compare, load, rules as gate};
+        let cand_failed = ((n as f64 * cand_failed_frac) as usize).min(n);
+        let b = load::from_value("b.json".as_ref(), &result_json(n, base_failed, 0.1, &jitter)).unwrap();
+        let c = load::from_value("c.json".as_ref(), &result_json(n, cand_failed, 0.1 * slower, &jitter)).unwrap();
+        let opts = compare::Options { resamples: 50, ..Default::default() };
+        let cmp = compare::compare(&b, &c, &[], &opts);
+        let rules = gate::parse(&rules.join(",")).unwrap();
+        let rose = (cand_failed as f64 - base_failed as f64) / n as f64 > gate::FAILURE_GUARD;
+        let outcomes = match gate::evaluate(&rules, &cmp) {
+            Ok(o) => o,
+            // an error is not a pass (the command exits non-zero)
+            Err(_) => return Ok(()),
+        };
+        for o in &outcomes {
+            if rose || cand_failed == n {
+                prop_assert!(o.tripped, "passed a failed candidate ({cand_failed}/{n} failed): {}", o.message);
+            }
+            if !o.observed.is_finite() {
+                prop_assert!(o.tripped, "passed a non-finite value: {}", o.message);
+            }
+        }
+    }
+
+    /// A rule on a NaN or infinite metric (either side, any significance) always fails.
+    #[test]
+    fn prop_fail_on_never_passes_a_nan_metric(
+        which in 0usize..4,
+        bad in prop::sample::select(vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY]),
+        base in 1.0..100.0f64,
+        cand in 1.0..100.0f64,
+        significant in proptest::option::of(any::<bool>()),
+        rule in prop::sample::select(vec!["p90_itl_ms>+10%", "p90_itl_ms<-10%", "p90_itl_ms>+2", "p90_itl_ms<1000", "p90_itl_ms>=+0%"]),
+    ) {
+        use retrace::report::{compare, rules as gate};
+        let (b, c) = match which {
+            0 => (bad, cand),
+            1 => (base, bad),
+            2 => (bad, bad),
+            _ => (base * 0.0, cand * 0.0), // 0/0: a NaN relative change
+        };
+        let mut rows = vec![gate_row("p90_itl_ms", b, c, significant)];
+        rows.push(gate_row("failure_rate", 0.0, 0.0, Some(false)));
+        let side = compare::Side { path: "x".into(), kind: "vllm", requests: Some(100.0) };
+        let cmp = compare::Comparison {
+            schema: compare::SCHEMA, baseline: side.clone(), candidate: side, noise: Vec::new(),
+            seed: 0, confidence: 0.95, resamples: 0, rows, paired: None, workload: None, notes: Vec::new(),
+        };
+        let o = &gate::evaluate(&gate::parse(rule).unwrap(), &cmp).unwrap()[0];
+        if which == 3 && !rule.contains('%') {
+            return Ok(()); // 0 − 0 and the value 0 are finite: judged as usual
+        }
+        prop_assert!(o.tripped, "{}", o.message);
+    }
+}
+
+/// Two turns of 20 days' think time each are accepted one by one but hold their session for
+/// 40 days: the session-ordered replay refuses them, naming the flag.
+#[test]
+fn session_think_times_that_add_up_past_30_days_are_refused() {
+    let one = r#"{"id":"a","block_size":64,"requests":[{"t":0,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":0},{"t":1,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":1728000},{"t":2,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":1728000}]}"#;
+    let opts = ImportOptions {
+        format: Some(Format::Sessions),
+        skip_bad: false,
+    };
+    let (trace, _) = read_bytes("s.json", one.as_bytes(), &opts).unwrap();
+    let cfg =
+        super::support::replay_cfg(&["s.json", "--sessions", "--target", "http://127.0.0.1:9"]);
+    let (trace, plan, _) = retrace::replay::plan(&cfg, trace, false).unwrap();
+    let e = retrace::replay::sessions::link(&trace, &plan, 1.0).unwrap_err();
+    assert!(e.contains("--sessions") && e.contains("40 days"), "{e}");
+    let fast = retrace::replay::sessions::link(&trace, &plan, 2.0).unwrap();
+    assert_eq!(fast.sessions, 1, "20 days at --speed 2 is within the bound");
+}

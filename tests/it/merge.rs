@@ -205,22 +205,37 @@ fn three_shards_merged_match_one_process() {
     let mean = ttfts.iter().sum::<f64>() / ttfts.len() as f64 * 1000.0;
     assert!((mean - f(&merged, "mean_ttft_ms")).abs() < 1e-6);
 
-    // merging a result with itself doubles every count
+    // a result given twice would double-count: refused, naming it (two runs with equal samples
+    // still add up: report::merge's histogram test)
     let twice_p = dir.path().join("twice.json");
     let w = whole_p.to_str().unwrap();
-    retrace::run(support::cli(&[
+    let e = retrace::run(support::cli(&[
         "merge",
         w,
         w,
         "-o",
         twice_p.to_str().unwrap(),
     ]))
-    .unwrap();
-    let twice = read(&twice_p);
-    assert_eq!(twice["completed"], 36);
-    for name in ["ttft_us", "itl_us", "e2el_us"] {
-        assert_eq!(hist_len(&twice, name), 2 * hist_len(&whole, name), "{name}");
-    }
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("given twice"), "{e:#}");
+    assert!(!twice_p.exists());
+    // shard files name their shard; the same shard twice is refused
+    let s0 = dir.path().join("shard-0.json");
+    assert_eq!(read(&s0)["shard"], "0/3");
+    let copy = dir.path().join("copy-0.json");
+    let mut v = read(&s0);
+    v["date"] = serde_json::json!("another run");
+    std::fs::write(&copy, v.to_string()).unwrap();
+    let (a, b) = (s0.to_str().unwrap(), copy.to_str().unwrap());
+    let e = retrace::run(support::cli(&[
+        "merge",
+        a,
+        b,
+        "-o",
+        twice_p.to_str().unwrap(),
+    ]))
+    .unwrap_err();
+    assert!(format!("{e:#}").contains("already given"), "{e:#}");
     drop(srv);
 }
 

@@ -275,10 +275,156 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     let w = cmp.workload.as_ref().unwrap();
     assert_eq!((w.osl_ks.d, w.isl_ks.d), (0.0, 0.0), "{w:?}");
     assert_eq!((f.paired, f.unpaired), (15, 0));
+    // Input lengths as the server counted them again (every success reports usage), equal to
+    // the recording's.
+    assert_eq!(f.isl_server_counted, 13, "{f:?}");
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     assert!(f.faithful, "{f:?}");
     let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
     assert!(text.contains("Faithful replay"), "{text}");
+}
+
+/// A recording without bodies (the default: prompt text is stored only when asked) holds chat
+/// requests that replay cannot rebuild without a tokenizer. The replay leaves them out, counted,
+/// and `compare RECORDING REPLAY` must not call that replay faithful.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = mock().await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.block_size = 16;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    drive(&format!("http://{}", rec.addr)).await;
+    stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (path, trace) = read_trace(&dir.path().join("rec"));
+    let chats = trace
+        .requests
+        .iter()
+        .filter(|r| r.is_workload() && r.endpoint == retrace::trace::Endpoint::Chat)
+        .count();
+    assert!(chats > 0);
+
+    let target = mock().await;
+    let result = dir.path().join("replay.json");
+    let out = replay_recording(&path, &target.addr.to_string(), &result).await;
+    target.shutdown().await;
+    assert_eq!(
+        out.result["left_out"]["chat_without_tokenizer"], chats,
+        "{}",
+        out.result["left_out"]
+    );
+
+    let base = retrace::report::load::load(&path).unwrap();
+    let cand = retrace::report::load::load(&result).unwrap();
+    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
+    let f = cmp
+        .workload
+        .as_ref()
+        .and_then(|w| w.fidelity.clone())
+        .unwrap();
+    assert_eq!(f.left_out, chats, "{f:?}");
+    assert!(!f.faithful, "{f:?}");
+    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    assert!(text.contains("Not a faithful replay"), "{text}");
+    assert!(
+        text.contains(&format!("{chats} workload requests left out")),
+        "{text}"
+    );
+}
+
+/// A mock that counts tokens with `tokenizer` (its chat template adds tokens around a message).
+async fn mock_with_tokenizer(tokenizer: &Path) -> retrace::mock::MockHandle {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = MockConfig {
+        fixed_timing: Some((15.0, 2.0)),
+        tokenizer: Some(tokenizer.to_path_buf()),
+        ..Default::default()
+    };
+    retrace::mock::start(l, cfg).await.unwrap()
+}
+
+/// Text completions and chats recorded without bodies (input lengths are the server's counts,
+/// chat template and special tokens included), replayed with the tokenizer: the replay takes
+/// what the target adds off its synthesised text, so the server counts every recorded length
+/// again, and `compare` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = super::replay::word_tokenizer(dir.path());
+    let up = mock_with_tokenizer(&tok).await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.block_size = 4;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let text = " aa ab ac ad ae af ba bb bc";
+    for k in 0..6 {
+        let (path, body) = if k % 2 == 0 {
+            (
+                "/v1/chat/completions",
+                json!({"model": "mock-llama", "messages": [{"role": "user", "content": text}],
+                       "max_tokens": 3, "stream": k % 4 == 0}),
+            )
+        } else {
+            (
+                "/v1/completions",
+                json!({"model": "mock-llama", "prompt": text, "max_tokens": 3, "stream": true}),
+            )
+        };
+        let req = Request::builder()
+            .method("POST")
+            .uri(format!("http://{}{path}", rec.addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+            .await
+            .expect("response in time")
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+    }
+    stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (path, trace) = read_trace(&dir.path().join("rec"));
+    assert_eq!(trace.requests.len(), 6);
+    assert!(trace.requests.iter().all(|r| r.body.is_none()));
+
+    let target = mock_with_tokenizer(&tok).await;
+    let result = dir.path().join("replay.json");
+    let cfg = replay_cfg(&[
+        path.to_str().unwrap(),
+        "--target",
+        &format!("http://{}", target.addr),
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--prompt-mode",
+        "text",
+        "--detailed",
+        "--result-json",
+        result.to_str().unwrap(),
+    ]);
+    tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
+        .await
+        .expect("replay ends")
+        .unwrap();
+    target.shutdown().await;
+
+    let base = retrace::report::load::load(&path).unwrap();
+    let cand = retrace::report::load::load(&result).unwrap();
+    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
+    let f = cmp
+        .workload
+        .as_ref()
+        .and_then(|w| w.fidelity.clone())
+        .unwrap();
+    assert_eq!((f.paired, f.isl_server_counted), (6, 6), "{f:?}");
+    assert_eq!(f.isl_exact, 1.0, "{f:?}");
+    assert!(f.faithful, "{f:?}");
 }
 
 /// Two proxy replicas in front of one server, the same prompts through both: `convert A B -o M`

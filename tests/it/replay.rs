@@ -126,20 +126,31 @@ async fn failures_are_counted_by_kind_and_the_run_completes() {
     assert!(o.report.contains("http_500:"));
 }
 
+/// A target that stops listening after the setup: its refused connections are failures of the
+/// run (`connect`), not an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_is_a_failure_not_an_error() {
-    // Bind then drop a listener: nothing listens on that port any more.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The listener takes the one connection that checks the target, then closes it and goes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gone = std::thread::spawn(move || drop(listener.accept()));
     let dir = tempfile::tempdir().unwrap();
     let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
     let url = format!("http://127.0.0.1:{port}");
-    let cfg = support::replay_config(&[trace.to_str().unwrap(), "--target", &url, "--model", "m"])
-        .unwrap();
-    let o = replay::replay(cfg).await.unwrap();
+    let cfg = support::replay_config(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &url,
+        "--model",
+        "m",
+        "--warm-connections",
+        "0",
+    ])
+    .unwrap();
+    let p = replay::prepare(&cfg).await.unwrap();
+    gone.join().unwrap(); // the listener is gone before the clock starts
+    let ran = replay::execute(&cfg, &p).await.unwrap();
+    let o = replay::assemble(&cfg, &p, ran).unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
         o.summary.errors.get("connect"),
@@ -335,8 +346,9 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--timeout-s", "0"], "--timeout-s"),
         (&["t", "--goodput", "ttft=5"], "--goodput"),
         (&["t", "--goodput", "itl:5"], "--goodput"),
-        (&["t", "--spin-us", "fast"], "--spin-us"),
-        (&["t", "--spin-us", "200000"], "--spin-us"),
+        // The dispatcher only sleeps: its spin window and SCHED_FIFO are gone from the CLI.
+        (&["t", "--spin-us", "50"], "--spin-us"),
+        (&["t", "--realtime"], "--realtime"),
         (&["t", "--reader-threads", "many"], "--reader-threads"),
         (&["t", "--reader-threads", "65"], "--reader-threads"),
         (&["t", "--read-batch-us", "6000"], "--read-batch-us"),
@@ -349,14 +361,6 @@ fn invalid_flags_name_the_flag() {
         support::replay_config(&["t", "--tokenizer", "a.json", "--vocab-size", "5"]).unwrap_err();
     assert!(e.to_string().contains("--vocab-size"), "{e}");
     assert!(support::replay_config(&["t", "--endpoint", "bogus"]).is_err());
-    // The dispatcher sleeps without spinning unless asked.
-    let spin = |a: &[&str]| support::replay_config(a).unwrap().tuning.spin;
-    assert_eq!(spin(&["t"]), Some(std::time::Duration::ZERO));
-    assert_eq!(spin(&["t", "--spin-us", "auto"]), None);
-    assert_eq!(
-        spin(&["t", "--spin-us", "50"]),
-        Some(std::time::Duration::from_micros(50))
-    );
     // Reader threads: one per CPU up to 4 by default, 0 for none; a 500 µs batch window.
     let cfg = support::replay_config(&["t"]).unwrap();
     assert!(
@@ -434,6 +438,146 @@ fn drift_limit_sets_exit_status() {
         "{}",
         String::from_utf8_lossy(&lax.stderr)
     );
+}
+
+/// `--target` with nothing listening: a plain message saying the target could not be reached,
+/// exit 2, with or without `--model` (it used to end in "(or give --model)").
+#[test]
+fn target_not_listening_says_it_could_not_be_reached() {
+    let bin = env!("CARGO_BIN_EXE_retrace");
+    // Bind then drop a listener: nothing listens on that port any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0])]);
+    let url = format!("http://127.0.0.1:{port}");
+    for model in [&[][..], &["--model", "m"][..]] {
+        let o = std::process::Command::new(bin)
+            .args(["replay", trace.to_str().unwrap(), "--target", &url])
+            .args(model)
+            .output_within(support::CHILD_LIMIT)
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{model:?}: {err}");
+        let want = format!(
+            "retrace: error: --target {url}: the target could not be reached (connection refused at 127.0.0.1:{port})\n"
+        );
+        assert_eq!(err, want, "{model:?}");
+        assert!(
+            o.stdout.is_empty(),
+            "{model:?}: nothing measured, nothing printed"
+        );
+    }
+}
+
+/// Runs `retrace replay TRACE --target URL ARGS...` to its end.
+fn replay_child(trace: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["replay", trace.to_str().unwrap(), "--target", url])
+        .args(args)
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// `--model nope`: every request got 404. The run exits 5 and the console shows the server's
+/// message (it used to exit 0 with the message only in the JSON); a run where only some
+/// requests failed still exits 0.
+#[test]
+fn run_where_every_request_failed_exits_5_with_the_server_messages() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = rt.block_on(retrace::mock::start(listener, cfg)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 3, &[0]), (1, 10, 3, &[1])]);
+    let url = format!("http://{}", mock.addr);
+    let (code, out, err) = replay_child(&trace, &url, &["--model", "nope"]);
+    assert_eq!(code, Some(5), "{err}");
+    assert!(
+        out.contains("First error messages:\n  http_404 (2): {"),
+        "{out}"
+    );
+    assert!(out.contains("The model `nope` does not exist."), "{out}");
+    assert!(
+        out.contains("RUN FAILED: all 2 requests failed (exit 5)"),
+        "{out}"
+    );
+    let (code, out, err) = replay_child(&trace, &url, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("First error messages") && !out.contains("RUN FAILED"));
+    rt.block_on(mock.shutdown());
+    // One of two requests fails (the test server answers max_tokens 2 with a 500).
+    let srv = rt.block_on(support::start(ServerConfig::default()));
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (1, 10, 2, &[1])]);
+    let (code, out, err) = replay_child(&trace, &srv.url(), &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("First error messages:\n  http_500 (1): "),
+        "{out}"
+    );
+    assert!(!out.contains("RUN FAILED"), "{out}");
+}
+
+/// A recording whose every request failed (404: the model is gone), replayed faithfully: each
+/// fails again the same way, which is what was asked for, so the run exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_failures_that_fail_again_the_same_way_do_not_fail_the_run() {
+    use retrace::trace::{Request, Response, Trace, TraceHeader};
+    let body = br#"{"model":"gone","prompt":[20,21,22],"max_tokens":2,"stream":true}"#;
+    let failed = |at: u64| Request {
+        arrival_us: at,
+        input_tokens: 3,
+        output_tokens: 2,
+        body: Some(body.to_vec()),
+        response: Some(Box::new(Response {
+            status: 404,
+            error: Some("http_404".into()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failed.trace.zst");
+    let trace = Trace {
+        header: TraceHeader::imported(16, true, "test"),
+        requests: vec![failed(0), failed(1_000)],
+    };
+    retrace::trace::native::write_file(&path, &trace, Default::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = retrace::mock::start(listener, cfg).await.unwrap();
+    let url = format!("http://{}", mock.addr);
+    let args = [path.to_str().unwrap(), "--target", &url];
+    let o = replay::replay(support::replay_config(&args).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(o.summary.errors.get("http_404"), Some(&2), "{}", o.report);
+    assert_eq!(o.result["recorded_outcomes"]["failed_again_same_way"], 2);
+    assert!(!o.all_failed, "{}", o.report);
+    mock.shutdown().await;
+    // Against a target that fails them some other way (the test server answers max_tokens 2
+    // with a 500), the run failed.
+    let srv = support::start(ServerConfig::default()).await;
+    let url = srv.url();
+    let args = [path.to_str().unwrap(), "--target", &url, "--model", "m"];
+    let o = replay::replay(support::replay_config(&args).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(o.summary.errors.get("http_500"), Some(&2), "{}", o.report);
+    assert!(o.all_failed, "{}", o.report);
 }
 
 /// vLLM's prefix-cache hit rule (domain.md §4) applied to a Mooncake trace replayed in order with
@@ -553,7 +697,7 @@ fn no_target_replays_against_the_embedded_mock() {
 }
 
 /// A byte-level word tokenizer (`Ġaa`..`Ġzh` plus specials), written as a tokenizer.json.
-fn word_tokenizer(dir: &Path) -> PathBuf {
+pub(super) fn word_tokenizer(dir: &Path) -> PathBuf {
     let mut vocab = serde_json::Map::new();
     vocab.insert("<s>".into(), 0.into());
     vocab.insert("</s>".into(), 1.into());
@@ -733,8 +877,7 @@ async fn https_target_with_private_ca() {
         o.result["errors"]
     );
     assert_eq!(o.summary.total_output_tokens, 13);
-    // Trusting something else (the leaf, which is no CA): requests fail as connect errors, the run
-    // still completes and says so.
+    // Trusting something else (the leaf, which is no CA): the handshake fails before the run.
     let leaf = support::repo("fixtures/tls/cert.pem");
     let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
@@ -746,10 +889,15 @@ async fn https_target_with_private_ca() {
         "m",
     ])
     .unwrap();
-    let o = replay::replay(cfg).await.unwrap();
-    assert_eq!((o.summary.completed, o.summary.failed), (0, 2));
-    let kinds: Vec<String> = o.summary.errors.keys().cloned().collect();
-    assert_eq!(kinds, vec!["connect".to_string()], "{:?}", o.summary.errors);
+    let e = replay::replay(cfg)
+        .await
+        .err()
+        .expect("an untrusted certificate");
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("could not be reached (TLS handshake with"),
+        "{msg}"
+    );
     // A CA path that does not exist is a clear error naming the flag.
     let cfg = support::replay_config(&[
         trace.to_str().unwrap(),

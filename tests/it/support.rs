@@ -221,6 +221,8 @@ async fn handle(
         .unwrap()
         .push(v.get("prompt").cloned().unwrap_or(v["messages"].clone()));
     let n = v["max_tokens"].as_u64().unwrap_or(16);
+    // A token-id prompt counts its ids, as a real server's usage does; anything else 1.
+    let prompt_tokens = v["prompt"].as_array().map_or(1, |a| a.len().max(1));
     if n == 2 {
         return Ok(full(
             500,
@@ -281,7 +283,7 @@ async fn handle(
                 return;
             }
         }
-        let mut usage = serde_json::json!({"object": obj, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}});
+        let mut usage = serde_json::json!({"object": obj, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": n + prompt_tokens as u64}});
         if cfg.server_metrics {
             usage["metrics"] = serde_json::json!({"queue_time_ms": 2.0, "time_to_first_token_ms": cfg.ttft.as_secs_f64() * 1000.0 - 5.0});
         }

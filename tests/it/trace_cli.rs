@@ -246,3 +246,136 @@ fn bad_input_names_file_and_line() {
     );
     assert!(e.contains("--window"), "{e}");
 }
+
+/// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
+#[test]
+fn a_10_mb_field_is_not_echoed_whole_in_error_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = "7".repeat(10 << 20) + "x";
+    let cases = [
+        ("azure", format!("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,{big},5\n")),
+        ("burstgpt", format!("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n{big},ChatGPT,4,1,5,Conversation log\n")),
+        ("mooncake", format!("{{\"timestamp\": 0, \"input_length\": \"{big}\", \"output_length\": 1}}\n")),
+        ("custom", format!("{{\"prompt\": \"hi\", \"output_tokens\": \"{big}\"}}\n")),
+    ];
+    for (from, data) in cases {
+        let p = dir.path().join(format!("big.{from}"));
+        std::fs::write(&p, data).unwrap();
+        let e = format!(
+            "{:#}",
+            inspect(&["inspect", p.to_str().unwrap(), "--from", from]).unwrap_err()
+        );
+        assert!(e.len() < 400, "{from}: {} bytes: {}", e.len(), &e[..400]);
+        assert!(
+            e.contains(&format!("{}… (", "7".repeat(80))) && e.contains(" bytes)"),
+            "{from}: {e}"
+        );
+        assert!(
+            e.contains(&format!("big.{from}:2")) || e.contains(&format!("big.{from}:1")),
+            "{e}"
+        );
+    }
+}
+
+/// Bytes flipped in the record frames of a new native trace: `inspect` reports damage (the frame
+/// checksum) or, where zstd ignores the bit, the stats of the file as written.
+#[test]
+fn flipped_bytes_in_a_native_trace_are_reported_as_damage_by_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let native = dir.path().join("a.trace.zst");
+    let src = repo("traces/mooncake_conversation_1k.jsonl");
+    convert(&[
+        "convert",
+        src.to_str().unwrap(),
+        "-o",
+        native.to_str().unwrap(),
+    ])
+    .unwrap();
+    let bytes = std::fs::read(&native).unwrap();
+    let stats = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&inspect(&["inspect", p.to_str().unwrap(), "--json"]).unwrap())
+            .unwrap()
+    };
+    let clean = stats(&native);
+    assert!(clean["import"]["damage"].is_null());
+    let flipped = dir.path().join("f.trace.zst");
+    let (mut damaged, flips) = (0, 40);
+    for k in 0..flips {
+        let at = 200 + k * (bytes.len() - 200) / flips;
+        let mut b = bytes.clone();
+        b[at] ^= 0x10;
+        std::fs::write(&flipped, &b).unwrap();
+        let v = stats(&flipped);
+        if v["import"]["damage"].is_string() {
+            damaged += 1;
+        } else {
+            assert_eq!(
+                v["stats"], clean["stats"],
+                "byte {at}: changed records, no damage reported"
+            );
+        }
+    }
+    assert!(
+        damaged >= flips - 2,
+        "{damaged} of {flips} flips reported as damage"
+    );
+}
+
+fn run_bin(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(args)
+        .env("RETRACE_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A missing file: one line naming it, the OS message once (it was printed twice), every command.
+#[test]
+fn missing_file_error_names_the_file_and_prints_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let nope = dir.path().join("nope.jsonl");
+    let (n, o) = (nope.to_str().unwrap(), dir.path().join("o.json"));
+    let o = o.to_str().unwrap();
+    for args in [
+        vec!["inspect", n],
+        vec!["convert", n, "-o", o],
+        vec!["compare", n, n],
+        vec!["merge", n, "-o", o],
+        vec!["report", n, "-o", o],
+        vec!["replay", n, "--dry-run"],
+    ] {
+        let (code, err) = run_bin(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(n), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("No such file or directory").count(),
+            1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Logs going to a file or pipe carry no ANSI colour codes.
+#[test]
+fn logs_written_to_a_file_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.trace.zst");
+    let src = repo("traces/mooncake_conversation_1k.jsonl");
+    convert(&["convert", src.to_str().unwrap(), "-o", p.to_str().unwrap()]).unwrap();
+    let mut b = std::fs::read(&p).unwrap();
+    let at = b.len() / 2;
+    b[at] ^= 0xff;
+    std::fs::write(&p, b).unwrap();
+    let (code, err) = run_bin(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains("corrupt"),
+        "a damage warning: {err}"
+    );
+    assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
+}
