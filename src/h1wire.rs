@@ -16,8 +16,11 @@
 //! passed through with its framing untouched, so the original `Transfer-Encoding` line is written
 //! again on the next hop; [`ChunkedDecoder`] follows that framing byte by byte to find where the
 //! body ends and to hand the decoded payload to the capture. Header names keep their case and
-//! order. Pure: no I/O, no clock, no allocation beyond the output head and the two strings of a
-//! request line. It does not read sockets or decide timeouts (see `h1`).
+//! order. Duplicate equal `Content-Length` values (several fields or a list) go out as one field
+//! (RFC 9110 §8.6; different values are refused); a request with two `Host` fields is refused
+//! (RFC 9112 §3.2), and one whose `Via` carries the proxy's own entry came round a loop
+//! ([`HeadError::Loop`]); the forwarded request gets that entry. Pure: no I/O, no clock, no
+//! allocation beyond the output head and the two strings of a request line. It does not read sockets or decide timeouts (see `h1`).
 
 /// Largest request or response head accepted (bytes).
 pub const MAX_HEAD: usize = 64 << 10;
@@ -47,6 +50,8 @@ pub enum HeadError {
     TooLarge,
     /// Not HTTP/1.x, or framing that cannot be forwarded safely (400 for a request).
     Malformed(&'static str),
+    /// The request already passed through this proxy (its `Via` entry): 508.
+    Loop,
 }
 
 impl HeadError {
@@ -55,6 +60,7 @@ impl HeadError {
         match self {
             HeadError::TooLarge => 431,
             HeadError::Malformed(_) => 400,
+            HeadError::Loop => 508,
         }
     }
 
@@ -62,6 +68,9 @@ impl HeadError {
         match self {
             HeadError::TooLarge => "request header fields too large",
             HeadError::Malformed(why) => why,
+            HeadError::Loop => {
+                "the request came back to this proxy (Via): does --upstream point at it?"
+            }
         }
     }
 }
@@ -224,8 +233,17 @@ fn write_fields(
     out: &mut Vec<u8>,
 ) {
     let has_connection = headers.iter().any(|h| eq(h.name, "connection"));
-    let mut te_trailers = false;
+    let (mut te_trailers, mut length_sent) = (false, false);
     for h in headers {
+        if eq(h.name, "content-length") {
+            // Equal values (checked by `framing_fields`) go out once.
+            if !length_sent {
+                let v = tokens(h.value).next().unwrap_or_default();
+                field(out, h.name.as_bytes(), v);
+                length_sent = true;
+            }
+            continue;
+        }
         if eq(h.name, "transfer-encoding") {
             if keep_te {
                 field(out, h.name.as_bytes(), h.value);
@@ -305,13 +323,34 @@ fn origin_form(target: &str) -> Result<&str, HeadError> {
     ))
 }
 
+/// Whether a `Via` field value carries the pseudonym of `entry` (`1.1 retrace-ab12` →
+/// `retrace-ab12`): a request that does came back to the proxy that added it.
+pub fn via_names(value: &[u8], entry: &[u8]) -> bool {
+    let id = entry.split(|&b| b == b' ').nth(1).unwrap_or(entry);
+    !id.is_empty() && value.windows(id.len()).any(|w| w.eq_ignore_ascii_case(id))
+}
+
+/// Refuses a request with two `Host` fields, or one carrying our `Via` entry.
+fn check_request_fields(headers: &[httparse::Header<'_>], via: &[u8]) -> Result<(), HeadError> {
+    if headers.iter().filter(|h| eq(h.name, "host")).count() > 1 {
+        return Err(HeadError::Malformed("more than one host header"));
+    }
+    let ours = |h: &&httparse::Header<'_>| eq(h.name, "via") && via_names(h.value, via);
+    match headers.iter().any(|h| ours(&h)) {
+        true => Err(HeadError::Loop),
+        false => Ok(()),
+    }
+}
+
 /// Parses one request head at the start of `buf`. `Ok(None)`: incomplete, read more (the caller
 /// refuses a buffer of [`MAX_HEAD`] bytes that is still incomplete, see [`incomplete_limit`]).
-/// On success the head for the upstream (`host` as `Host`, `base_path` prepended) is in `out`.
+/// On success the head for the upstream (`host` as `Host`, `base_path` prepended, `via` added as
+/// a `Via` field unless empty) is in `out`.
 pub fn parse_request(
     buf: &[u8],
     host: &[u8],
     base_path: &str,
+    via: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<Option<RequestHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -323,6 +362,7 @@ pub fn parse_request(
     let target = req.path.unwrap_or("/");
     let http10 = req.version == Some(0);
     let headers = req.headers;
+    check_request_fields(headers, via)?;
     let pq = origin_form(target)?;
     let (chunked, length) = framing_fields(headers)?;
     let body = match (chunked, length) {
@@ -356,6 +396,9 @@ pub fn parse_request(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     field(out, b"host", host);
     write_fields(headers, body == Framing::Chunked, true, upgrade, out);
+    if !via.is_empty() {
+        field(out, b"via", via);
+    }
     out.extend_from_slice(b"\r\n");
     Ok(Some(RequestHead {
         len,
@@ -854,7 +897,7 @@ mod tests {
 
     fn req(raw: &str) -> (Result<Option<RequestHead>, HeadError>, String) {
         let mut out = Vec::new();
-        let r = parse_request(raw.as_bytes(), HOST, "", &mut out);
+        let r = parse_request(raw.as_bytes(), HOST, "", b"", &mut out);
         (r, String::from_utf8(out).unwrap())
     }
 
@@ -967,20 +1010,24 @@ mod tests {
     fn base_path_absolute_form_and_chunked_requests() {
         let mut out = Vec::new();
         let raw = b"GET http://proxy:8000/v1/models HTTP/1.1\r\nhost: proxy\r\n\r\n";
-        let h = parse_request(raw, HOST, "/prefix", &mut out)
+        let h = parse_request(raw, HOST, "/prefix", b"", &mut out)
             .unwrap()
             .unwrap();
         assert_eq!(path_of(&h, raw), "/v1/models");
         assert_eq!(h.body, Framing::None);
         assert!(out.starts_with(b"GET /prefix/v1/models HTTP/1.1\r\nhost: up.example:8001\r\n\r\n"));
         let raw = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n";
-        let h = parse_request(raw, HOST, "", &mut out).unwrap().unwrap();
+        let h = parse_request(raw, HOST, "", b"", &mut out)
+            .unwrap()
+            .unwrap();
         assert_eq!(h.body, Framing::Chunked);
         let s = String::from_utf8(out.clone()).unwrap();
         assert!(s.contains("Transfer-Encoding: chunked\r\n"), "{s}");
         assert!(s.contains("Expect: 100-continue\r\n"), "{s}");
         let raw = b"GET http://h?q=1 HTTP/1.1\r\n\r\n";
-        let h = parse_request(raw, HOST, "", &mut out).unwrap().unwrap();
+        let h = parse_request(raw, HOST, "", b"", &mut out)
+            .unwrap()
+            .unwrap();
         assert_eq!(path_of(&h, raw), "/?q=1");
         assert!(out.starts_with(b"GET /?q=1 HTTP/1.1\r\n"));
     }
@@ -1287,12 +1334,48 @@ mod tests {
         assert!(ChunkedDecoder::new().feed(&long, |_, _| {}).is_err());
     }
 
+    #[test]
+    fn two_host_headers_are_refused_and_equal_content_lengths_go_out_once() {
+        let (r, _) = req("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n");
+        assert_eq!(r, Err(HeadError::Malformed("more than one host header")));
+        let raw = "POST / HTTP/1.1\r\nContent-Length: 3\r\ncontent-length: 3, 3\r\n\r\nabc";
+        let (r, out) = req(raw);
+        assert_eq!(r.unwrap().unwrap().body, Framing::Length(3));
+        assert_eq!(out.matches("ength: ").count(), 1, "{out}");
+        assert!(out.contains("Content-Length: 3\r\n"), "{out}");
+        let raw = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi";
+        let (h, out) = resp(raw, ResponseOptions::default());
+        assert_eq!(h.body, Framing::Length(2));
+        assert_eq!(out.matches("Content-Length: 2\r\n").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn a_request_carrying_our_via_entry_is_a_loop() {
+        let via = b"1.1 retrace-00ab";
+        let mut out = Vec::new();
+        let raw = b"GET / HTTP/1.1\r\nVia: 1.0 other\r\n\r\n";
+        parse_request(raw, HOST, "", via, &mut out)
+            .unwrap()
+            .unwrap();
+        let s = String::from_utf8(out.clone()).unwrap();
+        assert!(
+            s.ends_with("Via: 1.0 other\r\nvia: 1.1 retrace-00ab\r\n\r\n"),
+            "{s}"
+        );
+        let back = b"GET / HTTP/1.1\r\nVia: 1.0 other, 1.1 Retrace-00AB\r\n\r\n";
+        let r = parse_request(back, HOST, "", via, &mut out);
+        assert_eq!(r, Err(HeadError::Loop));
+        assert_eq!(HeadError::Loop.status(), 508);
+        let other = b"GET / HTTP/1.1\r\nVia: 1.1 retrace-ffff\r\n\r\n";
+        assert!(parse_request(other, HOST, "", via, &mut out).is_ok());
+    }
+
     proptest::proptest! {
         /// Whatever a client or an upstream sends, the parsers answer (never panic).
         #[test]
         fn parsers_never_panic_on_arbitrary_bytes(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
             let mut out = Vec::new();
-            let _ = parse_request(&data, HOST, "/b", &mut out);
+            let _ = parse_request(&data, HOST, "/b", b"1.1 retrace-x", &mut out);
             let _ = parse_response(&data, ResponseOptions::default(), &mut out);
             let mut d = ChunkedDecoder::new();
             let _ = d.feed(&data, |a, b| assert!(a <= b && b <= data.len()));

@@ -1,7 +1,9 @@
 //! The admin endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`.
 //!
 //! Served on its own listener (loopback by default), HTTP/1.1 only, so scraping never shares a
-//! connection pool or a port with proxied traffic. It does not record anything.
+//! connection pool or a port with proxied traffic. `/healthz` is the recording's health: `200 ok`
+//! while traces are written, `503` while the trace writer cannot write (from a failed write or
+//! open until a frame is written again). It does not record anything.
 
 use super::stats::Stats;
 use bytes::Bytes;
@@ -12,6 +14,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
@@ -24,6 +27,11 @@ async fn handle(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             stats.render(),
+        ),
+        (&Method::GET, "/healthz") if stats.writer_failing.load(Relaxed) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "failing: trace files cannot be written (records are lost)\n".to_string(),
         ),
         (&Method::GET, "/healthz") => (StatusCode::OK, "text/plain", "ok\n".to_string()),
         _ => (

@@ -53,6 +53,8 @@ pub struct Proxy {
     pub raw: Option<RawPool>,
     /// hyper-util's pooling client (HTTP/1.1 or HTTP/2 upstream) for exchanges hyper serves.
     pub client: UpstreamClient,
+    /// The `Via` entry added to forwarded requests ([`via_entry`]).
+    pub via: HeaderValue,
 }
 
 impl Proxy {
@@ -63,6 +65,30 @@ impl Proxy {
         let headers = arrival + self.headers_timeout;
         (total.map_or(headers, |t| t.min(headers)), total)
     }
+}
+
+/// The error kind of a request refused with 508 because it carried this proxy's `Via` entry.
+pub const LOOP_KIND: &str = "loop_detected";
+
+/// This proxy's `Via` entry (RFC 9110 §7.6.3), `1.1 retrace-<random id>`: a request that arrives
+/// carrying it went round a loop (an `--upstream` pointing back at the proxy) and is refused.
+pub fn via_entry() -> HeaderValue {
+    let v = format!("1.1 retrace-{:016x}", rand::random::<u64>());
+    HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("1.1 retrace"))
+}
+
+/// Why a request's header map cannot be forwarded (the rules [`crate::h1wire`] applies to raw
+/// heads): two `Host` fields (400), or our `Via` entry (508, a loop).
+pub fn refused(h: &HeaderMap, via: &HeaderValue) -> Option<(u16, &'static str, &'static str)> {
+    if h.get_all(header::HOST).iter().count() > 1 {
+        return Some((400, "bad_request", "more than one host header"));
+    }
+    let ours = |v: &HeaderValue| crate::h1wire::via_names(v.as_bytes(), via.as_bytes());
+    h.get_all(header::VIA).iter().any(ours).then_some((
+        508,
+        LOOP_KIND,
+        crate::h1wire::HeadError::Loop.reason(),
+    ))
 }
 
 /// The OpenAI-style JSON error body the proxy answers with.

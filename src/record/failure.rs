@@ -21,6 +21,9 @@ pub enum Failure {
     TimeoutIdle,
     /// The total timeout cut the response.
     TimeoutTotal,
+    /// The upstream's chunked framing was invalid after the response head; what came before it
+    /// was forwarded.
+    UpstreamFraming,
     /// The client's request body was malformed or broke off.
     ClientBody,
     /// Anything else (e.g. a target that cannot be forwarded).
@@ -34,7 +37,7 @@ pub enum Failure {
 
 impl Failure {
     /// The kinds `/metrics` counts, in its order.
-    pub const COUNTED: [Failure; 9] = [
+    pub const COUNTED: [Failure; 10] = [
         Failure::UpstreamConnect,
         Failure::TimeoutConnect,
         Failure::TimeoutHeaders,
@@ -42,6 +45,7 @@ impl Failure {
         Failure::UpstreamReset,
         Failure::TimeoutIdle,
         Failure::TimeoutTotal,
+        Failure::UpstreamFraming,
         Failure::ClientBody,
         Failure::Other,
     ];
@@ -56,6 +60,7 @@ impl Failure {
             Failure::UpstreamReset => "upstream_reset",
             Failure::TimeoutIdle => "timeout_idle",
             Failure::TimeoutTotal => "timeout_total",
+            Failure::UpstreamFraming => "upstream_framing",
             Failure::ClientBody => "client_body",
             Failure::Other => "other",
             Failure::DrainDeadline => "drain_deadline",
@@ -104,6 +109,6 @@ mod tests {
         assert_eq!(Failure::ClientBody.status().0, 400);
         let names: Vec<&str> = Failure::COUNTED.iter().map(|f| f.as_str()).collect();
         assert_eq!(names.last(), Some(&"other"));
-        assert_eq!(names.len(), 9);
+        assert_eq!(names.len(), 10);
     }
 }

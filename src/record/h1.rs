@@ -199,6 +199,9 @@ struct Ex {
     /// The upstream answered the request's protocol switch with 101: once the head went out,
     /// the connection becomes a tunnel.
     upgraded: bool,
+    /// The response broke off with this failure: what came before it goes to the client, then
+    /// the connection is cut.
+    cut: Option<Failure>,
     pending: Option<Pending>,
     cap: Arc<Mutex<Captured>>,
 }
@@ -283,9 +286,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         });
         loop {
             if self.cbuf.len() > 0 {
-                let host = self.p.host.as_bytes();
+                let (host, via) = (self.p.host.as_bytes(), self.p.via.as_bytes());
+                let base = &self.p.base_path;
                 if let Some(h) =
-                    h1wire::parse_request(self.cbuf.data(), host, &self.p.base_path, &mut self.out)?
+                    h1wire::parse_request(self.cbuf.data(), host, base, via, &mut self.out)?
                 {
                     return Ok(Some(h));
                 }
@@ -335,16 +339,15 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Answers a refused request head and closes.
     async fn reject(&mut self, e: HeadError) {
-        let kind = match e {
-            HeadError::TooLarge => "request_header_too_large",
-            HeadError::Malformed(_) => "bad_request",
+        let (kind, reason) = match e {
+            HeadError::TooLarge => (
+                "request_header_too_large",
+                "Request Header Fields Too Large",
+            ),
+            HeadError::Malformed(_) => ("bad_request", "Bad Request"),
+            HeadError::Loop => (common::LOOP_KIND, "Loop Detected"),
         };
         let status = e.status();
-        let reason = if status == 431 {
-            "Request Header Fields Too Large"
-        } else {
-            "Bad Request"
-        };
         let body = error_json(status, kind, e.reason());
         self.out.clear();
         write_error_head(&mut self.out, status, reason, body.len(), true);
@@ -426,6 +429,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 upgrade: h.upgrade,
             },
             upgraded: false,
+            cut: None,
             keep_client: h.keep_alive,
             up_reusable: true,
             pending: Some(pending),
@@ -652,8 +656,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Frames response bytes at the front of the upstream buffer (body phase), noting the
-    /// payload; sets up what goes to the client.
-    fn frame_response(&mut self, ex: &mut Ex) -> Result<(), h1wire::ChunkError> {
+    /// payload; sets up what goes to the client. Invalid chunked framing ends the response: the
+    /// bytes up to the last payload before it still go out, then the connection is cut
+    /// ([`Failure::UpstreamFraming`]).
+    fn frame_response(&mut self, ex: &mut Ex) {
         let data = self.ubuf.data();
         let at = ex.last_read.saturating_duration_since(ex.arrival);
         let max = self.p.capture_max;
@@ -675,13 +681,24 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             BodyState::Chunked(d) => {
                 self.scratch.clear();
-                let scratch = &mut self.scratch;
-                let k = d.feed(data, |a, b| scratch.extend_from_slice(&data[a..b]))?;
+                let (scratch, mut valid) = (&mut self.scratch, 0);
+                let r = d.feed(data, |a, b| {
+                    scratch.extend_from_slice(&data[a..b]);
+                    valid = b;
+                });
                 decoded = scratch.len();
-                if d.is_done() {
-                    ex.resp = BodyState::Done;
+                match r {
+                    Ok(k) if d.is_done() => {
+                        ex.resp = BodyState::Done;
+                        k
+                    }
+                    Ok(k) => k,
+                    Err(e) => {
+                        tracing::debug!("response from upstream: {e}");
+                        ex.cut = Some(Failure::UpstreamFraming);
+                        valid
+                    }
                 }
-                k
             }
             BodyState::Done => {
                 decoded = 0;
@@ -712,14 +729,17 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if k > 0 || decoded > 0 {
             ex.pend_since.get_or_insert(ex.last_read);
         }
-        if ex.resp.done() {
+        if ex.cut.is_some() {
+            ex.phase = Phase::Done;
+            ex.up_reusable = false;
+            ex.keep_client = false;
+        } else if ex.resp.done() {
             ex.phase = Phase::Done;
             if self.ubuf.len() > ex.raw_pend {
                 // Bytes after the end of the response: the socket cannot be trusted again.
                 ex.up_reusable = false;
             }
         }
-        Ok(())
     }
 
     /// Moves the exchange on until it ends or waits: each step below runs once per pass, and
@@ -738,6 +758,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             };
             let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
             if ex.phase == Phase::Done && sent_all && ex.head_done {
+                if let Some(f) = ex.cut {
+                    return Poll::Ready(Outcome::Cut(f));
+                }
                 if !ex.req.done() || ex.req_ready > 0 {
                     // Answered before the request body ended: do not wait for the rest.
                     ex.abandon_request();
@@ -936,8 +959,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     }
                 }
                 Phase::Body => {
-                    let reset = |_| Outcome::Cut(Failure::UpstreamReset);
-                    self.frame_response(ex).map_err(reset)?;
+                    self.frame_response(ex);
                     return Ok(true);
                 }
                 Phase::Done => return Ok(false),
@@ -975,8 +997,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         if !interim {
             self.on_final_head(ex, h);
             // Body bytes that came with the head go out with it.
-            if ex.phase == Phase::Body && self.ubuf.len() > 0 && self.frame_response(ex).is_err() {
-                return Err(Outcome::Cut(Failure::UpstreamReset));
+            if ex.phase == Phase::Body && self.ubuf.len() > 0 {
+                self.frame_response(ex);
             }
         }
         // Interim heads (100 Continue, 103 Early Hints) are forwarded (not to HTTP/1.0

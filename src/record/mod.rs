@@ -281,8 +281,14 @@ pub async fn run_with_admin(
         http2: cfg.upstream_http2,
         pool_idle: Duration::from_secs(90),
     };
-    // Fail early on a bad CA file, before anything listens.
+    // Fail early on a bad CA file or output directory, before anything is served.
     upstream::connector(&upstream_opts)?;
+    writer::check_dir(&cfg.out_dir).with_context(|| {
+        format!(
+            "--out {}: trace files cannot be written there",
+            cfg.out_dir.display()
+        )
+    })?;
     let tls = match &cfg.tls {
         Some((c, k)) => Some(server::tls_acceptor(c, k)?),
         None => None,
@@ -336,6 +342,7 @@ pub async fn run_with_admin(
             rotate_bytes: cfg.rotate_bytes,
             rotate_every: cfg.rotate_every,
             flush_every: cfg.flush_every,
+            space: None,
         },
         header,
         extractor,
@@ -364,6 +371,7 @@ pub async fn run_with_admin(
         .path_and_query("/")
         .build()
         .context("--upstream")?;
+    let via = common::via_entry();
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.
@@ -385,35 +393,23 @@ pub async fn run_with_admin(
             capture_max: cfg.capture_max,
             raw,
             client: upstream::build(&upstream_opts)?,
+            via: via.clone(),
         }));
     }
     drop(recorder);
 
     let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let admin_task = admin.map(|l| {
         let stats = stats.clone();
         tokio::spawn(admin::serve(l, stats, async move {
             let _ = stop_admin_rx.await;
         }))
     });
-    tracing::info!(
-        "recording {} -> {} into {}",
-        listener
-            .local_addr()
-            .map_or("?".to_string(), |a| a.to_string()),
-        cfg.upstream,
-        cfg.out_dir.display()
-    );
+    eprintln!("{}", start_line(&listener, admin_addr, &cfg));
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    if !drained {
-        tracing::warn!(
-            "drain timeout ({:?}) reached with {} exchanges in flight; closing the trace anyway",
-            cfg.drain_timeout,
-            stats.in_flight.load(Relaxed)
-        );
-    }
     let report = tokio::task::spawn_blocking(move || writer.close())
         .await
         .unwrap_or_default();
@@ -430,6 +426,19 @@ pub async fn run_with_admin(
         files: report.files,
         drained,
     })
+}
+
+/// What the proxy says when it starts: where it listens, forwards (credentials never shown) and
+/// writes, and its admin endpoint.
+fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) -> String {
+    let at = l.local_addr().map_or("?".to_string(), |a| a.to_string());
+    let upstream = crate::userinfo::redact(&cfg.upstream.to_string());
+    let out = cfg.out_dir.join(format!("{}-*.trace.zst", cfg.name));
+    let admin = admin.map_or(String::new(), |a| format!("; /metrics and /healthz on {a}"));
+    format!(
+        "retrace record: listening on {at}, forwarding to {upstream}, writing {}{admin}",
+        out.display()
+    )
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -475,13 +484,6 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
 
 /// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
 pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
     let cfg = RecordConfig::from_args(args)?;
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
     if let Some(n) = crate::fdlimit::raise() {

@@ -90,6 +90,9 @@ pub async fn handle(
         .requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
+    if let Some((status, kind, msg)) = common::refused(&parts.headers, &p.via) {
+        return Ok(error_response(status, kind, msg));
+    }
     let pq = parts
         .uri
         .path_and_query()
@@ -118,6 +121,7 @@ pub async fn handle(
     common::strip_hop_by_hop(&mut parts.headers);
     // The client sets `Host` (HTTP/1.1) or `:authority` (HTTP/2) from the target.
     parts.headers.remove(header::HOST);
+    parts.headers.append(header::VIA, p.via.clone());
     parts.uri = uri;
     parts.version = if p.http2_upstream {
         Version::HTTP_2

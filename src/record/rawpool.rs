@@ -4,7 +4,9 @@
 //! recently used first, with no buffers or tasks attached: the client connection that borrows one
 //! reads and writes it directly. [`RawPool::checkout`] skips sockets idle longer than the idle
 //! timeout and sockets the upstream has closed meanwhile (a non-blocking read probe, which costs
-//! no system call unless the reactor saw the socket become readable); [`RawPool::connect`] dials
+//! no system call unless the reactor saw the socket become readable), and [`RawPool::reap`],
+//! called every second on the pool's I/O thread, drops them while no request comes (an upstream
+//! that closes idle connections leaves none in CLOSE-WAIT); [`RawPool::connect`] dials
 //! through [`super::upstream::Connector`] (connect timeout, TCP_NODELAY, TLS). A connection goes
 //! back with [`RawPool::checkin`] only after a response that ended cleanly with nothing left
 //! unread. This module does not parse HTTP (see `h1wire`) or know about recording.
@@ -58,6 +60,14 @@ impl RawPool {
             }
         }
         None
+    }
+
+    /// Drops idle sockets the upstream closed or that idled longer than the idle timeout.
+    pub fn reap(&self) {
+        let now = Instant::now();
+        let fresh = |since: &Instant| now.duration_since(*since) <= self.idle_timeout;
+        self.lock()
+            .retain_mut(|(up, since)| fresh(since) && !up.is_closed());
     }
 
     /// Gives back a socket whose last response ended cleanly.

@@ -167,6 +167,7 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<bool> {
     let builder = http_builder();
+    let stats = proxies.first().map(|p| p.stats.clone());
     let graceful = GracefulShutdown::new();
     let (drain_tx, drain_rx) = watch::channel(None);
     let mut workers = Vec::with_capacity(proxies.len());
@@ -180,6 +181,7 @@ pub async fn serve(
             .name(format!("retrace-io-{k}"))
             .spawn(move || {
                 rt.block_on(async move {
+                    tokio::spawn(reap_idle(proxy.clone()));
                     while let Some(c) = rx.recv().await {
                         match tokio::net::TcpStream::from_std(c.tcp) {
                             Ok(tcp) => {
@@ -249,6 +251,15 @@ pub async fn serve(
     })
     .await
     .is_ok();
+    if let (false, Some(s)) = (drained, stats) {
+        // Counted before the I/O threads drop what is still open (each then ends its record).
+        s.drain_cut
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "drain timeout ({drain:?}) reached with {} exchanges in flight: cut, recorded as drain_deadline",
+            s.in_flight.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
     let joins: Vec<_> = workers.into_iter().map(|(_tx, j)| j).collect();
     let _ = tokio::task::spawn_blocking(move || {
         for j in joins {
@@ -257,6 +268,18 @@ pub async fn serve(
     })
     .await;
     Ok(drained)
+}
+
+/// Drops the closed idle upstream sockets of this I/O thread's pool, every second.
+async fn reap_idle(proxy: Arc<Proxy>) {
+    let Some(pool) = proxy.raw.as_ref() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        pool.reap();
+    }
 }
 
 async fn serve_conn(

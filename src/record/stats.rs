@@ -7,7 +7,7 @@
 
 use super::failure::Failure;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency buckets.
@@ -98,7 +98,7 @@ pub struct Stats {
     pub responses_by_class: [AtomicU64; 6],
     pub request_bytes: AtomicU64,
     pub response_bytes: AtomicU64,
-    pub upstream_errors: [AtomicU64; 9],
+    pub upstream_errors: [AtomicU64; Failure::COUNTED.len()],
     pub client_cancelled: AtomicU64,
     /// Records dropped because the writer queue was full.
     pub records_dropped: AtomicU64,
@@ -118,6 +118,10 @@ pub struct Stats {
     pub tunnels_open: AtomicI64,
     pub tunnel_bytes_to_upstream: AtomicU64,
     pub tunnel_bytes_to_client: AtomicU64,
+    /// The drain deadline passed: exchanges still open end as [`Failure::DrainDeadline`].
+    pub drain_cut: AtomicBool,
+    /// The writer's last write or open failed (no frame written since).
+    pub writer_failing: AtomicBool,
 }
 
 impl Default for Stats {
@@ -144,6 +148,8 @@ impl Default for Stats {
             tunnels_open: AtomicI64::new(0),
             tunnel_bytes_to_upstream: AtomicU64::new(0),
             tunnel_bytes_to_client: AtomicU64::new(0),
+            drain_cut: AtomicBool::new(false),
+            writer_failing: AtomicBool::new(false),
         }
     }
 }

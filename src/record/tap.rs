@@ -200,6 +200,11 @@ fn finish_with(mut st: TapState, error: Option<Failure>, cancelled: bool) {
 }
 
 fn finish_state(mut st: TapState) {
+    if st.ex.cancelled && st.stats.drain_cut.load(Relaxed) {
+        // Dropped with its I/O thread at the drain deadline: not the client's doing.
+        st.ex.cancelled = false;
+        st.ex.error = Some(Failure::DrainDeadline);
+    }
     let now = st.ex.arrival.elapsed();
     st.ex.end = Some(now);
     st.ex.request = std::mem::take(&mut *lock(&st.req));

@@ -17,14 +17,16 @@
 //! `t0_unix_us`), so arrivals are comparable across files; records are written in completion order
 //! (sorted by arrival within each frame), so a reader that needs arrival order sorts. When the
 //! directory cannot be written, records are counted as lost, the error is logged, and opening is
-//! retried every 5 seconds; the proxy keeps forwarding. This module does not parse HTTP.
+//! retried every 5 seconds; the proxy keeps forwarding. A file whose write fails (a full disk)
+//! is cut back to its last complete frame, renamed and listed like any closed file; a file left
+//! with no records is removed. This module does not parse HTTP.
 
 use super::extract::{Exchange, Extractor};
 use super::stats::Stats;
 use crate::trace::native::{TraceWriter, WriteOptions};
 use crate::trace::{Request, TraceHeader};
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -127,6 +129,9 @@ pub struct FileOptions {
     pub rotate_every: Duration,
     /// Close a frame at least this often.
     pub flush_every: Duration,
+    /// Bytes the disk still takes, shared by every file (`None`: no limit but the disk's). Past
+    /// it a write fails as on a full disk: the seam tests use to fill one.
+    pub space: Option<Arc<AtomicU64>>,
 }
 
 /// What the writer did, returned when it stops.
@@ -214,10 +219,52 @@ pub fn spawn(
 }
 
 struct OpenFile {
-    w: TraceWriter<BufWriter<File>>,
+    w: TraceWriter<BufWriter<Sink>>,
     partial: PathBuf,
     path: PathBuf,
     opened: Instant,
+    /// Bytes up to the end of the last complete frame, and the records in them.
+    good: u64,
+    kept: u64,
+}
+
+/// A trace file as the writer sees it: bytes written are counted, and after a failed write
+/// nothing more goes out (so what follows the last complete frame can be cut off).
+struct Sink {
+    file: File,
+    written: u64,
+    failed: bool,
+    space: Option<Arc<AtomicU64>>,
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.space.as_ref().map_or(usize::MAX, |s| {
+            usize::try_from(s.load(Relaxed)).unwrap_or(usize::MAX)
+        });
+        let r = match (self.failed, room.min(buf.len())) {
+            (true, _) => Err(std::io::Error::other("an earlier write failed")),
+            (false, 0) if !buf.is_empty() => Err(std::io::ErrorKind::StorageFull.into()),
+            (false, n) => self.file.write(&buf[..n]),
+        };
+        match r {
+            Ok(n) => {
+                self.written += n as u64;
+                if let Some(s) = &self.space {
+                    s.fetch_sub(n as u64, Relaxed);
+                }
+                Ok(n)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 struct Writer {
@@ -244,6 +291,12 @@ struct Writer {
 }
 
 impl Writer {
+    /// Counts a failed write or open; `/healthz` says so until a frame is written again.
+    fn write_failed(&self) {
+        self.stats.write_errors.fetch_add(1, Relaxed);
+        self.stats.writer_failing.store(true, Relaxed);
+    }
+
     fn run(&mut self, rx: Receiver<Msg>) {
         // The thread polls the queue instead of blocking on it: a blocked receiver would make
         // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
@@ -355,20 +408,25 @@ impl Writer {
         if self.pending.is_empty() {
             self.pending = pending;
         }
-        match res {
-            Ok(()) => {
-                self.stats.records_written.fetch_add(n, Relaxed);
-                self.report.records += n;
+        if let Err(e) = res {
+            tracing::error!(
+                "writing {}: {e}; it ends at its last complete frame, a new file in 5 s",
+                f.partial.display()
+            );
+            self.write_failed();
+            self.stats.records_lost_io.fetch_add(n, Relaxed);
+            if let Some(f) = self.cur.take() {
+                drop(f.w);
+                self.seal(f.partial, f.path, f.good, f.kept);
             }
-            Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
-                self.stats.records_lost_io.fetch_add(n, Relaxed);
-                tracing::error!("writing {}: {e}; starting a new file", f.partial.display());
-                // Keep what was written (readable up to its last good frame) and move on.
-                self.cur = None;
-                return;
-            }
+            self.last_failed_open = Some(Instant::now());
+            return;
         }
+        self.stats.records_written.fetch_add(n, Relaxed);
+        self.stats.writer_failing.store(false, Relaxed);
+        self.report.records += n;
+        f.good = f.w.get_mut().get_ref().written;
+        f.kept = f.w.records();
         let rotate = f.w.bytes_written() >= self.files.rotate_bytes
             || f.opened.elapsed() >= self.files.rotate_every;
         if rotate {
@@ -392,7 +450,7 @@ impl Writer {
                 self.cur = Some(f);
             }
             Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
+                self.write_failed();
                 tracing::error!(
                     "cannot open a trace file in {}: {e}; records are lost until it works (retrying every 5 s)",
                     self.files.dir.display()
@@ -414,6 +472,23 @@ impl Writer {
             .write(true)
             .create_new(true)
             .open(&partial)?;
+        let sink = Sink {
+            file,
+            written: 0,
+            failed: false,
+            space: self.files.space.clone(),
+        };
+        self.start_file(sink, partial.clone(), path)
+            .inspect_err(|_| {
+                // Nothing worth keeping: the name is used again by the next try.
+                if std::fs::remove_file(&partial).is_ok() {
+                    self.seq -= 1;
+                }
+            })
+    }
+
+    /// Writes the header of a new file.
+    fn start_file(&self, sink: Sink, partial: PathBuf, path: PathBuf) -> std::io::Result<OpenFile> {
         let mut header = self.header.clone();
         let opened_us = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -423,45 +498,89 @@ impl Writer {
             .insert("file_opened_unix_us".into(), opened_us.to_string());
         header.meta.insert("file_seq".into(), self.seq.to_string());
         let mut w = TraceWriter::new(
-            BufWriter::with_capacity(1 << 16, file),
+            BufWriter::with_capacity(1 << 16, sink),
             &header,
             WriteOptions::default(),
         )?;
         w.flush_frame()?;
+        let good = w.get_mut().get_ref().written;
         Ok(OpenFile {
             w,
             partial,
             path,
             opened: Instant::now(),
+            good,
+            kept: 0,
         })
     }
 
+    /// Closes the open file after its last frame; if that cannot be written, the file ends at
+    /// its last complete frame and the records after it are counted as lost.
     fn close_file(&mut self) {
         let Some(f) = self.cur.take() else { return };
-        let res = (|| -> std::io::Result<()> {
-            let bw = f.w.finish()?;
-            let file = bw.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            drop(file);
-            std::fs::rename(&f.partial, &f.path)?;
-            if let Some(dir) = f.path.parent() {
-                if let Ok(d) = File::open(dir) {
-                    let _ = d.sync_all();
-                }
-            }
-            Ok(())
-        })();
-        match res {
-            Ok(()) => {
-                self.stats.files_closed.fetch_add(1, Relaxed);
-                self.report.files.push(f.path);
-            }
+        let total = f.w.records();
+        match f
+            .w
+            .finish()
+            .and_then(|b| b.into_inner().map_err(|e| e.into_error()))
+        {
+            Ok(sink) => self.seal(f.partial, f.path, sink.written, total),
             Err(e) => {
-                self.stats.write_errors.fetch_add(1, Relaxed);
-                tracing::error!("closing {}: {e}", f.partial.display());
+                self.write_failed();
+                let lost = total - f.kept;
+                self.stats.records_lost_io.fetch_add(lost, Relaxed);
+                tracing::error!("closing {}: {e}; {lost} records lost", f.partial.display());
+                self.seal(f.partial, f.path, f.good, f.kept);
             }
         }
     }
+
+    /// Gives a file its final name (cut to `len` bytes), or removes it if it holds no records.
+    fn seal(&mut self, partial: PathBuf, path: PathBuf, len: u64, records: u64) {
+        match seal_file(&partial, &path, len, records) {
+            Ok(true) => {
+                self.stats.files_closed.fetch_add(1, Relaxed);
+                self.report.files.push(path);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                self.write_failed();
+                tracing::error!("closing {}: {e}", partial.display());
+            }
+        }
+    }
+}
+
+/// Cuts `partial` to `len` bytes, syncs it and renames it to `path`; with no records it is
+/// removed instead. Returns whether a file was kept.
+fn seal_file(partial: &Path, path: &Path, len: u64, records: u64) -> std::io::Result<bool> {
+    if records == 0 {
+        std::fs::remove_file(partial)?;
+        return Ok(false);
+    }
+    let file = std::fs::OpenOptions::new().write(true).open(partial)?;
+    file.set_len(len)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(partial, path)?;
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(true)
+}
+
+/// Refuses an output directory trace files cannot be written to (a regular file, a path below
+/// one, a read-only directory): creates it if missing, then writes and removes a probe file.
+pub fn check_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(std::io::Error::other("it is not a directory"));
+    }
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(".retrace-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
+    std::fs::remove_file(&probe)
 }
 
 /// `<path>.partial`.
@@ -537,10 +656,12 @@ mod tests {
     use crate::record::prompt::TextTokenizer;
     use crate::trace::hash::BlockHasher;
 
-    /// Records of one frame come out in arrival order, ties in completion order.
-    #[test]
-    fn frame_records_are_in_arrival_order_ties_in_completion_order() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A writer into `dir` (block size 4, no rotation) that closes a frame every `flush`.
+    fn writer_in(
+        dir: &Path,
+        flush: Duration,
+        space: Option<Arc<AtomicU64>>,
+    ) -> (Recorder, WriterHandle, Arc<Stats>, Instant) {
         let t0 = Instant::now();
         let header = TraceHeader {
             block_size: 4,
@@ -552,11 +673,12 @@ mod tests {
             meta: Default::default(),
         };
         let files = FileOptions {
-            dir: dir.path().to_path_buf(),
+            dir: dir.to_path_buf(),
             name: "t".into(),
             rotate_bytes: 1 << 30,
             rotate_every: Duration::from_secs(3600),
-            flush_every: Duration::from_secs(3600),
+            flush_every: flush,
+            space,
         };
         let extractor = Extractor {
             hasher: BlockHasher::xxh3(),
@@ -565,7 +687,83 @@ mod tests {
             bodies: Bodies::None,
         };
         let stats = Arc::new(Stats::default());
-        let (rec, handle) = spawn(64, 1 << 20, files, header, extractor, t0, stats).unwrap();
+        let (rec, handle) =
+            spawn(64, 1 << 20, files, header, extractor, t0, stats.clone()).unwrap();
+        (rec, handle, stats, t0)
+    }
+
+    /// Waits (at most 30 s: a hang, not a slow machine) until `counter` reaches `want`.
+    fn wait_for(counter: &AtomicU64, want: u64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while counter.load(Relaxed) < want {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {want}",
+                counter.load(Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// The disk fills up after three records: the file ends at its last complete frame, gets
+    /// its final name and is listed; the two records after are counted as lost.
+    #[test]
+    fn disk_full_closes_the_file_at_its_last_frame_and_renames_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = Arc::new(AtomicU64::new(1 << 20));
+        let flush = Duration::from_millis(20);
+        let (rec, handle, stats, t0) = writer_in(dir.path(), flush, Some(space.clone()));
+        for k in 0..3 {
+            rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/a"));
+        }
+        wait_for(&stats.records_written, 3);
+        space.store(0, Relaxed);
+        for k in 3..5 {
+            rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/b"));
+        }
+        wait_for(&stats.records_lost_io, 2);
+        let report = handle.close();
+        assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
+        assert_eq!(
+            report.files,
+            [dir.path().join("t-19700101T000000Z-0001.trace.zst")]
+        );
+        let (t, rep) = crate::trace::native::read_file(&report.files[0]).unwrap();
+        assert!(rep.is_clean(), "{}", rep.summary());
+        assert_eq!(t.requests.len(), 3);
+        assert_eq!(stats.records_lost_io.load(Relaxed), 2);
+        assert!(stats.write_errors.load(Relaxed) >= 1);
+    }
+
+    /// A full disk when a file is opened: no empty `.partial` is left behind.
+    #[test]
+    fn disk_full_at_open_leaves_no_empty_partial() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = Some(Arc::new(AtomicU64::new(0)));
+        let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_millis(20), space);
+        rec.submit(rec.exchange(t0, "GET", "/a"));
+        wait_for(&stats.records_lost_io, 1);
+        let report = handle.close();
+        assert!(report.files.is_empty());
+        assert_eq!(names_in(dir.path()), Vec::<String>::new());
+    }
+
+    /// Records of one frame come out in arrival order, ties in completion order.
+    #[test]
+    fn frame_records_are_in_arrival_order_ties_in_completion_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rec, handle, _, t0) = writer_in(dir.path(), Duration::from_secs(3600), None);
         // (arrival ms, path): completion order is the submission order.
         let order = [(5, "/a"), (1, "/b"), (5, "/c"), (3, "/d"), (1, "/e")];
         for (ms, path) in order {

@@ -939,15 +939,21 @@ async fn large_request_body_is_forwarded_whole_with_capture_capped() {
     assert!(r.body.is_none());
 }
 
+async fn healthz(rec: &Rec) -> (StatusCode, String) {
+    let url = format!("http://{}/healthz", rec.admin);
+    let (st, _, b) = fetch(&url, "GET", Bytes::new(), &[]).await;
+    (st, String::from_utf8(b.unwrap()).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unwritable_output_dir_keeps_traffic_flowing_and_counts_errors() {
+async fn output_dir_lost_after_start_keeps_traffic_flowing_and_healthz_says_so() {
     let up = upstream(|_| Reply::Echo).await;
-    let rec = start(&format!("http://{}", up.addr), |c, dir| {
-        let blocker = dir.join("blocker");
-        std::fs::write(&blocker, b"a file, not a directory").unwrap();
-        c.out_dir = blocker.join("traces");
-    })
-    .await;
+    let rec = start(&format!("http://{}", up.addr), |_, _| {}).await;
+    assert_eq!(healthz(&rec).await, (StatusCode::OK, "ok\n".into()));
+    // The directory becomes a regular file: the first trace file cannot be opened.
+    let out = rec.dir.path().join("out");
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::write(&out, b"a file, not a directory").unwrap();
     for k in 0..5 {
         let b = format!(r#"{{"prompt":[{k}]}}"#);
         let (s, _, got) = fetch(
@@ -964,10 +970,43 @@ async fn unwritable_output_dir_keeps_traffic_flowing_and_counts_errors() {
     let m = rec.metrics().await;
     assert!(metric(&m, "retrace_record_write_errors_total") >= 1.0);
     assert_eq!(metric(&m, "retrace_record_records_lost_io_total"), 5.0);
+    let (st, body) = healthz(&rec).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     let (stats, recs, _, _d) = rec.stop().await;
     assert!(recs.is_empty() && stats.files.is_empty());
     assert_eq!(stats.requests, 5);
     assert!(stats.write_errors >= 1);
+}
+
+/// Starts a recorder writing to `out`; returns its start-up error.
+async fn start_error(out: &std::path::Path) -> String {
+    let cfg = RecordConfig::new("http://127.0.0.1:9", out).unwrap();
+    let r = super::support::spawn_recorder(cfg).await;
+    let res = tokio::time::timeout(Duration::from_secs(20), r.task).await;
+    format!("{:#}", res.expect("refused at once").unwrap().unwrap_err())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_out_is_refused_at_start_up_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for out in [file.clone(), file.join("traces")] {
+        let e = start_error(&out).await;
+        assert!(e.contains(&format!("--out {}", out.display())), "{e}");
+        assert!(e.contains("cannot be written"), "{e}");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        eprintln!("skipped the read-only directory case: running as root, which may write it");
+        return;
+    }
+    let ro = dir.path().join("read-only");
+    std::fs::create_dir(&ro).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let e = start_error(&ro).await;
+    assert!(e.contains(&format!("--out {}", ro.display())), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1711,4 +1750,174 @@ async fn replay_through_the_proxy_into_the_mock_round_trips_to_mooncake() {
         .map(|g| g["timestamp"].as_u64().unwrap() as f64)
         .collect();
     assert_causal_arrivals(&got_ms, &sent, &done);
+}
+
+#[test]
+fn drain_deadline_is_recorded_as_drain_deadline() {
+    // Streams that outlive --drain-timeout at SIGINT: each record says drain_deadline (not a
+    // client cancellation), the log gives their number, and the process exits soon after.
+    const N: usize = 50;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (gone_tx, _gone) = mpsc::unbounded_channel();
+    let up = rt.block_on(upstream(move |_| Reply::Endless {
+        every: Duration::from_millis(50),
+        gone: gone_tx.clone(),
+    }));
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("traces");
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args(["record", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", &format!("http://{}", up.addr)])
+            .arg("--out")
+            .arg(&out)
+            .args(["--admin", "none", "--drain-timeout", "1s"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let streams: Vec<_> = rt.block_on(async {
+        wait_listening(port).await;
+        let s: Vec<_> = (0..N)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    fetch(&url, "POST", Bytes::from_static(br#"{"prompt":[1]}"#), &[]).await
+                })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while up.seen.lock().unwrap().len() < N {
+            assert!(tokio::time::Instant::now() < deadline, "streams started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        s
+    });
+    let signalled = std::time::Instant::now();
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    let status = child.0.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(
+        log.contains(&format!("with {N} exchanges in flight")),
+        "{log}"
+    );
+    assert!(took < Duration::from_secs(5), "exit {took:?} after SIGINT");
+    for s in streams {
+        let (st, _, body) = rt.block_on(s).unwrap();
+        assert_eq!(st, StatusCode::OK);
+        assert!(body.is_err(), "a cut stream must not look complete");
+    }
+    let mut recs = Vec::new();
+    for e in std::fs::read_dir(&out).unwrap() {
+        recs.extend(native::read_file(&e.unwrap().path()).unwrap().0.requests);
+    }
+    assert_eq!(recs.len(), N);
+    for r in &recs {
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.error.as_deref(), Some("drain_deadline"));
+        assert!(!resp.cancelled);
+    }
+    eprintln!("exit {took:?} after SIGINT with a 1 s drain");
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn wait_listening(port: u16) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "record listens");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn upstream_pointing_at_the_proxy_itself_is_a_508_with_bounded_fds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let me = format!("127.0.0.1:{port}");
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args([
+                "record",
+                "--listen",
+                &me,
+                "--upstream",
+                &format!("http://{me}"),
+            ])
+            .arg("--out")
+            .arg(dir.path().join("traces"))
+            .args(["--admin", "none", "--io-threads", "1"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    let url = format!("http://{me}/v1/completions");
+    rt.block_on(async {
+        wait_listening(port).await;
+        let before = open_fds(pid);
+        for _ in 0..50 {
+            let (st, _, body) = fetch(&url, "POST", Bytes::from_static(b"{}"), &[]).await;
+            assert_eq!(st.as_u16(), 508);
+            let v: serde_json::Value = serde_json::from_slice(&body.unwrap()).unwrap();
+            assert_eq!(v["error"]["type"], "loop_detected");
+        }
+        // Each request looped once: its sockets close, they do not pile up.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while open_fds(pid) > before + 8 {
+            let n = open_fds(pid);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} fds, {before} before"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+#[test]
+fn record_prints_where_it_listens_forwards_and_writes() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("traces");
+    let mut child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args(["record", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", "http://127.0.0.1:9/base", "--name", "prod"])
+            .arg("--out")
+            .arg(&out)
+            .args(["--admin", "none"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(wait_listening(port));
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    assert!(child.0.wait().unwrap().success());
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    let want = format!(
+        "retrace record: listening on 127.0.0.1:{port}, forwarding to http://127.0.0.1:9/base, writing {}",
+        out.join("prod-*.trace.zst").display()
+    );
+    assert!(log.lines().next().is_some_and(|l| l == want), "{log}");
 }

@@ -895,3 +895,154 @@ async fn an_upstream_closing_unanswered_mid_body_is_a_502_with_the_prompt_record
     // The part never forwarded is read from the client for the record.
     assert_eq!(recs[0].input_tokens, 20_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_chunk_in_the_same_read_as_the_head_forwards_the_valid_event_then_cuts() {
+    // Head, one valid event and a bad chunk-size line, in one write.
+    let event = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+    let valid = format!("{:x}\r\n{event}", event.len());
+    let mut wire =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    wire.extend_from_slice(format!("{valid}\r\nzz\r\nbad\r\n").as_bytes());
+    let (up, _) = raw_upstream(move |_, _, _| Answer {
+        pieces: vec![wire.clone()],
+        close: false,
+    })
+    .await;
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 14\r\n\r\n{\"prompt\":[1]}",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    read_to_eof(&mut c, &mut got).await;
+    let got = String::from_utf8_lossy(&got).to_string();
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got:?}");
+    assert!(
+        got.ends_with(&valid),
+        "the valid event reached the client: {got:?}"
+    );
+    assert!(!got.contains("zz"), "nothing past the valid bytes: {got:?}");
+    let recs = rec.records().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.error.as_deref(), Some("upstream_framing"));
+    assert_eq!(resp.events.len(), 1, "the valid event is recorded");
+}
+
+/// Open sockets of the upstream listening on `port`, other than its listener and those in
+/// TIME-WAIT (both sides closed): while the proxy holds a socket the upstream closed, the
+/// upstream's side stays in FIN-WAIT-2 (Linux: /proc/net/tcp).
+fn upstream_half_closed(port: u16) -> usize {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let local = f.get(1).and_then(|r| r.rsplit(':').next());
+            local.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+                && !matches!(f.get(3), Some(&"0A") | Some(&"06"))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_sockets_closed_by_the_upstream_are_reaped() {
+    // The upstream answers keep-alive, and closes a connection idle for 300 ms; no request
+    // follows that would check the pooled sockets out.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let conns = Arc::new(AtomicU64::new(0));
+    let c2 = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            c2.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let idle = Duration::from_millis(300);
+                while let Ok(Some(_)) =
+                    tokio::time::timeout(idle, read_request(&mut s, &mut buf)).await
+                {
+                    if s.write_all(&ok(b"{}", "")).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let rec = start(up).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(rec.addr).await.unwrap();
+        c.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(c);
+    }
+    for c in &mut clients {
+        let mut buf = Vec::new();
+        assert_eq!(read_response(c, &mut buf, false).await.status, 200);
+    }
+    assert!(conns.load(Ordering::Relaxed) >= 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while upstream_half_closed(up.port()) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} upstream sockets still held open by the proxy",
+            upstream_half_closed(up.port())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(clients);
+    rec.records().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_content_lengths_go_out_once_and_two_hosts_are_a_400() {
+    // The upstream keeps the raw request head it got and answers with two equal lengths.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (head_tx, head_rx) = oneshot::channel::<String>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            read_more(&mut s, &mut buf).await.unwrap();
+        }
+        let _ = head_tx.send(String::from_utf8_lossy(&buf).to_string());
+        let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nContent-Length: 2\r\n\r\nhi";
+        s.write_all(resp).await.unwrap();
+        let _ = read_more(&mut s, &mut buf).await;
+    });
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let r = read_response(&mut c, &mut buf, false).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"hi"[..]));
+    let lengths = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"));
+    assert_eq!(lengths.count(), 1, "{:?}", r.headers);
+    let head = head_rx.await.unwrap();
+    assert_eq!(
+        head.to_ascii_lowercase()
+            .matches("content-length: 3\r\n")
+            .count(),
+        1,
+        "{head}"
+    );
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    c.write_all(b"GET /v1/models HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(read_response(&mut c, &mut buf, false).await.status, 400);
+    rec.records().await;
+}
