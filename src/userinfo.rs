@@ -38,6 +38,20 @@ pub fn refuse(flag: &str, url: &str) -> Result<(), String> {
     }
 }
 
+/// An error naming `flag` when the base URL `url` (API paths are appended to it) has a query
+/// string or fragment; it could only break the paths, and may hold a key. The URL is shown
+/// without it.
+pub fn refuse_query(flag: &str, url: &str) -> Result<(), String> {
+    match url.find(['?', '#']) {
+        Some(at) => Err(format!(
+            "{flag} {}: a query string or fragment is not accepted (API paths are appended to \
+             this URL); send a key as a header instead",
+            redact(&url[..at])
+        )),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +72,16 @@ mod tests {
             "{e}"
         );
         assert!(refuse("--target", "http://h:1/x@y").is_ok());
+    }
+
+    #[test]
+    fn a_query_string_in_a_base_url_is_refused_without_being_shown() {
+        let e = refuse_query("--target", "http://h:1/?api_key=sk-SECRET").unwrap_err();
+        assert!(
+            e.starts_with("--target http://h:1/:") && !e.contains("SECRET"),
+            "{e}"
+        );
+        assert!(refuse_query("--upstream", "http://h:1/#frag").is_err());
+        assert!(refuse_query("--target", "http://h:1/v1").is_ok());
     }
 }

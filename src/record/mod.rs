@@ -178,6 +178,7 @@ impl RecordConfig {
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
     crate::userinfo::refuse("--upstream", s).map_err(anyhow::Error::msg)?;
+    crate::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
         .with_context(|| format!("{s:?} is not a URL (expected http://host:port)"))?;

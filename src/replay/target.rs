@@ -29,6 +29,7 @@ impl Target {
     /// Parses a server URL given by `flag` (named in errors).
     pub fn parse_as(url: &str, headers: HeaderMap, flag: &str) -> Result<Target, String> {
         crate::userinfo::refuse(flag, url)?;
+        crate::userinfo::refuse_query(flag, url)?;
         let url = url.trim_end_matches('/');
         let uri: Uri = url
             .parse()

@@ -539,6 +539,22 @@ fn credentials_in_urls_are_refused_without_being_shown() {
     assert!(e.contains("--target") && !e.contains("SECRET"), "{e}");
 }
 
+/// A key in the query string of a base URL would reach result files, reports and logs (and
+/// break the API paths appended to it): refused, without showing it.
+#[test]
+fn a_query_string_in_target_or_upstream_is_refused_without_being_shown() {
+    let e = RecordConfig::new("http://127.0.0.1:18100/?key=sk-SECRET", "/tmp/unused")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--upstream") && !e.contains("SECRET"), "{e}");
+    let e = retrace::replay::target::Target::parse(
+        "http://127.0.0.1:9/?api_key=sk-SECRET",
+        Default::default(),
+    )
+    .unwrap_err();
+    assert!(e.contains("--target") && !e.contains("SECRET"), "{e}");
+}
+
 /// Absurd values that would make a replay wait for ever are refused, naming the flag or row.
 #[test]
 fn schedules_beyond_a_sane_bound_are_refused() {
