@@ -8,7 +8,7 @@
 //! Lenient by design: unknown fields are ignored; a wrong type for a field we use is an error
 //! message naming the field. It does not tokenize, hash, or build requests.
 
-use crate::trace::{Endpoint, Params, ServerMetrics, Usage};
+use crate::trace::{Endpoint, Obj, Params, ServerMetrics, Usage};
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -278,26 +278,6 @@ struct TypedUsage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
-}
-
-/// `T` read from a JSON object only: serde reads a struct from an array too, the general path
-/// does not.
-struct Obj<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
-            type Value = T;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<T, A::Error> {
-                T::deserialize(serde::de::value::MapAccessDeserializer::new(m))
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
-    }
 }
 
 /// A field that is there, null or not: `Some(None)` for null (an absent one stays `None`).

@@ -286,6 +286,26 @@ pub struct Event {
     pub tokens: u32,
 }
 
+/// `T` read from a JSON object only: serde's derived readers take a struct from an array too
+/// (`[1,2,3]` as its fields in order), which no format we read means.
+pub struct Obj<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
+    }
+}
+
 /// Token usage as the server reported it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

@@ -11,7 +11,7 @@ use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
 
 /// Longest think time accepted (30 days); a longer one would stall a session-ordered replay.
 const MAX_THINK_S: f64 = 30.0 * 86_400.0;
-use super::{Params, Request, Session, Trace, TraceError, TraceHeader};
+use super::{Obj, Params, Request, Session, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -21,7 +21,7 @@ struct SessionIn {
     id: Option<String>,
     #[serde(default)]
     block_size: Option<u32>,
-    requests: Vec<ReqIn>,
+    requests: Vec<Obj<ReqIn>>,
 }
 
 #[derive(Deserialize)]
@@ -56,20 +56,20 @@ pub fn read(
     let text = std::str::from_utf8(data).map_err(|_| err(path, "not UTF-8 text".into()))?;
     let trimmed = text.trim_start();
     let sessions: Vec<(u64, Result<SessionIn, String>)> = if trimmed.starts_with('[') {
-        match serde_json::from_str::<Vec<SessionIn>>(trimmed) {
-            Ok(v) => v.into_iter().map(|s| (1, Ok(s))).collect(),
+        match serde_json::from_str::<Vec<Obj<SessionIn>>>(trimmed) {
+            Ok(v) => v.into_iter().map(|s| (1, Ok(s.0))).collect(),
             Err(e) => return Err(err(path, format!("line {}: {e}", e.line()))),
         }
     } else {
         // One object (possibly spread over lines) or one object per line.
         let mut out = Vec::new();
-        let mut de = serde_json::Deserializer::from_str(text).into_iter::<SessionIn>();
+        let mut de = serde_json::Deserializer::from_str(text).into_iter::<Obj<SessionIn>>();
         loop {
             let at = de.byte_offset();
             let line = text[..at].matches('\n').count() as u64 + 1;
             match de.next() {
                 None => break,
-                Some(Ok(s)) => out.push((line, Ok(s))),
+                Some(Ok(s)) => out.push((line, Ok(s.0))),
                 Some(Err(e)) => {
                     out.push((e.line() as u64, Err(e.to_string())));
                     break;
@@ -109,7 +109,7 @@ pub fn read(
         }
         let sid = s.id.clone().unwrap_or_else(|| format!("session-{n}"));
         let mut local: HashMap<u64, u64> = HashMap::new();
-        for (turn, r) in s.requests.into_iter().enumerate() {
+        for (turn, Obj(r)) in s.requests.into_iter().enumerate() {
             let bad = if !(r.t.is_finite() && r.t >= 0.0 && r.t < 1e9) {
                 Some(format!("request {turn}: t {} is negative or absurd", r.t))
             } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
@@ -217,5 +217,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("s.json:"), "{e}");
+    }
+
+    /// serde would read `["a", 64, [[0, null, null, 10, 5]]]` as a session and its request,
+    /// field by field: sessions and requests must be JSON objects.
+    #[test]
+    fn arrays_are_not_sessions_or_requests() {
+        for bad in [
+            &br#"[["a", 64, [{"t":0,"in":10,"out":5}]]]"#[..],
+            br#"{"requests": [[0, null, null, 10, 5]]}"#,
+        ] {
+            let e = read("s.json", bad, &ReadOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("expected an object"), "{e}");
+        }
     }
 }
