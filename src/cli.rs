@@ -554,9 +554,6 @@ pub struct MockArgs {
     /// Threads that write streamed events to their sockets (0: the engine thread does).
     #[arg(long, default_value_t = 2, value_name = "N", hide = true)]
     pub writer_threads: usize,
-    /// What a request's timings count from: `kernel` (receive timestamp) or `parsed`.
-    #[arg(long, value_enum, default_value = "kernel", hide = true)]
-    pub arrival_stamp: crate::mock::ArrivalStamp,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

@@ -47,9 +47,6 @@ pub struct Shared {
     pub inbox: Arc<super::engine::Inbox>,
     pub next_id: AtomicU64,
     pub started_unix: u64,
-    /// A request arrives when its bytes reached the socket (the kernel's receive timestamp of
-    /// the read that completed it); false: when its head had been parsed.
-    pub kernel_arrival: bool,
 }
 
 /// The injected reset of a whole-body response: hyper drops the connection (`SO_LINGER 0` is set).
@@ -166,11 +163,6 @@ pub async fn handle(
     sh: Arc<Shared>,
     conn: Arc<ConnCtx>,
 ) -> Result<Reply, BoxError> {
-    // Arrival (what the mock's timings count from): by default when the read that completed the
-    // request got its bytes from the kernel (`crate::rxstamp`), taken after the body is read
-    // below; with `--arrival-stamp parsed`, now (the head has been parsed). Body parsing and
-    // tokenization count toward TTFT either way.
-    let parsed = Instant::now();
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let fault_header = req
@@ -207,6 +199,7 @@ pub async fn handle(
             ))
         }
     };
+    direct.conn.request_read();
     let forced = match fault_header.map(|h| h.map_err(|_| faults::not_ascii())) {
         None => None,
         Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
@@ -217,10 +210,11 @@ pub async fn handle(
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body));
     }
-    let arrival = match direct.conn.last_rx() {
-        Some(rx) if sh.kernel_arrival => rx.min(Instant::now()),
-        _ => parsed,
-    };
+    // Arrival (what the mock's timings count from): when the read that completed the request
+    // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
+    // follow count toward TTFT.
+    let now = Instant::now();
+    let arrival = direct.conn.last_rx().map_or(now, |rx| rx.min(now));
     let chat = path == "/v1/chat/completions";
     generate(sh, &body, chat, forced, &direct, arrival).await
 }

@@ -10,9 +10,9 @@
 //! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
 //! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
 //! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
-//! timings count from its arrival: by default the kernel's receive timestamp of the read that
-//! completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and
-//! holds the config; it does not implement any of them.
+//! timings count from its arrival: the kernel's receive timestamp of the read that completed it
+//! ([`crate::rxstamp`]). This module wires them together and holds the config; it does not
+//! implement any of them.
 
 pub mod api;
 pub mod cache;
@@ -26,6 +26,7 @@ pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
+pub use conn::Timeouts;
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
 pub use sched::{CostModel, Profile};
@@ -74,21 +75,9 @@ pub struct MockConfig {
     pub coalesce_us: u64,
     /// Threads that write streamed events to their sockets (0: the engine thread does).
     pub writer_threads: usize,
-    /// What a request's timings count from: when its bytes reached the socket (`Kernel`, the
-    /// kernel's receive timestamp of the read that completed it) or when its head had been
-    /// parsed (`Parsed`, the mock's threads having got to it).
-    pub arrival: ArrivalStamp,
-}
-
-/// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum ArrivalStamp {
-    /// The kernel's receive timestamp of the read that completed the request ([`crate::rxstamp`]): the
-    /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
-    #[default]
-    Kernel,
-    /// The instant the request's head had been parsed (the mock's threads got to it).
-    Parsed,
+    /// How long a connection waits for a request to arrive whole, or idle, before it is closed
+    /// (library only: the CLI keeps the defaults, 30 s and 60 s).
+    pub timeouts: Timeouts,
 }
 
 impl Default for MockConfig {
@@ -113,7 +102,7 @@ impl Default for MockConfig {
             realtime: false,
             coalesce_us: 100,
             writer_threads: 2,
-            arrival: ArrivalStamp::Kernel,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -289,13 +278,9 @@ pub async fn start(
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
     let rt = runtime(&cfg, stats.clone())?;
-    let kernel_arrival = cfg.arrival == ArrivalStamp::Kernel;
-    if kernel_arrival {
-        // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
-        // later, before clients normally send); accepted sockets ask for them too (conn.rs).
-        use std::os::fd::AsRawFd;
-        crate::rxstamp::enable(listener.as_raw_fd());
-    }
+    // Turns the kernel's receive timestamps on while the mock runs (it does so a moment later,
+    // before clients normally send); accepted sockets ask for them too (conn.rs).
+    crate::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
     let listener = {
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
@@ -326,7 +311,6 @@ pub async fn start(
         stats: stats.clone(),
         engine: etx.clone(),
         inbox,
-        kernel_arrival,
         next_id: AtomicU64::new(0),
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -337,7 +321,7 @@ pub async fn start(
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        let mut alive = accept_loop(listener, handler, kernel_arrival, stop_rx).await;
+        let mut alive = accept_loop(listener, handler, cfg.timeouts, stop_rx).await;
         // Open streams end when the engine stops; then the connections close.
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
@@ -374,7 +358,7 @@ fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::r
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     handler: conn::Handler,
-    rx_stamps: bool,
+    timeouts: Timeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::sync::mpsc::Receiver<()> {
     // Every connection task holds a clone; when all are gone, `recv` returns None.
@@ -385,7 +369,7 @@ async fn accept_loop(
                 Ok((stream, _)) => {
                     let (h, stop, alive) = (handler.clone(), stop.clone(), alive_tx.clone());
                     tokio::spawn(async move {
-                        conn::serve(stream, h, rx_stamps, stop).await;
+                        conn::serve(stream, h, timeouts, stop).await;
                         drop(alive);
                     });
                 }
@@ -478,7 +462,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
         writer_threads: a.writer_threads,
-        arrival: a.arrival_stamp,
+        timeouts: Timeouts::default(),
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),
