@@ -6,8 +6,8 @@ Usage: tools/stamps_split.py DIR   (DIR holds replay-<pid>.tsv and mock-<pid>.ts
 Rows (nanoseconds of CLOCK_MONOTONIC, shared by both processes):
   replay PORT sent written head_read first_read first_seen
   mock   PORT first_byte_read arrival handed_to_engine   (arrival: what the mock's timings count
-         from; by default the kernel's receive timestamp of the read that completed the request,
-         so usually before first_byte_read; with --arrival-stamp parsed, the head parsed)
+         from: the kernel's receive timestamp of the read that completed the request, so usually
+         before first_byte_read)
   mock_first PORT due sent        (the stream's first event: scheduled, handed to the socket)
 A connection carries its requests one after another, so the k-th row of a port on each side is
 the same request. Prints mean / p50 / p99 (ms) of each stage and the TTFT they add up to.

@@ -2,11 +2,10 @@
 //! in real time and hands each token event to its response at its due instant, applying the
 //! request's stall and reset faults on the way, and keeps the engine's counters ([`super::prom`]).
 //!
-//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one, or
-//! about `spin` before it and then spins, then hands every due event to its response's [`Sink`]:
-//! a stream's sink formats the event and writes it to the socket ([`super::stream`]), on this
-//! thread when at most `DIRECT_MAX` events are due in this wake-up, else on `writers` writer
-//! threads in parallel (a response stays on one writer while it has events queued there, so its
+//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one,
+//! then hands every due event to its response's [`Sink`]: a stream's sink formats the event and
+//! writes it to the socket ([`super::stream`]), on this thread when at most `DIRECT_MAX` events
+//! are due in this wake-up, else on `WRITERS` writer threads in parallel (a response stays on one writer while it has events queued there, so its
 //! events keep their order). Hand-overs are at least `coalesce` apart, so a burst of close
 //! deadlines costs one wake-up and no event is more than `coalesce` late on the engine's side.
 //! A request reaches the scheduler `request_overhead_ms` after it arrived (front-end latency,
@@ -26,16 +25,16 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub sched: SchedConfig,
-    pub spin: Duration,
     /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
     pub realtime: bool,
     /// Minimum gap between two hand-overs (batches events due close together).
     pub coalesce: Duration,
-    /// Threads that call the sinks (write streams to their sockets); 0: the engine thread
-    /// writes them itself. Several spread the socket work over cores (and over CPU shares on a
-    /// busy machine); each response always goes through the same one.
-    pub writers: usize,
 }
+
+/// Threads that call the sinks for large bursts (write streams to their sockets): they spread
+/// the socket work over cores (and over CPU shares on a busy machine); each response always goes
+/// through the same one.
+const WRITERS: usize = 2;
 
 /// The engine's own timings of one request (vLLM's per-request `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -286,7 +285,7 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel();
     let mut txs = Vec::new();
     let mut threads = Vec::new();
-    for i in 0..cfg.writers {
+    for i in 0..WRITERS {
         let (wtx, wrx) = mpsc::channel::<SinkBatch>();
         let (realtime, st) = (cfg.realtime, stats.clone());
         threads.push(
@@ -388,7 +387,7 @@ impl Engine {
         }
     }
 
-    /// Sleeps until `wake` (spinning its last `spin`), or until a command comes.
+    /// Sleeps until `wake`, or until a command comes.
     fn wait(
         &self,
         rx: &mpsc::Receiver<Cmd>,
@@ -401,13 +400,7 @@ impl Engine {
         if t <= now {
             return Ok(None);
         }
-        if t - now <= self.cfg.spin {
-            while Instant::now() < t {
-                std::hint::spin_loop();
-            }
-            return Ok(None);
-        }
-        match rx.recv_timeout(t - now - self.cfg.spin) {
+        match rx.recv_timeout(t - now) {
             Ok(c) => Ok(Some(c)),
             Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(mpsc::RecvError),
@@ -565,7 +558,7 @@ impl Engine {
             return;
         }
         let n = w.txs.len();
-        let local = n == 0 || w.now.len() <= DIRECT_MAX;
+        let local = w.now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
@@ -763,10 +756,8 @@ mod tests {
     fn engine_cfg(sched: SchedConfig) -> EngineConfig {
         EngineConfig {
             sched,
-            spin: Duration::ZERO,
             realtime: false,
             coalesce: Duration::from_micros(50),
-            writers: 0,
         }
     }
 

@@ -63,18 +63,14 @@ pub struct MockConfig {
     /// Per-token EOS probability after `min_tokens` when `ignore_eos` is false.
     pub eos_prob: f64,
     pub faults: FaultConfig,
-    /// The emission clock spins (instead of sleeping) this long before each deadline.
-    pub spin_us: u64,
     /// Threads serving HTTP (the engine has its own thread besides).
     pub io_threads: usize,
-    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps emission
-    /// on time on a machine busy with other work. Refused together with `spin_us > 0`.
+    /// Run the engine, writer and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps
+    /// emission on time on a machine busy with other work.
     pub realtime: bool,
     /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
     /// go out together (less CPU per event), each at most this much late on the engine's side.
     pub coalesce_us: u64,
-    /// Threads that write streamed events to their sockets (0: the engine thread does).
-    pub writer_threads: usize,
     /// How long a connection waits for a request to arrive whole, or idle, before it is closed
     /// (library only: the CLI keeps the defaults, 30 s and 60 s).
     pub timeouts: Timeouts,
@@ -97,11 +93,9 @@ impl Default for MockConfig {
             cost: Profile::LLAMA8B.cost,
             eos_prob: 0.002,
             faults: FaultConfig::default(),
-            spin_us: 0,
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
-            writer_threads: 2,
             timeouts: Timeouts::default(),
         }
     }
@@ -142,20 +136,11 @@ impl MockConfig {
         if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
-        if self.spin_us > 10_000 {
-            bail!("--spin-us must be at most 10000");
-        }
-        if self.realtime && self.spin_us > 0 {
-            bail!("--realtime cannot be combined with --spin-us (a spinning real-time thread could starve the machine)");
-        }
         if self.coalesce_us > 1000 {
             bail!("--coalesce-us must be at most 1000 (it bounds the mock's own lateness)");
         }
         if self.io_threads == 0 || self.io_threads > 64 {
             bail!("--io-threads must be 1..=64");
-        }
-        if self.writer_threads > 64 {
-            bail!("--writer-threads must be 0..=64");
         }
         if self.tokens_per_event == 0 {
             bail!("--tokens-per-event must be at least 1");
@@ -414,10 +399,8 @@ impl MockConfig {
                 eos_prob: self.eos_prob,
                 vocab,
             },
-            spin: Duration::from_micros(self.spin_us),
             realtime: self.realtime,
             coalesce: Duration::from_micros(self.coalesce_us),
-            writers: self.writer_threads,
         }
     }
 
@@ -457,11 +440,9 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             context_token_ms: a.context_token_ms.unwrap_or(p.context_token_ms),
         },
         eos_prob: a.eos_prob,
-        spin_us: a.spin_us,
         io_threads: a.io_threads,
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
-        writer_threads: a.writer_threads,
         timeouts: Timeouts::default(),
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
