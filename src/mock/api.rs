@@ -14,7 +14,7 @@
 use super::conn::{BoxError, ConnCtx, Hijack, Reply};
 use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Timing};
 use super::faults::{self, FaultPlan};
-use super::format::{ids_json, json_str, metrics_json, Fmt, FINGERPRINT};
+use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, FINGERPRINT};
 use super::prom::Stats;
 use super::stream::{arm_reset, Framing, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
@@ -56,14 +56,17 @@ struct ResetFault;
 
 /// A whole (non-streamed) answer as the engine finished it.
 enum Whole {
-    Done {
-        ids: Vec<Vec<u32>>,
-        fin: Vec<Option<Finish>>,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: Timing,
-    },
+    Done(Done),
     Reset,
+}
+
+/// Every choice's tokens and the request's usage and timings.
+struct Done {
+    ids: Vec<Vec<u32>>,
+    fin: Vec<Option<Finish>>,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    timing: Timing,
 }
 
 /// The engine's sink for a whole body: tokens are collected on the engine side and the handler
@@ -104,13 +107,13 @@ impl Sink for Collect {
                 completion_tokens,
                 timing,
                 ..
-            } => Whole::Done {
+            } => Whole::Done(Done {
                 ids: std::mem::take(&mut p.ids),
                 fin: std::mem::take(&mut p.fin),
                 prompt_tokens,
                 completion_tokens,
                 timing,
-            },
+            }),
             Emit::Reset { .. } => Whole::Reset,
         };
         p.tx.take().is_some_and(|tx| tx.send(whole).is_ok())
@@ -592,19 +595,7 @@ async fn whole_response(
     let whole = rx.await;
     guard.armed = false;
     let body = match whole {
-        Ok(Whole::Done {
-            ids,
-            fin,
-            prompt_tokens,
-            completion_tokens,
-            timing,
-        }) => WholeBody {
-            head,
-            prompts: &prompts,
-            ids: &ids,
-            fin: &fin,
-        }
-        .render(sh, prompt_tokens, completion_tokens, &timing),
+        Ok(Whole::Done(d)) => whole_body(sh, head, &prompts, &d),
         Ok(Whole::Reset) => {
             arm_reset(direct.conn.fd);
             return Err(Box::new(ResetFault));
@@ -694,111 +685,70 @@ impl Drop for CancelGuard {
 }
 
 /// The JSON body of a whole (non-streamed) answer.
-struct WholeBody<'a> {
-    head: &'a Head,
-    prompts: &'a [Arc<Vec<u32>>],
-    ids: &'a [Vec<u32>],
-    fin: &'a [Option<Finish>],
-}
-
-impl WholeBody<'_> {
-    fn render(
-        &self,
-        sh: &Shared,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: &Timing,
-    ) -> String {
-        let WholeBody {
-            head,
-            prompts,
-            ids,
-            fin,
-        } = *self;
-        let Head {
-            chat,
-            ref id,
-            created,
-            return_token_ids,
-            ..
-        } = *head;
-        let n = prompts.len();
-        let mut s = String::with_capacity(256);
-        s.push_str("{\"id\":");
-        json_str(&mut s, id);
+fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a Done) -> String {
+    let chat = head.chat;
+    let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
+    let mut s = String::with_capacity(256);
+    s.push_str("{\"id\":");
+    json_str(&mut s, &head.id);
+    let object = if chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
+    let created = head.created;
+    let _ = write!(
+        s,
+        ",\"object\":\"{object}\",\"created\":{created},\"model\":"
+    );
+    json_str(&mut s, &sh.model);
+    s.push_str(",\"choices\":[");
+    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&d.ids).zip(&d.fin).enumerate() {
+        if c > 0 {
+            s.push(',');
+        }
+        let mut text = String::new();
+        sh.tokenizer.render(ids, &mut text);
+        let f = fin.unwrap_or(Finish::Length).as_str();
+        if chat {
+            let _ = write!(
+                s,
+                "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":"
+            );
+            json_str(&mut s, &text);
+            s.push_str(",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[],\"reasoning\":null}");
+        } else {
+            let _ = write!(s, "{{\"index\":{c},\"text\":");
+            json_str(&mut s, &text);
+        }
         let _ = write!(
             s,
-            ",\"object\":\"{}\",\"created\":{created},\"model\":",
-            if chat {
-                "chat.completion"
-            } else {
-                "text_completion"
-            }
+            ",\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
         );
-        json_str(&mut s, &sh.model);
-        s.push_str(",\"choices\":[");
-        for c in 0..n {
-            if c > 0 {
-                s.push(',');
-            }
-            let mut text = String::new();
-            sh.tokenizer.render(&ids[c], &mut text);
-            let f = fin[c].unwrap_or(Finish::Length).as_str();
-            let tids = |s: &mut String| {
-                if return_token_ids {
-                    ids_json(s, &ids[c]);
-                } else {
-                    s.push_str("null");
-                }
-            };
-            if chat {
-                let _ = write!(
-                    s,
-                    "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":"
-                );
-                json_str(&mut s, &text);
-                let _ = write!(
-                s,
-                ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[],\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
-            );
-                tids(&mut s);
-                s.push('}');
-            } else {
-                let _ = write!(s, "{{\"index\":{c},\"text\":");
-                json_str(&mut s, &text);
-                let _ = write!(
-                s,
-                ",\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
-            );
-                tids(&mut s);
-                s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":");
-                if return_token_ids {
-                    ids_json(&mut s, &prompts[c]);
-                } else {
-                    s.push_str("null");
-                }
-                s.push_str(",\"routed_experts\":null}");
-            }
-        }
-        let _ = write!(
-        s,
-        "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"total_tokens\":{},\"completion_tokens\":{completion_tokens},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
-        prompt_tokens + completion_tokens
-    );
-        if chat {
-            s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":null");
-        }
-        s.push_str(",\"kv_transfer_params\":null");
+        ids_or_null(&mut s, tids(ids));
         if !chat {
-            s.push_str(",\"ec_transfer_params\":null");
-        }
-        if sh.per_request_metrics {
-            s.push_str(",\"metrics\":");
-            metrics_json(&mut s, timing, true);
+            s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":");
+            ids_or_null(&mut s, tids(prompt));
+            s.push_str(",\"routed_experts\":null");
         }
         s.push('}');
-        s
     }
+    let (p, c) = (d.prompt_tokens, d.completion_tokens);
+    let _ = write!(
+        s,
+        "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{c},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
+        p + c
+    );
+    s.push_str(match chat {
+        true => ",\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"kv_transfer_params\":null",
+        false => ",\"kv_transfer_params\":null,\"ec_transfer_params\":null",
+    });
+    if sh.per_request_metrics {
+        s.push_str(",\"metrics\":");
+        metrics_json(&mut s, &d.timing, true);
+    }
+    s.push('}');
+    s
 }
 
 #[cfg(test)]
