@@ -114,71 +114,60 @@ impl MockConfig {
                 );
             }
         }
-        if self.max_num_seqs == 0 {
-            bail!("--max-num-seqs must be at least 1");
+        let u = |v: u32| u64::from(v);
+        for (name, v, lo, hi) in [
+            ("--max-num-seqs", self.max_num_seqs as u64, 1, u64::MAX),
+            (
+                "--max-num-batched-tokens",
+                u(self.max_num_batched_tokens),
+                1,
+                u64::MAX,
+            ),
+            ("--block-size", u(self.block_size), 1, 1 << 16),
+            ("--max-model-len", u(self.max_model_len), 2, u64::MAX),
+            ("--tokens-per-event", u(self.tokens_per_event), 1, u64::MAX),
+            ("--io-threads", self.io_threads as u64, 1, 64),
+            // It bounds the mock's own lateness.
+            ("--coalesce-us", self.coalesce_us, 0, 1000),
+        ] {
+            match hi {
+                u64::MAX if v < lo => bail!("{name} must be at least {lo}, got {v}"),
+                _ if !(lo..=hi).contains(&v) => bail!("{name} must be {lo}..={hi}, got {v}"),
+                _ => {}
+            }
         }
-        if self.max_num_batched_tokens == 0 {
-            bail!("--max-num-batched-tokens must be at least 1");
-        }
-        if self.block_size == 0 || self.block_size > 1 << 16 {
-            bail!("--block-size must be 1..=65536, got {}", self.block_size);
-        }
-        if self.max_model_len < 2 {
-            bail!("--max-model-len must be at least 2");
-        }
-        if self.kv_cache_tokens < u64::from(self.max_model_len) + u64::from(self.block_size) {
+        let kv = self.kv_cache_tokens;
+        if kv < u(self.max_model_len) + u(self.block_size) {
             bail!(
-                "--kv-cache-tokens ({}) must hold at least one full-length sequence (--max-model-len {} + one block)",
-                self.kv_cache_tokens,
+                "--kv-cache-tokens ({kv}) must hold at least one full-length sequence (--max-model-len {} + one block)",
                 self.max_model_len
             );
         }
-        if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
+        if kv / u(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
-        if self.coalesce_us > 1000 {
-            bail!("--coalesce-us must be at most 1000 (it bounds the mock's own lateness)");
-        }
-        if self.io_threads == 0 || self.io_threads > 64 {
-            bail!("--io-threads must be 1..=64");
-        }
-        if self.tokens_per_event == 0 {
-            bail!("--tokens-per-event must be at least 1");
-        }
-        if !(0.0..=1.0).contains(&self.eos_prob) {
-            bail!("--eos-prob must be within 0..=1");
-        }
-        let c = &self.cost;
-        for (name, v) in [
-            ("--request-overhead-ms", c.request_overhead_ms),
-            ("--step-overhead-ms", c.step_overhead_ms),
-            ("--prefill-token-ms", c.prefill_token_ms),
-            ("--seq-ms", c.seq_ms),
-            ("--context-token-ms", c.context_token_ms),
+        let (c, f) = (&self.cost, &self.faults);
+        for (name, v, hi) in [
+            ("--eos-prob", self.eos_prob, 1.0),
+            ("--request-overhead-ms", c.request_overhead_ms, 60e3),
+            ("--step-overhead-ms", c.step_overhead_ms, 60e3),
+            ("--prefill-token-ms", c.prefill_token_ms, 60e3),
+            ("--seq-ms", c.seq_ms, 60e3),
+            ("--context-token-ms", c.context_token_ms, 60e3),
+            ("--fault-status-rate", f.status_rate, 1.0),
+            ("--fault-stall-first-rate", f.stall_first_rate, 1.0),
+            ("--fault-stall-mid-rate", f.stall_mid_rate, 1.0),
+            ("--fault-reset-rate", f.reset_rate, 1.0),
+            ("--fault-slow-headers-rate", f.slow_headers_rate, 1.0),
+            ("--fault-stall-ms", f.stall_ms, 3.6e6),
+            ("--fault-slow-headers-ms", f.slow_headers_ms, 3.6e6),
         ] {
-            if !(v.is_finite() && (0.0..=60_000.0).contains(&v)) {
-                bail!("{name} must be a number of milliseconds within 0..=60000, got {v}");
+            if !(0.0..=hi).contains(&v) {
+                bail!("{name} must be within 0..={hi}, got {v}");
             }
         }
-        let f = &self.faults;
-        for (name, v) in [
-            ("--fault-status-rate", f.status_rate),
-            ("--fault-stall-first-rate", f.stall_first_rate),
-            ("--fault-stall-mid-rate", f.stall_mid_rate),
-            ("--fault-reset-rate", f.reset_rate),
-            ("--fault-slow-headers-rate", f.slow_headers_rate),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                bail!("{name} must be within 0..=1, got {v}");
-            }
-        }
-        for (name, v) in [
-            ("--fault-stall-ms", f.stall_ms),
-            ("--fault-slow-headers-ms", f.slow_headers_ms),
-        ] {
-            if !(v.is_finite() && (0.0..=3_600_000.0).contains(&v)) {
-                bail!("{name} must be milliseconds within 0..=3600000, got {v}");
-            }
+        if self.timeouts.request.is_zero() || self.timeouts.idle.is_zero() {
+            bail!("MockConfig::timeouts must not be zero");
         }
         if let Some(c) = f.status_codes.iter().find(|c| !(400..=599).contains(*c)) {
             bail!("--fault-status-codes: {c} is not an error status (400..599)");

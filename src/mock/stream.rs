@@ -38,21 +38,9 @@ pub enum Framing {
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
 pub fn arm_reset(fd: RawFd) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `fd` is the connection's socket, alive while its request is being served; the
-    // option value is a valid `linger` of the stated size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    // SAFETY: `fd` is the connection's socket, open while its request is being served.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let _ = socket2::SockRef::from(&fd).set_linger(Some(std::time::Duration::ZERO));
 }
 
 /// How the body ended (as far as the engine is concerned).

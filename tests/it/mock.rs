@@ -937,6 +937,14 @@ fn config_errors_name_the_flag() {
     );
     assert!(format!("{:#}", cfg(&["--fixed-timing", "50"]).unwrap_err()).contains("--fixed-timing"));
     assert!(format!("{:#}", cfg(&["--max-num-seqs", "0"]).unwrap_err()).contains("--max-num-seqs"));
+    for (flag, bad) in [
+        ("--block-size", "0"),
+        ("--seq-ms", "NaN"),
+        ("--eos-prob", "2"),
+    ] {
+        let e = format!("{:#}", cfg(&[flag, bad]).unwrap_err());
+        assert!(e.contains(flag) && e.contains(bad), "{e}");
+    }
     assert!(
         format!("{:#}", cfg(&["--kv-cache-tokens", "100"]).unwrap_err())
             .contains("--kv-cache-tokens")
