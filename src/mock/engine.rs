@@ -17,8 +17,9 @@ use super::faults::FaultPlan;
 use super::prom::Stats;
 use super::sched::{Event, SchedConfig, Scheduler};
 pub use super::sched::{Finish, SeqIn};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Engine knobs (derived from `MockConfig`).
@@ -163,10 +164,10 @@ pub struct EngineGone;
 /// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
 /// wakes it).
 pub struct Inbox {
-    queue: std::sync::Mutex<Vec<Submit>>,
+    queue: Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
     /// `u64::MAX` while it waits for a command.
-    wake_at: std::sync::atomic::AtomicU64,
+    wake_at: AtomicU64,
     base: Instant,
     lead: Duration,
 }
@@ -174,8 +175,8 @@ pub struct Inbox {
 impl Inbox {
     pub fn new(lead: Duration) -> Inbox {
         Inbox {
-            queue: std::sync::Mutex::new(Vec::new()),
-            wake_at: std::sync::atomic::AtomicU64::new(0),
+            queue: Mutex::new(Vec::new()),
+            wake_at: AtomicU64::new(0),
             base: Instant::now(),
             lead,
         }
@@ -198,7 +199,7 @@ impl Inbox {
             .as_nanos() as u64;
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(s);
         // After the push (the mutex orders it against the engine's last look at the queue).
-        if self.wake_at.load(std::sync::atomic::Ordering::SeqCst) > due {
+        if self.wake_at.load(SeqCst) > due {
             return engine.send(Cmd::Wake).map_err(|_| EngineGone);
         }
         Ok(())
@@ -214,21 +215,20 @@ impl Inbox {
         let ns = next.map_or(u64::MAX, |t| {
             t.saturating_duration_since(self.base).as_nanos() as u64
         });
-        self.wake_at
-            .store(ns.max(1), std::sync::atomic::Ordering::SeqCst);
+        self.wake_at.store(ns.max(1), SeqCst);
         let empty = self
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty();
         if !empty {
-            self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+            self.wake_at.store(0, SeqCst);
         }
         empty
     }
 
     fn awake(&self) {
-        self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.wake_at.store(0, SeqCst);
     }
 }
 
@@ -251,6 +251,55 @@ struct Req {
     reset_pending: bool,
 }
 
+/// Where one hand-over of a request's tokens stands ([`Req::advance`]).
+struct Advance {
+    /// When they go out (the scheduler's instant plus the stalls so far).
+    at: Instant,
+    /// When the request's previous tokens went out.
+    prev: Option<Instant>,
+    /// A stall holds them back (they wait in [`Delayed`]).
+    held: bool,
+    /// The reset fault follows them.
+    reset: bool,
+    /// The request's last tokens.
+    last: bool,
+}
+
+impl Req {
+    /// Accounts for `n` tokens scheduled at `at` (`finish` on a choice's last ones) and applies
+    /// the request's stall and reset faults.
+    fn advance(&mut self, n: u64, finish: Option<Finish>, at: Instant) -> Advance {
+        let held = !self.offset.is_zero();
+        let at = at + self.offset;
+        let prev = self.last.replace(at);
+        self.first.get_or_insert(at);
+        self.produced += n;
+        self.any_stop |= finish == Some(Finish::Stop);
+        let due = |after: u32| self.produced >= u64::from(after);
+        if let Some((_, ms)) = self
+            .faults
+            .stall_mid
+            .filter(|&(a, _)| !self.mid_done && due(a))
+        {
+            self.mid_done = true;
+            self.offset += Duration::from_secs_f64(ms / 1e3);
+        }
+        if finish.is_some() {
+            self.seqs_left = self.seqs_left.saturating_sub(1);
+        }
+        Advance {
+            at,
+            prev,
+            held,
+            reset: self
+                .faults
+                .reset_after
+                .is_some_and(|a| self.produced >= u64::from(a)),
+            last: self.seqs_left == 0 && finish.is_some(),
+        }
+    }
+}
+
 /// Events held back by a stall (or an injected reset), by (due, order): with their request and
 /// sink, so that they are delivered even after the engine has finished the request.
 type Delayed = std::collections::BTreeMap<(Instant, u64), (u64, Arc<dyn Sink>, Emit)>;
@@ -262,6 +311,39 @@ struct Writers {
     out: Vec<SinkBatch>,
     txs: Vec<mpsc::Sender<SinkBatch>>,
 }
+
+impl Writers {
+    /// Starts the writer threads.
+    fn spawn(realtime: bool, stats: &Arc<Stats>) -> std::io::Result<(Writers, Vec<Thread>)> {
+        let (mut txs, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..WRITERS {
+            let (tx, rx) = mpsc::channel::<SinkBatch>();
+            let st = stats.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("mock-writer-{i}"))
+                    .spawn(move || {
+                        timing_thread(realtime, &st);
+                        writer_loop(rx);
+                    })?,
+            );
+            txs.push(tx);
+        }
+        let out = (0..WRITERS).map(|_| Vec::new()).collect();
+        let marks = Marks::default();
+        Ok((
+            Writers {
+                now: Vec::new(),
+                marks,
+                out,
+                txs,
+            },
+            threads,
+        ))
+    }
+}
+
+type Thread = std::thread::JoinHandle<()>;
 
 struct Engine {
     cfg: EngineConfig,
@@ -281,23 +363,9 @@ pub fn spawn(
     cfg: EngineConfig,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
-) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(mpsc::Sender<Cmd>, Thread)> {
     let (tx, rx) = mpsc::channel();
-    let mut txs = Vec::new();
-    let mut threads = Vec::new();
-    for i in 0..WRITERS {
-        let (wtx, wrx) = mpsc::channel::<SinkBatch>();
-        let (realtime, st) = (cfg.realtime, stats.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("mock-writer-{i}"))
-                .spawn(move || {
-                    timing_thread(realtime, &st);
-                    writer_loop(wrx);
-                })?,
-        );
-        txs.push(wtx);
-    }
+    let (writers, threads) = Writers::spawn(cfg.realtime, &stats)?;
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
@@ -310,19 +378,12 @@ pub fn spawn(
                 delayed: Delayed::new(),
                 delayed_n: 0,
                 events: Vec::new(),
-                writers: Writers {
-                    now: Vec::new(),
-                    marks: Marks::default(),
-                    out: (0..txs.len()).map(|_| Vec::new()).collect(),
-                    txs,
-                },
+                writers,
             };
             e.run(&rx, &inbox);
             // Requests queued after the last look are dropped with the engine (their responses
             // end as on shutdown); later submits find no engine to wake and fail.
-            inbox
-                .wake_at
-                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+            inbox.wake_at.store(u64::MAX, SeqCst);
             drop(inbox.take());
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
@@ -596,46 +657,27 @@ impl Engine {
         let Some(req) = self.reqs.get_mut(&rid).filter(|r| !r.reset_pending) else {
             return;
         };
-        let held = !req.offset.is_zero();
-        let at = at + req.offset;
         let n = ids.len() as u64;
+        let a = req.advance(n, finish, at);
+        let (arrival, sink) = (req.arrival, req.sink.clone());
         self.stats.generation_tokens.fetch_add(n, Relaxed);
-        match req.last {
-            None => self.stats.ttft.observe((at - req.arrival).as_secs_f64()),
-            Some(prev) => self.stats.itl.observe((at - prev).as_secs_f64()),
+        match a.prev {
+            None => self.stats.ttft.observe((a.at - arrival).as_secs_f64()),
+            Some(prev) => self.stats.itl.observe((a.at - prev).as_secs_f64()),
         }
-        req.first.get_or_insert(at);
-        req.last = Some(at);
-        req.produced += n;
-        req.any_stop |= finish == Some(Finish::Stop);
-        if let Some((after, d)) = req.faults.stall_mid {
-            if !req.mid_done && req.produced >= u64::from(after) {
-                req.mid_done = true;
-                req.offset += Duration::from_secs_f64(d / 1e3);
-            }
-        }
-        let reset = req
-            .faults
-            .reset_after
-            .is_some_and(|a| req.produced >= u64::from(a));
-        if finish.is_some() {
-            req.seqs_left = req.seqs_left.saturating_sub(1);
-        }
-        let last = req.seqs_left == 0 && finish.is_some();
-        let sink = req.sink.clone();
         let tokens = Emit::Tokens {
-            at,
+            at: a.at,
             choice,
             ids,
             finish,
         };
-        self.emit(rid, sink.clone(), tokens, held);
-        if reset {
-            req_reset(self, rid, sink, at);
-        } else if last {
-            let done = self.reqs.get(&rid).map(|r| done_emit(r, at));
+        self.emit(rid, sink.clone(), tokens, a.held);
+        if a.reset {
+            req_reset(self, rid, sink, a.at);
+        } else if a.last {
+            let done = self.reqs.get(&rid).map(|r| done_emit(r, a.at));
             if let Some(done) = done {
-                self.emit(rid, sink, done, held);
+                self.emit(rid, sink, done, a.held);
             }
             self.complete_req(rid);
         }
