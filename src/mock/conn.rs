@@ -104,6 +104,27 @@ pub struct ConnCtx {
 }
 
 impl ConnCtx {
+    /// A fresh context for hyper serving the connection; `ahead`: bytes were read ahead (at the
+    /// instant given), the start of the next request.
+    fn new(fd: RawFd, stamp_port: u16, ahead: Option<Option<Instant>>) -> Arc<ConnCtx> {
+        let now = Instant::now();
+        Arc::new(ConnCtx {
+            fd,
+            swallow: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            unblocked: tokio::sync::Notify::new(),
+            hijack: Mutex::new(None),
+            stamp_port,
+            first_read_ns: AtomicU64::new(ahead.map_or(0, |_| crate::stamps::now_ns())),
+            activity: Mutex::new(Activity {
+                request_since: ahead.map(|_| now),
+                handling: false,
+                last: now,
+                rx: ahead.flatten(),
+            }),
+        })
+    }
+
     /// Returns once hyper holds no unsent bytes of earlier responses (a pipelining client that
     /// does not read keeps it waiting, as it would keep hyper's own next response waiting).
     pub async fn flushed(&self) {
@@ -365,26 +386,8 @@ pub async fn serve(
         0
     };
     loop {
-        let ctx = Arc::new(ConnCtx {
-            fd: stream.as_raw_fd(),
-            swallow: AtomicBool::new(false),
-            blocked: AtomicBool::new(false),
-            unblocked: tokio::sync::Notify::new(),
-            hijack: Mutex::new(None),
-            stamp_port,
-            first_read_ns: AtomicU64::new(if prefix.is_empty() {
-                0
-            } else {
-                crate::stamps::now_ns()
-            }),
-            activity: Mutex::new(Activity {
-                // Bytes read ahead belong to the next request.
-                request_since: (!prefix.is_empty()).then(Instant::now),
-                handling: false,
-                last: Instant::now(),
-                rx: if prefix.is_empty() { None } else { prefix_rx },
-            }),
-        });
+        let ahead = (!prefix.is_empty()).then_some(prefix_rx);
+        let ctx = ConnCtx::new(stream.as_raw_fd(), stamp_port, ahead);
         let io = ConnIo {
             stream,
             prefix,

@@ -795,6 +795,39 @@ mod tests {
         (Arc::new(ChanSink(tx, Default::default())), rx)
     }
 
+    type Events = tokio::sync::mpsc::UnboundedReceiver<Emit>;
+
+    /// Submits request `id` (one sequence of `prompt`, exactly `max_tokens` tokens, or none)
+    /// arrived at `arrival`; the events it gets come on the returned channel.
+    fn submit(
+        inbox: &Inbox,
+        tx: &mpsc::Sender<Cmd>,
+        id: u64,
+        arrival: Instant,
+        seq: Option<(Vec<u32>, u32)>,
+    ) -> Result<Events, EngineGone> {
+        let (sink, rx) = chan();
+        let seqs = seq.into_iter().map(|(prompt, max_tokens)| SeqIn {
+            prompt,
+            max_tokens,
+            min_tokens: 0,
+            ignore_eos: true,
+        });
+        let faults = FaultPlan::default();
+        let seqs = seqs.collect();
+        inbox.submit(
+            tx,
+            Submit {
+                id,
+                arrival,
+                seqs,
+                faults,
+                sink,
+            },
+        )?;
+        Ok(rx)
+    }
+
     fn engine_cfg(sched: SchedConfig) -> EngineConfig {
         EngineConfig {
             sched,
@@ -845,27 +878,11 @@ mod tests {
                 let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
                 let mut rxs = Vec::new();
                 for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
-                    let (sink, erx) = chan();
                     // prompts of one family share a prefix
                     let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
-                    inbox
-                        .submit(
-                            &tx,
-                            Submit {
-                                id: i as u64,
-                                arrival: Instant::now(),
-                                seqs: vec![SeqIn {
-                                    prompt,
-                                    max_tokens: (*max_tokens).min(max_len - plen),
-                                    min_tokens: 0,
-                                    ignore_eos: true,
-                                }],
-                                faults: FaultPlan::default(),
-                                sink,
-                            },
-                        )
-                        .unwrap();
-                    rxs.push(erx);
+                    let seq = (prompt, (*max_tokens).min(max_len - plen));
+                    let now = Instant::now();
+                    rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
                 }
                 for (i, mut rx) in rxs.into_iter().enumerate() {
                     let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
@@ -929,26 +946,9 @@ mod tests {
             if i >= 40 {
                 std::thread::sleep(Duration::from_millis(3)); // stragglers while streams run
             }
-            let (sink, erx) = chan();
             let arrival = Instant::now();
-            inbox
-                .submit(
-                    &tx,
-                    Submit {
-                        id: i,
-                        arrival,
-                        seqs: vec![SeqIn {
-                            prompt: vec![1, 2, 3, i as u32],
-                            max_tokens: 4,
-                            min_tokens: 0,
-                            ignore_eos: true,
-                        }],
-                        faults: FaultPlan::default(),
-                        sink,
-                    },
-                )
-                .unwrap();
-            rxs.push((arrival, erx));
+            let seq = (vec![1, 2, 3, i as u32], 4);
+            rxs.push((arrival, submit(&inbox, &tx, i, arrival, Some(seq)).unwrap()));
         }
         for (arrival, mut rx) in rxs {
             let mut tokens = 0;
@@ -974,18 +974,7 @@ mod tests {
         tx.send(Cmd::Shutdown).unwrap();
         th.join().unwrap();
         // after the engine ended, a submit fails instead of waiting forever
-        let (sink, _erx) = chan();
-        let r = inbox.submit(
-            &tx,
-            Submit {
-                id: 99,
-                arrival: Instant::now(),
-                seqs: Vec::new(),
-                faults: FaultPlan::default(),
-                sink,
-            },
-        );
-        assert!(r.is_err());
+        assert!(submit(&inbox, &tx, 99, Instant::now(), None).is_err());
     }
 
     #[test]
