@@ -310,6 +310,13 @@ fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
     full(StatusCode::OK, "application/json", s)
 }
 
+/// Seconds since the Unix epoch (`created` fields).
+pub fn unix_now() -> u64 {
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn flatten(p: Prompt, out: &mut Vec<Prompt>) {
     match p {
         Prompt::Batch(v) => v.into_iter().for_each(|x| flatten(x, out)),
@@ -512,10 +519,7 @@ async fn generate(
         rn,
         chat,
         id: format!("{kind}-{}", random_hex(&sh, rn)),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created: unix_now(),
         return_token_ids: g.return_token_ids,
     };
     let may_reset = plan.reset_after.is_some();

@@ -238,15 +238,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("listener has no local address")?;
-    let tokenizer = match &cfg.tokenizer {
-        Some(p) => {
-            let p = p.clone();
-            tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p))
-                .await
-                .context("tokenizer loading task failed")??
-        }
-        None => tokenize::Tokenizer::Builtin,
-    };
+    let tokenizer = Arc::new(load_tokenizer(&cfg).await?);
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
@@ -259,7 +251,6 @@ pub async fn start(
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
     };
-    let tokenizer = Arc::new(tokenizer);
     let ecfg = cfg.engine_config(tokenizer.vocab());
     let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
     let started = listener
@@ -286,10 +277,7 @@ pub async fn start(
         engine: etx.clone(),
         inbox,
         next_id: AtomicU64::new(0),
-        started_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        started_unix: api::unix_now(),
     });
     let handler: conn::Handler =
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
@@ -308,6 +296,15 @@ pub async fn start(
         stats,
         rt: Some(rt),
     })
+}
+
+/// `cfg.tokenizer` loaded away from the runtime's threads, or the built-in scheme.
+async fn load_tokenizer(cfg: &MockConfig) -> anyhow::Result<tokenize::Tokenizer> {
+    let Some(p) = cfg.tokenizer.clone() else {
+        return Ok(tokenize::Tokenizer::Builtin);
+    };
+    let load = tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p));
+    Ok(load.await.context("tokenizer loading task failed")??)
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
