@@ -304,7 +304,7 @@ async fn load_tokenizer(cfg: &MockConfig) -> anyhow::Result<tokenize::Tokenizer>
         return Ok(tokenize::Tokenizer::Builtin);
     };
     let load = tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p));
-    Ok(load.await.context("tokenizer loading task failed")??)
+    load.await.context("tokenizer loading task failed")?
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
