@@ -173,19 +173,7 @@ pub async fn handle(
         .get(faults::FAULT_HEADER)
         .map(|v| v.to_str().map(str::to_string));
     let get = method == Method::GET || method == Method::HEAD;
-    let direct = StreamConn {
-        // As hyper frames a body of unknown length: chunked for HTTP/1.1, else until close.
-        framing: if req.version() == http::Version::HTTP_11 {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        },
-        close_after: req.headers().get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
-        }),
-        conn,
-    };
+    let direct = StreamConn::new(&req, conn);
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
         return Ok(r);
     }
@@ -672,6 +660,24 @@ pub struct StreamConn {
     framing: Framing,
     close_after: bool,
     conn: Arc<ConnCtx>,
+}
+
+impl StreamConn {
+    fn new<B>(req: &Request<B>, conn: Arc<ConnCtx>) -> StreamConn {
+        let close = |v: &header::HeaderValue| {
+            v.to_str()
+                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+        };
+        StreamConn {
+            // As hyper frames a body of unknown length: chunked for HTTP/1.1, else until close.
+            framing: match req.version() {
+                http::Version::HTTP_11 => Framing::Chunked,
+                _ => Framing::UntilClose,
+            },
+            close_after: req.headers().get_all(header::CONNECTION).iter().any(close),
+            conn,
+        }
+    }
 }
 
 struct CancelGuard {

@@ -459,25 +459,29 @@ pub async fn drive(
                 tokio::select! {
                     _ = s.notify.notified() => {}
                     r = stream.readable(), if reading => {
-                        if r.is_err() {
+                        if r.is_err() || !read_more(stream, read_ahead, read_ahead_rx) {
                             return Outcome::Close;
-                        }
-                        let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-                        match crate::rxstamp::try_recv(stream, fd, &mut tmp) {
-                            // The client closed its side: the stream ends.
-                            Ok((0, _)) => return Outcome::Close,
-                            Ok((n, at)) => {
-                                // SAFETY: the kernel wrote the first `n` bytes.
-                                read_ahead.extend(tmp[..n].iter().map(|b| unsafe { b.assume_init() }));
-                                *read_ahead_rx = Some(at);
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                            Err(_) => return Outcome::Close,
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// Appends what the client sent meanwhile to `buf` (and when it arrived to `rx`); false when
+/// the client closed its side or the socket failed.
+fn read_more(stream: &TcpStream, buf: &mut Vec<u8>, rx: &mut Option<Instant>) -> bool {
+    let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    match crate::rxstamp::try_recv(stream, stream.as_raw_fd(), &mut tmp) {
+        Ok((0, _)) => false,
+        Ok((n, at)) => {
+            // SAFETY: the kernel wrote the first `n` bytes.
+            buf.extend(tmp[..n].iter().map(|b| unsafe { b.assume_init() }));
+            *rx = Some(at);
+            true
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
     }
 }
 
