@@ -532,9 +532,6 @@ pub struct MockArgs {
     #[arg(long, default_value_t = 1000.0)]
     pub fault_slow_headers_ms: f64,
     // Tuning knobs, hidden from --help (docs/tuning.md, `## mock`).
-    /// Emission clock: busy-wait this many microseconds before each deadline.
-    #[arg(long, default_value_t = 0, hide = true)]
-    pub spin_us: u64,
     /// Threads serving HTTP connections (the engine has its own thread besides).
     #[arg(long, default_value_t = 2, hide = true)]
     pub io_threads: usize,
@@ -544,12 +541,6 @@ pub struct MockArgs {
     /// Emission clock: minimum gap between hand-overs, µs.
     #[arg(long, default_value_t = 100, hide = true)]
     pub coalesce_us: u64,
-    /// Threads that write streamed events to their sockets (0: the engine thread does).
-    #[arg(long, default_value_t = 2, value_name = "N", hide = true)]
-    pub writer_threads: usize,
-    /// What a request's timings count from: `kernel` (receive timestamp) or `parsed`.
-    #[arg(long, value_enum, default_value = "kernel", hide = true)]
-    pub arrival_stamp: crate::mock::ArrivalStamp,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without

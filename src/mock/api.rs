@@ -14,7 +14,7 @@
 use super::conn::{BoxError, ConnCtx, Hijack, Reply};
 use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Timing};
 use super::faults::{self, FaultPlan};
-use super::format::{ids_json, json_str, metrics_json, Fmt, FINGERPRINT};
+use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, FINGERPRINT};
 use super::prom::Stats;
 use super::stream::{arm_reset, Framing, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
@@ -47,9 +47,6 @@ pub struct Shared {
     pub inbox: Arc<super::engine::Inbox>,
     pub next_id: AtomicU64,
     pub started_unix: u64,
-    /// A request arrives when its bytes reached the socket (the kernel's receive timestamp of
-    /// the read that completed it); false: when its head had been parsed.
-    pub kernel_arrival: bool,
 }
 
 /// The injected reset of a whole-body response: hyper drops the connection (`SO_LINGER 0` is set).
@@ -59,14 +56,17 @@ struct ResetFault;
 
 /// A whole (non-streamed) answer as the engine finished it.
 enum Whole {
-    Done {
-        ids: Vec<Vec<u32>>,
-        fin: Vec<Option<Finish>>,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: Timing,
-    },
+    Done(Done),
     Reset,
+}
+
+/// Every choice's tokens and the request's usage and timings.
+struct Done {
+    ids: Vec<Vec<u32>>,
+    fin: Vec<Option<Finish>>,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    timing: Timing,
 }
 
 /// The engine's sink for a whole body: tokens are collected on the engine side and the handler
@@ -107,13 +107,13 @@ impl Sink for Collect {
                 completion_tokens,
                 timing,
                 ..
-            } => Whole::Done {
+            } => Whole::Done(Done {
                 ids: std::mem::take(&mut p.ids),
                 fin: std::mem::take(&mut p.fin),
                 prompt_tokens,
                 completion_tokens,
                 timing,
-            },
+            }),
             Emit::Reset { .. } => Whole::Reset,
         };
         p.tx.take().is_some_and(|tx| tx.send(whole).is_ok())
@@ -166,11 +166,6 @@ pub async fn handle(
     sh: Arc<Shared>,
     conn: Arc<ConnCtx>,
 ) -> Result<Reply, BoxError> {
-    // Arrival (what the mock's timings count from): by default when the read that completed the
-    // request got its bytes from the kernel (`crate::rxstamp`), taken after the body is read
-    // below; with `--arrival-stamp parsed`, now (the head has been parsed). Body parsing and
-    // tokenization count toward TTFT either way.
-    let parsed = Instant::now();
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let fault_header = req
@@ -178,19 +173,7 @@ pub async fn handle(
         .get(faults::FAULT_HEADER)
         .map(|v| v.to_str().map(str::to_string));
     let get = method == Method::GET || method == Method::HEAD;
-    let direct = StreamConn {
-        // As hyper frames a body of unknown length: chunked for HTTP/1.1, else until close.
-        framing: if req.version() == http::Version::HTTP_11 {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        },
-        close_after: req.headers().get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
-        }),
-        conn,
-    };
+    let direct = StreamConn::new(&req, conn);
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
         return Ok(r);
     }
@@ -207,6 +190,7 @@ pub async fn handle(
             ))
         }
     };
+    direct.conn.request_read();
     let forced = match fault_header.map(|h| h.map_err(|_| faults::not_ascii())) {
         None => None,
         Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
@@ -217,10 +201,11 @@ pub async fn handle(
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body));
     }
-    let arrival = match direct.conn.last_rx() {
-        Some(rx) if sh.kernel_arrival => rx.min(Instant::now()),
-        _ => parsed,
-    };
+    // Arrival (what the mock's timings count from): when the read that completed the request
+    // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
+    // follow count toward TTFT.
+    let now = Instant::now();
+    let arrival = direct.conn.last_rx().map_or(now, |rx| rx.min(now));
     let chat = path == "/v1/chat/completions";
     generate(sh, &body, chat, forced, &direct, arrival).await
 }
@@ -311,6 +296,13 @@ fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
         s.push_str(",\"token_strs\":null}");
     }
     full(StatusCode::OK, "application/json", s)
+}
+
+/// Seconds since the Unix epoch (`created` fields).
+pub fn unix_now() -> u64 {
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn flatten(p: Prompt, out: &mut Vec<Prompt>) {
@@ -515,10 +507,7 @@ async fn generate(
         rn,
         chat,
         id: format!("{kind}-{}", random_hex(&sh, rn)),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created: unix_now(),
         return_token_ids: g.return_token_ids,
     };
     let may_reset = plan.reset_after.is_some();
@@ -598,19 +587,7 @@ async fn whole_response(
     let whole = rx.await;
     guard.armed = false;
     let body = match whole {
-        Ok(Whole::Done {
-            ids,
-            fin,
-            prompt_tokens,
-            completion_tokens,
-            timing,
-        }) => WholeBody {
-            head,
-            prompts: &prompts,
-            ids: &ids,
-            fin: &fin,
-        }
-        .render(sh, prompt_tokens, completion_tokens, &timing),
+        Ok(Whole::Done(d)) => whole_body(sh, head, &prompts, &d),
         Ok(Whole::Reset) => {
             arm_reset(direct.conn.fd);
             return Err(Box::new(ResetFault));
@@ -685,6 +662,24 @@ pub struct StreamConn {
     conn: Arc<ConnCtx>,
 }
 
+impl StreamConn {
+    fn new<B>(req: &Request<B>, conn: Arc<ConnCtx>) -> StreamConn {
+        let close = |v: &header::HeaderValue| {
+            v.to_str()
+                .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+        };
+        StreamConn {
+            // As hyper frames a body of unknown length: chunked for HTTP/1.1, else until close.
+            framing: match req.version() {
+                http::Version::HTTP_11 => Framing::Chunked,
+                _ => Framing::UntilClose,
+            },
+            close_after: req.headers().get_all(header::CONNECTION).iter().any(close),
+            conn,
+        }
+    }
+}
+
 struct CancelGuard {
     engine: mpsc::Sender<Cmd>,
     id: u64,
@@ -700,111 +695,70 @@ impl Drop for CancelGuard {
 }
 
 /// The JSON body of a whole (non-streamed) answer.
-struct WholeBody<'a> {
-    head: &'a Head,
-    prompts: &'a [Arc<Vec<u32>>],
-    ids: &'a [Vec<u32>],
-    fin: &'a [Option<Finish>],
-}
-
-impl WholeBody<'_> {
-    fn render(
-        &self,
-        sh: &Shared,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: &Timing,
-    ) -> String {
-        let WholeBody {
-            head,
-            prompts,
-            ids,
-            fin,
-        } = *self;
-        let Head {
-            chat,
-            ref id,
-            created,
-            return_token_ids,
-            ..
-        } = *head;
-        let n = prompts.len();
-        let mut s = String::with_capacity(256);
-        s.push_str("{\"id\":");
-        json_str(&mut s, id);
+fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a Done) -> String {
+    let chat = head.chat;
+    let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
+    let mut s = String::with_capacity(256);
+    s.push_str("{\"id\":");
+    json_str(&mut s, &head.id);
+    let object = if chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
+    let created = head.created;
+    let _ = write!(
+        s,
+        ",\"object\":\"{object}\",\"created\":{created},\"model\":"
+    );
+    json_str(&mut s, &sh.model);
+    s.push_str(",\"choices\":[");
+    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&d.ids).zip(&d.fin).enumerate() {
+        if c > 0 {
+            s.push(',');
+        }
+        let mut text = String::new();
+        sh.tokenizer.render(ids, &mut text);
+        let f = fin.unwrap_or(Finish::Length).as_str();
+        if chat {
+            let _ = write!(
+                s,
+                "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":"
+            );
+            json_str(&mut s, &text);
+            s.push_str(",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[],\"reasoning\":null}");
+        } else {
+            let _ = write!(s, "{{\"index\":{c},\"text\":");
+            json_str(&mut s, &text);
+        }
         let _ = write!(
             s,
-            ",\"object\":\"{}\",\"created\":{created},\"model\":",
-            if chat {
-                "chat.completion"
-            } else {
-                "text_completion"
-            }
+            ",\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
         );
-        json_str(&mut s, &sh.model);
-        s.push_str(",\"choices\":[");
-        for c in 0..n {
-            if c > 0 {
-                s.push(',');
-            }
-            let mut text = String::new();
-            sh.tokenizer.render(&ids[c], &mut text);
-            let f = fin[c].unwrap_or(Finish::Length).as_str();
-            let tids = |s: &mut String| {
-                if return_token_ids {
-                    ids_json(s, &ids[c]);
-                } else {
-                    s.push_str("null");
-                }
-            };
-            if chat {
-                let _ = write!(
-                    s,
-                    "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":"
-                );
-                json_str(&mut s, &text);
-                let _ = write!(
-                s,
-                ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[],\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
-            );
-                tids(&mut s);
-                s.push('}');
-            } else {
-                let _ = write!(s, "{{\"index\":{c},\"text\":");
-                json_str(&mut s, &text);
-                let _ = write!(
-                s,
-                ",\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
-            );
-                tids(&mut s);
-                s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":");
-                if return_token_ids {
-                    ids_json(&mut s, &prompts[c]);
-                } else {
-                    s.push_str("null");
-                }
-                s.push_str(",\"routed_experts\":null}");
-            }
-        }
-        let _ = write!(
-        s,
-        "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"total_tokens\":{},\"completion_tokens\":{completion_tokens},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
-        prompt_tokens + completion_tokens
-    );
-        if chat {
-            s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":null");
-        }
-        s.push_str(",\"kv_transfer_params\":null");
+        ids_or_null(&mut s, tids(ids));
         if !chat {
-            s.push_str(",\"ec_transfer_params\":null");
-        }
-        if sh.per_request_metrics {
-            s.push_str(",\"metrics\":");
-            metrics_json(&mut s, timing, true);
+            s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":");
+            ids_or_null(&mut s, tids(prompt));
+            s.push_str(",\"routed_experts\":null");
         }
         s.push('}');
-        s
     }
+    let (p, c) = (d.prompt_tokens, d.completion_tokens);
+    let _ = write!(
+        s,
+        "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{c},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
+        p + c
+    );
+    s.push_str(match chat {
+        true => ",\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"kv_transfer_params\":null",
+        false => ",\"kv_transfer_params\":null,\"ec_transfer_params\":null",
+    });
+    if sh.per_request_metrics {
+        s.push_str(",\"metrics\":");
+        metrics_json(&mut s, &d.timing, true);
+    }
+    s.push('}');
+    s
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -56,6 +56,36 @@ type HandlerFuture = Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxE
 pub type Handler =
     Arc<dyn Fn(http::Request<hyper::body::Incoming>, Arc<ConnCtx>) -> HandlerFuture + Send + Sync>;
 
+/// How long a connection waits for its client (the CLI always uses [`Timeouts::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A request (head and body) must have arrived this long after its first byte was read.
+    pub request: Duration,
+    /// A connection with no request under way is closed after this long.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            request: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the connection is doing, for its timeouts and the request's arrival.
+struct Activity {
+    /// When the first byte of the request being read was read (`None`: no request being read).
+    request_since: Option<Instant>,
+    /// The handler is serving a request.
+    handling: bool,
+    /// The latest instant the connection finished something (a response, a blocked write).
+    last: Instant,
+    /// When the bytes of the latest read reached the socket ([`crate::rxstamp`]).
+    rx: Option<Instant>,
+}
+
 /// What the request handler knows about its connection.
 pub struct ConnCtx {
     /// The socket (for the reset fault of a whole-body response).
@@ -70,11 +100,31 @@ pub struct ConnCtx {
     /// request being read arrived (0: none yet).
     pub stamp_port: u16,
     pub first_read_ns: AtomicU64,
-    /// When the bytes of the latest read reached the socket ([`crate::rxstamp`]).
-    last_rx: Mutex<Option<Instant>>,
+    activity: Mutex<Activity>,
 }
 
 impl ConnCtx {
+    /// A fresh context for hyper serving the connection; `ahead`: bytes were read ahead (at the
+    /// instant given), the start of the next request.
+    fn new(fd: RawFd, stamp_port: u16, ahead: Option<Option<Instant>>) -> Arc<ConnCtx> {
+        let now = Instant::now();
+        Arc::new(ConnCtx {
+            fd,
+            swallow: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            unblocked: tokio::sync::Notify::new(),
+            hijack: Mutex::new(None),
+            stamp_port,
+            first_read_ns: AtomicU64::new(ahead.map_or(0, |_| crate::stamps::now_ns())),
+            activity: Mutex::new(Activity {
+                request_since: ahead.map(|_| now),
+                handling: false,
+                last: now,
+                rx: ahead.flatten(),
+            }),
+        })
+    }
+
     /// Returns once hyper holds no unsent bytes of earlier responses (a pipelining client that
     /// does not read keeps it waiting, as it would keep hyper's own next response waiting).
     pub async fn flushed(&self) {
@@ -99,11 +149,57 @@ impl ConnCtx {
     /// timestamp, or the read's own instant): after a request's body has been read, the arrival
     /// of the read that completed it. `None` before any read.
     pub fn last_rx(&self) -> Option<Instant> {
-        *self.last_rx.lock().unwrap_or_else(|p| p.into_inner())
+        self.activity().rx
     }
 
-    fn set_rx(&self, at: Instant) {
-        *self.last_rx.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    /// The request's body has been read: its time limit no longer runs.
+    pub fn request_read(&self) {
+        self.activity().request_since = None;
+    }
+
+    fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
+        self.activity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A read got bytes that reached the socket at `at`; outside a request they start one.
+    fn on_read(&self, at: Instant) {
+        let mut a = self.activity();
+        a.rx = Some(at);
+        if !a.handling && a.request_since.is_none() {
+            a.request_since = Some(Instant::now());
+        }
+    }
+
+    fn set_handling(&self, on: bool) {
+        let mut a = self.activity();
+        a.handling = on;
+        if !on {
+            a.request_since = None;
+            a.last = Instant::now();
+        }
+    }
+
+    /// When the connection is to be closed for waiting on its client too long (`None`: it is
+    /// busy serving a request, writing, or streaming).
+    fn deadline(&self, t: &Timeouts) -> Option<Instant> {
+        if self.swallow.load(Relaxed) || self.blocked.load(Relaxed) {
+            return None;
+        }
+        let a = self.activity();
+        match (a.request_since, a.handling) {
+            (Some(since), _) => Some(since + t.request),
+            (None, false) => Some(a.last + t.idle),
+            (None, true) => None,
+        }
+    }
+}
+
+/// Marks the connection as serving a request while the handler's future lives.
+struct Handling(Arc<ConnCtx>);
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.0.set_handling(false);
     }
 }
 
@@ -143,7 +239,7 @@ impl AsyncRead for ConnIo {
                     unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     if n > 0 {
-                        this.ctx.set_rx(at);
+                        this.ctx.on_read(at);
                         if crate::stamps::enabled() && this.ctx.first_read_ns.load(Relaxed) == 0 {
                             this.ctx
                                 .first_read_ns
@@ -164,6 +260,7 @@ impl ConnIo {
         let was = self.ctx.blocked.swap(p.is_pending(), Relaxed);
         if was && p.is_ready() {
             self.ctx.unblocked.notify_one();
+            self.ctx.activity().last = Instant::now();
         }
         p
     }
@@ -209,19 +306,28 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Svc {
     type Future = HandlerFuture;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> HandlerFuture {
-        (self.handler)(req, self.ctx.clone())
+        self.ctx.set_handling(true);
+        let handling = Handling(self.ctx.clone());
+        let reply = (self.handler)(req, self.ctx.clone());
+        Box::pin(async move {
+            let _handling = handling;
+            reply.await
+        })
     }
 }
 
 type HttpParts = hyper::server::conn::http1::Parts<hyper_util::rt::TokioIo<ConnIo>, Svc>;
 
 /// hyper serving `io` until it is done, without shutting the socket down (so that a stream can
-/// take it over); a stop signal turns keep-alive off (graceful shutdown).
+/// take it over); a stop signal turns keep-alive off (graceful shutdown). `None`: the connection
+/// failed, or waited on its client longer than `timeouts` allow.
 async fn http(
     io: ConnIo,
     svc: Svc,
+    timeouts: Timeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<HttpParts, hyper::Error> {
+) -> Option<HttpParts> {
+    let ctx = io.ctx.clone();
     let conn = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut conn = Some(conn);
@@ -234,6 +340,7 @@ async fn http(
     let mut stopped = Box::pin(async move {
         let _ = stop.changed().await;
     });
+    let mut timer = Box::pin(tokio::time::sleep(timeouts.idle));
     std::future::poll_fn(|cx| {
         let Some(c) = conn.as_mut() else {
             return Poll::Pending;
@@ -242,26 +349,33 @@ async fn http(
             stopping = true;
             Pin::new(&mut *c).graceful_shutdown();
         }
-        match std::task::ready!(c.poll_without_shutdown(cx)) {
-            Err(e) => Poll::Ready(Err(e)),
-            Ok(()) => Poll::Ready(Ok(conn.take().expect("polled once more").into_parts())),
+        match c.poll_without_shutdown(cx) {
+            Poll::Ready(Err(_)) => return Poll::Ready(None),
+            Poll::Ready(Ok(())) => return Poll::Ready(conn.take().map(|c| c.into_parts())),
+            Poll::Pending => {}
         }
+        // Every change of the connection's activity happens inside the poll above.
+        let Some(due) = ctx.deadline(&timeouts).map(tokio::time::Instant::from_std) else {
+            return Poll::Pending;
+        };
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        timer.as_mut().poll(cx).map(|()| None)
     })
     .await
 }
 
-/// Serves one accepted connection until it closes (or the mock stops); `rx_stamps`: reads carry
-/// the kernel's receive timestamps.
+/// Serves one accepted connection until it closes, waits on its client longer than `timeouts`
+/// allow, or the mock stops. Its reads carry the kernel's receive timestamps.
 pub async fn serve(
     stream: TcpStream,
     handler: Handler,
-    rx_stamps: bool,
+    timeouts: Timeouts,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    if rx_stamps {
-        rxstamp::enable(stream.as_raw_fd());
-    }
+    rxstamp::enable(stream.as_raw_fd());
     let mut stream = stream;
     let mut prefix = Bytes::new();
     // When the bytes in `prefix` reached the socket (the latest read that got any of them).
@@ -272,20 +386,8 @@ pub async fn serve(
         0
     };
     loop {
-        let ctx = Arc::new(ConnCtx {
-            fd: stream.as_raw_fd(),
-            swallow: AtomicBool::new(false),
-            blocked: AtomicBool::new(false),
-            unblocked: tokio::sync::Notify::new(),
-            hijack: Mutex::new(None),
-            stamp_port,
-            first_read_ns: AtomicU64::new(if prefix.is_empty() {
-                0
-            } else {
-                crate::stamps::now_ns()
-            }),
-            last_rx: Mutex::new(if prefix.is_empty() { None } else { prefix_rx }),
-        });
+        let ahead = (!prefix.is_empty()).then_some(prefix_rx);
+        let ctx = ConnCtx::new(stream.as_raw_fd(), stamp_port, ahead);
         let io = ConnIo {
             stream,
             prefix,
@@ -295,11 +397,10 @@ pub async fn serve(
             handler: handler.clone(),
             ctx: ctx.clone(),
         };
-        let r = http(io, svc, stop.clone()).await;
+        let r = http(io, svc, timeouts, stop.clone()).await;
         let hijack = ctx.take();
-        let parts = match r {
-            Ok(p) => p,
-            Err(_) => return, // dropping `hijack` abandons its stream
+        let Some(parts) = r else {
+            return; // dropping `hijack` abandons its stream
         };
         let io = parts.io.into_inner();
         let Some(mut h) = hijack else {

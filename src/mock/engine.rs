@@ -2,11 +2,10 @@
 //! in real time and hands each token event to its response at its due instant, applying the
 //! request's stall and reset faults on the way, and keeps the engine's counters ([`super::prom`]).
 //!
-//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one, or
-//! about `spin` before it and then spins, then hands every due event to its response's [`Sink`]:
-//! a stream's sink formats the event and writes it to the socket ([`super::stream`]), on this
-//! thread when at most `DIRECT_MAX` events are due in this wake-up, else on `writers` writer
-//! threads in parallel (a response stays on one writer while it has events queued there, so its
+//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one,
+//! then hands every due event to its response's [`Sink`]: a stream's sink formats the event and
+//! writes it to the socket ([`super::stream`]), on this thread when at most `DIRECT_MAX` events
+//! are due in this wake-up, else on `WRITERS` writer threads in parallel (a response stays on one writer while it has events queued there, so its
 //! events keep their order). Hand-overs are at least `coalesce` apart, so a burst of close
 //! deadlines costs one wake-up and no event is more than `coalesce` late on the engine's side.
 //! A request reaches the scheduler `request_overhead_ms` after it arrived (front-end latency,
@@ -18,24 +17,25 @@ use super::faults::FaultPlan;
 use super::prom::Stats;
 use super::sched::{Event, SchedConfig, Scheduler};
 pub use super::sched::{Finish, SeqIn};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Engine knobs (derived from `MockConfig`).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub sched: SchedConfig,
-    pub spin: Duration,
     /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
     pub realtime: bool,
     /// Minimum gap between two hand-overs (batches events due close together).
     pub coalesce: Duration,
-    /// Threads that call the sinks (write streams to their sockets); 0: the engine thread
-    /// writes them itself. Several spread the socket work over cores (and over CPU shares on a
-    /// busy machine); each response always goes through the same one.
-    pub writers: usize,
 }
+
+/// Threads that call the sinks for large bursts (write streams to their sockets): they spread
+/// the socket work over cores (and over CPU shares on a busy machine); each response always goes
+/// through the same one.
+const WRITERS: usize = 2;
 
 /// The engine's own timings of one request (vLLM's per-request `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -164,10 +164,10 @@ pub struct EngineGone;
 /// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
 /// wakes it).
 pub struct Inbox {
-    queue: std::sync::Mutex<Vec<Submit>>,
+    queue: Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
     /// `u64::MAX` while it waits for a command.
-    wake_at: std::sync::atomic::AtomicU64,
+    wake_at: AtomicU64,
     base: Instant,
     lead: Duration,
 }
@@ -175,8 +175,8 @@ pub struct Inbox {
 impl Inbox {
     pub fn new(lead: Duration) -> Inbox {
         Inbox {
-            queue: std::sync::Mutex::new(Vec::new()),
-            wake_at: std::sync::atomic::AtomicU64::new(0),
+            queue: Mutex::new(Vec::new()),
+            wake_at: AtomicU64::new(0),
             base: Instant::now(),
             lead,
         }
@@ -199,7 +199,7 @@ impl Inbox {
             .as_nanos() as u64;
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(s);
         // After the push (the mutex orders it against the engine's last look at the queue).
-        if self.wake_at.load(std::sync::atomic::Ordering::SeqCst) > due {
+        if self.wake_at.load(SeqCst) > due {
             return engine.send(Cmd::Wake).map_err(|_| EngineGone);
         }
         Ok(())
@@ -215,21 +215,20 @@ impl Inbox {
         let ns = next.map_or(u64::MAX, |t| {
             t.saturating_duration_since(self.base).as_nanos() as u64
         });
-        self.wake_at
-            .store(ns.max(1), std::sync::atomic::Ordering::SeqCst);
+        self.wake_at.store(ns.max(1), SeqCst);
         let empty = self
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty();
         if !empty {
-            self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+            self.wake_at.store(0, SeqCst);
         }
         empty
     }
 
     fn awake(&self) {
-        self.wake_at.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.wake_at.store(0, SeqCst);
     }
 }
 
@@ -252,6 +251,55 @@ struct Req {
     reset_pending: bool,
 }
 
+/// Where one hand-over of a request's tokens stands ([`Req::advance`]).
+struct Advance {
+    /// When they go out (the scheduler's instant plus the stalls so far).
+    at: Instant,
+    /// When the request's previous tokens went out.
+    prev: Option<Instant>,
+    /// A stall holds them back (they wait in [`Delayed`]).
+    held: bool,
+    /// The reset fault follows them.
+    reset: bool,
+    /// The request's last tokens.
+    last: bool,
+}
+
+impl Req {
+    /// Accounts for `n` tokens scheduled at `at` (`finish` on a choice's last ones) and applies
+    /// the request's stall and reset faults.
+    fn advance(&mut self, n: u64, finish: Option<Finish>, at: Instant) -> Advance {
+        let held = !self.offset.is_zero();
+        let at = at + self.offset;
+        let prev = self.last.replace(at);
+        self.first.get_or_insert(at);
+        self.produced += n;
+        self.any_stop |= finish == Some(Finish::Stop);
+        let due = |after: u32| self.produced >= u64::from(after);
+        if let Some((_, ms)) = self
+            .faults
+            .stall_mid
+            .filter(|&(a, _)| !self.mid_done && due(a))
+        {
+            self.mid_done = true;
+            self.offset += Duration::from_secs_f64(ms / 1e3);
+        }
+        if finish.is_some() {
+            self.seqs_left = self.seqs_left.saturating_sub(1);
+        }
+        Advance {
+            at,
+            prev,
+            held,
+            reset: self
+                .faults
+                .reset_after
+                .is_some_and(|a| self.produced >= u64::from(a)),
+            last: self.seqs_left == 0 && finish.is_some(),
+        }
+    }
+}
+
 /// Events held back by a stall (or an injected reset), by (due, order): with their request and
 /// sink, so that they are delivered even after the engine has finished the request.
 type Delayed = std::collections::BTreeMap<(Instant, u64), (u64, Arc<dyn Sink>, Emit)>;
@@ -263,6 +311,39 @@ struct Writers {
     out: Vec<SinkBatch>,
     txs: Vec<mpsc::Sender<SinkBatch>>,
 }
+
+impl Writers {
+    /// Starts the writer threads.
+    fn spawn(realtime: bool, stats: &Arc<Stats>) -> std::io::Result<(Writers, Vec<Thread>)> {
+        let (mut txs, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..WRITERS {
+            let (tx, rx) = mpsc::channel::<SinkBatch>();
+            let st = stats.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("mock-writer-{i}"))
+                    .spawn(move || {
+                        timing_thread(realtime, &st);
+                        writer_loop(rx);
+                    })?,
+            );
+            txs.push(tx);
+        }
+        let out = (0..WRITERS).map(|_| Vec::new()).collect();
+        let marks = Marks::default();
+        Ok((
+            Writers {
+                now: Vec::new(),
+                marks,
+                out,
+                txs,
+            },
+            threads,
+        ))
+    }
+}
+
+type Thread = std::thread::JoinHandle<()>;
 
 struct Engine {
     cfg: EngineConfig,
@@ -282,23 +363,9 @@ pub fn spawn(
     cfg: EngineConfig,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
-) -> std::io::Result<(mpsc::Sender<Cmd>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(mpsc::Sender<Cmd>, Thread)> {
     let (tx, rx) = mpsc::channel();
-    let mut txs = Vec::new();
-    let mut threads = Vec::new();
-    for i in 0..cfg.writers {
-        let (wtx, wrx) = mpsc::channel::<SinkBatch>();
-        let (realtime, st) = (cfg.realtime, stats.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("mock-writer-{i}"))
-                .spawn(move || {
-                    timing_thread(realtime, &st);
-                    writer_loop(wrx);
-                })?,
-        );
-        txs.push(wtx);
-    }
+    let (writers, threads) = Writers::spawn(cfg.realtime, &stats)?;
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
@@ -311,19 +378,12 @@ pub fn spawn(
                 delayed: Delayed::new(),
                 delayed_n: 0,
                 events: Vec::new(),
-                writers: Writers {
-                    now: Vec::new(),
-                    marks: Marks::default(),
-                    out: (0..txs.len()).map(|_| Vec::new()).collect(),
-                    txs,
-                },
+                writers,
             };
             e.run(&rx, &inbox);
             // Requests queued after the last look are dropped with the engine (their responses
             // end as on shutdown); later submits find no engine to wake and fail.
-            inbox
-                .wake_at
-                .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+            inbox.wake_at.store(u64::MAX, SeqCst);
             drop(inbox.take());
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
@@ -388,7 +448,7 @@ impl Engine {
         }
     }
 
-    /// Sleeps until `wake` (spinning its last `spin`), or until a command comes.
+    /// Sleeps until `wake`, or until a command comes.
     fn wait(
         &self,
         rx: &mpsc::Receiver<Cmd>,
@@ -401,13 +461,7 @@ impl Engine {
         if t <= now {
             return Ok(None);
         }
-        if t - now <= self.cfg.spin {
-            while Instant::now() < t {
-                std::hint::spin_loop();
-            }
-            return Ok(None);
-        }
-        match rx.recv_timeout(t - now - self.cfg.spin) {
+        match rx.recv_timeout(t - now) {
             Ok(c) => Ok(Some(c)),
             Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(mpsc::RecvError),
@@ -565,7 +619,7 @@ impl Engine {
             return;
         }
         let n = w.txs.len();
-        let local = n == 0 || w.now.len() <= DIRECT_MAX;
+        let local = w.now.len() <= DIRECT_MAX;
         let mut gone = Vec::new();
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
@@ -603,46 +657,27 @@ impl Engine {
         let Some(req) = self.reqs.get_mut(&rid).filter(|r| !r.reset_pending) else {
             return;
         };
-        let held = !req.offset.is_zero();
-        let at = at + req.offset;
         let n = ids.len() as u64;
+        let a = req.advance(n, finish, at);
+        let (arrival, sink) = (req.arrival, req.sink.clone());
         self.stats.generation_tokens.fetch_add(n, Relaxed);
-        match req.last {
-            None => self.stats.ttft.observe((at - req.arrival).as_secs_f64()),
-            Some(prev) => self.stats.itl.observe((at - prev).as_secs_f64()),
+        match a.prev {
+            None => self.stats.ttft.observe((a.at - arrival).as_secs_f64()),
+            Some(prev) => self.stats.itl.observe((a.at - prev).as_secs_f64()),
         }
-        req.first.get_or_insert(at);
-        req.last = Some(at);
-        req.produced += n;
-        req.any_stop |= finish == Some(Finish::Stop);
-        if let Some((after, d)) = req.faults.stall_mid {
-            if !req.mid_done && req.produced >= u64::from(after) {
-                req.mid_done = true;
-                req.offset += Duration::from_secs_f64(d / 1e3);
-            }
-        }
-        let reset = req
-            .faults
-            .reset_after
-            .is_some_and(|a| req.produced >= u64::from(a));
-        if finish.is_some() {
-            req.seqs_left = req.seqs_left.saturating_sub(1);
-        }
-        let last = req.seqs_left == 0 && finish.is_some();
-        let sink = req.sink.clone();
         let tokens = Emit::Tokens {
-            at,
+            at: a.at,
             choice,
             ids,
             finish,
         };
-        self.emit(rid, sink.clone(), tokens, held);
-        if reset {
-            req_reset(self, rid, sink, at);
-        } else if last {
-            let done = self.reqs.get(&rid).map(|r| done_emit(r, at));
+        self.emit(rid, sink.clone(), tokens, a.held);
+        if a.reset {
+            req_reset(self, rid, sink, a.at);
+        } else if a.last {
+            let done = self.reqs.get(&rid).map(|r| done_emit(r, a.at));
             if let Some(done) = done {
-                self.emit(rid, sink, done, held);
+                self.emit(rid, sink, done, a.held);
             }
             self.complete_req(rid);
         }
@@ -760,13 +795,44 @@ mod tests {
         (Arc::new(ChanSink(tx, Default::default())), rx)
     }
 
+    type Events = tokio::sync::mpsc::UnboundedReceiver<Emit>;
+
+    /// Submits request `id` (one sequence of `prompt`, exactly `max_tokens` tokens, or none)
+    /// arrived at `arrival`; the events it gets come on the returned channel.
+    fn submit(
+        inbox: &Inbox,
+        tx: &mpsc::Sender<Cmd>,
+        id: u64,
+        arrival: Instant,
+        seq: Option<(Vec<u32>, u32)>,
+    ) -> Result<Events, EngineGone> {
+        let (sink, rx) = chan();
+        let seqs = seq.into_iter().map(|(prompt, max_tokens)| SeqIn {
+            prompt,
+            max_tokens,
+            min_tokens: 0,
+            ignore_eos: true,
+        });
+        let faults = FaultPlan::default();
+        let seqs = seqs.collect();
+        inbox.submit(
+            tx,
+            Submit {
+                id,
+                arrival,
+                seqs,
+                faults,
+                sink,
+            },
+        )?;
+        Ok(rx)
+    }
+
     fn engine_cfg(sched: SchedConfig) -> EngineConfig {
         EngineConfig {
             sched,
-            spin: Duration::ZERO,
             realtime: false,
             coalesce: Duration::from_micros(50),
-            writers: 0,
         }
     }
 
@@ -812,27 +878,11 @@ mod tests {
                 let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
                 let mut rxs = Vec::new();
                 for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
-                    let (sink, erx) = chan();
                     // prompts of one family share a prefix
                     let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
-                    inbox
-                        .submit(
-                            &tx,
-                            Submit {
-                                id: i as u64,
-                                arrival: Instant::now(),
-                                seqs: vec![SeqIn {
-                                    prompt,
-                                    max_tokens: (*max_tokens).min(max_len - plen),
-                                    min_tokens: 0,
-                                    ignore_eos: true,
-                                }],
-                                faults: FaultPlan::default(),
-                                sink,
-                            },
-                        )
-                        .unwrap();
-                    rxs.push(erx);
+                    let seq = (prompt, (*max_tokens).min(max_len - plen));
+                    let now = Instant::now();
+                    rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
                 }
                 for (i, mut rx) in rxs.into_iter().enumerate() {
                     let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
@@ -896,26 +946,9 @@ mod tests {
             if i >= 40 {
                 std::thread::sleep(Duration::from_millis(3)); // stragglers while streams run
             }
-            let (sink, erx) = chan();
             let arrival = Instant::now();
-            inbox
-                .submit(
-                    &tx,
-                    Submit {
-                        id: i,
-                        arrival,
-                        seqs: vec![SeqIn {
-                            prompt: vec![1, 2, 3, i as u32],
-                            max_tokens: 4,
-                            min_tokens: 0,
-                            ignore_eos: true,
-                        }],
-                        faults: FaultPlan::default(),
-                        sink,
-                    },
-                )
-                .unwrap();
-            rxs.push((arrival, erx));
+            let seq = (vec![1, 2, 3, i as u32], 4);
+            rxs.push((arrival, submit(&inbox, &tx, i, arrival, Some(seq)).unwrap()));
         }
         for (arrival, mut rx) in rxs {
             let mut tokens = 0;
@@ -941,18 +974,7 @@ mod tests {
         tx.send(Cmd::Shutdown).unwrap();
         th.join().unwrap();
         // after the engine ended, a submit fails instead of waiting forever
-        let (sink, _erx) = chan();
-        let r = inbox.submit(
-            &tx,
-            Submit {
-                id: 99,
-                arrival: Instant::now(),
-                seqs: Vec::new(),
-                faults: FaultPlan::default(),
-                sink,
-            },
-        );
-        assert!(r.is_err());
+        assert!(submit(&inbox, &tx, 99, Instant::now(), None).is_err());
     }
 
     #[test]

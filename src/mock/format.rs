@@ -51,6 +51,14 @@ pub(super) fn ids_json(out: &mut String, ids: &[u32]) {
     out.push(']');
 }
 
+/// `ids` as a JSON list, or `null`.
+pub(super) fn ids_or_null(out: &mut String, ids: Option<&[u32]>) {
+    match ids {
+        Some(ids) => ids_json(out, ids),
+        None => out.push_str("null"),
+    }
+}
+
 pub(super) fn metrics_json(out: &mut String, t: &Timing, spec: bool) {
     let _ = write!(
         out,
@@ -141,47 +149,41 @@ impl Fmt {
                 out,
                 "{{\"index\":{choice},\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}],\"prompt_token_ids\":"
             );
-            match (self.return_token_ids, self.prompts.get(c)) {
-                (true, Some(p)) => ids_json(out, p),
-                _ => out.push_str("null"),
-            }
+            let p = self.prompts.get(c).filter(|_| self.return_token_ids);
+            ids_or_null(out, p.map(|p| &p[..]));
             out.push_str(",\"prompt_text\":null}\n\n");
         }
         out.push_str("data: ");
         out.push_str(&self.head);
         let _ = write!(out, "{{\"index\":{choice},");
-        if self.chat {
-            out.push_str("\"delta\":{\"content\":");
-            json_str(out, &text);
-            out.push_str("},\"logprobs\":null,\"finish_reason\":");
-            match finish {
-                Some(f) => {
-                    let _ = write!(out, "\"{}\",\"stop_reason\":null", f.as_str());
-                }
-                None => out.push_str("null"),
-            }
+        out.push_str(if self.chat {
+            "\"delta\":{\"content\":"
         } else {
-            out.push_str("\"text\":");
-            json_str(out, &text);
-            out.push_str(",\"logprobs\":null,\"finish_reason\":");
-            match finish {
-                Some(f) => {
-                    let _ = write!(out, "\"{}\"", f.as_str());
-                }
-                None => out.push_str("null"),
+            "\"text\":"
+        });
+        json_str(out, &text);
+        out.push_str(if self.chat { "}" } else { "" });
+        out.push_str(",\"logprobs\":null,\"finish_reason\":");
+        match finish {
+            Some(f) => {
+                let _ = write!(out, "\"{}\"", f.as_str());
             }
-            out.push_str(",\"stop_reason\":null,\"prompt_token_ids\":");
-            match (self.return_token_ids && first, self.prompts.get(c)) {
-                (true, Some(p)) => ids_json(out, p),
-                _ => out.push_str("null"),
-            }
+            None => out.push_str("null"),
+        }
+        // A chat chunk names `stop_reason` only on its last chunk, a completion chunk always.
+        if !self.chat || finish.is_some() {
+            out.push_str(",\"stop_reason\":null");
+        }
+        if !self.chat {
+            out.push_str(",\"prompt_token_ids\":");
+            let p = self
+                .prompts
+                .get(c)
+                .filter(|_| self.return_token_ids && first);
+            ids_or_null(out, p.map(|p| &p[..]));
         }
         out.push_str(",\"token_ids\":");
-        if self.return_token_ids {
-            ids_json(out, ids);
-        } else {
-            out.push_str("null");
-        }
+        ids_or_null(out, self.return_token_ids.then_some(ids));
         out.push_str("}]");
         if last_chunk {
             let _ = write!(out, ",\"system_fingerprint\":\"{FINGERPRINT}\"");

@@ -10,9 +10,9 @@
 //! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
 //! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
 //! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
-//! timings count from its arrival: by default the kernel's receive timestamp of the read that
-//! completed it ([`crate::rxstamp`], [`ArrivalStamp`]). This module wires them together and
-//! holds the config; it does not implement any of them.
+//! timings count from its arrival: the kernel's receive timestamp of the read that completed it
+//! ([`crate::rxstamp`]). This module wires them together and holds the config; it does not
+//! implement any of them.
 
 pub mod api;
 pub mod cache;
@@ -26,6 +26,7 @@ pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
+pub use conn::Timeouts;
 pub use faults::FaultConfig;
 pub use prom::LatenessSummary;
 pub use sched::{CostModel, Profile};
@@ -62,33 +63,17 @@ pub struct MockConfig {
     /// Per-token EOS probability after `min_tokens` when `ignore_eos` is false.
     pub eos_prob: f64,
     pub faults: FaultConfig,
-    /// The emission clock spins (instead of sleeping) this long before each deadline.
-    pub spin_us: u64,
     /// Threads serving HTTP (the engine has its own thread besides).
     pub io_threads: usize,
-    /// Run the engine and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps emission
-    /// on time on a machine busy with other work. Refused together with `spin_us > 0`.
+    /// Run the engine, writer and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE): keeps
+    /// emission on time on a machine busy with other work.
     pub realtime: bool,
     /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
     /// go out together (less CPU per event), each at most this much late on the engine's side.
     pub coalesce_us: u64,
-    /// Threads that write streamed events to their sockets (0: the engine thread does).
-    pub writer_threads: usize,
-    /// What a request's timings count from: when its bytes reached the socket (`Kernel`, the
-    /// kernel's receive timestamp of the read that completed it) or when its head had been
-    /// parsed (`Parsed`, the mock's threads having got to it).
-    pub arrival: ArrivalStamp,
-}
-
-/// What the mock's timings (fixed TTFT, the cost model's front-end latency) count from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum ArrivalStamp {
-    /// The kernel's receive timestamp of the read that completed the request ([`crate::rxstamp`]): the
-    /// mock's own CPU queue before it reads a request is not charged to the simulated engine.
-    #[default]
-    Kernel,
-    /// The instant the request's head had been parsed (the mock's threads got to it).
-    Parsed,
+    /// How long a connection waits for a request to arrive whole, or idle, before it is closed
+    /// (library only: the CLI keeps the defaults, 30 s and 60 s).
+    pub timeouts: Timeouts,
 }
 
 impl Default for MockConfig {
@@ -108,12 +93,10 @@ impl Default for MockConfig {
             cost: Profile::LLAMA8B.cost,
             eos_prob: 0.002,
             faults: FaultConfig::default(),
-            spin_us: 0,
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
-            writer_threads: 2,
-            arrival: ArrivalStamp::Kernel,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -131,80 +114,60 @@ impl MockConfig {
                 );
             }
         }
-        if self.max_num_seqs == 0 {
-            bail!("--max-num-seqs must be at least 1");
+        let u = |v: u32| u64::from(v);
+        for (name, v, lo, hi) in [
+            ("--max-num-seqs", self.max_num_seqs as u64, 1, u64::MAX),
+            (
+                "--max-num-batched-tokens",
+                u(self.max_num_batched_tokens),
+                1,
+                u64::MAX,
+            ),
+            ("--block-size", u(self.block_size), 1, 1 << 16),
+            ("--max-model-len", u(self.max_model_len), 2, u64::MAX),
+            ("--tokens-per-event", u(self.tokens_per_event), 1, u64::MAX),
+            ("--io-threads", self.io_threads as u64, 1, 64),
+            // It bounds the mock's own lateness.
+            ("--coalesce-us", self.coalesce_us, 0, 1000),
+        ] {
+            match hi {
+                u64::MAX if v < lo => bail!("{name} must be at least {lo}, got {v}"),
+                _ if !(lo..=hi).contains(&v) => bail!("{name} must be {lo}..={hi}, got {v}"),
+                _ => {}
+            }
         }
-        if self.max_num_batched_tokens == 0 {
-            bail!("--max-num-batched-tokens must be at least 1");
-        }
-        if self.block_size == 0 || self.block_size > 1 << 16 {
-            bail!("--block-size must be 1..=65536, got {}", self.block_size);
-        }
-        if self.max_model_len < 2 {
-            bail!("--max-model-len must be at least 2");
-        }
-        if self.kv_cache_tokens < u64::from(self.max_model_len) + u64::from(self.block_size) {
+        let kv = self.kv_cache_tokens;
+        if kv < u(self.max_model_len) + u(self.block_size) {
             bail!(
-                "--kv-cache-tokens ({}) must hold at least one full-length sequence (--max-model-len {} + one block)",
-                self.kv_cache_tokens,
+                "--kv-cache-tokens ({kv}) must hold at least one full-length sequence (--max-model-len {} + one block)",
                 self.max_model_len
             );
         }
-        if self.kv_cache_tokens / u64::from(self.block_size) > 1 << 26 {
+        if kv / u(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
-        if self.spin_us > 10_000 {
-            bail!("--spin-us must be at most 10000");
-        }
-        if self.realtime && self.spin_us > 0 {
-            bail!("--realtime cannot be combined with --spin-us (a spinning real-time thread could starve the machine)");
-        }
-        if self.coalesce_us > 1000 {
-            bail!("--coalesce-us must be at most 1000 (it bounds the mock's own lateness)");
-        }
-        if self.io_threads == 0 || self.io_threads > 64 {
-            bail!("--io-threads must be 1..=64");
-        }
-        if self.writer_threads > 64 {
-            bail!("--writer-threads must be 0..=64");
-        }
-        if self.tokens_per_event == 0 {
-            bail!("--tokens-per-event must be at least 1");
-        }
-        if !(0.0..=1.0).contains(&self.eos_prob) {
-            bail!("--eos-prob must be within 0..=1");
-        }
-        let c = &self.cost;
-        for (name, v) in [
-            ("--request-overhead-ms", c.request_overhead_ms),
-            ("--step-overhead-ms", c.step_overhead_ms),
-            ("--prefill-token-ms", c.prefill_token_ms),
-            ("--seq-ms", c.seq_ms),
-            ("--context-token-ms", c.context_token_ms),
+        let (c, f) = (&self.cost, &self.faults);
+        for (name, v, hi) in [
+            ("--eos-prob", self.eos_prob, 1.0),
+            ("--request-overhead-ms", c.request_overhead_ms, 60e3),
+            ("--step-overhead-ms", c.step_overhead_ms, 60e3),
+            ("--prefill-token-ms", c.prefill_token_ms, 60e3),
+            ("--seq-ms", c.seq_ms, 60e3),
+            ("--context-token-ms", c.context_token_ms, 60e3),
+            ("--fault-status-rate", f.status_rate, 1.0),
+            ("--fault-stall-first-rate", f.stall_first_rate, 1.0),
+            ("--fault-stall-mid-rate", f.stall_mid_rate, 1.0),
+            ("--fault-reset-rate", f.reset_rate, 1.0),
+            ("--fault-slow-headers-rate", f.slow_headers_rate, 1.0),
+            ("--fault-stall-ms", f.stall_ms, 3.6e6),
+            ("--fault-slow-headers-ms", f.slow_headers_ms, 3.6e6),
         ] {
-            if !(v.is_finite() && (0.0..=60_000.0).contains(&v)) {
-                bail!("{name} must be a number of milliseconds within 0..=60000, got {v}");
+            if !(0.0..=hi).contains(&v) {
+                bail!("{name} must be within 0..={hi}, got {v}");
             }
         }
-        let f = &self.faults;
-        for (name, v) in [
-            ("--fault-status-rate", f.status_rate),
-            ("--fault-stall-first-rate", f.stall_first_rate),
-            ("--fault-stall-mid-rate", f.stall_mid_rate),
-            ("--fault-reset-rate", f.reset_rate),
-            ("--fault-slow-headers-rate", f.slow_headers_rate),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                bail!("{name} must be within 0..=1, got {v}");
-            }
-        }
-        for (name, v) in [
-            ("--fault-stall-ms", f.stall_ms),
-            ("--fault-slow-headers-ms", f.slow_headers_ms),
-        ] {
-            if !(v.is_finite() && (0.0..=3_600_000.0).contains(&v)) {
-                bail!("{name} must be milliseconds within 0..=3600000, got {v}");
-            }
+        if self.timeouts.request.is_zero() || self.timeouts.idle.is_zero() {
+            bail!("MockConfig::timeouts must not be zero");
         }
         if let Some(c) = f.status_codes.iter().find(|c| !(400..=599).contains(*c)) {
             bail!("--fault-status-codes: {c} is not an error status (400..599)");
@@ -275,32 +238,19 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("listener has no local address")?;
-    let tokenizer = match &cfg.tokenizer {
-        Some(p) => {
-            let p = p.clone();
-            tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p))
-                .await
-                .context("tokenizer loading task failed")??
-        }
-        None => tokenize::Tokenizer::Builtin,
-    };
+    let tokenizer = Arc::new(load_tokenizer(&cfg).await?);
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
     let rt = runtime(&cfg, stats.clone())?;
-    let kernel_arrival = cfg.arrival == ArrivalStamp::Kernel;
-    if kernel_arrival {
-        // Turns the kernel's receive timestamps on while the mock runs (it does so a moment
-        // later, before clients normally send); accepted sockets ask for them too (conn.rs).
-        use std::os::fd::AsRawFd;
-        crate::rxstamp::enable(listener.as_raw_fd());
-    }
+    // Turns the kernel's receive timestamps on while the mock runs (it does so a moment later,
+    // before clients normally send); accepted sockets ask for them too (conn.rs).
+    crate::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
     let listener = {
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener)
     };
-    let tokenizer = Arc::new(tokenizer);
     let ecfg = cfg.engine_config(tokenizer.vocab());
     let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
     let started = listener
@@ -326,18 +276,14 @@ pub async fn start(
         stats: stats.clone(),
         engine: etx.clone(),
         inbox,
-        kernel_arrival,
         next_id: AtomicU64::new(0),
-        started_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        started_unix: api::unix_now(),
     });
     let handler: conn::Handler =
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
-        let mut alive = accept_loop(listener, handler, kernel_arrival, stop_rx).await;
+        let mut alive = accept_loop(listener, handler, cfg.timeouts, stop_rx).await;
         // Open streams end when the engine stops; then the connections close.
         let _ = etx.send(engine::Cmd::Shutdown);
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
@@ -350,6 +296,15 @@ pub async fn start(
         stats,
         rt: Some(rt),
     })
+}
+
+/// `cfg.tokenizer` loaded away from the runtime's threads, or the built-in scheme.
+async fn load_tokenizer(cfg: &MockConfig) -> anyhow::Result<tokenize::Tokenizer> {
+    let Some(p) = cfg.tokenizer.clone() else {
+        return Ok(tokenize::Tokenizer::Builtin);
+    };
+    let load = tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p));
+    load.await.context("tokenizer loading task failed")?
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
@@ -374,7 +329,7 @@ fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::r
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     handler: conn::Handler,
-    rx_stamps: bool,
+    timeouts: Timeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::sync::mpsc::Receiver<()> {
     // Every connection task holds a clone; when all are gone, `recv` returns None.
@@ -385,7 +340,7 @@ async fn accept_loop(
                 Ok((stream, _)) => {
                     let (h, stop, alive) = (handler.clone(), stop.clone(), alive_tx.clone());
                     tokio::spawn(async move {
-                        conn::serve(stream, h, rx_stamps, stop).await;
+                        conn::serve(stream, h, timeouts, stop).await;
                         drop(alive);
                     });
                 }
@@ -430,10 +385,8 @@ impl MockConfig {
                 eos_prob: self.eos_prob,
                 vocab,
             },
-            spin: Duration::from_micros(self.spin_us),
             realtime: self.realtime,
             coalesce: Duration::from_micros(self.coalesce_us),
-            writers: self.writer_threads,
         }
     }
 
@@ -473,12 +426,10 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
             context_token_ms: a.context_token_ms.unwrap_or(p.context_token_ms),
         },
         eos_prob: a.eos_prob,
-        spin_us: a.spin_us,
         io_threads: a.io_threads,
         realtime: a.realtime,
         coalesce_us: a.coalesce_us,
-        writer_threads: a.writer_threads,
-        arrival: a.arrival_stamp,
+        timeouts: Timeouts::default(),
         faults: FaultConfig {
             status_rate: a.fault_status_rate,
             status_codes: a.fault_status_codes.clone(),

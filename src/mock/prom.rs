@@ -53,24 +53,6 @@ impl Histo {
         self.sum_ns.fetch_add((secs * 1e9) as u64, Relaxed);
         self.count.fetch_add(1, Relaxed);
     }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cum += c.load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b:?}\"}} {cum}.0");
-        }
-        let n = self.count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {n}.0");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {n}.0");
-        let sum = self.sum_ns.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
-    }
 }
 
 /// Quantiles of emission lateness, in microseconds.
@@ -194,177 +176,168 @@ impl Stats {
             "engine=\"0\",model_name=\"{}\"",
             self.model.replace('"', "'")
         );
-        let mut out = String::with_capacity(8192);
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v:?}"
-            );
+        let mut x = Exposition {
+            out: String::with_capacity(8192),
+            labels,
         };
-        gauge(
-            &mut out,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            self.running.load(Relaxed) as f64,
+        let n = |a: &AtomicU64| a.load(Relaxed) as f64;
+        let (hits, prompt) = (n(&self.prefix_hits), n(&self.prompt_tokens));
+        let kv = f64::from_bits(self.kv_usage_bits.load(Relaxed));
+        x.gauge(
+            "vllm:num_requests_running Number of requests in model execution batches.",
+            n(&self.running),
         );
-        gauge(
-            &mut out,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            self.waiting.load(Relaxed) as f64,
+        x.gauge(
+            "vllm:num_requests_waiting Number of requests waiting to be processed.",
+            n(&self.waiting),
         );
-        gauge(
-            &mut out,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            f64::from_bits(self.kv_usage_bits.load(Relaxed)),
+        x.gauge(
+            "vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            kv,
         );
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {v}.0"
-            );
-        };
-        counter(
-            &mut out,
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            self.prefix_queries.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            self.prefix_hits.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "vllm:prompt_tokens",
-            "Number of prefill tokens processed.",
-            self.prompt_tokens.load(Relaxed),
-        );
-        let hits = self.prefix_hits.load(Relaxed);
-        let prompt = self.prompt_tokens.load(Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.\n# TYPE vllm:prompt_tokens_by_source_total counter"
-        );
-        for (src, v) in [
-            ("local_compute", prompt.saturating_sub(hits)),
-            ("local_cache_hit", hits),
-            ("external_kv_transfer", 0),
-        ] {
-            let _ = writeln!(
-                out,
-                "vllm:prompt_tokens_by_source_total{{{labels},source=\"{src}\"}} {v}.0"
-            );
-        }
-        counter(
-            &mut out,
-            "vllm:prompt_tokens_cached",
-            "Number of cached prompt tokens (local prefix cache hits).",
+        x.counter("vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.", n(&self.prefix_queries));
+        x.counter(
+            "vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.",
             hits,
         );
-        counter(
-            &mut out,
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            self.generation_tokens.load(Relaxed),
+        x.counter(
+            "vllm:prompt_tokens_total Number of prefill tokens processed.",
+            prompt,
         );
-        let _ = writeln!(
-            out,
-            "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter"
+        x.family(
+            "counter",
+            "vllm:prompt_tokens_by_source_total Number of prompt tokens by source.",
+            &[
+                (r#",source="local_compute""#, (prompt - hits).max(0.0)),
+                (r#",source="local_cache_hit""#, hits),
+                (r#",source="external_kv_transfer""#, 0.0),
+            ],
         );
-        for (reason, v) in [
-            ("stop", &self.success_stop),
-            ("length", &self.success_length),
-            ("abort", &self.aborted),
-        ] {
-            let _ = writeln!(
-                out,
-                "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {}.0",
-                v.load(Relaxed)
-            );
+        x.counter("vllm:prompt_tokens_cached_total Number of cached prompt tokens (local prefix cache hits).", hits);
+        x.counter(
+            "vllm:generation_tokens_total Number of generation tokens processed.",
+            n(&self.generation_tokens),
+        );
+        x.family(
+            "counter",
+            "vllm:request_success_total Count of successfully processed requests.",
+            &[
+                (r#",finished_reason="stop""#, n(&self.success_stop)),
+                (r#",finished_reason="length""#, n(&self.success_length)),
+                (r#",finished_reason="abort""#, n(&self.aborted)),
+            ],
+        );
+        x.histo(
+            &self.ttft,
+            "vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        );
+        x.histo(
+            &self.itl,
+            "vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.",
+        );
+        x.histo(
+            &self.e2e,
+            "vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.",
+        );
+        x.histo(
+            &self.queue,
+            "vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.",
+        );
+        x.counter("retrace_mock_faults_injected_total Faults injected by the mock (status, stall, reset, slow headers).", n(&self.faults_injected));
+        self.render_lateness(&mut x);
+        x.out
+    }
+
+    /// The emission lateness histogram and quantiles, and the engine clock's quantiles.
+    fn render_lateness(&self, x: &mut Exposition) {
+        let Ok(h) = self.lateness.lock() else {
+            return;
+        };
+        let buckets = LATENESS_BUCKETS_US
+            .iter()
+            .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));
+        let sum = h.mean() * h.len() as f64 / 1e6;
+        x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
+        let d = self.dispatch_lateness();
+        let v = quantiles([d.p50_us, d.p99_us, d.p999_us, d.max_us]);
+        x.family("gauge", "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", &v);
+        let v = [0.5, 0.99, 0.999, 1.0].map(|p| {
+            if h.is_empty() {
+                0
+            } else {
+                h.value_at_quantile(p)
+            }
+        });
+        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &quantiles(v));
+    }
+}
+
+/// Rows of a quantile gauge in seconds from p50, p99, p99.9 and max in microseconds.
+fn quantiles(us: [u64; 4]) -> [(&'static str, f64); 4] {
+    let q = [
+        r#",quantile="0.5""#,
+        r#",quantile="0.99""#,
+        r#",quantile="0.999""#,
+        r#",quantile="1""#,
+    ];
+    [0, 1, 2, 3].map(|i| (q[i], us[i] as f64 / 1e6))
+}
+
+/// Prometheus text being written; each family is named by `"NAME HELP TEXT"`.
+struct Exposition {
+    out: String,
+    labels: String,
+}
+
+impl Exposition {
+    /// `# HELP` and `# TYPE`; returns the name.
+    fn head<'a>(&mut self, kind: &str, name_help: &'a str) -> &'a str {
+        let name = name_help.split_once(' ').map_or(name_help, |(n, _)| n);
+        let _ = writeln!(self.out, "# HELP {name_help}\n# TYPE {name} {kind}");
+        name
+    }
+
+    /// One family with a sample per row (extra labels such as `,source="x"`, or none; value).
+    fn family(&mut self, kind: &str, name_help: &str, rows: &[(&str, f64)]) {
+        let name = self.head(kind, name_help);
+        for (extra, v) in rows {
+            let _ = writeln!(self.out, "{name}{{{}{extra}}} {v:?}", self.labels);
         }
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &labels,
-        );
-        self.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &labels,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &labels,
-        );
-        self.queue.render(
-            &mut out,
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            &labels,
-        );
-        counter(
-            &mut out,
-            "retrace_mock_faults_injected",
-            "Faults injected by the mock (status, stall, reset, slow headers).",
-            self.faults_injected.load(Relaxed),
-        );
-        // Lateness: buckets and quantiles from the HdrHistogram.
-        if let Ok(h) = self.lateness.lock() {
-            let name = "retrace_mock_emit_lateness_seconds";
-            let _ = writeln!(
-                out,
-                "# HELP {name} SSE event emission lateness: time handed to the connection minus scheduled time.\n# TYPE {name} histogram"
-            );
-            for &b in LATENESS_BUCKETS_US {
-                let c = h.count_between(0, b);
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{{{labels},le=\"{:?}\"}} {c}.0",
-                    b as f64 / 1e6
-                );
-            }
-            let n = h.len();
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {n}.0");
-            let _ = writeln!(out, "{name}_count{{{labels}}} {n}.0");
-            let sum = h.mean() * n as f64 / 1e6;
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
-            let q = "retrace_mock_emit_lateness_quantile_seconds";
-            let d = self.dispatch_lateness();
-            let dq = "retrace_mock_dispatch_lateness_quantile_seconds";
-            let _ = writeln!(
-                out,
-                "# HELP {dq} Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).\n# TYPE {dq} gauge"
-            );
-            for (p, v) in [
-                ("0.5", d.p50_us),
-                ("0.99", d.p99_us),
-                ("0.999", d.p999_us),
-                ("1", d.max_us),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "{dq}{{{labels},quantile=\"{p}\"}} {:?}",
-                    v as f64 / 1e6
-                );
-            }
-            let _ = writeln!(
-                out,
-                "# HELP {q} Quantiles of SSE event emission lateness since start.\n# TYPE {q} gauge"
-            );
-            for p in [0.5, 0.99, 0.999, 1.0] {
-                let v = if n == 0 { 0 } else { h.value_at_quantile(p) };
-                let _ = writeln!(out, "{q}{{{labels},quantile=\"{p}\"}} {:?}", v as f64 / 1e6);
-            }
+    }
+
+    fn gauge(&mut self, name_help: &str, v: f64) {
+        self.family("gauge", name_help, &[("", v)]);
+    }
+
+    fn counter(&mut self, name_help: &str, v: f64) {
+        self.family("counter", name_help, &[("", v)]);
+    }
+
+    fn histo(&mut self, h: &Histo, name_help: &str) {
+        let mut cum = 0;
+        let buckets = h.bounds.iter().zip(&h.counts).map(|(b, c)| {
+            cum += c.load(Relaxed);
+            (*b, cum)
+        });
+        let sum = h.sum_ns.load(Relaxed) as f64 / 1e9;
+        self.histogram(name_help, buckets, h.count.load(Relaxed), sum);
+    }
+
+    /// A histogram from its cumulative `(upper bound, count)` buckets.
+    fn histogram(
+        &mut self,
+        name_help: &str,
+        buckets: impl Iterator<Item = (f64, u64)>,
+        n: u64,
+        sum: f64,
+    ) {
+        let (name, l) = (self.head("histogram", name_help), &self.labels);
+        for (b, c) in buckets {
+            let _ = writeln!(self.out, "{name}_bucket{{{l},le=\"{b:?}\"}} {c}.0");
         }
-        out
+        let _ = writeln!(self.out, "{name}_bucket{{{l},le=\"+Inf\"}} {n}.0");
+        let _ = writeln!(self.out, "{name}_count{{{l}}} {n}.0");
+        let _ = writeln!(self.out, "{name}_sum{{{l}}} {sum:?}");
     }
 }
 

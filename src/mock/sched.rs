@@ -559,24 +559,15 @@ fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant) -> Event {
 
 /// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).
 fn prompt_hash(prompt: &[u32]) -> u64 {
-    #[cfg(target_endian = "little")]
-    {
-        // SAFETY: a u32 slice is readable as 4 bytes per element, which are its little-endian
-        // bytes on this target; the length cannot overflow (it is the slice's own size).
-        let bytes = unsafe {
-            std::slice::from_raw_parts(prompt.as_ptr() as *const u8, std::mem::size_of_val(prompt))
-        };
-        xxhash_rust::xxh3::xxh3_64(bytes)
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut buf = [0u8; 1024];
+    for ids in prompt.chunks(buf.len() / 4) {
+        for (b, t) in buf.chunks_exact_mut(4).zip(ids) {
+            b.copy_from_slice(&t.to_le_bytes());
+        }
+        h.update(&buf[..ids.len() * 4]);
     }
-    #[cfg(not(target_endian = "little"))]
-    {
-        xxhash_rust::xxh3::xxh3_64(
-            &prompt
-                .iter()
-                .flat_map(|t| t.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )
-    }
+    h.digest()
 }
 
 fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
@@ -629,7 +620,13 @@ mod tests {
 
     #[test]
     fn prompt_hash_is_xxh3_of_little_endian_ids() {
-        for p in [vec![], vec![7u32], vec![1, 2, 3, u32::MAX, 0x0102_0304]] {
+        let long: Vec<u32> = (0..1000).map(|i| i * 7919).collect();
+        for p in [
+            vec![],
+            vec![7u32],
+            vec![1, 2, 3, u32::MAX, 0x0102_0304],
+            long,
+        ] {
             let bytes: Vec<u8> = p.iter().flat_map(|t| t.to_le_bytes()).collect();
             assert_eq!(prompt_hash(&p), xxhash_rust::xxh3::xxh3_64(&bytes));
         }

@@ -38,21 +38,9 @@ pub enum Framing {
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
 pub fn arm_reset(fd: RawFd) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `fd` is the connection's socket, alive while its request is being served; the
-    // option value is a valid `linger` of the stated size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    // SAFETY: `fd` is the connection's socket, open while its request is being served.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let _ = socket2::SockRef::from(&fd).set_linger(Some(std::time::Duration::ZERO));
 }
 
 /// How the body ended (as far as the engine is concerned).
@@ -471,25 +459,29 @@ pub async fn drive(
                 tokio::select! {
                     _ = s.notify.notified() => {}
                     r = stream.readable(), if reading => {
-                        if r.is_err() {
+                        if r.is_err() || !read_more(stream, read_ahead, read_ahead_rx) {
                             return Outcome::Close;
-                        }
-                        let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-                        match crate::rxstamp::try_recv(stream, fd, &mut tmp) {
-                            // The client closed its side: the stream ends.
-                            Ok((0, _)) => return Outcome::Close,
-                            Ok((n, at)) => {
-                                // SAFETY: the kernel wrote the first `n` bytes.
-                                read_ahead.extend(tmp[..n].iter().map(|b| unsafe { b.assume_init() }));
-                                *read_ahead_rx = Some(at);
-                            }
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                            Err(_) => return Outcome::Close,
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// Appends what the client sent meanwhile to `buf` (and when it arrived to `rx`); false when
+/// the client closed its side or the socket failed.
+fn read_more(stream: &TcpStream, buf: &mut Vec<u8>, rx: &mut Option<Instant>) -> bool {
+    let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    match crate::rxstamp::try_recv(stream, stream.as_raw_fd(), &mut tmp) {
+        Ok((0, _)) => false,
+        Ok((n, at)) => {
+            // SAFETY: the kernel wrote the first `n` bytes.
+            buf.extend(tmp[..n].iter().map(|b| unsafe { b.assume_init() }));
+            *rx = Some(at);
+            true
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
     }
 }
 
