@@ -38,7 +38,6 @@ pub mod replay;
 pub mod report;
 pub mod rxstamp;
 pub mod sse;
-pub mod stamps;
 pub mod synth;
 pub mod thread_timing;
 pub mod tls;

@@ -538,7 +538,6 @@ async fn generate(
         sh.engine.clone(),
         rn,
         may_reset,
-        direct.conn.stamp_port,
         direct.framing,
     );
     let req = submit(Arc::new(StreamSink(st.clone())));
@@ -609,7 +608,6 @@ async fn stream_response(
     slow: Option<Duration>,
     direct: &StreamConn,
 ) -> Result<Reply, BoxError> {
-    let arrival = req.arrival;
     if sh.inbox.submit(&sh.engine, req).is_err() {
         return Ok(error_response(503, "the engine is shutting down", None));
     }
@@ -631,19 +629,6 @@ async fn stream_response(
     });
     head.push_str(&httpdate::fmt_http_date(std::time::SystemTime::now()));
     head.push_str("\r\n\r\n");
-    if crate::stamps::enabled() {
-        // first bytes read, head parsed (`arrival`), request handed to the engine
-        let c = &direct.conn;
-        crate::stamps::record(
-            "mock",
-            c.stamp_port,
-            vec![
-                c.first_read_ns.swap(0, Relaxed),
-                crate::stamps::mono_ns(arrival),
-                crate::stamps::now_ns(),
-            ],
-        );
-    }
     hijack.head = head.into_bytes();
     direct.conn.take_over(hijack);
     // hyper's own response is discarded; `connection: close` makes it hand the socket back.

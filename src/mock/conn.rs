@@ -23,7 +23,7 @@ use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -96,17 +96,13 @@ pub struct ConnCtx {
     /// Signalled when a write of hyper's completes after one did not.
     unblocked: tokio::sync::Notify,
     hijack: Mutex<Option<Hijack>>,
-    /// Diagnostic stamps ([`crate::stamps`]): the client's port, and when the first bytes of the
-    /// request being read arrived (0: none yet).
-    pub stamp_port: u16,
-    pub first_read_ns: AtomicU64,
     activity: Mutex<Activity>,
 }
 
 impl ConnCtx {
     /// A fresh context for hyper serving the connection; `ahead`: bytes were read ahead (at the
     /// instant given), the start of the next request.
-    fn new(fd: RawFd, stamp_port: u16, ahead: Option<Option<Instant>>) -> Arc<ConnCtx> {
+    fn new(fd: RawFd, ahead: Option<Option<Instant>>) -> Arc<ConnCtx> {
         let now = Instant::now();
         Arc::new(ConnCtx {
             fd,
@@ -114,8 +110,6 @@ impl ConnCtx {
             blocked: AtomicBool::new(false),
             unblocked: tokio::sync::Notify::new(),
             hijack: Mutex::new(None),
-            stamp_port,
-            first_read_ns: AtomicU64::new(ahead.map_or(0, |_| crate::stamps::now_ns())),
             activity: Mutex::new(Activity {
                 request_since: ahead.map(|_| now),
                 handling: false,
@@ -240,11 +234,6 @@ impl AsyncRead for ConnIo {
                     buf.advance(n);
                     if n > 0 {
                         this.ctx.on_read(at);
-                        if crate::stamps::enabled() && this.ctx.first_read_ns.load(Relaxed) == 0 {
-                            this.ctx
-                                .first_read_ns
-                                .store(crate::stamps::now_ns(), Relaxed);
-                        }
                     }
                     return Poll::Ready(Ok(()));
                 }
@@ -380,14 +369,9 @@ pub async fn serve(
     let mut prefix = Bytes::new();
     // When the bytes in `prefix` reached the socket (the latest read that got any of them).
     let mut prefix_rx: Option<Instant> = None;
-    let stamp_port = if crate::stamps::enabled() {
-        crate::stamps::port_of(stream.as_raw_fd(), false)
-    } else {
-        0
-    };
     loop {
         let ahead = (!prefix.is_empty()).then_some(prefix_rx);
-        let ctx = ConnCtx::new(stream.as_raw_fd(), stamp_port, ahead);
+        let ctx = ConnCtx::new(stream.as_raw_fd(), ahead);
         let io = ConnIo {
             stream,
             prefix,

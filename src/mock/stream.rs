@@ -21,7 +21,7 @@ use super::format::Fmt;
 use super::prom::Stats;
 use super::tokenize::Tokenizer;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::io::AsyncWriteExt;
@@ -80,9 +80,6 @@ pub struct Stream {
     id: u64,
     may_reset: bool,
     queued: AtomicU32,
-    first_stamped: std::sync::atomic::AtomicBool,
-    /// Diagnostic stamps ([`crate::stamps`]): the client's port (0: off).
-    stamp_port: u16,
     framing: Framing,
 }
 
@@ -186,7 +183,6 @@ impl Stream {
         engine: mpsc::Sender<Cmd>,
         id: u64,
         may_reset: bool,
-        stamp_port: u16,
         framing: Framing,
     ) -> Arc<Stream> {
         Arc::new(Stream {
@@ -207,8 +203,6 @@ impl Stream {
             id,
             may_reset,
             queued: AtomicU32::new(0),
-            first_stamped: Default::default(),
-            stamp_port,
             framing,
         })
     }
@@ -219,16 +213,6 @@ impl Stream {
     }
 
     fn record(&self, ats: &[Instant], now: Instant) {
-        if self.stamp_port != 0 {
-            // The first event of the stream (the first token): due, and handed to the socket.
-            if let Some(&first) = ats.first().filter(|_| self.queued_first()) {
-                crate::stamps::record(
-                    "mock_first",
-                    self.stamp_port,
-                    vec![crate::stamps::mono_ns(first), crate::stamps::mono_ns(now)],
-                );
-            }
-        }
         for &at in ats {
             self.stats
                 .record_lateness(now.saturating_duration_since(at).as_nanos() as i128);
@@ -236,12 +220,6 @@ impl Stream {
     }
 
     /// True the first time it is called (diagnostic stamps only).
-    fn queued_first(&self) -> bool {
-        self.first_stamped
-            .compare_exchange(false, true, Relaxed, Relaxed)
-            .is_ok()
-    }
-
     /// Engine thread: format one event and hand it to the socket now (or queue it).
     fn emit(&self, e: Emit, flush: bool) -> bool {
         let mut guard = self.lock();
