@@ -8,7 +8,9 @@
 # Usage: tools/bench_vllm_client.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N (prompts per backend, default 40), RATE (req/s, default 20), TOKENIZER_JSON (default
 #      ../shared/realserver-llamacpp/tokenizer.json, vocab 4096 byte-level BPE), VLLM (the vllm
-#      command; default: tools/venv_vllm.sh installs it, several GB). Loopback only; bounded by N.
+#      command; default: tools/venv_vllm.sh installs it, several GB), SERVER=URL SERVER_MODEL=NAME:
+#      a real server instead of the mocks (recorded and replayed against it, e.g. llama-server
+#      from ../shared/realserver-llamacpp/start.sh). Loopback only; bounded by N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -29,32 +31,41 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1" >&2; return 1; }
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
-up=$(port); px=$(port)
-"$BIN" mock --listen "127.0.0.1:$up" --model tiny-llama --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock1.log" 2>&1 & PIDS+=($!); m1=$!
-wait_up "http://127.0.0.1:$up/v1/models"
-"$BIN" record --listen "127.0.0.1:$px" --upstream "http://127.0.0.1:$up" --out "$OUT/rec" --admin none \
+px=$(port); MODEL=${SERVER_MODEL:-tiny-llama}
+if [ -n "${SERVER:-}" ]; then
+  upstream=$SERVER
+else
+  up=$(port); upstream="http://127.0.0.1:$up"
+  "$BIN" mock --listen "127.0.0.1:$up" --model "$MODEL" --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock1.log" 2>&1 & PIDS+=($!); m1=$!
+fi
+wait_up "$upstream/v1/models"
+"$BIN" record --listen "127.0.0.1:$px" --upstream "$upstream" --out "$OUT/rec" --admin none \
   >"$OUT/record.log" 2>&1 & PIDS+=($!); rp=$!
 wait_up "http://127.0.0.1:$px/v1/models"
 bench() { # backend endpoint result-name
   timeout 600 "$VLLM" bench serve --backend "$1" --endpoint "$2" --base-url "http://127.0.0.1:$px" \
-    --model tiny-llama --tokenizer "$OUT/tok" --dataset-name random --random-input-len 64 \
+    --model "$MODEL" --tokenizer "$OUT/tok" --dataset-name random --random-input-len 64 \
     --random-output-len 16 --num-prompts "$N" --request-rate "$RATE" --seed 1 \
     --save-result --save-detailed --result-dir "$OUT/res" --result-filename "$3" >"$OUT/$3.log" 2>&1
 }
 bench openai /v1/completions vllm-openai.json
 bench openai-chat /v1/chat/completions vllm-chat.json
 kill -INT "$rp"; wait "$rp" || true
-kill "$m1"; wait "$m1" 2>/dev/null || true
+[ -z "${SERVER:-}" ] && { kill "$m1"; wait "$m1" 2>/dev/null || true; }
 rec=$(ls "$OUT"/rec/*.trace.zst | head -1)
-echo "# bench_vllm_client $(date -u +%Y-%m-%dT%H:%MZ): vllm bench serve $("$(dirname "$VLLM")/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), $N prompts per backend at $RATE req/s, through retrace record, mock --profile fast"
+echo "# bench_vllm_client $(date -u +%Y-%m-%dT%H:%MZ): vllm bench serve $("$(dirname "$VLLM")/python" -c 'import importlib.metadata as m; print(m.version("vllm"))'), $N prompts per backend at $RATE req/s, through retrace record, ${SERVER:-mock --profile fast}"
 echo "## inspect RECORDING"
 "$BIN" inspect "$rec" | grep -E "^(requests|endpoints|auxiliary|input length|output length)"
-fresh=$(port)
-"$BIN" mock --listen "127.0.0.1:$fresh" --model tiny-llama --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock2.log" 2>&1 & PIDS+=($!); m2=$!
-wait_up "http://127.0.0.1:$fresh/v1/models"
-"$BIN" replay "$rec" --target "http://127.0.0.1:$fresh" --tokenizer "$OUT/tok/tokenizer.json" \
-  --prompt-mode text --detailed --result-json "$OUT/res/replay.json" >"$OUT/replay.txt" 2>&1
-kill "$m2"; wait "$m2" 2>/dev/null || true
+if [ -n "${SERVER:-}" ]; then
+  target=$SERVER
+else
+  fresh=$(port); target="http://127.0.0.1:$fresh"
+  "$BIN" mock --listen "127.0.0.1:$fresh" --model "$MODEL" --profile fast --tokenizer "$OUT/tok/tokenizer.json" >"$OUT/mock2.log" 2>&1 & PIDS+=($!); m2=$!
+  wait_up "$target/v1/models"
+fi
+"$BIN" replay "$rec" --target "$target" --tokenizer "$OUT/tok/tokenizer.json" \
+  --prompt-mode text --detailed --result-json "$OUT/res/replay.json" >"$OUT/replay.txt" 2>&1 || true
+[ -z "${SERVER:-}" ] && { kill "$m2"; wait "$m2" 2>/dev/null || true; }
 grep -E "^retrace: (text prompts|left out)" "$OUT/replay.txt" || true
 echo "## compare RECORDING REPLAY (workload)"
 "$BIN" compare "$rec" "$OUT/res/replay.json" | sed -n '/^Workload/,/Latency agreement/p'
