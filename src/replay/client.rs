@@ -126,10 +126,13 @@ impl Client {
         self.exchange(req, wire, sample, t0, pre).await
     }
 
-    /// The `count` of the target's `POST /tokenize` answer for `body` (vLLM's tokenizer
-    /// endpoint: `{"model", "prompt"}` or `{"model", "messages"}`).
-    pub async fn tokenize_count(&self, body: &serde_json::Value) -> Result<u64, String> {
-        let uri = self.target.uri("/tokenize")?;
+    /// `POST route` with a JSON body; the JSON answer of a 2xx.
+    pub async fn post_json(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let uri = self.target.uri(route)?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let json = body.to_string();
         let (status, answer) = self
@@ -144,12 +147,9 @@ impl Client {
             )
             .await?;
         if !(200..300).contains(&status) {
-            return Err(format!("POST /tokenize answered HTTP {status}"));
+            return Err(format!("POST {route} answered HTTP {status}"));
         }
-        serde_json::from_slice::<serde_json::Value>(&answer)
-            .ok()
-            .and_then(|v| v["count"].as_u64())
-            .ok_or_else(|| "POST /tokenize: no `count` in the answer".to_string())
+        serde_json::from_slice(&answer).map_err(|e| format!("POST {route}: not JSON: {e}"))
     }
 
     /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.

@@ -2,9 +2,11 @@
 //! chat template around one user message on `/v1/chat/completions`. A synthesised text prompt
 //! is made that much shorter, so that the server counts the recorded length (a recording's
 //! input length is the server's own count). Measured once, before the clock, with the target's
-//! `POST /tokenize` (vLLM's, and the mock's): a sample text as a prompt and as a chat message,
-//! against its length in the replay's tokenizer. A target without that endpoint adds nothing,
-//! and the replay says so.
+//! tokenizer endpoints: a sample text as a prompt and as a chat message, against its length in
+//! the replay's tokenizer. vLLM (and the mock): `POST /tokenize` with `prompt` or `messages`,
+//! answering `count`. llama.cpp: `POST /tokenize` with `content` answering `tokens`, and
+//! `POST /apply-template` for the chat. A target with neither adds nothing, and the replay says
+//! so.
 
 use super::client::Client;
 use crate::metrics::Api;
@@ -49,16 +51,12 @@ pub async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overhea
             "text prompts not fitted to the target's special tokens and chat template (the sample does not re-encode exactly)".into(),
         );
     }
-    let prompt = client
-        .tokenize_count(&json!({"model": model, "prompt": text}))
-        .await;
-    let chat = client
-        .tokenize_count(&json!({"model": model, "messages": [{"role": "user", "content": text}]}))
-        .await;
+    let prompt = prompt_count(client, model, &text).await;
+    let chat = chat_count(client, model, &text).await;
     match (prompt.map(overhead), chat.map(overhead)) {
         (Ok(Some(completions)), Ok(Some(chat))) => (
             Overheads { completions, chat },
-            format!("text prompts fitted to the target (POST /tokenize): it adds {completions} tokens to a completion prompt, {chat} to a chat message"),
+            format!("text prompts fitted to the target: it adds {completions} tokens to a completion prompt and {chat} to a chat message (measured with its /tokenize)"),
         ),
         (Err(e), _) | (_, Err(e)) => (
             Overheads::default(),
@@ -71,9 +69,53 @@ pub async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overhea
     }
 }
 
+/// The length of a `/tokenize` answer: vLLM's `count`, or llama.cpp's `tokens`.
+fn count_of(answer: &serde_json::Value) -> Option<u64> {
+    answer["count"]
+        .as_u64()
+        .or_else(|| answer["tokens"].as_array().map(|t| t.len() as u64))
+}
+
+/// `POST /tokenize` of `text` as a prompt, special tokens included (vLLM reads `prompt`,
+/// llama.cpp `content` and `add_special`).
+async fn prompt_count(client: &Client, model: &str, text: &str) -> Result<u64, String> {
+    let body = json!({"model": model, "prompt": text, "content": text, "add_special": true});
+    let answer = client.post_json("/tokenize", &body).await?;
+    count_of(&answer).ok_or_else(|| "POST /tokenize: no token count in the answer".into())
+}
+
+/// The length of one user message `text` as a chat prompt: vLLM's `/tokenize` with `messages`;
+/// else llama.cpp's `/apply-template`, then its `/tokenize` of the templated prompt.
+async fn chat_count(client: &Client, model: &str, text: &str) -> Result<u64, String> {
+    let messages = json!([{"role": "user", "content": text}]);
+    let vllm = client
+        .post_json("/tokenize", &json!({"model": model, "messages": messages}))
+        .await;
+    if let Some(n) = vllm.as_ref().ok().and_then(|a| a["count"].as_u64()) {
+        return Ok(n);
+    }
+    let templated = client
+        .post_json("/apply-template", &json!({"messages": messages}))
+        .await
+        .map_err(|e| format!("chat: {e}"))?;
+    let prompt = templated["prompt"]
+        .as_str()
+        .ok_or("POST /apply-template: no `prompt` in the answer")?;
+    let body = json!({"content": prompt, "add_special": true, "parse_special": true});
+    let answer = client.post_json("/tokenize", &body).await?;
+    count_of(&answer).ok_or_else(|| "POST /tokenize: no token count in the answer".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tokenize_answer_is_counted_in_either_server_shape() {
+        assert_eq!(count_of(&json!({"count": 7, "tokens": [1, 2]})), Some(7));
+        assert_eq!(count_of(&json!({"tokens": [0, 615, 80]})), Some(3));
+        assert_eq!(count_of(&json!({"error": "x"})), None);
+    }
 
     #[test]
     fn an_overhead_is_the_count_beyond_the_sample() {
