@@ -249,6 +249,18 @@ struct TypedChunk<'a> {
     choices: Option<Vec<Obj<TypedChoice<'a>>>>,
     usage: Option<Obj<TypedUsage>>,
     metrics: Option<Obj<ServerMetrics>>,
+    /// `/v1/responses` stream events: the event's `type`, its text `delta`, and the `response`
+    /// (whose `usage` the `response.completed` event carries).
+    #[serde(borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    delta: Option<Cow<'a, str>>,
+    response: Option<Obj<TypedResponse>>,
+}
+
+#[derive(Deserialize)]
+struct TypedResponse {
+    usage: Option<Obj<TypedUsage>>,
 }
 
 #[derive(Deserialize)]
@@ -274,10 +286,21 @@ struct TypedText<'a> {
 
 #[derive(Deserialize)]
 struct TypedUsage {
-    #[serde(default)]
+    #[serde(default, alias = "input_tokens")]
     prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, alias = "output_tokens")]
     completion_tokens: u64,
+}
+
+/// A `/v1/responses` stream event that carries generated text (it counts as vLLM counts a chunk
+/// with choices).
+fn is_text_delta(kind: &str) -> bool {
+    kind.ends_with("output_text.delta") || kind.ends_with("reasoning_text.delta")
+}
+
+/// A `/v1/responses` stream event that reports a failure.
+fn is_error_event(kind: &str) -> bool {
+    kind == "error" || kind == "response.failed"
 }
 
 /// A field that is there, null or not: `Some(None)` for null (an absent one stays `None`).
@@ -296,11 +319,13 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
         std::str::from_utf8(data).ok()?;
     }
     let Obj(c): Obj<TypedChunk<'_>> = serde_json::from_slice(data).ok()?;
-    if c.error.is_some() || c.object.as_deref() == Some("error") {
+    let kind = c.kind.as_deref().unwrap_or("");
+    if c.error.is_some() || c.object.as_deref() == Some("error") || is_error_event(kind) {
         return None;
     }
+    let usage = c.usage.or_else(|| c.response.and_then(|r| r.0.usage));
     let mut info = ChunkInfo {
-        usage: c.usage.map(|Obj(u)| Usage {
+        usage: usage.map(|Obj(u)| Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
         }),
@@ -314,6 +339,10 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
         .and_then(|c| c.0.finish_reason.as_deref().map(str::to_string));
     for c in &choices {
         info.tokens = info.tokens.checked_add(c.0.tokens())?;
+    }
+    if is_text_delta(kind) {
+        info.has_choices = true;
+        info.tokens += u32::from(c.delta.is_some_and(|d| !d.is_empty()));
     }
     Some(info)
 }
@@ -341,7 +370,8 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
     let v: Value = serde_json::from_slice(data).map_err(|e| format!("chunk is not JSON: {e}"))?;
     let obj = v.as_object().ok_or("chunk is not a JSON object")?;
     let mut info = ChunkInfo::default();
-    if let Some(e) = obj.get("error") {
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    if let Some(e) = obj.get("error").filter(|e| !e.is_null()) {
         info.error = Some(
             e.get("message")
                 .and_then(Value::as_str)
@@ -353,6 +383,15 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
             obj.get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("error")
+                .to_string(),
+        );
+    } else if is_error_event(kind) {
+        let e = &v["response"]["error"]["message"];
+        info.error = Some(
+            v["message"]
+                .as_str()
+                .or(e.as_str())
+                .unwrap_or(kind)
                 .to_string(),
         );
     }
@@ -379,11 +418,30 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
             }
         }
     }
-    if let Some(u) = obj.get("usage").filter(|u| !u.is_null()) {
-        let g = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    if is_text_delta(kind) {
+        info.has_choices = true;
+        info.tokens += u32::from(
+            obj.get("delta")
+                .and_then(Value::as_str)
+                .is_some_and(|d| !d.is_empty()),
+        );
+    }
+    let usage = obj.get("usage").filter(|u| !u.is_null()).or_else(|| {
+        obj.get("response")
+            .and_then(|r| r.get("usage"))
+            .filter(|u| !u.is_null())
+    });
+    if let Some(u) = usage {
+        // Chat and completions name them prompt/completion tokens, responses input/output.
+        let g = |k: &str, alias: &str| {
+            u.get(k)
+                .or_else(|| u.get(alias))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
         info.usage = Some(Usage {
-            prompt_tokens: g("prompt_tokens"),
-            completion_tokens: g("completion_tokens"),
+            prompt_tokens: g("prompt_tokens", "input_tokens"),
+            completion_tokens: g("completion_tokens", "output_tokens"),
         });
     }
     if let Some(m) = obj.get("metrics").filter(|m| m.is_object()) {
@@ -746,6 +804,35 @@ mod tests {
                 prop::sample::select(vec!["\"text_completion\"", "\"error\"", "1"])
                     .prop_map(str::to_string)
             ),
+            (
+                Just("error"),
+                prop::sample::select(vec!["null", "{\"message\":\"x\"}"]).prop_map(str::to_string)
+            ),
+            (
+                Just("type"),
+                prop::sample::select(vec![
+                    "\"response.output_text.delta\"",
+                    "\"response.completed\"",
+                    "\"error\"",
+                    "3",
+                ])
+                .prop_map(str::to_string)
+            ),
+            (
+                Just("delta"),
+                prop::sample::select(vec!["\"\"", "\"a\"", "null", "{}"]).prop_map(str::to_string)
+            ),
+            (
+                Just("response"),
+                prop::sample::select(vec![
+                    "null",
+                    "{}",
+                    "{\"usage\":{\"input_tokens\":4,\"output_tokens\":2}}",
+                    "{\"usage\":null}",
+                    "\"r\"",
+                ])
+                .prop_map(str::to_string)
+            ),
         ];
         let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
             cases: 3000,
@@ -765,6 +852,43 @@ mod tests {
             .unwrap();
         let answered = answered.get();
         assert!(answered > 300, "the typed path answered {answered} chunks");
+    }
+
+    /// A `/v1/responses` stream in the Responses API's event shapes (as vLLM and OpenAI send
+    /// them): text deltas count as content (TTFT, ITL, one token each), the other events do not,
+    /// and `response.completed` carries the usage as input/output tokens; a non-streamed
+    /// response body's usage reads the same way.
+    #[test]
+    fn responses_stream_events_count_deltas_and_read_usage() {
+        let events = [
+            r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","status":"in_progress","usage":null}}"#,
+            r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"type":"message","content":[]}}"#,
+            r#"{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hel"}"#,
+            r#"{"type":"response.output_text.delta","sequence_number":3,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"lo"}"#,
+            r#"{"type":"response.output_text.done","sequence_number":4,"item_id":"msg_1","output_index":0,"content_index":0,"text":"Hello"}"#,
+            r#"{"type":"response.completed","sequence_number":5,"response":{"id":"resp_1","status":"completed","usage":{"input_tokens":7,"output_tokens":2,"total_tokens":9}}}"#,
+        ];
+        let infos: Vec<ChunkInfo> = events
+            .iter()
+            .map(|e| {
+                let typed = typed_chunk(e.as_bytes()).unwrap_or_else(|| panic!("not typed: {e}"));
+                assert_eq!(Ok(typed.clone()), parse_chunk_general(e.as_bytes()), "{e}");
+                typed
+            })
+            .collect();
+        let content: Vec<bool> = infos.iter().map(|c| c.has_choices).collect();
+        assert_eq!(content, [false, false, true, true, false, false]);
+        assert_eq!(infos.iter().map(|c| c.tokens).sum::<u32>(), 2);
+        let usage = Usage {
+            prompt_tokens: 7,
+            completion_tokens: 2,
+        };
+        assert_eq!(infos[5].usage, Some(usage));
+        assert_eq!(infos[0].usage, None);
+        let body = br#"{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"Hello"}]}],"usage":{"input_tokens":7,"output_tokens":2}}"#;
+        assert_eq!(parse_response_body(body).unwrap().usage, Some(usage));
+        let failed = br#"{"type":"response.failed","response":{"error":{"message":"boom"}}}"#;
+        assert_eq!(parse_chunk(failed).unwrap().error.as_deref(), Some("boom"));
     }
 
     #[test]
