@@ -442,27 +442,32 @@ fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) ->
     )
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: a signal that arrives while the proxy starts up still stops it
+/// cleanly. Call it inside the runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{signal, SignalKind};
+        let handlers =
+            signal(SignalKind::interrupt()).and_then(|i| Ok((i, signal(SignalKind::terminate())?)));
+        async move {
+            match handlers {
+                Ok((mut int, mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {},
+                        _ = term.recv() => {},
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -497,10 +502,11 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .build()
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
+        let stop = shutdown_signal();
         let listener = listen(&args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
-        run(listener, cfg, shutdown_signal()).await
+        run(listener, cfg, stop).await
     })?;
     eprintln!(
         "retrace record: {} requests, {} records written, {} dropped (queue full), {} lost (write errors: {}), files: {}",
