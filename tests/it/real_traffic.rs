@@ -388,6 +388,7 @@ async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_serv
         assert_eq!(resp.status(), StatusCode::OK);
         resp.into_body().collect().await.unwrap();
     }
+    drop(client);
     stop_recorder(rec.stop, rec.task).await;
     up.shutdown().await;
     let (path, trace) = read_trace(&dir.path().join("rec"));
