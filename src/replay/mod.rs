@@ -308,13 +308,15 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     };
     let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
     let prompts = prompts(cfg, block_size)?;
+    // Only synthesised prompts (requests without a recorded body) are fitted to the target.
+    let synthesised = plan.iter().any(|p| trace.requests[p.index].body.is_none());
     let overheads = match &prompts {
-        Prompts::Text(tb) => {
+        Prompts::Text(tb) if synthesised => {
             let (o, line) = overhead::measure(&client, &model, tb).await;
             eprintln!("retrace: {line}");
             o
         }
-        Prompts::Tokens(_) => Default::default(),
+        _ => Default::default(),
     };
     let body_opts = BodyOptions {
         api: cfg.api,

@@ -246,12 +246,7 @@ async fn a_recording_of_the_openai_sdk_replays_faithfully() {
             .map_or(0, |v| v.len())
     };
     assert_eq!((ttfts(&base), ttfts(&cand)), (4, 4));
-    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
-    let f = cmp
-        .workload
-        .as_ref()
-        .and_then(|w| w.fidelity.clone())
-        .expect("fidelity");
+    let (_, f) = super::real_traffic::compare_runs(&base, &cand);
     assert_eq!((f.paired, f.unpaired), (6, 0));
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     assert!(f.faithful, "{f:?}");

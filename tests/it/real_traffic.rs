@@ -21,12 +21,55 @@ use std::time::Duration;
 use super::support::{replay_cfg, spawn_recorder, stop_recorder};
 
 pub(super) async fn mock() -> retrace::mock::MockHandle {
+    mock_with(None).await
+}
+
+/// The mock, counting tokens with `tokenizer` when given (its chat template adds tokens around
+/// a message).
+async fn mock_with(tokenizer: Option<&Path>) -> retrace::mock::MockHandle {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cfg = MockConfig {
         fixed_timing: Some((15.0, 2.0)),
+        tokenizer: tokenizer.map(Path::to_path_buf),
         ..Default::default()
     };
     retrace::mock::start(l, cfg).await.unwrap()
+}
+
+/// `compare BASE CAND` in process (no rules, default options): the comparison and its fidelity
+/// section (a recording against its replay has one).
+pub(super) fn compare_runs(
+    base: &retrace::report::load::Run,
+    cand: &retrace::report::load::Run,
+) -> (
+    retrace::report::compare::Comparison,
+    retrace::report::workload::Fidelity,
+) {
+    let cmp = retrace::report::compare::compare(base, cand, &[], &Default::default());
+    let f = cmp.workload.as_ref().and_then(|w| w.fidelity.clone());
+    (cmp, f.expect("a fidelity section"))
+}
+
+/// [`compare_runs`] of a recording and a replay result file.
+fn compare_files(
+    recording: &Path,
+    result: &Path,
+) -> (
+    retrace::report::compare::Comparison,
+    retrace::report::workload::Fidelity,
+) {
+    let load = |p: &Path| retrace::report::load::load(p).unwrap();
+    compare_runs(&load(recording), &load(result))
+}
+
+/// `retrace convert ARGS...` in process.
+fn convert(args: &[&str]) -> anyhow::Result<()> {
+    let mut argv = vec!["convert"];
+    argv.extend_from_slice(args);
+    let retrace::cli::Command::Convert(a) = super::support::cli(&argv).command else {
+        unreachable!()
+    };
+    retrace::convert::run(&a).map(|_| ())
 }
 
 /// One exchange of the mix: method, path, body (empty for GET), expected status.
@@ -263,14 +306,7 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     }
 
     // compare RECORDING REPLAY: paired in arrival order, faithful.
-    let base = retrace::report::load::load(&path).unwrap();
-    let cand = retrace::report::load::load(&result).unwrap();
-    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
-    let f = cmp
-        .workload
-        .as_ref()
-        .and_then(|w| w.fidelity.clone())
-        .expect("fidelity");
+    let (cmp, f) = compare_files(&path, &result);
     // Both sides' output lengths are those of the requests that succeeded.
     let w = cmp.workload.as_ref().unwrap();
     assert_eq!((w.osl_ks.d, w.isl_ks.d), (0.0, 0.0), "{w:?}");
@@ -317,14 +353,7 @@ async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
         out.result["left_out"]
     );
 
-    let base = retrace::report::load::load(&path).unwrap();
-    let cand = retrace::report::load::load(&result).unwrap();
-    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
-    let f = cmp
-        .workload
-        .as_ref()
-        .and_then(|w| w.fidelity.clone())
-        .unwrap();
+    let (cmp, f) = compare_files(&path, &result);
     assert_eq!(f.left_out, chats, "{f:?}");
     assert!(!f.faithful, "{f:?}");
     let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
@@ -335,17 +364,6 @@ async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
     );
 }
 
-/// A mock that counts tokens with `tokenizer` (its chat template adds tokens around a message).
-async fn mock_with_tokenizer(tokenizer: &Path) -> retrace::mock::MockHandle {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = MockConfig {
-        fixed_timing: Some((15.0, 2.0)),
-        tokenizer: Some(tokenizer.to_path_buf()),
-        ..Default::default()
-    };
-    retrace::mock::start(l, cfg).await.unwrap()
-}
-
 /// Text completions and chats recorded without bodies (input lengths are the server's counts,
 /// chat template and special tokens included), replayed with the tokenizer: the replay takes
 /// what the target adds off its synthesised text, so the server counts every recorded length
@@ -354,7 +372,7 @@ async fn mock_with_tokenizer(tokenizer: &Path) -> retrace::mock::MockHandle {
 async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let tok = super::replay::word_tokenizer(dir.path());
-    let up = mock_with_tokenizer(&tok).await;
+    let up = mock_with(Some(&tok)).await;
     let mut cfg =
         RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
     cfg.block_size = 4;
@@ -395,7 +413,7 @@ async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_serv
     assert_eq!(trace.requests.len(), 6);
     assert!(trace.requests.iter().all(|r| r.body.is_none()));
 
-    let target = mock_with_tokenizer(&tok).await;
+    let target = mock_with(Some(&tok)).await;
     let result = dir.path().join("replay.json");
     let cfg = replay_cfg(&[
         path.to_str().unwrap(),
@@ -415,14 +433,7 @@ async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_serv
         .unwrap();
     target.shutdown().await;
 
-    let base = retrace::report::load::load(&path).unwrap();
-    let cand = retrace::report::load::load(&result).unwrap();
-    let cmp = retrace::report::compare::compare(&base, &cand, &[], &Default::default());
-    let f = cmp
-        .workload
-        .as_ref()
-        .and_then(|w| w.fidelity.clone())
-        .unwrap();
+    let (_, f) = compare_files(&path, &result);
     assert_eq!((f.paired, f.isl_server_counted), (6, 6), "{f:?}");
     assert_eq!(f.isl_exact, 1.0, "{f:?}");
     assert!(f.faithful, "{f:?}");
@@ -464,17 +475,12 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
     let (a, ta) = read_trace(&dir.path().join("a"));
     let (b, tb) = read_trace(&dir.path().join("b"));
     let merged = dir.path().join("fleet.trace.zst");
-    let cli = super::support::cli(&[
-        "convert",
+    let (a_s, b_s, m_s) = (
         a.to_str().unwrap(),
         b.to_str().unwrap(),
-        "-o",
         merged.to_str().unwrap(),
-    ]);
-    let retrace::cli::Command::Convert(args) = cli.command else {
-        unreachable!()
-    };
-    retrace::convert::run(&args).unwrap();
+    );
+    convert(&[a_s, b_s, "-o", m_s]).unwrap();
     let (m, _) = retrace::trace::import::read_path(&merged, &Default::default()).unwrap();
     assert_eq!(m.requests.len(), 6);
     assert!(m
@@ -498,17 +504,9 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
         .insert("hash_key_id".into(), "0123456789abcdef".into());
     let c = dir.path().join("other.trace.zst");
     retrace::trace::native::write_file(&c, &other, Default::default()).unwrap();
-    let cli = super::support::cli(&[
-        "convert",
-        a.to_str().unwrap(),
-        c.to_str().unwrap(),
-        "-o",
-        merged.to_str().unwrap(),
-    ]);
-    let retrace::cli::Command::Convert(args) = cli.command else {
-        unreachable!()
-    };
-    let e = retrace::convert::run(&args).unwrap_err().to_string();
+    let e = convert(&[a_s, c.to_str().unwrap(), "-o", m_s])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("other.trace.zst") && e.contains("cannot be merged"),
         "{e}"
