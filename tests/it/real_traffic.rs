@@ -187,19 +187,27 @@ pub(super) async fn replay_recording(
     addr: &str,
     result: &Path,
 ) -> retrace::replay::Outcome {
-    let cfg = replay_cfg(&[
-        recording.to_str().unwrap(),
-        "--target",
-        &format!("http://{addr}"),
-        "--include-aux",
-        "--detailed",
-        "--result-json",
-        result.to_str().unwrap(),
-    ]);
-    tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
-        .await
-        .expect("replay ends")
-        .unwrap()
+    replay_with(recording, addr, result, &["--include-aux"]).await
+}
+
+/// `replay RECORDING --target http://ADDR EXTRA... --detailed --result-json RESULT`, at most 60 s.
+async fn replay_with(
+    recording: &Path,
+    addr: &str,
+    result: &Path,
+    extra: &[&str],
+) -> retrace::replay::Outcome {
+    let target = format!("http://{addr}");
+    let mut args = vec![recording.to_str().unwrap(), "--target", &target];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--detailed", "--result-json", result.to_str().unwrap()]);
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        retrace::replay::replay(replay_cfg(&args)),
+    )
+    .await
+    .expect("replay ends")
+    .unwrap()
 }
 
 pub(super) fn by_endpoint(t: &Trace) -> BTreeMap<String, u64> {
@@ -415,22 +423,13 @@ async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_serv
 
     let target = mock_with(Some(&tok)).await;
     let result = dir.path().join("replay.json");
-    let cfg = replay_cfg(&[
-        path.to_str().unwrap(),
-        "--target",
-        &format!("http://{}", target.addr),
+    let text = [
         "--tokenizer",
         tok.to_str().unwrap(),
         "--prompt-mode",
         "text",
-        "--detailed",
-        "--result-json",
-        result.to_str().unwrap(),
-    ]);
-    tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
-        .await
-        .expect("replay ends")
-        .unwrap();
+    ];
+    replay_with(&path, &target.addr.to_string(), &result, &text).await;
     target.shutdown().await;
 
     let (_, f) = compare_files(&path, &result);
