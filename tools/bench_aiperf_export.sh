@@ -16,7 +16,10 @@
 # private Hugging Face cache folder with HF_HUB_OFFLINE=1 (it will not load a plain local path).
 # Env: RETRACE_BIN (default target/release/retrace, built if missing), TOKENIZER (a
 # tokenizer.json; default ../shared/realserver-llamacpp/tokenizer.json if present, else a generated
-# word-level one), REQUESTS (default 40), OUT (work dir, default a fresh temporary one).
+# word-level one), REQUESTS (default 40), OUT (work dir, default a fresh temporary one),
+# AIPERF_VENV (default tools/.venv-aiperf).
+# AIPerf's exports stay in OUT/aiperf/: profile_export.jsonl (per request) and
+# profile_export_aiperf.json (aggregate), the fixtures/aiperf/ files `compare` reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${RETRACE_BIN:-target/release/retrace}"
@@ -28,7 +31,7 @@ if [ ! -x "$BIN" ]; then
   cargo build --release --locked
 fi
 echo "== AIPerf venv (tools/venv_aiperf.sh)"
-PY="$(tools/venv_aiperf.sh)"
+PY="$(tools/venv_aiperf.sh "${AIPERF_VENV:-tools/.venv-aiperf}")"
 AIPERF="$(dirname "$PY")/aiperf"
 echo "aiperf $("$AIPERF" --version 2>/dev/null | tail -1), python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
 

@@ -279,11 +279,29 @@ fn breakdown(run: &Run) -> Option<Value> {
     )
 }
 
+/// A metric's row from the file's own statistics (`mean_ttft_ms`, ...), without samples.
+fn file_stats_row(run: &Run, m: Metric) -> Option<Value> {
+    let k = |s: &str| run.scalar(&format!("{s}_{}_ms", m.key())).map(r3);
+    let n = run.scalar(&format!("count_{}", m.key()));
+    Some(json!([
+        m.label(),
+        n,
+        k("mean")?,
+        k("median"),
+        k("p90"),
+        k("p99"),
+        k("max")
+    ]))
+}
+
 fn percentile_table(run: &Run) -> (Value, Value) {
     let mut rows = Vec::new();
     let mut cdfs = Vec::new();
     for m in Metric::ALL {
-        let Some(w) = run.dist(m) else { continue };
+        let Some(w) = run.dist(m) else {
+            rows.extend(file_stats_row(run, m)); // an aggregate (AIPerf's): no CDF
+            continue;
+        };
         let qd = w.quad();
         let approx = run.samples_ms(m).is_none();
         rows.push(json!([
