@@ -38,6 +38,10 @@ pub enum AiperfError {
 /// The AIPerf aggregate schema major version this build reads (`schema_version` 1.x).
 const SCHEMA_MAJOR: &str = "1";
 
+/// The naming clash, shown in the report's summary.
+const NAMES: &str = "AIPerf's ITL (inter_token_latency) is TPOT here; its ICL \
+    (inter_chunk_latency) is ITL here";
+
 /// What the aggregate cannot give, shown in the report's summary.
 const AGGREGATE_LIMITS: &str = "per-metric statistics only (AIPerf's own): no per-request \
     CDFs, timeline, time series, length histograms, significance or paired comparison; the \
@@ -300,7 +304,7 @@ fn from_records(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
     }
     let mut scalars = BTreeMap::new();
     load::add_totals(&r, &mut scalars);
-    let mut sections = Vec::new();
+    let mut sections = vec![("aiperf.names".to_string(), NAMES.into())];
     if warmup > 0 {
         sections.push(("aiperf.warmup_records_left_out".into(), warmup.into()));
     }
@@ -372,8 +376,10 @@ fn from_aggregate(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
                 .into(),
         ));
     }
-    let mut sections: Vec<(String, Value)> =
-        vec![("aiperf.unavailable".into(), AGGREGATE_LIMITS.into())];
+    let mut sections: Vec<(String, Value)> = vec![
+        ("aiperf.names".into(), NAMES.into()),
+        ("aiperf.unavailable".into(), AGGREGATE_LIMITS.into()),
+    ];
     if let Some(v) = obj.get("aiperf_version").and_then(Value::as_str) {
         sections.insert(0, ("aiperf.version".into(), v.into()));
     }
@@ -469,7 +475,7 @@ fn aggregate_counts(
         .map(|(x, per)| x * per)
         .filter(|x| x.is_finite() && *x >= 0.0)
         .ok_or_else(|| {
-            format!("key `benchmark_duration`: expected {{avg, unit}} with a non-negative time")
+            "key `benchmark_duration`: expected {avg, unit} with a non-negative time".to_string()
         })?;
     scalars.insert("duration".into(), duration);
     if duration > 0.0 {
@@ -714,7 +720,7 @@ mod tests {
             (Some(2.0), Some(2.0))
         );
         assert_eq!(
-            r.sections[0],
+            r.sections[1],
             ("aiperf.warmup_records_left_out".to_string(), 1.into())
         );
     }

@@ -274,7 +274,7 @@ fn chromium() -> Option<PathBuf> {
 }
 
 /// Runs headless Chromium on a page: (dumped DOM, screenshot written).
-fn open_headless(page: &Path, screenshot: &Path) -> String {
+pub(crate) fn open_headless(page: &Path, screenshot: &Path) -> String {
     let Some(chrome) = chromium() else {
         if std::env::var("RETRACE_SKIP_BROWSER").is_ok_and(|v| v == "1") {
             return String::new();
@@ -323,13 +323,13 @@ fn open_headless(page: &Path, screenshot: &Path) -> String {
     dom
 }
 
-fn shots_dir() -> PathBuf {
+pub(crate) fn shots_dir() -> PathBuf {
     let d = support::repo("target/report-screenshots");
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
-fn check_rendered(dom: &str, ids: &[&str]) {
+pub(crate) fn check_rendered(dom: &str, ids: &[&str]) {
     if dom.is_empty() {
         eprintln!("RETRACE_SKIP_BROWSER=1: browser checks skipped");
         return;
