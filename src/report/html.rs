@@ -589,6 +589,7 @@ function compare(app,D){
   var t=section(app,'metrics','Metrics');table(t,'table-compare',['metric','baseline','candidate','change','rel','interval of change','verdict'],D.rows,6);
   (D.notes||[]).forEach(function(n){h('div',{'class':'note'},t,n);});
   var cd=section(app,'cdfs','Distributions');var g=h('div',{'class':'grid'},cd);
+  if(!D.cdfs.length)h('div',{'class':'sub'},cd,'no data: a side has neither per-request samples nor histograms');
   D.cdfs.forEach(function(c){var se=[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}];if(c.noise)se.push({name:'noise',pts:c.noise,dash:true,color:COLORS[2]});
     lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',se,{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
   if(D.lengths&&D.lengths.length){var wl=section(app,'workload','Workload');var g4=h('div',{'class':'grid'},wl);

@@ -85,6 +85,21 @@ fn aiperf_aggregate_is_not_refused_as_missing_field_requests() {
 }
 
 #[test]
+fn compare_page_of_an_aggregate_says_no_data_instead_of_empty_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("cmp.html");
+    let (agg, recs) = (fx("profile_export_aiperf.json"), fx("profile_export.jsonl"));
+    let out = retrace(&[p("compare"), &agg, &recs, p("--html"), &page]);
+    assert_eq!(out.status.code(), Some(0));
+    let dom = open_headless(&page, &shots_dir().join("compare-aiperf-aggregate.png"));
+    check_rendered(&dom, &["table-compare"]);
+    if !dom.is_empty() {
+        assert!(!dom.contains("id=\"chart-"), "a chart without data");
+        assert!(dom.contains(">no data: a side has neither"), "no-data line");
+    }
+}
+
+#[test]
 fn compare_of_two_aiperf_per_request_exports_pairs_their_requests() {
     let recs = fx("profile_export.jsonl");
     let v = compare_json(&recs, &recs);
