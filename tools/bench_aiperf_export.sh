@@ -9,6 +9,7 @@
 #     the failed request left out.
 #  4. AIPerf 0.13 (its own venv, tools/venv_aiperf.sh) replays export.jsonl against a fresh mock:
 #     --custom-dataset-type mooncake_trace --fixed-schedule --use-server-token-count.
+#  5. `retrace compare` reads AIPerf's two exports (aggregate vs per-request: the same figures).
 #  Prints whether AIPerf loaded the file, how many requests it completed, and how its prompt
 #  lengths (as the server counted them) compare with the export's.
 #
@@ -196,4 +197,10 @@ for f in glob.glob(f"{out}/aiperf/**/profile_export_aiperf.json", recursive=True
           f"(mock: 20 ms, 5 ms)")
 print(f"per-request export: {files[0]}")
 PY
+echo "== 5. retrace compare reads AIPerf's exports (aggregate vs per-request)"
+AGG=$(find "$OUT/aiperf" -name profile_export_aiperf.json | head -1)
+RECS=$(find "$OUT/aiperf" -name profile_export.jsonl | head -1)
+if [ -n "$AGG" ] && [ -n "$RECS" ]; then
+  "$BIN" compare "$AGG" "$RECS" | grep -E '^(baseline|candidate|mean (TTFT|TPOT|ITL|E2EL)|request throughput)'
+fi
 echo "work dir: $OUT"

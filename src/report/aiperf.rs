@@ -222,19 +222,8 @@ fn error_of(rec: &Record) -> String {
     }
 }
 
-/// One profiling request in our terms.
-struct Sample {
-    start_ns: u64,
-    ttft_s: Option<f64>,
-    latency_s: Option<f64>,
-    itls_s: Vec<f64>,
-    input: u64,
-    output: u64,
-    server_input: Option<u64>,
-    error: String,
-}
-
-fn sample(rec: &Record) -> Result<Sample, String> {
+/// Appends one profiling request to `r`, its send time from `t0`.
+fn push(r: &mut Requests, rec: &Record, t0: u64) -> Result<(), String> {
     let m = &rec.metrics;
     let error = error_of(rec);
     let latency_s = time_s(m, "request_latency")?;
@@ -244,63 +233,50 @@ fn sample(rec: &Record) -> Result<Sample, String> {
         t => t,
     };
     let server_input = tokens(m, "usage_prompt_tokens")?;
-    Ok(Sample {
-        start_ns: rec.metadata.request_start_ns,
-        ttft_s,
-        latency_s,
-        itls_s: times_s(m, "inter_chunk_latency")?,
-        input: tokens(m, "input_sequence_length")?
-            .or(server_input)
-            .unwrap_or(0),
-        output: match tokens(m, "output_sequence_length")? {
-            Some(n) => n,
-            None => tokens(m, "usage_completion_tokens")?.unwrap_or(0),
-        },
-        server_input,
-        error,
-    })
+    let input = tokens(m, "input_sequence_length")?.or(server_input);
+    let output = match tokens(m, "output_sequence_length")? {
+        None => tokens(m, "usage_completion_tokens")?,
+        n => n,
+    };
+    r.itls_s.push(times_s(m, "inter_chunk_latency")?);
+    r.start_s
+        .push((rec.metadata.request_start_ns - t0) as f64 / 1e9);
+    r.ttft_s.push(ttft_s);
+    r.latency_s.push(latency_s);
+    r.input_lens.push(input.unwrap_or(0));
+    r.output_lens.push(output.unwrap_or(0));
+    r.server_input_lens.push(server_input);
+    r.errors.push(error);
+    for v in [
+        &mut r.client_queue_s,
+        &mut r.server_queue_s,
+        &mut r.server_ttft_s,
+    ] {
+        v.push(None);
+    }
+    Ok(())
 }
 
 fn from_records(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
-    let name = path.display().to_string();
-    let mut samples = Vec::new();
-    let mut warmup = 0usize;
-    for l in records(path, data)? {
-        if l.rec.metadata.benchmark_phase.as_deref() == Some("warmup") {
-            warmup += 1;
-            continue;
-        }
-        samples.push(sample(&l.rec).map_err(|msg| AiperfError::Record {
-            path: name.clone(),
-            line: l.no,
-            msg,
-        })?);
-    }
-    if samples.is_empty() {
-        return Err(AiperfError::Record {
-            path: name,
-            line: 1,
-            msg: format!("no profiling-phase records ({warmup} warm-up records)"),
-        });
-    }
-    samples.sort_by_key(|s| s.start_ns); // AIPerf writes records as they complete
-    let t0 = samples[0].start_ns;
-    let n = samples.len();
-    let mut r = Requests {
-        client_queue_s: vec![None; n],
-        server_queue_s: vec![None; n],
-        server_ttft_s: vec![None; n],
-        ..Requests::default()
+    let mut lines = records(path, data)?;
+    let all = lines.len();
+    lines.retain(|l| l.rec.metadata.benchmark_phase.as_deref() != Some("warmup"));
+    let warmup = all - lines.len();
+    let err = |line, msg| AiperfError::Record {
+        path: path.display().to_string(),
+        line,
+        msg,
     };
-    for s in samples {
-        r.start_s.push((s.start_ns - t0) as f64 / 1e9);
-        r.input_lens.push(s.input);
-        r.output_lens.push(s.output);
-        r.ttft_s.push(s.ttft_s);
-        r.latency_s.push(s.latency_s);
-        r.itls_s.push(s.itls_s);
-        r.server_input_lens.push(s.server_input);
-        r.errors.push(s.error);
+    let Some(t0) = lines.iter().map(|l| l.rec.metadata.request_start_ns).min() else {
+        return Err(err(
+            1,
+            format!("no profiling-phase records ({warmup} warm-up records)"),
+        ));
+    };
+    lines.sort_by_key(|l| l.rec.metadata.request_start_ns); // written as they complete
+    let mut r = Requests::default();
+    for l in &lines {
+        push(&mut r, &l.rec, t0).map_err(|msg| err(l.no, msg))?;
     }
     let mut scalars = BTreeMap::new();
     load::add_totals(&r, &mut scalars);
