@@ -139,14 +139,18 @@ fn compare_of_an_aiperf_export_against_a_retrace_replay_of_its_trace() {
         assert!(row(&v, key)["baseline"].as_f64().unwrap() > 0.0, "{key}");
         assert!(row(&v, key)["candidate"].as_f64().unwrap() > 0.0, "{key}");
     }
-    // AIPerf's prompt lengths are the server's count (one token more than the trace's here):
-    // not the same requests, so not paired, and the comparison says why
-    assert!(v["paired"].is_null());
-    assert!(
-        notes(&v).contains("did not replay the same requests"),
-        "{}",
-        notes(&v)
-    );
+    assert_eq!(v["workload"]["baseline"]["requests"], 13);
+    assert_eq!(v["workload"]["candidate"]["requests"], 13);
+    // paired only when both sent the same input lengths; AIPerf's are the server's count (one
+    // token more than the trace's in the fixture), and the comparison then says why not
+    match v["paired"]["n"].as_u64() {
+        Some(n) => assert_eq!(n, 13),
+        None => assert!(
+            notes(&v).contains("did not replay the same requests"),
+            "{}",
+            notes(&v)
+        ),
+    }
     // against the aggregate: its statistics, no significance
     let v = compare_json(&result, &fx("profile_export_aiperf.json"));
     assert_eq!(row(&v, "p99_ttft_ms")["verdict"], "unknown");
