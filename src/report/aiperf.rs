@@ -808,4 +808,22 @@ mod tests {
             "{e}"
         );
     }
+
+    proptest::proptest! {
+        /// Any cut or corruption of the real exports is an export or an error, never a panic.
+        #[test]
+        fn damaged_exports_never_panic(cut in 0usize..40_000, at in 0usize..40_000, b in proptest::num::u8::ANY) {
+            for name in ["profile_export.jsonl", "profile_export_aiperf.json"] {
+                let mut data = std::fs::read(fixture(name)).unwrap();
+                data.truncate(cut.max(1));
+                if let Some(x) = data.get_mut(at) {
+                    *x = b;
+                }
+                if let Some(f) = detect(&data) {
+                    let _ = read(Path::new(name), &data, f);
+                }
+                let _ = merge_records(&[(PathBuf::from(name), data)]);
+            }
+        }
+    }
 }
