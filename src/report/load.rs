@@ -1,7 +1,7 @@
 //! Reading the inputs `compare` and `report` accept into one comparable model ([`Run`]): a
 //! retrace replay result (`retrace.replay/1`), a `vllm bench serve --save-result` JSON file, an
-//! AIPerf export (read by [`super::aiperf`]), or a recorded trace (any format [`crate::trace::import`] reads; its recorded
-//! responses give the latencies).
+//! AIPerf export (read by [`super::aiperf`]), or a recorded trace (any format
+//! [`crate::trace::import`] reads; its recorded responses give the latencies).
 //!
 //! Per-request arrays (retrace `--detailed`, vLLM's always-present `ttfts`/`itls`/...) become
 //! [`Requests`]; retrace's whole HdrHistograms become [`Weighted`] distributions; top-level numbers
