@@ -266,7 +266,7 @@ pub fn extra_sections(
     if sum.server_reported == 0 {
         let _ = writeln!(
             out,
-            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics)"
+            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics; llama.cpp sends `timings`)"
         );
     } else {
         row(
@@ -275,16 +275,35 @@ pub fn extra_sections(
             sum.server_reported,
         );
         rowf(&mut out, "Mean client TTFT (ms):", sum.ttft.mean);
-        rowf(
-            &mut out,
-            "  = mean server queue (ms):",
-            sum.server_queue.mean,
-        );
+        if sum.server_queue.count > 0 {
+            rowf(
+                &mut out,
+                "  = mean server queue (ms):",
+                sum.server_queue.mean,
+            );
+        } else {
+            row(&mut out, "  = mean server queue (ms):", "n/a");
+        }
         rowf(&mut out, "  + mean server TTFT (ms):", sum.server_ttft.mean);
         rowf(
             &mut out,
             "  + mean unattributed (ms):",
             sum.unattributed.mean,
+        );
+        if sum.server_queue.count == 0 {
+            let _ = writeln!(out, "  (no queue time reported: a wait in the server's queue is in unattributed)");
+        }
+    }
+    if let Some(c) = sum.server_cache {
+        row(
+            &mut out,
+            "Prompt tokens from server cache:",
+            format!(
+                "{} / {} ({:.2} %)",
+                c.cached_tokens,
+                c.prompt_tokens,
+                c.hit_rate().unwrap_or(0.0) * 100.0
+            ),
         );
     }
     let _ = writeln!(out, "{}", "=".repeat(50));
