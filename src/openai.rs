@@ -963,7 +963,9 @@ mod tests {
             let d = evs.iter().find(|d| d.contains("\"timings\"")).unwrap();
             parse_chunk(d.as_bytes()).unwrap()
         };
-        let cold = last(include_bytes!("../fixtures/llamacpp/completions_stream.sse"));
+        let cold = last(include_bytes!(
+            "../fixtures/llamacpp/completions_stream.sse"
+        ));
         let m = cold.metrics.unwrap();
         assert_eq!(m.cached_tokens, Some(0));
         assert_eq!(m.time_to_first_token_ms, Some(2.652));

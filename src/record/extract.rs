@@ -499,7 +499,12 @@ mod tests {
         use crate::trace::native;
         let buf = native::write_bytes(&trace, native::WriteOptions::default());
         let (back, _) = native::read_bytes("t", &buf).unwrap();
-        let sm = back.requests[0].response.as_ref().unwrap().server_metrics.as_ref();
+        let sm = back.requests[0]
+            .response
+            .as_ref()
+            .unwrap()
+            .server_metrics
+            .as_ref();
         assert_eq!(sm.and_then(|m| m.cached_tokens), Some(47));
     }
 

@@ -418,12 +418,14 @@ pub(crate) mod tests {
             queries: Some(1000.0 * x),
             prompt_tokens: Some(1000.0 * x),
             generation_tokens: None,
+            ..Default::default()
         };
         let series = crate::replay::scrape::Series {
             url: "http://127.0.0.1:1/metrics".into(),
             points: vec![point(-0.02, 0.0), point(1.0, 2.0), point(1.5, 3.0)],
             before_ok: true,
             after_ok: true,
+            family: Some(&crate::replay::scrape::FAMILIES[0]),
             ..Default::default()
         };
         let theory = crate::replay::scrape::Theory {

@@ -256,7 +256,10 @@ fn breakdown(run: &Run) -> Option<Value> {
             continue;
         }
         let (sq, st) = (q.server_queue_s[i], q.server_ttft_s[i]);
-        if let (Some(t), Some(u)) = (q.ttft_s[i], q.ttft_s[i].and_then(|t| crate::metrics::unattributed(t, sq, st))) {
+        if let (Some(t), Some(u)) = (
+            q.ttft_s[i],
+            q.ttft_s[i].and_then(|t| crate::metrics::unattributed(t, sq, st)),
+        ) {
             parts[0].push(sq.unwrap_or(0.0) * 1e3);
             parts[1].push(st.unwrap_or(0.0) * 1e3);
             parts[2].push(u * 1e3);
