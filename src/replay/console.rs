@@ -182,7 +182,7 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
         if a > t + 1e-9 {
             let _ = writeln!(
                 out,
-                "  (above theoretical: a cache warm from an earlier run, or other traffic on the server)"
+                "  (above theoretical: a cache warm from an earlier run, other traffic on the server, or failed requests, which theory counts)"
             );
         } else if a + 1e-9 < t {
             let _ = writeln!(

@@ -1,15 +1,17 @@
 //! `--scrape-metrics`: the server's Prometheus `/metrics` read before, every second during, and
 //! after a replay, and what they say about the run.
 //!
-//! A tokio task GETs the URL once when started (before t0: the "before" point), then at
-//! t0 + 1 s, t0 + 2 s, ... until told to stop, then once more (the "after" point). Each exposition
-//! is parsed by [`crate::prom`] and reduced to a [`Point`] by [`read_point`] (pure): requests
-//! running and waiting, KV-cache usage, prefix-cache hits and queries, prompt and generation
-//! tokens, under vLLM's names (V1, then V0's `gpu_` names) or SGLang's where they exist. Counters
-//! are summed over label sets (data-parallel engines), KV usage is averaged. [`summarize`]
-//! (pure) turns the points into the report: counter deltas after − before (null when a counter is
-//! missing, a scrape failed or a counter went backwards, i.e. the server restarted), the achieved
-//! prefix-cache hit rate beside the theoretical one (computed by the caller with
+//! [`before`] GETs the URL once, before the replay opens its warm connections (retried once
+//! after a failure); [`start`] then spawns a task that GETs it at t0 + 1 s, t0 + 2 s, ... until
+//! told to stop, then once more (the "after" point). Each exposition is parsed by [`crate::prom`]
+//! and reduced to a [`Point`] by [`read_point`] (pure) under its server [`Family`]'s names
+//! ([`FAMILIES`]: vLLM, SGLang, llama.cpp): requests running and waiting, KV-cache usage,
+//! prefix-cache hits and queries, prompt and generation tokens, the server's TTFT histogram.
+//! Counters are summed over label sets (data-parallel engines), KV usage is averaged.
+//! [`summarize`] (pure) turns the points into the report: the family (or the names seen when no
+//! family is known), counter deltas after − before (null when a counter is missing, a scrape
+//! failed or a counter went backwards, i.e. the server restarted), the achieved prefix-cache hit
+//! rate beside the theoretical one (computed by the caller with
 //! [`crate::trace::stats::vllm_prefix_cache`]), peaks, and the time series for the result file.
 //! A failed scrape is counted and skipped; it never fails the run. Only `http://` URLs.
 
