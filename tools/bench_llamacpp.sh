@@ -20,8 +20,6 @@
 #      SERVER_BLOCK (1: llama.cpp reuses any common prefix, token by token, up to L - 1 tokens,
 #      which is vLLM's rule at block size 1), MAX_TOKENS (16, caps every request's output),
 #      SLOT (4096), RUNS (3), THREADS_HTTP (8), BIN (target/release/retrace)
-# Measured (2026-12-01, N=40, one run, debug build): achieved 4.37 % = per-response 4.37 %,
-# theoretical 4.74 %; before-scrape ok, 0 failed scrapes, with 8 HTTP threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
