@@ -128,10 +128,9 @@ pub struct ServerTimes {
 }
 
 /// Client TTFT − server queue − server TTFT (any one unit): the time neither server figure
-/// covers. A server that reports no queue time (llama.cpp) has its queue wait in it. `None`
-/// without a server TTFT.
-pub fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: Option<f64>) -> Option<f64> {
-    Some(client_ttft - queue.unwrap_or(0.0) - server_ttft?)
+/// covers. A server that reports no queue time (llama.cpp) has its queue wait in it.
+pub fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: f64) -> f64 {
+    client_ttft - queue.unwrap_or(0.0) - server_ttft
 }
 
 /// The per-request prefix-cache hits the server reported (`cached_tokens`), over the requests
@@ -514,12 +513,9 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         if let Some(t) = sv.ttft_ms {
             st.push(t / 1000.0);
         }
-        let ms = |v: Option<f64>| v.map(|v| v / 1000.0);
-        if let Some(u) = s
-            .ttft_ns
-            .and_then(|c| unattributed(ns_to_s(c), ms(sv.queue_ms), ms(sv.ttft_ms)))
-        {
-            un.push(u);
+        if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
+            let queue = sv.queue_ms.map(|q| q / 1000.0);
+            un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
         }
         if let Some(c) = sv.cached_tokens {
             cache.requests += 1;

@@ -255,16 +255,14 @@ fn breakdown(run: &Run) -> Option<Value> {
         if !q.ok(i) {
             continue;
         }
-        let (sq, st) = (q.server_queue_s[i], q.server_ttft_s[i]);
-        if let (Some(t), Some(u)) = (
-            q.ttft_s[i],
-            q.ttft_s[i].and_then(|t| crate::metrics::unattributed(t, sq, st)),
-        ) {
-            parts[0].push(sq.unwrap_or(0.0) * 1e3);
-            parts[1].push(st.unwrap_or(0.0) * 1e3);
-            parts[2].push(u * 1e3);
-            parts[3].push(t * 1e3);
-        }
+        let (Some(t), Some(st)) = (q.ttft_s[i], q.server_ttft_s[i]) else {
+            continue;
+        };
+        let sq = q.server_queue_s[i];
+        parts[0].push(sq.unwrap_or(0.0) * 1e3);
+        parts[1].push(st * 1e3);
+        parts[2].push(crate::metrics::unattributed(t, sq, st) * 1e3);
+        parts[3].push(t * 1e3);
     }
     if parts[0].is_empty() {
         return None;

@@ -507,7 +507,8 @@ fn stats_from_requests(
         if let Some(s) = s {
             f.entry("server_ttft").or_default().push(s);
         }
-        if let Some(u) = crate::metrics::unattributed(t, q, s) {
+        if let Some(s) = s {
+            let u = crate::metrics::unattributed(t, q, s);
             f.entry("unattributed").or_default().push(u);
         }
     }
