@@ -116,13 +116,37 @@ impl StreamClock {
     }
 }
 
-/// vLLM's per-request server metrics, ms (when the server sent them).
+/// The server's own per-request report (vLLM's `metrics`, llama.cpp's `timings`), ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ServerTimes {
     pub queue_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), when it said.
     pub prompt_tokens: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache (llama.cpp's `cache_n`).
+    pub cached_tokens: Option<u64>,
+}
+
+/// Client TTFT − server queue − server TTFT (any one unit): the time neither server figure
+/// covers. A server that reports no queue time (llama.cpp) has its queue wait in it.
+pub fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: f64) -> f64 {
+    client_ttft - queue.unwrap_or(0.0) - server_ttft
+}
+
+/// The per-request prefix-cache hits the server reported (`cached_tokens`), over the requests
+/// that reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ServerCache {
+    pub requests: u64,
+    pub cached_tokens: u64,
+    /// Their prompt tokens (the server's count where it said, else what was sent).
+    pub prompt_tokens: u64,
+}
+
+impl ServerCache {
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
 }
 
 /// Why a request failed. [`Failure::as_str`] is its name in result files and error counts
@@ -439,8 +463,10 @@ pub struct Summary {
     pub server_reported: u64,
     pub server_queue: Stats,
     pub server_ttft: Stats,
-    /// Client TTFT − server queue − server TTFT, for requests with both server numbers.
+    /// [`unattributed`], for requests with a server TTFT.
     pub unattributed: Stats,
+    /// `None` when no request reported cached tokens.
+    pub server_cache: Option<ServerCache>,
     /// Failures by kind.
     pub errors: BTreeMap<String, u64>,
 }
@@ -475,18 +501,26 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
     let mut st = Vec::new();
     let mut un = Vec::new();
     let mut reported = 0;
+    let mut cache = ServerCache::default();
     for s in &ok {
-        if s.server.queue_ms.is_some() || s.server.ttft_ms.is_some() {
+        let sv = &s.server;
+        if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
             reported += 1;
         }
-        if let Some(q) = s.server.queue_ms {
+        if let Some(q) = sv.queue_ms {
             sq.push(q / 1000.0);
         }
-        if let Some(t) = s.server.ttft_ms {
+        if let Some(t) = sv.ttft_ms {
             st.push(t / 1000.0);
         }
-        if let (Some(q), Some(t), Some(c)) = (s.server.queue_ms, s.server.ttft_ms, s.ttft_ns) {
-            un.push(ns_to_s(c) - (q + t) / 1000.0);
+        if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
+            let queue = sv.queue_ms.map(|q| q / 1000.0);
+            un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
+        }
+        if let Some(c) = sv.cached_tokens {
+            cache.requests += 1;
+            cache.cached_tokens += c;
+            cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
         }
     }
     let completed = ok.len() as u64;
@@ -529,6 +563,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         server_queue: Stats::from_seconds(&sq, p),
         server_ttft: Stats::from_seconds(&st, p),
         unattributed: Stats::from_seconds(&un, p),
+        server_cache: (cache.requests > 0).then_some(cache),
         errors,
     }
 }
@@ -818,11 +853,41 @@ mod tests {
             queue_ms: Some(5.0),
             ttft_ms: Some(30.0),
             prompt_tokens: None,
+            cached_tokens: None,
         };
         let b = sample(0, 40 * MS, &[], 1);
         let s = summarize(&[a, b], 1.0, &[]);
         assert_eq!(s.server_reported, 1);
         assert!((s.unattributed.mean - 15.0).abs() < 1e-9);
+        assert_eq!(s.server_cache, None);
+    }
+
+    /// llama.cpp reports a server TTFT and cached tokens but no queue time: the queue wait
+    /// stays in the unattributed remainder, and the per-request hits add up.
+    #[test]
+    fn server_breakdown_without_queue_time() {
+        let mut a = sample(0, 50 * MS, &[], 1);
+        a.input_tokens = 100;
+        a.server = ServerTimes {
+            ttft_ms: Some(20.0),
+            prompt_tokens: Some(48),
+            cached_tokens: Some(47),
+            ..Default::default()
+        };
+        let mut b = sample(0, 40 * MS, &[], 1);
+        b.input_tokens = 48;
+        b.server = ServerTimes {
+            ttft_ms: Some(10.0),
+            cached_tokens: Some(0),
+            ..Default::default()
+        };
+        let s = summarize(&[a, b], 1.0, &[]);
+        assert_eq!(s.server_reported, 2);
+        assert_eq!(s.server_queue.count, 0);
+        assert!((s.unattributed.mean - 30.0).abs() < 1e-9);
+        let c = s.server_cache.unwrap();
+        assert_eq!((c.requests, c.cached_tokens, c.prompt_tokens), (2, 47, 96));
+        assert_eq!(c.hit_rate(), Some(47.0 / 96.0));
     }
 
     #[test]

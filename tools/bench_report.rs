@@ -52,6 +52,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                     queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
                     ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
                     prompt_tokens: None,
+                    cached_tokens: None,
                 },
             }
         })

@@ -135,6 +135,24 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
     if let Some(e) = v["last_error"].as_str() {
         row(&mut out, "  last error:", e);
     }
+    match (v["family"].as_str(), v["seen_names"].as_array()) {
+        (Some(f), _) => row(&mut out, "Server metrics family:", f),
+        (None, Some(seen)) if !seen.is_empty() => {
+            let seen: Vec<&str> = seen.iter().filter_map(|x| x.as_str()).collect();
+            row(&mut out, "Server metrics family:", "none known");
+            let _ = writeln!(
+                out,
+                "  (no vLLM, SGLang or llama.cpp names, so every server figure is n/a; saw {})",
+                seen.join(", ")
+            );
+        }
+        _ => {}
+    }
+    let unexposed = |k: &str| {
+        v["unexposed"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == k))
+    };
     let pc = &v["prefix_cache"];
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{:.2} %", x * 100.0));
     row(
@@ -164,7 +182,7 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
         if a > t + 1e-9 {
             let _ = writeln!(
                 out,
-                "  (above theoretical: a cache warm from an earlier run, or other traffic on the server)"
+                "  (above theoretical: a cache warm from an earlier run, other traffic on the server, or failed requests, which theory counts)"
             );
         } else if a + 1e-9 < t {
             let _ = writeln!(
@@ -182,11 +200,18 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
             or_na(num(&v["peak_waiting"]), 0)
         ),
     );
-    row(
-        &mut out,
-        "Peak KV-cache usage:",
-        pct(num(&v["peak_kv_cache_usage"])),
-    );
+    let kv = match unexposed("kv_cache_usage") {
+        true => "n/a (not exposed)".to_string(),
+        false => pct(num(&v["peak_kv_cache_usage"])),
+    };
+    row(&mut out, "Peak KV-cache usage:", kv);
+    if let Some(t) = num(&v["mean_server_ttft_ms"]) {
+        row(
+            &mut out,
+            "Mean TTFT, server histogram (ms):",
+            format!("{t:.2}"),
+        );
+    }
     out
 }
 
@@ -266,7 +291,7 @@ pub fn extra_sections(
     if sum.server_reported == 0 {
         let _ = writeln!(
             out,
-            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics)"
+            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics; llama.cpp sends `timings`)"
         );
     } else {
         row(
@@ -275,16 +300,38 @@ pub fn extra_sections(
             sum.server_reported,
         );
         rowf(&mut out, "Mean client TTFT (ms):", sum.ttft.mean);
-        rowf(
-            &mut out,
-            "  = mean server queue (ms):",
-            sum.server_queue.mean,
-        );
+        if sum.server_queue.count > 0 {
+            rowf(
+                &mut out,
+                "  = mean server queue (ms):",
+                sum.server_queue.mean,
+            );
+        } else {
+            row(&mut out, "  = mean server queue (ms):", "n/a");
+        }
         rowf(&mut out, "  + mean server TTFT (ms):", sum.server_ttft.mean);
         rowf(
             &mut out,
             "  + mean unattributed (ms):",
             sum.unattributed.mean,
+        );
+        if sum.server_queue.count == 0 {
+            let _ = writeln!(
+                out,
+                "  (no queue time reported: a wait in the server's queue is in unattributed)"
+            );
+        }
+    }
+    if let Some(c) = sum.server_cache {
+        row(
+            &mut out,
+            "Prompt tokens from server cache:",
+            format!(
+                "{} / {} ({:.2} %)",
+                c.cached_tokens,
+                c.prompt_tokens,
+                c.hit_rate().unwrap_or(0.0) * 100.0
+            ),
         );
     }
     let _ = writeln!(out, "{}", "=".repeat(50));

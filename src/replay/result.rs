@@ -18,7 +18,8 @@
 //!   intended − client queue, i.e. the dispatcher's lateness plus the hand-over to the request's
 //!   task; negative = early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
 //!   per-request `metrics`, when the server sent them) and `unattributed` (client TTFT − server queue
-//!   − server TTFT), plus `server_reported` (requests with server metrics) and `inexact_prompts`.
+//!   − server TTFT), plus `server_reported` (requests with server metrics), `server_prefix_cache`
+//!   (per-request cached tokens, when the server reported them) and `inexact_prompts`.
 //! - **histograms**: `{name: base64 HdrHistogram V2}` for `ttft_us`, `tpot_us`, `itl_us`,
 //!   `e2el_us`, `drift_abs_ns`, `client_queue_ns` (successful requests; drift/queue of all).
 //! - **with `--detailed`**, index-aligned per-request arrays in seconds like vLLM's: `input_lens`,
@@ -104,6 +105,9 @@ pub struct ReplayResult {
     pub stats: Map<String, Value>,
     pub errors_by_kind: BTreeMap<String, u64>,
     pub server_reported: u64,
+    /// Per-request prefix-cache hits the server reported (llama.cpp `timings.cache_n`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_prefix_cache: Option<Value>,
     pub histograms: BTreeMap<String, String>,
     /// `--detailed`: the per-request arrays.
     #[serde(flatten)]
@@ -143,6 +147,10 @@ pub struct Detailed {
     pub server_ttfts: Vec<Option<f64>>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
     pub server_input_lens: Vec<Option<u64>>,
+    /// Prompt tokens the server took from its cache, null where unknown; only when some request
+    /// reported them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cached_tokens: Option<Vec<Option<u64>>>,
     pub intended_times: Vec<f64>,
     pub drifts: Vec<f64>,
     pub client_queue_times: Vec<f64>,
@@ -170,6 +178,10 @@ impl Detailed {
             server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
             server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
             server_input_lens: col(s, |x| x.server.prompt_tokens),
+            server_cached_tokens: s
+                .iter()
+                .any(|x| x.server.cached_tokens.is_some())
+                .then(|| col(s, |x| x.server.cached_tokens)),
             intended_times: col(s, |x| ns_to_s(x.intended_ns)),
             drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
             client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
@@ -226,6 +238,10 @@ impl ReplayResult {
             stats,
             errors_by_kind: sum.errors.clone(),
             server_reported: sum.server_reported,
+            server_prefix_cache: sum.server_cache.map(|c| {
+                json!({"requests": c.requests, "cached_tokens": c.cached_tokens,
+                    "prompt_tokens": c.prompt_tokens, "hit_rate": c.hit_rate()})
+            }),
             histograms: hist.encode(),
             detailed: detailed.then(|| Detailed::of(samples)),
             sessions: None,
@@ -338,6 +354,7 @@ pub(crate) mod tests {
                     queue_ms: Some(1.0),
                     ttft_ms: Some(40.0),
                     prompt_tokens: None,
+                    cached_tokens: None,
                 },
                 ..Default::default()
             },
@@ -401,12 +418,14 @@ pub(crate) mod tests {
             queries: Some(1000.0 * x),
             prompt_tokens: Some(1000.0 * x),
             generation_tokens: None,
+            ..Default::default()
         };
         let series = crate::replay::scrape::Series {
             url: "http://127.0.0.1:1/metrics".into(),
             points: vec![point(-0.02, 0.0), point(1.0, 2.0), point(1.5, 3.0)],
             before_ok: true,
             after_ok: true,
+            family: Some(&crate::replay::scrape::FAMILIES[0]),
             ..Default::default()
         };
         let theory = crate::replay::scrape::Theory {

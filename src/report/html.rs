@@ -246,7 +246,8 @@ fn lengths(run: &Run) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// Client TTFT split into server queue, server TTFT and unattributed time (mean and median of
-/// each component over requests that have all three).
+/// each component over requests with a server TTFT; a server that reports no queue time has
+/// its queue wait in the unattributed part: [`crate::metrics::unattributed`]).
 fn breakdown(run: &Run) -> Option<Value> {
     let q = run.requests.as_ref()?;
     let mut parts: [Vec<f64>; 4] = Default::default();
@@ -254,14 +255,14 @@ fn breakdown(run: &Run) -> Option<Value> {
         if !q.ok(i) {
             continue;
         }
-        if let (Some(t), Some(sq), Some(st)) =
-            (q.ttft_s[i], q.server_queue_s[i], q.server_ttft_s[i])
-        {
-            parts[0].push(sq * 1e3);
-            parts[1].push(st * 1e3);
-            parts[2].push((t - sq - st) * 1e3);
-            parts[3].push(t * 1e3);
-        }
+        let (Some(t), Some(st)) = (q.ttft_s[i], q.server_ttft_s[i]) else {
+            continue;
+        };
+        let sq = q.server_queue_s[i];
+        parts[0].push(sq.unwrap_or(0.0) * 1e3);
+        parts[1].push(st * 1e3);
+        parts[2].push(crate::metrics::unattributed(t, sq, st) * 1e3);
+        parts[3].push(t * 1e3);
     }
     if parts[0].is_empty() {
         return None;

@@ -507,8 +507,9 @@ fn stats_from_requests(
         if let Some(s) = s {
             f.entry("server_ttft").or_default().push(s);
         }
-        if let (Some(q), Some(s)) = (q, s) {
-            f.entry("unattributed").or_default().push(t - (q + s));
+        if let Some(s) = s {
+            let u = crate::metrics::unattributed(t, q, s);
+            f.entry("unattributed").or_default().push(u);
         }
     }
     VLLM_FAMILIES
@@ -625,6 +626,7 @@ mod tests {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
                 prompt_tokens: None,
+                cached_tokens: None,
             },
             ..Default::default()
         }

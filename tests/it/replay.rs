@@ -147,9 +147,9 @@ async fn connection_refused_is_a_failure_not_an_error() {
         "0",
     ])
     .unwrap();
-    let p = replay::prepare(&cfg).await.unwrap();
+    let mut p = replay::prepare(&cfg).await.unwrap();
     gone.join().unwrap(); // the listener is gone before the clock starts
-    let ran = replay::execute(&cfg, &p).await.unwrap();
+    let ran = replay::execute(&cfg, &mut p).await.unwrap();
     let o = replay::assemble(&cfg, &p, ran).unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
