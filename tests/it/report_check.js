@@ -1,0 +1,114 @@
+// Checks a rendered report or compare page from inside it (appended after the page's own script by
+// tests/it/compare.rs and tools/report_screenshots.sh): every SVG label inside its chart, no chart
+// empty without saying "no data", no clipped text block, and hovering a timeline bar (whole run,
+// then zoomed in) shows that request's TTFT. Leaves the hover shown for screenshots. Writes one
+// line per finding into the hidden pre#retrace-check: "ok ..." or "FAIL ...".
+(function () {
+'use strict';
+var out = [];
+function ok(m) { out.push('ok ' + m); }
+function bad(m) { out.push('FAIL ' + m); }
+function name(el) { var c = el.closest('[id]'); return c ? '#' + c.id : el.tagName; }
+function at(el, x, y, type, extra) {
+  var b = el.getBoundingClientRect(), o = {bubbles: true, clientX: b.left + x, clientY: b.top + y};
+  for (var k in extra || {}) o[k] = extra[k];
+  el.dispatchEvent(new MouseEvent(type, o));
+}
+
+function inside(b, box) { return b.left >= box.left - 0.5 && b.right <= box.right + 0.5 && b.top >= box.top - 0.5 && b.bottom <= box.bottom + 0.5; }
+function overlaps(b, box) { return b.left < box.right && b.right > box.left && b.top < box.bottom && b.bottom > box.top; }
+
+// Every label inside its chart and outside its plot area (legends off the curves); no text block clipped.
+function labelsInside() {
+  var n = 0;
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    var box = svg.getBoundingClientRect(), plot = svg.querySelector('.hover');
+    svg.querySelectorAll('text').forEach(function (t) {
+      var b = t.getBoundingClientRect();
+      n++;
+      if (b.width > 0 && !inside(b, box)) bad('label "' + t.textContent + '" of ' + name(svg) + ' overflows its chart');
+      if (plot && overlaps(b, plot.getBoundingClientRect())) bad('label "' + t.textContent + '" of ' + name(svg) + ' lies on the plotted data');
+    });
+  });
+  ok(n + ' chart labels checked');
+  document.querySelectorAll('pre, .card, .sub, .note').forEach(function (e) {
+    if (e.scrollWidth > e.clientWidth + 1) bad(name(e) + ' ' + e.tagName + ' is clipped: ' + e.scrollWidth + ' > ' + e.clientWidth + ' px');
+  });
+  if (document.documentElement.scrollWidth > window.innerWidth + 1) bad('the page scrolls sideways: ' + document.documentElement.scrollWidth + ' px');
+}
+
+// A chart shows data when a curve spans both axes, a bar or box is drawn (legend swatches are
+// 10 px), or its timeline canvas has rows; otherwise it must say "no data".
+function noEmptyChart() {
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    var cv = svg.parentNode.querySelector('canvas');
+    var drawn = (cv && +cv.getAttribute('data-rows') > 0) || Array.prototype.some.call(svg.querySelectorAll('path, rect'), function (e) {
+      var b = e.getBoundingClientRect();
+      return e.tagName === 'path' ? b.width >= 2 && b.height >= 2 : !e.classList.contains('hover') && (b.width > 12 || b.height > 12);
+    });
+    var said = Array.prototype.some.call(svg.querySelectorAll('text'), function (t) { return t.textContent.indexOf('no data') === 0; });
+    if (!drawn && !said) bad(name(svg) + ' is empty without saying "no data"');
+  });
+  ok('empty charts say "no data"');
+}
+
+// Hovers row k of the timeline in its current view; true when the tooltip names it with its TTFT.
+function hoverRow(svg, rows, k, what) {
+  var g = JSON.parse(svg.getAttribute('data-geom')), id = g.ids[k];
+  var r = rows.filter(function (r) { return r[0] === id; })[0];
+  var mid = Math.max(g.a, Math.min(g.b, r[1] + r[5] / 2000));
+  var x = g.L + (mid - g.a) / (g.b - g.a) * (g.R - g.L), y = g.T + (k + 0.5) * g.rh;
+  at(svg, x, y, 'mousemove');
+  var tip = document.getElementById('tip'), text = tip && !tip.hidden ? tip.textContent : '';
+  var m = /TTFT ([0-9.]+) ms/.exec(text);
+  if (text.indexOf('request #' + id + 'sent') !== 0 || !m || Math.abs(+m[1] - r[2]) > Math.max(0.01, r[2] * 0.005))
+    return bad(what + ': hovering request #' + id + ' (TTFT ' + r[2] + ' ms) showed "' + text + '"');
+  ok(what + ': hovering request #' + id + ' shows TTFT ' + m[1] + ' ms');
+}
+
+function timelineHover(D) {
+  var svg = document.querySelector('#chart-timeline svg');
+  if (!D.timeline || !svg) return;
+  var rows = D.timeline.rows, ids = JSON.parse(svg.getAttribute('data-geom')).ids;
+  var k = ids.length >> 1;
+  while (k < ids.length - 1 && rows[k][2] == null) k++;
+  hoverRow(svg, rows, k, 'whole run');
+  // zoom into the 60 px around that request by dragging across it
+  var g = JSON.parse(svg.getAttribute('data-geom')), r = rows[k];
+  var x = g.L + (r[1] + r[5] / 2000 - g.a) / (g.b - g.a) * (g.R - g.L);
+  at(svg, x - 30, g.T + 2, 'mousedown');
+  at(svg, x + 30, g.T + 2, 'mousemove');
+  at(svg, x + 30, g.T + 2, 'mouseup');
+  var z = JSON.parse(svg.getAttribute('data-geom'));
+  if (!(z.b - z.a < g.b - g.a)) return bad('dragging across the timeline did not zoom in');
+  var ids2 = svg.querySelectorAll('.rid').length;
+  if (z.rh >= 10 && ids2 !== z.ids.length) bad('zoomed timeline: ' + ids2 + ' request ids for ' + z.ids.length + ' rows');
+  else ok('zoomed to ' + z.ids.length + ' rows, ' + ids2 + ' request ids shown');
+  hoverRow(svg, rows, z.ids.indexOf(r[0]), 'zoomed');
+}
+
+function cdfHover() {
+  var r = document.querySelector('[id^="chart-cdf-"] .hover');
+  if (!r) return;
+  var b = r.getBoundingClientRect();
+  at(r, b.width * 0.6, b.height / 2, 'mousemove');
+  var text = r.closest('.card').querySelector('.readout').textContent;
+  if (/p[0-9.]+ = [0-9.]+/.test(text)) ok('CDF hover reads "' + text + '"'); else bad('CDF hover read-out is "' + text + '"');
+}
+
+try {
+  var D = JSON.parse(document.getElementById('retrace-data').textContent);
+  labelsInside();
+  noEmptyChart();
+  cdfHover();
+  timelineHover(D);
+} catch (e) {
+  bad('check script: ' + e.message);
+}
+var pre = document.createElement('pre');
+pre.id = 'retrace-check';
+pre.setAttribute('data-height', String(document.documentElement.scrollHeight));
+pre.textContent = out.join('\n');
+pre.style.display = 'none';
+document.body.appendChild(pre);
+})();
