@@ -1,16 +1,18 @@
 //! Self-contained HTML pages: the run report (`retrace report`) and the comparison page
-//! (`compare --html`). One file, inline CSS and JavaScript drawing SVG (and one canvas for the
-//! timeline); no network fetches, no external fonts or scripts.
+//! (`compare --html`). One file: inline CSS (`report.css`) and the script `report.js`, which draws
+//! SVG charts and one canvas timeline with hover read-outs and a zoomable time axis; no network
+//! fetches, no external fonts or scripts.
 //!
-//! Rust computes everything the page shows (downsampled so 100,000 requests stay a few MB): CDF
-//! points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
-//! stride plus the slowest, each with its TTFT and runs of ITL gaps grouped by threshold
-//! class; above that, also a detail window of [`DETAIL_ROWS`] consecutive requests around the worst
-//! TTFT), time series in at most [`SERIES_BINS`] bins, length histograms and the server-side
-//! breakdown. The data goes in a `<script type="application/json">` block; the script draws it
-//! and, only after every chart rendered without an exception, sets `data-rendered` on `<body>`
-//! and adds `#render-ok` (a script error sets `data-render-error` instead), which the browser test
-//! checks. This module does not read files or compute comparisons.
+//! Rust computes everything the page shows (downsampled so 100,000 requests stay under 1 MB):
+//! CDF points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
+//! stride plus the slowest, each with its index, TTFT, tokens, error and runs of ITL gaps grouped
+//! by threshold class as vLLM's `--timeline-itl-thresholds` does; above that, also a detail
+//! window of [`DETAIL_ROWS`] consecutive requests around the worst TTFT), time series in at most
+//! [`SERIES_BINS`] bins, length histograms and the server-side breakdown. The data goes in a
+//! `<script type="application/json">` block; the script draws it and, only after every chart
+//! rendered without an exception, sets `data-rendered` on `<body>` and adds `#render-ok` (a script
+//! error sets `data-render-error` instead), which the browser test checks. This module does not
+//! read files or compute comparisons.
 
 use super::compare::{Comparison, Verdict};
 use super::load::{Metric, Requests, Run};
@@ -86,7 +88,17 @@ fn rows_of(q: &Requests, idx: &[usize], t: (f64, f64), errors: &mut Vec<String>)
                 })
             });
             let (isl, osl) = (q.input_lens[i], q.output_lens[i]);
-            json!([i, r3(q.start_s[i]), ttft, q.ok(i), flat, r3(end), isl, osl, err])
+            json!([
+                i,
+                r3(q.start_s[i]),
+                ttft,
+                q.ok(i),
+                flat,
+                r3(end),
+                isl,
+                osl,
+                err
+            ])
         })
         .collect()
 }
@@ -557,7 +569,7 @@ mod tests {
         assert!(rows.len() <= TIMELINE_ROWS && rows.len() > TIMELINE_ROWS / 2);
         assert_eq!(tl["total"], 20_000);
         // the 99 s request is kept (E2EL 99,000 ms)
-        assert!(rows.iter().any(|r| r[4].as_f64() == Some(99_000.0)));
+        assert!(rows.iter().any(|r| r[5].as_f64() == Some(99_000.0)));
         // the detail window holds consecutive requests around the worst TTFT
         run.requests.as_mut().unwrap().ttft_s[777] = Some(5.0);
         let tl = timeline(&run, (25.0, 50.0)).unwrap();
@@ -565,7 +577,47 @@ mod tests {
         assert_eq!(d["shown"], DETAIL_ROWS);
         assert_eq!(d["worst_ttft_ms"], 5000.0);
         let rows = d["rows"].as_array().unwrap();
-        assert!(rows.iter().any(|r| r[1].as_f64() == Some(5000.0)));
+        assert!(rows.iter().any(|r| r[2].as_f64() == Some(5000.0)));
+    }
+
+    /// The hover needs each row's request index, tokens and error; errors are stored once.
+    #[test]
+    fn timeline_rows_carry_index_tokens_and_error() {
+        let mut run = synth_run(4, 80.0, 1);
+        let q = run.requests.as_mut().unwrap();
+        q.start_s.swap(0, 3);
+        q.errors[1] = "HTTP 503".into();
+        q.errors[2] = "HTTP 503".into();
+        q.itls_s[0] = vec![0.010, 0.030, 0.030, 0.060];
+        let tl = timeline(&run, (25.0, 50.0)).unwrap();
+        assert_eq!(tl["errors"], json!(["HTTP 503"]));
+        let rows = tl["rows"].as_array().unwrap();
+        // sorted by send time: request 3 (sent at 0 s) first, request 0 last
+        assert_eq!(rows[0][0], 3);
+        let r0 = &rows[3];
+        assert_eq!(r0[0], 0);
+        assert_eq!(r0[4], json!([10.0, 0, 60.0, 1, 60.0, 2]));
+        assert_eq!((r0[6].as_u64(), r0[7].as_u64()), (Some(100), Some(10)));
+        assert_eq!(
+            (&r0[8], &rows[1][8], &rows[2][8]),
+            (&Value::Null, &json!(0), &json!(0))
+        );
+    }
+
+    /// 100,000 requests whose every gap changes colour: the page stays under 1 MB.
+    #[test]
+    fn report_page_of_100k_requests_stays_under_a_megabyte() {
+        let mut run = synth_run(100_000, 80.0, 1);
+        let q = run.requests.as_mut().unwrap();
+        for (i, itls) in q.itls_s.iter_mut().enumerate() {
+            *itls = (0..9).map(|k| [0.010, 0.030, 0.060][(i + k) % 3]).collect();
+            if i % 100 == 7 {
+                q.errors[i] = format!("HTTP 500 for request {i}");
+            }
+        }
+        let p = report_page(&run, (25.0, 50.0));
+        eprintln!("report page of 100,000 requests: {} bytes", p.len());
+        assert!(p.len() < 1_000_000, "{} bytes", p.len());
     }
 
     #[test]

@@ -37,17 +37,22 @@ function labelsInside() {
   if (document.documentElement.scrollWidth > window.innerWidth + 1) bad('the page scrolls sideways: ' + document.documentElement.scrollWidth + ' px');
 }
 
-// A chart shows data when a curve spans both axes, a bar or box is drawn (legend swatches are
-// 10 px), or its timeline canvas has rows; otherwise it must say "no data".
+// A chart shows data when a curve is drawn off its axes (not a line along the bottom or the left
+// edge of the plot), a bar or box is drawn (legend swatches are 10 px), or its timeline canvas has
+// rows; otherwise it must say "no data".
 function noEmptyChart() {
   document.querySelectorAll('svg.chart').forEach(function (svg) {
-    var cv = svg.parentNode.querySelector('canvas');
+    var cv = svg.parentNode.querySelector('canvas'), hv = svg.querySelector('.hover');
+    var plot = (hv || svg).getBoundingClientRect();
     var drawn = (cv && +cv.getAttribute('data-rows') > 0) || Array.prototype.some.call(svg.querySelectorAll('path, rect'), function (e) {
       var b = e.getBoundingClientRect();
-      return e.tagName === 'path' ? b.width >= 2 && b.height >= 2 : !e.classList.contains('hover') && (b.width > 12 || b.height > 12);
+      if (e.tagName === 'rect') return !e.classList.contains('hover') && (b.width > 12 || b.height > 12);
+      var onLeft = b.width < 2 && Math.abs(b.left - plot.left) < 1.5, onBottom = b.height < 2 && Math.abs(b.bottom - plot.bottom) < 1.5;
+      return (b.width >= 2 || b.height >= 2) && !onLeft && !onBottom;
     });
-    var said = Array.prototype.some.call(svg.querySelectorAll('text'), function (t) { return t.textContent.indexOf('no data') === 0; });
-    if (!drawn && !said) bad(name(svg) + ' is empty without saying "no data"');
+    var said = Array.prototype.filter.call(svg.querySelectorAll('text'), function (t) { return t.textContent.indexOf('no data') === 0; })[0];
+    if (said) ok(name(svg) + ' says "' + said.textContent + '"');
+    else if (!drawn) bad(name(svg) + ' is empty without saying "no data"');
   });
   ok('empty charts say "no data"');
 }
