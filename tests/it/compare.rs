@@ -1,7 +1,8 @@
 //! `retrace compare` and `retrace report` end to end: two real replays against the test server
 //! (TTFT 20 ms vs 45 ms) compared with `--fail-on` and exit codes from the real binary, the real
 //! vLLM result fixture, a trace against its replay (fidelity), and the HTML report opened in
-//! headless Chromium (no script error, the expected charts, a screenshot).
+//! headless Chromium (no script error, the expected charts, the page's own checks of
+//! `report_check.js`: labels inside their charts, no silent empty chart, timeline hover).
 
 use crate::support::{self, ServerConfig};
 use clap::Parser;

@@ -62,8 +62,9 @@ function hoverRow(svg, rows, k, what) {
   var g = JSON.parse(svg.getAttribute('data-geom')), id = g.ids[k];
   var r = rows.filter(function (r) { return r[0] === id; })[0];
   var mid = Math.max(g.a, Math.min(g.b, r[1] + r[5] / 2000));
-  var x = g.L + (mid - g.a) / (g.b - g.a) * (g.R - g.L), y = g.T + (k + 0.5) * g.rh;
-  at(svg, x, y, 'mousemove');
+  // mouse events carry whole pixels: the first one inside the row (rows may be 1 px tall)
+  var top = svg.getBoundingClientRect().top, y = Math.ceil(top + g.T + k * g.rh) - top;
+  at(svg, g.L + (mid - g.a) / (g.b - g.a) * (g.R - g.L), y, 'mousemove');
   var tip = document.getElementById('tip'), text = tip && !tip.hidden ? tip.textContent : '';
   var m = /TTFT ([0-9.]+) ms/.exec(text);
   if (text.indexOf('request #' + id + 'sent') !== 0 || !m || Math.abs(+m[1] - r[2]) > Math.max(0.01, r[2] * 0.005))
