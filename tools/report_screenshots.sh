@@ -3,7 +3,8 @@
 # hover (zoomed in, request ids shown) and a CDF hover, into tools/results/. Two replays of
 # traces/azure_conv_100.csv against `retrace mock` (per-request metrics, 3% error statuses, 5% mid-stream
 # stalls): speed 4, then speed 8 with --max-concurrency 8. The page runs tests/it/report_check.js
-# (the browser test's checks, which leave the hovers shown); its findings are printed.
+# (the browser test's checks, which leave the hovers shown); its findings are printed and saved
+# in OUT_DIR/report-screenshots.txt.
 # Usage: tools/report_screenshots.sh [OUT_DIR]   (needs chromium; builds the debug binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,7 @@ for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && br
 flags=(--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update
        --disable-sync --no-first-run --disable-dev-shm-usage --hide-scrollbars)
 chrome() { local prof; prof=$(mktemp -d -p "$work"); timeout 120 chromium "${flags[@]}" --user-data-dir="$prof" "$@" 2>/dev/null; }
+exec > >(tee "$out/report-screenshots.txt")
 for page in report compare; do
   # the page with the check script appended after its own
   python3 - "$work/$page.html" tests/it/report_check.js "$work/$page-checked.html" <<'EOF'

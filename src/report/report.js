@@ -310,8 +310,8 @@ function timeline(parent, id, tl, th, note) {
     zoom(e.deltaY > 0 ? 1.25 : 0.8, tAt(px(e)[0]));
   }, {passive: false});
   draw();
-  legend(c, [['TTFT', TTFT_COLOR], ['ITL < ' + th[0] + ' ms', CLS[0]], [th[0] + ' ms <= ITL < ' + th[1] + ' ms', CLS[1]],
-             ['ITL >= ' + th[1] + ' ms', CLS[2]], ['failed', FAILED]]);
+  legend(c, [['TTFT', TTFT_COLOR], ['ITL < ' + th[0] + ' ms', CLS[0]], [th[0] + ' ms \u2264 ITL < ' + th[1] + ' ms', CLS[1]],
+             ['ITL \u2265 ' + th[1] + ' ms', CLS[2]], ['failed', FAILED]]);
   h('div', {'class': 'sub'}, c, note + ' Hover a row for its request; drag across the chart to zoom in, Shift+drag to pan, Ctrl+wheel to zoom, double-click to reset.');
 }
 

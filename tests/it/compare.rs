@@ -418,6 +418,8 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
         ],
         &[
             "ok whole run: hovering request #",
+            "ok Shift+drag pans the zoomed timeline",
+            "ok double-click resets the timeline",
             "request ids shown",
             "ok zoomed: hovering request #",
             "ok CDF hover reads",

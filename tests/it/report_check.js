@@ -72,24 +72,35 @@ function hoverRow(svg, rows, k, what) {
   ok(what + ': hovering request #' + id + ' shows TTFT ' + m[1] + ' ms');
 }
 
+// Drags across the timeline from x0 to x1 (client px from its left), Shift held to pan.
+function drag(svg, x0, x1, y, shift) {
+  at(svg, x0, y, 'mousedown', {shiftKey: shift});
+  at(svg, x1, y, 'mousemove', {shiftKey: shift});
+  at(svg, x1, y, 'mouseup', {shiftKey: shift});
+  return JSON.parse(svg.getAttribute('data-geom'));
+}
+
 function timelineHover(D) {
   var svg = document.querySelector('#chart-timeline svg');
   if (!D.timeline || !svg) return;
-  var rows = D.timeline.rows, ids = JSON.parse(svg.getAttribute('data-geom')).ids;
-  var k = ids.length >> 1;
-  while (k < ids.length - 1 && rows[k][2] == null) k++;
+  var rows = D.timeline.rows, g = JSON.parse(svg.getAttribute('data-geom'));
+  var k = g.ids.length >> 1;
+  while (k < g.ids.length - 1 && rows[k][2] == null) k++;
   hoverRow(svg, rows, k, 'whole run');
   // zoom into the 60 px around that request by dragging across it
-  var g = JSON.parse(svg.getAttribute('data-geom')), r = rows[k];
-  var x = g.L + (r[1] + r[5] / 2000 - g.a) / (g.b - g.a) * (g.R - g.L);
-  at(svg, x - 30, g.T + 2, 'mousedown');
-  at(svg, x + 30, g.T + 2, 'mousemove');
-  at(svg, x + 30, g.T + 2, 'mouseup');
-  var z = JSON.parse(svg.getAttribute('data-geom'));
+  var r = rows[k], x = g.L + (r[1] + r[5] / 2000 - g.a) / (g.b - g.a) * (g.R - g.L);
+  var z = drag(svg, x - 30, x + 30, g.T + 2, false);
   if (!(z.b - z.a < g.b - g.a)) return bad('dragging across the timeline did not zoom in');
-  var ids2 = svg.querySelectorAll('.rid').length;
-  if (z.rh >= 10 && ids2 !== z.ids.length) bad('zoomed timeline: ' + ids2 + ' request ids for ' + z.ids.length + ' rows');
-  else ok('zoomed to ' + z.ids.length + ' rows, ' + ids2 + ' request ids shown');
+  var p = drag(svg, x, x < (g.L + g.R) / 2 ? x - 40 : x + 40, g.T + 2, true);
+  if (p.a === z.a || Math.abs((p.b - p.a) - (z.b - z.a)) > 1e-9 * (g.b - g.a)) bad('Shift+drag did not pan the zoomed timeline');
+  else ok('Shift+drag pans the zoomed timeline');
+  svg.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  var back = JSON.parse(svg.getAttribute('data-geom'));
+  if (back.a !== g.a || back.b !== g.b) bad('double-click did not reset the timeline'); else ok('double-click resets the timeline');
+  z = drag(svg, x - 30, x + 30, g.T + 2, false);
+  var ids = svg.querySelectorAll('.rid').length;
+  if (z.rh >= 10 && ids !== z.ids.length) bad('zoomed timeline: ' + ids + ' request ids for ' + z.ids.length + ' rows');
+  else ok('zoomed to ' + z.ids.length + ' rows, ' + ids + ' request ids shown');
   hoverRow(svg, rows, z.ids.indexOf(r[0]), 'zoomed');
 }
 
