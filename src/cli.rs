@@ -426,7 +426,7 @@ pub struct ReportArgs {
     /// ms, orange below B ms, red above; TTFT has its own colour.
     #[arg(
         long,
-        alias = "timeline-itl-thresholds",
+        visible_alias = "timeline-itl-thresholds",
         value_name = "A,B",
         default_value = "25,50"
     )]

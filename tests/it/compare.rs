@@ -477,6 +477,30 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     );
 }
 
+/// vLLM users' spelling of the timeline thresholds works; the page colours gaps by it.
+#[test]
+fn report_takes_vllms_timeline_itl_thresholds() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("r.html");
+    let f = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
+    let out = bin()
+        .args(["report", s(&f), "-o", s(&html)])
+        .args(["--timeline-itl-thresholds", "10,20"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("\"thresholds\":[10.0,20.0]"),
+        "thresholds not in the page"
+    );
+}
+
 #[test]
 fn report_of_a_bad_file_is_an_input_error() {
     let dir = tempfile::tempdir().unwrap();
