@@ -225,7 +225,7 @@ function timeline(parent, id, tl, th, note) {
   rows.forEach(function (r) { full[0] = Math.min(full[0], r[1]); full[1] = Math.max(full[1], end(r)); });
   if (!(full[1] > full[0])) full = [full[0] || 0, (full[0] || 0) + 1];
   var view = full.slice(), vis = rows;
-  var rh0 = Math.max(1, Math.min(14, 720 / rows.length)), plotH = rh0 * rows.length, H = T + plotH + B, rh = rh0;
+  var rh0 = Math.max(1, Math.min(14, 1000 / rows.length)), plotH = rh0 * rows.length, H = T + plotH + B, rh = rh0;
   var bar = h('div', {'class': 'tl-bar'}, c);
   var box = h('div', {'class': 'tl-box', style: 'width:' + W + 'px;height:' + H + 'px'}, c);
   var dpr = window.devicePixelRatio || 1;
