@@ -426,8 +426,14 @@ pub struct ReportArgs {
     /// Output HTML file.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-    /// Timeline colour thresholds in ms (green below the first, amber below the second, red above).
-    #[arg(long, value_name = "A,B", default_value = "25,50")]
+    /// Timeline colours of inter-token gaps, as vLLM's `--timeline-itl-thresholds`: green below A
+    /// ms, orange below B ms, red above; TTFT has its own colour.
+    #[arg(
+        long,
+        visible_alias = "timeline-itl-thresholds",
+        value_name = "A,B",
+        default_value = "25,50"
+    )]
     pub thresholds_ms: String,
 }
 

@@ -91,8 +91,9 @@ fn compare_page_of_an_aggregate_says_no_data_instead_of_empty_charts() {
     let (agg, recs) = (fx("profile_export_aiperf.json"), fx("profile_export.jsonl"));
     let out = retrace(&[p("compare"), &agg, &recs, p("--html"), &page]);
     assert_eq!(out.status.code(), Some(0));
-    let dom = open_headless(&page, &shots_dir().join("compare-aiperf-aggregate.png"));
-    check_rendered(&dom, &["table-compare"]);
+    let doms = open_headless(&page, &shots_dir().join("compare-aiperf-aggregate.png"));
+    check_rendered(&doms, &["table-compare"], &[]);
+    let dom = doms.join("\n");
     if !dom.is_empty() {
         assert!(!dom.contains("id=\"chart-"), "a chart without data");
         assert!(dom.contains(">no data: a side has neither"), "no-data line");
@@ -166,9 +167,9 @@ fn report_of_aiperf_exports_renders_without_empty_charts() {
     let html = dir.path().join("aiperf.html");
     let out = retrace(&[p("report"), &fx("profile_export.jsonl"), p("-o"), &html]);
     assert_eq!(out.status.code(), Some(0));
-    let dom = open_headless(&html, &shots_dir().join("report-aiperf.png"));
+    let doms = open_headless(&html, &shots_dir().join("report-aiperf.png"));
     check_rendered(
-        &dom,
+        &doms,
         &[
             "table-percentiles",
             "chart-cdf-ttft",
@@ -180,10 +181,12 @@ fn report_of_aiperf_exports_renders_without_empty_charts() {
             "chart-isl",
             "chart-osl",
         ],
+        &[],
     );
+    let dom = doms.join("\n");
     if !dom.is_empty() {
         assert!(dom.contains("data-rows=\"13\""), "timeline rows");
-        assert!(!dom.contains(">no data</text>"), "an empty chart");
+        assert!(!dom.contains("class=\"no-data\""), "an empty chart");
         // no server figures in an AIPerf export: no breakdown drawn
         assert!(!dom.contains("id=\"chart-breakdown\""));
     }
@@ -198,11 +201,12 @@ fn report_of_aiperf_exports_renders_without_empty_charts() {
     assert_eq!(out.status.code(), Some(0));
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("aiperf.unavailable") && page.contains("no per-request"));
-    let dom = open_headless(&html, &shots_dir().join("report-aiperf-aggregate.png"));
-    check_rendered(&dom, &["table-summary", "table-percentiles"]);
+    let doms = open_headless(&html, &shots_dir().join("report-aiperf-aggregate.png"));
+    check_rendered(&doms, &["table-summary", "table-percentiles"], &[]);
+    let dom = doms.join("\n");
     if !dom.is_empty() {
         assert!(!dom.contains("id=\"chart-"), "a chart without data");
-        assert!(!dom.contains(">no data</text>"));
+        assert!(!dom.contains("class=\"no-data\""));
         // the TTFT row: AIPerf's mean 21.46 ms
         assert!(dom.contains("21.46"), "TTFT row");
     }
