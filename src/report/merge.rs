@@ -798,15 +798,40 @@ mod tests {
         };
         inputs[0].1["probes"] = probe(&[0.010, 0.020]);
         inputs[1].1["probes"] = probe(&[0.030]);
-        let p = merge(&inputs).unwrap()["probes"].clone();
+        let merged = merge(&inputs).unwrap();
+        let p = merged["probes"].clone();
         assert_eq!(
             (p["rate"].as_f64(), p["sent"].as_u64()),
             (Some(4.0), Some(3))
         );
+        // vLLM's probe keys come from the pooled probes, not from the first input
+        assert_eq!(merged["probe_completed"], 3);
+        assert_eq!(merged["probe_max_e2el_ms"], 30.0);
         assert_eq!(p["completed"], 3);
         assert!((p["ttft"]["mean_ms"].as_f64().unwrap() - 20.0).abs() < 1e-9);
         assert_eq!(p["ttft"]["count"], 3);
         assert!(p["ttft"]["p99_ms"].is_null());
+    }
+
+    /// The shards' peaks add up (an upper bound); an input without a peak key drops it.
+    #[test]
+    fn peaks_are_summed_and_dropped_when_an_input_lacks_them() {
+        let mut inputs = shards(false);
+        let m = merge(&inputs).unwrap();
+        for k in [
+            "max_concurrent_requests",
+            "peak_in_flight",
+            "max_output_tokens_per_s",
+        ] {
+            let sum: f64 = inputs.iter().map(|(_, v)| v[k].as_f64().unwrap()).sum();
+            assert_eq!(m[k].as_f64(), Some(sum), "{k}");
+        }
+        inputs[1]
+            .1
+            .as_object_mut()
+            .unwrap()
+            .remove("peak_in_flight");
+        assert!(merge(&inputs).unwrap().get("peak_in_flight").is_none());
     }
 
     /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.
