@@ -444,8 +444,13 @@ pub struct Summary {
     pub total_token_throughput: f64,
     /// Requests meeting every SLO per second ([`good_requests`]); `None` when no SLO was given.
     pub request_goodput: Option<f64>,
-    /// Peak requests in flight (sent, not finished).
+    /// vLLM's `max_concurrent_requests`: successful requests active in the busiest whole second
+    /// ([`per_second_peaks`]).
     pub max_concurrent_requests: u64,
+    /// vLLM's `max_output_tokens_per_s`: content messages in the busiest whole second.
+    pub max_output_tokens_per_s: f64,
+    /// Peak requests in flight at one instant (sent, not finished; failures included).
+    pub peak_in_flight: u64,
     pub ttft: Stats,
     pub tpot: Stats,
     pub itl: Stats,
@@ -539,6 +544,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
     }
     let p = percentiles;
+    let (max_output_tokens_per_s, max_concurrent_requests) = per_second_peaks(&ok);
     Summary {
         completed,
         failed: samples.len() as u64 - completed,
@@ -549,7 +555,9 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         output_throughput: per_s(total_output_tokens as f64),
         total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
         request_goodput: None,
-        max_concurrent_requests: max_concurrency(samples),
+        max_concurrent_requests,
+        max_output_tokens_per_s,
+        peak_in_flight: max_concurrency(samples),
         ttft: Stats::from_seconds(&ttfts, p),
         tpot: Stats::from_seconds(&tpots, p),
         itl: Stats::from_seconds(&itls, p),
@@ -597,6 +605,37 @@ pub fn good_requests(samples: &[Sample], slo: &Slo) -> u64 {
                 && slo.e2el_ms.is_none_or(|m| e2el <= m)
         })
         .count() as u64
+}
+
+/// vLLM's per-second peaks over successful requests, in its float arithmetic: whole seconds from
+/// the first send; each content message (first token, then one per ITL gap) counts in its second,
+/// and a request counts in every second from its send to its end. Returns (most messages in one
+/// second, most requests in one second).
+fn per_second_peaks(ok: &[&Sample]) -> (f64, u64) {
+    let start = |s: &Sample| ns_to_s(s.sent_ns);
+    let end = |s: &Sample| start(s) + s.e2el_ns.map_or(0.0, ns_to_s);
+    let Some(t0) = ok.iter().map(|s| start(s)).min_by(f64::total_cmp) else {
+        return (0.0, 0);
+    };
+    let last = ok.iter().map(|s| end(s)).fold(t0, f64::max);
+    let n = (last - t0).ceil() as usize + 1;
+    let (mut tokens, mut active) = (vec![0u64; n], vec![0u64; n]);
+    for s in ok {
+        let mut t = start(s) + s.ttft_ns.map_or(0.0, ns_to_s);
+        let gaps = s.itls_ns.iter().map(|&g| ns_to_s(g));
+        for g in std::iter::once(0.0).chain(gaps) {
+            t += g;
+            if let Some(b) = tokens.get_mut((t - t0) as usize) {
+                *b += 1;
+            }
+        }
+        let (a, b) = ((start(s) - t0) as usize, (end(s) - t0) as usize);
+        for c in active.iter_mut().take(b + 1).skip(a) {
+            *c += 1;
+        }
+    }
+    let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+    (max(&tokens) as f64, max(&active))
 }
 
 /// Peak number of requests between send and end at the same time.
@@ -993,6 +1032,67 @@ mod tests {
         let mut c = sample(100, 10, &[], 1);
         c.end_ns = 200;
         assert_eq!(max_concurrency(&[a, b, c]), 2);
+    }
+
+    /// vLLM's buckets: whole seconds from the first send; a request counts in every second it
+    /// touches, each content message in its own second.
+    #[test]
+    fn per_second_peaks_follow_vllm_buckets() {
+        let s = 1_000_000_000;
+        // sent at 0 s: first token at 0.5 s, then 0.2 s gaps: 0.7, 0.9, 1.1; ends 1.1 s
+        let a = sample(0, s / 2, &[s / 5, s / 5, s / 5], 4);
+        // sent at 0.95 s, one token at 1.05 s, ends 1.05 s
+        let b = sample(95 * s / 100, s / 10, &[], 1);
+        assert_eq!(per_second_peaks(&[&a, &b]), (3.0, 2));
+        assert_eq!(per_second_peaks(&[]), (0.0, 0));
+    }
+
+    /// The requests of real `vllm bench serve` runs (their `--save-detailed` arrays), summarised
+    /// by us, give the peaks and statistics vLLM wrote for them.
+    #[test]
+    fn summary_of_real_vllm_requests_matches_its_result() {
+        for text in [
+            include_str!("../fixtures/vllm/bench_serve_result_timed_trace.json"),
+            include_str!("../fixtures/vllm/bench_serve_result_random.json"),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let ns = |x: &serde_json::Value| (x.as_f64().unwrap() * 1e9).round() as u64;
+            let col = |k: &str| v[k].as_array().unwrap().clone();
+            let (starts, ttfts, lats, itls) = (
+                col("start_times"),
+                col("ttfts"),
+                col("latencies"),
+                col("itls"),
+            );
+            let samples: Vec<Sample> = (0..starts.len())
+                .map(|i| {
+                    let sent = ns(&starts[i]);
+                    Sample {
+                        input_tokens: v["input_lens"][i].as_u64().unwrap(),
+                        output_tokens: v["output_lens"][i].as_u64().unwrap(),
+                        intended_ns: sent,
+                        dispatched_ns: sent,
+                        sent_ns: sent,
+                        ttft_ns: Some(ns(&ttfts[i])),
+                        e2el_ns: Some(ns(&lats[i])),
+                        itls_ns: itls[i].as_array().unwrap().iter().map(ns).collect(),
+                        end_ns: sent + ns(&lats[i]),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let sum = summarize(&samples, v["duration"].as_f64().unwrap(), &[99.0]);
+            let peak_tokens = v["max_output_tokens_per_s"].as_f64().unwrap();
+            assert_eq!(sum.max_output_tokens_per_s, peak_tokens);
+            assert_eq!(sum.max_concurrent_requests, v["max_concurrent_requests"]);
+            for (ours, key) in [
+                (sum.ttft.mean, "mean_ttft_ms"),
+                (sum.tpot.mean, "mean_tpot_ms"),
+            ] {
+                let theirs = v[key].as_f64().unwrap();
+                assert!((ours - theirs).abs() < 1e-6, "{key}: {ours} vs {theirs}");
+            }
+        }
     }
 
     #[test]

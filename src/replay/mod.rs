@@ -718,7 +718,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     }
     let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
     let verdict = (invalid_reason.as_deref(), all_failed);
-    let report = console_report(cfg, p, &ran, &summary, sessions.as_ref(), verdict);
+    let report = console_report(cfg, p, &ran, &info, &summary, sessions.as_ref(), verdict);
     Ok(Outcome {
         summary,
         result,
@@ -735,13 +735,15 @@ fn console_report(
     cfg: &Config,
     p: &Prepared,
     ran: &Ran,
+    info: &result::RunInfo,
     summary: &metrics::Summary,
     sessions: Option<&sessions::SessionReport>,
     (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
     let samples = &ran.driven.samples;
     let firsts = outcome::first_errors(samples);
-    let mut report = console::vllm_block(summary);
+    let probes = ran.probes.as_ref().map(|(_, p)| p);
+    let mut report = console::vllm_block(summary, info, probes);
     report.push_str(&console::extra_sections(summary, cfg.max_drift_ms, &firsts));
     let recorded = p.facts.recorded.as_deref();
     report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
@@ -828,6 +830,9 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
         },
         model: facts.model.clone(),
         endpoint: facts.endpoint.clone(),
+        tokenizer_id: cfg.tokenizer.as_ref().map(|p| p.display().to_string()),
+        label: None,
+        traffic: result::Traffic::of(cfg.shaping.arrivals.as_ref()),
         speed: facts.speed,
         max_concurrency: cfg.max_concurrency,
         seed: cfg.seed,

@@ -125,6 +125,13 @@ fn compare_two_replays_gates_with_exit_codes() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["failed"], true);
+    // The verdict object: counts and the gate with the rule that tripped it.
+    let verdict = &v["verdict"];
+    assert!(verdict["worse"].as_u64().unwrap() >= 1, "{verdict}");
+    assert_eq!(verdict["gate"]["result"], "fail", "{verdict}");
+    assert_eq!(verdict["gate"]["failing"][0]["rule"], "median_ttft_ms>+10%");
+    let line = verdict["line"].as_str().unwrap();
+    assert!(line.contains("; gate: FAIL (median_ttft_ms +"), "{line}");
     let row = v["rows"]
         .as_array()
         .unwrap()
@@ -174,6 +181,9 @@ fn compare_two_replays_gates_with_exit_codes() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ok median_ttft_ms>+100%"), "{text}");
+    // The verdict line comes first.
+    let first = text.lines().next().unwrap();
+    assert!(first.ends_with("; gate: PASS (2 rules)"), "{first}");
 
     // A bad rule is a usage error: exit 2, naming the rule.
     let out = bin()
@@ -212,6 +222,13 @@ fn compare_two_replays_gates_with_exit_codes() {
         md.contains("| median TTFT (ms) |") && md.contains("**worse**"),
         "{md}"
     );
+    // Markdown opens with the verdict line too; no gate part without --fail-on.
+    let first = md.lines().next().unwrap();
+    assert!(
+        first.starts_with("**") && first.contains(" worse, "),
+        "{first}"
+    );
+    assert!(!first.contains("gate"), "{first}");
 
     // Fidelity: the trace against its replay.
     let out = bin()
@@ -232,6 +249,44 @@ fn compare_two_replays_gates_with_exit_codes() {
     // generous: the dispatcher is precise, but the machine is shared
     assert!(f["arrival_error_ms"]["p50"].as_f64().unwrap() < 50.0, "{f}");
     assert_eq!(v["workload"]["isl_ks"]["d"], 0.0);
+}
+
+/// A result written before the vLLM keys were complete (`backend: "retrace"`, `endpoint_type:
+/// completions`, no `queue_times`, ...) is still read by `compare` and `report`.
+#[test]
+fn compare_and_report_read_an_old_format_result() {
+    let old = support::repo("fixtures/replay/result_old_format.json");
+    let out = bin()
+        .args(["compare", s(&old), s(&old), "--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |k: &str| {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == k)
+            .cloned()
+    };
+    assert_eq!(row("p99_ttft_ms").unwrap()["baseline"], 50.0);
+    assert_eq!(v["verdict"]["worse"], 0);
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("old.html");
+    let out = bin()
+        .args(["report", s(&old), "-o", s(&page)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let page = std::fs::read_to_string(&page).unwrap();
+    // its per-request arrays give the timeline of both requests
+    assert!(
+        page.contains("\"timeline\":{") && page.contains("\"total\":2"),
+        "no timeline"
+    );
 }
 
 #[test]
