@@ -1,5 +1,5 @@
 //! `retrace compare` and `retrace report` end to end: two real replays against the test server
-//! (TTFT 20 ms vs 45 ms) compared with `--fail-on` and exit codes from the real binary, the real
+//! (TTFT 20 ms vs 100 ms) compared with `--fail-on` and exit codes from the real binary, the real
 //! vLLM result fixture, a trace against its replay (fidelity), and the HTML report opened in
 //! headless Chromium (no script error, the expected charts, the page's own checks of
 //! `report_check.js`: labels inside their charts, no silent empty chart, timeline hover).
@@ -83,7 +83,7 @@ fn runs() -> Runs {
     rt.block_on(async {
         replay_to(&t, 20, &fast).await;
         replay_to(&t, 20, &fast2).await;
-        replay_to(&t, 45, &slow).await;
+        replay_to(&t, 100, &slow).await;
     });
     Runs {
         _dir: dir,
@@ -101,7 +101,7 @@ fn s(p: &Path) -> &str {
 #[test]
 fn compare_two_replays_gates_with_exit_codes() {
     let r = runs();
-    // A 20 → 45 ms TTFT regression trips the rule: exit 1, message on stderr.
+    // A 20 → 100 ms TTFT regression trips the rule: exit 1, message on stderr.
     let out = bin()
         .args(["compare", s(&r.fast), s(&r.slow)])
         .args([
@@ -140,7 +140,7 @@ fn compare_two_replays_gates_with_exit_codes() {
         .unwrap();
     assert_eq!(row["verdict"], "worse", "{row}");
     assert!(row["rel_change"].as_f64().unwrap() > 0.5, "{row}");
-    // Same trace replayed twice: paired comparison with the ratio around 45/20.
+    // Same trace replayed twice: paired comparison with the ratio around 100/20 (a busy machine adds to both sides).
     let p = &v["paired"];
     assert_eq!(p["n"], 40);
     assert!(p["geo_mean_ratio"].as_f64().unwrap() > 1.5, "{p}");
