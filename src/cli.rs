@@ -125,7 +125,8 @@ pub struct ReplayArgs {
     pub speed: Option<f64>,
     /// Replay only the first N requests (default: all).
     ///
-    /// With the embedded mock and neither --limit nor --speed, the first 45 s of the trace.
+    /// With --shard, the shards split the trace's first N. With the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.
