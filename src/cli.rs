@@ -36,7 +36,7 @@ pub enum Command {
     /// input's (shards run concurrently), per-request arrays concatenated. Statistics are
     /// recomputed from the per-request data when every input was `--detailed` (then they equal one
     /// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
-    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/replay.md.
+    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/scale-out.md.
     Merge(MergeArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
     ///
