@@ -1,5 +1,6 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod aiperf;
 mod compare;
 mod fuzz;
 mod merge;

@@ -147,9 +147,9 @@ async fn connection_refused_is_a_failure_not_an_error() {
         "0",
     ])
     .unwrap();
-    let p = replay::prepare(&cfg).await.unwrap();
+    let mut p = replay::prepare(&cfg).await.unwrap();
     gone.join().unwrap(); // the listener is gone before the clock starts
-    let ran = replay::execute(&cfg, &p).await.unwrap();
+    let ran = replay::execute(&cfg, &mut p).await.unwrap();
     let o = replay::assemble(&cfg, &p, ran).unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
@@ -251,7 +251,7 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
     let o = replay::replay(cfg).await.unwrap();
     let s = &o.summary;
     assert_eq!((s.completed, s.failed), (2, 0), "--limit 2: {:?}", s.errors);
-    assert_eq!(s.max_concurrent_requests, 1);
+    assert_eq!(s.peak_in_flight, 1);
     let col = |k: &str| -> Vec<f64> {
         let v = o.result[k].as_array().unwrap_or_else(|| panic!("{k}"));
         v.iter().map(|x| x.as_f64().unwrap()).collect()
@@ -754,7 +754,8 @@ async fn chat_text_mode_end_to_end() {
     let s = &o.summary;
     assert_eq!((s.completed, s.failed), (2, 0), "{:?}", s.errors);
     assert_eq!(o.result["inexact_prompts"], 0);
-    assert_eq!(o.result["endpoint_type"], "chat");
+    assert_eq!(o.result["endpoint"], "chat");
+    assert_eq!(o.result["endpoint_type"], "openai-chat");
     // The role chunk arrives at 30 ms, content every 10 ms after: 6 ITL gaps per request.
     assert_eq!(s.itl.count, 12);
     assert!(s.ttft.mean >= 30.0, "{}", s.ttft.mean);
