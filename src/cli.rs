@@ -36,7 +36,7 @@ pub enum Command {
     /// input's (shards run concurrently), per-request arrays concatenated. Statistics are
     /// recomputed from the per-request data when every input was `--detailed` (then they equal one
     /// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
-    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/replay.md.
+    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/scale-out.md.
     /// AIPerf per-request exports (`profile_export.jsonl`) merge into one such export: every
     /// record, ordered by send time (docs/compare.md).
     Merge(MergeArgs),
@@ -127,7 +127,8 @@ pub struct ReplayArgs {
     pub speed: Option<f64>,
     /// Replay only the first N requests (default: all).
     ///
-    /// With the embedded mock and neither --limit nor --speed, the first 45 s of the trace.
+    /// With --shard, the shards split the trace's first N. With the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.

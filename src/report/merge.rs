@@ -1,7 +1,7 @@
 //! `retrace merge`: several replay result files (`retrace.replay/1`, e.g. the shards of one
 //! `--shard I/N` run) → one result file of the same schema, as one process would have written it.
 //!
-//! Rules (documented in `docs/replay.md`): HdrHistograms are added (lossless); counts, tokens and
+//! Rules (documented in `docs/scale-out.md`): HdrHistograms are added (lossless); counts, tokens and
 //! `errors_by_kind` are summed; `duration` is the longest input's (shards run concurrently on one
 //! timeline), throughputs are recomputed over it; per-request arrays (`--detailed`) are
 //! concatenated in input order (index-aligned arrays stay aligned). Statistics: when every input is

@@ -14,6 +14,7 @@ mod record_scale;
 mod record_upgrade;
 mod replay;
 mod replay_h1;
+mod scale_out;
 mod scrape;
 mod sessions;
 mod start_at;
