@@ -7,6 +7,7 @@
 //! `mooncake` loaders. Reading keeps ids as they are (they are already dense).
 
 use super::hash::IdCompactor;
+use super::stream::{Rebase, Rows};
 use super::{Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
@@ -90,41 +91,38 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
 }
 
 /// Reads Mooncake JSONL. `path` names the source in errors.
-pub fn read<R: BufRead>(
+pub fn read<R: BufRead + Send>(
     path: &str,
     input: R,
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    let mut rep = ImportReport::default();
-    let mut reqs: Vec<Request> = Vec::new();
-    for (k, line) in input.lines().enumerate() {
-        let lineno = k as u64 + 1;
-        let line = line.map_err(|e| TraceError::Io {
-            path: path.to_string(),
-            source: e,
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        match parse_row(&line) {
-            Ok(r) => reqs.push(r),
-            Err(msg) if opts.skip_bad => rep.bad_row(lineno, msg),
-            Err(msg) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line: lineno,
-                    msg,
-                })
+    super::stream::collect_rows(path, rows(path, input), opts)
+}
+
+/// Mooncake JSONL as rows in file order (blank lines skipped).
+pub(crate) fn rows<'a, R: BufRead + Send + 'a>(path: &str, input: R) -> Rows<'a> {
+    let name = path.to_string();
+    let iter = input.lines().enumerate().filter_map(move |(k, line)| {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                return Some(Err(TraceError::Io {
+                    path: name.clone(),
+                    source: e,
+                }))
             }
+        };
+        if line.trim().is_empty() {
+            return None;
         }
-    }
-    rep.rows = reqs.len() as u64;
-    let mut trace = Trace {
+        let row = parse_row(&line).map(|r| (r.arrival_us as i64, r));
+        Some(Ok((k as u64 + 1, row)))
+    });
+    Rows {
         header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
-        requests: reqs,
-    };
-    rep.reordered = trace.sort_by_arrival();
-    Ok((trace, rep))
+        rebase: Rebase::Keep,
+        iter: Box::new(iter),
+    }
 }
 
 /// Writes Mooncake JSONL: timestamps in ms from the first request (rounded), ids compacted.
