@@ -126,13 +126,37 @@ pub(crate) fn rows<'a, R: BufRead + Send + 'a>(path: &str, input: R) -> Rows<'a>
 }
 
 /// Writes Mooncake JSONL: timestamps in ms from the first request (rounded), ids compacted.
-pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
-    let mut ids = IdCompactor::new();
-    let t0 = trace.requests.first().map_or(0, |r| r.arrival_us);
-    let mut hs = Vec::new();
+pub fn write<W: Write>(trace: &Trace, out: W) -> std::io::Result<()> {
+    let mut w = MooncakeWriter::new(out);
     for r in &trace.requests {
+        w.push(r)?;
+    }
+    w.finish().map(drop)
+}
+
+/// [`write`] one request at a time.
+pub struct MooncakeWriter<W: Write> {
+    out: W,
+    ids: IdCompactor,
+    t0: Option<u64>,
+    hs: Vec<u64>,
+}
+
+impl<W: Write> MooncakeWriter<W> {
+    pub fn new(out: W) -> Self {
+        MooncakeWriter {
+            out,
+            ids: IdCompactor::new(),
+            t0: None,
+            hs: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+        let (out, hs) = (&mut self.out, &mut self.hs);
+        let t0 = *self.t0.get_or_insert(r.arrival_us);
         hs.clear();
-        hs.extend(r.hash_ids.iter().map(|&h| ids.id(h)));
+        hs.extend(r.hash_ids.iter().map(|&h| self.ids.id(h)));
         // Python's json.dumps layout (", " and ": "), as the published traces are written.
         let ts = (r.arrival_us.saturating_sub(t0) + 500) / 1000;
         write!(
@@ -146,9 +170,13 @@ pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
             }
             write!(out, "{h}")?;
         }
-        out.write_all(b"]}\n")?;
+        out.write_all(b"]}\n")
     }
-    out.flush()
+
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
 }
 
 #[cfg(test)]

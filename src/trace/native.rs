@@ -1031,23 +1031,32 @@ pub fn write_bytes(trace: &Trace, opts: WriteOptions) -> Vec<u8> {
 
 /// Writes a whole trace to a file (via a `.partial` file renamed when complete).
 pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), TraceError> {
-    let io = |e: std::io::Error| TraceError::Io {
-        path: path.display().to_string(),
-        source: e,
-    };
+    write_file_from(path, &trace.header, opts, trace.requests.iter().map(Ok)).map(drop)
+}
+
+/// Writes `records` to a file as they come (via a `.partial` file renamed when complete; on
+/// an error it is left behind); returns how many were written.
+pub fn write_file_from<R: std::borrow::Borrow<Request>>(
+    path: &Path,
+    header: &TraceHeader,
+    opts: WriteOptions,
+    records: impl Iterator<Item = Result<R, TraceError>>,
+) -> Result<u64, TraceError> {
+    let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");
     let tmp = std::path::PathBuf::from(tmp);
     let f = std::fs::File::create(&tmp).map_err(io)?;
-    let mut w = TraceWriter::new(std::io::BufWriter::new(f), &trace.header, opts).map_err(io)?;
-    for r in &trace.requests {
-        w.push(r).map_err(io)?;
+    let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;
+    for r in records {
+        w.push(r?.borrow()).map_err(io)?;
     }
+    let n = w.records();
     let bw = w.finish().map_err(io)?;
     let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(())
+    Ok(n)
 }
 
 /// Header meta helper: a map from pairs.
