@@ -325,6 +325,38 @@ mod tests {
         assert_eq!(v["max_tokens"], 1);
     }
 
+    /// `head` (checked for every request before the clock) says what `build` makes.
+    #[test]
+    fn head_agrees_with_build() {
+        let mut reqs = vec![req()];
+        let mut emb = req();
+        emb.endpoint = Endpoint::Embeddings;
+        let mut aux = req();
+        aux.endpoint = Endpoint::parse("/tokenize");
+        let mut rec = req();
+        rec.endpoint = Endpoint::Chat;
+        rec.method = Some("POST".into());
+        rec.body = Some(br#"{"model":"x","messages":[]}"#.to_vec());
+        reqs.extend([emb, aux, rec]);
+        for api in [Api::Completions, Api::Chat] {
+            for r in &reqs {
+                let (h, b) = (
+                    head(r, &opts(api), &tokens()),
+                    build(r, 0, &opts(api), &tokens()),
+                );
+                match (h, b) {
+                    (Ok(h), Ok(b)) => {
+                        let key =
+                            |x: &BuiltRequest| (x.method.clone(), x.aux, x.path.clone(), x.api);
+                        assert_eq!(key(&h), key(&b), "{r:?}");
+                    }
+                    (Err(h), Err(b)) => assert_eq!(h, b),
+                    (h, b) => panic!("{r:?}: head {h:?} but build {b:?}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn chat_with_token_ids_is_a_clear_error() {
         let e = build(&req(), 0, &opts(Api::Chat), &tokens()).unwrap_err();

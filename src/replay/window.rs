@@ -153,7 +153,13 @@ impl Window {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn run(&self, trace: &Trace, indices: &[usize], opts: &BodyOptions, prompts: &Prompts) {
+    fn run(
+        self: &Arc<Self>,
+        trace: &Trace,
+        indices: &[usize],
+        opts: &BodyOptions,
+        prompts: &Prompts,
+    ) {
         for (slot, &idx) in indices.iter().enumerate() {
             if !self.wait_for_room(slot) {
                 return;
@@ -194,10 +200,11 @@ impl Window {
 
     /// Waits until `slot` may be built: due within the lead and the window has room (at once
     /// when the dispatcher waits for it). False when the run stopped.
-    fn wait_for_room(&self, slot: usize) -> bool {
+    fn wait_for_room(self: &Arc<Self>, slot: usize) -> bool {
         let mut st = self.lock();
         loop {
-            if st.stop {
+            // Stopped, or nobody but this thread holds the window (the run was abandoned).
+            if st.stop || Arc::strong_count(self) == 1 {
                 return false;
             }
             let due_in = self.deadlines[slot].saturating_sub(self.now_ns());
