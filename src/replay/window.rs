@@ -184,8 +184,11 @@ impl Window {
             self.stats.peak_held_bytes.fetch_max(st.held, Relaxed);
             st.ready.insert(slot, body);
             st.next = slot + 1;
+            let waiting = st.wanted.is_some();
             drop(st);
-            self.changed.notify_all();
+            if waiting {
+                self.changed.notify_all();
+            }
         }
     }
 
@@ -234,10 +237,14 @@ impl Window {
         let mut waited = false;
         loop {
             if let Some(b) = st.ready.remove(&slot) {
+                // The builder waits for room only when the window was full.
+                let full = st.held >= self.limits.max_bytes;
                 st.held -= b.req.body.len();
                 st.wanted = None;
                 drop(st);
-                self.changed.notify_all();
+                if full {
+                    self.changed.notify_all();
+                }
                 let late = waited && self.now_ns() > self.deadlines[slot];
                 self.stats.late.fetch_add(u64::from(late), Relaxed);
                 return Ok(b);
