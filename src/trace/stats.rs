@@ -123,8 +123,8 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     stats
 }
 
-/// [`compute`] one request at a time, for a stream in arrival order. Memory: 4 bytes per
-/// workload request (its lengths, for exact percentiles) and per recorded inter-token gap, the
+/// [`compute`] one request at a time, for a stream in arrival order. Memory: 8 bytes per
+/// workload request (its two lengths, for exact percentiles), 4 per recorded inter-token gap, the
 /// set of distinct hash ids, one counter per session, and the arrivals of the last second (the
 /// peak rate assumes pushes in arrival order).
 pub struct StatsAcc {
