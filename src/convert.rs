@@ -1,9 +1,10 @@
-//! The `convert` command: read any supported trace, apply filters, write native or Mooncake.
+//! The `convert` command: stream any supported trace through the filters into native or
+//! Mooncake, one record at a time (several recordings are merged in memory first).
 
 use crate::cli::{ConvertArgs, OutFormat};
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::{read_path, ImportOptions};
-use crate::trace::{mooncake, native};
+use crate::trace::{mooncake, native, stream};
 use anyhow::{Context, Result};
 use std::io::Write;
 
@@ -31,9 +32,14 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" ");
-    let (mut trace, rep) = match args.inputs.as_slice() {
-        [one] => read_path(one, &opts)?,
+    let (mut input, rows_in) = match args.inputs.as_slice() {
+        [one] => {
+            let s = stream::open(one, &opts)?;
+            let rows = s.report.rows;
+            (s, rows)
+        }
         many => {
+            // Several recordings are merged by wall clock in memory (trace::fleet).
             let mut traces = Vec::with_capacity(many.len());
             let mut rep = crate::trace::mooncake::ImportReport::default();
             for p in many {
@@ -41,23 +47,27 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
                 rep.skipped += r.skipped;
                 traces.push((p.display().to_string(), t));
             }
-            (crate::trace::fleet::merge(traces)?, rep)
+            let merged = crate::trace::fleet::merge(traces)?;
+            let rows = merged.requests.len() as u64;
+            (stream::in_memory(merged, rep), rows)
         }
     };
-    let rows_in = trace.requests.len();
-    filter::apply(
-        &mut trace,
-        &Filters {
-            window_us: window,
-            head: args.head,
-            sample_every: args.sample,
-            speed: args.speed,
-        },
-    )
+    let mut filters = filter::Filtering::new(&Filters {
+        window_us: window,
+        head: args.head,
+        sample_every: args.sample,
+        speed: args.speed,
+    })
     .map_err(anyhow::Error::msg)?;
-    if let Some(bs) = args.block_size {
-        filter::reblock(&mut trace, bs).map_err(|e| anyhow::anyhow!("--block-size: {e}"))?;
-    }
+    let reblock = match args.block_size {
+        Some(bs) => {
+            let rb = filter::Reblock::new(&input.header, bs)
+                .map_err(|e| anyhow::anyhow!("--block-size: {e}"))?;
+            input.header.block_size = bs;
+            Some(rb)
+        }
+        None => None,
+    };
     let to = args.to.unwrap_or_else(|| {
         let name = args.output.to_string_lossy();
         if name.ends_with(".jsonl") || name.ends_with(".json") {
@@ -67,69 +77,115 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         }
     });
     let out_name = args.output.display().to_string();
-    let stdout = out_name == "-";
-    let mut left_out = String::new();
-    match to {
+    let skipped = input.report.skipped;
+    let mut header = input.header.clone();
+    let mut left = LeftOut::default();
+    let mooncake = to == OutFormat::Mooncake;
+    let mut records = std::iter::from_fn(|| loop {
+        if filters.done() {
+            return None;
+        }
+        let r = match input.next()? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let Some(mut r) = filters.keep(r) else {
+            continue;
+        };
+        if let Some(rb) = &reblock {
+            rb.apply(&mut r);
+        }
+        if !mooncake || left.is_mooncake_row(&r) {
+            return Some(Ok(r));
+        }
+    });
+    let written = match to {
         OutFormat::Mooncake => {
-            left_out = mooncake_rows_only(&mut trace);
-            if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
+            if header.block_size != mooncake::BLOCK_SIZE || !header.partial_tail_block {
                 tracing::warn!(
                     "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
                     input_name,
-                    trace.header.block_size,
-                    if trace.header.partial_tail_block { "ceil" } else { "floor" }
+                    header.block_size,
+                    if header.partial_tail_block { "ceil" } else { "floor" }
                 );
             }
-            if stdout {
-                mooncake::write(&trace, std::io::BufWriter::new(std::io::stdout().lock()))?;
-            } else {
-                let f = std::fs::File::create(&args.output)
-                    .with_context(|| format!("cannot create {out_name}"))?;
-                mooncake::write(&trace, std::io::BufWriter::new(f))
-                    .with_context(|| format!("writing {out_name}"))?;
+            let out: Box<dyn Write> = match out_name.as_str() {
+                "-" => Box::new(std::io::stdout().lock()),
+                _ => Box::new(
+                    std::fs::File::create(&args.output)
+                        .with_context(|| format!("cannot create {out_name}"))?,
+                ),
+            };
+            let mut w = mooncake::MooncakeWriter::new(std::io::BufWriter::new(out));
+            let mut n = 0u64;
+            for r in records.by_ref() {
+                w.push(&r?).with_context(|| format!("writing {out_name}"))?;
+                n += 1;
             }
+            w.finish().with_context(|| format!("writing {out_name}"))?;
+            n
         }
         OutFormat::Native => {
-            trace
-                .header
+            header
                 .meta
                 .insert("converted_from".into(), input_name.clone());
             let opts = native::WriteOptions {
                 level: args.level,
                 ..Default::default()
             };
-            if stdout {
-                let bytes = native::write_bytes(&trace, opts);
-                std::io::stdout().lock().write_all(&bytes)?;
+            if out_name == "-" {
+                let out = std::io::BufWriter::new(std::io::stdout().lock());
+                let mut w = native::TraceWriter::new(out, &header, opts)?;
+                for r in records.by_ref() {
+                    w.push(&r?)?;
+                }
+                let n = w.records();
+                w.finish()?.flush()?;
+                n
             } else {
-                native::write_file(&args.output, &trace, opts)?;
+                native::write_file_from(&args.output, &header, opts, records.by_ref())?
             }
         }
-    }
+    };
     Ok(format!(
-        "{}: {} rows read ({} skipped), {} written to {}{left_out}",
+        "{}: {} rows read ({} skipped), {} written to {}{}",
         input_name,
         rows_in,
-        rep.skipped,
-        trace.requests.len(),
-        out_name
+        skipped,
+        written,
+        out_name,
+        left.summary()
     ))
 }
 
-/// Mooncake rows are generations with a prompt and an output: keeps those and says what it
-/// left out (side requests; rows of zero input or output length, such as recorded failures,
-/// which Mooncake readers refuse or would send as empty prompts).
-fn mooncake_rows_only(trace: &mut crate::trace::Trace) -> String {
-    let aux = trace.drop_auxiliary();
-    let before = trace.requests.len();
-    trace
-        .requests
-        .retain(|r| r.input_tokens > 0 && r.output_tokens > 0);
-    let empty = before - trace.requests.len();
-    match (aux, empty) {
-        (0, 0) => String::new(),
-        _ => format!(
-            "; left out {aux} auxiliary requests and {empty} with zero input or output length"
-        ),
+/// What a Mooncake export left out: side requests; rows of zero input or output length, such
+/// as recorded failures, which Mooncake readers refuse or would send as empty prompts.
+#[derive(Default)]
+struct LeftOut {
+    auxiliary: u64,
+    empty: u64,
+}
+
+impl LeftOut {
+    /// Mooncake rows are generations with a prompt and an output.
+    fn is_mooncake_row(&mut self, r: &crate::trace::Request) -> bool {
+        if !r.is_workload() {
+            self.auxiliary += 1;
+            return false;
+        }
+        if r.input_tokens == 0 || r.output_tokens == 0 {
+            self.empty += 1;
+            return false;
+        }
+        true
+    }
+
+    fn summary(&self) -> String {
+        match (self.auxiliary, self.empty) {
+            (0, 0) => String::new(),
+            (aux, empty) => format!(
+                "; left out {aux} auxiliary requests and {empty} with zero input or output length"
+            ),
+        }
     }
 }

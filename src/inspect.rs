@@ -1,35 +1,39 @@
-//! The `inspect` command: reads a trace, computes [`crate::trace::stats`], renders text or JSON.
+//! The `inspect` command: streams a trace through [`crate::trace::stats::StatsAcc`], renders text
+//! or JSON.
 //!
 //! The JSON form is `{"file", "format_note", "import": {...}, "stats": TraceStats}` as documented
 //! in `docs/inspect-json.md`; a test holds it to that schema.
 
 use crate::cli::InspectArgs;
-use crate::trace::import::{read_path, ImportOptions};
-use crate::trace::stats::{compute, Dist, StatsOptions, TraceStats};
+use crate::trace::import::ImportOptions;
+use crate::trace::stats::{Dist, StatsAcc, StatsOptions, TraceStats};
 use anyhow::Result;
 use serde_json::json;
 use std::fmt::Write as _;
 
 /// Runs `inspect`, returning what to print.
 pub fn run(args: &InspectArgs) -> Result<String> {
-    let (trace, rep) = read_path(
+    let stream = crate::trace::stream::open(
         &args.file,
         &ImportOptions {
             format: args.from,
             skip_bad: args.skip_bad,
         },
     )?;
-    let stats = compute(
-        &trace,
-        &StatsOptions {
-            cache_blocks: args.cache_blocks,
-        },
-    );
+    let opts = StatsOptions {
+        cache_blocks: args.cache_blocks,
+    };
+    let mut acc = StatsAcc::new(stream.header.block_size, &opts);
+    let (header, rep) = (stream.header.clone(), stream.report.clone());
+    for r in stream {
+        acc.push(&r?);
+    }
+    let stats = acc.finish();
     if args.json {
         let v = json!({
             "file": args.file.display().to_string(),
-            "source": trace.header.source,
-            "hash_scheme": trace.header.hash_scheme,
+            "source": header.source,
+            "hash_scheme": header.hash_scheme,
             "import": {
                 "rows": rep.rows,
                 "skipped": rep.skipped,
@@ -41,7 +45,7 @@ pub fn run(args: &InspectArgs) -> Result<String> {
         return Ok(serde_json::to_string_pretty(&v)? + "\n");
     }
     let mut s = String::new();
-    writeln!(s, "{}  ({})", args.file.display(), trace.header.source)?;
+    writeln!(s, "{}  ({})", args.file.display(), header.source)?;
     if rep.skipped > 0 {
         writeln!(s, "skipped {} malformed rows", rep.skipped)?;
     }

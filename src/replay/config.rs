@@ -78,6 +78,9 @@ pub struct Tuning {
     pub reader_threads: usize,
     /// `--read-batch-us`.
     pub read_batch: Duration,
+    /// The body builder's window: constants ([`super::window::LEAD`], [`super::window::MAX_BYTES`]),
+    /// not flags; tests make it small.
+    pub window: super::window::Limits,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -233,6 +236,7 @@ impl Tuning {
             kernel_rx,
             reader_threads,
             read_batch: Duration::from_micros(a.read_batch_us),
+            window: Default::default(),
         })
     }
 }

@@ -290,6 +290,7 @@ pub fn extra_sections(
     sum: &Summary,
     max_drift_ms: Option<f64>,
     first_errors: &[FirstError],
+    bodies_late: u64,
 ) -> String {
     let mut out = String::new();
     rule(&mut out, " retrace: beyond vLLM ", '=');
@@ -326,6 +327,9 @@ pub fn extra_sections(
     rule(&mut out, "Send drift (actual - intended)", '-');
     brief(&mut out, "Drift (ms):", &sum.drift);
     brief(&mut out, "  of which dispatcher (ms):", &sum.dispatch_drift);
+    if bodies_late > 0 {
+        row(&mut out, "Bodies built late (sent late):", bodies_late);
+    }
     if let Some(d) = max_drift_ms {
         let p99 = sum.drift.percentile(99.0).unwrap_or(sum.drift.max);
         let verdict = if p99 <= d {

@@ -12,7 +12,7 @@
 //! the same instant reach the runtime together, see `flush`) that waits for a
 //! concurrency slot (client queue time, measured), then runs [`Client::send`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
-//! bodies are built before the clock starts.
+//! bodies come from [`super::window`], taken before the sleep to each deadline.
 //!
 //! With session links ([`super::sessions::Links`], `--sessions`) the dispatcher walks only the
 //! roots of the plan; a dependent turn is handed to it by its predecessor's task when that ends
@@ -23,8 +23,8 @@
 //! drift, lateness of the dispatcher), not the think time.
 
 use super::client::{Client, SendTimes};
-use super::request::BuiltRequest;
 use super::sessions::Links;
+use super::window::Window;
 use crate::metrics::{Failure, Sample};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -121,7 +121,7 @@ fn sleep_until(deadline: Instant) {
 /// per finished request (progress).
 pub async fn drive(
     plan: Vec<(usize, u64)>,
-    requests: Arc<Vec<BuiltRequest>>,
+    bodies: Arc<Window>,
     client: Arc<Client>,
     opts: DriveOptions,
     mut on_done: impl FnMut(&Sample),
@@ -185,8 +185,14 @@ pub async fn drive(
                         continue;
                     }
                 }
+                // The body is taken before the sleep: none is built on the send path.
+                let next_slot = match next_root == Some(at_ns) {
+                    true => roots.peek().map(|r| r.0),
+                    false => due.peek().map(|Reverse((_, slot))| *slot),
+                };
+                let body = next_slot.map(|s| bodies.take(plan[s].0));
                 sleep_until(deadline);
-                let (slot, idx, intended_ns) = if next_root == Some(at_ns) {
+                let (slot, _, intended_ns) = if next_root == Some(at_ns) {
                     match roots.next() {
                         Some(r) => r,
                         None => break,
@@ -197,6 +203,7 @@ pub async fn drive(
                         None => break,
                     }
                 };
+                debug_assert_eq!(next_slot, Some(slot), "the body taken is the one released");
                 released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
                 let mut times = SendTimes {
@@ -204,8 +211,8 @@ pub async fn drive(
                     dispatched_ns,
                     slot_wait_ns: 0,
                 };
-                let (tx, client, requests, sem) =
-                    (tx.clone(), client.clone(), requests.clone(), sem.clone());
+                let (tx, client, sem) = (tx.clone(), client.clone(), sem.clone());
+                let body = body.unwrap_or_else(|| Err("no body for this request".into()));
                 let mut next = links.as_ref().and_then(|l| {
                     l.succ[slot].map(|s| Handover {
                         tx: dep_tx.clone(),
@@ -223,10 +230,9 @@ pub async fn drive(
                     permit = sem
                         .as_ref()
                         .and_then(|s| s.clone().try_acquire_owned().ok());
-                    if sem.is_none() || permit.is_some() {
-                        client.presend(&requests[idx], t0)
-                    } else {
-                        None
+                    match &body {
+                        Ok(b) if sem.is_none() || permit.is_some() => client.presend(&b.req, t0),
+                        _ => None,
                     }
                 } else {
                     None
@@ -242,8 +248,18 @@ pub async fn drive(
                         }
                         (None, None) => None,
                     };
-                    let req = &requests[idx];
-                    let s = client.send(req, times, t0, pre).await;
+                    let s = match &body {
+                        Ok(b) => client.send(&b.req, times, t0, pre).await,
+                        Err(e) => Sample {
+                            error: Some(Failure::Local),
+                            error_detail: Some(format!("building the body: {e}")),
+                            intended_ns: times.intended_ns,
+                            dispatched_ns: times.dispatched_ns,
+                            end_ns: times.dispatched_ns,
+                            ..Default::default()
+                        },
+                    };
+                    drop(body); // freed once sent
                     if let Some(h) = &mut next {
                         h.end_ns = Some(s.end_ns);
                     }

@@ -2,8 +2,9 @@
 //!
 //! The pipeline, each step its own module: [`Config::from_args`] validates the command line (every
 //! error names its flag); [`replay`] runs three stages. [`prepare`]: the trace is read with
-//! [`crate::trace::import`], [`schedule::plan`] (pure) decides what is sent when, [`request::build`]
-//! makes every body before the clock starts and the [`client::Client`] opens its connections.
+//! [`crate::trace::import`], [`schedule::plan`] (pure) decides what is sent when, every request's
+//! [`request::head`] is checked, the [`window`] builder thread starts building bodies ahead of
+//! the clock and the [`client::Client`] opens its connections.
 //! [`execute`]: [`driver::drive`] releases requests at absolute deadlines and
 //! [`client::Client::send`] turns each into a [`crate::metrics::Sample`], beside the optional
 //! probes and metric scrapes. [`assemble`]: [`crate::metrics::summarize`] computes vLLM-exact
@@ -30,6 +31,7 @@ pub mod sessions;
 pub mod shaping;
 pub mod start;
 pub mod target;
+pub mod window;
 
 pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
@@ -257,7 +259,8 @@ pub struct Prepared {
     client: Arc<client::Client>,
     plan: Vec<schedule::PlannedSend>,
     links: Option<sessions::Links>,
-    bodies: Arc<Vec<BuiltRequest>>,
+    /// The body builder's window (bodies are built during the run, ahead of the clock).
+    bodies: Arc<window::Window>,
     /// Which sends are side requests (`--include-aux`), counted apart from the workload.
     aux_mask: Vec<bool>,
     probe_bodies: Vec<BuiltRequest>,
@@ -273,7 +276,6 @@ pub struct RunFacts {
     model: String,
     speed: f64,
     block_size: u32,
-    inexact: u64,
     rx_stamp: &'static str,
     /// Reader threads and their batch window, when bodies are read on them.
     readers: Option<(usize, Duration)>,
@@ -288,7 +290,7 @@ pub struct RunFacts {
 }
 
 /// Stage 1: reads and plans the trace, starts the embedded target when there is no `--target`,
-/// builds every body and opens the connections (after any `--start-at` wait).
+/// starts the body builder and opens the connections (after any `--start-at` wait).
 pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let trace = read_trace(cfg).await?;
     let embedded = match &cfg.target {
@@ -328,18 +330,24 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         keep_original_limits: cfg.keep_original_limits,
         overheads,
     };
-    let bodies = bodies(cfg, &trace, &plan, &body_opts, &prompts)?;
+    let heads = heads(cfg, &trace, &plan, &body_opts, &prompts)?;
     let probe_bodies = match cfg.probe_rate {
         Some(rate) => probe_bodies(&trace, &plan, rate, &body_opts, &prompts)?,
         None => Vec::new(),
     };
     let theory = theory(cfg, &trace, &plan, block_size);
     let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
-    let aux_mask: Vec<bool> = bodies.iter().map(|b| b.aux).collect();
+    let aux_mask: Vec<bool> = heads.iter().map(|b| b.aux).collect();
     let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
-    drop(trace);
-    let inexact = bodies.iter().filter(|b| !b.exact_prompt).count() as u64;
-    warn_before_the_run(cfg, inexact, plan.len());
+    let bodies = window::Window::start(
+        Arc::new(trace),
+        &plan,
+        body_opts,
+        prompts,
+        cfg.tuning.window,
+    )
+    .context("starting the body builder thread")?;
+    warn_before_the_run(cfg, plan.len());
     wait_for_start_at(cfg).await;
     let scrape = match &cfg.scrape_metrics {
         Some(url) => Some(scrape_before(cfg, url.as_deref(), &client.target).await?),
@@ -351,11 +359,10 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         model,
         speed,
         block_size,
-        inexact,
         rx_stamp: client.pool.rx_stamp(),
         readers: client.pool.readers().map(|r| (r.len(), r.batch())),
-        endpoint: endpoint_label(&bodies),
-        by_endpoint: requests_by_endpoint(&bodies),
+        endpoint: endpoint_label(&heads),
+        by_endpoint: requests_by_endpoint(&heads),
         left_out,
         recorded,
     };
@@ -364,13 +371,20 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         client,
         plan,
         links,
-        bodies: Arc::new(bodies),
+        bodies,
         aux_mask,
         probe_bodies,
         theory,
         scrape,
         facts,
     })
+}
+
+impl Prepared {
+    /// What the body builder did so far.
+    pub fn builder_stats(&self) -> &window::BuilderStats {
+        &self.bodies.stats
+    }
 }
 
 /// The model to send: `--model`, the embedded mock's, else the target's first.
@@ -389,8 +403,8 @@ async fn model(
     }
 }
 
-/// Every planned request's body, built before the clock starts.
-fn bodies(
+/// Every planned request's method, path and API ([`request::head`]), checked before the clock.
+fn heads(
     cfg: &Config,
     trace: &crate::trace::Trace,
     plan: &[schedule::PlannedSend],
@@ -399,7 +413,7 @@ fn bodies(
 ) -> anyhow::Result<Vec<BuiltRequest>> {
     plan.iter()
         .map(|p| {
-            request::build(&trace.requests[p.index], p.index as u64, opts, prompts)
+            request::head(&trace.requests[p.index], opts, prompts)
                 .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
         })
         .collect()
@@ -513,10 +527,7 @@ fn theory(
     theory
 }
 
-fn warn_before_the_run(cfg: &Config, inexact: u64, planned: usize) {
-    if inexact > 0 {
-        eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
-    }
+fn warn_before_the_run(cfg: &Config, planned: usize) {
     if let Some(limit) = cfg.fd_limit {
         let streams = cfg.max_concurrency.unwrap_or(planned).min(planned) as u64;
         if streams + 64 > limit {
@@ -589,7 +600,17 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     });
     // The process's CPU time before the clock (trace, bodies, connections) and during the run.
     let cpu_setup_s = process_cpu_s();
+    p.bodies.set_t0(t0);
     let mut driven = drive(cfg, p, t0).await;
+    p.bodies.stop();
+    let inexact = p
+        .bodies
+        .stats
+        .inexact
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if inexact > 0 {
+        eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
+    }
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
     // Side requests are counted apart; the workload's samples alone make the statistics.
     let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
@@ -707,7 +728,12 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
         let recorded: Vec<u64> = p.plan.iter().map(|s| s.at_ns).collect();
         sessions::report(l, &recorded, samples, &median_p99_and(&cfg.percentiles))
     });
-    let info = run_info(cfg, &p.facts, invalid_reason.clone());
+    let inexact = p
+        .bodies
+        .stats
+        .inexact
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let info = run_info(cfg, &p.facts, inexact, invalid_reason.clone());
     let mut r = result_of(cfg, p, &ran, &info, &summary);
     r.sessions = sessions.as_ref().map(result::sessions_json);
     let result = r.to_value();
@@ -744,7 +770,17 @@ fn console_report(
     let firsts = outcome::first_errors(samples);
     let probes = ran.probes.as_ref().map(|(_, p)| p);
     let mut report = console::vllm_block(summary, info, probes);
-    report.push_str(&console::extra_sections(summary, cfg.max_drift_ms, &firsts));
+    let late = p
+        .bodies
+        .stats
+        .late
+        .load(std::sync::atomic::Ordering::Relaxed);
+    report.push_str(&console::extra_sections(
+        summary,
+        cfg.max_drift_ms,
+        &firsts,
+        late,
+    ));
     let recorded = p.facts.recorded.as_deref();
     report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
     if let Some(r) = sessions {
@@ -793,6 +829,7 @@ fn result_of(
             run_s: ran.cpu_run_s,
             embedded_target: ran.embedded_target,
         },
+        body_builder: body_builder(cfg, &p.bodies.stats),
     });
     let recorded = facts.recorded.as_ref();
     r.selected = Some(result::Selected {
@@ -808,6 +845,18 @@ fn result_of(
     r
 }
 
+fn body_builder(cfg: &Config, st: &window::BuilderStats) -> result::BodyBuilder {
+    use std::sync::atomic::Ordering::Relaxed;
+    let lead = st.min_lead_ns.load(Relaxed);
+    result::BodyBuilder {
+        lead_s: cfg.tuning.window.lead.as_secs_f64(),
+        window_mib: cfg.tuning.window.max_bytes as f64 / (1 << 20) as f64,
+        late: st.late.load(Relaxed),
+        min_lead_ms: (lead != i64::MAX).then(|| lead as f64 / 1e6),
+        peak_bytes: st.peak_live_bytes.load(Relaxed) as u64,
+    }
+}
+
 /// Why the run is invalid: its p99 send drift exceeded `--max-drift-ms`.
 fn invalid_reason(cfg: &Config, samples: &[metrics::Sample]) -> Option<String> {
     let drifts: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
@@ -820,7 +869,12 @@ fn invalid_reason(cfg: &Config, samples: &[metrics::Sample]) -> Option<String> {
     }
 }
 
-fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> result::RunInfo {
+fn run_info(
+    cfg: &Config,
+    facts: &RunFacts,
+    inexact: u64,
+    invalid_reason: Option<String>,
+) -> result::RunInfo {
     result::RunInfo {
         date: now_utc_compact(),
         trace: cfg.trace.display().to_string(),
@@ -845,7 +899,7 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
         shard: cfg.shaping.shard.map(|(i, n)| format!("{i}/{n}")),
         valid: invalid_reason.is_none(),
         invalid_reason,
-        inexact_prompts: facts.inexact,
+        inexact_prompts: inexact,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Building the HTTP requests of a replay, all of them before the clock starts.
+//! Building the HTTP requests of a replay (on the body builder's thread, [`super::window`]).
 //!
 //! Each request is re-issued the way it was made: its recorded method, endpoint and (when the
 //! trace holds it) body.
@@ -109,6 +109,43 @@ fn set_include_usage(obj: &mut Map<String, Value>) {
     }
 }
 
+/// What [`build`] will make of `req`, without the body: method, path, API, whether it is a side
+/// request; the same error `build` would give. Cheap: checked for every request before the
+/// clock, while bodies are built during the run ([`super::window`]).
+pub fn head(req: &Request, opts: &BodyOptions, prompts: &Prompts) -> Result<BuiltRequest, String> {
+    let as_recorded = !req.is_workload() || req.recorded_failure().is_some();
+    if as_recorded || req.body.is_some() {
+        return Ok(recorded_bytes(req, Vec::new()));
+    }
+    let embeddings = req.endpoint == Endpoint::Embeddings;
+    let api = synthesised_api(req, opts);
+    if api == Api::Chat && matches!(prompts, Prompts::Tokens(_)) {
+        return Err(CHAT_NEEDS_TEXT.into());
+    }
+    Ok(BuiltRequest {
+        method: http::Method::POST,
+        aux: false,
+        path: match embeddings {
+            true => req.endpoint.path().to_string(),
+            false => api_path(api).to_string(),
+        },
+        body: Bytes::new(),
+        api,
+        input_tokens: req.input_tokens,
+        exact_prompt: true,
+    })
+}
+
+const CHAT_NEEDS_TEXT: &str = "chat needs text prompts: give --prompt-mode text and --tokenizer";
+
+/// The API of a synthesised prompt: `--endpoint`, else the recorded one (embeddings stay).
+fn synthesised_api(req: &Request, opts: &BodyOptions) -> Api {
+    match opts.api {
+        Some(a) if req.endpoint != Endpoint::Embeddings => a,
+        _ => api_of(&req.endpoint),
+    }
+}
+
 /// Builds the request for trace request `req` (its index in the trace is `key`).
 pub fn build(
     req: &Request,
@@ -156,17 +193,12 @@ fn synthesised(
     };
     obj.insert("model".into(), json!(model));
     let embeddings = req.endpoint == Endpoint::Embeddings;
-    let api = match opts.api {
-        Some(a) if !embeddings => a,
-        _ => api_of(&req.endpoint),
-    };
+    let api = synthesised_api(req, opts);
     let mut exact = true;
     let prompt_value = match prompts {
         Prompts::Tokens(s) => {
             if api == Api::Chat {
-                return Err(
-                    "chat needs text prompts: give --prompt-mode text and --tokenizer".into(),
-                );
+                return Err(CHAT_NEEDS_TEXT.into());
             }
             json!(s.prompt(&req.hash_ids, req.input_tokens, key))
         }
@@ -291,6 +323,38 @@ mod tests {
         assert_eq!(v["temperature"], 0.5);
         assert_eq!(v["ignore_eos"], false);
         assert_eq!(v["max_tokens"], 1);
+    }
+
+    /// `head` (checked for every request before the clock) says what `build` makes.
+    #[test]
+    fn head_agrees_with_build() {
+        let mut reqs = vec![req()];
+        let mut emb = req();
+        emb.endpoint = Endpoint::Embeddings;
+        let mut aux = req();
+        aux.endpoint = Endpoint::parse("/tokenize");
+        let mut rec = req();
+        rec.endpoint = Endpoint::Chat;
+        rec.method = Some("POST".into());
+        rec.body = Some(br#"{"model":"x","messages":[]}"#.to_vec());
+        reqs.extend([emb, aux, rec]);
+        for api in [Api::Completions, Api::Chat] {
+            for r in &reqs {
+                let (h, b) = (
+                    head(r, &opts(api), &tokens()),
+                    build(r, 0, &opts(api), &tokens()),
+                );
+                match (h, b) {
+                    (Ok(h), Ok(b)) => {
+                        let key =
+                            |x: &BuiltRequest| (x.method.clone(), x.aux, x.path.clone(), x.api);
+                        assert_eq!(key(&h), key(&b), "{r:?}");
+                    }
+                    (Err(h), Err(b)) => assert_eq!(h, b),
+                    (h, b) => panic!("{r:?}: head {h:?} but build {b:?}"),
+                }
+            }
+        }
     }
 
     #[test]

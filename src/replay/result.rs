@@ -419,6 +419,21 @@ pub struct RunExtras {
     /// Reader threads and their batch window; null when bodies were read on the tasks.
     pub body_readers: Option<BodyReaders>,
     pub client_cpu: ClientCpu,
+    pub body_builder: BodyBuilder,
+}
+
+/// The body builder ([`crate::replay::window`]): its window and whether it kept ahead.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BodyBuilder {
+    pub lead_s: f64,
+    pub window_mib: f64,
+    /// Bodies ready only after their deadline.
+    pub late: u64,
+    /// Least time from a body being ready to its deadline, during the run (null: all were
+    /// built before the clock started).
+    pub min_lead_ms: Option<f64>,
+    /// Most body bytes alive at once (built and not yet freed, in flight included).
+    pub peak_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -9,8 +9,10 @@
 //! or, with `skip_bad`, are counted and skipped.
 
 use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::stream::{Rebase, Row, Rows};
 use super::{Request, Session, Trace, TraceError, TraceHeader};
 use chrono::NaiveDateTime;
+use std::io::Read;
 
 fn row_err(path: &str, line: u64, msg: String) -> TraceError {
     TraceError::Row {
@@ -45,25 +47,13 @@ pub fn parse_azure_time(s: &str) -> Result<i64, String> {
     Ok(t.and_utc().timestamp_micros())
 }
 
-fn finish(rows: Vec<Request>, mut rep: ImportReport, header: TraceHeader) -> (Trace, ImportReport) {
-    rep.rows = rows.len() as u64;
-    let mut trace = Trace {
-        header,
-        requests: rows,
-    };
-    rep.reordered = trace.sort_by_arrival();
-    (trace, rep)
-}
-
-type Opened<'d, const N: usize> = (csv::Reader<&'d [u8]>, csv::StringRecord, [usize; N]);
-
 /// A CSV reader past its header, the header, and the positions of the `names` columns (matched
 /// case-insensitively), or an error naming them.
-fn open<'d, const N: usize>(
+fn open<R: Read, const N: usize>(
     path: &str,
-    data: &'d [u8],
+    data: R,
     names: [&str; N],
-) -> Result<Opened<'d, N>, TraceError> {
+) -> Result<(csv::Reader<R>, csv::StringRecord, [usize; N]), TraceError> {
     let mut rd = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(false)
@@ -86,24 +76,15 @@ fn open<'d, const N: usize>(
     Ok((rd, hdr, cols))
 }
 
-/// Each data row read by `parse`; a bad row fails with its line number or, with `skip_bad`, is
-/// counted and skipped.
-fn rows<T>(
-    path: &str,
-    rd: csv::Reader<&[u8]>,
-    opts: &ReadOptions,
-    mut parse: impl FnMut(&csv::StringRecord) -> Result<T, String>,
-) -> Result<(Vec<T>, ImportReport), TraceError> {
-    let (mut out, mut rep) = (Vec::new(), ImportReport::default());
-    for (k, rec) in rd.into_records().enumerate() {
-        let line = k as u64 + 2;
-        match rec.map_err(|e| e.to_string()).and_then(|r| parse(&r)) {
-            Ok(v) => out.push(v),
-            Err(m) if opts.skip_bad => rep.bad_row(line, m),
-            Err(m) => return Err(row_err(path, line, m)),
-        }
-    }
-    Ok((out, rep))
+/// Each data row parsed by `parse`, with its line number.
+fn csv_rows<'a, R: Read + Send + 'a>(
+    rd: csv::Reader<R>,
+    mut parse: impl FnMut(&csv::StringRecord) -> Result<(i64, Request), String> + Send + 'a,
+) -> Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a> {
+    Box::new(rd.into_records().enumerate().map(move |(k, rec)| {
+        let row = rec.map_err(|e| e.to_string()).and_then(|r| parse(&r));
+        Ok((k as u64 + 2, row))
+    }))
 }
 
 /// Reads an Azure LLM inference trace CSV.
@@ -112,29 +93,31 @@ pub fn read_azure(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
+    super::stream::collect_rows(path, azure_rows(path, data)?, opts)
+}
+
+/// Azure rows in file order; arrivals are offsets from the earliest row, whose time is the
+/// header's `t0_unix_us`.
+pub(crate) fn azure_rows<'a, R: Read + Send + 'a>(
+    path: &str,
+    data: R,
+) -> Result<Rows<'a>, TraceError> {
     let names = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
     let (rd, _, [ct, cc, cg]) = open(path, data, names)?;
-    let (raw, rep) = rows(path, rd, opts, |r| {
+    let iter = csv_rows(rd, move |r| {
         let f = |i: usize| r.get(i).unwrap_or("");
-        Ok((
-            parse_azure_time(f(ct))?,
-            tokens(f(cc), "ContextTokens")?,
-            tokens(f(cg), "GeneratedTokens")?,
-        ))
-    })?;
-    let t0 = raw.iter().map(|r| r.0).min().unwrap_or(0);
-    let rows = raw
-        .into_iter()
-        .map(|(t, i, o)| Request {
-            arrival_us: (t - t0) as u64,
-            input_tokens: i,
-            output_tokens: o,
+        let req = Request {
+            input_tokens: tokens(f(cc), "ContextTokens")?,
+            output_tokens: tokens(f(cg), "GeneratedTokens")?,
             ..Default::default()
-        })
-        .collect();
-    let mut header = TraceHeader::imported(512, true, format!("azure:{path}"));
-    header.t0_unix_us = Some(t0);
-    Ok(finish(rows, rep, header))
+        };
+        Ok((parse_azure_time(f(ct))?, req))
+    });
+    Ok(Rows {
+        header: TraceHeader::imported(512, true, format!("azure:{path}")),
+        rebase: Rebase::FromEarliestWallClock,
+        iter,
+    })
 }
 
 /// Reads a BurstGPT CSV.
@@ -143,12 +126,21 @@ pub fn read_burstgpt(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
+    super::stream::collect_rows(path, burstgpt_rows(path, data)?, opts)
+}
+
+/// BurstGPT rows in file order (session turns numbered in file order); arrivals are offsets
+/// from the earliest row, as the other importers do.
+pub(crate) fn burstgpt_rows<'a, R: Read + Send + 'a>(
+    path: &str,
+    data: R,
+) -> Result<Rows<'a>, TraceError> {
     let names = ["Timestamp", "Request tokens", "Response tokens"];
     let (rd, hdr, [ct, ci, co]) = open(path, data, names)?;
     let col = |name: &str| hdr.iter().position(|h| h.eq_ignore_ascii_case(name));
     let (cm, cs) = (col("Model"), col("Session ID"));
     let mut turns: std::collections::HashMap<String, u32> = Default::default();
-    let (mut rows, rep) = rows(path, rd, opts, |r| {
+    let iter = csv_rows(rd, move |r| {
         let f = |i: usize| r.get(i).unwrap_or("").to_string();
         let ts: f64 = f(ct)
             .parse()
@@ -157,7 +149,6 @@ pub fn read_burstgpt(
             return Err(format!("Timestamp {ts} is negative or absurd"));
         }
         let mut req = Request {
-            arrival_us: (ts * 1e6).round() as u64,
             input_tokens: tokens(&f(ci), "Request tokens")?,
             output_tokens: tokens(&f(co), "Response tokens")?,
             model: cm.map(f).filter(|m| !m.is_empty()),
@@ -172,15 +163,13 @@ pub fn read_burstgpt(
             });
             *turn += 1;
         }
-        Ok(req)
-    })?;
-    // Offsets from the first arrival, as the other importers do.
-    let t0 = rows.iter().map(|r| r.arrival_us).min().unwrap_or(0);
-    for r in &mut rows {
-        r.arrival_us -= t0;
-    }
-    let header = TraceHeader::imported(512, true, format!("burstgpt:{path}"));
-    Ok(finish(rows, rep, header))
+        Ok(((ts * 1e6).round() as i64, req))
+    });
+    Ok(Rows {
+        header: TraceHeader::imported(512, true, format!("burstgpt:{path}")),
+        rebase: Rebase::FromEarliest,
+        iter,
+    })
 }
 
 #[cfg(test)]

@@ -85,67 +85,108 @@ pub fn parse_duration_us(s: &str) -> Result<u64, String> {
 /// fine id closes the trailing partial coarse block. Two requests therefore share coarse block `j`
 /// exactly when they shared the fine prefix up to its end.
 pub fn reblock(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
-    let old = trace.header.block_size;
-    if new_bs == old {
-        return Ok(());
-    }
-    if old == 0 || new_bs == 0 || new_bs % old != 0 {
-        return Err(format!(
-            "block size {new_bs} is not a whole multiple of the trace's {old} tokens"
-        ));
-    }
-    let k = (new_bs / old) as usize;
-    let tail = trace.header.partial_tail_block;
+    let rb = Reblock::new(&trace.header, new_bs)?;
     for r in &mut trace.requests {
-        let h = &r.hash_ids;
-        let mut out: Vec<u64> = h.iter().skip(k - 1).step_by(k).copied().collect();
-        if tail && h.len() % k != 0 {
-            out.extend(h.last().copied());
-        }
-        r.hash_ids = out;
+        rb.apply(r);
     }
     trace.header.block_size = new_bs;
     Ok(())
 }
 
+/// [`reblock`] one request at a time.
+pub struct Reblock {
+    /// Fine blocks per coarse block (1: nothing to do), and whether tails are partial.
+    k: usize,
+    tail: bool,
+}
+
+impl Reblock {
+    pub fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Reblock, String> {
+        let old = header.block_size;
+        if new_bs != old && (old == 0 || new_bs == 0 || new_bs % old != 0) {
+            return Err(format!(
+                "block size {new_bs} is not a whole multiple of the trace's {old} tokens"
+            ));
+        }
+        let k = if new_bs == old {
+            1
+        } else {
+            (new_bs / old) as usize
+        };
+        Ok(Reblock {
+            k,
+            tail: header.partial_tail_block,
+        })
+    }
+
+    pub fn apply(&self, r: &mut super::Request) {
+        let (k, h) = (self.k, &r.hash_ids);
+        if k == 1 {
+            return;
+        }
+        let mut out: Vec<u64> = h.iter().skip(k - 1).step_by(k).copied().collect();
+        if self.tail && h.len() % k != 0 {
+            out.extend(h.last().copied());
+        }
+        r.hash_ids = out;
+    }
+}
+
 /// Applies the filters in place.
 pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
-    if !(f.speed.is_finite() && f.speed > 0.0) {
-        return Err(format!("speed {} must be a positive number", f.speed));
-    }
-    if f.sample_every == 0 {
-        return Err("sample interval must be at least 1".into());
-    }
+    let mut run = Filtering::new(f)?;
     let reqs = std::mem::take(&mut trace.requests);
-    let mut kept: Vec<_> = match f.window_us {
-        Some((a, b)) => reqs
-            .into_iter()
-            .filter(|r| r.arrival_us >= a && r.arrival_us < b)
-            .map(|mut r| {
-                r.arrival_us -= a;
-                r
-            })
-            .collect(),
-        None => reqs,
-    };
-    if let Some(n) = f.head {
-        kept.truncate(n);
-    }
-    if f.sample_every > 1 {
-        kept = kept
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| i % f.sample_every == 0)
-            .map(|(_, r)| r)
-            .collect();
-    }
-    if f.speed != 1.0 {
-        for r in &mut kept {
-            r.arrival_us = (r.arrival_us as f64 / f.speed).round() as u64;
-        }
-    }
-    trace.requests = kept;
+    trace.requests = reqs.into_iter().filter_map(|r| run.keep(r)).collect();
     Ok(())
+}
+
+/// [`apply`] one request at a time, in arrival order.
+pub struct Filtering {
+    f: Filters,
+    /// Requests inside the window so far.
+    seen: usize,
+}
+
+impl Filtering {
+    pub fn new(f: &Filters) -> Result<Filtering, String> {
+        if !(f.speed.is_finite() && f.speed > 0.0) {
+            return Err(format!("speed {} must be a positive number", f.speed));
+        }
+        if f.sample_every == 0 {
+            return Err("sample interval must be at least 1".into());
+        }
+        Ok(Filtering {
+            f: f.clone(),
+            seen: 0,
+        })
+    }
+
+    /// True once `--head` is reached: no later request is kept.
+    pub fn done(&self) -> bool {
+        self.f.head.is_some_and(|n| self.seen >= n)
+    }
+
+    /// The request as kept, or `None`.
+    pub fn keep(&mut self, mut r: super::Request) -> Option<super::Request> {
+        if let Some((a, b)) = self.f.window_us {
+            if r.arrival_us < a || r.arrival_us >= b {
+                return None;
+            }
+            r.arrival_us -= a;
+        }
+        if self.done() {
+            return None;
+        }
+        let k = self.seen;
+        self.seen += 1;
+        if k % self.f.sample_every != 0 {
+            return None;
+        }
+        if self.f.speed != 1.0 {
+            r.arrival_us = (r.arrival_us as f64 / self.f.speed).round() as u64;
+        }
+        Some(r)
+    }
 }
 
 #[cfg(test)]

@@ -20,13 +20,9 @@ pub struct ImportOptions {
 }
 
 /// Reads a trace file in any supported format.
+/// The whole trace in memory: [`super::stream::open`], collected.
 pub fn read_path(path: &Path, opts: &ImportOptions) -> Result<(Trace, ImportReport), TraceError> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|e| TraceError::Io {
-        path: name.clone(),
-        source: e,
-    })?;
-    read_bytes(&name, &data, opts)
+    super::stream::open(path, opts)?.collect_trace()
 }
 
 /// Reads trace bytes in any supported format; `name` names the source in errors.
@@ -48,13 +44,7 @@ pub fn read_bytes(
             if !rep.is_clean() {
                 tracing::warn!("{name}: {}", rep.summary());
             }
-            let ir = ImportReport {
-                rows: t.requests.len() as u64,
-                reordered: rep.reordered,
-                damage: (!rep.is_clean()).then(|| rep.summary()),
-                ..Default::default()
-            };
-            Ok((t, ir))
+            Ok((t, super::stream::import_report(&rep)))
         }
         Format::Mooncake => mooncake::read(name, BufReader::new(data), &ro),
         Format::Azure => azure::read_azure(name, data, &ro),

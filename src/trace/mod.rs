@@ -20,6 +20,7 @@ pub mod select;
 pub mod sessions;
 pub mod shape;
 pub mod stats;
+pub mod stream;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

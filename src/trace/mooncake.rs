@@ -7,6 +7,7 @@
 //! `mooncake` loaders. Reading keeps ids as they are (they are already dense).
 
 use super::hash::IdCompactor;
+use super::stream::{Rebase, Rows};
 use super::{Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
@@ -90,51 +91,72 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
 }
 
 /// Reads Mooncake JSONL. `path` names the source in errors.
-pub fn read<R: BufRead>(
+pub fn read<R: BufRead + Send>(
     path: &str,
     input: R,
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    let mut rep = ImportReport::default();
-    let mut reqs: Vec<Request> = Vec::new();
-    for (k, line) in input.lines().enumerate() {
-        let lineno = k as u64 + 1;
-        let line = line.map_err(|e| TraceError::Io {
-            path: path.to_string(),
-            source: e,
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        match parse_row(&line) {
-            Ok(r) => reqs.push(r),
-            Err(msg) if opts.skip_bad => rep.bad_row(lineno, msg),
-            Err(msg) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line: lineno,
-                    msg,
-                })
+    super::stream::collect_rows(path, rows(path, input), opts)
+}
+
+/// Mooncake JSONL as rows in file order (blank lines skipped).
+pub(crate) fn rows<'a, R: BufRead + Send + 'a>(path: &str, input: R) -> Rows<'a> {
+    let name = path.to_string();
+    let iter = input.lines().enumerate().filter_map(move |(k, line)| {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                return Some(Err(TraceError::Io {
+                    path: name.clone(),
+                    source: e,
+                }))
             }
+        };
+        if line.trim().is_empty() {
+            return None;
         }
-    }
-    rep.rows = reqs.len() as u64;
-    let mut trace = Trace {
+        let row = parse_row(&line).map(|r| (r.arrival_us as i64, r));
+        Some(Ok((k as u64 + 1, row)))
+    });
+    Rows {
         header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
-        requests: reqs,
-    };
-    rep.reordered = trace.sort_by_arrival();
-    Ok((trace, rep))
+        rebase: Rebase::Keep,
+        iter: Box::new(iter),
+    }
 }
 
 /// Writes Mooncake JSONL: timestamps in ms from the first request (rounded), ids compacted.
-pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
-    let mut ids = IdCompactor::new();
-    let t0 = trace.requests.first().map_or(0, |r| r.arrival_us);
-    let mut hs = Vec::new();
+pub fn write<W: Write>(trace: &Trace, out: W) -> std::io::Result<()> {
+    let mut w = MooncakeWriter::new(out);
     for r in &trace.requests {
+        w.push(r)?;
+    }
+    w.finish().map(drop)
+}
+
+/// [`write`] one request at a time.
+pub struct MooncakeWriter<W: Write> {
+    out: W,
+    ids: IdCompactor,
+    t0: Option<u64>,
+    hs: Vec<u64>,
+}
+
+impl<W: Write> MooncakeWriter<W> {
+    pub fn new(out: W) -> Self {
+        MooncakeWriter {
+            out,
+            ids: IdCompactor::new(),
+            t0: None,
+            hs: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+        let (out, hs) = (&mut self.out, &mut self.hs);
+        let t0 = *self.t0.get_or_insert(r.arrival_us);
         hs.clear();
-        hs.extend(r.hash_ids.iter().map(|&h| ids.id(h)));
+        hs.extend(r.hash_ids.iter().map(|&h| self.ids.id(h)));
         // Python's json.dumps layout (", " and ": "), as the published traces are written.
         let ts = (r.arrival_us.saturating_sub(t0) + 500) / 1000;
         write!(
@@ -148,9 +170,13 @@ pub fn write<W: Write>(trace: &Trace, mut out: W) -> std::io::Result<()> {
             }
             write!(out, "{h}")?;
         }
-        out.write_all(b"]}\n")?;
+        out.write_all(b"]}\n")
     }
-    out.flush()
+
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
 }
 
 #[cfg(test)]

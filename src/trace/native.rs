@@ -50,8 +50,9 @@ use super::{
     TraceError, TraceHeader, Usage,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::io::Write;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::io::{Read, Write};
 use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
@@ -588,61 +589,345 @@ fn decompress_frame(frame: &[u8]) -> Result<Vec<u8>, String> {
 /// Errors only when no header can be read or the version is newer; damage after the header is
 /// reported in the [`ReadReport`] and the good records are returned.
 pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceError> {
+    let mut scan = FrameScanner::new(data);
+    let header = read_header(path, &mut scan)?;
+    let mut report = ReadReport {
+        frames_ok: 1,
+        ..Default::default()
+    };
+    let mut requests = Vec::new();
+    while let Some(item) = scan.next_item().map_err(|e| io_err(path, e))? {
+        if let Scanned::Frame(pos, frame) = item {
+            match decode_frame(&frame, &header, &mut requests) {
+                Ok(dropped) => report.good_frame(dropped),
+                Err(msg) => report.corrupt.push((pos, msg)),
+            }
+        } else {
+            report.note(item);
+        }
+    }
+    report.records = requests.len() as u64;
+    let mut trace = Trace { header, requests };
+    report.reordered = trace.sort_by_arrival();
+    Ok((trace, report))
+}
+
+fn io_err(path: &str, source: std::io::Error) -> TraceError {
+    TraceError::Io {
+        path: path.to_string(),
+        source,
+    }
+}
+
+/// The header frame, checked: magic, version, fields.
+fn read_header<R: Read>(path: &str, scan: &mut FrameScanner<R>) -> Result<TraceHeader, TraceError> {
     let err = |msg: String| TraceError::File {
         path: path.to_string(),
         msg,
     };
-    let mut report = ReadReport::default();
-    let hlen = zstd::zstd_safe::find_frame_compressed_size(data)
-        .map_err(|_| err("not a native trace (no complete zstd header frame)".into()))?;
-    let hcontent = decompress_frame(&data[..hlen]).map_err(|m| err(format!("header: {m}")))?;
+    let first = scan.next_item().map_err(|e| io_err(path, e))?;
+    let Some(Scanned::Frame(0, frame)) = first else {
+        return Err(err(
+            "not a native trace (no complete zstd header frame)".into()
+        ));
+    };
+    let hcontent = decompress_frame(&frame).map_err(|m| err(format!("header: {m}")))?;
     let hv: ciborium::Value = ciborium::from_reader(hcontent.as_slice())
         .map_err(|e| err(format!("header is not CBOR: {e}")))?;
     check_magic_version(path, &hv)?;
     let hw: HeaderWire = hv
         .deserialized()
         .map_err(|e| err(format!("bad header: {e}")))?;
-    report.frames_ok = 1;
-    let mut requests = Vec::new();
-    let mut pos = hlen;
-    while pos < data.len() {
-        let rest = &data[pos..];
-        match zstd::zstd_safe::find_frame_compressed_size(rest) {
-            Ok(len) if len > 0 && len <= rest.len() => {
-                match decode_frame(&rest[..len], &hw.header, &mut requests) {
-                    Ok(dropped) => {
-                        report.frames_ok += 1;
-                        report.dropped_by_writer = report.dropped_by_writer.max(dropped);
-                    }
-                    Err(msg) => report.corrupt.push((pos as u64, msg)),
-                }
-                pos += len;
+    Ok(hw.header)
+}
+
+impl ReadReport {
+    fn good_frame(&mut self, dropped: u64) {
+        self.frames_ok += 1;
+        self.dropped_by_writer = self.dropped_by_writer.max(dropped);
+    }
+
+    /// Notes an unreadable stretch or a cut.
+    fn note(&mut self, item: Scanned) {
+        match item {
+            Scanned::Frame(..) => {}
+            Scanned::Unreadable(pos) => self.corrupt.push((pos, "unreadable zstd frame".into())),
+            Scanned::Cut(pos, lost) => {
+                self.truncated_at = Some(pos);
+                self.bytes_lost = lost;
             }
-            _ => {
-                // Either cut short (no later frame magic) or corrupt header: look for the next magic.
-                match find_magic(&rest[1.min(rest.len())..]) {
-                    Some(k) => {
-                        report
-                            .corrupt
-                            .push((pos as u64, "unreadable zstd frame".into()));
-                        pos += 1 + k;
-                    }
-                    None => {
-                        report.truncated_at = Some(pos as u64);
-                        report.bytes_lost = rest.len() as u64;
-                        break;
+        }
+    }
+}
+
+/// What [`FrameScanner`] found next.
+enum Scanned {
+    /// A complete zstd frame at this byte offset.
+    Frame(u64, Vec<u8>),
+    /// Bytes at this offset that are no zstd frame, followed later by a frame magic.
+    Unreadable(u64),
+    /// The file ends inside a frame starting here; so many bytes were lost.
+    Cut(u64, u64),
+}
+
+/// Largest compressed frame the scanner buffers while looking for its end.
+const MAX_FRAME_COMPRESSED: usize =
+    (MAX_FRAME_CONTENT as usize) + (MAX_FRAME_CONTENT as usize >> 7) + (1 << 20);
+
+/// Splits a byte stream into zstd frames, holding one frame (plus a read chunk) at a time. After
+/// an unreadable frame it resynchronises on the next frame magic; a stream that ends inside a
+/// frame is a cut.
+struct FrameScanner<R> {
+    src: R,
+    buf: Vec<u8>,
+    /// Start of the unconsumed bytes in `buf`, and the stream offset of `buf[0]`.
+    pos: usize,
+    base: u64,
+    eof: bool,
+    done: bool,
+}
+
+impl<R: Read> FrameScanner<R> {
+    fn new(src: R) -> Self {
+        FrameScanner {
+            src,
+            buf: Vec::new(),
+            pos: 0,
+            base: 0,
+            eof: false,
+            done: false,
+        }
+    }
+
+    /// Reads until at least `more` bytes beyond the unconsumed ones are buffered, or the end.
+    fn fill(&mut self, more: usize) -> std::io::Result<()> {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.base += self.pos as u64;
+            self.pos = 0;
+        }
+        let want = self.buf.len() + more.max(64 << 10);
+        while !self.eof && self.buf.len() < want {
+            let at = self.buf.len();
+            self.buf.resize(want, 0);
+            let n = loop {
+                match self.src.read(&mut self.buf[at..]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r,
+                }
+            };
+            let n = n.inspect_err(|_| self.buf.truncate(at))?;
+            self.buf.truncate(at + n);
+            self.eof = n == 0;
+        }
+        Ok(())
+    }
+
+    fn next_item(&mut self) -> std::io::Result<Option<Scanned>> {
+        if self.done {
+            return Ok(None);
+        }
+        loop {
+            let rest = &self.buf[self.pos..];
+            let at = self.base + self.pos as u64;
+            if rest.is_empty() {
+                if self.eof {
+                    self.done = true;
+                    return Ok(None);
+                }
+                self.fill(0)?;
+                continue;
+            }
+            match zstd::zstd_safe::find_frame_compressed_size(rest) {
+                Ok(len) if len > 0 && len <= rest.len() => {
+                    let frame = rest[..len].to_vec();
+                    self.pos += len;
+                    return Ok(Some(Scanned::Frame(at, frame)));
+                }
+                _ if !self.eof && rest.len() < MAX_FRAME_COMPRESSED => {
+                    let more = rest.len();
+                    self.fill(more)?;
+                }
+                _ => return self.resync(at),
+            }
+        }
+    }
+
+    /// After an unreadable frame at `at`: skips to the next frame magic (an unreadable frame),
+    /// or to the end (a cut).
+    fn resync(&mut self, at: u64) -> std::io::Result<Option<Scanned>> {
+        let mut from = self.pos + 1;
+        loop {
+            if let Some(k) = find_magic(&self.buf[from.min(self.buf.len())..]) {
+                self.pos = from + k;
+                return Ok(Some(Scanned::Unreadable(at)));
+            }
+            if self.eof {
+                self.done = true;
+                let end = self.base + self.buf.len() as u64;
+                return Ok(Some(Scanned::Cut(at, end - at)));
+            }
+            // Keep the last three bytes: a magic may straddle the next read.
+            self.pos = from.max(self.buf.len().saturating_sub(3));
+            self.fill(0)?;
+            from = 0;
+        }
+    }
+}
+
+/// Where one good record frame lies in a file, and the earliest arrival in it.
+struct FrameEntry {
+    offset: u64,
+    len: usize,
+    min_arrival: u64,
+}
+
+/// A native trace file read frame by frame in arrival order, in two passes: the first decodes
+/// every frame once (the [`ReadReport`], each good frame's place and earliest arrival); the
+/// second merges the frames by arrival, decoding a frame only when its earliest record is due,
+/// so memory holds the frames whose arrival ranges overlap (a recording's frames overlap by the
+/// longest request's duration), never the whole file. The records and report equal
+/// [`read_bytes`] of the same file.
+pub struct NativeStream {
+    path: String,
+    file: std::fs::File,
+    header: TraceHeader,
+    report: ReadReport,
+    /// Good frames by (earliest arrival, file order), the next to decode first.
+    frames: std::collections::VecDeque<(usize, FrameEntry)>,
+    due: BinaryHeap<Reverse<Pending>>,
+}
+
+/// A decoded record waiting for its turn: ordered by arrival, then file position.
+struct Pending {
+    key: (u64, usize, usize),
+    req: Request,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        self.key == o.key
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.key.cmp(&o.key)
+    }
+}
+
+impl NativeStream {
+    /// Opens `path` and runs the first pass.
+    pub fn open(path: &Path) -> Result<NativeStream, TraceError> {
+        let name = path.display().to_string();
+        let open = || std::fs::File::open(path).map_err(|e| io_err(&path.display().to_string(), e));
+        let mut scan = FrameScanner::new(open()?);
+        let header = read_header(&name, &mut scan)?;
+        let mut report = ReadReport {
+            frames_ok: 1,
+            ..Default::default()
+        };
+        let mut frames = Vec::new();
+        let mut scratch = Vec::new();
+        let mut last = 0u64;
+        while let Some(item) = scan.next_item().map_err(|e| io_err(&name, e))? {
+            let Scanned::Frame(offset, frame) = item else {
+                report.note(item);
+                continue;
+            };
+            scratch.clear();
+            match decode_frame(&frame, &header, &mut scratch) {
+                Ok(dropped) => report.good_frame(dropped),
+                Err(msg) => {
+                    report.corrupt.push((offset, msg));
+                    continue;
+                }
+            }
+            for r in &scratch {
+                report.reordered += u64::from(report.records > 0 && r.arrival_us < last);
+                last = r.arrival_us;
+                report.records += 1;
+            }
+            if let Some(min_arrival) = scratch.iter().map(|r| r.arrival_us).min() {
+                frames.push(FrameEntry {
+                    offset,
+                    len: frame.len(),
+                    min_arrival,
+                });
+            }
+        }
+        let mut frames: Vec<(usize, FrameEntry)> = frames.into_iter().enumerate().collect();
+        frames.sort_by_key(|(k, f)| (f.min_arrival, *k));
+        Ok(NativeStream {
+            path: name,
+            file: open()?,
+            header,
+            report,
+            frames: frames.into(),
+            due: BinaryHeap::new(),
+        })
+    }
+
+    pub fn header(&self) -> &TraceHeader {
+        &self.header
+    }
+
+    /// What the first pass found (complete before the first record).
+    pub fn report(&self) -> &ReadReport {
+        &self.report
+    }
+
+    /// Decodes the next frame by earliest arrival into the heap.
+    fn load_next(&mut self) -> Result<(), TraceError> {
+        use std::io::{Seek, SeekFrom};
+        let Some((k, f)) = self.frames.pop_front() else {
+            return Ok(());
+        };
+        let mut frame = vec![0; f.len];
+        self.file
+            .seek(SeekFrom::Start(f.offset))
+            .and_then(|_| self.file.read_exact(&mut frame))
+            .map_err(|e| io_err(&self.path, e))?;
+        let mut reqs = Vec::new();
+        decode_frame(&frame, &self.header, &mut reqs).map_err(|msg| TraceError::File {
+            path: self.path.clone(),
+            msg: format!("frame at byte {} changed while reading: {msg}", f.offset),
+        })?;
+        for (j, req) in reqs.into_iter().enumerate() {
+            let key = (req.arrival_us, k, j);
+            self.due.push(Reverse(Pending { key, req }));
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for NativeStream {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            // The heap's least record is next unless an undecoded frame may hold an earlier one.
+            let head = self.due.peek().map(|Reverse(p)| p.key);
+            let frame = self.frames.front().map(|(k, f)| (f.min_arrival, *k, 0));
+            match (head, frame) {
+                (Some(h), Some(f)) if h < f => break,
+                (Some(_), None) => break,
+                (None, None) => return None,
+                _ => {
+                    if let Err(e) = self.load_next() {
+                        self.frames.clear();
+                        return Some(Err(e));
                     }
                 }
             }
         }
+        self.due.pop().map(|Reverse(p)| Ok(p.req))
     }
-    report.records = requests.len() as u64;
-    let mut trace = Trace {
-        header: hw.header,
-        requests,
-    };
-    report.reordered = trace.sort_by_arrival();
-    Ok((trace, report))
 }
 
 fn find_magic(data: &[u8]) -> Option<usize> {
@@ -728,13 +1013,12 @@ fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> R
     Ok(fw.dropped)
 }
 
-/// Reads a native trace file.
+/// Reads a native trace file whole, through [`NativeStream`].
 pub fn read_file(path: &Path) -> Result<(Trace, ReadReport), TraceError> {
-    let data = std::fs::read(path).map_err(|e| TraceError::Io {
-        path: path.display().to_string(),
-        source: e,
-    })?;
-    read_bytes(&path.display().to_string(), &data)
+    let s = NativeStream::open(path)?;
+    let (header, report) = (s.header.clone(), s.report.clone());
+    let requests = s.collect::<Result<Vec<_>, _>>()?;
+    Ok((Trace { header, requests }, report))
 }
 
 /// Writes a whole trace to bytes.
@@ -748,23 +1032,32 @@ pub fn write_bytes(trace: &Trace, opts: WriteOptions) -> Vec<u8> {
 
 /// Writes a whole trace to a file (via a `.partial` file renamed when complete).
 pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), TraceError> {
-    let io = |e: std::io::Error| TraceError::Io {
-        path: path.display().to_string(),
-        source: e,
-    };
+    write_file_from(path, &trace.header, opts, trace.requests.iter().map(Ok)).map(drop)
+}
+
+/// Writes `records` to a file as they come (via a `.partial` file renamed when complete; on
+/// an error it is left behind); returns how many were written.
+pub fn write_file_from<R: std::borrow::Borrow<Request>>(
+    path: &Path,
+    header: &TraceHeader,
+    opts: WriteOptions,
+    records: impl Iterator<Item = Result<R, TraceError>>,
+) -> Result<u64, TraceError> {
+    let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");
     let tmp = std::path::PathBuf::from(tmp);
     let f = std::fs::File::create(&tmp).map_err(io)?;
-    let mut w = TraceWriter::new(std::io::BufWriter::new(f), &trace.header, opts).map_err(io)?;
-    for r in &trace.requests {
-        w.push(r).map_err(io)?;
+    let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;
+    for r in records {
+        w.push(r?.borrow()).map_err(io)?;
     }
+    let n = w.records();
     let bw = w.finish().map_err(io)?;
     let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(())
+    Ok(n)
 }
 
 /// Header meta helper: a map from pairs.

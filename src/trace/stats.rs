@@ -11,7 +11,7 @@
 //! - Percentiles are linear-interpolated over exact samples with numpy's arithmetic
 //!   ([`crate::metrics::np_percentile_sorted`], as vLLM reports).
 
-use super::Trace;
+use super::{Request, Trace};
 use crate::metrics::np_percentile_sorted as percentile_sorted;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
@@ -105,143 +105,249 @@ pub struct StatsOptions {
 
 /// Computes the statistics of a trace's workload; auxiliary requests are only counted.
 pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
-    let mut auxiliary: BTreeMap<String, u64> = BTreeMap::new();
-    for r in trace.requests.iter().filter(|r| !r.is_workload()) {
-        *auxiliary.entry(r.route()).or_default() += 1;
+    let mut acc = StatsAcc::new(trace.header.block_size, opts);
+    for r in &trace.requests {
+        acc.push(r);
     }
-    if auxiliary.is_empty() {
-        return compute_workload(trace, opts);
-    }
-    let workload = Trace {
-        header: trace.header.clone(),
-        requests: trace
+    let mut stats = acc.finish();
+    let arrivals = || {
+        trace
             .requests
             .iter()
             .filter(|r| r.is_workload())
-            .cloned()
-            .collect(),
+            .map(|r| r.arrival_us)
     };
-    TraceStats {
-        auxiliary,
-        ..compute_workload(&workload, opts)
+    if arrivals().zip(arrivals().skip(1)).any(|(a, b)| b < a) {
+        stats.peak_rate_rps = peak_of(arrivals().collect());
+    }
+    stats
+}
+
+/// [`compute`] one request at a time, for a stream in arrival order. Memory: 8 bytes per
+/// workload request (its two lengths, for exact percentiles), 4 per recorded inter-token gap, the
+/// set of distinct hash ids, one counter per session, and the arrivals of the last second (the
+/// peak rate assumes pushes in arrival order).
+pub struct StatsAcc {
+    block_size: u32,
+    cache: Option<(u64, lru::LruCache<u64, ()>)>,
+    n: u64,
+    first: Option<u64>,
+    last: u64,
+    /// Arrivals of the last second.
+    window: std::collections::VecDeque<u64>,
+    peak: u64,
+    isl: Vec<u32>,
+    osl: Vec<u32>,
+    seen: HashSet<u64>,
+    refs: u64,
+    hit_sum: f64,
+    with_ids: u64,
+    lru_hits: u64,
+    turns: BTreeMap<String, u64>,
+    endpoints: BTreeMap<String, u64>,
+    models: BTreeMap<String, u64>,
+    auxiliary: BTreeMap<String, u64>,
+    rec: Recorded,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    itl_us: Vec<u32>,
+}
+
+impl StatsAcc {
+    pub fn new(block_size: u32, opts: &StatsOptions) -> StatsAcc {
+        let cache = opts.cache_blocks.map(|cap| {
+            let n = std::num::NonZeroUsize::new(cap.min(usize::MAX as u64) as usize);
+            (
+                cap,
+                lru::LruCache::new(n.unwrap_or(std::num::NonZeroUsize::MIN)),
+            )
+        });
+        StatsAcc {
+            block_size,
+            cache,
+            n: 0,
+            first: None,
+            last: 0,
+            window: Default::default(),
+            peak: 0,
+            isl: Vec::new(),
+            osl: Vec::new(),
+            seen: HashSet::new(),
+            refs: 0,
+            hit_sum: 0.0,
+            with_ids: 0,
+            lru_hits: 0,
+            turns: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
+            models: BTreeMap::new(),
+            auxiliary: BTreeMap::new(),
+            rec: Recorded::default(),
+            ttft: Vec::new(),
+            e2e: Vec::new(),
+            itl_us: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, r: &Request) {
+        if !r.is_workload() {
+            *self.auxiliary.entry(r.route()).or_default() += 1;
+            return;
+        }
+        self.n += 1;
+        self.first.get_or_insert(r.arrival_us);
+        self.arrival(r.arrival_us);
+        self.last = r.arrival_us;
+        // Lengths are at most 10^7 tokens (every importer's limit): u32 holds them exactly.
+        self.isl.push(r.input_tokens.min(u32::MAX as u64) as u32);
+        self.osl.push(r.output_tokens.min(u32::MAX as u64) as u32);
+        self.reuse(r);
+        *self
+            .endpoints
+            .entry(r.endpoint.as_str().to_string())
+            .or_default() += 1;
+        if let Some(m) = &r.model {
+            *self.models.entry(m.clone()).or_default() += 1;
+        }
+        if let Some(sess) = &r.session {
+            *self.turns.entry(sess.id.clone()).or_default() += 1;
+        }
+        self.recorded(r);
+    }
+
+    /// The peak rate: arrivals within 1 s of the newest.
+    fn arrival(&mut self, at: u64) {
+        self.window.push_back(at);
+        while self
+            .window
+            .front()
+            .is_some_and(|&lo| at.saturating_sub(lo) >= 1_000_000)
+        {
+            self.window.pop_front();
+        }
+        self.peak = self.peak.max(self.window.len() as u64);
+    }
+
+    fn reuse(&mut self, r: &Request) {
+        if let Some((_, lru)) = &mut self.cache {
+            let mut leading = true;
+            for h in &r.hash_ids {
+                leading &= lru.get(h).is_some();
+                self.lru_hits += u64::from(leading);
+            }
+            for h in &r.hash_ids {
+                lru.put(*h, ());
+            }
+        }
+        if r.hash_ids.is_empty() {
+            return;
+        }
+        self.with_ids += 1;
+        self.refs += r.hash_ids.len() as u64;
+        let lead = r
+            .hash_ids
+            .iter()
+            .take_while(|h| self.seen.contains(h))
+            .count();
+        self.hit_sum += lead as f64 / r.hash_ids.len() as f64;
+        self.seen.extend(r.hash_ids.iter().copied());
+    }
+
+    fn recorded(&mut self, r: &Request) {
+        let Some(resp) = &r.response else { return };
+        let rec = &mut self.rec;
+        rec.responses += 1;
+        if let Some(t) = resp.ttft_us {
+            self.ttft.push(t as f64 / 1e3);
+        }
+        if let Some(e) = resp.end_us {
+            self.e2e.push(e as f64 / 1e3);
+        }
+        // ITL between successive content events (those carrying tokens), as vLLM pools them.
+        let mut prev = None;
+        for e in resp.events.iter().filter(|e| e.tokens > 0) {
+            if let Some(p) = prev {
+                let gap: u64 = e.offset_us - p;
+                self.itl_us.push(gap.min(u32::MAX as u64) as u32);
+            }
+            prev = Some(e.offset_us);
+        }
+        if let Some(kind) = &resp.error {
+            *rec.errors.entry(kind.clone()).or_default() += 1;
+        } else if resp.status >= 400 {
+            *rec.errors
+                .entry(format!("http_{}", resp.status))
+                .or_default() += 1;
+        }
+        rec.cancelled += u64::from(resp.cancelled);
+    }
+
+    pub fn finish(self) -> TraceStats {
+        let n = self.n;
+        let span_us = self.last.saturating_sub(self.first.unwrap_or(0));
+        let duration_s = span_us as f64 / 1e6;
+        let peak = self.peak;
+        let dist = |v: Vec<u32>| Dist::of(v.into_iter().map(f64::from).collect());
+        let distinct = self.seen.len() as u64;
+        let refs = self.refs;
+        let reuse = Reuse {
+            block_size: self.block_size,
+            block_references: refs,
+            distinct_blocks: distinct,
+            block_reuse: if refs > 0 {
+                1.0 - distinct as f64 / refs as f64
+            } else {
+                0.0
+            },
+            mean_prefix_hit_rate: match self.with_ids {
+                0 => 0.0,
+                w => self.hit_sum / w as f64,
+            },
+            lru_blocks: self.cache.as_ref().map(|c| c.0),
+            lru_hit_rate: self.cache.as_ref().map(|c| match (c.0, refs) {
+                (0, _) | (_, 0) => 0.0,
+                _ => self.lru_hits as f64 / refs as f64,
+            }),
+        };
+        let recorded = (self.rec.responses > 0).then(|| Recorded {
+            ttft_ms: Dist::of(self.ttft),
+            itl_ms: Dist::of(self.itl_us.into_iter().map(|g| g as f64 / 1e3).collect()),
+            e2e_ms: Dist::of(self.e2e),
+            ..self.rec
+        });
+        TraceStats {
+            requests: n,
+            duration_s,
+            mean_rate_rps: if span_us > 0 {
+                n as f64 / duration_s
+            } else {
+                0.0
+            },
+            peak_rate_rps: peak,
+            isl: dist(self.isl),
+            osl: dist(self.osl),
+            reuse,
+            sessions: self.turns.len() as u64,
+            turns: (!self.turns.is_empty())
+                .then(|| Dist::of(self.turns.values().map(|&v| v as f64).collect())),
+            endpoints: self.endpoints,
+            models: self.models,
+            auxiliary: self.auxiliary,
+            recorded,
+        }
     }
 }
 
-fn compute_workload(trace: &Trace, opts: &StatsOptions) -> TraceStats {
-    let reqs = &trace.requests;
-    let n = reqs.len() as u64;
-    let span_us = trace.span_us();
-    let duration_s = span_us as f64 / 1e6;
-    // Peak: sliding 1 s window over sorted arrivals.
-    let mut arrivals: Vec<u64> = reqs.iter().map(|r| r.arrival_us).collect();
+/// Most arrivals within any 1-second window.
+fn peak_of(mut arrivals: Vec<u64>) -> u64 {
     arrivals.sort_unstable();
-    let mut peak = 0u64;
-    let mut lo = 0usize;
+    let (mut peak, mut lo) = (0u64, 0usize);
     for hi in 0..arrivals.len() {
         while arrivals[hi] - arrivals[lo] >= 1_000_000 {
             lo += 1;
         }
         peak = peak.max((hi - lo + 1) as u64);
     }
-    let mut s = TraceStats {
-        requests: n,
-        duration_s,
-        mean_rate_rps: if span_us > 0 {
-            n as f64 / duration_s
-        } else {
-            0.0
-        },
-        peak_rate_rps: peak,
-        isl: Dist::of(reqs.iter().map(|r| r.input_tokens as f64).collect()),
-        osl: Dist::of(reqs.iter().map(|r| r.output_tokens as f64).collect()),
-        reuse: reuse(trace, opts.cache_blocks),
-        ..Default::default()
-    };
-    let mut turns: BTreeMap<&str, u64> = BTreeMap::new();
-    for r in reqs {
-        *s.endpoints
-            .entry(r.endpoint.as_str().to_string())
-            .or_default() += 1;
-        if let Some(m) = &r.model {
-            *s.models.entry(m.clone()).or_default() += 1;
-        }
-        if let Some(sess) = &r.session {
-            *turns.entry(sess.id.as_str()).or_default() += 1;
-        }
-    }
-    s.sessions = turns.len() as u64;
-    if !turns.is_empty() {
-        s.turns = Some(Dist::of(turns.values().map(|&v| v as f64).collect()));
-    }
-    s.recorded = recorded(trace);
-    s
-}
-
-fn reuse(trace: &Trace, cache_blocks: Option<u64>) -> Reuse {
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut refs = 0u64;
-    let mut hit_sum = 0f64;
-    let mut with_ids = 0u64;
-    for r in &trace.requests {
-        if r.hash_ids.is_empty() {
-            continue;
-        }
-        with_ids += 1;
-        refs += r.hash_ids.len() as u64;
-        let lead = r.hash_ids.iter().take_while(|h| seen.contains(h)).count();
-        hit_sum += lead as f64 / r.hash_ids.len() as f64;
-        seen.extend(r.hash_ids.iter().copied());
-    }
-    let distinct = seen.len() as u64;
-    let mut out = Reuse {
-        block_size: trace.header.block_size,
-        block_references: refs,
-        distinct_blocks: distinct,
-        block_reuse: if refs > 0 {
-            1.0 - distinct as f64 / refs as f64
-        } else {
-            0.0
-        },
-        mean_prefix_hit_rate: if with_ids > 0 {
-            hit_sum / with_ids as f64
-        } else {
-            0.0
-        },
-        ..Default::default()
-    };
-    if let Some(cap) = cache_blocks {
-        out.lru_blocks = Some(cap);
-        out.lru_hit_rate = Some(lru_hit_rate(trace, cap));
-    }
-    out
-}
-
-/// Leading-prefix hit rate against an LRU cache of `cap` blocks (0 = no cache).
-pub fn lru_hit_rate(trace: &Trace, cap: u64) -> f64 {
-    let Some(cap) = std::num::NonZeroUsize::new(cap.min(usize::MAX as u64) as usize) else {
-        return 0.0;
-    };
-    let mut lru: lru::LruCache<u64, ()> = lru::LruCache::new(cap);
-    let (mut hits, mut refs) = (0u64, 0u64);
-    for r in &trace.requests {
-        refs += r.hash_ids.len() as u64;
-        let mut leading = true;
-        for h in &r.hash_ids {
-            let present = lru.get(h).is_some();
-            leading &= present;
-            if leading {
-                hits += 1;
-            }
-        }
-        for h in &r.hash_ids {
-            lru.put(*h, ());
-        }
-    }
-    if refs == 0 {
-        0.0
-    } else {
-        hits as f64 / refs as f64
-    }
+    peak
 }
 
 /// The prefix-cache counters an ideal vLLM would report for `trace`'s requests sent one after
@@ -304,44 +410,6 @@ pub fn vllm_prefix_cache(
         }
     }
     (hits, queries)
-}
-
-fn recorded(trace: &Trace) -> Option<Recorded> {
-    let mut rec = Recorded::default();
-    let (mut ttft, mut itl, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
-    for r in &trace.requests {
-        let Some(resp) = &r.response else { continue };
-        rec.responses += 1;
-        if let Some(t) = resp.ttft_us {
-            ttft.push(t as f64 / 1e3);
-        }
-        if let Some(e) = resp.end_us {
-            e2e.push(e as f64 / 1e3);
-        }
-        // ITL between successive content events (those carrying tokens), as vLLM pools them.
-        let content: Vec<u64> = resp
-            .events
-            .iter()
-            .filter(|e| e.tokens > 0)
-            .map(|e| e.offset_us)
-            .collect();
-        itl.extend(content.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e3));
-        if let Some(kind) = &resp.error {
-            *rec.errors.entry(kind.clone()).or_default() += 1;
-        } else if resp.status >= 400 {
-            *rec.errors
-                .entry(format!("http_{}", resp.status))
-                .or_default() += 1;
-        }
-        rec.cancelled += u64::from(resp.cancelled);
-    }
-    if rec.responses == 0 {
-        return None;
-    }
-    rec.ttft_ms = Dist::of(ttft);
-    rec.itl_ms = Dist::of(itl);
-    rec.e2e_ms = Dist::of(e2e);
-    Some(rec)
 }
 
 #[cfg(test)]
@@ -434,7 +502,11 @@ mod tests {
         assert!((s.reuse.mean_prefix_hit_rate - (0.0 + 2.0 / 3.0 + 0.0) / 3.0).abs() < 1e-12);
         // LRU of one block: only the last touched block survives, never a leading hit here
         assert_eq!(s.reuse.lru_hit_rate, Some(0.0));
-        assert!((lru_hit_rate(&t, 100) - 2.0 / 8.0).abs() < 1e-12);
+        let big = StatsOptions {
+            cache_blocks: Some(100),
+        };
+        let hit = compute(&t, &big).reuse.lru_hit_rate.unwrap();
+        assert!((hit - 2.0 / 8.0).abs() < 1e-12);
     }
 
     #[test]

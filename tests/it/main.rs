@@ -20,3 +20,4 @@ mod sessions;
 mod start_at;
 mod support;
 mod trace_cli;
+mod trace_stream;

@@ -983,3 +983,57 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_body_paths() {
     }
     mock.shutdown().await;
 }
+
+/// A trace whose bodies are many times the builder's window replays with at most the window's
+/// bytes built ahead, every body built once and freed by the end (counted by the builder's
+/// byte accounting of live bodies, not by timing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_far_larger_than_the_body_window_replays_with_bodies_freed() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let srv = support::start(ServerConfig {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u64> = (0..4).collect();
+    let rows: Vec<(u64, u64, u64, &[u64])> =
+        (0..300u64).map(|k| (k * 2, 2000, 6, &ids[..])).collect();
+    let trace = support::mooncake(dir.path(), &rows);
+    let mut cfg = support::replay_cfg(&[
+        trace.to_str().unwrap(),
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--speed",
+        "4",
+    ]);
+    let max_bytes = 64 << 10;
+    cfg.tuning.window = replay::window::Limits {
+        lead: Duration::from_millis(20),
+        max_bytes,
+    };
+    let mut p = replay::prepare(&cfg).await.unwrap();
+    let ran = replay::execute(&cfg, &mut p).await.unwrap();
+    let st = p.builder_stats();
+    let (built, bodies) = (st.built.load(Relaxed), st.peak_live_bodies.load(Relaxed));
+    let (held, peak) = (
+        st.peak_held_bytes.load(Relaxed),
+        st.peak_live_bytes.load(Relaxed),
+    );
+    let out = replay::assemble(&cfg, &p, ran).unwrap();
+    assert_eq!(built, 300, "{}", out.report);
+    assert_eq!(st.live_bytes.load(Relaxed), 0, "every body freed");
+    let per = peak / bodies.max(1);
+    assert!(per > 8_000, "bodies of 2000 token ids: {per} bytes");
+    assert!(held <= max_bytes + per, "window held {held} bytes");
+    assert!(
+        300 * per > 20 * max_bytes,
+        "the trace is far larger than the window"
+    );
+    assert_eq!(out.summary.completed, 300, "{}", out.report);
+    let bb = &out.result["body_builder"];
+    assert_eq!(bb["peak_bytes"], peak as u64);
+}
