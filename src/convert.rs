@@ -58,54 +58,8 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
     if let Some(bs) = args.block_size {
         filter::reblock(&mut trace, bs).map_err(|e| anyhow::anyhow!("--block-size: {e}"))?;
     }
-    let to = args.to.unwrap_or_else(|| {
-        let name = args.output.to_string_lossy();
-        if name.ends_with(".jsonl") || name.ends_with(".json") {
-            OutFormat::Mooncake
-        } else {
-            OutFormat::Native
-        }
-    });
     let out_name = args.output.display().to_string();
-    let stdout = out_name == "-";
-    let mut left_out = String::new();
-    match to {
-        OutFormat::Mooncake => {
-            left_out = mooncake_rows_only(&mut trace);
-            if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
-                tracing::warn!(
-                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
-                    input_name,
-                    trace.header.block_size,
-                    if trace.header.partial_tail_block { "ceil" } else { "floor" }
-                );
-            }
-            if stdout {
-                mooncake::write(&trace, std::io::BufWriter::new(std::io::stdout().lock()))?;
-            } else {
-                let f = std::fs::File::create(&args.output)
-                    .with_context(|| format!("cannot create {out_name}"))?;
-                mooncake::write(&trace, std::io::BufWriter::new(f))
-                    .with_context(|| format!("writing {out_name}"))?;
-            }
-        }
-        OutFormat::Native => {
-            trace
-                .header
-                .meta
-                .insert("converted_from".into(), input_name.clone());
-            let opts = native::WriteOptions {
-                level: args.level,
-                ..Default::default()
-            };
-            if stdout {
-                let bytes = native::write_bytes(&trace, opts);
-                std::io::stdout().lock().write_all(&bytes)?;
-            } else {
-                native::write_file(&args.output, &trace, opts)?;
-            }
-        }
-    }
+    let left_out = write_out(&mut trace, &args.output, args.to, args.level, &input_name)?;
     Ok(format!(
         "{}: {} rows read ({} skipped), {} written to {}{left_out}",
         input_name,
@@ -114,6 +68,67 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         trace.requests.len(),
         out_name
     ))
+}
+
+/// Writes `trace` to `output` (`-` is stdout) as `to`, or as the name says (`.jsonl`/`.json` →
+/// Mooncake, else native); returns what a Mooncake export left out (`""` when nothing).
+/// `source` names the input in warnings and in the native header's `converted_from`.
+pub fn write_out(
+    trace: &mut crate::trace::Trace,
+    output: &std::path::Path,
+    to: Option<OutFormat>,
+    level: i32,
+    source: &str,
+) -> Result<String> {
+    let to = to.unwrap_or_else(|| {
+        let name = output.to_string_lossy();
+        if name.ends_with(".jsonl") || name.ends_with(".json") {
+            OutFormat::Mooncake
+        } else {
+            OutFormat::Native
+        }
+    });
+    let out_name = output.display().to_string();
+    let stdout = out_name == "-";
+    let mut left_out = String::new();
+    match to {
+        OutFormat::Mooncake => {
+            left_out = mooncake_rows_only(trace);
+            if trace.header.block_size != mooncake::BLOCK_SIZE || !trace.header.partial_tail_block {
+                tracing::warn!(
+                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
+                    source,
+                    trace.header.block_size,
+                    if trace.header.partial_tail_block { "ceil" } else { "floor" }
+                );
+            }
+            if stdout {
+                mooncake::write(trace, std::io::BufWriter::new(std::io::stdout().lock()))?;
+            } else {
+                let f = std::fs::File::create(output)
+                    .with_context(|| format!("cannot create {out_name}"))?;
+                mooncake::write(trace, std::io::BufWriter::new(f))
+                    .with_context(|| format!("writing {out_name}"))?;
+            }
+        }
+        OutFormat::Native => {
+            trace
+                .header
+                .meta
+                .insert("converted_from".into(), source.to_string());
+            let opts = native::WriteOptions {
+                level,
+                ..Default::default()
+            };
+            if stdout {
+                let bytes = native::write_bytes(trace, opts);
+                std::io::stdout().lock().write_all(&bytes)?;
+            } else {
+                native::write_file(output, trace, opts)?;
+            }
+        }
+    }
+    Ok(left_out)
 }
 
 /// Mooncake rows are generations with a prompt and an output: keeps those and says what it

@@ -19,10 +19,14 @@ pub fn run(args: &InspectArgs) -> Result<String> {
             skip_bad: args.skip_bad,
         },
     )?;
+    if args.block_size == Some(0) {
+        anyhow::bail!("--block-size must be at least 1");
+    }
     let stats = compute(
         &trace,
         &StatsOptions {
             cache_blocks: args.cache_blocks,
+            block_size: args.block_size,
         },
     );
     if args.json {

@@ -108,6 +108,58 @@ pub fn reblock(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Re-chunks hash ids to `new_bs` tokens per block, any size (`inspect --block-size`).
+///
+/// A whole multiple of the trace's block size is exact ([`reblock`]). Otherwise the ids are
+/// first split to blocks of `g = gcd(old, new_bs)` tokens: piece `j` of id `h` becomes the id of
+/// `(h, j)`, exact for prompts that share `h` (chained ids: they share every token up to its
+/// end); prompts whose ids differ at a position are taken to differ from that block's first
+/// token (ids say nothing finer, so sharing is a lower bound), and tokens past the last id (a
+/// floor trace's unhashed tail) as unique. The pieces are then merged by [`reblock`]. Ids come
+/// out dense.
+pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
+    let old = trace.header.block_size;
+    if new_bs == 0 || old == 0 {
+        return Err("block size must be at least 1".into());
+    }
+    if new_bs % old == 0 {
+        return reblock(trace, new_bs);
+    }
+    let g = gcd(old, new_bs);
+    let k = u64::from(old / g);
+    trace.header.block_size = g;
+    let mut ids: std::collections::HashMap<(u64, u64), u64> = Default::default();
+    let mut next = 0u64;
+    for r in &mut trace.requests {
+        let pieces = trace.header.blocks_for(r.input_tokens);
+        let mut out = Vec::with_capacity(pieces as usize);
+        for i in 0..pieces {
+            let id = match r.hash_ids.get((i / k) as usize) {
+                Some(&h) => *ids.entry((h, i % k)).or_insert_with(|| {
+                    next += 1;
+                    next - 1
+                }),
+                None => {
+                    next += 1;
+                    next - 1
+                }
+            };
+            out.push(id);
+        }
+        r.hash_ids = out;
+    }
+    trace.header.hash_scheme = super::HashScheme::Dense;
+    reblock(trace, new_bs)
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// Applies the filters in place.
 pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
     if !(f.speed.is_finite() && f.speed > 0.0) {
@@ -204,6 +256,41 @@ mod tests {
         assert_ne!(ra[2], rb[2]);
         assert_ne!(ra[3], rb[3]);
         assert!(reblock(&mut t, 48).is_err());
+    }
+
+    /// Split then merged back, a re-chunk is the identity on the sharing structure; a split keeps
+    /// every shared id's pieces shared and a 3/2 re-chunk goes through 16-token pieces.
+    #[test]
+    fn rechunk_splits_ids_and_keeps_their_sharing() {
+        let mut t = Trace {
+            header: TraceHeader::imported(32, true, "t"),
+            requests: vec![
+                Request {
+                    input_tokens: 70,
+                    hash_ids: vec![1, 2, 3],
+                    ..Default::default()
+                },
+                Request {
+                    input_tokens: 64,
+                    hash_ids: vec![1, 4],
+                    ..Default::default()
+                },
+            ],
+        };
+        let mut fine = t.clone();
+        rechunk(&mut fine, 16).unwrap();
+        let (a, b) = (&fine.requests[0].hash_ids, &fine.requests[1].hash_ids);
+        assert_eq!((a.len(), b.len()), (5, 4));
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        rechunk(&mut t, 48).unwrap();
+        assert_eq!(t.header.block_size, 48);
+        let (a, b) = (&t.requests[0].hash_ids, &t.requests[1].hash_ids);
+        // 70 tokens: ceil(70/48) = 2 blocks; 64 tokens: 2; the first 48 tokens (ids 1 and half of
+        // 2 or 4) differ from token 32 on
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert_ne!(a[0], b[0]);
+        assert!(rechunk(&mut t, 0).is_err());
     }
 
     #[test]

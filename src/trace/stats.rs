@@ -101,6 +101,8 @@ pub struct TraceStats {
 pub struct StatsOptions {
     /// Also simulate an LRU cache of this many blocks.
     pub cache_blocks: Option<u64>,
+    /// Prefix figures at this many tokens per block ([`super::filter::rechunk`]).
+    pub block_size: Option<u32>,
 }
 
 /// Computes the statistics of a trace's workload; auxiliary requests are only counted.
@@ -129,6 +131,17 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
 
 fn compute_workload(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     let reqs = &trace.requests;
+    let rechunked;
+    let reuse_of = match opts.block_size {
+        Some(b) if b != trace.header.block_size => {
+            let mut t = trace.clone();
+            // the caller checked `b` (inspect refuses 0)
+            let _ = super::filter::rechunk(&mut t, b);
+            rechunked = t;
+            &rechunked
+        }
+        _ => trace,
+    };
     let n = reqs.len() as u64;
     let span_us = trace.span_us();
     let duration_s = span_us as f64 / 1e6;
@@ -154,7 +167,7 @@ fn compute_workload(trace: &Trace, opts: &StatsOptions) -> TraceStats {
         peak_rate_rps: peak,
         isl: Dist::of(reqs.iter().map(|r| r.input_tokens as f64).collect()),
         osl: Dist::of(reqs.iter().map(|r| r.output_tokens as f64).collect()),
-        reuse: reuse(trace, opts.cache_blocks),
+        reuse: reuse(reuse_of, opts.cache_blocks),
         ..Default::default()
     };
     let mut turns: BTreeMap<&str, u64> = BTreeMap::new();
@@ -425,6 +438,7 @@ mod tests {
             &t,
             &StatsOptions {
                 cache_blocks: Some(1),
+                ..Default::default()
             },
         );
         assert_eq!(s.reuse.block_references, 8);
