@@ -12,6 +12,9 @@ use std::fmt::Write as _;
 
 /// Runs `inspect`, returning what to print.
 pub fn run(args: &InspectArgs) -> Result<String> {
+    if args.block_size == Some(0) {
+        anyhow::bail!("--block-size must be at least 1");
+    }
     let (trace, rep) = read_path(
         &args.file,
         &ImportOptions {
@@ -19,9 +22,6 @@ pub fn run(args: &InspectArgs) -> Result<String> {
             skip_bad: args.skip_bad,
         },
     )?;
-    if args.block_size == Some(0) {
-        anyhow::bail!("--block-size must be at least 1");
-    }
     let stats = compute(
         &trace,
         &StatsOptions {

@@ -17,4 +17,5 @@ mod scrape;
 mod sessions;
 mod start_at;
 mod support;
+mod synth;
 mod trace_cli;
