@@ -3,15 +3,17 @@
 //! What is learned (docs/synth.md has the reasoning and the measured fit):
 //! - per request, a row: input and output length, endpoint, model and parameters, its number of
 //!   blocks, how many leading blocks an earlier request had (its depth in the prefix tree where it
-//!   leaves the cached path) and how many requests ago that tree node was last used (its reuse
-//!   distance). Rows are drawn whole, so lengths stay joint with the node they hang from;
+//!   leaves the cached path) and how many distinct blocks were accessed since that tree node was
+//!   (its reuse distance). Rows are drawn whole, so lengths stay joint with the node
+//!   they hang from;
 //! - arrivals: the inter-arrival gaps of each window of the input's span (rate over time and
 //!   burst shape), and their gamma shape, reported;
 //! - sessions (when every request has one): whole sessions, their turns' offsets, think times and
 //!   the sharing inside them; blocks that several sessions share stay shared.
 //!
-//! Sampling builds a new prefix tree: a request hangs from a node of its row's depth whose last
-//! use is closest to its row's reuse distance, shares that path and adds fresh blocks. Every id is
+//! Sampling builds a new prefix tree: a request hangs from the node of its row's depth accessed
+//! most recently but at least its row's reuse distance ago, shares that path and adds fresh
+//! blocks. Every id is
 //! new (a counter), so nothing in the output maps back to the input.
 
 use super::WhatIfError;
@@ -32,7 +34,7 @@ struct Row {
     blocks: u32,
     /// Leading blocks an earlier request had.
     hit: u32,
-    /// Requests since the node at depth `hit` was last used.
+    /// Distinct blocks accessed since the node at depth `hit` was (its reuse distance).
     lag: u64,
 }
 
@@ -61,7 +63,6 @@ pub struct Model {
     shared_blocks: u32,
     /// Gaps (µs) between successive arrivals (session starts in session mode), by window.
     windows: Vec<Vec<u64>>,
-    window_us: u64,
     /// Mean arrival rate of requests.
     pub rate_rps: f64,
     /// Gamma shape of the gaps by moments (1 = Poisson, below 1 bursty).
@@ -106,7 +107,7 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
     } else {
         reqs.iter().map(|r| r.arrival_us).collect()
     };
-    let (windows, window_us) = windows_of(&starts, span);
+    let windows = windows_of(&starts, span);
     let all: Vec<u64> = windows.iter().flatten().copied().collect();
     let rate_rps = if span > 0 {
         (reqs.len() - 1) as f64 / (span as f64 / 1e6)
@@ -120,7 +121,6 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
         shared_blocks: sessions.1,
         sessions: sessions.0,
         windows,
-        window_us,
         rate_rps,
         gamma_shape: gamma_shape(&all),
         requests: reqs.len() as u64,
@@ -138,41 +138,116 @@ fn proto(r: &Request) -> Request {
     }
 }
 
-/// Rows in arrival order, with the tree facts from a trie of the ids seen so far.
+/// Rows in arrival order. A request's hit is its leading ids seen before (inspect's rule), its
+/// reuse distance that of the last of them.
 fn rows_of(reqs: &[&Request]) -> Vec<Row> {
-    let mut child: HashMap<(usize, u64), usize> = HashMap::new();
-    let mut last: Vec<u64> = vec![0];
+    // per id, the time of its last access
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    let mut rec = Recency::default();
     let mut out = Vec::with_capacity(reqs.len());
-    for (i, r) in reqs.iter().enumerate() {
-        let i = i as u64;
-        let (mut node, mut hit) = (0usize, 0u32);
-        for h in &r.hash_ids {
-            match child.get(&(node, *h)) {
-                Some(&n) => {
-                    node = n;
-                    hit += 1;
-                }
-                None => break,
-            }
-        }
-        let lag = if hit > 0 { i - last[node] } else { 0 };
+    for r in reqs {
+        let hit = r
+            .hash_ids
+            .iter()
+            .take_while(|h| last.contains_key(h))
+            .count();
+        let lag = match hit {
+            0 => 0,
+            n => rec.distance(last[&r.hash_ids[n - 1]]),
+        };
         out.push(Row {
             proto: proto(r),
             blocks: r.hash_ids.len() as u32,
-            hit,
+            hit: hit as u32,
             lag,
         });
-        let mut node = 0;
         for h in &r.hash_ids {
-            let next = last.len();
-            node = *child.entry((node, *h)).or_insert(next);
-            if node == next {
-                last.push(i);
-            }
-            last[node] = i;
+            let t = last.entry(*h).or_insert(0);
+            *t = rec.access(*t);
         }
     }
     out
+}
+
+/// Block accesses in order, each block marked at its latest access (a Fenwick tree over access
+/// times): the reuse distance of a block is the number of distinct blocks accessed since it was,
+/// what decides whether an LRU cache still holds it.
+#[derive(Default)]
+struct Recency {
+    tree: Vec<u32>,
+    marks: Vec<bool>,
+    total: u64,
+    now: u64,
+}
+
+impl Recency {
+    fn add(&mut self, t: u64, up: bool) {
+        self.marks[t as usize] = up;
+        let mut i = t as usize;
+        while i < self.tree.len() {
+            if up {
+                self.tree[i] += 1;
+            } else {
+                self.tree[i] -= 1;
+            }
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    fn prefix(&self, t: u64) -> u64 {
+        let (mut i, mut s) = (t as usize, 0u64);
+        while i > 0 {
+            s += u64::from(self.tree[i]);
+            i -= i & i.wrapping_neg();
+        }
+        s
+    }
+
+    /// A block last accessed at `old` (0: never) is accessed now; returns the new time.
+    fn access(&mut self, old: u64) -> u64 {
+        if old > 0 {
+            self.add(old, false);
+            self.total -= 1;
+        }
+        self.now += 1;
+        if self.now as usize >= self.tree.len() {
+            self.grow();
+        }
+        self.add(self.now, true);
+        self.total += 1;
+        self.now
+    }
+
+    fn grow(&mut self) {
+        let n = (self.tree.len() * 2).max(1024);
+        self.marks.resize(n, false);
+        self.tree = vec![0; n];
+        let marked: Vec<u64> = (1..n as u64).filter(|&t| self.marks[t as usize]).collect();
+        for t in marked {
+            self.add(t, true);
+        }
+    }
+
+    /// Distinct blocks accessed after time `t`.
+    fn distance(&self, t: u64) -> u64 {
+        self.total - self.prefix(t)
+    }
+
+    /// The latest time whose distance is at least `d` (`None`: fewer blocks than that so far).
+    fn latest_at_distance(&self, d: u64) -> Option<u64> {
+        let budget = self.total.checked_sub(d)?;
+        let (mut pos, mut rem) = (0usize, budget);
+        let mut step = self.tree.len().next_power_of_two() / 2;
+        while step > 0 {
+            let next = pos + step;
+            if next < self.tree.len() && u64::from(self.tree[next]) <= rem {
+                pos = next;
+                rem -= u64::from(self.tree[next]);
+            }
+            step /= 2;
+        }
+        Some(pos as u64)
+    }
 }
 
 fn sessions_first_arrivals(reqs: &[&Request]) -> Vec<u64> {
@@ -236,7 +311,7 @@ fn sessions_of(reqs: &[&Request]) -> (Vec<SessionT>, u32) {
 }
 
 /// Gaps between successive `times`, grouped by the window of the span they start in.
-fn windows_of(times: &[u64], span: u64) -> (Vec<Vec<u64>>, u64) {
+fn windows_of(times: &[u64], span: u64) -> Vec<Vec<u64>> {
     let gaps = times.len().saturating_sub(1);
     let n = (gaps / GAPS_PER_WINDOW).clamp(1, WINDOWS);
     let t0 = times.first().copied().unwrap_or(0);
@@ -246,7 +321,7 @@ fn windows_of(times: &[u64], span: u64) -> (Vec<Vec<u64>>, u64) {
         let k = (((p[0] - t0) / w) as usize).min(n - 1);
         out[k].push(p[1] - p[0]);
     }
-    (out, w)
+    out
 }
 
 fn gamma_shape(gaps: &[u64]) -> f64 {
@@ -336,89 +411,73 @@ pub fn sample(m: &Model, s: &Size, seed: u64) -> Result<Trace, WhatIfError> {
     Ok(t)
 }
 
-/// Arrival offsets: gaps dealt from the window of the input's span the clock is in, each
-/// window's gaps shuffled and dealt without replacement (reshuffled when used up), so at 1× the
-/// gaps are the input's own and each window keeps its rate; the span repeats when the output
-/// is longer; gaps scaled to the output's rate.
+/// Arrival offsets: the windows of the input's span in order, each window's gaps shuffled and
+/// dealt whole before the next (the span starts over when the output is longer), scaled to the
+/// output's rate. At 1× the gaps are the input's own and every window keeps its rate.
 struct Clock {
     t_us: f64,
-    span_us: u64,
     decks: Vec<Vec<u64>>,
-    dealt: Vec<usize>,
+    window: usize,
+    dealt: usize,
 }
 
 impl Clock {
     fn new(m: &Model) -> Clock {
         Clock {
             t_us: 0.0,
-            span_us: m.window_us * m.windows.len() as u64,
             decks: m.windows.clone(),
-            dealt: vec![usize::MAX; m.windows.len()],
+            window: usize::MAX,
+            dealt: 0,
         }
     }
 
     fn next(&mut self, m: &Model, p: &Plan, rng: &mut impl Rng) -> u64 {
         use rand::seq::SliceRandom;
         let at = self.t_us.round() as u64;
-        let pos = if self.span_us > 0 {
-            ((self.t_us / p.gap_scale) as u64) % self.span_us
-        } else {
-            0
-        };
-        let k = ((pos / m.window_us) as usize).min(m.windows.len() - 1);
-        let gap = match nearest_nonempty(&self.decks, k) {
-            Some(w) => {
-                let deck = &mut self.decks[w];
-                if self.dealt[w] >= deck.len() {
-                    deck.shuffle(rng);
-                    self.dealt[w] = 0;
+        let n = self.decks.len();
+        if self.window >= n || self.dealt >= self.decks[self.window].len() {
+            let from = self.window.wrapping_add(1) % n;
+            match (0..n)
+                .map(|d| (from + d) % n)
+                .find(|&w| !self.decks[w].is_empty())
+            {
+                Some(w) => {
+                    self.window = w;
+                    self.decks[w].shuffle(rng);
+                    self.dealt = 0;
                 }
-                self.dealt[w] += 1;
-                deck[self.dealt[w] - 1] as f64
+                None => {
+                    self.t_us += 1e6 / m.rate_rps.max(1e-9) * p.gap_scale;
+                    return at;
+                }
             }
-            None => 1e6 / m.rate_rps.max(1e-9),
-        };
+        }
+        let gap = self.decks[self.window][self.dealt] as f64;
+        self.dealt += 1;
         self.t_us += gap * p.gap_scale;
         at
     }
 }
 
-fn nearest_nonempty(w: &[Vec<u64>], k: usize) -> Option<usize> {
-    (0..w.len())
-        .flat_map(|d| [k.checked_sub(d), Some(k + d)])
-        .flatten()
-        .find(|&i| w.get(i).is_some_and(|g| !g.is_empty()))
-}
-
-/// The generated prefix tree: per depth, nodes by their last use.
+/// The generated prefix tree: per depth, nodes by the time of their last access.
 #[derive(Default)]
 struct Tree {
-    /// node → (parent, id, depth, last use)
+    /// node → (parent, id, depth, last access)
     nodes: Vec<(usize, u64, u32, u64)>,
     by_depth: Vec<BTreeMap<u64, usize>>,
-    next_id: u64,
+    rec: Recency,
 }
 
 impl Tree {
-    fn fresh(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id - 1
-    }
-
-    /// The node at `depth` whose last use is closest to `target` (a request index).
-    fn near(&self, depth: u32, target: u64) -> Option<usize> {
+    /// The node at `depth` accessed most recently but at least `distance` blocks ago, else the
+    /// least recently accessed one.
+    fn near(&self, depth: u32, distance: u64) -> Option<usize> {
         let m = self.by_depth.get(depth as usize - 1)?;
-        let below = m.range(..=target).next_back();
-        let above = m.range(target..).next();
-        match (below, above) {
-            (Some(b), Some(a)) => Some(if target - b.0 <= a.0 - target {
-                *b.1
-            } else {
-                *a.1
-            }),
-            (Some(x), None) | (None, Some(x)) => Some(*x.1),
-            (None, None) => None,
+        match self.rec.latest_at_distance(distance) {
+            Some(t) => m.range(..=t).next_back().or_else(|| m.range(t..).next()),
+            None => m.iter().next(),
         }
+        .map(|(_, &n)| n)
     }
 
     fn path(&self, mut node: usize) -> Vec<usize> {
@@ -431,45 +490,43 @@ impl Tree {
         v
     }
 
-    fn touch(&mut self, node: usize, now: u64) {
+    fn touch(&mut self, node: usize) {
         let (_, _, d, last) = self.nodes[node];
+        let now = self.rec.access(last);
         let m = &mut self.by_depth[d as usize - 1];
         m.remove(&last);
         m.insert(now, node);
         self.nodes[node].3 = now;
     }
 
-    fn add(&mut self, parent: usize, depth: u32, now: u64) -> usize {
-        let id = self.fresh();
+    fn add(&mut self, parent: usize, depth: u32) -> usize {
         let n = self.nodes.len();
-        self.nodes.push((parent, id, depth, now));
+        // ids are the node numbers: a counter, nothing of the input's
+        self.nodes.push((parent, n as u64, depth, 0));
         if self.by_depth.len() < depth as usize {
             self.by_depth.resize_with(depth as usize, BTreeMap::new);
         }
-        self.by_depth[depth as usize - 1].insert(now, n);
+        self.touch(n);
         n
     }
 
-    /// Ids of a request of `blocks` blocks hanging from a node at depth `hit` last used about
-    /// `lag` requests before `now`.
-    fn request(&mut self, blocks: u32, hit: u32, lag: u64, now: u64) -> Vec<u64> {
+    /// Ids of a request of `blocks` blocks hanging from a node at depth `hit` last accessed
+    /// about `distance` distinct blocks ago.
+    fn request(&mut self, blocks: u32, hit: u32, distance: u64) -> Vec<u64> {
         let mut path = Vec::new();
         if hit > 0 {
             // the deepest depth at or above `hit` that exists
             let d = hit.min(self.by_depth.len() as u32);
-            if let Some(n) = (1..=d)
-                .rev()
-                .find_map(|d| self.near(d, now.saturating_sub(lag)))
-            {
+            if let Some(n) = (1..=d).rev().find_map(|d| self.near(d, distance)) {
                 path = self.path(n);
             }
         }
         for &n in &path {
-            self.touch(n, now);
+            self.touch(n);
         }
         let mut parent = path.last().copied().unwrap_or(usize::MAX);
         for d in path.len() as u32 + 1..=blocks {
-            parent = self.add(parent, d, now);
+            parent = self.add(parent, d);
             path.push(parent);
         }
         path.iter().map(|&n| self.nodes[n].1).collect()
@@ -480,7 +537,7 @@ fn sample_requests(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
     let mut clock = Clock::new(m);
     let mut tree = Tree::default();
     let mut out = Vec::with_capacity(p.requests.min(1 << 24) as usize);
-    for k in 0..p.requests {
+    for _ in 0..p.requests {
         let at = clock.next(m, p, rng);
         if p.until_us.is_some_and(|u| at > u) {
             break;
@@ -489,7 +546,7 @@ fn sample_requests(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
         let lag = (row.lag as f64 * p.lag_scale).round() as u64;
         let mut r = row.proto.clone();
         r.arrival_us = at;
-        r.hash_ids = tree.request(row.blocks, row.hit, lag, k);
+        r.hash_ids = tree.request(row.blocks, row.hit, lag);
         out.push(r);
     }
     out
@@ -582,20 +639,22 @@ mod tests {
         let refs: Vec<&Request> = reqs.iter().collect();
         let rows = rows_of(&refs);
         let got: Vec<(u32, u32, u64)> = rows.iter().map(|r| (r.blocks, r.hit, r.lag)).collect();
-        assert_eq!(got, [(2, 0, 0), (2, 0, 0), (3, 2, 2), (2, 1, 1)]);
+        // request 3 hangs from block 2, with 5 and 6 accessed since; request 4 from block 1,
+        // with 2 and 3 accessed since
+        assert_eq!(got, [(2, 0, 0), (2, 0, 0), (3, 2, 2), (2, 1, 2)]);
     }
 
     #[test]
     fn the_tree_shares_paths_and_mints_new_ids() {
         let mut t = Tree::default();
-        let a = t.request(3, 0, 0, 0);
-        let b = t.request(2, 0, 0, 1);
-        let c = t.request(4, 2, 2, 2);
+        let a = t.request(3, 0, 0);
+        let b = t.request(2, 0, 0);
+        let c = t.request(4, 2, 2);
         assert_eq!(c[..2], a[..2]);
         assert_ne!(c[2], a[2]);
         assert!(b.iter().all(|x| !a.contains(x)));
         // nothing at depth 5 yet: the deepest node above is used
-        let d = t.request(6, 5, 0, 3);
+        let d = t.request(6, 5, 0);
         assert_eq!(d[..4], c[..]);
     }
 
