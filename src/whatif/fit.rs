@@ -365,7 +365,7 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
         (None, Some(n), Some(d)) if d > 0 => n as f64 / (d as f64 / 1e6) / s.scale_users,
         _ => m.rate_rps,
     };
-    if !(base > 0.0) {
+    if !(base.is_finite() && base > 0.0) {
         return Err(WhatIfError::Fit(
             "the input's arrivals span no time, so it has no rate: give --rate".into(),
         ));
