@@ -26,7 +26,7 @@ pub enum Command {
     /// Write a what-if trace from a recording: AIPerf's transforms (speedup, prefix and prompt
     /// length multipliers, prefix roots, max ISL/OSL) or, with --fit, a fitted model sampled anew.
     Synth(SynthArgs),
-    /// Compare two runs (retrace results, vllm bench serve results, or traces): per-metric change
+    /// Compare two runs (retrace results, vllm bench serve results, AIPerf exports, or traces): per-metric change
     /// with significance, paired per-request TTFT, workload, and `--fail-on` gating for CI.
     Compare(CompareArgs),
     /// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
@@ -39,7 +39,9 @@ pub enum Command {
     /// input's (shards run concurrently), per-request arrays concatenated. Statistics are
     /// recomputed from the per-request data when every input was `--detailed` (then they equal one
     /// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
-    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/replay.md.
+    /// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/scale-out.md.
+    /// AIPerf per-request exports (`profile_export.jsonl`) merge into one such export: every
+    /// record, ordered by send time (docs/compare.md).
     Merge(MergeArgs),
     /// Run a simulated vLLM-compatible inference engine (no GPU): batching, prefix cache, faults.
     ///
@@ -132,7 +134,8 @@ pub struct ReplayArgs {
     pub speed: Option<f64>,
     /// Replay only the first N requests (default: all).
     ///
-    /// With the embedded mock and neither --limit nor --speed, the first 45 s of the trace.
+    /// With --shard, the shards split the trace's first N. With the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace.
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.
@@ -450,7 +453,9 @@ pub enum CompareFormat {
 /// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
 ///
 /// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
-/// paired comparison), `vllm bench serve --save-result` files, or traces. Exit status: 0 ok,
+/// paired comparison), `vllm bench serve --save-result` files, AIPerf exports
+/// (`profile_export.jsonl`, or `profile_export_aiperf.json`: its statistics only), or traces.
+/// Exit status: 0 ok,
 /// 1 a `--fail-on` rule tripped, 2 usage or input error, 4 no rule tripped but some could not be
 /// judged (too few samples).
 #[derive(Debug, clap::Args)]
@@ -490,7 +495,7 @@ pub struct CompareArgs {
 /// Example: `retrace report result.json -o report.html`
 ///
 /// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
-/// result, or a recorded trace. The page needs no network.
+/// result, an AIPerf export, or a recorded trace. The page needs no network.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
     /// Result or trace file.
@@ -498,15 +503,21 @@ pub struct ReportArgs {
     /// Output HTML file.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
-    /// Timeline colour thresholds in ms (green below the first, amber below the second, red above).
-    #[arg(long, value_name = "A,B", default_value = "25,50")]
+    /// Timeline colours of inter-token gaps, as vLLM's `--timeline-itl-thresholds`: green below A
+    /// ms, orange below B ms, red above; TTFT has its own colour.
+    #[arg(
+        long,
+        visible_alias = "timeline-itl-thresholds",
+        value_name = "A,B",
+        default_value = "25,50"
+    )]
     pub thresholds_ms: String,
 }
 
 /// Options of `retrace merge` (help text on the `Merge` command).
 #[derive(Debug, clap::Args)]
 pub struct MergeArgs {
-    /// Result files (`retrace.replay/1`).
+    /// Result files (`retrace.replay/1`), or AIPerf per-request exports.
     #[arg(required = true, num_args = 1..)]
     pub inputs: Vec<PathBuf>,
     /// Output result file.

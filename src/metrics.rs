@@ -116,13 +116,37 @@ impl StreamClock {
     }
 }
 
-/// vLLM's per-request server metrics, ms (when the server sent them).
+/// The server's own per-request report (vLLM's `metrics`, llama.cpp's `timings`), ms.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ServerTimes {
     pub queue_ms: Option<f64>,
     pub ttft_ms: Option<f64>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), when it said.
     pub prompt_tokens: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache (llama.cpp's `cache_n`).
+    pub cached_tokens: Option<u64>,
+}
+
+/// Client TTFT − server queue − server TTFT (any one unit): the time neither server figure
+/// covers. A server that reports no queue time (llama.cpp) has its queue wait in it.
+pub fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: f64) -> f64 {
+    client_ttft - queue.unwrap_or(0.0) - server_ttft
+}
+
+/// The per-request prefix-cache hits the server reported (`cached_tokens`), over the requests
+/// that reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ServerCache {
+    pub requests: u64,
+    pub cached_tokens: u64,
+    /// Their prompt tokens (the server's count where it said, else what was sent).
+    pub prompt_tokens: u64,
+}
+
+impl ServerCache {
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
 }
 
 /// Why a request failed. [`Failure::as_str`] is its name in result files and error counts
@@ -420,8 +444,13 @@ pub struct Summary {
     pub total_token_throughput: f64,
     /// Requests meeting every SLO per second ([`good_requests`]); `None` when no SLO was given.
     pub request_goodput: Option<f64>,
-    /// Peak requests in flight (sent, not finished).
+    /// vLLM's `max_concurrent_requests`: successful requests active in the busiest whole second
+    /// ([`per_second_peaks`]).
     pub max_concurrent_requests: u64,
+    /// vLLM's `max_output_tokens_per_s`: content messages in the busiest whole second.
+    pub max_output_tokens_per_s: f64,
+    /// Peak requests in flight at one instant (sent, not finished; failures included).
+    pub peak_in_flight: u64,
     pub ttft: Stats,
     pub tpot: Stats,
     pub itl: Stats,
@@ -439,8 +468,10 @@ pub struct Summary {
     pub server_reported: u64,
     pub server_queue: Stats,
     pub server_ttft: Stats,
-    /// Client TTFT − server queue − server TTFT, for requests with both server numbers.
+    /// [`unattributed`], for requests with a server TTFT.
     pub unattributed: Stats,
+    /// `None` when no request reported cached tokens.
+    pub server_cache: Option<ServerCache>,
     /// Failures by kind.
     pub errors: BTreeMap<String, u64>,
 }
@@ -475,18 +506,26 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
     let mut st = Vec::new();
     let mut un = Vec::new();
     let mut reported = 0;
+    let mut cache = ServerCache::default();
     for s in &ok {
-        if s.server.queue_ms.is_some() || s.server.ttft_ms.is_some() {
+        let sv = &s.server;
+        if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
             reported += 1;
         }
-        if let Some(q) = s.server.queue_ms {
+        if let Some(q) = sv.queue_ms {
             sq.push(q / 1000.0);
         }
-        if let Some(t) = s.server.ttft_ms {
+        if let Some(t) = sv.ttft_ms {
             st.push(t / 1000.0);
         }
-        if let (Some(q), Some(t), Some(c)) = (s.server.queue_ms, s.server.ttft_ms, s.ttft_ns) {
-            un.push(ns_to_s(c) - (q + t) / 1000.0);
+        if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
+            let queue = sv.queue_ms.map(|q| q / 1000.0);
+            un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
+        }
+        if let Some(c) = sv.cached_tokens {
+            cache.requests += 1;
+            cache.cached_tokens += c;
+            cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
         }
     }
     let completed = ok.len() as u64;
@@ -505,6 +544,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
     }
     let p = percentiles;
+    let (max_output_tokens_per_s, max_concurrent_requests) = per_second_peaks(&ok);
     Summary {
         completed,
         failed: samples.len() as u64 - completed,
@@ -515,7 +555,9 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         output_throughput: per_s(total_output_tokens as f64),
         total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
         request_goodput: None,
-        max_concurrent_requests: max_concurrency(samples),
+        max_concurrent_requests,
+        max_output_tokens_per_s,
+        peak_in_flight: max_concurrency(samples),
         ttft: Stats::from_seconds(&ttfts, p),
         tpot: Stats::from_seconds(&tpots, p),
         itl: Stats::from_seconds(&itls, p),
@@ -529,6 +571,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
         server_queue: Stats::from_seconds(&sq, p),
         server_ttft: Stats::from_seconds(&st, p),
         unattributed: Stats::from_seconds(&un, p),
+        server_cache: (cache.requests > 0).then_some(cache),
         errors,
     }
 }
@@ -562,6 +605,37 @@ pub fn good_requests(samples: &[Sample], slo: &Slo) -> u64 {
                 && slo.e2el_ms.is_none_or(|m| e2el <= m)
         })
         .count() as u64
+}
+
+/// vLLM's per-second peaks over successful requests, in its float arithmetic: whole seconds from
+/// the first send; each content message (first token, then one per ITL gap) counts in its second,
+/// and a request counts in every second from its send to its end. Returns (most messages in one
+/// second, most requests in one second).
+fn per_second_peaks(ok: &[&Sample]) -> (f64, u64) {
+    let start = |s: &Sample| ns_to_s(s.sent_ns);
+    let end = |s: &Sample| start(s) + s.e2el_ns.map_or(0.0, ns_to_s);
+    let Some(t0) = ok.iter().map(|s| start(s)).min_by(f64::total_cmp) else {
+        return (0.0, 0);
+    };
+    let last = ok.iter().map(|s| end(s)).fold(t0, f64::max);
+    let n = (last - t0).ceil() as usize + 1;
+    let (mut tokens, mut active) = (vec![0u64; n], vec![0u64; n]);
+    for s in ok {
+        let mut t = start(s) + s.ttft_ns.map_or(0.0, ns_to_s);
+        let gaps = s.itls_ns.iter().map(|&g| ns_to_s(g));
+        for g in std::iter::once(0.0).chain(gaps) {
+            t += g;
+            if let Some(b) = tokens.get_mut((t - t0) as usize) {
+                *b += 1;
+            }
+        }
+        let (a, b) = ((start(s) - t0) as usize, (end(s) - t0) as usize);
+        for c in active.iter_mut().take(b + 1).skip(a) {
+            *c += 1;
+        }
+    }
+    let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+    (max(&tokens) as f64, max(&active))
 }
 
 /// Peak number of requests between send and end at the same time.
@@ -818,11 +892,41 @@ mod tests {
             queue_ms: Some(5.0),
             ttft_ms: Some(30.0),
             prompt_tokens: None,
+            cached_tokens: None,
         };
         let b = sample(0, 40 * MS, &[], 1);
         let s = summarize(&[a, b], 1.0, &[]);
         assert_eq!(s.server_reported, 1);
         assert!((s.unattributed.mean - 15.0).abs() < 1e-9);
+        assert_eq!(s.server_cache, None);
+    }
+
+    /// llama.cpp reports a server TTFT and cached tokens but no queue time: the queue wait
+    /// stays in the unattributed remainder, and the per-request hits add up.
+    #[test]
+    fn server_breakdown_without_queue_time() {
+        let mut a = sample(0, 50 * MS, &[], 1);
+        a.input_tokens = 100;
+        a.server = ServerTimes {
+            ttft_ms: Some(20.0),
+            prompt_tokens: Some(48),
+            cached_tokens: Some(47),
+            ..Default::default()
+        };
+        let mut b = sample(0, 40 * MS, &[], 1);
+        b.input_tokens = 48;
+        b.server = ServerTimes {
+            ttft_ms: Some(10.0),
+            cached_tokens: Some(0),
+            ..Default::default()
+        };
+        let s = summarize(&[a, b], 1.0, &[]);
+        assert_eq!(s.server_reported, 2);
+        assert_eq!(s.server_queue.count, 0);
+        assert!((s.unattributed.mean - 30.0).abs() < 1e-9);
+        let c = s.server_cache.unwrap();
+        assert_eq!((c.requests, c.cached_tokens, c.prompt_tokens), (2, 47, 96));
+        assert_eq!(c.hit_rate(), Some(47.0 / 96.0));
     }
 
     #[test]
@@ -928,6 +1032,67 @@ mod tests {
         let mut c = sample(100, 10, &[], 1);
         c.end_ns = 200;
         assert_eq!(max_concurrency(&[a, b, c]), 2);
+    }
+
+    /// vLLM's buckets: whole seconds from the first send; a request counts in every second it
+    /// touches, each content message in its own second.
+    #[test]
+    fn per_second_peaks_follow_vllm_buckets() {
+        let s = 1_000_000_000;
+        // sent at 0 s: first token at 0.5 s, then 0.2 s gaps: 0.7, 0.9, 1.1; ends 1.1 s
+        let a = sample(0, s / 2, &[s / 5, s / 5, s / 5], 4);
+        // sent at 0.95 s, one token at 1.05 s, ends 1.05 s
+        let b = sample(95 * s / 100, s / 10, &[], 1);
+        assert_eq!(per_second_peaks(&[&a, &b]), (3.0, 2));
+        assert_eq!(per_second_peaks(&[]), (0.0, 0));
+    }
+
+    /// The requests of real `vllm bench serve` runs (their `--save-detailed` arrays), summarised
+    /// by us, give the peaks and statistics vLLM wrote for them.
+    #[test]
+    fn summary_of_real_vllm_requests_matches_its_result() {
+        for text in [
+            include_str!("../fixtures/vllm/bench_serve_result_timed_trace.json"),
+            include_str!("../fixtures/vllm/bench_serve_result_random.json"),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let ns = |x: &serde_json::Value| (x.as_f64().unwrap() * 1e9).round() as u64;
+            let col = |k: &str| v[k].as_array().unwrap().clone();
+            let (starts, ttfts, lats, itls) = (
+                col("start_times"),
+                col("ttfts"),
+                col("latencies"),
+                col("itls"),
+            );
+            let samples: Vec<Sample> = (0..starts.len())
+                .map(|i| {
+                    let sent = ns(&starts[i]);
+                    Sample {
+                        input_tokens: v["input_lens"][i].as_u64().unwrap(),
+                        output_tokens: v["output_lens"][i].as_u64().unwrap(),
+                        intended_ns: sent,
+                        dispatched_ns: sent,
+                        sent_ns: sent,
+                        ttft_ns: Some(ns(&ttfts[i])),
+                        e2el_ns: Some(ns(&lats[i])),
+                        itls_ns: itls[i].as_array().unwrap().iter().map(ns).collect(),
+                        end_ns: sent + ns(&lats[i]),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            let sum = summarize(&samples, v["duration"].as_f64().unwrap(), &[99.0]);
+            let peak_tokens = v["max_output_tokens_per_s"].as_f64().unwrap();
+            assert_eq!(sum.max_output_tokens_per_s, peak_tokens);
+            assert_eq!(sum.max_concurrent_requests, v["max_concurrent_requests"]);
+            for (ours, key) in [
+                (sum.ttft.mean, "mean_ttft_ms"),
+                (sum.tpot.mean, "mean_tpot_ms"),
+            ] {
+                let theirs = v[key].as_f64().unwrap();
+                assert!((ours - theirs).abs() < 1e-6, "{key}: {ours} vs {theirs}");
+            }
+        }
     }
 
     #[test]

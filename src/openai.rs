@@ -3,7 +3,8 @@
 //! [`parse_request`] pulls from a request body what recording and simulation need (model, prompt as
 //! token ids or text, chat messages, the sampling parameters that matter for replay);
 //! [`parse_chunk`] pulls from one streamed SSE payload (or a non-streamed body) what measurement
-//! needs (whether `choices` is non-empty, tokens carried, `usage`, vLLM's per-request `metrics`);
+//! needs (whether `choices` is non-empty, tokens carried, `usage`, vLLM's per-request `metrics` or
+//! llama.cpp's `timings`, both read as one [`ServerMetrics`]);
 //! [`parse_response_body`] the part of that a recording keeps of a non-streamed body.
 //! Lenient by design: unknown fields are ignored; a wrong type for a field we use is an error
 //! message naming the field. It does not tokenize, hash, or build requests.
@@ -219,9 +220,35 @@ pub struct ChunkInfo {
     /// The first choice's `finish_reason`, if set.
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
+    /// vLLM's `metrics`, else llama.cpp's `timings` ([`Timings`]).
     pub metrics: Option<ServerMetrics>,
     /// The chunk is an error object (`{"error": ...}` or `{"object": "error"}`).
     pub error: Option<String>,
+}
+
+/// llama.cpp's per-response `timings` object (on the last streamed chunk, or in the body), the
+/// fields we read. `prompt_ms` runs from the slot's start on the prompt (after any wait in the
+/// server's queue) to the first token, as vLLM's `time_to_first_token_ms` does.
+#[derive(Deserialize)]
+struct Timings {
+    cache_n: Option<u64>,
+    prompt_ms: Option<f64>,
+    predicted_ms: Option<f64>,
+    predicted_per_token_ms: Option<f64>,
+    predicted_per_second: Option<f64>,
+}
+
+impl From<Timings> for ServerMetrics {
+    fn from(t: Timings) -> Self {
+        ServerMetrics {
+            time_to_first_token_ms: t.prompt_ms,
+            queue_time_ms: None,
+            generation_time_ms: t.predicted_ms,
+            mean_itl_ms: t.predicted_per_token_ms,
+            tokens_per_second: t.predicted_per_second,
+            cached_tokens: t.cache_n,
+        }
+    }
 }
 
 /// Parses one SSE `data:` payload (not `[DONE]`) or a non-streamed response body.
@@ -249,6 +276,7 @@ struct TypedChunk<'a> {
     choices: Option<Vec<Obj<TypedChoice<'a>>>>,
     usage: Option<Obj<TypedUsage>>,
     metrics: Option<Obj<ServerMetrics>>,
+    timings: Option<Obj<Timings>>,
     /// `/v1/responses` stream events: the event's `type`, its text `delta`, and the `response`
     /// (whose `usage` the `response.completed` event carries).
     #[serde(borrow, rename = "type")]
@@ -329,7 +357,10 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
         }),
-        metrics: c.metrics.map(|m| m.0),
+        metrics: match (c.metrics, c.timings) {
+            (Some(Obj(m)), _) => Some(m),
+            (None, t) => t.map(|Obj(t)| t.into()),
+        },
         ..Default::default()
     };
     let choices = c.choices.unwrap_or_default();
@@ -446,6 +477,10 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
     }
     if let Some(m) = obj.get("metrics").filter(|m| m.is_object()) {
         info.metrics = serde_json::from_value(m.clone()).ok();
+    } else if let Some(t) = obj.get("timings").filter(|t| t.is_object()) {
+        info.metrics = serde_json::from_value::<Timings>(t.clone())
+            .ok()
+            .map(Into::into);
     }
     Ok(info)
 }
@@ -680,7 +715,8 @@ mod tests {
     }
 
     /// Every data payload of the real vLLM 0.32 streams (fixtures/vllm, copies of
-    /// /work/shared/vllm-samples), the usage+metrics chunk and the non-streamed bodies included.
+    /// /work/shared/vllm-samples), the usage+metrics chunk and the non-streamed bodies included,
+    /// and of the real llama.cpp streams (fixtures/llamacpp).
     fn real_chunks() -> Vec<String> {
         let mut out = Vec::new();
         for raw in [
@@ -688,6 +724,9 @@ mod tests {
             include_bytes!("../fixtures/vllm/chat_stream.sse"),
             include_bytes!("../fixtures/vllm/completions_text_stream.sse"),
             include_bytes!("../fixtures/vllm/return_token_ids_stream.sse"),
+            include_bytes!("../fixtures/llamacpp/completions_stream.sse"),
+            include_bytes!("../fixtures/llamacpp/completions_stream_cached.sse"),
+            include_bytes!("../fixtures/llamacpp/chat_stream.sse"),
         ] {
             out.extend(events(raw).into_iter().filter(|d| d != "[DONE]"));
         }
@@ -708,7 +747,7 @@ mod tests {
 
     /// The typed path answers every real chunk, and as the general path does.
     #[test]
-    fn typed_chunk_agrees_with_general_path_on_real_vllm_chunks() {
+    fn typed_chunk_agrees_with_general_path_on_real_chunks() {
         let chunks = real_chunks();
         assert!(chunks.len() > 10);
         for d in &chunks {
@@ -795,6 +834,17 @@ mod tests {
                     "{}",
                     "{\"queue_time_ms\":0.5}",
                     "{\"queue_time_ms\":\"x\"}",
+                    "[]",
+                ])
+                .prop_map(str::to_string)
+            ),
+            (
+                Just("timings"),
+                prop::sample::select(vec![
+                    "null",
+                    "{}",
+                    "{\"cache_n\":3,\"prompt_ms\":1.5}",
+                    "{\"cache_n\":-1}",
                     "[]",
                 ])
                 .prop_map(str::to_string)
@@ -902,5 +952,39 @@ mod tests {
         let m = c.metrics.unwrap();
         assert!((m.queue_time_ms.unwrap() - 0.02688).abs() < 1e-6);
         assert!(m.time_to_first_token_ms.unwrap() > 2.0);
+    }
+
+    /// llama.cpp's `timings` (real llama-server streams) are read as server metrics: `prompt_ms`
+    /// as the server TTFT, `cache_n` as the prefix-cache hit; there is no queue time.
+    #[test]
+    fn llamacpp_timings_are_server_metrics() {
+        let last = |raw: &[u8]| {
+            let evs = events(raw);
+            let d = evs.iter().find(|d| d.contains("\"timings\"")).unwrap();
+            parse_chunk(d.as_bytes()).unwrap()
+        };
+        let cold = last(include_bytes!(
+            "../fixtures/llamacpp/completions_stream.sse"
+        ));
+        let m = cold.metrics.unwrap();
+        assert_eq!(m.cached_tokens, Some(0));
+        assert_eq!(m.time_to_first_token_ms, Some(2.652));
+        assert_eq!(m.queue_time_ms, None);
+        assert_eq!(m.generation_time_ms, Some(1.207));
+        assert_eq!(cold.usage.unwrap().prompt_tokens, 48);
+        assert!(cold.has_choices, "the finish chunk carries the timings");
+        let warm = last(include_bytes!(
+            "../fixtures/llamacpp/completions_stream_cached.sse"
+        ));
+        assert_eq!(warm.metrics.unwrap().cached_tokens, Some(47));
+        // chat, streamed without include_usage: timings still arrive, usage does not
+        let chat = last(include_bytes!("../fixtures/llamacpp/chat_stream.sse"));
+        assert_eq!(chat.usage, None);
+        assert_eq!(chat.metrics.unwrap().time_to_first_token_ms, Some(1.078));
+        // vLLM's metrics win when a body has both
+        let both = br#"{"choices":[],"metrics":{"queue_time_ms":1.0},"timings":{"cache_n":5}}"#;
+        let m = parse_chunk(both).unwrap().metrics.unwrap();
+        assert_eq!((m.queue_time_ms, m.cached_tokens), (Some(1.0), None));
+        assert_eq!(Ok(parse_chunk(both).unwrap()), parse_chunk_general(both));
     }
 }

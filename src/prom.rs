@@ -1,7 +1,7 @@
 //! Prometheus text exposition format (version 0.0.4, and the sample lines of OpenMetrics): text →
 //! samples `(name, labels, value)`.
 //!
-//! What a scraper of vLLM/SGLang `/metrics` needs, exactly: `# HELP` / `# TYPE` / other comments
+//! What a scraper of vLLM/SGLang/llama.cpp `/metrics` needs, exactly: `# HELP` / `# TYPE` / other comments
 //! and blank lines are skipped; a sample line is `name[{label="value",...}] value [timestamp]`
 //! with names `[a-zA-Z_:][a-zA-Z0-9_:]*`, label values with the escapes `\\`, `\"`, `\n`, an
 //! optional trailing comma in the label set, values as Go's `ParseFloat` reads them (`+Inf`,

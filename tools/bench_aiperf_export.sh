@@ -9,6 +9,7 @@
 #     the failed request left out.
 #  4. AIPerf 0.13 (its own venv, tools/venv_aiperf.sh) replays export.jsonl against a fresh mock:
 #     --custom-dataset-type mooncake_trace --fixed-schedule --use-server-token-count.
+#  5. `retrace compare` reads AIPerf's two exports (aggregate vs per-request: the same figures).
 #  Prints whether AIPerf loaded the file, how many requests it completed, and how its prompt
 #  lengths (as the server counted them) compare with the export's.
 #
@@ -16,7 +17,10 @@
 # private Hugging Face cache folder with HF_HUB_OFFLINE=1 (it will not load a plain local path).
 # Env: RETRACE_BIN (default target/release/retrace, built if missing), TOKENIZER (a
 # tokenizer.json; default ../shared/realserver-llamacpp/tokenizer.json if present, else a generated
-# word-level one), REQUESTS (default 40), OUT (work dir, default a fresh temporary one).
+# word-level one), REQUESTS (default 40), OUT (work dir, default a fresh temporary one),
+# AIPERF_VENV (default tools/.venv-aiperf).
+# AIPerf's exports stay in OUT/aiperf/: profile_export.jsonl (per request) and
+# profile_export_aiperf.json (aggregate), the fixtures/aiperf/ files `compare` reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${RETRACE_BIN:-target/release/retrace}"
@@ -28,7 +32,7 @@ if [ ! -x "$BIN" ]; then
   cargo build --release --locked
 fi
 echo "== AIPerf venv (tools/venv_aiperf.sh)"
-PY="$(tools/venv_aiperf.sh)"
+PY="$(tools/venv_aiperf.sh "${AIPERF_VENV:-tools/.venv-aiperf}")"
 AIPERF="$(dirname "$PY")/aiperf"
 echo "aiperf $("$AIPERF" --version 2>/dev/null | tail -1), python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
 
@@ -193,4 +197,10 @@ for f in glob.glob(f"{out}/aiperf/**/profile_export_aiperf.json", recursive=True
           f"(mock: 20 ms, 5 ms)")
 print(f"per-request export: {files[0]}")
 PY
+echo "== 5. retrace compare reads AIPerf's exports (aggregate vs per-request)"
+AGG=$(find "$OUT/aiperf" -name profile_export_aiperf.json | head -1)
+RECS=$(find "$OUT/aiperf" -name profile_export.jsonl | head -1)
+if [ -n "$AGG" ] && [ -n "$RECS" ]; then
+  "$BIN" compare "$AGG" "$RECS" | grep -E '^(baseline|candidate|mean (TTFT|TPOT|ITL|E2EL)|request throughput)'
+fi
 echo "work dir: $OUT"

@@ -9,7 +9,7 @@
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
 use retrace::metrics::{summarize, Histograms, Sample, ServerTimes};
-use retrace::replay::result::{build, RunInfo};
+use retrace::replay::result::{build, RunInfo, Traffic};
 use retrace::report::{compare, html, load};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -52,6 +52,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                     queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
                     ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
                     prompt_tokens: None,
+                    cached_tokens: None,
                 },
             }
         })
@@ -68,6 +69,9 @@ fn write_result(path: &PathBuf, s: &[Sample]) {
         target: "http://127.0.0.1:8000".into(),
         model: "m".into(),
         endpoint: "completions".into(),
+        tokenizer_id: None,
+        label: None,
+        traffic: Traffic::of(None),
         speed: 1.0,
         max_concurrency: None,
         seed: 0,

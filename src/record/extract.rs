@@ -473,6 +473,41 @@ mod tests {
         assert!(r.body.is_none(), "no bodies by default");
     }
 
+    /// A real llama-server stream: its `timings` land in the record's server metrics, through
+    /// the native trace and back.
+    #[test]
+    fn llamacpp_timings_are_recorded_as_server_metrics() {
+        let s = include_bytes!("../../fixtures/llamacpp/completions_stream_cached.sse");
+        let e = ex(
+            "/v1/completions",
+            br#"{"model":"tiny-llama","prompt":"The quick brown fox","stream":true}"#,
+            "text/event-stream",
+            &[(1000, &s[..]), (1500, b"")],
+        );
+        let t0 = e.arrival - Duration::from_millis(5);
+        let (r, _) = xt(Bodies::None).to_request(&e, t0);
+        let resp = r.response.clone().unwrap();
+        let m = resp.server_metrics.unwrap();
+        assert_eq!(m.cached_tokens, Some(47));
+        assert_eq!(m.time_to_first_token_ms, Some(0.526));
+        assert_eq!(m.queue_time_ms, None);
+        assert_eq!(resp.usage.unwrap().prompt_tokens, 48);
+        let trace = crate::trace::Trace {
+            header: crate::trace::TraceHeader::imported(4, true, "test"),
+            requests: vec![r],
+        };
+        use crate::trace::native;
+        let buf = native::write_bytes(&trace, native::WriteOptions::default());
+        let (back, _) = native::read_bytes("t", &buf).unwrap();
+        let sm = back.requests[0]
+            .response
+            .as_ref()
+            .unwrap()
+            .server_metrics
+            .as_ref();
+        assert_eq!(sm.and_then(|m| m.cached_tokens), Some(47));
+    }
+
     #[test]
     fn non_json_body_is_a_parse_failure() {
         let e = ex("/v1/completions", b"not json", "application/json", &[]);

@@ -284,6 +284,7 @@ fn on_message(
             if let Some(m) = info.metrics {
                 server.queue_ms = m.queue_time_ms.or(server.queue_ms);
                 server.ttft_ms = m.time_to_first_token_ms.or(server.ttft_ms);
+                server.cached_tokens = m.cached_tokens.or(server.cached_tokens);
             }
             if let Some(p) = info.usage.map(|u| u.prompt_tokens).filter(|p| *p > 0) {
                 server.prompt_tokens = Some(p);

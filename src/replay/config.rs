@@ -186,6 +186,7 @@ fn shaping(a: &ReplayArgs) -> anyhow::Result<shaping::Shaping> {
         ramp_up_start_rps: a.ramp_up_start_rps,
         ramp_up_end_rps: a.ramp_up_end_rps,
         shard: a.shard.as_deref(),
+        limit: a.limit,
         seed: a.seed,
     })
     .map_err(anyhow::Error::msg)

@@ -9,10 +9,21 @@
 //! Renders to a `String`; printing is the caller's business.
 
 use super::outcome::FirstError;
+use super::result::RunInfo;
 use crate::metrics::{percentile_label, Stats, Summary};
 use std::fmt::Write as _;
 
-// vLLM pads the value to 10 columns; the reference output has trailing spaces trimmed.
+// vLLM's `{:<40} {:<10}` (and `{:<10.2f}`): the value padded to 10 columns, trailing spaces
+// included.
+fn vrow(out: &mut String, label: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "{:<40} {:<10}", label, value);
+}
+
+fn vrowf(out: &mut String, label: &str, value: f64) {
+    let _ = writeln!(out, "{:<40} {:<10.2}", label, value);
+}
+
+// Our rows: vLLM's columns without the trailing padding.
 fn row(out: &mut String, label: &str, value: impl std::fmt::Display) {
     let line = format!("{:<40} {:<10}", label, value);
     let _ = writeln!(out, "{}", line.trim_end());
@@ -40,39 +51,57 @@ fn center(title: &str, fill: char) -> String {
 
 fn metric(out: &mut String, title: &str, short: &str, s: &Stats) {
     rule(out, title, '-');
-    rowf(out, &format!("Mean {short} (ms):"), s.mean);
-    rowf(out, &format!("Median {short} (ms):"), s.median);
+    vrowf(out, &format!("Mean {short} (ms):"), s.mean);
+    vrowf(out, &format!("Median {short} (ms):"), s.median);
     for (p, v) in &s.percentiles {
-        rowf(out, &format!("P{} {short} (ms):", percentile_label(*p)), *v);
+        vrowf(out, &format!("P{} {short} (ms):", percentile_label(*p)), *v);
     }
 }
 
-/// vLLM's block, byte for byte in vLLM's layout.
-pub fn vllm_block(sum: &Summary) -> String {
+/// vLLM's block, byte for byte in `vllm bench serve` 0.32's layout and row order (default
+/// `--percentile-metrics`: TTFT, TPOT, ITL); `probes`: the result's `probes` summary.
+pub fn vllm_block(sum: &Summary, info: &RunInfo, probes: Option<&serde_json::Value>) -> String {
     let mut out = String::new();
     rule(&mut out, " Serving Benchmark Result ", '=');
-    row(&mut out, "Successful requests:", sum.completed);
-    rowf(&mut out, "Benchmark duration (s):", sum.duration_s);
-    row(&mut out, "Total input tokens:", sum.total_input_tokens);
-    row(&mut out, "Total generated tokens:", sum.total_output_tokens);
-    rowf(
-        &mut out,
-        "Request throughput (req/s):",
-        sum.request_throughput,
-    );
-    if let Some(g) = sum.request_goodput {
-        rowf(&mut out, "Request goodput (req/s):", g);
+    vrow(&mut out, "Successful requests:", sum.completed);
+    vrow(&mut out, "Failed requests:", sum.failed);
+    if let Some(c) = info.max_concurrency {
+        vrow(&mut out, "Maximum request concurrency:", c);
     }
-    rowf(
-        &mut out,
-        "Output token throughput (tok/s):",
-        sum.output_throughput,
-    );
-    rowf(
-        &mut out,
-        "Total token throughput (tok/s):",
-        sum.total_token_throughput,
-    );
+    if let Some(r) = info.traffic.configured_rate() {
+        vrowf(&mut out, "Request rate configured (RPS):", r);
+    }
+    vrowf(&mut out, "Benchmark duration (s):", sum.duration_s);
+    vrow(&mut out, "Total input tokens:", sum.total_input_tokens);
+    vrow(&mut out, "Total generated tokens:", sum.total_output_tokens);
+    let rows = [
+        ("Request throughput (req/s):", Some(sum.request_throughput)),
+        ("Request goodput (req/s):", sum.request_goodput),
+        (
+            "Output token throughput (tok/s):",
+            Some(sum.output_throughput),
+        ),
+        (
+            "Peak output token throughput (tok/s):",
+            Some(sum.max_output_tokens_per_s),
+        ),
+        (
+            "Peak concurrent requests:",
+            Some(sum.max_concurrent_requests as f64),
+        ),
+        (
+            "Total token throughput (tok/s):",
+            Some(sum.total_token_throughput),
+        ),
+    ];
+    for (label, v) in rows {
+        if let Some(v) = v {
+            vrowf(&mut out, label, v);
+        }
+    }
+    if let Some(p) = probes {
+        vllm_probe_rows(&mut out, p);
+    }
     metric(&mut out, "Time to First Token", "TTFT", &sum.ttft);
     metric(
         &mut out,
@@ -83,6 +112,29 @@ pub fn vllm_block(sum: &Summary) -> String {
     metric(&mut out, "Inter-token Latency", "ITL", &sum.itl);
     let _ = writeln!(out, "{}", "=".repeat(50));
     out
+}
+
+/// vLLM's `Probe Requests` rows (only when a probe completed, as vLLM).
+fn vllm_probe_rows(out: &mut String, p: &serde_json::Value) {
+    let keys = super::result::vllm_probe_keys(p);
+    let count = |k: &str| keys.get(k).and_then(serde_json::Value::as_u64);
+    let Some(done) = count("probe_completed") else {
+        return;
+    };
+    rule(out, "Probe Requests", '-');
+    vrow(out, "Probe requests completed:", done);
+    vrow(
+        out,
+        "Probe requests failed:",
+        count("probe_failed").unwrap_or(0),
+    );
+    for (label, k) in [
+        ("Median probe E2EL (ms):", "probe_median_e2el_ms"),
+        ("P99 probe E2EL (ms):", "probe_p99_e2el_ms"),
+        ("Max probe E2EL (ms):", "probe_max_e2el_ms"),
+    ] {
+        vrowf(out, label, keys[k].as_f64().unwrap_or(0.0));
+    }
 }
 
 fn brief(out: &mut String, label: &str, s: &Stats) {
@@ -135,6 +187,24 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
     if let Some(e) = v["last_error"].as_str() {
         row(&mut out, "  last error:", e);
     }
+    match (v["family"].as_str(), v["seen_names"].as_array()) {
+        (Some(f), _) => row(&mut out, "Server metrics family:", f),
+        (None, Some(seen)) if !seen.is_empty() => {
+            let seen: Vec<&str> = seen.iter().filter_map(|x| x.as_str()).collect();
+            row(&mut out, "Server metrics family:", "none known");
+            let _ = writeln!(
+                out,
+                "  (no vLLM, SGLang or llama.cpp names, so every server figure is n/a; saw {})",
+                seen.join(", ")
+            );
+        }
+        _ => {}
+    }
+    let unexposed = |k: &str| {
+        v["unexposed"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x == k))
+    };
     let pc = &v["prefix_cache"];
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |x| format!("{:.2} %", x * 100.0));
     row(
@@ -164,7 +234,7 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
         if a > t + 1e-9 {
             let _ = writeln!(
                 out,
-                "  (above theoretical: a cache warm from an earlier run, or other traffic on the server)"
+                "  (above theoretical: a cache warm from an earlier run, other traffic on the server, or failed requests, which theory counts)"
             );
         } else if a + 1e-9 < t {
             let _ = writeln!(
@@ -182,11 +252,18 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
             or_na(num(&v["peak_waiting"]), 0)
         ),
     );
-    row(
-        &mut out,
-        "Peak KV-cache usage:",
-        pct(num(&v["peak_kv_cache_usage"])),
-    );
+    let kv = match unexposed("kv_cache_usage") {
+        true => "n/a (not exposed)".to_string(),
+        false => pct(num(&v["peak_kv_cache_usage"])),
+    };
+    row(&mut out, "Peak KV-cache usage:", kv);
+    if let Some(t) = num(&v["mean_server_ttft_ms"]) {
+        row(
+            &mut out,
+            "Mean TTFT, server histogram (ms):",
+            format!("{t:.2}"),
+        );
+    }
     out
 }
 
@@ -216,7 +293,9 @@ pub fn extra_sections(
 ) -> String {
     let mut out = String::new();
     rule(&mut out, " retrace: beyond vLLM ", '=');
-    row(&mut out, "Failed requests:", sum.failed);
+    if !sum.errors.is_empty() {
+        let _ = writeln!(out, "Failures by kind:");
+    }
     for (kind, n) in &sum.errors {
         row(&mut out, &format!("  {kind}:"), n);
     }
@@ -226,11 +305,7 @@ pub fn extra_sections(
     for e in first_errors {
         let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
-    row(
-        &mut out,
-        "Peak concurrent requests:",
-        sum.max_concurrent_requests,
-    );
+    row(&mut out, "Peak requests in flight:", sum.peak_in_flight);
     rule(&mut out, "End-to-end Latency", '-');
     rowf(&mut out, "Mean E2EL (ms):", sum.e2el.mean);
     rowf(&mut out, "Median E2EL (ms):", sum.e2el.median);
@@ -266,7 +341,7 @@ pub fn extra_sections(
     if sum.server_reported == 0 {
         let _ = writeln!(
             out,
-            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics)"
+            "(the server sent no per-request metrics; vLLM: --enable-per-request-metrics; llama.cpp sends `timings`)"
         );
     } else {
         row(
@@ -275,16 +350,38 @@ pub fn extra_sections(
             sum.server_reported,
         );
         rowf(&mut out, "Mean client TTFT (ms):", sum.ttft.mean);
-        rowf(
-            &mut out,
-            "  = mean server queue (ms):",
-            sum.server_queue.mean,
-        );
+        if sum.server_queue.count > 0 {
+            rowf(
+                &mut out,
+                "  = mean server queue (ms):",
+                sum.server_queue.mean,
+            );
+        } else {
+            row(&mut out, "  = mean server queue (ms):", "n/a");
+        }
         rowf(&mut out, "  + mean server TTFT (ms):", sum.server_ttft.mean);
         rowf(
             &mut out,
             "  + mean unattributed (ms):",
             sum.unattributed.mean,
+        );
+        if sum.server_queue.count == 0 {
+            let _ = writeln!(
+                out,
+                "  (no queue time reported: a wait in the server's queue is in unattributed)"
+            );
+        }
+    }
+    if let Some(c) = sum.server_cache {
+        row(
+            &mut out,
+            "Prompt tokens from server cache:",
+            format!(
+                "{} / {} ({:.2} %)",
+                c.cached_tokens,
+                c.prompt_tokens,
+                c.hit_rate().unwrap_or(0.0) * 100.0
+            ),
         );
     }
     let _ = writeln!(out, "{}", "=".repeat(50));
@@ -308,30 +405,55 @@ mod tests {
         );
     }
 
-    /// The seed excerpt's numbers rendered by us give the seed excerpt, byte for byte.
+    /// vLLM's own numbers of a real `vllm bench serve` run (its `--save-result` file), rendered
+    /// by us, give that run's console block row by row, trailing padding included
+    /// (fixtures/vllm/bench_serve_console_block.txt, tools/vllm_console_fixture.sh).
     #[test]
-    fn block_matches_vllm_seed_output() {
-        let mut sum = summarize(&[Sample::default()], 0.0, &[99.0]);
-        sum.completed = 10;
-        sum.duration_s = 5.78;
-        sum.total_input_tokens = 1369;
-        sum.total_output_tokens = 2212;
-        sum.request_throughput = 1.73;
-        sum.output_throughput = 382.89;
-        sum.total_token_throughput = 619.85;
-        let st = |mean, median, p99| Stats {
+    fn block_matches_real_vllm_block_row_by_row() {
+        let real = include_str!("../../fixtures/vllm/bench_serve_console_block.txt");
+        let v: serde_json::Value = serde_json::from_str(include_str!(
+            "../../fixtures/vllm/bench_serve_result_random.json"
+        ))
+        .unwrap();
+        let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+        let u = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+        let mut sum = summarize(&[Sample::default()], 0.0, &[50.0, 90.0, 99.0]);
+        sum.completed = u("completed");
+        sum.failed = u("failed");
+        sum.duration_s = f("duration");
+        sum.total_input_tokens = u("total_input_tokens");
+        sum.total_output_tokens = u("total_output_tokens");
+        sum.request_throughput = f("request_throughput");
+        sum.request_goodput = v["request_goodput"].as_f64();
+        sum.output_throughput = f("output_throughput");
+        sum.total_token_throughput = f("total_token_throughput");
+        sum.max_output_tokens_per_s = f("max_output_tokens_per_s");
+        sum.max_concurrent_requests = u("max_concurrent_requests");
+        let st = |m: &str| Stats {
             count: 1,
-            mean,
-            median,
+            mean: f(&format!("mean_{m}_ms")),
+            median: f(&format!("median_{m}_ms")),
             std: 0.0,
             min: 0.0,
             max: 0.0,
-            percentiles: vec![(99.0, p99)],
+            percentiles: [50.0, 90.0, 99.0]
+                .map(|p| (p, f(&format!("p{p}_{m}_ms"))))
+                .to_vec(),
         };
-        sum.ttft = st(71.54, 73.88, 79.49);
-        sum.tpot = st(7.91, 7.96, 8.03);
-        sum.itl = st(7.74, 7.70, 8.39);
-        let seed = include_str!("../../fixtures/replay/seed-output.txt");
-        assert_eq!(vllm_block(&sum), seed);
+        (sum.ttft, sum.tpot, sum.itl) = (st("ttft"), st("tpot"), st("itl"));
+        let mut info = crate::replay::result::tests::info();
+        info.max_concurrency = Some(u("max_concurrency") as usize);
+        info.traffic.request_rate = v["request_rate"].clone();
+        let probes = serde_json::json!({
+            "completed": v["probe_completed"], "failed": v["probe_failed"],
+            "e2el": {"median_ms": v["probe_median_e2el_ms"], "p99_ms": v["probe_p99_e2el_ms"],
+                     "max_ms": v["probe_max_e2el_ms"]},
+        });
+        let ours = vllm_block(&sum, &info, Some(&probes));
+        let (ours, real): (Vec<&str>, Vec<&str>) = (ours.lines().collect(), real.lines().collect());
+        for (i, (o, r)) in ours.iter().zip(&real).enumerate() {
+            assert_eq!(o, r, "row {i}");
+        }
+        assert_eq!(ours.len(), real.len(), "rows");
     }
 }

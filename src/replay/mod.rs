@@ -244,7 +244,7 @@ pub fn plan(
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
 pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
     let mut prepared = prepare(&cfg).await?;
-    let ran = execute(&cfg, &prepared).await?;
+    let ran = execute(&cfg, &mut prepared).await?;
     if let Some(e) = prepared.embedded.take() {
         e.handle.shutdown().await;
     }
@@ -262,6 +262,8 @@ pub struct Prepared {
     aux_mask: Vec<bool>,
     probe_bodies: Vec<BuiltRequest>,
     theory: scrape::Theory,
+    /// `--scrape-metrics`' "before" point, taken before the warm connections were opened.
+    scrape: Option<scrape::Before>,
     facts: RunFacts,
 }
 
@@ -339,6 +341,10 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let inexact = bodies.iter().filter(|b| !b.exact_prompt).count() as u64;
     warn_before_the_run(cfg, inexact, plan.len());
     wait_for_start_at(cfg).await;
+    let scrape = match &cfg.scrape_metrics {
+        Some(url) => Some(scrape_before(cfg, url.as_deref(), &client.target).await?),
+        None => None,
+    };
     warm(cfg, &client, plan.len()).await;
     let facts = RunFacts {
         target_url,
@@ -362,6 +368,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         aux_mask,
         probe_bodies,
         theory,
+        scrape,
         facts,
     })
 }
@@ -565,12 +572,12 @@ pub struct Ran {
 
 /// Stage 2: starts the clock (after the first scrape, or at `--start-at`), drives the plan with
 /// probes and scrapes beside it, and stops them when the last request ended.
-pub async fn execute(cfg: &Config, p: &Prepared) -> anyhow::Result<Ran> {
+pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     let fixed = fixed_t0(cfg)?;
-    let scraper = match &cfg.scrape_metrics {
-        Some(url) => Some(start_scraper(cfg, url.as_deref(), &p.client.target, fixed).await?),
-        None => None,
-    };
+    let scraper = p
+        .scrape
+        .take()
+        .map(|b| scrape::start(b, fixed, driver::START_LEAD));
     let t0 = match (&scraper, fixed) {
         (Some(s), _) => s.t0,
         (None, Some(t)) => t,
@@ -665,13 +672,13 @@ fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
     Some(pb)
 }
 
-/// `--scrape-metrics`: `url`, else the target's own `/metrics` (with the target's headers).
-async fn start_scraper(
+/// `--scrape-metrics`: `url`, else the target's own `/metrics` (with the target's headers); the
+/// "before" point.
+async fn scrape_before(
     cfg: &Config,
     url: Option<&str>,
     target: &target::Target,
-    fixed: Option<Instant>,
-) -> anyhow::Result<scrape::Scraper> {
+) -> anyhow::Result<scrape::Before> {
     let (url, headers) = match url {
         Some(u) => (u.to_string(), HeaderMap::new()),
         None => {
@@ -683,7 +690,7 @@ async fn start_scraper(
     let st = scrape::ScrapeTarget::new(&url, headers, cfg.target_ca.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
-    Ok(scrape::start(st, fixed, driver::START_LEAD).await)
+    Ok(scrape::before(st).await)
 }
 
 /// Stage 3: the summary, validity, the result file and the console report.
@@ -711,7 +718,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     }
     let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
     let verdict = (invalid_reason.as_deref(), all_failed);
-    let report = console_report(cfg, p, &ran, &summary, sessions.as_ref(), verdict);
+    let report = console_report(cfg, p, &ran, &info, &summary, sessions.as_ref(), verdict);
     Ok(Outcome {
         summary,
         result,
@@ -728,13 +735,15 @@ fn console_report(
     cfg: &Config,
     p: &Prepared,
     ran: &Ran,
+    info: &result::RunInfo,
     summary: &metrics::Summary,
     sessions: Option<&sessions::SessionReport>,
     (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
     let samples = &ran.driven.samples;
     let firsts = outcome::first_errors(samples);
-    let mut report = console::vllm_block(summary);
+    let probes = ran.probes.as_ref().map(|(_, p)| p);
+    let mut report = console::vllm_block(summary, info, probes);
     report.push_str(&console::extra_sections(summary, cfg.max_drift_ms, &firsts));
     let recorded = p.facts.recorded.as_deref();
     report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
@@ -821,6 +830,9 @@ fn run_info(cfg: &Config, facts: &RunFacts, invalid_reason: Option<String>) -> r
         },
         model: facts.model.clone(),
         endpoint: facts.endpoint.clone(),
+        tokenizer_id: cfg.tokenizer.as_ref().map(|p| p.display().to_string()),
+        label: None,
+        traffic: result::Traffic::of(cfg.shaping.arrivals.as_ref()),
         speed: facts.speed,
         max_concurrency: cfg.max_concurrency,
         seed: cfg.seed,

@@ -3,14 +3,16 @@
 //! One JSON object. Schema `retrace.replay/1` (documented in `docs/result-format.md`, held by the
 //! snapshot test below):
 //!
-//! - **vLLM keys** (same names, units and definitions as `vllm bench serve --save-result`):
-//!   `date`, `backend`, `endpoint_type`, `model_id`, `num_prompts`, `request_rate`, `max_concurrency`,
-//!   `duration` (s, first dispatch to last completion), `completed`, `failed`,
-//!   `total_input_tokens`, `total_output_tokens`, `request_throughput`, `request_goodput` (null without `--goodput`),
-//!   `output_throughput`, `total_token_throughput`, `max_concurrent_requests`, and for each metric
-//!   `M` in `ttft`, `tpot`, `itl`, `e2el`: `mean_M_ms`, `median_M_ms`, `std_M_ms`, `pP_M_ms` for
-//!   every `--percentiles` value P (`p99`, `p99.9`).
-//! - **ours**: `schema`, `retrace_version`, `trace`, `target` (URL only; headers and keys are never
+//! - **vLLM keys**: every key `vllm bench serve --save-result --save-detailed` (0.32) writes for
+//!   a text-generation run, same name, unit and meaning, `generated_texts` aside (no response
+//!   text is kept): `date`, `backend` and `endpoint_type` (vLLM's backend name), `label`,
+//!   `model_id`, `tokenizer_id`, `num_prompts`, the traffic keys ([`Traffic`]), `max_concurrency`,
+//!   `duration` (s, first dispatch to last completion), `completed`, `failed`, tokens,
+//!   throughputs, `request_goodput` (null without `--goodput`), `max_output_tokens_per_s`,
+//!   `max_concurrent_requests` (vLLM's per-second peaks), `rtfx`, `probe_*` (with probes), and
+//!   for each metric `M` in `ttft`, `tpot`, `itl`, `e2el`: `mean_M_ms`, `median_M_ms`,
+//!   `std_M_ms`, `pP_M_ms` for every `--percentiles` value P (`p99`, `p99.9`).
+//! - **ours**: `schema`, `retrace_version`, `endpoint`, `peak_in_flight`, `trace`, `target` (URL only; headers and keys are never
 //!   written), `speed`, `seed`, `block_size`, `prompt_mode`, `drift_limit_ms` (`--max-drift-ms`), `valid` (false
 //!   when p99 drift exceeded it), `invalid_reason`, `errors_by_kind` ({kind: count}), and the same
 //!   mean/median/std/pP/min/max family for `ttft_from_intended`, `e2el_from_intended` (latency from
@@ -18,13 +20,14 @@
 //!   intended − client queue, i.e. the dispatcher's lateness plus the hand-over to the request's
 //!   task; negative = early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
 //!   per-request `metrics`, when the server sent them) and `unattributed` (client TTFT − server queue
-//!   − server TTFT), plus `server_reported` (requests with server metrics) and `inexact_prompts`.
+//!   − server TTFT), plus `server_reported` (requests with server metrics), `server_prefix_cache`
+//!   (per-request cached tokens, when the server reported them) and `inexact_prompts`.
 //! - **histograms**: `{name: base64 HdrHistogram V2}` for `ttft_us`, `tpot_us`, `itl_us`,
 //!   `e2el_us`, `drift_abs_ns`, `client_queue_ns` (successful requests; drift/queue of all).
 //! - **with `--detailed`**, index-aligned per-request arrays in seconds like vLLM's: `input_lens`,
 //!   `output_lens`, `ttfts` (0 when none), `itls` (lists), `latencies` (E2EL, 0 when none),
-//!   `start_times` (actual send, s from t0), `errors` ("" on success, else `kind: detail`),
-//!   `server_queue_times`, `server_ttfts` (null where unknown), and ours: `intended_times`,
+//!   `start_times` (actual send, s from t0), `queue_times` (actual − intended send), `errors`
+//!   ("" on success, else `kind: detail`), `server_queue_times`, `server_ttfts` (null where unknown), and ours: `intended_times`,
 //!   `drifts`, `client_queue_times`.
 //!
 //! This module builds the result ([`ReplayResult`]); it does not print or write files.
@@ -45,8 +48,15 @@ pub struct RunInfo {
     pub target: String,
     #[serde(rename = "model_id")]
     pub model: String,
-    #[serde(rename = "endpoint_type")]
+    /// The API of the measured requests: `completions`, `chat` or `mixed` (ours; vLLM's
+    /// `endpoint_type` is derived from it).
     pub endpoint: String,
+    /// `--tokenizer`'s path (vLLM's `tokenizer_id`), null without one.
+    pub tokenizer_id: Option<String>,
+    /// vLLM's `--label`; retrace has none, so null as vLLM writes without one.
+    pub label: Option<String>,
+    #[serde(flatten)]
+    pub traffic: Traffic,
     pub speed: f64,
     pub max_concurrency: Option<usize>,
     pub seed: u64,
@@ -60,6 +70,83 @@ pub struct RunInfo {
     pub valid: bool,
     pub invalid_reason: Option<String>,
     pub inexact_prompts: u64,
+}
+
+/// vLLM's traffic keys: `request_rate` (a number, `"inf"`, or our `"trace"`: the trace's own
+/// timing), `burstiness`, and with a ramp `ramp_up_strategy`, `ramp_up_start_rps`,
+/// `ramp_up_end_rps`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Traffic {
+    pub request_rate: Value,
+    pub burstiness: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ramp_up_strategy: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ramp_up_start_rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ramp_up_end_rps: Option<f64>,
+}
+
+impl Traffic {
+    /// From `--request-rate`/`--burstiness`/`--ramp-up` (`None`: the trace's timing).
+    pub fn of(arrivals: Option<&crate::trace::shape::Arrivals>) -> Traffic {
+        use crate::trace::shape::Arrivals;
+        let rate = |r: f64| {
+            if r.is_finite() {
+                json!(r)
+            } else {
+                json!("inf")
+            }
+        };
+        let none = Traffic {
+            request_rate: json!("trace"),
+            burstiness: 1.0,
+            ramp_up_strategy: None,
+            ramp_up_start_rps: None,
+            ramp_up_end_rps: None,
+        };
+        match arrivals {
+            None => none,
+            Some(Arrivals::Rate {
+                rate: r,
+                burstiness,
+            }) => Traffic {
+                request_rate: rate(*r),
+                burstiness: *burstiness,
+                ..none
+            },
+            Some(Arrivals::Ramp {
+                exponential,
+                start,
+                end,
+                burstiness,
+            }) => Traffic {
+                request_rate: json!("inf"),
+                burstiness: *burstiness,
+                ramp_up_strategy: Some(if *exponential {
+                    "exponential"
+                } else {
+                    "linear"
+                }),
+                ramp_up_start_rps: Some(*start),
+                ramp_up_end_rps: Some(*end),
+            },
+        }
+    }
+
+    /// The configured rate vLLM prints as `Request rate configured (RPS)` (finite rates only).
+    pub fn configured_rate(&self) -> Option<f64> {
+        self.request_rate.as_f64()
+    }
+}
+
+/// vLLM's backend name for our API label (`endpoint_type` and `backend`).
+pub fn vllm_backend(endpoint: &str) -> &str {
+    match endpoint {
+        "completions" => "openai",
+        "chat" => "openai-chat",
+        other => other,
+    }
 }
 
 /// Writes `s` as vLLM's `mean_/median_/std_/pP_{name}_ms` keys; `extra` adds `min_`, `max_` and
@@ -84,9 +171,11 @@ pub(crate) fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra
 pub struct ReplayResult {
     pub schema: &'static str,
     pub retrace_version: &'static str,
-    pub backend: &'static str,
+    /// vLLM's backend name: `openai` (completions), `openai-chat`, or `mixed`.
+    pub backend: String,
+    /// The same as `backend`, as vLLM writes it.
+    pub endpoint_type: String,
     pub num_prompts: usize,
-    pub request_rate: &'static str,
     #[serde(flatten)]
     pub info: RunInfo,
     pub duration: f64,
@@ -99,11 +188,19 @@ pub struct ReplayResult {
     pub output_throughput: f64,
     pub total_token_throughput: f64,
     pub max_concurrent_requests: u64,
+    pub max_output_tokens_per_s: f64,
+    /// vLLM's inverse real-time factor of audio input: 0 (no audio).
+    pub rtfx: f64,
+    /// Ours: peak requests in flight at one instant.
+    pub peak_in_flight: u64,
     /// The statistics families (`mean_ttft_ms`, `p99_drift_ms`, `count_client_queue`, ...).
     #[serde(flatten)]
     pub stats: Map<String, Value>,
     pub errors_by_kind: BTreeMap<String, u64>,
     pub server_reported: u64,
+    /// Per-request prefix-cache hits the server reported (llama.cpp `timings.cache_n`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_prefix_cache: Option<Value>,
     pub histograms: BTreeMap<String, String>,
     /// `--detailed`: the per-request arrays.
     #[serde(flatten)]
@@ -137,12 +234,18 @@ pub struct Detailed {
     pub latencies: Vec<f64>,
     /// Actual sends, from t0.
     pub start_times: Vec<f64>,
+    /// vLLM's: actual send − intended send (slot wait and send drift together).
+    pub queue_times: Vec<f64>,
     /// "" on success, else `kind: detail`.
     pub errors: Vec<String>,
     pub server_queue_times: Vec<Option<f64>>,
     pub server_ttfts: Vec<Option<f64>>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
     pub server_input_lens: Vec<Option<u64>>,
+    /// Prompt tokens the server took from its cache, null where unknown; only when some request
+    /// reported them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cached_tokens: Option<Vec<Option<u64>>>,
     pub intended_times: Vec<f64>,
     pub drifts: Vec<f64>,
     pub client_queue_times: Vec<f64>,
@@ -161,6 +264,9 @@ impl Detailed {
             itls: col(s, |x| x.itls_ns.iter().map(|&n| ns_to_s(n)).collect()),
             latencies: col(s, |x| opt_s(x.e2el_ns)),
             start_times: col(s, |x| ns_to_s(x.sent_ns)),
+            queue_times: col(s, |x| {
+                ns_to_s(x.sent_ns.max(x.dispatched_ns).saturating_sub(x.intended_ns))
+            }),
             errors: col(s, |x| match (&x.error, &x.error_detail) {
                 (None, _) if x.ok() => String::new(),
                 (None, _) => Failure::NoContent.to_string(),
@@ -170,6 +276,10 @@ impl Detailed {
             server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
             server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
             server_input_lens: col(s, |x| x.server.prompt_tokens),
+            server_cached_tokens: s
+                .iter()
+                .any(|x| x.server.cached_tokens.is_some())
+                .then(|| col(s, |x| x.server.cached_tokens)),
             intended_times: col(s, |x| ns_to_s(x.intended_ns)),
             drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
             client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
@@ -206,12 +316,13 @@ impl ReplayResult {
         ] {
             put_stats(&mut stats, name, s, true);
         }
+        let backend = vllm_backend(&info.endpoint).to_string();
         ReplayResult {
             schema: SCHEMA,
             retrace_version: env!("CARGO_PKG_VERSION"),
-            backend: "retrace",
+            endpoint_type: backend.clone(),
+            backend,
             num_prompts: samples.len(),
-            request_rate: "trace",
             info: info.clone(),
             duration: sum.duration_s,
             completed: sum.completed,
@@ -223,9 +334,16 @@ impl ReplayResult {
             output_throughput: sum.output_throughput,
             total_token_throughput: sum.total_token_throughput,
             max_concurrent_requests: sum.max_concurrent_requests,
+            max_output_tokens_per_s: sum.max_output_tokens_per_s,
+            rtfx: 0.0,
+            peak_in_flight: sum.peak_in_flight,
             stats,
             errors_by_kind: sum.errors.clone(),
             server_reported: sum.server_reported,
+            server_prefix_cache: sum.server_cache.map(|c| {
+                json!({"requests": c.requests, "cached_tokens": c.cached_tokens,
+                    "prompt_tokens": c.prompt_tokens, "hit_rate": c.hit_rate()})
+            }),
             histograms: hist.encode(),
             detailed: detailed.then(|| Detailed::of(samples)),
             sessions: None,
@@ -236,10 +354,34 @@ impl ReplayResult {
         }
     }
 
-    /// The result as one JSON object.
+    /// The result as one JSON object (with vLLM's `probe_*` keys when probes completed).
     pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or_else(|e| json!({ "error": e.to_string() }))
+        let mut v =
+            serde_json::to_value(self).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+        if let (Some(m), Some(p)) = (v.as_object_mut(), &self.probes) {
+            m.extend(vllm_probe_keys(p));
+        }
+        v
     }
+}
+
+/// vLLM's `probe_completed`, `probe_failed`, `probe_{median,p99,max}_e2el_ms` from our `probes`
+/// summary; none when no probe completed (as vLLM).
+pub fn vllm_probe_keys(p: &Value) -> Map<String, Value> {
+    let mut m = Map::new();
+    if p["completed"].as_u64().unwrap_or(0) == 0 {
+        return m;
+    }
+    m.insert("probe_completed".into(), p["completed"].clone());
+    m.insert("probe_failed".into(), p["failed"].clone());
+    for (k, s) in [
+        ("median", "median_ms"),
+        ("p99", "p99_ms"),
+        ("max", "max_ms"),
+    ] {
+        m.insert(format!("probe_{k}_e2el_ms"), p["e2el"][s].clone());
+    }
+    m
 }
 
 /// [`ReplayResult::new`] as JSON.
@@ -338,6 +480,7 @@ pub(crate) mod tests {
                     queue_ms: Some(1.0),
                     ttft_ms: Some(40.0),
                     prompt_tokens: None,
+                    cached_tokens: None,
                 },
                 ..Default::default()
             },
@@ -362,6 +505,9 @@ pub(crate) mod tests {
             target: "http://127.0.0.1:1".into(),
             model: "m".into(),
             endpoint: "completions".into(),
+            tokenizer_id: None,
+            label: None,
+            traffic: Traffic::of(None),
             speed: 1.0,
             max_concurrency: None,
             seed: 0,
@@ -401,12 +547,14 @@ pub(crate) mod tests {
             queries: Some(1000.0 * x),
             prompt_tokens: Some(1000.0 * x),
             generation_tokens: None,
+            ..Default::default()
         };
         let series = crate::replay::scrape::Series {
             url: "http://127.0.0.1:1/metrics".into(),
             points: vec![point(-0.02, 0.0), point(1.0, 2.0), point(1.5, 3.0)],
             before_ok: true,
             after_ok: true,
+            family: Some(&crate::replay::scrape::FAMILIES[0]),
             ..Default::default()
         };
         let theory = crate::replay::scrape::Theory {
@@ -416,6 +564,8 @@ pub(crate) mod tests {
         };
         v["server_metrics"] = crate::replay::scrape::summarize(&series, &theory);
         v["probes"] = crate::replay::probe::summarize(2.0, &s[..1], 0.5, &[50.0, 99.0]);
+        let probe_keys = vllm_probe_keys(&v["probes"]);
+        v.as_object_mut().unwrap().extend(probe_keys);
         // histograms are binary blobs: check they decode, snapshot only their names
         let hist = v["histograms"].as_object_mut().unwrap();
         for (_, b64) in hist.iter_mut() {
@@ -423,6 +573,90 @@ pub(crate) mod tests {
             *b64 = json!("<base64>");
         }
         insta::assert_json_snapshot!(v);
+    }
+
+    /// Every key of real `vllm bench serve --save-result --save-detailed` files (a timed trace;
+    /// a random run with --max-concurrency, --goodput, three percentiles and probes) is in ours,
+    /// with the same JSON type; `generated_texts` aside (no response text is kept).
+    #[test]
+    fn result_keys_are_a_superset_of_real_vllm_keys() {
+        let s = samples();
+        let percentiles = [50.0, 90.0, 99.0];
+        let sum = summarize(&s, 0.1, &percentiles);
+        let mut r = ReplayResult::new(&info(), &sum, &Histograms::from_samples(&s), &s, true);
+        r.probes = Some(crate::replay::probe::summarize(
+            2.0,
+            &s[..1],
+            0.5,
+            &[50.0, 99.0],
+        ));
+        let ours = r.to_value();
+        let kind = |v: &Value| std::mem::discriminant(v);
+        for real in [
+            include_str!("../../fixtures/vllm/bench_serve_result_timed_trace.json"),
+            include_str!("../../fixtures/vllm/bench_serve_result_random.json"),
+        ] {
+            let real: Value = serde_json::from_str(real).unwrap();
+            let mut missing = Vec::new();
+            for (k, v) in real.as_object().unwrap() {
+                match ours.get(k) {
+                    None => missing.push(k.as_str()),
+                    // vLLM's own request_rate is a number or "inf"
+                    Some(o) if !o.is_null() && !v.is_null() && k != "request_rate" => {
+                        assert_eq!(kind(o), kind(v), "{k}: ours {o}, vLLM's {v}")
+                    }
+                    Some(_) => {}
+                }
+            }
+            assert_eq!(missing, ["generated_texts"]);
+        }
+    }
+
+    /// vLLM's names for the API, and its traffic keys from our shaping flags.
+    #[test]
+    fn backend_and_traffic_keys_follow_vllm() {
+        use crate::trace::shape::Arrivals;
+        assert_eq!(vllm_backend("completions"), "openai");
+        assert_eq!(vllm_backend("chat"), "openai-chat");
+        let t = Traffic::of(Some(&Arrivals::Rate {
+            rate: 20.0,
+            burstiness: 0.5,
+        }));
+        assert_eq!((t.request_rate.clone(), t.burstiness), (json!(20.0), 0.5));
+        assert_eq!(t.configured_rate(), Some(20.0));
+        let inf = Traffic::of(Some(&Arrivals::Rate {
+            rate: f64::INFINITY,
+            burstiness: 1.0,
+        }));
+        assert_eq!(
+            (&inf.request_rate, inf.configured_rate()),
+            (&json!("inf"), None)
+        );
+        let trace = Traffic::of(None);
+        assert_eq!(
+            (&trace.request_rate, trace.configured_rate()),
+            (&json!("trace"), None)
+        );
+        let ramp = serde_json::to_value(Traffic::of(Some(&Arrivals::Ramp {
+            exponential: false,
+            start: 1.0,
+            end: 5.0,
+            burstiness: 1.0,
+        })))
+        .unwrap();
+        assert_eq!(ramp["ramp_up_strategy"], "linear");
+        assert_eq!(ramp["ramp_up_end_rps"], 5.0);
+    }
+
+    /// vLLM's `queue_times` is the whole delay from the intended send (slot wait + drift); ours,
+    /// `client_queue_times`, the slot wait alone.
+    #[test]
+    fn queue_times_are_vllms_and_client_queue_times_ours() {
+        let s = samples();
+        let sum = summarize(&s, 0.1, &[99.0]);
+        let v = build(&info(), &sum, &Histograms::from_samples(&s), &s, true);
+        assert_eq!(v["queue_times"][0], 20e-6);
+        assert_eq!(v["client_queue_times"][0], 10e-6);
     }
 
     #[test]
@@ -445,6 +679,11 @@ pub(crate) mod tests {
             "output_throughput",
             "total_token_throughput",
             "max_concurrent_requests",
+            "max_output_tokens_per_s",
+            "burstiness",
+            "rtfx",
+            "tokenizer_id",
+            "label",
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }

@@ -1,15 +1,17 @@
 //! `--scrape-metrics`: the server's Prometheus `/metrics` read before, every second during, and
 //! after a replay, and what they say about the run.
 //!
-//! A tokio task GETs the URL once when started (before t0: the "before" point), then at
-//! t0 + 1 s, t0 + 2 s, ... until told to stop, then once more (the "after" point). Each exposition
-//! is parsed by [`crate::prom`] and reduced to a [`Point`] by [`read_point`] (pure): requests
-//! running and waiting, KV-cache usage, prefix-cache hits and queries, prompt and generation
-//! tokens, under vLLM's names (V1, then V0's `gpu_` names) or SGLang's where they exist. Counters
-//! are summed over label sets (data-parallel engines), KV usage is averaged. [`summarize`]
-//! (pure) turns the points into the report: counter deltas after − before (null when a counter is
-//! missing, a scrape failed or a counter went backwards, i.e. the server restarted), the achieved
-//! prefix-cache hit rate beside the theoretical one (computed by the caller with
+//! [`before`] GETs the URL once, before the replay opens its warm connections (retried once
+//! after a failure); [`start`] then spawns a task that GETs it at t0 + 1 s, t0 + 2 s, ... until
+//! told to stop, then once more (the "after" point). Each exposition is parsed by [`crate::prom`]
+//! and reduced to a [`Point`] by [`read_point`] (pure) under its server [`Family`]'s names
+//! ([`FAMILIES`]: vLLM, SGLang, llama.cpp): requests running and waiting, KV-cache usage,
+//! prefix-cache hits and queries, prompt and generation tokens, the server's TTFT histogram.
+//! Counters are summed over label sets (data-parallel engines), KV usage is averaged.
+//! [`summarize`] (pure) turns the points into the report: the family (or the names seen when no
+//! family is known), counter deltas after − before (null when a counter is missing, a scrape
+//! failed or a counter went backwards, i.e. the server restarted), the achieved prefix-cache hit
+//! rate beside the theoretical one (computed by the caller with
 //! [`crate::trace::stats::vllm_prefix_cache`]), peaks, and the time series for the result file.
 //! A failed scrape is counted and skipped; it never fails the run. Only `http://` URLs.
 
@@ -35,51 +37,149 @@ pub struct Point {
     pub queries: Option<f64>,
     pub prompt_tokens: Option<f64>,
     pub generation_tokens: Option<f64>,
+    /// The server's TTFT histogram: `_sum` (s) and `_count`.
+    pub ttft_sum: Option<f64>,
+    pub ttft_count: Option<f64>,
 }
 
-fn first_sum(p: &prom::Parsed, names: &[&str]) -> Option<f64> {
-    names.iter().find_map(|n| p.sum(n))
+/// A figure's names in one family: alternatives tried in order, each the sum of its names (all
+/// present). Empty: the family does not expose it.
+type Names = &'static [&'static [&'static str]];
+
+/// One server family's metric names for the figures the report uses (the table in
+/// docs/result-format.md).
+pub struct Family {
+    pub name: &'static str,
+    /// Every metric of the family starts with it; the first family with a sample so named is
+    /// the server's.
+    prefix: &'static str,
+    running: Names,
+    waiting: Names,
+    /// Averaged over label sets, not summed.
+    kv_usage: &'static [&'static str],
+    hits: Names,
+    queries: Names,
+    prompt_tokens: Names,
+    generation_tokens: Names,
+    /// A histogram's base name (`_sum`, `_count`).
+    ttft: Option<&'static str>,
 }
 
-/// Reads the metrics the report uses from one exposition (pure).
-pub fn read_point(p: &prom::Parsed, t_s: f64) -> Point {
-    Point {
-        t_s,
-        running: first_sum(p, &["vllm:num_requests_running", "sglang:num_running_reqs"]),
-        waiting: first_sum(p, &["vllm:num_requests_waiting", "sglang:num_queue_reqs"]),
-        kv_usage: [
-            "vllm:kv_cache_usage_perc",
-            "vllm:gpu_cache_usage_perc",
-            "sglang:token_usage",
+/// vLLM (V1, then V0's `gpu_` names), SGLang, llama.cpp.
+pub const FAMILIES: [Family; 3] = [
+    Family {
+        name: "vLLM",
+        prefix: "vllm:",
+        running: &[&["vllm:num_requests_running"]],
+        waiting: &[&["vllm:num_requests_waiting"]],
+        kv_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        hits: &[
+            &["vllm:prefix_cache_hits_total"],
+            &["vllm:gpu_prefix_cache_hits_total"],
+        ],
+        queries: &[
+            &["vllm:prefix_cache_queries_total"],
+            &["vllm:gpu_prefix_cache_queries_total"],
+        ],
+        prompt_tokens: &[&["vllm:prompt_tokens_total"]],
+        generation_tokens: &[&["vllm:generation_tokens_total"]],
+        ttft: Some("vllm:time_to_first_token_seconds"),
+    },
+    Family {
+        name: "SGLang",
+        prefix: "sglang:",
+        running: &[&["sglang:num_running_reqs"]],
+        waiting: &[&["sglang:num_queue_reqs"]],
+        kv_usage: &["sglang:token_usage"],
+        hits: &[&["sglang:cached_tokens_total"]],
+        queries: &[&["sglang:prompt_tokens_total"]],
+        prompt_tokens: &[&["sglang:prompt_tokens_total"]],
+        generation_tokens: &[&["sglang:generation_tokens_total"]],
+        ttft: Some("sglang:time_to_first_token_seconds"),
+    },
+    Family {
+        name: "llama.cpp",
+        prefix: "llamacpp:",
+        running: &[&["llamacpp:requests_processing"]],
+        waiting: &[&["llamacpp:requests_deferred"]],
+        kv_usage: &[],
+        hits: &[&["llamacpp:prompt_tokens_cached_total"]],
+        // `prompt_tokens_total` leaves the cached tokens out
+        queries: &[&[
+            "llamacpp:prompt_tokens_total",
+            "llamacpp:prompt_tokens_cached_total",
+        ]],
+        prompt_tokens: &[&[
+            "llamacpp:prompt_tokens_total",
+            "llamacpp:prompt_tokens_cached_total",
+        ]],
+        generation_tokens: &[&["llamacpp:tokens_predicted_total"]],
+        ttft: None,
+    },
+];
+
+impl Family {
+    /// The summary's figures this family has no metric for.
+    fn unexposed(&self) -> Vec<&'static str> {
+        [
+            ("kv_cache_usage", self.kv_usage.is_empty()),
+            ("mean_server_ttft_ms", self.ttft.is_none()),
         ]
         .iter()
-        .find_map(|n| p.mean(n)),
-        hits: first_sum(
-            p,
-            &[
-                "vllm:prefix_cache_hits_total",
-                "vllm:gpu_prefix_cache_hits_total",
-            ],
-        ),
-        queries: first_sum(
-            p,
-            &[
-                "vllm:prefix_cache_queries_total",
-                "vllm:gpu_prefix_cache_queries_total",
-            ],
-        ),
-        prompt_tokens: first_sum(
-            p,
-            &["vllm:prompt_tokens_total", "sglang:prompt_tokens_total"],
-        ),
-        generation_tokens: first_sum(
-            p,
-            &[
-                "vllm:generation_tokens_total",
-                "sglang:generation_tokens_total",
-            ],
-        ),
+        .filter(|(_, missing)| *missing)
+        .map(|(k, _)| *k)
+        .collect()
     }
+}
+
+fn read(p: &prom::Parsed, names: Names) -> Option<f64> {
+    names
+        .iter()
+        .find_map(|sum| sum.iter().map(|n| p.sum(n)).sum::<Option<f64>>())
+}
+
+/// The family of an exposition: the first of [`FAMILIES`] with a sample under its prefix.
+pub fn family(p: &prom::Parsed) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .find(|f| p.samples.iter().any(|s| s.name.starts_with(f.prefix)))
+}
+
+/// Reads the metrics the report uses from one exposition, under its family's names (pure).
+pub fn read_point(p: &prom::Parsed, t_s: f64) -> Point {
+    let Some(f) = family(p) else {
+        return Point {
+            t_s,
+            ..Default::default()
+        };
+    };
+    let hist = |suffix: &str| f.ttft.and_then(|h| p.sum(&format!("{h}{suffix}")));
+    Point {
+        t_s,
+        running: read(p, f.running),
+        waiting: read(p, f.waiting),
+        kv_usage: f.kv_usage.iter().find_map(|n| p.mean(n)),
+        hits: read(p, f.hits),
+        queries: read(p, f.queries),
+        prompt_tokens: read(p, f.prompt_tokens),
+        generation_tokens: read(p, f.generation_tokens),
+        ttft_sum: hist("_sum"),
+        ttft_count: hist("_count"),
+    }
+}
+
+/// The first `n` distinct sample names of an exposition (for "no family known").
+fn names_seen(p: &prom::Parsed, n: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in &p.samples {
+        if out.len() == n {
+            break;
+        }
+        if !out.contains(&s.name) {
+            out.push(s.name.clone());
+        }
+    }
+    out
 }
 
 /// Everything the scraper saw.
@@ -95,6 +195,16 @@ pub struct Series {
     pub last_error: Option<String>,
     /// Lines of the expositions the parser skipped (summed over scrapes).
     pub bad_lines: u64,
+    /// The server's family, from the first scrape that showed one.
+    pub family: Option<&'static Family>,
+    /// While no family is known: a few metric names the last successful scrape held.
+    pub seen: Vec<String>,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
 }
 
 /// The theoretical prefix-cache counters for what was sent (tokens).
@@ -108,6 +218,13 @@ pub struct Theory {
 fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     let (b, a) = (before?, after?);
     (a >= b).then_some(a - b)
+}
+
+/// A counter's growth from `before` to `p`: absent before but present later counts from 0 (a
+/// labelled counter appears on first use, as SGLang's `cached_tokens_total`).
+fn grew(before: Option<&Point>, p: Option<&Point>, f: fn(&Point) -> Option<f64>) -> Option<f64> {
+    let after = p.and_then(f)?;
+    delta(Some(f(before?).unwrap_or(0.0)), Some(after))
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -125,16 +242,20 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
         (Some(b), Some(a)) if s.before_ok && s.after_ok => (Some(b), Some(a)),
         _ => (None, None),
     };
-    let d = |f: fn(&Point) -> Option<f64>| delta(before.and_then(f), after.and_then(f));
+    let d = |f: fn(&Point) -> Option<f64>| grew(before, after, f);
     let (hits, queries) = (d(|p| p.hits), d(|p| p.queries));
     let th_rate = (theory.queries > 0).then(|| theory.hits as f64 / theory.queries as f64);
-    let base_hits = before.and_then(|p| p.hits);
-    let base_queries = before.and_then(|p| p.queries);
+    let ttft_ms = ratio(d(|p| p.ttft_sum), d(|p| p.ttft_count)).map(|s| s * 1e3);
+    let first = s.points.first().filter(|_| s.before_ok);
     let col = |f: &dyn Fn(&Point) -> Option<f64>| -> Value {
         json!(s.points.iter().map(f).collect::<Vec<_>>())
     };
+    let since = |f: fn(&Point) -> Option<f64>| col(&|p| grew(first, Some(p), f));
     json!({
         "url": s.url,
+        "family": s.family.map(|f| f.name),
+        "unexposed": s.family.map(Family::unexposed),
+        "seen_names": s.family.is_none().then_some(&s.seen),
         "interval_s": INTERVAL.as_secs_f64(),
         "scrapes": s.points.len(),
         "failed_scrapes": s.failed,
@@ -156,13 +277,14 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
         "peak_running": peak(&s.points, |p| p.running),
         "peak_waiting": peak(&s.points, |p| p.waiting),
         "peak_kv_cache_usage": peak(&s.points, |p| p.kv_usage),
+        "mean_server_ttft_ms": ttft_ms,
         "series": {
             "t": col(&|p| Some(p.t_s)),
             "running": col(&|p| p.running),
             "waiting": col(&|p| p.waiting),
             "kv_cache_usage": col(&|p| p.kv_usage),
-            "prefix_cache_hits": col(&|p| delta(base_hits, p.hits)),
-            "prefix_cache_queries": col(&|p| delta(base_queries, p.queries)),
+            "prefix_cache_hits": since(|p| p.hits),
+            "prefix_cache_queries": since(|p| p.queries),
         },
     })
 }
@@ -246,6 +368,10 @@ async fn scrape_into(target: &ScrapeTarget, t0: Instant, s: &mut Series) -> bool
         Ok(text) => {
             let p = prom::parse(&text);
             s.bad_lines += p.bad_lines.len() as u64;
+            s.family = s.family.or_else(|| family(&p));
+            if s.family.is_none() {
+                s.seen = names_seen(&p, 5);
+            }
             s.points.push(read_point(&p, t));
             true
         }
@@ -257,19 +383,42 @@ async fn scrape_into(target: &ScrapeTarget, t0: Instant, s: &mut Series) -> bool
     }
 }
 
-/// Scrapes once now ("before"), then every [`INTERVAL`] from t0 until [`Scraper::finish`].
-/// `t0` = `None`: t0 is set `lead` after the "before" scrape returns (the caller passes
-/// [`Scraper::t0`] on to the driver), so a slow first scrape cannot eat into the schedule.
-pub async fn start(target: ScrapeTarget, t0: Option<Instant>, lead: Duration) -> Scraper {
+/// The "before" point and where to scrape next.
+pub struct Before {
+    target: ScrapeTarget,
+    series: Series,
+    taken: Instant,
+}
+
+/// Takes the "before" point now, retried once after a failure (a timeout or an error). The
+/// caller does it before opening the replay's warm connections, which can keep a server with
+/// few HTTP threads (llama.cpp: 8 by default) from answering in time.
+pub async fn before(target: ScrapeTarget) -> Before {
     let mut series = Series {
         url: target.url.clone(),
         ..Default::default()
     };
     let taken = Instant::now();
-    let probe_t0 = t0.unwrap_or(taken);
-    series.before_ok = scrape_into(&target, probe_t0, &mut series).await;
+    series.before_ok = scrape_into(&target, taken, &mut series).await
+        || scrape_into(&target, taken, &mut series).await;
+    Before {
+        target,
+        series,
+        taken,
+    }
+}
+
+/// Scrapes every [`INTERVAL`] from t0 until [`Scraper::finish`], after the [`before`] point.
+/// `t0` = `None`: t0 is set `lead` from now (the caller passes [`Scraper::t0`] on to the
+/// driver).
+pub fn start(b: Before, t0: Option<Instant>, lead: Duration) -> Scraper {
+    let Before {
+        target,
+        mut series,
+        taken,
+    } = b;
     let t0 = t0.unwrap_or_else(|| Instant::now() + lead);
-    if let Some(p) = series.points.first_mut() {
+    if let Some(p) = series.points.first_mut().filter(|_| series.before_ok) {
         p.t_s = -(t0.saturating_duration_since(taken)).as_secs_f64();
     }
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -321,6 +470,7 @@ mod tests {
             queries: Some(queries),
             prompt_tokens: Some(queries),
             generation_tokens: None,
+            ..Default::default()
         }
     }
 
@@ -342,12 +492,109 @@ mod tests {
             (p.hits, p.queries, p.kv_usage, p.running, p.waiting),
             (Some(5.0), Some(9.0), Some(0.5), Some(3.0), Some(1.0))
         );
-        let sg = prom::parse("sglang:num_running_reqs{tp=\"0\"} 7\nsglang:num_queue_reqs 2\nsglang:token_usage 0.25\n");
+        let sg = prom::parse("sglang:num_running_reqs{tp=\"0\"} 7\nsglang:num_queue_reqs 2\nsglang:token_usage 0.25\nsglang:prompt_tokens_total 100\nsglang:cached_tokens_total{cache_source=\"device\"} 30\nsglang:cached_tokens_total{cache_source=\"host\"} 10\nsglang:time_to_first_token_seconds_sum 0.5\nsglang:time_to_first_token_seconds_count 4\n");
+        assert_eq!(family(&sg).map(|f| f.name), Some("SGLang"));
         let p = read_point(&sg, 0.0);
         assert_eq!(
-            (p.running, p.waiting, p.kv_usage, p.hits),
-            (Some(7.0), Some(2.0), Some(0.25), None)
+            (p.running, p.waiting, p.kv_usage, p.hits, p.queries),
+            (Some(7.0), Some(2.0), Some(0.25), Some(40.0), Some(100.0))
         );
+        assert_eq!((p.ttft_sum, p.ttft_count), (Some(0.5), Some(4.0)));
+        assert_eq!(family(&v1).map(|f| f.name), Some("vLLM"));
+    }
+
+    /// A real llama-server's /metrics (fixtures/llamacpp: 3 requests, the second a repeat).
+    #[test]
+    fn reads_llamacpp_names() {
+        let p = prom::parse(include_str!("../../fixtures/llamacpp/metrics.txt"));
+        assert!(p.bad_lines.is_empty());
+        assert_eq!(family(&p).map(|f| f.name), Some("llama.cpp"));
+        let pt = read_point(&p, 0.0);
+        assert_eq!(pt.hits, Some(47.0));
+        assert_eq!(pt.queries, Some(61.0 + 47.0), "processed + cached");
+        assert_eq!(pt.prompt_tokens, Some(108.0), "48 + 48 + 12 sent");
+        assert_eq!(pt.generation_tokens, Some(11.0));
+        assert_eq!((pt.running, pt.waiting), (Some(0.0), Some(0.0)));
+        assert_eq!((pt.kv_usage, pt.ttft_sum), (None, None));
+        let s = Series {
+            points: vec![
+                Point {
+                    hits: Some(0.0),
+                    queries: Some(0.0),
+                    ..pt.clone()
+                },
+                pt,
+            ],
+            before_ok: true,
+            after_ok: true,
+            family: family(&p),
+            ..Default::default()
+        };
+        let v = summarize(&s, &Theory::default());
+        assert_eq!(v["family"], "llama.cpp");
+        assert_eq!(
+            v["unexposed"],
+            json!(["kv_cache_usage", "mean_server_ttft_ms"])
+        );
+        assert_eq!(v["seen_names"], Value::Null);
+        assert_eq!(v["prefix_cache"]["hits"], 47.0);
+    }
+
+    /// Names of no known family: every figure is null and a few of the names are kept.
+    #[test]
+    fn unknown_names_are_listed() {
+        let p = prom::parse("process_cpu_seconds_total 3\nhttp_requests_total{code=\"200\"} 5\nhttp_requests_total{code=\"500\"} 1\ntgi_queue_size 0\n");
+        assert!(family(&p).is_none());
+        let pt = read_point(&p, 0.0);
+        assert_eq!(pt, Point::default());
+        assert_eq!(
+            names_seen(&p, 5),
+            [
+                "process_cpu_seconds_total",
+                "http_requests_total",
+                "tgi_queue_size"
+            ]
+        );
+        assert_eq!(names_seen(&p, 2).len(), 2);
+        let s = Series {
+            points: vec![pt.clone(), pt],
+            before_ok: true,
+            after_ok: true,
+            seen: names_seen(&p, 5),
+            ..Default::default()
+        };
+        let v = summarize(&s, &Theory::default());
+        assert_eq!(v["family"], Value::Null);
+        assert_eq!(v["seen_names"][2], "tgi_queue_size");
+        assert_eq!(v["prefix_cache"]["hit_rate"], Value::Null);
+    }
+
+    /// A labelled counter appears on first use: absent before, present after counts from 0.
+    #[test]
+    fn a_counter_absent_before_counts_from_zero() {
+        let before = Point {
+            queries: Some(10.0),
+            ..Default::default()
+        };
+        let after = Point {
+            hits: Some(4.0),
+            queries: Some(30.0),
+            ttft_sum: Some(0.3),
+            ttft_count: Some(3.0),
+            ..Default::default()
+        };
+        let s = Series {
+            points: vec![before, after],
+            before_ok: true,
+            after_ok: true,
+            ..Default::default()
+        };
+        let v = summarize(&s, &Theory::default());
+        assert_eq!(v["prefix_cache"]["hits"], 4.0);
+        assert_eq!(v["prefix_cache"]["queries"], 20.0);
+        assert_eq!(v["prefix_cache"]["hit_rate"], 0.2);
+        assert_eq!(v["series"]["prefix_cache_hits"], json!([null, 4.0]));
+        assert!((v["mean_server_ttft_ms"].as_f64().unwrap() - 100.0).abs() < 1e-9);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! `--request-rate`/`--burstiness` and `--ramp-up` options, validated once and applied to the
 //! trace in a fixed order before the schedule is planned, plus the `--dry-run` summary.
 //!
-//! Order: window → loop → overlay → max-gap → arrival override → shard. Sharding comes last so
-//! that every shard keeps the arrival times the whole shaped trace would have had (the plan's
-//! origin is the shaped trace's first arrival, see [`Shaping::apply`], which returns it). The transforms
+//! Order: window → loop → overlay → max-gap → arrival override → limit → shard. Sharding comes
+//! last so that every shard keeps the arrival times the whole shaped trace would have had (the
+//! plan's origin is the shaped trace's first arrival, see [`Shaping::apply`], which returns it),
+//! and `--limit` is cut before it, so N shards of `--limit L` send the whole run's first L. The transforms
 //! themselves are the pure functions of [`crate::trace::shape`]; this module only orders them.
 
 use crate::trace::filter;
@@ -22,6 +23,8 @@ pub struct Shaping {
     pub max_gap_us: Option<u64>,
     pub arrivals: Option<Arrivals>,
     pub shard: Option<(u32, u32)>,
+    /// `--limit`: the shaped trace's first N arrivals, kept before sharding.
+    pub limit: Option<usize>,
     pub seed: u64,
 }
 
@@ -39,6 +42,7 @@ pub struct ShapingFlags<'a> {
     pub ramp_up_start_rps: Option<f64>,
     pub ramp_up_end_rps: Option<f64>,
     pub shard: Option<&'a str>,
+    pub limit: Option<usize>,
     pub seed: u64,
 }
 
@@ -123,6 +127,7 @@ impl Shaping {
             max_gap_us,
             arrivals,
             shard,
+            limit: f.limit,
             seed: f.seed,
         })
     }
@@ -154,6 +159,11 @@ impl Shaping {
             .map(|r| r.arrival_us)
             .min()
             .unwrap_or(0);
+        if let Some(n) = self.limit {
+            // the schedule's order: stable by arrival
+            trace.requests.sort_by_key(|r| r.arrival_us);
+            trace.requests.truncate(n);
+        }
         if let Some((i, n)) = self.shard {
             shape::shard(trace, i, n);
         }
@@ -301,6 +311,42 @@ mod tests {
         }
         all.sort_by_key(|r| r.arrival_us);
         assert_eq!(all, t.requests);
+    }
+
+    #[test]
+    fn shards_of_a_limited_run_send_the_whole_runs_first_requests() {
+        let t = Trace {
+            header: TraceHeader::imported(512, true, "t"),
+            requests: (0..100u64)
+                .map(|k| Request {
+                    arrival_us: (k * 7919) % 1000,
+                    input_tokens: k,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        let limited = |shard| {
+            Shaping::from_flags(&ShapingFlags {
+                limit: Some(30),
+                shard,
+                ..flags()
+            })
+            .unwrap()
+        };
+        let mut whole = t.clone();
+        limited(None).apply(&mut whole).unwrap();
+        assert_eq!(whole.requests.len(), 30);
+        let mut all = Vec::new();
+        for i in ["0/3", "1/3", "2/3"] {
+            let mut x = t.clone();
+            limited(Some(i)).apply(&mut x).unwrap();
+            all.extend(x.requests);
+        }
+        all.sort_by_key(|r| (r.arrival_us, r.input_tokens));
+        whole
+            .requests
+            .sort_by_key(|r| (r.arrival_us, r.input_tokens));
+        assert_eq!(all, whole.requests);
     }
 
     #[test]

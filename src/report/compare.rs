@@ -578,7 +578,9 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
             ));
         } else if r.requests.is_none() && r.hists.is_empty() {
             notes.push(format!(
-                "{side} has neither per-request samples nor histograms: latency significance cannot be judged"
+                "{side} ({}) has neither per-request samples nor histograms: its own statistics \
+                 only; no CDF, significance or paired comparison",
+                r.kind.as_str()
             ));
         }
     }

@@ -1,16 +1,18 @@
 //! Self-contained HTML pages: the run report (`retrace report`) and the comparison page
-//! (`compare --html`). One file, inline CSS and JavaScript drawing SVG (and one canvas for the
-//! timeline); no network fetches, no external fonts or scripts.
+//! (`compare --html`). One file: inline CSS (`report.css`) and the script `report.js`, which draws
+//! SVG charts and one canvas timeline with hover read-outs and a zoomable time axis; no network
+//! fetches, no external fonts or scripts.
 //!
-//! Rust computes everything the page shows (downsampled so 100,000 requests stay a few MB): CDF
-//! points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
-//! stride plus the slowest, each with its TTFT and runs of ITL gaps grouped by threshold
-//! class; above that, also a detail window of [`DETAIL_ROWS`] consecutive requests around the worst
-//! TTFT), time series in at most [`SERIES_BINS`] bins, length histograms and the server-side
-//! breakdown. The data goes in a `<script type="application/json">` block; the script draws it
-//! and, only after every chart rendered without an exception, sets `data-rendered` on `<body>`
-//! and adds `#render-ok` (a script error sets `data-render-error` instead), which the browser test
-//! checks. This module does not read files or compute comparisons.
+//! Rust computes everything the page shows (downsampled so 100,000 requests stay under 1 MB):
+//! CDF points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
+//! stride plus the slowest, each with its index, TTFT, tokens, error and runs of ITL gaps grouped
+//! by threshold class as vLLM's `--timeline-itl-thresholds` does; above that, also a detail
+//! window of [`DETAIL_ROWS`] consecutive requests around the worst TTFT), time series in at most
+//! [`SERIES_BINS`] bins, length histograms and the server-side breakdown. The data goes in a
+//! `<script type="application/json">` block; the script draws it and, only after every chart
+//! rendered without an exception, sets `data-rendered` on `<body>` and adds `#render-ok` (a script
+//! error sets `data-render-error` instead), which the browser test checks. This module does not
+//! read files or compute comparisons.
 
 use super::compare::{Comparison, Verdict};
 use super::load::{Metric, Requests, Run};
@@ -28,6 +30,8 @@ const RUNS_PER_ROW: usize = 120;
 pub const SERIES_BINS: usize = 300;
 const CDF_POINTS: usize = 200;
 const HIST_BINS: usize = 40;
+/// Longest error message kept per distinct error in the timeline.
+const ERROR_CHARS: usize = 200;
 
 fn r3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
@@ -52,8 +56,9 @@ fn class_of(ms: f64, t: (f64, f64)) -> u8 {
     }
 }
 
-/// Timeline rows: `[start_s, ttft_ms|null, ok, [dur_ms, class, dur_ms, class, ...], e2el_ms]`.
-fn rows_of(q: &Requests, idx: &[usize], t: (f64, f64)) -> Vec<Value> {
+/// Timeline rows: `[index, start_s, ttft_ms|null, ok, [dur_ms, class, ...], e2el_ms, input_tokens,
+/// output_tokens, error|null]`, `error` an index into `errors` (each distinct message once).
+fn rows_of(q: &Requests, idx: &[usize], t: (f64, f64), errors: &mut Vec<String>) -> Vec<Value> {
     idx.iter()
         .map(|&i| {
             let mut runs: Vec<(f64, u8)> = Vec::new();
@@ -75,7 +80,25 @@ fn rows_of(q: &Requests, idx: &[usize], t: (f64, f64)) -> Vec<Value> {
                 .collect();
             let ttft = q.ttft_s[i].map(|v| r3(v * 1e3));
             let end = (q.end_s(i) - q.start_s[i]) * 1e3;
-            json!([r3(q.start_s[i]), ttft, q.ok(i), flat, r3(end)])
+            let err = (!q.errors[i].is_empty()).then(|| {
+                let e: String = q.errors[i].chars().take(ERROR_CHARS).collect();
+                errors.iter().position(|x| *x == e).unwrap_or_else(|| {
+                    errors.push(e);
+                    errors.len() - 1
+                })
+            });
+            let (isl, osl) = (q.input_lens[i], q.output_lens[i]);
+            json!([
+                i,
+                r3(q.start_s[i]),
+                ttft,
+                q.ok(i),
+                flat,
+                r3(end),
+                isl,
+                osl,
+                err
+            ])
         })
         .collect()
 }
@@ -123,10 +146,13 @@ fn timeline(run: &Run, t: (f64, f64)) -> Option<Value> {
         let pos = order.iter().position(|&i| i == worst).unwrap_or(0);
         let lo = pos.saturating_sub(DETAIL_ROWS / 2).min(n - DETAIL_ROWS.min(n));
         let win = &order[lo..(lo + DETAIL_ROWS).min(n)];
-        json!({"rows": rows_of(q, win, t), "shown": win.len(), "total": n,
+        let mut errors = Vec::new();
+        json!({"rows": rows_of(q, win, t, &mut errors), "errors": errors, "shown": win.len(), "total": n,
                "from_s": r3(q.start_s[win[0]]), "worst_ttft_ms": q.ttft_s[worst].map(|v| r3(v * 1e3))})
     });
-    Some(json!({"rows": rows_of(q, &idx, t), "shown": idx.len(), "total": n, "detail": detail}))
+    let mut errors = Vec::new();
+    let rows = rows_of(q, &idx, t, &mut errors);
+    Some(json!({"rows": rows, "errors": errors, "shown": idx.len(), "total": n, "detail": detail}))
 }
 
 /// Time series: completions/s, output tokens/s, in-flight requests, client queue depth.
@@ -246,7 +272,8 @@ fn lengths(run: &Run) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// Client TTFT split into server queue, server TTFT and unattributed time (mean and median of
-/// each component over requests that have all three).
+/// each component over requests with a server TTFT; a server that reports no queue time has
+/// its queue wait in the unattributed part: [`crate::metrics::unattributed`]).
 fn breakdown(run: &Run) -> Option<Value> {
     let q = run.requests.as_ref()?;
     let mut parts: [Vec<f64>; 4] = Default::default();
@@ -254,14 +281,14 @@ fn breakdown(run: &Run) -> Option<Value> {
         if !q.ok(i) {
             continue;
         }
-        if let (Some(t), Some(sq), Some(st)) =
-            (q.ttft_s[i], q.server_queue_s[i], q.server_ttft_s[i])
-        {
-            parts[0].push(sq * 1e3);
-            parts[1].push(st * 1e3);
-            parts[2].push((t - sq - st) * 1e3);
-            parts[3].push(t * 1e3);
-        }
+        let (Some(t), Some(st)) = (q.ttft_s[i], q.server_ttft_s[i]) else {
+            continue;
+        };
+        let sq = q.server_queue_s[i];
+        parts[0].push(sq.unwrap_or(0.0) * 1e3);
+        parts[1].push(st * 1e3);
+        parts[2].push(crate::metrics::unattributed(t, sq, st) * 1e3);
+        parts[3].push(t * 1e3);
     }
     if parts[0].is_empty() {
         return None;
@@ -279,11 +306,29 @@ fn breakdown(run: &Run) -> Option<Value> {
     )
 }
 
+/// A metric's row from the file's own statistics (`mean_ttft_ms`, ...), without samples.
+fn file_stats_row(run: &Run, m: Metric) -> Option<Value> {
+    let k = |s: &str| run.scalar(&format!("{s}_{}_ms", m.key())).map(r3);
+    let n = run.scalar(&format!("count_{}", m.key()));
+    Some(json!([
+        m.label(),
+        n,
+        k("mean")?,
+        k("median"),
+        k("p90"),
+        k("p99"),
+        k("max")
+    ]))
+}
+
 fn percentile_table(run: &Run) -> (Value, Value) {
     let mut rows = Vec::new();
     let mut cdfs = Vec::new();
     for m in Metric::ALL {
-        let Some(w) = run.dist(m) else { continue };
+        let Some(w) = run.dist(m) else {
+            rows.extend(file_stats_row(run, m)); // an aggregate (AIPerf's): no CDF
+            continue;
+        };
         let qd = w.quad();
         let approx = run.samples_ms(m).is_none();
         rows.push(json!([
@@ -445,151 +490,8 @@ fn page(data: &Value) -> String {
     )
 }
 
-const CSS: &str = r#"
-body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:0 24px 40px;color:#222;background:#fff}
-h1{font-size:20px;margin:18px 0 2px}h2{font-size:16px;margin:22px 0 6px;border-bottom:1px solid #ddd}
-.sub{color:#666;font-size:12px;margin-bottom:8px}
-table{border-collapse:collapse;font-size:13px}td,th{padding:2px 10px;border-bottom:1px solid #eee;text-align:right}
-td:first-child,th:first-child{text-align:left}
-.worse{color:#c0392b;font-weight:600}.better{color:#1e8449;font-weight:600}
-.grid{display:flex;flex-wrap:wrap;gap:18px}.card{flex:0 0 auto}
-svg text{font-size:11px;fill:#444}.axis line,.axis path{stroke:#999}
-.note{color:#7d6608;background:#fef9e7;padding:4px 8px;margin:4px 0}
-pre{font-size:12px;background:#f7f7f7;padding:8px;overflow:auto}
-.legend span{display:inline-block;margin-right:12px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
-#render-error{color:#fff;background:#c0392b;padding:8px}
-"#;
-
-const JS: &str = r#"
-(function(){
-'use strict';
-var NS='http://www.w3.org/2000/svg';
-var COLORS=['#2e86c1','#e67e22','#7f8c8d','#8e44ad'];
-var CLS=['#27ae60','#f1c40f','#e74c3c'];
-function h(tag,attrs,parent,text){var e=document.createElement(tag);for(var k in attrs||{})e.setAttribute(k,attrs[k]);if(text!=null)e.textContent=text;if(parent)parent.appendChild(e);return e;}
-function s(tag,attrs,parent,text){var e=document.createElementNS(NS,tag);for(var k in attrs||{})e.setAttribute(k,attrs[k]);if(text!=null)e.textContent=text;if(parent)parent.appendChild(e);return e;}
-function fmt(v){if(v==null)return '-';var a=Math.abs(v);if(a===0)return '0';var t=a>=1000?v.toFixed(0):a>=100?v.toFixed(1):a>=1?v.toFixed(2):a>=0.001?v.toFixed(4):v.toPrecision(3);return t.indexOf('.')>=0&&t.indexOf('e')<0?t.replace(/0+$/,'').replace(/\.$/,''):t;}
-function ticks(lo,hi,n){if(!(hi>lo)){hi=lo+1;}var span=hi-lo,step=Math.pow(10,Math.floor(Math.log10(span/n))),err=span/n/step;if(err>=7.5)step*=10;else if(err>=3.5)step*=5;else if(err>=1.5)step*=2;var out=[];for(var v=Math.ceil(lo/step)*step;v<=hi+step*1e-9;v+=step)out.push(v);return out;}
-function section(app,id,title){var sec=h('section',{id:id},app);h('h2',{},sec,title);return sec;}
-function card(parent,id){return h('div',{'class':'card',id:id},parent);}
-// series: [{name,color,pts:[[x,y]],dash}] ; opts: {w,h,xlabel,ylabel,logx,ymax}
-function lineChart(parent,id,title,series,opts){
-  opts=opts||{};var W=opts.w||440,H=opts.h||260,L=56,R=12,T=22,B=38;
-  var c=card(parent,id);var svg=s('svg',{width:W,height:H,'class':'chart','viewBox':'0 0 '+W+' '+H},c);
-  s('text',{x:L,y:14,'font-weight':'600'},svg,title);
-  var xs=[],ys=[];series.forEach(function(se){se.pts.forEach(function(p){if(isFinite(p[0]))xs.push(p[0]);if(isFinite(p[1]))ys.push(p[1]);});});
-  if(!xs.length){s('text',{x:L,y:H/2},svg,'no data');return svg;}
-  var xmin=Math.min.apply(null,xs),xmax=Math.max.apply(null,xs),ymin=0,ymax=opts.ymax!=null?opts.ymax:Math.max.apply(null,ys);
-  if(!(ymax>ymin))ymax=ymin+1;
-  var logx=opts.logx&&xmin>0&&xmax/xmin>50;
-  var fx=logx?function(v){return Math.log10(Math.max(v,xmin));}:function(v){return v;};
-  var a=fx(xmin),b=fx(xmax);if(!(b>a))b=a+1;
-  var X=function(v){return L+(fx(v)-a)/(b-a)*(W-L-R);},Y=function(v){return H-B-(v-ymin)/(ymax-ymin)*(H-T-B);};
-  var ax=s('g',{'class':'axis'},svg);
-  s('line',{x1:L,y1:H-B,x2:W-R,y2:H-B},ax);s('line',{x1:L,y1:T,x2:L,y2:H-B},ax);
-  var xt=logx?(function(){var o=[];for(var e=Math.floor(a);e<=Math.ceil(b);e++){var v=Math.pow(10,e);if(v>=xmin*0.999&&v<=xmax*1.001)o.push(v);}return o.length>=2?o:[xmin,xmax];})():ticks(xmin,xmax,5);
-  xt.forEach(function(v){s('line',{x1:X(v),y1:H-B,x2:X(v),y2:H-B+4},ax);s('text',{x:X(v),y:H-B+15,'text-anchor':'middle'},ax,fmt(v));});
-  ticks(ymin,ymax,4).forEach(function(v){s('line',{x1:L-4,y1:Y(v),x2:L,y2:Y(v)},ax);s('line',{x1:L,y1:Y(v),x2:W-R,y2:Y(v),stroke:'#f0f0f0'},ax);s('text',{x:L-6,y:Y(v)+4,'text-anchor':'end'},ax,fmt(v));});
-  if(opts.xlabel)s('text',{x:(L+W-R)/2,y:H-6,'text-anchor':'middle'},svg,opts.xlabel+(logx?' (log)':''));
-  if(opts.ylabel)s('text',{x:12,y:(T+H-B)/2,transform:'rotate(-90 12 '+((T+H-B)/2)+')','text-anchor':'middle'},svg,opts.ylabel);
-  series.forEach(function(se,i){
-    var d='';se.pts.forEach(function(p,j){if(isFinite(p[0])&&isFinite(p[1]))d+=(d?'L':'M')+X(p[0]).toFixed(1)+','+Y(p[1]).toFixed(1);});
-    var path=s('path',{d:d,fill:'none',stroke:se.color||COLORS[i%4],'stroke-width':1.6},svg);if(se.dash)path.setAttribute('stroke-dasharray','4 3');
-  });
-  if(series.length>1){series.forEach(function(se,i){var y=T+4+i*14;s('rect',{x:W-R-110,y:y-8,width:10,height:10,fill:se.color||COLORS[i%4]},svg);s('text',{x:W-R-96,y:y+1},svg,se.name);});}
-  return svg;
-}
-function barChart(parent,id,title,hist,xlabel){
-  var W=440,H=240,L=56,R=12,T=22,B=38;var c=card(parent,id);
-  var svg=s('svg',{width:W,height:H,'class':'chart'},c);s('text',{x:L,y:14,'font-weight':'600'},svg,title);
-  var n=hist.counts.length,ymax=Math.max.apply(null,hist.counts)||1,bw=(W-L-R)/n;
-  var ax=s('g',{'class':'axis'},svg);s('line',{x1:L,y1:H-B,x2:W-R,y2:H-B},ax);s('line',{x1:L,y1:T,x2:L,y2:H-B},ax);
-  hist.counts.forEach(function(v,i){var bh=v/ymax*(H-T-B);s('rect',{x:L+i*bw+0.5,y:H-B-bh,width:Math.max(bw-1,0.5),height:bh,fill:COLORS[0]},svg);});
-  ticks(0,n*hist.width,5).forEach(function(v){var x=L+v/hist.width*bw;s('text',{x:x,y:H-B+15,'text-anchor':'middle'},ax,fmt(v));});
-  ticks(0,ymax,4).forEach(function(v){var y=H-B-v/ymax*(H-T-B);s('text',{x:L-6,y:y+4,'text-anchor':'end'},ax,fmt(v));});
-  s('text',{x:(L+W-R)/2,y:H-6,'text-anchor':'middle'},svg,xlabel);
-  return svg;
-}
-function table(parent,id,head,rows,clsCol){
-  var t=h('table',{id:id},parent);var tr=h('tr',{},t);head.forEach(function(x){h('th',{},tr,x);});
-  rows.forEach(function(r){var tr=h('tr',{},t);r.forEach(function(x,i){var td=h('td',{},tr,typeof x==='number'?fmt(x):(x==null?'-':String(x)));if(i===clsCol&&(x==='worse'||x==='better'))td.className=x;});});
-  return t;
-}
-function timeline(parent,id,tl,th,note){
-  var c=card(parent,id);var rows=tl.rows;
-  var t0=rows.length?rows[0][0]:0,tmax=0;rows.forEach(function(r){t0=Math.min(t0,r[0]);tmax=Math.max(tmax,r[0]+r[4]/1000);});tmax-=t0;if(!(tmax>0))tmax=1;
-  var W=Math.min(1200,Math.max(700,(window.innerWidth||1000)-60)),L=56,R=12,T=8,B=30;
-  var rh=rows.length>600?1:(rows.length>300?2:(rows.length>100?3:5));var H=T+B+rows.length*rh;
-  var cv=h('canvas',{width:W,height:H,'data-rows':rows.length},c);var g=cv.getContext('2d');
-  g.fillStyle='#fff';g.fillRect(0,0,W,H);
-  var X=function(t){return L+(t-t0)/tmax*(W-L-R);};
-  rows.forEach(function(r,i){
-    var y=T+i*rh,t=r[0];
-    if(!r[2]){g.fillStyle='#95a5a6';g.fillRect(X(t),y,Math.max(1,X(t+r[4]/1000)-X(t)),rh);return;}
-    var ttft=r[1]||0;g.fillStyle=CLS[ttft<th[0]?0:(ttft<th[1]?1:2)];g.fillRect(X(t),y,Math.max(1,X(t+ttft/1000)-X(t)),rh);
-    t+=ttft/1000;var seg=r[3];
-    for(var k=0;k<seg.length;k+=2){var d=seg[k]/1000;g.fillStyle=CLS[seg[k+1]];g.globalAlpha=0.6;g.fillRect(X(t),y,Math.max(0.5,X(t+d)-X(t)),rh);g.globalAlpha=1;t+=d;}
-  });
-  g.strokeStyle='#999';g.beginPath();g.moveTo(L,H-B);g.lineTo(W-R,H-B);g.stroke();g.fillStyle='#444';g.font='11px sans-serif';g.textAlign='center';
-  ticks(t0,t0+tmax,8).forEach(function(v){g.fillText(fmt(v),X(v),H-B+14);});g.fillText('time since first request (s)',(L+W-R)/2,H-4);
-  var lg=h('div',{'class':'legend'},c);
-  [['< '+th[0]+' ms',CLS[0]],[th[0]+'-'+th[1]+' ms',CLS[1]],['>= '+th[1]+' ms',CLS[2]],['failed','#95a5a6']].forEach(function(x){var sp=h('span',{},lg);h('span',{'class':'sw',style:'background:'+x[1]},sp);sp.appendChild(document.createTextNode(x[0]));});
-  h('div',{'class':'sub'},c,note+' Solid: TTFT; lighter: inter-token gaps, coloured by the thresholds.');
-}
-function report(app,D){
-  var sum=section(app,'summary','Summary');table(sum,'table-summary',['',''],D.summary);
-  var lat=section(app,'latency','Latency');
-  table(lat,'table-percentiles',['metric (ms)','n','mean','p50','p90','p99','max'],D.percentiles);
-  var g=h('div',{'class':'grid'},lat);
-  D.cdfs.forEach(function(c){lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',[{name:c.label,pts:c.pts}],{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
-  if(D.timeline){var tl=section(app,'timeline','Timeline');var T=D.timeline;
-    timeline(tl,'chart-timeline',T,D.thresholds,'One row per request ('+T.shown+' of '+T.total+' shown'+(T.shown<T.total?': an even sample plus the slowest by E2EL':'')+').');
-    if(T.detail){h('h2',{},tl,'Timeline detail: the '+T.detail.shown+' consecutive requests around the worst TTFT ('+fmt(T.detail.worst_ttft_ms)+' ms)');
-      timeline(tl,'chart-timeline-detail',T.detail,D.thresholds,'Every request in this window, from '+fmt(T.detail.from_s)+' s.');}}
-  if(D.series){var se=section(app,'over-time','Over time');var g2=h('div',{'class':'grid'},se);var S=D.series;
-    var z=function(a){return S.t.map(function(t,i){return [t,a[i]];});};
-    lineChart(g2,'chart-throughput','Throughput',[{name:'output tok/s',pts:z(S.tokens)}],{xlabel:'s',ylabel:'tokens/s'});
-    lineChart(g2,'chart-completions','Completions',[{name:'req/s',pts:z(S.completions)}],{xlabel:'s',ylabel:'requests/s'});
-    var cs=[{name:'in flight',pts:z(S.concurrency)}];if(S.queue)cs.push({name:'client queue',pts:z(S.queue),color:COLORS[1]});if(S.server_queue)cs.push({name:'server queue*',pts:z(S.server_queue),color:COLORS[3]});
-    if(S.server_running)cs.push({name:'server running',pts:S.server_running,color:COLORS[2],dash:true});if(S.server_waiting)cs.push({name:'server waiting',pts:S.server_waiting,color:COLORS[3],dash:true});
-    lineChart(g2,'chart-concurrency','Concurrency and queue depth (peak per bin)',cs,{xlabel:'s',ylabel:'requests'});
-    if(S.server_kv)lineChart(g2,'chart-server-kv','Server KV-cache usage (scraped)',[{name:'KV usage',pts:S.server_kv}],{xlabel:'s',ylabel:'fraction'});
-    if(S.server_queue)h('div',{'class':'sub'},se,'* server queue depth from each request\'s reported queue time, placed at its send time (the server does not say when it queued).');
-    if(S.server_running||S.server_waiting)h('div',{'class':'sub'},se,'Dashed: the server\'s own /metrics gauges, scraped every second (--scrape-metrics).');}
-  if(D.isl||D.osl){var ln=section(app,'lengths','Lengths');var g3=h('div',{'class':'grid'},ln);
-    if(D.isl)barChart(g3,'chart-isl','Input lengths (ISL)',D.isl,'tokens');if(D.osl)barChart(g3,'chart-osl','Output lengths (OSL)',D.osl,'tokens');}
-  if(D.breakdown){var bd=section(app,'breakdown','Server-side breakdown of client TTFT');var B=D.breakdown;
-    var c=card(bd,'chart-breakdown');var W=560,H=120,L=70;var svg=s('svg',{width:W,height:H,'class':'chart'},c);
-    var parts=[['server queue',B.queue,COLORS[0]],['server TTFT',B.server_ttft,COLORS[1]],['unattributed',B.unattributed,COLORS[2]]];
-    var tot=Math.max(B.client_ttft[0],B.client_ttft[1],1e-9);
-    ['mean','median'].forEach(function(lbl,j){var y=16+j*40,x=L;s('text',{x:4,y:y+14},svg,lbl);parts.forEach(function(p){var w=Math.max(0,p[1][j])/tot*(W-L-20);s('rect',{x:x,y:y,width:w,height:20,fill:p[2]},svg);x+=w;});s('text',{x:x+4,y:y+14},svg,fmt(B.client_ttft[j])+' ms');});
-    var lg=h('div',{'class':'legend'},c);parts.forEach(function(p){var sp=h('span',{},lg);h('span',{'class':'sw',style:'background:'+p[2]},sp);sp.appendChild(document.createTextNode(p[0]));});
-    table(bd,'table-breakdown',['component (ms, '+B.n+' requests)','mean','p50','p90','p99'],[['server queue'].concat(B.queue),['server TTFT'].concat(B.server_ttft),['unattributed (client TTFT - queue - server TTFT)'].concat(B.unattributed),['client TTFT'].concat(B.client_ttft)]);
-    h('div',{'class':'sub'},bd,'Unattributed time is inside the server but covered by neither metric (e.g. waiting for the engine loop), plus client and network overhead.');}
-}
-function compare(app,D){
-  var t=section(app,'metrics','Metrics');table(t,'table-compare',['metric','baseline','candidate','change','rel','interval of change','verdict'],D.rows,6);
-  (D.notes||[]).forEach(function(n){h('div',{'class':'note'},t,n);});
-  var cd=section(app,'cdfs','Distributions');var g=h('div',{'class':'grid'},cd);
-  D.cdfs.forEach(function(c){var se=[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}];if(c.noise)se.push({name:'noise',pts:c.noise,dash:true,color:COLORS[2]});
-    lineChart(g,'chart-cdf-'+c.key,c.label+' CDF',se,{xlabel:'ms',ylabel:'fraction',logx:true,ymax:1});});
-  if(D.lengths&&D.lengths.length){var wl=section(app,'workload','Workload');var g4=h('div',{'class':'grid'},wl);
-    D.lengths.forEach(function(c){lineChart(g4,'chart-cdf-'+c.key,c.label+' CDF',[{name:'baseline',pts:c.base},{name:'candidate',pts:c.cand}],{xlabel:'tokens',ylabel:'fraction',logx:true,ymax:1});});}
-  if(D.paired){var p=section(app,'paired','Paired per-request TTFT ('+D.paired.n+' requests)');h('div',{'class':'sub'},p,D.paired.text);
-    lineChart(p,'chart-paired','candidate / baseline TTFT ratio CDF',[{name:'ratio',pts:D.paired.pts}],{xlabel:'ratio',ylabel:'fraction',logx:true,ymax:1});}
-  var tx=section(app,'text','Text report');h('pre',{},tx,D.text);
-}
-function fail(e){document.body.setAttribute('data-render-error',String(e&&e.message||e));var d=document.getElementById('render-error')||h('div',{id:'render-error'},document.body);d.textContent='report script error: '+(e&&e.message||e);}
-window.addEventListener('error',function(ev){fail(ev.error||ev.message);});
-try{
-  var D=JSON.parse(document.getElementById('retrace-data').textContent);var app=document.getElementById('app');
-  h('h1',{},app,D.title);h('div',{'class':'sub'},app,D.subtitle);
-  if(D.page==='compare')compare(app,D);else report(app,D);
-  var n=document.querySelectorAll('.chart,canvas').length;
-  document.body.setAttribute('data-rendered',String(n));h('div',{id:'render-ok',hidden:'hidden'},document.body,'rendered '+n+' charts');
-}catch(e){fail(e);}
-})();
-"#;
+const CSS: &str = include_str!("report.css");
+const JS: &str = include_str!("report.js");
 
 #[cfg(test)]
 mod tests {
@@ -686,7 +588,7 @@ mod tests {
         assert!(rows.len() <= TIMELINE_ROWS && rows.len() > TIMELINE_ROWS / 2);
         assert_eq!(tl["total"], 20_000);
         // the 99 s request is kept (E2EL 99,000 ms)
-        assert!(rows.iter().any(|r| r[4].as_f64() == Some(99_000.0)));
+        assert!(rows.iter().any(|r| r[5].as_f64() == Some(99_000.0)));
         // the detail window holds consecutive requests around the worst TTFT
         run.requests.as_mut().unwrap().ttft_s[777] = Some(5.0);
         let tl = timeline(&run, (25.0, 50.0)).unwrap();
@@ -694,7 +596,47 @@ mod tests {
         assert_eq!(d["shown"], DETAIL_ROWS);
         assert_eq!(d["worst_ttft_ms"], 5000.0);
         let rows = d["rows"].as_array().unwrap();
-        assert!(rows.iter().any(|r| r[1].as_f64() == Some(5000.0)));
+        assert!(rows.iter().any(|r| r[2].as_f64() == Some(5000.0)));
+    }
+
+    /// The hover needs each row's request index, tokens and error; errors are stored once.
+    #[test]
+    fn timeline_rows_carry_index_tokens_and_error() {
+        let mut run = synth_run(4, 80.0, 1);
+        let q = run.requests.as_mut().unwrap();
+        q.start_s.swap(0, 3);
+        q.errors[1] = "HTTP 503".into();
+        q.errors[2] = "HTTP 503".into();
+        q.itls_s[0] = vec![0.010, 0.030, 0.030, 0.060];
+        let tl = timeline(&run, (25.0, 50.0)).unwrap();
+        assert_eq!(tl["errors"], json!(["HTTP 503"]));
+        let rows = tl["rows"].as_array().unwrap();
+        // sorted by send time: request 3 (sent at 0 s) first, request 0 last
+        assert_eq!(rows[0][0], 3);
+        let r0 = &rows[3];
+        assert_eq!(r0[0], 0);
+        assert_eq!(r0[4], json!([10.0, 0, 60.0, 1, 60.0, 2]));
+        assert_eq!((r0[6].as_u64(), r0[7].as_u64()), (Some(100), Some(10)));
+        assert_eq!(
+            (&r0[8], &rows[1][8], &rows[2][8]),
+            (&Value::Null, &json!(0), &json!(0))
+        );
+    }
+
+    /// 100,000 requests whose every gap changes colour: the page stays under 1 MB.
+    #[test]
+    fn report_page_of_100k_requests_stays_under_a_megabyte() {
+        let mut run = synth_run(100_000, 80.0, 1);
+        let q = run.requests.as_mut().unwrap();
+        for (i, itls) in q.itls_s.iter_mut().enumerate() {
+            *itls = (0..9).map(|k| [0.010, 0.030, 0.060][(i + k) % 3]).collect();
+            if i % 100 == 7 {
+                q.errors[i] = format!("HTTP 500 for request {i}");
+            }
+        }
+        let p = report_page(&run, (25.0, 50.0));
+        eprintln!("report page of 100,000 requests: {} bytes", p.len());
+        assert!(p.len() < 1_000_000, "{} bytes", p.len());
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! Reading the three kinds of input `compare` and `report` accept into one comparable model
-//! ([`Run`]): a retrace replay result (`retrace.replay/1`), a `vllm bench serve --save-result`
-//! JSON file, or a recorded trace (any format [`crate::trace::import`] reads; its recorded
-//! responses give the latencies).
+//! Reading the inputs `compare` and `report` accept into one comparable model ([`Run`]): a
+//! retrace replay result (`retrace.replay/1`), a `vllm bench serve --save-result` JSON file, an
+//! AIPerf export (read by [`super::aiperf`]), or a recorded trace (any format
+//! [`crate::trace::import`] reads; its recorded responses give the latencies).
 //!
 //! Per-request arrays (retrace `--detailed`, vLLM's always-present `ttfts`/`itls`/...) become
 //! [`Requests`]; retrace's whole HdrHistograms become [`Weighted`] distributions; top-level numbers
@@ -24,6 +24,10 @@ pub enum Kind {
     Vllm,
     /// A recorded (or imported) trace.
     Trace,
+    /// AIPerf's per-request `profile_export.jsonl`.
+    Aiperf,
+    /// AIPerf's aggregate `profile_export_aiperf.json`: its statistics only.
+    AiperfAggregate,
 }
 
 impl Kind {
@@ -32,6 +36,8 @@ impl Kind {
             Kind::Retrace => "retrace result",
             Kind::Vllm => "vllm bench serve result",
             Kind::Trace => "trace",
+            Kind::Aiperf => "AIPerf per-request export",
+            Kind::AiperfAggregate => "AIPerf aggregate export",
         }
     }
 }
@@ -193,7 +199,8 @@ pub struct Run {
     /// kv_cache_usage, ...}` columns, seconds from t0; not validated beyond being an object.
     pub server_series: Option<serde_json::Value>,
     /// Flattened scalar leaves of a retrace result's `sessions`, `probes` and `server_metrics`
-    /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report.
+    /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report;
+    /// an AIPerf export's notes (`aiperf.*`).
     pub sections: Vec<(String, Value)>,
     /// Which requests of its trace a retrace replay sent (its result's `selection`).
     pub selection: Option<crate::trace::select::Selection>,
@@ -248,8 +255,12 @@ pub enum LoadError {
         key: String,
         msg: String,
     },
-    #[error("{path}: not a retrace result, a vllm bench serve result, or a trace: {msg}")]
+    #[error(
+        "{path}: not a retrace result, a vllm bench serve result, an AIPerf export, or a trace: {msg}"
+    )]
     Unknown { path: String, msg: String },
+    #[error(transparent)]
+    Aiperf(#[from] super::aiperf::AiperfError),
 }
 
 /// Reads any supported input.
@@ -272,6 +283,9 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
                 return from_result(path, &obj, is_retrace);
             }
         }
+    }
+    if let Some(format) = super::aiperf::detect(&data) {
+        return Ok(super::aiperf::read(path, &data, format)?);
     }
     match trace::import::read_bytes(&name, &data, &Default::default()) {
         Ok((t, _)) => Ok(from_trace(path, t)),
@@ -604,6 +618,24 @@ fn first_content_us(p: &trace::Response) -> Option<u64> {
     p.ttft_us.or(if whole_body { p.end_us } else { None })
 }
 
+/// `completed`, `failed`, `duration` (first send to last end) and vLLM's throughputs over it, from
+/// per-request data.
+pub(super) fn add_totals(r: &Requests, scalars: &mut BTreeMap<String, f64>) {
+    let completed = (0..r.len()).filter(|&i| r.ok(i)).count();
+    scalars.insert("completed".into(), completed as f64);
+    scalars.insert("failed".into(), (r.len() - completed) as f64);
+    let end = (0..r.len()).map(|i| r.end_s(i)).fold(0.0, f64::max);
+    if end > 0.0 {
+        scalars.insert("duration".into(), end);
+        let ok = || (0..r.len()).filter(|&i| r.ok(i));
+        let out: u64 = ok().map(|i| r.output_lens[i]).sum();
+        let inp: u64 = ok().map(|i| r.input_lens[i]).sum();
+        scalars.insert("request_throughput".into(), completed as f64 / end);
+        scalars.insert("output_throughput".into(), out as f64 / end);
+        scalars.insert("total_token_throughput".into(), (inp + out) as f64 / end);
+    }
+}
+
 /// A trace: workload always; latency from recorded responses when present.
 fn from_trace(path: &Path, t: Trace) -> Run {
     let mut scalars = BTreeMap::new();
@@ -615,7 +647,6 @@ fn from_trace(path: &Path, t: Trace) -> Run {
     if aux > 0 {
         scalars.insert("auxiliary_left_out".to_string(), aux as f64);
     }
-    let n = work.len();
     let recorded = work.iter().any(|r| r.response.is_some());
     let requests = recorded.then(|| {
         let mut r = Requests::default();
@@ -664,24 +695,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
         r
     });
     if let Some(r) = &requests {
-        let completed = (0..r.len()).filter(|&i| r.ok(i)).count();
-        scalars.insert("completed".into(), completed as f64);
-        scalars.insert("failed".into(), (n - completed) as f64);
-        let end = (0..r.len()).map(|i| r.end_s(i)).fold(0.0, f64::max);
-        if end > 0.0 {
-            scalars.insert("duration".into(), end);
-            let out: u64 = (0..r.len())
-                .filter(|&i| r.ok(i))
-                .map(|i| r.output_lens[i])
-                .sum();
-            let inp: u64 = (0..r.len())
-                .filter(|&i| r.ok(i))
-                .map(|i| r.input_lens[i])
-                .sum();
-            scalars.insert("request_throughput".into(), completed as f64 / end);
-            scalars.insert("output_throughput".into(), out as f64 / end);
-            scalars.insert("total_token_throughput".into(), (inp + out) as f64 / end);
-        }
+        add_totals(r, &mut scalars);
     }
     Run {
         path: path.to_path_buf(),

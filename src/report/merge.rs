@@ -1,7 +1,7 @@
 //! `retrace merge`: several replay result files (`retrace.replay/1`, e.g. the shards of one
 //! `--shard I/N` run) → one result file of the same schema, as one process would have written it.
 //!
-//! Rules (documented in `docs/replay.md`): HdrHistograms are added (lossless); counts, tokens and
+//! Rules (documented in `docs/scale-out.md`): HdrHistograms are added (lossless); counts, tokens and
 //! `errors_by_kind` are summed; `duration` is the longest input's (shards run concurrently on one
 //! timeline), throughputs are recomputed over it; per-request arrays (`--detailed`) are
 //! concatenated in input order (index-aligned arrays stay aligned). Statistics: when every input is
@@ -32,13 +32,14 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed`.
-pub const ARRAY_KEYS: [&str; 13] = [
+pub const ARRAY_KEYS: [&str; 14] = [
     "input_lens",
     "output_lens",
     "ttfts",
     "itls",
     "latencies",
     "start_times",
+    "queue_times",
     "errors",
     "server_queue_times",
     "server_ttfts",
@@ -183,12 +184,21 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         .map(|(_, v)| Some((num(v, "request_goodput")? * num(v, "duration")?).round()))
         .sum::<Option<f64>>();
     m.insert("request_goodput".into(), json!(goodput.map(per_s)));
-    // peaks of shards need not coincide: the sum is an upper bound
-    let peak: u64 = inputs
-        .iter()
-        .filter_map(|(_, v)| v.get("max_concurrent_requests").and_then(Value::as_u64))
-        .sum();
-    m.insert("max_concurrent_requests".into(), json!(peak));
+    // peaks of shards need not coincide: the sum is an upper bound (kept only when every input
+    // has the key)
+    for k in [
+        "max_concurrent_requests",
+        "peak_in_flight",
+        "max_output_tokens_per_s",
+    ] {
+        let float = k == "max_output_tokens_per_s";
+        let peak = inputs.iter().map(|(_, v)| num(v, k)).sum::<Option<f64>>();
+        match peak {
+            Some(p) if float => m.insert(k.into(), json!(p)),
+            Some(p) => m.insert(k.into(), json!(p as u64)),
+            None => m.remove(k),
+        };
+    }
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     for (_, v) in inputs {
         if let Some(Value::Object(e)) = v.get("errors_by_kind") {
@@ -299,8 +309,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         Some(v) => m.insert("sessions".into(), v),
         None => m.remove("sessions"),
     };
+    m.retain(|k, _| !k.starts_with("probe_"));
     match merge_probes(inputs) {
-        Some(v) => m.insert("probes".into(), v),
+        Some(v) => {
+            m.extend(crate::replay::result::vllm_probe_keys(&v));
+            m.insert("probes".into(), v)
+        }
         None => m.remove("probes"),
     };
     // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
@@ -507,8 +521,9 @@ fn stats_from_requests(
         if let Some(s) = s {
             f.entry("server_ttft").or_default().push(s);
         }
-        if let (Some(q), Some(s)) = (q, s) {
-            f.entry("unattributed").or_default().push(t - (q + s));
+        if let Some(s) = s {
+            let u = crate::metrics::unattributed(t, q, s);
+            f.entry("unattributed").or_default().push(u);
         }
     }
     VLLM_FAMILIES
@@ -625,6 +640,7 @@ mod tests {
                 queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
                 ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
                 prompt_tokens: None,
+                cached_tokens: None,
             },
             ..Default::default()
         }
@@ -784,15 +800,40 @@ mod tests {
         };
         inputs[0].1["probes"] = probe(&[0.010, 0.020]);
         inputs[1].1["probes"] = probe(&[0.030]);
-        let p = merge(&inputs).unwrap()["probes"].clone();
+        let merged = merge(&inputs).unwrap();
+        let p = merged["probes"].clone();
         assert_eq!(
             (p["rate"].as_f64(), p["sent"].as_u64()),
             (Some(4.0), Some(3))
         );
+        // vLLM's probe keys come from the pooled probes, not from the first input
+        assert_eq!(merged["probe_completed"], 3);
+        assert_eq!(merged["probe_max_e2el_ms"], 30.0);
         assert_eq!(p["completed"], 3);
         assert!((p["ttft"]["mean_ms"].as_f64().unwrap() - 20.0).abs() < 1e-9);
         assert_eq!(p["ttft"]["count"], 3);
         assert!(p["ttft"]["p99_ms"].is_null());
+    }
+
+    /// The shards' peaks add up (an upper bound); an input without a peak key drops it.
+    #[test]
+    fn peaks_are_summed_and_dropped_when_an_input_lacks_them() {
+        let mut inputs = shards(false);
+        let m = merge(&inputs).unwrap();
+        for k in [
+            "max_concurrent_requests",
+            "peak_in_flight",
+            "max_output_tokens_per_s",
+        ] {
+            let sum: f64 = inputs.iter().map(|(_, v)| v[k].as_f64().unwrap()).sum();
+            assert_eq!(m[k].as_f64(), Some(sum), "{k}");
+        }
+        inputs[1]
+            .1
+            .as_object_mut()
+            .unwrap()
+            .remove("peak_in_flight");
+        assert!(merge(&inputs).unwrap().get("peak_in_flight").is_none());
     }
 
     /// One detailed input merged alone reproduces its own vLLM statistics bit for bit.

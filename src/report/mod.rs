@@ -1,11 +1,12 @@
 //! `retrace compare` and `retrace report`: read runs, compare them, render the result.
 //!
-//! Sub-modules, one concept each: [`load`] (any input → [`load::Run`]), [`weighted`] (values with
+//! Sub-modules, one concept each: [`load`] (any input → [`load::Run`]; AIPerf exports in [`aiperf`]), [`weighted`] (values with
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
 //! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
 //! only glues them to the command line and writes files; it computes nothing itself.
 
+pub mod aiperf;
 pub mod compare;
 pub mod html;
 pub mod load;
@@ -117,14 +118,29 @@ pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `retrace merge`: shard results → one result file.
+/// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
 pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
-    let mut inputs = Vec::with_capacity(a.inputs.len());
+    let mut raw = Vec::with_capacity(a.inputs.len());
     for p in &a.inputs {
         let data = std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
+        raw.push((p.clone(), data));
+    }
+    if raw.iter().any(|(_, d)| aiperf::detect(d).is_some()) {
+        let (out, n) = aiperf::merge_records(&raw)?;
+        std::fs::write(&a.output, out)
+            .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
+        eprintln!(
+            "merged {} AIPerf per-request exports into {} ({n} records, by send time)",
+            raw.len(),
+            a.output.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut inputs = Vec::with_capacity(raw.len());
+    for (p, data) in raw {
         let v: serde_json::Value =
             serde_json::from_slice(&data).with_context(|| format!("{}: not JSON", p.display()))?;
-        inputs.push((p.clone(), v));
+        inputs.push((p, v));
     }
     let merged = merge::merge(&inputs)?;
     if inputs.len() > 1 && merged["target"] == "embedded-mock" {

@@ -5,11 +5,13 @@
 //! `seed`, `confidence`, `resamples`, `rows[]` with `key`, `label`, `unit`, `baseline`,
 //! `candidate`, `abs_change`, `rel_change`, `better`, `ci` ([lo, hi] of candidate − baseline),
 //! `noise`, `significant`, `verdict`, `approx`; `paired`; `workload`; `notes`) plus `rules[]`
-//! (`rule`, `tripped`, `ignored_as_noise`, `observed`, `message`) and `failed`.
+//! (`rule`, `tripped`, `ignored_as_noise`, `not_judged`, `observed`, `message`, `brief`), `failed`
+//! and `verdict` ([`Overall`]). Text and Markdown open with the verdict line.
 
 use super::compare::{Comparison, Row, Verdict};
 use super::rules::Outcome;
 use super::workload::{Shape, WorkloadCmp};
+use serde::Serialize;
 use std::fmt::Write;
 
 /// Output format of `compare` (`--format`).
@@ -21,6 +23,91 @@ pub fn render(cmp: &Comparison, rules: &[Outcome], format: Format) -> String {
         Format::Markdown => table(cmp, rules, true),
         Format::Json => json(cmp, rules),
     }
+}
+
+/// The whole comparison in one verdict: how many rows got each verdict, and the `--fail-on` gate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overall {
+    pub worse: usize,
+    pub better: usize,
+    pub unchanged: usize,
+    /// Rows whose significance could not be judged (`n/a`).
+    pub not_judged: usize,
+    /// Rows one side lacks.
+    pub missing: usize,
+    /// Absent without `--fail-on` rules.
+    pub gate: Option<Gate>,
+    /// The line text and Markdown print first.
+    pub line: String,
+}
+
+/// The `--fail-on` rules together: `fail` when one tripped, else `not_judged` when one could not
+/// be judged, else `pass` (exit 1, 4, 0).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gate {
+    pub result: &'static str,
+    /// The rules that decided it (tripped, or not judged): `rule`, `brief`.
+    pub failing: Vec<GateRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GateRule {
+    pub rule: String,
+    pub brief: String,
+}
+
+impl Overall {
+    pub fn of(cmp: &Comparison, rules: &[Outcome]) -> Overall {
+        let n = |v: Verdict| cmp.rows.iter().filter(|r| r.verdict == v).count();
+        let (worse, better, unchanged) = (n(Verdict::Worse), n(Verdict::Better), n(Verdict::Same));
+        let (not_judged, missing) = (n(Verdict::Unknown), n(Verdict::Missing));
+        let noun = if worse == 1 { "metric" } else { "metrics" };
+        let mut line = format!("{worse} {noun} worse, {better} better, {unchanged} unchanged");
+        for (k, what) in [(not_judged, "not judged"), (missing, "missing")] {
+            if k > 0 {
+                let _ = write!(line, ", {k} {what}");
+            }
+        }
+        let gate = (!rules.is_empty()).then(|| gate(rules));
+        if let Some(g) = &gate {
+            let briefs: Vec<&str> = g.failing.iter().map(|r| r.brief.as_str()).collect();
+            let why = match g.result {
+                "pass" if rules.len() == 1 => "1 rule".to_string(),
+                "pass" => format!("{} rules", rules.len()),
+                _ => briefs.join("; "),
+            };
+            let result = g.result.replace('_', " ").to_uppercase();
+            let _ = write!(line, "; gate: {result} ({why})");
+        }
+        Overall {
+            worse,
+            better,
+            unchanged,
+            not_judged,
+            missing,
+            gate,
+            line,
+        }
+    }
+}
+
+fn gate(rules: &[Outcome]) -> Gate {
+    let tripped = rules.iter().any(|o| o.tripped);
+    let unjudged = rules.iter().any(|o| o.not_judged);
+    let (result, decided): (_, fn(&Outcome) -> bool) = match (tripped, unjudged) {
+        (true, _) => ("fail", |o| o.tripped),
+        (false, true) => ("not_judged", |o| o.not_judged),
+        _ => ("pass", |_| false),
+    };
+    let failing = rules
+        .iter()
+        .filter(|o| decided(o))
+        .map(|o| GateRule {
+            rule: o.rule.clone(),
+            brief: o.brief.clone(),
+        })
+        .collect();
+    Gate { result, failing }
 }
 
 /// Human form of a number: 4 significant-ish digits.
@@ -303,7 +390,11 @@ fn table_row(c: [&str; 7], md: bool) -> String {
 
 /// The text (`md` false) or Markdown report: the same sections in the same order.
 fn table(cmp: &Comparison, rules: &[Outcome], md: bool) -> String {
-    let mut s = String::from(if md { "## retrace compare\n\n" } else { "" });
+    let line = Overall::of(cmp, rules).line;
+    let mut s = match md {
+        true => format!("**{line}**\n\n## retrace compare\n\n"),
+        false => format!("{line}\n\n"),
+    };
     for l in header_lines(cmp) {
         let l = if md {
             format!("- {}", l.replace("  ", " "))
@@ -370,6 +461,10 @@ fn json(cmp: &Comparison, rules: &[Outcome]) -> String {
         m.insert(
             "failed".into(),
             serde_json::Value::Bool(rules.iter().any(|o| o.tripped)),
+        );
+        m.insert(
+            "verdict".into(),
+            serde_json::to_value(Overall::of(cmp, rules)).unwrap_or_default(),
         );
     }
     let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();

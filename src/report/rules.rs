@@ -198,6 +198,8 @@ pub struct Outcome {
     /// The value compared with the threshold.
     pub observed: f64,
     pub message: String,
+    /// The message in a few words, for the verdict line (`p99_ttft_ms +12.00% > +10%`).
+    pub brief: String,
 }
 
 /// A rule that cannot be evaluated (its metric is missing from an input).
@@ -221,6 +223,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
         not_judged: false,
         observed,
         message,
+        brief: rule.text.clone(),
     };
     let err = |msg: &str| EvalError {
         rule: rule.text.clone(),
@@ -231,6 +234,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
         let message = format!("FAIL {}: {why}", rule.text);
         return Ok(Outcome {
             tripped: true,
+            brief: format!("{}: the candidate's failure rate rose", rule.metric),
             ..outcome(f64::NAN, message)
         });
     }
@@ -260,6 +264,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
         let message = format!("FAIL {}: {what} is {a_text}, which never passes", rule.text);
         return Ok(Outcome {
             tripped: true,
+            brief: format!("{} {what} {a_text}", rule.metric),
             ..outcome(a, message)
         });
     }
@@ -271,6 +276,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
         );
         return Ok(Outcome {
             not_judged: true,
+            brief: format!("{}: too few samples", rule.metric),
             ..outcome(a, message)
         });
     }
@@ -293,9 +299,14 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
     } else {
         format!("ok {}: {what} {a_text}", rule.text)
     };
+    let brief = match tripped {
+        true => format!("{} {a_text} {} {t_text}", rule.metric, rule.op.as_str()),
+        false => rule.text.clone(),
+    };
     Ok(Outcome {
         tripped,
         ignored_as_noise: noise,
+        brief,
         ..outcome(a, message)
     })
 }

@@ -352,8 +352,8 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
 pub fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
     let (vb, vc) = (view(base)?, view(cand)?);
     let fid = match (base.kind, cand.kind) {
-        (Kind::Trace, Kind::Retrace | Kind::Vllm) => fidelity(base, cand),
-        (Kind::Retrace | Kind::Vllm, Kind::Trace) => fidelity(cand, base),
+        (Kind::Trace, Kind::Retrace | Kind::Vllm | Kind::Aiperf) => fidelity(base, cand),
+        (Kind::Retrace | Kind::Vllm | Kind::Aiperf, Kind::Trace) => fidelity(cand, base),
         _ => None,
     };
     Some(WorkloadCmp {

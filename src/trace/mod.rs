@@ -313,7 +313,9 @@ pub struct Usage {
     pub completion_tokens: u64,
 }
 
-/// vLLM's per-request `metrics` object (`--enable-per-request-metrics`), in milliseconds.
+/// A response's own timing report, in milliseconds: vLLM's per-request `metrics` object
+/// (`--enable-per-request-metrics`), or llama.cpp's `timings` mapped onto the same meanings
+/// (`crate::openai`; docs/replay.md says which field maps to which).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -326,6 +328,9 @@ pub struct ServerMetrics {
     pub mean_itl_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
+    /// Prompt tokens the server took from its prefix cache (llama.cpp's `cache_n`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
 }
 
 /// What the server did with a recorded request. Offsets are µs from the request's arrival.

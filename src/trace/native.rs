@@ -26,7 +26,8 @@
 //!   - `r`: response `{st: status, er: error kind, hd: µs to headers, tf: µs to first token,
 //!     eg: [gaps between successive events in µs, the first from arrival], et: [tokens per event]
 //!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
-//!     sm: vLLM metrics object, c: cancelled (false), b: response body bytes}`.
+//!     sm: the server's per-request timings (`trace::ServerMetrics`; `cached_tokens` since 1.3),
+//!     c: cancelled (false), b: response body bytes}`.
 //!
 //! Unknown keys are ignored, so a newer *minor* version stays readable.
 //!
@@ -55,7 +56,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];

@@ -1,7 +1,8 @@
 //! `retrace compare` and `retrace report` end to end: two real replays against the test server
-//! (TTFT 20 ms vs 45 ms) compared with `--fail-on` and exit codes from the real binary, the real
+//! (TTFT 20 ms vs 100 ms) compared with `--fail-on` and exit codes from the real binary, the real
 //! vLLM result fixture, a trace against its replay (fidelity), and the HTML report opened in
-//! headless Chromium (no script error, the expected charts, a screenshot).
+//! headless Chromium (no script error, the expected charts, the page's own checks of
+//! `report_check.js`: labels inside their charts, no silent empty chart, timeline hover).
 
 use crate::support::{self, ServerConfig};
 use clap::Parser;
@@ -82,7 +83,7 @@ fn runs() -> Runs {
     rt.block_on(async {
         replay_to(&t, 20, &fast).await;
         replay_to(&t, 20, &fast2).await;
-        replay_to(&t, 45, &slow).await;
+        replay_to(&t, 100, &slow).await;
     });
     Runs {
         _dir: dir,
@@ -100,7 +101,7 @@ fn s(p: &Path) -> &str {
 #[test]
 fn compare_two_replays_gates_with_exit_codes() {
     let r = runs();
-    // A 20 → 45 ms TTFT regression trips the rule: exit 1, message on stderr.
+    // A 20 → 100 ms TTFT regression trips the rule: exit 1, message on stderr.
     let out = bin()
         .args(["compare", s(&r.fast), s(&r.slow)])
         .args([
@@ -124,6 +125,13 @@ fn compare_two_replays_gates_with_exit_codes() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["failed"], true);
+    // The verdict object: counts and the gate with the rule that tripped it.
+    let verdict = &v["verdict"];
+    assert!(verdict["worse"].as_u64().unwrap() >= 1, "{verdict}");
+    assert_eq!(verdict["gate"]["result"], "fail", "{verdict}");
+    assert_eq!(verdict["gate"]["failing"][0]["rule"], "median_ttft_ms>+10%");
+    let line = verdict["line"].as_str().unwrap();
+    assert!(line.contains("; gate: FAIL (median_ttft_ms +"), "{line}");
     let row = v["rows"]
         .as_array()
         .unwrap()
@@ -132,7 +140,7 @@ fn compare_two_replays_gates_with_exit_codes() {
         .unwrap();
     assert_eq!(row["verdict"], "worse", "{row}");
     assert!(row["rel_change"].as_f64().unwrap() > 0.5, "{row}");
-    // Same trace replayed twice: paired comparison with the ratio around 45/20.
+    // Same trace replayed twice: paired comparison with the ratio around 100/20 (a busy machine adds to both sides).
     let p = &v["paired"];
     assert_eq!(p["n"], 40);
     assert!(p["geo_mean_ratio"].as_f64().unwrap() > 1.5, "{p}");
@@ -173,6 +181,9 @@ fn compare_two_replays_gates_with_exit_codes() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ok median_ttft_ms>+100%"), "{text}");
+    // The verdict line comes first.
+    let first = text.lines().next().unwrap();
+    assert!(first.ends_with("; gate: PASS (2 rules)"), "{first}");
 
     // A bad rule is a usage error: exit 2, naming the rule.
     let out = bin()
@@ -211,6 +222,13 @@ fn compare_two_replays_gates_with_exit_codes() {
         md.contains("| median TTFT (ms) |") && md.contains("**worse**"),
         "{md}"
     );
+    // Markdown opens with the verdict line too; no gate part without --fail-on.
+    let first = md.lines().next().unwrap();
+    assert!(
+        first.starts_with("**") && first.contains(" worse, "),
+        "{first}"
+    );
+    assert!(!first.contains("gate"), "{first}");
 
     // Fidelity: the trace against its replay.
     let out = bin()
@@ -231,6 +249,44 @@ fn compare_two_replays_gates_with_exit_codes() {
     // generous: the dispatcher is precise, but the machine is shared
     assert!(f["arrival_error_ms"]["p50"].as_f64().unwrap() < 50.0, "{f}");
     assert_eq!(v["workload"]["isl_ks"]["d"], 0.0);
+}
+
+/// A result written before the vLLM keys were complete (`backend: "retrace"`, `endpoint_type:
+/// completions`, no `queue_times`, ...) is still read by `compare` and `report`.
+#[test]
+fn compare_and_report_read_an_old_format_result() {
+    let old = support::repo("fixtures/replay/result_old_format.json");
+    let out = bin()
+        .args(["compare", s(&old), s(&old), "--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |k: &str| {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == k)
+            .cloned()
+    };
+    assert_eq!(row("p99_ttft_ms").unwrap()["baseline"], 50.0);
+    assert_eq!(v["verdict"]["worse"], 0);
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("old.html");
+    let out = bin()
+        .args(["report", s(&old), "-o", s(&page)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let page = std::fs::read_to_string(&page).unwrap();
+    // its per-request arrays give the timeline of both requests
+    assert!(
+        page.contains("\"timeline\":{") && page.contains("\"total\":2"),
+        "no timeline"
+    );
 }
 
 #[test]
@@ -273,18 +329,27 @@ fn chromium() -> Option<PathBuf> {
         })
 }
 
-/// Runs headless Chromium on a page: (dumped DOM, screenshot written).
-fn open_headless(page: &Path, screenshot: &Path) -> String {
+/// Runs headless Chromium (killed after [`support::CHILD_LIMIT`]) on `page` with the check script
+/// `tests/it/report_check.js` appended: the dumped DOM at 1400 and 800 px wide, and a 1400 px
+/// screenshot with the check's hovers shown. Empty when RETRACE_SKIP_BROWSER=1 and no chromium.
+pub(crate) fn open_headless(page: &Path, screenshot: &Path) -> Vec<String> {
+    use support::OutputWithin;
     let Some(chrome) = chromium() else {
         if std::env::var("RETRACE_SKIP_BROWSER").is_ok_and(|v| v == "1") {
-            return String::new();
+            return Vec::new();
         }
         panic!(
             "chromium not found on PATH: the HTML report browser test needs it \
              (`apt-get install -y chromium`, as .ci/run does), or set RETRACE_SKIP_BROWSER=1 to skip it explicitly"
         );
     };
-    let url = format!("file://{}", page.display());
+    let html = std::fs::read_to_string(page).unwrap();
+    let at = html.rfind("</body>").expect("a page body");
+    let checked = page.with_extension("checked.html");
+    let check = include_str!("report_check.js");
+    let body = format!("{}<script>{check}</script>\n{}", &html[..at], &html[at..]);
+    std::fs::write(&checked, body).unwrap();
+    let url = format!("file://{}", checked.display());
     let run = |extra: &[&str]| {
         let profile = tempfile::tempdir().unwrap();
         let out = Proc::new(&chrome)
@@ -297,11 +362,12 @@ fn open_headless(page: &Path, screenshot: &Path) -> String {
                 "--disable-sync",
                 "--no-first-run",
                 "--disable-dev-shm-usage",
+                "--hide-scrollbars",
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .args(extra)
             .arg(&url)
-            .output()
+            .output_within(support::CHILD_LIMIT)
             .expect("chromium runs");
         assert!(
             out.status.success(),
@@ -310,9 +376,11 @@ fn open_headless(page: &Path, screenshot: &Path) -> String {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let dom = run(&["--dump-dom"]);
+    let doms = ["1400,1000", "800,1000"]
+        .map(|w| run(&[&format!("--window-size={w}"), "--dump-dom"]))
+        .to_vec();
     run(&[
-        "--window-size=1280,2600",
+        "--window-size=1400,2600",
         &format!("--screenshot={}", screenshot.display()),
     ]);
     assert!(
@@ -320,31 +388,55 @@ fn open_headless(page: &Path, screenshot: &Path) -> String {
         "no screenshot at {}",
         screenshot.display()
     );
-    dom
+    doms
 }
 
-fn shots_dir() -> PathBuf {
+pub(crate) fn shots_dir() -> PathBuf {
     let d = support::repo("target/report-screenshots");
     std::fs::create_dir_all(&d).unwrap();
     d
 }
 
-fn check_rendered(dom: &str, ids: &[&str]) {
-    if dom.is_empty() {
-        eprintln!("RETRACE_SKIP_BROWSER=1: browser checks skipped");
+/// The page rendered without a script error, has the charts `ids`, and its checks (labels inside
+/// their charts, no silent empty chart, `must` findings such as the timeline hover) all passed,
+/// at each width.
+pub(crate) fn check_rendered(doms: &[String], ids: &[&str], must: &[&str]) {
+    if doms.is_empty() {
+        eprintln!("RETRACE_SKIP_BROWSER=1 and no chromium: browser checks skipped");
         return;
     }
-    assert!(
-        !dom.contains(" data-render-error=\""),
-        "script error: {}",
-        dom.split("id=\"render-error\">").nth(1).unwrap_or("")
-    );
-    assert!(
-        dom.contains("id=\"render-ok\""),
-        "charts did not finish rendering"
-    );
-    for id in ids {
-        assert!(dom.contains(&format!("id=\"{id}\"")), "missing #{id}");
+    for dom in doms {
+        assert!(
+            !dom.contains(" data-render-error=\""),
+            "script error: {}",
+            dom.split("id=\"render-error\">").nth(1).unwrap_or("")
+        );
+        assert!(
+            dom.contains("id=\"render-ok\""),
+            "charts did not finish rendering"
+        );
+        for id in ids {
+            assert!(dom.contains(&format!("id=\"{id}\"")), "missing #{id}");
+        }
+        let found = dom
+            .rsplit("<pre id=\"retrace-check\"")
+            .next()
+            .and_then(|s| s.split_once('>'))
+            .and_then(|(_, s)| s.split_once("</pre>"))
+            .map(|(s, _)| {
+                s.replace("&quot;", "\"")
+                    .replace("&gt;", ">")
+                    .replace("&lt;", "<")
+                    .replace("&amp;", "&")
+            })
+            .expect("the check script's findings");
+        assert!(!found.contains("FAIL"), "page checks failed:\n{found}");
+        for m in must {
+            assert!(
+                found.contains(m),
+                "no `{m}` among the page checks:\n{found}"
+            );
+        }
     }
 }
 
@@ -363,9 +455,9 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dom = open_headless(&html, &shots_dir().join("report.png"));
+    let doms = open_headless(&html, &shots_dir().join("report.png"));
     check_rendered(
-        &dom,
+        &doms,
         &[
             "table-summary",
             "table-percentiles",
@@ -379,8 +471,18 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "chart-osl",
             "chart-breakdown",
         ],
+        &[
+            "ok whole run: hovering request #",
+            "ok Shift+drag pans the zoomed timeline",
+            "ok double-click resets the timeline",
+            "request ids shown",
+            "ok zoomed: hovering request #",
+            "ok CDF hover reads",
+            // every client-queue value is 0: no empty 0..1 chart
+            "ok #chart-cdf-client_queue says \"no data: every value is 0 ms\"",
+        ],
     );
-    if !dom.is_empty() {
+    for dom in &doms {
         // every request drawn in the timeline
         assert!(dom.contains("data-rows=\"40\""), "timeline rows");
         // the test server reports per-request metrics: server queue depth is drawn
@@ -401,9 +503,9 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let dom = open_headless(&page, &shots_dir().join("compare.png"));
+    let doms = open_headless(&page, &shots_dir().join("compare.png"));
     check_rendered(
-        &dom,
+        &doms,
         &[
             "table-compare",
             "chart-cdf-ttft",
@@ -412,6 +514,7 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "chart-cdf-isl",
             "chart-cdf-osl",
         ],
+        &["ok CDF hover reads \"baseline p"],
     );
 
     // The report of the real vLLM result (no server metrics: no breakdown chart, no error).
@@ -421,8 +524,36 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let dom = open_headless(&html, &shots_dir().join("report-vllm.png"));
-    check_rendered(&dom, &["chart-timeline", "chart-cdf-ttft"]);
+    let doms = open_headless(&html, &shots_dir().join("report-vllm.png"));
+    check_rendered(
+        &doms,
+        &["chart-timeline", "chart-cdf-ttft"],
+        &["ok whole run: hovering request #"],
+    );
+}
+
+/// vLLM users' spelling of the timeline thresholds works; the page colours gaps by it.
+#[test]
+fn report_takes_vllms_timeline_itl_thresholds() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("r.html");
+    let f = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
+    let out = bin()
+        .args(["report", s(&f), "-o", s(&html)])
+        .args(["--timeline-itl-thresholds", "10,20"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("\"thresholds\":[10.0,20.0]"),
+        "thresholds not in the page"
+    );
 }
 
 #[test]

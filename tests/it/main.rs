@@ -1,5 +1,6 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
+mod aiperf;
 mod compare;
 mod fuzz;
 mod merge;
@@ -13,6 +14,7 @@ mod record_scale;
 mod record_upgrade;
 mod replay;
 mod replay_h1;
+mod scale_out;
 mod scrape;
 mod sessions;
 mod start_at;

@@ -177,3 +177,256 @@ fn scrape_flag_errors_name_the_flag() {
         .to_string();
     assert!(e.contains("--server-block-size 0"), "{e}");
 }
+
+/// A llama-server stand-in: one slot whose prompt cache is the previous prompt (llama.cpp's
+/// per-slot reuse: the common prefix, at most L − 1 tokens), `timings` on the last chunk as the
+/// real one sends them (fixtures/llamacpp), `llamacpp:` counters on /metrics. Its first /metrics
+/// GET fails (HTTP 500); it notes how many connections it had accepted when one first answered.
+mod fake_llama {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper::{Request, Response};
+    use serde_json::{json, Value};
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Default)]
+    pub struct State {
+        last: Vec<Value>,
+        prompt: u64,
+        cached: u64,
+        predicted: u64,
+        metrics_gets: u64,
+        pub conns_at_first_metrics: Option<u64>,
+        pub cache_n: Vec<u64>,
+    }
+
+    pub struct Fake {
+        pub addr: std::net::SocketAddr,
+        pub state: Arc<Mutex<State>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn resp(status: u16, ctype: &str, body: String) -> Response<Full<Bytes>> {
+        Response::builder()
+            .status(status)
+            .header("content-type", ctype)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    }
+
+    fn metrics(st: &mut State, conns: u64) -> Response<Full<Bytes>> {
+        st.metrics_gets += 1;
+        if st.metrics_gets == 1 {
+            return resp(500, "text/plain", "busy".into());
+        }
+        st.conns_at_first_metrics.get_or_insert(conns);
+        let text = format!(
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total {}\nllamacpp:prompt_tokens_cached_total {}\nllamacpp:tokens_predicted_total {}\nllamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n",
+            st.prompt, st.cached, st.predicted
+        );
+        resp(200, "text/plain; version=0.0.4", text)
+    }
+
+    fn complete(st: &mut State, body: &Value) -> Response<Full<Bytes>> {
+        let prompt = body["prompt"].as_array().cloned().unwrap_or_default();
+        let n = body["max_tokens"].as_u64().unwrap_or(2);
+        let l = prompt.len() as u64;
+        let common = st
+            .last
+            .iter()
+            .zip(&prompt)
+            .take_while(|(a, b)| a == b)
+            .count() as u64;
+        let cache_n = common.min(l.saturating_sub(1));
+        st.last = prompt;
+        st.prompt += l - cache_n;
+        st.cached += cache_n;
+        st.predicted += n;
+        st.cache_n.push(cache_n);
+        let mut sse = String::new();
+        for k in 0..n {
+            let fin = if k + 1 == n {
+                json!("length")
+            } else {
+                Value::Null
+            };
+            let mut c = json!({"choices": [{"text": format!(" t{k}"), "index": 0, "finish_reason": fin}], "object": "text_completion"});
+            if k + 1 == n {
+                c["usage"] =
+                    json!({"completion_tokens": n, "prompt_tokens": l, "total_tokens": n + l});
+                c["timings"] = json!({"cache_n": cache_n, "prompt_n": l - cache_n, "prompt_ms": 3.0, "predicted_n": n, "predicted_ms": 1.0});
+            }
+            sse.push_str(&format!("data: {c}\n\n"));
+        }
+        sse.push_str("data: [DONE]\n\n");
+        resp(200, "text/event-stream", sse)
+    }
+
+    async fn handle(
+        req: Request<hyper::body::Incoming>,
+        state: Arc<Mutex<State>>,
+        conns: u64,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let path = req.uri().path().to_string();
+        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+        let body: Value = body
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let mut st = state.lock().unwrap();
+        Ok(match path.as_str() {
+            "/metrics" => metrics(&mut st, conns),
+            "/v1/models" => resp(
+                200,
+                "application/json",
+                json!({"data": [{"id": "tiny-llama"}]}).to_string(),
+            ),
+            "/v1/completions" => complete(&mut st, &body),
+            _ => resp(
+                404,
+                "application/json",
+                r#"{"error":{"message":"no"}}"#.into(),
+            ),
+        })
+    }
+
+    pub async fn start() -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let conns = Arc::new(AtomicU64::new(0));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let n = conns.fetch_add(1, Ordering::SeqCst) + 1;
+                let (st, conns) = (st.clone(), conns.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        handle(req, st.clone(), conns.load(Ordering::SeqCst).max(n))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                        .await;
+                });
+            }
+        });
+        Fake { addr, state, task }
+    }
+}
+
+/// Against a llama.cpp-named server: the family is found, the scraped hits equal the sum of the
+/// per-response `timings.cache_n`, the breakdown uses `timings` (no queue time), the "before"
+/// scrape was retried after a failure and taken before the warm connections were opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_figures_are_not_na_and_the_before_scrape_precedes_warm_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &ROWS);
+    let fake = fake_llama::start().await;
+    let url = format!("http://{}", fake.addr);
+    let o = replay::replay(
+        support::replay_config(&[
+            trace.to_str().unwrap(),
+            "--target",
+            &url,
+            "--scrape-metrics",
+            "--max-concurrency",
+            "1",
+            "--warm-connections",
+            "4",
+            "--detailed",
+        ])
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(o.summary.completed, 4, "{}", o.report);
+    let (cache_n, conns_at_first) = {
+        let st = fake.state.lock().unwrap();
+        (st.cache_n.clone(), st.conns_at_first_metrics)
+    };
+    let cached: u64 = cache_n.iter().sum();
+    assert!(cached > 0, "{cache_n:?}");
+    let sm = &o.result["server_metrics"];
+    assert_eq!(sm["family"], "llama.cpp", "{sm}");
+    assert_eq!(sm["before_ok"], true, "retried after the 500: {sm}");
+    assert!(sm["failed_scrapes"].as_u64().unwrap() >= 1);
+    assert_eq!(sm["prefix_cache"]["hits"], cached as f64, "{sm}");
+    assert_eq!(sm["prefix_cache"]["queries"], QUERIES);
+    assert_eq!(sm["prompt_tokens"], QUERIES);
+    // before the warm connections: only the client's check connection (and the scraper's own)
+    assert!(conns_at_first.unwrap() <= 2, "{conns_at_first:?}");
+    // per-request: timings give the server TTFT and the cached tokens, no queue time
+    let r = &o.result;
+    assert_eq!(r["server_reported"], 4);
+    assert_eq!(r["count_server_queue"], 0);
+    assert_eq!(r["mean_server_ttft_ms"], 3.0);
+    let want: Vec<Value> = cache_n.iter().map(|&c| c.into()).collect();
+    assert_eq!(r["server_cached_tokens"], Value::Array(want));
+    assert_eq!(r["server_prefix_cache"]["cached_tokens"], cached);
+    assert_eq!(r["server_prefix_cache"]["prompt_tokens"], QUERIES as u64);
+    for line in [
+        "Server metrics family:",
+        "llama.cpp",
+        "Peak KV-cache usage:                     n/a (not exposed)",
+        "no queue time reported",
+        "Prompt tokens from server cache:",
+    ] {
+        assert!(o.report.contains(line), "{line}: {}", o.report);
+    }
+}
+
+/// A server whose names no family knows: the console says so and lists some of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_metric_names_are_named_in_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &ROWS);
+    let srv = support::start(support::ServerConfig::default()).await;
+    // the test server answers /metrics with 404: serve names of our own on another port
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    let body = "tgi_queue_size 0\ntgi_batch_current_size 1\n";
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(bytes::Bytes::from(body)),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
+                    .await;
+            });
+        }
+    });
+    let scrape = format!("--scrape-metrics=http://{addr}/metrics");
+    let o = replay::replay(
+        support::replay_config(&[
+            trace.to_str().unwrap(),
+            "--target",
+            &srv.url(),
+            "--model",
+            "m",
+            &scrape,
+        ])
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    assert_eq!(o.result["server_metrics"]["family"], Value::Null);
+    assert!(
+        o.report
+            .contains("every server figure is n/a; saw tgi_queue_size, tgi_batch_current_size"),
+        "{}",
+        o.report
+    );
+}
