@@ -23,6 +23,9 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
+    /// Write a what-if trace from a recording: AIPerf's transforms (speedup, prefix and prompt
+    /// length multipliers, prefix roots, max ISL/OSL) or, with --fit, a fitted model sampled anew.
+    Synth(SynthArgs),
     /// Compare two runs (retrace results, vllm bench serve results, AIPerf exports, or traces): per-metric change
     /// with significance, paired per-request TTFT, workload, and `--fail-on` gating for CI.
     Compare(CompareArgs),
@@ -72,6 +75,10 @@ pub struct InspectArgs {
     /// Also report the prefix hit rate with an LRU cache of this many blocks.
     #[arg(long, value_name = "N")]
     pub cache_blocks: Option<u64>,
+    /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;
+    /// docs/synth.md says how).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
     /// Force the input format instead of detecting it.
     #[arg(long, value_enum)]
     pub from: Option<Format>,
@@ -359,6 +366,75 @@ pub struct ConvertArgs {
     /// recording hashed at 16 exported as Mooncake's 512).
     #[arg(long, value_name = "N")]
     pub block_size: Option<u32>,
+    /// zstd level for native output (1-22).
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub level: i32,
+}
+
+/// Write a what-if trace.
+///
+/// Example: `retrace synth traces/mooncake_conversation_1k.jsonl -o small.jsonl --scale-lengths 0.0625 --max-osl 256`
+///
+/// Without --fit the input's requests are transformed one by one (AIPerf 0.13's synthesis
+/// options); with --fit a model of the input (prefix tree, sessions, arrivals, lengths) is
+/// learned and a new trace sampled from it, with new hash ids. Deterministic from --seed.
+/// Details and the differences from AIPerf: docs/synth.md.
+#[derive(Debug, clap::Args)]
+pub struct SynthArgs {
+    /// Input trace (any format `inspect` reads).
+    pub input: PathBuf,
+    /// Output file (format from the name as `convert` picks it, or --to); `-` writes to stdout.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Input format (detected from content when absent).
+    #[arg(long, value_enum)]
+    pub from: Option<Format>,
+    /// Output format.
+    #[arg(long, value_enum)]
+    pub to: Option<OutFormat>,
+    /// Skip (and count) malformed rows instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Seed of every random choice (same input and seed, same output).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Arrivals (and think times) divided by X: 2 is twice the rate.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Shared prefix paths X times as long (in blocks).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub prefix_len_multiplier: f64,
+    /// Requests spread over K independent copies of the prefix tree (reuse falls).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub prefix_root_multiplier: u32,
+    /// Unique (unshared) part of each prompt X times as long.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub prompt_len_multiplier: f64,
+    /// Every input length and the block size times X, hash ids kept: the same prefix tree at
+    /// another token scale (block size × X must be a whole number).
+    #[arg(long, value_name = "X", conflicts_with_all = ["prefix_len_multiplier", "prompt_len_multiplier"])]
+    pub scale_lengths: Option<f64>,
+    /// Drop requests whose input length (after the multipliers) is above N.
+    #[arg(long, value_name = "N")]
+    pub max_isl: Option<u64>,
+    /// Cap output lengths at N.
+    #[arg(long, value_name = "N")]
+    pub max_osl: Option<u64>,
+    /// Learn a model of the input and sample a new trace from it (new hash ids).
+    #[arg(long)]
+    pub fit: bool,
+    /// With --fit: requests to write (default: the input's count).
+    #[arg(long, value_name = "N", requires = "fit")]
+    pub requests: Option<u64>,
+    /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.
+    #[arg(long, value_name = "D", requires = "fit")]
+    pub duration: Option<String>,
+    /// With --fit: mean arrival rate in requests/s (default: the input's).
+    #[arg(long, value_name = "R", requires = "fit")]
+    pub rate: Option<f64>,
+    /// With --fit: K times the independent users (sessions and prefix roots), at K times the rate.
+    #[arg(long, value_name = "K", default_value_t = 1.0, requires = "fit")]
+    pub scale_users: f64,
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,

@@ -5,8 +5,10 @@ use crate::cli::{ConvertArgs, OutFormat};
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::{read_path, ImportOptions};
 use crate::trace::{mooncake, native, stream};
+use crate::trace::{Request, Trace, TraceError, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
+use std::path::Path;
 
 /// Runs `convert`; returns a one-line summary for stderr.
 pub fn run(args: &ConvertArgs) -> Result<String> {
@@ -68,20 +70,13 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         }
         None => None,
     };
-    let to = args.to.unwrap_or_else(|| {
-        let name = args.output.to_string_lossy();
-        if name.ends_with(".jsonl") || name.ends_with(".json") {
-            OutFormat::Mooncake
-        } else {
-            OutFormat::Native
-        }
-    });
+    let to = out_format(args.to, &args.output);
     let out_name = args.output.display().to_string();
     let skipped = input.report.skipped;
-    let mut header = input.header.clone();
+    let header = input.header.clone();
     let mut left = LeftOut::default();
     let mooncake = to == OutFormat::Mooncake;
-    let mut records = std::iter::from_fn(|| loop {
+    let records = std::iter::from_fn(|| loop {
         if filters.done() {
             return None;
         }
@@ -99,54 +94,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
             return Some(Ok(r));
         }
     });
-    let written = match to {
-        OutFormat::Mooncake => {
-            if header.block_size != mooncake::BLOCK_SIZE || !header.partial_tail_block {
-                tracing::warn!(
-                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
-                    input_name,
-                    header.block_size,
-                    if header.partial_tail_block { "ceil" } else { "floor" }
-                );
-            }
-            let out: Box<dyn Write> = match out_name.as_str() {
-                "-" => Box::new(std::io::stdout().lock()),
-                _ => Box::new(
-                    std::fs::File::create(&args.output)
-                        .with_context(|| format!("cannot create {out_name}"))?,
-                ),
-            };
-            let mut w = mooncake::MooncakeWriter::new(std::io::BufWriter::new(out));
-            let mut n = 0u64;
-            for r in records.by_ref() {
-                w.push(&r?).with_context(|| format!("writing {out_name}"))?;
-                n += 1;
-            }
-            w.finish().with_context(|| format!("writing {out_name}"))?;
-            n
-        }
-        OutFormat::Native => {
-            header
-                .meta
-                .insert("converted_from".into(), input_name.clone());
-            let opts = native::WriteOptions {
-                level: args.level,
-                ..Default::default()
-            };
-            if out_name == "-" {
-                let out = std::io::BufWriter::new(std::io::stdout().lock());
-                let mut w = native::TraceWriter::new(out, &header, opts)?;
-                for r in records.by_ref() {
-                    w.push(&r?)?;
-                }
-                let n = w.records();
-                w.finish()?.flush()?;
-                n
-            } else {
-                native::write_file_from(&args.output, &header, opts, records.by_ref())?
-            }
-        }
-    };
+    let written = write_records(header, records, &args.output, to, args.level, &input_name)?;
     Ok(format!(
         "{}: {} rows read ({} skipped), {} written to {}{}",
         input_name,
@@ -186,6 +134,100 @@ impl LeftOut {
             (aux, empty) => format!(
                 "; left out {aux} auxiliary requests and {empty} with zero input or output length"
             ),
+        }
+    }
+}
+
+/// `--to`, or what the output's name says (`.jsonl`/`.json` → Mooncake, else native).
+fn out_format(to: Option<OutFormat>, output: &Path) -> OutFormat {
+    to.unwrap_or_else(|| {
+        let name = output.to_string_lossy();
+        if name.ends_with(".jsonl") || name.ends_with(".json") {
+            OutFormat::Mooncake
+        } else {
+            OutFormat::Native
+        }
+    })
+}
+
+/// Writes a whole `trace` to `output` (`-` is stdout) as `to` or as its name says; returns the
+/// rows written and what a Mooncake export left out (`""` when nothing). `source` names the input
+/// in warnings and in the native header's `converted_from`.
+pub fn write_out(
+    trace: &Trace,
+    output: &Path,
+    to: Option<OutFormat>,
+    level: i32,
+    source: &str,
+) -> Result<(u64, String)> {
+    let to = out_format(to, output);
+    let mut left = LeftOut::default();
+    let records = trace
+        .requests
+        .iter()
+        .filter(|r| to != OutFormat::Mooncake || left.is_mooncake_row(r))
+        .map(|r| Ok(r.clone()));
+    let written = write_records(trace.header.clone(), records, output, to, level, source)?;
+    Ok((written, left.summary()))
+}
+
+/// Writes `records` under `header` to `output` (`-` is stdout) as `to`, one record at a time;
+/// returns how many were written.
+fn write_records(
+    mut header: TraceHeader,
+    mut records: impl Iterator<Item = Result<Request, TraceError>>,
+    output: &Path,
+    to: OutFormat,
+    level: i32,
+    source: &str,
+) -> Result<u64> {
+    let out_name = output.display().to_string();
+    match to {
+        OutFormat::Mooncake => {
+            if header.block_size != mooncake::BLOCK_SIZE || !header.partial_tail_block {
+                tracing::warn!(
+                    "{}: blocks are {} tokens ({}); Mooncake readers assume 512 (ceil): re-block with --block-size 512 or pass the block size to them",
+                    source,
+                    header.block_size,
+                    if header.partial_tail_block { "ceil" } else { "floor" }
+                );
+            }
+            let out: Box<dyn Write> = match out_name.as_str() {
+                "-" => Box::new(std::io::stdout().lock()),
+                _ => Box::new(
+                    std::fs::File::create(output)
+                        .with_context(|| format!("cannot create {out_name}"))?,
+                ),
+            };
+            let mut w = mooncake::MooncakeWriter::new(std::io::BufWriter::new(out));
+            let mut n = 0u64;
+            for r in records.by_ref() {
+                w.push(&r?).with_context(|| format!("writing {out_name}"))?;
+                n += 1;
+            }
+            w.finish().with_context(|| format!("writing {out_name}"))?;
+            Ok(n)
+        }
+        OutFormat::Native => {
+            header
+                .meta
+                .insert("converted_from".into(), source.to_string());
+            let opts = native::WriteOptions {
+                level,
+                ..Default::default()
+            };
+            if out_name == "-" {
+                let out = std::io::BufWriter::new(std::io::stdout().lock());
+                let mut w = native::TraceWriter::new(out, &header, opts)?;
+                for r in records.by_ref() {
+                    w.push(&r?)?;
+                }
+                let n = w.records();
+                w.finish()?.flush()?;
+                Ok(n)
+            } else {
+                Ok(native::write_file_from(output, &header, opts, records)?)
+            }
         }
     }
 }

@@ -13,6 +13,9 @@ use std::fmt::Write as _;
 
 /// Runs `inspect`, returning what to print.
 pub fn run(args: &InspectArgs) -> Result<String> {
+    if args.block_size == Some(0) {
+        anyhow::bail!("--block-size must be at least 1");
+    }
     let stream = crate::trace::stream::open(
         &args.file,
         &ImportOptions {
@@ -22,8 +25,9 @@ pub fn run(args: &InspectArgs) -> Result<String> {
     )?;
     let opts = StatsOptions {
         cache_blocks: args.cache_blocks,
+        block_size: args.block_size,
     };
-    let mut acc = StatsAcc::new(stream.header.block_size, &opts);
+    let mut acc = StatsAcc::new(&stream.header, &opts);
     let (header, rep) = (stream.header.clone(), stream.report.clone());
     for r in stream {
         acc.push(&r?);

@@ -15,6 +15,7 @@
 //! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
 //!   text/markdown/json and self-contained HTML.
 //! - [`inspect`], [`convert`]: the commands of the same names.
+//! - [`whatif`]: `synth`, what-if traces (AIPerf's transforms, a fitted model); pure but its entry.
 //! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`record`]: the recording proxy (`retrace record`).
 //! - [`cli`]: command-line definitions (clap); no logic.
@@ -43,6 +44,7 @@ pub mod thread_timing;
 pub mod tls;
 pub mod trace;
 pub mod userinfo;
+pub mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -57,6 +59,10 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         }
         cli::Command::Convert(a) => {
             let msg = convert::run(&a)?;
+            eprintln!("{msg}");
+        }
+        cli::Command::Synth(a) => {
+            let msg = whatif::run(&a)?;
             eprintln!("{msg}");
         }
         cli::Command::Compare(a) => return report::run_compare(&a),

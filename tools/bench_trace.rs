@@ -117,6 +117,7 @@ fn main() {
             &t,
             &stats::StatsOptions {
                 cache_blocks: Some(10_000),
+                ..Default::default()
             },
         );
         assert_eq!(s.requests as f64, n);

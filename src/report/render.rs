@@ -215,6 +215,9 @@ fn shape_cells(s: &Shape) -> Vec<String> {
         s.reuse
             .as_ref()
             .map_or("-".into(), |r| format!("{:.1}%", r.block_reuse * 100.0)),
+        s.reuse.as_ref().map_or("-".into(), |r| {
+            format!("{:.1}%", r.mean_prefix_hit_rate * 100.0)
+        }),
         mix(&s.models),
         mix(&s.endpoints),
     ]
@@ -231,7 +234,7 @@ fn mix(m: &std::collections::BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-const WORKLOAD_ROWS: [&str; 10] = [
+const WORKLOAD_ROWS: [&str; 11] = [
     "requests",
     "side requests left out",
     "duration (s)",
@@ -240,6 +243,7 @@ const WORKLOAD_ROWS: [&str; 10] = [
     "ISL mean / p50 / p99",
     "OSL mean / p50 / p99",
     "block reuse",
+    "prefix hit rate (mean)",
     "models",
     "endpoints",
 ];
@@ -262,12 +266,14 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     }
     let _ = writeln!(
         s,
-        "{}ISL two-sample KS: D = {:.4}, p = {}; OSL: D = {:.4}, p = {}",
+        "{}ISL two-sample KS: D = {:.4}, p = {}; OSL: D = {:.4}, p = {}; gaps: D = {:.4}, p = {}",
         if md { "" } else { "  " },
         w.isl_ks.d,
         pval(w.isl_ks.p_value),
         w.osl_ks.d,
-        pval(w.osl_ks.p_value)
+        pval(w.osl_ks.p_value),
+        w.gaps_ks.d,
+        pval(w.gaps_ks.p_value)
     );
     if let Some(f) = &w.fidelity {
         let _ = writeln!(

@@ -86,6 +86,8 @@ pub struct WorkloadCmp {
     pub candidate: Shape,
     pub isl_ks: Ks,
     pub osl_ks: Ks,
+    /// Between the inter-arrival gaps of the two sides.
+    pub gaps_ks: Ks,
     pub fidelity: Option<Fidelity>,
 }
 
@@ -142,11 +144,16 @@ pub fn lengths(r: &Run) -> Option<(Vec<f64>, Vec<f64>)> {
     ))
 }
 
-/// Coefficient of variation of the gaps between sorted arrivals (population std / mean).
-pub fn gap_cv(arrivals: &[f64]) -> f64 {
+/// Gaps between sorted arrivals.
+fn gaps(arrivals: &[f64]) -> Vec<f64> {
     let mut a = arrivals.to_vec();
     a.sort_by(f64::total_cmp);
-    let gaps: Vec<f64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+    a.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// Coefficient of variation of the gaps between sorted arrivals (population std / mean).
+pub fn gap_cv(arrivals: &[f64]) -> f64 {
+    let gaps = gaps(arrivals);
     if gaps.len() < 2 {
         return 0.0;
     }
@@ -354,6 +361,7 @@ pub fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
         candidate: shape(&vc),
         isl_ks: ks_2samp(&vb.isl, &vc.isl),
         osl_ks: ks_2samp(&vb.osl, &vc.osl),
+        gaps_ks: ks_2samp(&gaps(&vb.arrivals_s), &gaps(&vc.arrivals_s)),
         fidelity: fid,
     })
 }

@@ -120,15 +120,134 @@ impl Reblock {
     }
 
     pub fn apply(&self, r: &mut super::Request) {
-        let (k, h) = (self.k, &r.hash_ids);
-        if k == 1 {
-            return;
+        if self.k > 1 {
+            r.hash_ids = self.ids(&r.hash_ids);
         }
+    }
+
+    /// The coarse ids of fine ids `h`.
+    fn ids(&self, h: &[u64]) -> Vec<u64> {
+        let k = self.k;
         let mut out: Vec<u64> = h.iter().skip(k - 1).step_by(k).copied().collect();
         if self.tail && h.len() % k != 0 {
             out.extend(h.last().copied());
         }
-        r.hash_ids = out;
+        out
+    }
+}
+
+/// Re-chunks hash ids to `new_bs` tokens per block, any size (`inspect --block-size`).
+///
+/// A whole multiple of the trace's block size is exact ([`reblock`]). Otherwise the ids are
+/// first split to blocks of `g = gcd(old, new_bs)` tokens: piece `j` of id `h` becomes the id of
+/// `(h, j)`, exact for prompts that share `h` (chained ids: they share every token up to its
+/// end); prompts whose ids differ at a position are taken to differ from that block's first
+/// token (ids say nothing finer, so sharing is a lower bound), and tokens past the last id (a
+/// floor trace's unhashed tail) as unique. The pieces are then merged by [`reblock`]. Ids come
+/// out dense.
+pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
+    let mut rc = Rechunk::new(&trace.header, new_bs)?;
+    for r in &mut trace.requests {
+        r.hash_ids = rc.ids(r.input_tokens, &r.hash_ids);
+    }
+    trace.header = rc.header(&trace.header);
+    Ok(())
+}
+
+/// [`rechunk`] one request at a time (split ids are numbered as they are first seen).
+pub struct Rechunk {
+    new_bs: u32,
+    /// Set when `new_bs` is not a whole multiple: the gcd-sized pieces and their ids.
+    split: Option<Split>,
+    merge: Reblock,
+}
+
+struct Split {
+    pieces: super::TraceHeader,
+    k: u64,
+    ids: std::collections::HashMap<(u64, u64), u64>,
+    next: u64,
+}
+
+impl Rechunk {
+    pub fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Rechunk, String> {
+        let old = header.block_size;
+        if new_bs == 0 || old == 0 {
+            return Err("block size must be at least 1".into());
+        }
+        if new_bs % old == 0 {
+            let merge = Reblock::new(header, new_bs)?;
+            return Ok(Rechunk {
+                new_bs,
+                split: None,
+                merge,
+            });
+        }
+        let g = gcd(old, new_bs);
+        let mut pieces = header.clone();
+        pieces.block_size = g;
+        let merge = Reblock::new(&pieces, new_bs)?;
+        let split = Split {
+            pieces,
+            k: u64::from(old / g),
+            ids: Default::default(),
+            next: 0,
+        };
+        Ok(Rechunk {
+            new_bs,
+            split: Some(split),
+            merge,
+        })
+    }
+
+    /// The ids at `new_bs` of a prompt of `input_tokens` with ids `h`.
+    pub fn ids(&mut self, input_tokens: u64, h: &[u64]) -> Vec<u64> {
+        let Some(sp) = &mut self.split else {
+            return if self.merge.k > 1 {
+                self.merge.ids(h)
+            } else {
+                h.to_vec()
+            };
+        };
+        let n = sp.pieces.blocks_for(input_tokens);
+        let mut fine = Vec::with_capacity(n.min(1 << 20) as usize);
+        for i in 0..n {
+            let mut fresh = || {
+                sp.next += 1;
+                sp.next - 1
+            };
+            let id = match h.get((i / sp.k) as usize) {
+                Some(&id) => match sp.ids.get(&(id, i % sp.k)) {
+                    Some(&x) => x,
+                    None => {
+                        let x = fresh();
+                        sp.ids.insert((id, i % sp.k), x);
+                        x
+                    }
+                },
+                None => fresh(),
+            };
+            fine.push(id);
+        }
+        self.merge.ids(&fine)
+    }
+
+    /// The header of the re-chunked trace.
+    pub fn header(&self, old: &super::TraceHeader) -> super::TraceHeader {
+        let mut h = old.clone();
+        h.block_size = self.new_bs;
+        if self.split.is_some() {
+            h.hash_scheme = super::HashScheme::Dense;
+        }
+        h
+    }
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -245,6 +364,41 @@ mod tests {
         assert_ne!(ra[2], rb[2]);
         assert_ne!(ra[3], rb[3]);
         assert!(reblock(&mut t, 48).is_err());
+    }
+
+    /// Split then merged back, a re-chunk is the identity on the sharing structure; a split keeps
+    /// every shared id's pieces shared and a 3/2 re-chunk goes through 16-token pieces.
+    #[test]
+    fn rechunk_splits_ids_and_keeps_their_sharing() {
+        let mut t = Trace {
+            header: TraceHeader::imported(32, true, "t"),
+            requests: vec![
+                Request {
+                    input_tokens: 70,
+                    hash_ids: vec![1, 2, 3],
+                    ..Default::default()
+                },
+                Request {
+                    input_tokens: 64,
+                    hash_ids: vec![1, 4],
+                    ..Default::default()
+                },
+            ],
+        };
+        let mut fine = t.clone();
+        rechunk(&mut fine, 16).unwrap();
+        let (a, b) = (&fine.requests[0].hash_ids, &fine.requests[1].hash_ids);
+        assert_eq!((a.len(), b.len()), (5, 4));
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        rechunk(&mut t, 48).unwrap();
+        assert_eq!(t.header.block_size, 48);
+        let (a, b) = (&t.requests[0].hash_ids, &t.requests[1].hash_ids);
+        // 70 tokens: ceil(70/48) = 2 blocks; 64 tokens: 2; the first 48 tokens (ids 1 and half of
+        // 2 or 4) differ from token 32 on
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert_ne!(a[0], b[0]);
+        assert!(rechunk(&mut t, 0).is_err());
     }
 
     #[test]

@@ -107,7 +107,7 @@ pub fn cap_gaps(trace: &mut Trace, max_gap_us: u64) {
     }
 }
 
-fn distinct_id(scheme: HashScheme, id: u64, copy: u64, stride: u64) -> u64 {
+pub(crate) fn distinct_id(scheme: HashScheme, id: u64, copy: u64, stride: u64) -> u64 {
     match scheme {
         // Dense ids stay dense: copy k uses k*stride + id.
         HashScheme::Dense => copy * stride + id,
@@ -129,7 +129,7 @@ fn copy_of(r: &Request, k: u64, offset: u64, distinct: Option<(HashScheme, u64)>
     c
 }
 
-fn stride(trace: &Trace) -> u64 {
+pub(crate) fn stride(trace: &Trace) -> u64 {
     trace
         .requests
         .iter()

@@ -101,11 +101,13 @@ pub struct TraceStats {
 pub struct StatsOptions {
     /// Also simulate an LRU cache of this many blocks.
     pub cache_blocks: Option<u64>,
+    /// Prefix figures at this many tokens per block ([`super::filter::rechunk`]).
+    pub block_size: Option<u32>,
 }
 
 /// Computes the statistics of a trace's workload; auxiliary requests are only counted.
 pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
-    let mut acc = StatsAcc::new(trace.header.block_size, opts);
+    let mut acc = StatsAcc::new(&trace.header, opts);
     for r in &trace.requests {
         acc.push(r);
     }
@@ -129,6 +131,8 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
 /// peak rate assumes pushes in arrival order).
 pub struct StatsAcc {
     block_size: u32,
+    /// `--block-size`: the prefix figures' ids re-chunked.
+    rechunk: Option<super::filter::Rechunk>,
     cache: Option<(u64, lru::LruCache<u64, ()>)>,
     n: u64,
     first: Option<u64>,
@@ -154,7 +158,13 @@ pub struct StatsAcc {
 }
 
 impl StatsAcc {
-    pub fn new(block_size: u32, opts: &StatsOptions) -> StatsAcc {
+    pub fn new(header: &super::TraceHeader, opts: &StatsOptions) -> StatsAcc {
+        let rechunk = opts
+            .block_size
+            .filter(|&b| b != header.block_size)
+            .and_then(|b| super::filter::Rechunk::new(header, b).ok());
+        let block_size = opts.block_size.filter(|_| rechunk.is_some());
+        let block_size = block_size.unwrap_or(header.block_size);
         let cache = opts.cache_blocks.map(|cap| {
             let n = std::num::NonZeroUsize::new(cap.min(usize::MAX as u64) as usize);
             (
@@ -164,6 +174,7 @@ impl StatsAcc {
         });
         StatsAcc {
             block_size,
+            rechunk,
             cache,
             n: 0,
             first: None,
@@ -200,7 +211,13 @@ impl StatsAcc {
         // Lengths are at most 10^7 tokens (every importer's limit): u32 holds them exactly.
         self.isl.push(r.input_tokens.min(u32::MAX as u64) as u32);
         self.osl.push(r.output_tokens.min(u32::MAX as u64) as u32);
-        self.reuse(r);
+        match &mut self.rechunk {
+            Some(rc) => {
+                let ids = rc.ids(r.input_tokens, &r.hash_ids);
+                self.reuse(&ids);
+            }
+            None => self.reuse(&r.hash_ids),
+        }
         *self
             .endpoints
             .entry(r.endpoint.as_str().to_string())
@@ -227,29 +244,25 @@ impl StatsAcc {
         self.peak = self.peak.max(self.window.len() as u64);
     }
 
-    fn reuse(&mut self, r: &Request) {
+    fn reuse(&mut self, ids: &[u64]) {
         if let Some((_, lru)) = &mut self.cache {
             let mut leading = true;
-            for h in &r.hash_ids {
+            for h in ids {
                 leading &= lru.get(h).is_some();
                 self.lru_hits += u64::from(leading);
             }
-            for h in &r.hash_ids {
+            for h in ids {
                 lru.put(*h, ());
             }
         }
-        if r.hash_ids.is_empty() {
+        if ids.is_empty() {
             return;
         }
         self.with_ids += 1;
-        self.refs += r.hash_ids.len() as u64;
-        let lead = r
-            .hash_ids
-            .iter()
-            .take_while(|h| self.seen.contains(h))
-            .count();
-        self.hit_sum += lead as f64 / r.hash_ids.len() as f64;
-        self.seen.extend(r.hash_ids.iter().copied());
+        self.refs += ids.len() as u64;
+        let lead = ids.iter().take_while(|h| self.seen.contains(h)).count();
+        self.hit_sum += lead as f64 / ids.len() as f64;
+        self.seen.extend(ids.iter().copied());
     }
 
     fn recorded(&mut self, r: &Request) {
@@ -493,6 +506,7 @@ mod tests {
             &t,
             &StatsOptions {
                 cache_blocks: Some(1),
+                ..Default::default()
             },
         );
         assert_eq!(s.reuse.block_references, 8);
@@ -504,6 +518,7 @@ mod tests {
         assert_eq!(s.reuse.lru_hit_rate, Some(0.0));
         let big = StatsOptions {
             cache_blocks: Some(100),
+            ..Default::default()
         };
         let hit = compute(&t, &big).reuse.lru_hit_rate.unwrap();
         assert!((hit - 2.0 / 8.0).abs() < 1e-12);

@@ -19,5 +19,6 @@ mod scrape;
 mod sessions;
 mod start_at;
 mod support;
+mod synth;
 mod trace_cli;
 mod trace_stream;

@@ -1,0 +1,114 @@
+//! The `synth` command: what-if traces from a recording (docs/synth.md).
+//!
+//! [`transforms`] applies AIPerf 0.13's synthesis options request by request; [`fit`] learns a
+//! model of the input and samples a new trace with new hash ids. Both are pure; this file reads
+//! the input and writes the output with `convert`'s writer.
+
+pub mod fit;
+pub mod transforms;
+
+use crate::cli::SynthArgs;
+use crate::trace::import::{read_path, ImportOptions};
+use anyhow::Result;
+
+/// Errors of `synth`'s own making (reading and writing keep theirs).
+#[derive(Debug, thiserror::Error)]
+pub enum WhatIfError {
+    #[error("{0}")]
+    Option(String),
+    #[error("cannot fit a model: {0}")]
+    Fit(String),
+}
+
+/// Runs `synth`; returns a one-line summary for stderr.
+pub fn run(args: &SynthArgs) -> Result<String> {
+    let (mut trace, rep) = read_path(
+        &args.input,
+        &ImportOptions {
+            format: args.from,
+            skip_bad: args.skip_bad,
+        },
+    )?;
+    let input = args.input.display().to_string();
+    let rows_in = trace.requests.len();
+    let mut what = String::new();
+    let out = if args.fit {
+        let model = fit::fit(&trace)?;
+        let duration_us = args
+            .duration
+            .as_deref()
+            .map(crate::trace::filter::parse_duration_us)
+            .transpose()
+            .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
+        let size = fit::Size {
+            requests: args.requests,
+            duration_us,
+            rate: args.rate,
+            scale_users: args.scale_users,
+        };
+        let mut t = fit::sample(&model, &size, args.seed)?;
+        what = format!(
+            "; fitted: {:.2} req/s, gap gamma shape {:.2}, {} sessions",
+            model.rate_rps,
+            model.gamma_shape,
+            model.session_count()
+        );
+        let meta = &mut t.header.meta;
+        meta.insert("synth".into(), format!("fitted model, seed {}", args.seed));
+        meta.insert(
+            "hash_ids".into(),
+            "new: drawn from a counter; none is an id of the input or maps back to one".into(),
+        );
+        meta.insert("fit_rate_rps".into(), format!("{:.6}", model.rate_rps));
+        meta.insert(
+            "fit_gap_gamma_shape".into(),
+            format!("{:.6}", model.gamma_shape),
+        );
+        t
+    } else {
+        let t = transforms::Transforms {
+            speedup: args.speedup,
+            prefix_len: args.prefix_len_multiplier,
+            prefix_root: args.prefix_root_multiplier,
+            prompt_len: args.prompt_len_multiplier,
+            scale_lengths: args.scale_lengths,
+            max_isl: args.max_isl,
+            max_osl: args.max_osl,
+            seed: args.seed,
+        };
+        let applied = transforms::apply(&mut trace, &t)?;
+        if applied.dropped_max_isl + applied.capped_max_osl > 0 {
+            what = format!(
+                "; {} dropped by --max-isl, {} capped by --max-osl",
+                applied.dropped_max_isl, applied.capped_max_osl
+            );
+        }
+        trace.header.meta.insert("synth".into(), describe(&t));
+        trace
+    };
+    let (written, left_out) =
+        crate::convert::write_out(&out, &args.output, args.to, args.level, &input)?;
+    Ok(format!(
+        "{input}: {rows_in} rows read ({} skipped), {written} written to {}{what}{left_out}",
+        rep.skipped,
+        args.output.display()
+    ))
+}
+
+/// The transforms as flags, for the output's header.
+fn describe(t: &transforms::Transforms) -> String {
+    let mut s = format!(
+        "--speedup {} --prefix-len-multiplier {} --prefix-root-multiplier {} --prompt-len-multiplier {} --seed {}",
+        t.speedup, t.prefix_len, t.prefix_root, t.prompt_len, t.seed
+    );
+    if let Some(x) = t.scale_lengths {
+        s += &format!(" --scale-lengths {x}");
+    }
+    if let Some(n) = t.max_isl {
+        s += &format!(" --max-isl {n}");
+    }
+    if let Some(n) = t.max_osl {
+        s += &format!(" --max-osl {n}");
+    }
+    s
+}
