@@ -42,6 +42,8 @@ use crate::trace::import::{read_path, ImportOptions};
 use anyhow::{anyhow, Context};
 use hyper::header::HeaderMap;
 use request::{BodyOptions, BuiltRequest, PromptMode, Prompts};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -267,7 +269,51 @@ pub struct Prepared {
     theory: scrape::Theory,
     /// `--scrape-metrics`' "before" point, taken before the warm connections were opened.
     scrape: Option<scrape::Before>,
+    /// `--result-json`, opened before the run.
+    result_file: std::sync::Mutex<Option<ResultFile>>,
     facts: RunFacts,
+}
+
+/// `--result-json`, opened before the run, so that a path that cannot be written fails before
+/// anything is sent and a run that uses up its open files still has its file: `PATH.partial`,
+/// renamed over PATH once the result is written (an old file there stays whole until then;
+/// a run that fails removes the partial file).
+struct ResultFile {
+    file: Option<std::fs::File>,
+    partial: PathBuf,
+    path: PathBuf,
+}
+
+impl ResultFile {
+    fn open(path: &Path) -> anyhow::Result<ResultFile> {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let file = std::fs::File::create(&partial)
+            .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
+        Ok(ResultFile {
+            file: Some(file),
+            partial,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn write(mut self, text: &str) -> anyhow::Result<()> {
+        let cannot = || format!("--result-json {}: cannot write", self.path.display());
+        let mut f = self.file.take().expect("written once");
+        f.write_all(text.as_bytes()).with_context(cannot)?;
+        f.sync_all().with_context(cannot)?;
+        std::fs::rename(&self.partial, &self.path).with_context(cannot)?;
+        Ok(())
+    }
+}
+
+impl Drop for ResultFile {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.partial);
+        }
+    }
 }
 
 /// What the result file says about the run besides its measurements.
@@ -292,6 +338,11 @@ pub struct RunFacts {
 /// Stage 1: reads and plans the trace, starts the embedded target when there is no `--target`,
 /// starts the body builder and opens the connections (after any `--start-at` wait).
 pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
+    let result_file = cfg
+        .result_json
+        .as_deref()
+        .map(ResultFile::open)
+        .transpose()?;
     let trace = read_trace(cfg).await?;
     let embedded = match &cfg.target {
         Some(_) => None,
@@ -376,6 +427,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         probe_bodies,
         theory,
         scrape,
+        result_file: std::sync::Mutex::new(result_file),
         facts,
     })
 }
@@ -737,10 +789,13 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     let mut r = result_of(cfg, p, &ran, &info, &summary);
     r.sessions = sessions.as_ref().map(result::sessions_json);
     let result = r.to_value();
-    if let Some(path) = &cfg.result_json {
-        let text = serde_json::to_string_pretty(&result)?;
-        std::fs::write(path, text)
-            .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
+    let file = p
+        .result_file
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(f) = file {
+        f.write(&serde_json::to_string_pretty(&result)?)?;
     }
     let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
     let verdict = (invalid_reason.as_deref(), all_failed);

@@ -1037,3 +1037,38 @@ async fn a_trace_far_larger_than_the_body_window_replays_with_bodies_freed() {
     let bb = &out.result["body_builder"];
     assert_eq!(bb["peak_bytes"], peak as u64);
 }
+
+/// `--result-json` is opened before the run: a path that cannot be written fails before any
+/// request is sent (a run that later uses up its open files still has its file), and a result
+/// file already there stays whole until the new one replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_json_is_opened_before_the_run() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let srv = support::start(ServerConfig::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0])]);
+    let cfg = |out: &Path| {
+        let (t, u, o) = (trace.to_str().unwrap(), srv.url(), out.to_str().unwrap());
+        support::replay_config(&[t, "--target", &u, "--result-json", o]).unwrap()
+    };
+    let bad = dir.path().join("no-such-dir").join("result.json");
+    let Err(err) = replay::replay(cfg(&bad)).await else {
+        panic!("an unwritable --result-json ran");
+    };
+    assert!(format!("{err:#}").contains("--result-json"), "{err:#}");
+    assert_eq!(srv.requests.load(Relaxed), 0, "nothing was sent");
+
+    let good = dir.path().join("result.json");
+    std::fs::write(&good, "an older result").unwrap();
+    replay::replay(cfg(&good)).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&good).unwrap()).unwrap();
+    assert_eq!(v["completed"], 1, "{v}");
+    let temporaries = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().ends_with(".partial")
+        })
+        .count();
+    assert_eq!(temporaries, 0, "no temporary file left beside the result");
+}
