@@ -97,6 +97,21 @@ struct State {
     stop: bool,
 }
 
+/// Marks the builder's end, however it ends: a dispatcher waiting for a body it will never build
+/// (the builder stopped early or panicked) gets an error instead of waiting forever.
+struct Ended<'a>(&'a Window);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        if st.next < self.0.deadlines.len() && st.failed.is_none() {
+            st.failed = Some(format!("the body builder ended before request {}", st.next));
+        }
+        drop(st);
+        self.0.changed.notify_all();
+    }
+}
+
 /// The window between the builder thread and the dispatcher.
 pub struct Window {
     state: Mutex<State>,
@@ -160,6 +175,7 @@ impl Window {
         opts: &BodyOptions,
         prompts: &Prompts,
     ) {
+        let _ended = Ended(self);
         for (slot, &idx) in indices.iter().enumerate() {
             if !self.wait_for_room(slot) {
                 return;
@@ -272,5 +288,47 @@ impl Window {
     /// Slots built so far.
     pub fn built(&self) -> usize {
         self.lock().next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Synth, Vocab};
+    use crate::trace::{Request, TraceHeader};
+
+    fn window(trace: Trace, plan: &[PlannedSend]) -> Arc<Window> {
+        let opts = BodyOptions {
+            api: None,
+            model: "m".into(),
+            model_override: false,
+            extra_body: Default::default(),
+            keep_original_limits: false,
+            overheads: Default::default(),
+        };
+        let prompts = Prompts::Tokens(Synth::new(Vocab::from_size(1000).unwrap(), 16, 0));
+        Window::start(Arc::new(trace), plan, opts, prompts, Limits::default()).unwrap()
+    }
+
+    #[test]
+    fn a_builder_that_dies_is_an_error_for_the_dispatcher_not_a_hang() {
+        let trace = Trace {
+            header: TraceHeader::imported(16, true, "t"),
+            requests: vec![Request {
+                input_tokens: 20,
+                output_tokens: 2,
+                ..Default::default()
+            }],
+        };
+        // slot 1 names a request the trace does not have: the builder thread panics there
+        let plan = [
+            PlannedSend { index: 0, at_ns: 0 },
+            PlannedSend { index: 7, at_ns: 0 },
+        ];
+        let w = window(trace, &plan);
+        w.set_t0(Instant::now());
+        assert!(w.take(0).is_ok());
+        let err = w.take(1).err().expect("no body for slot 1");
+        assert!(err.contains("before request 1"), "{err}");
     }
 }
