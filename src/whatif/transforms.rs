@@ -65,6 +65,7 @@ pub fn apply(trace: &mut Trace, t: &Transforms) -> Result<Applied, WhatIfError> 
         ));
     }
     trace.drop_auxiliary();
+    within_reader_limit(trace, t)?;
     if let Some(x) = t.scale_lengths {
         scale_lengths(trace, x)?;
     }
@@ -96,6 +97,35 @@ pub fn apply(trace: &mut Trace, t: &Transforms) -> Result<Applied, WhatIfError> 
         }
     }
     Ok(out)
+}
+
+/// Most tokens a prompt may have after the transforms: every trace reader's limit.
+const MAX_PROMPT_TOKENS: f64 = 1e7;
+
+/// Refuses multipliers that would make the longest prompt longer than any reader accepts (before
+/// anything is allocated for it).
+fn within_reader_limit(trace: &Trace, t: &Transforms) -> Result<(), WhatIfError> {
+    let longest = trace
+        .requests
+        .iter()
+        .map(|r| r.input_tokens)
+        .max()
+        .unwrap_or(0) as f64;
+    let flags = [
+        ("--prefix-len-multiplier", t.prefix_len),
+        ("--prompt-len-multiplier", t.prompt_len),
+        ("--scale-lengths", t.scale_lengths.unwrap_or(1.0)),
+    ];
+    for (name, x) in flags {
+        if longest * x > MAX_PROMPT_TOKENS {
+            return Err(WhatIfError::Option(format!(
+                "{name} {x} makes the longest prompt ({longest} tokens) {:.3e} tokens; \
+                 at most 10^7 tokens per prompt (every trace reader's limit)",
+                longest * x
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every input length and the block size times `x`, ids kept (the hand method of fitting a
@@ -293,6 +323,23 @@ mod tests {
             let (a, b) = (&t.requests[0].hash_ids, &t.requests[1].hash_ids);
             assert_eq!(a[..want as usize], b[..want as usize]);
         }
+    }
+
+    #[test]
+    fn a_multiplier_past_the_readers_limit_is_refused_before_any_allocation() {
+        let mut t = trace(512, vec![req(1024, &[1, 2]), req(1024, &[1, 3])]);
+        let huge = Transforms {
+            prefix_len: 1e9,
+            ..Default::default()
+        };
+        let err = apply(&mut t, &huge).unwrap_err().to_string();
+        assert!(err.contains("--prefix-len-multiplier 1000000000"), "{err}");
+        assert_eq!(t.requests[0].hash_ids, [1, 2], "the trace is untouched");
+        let fine = Transforms {
+            prompt_len: 1000.0,
+            ..Default::default()
+        };
+        assert!(apply(&mut t, &fine).is_ok());
     }
 
     #[test]
