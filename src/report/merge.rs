@@ -4,7 +4,8 @@
 //! Rules (documented in `docs/scale-out.md`): HdrHistograms are added (lossless); counts, tokens and
 //! `errors_by_kind` are summed; `duration` is the longest input's (shards run concurrently on one
 //! timeline), throughputs are recomputed over it; per-request arrays (`--detailed`) are
-//! concatenated in input order (index-aligned arrays stay aligned). Statistics: when every input is
+//! concatenated and put in schedule order, by intended send time (index-aligned arrays stay
+//! aligned, and the merged result pairs with one process's). Statistics: when every input is
 //! detailed they are recomputed from the concatenated per-request samples with [`crate::metrics`]
 //! (then they equal a single process's); otherwise the vLLM families (`ttft`, `tpot`, `itl`,
 //! `e2el`) come from the merged histograms (3 significant digits) and the others are pooled
@@ -270,6 +271,7 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
                 !VLLM_FAMILIES.iter().any(|(f, _)| *f == fam),
             );
         }
+        let order = schedule_order(inputs, all.len());
         for k in ARRAY_KEYS {
             let mut out = Vec::new();
             for (path, v) in inputs {
@@ -281,6 +283,9 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
                         out.extend(std::iter::repeat_n(Value::Null, n));
                     }
                 }
+            }
+            if out.len() == order.len() {
+                out = order.iter().map(|&i| out[i].take()).collect();
             }
             m.insert(k.into(), Value::Array(out));
         }
@@ -462,6 +467,26 @@ fn percentiles_of(v: &Value) -> Vec<f64> {
         .collect();
     p.sort_by(f64::total_cmp);
     p
+}
+
+/// The merged requests in schedule order: by intended send time as each input wrote it (shards
+/// of one run share t0), input order among equal times; one process's arrays are in schedule
+/// order, so a merged result pairs with it. Input order when some input lacks the times.
+fn schedule_order(inputs: &[(PathBuf, Value)], n: usize) -> Vec<usize> {
+    let intended: Vec<Option<f64>> = inputs
+        .iter()
+        .flat_map(|(_, v)| match v.get("intended_times").and_then(Value::as_array) {
+            Some(a) => a.iter().map(Value::as_f64).collect(),
+            None => vec![None; v["ttfts"].as_array().map_or(0, Vec::len)],
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    if let Some(t) = intended.into_iter().collect::<Option<Vec<f64>>>() {
+        if t.len() == n {
+            order.sort_by(|&a, &b| t[a].total_cmp(&t[b]));
+        }
+    }
+    order
 }
 
 fn concat(all: &mut Requests, r: &Requests) {
@@ -736,9 +761,13 @@ mod tests {
                 "{k}"
             );
         }
+        // the per-request arrays in schedule order, as one process's: pairable with it
         for k in ARRAY_KEYS {
-            assert_eq!(merged[k].as_array().unwrap().len(), 30, "{k}");
+            assert_eq!(merged[k], whole[k], "{k}");
         }
+        let load = |v: &Value| crate::report::load::from_value("x.json".as_ref(), v).unwrap();
+        let p = crate::report::compare::paired_ttft(&load(&whole), &load(&merged)).unwrap();
+        assert!((p.geo_mean_ratio - 1.0).abs() < 1e-12);
         for name in HISTOGRAMS {
             assert_eq!(hist_len(&merged, name), hist_len(&whole, name), "{name}");
         }
