@@ -475,10 +475,12 @@ fn percentiles_of(v: &Value) -> Vec<f64> {
 fn schedule_order(inputs: &[(PathBuf, Value)], n: usize) -> Vec<usize> {
     let intended: Vec<Option<f64>> = inputs
         .iter()
-        .flat_map(|(_, v)| match v.get("intended_times").and_then(Value::as_array) {
-            Some(a) => a.iter().map(Value::as_f64).collect(),
-            None => vec![None; v["ttfts"].as_array().map_or(0, Vec::len)],
-        })
+        .flat_map(
+            |(_, v)| match v.get("intended_times").and_then(Value::as_array) {
+                Some(a) => a.iter().map(Value::as_f64).collect(),
+                None => vec![None; v["ttfts"].as_array().map_or(0, Vec::len)],
+            },
+        )
         .collect();
     let mut order: Vec<usize> = (0..n).collect();
     if let Some(t) = intended.into_iter().collect::<Option<Vec<f64>>>() {
