@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod mock;
 pub mod netio;
 pub mod openai;
+pub mod partial;
 pub mod prom;
 pub mod record;
 pub mod replay;

@@ -274,45 +274,31 @@ pub struct Prepared {
     facts: RunFacts,
 }
 
-/// `--result-json`, opened before the run, so that a path that cannot be written fails before
-/// anything is sent and a run that uses up its open files still has its file: `PATH.partial`,
-/// renamed over PATH once the result is written (an old file there stays whole until then;
-/// a run that fails removes the partial file).
+/// `--result-json`, opened before the run ([`crate::partial`]), so that a path that cannot be
+/// written fails before anything is sent and a run that uses up its open files still has its
+/// file; a run that fails removes the partial file, and an old result stays whole.
 struct ResultFile {
-    file: Option<std::fs::File>,
-    partial: PathBuf,
+    partial: crate::partial::Partial,
+    file: std::fs::File,
     path: PathBuf,
 }
 
 impl ResultFile {
     fn open(path: &Path) -> anyhow::Result<ResultFile> {
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
-        let file = std::fs::File::create(&partial)
+        let (partial, file) = crate::partial::Partial::create(path)
             .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
+        let path = path.to_path_buf();
         Ok(ResultFile {
-            file: Some(file),
             partial,
-            path: path.to_path_buf(),
+            file,
+            path,
         })
     }
 
     fn write(mut self, text: &str) -> anyhow::Result<()> {
         let cannot = || format!("--result-json {}: cannot write", self.path.display());
-        let mut f = self.file.take().expect("written once");
-        f.write_all(text.as_bytes()).with_context(cannot)?;
-        f.sync_all().with_context(cannot)?;
-        std::fs::rename(&self.partial, &self.path).with_context(cannot)?;
-        Ok(())
-    }
-}
-
-impl Drop for ResultFile {
-    fn drop(&mut self) {
-        if self.file.is_some() {
-            let _ = std::fs::remove_file(&self.partial);
-        }
+        self.file.write_all(text.as_bytes()).with_context(cannot)?;
+        self.partial.commit(self.file).with_context(cannot)
     }
 }
 

@@ -1035,8 +1035,8 @@ pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), 
     write_file_from(path, &trace.header, opts, trace.requests.iter().map(Ok)).map(drop)
 }
 
-/// Writes `records` to a file as they come (via a `.partial` file renamed when complete; on
-/// an error it is left behind); returns how many were written.
+/// Writes `records` to a file as they come (via a `.partial` file renamed when complete and
+/// removed on an error, [`crate::partial`]); returns how many were written.
 pub fn write_file_from<R: std::borrow::Borrow<Request>>(
     path: &Path,
     header: &TraceHeader,
@@ -1044,10 +1044,7 @@ pub fn write_file_from<R: std::borrow::Borrow<Request>>(
     records: impl Iterator<Item = Result<R, TraceError>>,
 ) -> Result<u64, TraceError> {
     let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    let tmp = std::path::PathBuf::from(tmp);
-    let f = std::fs::File::create(&tmp).map_err(io)?;
+    let (partial, f) = crate::partial::Partial::create(path).map_err(io)?;
     let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;
     for r in records {
         w.push(r?.borrow()).map_err(io)?;
@@ -1055,8 +1052,7 @@ pub fn write_file_from<R: std::borrow::Borrow<Request>>(
     let n = w.records();
     let bw = w.finish().map_err(io)?;
     let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    partial.commit(f).map_err(io)?;
     Ok(n)
 }
 
