@@ -132,12 +132,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     assert_eq!(verdict["gate"]["failing"][0]["rule"], "median_ttft_ms>+10%");
     let line = verdict["line"].as_str().unwrap();
     assert!(line.contains("; gate: FAIL (median_ttft_ms +"), "{line}");
-    let row = v["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["key"] == "median_ttft_ms")
-        .unwrap();
+    let row = row_of(&v, "median_ttft_ms").unwrap();
     assert_eq!(row["verdict"], "worse", "{row}");
     assert!(row["rel_change"].as_f64().unwrap() > 0.5, "{row}");
     // Same trace replayed twice: paired comparison with the ratio around 100/20 (a busy machine adds to both sides).
@@ -231,17 +226,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     assert!(!first.contains("gate"), "{first}");
 
     // Fidelity: the trace against its replay.
-    let out = bin()
-        .args(["compare", s(&r.trace), s(&r.fast), "--format", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = compare_json(s(&r.trace), s(&r.fast));
     let f = &v["workload"]["fidelity"];
     assert_eq!(f["paired"], 40);
     assert_eq!(f["isl_exact"], 1.0);
@@ -256,21 +241,8 @@ fn compare_two_replays_gates_with_exit_codes() {
 #[test]
 fn compare_and_report_read_an_old_format_result() {
     let old = support::repo("fixtures/replay/result_old_format.json");
-    let out = bin()
-        .args(["compare", s(&old), s(&old), "--format", "json"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let row = |k: &str| {
-        v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["key"] == k)
-            .cloned()
-    };
+    let v = compare_json(s(&old), s(&old));
+    let row = |k: &str| row_of(&v, k);
     assert_eq!(row("p99_ttft_ms").unwrap()["baseline"], 50.0);
     assert_eq!(v["verdict"]["worse"], 0);
     let dir = tempfile::tempdir().unwrap();
@@ -292,21 +264,8 @@ fn compare_and_report_read_an_old_format_result() {
 #[test]
 fn compare_reads_the_real_vllm_result() {
     let f = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
-    let out = bin()
-        .args(["compare", s(&f), s(&f), "--format", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let row = |k: &str| {
-        v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["key"] == k)
-            .unwrap_or_else(|| panic!("no row {k}"))
-            .clone()
-    };
+    let v = compare_json(s(&f), s(&f));
+    let row = |k: &str| row_of(&v, k).unwrap_or_else(|| panic!("no row {k}"));
     // vLLM's own keys are taken as they are.
     assert_eq!(row("p99_ttft_ms")["baseline"], 332.3862868500283);
     assert_eq!(row("mean_tpot_ms")["baseline"], 3.436652837868452);
@@ -603,17 +562,7 @@ fn replay_writes_its_html_report() {
 fn compare_two_traces_is_a_workload_comparison() {
     let a = support::repo("traces/mooncake_conversation_1k.jsonl");
     let b = support::repo("traces/azure_conv_100.csv");
-    let out = bin()
-        .args(["compare", s(&a), s(&b), "--format", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = compare_json(s(&a), s(&b));
     assert_eq!(v["rows"].as_array().unwrap().len(), 0);
     let w = &v["workload"];
     assert_eq!(w["baseline"]["requests"], 1000);
@@ -625,4 +574,21 @@ fn compare_two_traces_is_a_workload_comparison() {
     // bursty arrivals on a ~3 s grid
     assert!(w["baseline"]["gap_cv"].as_f64().unwrap() > 1.0);
     assert!(w["fidelity"].is_null());
+}
+
+/// `retrace compare A B --format json`, which must succeed.
+fn compare_json(a: &str, b: &str) -> serde_json::Value {
+    let out = bin()
+        .args(["compare", a, b, "--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The row of metric `key` in compare's JSON.
+fn row_of(v: &serde_json::Value, key: &str) -> Option<serde_json::Value> {
+    let rows = v["rows"].as_array().unwrap();
+    rows.iter().find(|r| r["key"] == key).cloned()
 }

@@ -162,12 +162,7 @@ async fn connection_refused_is_a_failure_not_an_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_on_the_wire_are_exact_shared_and_deterministic() {
-    let srv = support::start(ServerConfig {
-        ttft: Duration::from_millis(1),
-        itl: Duration::from_millis(1),
-        ..Default::default()
-    })
-    .await;
+    let srv = quick_server().await;
     let dir = tempfile::tempdir().unwrap();
     let trace = support::mooncake(
         dir.path(),
@@ -302,12 +297,7 @@ async fn max_concurrency_queues_and_reports_client_queue_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speed_compresses_the_schedule() {
-    let srv = support::start(ServerConfig {
-        ttft: Duration::from_millis(1),
-        itl: Duration::from_millis(1),
-        ..Default::default()
-    })
-    .await;
+    let srv = quick_server().await;
     let dir = tempfile::tempdir().unwrap();
     let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (400, 10, 6, &[1])]);
     let out = dir.path().join("r.json");
@@ -990,12 +980,7 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_body_paths() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_far_larger_than_the_body_window_replays_with_bodies_freed() {
     use std::sync::atomic::Ordering::Relaxed;
-    let srv = support::start(ServerConfig {
-        ttft: Duration::from_millis(1),
-        itl: Duration::from_millis(1),
-        ..Default::default()
-    })
-    .await;
+    let srv = quick_server().await;
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<u64> = (0..4).collect();
     let rows: Vec<(u64, u64, u64, &[u64])> =
@@ -1071,4 +1056,14 @@ async fn result_json_is_opened_before_the_run() {
         })
         .count();
     assert_eq!(temporaries, 0, "no temporary file left beside the result");
+}
+
+/// A test server that answers in 1 ms per token.
+async fn quick_server() -> support::TestServer {
+    support::start(ServerConfig {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await
 }
