@@ -22,7 +22,7 @@ pub enum WhatIfError {
 
 /// Runs `synth`; returns a one-line summary for stderr.
 pub fn run(args: &SynthArgs) -> Result<String> {
-    let (mut trace, rep) = read_path(
+    let (trace, rep) = read_path(
         &args.input,
         &ImportOptions {
             format: args.from,
@@ -31,60 +31,9 @@ pub fn run(args: &SynthArgs) -> Result<String> {
     )?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
-    let mut what = String::new();
-    let out = if args.fit {
-        let model = fit::fit(&trace)?;
-        let duration_us = args
-            .duration
-            .as_deref()
-            .map(crate::trace::filter::parse_duration_us)
-            .transpose()
-            .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
-        let size = fit::Size {
-            requests: args.requests,
-            duration_us,
-            rate: args.rate,
-            scale_users: args.scale_users,
-        };
-        let mut t = fit::sample(&model, &size, args.seed)?;
-        what = format!(
-            "; fitted: {:.2} req/s, gap gamma shape {:.2}, {} sessions",
-            model.rate_rps,
-            model.gamma_shape,
-            model.session_count()
-        );
-        let meta = &mut t.header.meta;
-        meta.insert("synth".into(), format!("fitted model, seed {}", args.seed));
-        meta.insert(
-            "hash_ids".into(),
-            "new: drawn from a counter; none is an id of the input or maps back to one".into(),
-        );
-        meta.insert("fit_rate_rps".into(), format!("{:.6}", model.rate_rps));
-        meta.insert(
-            "fit_gap_gamma_shape".into(),
-            format!("{:.6}", model.gamma_shape),
-        );
-        t
-    } else {
-        let t = transforms::Transforms {
-            speedup: args.speedup,
-            prefix_len: args.prefix_len_multiplier,
-            prefix_root: args.prefix_root_multiplier,
-            prompt_len: args.prompt_len_multiplier,
-            scale_lengths: args.scale_lengths,
-            max_isl: args.max_isl,
-            max_osl: args.max_osl,
-            seed: args.seed,
-        };
-        let applied = transforms::apply(&mut trace, &t)?;
-        if applied.dropped_max_isl + applied.capped_max_osl > 0 {
-            what = format!(
-                "; {} dropped by --max-isl, {} capped by --max-osl",
-                applied.dropped_max_isl, applied.capped_max_osl
-            );
-        }
-        trace.header.meta.insert("synth".into(), describe(&t));
-        trace
+    let (out, what) = match args.fit {
+        true => fitted(args, &trace)?,
+        false => transformed(args, trace)?,
     };
     let (written, left_out) =
         crate::convert::write_out(&out, &args.output, args.to, args.level, &input)?;
@@ -93,6 +42,69 @@ pub fn run(args: &SynthArgs) -> Result<String> {
         rep.skipped,
         args.output.display()
     ))
+}
+
+/// `--fit`: a model of `trace`, sampled anew; and the summary's note on it.
+fn fitted(args: &SynthArgs, trace: &crate::trace::Trace) -> Result<(crate::trace::Trace, String)> {
+    let model = fit::fit(trace)?;
+    let duration_us = args
+        .duration
+        .as_deref()
+        .map(crate::trace::filter::parse_duration_us)
+        .transpose()
+        .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
+    let size = fit::Size {
+        requests: args.requests,
+        duration_us,
+        rate: args.rate,
+        scale_users: args.scale_users,
+    };
+    let mut t = fit::sample(&model, &size, args.seed)?;
+    let what = format!(
+        "; fitted: {:.2} req/s, gap gamma shape {:.2}, {} sessions",
+        model.rate_rps,
+        model.gamma_shape,
+        model.session_count()
+    );
+    let meta = &mut t.header.meta;
+    meta.insert("synth".into(), format!("fitted model, seed {}", args.seed));
+    meta.insert(
+        "hash_ids".into(),
+        "new: drawn from a counter; none is an id of the input or maps back to one".into(),
+    );
+    meta.insert("fit_rate_rps".into(), format!("{:.6}", model.rate_rps));
+    meta.insert(
+        "fit_gap_gamma_shape".into(),
+        format!("{:.6}", model.gamma_shape),
+    );
+    Ok((t, what))
+}
+
+/// AIPerf's transforms applied to `trace`; and the summary's note on what they left out.
+fn transformed(
+    args: &SynthArgs,
+    mut trace: crate::trace::Trace,
+) -> Result<(crate::trace::Trace, String)> {
+    let t = transforms::Transforms {
+        speedup: args.speedup,
+        prefix_len: args.prefix_len_multiplier,
+        prefix_root: args.prefix_root_multiplier,
+        prompt_len: args.prompt_len_multiplier,
+        scale_lengths: args.scale_lengths,
+        max_isl: args.max_isl,
+        max_osl: args.max_osl,
+        seed: args.seed,
+    };
+    let applied = transforms::apply(&mut trace, &t)?;
+    let mut what = String::new();
+    if applied.dropped_max_isl + applied.capped_max_osl > 0 {
+        what = format!(
+            "; {} dropped by --max-isl, {} capped by --max-osl",
+            applied.dropped_max_isl, applied.capped_max_osl
+        );
+    }
+    trace.header.meta.insert("synth".into(), describe(&t));
+    Ok((trace, what))
 }
 
 /// The transforms as flags, for the output's header.
