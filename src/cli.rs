@@ -67,8 +67,10 @@ pub enum Command {
 /// Example: `retrace inspect traces/mooncake_conversation_1k.jsonl --cache-blocks 10000`
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL).
-    pub file: PathBuf,
+    /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL); several
+    /// recordings (a rotated set, or several proxies) are merged by wall clock as they are read.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
     /// Print JSON (schema: docs/inspect-json.md) instead of text.
     #[arg(long)]
     pub json: bool,

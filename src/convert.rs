@@ -1,10 +1,10 @@
 //! The `convert` command: stream any supported trace through the filters into native or
-//! Mooncake, one record at a time (several recordings are merged in memory first).
+//! Mooncake, one record at a time (several recordings merged by wall clock as they are read).
 
 use crate::cli::{ConvertArgs, OutFormat};
 use crate::trace::filter::{self, Filters};
-use crate::trace::import::{read_path, ImportOptions};
-use crate::trace::{mooncake, native, stream};
+use crate::trace::import::ImportOptions;
+use crate::trace::{mooncake, native};
 use crate::trace::{Request, Trace, TraceError, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
@@ -34,26 +34,8 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" ");
-    let (mut input, rows_in) = match args.inputs.as_slice() {
-        [one] => {
-            let s = stream::open(one, &opts)?;
-            let rows = s.report.rows;
-            (s, rows)
-        }
-        many => {
-            // Several recordings are merged by wall clock in memory (trace::fleet).
-            let mut traces = Vec::with_capacity(many.len());
-            let mut rep = crate::trace::mooncake::ImportReport::default();
-            for p in many {
-                let (t, r) = read_path(p, &opts)?;
-                rep.skipped += r.skipped;
-                traces.push((p.display().to_string(), t));
-            }
-            let merged = crate::trace::fleet::merge(traces)?;
-            let rows = merged.requests.len() as u64;
-            (stream::in_memory(merged, rep), rows)
-        }
-    };
+    let mut input = crate::trace::fleet::open_all(&args.inputs, &opts)?;
+    let rows_in = input.report.rows;
     let mut filters = filter::Filtering::new(&Filters {
         window_us: window,
         head: args.head,
@@ -192,20 +174,26 @@ fn write_records(
                     if header.partial_tail_block { "ceil" } else { "floor" }
                 );
             }
-            let out: Box<dyn Write> = match out_name.as_str() {
-                "-" => Box::new(std::io::stdout().lock()),
-                _ => Box::new(
-                    std::fs::File::create(output)
-                        .with_context(|| format!("cannot create {out_name}"))?,
-                ),
+            let mut write = |out: &mut dyn Write| -> Result<u64> {
+                let mut w = mooncake::MooncakeWriter::new(std::io::BufWriter::new(out));
+                let mut n = 0u64;
+                for r in records.by_ref() {
+                    w.push(&r?).with_context(|| format!("writing {out_name}"))?;
+                    n += 1;
+                }
+                w.finish().with_context(|| format!("writing {out_name}"))?;
+                Ok(n)
             };
-            let mut w = mooncake::MooncakeWriter::new(std::io::BufWriter::new(out));
-            let mut n = 0u64;
-            for r in records.by_ref() {
-                w.push(&r?).with_context(|| format!("writing {out_name}"))?;
-                n += 1;
+            if out_name == "-" {
+                return write(&mut std::io::stdout().lock());
             }
-            w.finish().with_context(|| format!("writing {out_name}"))?;
+            // Written as PATH.partial: an input that fails half-way leaves no half file.
+            let (partial, mut file) = crate::partial::Partial::create(output)
+                .with_context(|| format!("cannot create {out_name}"))?;
+            let n = write(&mut file)?;
+            partial
+                .commit(file)
+                .with_context(|| format!("writing {out_name}"))?;
             Ok(n)
         }
         OutFormat::Native => {

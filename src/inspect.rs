@@ -16,8 +16,8 @@ pub fn run(args: &InspectArgs) -> Result<String> {
     if args.block_size == Some(0) {
         anyhow::bail!("--block-size must be at least 1");
     }
-    let stream = crate::trace::stream::open(
-        &args.file,
+    let stream = crate::trace::fleet::open_all(
+        &args.files,
         &ImportOptions {
             format: args.from,
             skip_bad: args.skip_bad,
@@ -27,6 +27,12 @@ pub fn run(args: &InspectArgs) -> Result<String> {
         cache_blocks: args.cache_blocks,
         block_size: args.block_size,
     };
+    let name = args
+        .files
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
     let mut acc = StatsAcc::new(&stream.header, &opts);
     let (header, rep) = (stream.header.clone(), stream.report.clone());
     for r in stream {
@@ -35,7 +41,7 @@ pub fn run(args: &InspectArgs) -> Result<String> {
     let stats = acc.finish();
     if args.json {
         let v = json!({
-            "file": args.file.display().to_string(),
+            "file": name,
             "source": header.source,
             "hash_scheme": header.hash_scheme,
             "import": {
@@ -49,7 +55,7 @@ pub fn run(args: &InspectArgs) -> Result<String> {
         return Ok(serde_json::to_string_pretty(&v)? + "\n");
     }
     let mut s = String::new();
-    writeln!(s, "{}  ({})", args.file.display(), header.source)?;
+    writeln!(s, "{name}  ({})", header.source)?;
     if rep.skipped > 0 {
         writeln!(s, "skipped {} malformed rows", rep.skipped)?;
     }

@@ -2,11 +2,17 @@
 //!
 //! Each proxy replica writes its own files; their arrivals are offsets from each file's own t0,
 //! whose wall-clock time the header holds. Merging puts every record on the earliest t0's
-//! clock and sorts by arrival. Hash ids stay comparable only when every file hashed the same
+//! clock, in arrival order, reading the files side by side (each is already in arrival order). Hash ids stay comparable only when every file hashed the same
 //! way: the same block size, the same scheme and, for HMAC, the same key (its public
 //! [`KEY_ID`]). Anything else is refused, naming the files.
 
-use super::{HashScheme, Trace, TraceError};
+use super::import::ImportOptions;
+use super::mooncake::ImportReport;
+use super::stream::TraceStream;
+use super::{HashScheme, Request, TraceError, TraceHeader};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::path::PathBuf;
 
 /// Header meta key naming the HMAC key a recording used (see `BlockHasher::key_id`).
 pub const KEY_ID: &str = "hash_key_id";
@@ -19,8 +25,7 @@ fn refuse(path: &str, msg: String) -> TraceError {
 }
 
 /// What makes two files' hash ids the same ids.
-fn hashing(t: &Trace) -> (u32, HashScheme, bool, Option<&String>) {
-    let h = &t.header;
+fn hashing(h: &TraceHeader) -> (u32, HashScheme, bool, Option<&String>) {
     (
         h.block_size,
         h.hash_scheme,
@@ -29,73 +34,161 @@ fn hashing(t: &Trace) -> (u32, HashScheme, bool, Option<&String>) {
     )
 }
 
-/// Merges `traces` (path, trace) by wall clock into one trace in arrival order.
-pub fn merge(traces: Vec<(String, Trace)>) -> Result<Trace, TraceError> {
-    let Some((first_path, first)) = traces.first() else {
+/// Checks that `inputs` can be merged by wall clock; returns the earliest t0.
+fn check(inputs: &[(String, TraceStream)]) -> Result<i64, TraceError> {
+    let Some((first_path, first)) = inputs.first() else {
         return Err(refuse("-", "no input to merge".into()));
     };
-    for (path, t) in &traces {
-        let Some(_) = t.header.t0_unix_us else {
+    for (path, s) in inputs {
+        if s.header.t0_unix_us.is_none() {
             return Err(refuse(
                 path,
                 "has no wall-clock start (t0): only recordings can be merged by wall clock".into(),
             ));
-        };
-        if t.header.hash_scheme == HashScheme::Dense
-            && !t.requests.iter().all(|r| r.hash_ids.is_empty())
-        {
-            return Err(refuse(
-                path,
-                "has dense imported hash ids, which mean nothing across files".into(),
-            ));
         }
-        if hashing(t) != hashing(first) {
-            let (b, s, _, k) = hashing(t);
-            let (b0, s0, _, k0) = hashing(first);
+        if hashing(&s.header) != hashing(&first.header) {
+            let (b, sc, _, k) = hashing(&s.header);
+            let (b0, s0, _, k0) = hashing(&first.header);
             return Err(refuse(
                 path,
                 format!(
-                    "hashes blocks differently from {first_path} (block size {b} vs {b0}, {s:?} vs {s0:?}, key {} vs {}): its hash ids cannot be merged",
+                    "hashes blocks differently from {first_path} (block size {b} vs {b0}, {sc:?} vs {s0:?}, key {} vs {}): its hash ids cannot be merged",
                     k.map_or("none", String::as_str),
                     k0.map_or("none", String::as_str)
                 ),
             ));
         }
     }
-    let t0 = traces
+    Ok(inputs
         .iter()
-        .filter_map(|(_, t)| t.header.t0_unix_us)
+        .filter_map(|(_, s)| s.header.t0_unix_us)
         .min()
-        .unwrap_or(0);
-    let mut header = first.header.clone();
-    header.t0_unix_us = Some(t0);
-    header.source = format!("merge of {} recordings", traces.len());
-    header.meta.remove("file_seq");
-    header.meta.insert(
-        "merged_from".into(),
-        traces
-            .iter()
-            .map(|(p, _)| p.as_str())
-            .collect::<Vec<_>>()
-            .join(" "),
-    );
-    let mut requests = Vec::with_capacity(traces.iter().map(|(_, t)| t.requests.len()).sum());
-    for (_, t) in traces {
-        let shift = (t.header.t0_unix_us.unwrap_or(t0) - t0).max(0) as u64;
-        requests.extend(t.requests.into_iter().map(|mut r| {
-            r.arrival_us = r.arrival_us.saturating_add(shift);
-            r
-        }));
+        .unwrap_or(0))
+}
+
+/// One input of the merge: its records shifted onto the earliest t0's clock.
+struct Input {
+    path: String,
+    stream: TraceStream,
+    shift: u64,
+    dense: bool,
+}
+
+impl Input {
+    fn next(&mut self) -> Option<Result<Request, TraceError>> {
+        let mut r = match self.stream.next()? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        if self.dense && !r.hash_ids.is_empty() {
+            return Some(Err(refuse(
+                &self.path,
+                "has dense imported hash ids, which mean nothing across files".into(),
+            )));
+        }
+        r.arrival_us = r.arrival_us.saturating_add(self.shift);
+        Some(Ok(r))
     }
-    let mut out = Trace { header, requests };
-    out.sort_by_arrival();
-    Ok(out)
+}
+
+/// The inputs' records merged by arrival, holding one record per input: ties go to the earlier
+/// input, each input keeps its own order.
+struct Merged {
+    inputs: Vec<Input>,
+    heads: BinaryHeap<Reverse<(u64, usize)>>,
+    pending: Vec<Option<Request>>,
+    failed: Option<TraceError>,
+}
+
+impl Merged {
+    fn pull(&mut self, i: usize) {
+        match self.inputs[i].next() {
+            Some(Ok(r)) => {
+                self.heads.push(Reverse((r.arrival_us, i)));
+                self.pending[i] = Some(r);
+            }
+            Some(Err(e)) => self.failed = self.failed.take().or(Some(e)),
+            None => {}
+        }
+    }
+}
+
+impl Iterator for Merged {
+    type Item = Result<Request, TraceError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.failed.take() {
+            self.heads.clear();
+            return Some(Err(e));
+        }
+        let Reverse((_, i)) = self.heads.pop()?;
+        let r = self.pending[i].take();
+        self.pull(i);
+        r.map(Ok)
+    }
+}
+
+/// Opens one trace file as a stream, or several recordings merged by wall clock.
+pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, TraceError> {
+    if let [one] = paths {
+        return super::stream::open(one, opts);
+    }
+    let inputs = paths
+        .iter()
+        .map(|p| Ok((p.display().to_string(), super::stream::open(p, opts)?)))
+        .collect::<Result<Vec<_>, TraceError>>()?;
+    merge(inputs)
+}
+
+/// Merges recordings (path, stream) by wall clock into one stream in arrival order, reading
+/// each input as it goes (memory: one record per input).
+pub fn merge(inputs: Vec<(String, TraceStream)>) -> Result<TraceStream, TraceError> {
+    let t0 = check(&inputs)?;
+    let mut header = inputs[0].1.header.clone();
+    header.t0_unix_us = Some(t0);
+    header.source = format!("merge of {} recordings", inputs.len());
+    header.meta.remove("file_seq");
+    let names: Vec<&str> = inputs.iter().map(|(p, _)| p.as_str()).collect();
+    header.meta.insert("merged_from".into(), names.join(" "));
+    let mut report = ImportReport::default();
+    for (_, s) in &inputs {
+        report.rows += s.report.rows;
+        report.skipped += s.report.skipped;
+        report.reordered += s.report.reordered;
+    }
+    let inputs: Vec<Input> = inputs
+        .into_iter()
+        .map(|(path, stream)| Input {
+            shift: (stream.header.t0_unix_us.unwrap_or(t0) - t0).max(0) as u64,
+            dense: stream.header.hash_scheme == HashScheme::Dense,
+            path,
+            stream,
+        })
+        .collect();
+    let mut merged = Merged {
+        pending: (0..inputs.len()).map(|_| None).collect(),
+        inputs,
+        heads: BinaryHeap::new(),
+        failed: None,
+    };
+    for i in 0..merged.inputs.len() {
+        merged.pull(i);
+    }
+    Ok(TraceStream::new(header, report, Box::new(merged)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Request, TraceHeader};
+    use crate::trace::stream::in_memory;
+    use crate::trace::Trace;
+
+    fn merge(traces: Vec<(String, Trace)>) -> Result<Trace, TraceError> {
+        let inputs = traces
+            .into_iter()
+            .map(|(p, t)| (p, in_memory(t, ImportReport::default())))
+            .collect();
+        super::merge(inputs)?.collect_trace().map(|(t, _)| t)
+    }
 
     fn rec(t0: i64, arrivals: &[u64], scheme: HashScheme, key: Option<&str>) -> Trace {
         let mut header = TraceHeader::imported(16, true, "record");
@@ -145,9 +238,42 @@ mod tests {
         bs.header.block_size = 512;
         assert!(e(k1(), bs).contains("block size 512 vs 16"));
         let mut dense = rec(0, &[1], HashScheme::Dense, None);
-        assert!(e(dense.clone(), k1()).contains("dense"));
+        assert!(e(dense.clone(), dense.clone()).contains("dense"));
+        assert!(e(dense.clone(), k1()).contains("differently"));
         dense.header.t0_unix_us = None;
         assert!(e(k1(), dense).contains("wall-clock"));
         assert!(merge(vec![("a".into(), k1()), ("b".into(), k1())]).is_ok());
+    }
+
+    #[test]
+    fn the_streamed_merge_equals_a_stable_sort_of_all_records() {
+        let inputs = [
+            rec(1_000_000, &[0, 0, 10, 10, 40, 700], HashScheme::Xxh3, None),
+            rec(1_000_010, &[0, 0, 30, 690], HashScheme::Xxh3, None),
+            rec(999_990, &[], HashScheme::Xxh3, None),
+            rec(1_000_000, &[10, 20, 20, 2_000], HashScheme::Xxh3, None),
+        ];
+        let t0 = 999_990;
+        let mut expected: Vec<(u64, u64)> = Vec::new();
+        for (i, t) in inputs.iter().enumerate() {
+            let shift = (t.header.t0_unix_us.unwrap() - t0) as u64;
+            expected.extend(t.requests.iter().map(|r| (r.arrival_us + shift, i as u64)));
+        }
+        expected.sort_by_key(|e| e.0);
+        let mut tagged = inputs.to_vec();
+        for (i, t) in tagged.iter_mut().enumerate() {
+            for r in &mut t.requests {
+                r.output_tokens = i as u64;
+            }
+        }
+        let named = tagged.into_iter().map(|t| (String::new(), t)).collect();
+        let m = merge(named).unwrap();
+        let got: Vec<(u64, u64)> = m
+            .requests
+            .iter()
+            .map(|r| (r.arrival_us, r.output_tokens))
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(m.header.t0_unix_us, Some(t0));
     }
 }

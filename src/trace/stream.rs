@@ -39,7 +39,7 @@ pub(crate) struct Rows<'a> {
     pub iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
 }
 
-type Records = Box<dyn Iterator<Item = Result<Request, TraceError>> + Send>;
+pub type Records = Box<dyn Iterator<Item = Result<Request, TraceError>> + Send>;
 
 /// A trace file's records in arrival order, read as they are used.
 pub struct TraceStream {
@@ -57,6 +57,15 @@ impl Iterator for TraceStream {
 }
 
 impl TraceStream {
+    /// A stream of `records` under `header`.
+    pub fn new(header: TraceHeader, report: ImportReport, records: Records) -> TraceStream {
+        TraceStream {
+            header,
+            report,
+            records,
+        }
+    }
+
     /// The whole trace in memory.
     pub fn collect_trace(self) -> Result<(Trace, ImportReport), TraceError> {
         let requests = self.records.collect::<Result<Vec<_>, _>>()?;

@@ -494,6 +494,18 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
         m.header.t0_unix_us,
         ta.header.t0_unix_us.min(tb.header.t0_unix_us)
     );
+    // `inspect A B` reads the same merged workload as `inspect M`.
+    let stats = |files: &[&str]| {
+        let mut argv = vec!["inspect", "--json"];
+        argv.extend_from_slice(files);
+        let retrace::cli::Command::Inspect(a) = super::support::cli(&argv).command else {
+            unreachable!()
+        };
+        let v: Value = serde_json::from_str(&retrace::inspect::run(&a).unwrap()).unwrap();
+        v["stats"].clone()
+    };
+    assert_eq!(stats(&[a_s, b_s]), stats(&[m_s]));
+    assert_eq!(stats(&[a_s, b_s])["requests"], 6);
     // A recording hashed with another key is refused, naming the file.
     let mut other = ta.clone();
     other.header.hash_scheme = retrace::trace::HashScheme::HmacSha256;

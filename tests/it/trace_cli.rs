@@ -379,3 +379,36 @@ fn logs_written_to_a_file_have_no_colour_codes() {
     );
     assert!(!err.contains('\x1b'), "colour codes in a log file: {err:?}");
 }
+
+/// A merge that fails half-way through its inputs (here: dense hash ids, found at the record that
+/// carries them) leaves no output file, Mooncake or native, and no partial one.
+#[test]
+fn a_merge_that_fails_half_way_leaves_no_output() {
+    use retrace::trace::{native, Request, TraceHeader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut inputs = Vec::new();
+    for (i, t0) in [1_000_000i64, 1_000_500].into_iter().enumerate() {
+        let mut header = TraceHeader::imported(16, true, "test");
+        header.t0_unix_us = Some(t0);
+        let records = (0..100u64).map(|k| {
+            Ok::<_, retrace::trace::TraceError>(Request {
+                arrival_us: k * 1000,
+                input_tokens: 16,
+                output_tokens: 1,
+                hash_ids: if i == 1 && k == 50 { vec![7] } else { vec![] },
+                ..Default::default()
+            })
+        });
+        let p = dir.path().join(format!("{i}.trace.zst"));
+        native::write_file_from(&p, &header, Default::default(), records).unwrap();
+        inputs.push(p.to_str().unwrap().to_string());
+    }
+    for out in ["out.jsonl", "out.trace.zst"] {
+        let o = dir.path().join(out);
+        let err =
+            convert(&["convert", &inputs[0], &inputs[1], "-o", o.to_str().unwrap()]).unwrap_err();
+        assert!(format!("{err:#}").contains("dense"), "{err:#}");
+        assert!(!o.exists(), "{out} was left behind");
+        assert!(!dir.path().join(format!("{out}.partial")).exists());
+    }
+}
