@@ -9,7 +9,8 @@
 #     same trace, same flags, in the same run: the send-drift baseline. Reports peak RSS of the
 #     replayer, p99 send drift of both runs, and the body builder's minimum lead and late count.
 #  2. Trace I/O: a ROWS-row BurstGPT-shaped CSV (default 5,000,000) and the same rows as a native
-#     trace: `inspect` and `convert` of each, peak RSS and rows/s.
+#     trace: `inspect` and `convert` of each, peak RSS and rows/s; then ROWS rows as a set of 4
+#     native recordings merged by wall clock (`inspect A B C D`, `convert A B C D`).
 #
 # Usage: tools/bench_dayscale.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N, ISL_DIV (default 64), OSL (default 2), GAP_MS (default 1), SPEED (default 4), ROWS,
@@ -98,4 +99,26 @@ for step in "inspect csv" "convert csv" "inspect native" "convert native"; do
   esac
   printf '%-22s %10s %8s %9s %12.0f\n' "$step" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
 done
+# A trace set: the same number of rows as 4 recordings of one period (Azure-shaped CSVs with
+# wall-clock stamps, converted to native), inspected and converted as one merged stream.
+python3 - "$OUT" "$ROWS" <<'PY'
+import datetime, random, sys
+out, n = sys.argv[1], int(sys.argv[2])
+rng = random.Random(12)
+t0 = datetime.datetime(2026, 1, 1)
+for k in range(4):
+    with open(f"{out}/set{k}.csv", "w") as f:
+        f.write("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+        t = rng.random()
+        for _ in range(n // 4):
+            t += rng.expovariate(1.0)
+            stamp = (t0 + datetime.timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S.%f")
+            f.write(f"{stamp}0,{rng.randint(1, 4000)},{rng.randint(1, 800)}\n")
+PY
+for k in 0 1 2 3; do "$BIN" convert "$OUT/set$k.csv" -o "$OUT/set$k.trace.zst" >/dev/null; done
+SET="$OUT/set0.trace.zst $OUT/set1.trace.zst $OUT/set2.trace.zst $OUT/set3.trace.zst"
+read -r rss wall < <(measure "$OUT/inspect_set.log" "$BIN" inspect $SET)
+printf '%-22s %10s %8s %9s %12.0f\n' "inspect 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
+read -r rss wall < <(measure "$OUT/convert_set.log" "$BIN" convert $SET -o "$OUT/set.trace.zst")
+printf '%-22s %10s %8s %9s %12.0f\n' "convert 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
 echo "raw outputs: $OUT"
