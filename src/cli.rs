@@ -113,8 +113,10 @@ pub enum PromptModeArg {
 /// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded), 5 every request failed.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    /// Trace file (any format `retrace inspect` reads).
-    pub trace: PathBuf,
+    /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or
+    /// several proxies) are merged by wall clock.
+    #[arg(required = true, num_args = 1..)]
+    pub trace: Vec<PathBuf>,
     /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
     /// embedded mock).
     #[arg(long, value_name = "URL")]

@@ -17,7 +17,8 @@ pub const DEFAULT_VOCAB: u32 = 4096;
 /// A validated replay configuration.
 #[derive(Debug)]
 pub struct Config {
-    pub trace: PathBuf,
+    /// The trace: one file, or several recordings merged by wall clock.
+    pub trace: Vec<PathBuf>,
     pub target: Option<String>,
     /// `--target-ca`: trust roots for an https target (default: system bundle).
     pub target_ca: Option<PathBuf>,
@@ -242,6 +243,12 @@ impl Tuning {
 }
 
 impl Config {
+    /// The trace's file name(s), as errors and the result file name it.
+    pub fn trace_name(&self) -> String {
+        let names: Vec<String> = self.trace.iter().map(|p| p.display().to_string()).collect();
+        names.join(" ")
+    }
+
     /// Validates the command line; every error names the flag.
     pub fn from_args(a: ReplayArgs) -> anyhow::Result<Config> {
         if let Some(s) = a.speed {

@@ -38,7 +38,8 @@ pub use config::{Config, Tuning, DEFAULT_VOCAB};
 use crate::cli::ReplayArgs;
 use crate::metrics::{self, Api, Histograms};
 use crate::synth::{self, Synth, TextBuilder, Vocab};
-use crate::trace::import::{read_path, ImportOptions};
+use crate::trace::fleet::open_all;
+use crate::trace::import::ImportOptions;
 use anyhow::{anyhow, Context};
 use hyper::header::HeaderMap;
 use request::{BodyOptions, BuiltRequest, PromptMode, Prompts};
@@ -99,7 +100,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 
 /// `--dry-run`: the planned schedule's summary, nothing sent.
 fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
-    let (trace, _) = read_path(&cfg.trace, &ImportOptions::default())?;
+    let (trace, _) = open_all(&cfg.trace, &ImportOptions::default())?.collect_trace()?;
     let (trace, plan, _) = plan(cfg, trace, cfg.target.is_none())?;
     let sends: Vec<(u64, u64, u64)> = plan
         .iter()
@@ -452,7 +453,7 @@ fn heads(
     plan.iter()
         .map(|p| {
             request::head(&trace.requests[p.index], opts, prompts)
-                .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace.display(), p.index))
+                .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace_name(), p.index))
         })
         .collect()
 }
@@ -460,13 +461,14 @@ fn heads(
 /// The trace, read off the runtime's threads (malformed rows skipped with a warning).
 async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
     let path = cfg.trace.clone();
-    let (trace, report) =
-        tokio::task::spawn_blocking(move || read_path(&path, &ImportOptions::default()))
-            .await
-            .context("reading the trace")??;
+    let (trace, report) = tokio::task::spawn_blocking(move || {
+        open_all(&path, &ImportOptions::default())?.collect_trace()
+    })
+    .await
+    .context("reading the trace")??;
     if report.skipped > 0 {
         let skipped = report.skipped;
-        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace.display());
+        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace_name());
     }
     Ok(trace)
 }
@@ -918,7 +920,7 @@ fn run_info(
 ) -> result::RunInfo {
     result::RunInfo {
         date: now_utc_compact(),
-        trace: cfg.trace.display().to_string(),
+        trace: cfg.trace_name(),
         target: match cfg.target {
             Some(_) => facts.target_url.clone(),
             None => "embedded-mock".into(),

@@ -506,6 +506,34 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
     };
     assert_eq!(stats(&[a_s, b_s]), stats(&[m_s]));
     assert_eq!(stats(&[a_s, b_s])["requests"], 6);
+    // `replay A B` sends the merged workload, on the merged schedule.
+    let up = mock().await;
+    let target = format!("http://{}", up.addr);
+    let replayed = |traces: &[&str], out: &str| {
+        let result = dir.path().join(out);
+        let mut args = traces.to_vec();
+        args.extend_from_slice(&["--target", &target, "--detailed"]);
+        args.extend_from_slice(&["--result-json", result.to_str().unwrap()]);
+        let cfg = replay_cfg(&args);
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), retrace::replay::replay(cfg))
+                .await
+                .expect("replay ends")
+                .unwrap();
+            let v: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+            v
+        }
+    };
+    let (two, one) = (
+        replayed(&[a_s, b_s], "two.json").await,
+        replayed(&[m_s], "one.json").await,
+    );
+    up.shutdown().await;
+    assert_eq!(two["completed"], 6);
+    assert_eq!(two["intended_times"].as_array().map(Vec::len), Some(6));
+    assert_eq!(two["intended_times"], one["intended_times"]);
+    assert_eq!(two["input_lens"], one["input_lens"]);
+    assert_eq!(two["trace"], format!("{a_s} {b_s}"));
     // A recording hashed with another key is refused, naming the file.
     let mut other = ta.clone();
     other.header.hash_scheme = retrace::trace::HashScheme::HmacSha256;
