@@ -159,5 +159,16 @@ pub fn render(st: &TraceStats) -> String {
             let _ = writeln!(s, "  errors: {}", mix(&rec.errors));
         }
     }
+    if !st.approximate.is_empty() {
+        let fpr = r.false_positive_rate.map_or(String::new(), |f| {
+            format!("; prefix figures may over-count by {:.3} %", f * 100.0)
+        });
+        let _ = writeln!(
+            s,
+            "{:<22} {} (a trace this large is summarised in bounded memory: docs/inspect-json.md{fpr})",
+            "estimated",
+            st.approximate.join(", ")
+        );
+    }
     s
 }

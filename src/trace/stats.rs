@@ -44,6 +44,155 @@ impl Dist {
     }
 }
 
+/// How many values a distribution keeps exactly; past it, the rest go into a histogram.
+pub const EXACT_VALUES: usize = 1 << 23;
+/// How many distinct hash ids are tracked exactly; past it, a Bloom filter of [`BLOOM_BITS`].
+pub const EXACT_IDS: usize = 1 << 23;
+
+/// A distribution's values (integers: tokens or µs): exact up to a cap (numpy's percentiles),
+/// then a histogram of 3 significant digits (percentiles within 0.1 %); count, mean and max stay
+/// exact.
+struct Values {
+    cap: usize,
+    exact: Vec<u32>,
+    hist: Option<hdrhistogram::Histogram<u64>>,
+    count: u64,
+    sum: u64,
+    max: u32,
+}
+
+impl Values {
+    fn new(cap: usize) -> Values {
+        Values {
+            cap,
+            exact: Vec::new(),
+            hist: None,
+            count: 0,
+            sum: 0,
+            max: 0,
+        }
+    }
+
+    fn push(&mut self, v: u64) {
+        let v = v.min(u32::MAX as u64) as u32;
+        (self.count, self.sum, self.max) = (self.count + 1, self.sum + v as u64, self.max.max(v));
+        match &mut self.hist {
+            Some(h) => h.saturating_record(v as u64),
+            None if self.exact.len() < self.cap => self.exact.push(v),
+            None => {
+                let mut h = hdrhistogram::Histogram::new_with_max(u32::MAX as u64, 3)
+                    .expect("a histogram of u32 values, 3 significant digits");
+                for x in self.exact.drain(..).chain([v]) {
+                    h.saturating_record(x as u64);
+                }
+                self.exact = Vec::new();
+                self.hist = Some(h);
+            }
+        }
+    }
+
+    /// The distribution, values divided by `div`; true when its percentiles are approximate.
+    fn dist(self, div: f64) -> (Dist, bool) {
+        let Some(h) = self.hist else {
+            return (
+                Dist::of(self.exact.iter().map(|&v| v as f64 / div).collect()),
+                false,
+            );
+        };
+        let q = |p: f64| h.value_at_quantile(p) as f64 / div;
+        let d = Dist {
+            count: self.count,
+            mean: self.sum as f64 / self.count as f64 / div,
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            max: self.max as f64 / div,
+        };
+        (d, true)
+    }
+}
+
+/// Bits of the Bloom filter that replaces the exact id set past [`EXACT_IDS`] (256 MiB).
+pub const BLOOM_BITS: u64 = 1 << 31;
+/// Bit positions per id in the Bloom filter.
+const BLOOM_K: u32 = 4;
+
+/// The hash ids seen: an exact set up to a cap; past it, a Bloom filter of fixed size (every id
+/// of the set moved in). A filter may take an unseen id for a seen one, never the reverse, so past
+/// the cap the prefix figures can only over-count, by about the filter's false-positive rate
+/// (reported); the distinct count is the ids the filter had not seen.
+struct IdSet {
+    cap: usize,
+    bloom_bits: u64,
+    set: HashSet<u64>,
+    bloom: Option<Vec<u64>>,
+    distinct: u64,
+}
+
+impl IdSet {
+    fn new(cap: usize, bloom_bits: u64) -> IdSet {
+        IdSet {
+            cap,
+            bloom_bits,
+            set: HashSet::new(),
+            bloom: None,
+            distinct: 0,
+        }
+    }
+
+    /// The filter's bit positions of `id` (double hashing of one 128-bit hash).
+    fn bits(bloom_bits: u64, id: u64) -> impl Iterator<Item = u64> {
+        let h = xxhash_rust::xxh3::xxh3_128(&id.to_le_bytes());
+        let (a, b) = (h as u64, (h >> 64) as u64 | 1);
+        (0..BLOOM_K as u64).map(move |i| a.wrapping_add(i.wrapping_mul(b)) % bloom_bits)
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        match &self.bloom {
+            None => self.set.contains(&id),
+            Some(f) => {
+                Self::bits(self.bloom_bits, id).all(|i| f[(i / 64) as usize] >> (i % 64) & 1 == 1)
+            }
+        }
+    }
+
+    fn insert(&mut self, id: u64) {
+        let Some(f) = &mut self.bloom else {
+            self.distinct += u64::from(self.set.insert(id));
+            if self.set.len() > self.cap {
+                self.move_into_filter();
+            }
+            return;
+        };
+        let mut new = false;
+        for i in Self::bits(self.bloom_bits, id) {
+            let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+            new |= f[w] & m == 0;
+            f[w] |= m;
+        }
+        self.distinct += u64::from(new);
+    }
+
+    fn move_into_filter(&mut self) {
+        let mut f = vec![0u64; self.bloom_bits.div_ceil(64) as usize];
+        for &id in &self.set {
+            for i in Self::bits(self.bloom_bits, id) {
+                f[(i / 64) as usize] |= 1 << (i % 64);
+            }
+        }
+        self.set = HashSet::new();
+        self.bloom = Some(f);
+    }
+
+    /// The filter's false-positive rate now (its share of set bits, to the power k); `None`
+    /// while the set is exact.
+    fn false_positive_rate(&self) -> Option<f64> {
+        let f = self.bloom.as_ref()?;
+        let ones: u64 = f.iter().map(|w| w.count_ones() as u64).sum();
+        Some((ones as f64 / self.bloom_bits as f64).powi(BLOOM_K as i32))
+    }
+}
+
 /// Prefix-reuse figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Reuse {
@@ -57,6 +206,10 @@ pub struct Reuse {
     pub lru_blocks: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lru_hit_rate: Option<f64>,
+    /// Past the exact id set's bound: the Bloom filter's false-positive rate, about as much as
+    /// `block_reuse` and `mean_prefix_hit_rate` may over-count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub false_positive_rate: Option<f64>,
 }
 
 /// Latency recorded in the trace (recorded traces only), in milliseconds.
@@ -94,6 +247,12 @@ pub struct TraceStats {
     pub auxiliary: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded: Option<Recorded>,
+    /// Figures estimated to keep memory bounded on a very large trace (docs/inspect-json.md):
+    /// `isl`, `osl`, `ttft_ms`, `itl_ms`, `e2e_ms` (percentiles from a histogram),
+    /// `distinct_blocks` (the ids in a Bloom filter: block reuse and prefix hit rate may
+    /// over-count by `reuse.false_positive_rate`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approximate: Vec<&'static str>,
 }
 
 /// Options for [`compute`].
@@ -125,10 +284,11 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
     stats
 }
 
-/// [`compute`] one request at a time, for a stream in arrival order. Memory: 8 bytes per
-/// workload request (its two lengths, for exact percentiles), 4 per recorded inter-token gap, the
-/// set of distinct hash ids, one counter per session, and the arrivals of the last second (the
-/// peak rate assumes pushes in arrival order).
+/// [`compute`] one request at a time, for a stream in arrival order. Memory is bounded: 4 bytes
+/// per value of each distribution (lengths, recorded latencies and inter-token gaps) up to
+/// [`EXACT_VALUES`], then a histogram; the distinct hash ids up to [`EXACT_IDS`], then a Bloom
+/// filter of [`BLOOM_BITS`]; the LRU's `--cache-blocks`; one counter per session and per endpoint and
+/// model; the arrivals of the last second (the peak rate assumes pushes in arrival order).
 pub struct StatsAcc {
     block_size: u32,
     /// `--block-size`: the prefix figures' ids re-chunked.
@@ -140,9 +300,9 @@ pub struct StatsAcc {
     /// Arrivals of the last second.
     window: std::collections::VecDeque<u64>,
     peak: u64,
-    isl: Vec<u32>,
-    osl: Vec<u32>,
-    seen: HashSet<u64>,
+    isl: Values,
+    osl: Values,
+    seen: IdSet,
     refs: u64,
     hit_sum: f64,
     with_ids: u64,
@@ -152,13 +312,23 @@ pub struct StatsAcc {
     models: BTreeMap<String, u64>,
     auxiliary: BTreeMap<String, u64>,
     rec: Recorded,
-    ttft: Vec<f64>,
-    e2e: Vec<f64>,
-    itl_us: Vec<u32>,
+    ttft_us: Values,
+    e2e_us: Values,
+    itl_us: Values,
 }
 
 impl StatsAcc {
     pub fn new(header: &super::TraceHeader, opts: &StatsOptions) -> StatsAcc {
+        Self::bounded(header, opts, EXACT_VALUES, (EXACT_IDS, BLOOM_BITS))
+    }
+
+    /// [`StatsAcc::new`] with other bounds (tests).
+    fn bounded(
+        header: &super::TraceHeader,
+        opts: &StatsOptions,
+        values: usize,
+        (ids, bloom_bits): (usize, u64),
+    ) -> StatsAcc {
         let rechunk = opts
             .block_size
             .filter(|&b| b != header.block_size)
@@ -181,9 +351,9 @@ impl StatsAcc {
             last: 0,
             window: Default::default(),
             peak: 0,
-            isl: Vec::new(),
-            osl: Vec::new(),
-            seen: HashSet::new(),
+            isl: Values::new(values),
+            osl: Values::new(values),
+            seen: IdSet::new(ids, bloom_bits),
             refs: 0,
             hit_sum: 0.0,
             with_ids: 0,
@@ -193,9 +363,9 @@ impl StatsAcc {
             models: BTreeMap::new(),
             auxiliary: BTreeMap::new(),
             rec: Recorded::default(),
-            ttft: Vec::new(),
-            e2e: Vec::new(),
-            itl_us: Vec::new(),
+            ttft_us: Values::new(values),
+            e2e_us: Values::new(values),
+            itl_us: Values::new(values),
         }
     }
 
@@ -209,8 +379,8 @@ impl StatsAcc {
         self.arrival(r.arrival_us);
         self.last = r.arrival_us;
         // Lengths are at most 10^7 tokens (every importer's limit): u32 holds them exactly.
-        self.isl.push(r.input_tokens.min(u32::MAX as u64) as u32);
-        self.osl.push(r.output_tokens.min(u32::MAX as u64) as u32);
+        self.isl.push(r.input_tokens);
+        self.osl.push(r.output_tokens);
         match &mut self.rechunk {
             Some(rc) => {
                 let ids = rc.ids(r.input_tokens, &r.hash_ids);
@@ -260,27 +430,29 @@ impl StatsAcc {
         }
         self.with_ids += 1;
         self.refs += ids.len() as u64;
-        let lead = ids.iter().take_while(|h| self.seen.contains(h)).count();
+        let lead = ids.iter().take_while(|&&h| self.seen.contains(h)).count();
         self.hit_sum += lead as f64 / ids.len() as f64;
-        self.seen.extend(ids.iter().copied());
+        for &h in ids {
+            self.seen.insert(h);
+        }
     }
 
     fn recorded(&mut self, r: &Request) {
         let Some(resp) = &r.response else { return };
         let rec = &mut self.rec;
         rec.responses += 1;
+        // Recorded latencies in µs; u32 holds 71 minutes (longer ones count as that).
         if let Some(t) = resp.ttft_us {
-            self.ttft.push(t as f64 / 1e3);
+            self.ttft_us.push(t);
         }
         if let Some(e) = resp.end_us {
-            self.e2e.push(e as f64 / 1e3);
+            self.e2e_us.push(e);
         }
         // ITL between successive content events (those carrying tokens), as vLLM pools them.
         let mut prev = None;
         for e in resp.events.iter().filter(|e| e.tokens > 0) {
             if let Some(p) = prev {
-                let gap: u64 = e.offset_us - p;
-                self.itl_us.push(gap.min(u32::MAX as u64) as u32);
+                self.itl_us.push(e.offset_us - p);
             }
             prev = Some(e.offset_us);
         }
@@ -299,8 +471,26 @@ impl StatsAcc {
         let span_us = self.last.saturating_sub(self.first.unwrap_or(0));
         let duration_s = span_us as f64 / 1e6;
         let peak = self.peak;
-        let dist = |v: Vec<u32>| Dist::of(v.into_iter().map(f64::from).collect());
-        let distinct = self.seen.len() as u64;
+        let mut approximate = Vec::new();
+        let mut dist = |v: Values, div: f64, name: &'static str| {
+            let (d, approx) = v.dist(div);
+            if approx {
+                approximate.push(name);
+            }
+            d
+        };
+        let (isl, osl) = (dist(self.isl, 1.0, "isl"), dist(self.osl, 1.0, "osl"));
+        let recorded = (self.rec.responses > 0).then(|| Recorded {
+            ttft_ms: dist(self.ttft_us, 1e3, "ttft_ms"),
+            itl_ms: dist(self.itl_us, 1e3, "itl_ms"),
+            e2e_ms: dist(self.e2e_us, 1e3, "e2e_ms"),
+            ..self.rec
+        });
+        let false_positive_rate = self.seen.false_positive_rate();
+        if false_positive_rate.is_some() {
+            approximate.push("distinct_blocks");
+        }
+        let distinct = self.seen.distinct;
         let refs = self.refs;
         let reuse = Reuse {
             block_size: self.block_size,
@@ -320,13 +510,8 @@ impl StatsAcc {
                 (0, _) | (_, 0) => 0.0,
                 _ => self.lru_hits as f64 / refs as f64,
             }),
+            false_positive_rate,
         };
-        let recorded = (self.rec.responses > 0).then(|| Recorded {
-            ttft_ms: Dist::of(self.ttft),
-            itl_ms: Dist::of(self.itl_us.into_iter().map(|g| g as f64 / 1e3).collect()),
-            e2e_ms: Dist::of(self.e2e),
-            ..self.rec
-        });
         TraceStats {
             requests: n,
             duration_s,
@@ -336,8 +521,8 @@ impl StatsAcc {
                 0.0
             },
             peak_rate_rps: peak,
-            isl: dist(self.isl),
-            osl: dist(self.osl),
+            isl,
+            osl,
             reuse,
             sessions: self.turns.len() as u64,
             turns: (!self.turns.is_empty())
@@ -346,6 +531,7 @@ impl StatsAcc {
             models: self.models,
             auxiliary: self.auxiliary,
             recorded,
+            approximate,
         }
     }
 }
@@ -429,6 +615,51 @@ pub fn vllm_prefix_cache(
 mod tests {
     use super::*;
     use crate::trace::{Request, TraceHeader};
+
+    /// Past both bounds (here small: 2,000 values, 10,000 exact ids then a 4 Mibit filter, on the
+    /// 12,031-row Mooncake conversation trace with 182,790 distinct ids) memory stays within them,
+    /// the estimates stay close to the exact figures (over-counting at most by the reported
+    /// false-positive rate), and count, mean and max stay exact.
+    #[test]
+    fn past_the_bounds_memory_stays_bounded_and_estimates_hold() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("traces/mooncake_conversation.trace.zst");
+        let (t, _) = crate::trace::native::read_file(&path).unwrap();
+        let opts = StatsOptions::default();
+        let exact = compute(&t, &opts);
+        assert!(exact.approximate.is_empty());
+        let mut acc = StatsAcc::bounded(&t.header, &opts, 2_000, (10_000, 1 << 22));
+        for r in &t.requests {
+            acc.push(r);
+            assert!(acc.seen.set.len() <= 10_000 && acc.isl.exact.len() <= 2_000);
+        }
+        assert_eq!(acc.seen.bloom.as_ref().map(Vec::len), Some(1 << 16));
+        let est = acc.finish();
+        assert_eq!(est.approximate, ["isl", "osl", "distinct_blocks"]);
+        let near = |a: f64, b: f64, rel: f64| (a - b).abs() <= rel * b.abs();
+        for (e, x) in [(&est.isl, &exact.isl), (&est.osl, &exact.osl)] {
+            assert_eq!((e.count, e.max), (x.count, x.max));
+            assert!(near(e.mean, x.mean, 1e-12), "{e:?} {x:?}");
+            for (a, b) in [(e.p50, x.p50), (e.p90, x.p90), (e.p99, x.p99)] {
+                assert!(near(a, b, 0.002), "{e:?} {x:?}");
+            }
+        }
+        let (e, x) = (&est.reuse, &exact.reuse);
+        assert_eq!(e.block_references, x.block_references);
+        let fpr = e.false_positive_rate.unwrap();
+        assert!(fpr > 0.0 && fpr < 0.002, "{fpr}");
+        assert!(e.distinct_blocks <= x.distinct_blocks);
+        assert!(
+            near(e.distinct_blocks as f64, x.distinct_blocks as f64, fpr),
+            "{e:?} {x:?}"
+        );
+        for (a, b) in [
+            (e.block_reuse, x.block_reuse),
+            (e.mean_prefix_hit_rate, x.mean_prefix_hit_rate),
+        ] {
+            assert!(a >= b && a - b <= fpr, "{e:?} {x:?}");
+        }
+    }
 
     fn trace(rows: &[(u64, &[u64])]) -> Trace {
         Trace {
