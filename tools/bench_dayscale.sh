@@ -10,7 +10,8 @@
 #     replayer, p99 send drift of both runs, and the body builder's minimum lead and late count.
 #  2. Trace I/O: a ROWS-row BurstGPT-shaped CSV (default 5,000,000) and the same rows as a native
 #     trace: `inspect` and `convert` of each, peak RSS and rows/s; then ROWS rows as a set of 4
-#     native recordings merged by wall clock (`inspect A B C D`, `convert A B C D`).
+#     native recordings merged by wall clock (`inspect A B C D`, `convert A B C D`); then `inspect`
+#     of a 2 M-request fitted trace with more distinct hash ids than inspect keeps exactly.
 #
 # Usage: tools/bench_dayscale.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N, ISL_DIV (default 64), OSL (default 2), GAP_MS (default 1), SPEED (default 4), ROWS,
@@ -121,4 +122,10 @@ read -r rss wall < <(measure "$OUT/inspect_set.log" "$BIN" inspect $SET)
 printf '%-22s %10s %8s %9s %12.0f\n' "inspect 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
 read -r rss wall < <(measure "$OUT/convert_set.log" "$BIN" convert $SET -o "$OUT/set.trace.zst")
 printf '%-22s %10s %8s %9s %12.0f\n' "convert 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
+# Past inspect's exact bounds: a 2,000,000-request trace fitted to the conversation trace (new
+# hash ids, about 30 M distinct: beyond the 8 M kept exactly, so the Bloom filter takes over).
+"$BIN" synth "$SOURCE" -o "$OUT/big.trace.zst" --fit --requests 2000000 --seed 1 >/dev/null
+read -r rss wall < <(measure "$OUT/inspect_big.log" "$BIN" inspect "$OUT/big.trace.zst")
+printf '%-22s %10s %8s %9s %12.0f\n' "inspect 2M, 30M ids" 2000000 "$rss" "$wall" "$(python3 -c "print(2000000/max($wall,0.01))")"
+grep -E "prefix blocks|block reuse|estimated" "$OUT/inspect_big.log" || true
 echo "raw outputs: $OUT"
