@@ -419,3 +419,54 @@ fn fitted_model_keeps_the_daily_shape() {
     assert!(day / night > 3.5, "{day} {night}");
     assert!(b.requests.last().unwrap().arrival_us <= 72 * 3_600_000_000);
 }
+
+/// More users: K times the rate and the sessions, each with ids of its own.
+#[test]
+fn scale_users_adds_independent_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = run(&sessions(), dir.path(), &["--fit", "--duration", "20000s"]);
+    let b = run(
+        &sessions(),
+        dir.path(),
+        &["--fit", "--duration", "20000s", "--scale-users", "3"],
+    );
+    let n = |t: &Trace| {
+        t.requests
+            .iter()
+            .map(|r| r.session.as_ref().unwrap().id.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as f64
+    };
+    let ratio = n(&b) / n(&a);
+    assert!((2.0..4.5).contains(&ratio), "{ratio}");
+    assert!(b.requests.iter().all(|r| r.arrival_us <= 20_000_000_000));
+}
+
+/// Nothing of the input's ids reaches the output, and the header says so.
+#[test]
+fn fitted_output_holds_no_input_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = read(&conversation());
+    t.requests.truncate(2000);
+    for r in &mut t.requests {
+        for h in &mut r.hash_ids {
+            *h = xxhash_rust::xxh3::xxh3_64(&h.to_le_bytes());
+        }
+    }
+    t.header.hash_scheme = retrace::trace::HashScheme::Xxh3;
+    let p = dir.path().join("hashed.trace.zst");
+    retrace::trace::native::write_file(&p, &t, Default::default()).unwrap();
+    let b = run(&p, dir.path(), &["--fit"]);
+    let input: std::collections::HashSet<u64> =
+        t.requests.iter().flat_map(|r| r.hash_ids.clone()).collect();
+    assert!(b
+        .requests
+        .iter()
+        .flat_map(|r| &r.hash_ids)
+        .all(|h| !input.contains(h)));
+    assert!(b.header.meta["hash_ids"].contains("none is an id of the input"));
+    assert!(b
+        .requests
+        .iter()
+        .all(|r| r.body.is_none() && r.response.is_none()));
+}
