@@ -2,19 +2,20 @@
 //!
 //! What is learned (docs/synth.md has the reasoning and the measured fit):
 //! - per request, a row: input and output length, endpoint, model and parameters, its number of
-//!   blocks, how many leading blocks an earlier request had (its depth in the prefix tree where it
-//!   leaves the cached path) and how many distinct blocks were accessed since that tree node was
-//!   (its reuse distance). Rows are drawn whole, so lengths stay joint with the node
-//!   they hang from;
-//! - arrivals: the inter-arrival gaps of each window of the input's span (rate over time and
-//!   burst shape), and their gamma shape, reported;
+//!   blocks, and its cached path (the leading blocks an earlier request had) in steps: each the
+//!   part one earlier request accessed last, with its depth, its reuse distance (distinct blocks
+//!   accessed since) and how deep that request went. Rows are drawn whole, so lengths stay joint
+//!   with the node they hang from;
+//! - arrivals: the inter-arrival gaps and the rows of each window of the input's span (the hours
+//!   of the day when it spans a day): rate over time, burst shape, reuse as it was then; the
+//!   gaps' gamma shape, reported;
 //! - sessions (when every request has one): whole sessions, their turns' offsets, think times and
 //!   the sharing inside them; blocks that several sessions share stay shared.
 //!
-//! Sampling builds a new prefix tree: a request hangs from the node of its row's depth accessed
-//! most recently but at least its row's reuse distance ago, shares that path and adds fresh
-//! blocks. Every id is
-//! new (a counter), so nothing in the output maps back to the input.
+//! Sampling builds a new prefix tree: a request walks down from the root, each step starting at
+//! the child whose reuse distance is the step's and following the request that accessed it last,
+//! then adds fresh blocks. Every id is new (a counter), so nothing in the output maps back to the
+//! input.
 
 use super::WhatIfError;
 use crate::trace::{HashScheme, Request, Session, Trace, TraceHeader};
@@ -25,6 +26,12 @@ use std::collections::{BTreeMap, HashMap};
 const WINDOWS: usize = 100;
 /// Gaps per window at least (short traces get fewer, longer windows).
 const GAPS_PER_WINDOW: usize = 100;
+/// Children compared for the depth their last request went to (the nearest by recency: more
+/// trade recency for depth and leave the cache too cold, docs/synth.md).
+const CANDIDATES: usize = 2;
+const HOUR_US: u64 = 3_600_000_000;
+/// From this span on, the windows are the hours of the day.
+const DAY_US: u64 = 24 * HOUR_US;
 
 /// One request of the input as the model keeps it.
 #[derive(Debug, Clone)]
@@ -32,10 +39,20 @@ struct Row {
     /// Lengths, endpoint, model, parameters; no ids, response, body or session.
     proto: Request,
     blocks: u32,
-    /// Leading blocks an earlier request had.
-    hit: u32,
-    /// Distinct blocks accessed since the node at depth `hit` was (its reuse distance).
-    lag: u64,
+    /// The leading blocks an earlier request had (its cached path), cut where the request that
+    /// last accessed them changes. The last step's end is the request's hit.
+    steps: Vec<Step>,
+}
+
+/// A piece of a cached path that one earlier request accessed last.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Step {
+    /// Its last depth.
+    end: u32,
+    /// The reuse distance of its last block (distinct blocks accessed since).
+    distance: u64,
+    /// How many blocks that earlier request had below `end`.
+    below: u32,
 }
 
 /// A session: its turns' rows, offsets from its first turn, think times, and block labels.
@@ -63,6 +80,10 @@ pub struct Model {
     shared_blocks: u32,
     /// Gaps (µs) between successive arrivals (session starts in session mode), by window.
     windows: Vec<Vec<u64>>,
+    /// The rows of each window (by arrival).
+    window_rows: Vec<Vec<u32>>,
+    /// The windows are the hours of the day (the input spans a day or more).
+    daily: bool,
     /// Mean arrival rate of requests.
     pub rate_rps: f64,
     /// Gamma shape of the gaps by moments (1 = Poisson, below 1 bursty).
@@ -107,7 +128,14 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
     } else {
         reqs.iter().map(|r| r.arrival_us).collect()
     };
-    let windows = windows_of(&starts, span);
+    let daily = span >= DAY_US;
+    let (windows, of) = windows_of(&starts, span, daily);
+    let mut window_rows = vec![Vec::new(); windows.len()];
+    if !session_mode {
+        for (i, k) in of.into_iter().enumerate() {
+            window_rows[k].push(i as u32);
+        }
+    }
     let all: Vec<u64> = windows.iter().flatten().copied().collect();
     let rate_rps = if span > 0 {
         (reqs.len() - 1) as f64 / (span as f64 / 1e6)
@@ -121,6 +149,8 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
         shared_blocks: sessions.1,
         sessions: sessions.0,
         windows,
+        window_rows,
+        daily,
         rate_rps,
         gamma_shape: gamma_shape(&all),
         requests: reqs.len() as u64,
@@ -138,32 +168,32 @@ fn proto(r: &Request) -> Request {
     }
 }
 
-/// Rows in arrival order. A request's hit is its leading ids seen before (inspect's rule), its
-/// reuse distance that of the last of them.
+/// Rows in arrival order. A request's hit is its leading ids seen before (inspect's rule); its
+/// steps cut them where the request that last accessed them changes.
 fn rows_of(reqs: &[&Request]) -> Vec<Row> {
-    // per id, the time of its last access
-    let mut last: HashMap<u64, u64> = HashMap::new();
+    // per id, the time of its last access and the request that made it
+    let mut last: HashMap<u64, (u64, usize)> = HashMap::new();
     let mut rec = Recency::default();
     let mut out = Vec::with_capacity(reqs.len());
-    for r in reqs {
-        let hit = r
-            .hash_ids
-            .iter()
-            .take_while(|h| last.contains_key(h))
-            .count();
-        let lag = match hit {
-            0 => 0,
-            n => rec.distance(last[&r.hash_ids[n - 1]]),
-        };
+    for (i, r) in reqs.iter().enumerate() {
+        let ids = &r.hash_ids;
+        let hit: Vec<(u64, usize)> = ids.iter().map_while(|h| last.get(h).copied()).collect();
+        let steps = (0..hit.len())
+            .filter(|&d| hit.get(d + 1).is_none_or(|n| n.1 != hit[d].1))
+            .map(|d| Step {
+                end: d as u32 + 1,
+                distance: rec.distance(hit[d].0),
+                below: reqs[hit[d].1].hash_ids.len().saturating_sub(d + 1) as u32,
+            })
+            .collect();
         out.push(Row {
             proto: proto(r),
-            blocks: r.hash_ids.len() as u32,
-            hit: hit as u32,
-            lag,
+            blocks: ids.len() as u32,
+            steps,
         });
-        for h in &r.hash_ids {
-            let t = last.entry(*h).or_insert(0);
-            *t = rec.access(*t);
+        for h in ids {
+            let e = last.entry(*h).or_insert((0, i));
+            *e = (rec.access(e.0), i);
         }
     }
     out
@@ -310,18 +340,29 @@ fn sessions_of(reqs: &[&Request]) -> (Vec<SessionT>, u32) {
     )
 }
 
-/// Gaps between successive `times`, grouped by the window of the span they start in.
-fn windows_of(times: &[u64], span: u64) -> Vec<Vec<u64>> {
+/// Gaps between successive `times`, grouped by the window they start in: one of up to
+/// [`WINDOWS`] equal parts of the span, or with `daily` the hour of the day; and each time's
+/// window.
+fn windows_of(times: &[u64], span: u64, daily: bool) -> (Vec<Vec<u64>>, Vec<usize>) {
     let gaps = times.len().saturating_sub(1);
-    let n = (gaps / GAPS_PER_WINDOW).clamp(1, WINDOWS);
+    let n = match daily {
+        true => 24,
+        false => (gaps / GAPS_PER_WINDOW).clamp(1, WINDOWS),
+    };
     let t0 = times.first().copied().unwrap_or(0);
     let w = (span / n as u64).max(1);
+    let of: Vec<usize> = times
+        .iter()
+        .map(|t| match daily {
+            true => ((t - t0) / HOUR_US % 24) as usize,
+            false => (((t - t0) / w) as usize).min(n - 1),
+        })
+        .collect();
     let mut out = vec![Vec::new(); n];
-    for p in times.windows(2) {
-        let k = (((p[0] - t0) / w) as usize).min(n - 1);
-        out[k].push(p[1] - p[0]);
+    for (i, p) in times.windows(2).enumerate() {
+        out[of[i]].push(p[1] - p[0]);
     }
-    out
+    (out, of)
 }
 
 fn gamma_shape(gaps: &[u64]) -> f64 {
@@ -381,6 +422,11 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
             "{requests} requests is more than the 10^8 synth writes"
         )));
     }
+    // given only a duration, the duration ends the output (its rate varies): this only bounds it
+    let requests = match (s.requests, s.duration_us) {
+        (None, Some(_)) => requests * 2 + 1000,
+        _ => requests,
+    };
     let gap_scale = if m.rate_rps > 0.0 {
         m.rate_rps / rate
     } else {
@@ -411,142 +457,260 @@ pub fn sample(m: &Model, s: &Size, seed: u64) -> Result<Trace, WhatIfError> {
     Ok(t)
 }
 
-/// Arrival offsets: the windows of the input's span in order, each window's gaps shuffled and
-/// dealt whole before the next (the span starts over when the output is longer), scaled to the
-/// output's rate. At 1× the gaps are the input's own and every window keeps its rate.
+/// A sample dealt without replacement, shuffled anew each time it runs out.
+struct Deck<T> {
+    items: Vec<T>,
+    dealt: usize,
+}
+
+impl<T: Copy> Deck<T> {
+    fn new(items: Vec<T>) -> Deck<T> {
+        let dealt = items.len();
+        Deck { items, dealt }
+    }
+
+    fn shuffle(&mut self, rng: &mut impl Rng) {
+        use rand::seq::SliceRandom;
+        self.items.shuffle(rng);
+        self.dealt = 0;
+    }
+
+    fn left(&self) -> usize {
+        self.items.len() - self.dealt
+    }
+
+    fn draw(&mut self, rng: &mut impl Rng) -> Option<T> {
+        if self.left() == 0 {
+            self.shuffle(rng);
+        }
+        let x = self.items.get(self.dealt).copied();
+        self.dealt += 1;
+        x
+    }
+}
+
+impl Deck<u32> {
+    /// Shuffles the deck with `first` at its top.
+    fn open_with(&mut self, first: u32, rng: &mut impl Rng) {
+        self.shuffle(rng);
+        if let Some(i) = self.items.iter().position(|&x| x == first) {
+            self.items.swap(0, i);
+        }
+    }
+}
+
+/// Arrival offsets. Windows of the span: in order, each window's gaps shuffled and dealt whole
+/// before the next (the span starts over when the output is longer); at 1× the gaps are the
+/// input's own and every window keeps its rate. Hours of the day: each gap drawn from the deck
+/// of the hour it starts in (an hour without arrivals in the input is skipped). Gaps are scaled
+/// to the output's rate.
 struct Clock {
     t_us: f64,
-    decks: Vec<Vec<u64>>,
+    decks: Vec<Deck<u64>>,
     window: usize,
-    dealt: usize,
 }
 
 impl Clock {
     fn new(m: &Model) -> Clock {
         Clock {
             t_us: 0.0,
-            decks: m.windows.clone(),
+            decks: m.windows.iter().map(|w| Deck::new(w.clone())).collect(),
             window: usize::MAX,
-            dealt: 0,
         }
     }
 
-    fn next(&mut self, m: &Model, p: &Plan, rng: &mut impl Rng) -> u64 {
-        use rand::seq::SliceRandom;
-        let at = self.t_us.round() as u64;
+    /// The next arrival and its window.
+    fn next(&mut self, m: &Model, p: &Plan, rng: &mut impl Rng) -> (u64, usize) {
         let n = self.decks.len();
-        if self.window >= n || self.dealt >= self.decks[self.window].len() {
-            let from = self.window.wrapping_add(1) % n;
-            match (0..n)
-                .map(|d| (from + d) % n)
-                .find(|&w| !self.decks[w].is_empty())
-            {
-                Some(w) => {
-                    self.window = w;
-                    self.decks[w].shuffle(rng);
-                    self.dealt = 0;
-                }
-                None => {
-                    self.t_us += 1e6 / m.rate_rps.max(1e-9) * p.gap_scale;
-                    return at;
-                }
+        let next = match m.daily {
+            true => self.hour_of_day(),
+            false if self.window < n && self.decks[self.window].left() > 0 => Some(self.window),
+            false => {
+                let from = self.window.wrapping_add(1) % n;
+                let mut next = (0..n).map(|d| (from + d) % n);
+                next.find(|&w| !self.decks[w].items.is_empty())
             }
-        }
-        let gap = self.decks[self.window][self.dealt] as f64;
-        self.dealt += 1;
+        };
+        let at = self.t_us.round() as u64;
+        let Some(w) = next else {
+            self.t_us += 1e6 / m.rate_rps.max(1e-9) * p.gap_scale;
+            return (at, 0);
+        };
+        self.window = w;
+        let gap = self.decks[w].draw(rng).unwrap_or(0) as f64;
         self.t_us += gap * p.gap_scale;
-        at
+        (at, w)
+    }
+
+    /// The hour of the day now, moving the clock on to the next hour with gaps when this one
+    /// has none.
+    fn hour_of_day(&mut self) -> Option<usize> {
+        let now = self.t_us as u64 / HOUR_US;
+        let k = (0..24).find(|k| !self.decks[((now + k) % 24) as usize].items.is_empty())?;
+        if k > 0 {
+            self.t_us = ((now + k) * HOUR_US) as f64;
+        }
+        Some(((now + k) % 24) as usize)
     }
 }
 
-/// The generated prefix tree: per depth, nodes by the time of their last access.
+/// A node of the generated prefix tree; node 0 is the root above every first block.
 #[derive(Default)]
+struct Node {
+    parent: usize,
+    depth: u32,
+    /// The time of its last access (0: none, the root).
+    last: u64,
+    /// The deepest depth in its subtree.
+    height: u32,
+    /// The number of blocks of the request that last accessed it.
+    reach: u32,
+    /// Children by the time of their last access.
+    kids: BTreeMap<u64, usize>,
+}
+
+/// The generated prefix tree and its block accesses.
 struct Tree {
-    /// node → (parent, id, depth, last access)
-    nodes: Vec<(usize, u64, u32, u64)>,
-    by_depth: Vec<BTreeMap<u64, usize>>,
+    nodes: Vec<Node>,
     rec: Recency,
 }
 
-impl Tree {
-    /// The node at `depth` accessed most recently but at least `distance` blocks ago, else the
-    /// least recently accessed one.
-    fn near(&self, depth: u32, distance: u64) -> Option<usize> {
-        let m = self.by_depth.get(depth as usize - 1)?;
-        match self.rec.latest_at_distance(distance) {
-            Some(t) => m.range(..=t).next_back().or_else(|| m.range(t..).next()),
-            None => m.iter().next(),
+impl Default for Tree {
+    fn default() -> Tree {
+        Tree {
+            nodes: vec![Node::default()],
+            rec: Recency::default(),
         }
-        .map(|(_, &n)| n)
+    }
+}
+
+impl Tree {
+    /// The child of `node` that starts `step`, its subtree reaching depth `h`. Of the
+    /// [`CANDIDATES`] accessed most recently but at least `distance` blocks ago (else those
+    /// accessed soonest after) whose last request reached the step's end, the one whose last
+    /// request went nearest `step.below` blocks below it; failing that, any reaching `h`, by
+    /// recency; else the deepest.
+    fn child(&self, node: usize, step: Step, h: u32, distance: u64) -> Option<usize> {
+        let kids = &self.nodes[node].kids;
+        let t = self.rec.latest_at_distance(distance).unwrap_or(0);
+        let deep = |c: &&usize| self.nodes[**c].height >= h;
+        let whole = |c: &&usize| deep(c) && self.nodes[**c].reach >= step.end;
+        let off = |c: &usize| (self.nodes[*c].reach.saturating_sub(step.end)).abs_diff(step.below);
+        let older = || kids.range(..=t).rev().map(|(_, c)| c);
+        let newer = || kids.range(t + 1..).map(|(_, c)| c);
+        let best = |it: &mut dyn Iterator<Item = &usize>| -> Option<usize> {
+            it.filter(whole)
+                .take(CANDIDATES)
+                .min_by_key(|c| off(c))
+                .copied()
+        };
+        best(&mut older())
+            .or_else(|| best(&mut newer()))
+            .or_else(|| older().find(deep).copied())
+            .or_else(|| newer().find(deep).copied())
+            .or_else(|| kids.values().copied().max_by_key(|&c| self.nodes[c].height))
     }
 
-    fn path(&self, mut node: usize) -> Vec<usize> {
-        let mut v = Vec::new();
-        while node != usize::MAX {
-            v.push(node);
-            node = self.nodes[node].0;
-        }
-        v.reverse();
-        v
+    /// The child of `node` the same request accessed right after it, if any.
+    fn next_of_same_request(&self, node: usize) -> Option<usize> {
+        let last = self.nodes[node].last;
+        (node != 0).then(|| self.nodes[node].kids.get(&(last + 1)).copied())?
     }
 
     fn touch(&mut self, node: usize) {
-        let (_, _, d, last) = self.nodes[node];
+        let (parent, last) = (self.nodes[node].parent, self.nodes[node].last);
         let now = self.rec.access(last);
-        let m = &mut self.by_depth[d as usize - 1];
-        m.remove(&last);
-        m.insert(now, node);
-        self.nodes[node].3 = now;
+        let kids = &mut self.nodes[parent].kids;
+        kids.remove(&last);
+        kids.insert(now, node);
+        self.nodes[node].last = now;
     }
 
-    fn add(&mut self, parent: usize, depth: u32) -> usize {
+    fn add(&mut self, parent: usize) -> usize {
         let n = self.nodes.len();
-        // ids are the node numbers: a counter, nothing of the input's
-        self.nodes.push((parent, n as u64, depth, 0));
-        if self.by_depth.len() < depth as usize {
-            self.by_depth.resize_with(depth as usize, BTreeMap::new);
+        let depth = self.nodes[parent].depth + 1;
+        self.nodes.push(Node {
+            parent,
+            depth,
+            height: depth,
+            ..Default::default()
+        });
+        let mut up = parent;
+        while up != 0 && self.nodes[up].height < depth {
+            self.nodes[up].height = depth;
+            up = self.nodes[up].parent;
         }
         self.touch(n);
         n
     }
 
-    /// Ids of a request of `blocks` blocks hanging from a node at depth `hit` last accessed
-    /// about `distance` distinct blocks ago.
-    fn request(&mut self, blocks: u32, hit: u32, distance: u64) -> Vec<u64> {
-        let mut path = Vec::new();
-        if hit > 0 {
-            // the deepest depth at or above `hit` that exists
-            let d = hit.min(self.by_depth.len() as u32);
-            if let Some(n) = (1..=d).rev().find_map(|d| self.near(d, distance)) {
-                path = self.path(n);
+    /// Ids of a request of `blocks` blocks whose cached path follows `steps` (see [`Row`]): level
+    /// by level from the root, each step starting at a child whose reuse distance is the step's
+    /// and whose last request went as deep, then following that request; then fresh blocks. Ids
+    /// are the node numbers: a counter, nothing of the input's.
+    fn request(&mut self, blocks: u32, steps: &[Step]) -> Vec<u64> {
+        let h = steps.last().map_or(0, |s| s.end);
+        let mut path: Vec<usize> = Vec::new();
+        'steps: for &step in steps {
+            let Step { end, distance, .. } = step;
+            let start = path.len() as u32 + 1;
+            while (path.len() as u32) < end {
+                let at = path.last().copied().unwrap_or(0);
+                let level = path.len() as u32 + 1;
+                // the levels above the step's end were accessed just before it
+                let d = distance + u64::from(end - level);
+                let same = (level > start)
+                    .then(|| self.next_of_same_request(at))
+                    .flatten()
+                    .filter(|&c| self.nodes[c].height >= h);
+                match same.or_else(|| self.child(at, step, h, d)) {
+                    Some(c) => path.push(c),
+                    None => break 'steps,
+                }
             }
         }
         for &n in &path {
             self.touch(n);
         }
-        let mut parent = path.last().copied().unwrap_or(usize::MAX);
-        for d in path.len() as u32 + 1..=blocks {
-            parent = self.add(parent, d);
-            path.push(parent);
+        while (path.len() as u32) < blocks {
+            let at = path.last().copied().unwrap_or(0);
+            path.push(self.add(at));
         }
-        path.iter().map(|&n| self.nodes[n].1).collect()
+        for &n in &path {
+            self.nodes[n].reach = blocks;
+        }
+        path.iter().map(|&n| n as u64).collect()
     }
 }
 
 fn sample_requests(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
     let mut clock = Clock::new(m);
+    let mut rows: Vec<Deck<u32>> = m.window_rows.iter().map(|v| Deck::new(v.clone())).collect();
+    // the input's first request opens the output: it is the one that found no tree before it
+    if let Some(d) = rows.first_mut() {
+        d.open_with(0, rng);
+    }
     let mut tree = Tree::default();
     let mut out = Vec::with_capacity(p.requests.min(1 << 24) as usize);
     for _ in 0..p.requests {
-        let at = clock.next(m, p, rng);
+        let (at, w) = clock.next(m, p, rng);
         if p.until_us.is_some_and(|u| at > u) {
             break;
         }
-        let row = &m.rows[rng.random_range(0..m.rows.len())];
-        let lag = (row.lag as f64 * p.lag_scale).round() as u64;
+        // a row of the window: lengths and reuse as they were at this point of the span
+        let i = rows.get_mut(w).and_then(|d| d.draw(rng));
+        let row = &m.rows[i.map_or_else(|| rng.random_range(0..m.rows.len()), |i| i as usize)];
+        let steps: Vec<Step> = row
+            .steps
+            .iter()
+            .map(|&s| Step {
+                distance: (s.distance as f64 * p.lag_scale).round() as u64,
+                ..s
+            })
+            .collect();
         let mut r = row.proto.clone();
         r.arrival_us = at;
-        r.hash_ids = tree.request(row.blocks, row.hit, lag);
+        r.hash_ids = tree.request(row.blocks, &steps);
         out.push(r);
     }
     out
@@ -571,7 +735,7 @@ fn sample_sessions(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
             clock.t_us += -u.ln() * 1e6 / rate.max(1e-12);
             t
         } else {
-            clock.next(m, p, rng)
+            clock.next(m, p, rng).0
         };
         if p.until_us.is_some_and(|u| start > u) {
             break;
@@ -628,34 +792,58 @@ mod tests {
         }
     }
 
+    fn step(end: u32, distance: u64, below: u32) -> Step {
+        Step {
+            end,
+            distance,
+            below,
+        }
+    }
+
     #[test]
-    fn rows_know_their_depth_and_reuse_distance() {
+    fn rows_know_their_steps_and_reuse_distances() {
         let reqs = [
             req(0, 30, &[1, 2]),
             req(1, 30, &[5, 6]),
             req(2, 50, &[1, 2, 3]),
             req(3, 40, &[1, 9]),
+            req(4, 40, &[1, 2, 3, 4]),
         ];
         let refs: Vec<&Request> = reqs.iter().collect();
-        let rows = rows_of(&refs);
-        let got: Vec<(u32, u32, u64)> = rows.iter().map(|r| (r.blocks, r.hit, r.lag)).collect();
-        // request 3 hangs from block 2, with 5 and 6 accessed since; request 4 from block 1,
-        // with 2 and 3 accessed since
-        assert_eq!(got, [(2, 0, 0), (2, 0, 0), (3, 2, 2), (2, 1, 2)]);
+        let steps: Vec<Vec<Step>> = rows_of(&refs).into_iter().map(|r| r.steps).collect();
+        // request 3 hangs from block 2 of request 1, with 5 and 6 accessed since; request 4
+        // from block 1 of request 3, with 2 and 3 since; request 5 has block 1 of request 4
+        // (9 since, which went 1 block deeper) and blocks 2, 3 of request 3 (1 and 9 since)
+        // (request 3 went 2 blocks below block 1)
+        assert_eq!(
+            steps,
+            [
+                vec![],
+                vec![],
+                vec![step(2, 2, 0)],
+                vec![step(1, 2, 2)],
+                vec![step(1, 1, 1), step(3, 2, 0)],
+            ]
+        );
     }
 
     #[test]
     fn the_tree_shares_paths_and_mints_new_ids() {
         let mut t = Tree::default();
-        let a = t.request(3, 0, 0);
-        let b = t.request(2, 0, 0);
-        let c = t.request(4, 2, 2);
+        let a = t.request(3, &[]);
+        let b = t.request(2, &[]);
+        // a's first two blocks, 3 distinct blocks ago (a's third and b's two since)
+        let c = t.request(4, &[step(2, 3, 1)]);
         assert_eq!(c[..2], a[..2]);
         assert_ne!(c[2], a[2]);
         assert!(b.iter().all(|x| !a.contains(x)));
-        // nothing at depth 5 yet: the deepest node above is used
-        let d = t.request(6, 5, 0);
+        // nothing at depth 5 yet: the deepest path there is is used
+        let d = t.request(6, &[step(5, 0, 0)]);
         assert_eq!(d[..4], c[..]);
+        // two steps: d's first two blocks, then the older of the two third blocks under them,
+        // the one whose last request ended there: a's
+        let e = t.request(3, &[step(2, 0, 4), step(3, 20, 0)]);
+        assert_eq!(e[..], a[..]);
     }
 
     #[test]
@@ -673,23 +861,14 @@ mod tests {
             scale_users: 1.0,
         };
         assert_eq!(plan(&m, &size(None, None, None)).unwrap().requests, 101);
-        assert_eq!(
-            plan(&m, &size(None, Some(10_000_000), None))
-                .unwrap()
-                .requests,
-            1000
-        );
-        assert_eq!(
-            plan(&m, &size(None, Some(10_000_000), Some(5.0)))
-                .unwrap()
-                .requests,
-            50
-        );
+        // arrivals at 0, 10 ms, ... 10 s; at 5 req/s every 200 ms
+        let n = |s: Size| sample(&m, &s, 1).unwrap().requests.len();
+        assert_eq!(n(size(None, Some(10_000_000), None)), 1001);
+        assert_eq!(n(size(None, Some(10_000_000), Some(5.0))), 51);
         let p = plan(&m, &size(Some(50), Some(1_000_000), None)).unwrap();
         assert!((p.gap_scale - 2.0).abs() < 1e-9);
         let out = sample(&m, &size(Some(400), None, None), 1).unwrap();
         assert_eq!(out.requests.len(), 400);
-        // the input's rate is kept, so the span grows
         // the input's rate is kept (its gaps are all 10 ms), so the span grows
         assert_eq!(out.span_us(), 3_990_000);
     }
