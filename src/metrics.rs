@@ -228,6 +228,58 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// The request without its ITL values and error text: what the statistics keep of it.
+    pub fn scalars(&self) -> Scalars {
+        Scalars {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            intended_ns: self.intended_ns,
+            dispatched_ns: self.dispatched_ns,
+            slot_wait_ns: self.slot_wait_ns,
+            sent_ns: self.sent_ns,
+            ttft_ns: self.ttft_ns,
+            e2el_ns: self.e2el_ns,
+            end_ns: self.end_ns,
+            error: self.error,
+            server: self.server,
+        }
+    }
+    pub fn ok(&self) -> bool {
+        self.scalars().ok()
+    }
+    /// See [`Scalars::drift_ns`].
+    pub fn drift_ns(&self) -> i64 {
+        self.scalars().drift_ns()
+    }
+    pub fn dispatch_drift_ns(&self) -> i64 {
+        self.scalars().dispatch_drift_ns()
+    }
+    pub fn client_queue_ns(&self) -> u64 {
+        self.slot_wait_ns
+    }
+    pub fn tpot_s(&self) -> Option<f64> {
+        self.scalars().tpot_s()
+    }
+}
+
+/// A finished request's fixed-size part ([`Sample`] less its ITL values and error detail), kept
+/// for every request of a run: the per-request figures vLLM's statistics are computed from.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Scalars {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub intended_ns: u64,
+    pub dispatched_ns: u64,
+    pub slot_wait_ns: u64,
+    pub sent_ns: u64,
+    pub ttft_ns: Option<u64>,
+    pub e2el_ns: Option<u64>,
+    pub end_ns: u64,
+    pub error: Option<Failure>,
+    pub server: ServerTimes,
+}
+
+impl Scalars {
     pub fn ok(&self) -> bool {
         self.error.is_none() && self.ttft_ns.is_some()
     }
@@ -414,6 +466,28 @@ impl Stats {
         }
     }
 
+    /// From a histogram of values `per_ms` to the ms (1000 for µs), to its 3 significant digits.
+    pub fn from_histogram(h: &Histogram<u64>, per_ms: f64, percentiles: &[f64]) -> Stats {
+        let ms = |v: f64| v / per_ms;
+        let q = |x: f64| match h.is_empty() {
+            true => 0.0,
+            false => ms(h.value_at_quantile(x) as f64),
+        };
+        let (min, max) = match h.is_empty() {
+            true => (0.0, 0.0),
+            false => (ms(h.min() as f64), ms(h.max() as f64)),
+        };
+        Stats {
+            count: h.len() as usize,
+            mean: ms(h.mean()),
+            median: q(0.5),
+            std: ms(h.stdev()),
+            min,
+            max,
+            percentiles: percentiles.iter().map(|&p| (p, q(p / 100.0))).collect(),
+        }
+    }
+
     pub fn percentile(&self, p: f64) -> Option<f64> {
         self.percentiles
             .iter()
@@ -476,104 +550,284 @@ pub struct Summary {
     pub errors: BTreeMap<String, u64>,
 }
 
+/// How many ITL values a run keeps exactly (8 bytes each, at most 128 MiB): beyond them the ITL
+/// statistics come from the `itl_us` HdrHistogram ([`Collector::itl_from_histogram`]).
+pub const ITL_BOUND: usize = 16 << 20;
+
+/// The latest second of the run clock the token peak counts (48 days; a run is at most 30).
+const MAX_SECOND: u64 = 1 << 22;
+
+/// A run's finished requests, folded in as each completes, by schedule index: each request's
+/// [`Scalars`] (index-aligned, so the statistics see requests in schedule order as vLLM does),
+/// its ITL values while the run holds fewer than the bound, the histograms, and content messages
+/// per whole second of the run clock (the token peak once ITL values are no longer kept).
+#[derive(Debug, Clone)]
+pub struct Collector {
+    scalars: Vec<Scalars>,
+    /// Where each request's ITL values start in `itls`, and how many it has.
+    itl_at: Vec<(usize, u32)>,
+    /// ITL values (ns) of successful requests, in the order they finished; `None` once they
+    /// would have gone over `itl_bound`.
+    itls: Option<Vec<u64>>,
+    itl_bound: usize,
+    hist: Histograms,
+    tokens_per_s: Vec<u64>,
+}
+
+impl Collector {
+    /// For requests `0..n`, keeping at most `itl_bound` ITL values.
+    pub fn new(n: usize, itl_bound: usize) -> Collector {
+        Collector {
+            scalars: vec![Scalars::default(); n],
+            itl_at: vec![(0, 0); n],
+            itls: Some(Vec::new()),
+            itl_bound,
+            hist: Histograms::default(),
+            tokens_per_s: Vec::new(),
+        }
+    }
+
+    /// `samples`, each at its position.
+    pub fn from_samples(samples: &[Sample]) -> Collector {
+        let mut c = Collector::new(samples.len(), ITL_BOUND);
+        for (i, s) in samples.iter().enumerate() {
+            c.add(i, s);
+        }
+        c
+    }
+
+    /// Folds in the sample of request `index` (out of range: ignored).
+    pub fn add(&mut self, index: usize, s: &Sample) {
+        let sc = s.scalars();
+        let Some(slot) = self.scalars.get_mut(index) else {
+            return;
+        };
+        *slot = sc;
+        self.hist.record(&sc, &s.itls_ns);
+        if !sc.ok() {
+            return;
+        }
+        let mut t = sc.sent_ns.saturating_add(sc.ttft_ns.unwrap_or(0));
+        for g in std::iter::once(0).chain(s.itls_ns.iter().copied()) {
+            t = t.saturating_add(g);
+            let second = t / 1_000_000_000;
+            if second < MAX_SECOND {
+                let b = second as usize;
+                if self.tokens_per_s.len() <= b {
+                    self.tokens_per_s.resize(b + 1, 0);
+                }
+                self.tokens_per_s[b] += 1;
+            }
+        }
+        if let Some(v) = &mut self.itls {
+            let n = s.itls_ns.len();
+            match u32::try_from(n) {
+                Ok(k) if v.len() + n <= self.itl_bound => {
+                    self.itl_at[index] = (v.len(), k);
+                    v.extend_from_slice(&s.itls_ns);
+                }
+                _ => self.itls = None,
+            }
+        }
+    }
+
+    /// Every request's scalars, by index.
+    pub fn scalars(&self) -> &[Scalars] {
+        &self.scalars
+    }
+
+    pub fn histograms(&self) -> &Histograms {
+        &self.hist
+    }
+
+    /// The ITL values went over the bound and were let go: ITL statistics come from the `itl_us`
+    /// histogram and the token peak from whole seconds of the run clock.
+    pub fn itl_from_histogram(&self) -> bool {
+        self.itls.is_none()
+    }
+
+    /// Request `i`'s ITL values, ns (none once they were let go).
+    fn itls_ns(&self, i: usize) -> &[u64] {
+        match (&self.itls, self.itl_at.get(i)) {
+            (Some(v), Some(&(at, n))) => &v[at..at + n as usize],
+            _ => &[],
+        }
+    }
+
+    /// Bytes this collector holds for the run's requests (histograms aside: their size is fixed).
+    pub fn retained_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.scalars.capacity() * size_of::<Scalars>()
+            + self.itl_at.capacity() * size_of::<(usize, u32)>()
+            + self.itls.as_ref().map_or(0, |v| v.capacity() * size_of::<u64>())
+            + self.tokens_per_s.capacity() * size_of::<u64>()
+    }
+
+    /// The summary; `duration_s` is first dispatch to last completion.
+    pub fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
+        let all = &self.scalars;
+        let ok = || all.iter().filter(|s| s.ok());
+        let secs = |f: &dyn Fn(&Scalars) -> Option<u64>| -> Vec<f64> {
+            ok().filter_map(|s| f(s).map(ns_to_s)).collect()
+        };
+        let ttfts = secs(&|s| s.ttft_ns);
+        let e2els = secs(&|s| s.e2el_ns);
+        let tpots: Vec<f64> = ok().filter_map(|s| s.tpot_s()).collect();
+        let p = percentiles;
+        let itl = match &self.itls {
+            Some(_) => {
+                let v: Vec<f64> = (0..all.len())
+                    .filter(|&i| all[i].ok())
+                    .flat_map(|i| self.itls_ns(i).iter().map(|&n| ns_to_s(n)))
+                    .collect();
+                Stats::from_seconds(&v, p)
+            }
+            None => match self.hist.by_name.get("itl_us") {
+                Some(h) => Stats::from_histogram(h, 1000.0, p),
+                None => Stats::from_seconds(&[], p),
+            },
+        };
+        let from_int =
+            |s: &Scalars, v: Option<u64>| v.map(|v| (s.sent_ns + v).saturating_sub(s.intended_ns));
+        let ttft_i = secs(&|s| from_int(s, s.ttft_ns));
+        let e2el_i = secs(&|s| from_int(s, s.e2el_ns));
+        let drift: Vec<f64> = all.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
+        let dispatch_drift: Vec<f64> = all
+            .iter()
+            .map(|s| s.dispatch_drift_ns() as f64 / 1e9)
+            .collect();
+        let queue: Vec<f64> = all.iter().map(|s| ns_to_s(s.client_queue_ns())).collect();
+        let mut sq = Vec::new();
+        let mut st = Vec::new();
+        let mut un = Vec::new();
+        let mut reported = 0;
+        let mut cache = ServerCache::default();
+        for s in ok() {
+            let sv = &s.server;
+            if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
+                reported += 1;
+            }
+            if let Some(q) = sv.queue_ms {
+                sq.push(q / 1000.0);
+            }
+            if let Some(t) = sv.ttft_ms {
+                st.push(t / 1000.0);
+            }
+            if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
+                let queue = sv.queue_ms.map(|q| q / 1000.0);
+                un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
+            }
+            if let Some(c) = sv.cached_tokens {
+                cache.requests += 1;
+                cache.cached_tokens += c;
+                cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
+            }
+        }
+        let completed = ok().count() as u64;
+        let total_input_tokens: u64 = ok().map(|s| s.input_tokens).sum();
+        let total_output_tokens: u64 = ok().map(|s| s.output_tokens).sum();
+        let per_s = |x: f64| {
+            if duration_s > 0.0 {
+                x / duration_s
+            } else {
+                0.0
+            }
+        };
+        let mut errors = BTreeMap::new();
+        for s in all.iter().filter(|s| !s.ok()) {
+            let kind = s.error.unwrap_or(Failure::NoContent);
+            *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
+        }
+        let (max_output_tokens_per_s, max_concurrent_requests) = self.per_second_peaks();
+        Summary {
+            completed,
+            failed: all.len() as u64 - completed,
+            duration_s,
+            total_input_tokens,
+            total_output_tokens,
+            request_throughput: per_s(completed as f64),
+            output_throughput: per_s(total_output_tokens as f64),
+            total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
+            request_goodput: None,
+            max_concurrent_requests,
+            max_output_tokens_per_s,
+            peak_in_flight: max_concurrency(all),
+            ttft: Stats::from_seconds(&ttfts, p),
+            tpot: Stats::from_seconds(&tpots, p),
+            itl,
+            e2el: Stats::from_seconds(&e2els, p),
+            ttft_from_intended: Stats::from_seconds(&ttft_i, p),
+            e2el_from_intended: Stats::from_seconds(&e2el_i, p),
+            drift: Stats::from_seconds(&drift, p),
+            dispatch_drift: Stats::from_seconds(&dispatch_drift, p),
+            client_queue: Stats::from_seconds(&queue, p),
+            server_reported: reported,
+            server_queue: Stats::from_seconds(&sq, p),
+            server_ttft: Stats::from_seconds(&st, p),
+            unattributed: Stats::from_seconds(&un, p),
+            server_cache: (cache.requests > 0).then_some(cache),
+            errors,
+        }
+    }
+
+    /// Successful requests meeting every given SLO, as vLLM counts them (a request with one
+    /// output token has TPOT 0 for this check).
+    pub fn good_requests(&self, slo: &Slo) -> u64 {
+        self.scalars
+            .iter()
+            .filter(|s| s.ok())
+            .filter(|s| {
+                let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
+                let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
+                let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
+                slo.ttft_ms.is_none_or(|m| ttft <= m)
+                    && slo.tpot_ms.is_none_or(|m| tpot <= m)
+                    && slo.e2el_ms.is_none_or(|m| e2el <= m)
+            })
+            .count() as u64
+    }
+
+    /// vLLM's per-second peaks over successful requests, in its float arithmetic: whole seconds
+    /// from the first send; each content message (first token, then one per ITL gap) counts in
+    /// its second, and a request counts in every second from its send to its end. Returns (most
+    /// messages in one second, most requests in one second). Once the ITL values were let go,
+    /// messages are counted in whole seconds of the run clock instead.
+    fn per_second_peaks(&self) -> (f64, u64) {
+        let ok = || self.scalars.iter().enumerate().filter(|(_, s)| s.ok());
+        let start = |s: &Scalars| ns_to_s(s.sent_ns);
+        let end = |s: &Scalars| start(s) + s.e2el_ns.map_or(0.0, ns_to_s);
+        let Some(t0) = ok().map(|(_, s)| start(s)).min_by(f64::total_cmp) else {
+            return (0.0, 0);
+        };
+        let last = ok().map(|(_, s)| end(s)).fold(t0, f64::max);
+        let n = (last - t0).ceil() as usize + 1;
+        let (mut tokens, mut active) = (vec![0u64; n], vec![0u64; n]);
+        for (i, s) in ok() {
+            let mut t = start(s) + s.ttft_ns.map_or(0.0, ns_to_s);
+            let gaps = self.itls_ns(i).iter().map(|&g| ns_to_s(g));
+            for g in std::iter::once(0.0).chain(gaps) {
+                t += g;
+                if let Some(b) = tokens.get_mut((t - t0) as usize) {
+                    *b += 1;
+                }
+            }
+            let (a, b) = ((start(s) - t0) as usize, (end(s) - t0) as usize);
+            for c in active.iter_mut().take(b + 1).skip(a) {
+                *c += 1;
+            }
+        }
+        let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+        let tokens = match self.itls {
+            Some(_) => max(&tokens),
+            None => max(&self.tokens_per_s),
+        };
+        (tokens as f64, max(&active))
+    }
+}
+
 /// Summarises `samples`; `duration_s` is first dispatch to last completion.
 pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Summary {
-    let ok: Vec<&Sample> = samples.iter().filter(|s| s.ok()).collect();
-    let secs = |f: &dyn Fn(&Sample) -> Option<u64>| -> Vec<f64> {
-        ok.iter().filter_map(|s| f(s).map(ns_to_s)).collect()
-    };
-    let ttfts = secs(&|s| s.ttft_ns);
-    let e2els = secs(&|s| s.e2el_ns);
-    let tpots: Vec<f64> = ok.iter().filter_map(|s| s.tpot_s()).collect();
-    let itls: Vec<f64> = ok
-        .iter()
-        .flat_map(|s| s.itls_ns.iter().map(|&n| ns_to_s(n)))
-        .collect();
-    let from_int =
-        |s: &Sample, v: Option<u64>| v.map(|v| (s.sent_ns + v).saturating_sub(s.intended_ns));
-    let ttft_i = secs(&|s| from_int(s, s.ttft_ns));
-    let e2el_i = secs(&|s| from_int(s, s.e2el_ns));
-    let drift: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
-    let dispatch_drift: Vec<f64> = samples
-        .iter()
-        .map(|s| s.dispatch_drift_ns() as f64 / 1e9)
-        .collect();
-    let queue: Vec<f64> = samples
-        .iter()
-        .map(|s| ns_to_s(s.client_queue_ns()))
-        .collect();
-    let mut sq = Vec::new();
-    let mut st = Vec::new();
-    let mut un = Vec::new();
-    let mut reported = 0;
-    let mut cache = ServerCache::default();
-    for s in &ok {
-        let sv = &s.server;
-        if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
-            reported += 1;
-        }
-        if let Some(q) = sv.queue_ms {
-            sq.push(q / 1000.0);
-        }
-        if let Some(t) = sv.ttft_ms {
-            st.push(t / 1000.0);
-        }
-        if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
-            let queue = sv.queue_ms.map(|q| q / 1000.0);
-            un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
-        }
-        if let Some(c) = sv.cached_tokens {
-            cache.requests += 1;
-            cache.cached_tokens += c;
-            cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
-        }
-    }
-    let completed = ok.len() as u64;
-    let total_input_tokens: u64 = ok.iter().map(|s| s.input_tokens).sum();
-    let total_output_tokens: u64 = ok.iter().map(|s| s.output_tokens).sum();
-    let per_s = |x: f64| {
-        if duration_s > 0.0 {
-            x / duration_s
-        } else {
-            0.0
-        }
-    };
-    let mut errors = BTreeMap::new();
-    for s in samples.iter().filter(|s| !s.ok()) {
-        let kind = s.error.unwrap_or(Failure::NoContent);
-        *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
-    }
-    let p = percentiles;
-    let (max_output_tokens_per_s, max_concurrent_requests) = per_second_peaks(&ok);
-    Summary {
-        completed,
-        failed: samples.len() as u64 - completed,
-        duration_s,
-        total_input_tokens,
-        total_output_tokens,
-        request_throughput: per_s(completed as f64),
-        output_throughput: per_s(total_output_tokens as f64),
-        total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
-        request_goodput: None,
-        max_concurrent_requests,
-        max_output_tokens_per_s,
-        peak_in_flight: max_concurrency(samples),
-        ttft: Stats::from_seconds(&ttfts, p),
-        tpot: Stats::from_seconds(&tpots, p),
-        itl: Stats::from_seconds(&itls, p),
-        e2el: Stats::from_seconds(&e2els, p),
-        ttft_from_intended: Stats::from_seconds(&ttft_i, p),
-        e2el_from_intended: Stats::from_seconds(&e2el_i, p),
-        drift: Stats::from_seconds(&drift, p),
-        dispatch_drift: Stats::from_seconds(&dispatch_drift, p),
-        client_queue: Stats::from_seconds(&queue, p),
-        server_reported: reported,
-        server_queue: Stats::from_seconds(&sq, p),
-        server_ttft: Stats::from_seconds(&st, p),
-        unattributed: Stats::from_seconds(&un, p),
-        server_cache: (cache.requests > 0).then_some(cache),
-        errors,
-    }
+    Collector::from_samples(samples).summary(duration_s, percentiles)
 }
 
 /// Service-level objectives for goodput, in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`).
@@ -590,56 +844,8 @@ impl Slo {
     }
 }
 
-/// Successful requests meeting every given SLO, as vLLM counts them (a request with one output
-/// token has TPOT 0 for this check).
-pub fn good_requests(samples: &[Sample], slo: &Slo) -> u64 {
-    samples
-        .iter()
-        .filter(|s| s.ok())
-        .filter(|s| {
-            let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
-            let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
-            let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
-            slo.ttft_ms.is_none_or(|m| ttft <= m)
-                && slo.tpot_ms.is_none_or(|m| tpot <= m)
-                && slo.e2el_ms.is_none_or(|m| e2el <= m)
-        })
-        .count() as u64
-}
-
-/// vLLM's per-second peaks over successful requests, in its float arithmetic: whole seconds from
-/// the first send; each content message (first token, then one per ITL gap) counts in its second,
-/// and a request counts in every second from its send to its end. Returns (most messages in one
-/// second, most requests in one second).
-fn per_second_peaks(ok: &[&Sample]) -> (f64, u64) {
-    let start = |s: &Sample| ns_to_s(s.sent_ns);
-    let end = |s: &Sample| start(s) + s.e2el_ns.map_or(0.0, ns_to_s);
-    let Some(t0) = ok.iter().map(|s| start(s)).min_by(f64::total_cmp) else {
-        return (0.0, 0);
-    };
-    let last = ok.iter().map(|s| end(s)).fold(t0, f64::max);
-    let n = (last - t0).ceil() as usize + 1;
-    let (mut tokens, mut active) = (vec![0u64; n], vec![0u64; n]);
-    for s in ok {
-        let mut t = start(s) + s.ttft_ns.map_or(0.0, ns_to_s);
-        let gaps = s.itls_ns.iter().map(|&g| ns_to_s(g));
-        for g in std::iter::once(0.0).chain(gaps) {
-            t += g;
-            if let Some(b) = tokens.get_mut((t - t0) as usize) {
-                *b += 1;
-            }
-        }
-        let (a, b) = ((start(s) - t0) as usize, (end(s) - t0) as usize);
-        for c in active.iter_mut().take(b + 1).skip(a) {
-            *c += 1;
-        }
-    }
-    let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
-    (max(&tokens) as f64, max(&active))
-}
-
 /// Peak number of requests between send and end at the same time.
-fn max_concurrency(samples: &[Sample]) -> u64 {
+fn max_concurrency(samples: &[Scalars]) -> u64 {
     let mut ev: Vec<(u64, i8)> = Vec::with_capacity(samples.len() * 2);
     for s in samples {
         ev.push((s.sent_ns, 1));
@@ -662,50 +868,62 @@ pub struct Histograms {
     pub by_name: BTreeMap<String, Histogram<u64>>,
 }
 
-impl Histograms {
-    fn new_hist(high: u64) -> Histogram<u64> {
-        Histogram::new_with_bounds(1, high, 3).expect("valid static bounds")
-    }
-
-    /// Builds the histograms of successful samples (drift and queue of all samples).
-    pub fn from_samples(samples: &[Sample]) -> Histograms {
-        let mut h: BTreeMap<String, Histogram<u64>> = BTreeMap::new();
+impl Default for Histograms {
+    /// Empty: `ttft_us`, `tpot_us`, `itl_us`, `e2el_us` (up to an hour), `drift_abs_ns`,
+    /// `client_queue_ns` (up to an hour).
+    fn default() -> Histograms {
         const HOUR_US: u64 = 3_600_000_000;
         const HOUR_NS: u64 = 3_600_000_000_000;
+        let hist = |high| Histogram::new_with_bounds(1, high, 3).expect("valid static bounds");
+        let mut h = BTreeMap::new();
         for name in ["ttft_us", "tpot_us", "itl_us", "e2el_us"] {
-            h.insert(name.into(), Self::new_hist(HOUR_US));
+            h.insert(name.to_string(), hist(HOUR_US));
         }
         for name in ["drift_abs_ns", "client_queue_ns"] {
-            h.insert(name.into(), Self::new_hist(HOUR_NS));
+            h.insert(name.to_string(), hist(HOUR_NS));
         }
+        Histograms { by_name: h }
+    }
+}
+
+impl Histograms {
+    /// The histograms of `samples` (see [`Histograms::record`]).
+    pub fn from_samples(samples: &[Sample]) -> Histograms {
+        let mut h = Histograms::default();
+        for s in samples {
+            h.record(&s.scalars(), &s.itls_ns);
+        }
+        h
+    }
+
+    /// Adds one request: its drift and client queue always, its latencies when it succeeded.
+    pub fn record(&mut self, s: &Scalars, itls_ns: &[u64]) {
+        let h = &mut self.by_name;
         fn rec(h: &mut BTreeMap<String, Histogram<u64>>, name: &str, v: u64) {
             if let Some(hist) = h.get_mut(name) {
                 hist.saturating_record(v.max(1));
             }
         }
-        for s in samples {
-            rec(&mut h, "drift_abs_ns", s.drift_ns().unsigned_abs());
-            rec(&mut h, "client_queue_ns", s.client_queue_ns());
-            if !s.ok() {
-                continue;
-            }
-            if let Some(t) = s.ttft_ns {
-                rec(&mut h, "ttft_us", t / 1000);
-            }
-            if let Some(e) = s.e2el_ns {
-                rec(&mut h, "e2el_us", e / 1000);
-            }
-            if let Some(t) = s.tpot_s() {
-                rec(&mut h, "tpot_us", (t * 1e6).round() as u64);
-            }
-            if let Some(hist) = h.get_mut("itl_us") {
-                // One lookup per request, not per token.
-                for &i in &s.itls_ns {
-                    hist.saturating_record((i / 1000).max(1));
-                }
+        rec(h, "drift_abs_ns", s.drift_ns().unsigned_abs());
+        rec(h, "client_queue_ns", s.client_queue_ns());
+        if !s.ok() {
+            return;
+        }
+        if let Some(t) = s.ttft_ns {
+            rec(h, "ttft_us", t / 1000);
+        }
+        if let Some(e) = s.e2el_ns {
+            rec(h, "e2el_us", e / 1000);
+        }
+        if let Some(t) = s.tpot_s() {
+            rec(h, "tpot_us", (t * 1e6).round() as u64);
+        }
+        if let Some(hist) = h.get_mut("itl_us") {
+            // One lookup per request, not per token.
+            for &i in itls_ns {
+                hist.saturating_record((i / 1000).max(1));
             }
         }
-        Histograms { by_name: h }
     }
 
     /// name → base64 of the V2 serialisation.
@@ -1011,7 +1229,8 @@ mod tests {
         let fast = sample(0, 40 * MS, &[10 * MS], 2); // ttft 40, tpot 10, e2el 50
         let slow_tpot = sample(0, 40 * MS, &[30 * MS], 2); // tpot 30
         let one_token = sample(0, 45 * MS, &[], 1); // tpot counts as 0
-        let all = [fast, slow_tpot, one_token];
+        let all = Collector::from_samples(&[fast, slow_tpot, one_token]);
+        let good_requests = |c: &Collector, slo: &Slo| c.good_requests(slo);
         let slo = |t, p, e| Slo {
             ttft_ms: t,
             tpot_ms: p,
@@ -1023,6 +1242,42 @@ mod tests {
         assert_eq!(good_requests(&all, &slo(Some(10.0), None, None)), 0);
     }
 
+    /// Past its ITL bound the collector lets the ITL values go: it then holds only the
+    /// per-request part, its ITL statistics come from the histogram (and it says so); requests
+    /// finishing in any order give the same statistics as samples in schedule order.
+    #[test]
+    fn itl_values_past_the_bound_are_let_go_and_itl_stats_come_from_the_histogram() {
+        let n = 2_000u64;
+        let samples: Vec<Sample> = (0..n)
+            .map(|i| sample(i * MS, (40 + i % 7) * MS, &[(10 + i % 3) * MS; 50], 51))
+            .collect();
+        let exact = Collector::from_samples(&samples);
+        assert!(!exact.itl_from_histogram());
+        let mut bounded = Collector::new(n as usize, 10_000);
+        for (i, s) in samples.iter().enumerate().rev() {
+            bounded.add(i, s);
+        }
+        assert!(bounded.itl_from_histogram());
+        let per_request = std::mem::size_of::<Scalars>() + std::mem::size_of::<(usize, u32)>();
+        let fixed = n as usize * per_request;
+        assert!(exact.retained_bytes() >= fixed + 100_000 * 8);
+        // the per-request part and the token peak's seconds, nothing that grows with tokens
+        assert!(bounded.retained_bytes() <= fixed + 1024, "{}", bounded.retained_bytes());
+        let p = [50.0, 99.0];
+        let (a, b) = (exact.summary(3.0, &p), bounded.summary(3.0, &p));
+        assert_eq!(a, summarize(&samples, 3.0, &p));
+        assert_eq!(b.itl.count, a.itl.count);
+        let near = |x: f64, y: f64| (x - y).abs() <= 1e-3 * y;
+        assert!(near(b.itl.mean, a.itl.mean), "{} {}", b.itl.mean, a.itl.mean);
+        assert!(near(b.itl.percentiles[1].1, a.itl.percentiles[1].1));
+        assert_eq!((&b.ttft, &b.tpot, &b.e2el, &b.drift), (&a.ttft, &a.tpot, &a.e2el, &a.drift));
+        assert_eq!(b.max_concurrent_requests, a.max_concurrent_requests);
+        assert_eq!(b.total_output_tokens, a.total_output_tokens);
+        // tokens 1 ms apart at most 51 per request, requests 1 ms apart: the run-clock peak is
+        // within one request's tokens of vLLM's
+        assert!((b.max_output_tokens_per_s - a.max_output_tokens_per_s).abs() <= 51.0);
+    }
+
     #[test]
     fn max_concurrency_counts_overlaps() {
         let mut a = sample(0, 10, &[], 1);
@@ -1031,7 +1286,7 @@ mod tests {
         b.end_ns = 150;
         let mut c = sample(100, 10, &[], 1);
         c.end_ns = 200;
-        assert_eq!(max_concurrency(&[a, b, c]), 2);
+        assert_eq!(max_concurrency(&[a.scalars(), b.scalars(), c.scalars()]), 2);
     }
 
     /// vLLM's buckets: whole seconds from the first send; a request counts in every second it
@@ -1043,8 +1298,9 @@ mod tests {
         let a = sample(0, s / 2, &[s / 5, s / 5, s / 5], 4);
         // sent at 0.95 s, one token at 1.05 s, ends 1.05 s
         let b = sample(95 * s / 100, s / 10, &[], 1);
-        assert_eq!(per_second_peaks(&[&a, &b]), (3.0, 2));
-        assert_eq!(per_second_peaks(&[]), (0.0, 0));
+        let peaks = |s: &[Sample]| Collector::from_samples(s).per_second_peaks();
+        assert_eq!(peaks(&[a, b]), (3.0, 2));
+        assert_eq!(peaks(&[]), (0.0, 0));
     }
 
     /// The requests of real `vllm bench serve` runs (their `--save-detailed` arrays), summarised
