@@ -548,6 +548,9 @@ pub struct Summary {
     pub server_cache: Option<ServerCache>,
     /// Failures by kind.
     pub errors: BTreeMap<String, u64>,
+    /// The run held more ITL values than [`ITL_BOUND`]: `itl` is from the HdrHistogram and
+    /// `max_output_tokens_per_s` counts whole seconds of the run clock.
+    pub itl_from_histogram: bool,
 }
 
 /// How many ITL values a run keeps exactly (8 bytes each, at most 128 MiB): beyond them the ITL
@@ -767,6 +770,7 @@ impl Collector {
             unattributed: Stats::from_seconds(&un, p),
             server_cache: (cache.requests > 0).then_some(cache),
             errors,
+            itl_from_histogram: self.itls.is_none(),
         }
     }
 

@@ -79,10 +79,8 @@ fn flush(handle: &tokio::runtime::Handle, batch: &mut Vec<Task>) {
     }
 }
 
-/// The outcome of a drive.
+/// The outcome of a drive (the samples went to `on_done`).
 pub struct Driven {
-    /// One sample per planned send, in plan order.
-    pub samples: Vec<Sample>,
     /// First dispatch to last completion, seconds (vLLM's benchmark duration).
     pub duration_s: f64,
 }
@@ -117,14 +115,14 @@ fn sleep_until(deadline: Instant) {
     }
 }
 
-/// Runs `plan` (`(request index, offset ns)` pairs, sorted by offset); `on_done` is called once
-/// per finished request (progress).
+/// Runs `plan` (`(request index, offset ns)` pairs, sorted by offset); `on_done` gets each
+/// plan slot's sample once, as the request finishes.
 pub async fn drive(
     plan: Vec<(usize, u64)>,
     bodies: Arc<Window>,
     client: Arc<Client>,
     opts: DriveOptions,
-    mut on_done: impl FnMut(&Sample),
+    mut on_done: impl FnMut(usize, Sample),
 ) -> Driven {
     let n = plan.len();
     let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Sample)>();
@@ -269,45 +267,50 @@ pub async fn drive(
             }
             flush(&handle, &mut batch);
         });
-    let mut samples: Vec<Option<Sample>> = vec![None; n];
+    let mut got = vec![false; n];
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    // Each slot's sample once; `None`: the task ended without one (a local failure).
+    let mut done = |slot: usize, s: Option<Sample>| {
+        if let Some(g) = got.get_mut(slot).filter(|g| !**g) {
+            *g = true;
+            let s = s.unwrap_or_else(|| Sample {
+                error: Some(Failure::Local),
+                error_detail: Some("request task ended without a result".into()),
+                ..Default::default()
+            });
+            first = first.min(s.dispatched_ns);
+            last = last.max(s.end_ns);
+            on_done(slot, s);
+        }
+    };
     if let Err(e) = dispatcher {
         // Could not start the thread: every request is a local failure, the run still reports.
-        for (i, s) in samples.iter_mut().enumerate() {
-            *s = Some(Sample {
+        for i in 0..n {
+            let s = Sample {
                 error: Some(Failure::Local),
                 error_detail: Some(format!("dispatcher thread: {e}")),
                 end_ns: i as u64,
                 ..Default::default()
-            });
+            };
+            done(i, Some(s));
         }
     } else {
-        let mut got = 0;
-        while got < n {
+        let mut received = 0;
+        while received < n {
             match rx.recv().await {
                 Some((slot, s)) => {
-                    on_done(&s);
-                    samples[slot] = Some(s);
-                    got += 1;
+                    done(slot, Some(s));
+                    received += 1;
                 }
                 None => break,
             }
         }
     }
-    let samples: Vec<Sample> = samples
-        .into_iter()
-        .map(|s| {
-            s.unwrap_or_else(|| Sample {
-                error: Some(Failure::Local),
-                error_detail: Some("request task ended without a result".into()),
-                ..Default::default()
-            })
-        })
-        .collect();
-    let first = samples.iter().map(|s| s.dispatched_ns).min().unwrap_or(0);
-    let last = samples.iter().map(|s| s.end_ns).max().unwrap_or(0);
+    for slot in 0..n {
+        done(slot, None);
+    }
     Driven {
-        duration_s: last.saturating_sub(first) as f64 / 1e9,
-        samples,
+        duration_s: last.saturating_sub(first.min(last)) as f64 / 1e9,
     }
 }
 

@@ -14,6 +14,7 @@
 //! cannot be reached) is an error.
 
 pub mod client;
+pub mod collect;
 pub mod config;
 pub mod console;
 pub mod driver;
@@ -29,6 +30,7 @@ pub mod schedule;
 pub mod scrape;
 pub mod sessions;
 pub mod shaping;
+pub mod sidecar;
 pub mod start;
 pub mod target;
 pub mod window;
@@ -36,7 +38,7 @@ pub mod window;
 pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
 use crate::cli::ReplayArgs;
-use crate::metrics::{self, Api, Histograms};
+use crate::metrics::{self, Api};
 use crate::synth::{self, Synth, TextBuilder, Vocab};
 use crate::trace::fleet::open_all;
 use crate::trace::import::ImportOptions;
@@ -272,6 +274,8 @@ pub struct Prepared {
     scrape: Option<scrape::Before>,
     /// `--result-json`, opened before the run.
     result_file: std::sync::Mutex<Option<ResultFile>>,
+    /// Where `--detailed` rows go (taken by the run).
+    detail: Option<collect::Detail>,
     facts: RunFacts,
 }
 
@@ -377,6 +381,8 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
     let aux_mask: Vec<bool> = heads.iter().map(|b| b.aux).collect();
     let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
+    let measured = aux_mask.iter().filter(|a| !**a).count();
+    let detail = detail(cfg, measured)?;
     let bodies = window::Window::start(
         Arc::new(trace),
         &plan,
@@ -415,7 +421,24 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         theory,
         scrape,
         result_file: std::sync::Mutex::new(result_file),
+        detail: Some(detail),
         facts,
+    })
+}
+
+/// Where `--detailed` rows go: inline, or to the sidecar beside `--result-json` (opened now, so
+/// that an unwritable path fails before the run) when more than [`sidecar::THRESHOLD`]
+/// requests are measured.
+fn detail(cfg: &Config, measured: usize) -> anyhow::Result<collect::Detail> {
+    Ok(match (&cfg.result_json, cfg.detailed) {
+        (_, false) => collect::Detail::Off,
+        (Some(r), true) if measured > sidecar::THRESHOLD => {
+            let path = sidecar::path_for(r);
+            let w = sidecar::Writer::create(&path)
+                .with_context(|| format!("--detailed: {}: cannot write", path.display()))?;
+            collect::Detail::File(w)
+        }
+        (_, true) => collect::Detail::Inline(Vec::new()),
     })
 }
 
@@ -610,9 +633,10 @@ async fn warm(cfg: &Config, client: &client::Client, planned: usize) {
 
 /// What the clock-driven stage measured.
 pub struct Ran {
-    /// The workload's samples (side requests split off).
-    driven: driver::Driven,
-    aux_samples: Vec<metrics::Sample>,
+    /// The finished requests, folded in (side requests apart).
+    collected: collect::Collect,
+    /// First dispatch to last completion, s.
+    duration_s: f64,
     cpu_setup_s: f64,
     cpu_run_s: f64,
     /// Probes sent and their summary.
@@ -641,7 +665,9 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     // The process's CPU time before the clock (trace, bodies, connections) and during the run.
     let cpu_setup_s = process_cpu_s();
     p.bodies.set_t0(t0);
-    let mut driven = drive(cfg, p, t0).await;
+    let detail = p.detail.take().unwrap_or(collect::Detail::Off);
+    let mut collected = collect::Collect::new(&p.aux_mask, p.facts.recorded.take(), detail);
+    let duration_s = drive(cfg, p, t0, &mut collected).await;
     p.bodies.stop();
     let inexact = p
         .bodies
@@ -652,14 +678,11 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
         eprintln!("retrace: warning: {inexact} text prompts do not re-encode to exactly their token blocks (lengths/prefixes approximate)");
     }
     let cpu_run_s = process_cpu_s() - cpu_setup_s;
-    // Side requests are counted apart; the workload's samples alone make the statistics.
-    let (work, aux_samples) = outcome::split(std::mem::take(&mut driven.samples), &p.aux_mask);
-    driven.samples = work;
     let probes = match (prober, cfg.probe_rate) {
         (Some(pr), Some(rate)) => {
             let samples = pr.finish().await;
             let ps = median_p99_and(&cfg.percentiles);
-            let summary = probe::summarize(rate, &samples, driven.duration_s, &ps);
+            let summary = probe::summarize(rate, &samples, duration_s, &ps);
             Some((samples.len() as u64, summary))
         }
         _ => None,
@@ -678,8 +701,8 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
         None => None,
     };
     Ok(Ran {
-        driven,
-        aux_samples,
+        collected,
+        duration_s,
         cpu_setup_s,
         cpu_run_s,
         probes,
@@ -688,8 +711,9 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     })
 }
 
-/// The plan driven from `t0`, with a progress bar on a terminal.
-async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
+/// The plan driven from `t0`, each finished request folded into `collected`, with a progress bar
+/// on a terminal; the run's duration (s).
+async fn drive(cfg: &Config, p: &Prepared, t0: Instant, collected: &mut collect::Collect) -> f64 {
     let bar = progress_bar(cfg, p.plan.len());
     let sends: Vec<(usize, u64)> = p
         .plan
@@ -703,7 +727,7 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
         t0: Some(t0),
     };
     let mut failed = 0u64;
-    let driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |s| {
+    let driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |slot, s| {
         if let Some(pb) = &bar {
             if !s.ok() {
                 failed += 1;
@@ -711,12 +735,13 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant) -> driver::Driven {
             }
             pb.inc(1);
         }
+        collected.add(slot, s);
     })
     .await;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
-    driven
+    driven.duration_s
 }
 
 fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
@@ -755,19 +780,22 @@ async fn scrape_before(
 }
 
 /// Stage 3: the summary, validity, the result file and the console report.
-pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome> {
-    let samples = &ran.driven.samples;
-    let duration_s = ran.driven.duration_s;
-    let mut summary = metrics::summarize(samples, duration_s, &cfg.percentiles);
+pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outcome> {
+    let work = &ran.collected.work;
+    let duration_s = ran.duration_s;
+    let mut summary = work.summary(duration_s, &cfg.percentiles);
     if !cfg.slo.is_empty() && duration_s > 0.0 {
-        let good = metrics::good_requests(samples, &cfg.slo);
+        let good = work.good_requests(&cfg.slo);
         summary.request_goodput = Some(good as f64 / duration_s);
     }
+    let samples = work.scalars();
     let invalid_reason = invalid_reason(cfg, samples);
     let sessions = p.links.as_ref().map(|l| {
         let recorded: Vec<u64> = p.plan.iter().map(|s| s.at_ns).collect();
         sessions::report(l, &recorded, samples, &median_p99_and(&cfg.percentiles))
     });
+    let all_failed = outcome::all_failed(ran.collected.recorded.as_deref(), samples);
+    let arrays = ran.collected.finish()?;
     let inexact = p
         .bodies
         .stats
@@ -775,6 +803,8 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
         .load(std::sync::atomic::Ordering::Relaxed);
     let info = run_info(cfg, &p.facts, inexact, invalid_reason.clone());
     let mut r = result_of(cfg, p, &ran, &info, &summary);
+    r.detailed = arrays.inline;
+    r.requests_file = arrays.file;
     r.sessions = sessions.as_ref().map(result::sessions_json);
     let result = r.to_value();
     let file = p
@@ -785,7 +815,6 @@ pub fn assemble(cfg: &Config, p: &Prepared, ran: Ran) -> anyhow::Result<Outcome>
     if let Some(f) = file {
         f.write(&serde_json::to_string_pretty(&result)?)?;
     }
-    let all_failed = outcome::all_failed(p.facts.recorded.as_deref(), samples);
     let verdict = (invalid_reason.as_deref(), all_failed);
     let report = console_report(cfg, p, &ran, &info, &summary, sessions.as_ref(), verdict);
     Ok(Outcome {
@@ -809,8 +838,8 @@ fn console_report(
     sessions: Option<&sessions::SessionReport>,
     (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
-    let samples = &ran.driven.samples;
-    let firsts = outcome::first_errors(samples);
+    let samples = ran.collected.work.scalars();
+    let firsts = &ran.collected.first_errors;
     let probes = ran.probes.as_ref().map(|(_, p)| p);
     let mut report = console::vllm_block(summary, info, probes);
     let late = p
@@ -821,11 +850,11 @@ fn console_report(
     report.push_str(&console::extra_sections(
         summary,
         cfg.max_drift_ms,
-        &firsts,
+        firsts,
         late,
     ));
-    let recorded = p.facts.recorded.as_deref();
-    report.push_str(&outcome::console(recorded, samples, &ran.aux_samples));
+    let recorded = ran.collected.recorded.as_deref();
+    report.push_str(&outcome::console(recorded, samples, &ran.collected.aux));
     if let Some(r) = sessions {
         report.push_str(&console::sessions_section(r));
     }
@@ -855,9 +884,9 @@ fn result_of(
     info: &result::RunInfo,
     summary: &metrics::Summary,
 ) -> result::ReplayResult {
-    let (facts, samples) = (&p.facts, &ran.driven.samples);
-    let hist = Histograms::from_samples(samples);
-    let mut r = result::ReplayResult::new(info, summary, &hist, samples, cfg.detailed);
+    let (facts, work) = (&p.facts, &ran.collected.work);
+    let samples = work.scalars();
+    let mut r = result::ReplayResult::new(info, summary, work.histograms(), samples.len());
     r.server_metrics = ran.server_metrics.clone();
     r.probes = ran.probes.as_ref().map(|p| p.1.clone());
     r.run = Some(result::RunExtras {
@@ -874,16 +903,13 @@ fn result_of(
         },
         body_builder: body_builder(cfg, &p.bodies.stats),
     });
-    let recorded = facts.recorded.as_ref();
+    let recorded = ran.collected.recorded.as_ref();
     r.selected = Some(result::Selected {
         selection: serde_json::json!(cfg.select),
         left_out: serde_json::json!(facts.left_out.by_name()),
         requests_by_endpoint: facts.by_endpoint.clone(),
-        auxiliary: outcome::auxiliary(&ran.aux_samples),
+        auxiliary: outcome::auxiliary(&ran.collected.aux),
         recorded_outcomes: recorded.map(|rec| outcome::recorded(rec, samples)),
-        recorded_errors: recorded
-            .filter(|_| cfg.detailed)
-            .map(|rec| serde_json::json!(rec)),
     });
     r
 }
@@ -901,7 +927,7 @@ fn body_builder(cfg: &Config, st: &window::BuilderStats) -> result::BodyBuilder 
 }
 
 /// Why the run is invalid: its p99 send drift exceeded `--max-drift-ms`.
-fn invalid_reason(cfg: &Config, samples: &[metrics::Sample]) -> Option<String> {
+fn invalid_reason(cfg: &Config, samples: &[metrics::Scalars]) -> Option<String> {
     let drifts: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
     let drift_p99 = metrics::Stats::from_seconds(&drifts, &[99.0]).percentiles[0].1;
     match cfg.max_drift_ms {

@@ -6,7 +6,7 @@
 //! production should fail again the same way. A run in which no measured request succeeded is
 //! a failed run ([`all_failed`]), unless every request failed exactly as it was recorded to.
 
-use crate::metrics::Sample;
+use crate::metrics::{Sample, Scalars};
 use crate::trace::Trace;
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -16,21 +16,8 @@ use std::collections::BTreeMap;
 pub const FIRST_ERRORS: usize = 3;
 const MESSAGE_CHARS: usize = 200;
 
-/// Splits `samples` (schedule order; `aux[i]` says whether send `i` was auxiliary) into the
-/// workload's samples and the auxiliary ones.
-pub fn split(samples: Vec<Sample>, aux: &[bool]) -> (Vec<Sample>, Vec<Sample>) {
-    let (mut work, mut side) = (Vec::with_capacity(samples.len()), Vec::new());
-    for (i, s) in samples.into_iter().enumerate() {
-        match aux.get(i).copied().unwrap_or(false) {
-            true => side.push(s),
-            false => work.push(s),
-        }
-    }
-    (work, side)
-}
-
 /// The recorded failure kind of each planned workload request (`index`: trace index per send,
-/// `aux`: as in [`split`]), or `None` when the trace holds no recorded responses.
+/// `aux`: `true` for a side request), or `None` when the trace holds no recorded responses.
 pub fn recorded_failures(
     trace: &Trace,
     index: &[usize],
@@ -59,7 +46,7 @@ fn error_counts<'a>(kinds: impl Iterator<Item = &'a str>) -> BTreeMap<String, u6
 }
 
 /// The result's `auxiliary` object: `{sent, ok, errors: {kind: n}}`, or `None` when none was sent.
-pub fn auxiliary(aux: &[Sample]) -> Option<Value> {
+pub fn auxiliary(aux: &[Scalars]) -> Option<Value> {
     if aux.is_empty() {
         return None;
     }
@@ -76,7 +63,7 @@ pub fn auxiliary(aux: &[Sample]) -> Option<Value> {
 }
 
 /// How a replayed request failed (its kind's wire name), `None` when it succeeded.
-fn replayed_failure(s: &Sample) -> Option<Cow<'static, str>> {
+fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
     match s.ok() {
         true => None,
         false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
@@ -86,13 +73,13 @@ fn replayed_failure(s: &Sample) -> Option<Cow<'static, str>> {
 /// Whether the run failed as a whole: requests were measured, none succeeded, and not every one
 /// of them failed the way it was recorded to (`rec`, as in [`recorded`]; a recording whose
 /// requests all failed, replayed faithfully, is not a failed run).
-pub fn all_failed(rec: Option<&[Option<String>]>, samples: &[Sample]) -> bool {
-    let as_recorded = |(i, s): (usize, &Sample)| {
+pub fn all_failed(rec: Option<&[Option<String>]>, samples: &[Scalars]) -> bool {
+    let as_recorded = |(i, s): (usize, &Scalars)| {
         let was = rec.and_then(|r| r.get(i)).and_then(Option::as_deref);
         was.is_some() && was == replayed_failure(s).as_deref()
     };
     !samples.is_empty()
-        && !samples.iter().any(Sample::ok)
+        && !samples.iter().any(Scalars::ok)
         && !samples.iter().enumerate().all(as_recorded)
 }
 
@@ -105,29 +92,25 @@ pub struct FirstError {
     pub count: u64,
 }
 
-/// The first [`FIRST_ERRORS`] distinct (kind, message) failures of `samples`, in the order they
-/// first occurred, each with its count.
-pub fn first_errors(samples: &[Sample]) -> Vec<FirstError> {
-    let mut out: Vec<FirstError> = Vec::new();
-    for s in samples {
-        let Some(kind) = replayed_failure(s) else {
-            continue;
-        };
-        let message = one_line(s.error_detail.as_deref().unwrap_or(""), MESSAGE_CHARS);
-        match out
-            .iter()
-            .position(|e| e.kind == kind && e.message == message)
-        {
-            Some(i) => out[i].count += 1,
-            None if out.len() < FIRST_ERRORS => out.push(FirstError {
-                kind: kind.into_owned(),
-                message,
-                count: 1,
-            }),
-            None => {}
-        }
+/// Folds `s` into `out`: the first [`FIRST_ERRORS`] distinct (kind, message) failures, in the
+/// order they first came, each with its count.
+pub fn note_error(out: &mut Vec<FirstError>, s: &Sample) {
+    let Some(kind) = replayed_failure(&s.scalars()) else {
+        return;
+    };
+    let message = one_line(s.error_detail.as_deref().unwrap_or(""), MESSAGE_CHARS);
+    match out
+        .iter()
+        .position(|e| e.kind == kind && e.message == message)
+    {
+        Some(i) => out[i].count += 1,
+        None if out.len() < FIRST_ERRORS => out.push(FirstError {
+            kind: kind.into_owned(),
+            message,
+            count: 1,
+        }),
+        None => {}
     }
-    out
 }
 
 /// `text` with runs of whitespace and control characters as one space, cut at `max` characters
@@ -146,7 +129,7 @@ fn one_line(text: &str, max: usize) -> String {
 
 /// The result's `recorded_outcomes`: recorded against replayed outcomes of the measured
 /// requests (`rec[i]` is sample `i`'s recorded failure).
-pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
+pub fn recorded(rec: &[Option<String>], samples: &[Scalars]) -> Value {
     let (mut same, mut differently, mut now_ok, mut newly_failed) = (0u64, 0u64, 0u64, 0u64);
     for (r, s) in rec.iter().zip(samples) {
         let replayed = replayed_failure(s);
@@ -170,7 +153,7 @@ pub fn recorded(rec: &[Option<String>], samples: &[Sample]) -> Value {
 
 /// The console lines after vLLM's block: how the recording's failures and its side requests
 /// fared (empty when there are neither).
-pub fn console(rec: Option<&[Option<String>]>, samples: &[Sample], aux: &[Sample]) -> String {
+pub fn console(rec: Option<&[Option<String>]>, samples: &[Scalars], aux: &[Scalars]) -> String {
     let mut s = String::new();
     if let Some(rec) = rec.filter(|r| r.iter().any(Option::is_some)) {
         let v = recorded(rec, samples);
@@ -235,6 +218,7 @@ mod tests {
             sample(Some(Failure::Reset)),
             sample(None),
         ];
+        let samples = scalars(&samples);
         let v = recorded(&rec, &samples);
         assert_eq!(v["recorded_failures"], 3);
         assert_eq!(v["failed_again_same_way"], 1);
@@ -250,6 +234,10 @@ mod tests {
             requests: vec![Request::default()],
         };
         assert_eq!(recorded_failures(&imported, &[0], &[false]), None);
+    }
+
+    fn scalars(s: &[Sample]) -> Vec<Scalars> {
+        s.iter().map(Sample::scalars).collect()
     }
 
     fn failed(kind: Failure, detail: &str) -> Sample {
@@ -268,18 +256,19 @@ mod tests {
             failed(Failure::Http(404), "a"),
             failed(Failure::Http(400), "b"),
         ];
-        assert!(!all_failed(Some(&rec), &same));
+        assert!(!all_failed(Some(&rec), &scalars(&same)));
         let other = [failed(Failure::Http(404), "a"), failed(Failure::Reset, "b")];
-        assert!(all_failed(Some(&rec), &other));
+        assert!(all_failed(Some(&rec), &scalars(&other)));
         let partly_recorded = [Some("http_404".to_string()), None];
         let both_404 = [
             failed(Failure::Http(404), "a"),
             failed(Failure::Http(404), "a"),
         ];
+        let both_404 = scalars(&both_404);
         assert!(all_failed(Some(&partly_recorded), &both_404));
         // Without a recording: no success is a failed run, one success is not.
         assert!(all_failed(None, &both_404) && !all_failed(None, &[]));
-        assert!(!all_failed(None, &[both_404[0].clone(), sample(None)]));
+        assert!(!all_failed(None, &[both_404[0], sample(None).scalars()]));
     }
 
     #[test]
@@ -293,26 +282,13 @@ mod tests {
             failed(Failure::Reset, "a fourth kind is not shown"),
             sample(None),
         ];
-        let f = first_errors(&s);
+        let mut f = Vec::new();
+        for x in &s {
+            note_error(&mut f, x);
+        }
         let got: Vec<(&str, u64)> = f.iter().map(|e| (e.kind.as_str(), e.count)).collect();
         assert_eq!(got, [("http_503", 2), ("connect", 1), ("http_500", 1)]);
         assert_eq!(f[0].message, "busy try later");
         assert_eq!(f[2].message, format!("{}…", "x".repeat(200)));
-    }
-
-    #[test]
-    fn auxiliary_samples_are_split_off_and_counted() {
-        let s = vec![
-            sample(None),
-            sample(None),
-            sample(Some(Failure::Http(404))),
-            sample(None),
-        ];
-        let (work, side) = split(s, &[false, true, true, false]);
-        assert_eq!(work.len(), 2);
-        let v = auxiliary(&side).unwrap();
-        assert_eq!((v["sent"].clone(), v["ok"].clone()), (json!(2), json!(1)));
-        assert_eq!(v["errors"]["http_404"], 1);
-        assert_eq!(auxiliary(&[]), None);
     }
 }

@@ -202,9 +202,14 @@ pub struct ReplayResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_prefix_cache: Option<Value>,
     pub histograms: BTreeMap<String, String>,
-    /// `--detailed`: the per-request arrays.
+    /// `--detailed`: the per-request arrays inline ([`arrays`]) ...
     #[serde(flatten)]
-    pub detailed: Option<Detailed>,
+    pub detailed: Option<Map<String, Value>>,
+    /// ... or the name of the sidecar file holding them (beside the result file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_file: Option<String>,
+    /// ITL statistics from the histogram: the run had more ITL values than it keeps exactly.
+    pub itl_from_histogram: bool,
     /// `--sessions`: [`sessions_json`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sessions: Option<Value>,
@@ -222,80 +227,85 @@ pub struct ReplayResult {
     pub selected: Option<Selected>,
 }
 
-/// The per-request arrays of `--detailed`, index-aligned, seconds.
+/// One measured request's element of every per-request array (`--detailed`), under the array's
+/// name: the result's arrays are these rows by schedule index (inline), or the lines of its
+/// sidecar file ([`super::sidecar`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct Detailed {
-    pub input_lens: Vec<u64>,
-    pub output_lens: Vec<u64>,
+pub struct Row {
+    pub input_lens: u64,
+    pub output_lens: u64,
     /// 0 when none.
-    pub ttfts: Vec<f64>,
-    pub itls: Vec<Vec<f64>>,
+    pub ttfts: f64,
+    pub itls: Vec<f64>,
     /// E2EL, 0 when none.
-    pub latencies: Vec<f64>,
-    /// Actual sends, from t0.
-    pub start_times: Vec<f64>,
+    pub latencies: f64,
+    /// Actual send, from t0.
+    pub start_times: f64,
     /// vLLM's: actual send − intended send (slot wait and send drift together).
-    pub queue_times: Vec<f64>,
+    pub queue_times: f64,
     /// "" on success, else `kind: detail`.
-    pub errors: Vec<String>,
-    pub server_queue_times: Vec<Option<f64>>,
-    pub server_ttfts: Vec<Option<f64>>,
+    pub errors: String,
+    pub server_queue_times: Option<f64>,
+    pub server_ttfts: Option<f64>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
-    pub server_input_lens: Vec<Option<u64>>,
-    /// Prompt tokens the server took from its cache, null where unknown; only when some request
-    /// reported them.
+    pub server_input_lens: Option<u64>,
+    /// Prompt tokens the server took from its cache (the array exists when some request
+    /// reported them, null elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_cached_tokens: Option<Vec<Option<u64>>>,
-    pub intended_times: Vec<f64>,
-    pub drifts: Vec<f64>,
-    pub client_queue_times: Vec<f64>,
+    pub server_cached_tokens: Option<u64>,
+    pub intended_times: f64,
+    pub drifts: f64,
+    pub client_queue_times: f64,
+    /// A recorded trace's: the request's recorded failure, null when it succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_errors: Option<Option<String>>,
 }
 
-impl Detailed {
-    fn of(s: &[Sample]) -> Detailed {
-        fn col<T>(s: &[Sample], f: impl Fn(&Sample) -> T) -> Vec<T> {
-            s.iter().map(f).collect()
-        }
+impl Row {
+    /// `recorded`: the recorded failure, for a recorded trace.
+    pub fn of(x: &Sample, recorded: Option<Option<String>>) -> Row {
         let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
-        Detailed {
-            input_lens: col(s, |x| x.input_tokens),
-            output_lens: col(s, |x| x.output_tokens),
-            ttfts: col(s, |x| opt_s(x.ttft_ns)),
-            itls: col(s, |x| x.itls_ns.iter().map(|&n| ns_to_s(n)).collect()),
-            latencies: col(s, |x| opt_s(x.e2el_ns)),
-            start_times: col(s, |x| ns_to_s(x.sent_ns)),
-            queue_times: col(s, |x| {
-                ns_to_s(x.sent_ns.max(x.dispatched_ns).saturating_sub(x.intended_ns))
-            }),
-            errors: col(s, |x| match (&x.error, &x.error_detail) {
+        Row {
+            input_lens: x.input_tokens,
+            output_lens: x.output_tokens,
+            ttfts: opt_s(x.ttft_ns),
+            itls: x.itls_ns.iter().map(|&n| ns_to_s(n)).collect(),
+            latencies: opt_s(x.e2el_ns),
+            start_times: ns_to_s(x.sent_ns),
+            queue_times: ns_to_s(x.sent_ns.max(x.dispatched_ns).saturating_sub(x.intended_ns)),
+            errors: match (&x.error, &x.error_detail) {
                 (None, _) if x.ok() => String::new(),
                 (None, _) => Failure::NoContent.to_string(),
                 (Some(k), Some(d)) => format!("{k}: {d}"),
                 (Some(k), None) => k.to_string(),
-            }),
-            server_queue_times: col(s, |x| x.server.queue_ms.map(|v| v / 1000.0)),
-            server_ttfts: col(s, |x| x.server.ttft_ms.map(|v| v / 1000.0)),
-            server_input_lens: col(s, |x| x.server.prompt_tokens),
-            server_cached_tokens: s
-                .iter()
-                .any(|x| x.server.cached_tokens.is_some())
-                .then(|| col(s, |x| x.server.cached_tokens)),
-            intended_times: col(s, |x| ns_to_s(x.intended_ns)),
-            drifts: col(s, |x| x.drift_ns() as f64 / 1e9),
-            client_queue_times: col(s, |x| ns_to_s(x.client_queue_ns())),
+            },
+            server_queue_times: x.server.queue_ms.map(|v| v / 1000.0),
+            server_ttfts: x.server.ttft_ms.map(|v| v / 1000.0),
+            server_input_lens: x.server.prompt_tokens,
+            server_cached_tokens: x.server.cached_tokens,
+            intended_times: ns_to_s(x.intended_ns),
+            drifts: x.drift_ns() as f64 / 1e9,
+            client_queue_times: ns_to_s(x.client_queue_ns()),
+            recorded_errors: recorded,
         }
     }
 }
 
+/// `rows` (by schedule index) as the result's index-aligned arrays.
+pub fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
+    let rows: Vec<Row> = rows.into_iter().collect();
+    let mut cols = super::sidecar::Columns::new(rows.len());
+    for (i, r) in rows.into_iter().enumerate() {
+        if let Ok(Value::Object(m)) = serde_json::to_value(r) {
+            cols.put(i, m);
+        }
+    }
+    cols.into_map()
+}
+
 impl ReplayResult {
-    /// The result of a run; `detailed` adds the per-request arrays.
-    pub fn new(
-        info: &RunInfo,
-        sum: &Summary,
-        hist: &Histograms,
-        samples: &[Sample],
-        detailed: bool,
-    ) -> ReplayResult {
+    /// The result of a run of `num_prompts` measured requests, without per-request arrays.
+    pub fn new(info: &RunInfo, sum: &Summary, hist: &Histograms, num_prompts: usize) -> ReplayResult {
         let mut stats = Map::new();
         for (name, s) in [
             ("ttft", &sum.ttft),
@@ -322,7 +332,7 @@ impl ReplayResult {
             retrace_version: env!("CARGO_PKG_VERSION"),
             endpoint_type: backend.clone(),
             backend,
-            num_prompts: samples.len(),
+            num_prompts,
             info: info.clone(),
             duration: sum.duration_s,
             completed: sum.completed,
@@ -345,7 +355,9 @@ impl ReplayResult {
                     "prompt_tokens": c.prompt_tokens, "hit_rate": c.hit_rate()})
             }),
             histograms: hist.encode(),
-            detailed: detailed.then(|| Detailed::of(samples)),
+            detailed: None,
+            requests_file: None,
+            itl_from_histogram: sum.itl_from_histogram,
             sessions: None,
             server_metrics: None,
             probes: None,
@@ -384,7 +396,7 @@ pub fn vllm_probe_keys(p: &Value) -> Map<String, Value> {
     m
 }
 
-/// [`ReplayResult::new`] as JSON.
+/// The result of `samples` (all of them measured) as JSON; `detailed` adds the arrays inline.
 pub fn build(
     info: &RunInfo,
     sum: &Summary,
@@ -392,7 +404,9 @@ pub fn build(
     samples: &[Sample],
     detailed: bool,
 ) -> Value {
-    ReplayResult::new(info, sum, hist, samples, detailed).to_value()
+    let mut r = ReplayResult::new(info, sum, hist, samples.len());
+    r.detailed = detailed.then(|| arrays(samples.iter().map(|s| Row::of(s, None))));
+    r.to_value()
 }
 
 /// The `--sessions` report as the result's `sessions`: `{sessions, turns, dependent_turns,
@@ -466,9 +480,6 @@ pub struct Selected {
     /// Recorded against replayed outcomes (recorded traces).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_outcomes: Option<Value>,
-    /// With `--detailed`: each measured request's recorded failure.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recorded_errors: Option<Value>,
 }
 
 #[cfg(test)]
@@ -598,7 +609,8 @@ pub(crate) mod tests {
         let s = samples();
         let percentiles = [50.0, 90.0, 99.0];
         let sum = summarize(&s, 0.1, &percentiles);
-        let mut r = ReplayResult::new(&info(), &sum, &Histograms::from_samples(&s), &s, true);
+        let mut r = ReplayResult::new(&info(), &sum, &Histograms::from_samples(&s), s.len());
+        r.detailed = Some(arrays(s.iter().map(|x| Row::of(x, None))));
         r.probes = Some(crate::replay::probe::summarize(
             2.0,
             &s[..1],

@@ -15,7 +15,7 @@
 //! run anything and has no clock.
 
 use super::schedule::PlannedSend;
-use crate::metrics::{Sample, Stats};
+use crate::metrics::{Scalars, Stats};
 use crate::trace::Trace;
 use std::collections::HashMap;
 
@@ -127,7 +127,7 @@ pub struct SessionReport {
 pub fn report(
     links: &Links,
     recorded_ns: &[u64],
-    samples: &[Sample],
+    samples: &[Scalars],
     percentiles: &[f64],
 ) -> SessionReport {
     let mut drifts = Vec::new();
@@ -234,7 +234,7 @@ mod tests {
             sessions: 1,
         };
         let recorded = [0, 100_000_000, 200_000_000, 50_000_000];
-        let mk = |dispatched_ms: u64, ok: bool| Sample {
+        let mk = |dispatched_ms: u64, ok: bool| Scalars {
             dispatched_ns: dispatched_ms * 1_000_000,
             ttft_ns: ok.then_some(1),
             error: (!ok).then_some(crate::metrics::Failure::Http(500)),

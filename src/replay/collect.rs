@@ -1,0 +1,227 @@
+//! Each finished request folded in as it completes: the workload's statistics
+//! ([`Collector`]: fixed-size scalars per request, ITL values up to a bound), side requests
+//! apart, the first failure messages, and with `--detailed` its [`Row`]: kept for the result's
+//! inline arrays, or appended to the sidecar file when the run measures more than
+//! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
+
+use super::outcome::{self, FirstError};
+use super::result::{arrays, Row};
+use super::sidecar;
+use crate::metrics::{Collector, Sample, Scalars, ITL_BOUND};
+use serde_json::{Map, Value};
+
+/// Where `--detailed` rows go.
+pub enum Detail {
+    Off,
+    /// By workload index, for the result's inline arrays.
+    Inline(Vec<Option<Row>>),
+    File(sidecar::Writer),
+}
+
+/// Marks a side request in [`Collect`]'s slot map.
+const AUX: u32 = u32::MAX;
+
+/// What the run keeps of its finished requests.
+pub struct Collect {
+    /// Plan slot → workload index, or [`AUX`].
+    work_index: Vec<u32>,
+    pub work: Collector,
+    /// Side requests (`--include-aux`), in the order they finished.
+    pub aux: Vec<Scalars>,
+    pub first_errors: Vec<FirstError>,
+    /// A recorded trace's failure of each workload request.
+    pub recorded: Option<Vec<Option<String>>>,
+    detail: Detail,
+}
+
+/// The per-request arrays of a finished run: inline, or the sidecar's file name.
+#[derive(Debug, Default)]
+pub struct Arrays {
+    pub inline: Option<Map<String, Value>>,
+    pub file: Option<String>,
+}
+
+impl Collect {
+    /// `aux[slot]`: the plan slot is a side request; `detail` for the workload's requests.
+    pub fn new(aux: &[bool], recorded: Option<Vec<Option<String>>>, detail: Detail) -> Collect {
+        let mut n = 0u32;
+        let work_index = aux
+            .iter()
+            .map(|&a| match a {
+                true => AUX,
+                false => {
+                    n += 1;
+                    n - 1
+                }
+            })
+            .collect();
+        let detail = match detail {
+            Detail::Inline(_) => Detail::Inline(vec![None; n as usize]),
+            d => d,
+        };
+        Collect {
+            work_index,
+            work: Collector::new(n as usize, ITL_BOUND),
+            aux: Vec::new(),
+            first_errors: Vec::new(),
+            recorded,
+            detail,
+        }
+    }
+
+    /// Folds in the sample of plan slot `slot`.
+    pub fn add(&mut self, slot: usize, s: Sample) {
+        let Some(&w) = self.work_index.get(slot) else {
+            return;
+        };
+        if w == AUX {
+            self.aux.push(s.scalars());
+            return;
+        }
+        let w = w as usize;
+        outcome::note_error(&mut self.first_errors, &s);
+        self.work.add(w, &s);
+        let rec = || self.recorded.as_ref().map(|r| r.get(w).cloned().flatten());
+        match &mut self.detail {
+            Detail::Off => {}
+            Detail::Inline(rows) => {
+                let row = Row::of(&s, rec());
+                if let Some(r) = rows.get_mut(w) {
+                    *r = Some(row);
+                }
+            }
+            Detail::File(f) => {
+                let row = Row::of(&s, rec());
+                f.write(w, &row);
+            }
+        }
+    }
+
+    /// Ends the per-request arrays: inline, or the sidecar written and renamed (an error when
+    /// it could not be, or when it lacks a request).
+    pub fn finish(&mut self) -> anyhow::Result<Arrays> {
+        let n = self.work.scalars().len();
+        Ok(match std::mem::replace(&mut self.detail, Detail::Off) {
+            Detail::Off => Arrays::default(),
+            Detail::Inline(rows) => Arrays {
+                inline: Some(arrays(rows.into_iter().map(|r| {
+                    r.unwrap_or_else(|| Row::of(&Sample::default(), None))
+                }))),
+                file: None,
+            },
+            Detail::File(f) => {
+                anyhow::ensure!(
+                    f.rows() == n,
+                    "the per-request file holds {} of {n} requests",
+                    f.rows()
+                );
+                let name = f.finish().map_err(|e| {
+                    anyhow::anyhow!("--detailed: cannot write the per-request file: {e}")
+                })?;
+                Arrays {
+                    inline: None,
+                    file: Some(name),
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Failure;
+    use serde_json::json;
+
+    fn sample(i: u64, err: Option<Failure>) -> Sample {
+        Sample {
+            input_tokens: 10 + i,
+            output_tokens: 3,
+            intended_ns: i * 1_000_000,
+            dispatched_ns: i * 1_000_000,
+            sent_ns: i * 1_000_000 + 500,
+            ttft_ns: err.is_none().then_some(20_000_000 + i),
+            e2el_ns: err.is_none().then_some(40_000_000 + i),
+            itls_ns: if err.is_none() {
+                vec![10_000_000, 10_000_000 + i]
+            } else {
+                Vec::new()
+            },
+            end_ns: i * 1_000_000 + 40_000_000,
+            error: err,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn auxiliary_samples_are_split_off_and_counted() {
+        let mut c = Collect::new(&[false, true, true, false], None, Detail::Off);
+        for (slot, err) in [None, None, Some(Failure::Http(404)), None]
+            .into_iter()
+            .enumerate()
+        {
+            c.add(slot, sample(slot as u64, err));
+        }
+        assert_eq!(c.work.scalars().len(), 2);
+        let v = outcome::auxiliary(&c.aux).unwrap();
+        assert_eq!((v["sent"].clone(), v["ok"].clone()), (json!(2), json!(1)));
+        assert_eq!(v["errors"]["http_404"], 1);
+        assert_eq!(outcome::auxiliary(&[]), None);
+    }
+
+    /// Rows streamed to the sidecar in the order requests finished read back as the arrays the
+    /// inline result holds, every request in it.
+    #[test]
+    fn sidecar_rows_read_back_equal_to_inline_arrays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.requests.jsonl");
+        let n = 500;
+        let samples: Vec<Sample> = (0..n)
+            .map(|i| sample(i, (i % 9 == 4).then_some(Failure::Reset)))
+            .collect();
+        let rec: Vec<Option<String>> = (0..n)
+            .map(|i| (i % 5 == 0).then(|| "http_500".into()))
+            .collect();
+        let aux = vec![false; n as usize];
+        let mut inline = Collect::new(&aux, Some(rec.clone()), Detail::Inline(Vec::new()));
+        let file = Detail::File(sidecar::Writer::create(&path).unwrap());
+        let mut streamed = Collect::new(&aux, Some(rec), file);
+        for (slot, s) in samples.iter().enumerate() {
+            inline.add(slot, s.clone());
+        }
+        for (slot, s) in samples.iter().enumerate().rev() {
+            streamed.add(slot, s.clone());
+        }
+        let want = inline.finish().unwrap().inline.unwrap();
+        let name = streamed.finish().unwrap().file.unwrap();
+        assert_eq!(name, "run.requests.jsonl");
+        let got = sidecar::read(&path, n as usize).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got["ttfts"].as_array().unwrap().len(), n as usize);
+        assert_eq!(got["recorded_errors"][5], json!("http_500"));
+        assert_eq!(inline.work.summary(1.0, &[99.0]), streamed.work.summary(1.0, &[99.0]));
+    }
+
+    /// A damaged or incomplete sidecar is an error naming the file and the line.
+    #[test]
+    fn a_damaged_sidecar_names_its_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.requests.jsonl");
+        let row = |i: usize| format!("{{\"index\":{i},\"ttfts\":0.1}}\n");
+        for (body, n, want) in [
+            (format!("{}{{\"index\":1,", row(0)), 2, "line 2: not JSON"),
+            (format!("{}{}", row(0), row(0)), 2, "line 2: index 0 given twice"),
+            (format!("{}{}", row(0), row(7)), 2, "line 2: index 7"),
+            (format!("{}[1]\n", row(0)), 2, "line 2: not a JSON object"),
+            (format!("{}{{\"ttfts\":1}}\n", row(0)), 2, "line 2: no `index`"),
+            (format!("{}{}", row(0), row(2)), 3, "holds 2 of the result's 3"),
+            (row(0), 1_000_000, "cannot hold"),
+        ] {
+            std::fs::write(&path, body).unwrap();
+            let e = sidecar::read(&path, n).unwrap_err().to_string();
+            assert!(e.contains("r.requests.jsonl") && e.contains(want), "{e}");
+        }
+        let e = sidecar::read(&dir.path().join("none.jsonl"), 1).unwrap_err();
+        assert!(e.to_string().contains("none.jsonl"), "{e}");
+    }
+}

@@ -1,0 +1,211 @@
+//! The sidecar file of a large `--detailed` result (`RUN.requests.jsonl` beside `RUN.json`, named
+//! by the result's `requests_file`): one JSON object per measured request, appended as each
+//! finishes, holding its `index` (schedule position) and its element of every per-request array
+//! under the array's name ([`super::result::Row`]). [`Writer`] streams the rows through
+//! [`crate::partial`]; [`read`] puts them back as the result's index-aligned arrays ([`Columns`]).
+//! Format: docs/result-format.md.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Above this many measured requests a `--detailed` result's per-request arrays go to the
+/// sidecar file; at or below it they stay inline (one file, vLLM's layout).
+pub const THRESHOLD: usize = 100_000;
+
+/// The result's key naming the sidecar file (a file name, beside the result file).
+pub const KEY: &str = "requests_file";
+
+/// The arrays a sidecar row may hold (other keys are ignored).
+pub const ARRAYS: [&str; 16] = [
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "queue_times",
+    "errors",
+    "server_queue_times",
+    "server_ttfts",
+    "server_input_lens",
+    "server_cached_tokens",
+    "intended_times",
+    "drifts",
+    "client_queue_times",
+    "recorded_errors",
+];
+
+/// The smallest row, `{"index":0}` and its newline.
+const MIN_ROW_BYTES: u64 = 12;
+
+/// The sidecar of the result file `result`: `run.json` → `run.requests.jsonl`.
+pub fn path_for(result: &Path) -> PathBuf {
+    result.with_extension("requests.jsonl")
+}
+
+/// A sidecar that cannot be read, named with the line at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: line {line}: {msg}")]
+    Line {
+        path: String,
+        line: usize,
+        msg: String,
+    },
+    #[error("{path}: {msg}")]
+    File { path: String, msg: String },
+}
+
+/// Rows by index → index-aligned arrays, null where a row lacks a key.
+pub struct Columns {
+    n: usize,
+    cols: BTreeMap<String, Vec<Value>>,
+}
+
+impl Columns {
+    pub fn new(n: usize) -> Columns {
+        Columns {
+            n,
+            cols: BTreeMap::new(),
+        }
+    }
+
+    /// Row `index` (< n).
+    pub fn put(&mut self, index: usize, row: Map<String, Value>) {
+        let n = self.n;
+        for (k, v) in row {
+            let col = self.cols.entry(k).or_insert_with(|| vec![Value::Null; n]);
+            if let Some(slot) = col.get_mut(index) {
+                *slot = v;
+            }
+        }
+    }
+
+    pub fn into_map(self) -> Map<String, Value> {
+        self.cols
+            .into_iter()
+            .map(|(k, v)| (k, Value::Array(v)))
+            .collect()
+    }
+}
+
+/// The sidecar being written (`PATH.partial` until [`Writer::finish`]).
+pub struct Writer {
+    partial: crate::partial::Partial,
+    out: BufWriter<std::fs::File>,
+    name: String,
+    error: Option<std::io::Error>,
+    rows: usize,
+}
+
+#[derive(Serialize)]
+struct Line<'a, T> {
+    index: usize,
+    #[serde(flatten)]
+    row: &'a T,
+}
+
+impl Writer {
+    pub fn create(path: &Path) -> std::io::Result<Writer> {
+        let (partial, file) = crate::partial::Partial::create(path)?;
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        Ok(Writer {
+            partial,
+            out: BufWriter::with_capacity(1 << 16, file),
+            name,
+            error: None,
+            rows: 0,
+        })
+    }
+
+    /// Appends request `index`'s row; the first write error is kept for [`Writer::finish`].
+    pub fn write(&mut self, index: usize, row: &impl Serialize) {
+        if self.error.is_some() {
+            return;
+        }
+        let line = serde_json::to_writer(&mut self.out, &Line { index, row })
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        match line {
+            Ok(()) => self.rows += 1,
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Flushes and renames the file; its name, for the result's [`KEY`].
+    pub fn finish(self) -> std::io::Result<String> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let file = self.out.into_inner().map_err(|e| e.into_error())?;
+        self.partial.commit(file)?;
+        Ok(self.name)
+    }
+}
+
+/// The arrays of the `n` requests in the sidecar `path`. A line that is not a row, an index out
+/// of range or given twice, a request missing, or a file too short to hold `n` rows is an error
+/// naming the file (and the line).
+pub fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
+    let name = path.display().to_string();
+    let io = |source| SidecarError::Io {
+        path: name.clone(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if n as u64 > len / MIN_ROW_BYTES {
+        let msg = format!("{len} bytes cannot hold the result's {n} requests");
+        return Err(SidecarError::File { path: name, msg });
+    }
+    let mut cols = Columns::new(n);
+    let mut seen = vec![false; n];
+    for (k, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(io)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |msg: String| SidecarError::Line {
+            path: name.clone(),
+            line: k + 1,
+            msg,
+        };
+        let mut row = match serde_json::from_str(&line) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(bad("not a JSON object".into())),
+            Err(e) => return Err(bad(format!("not JSON: {e}"))),
+        };
+        let index = row.remove("index").and_then(|v| v.as_u64());
+        let i = match index.and_then(|i| usize::try_from(i).ok()) {
+            Some(i) if i < n => i,
+            Some(i) => return Err(bad(format!("index {i}: the result has {n} requests"))),
+            None => return Err(bad("no `index` (the request's position)".into())),
+        };
+        if std::mem::replace(&mut seen[i], true) {
+            return Err(bad(format!("index {i} given twice")));
+        }
+        row.retain(|k, _| ARRAYS.contains(&k.as_str()));
+        cols.put(i, row);
+    }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        let got = seen.iter().filter(|s| **s).count();
+        let msg = format!("holds {got} of the result's {n} requests (index {i} missing)");
+        return Err(SidecarError::File { path: name, msg });
+    }
+    Ok(cols.into_map())
+}
