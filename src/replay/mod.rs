@@ -77,7 +77,7 @@ pub struct Outcome {
 
 /// Entry point of `retrace replay`.
 pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let report_html = args.report_html.clone();
+    let (report_html, result_json) = (args.report_html.clone(), args.result_json.clone());
     let cfg = Config::from_args(args)?;
     if cfg.dry_run {
         return dry_run(&cfg);
@@ -91,7 +91,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         fd_limit: fds,
         ..cfg
     }))?;
-    crate::report::write_replay_report(report_html.as_deref(), &out.result)?;
+    crate::report::write_replay_report(report_html.as_deref(), &out.result, result_json.as_deref())?;
     print!("{}", out.report);
     Ok(match (out.all_failed, out.valid) {
         (true, _) => ExitCode::from(EXIT_ALL_FAILED),
@@ -384,7 +384,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let measured = aux_mask.iter().filter(|a| !**a).count();
     let detail = detail(cfg, measured)?;
     let bodies = window::Window::start(
-        Arc::new(trace),
+        trace,
         &plan,
         body_opts,
         prompts,

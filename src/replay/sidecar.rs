@@ -209,3 +209,28 @@ pub fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
     }
     Ok(cols.into_map())
 }
+
+/// Moves the per-request arrays ([`ARRAYS`]) of `result` into a sidecar at `path` (`retrace
+/// merge`'s output); the file's name, for the result's [`KEY`].
+pub fn write_arrays(path: &Path, result: &mut Value) -> std::io::Result<String> {
+    let Some(obj) = result.as_object_mut() else {
+        return Err(std::io::Error::other("the result is not an object"));
+    };
+    let cols: Vec<(&str, Vec<Value>)> = ARRAYS
+        .iter()
+        .filter_map(|k| match obj.remove(*k) {
+            Some(Value::Array(a)) => Some((*k, a)),
+            _ => None,
+        })
+        .collect();
+    let n = cols.iter().map(|(_, a)| a.len()).max().unwrap_or(0);
+    let mut w = Writer::create(path)?;
+    for i in 0..n {
+        let row: Map<String, Value> = cols
+            .iter()
+            .map(|(k, a)| (k.to_string(), a.get(i).cloned().unwrap_or(Value::Null)))
+            .collect();
+        w.write(i, &row);
+    }
+    w.finish()
+}

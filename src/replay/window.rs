@@ -124,8 +124,10 @@ pub struct Window {
 
 impl Window {
     /// Starts the builder thread over `plan` (slot k builds `trace.requests[plan[k].index]`).
+    /// The builder owns the trace: each record is taken out as its body is built (plan indexes
+    /// are distinct), so its prompt ids, recorded body and response are freed then.
     pub fn start(
-        trace: Arc<Trace>,
+        trace: Trace,
         plan: &[PlannedSend],
         opts: BodyOptions,
         prompts: Prompts,
@@ -147,7 +149,7 @@ impl Window {
         let me = w.clone();
         std::thread::Builder::new()
             .name("retrace-bodies".into())
-            .spawn(move || me.run(&trace, &indices, &opts, &prompts))?;
+            .spawn(move || me.run(trace, &indices, &opts, &prompts))?;
         Ok(w)
     }
 
@@ -170,7 +172,7 @@ impl Window {
 
     fn run(
         self: &Arc<Self>,
-        trace: &Trace,
+        mut trace: Trace,
         indices: &[usize],
         opts: &BodyOptions,
         prompts: &Prompts,
@@ -180,7 +182,9 @@ impl Window {
             if !self.wait_for_room(slot) {
                 return;
             }
-            let built = build(&trace.requests[idx], idx as u64, opts, prompts);
+            let record = std::mem::take(&mut trace.requests[idx]);
+            let built = build(&record, idx as u64, opts, prompts);
+            drop(record);
             let body = match built {
                 Ok(b) => b,
                 Err(e) => {
@@ -307,7 +311,7 @@ mod tests {
             overheads: Default::default(),
         };
         let prompts = Prompts::Tokens(Synth::new(Vocab::from_size(1000).unwrap(), 16, 0));
-        Window::start(Arc::new(trace), plan, opts, prompts, Limits::default()).unwrap()
+        Window::start(trace, plan, opts, prompts, Limits::default()).unwrap()
     }
 
     #[test]

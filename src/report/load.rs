@@ -10,6 +10,7 @@
 
 use super::weighted::Weighted;
 use crate::metrics::Histograms;
+use crate::replay::sidecar;
 use crate::trace::{self, Trace};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -261,6 +262,8 @@ pub enum LoadError {
     Unknown { path: String, msg: String },
     #[error(transparent)]
     Aiperf(#[from] super::aiperf::AiperfError),
+    #[error(transparent)]
+    Sidecar(#[from] sidecar::SidecarError),
 }
 
 /// Reads any supported input.
@@ -272,7 +275,7 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
     })?;
     let first = data.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if first == Some(b'{') {
-        if let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(&data) {
+        if let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&data) {
             let is_retrace = obj
                 .get("schema")
                 .and_then(Value::as_str)
@@ -280,6 +283,7 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
             let is_vllm = obj.contains_key("completed")
                 && (obj.contains_key("duration") || obj.contains_key("mean_ttft_ms"));
             if is_retrace || is_vllm {
+                with_sidecar(path, &mut obj)?;
                 return from_result(path, &obj, is_retrace);
             }
         }
@@ -307,6 +311,26 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
     };
     let is_retrace = obj.contains_key("schema");
     from_result(path, obj, is_retrace)
+}
+
+/// A result naming a sidecar file (`requests_file`, beside the result file `path`): its rows put
+/// back as the result's per-request arrays, so the result reads as one with inline arrays.
+pub fn with_sidecar(path: &Path, obj: &mut serde_json::Map<String, Value>) -> Result<(), LoadError> {
+    let Some(name) = obj.get(sidecar::KEY) else {
+        return Ok(());
+    };
+    let name = name
+        .as_str()
+        .ok_or_else(|| key_err(path, sidecar::KEY, "expected a file name"))?;
+    let n = obj
+        .get("num_prompts")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| key_err(path, "num_prompts", "expected the count of the sidecar's rows"))?;
+    let file = path.parent().unwrap_or(Path::new("")).join(name);
+    let arrays = sidecar::read(&file, n)?;
+    obj.extend(arrays);
+    Ok(())
 }
 
 fn key_err(path: &Path, key: &str, msg: impl Into<String>) -> LoadError {

@@ -90,13 +90,22 @@ pub fn parse_thresholds(s: &str) -> anyhow::Result<(f64, f64)> {
     }
 }
 
-/// `replay --report-html FILE`: the report of a result that is still in memory.
+/// `replay --report-html FILE`: the report of a result that is still in memory (its sidecar, if
+/// it names one, beside `result_json`).
 pub fn write_replay_report(
     path: Option<&std::path::Path>,
     result: &serde_json::Value,
+    result_json: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let Some(path) = path else { return Ok(()) };
-    let run = load::from_value(path, result)?;
+    let run = match (result.as_object(), result_json) {
+        (Some(obj), Some(rj)) if obj.contains_key(crate::replay::sidecar::KEY) => {
+            let mut obj = obj.clone();
+            load::with_sidecar(rj, &mut obj)?;
+            load::from_value(path, &serde_json::Value::Object(obj))?
+        }
+        _ => load::from_value(path, result)?,
+    };
     let page = html::report_page(&run, (25.0, 50.0));
     std::fs::write(path, page)
         .with_context(|| format!("--report-html {}: cannot write", path.display()))?;
@@ -138,11 +147,21 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut inputs = Vec::with_capacity(raw.len());
     for (p, data) in raw {
-        let v: serde_json::Value =
+        let mut v: serde_json::Value =
             serde_json::from_slice(&data).with_context(|| format!("{}: not JSON", p.display()))?;
+        if let Some(obj) = v.as_object_mut() {
+            load::with_sidecar(&p, obj)?;
+        }
         inputs.push((p, v));
     }
-    let merged = merge::merge(&inputs)?;
+    let mut merged = merge::merge(&inputs)?;
+    let rows = merged["num_prompts"].as_u64().unwrap_or(0);
+    if rows > crate::replay::sidecar::THRESHOLD as u64 && merged.get("ttfts").is_some() {
+        let path = crate::replay::sidecar::path_for(&a.output);
+        let name = crate::replay::sidecar::write_arrays(&path, &mut merged)
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+        merged[crate::replay::sidecar::KEY] = serde_json::json!(name);
+    }
     if inputs.len() > 1 && merged["target"] == "embedded-mock" {
         eprintln!(
             "retrace merge: warning: the inputs replayed against embedded mocks (no --target): each \

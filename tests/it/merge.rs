@@ -283,3 +283,88 @@ fn merge_refuses_foreign_or_mismatched_inputs() {
     assert!(e.contains("b.json") && e.contains("`trace`"), "{e}");
     assert!(!out.exists(), "nothing written on refusal");
 }
+
+/// `path`'s result with its per-request arrays moved to a sidecar file, written as `dir/NAME`
+/// (the same file name, another directory: the sidecar is found beside its result).
+fn with_sidecar(path: &Path, dir: &Path) -> PathBuf {
+    use retrace::replay::sidecar;
+    let out = dir.join(path.file_name().unwrap());
+    let mut v = read(path);
+    let name = sidecar::write_arrays(&sidecar::path_for(&out), &mut v).unwrap();
+    assert!(v.get("ttfts").is_none());
+    v[sidecar::KEY] = serde_json::json!(name);
+    std::fs::write(&out, v.to_string()).unwrap();
+    out
+}
+
+/// A result whose per-request arrays are in a sidecar file reads exactly like the same result
+/// with them inline: `compare` (its requests, the paired TTFT), `report` (the page) and
+/// `merge` (the merged result); a damaged sidecar is an error naming the file and the line.
+#[test]
+fn sidecar_results_read_like_inline_ones_in_compare_report_and_merge() {
+    use retrace::report::load;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(support::start(ServerConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(4),
+        server_metrics: true,
+        ..Default::default()
+    }));
+    let url = srv.url();
+    let dir = tempfile::tempdir().unwrap();
+    let side = dir.path().join("side");
+    std::fs::create_dir(&side).unwrap();
+    let t = trace(dir.path());
+    let whole_p = dir.path().join("whole.json");
+    replay(&t, &url, &whole_p, None);
+    let shard_ps: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let p = dir.path().join(format!("shard-{i}.json"));
+            replay(&t, &url, &p, Some(&format!("{i}/2")));
+            p
+        })
+        .collect();
+    drop(srv);
+    let whole_s = with_sidecar(&whole_p, &side);
+    let (a, b) = (load::load(&whole_p).unwrap(), load::load(&whole_s).unwrap());
+    assert_eq!(a.requests.as_ref().unwrap().len(), 18);
+    assert_eq!(a.requests, b.requests);
+    assert_eq!(a.scalars, b.scalars);
+    let pair = retrace::report::compare::paired_ttft(&a, &b).unwrap();
+    assert!((pair.geo_mean_ratio - 1.0).abs() < 1e-12);
+    let page = |r: &load::Run| retrace::report::html::report_page(r, (25.0, 50.0));
+    // the same page but for the path in its subtitle
+    assert_eq!(page(&a), page(&b).replace("/side/whole.json", "/whole.json"));
+
+    let merged = |inputs: &[PathBuf], out: &Path| {
+        let mut args = vec!["merge"];
+        args.extend(inputs.iter().map(|p| p.to_str().unwrap()));
+        args.extend(["-o", out.to_str().unwrap()]);
+        assert_eq!(
+            retrace::run(support::cli(&args)).unwrap(),
+            std::process::ExitCode::SUCCESS
+        );
+        let mut v = read(out);
+        v.as_object_mut().unwrap().remove("merged_from");
+        v
+    };
+    let side_ps: Vec<PathBuf> = shard_ps.iter().map(|p| with_sidecar(p, &side)).collect();
+    let inline = merged(&shard_ps, &dir.path().join("m-inline.json"));
+    let from_side = merged(&side_ps, &dir.path().join("m-side.json"));
+    assert_eq!(inline["merged_from_histograms"], false);
+    assert_eq!(inline, from_side);
+
+    // damaged: a cut line, then a missing request
+    let file = retrace::replay::sidecar::path_for(&whole_s);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::write(&file, format!("{}\n{}", lines[0], &lines[1][..10])).unwrap();
+    let e = load::load(&whole_s).unwrap_err().to_string();
+    assert!(e.contains("whole.requests.jsonl") && e.contains("line 2"), "{e}");
+    std::fs::write(&file, lines[1..].join("\n")).unwrap();
+    let e = load::load(&whole_s).unwrap_err().to_string();
+    assert!(e.contains("whole.requests.jsonl") && e.contains("17 of the result's 18"), "{e}");
+    std::fs::remove_file(&file).unwrap();
+    let e = load::load(&whole_s).unwrap_err().to_string();
+    assert!(e.contains("whole.requests.jsonl") && e.contains("cannot read"), "{e}");
+}
