@@ -10,7 +10,7 @@
 
 use super::request::{build, BodyOptions, BuiltRequest, Prompts};
 use super::schedule::PlannedSend;
-use crate::trace::Trace;
+use crate::trace::{Request, Trace};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -84,6 +84,24 @@ impl Drop for Body {
     }
 }
 
+/// Records handed to the builder together and freed together: (trace index, record).
+type Chunk = Vec<(usize, Option<Request>)>;
+
+/// Records per [`Chunk`].
+const CHUNK: usize = 4096;
+
+/// The trace's records in plan order, in chunks (records the plan does not send are freed).
+fn in_plan_order(trace: Trace, plan: &[PlannedSend]) -> Vec<Chunk> {
+    let mut records: Vec<Option<Request>> = trace.requests.into_iter().map(Some).collect();
+    plan.chunks(CHUNK)
+        .map(|c| {
+            c.iter()
+                .map(|p| (p.index, records.get_mut(p.index).and_then(Option::take)))
+                .collect()
+        })
+        .collect()
+}
+
 #[derive(Default)]
 struct State {
     ready: HashMap<usize, Arc<Body>>,
@@ -124,8 +142,8 @@ pub struct Window {
 
 impl Window {
     /// Starts the builder thread over `plan` (slot k builds `trace.requests[plan[k].index]`).
-    /// The builder owns the trace: each record is taken out as its body is built (plan indexes
-    /// are distinct), so its prompt ids, recorded body and response are freed then.
+    /// The builder owns the trace's records, in plan order: they are freed a chunk at a time as
+    /// their bodies are built (a record's prompt ids, recorded body and response at once).
     pub fn start(
         trace: Trace,
         plan: &[PlannedSend],
@@ -145,11 +163,11 @@ impl Window {
             deadlines: plan.iter().map(|p| p.at_ns).collect(),
             limits,
         });
-        let indices: Vec<usize> = plan.iter().map(|p| p.index).collect();
+        let records = in_plan_order(trace, plan);
         let me = w.clone();
         std::thread::Builder::new()
             .name("retrace-bodies".into())
-            .spawn(move || me.run(trace, &indices, &opts, &prompts))?;
+            .spawn(move || me.run(records, &opts, &prompts))?;
         Ok(w)
     }
 
@@ -170,19 +188,16 @@ impl Window {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn run(
-        self: &Arc<Self>,
-        mut trace: Trace,
-        indices: &[usize],
-        opts: &BodyOptions,
-        prompts: &Prompts,
-    ) {
+    fn run(self: &Arc<Self>, records: Vec<Chunk>, opts: &BodyOptions, prompts: &Prompts) {
         let _ended = Ended(self);
-        for (slot, &idx) in indices.iter().enumerate() {
+        // Each chunk's records are freed once their bodies are built.
+        let slots = records.into_iter().flatten().enumerate();
+        for (slot, (idx, record)) in slots {
             if !self.wait_for_room(slot) {
                 return;
             }
-            let record = std::mem::take(&mut trace.requests[idx]);
+            // A plan index the trace lacks ends the builder (the dispatcher is told).
+            let Some(record) = record else { return };
             let built = build(&record, idx as u64, opts, prompts);
             drop(record);
             let body = match built {
@@ -324,7 +339,7 @@ mod tests {
                 ..Default::default()
             }],
         };
-        // slot 1 names a request the trace does not have: the builder thread panics there
+        // slot 1 names a request the trace does not have: the builder ends there
         let plan = [
             PlannedSend { index: 0, at_ns: 0 },
             PlannedSend { index: 7, at_ns: 0 },
