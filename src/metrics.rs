@@ -662,7 +662,10 @@ impl Collector {
         use std::mem::size_of;
         self.scalars.capacity() * size_of::<Scalars>()
             + self.itl_at.capacity() * size_of::<(usize, u32)>()
-            + self.itls.as_ref().map_or(0, |v| v.capacity() * size_of::<u64>())
+            + self
+                .itls
+                .as_ref()
+                .map_or(0, |v| v.capacity() * size_of::<u64>())
             + self.tokens_per_s.capacity() * size_of::<u64>()
     }
 
@@ -1266,15 +1269,27 @@ mod tests {
         let fixed = n as usize * per_request;
         assert!(exact.retained_bytes() >= fixed + 100_000 * 8);
         // the per-request part and the token peak's seconds, nothing that grows with tokens
-        assert!(bounded.retained_bytes() <= fixed + 1024, "{}", bounded.retained_bytes());
+        assert!(
+            bounded.retained_bytes() <= fixed + 1024,
+            "{}",
+            bounded.retained_bytes()
+        );
         let p = [50.0, 99.0];
         let (a, b) = (exact.summary(3.0, &p), bounded.summary(3.0, &p));
         assert_eq!(a, summarize(&samples, 3.0, &p));
         assert_eq!(b.itl.count, a.itl.count);
         let near = |x: f64, y: f64| (x - y).abs() <= 1e-3 * y;
-        assert!(near(b.itl.mean, a.itl.mean), "{} {}", b.itl.mean, a.itl.mean);
+        assert!(
+            near(b.itl.mean, a.itl.mean),
+            "{} {}",
+            b.itl.mean,
+            a.itl.mean
+        );
         assert!(near(b.itl.percentiles[1].1, a.itl.percentiles[1].1));
-        assert_eq!((&b.ttft, &b.tpot, &b.e2el, &b.drift), (&a.ttft, &a.tpot, &a.e2el, &a.drift));
+        assert_eq!(
+            (&b.ttft, &b.tpot, &b.e2el, &b.drift),
+            (&a.ttft, &a.tpot, &a.e2el, &a.drift)
+        );
         assert_eq!(b.max_concurrent_requests, a.max_concurrent_requests);
         assert_eq!(b.total_output_tokens, a.total_output_tokens);
         // tokens 1 ms apart at most 51 per request, requests 1 ms apart: the run-clock peak is

@@ -104,9 +104,10 @@ impl Collect {
         Ok(match std::mem::replace(&mut self.detail, Detail::Off) {
             Detail::Off => Arrays::default(),
             Detail::Inline(rows) => Arrays {
-                inline: Some(arrays(rows.into_iter().map(|r| {
-                    r.unwrap_or_else(|| Row::of(&Sample::default(), None))
-                }))),
+                inline: Some(arrays(
+                    rows.into_iter()
+                        .map(|r| r.unwrap_or_else(|| Row::of(&Sample::default(), None))),
+                )),
                 file: None,
             },
             Detail::File(f) => {
@@ -199,7 +200,10 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(got["ttfts"].as_array().unwrap().len(), n as usize);
         assert_eq!(got["recorded_errors"][5], json!("http_500"));
-        assert_eq!(inline.work.summary(1.0, &[99.0]), streamed.work.summary(1.0, &[99.0]));
+        assert_eq!(
+            inline.work.summary(1.0, &[99.0]),
+            streamed.work.summary(1.0, &[99.0])
+        );
     }
 
     /// A damaged or incomplete sidecar is an error naming the file and the line.
@@ -210,11 +214,23 @@ mod tests {
         let row = |i: usize| format!("{{\"index\":{i},\"ttfts\":0.1}}\n");
         for (body, n, want) in [
             (format!("{}{{\"index\":1,", row(0)), 2, "line 2: not JSON"),
-            (format!("{}{}", row(0), row(0)), 2, "line 2: index 0 given twice"),
+            (
+                format!("{}{}", row(0), row(0)),
+                2,
+                "line 2: index 0 given twice",
+            ),
             (format!("{}{}", row(0), row(7)), 2, "line 2: index 7"),
             (format!("{}[1]\n", row(0)), 2, "line 2: not a JSON object"),
-            (format!("{}{{\"ttfts\":1}}\n", row(0)), 2, "line 2: no `index`"),
-            (format!("{}{}", row(0), row(2)), 3, "holds 2 of the result's 3"),
+            (
+                format!("{}{{\"ttfts\":1}}\n", row(0)),
+                2,
+                "line 2: no `index`",
+            ),
+            (
+                format!("{}{}", row(0), row(2)),
+                3,
+                "holds 2 of the result's 3",
+            ),
             (row(0), 1_000_000, "cannot hold"),
         ] {
             std::fs::write(&path, body).unwrap();

@@ -307,6 +307,13 @@ pub fn extra_sections(
         let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
     row(&mut out, "Peak requests in flight:", sum.peak_in_flight);
+    if sum.itl_from_histogram {
+        let _ = writeln!(
+            out,
+            "ITL above from the HdrHistogram (3 significant digits): more than {} ITL values",
+            crate::metrics::ITL_BOUND
+        );
+    }
     rule(&mut out, "End-to-end Latency", '-');
     rowf(&mut out, "Mean E2EL (ms):", sum.e2el.mean);
     rowf(&mut out, "Median E2EL (ms):", sum.e2el.median);

@@ -91,7 +91,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         fd_limit: fds,
         ..cfg
     }))?;
-    crate::report::write_replay_report(report_html.as_deref(), &out.result, result_json.as_deref())?;
+    crate::report::write_replay_report(
+        report_html.as_deref(),
+        &out.result,
+        result_json.as_deref(),
+    )?;
     print!("{}", out.report);
     Ok(match (out.all_failed, out.valid) {
         (true, _) => ExitCode::from(EXIT_ALL_FAILED),
@@ -383,14 +387,8 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
     let measured = aux_mask.iter().filter(|a| !**a).count();
     let detail = detail(cfg, measured)?;
-    let bodies = window::Window::start(
-        trace,
-        &plan,
-        body_opts,
-        prompts,
-        cfg.tuning.window,
-    )
-    .context("starting the body builder thread")?;
+    let bodies = window::Window::start(trace, &plan, body_opts, prompts, cfg.tuning.window)
+        .context("starting the body builder thread")?;
     warn_before_the_run(cfg, plan.len());
     wait_for_start_at(cfg).await;
     let scrape = match &cfg.scrape_metrics {
@@ -727,16 +725,22 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant, collected: &mut collect:
         t0: Some(t0),
     };
     let mut failed = 0u64;
-    let driven = driver::drive(sends, p.bodies.clone(), p.client.clone(), opts, |slot, s| {
-        if let Some(pb) = &bar {
-            if !s.ok() {
-                failed += 1;
-                pb.set_message(format!("({failed} failed)"));
+    let driven = driver::drive(
+        sends,
+        p.bodies.clone(),
+        p.client.clone(),
+        opts,
+        |slot, s| {
+            if let Some(pb) = &bar {
+                if !s.ok() {
+                    failed += 1;
+                    pb.set_message(format!("({failed} failed)"));
+                }
+                pb.inc(1);
             }
-            pb.inc(1);
-        }
-        collected.add(slot, s);
-    })
+            collected.add(slot, s);
+        },
+    )
     .await;
     if let Some(pb) = bar {
         pb.finish_and_clear();

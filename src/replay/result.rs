@@ -305,7 +305,12 @@ pub fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
 
 impl ReplayResult {
     /// The result of a run of `num_prompts` measured requests, without per-request arrays.
-    pub fn new(info: &RunInfo, sum: &Summary, hist: &Histograms, num_prompts: usize) -> ReplayResult {
+    pub fn new(
+        info: &RunInfo,
+        sum: &Summary,
+        hist: &Histograms,
+        num_prompts: usize,
+    ) -> ReplayResult {
         let mut stats = Map::new();
         for (name, s) in [
             ("ttft", &sum.ttft),

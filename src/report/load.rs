@@ -315,7 +315,10 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
 
 /// A result naming a sidecar file (`requests_file`, beside the result file `path`): its rows put
 /// back as the result's per-request arrays, so the result reads as one with inline arrays.
-pub fn with_sidecar(path: &Path, obj: &mut serde_json::Map<String, Value>) -> Result<(), LoadError> {
+pub fn with_sidecar(
+    path: &Path,
+    obj: &mut serde_json::Map<String, Value>,
+) -> Result<(), LoadError> {
     let Some(name) = obj.get(sidecar::KEY) else {
         return Ok(());
     };
@@ -326,7 +329,13 @@ pub fn with_sidecar(path: &Path, obj: &mut serde_json::Map<String, Value>) -> Re
         .get("num_prompts")
         .and_then(Value::as_u64)
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| key_err(path, "num_prompts", "expected the count of the sidecar's rows"))?;
+        .ok_or_else(|| {
+            key_err(
+                path,
+                "num_prompts",
+                "expected the count of the sidecar's rows",
+            )
+        })?;
     let file = path.parent().unwrap_or(Path::new("")).join(name);
     let arrays = sidecar::read(&file, n)?;
     obj.extend(arrays);

@@ -145,7 +145,10 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     let detailed = reqs.iter().all(Option::is_some);
 
     let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
-    for k in ARRAY_KEYS.iter().chain(&["shard", crate::replay::sidecar::KEY]) {
+    for k in ARRAY_KEYS
+        .iter()
+        .chain(&["shard", crate::replay::sidecar::KEY])
+    {
         m.remove(*k);
     }
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);

@@ -334,7 +334,10 @@ fn sidecar_results_read_like_inline_ones_in_compare_report_and_merge() {
     assert!((pair.geo_mean_ratio - 1.0).abs() < 1e-12);
     let page = |r: &load::Run| retrace::report::html::report_page(r, (25.0, 50.0));
     // the same page but for the path in its subtitle
-    assert_eq!(page(&a), page(&b).replace("/side/whole.json", "/whole.json"));
+    assert_eq!(
+        page(&a),
+        page(&b).replace("/side/whole.json", "/whole.json")
+    );
 
     let merged = |inputs: &[PathBuf], out: &Path| {
         let mut args = vec!["merge"];
@@ -360,11 +363,20 @@ fn sidecar_results_read_like_inline_ones_in_compare_report_and_merge() {
     let lines: Vec<&str> = text.lines().collect();
     std::fs::write(&file, format!("{}\n{}", lines[0], &lines[1][..10])).unwrap();
     let e = load::load(&whole_s).unwrap_err().to_string();
-    assert!(e.contains("whole.requests.jsonl") && e.contains("line 2"), "{e}");
+    assert!(
+        e.contains("whole.requests.jsonl") && e.contains("line 2"),
+        "{e}"
+    );
     std::fs::write(&file, lines[1..].join("\n")).unwrap();
     let e = load::load(&whole_s).unwrap_err().to_string();
-    assert!(e.contains("whole.requests.jsonl") && e.contains("17 of the result's 18"), "{e}");
+    assert!(
+        e.contains("whole.requests.jsonl") && e.contains("17 of the result's 18"),
+        "{e}"
+    );
     std::fs::remove_file(&file).unwrap();
     let e = load::load(&whole_s).unwrap_err().to_string();
-    assert!(e.contains("whole.requests.jsonl") && e.contains("cannot read"), "{e}");
+    assert!(
+        e.contains("whole.requests.jsonl") && e.contains("cannot read"),
+        "{e}"
+    );
 }
