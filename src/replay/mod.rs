@@ -1021,3 +1021,43 @@ fn now_utc_compact() -> String {
         .map(|d| d.format("%Y%m%d-%H%M%S").to_string())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(args: &[&str]) -> Config {
+        use clap::Parser;
+        let mut v = vec!["retrace", "replay", "t.jsonl"];
+        v.extend_from_slice(args);
+        match crate::cli::Cli::parse_from(v).command {
+            crate::cli::Command::Replay(a) => Config::from_args(a).unwrap(),
+            _ => unreachable!("replay"),
+        }
+    }
+
+    /// `--detailed` keeps its arrays inline up to the threshold; above it the sidecar beside
+    /// `--result-json` is opened before the run (removed when the run is abandoned; an
+    /// unwritable one fails at once); without a result file they stay inline.
+    #[test]
+    fn detailed_rows_go_to_the_sidecar_above_the_threshold() {
+        use collect::Detail;
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path().join("run.json");
+        let r = r.to_str().unwrap();
+        let c = cfg(&["--detailed", "--result-json", r]);
+        let over = sidecar::THRESHOLD + 1;
+        assert!(matches!(detail(&c, sidecar::THRESHOLD), Ok(Detail::Inline(_))));
+        let d = detail(&c, over).unwrap();
+        assert!(matches!(d, Detail::File(_)));
+        let partial = dir.path().join("run.requests.jsonl.partial");
+        assert!(partial.exists());
+        drop(d);
+        assert!(!partial.exists(), "an abandoned run leaves no partial file");
+        assert!(matches!(detail(&cfg(&["--detailed"]), over), Ok(Detail::Inline(_))));
+        assert!(matches!(detail(&cfg(&["--result-json", r]), over), Ok(Detail::Off)));
+        let bad = cfg(&["--detailed", "--result-json", "/nonexistent/dir/run.json"]);
+        let e = detail(&bad, over).err().unwrap().to_string();
+        assert!(e.contains("run.requests.jsonl") && e.contains("cannot write"), "{e}");
+    }
+}
