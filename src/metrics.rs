@@ -247,19 +247,6 @@ impl Sample {
     pub fn ok(&self) -> bool {
         self.scalars().ok()
     }
-    /// See [`Scalars::drift_ns`].
-    pub fn drift_ns(&self) -> i64 {
-        self.scalars().drift_ns()
-    }
-    pub fn dispatch_drift_ns(&self) -> i64 {
-        self.scalars().dispatch_drift_ns()
-    }
-    pub fn client_queue_ns(&self) -> u64 {
-        self.slot_wait_ns
-    }
-    pub fn tpot_s(&self) -> Option<f64> {
-        self.scalars().tpot_s()
-    }
 }
 
 /// A finished request's fixed-size part ([`Sample`] less its ITL values and error detail), kept
@@ -1032,7 +1019,7 @@ mod tests {
     /// slot wait alone; a request that never went out keeps its dispatch drift.
     #[test]
     fn drift_and_client_queue_split_the_send_delay() {
-        let s = Sample {
+        let s = Scalars {
             intended_ns: 1_000,
             dispatched_ns: 1_010,
             slot_wait_ns: 500,
@@ -1042,7 +1029,7 @@ mod tests {
         assert_eq!(s.dispatch_drift_ns(), 10);
         assert_eq!(s.drift_ns(), 40, "10 dispatcher + 30 hand-over");
         assert_eq!(s.client_queue_ns(), 500);
-        let early = Sample {
+        let early = Scalars {
             intended_ns: 1_000,
             dispatched_ns: 990,
             sent_ns: 995,
@@ -1050,7 +1037,7 @@ mod tests {
         };
         assert_eq!(early.drift_ns(), -5);
         assert_eq!(early.client_queue_ns(), 0);
-        let unsent = Sample {
+        let unsent = Scalars {
             intended_ns: 1_000,
             dispatched_ns: 1_020,
             ..Default::default()

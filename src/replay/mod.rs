@@ -1047,17 +1047,29 @@ mod tests {
         let r = r.to_str().unwrap();
         let c = cfg(&["--detailed", "--result-json", r]);
         let over = sidecar::THRESHOLD + 1;
-        assert!(matches!(detail(&c, sidecar::THRESHOLD), Ok(Detail::Inline(_))));
+        assert!(matches!(
+            detail(&c, sidecar::THRESHOLD),
+            Ok(Detail::Inline(_))
+        ));
         let d = detail(&c, over).unwrap();
         assert!(matches!(d, Detail::File(_)));
         let partial = dir.path().join("run.requests.jsonl.partial");
         assert!(partial.exists());
         drop(d);
         assert!(!partial.exists(), "an abandoned run leaves no partial file");
-        assert!(matches!(detail(&cfg(&["--detailed"]), over), Ok(Detail::Inline(_))));
-        assert!(matches!(detail(&cfg(&["--result-json", r]), over), Ok(Detail::Off)));
+        assert!(matches!(
+            detail(&cfg(&["--detailed"]), over),
+            Ok(Detail::Inline(_))
+        ));
+        assert!(matches!(
+            detail(&cfg(&["--result-json", r]), over),
+            Ok(Detail::Off)
+        ));
         let bad = cfg(&["--detailed", "--result-json", "/nonexistent/dir/run.json"]);
         let e = detail(&bad, over).err().unwrap().to_string();
-        assert!(e.contains("run.requests.jsonl") && e.contains("cannot write"), "{e}");
+        assert!(
+            e.contains("run.requests.jsonl") && e.contains("cannot write"),
+            "{e}"
+        );
     }
 }

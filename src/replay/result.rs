@@ -284,8 +284,8 @@ impl Row {
             server_input_lens: x.server.prompt_tokens,
             server_cached_tokens: x.server.cached_tokens,
             intended_times: ns_to_s(x.intended_ns),
-            drifts: x.drift_ns() as f64 / 1e9,
-            client_queue_times: ns_to_s(x.client_queue_ns()),
+            drifts: x.scalars().drift_ns() as f64 / 1e9,
+            client_queue_times: ns_to_s(x.slot_wait_ns),
             recorded_errors: recorded,
         }
     }

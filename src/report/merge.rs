@@ -576,24 +576,7 @@ fn put_hist_stats(
     h: &hdrhistogram::Histogram<u64>,
     p: &[f64],
 ) {
-    let ms = |us: f64| us / 1000.0;
-    let empty = h.is_empty();
-    let q = |x: f64| {
-        if empty {
-            0.0
-        } else {
-            ms(h.value_at_quantile(x) as f64)
-        }
-    };
-    m.insert(format!("mean_{name}_ms"), json!(ms(h.mean())));
-    m.insert(format!("median_{name}_ms"), json!(q(0.5)));
-    m.insert(format!("std_{name}_ms"), json!(ms(h.stdev())));
-    for pp in p {
-        m.insert(
-            format!("p{}_{name}_ms", percentile_label(*pp)),
-            json!(q(pp / 100.0)),
-        );
-    }
+    put_stats(m, name, &Stats::from_histogram(h, 1000.0, p), false);
 }
 
 /// Our families without per-request data: count, mean, population std, min and max pool exactly
