@@ -7,7 +7,7 @@
 use super::outcome::{self, FirstError};
 use super::result::{arrays, Row};
 use super::sidecar;
-use crate::metrics::{Collector, Sample, Scalars, ITL_BOUND};
+use crate::metrics::{Collector, Sample, Scalars};
 use serde_json::{Map, Value};
 
 /// Where `--detailed` rows go.
@@ -42,8 +42,14 @@ pub struct Arrays {
 }
 
 impl Collect {
-    /// `aux[slot]`: the plan slot is a side request; `detail` for the workload's requests.
-    pub fn new(aux: &[bool], recorded: Option<Vec<Option<String>>>, detail: Detail) -> Collect {
+    /// `aux[slot]`: the plan slot is a side request; `detail` for the workload's requests; at
+    /// most `itl_bound` ITL values held ([`ITL_BOUND`]).
+    pub fn new(
+        aux: &[bool],
+        recorded: Option<Vec<Option<String>>>,
+        detail: Detail,
+        itl_bound: usize,
+    ) -> Collect {
         let mut n = 0u32;
         let work_index = aux
             .iter()
@@ -61,7 +67,7 @@ impl Collect {
         };
         Collect {
             work_index,
-            work: Collector::new(n as usize, ITL_BOUND),
+            work: Collector::new(n as usize, itl_bound),
             aux: Vec::new(),
             first_errors: Vec::new(),
             recorded,
@@ -156,7 +162,7 @@ mod tests {
 
     #[test]
     fn auxiliary_samples_are_split_off_and_counted() {
-        let mut c = Collect::new(&[false, true, true, false], None, Detail::Off);
+        let mut c = Collect::new(&[false, true, true, false], None, Detail::Off, 100);
         for (slot, err) in [None, None, Some(Failure::Http(404)), None]
             .into_iter()
             .enumerate()
@@ -184,9 +190,9 @@ mod tests {
             .map(|i| (i % 5 == 0).then(|| "http_500".into()))
             .collect();
         let aux = vec![false; n as usize];
-        let mut inline = Collect::new(&aux, Some(rec.clone()), Detail::Inline(Vec::new()));
+        let mut inline = Collect::new(&aux, Some(rec.clone()), Detail::Inline(Vec::new()), 1 << 20);
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
-        let mut streamed = Collect::new(&aux, Some(rec), file);
+        let mut streamed = Collect::new(&aux, Some(rec), file, 1 << 20);
         for (slot, s) in samples.iter().enumerate() {
             inline.add(slot, s.clone());
         }
@@ -203,6 +209,39 @@ mod tests {
         assert_eq!(
             inline.work.summary(1.0, &[99.0]),
             streamed.work.summary(1.0, &[99.0])
+        );
+    }
+
+    /// A run far larger than the sidecar threshold and the ITL bound: the sidecar holds every
+    /// request with all its ITL values, while what the run holds for its samples stays the
+    /// fixed per-request part (counted in bytes, not RSS).
+    #[test]
+    fn a_run_far_past_the_threshold_streams_every_request_and_holds_a_bounded_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.requests.jsonl");
+        let n = 2 * sidecar::THRESHOLD + 1;
+        let file = Detail::File(sidecar::Writer::create(&path).unwrap());
+        let mut c = Collect::new(&vec![false; n], None, file, 100_000);
+        for slot in 0..n {
+            c.add(slot, sample(slot as u64, None));
+        }
+        let per_request = std::mem::size_of::<Scalars>() + std::mem::size_of::<(usize, u32)>();
+        let held = c.work.retained_bytes();
+        assert!(
+            held <= n * per_request + 4096,
+            "{held} bytes for {n} requests"
+        );
+        let sum = c.work.summary(1.0, &[99.0]);
+        assert!(sum.itl_from_histogram);
+        assert_eq!(sum.itl.count, 2 * n);
+        c.finish().unwrap();
+        let got = sidecar::read(&path, n).unwrap();
+        let itls = got["itls"].as_array().unwrap();
+        assert_eq!(itls.len(), n);
+        assert!(itls.iter().all(|x| x.as_array().map(Vec::len) == Some(2)));
+        assert_eq!(
+            itls[n - 1][1],
+            json!((10_000_000 + n as u64 - 1) as f64 / 1e9)
         );
     }
 

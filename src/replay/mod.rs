@@ -664,7 +664,9 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     let cpu_setup_s = process_cpu_s();
     p.bodies.set_t0(t0);
     let detail = p.detail.take().unwrap_or(collect::Detail::Off);
-    let mut collected = collect::Collect::new(&p.aux_mask, p.facts.recorded.take(), detail);
+    let recorded = p.facts.recorded.take();
+    let itl_bound = metrics::ITL_BOUND;
+    let mut collected = collect::Collect::new(&p.aux_mask, recorded, detail, itl_bound);
     let duration_s = drive(cfg, p, t0, &mut collected).await;
     p.bodies.stop();
     let inexact = p
