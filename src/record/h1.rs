@@ -23,7 +23,7 @@
 //! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
 
 use super::common::{self, classify, describe, error_json, Drain, Proxy};
-use super::extract::{Captured, Exchange};
+use super::extract::Captured;
 use super::failure::Failure;
 use super::rawpool::RawPool;
 use super::tap::{lock, Pending};
@@ -142,6 +142,19 @@ impl BodyState {
     fn done(&self) -> bool {
         matches!(self, BodyState::Done)
     }
+
+    /// How many of `have` bytes a `Length` body still takes (it is `Done` after its last).
+    fn take_length(&mut self, have: usize) -> usize {
+        let BodyState::Length(rem) = self else {
+            return 0;
+        };
+        let k = have.min(usize::try_from(*rem).unwrap_or(usize::MAX));
+        *rem -= k as u64;
+        if *rem == 0 {
+            *self = BodyState::Done;
+        }
+        k
+    }
 }
 
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -202,14 +215,8 @@ struct Ex {
     /// The response broke off with this failure: what came before it goes to the client, then
     /// the connection is cut.
     cut: Option<Failure>,
-    pending: Option<Pending>,
+    pending: Pending,
     cap: Arc<Mutex<Captured>>,
-}
-
-impl Ex {
-    fn exchange(&mut self) -> Option<&mut Exchange> {
-        self.pending.as_mut().and_then(|p| p.exchange())
-    }
 }
 
 struct Conn<'a, C> {
@@ -220,7 +227,6 @@ struct Conn<'a, C> {
     ubuf: Buf,
     out: Vec<u8>,
     scratch: Vec<u8>,
-    up: Option<ClientStream>,
     sleep: Pin<Box<Sleep>>,
     drain: Drain,
     /// The client may still be sending a request we did not read: close with a linger.
@@ -246,7 +252,6 @@ where
         ubuf: Buf::new(Vec::new(), UPSTREAM_BUF),
         out: Vec::with_capacity(1024),
         scratch: Vec::new(),
-        up: None,
         sleep: Box::pin(tokio::time::sleep(HEAD_TIMEOUT)),
         drain,
         linger: false,
@@ -339,21 +344,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Answers a refused request head and closes.
     async fn reject(&mut self, e: HeadError) {
-        let (kind, reason) = match e {
-            HeadError::TooLarge => (
-                "request_header_too_large",
-                "Request Header Fields Too Large",
-            ),
-            HeadError::Malformed(_) => ("bad_request", "Bad Request"),
-            HeadError::Loop => (common::LOOP_KIND, "Loop Detected"),
-        };
-        let status = e.status();
-        let body = error_json(status, kind, e.reason());
-        self.out.clear();
-        write_error_head(&mut self.out, status, reason, body.len(), true);
-        self.out.extend_from_slice(body.as_bytes());
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), self.client.write_all(&self.out)).await;
+        let (kind, reason) = common::refusal(e);
+        let wait = Duration::from_secs(5);
+        self.answer_error(e.status(), reason, kind, e.reason(), false, wait)
+            .await;
         self.linger_close().await;
     }
 
@@ -367,13 +361,20 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         while seen < 1 << 20 {
             self.cbuf.clear();
             self.cbuf.make_room(CLIENT_BUF);
-            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
-            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
-                .await
-            {
-                Ok(Ok(n)) if n > 0 => seen += n,
-                _ => break,
+            match self.read_client_by(deadline).await {
+                Some(n) => seen += n,
+                None => break,
             }
+        }
+    }
+
+    /// One read from the client into its buffer by `deadline`: `None` on EOF, error or timeout.
+    async fn read_client_by(&mut self, deadline: tokio::time::Instant) -> Option<usize> {
+        let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+        let read = poll_fn(|cx| cbuf.poll_read_from(client, cx));
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(n)) if n > 0 => Some(n),
+            _ => None,
         }
     }
 
@@ -432,149 +433,138 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             cut: None,
             keep_client: h.keep_alive,
             up_reusable: true,
-            pending: Some(pending),
+            pending,
             cap,
         };
         self.arm_by(headers_deadline);
         let mut retried = false;
-        let outcome = loop {
+        let (outcome, up) = loop {
             // A retry dials a fresh socket rather than trying another pooled one.
             let pooled = if retried { None } else { self.pool.checkout() };
-            let (up, reused) = match pooled {
+            let (mut up, reused) = match pooled {
                 Some(u) => (u, true),
                 None => {
                     match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
                         Ok(Ok(u)) => (u, false),
                         Ok(Err(e)) => {
                             let kind = classify(true, false, &*e);
-                            break Outcome::BeforeHead(kind, describe(&*e));
+                            break (Outcome::BeforeHead(kind, describe(&*e)), None);
                         }
                         Err(_) => {
-                            break Outcome::BeforeHead(
-                                Failure::TimeoutHeaders,
-                                "upstream sent no response headers within the timeout".into(),
-                            )
+                            let msg = common::NO_HEADERS.into();
+                            break (Outcome::BeforeHead(Failure::TimeoutHeaders, msg), None);
                         }
                     }
                 }
             };
-            self.up = Some(up);
-            match poll_fn(|cx| self.poll_exchange(cx, &mut ex)).await {
-                Outcome::Retry(_) if reused && !retried => {
-                    // The pooled socket was closed under us before a byte went out.
-                    retried = true;
-                    self.up = None;
-                    continue;
-                }
-                Outcome::Retry(e) => {
-                    break Outcome::BeforeHead(
-                        Failure::UpstreamClosed,
-                        format!("writing upstream: {e}"),
-                    )
-                }
-                o => break o,
+            match poll_fn(|cx| self.poll_exchange(cx, &mut ex, &mut up)).await {
+                // The pooled socket was closed under us before a byte went out.
+                Outcome::Retry(_) if reused && !retried => retried = true,
+                o => break (o, Some(up)),
             }
         };
-        self.finish(ex, outcome).await
+        self.finish(ex, outcome, up).await
     }
 
     /// Records the exchange, gives back or drops the upstream socket, answers errors before the
     /// head; returns whether the client connection carries on.
-    async fn finish(&mut self, mut ex: Ex, outcome: Outcome) -> bool {
-        if ex.upgraded && matches!(outcome, Outcome::Done) {
-            return self.tunnel(ex).await;
-        }
+    async fn finish(&mut self, mut ex: Ex, outcome: Outcome, up: Option<ClientStream>) -> bool {
+        let up = match up {
+            Some(up) if ex.upgraded && matches!(outcome, Outcome::Done) => {
+                return self.tunnel(ex, up).await
+            }
+            up => up,
+        };
         self.ubuf.clear();
         self.out.clear();
-        let up = self.up.take();
-        let outcome = match outcome {
-            Outcome::Retry(e) => {
-                Outcome::BeforeHead(Failure::UpstreamClosed, format!("writing upstream: {e}"))
-            }
-            o => o,
-        };
-        match outcome {
+        let (kind, msg) = match outcome {
             Outcome::Done => {
                 let req_done = ex.req.done() && ex.req_ready == 0 && !ex.req_abandoned;
                 self.linger |= !req_done;
-                if let Some(up) = up {
-                    if ex.up_reusable && req_done {
-                        self.pool.checkin(up);
-                    }
+                if let (Some(up), true) = (up, ex.up_reusable && req_done) {
+                    self.pool.checkin(up);
                 }
-                if let Some(p) = ex.pending.take() {
-                    // Answered before the whole request body went upstream: the record says so.
-                    p.end((!req_done).then_some(Failure::BodyUnsent), false);
-                }
-                ex.keep_client && req_done && self.drain.borrow().is_none()
+                // Answered before the whole request body went upstream: the record says so.
+                ex.pending
+                    .end((!req_done).then_some(Failure::BodyUnsent), false);
+                return ex.keep_client && req_done && self.drain.borrow().is_none();
             }
             Outcome::Cancelled => {
-                drop(up);
-                if let Some(p) = ex.pending.take() {
-                    p.end(None, true);
-                }
-                false
+                ex.pending.end(None, true);
+                return false;
             }
             Outcome::Cut(kind) => {
-                drop(up);
-                if let Some(p) = ex.pending.take() {
-                    p.end(Some(kind), false);
-                }
-                false
+                ex.pending.end(Some(kind), false);
+                return false;
             }
-            Outcome::Retry(_) => false, // made a BeforeHead above
-            Outcome::BeforeHead(kind, msg) => {
-                drop(up);
-                if kind.is_upstream_fault() {
-                    tracing::warn!("upstream request failed ({kind}): {msg}");
-                }
-                // The record still wants the prompt: read the rest of the body (capped, briefly).
-                let body_read = self.read_for_record(&mut ex).await;
-                self.linger |= !body_read;
-                if let Some(p) = ex.pending.take() {
-                    p.end(Some(kind), false);
-                }
-                let (status, reason) = kind.status();
-                let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
-                let body = error_json(status, kind.as_str(), &msg);
-                self.out.clear();
-                write_error_head(&mut self.out, status, reason, body.len(), !keep);
-                self.out.extend_from_slice(body.as_bytes());
-                let w =
-                    tokio::time::timeout(Duration::from_secs(10), self.client.write_all(&self.out));
-                let ok = matches!(w.await, Ok(Ok(())));
-                self.out.clear();
-                keep && ok
-            }
+            Outcome::Retry(e) => (Failure::UpstreamClosed, format!("writing upstream: {e}")),
+            Outcome::BeforeHead(kind, msg) => (kind, msg),
+        };
+        drop(up);
+        if kind.is_upstream_fault() {
+            tracing::warn!("upstream request failed ({kind}): {msg}");
         }
+        // The record still wants the prompt: read the rest of the body (capped, briefly).
+        let body_read = self.read_for_record(&mut ex).await;
+        self.linger |= !body_read;
+        ex.pending.end(Some(kind), false);
+        let (status, reason) = kind.status();
+        let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
+        let wait = Duration::from_secs(10);
+        let ok = self
+            .answer_error(status, reason, kind.as_str(), &msg, keep, wait)
+            .await;
+        keep && ok
+    }
+
+    /// Writes a JSON error response within `wait` (with `connection: close` unless `keep`);
+    /// returns whether it went out.
+    async fn answer_error(
+        &mut self,
+        status: u16,
+        reason: &str,
+        kind: &str,
+        msg: &str,
+        keep: bool,
+        wait: Duration,
+    ) -> bool {
+        use std::io::Write as _;
+        let body = error_json(status, kind, msg);
+        self.out.clear();
+        let _ = write!(
+            self.out,
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        if !keep {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        }
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(body.as_bytes());
+        let w = tokio::time::timeout(wait, self.client.write_all(&self.out));
+        let ok = matches!(w.await, Ok(Ok(())));
+        self.out.clear();
+        ok
     }
 
     /// Turns the connection into a tunnel after a 101 went to the client: what each side sent
     /// past the switch goes first, then bytes flow both ways until the tunnel ends; the upstream
     /// socket is never pooled again and the client connection ends with the tunnel.
-    async fn tunnel(&mut self, mut ex: Ex) -> bool {
-        let Some(mut up) = self.up.take() else {
-            if let Some(p) = ex.pending.take() {
-                p.end(Some(Failure::UpstreamClosed), false);
-            }
-            return false;
-        };
+    async fn tunnel(&mut self, ex: Ex, mut up: ClientStream) -> bool {
         self.out.clear();
         let to_client = take_data(&mut self.ubuf);
         let to_upstream = take_data(&mut self.cbuf);
-        let end = tunnel::run(
+        let how = tunnel::run(
             &mut self.client,
             &mut up,
             to_upstream,
             to_client,
-            Some(&mut self.drain),
+            &mut self.drain,
             &self.p.stats,
         )
         .await;
         drop(up);
-        if let Some(p) = ex.pending.take() {
-            tunnel::record(p, &end);
-        }
+        tunnel::record(ex.pending, how);
         false
     }
 
@@ -602,15 +592,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if ex.req.done() {
                 return true;
             }
-            if seen > self.p.capture_max || !self.cbuf.make_room(CLIENT_BUF) {
-                return false;
-            }
-            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
-            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
-                .await
+            if seen > self.p.capture_max
+                || !self.cbuf.make_room(CLIENT_BUF)
+                || self.read_client_by(deadline).await.is_none()
             {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return false,
+                return false;
             }
         }
     }
@@ -621,13 +607,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let data = self.cbuf.data();
         let max = self.p.capture_max;
         let (k, decoded) = match &mut ex.req {
-            BodyState::Length(rem) => {
-                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
+            BodyState::Length(_) => {
+                let k = ex.req.take_length(data.len());
                 lock(&ex.cap).note(&data[..k], max);
-                *rem -= k as u64;
-                if *rem == 0 {
-                    ex.req = BodyState::Done;
-                }
                 (k, k)
             }
             BodyState::Chunked(d) => {
@@ -666,14 +648,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let chunked = matches!(ex.resp, BodyState::Chunked(_));
         let decoded: usize;
         let k = match &mut ex.resp {
-            BodyState::Length(rem) => {
-                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
-                decoded = k;
-                *rem -= k as u64;
-                if *rem == 0 {
-                    ex.resp = BodyState::Done;
-                }
-                k
+            BodyState::Length(_) => {
+                decoded = ex.resp.take_length(data.len());
+                decoded
             }
             BodyState::Close => {
                 decoded = data.len();
@@ -715,7 +692,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 .stats
                 .response_bytes
                 .fetch_add(decoded as u64, Relaxed);
-            if let Some(e) = ex.exchange() {
+            if let Some(e) = ex.pending.exchange() {
                 e.note_response(at, payload, max);
             }
         }
@@ -744,15 +721,14 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Moves the exchange on until it ends or waits: each step below runs once per pass, and
     /// the pass repeats while any step made progress.
-    fn poll_exchange(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Poll<Outcome> {
+    fn poll_exchange(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Poll<Outcome> {
         loop {
-            if self.up.is_none() {
-                return Poll::Ready(Outcome::BeforeHead(
-                    Failure::UpstreamClosed,
-                    "no upstream connection".into(),
-                ));
-            }
-            let progress = match self.poll_steps(cx, ex) {
+            let progress = match self.poll_steps(cx, ex, up) {
                 Ok(p) => p,
                 Err(o) => return Poll::Ready(o),
             };
@@ -774,12 +750,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// One pass over both halves of the exchange, in order (every step runs).
-    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex, up: &mut ClientStream) -> Step {
         self.poll_timers(cx, ex)?;
         Ok(self.poll_request_body(cx, ex)?
-            | self.poll_send_upstream(cx, ex)?
+            | self.poll_send_upstream(cx, ex, up)?
             | self.poll_send_client(cx, ex)?
-            | self.poll_upstream(cx, ex)?
+            | self.poll_upstream(cx, ex, up)?
             | self.poll_client_gone(cx, ex)?)
     }
 
@@ -789,10 +765,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let now = tokio::time::Instant::now();
             if ex.phase == Phase::Head {
                 if now >= ex.headers_deadline {
-                    return Err(Outcome::BeforeHead(
-                        Failure::TimeoutHeaders,
-                        "upstream sent no response headers within the timeout".into(),
-                    ));
+                    let msg = common::NO_HEADERS.into();
+                    return Err(Outcome::BeforeHead(Failure::TimeoutHeaders, msg));
                 }
                 self.sleep.as_mut().reset(ex.headers_deadline);
                 continue;
@@ -837,18 +811,28 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
             } else {
                 self.cbuf.make_room(CLIENT_BUF);
-                match self.cbuf.poll_read_from(&mut self.client, cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
-                    Poll::Ready(Ok(_)) => progress = true,
-                    Poll::Pending => {}
-                }
+                return self.poll_client_read(cx);
             }
         }
         Ok(progress)
     }
 
+    /// One read from the client: EOF or an error cancels the exchange.
+    fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Step {
+        match self.cbuf.poll_read_from(&mut self.client, cx) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Err(Outcome::Cancelled),
+            Poll::Ready(Ok(_)) => Ok(true),
+            Poll::Pending => Ok(false),
+        }
+    }
+
     /// Request head and framed body → upstream.
-    fn poll_send_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_send_upstream(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Step {
         let mut progress = false;
         if !ex.head_done || ex.req_ready > 0 {
             let head: &[u8] = if ex.head_done {
@@ -858,9 +842,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             };
             let body = &self.cbuf.data()[..ex.req_ready];
             let bufs = [IoSlice::new(head), IoSlice::new(body)];
-            let Some(up) = self.up.as_mut() else {
-                return Ok(progress);
-            };
             match Pin::new(up).poll_write_vectored(cx, &bufs) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
                     return Err(Outcome::Retry(io::Error::new(
@@ -946,7 +927,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Upstream → response head, body framing, reads.
-    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex, up: &mut ClientStream) -> Step {
         let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
         if !ex.head_done || ex.phase == Phase::Done || !idle_out {
             return Ok(false);
@@ -965,7 +946,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 Phase::Done => return Ok(false),
             }
         }
-        self.poll_upstream_read(cx, ex)
+        self.poll_upstream_read(cx, ex, up)
     }
 
     /// Parses a response head at the front of the upstream buffer (rewritten into `out`);
@@ -987,7 +968,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         // A 101 (only accepted when asked for) is final: the connection switches protocols
         // after it.
         let interim = (100..200).contains(&h.status) && h.status != 101;
-        if let (false, Some(at), Some(e)) = (interim, h.content_type_at.clone(), ex.exchange()) {
+        if let (false, Some(at), Some(e)) =
+            (interim, h.content_type_at.clone(), ex.pending.exchange())
+        {
             // Copied before the head leaves the buffer.
             let v = self.ubuf.data().get(at).unwrap_or_default();
             e.content_type.push_str(&String::from_utf8_lossy(v));
@@ -1010,7 +993,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Reads from the upstream into its buffer (the head may grow it up to the head limit).
-    fn poll_upstream_read(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_upstream_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Step {
         let limit = if ex.phase == Phase::Head {
             h1wire::MAX_HEAD + 1
         } else {
@@ -1020,9 +1008,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let msg = common::HEAD_TOO_LARGE.into();
             return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
         }
-        let Some(up) = self.up.as_mut() else {
-            return Ok(false);
-        };
         match self.ubuf.poll_read_from(up, cx) {
             Poll::Ready(Ok(n)) if n > 0 => {
                 ex.last_read = Instant::now();
@@ -1055,18 +1040,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// The client's read side while the response streams: EOF or reset cancels; bytes of a
     /// pipelined next request are kept.
     fn poll_client_gone(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
         if (ex.req.done() || ex.req_abandoned)
             && ex.phase != Phase::Done
             && self.cbuf.v.len() < self.cbuf.v.capacity()
         {
-            match self.cbuf.poll_read_from(&mut self.client, cx) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
-                Poll::Ready(Ok(_)) => progress = true,
-                Poll::Pending => {}
-            }
+            return self.poll_client_read(cx);
         }
-        Ok(progress)
+        Ok(false)
     }
 
     /// The final response head arrived (already rewritten into `out`).
@@ -1076,7 +1056,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         // the tunnel (the head has no body, so the exchange is done once the head is out).
         ex.upgraded = h.status == 101;
         self.p.stats.headers_latency.observe(after);
-        if let Some(e) = ex.exchange() {
+        if let Some(e) = ex.pending.exchange() {
             e.status = h.status;
             e.headers_after = Some(after);
         }
@@ -1130,16 +1110,4 @@ fn take_data(b: &mut Buf) -> Vec<u8> {
     v.drain(..b.start.min(v.len()));
     b.start = 0;
     v
-}
-
-fn write_error_head(out: &mut Vec<u8>, status: u16, reason: &str, len: usize, close: bool) {
-    use std::io::Write as _;
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n"
-    );
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }

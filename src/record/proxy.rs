@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
     let body = error_json(status, kind, msg);
-    let mut r = Response::new(ProxyBody::full(body));
+    let mut r = Response::new(ProxyBody::Right(body.into()));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -36,7 +36,7 @@ fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
 
 /// Finishes an exchange that got no usable response head and answers the client.
 fn fail(pending: Pending, f: Failure, msg: &str) -> Response<ProxyBody> {
-    pending.finish(Some(f));
+    pending.end(Some(f), false);
     error_response(f.status().0, f.as_str(), msg)
 }
 
@@ -57,16 +57,10 @@ async fn read_for_record(mut body: RequestTap, max: usize) {
 
 /// Whether hyper gave up because of the client's request body (it broke off or failed).
 fn user_body(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut src = Some(e);
-    while let Some(s) = src {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_user() || h.is_body_write_aborted() {
-                return true;
-            }
-        }
-        src = s.source();
-    }
-    false
+    common::chain(e).any(|s| {
+        let h = s.downcast_ref::<hyper::Error>();
+        h.is_some_and(|h| h.is_user() || h.is_body_write_aborted())
+    })
 }
 
 /// The upstream request target (absolute: the pooling client takes origin-form from it).
@@ -90,8 +84,8 @@ pub async fn handle(
         .requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
-    if let Some((status, kind, msg)) = common::refused(&parts.headers, &p.via) {
-        return Ok(error_response(status, kind, msg));
+    if let Some(e) = common::refused(&parts.headers, &p.via) {
+        return Ok(error_response(e.status(), common::refusal(e).0, e.reason()));
     }
     let pq = parts
         .uri
@@ -113,7 +107,7 @@ pub async fn handle(
     let uri = match target(&p, &pq) {
         Ok(u) => u,
         Err(e) => {
-            pending.finish(Some(Failure::Other));
+            pending.end(Some(Failure::Other), false);
             let msg = format!("cannot forward {pq:?}: {e}");
             return Ok(error_response(400, "bad_request", &msg));
         }
@@ -135,8 +129,7 @@ pub async fn handle(
     let (headers_deadline, total_deadline) = p.deadlines(arrival);
     let resp = match tokio::time::timeout_at(headers_deadline, p.client.request(up)).await {
         Err(_) => {
-            let msg = "upstream sent no response headers within the timeout";
-            return Ok(fail(pending, Failure::TimeoutHeaders, msg));
+            return Ok(fail(pending, Failure::TimeoutHeaders, common::NO_HEADERS));
         }
         Ok(Err(e)) => {
             let f = classify(e.is_connect(), user_body(&e), &e);
@@ -179,5 +172,5 @@ pub async fn handle(
     }
     common::strip_hop_by_hop(&mut parts.headers);
     let tap = ResponseTap::new(body, pending, p.idle_timeout, total_deadline, client);
-    Ok(Response::from_parts(parts, ProxyBody::Tap(tap)))
+    Ok(Response::from_parts(parts, ProxyBody::Left(tap)))
 }

@@ -11,6 +11,7 @@
 //! back with [`RawPool::checkin`] only after a response that ended cleanly with nothing left
 //! unread. This module does not parse HTTP (see `h1wire`) or know about recording.
 
+use super::tap::BoxError;
 use super::upstream::Connector;
 use crate::netio::ClientStream;
 use http::Uri;
@@ -18,8 +19,6 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service as _;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle upstream sockets of one I/O thread.
 pub struct RawPool {

@@ -1,15 +1,7 @@
-//! Body taps: `http_body::Body` wrappers that forward every frame untouched the moment it arrives.
-//!
-//! [`RequestTap`] wraps the client's request body on its way upstream; [`ResponseTap`] wraps the
-//! upstream response body on its way to the client. Per data frame they only note the arrival
-//! offset, the length and a copy of the bytes (up to a capture cap; a copy rather than a shared
-//! `Bytes` so hyper can reuse its connection read buffer, see `extract::Captured::note`) — no
-//! parsing, no locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
-//! enforces the idle-gap and total timeouts, and when the response ends, fails, or is dropped by
-//! a departed client (which drops the upstream body and so closes that upstream connection,
-//! making the server stop generating) it hands the [`Exchange`] to the writer queue exactly once.
-//! [`ProxyBody`] is what the proxy returns: a tapped upstream body or a small body of our own.
-//! This module does not decide routing or build trace records.
+//! Body taps for hyper's path: `http_body::Body` wrappers that forward every frame untouched the
+//! moment it arrives and only note its arrival offset, length and a copy of its bytes (capped;
+//! invariant 1). [`ResponseTap`] also enforces the idle-gap and total timeouts. [`Pending`] is an
+//! exchange in flight, handed to the writer queue exactly once however it ends.
 
 use super::extract::{Captured, Exchange};
 use super::failure::Failure;
@@ -34,9 +26,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[error("retrace: {0}")]
 pub struct TapError(pub &'static str);
 
-/// Locks a capture even if a panicking thread poisoned it (captures are plain data).
-pub fn lock(c: &Mutex<Captured>) -> std::sync::MutexGuard<'_, Captured> {
-    c.lock().unwrap_or_else(|p| p.into_inner())
+/// Locks a mutex even if a panicking thread poisoned it (what it guards is plain data).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it (see
@@ -47,7 +39,7 @@ pub struct Unsent(Arc<Mutex<Option<Incoming>>>);
 impl Unsent {
     /// The body left behind, if the tap was dropped before its end.
     pub fn take(&self) -> Option<Incoming> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.0).take()
     }
 }
 
@@ -83,7 +75,7 @@ impl Drop for RequestTap {
     fn drop(&mut self) {
         if let (Some(slot), Some(b)) = (&self.unsent, self.inner.take()) {
             if !b.is_end_stream() {
-                *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(b);
+                *lock(&slot.0) = Some(b);
             }
         }
     }
@@ -139,9 +131,8 @@ struct TapState {
     max: usize,
 }
 
-/// An exchange in progress: finished exactly once, by [`Pending::finish`], by the
-/// [`ResponseTap`] it is moved into, or (when the client leaves before the response headers) by
-/// its `Drop`, which records it as cancelled.
+/// An exchange in progress: finished exactly once, by [`Pending::end`], by the [`ResponseTap`]
+/// it is moved into, or by its `Drop` (the client left first), which records it as cancelled.
 pub struct Pending(Option<TapState>);
 
 impl Pending {
@@ -170,36 +161,26 @@ impl Pending {
     /// Finishes with an error kind (counted) and whether the client went away.
     pub fn end(mut self, error: Option<Failure>, cancelled: bool) {
         if let Some(st) = self.0.take() {
-            finish_with(st, error, cancelled);
+            finish(st, error, cancelled);
         }
-    }
-
-    /// Finishes without a response body (error before headers).
-    pub fn finish(self, error: Option<Failure>) {
-        self.end(error, false);
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(mut st) = self.0.take() {
-            st.ex.cancelled = true;
-            finish_state(st);
+        if let Some(st) = self.0.take() {
+            finish(st, None, true);
         }
     }
 }
 
-/// Notes the failure (counted) and whether the client went away, then finishes.
-fn finish_with(mut st: TapState, error: Option<Failure>, cancelled: bool) {
+/// Notes the failure (counted) and whether the client went away, and hands the exchange over.
+fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
     if let Some(f) = error {
         st.ex.error = Some(f);
         st.stats.upstream_error(f);
     }
     st.ex.cancelled = cancelled;
-    finish_state(st);
-}
-
-fn finish_state(mut st: TapState) {
     if st.ex.cancelled && st.stats.drain_cut.load(Relaxed) {
         // Dropped with its I/O thread at the drain deadline: not the client's doing.
         st.ex.cancelled = false;
@@ -255,7 +236,7 @@ impl ResponseTap {
 
     fn end(&mut self, error: Option<Failure>, cancelled: bool) {
         if let Some(st) = self.st.take() {
-            finish_with(*st, error, cancelled);
+            finish(*st, error, cancelled);
         }
     }
 }
@@ -342,43 +323,5 @@ impl Drop for ResponseTap {
     }
 }
 
-/// The response body the proxy returns.
-pub enum ProxyBody {
-    Tap(ResponseTap),
-    Full(Option<Bytes>),
-}
-
-impl ProxyBody {
-    pub fn full(b: impl Into<Bytes>) -> Self {
-        ProxyBody::Full(Some(b.into()))
-    }
-}
-
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Tap(t) => Pin::new(t).poll_frame(cx),
-            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Tap(t) => t.is_end_stream(),
-            ProxyBody::Full(b) => b.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ProxyBody::Tap(t) => t.size_hint(),
-            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-        }
-    }
-}
+/// The response body the proxy returns: a tapped upstream body or a small body of our own.
+pub type ProxyBody = http_body_util::Either<ResponseTap, http_body_util::Full<Bytes>>;

@@ -41,14 +41,6 @@ pub enum How {
     Drained,
 }
 
-/// What a tunnel carried and how it ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TunnelEnd {
-    pub to_upstream: u64,
-    pub to_client: u64,
-    pub how: How,
-}
-
 /// Which socket of a direction failed.
 enum Failed {
     Reader,
@@ -63,7 +55,6 @@ struct Dir {
     eof: bool,
     shut: bool,
     need_flush: bool,
-    moved: u64,
 }
 
 impl Dir {
@@ -76,7 +67,6 @@ impl Dir {
             eof: false,
             shut: false,
             need_flush: false,
-            moved: 0,
         }
     }
 
@@ -97,7 +87,6 @@ impl Dir {
                 match Pin::new(&mut *w).poll_write(cx, &self.buf[self.start..]) {
                     Poll::Ready(Ok(n)) if n > 0 => {
                         self.start += n;
-                        self.moved += n as u64;
                         counter.fetch_add(n as u64, Relaxed);
                         self.need_flush = true;
                         if self.start == self.buf.len() {
@@ -177,15 +166,15 @@ impl Drop for OpenGauge<'_> {
 /// Copies bytes between `client` and `upstream` until the tunnel ends. `to_upstream` and
 /// `to_client` are bytes read before the switch that belong to the tunnel (a client that did
 /// not wait for the 101, a frame the upstream sent with it). `drain` carries the instant a
-/// draining proxy cuts tunnels (`None` while serving); without one, only the peers end it.
+/// draining proxy cuts tunnels (`None` while serving).
 pub async fn run<C, U>(
     client: &mut C,
     upstream: &mut U,
     to_upstream: Vec<u8>,
     to_client: Vec<u8>,
-    drain: Option<&mut watch::Receiver<Option<Instant>>>,
+    drain: &mut watch::Receiver<Option<Instant>>,
     stats: &Stats,
-) -> TunnelEnd
+) -> How
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     U: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -219,38 +208,28 @@ where
             Poll::Pending
         }
     });
-    let how = match drain {
-        None => copy.await,
-        Some(drain) => {
-            let mut copy = std::pin::pin!(copy);
-            let mut watching = true;
-            loop {
-                let cut_at = *drain.borrow_and_update();
-                if let Some(t) = cut_at {
-                    tokio::select! {
-                        how = &mut copy => break how,
-                        _ = tokio::time::sleep_until(t) => break How::Drained,
-                    }
-                }
-                tokio::select! {
-                    how = &mut copy => break how,
-                    r = drain.changed(), if watching => watching = r.is_ok(),
-                }
+    let mut copy = std::pin::pin!(copy);
+    let mut watching = true;
+    loop {
+        let cut_at = *drain.borrow_and_update();
+        if let Some(t) = cut_at {
+            tokio::select! {
+                how = &mut copy => return how,
+                _ = tokio::time::sleep_until(t) => return How::Drained,
             }
         }
-    };
-    TunnelEnd {
-        to_upstream: up.moved,
-        to_client: down.moved,
-        how,
+        tokio::select! {
+            how = &mut copy => return how,
+            r = drain.changed(), if watching => watching = r.is_ok(),
+        }
     }
 }
 
 /// Finishes an upgraded exchange's record: its end is the tunnel's end; a failed upstream is
 /// `upstream_reset`, a failed client a cancellation, a drain cut [`Failure::DrainDeadline`] (not counted as
 /// an upstream error). Status and header time were noted when the 101 arrived.
-pub fn record(pending: Pending, end: &TunnelEnd) {
-    match end.how {
+pub fn record(pending: Pending, how: How) {
+    match how {
         How::Closed => pending.end(None, false),
         How::ClientFailed => pending.end(None, true),
         How::UpstreamFailed => pending.end(Some(Failure::UpstreamReset), false),
@@ -271,12 +250,13 @@ mod tests {
         let stats = Stats::default();
         let (mut client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, mut upstream) = tokio::io::duplex(64);
+        let mut no_drain = watch::channel(None).1;
         let run = run(
             &mut proxy_c,
             &mut proxy_u,
             b"early".to_vec(),
             b"hello".to_vec(),
-            None,
+            &mut no_drain,
             &stats,
         );
         let peers = async {
@@ -310,17 +290,10 @@ mod tests {
             let ((), (), got) = tokio::join!(send, echo, recv);
             assert_eq!(got, big[..1000]);
         };
-        let (end, ()) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
+        let (how, ()) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
             .await
             .expect("the tunnel ends when both sides closed");
-        assert_eq!(
-            end,
-            TunnelEnd {
-                to_upstream: 100_005,
-                to_client: 1005,
-                how: How::Closed
-            }
-        );
+        assert_eq!(how, How::Closed);
         assert_eq!(stats.upgrades.load(Relaxed), 1);
         assert_eq!(stats.tunnels_open.load(Relaxed), 0);
         assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 100_005);
@@ -334,20 +307,19 @@ mod tests {
         let (mut proxy_u, upstream) = tokio::io::duplex(64);
         drop(upstream);
         // Writing the early bytes to a dropped pipe fails.
-        let end = tokio::time::timeout(
-            T,
-            run(
-                &mut proxy_c,
-                &mut proxy_u,
-                b"x".to_vec(),
-                Vec::new(),
-                None,
-                &stats,
-            ),
-        )
-        .await
-        .unwrap();
-        assert_eq!(end.how, How::UpstreamFailed);
+        let mut no_drain = watch::channel(None).1;
+        let early = b"x".to_vec();
+        let run_ = run(
+            &mut proxy_c,
+            &mut proxy_u,
+            early,
+            Vec::new(),
+            &mut no_drain,
+            &stats,
+        );
+        let how = tokio::time::timeout(T, run_).await.unwrap();
+        assert_eq!(how, How::UpstreamFailed);
+        assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 0);
 
         let (mut client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, mut upstream) = tokio::io::duplex(64);
@@ -357,7 +329,7 @@ mod tests {
             &mut proxy_u,
             Vec::new(),
             Vec::new(),
-            Some(&mut rx),
+            &mut rx,
             &stats,
         );
         let peers = async {
@@ -371,17 +343,12 @@ mod tests {
             assert_eq!(&b, b"pong");
             (client, upstream)
         };
-        let (end, _keep) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
+        let (how, _keep) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
             .await
             .expect("a drain cuts the tunnel");
-        assert_eq!(
-            end,
-            TunnelEnd {
-                to_upstream: 4,
-                to_client: 4,
-                how: How::Drained
-            }
-        );
+        assert_eq!(how, How::Drained);
+        assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 4);
+        assert_eq!(stats.tunnel_bytes_to_client.load(Relaxed), 4);
         assert_eq!(stats.tunnels_open.load(Relaxed), 0);
     }
 }
