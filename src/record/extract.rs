@@ -1,22 +1,8 @@
-//! Turns what the body taps saw of one exchange into a trace record. Runs on the writer thread.
-//!
-//! An [`Exchange`] is raw observation: arrival instant, method and path, the captured request
-//! body (bounded), response status and header time, every response chunk with its arrival offset
-//! (bounded), how it ended. [`Extractor::to_request`] parses the request
-//! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
-//! or reads a non-streamed body ([`crate::openai::parse_response_body`]), to fill a
-//! [`crate::trace::Request`].
-//!
-//! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
-//! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
-//! server's `usage` when present, else from the events; input tokens are exact for token-id prompts
-//! and otherwise taken from `usage` when present. For approximate prompts the hash list is fitted
-//! to `ceil(input_tokens / block)` ids (truncated, or extended by chaining) so exported traces keep
-//! Mooncake's invariant. A request body that is not a valid OpenAI request is recorded with
-//! error kind `request_parse` (unless a transport error says more). Other paths are recorded
-//! without their query string (API keys sometimes travel there); headers are never recorded.
-//! Pure: no I/O, no clock reads.
+//! Turns what the proxy saw of one exchange ([`Exchange`]: raw observation) into a trace record,
+//! on the writer thread: the request parsed ([`crate::openai`]), the prompt tokenized
+//! ([`super::prompt`]) and hashed, SSE events split ([`crate::sse`]) and read
+//! ([`crate::chunkmemo`]), or a non-streamed body read. The rules are in docs/record.md, "What a
+//! record holds". Pure: no I/O, no clock reads.
 
 use super::prompt::{batch_len, TextTokenizer};
 use crate::chunkmemo::ChunkMemo;
@@ -104,40 +90,18 @@ impl Exchange {
 
     /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
     /// for a new request arriving at `arrival`: every field as [`Exchange::new`] sets it (method
-    /// and path empty, for the caller to fill), the buffers emptied but kept, so a recycled
-    /// exchange costs no allocation.
+    /// and path empty, for the caller to fill), the buffers emptied but kept.
     pub fn reuse(&mut self, arrival: Instant) {
-        // Exhaustive: a field added to Exchange must be reset here too (or this fails to build).
-        let Exchange {
-            arrival: at,
-            method,
-            path,
-            request,
-            status,
-            content_type,
-            headers_after,
-            response_body,
-            frames,
-            response_len,
-            response_truncated,
-            end,
-            error,
-            cancelled,
-        } = self;
-        *at = arrival;
-        method.clear();
-        path.clear();
-        request.clear();
-        *status = 0;
-        content_type.clear();
-        *headers_after = None;
-        response_body.clear();
-        frames.clear();
-        *response_len = 0;
-        *response_truncated = false;
-        *end = None;
-        *error = None;
-        *cancelled = false;
+        let old = std::mem::replace(self, Exchange::new(arrival, String::new(), String::new()));
+        (self.method, self.path) = (old.method, old.path);
+        (self.request, self.content_type) = (old.request, old.content_type);
+        (self.response_body, self.frames) = (old.response_body, old.frames);
+        self.method.clear();
+        self.path.clear();
+        self.request.clear();
+        self.content_type.clear();
+        self.response_body.clear();
+        self.frames.clear();
     }
 
     /// Buffer capacity this exchange would keep if recycled.
@@ -435,6 +399,19 @@ mod tests {
         e
     }
 
+    const METRICS: &str = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+
+    /// A non-streamed `/v1/completions` exchange with a text prompt and this response body.
+    fn json_ex(body: &[u8]) -> Exchange {
+        let prompt = br#"{"prompt":"hello world, hello"}"#;
+        ex(
+            "/v1/completions",
+            prompt,
+            "application/json",
+            &[(3000, body)],
+        )
+    }
+
     fn xt(bodies: Bodies) -> Extractor {
         Extractor {
             hasher: BlockHasher::xxh3(),
@@ -569,14 +546,8 @@ mod tests {
 
     #[test]
     fn non_streamed_body_gives_usage_and_metrics() {
-        let txt = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
-        let body = txt.lines().nth(2).unwrap();
-        let e = ex(
-            "/v1/completions",
-            br#"{"prompt":"hello world, hello"}"#,
-            "application/json",
-            &[(3000, body.as_bytes())],
-        );
+        let body = METRICS.lines().nth(2).unwrap();
+        let e = json_ex(body.as_bytes());
         let (r, _) = xt(Bodies::Full).to_request(&e, e.arrival);
         let resp = r.response.as_ref().unwrap();
         assert_eq!(r.input_tokens, 7, "approximate prompt takes usage");
@@ -659,7 +630,6 @@ mod tests {
             include_bytes!("../../fixtures/vllm/chat_stream.sse"),
             include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
         ];
-        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
         let mut exchanges = Vec::new();
         for s in streams {
             for size in [97, 13, s.len()] {
@@ -678,15 +648,10 @@ mod tests {
                 }
             }
         }
-        for line in metrics.lines().filter(|l| l.starts_with('{')) {
-            exchanges.push(ex(
-                "/v1/completions",
-                br#"{"prompt":"hello world, hello"}"#,
-                "application/json",
-                &[(3000, line.as_bytes())],
-            ));
+        for line in METRICS.lines().filter(|l| l.starts_with('{')) {
+            exchanges.push(json_ex(line.as_bytes()));
         }
-        let metrics_sse: String = metrics
+        let metrics_sse: String = METRICS
             .lines()
             .filter(|l| l.starts_with("data:"))
             .map(|l| format!("{l}\n\n"))
@@ -746,8 +711,7 @@ mod tests {
     /// all a non-streamed body decides.
     #[test]
     fn non_streamed_records_are_what_the_parse_chunk_path_recorded() {
-        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
-        let real = metrics.lines().find(|l| l.starts_with('{')).unwrap();
+        let real = METRICS.lines().find(|l| l.starts_with('{')).unwrap();
         let plain = format!("{}}}", &real[..real.find(",\"metrics\":").unwrap()]);
         let mut bodies: Vec<Vec<u8>> = vec![real.as_bytes().to_vec(), plain.into_bytes()];
         // every streamed payload of the real samples, sent as a whole body
@@ -792,12 +756,8 @@ mod tests {
                 ("/small", 200),
                 ("/v1/completions", 400),
             ] {
-                let mut e = ex(
-                    path,
-                    br#"{"prompt":"hello world, hello"}"#,
-                    "application/json",
-                    &[(3000, body)],
-                );
+                let mut e = json_ex(body);
+                e.path = path.into();
                 e.status = status;
                 let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
                 let resp = r.response.as_ref().unwrap();

@@ -1,26 +1,9 @@
-//! retrace's own HTTP/1.1 forwarding loop: one task per client connection.
-//!
-//! Every HTTP/1.1 client of an HTTP/1.1 upstream is served here, the way nginx does it: the task reads a request head into a small per-connection buffer,
-//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket borrowed from this I/O
-//! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
-//! request body client → upstream (Content-Length or chunked, the framing passed through raw),
-//! interim 1xx heads and the response head upstream → client, and then every upstream read is
-//! written to the client as it is, in one write, before the next read (so a slow client pushes
-//! back on the upstream with at most one buffer in between). The body framing is followed to know
-//! where each message ends; the decoded payload goes to the capture with the arrival offset of the
-//! read that brought it, as [`Exchange`] expects. While a response streams, the client's read side
-//! is watched: EOF or a reset cancels the exchange and closes the upstream socket so the server
-//! stops generating; bytes of a pipelined next request are kept. Errors before the response head
-//! become the JSON errors of `common` ([`Failure::status`]: 502/504, 400 for a bad request
-//! body); errors after it close the client connection without a clean end. Timeouts: response headers (and total) from
-//! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
-//! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
-//! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
-//! e.g. a WebSocket handshake; see [`crate::h1wire`]) goes upstream with those two headers; a `101`
-//! answer is written to the client and then the connection becomes a `tunnel` (bytes read past
-//! either head go first), the exchange is recorded when the tunnel ends, the upstream socket is
-//! never pooled again and the client connection ends with the tunnel; any other answer is an
-//! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
+//! retrace's own HTTP/1.1 engine, for HTTP/1.1 clients of an HTTP/1.1 upstream: one task per
+//! client connection, nginx-style (docs/record.md, "Forwarding"). The task reads a request head,
+//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket from this I/O thread's
+//! [`RawPool`], then one poll loop moves bytes both ways: request body out, interim and final
+//! response heads back, then each upstream read written to the client before the next read.
+//! Body framing is followed to find each message's end; decoded payload goes to the capture.
 
 use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::Captured;
@@ -175,7 +158,7 @@ enum Outcome {
     /// The client went away.
     Cancelled,
     /// The first write to a pooled upstream socket failed: nothing was sent.
-    Retry(io::Error),
+    Retry,
     /// No response head: the client gets a JSON error (kind, message).
     BeforeHead(Failure, String),
     /// After the head: the client connection is closed without a clean end.
@@ -188,10 +171,10 @@ struct Ex {
     req: BodyState,
     /// Framed request-body bytes at the front of the client buffer, not yet written upstream.
     req_ready: usize,
-    /// Request-head bytes already written upstream (the head is in `out` until sent).
+    /// Request-head bytes already written upstream (the head is in `out` until sent; 0: nothing
+    /// went out yet).
     head_sent: usize,
     head_done: bool,
-    sent_any: bool,
     /// The upstream answered before the request body ended: the rest is not forwarded.
     req_abandoned: bool,
     phase: Phase,
@@ -412,7 +395,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             req_ready: 0,
             head_sent: 0,
             head_done: false,
-            sent_any: false,
             req_abandoned: false,
             phase: Phase::Head,
             resp: BodyState::Done,
@@ -459,7 +441,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             };
             match poll_fn(|cx| self.poll_exchange(cx, &mut ex, &mut up)).await {
                 // The pooled socket was closed under us before a byte went out.
-                Outcome::Retry(_) if reused && !retried => retried = true,
+                Outcome::Retry if reused && !retried => retried = true,
                 o => break (o, Some(up)),
             }
         };
@@ -497,7 +479,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 ex.pending.end(Some(kind), false);
                 return false;
             }
-            Outcome::Retry(e) => (Failure::UpstreamClosed, format!("writing upstream: {e}")),
+            Outcome::Retry => {
+                let msg = "writing upstream: the upstream connection was closed";
+                (Failure::UpstreamClosed, msg.into())
+            }
             Outcome::BeforeHead(kind, msg) => (kind, msg),
         };
         drop(up);
@@ -791,30 +776,24 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// More request body from the client (framed before the write to the upstream, so a small
     /// request goes upstream in one write with its head).
     fn poll_request_body(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
-        if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
-            if self.cbuf.len() > 0 {
-                match self.frame_request(ex) {
-                    Ok(k) => {
-                        ex.req_ready = k;
-                        progress = true;
-                    }
-                    Err(e) => {
-                        if ex.phase == Phase::Head {
-                            return Err(Outcome::BeforeHead(
-                                Failure::ClientBody,
-                                format!("request body: {e}"),
-                            ));
-                        }
-                        return Err(Outcome::Cut(Failure::ClientBody));
-                    }
-                }
-            } else {
-                self.cbuf.make_room(CLIENT_BUF);
-                return self.poll_client_read(cx);
-            }
+        if ex.req_ready > 0 || ex.req.done() || ex.req_abandoned {
+            return Ok(false);
         }
-        Ok(progress)
+        if self.cbuf.len() == 0 {
+            self.cbuf.make_room(CLIENT_BUF);
+            return self.poll_client_read(cx);
+        }
+        match self.frame_request(ex) {
+            Ok(k) => {
+                ex.req_ready = k;
+                Ok(true)
+            }
+            Err(e) if ex.phase == Phase::Head => Err(Outcome::BeforeHead(
+                Failure::ClientBody,
+                format!("request body: {e}"),
+            )),
+            Err(_) => Err(Outcome::Cut(Failure::ClientBody)),
+        }
     }
 
     /// One read from the client: EOF or an error cancels the exchange.
@@ -833,97 +812,88 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         ex: &mut Ex,
         up: &mut ClientStream,
     ) -> Step {
-        let mut progress = false;
-        if !ex.head_done || ex.req_ready > 0 {
-            let head: &[u8] = if ex.head_done {
-                &[]
-            } else {
-                &self.out[ex.head_sent..]
-            };
-            let body = &self.cbuf.data()[..ex.req_ready];
-            let bufs = [IoSlice::new(head), IoSlice::new(body)];
-            match Pin::new(up).poll_write_vectored(cx, &bufs) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
-                    return Err(Outcome::Retry(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "the upstream connection was closed",
-                    )));
-                }
-                Poll::Ready(Ok(n)) if n > 0 => {
-                    ex.sent_any = true;
-                    progress = true;
-                    let h = n.min(head.len());
-                    let b = n - h;
-                    if !ex.head_done {
-                        ex.head_sent += h;
-                        if ex.head_sent == self.out.len() {
-                            ex.head_done = true;
-                            self.out.clear();
-                        }
-                    }
-                    if b > 0 {
-                        self.cbuf.consume(b);
-                        ex.req_ready -= b;
-                    }
-                }
-                Poll::Ready(r) => {
-                    // The upstream stopped reading, as servers do when they answer early
-                    // (an error) and close: forward no more of the request, deliver the
-                    // answer if it comes (it may be read yet, even after a reset), close
-                    // the client after. No answer is a 502 when the read fails below.
-                    if let Err(e) = r {
-                        tracing::debug!("writing the request upstream: {e}");
-                    }
-                    progress = true;
-                    ex.abandon_request();
-                    self.cbuf.consume(ex.req_ready);
-                    ex.req_ready = 0;
-                    if !ex.head_done {
+        if ex.head_done && ex.req_ready == 0 {
+            return Ok(false);
+        }
+        let head: &[u8] = if ex.head_done {
+            &[]
+        } else {
+            &self.out[ex.head_sent..]
+        };
+        let body = &self.cbuf.data()[..ex.req_ready];
+        let bufs = [IoSlice::new(head), IoSlice::new(body)];
+        match Pin::new(up).poll_write_vectored(cx, &bufs) {
+            // Nothing went out yet (the head is never empty).
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if ex.head_sent == 0 => Err(Outcome::Retry),
+            Poll::Ready(Ok(n)) if n > 0 => {
+                let h = n.min(head.len());
+                let b = n - h;
+                if !ex.head_done {
+                    ex.head_sent += h;
+                    if ex.head_sent == self.out.len() {
                         ex.head_done = true;
                         self.out.clear();
                     }
                 }
-                Poll::Pending => {}
+                if b > 0 {
+                    self.cbuf.consume(b);
+                    ex.req_ready -= b;
+                }
+                Ok(true)
             }
+            Poll::Ready(r) => {
+                // The upstream stopped reading, as servers do when they answer early (an
+                // error) and close: forward no more of the request, deliver the answer if it
+                // comes (it may be read yet, even after a reset), close the client after. No
+                // answer is a 502 when the read fails below.
+                if let Err(e) = r {
+                    tracing::debug!("writing the request upstream: {e}");
+                }
+                ex.abandon_request();
+                self.cbuf.consume(ex.req_ready);
+                ex.req_ready = 0;
+                if !ex.head_done {
+                    ex.head_done = true;
+                    self.out.clear();
+                }
+                Ok(true)
+            }
+            Poll::Pending => Ok(false),
         }
-        Ok(progress)
     }
 
     /// Response bytes → client.
     fn poll_send_client(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
-        if ex.cout < self.out.len() || ex.raw_pend > 0 {
-            let a = &self.out[ex.cout..];
-            let b = &self.ubuf.data()[..ex.raw_pend];
-            let bufs = [IoSlice::new(a), IoSlice::new(b)];
-            match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
-                Poll::Ready(Ok(n)) if n > 0 => {
-                    progress = true;
-                    let h = n.min(a.len());
-                    ex.cout += h;
-                    let r = n - h;
-                    if r > 0 {
-                        self.ubuf.consume(r);
-                        ex.raw_pend -= r;
-                    }
-                    if ex.cout == self.out.len() && ex.raw_pend == 0 {
-                        self.out.clear();
-                        ex.cout = 0;
-                        if let Some(t) = ex.pend_since.take() {
-                            let now = Instant::now();
-                            self.p
-                                .stats
-                                .forward_delay
-                                .observe(now.saturating_duration_since(t));
-                            ex.last_activity = tokio::time::Instant::from_std(now);
-                        }
+        if ex.cout >= self.out.len() && ex.raw_pend == 0 {
+            return Ok(false);
+        }
+        let a = &self.out[ex.cout..];
+        let b = &self.ubuf.data()[..ex.raw_pend];
+        let bufs = [IoSlice::new(a), IoSlice::new(b)];
+        match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                let h = n.min(a.len());
+                ex.cout += h;
+                let r = n - h;
+                if r > 0 {
+                    self.ubuf.consume(r);
+                    ex.raw_pend -= r;
+                }
+                if ex.cout == self.out.len() && ex.raw_pend == 0 {
+                    self.out.clear();
+                    ex.cout = 0;
+                    if let Some(t) = ex.pend_since.take() {
+                        let now = Instant::now();
+                        let delay = now.saturating_duration_since(t);
+                        self.p.stats.forward_delay.observe(delay);
+                        ex.last_activity = tokio::time::Instant::from_std(now);
                     }
                 }
-                Poll::Ready(_) => return Err(Outcome::Cancelled),
-                Poll::Pending => {}
+                Ok(true)
             }
+            Poll::Ready(_) => Err(Outcome::Cancelled),
+            Poll::Pending => Ok(false),
         }
-        Ok(progress)
     }
 
     /// Upstream → response head, body framing, reads.

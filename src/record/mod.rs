@@ -1,23 +1,6 @@
-//! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server.
-//!
-//! Clients talk to the proxy as they would to the server; every request is forwarded with its
-//! bytes untouched and every response chunk is passed on the moment it arrives, while body taps
-//! note timing, lengths and copies of the bytes (capped) for a writer thread that builds native trace
-//! records off the forwarding path. Module map:
-//! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
-//! - `h1` + `rawpool` (+ the pure leaf [`crate::h1wire`]): retrace's own HTTP/1.1 forwarding
-//!   loop, for HTTP/1.1 clients of an HTTP/1.1 upstream;
-//! - `proxy`: hyper's path, for HTTP/2 clients and HTTP/2 upstreams;
-//! - `common` + `failure`: what both paths share (settings, hop-by-hop rules, deadlines,
-//!   failure kinds, JSON errors);
-//! - `upstream`: dialing (plain/TLS) and hyper-util's pooling client;
-//! - `tap`: body wrappers (invariant 1: forward untouched, note only);
-//! - `extract` + `prompt` (+ the pure leaves [`crate::sse`], [`crate::chunkmemo`]): exchange → trace
-//!   record (parsing, tokenizing, hashing), pure;
-//! - `writer`: bounded queue, trace files, rotation, durability;
-//! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
-//!
-//! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
+//! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server
+//! (module map in ARCHITECTURE.md, behaviour in docs/record.md). [`run`] takes an already-bound
+//! listener and a shutdown future (invariant 6).
 
 pub mod admin;
 pub mod common;
@@ -399,14 +382,8 @@ pub async fn run_with_admin(
     }
     drop(recorder);
 
-    let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
-    let admin_task = admin.map(|l| {
-        let stats = stats.clone();
-        tokio::spawn(admin::serve(l, stats, async move {
-            let _ = stop_admin_rx.await;
-        }))
-    });
+    let admin_task = admin.map(|l| tokio::spawn(admin::serve(l, stats.clone())));
     eprintln!("{}", start_line(&listener, admin_addr, &cfg));
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
@@ -414,9 +391,8 @@ pub async fn run_with_admin(
     let report = tokio::task::spawn_blocking(move || writer.close())
         .await
         .unwrap_or_default();
-    let _ = stop_admin_tx.send(());
     if let Some(t) = admin_task {
-        let _ = t.await;
+        t.abort();
     }
     Ok(RecordStats {
         requests: stats.requests.load(Relaxed),

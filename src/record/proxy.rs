@@ -1,17 +1,6 @@
-//! hyper's path: forwarding one exchange of an HTTP/2 client, or of any client when the
-//! upstream speaks HTTP/2 (`--upstream-http2`). HTTP/1.1 clients of an HTTP/1.1 upstream go
-//! through `h1` instead.
-//!
-//! Every method and path is forwarded to the upstream's scheme and authority (with its base path
-//! prepended) through hyper-util's pooling client (HTTP/1.1 or HTTP/2 to the upstream). The rules
-//! both paths share come from `common`: hop-by-hop headers removed both ways (and
-//! `Content-Length` beside `Transfer-Encoding`), a response head over
-//! [`common::MAX_RESPONSE_HEAD`] refused with a 502, errors before the response head answered as
-//! OpenAI-style JSON with the [`Failure`]'s status and recorded with its kind. A request that
-//! reached no upstream has the rest of its body read for the record (≤ 2 s). No protocol switch
-//! happens here (extended CONNECT is not supported and an HTTP/2 upstream cannot grant one), so
-//! `Upgrade` stays hop-by-hop and a 101 is a 502. This module does not accept connections (see
-//! `server`) and does not parse bodies.
+//! The HTTP/2 engine (hyper): one exchange of an HTTP/2 client, or of any client of an HTTP/2
+//! upstream (`--upstream-http2`), forwarded through hyper-util's pooling client with the rules of
+//! `common`. No protocol switch happens here, so `Upgrade` stays hop-by-hop and a 101 is a 502.
 
 use super::common::{self, classify, describe, error_json, Proxy};
 use super::failure::Failure;
@@ -123,8 +112,13 @@ pub async fn handle(
         Version::HTTP_11
     };
     let unsent = Unsent::default();
-    let tap = RequestTap::new(body, cap.clone(), p.capture_max, p.stats.clone())
-        .keep_unsent(unsent.clone());
+    let tap = RequestTap::new(
+        body,
+        cap.clone(),
+        p.capture_max,
+        p.stats.clone(),
+        Some(unsent.clone()),
+    );
     let up = Request::from_parts(parts, tap);
     let (headers_deadline, total_deadline) = p.deadlines(arrival);
     let resp = match tokio::time::timeout_at(headers_deadline, p.client.request(up)).await {
@@ -138,7 +132,7 @@ pub async fn handle(
                 tracing::warn!("upstream request failed ({f}): {msg}");
             }
             if let Some(body) = unsent.take() {
-                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone());
+                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone(), None);
                 read_for_record(tap, p.capture_max).await;
             }
             return Ok(fail(pending, f, &format!("upstream: {msg}")));

@@ -1,15 +1,7 @@
-//! Raw HTTP/1.1 upstream connections for retrace's own forwarding loop (`h1`), pooled per I/O thread.
-//!
-//! A [`RawPool`] holds idle keep-alive sockets (plain TCP or rustls) to the one upstream, most
-//! recently used first, with no buffers or tasks attached: the client connection that borrows one
-//! reads and writes it directly. [`RawPool::checkout`] skips sockets idle longer than the idle
-//! timeout and sockets the upstream has closed meanwhile (a non-blocking read probe, which costs
-//! no system call unless the reactor saw the socket become readable), and [`RawPool::reap`],
-//! called every second on the pool's I/O thread, drops them while no request comes (an upstream
-//! that closes idle connections leaves none in CLOSE-WAIT); [`RawPool::connect`] dials
-//! through [`super::upstream::Connector`] (connect timeout, TCP_NODELAY, TLS). A connection goes
-//! back with [`RawPool::checkin`] only after a response that ended cleanly with nothing left
-//! unread. This module does not parse HTTP (see `h1wire`) or know about recording.
+//! Idle upstream sockets of the `h1` engine, pooled per I/O thread, most recently used first and
+//! with no buffers or tasks attached. Sockets idle past the idle timeout or closed by the
+//! upstream (a non-blocking read probe) are skipped at checkout and reaped every second, so none
+//! stay in CLOSE-WAIT; a socket comes back only after a response that ended cleanly.
 
 use super::tap::BoxError;
 use super::upstream::Connector;

@@ -1,17 +1,8 @@
-//! Accepting client connections: HTTP/1.1 and HTTP/2 (h2c by preface, or ALPN over TLS).
-//!
-//! Takes an already-bound listener (invariant 6); with `--tls-cert/--tls-key` the TLS handshake
-//! (rustls, ALPN `h2` then `http/1.1`) comes first. One engine per protocol: with an HTTP/1.1
-//! upstream, HTTP/1.1 clients — plain connections that do not open with the HTTP/2 preface, TLS
-//! connections that negotiated `http/1.1` or no ALPN — are served by retrace's own loop (`h1`);
-//! HTTP/2 clients (h2c prior knowledge, ALPN `h2`), and every client of an HTTP/2 upstream, by
-//! hyper (`proxy`). When the shutdown future resolves it stops accepting, asks hyper's
-//! connections to finish gracefully (HTTP/1 keep-alive off, HTTP/2 GOAWAY) and waits for
-//! in-flight exchanges up to the drain timeout. The own loop's connections drain through a watch
-//! channel (idle ones close at once, busy ones after their exchange) that the drain waits on
-//! too; upgraded tunnels (`tunnel`) hold a receiver of that channel as well and are cut just
-//! before the drain deadline. Connections are served on a fixed set of single-threaded I/O
-//! runtimes (thread per core, like nginx's workers). It does not forward requests itself.
+//! Accepting client connections and choosing the engine (docs/record.md, "Forwarding"): TLS
+//! first with `--tls-cert/--tls-key` (ALPN `h2`, `http/1.1`); HTTP/1.1 clients of an HTTP/1.1
+//! upstream go to `h1`, HTTP/2 clients (h2c preface, ALPN `h2`) and every client of an HTTP/2
+//! upstream to hyper (`proxy`). Connections are dealt to single-threaded I/O runtimes; on
+//! shutdown it stops accepting and drains for at most the drain timeout.
 
 use super::common::{Drain, Proxy};
 use super::timing::{WriteClock, WriteStamped};

@@ -1,9 +1,5 @@
-//! Live counters of the recording proxy and their Prometheus text rendering.
-//!
-//! Everything is a relaxed atomic so the forwarding path only pays an uncontended add; latency
-//! histograms use fixed Prometheus-style buckets. The proxy, the body taps and the writer thread
-//! share one [`Stats`] behind an `Arc`. This module does not serve HTTP (see `admin`) and does not
-//! decide what an error is (the callers pass the [`Failure`]).
+//! Live counters of the recording proxy (relaxed atomics: the forwarding path pays an
+//! uncontended add) and their Prometheus text rendering.
 
 use super::failure::Failure;
 use std::fmt::Write as _;

@@ -53,21 +53,22 @@ pub struct RequestTap {
 }
 
 impl RequestTap {
-    pub fn new(inner: Incoming, cap: Arc<Mutex<Captured>>, max: usize, stats: Arc<Stats>) -> Self {
+    /// When the tap is dropped before its body ended (the client that sent it upstream gave
+    /// up, e.g. no connection), the rest goes into `unsent` for the record to read.
+    pub fn new(
+        inner: Incoming,
+        cap: Arc<Mutex<Captured>>,
+        max: usize,
+        stats: Arc<Stats>,
+        unsent: Option<Unsent>,
+    ) -> Self {
         RequestTap {
             inner: Some(inner),
             cap,
             max,
             stats,
-            unsent: None,
+            unsent,
         }
-    }
-
-    /// When the tap is dropped before its body ended (the client that sent it upstream gave
-    /// up, e.g. no connection), the rest goes into `slot` for the record to read.
-    pub fn keep_unsent(mut self, slot: Unsent) -> Self {
-        self.unsent = Some(slot);
-        self
     }
 }
 

@@ -1,17 +1,7 @@
-//! An upgraded connection's tunnel: after `101 Switching Protocols` (a WebSocket, say) the
-//! client and upstream sockets are joined and bytes are copied both ways, untouched, until the
-//! exchange ends.
-//!
-//! Each direction reads into its own buffer and writes the bytes out before reading again (a
-//! slow reader pushes back on the sender with one buffer in between). An end of stream from one
-//! side is passed on as a half-close (the other socket's write side is shut down) while the
-//! other direction carries on, so the tunnel ends when both sides have closed, when either side
-//! fails, or when the proxy drains: a tunnel is in-flight work that the drain waits for, and it
-//! is cut at the instant the drain channel names (a little before the drain deadline, so the
-//! record says why). It has no idle or total timeout: an open WebSocket may stay quiet for hours,
-//! and its end is its peers' business. Bytes are counted (admin `/metrics`), never parsed,
-//! stored or hashed. This module does not read HTTP heads or decide whether to switch (see `h1`
-//! and `proxy`); [`record`] turns a tunnel's end into the exchange's record.
+//! The tunnel after a `101 Switching Protocols` (docs/record.md, "Protocol switches"): bytes
+//! copied both ways untouched, each direction writing what it read before reading again, an end
+//! of stream passed on as a half-close. It ends when both sides have closed, either fails, or the
+//! drain cuts it; no idle or total timeout. [`record`] turns its end into the exchange's record.
 
 use super::failure::Failure;
 use super::stats::Stats;

@@ -1,25 +1,8 @@
-//! The recorder's writer thread: a bounded queue in, rotating native trace files out.
-//!
-//! The forwarding path hands each finished [`Exchange`] to [`Recorder::submit`], which uses
-//! `try_send` on a channel bounded in records and in captured bytes: when either is full the
-//! record is dropped and counted, the traffic is never slowed (invariant 1). The dedicated thread builds records
-//! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
-//! (so a `kill -9` loses at most about a second), and rotates files by size and age. On Linux the
-//! thread runs at nice 10, so under CPU saturation forwarding wins and recording falls behind
-//! (and, past its queue, drops and counts) instead of the other way round. Recorded exchanges
-//! go back to the forwarding path for reuse ([`Recorder::exchange`]; at most 256, none holding
-//! more than 32 KiB of buffers), so a small request allocates nothing on either side for its
-//! record's raw observation.
-//!
-//! Files are `DIR/<name>-<start>-<seq>.trace.zst` where `<start>` is the recording's UTC start
-//! (`20261129T183000Z`) and `<seq>` counts from 0001. A file is written as `<file>.partial`,
-//! fsynced and renamed when closed. All files of one recording share its t0 (the header's
-//! `t0_unix_us`), so arrivals are comparable across files; records are written in completion order
-//! (sorted by arrival within each frame), so a reader that needs arrival order sorts. When the
-//! directory cannot be written, records are counted as lost, the error is logged, and opening is
-//! retried every 5 seconds; the proxy keeps forwarding. A file whose write fails (a full disk)
-//! is cut back to its last complete frame, renamed and listed like any closed file; a file left
-//! with no records is removed. This module does not parse HTTP.
+//! The recorder's writer thread: a bounded queue in, rotating native trace files out
+//! (docs/record.md, "Trace files"). [`Recorder::submit`] never blocks: a full queue (in records
+//! or captured bytes) drops and counts the record. The thread builds records
+//! ([`super::extract`]), closes a frame at least every `flush_every` and rotates by size and age;
+//! recorded exchanges go back to the forwarding path for reuse ([`Recorder::exchange`]).
 
 use super::extract::{Exchange, Extractor};
 use super::stats::Stats;
@@ -47,10 +30,8 @@ const SPARE_MAX: usize = 256;
 /// An exchange holding more buffer capacity than this is freed, not reused.
 const SPARE_MAX_BYTES: usize = 32 << 10;
 
-/// Exchanges the writer is done with, emptied and reused by the forwarding path. A recorded
-/// exchange would otherwise be allocated on an I/O thread and freed on the writer thread (about
-/// eight blocks per request: the exchange, its capture buffers, its frame list), which is
-/// malloc's slow path on both sides; handed back, its buffers are reused as they are.
+/// Exchanges the writer is done with, emptied and reused by the forwarding path (else each
+/// would be allocated on an I/O thread and freed on the writer thread, malloc's slow path).
 type Spare = Arc<Mutex<Vec<Box<Exchange>>>>;
 
 // The boxes are the point: the queue carries `Box<Exchange>`, and the box is reused too.
@@ -106,9 +87,8 @@ impl Recorder {
     }
 }
 
-/// Lowers this thread's CPU priority (nice 10, Linux): when the machine is CPU-bound the I/O
-/// threads forward first and the writer catches up when there is slack; if it cannot, its queue
-/// fills and records are dropped and counted, never the traffic slowed (invariant 13).
+/// Lowers this thread's CPU priority (nice 10, Linux): under CPU saturation forwarding wins and
+/// the writer falls behind (then drops and counts records) instead (invariant 13).
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
@@ -298,11 +278,9 @@ impl Writer {
     }
 
     fn run(&mut self, rx: Receiver<Msg>) {
-        // The thread polls the queue instead of blocking on it: a blocked receiver would make
-        // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
+        // Polled, not blocked on: a blocked receiver would make every `try_send` on the
+        // forwarding path pay a wake-up. While records keep coming the clock is read every 64.
         let mut next_flush = Instant::now() + self.files.flush_every;
-        // While records keep coming the clock is read every 64 of them (well under a
-        // millisecond of work), not after each one.
         let mut since_clock = 0u32;
         loop {
             match rx.try_recv() {
@@ -386,14 +364,12 @@ impl Writer {
                 .fetch_add(pending.len() as u64, Relaxed);
             return;
         };
-        // Arrival order, ties in completion order (what a stable sort by arrival gives): the
-        // keys are sorted, not the records (moving whole records cost ~1 k instructions each).
+        // Arrival order, ties in completion order: (arrival, index) keys are sorted, not the
+        // records (the keys are unique, so an unstable sort gives that order).
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(pending.iter().enumerate().map(|(k, r)| (r.arrival_us, k)));
-        // Completion order is nearly arrival order (the keys are unique, so any sort gives the
-        // same order).
-        sort_nearly_sorted(&mut order);
+        order.sort_unstable();
         let dropped = self.stats.records_dropped.load(Relaxed);
         f.w.note_dropped(dropped - self.noted_dropped);
         self.noted_dropped = dropped;
@@ -590,68 +566,10 @@ pub fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Sorts the frame's (arrival, index) keys. They come in completion order, which is arrival
-/// order but for requests that overlapped, so insertion sort moves each key only a few places
-/// (about 30 instructions a key where the library's stable sort took ~260 on small requests);
-/// past 8 moves a key on average it hands over to the library sort (e.g. long streams
-/// finishing after many short requests), so it is never quadratic.
-fn sort_nearly_sorted(v: &mut [(u64, usize)]) {
-    let budget = v.len().saturating_mul(8);
-    let mut moves = 0usize;
-    for i in 1..v.len() {
-        let x = v[i];
-        let mut j = i;
-        while j > 0 && v[j - 1] > x {
-            v[j] = v[j - 1];
-            j -= 1;
-        }
-        v[j] = x;
-        moves += i - j;
-        if moves > budget {
-            v.sort();
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Any input, nearly sorted or not, comes out as the library sort leaves it.
-    #[test]
-    fn nearly_sorted_keys_sort_as_the_library_does() {
-        use proptest::prelude::*;
-        let mut runner = proptest::test_runner::TestRunner::default();
-        let keys = proptest::collection::vec((0u64..50, 0usize..8), 0..300);
-        runner
-            .run(&(keys, any::<bool>()), |(jitter, shuffled)| {
-                // arrival = index + jitter (completion order nearly arrival order), or
-                // arbitrary; the index makes keys unique as in `flush`.
-                let mut v: Vec<(u64, usize)> = jitter
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &(j, d))| {
-                        let at = if shuffled {
-                            j * 1000
-                        } else {
-                            (k as u64 + j * d as u64) * 10
-                        };
-                        (at, k)
-                    })
-                    .collect();
-                let mut want = v.clone();
-                want.sort();
-                sort_nearly_sorted(&mut v);
-                prop_assert_eq!(v, want);
-                Ok(())
-            })
-            .unwrap();
-        // far from sorted: the budget hands over (and the result is still sorted)
-        let mut v: Vec<(u64, usize)> = (0..5000).rev().map(|k| (k as u64, k)).collect();
-        sort_nearly_sorted(&mut v);
-        assert!(v.windows(2).all(|w| w[0] < w[1]));
-    }
     use crate::record::extract::Bodies;
     use crate::record::prompt::TextTokenizer;
     use crate::trace::hash::BlockHasher;
