@@ -371,15 +371,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let data = self.cbuf.data();
         let mut ex = p.recorder.exchange(arrival, h.method_in(data), "");
         h.path_into(data, &mut ex.path);
-        // The exchange's (reused) capture buffer is noted into here and comes back at the end.
-        let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
-        let pending = Pending::new(
-            ex,
-            cap.clone(),
-            p.recorder.clone(),
-            p.stats.clone(),
-            p.capture_max,
-        );
+        let (pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
         self.cbuf.consume(h.len);
         if self.ubuf.v.capacity() < UPSTREAM_BUF {
             self.ubuf.v.reserve_exact(UPSTREAM_BUF);
@@ -717,8 +709,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 Ok(p) => p,
                 Err(o) => return Poll::Ready(o),
             };
-            let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
-            if ex.phase == Phase::Done && sent_all && ex.head_done {
+            if ex.phase == Phase::Done && !self.client_bound(ex) && ex.head_done {
                 if let Some(f) = ex.cut {
                     return Poll::Ready(Outcome::Cut(f));
                 }
@@ -759,8 +750,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if ex.total_deadline.is_some_and(|t| now >= t) {
                 return Err(Outcome::Cut(Failure::TimeoutTotal));
             }
-            let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
-            if waiting_client || ex.phase == Phase::Done {
+            if self.client_bound(ex) || ex.phase == Phase::Done {
                 ex.last_activity = now;
             }
             let idle_due = ex.last_activity + self.p.idle_timeout;
@@ -864,7 +854,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Response bytes → client.
     fn poll_send_client(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        if ex.cout >= self.out.len() && ex.raw_pend == 0 {
+        if !self.client_bound(ex) {
             return Ok(false);
         }
         let a = &self.out[ex.cout..];
@@ -898,8 +888,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Upstream → response head, body framing, reads.
     fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex, up: &mut ClientStream) -> Step {
-        let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
-        if !ex.head_done || ex.phase == Phase::Done || !idle_out {
+        if !ex.head_done || ex.phase == Phase::Done || self.client_bound(ex) {
             return Ok(false);
         }
         if self.ubuf.len() > 0 {
@@ -1046,6 +1035,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
             self.arm_by(next);
         }
+    }
+
+    /// Whether response bytes wait for the client (in `out`, or raw in the upstream buffer).
+    fn client_bound(&self, ex: &Ex) -> bool {
+        ex.cout < self.out.len() || ex.raw_pend > 0
     }
 
     /// Makes the timer fire no later than `deadline`. A timer already due earlier is left as

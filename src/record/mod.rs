@@ -180,24 +180,8 @@ fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
 
 /// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let t = s.trim();
-    let (num, unit) = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map_or((t, "s"), |i| (&t[..i], t[i..].trim()));
-    let v: f64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a duration (like 500ms, 10s, 5m, 1h)"))?;
-    let secs = match unit {
-        "ms" => v / 1000.0,
-        "s" | "" => v,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => bail!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)"),
-    };
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        bail!("{s:?} is out of range");
-    }
-    Ok(Duration::from_secs_f64(secs))
+    let us = crate::trace::filter::parse_duration_us(s).map_err(anyhow::Error::msg)?;
+    Ok(Duration::from_micros(us))
 }
 
 /// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
@@ -266,7 +250,7 @@ pub async fn run_with_admin(
         pool_idle: Duration::from_secs(90),
     };
     // Fail early on a bad CA file or output directory, before anything is served.
-    upstream::connector(&upstream_opts)?;
+    let connector = upstream::connector(&upstream_opts)?;
     writer::check_dir(&cfg.out_dir).with_context(|| {
         format!(
             "--out {}: trace files cannot be written there",
@@ -359,10 +343,9 @@ pub async fn run_with_admin(
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.
-        let raw = (!cfg.upstream_http2)
-            .then(|| upstream::connector(&upstream_opts))
-            .transpose()?
-            .map(|c| rawpool::RawPool::new(c, dst.clone(), upstream_opts.pool_idle));
+        let raw = (!cfg.upstream_http2).then(|| {
+            rawpool::RawPool::new(connector.clone(), dst.clone(), upstream_opts.pool_idle)
+        });
         proxies.push(Arc::new(common::Proxy {
             recorder: recorder.clone(),
             stats: stats.clone(),

@@ -10,7 +10,7 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
     let body = error_json(status, kind, msg);
@@ -81,18 +81,10 @@ pub async fn handle(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let mut ex = p
+    let ex = p
         .recorder
         .exchange(arrival.into_std(), parts.method.as_str(), &pq);
-    // The exchange's (reused) capture buffer goes to the request tap and comes back at the end.
-    let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
-    let mut pending = Pending::new(
-        ex,
-        cap.clone(),
-        p.recorder.clone(),
-        p.stats.clone(),
-        p.capture_max,
-    );
+    let (mut pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
     let uri = match target(&p, &pq) {
         Ok(u) => u,
         Err(e) => {

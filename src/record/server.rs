@@ -167,27 +167,18 @@ pub async fn serve(
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (builder, tls) = (builder.clone(), tls.clone());
+        let thread = Arc::new(Thread {
+            builder: builder.clone(),
+            proxy,
+            tls: tls.clone(),
+        });
         let join = std::thread::Builder::new()
             .name(format!("retrace-io-{k}"))
             .spawn(move || {
                 rt.block_on(async move {
-                    tokio::spawn(reap_idle(proxy.clone()));
+                    tokio::spawn(reap_idle(thread.proxy.clone()));
                     while let Some(c) = rx.recv().await {
-                        match tokio::net::TcpStream::from_std(c.tcp) {
-                            Ok(tcp) => {
-                                tokio::spawn(serve_conn(
-                                    tcp,
-                                    c.peer,
-                                    c.watcher,
-                                    c.drain,
-                                    builder.clone(),
-                                    proxy.clone(),
-                                    tls.clone(),
-                                ));
-                            }
-                            Err(e) => tracing::warn!("connection from {}: {e}", c.peer),
-                        }
+                        tokio::spawn(serve_conn(c, thread.clone()));
                     }
                 });
                 // Dropping the runtime drops connections still open after the drain; their taps
@@ -273,17 +264,27 @@ async fn reap_idle(proxy: Arc<Proxy>) {
     }
 }
 
-async fn serve_conn(
-    mut tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    watcher: Watcher,
-    drain: Drain,
+/// What every connection of one I/O thread is served with.
+struct Thread {
     builder: Builder<TokioExecutor>,
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
-) {
+}
+
+async fn serve_conn(c: Conn, thread: Arc<Thread>) {
+    let Conn {
+        tcp,
+        peer,
+        watcher,
+        drain,
+    } = c;
+    let mut tcp = match tokio::net::TcpStream::from_std(tcp) {
+        Ok(tcp) => tcp,
+        Err(e) => return tracing::warn!("connection from {peer}: {e}"),
+    };
+    let (builder, proxy) = (&thread.builder, thread.proxy.clone());
     let own = proxy.raw.is_some();
-    let res = match tls {
+    let res = match thread.tls.clone() {
         None if own => {
             // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
             let sniffed = tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await;
@@ -296,9 +297,9 @@ async fn serve_conn(
                 pos: 0,
                 inner: tcp,
             };
-            serve_hyper(io, watcher, &builder, proxy).await
+            serve_hyper(io, watcher, builder, proxy).await
         }
-        None => serve_hyper(tcp, watcher, &builder, proxy).await,
+        None => serve_hyper(tcp, watcher, builder, proxy).await,
         Some(acc) => {
             let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
                 Ok(Ok(s)) => s,
@@ -314,7 +315,7 @@ async fn serve_conn(
             if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return super::h1::serve(s, Vec::new(), proxy, drain).await;
             }
-            serve_hyper(s, watcher, &builder, proxy).await
+            serve_hyper(s, watcher, builder, proxy).await
         }
     };
     if let Err(e) = res {

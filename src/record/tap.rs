@@ -137,21 +137,25 @@ struct TapState {
 pub struct Pending(Option<TapState>);
 
 impl Pending {
+    /// Starts recording `ex`: its (reused) capture buffer moves to the returned capture, which
+    /// the request side notes into, and comes back when the exchange ends.
     pub fn new(
-        ex: Box<Exchange>,
-        req: Arc<Mutex<Captured>>,
-        recorder: Recorder,
-        stats: Arc<Stats>,
+        mut ex: Box<Exchange>,
+        recorder: &Recorder,
+        stats: &Arc<Stats>,
         max: usize,
-    ) -> Self {
+    ) -> (Self, Arc<Mutex<Captured>>) {
         stats.in_flight.fetch_add(1, Relaxed);
-        Pending(Some(TapState {
+        let req = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
+        let (recorder, stats) = (recorder.clone(), stats.clone());
+        let st = TapState {
             ex,
-            req,
+            req: req.clone(),
             recorder,
             stats,
             max,
-        }))
+        };
+        (Pending(Some(st)), req)
     }
 
     /// The exchange being recorded (to note status and header time).

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -77,12 +77,9 @@ impl Recorder {
             self.stats.records_dropped.fetch_add(1, Relaxed);
             return;
         }
-        match self.tx.try_send(Msg::Exchange(ex)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.queued_bytes.fetch_sub(bytes, Relaxed);
-                self.stats.records_dropped.fetch_add(1, Relaxed);
-            }
+        if self.tx.try_send(Msg::Exchange(ex)).is_err() {
+            self.queued_bytes.fetch_sub(bytes, Relaxed);
+            self.stats.records_dropped.fetch_add(1, Relaxed);
         }
     }
 }
@@ -124,17 +121,14 @@ pub struct WriterReport {
 /// The running writer thread.
 pub struct WriterHandle {
     tx: SyncSender<Msg>,
-    join: Option<JoinHandle<WriterReport>>,
+    join: JoinHandle<WriterReport>,
 }
 
 impl WriterHandle {
     /// Asks the writer to close its file and waits for it (blocking; call off the async runtime).
-    pub fn close(mut self) -> WriterReport {
+    pub fn close(self) -> WriterReport {
         let _ = self.tx.send(Msg::Close);
-        self.join
-            .take()
-            .and_then(|j| j.join().ok())
-            .unwrap_or_default()
+        self.join.join().unwrap_or_default()
     }
 }
 
@@ -189,13 +183,7 @@ pub fn spawn(
             w.run(rx);
             w.report
         })?;
-    Ok((
-        rec,
-        WriterHandle {
-            tx,
-            join: Some(join),
-        },
-    ))
+    Ok((rec, WriterHandle { tx, join }))
 }
 
 struct OpenFile {
