@@ -26,13 +26,8 @@ pub struct Captured {
 }
 
 impl Captured {
-    /// Notes one data frame, keeping a copy while under `max` bytes.
-    ///
-    /// A copy, not a `Bytes` clone: a clone would share hyper's connection read buffer and keep
-    /// it alive until the exchange ends, so every later socket read would need a fresh 8 KiB
-    /// buffer (measured: more memory per stream and an allocation per read). Copying a frame of a
-    /// few hundred bytes costs less than that allocation; frames go into one buffer (reused
-    /// across exchanges, see [`Exchange::reuse`]).
+    /// Notes one data frame, keeping a copy while under `max` bytes (a copy, not a `Bytes`
+    /// clone, which would keep hyper's connection read buffer alive until the exchange ends).
     pub fn note(&mut self, data: &[u8], max: usize) {
         self.len += data.len() as u64;
         if self.truncated {
@@ -68,9 +63,7 @@ pub struct Exchange {
     /// The response's `Content-Type` value (empty when none came).
     pub content_type: String,
     pub headers_after: Option<Duration>,
-    /// The captured response bytes (frames past the capture cap are not kept), in one buffer:
-    /// one copy per frame into a growing buffer instead of an allocation per frame (and a free
-    /// per frame on the writer thread).
+    /// The captured response bytes, frames concatenated (none past the capture cap).
     pub response_body: Vec<u8>,
     /// Each captured response frame: its arrival offset and where it ends in `response_body`.
     pub frames: Vec<(Duration, usize)>,
@@ -93,9 +86,12 @@ impl Exchange {
     /// and path empty, for the caller to fill), the buffers emptied but kept.
     pub fn reuse(&mut self, arrival: Instant) {
         let old = std::mem::replace(self, Exchange::new(arrival, String::new(), String::new()));
-        (self.method, self.path) = (old.method, old.path);
-        (self.request, self.content_type) = (old.request, old.content_type);
-        (self.response_body, self.frames) = (old.response_body, old.frames);
+        self.method = old.method;
+        self.path = old.path;
+        self.request = old.request;
+        self.content_type = old.content_type;
+        self.response_body = old.response_body;
+        self.frames = old.frames;
         self.method.clear();
         self.path.clear();
         self.request.clear();
@@ -143,12 +139,11 @@ impl Exchange {
             self.response_truncated = true;
         } else {
             let spare = self.response_body.capacity() - self.response_body.len();
+            // The first frame exactly (a one-frame body is the usual non-streamed response),
+            // then at least 1 KiB more at a time.
             if self.response_body.is_empty() {
-                // The first frame exactly: a one-frame body (the usual non-streamed response)
-                // costs one small allocation, as a copy of the frame would.
                 self.response_body.reserve_exact(data.len());
             } else if spare < data.len() {
-                // A stream: at least 1 KiB more, so 100 events grow the buffer in 5 steps, not 7.
                 self.response_body.reserve(data.len().max(1024));
             }
             self.response_body.extend_from_slice(data);
@@ -174,23 +169,16 @@ pub struct Extractor {
     pub bodies: Bodies,
 }
 
-/// Facts about a built record that the caller counts.
-#[derive(Debug, Default, PartialEq)]
-pub struct Notes {
-    pub parse_failure: Option<String>,
-    pub ttft: Option<Duration>,
-}
-
 fn us(d: Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 impl Extractor {
-    /// Builds the trace record; `t0` is the recording's time origin.
-    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Notes) {
-        let mut notes = Notes::default();
+    /// Builds the trace record (`t0` is the recording's time origin), and why the request
+    /// body was not parsed if it was not.
+    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Option<String>) {
+        let mut parse_failure = None;
         // The query string is never recorded: some APIs put keys there.
-        // (A byte search: `split('?')` costs a generic char searcher per record.)
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
         let method = (!ex.method.eq_ignore_ascii_case("POST")).then(|| ex.method.clone());
@@ -270,7 +258,6 @@ impl Extractor {
                 absorb(c, &mut resp);
             }
         }
-        notes.ttft = resp.ttft_us.map(Duration::from_micros);
         if self.bodies == Bodies::Full && !ex.response_truncated {
             resp.body = Some(ex.response_body.clone());
         }
@@ -325,7 +312,7 @@ impl Extractor {
                 }
             }
             Some(Err(msg)) => {
-                notes.parse_failure = Some(msg);
+                parse_failure = Some(msg);
                 if let Some(u) = resp.usage {
                     req.input_tokens = u.prompt_tokens;
                 }
@@ -337,7 +324,7 @@ impl Extractor {
             // a broken stream); `stream_error` is an error event inside a successful response.
             resp.error = if ex.status >= 400 {
                 Some(format!("http_{}", ex.status))
-            } else if notes.parse_failure.is_some() {
+            } else if parse_failure.is_some() {
                 Some("request_parse".into())
             } else if stream_error.is_some() {
                 Some("stream_error".into())
@@ -349,7 +336,7 @@ impl Extractor {
             req.body = Some(ex.request.data.clone());
         }
         req.response = Some(Box::new(resp));
-        (req, notes)
+        (req, parse_failure)
     }
 }
 
@@ -446,7 +433,7 @@ mod tests {
         assert_eq!(resp.usage.unwrap().completion_tokens, 4);
         assert_eq!(r.output_tokens, 4);
         assert_eq!(resp.error, None);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert!(r.body.is_none(), "no bodies by default");
     }
 
@@ -489,7 +476,7 @@ mod tests {
     fn non_json_body_is_a_parse_failure() {
         let e = ex("/v1/completions", b"not json", "application/json", &[]);
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
-        assert!(n.parse_failure.unwrap().contains("not JSON"));
+        assert!(n.unwrap().contains("not JSON"));
         assert_eq!(r.response.unwrap().error.as_deref(), Some("request_parse"));
     }
 
@@ -505,7 +492,7 @@ mod tests {
         );
         e.status = 404;
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert_eq!(r.response.unwrap().error.as_deref(), Some("http_404"));
     }
 
@@ -519,7 +506,7 @@ mod tests {
         );
         e.method = "GET".into();
         let (r, n) = xt(Bodies::Request).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert_eq!(r.method.as_deref(), Some("GET"));
         assert_eq!(r.kind(), crate::trace::EndpointKind::Auxiliary);
         assert_eq!(r.input_tokens, 0);
@@ -537,7 +524,7 @@ mod tests {
         let mut e = ex("/v1/completions", b"", "", &[]);
         e.status = 101;
         let (r, n) = xt(Bodies::Full).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         let resp = r.response.unwrap();
         assert_eq!(resp.status, 101);
         assert_eq!(resp.error, None);

@@ -69,94 +69,93 @@ pub struct RecordConfig {
 }
 
 impl RecordConfig {
-    /// Defaults suited to LLM serving for an upstream and output directory.
+    /// The command line's defaults for an upstream and output directory, the admin endpoint off.
     pub fn new(upstream: &str, out_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
-        Ok(RecordConfig {
-            upstream: parse_upstream(upstream)?,
-            out_dir: out_dir.into(),
-            name: "retrace".into(),
-            tls: None,
-            upstream_ca: None,
-            upstream_http2: false,
-            connect_timeout: Duration::from_secs(10),
-            headers_timeout: Duration::from_secs(900),
-            idle_timeout: Duration::from_secs(300),
-            total_timeout: None,
-            drain_timeout: Duration::from_secs(30),
-            bodies: Bodies::None,
-            hash_key: None,
-            tokenizer: None,
-            block_size: 512,
-            queue: 65_536,
-            queue_bytes: 512 << 20,
-            capture_max: 16 << 20,
-            rotate_bytes: 256 << 20,
-            rotate_every: Duration::from_secs(3600),
-            flush_every: Duration::from_secs(1),
-            admin: None,
-            io_threads: 0,
-        })
+        use clap::{Args as _, FromArgMatches as _};
+        let cmd = crate::cli::RecordArgs::augment_args(clap::Command::new("record"));
+        let argv = [
+            "record",
+            "--listen=-",
+            "--upstream=-",
+            "--out=-",
+            "--admin=none",
+        ];
+        let mut a = crate::cli::RecordArgs::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
+        a.upstream = upstream.into();
+        a.out = out_dir.into();
+        Self::from_args(&a)
     }
 
     /// Builds the config from the command line; errors name the flag.
     pub fn from_args(a: &crate::cli::RecordArgs) -> anyhow::Result<Self> {
-        let mut c = RecordConfig::new(&a.upstream, &a.out).context("--upstream")?;
-        c.name = a.name.clone();
-        if c.name.is_empty() || c.name.contains(['/', '\\']) {
+        let upstream = parse_upstream(&a.upstream)?;
+        if a.name.is_empty() || a.name.contains(['/', '\\']) {
             bail!("--name {:?}: must be a plain file name prefix", a.name);
         }
-        c.tls = match (&a.tls_cert, &a.tls_key) {
+        let tls = match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together"),
         };
-        c.upstream_ca = a.upstream_ca.clone();
-        c.upstream_http2 = a.upstream_http2;
-        c.connect_timeout = parse_duration(&a.connect_timeout).context("--connect-timeout")?;
-        c.headers_timeout = parse_duration(&a.headers_timeout).context("--headers-timeout")?;
-        c.idle_timeout = parse_duration(&a.idle_timeout).context("--idle-timeout")?;
-        c.total_timeout = match a.total_timeout.as_deref() {
+        let total_timeout = match a.total_timeout.as_deref() {
             None | Some("none") | Some("off") => None,
             Some(s) => Some(parse_duration(s).context("--total-timeout")?),
         };
-        c.drain_timeout = parse_duration(&a.drain_timeout).context("--drain-timeout")?;
-        c.bodies = match a.bodies.as_str() {
+        let bodies = match a.bodies.as_str() {
             "none" => Bodies::None,
             "request" => Bodies::Request,
             "full" => Bodies::Full,
             other => bail!("--bodies {other:?}: expected none, request or full"),
         };
-        if let Some(p) = &a.hash_key_file {
-            let mut k =
-                std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
-            while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
-                k.pop();
-            }
-            if k.is_empty() {
-                bail!("--hash-key-file {}: the key is empty", p.display());
-            }
-            c.hash_key = Some(k);
-        }
-        c.tokenizer = a.tokenizer.clone();
-        c.io_threads = a.io_threads;
+        let hash_key = a.hash_key_file.as_deref().map(read_hash_key).transpose()?;
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
-        c.block_size = a.block_size;
-        c.queue = a.queue.max(1);
-        c.queue_bytes = parse_size(&a.queue_bytes).context("--queue-bytes")?;
-        c.capture_max = parse_size(&a.capture_max).context("--capture-max")? as usize;
-        c.rotate_bytes = parse_size(&a.rotate_size).context("--rotate-size")?;
-        c.rotate_every = parse_duration(&a.rotate_interval).context("--rotate-interval")?;
-        c.admin = match a.admin.as_str() {
+        let admin = match a.admin.as_str() {
             "none" | "off" => None,
             s => Some(
                 s.parse()
                     .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
             ),
         };
-        Ok(c)
+        Ok(RecordConfig {
+            upstream,
+            out_dir: a.out.clone(),
+            name: a.name.clone(),
+            tls,
+            upstream_ca: a.upstream_ca.clone(),
+            upstream_http2: a.upstream_http2,
+            connect_timeout: parse_duration(&a.connect_timeout).context("--connect-timeout")?,
+            headers_timeout: parse_duration(&a.headers_timeout).context("--headers-timeout")?,
+            idle_timeout: parse_duration(&a.idle_timeout).context("--idle-timeout")?,
+            total_timeout,
+            drain_timeout: parse_duration(&a.drain_timeout).context("--drain-timeout")?,
+            bodies,
+            hash_key,
+            tokenizer: a.tokenizer.clone(),
+            block_size: a.block_size,
+            queue: a.queue.max(1),
+            queue_bytes: parse_size(&a.queue_bytes).context("--queue-bytes")?,
+            capture_max: parse_size(&a.capture_max).context("--capture-max")? as usize,
+            rotate_bytes: parse_size(&a.rotate_size).context("--rotate-size")?,
+            rotate_every: parse_duration(&a.rotate_interval).context("--rotate-interval")?,
+            flush_every: Duration::from_secs(1),
+            admin,
+            io_threads: a.io_threads,
+        })
     }
+}
+
+/// The `--hash-key-file` key: the file's bytes, trailing whitespace cut.
+fn read_hash_key(p: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let mut k = std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
+    while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        k.pop();
+    }
+    if k.is_empty() {
+        bail!("--hash-key-file {}: the key is empty", p.display());
+    }
+    Ok(k)
 }
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
@@ -164,16 +163,16 @@ fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
     crate::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
-        .with_context(|| format!("{s:?} is not a URL (expected http://host:port)"))?;
+        .with_context(|| format!("--upstream {s:?} is not a URL (expected http://host:port)"))?;
     match u.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => bail!("{s:?}: the scheme must be http or https"),
+        _ => bail!("--upstream {s:?}: the scheme must be http or https"),
     }
     if u.authority().is_none() {
-        bail!("{s:?}: no host");
+        bail!("--upstream {s:?}: no host");
     }
     if u.query().is_some() {
-        bail!("{s:?}: an upstream URL takes no query");
+        bail!("--upstream {s:?}: an upstream URL takes no query");
     }
     Ok(u)
 }

@@ -4,7 +4,7 @@
 
 use super::common::{self, classify, describe, error_json, Proxy};
 use super::failure::Failure;
-use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
+use super::tap::{lock, Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
 use super::timing::WriteClock;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -123,7 +123,8 @@ pub async fn handle(
             if f.is_upstream_fault() {
                 tracing::warn!("upstream request failed ({f}): {msg}");
             }
-            if let Some(body) = unsent.take() {
+            let left = lock(&unsent).take();
+            if let Some(body) = left {
                 let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone(), None);
                 read_for_record(tap, p.capture_max).await;
             }

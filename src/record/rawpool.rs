@@ -3,7 +3,7 @@
 //! upstream (a non-blocking read probe) are skipped at checkout and reaped every second, so none
 //! stay in CLOSE-WAIT; a socket comes back only after a response that ended cleanly.
 
-use super::tap::BoxError;
+use super::tap::{lock, BoxError};
 use super::upstream::Connector;
 use crate::netio::ClientStream;
 use http::Uri;
@@ -31,13 +31,9 @@ impl RawPool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(ClientStream, Instant)>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The most recently used idle socket that is still open, if any.
     pub fn checkout(&self) -> Option<ClientStream> {
-        let mut idle = self.lock();
+        let mut idle = lock(&self.idle);
         let now = Instant::now();
         while idle
             .front()
@@ -57,13 +53,12 @@ impl RawPool {
     pub fn reap(&self) {
         let now = Instant::now();
         let fresh = |since: &Instant| now.duration_since(*since) <= self.idle_timeout;
-        self.lock()
-            .retain_mut(|(up, since)| fresh(since) && !up.is_closed());
+        lock(&self.idle).retain_mut(|(up, since)| fresh(since) && !up.is_closed());
     }
 
     /// Gives back a socket whose last response ended cleanly.
     pub fn checkin(&self, up: ClientStream) {
-        self.lock().push_back((up, Instant::now()));
+        lock(&self.idle).push_back((up, Instant::now()));
     }
 
     /// Dials a new socket (connect timeout and TLS as configured).

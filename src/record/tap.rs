@@ -31,17 +31,8 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it (see
-/// [`RequestTap::keep_unsent`]).
-#[derive(Clone, Default)]
-pub struct Unsent(Arc<Mutex<Option<Incoming>>>);
-
-impl Unsent {
-    /// The body left behind, if the tap was dropped before its end.
-    pub fn take(&self) -> Option<Incoming> {
-        lock(&self.0).take()
-    }
-}
+/// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it.
+pub type Unsent = Arc<Mutex<Option<Incoming>>>;
 
 /// The client's request body on its way upstream.
 pub struct RequestTap {
@@ -76,7 +67,7 @@ impl Drop for RequestTap {
     fn drop(&mut self) {
         if let (Some(slot), Some(b)) = (&self.unsent, self.inner.take()) {
             if !b.is_end_stream() {
-                *lock(&slot.0) = Some(b);
+                *lock(slot) = Some(b);
             }
         }
     }

@@ -301,13 +301,13 @@ impl Writer {
 
     fn record(&mut self, ex: Box<Exchange>) {
         self.queued_bytes.fetch_sub(ex.captured_bytes(), Relaxed);
-        let (req, notes) = self.extractor.to_request(&ex, self.t0);
-        if let Some(msg) = &notes.parse_failure {
+        let (req, parse_failure) = self.extractor.to_request(&ex, self.t0);
+        if let Some(msg) = &parse_failure {
             self.stats.parse_failures.fetch_add(1, Relaxed);
             tracing::debug!(path = %ex.path, "request body not parsed: {msg}");
         }
-        if let Some(t) = notes.ttft {
-            self.stats.ttft.observe(t);
+        if let Some(t) = req.response.as_ref().and_then(|r| r.ttft_us) {
+            self.stats.ttft.observe(Duration::from_micros(t));
         }
         self.pending.push(req);
         self.give_back(ex);
@@ -570,13 +570,9 @@ mod tests {
     ) -> (Recorder, WriterHandle, Arc<Stats>, Instant) {
         let t0 = Instant::now();
         let header = TraceHeader {
-            block_size: 4,
             hash_scheme: BlockHasher::xxh3().scheme(),
-            partial_tail_block: true,
             t0_unix_us: Some(0),
-            writer: "test".into(),
-            source: "test".into(),
-            meta: Default::default(),
+            ..TraceHeader::imported(4, true, "test")
         };
         let files = FileOptions {
             dir: dir.to_path_buf(),
