@@ -365,22 +365,17 @@ fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn ex(path: &str, body: &[u8], ctype: &str, chunks: &[(u64, &[u8])]) -> Exchange {
         let t0 = Instant::now();
         let mut e = Exchange::new(t0 + Duration::from_millis(5), "POST".into(), path.into());
-        e.request.note(&Bytes::copy_from_slice(body), 1 << 20);
+        e.request.note(body, 1 << 20);
         e.request.complete = true;
         e.status = 200;
         e.content_type = ctype.into();
         e.headers_after = Some(Duration::from_micros(100));
         for (at, c) in chunks {
-            e.note_response(
-                Duration::from_micros(*at),
-                &Bytes::copy_from_slice(c),
-                1 << 20,
-            );
+            e.note_response(Duration::from_micros(*at), c, 1 << 20);
         }
         e.end = Some(Duration::from_micros(9000));
         e
@@ -553,8 +548,8 @@ mod tests {
     #[test]
     fn capture_cap_releases_chunks() {
         let mut c = Captured::default();
-        c.note(&Bytes::from_static(b"12345"), 8);
-        c.note(&Bytes::from_static(b"6789"), 8);
+        c.note(b"12345", 8);
+        c.note(b"6789", 8);
         assert!(c.truncated);
         assert!(c.data.is_empty());
         assert_eq!(c.len, 9);

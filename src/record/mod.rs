@@ -256,14 +256,15 @@ pub async fn run_with_admin(
             cfg.out_dir.display()
         )
     })?;
-    let tls = match &cfg.tls {
-        Some((c, k)) => Some(server::tls_acceptor(c, k)?),
-        None => None,
-    };
-    let tokenizer = match &cfg.tokenizer {
-        Some(p) => prompt::TextTokenizer::from_file(p)?,
-        None => prompt::TextTokenizer::Approx,
-    };
+    let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
+    let tls = tls.transpose()?;
+    let tokenizer = cfg
+        .tokenizer
+        .as_deref()
+        .map(prompt::TextTokenizer::from_file);
+    let tokenizer = tokenizer
+        .transpose()?
+        .unwrap_or(prompt::TextTokenizer::Approx);
     let hasher = match &cfg.hash_key {
         Some(k) => crate::trace::hash::BlockHasher::hmac(k),
         None => crate::trace::hash::BlockHasher::xxh3(),
@@ -370,7 +371,7 @@ pub async fn run_with_admin(
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    let report = tokio::task::spawn_blocking(move || writer.close())
+    let files = tokio::task::spawn_blocking(move || writer.close())
         .await
         .unwrap_or_default();
     if let Some(t) = admin_task {
@@ -382,7 +383,7 @@ pub async fn run_with_admin(
         records_dropped: stats.records_dropped.load(Relaxed),
         records_lost_io: stats.records_lost_io.load(Relaxed),
         write_errors: stats.write_errors.load(Relaxed),
-        files: report.files,
+        files,
         drained,
     })
 }

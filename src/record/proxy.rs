@@ -66,7 +66,7 @@ fn target(p: &Proxy, pq: &str) -> Result<Uri, http::Error> {
 pub async fn handle(
     p: Arc<Proxy>,
     req: Request<Incoming>,
-    client: Option<Arc<WriteClock>>,
+    client: Arc<WriteClock>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let arrival = tokio::time::Instant::now();
     p.stats

@@ -14,11 +14,9 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -65,11 +63,6 @@ struct Conn {
     drain: Drain,
 }
 
-/// How long before the drain deadline tunnels are cut.
-fn tunnel_cut_margin(drain: Duration) -> Duration {
-    (drain / 10).min(Duration::from_millis(100))
-}
-
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Reads the first bytes of a plain connection: whether they are the HTTP/2 preface (h2c with
@@ -90,66 +83,9 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<(bool, Vec<u8
     }
 }
 
-/// A connection whose first bytes were already read: they are read again first.
-struct Prefixed<T> {
-    pre: Vec<u8>,
-    pos: usize,
-    inner: T,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.pos < this.pre.len() {
-            let n = (this.pre.len() - this.pos).min(buf.remaining());
-            buf.put_slice(&this.pre[this.pos..this.pos + n]);
-            this.pos += n;
-            if this.pos == this.pre.len() {
-                this.pre = Vec::new();
-                this.pos = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-/// Serves until `shutdown` resolves, then drains for at most `drain`. Returns whether every
-/// connection finished within the drain timeout.
-///
-/// Connections are accepted here and dealt round-robin to one single-threaded runtime per entry
-/// of `proxies` (each with its own upstream pool), so a connection, its upstream connection and
-/// its body taps live on one thread: no work stealing and no cross-thread wake-ups per chunk.
+/// Serves until `shutdown` resolves, then drains for at most `drain`; returns whether every
+/// connection finished in time. Connections are dealt round-robin to one single-threaded
+/// runtime per entry of `proxies`, so a connection and its upstream socket share a thread.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -224,9 +160,9 @@ pub async fn serve(
     }
     drop(listener);
     drop(drain_rx);
-    drain_tx.send_replace(Some(
-        tokio::time::Instant::now() + drain - tunnel_cut_margin(drain),
-    ));
+    // Tunnels are cut a tenth of the drain timeout (at most 100 ms) before its end.
+    let cut_margin = (drain / 10).min(Duration::from_millis(100));
+    drain_tx.send_replace(Some(tokio::time::Instant::now() + drain - cut_margin));
     let drained = tokio::time::timeout(drain, async {
         graceful.shutdown().await;
         drain_tx.closed().await;
@@ -292,11 +228,11 @@ async fn serve_conn(c: Conn, thread: Arc<Thread>) {
             if !h2 {
                 return super::h1::serve(tcp, pre, proxy, drain).await;
             }
-            let io = Prefixed {
-                pre,
-                pos: 0,
-                inner: tcp,
-            };
+            // The bytes read while sniffing are read again first.
+            let mut pre = std::io::Cursor::new(pre);
+            pre.get_mut().shrink_to_fit();
+            let (r, w) = tokio::io::split(tcp);
+            let io = tokio::io::join(pre.chain(r), w);
             serve_hyper(io, watcher, builder, proxy).await
         }
         None => serve_hyper(tcp, watcher, builder, proxy).await,
@@ -337,7 +273,7 @@ where
     let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
     let svc = {
         let clock = clock.clone();
-        service_fn(move |req| super::proxy::handle(proxy.clone(), req, Some(clock.clone())))
+        service_fn(move |req| super::proxy::handle(proxy.clone(), req, clock.clone()))
     };
     let io = WriteStamped::new(TokioIo::new(io), clock);
     watcher.watch(builder.serve_connection(io, svc)).await

@@ -206,7 +206,7 @@ pub struct ResponseTap {
     last_data: Instant,
     total: Option<Pin<Box<Sleep>>>,
     /// The client connection's write clock (forwarding delay).
-    client: Option<Arc<WriteClock>>,
+    client: Arc<WriteClock>,
 }
 
 impl ResponseTap {
@@ -217,7 +217,7 @@ impl ResponseTap {
         mut p: Pending,
         idle_for: Duration,
         total_deadline: Option<Instant>,
-        client: Option<Arc<WriteClock>>,
+        client: Arc<WriteClock>,
     ) -> Self {
         ResponseTap {
             inner,
@@ -268,9 +268,7 @@ impl Body for ResponseTap {
                     st.ex.note_response(at, d, max);
                     // The idle timer is re-armed lazily when it fires (no timer-wheel work per chunk).
                     this.last_data = now;
-                    if let Some(c) = &this.client {
-                        c.pending(now_ns());
-                    }
+                    this.client.pending(now_ns());
                 }
                 Poll::Ready(Some(Ok(f)))
             }

@@ -111,22 +111,17 @@ pub struct FileOptions {
     pub space: Option<Arc<AtomicU64>>,
 }
 
-/// What the writer did, returned when it stops.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct WriterReport {
-    pub files: Vec<PathBuf>,
-    pub records: u64,
-}
-
 /// The running writer thread.
 pub struct WriterHandle {
     tx: SyncSender<Msg>,
-    join: JoinHandle<WriterReport>,
+    /// The files closed, in order.
+    join: JoinHandle<Vec<PathBuf>>,
 }
 
 impl WriterHandle {
-    /// Asks the writer to close its file and waits for it (blocking; call off the async runtime).
-    pub fn close(self) -> WriterReport {
+    /// Asks the writer to close its file and waits for it (blocking; call off the async runtime);
+    /// returns the files it closed, in order.
+    pub fn close(self) -> Vec<PathBuf> {
         let _ = self.tx.send(Msg::Close);
         self.join.join().unwrap_or_default()
     }
@@ -168,7 +163,7 @@ pub fn spawn(
         extractor,
         t0,
         stats,
-        report: WriterReport::default(),
+        closed: Vec::new(),
         noted_dropped: 0,
         pending: Vec::new(),
         order: Vec::new(),
@@ -181,7 +176,7 @@ pub fn spawn(
         .spawn(move || {
             lower_priority();
             w.run(rx);
-            w.report
+            w.closed
         })?;
     Ok((rec, WriterHandle { tx, join }))
 }
@@ -245,7 +240,7 @@ struct Writer {
     extractor: Extractor,
     t0: Instant,
     stats: Arc<Stats>,
-    report: WriterReport,
+    closed: Vec<PathBuf>,
     noted_dropped: u64,
     /// Records of the open frame, sorted by arrival before they are pushed.
     pending: Vec<Request>,
@@ -388,7 +383,6 @@ impl Writer {
         }
         self.stats.records_written.fetch_add(n, Relaxed);
         self.stats.writer_failing.store(false, Relaxed);
-        self.report.records += n;
         f.good = f.w.get_mut().get_ref().written;
         f.kept = f.w.records();
         let rotate = f.w.bytes_written() >= self.files.rotate_bytes
@@ -504,7 +498,7 @@ impl Writer {
         match seal_file(&partial, &path, len, records) {
             Ok(true) => {
                 self.stats.files_closed.fetch_add(1, Relaxed);
-                self.report.files.push(path);
+                self.closed.push(path);
             }
             Ok(false) => {}
             Err(e) => {
@@ -635,13 +629,13 @@ mod tests {
             rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/b"));
         }
         wait_for(&stats.records_lost_io, 2);
-        let report = handle.close();
+        let files = handle.close();
         assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
         assert_eq!(
-            report.files,
+            files,
             [dir.path().join("t-19700101T000000Z-0001.trace.zst")]
         );
-        let (t, rep) = crate::trace::native::read_file(&report.files[0]).unwrap();
+        let (t, rep) = crate::trace::native::read_file(&files[0]).unwrap();
         assert!(rep.is_clean(), "{}", rep.summary());
         assert_eq!(t.requests.len(), 3);
         assert_eq!(stats.records_lost_io.load(Relaxed), 2);
@@ -656,8 +650,7 @@ mod tests {
         let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_millis(20), space);
         rec.submit(rec.exchange(t0, "GET", "/a"));
         wait_for(&stats.records_lost_io, 1);
-        let report = handle.close();
-        assert!(report.files.is_empty());
+        assert!(handle.close().is_empty());
         assert_eq!(names_in(dir.path()), Vec::<String>::new());
     }
 
@@ -665,16 +658,16 @@ mod tests {
     #[test]
     fn frame_records_are_in_arrival_order_ties_in_completion_order() {
         let dir = tempfile::tempdir().unwrap();
-        let (rec, handle, _, t0) = writer_in(dir.path(), Duration::from_secs(3600), None);
+        let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_secs(3600), None);
         // (arrival ms, path): completion order is the submission order.
         let order = [(5, "/a"), (1, "/b"), (5, "/c"), (3, "/d"), (1, "/e")];
         for (ms, path) in order {
             let ex = rec.exchange(t0 + Duration::from_millis(ms), "GET", path);
             rec.submit(ex);
         }
-        let report = handle.close();
-        assert_eq!(report.records, 5);
-        let (trace, _) = crate::trace::native::read_file(&report.files[0]).unwrap();
+        let files = handle.close();
+        assert_eq!(stats.records_written.load(Relaxed), 5);
+        let (trace, _) = crate::trace::native::read_file(&files[0]).unwrap();
         let got: Vec<(u64, String)> = trace
             .requests
             .iter()
