@@ -376,6 +376,7 @@ pub async fn run_with_admin(
         .unwrap_or_default();
     if let Some(t) = admin_task {
         t.abort();
+        let _ = t.await;
     }
     Ok(RecordStats {
         requests: stats.requests.load(Relaxed),

@@ -156,6 +156,10 @@ impl Pending {
 
     /// Finishes with an error kind (counted) and whether the client went away.
     pub fn end(mut self, error: Option<Failure>, cancelled: bool) {
+        self.finish(error, cancelled);
+    }
+
+    fn finish(&mut self, error: Option<Failure>, cancelled: bool) {
         if let Some(st) = self.0.take() {
             finish(st, error, cancelled);
         }
@@ -200,7 +204,7 @@ fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
 /// The upstream response body on its way to the client.
 pub struct ResponseTap {
     inner: Incoming,
-    st: Option<Box<TapState>>,
+    pending: Pending,
     idle_for: Duration,
     idle: Pin<Box<Sleep>>,
     last_data: Instant,
@@ -214,25 +218,19 @@ impl ResponseTap {
     /// connection's write clock.
     pub fn new(
         inner: Incoming,
-        mut p: Pending,
+        pending: Pending,
         idle_for: Duration,
         total_deadline: Option<Instant>,
         client: Arc<WriteClock>,
     ) -> Self {
         ResponseTap {
             inner,
-            st: p.0.take().map(Box::new),
+            pending,
             idle_for,
             idle: Box::pin(tokio::time::sleep(idle_for)),
             last_data: Instant::now(),
             total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             client,
-        }
-    }
-
-    fn end(&mut self, error: Option<Failure>, cancelled: bool) {
-        if let Some(st) = self.st.take() {
-            finish(*st, error, cancelled);
         }
     }
 }
@@ -246,13 +244,13 @@ impl Body for ResponseTap {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if this.st.is_none() {
+        if this.pending.0.is_none() {
             // Already ended (a timeout fired): never poll the upstream again.
             return Poll::Ready(None);
         }
         if let Some(t) = this.total.as_mut() {
             if t.as_mut().poll(cx).is_ready() {
-                this.end(Some(Failure::TimeoutTotal), false);
+                this.pending.finish(Some(Failure::TimeoutTotal), false);
                 return Poll::Ready(Some(Err(Box::new(TapError(
                     "total timeout reached; response cut",
                 )))));
@@ -260,7 +258,7 @@ impl Body for ResponseTap {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
-                if let (Some(d), Some(st)) = (f.data_ref(), this.st.as_mut()) {
+                if let (Some(d), Some(st)) = (f.data_ref(), this.pending.0.as_mut()) {
                     let now = Instant::now();
                     st.stats.response_bytes.fetch_add(d.len() as u64, Relaxed);
                     let at = now.into_std().saturating_duration_since(st.ex.arrival);
@@ -273,11 +271,11 @@ impl Body for ResponseTap {
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.end(Some(Failure::UpstreamReset), false);
+                this.pending.finish(Some(Failure::UpstreamReset), false);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
-                this.end(None, false);
+                this.pending.finish(None, false);
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -287,7 +285,7 @@ impl Body for ResponseTap {
                         this.idle.as_mut().reset(due);
                         continue;
                     }
-                    this.end(Some(Failure::TimeoutIdle), false);
+                    this.pending.finish(Some(Failure::TimeoutIdle), false);
                     return Poll::Ready(Some(Err(Box::new(TapError(
                         "no data from upstream within the idle timeout; response cut",
                     )))));
@@ -298,7 +296,7 @@ impl Body for ResponseTap {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.st.is_none() || self.inner.is_end_stream()
+        self.pending.0.is_none() || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -308,12 +306,10 @@ impl Body for ResponseTap {
 
 impl Drop for ResponseTap {
     fn drop(&mut self) {
-        if self.st.is_some() {
-            // Dropped before the end: the client went away (or the server dropped the body of a
-            // response that has none, e.g. HEAD or 204).
-            let cancelled = !self.inner.is_end_stream();
-            self.end(None, cancelled);
-        }
+        // Dropped before the end: the client went away (or the server dropped the body of a
+        // response that has none, e.g. HEAD or 204).
+        let cancelled = !self.inner.is_end_stream();
+        self.pending.finish(None, cancelled);
     }
 }
 
