@@ -5,6 +5,7 @@
 //! response heads back, then each upstream read written to the client before the next read.
 //! Body framing is followed to find each message's end; decoded payload goes to the capture.
 
+use super::buf::Buf;
 use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::Captured;
 use super::failure::Failure;
@@ -14,13 +15,13 @@ use super::tunnel;
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use crate::netio::ClientStream;
 use std::future::{poll_fn, Future as _};
-use std::io::{self, IoSlice};
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 /// Client read buffer (grown only for a large request head, up to [`h1wire::MAX_HEAD`]).
@@ -31,78 +32,6 @@ const UPSTREAM_BUF: usize = 8192;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idle keep-alive client connection frees its buffers after this long without a request.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
-
-/// A byte buffer read from the front.
-struct Buf {
-    v: Vec<u8>,
-    start: usize,
-}
-
-impl Buf {
-    fn new(v: Vec<u8>, cap: usize) -> Self {
-        let mut v = v;
-        if v.capacity() < cap {
-            v.reserve_exact(cap - v.len());
-        }
-        Buf { v, start: 0 }
-    }
-
-    fn data(&self) -> &[u8] {
-        &self.v[self.start..]
-    }
-
-    fn len(&self) -> usize {
-        self.v.len() - self.start
-    }
-
-    fn consume(&mut self, n: usize) {
-        self.start += n;
-        if self.start >= self.v.len() {
-            self.v.clear();
-            self.start = 0;
-        }
-    }
-
-    fn clear(&mut self) {
-        self.v.clear();
-        self.start = 0;
-    }
-
-    /// Moves the data to the front and makes room for at least one more byte, growing the
-    /// capacity only up to `limit`. Returns whether there is room.
-    fn make_room(&mut self, limit: usize) -> bool {
-        if self.v.len() < self.v.capacity() {
-            return true;
-        }
-        if self.start > 0 {
-            self.v.drain(..self.start);
-            self.start = 0;
-            return true;
-        }
-        let cap = self.v.capacity();
-        if cap >= limit {
-            return false;
-        }
-        self.v.reserve_exact((cap * 2).clamp(1024, limit) - cap);
-        true
-    }
-
-    /// Reads once into the free capacity (which must not be empty).
-    fn poll_read_from<R: AsyncRead + Unpin>(
-        &mut self,
-        r: &mut R,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<usize>> {
-        let len = self.v.len();
-        let mut rb = ReadBuf::uninit(self.v.spare_capacity_mut());
-        ready!(Pin::new(r).poll_read(cx, &mut rb))?;
-        let n = rb.filled().len();
-        // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes were initialised, and
-        // they are the `n` bytes right after the vector's current length.
-        unsafe { self.v.set_len(len + n) };
-        Poll::Ready(Ok(n))
-    }
-}
 
 /// Where a body is in its framing.
 enum BodyState {
@@ -529,8 +458,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// socket is never pooled again and the client connection ends with the tunnel.
     async fn tunnel(&mut self, ex: Ex, mut up: ClientStream) -> bool {
         self.out.clear();
-        let to_client = take_data(&mut self.ubuf);
-        let to_upstream = take_data(&mut self.cbuf);
+        let to_client = std::mem::take(&mut self.ubuf);
+        let to_upstream = std::mem::take(&mut self.cbuf);
         let how = tunnel::run(
             &mut self.client,
             &mut up,
@@ -1066,12 +995,4 @@ impl Ex {
         o.close |= !self.keep_client || drain.borrow().is_some();
         o
     }
-}
-
-/// The unread bytes of a buffer, as a vector (its allocation reused); the buffer is left empty.
-fn take_data(b: &mut Buf) -> Vec<u8> {
-    let mut v = std::mem::take(&mut b.v);
-    v.drain(..b.start.min(v.len()));
-    b.start = 0;
-    v
 }

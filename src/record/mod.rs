@@ -3,6 +3,7 @@
 //! listener and a shutdown future (invariant 6).
 
 pub mod admin;
+mod buf;
 pub mod common;
 pub mod extract;
 pub mod failure;

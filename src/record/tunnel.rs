@@ -3,6 +3,7 @@
 //! of stream passed on as a half-close. It ends when both sides have closed, either fails, or the
 //! drain cuts it; no idle or total timeout. [`record`] turns its end into the exchange's record.
 
+use super::buf::Buf;
 use super::failure::Failure;
 use super::stats::Stats;
 use super::tap::Pending;
@@ -10,7 +11,7 @@ use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -39,21 +40,18 @@ enum Failed {
 
 /// One direction: bytes read from one socket, written to the other.
 struct Dir {
-    /// Bytes read and not yet written are `buf[start..]`.
-    buf: Vec<u8>,
-    start: usize,
+    /// Bytes read and not yet written.
+    buf: Buf,
     eof: bool,
     shut: bool,
     need_flush: bool,
 }
 
 impl Dir {
-    /// `pending` holds bytes already read (before the switch) that go out first; its allocation
-    /// becomes the buffer.
-    fn new(pending: Vec<u8>) -> Self {
+    /// `pending` holds bytes already read (before the switch) that go out first.
+    fn new(pending: Buf) -> Self {
         Dir {
             buf: pending,
-            start: 0,
             eof: false,
             shut: false,
             need_flush: false,
@@ -73,16 +71,12 @@ impl Dir {
         W: AsyncWrite + Unpin + ?Sized,
     {
         loop {
-            if self.start < self.buf.len() {
-                match Pin::new(&mut *w).poll_write(cx, &self.buf[self.start..]) {
+            if self.buf.len() > 0 {
+                match Pin::new(&mut *w).poll_write(cx, self.buf.data()) {
                     Poll::Ready(Ok(n)) if n > 0 => {
-                        self.start += n;
+                        self.buf.consume(n);
                         counter.fetch_add(n as u64, Relaxed);
                         self.need_flush = true;
-                        if self.start == self.buf.len() {
-                            self.start = 0;
-                            self.buf.clear();
-                        }
                         continue;
                     }
                     Poll::Ready(_) => return Poll::Ready(Err(Failed::Writer)),
@@ -91,26 +85,18 @@ impl Dir {
             }
             if !self.eof {
                 // The buffer is empty here.
-                if self.buf.capacity() < TUNNEL_BUF {
-                    self.buf = Vec::with_capacity(TUNNEL_BUF);
+                if self.buf.v.capacity() < TUNNEL_BUF {
+                    self.buf = Buf::new(Vec::new(), TUNNEL_BUF);
                 }
-                let mut rb = ReadBuf::uninit(self.buf.spare_capacity_mut());
-                match Pin::new(&mut *r).poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) => {
-                        let n = rb.filled().len();
-                        if n == 0 {
-                            self.eof = true;
-                        } else {
-                            // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes
-                            // were initialised; they are the vector's first `n` (it was empty).
-                            unsafe { self.buf.set_len(n) };
-                        }
+                match self.buf.poll_read_from(r, cx) {
+                    Poll::Ready(Ok(n)) => {
+                        self.eof = n == 0;
                         continue;
                     }
                     Poll::Ready(Err(_)) => return Poll::Ready(Err(Failed::Reader)),
                     Poll::Pending => {
                         // Idle: give the buffer back (an open, quiet WebSocket costs none).
-                        self.buf = Vec::new();
+                        self.buf = Buf::default();
                         // Nothing more to send for now: make sure what was written goes out
                         // (a TLS stream may hold it).
                         if self.need_flush {
@@ -160,8 +146,8 @@ impl Drop for OpenGauge<'_> {
 pub async fn run<C, U>(
     client: &mut C,
     upstream: &mut U,
-    to_upstream: Vec<u8>,
-    to_client: Vec<u8>,
+    to_upstream: Buf,
+    to_client: Buf,
     drain: &mut watch::Receiver<Option<Instant>>,
     stats: &Stats,
 ) -> How
@@ -244,8 +230,8 @@ mod tests {
         let run = run(
             &mut proxy_c,
             &mut proxy_u,
-            b"early".to_vec(),
-            b"hello".to_vec(),
+            Buf::new(b"early".to_vec(), 0),
+            Buf::new(b"hello".to_vec(), 0),
             &mut no_drain,
             &stats,
         );
@@ -298,16 +284,16 @@ mod tests {
         drop(upstream);
         // Writing the early bytes to a dropped pipe fails.
         let mut no_drain = watch::channel(None).1;
-        let early = b"x".to_vec();
-        let run_ = run(
+        let early = Buf::new(b"x".to_vec(), 0);
+        let tunnel = run(
             &mut proxy_c,
             &mut proxy_u,
             early,
-            Vec::new(),
+            Buf::default(),
             &mut no_drain,
             &stats,
         );
-        let how = tokio::time::timeout(T, run_).await.unwrap();
+        let how = tokio::time::timeout(T, tunnel).await.unwrap();
         assert_eq!(how, How::UpstreamFailed);
         assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 0);
 
@@ -317,8 +303,8 @@ mod tests {
         let run = run(
             &mut proxy_c,
             &mut proxy_u,
-            Vec::new(),
-            Vec::new(),
+            Buf::default(),
+            Buf::default(),
             &mut rx,
             &stats,
         );
