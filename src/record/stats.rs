@@ -18,7 +18,7 @@ const FINE_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 1.0,
 ];
 
-/// A cumulative-bucket latency histogram: [`BUCKETS`], or [`FINE_BUCKETS`] when `FINE`.
+/// A cumulative-bucket latency histogram (buckets from 10 µs to 1 s when `FINE`).
 #[derive(Debug, Default)]
 pub struct Histogram<const FINE: bool = false> {
     counts: [AtomicU64; BUCKETS.len() + 1],
