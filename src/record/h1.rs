@@ -393,10 +393,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 return ex.keep_client && req_done && self.drain.borrow().is_none();
             }
             Outcome::Cancelled => {
+                drop(up);
                 ex.pending.end(None, true);
                 return false;
             }
             Outcome::Cut(kind) => {
+                drop(up);
                 ex.pending.end(Some(kind), false);
                 return false;
             }
