@@ -1,9 +1,5 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text) and `GET /healthz`.
-//!
-//! Served on its own listener (loopback by default), HTTP/1.1 only, so scraping never shares a
-//! connection pool or a port with proxied traffic. `/healthz` is the recording's health: `200 ok`
-//! while traces are written, `503` while the trace writer cannot write (from a failed write or
-//! open until a frame is written again). It does not record anything.
+//! The admin endpoint on its own listener: `GET /metrics` (Prometheus text) and `GET /healthz`
+//! (503 while the trace writer cannot write).
 
 use super::stats::Stats;
 use bytes::Bytes;
@@ -13,7 +9,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
-use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -49,20 +44,16 @@ async fn handle(
     Ok(r)
 }
 
-/// Serves the admin endpoint until `shutdown` resolves.
-pub async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
+/// Serves the admin endpoint until the task is aborted.
+pub async fn serve(listener: TcpListener, stats: Arc<Stats>) {
     loop {
-        let (tcp, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            a = listener.accept() => match a {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("admin accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let stats = stats.clone();
         tokio::spawn(async move {

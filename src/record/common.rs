@@ -1,18 +1,14 @@
-//! What both forwarding paths share: the per-I/O-thread settings, the drain signal, hop-by-hop
-//! rules on header maps, deadlines, failure classification and the JSON error body.
-//!
-//! `h1` (retrace's own HTTP/1.1 loop) and `proxy` (hyper, for HTTP/2 clients or upstreams) both
-//! build on this module, in the manner of pingora's `proxy_common.rs`, so the two cannot drift:
-//! a failure is a [`Failure`] with one status and one wire name, an error body is
-//! [`error_json`], a response head larger than [`MAX_RESPONSE_HEAD`] is refused the same way
-//! ([`HEAD_TOO_LARGE`]), and the hop-by-hop list is [`crate::h1wire::is_hop_by_hop`] for raw
-//! heads and header maps alike. It forwards nothing itself.
+//! What both engines share (`h1`, and `proxy` for HTTP/2), in the manner of pingora's
+//! `proxy_common.rs`: per-I/O-thread settings, the drain signal, header rules on header maps
+//! (the hop-by-hop list is [`crate::h1wire::is_hop_by_hop`] for raw heads too), deadlines,
+//! failure classification and the JSON error body.
 
 use super::failure::Failure;
 use super::rawpool::RawPool;
 use super::stats::Stats;
 use super::upstream::UpstreamClient;
 use super::writer::Recorder;
+use crate::h1wire::HeadError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme};
 use std::sync::Arc;
@@ -29,6 +25,8 @@ pub type Drain = watch::Receiver<Option<Instant>>;
 pub const MAX_RESPONSE_HEAD: usize = crate::h1wire::MAX_HEAD;
 /// The message of the 502 for a response head over [`MAX_RESPONSE_HEAD`].
 pub const HEAD_TOO_LARGE: &str = "response head from upstream too large";
+/// The message of the 504 for [`Failure::TimeoutHeaders`].
+pub const NO_HEADERS: &str = "upstream sent no response headers within the timeout";
 /// How long a request that reached no upstream may take to hand over the rest of its body for
 /// the record, before the client gets its error.
 pub const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
@@ -67,9 +65,6 @@ impl Proxy {
     }
 }
 
-/// The error kind of a request refused with 508 because it carried this proxy's `Via` entry.
-pub const LOOP_KIND: &str = "loop_detected";
-
 /// This proxy's `Via` entry (RFC 9110 §7.6.3), `1.1 retrace-<random id>`: a request that arrives
 /// carrying it went round a loop (an `--upstream` pointing back at the proxy) and is refused.
 pub fn via_entry() -> HeaderValue {
@@ -79,16 +74,27 @@ pub fn via_entry() -> HeaderValue {
 
 /// Why a request's header map cannot be forwarded (the rules [`crate::h1wire`] applies to raw
 /// heads): two `Host` fields (400), or our `Via` entry (508, a loop).
-pub fn refused(h: &HeaderMap, via: &HeaderValue) -> Option<(u16, &'static str, &'static str)> {
+pub fn refused(h: &HeaderMap, via: &HeaderValue) -> Option<HeadError> {
     if h.get_all(header::HOST).iter().count() > 1 {
-        return Some((400, "bad_request", "more than one host header"));
+        return Some(HeadError::Malformed("more than one host header"));
     }
     let ours = |v: &HeaderValue| crate::h1wire::via_names(v.as_bytes(), via.as_bytes());
-    h.get_all(header::VIA).iter().any(ours).then_some((
-        508,
-        LOOP_KIND,
-        crate::h1wire::HeadError::Loop.reason(),
-    ))
+    h.get_all(header::VIA)
+        .iter()
+        .any(ours)
+        .then_some(HeadError::Loop)
+}
+
+/// The error kind and reason phrase of a refused request head.
+pub fn refusal(e: HeadError) -> (&'static str, &'static str) {
+    match e {
+        HeadError::TooLarge => (
+            "request_header_too_large",
+            "Request Header Fields Too Large",
+        ),
+        HeadError::Malformed(_) => ("bad_request", "Bad Request"),
+        HeadError::Loop => ("loop_detected", "Loop Detected"),
+    }
 }
 
 /// The OpenAI-style JSON error body the proxy answers with.
@@ -110,15 +116,11 @@ pub fn classify(
     user_body: bool,
     e: &(dyn std::error::Error + 'static),
 ) -> Failure {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut timed_out = false;
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
-        }
-        timed_out |= s.to_string().contains("timed out");
-        src = s.source();
-    }
+    let timed_out = chain(e).any(|s| {
+        let io = s.downcast_ref::<std::io::Error>();
+        io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            || s.to_string().contains("timed out")
+    });
     match (is_connect, timed_out, user_body) {
         (true, true, _) => Failure::TimeoutConnect,
         (true, false, _) => Failure::UpstreamConnect,
@@ -127,16 +129,17 @@ pub fn classify(
     }
 }
 
+/// An error and its sources, outermost first.
+pub fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |s| s.source())
+}
+
 /// An error and its chain of sources, `: `-joined.
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(x) = src {
-        s.push_str(": ");
-        s.push_str(&x.to_string());
-        src = x.source();
-    }
-    s
+    let parts: Vec<String> = chain(e).map(ToString::to_string).collect();
+    parts.join(": ")
 }
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1) in place, keeping `TE: trailers`. A message

@@ -1,22 +1,8 @@
-//! Turns what the body taps saw of one exchange into a trace record. Runs on the writer thread.
-//!
-//! An [`Exchange`] is raw observation: arrival instant, method and path, the captured request
-//! body (bounded), response status and header time, every response chunk with its arrival offset
-//! (bounded), how it ended. [`Extractor::to_request`] parses the request
-//! ([`crate::openai::parse_request`]), tokenizes the prompt ([`super::prompt`]), hashes blocks
-//! ([`crate::trace::hash::BlockHasher`]), splits SSE events ([`crate::sse`]) and reads each as [`crate::openai::parse_chunk`] does ([`crate::chunkmemo`]),
-//! or reads a non-streamed body ([`crate::openai::parse_response_body`]), to fill a
-//! [`crate::trace::Request`].
-//!
-//! Rules: an event's offset is the arrival of the chunk that completed it; `[DONE]` is not an event;
-//! TTFT is the first event whose `choices` is non-empty (vLLM's rule); output tokens come from the
-//! server's `usage` when present, else from the events; input tokens are exact for token-id prompts
-//! and otherwise taken from `usage` when present. For approximate prompts the hash list is fitted
-//! to `ceil(input_tokens / block)` ids (truncated, or extended by chaining) so exported traces keep
-//! Mooncake's invariant. A request body that is not a valid OpenAI request is recorded with
-//! error kind `request_parse` (unless a transport error says more). Other paths are recorded
-//! without their query string (API keys sometimes travel there); headers are never recorded.
-//! Pure: no I/O, no clock reads.
+//! Turns what the proxy saw of one exchange ([`Exchange`]: raw observation) into a trace record,
+//! on the writer thread: the request parsed ([`crate::openai`]), the prompt tokenized
+//! ([`super::prompt`]) and hashed, SSE events split ([`crate::sse`]) and read
+//! ([`crate::chunkmemo`]), or a non-streamed body read. The rules are in docs/record.md, "What a
+//! record holds". Pure: no I/O, no clock reads.
 
 use super::prompt::{batch_len, TextTokenizer};
 use crate::chunkmemo::ChunkMemo;
@@ -40,13 +26,8 @@ pub struct Captured {
 }
 
 impl Captured {
-    /// Notes one data frame, keeping a copy while under `max` bytes.
-    ///
-    /// A copy, not a `Bytes` clone: a clone would share hyper's connection read buffer and keep
-    /// it alive until the exchange ends, so every later socket read would need a fresh 8 KiB
-    /// buffer (measured: more memory per stream and an allocation per read). Copying a frame of a
-    /// few hundred bytes costs less than that allocation; frames go into one buffer (reused
-    /// across exchanges, see [`Exchange::reuse`]).
+    /// Notes one data frame, keeping a copy while under `max` bytes (a copy, not a `Bytes`
+    /// clone, which would keep hyper's connection read buffer alive until the exchange ends).
     pub fn note(&mut self, data: &[u8], max: usize) {
         self.len += data.len() as u64;
         if self.truncated {
@@ -82,9 +63,7 @@ pub struct Exchange {
     /// The response's `Content-Type` value (empty when none came).
     pub content_type: String,
     pub headers_after: Option<Duration>,
-    /// The captured response bytes (frames past the capture cap are not kept), in one buffer:
-    /// one copy per frame into a growing buffer instead of an allocation per frame (and a free
-    /// per frame on the writer thread).
+    /// The captured response bytes, frames concatenated (none past the capture cap).
     pub response_body: Vec<u8>,
     /// Each captured response frame: its arrival offset and where it ends in `response_body`.
     pub frames: Vec<(Duration, usize)>,
@@ -104,40 +83,21 @@ impl Exchange {
 
     /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
     /// for a new request arriving at `arrival`: every field as [`Exchange::new`] sets it (method
-    /// and path empty, for the caller to fill), the buffers emptied but kept, so a recycled
-    /// exchange costs no allocation.
+    /// and path empty, for the caller to fill), the buffers emptied but kept.
     pub fn reuse(&mut self, arrival: Instant) {
-        // Exhaustive: a field added to Exchange must be reset here too (or this fails to build).
-        let Exchange {
-            arrival: at,
-            method,
-            path,
-            request,
-            status,
-            content_type,
-            headers_after,
-            response_body,
-            frames,
-            response_len,
-            response_truncated,
-            end,
-            error,
-            cancelled,
-        } = self;
-        *at = arrival;
-        method.clear();
-        path.clear();
-        request.clear();
-        *status = 0;
-        content_type.clear();
-        *headers_after = None;
-        response_body.clear();
-        frames.clear();
-        *response_len = 0;
-        *response_truncated = false;
-        *end = None;
-        *error = None;
-        *cancelled = false;
+        let old = std::mem::replace(self, Exchange::new(arrival, String::new(), String::new()));
+        self.method = old.method;
+        self.path = old.path;
+        self.request = old.request;
+        self.content_type = old.content_type;
+        self.response_body = old.response_body;
+        self.frames = old.frames;
+        self.method.clear();
+        self.path.clear();
+        self.request.clear();
+        self.content_type.clear();
+        self.response_body.clear();
+        self.frames.clear();
     }
 
     /// Buffer capacity this exchange would keep if recycled.
@@ -179,12 +139,11 @@ impl Exchange {
             self.response_truncated = true;
         } else {
             let spare = self.response_body.capacity() - self.response_body.len();
+            // The first frame exactly (a one-frame body is the usual non-streamed response),
+            // then at least 1 KiB more at a time.
             if self.response_body.is_empty() {
-                // The first frame exactly: a one-frame body (the usual non-streamed response)
-                // costs one small allocation, as a copy of the frame would.
                 self.response_body.reserve_exact(data.len());
             } else if spare < data.len() {
-                // A stream: at least 1 KiB more, so 100 events grow the buffer in 5 steps, not 7.
                 self.response_body.reserve(data.len().max(1024));
             }
             self.response_body.extend_from_slice(data);
@@ -210,23 +169,16 @@ pub struct Extractor {
     pub bodies: Bodies,
 }
 
-/// Facts about a built record that the caller counts.
-#[derive(Debug, Default, PartialEq)]
-pub struct Notes {
-    pub parse_failure: Option<String>,
-    pub ttft: Option<Duration>,
-}
-
 fn us(d: Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 impl Extractor {
-    /// Builds the trace record; `t0` is the recording's time origin.
-    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Notes) {
-        let mut notes = Notes::default();
+    /// Builds the trace record (`t0` is the recording's time origin), and why the request
+    /// body was not parsed if it was not.
+    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Option<String>) {
+        let mut parse_failure = None;
         // The query string is never recorded: some APIs put keys there.
-        // (A byte search: `split('?')` costs a generic char searcher per record.)
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
         let method = (!ex.method.eq_ignore_ascii_case("POST")).then(|| ex.method.clone());
@@ -306,7 +258,6 @@ impl Extractor {
                 absorb(c, &mut resp);
             }
         }
-        notes.ttft = resp.ttft_us.map(Duration::from_micros);
         if self.bodies == Bodies::Full && !ex.response_truncated {
             resp.body = Some(ex.response_body.clone());
         }
@@ -361,7 +312,7 @@ impl Extractor {
                 }
             }
             Some(Err(msg)) => {
-                notes.parse_failure = Some(msg);
+                parse_failure = Some(msg);
                 if let Some(u) = resp.usage {
                     req.input_tokens = u.prompt_tokens;
                 }
@@ -373,7 +324,7 @@ impl Extractor {
             // a broken stream); `stream_error` is an error event inside a successful response.
             resp.error = if ex.status >= 400 {
                 Some(format!("http_{}", ex.status))
-            } else if notes.parse_failure.is_some() {
+            } else if parse_failure.is_some() {
                 Some("request_parse".into())
             } else if stream_error.is_some() {
                 Some("stream_error".into())
@@ -385,7 +336,7 @@ impl Extractor {
             req.body = Some(ex.request.data.clone());
         }
         req.response = Some(Box::new(resp));
-        (req, notes)
+        (req, parse_failure)
     }
 }
 
@@ -414,25 +365,33 @@ fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn ex(path: &str, body: &[u8], ctype: &str, chunks: &[(u64, &[u8])]) -> Exchange {
         let t0 = Instant::now();
         let mut e = Exchange::new(t0 + Duration::from_millis(5), "POST".into(), path.into());
-        e.request.note(&Bytes::copy_from_slice(body), 1 << 20);
+        e.request.note(body, 1 << 20);
         e.request.complete = true;
         e.status = 200;
         e.content_type = ctype.into();
         e.headers_after = Some(Duration::from_micros(100));
         for (at, c) in chunks {
-            e.note_response(
-                Duration::from_micros(*at),
-                &Bytes::copy_from_slice(c),
-                1 << 20,
-            );
+            e.note_response(Duration::from_micros(*at), c, 1 << 20);
         }
         e.end = Some(Duration::from_micros(9000));
         e
+    }
+
+    const METRICS: &str = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+
+    /// A non-streamed `/v1/completions` exchange with a text prompt and this response body.
+    fn json_ex(body: &[u8]) -> Exchange {
+        let prompt = br#"{"prompt":"hello world, hello"}"#;
+        ex(
+            "/v1/completions",
+            prompt,
+            "application/json",
+            &[(3000, body)],
+        )
     }
 
     fn xt(bodies: Bodies) -> Extractor {
@@ -469,7 +428,7 @@ mod tests {
         assert_eq!(resp.usage.unwrap().completion_tokens, 4);
         assert_eq!(r.output_tokens, 4);
         assert_eq!(resp.error, None);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert!(r.body.is_none(), "no bodies by default");
     }
 
@@ -512,7 +471,7 @@ mod tests {
     fn non_json_body_is_a_parse_failure() {
         let e = ex("/v1/completions", b"not json", "application/json", &[]);
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
-        assert!(n.parse_failure.unwrap().contains("not JSON"));
+        assert!(n.unwrap().contains("not JSON"));
         assert_eq!(r.response.unwrap().error.as_deref(), Some("request_parse"));
     }
 
@@ -528,7 +487,7 @@ mod tests {
         );
         e.status = 404;
         let (r, n) = xt(Bodies::None).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert_eq!(r.response.unwrap().error.as_deref(), Some("http_404"));
     }
 
@@ -542,7 +501,7 @@ mod tests {
         );
         e.method = "GET".into();
         let (r, n) = xt(Bodies::Request).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         assert_eq!(r.method.as_deref(), Some("GET"));
         assert_eq!(r.kind(), crate::trace::EndpointKind::Auxiliary);
         assert_eq!(r.input_tokens, 0);
@@ -560,7 +519,7 @@ mod tests {
         let mut e = ex("/v1/completions", b"", "", &[]);
         e.status = 101;
         let (r, n) = xt(Bodies::Full).to_request(&e, e.arrival);
-        assert_eq!(n.parse_failure, None);
+        assert_eq!(n, None);
         let resp = r.response.unwrap();
         assert_eq!(resp.status, 101);
         assert_eq!(resp.error, None);
@@ -569,14 +528,8 @@ mod tests {
 
     #[test]
     fn non_streamed_body_gives_usage_and_metrics() {
-        let txt = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
-        let body = txt.lines().nth(2).unwrap();
-        let e = ex(
-            "/v1/completions",
-            br#"{"prompt":"hello world, hello"}"#,
-            "application/json",
-            &[(3000, body.as_bytes())],
-        );
+        let body = METRICS.lines().nth(2).unwrap();
+        let e = json_ex(body.as_bytes());
         let (r, _) = xt(Bodies::Full).to_request(&e, e.arrival);
         let resp = r.response.as_ref().unwrap();
         assert_eq!(r.input_tokens, 7, "approximate prompt takes usage");
@@ -595,8 +548,8 @@ mod tests {
     #[test]
     fn capture_cap_releases_chunks() {
         let mut c = Captured::default();
-        c.note(&Bytes::from_static(b"12345"), 8);
-        c.note(&Bytes::from_static(b"6789"), 8);
+        c.note(b"12345", 8);
+        c.note(b"6789", 8);
         assert!(c.truncated);
         assert!(c.data.is_empty());
         assert_eq!(c.len, 9);
@@ -659,7 +612,6 @@ mod tests {
             include_bytes!("../../fixtures/vllm/chat_stream.sse"),
             include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
         ];
-        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
         let mut exchanges = Vec::new();
         for s in streams {
             for size in [97, 13, s.len()] {
@@ -678,15 +630,10 @@ mod tests {
                 }
             }
         }
-        for line in metrics.lines().filter(|l| l.starts_with('{')) {
-            exchanges.push(ex(
-                "/v1/completions",
-                br#"{"prompt":"hello world, hello"}"#,
-                "application/json",
-                &[(3000, line.as_bytes())],
-            ));
+        for line in METRICS.lines().filter(|l| l.starts_with('{')) {
+            exchanges.push(json_ex(line.as_bytes()));
         }
-        let metrics_sse: String = metrics
+        let metrics_sse: String = METRICS
             .lines()
             .filter(|l| l.starts_with("data:"))
             .map(|l| format!("{l}\n\n"))
@@ -746,8 +693,7 @@ mod tests {
     /// all a non-streamed body decides.
     #[test]
     fn non_streamed_records_are_what_the_parse_chunk_path_recorded() {
-        let metrics = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
-        let real = metrics.lines().find(|l| l.starts_with('{')).unwrap();
+        let real = METRICS.lines().find(|l| l.starts_with('{')).unwrap();
         let plain = format!("{}}}", &real[..real.find(",\"metrics\":").unwrap()]);
         let mut bodies: Vec<Vec<u8>> = vec![real.as_bytes().to_vec(), plain.into_bytes()];
         // every streamed payload of the real samples, sent as a whole body
@@ -792,12 +738,8 @@ mod tests {
                 ("/small", 200),
                 ("/v1/completions", 400),
             ] {
-                let mut e = ex(
-                    path,
-                    br#"{"prompt":"hello world, hello"}"#,
-                    "application/json",
-                    &[(3000, body)],
-                );
+                let mut e = json_ex(body);
+                e.path = path.into();
                 e.status = status;
                 let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
                 let resp = r.response.as_ref().unwrap();

@@ -1,8 +1,6 @@
-//! Why an exchange failed on the proxy's side, as one type for both forwarding paths.
-//!
-//! [`Failure::as_str`] gives the wire names that trace records and `/metrics` carry (unchanged:
-//! they are part of the trace format); [`Failure::status`] the status a client gets when the
-//! failure came before the response head. Pure leaf: no I/O.
+//! Why an exchange failed on the proxy's side, one type for both engines: [`Failure::as_str`] is
+//! the wire name of trace records and `/metrics`, [`Failure::status`] what a client gets before
+//! the response head.
 
 /// A transport failure of one exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,29 +1,13 @@
-//! retrace's own HTTP/1.1 forwarding loop: one task per client connection.
-//!
-//! Every HTTP/1.1 client of an HTTP/1.1 upstream is served here, the way nginx does it: the task reads a request head into a small per-connection buffer,
-//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket borrowed from this I/O
-//! thread's [`RawPool`], then runs one poll loop that moves bytes both ways on the same task:
-//! request body client → upstream (Content-Length or chunked, the framing passed through raw),
-//! interim 1xx heads and the response head upstream → client, and then every upstream read is
-//! written to the client as it is, in one write, before the next read (so a slow client pushes
-//! back on the upstream with at most one buffer in between). The body framing is followed to know
-//! where each message ends; the decoded payload goes to the capture with the arrival offset of the
-//! read that brought it, as [`Exchange`] expects. While a response streams, the client's read side
-//! is watched: EOF or a reset cancels the exchange and closes the upstream socket so the server
-//! stops generating; bytes of a pipelined next request are kept. Errors before the response head
-//! become the JSON errors of `common` ([`Failure::status`]: 502/504, 400 for a bad request
-//! body); errors after it close the client connection without a clean end. Timeouts: response headers (and total) from
-//! arrival, idle gap between upstream reads while nothing waits for the client, total; a request
-//! head must arrive within 60 s. The forwarding delay histogram measures upstream read → client
-//! write completed. A request that asks to switch protocols (`Connection: upgrade` + `Upgrade`,
-//! e.g. a WebSocket handshake; see [`crate::h1wire`]) goes upstream with those two headers; a `101`
-//! answer is written to the client and then the connection becomes a `tunnel` (bytes read past
-//! either head go first), the exchange is recorded when the tunnel ends, the upstream socket is
-//! never pooled again and the client connection ends with the tunnel; any other answer is an
-//! ordinary response. HTTP/2 clients and upstreams stay on hyper (see `server`, `proxy`).
+//! retrace's own HTTP/1.1 engine, for HTTP/1.1 clients of an HTTP/1.1 upstream: one task per
+//! client connection, nginx-style (docs/record.md, "Forwarding"). The task reads a request head,
+//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket from this I/O thread's
+//! [`RawPool`], then one poll loop moves bytes both ways: request body out, interim and final
+//! response heads back, then each upstream read written to the client before the next read.
+//! Body framing is followed to find each message's end; decoded payload goes to the capture.
 
+use super::buf::Buf;
 use super::common::{self, classify, describe, error_json, Drain, Proxy};
-use super::extract::{Captured, Exchange};
+use super::extract::Captured;
 use super::failure::Failure;
 use super::rawpool::RawPool;
 use super::tap::{lock, Pending};
@@ -31,13 +15,13 @@ use super::tunnel;
 use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use crate::netio::ClientStream;
 use std::future::{poll_fn, Future as _};
-use std::io::{self, IoSlice};
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
 /// Client read buffer (grown only for a large request head, up to [`h1wire::MAX_HEAD`]).
@@ -48,78 +32,6 @@ const UPSTREAM_BUF: usize = 8192;
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idle keep-alive client connection frees its buffers after this long without a request.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
-
-/// A byte buffer read from the front.
-struct Buf {
-    v: Vec<u8>,
-    start: usize,
-}
-
-impl Buf {
-    fn new(v: Vec<u8>, cap: usize) -> Self {
-        let mut v = v;
-        if v.capacity() < cap {
-            v.reserve_exact(cap - v.len());
-        }
-        Buf { v, start: 0 }
-    }
-
-    fn data(&self) -> &[u8] {
-        &self.v[self.start..]
-    }
-
-    fn len(&self) -> usize {
-        self.v.len() - self.start
-    }
-
-    fn consume(&mut self, n: usize) {
-        self.start += n;
-        if self.start >= self.v.len() {
-            self.v.clear();
-            self.start = 0;
-        }
-    }
-
-    fn clear(&mut self) {
-        self.v.clear();
-        self.start = 0;
-    }
-
-    /// Moves the data to the front and makes room for at least one more byte, growing the
-    /// capacity only up to `limit`. Returns whether there is room.
-    fn make_room(&mut self, limit: usize) -> bool {
-        if self.v.len() < self.v.capacity() {
-            return true;
-        }
-        if self.start > 0 {
-            self.v.drain(..self.start);
-            self.start = 0;
-            return true;
-        }
-        let cap = self.v.capacity();
-        if cap >= limit {
-            return false;
-        }
-        self.v.reserve_exact((cap * 2).clamp(1024, limit) - cap);
-        true
-    }
-
-    /// Reads once into the free capacity (which must not be empty).
-    fn poll_read_from<R: AsyncRead + Unpin>(
-        &mut self,
-        r: &mut R,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<usize>> {
-        let len = self.v.len();
-        let mut rb = ReadBuf::uninit(self.v.spare_capacity_mut());
-        ready!(Pin::new(r).poll_read(cx, &mut rb))?;
-        let n = rb.filled().len();
-        // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes were initialised, and
-        // they are the `n` bytes right after the vector's current length.
-        unsafe { self.v.set_len(len + n) };
-        Poll::Ready(Ok(n))
-    }
-}
 
 /// Where a body is in its framing.
 enum BodyState {
@@ -142,6 +54,19 @@ impl BodyState {
     fn done(&self) -> bool {
         matches!(self, BodyState::Done)
     }
+
+    /// How many of `have` bytes a `Length` body still takes (it is `Done` after its last).
+    fn take_length(&mut self, have: usize) -> usize {
+        let BodyState::Length(rem) = self else {
+            return 0;
+        };
+        let k = have.min(usize::try_from(*rem).unwrap_or(usize::MAX));
+        *rem -= k as u64;
+        if *rem == 0 {
+            *self = BodyState::Done;
+        }
+        k
+    }
 }
 
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -162,7 +87,7 @@ enum Outcome {
     /// The client went away.
     Cancelled,
     /// The first write to a pooled upstream socket failed: nothing was sent.
-    Retry(io::Error),
+    Retry,
     /// No response head: the client gets a JSON error (kind, message).
     BeforeHead(Failure, String),
     /// After the head: the client connection is closed without a clean end.
@@ -175,10 +100,10 @@ struct Ex {
     req: BodyState,
     /// Framed request-body bytes at the front of the client buffer, not yet written upstream.
     req_ready: usize,
-    /// Request-head bytes already written upstream (the head is in `out` until sent).
+    /// Request-head bytes already written upstream (the head is in `out` until sent; 0: nothing
+    /// went out yet).
     head_sent: usize,
     head_done: bool,
-    sent_any: bool,
     /// The upstream answered before the request body ended: the rest is not forwarded.
     req_abandoned: bool,
     phase: Phase,
@@ -202,14 +127,8 @@ struct Ex {
     /// The response broke off with this failure: what came before it goes to the client, then
     /// the connection is cut.
     cut: Option<Failure>,
-    pending: Option<Pending>,
+    pending: Pending,
     cap: Arc<Mutex<Captured>>,
-}
-
-impl Ex {
-    fn exchange(&mut self) -> Option<&mut Exchange> {
-        self.pending.as_mut().and_then(|p| p.exchange())
-    }
 }
 
 struct Conn<'a, C> {
@@ -220,7 +139,6 @@ struct Conn<'a, C> {
     ubuf: Buf,
     out: Vec<u8>,
     scratch: Vec<u8>,
-    up: Option<ClientStream>,
     sleep: Pin<Box<Sleep>>,
     drain: Drain,
     /// The client may still be sending a request we did not read: close with a linger.
@@ -246,7 +164,6 @@ where
         ubuf: Buf::new(Vec::new(), UPSTREAM_BUF),
         out: Vec::with_capacity(1024),
         scratch: Vec::new(),
-        up: None,
         sleep: Box::pin(tokio::time::sleep(HEAD_TIMEOUT)),
         drain,
         linger: false,
@@ -339,21 +256,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Answers a refused request head and closes.
     async fn reject(&mut self, e: HeadError) {
-        let (kind, reason) = match e {
-            HeadError::TooLarge => (
-                "request_header_too_large",
-                "Request Header Fields Too Large",
-            ),
-            HeadError::Malformed(_) => ("bad_request", "Bad Request"),
-            HeadError::Loop => (common::LOOP_KIND, "Loop Detected"),
-        };
-        let status = e.status();
-        let body = error_json(status, kind, e.reason());
-        self.out.clear();
-        write_error_head(&mut self.out, status, reason, body.len(), true);
-        self.out.extend_from_slice(body.as_bytes());
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), self.client.write_all(&self.out)).await;
+        let (kind, reason) = common::refusal(e);
+        let wait = Duration::from_secs(5);
+        self.answer_error(e.status(), reason, kind, e.reason(), false, wait)
+            .await;
         self.linger_close().await;
     }
 
@@ -367,13 +273,20 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         while seen < 1 << 20 {
             self.cbuf.clear();
             self.cbuf.make_room(CLIENT_BUF);
-            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
-            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
-                .await
-            {
-                Ok(Ok(n)) if n > 0 => seen += n,
-                _ => break,
+            match self.read_client_by(deadline).await {
+                Some(n) => seen += n,
+                None => break,
             }
+        }
+    }
+
+    /// One read from the client into its buffer by `deadline`: `None` on EOF, error or timeout.
+    async fn read_client_by(&mut self, deadline: tokio::time::Instant) -> Option<usize> {
+        let (cbuf, client) = (&mut self.cbuf, &mut self.client);
+        let read = poll_fn(|cx| cbuf.poll_read_from(client, cx));
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(n)) if n > 0 => Some(n),
+            _ => None,
         }
     }
 
@@ -387,15 +300,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let data = self.cbuf.data();
         let mut ex = p.recorder.exchange(arrival, h.method_in(data), "");
         h.path_into(data, &mut ex.path);
-        // The exchange's (reused) capture buffer is noted into here and comes back at the end.
-        let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
-        let pending = Pending::new(
-            ex,
-            cap.clone(),
-            p.recorder.clone(),
-            p.stats.clone(),
-            p.capture_max,
-        );
+        let (pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
         self.cbuf.consume(h.len);
         if self.ubuf.v.capacity() < UPSTREAM_BUF {
             self.ubuf.v.reserve_exact(UPSTREAM_BUF);
@@ -411,7 +316,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             req_ready: 0,
             head_sent: 0,
             head_done: false,
-            sent_any: false,
             req_abandoned: false,
             phase: Phase::Head,
             resp: BodyState::Done,
@@ -432,149 +336,143 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             cut: None,
             keep_client: h.keep_alive,
             up_reusable: true,
-            pending: Some(pending),
+            pending,
             cap,
         };
         self.arm_by(headers_deadline);
         let mut retried = false;
-        let outcome = loop {
+        let (outcome, up) = loop {
             // A retry dials a fresh socket rather than trying another pooled one.
             let pooled = if retried { None } else { self.pool.checkout() };
-            let (up, reused) = match pooled {
+            let (mut up, reused) = match pooled {
                 Some(u) => (u, true),
                 None => {
                     match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
                         Ok(Ok(u)) => (u, false),
                         Ok(Err(e)) => {
                             let kind = classify(true, false, &*e);
-                            break Outcome::BeforeHead(kind, describe(&*e));
+                            break (Outcome::BeforeHead(kind, describe(&*e)), None);
                         }
                         Err(_) => {
-                            break Outcome::BeforeHead(
-                                Failure::TimeoutHeaders,
-                                "upstream sent no response headers within the timeout".into(),
-                            )
+                            let msg = common::NO_HEADERS.into();
+                            break (Outcome::BeforeHead(Failure::TimeoutHeaders, msg), None);
                         }
                     }
                 }
             };
-            self.up = Some(up);
-            match poll_fn(|cx| self.poll_exchange(cx, &mut ex)).await {
-                Outcome::Retry(_) if reused && !retried => {
-                    // The pooled socket was closed under us before a byte went out.
-                    retried = true;
-                    self.up = None;
-                    continue;
-                }
-                Outcome::Retry(e) => {
-                    break Outcome::BeforeHead(
-                        Failure::UpstreamClosed,
-                        format!("writing upstream: {e}"),
-                    )
-                }
-                o => break o,
+            match poll_fn(|cx| self.poll_exchange(cx, &mut ex, &mut up)).await {
+                // The pooled socket was closed under us before a byte went out.
+                Outcome::Retry if reused && !retried => retried = true,
+                o => break (o, Some(up)),
             }
         };
-        self.finish(ex, outcome).await
+        self.finish(ex, outcome, up).await
     }
 
     /// Records the exchange, gives back or drops the upstream socket, answers errors before the
     /// head; returns whether the client connection carries on.
-    async fn finish(&mut self, mut ex: Ex, outcome: Outcome) -> bool {
-        if ex.upgraded && matches!(outcome, Outcome::Done) {
-            return self.tunnel(ex).await;
-        }
+    async fn finish(&mut self, mut ex: Ex, outcome: Outcome, up: Option<ClientStream>) -> bool {
+        let up = match up {
+            Some(up) if ex.upgraded && matches!(outcome, Outcome::Done) => {
+                return self.tunnel(ex, up).await
+            }
+            up => up,
+        };
         self.ubuf.clear();
         self.out.clear();
-        let up = self.up.take();
-        let outcome = match outcome {
-            Outcome::Retry(e) => {
-                Outcome::BeforeHead(Failure::UpstreamClosed, format!("writing upstream: {e}"))
-            }
-            o => o,
-        };
-        match outcome {
+        let (kind, msg) = match outcome {
             Outcome::Done => {
                 let req_done = ex.req.done() && ex.req_ready == 0 && !ex.req_abandoned;
                 self.linger |= !req_done;
-                if let Some(up) = up {
-                    if ex.up_reusable && req_done {
-                        self.pool.checkin(up);
-                    }
+                if let (Some(up), true) = (up, ex.up_reusable && req_done) {
+                    self.pool.checkin(up);
                 }
-                if let Some(p) = ex.pending.take() {
-                    // Answered before the whole request body went upstream: the record says so.
-                    p.end((!req_done).then_some(Failure::BodyUnsent), false);
-                }
-                ex.keep_client && req_done && self.drain.borrow().is_none()
+                // Answered before the whole request body went upstream: the record says so.
+                ex.pending
+                    .end((!req_done).then_some(Failure::BodyUnsent), false);
+                return ex.keep_client && req_done && self.drain.borrow().is_none();
             }
             Outcome::Cancelled => {
                 drop(up);
-                if let Some(p) = ex.pending.take() {
-                    p.end(None, true);
-                }
-                false
+                ex.pending.end(None, true);
+                return false;
             }
             Outcome::Cut(kind) => {
                 drop(up);
-                if let Some(p) = ex.pending.take() {
-                    p.end(Some(kind), false);
-                }
-                false
+                ex.pending.end(Some(kind), false);
+                return false;
             }
-            Outcome::Retry(_) => false, // made a BeforeHead above
-            Outcome::BeforeHead(kind, msg) => {
-                drop(up);
-                if kind.is_upstream_fault() {
-                    tracing::warn!("upstream request failed ({kind}): {msg}");
-                }
-                // The record still wants the prompt: read the rest of the body (capped, briefly).
-                let body_read = self.read_for_record(&mut ex).await;
-                self.linger |= !body_read;
-                if let Some(p) = ex.pending.take() {
-                    p.end(Some(kind), false);
-                }
-                let (status, reason) = kind.status();
-                let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
-                let body = error_json(status, kind.as_str(), &msg);
-                self.out.clear();
-                write_error_head(&mut self.out, status, reason, body.len(), !keep);
-                self.out.extend_from_slice(body.as_bytes());
-                let w =
-                    tokio::time::timeout(Duration::from_secs(10), self.client.write_all(&self.out));
-                let ok = matches!(w.await, Ok(Ok(())));
-                self.out.clear();
-                keep && ok
+            Outcome::Retry => {
+                let msg = "writing upstream: the upstream connection was closed";
+                (Failure::UpstreamClosed, msg.into())
             }
+            Outcome::BeforeHead(kind, msg) => (kind, msg),
+        };
+        drop(up);
+        if kind.is_upstream_fault() {
+            tracing::warn!("upstream request failed ({kind}): {msg}");
         }
+        // The record still wants the prompt: read the rest of the body (capped, briefly).
+        let body_read = self.read_for_record(&mut ex).await;
+        self.linger |= !body_read;
+        ex.pending.end(Some(kind), false);
+        let (status, reason) = kind.status();
+        let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
+        let wait = Duration::from_secs(10);
+        let ok = self
+            .answer_error(status, reason, kind.as_str(), &msg, keep, wait)
+            .await;
+        keep && ok
+    }
+
+    /// Writes a JSON error response within `wait` (with `connection: close` unless `keep`);
+    /// returns whether it went out.
+    async fn answer_error(
+        &mut self,
+        status: u16,
+        reason: &str,
+        kind: &str,
+        msg: &str,
+        keep: bool,
+        wait: Duration,
+    ) -> bool {
+        use std::io::Write as _;
+        let body = error_json(status, kind, msg);
+        self.out.clear();
+        let _ = write!(
+            self.out,
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        if !keep {
+            self.out.extend_from_slice(b"connection: close\r\n");
+        }
+        self.out.extend_from_slice(b"\r\n");
+        self.out.extend_from_slice(body.as_bytes());
+        let w = tokio::time::timeout(wait, self.client.write_all(&self.out));
+        let ok = matches!(w.await, Ok(Ok(())));
+        self.out.clear();
+        ok
     }
 
     /// Turns the connection into a tunnel after a 101 went to the client: what each side sent
     /// past the switch goes first, then bytes flow both ways until the tunnel ends; the upstream
     /// socket is never pooled again and the client connection ends with the tunnel.
-    async fn tunnel(&mut self, mut ex: Ex) -> bool {
-        let Some(mut up) = self.up.take() else {
-            if let Some(p) = ex.pending.take() {
-                p.end(Some(Failure::UpstreamClosed), false);
-            }
-            return false;
-        };
+    async fn tunnel(&mut self, ex: Ex, mut up: ClientStream) -> bool {
         self.out.clear();
-        let to_client = take_data(&mut self.ubuf);
-        let to_upstream = take_data(&mut self.cbuf);
-        let end = tunnel::run(
+        let to_client = std::mem::take(&mut self.ubuf);
+        let to_upstream = std::mem::take(&mut self.cbuf);
+        let how = tunnel::run(
             &mut self.client,
             &mut up,
             to_upstream,
             to_client,
-            Some(&mut self.drain),
+            &mut self.drain,
             &self.p.stats,
         )
         .await;
         drop(up);
-        if let Some(p) = ex.pending.take() {
-            tunnel::record(p, &end);
-        }
+        tunnel::record(ex.pending, how);
         false
     }
 
@@ -602,15 +500,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if ex.req.done() {
                 return true;
             }
-            if seen > self.p.capture_max || !self.cbuf.make_room(CLIENT_BUF) {
-                return false;
-            }
-            let (cbuf, client) = (&mut self.cbuf, &mut self.client);
-            match tokio::time::timeout_at(deadline, poll_fn(|cx| cbuf.poll_read_from(client, cx)))
-                .await
+            if seen > self.p.capture_max
+                || !self.cbuf.make_room(CLIENT_BUF)
+                || self.read_client_by(deadline).await.is_none()
             {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return false,
+                return false;
             }
         }
     }
@@ -621,13 +515,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let data = self.cbuf.data();
         let max = self.p.capture_max;
         let (k, decoded) = match &mut ex.req {
-            BodyState::Length(rem) => {
-                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
+            BodyState::Length(_) => {
+                let k = ex.req.take_length(data.len());
                 lock(&ex.cap).note(&data[..k], max);
-                *rem -= k as u64;
-                if *rem == 0 {
-                    ex.req = BodyState::Done;
-                }
                 (k, k)
             }
             BodyState::Chunked(d) => {
@@ -666,14 +556,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let chunked = matches!(ex.resp, BodyState::Chunked(_));
         let decoded: usize;
         let k = match &mut ex.resp {
-            BodyState::Length(rem) => {
-                let k = data.len().min(usize::try_from(*rem).unwrap_or(usize::MAX));
-                decoded = k;
-                *rem -= k as u64;
-                if *rem == 0 {
-                    ex.resp = BodyState::Done;
-                }
-                k
+            BodyState::Length(_) => {
+                decoded = ex.resp.take_length(data.len());
+                decoded
             }
             BodyState::Close => {
                 decoded = data.len();
@@ -715,7 +600,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 .stats
                 .response_bytes
                 .fetch_add(decoded as u64, Relaxed);
-            if let Some(e) = ex.exchange() {
+            if let Some(e) = ex.pending.exchange() {
                 e.note_response(at, payload, max);
             }
         }
@@ -744,20 +629,18 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Moves the exchange on until it ends or waits: each step below runs once per pass, and
     /// the pass repeats while any step made progress.
-    fn poll_exchange(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Poll<Outcome> {
+    fn poll_exchange(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Poll<Outcome> {
         loop {
-            if self.up.is_none() {
-                return Poll::Ready(Outcome::BeforeHead(
-                    Failure::UpstreamClosed,
-                    "no upstream connection".into(),
-                ));
-            }
-            let progress = match self.poll_steps(cx, ex) {
+            let progress = match self.poll_steps(cx, ex, up) {
                 Ok(p) => p,
                 Err(o) => return Poll::Ready(o),
             };
-            let sent_all = ex.cout >= self.out.len() && ex.raw_pend == 0;
-            if ex.phase == Phase::Done && sent_all && ex.head_done {
+            if ex.phase == Phase::Done && !self.client_bound(ex) && ex.head_done {
                 if let Some(f) = ex.cut {
                     return Poll::Ready(Outcome::Cut(f));
                 }
@@ -774,12 +657,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// One pass over both halves of the exchange, in order (every step runs).
-    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_steps(&mut self, cx: &mut Context<'_>, ex: &mut Ex, up: &mut ClientStream) -> Step {
         self.poll_timers(cx, ex)?;
         Ok(self.poll_request_body(cx, ex)?
-            | self.poll_send_upstream(cx, ex)?
+            | self.poll_send_upstream(cx, ex, up)?
             | self.poll_send_client(cx, ex)?
-            | self.poll_upstream(cx, ex)?
+            | self.poll_upstream(cx, ex, up)?
             | self.poll_client_gone(cx, ex)?)
     }
 
@@ -789,10 +672,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let now = tokio::time::Instant::now();
             if ex.phase == Phase::Head {
                 if now >= ex.headers_deadline {
-                    return Err(Outcome::BeforeHead(
-                        Failure::TimeoutHeaders,
-                        "upstream sent no response headers within the timeout".into(),
-                    ));
+                    let msg = common::NO_HEADERS.into();
+                    return Err(Outcome::BeforeHead(Failure::TimeoutHeaders, msg));
                 }
                 self.sleep.as_mut().reset(ex.headers_deadline);
                 continue;
@@ -800,8 +681,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if ex.total_deadline.is_some_and(|t| now >= t) {
                 return Err(Outcome::Cut(Failure::TimeoutTotal));
             }
-            let waiting_client = ex.cout < self.out.len() || ex.raw_pend > 0;
-            if waiting_client || ex.phase == Phase::Done {
+            if self.client_bound(ex) || ex.phase == Phase::Done {
                 ex.last_activity = now;
             }
             let idle_due = ex.last_activity + self.p.idle_timeout;
@@ -817,138 +697,129 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// More request body from the client (framed before the write to the upstream, so a small
     /// request goes upstream in one write with its head).
     fn poll_request_body(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
-        if ex.req_ready == 0 && !ex.req.done() && !ex.req_abandoned {
-            if self.cbuf.len() > 0 {
-                match self.frame_request(ex) {
-                    Ok(k) => {
-                        ex.req_ready = k;
-                        progress = true;
-                    }
-                    Err(e) => {
-                        if ex.phase == Phase::Head {
-                            return Err(Outcome::BeforeHead(
-                                Failure::ClientBody,
-                                format!("request body: {e}"),
-                            ));
-                        }
-                        return Err(Outcome::Cut(Failure::ClientBody));
-                    }
-                }
-            } else {
-                self.cbuf.make_room(CLIENT_BUF);
-                match self.cbuf.poll_read_from(&mut self.client, cx) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
-                    Poll::Ready(Ok(_)) => progress = true,
-                    Poll::Pending => {}
-                }
-            }
+        if ex.req_ready > 0 || ex.req.done() || ex.req_abandoned {
+            return Ok(false);
         }
-        Ok(progress)
+        if self.cbuf.len() == 0 {
+            self.cbuf.make_room(CLIENT_BUF);
+            return self.poll_client_read(cx);
+        }
+        match self.frame_request(ex) {
+            Ok(k) => {
+                ex.req_ready = k;
+                Ok(true)
+            }
+            Err(e) if ex.phase == Phase::Head => Err(Outcome::BeforeHead(
+                Failure::ClientBody,
+                format!("request body: {e}"),
+            )),
+            Err(_) => Err(Outcome::Cut(Failure::ClientBody)),
+        }
+    }
+
+    /// One read from the client: EOF or an error cancels the exchange.
+    fn poll_client_read(&mut self, cx: &mut Context<'_>) -> Step {
+        match self.cbuf.poll_read_from(&mut self.client, cx) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Err(Outcome::Cancelled),
+            Poll::Ready(Ok(_)) => Ok(true),
+            Poll::Pending => Ok(false),
+        }
     }
 
     /// Request head and framed body → upstream.
-    fn poll_send_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
-        if !ex.head_done || ex.req_ready > 0 {
-            let head: &[u8] = if ex.head_done {
-                &[]
-            } else {
-                &self.out[ex.head_sent..]
-            };
-            let body = &self.cbuf.data()[..ex.req_ready];
-            let bufs = [IoSlice::new(head), IoSlice::new(body)];
-            let Some(up) = self.up.as_mut() else {
-                return Ok(progress);
-            };
-            match Pin::new(up).poll_write_vectored(cx, &bufs) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if !ex.sent_any => {
-                    return Err(Outcome::Retry(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "the upstream connection was closed",
-                    )));
-                }
-                Poll::Ready(Ok(n)) if n > 0 => {
-                    ex.sent_any = true;
-                    progress = true;
-                    let h = n.min(head.len());
-                    let b = n - h;
-                    if !ex.head_done {
-                        ex.head_sent += h;
-                        if ex.head_sent == self.out.len() {
-                            ex.head_done = true;
-                            self.out.clear();
-                        }
-                    }
-                    if b > 0 {
-                        self.cbuf.consume(b);
-                        ex.req_ready -= b;
-                    }
-                }
-                Poll::Ready(r) => {
-                    // The upstream stopped reading, as servers do when they answer early
-                    // (an error) and close: forward no more of the request, deliver the
-                    // answer if it comes (it may be read yet, even after a reset), close
-                    // the client after. No answer is a 502 when the read fails below.
-                    if let Err(e) = r {
-                        tracing::debug!("writing the request upstream: {e}");
-                    }
-                    progress = true;
-                    ex.abandon_request();
-                    self.cbuf.consume(ex.req_ready);
-                    ex.req_ready = 0;
-                    if !ex.head_done {
+    fn poll_send_upstream(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Step {
+        if ex.head_done && ex.req_ready == 0 {
+            return Ok(false);
+        }
+        let head: &[u8] = if ex.head_done {
+            &[]
+        } else {
+            &self.out[ex.head_sent..]
+        };
+        let body = &self.cbuf.data()[..ex.req_ready];
+        let bufs = [IoSlice::new(head), IoSlice::new(body)];
+        match Pin::new(up).poll_write_vectored(cx, &bufs) {
+            // Nothing went out yet (the head is never empty).
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) if ex.head_sent == 0 => Err(Outcome::Retry),
+            Poll::Ready(Ok(n)) if n > 0 => {
+                let h = n.min(head.len());
+                let b = n - h;
+                if !ex.head_done {
+                    ex.head_sent += h;
+                    if ex.head_sent == self.out.len() {
                         ex.head_done = true;
                         self.out.clear();
                     }
                 }
-                Poll::Pending => {}
+                if b > 0 {
+                    self.cbuf.consume(b);
+                    ex.req_ready -= b;
+                }
+                Ok(true)
             }
+            Poll::Ready(r) => {
+                // The upstream stopped reading, as servers do when they answer early (an
+                // error) and close: forward no more of the request, deliver the answer if it
+                // comes (it may be read yet, even after a reset), close the client after. No
+                // answer is a 502 when the read fails below.
+                if let Err(e) = r {
+                    tracing::debug!("writing the request upstream: {e}");
+                }
+                ex.abandon_request();
+                self.cbuf.consume(ex.req_ready);
+                ex.req_ready = 0;
+                if !ex.head_done {
+                    ex.head_done = true;
+                    self.out.clear();
+                }
+                Ok(true)
+            }
+            Poll::Pending => Ok(false),
         }
-        Ok(progress)
     }
 
     /// Response bytes → client.
     fn poll_send_client(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
-        if ex.cout < self.out.len() || ex.raw_pend > 0 {
-            let a = &self.out[ex.cout..];
-            let b = &self.ubuf.data()[..ex.raw_pend];
-            let bufs = [IoSlice::new(a), IoSlice::new(b)];
-            match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
-                Poll::Ready(Ok(n)) if n > 0 => {
-                    progress = true;
-                    let h = n.min(a.len());
-                    ex.cout += h;
-                    let r = n - h;
-                    if r > 0 {
-                        self.ubuf.consume(r);
-                        ex.raw_pend -= r;
-                    }
-                    if ex.cout == self.out.len() && ex.raw_pend == 0 {
-                        self.out.clear();
-                        ex.cout = 0;
-                        if let Some(t) = ex.pend_since.take() {
-                            let now = Instant::now();
-                            self.p
-                                .stats
-                                .forward_delay
-                                .observe(now.saturating_duration_since(t));
-                            ex.last_activity = tokio::time::Instant::from_std(now);
-                        }
+        if !self.client_bound(ex) {
+            return Ok(false);
+        }
+        let a = &self.out[ex.cout..];
+        let b = &self.ubuf.data()[..ex.raw_pend];
+        let bufs = [IoSlice::new(a), IoSlice::new(b)];
+        match Pin::new(&mut self.client).poll_write_vectored(cx, &bufs) {
+            Poll::Ready(Ok(n)) if n > 0 => {
+                let h = n.min(a.len());
+                ex.cout += h;
+                let r = n - h;
+                if r > 0 {
+                    self.ubuf.consume(r);
+                    ex.raw_pend -= r;
+                }
+                if ex.cout == self.out.len() && ex.raw_pend == 0 {
+                    self.out.clear();
+                    ex.cout = 0;
+                    if let Some(t) = ex.pend_since.take() {
+                        let now = Instant::now();
+                        let delay = now.saturating_duration_since(t);
+                        self.p.stats.forward_delay.observe(delay);
+                        ex.last_activity = tokio::time::Instant::from_std(now);
                     }
                 }
-                Poll::Ready(_) => return Err(Outcome::Cancelled),
-                Poll::Pending => {}
+                Ok(true)
             }
+            Poll::Ready(_) => Err(Outcome::Cancelled),
+            Poll::Pending => Ok(false),
         }
-        Ok(progress)
     }
 
     /// Upstream → response head, body framing, reads.
-    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let idle_out = ex.cout >= self.out.len() && ex.raw_pend == 0;
-        if !ex.head_done || ex.phase == Phase::Done || !idle_out {
+    fn poll_upstream(&mut self, cx: &mut Context<'_>, ex: &mut Ex, up: &mut ClientStream) -> Step {
+        if !ex.head_done || ex.phase == Phase::Done || self.client_bound(ex) {
             return Ok(false);
         }
         if self.ubuf.len() > 0 {
@@ -965,7 +836,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 Phase::Done => return Ok(false),
             }
         }
-        self.poll_upstream_read(cx, ex)
+        self.poll_upstream_read(cx, ex, up)
     }
 
     /// Parses a response head at the front of the upstream buffer (rewritten into `out`);
@@ -987,7 +858,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         // A 101 (only accepted when asked for) is final: the connection switches protocols
         // after it.
         let interim = (100..200).contains(&h.status) && h.status != 101;
-        if let (false, Some(at), Some(e)) = (interim, h.content_type_at.clone(), ex.exchange()) {
+        if let (false, Some(at), Some(e)) =
+            (interim, h.content_type_at.clone(), ex.pending.exchange())
+        {
             // Copied before the head leaves the buffer.
             let v = self.ubuf.data().get(at).unwrap_or_default();
             e.content_type.push_str(&String::from_utf8_lossy(v));
@@ -1010,7 +883,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// Reads from the upstream into its buffer (the head may grow it up to the head limit).
-    fn poll_upstream_read(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
+    fn poll_upstream_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Ex,
+        up: &mut ClientStream,
+    ) -> Step {
         let limit = if ex.phase == Phase::Head {
             h1wire::MAX_HEAD + 1
         } else {
@@ -1020,9 +898,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let msg = common::HEAD_TOO_LARGE.into();
             return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
         }
-        let Some(up) = self.up.as_mut() else {
-            return Ok(false);
-        };
         match self.ubuf.poll_read_from(up, cx) {
             Poll::Ready(Ok(n)) if n > 0 => {
                 ex.last_read = Instant::now();
@@ -1055,18 +930,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// The client's read side while the response streams: EOF or reset cancels; bytes of a
     /// pipelined next request are kept.
     fn poll_client_gone(&mut self, cx: &mut Context<'_>, ex: &mut Ex) -> Step {
-        let mut progress = false;
         if (ex.req.done() || ex.req_abandoned)
             && ex.phase != Phase::Done
             && self.cbuf.v.len() < self.cbuf.v.capacity()
         {
-            match self.cbuf.poll_read_from(&mut self.client, cx) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Outcome::Cancelled),
-                Poll::Ready(Ok(_)) => progress = true,
-                Poll::Pending => {}
-            }
+            return self.poll_client_read(cx);
         }
-        Ok(progress)
+        Ok(false)
     }
 
     /// The final response head arrived (already rewritten into `out`).
@@ -1076,7 +946,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         // the tunnel (the head has no body, so the exchange is done once the head is out).
         ex.upgraded = h.status == 101;
         self.p.stats.headers_latency.observe(after);
-        if let Some(e) = ex.exchange() {
+        if let Some(e) = ex.pending.exchange() {
             e.status = h.status;
             e.headers_after = Some(after);
         }
@@ -1096,6 +966,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
             self.arm_by(next);
         }
+    }
+
+    /// Whether response bytes wait for the client (in `out`, or raw in the upstream buffer).
+    fn client_bound(&self, ex: &Ex) -> bool {
+        ex.cout < self.out.len() || ex.raw_pend > 0
     }
 
     /// Makes the timer fire no later than `deadline`. A timer already due earlier is left as
@@ -1122,24 +997,4 @@ impl Ex {
         o.close |= !self.keep_client || drain.borrow().is_some();
         o
     }
-}
-
-/// The unread bytes of a buffer, as a vector (its allocation reused); the buffer is left empty.
-fn take_data(b: &mut Buf) -> Vec<u8> {
-    let mut v = std::mem::take(&mut b.v);
-    v.drain(..b.start.min(v.len()));
-    b.start = 0;
-    v
-}
-
-fn write_error_head(out: &mut Vec<u8>, status: u16, reason: &str, len: usize, close: bool) {
-    use std::io::Write as _;
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n"
-    );
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }

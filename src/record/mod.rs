@@ -1,25 +1,9 @@
-//! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server.
-//!
-//! Clients talk to the proxy as they would to the server; every request is forwarded with its
-//! bytes untouched and every response chunk is passed on the moment it arrives, while body taps
-//! note timing, lengths and copies of the bytes (capped) for a writer thread that builds native trace
-//! records off the forwarding path. Module map:
-//! - `server`: accept loop, HTTP/1.1 + HTTP/2, TLS termination, graceful drain;
-//! - `h1` + `rawpool` (+ the pure leaf [`crate::h1wire`]): retrace's own HTTP/1.1 forwarding
-//!   loop, for HTTP/1.1 clients of an HTTP/1.1 upstream;
-//! - `proxy`: hyper's path, for HTTP/2 clients and HTTP/2 upstreams;
-//! - `common` + `failure`: what both paths share (settings, hop-by-hop rules, deadlines,
-//!   failure kinds, JSON errors);
-//! - `upstream`: dialing (plain/TLS) and hyper-util's pooling client;
-//! - `tap`: body wrappers (invariant 1: forward untouched, note only);
-//! - `extract` + `prompt` (+ the pure leaves [`crate::sse`], [`crate::chunkmemo`]): exchange → trace
-//!   record (parsing, tokenizing, hashing), pure;
-//! - `writer`: bounded queue, trace files, rotation, durability;
-//! - `stats` + `admin`: counters and `/metrics`, `/healthz`.
-//!
-//! [`run`] takes an already-bound listener and a shutdown future (invariant 6).
+//! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server
+//! (module map in ARCHITECTURE.md, behaviour in docs/record.md). [`run`] takes an already-bound
+//! listener and a shutdown future (invariant 6).
 
 pub mod admin;
+mod buf;
 pub mod common;
 pub mod extract;
 pub mod failure;
@@ -86,94 +70,93 @@ pub struct RecordConfig {
 }
 
 impl RecordConfig {
-    /// Defaults suited to LLM serving for an upstream and output directory.
+    /// The command line's defaults for an upstream and output directory, the admin endpoint off.
     pub fn new(upstream: &str, out_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
-        Ok(RecordConfig {
-            upstream: parse_upstream(upstream)?,
-            out_dir: out_dir.into(),
-            name: "retrace".into(),
-            tls: None,
-            upstream_ca: None,
-            upstream_http2: false,
-            connect_timeout: Duration::from_secs(10),
-            headers_timeout: Duration::from_secs(900),
-            idle_timeout: Duration::from_secs(300),
-            total_timeout: None,
-            drain_timeout: Duration::from_secs(30),
-            bodies: Bodies::None,
-            hash_key: None,
-            tokenizer: None,
-            block_size: 512,
-            queue: 65_536,
-            queue_bytes: 512 << 20,
-            capture_max: 16 << 20,
-            rotate_bytes: 256 << 20,
-            rotate_every: Duration::from_secs(3600),
-            flush_every: Duration::from_secs(1),
-            admin: None,
-            io_threads: 0,
-        })
+        use clap::{Args as _, FromArgMatches as _};
+        let cmd = crate::cli::RecordArgs::augment_args(clap::Command::new("record"));
+        let argv = [
+            "record",
+            "--listen=-",
+            "--upstream=-",
+            "--out=-",
+            "--admin=none",
+        ];
+        let mut a = crate::cli::RecordArgs::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
+        a.upstream = upstream.into();
+        a.out = out_dir.into();
+        Self::from_args(&a)
     }
 
     /// Builds the config from the command line; errors name the flag.
     pub fn from_args(a: &crate::cli::RecordArgs) -> anyhow::Result<Self> {
-        let mut c = RecordConfig::new(&a.upstream, &a.out).context("--upstream")?;
-        c.name = a.name.clone();
-        if c.name.is_empty() || c.name.contains(['/', '\\']) {
+        let upstream = parse_upstream(&a.upstream)?;
+        if a.name.is_empty() || a.name.contains(['/', '\\']) {
             bail!("--name {:?}: must be a plain file name prefix", a.name);
         }
-        c.tls = match (&a.tls_cert, &a.tls_key) {
+        let tls = match (&a.tls_cert, &a.tls_key) {
             (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together"),
         };
-        c.upstream_ca = a.upstream_ca.clone();
-        c.upstream_http2 = a.upstream_http2;
-        c.connect_timeout = parse_duration(&a.connect_timeout).context("--connect-timeout")?;
-        c.headers_timeout = parse_duration(&a.headers_timeout).context("--headers-timeout")?;
-        c.idle_timeout = parse_duration(&a.idle_timeout).context("--idle-timeout")?;
-        c.total_timeout = match a.total_timeout.as_deref() {
+        let total_timeout = match a.total_timeout.as_deref() {
             None | Some("none") | Some("off") => None,
             Some(s) => Some(parse_duration(s).context("--total-timeout")?),
         };
-        c.drain_timeout = parse_duration(&a.drain_timeout).context("--drain-timeout")?;
-        c.bodies = match a.bodies.as_str() {
+        let bodies = match a.bodies.as_str() {
             "none" => Bodies::None,
             "request" => Bodies::Request,
             "full" => Bodies::Full,
             other => bail!("--bodies {other:?}: expected none, request or full"),
         };
-        if let Some(p) = &a.hash_key_file {
-            let mut k =
-                std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
-            while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
-                k.pop();
-            }
-            if k.is_empty() {
-                bail!("--hash-key-file {}: the key is empty", p.display());
-            }
-            c.hash_key = Some(k);
-        }
-        c.tokenizer = a.tokenizer.clone();
-        c.io_threads = a.io_threads;
+        let hash_key = a.hash_key_file.as_deref().map(read_hash_key).transpose()?;
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
-        c.block_size = a.block_size;
-        c.queue = a.queue.max(1);
-        c.queue_bytes = parse_size(&a.queue_bytes).context("--queue-bytes")?;
-        c.capture_max = parse_size(&a.capture_max).context("--capture-max")? as usize;
-        c.rotate_bytes = parse_size(&a.rotate_size).context("--rotate-size")?;
-        c.rotate_every = parse_duration(&a.rotate_interval).context("--rotate-interval")?;
-        c.admin = match a.admin.as_str() {
+        let admin = match a.admin.as_str() {
             "none" | "off" => None,
             s => Some(
                 s.parse()
                     .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
             ),
         };
-        Ok(c)
+        Ok(RecordConfig {
+            upstream,
+            out_dir: a.out.clone(),
+            name: a.name.clone(),
+            tls,
+            upstream_ca: a.upstream_ca.clone(),
+            upstream_http2: a.upstream_http2,
+            connect_timeout: parse_duration(&a.connect_timeout).context("--connect-timeout")?,
+            headers_timeout: parse_duration(&a.headers_timeout).context("--headers-timeout")?,
+            idle_timeout: parse_duration(&a.idle_timeout).context("--idle-timeout")?,
+            total_timeout,
+            drain_timeout: parse_duration(&a.drain_timeout).context("--drain-timeout")?,
+            bodies,
+            hash_key,
+            tokenizer: a.tokenizer.clone(),
+            block_size: a.block_size,
+            queue: a.queue.max(1),
+            queue_bytes: parse_size(&a.queue_bytes).context("--queue-bytes")?,
+            capture_max: parse_size(&a.capture_max).context("--capture-max")? as usize,
+            rotate_bytes: parse_size(&a.rotate_size).context("--rotate-size")?,
+            rotate_every: parse_duration(&a.rotate_interval).context("--rotate-interval")?,
+            flush_every: Duration::from_secs(1),
+            admin,
+            io_threads: a.io_threads,
+        })
     }
+}
+
+/// The `--hash-key-file` key: the file's bytes, trailing whitespace cut.
+fn read_hash_key(p: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let mut k = std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
+    while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        k.pop();
+    }
+    if k.is_empty() {
+        bail!("--hash-key-file {}: the key is empty", p.display());
+    }
+    Ok(k)
 }
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
@@ -181,40 +164,24 @@ fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
     crate::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
-        .with_context(|| format!("{s:?} is not a URL (expected http://host:port)"))?;
+        .with_context(|| format!("--upstream {s:?} is not a URL (expected http://host:port)"))?;
     match u.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => bail!("{s:?}: the scheme must be http or https"),
+        _ => bail!("--upstream {s:?}: the scheme must be http or https"),
     }
     if u.authority().is_none() {
-        bail!("{s:?}: no host");
+        bail!("--upstream {s:?}: no host");
     }
     if u.query().is_some() {
-        bail!("{s:?}: an upstream URL takes no query");
+        bail!("--upstream {s:?}: an upstream URL takes no query");
     }
     Ok(u)
 }
 
 /// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
 pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let t = s.trim();
-    let (num, unit) = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map_or((t, "s"), |i| (&t[..i], t[i..].trim()));
-    let v: f64 = num
-        .parse()
-        .with_context(|| format!("{s:?} is not a duration (like 500ms, 10s, 5m, 1h)"))?;
-    let secs = match unit {
-        "ms" => v / 1000.0,
-        "s" | "" => v,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => bail!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)"),
-    };
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        bail!("{s:?} is out of range");
-    }
-    Ok(Duration::from_secs_f64(secs))
+    let us = crate::trace::filter::parse_duration_us(s).map_err(anyhow::Error::msg)?;
+    Ok(Duration::from_micros(us))
 }
 
 /// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
@@ -283,21 +250,22 @@ pub async fn run_with_admin(
         pool_idle: Duration::from_secs(90),
     };
     // Fail early on a bad CA file or output directory, before anything is served.
-    upstream::connector(&upstream_opts)?;
+    let connector = upstream::connector(&upstream_opts)?;
     writer::check_dir(&cfg.out_dir).with_context(|| {
         format!(
             "--out {}: trace files cannot be written there",
             cfg.out_dir.display()
         )
     })?;
-    let tls = match &cfg.tls {
-        Some((c, k)) => Some(server::tls_acceptor(c, k)?),
-        None => None,
-    };
-    let tokenizer = match &cfg.tokenizer {
-        Some(p) => prompt::TextTokenizer::from_file(p)?,
-        None => prompt::TextTokenizer::Approx,
-    };
+    let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
+    let tls = tls.transpose()?;
+    let tokenizer = cfg
+        .tokenizer
+        .as_deref()
+        .map(prompt::TextTokenizer::from_file);
+    let tokenizer = tokenizer
+        .transpose()?
+        .unwrap_or(prompt::TextTokenizer::Approx);
     let hasher = match &cfg.hash_key {
         Some(k) => crate::trace::hash::BlockHasher::hmac(k),
         None => crate::trace::hash::BlockHasher::xxh3(),
@@ -376,10 +344,9 @@ pub async fn run_with_admin(
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.
-        let raw = (!cfg.upstream_http2)
-            .then(|| upstream::connector(&upstream_opts))
-            .transpose()?
-            .map(|c| rawpool::RawPool::new(c, dst.clone(), upstream_opts.pool_idle));
+        let raw = (!cfg.upstream_http2).then(|| {
+            rawpool::RawPool::new(connector.clone(), dst.clone(), upstream_opts.pool_idle)
+        });
         proxies.push(Arc::new(common::Proxy {
             recorder: recorder.clone(),
             stats: stats.clone(),
@@ -399,23 +366,17 @@ pub async fn run_with_admin(
     }
     drop(recorder);
 
-    let (stop_admin_tx, stop_admin_rx) = tokio::sync::oneshot::channel::<()>();
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
-    let admin_task = admin.map(|l| {
-        let stats = stats.clone();
-        tokio::spawn(admin::serve(l, stats, async move {
-            let _ = stop_admin_rx.await;
-        }))
-    });
+    let admin_task = admin.map(|l| tokio::spawn(admin::serve(l, stats.clone())));
     eprintln!("{}", start_line(&listener, admin_addr, &cfg));
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    let report = tokio::task::spawn_blocking(move || writer.close())
+    let files = tokio::task::spawn_blocking(move || writer.close())
         .await
         .unwrap_or_default();
-    let _ = stop_admin_tx.send(());
     if let Some(t) = admin_task {
+        t.abort();
         let _ = t.await;
     }
     Ok(RecordStats {
@@ -424,7 +385,7 @@ pub async fn run_with_admin(
         records_dropped: stats.records_dropped.load(Relaxed),
         records_lost_io: stats.records_lost_io.load(Relaxed),
         write_errors: stats.write_errors.load(Relaxed),
-        files: report.files,
+        files,
         drained,
     })
 }

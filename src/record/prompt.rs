@@ -1,38 +1,18 @@
-//! Prompt → token ids for block hashing, exact where possible, a documented approximation otherwise.
-//!
-//! * `/v1/completions` with a token-id prompt: the ids as sent (exact).
-//! * A text prompt with `--tokenizer tokenizer.json`: the Hugging Face tokenizer's ids with special
-//!   tokens added, as vLLM does for completions (exact for the same tokenizer).
-//! * Chat messages: each message is rendered canonically — `<|role|>\n` + content + `\n`, where
-//!   content is the string itself or, for structured content, JSON with sorted keys, followed by the
-//!   message's other fields (`name`, `tool_calls`, ...) as sorted-key JSON — and messages are
-//!   tokenized one by one and concatenated. A conversation that extends an earlier one therefore
-//!   starts with the same tokens and shares its block hashes. The server's chat template adds tokens
-//!   we cannot see, so chat lengths are approximate even with a tokenizer.
-//! * Without a tokenizer, text is cut into pseudo-tokens of 4 UTF-8 bytes (each message padded to a
-//!   multiple of 4 so message boundaries stay aligned): about one token per 4 bytes of English.
-//!
-//! Whether the result is exact is returned so the caller can prefer the server's `usage` for the
-//! input length. This module does not hash and does no I/O after loading the tokenizer.
+//! Prompt → token ids for block hashing: exact for token-id prompts and for text with
+//! `--tokenizer`, else 4 bytes a pseudo-token; chat messages rendered canonically one by one, so a
+//! conversation that extends an earlier one shares its block hashes (docs/record.md, "What a
+//! record holds"). Whether the ids are exact is returned, so the caller can prefer `usage`.
 
 use crate::openai::{Prompt, RequestInfo};
 use serde_json::Value;
 
 /// How text becomes tokens.
+#[derive(Debug)]
 pub enum TextTokenizer {
     /// 4 bytes per pseudo-token.
     Approx,
     /// A Hugging Face `tokenizer.json`.
     Hf(Box<tokenizers::Tokenizer>),
-}
-
-impl std::fmt::Debug for TextTokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TextTokenizer::Approx => f.write_str("Approx"),
-            TextTokenizer::Hf(_) => f.write_str("Hf(..)"),
-        }
-    }
 }
 
 /// The tokens of a prompt and whether they are what the server sees.

@@ -1,31 +1,20 @@
-//! hyper's path: forwarding one exchange of an HTTP/2 client, or of any client when the
-//! upstream speaks HTTP/2 (`--upstream-http2`). HTTP/1.1 clients of an HTTP/1.1 upstream go
-//! through `h1` instead.
-//!
-//! Every method and path is forwarded to the upstream's scheme and authority (with its base path
-//! prepended) through hyper-util's pooling client (HTTP/1.1 or HTTP/2 to the upstream). The rules
-//! both paths share come from `common`: hop-by-hop headers removed both ways (and
-//! `Content-Length` beside `Transfer-Encoding`), a response head over
-//! [`common::MAX_RESPONSE_HEAD`] refused with a 502, errors before the response head answered as
-//! OpenAI-style JSON with the [`Failure`]'s status and recorded with its kind. A request that
-//! reached no upstream has the rest of its body read for the record (≤ 2 s). No protocol switch
-//! happens here (extended CONNECT is not supported and an HTTP/2 upstream cannot grant one), so
-//! `Upgrade` stays hop-by-hop and a 101 is a 502. This module does not accept connections (see
-//! `server`) and does not parse bodies.
+//! The HTTP/2 engine (hyper): one exchange of an HTTP/2 client, or of any client of an HTTP/2
+//! upstream (`--upstream-http2`), forwarded through hyper-util's pooling client with the rules of
+//! `common`. No protocol switch happens here, so `Upgrade` stays hop-by-hop and a 101 is a 502.
 
 use super::common::{self, classify, describe, error_json, Proxy};
 use super::failure::Failure;
-use super::tap::{Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
+use super::tap::{lock, Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
 use super::timing::WriteClock;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
     let body = error_json(status, kind, msg);
-    let mut r = Response::new(ProxyBody::full(body));
+    let mut r = Response::new(ProxyBody::Right(body.into()));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -36,7 +25,7 @@ fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
 
 /// Finishes an exchange that got no usable response head and answers the client.
 fn fail(pending: Pending, f: Failure, msg: &str) -> Response<ProxyBody> {
-    pending.finish(Some(f));
+    pending.end(Some(f), false);
     error_response(f.status().0, f.as_str(), msg)
 }
 
@@ -57,16 +46,10 @@ async fn read_for_record(mut body: RequestTap, max: usize) {
 
 /// Whether hyper gave up because of the client's request body (it broke off or failed).
 fn user_body(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut src = Some(e);
-    while let Some(s) = src {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_user() || h.is_body_write_aborted() {
-                return true;
-            }
-        }
-        src = s.source();
-    }
-    false
+    common::chain(e).any(|s| {
+        let h = s.downcast_ref::<hyper::Error>();
+        h.is_some_and(|h| h.is_user() || h.is_body_write_aborted())
+    })
 }
 
 /// The upstream request target (absolute: the pooling client takes origin-form from it).
@@ -83,37 +66,29 @@ fn target(p: &Proxy, pq: &str) -> Result<Uri, http::Error> {
 pub async fn handle(
     p: Arc<Proxy>,
     req: Request<Incoming>,
-    client: Option<Arc<WriteClock>>,
+    client: Arc<WriteClock>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let arrival = tokio::time::Instant::now();
     p.stats
         .requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
-    if let Some((status, kind, msg)) = common::refused(&parts.headers, &p.via) {
-        return Ok(error_response(status, kind, msg));
+    if let Some(e) = common::refused(&parts.headers, &p.via) {
+        return Ok(error_response(e.status(), common::refusal(e).0, e.reason()));
     }
     let pq = parts
         .uri
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let mut ex = p
+    let ex = p
         .recorder
         .exchange(arrival.into_std(), parts.method.as_str(), &pq);
-    // The exchange's (reused) capture buffer goes to the request tap and comes back at the end.
-    let cap = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
-    let mut pending = Pending::new(
-        ex,
-        cap.clone(),
-        p.recorder.clone(),
-        p.stats.clone(),
-        p.capture_max,
-    );
+    let (mut pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
     let uri = match target(&p, &pq) {
         Ok(u) => u,
         Err(e) => {
-            pending.finish(Some(Failure::Other));
+            pending.end(Some(Failure::Other), false);
             let msg = format!("cannot forward {pq:?}: {e}");
             return Ok(error_response(400, "bad_request", &msg));
         }
@@ -129,14 +104,18 @@ pub async fn handle(
         Version::HTTP_11
     };
     let unsent = Unsent::default();
-    let tap = RequestTap::new(body, cap.clone(), p.capture_max, p.stats.clone())
-        .keep_unsent(unsent.clone());
+    let tap = RequestTap::new(
+        body,
+        cap.clone(),
+        p.capture_max,
+        p.stats.clone(),
+        Some(unsent.clone()),
+    );
     let up = Request::from_parts(parts, tap);
     let (headers_deadline, total_deadline) = p.deadlines(arrival);
     let resp = match tokio::time::timeout_at(headers_deadline, p.client.request(up)).await {
         Err(_) => {
-            let msg = "upstream sent no response headers within the timeout";
-            return Ok(fail(pending, Failure::TimeoutHeaders, msg));
+            return Ok(fail(pending, Failure::TimeoutHeaders, common::NO_HEADERS));
         }
         Ok(Err(e)) => {
             let f = classify(e.is_connect(), user_body(&e), &e);
@@ -144,8 +123,9 @@ pub async fn handle(
             if f.is_upstream_fault() {
                 tracing::warn!("upstream request failed ({f}): {msg}");
             }
-            if let Some(body) = unsent.take() {
-                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone());
+            let left = lock(&unsent).take();
+            if let Some(body) = left {
+                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone(), None);
                 read_for_record(tap, p.capture_max).await;
             }
             return Ok(fail(pending, f, &format!("upstream: {msg}")));
@@ -179,5 +159,5 @@ pub async fn handle(
     }
     common::strip_hop_by_hop(&mut parts.headers);
     let tap = ResponseTap::new(body, pending, p.idle_timeout, total_deadline, client);
-    Ok(Response::from_parts(parts, ProxyBody::Tap(tap)))
+    Ok(Response::from_parts(parts, ProxyBody::Left(tap)))
 }

@@ -1,16 +1,9 @@
-//! Raw HTTP/1.1 upstream connections for retrace's own forwarding loop (`h1`), pooled per I/O thread.
-//!
-//! A [`RawPool`] holds idle keep-alive sockets (plain TCP or rustls) to the one upstream, most
-//! recently used first, with no buffers or tasks attached: the client connection that borrows one
-//! reads and writes it directly. [`RawPool::checkout`] skips sockets idle longer than the idle
-//! timeout and sockets the upstream has closed meanwhile (a non-blocking read probe, which costs
-//! no system call unless the reactor saw the socket become readable), and [`RawPool::reap`],
-//! called every second on the pool's I/O thread, drops them while no request comes (an upstream
-//! that closes idle connections leaves none in CLOSE-WAIT); [`RawPool::connect`] dials
-//! through [`super::upstream::Connector`] (connect timeout, TCP_NODELAY, TLS). A connection goes
-//! back with [`RawPool::checkin`] only after a response that ended cleanly with nothing left
-//! unread. This module does not parse HTTP (see `h1wire`) or know about recording.
+//! Idle upstream sockets of the `h1` engine, pooled per I/O thread, most recently used first and
+//! with no buffers or tasks attached. Sockets idle past the idle timeout or closed by the
+//! upstream (a non-blocking read probe) are skipped at checkout and reaped every second, so none
+//! stay in CLOSE-WAIT; a socket comes back only after a response that ended cleanly.
 
+use super::tap::{lock, BoxError};
 use super::upstream::Connector;
 use crate::netio::ClientStream;
 use http::Uri;
@@ -18,8 +11,6 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service as _;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Idle upstream sockets of one I/O thread.
 pub struct RawPool {
@@ -40,13 +31,9 @@ impl RawPool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(ClientStream, Instant)>> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The most recently used idle socket that is still open, if any.
     pub fn checkout(&self) -> Option<ClientStream> {
-        let mut idle = self.lock();
+        let mut idle = lock(&self.idle);
         let now = Instant::now();
         while idle
             .front()
@@ -66,13 +53,12 @@ impl RawPool {
     pub fn reap(&self) {
         let now = Instant::now();
         let fresh = |since: &Instant| now.duration_since(*since) <= self.idle_timeout;
-        self.lock()
-            .retain_mut(|(up, since)| fresh(since) && !up.is_closed());
+        lock(&self.idle).retain_mut(|(up, since)| fresh(since) && !up.is_closed());
     }
 
     /// Gives back a socket whose last response ended cleanly.
     pub fn checkin(&self, up: ClientStream) {
-        self.lock().push_back((up, Instant::now()));
+        lock(&self.idle).push_back((up, Instant::now()));
     }
 
     /// Dials a new socket (connect timeout and TLS as configured).

@@ -1,17 +1,8 @@
-//! Accepting client connections: HTTP/1.1 and HTTP/2 (h2c by preface, or ALPN over TLS).
-//!
-//! Takes an already-bound listener (invariant 6); with `--tls-cert/--tls-key` the TLS handshake
-//! (rustls, ALPN `h2` then `http/1.1`) comes first. One engine per protocol: with an HTTP/1.1
-//! upstream, HTTP/1.1 clients — plain connections that do not open with the HTTP/2 preface, TLS
-//! connections that negotiated `http/1.1` or no ALPN — are served by retrace's own loop (`h1`);
-//! HTTP/2 clients (h2c prior knowledge, ALPN `h2`), and every client of an HTTP/2 upstream, by
-//! hyper (`proxy`). When the shutdown future resolves it stops accepting, asks hyper's
-//! connections to finish gracefully (HTTP/1 keep-alive off, HTTP/2 GOAWAY) and waits for
-//! in-flight exchanges up to the drain timeout. The own loop's connections drain through a watch
-//! channel (idle ones close at once, busy ones after their exchange) that the drain waits on
-//! too; upgraded tunnels (`tunnel`) hold a receiver of that channel as well and are cut just
-//! before the drain deadline. Connections are served on a fixed set of single-threaded I/O
-//! runtimes (thread per core, like nginx's workers). It does not forward requests itself.
+//! Accepting client connections and choosing the engine (docs/record.md, "Forwarding"): TLS
+//! first with `--tls-cert/--tls-key` (ALPN `h2`, `http/1.1`); HTTP/1.1 clients of an HTTP/1.1
+//! upstream go to `h1`, HTTP/2 clients (h2c preface, ALPN `h2`) and every client of an HTTP/2
+//! upstream to hyper (`proxy`). Connections are dealt to single-threaded I/O runtimes; on
+//! shutdown it stops accepting and drains for at most the drain timeout.
 
 use super::common::{Drain, Proxy};
 use super::timing::{WriteClock, WriteStamped};
@@ -23,11 +14,9 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -74,11 +63,6 @@ struct Conn {
     drain: Drain,
 }
 
-/// How long before the drain deadline tunnels are cut.
-fn tunnel_cut_margin(drain: Duration) -> Duration {
-    (drain / 10).min(Duration::from_millis(100))
-}
-
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Reads the first bytes of a plain connection: whether they are the HTTP/2 preface (h2c with
@@ -99,66 +83,9 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<(bool, Vec<u8
     }
 }
 
-/// A connection whose first bytes were already read: they are read again first.
-struct Prefixed<T> {
-    pre: Vec<u8>,
-    pos: usize,
-    inner: T,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.pos < this.pre.len() {
-            let n = (this.pre.len() - this.pos).min(buf.remaining());
-            buf.put_slice(&this.pre[this.pos..this.pos + n]);
-            this.pos += n;
-            if this.pos == this.pre.len() {
-                this.pre = Vec::new();
-                this.pos = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-/// Serves until `shutdown` resolves, then drains for at most `drain`. Returns whether every
-/// connection finished within the drain timeout.
-///
-/// Connections are accepted here and dealt round-robin to one single-threaded runtime per entry
-/// of `proxies` (each with its own upstream pool), so a connection, its upstream connection and
-/// its body taps live on one thread: no work stealing and no cross-thread wake-ups per chunk.
+/// Serves until `shutdown` resolves, then drains for at most `drain`; returns whether every
+/// connection finished in time. Connections are dealt round-robin to one single-threaded
+/// runtime per entry of `proxies`, so a connection and its upstream socket share a thread.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -176,27 +103,18 @@ pub async fn serve(
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (builder, tls) = (builder.clone(), tls.clone());
+        let thread = Arc::new(Thread {
+            builder: builder.clone(),
+            proxy,
+            tls: tls.clone(),
+        });
         let join = std::thread::Builder::new()
             .name(format!("retrace-io-{k}"))
             .spawn(move || {
                 rt.block_on(async move {
-                    tokio::spawn(reap_idle(proxy.clone()));
+                    tokio::spawn(reap_idle(thread.proxy.clone()));
                     while let Some(c) = rx.recv().await {
-                        match tokio::net::TcpStream::from_std(c.tcp) {
-                            Ok(tcp) => {
-                                tokio::spawn(serve_conn(
-                                    tcp,
-                                    c.peer,
-                                    c.watcher,
-                                    c.drain,
-                                    builder.clone(),
-                                    proxy.clone(),
-                                    tls.clone(),
-                                ));
-                            }
-                            Err(e) => tracing::warn!("connection from {}: {e}", c.peer),
-                        }
+                        tokio::spawn(serve_conn(c, thread.clone()));
                     }
                 });
                 // Dropping the runtime drops connections still open after the drain; their taps
@@ -242,9 +160,9 @@ pub async fn serve(
     }
     drop(listener);
     drop(drain_rx);
-    drain_tx.send_replace(Some(
-        tokio::time::Instant::now() + drain - tunnel_cut_margin(drain),
-    ));
+    // Tunnels are cut a tenth of the drain timeout (at most 100 ms) before its end.
+    let cut_margin = (drain / 10).min(Duration::from_millis(100));
+    drain_tx.send_replace(Some(tokio::time::Instant::now() + drain - cut_margin));
     let drained = tokio::time::timeout(drain, async {
         graceful.shutdown().await;
         drain_tx.closed().await;
@@ -282,17 +200,27 @@ async fn reap_idle(proxy: Arc<Proxy>) {
     }
 }
 
-async fn serve_conn(
-    mut tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    watcher: Watcher,
-    drain: Drain,
+/// What every connection of one I/O thread is served with.
+struct Thread {
     builder: Builder<TokioExecutor>,
     proxy: Arc<Proxy>,
     tls: Option<TlsAcceptor>,
-) {
+}
+
+async fn serve_conn(c: Conn, thread: Arc<Thread>) {
+    let Conn {
+        tcp,
+        peer,
+        watcher,
+        drain,
+    } = c;
+    let mut tcp = match tokio::net::TcpStream::from_std(tcp) {
+        Ok(tcp) => tcp,
+        Err(e) => return tracing::warn!("connection from {peer}: {e}"),
+    };
+    let (builder, proxy) = (&thread.builder, thread.proxy.clone());
     let own = proxy.raw.is_some();
-    let res = match tls {
+    let res = match thread.tls.clone() {
         None if own => {
             // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
             let sniffed = tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await;
@@ -300,14 +228,14 @@ async fn serve_conn(
             if !h2 {
                 return super::h1::serve(tcp, pre, proxy, drain).await;
             }
-            let io = Prefixed {
-                pre,
-                pos: 0,
-                inner: tcp,
-            };
-            serve_hyper(io, watcher, &builder, proxy).await
+            // The bytes read while sniffing are read again first.
+            let mut pre = std::io::Cursor::new(pre);
+            pre.get_mut().shrink_to_fit();
+            let (r, w) = tokio::io::split(tcp);
+            let io = tokio::io::join(pre.chain(r), w);
+            serve_hyper(io, watcher, builder, proxy).await
         }
-        None => serve_hyper(tcp, watcher, &builder, proxy).await,
+        None => serve_hyper(tcp, watcher, builder, proxy).await,
         Some(acc) => {
             let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
                 Ok(Ok(s)) => s,
@@ -323,7 +251,7 @@ async fn serve_conn(
             if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return super::h1::serve(s, Vec::new(), proxy, drain).await;
             }
-            serve_hyper(s, watcher, &builder, proxy).await
+            serve_hyper(s, watcher, builder, proxy).await
         }
     };
     if let Err(e) = res {
@@ -345,7 +273,7 @@ where
     let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
     let svc = {
         let clock = clock.clone();
-        service_fn(move |req| super::proxy::handle(proxy.clone(), req, Some(clock.clone())))
+        service_fn(move |req| super::proxy::handle(proxy.clone(), req, clock.clone()))
     };
     let io = WriteStamped::new(TokioIo::new(io), clock);
     watcher.watch(builder.serve_connection(io, svc)).await

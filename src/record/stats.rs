@@ -1,9 +1,5 @@
-//! Live counters of the recording proxy and their Prometheus text rendering.
-//!
-//! Everything is a relaxed atomic so the forwarding path only pays an uncontended add; latency
-//! histograms use fixed Prometheus-style buckets. The proxy, the body taps and the writer thread
-//! share one [`Stats`] behind an `Arc`. This module does not serve HTTP (see `admin`) and does not
-//! decide what an error is (the callers pass the [`Failure`]).
+//! Live counters of the recording proxy (relaxed atomics: the forwarding path pays an
+//! uncontended add) and their Prometheus text rendering.
 
 use super::failure::Failure;
 use std::fmt::Write as _;
@@ -11,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the latency buckets.
-const BUCKETS: &[f64] = &[
+const BUCKETS: [f64; 17] = [
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 300.0,
 ];
@@ -22,54 +18,30 @@ const FINE_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 1.0,
 ];
 
-/// A cumulative-bucket latency histogram.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
+/// A cumulative-bucket latency histogram (buckets from 10 µs to 1 s when `FINE`).
+#[derive(Debug, Default)]
+pub struct Histogram<const FINE: bool = false> {
+    counts: [AtomicU64; BUCKETS.len() + 1],
     sum_ns: AtomicU64,
     count: AtomicU64,
 }
 
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram::with_bounds(BUCKETS)
-    }
-}
-
-impl Histogram {
-    fn with_bounds(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
-            count: AtomicU64::new(0),
+impl<const FINE: bool> Histogram<FINE> {
+    fn bounds(&self) -> &'static [f64] {
+        if FINE {
+            FINE_BUCKETS
+        } else {
+            &BUCKETS
         }
-    }
-
-    /// Buckets from 10 µs to 1 s, for per-chunk delays.
-    pub fn fine() -> Self {
-        Histogram::with_bounds(FINE_BUCKETS)
     }
 
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let k = self
-            .bounds
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(self.bounds.len());
+        let bounds = self.bounds();
+        let k = bounds.iter().position(|b| s <= *b).unwrap_or(bounds.len());
         self.counts[k].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
         self.count.fetch_add(1, Relaxed);
-    }
-
-    /// Observations per bucket (the last one is above every bound), with the bounds.
-    pub fn snapshot(&self) -> (Vec<f64>, Vec<u64>) {
-        (
-            self.bounds.to_vec(),
-            self.counts.iter().map(|c| c.load(Relaxed)).collect(),
-        )
     }
 
     pub fn count(&self) -> u64 {
@@ -78,12 +50,12 @@ impl Histogram {
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0u64;
-        for (k, b) in self.bounds.iter().enumerate() {
+        let (bounds, mut cum) = (self.bounds(), 0u64);
+        for (k, b) in bounds.iter().enumerate() {
             cum += self.counts[k].load(Relaxed);
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
         }
-        cum += self.counts[self.bounds.len()].load(Relaxed);
+        cum += self.counts[bounds.len()].load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
         let _ = writeln!(out, "{name}_sum {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
         let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
@@ -91,7 +63,7 @@ impl Histogram {
 }
 
 /// All counters of one proxy instance.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Stats {
     pub requests: AtomicU64,
     pub in_flight: AtomicI64,
@@ -112,7 +84,7 @@ pub struct Stats {
     pub ttft: Histogram,
     pub duration: Histogram,
     /// Per forwarded chunk: upstream socket read → client socket write completed.
-    pub forward_delay: Histogram,
+    pub forward_delay: Histogram<true>,
     /// Exchanges switched to another protocol (101) and tunnelled.
     pub upgrades: AtomicU64,
     pub tunnels_open: AtomicI64,
@@ -122,36 +94,6 @@ pub struct Stats {
     pub drain_cut: AtomicBool,
     /// The writer's last write or open failed (no frame written since).
     pub writer_failing: AtomicBool,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            requests: AtomicU64::new(0),
-            in_flight: AtomicI64::new(0),
-            responses_by_class: Default::default(),
-            request_bytes: AtomicU64::new(0),
-            response_bytes: AtomicU64::new(0),
-            upstream_errors: Default::default(),
-            client_cancelled: AtomicU64::new(0),
-            records_dropped: AtomicU64::new(0),
-            records_lost_io: AtomicU64::new(0),
-            records_written: AtomicU64::new(0),
-            write_errors: AtomicU64::new(0),
-            parse_failures: AtomicU64::new(0),
-            files_closed: AtomicU64::new(0),
-            headers_latency: Histogram::default(),
-            ttft: Histogram::default(),
-            duration: Histogram::default(),
-            forward_delay: Histogram::fine(),
-            upgrades: AtomicU64::new(0),
-            tunnels_open: AtomicI64::new(0),
-            tunnel_bytes_to_upstream: AtomicU64::new(0),
-            tunnel_bytes_to_client: AtomicU64::new(0),
-            drain_cut: AtomicBool::new(false),
-            writer_failing: AtomicBool::new(false),
-        }
-    }
 }
 
 impl Stats {

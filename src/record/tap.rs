@@ -1,15 +1,7 @@
-//! Body taps: `http_body::Body` wrappers that forward every frame untouched the moment it arrives.
-//!
-//! [`RequestTap`] wraps the client's request body on its way upstream; [`ResponseTap`] wraps the
-//! upstream response body on its way to the client. Per data frame they only note the arrival
-//! offset, the length and a copy of the bytes (up to a capture cap; a copy rather than a shared
-//! `Bytes` so hyper can reuse its connection read buffer, see `extract::Captured::note`) — no
-//! parsing, no locks beyond one uncontended mutex for the request side (invariant 1). The response tap also
-//! enforces the idle-gap and total timeouts, and when the response ends, fails, or is dropped by
-//! a departed client (which drops the upstream body and so closes that upstream connection,
-//! making the server stop generating) it hands the [`Exchange`] to the writer queue exactly once.
-//! [`ProxyBody`] is what the proxy returns: a tapped upstream body or a small body of our own.
-//! This module does not decide routing or build trace records.
+//! Body taps for hyper's path: `http_body::Body` wrappers that forward every frame untouched the
+//! moment it arrives and only note its arrival offset, length and a copy of its bytes (capped;
+//! invariant 1). [`ResponseTap`] also enforces the idle-gap and total timeouts. [`Pending`] is an
+//! exchange in flight, handed to the writer queue exactly once however it ends.
 
 use super::extract::{Captured, Exchange};
 use super::failure::Failure;
@@ -34,22 +26,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[error("retrace: {0}")]
 pub struct TapError(pub &'static str);
 
-/// Locks a capture even if a panicking thread poisoned it (captures are plain data).
-pub fn lock(c: &Mutex<Captured>) -> std::sync::MutexGuard<'_, Captured> {
-    c.lock().unwrap_or_else(|p| p.into_inner())
+/// Locks a mutex even if a panicking thread poisoned it (what it guards is plain data).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it (see
-/// [`RequestTap::keep_unsent`]).
-#[derive(Clone, Default)]
-pub struct Unsent(Arc<Mutex<Option<Incoming>>>);
-
-impl Unsent {
-    /// The body left behind, if the tap was dropped before its end.
-    pub fn take(&self) -> Option<Incoming> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-}
+/// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it.
+pub type Unsent = Arc<Mutex<Option<Incoming>>>;
 
 /// The client's request body on its way upstream.
 pub struct RequestTap {
@@ -61,21 +44,22 @@ pub struct RequestTap {
 }
 
 impl RequestTap {
-    pub fn new(inner: Incoming, cap: Arc<Mutex<Captured>>, max: usize, stats: Arc<Stats>) -> Self {
+    /// When the tap is dropped before its body ended (the client that sent it upstream gave
+    /// up, e.g. no connection), the rest goes into `unsent` for the record to read.
+    pub fn new(
+        inner: Incoming,
+        cap: Arc<Mutex<Captured>>,
+        max: usize,
+        stats: Arc<Stats>,
+        unsent: Option<Unsent>,
+    ) -> Self {
         RequestTap {
             inner: Some(inner),
             cap,
             max,
             stats,
-            unsent: None,
+            unsent,
         }
-    }
-
-    /// When the tap is dropped before its body ended (the client that sent it upstream gave
-    /// up, e.g. no connection), the rest goes into `slot` for the record to read.
-    pub fn keep_unsent(mut self, slot: Unsent) -> Self {
-        self.unsent = Some(slot);
-        self
     }
 }
 
@@ -83,7 +67,7 @@ impl Drop for RequestTap {
     fn drop(&mut self) {
         if let (Some(slot), Some(b)) = (&self.unsent, self.inner.take()) {
             if !b.is_end_stream() {
-                *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(b);
+                *lock(slot) = Some(b);
             }
         }
     }
@@ -139,27 +123,30 @@ struct TapState {
     max: usize,
 }
 
-/// An exchange in progress: finished exactly once, by [`Pending::finish`], by the
-/// [`ResponseTap`] it is moved into, or (when the client leaves before the response headers) by
-/// its `Drop`, which records it as cancelled.
+/// An exchange in progress: finished exactly once, by [`Pending::end`], by the [`ResponseTap`]
+/// it is moved into, or by its `Drop` (the client left first), which records it as cancelled.
 pub struct Pending(Option<TapState>);
 
 impl Pending {
+    /// Starts recording `ex`: its (reused) capture buffer moves to the returned capture, which
+    /// the request side notes into, and comes back when the exchange ends.
     pub fn new(
-        ex: Box<Exchange>,
-        req: Arc<Mutex<Captured>>,
-        recorder: Recorder,
-        stats: Arc<Stats>,
+        mut ex: Box<Exchange>,
+        recorder: &Recorder,
+        stats: &Arc<Stats>,
         max: usize,
-    ) -> Self {
+    ) -> (Self, Arc<Mutex<Captured>>) {
         stats.in_flight.fetch_add(1, Relaxed);
-        Pending(Some(TapState {
+        let req = Arc::new(Mutex::new(std::mem::take(&mut ex.request)));
+        let (recorder, stats) = (recorder.clone(), stats.clone());
+        let st = TapState {
             ex,
-            req,
+            req: req.clone(),
             recorder,
             stats,
             max,
-        }))
+        };
+        (Pending(Some(st)), req)
     }
 
     /// The exchange being recorded (to note status and header time).
@@ -169,37 +156,31 @@ impl Pending {
 
     /// Finishes with an error kind (counted) and whether the client went away.
     pub fn end(mut self, error: Option<Failure>, cancelled: bool) {
-        if let Some(st) = self.0.take() {
-            finish_with(st, error, cancelled);
-        }
+        self.finish(error, cancelled);
     }
 
-    /// Finishes without a response body (error before headers).
-    pub fn finish(self, error: Option<Failure>) {
-        self.end(error, false);
+    fn finish(&mut self, error: Option<Failure>, cancelled: bool) {
+        if let Some(st) = self.0.take() {
+            finish(st, error, cancelled);
+        }
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if let Some(mut st) = self.0.take() {
-            st.ex.cancelled = true;
-            finish_state(st);
+        if let Some(st) = self.0.take() {
+            finish(st, None, true);
         }
     }
 }
 
-/// Notes the failure (counted) and whether the client went away, then finishes.
-fn finish_with(mut st: TapState, error: Option<Failure>, cancelled: bool) {
+/// Notes the failure (counted) and whether the client went away, and hands the exchange over.
+fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
     if let Some(f) = error {
         st.ex.error = Some(f);
         st.stats.upstream_error(f);
     }
     st.ex.cancelled = cancelled;
-    finish_state(st);
-}
-
-fn finish_state(mut st: TapState) {
     if st.ex.cancelled && st.stats.drain_cut.load(Relaxed) {
         // Dropped with its I/O thread at the drain deadline: not the client's doing.
         st.ex.cancelled = false;
@@ -223,13 +204,13 @@ fn finish_state(mut st: TapState) {
 /// The upstream response body on its way to the client.
 pub struct ResponseTap {
     inner: Incoming,
-    st: Option<Box<TapState>>,
+    pending: Pending,
     idle_for: Duration,
     idle: Pin<Box<Sleep>>,
     last_data: Instant,
     total: Option<Pin<Box<Sleep>>>,
     /// The client connection's write clock (forwarding delay).
-    client: Option<Arc<WriteClock>>,
+    client: Arc<WriteClock>,
 }
 
 impl ResponseTap {
@@ -237,25 +218,19 @@ impl ResponseTap {
     /// connection's write clock.
     pub fn new(
         inner: Incoming,
-        mut p: Pending,
+        pending: Pending,
         idle_for: Duration,
         total_deadline: Option<Instant>,
-        client: Option<Arc<WriteClock>>,
+        client: Arc<WriteClock>,
     ) -> Self {
         ResponseTap {
             inner,
-            st: p.0.take().map(Box::new),
+            pending,
             idle_for,
             idle: Box::pin(tokio::time::sleep(idle_for)),
             last_data: Instant::now(),
             total: total_deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             client,
-        }
-    }
-
-    fn end(&mut self, error: Option<Failure>, cancelled: bool) {
-        if let Some(st) = self.st.take() {
-            finish_with(*st, error, cancelled);
         }
     }
 }
@@ -269,13 +244,13 @@ impl Body for ResponseTap {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if this.st.is_none() {
+        if this.pending.0.is_none() {
             // Already ended (a timeout fired): never poll the upstream again.
             return Poll::Ready(None);
         }
         if let Some(t) = this.total.as_mut() {
             if t.as_mut().poll(cx).is_ready() {
-                this.end(Some(Failure::TimeoutTotal), false);
+                this.pending.finish(Some(Failure::TimeoutTotal), false);
                 return Poll::Ready(Some(Err(Box::new(TapError(
                     "total timeout reached; response cut",
                 )))));
@@ -283,7 +258,7 @@ impl Body for ResponseTap {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
-                if let (Some(d), Some(st)) = (f.data_ref(), this.st.as_mut()) {
+                if let (Some(d), Some(st)) = (f.data_ref(), this.pending.0.as_mut()) {
                     let now = Instant::now();
                     st.stats.response_bytes.fetch_add(d.len() as u64, Relaxed);
                     let at = now.into_std().saturating_duration_since(st.ex.arrival);
@@ -291,18 +266,16 @@ impl Body for ResponseTap {
                     st.ex.note_response(at, d, max);
                     // The idle timer is re-armed lazily when it fires (no timer-wheel work per chunk).
                     this.last_data = now;
-                    if let Some(c) = &this.client {
-                        c.pending(now_ns());
-                    }
+                    this.client.pending(now_ns());
                 }
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.end(Some(Failure::UpstreamReset), false);
+                this.pending.finish(Some(Failure::UpstreamReset), false);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
-                this.end(None, false);
+                this.pending.finish(None, false);
                 Poll::Ready(None)
             }
             Poll::Pending => {
@@ -312,7 +285,7 @@ impl Body for ResponseTap {
                         this.idle.as_mut().reset(due);
                         continue;
                     }
-                    this.end(Some(Failure::TimeoutIdle), false);
+                    this.pending.finish(Some(Failure::TimeoutIdle), false);
                     return Poll::Ready(Some(Err(Box::new(TapError(
                         "no data from upstream within the idle timeout; response cut",
                     )))));
@@ -323,7 +296,7 @@ impl Body for ResponseTap {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.st.is_none() || self.inner.is_end_stream()
+        self.pending.0.is_none() || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -333,52 +306,12 @@ impl Body for ResponseTap {
 
 impl Drop for ResponseTap {
     fn drop(&mut self) {
-        if self.st.is_some() {
-            // Dropped before the end: the client went away (or the server dropped the body of a
-            // response that has none, e.g. HEAD or 204).
-            let cancelled = !self.inner.is_end_stream();
-            self.end(None, cancelled);
-        }
+        // Dropped before the end: the client went away (or the server dropped the body of a
+        // response that has none, e.g. HEAD or 204).
+        let cancelled = !self.inner.is_end_stream();
+        self.pending.finish(None, cancelled);
     }
 }
 
-/// The response body the proxy returns.
-pub enum ProxyBody {
-    Tap(ResponseTap),
-    Full(Option<Bytes>),
-}
-
-impl ProxyBody {
-    pub fn full(b: impl Into<Bytes>) -> Self {
-        ProxyBody::Full(Some(b.into()))
-    }
-}
-
-impl Body for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Tap(t) => Pin::new(t).poll_frame(cx),
-            ProxyBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Tap(t) => t.is_end_stream(),
-            ProxyBody::Full(b) => b.is_none(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ProxyBody::Tap(t) => t.size_hint(),
-            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-        }
-    }
-}
+/// The response body the proxy returns: a tapped upstream body or a small body of our own.
+pub type ProxyBody = http_body_util::Either<ResponseTap, http_body_util::Full<Bytes>>;

@@ -1,17 +1,7 @@
-//! Socket-level stamps for the forwarding delay on hyper's path: frame handed over → client
-//! write completed.
-//!
-//! [`WriteStamped`] wraps a client connection and, when a write to the client socket completes
-//! while a forwarded chunk is pending on that connection, observes `now − pending_since` into the
-//! `retrace_record_forward_delay_seconds` histogram. The response tap marks the connection
-//! pending when it hands a data frame over (if nothing older is pending). The delay therefore
-//! covers the tap, hyper's buffering and the client `write` syscall — what the proxy itself adds
-//! per chunk — and not the network or the client. Stamps are
-//! nanoseconds since a process-wide base instant in relaxed atomics (one `Instant::now` per frame
-//! and per write). With HTTP/2 towards the client, frames of several streams share one
-//! connection, so a write completes the oldest pending chunk of the connection. These wrappers
-//! serve hyper's path; retrace's own HTTP/1.1 loop (`h1`) reads and writes both sockets itself
-//! and observes the same histogram directly. This module does not decide what is forwarded.
+//! The forwarding delay on hyper's path (`h1` observes it directly): the response tap marks the
+//! client connection pending when it hands a frame over, and [`WriteStamped`] observes
+//! `now − pending_since` when a write to the client socket completes. With HTTP/2 a write
+//! completes the connection's oldest pending chunk. Stamps are nanoseconds in relaxed atomics.
 
 use super::stats::Stats;
 use hyper::rt::{Read, ReadBufCursor, Write};
@@ -54,7 +44,11 @@ impl WriteClock {
             .compare_exchange(0, read_ns, Relaxed, Relaxed);
     }
 
-    fn written(&self) {
+    /// A write to the client completed (`n` bytes went out).
+    fn written(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
         let t = self.pending_since_ns.swap(0, Relaxed);
         if t != 0 {
             let d = now_ns().saturating_sub(t);
@@ -94,9 +88,7 @@ impl<T: Write + Unpin> Write for WriteStamped<T> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
-            if n > 0 {
-                this.clock.written();
-            }
+            this.clock.written(n);
         }
         r
     }
@@ -114,9 +106,7 @@ impl<T: Write + Unpin> Write for WriteStamped<T> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = r {
-            if n > 0 {
-                this.clock.written();
-            }
+            this.clock.written(n);
         }
         r
     }
@@ -136,11 +126,12 @@ mod tests {
         let t0 = now_ns();
         c.pending(t0);
         c.pending(t0 + 1_000_000_000); // younger: ignored while the older one is pending
-        c.written();
-        c.written(); // nothing pending: no observation
+        c.written(1);
+        c.written(1); // nothing pending: no observation
         assert_eq!(stats.forward_delay.count(), 1);
         c.pending(now_ns());
-        c.written();
+        c.written(0); // nothing went out: still pending
+        c.written(1);
         assert_eq!(stats.forward_delay.count(), 2);
     }
 }

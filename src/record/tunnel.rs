@@ -1,18 +1,9 @@
-//! An upgraded connection's tunnel: after `101 Switching Protocols` (a WebSocket, say) the
-//! client and upstream sockets are joined and bytes are copied both ways, untouched, until the
-//! exchange ends.
-//!
-//! Each direction reads into its own buffer and writes the bytes out before reading again (a
-//! slow reader pushes back on the sender with one buffer in between). An end of stream from one
-//! side is passed on as a half-close (the other socket's write side is shut down) while the
-//! other direction carries on, so the tunnel ends when both sides have closed, when either side
-//! fails, or when the proxy drains: a tunnel is in-flight work that the drain waits for, and it
-//! is cut at the instant the drain channel names (a little before the drain deadline, so the
-//! record says why). It has no idle or total timeout: an open WebSocket may stay quiet for hours,
-//! and its end is its peers' business. Bytes are counted (admin `/metrics`), never parsed,
-//! stored or hashed. This module does not read HTTP heads or decide whether to switch (see `h1`
-//! and `proxy`); [`record`] turns a tunnel's end into the exchange's record.
+//! The tunnel after a `101 Switching Protocols` (docs/record.md, "Protocol switches"): bytes
+//! copied both ways untouched, each direction writing what it read before reading again, an end
+//! of stream passed on as a half-close. It ends when both sides have closed, either fails, or the
+//! drain cuts it; no idle or total timeout. [`record`] turns its end into the exchange's record.
 
+use super::buf::Buf;
 use super::failure::Failure;
 use super::stats::Stats;
 use super::tap::Pending;
@@ -20,7 +11,7 @@ use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -41,14 +32,6 @@ pub enum How {
     Drained,
 }
 
-/// What a tunnel carried and how it ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TunnelEnd {
-    pub to_upstream: u64,
-    pub to_client: u64,
-    pub how: How,
-}
-
 /// Which socket of a direction failed.
 enum Failed {
     Reader,
@@ -57,26 +40,21 @@ enum Failed {
 
 /// One direction: bytes read from one socket, written to the other.
 struct Dir {
-    /// Bytes read and not yet written are `buf[start..]`.
-    buf: Vec<u8>,
-    start: usize,
+    /// Bytes read and not yet written.
+    buf: Buf,
     eof: bool,
     shut: bool,
     need_flush: bool,
-    moved: u64,
 }
 
 impl Dir {
-    /// `pending` holds bytes already read (before the switch) that go out first; its allocation
-    /// becomes the buffer.
-    fn new(pending: Vec<u8>) -> Self {
+    /// `pending` holds bytes already read (before the switch) that go out first.
+    fn new(pending: Buf) -> Self {
         Dir {
             buf: pending,
-            start: 0,
             eof: false,
             shut: false,
             need_flush: false,
-            moved: 0,
         }
     }
 
@@ -93,17 +71,12 @@ impl Dir {
         W: AsyncWrite + Unpin + ?Sized,
     {
         loop {
-            if self.start < self.buf.len() {
-                match Pin::new(&mut *w).poll_write(cx, &self.buf[self.start..]) {
+            if self.buf.len() > 0 {
+                match Pin::new(&mut *w).poll_write(cx, self.buf.data()) {
                     Poll::Ready(Ok(n)) if n > 0 => {
-                        self.start += n;
-                        self.moved += n as u64;
+                        self.buf.consume(n);
                         counter.fetch_add(n as u64, Relaxed);
                         self.need_flush = true;
-                        if self.start == self.buf.len() {
-                            self.start = 0;
-                            self.buf.clear();
-                        }
                         continue;
                     }
                     Poll::Ready(_) => return Poll::Ready(Err(Failed::Writer)),
@@ -112,26 +85,18 @@ impl Dir {
             }
             if !self.eof {
                 // The buffer is empty here.
-                if self.buf.capacity() < TUNNEL_BUF {
-                    self.buf = Vec::with_capacity(TUNNEL_BUF);
+                if self.buf.v.capacity() < TUNNEL_BUF {
+                    self.buf = Buf::new(Vec::new(), TUNNEL_BUF);
                 }
-                let mut rb = ReadBuf::uninit(self.buf.spare_capacity_mut());
-                match Pin::new(&mut *r).poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) => {
-                        let n = rb.filled().len();
-                        if n == 0 {
-                            self.eof = true;
-                        } else {
-                            // SAFETY: `ReadBuf` guarantees its first `filled().len()` bytes
-                            // were initialised; they are the vector's first `n` (it was empty).
-                            unsafe { self.buf.set_len(n) };
-                        }
+                match self.buf.poll_read_from(r, cx) {
+                    Poll::Ready(Ok(n)) => {
+                        self.eof = n == 0;
                         continue;
                     }
                     Poll::Ready(Err(_)) => return Poll::Ready(Err(Failed::Reader)),
                     Poll::Pending => {
                         // Idle: give the buffer back (an open, quiet WebSocket costs none).
-                        self.buf = Vec::new();
+                        self.buf = Buf::default();
                         // Nothing more to send for now: make sure what was written goes out
                         // (a TLS stream may hold it).
                         if self.need_flush {
@@ -177,15 +142,15 @@ impl Drop for OpenGauge<'_> {
 /// Copies bytes between `client` and `upstream` until the tunnel ends. `to_upstream` and
 /// `to_client` are bytes read before the switch that belong to the tunnel (a client that did
 /// not wait for the 101, a frame the upstream sent with it). `drain` carries the instant a
-/// draining proxy cuts tunnels (`None` while serving); without one, only the peers end it.
+/// draining proxy cuts tunnels (`None` while serving).
 pub async fn run<C, U>(
     client: &mut C,
     upstream: &mut U,
-    to_upstream: Vec<u8>,
-    to_client: Vec<u8>,
-    drain: Option<&mut watch::Receiver<Option<Instant>>>,
+    to_upstream: Buf,
+    to_client: Buf,
+    drain: &mut watch::Receiver<Option<Instant>>,
     stats: &Stats,
-) -> TunnelEnd
+) -> How
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     U: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -219,38 +184,28 @@ where
             Poll::Pending
         }
     });
-    let how = match drain {
-        None => copy.await,
-        Some(drain) => {
-            let mut copy = std::pin::pin!(copy);
-            let mut watching = true;
-            loop {
-                let cut_at = *drain.borrow_and_update();
-                if let Some(t) = cut_at {
-                    tokio::select! {
-                        how = &mut copy => break how,
-                        _ = tokio::time::sleep_until(t) => break How::Drained,
-                    }
-                }
-                tokio::select! {
-                    how = &mut copy => break how,
-                    r = drain.changed(), if watching => watching = r.is_ok(),
-                }
+    let mut copy = std::pin::pin!(copy);
+    let mut watching = true;
+    loop {
+        let cut_at = *drain.borrow_and_update();
+        if let Some(t) = cut_at {
+            tokio::select! {
+                how = &mut copy => return how,
+                _ = tokio::time::sleep_until(t) => return How::Drained,
             }
         }
-    };
-    TunnelEnd {
-        to_upstream: up.moved,
-        to_client: down.moved,
-        how,
+        tokio::select! {
+            how = &mut copy => return how,
+            r = drain.changed(), if watching => watching = r.is_ok(),
+        }
     }
 }
 
 /// Finishes an upgraded exchange's record: its end is the tunnel's end; a failed upstream is
 /// `upstream_reset`, a failed client a cancellation, a drain cut [`Failure::DrainDeadline`] (not counted as
 /// an upstream error). Status and header time were noted when the 101 arrived.
-pub fn record(pending: Pending, end: &TunnelEnd) {
-    match end.how {
+pub fn record(pending: Pending, how: How) {
+    match how {
         How::Closed => pending.end(None, false),
         How::ClientFailed => pending.end(None, true),
         How::UpstreamFailed => pending.end(Some(Failure::UpstreamReset), false),
@@ -271,12 +226,13 @@ mod tests {
         let stats = Stats::default();
         let (mut client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, mut upstream) = tokio::io::duplex(64);
+        let mut no_drain = watch::channel(None).1;
         let run = run(
             &mut proxy_c,
             &mut proxy_u,
-            b"early".to_vec(),
-            b"hello".to_vec(),
-            None,
+            Buf::new(b"early".to_vec(), 0),
+            Buf::new(b"hello".to_vec(), 0),
+            &mut no_drain,
             &stats,
         );
         let peers = async {
@@ -310,17 +266,10 @@ mod tests {
             let ((), (), got) = tokio::join!(send, echo, recv);
             assert_eq!(got, big[..1000]);
         };
-        let (end, ()) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
+        let (how, ()) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
             .await
             .expect("the tunnel ends when both sides closed");
-        assert_eq!(
-            end,
-            TunnelEnd {
-                to_upstream: 100_005,
-                to_client: 1005,
-                how: How::Closed
-            }
-        );
+        assert_eq!(how, How::Closed);
         assert_eq!(stats.upgrades.load(Relaxed), 1);
         assert_eq!(stats.tunnels_open.load(Relaxed), 0);
         assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 100_005);
@@ -334,20 +283,19 @@ mod tests {
         let (mut proxy_u, upstream) = tokio::io::duplex(64);
         drop(upstream);
         // Writing the early bytes to a dropped pipe fails.
-        let end = tokio::time::timeout(
-            T,
-            run(
-                &mut proxy_c,
-                &mut proxy_u,
-                b"x".to_vec(),
-                Vec::new(),
-                None,
-                &stats,
-            ),
-        )
-        .await
-        .unwrap();
-        assert_eq!(end.how, How::UpstreamFailed);
+        let mut no_drain = watch::channel(None).1;
+        let early = Buf::new(b"x".to_vec(), 0);
+        let tunnel = run(
+            &mut proxy_c,
+            &mut proxy_u,
+            early,
+            Buf::default(),
+            &mut no_drain,
+            &stats,
+        );
+        let how = tokio::time::timeout(T, tunnel).await.unwrap();
+        assert_eq!(how, How::UpstreamFailed);
+        assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 0);
 
         let (mut client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, mut upstream) = tokio::io::duplex(64);
@@ -355,9 +303,9 @@ mod tests {
         let run = run(
             &mut proxy_c,
             &mut proxy_u,
-            Vec::new(),
-            Vec::new(),
-            Some(&mut rx),
+            Buf::default(),
+            Buf::default(),
+            &mut rx,
             &stats,
         );
         let peers = async {
@@ -371,17 +319,12 @@ mod tests {
             assert_eq!(&b, b"pong");
             (client, upstream)
         };
-        let (end, _keep) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
+        let (how, _keep) = tokio::time::timeout(T, async { tokio::join!(run, peers) })
             .await
             .expect("a drain cuts the tunnel");
-        assert_eq!(
-            end,
-            TunnelEnd {
-                to_upstream: 4,
-                to_client: 4,
-                how: How::Drained
-            }
-        );
+        assert_eq!(how, How::Drained);
+        assert_eq!(stats.tunnel_bytes_to_upstream.load(Relaxed), 4);
+        assert_eq!(stats.tunnel_bytes_to_client.load(Relaxed), 4);
         assert_eq!(stats.tunnels_open.load(Relaxed), 0);
     }
 }

@@ -1,22 +1,14 @@
-//! Dialing the upstream server (plain TCP or TLS with rustls) and hyper-util's pooling client.
-//!
-//! [`Connector`] is a `tower_service::Service<Uri>` used by the own loop's raw pool (`rawpool`)
-//! and by hyper-util's pooling client (hyper's path, HTTP/1.1 or HTTP/2 upstream; tests use it
-//! as a client too): it dials with
-//! a connect timeout and TCP_NODELAY, and for `https` upstreams wraps the stream in rustls, trusting
-//! `--upstream-ca` (PEM) when given, else the system bundle (`SSL_CERT_FILE`, then the usual
-//! Debian/Red Hat paths; see [`crate::tls`]). ALPN offers `http/1.1` only, unless HTTP/2 upstream was asked for. It
-//! does not know about recording.
+//! Dialing the upstream (plain TCP or rustls) for both engines, and hyper-util's pooling client
+//! for the HTTP/2 one. TLS trusts `--upstream-ca` when given, else the system bundle
+//! ([`crate::tls`]); ALPN offers `h2` only with `--upstream-http2`, else `http/1.1`.
 
+use super::tap::{BoxError, RequestTap};
 use crate::netio::ClientStream;
-use crate::record::tap::RequestTap;
-use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -31,68 +23,20 @@ pub struct Connector {
     tls: Option<TlsConnector>,
 }
 
-/// A plain or TLS connection to the upstream, as hyper's I/O: the shared
-/// [`crate::netio::ClientStream`] (also what the own HTTP/1.1 loop's raw pool holds) plus
-/// whether TLS negotiated HTTP/2.
-pub struct UpstreamIo {
-    io: TokioIo<ClientStream>,
-    h2: bool,
-}
-
-impl UpstreamIo {
-    /// The socket itself (the raw pool drives it without hyper).
-    pub fn into_inner(self) -> ClientStream {
-        self.io.into_inner()
-    }
-}
-
-impl Connection for UpstreamIo {
+impl Connection for ClientStream {
     fn connected(&self) -> Connected {
-        match self.io.inner() {
+        match self {
             ClientStream::Plain(s) => s.connected(),
-            ClientStream::Tls(s) if self.h2 => s.get_ref().0.connected().negotiated_h2(),
+            ClientStream::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                s.get_ref().0.connected().negotiated_h2()
+            }
             ClientStream::Tls(s) => s.get_ref().0.connected(),
         }
     }
 }
 
-impl Read for UpstreamIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-impl Write for UpstreamIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-}
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The upstream socket as hyper's I/O.
+pub type UpstreamIo = TokioIo<ClientStream>;
 
 impl tower_service::Service<Uri> for Connector {
     type Response = UpstreamIo;
@@ -111,10 +55,7 @@ impl tower_service::Service<Uri> for Connector {
             let host = dst.host().unwrap_or("").to_string();
             let tcp = http.call(dst).await.map_err(BoxError::from)?;
             match (is_https, tls) {
-                (false, _) => Ok(UpstreamIo {
-                    io: TokioIo::new(ClientStream::Plain(tcp.into_inner())),
-                    h2: false,
-                }),
+                (false, _) => Ok(TokioIo::new(ClientStream::Plain(tcp.into_inner()))),
                 (true, None) => Err("https upstream without a TLS configuration".into()),
                 (true, Some(tls)) => {
                     let name = rustls::pki_types::ServerName::try_from(
@@ -124,11 +65,7 @@ impl tower_service::Service<Uri> for Connector {
                     )
                     .map_err(|e| format!("upstream host {host:?}: {e}"))?;
                     let s = tls.connect(name, tcp.into_inner()).await?;
-                    let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
-                    Ok(UpstreamIo {
-                        io: TokioIo::new(ClientStream::Tls(Box::new(s))),
-                        h2,
-                    })
+                    Ok(TokioIo::new(ClientStream::Tls(Box::new(s))))
                 }
             }
         })

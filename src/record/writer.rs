@@ -1,25 +1,8 @@
-//! The recorder's writer thread: a bounded queue in, rotating native trace files out.
-//!
-//! The forwarding path hands each finished [`Exchange`] to [`Recorder::submit`], which uses
-//! `try_send` on a channel bounded in records and in captured bytes: when either is full the
-//! record is dropped and counted, the traffic is never slowed (invariant 1). The dedicated thread builds records
-//! ([`super::extract`]), pushes them into a [`TraceWriter`], closes a frame at least every second
-//! (so a `kill -9` loses at most about a second), and rotates files by size and age. On Linux the
-//! thread runs at nice 10, so under CPU saturation forwarding wins and recording falls behind
-//! (and, past its queue, drops and counts) instead of the other way round. Recorded exchanges
-//! go back to the forwarding path for reuse ([`Recorder::exchange`]; at most 256, none holding
-//! more than 32 KiB of buffers), so a small request allocates nothing on either side for its
-//! record's raw observation.
-//!
-//! Files are `DIR/<name>-<start>-<seq>.trace.zst` where `<start>` is the recording's UTC start
-//! (`20261129T183000Z`) and `<seq>` counts from 0001. A file is written as `<file>.partial`,
-//! fsynced and renamed when closed. All files of one recording share its t0 (the header's
-//! `t0_unix_us`), so arrivals are comparable across files; records are written in completion order
-//! (sorted by arrival within each frame), so a reader that needs arrival order sorts. When the
-//! directory cannot be written, records are counted as lost, the error is logged, and opening is
-//! retried every 5 seconds; the proxy keeps forwarding. A file whose write fails (a full disk)
-//! is cut back to its last complete frame, renamed and listed like any closed file; a file left
-//! with no records is removed. This module does not parse HTTP.
+//! The recorder's writer thread: a bounded queue in, rotating native trace files out
+//! (docs/record.md, "Trace files"). [`Recorder::submit`] never blocks: a full queue (in records
+//! or captured bytes) drops and counts the record. The thread builds records
+//! ([`super::extract`]), closes a frame at least every `flush_every` and rotates by size and age;
+//! recorded exchanges go back to the forwarding path for reuse ([`Recorder::exchange`]).
 
 use super::extract::{Exchange, Extractor};
 use super::stats::Stats;
@@ -29,7 +12,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -47,10 +30,8 @@ const SPARE_MAX: usize = 256;
 /// An exchange holding more buffer capacity than this is freed, not reused.
 const SPARE_MAX_BYTES: usize = 32 << 10;
 
-/// Exchanges the writer is done with, emptied and reused by the forwarding path. A recorded
-/// exchange would otherwise be allocated on an I/O thread and freed on the writer thread (about
-/// eight blocks per request: the exchange, its capture buffers, its frame list), which is
-/// malloc's slow path on both sides; handed back, its buffers are reused as they are.
+/// Exchanges the writer is done with, emptied and reused by the forwarding path (else each
+/// would be allocated on an I/O thread and freed on the writer thread, malloc's slow path).
 type Spare = Arc<Mutex<Vec<Box<Exchange>>>>;
 
 // The boxes are the point: the queue carries `Box<Exchange>`, and the box is reused too.
@@ -96,19 +77,15 @@ impl Recorder {
             self.stats.records_dropped.fetch_add(1, Relaxed);
             return;
         }
-        match self.tx.try_send(Msg::Exchange(ex)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.queued_bytes.fetch_sub(bytes, Relaxed);
-                self.stats.records_dropped.fetch_add(1, Relaxed);
-            }
+        if self.tx.try_send(Msg::Exchange(ex)).is_err() {
+            self.queued_bytes.fetch_sub(bytes, Relaxed);
+            self.stats.records_dropped.fetch_add(1, Relaxed);
         }
     }
 }
 
-/// Lowers this thread's CPU priority (nice 10, Linux): when the machine is CPU-bound the I/O
-/// threads forward first and the writer catches up when there is slack; if it cannot, its queue
-/// fills and records are dropped and counted, never the traffic slowed (invariant 13).
+/// Lowers this thread's CPU priority (nice 10, Linux): under CPU saturation forwarding wins and
+/// the writer falls behind (then drops and counts records) instead (invariant 13).
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
@@ -134,27 +111,19 @@ pub struct FileOptions {
     pub space: Option<Arc<AtomicU64>>,
 }
 
-/// What the writer did, returned when it stops.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct WriterReport {
-    pub files: Vec<PathBuf>,
-    pub records: u64,
-}
-
 /// The running writer thread.
 pub struct WriterHandle {
     tx: SyncSender<Msg>,
-    join: Option<JoinHandle<WriterReport>>,
+    /// The files closed, in order.
+    join: JoinHandle<Vec<PathBuf>>,
 }
 
 impl WriterHandle {
-    /// Asks the writer to close its file and waits for it (blocking; call off the async runtime).
-    pub fn close(mut self) -> WriterReport {
+    /// Asks the writer to close its file and waits for it (blocking; call off the async runtime);
+    /// returns the files it closed, in order.
+    pub fn close(self) -> Vec<PathBuf> {
         let _ = self.tx.send(Msg::Close);
-        self.join
-            .take()
-            .and_then(|j| j.join().ok())
-            .unwrap_or_default()
+        self.join.join().unwrap_or_default()
     }
 }
 
@@ -194,7 +163,7 @@ pub fn spawn(
         extractor,
         t0,
         stats,
-        report: WriterReport::default(),
+        closed: Vec::new(),
         noted_dropped: 0,
         pending: Vec::new(),
         order: Vec::new(),
@@ -207,15 +176,9 @@ pub fn spawn(
         .spawn(move || {
             lower_priority();
             w.run(rx);
-            w.report
+            w.closed
         })?;
-    Ok((
-        rec,
-        WriterHandle {
-            tx,
-            join: Some(join),
-        },
-    ))
+    Ok((rec, WriterHandle { tx, join }))
 }
 
 struct OpenFile {
@@ -277,7 +240,7 @@ struct Writer {
     extractor: Extractor,
     t0: Instant,
     stats: Arc<Stats>,
-    report: WriterReport,
+    closed: Vec<PathBuf>,
     noted_dropped: u64,
     /// Records of the open frame, sorted by arrival before they are pushed.
     pending: Vec<Request>,
@@ -298,11 +261,9 @@ impl Writer {
     }
 
     fn run(&mut self, rx: Receiver<Msg>) {
-        // The thread polls the queue instead of blocking on it: a blocked receiver would make
-        // every `try_send` on the forwarding path pay a futex wake-up and a context switch.
+        // Polled, not blocked on: a blocked receiver would make every `try_send` on the
+        // forwarding path pay a wake-up. While records keep coming the clock is read every 64.
         let mut next_flush = Instant::now() + self.files.flush_every;
-        // While records keep coming the clock is read every 64 of them (well under a
-        // millisecond of work), not after each one.
         let mut since_clock = 0u32;
         loop {
             match rx.try_recv() {
@@ -335,13 +296,13 @@ impl Writer {
 
     fn record(&mut self, ex: Box<Exchange>) {
         self.queued_bytes.fetch_sub(ex.captured_bytes(), Relaxed);
-        let (req, notes) = self.extractor.to_request(&ex, self.t0);
-        if let Some(msg) = &notes.parse_failure {
+        let (req, parse_failure) = self.extractor.to_request(&ex, self.t0);
+        if let Some(msg) = &parse_failure {
             self.stats.parse_failures.fetch_add(1, Relaxed);
             tracing::debug!(path = %ex.path, "request body not parsed: {msg}");
         }
-        if let Some(t) = notes.ttft {
-            self.stats.ttft.observe(t);
+        if let Some(t) = req.response.as_ref().and_then(|r| r.ttft_us) {
+            self.stats.ttft.observe(Duration::from_micros(t));
         }
         self.pending.push(req);
         self.give_back(ex);
@@ -386,14 +347,12 @@ impl Writer {
                 .fetch_add(pending.len() as u64, Relaxed);
             return;
         };
-        // Arrival order, ties in completion order (what a stable sort by arrival gives): the
-        // keys are sorted, not the records (moving whole records cost ~1 k instructions each).
+        // Arrival order, ties in completion order: (arrival, index) keys are sorted, not the
+        // records (the keys are unique, so an unstable sort gives that order).
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(pending.iter().enumerate().map(|(k, r)| (r.arrival_us, k)));
-        // Completion order is nearly arrival order (the keys are unique, so any sort gives the
-        // same order).
-        sort_nearly_sorted(&mut order);
+        order.sort_unstable();
         let dropped = self.stats.records_dropped.load(Relaxed);
         f.w.note_dropped(dropped - self.noted_dropped);
         self.noted_dropped = dropped;
@@ -424,7 +383,6 @@ impl Writer {
         }
         self.stats.records_written.fetch_add(n, Relaxed);
         self.stats.writer_failing.store(false, Relaxed);
-        self.report.records += n;
         f.good = f.w.get_mut().get_ref().written;
         f.kept = f.w.records();
         let rotate = f.w.bytes_written() >= self.files.rotate_bytes
@@ -540,7 +498,7 @@ impl Writer {
         match seal_file(&partial, &path, len, records) {
             Ok(true) => {
                 self.stats.files_closed.fetch_add(1, Relaxed);
-                self.report.files.push(path);
+                self.closed.push(path);
             }
             Ok(false) => {}
             Err(e) => {
@@ -590,68 +548,10 @@ pub fn partial_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Sorts the frame's (arrival, index) keys. They come in completion order, which is arrival
-/// order but for requests that overlapped, so insertion sort moves each key only a few places
-/// (about 30 instructions a key where the library's stable sort took ~260 on small requests);
-/// past 8 moves a key on average it hands over to the library sort (e.g. long streams
-/// finishing after many short requests), so it is never quadratic.
-fn sort_nearly_sorted(v: &mut [(u64, usize)]) {
-    let budget = v.len().saturating_mul(8);
-    let mut moves = 0usize;
-    for i in 1..v.len() {
-        let x = v[i];
-        let mut j = i;
-        while j > 0 && v[j - 1] > x {
-            v[j] = v[j - 1];
-            j -= 1;
-        }
-        v[j] = x;
-        moves += i - j;
-        if moves > budget {
-            v.sort();
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Any input, nearly sorted or not, comes out as the library sort leaves it.
-    #[test]
-    fn nearly_sorted_keys_sort_as_the_library_does() {
-        use proptest::prelude::*;
-        let mut runner = proptest::test_runner::TestRunner::default();
-        let keys = proptest::collection::vec((0u64..50, 0usize..8), 0..300);
-        runner
-            .run(&(keys, any::<bool>()), |(jitter, shuffled)| {
-                // arrival = index + jitter (completion order nearly arrival order), or
-                // arbitrary; the index makes keys unique as in `flush`.
-                let mut v: Vec<(u64, usize)> = jitter
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &(j, d))| {
-                        let at = if shuffled {
-                            j * 1000
-                        } else {
-                            (k as u64 + j * d as u64) * 10
-                        };
-                        (at, k)
-                    })
-                    .collect();
-                let mut want = v.clone();
-                want.sort();
-                sort_nearly_sorted(&mut v);
-                prop_assert_eq!(v, want);
-                Ok(())
-            })
-            .unwrap();
-        // far from sorted: the budget hands over (and the result is still sorted)
-        let mut v: Vec<(u64, usize)> = (0..5000).rev().map(|k| (k as u64, k)).collect();
-        sort_nearly_sorted(&mut v);
-        assert!(v.windows(2).all(|w| w[0] < w[1]));
-    }
     use crate::record::extract::Bodies;
     use crate::record::prompt::TextTokenizer;
     use crate::trace::hash::BlockHasher;
@@ -664,13 +564,9 @@ mod tests {
     ) -> (Recorder, WriterHandle, Arc<Stats>, Instant) {
         let t0 = Instant::now();
         let header = TraceHeader {
-            block_size: 4,
             hash_scheme: BlockHasher::xxh3().scheme(),
-            partial_tail_block: true,
             t0_unix_us: Some(0),
-            writer: "test".into(),
-            source: "test".into(),
-            meta: Default::default(),
+            ..TraceHeader::imported(4, true, "test")
         };
         let files = FileOptions {
             dir: dir.to_path_buf(),
@@ -733,13 +629,13 @@ mod tests {
             rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/b"));
         }
         wait_for(&stats.records_lost_io, 2);
-        let report = handle.close();
+        let files = handle.close();
         assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
         assert_eq!(
-            report.files,
+            files,
             [dir.path().join("t-19700101T000000Z-0001.trace.zst")]
         );
-        let (t, rep) = crate::trace::native::read_file(&report.files[0]).unwrap();
+        let (t, rep) = crate::trace::native::read_file(&files[0]).unwrap();
         assert!(rep.is_clean(), "{}", rep.summary());
         assert_eq!(t.requests.len(), 3);
         assert_eq!(stats.records_lost_io.load(Relaxed), 2);
@@ -754,8 +650,7 @@ mod tests {
         let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_millis(20), space);
         rec.submit(rec.exchange(t0, "GET", "/a"));
         wait_for(&stats.records_lost_io, 1);
-        let report = handle.close();
-        assert!(report.files.is_empty());
+        assert!(handle.close().is_empty());
         assert_eq!(names_in(dir.path()), Vec::<String>::new());
     }
 
@@ -763,16 +658,16 @@ mod tests {
     #[test]
     fn frame_records_are_in_arrival_order_ties_in_completion_order() {
         let dir = tempfile::tempdir().unwrap();
-        let (rec, handle, _, t0) = writer_in(dir.path(), Duration::from_secs(3600), None);
+        let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_secs(3600), None);
         // (arrival ms, path): completion order is the submission order.
         let order = [(5, "/a"), (1, "/b"), (5, "/c"), (3, "/d"), (1, "/e")];
         for (ms, path) in order {
             let ex = rec.exchange(t0 + Duration::from_millis(ms), "GET", path);
             rec.submit(ex);
         }
-        let report = handle.close();
-        assert_eq!(report.records, 5);
-        let (trace, _) = crate::trace::native::read_file(&report.files[0]).unwrap();
+        let files = handle.close();
+        assert_eq!(stats.records_written.load(Relaxed), 5);
+        let (trace, _) = crate::trace::native::read_file(&files[0]).unwrap();
         let got: Vec<(u64, String)> = trace
             .requests
             .iter()

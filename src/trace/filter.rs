@@ -52,10 +52,12 @@ pub fn parse_window(s: &str) -> Result<(u64, u64), String> {
     Ok((a, b))
 }
 
-/// Parses `1.5s`, `250ms`, `2m`, `1h`, `30` (seconds) into µs.
+/// Parses `1.5s`, `250ms`, `2m` (or `2min`), `1h`, `30` (seconds) into µs.
 pub fn parse_duration_us(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let (num, mul) = if let Some(n) = s.strip_suffix("ms") {
+    let (num, mul) = if let Some(n) = s.strip_suffix("min") {
+        (n, 60e6)
+    } else if let Some(n) = s.strip_suffix("ms") {
         (n, 1e3)
     } else if let Some(n) = s.strip_suffix("us") {
         (n, 1.0)
