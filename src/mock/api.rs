@@ -118,9 +118,6 @@ impl Sink for Collect {
         };
         p.tx.take().is_some_and(|tx| tx.send(whole).is_ok())
     }
-    fn key(&self) -> u64 {
-        self.id
-    }
     fn queued(&self) -> &AtomicU32 {
         &self.queued
     }

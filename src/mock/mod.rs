@@ -1,18 +1,9 @@
 //! `retrace mock`: a simulated vLLM-compatible inference engine, and the embedded default target
-//! of `retrace replay`.
-//!
-//! [`start`] serves the API ([`api`]) on an already-bound listener and returns a [`MockHandle`]
-//! whose [`MockHandle::shutdown`] stops accepting, ends open streams and waits for connections
-//! to close. Requests go to the engine thread ([`engine`]), which runs a pure scheduler
-//! ([`sched`]: continuous batching with a documented cost model and a prefix cache ([`cache`]),
-//! or fixed TTFT/ITL timing) in real time and emits each token event at its exact instant; the
-//! mock measures its own lateness ([`prom`]). Faults ([`faults`]) and tokenization
-//! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
-//! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
-//! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
-//! timings count from its arrival: the kernel's receive timestamp of the read that completed it
-//! ([`crate::rxstamp`]). This module wires them together and holds the config; it does not
-//! implement any of them.
+//! of `retrace replay` (docs/mock.md). [`start`] serves the API ([`api`]) on a bound listener;
+//! connections ([`conn`]) hand requests to the engine thread ([`engine`]), which runs the pure
+//! scheduler ([`sched`], with the prefix cache [`cache`]) in real time and writes each streamed
+//! event to its socket ([`stream`], text by [`format`]). This module holds the config and wires
+//! the parts together.
 
 pub mod api;
 pub mod cache;
@@ -210,18 +201,6 @@ impl MockHandle {
         self.stats.lateness()
     }
 
-    /// `realtime` was asked for and the OS refused it for at least one thread.
-    pub fn realtime_refused(&self) -> bool {
-        self.stats
-            .realtime_failed
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The engine clock's part of the lateness (hand-over to the connection task).
-    pub fn dispatch_lateness(&self) -> LatenessSummary {
-        self.stats.dispatch_lateness()
-    }
-
     /// The `/metrics` text, without HTTP.
     pub fn metrics_text(&self) -> String {
         self.stats.render()
@@ -243,29 +222,27 @@ pub async fn start(
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
-    let rt = runtime(&cfg, stats.clone())?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // From here on, an error drops `h`, which stops the runtime.
+    let mut h = MockHandle {
+        addr,
+        stop,
+        task: None,
+        rt: Some(runtime(&cfg, stats.clone())?),
+        stats: stats.clone(),
+    };
+    let rt = h.rt.as_ref().expect("just set");
     // Turns the kernel's receive timestamps on while the mock runs (it does so a moment later,
     // before clients normally send); accepted sockets ask for them too (conn.rs).
     crate::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
     let listener = {
         let _g = rt.enter();
-        tokio::net::TcpListener::from_std(listener)
+        tokio::net::TcpListener::from_std(listener).context("cannot register the listener")?
     };
     let ecfg = cfg.engine_config(tokenizer.vocab());
-    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
-    let started = listener
-        .context("cannot register the listener")
-        .and_then(|l| {
-            let e = engine::spawn(ecfg, stats.clone(), inbox.clone());
-            Ok((l, e.context("cannot start the engine thread")?))
-        });
-    let (listener, (etx, ethread)) = match started {
-        Ok(x) => x,
-        Err(e) => {
-            rt.shutdown_background();
-            return Err(e);
-        }
-    };
+    let inbox = Arc::new(engine::Inbox::new(&ecfg.sched));
+    let (etx, ethread) = engine::spawn(ecfg, stats.clone(), inbox.clone())
+        .context("cannot start the engine thread")?;
     let shared = Arc::new(api::Shared {
         model: cfg.model.clone(),
         max_model_len: cfg.max_model_len,
@@ -273,7 +250,7 @@ pub async fn start(
         seed: cfg.seed,
         faults: cfg.faults.clone(),
         tokenizer,
-        stats: stats.clone(),
+        stats,
         engine: etx.clone(),
         inbox,
         next_id: AtomicU64::new(0),
@@ -281,7 +258,6 @@ pub async fn start(
     });
     let handler: conn::Handler =
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
         let mut alive = accept_loop(listener, handler, cfg.timeouts, stop_rx).await;
         // Open streams end when the engine stops; then the connections close.
@@ -289,13 +265,8 @@ pub async fn start(
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), alive.recv()).await;
     });
-    Ok(MockHandle {
-        addr,
-        stop,
-        task: Some(task),
-        stats,
-        rt: Some(rt),
-    })
+    h.task = Some(task);
+    Ok(h)
 }
 
 /// `cfg.tokenizer` loaded away from the runtime's threads, or the built-in scheme.
@@ -313,13 +284,7 @@ fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::r
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.max(1))
         .thread_name("mock-io")
-        .on_thread_start(move || {
-            if realtime && !crate::thread_timing::realtime() {
-                stats
-                    .realtime_failed
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        })
+        .on_thread_start(move || stats.go_realtime(realtime))
         .enable_all()
         .build()
         .context("cannot start the mock's runtime")
@@ -471,7 +436,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
         if cfg.realtime {
             // Give the threads a moment to start before reporting.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            if h.realtime_refused() {
+            if h.stats.realtime_failed.load(std::sync::atomic::Ordering::Relaxed) {
                 eprintln!("retrace mock: warning: --realtime refused by the OS (needs CAP_SYS_NICE); running with normal priority");
             }
         }
@@ -479,7 +444,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
             .await
             .context("cannot wait for Ctrl-C")?;
         let l = h.lateness();
-        let d = h.dispatch_lateness();
+        let d = h.stats.dispatch_lateness();
         eprintln!(
             "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us (engine clock alone: p50 {} us, p99 {} us, max {} us)",
             l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us, d.p50_us, d.p99_us, d.max_us

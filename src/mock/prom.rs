@@ -1,16 +1,11 @@
-//! The mock's counters and histograms, and their Prometheus text rendering for `GET /metrics`.
-//!
-//! Names, labels (`engine="0"`, `model_name`) and buckets follow vLLM 0.32, so dashboards and
-//! retrace's own before/after scrapes read the mock like a real server: request gauges, KV usage,
-//! prefix-cache queries/hits (tokens), prompt/generation token counters, TTFT/ITL/E2E/queue
-//! histograms. The mock adds `retrace_mock_emit_lateness_seconds` (actual minus scheduled time at
-//! which each SSE event was handed to the HTTP connection), which makes its own timing accuracy
-//! checkable, plus quantile gauges of it. Updates are lock-free atomics except the lateness
-//! HdrHistogram (one uncontended mutex per event). This module does not decide what is counted.
+//! The mock's counters and histograms, and their Prometheus text for `GET /metrics`: vLLM 0.32's
+//! names, labels (`engine="0"`, `model_name`) and buckets, plus the mock's own emission lateness
+//! (docs/mock.md, "/metrics"). This module does not decide what is counted.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::Duration;
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -87,9 +82,9 @@ pub struct Stats {
     pub itl: Histo,
     pub e2e: Histo,
     pub queue: Histo,
-    lateness: Mutex<hdrhistogram::Histogram<u64>>,
+    lateness: Lateness,
     /// Engine-side: time the engine thread handed an event over minus its deadline.
-    dispatch: Mutex<hdrhistogram::Histogram<u64>>,
+    dispatch: Lateness,
 }
 
 impl Stats {
@@ -112,29 +107,26 @@ impl Stats {
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
             queue: Histo::new(TTFT_BUCKETS),
-            lateness: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("static histogram bounds are valid"),
-            ),
-            dispatch: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("static histogram bounds are valid"),
-            ),
+            lateness: lateness_histogram(),
+            dispatch: lateness_histogram(),
         }
     }
 
-    /// Records one event's emission lateness (negative values, i.e. early, count as 0).
-    pub fn record_lateness(&self, nanos: i128) {
-        let us = (nanos.max(0) / 1000) as u64;
-        if let Ok(mut h) = self.lateness.lock() {
-            h.saturating_record(us.max(1));
-        }
+    /// Records one event's emission lateness (the time its bytes were handed to the socket
+    /// minus its scheduled time; early counts as 0).
+    pub fn record_lateness(&self, late: Duration) {
+        record_us(&self.lateness, late);
     }
 
     /// Records the engine thread's own lateness in handing an event over.
-    pub fn record_dispatch(&self, nanos: u128) {
-        if let Ok(mut h) = self.dispatch.lock() {
-            h.saturating_record(((nanos / 1000) as u64).max(1));
+    pub fn record_dispatch(&self, late: Duration) {
+        record_us(&self.dispatch, late);
+    }
+
+    /// Puts the calling thread under SCHED_FIFO when `realtime`; a refusal is remembered.
+    pub fn go_realtime(&self, realtime: bool) {
+        if realtime && !crate::thread_timing::realtime() {
+            self.realtime_failed.store(true, Relaxed);
         }
     }
 
@@ -148,7 +140,20 @@ impl Stats {
     }
 }
 
-fn summarize(m: &Mutex<hdrhistogram::Histogram<u64>>) -> LatenessSummary {
+type Lateness = Mutex<hdrhistogram::Histogram<u64>>;
+
+fn lateness_histogram() -> Lateness {
+    let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
+    Mutex::new(h.expect("static histogram bounds are valid"))
+}
+
+fn record_us(m: &Lateness, late: Duration) {
+    if let Ok(mut h) = m.lock() {
+        h.saturating_record((late.as_micros() as u64).max(1));
+    }
+}
+
+fn summarize(m: &Lateness) -> LatenessSummary {
     let h = match m.lock() {
         Ok(h) => h.clone(),
         Err(_) => return LatenessSummary::default(),
@@ -250,30 +255,23 @@ impl Stats {
 
     /// The emission lateness histogram and quantiles, and the engine clock's quantiles.
     fn render_lateness(&self, x: &mut Exposition) {
-        let Ok(h) = self.lateness.lock() else {
-            return;
-        };
-        let buckets = LATENESS_BUCKETS_US
-            .iter()
-            .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));
-        let sum = h.mean() * h.len() as f64 / 1e6;
-        x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
-        let d = self.dispatch_lateness();
-        let v = quantiles([d.p50_us, d.p99_us, d.p999_us, d.max_us]);
+        if let Ok(h) = self.lateness.lock() {
+            let buckets = LATENESS_BUCKETS_US
+                .iter()
+                .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));
+            let sum = h.mean() * h.len() as f64 / 1e6;
+            x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
+        }
+        let v = quantiles(self.dispatch_lateness());
         x.family("gauge", "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", &v);
-        let v = [0.5, 0.99, 0.999, 1.0].map(|p| {
-            if h.is_empty() {
-                0
-            } else {
-                h.value_at_quantile(p)
-            }
-        });
-        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &quantiles(v));
+        let v = quantiles(self.lateness());
+        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &v);
     }
 }
 
-/// Rows of a quantile gauge in seconds from p50, p99, p99.9 and max in microseconds.
-fn quantiles(us: [u64; 4]) -> [(&'static str, f64); 4] {
+/// Rows of a quantile gauge in seconds.
+fn quantiles(l: LatenessSummary) -> [(&'static str, f64); 4] {
+    let us = [l.p50_us, l.p99_us, l.p999_us, l.max_us];
     let q = [
         r#",quantile="0.5""#,
         r#",quantile="0.99""#,
@@ -351,7 +349,7 @@ mod tests {
         s.prefix_queries.fetch_add(2081, Relaxed);
         s.ttft.observe(0.03);
         s.ttft.observe(0.07);
-        s.record_lateness(300_000);
+        s.record_lateness(Duration::from_micros(300));
         let txt = s.render();
         assert!(
             txt.contains("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 2081.0")

@@ -1,24 +1,8 @@
 //! The simulated engine's scheduler: a pure function of its state and the time it is asked
 //! about. It never reads a clock, sleeps, touches a socket or a counter; [`super::engine`] asks
 //! it what falls due ([`Scheduler::next_due`]), runs it ([`Scheduler::run_next`]) and hands the
-//! [`Event`]s it produces to the responses.
-//!
-//! **Cost-model mode** (default). Each step admits waiting sequences in arrival order while fewer
-//! than `max_num_seqs` run and the KV cache can reserve their blocks (prompt + output; the cached
-//! prefix is shared, see [`super::cache`]); then spends a budget of `max_num_batched_tokens`: one
-//! decode token for every running sequence past its prefill, then prefill chunks (chunked
-//! prefill). The step lasts `step_ms = overhead + prefill_token_ms × prefill_tokens + seq_ms ×
-//! sequences + context_token_ms × context_tokens` (context = KV tokens attended by the step's
-//! sequences). At the step's end every sequence that finished its prefill emits its first token
-//! and every decoding sequence emits `tokens_per_event` tokens (speculative-decoding style), and
-//! the next step starts at that instant. Timings live on an ideal timeline (a step starts exactly
-//! when the previous one ends, or at the arrival that wakes an idle engine), so the same arrivals
-//! give the same timings.
-//! **Fixed mode** (`fixed = (ttft, itl)`): every sequence's first event comes `ttft` after its
-//! arrival and each next one `itl` later, whatever the load; the cost model is bypassed (prefix
-//! cache counters are still kept).
-//! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
-//! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
+//! [`Event`]s it produces to the responses. Cost-model mode (continuous batching, chunked
+//! prefill, the step-time formula) and fixed mode are described in docs/mock.md, "Engine model".
 
 use super::cache::{Alloc, IdMap, PrefixCache};
 use crate::trace::hash::BlockHasher;
@@ -73,11 +57,7 @@ pub struct UnknownProfile {
 }
 
 impl Profile {
-    /// The calibrated default: a lone 137-token prompt gets a 69.9 ms TTFT and 8.0 ms TPOT
-    /// (Llama-3.1-8B-like). Most of that TTFT is front-end latency (56.4 ms), not compute:
-    /// prefill runs at 25k tokens/s and a decode step reads KV at 50 ns per context token, so
-    /// long prompts and long contexts cost what a single accelerator's memory and compute
-    /// suggest (a 7k-token prompt ≈ 0.4 s TTFT; 64 sequences × 1k context ≈ 19 ms steps).
+    /// The calibrated default (Llama-3.1-8B-like; docs/mock.md has what it gives).
     pub const LLAMA8B: Profile = Profile {
         name: "llama8b",
         cost: CostModel {
@@ -89,9 +69,7 @@ impl Profile {
         },
         max_num_batched_tokens: 2048,
     };
-    /// A fast multi-accelerator node: about 200k prefill tokens/s, 8,192-token steps, cheap KV
-    /// reads, so Mooncake-size prompts (7k-100k tokens) at the traces' own speed are served
-    /// without an ever-growing queue. The embedded target of `retrace replay`.
+    /// A fast multi-accelerator node for Mooncake-size prompts; `retrace replay`'s embedded target.
     pub const FAST: Profile = Profile {
         name: "fast",
         cost: CostModel {
@@ -594,8 +572,24 @@ pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A config for tests: cost model `llama8b`, ample capacity, no EOS.
+    pub(crate) fn test_config() -> SchedConfig {
+        SchedConfig {
+            fixed: None,
+            cost: Profile::LLAMA8B.cost,
+            max_num_seqs: 1000,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_blocks: 1 << 16,
+            tokens_per_event: 1,
+            seed: 1,
+            eos_prob: 0.0,
+            vocab: 1000,
+        }
+    }
 
     #[test]
     fn cost_model_calibration() {
@@ -659,16 +653,8 @@ mod tests {
     /// scheduler's own clock: (admission offset, mean ITL) of each, in ms.
     fn batch_run(reqs: u32, max_num_seqs: usize) -> Vec<(f64, f64)> {
         let mut s = Scheduler::new(SchedConfig {
-            fixed: None,
-            cost: Profile::LLAMA8B.cost,
             max_num_seqs,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            kv_blocks: 1 << 16,
-            tokens_per_event: 1,
-            seed: 0,
-            eos_prob: 0.0,
-            vocab: 1000,
+            ..test_config()
         });
         let t0 = Instant::now();
         let mut out = Vec::new();
