@@ -1,20 +1,13 @@
-//! The mock's HTTP API: vLLM-compatible routes and request validation; the JSON and SSE text
-//! itself is [`super::format`]'s.
-//!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`, `POST /tokenize`, `GET /version`. Checks in vLLM's order: body JSON and field
-//! types (400), model name (404), prompt length against `max_model_len` (400, also when
-//! streaming); `max_tokens` beyond the context is cut silently as vLLM 0.32 does. Injected status
-//! faults come after validation. A streamed response takes the connection over and the engine
-//! side writes its events to the socket ([`super::stream`], [`super::conn`]); a whole body is
-//! collected on the engine side ([`Collect`]) and sent in one piece. A dropped request cancels
-//! it in the engine. This module does not schedule anything; it only talks to the engine
-//! through its channel.
+//! The mock's HTTP API: vLLM-compatible routes and request validation, in vLLM's order (body and
+//! field types 400, model 404, prompt length 400 also when streaming; `max_tokens` beyond the
+//! context is cut silently); injected status faults come after validation. A streamed response
+//! takes the connection over ([`super::conn`], [`super::stream`]); a whole body is collected on
+//! the engine side ([`Collect`]) and sent in one piece. The JSON text is [`super::format`]'s.
 
 use super::conn::{BoxError, ConnCtx, Hijack, Reply};
-use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Timing};
+use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Usage};
 use super::faults::{self, FaultPlan};
-use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, FINGERPRINT};
+use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
 use super::prom::Stats;
 use super::stream::{arm_reset, Framing, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
@@ -54,69 +47,54 @@ pub struct Shared {
 #[error("connection reset (injected fault)")]
 struct ResetFault;
 
-/// A whole (non-streamed) answer as the engine finished it.
-enum Whole {
-    Done(Done),
-    Reset,
-}
-
-/// Every choice's tokens and the request's usage and timings.
-struct Done {
+/// A whole (non-streamed) answer: every choice's tokens and finish reason, and the usage.
+struct Whole {
     ids: Vec<Vec<u32>>,
     fin: Vec<Option<Finish>>,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    timing: Timing,
+    usage: Usage,
 }
 
 /// The engine's sink for a whole body: tokens are collected on the engine side and the handler
-/// is woken once, when the answer is complete. Dropped unfinished (engine shutdown), the handler
-/// sees its channel closed.
+/// is woken once, when the answer is complete (`None`: the reset fault). Dropped unfinished
+/// (engine shutdown), the handler sees its channel closed.
 struct Collect {
-    id: u64,
     queued: AtomicU32,
-    parts: Mutex<Parts>,
-}
-
-struct Parts {
-    ids: Vec<Vec<u32>>,
-    fin: Vec<Option<Finish>>,
-    tx: Option<oneshot::Sender<Whole>>,
+    #[allow(clippy::type_complexity)]
+    parts: Mutex<(
+        Vec<Vec<u32>>,
+        Vec<Option<Finish>>,
+        Option<oneshot::Sender<Option<Whole>>>,
+    )>,
 }
 
 impl Sink for Collect {
     fn emit(&self, e: Emit, _flush: bool) -> bool {
         let mut p = self.parts.lock().unwrap_or_else(|p| p.into_inner());
-        let whole = match e {
-            Emit::Tokens {
-                choice,
-                ids,
-                finish,
-                ..
-            } => {
-                let c = choice as usize;
-                if let Some(v) = p.ids.get_mut(c) {
-                    v.extend(ids);
-                    p.fin[c] = finish.or(p.fin[c]);
-                }
-                // A closed receiver: the handler is gone.
-                return p.tx.as_ref().is_some_and(|tx| !tx.is_closed());
+        let (ids, fin, tx) = &mut *p;
+        if let Emit::Tokens {
+            choice,
+            ids: more,
+            finish,
+            ..
+        } = e
+        {
+            let c = choice as usize;
+            if let (Some(v), Some(f)) = (ids.get_mut(c), fin.get_mut(c)) {
+                v.extend(more);
+                *f = finish.or(*f);
             }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => Whole::Done(Done {
-                ids: std::mem::take(&mut p.ids),
-                fin: std::mem::take(&mut p.fin),
-                prompt_tokens,
-                completion_tokens,
-                timing,
+            // A closed receiver: the handler is gone.
+            return tx.as_ref().is_some_and(|tx| !tx.is_closed());
+        }
+        let whole = match e {
+            Emit::Done { usage, .. } => Some(Whole {
+                ids: std::mem::take(ids),
+                fin: std::mem::take(fin),
+                usage,
             }),
-            Emit::Reset { .. } => Whole::Reset,
+            _ => None,
         };
-        p.tx.take().is_some_and(|tx| tx.send(whole).is_ok())
+        tx.take().is_some_and(|tx| tx.send(whole).is_ok())
     }
     fn queued(&self) -> &AtomicU32 {
         &self.queued
@@ -149,6 +127,10 @@ pub fn error_response(status: u16, message: &str, param: Option<&str>) -> Reply 
     )
 }
 
+fn shutting_down() -> Reply {
+    error_response(503, "the engine is shutting down", None)
+}
+
 fn detail(status: StatusCode, msg: &str) -> Reply {
     full(
         status,
@@ -165,10 +147,10 @@ pub async fn handle(
 ) -> Result<Reply, BoxError> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let fault_header = req
-        .headers()
-        .get(faults::FAULT_HEADER)
-        .map(|v| v.to_str().map(str::to_string));
+    let forced = req.headers().get(faults::FAULT_HEADER).map(|v| {
+        let v = v.to_str().map_err(|_| faults::not_ascii());
+        v.and_then(faults::parse_header)
+    });
     let get = method == Method::GET || method == Method::HEAD;
     let direct = StreamConn::new(&req, conn);
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
@@ -188,12 +170,9 @@ pub async fn handle(
         }
     };
     direct.conn.request_read();
-    let forced = match fault_header.map(|h| h.map_err(|_| faults::not_ascii())) {
-        None => None,
-        Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
-            Ok(p) => Some(p),
-            Err(e) => return Ok(error_response(400, &e.to_string(), None)),
-        },
+    let forced = match forced.transpose() {
+        Ok(p) => p,
+        Err(e) => return Ok(error_response(400, &e.to_string(), None)),
     };
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body));
@@ -316,9 +295,7 @@ fn random_hex(sh: &Shared, n: u64) -> String {
     )
 }
 
-/// A request the mock refuses, as vLLM words it (turned into [`error_response`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{status}: {message}")]
+/// A request the mock refuses, as vLLM words it (answered with [`error_response`]).
 struct Reject {
     status: u16,
     message: String,
@@ -330,12 +307,6 @@ fn reject(status: u16, message: impl Into<String>, param: Option<&'static str>) 
         status,
         message: message.into(),
         param,
-    }
-}
-
-impl Reject {
-    fn reply(&self) -> Reply {
-        error_response(self.status, &self.message, self.param)
     }
 }
 
@@ -481,7 +452,7 @@ async fn generate(
 ) -> Result<Reply, BoxError> {
     let g = match parse_generate(&sh, body, chat) {
         Ok(g) => g,
-        Err(r) => return Ok(r.reply()),
+        Err(r) => return Ok(error_response(r.status, &r.message, r.param)),
     };
     let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
@@ -492,131 +463,88 @@ async fn generate(
         .slow_headers_ms
         .map(|ms| Duration::from_secs_f64(ms / 1e3));
     if let Some(status) = plan.status {
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
+        slow_headers(slow).await;
         let msg = format!("simulated {status} (retrace mock fault injection)");
         return Ok(error_response(status, &msg, None));
     }
     let prompts: Vec<Arc<Vec<u32>>> = g.seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
     let kind = if chat { "chatcmpl" } else { "cmpl" };
     let head = Head {
-        rn,
         chat,
         id: format!("{kind}-{}", random_hex(&sh, rn)),
         created: unix_now(),
+        model: &sh.model,
         return_token_ids: g.return_token_ids,
     };
     let may_reset = plan.reset_after.is_some();
-    let submit = |sink: Arc<dyn Sink>| Submit {
-        id: rn,
-        arrival,
-        seqs: g.seqs,
-        faults: plan,
-        sink,
+    let submit = |sink: Arc<dyn Sink>| {
+        let (id, seqs, faults) = (rn, g.seqs, plan);
+        let req = Submit {
+            id,
+            arrival,
+            seqs,
+            faults,
+            sink,
+        };
+        sh.inbox.submit(&sh.engine, req).is_ok()
     };
     if !g.stream {
-        return whole_response(&sh, &head, prompts, submit, slow, direct).await;
-    }
-    let fmt = Fmt::new(
-        chat,
-        &head.id,
-        head.created,
-        &sh.model,
-        g.include_usage,
-        sh.per_request_metrics,
-        g.return_token_ids,
-        prompts,
-    );
-    let st = Stream::new(
-        fmt,
-        sh.tokenizer.clone(),
-        sh.stats.clone(),
-        sh.engine.clone(),
-        rn,
-        may_reset,
-        direct.framing,
-    );
-    let req = submit(Arc::new(StreamSink(st.clone())));
-    stream_response(&sh, st, req, slow, direct).await
-}
-
-/// What every chunk or body of one answer names.
-struct Head {
-    /// The request's number (the engine's id of it).
-    rn: u64,
-    chat: bool,
-    id: String,
-    created: u64,
-    return_token_ids: bool,
-}
-
-/// A whole (non-streamed) answer: collected on the engine side, sent in one piece (after slow
-/// headers, if any).
-async fn whole_response(
-    sh: &Shared,
-    head: &Head,
-    prompts: Vec<Arc<Vec<u32>>>,
-    submit: impl FnOnce(Arc<dyn Sink>) -> Submit,
-    slow: Option<Duration>,
-    direct: &StreamConn,
-) -> Result<Reply, BoxError> {
-    let n = prompts.len();
-    let (tx, rx) = oneshot::channel();
-    let req = submit(Arc::new(Collect {
-        id: head.rn,
-        queued: AtomicU32::new(0),
-        parts: Mutex::new(Parts {
-            ids: vec![Vec::new(); n],
-            fin: vec![None; n],
-            tx: Some(tx),
-        }),
-    }));
-    if sh.inbox.submit(&sh.engine, req).is_err() {
-        return Ok(error_response(503, "the engine is shutting down", None));
-    }
-    let mut guard = CancelGuard {
-        engine: sh.engine.clone(),
-        id: head.rn,
-        armed: true,
-    };
-    let whole = rx.await;
-    guard.armed = false;
-    let body = match whole {
-        Ok(Whole::Done(d)) => whole_body(sh, head, &prompts, &d),
-        Ok(Whole::Reset) => {
-            arm_reset(direct.conn.fd);
-            return Err(Box::new(ResetFault));
+        let (tx, rx) = oneshot::channel();
+        let n = prompts.len();
+        let collect = Collect {
+            queued: AtomicU32::new(0),
+            parts: Mutex::new((vec![Vec::new(); n], vec![None; n], Some(tx))),
+        };
+        if !submit(Arc::new(collect)) {
+            return Ok(shutting_down());
         }
-        Err(_) => return Ok(error_response(503, "the engine is shutting down", None)),
-    };
+        let mut guard = CancelGuard {
+            engine: sh.engine.clone(),
+            id: rn,
+            armed: true,
+        };
+        let whole = rx.await;
+        guard.armed = false;
+        let body = match whole {
+            Ok(None) => {
+                arm_reset(direct.conn.fd);
+                return Err(Box::new(ResetFault));
+            }
+            Ok(Some(w)) => whole_body(&sh, &head, &prompts, &w),
+            Err(_) => return Ok(shutting_down()),
+        };
+        slow_headers(slow).await;
+        return Ok(full(StatusCode::OK, "application/json", body));
+    }
+    let fmt = Fmt::new(&head, g.include_usage, sh.per_request_metrics, prompts);
+    let (tok, stats, engine) = (sh.tokenizer.clone(), sh.stats.clone(), sh.engine.clone());
+    let st = Stream::new(fmt, tok, stats, engine, rn, may_reset, direct.framing);
+    if !submit(Arc::new(StreamSink(st.clone()))) {
+        return Ok(shutting_down());
+    }
+    stream_response(st, slow, direct).await
+}
+
+async fn slow_headers(slow: Option<Duration>) {
     if let Some(d) = slow {
         tokio::time::sleep(d).await;
     }
-    Ok(full(StatusCode::OK, "application/json", body))
 }
 
-/// A streamed completion: the engine gets a [`Stream`] as the request's sink, then the
-/// connection is taken over so that the events go to the socket directly ([`super::stream`]).
+/// A streamed completion, its request submitted with a [`Stream`] as its sink: the connection is
+/// taken over so that the events go to the socket directly ([`super::stream`]).
 async fn stream_response(
-    sh: &Shared,
     st: Arc<Stream>,
-    req: Submit,
     slow: Option<Duration>,
     direct: &StreamConn,
 ) -> Result<Reply, BoxError> {
-    if sh.inbox.submit(&sh.engine, req).is_err() {
-        return Ok(error_response(503, "the engine is shutting down", None));
-    }
     // Until the connection takes the stream, a dropped handler (client gone) abandons it.
     let mut hijack = Hijack {
         stream: Some(st),
         head: Vec::new(),
         close_after: direct.close_after || direct.framing == Framing::UntilClose,
     };
-    if let Some(d) = slow {
-        tokio::time::sleep(d).await;
-    }
+    slow_headers(slow).await;
     // hyper sends what it still holds of earlier (pipelined) responses first.
     direct.conn.flushed().await;
     let mut head = String::with_capacity(160);
@@ -677,7 +605,7 @@ impl Drop for CancelGuard {
 }
 
 /// The JSON body of a whole (non-streamed) answer.
-fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a Done) -> String {
+fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], w: &'a Whole) -> String {
     let chat = head.chat;
     let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
     let mut s = String::with_capacity(256);
@@ -693,9 +621,9 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a
         s,
         ",\"object\":\"{object}\",\"created\":{created},\"model\":"
     );
-    json_str(&mut s, &sh.model);
+    json_str(&mut s, head.model);
     s.push_str(",\"choices\":[");
-    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&d.ids).zip(&d.fin).enumerate() {
+    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&w.ids).zip(&w.fin).enumerate() {
         if c > 0 {
             s.push(',');
         }
@@ -725,7 +653,7 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a
         }
         s.push('}');
     }
-    let (p, c) = (d.prompt_tokens, d.completion_tokens);
+    let (p, c) = (w.usage.prompt_tokens, w.usage.completion_tokens);
     let _ = write!(
         s,
         "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{c},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
@@ -737,7 +665,7 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a
     });
     if sh.per_request_metrics {
         s.push_str(",\"metrics\":");
-        metrics_json(&mut s, &d.timing, true);
+        metrics_json(&mut s, &w.usage, true);
     }
     s.push('}');
     s

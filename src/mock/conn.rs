@@ -1,20 +1,14 @@
 //! One client connection: hyper serves its HTTP/1.1 requests, and a streamed completion takes the
 //! socket over so that the engine can write the stream's events directly ([`super::stream`]).
 //!
-//! The take-over: the request handler registers the stream in this connection's [`ConnCtx`] and
-//! answers hyper with an empty `connection: close` response; from that moment the connection's
-//! I/O wrapper swallows what hyper writes (that placeholder response), so hyper ends the
-//! connection as if it had been closed and hands back the socket and any bytes it had read
-//! ahead. This task then writes the real response head (the same bytes hyper writes for an SSE
-//! response) and runs the stream; afterwards the socket goes back to a fresh hyper connection,
-//! with the read-ahead bytes replayed first, unless the client asked to close (or spoke
-//! HTTP/1.0, whose stream ends with the connection). A take-over waits until hyper has sent
-//! everything of earlier responses ([`ConnCtx::flushed`]). Every read of the socket is a `recvmsg` that
-//! also notes when its bytes reached the socket ([`crate::rxstamp`]; [`ConnCtx::last_rx`]), which
-//! the handler takes as the request's arrival once its body is read; bytes read ahead carry their
-//! read's stamp into the next request. Graceful shutdown: no new request is read,
-//! open streams end when the engine stops. This module does not format bodies or decide routes
-//! (the request handler is given to [`serve`]).
+//! The take-over: the handler registers the stream ([`ConnCtx::take_over`]) and answers hyper with
+//! an empty `connection: close` response, which the connection's I/O wrapper swallows; hyper
+//! hands back the socket and the bytes it read ahead. This task then writes the real response
+//! head and runs the stream; afterwards the socket goes back to a fresh hyper connection (the
+//! read-ahead bytes replayed first) unless the client asked to close or spoke HTTP/1.0. Every
+//! read is a `recvmsg` that notes when its bytes reached the socket ([`crate::rxstamp`]), which
+//! the handler takes as the request's arrival ([`ConnCtx::last_rx`]). This module does not
+//! format bodies or decide routes (the request handler is given to [`serve`]).
 
 use super::stream::{self, Outcome};
 use crate::rxstamp;
@@ -245,6 +239,12 @@ impl AsyncRead for ConnIo {
 }
 
 impl ConnIo {
+    /// The socket, unless a stream has taken over (then hyper's writes are discarded).
+    fn live(&mut self) -> Option<Pin<&mut TcpStream>> {
+        let swallow = self.ctx.swallow.load(Relaxed);
+        (!swallow).then(|| Pin::new(&mut self.stream))
+    }
+
     fn track<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         let was = self.ctx.blocked.swap(p.is_pending(), Relaxed);
         if was && p.is_ready() {
@@ -261,25 +261,21 @@ impl AsyncWrite for ConnIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.ctx.swallow.load(Relaxed) {
+        let Some(s) = self.live() else {
             return Poll::Ready(Ok(buf.len()));
-        }
-        let p = Pin::new(&mut self.stream).poll_write(cx, buf);
+        };
+        let p = s.poll_write(cx, buf);
         self.track(p)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.stream).poll_flush(cx)
+        self.live()
+            .map_or(Poll::Ready(Ok(())), |s| s.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        self.live()
+            .map_or(Poll::Ready(Ok(())), |s| s.poll_shutdown(cx))
     }
 }
 
@@ -320,14 +316,9 @@ async fn http(
     let conn = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let mut conn = Some(conn);
-    let mut stopping = *stop.borrow();
-    if stopping {
-        if let Some(c) = conn.as_mut() {
-            Pin::new(c).graceful_shutdown();
-        }
-    }
+    let mut stopping = false;
     let mut stopped = Box::pin(async move {
-        let _ = stop.changed().await;
+        let _ = stop.wait_for(|s| *s).await;
     });
     let mut timer = Box::pin(tokio::time::sleep(timeouts.idle));
     std::future::poll_fn(|cx| {
@@ -358,14 +349,13 @@ async fn http(
 /// Serves one accepted connection until it closes, waits on its client longer than `timeouts`
 /// allow, or the mock stops. Its reads carry the kernel's receive timestamps.
 pub async fn serve(
-    stream: TcpStream,
+    mut stream: TcpStream,
     handler: Handler,
     timeouts: Timeouts,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     rxstamp::enable(stream.as_raw_fd());
-    let mut stream = stream;
     let mut prefix = Bytes::new();
     // When the bytes in `prefix` reached the socket (the latest read that got any of them).
     let mut prefix_rx: Option<Instant> = None;

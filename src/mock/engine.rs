@@ -36,9 +36,12 @@ const DIRECT_MAX: usize = 32;
 /// before it reach the client (a TCP reset makes the peer discard data it has not read yet).
 const RESET_GRACE: Duration = Duration::from_millis(20);
 
-/// The engine's own timings of one request (vLLM's per-request `metrics`).
+/// A finished request's token counts and the engine's own timings of it (vLLM's per-request
+/// `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Timing {
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
     pub queue_ms: f64,
     pub ttft_ms: f64,
     pub generation_ms: f64,
@@ -56,12 +59,7 @@ pub enum Emit {
         finish: Option<Finish>,
     },
     /// All choices finished; follows the last `Tokens`.
-    Done {
-        at: Instant,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: Timing,
-    },
+    Done { at: Instant, usage: Usage },
     /// Fault: reset the connection now.
     Reset { at: Instant },
 }
@@ -629,22 +627,20 @@ fn done_emit(r: &Req, at: Instant) -> Emit {
         0.0
     };
     let total = ttft_ms + generation_ms;
-    Emit::Done {
-        at,
+    let usage = Usage {
         prompt_tokens: r.prompt_tokens,
         completion_tokens: r.produced,
-        timing: Timing {
-            queue_ms: ms(scheduled - r.arrival),
-            ttft_ms,
-            generation_ms,
-            mean_itl_ms,
-            tokens_per_second: if total > 0.0 {
-                r.produced as f64 / (total / 1e3)
-            } else {
-                0.0
-            },
+        queue_ms: ms(scheduled - r.arrival),
+        ttft_ms,
+        generation_ms,
+        mean_itl_ms,
+        tokens_per_second: if total > 0.0 {
+            r.produced as f64 / (total / 1e3)
+        } else {
+            0.0
         },
-    }
+    };
+    Emit::Done { at, usage }
 }
 
 #[cfg(test)]
@@ -769,14 +765,9 @@ mod tests {
                     prop_assert!(in_order, "events in time order");
                     let reset = evs.iter().any(|e| matches!(e, Emit::Reset { .. }));
                     prop_assert!(!reset, "no reset asked");
-                    if let Some(Emit::Done {
-                        completion_tokens,
-                        timing,
-                        ..
-                    }) = evs.last()
-                    {
-                        prop_assert_eq!(*completion_tokens, got);
-                        prop_assert!(timing.queue_ms >= 0.0 && timing.ttft_ms > 0.0);
+                    if let Some(Emit::Done { usage: u, .. }) = evs.last() {
+                        prop_assert_eq!(u.completion_tokens, got);
+                        prop_assert!(u.queue_ms >= 0.0 && u.ttft_ms > 0.0);
                     }
                     prop_assert_eq!(got, want);
                 }

@@ -1,13 +1,6 @@
-//! Injected faults: which misbehaviour a request gets, decided by seeded rates or a request header.
-//!
-//! Kinds: an error status instead of an answer (429/500/503 by default, vLLM-shaped JSON body);
-//! a stall before the first token; a stall in mid-stream after N tokens; a connection reset
-//! (TCP RST, 20 ms after the N-th token so that the client has read it) after N tokens; slow response headers. With rates set by flags, request number `n`
-//! (arrival order, from 0) gets kind `k` when `xxh3(n, k; seed) / 2^64 < rate_k`, so the same seed
-//! and the same request order inject the same faults. The header `x-mock-fault` forces faults for
-//! one request and overrides the rates: a comma-separated list of `status=503`,
-//! `stall-first=MS`, `stall-mid=N:MS`, `reset-after=N`, `slow-headers=MS`, or `none`.
-//! This module only decides; the API and the engine carry the faults out.
+//! Injected faults: which misbehaviour a request gets, decided by seeded rates (request `n` gets
+//! kind `k` when `xxh3(n, k; seed) / 2^64 < rate_k`) or forced by the `x-mock-fault` header
+//! (docs/mock.md, "Faults"). This module only decides; the API and the engine carry them out.
 
 /// The request header that forces faults on one request.
 pub const FAULT_HEADER: &str = "x-mock-fault";
@@ -94,8 +87,9 @@ fn unit(seed: u64, n: u64, kind: u8) -> f64 {
 impl FaultConfig {
     /// The seeded plan for request number `n`.
     pub fn plan(&self, seed: u64, n: u64) -> FaultPlan {
+        let hit = |kind: u8, rate: f64| rate > 0.0 && unit(seed, n, kind) < rate;
         let mut p = FaultPlan::default();
-        if self.status_rate > 0.0 && unit(seed, n, 1) < self.status_rate {
+        if hit(1, self.status_rate) {
             let codes = if self.status_codes.is_empty() {
                 &[500][..]
             } else {
@@ -104,18 +98,11 @@ impl FaultConfig {
             let i = (unit(seed, n, 2) * codes.len() as f64) as usize;
             p.status = Some(codes[i.min(codes.len() - 1)]);
         }
-        if self.stall_first_rate > 0.0 && unit(seed, n, 3) < self.stall_first_rate {
-            p.stall_first_ms = Some(self.stall_ms);
-        }
-        if self.stall_mid_rate > 0.0 && unit(seed, n, 4) < self.stall_mid_rate {
-            p.stall_mid = Some((self.stall_after_tokens, self.stall_ms));
-        }
-        if self.reset_rate > 0.0 && unit(seed, n, 5) < self.reset_rate {
-            p.reset_after = Some(self.reset_after_tokens);
-        }
-        if self.slow_headers_rate > 0.0 && unit(seed, n, 6) < self.slow_headers_rate {
-            p.slow_headers_ms = Some(self.slow_headers_ms);
-        }
+        p.stall_first_ms = hit(3, self.stall_first_rate).then_some(self.stall_ms);
+        p.stall_mid =
+            hit(4, self.stall_mid_rate).then_some((self.stall_after_tokens, self.stall_ms));
+        p.reset_after = hit(5, self.reset_rate).then_some(self.reset_after_tokens);
+        p.slow_headers_ms = hit(6, self.slow_headers_rate).then_some(self.slow_headers_ms);
         p
     }
 }
@@ -125,13 +112,9 @@ impl FaultConfig {
 #[error("{FAULT_HEADER}: {0}")]
 pub struct BadFaultHeader(String);
 
-fn bad(msg: String) -> BadFaultHeader {
-    BadFaultHeader(msg)
-}
-
 /// The header's value is not ASCII.
 pub fn not_ascii() -> BadFaultHeader {
-    bad("not ASCII".into())
+    BadFaultHeader("not ASCII".into())
 }
 
 fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
@@ -139,13 +122,13 @@ fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
         .parse::<f64>()
         .ok()
         .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 3_600_000.0)
-        .ok_or_else(|| bad(format!("`{what}` wants milliseconds, got `{v}`")))
+        .ok_or_else(|| BadFaultHeader(format!("`{what}` wants milliseconds, got `{v}`")))
 }
 
 fn count(v: &str, what: &str) -> Result<u32, BadFaultHeader> {
     v.trim()
         .parse::<u32>()
-        .map_err(|_| bad(format!("`{what}` wants a token count, got `{v}`")))
+        .map_err(|_| BadFaultHeader(format!("`{what}` wants a token count, got `{v}`")))
 }
 
 /// Parses the `x-mock-fault` header.
@@ -162,21 +145,21 @@ pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
                     .ok()
                     .filter(|c| (400..=599).contains(c))
                     .ok_or_else(|| {
-                        bad(format!("`status` wants 400..599, got `{v}`"))
+                        BadFaultHeader(format!("`status` wants 400..599, got `{v}`"))
                     })?;
                 p.status = Some(code);
             }
             "stall-first" => p.stall_first_ms = Some(ms(v, k)?),
             "stall-mid" => {
                 let (n, d) = v.split_once(':').ok_or_else(|| {
-                    bad(format!("`stall-mid` wants TOKENS:MS, got `{v}`"))
+                    BadFaultHeader(format!("`stall-mid` wants TOKENS:MS, got `{v}`"))
                 })?;
                 p.stall_mid = Some((count(n, k)?, ms(d, k)?));
             }
             "reset-after" => p.reset_after = Some(count(v, k)?),
             "slow-headers" => p.slow_headers_ms = Some(ms(v, k)?),
             other => {
-                return Err(bad(format!(
+                return Err(BadFaultHeader(format!(
                     "unknown fault `{other}` (status, stall-first, stall-mid, reset-after, slow-headers, none)"
                 )))
             }

@@ -257,14 +257,8 @@ impl Stream {
                 // Not with a reset fault pending: its last tokens must reach the client early.
                 hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
             }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => {
-                st.fmt
-                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
+            Emit::Done { usage, .. } => {
+                st.fmt.done(&mut st.scratch, &usage);
                 st.end = End::Done;
             }
             Emit::Reset { .. } => {}

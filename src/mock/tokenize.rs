@@ -1,18 +1,7 @@
-//! Prompt tokenization and output-token text for the simulated engine.
-//!
-//! Two schemes. **Built-in** (the default) is deterministic and documented so that users can
-//! predict counts: the text is cut into pieces like GPT-2's pre-tokenizer (an optional leading
-//! space followed by a run of letters, a run of 1 to 3 digits, a run of other non-space symbols,
-//! or a run of whitespace); a letter run longer than 4 characters is further cut into chunks of
-//! 4 characters (the first chunk keeps the leading space). Each piece is one token whose id is
-//! `256 + xxh3(piece bytes) % (32000 - 256)`; a BOS token (id 1) starts every prompt. English
-//! prose comes out near 4 characters per token, like real BPE vocabularies. Output token `id`
-//! renders as a space plus a word from a fixed list ([`WORDS`], index `id % len`).
-//! **HF** (`--tokenizer tokenizer.json`) uses the `tokenizers` crate: exact ids for that vocabulary,
-//! special tokens added as the file says; output ids decode with it.
-//! Chat messages become text with a fixed template (`<|role|>\ncontent\n` per message, then
-//! `<|assistant|>\n`) before tokenization; Jinja chat templates are deliberately not run.
-//! This module does not decide which tokens the engine generates (see `engine`).
+//! Prompt tokenization and output-token text: the documented built-in scheme (GPT-2-like pieces,
+//! letter runs cut into 4-letter chunks, `256 + xxh3(piece) % 31744`, BOS 1; output ids render
+//! as words from [`WORDS`]) or an HF `tokenizer.json`; chat messages through a fixed template
+//! (docs/mock.md, "Tokenization"). This module does not decide which tokens are generated.
 
 use anyhow::Context;
 use serde_json::Value;
@@ -35,15 +24,6 @@ pub const WORDS: [&str; 64] = [
 pub enum Tokenizer {
     Builtin,
     Hf(Box<tokenizers::Tokenizer>),
-}
-
-impl std::fmt::Debug for Tokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Tokenizer::Builtin => f.write_str("Tokenizer::Builtin"),
-            Tokenizer::Hf(_) => f.write_str("Tokenizer::Hf"),
-        }
-    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
