@@ -175,7 +175,7 @@ pub async fn handle(
         Err(e) => return Ok(error_response(400, &e.to_string(), None)),
     };
     if path == "/tokenize" {
-        return Ok(tokenize_route(&sh, &body));
+        return Ok(tokenize_route(&sh, &body).unwrap_or_else(Reply::from));
     }
     // Arrival (what the mock's timings count from): when the read that completed the request
     // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
@@ -223,32 +223,24 @@ fn models(sh: &Shared) -> Reply {
     full(StatusCode::OK, "application/json", s)
 }
 
-fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
-    let v: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return error_response(400, &format!("body is not JSON: {e}"), None),
-    };
-    let tokens = if let Some(m) = v.get("messages") {
-        let Some(m) = m.as_array() else {
-            return error_response(400, "field `messages` must be a list", Some("messages"));
-        };
-        match tokenize::chat_text(m).and_then(|t| sh.tokenizer.encode(&t)) {
-            Ok(t) => t,
-            Err(e) => return error_response(400, &e, Some("messages")),
+fn tokenize_route(sh: &Shared, body: &[u8]) -> Result<Reply, Reject> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| reject(400, format!("body is not JSON: {e}"), None))?;
+    let tokens = match (v.get("messages"), v.get("prompt")) {
+        (Some(m), _) => {
+            let msg = "field `messages` must be a list";
+            let m = m
+                .as_array()
+                .ok_or_else(|| reject(400, msg, Some("messages")))?;
+            let ids = tokenize::chat_text(m).and_then(|t| sh.tokenizer.encode(&t));
+            ids.map_err(|e| reject(400, e, Some("messages")))?
         }
-    } else {
-        match v.get("prompt") {
-            Some(Value::String(s)) => match sh.tokenizer.encode(s) {
-                Ok(t) => t,
-                Err(e) => return error_response(400, &e, Some("prompt")),
-            },
-            _ => {
-                return error_response(
-                    400,
-                    "field `prompt` (text) or `messages` is required",
-                    Some("prompt"),
-                )
-            }
+        (None, Some(Value::String(s))) => {
+            (sh.tokenizer.encode(s)).map_err(|e| reject(400, e, Some("prompt")))?
+        }
+        _ => {
+            let msg = "field `prompt` (text) or `messages` is required";
+            return Err(reject(400, msg, Some("prompt")));
         }
     };
     let mut s = format!(
@@ -257,21 +249,12 @@ fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
         sh.max_model_len
     );
     ids_json(&mut s, &tokens);
-    if v.get("return_token_strs").and_then(Value::as_bool) == Some(true) {
-        let strs: Vec<Value> = tokens
-            .iter()
-            .map(|&t| {
-                sh.tokenizer
-                    .token_str(t)
-                    .map(Value::String)
-                    .unwrap_or(Value::Null)
-            })
-            .collect();
-        let _ = write!(s, ",\"token_strs\":{}}}", Value::Array(strs));
-    } else {
-        s.push_str(",\"token_strs\":null}");
-    }
-    full(StatusCode::OK, "application/json", s)
+    let strs = (v.get("return_token_strs").and_then(Value::as_bool) == Some(true)).then(|| {
+        let str = |&t: &u32| sh.tokenizer.token_str(t).map_or(Value::Null, Value::String);
+        Value::Array(tokens.iter().map(str).collect())
+    });
+    let _ = write!(s, ",\"token_strs\":{}}}", strs.unwrap_or(Value::Null));
+    Ok(full(StatusCode::OK, "application/json", s))
 }
 
 /// Seconds since the Unix epoch (`created` fields).
@@ -279,13 +262,6 @@ pub fn unix_now() -> u64 {
     let now = std::time::SystemTime::now();
     now.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn flatten(p: Prompt, out: &mut Vec<Prompt>) {
-    match p {
-        Prompt::Batch(v) => v.into_iter().for_each(|x| flatten(x, out)),
-        x => out.push(x),
-    }
 }
 
 fn random_hex(sh: &Shared, n: u64) -> String {
@@ -307,6 +283,12 @@ fn reject(status: u16, message: impl Into<String>, param: Option<&'static str>) 
         status,
         message: message.into(),
         param,
+    }
+}
+
+impl From<Reject> for Reply {
+    fn from(r: Reject) -> Reply {
+        error_response(r.status, &r.message, r.param)
     }
 }
 
@@ -367,26 +349,26 @@ fn prompts(sh: &Shared, info: &RequestInfo, chat: bool) -> Result<Vec<Vec<u32>>,
         let ids = tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t));
         return Ok(vec![ids.map_err(|e| reject(400, e, Some("messages")))?]);
     }
-    let mut flat = Vec::new();
+    let mut out = Vec::new();
     if let Some(p) = info.prompt.clone() {
-        flatten(p, &mut flat);
+        prompt_ids(sh, p, &mut out)?;
     }
-    if flat.is_empty() {
+    if out.is_empty() {
         return Err(reject(400, "field `prompt` is empty", Some("prompt")));
     }
-    let mut out = Vec::with_capacity(flat.len());
-    for p in flat {
-        match p {
-            Prompt::TokenIds(ids) => out.push(ids),
-            Prompt::Text(t) => out.push(
-                sh.tokenizer
-                    .encode(&t)
-                    .map_err(|e| reject(400, e, Some("prompt")))?,
-            ),
-            Prompt::Batch(_) => {}
+    Ok(out)
+}
+
+/// Appends the token ids of `p` (text tokenized, a batch flattened) to `out`.
+fn prompt_ids(sh: &Shared, p: Prompt, out: &mut Vec<Vec<u32>>) -> Result<(), Reject> {
+    match p {
+        Prompt::Batch(v) => return v.into_iter().try_for_each(|x| prompt_ids(sh, x, out)),
+        Prompt::TokenIds(ids) => out.push(ids),
+        Prompt::Text(t) => {
+            out.push((sh.tokenizer.encode(&t)).map_err(|e| reject(400, e, Some("prompt")))?)
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// One sequence per prompt and choice (`n`), with lengths checked against the context.
@@ -452,7 +434,7 @@ async fn generate(
 ) -> Result<Reply, BoxError> {
     let g = match parse_generate(&sh, body, chat) {
         Ok(g) => g,
-        Err(r) => return Ok(error_response(r.status, &r.message, r.param)),
+        Err(r) => return Ok(r.into()),
     };
     let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
