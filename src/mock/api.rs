@@ -4,12 +4,12 @@
 //! takes the connection over ([`super::conn`], [`super::stream`]); a whole body is collected on
 //! the engine side ([`Collect`]) and sent in one piece. The JSON text is [`super::format`]'s.
 
-use super::conn::{BoxError, ConnCtx, Hijack, Reply};
+use super::conn::{BoxError, ConnCtx, Reply};
 use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Usage};
 use super::faults::{self, FaultPlan};
 use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
 use super::prom::Stats;
-use super::stream::{arm_reset, Framing, Stream, StreamSink};
+use super::stream::{arm_reset, Framing, Hijack, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
 use crate::openai::{parse_request_value, Prompt, RequestInfo};
 use crate::trace::Endpoint;
@@ -522,7 +522,7 @@ async fn stream_response(
 ) -> Result<Reply, BoxError> {
     // Until the connection takes the stream, a dropped handler (client gone) abandons it.
     let mut hijack = Hijack {
-        stream: Some(st),
+        stream: st,
         head: Vec::new(),
         close_after: direct.close_after || direct.framing == Framing::UntilClose,
     };

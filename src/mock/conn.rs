@@ -10,7 +10,7 @@
 //! the handler takes as the request's arrival ([`ConnCtx::last_rx`]). This module does not
 //! format bodies or decide routes (the request handler is given to [`serve`]).
 
-use super::stream::{self, Outcome};
+use super::stream::{self, Hijack, Outcome};
 use crate::rxstamp;
 use bytes::{Buf, Bytes};
 use std::future::Future;
@@ -23,24 +23,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-
-/// A stream that took the connection over. Dropped without being driven (the connection failed
-/// or the mock was dropped abruptly), it cancels its request.
-pub struct Hijack {
-    pub stream: Option<Arc<stream::Stream>>,
-    /// The response head to write (status line and headers).
-    pub head: Vec<u8>,
-    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
-    pub close_after: bool,
-}
-
-impl Drop for Hijack {
-    fn drop(&mut self) {
-        if let Some(s) = self.stream.take() {
-            s.abandon();
-        }
-    }
-}
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What the request handler answers.
@@ -377,7 +359,7 @@ pub async fn serve(
             return; // dropping `hijack` abandons its stream
         };
         let io = parts.io.into_inner();
-        let Some(mut h) = hijack else {
+        let Some(h) = hijack else {
             // hyper ended the connection by itself (close, error, shutdown): close it properly.
             let mut io = io;
             io.ctx.swallow.store(false, Relaxed);
@@ -389,12 +371,9 @@ pub async fn serve(
         read_ahead.extend_from_slice(&io.prefix);
         let mut ahead_rx = ctx.last_rx();
         stream = io.stream;
-        let Some(st) = h.stream.take() else {
-            return;
-        };
-        let head = std::mem::take(&mut h.head);
-        match stream::drive(st, &mut stream, head, &mut read_ahead, &mut ahead_rx).await {
-            Outcome::Finished if !h.close_after && !*stop.borrow() => {
+        let close_after = h.close_after;
+        match stream::drive(h, &mut stream, &mut read_ahead, &mut ahead_rx).await {
+            Outcome::Finished if !close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;
             }

@@ -165,6 +165,35 @@ impl MockConfig {
         }
         Ok(())
     }
+
+    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        engine::EngineConfig {
+            sched: sched::SchedConfig {
+                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
+                cost: self.cost,
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                block_size: self.block_size,
+                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
+                tokens_per_event: self.tokens_per_event,
+                seed: self.seed,
+                eos_prob: self.eos_prob,
+                vocab,
+            },
+            realtime: self.realtime,
+            coalesce: Duration::from_micros(self.coalesce_us),
+        }
+    }
+
+    /// The defaults with `profile`'s cost model and step budget.
+    pub fn with_profile(profile: Profile) -> MockConfig {
+        MockConfig {
+            cost: profile.cost,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            ..MockConfig::default()
+        }
+    }
 }
 
 /// A running mock. Dropping it without [`MockHandle::shutdown`] stops it abruptly.
@@ -217,7 +246,13 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("listener has no local address")?;
-    let tokenizer = Arc::new(load_tokenizer(&cfg).await?);
+    // Loaded away from the runtime's threads.
+    let tokenizer = Arc::new(match cfg.tokenizer.clone() {
+        None => tokenize::Tokenizer::Builtin,
+        Some(p) => tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p))
+            .await
+            .context("tokenizer loading task failed")??,
+    });
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
@@ -267,15 +302,6 @@ pub async fn start(
     });
     h.task = Some(task);
     Ok(h)
-}
-
-/// `cfg.tokenizer` loaded away from the runtime's threads, or the built-in scheme.
-async fn load_tokenizer(cfg: &MockConfig) -> anyhow::Result<tokenize::Tokenizer> {
-    let Some(p) = cfg.tokenizer.clone() else {
-        return Ok(tokenize::Tokenizer::Builtin);
-    };
-    let load = tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p));
-    load.await.context("tokenizer loading task failed")?
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
@@ -332,37 +358,6 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
             .with_context(|| format!("--fixed-timing: `{x}` is not a number of milliseconds"))
     };
     Ok((p(a)?, p(b)?))
-}
-
-impl MockConfig {
-    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
-        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
-        engine::EngineConfig {
-            sched: sched::SchedConfig {
-                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
-                cost: self.cost,
-                max_num_seqs: self.max_num_seqs,
-                max_num_batched_tokens: self.max_num_batched_tokens,
-                block_size: self.block_size,
-                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
-                tokens_per_event: self.tokens_per_event,
-                seed: self.seed,
-                eos_prob: self.eos_prob,
-                vocab,
-            },
-            realtime: self.realtime,
-            coalesce: Duration::from_micros(self.coalesce_us),
-        }
-    }
-
-    /// The defaults with `profile`'s cost model and step budget.
-    pub fn with_profile(profile: Profile) -> MockConfig {
-        MockConfig {
-            cost: profile.cost,
-            max_num_batched_tokens: profile.max_num_batched_tokens,
-            ..MockConfig::default()
-        }
-    }
 }
 
 /// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.

@@ -344,24 +344,19 @@ impl Scheduler {
         let Some(s) = self.seqs.get_mut(&key) else {
             return;
         };
+        let mut n = self.cfg.tokens_per_event;
         if s.generated == 0 {
+            n = 1;
             // The prompt is "computed" at the first token: register its full blocks.
             for (h, &b) in s.hashes.iter().zip(&s.alloc.blocks) {
                 self.cache.register(b, *h);
             }
         }
-        let n = if s.generated == 0 {
-            1
-        } else {
-            self.cfg.tokens_per_event.max(1)
-        };
-        let ev = emit_tokens(s, n, self.cfg.vocab, at);
-        if s.generated >= s.target {
+        if emit_tokens(s, n, self.cfg.vocab, at, out) {
             self.remove(key);
         } else {
             self.fixed_next.push(Reverse((at + itl, key)));
         }
-        out.push(ev);
     }
 
     /// Cost-model mode: admits and batches the step starting at `start`.
@@ -465,27 +460,17 @@ impl Scheduler {
                 }
             }
             s.registered = s.registered.max(full);
-            if s.computed >= s.prompt_len {
-                out.push(emit_tokens(s, 1, self.cfg.vocab, end));
-                if s.generated >= s.target {
-                    done.push(key);
-                }
+            if s.computed >= s.prompt_len && emit_tokens(s, 1, self.cfg.vocab, end, out) {
+                done.push(key);
             }
         }
+        let tpe = self.cfg.tokens_per_event;
         for key in step.decode {
             let Some(s) = self.seqs.get_mut(&key) else {
                 continue;
             };
-            if s.generated < s.target {
-                out.push(emit_tokens(
-                    s,
-                    self.cfg.tokens_per_event,
-                    self.cfg.vocab,
-                    end,
-                ));
-                if s.generated >= s.target {
-                    done.push(key);
-                }
+            if s.generated < s.target && emit_tokens(s, tpe, self.cfg.vocab, end, out) {
+                done.push(key);
             }
         }
         for key in done {
@@ -519,20 +504,22 @@ impl Batch {
     }
 }
 
-/// The next (at most) `n` tokens of `s`, due at `at`.
-fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant) -> Event {
+/// Puts the next (at most) `n` tokens of `s`, due at `at`, in `out`; true when they are its last.
+fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant, out: &mut Vec<Event>) -> bool {
     let n = n.max(1).min(s.target - s.generated);
     let ids = (s.generated..s.generated + n)
         .map(|i| token_id(s.out_seed, i, vocab))
         .collect();
     s.generated += n;
-    Event::Tokens {
+    let last = s.generated >= s.target;
+    out.push(Event::Tokens {
         req: s.req,
         choice: s.choice,
         ids,
-        finish: (s.generated >= s.target).then_some(s.finish),
+        finish: last.then_some(s.finish),
         at,
-    }
+    });
+    last
 }
 
 /// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).

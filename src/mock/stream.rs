@@ -321,33 +321,39 @@ pub enum Outcome {
     Reset,
 }
 
-/// Detaches the engine from the socket on every way out of [`drive`] (also cancellation); a
-/// stream that had not ended is abandoned.
-struct Detach<'a>(&'a Stream);
+/// A stream that takes its connection over. Dropped, driven to its end or never driven (the
+/// connection failed, the mock was dropped abruptly), it detaches the engine from the socket and
+/// abandons a stream that had not ended.
+pub struct Hijack {
+    pub stream: Arc<Stream>,
+    /// The response head to write (status line and headers).
+    pub head: Vec<u8>,
+    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
+    pub close_after: bool,
+}
 
-impl Drop for Detach<'_> {
+impl Drop for Hijack {
     fn drop(&mut self) {
-        self.0.abandon();
+        self.stream.abandon();
     }
 }
 
-/// Connection task: writes `head` and the events due so far, lets the engine write directly,
+/// Connection task: writes the head and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
 /// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
 /// set to when the latest of them reached the socket, see [`crate::rxstamp`]), and says how the
 /// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
 /// this returns.
 pub async fn drive(
-    s: Arc<Stream>,
+    mut h: Hijack,
     stream: &mut TcpStream,
-    head: Vec<u8>,
     read_ahead: &mut Vec<u8>,
     read_ahead_rx: &mut Option<Instant>,
 ) -> Outcome {
     let fd = stream.as_raw_fd();
-    let _detach = Detach(&s);
+    let mut head = Some(std::mem::take(&mut h.head));
+    let s = &*h.stream;
     s.lock().fd = Some(fd);
-    let mut head = Some(head);
     loop {
         let write = {
             let mut st = s.lock();
@@ -375,7 +381,7 @@ pub async fn drive(
         };
         if let Some((buf, ats)) = write {
             if stream.write_all(&buf).await.is_err() {
-                return Outcome::Close; // `_detach` abandons the request
+                return Outcome::Close; // dropping `h` abandons the request
             }
             s.record(&ats, Instant::now());
             continue;
