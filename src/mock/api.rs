@@ -156,17 +156,12 @@ pub async fn handle(
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
         return Ok(r);
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-    {
+    let body = http_body_util::Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match body.await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return Ok(error_response(
-                400,
-                &format!("cannot read request body (limit {MAX_BODY} bytes): {e}"),
-                None,
-            ))
+            let msg = format!("cannot read request body (limit {MAX_BODY} bytes): {e}");
+            return Ok(error_response(400, &msg, None));
         }
     };
     direct.conn.request_read();

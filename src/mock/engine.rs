@@ -647,6 +647,7 @@ fn done_emit(r: &Req, at: Instant) -> Emit {
 mod tests {
     use super::*;
     use crate::mock::sched::{tests::test_config, CostModel};
+    use proptest::prelude::*;
 
     /// A sink that forwards every event to a channel.
     struct ChanSink(
@@ -713,72 +714,65 @@ mod tests {
         }
     }
 
-    /// Random workloads on a tiny engine: every request completes with exactly its tokens, its
-    /// events arrive in time order and end with `Done`, and the cache stays within capacity.
-    #[test]
-    fn random_workloads_complete_exactly() {
-        use proptest::prelude::*;
-        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
-            cases: 64,
-            ..Default::default()
-        });
-        let strat = (
-            1u32..=8,
-            1u32..=32,
-            1usize..=4,
-            1u32..=64,
-            proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
-        );
-        runner
-            .run(&strat, |(bs, budget, max_seqs, tpe, reqs)| {
-                let max_len = 140u32;
-                let cfg = engine_cfg(SchedConfig {
-                    cost: CostModel {
-                        request_overhead_ms: 0.0,
-                        step_overhead_ms: 0.02,
-                        prefill_token_ms: 0.0,
-                        seq_ms: 0.0,
-                        context_token_ms: 0.0,
-                    },
-                    max_num_seqs: max_seqs,
-                    max_num_batched_tokens: budget,
-                    block_size: bs,
-                    kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
-                    tokens_per_event: tpe % 3 + 1,
-                    ..test_config()
-                });
-                let stats = Arc::new(Stats::new("m"));
-                let inbox = Arc::new(Inbox::new(&cfg.sched));
-                let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
-                let mut rxs = Vec::new();
-                for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
-                    // prompts of one family share a prefix
-                    let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
-                    let seq = (prompt, (*max_tokens).min(max_len - plen));
-                    let now = Instant::now();
-                    rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+        /// Random workloads on a tiny engine: every request completes with exactly its tokens,
+        /// its events arrive in time order and end with `Done`, and the cache stays within
+        /// capacity.
+        #[test]
+        fn random_workloads_complete_exactly(
+            bs in 1u32..=8,
+            budget in 1u32..=32,
+            max_seqs in 1usize..=4,
+            tpe in 1u32..=64,
+            reqs in proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
+        ) {
+            let max_len = 140u32;
+            let cfg = engine_cfg(SchedConfig {
+                cost: CostModel {
+                    request_overhead_ms: 0.0,
+                    step_overhead_ms: 0.02,
+                    prefill_token_ms: 0.0,
+                    seq_ms: 0.0,
+                    context_token_ms: 0.0,
+                },
+                max_num_seqs: max_seqs,
+                max_num_batched_tokens: budget,
+                block_size: bs,
+                kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
+                tokens_per_event: tpe % 3 + 1,
+                ..test_config()
+            });
+            let stats = Arc::new(Stats::new("m"));
+            let inbox = Arc::new(Inbox::new(&cfg.sched));
+            let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
+            let mut rxs = Vec::new();
+            for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
+                // prompts of one family share a prefix
+                let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
+                let seq = (prompt, (*max_tokens).min(max_len - plen));
+                let now = Instant::now();
+                rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
+            }
+            for (i, rx) in rxs.into_iter().enumerate() {
+                let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
+                let (evs, got) = until_done(rx);
+                let in_order = evs.windows(2).all(|w| w[1].at() >= w[0].at());
+                prop_assert!(in_order, "events in time order");
+                let reset = evs.iter().any(|e| matches!(e, Emit::Reset { .. }));
+                prop_assert!(!reset, "no reset asked");
+                if let Some(Emit::Done { usage: u, .. }) = evs.last() {
+                    prop_assert_eq!(u.completion_tokens, got);
+                    prop_assert!(u.queue_ms >= 0.0 && u.ttft_ms > 0.0);
                 }
-                for (i, rx) in rxs.into_iter().enumerate() {
-                    let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
-                    let (evs, got) = until_done(rx);
-                    let in_order = evs.windows(2).all(|w| w[1].at() >= w[0].at());
-                    prop_assert!(in_order, "events in time order");
-                    let reset = evs.iter().any(|e| matches!(e, Emit::Reset { .. }));
-                    prop_assert!(!reset, "no reset asked");
-                    if let Some(Emit::Done { usage: u, .. }) = evs.last() {
-                        prop_assert_eq!(u.completion_tokens, got);
-                        prop_assert!(u.queue_ms >= 0.0 && u.ttft_ms > 0.0);
-                    }
-                    prop_assert_eq!(got, want);
-                }
-                prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
-                tx.send(Cmd::Shutdown).unwrap();
-                th.join().unwrap();
-                // every block released once the engine is done
-                prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
-                Ok(())
-            })
-            .unwrap();
+                prop_assert_eq!(got, want);
+            }
+            prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
+            tx.send(Cmd::Shutdown).unwrap();
+            th.join().unwrap();
+            // every block released once the engine is done
+            prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
+        }
     }
 
     /// Requests handed over through the inbox while the engine sleeps (a burst, then stragglers

@@ -134,10 +134,7 @@ impl Fmt {
         finish: Option<Finish>,
     ) {
         let c = choice as usize;
-        let first = !self.started.get(c).copied().unwrap_or(true);
-        if let Some(s) = self.started.get_mut(c) {
-            *s = true;
-        }
+        let first = (self.started.get_mut(c)).is_some_and(|s| !std::mem::replace(s, true));
         if finish.is_some() {
             self.choices_left = self.choices_left.saturating_sub(1);
         }

@@ -106,27 +106,6 @@ impl MockConfig {
             }
         }
         let u = |v: u32| u64::from(v);
-        for (name, v, lo, hi) in [
-            ("--max-num-seqs", self.max_num_seqs as u64, 1, u64::MAX),
-            (
-                "--max-num-batched-tokens",
-                u(self.max_num_batched_tokens),
-                1,
-                u64::MAX,
-            ),
-            ("--block-size", u(self.block_size), 1, 1 << 16),
-            ("--max-model-len", u(self.max_model_len), 2, u64::MAX),
-            ("--tokens-per-event", u(self.tokens_per_event), 1, u64::MAX),
-            ("--io-threads", self.io_threads as u64, 1, 64),
-            // It bounds the mock's own lateness.
-            ("--coalesce-us", self.coalesce_us, 0, 1000),
-        ] {
-            match hi {
-                u64::MAX if v < lo => bail!("{name} must be at least {lo}, got {v}"),
-                _ if !(lo..=hi).contains(&v) => bail!("{name} must be {lo}..={hi}, got {v}"),
-                _ => {}
-            }
-        }
         let kv = self.kv_cache_tokens;
         if kv < u(self.max_model_len) + u(self.block_size) {
             bail!(
@@ -137,24 +116,39 @@ impl MockConfig {
         if kv / u(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
-        let (c, f) = (&self.cost, &self.faults);
-        for (name, v, hi) in [
-            ("--eos-prob", self.eos_prob, 1.0),
-            ("--request-overhead-ms", c.request_overhead_ms, 60e3),
-            ("--step-overhead-ms", c.step_overhead_ms, 60e3),
-            ("--prefill-token-ms", c.prefill_token_ms, 60e3),
-            ("--seq-ms", c.seq_ms, 60e3),
-            ("--context-token-ms", c.context_token_ms, 60e3),
-            ("--fault-status-rate", f.status_rate, 1.0),
-            ("--fault-stall-first-rate", f.stall_first_rate, 1.0),
-            ("--fault-stall-mid-rate", f.stall_mid_rate, 1.0),
-            ("--fault-reset-rate", f.reset_rate, 1.0),
-            ("--fault-slow-headers-rate", f.slow_headers_rate, 1.0),
-            ("--fault-stall-ms", f.stall_ms, 3.6e6),
-            ("--fault-slow-headers-ms", f.slow_headers_ms, 3.6e6),
+        let (c, f, n) = (&self.cost, &self.faults, f64::INFINITY);
+        for (name, v, lo, hi) in [
+            ("--max-num-seqs", self.max_num_seqs as f64, 1.0, n),
+            (
+                "--max-num-batched-tokens",
+                self.max_num_batched_tokens.into(),
+                1.0,
+                n,
+            ),
+            ("--block-size", self.block_size.into(), 1.0, 65536.0),
+            ("--max-model-len", self.max_model_len.into(), 2.0, n),
+            ("--tokens-per-event", self.tokens_per_event.into(), 1.0, n),
+            ("--io-threads", self.io_threads as f64, 1.0, 64.0),
+            // It bounds the mock's own lateness.
+            ("--coalesce-us", self.coalesce_us as f64, 0.0, 1000.0),
+            ("--eos-prob", self.eos_prob, 0.0, 1.0),
+            ("--request-overhead-ms", c.request_overhead_ms, 0.0, 60e3),
+            ("--step-overhead-ms", c.step_overhead_ms, 0.0, 60e3),
+            ("--prefill-token-ms", c.prefill_token_ms, 0.0, 60e3),
+            ("--seq-ms", c.seq_ms, 0.0, 60e3),
+            ("--context-token-ms", c.context_token_ms, 0.0, 60e3),
+            ("--fault-status-rate", f.status_rate, 0.0, 1.0),
+            ("--fault-stall-first-rate", f.stall_first_rate, 0.0, 1.0),
+            ("--fault-stall-mid-rate", f.stall_mid_rate, 0.0, 1.0),
+            ("--fault-reset-rate", f.reset_rate, 0.0, 1.0),
+            ("--fault-slow-headers-rate", f.slow_headers_rate, 0.0, 1.0),
+            ("--fault-stall-ms", f.stall_ms, 0.0, 3.6e6),
+            ("--fault-slow-headers-ms", f.slow_headers_ms, 0.0, 3.6e6),
         ] {
-            if !(0.0..=hi).contains(&v) {
-                bail!("{name} must be within 0..={hi}, got {v}");
+            if !(lo..=hi).contains(&v) && hi.is_infinite() {
+                bail!("{name} must be at least {lo}, got {v}");
+            } else if !(lo..=hi).contains(&v) {
+                bail!("{name} must be within {lo}..={hi}, got {v}");
             }
         }
         if self.timeouts.request.is_zero() || self.timeouts.idle.is_zero() {
