@@ -48,6 +48,7 @@ pub struct Shared {
 struct ResetFault;
 
 /// A whole (non-streamed) answer: every choice's tokens and finish reason, and the usage.
+#[derive(Default)]
 struct Whole {
     ids: Vec<Vec<u32>>,
     fin: Vec<Option<Finish>>,
@@ -59,40 +60,33 @@ struct Whole {
 /// (engine shutdown), the handler sees its channel closed.
 struct Collect {
     queued: AtomicU32,
-    #[allow(clippy::type_complexity)]
-    parts: Mutex<(
-        Vec<Vec<u32>>,
-        Vec<Option<Finish>>,
-        Option<oneshot::Sender<Option<Whole>>>,
-    )>,
+    parts: Mutex<(Whole, Option<oneshot::Sender<Option<Whole>>>)>,
 }
 
 impl Sink for Collect {
     fn emit(&self, e: Emit, _flush: bool) -> bool {
         let mut p = self.parts.lock().unwrap_or_else(|p| p.into_inner());
-        let (ids, fin, tx) = &mut *p;
-        if let Emit::Tokens {
-            choice,
-            ids: more,
-            finish,
-            ..
-        } = e
-        {
-            let c = choice as usize;
-            if let (Some(v), Some(f)) = (ids.get_mut(c), fin.get_mut(c)) {
-                v.extend(more);
-                *f = finish.or(*f);
-            }
-            // A closed receiver: the handler is gone.
-            return tx.as_ref().is_some_and(|tx| !tx.is_closed());
-        }
+        let (w, tx) = &mut *p;
         let whole = match e {
+            Emit::Tokens {
+                choice,
+                ids,
+                finish,
+                ..
+            } => {
+                let c = choice as usize;
+                if let (Some(v), Some(f)) = (w.ids.get_mut(c), w.fin.get_mut(c)) {
+                    v.extend(ids);
+                    *f = finish.or(*f);
+                }
+                // A closed receiver: the handler is gone.
+                return tx.as_ref().is_some_and(|tx| !tx.is_closed());
+            }
             Emit::Done { usage, .. } => Some(Whole {
-                ids: std::mem::take(ids),
-                fin: std::mem::take(fin),
                 usage,
+                ..std::mem::take(w)
             }),
-            _ => None,
+            Emit::Reset { .. } => None,
         };
         tx.take().is_some_and(|tx| tx.send(whole).is_ok())
     }
@@ -340,9 +334,8 @@ fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bo
 /// The request's prompts as token ids.
 fn prompts(sh: &Shared, info: &RequestInfo, chat: bool) -> Result<Vec<Vec<u32>>, Reject> {
     if chat {
-        let msgs = info.messages.clone().unwrap_or_default();
-        let ids = tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t));
-        return Ok(vec![ids.map_err(|e| reject(400, e, Some("messages")))?]);
+        let msgs = info.messages.as_deref().unwrap_or_default();
+        return Ok(vec![chat_ids(sh, msgs)?]);
     }
     let mut out = Vec::new();
     if let Some(p) = info.prompt.clone() {
@@ -359,11 +352,19 @@ fn prompt_ids(sh: &Shared, p: Prompt, out: &mut Vec<Vec<u32>>) -> Result<(), Rej
     match p {
         Prompt::Batch(v) => return v.into_iter().try_for_each(|x| prompt_ids(sh, x, out)),
         Prompt::TokenIds(ids) => out.push(ids),
-        Prompt::Text(t) => {
-            out.push((sh.tokenizer.encode(&t)).map_err(|e| reject(400, e, Some("prompt")))?)
-        }
+        Prompt::Text(t) => out.push(text_ids(sh, &t)?),
     }
     Ok(())
+}
+
+fn text_ids(sh: &Shared, text: &str) -> Result<Vec<u32>, Reject> {
+    (sh.tokenizer.encode(text)).map_err(|e| reject(400, e, Some("prompt")))
+}
+
+/// Chat messages through the fixed template, as token ids.
+fn chat_ids(sh: &Shared, messages: &[Value]) -> Result<Vec<u32>, Reject> {
+    let ids = tokenize::chat_text(messages).and_then(|t| sh.tokenizer.encode(&t));
+    ids.map_err(|e| reject(400, e, Some("messages")))
 }
 
 /// One sequence per prompt and choice (`n`), with lengths checked against the context.
@@ -468,9 +469,10 @@ async fn generate(
     if !g.stream {
         let (tx, rx) = oneshot::channel();
         let n = prompts.len();
+        let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], Usage::default());
         let collect = Collect {
             queued: AtomicU32::new(0),
-            parts: Mutex::new((vec![Vec::new(); n], vec![None; n], Some(tx))),
+            parts: Mutex::new((Whole { ids, fin, usage }, Some(tx))),
         };
         if !submit(Arc::new(collect)) {
             return Ok(shutting_down());

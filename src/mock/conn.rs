@@ -358,11 +358,9 @@ pub async fn serve(
         let Some(parts) = r else {
             return; // dropping `hijack` abandons its stream
         };
-        let io = parts.io.into_inner();
+        let mut io = parts.io.into_inner();
         let Some(h) = hijack else {
             // hyper ended the connection by itself (close, error, shutdown): close it properly.
-            let mut io = io;
-            io.ctx.swallow.store(false, Relaxed);
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
             return;
         };

@@ -139,9 +139,8 @@ impl Fmt {
             self.choices_left = self.choices_left.saturating_sub(1);
         }
         let last_chunk = finish.is_some() && self.choices_left == 0 && !self.include_usage;
-        let mut text = std::mem::take(&mut self.text);
-        text.clear();
-        tok.render(ids, &mut text);
+        self.text.clear();
+        tok.render(ids, &mut self.text);
         if self.chat && first {
             out.push_str("data: ");
             out.push_str(&self.head);
@@ -161,7 +160,7 @@ impl Fmt {
         } else {
             "\"text\":"
         });
-        json_str(out, &text);
+        json_str(out, &self.text);
         out.push_str(if self.chat { "}" } else { "" });
         out.push_str(",\"logprobs\":null,\"finish_reason\":");
         match finish {
@@ -189,7 +188,6 @@ impl Fmt {
             let _ = write!(out, ",\"system_fingerprint\":\"{FINGERPRINT}\"");
         }
         out.push_str("}\n\n");
-        self.text = text;
     }
 
     /// Every choice has had its last token (only the usage chunk and `[DONE]` remain).

@@ -60,6 +60,36 @@ pub struct LatenessSummary {
     pub max_us: u64,
 }
 
+type Lateness = Mutex<hdrhistogram::Histogram<u64>>;
+
+fn lateness_histogram() -> Lateness {
+    let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
+    Mutex::new(h.expect("static histogram bounds are valid"))
+}
+
+fn record_us(m: &Lateness, late: Duration) {
+    if let Ok(mut h) = m.lock() {
+        h.saturating_record((late.as_micros() as u64).max(1));
+    }
+}
+
+fn summarize(m: &Lateness) -> LatenessSummary {
+    let h = match m.lock() {
+        Ok(h) => h.clone(),
+        Err(_) => return LatenessSummary::default(),
+    };
+    if h.is_empty() {
+        return LatenessSummary::default();
+    }
+    LatenessSummary {
+        count: h.len(),
+        p50_us: h.value_at_quantile(0.5),
+        p99_us: h.value_at_quantile(0.99),
+        p999_us: h.value_at_quantile(0.999),
+        max_us: h.max(),
+    }
+}
+
 /// Everything `/metrics` shows.
 #[derive(Debug)]
 pub struct Stats {
@@ -130,6 +160,10 @@ impl Stats {
         }
     }
 
+    pub fn set_kv_usage(&self, frac: f64) {
+        self.kv_usage_bits.store(frac.to_bits(), Relaxed);
+    }
+
     /// Engine-side dispatch lateness (the part of the emission lateness that is the clock's).
     pub fn dispatch_lateness(&self) -> LatenessSummary {
         summarize(&self.dispatch)
@@ -137,42 +171,6 @@ impl Stats {
 
     pub fn lateness(&self) -> LatenessSummary {
         summarize(&self.lateness)
-    }
-}
-
-type Lateness = Mutex<hdrhistogram::Histogram<u64>>;
-
-fn lateness_histogram() -> Lateness {
-    let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
-    Mutex::new(h.expect("static histogram bounds are valid"))
-}
-
-fn record_us(m: &Lateness, late: Duration) {
-    if let Ok(mut h) = m.lock() {
-        h.saturating_record((late.as_micros() as u64).max(1));
-    }
-}
-
-fn summarize(m: &Lateness) -> LatenessSummary {
-    let h = match m.lock() {
-        Ok(h) => h.clone(),
-        Err(_) => return LatenessSummary::default(),
-    };
-    if h.is_empty() {
-        return LatenessSummary::default();
-    }
-    LatenessSummary {
-        count: h.len(),
-        p50_us: h.value_at_quantile(0.5),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
-    }
-}
-
-impl Stats {
-    pub fn set_kv_usage(&self, frac: f64) {
-        self.kv_usage_bits.store(frac.to_bits(), Relaxed);
     }
 
     /// The Prometheus text exposition.

@@ -49,55 +49,26 @@ fn class(c: char) -> Class {
 /// Cuts text into built-in pieces (see the module doc).
 pub fn builtin_pieces(text: &str) -> Vec<&str> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let start = chars[i].0;
-        let mut j = i;
-        // A single space glues to a following non-space run.
-        if chars[j].1 == ' ' && j + 1 < chars.len() && class(chars[j + 1].1) != Class::Space {
-            j += 1;
-        }
-        let cls = class(chars[j].1);
-        let mut k = j + 1;
-        let limit = match cls {
+    let n = chars.len();
+    let at = |k: usize| chars.get(k).map_or(text.len(), |c| c.0);
+    let cls = |k: usize| class(chars[k].1);
+    // A single space leads the non-space run that follows it.
+    let lead = |k: usize| chars[k].1 == ' ' && k + 1 < n && cls(k + 1) != Class::Space;
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < n {
+        let j = if lead(i) { i + 1 } else { i };
+        let c = cls(j);
+        // At most 3 digits; letter runs are cut into chunks of 4 letters.
+        let limit = match c {
             Class::Digit => 3,
+            Class::Alpha => 4,
             _ => usize::MAX,
         };
-        while k < chars.len() && class(chars[k].1) == cls && k - j < limit {
-            // whitespace runs stop before a space that would lead the next piece
-            if cls == Class::Space
-                && chars[k].1 == ' '
-                && k + 1 < chars.len()
-                && class(chars[k + 1].1) != Class::Space
-            {
-                break;
-            }
+        let mut k = j + 1;
+        while k < n && cls(k) == c && k - j < limit && !(c == Class::Space && lead(k)) {
             k += 1;
         }
-        if cls == Class::Alpha {
-            // Cut letter runs into chunks of 4 letters; the first keeps the leading space.
-            let mut s = i;
-            let mut letters_start = j;
-            while letters_start < k {
-                let e = (letters_start + 4).min(k);
-                let end = if e < chars.len() {
-                    chars[e].0
-                } else {
-                    text.len()
-                };
-                out.push(&text[chars[s].0..end]);
-                s = e;
-                letters_start = e;
-            }
-        } else {
-            let end = if k < chars.len() {
-                chars[k].0
-            } else {
-                text.len()
-            };
-            out.push(&text[start..end]);
-        }
+        out.push(&text[at(i)..at(k)]);
         i = k;
     }
     out
