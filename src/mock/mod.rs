@@ -68,27 +68,19 @@ pub struct MockConfig {
 }
 
 impl Default for MockConfig {
+    /// The CLI's defaults (`retrace mock` with no flags), so that both are written once.
     fn default() -> Self {
-        MockConfig {
-            model: "mock-llama".into(),
-            fixed_timing: None,
-            seed: 0,
-            max_num_seqs: 256,
-            max_num_batched_tokens: Profile::LLAMA8B.max_num_batched_tokens,
-            block_size: 16,
-            kv_cache_tokens: 1 << 20,
-            max_model_len: 131_072,
-            tokens_per_event: 1,
-            enable_per_request_metrics: false,
-            tokenizer: None,
-            cost: Profile::LLAMA8B.cost,
-            eos_prob: 0.002,
-            faults: FaultConfig::default(),
-            io_threads: 2,
-            realtime: false,
-            coalesce_us: 100,
-            timeouts: Timeouts::default(),
-        }
+        use clap::{Args, FromArgMatches};
+        let cmd = crate::cli::MockArgs::augment_args(clap::Command::new("mock"));
+        let args = crate::cli::MockArgs::from_arg_matches(&cmd.get_matches_from(["mock"]));
+        config_from_args(&args.expect("no flags parse")).expect("the defaults are valid")
+    }
+}
+
+impl Default for FaultConfig {
+    /// No faults, and the CLI's fault shapes.
+    fn default() -> Self {
+        MockConfig::default().faults
     }
 }
 
