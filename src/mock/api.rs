@@ -142,7 +142,9 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let forced = req.headers().get(faults::FAULT_HEADER).map(|v| {
-        let v = v.to_str().map_err(|_| faults::not_ascii());
+        let v = v
+            .to_str()
+            .map_err(|_| faults::BadFaultHeader("not ASCII".into()));
         v.and_then(faults::parse_header)
     });
     let get = method == Method::GET || method == Method::HEAD;
@@ -251,13 +253,6 @@ pub fn unix_now() -> u64 {
     let now = std::time::SystemTime::now();
     now.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn random_hex(sh: &Shared, n: u64) -> String {
-    format!(
-        "{:016x}",
-        xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), sh.seed ^ sh.started_unix)
-    )
 }
 
 /// A request the mock refuses, as vLLM words it (answered with [`error_response`]).
@@ -447,9 +442,10 @@ async fn generate(
     }
     let prompts: Vec<Arc<Vec<u32>>> = g.seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
     let kind = if chat { "chatcmpl" } else { "cmpl" };
+    let hex = xxhash_rust::xxh3::xxh3_64_with_seed(&rn.to_le_bytes(), sh.seed ^ sh.started_unix);
     let head = Head {
         chat,
-        id: format!("{kind}-{}", random_hex(&sh, rn)),
+        id: format!("{kind}-{hex:016x}"),
         created: unix_now(),
         model: &sh.model,
         return_token_ids: g.return_token_ids,

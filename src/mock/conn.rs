@@ -226,15 +226,6 @@ impl ConnIo {
         let swallow = self.ctx.swallow.load(Relaxed);
         (!swallow).then(|| Pin::new(&mut self.stream))
     }
-
-    fn track<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        let was = self.ctx.blocked.swap(p.is_pending(), Relaxed);
-        if was && p.is_ready() {
-            self.ctx.unblocked.notify_one();
-            self.ctx.activity().last = Instant::now();
-        }
-        p
-    }
 }
 
 impl AsyncWrite for ConnIo {
@@ -247,7 +238,12 @@ impl AsyncWrite for ConnIo {
             return Poll::Ready(Ok(buf.len()));
         };
         let p = s.poll_write(cx, buf);
-        self.track(p)
+        // Whether hyper now holds unsent bytes (for `ConnCtx::flushed` and the timeouts).
+        if self.ctx.blocked.swap(p.is_pending(), Relaxed) && p.is_ready() {
+            self.ctx.unblocked.notify_one();
+            self.ctx.activity().last = Instant::now();
+        }
+        p
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

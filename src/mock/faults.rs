@@ -93,12 +93,7 @@ impl FaultConfig {
 /// An `x-mock-fault` header the mock cannot follow (answered with 400).
 #[derive(Debug, thiserror::Error)]
 #[error("{FAULT_HEADER}: {0}")]
-pub struct BadFaultHeader(String);
-
-/// The header's value is not ASCII.
-pub fn not_ascii() -> BadFaultHeader {
-    BadFaultHeader("not ASCII".into())
-}
+pub struct BadFaultHeader(pub String);
 
 fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
     v.trim()

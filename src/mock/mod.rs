@@ -97,17 +97,6 @@ impl MockConfig {
                 );
             }
         }
-        let u = |v: u32| u64::from(v);
-        let kv = self.kv_cache_tokens;
-        if kv < u(self.max_model_len) + u(self.block_size) {
-            bail!(
-                "--kv-cache-tokens ({kv}) must hold at least one full-length sequence (--max-model-len {} + one block)",
-                self.max_model_len
-            );
-        }
-        if kv / u(self.block_size) > 1 << 26 {
-            bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
-        }
         let (c, f, n) = (&self.cost, &self.faults, f64::INFINITY);
         for (name, v, lo, hi) in [
             ("--max-num-seqs", self.max_num_seqs as f64, 1.0, n),
@@ -142,6 +131,17 @@ impl MockConfig {
             } else if !(lo..=hi).contains(&v) {
                 bail!("{name} must be within {lo}..={hi}, got {v}");
             }
+        }
+        let u = |v: u32| u64::from(v);
+        let kv = self.kv_cache_tokens;
+        if kv < u(self.max_model_len) + u(self.block_size) {
+            bail!(
+                "--kv-cache-tokens ({kv}) must hold at least one full-length sequence (--max-model-len {} + one block)",
+                self.max_model_len
+            );
+        }
+        if kv / u(self.block_size) > 1 << 26 {
+            bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
         if self.timeouts.request.is_zero() || self.timeouts.idle.is_zero() {
             bail!("MockConfig::timeouts must not be zero");
