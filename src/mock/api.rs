@@ -95,12 +95,13 @@ impl Sink for Collect {
     }
 }
 
-fn full(status: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Reply {
+fn full(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Reply {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    if let Ok(v) = header::HeaderValue::from_str(ctype) {
-        r.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
+    (r.headers_mut()).insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(ctype),
+    );
     r
 }
 
@@ -522,14 +523,12 @@ async fn stream_response(
     slow_headers(slow).await;
     // hyper sends what it still holds of earlier (pipelined) responses first.
     direct.conn.flushed().await;
-    let mut head = String::with_capacity(160);
-    head.push_str(match direct.framing {
+    let head = match direct.framing {
         Framing::Chunked => "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: ",
         Framing::UntilClose => "HTTP/1.0 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ndate: ",
-    });
-    head.push_str(&httpdate::fmt_http_date(std::time::SystemTime::now()));
-    head.push_str("\r\n\r\n");
-    hijack.head = head.into_bytes();
+    };
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    hijack.head = format!("{head}{date}\r\n\r\n").into_bytes();
     direct.conn.take_over(hijack);
     // hyper's own response is discarded; `connection: close` makes it hand the socket back.
     let mut r = Response::new(Full::new(Bytes::new()));

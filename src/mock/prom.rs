@@ -22,7 +22,7 @@ const E2E_BUCKETS: &[f64] = &[
 const LATENESS_BUCKETS_US: &[u64] = &[25, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 100000];
 
 /// A fixed-bucket histogram of seconds.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Histo {
     bounds: &'static [f64],
     counts: Vec<AtomicU64>,
@@ -32,11 +32,11 @@ pub struct Histo {
 
 impl Histo {
     fn new(bounds: &'static [f64]) -> Self {
+        let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
         Histo {
             bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
-            count: AtomicU64::new(0),
+            counts,
+            ..Histo::default()
         }
     }
 
@@ -60,38 +60,45 @@ pub struct LatenessSummary {
     pub max_us: u64,
 }
 
-type Lateness = Mutex<hdrhistogram::Histogram<u64>>;
+/// An HdrHistogram of lateness, in microseconds.
+#[derive(Debug)]
+struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
 
-fn lateness_histogram() -> Lateness {
-    let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
-    Mutex::new(h.expect("static histogram bounds are valid"))
-}
-
-fn record_us(m: &Lateness, late: Duration) {
-    if let Ok(mut h) = m.lock() {
-        h.saturating_record((late.as_micros() as u64).max(1));
+impl Default for Lateness {
+    fn default() -> Self {
+        let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
+        Lateness(Mutex::new(h.expect("static histogram bounds are valid")))
     }
 }
 
-fn summarize(m: &Lateness) -> LatenessSummary {
-    let h = match m.lock() {
-        Ok(h) => h.clone(),
-        Err(_) => return LatenessSummary::default(),
-    };
-    if h.is_empty() {
-        return LatenessSummary::default();
+impl Lateness {
+    /// Records one lateness (early counts as 0).
+    fn record(&self, late: Duration) {
+        if let Ok(mut h) = self.0.lock() {
+            h.saturating_record((late.as_micros() as u64).max(1));
+        }
     }
-    LatenessSummary {
-        count: h.len(),
-        p50_us: h.value_at_quantile(0.5),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
+
+    fn summary(&self) -> LatenessSummary {
+        let h = match self.0.lock() {
+            Ok(h) => h.clone(),
+            Err(_) => return LatenessSummary::default(),
+        };
+        if h.is_empty() {
+            return LatenessSummary::default();
+        }
+        LatenessSummary {
+            count: h.len(),
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+        }
     }
 }
 
 /// Everything `/metrics` shows.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Stats {
     pub model: String,
     pub running: AtomicU64,
@@ -121,36 +128,23 @@ impl Stats {
     pub fn new(model: &str) -> Self {
         Stats {
             model: model.to_string(),
-            running: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
-            kv_usage_bits: AtomicU64::new(0f64.to_bits()),
-            prefix_queries: AtomicU64::new(0),
-            prefix_hits: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
-            success_stop: AtomicU64::new(0),
-            success_length: AtomicU64::new(0),
-            aborted: AtomicU64::new(0),
-            faults_injected: AtomicU64::new(0),
-            realtime_failed: std::sync::atomic::AtomicBool::new(false),
             ttft: Histo::new(TTFT_BUCKETS),
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
             queue: Histo::new(TTFT_BUCKETS),
-            lateness: lateness_histogram(),
-            dispatch: lateness_histogram(),
+            ..Stats::default()
         }
     }
 
     /// Records one event's emission lateness (the time its bytes were handed to the socket
     /// minus its scheduled time; early counts as 0).
     pub fn record_lateness(&self, late: Duration) {
-        record_us(&self.lateness, late);
+        self.lateness.record(late);
     }
 
     /// Records the engine thread's own lateness in handing an event over.
     pub fn record_dispatch(&self, late: Duration) {
-        record_us(&self.dispatch, late);
+        self.dispatch.record(late);
     }
 
     /// Puts the calling thread under SCHED_FIFO when `realtime`; a refusal is remembered.
@@ -166,11 +160,11 @@ impl Stats {
 
     /// Engine-side dispatch lateness (the part of the emission lateness that is the clock's).
     pub fn dispatch_lateness(&self) -> LatenessSummary {
-        summarize(&self.dispatch)
+        self.dispatch.summary()
     }
 
     pub fn lateness(&self) -> LatenessSummary {
-        summarize(&self.lateness)
+        self.lateness.summary()
     }
 
     /// The Prometheus text exposition.
@@ -253,7 +247,7 @@ impl Stats {
 
     /// The emission lateness histogram and quantiles, and the engine clock's quantiles.
     fn render_lateness(&self, x: &mut Exposition) {
-        if let Ok(h) = self.lateness.lock() {
+        if let Ok(h) = self.lateness.0.lock() {
             let buckets = LATENESS_BUCKETS_US
                 .iter()
                 .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));

@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use serde_json::Value;
+use std::fmt::Write;
 use std::path::Path;
 
 /// Vocabulary size of the built-in scheme.
@@ -104,11 +105,7 @@ pub fn chat_text(messages: &[Value]) -> Result<String, String> {
             .and_then(Value::as_str)
             .ok_or_else(|| format!("messages[{i}].role must be a string"))?;
         let content = obj.get("content").map(message_text).unwrap_or_default();
-        s.push_str("<|");
-        s.push_str(role);
-        s.push_str("|>\n");
-        s.push_str(&content);
-        s.push('\n');
+        let _ = write!(s, "<|{role}|>\n{content}\n");
     }
     s.push_str("<|assistant|>\n");
     Ok(s)
