@@ -583,20 +583,7 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], w: &'a
     let chat = head.chat;
     let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
     let mut s = String::with_capacity(256);
-    s.push_str("{\"id\":");
-    json_str(&mut s, &head.id);
-    let object = if chat {
-        "chat.completion"
-    } else {
-        "text_completion"
-    };
-    let created = head.created;
-    let _ = write!(
-        s,
-        ",\"object\":\"{object}\",\"created\":{created},\"model\":"
-    );
-    json_str(&mut s, head.model);
-    s.push_str(",\"choices\":[");
+    head.open(&mut s, false);
     for (c, ((prompt, ids), fin)) in prompts.iter().zip(&w.ids).zip(&w.fin).enumerate() {
         if c > 0 {
             s.push(',');

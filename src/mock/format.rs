@@ -78,6 +78,26 @@ pub(super) struct Head<'a> {
     pub return_token_ids: bool,
 }
 
+impl Head<'_> {
+    /// Opens a streamed chunk (`chunk`) or a whole body, up to its `"choices":[`.
+    pub(super) fn open(&self, out: &mut String, chunk: bool) {
+        let object = match (self.chat, chunk) {
+            (true, true) => "chat.completion.chunk",
+            (true, false) => "chat.completion",
+            (false, _) => "text_completion",
+        };
+        out.push_str("{\"id\":");
+        json_str(out, &self.id);
+        let created = self.created;
+        let _ = write!(
+            out,
+            ",\"object\":\"{object}\",\"created\":{created},\"model\":"
+        );
+        json_str(out, self.model);
+        out.push_str(",\"choices\":[");
+    }
+}
+
 /// One stream's formatting state.
 pub(super) struct Fmt {
     chat: bool,
@@ -99,18 +119,9 @@ impl Fmt {
         metrics: bool,
         prompts: Vec<Arc<Vec<u32>>>,
     ) -> Self {
-        let (chat, created) = (h.chat, h.created);
+        let chat = h.chat;
         let mut head = String::with_capacity(128);
-        head.push_str("{\"id\":");
-        json_str(&mut head, &h.id);
-        head.push_str(if chat {
-            ",\"object\":\"chat.completion.chunk\""
-        } else {
-            ",\"object\":\"text_completion\""
-        });
-        let _ = write!(head, ",\"created\":{created},\"model\":");
-        json_str(&mut head, h.model);
-        head.push_str(",\"choices\":[");
+        h.open(&mut head, true);
         let n = prompts.len();
         Fmt {
             chat,
