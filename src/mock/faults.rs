@@ -117,15 +117,10 @@ pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
         match k.trim() {
             "none" => {}
             "status" => {
-                let code = v
-                    .trim()
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|c| (400..=599).contains(c))
-                    .ok_or_else(|| {
-                        BadFaultHeader(format!("`status` wants 400..599, got `{v}`"))
-                    })?;
-                p.status = Some(code);
+                let code = v.trim().parse::<u16>().ok();
+                let code = code.filter(|c| (400..=599).contains(c));
+                let bad = || BadFaultHeader(format!("`status` wants 400..599, got `{v}`"));
+                p.status = Some(code.ok_or_else(bad)?);
             }
             "stall-first" => p.stall_first_ms = Some(ms(v, k)?),
             "stall-mid" => {

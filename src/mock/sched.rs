@@ -245,47 +245,41 @@ impl Scheduler {
             let hashes = self
                 .hasher
                 .chain(&q.prompt, self.cfg.block_size as usize, false);
-            self.seqs.insert(
-                key,
-                Seq {
+            let mut s = Seq {
+                req,
+                choice: choice as u32,
+                prompt_len: q.prompt.len() as u32,
+                hashes,
+                computed: 0,
+                registered: 0,
+                target,
+                finish,
+                generated: 0,
+                out_seed,
+                alloc: Alloc::default(),
+                arrival,
+            };
+            if let Some((ttft, _)) = self.cfg.fixed {
+                // Prefix-cache accounting now, the first event `ttft` after arrival.
+                let need = self.cache.blocks_for(s.prompt_len);
+                if let Some(a) = self.cache.acquire(&s.hashes, s.prompt_len, need) {
+                    s.computed = a.hit_tokens;
+                    s.alloc = a;
+                }
+                out.push(Event::Admitted {
                     req,
-                    choice: choice as u32,
-                    prompt_len: q.prompt.len() as u32,
-                    hashes,
-                    computed: 0,
-                    registered: 0,
-                    target,
-                    finish,
-                    generated: 0,
-                    out_seed,
-                    alloc: Alloc::default(),
-                    arrival,
-                },
-            );
-            keys.push(key);
-            match self.cfg.fixed {
-                Some((ttft, _)) => self.fixed_admit(key, arrival + ttft, out),
-                None => self.waiting.push_back(key),
+                    at: arrival,
+                    prompt_tokens: s.prompt_len,
+                    hit_tokens: s.computed,
+                });
+                self.fixed_next.push(Reverse((arrival + ttft, key)));
+            } else {
+                self.waiting.push_back(key);
             }
+            self.seqs.insert(key, s);
+            keys.push(key);
         }
         keys
-    }
-
-    /// Fixed mode: prefix-cache accounting and the first event's deadline.
-    fn fixed_admit(&mut self, key: u64, first: Instant, out: &mut Vec<Event>) {
-        let s = self.seqs.get_mut(&key).expect("just inserted");
-        let need = self.cache.blocks_for(s.prompt_len);
-        if let Some(a) = self.cache.acquire(&s.hashes, s.prompt_len, need) {
-            s.computed = a.hit_tokens;
-            s.alloc = a;
-        }
-        out.push(Event::Admitted {
-            req: s.req,
-            at: s.arrival,
-            prompt_tokens: s.prompt_len,
-            hit_tokens: s.computed,
-        });
-        self.fixed_next.push(Reverse((first, key)));
     }
 
     /// Forgets a sequence (finished, or its request ended) and frees its blocks.

@@ -87,8 +87,7 @@ pub fn message_text(content: &Value) -> String {
         Value::Array(parts) => parts
             .iter()
             .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
+            .collect(),
         _ => String::new(),
     }
 }
