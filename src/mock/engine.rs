@@ -14,16 +14,6 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Engine knobs (derived from `MockConfig`).
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub sched: SchedConfig,
-    /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
-    pub realtime: bool,
-    /// Minimum gap between two hand-overs (batches events due close together).
-    pub coalesce: Duration,
-}
-
 /// Threads that call the sinks for large bursts, spreading the socket work over cores; each
 /// response always goes through the same one.
 const WRITERS: usize = 2;
@@ -159,10 +149,7 @@ pub struct Inbox {
 
 impl Inbox {
     pub fn new(cfg: &SchedConfig) -> Inbox {
-        let lead = match cfg.fixed {
-            Some((ttft, _)) => ttft,
-            None => Duration::from_secs_f64(cfg.cost.request_overhead_ms.max(0.0) / 1e3),
-        };
+        let lead = cfg.fixed.map_or(cfg.front_end(), |(ttft, _)| ttft);
         Inbox {
             queue: Mutex::new(Vec::new()),
             wake_at: AtomicU64::new(0),
@@ -256,8 +243,11 @@ impl Writers {
 type Thread = std::thread::JoinHandle<()>;
 
 struct Engine {
-    cfg: EngineConfig,
     sched: Scheduler,
+    /// Added to each arrival: the front end's latency (cost-model mode).
+    front_end: Duration,
+    /// Minimum gap between two hand-overs (events due within it go out together).
+    coalesce: Duration,
     stats: Arc<Stats>,
     reqs: IdMap<Req>,
     delayed: Delayed,
@@ -267,22 +257,25 @@ struct Engine {
     writers: Writers,
 }
 
-/// Starts the engine thread (and its writer threads), which takes requests from `inbox`
-/// ([`Inbox::submit`]) and commands from the returned channel.
+/// Starts the engine thread (and its writer threads, SCHED_FIFO with `realtime`), which takes
+/// requests from `inbox` ([`Inbox::submit`]) and commands from the returned channel.
 pub fn spawn(
-    cfg: EngineConfig,
+    sched: SchedConfig,
+    realtime: bool,
+    coalesce: Duration,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, Thread)> {
     let (tx, rx) = mpsc::channel();
-    let (writers, threads) = Writers::spawn(cfg.realtime, &stats)?;
+    let (writers, threads) = Writers::spawn(realtime, &stats)?;
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
-            timing_thread(cfg.realtime, &stats);
+            timing_thread(realtime, &stats);
             let mut e = Engine {
-                sched: Scheduler::new(cfg.sched.clone()),
-                cfg,
+                front_end: sched.front_end(),
+                sched: Scheduler::new(sched),
+                coalesce,
                 stats,
                 reqs: IdMap::default(),
                 delayed: Delayed::new(),
@@ -337,7 +330,7 @@ impl Engine {
             self.write_sinks();
             // The next hand-over happens no sooner than `coalesce` after this one, so events due
             // within that window go out together and each is at most `coalesce` late.
-            let wake = self.next_wake().map(|t| t.max(now + self.cfg.coalesce));
+            let wake = self.next_wake().map(|t| t.max(now + self.coalesce));
             if !inbox.publish(wake) {
                 continue; // requests arrived meanwhile
             }
@@ -377,11 +370,7 @@ impl Engine {
     }
 
     fn submit(&mut self, s: Submit) {
-        let mut arrival = s.arrival;
-        if !self.sched.fixed() {
-            // The engine sees the request after the front end's latency.
-            arrival += Duration::from_secs_f64(self.cfg.sched.cost.request_overhead_ms / 1e3);
-        }
+        let arrival = s.arrival + self.front_end;
         let (seqs_left, prompt_tokens) = (
             s.seqs.len(),
             s.seqs.iter().map(|q| q.prompt.len() as u64).sum(),
@@ -664,6 +653,7 @@ mod tests {
     }
 
     type Events = tokio::sync::mpsc::UnboundedReceiver<Emit>;
+    const COALESCE: Duration = Duration::from_micros(50);
 
     /// Submits request `id` (one sequence of `prompt`, exactly `max_tokens` tokens, or none)
     /// arrived at `arrival`; the events it gets come on the returned channel.
@@ -706,14 +696,6 @@ mod tests {
         (evs, tokens)
     }
 
-    fn engine_cfg(sched: SchedConfig) -> EngineConfig {
-        EngineConfig {
-            sched,
-            realtime: false,
-            coalesce: Duration::from_micros(50),
-        }
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(64))]
         /// Random workloads on a tiny engine: every request completes with exactly its tokens,
@@ -728,7 +710,7 @@ mod tests {
             reqs in proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
         ) {
             let max_len = 140u32;
-            let cfg = engine_cfg(SchedConfig {
+            let cfg = SchedConfig {
                 cost: CostModel {
                     request_overhead_ms: 0.0,
                     step_overhead_ms: 0.02,
@@ -742,10 +724,10 @@ mod tests {
                 kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
                 tokens_per_event: tpe % 3 + 1,
                 ..test_config()
-            });
+            };
             let stats = Arc::new(Stats::new("m"));
-            let inbox = Arc::new(Inbox::new(&cfg.sched));
-            let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
+            let inbox = Arc::new(Inbox::new(&cfg));
+            let (tx, th) = spawn(cfg, false, COALESCE, stats.clone(), inbox.clone()).unwrap();
             let mut rxs = Vec::new();
             for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
                 // prompts of one family share a prefix
@@ -780,14 +762,14 @@ mod tests {
     /// engine is woken only when needed (it keeps on time without a wake-up per request).
     #[test]
     fn inbox_requests_are_served_on_time() {
-        let cfg = engine_cfg(SchedConfig {
+        let cfg = SchedConfig {
             fixed: Some((Duration::from_millis(30), Duration::from_millis(5))),
             ..test_config()
-        });
-        let inbox = Arc::new(Inbox::new(&cfg.sched));
+        };
+        let inbox = Arc::new(Inbox::new(&cfg));
         assert_eq!(inbox.lead, Duration::from_millis(30));
         let stats = Arc::new(Stats::new("m"));
-        let (tx, th) = spawn(cfg, stats, inbox.clone()).unwrap();
+        let (tx, th) = spawn(cfg, false, COALESCE, stats, inbox.clone()).unwrap();
         let mut rxs = Vec::new();
         for i in 0..60u64 {
             if i >= 40 {

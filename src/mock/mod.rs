@@ -152,23 +152,19 @@ impl MockConfig {
         Ok(())
     }
 
-    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
+    fn sched_config(&self, vocab: u32) -> sched::SchedConfig {
         let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
-        engine::EngineConfig {
-            sched: sched::SchedConfig {
-                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
-                cost: self.cost,
-                max_num_seqs: self.max_num_seqs,
-                max_num_batched_tokens: self.max_num_batched_tokens,
-                block_size: self.block_size,
-                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
-                tokens_per_event: self.tokens_per_event,
-                seed: self.seed,
-                eos_prob: self.eos_prob,
-                vocab,
-            },
-            realtime: self.realtime,
-            coalesce: Duration::from_micros(self.coalesce_us),
+        sched::SchedConfig {
+            fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
+            cost: self.cost,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: self.block_size,
+            kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
+            tokens_per_event: self.tokens_per_event,
+            seed: self.seed,
+            eos_prob: self.eos_prob,
+            vocab,
         }
     }
 
@@ -260,9 +256,10 @@ pub async fn start(
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener).context("cannot register the listener")?
     };
-    let ecfg = cfg.engine_config(tokenizer.vocab());
-    let inbox = Arc::new(engine::Inbox::new(&ecfg.sched));
-    let (etx, ethread) = engine::spawn(ecfg, stats.clone(), inbox.clone())
+    let scfg = cfg.sched_config(tokenizer.vocab());
+    let inbox = Arc::new(engine::Inbox::new(&scfg));
+    let coalesce = Duration::from_micros(cfg.coalesce_us);
+    let (etx, ethread) = engine::spawn(scfg, cfg.realtime, coalesce, stats.clone(), inbox.clone())
         .context("cannot start the engine thread")?;
     let shared = Arc::new(api::Shared {
         model: cfg.model.clone(),

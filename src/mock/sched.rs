@@ -110,6 +110,16 @@ pub struct SchedConfig {
     pub vocab: u32,
 }
 
+impl SchedConfig {
+    /// The front end's latency before a request reaches the engine (cost-model mode only).
+    pub fn front_end(&self) -> Duration {
+        match self.fixed {
+            Some(_) => Duration::ZERO,
+            None => Duration::from_secs_f64(self.cost.request_overhead_ms.max(0.0) / 1e3),
+        }
+    }
+}
+
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
