@@ -474,13 +474,9 @@ async fn generate(
         if !submit(Arc::new(collect)) {
             return Ok(shutting_down());
         }
-        let mut guard = CancelGuard {
-            engine: sh.engine.clone(),
-            id: rn,
-            armed: true,
-        };
+        let mut guard = CancelGuard(Some((sh.engine.clone(), rn)));
         let whole = rx.await;
-        guard.armed = false;
+        guard.0 = None;
         let body = match whole {
             Ok(None) => {
                 arm_reset(direct.conn.fd);
@@ -564,16 +560,13 @@ impl StreamConn {
     }
 }
 
-struct CancelGuard {
-    engine: mpsc::Sender<Cmd>,
-    id: u64,
-    armed: bool,
-}
+/// Cancels the request in the engine when dropped armed (the handler went away).
+struct CancelGuard(Option<(mpsc::Sender<Cmd>, u64)>);
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = self.engine.send(Cmd::Cancel(self.id));
+        if let Some((engine, id)) = self.0.take() {
+            let _ = engine.send(Cmd::Cancel(id));
         }
     }
 }

@@ -70,11 +70,7 @@ impl PrefixCache {
 
     /// Fraction of blocks referenced by running sequences (vLLM's `kv_cache_usage_perc`, 0..1).
     pub fn usage(&self) -> f64 {
-        if self.blocks.is_empty() {
-            0.0
-        } else {
-            self.in_use as f64 / self.blocks.len() as f64
-        }
+        self.in_use as f64 / self.blocks.len().max(1) as f64
     }
 
     /// Blocks needed for `tokens` tokens.

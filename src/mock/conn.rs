@@ -291,9 +291,8 @@ async fn http(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<HttpParts> {
     let ctx = io.ctx.clone();
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
-    let mut conn = Some(conn);
+    let conn = hyper::server::conn::http1::Builder::new();
+    let mut conn = Some(conn.serve_connection(hyper_util::rt::TokioIo::new(io), svc));
     let mut stopping = false;
     let mut stopped = Box::pin(async move {
         let _ = stop.wait_for(|s| *s).await;

@@ -610,11 +610,8 @@ fn done_emit(r: &Req, at: Instant) -> Emit {
     let last = r.last.unwrap_or(at);
     let ttft_ms = ms(first.saturating_duration_since(scheduled));
     let generation_ms = ms(last - first);
-    let mean_itl_ms = if r.produced > 1 {
-        generation_ms / (r.produced - 1) as f64
-    } else {
-        0.0
-    };
+    // With one token or none the generation time is 0.
+    let mean_itl_ms = generation_ms / (r.produced.max(2) - 1) as f64;
     let total = ttft_ms + generation_ms;
     let usage = Usage {
         prompt_tokens: r.prompt_tokens,

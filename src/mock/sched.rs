@@ -310,10 +310,10 @@ impl Scheduler {
         if self.fixed() {
             return self.fixed_next.peek().map(|Reverse((t, _))| *t);
         }
-        match &self.step {
-            Some(s) => Some(s.end),
-            None => self.next_start(),
-        }
+        self.step
+            .as_ref()
+            .map(|s| s.end)
+            .or_else(|| self.next_start())
     }
 
     /// With no step under way: when the next one starts (the last one's end, or the arrival of

@@ -36,14 +36,11 @@ enum Class {
 }
 
 fn class(c: char) -> Class {
-    if c.is_alphabetic() {
-        Class::Alpha
-    } else if c.is_numeric() {
-        Class::Digit
-    } else if c.is_whitespace() {
-        Class::Space
-    } else {
-        Class::Other
+    match c {
+        _ if c.is_alphabetic() => Class::Alpha,
+        _ if c.is_numeric() => Class::Digit,
+        _ if c.is_whitespace() => Class::Space,
+        _ => Class::Other,
     }
 }
 
