@@ -430,7 +430,7 @@ async fn generate(
     };
     let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
-    if !plan.is_empty() {
+    if plan != FaultPlan::default() {
         sh.stats.faults_injected.fetch_add(plan.count(), Relaxed);
     }
     let slow = plan

@@ -111,10 +111,6 @@ impl ConnCtx {
         }
     }
 
-    fn take(&self) -> Option<Hijack> {
-        self.hijack.lock().ok().and_then(|mut s| s.take())
-    }
-
     /// When the bytes of the connection's latest read reached its socket (the kernel's receive
     /// timestamp, or the read's own instant): after a request's body has been read, the arrival
     /// of the read that completed it. `None` before any read.
@@ -349,7 +345,7 @@ pub async fn serve(
             ctx: ctx.clone(),
         };
         let r = http(io, svc, timeouts, stop.clone()).await;
-        let hijack = ctx.take();
+        let hijack = ctx.hijack.lock().ok().and_then(|mut s| s.take());
         let Some(parts) = r else {
             return; // dropping `hijack` abandons its stream
         };

@@ -467,7 +467,7 @@ impl Engine {
     /// Puts an event in this wake-up's batch, recording how late the engine clock is.
     fn hand_over(&mut self, rid: u64, sink: Arc<dyn Sink>, e: Emit) {
         let late = Instant::now().saturating_duration_since(e.at());
-        self.stats.record_dispatch(late);
+        self.stats.dispatch.record(late);
         self.writers.now.push((rid, sink, e));
     }
 

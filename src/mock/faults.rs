@@ -41,10 +41,6 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    pub fn is_empty(&self) -> bool {
-        *self == FaultPlan::default()
-    }
-
     /// Number of distinct faults in the plan (for the injected-faults counter).
     pub fn count(&self) -> u64 {
         [
@@ -169,7 +165,7 @@ mod tests {
         assert_eq!(p.reset_after, Some(3));
         assert_eq!(p.slow_headers_ms, Some(50.0));
         assert_eq!(p.count(), 5);
-        assert!(parse_header("none").unwrap().is_empty());
+        assert_eq!(parse_header("none").unwrap(), FaultPlan::default());
         assert!(parse_header("status=200").is_err());
         assert!(parse_header("stall-mid=5").is_err());
         assert!(parse_header("explode")
@@ -196,7 +192,7 @@ mod tests {
         }
         let resets = a.iter().filter(|p| p.reset_after.is_some()).count();
         assert!((130..270).contains(&resets), "{resets}");
-        assert!(FaultConfig::default().plan(7, 3).is_empty());
+        assert_eq!(FaultConfig::default().plan(7, 3), FaultPlan::default());
         let other: Vec<FaultPlan> = (0..2000).map(|n| c.plan(8, n)).collect();
         assert_ne!(a, other);
     }

@@ -209,7 +209,7 @@ impl MockHandle {
 
     /// Emission lateness so far.
     pub fn lateness(&self) -> LatenessSummary {
-        self.stats.lateness()
+        self.stats.lateness.summary()
     }
 
     /// The `/metrics` text, without HTTP.
@@ -422,7 +422,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
             .await
             .context("cannot wait for Ctrl-C")?;
         let l = h.lateness();
-        let d = h.stats.dispatch_lateness();
+        let d = h.stats.dispatch.summary();
         eprintln!(
             "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us (engine clock alone: p50 {} us, p99 {} us, max {} us)",
             l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us, d.p50_us, d.p99_us, d.max_us

@@ -62,7 +62,7 @@ pub struct LatenessSummary {
 
 /// An HdrHistogram of lateness, in microseconds.
 #[derive(Debug)]
-struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
+pub struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
 
 impl Default for Lateness {
     fn default() -> Self {
@@ -73,13 +73,13 @@ impl Default for Lateness {
 
 impl Lateness {
     /// Records one lateness (early counts as 0).
-    fn record(&self, late: Duration) {
+    pub fn record(&self, late: Duration) {
         if let Ok(mut h) = self.0.lock() {
             h.saturating_record((late.as_micros() as u64).max(1));
         }
     }
 
-    fn summary(&self) -> LatenessSummary {
+    pub fn summary(&self) -> LatenessSummary {
         let h = match self.0.lock() {
             Ok(h) => h.clone(),
             Err(_) => return LatenessSummary::default(),
@@ -119,9 +119,11 @@ pub struct Stats {
     pub itl: Histo,
     pub e2e: Histo,
     pub queue: Histo,
-    lateness: Lateness,
-    /// Engine-side: time the engine thread handed an event over minus its deadline.
-    dispatch: Lateness,
+    /// Each SSE event's bytes handed to the socket minus its scheduled time.
+    pub lateness: Lateness,
+    /// Engine-side: time the engine thread handed an event over minus its deadline (the
+    /// engine clock's part of `lateness`).
+    pub dispatch: Lateness,
 }
 
 impl Stats {
@@ -136,17 +138,6 @@ impl Stats {
         }
     }
 
-    /// Records one event's emission lateness (the time its bytes were handed to the socket
-    /// minus its scheduled time; early counts as 0).
-    pub fn record_lateness(&self, late: Duration) {
-        self.lateness.record(late);
-    }
-
-    /// Records the engine thread's own lateness in handing an event over.
-    pub fn record_dispatch(&self, late: Duration) {
-        self.dispatch.record(late);
-    }
-
     /// Puts the calling thread under SCHED_FIFO when `realtime`; a refusal is remembered.
     pub fn go_realtime(&self, realtime: bool) {
         if realtime && !crate::thread_timing::realtime() {
@@ -156,15 +147,6 @@ impl Stats {
 
     pub fn set_kv_usage(&self, frac: f64) {
         self.kv_usage_bits.store(frac.to_bits(), Relaxed);
-    }
-
-    /// Engine-side dispatch lateness (the part of the emission lateness that is the clock's).
-    pub fn dispatch_lateness(&self) -> LatenessSummary {
-        self.dispatch.summary()
-    }
-
-    pub fn lateness(&self) -> LatenessSummary {
-        self.lateness.summary()
     }
 
     /// The Prometheus text exposition.
@@ -254,9 +236,9 @@ impl Stats {
             let sum = h.mean() * h.len() as f64 / 1e6;
             x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
         }
-        let v = quantiles(self.dispatch_lateness());
+        let v = quantiles(self.dispatch.summary());
         x.family("gauge", "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", &v);
-        let v = quantiles(self.lateness());
+        let v = quantiles(self.lateness.summary());
         x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &v);
     }
 }
@@ -341,7 +323,7 @@ mod tests {
         s.prefix_queries.fetch_add(2081, Relaxed);
         s.ttft.observe(0.03);
         s.ttft.observe(0.07);
-        s.record_lateness(Duration::from_micros(300));
+        s.lateness.record(Duration::from_micros(300));
         let txt = s.render();
         assert!(
             txt.contains("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 2081.0")
@@ -353,7 +335,7 @@ mod tests {
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.08\"} 2.0"
         ));
         assert!(txt.contains("retrace_mock_emit_lateness_seconds_count"));
-        assert_eq!(s.lateness().count, 1);
-        assert!((299..=301).contains(&s.lateness().p99_us));
+        assert_eq!(s.lateness.summary().count, 1);
+        assert!((299..=301).contains(&s.lateness.summary().p99_us));
     }
 }

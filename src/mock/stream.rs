@@ -196,7 +196,8 @@ impl Stream {
     fn record(&self, ats: &[Instant], now: Instant) {
         for &at in ats {
             self.stats
-                .record_lateness(now.saturating_duration_since(at));
+                .lateness
+                .record(now.saturating_duration_since(at));
         }
     }
 
