@@ -287,7 +287,8 @@ pub fn spawn(
             // Requests queued after the last look are dropped with the engine (their responses
             // end as on shutdown); later submits find no engine to wake and fail.
             inbox.wake_at.store(u64::MAX, SeqCst);
-            drop(std::mem::take(&mut *inbox.queue()));
+            let left = std::mem::take(&mut *inbox.queue());
+            drop(left);
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
             drop(e);
@@ -313,7 +314,8 @@ impl Engine {
     fn run(&mut self, rx: &mpsc::Receiver<Cmd>, inbox: &Inbox) {
         loop {
             inbox.wake_at.store(0, SeqCst);
-            for s in std::mem::take(&mut *inbox.queue()) {
+            let new = std::mem::take(&mut *inbox.queue()); // not locked while submitting
+            for s in new {
                 self.submit(s);
             }
             loop {
