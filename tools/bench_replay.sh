@@ -28,11 +28,13 @@
 # Env: RATE_SECONDS (default 5), CONCURRENCIES (default "100 500 1000"), AIPERF,
 #      SECTIONS (default "fidelity dispatch scale trace": which sections run),
 #      REPLAY_ARGS (extra flags for retrace's fidelity runs, e.g. "--reader-threads 0"),
+#      MOCK_BIN (the fidelity runs' mock binary, default BIN: an A/B of the client alone),
 #      MOCK_ARGS (extra flags for the fidelity runs' mocks, e.g. "--realtime": the instrument's
 #      emission under SCHED_FIFO, so that what is measured is the client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
+MOCK_BIN=${MOCK_BIN:-$BIN}
 # The client floor (tools/client_floor.rs), run beside retrace in the fidelity section when built
 # (cargo build --release --example client_floor); FLOOR= (empty) skips it.
 FLOOR=${FLOOR-${CARGO_TARGET_DIR:-target}/release/examples/client_floor}
@@ -143,7 +145,7 @@ printf "%-8s %-7s %-7s %-6s %-16s %-10s %-10s %-10s %-7s %-12s %-14s %-10s %s\n"
 start_mock() { # start_mock: a fresh mock; sets MP (port) and MPID
   MP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   # shellcheck disable=SC2086
-  "$BIN" mock --listen "127.0.0.1:$MP" --fixed-timing 50,10 --max-num-seqs 100000 --enable-per-request-metrics ${MOCK_ARGS:-} >"$OUT/mock_$1.log" 2>&1 &
+  "$MOCK_BIN" mock --listen "127.0.0.1:$MP" --fixed-timing 50,10 --max-num-seqs 100000 --enable-per-request-metrics ${MOCK_ARGS:-} >"$OUT/mock_$1.log" 2>&1 &
   MPID=$!
   for _ in $(seq 50); do curl -sf "http://127.0.0.1:$MP/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
 }
