@@ -116,11 +116,11 @@ for k in range(4):
             stamp = (t0 + datetime.timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M:%S.%f")
             f.write(f"{stamp}0,{rng.randint(1, 4000)},{rng.randint(1, 800)}\n")
 PY
-for k in 0 1 2 3; do "$BIN" convert "$OUT/set$k.csv" -o "$OUT/set$k.trace.zst" >/dev/null; done
+for k in 0 1 2 3; do "$BIN" convert "$OUT/set$k.csv" -o "$OUT/set$k.trace.zst" >/dev/null 2>&1; done
 SET="$OUT/set0.trace.zst $OUT/set1.trace.zst $OUT/set2.trace.zst $OUT/set3.trace.zst"
 read -r rss wall < <(measure "$OUT/inspect_set.log" "$BIN" inspect $SET)
 printf '%-22s %10s %8s %9s %12.0f\n' "inspect 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
-read -r rss wall < <(measure "$OUT/convert_set.log" "$BIN" convert $SET -o "$OUT/set.trace.zst")
+read -r rss wall < <(measure "$OUT/convert_set.log" "$BIN" convert $SET -o "$OUT/out_set.jsonl")
 printf '%-22s %10s %8s %9s %12.0f\n' "convert 4-file set" "$ROWS" "$rss" "$wall" "$(python3 -c "print($ROWS/max($wall,0.01))")"
 # Past inspect's exact bounds: a 2,000,000-request trace fitted to the conversation trace (new
 # hash ids, about 30 M distinct: beyond the 8 M kept exactly, so the Bloom filter takes over).

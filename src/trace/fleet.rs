@@ -91,16 +91,32 @@ impl Input {
     }
 }
 
-/// The inputs' records merged by arrival, holding one record per input: ties go to the earlier
-/// input, each input keeps its own order.
+/// The inputs' records merged by arrival, holding one record per input read so far: ties go to
+/// the earlier input, each input keeps its own order. An input whose earliest arrival is known
+/// is not read until the merge reaches it (a recorder's rotated files are read one or two at a
+/// time, not all at once).
 struct Merged {
     inputs: Vec<Input>,
     heads: BinaryHeap<Reverse<(u64, usize)>>,
     pending: Vec<Option<Request>>,
+    /// Inputs not read yet: their heap entry is their earliest arrival.
+    unread: Vec<bool>,
     failed: Option<TraceError>,
 }
 
 impl Merged {
+    /// Input `i` joins the merge: by its earliest arrival when known, else by its first record.
+    fn join(&mut self, i: usize) {
+        let inp = &self.inputs[i];
+        match inp.stream.earliest {
+            Some(e) => {
+                self.unread[i] = true;
+                self.heads.push(Reverse((e.saturating_add(inp.shift), i)));
+            }
+            None => self.pull(i),
+        }
+    }
+
     fn pull(&mut self, i: usize) {
         match self.inputs[i].next() {
             Some(Ok(r)) => {
@@ -120,10 +136,21 @@ impl Iterator for Merged {
             self.heads.clear();
             return Some(Err(e));
         }
-        let Reverse((_, i)) = self.heads.pop()?;
-        let r = self.pending[i].take();
-        self.pull(i);
-        r.map(Ok)
+        loop {
+            let Reverse((_, i)) = self.heads.pop()?;
+            if std::mem::take(&mut self.unread[i]) {
+                // Its time has come: read its first record and queue it by its arrival.
+                self.pull(i);
+                if let Some(e) = self.failed.take() {
+                    self.heads.clear();
+                    return Some(Err(e));
+                }
+                continue;
+            }
+            let r = self.pending[i].take();
+            self.pull(i);
+            return r.map(Ok);
+        }
     }
 }
 
@@ -166,12 +193,13 @@ pub fn merge(inputs: Vec<(String, TraceStream)>) -> Result<TraceStream, TraceErr
         .collect();
     let mut merged = Merged {
         pending: (0..inputs.len()).map(|_| None).collect(),
+        unread: vec![false; inputs.len()],
         inputs,
         heads: BinaryHeap::new(),
         failed: None,
     };
     for i in 0..merged.inputs.len() {
-        merged.pull(i);
+        merged.join(i);
     }
     Ok(TraceStream::new(header, report, Box::new(merged)))
 }
@@ -275,5 +303,39 @@ mod tests {
             .collect();
         assert_eq!(got, expected);
         assert_eq!(m.header.t0_unix_us, Some(t0));
+    }
+
+    /// A later file is not read until the merge reaches its earliest arrival.
+    #[test]
+    fn a_later_recording_is_read_only_when_its_time_comes() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        use std::sync::Arc;
+        let reads = Arc::new(AtomicUsize::new(0));
+        let counted = |t: Trace, reads: Arc<AtomicUsize>| {
+            let mut s = in_memory(t, ImportReport::default());
+            let earliest = s.earliest;
+            let (header, report) = (s.header.clone(), s.report.clone());
+            let it = std::iter::from_fn(move || {
+                reads.fetch_add(1, Relaxed);
+                s.next()
+            });
+            let mut s = TraceStream::new(header, report, Box::new(it));
+            s.earliest = earliest;
+            s
+        };
+        let a = rec(1_000_000, &[0, 10, 20, 30], HashScheme::Xxh3, None);
+        let b = rec(1_000_000, &[25, 40], HashScheme::Xxh3, None);
+        let a = in_memory(a, ImportReport::default());
+        let b = counted(b, reads.clone());
+        let mut m = super::merge(vec![("a".into(), a), ("b".into(), b)]).unwrap();
+        let mut arrivals = Vec::new();
+        for _ in 0..3 {
+            arrivals.push(m.next().unwrap().unwrap().arrival_us);
+        }
+        assert_eq!(arrivals, [0, 10, 20]);
+        assert_eq!(reads.load(Relaxed), 0, "b was read before its time");
+        let rest: Vec<u64> = m.map(|r| r.unwrap().arrival_us).collect();
+        assert_eq!(rest, [25, 30, 40]);
+        assert!(reads.load(Relaxed) >= 2);
     }
 }

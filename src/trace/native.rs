@@ -882,6 +882,11 @@ impl NativeStream {
         &self.report
     }
 
+    /// The earliest arrival in the file (from the first pass; nothing decoded).
+    pub fn earliest(&self) -> Option<u64> {
+        self.frames.front().map(|(_, f)| f.min_arrival)
+    }
+
     /// Decodes the next frame by earliest arrival into the heap.
     fn load_next(&mut self) -> Result<(), TraceError> {
         use std::io::{Seek, SeekFrom};

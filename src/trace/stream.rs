@@ -46,6 +46,9 @@ pub struct TraceStream {
     pub header: TraceHeader,
     /// Rows, skipped rows, reordering and damage: known before the first record.
     pub report: ImportReport,
+    /// The first record's arrival, when known before it is read (native files: from the first
+    /// pass), so that a merge can leave a stream unread until its time comes.
+    pub earliest: Option<u64>,
     records: Records,
 }
 
@@ -62,6 +65,7 @@ impl TraceStream {
         TraceStream {
             header,
             report,
+            earliest: None,
             records,
         }
     }
@@ -125,6 +129,7 @@ pub fn open(path: &Path, opts: &ImportOptions) -> Result<TraceStream, TraceError
 /// A trace already in memory, as a stream.
 pub fn in_memory(trace: Trace, report: ImportReport) -> TraceStream {
     TraceStream {
+        earliest: trace.requests.iter().map(|r| r.arrival_us).min(),
         header: trace.header,
         report,
         records: Box::new(trace.requests.into_iter().map(Ok)),
@@ -141,6 +146,7 @@ fn native_stream(path: &Path) -> Result<TraceStream, TraceError> {
     Ok(TraceStream {
         header: s.header().clone(),
         report,
+        earliest: s.earliest(),
         records: Box::new(s),
     })
 }
@@ -259,6 +265,7 @@ fn stream_rows(
     Ok(TraceStream {
         header,
         report: rep,
+        earliest: (rows > 0).then(|| arrival(earliest, base)),
         records: Box::new(records),
     })
 }
