@@ -32,23 +32,8 @@ pub const SAME_KEYS: [&str; 6] = [
     "prompt_mode",
 ];
 
-/// Per-request arrays written by `--detailed`.
-pub const ARRAY_KEYS: [&str; 14] = [
-    "input_lens",
-    "output_lens",
-    "ttfts",
-    "itls",
-    "latencies",
-    "start_times",
-    "queue_times",
-    "errors",
-    "server_queue_times",
-    "server_ttfts",
-    "server_input_lens",
-    "intended_times",
-    "drifts",
-    "client_queue_times",
-];
+/// Per-request arrays written by `--detailed` (the sidecar's list: every one is merged).
+pub use crate::replay::sidecar::ARRAYS as ARRAY_KEYS;
 
 /// Integer counts that are summed.
 const SUM_KEYS: [&str; 7] = [
@@ -276,6 +261,9 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         }
         let order = schedule_order(inputs, all.len());
         for k in ARRAY_KEYS {
+            if inputs.iter().all(|(_, v)| v.get(k).is_none()) {
+                continue;
+            }
             let mut out = Vec::new();
             for (path, v) in inputs {
                 match v.get(k) {
@@ -706,6 +694,33 @@ mod tests {
 
     /// Detailed shards merged give exactly the statistics of one process over all samples (the
     /// order of samples does not change sorted percentiles; means may differ in the last bits).
+    #[test]
+    fn recorded_errors_stay_aligned_with_the_other_arrays_after_a_merge() {
+        let mut inputs = shards(true);
+        for (_, v) in &mut inputs {
+            let labels: Vec<Value> = v["input_lens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| json!(format!("len {n}")))
+                .collect();
+            v["recorded_errors"] = Value::Array(labels);
+        }
+        let merged = merge(&inputs).unwrap();
+        let (lens, errs) = (
+            merged["input_lens"].as_array().unwrap(),
+            &merged["recorded_errors"],
+        );
+        assert_eq!(errs.as_array().map(Vec::len), Some(30));
+        for (n, e) in lens.iter().zip(errs.as_array().unwrap()) {
+            assert_eq!(e, &json!(format!("len {n}")));
+        }
+        assert!(
+            merged.get("server_cached_tokens").is_none(),
+            "no input had it"
+        );
+    }
+
     #[test]
     fn detailed_merge_equals_one_process() {
         let merged = merge(&shards(true)).unwrap();
