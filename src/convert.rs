@@ -28,12 +28,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         format: args.from,
         skip_bad: args.skip_bad,
     };
-    let input_name = args
-        .inputs
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let input_name = crate::trace::fleet::names(&args.inputs);
     let mut input = crate::trace::fleet::open_all(&args.inputs, &opts)?;
     let rows_in = input.report.rows;
     let mut filters = filter::Filtering::new(&Filters {

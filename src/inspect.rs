@@ -27,12 +27,7 @@ pub fn run(args: &InspectArgs) -> Result<String> {
         cache_blocks: args.cache_blocks,
         block_size: args.block_size,
     };
-    let name = args
-        .files
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let name = crate::trace::fleet::names(&args.files);
     let mut acc = StatsAcc::new(&stream.header, &opts);
     let (header, rep) = (stream.header.clone(), stream.report.clone());
     for r in stream {

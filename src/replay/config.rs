@@ -245,8 +245,7 @@ impl Tuning {
 impl Config {
     /// The trace's file name(s), as errors and the result file name it.
     pub fn trace_name(&self) -> String {
-        let names: Vec<String> = self.trace.iter().map(|p| p.display().to_string()).collect();
-        names.join(" ")
+        crate::trace::fleet::names(&self.trace)
     }
 
     /// Validates the command line; every error names the flag.

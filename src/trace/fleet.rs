@@ -154,6 +154,12 @@ impl Iterator for Merged {
     }
 }
 
+/// The input files' names as commands print them: joined by spaces.
+pub fn names(paths: &[PathBuf]) -> String {
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    names.join(" ")
+}
+
 /// Opens one trace file as a stream, or several recordings merged by wall clock.
 pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, TraceError> {
     if let [one] = paths {
