@@ -8,6 +8,17 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The fixed-timing test server, with server metrics, the merge tests replay against.
+async fn server() -> support::TestServer {
+    support::start(ServerConfig {
+        ttft: Duration::from_millis(20),
+        itl: Duration::from_millis(4),
+        server_metrics: true,
+        ..Default::default()
+    })
+    .await
+}
+
 /// 18 requests, 15 ms apart, 6..=10 output tokens (2..=5 select the test server's faults),
 /// distinct prefixes.
 fn trace(dir: &Path) -> PathBuf {
@@ -74,12 +85,7 @@ fn replay(trace: &Path, target: &str, out: &Path, shard: Option<&str>) {
 #[test]
 fn three_shards_merged_match_one_process() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let srv = rt.block_on(support::start(ServerConfig {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(4),
-        server_metrics: true,
-        ..Default::default()
-    }));
+    let srv = rt.block_on(server());
     let url = srv.url();
     let dir = tempfile::tempdir().unwrap();
     let t = trace(dir.path());
@@ -109,15 +115,7 @@ fn three_shards_merged_match_one_process() {
     }
     assert_eq!(merged["schema"], "retrace.replay/1");
     assert_eq!(merged["merged_from_histograms"], false);
-    for k in [
-        "num_prompts",
-        "completed",
-        "failed",
-        "total_input_tokens",
-        "total_output_tokens",
-    ] {
-        assert_eq!(merged[k], whole[k], "{k}");
-    }
+    support::assert_same_counts(&merged, &whole);
     assert_eq!(whole["completed"], 18);
     assert_eq!(
         sorted(&merged, "input_lens"),
@@ -304,12 +302,7 @@ fn with_sidecar(path: &Path, dir: &Path) -> PathBuf {
 fn sidecar_results_read_like_inline_ones_in_compare_report_and_merge() {
     use retrace::report::load;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let srv = rt.block_on(support::start(ServerConfig {
-        ttft: Duration::from_millis(20),
-        itl: Duration::from_millis(4),
-        server_metrics: true,
-        ..Default::default()
-    }));
+    let srv = rt.block_on(server());
     let url = srv.url();
     let dir = tempfile::tempdir().unwrap();
     let side = dir.path().join("side");

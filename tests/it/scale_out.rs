@@ -258,15 +258,7 @@ fn four_shards_started_together_match_one_process() {
     // the same requests, counts and token totals, exactly
     assert_eq!(whole["completed"], 100);
     assert_eq!(whole["failed"], 0);
-    for k in [
-        "num_prompts",
-        "completed",
-        "failed",
-        "total_input_tokens",
-        "total_output_tokens",
-    ] {
-        assert_eq!(merged[k], whole[k], "{k}");
-    }
+    support::assert_same_counts(&merged, &whole);
     for k in [
         "input_lens",
         "output_lens",

@@ -111,6 +111,19 @@ impl OutputWithin for std::process::Command {
 }
 
 /// Path of a file relative to the repository root.
+/// Two results (merged shards and one process) hold the same request count and token totals.
+pub fn assert_same_counts(merged: &serde_json::Value, whole: &serde_json::Value) {
+    for k in [
+        "num_prompts",
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+    ] {
+        assert_eq!(merged[k], whole[k], "{k}");
+    }
+}
+
 pub fn repo(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
