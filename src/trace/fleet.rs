@@ -132,19 +132,15 @@ impl Merged {
 impl Iterator for Merged {
     type Item = Result<Request, TraceError>;
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(e) = self.failed.take() {
-            self.heads.clear();
-            return Some(Err(e));
-        }
         loop {
+            if let Some(e) = self.failed.take() {
+                self.heads.clear();
+                return Some(Err(e));
+            }
             let Reverse((_, i)) = self.heads.pop()?;
             if std::mem::take(&mut self.unread[i]) {
                 // Its time has come: read its first record and queue it by its arrival.
                 self.pull(i);
-                if let Some(e) = self.failed.take() {
-                    self.heads.clear();
-                    return Some(Err(e));
-                }
                 continue;
             }
             let r = self.pending[i].take();
