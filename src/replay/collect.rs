@@ -4,9 +4,10 @@
 //! inline arrays, or appended to the sidecar file when the run measures more than
 //! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
 
-use super::outcome::{self, FirstError};
+use super::outcome::{self, FirstError, Recorded};
 use super::result::{arrays, Row};
 use super::sidecar;
+use super::window::Tag;
 use crate::metrics::{Collector, Sample, Scalars};
 use serde_json::{Map, Value};
 
@@ -18,19 +19,15 @@ pub enum Detail {
     File(sidecar::Writer),
 }
 
-/// Marks a side request in [`Collect`]'s slot map.
-const AUX: u32 = u32::MAX;
-
 /// What the run keeps of its finished requests.
 pub struct Collect {
-    /// Plan slot → workload index, or [`AUX`].
-    work_index: Vec<u32>,
     pub work: Collector,
     /// Side requests (`--include-aux`), in the order they finished.
     pub aux: Vec<Scalars>,
     pub first_errors: Vec<FirstError>,
-    /// A recorded trace's failure of each workload request.
-    pub recorded: Option<Vec<Option<String>>>,
+    /// Recorded against replayed outcomes, when the trace holds recorded responses (each
+    /// request's recorded failure kind is in its tag).
+    pub recorded: Option<Recorded>,
     detail: Detail,
 }
 
@@ -42,64 +39,43 @@ pub struct Arrays {
 }
 
 impl Collect {
-    /// `aux[slot]`: the plan slot is a side request; `detail` for the workload's requests; at
-    /// most `itl_bound` ITL values held ([`ITL_BOUND`]).
-    pub fn new(
-        aux: &[bool],
-        recorded: Option<Vec<Option<String>>>,
-        detail: Detail,
-        itl_bound: usize,
-    ) -> Collect {
-        let mut n = 0u32;
-        let work_index = aux
-            .iter()
-            .map(|&a| match a {
-                true => AUX,
-                false => {
-                    n += 1;
-                    n - 1
-                }
-            })
-            .collect();
+    /// For `measured` workload requests (their index is in each sample's [`Tag`]); `recorded`:
+    /// the trace holds recorded responses; `detail` for the workload's requests; at most
+    /// `itl_bound` ITL values held ([`crate::metrics::ITL_BOUND`]).
+    pub fn new(recorded: bool, measured: usize, detail: Detail, itl_bound: usize) -> Collect {
         let detail = match detail {
-            Detail::Inline(_) => Detail::Inline(vec![None; n as usize]),
+            Detail::Inline(_) => Detail::Inline(vec![None; measured]),
             d => d,
         };
         Collect {
-            work_index,
-            work: Collector::new(n as usize, itl_bound),
+            work: Collector::new(measured, itl_bound),
             aux: Vec::new(),
             first_errors: Vec::new(),
-            recorded,
+            recorded: recorded.then(Recorded::default),
             detail,
         }
     }
 
-    /// Folds in the sample of plan slot `slot`.
-    pub fn add(&mut self, slot: usize, s: Sample) {
-        let Some(&w) = self.work_index.get(slot) else {
-            return;
-        };
-        if w == AUX {
+    /// Folds in the sample of the request tagged `tag`.
+    pub fn add(&mut self, tag: Tag, s: Sample) {
+        let Some(w) = tag.work else {
             self.aux.push(s.scalars());
             return;
-        }
-        let w = w as usize;
+        };
         outcome::note_error(&mut self.first_errors, &s);
+        if let Some(r) = &mut self.recorded {
+            r.add(tag.recorded.as_deref(), &s.scalars());
+        }
         self.work.add(w, &s);
-        let rec = || self.recorded.as_ref().map(|r| r.get(w).cloned().flatten());
+        let rec = self.recorded.is_some().then_some(tag.recorded);
         match &mut self.detail {
             Detail::Off => {}
             Detail::Inline(rows) => {
-                let row = Row::of(&s, rec());
                 if let Some(r) = rows.get_mut(w) {
-                    *r = Some(row);
+                    *r = Some(Row::of(&s, rec));
                 }
             }
-            Detail::File(f) => {
-                let row = Row::of(&s, rec());
-                f.write(w, &row);
-            }
+            Detail::File(f) => f.write(w, &Row::of(&s, rec)),
         }
     }
 
@@ -140,6 +116,10 @@ mod tests {
     use crate::metrics::Failure;
     use serde_json::json;
 
+    fn tag(work: Option<usize>, recorded: Option<String>) -> Tag {
+        Tag { work, recorded }
+    }
+
     fn sample(i: u64, err: Option<Failure>) -> Sample {
         Sample {
             input_tokens: 10 + i,
@@ -162,12 +142,13 @@ mod tests {
 
     #[test]
     fn auxiliary_samples_are_split_off_and_counted() {
-        let mut c = Collect::new(&[false, true, true, false], None, Detail::Off, 100);
+        let mut c = Collect::new(false, 2, Detail::Off, 100);
+        let work = [Some(0), None, None, Some(1)];
         for (slot, err) in [None, None, Some(Failure::Http(404)), None]
             .into_iter()
             .enumerate()
         {
-            c.add(slot, sample(slot as u64, err));
+            c.add(tag(work[slot], None), sample(slot as u64, err));
         }
         assert_eq!(c.work.scalars().len(), 2);
         let v = outcome::auxiliary(&c.aux).unwrap();
@@ -189,15 +170,15 @@ mod tests {
         let rec: Vec<Option<String>> = (0..n)
             .map(|i| (i % 5 == 0).then(|| "http_500".into()))
             .collect();
-        let aux = vec![false; n as usize];
-        let mut inline = Collect::new(&aux, Some(rec.clone()), Detail::Inline(Vec::new()), 1 << 20);
+        let m = n as usize;
+        let mut inline = Collect::new(true, m, Detail::Inline(Vec::new()), 1 << 20);
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
-        let mut streamed = Collect::new(&aux, Some(rec), file, 1 << 20);
+        let mut streamed = Collect::new(true, m, file, 1 << 20);
         for (slot, s) in samples.iter().enumerate() {
-            inline.add(slot, s.clone());
+            inline.add(tag(Some(slot), rec[slot].clone()), s.clone());
         }
         for (slot, s) in samples.iter().enumerate().rev() {
-            streamed.add(slot, s.clone());
+            streamed.add(tag(Some(slot), rec[slot].clone()), s.clone());
         }
         let want = inline.finish().unwrap().inline.unwrap();
         let name = streamed.finish().unwrap().file.unwrap();
@@ -221,9 +202,9 @@ mod tests {
         let path = dir.path().join("big.requests.jsonl");
         let n = 2 * sidecar::THRESHOLD + 1;
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
-        let mut c = Collect::new(&vec![false; n], None, file, 100_000);
+        let mut c = Collect::new(false, n, file, 100_000);
         for slot in 0..n {
-            c.add(slot, sample(slot as u64, None));
+            c.add(tag(Some(slot), None), sample(slot as u64, None));
         }
         let per_request = std::mem::size_of::<Scalars>() + std::mem::size_of::<(usize, u32)>();
         let held = c.work.retained_bytes();

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 pub const DEFAULT_VOCAB: u32 = 4096;
 
 /// A validated replay configuration.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The trace: one file, or several recordings merged by wall clock.
     pub trace: Vec<PathBuf>,

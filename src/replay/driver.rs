@@ -24,7 +24,7 @@
 
 use super::client::{Client, SendTimes};
 use super::sessions::Links;
-use super::window::Window;
+use super::window::{Body, Tag, Window};
 use crate::metrics::{Failure, Sample};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -104,6 +104,29 @@ impl Drop for Handover {
     }
 }
 
+/// A released request's reply to the driver, sent when dropped: with its sample, or without one
+/// when its task ended early (a panic, or the runtime dropping it).
+struct Reply {
+    tx: mpsc::UnboundedSender<(usize, Tag, Option<Sample>)>,
+    slot: usize,
+    tag: Tag,
+    sample: Option<Sample>,
+}
+
+impl Reply {
+    /// Replies with the request's sample.
+    fn send(mut self, s: Sample) {
+        self.sample = Some(s);
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        let tag = std::mem::take(&mut self.tag);
+        let _ = self.tx.send((self.slot, tag, self.sample.take()));
+    }
+}
+
 /// Blocks the calling thread until `deadline` (returns at once when it has passed).
 fn sleep_until(deadline: Instant) {
     loop {
@@ -115,17 +138,67 @@ fn sleep_until(deadline: Instant) {
     }
 }
 
-/// Runs `plan` (`(request index, offset ns)` pairs, sorted by offset); `on_done` gets each
-/// plan slot's sample once, as the request finishes.
+/// The plan's roots in order, with their offsets: from the session links, or else every slot,
+/// its offset read from its body (taken from the window before the sleep to its deadline).
+struct Roots {
+    n: usize,
+    next: usize,
+    links: Option<Arc<Links>>,
+    bodies: Arc<Window>,
+    /// The next root, peeked: (slot, offset, its body when taken).
+    peeked: Option<(usize, u64, Option<Arc<Body>>)>,
+    failed: Option<String>,
+}
+
+impl Roots {
+    /// Whether peeking would wait for the builder.
+    fn would_wait(&self) -> bool {
+        self.peeked.is_none() && self.links.is_none() && !self.bodies.is_ready(self.next)
+    }
+
+    fn peek(&mut self) -> Option<u64> {
+        if self.peeked.is_none() && self.failed.is_none() {
+            self.peeked = self.advance();
+        }
+        self.peeked.as_ref().map(|p| p.1)
+    }
+
+    fn advance(&mut self) -> Option<(usize, u64, Option<Arc<Body>>)> {
+        while self.next < self.n {
+            let slot = self.next;
+            self.next += 1;
+            match &self.links {
+                Some(l) if !l.is_root(slot) => continue,
+                Some(l) => return Some((slot, l.at_ns[slot], None)),
+                None => match self.bodies.take(slot) {
+                    Ok(b) => return Some((slot, b.at_ns, Some(b))),
+                    Err(e) => {
+                        self.failed = Some(e);
+                        return None;
+                    }
+                },
+            }
+        }
+        None
+    }
+
+    fn pop(&mut self) -> Option<(usize, u64, Option<Arc<Body>>)> {
+        self.peek()?;
+        self.peeked.take()
+    }
+}
+
+/// Runs `n` planned sends (their bodies and offsets from `bodies`, in plan order); `on_done`
+/// gets each slot's sample and tag once, as the request finishes. Err when the body builder
+/// failed (once the sends released before it have ended) or the dispatcher could not start.
 pub async fn drive(
-    plan: Vec<(usize, u64)>,
+    n: usize,
     bodies: Arc<Window>,
     client: Arc<Client>,
     opts: DriveOptions,
-    mut on_done: impl FnMut(usize, Sample),
-) -> Driven {
-    let n = plan.len();
-    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Sample)>();
+    mut on_done: impl FnMut(usize, Tag, Sample),
+) -> Result<Driven, String> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Tag, Option<Sample>)>();
     let sem = opts
         .max_concurrency
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
@@ -140,14 +213,14 @@ pub async fn drive(
             // Dependent turns handed over by their predecessor's task: (deadline ns, slot).
             let (dep_tx, dep_rx) = std_mpsc::channel::<(u64, usize)>();
             let mut due: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-            let mut roots = plan
-                .iter()
-                .enumerate()
-                .filter(|(slot, _)| links.as_ref().is_none_or(|l| l.is_root(*slot)))
-                .map(|(slot, &(idx, at))| (slot, idx, at))
-                .collect::<Vec<_>>()
-                .into_iter()
-                .peekable();
+            let mut roots = Roots {
+                n,
+                next: 0,
+                links: links.clone(),
+                bodies: bodies.clone(),
+                peeked: None,
+                failed: None,
+            };
             let mut released = 0;
             // Requests released at this instant, handed to the runtime together (see `flush`).
             let mut batch: Vec<Task> = Vec::new();
@@ -155,7 +228,14 @@ pub async fn drive(
                 while let Ok((at, slot)) = dep_rx.try_recv() {
                     due.push(Reverse((at, slot)));
                 }
-                let next_root = roots.peek().map(|r| r.2);
+                if roots.would_wait() {
+                    flush(&handle, &mut batch);
+                }
+                let next_root = roots.peek();
+                if let Some(e) = roots.failed.take() {
+                    flush(&handle, &mut batch);
+                    return Err(e);
+                }
                 let next_dep = due.peek().map(|Reverse((at, _))| *at);
                 let at_ns = match (next_root, next_dep) {
                     (None, None) => {
@@ -184,24 +264,27 @@ pub async fn drive(
                     }
                 }
                 // The body is taken before the sleep: none is built on the send path.
-                let next_slot = match next_root == Some(at_ns) {
-                    true => roots.peek().map(|r| r.0),
-                    false => due.peek().map(|Reverse((_, slot))| *slot),
-                };
-                let body = next_slot.map(|s| bodies.take(plan[s].0));
-                sleep_until(deadline);
-                let (slot, _, intended_ns) = if next_root == Some(at_ns) {
-                    match roots.next() {
+                let (slot, intended_ns, body) = match next_root == Some(at_ns) {
+                    true => match roots.pop() {
                         Some(r) => r,
                         None => break,
-                    }
-                } else {
-                    match due.pop() {
-                        Some(Reverse((at, slot))) => (slot, plan[slot].0, at),
+                    },
+                    false => match due.pop() {
+                        Some(Reverse((at, slot))) => (slot, at, None),
                         None => break,
-                    }
+                    },
                 };
-                debug_assert_eq!(next_slot, Some(slot), "the body taken is the one released");
+                let body = match body {
+                    Some(b) => b,
+                    None => match bodies.take(slot) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            flush(&handle, &mut batch);
+                            return Err(e);
+                        }
+                    },
+                };
+                sleep_until(deadline);
                 released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
                 let mut times = SendTimes {
@@ -209,8 +292,7 @@ pub async fn drive(
                     dispatched_ns,
                     slot_wait_ns: 0,
                 };
-                let (tx, client, sem) = (tx.clone(), client.clone(), sem.clone());
-                let body = body.unwrap_or_else(|| Err("no body for this request".into()));
+                let (client, sem) = (client.clone(), sem.clone());
                 let mut next = links.as_ref().and_then(|l| {
                     l.succ[slot].map(|s| Handover {
                         tx: dep_tx.clone(),
@@ -220,6 +302,12 @@ pub async fn drive(
                         t0,
                     })
                 });
+                let reply = Reply {
+                    tx: tx.clone(),
+                    slot,
+                    tag: body.tag.clone(),
+                    sample: None,
+                };
                 // The request leaves from this thread at its deadline when a connection is idle
                 // and a slot free (Client::presend); not within a large simultaneous release,
                 // whose sends the runtime's workers share.
@@ -228,9 +316,9 @@ pub async fn drive(
                     permit = sem
                         .as_ref()
                         .and_then(|s| s.clone().try_acquire_owned().ok());
-                    match &body {
-                        Ok(b) if sem.is_none() || permit.is_some() => client.presend(&b.req, t0),
-                        _ => None,
+                    match sem.is_none() || permit.is_some() {
+                        true => client.presend(&body.req, t0),
+                        false => None,
                     }
                 } else {
                     None
@@ -246,72 +334,43 @@ pub async fn drive(
                         }
                         (None, None) => None,
                     };
-                    let s = match &body {
-                        Ok(b) => client.send(&b.req, times, t0, pre).await,
-                        Err(e) => Sample {
-                            error: Some(Failure::Local),
-                            error_detail: Some(format!("building the body: {e}")),
-                            intended_ns: times.intended_ns,
-                            dispatched_ns: times.dispatched_ns,
-                            end_ns: times.dispatched_ns,
-                            ..Default::default()
-                        },
-                    };
+                    let s = client.send(&body.req, times, t0, pre).await;
                     drop(body); // freed once sent
                     if let Some(h) = &mut next {
                         h.end_ns = Some(s.end_ns);
                     }
                     drop(next); // releases the next turn before the sample is collected
-                    let _ = tx.send((slot, s));
+                    reply.send(s);
                 }));
             }
             flush(&handle, &mut batch);
+            Ok(())
         });
-    let mut got = vec![false; n];
-    let (mut first, mut last) = (u64::MAX, 0u64);
-    // Each slot's sample once; `None`: the task ended without one (a local failure).
-    let mut done = |slot: usize, s: Option<Sample>| {
-        if let Some(g) = got.get_mut(slot).filter(|g| !**g) {
-            *g = true;
-            let s = s.unwrap_or_else(|| Sample {
-                error: Some(Failure::Local),
-                error_detail: Some("request task ended without a result".into()),
-                ..Default::default()
-            });
-            first = first.min(s.dispatched_ns);
-            last = last.max(s.end_ns);
-            on_done(slot, s);
-        }
+    let dispatcher = match dispatcher {
+        Ok(d) => d,
+        Err(e) => return Err(format!("starting the dispatcher thread: {e}")),
     };
-    if let Err(e) = dispatcher {
-        // Could not start the thread: every request is a local failure, the run still reports.
-        for i in 0..n {
-            let s = Sample {
-                error: Some(Failure::Local),
-                error_detail: Some(format!("dispatcher thread: {e}")),
-                end_ns: i as u64,
-                ..Default::default()
-            };
-            done(i, Some(s));
-        }
-    } else {
-        let mut received = 0;
-        while received < n {
-            match rx.recv().await {
-                Some((slot, s)) => {
-                    done(slot, Some(s));
-                    received += 1;
-                }
-                None => break,
-            }
-        }
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    // Every released request replies once; the channel closes when the dispatcher and every
+    // request's task are done.
+    while let Some((slot, tag, s)) = rx.recv().await {
+        let s = s.unwrap_or_else(|| Sample {
+            error: Some(Failure::Local),
+            error_detail: Some("request task ended without a result".into()),
+            ..Default::default()
+        });
+        first = first.min(s.dispatched_ns);
+        last = last.max(s.end_ns);
+        on_done(slot, tag, s);
     }
-    for slot in 0..n {
-        done(slot, None);
+    match dispatcher.join() {
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err("the dispatcher thread panicked".into()),
+        Ok(Ok(())) => {}
     }
-    Driven {
+    Ok(Driven {
         duration_s: last.saturating_sub(first.min(last)) as f64 / 1e9,
-    }
+    })
 }
 
 #[cfg(test)]

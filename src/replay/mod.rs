@@ -31,6 +31,7 @@ pub mod scrape;
 pub mod sessions;
 pub mod shaping;
 pub mod sidecar;
+pub mod source;
 pub mod start;
 pub mod target;
 pub mod window;
@@ -38,7 +39,7 @@ pub mod window;
 pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
 use crate::cli::ReplayArgs;
-use crate::metrics::{self, Api};
+use crate::metrics;
 use crate::synth::{self, Synth, TextBuilder, Vocab};
 use crate::trace::fleet::open_all;
 use crate::trace::import::ImportOptions;
@@ -106,19 +107,9 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 
 /// `--dry-run`: the planned schedule's summary, nothing sent.
 fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
-    let (trace, _) = open_all(&cfg.trace, &ImportOptions::default())?.collect_trace()?;
-    let (trace, plan, _) = plan(cfg, trace, cfg.target.is_none())?;
-    let sends: Vec<(u64, u64, u64)> = plan
-        .iter()
-        .map(|p| {
-            let r = &trace.requests[p.index];
-            (p.at_ns, r.input_tokens, r.output_tokens)
-        })
-        .collect();
-    print!("{}", shaping::dry_run_summary(&sends));
-    if cfg.sessions {
-        let l =
-            sessions::link(&trace, &plan, cfg.speed.unwrap_or(1.0)).map_err(anyhow::Error::msg)?;
+    let p = planning(cfg, cfg.target.is_none())?;
+    print!("{}", p.survey.dry.render());
+    if let Some(l) = &p.links {
         let dependent = l.pred.iter().filter(|p| p.is_some()).count();
         println!(
             "sessions: {} sessions; {dependent} turns wait for their previous turn + think time (their send times depend on the server)",
@@ -126,7 +117,7 @@ fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(rate) = cfg.probe_rate {
-        let n = probe::bodies_needed(schedule::span_ns(&plan), rate, usize::MAX) - 1;
+        let n = probe::bodies_needed(p.survey.span_ns, rate, usize::MAX) - 1;
         println!("probes: {rate}/s, about {n} over the planned span (more if the run outlasts it)");
     }
     if let Some(at) = cfg.start_at {
@@ -171,32 +162,8 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
     })
 }
 
-/// `METHOD path` → requests sent (the result's `requests_by_endpoint`).
-fn requests_by_endpoint(
-    built: &[request::BuiltRequest],
-) -> std::collections::BTreeMap<String, u64> {
-    let mut m = std::collections::BTreeMap::new();
-    for b in built {
-        *m.entry(format!("{} {}", b.method, b.path)).or_default() += 1;
-    }
-    m
-}
-
 /// The longest schedule a replay accepts (30 days): anything longer is a mistaken flag or trace.
 const MAX_SCHEDULE: Duration = Duration::from_secs(30 * 86_400);
-
-/// The result's `endpoint`: the one API every measured request used, or `mixed`.
-fn endpoint_label(built: &[request::BuiltRequest]) -> String {
-    let name = |b: &request::BuiltRequest| match b.api {
-        Api::Completions => "completions",
-        Api::Chat => "chat",
-    };
-    match built.first().map(name) {
-        Some(first) if built.iter().all(|b| name(b) == first) => first.into(),
-        Some(_) => "mixed".into(),
-        None => "completions".into(),
-    }
-}
 
 /// Shapes the trace and plans its sends. With the embedded target and neither `--limit` nor
 /// `--speed`, only the first [`EMBEDDED_DEFAULT_SPAN`] of the (shaped) trace is planned.
@@ -222,13 +189,7 @@ pub fn plan(
             arrivals.sort_unstable();
             let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
             let n = arrivals.iter().take_while(|&&a| a - origin <= span).count();
-            if n < arrivals.len() {
-                eprintln!(
-                    "retrace: embedded mock: replaying the first {n} of {} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
-                    arrivals.len(),
-                    EMBEDDED_DEFAULT_SPAN.as_secs()
-                );
-            }
+            say_embedded_cut(n, arrivals.len());
             Some(n)
         }
         (l, _, _) => l,
@@ -241,7 +202,12 @@ pub fn plan(
             origin_us: Some(origin),
         },
     );
-    let span_ns = plan.iter().map(|p| p.at_ns).max().unwrap_or(0);
+    check_span(plan.iter().map(|p| p.at_ns).max().unwrap_or(0))?;
+    Ok((trace, plan, left_out))
+}
+
+/// Refuses a schedule longer than [`MAX_SCHEDULE`].
+fn check_span(span_ns: u64) -> anyhow::Result<()> {
     if span_ns > MAX_SCHEDULE.as_nanos() as u64 {
         anyhow::bail!(
             "the schedule would run for {:.0} days (more than {}): check --speed, --request-rate, --ramp-up and the trace's timestamps",
@@ -249,7 +215,116 @@ pub fn plan(
             MAX_SCHEDULE.as_secs() / 86_400
         );
     }
-    Ok((trace, plan, left_out))
+    Ok(())
+}
+
+/// The embedded target's default span message, when it cuts the plan.
+fn say_embedded_cut(planned: usize, total: usize) {
+    if planned < total {
+        eprintln!(
+            "retrace: embedded mock: replaying the first {planned} of {total} requests ({} s of the trace at real speed; give --limit or --speed to choose)",
+            EMBEDDED_DEFAULT_SPAN.as_secs()
+        );
+    }
+}
+
+/// The plan, surveyed before the clock, and the body builder's source for it.
+pub struct Planning {
+    pub survey: source::Survey,
+    source: source::Source,
+    pub links: Option<sessions::Links>,
+    pub left_out: crate::trace::select::Skipped,
+    pub block_size: u32,
+    prompts: Prompts,
+}
+
+/// Reads and plans the trace, streamed when the shaping allows and else whole ([`source`]),
+/// and surveys the plan, checking that every planned request can be built; the source reads
+/// it again for the body builder.
+fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
+    let input = open_all(&cfg.trace, &ImportOptions::default())?;
+    if input.report.skipped > 0 {
+        let skipped = input.report.skipped;
+        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace_name());
+    }
+    let block_size = cfg.block_size.unwrap_or(input.header.block_size).max(1);
+    let prompts = prompts(cfg, block_size)?;
+    let head_opts = BodyOptions {
+        api: cfg.api,
+        model: String::new(),
+        model_override: cfg.model.is_some(),
+        extra_body: Default::default(),
+        keep_original_limits: cfg.keep_original_limits,
+        overheads: Default::default(),
+    };
+    let theory = cfg
+        .scrape_metrics
+        .as_ref()
+        .map(|_| crate::trace::stats::PrefixCache::new(block_size, cfg.server_block_size));
+    let mut survey = source::Survey::new(theory);
+    let mut check = |p: &source::Planned| {
+        survey
+            .add(p, &head_opts, &prompts)
+            .map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))
+    };
+    let speed = cfg.speed.unwrap_or(1.0);
+    if !source::streams(&cfg.shaping, cfg.sessions) {
+        let (trace, plan, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
+        let links = match cfg.sessions {
+            true => Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?),
+            false => None,
+        };
+        let chunks = source::in_plan_order(trace, &plan);
+        chunks.iter().flatten().try_for_each(&mut check)?;
+        return Ok(Planning {
+            survey,
+            source: source::from_chunks(chunks),
+            links,
+            left_out,
+            block_size,
+            prompts,
+        });
+    }
+    let name = cfg.trace_name();
+    let stage = |retimed| -> anyhow::Result<source::Stage> {
+        let o = source::StageOptions {
+            select: cfg.select,
+            shaping: cfg.shaping.clone(),
+            speed,
+            retimed,
+        };
+        let input = open_all(&cfg.trace, &ImportOptions::default())?;
+        source::Stage::new(input, name.clone(), o).map_err(anyhow::Error::msg)
+    };
+    let retimed = match source::needs_count(&cfg.shaping) {
+        true => stage(0)?.count_retimed().map_err(anyhow::Error::msg)?,
+        false => 0,
+    };
+    let cut = (embedded && cfg.limit.is_none() && cfg.speed.is_none())
+        .then_some(EMBEDDED_DEFAULT_SPAN.as_nanos() as u64);
+    let mut first = stage(retimed)?;
+    let mut total = 0;
+    for p in &mut first {
+        let p = p.map_err(anyhow::Error::msg)?;
+        total += 1;
+        if cut.is_none_or(|c| p.at_ns <= c) {
+            check(&p)?;
+        }
+    }
+    let (left_out, read) = first.finish().map_err(anyhow::Error::msg)?;
+    if let Some(line) = left_out.summary(read) {
+        eprintln!("retrace: {line}");
+    }
+    say_embedded_cut(survey.planned, total);
+    check_span(survey.span_ns)?;
+    Ok(Planning {
+        survey,
+        source: Box::new(stage(retimed)?),
+        links: None,
+        left_out,
+        block_size,
+        prompts,
+    })
 }
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
@@ -266,12 +341,15 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
 pub struct Prepared {
     embedded: Option<Embedded>,
     client: Arc<client::Client>,
-    plan: Vec<schedule::PlannedSend>,
+    /// Planned sends.
+    planned: usize,
     links: Option<sessions::Links>,
     /// The body builder's window (bodies are built during the run, ahead of the clock).
     bodies: Arc<window::Window>,
-    /// Which sends are side requests (`--include-aux`), counted apart from the workload.
-    aux_mask: Vec<bool>,
+    /// Planned sends that are not side requests (`--include-aux`).
+    measured: usize,
+    /// The trace holds recorded responses.
+    recorded: bool,
     probe_bodies: Vec<BuiltRequest>,
     theory: scrape::Theory,
     /// `--scrape-metrics`' "before" point, taken before the warm connections were opened.
@@ -326,22 +404,33 @@ pub struct RunFacts {
     by_endpoint: std::collections::BTreeMap<String, u64>,
     /// Requests the selection left out, and why.
     left_out: crate::trace::select::Skipped,
-    /// The recorded failure of each measured request, for a recorded trace.
-    recorded: Option<Vec<Option<String>>>,
 }
 
-/// Stage 1: reads and plans the trace, starts the embedded target when there is no `--target`,
-/// starts the body builder and opens the connections (after any `--start-at` wait).
+/// Stage 1: reads, plans and surveys the trace, starts the embedded target when there is no
+/// `--target`, starts the body builder and opens the connections (after any `--start-at` wait).
 pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     let result_file = cfg
         .result_json
         .as_deref()
         .map(ResultFile::open)
         .transpose()?;
-    let trace = read_trace(cfg).await?;
-    let embedded = match &cfg.target {
-        Some(_) => None,
-        None => Some(start_embedded_target().await?),
+    let embedded = cfg.target.is_none();
+    let Planning {
+        survey,
+        source,
+        links,
+        left_out,
+        block_size,
+        prompts,
+    } = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || planning(&cfg, embedded))
+            .await
+            .context("reading the trace")??
+    };
+    let embedded = match embedded {
+        false => None,
+        true => Some(start_embedded_target().await?),
     };
     let target_url = cfg
         .target
@@ -350,18 +439,9 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         .unwrap_or_default();
     let client = Arc::new(open_client(cfg, &target_url).await?);
     let model = model(cfg, embedded.as_ref(), &client).await?;
-    let speed = cfg.speed.unwrap_or(1.0);
-    let (trace, plan, left_out) = plan(cfg, trace, embedded.is_some())?;
-    let links = match cfg.sessions {
-        true => Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?),
-        false => None,
-    };
-    let block_size = cfg.block_size.unwrap_or(trace.header.block_size).max(1);
-    let prompts = prompts(cfg, block_size)?;
     // Only synthesised prompts (requests without a recorded body) are fitted to the target.
-    let synthesised = plan.iter().any(|p| trace.requests[p.index].body.is_none());
     let overheads = match &prompts {
-        Prompts::Text(tb) if synthesised => {
+        Prompts::Text(tb) if survey.synthesised => {
             let (o, line) = overhead::measure(&client, &model, tb).await;
             eprintln!("retrace: {line}");
             o
@@ -376,45 +456,51 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         keep_original_limits: cfg.keep_original_limits,
         overheads,
     };
-    let heads = heads(cfg, &trace, &plan, &body_opts, &prompts)?;
     let probe_bodies = match cfg.probe_rate {
-        Some(rate) => probe_bodies(&trace, &plan, rate, &body_opts, &prompts)?,
+        Some(rate) => probe_bodies(&survey, rate, &body_opts, &prompts)?,
         None => Vec::new(),
     };
-    let theory = theory(cfg, &trace, &plan, block_size);
-    let trace_index: Vec<usize> = plan.iter().map(|p| p.index).collect();
-    let aux_mask: Vec<bool> = heads.iter().map(|b| b.aux).collect();
-    let recorded = outcome::recorded_failures(&trace, &trace_index, &aux_mask);
-    let measured = aux_mask.iter().filter(|a| !**a).count();
-    let detail = detail(cfg, measured)?;
-    let bodies = window::Window::start(trace, &plan, body_opts, prompts, cfg.tuning.window)
-        .context("starting the body builder thread")?;
-    warn_before_the_run(cfg, plan.len());
+    let theory = scrape::Theory {
+        server_block_size: cfg.server_block_size,
+        hits: survey.theory.as_ref().map_or(0, |t| t.hits),
+        queries: survey.theory.as_ref().map_or(0, |t| t.queries),
+    };
+    let detail = detail(cfg, survey.measured)?;
+    let bodies = window::Window::start(
+        source,
+        survey.planned,
+        body_opts,
+        prompts,
+        cfg.tuning.window,
+    )
+    .context("starting the body builder thread")?;
+    warn_before_the_run(cfg, survey.planned);
     wait_for_start_at(cfg).await;
     let scrape = match &cfg.scrape_metrics {
         Some(url) => Some(scrape_before(cfg, url.as_deref(), &client.target).await?),
         None => None,
     };
-    warm(cfg, &client, plan.len()).await;
+    warm(cfg, &client, survey.planned).await;
+    let endpoint = survey.endpoint();
     let facts = RunFacts {
         target_url,
         model,
-        speed,
+        speed: cfg.speed.unwrap_or(1.0),
         block_size,
         rx_stamp: client.pool.rx_stamp(),
         readers: client.pool.readers().map(|r| (r.len(), r.batch())),
-        endpoint: endpoint_label(&heads),
-        by_endpoint: requests_by_endpoint(&heads),
+        endpoint,
+        by_endpoint: survey.by_endpoint,
         left_out,
-        recorded,
     };
     Ok(Prepared {
         embedded,
         client,
-        plan,
+        planned: survey.planned,
         links,
         bodies,
-        aux_mask,
+        measured: survey.measured,
+        recorded: survey.recorded,
         probe_bodies,
         theory,
         scrape,
@@ -463,37 +549,6 @@ async fn model(
     }
 }
 
-/// Every planned request's method, path and API ([`request::head`]), checked before the clock.
-fn heads(
-    cfg: &Config,
-    trace: &crate::trace::Trace,
-    plan: &[schedule::PlannedSend],
-    opts: &BodyOptions,
-    prompts: &Prompts,
-) -> anyhow::Result<Vec<BuiltRequest>> {
-    plan.iter()
-        .map(|p| {
-            request::head(&trace.requests[p.index], opts, prompts)
-                .map_err(|e| anyhow!("{}: request {}: {e}", cfg.trace_name(), p.index))
-        })
-        .collect()
-}
-
-/// The trace, read off the runtime's threads (malformed rows skipped with a warning).
-async fn read_trace(cfg: &Config) -> anyhow::Result<crate::trace::Trace> {
-    let path = cfg.trace.clone();
-    let (trace, report) = tokio::task::spawn_blocking(move || {
-        open_all(&path, &ImportOptions::default())?.collect_trace()
-    })
-    .await
-    .context("reading the trace")??;
-    if report.skipped > 0 {
-        let skipped = report.skipped;
-        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace_name());
-    }
-    Ok(trace)
-}
-
 /// The client for `target_url`: its pool, kernel stamps and reader threads as tuned, and one
 /// connection opened to check that the target can be reached.
 async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::Client> {
@@ -539,19 +594,13 @@ fn prompts(cfg: &Config, block_size: u32) -> anyhow::Result<Prompts> {
 
 /// Probe bodies: fresh hash ids above the trace's, built before the clock like the rest.
 fn probe_bodies(
-    trace: &crate::trace::Trace,
-    plan: &[schedule::PlannedSend],
+    survey: &source::Survey,
     rate: f64,
     opts: &BodyOptions,
     prompts: &Prompts,
 ) -> anyhow::Result<Vec<BuiltRequest>> {
-    let base = trace
-        .requests
-        .iter()
-        .flat_map(|r| r.hash_ids.iter())
-        .max()
-        .map_or(0, |m| m.saturating_add(1));
-    let n = probe::bodies_needed(schedule::span_ns(plan), rate, 100_000);
+    let base = survey.max_hash_id.map_or(0, |m| m.saturating_add(1));
+    let n = probe::bodies_needed(survey.span_ns, rate, 100_000);
     (0..n as u64)
         .map(|k| {
             let r = crate::trace::Request {
@@ -564,28 +613,6 @@ fn probe_bodies(
                 .map_err(|e| anyhow!("--probe-request-rate: building a probe: {e}"))
         })
         .collect()
-}
-
-/// The trace's theoretical prefix-cache hits, for `--scrape-metrics`.
-fn theory(
-    cfg: &Config,
-    trace: &crate::trace::Trace,
-    plan: &[schedule::PlannedSend],
-    block_size: u32,
-) -> scrape::Theory {
-    let mut theory = scrape::Theory {
-        server_block_size: cfg.server_block_size,
-        ..Default::default()
-    };
-    if cfg.scrape_metrics.is_some() {
-        (theory.hits, theory.queries) = crate::trace::stats::vllm_prefix_cache(
-            trace,
-            plan.iter().map(|p| p.index),
-            block_size,
-            cfg.server_block_size,
-        );
-    }
-    theory
 }
 
 fn warn_before_the_run(cfg: &Config, planned: usize) {
@@ -664,11 +691,11 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     let cpu_setup_s = process_cpu_s();
     p.bodies.set_t0(t0);
     let detail = p.detail.take().unwrap_or(collect::Detail::Off);
-    let recorded = p.facts.recorded.take();
     let itl_bound = metrics::ITL_BOUND;
-    let mut collected = collect::Collect::new(&p.aux_mask, recorded, detail, itl_bound);
-    let duration_s = drive(cfg, p, t0, &mut collected).await;
+    let mut collected = collect::Collect::new(p.recorded, p.measured, detail, itl_bound);
+    let driven = drive(cfg, p, t0, &mut collected).await;
     p.bodies.stop();
+    let duration_s = driven.map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))?;
     let inexact = p
         .bodies
         .stats
@@ -712,15 +739,14 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
 }
 
 /// The plan driven from `t0`, each finished request folded into `collected`, with a progress bar
-/// on a terminal; the run's duration (s).
-async fn drive(cfg: &Config, p: &Prepared, t0: Instant, collected: &mut collect::Collect) -> f64 {
-    let bar = progress_bar(cfg, p.plan.len());
-    let sends: Vec<(usize, u64)> = p
-        .plan
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (i, s.at_ns))
-        .collect();
+/// on a terminal; the run's duration (s), or why the body builder failed.
+async fn drive(
+    cfg: &Config,
+    p: &Prepared,
+    t0: Instant,
+    collected: &mut collect::Collect,
+) -> Result<f64, String> {
+    let bar = progress_bar(cfg, p.planned);
     let opts = driver::DriveOptions {
         max_concurrency: cfg.max_concurrency,
         links: p.links.clone(),
@@ -728,11 +754,11 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant, collected: &mut collect:
     };
     let mut failed = 0u64;
     let driven = driver::drive(
-        sends,
+        p.planned,
         p.bodies.clone(),
         p.client.clone(),
         opts,
-        |slot, s| {
+        |_, tag, s| {
             if let Some(pb) = &bar {
                 if !s.ok() {
                     failed += 1;
@@ -740,14 +766,14 @@ async fn drive(cfg: &Config, p: &Prepared, t0: Instant, collected: &mut collect:
                 }
                 pb.inc(1);
             }
-            collected.add(slot, s);
+            collected.add(tag, s);
         },
     )
     .await;
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
-    driven.duration_s
+    Ok(driven?.duration_s)
 }
 
 fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
@@ -796,11 +822,12 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     }
     let samples = work.scalars();
     let invalid_reason = invalid_reason(cfg, samples);
-    let sessions = p.links.as_ref().map(|l| {
-        let recorded: Vec<u64> = p.plan.iter().map(|s| s.at_ns).collect();
-        sessions::report(l, &recorded, samples, &median_p99_and(&cfg.percentiles))
-    });
-    let all_failed = outcome::all_failed(ran.collected.recorded.as_deref(), samples);
+    let sessions = p
+        .links
+        .as_ref()
+        .map(|l| sessions::report(l, &l.at_ns, samples, &median_p99_and(&cfg.percentiles)));
+    let same = ran.collected.recorded.as_ref().map_or(0, |r| r.same);
+    let all_failed = outcome::all_failed(samples.len() as u64, summary.completed, same);
     let arrays = ran.collected.finish()?;
     let inexact = p
         .bodies
@@ -859,8 +886,8 @@ fn console_report(
         firsts,
         late,
     ));
-    let recorded = ran.collected.recorded.as_deref();
-    report.push_str(&outcome::console(recorded, samples, &ran.collected.aux));
+    let recorded = ran.collected.recorded.as_ref();
+    report.push_str(&outcome::console(recorded, &ran.collected.aux));
     if let Some(r) = sessions {
         report.push_str(&console::sessions_section(r));
     }
@@ -915,7 +942,7 @@ fn result_of(
         left_out: serde_json::json!(facts.left_out.by_name()),
         requests_by_endpoint: facts.by_endpoint.clone(),
         auxiliary: outcome::auxiliary(&ran.collected.aux),
-        recorded_outcomes: recorded.map(|rec| outcome::recorded(rec, samples)),
+        recorded_outcomes: recorded.map(outcome::Recorded::to_json),
     });
     r
 }

@@ -7,7 +7,6 @@
 //! a failed run ([`all_failed`]), unless every request failed exactly as it was recorded to.
 
 use crate::metrics::{Sample, Scalars};
-use crate::trace::Trace;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -15,27 +14,6 @@ use std::collections::BTreeMap;
 /// How many distinct failure messages the console shows, and how many characters of each.
 pub const FIRST_ERRORS: usize = 3;
 const MESSAGE_CHARS: usize = 200;
-
-/// The recorded failure kind of each planned workload request (`index`: trace index per send,
-/// `aux`: `true` for a side request), or `None` when the trace holds no recorded responses.
-pub fn recorded_failures(
-    trace: &Trace,
-    index: &[usize],
-    aux: &[bool],
-) -> Option<Vec<Option<String>>> {
-    let work = || {
-        index
-            .iter()
-            .zip(aux)
-            .filter(|(_, a)| !**a)
-            .filter_map(|(&i, _)| trace.requests.get(i))
-    };
-    work().any(|r| r.response.is_some()).then(|| {
-        work()
-            .map(|r| r.recorded_failure().map(str::to_string))
-            .collect()
-    })
-}
 
 fn error_counts<'a>(kinds: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
@@ -63,24 +41,18 @@ pub fn auxiliary(aux: &[Scalars]) -> Option<Value> {
 }
 
 /// How a replayed request failed (its kind's wire name), `None` when it succeeded.
-fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
+pub fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
     match s.ok() {
         true => None,
         false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
     }
 }
 
-/// Whether the run failed as a whole: requests were measured, none succeeded, and not every one
-/// of them failed the way it was recorded to (`rec`, as in [`recorded`]; a recording whose
-/// requests all failed, replayed faithfully, is not a failed run).
-pub fn all_failed(rec: Option<&[Option<String>]>, samples: &[Scalars]) -> bool {
-    let as_recorded = |(i, s): (usize, &Scalars)| {
-        let was = rec.and_then(|r| r.get(i)).and_then(Option::as_deref);
-        was.is_some() && was == replayed_failure(s).as_deref()
-    };
-    !samples.is_empty()
-        && !samples.iter().any(Scalars::ok)
-        && !samples.iter().enumerate().all(as_recorded)
+/// Whether the run failed as a whole: requests were measured (`measured`), none succeeded
+/// (`completed`), and not every one of them failed the way it was recorded to (`same`, as in
+/// [`Recorded`]; a recording whose requests all failed, replayed faithfully, is not a failed run).
+pub fn all_failed(measured: u64, completed: u64, same: u64) -> bool {
+    measured > 0 && completed == 0 && same < measured
 }
 
 /// A failure message and how many measured requests failed with it.
@@ -127,40 +99,56 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// The result's `recorded_outcomes`: recorded against replayed outcomes of the measured
-/// requests (`rec[i]` is sample `i`'s recorded failure).
-pub fn recorded(rec: &[Option<String>], samples: &[Scalars]) -> Value {
-    let (mut same, mut differently, mut now_ok, mut newly_failed) = (0u64, 0u64, 0u64, 0u64);
-    for (r, s) in rec.iter().zip(samples) {
+/// Recorded against replayed outcomes of the measured requests, folded as they finish (the
+/// result's `recorded_outcomes`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recorded {
+    pub recorded_failures: u64,
+    /// Failed again the same way.
+    pub same: u64,
+    pub differently: u64,
+    pub now_ok: u64,
+    pub newly_failed: u64,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Recorded {
+    /// Folds in a request recorded to fail with `rec` (or to succeed) and replayed as `s`.
+    pub fn add(&mut self, rec: Option<&str>, s: &Scalars) {
         let replayed = replayed_failure(s);
-        match (r.as_deref(), replayed.as_deref()) {
-            (Some(a), Some(b)) if a == b => same += 1,
-            (Some(_), Some(_)) => differently += 1,
-            (Some(_), None) => now_ok += 1,
-            (None, Some(_)) => newly_failed += 1,
+        match (rec, replayed.as_deref()) {
+            (Some(a), Some(b)) if a == b => self.same += 1,
+            (Some(_), Some(_)) => self.differently += 1,
+            (Some(_), None) => self.now_ok += 1,
+            (None, Some(_)) => self.newly_failed += 1,
             (None, None) => {}
         }
+        if let Some(k) = rec {
+            self.recorded_failures += 1;
+            *self.errors.entry(k.to_string()).or_default() += 1;
+        }
     }
-    json!({
-        "recorded_failures": rec.iter().flatten().count(),
-        "failed_again_same_way": same,
-        "failed_differently": differently,
-        "now_succeed": now_ok,
-        "newly_failed": newly_failed,
-        "recorded_errors": error_counts(rec.iter().flatten().map(String::as_str)),
-    })
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "recorded_failures": self.recorded_failures,
+            "failed_again_same_way": self.same,
+            "failed_differently": self.differently,
+            "now_succeed": self.now_ok,
+            "newly_failed": self.newly_failed,
+            "recorded_errors": self.errors,
+        })
+    }
 }
 
 /// The console lines after vLLM's block: how the recording's failures and its side requests
 /// fared (empty when there are neither).
-pub fn console(rec: Option<&[Option<String>]>, samples: &[Scalars], aux: &[Scalars]) -> String {
+pub fn console(rec: Option<&Recorded>, aux: &[Scalars]) -> String {
     let mut s = String::new();
-    if let Some(rec) = rec.filter(|r| r.iter().any(Option::is_some)) {
-        let v = recorded(rec, samples);
+    if let Some(v) = rec.filter(|r| r.recorded_failures > 0) {
         s.push_str(&format!(
             "Recorded failures: {} ({} failed again the same way, {} differently, {} now succeed); {} requests newly failed\n",
-            v["recorded_failures"], v["failed_again_same_way"], v["failed_differently"],
-            v["now_succeed"], v["newly_failed"]
+            v.recorded_failures, v.same, v.differently, v.now_ok, v.newly_failed
         ));
     }
     if let Some(a) = auxiliary(aux) {
@@ -176,7 +164,6 @@ pub fn console(rec: Option<&[Option<String>]>, samples: &[Scalars], aux: &[Scala
 mod tests {
     use super::*;
     use crate::metrics::Failure;
-    use crate::trace::{Request, Response, TraceHeader};
 
     fn sample(err: Option<Failure>) -> Sample {
         Sample {
@@ -188,29 +175,13 @@ mod tests {
 
     #[test]
     fn recorded_and_replayed_outcomes_side_by_side() {
-        let req = |err: Option<&str>| Request {
-            response: Some(Box::new(Response {
-                status: if err.is_some() { 404 } else { 200 },
-                error: err.map(str::to_string),
-                ..Default::default()
-            })),
-            ..Default::default()
-        };
-        let t = Trace {
-            header: TraceHeader::imported(16, true, "t"),
-            requests: vec![
-                req(Some("http_404")),
-                req(Some("http_400")),
-                req(None),
-                req(None),
-                req(Some("http_404")),
-                req(None),
-            ],
-        };
-        // Send 5 is auxiliary: left out of the recorded failures.
-        let aux = [false, false, false, false, false, true];
-        let rec = recorded_failures(&t, &[0, 1, 2, 3, 4, 5], &aux).unwrap();
-        assert_eq!(rec.len(), 5);
+        let rec = [
+            Some("http_404"),
+            Some("http_400"),
+            None,
+            None,
+            Some("http_404"),
+        ];
         let samples = vec![
             sample(Some(Failure::Http(404))),
             sample(Some(Failure::Http(404))),
@@ -218,22 +189,21 @@ mod tests {
             sample(Some(Failure::Reset)),
             sample(None),
         ];
-        let samples = scalars(&samples);
-        let v = recorded(&rec, &samples);
+        let mut r = Recorded::default();
+        for (rec, s) in rec.iter().zip(scalars(&samples)) {
+            r.add(*rec, &s);
+        }
+        let v = r.to_json();
         assert_eq!(v["recorded_failures"], 3);
         assert_eq!(v["failed_again_same_way"], 1);
         assert_eq!(v["failed_differently"], 1);
         assert_eq!(v["newly_failed"], 1);
         assert_eq!(v["now_succeed"], 1);
         assert_eq!(v["recorded_errors"]["http_404"], 2);
-        let line = console(Some(&rec), &samples, &[]);
+        let line = console(Some(&r), &[]);
         assert!(line.starts_with("Recorded failures: 3 (1 failed again the same way, 1 differently, 1 now succeed); 1 requests newly failed"), "{line}");
-        assert_eq!(console(None, &samples, &[]), "");
-        let imported = Trace {
-            header: t.header.clone(),
-            requests: vec![Request::default()],
-        };
-        assert_eq!(recorded_failures(&imported, &[0], &[false]), None);
+        assert_eq!(console(None, &[]), "");
+        assert_eq!(console(Some(&Recorded::default()), &[]), "");
     }
 
     fn scalars(s: &[Sample]) -> Vec<Scalars> {
@@ -251,24 +221,30 @@ mod tests {
     /// fails some other way is.
     #[test]
     fn recorded_failures_that_fail_again_the_same_way_are_not_a_failed_run() {
-        let rec = vec![Some("http_404".to_string()), Some("http_400".into())];
+        let fold = |rec: &[Option<&str>], s: &[Sample]| {
+            let mut r = Recorded::default();
+            for (rec, s) in rec.iter().zip(scalars(s)) {
+                r.add(*rec, &s);
+            }
+            let ok = s.iter().filter(|x| x.ok()).count() as u64;
+            all_failed(s.len() as u64, ok, r.same)
+        };
+        let rec = [Some("http_404"), Some("http_400")];
         let same = [
             failed(Failure::Http(404), "a"),
             failed(Failure::Http(400), "b"),
         ];
-        assert!(!all_failed(Some(&rec), &scalars(&same)));
+        assert!(!fold(&rec, &same));
         let other = [failed(Failure::Http(404), "a"), failed(Failure::Reset, "b")];
-        assert!(all_failed(Some(&rec), &scalars(&other)));
-        let partly_recorded = [Some("http_404".to_string()), None];
+        assert!(fold(&rec, &other));
         let both_404 = [
             failed(Failure::Http(404), "a"),
             failed(Failure::Http(404), "a"),
         ];
-        let both_404 = scalars(&both_404);
-        assert!(all_failed(Some(&partly_recorded), &both_404));
+        assert!(fold(&[Some("http_404"), None], &both_404));
         // Without a recording: no success is a failed run, one success is not.
-        assert!(all_failed(None, &both_404) && !all_failed(None, &[]));
-        assert!(!all_failed(None, &[both_404[0], sample(None).scalars()]));
+        assert!(fold(&[None, None], &both_404) && !fold(&[], &[]));
+        assert!(!fold(&[None, None], &[both_404[0].clone(), sample(None)]));
     }
 
     #[test]

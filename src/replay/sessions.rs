@@ -30,6 +30,8 @@ pub struct Links {
     pub think_ns: Vec<u64>,
     /// Distinct sessions among the planned sends.
     pub sessions: usize,
+    /// Each slot's planned offset, ns (a root is released then).
+    pub at_ns: Vec<u64>,
 }
 
 impl Links {
@@ -62,6 +64,7 @@ pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, St
         succ: vec![None; n],
         think_ns: vec![0; n],
         sessions: by_session.len(),
+        at_ns: plan.iter().map(|p| p.at_ns).collect(),
     };
     for slots in by_session.values_mut() {
         slots.sort_by_key(|&s| {
@@ -232,8 +235,9 @@ mod tests {
             succ: vec![Some(1), Some(2), None, None],
             think_ns: vec![0; 4],
             sessions: 1,
+            at_ns: vec![0, 100_000_000, 200_000_000, 50_000_000],
         };
-        let recorded = [0, 100_000_000, 200_000_000, 50_000_000];
+        let recorded = l.at_ns.clone();
         let mk = |dispatched_ms: u64, ok: bool| Scalars {
             dispatched_ns: dispatched_ms * 1_000_000,
             ttft_ns: ok.then_some(1),

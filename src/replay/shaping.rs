@@ -1,6 +1,7 @@
 //! Workload shaping for replay: the `--window`, `--shard`, `--loop`, `--overlay`, `--max-gap`,
 //! `--request-rate`/`--burstiness` and `--ramp-up` options, validated once and applied to the
-//! trace in a fixed order before the schedule is planned, plus the `--dry-run` summary.
+//! trace in a fixed order before the schedule is planned ([`super::source::Stage`] applies the
+//! same order one record at a time).
 //!
 //! Order: window → loop → overlay → max-gap → arrival override → limit → shard. Sharding comes
 //! last so that every shard keeps the arrival times the whole shaped trace would have had (the
@@ -11,7 +12,6 @@
 use crate::trace::filter;
 use crate::trace::shape::{self, Arrivals};
 use crate::trace::Trace;
-use std::fmt::Write as _;
 
 /// Validated shaping options (all off by default).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -171,36 +171,6 @@ impl Shaping {
     }
 }
 
-/// The `--dry-run` summary of planned sends `(offset ns, input tokens, output tokens)`.
-pub fn dry_run_summary(sends: &[(u64, u64, u64)]) -> String {
-    let n = sends.len();
-    let dur_s = sends.iter().map(|s| s.0).max().unwrap_or(0) as f64 / 1e9;
-    let mut at: Vec<u64> = sends.iter().map(|s| s.0).collect();
-    at.sort_unstable();
-    let (mut peak, mut lo) = (0usize, 0usize);
-    for hi in 0..at.len() {
-        while at[hi] - at[lo] >= 1_000_000_000 {
-            lo += 1;
-        }
-        peak = peak.max(hi - lo + 1);
-    }
-    let tin: u64 = sends.iter().map(|s| s.1).sum();
-    let tout: u64 = sends.iter().map(|s| s.2).sum();
-    let mut s = String::new();
-    let _ = writeln!(s, "{:<40} {:<10}", "Planned requests:", n);
-    let _ = writeln!(s, "{:<40} {:<10.2}", "Schedule duration (s):", dur_s);
-    let mean = if dur_s > 0.0 { n as f64 / dur_s } else { 0.0 };
-    let _ = writeln!(s, "{:<40} {:<10.2}", "Mean request rate (req/s):", mean);
-    let _ = writeln!(
-        s,
-        "{:<40} {:<10}",
-        "Peak request rate (req/s, 1 s window):", peak
-    );
-    let _ = writeln!(s, "{:<40} {:<10}", "Total input tokens:", tin);
-    let _ = writeln!(s, "{:<40} {:<10}", "Total output tokens:", tout);
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,22 +317,5 @@ mod tests {
             .requests
             .sort_by_key(|r| (r.arrival_us, r.input_tokens));
         assert_eq!(all, whole.requests);
-    }
-
-    #[test]
-    fn dry_run_summary_counts() {
-        let s = dry_run_summary(&[(0, 10, 1), (500_000_000, 20, 2), (2_000_000_000, 30, 3)]);
-        assert!(
-            s.contains("Planned requests:                        3"),
-            "{s}"
-        );
-        assert!(
-            s.contains("Peak request rate (req/s, 1 s window):   2"),
-            "{s}"
-        );
-        assert!(
-            s.contains("Total input tokens:                      60"),
-            "{s}"
-        );
     }
 }

@@ -1,7 +1,7 @@
 //! The body builder: request bodies made on their own thread, a bounded window ahead of the
 //! clock, and freed once their request has been sent.
 //!
-//! The builder walks the plan in order and builds a body while it is due within
+//! The builder reads its [`Source`] in plan order and builds a body while it is due within
 //! [`LEAD`] of schedule time and the bodies built but not yet released hold under
 //! [`MAX_BYTES`] (whichever is smaller); before t0 it fills that window. The dispatcher takes a
 //! body before it sleeps to the request's deadline, so no body is built on the send path; a body
@@ -9,8 +9,7 @@
 //! that send shows by how much). Each body lives until its request's task ends.
 
 use super::request::{build, BodyOptions, BuiltRequest, Prompts};
-use super::schedule::PlannedSend;
-use crate::trace::{Request, Trace};
+use super::source::{Planned, Source};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -58,20 +57,37 @@ pub struct BuilderStats {
     live_bodies: AtomicUsize,
 }
 
-/// A built body; dropping it (when its request's task ends) frees it and is counted.
+/// A built body and what the run needs to know of its request; dropping it (when its request's
+/// task ends) frees it and is counted.
 pub struct Body {
     pub req: BuiltRequest,
+    /// Send offset from t0, ns.
+    pub at_ns: u64,
+    pub tag: Tag,
     stats: Arc<BuilderStats>,
 }
 
+/// Where a request's sample goes: its workload index (plan order among the requests that are
+/// not side requests; `None` for a side request) and its recorded failure kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tag {
+    pub work: Option<usize>,
+    pub recorded: Option<String>,
+}
+
 impl Body {
-    fn new(req: BuiltRequest, stats: Arc<BuilderStats>) -> Body {
+    fn new(req: BuiltRequest, at_ns: u64, tag: Tag, stats: Arc<BuilderStats>) -> Body {
         let bytes = req.body.len();
         let live = stats.live_bytes.fetch_add(bytes, Relaxed) + bytes;
         stats.peak_live_bytes.fetch_max(live, Relaxed);
         let n = stats.live_bodies.fetch_add(1, Relaxed) + 1;
         stats.peak_live_bodies.fetch_max(n, Relaxed);
-        Body { req, stats }
+        Body {
+            req,
+            at_ns,
+            tag,
+            stats,
+        }
     }
 }
 
@@ -82,24 +98,6 @@ impl Drop for Body {
             .fetch_sub(self.req.body.len(), Relaxed);
         self.stats.live_bodies.fetch_sub(1, Relaxed);
     }
-}
-
-/// Records handed to the builder together and freed together: (trace index, record).
-type Chunk = Vec<(usize, Option<Request>)>;
-
-/// Records per [`Chunk`].
-const CHUNK: usize = 4096;
-
-/// The trace's records in plan order, in chunks (records the plan does not send are freed).
-fn in_plan_order(trace: Trace, plan: &[PlannedSend]) -> Vec<Chunk> {
-    let mut records: Vec<Option<Request>> = trace.requests.into_iter().map(Some).collect();
-    plan.chunks(CHUNK)
-        .map(|c| {
-            c.iter()
-                .map(|p| (p.index, records.get_mut(p.index).and_then(Option::take)))
-                .collect()
-        })
-        .collect()
 }
 
 #[derive(Default)]
@@ -122,7 +120,7 @@ struct Ended<'a>(&'a Window);
 impl Drop for Ended<'_> {
     fn drop(&mut self) {
         let mut st = self.0.lock();
-        if st.next < self.0.deadlines.len() && st.failed.is_none() {
+        if st.next < self.0.planned && st.failed.is_none() {
             st.failed = Some(format!("the body builder ended before request {}", st.next));
         }
         drop(st);
@@ -136,17 +134,17 @@ pub struct Window {
     changed: Condvar,
     t0: OnceLock<Instant>,
     pub stats: Arc<BuilderStats>,
-    deadlines: Vec<u64>,
+    /// Slots the source is to yield.
+    planned: usize,
     limits: Limits,
 }
 
 impl Window {
-    /// Starts the builder thread over `plan` (slot k builds `trace.requests[plan[k].index]`).
-    /// The builder owns the trace's records, in plan order: they are freed a chunk at a time as
-    /// their bodies are built (a record's prompt ids, recorded body and response at once).
+    /// Starts the builder thread over `planned` sends of `source` (slot k is its k-th record),
+    /// each record freed as its body is built.
     pub fn start(
-        trace: Trace,
-        plan: &[PlannedSend],
+        source: Source,
+        planned: usize,
         opts: BodyOptions,
         prompts: Prompts,
         limits: Limits,
@@ -160,14 +158,13 @@ impl Window {
             changed: Condvar::new(),
             t0: OnceLock::new(),
             stats,
-            deadlines: plan.iter().map(|p| p.at_ns).collect(),
+            planned,
             limits,
         });
-        let records = in_plan_order(trace, plan);
         let me = w.clone();
         std::thread::Builder::new()
             .name("retrace-bodies".into())
-            .spawn(move || me.run(records, &opts, &prompts))?;
+            .spawn(move || me.run(source.take(planned), &opts, &prompts))?;
         Ok(w)
     }
 
@@ -188,32 +185,46 @@ impl Window {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn run(self: &Arc<Self>, records: Vec<Chunk>, opts: &BodyOptions, prompts: &Prompts) {
+    fn run(
+        self: &Arc<Self>,
+        source: impl Iterator<Item = Result<Planned, String>>,
+        opts: &BodyOptions,
+        prompts: &Prompts,
+    ) {
         let _ended = Ended(self);
-        // Each chunk's records are freed once their bodies are built.
-        let slots = records.into_iter().flatten().enumerate();
-        for (slot, (idx, record)) in slots {
-            if !self.wait_for_room(slot) {
-                return;
-            }
-            // A plan index the trace lacks ends the builder (the dispatcher is told).
-            let Some(record) = record else { return };
-            let built = build(&record, idx as u64, opts, prompts);
-            drop(record);
-            let body = match built {
+        let mut work = 0;
+        for (slot, planned) in source.enumerate() {
+            let body = planned.and_then(|p| {
+                if !self.wait_for_room(p.at_ns) {
+                    return Err(String::new());
+                }
+                let tag = Tag {
+                    work: None,
+                    recorded: p.record.recorded_failure().map(str::to_string),
+                };
+                let req = build(&p.record, p.index as u64, opts, prompts)
+                    .map_err(|e| format!("request {}: {e}", p.index))?;
+                Ok(Body::new(req, p.at_ns, tag, self.stats.clone()))
+            });
+            let mut body = match body {
                 Ok(b) => b,
+                Err(e) if e.is_empty() => return,
                 Err(e) => {
-                    self.lock().failed = Some(format!("request {idx}: {e}"));
+                    self.lock().failed = Some(e);
                     self.changed.notify_all();
                     return;
                 }
             };
+            if !body.req.aux {
+                body.tag.work = Some(work);
+                work += 1;
+            }
             self.stats.built.fetch_add(1, Relaxed);
             self.stats
                 .inexact
-                .fetch_add(u64::from(!body.exact_prompt), Relaxed);
-            let body = Arc::new(Body::new(body, self.stats.clone()));
-            self.note_lead(slot);
+                .fetch_add(u64::from(!body.req.exact_prompt), Relaxed);
+            self.note_lead(body.at_ns);
+            let body = Arc::new(body);
             let mut st = self.lock();
             st.held += body.req.body.len();
             self.stats.peak_held_bytes.fetch_max(st.held, Relaxed);
@@ -227,25 +238,27 @@ impl Window {
         }
     }
 
-    /// The lead of the body of `slot` over its deadline, once the clock runs.
-    fn note_lead(&self, slot: usize) {
+    /// The lead of a body due at `at_ns` over its deadline, once the clock runs.
+    fn note_lead(&self, at_ns: u64) {
         if let Some(t0) = self.t0.get() {
             let now = Instant::now().saturating_duration_since(*t0).as_nanos() as i64;
-            let lead = self.deadlines[slot] as i64 - now;
-            self.stats.min_lead_ns.fetch_min(lead, Relaxed);
+            self.stats
+                .min_lead_ns
+                .fetch_min(at_ns as i64 - now, Relaxed);
         }
     }
 
-    /// Waits until `slot` may be built: due within the lead and the window has room (at once
-    /// when the dispatcher waits for it). False when the run stopped.
-    fn wait_for_room(self: &Arc<Self>, slot: usize) -> bool {
+    /// Waits until the next slot (due at `at_ns`) may be built: due within the lead and the
+    /// window has room (at once when the dispatcher waits for it). False when the run stopped.
+    fn wait_for_room(self: &Arc<Self>, at_ns: u64) -> bool {
         let mut st = self.lock();
+        let slot = st.next;
         loop {
             // Stopped, or nobody but this thread holds the window (the run was abandoned).
             if st.stop || Arc::strong_count(self) == 1 {
                 return false;
             }
-            let due_in = self.deadlines[slot].saturating_sub(self.now_ns());
+            let due_in = at_ns.saturating_sub(self.now_ns());
             let lead = self.limits.lead.as_nanos() as u64;
             let room = st.held < self.limits.max_bytes || st.ready.is_empty();
             // The dispatcher waits for this slot or a later one: build regardless.
@@ -280,7 +293,7 @@ impl Window {
                 if full {
                     self.changed.notify_all();
                 }
-                let late = waited && self.now_ns() > self.deadlines[slot];
+                let late = waited && self.now_ns() > b.at_ns;
                 self.stats.late.fetch_add(u64::from(late), Relaxed);
                 return Ok(b);
             }
@@ -304,9 +317,10 @@ impl Window {
         self.changed.notify_all();
     }
 
-    /// Slots built so far.
-    pub fn built(&self) -> usize {
-        self.lock().next
+    /// Whether the body of `slot` is built and waiting (the dispatcher need not wait for it).
+    pub fn is_ready(&self, slot: usize) -> bool {
+        let st = self.lock();
+        st.ready.contains_key(&slot) || st.failed.is_some()
     }
 }
 
@@ -314,9 +328,9 @@ impl Window {
 mod tests {
     use super::*;
     use crate::synth::{Synth, Vocab};
-    use crate::trace::{Request, TraceHeader};
+    use crate::trace::Request;
 
-    fn window(trace: Trace, plan: &[PlannedSend]) -> Arc<Window> {
+    fn window(source: Source, planned: usize) -> Arc<Window> {
         let opts = BodyOptions {
             api: None,
             model: "m".into(),
@@ -326,25 +340,35 @@ mod tests {
             overheads: Default::default(),
         };
         let prompts = Prompts::Tokens(Synth::new(Vocab::from_size(1000).unwrap(), 16, 0));
-        Window::start(trace, plan, opts, prompts, Limits::default()).unwrap()
+        Window::start(source, planned, opts, prompts, Limits::default()).unwrap()
+    }
+
+    fn planned(index: usize) -> Planned {
+        Planned {
+            index,
+            at_ns: 0,
+            record: Request {
+                input_tokens: 20,
+                output_tokens: 2,
+                ..Default::default()
+            },
+        }
     }
 
     #[test]
     fn a_builder_that_dies_is_an_error_for_the_dispatcher_not_a_hang() {
-        let trace = Trace {
-            header: TraceHeader::imported(16, true, "t"),
-            requests: vec![Request {
-                input_tokens: 20,
-                output_tokens: 2,
-                ..Default::default()
-            }],
-        };
-        // slot 1 names a request the trace does not have: the builder ends there
-        let plan = [
-            PlannedSend { index: 0, at_ns: 0 },
-            PlannedSend { index: 7, at_ns: 0 },
-        ];
-        let w = window(trace, &plan);
+        // the source fails at its second record
+        let failing: Source =
+            Box::new([Ok(planned(0)), Err("the trace changed".to_string())].into_iter());
+        let w = window(failing, 3);
+        w.set_t0(Instant::now());
+        let first = w.take(0).expect("slot 0 is built");
+        assert_eq!(first.tag.work, Some(0));
+        let err = w.take(1).err().expect("no body for slot 1");
+        assert!(err.contains("the trace changed"), "{err}");
+        // a source that ends before its planned count
+        let short: Source = Box::new([Ok(planned(0))].into_iter());
+        let w = window(short, 2);
         w.set_t0(Instant::now());
         assert!(w.take(0).is_ok());
         let err = w.take(1).err().expect("no body for slot 1");

@@ -123,14 +123,21 @@ fn reason(r: &Request, s: &Selection) -> Option<Skip> {
 /// Keeps the requests a replay sends (order kept) and counts the rest by reason.
 pub fn select(trace: &mut Trace, s: &Selection) -> Skipped {
     let mut skipped = Skipped::default();
-    trace.requests.retain(|r| match reason(r, s) {
-        Some(k) => {
-            *skipped.0.entry(k).or_default() += 1;
-            false
-        }
-        None => true,
-    });
+    trace.requests.retain(|r| skipped.keep(r, s));
     skipped
+}
+
+impl Skipped {
+    /// [`select`] one request at a time: whether `r` is sent (else counted by its reason).
+    pub fn keep(&mut self, r: &Request, s: &Selection) -> bool {
+        match reason(r, s) {
+            Some(k) => {
+                *self.0.entry(k).or_default() += 1;
+                false
+            }
+            None => true,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -32,78 +32,118 @@ pub enum Arrivals {
 
 /// Re-times every request by a synthetic arrival process (order kept).
 pub fn retime(trace: &mut Trace, arrivals: &Arrivals, seed: u64) -> Result<(), String> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let n = trace.requests.len();
-    let gamma = |rate: f64, b: f64| -> Result<Gamma<f64>, String> {
-        Gamma::new(b, 1.0 / (rate * b)).map_err(|e| format!("rate {rate}, burstiness {b}: {e}"))
-    };
-    let check_b = |b: f64| {
-        if b.is_finite() && b > 0.0 {
-            Ok(())
-        } else {
-            Err(format!("burstiness must be a positive number, got {b}"))
-        }
-    };
-    let mut t = 0f64;
-    match *arrivals {
-        Arrivals::Rate { rate, burstiness } => {
-            check_b(burstiness)?;
-            if rate.is_infinite() && rate > 0.0 {
-                trace.requests.iter_mut().for_each(|r| r.arrival_us = 0);
-                return Ok(());
-            }
-            if !(rate.is_finite() && rate > 0.0) {
-                return Err(format!("request rate must be positive, got {rate}"));
-            }
-            let g = gamma(rate, burstiness)?;
-            for (k, r) in trace.requests.iter_mut().enumerate() {
-                if k > 0 {
-                    t += g.sample(&mut rng);
-                }
-                r.arrival_us = (t * 1e6).round() as u64;
-            }
-        }
-        Arrivals::Ramp {
-            exponential,
-            start,
-            end,
-            burstiness,
-        } => {
-            check_b(burstiness)?;
-            for (name, v) in [("start", start), ("end", end)] {
-                if !(v.is_finite() && v > 0.0) {
-                    return Err(format!("ramp-up {name} rate must be positive, got {v}"));
-                }
-            }
-            for (k, r) in trace.requests.iter_mut().enumerate() {
-                let p = k as f64 / (n.max(2) - 1) as f64;
-                let rate = if exponential {
-                    start * (end / start).powf(p)
-                } else {
-                    start + (end - start) * p
-                };
-                if k > 0 {
-                    t += gamma(rate, burstiness)?.sample(&mut rng);
-                }
-                r.arrival_us = (t * 1e6).round() as u64;
-            }
-        }
+    let mut t = Retimer::new(arrivals, seed, trace.requests.len())?;
+    for r in &mut trace.requests {
+        r.arrival_us = t.next_arrival()?;
     }
     Ok(())
 }
 
+/// [`retime`] one request at a time: the arrivals of requests `0, 1, ...` of `n` in turn.
+pub struct Retimer {
+    arrivals: Arrivals,
+    rng: rand_chacha::ChaCha8Rng,
+    n: usize,
+    k: usize,
+    t: f64,
+}
+
+fn gamma(rate: f64, b: f64) -> Result<Gamma<f64>, String> {
+    Gamma::new(b, 1.0 / (rate * b)).map_err(|e| format!("rate {rate}, burstiness {b}: {e}"))
+}
+
+impl Retimer {
+    /// Checks the process's numbers; `n` is how many requests it re-times (a ramp spreads over it).
+    pub fn new(arrivals: &Arrivals, seed: u64, n: usize) -> Result<Retimer, String> {
+        let check = |name: &str, v: f64| match v.is_finite() && v > 0.0 {
+            true => Ok(()),
+            false => Err(format!("{name} must be a positive number, got {v}")),
+        };
+        match *arrivals {
+            Arrivals::Rate { rate, burstiness } => {
+                check("burstiness", burstiness)?;
+                if rate.is_nan() || rate <= 0.0 {
+                    return Err(format!("request rate must be positive, got {rate}"));
+                }
+            }
+            Arrivals::Ramp {
+                start,
+                end,
+                burstiness,
+                ..
+            } => {
+                check("burstiness", burstiness)?;
+                check("ramp-up start rate", start)?;
+                check("ramp-up end rate", end)?;
+            }
+        }
+        Ok(Retimer {
+            arrivals: arrivals.clone(),
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed),
+            n,
+            k: 0,
+            t: 0.0,
+        })
+    }
+
+    /// The next request's arrival, µs.
+    pub fn next_arrival(&mut self) -> Result<u64, String> {
+        let k = self.k;
+        self.k += 1;
+        let (rate, burstiness) = match self.arrivals {
+            Arrivals::Rate { rate, .. } if rate.is_infinite() => return Ok(0),
+            Arrivals::Rate { rate, burstiness } => (rate, burstiness),
+            Arrivals::Ramp {
+                exponential,
+                start,
+                end,
+                burstiness,
+            } => {
+                let p = k as f64 / (self.n.max(2) - 1) as f64;
+                let rate = match exponential {
+                    true => start * (end / start).powf(p),
+                    false => start + (end - start) * p,
+                };
+                (rate, burstiness)
+            }
+        };
+        if k > 0 {
+            self.t += gamma(rate, burstiness)?.sample(&mut self.rng);
+        }
+        Ok((self.t * 1e6).round() as u64)
+    }
+}
+
 /// Caps every idle gap between successive arrivals at `max_gap_us`.
 pub fn cap_gaps(trace: &mut Trace, max_gap_us: u64) {
-    let mut prev_in: Option<u64> = None;
-    let mut prev_out = 0u64;
+    let mut cap = GapCap::new(max_gap_us);
     for r in &mut trace.requests {
-        let out = match prev_in {
-            None => r.arrival_us,
-            Some(p) => prev_out + r.arrival_us.saturating_sub(p).min(max_gap_us),
+        r.arrival_us = cap.arrival(r.arrival_us);
+    }
+}
+
+/// [`cap_gaps`] one arrival at a time, in arrival order.
+pub struct GapCap {
+    max_gap_us: u64,
+    prev: Option<(u64, u64)>,
+}
+
+impl GapCap {
+    pub fn new(max_gap_us: u64) -> GapCap {
+        GapCap {
+            max_gap_us,
+            prev: None,
+        }
+    }
+
+    /// The capped arrival of the next request, which arrived at `arrival_us`.
+    pub fn arrival(&mut self, arrival_us: u64) -> u64 {
+        let out = match self.prev {
+            None => arrival_us,
+            Some((p_in, p_out)) => p_out + arrival_us.saturating_sub(p_in).min(self.max_gap_us),
         };
-        prev_in = Some(r.arrival_us);
-        prev_out = out;
-        r.arrival_us = out;
+        self.prev = Some((arrival_us, out));
+        out
     }
 }
 

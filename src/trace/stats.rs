@@ -564,51 +564,73 @@ pub fn vllm_prefix_cache(
     block_tokens: u32,
     server_block: u32,
 ) -> (u64, u64) {
-    use std::collections::HashMap;
-    let t = u64::from(block_tokens.max(1));
-    let b = u64::from(server_block.max(1));
-    // A trie of id prefixes; `covered[node]` = the most tokens an earlier request computed
-    // through that node.
-    let mut child: HashMap<(usize, u64), usize> = HashMap::new();
-    let mut covered: Vec<u64> = vec![0];
-    let (mut hits, mut queries) = (0u64, 0u64);
-    for i in order {
-        let Some(r) = trace.requests.get(i) else {
-            continue;
-        };
+    let mut c = PrefixCache::new(block_tokens, server_block);
+    for r in order.into_iter().filter_map(|i| trace.requests.get(i)) {
+        c.add(r);
+    }
+    (c.hits, c.queries)
+}
+
+/// [`vllm_prefix_cache`] one request at a time, in send order (memory: a trie node per distinct
+/// id prefix).
+pub struct PrefixCache {
+    block_tokens: u64,
+    server_block: u64,
+    /// A trie of id prefixes; `covered[node]` = the most tokens an earlier request computed
+    /// through that node.
+    child: std::collections::HashMap<(usize, u64), usize>,
+    covered: Vec<u64>,
+    pub hits: u64,
+    pub queries: u64,
+}
+
+impl PrefixCache {
+    pub fn new(block_tokens: u32, server_block: u32) -> PrefixCache {
+        PrefixCache {
+            block_tokens: u64::from(block_tokens.max(1)),
+            server_block: u64::from(server_block.max(1)),
+            child: Default::default(),
+            covered: vec![0],
+            hits: 0,
+            queries: 0,
+        }
+    }
+
+    /// Counts `r`'s queries and hits, then adds its prefix.
+    pub fn add(&mut self, r: &Request) {
+        let (t, b) = (self.block_tokens, self.server_block);
         let len = r.input_tokens;
-        queries += len;
+        self.queries += len;
         let mut node = 0;
         let mut p = 0;
         for h in &r.hash_ids {
-            match child.get(&(node, *h)) {
+            match self.child.get(&(node, *h)) {
                 Some(&n) => {
                     node = n;
-                    p = covered[n];
+                    p = self.covered[n];
                 }
                 None => break,
             }
         }
         let p = p.min(len);
         if len > 0 {
-            hits += ((p / b) * b).min(((len - 1) / b) * b);
+            self.hits += ((p / b) * b).min(((len - 1) / b) * b);
         }
         let mut node = 0;
         for (k, h) in r.hash_ids.iter().enumerate() {
             let upto = ((k as u64 + 1) * t).min(len);
-            let next = covered.len();
-            let n = *child.entry((node, *h)).or_insert(next);
+            let next = self.covered.len();
+            let n = *self.child.entry((node, *h)).or_insert(next);
             if n == next {
-                covered.push(0);
+                self.covered.push(0);
             }
-            covered[n] = covered[n].max(upto);
+            self.covered[n] = self.covered[n].max(upto);
             node = n;
             if upto == len {
                 break;
             }
         }
     }
-    (hits, queries)
 }
 
 #[cfg(test)]
