@@ -238,10 +238,17 @@ pub struct Planning {
     prompts: Prompts,
 }
 
+impl Planning {
+    /// The body builder's source.
+    pub fn into_source(self) -> source::Source {
+        self.source
+    }
+}
+
 /// Reads and plans the trace, streamed when the shaping allows and else whole ([`source`]),
 /// and surveys the plan, checking that every planned request can be built; the source reads
 /// it again for the body builder.
-fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
+pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let input = open_all(&cfg.trace, &ImportOptions::default())?;
     if input.report.skipped > 0 {
         let skipped = input.report.skipped;
@@ -317,9 +324,10 @@ fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     }
     say_embedded_cut(survey.planned, total);
     check_span(survey.span_ns)?;
+    let source = Box::new(stage(retimed)?.take(survey.planned));
     Ok(Planning {
         survey,
-        source: Box::new(stage(retimed)?),
+        source,
         links: None,
         left_out,
         block_size,

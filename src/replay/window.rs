@@ -331,6 +331,10 @@ mod tests {
     use crate::trace::Request;
 
     fn window(source: Source, planned: usize) -> Arc<Window> {
+        window_with(source, planned, Limits::default())
+    }
+
+    fn window_with(source: Source, planned: usize, limits: Limits) -> Arc<Window> {
         let opts = BodyOptions {
             api: None,
             model: "m".into(),
@@ -340,7 +344,7 @@ mod tests {
             overheads: Default::default(),
         };
         let prompts = Prompts::Tokens(Synth::new(Vocab::from_size(1000).unwrap(), 16, 0));
-        Window::start(source, planned, opts, prompts, Limits::default()).unwrap()
+        Window::start(source, planned, opts, prompts, limits).unwrap()
     }
 
     fn planned(index: usize) -> Planned {
@@ -373,5 +377,46 @@ mod tests {
         assert!(w.take(0).is_ok());
         let err = w.take(1).err().expect("no body for slot 1");
         assert!(err.contains("before request 1"), "{err}");
+    }
+
+    /// Waits (polling, bounded) until the builder has built `n` bodies.
+    fn wait_built(w: &Window, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while w.stats.built.load(Relaxed) < n {
+            assert!(Instant::now() < deadline, "the builder did not build {n}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A plan far longer than the window: the builder reads its source only as far as the
+    /// window reaches (records read, counted at the source), and reads on as bodies are taken.
+    #[test]
+    fn the_builder_reads_a_long_plan_only_as_far_as_its_window() {
+        use std::sync::atomic::AtomicUsize;
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let n = 1_000_000;
+        let counter = pulled.clone();
+        // one record a millisecond; a 20 ms lead before t0 reaches the first 21
+        let source: Source = Box::new((0..n).map(move |k| {
+            counter.fetch_add(1, Relaxed);
+            Ok(Planned {
+                at_ns: k as u64 * 1_000_000,
+                ..planned(k)
+            })
+        }));
+        let limits = Limits {
+            lead: Duration::from_millis(20),
+            max_bytes: MAX_BYTES,
+        };
+        let w = window_with(source, n, limits);
+        wait_built(&w, 21);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(w.stats.built.load(Relaxed), 21, "built past the lead");
+        assert!(pulled.load(Relaxed) <= 22, "{} read", pulled.load(Relaxed));
+        // the dispatcher wants slot 100: the builder reads up to it, not beyond
+        let b = w.take(100).unwrap();
+        assert_eq!((b.at_ns, b.tag.work), (100_000_000, Some(100)));
+        assert!(pulled.load(Relaxed) <= 102, "{} read", pulled.load(Relaxed));
+        w.stop();
     }
 }

@@ -162,3 +162,73 @@ fn native_stream_equals_whole_read_on_damaged_files() {
         assert_stream_equals_whole(&f, &ImportOptions::default());
     }
 }
+
+/// The records, send offsets and indexes of a plan, in plan order.
+fn sends(source: retrace::replay::source::Source) -> Vec<(usize, u64, Request)> {
+    source
+        .map(|p| p.map(|p| (p.index, p.at_ns, p.record)))
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A streamed plan sends what the same trace read whole and planned sends, record for record
+/// and at the same offsets: every shipped trace, under each shaping that streams.
+#[test]
+fn streamed_plans_equal_whole_trace_plans_on_every_shipped_trace() {
+    use retrace::replay::{self, source};
+    let flag_sets: [&[&str]; 8] = [
+        &[],
+        &["--window", "2s..40s"],
+        &["--max-gap", "300ms", "--speed", "3"],
+        &["--request-rate", "50", "--burstiness", "0.5", "--seed", "3"],
+        &[
+            "--ramp-up",
+            "linear",
+            "--ramp-up-start-rps",
+            "1",
+            "--ramp-up-end-rps",
+            "30",
+        ],
+        &["--limit", "40", "--shard", "1/3"],
+        &[
+            "--include-aux",
+            "--skip-recorded-failures",
+            "--shard",
+            "0/2",
+        ],
+        &["--window", "1s..", "--limit", "25", "--max-gap", "1s"],
+    ];
+    let mut compared = 0;
+    for path in shipped() {
+        let p = path.to_str().unwrap();
+        for flags in flag_sets {
+            for embedded in [false, true] {
+                let mut args = vec![p, "--target", "http://127.0.0.1:9", "--model", "m"];
+                args.extend_from_slice(flags);
+                let cfg = super::support::replay_cfg(&args);
+                let what = format!("{p} {flags:?} embedded {embedded}");
+                let whole =
+                    stream::open(&path, &ImportOptions::default()).and_then(|s| s.collect_trace());
+                let Ok((whole, _)) = whole else {
+                    assert!(replay::planning(&cfg, embedded).is_err(), "{what}");
+                    continue;
+                };
+                let Ok((trace, plan, _)) = replay::plan(&cfg, whole, embedded) else {
+                    assert!(replay::planning(&cfg, embedded).is_err(), "{what}");
+                    continue;
+                };
+                let want = sends(source::from_chunks(source::in_plan_order(trace, &plan)));
+                let planning =
+                    replay::planning(&cfg, embedded).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+                assert_eq!(planning.survey.planned, want.len(), "{what}");
+                let got = sends(planning.into_source());
+                assert_eq!(got.len(), want.len(), "{what}: count");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(g == w, "{what}: send {} differs", w.0);
+                }
+                compared += want.len();
+            }
+        }
+    }
+    assert!(compared > 10_000, "{compared} sends compared");
+}
