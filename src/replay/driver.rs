@@ -1,6 +1,7 @@
 //! The driver: executes a plan against absolute deadlines from a monotonic t0.
 //!
-//! A dedicated dispatcher thread walks the plan in order and releases each request at
+//! A dedicated dispatcher thread walks the plan in order (each send's offset comes with its body
+//! from [`super::window`], or for `--sessions` from the links) and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
 //! short EEVDF slice ([`crate::thread_timing`], unprivileged), so releases land within tens of
 //! microseconds instead of tokio's 1 ms timer-wheel granularity. It does not spin: a thread that

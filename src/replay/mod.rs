@@ -1,10 +1,11 @@
 //! `retrace replay`: re-issue a trace against an OpenAI-compatible server at its own timing.
 //!
 //! The pipeline, each step its own module: [`Config::from_args`] validates the command line (every
-//! error names its flag); [`replay`] runs three stages. [`prepare`]: the trace is read with
-//! [`crate::trace::import`], [`schedule::plan`] (pure) decides what is sent when, every request's
-//! [`request::head`] is checked, the [`window`] builder thread starts building bodies ahead of
-//! the clock and the [`client::Client`] opens its connections.
+//! error names its flag); [`replay`] runs three stages. [`prepare`]: [`planning`] reads the trace
+//! one record at a time through the selection, shaping and schedule ([`source`]; whole for
+//! `--loop`, `--overlay` and `--sessions`, planned by [`schedule::plan`]) and surveys the plan,
+//! every request's [`request::head`] checked; the [`window`] builder thread reads it again and
+//! builds bodies ahead of the clock, and the [`client::Client`] opens its connections.
 //! [`execute`]: [`driver::drive`] releases requests at absolute deadlines and
 //! [`client::Client::send`] turns each into a [`crate::metrics::Sample`], beside the optional
 //! probes and metric scrapes. [`assemble`]: [`crate::metrics::summarize`] computes vLLM-exact
