@@ -265,10 +265,10 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         keep_original_limits: cfg.keep_original_limits,
         overheads: Default::default(),
     };
-    let theory = cfg
-        .scrape_metrics
-        .as_ref()
-        .map(|_| crate::trace::stats::PrefixCache::new(block_size, cfg.server_block_size));
+    let theory = cfg.scrape_metrics.as_ref().map(|_| {
+        use crate::trace::stats::{PrefixCache, PREFIX_NODES};
+        PrefixCache::new(block_size, cfg.server_block_size, PREFIX_NODES)
+    });
     let mut survey = source::Survey::new(theory);
     let mut check = |p: &source::Planned| {
         survey
@@ -473,6 +473,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         server_block_size: cfg.server_block_size,
         hits: survey.theory.as_ref().map_or(0, |t| t.hits),
         queries: survey.theory.as_ref().map_or(0, |t| t.queries),
+        lower_bound: survey.theory.as_ref().is_some_and(|t| t.full),
     };
     let detail = detail(cfg, survey.measured)?;
     let bodies = window::Window::start(

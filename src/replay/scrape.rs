@@ -213,6 +213,9 @@ pub struct Theory {
     pub hits: u64,
     pub queries: u64,
     pub server_block_size: u32,
+    /// The plan had more distinct id prefixes than are kept ([`crate::trace::stats::PREFIX_NODES`]):
+    /// the hits are a lower bound.
+    pub lower_bound: bool,
 }
 
 fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
@@ -271,6 +274,7 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
             "theoretical_hits": theory.hits,
             "theoretical_queries": theory.queries,
             "theoretical_hit_rate": th_rate,
+            "theoretical_lower_bound": theory.lower_bound,
         },
         "prompt_tokens": d(|p| p.prompt_tokens),
         "generation_tokens": d(|p| p.generation_tokens),
@@ -614,6 +618,7 @@ mod tests {
             hits: 320,
             queries: 1000,
             server_block_size: 16,
+            lower_bound: false,
         };
         let v = summarize(&s, &th);
         let pc = &v["prefix_cache"];

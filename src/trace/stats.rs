@@ -564,16 +564,22 @@ pub fn vllm_prefix_cache(
     block_tokens: u32,
     server_block: u32,
 ) -> (u64, u64) {
-    let mut c = PrefixCache::new(block_tokens, server_block);
+    let mut c = PrefixCache::new(block_tokens, server_block, usize::MAX);
     for r in order.into_iter().filter_map(|i| trace.requests.get(i)) {
         c.add(r);
     }
     (c.hits, c.queries)
 }
 
+/// Most trie nodes a [`PrefixCache`] holds (about 50 bytes each).
+pub const PREFIX_NODES: usize = 2 << 20;
+
 /// [`vllm_prefix_cache`] one request at a time, in send order (memory: a trie node per distinct
-/// id prefix).
+/// id prefix, at most `max_nodes`; past them no prefix is added, so the hits counted are a lower
+/// bound and `full` says so).
 pub struct PrefixCache {
+    max_nodes: usize,
+    pub full: bool,
     block_tokens: u64,
     server_block: u64,
     /// A trie of id prefixes; `covered[node]` = the most tokens an earlier request computed
@@ -585,8 +591,10 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
-    pub fn new(block_tokens: u32, server_block: u32) -> PrefixCache {
+    pub fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> PrefixCache {
         PrefixCache {
+            max_nodes,
+            full: false,
             block_tokens: u64::from(block_tokens.max(1)),
             server_block: u64::from(server_block.max(1)),
             child: Default::default(),
@@ -620,10 +628,18 @@ impl PrefixCache {
         for (k, h) in r.hash_ids.iter().enumerate() {
             let upto = ((k as u64 + 1) * t).min(len);
             let next = self.covered.len();
-            let n = *self.child.entry((node, *h)).or_insert(next);
-            if n == next {
-                self.covered.push(0);
-            }
+            let n = match self.child.get(&(node, *h)) {
+                Some(&n) => n,
+                None if next > self.max_nodes => {
+                    self.full = true;
+                    break;
+                }
+                None => {
+                    self.child.insert((node, *h), next);
+                    self.covered.push(0);
+                    next
+                }
+            };
             self.covered[n] = self.covered[n].max(upto);
             node = n;
             if upto == len {
@@ -637,6 +653,34 @@ impl PrefixCache {
 mod tests {
     use super::*;
     use crate::trace::{Request, TraceHeader};
+
+    /// Past its node bound the prefix trie stops growing: the hits counted are a lower bound of
+    /// the unbounded count, and it says so.
+    #[test]
+    fn a_full_prefix_trie_counts_a_lower_bound_and_says_so() {
+        let reqs: Vec<Request> = (0..2000u64)
+            .map(|k| Request {
+                input_tokens: 64,
+                hash_ids: vec![k % 7, k % 13, k],
+                ..Default::default()
+            })
+            .collect();
+        let run = |max_nodes| {
+            let mut c = PrefixCache::new(16, 16, max_nodes);
+            reqs.iter().for_each(|r| c.add(r));
+            c
+        };
+        let (all, few) = (run(usize::MAX), run(50));
+        assert!(!all.full && few.full);
+        assert!(few.covered.len() <= 51 && all.covered.len() > 2000);
+        assert_eq!(few.queries, all.queries);
+        assert!(
+            few.hits <= all.hits && few.hits > 0,
+            "{} of {}",
+            few.hits,
+            all.hits
+        );
+    }
 
     /// Past both bounds (here small: 2,000 values, 10,000 exact ids then a 4 Mibit filter, on the
     /// 12,031-row Mooncake conversation trace with 182,790 distinct ids) memory stays within them,
