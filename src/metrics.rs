@@ -538,102 +538,304 @@ pub struct Summary {
     /// The run held more ITL values than [`ITL_BOUND`]: `itl` is from the HdrHistogram and
     /// `max_output_tokens_per_s` counts whole seconds of the run clock.
     pub itl_from_histogram: bool,
+    /// The run measured more requests than [`SCALAR_BOUND`]: every statistic but the counts
+    /// and totals is from running aggregates (mean, std, min and max exact by running sums,
+    /// median and percentiles from HdrHistograms), and the peaks count buckets of the run clock
+    /// (docs/replay.md#memory). Implies `itl_from_histogram`.
+    pub scalars_from_histogram: bool,
 }
 
 /// How many ITL values a run keeps exactly (8 bytes each, at most 128 MiB): beyond them the ITL
 /// statistics come from the `itl_us` HdrHistogram ([`Collector::itl_from_histogram`]).
 pub const ITL_BOUND: usize = 16 << 20;
 
+/// How many requests a run keeps exactly (their [`Scalars`], about 0.17 KiB each, at most
+/// 384 MiB): beyond them every statistic comes from running aggregates
+/// ([`Collector::scalars_from_histogram`]).
+pub const SCALAR_BOUND: usize = 2 << 20;
+
 /// The latest second of the run clock the token peak counts (48 days; a run is at most 30).
 const MAX_SECOND: u64 = 1 << 22;
 
-/// A run's finished requests, folded in as each completes, by schedule index: each request's
-/// [`Scalars`] (index-aligned, so the statistics see requests in schedule order as vLLM does),
-/// its ITL values while the run holds fewer than the bound, the histograms, and content messages
-/// per whole second of the run clock (the token peak once ITL values are no longer kept).
+/// The distributions of [`Summary`] taken from each request (ITL aside), in the order of
+/// [`values`].
+const DISTS: usize = 11;
+const DRIFT: usize = 5;
+
+/// Request `s`'s value in each distribution of [`Summary`], in seconds (`None`: not in it):
+/// TTFT, TPOT, E2EL, TTFT and E2EL from intended, then of every request its drift, dispatch
+/// drift and client queue, then the server's queue, TTFT and the unattributed remainder.
+fn values(s: &Scalars) -> [Option<f64>; DISTS] {
+    let ok = |v: Option<f64>| v.filter(|_| s.ok());
+    let from_int =
+        |v: Option<u64>| v.map(|v| ns_to_s((s.sent_ns + v).saturating_sub(s.intended_ns)));
+    let sv = &s.server;
+    let queue = sv.queue_ms.map(|q| q / 1000.0);
+    let un = match (s.ttft_ns, sv.ttft_ms) {
+        (Some(c), Some(t)) => Some(unattributed(ns_to_s(c), queue, t / 1000.0)),
+        _ => None,
+    };
+    [
+        ok(s.ttft_ns.map(ns_to_s)),
+        ok(s.tpot_s()),
+        ok(s.e2el_ns.map(ns_to_s)),
+        ok(from_int(s.ttft_ns)),
+        ok(from_int(s.e2el_ns)),
+        Some(s.drift_ns() as f64 / 1e9),
+        Some(s.dispatch_drift_ns() as f64 / 1e9),
+        Some(ns_to_s(s.client_queue_ns())),
+        ok(queue),
+        ok(sv.ttft_ms.map(|t| t / 1000.0)),
+        ok(un),
+    ]
+}
+
+/// One distribution folded value by value: count, mean and squared deviations (Welford), min
+/// and max, in seconds, and the magnitudes of its values ≥ 0 and < 0 as HdrHistograms (ns, 3
+/// significant digits).
 #[derive(Debug, Clone)]
-pub struct Collector {
-    scalars: Vec<Scalars>,
+struct Running {
+    n: u64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+    pos: Histogram<u64>,
+    neg: Histogram<u64>,
+}
+
+impl Running {
+    fn new() -> Running {
+        let h = || Histogram::new(3).expect("3 significant digits are valid");
+        Running {
+            n: 0,
+            mean: 0.0,
+            m2: 0.0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            pos: h(),
+            neg: h(),
+        }
+    }
+
+    fn add(&mut self, x: f64) {
+        self.n += 1;
+        let d = x - self.mean;
+        self.mean += d / self.n as f64;
+        self.m2 += d * (x - self.mean);
+        self.min = self.min.min(x);
+        self.max = self.max.max(x);
+        let h = if x < 0.0 {
+            &mut self.neg
+        } else {
+            &mut self.pos
+        };
+        // Auto-resizing: it fails only past 2^62 ns (146 years), which no run measures.
+        let _ = h.record(((x.abs() * 1e9).round() as u64).min(1 << 62));
+    }
+
+    /// The `k`-th smallest value (from 1), s, at the histograms' precision.
+    fn at_rank(&self, k: u64) -> f64 {
+        let nth = |h: &Histogram<u64>, k: u64| {
+            let mut seen = 0;
+            for v in h.iter_recorded() {
+                seen += v.count_at_value();
+                if seen >= k {
+                    return h.median_equivalent(v.value_iterated_to()) as f64 / 1e9;
+                }
+            }
+            h.max() as f64 / 1e9
+        };
+        let below = self.neg.len();
+        let v = match k <= below {
+            true => -nth(&self.neg, below - k + 1),
+            false => nth(&self.pos, k - below),
+        };
+        v.clamp(self.min, self.max)
+    }
+
+    /// As [`Stats::from_seconds`] gives them: percentiles interpolated as numpy's between the
+    /// values at the neighbouring ranks.
+    fn stats(&self, percentiles: &[f64]) -> Stats {
+        if self.n == 0 {
+            return Stats::from_seconds(&[], percentiles);
+        }
+        let pct = |p: f64| {
+            let v = (self.n - 1) as f64 * p / 100.0;
+            let (lo, g) = (v.floor(), v - v.floor());
+            let a = self.at_rank(lo as u64 + 1);
+            let b = self.at_rank((lo as u64 + 2).min(self.n));
+            (a + (b - a) * g) * 1000.0
+        };
+        Stats {
+            count: self.n as usize,
+            mean: self.mean * 1000.0,
+            median: pct(50.0),
+            std: (self.m2 / self.n as f64).sqrt() * 1000.0,
+            min: self.min * 1000.0,
+            max: self.max * 1000.0,
+            percentiles: percentiles.iter().map(|&p| (p, pct(p))).collect(),
+        }
+    }
+}
+
+/// Requests counted in every bucket of the run clock they overlap, kept as counts of starts and
+/// ends per bucket (two counters per request, not one per bucket). At most `cap` buckets: past
+/// them the width doubles (neighbours merged, exact at the new width).
+#[derive(Debug, Clone)]
+struct Overlaps {
+    width_ns: u64,
+    cap: u64,
+    starts: Vec<u32>,
+    ends: Vec<u32>,
+}
+
+impl Overlaps {
+    fn new(width_ns: u64, cap: u64) -> Overlaps {
+        Overlaps {
+            width_ns,
+            cap,
+            starts: Vec::new(),
+            ends: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, from_ns: u64, to_ns: u64) {
+        let to_ns = to_ns.max(from_ns);
+        while to_ns / self.width_ns >= self.cap {
+            self.width_ns *= 2;
+            for v in [&mut self.starts, &mut self.ends] {
+                *v = v.chunks(2).map(|c| c.iter().sum()).collect();
+            }
+        }
+        let (a, b) = (from_ns / self.width_ns, to_ns / self.width_ns);
+        if self.starts.len() <= b as usize {
+            self.starts.resize(b as usize + 1, 0);
+            self.ends.resize(b as usize + 1, 0);
+        }
+        self.starts[a as usize] += 1;
+        self.ends[b as usize] += 1;
+    }
+
+    /// The most requests overlapping one bucket.
+    fn peak(&self) -> u64 {
+        let (mut level, mut max) = (0u64, 0u64);
+        for (s, e) in self.starts.iter().zip(&self.ends) {
+            level += u64::from(*s);
+            max = max.max(level);
+            level -= u64::from(*e);
+        }
+        max
+    }
+
+    fn bytes(&self) -> usize {
+        (self.starts.capacity() + self.ends.capacity()) * std::mem::size_of::<u32>()
+    }
+}
+
+/// What [`Collector`] folds from every request, whatever the run's length.
+#[derive(Debug, Clone)]
+struct Totals {
+    requests: u64,
+    completed: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    errors: BTreeMap<Failure, u64>,
+    server_reported: u64,
+    cache: ServerCache,
+    /// Successful requests meeting the collector's SLO.
+    good: u64,
+    dists: [Running; DISTS],
+    /// Successful requests by whole second of the run clock (vLLM's concurrency peak).
+    active_per_s: Overlaps,
+    /// Every request from send to end by 1 ms of the run clock, the width doubling past 2^20
+    /// buckets (the peak in flight).
+    in_flight: Overlaps,
+}
+
+impl Totals {
+    fn new() -> Totals {
+        Totals {
+            requests: 0,
+            completed: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            errors: BTreeMap::new(),
+            server_reported: 0,
+            cache: ServerCache::default(),
+            good: 0,
+            dists: std::array::from_fn(|_| Running::new()),
+            active_per_s: Overlaps::new(1_000_000_000, MAX_SECOND),
+            in_flight: Overlaps::new(1_000_000, 1 << 20),
+        }
+    }
+
+    fn add(&mut self, s: &Scalars, slo: &Slo) {
+        self.requests += 1;
+        for (d, v) in self.dists.iter_mut().zip(values(s)) {
+            if let Some(v) = v {
+                d.add(v);
+            }
+        }
+        self.in_flight.add(s.sent_ns, s.end_ns);
+        if !s.ok() {
+            *self
+                .errors
+                .entry(s.error.unwrap_or(Failure::NoContent))
+                .or_insert(0) += 1;
+            return;
+        }
+        self.completed += 1;
+        self.input_tokens += s.input_tokens;
+        self.output_tokens += s.output_tokens;
+        self.good += u64::from(!slo.is_empty() && slo.met_by(s));
+        let sv = &s.server;
+        if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
+            self.server_reported += 1;
+        }
+        if let Some(c) = sv.cached_tokens {
+            self.cache.requests += 1;
+            self.cache.cached_tokens += c;
+            self.cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
+        }
+        let e2el = s.e2el_ns.unwrap_or(0);
+        self.active_per_s
+            .add(s.sent_ns, s.sent_ns.saturating_add(e2el));
+    }
+}
+
+/// Per request, by schedule index, while the run holds at most the bound: its scalars and where
+/// its ITL values are.
+#[derive(Debug, Clone, Default)]
+struct Held {
+    scalars: Vec<Option<Scalars>>,
     /// Where each request's ITL values start in `itls`, and how many it has.
     itl_at: Vec<(usize, u32)>,
     /// ITL values (ns) of successful requests, in the order they finished; `None` once they
-    /// would have gone over `itl_bound`.
+    /// would have gone over the ITL bound.
     itls: Option<Vec<u64>>,
-    itl_bound: usize,
-    hist: Histograms,
-    tokens_per_s: Vec<u64>,
 }
 
-impl Collector {
-    /// For requests `0..n`, keeping at most `itl_bound` ITL values.
-    pub fn new(n: usize, itl_bound: usize) -> Collector {
-        Collector {
-            scalars: vec![Scalars::default(); n],
-            itl_at: vec![(0, 0); n],
-            itls: Some(Vec::new()),
-            itl_bound,
-            hist: Histograms::default(),
-            tokens_per_s: Vec::new(),
+impl Held {
+    fn add(&mut self, index: usize, sc: Scalars, itls_ns: &[u64], itl_bound: usize) {
+        if self.scalars.len() <= index {
+            self.scalars.resize(index + 1, None);
+            self.itl_at.resize(index + 1, (0, 0));
         }
-    }
-
-    /// `samples`, each at its position.
-    pub fn from_samples(samples: &[Sample]) -> Collector {
-        let mut c = Collector::new(samples.len(), ITL_BOUND);
-        for (i, s) in samples.iter().enumerate() {
-            c.add(i, s);
-        }
-        c
-    }
-
-    /// Folds in the sample of request `index` (out of range: ignored).
-    pub fn add(&mut self, index: usize, s: &Sample) {
-        let sc = s.scalars();
-        let Some(slot) = self.scalars.get_mut(index) else {
-            return;
-        };
-        *slot = sc;
-        self.hist.record(&sc, &s.itls_ns);
+        self.scalars[index] = Some(sc);
         if !sc.ok() {
             return;
         }
-        let mut t = sc.sent_ns.saturating_add(sc.ttft_ns.unwrap_or(0));
-        for g in std::iter::once(0).chain(s.itls_ns.iter().copied()) {
-            t = t.saturating_add(g);
-            let second = t / 1_000_000_000;
-            if second < MAX_SECOND {
-                let b = second as usize;
-                if self.tokens_per_s.len() <= b {
-                    self.tokens_per_s.resize(b + 1, 0);
-                }
-                self.tokens_per_s[b] += 1;
-            }
-        }
         if let Some(v) = &mut self.itls {
-            let n = s.itls_ns.len();
+            let n = itls_ns.len();
             match u32::try_from(n) {
-                Ok(k) if v.len() + n <= self.itl_bound => {
+                Ok(k) if v.len() + n <= itl_bound => {
                     self.itl_at[index] = (v.len(), k);
-                    v.extend_from_slice(&s.itls_ns);
+                    v.extend_from_slice(itls_ns);
                 }
                 _ => self.itls = None,
             }
         }
-    }
-
-    /// Every request's scalars, by index.
-    pub fn scalars(&self) -> &[Scalars] {
-        &self.scalars
-    }
-
-    pub fn histograms(&self) -> &Histograms {
-        &self.hist
-    }
-
-    /// The ITL values went over the bound and were let go: ITL statistics come from the `itl_us`
-    /// histogram and the token peak from whole seconds of the run clock.
-    pub fn itl_from_histogram(&self) -> bool {
-        self.itls.is_none()
     }
 
     /// Request `i`'s ITL values, ns (none once they were let go).
@@ -644,34 +846,152 @@ impl Collector {
         }
     }
 
-    /// Bytes this collector holds for the run's requests (histograms aside: their size is fixed).
-    pub fn retained_bytes(&self) -> usize {
-        use std::mem::size_of;
-        self.scalars.capacity() * size_of::<Scalars>()
-            + self.itl_at.capacity() * size_of::<(usize, u32)>()
-            + self
-                .itls
-                .as_ref()
-                .map_or(0, |v| v.capacity() * size_of::<u64>())
-            + self.tokens_per_s.capacity() * size_of::<u64>()
+    fn ok(&self) -> impl Iterator<Item = (usize, &Scalars)> {
+        let held = self.scalars.iter().enumerate();
+        held.filter_map(|(i, s)| s.as_ref().filter(|s| s.ok()).map(|s| (i, s)))
+    }
+}
+
+/// A run's finished requests, folded in as each completes, by schedule index. Always: the
+/// counts and totals, running aggregates of every distribution, the histograms, and content
+/// messages per whole second of the run clock. While the run holds at most its bound of
+/// requests (and of ITL values), also each request's [`Scalars`] (index-aligned, so the
+/// statistics see requests in schedule order as vLLM does) and ITL values, from which the
+/// statistics are then computed exactly.
+#[derive(Debug, Clone)]
+pub struct Collector {
+    held: Option<Held>,
+    itl_bound: usize,
+    scalar_bound: usize,
+    slo: Slo,
+    hist: Histograms,
+    tokens_per_s: Vec<u64>,
+    totals: Totals,
+}
+
+impl Collector {
+    /// Keeping at most `itl_bound` ITL values and requests below index `scalar_bound`
+    /// exactly; goodput counts the requests meeting `slo`.
+    pub fn new(itl_bound: usize, scalar_bound: usize, slo: Slo) -> Collector {
+        Collector {
+            held: Some(Held {
+                itls: Some(Vec::new()),
+                ..Held::default()
+            }),
+            itl_bound,
+            scalar_bound,
+            slo,
+            hist: Histograms::default(),
+            tokens_per_s: Vec::new(),
+            totals: Totals::new(),
+        }
     }
 
-    /// The summary; `duration_s` is first dispatch to last completion.
-    pub fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
-        let all = &self.scalars;
-        let ok = || all.iter().filter(|s| s.ok());
-        let secs = |f: &dyn Fn(&Scalars) -> Option<u64>| -> Vec<f64> {
-            ok().filter_map(|s| f(s).map(ns_to_s)).collect()
-        };
-        let ttfts = secs(&|s| s.ttft_ns);
-        let e2els = secs(&|s| s.e2el_ns);
-        let tpots: Vec<f64> = ok().filter_map(|s| s.tpot_s()).collect();
-        let p = percentiles;
-        let itl = match &self.itls {
-            Some(_) => {
-                let v: Vec<f64> = (0..all.len())
-                    .filter(|&i| all[i].ok())
-                    .flat_map(|i| self.itls_ns(i).iter().map(|&n| ns_to_s(n)))
+    /// `samples`, each at its position.
+    pub fn from_samples(samples: &[Sample]) -> Collector {
+        let mut c = Collector::new(ITL_BOUND, SCALAR_BOUND, Slo::default());
+        for (i, s) in samples.iter().enumerate() {
+            c.add(i, s);
+        }
+        c
+    }
+
+    /// Folds in the sample of request `index`.
+    pub fn add(&mut self, index: usize, s: &Sample) {
+        let sc = s.scalars();
+        self.totals.add(&sc, &self.slo);
+        self.hist.record(&sc, &s.itls_ns);
+        if index >= self.scalar_bound {
+            self.held = None;
+        }
+        if let Some(h) = &mut self.held {
+            h.add(index, sc, &s.itls_ns, self.itl_bound);
+        }
+        if sc.ok() {
+            self.count_tokens(&sc, &s.itls_ns);
+        }
+    }
+
+    /// Content messages by whole second of the run clock.
+    fn count_tokens(&mut self, sc: &Scalars, itls_ns: &[u64]) {
+        let mut t = sc.sent_ns.saturating_add(sc.ttft_ns.unwrap_or(0));
+        for g in std::iter::once(0).chain(itls_ns.iter().copied()) {
+            t = t.saturating_add(g);
+            let second = t / 1_000_000_000;
+            if second < MAX_SECOND {
+                let b = second as usize;
+                if self.tokens_per_s.len() <= b {
+                    self.tokens_per_s.resize(b + 1, 0);
+                }
+                self.tokens_per_s[b] += 1;
+            }
+        }
+    }
+
+    /// Requests folded in.
+    pub fn requests(&self) -> u64 {
+        self.totals.requests
+    }
+
+    /// Every request's scalars by index, while the run held them (see [`SCALAR_BOUND`]).
+    pub fn held(&self) -> Option<&[Option<Scalars>]> {
+        self.held.as_ref().map(|h| h.scalars.as_slice())
+    }
+
+    pub fn histograms(&self) -> &Histograms {
+        &self.hist
+    }
+
+    /// The ITL values went over the bound and were let go: ITL statistics come from the `itl_us`
+    /// histogram and the token peak from whole seconds of the run clock.
+    pub fn itl_from_histogram(&self) -> bool {
+        self.held.as_ref().is_none_or(|h| h.itls.is_none())
+    }
+
+    /// The requests went over the bound and were let go: see [`Summary::scalars_from_histogram`].
+    pub fn scalars_from_histogram(&self) -> bool {
+        self.held.is_none()
+    }
+
+    /// Bytes this collector holds for the run's requests (histograms aside: their size is set by
+    /// the range of values, not by their number).
+    pub fn retained_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let held = self.held.as_ref().map_or(0, |h| {
+            h.scalars.capacity() * size_of::<Option<Scalars>>()
+                + h.itl_at.capacity() * size_of::<(usize, u32)>()
+                + h.itls
+                    .as_ref()
+                    .map_or(0, |v| v.capacity() * size_of::<u64>())
+        });
+        held + self.tokens_per_s.capacity() * size_of::<u64>()
+            + self.totals.active_per_s.bytes()
+            + self.totals.in_flight.bytes()
+    }
+
+    /// Distribution `d` of [`values`]: exact from the held requests, else from its aggregate.
+    fn distribution(&self, d: usize, percentiles: &[f64]) -> Stats {
+        match &self.held {
+            Some(h) => {
+                let v = h.scalars.iter().flatten().filter_map(|s| values(s)[d]);
+                let v: Vec<f64> = v.collect();
+                Stats::from_seconds(&v, percentiles)
+            }
+            None => self.totals.dists[d].stats(percentiles),
+        }
+    }
+
+    /// The send drift of every request ([`Summary::drift`]).
+    pub fn drift(&self, percentiles: &[f64]) -> Stats {
+        self.distribution(DRIFT, percentiles)
+    }
+
+    fn itl(&self, p: &[f64]) -> Stats {
+        match self.held.as_ref().filter(|h| h.itls.is_some()) {
+            Some(h) => {
+                let v: Vec<f64> = h
+                    .ok()
+                    .flat_map(|(i, _)| h.itls_ns(i).iter().map(|&n| ns_to_s(n)))
                     .collect();
                 Stats::from_seconds(&v, p)
             }
@@ -679,46 +999,15 @@ impl Collector {
                 Some(h) => Stats::from_histogram(h, 1000.0, p),
                 None => Stats::from_seconds(&[], p),
             },
-        };
-        let from_int =
-            |s: &Scalars, v: Option<u64>| v.map(|v| (s.sent_ns + v).saturating_sub(s.intended_ns));
-        let ttft_i = secs(&|s| from_int(s, s.ttft_ns));
-        let e2el_i = secs(&|s| from_int(s, s.e2el_ns));
-        let drift: Vec<f64> = all.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
-        let dispatch_drift: Vec<f64> = all
-            .iter()
-            .map(|s| s.dispatch_drift_ns() as f64 / 1e9)
-            .collect();
-        let queue: Vec<f64> = all.iter().map(|s| ns_to_s(s.client_queue_ns())).collect();
-        let mut sq = Vec::new();
-        let mut st = Vec::new();
-        let mut un = Vec::new();
-        let mut reported = 0;
-        let mut cache = ServerCache::default();
-        for s in ok() {
-            let sv = &s.server;
-            if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {
-                reported += 1;
-            }
-            if let Some(q) = sv.queue_ms {
-                sq.push(q / 1000.0);
-            }
-            if let Some(t) = sv.ttft_ms {
-                st.push(t / 1000.0);
-            }
-            if let (Some(c), Some(t)) = (s.ttft_ns, sv.ttft_ms) {
-                let queue = sv.queue_ms.map(|q| q / 1000.0);
-                un.push(unattributed(ns_to_s(c), queue, t / 1000.0));
-            }
-            if let Some(c) = sv.cached_tokens {
-                cache.requests += 1;
-                cache.cached_tokens += c;
-                cache.prompt_tokens += sv.prompt_tokens.unwrap_or(s.input_tokens);
-            }
         }
-        let completed = ok().count() as u64;
-        let total_input_tokens: u64 = ok().map(|s| s.input_tokens).sum();
-        let total_output_tokens: u64 = ok().map(|s| s.output_tokens).sum();
+    }
+
+    /// The summary; `duration_s` is first dispatch to last completion.
+    pub fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
+        let t = &self.totals;
+        let p = percentiles;
+        let [ttft, tpot, e2el, ttft_i, e2el_i, drift, dispatch_drift, queue, sq, st, un] =
+            std::array::from_fn(|d| self.distribution(d, p));
         let per_s = |x: f64| {
             if duration_s > 0.0 {
                 x / duration_s
@@ -726,79 +1015,72 @@ impl Collector {
                 0.0
             }
         };
-        let mut errors = BTreeMap::new();
-        for s in all.iter().filter(|s| !s.ok()) {
-            let kind = s.error.unwrap_or(Failure::NoContent);
-            *errors.entry(kind.as_str().into_owned()).or_insert(0) += 1;
-        }
+        let errors = t.errors.iter();
+        let errors = errors.map(|(k, n)| (k.as_str().into_owned(), *n)).collect();
         let (max_output_tokens_per_s, max_concurrent_requests) = self.per_second_peaks();
+        let peak_in_flight = match &self.held {
+            Some(h) => max_concurrency(h.scalars.iter().flatten()),
+            None => t.in_flight.peak(),
+        };
+        let goodput = !self.slo.is_empty() && duration_s > 0.0;
         Summary {
-            completed,
-            failed: all.len() as u64 - completed,
+            completed: t.completed,
+            failed: t.requests - t.completed,
             duration_s,
-            total_input_tokens,
-            total_output_tokens,
-            request_throughput: per_s(completed as f64),
-            output_throughput: per_s(total_output_tokens as f64),
-            total_token_throughput: per_s((total_input_tokens + total_output_tokens) as f64),
-            request_goodput: None,
+            total_input_tokens: t.input_tokens,
+            total_output_tokens: t.output_tokens,
+            request_throughput: per_s(t.completed as f64),
+            output_throughput: per_s(t.output_tokens as f64),
+            total_token_throughput: per_s((t.input_tokens + t.output_tokens) as f64),
+            request_goodput: goodput.then(|| t.good as f64 / duration_s),
             max_concurrent_requests,
             max_output_tokens_per_s,
-            peak_in_flight: max_concurrency(all),
-            ttft: Stats::from_seconds(&ttfts, p),
-            tpot: Stats::from_seconds(&tpots, p),
-            itl,
-            e2el: Stats::from_seconds(&e2els, p),
-            ttft_from_intended: Stats::from_seconds(&ttft_i, p),
-            e2el_from_intended: Stats::from_seconds(&e2el_i, p),
-            drift: Stats::from_seconds(&drift, p),
-            dispatch_drift: Stats::from_seconds(&dispatch_drift, p),
-            client_queue: Stats::from_seconds(&queue, p),
-            server_reported: reported,
-            server_queue: Stats::from_seconds(&sq, p),
-            server_ttft: Stats::from_seconds(&st, p),
-            unattributed: Stats::from_seconds(&un, p),
-            server_cache: (cache.requests > 0).then_some(cache),
+            peak_in_flight,
+            ttft,
+            tpot,
+            itl: self.itl(p),
+            e2el,
+            ttft_from_intended: ttft_i,
+            e2el_from_intended: e2el_i,
+            drift,
+            dispatch_drift,
+            client_queue: queue,
+            server_reported: t.server_reported,
+            server_queue: sq,
+            server_ttft: st,
+            unattributed: un,
+            server_cache: (t.cache.requests > 0).then_some(t.cache),
             errors,
-            itl_from_histogram: self.itls.is_none(),
+            itl_from_histogram: self.itl_from_histogram(),
+            scalars_from_histogram: self.scalars_from_histogram(),
         }
-    }
-
-    /// Successful requests meeting every given SLO, as vLLM counts them (a request with one
-    /// output token has TPOT 0 for this check).
-    pub fn good_requests(&self, slo: &Slo) -> u64 {
-        self.scalars
-            .iter()
-            .filter(|s| s.ok())
-            .filter(|s| {
-                let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
-                let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
-                let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
-                slo.ttft_ms.is_none_or(|m| ttft <= m)
-                    && slo.tpot_ms.is_none_or(|m| tpot <= m)
-                    && slo.e2el_ms.is_none_or(|m| e2el <= m)
-            })
-            .count() as u64
     }
 
     /// vLLM's per-second peaks over successful requests, in its float arithmetic: whole seconds
     /// from the first send; each content message (first token, then one per ITL gap) counts in
     /// its second, and a request counts in every second from its send to its end. Returns (most
     /// messages in one second, most requests in one second). Once the ITL values were let go,
-    /// messages are counted in whole seconds of the run clock instead.
+    /// messages are counted in whole seconds of the run clock instead, and once the requests
+    /// were, requests too.
     fn per_second_peaks(&self) -> (f64, u64) {
-        let ok = || self.scalars.iter().enumerate().filter(|(_, s)| s.ok());
+        let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+        let Some(h) = &self.held else {
+            return (
+                max(&self.tokens_per_s) as f64,
+                self.totals.active_per_s.peak(),
+            );
+        };
         let start = |s: &Scalars| ns_to_s(s.sent_ns);
         let end = |s: &Scalars| start(s) + s.e2el_ns.map_or(0.0, ns_to_s);
-        let Some(t0) = ok().map(|(_, s)| start(s)).min_by(f64::total_cmp) else {
+        let Some(t0) = h.ok().map(|(_, s)| start(s)).min_by(f64::total_cmp) else {
             return (0.0, 0);
         };
-        let last = ok().map(|(_, s)| end(s)).fold(t0, f64::max);
+        let last = h.ok().map(|(_, s)| end(s)).fold(t0, f64::max);
         let n = (last - t0).ceil() as usize + 1;
         let (mut tokens, mut active) = (vec![0u64; n], vec![0u64; n]);
-        for (i, s) in ok() {
+        for (i, s) in h.ok() {
             let mut t = start(s) + s.ttft_ns.map_or(0.0, ns_to_s);
-            let gaps = self.itls_ns(i).iter().map(|&g| ns_to_s(g));
+            let gaps = h.itls_ns(i).iter().map(|&g| ns_to_s(g));
             for g in std::iter::once(0.0).chain(gaps) {
                 t += g;
                 if let Some(b) = tokens.get_mut((t - t0) as usize) {
@@ -810,8 +1092,7 @@ impl Collector {
                 *c += 1;
             }
         }
-        let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
-        let tokens = match self.itls {
+        let tokens = match h.itls {
             Some(_) => max(&tokens),
             None => max(&self.tokens_per_s),
         };
@@ -836,11 +1117,22 @@ impl Slo {
     pub fn is_empty(&self) -> bool {
         *self == Slo::default()
     }
+
+    /// Whether successful request `s` meets every given objective, as vLLM counts it (a request
+    /// with one output token has TPOT 0 for this check).
+    pub fn met_by(&self, s: &Scalars) -> bool {
+        let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
+        let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
+        let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
+        self.ttft_ms.is_none_or(|m| ttft <= m)
+            && self.tpot_ms.is_none_or(|m| tpot <= m)
+            && self.e2el_ms.is_none_or(|m| e2el <= m)
+    }
 }
 
 /// Peak number of requests between send and end at the same time.
-fn max_concurrency(samples: &[Scalars]) -> u64 {
-    let mut ev: Vec<(u64, i8)> = Vec::with_capacity(samples.len() * 2);
+fn max_concurrency<'a>(samples: impl Iterator<Item = &'a Scalars>) -> u64 {
+    let mut ev: Vec<(u64, i8)> = Vec::new();
     for s in samples {
         ev.push((s.sent_ns, 1));
         ev.push((s.end_ns.max(s.sent_ns), -1));
@@ -1223,17 +1515,24 @@ mod tests {
         let fast = sample(0, 40 * MS, &[10 * MS], 2); // ttft 40, tpot 10, e2el 50
         let slow_tpot = sample(0, 40 * MS, &[30 * MS], 2); // tpot 30
         let one_token = sample(0, 45 * MS, &[], 1); // tpot counts as 0
-        let all = Collector::from_samples(&[fast, slow_tpot, one_token]);
-        let good_requests = |c: &Collector, slo: &Slo| c.good_requests(slo);
+        let all = [fast, slow_tpot, one_token];
+        let good_requests = |slo: Slo| {
+            let mut c = Collector::new(ITL_BOUND, SCALAR_BOUND, slo);
+            for (i, s) in all.iter().enumerate() {
+                c.add(i, s);
+            }
+            let per_s = c.summary(2.0, &[]).request_goodput.unwrap();
+            (per_s * 2.0) as u64
+        };
         let slo = |t, p, e| Slo {
             ttft_ms: t,
             tpot_ms: p,
             e2el_ms: e,
         };
-        assert_eq!(good_requests(&all, &slo(Some(50.0), None, None)), 3);
-        assert_eq!(good_requests(&all, &slo(Some(50.0), Some(20.0), None)), 2);
-        assert_eq!(good_requests(&all, &slo(None, Some(20.0), Some(46.0))), 1);
-        assert_eq!(good_requests(&all, &slo(Some(10.0), None, None)), 0);
+        assert_eq!(good_requests(slo(Some(50.0), None, None)), 3);
+        assert_eq!(good_requests(slo(Some(50.0), Some(20.0), None)), 2);
+        assert_eq!(good_requests(slo(None, Some(20.0), Some(46.0))), 1);
+        assert_eq!(good_requests(slo(Some(10.0), None, None)), 0);
     }
 
     /// Past its ITL bound the collector lets the ITL values go: it then holds only the
@@ -1247,15 +1546,19 @@ mod tests {
             .collect();
         let exact = Collector::from_samples(&samples);
         assert!(!exact.itl_from_histogram());
-        let mut bounded = Collector::new(n as usize, 10_000);
+        let mut bounded = Collector::new(10_000, SCALAR_BOUND, Slo::default());
         for (i, s) in samples.iter().enumerate().rev() {
             bounded.add(i, s);
         }
         assert!(bounded.itl_from_histogram());
-        let per_request = std::mem::size_of::<Scalars>() + std::mem::size_of::<(usize, u32)>();
-        let fixed = n as usize * per_request;
+        let per_request =
+            std::mem::size_of::<Option<Scalars>>() + std::mem::size_of::<(usize, u32)>();
+        // the per-request part (grown by doubling), the in-flight peak's milliseconds and the
+        // peaks' seconds, nothing that grows with tokens
+        let t = &bounded.totals;
+        let clock = t.in_flight.bytes() + t.active_per_s.bytes();
+        let fixed = (n as usize).next_power_of_two() * per_request + clock;
         assert!(exact.retained_bytes() >= fixed + 100_000 * 8);
-        // the per-request part and the token peak's seconds, nothing that grows with tokens
         assert!(
             bounded.retained_bytes() <= fixed + 1024,
             "{}",
@@ -1284,6 +1587,210 @@ mod tests {
         assert!((b.max_output_tokens_per_s - a.max_output_tokens_per_s).abs() <= 51.0);
     }
 
+    /// Request `i` of a synthetic run: sends every 0.2 ms (repeating every `period` requests),
+    /// early and late dispatches and sends, slot waits, failures of three kinds, server times
+    /// that leave a negative unattributed remainder, cached tokens.
+    fn synthetic(i: u64, period: u64) -> Sample {
+        let r = |k: u64| (i.wrapping_add(k).wrapping_mul(2_654_435_761) >> 7) % 1_000_003;
+        let intended = MS + (i % period) * 200_000;
+        let dispatched = intended + r(1) % MS - 300_000;
+        let slot_wait = if i % 4 == 0 { r(2) * 5 } else { 0 };
+        let sent = dispatched + slot_wait + r(3) % 100_000;
+        let error = match (i % 17, i % 29) {
+            (3, _) => Some(Failure::Http(503)),
+            (_, 5) => Some(Failure::Reset),
+            _ => None,
+        };
+        let content = error.is_none() && i % 31 != 7;
+        let ttft = 20 * MS + r(4) * 200;
+        let itls: Vec<u64> = (0..1 + r(5) % 8).map(|k| 5 * MS + r(6 + k) * 10).collect();
+        let e2el = ttft + itls.iter().sum::<u64>();
+        let server = ServerTimes {
+            queue_ms: (i % 3 == 0).then(|| (r(20) % 10) as f64 + 0.123),
+            ttft_ms: (i % 3 != 1).then(|| ttft as f64 / 1e6 - 5.0 + (r(21) % 10) as f64),
+            prompt_tokens: None,
+            cached_tokens: (i % 5 == 0).then(|| r(22) % 100),
+        };
+        Sample {
+            input_tokens: 100 + r(7) % 1000,
+            output_tokens: itls.len() as u64 + 1,
+            intended_ns: intended,
+            dispatched_ns: dispatched,
+            slot_wait_ns: slot_wait,
+            sent_ns: sent,
+            ttft_ns: (error == Some(Failure::Reset) || content).then_some(ttft),
+            e2el_ns: content.then_some(e2el),
+            itls_ns: if content { itls } else { Vec::new() },
+            end_ns: sent + e2el,
+            error,
+            server,
+            ..Default::default()
+        }
+    }
+
+    /// The same requests through a collector holding them all and one holding `bound`.
+    fn exact_and_bounded(samples: &[Sample], bound: usize, slo: Slo) -> (Collector, Collector) {
+        let mut exact = Collector::new(ITL_BOUND, usize::MAX, slo);
+        let mut bounded = Collector::new(ITL_BOUND, bound, slo);
+        for (i, s) in samples.iter().enumerate() {
+            exact.add(i, s);
+            bounded.add(i, s);
+        }
+        (exact, bounded)
+    }
+
+    /// `b` from aggregates agrees with the exact `a`: count, min and max exactly, mean and std
+    /// to float rounding, median and percentiles to the histograms' 3 significant digits.
+    fn assert_agrees(name: &str, a: &Stats, b: &Stats) {
+        assert_eq!((b.count, b.min, b.max), (a.count, a.min, a.max), "{name}");
+        let close = |x: f64, y: f64, rel: f64| (x - y).abs() <= rel * y.abs().max(1e-3);
+        assert!(
+            close(b.mean, a.mean, 1e-9),
+            "{name} mean {} {}",
+            b.mean,
+            a.mean
+        );
+        assert!(close(b.std, a.std, 1e-9), "{name} std {} {}", b.std, a.std);
+        assert!(
+            close(b.median, a.median, 1e-3),
+            "{name} {} {}",
+            b.median,
+            a.median
+        );
+        for ((p, x), (_, y)) in b.percentiles.iter().zip(&a.percentiles) {
+            assert!(close(*x, *y, 1e-3), "{name} p{p}: {x} {y}");
+        }
+    }
+
+    /// Past the request bound every figure comes from the aggregates folded in `add`: counts,
+    /// totals, errors and goodput exactly, the statistics within the histograms' precision,
+    /// the peaks from buckets of the run clock.
+    #[test]
+    fn a_run_past_the_request_bound_agrees_with_the_exact_summary() {
+        let samples: Vec<Sample> = (0..50_000).map(|i| synthetic(i, u64::MAX)).collect();
+        let slo = Slo {
+            ttft_ms: Some(150.0),
+            tpot_ms: Some(12.0),
+            e2el_ms: None,
+        };
+        let (exact, bounded) = exact_and_bounded(&samples, 1_000, slo);
+        assert!(!exact.scalars_from_histogram() && bounded.scalars_from_histogram());
+        let p = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9];
+        let (a, b) = (exact.summary(12.5, &p), bounded.summary(12.5, &p));
+        assert!(!a.scalars_from_histogram && b.scalars_from_histogram && b.itl_from_histogram);
+        let counts = |s: &Summary| {
+            let totals = (
+                s.total_input_tokens,
+                s.total_output_tokens,
+                s.server_reported,
+            );
+            let goodput = s.request_goodput.map(f64::to_bits);
+            (
+                s.completed,
+                s.failed,
+                totals,
+                s.errors.clone(),
+                s.server_cache,
+                goodput,
+            )
+        };
+        assert_eq!(counts(&b), counts(&a));
+        assert_eq!(a.errors.len(), 3, "{:?}", a.errors);
+        assert!(a.request_goodput.unwrap() > 0.0 && a.unattributed.min < 0.0);
+        for (name, x, y) in [
+            ("ttft", &a.ttft, &b.ttft),
+            ("tpot", &a.tpot, &b.tpot),
+            ("e2el", &a.e2el, &b.e2el),
+            (
+                "ttft_from_intended",
+                &a.ttft_from_intended,
+                &b.ttft_from_intended,
+            ),
+            (
+                "e2el_from_intended",
+                &a.e2el_from_intended,
+                &b.e2el_from_intended,
+            ),
+            ("drift", &a.drift, &b.drift),
+            ("dispatch_drift", &a.dispatch_drift, &b.dispatch_drift),
+            ("client_queue", &a.client_queue, &b.client_queue),
+            ("server_queue", &a.server_queue, &b.server_queue),
+            ("server_ttft", &a.server_ttft, &b.server_ttft),
+            ("unattributed", &a.unattributed, &b.unattributed),
+        ] {
+            assert_agrees(name, x, y);
+        }
+        let near = |x: f64, y: f64| (x - y).abs() <= 1e-3 * y;
+        assert!(
+            near(b.itl.mean, a.itl.mean) && near(b.itl.percentiles[4].1, a.itl.percentiles[4].1)
+        );
+        // Whole seconds of the run clock against seconds from the first send (1 ms apart), and
+        // the busiest millisecond against the busiest instant: at most 5 sends more.
+        let within = |x: f64, y: f64, by: f64| (x - y).abs() <= by * y;
+        assert!(within(
+            b.max_output_tokens_per_s,
+            a.max_output_tokens_per_s,
+            0.01
+        ));
+        let (bc, ac) = (
+            b.max_concurrent_requests as f64,
+            a.max_concurrent_requests as f64,
+        );
+        assert!(within(bc, ac, 0.01), "{bc} {ac}");
+        assert!((a.peak_in_flight..=a.peak_in_flight + 5).contains(&b.peak_in_flight));
+        assert_eq!(bounded.drift(&p), b.drift);
+    }
+
+    /// Past the bound the collector holds nothing per request: what it keeps is the same for
+    /// 20,000 requests as for 50,000 over the same span of the run clock, and small.
+    #[test]
+    fn retained_bytes_past_the_request_bound_do_not_grow_with_requests() {
+        let held = |n: u64| {
+            let mut c = Collector::new(ITL_BOUND, 1_000, Slo::default());
+            for i in 0..n {
+                c.add(i as usize, &synthetic(i, 10_000));
+            }
+            assert!(c.held().is_none() && c.itl_from_histogram());
+            c.retained_bytes()
+        };
+        let (some, more) = (held(20_000), held(50_000));
+        assert_eq!(some, more);
+        assert!(more < 64 << 10, "{more}");
+        let under = Collector::from_samples(&[synthetic(0, 1)]);
+        assert!(under.held().is_some_and(|h| h.len() == 1));
+    }
+
+    /// Negative values (early sends) past the bound keep their sign: percentiles below zero,
+    /// above it, and of a run early throughout.
+    #[test]
+    fn negative_drift_past_the_request_bound_comes_out_right() {
+        let early = |us: i64| {
+            let intended = 10 * MS;
+            let sent = (intended as i64 + us * 1000) as u64;
+            Sample {
+                intended_ns: intended,
+                dispatched_ns: sent,
+                sent_ns: sent,
+                end_ns: sent + MS,
+                ..Default::default()
+            }
+        };
+        let p = [1.0, 25.0, 50.0, 75.0, 99.0];
+        for (lo, hi) in [(-5_000, 5_000), (-9_000, -1_000)] {
+            let samples: Vec<Sample> = (0..50_000).map(|i| early(lo + i % (hi - lo + 1))).collect();
+            let (exact, bounded) = exact_and_bounded(&samples, 1_000, Slo::default());
+            let (a, b) = (exact.drift(&p), bounded.drift(&p));
+            assert_agrees("drift", &a, &b);
+            assert_agrees(
+                "dispatch",
+                &exact.summary(1.0, &p).dispatch_drift,
+                &bounded.summary(1.0, &p).dispatch_drift,
+            );
+            assert_eq!((b.min, b.max), (lo as f64 / 1000.0, hi as f64 / 1000.0));
+            assert!(b.percentiles[0].1 < 0.0 && (b.percentiles[4].1 > 0.0) == (hi > 0));
+        }
+    }
+
     #[test]
     fn max_concurrency_counts_overlaps() {
         let mut a = sample(0, 10, &[], 1);
@@ -1292,7 +1799,10 @@ mod tests {
         b.end_ns = 150;
         let mut c = sample(100, 10, &[], 1);
         c.end_ns = 200;
-        assert_eq!(max_concurrency(&[a.scalars(), b.scalars(), c.scalars()]), 2);
+        assert_eq!(
+            max_concurrency([a.scalars(), b.scalars(), c.scalars()].iter()),
+            2
+        );
     }
 
     /// vLLM's buckets: whole seconds from the first send; a request counts in every second it

@@ -1,6 +1,6 @@
 //! Each finished request folded in as it completes: the workload's statistics
-//! ([`Collector`]: fixed-size scalars per request, ITL values up to a bound), side requests
-//! apart, the first failure messages, and with `--detailed` its [`Row`]: kept for the result's
+//! ([`Collector`]: running aggregates, and per request its fixed-size scalars and ITL values up
+//! to their bounds), side requests apart, the first failure messages, and with `--detailed` its [`Row`]: kept for the result's
 //! inline arrays, or appended to the sidecar file when the run measures more than
 //! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
 
@@ -28,6 +28,8 @@ pub struct Collect {
     /// Recorded against replayed outcomes, when the trace holds recorded responses (each
     /// request's recorded failure kind is in its tag).
     pub recorded: Option<Recorded>,
+    /// Workload requests measured.
+    measured: usize,
     detail: Detail,
 }
 
@@ -40,18 +42,19 @@ pub struct Arrays {
 
 impl Collect {
     /// For `measured` workload requests (their index is in each sample's [`Tag`]); `recorded`:
-    /// the trace holds recorded responses; `detail` for the workload's requests; at most
-    /// `itl_bound` ITL values held ([`crate::metrics::ITL_BOUND`]).
-    pub fn new(recorded: bool, measured: usize, detail: Detail, itl_bound: usize) -> Collect {
+    /// the trace holds recorded responses; `detail` for the workload's requests, folded into
+    /// `work`.
+    pub fn new(recorded: bool, measured: usize, detail: Detail, work: Collector) -> Collect {
         let detail = match detail {
             Detail::Inline(_) => Detail::Inline(vec![None; measured]),
             d => d,
         };
         Collect {
-            work: Collector::new(measured, itl_bound),
+            work,
             aux: Vec::new(),
             first_errors: Vec::new(),
             recorded: recorded.then(Recorded::default),
+            measured,
             detail,
         }
     }
@@ -82,7 +85,7 @@ impl Collect {
     /// Ends the per-request arrays: inline, or the sidecar written and renamed (an error when
     /// it could not be, or when it lacks a request).
     pub fn finish(&mut self) -> anyhow::Result<Arrays> {
-        let n = self.work.scalars().len();
+        let n = self.measured;
         Ok(match std::mem::replace(&mut self.detail, Detail::Off) {
             Detail::Off => Arrays::default(),
             Detail::Inline(rows) => Arrays {
@@ -113,8 +116,12 @@ impl Collect {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Failure;
+    use crate::metrics::{Failure, Slo, SCALAR_BOUND};
     use serde_json::json;
+
+    fn collector(itl_bound: usize) -> Collector {
+        Collector::new(itl_bound, SCALAR_BOUND, Slo::default())
+    }
 
     fn tag(work: Option<usize>, recorded: Option<String>) -> Tag {
         Tag { work, recorded }
@@ -142,7 +149,7 @@ mod tests {
 
     #[test]
     fn auxiliary_samples_are_split_off_and_counted() {
-        let mut c = Collect::new(false, 2, Detail::Off, 100);
+        let mut c = Collect::new(false, 2, Detail::Off, collector(100));
         let work = [Some(0), None, None, Some(1)];
         for (slot, err) in [None, None, Some(Failure::Http(404)), None]
             .into_iter()
@@ -150,7 +157,7 @@ mod tests {
         {
             c.add(tag(work[slot], None), sample(slot as u64, err));
         }
-        assert_eq!(c.work.scalars().len(), 2);
+        assert_eq!(c.work.requests(), 2);
         let v = outcome::auxiliary(&c.aux).unwrap();
         assert_eq!((v["sent"].clone(), v["ok"].clone()), (json!(2), json!(1)));
         assert_eq!(v["errors"]["http_404"], 1);
@@ -171,9 +178,9 @@ mod tests {
             .map(|i| (i % 5 == 0).then(|| "http_500".into()))
             .collect();
         let m = n as usize;
-        let mut inline = Collect::new(true, m, Detail::Inline(Vec::new()), 1 << 20);
+        let mut inline = Collect::new(true, m, Detail::Inline(Vec::new()), collector(1 << 20));
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
-        let mut streamed = Collect::new(true, m, file, 1 << 20);
+        let mut streamed = Collect::new(true, m, file, collector(1 << 20));
         for (slot, s) in samples.iter().enumerate() {
             inline.add(tag(Some(slot), rec[slot].clone()), s.clone());
         }
@@ -193,28 +200,28 @@ mod tests {
         );
     }
 
-    /// A run far larger than the sidecar threshold and the ITL bound: the sidecar holds every
-    /// request with all its ITL values, while what the run holds for its samples stays the
-    /// fixed per-request part (counted in bytes, not RSS).
+    /// A run far larger than the sidecar threshold and the request and ITL bounds: the sidecar
+    /// holds every request with all its ITL values, while what the run holds for its samples
+    /// is a fixed figure, nothing per request (counted in bytes, not RSS).
     #[test]
     fn a_run_far_past_the_threshold_streams_every_request_and_holds_a_bounded_part() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big.requests.jsonl");
         let n = 2 * sidecar::THRESHOLD + 1;
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
-        let mut c = Collect::new(false, n, file, 100_000);
+        let work = Collector::new(100_000, 1_000, Slo::default());
+        let mut c = Collect::new(false, n, file, work);
         for slot in 0..n {
             c.add(tag(Some(slot), None), sample(slot as u64, None));
         }
-        let per_request = std::mem::size_of::<Scalars>() + std::mem::size_of::<(usize, u32)>();
+        let per_request = std::mem::size_of::<Scalars>();
         let held = c.work.retained_bytes();
-        assert!(
-            held <= n * per_request + 4096,
-            "{held} bytes for {n} requests"
-        );
+        // The in-flight peak's buckets (at most 2^20 of 8 bytes) and the peaks' seconds.
+        assert!(held <= (8 << 20) + (64 << 10), "{held} bytes");
+        assert!(held * 10 < n * per_request, "{held} bytes for {n} requests");
         let sum = c.work.summary(1.0, &[99.0]);
-        assert!(sum.itl_from_histogram);
-        assert_eq!(sum.itl.count, 2 * n);
+        assert!(sum.itl_from_histogram && sum.scalars_from_histogram);
+        assert_eq!((sum.itl.count, sum.completed), (2 * n, n as u64));
         c.finish().unwrap();
         let got = sidecar::read(&path, n).unwrap();
         let itls = got["itls"].as_array().unwrap();

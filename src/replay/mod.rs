@@ -701,8 +701,7 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     let cpu_setup_s = process_cpu_s();
     p.bodies.set_t0(t0);
     let detail = p.detail.take().unwrap_or(collect::Detail::Off);
-    let itl_bound = metrics::ITL_BOUND;
-    let mut collected = collect::Collect::new(p.recorded, p.measured, detail, itl_bound);
+    let mut collected = collect::Collect::new(p.recorded, p.measured, detail, collector(cfg, p));
     let driven = drive(cfg, p, t0, &mut collected).await;
     p.bodies.stop();
     let duration_s = driven.map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))?;
@@ -821,23 +820,29 @@ async fn scrape_before(
     Ok(scrape::before(st).await)
 }
 
+/// What the run keeps of its workload's requests: every statistic exact up to the bounds;
+/// `--sessions` reports on every request's scalars, so it holds them all.
+fn collector(cfg: &Config, p: &Prepared) -> metrics::Collector {
+    let scalar_bound = match p.links {
+        Some(_) => usize::MAX,
+        None => metrics::SCALAR_BOUND,
+    };
+    metrics::Collector::new(metrics::ITL_BOUND, scalar_bound, cfg.slo)
+}
+
 /// Stage 3: the summary, validity, the result file and the console report.
 pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outcome> {
     let work = &ran.collected.work;
     let duration_s = ran.duration_s;
-    let mut summary = work.summary(duration_s, &cfg.percentiles);
-    if !cfg.slo.is_empty() && duration_s > 0.0 {
-        let good = work.good_requests(&cfg.slo);
-        summary.request_goodput = Some(good as f64 / duration_s);
-    }
-    let samples = work.scalars();
-    let invalid_reason = invalid_reason(cfg, samples);
+    let summary = work.summary(duration_s, &cfg.percentiles);
+    let invalid_reason = invalid_reason(cfg, work);
+    let held = work.held().unwrap_or_default();
     let sessions = p
         .links
         .as_ref()
-        .map(|l| sessions::report(l, &l.at_ns, samples, &median_p99_and(&cfg.percentiles)));
+        .map(|l| sessions::report(l, &l.at_ns, held, &median_p99_and(&cfg.percentiles)));
     let same = ran.collected.recorded.as_ref().map_or(0, |r| r.same);
-    let all_failed = outcome::all_failed(samples.len() as u64, summary.completed, same);
+    let all_failed = outcome::all_failed(work.requests(), summary.completed, same);
     let arrays = ran.collected.finish()?;
     let inexact = p
         .bodies
@@ -881,7 +886,6 @@ fn console_report(
     sessions: Option<&sessions::SessionReport>,
     (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
-    let samples = ran.collected.work.scalars();
     let firsts = &ran.collected.first_errors;
     let probes = ran.probes.as_ref().map(|(_, p)| p);
     let mut report = console::vllm_block(summary, info, probes);
@@ -911,7 +915,7 @@ fn console_report(
         report.push_str(&format!("RUN INVALID: {r}\n"));
     }
     if all_failed {
-        let n = samples.len();
+        let n = ran.collected.work.requests();
         report.push_str(&format!(
             "RUN FAILED: all {n} requests failed (exit {EXIT_ALL_FAILED})\n"
         ));
@@ -928,8 +932,8 @@ fn result_of(
     summary: &metrics::Summary,
 ) -> result::ReplayResult {
     let (facts, work) = (&p.facts, &ran.collected.work);
-    let samples = work.scalars();
-    let mut r = result::ReplayResult::new(info, summary, work.histograms(), samples.len());
+    let n = work.requests() as usize;
+    let mut r = result::ReplayResult::new(info, summary, work.histograms(), n);
     r.server_metrics = ran.server_metrics.clone();
     r.probes = ran.probes.as_ref().map(|p| p.1.clone());
     r.run = Some(result::RunExtras {
@@ -970,9 +974,8 @@ fn body_builder(cfg: &Config, st: &window::BuilderStats) -> result::BodyBuilder 
 }
 
 /// Why the run is invalid: its p99 send drift exceeded `--max-drift-ms`.
-fn invalid_reason(cfg: &Config, samples: &[metrics::Scalars]) -> Option<String> {
-    let drifts: Vec<f64> = samples.iter().map(|s| s.drift_ns() as f64 / 1e9).collect();
-    let drift_p99 = metrics::Stats::from_seconds(&drifts, &[99.0]).percentiles[0].1;
+fn invalid_reason(cfg: &Config, work: &metrics::Collector) -> Option<String> {
+    let drift_p99 = work.drift(&[99.0]).percentiles[0].1;
     match cfg.max_drift_ms {
         Some(d) if drift_p99 > d => Some(format!(
             "p99 send drift {drift_p99:.3} ms exceeds --max-drift-ms {d}"

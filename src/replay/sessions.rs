@@ -130,18 +130,18 @@ pub struct SessionReport {
 pub fn report(
     links: &Links,
     recorded_ns: &[u64],
-    samples: &[Scalars],
+    samples: &[Option<Scalars>],
     percentiles: &[f64],
 ) -> SessionReport {
     let mut drifts = Vec::new();
     let mut after_failure = 0;
     for (slot, pred) in links.pred.iter().enumerate() {
-        let (Some(p), Some(s), Some(&rec)) = (pred, samples.get(slot), recorded_ns.get(slot))
+        let (Some(p), Some(Some(s)), Some(&rec)) = (pred, samples.get(slot), recorded_ns.get(slot))
         else {
             continue;
         };
         drifts.push((s.dispatched_ns as f64 - rec as f64) / 1e9);
-        if samples.get(*p).is_some_and(|x| !x.ok()) {
+        if samples.get(*p).is_some_and(|x| x.is_none_or(|x| !x.ok())) {
             after_failure += 1;
         }
     }
@@ -244,7 +244,7 @@ mod tests {
             error: (!ok).then_some(crate::metrics::Failure::Http(500)),
             ..Default::default()
         };
-        let samples = [mk(0, false), mk(130, true), mk(190, true), mk(60, true)];
+        let samples = [mk(0, false), mk(130, true), mk(190, true), mk(60, true)].map(Some);
         let r = report(&l, &recorded, &samples, &[50.0, 99.0]);
         assert_eq!((r.sessions, r.turns, r.dependent_turns), (1, 4, 2));
         assert_eq!(r.released_after_failure, 1);
