@@ -11,6 +11,8 @@
 //! numbers match `vllm bench serve` on the same timings bit for bit. TPOT per request is
 //! (E2EL − TTFT)/(output_tokens − 1) when output_tokens > 1; ITL is pooled over requests;
 //! throughputs divide by the run duration; input/output tokens count successful requests only.
+//! [`Collector`] folds samples in as they finish; past [`SCALAR_BOUND`] requests its statistics
+//! come from running aggregates instead (docs/replay.md#memory).
 //!
 //! [`Histograms`] holds the same distributions as HdrHistograms (µs, 3 significant digits; drift and
 //! client queue in ns) and serialises them in the V2 format, base64, so result files from shards
@@ -549,9 +551,9 @@ pub struct Summary {
 /// statistics come from the `itl_us` HdrHistogram ([`Collector::itl_from_histogram`]).
 pub const ITL_BOUND: usize = 16 << 20;
 
-/// How many requests a run keeps exactly (their [`Scalars`], about 0.17 KiB each, at most
-/// 384 MiB): beyond them every statistic comes from running aggregates
-/// ([`Collector::scalars_from_histogram`]).
+/// How many requests a run keeps exactly (their [`Scalars`] and ITL index, 176 bytes each, at
+/// most 352 MiB): beyond them every statistic comes from running aggregates
+/// ([`Collector::scalars_from_histogram`], docs/replay.md#memory).
 pub const SCALAR_BOUND: usize = 2 << 20;
 
 /// The latest second of the run clock the token peak counts (48 days; a run is at most 30).

@@ -307,7 +307,13 @@ pub fn extra_sections(
         let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
     row(&mut out, "Peak requests in flight:", sum.peak_in_flight);
-    if sum.itl_from_histogram {
+    if sum.scalars_from_histogram {
+        let _ = writeln!(
+            out,
+            "Statistics above from running aggregates (percentiles to 3 significant digits): more than {} requests",
+            crate::metrics::SCALAR_BOUND
+        );
+    } else if sum.itl_from_histogram {
         let _ = writeln!(
             out,
             "ITL above from the HdrHistogram (3 significant digits): more than {} ITL values",

@@ -210,6 +210,8 @@ pub struct ReplayResult {
     pub requests_file: Option<String>,
     /// ITL statistics from the histogram: the run had more ITL values than it keeps exactly.
     pub itl_from_histogram: bool,
+    /// Every statistic from running aggregates: the run measured more requests than it keeps.
+    pub scalars_from_histogram: bool,
     /// `--sessions`: [`sessions_json`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sessions: Option<Value>,
@@ -363,6 +365,7 @@ impl ReplayResult {
             detailed: None,
             requests_file: None,
             itl_from_histogram: sum.itl_from_histogram,
+            scalars_from_histogram: sum.scalars_from_histogram,
             sessions: None,
             server_metrics: None,
             probes: None,
