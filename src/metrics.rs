@@ -569,8 +569,9 @@ const DRIFT: usize = 5;
 /// drift and client queue, then the server's queue, TTFT and the unattributed remainder.
 fn values(s: &Scalars) -> [Option<f64>; DISTS] {
     let ok = |v: Option<f64>| v.filter(|_| s.ok());
-    let from_int =
-        |v: Option<u64>| v.map(|v| ns_to_s((s.sent_ns + v).saturating_sub(s.intended_ns)));
+    let from_int = |v: Option<u64>| {
+        v.map(|v| ns_to_s(s.sent_ns.saturating_add(v).saturating_sub(s.intended_ns)))
+    };
     let sv = &s.server;
     let queue = sv.queue_ms.map(|q| q / 1000.0);
     let un = match (s.ttft_ns, sv.ttft_ms) {

@@ -410,6 +410,16 @@ mod tests {
     use super::*;
     use crate::metrics::{summarize, Sample};
 
+    /// A summary past the request bound says its statistics are from running aggregates.
+    #[test]
+    fn statistics_from_running_aggregates_are_named() {
+        let mut sum = summarize(&[Sample::default()], 1.0, &[99.0]);
+        let line = "Statistics above from running aggregates";
+        assert!(!extra_sections(&sum, None, &[], 0).contains(line));
+        sum.scalars_from_histogram = true;
+        assert!(extra_sections(&sum, None, &[], 0).contains(line));
+    }
+
     #[test]
     fn centred_rules_match_vllm() {
         assert_eq!(
