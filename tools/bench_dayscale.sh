@@ -15,7 +15,8 @@
 #
 # Usage: tools/bench_dayscale.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N, ISL_DIV (default 64), OSL (default 2), GAP_MS (default 1), SPEED (default 4), ROWS,
-#      SOURCE (the conversation trace; default /work/shared/traces/mooncake_conversation_trace.jsonl).
+#      SOURCE (the conversation trace; default /work/shared/traces/mooncake_conversation_trace.jsonl),
+#      SECTIONS (default "replay io": which parts run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
@@ -27,6 +28,7 @@ GAP_MS=${GAP_MS:-1}
 SPEED=${SPEED:-4}
 ROWS=${ROWS:-5000000}
 SOURCE=${SOURCE:-/work/shared/traces/mooncake_conversation_trace.jsonl}
+SECTIONS=${SECTIONS:-"replay io"}
 mkdir -p "$OUT"
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 2; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -38,6 +40,7 @@ measure() { # measure LOG cmd...
   awk '{printf "%.0f %s\n", $1/1024, $2}' "$log.time"
 }
 
+if [[ " $SECTIONS " == *" replay "* ]]; then
 echo "== generating traces in $OUT"
 python3 - "$SOURCE" "$OUT/day.jsonl" "$N" "$ISL_DIV" "$OSL" "$GAP_MS" <<'PY'
 import json, random, sys
@@ -75,7 +78,9 @@ for run in day_12k day; do
   printf '%-8s %10s %8s %9s %12s %14s %6s %10s\n' "$run" "$(wc -l <"$OUT/$run.jsonl")" "$rss" "$wall" "$done" "$p99" "$late" "$lead"
 done
 kill $MOCK 2>/dev/null || true
+fi
 
+[[ " $SECTIONS " == *" io "* ]] || exit 0
 echo "== trace I/O: $ROWS rows"
 python3 - "$OUT/burst.csv" "$ROWS" <<'PY'
 import random, sys

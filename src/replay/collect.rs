@@ -4,11 +4,11 @@
 //! inline arrays, or appended to the sidecar file when the run measures more than
 //! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
 
-use super::outcome::{self, FirstError, Recorded};
+use super::outcome::{self, Auxiliary, FirstError, Recorded};
 use super::result::{arrays, Row};
 use super::sidecar;
 use super::window::Tag;
-use crate::metrics::{Collector, Sample, Scalars};
+use crate::metrics::{Collector, Sample};
 use serde_json::{Map, Value};
 
 /// Where `--detailed` rows go.
@@ -22,8 +22,8 @@ pub enum Detail {
 /// What the run keeps of its finished requests.
 pub struct Collect {
     pub work: Collector,
-    /// Side requests (`--include-aux`), in the order they finished.
-    pub aux: Vec<Scalars>,
+    /// Side requests (`--include-aux`).
+    pub aux: Auxiliary,
     pub first_errors: Vec<FirstError>,
     /// Recorded against replayed outcomes, when the trace holds recorded responses (each
     /// request's recorded failure kind is in its tag).
@@ -51,7 +51,7 @@ impl Collect {
         };
         Collect {
             work,
-            aux: Vec::new(),
+            aux: Auxiliary::default(),
             first_errors: Vec::new(),
             recorded: recorded.then(Recorded::default),
             measured,
@@ -62,7 +62,7 @@ impl Collect {
     /// Folds in the sample of the request tagged `tag`.
     pub fn add(&mut self, tag: Tag, s: Sample) {
         let Some(w) = tag.work else {
-            self.aux.push(s.scalars());
+            self.aux.add(&s.scalars());
             return;
         };
         outcome::note_error(&mut self.first_errors, &s);
@@ -158,10 +158,10 @@ mod tests {
             c.add(tag(work[slot], None), sample(slot as u64, err));
         }
         assert_eq!(c.work.requests(), 2);
-        let v = outcome::auxiliary(&c.aux).unwrap();
+        let v = c.aux.to_json().unwrap();
         assert_eq!((v["sent"].clone(), v["ok"].clone()), (json!(2), json!(1)));
         assert_eq!(v["errors"]["http_404"], 1);
-        assert_eq!(outcome::auxiliary(&[]), None);
+        assert_eq!(outcome::Auxiliary::default().to_json(), None);
     }
 
     /// Rows streamed to the sidecar in the order requests finished read back as the arrays the
@@ -214,7 +214,7 @@ mod tests {
         for slot in 0..n {
             c.add(tag(Some(slot), None), sample(slot as u64, None));
         }
-        let per_request = std::mem::size_of::<Scalars>();
+        let per_request = std::mem::size_of::<crate::metrics::Scalars>();
         let held = c.work.retained_bytes();
         // The in-flight peak's buckets (at most 2^20 of 8 bytes) and the peaks' seconds.
         assert!(held <= (8 << 20) + (64 << 10), "{held} bytes");

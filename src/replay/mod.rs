@@ -955,7 +955,7 @@ fn result_of(
         selection: serde_json::json!(cfg.select),
         left_out: serde_json::json!(facts.left_out.by_name()),
         requests_by_endpoint: facts.by_endpoint.clone(),
-        auxiliary: outcome::auxiliary(&ran.collected.aux),
+        auxiliary: ran.collected.aux.to_json(),
         recorded_outcomes: recorded.map(outcome::Recorded::to_json),
     });
     r

@@ -15,29 +15,28 @@ use std::collections::BTreeMap;
 pub const FIRST_ERRORS: usize = 3;
 const MESSAGE_CHARS: usize = 200;
 
-fn error_counts<'a>(kinds: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
-    for k in kinds {
-        *m.entry(k.to_string()).or_default() += 1;
-    }
-    m
+/// The side requests sent (`--include-aux`), folded as they finish.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Auxiliary {
+    sent: u64,
+    ok: u64,
+    errors: BTreeMap<String, u64>,
 }
 
-/// The result's `auxiliary` object: `{sent, ok, errors: {kind: n}}`, or `None` when none was sent.
-pub fn auxiliary(aux: &[Scalars]) -> Option<Value> {
-    if aux.is_empty() {
-        return None;
+impl Auxiliary {
+    pub fn add(&mut self, s: &Scalars) {
+        self.sent += 1;
+        match s.error {
+            None => self.ok += 1,
+            Some(e) => *self.errors.entry(e.as_str().into_owned()).or_default() += 1,
+        }
     }
-    let ok = aux.iter().filter(|s| s.error.is_none()).count();
-    let kinds: Vec<_> = aux
-        .iter()
-        .filter_map(|s| s.error.map(|e| e.as_str()))
-        .collect();
-    Some(json!({
-        "sent": aux.len(),
-        "ok": ok,
-        "errors": error_counts(kinds.iter().map(|k| k.as_ref())),
-    }))
+
+    /// The result's `auxiliary` object: `{sent, ok, errors: {kind: n}}`, or `None` when none
+    /// was sent.
+    pub fn to_json(&self) -> Option<Value> {
+        (self.sent > 0).then(|| json!({"sent": self.sent, "ok": self.ok, "errors": self.errors}))
+    }
 }
 
 /// How a replayed request failed (its kind's wire name), `None` when it succeeded.
@@ -143,7 +142,7 @@ impl Recorded {
 
 /// The console lines after vLLM's block: how the recording's failures and its side requests
 /// fared (empty when there are neither).
-pub fn console(rec: Option<&Recorded>, aux: &[Scalars]) -> String {
+pub fn console(rec: Option<&Recorded>, aux: &Auxiliary) -> String {
     let mut s = String::new();
     if let Some(v) = rec.filter(|r| r.recorded_failures > 0) {
         s.push_str(&format!(
@@ -151,7 +150,7 @@ pub fn console(rec: Option<&Recorded>, aux: &[Scalars]) -> String {
             v.recorded_failures, v.same, v.differently, v.now_ok, v.newly_failed
         ));
     }
-    if let Some(a) = auxiliary(aux) {
+    if let Some(a) = aux.to_json() {
         s.push_str(&format!(
             "Side requests (--include-aux): {} sent, {} answered 2xx, errors {}\n",
             a["sent"], a["ok"], a["errors"]
@@ -200,10 +199,11 @@ mod tests {
         assert_eq!(v["newly_failed"], 1);
         assert_eq!(v["now_succeed"], 1);
         assert_eq!(v["recorded_errors"]["http_404"], 2);
-        let line = console(Some(&r), &[]);
+        let line = console(Some(&r), &Auxiliary::default());
         assert!(line.starts_with("Recorded failures: 3 (1 failed again the same way, 1 differently, 1 now succeed); 1 requests newly failed"), "{line}");
-        assert_eq!(console(None, &[]), "");
-        assert_eq!(console(Some(&Recorded::default()), &[]), "");
+        let none = Auxiliary::default();
+        assert_eq!(console(None, &none), "");
+        assert_eq!(console(Some(&Recorded::default()), &none), "");
     }
 
     fn scalars(s: &[Sample]) -> Vec<Scalars> {
