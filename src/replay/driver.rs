@@ -152,39 +152,36 @@ struct Roots {
 }
 
 impl Roots {
-    /// Whether peeking would wait for the builder.
-    fn would_wait(&self) -> bool {
-        self.peeked.is_none() && self.links.is_none() && !self.bodies.is_ready(self.next)
-    }
-
-    fn peek(&mut self) -> Option<u64> {
+    /// The next root's offset; `before_wait` runs first when its body is not built yet.
+    fn peek(&mut self, before_wait: impl FnOnce()) -> Option<u64> {
         if self.peeked.is_none() && self.failed.is_none() {
-            self.peeked = self.advance();
+            self.peeked = self.advance(before_wait);
         }
         self.peeked.as_ref().map(|p| p.1)
     }
 
-    fn advance(&mut self) -> Option<(usize, u64, Option<Arc<Body>>)> {
-        while self.next < self.n {
-            let slot = self.next;
-            self.next += 1;
-            match &self.links {
-                Some(l) if !l.is_root(slot) => continue,
-                Some(l) => return Some((slot, l.at_ns[slot], None)),
-                None => match self.bodies.take(slot) {
-                    Ok(b) => return Some((slot, b.at_ns, Some(b))),
-                    Err(e) => {
-                        self.failed = Some(e);
-                        return None;
-                    }
-                },
+    fn advance(&mut self, before_wait: impl FnOnce()) -> Option<(usize, u64, Option<Arc<Body>>)> {
+        if let Some(l) = &self.links {
+            let root = (self.next..self.n).find(|&s| l.is_root(s));
+            self.next = root.map_or(self.n, |s| s + 1);
+            return root.map(|s| (s, l.at_ns[s], None));
+        }
+        let slot = self.next;
+        if slot >= self.n {
+            return None;
+        }
+        self.next += 1;
+        match self.bodies.take_or(slot, before_wait) {
+            Ok(b) => Some((slot, b.at_ns, Some(b))),
+            Err(e) => {
+                self.failed = Some(e);
+                None
             }
         }
-        None
     }
 
     fn pop(&mut self) -> Option<(usize, u64, Option<Arc<Body>>)> {
-        self.peek()?;
+        self.peek(|| {})?;
         self.peeked.take()
     }
 }
@@ -229,10 +226,8 @@ pub async fn drive(
                 while let Ok((at, slot)) = dep_rx.try_recv() {
                     due.push(Reverse((at, slot)));
                 }
-                if roots.would_wait() {
-                    flush(&handle, &mut batch);
-                }
-                let next_root = roots.peek();
+                // Requests already released go to the runtime before waiting for the builder.
+                let next_root = roots.peek(|| flush(&handle, &mut batch));
                 if let Some(e) = roots.failed.take() {
                     flush(&handle, &mut batch);
                     return Err(e);

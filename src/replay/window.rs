@@ -281,7 +281,14 @@ impl Window {
     /// The body of `slot` (the dispatcher, before it sleeps to the deadline): waits for the
     /// builder when it is behind, and counts that. Err when a body could not be built.
     pub fn take(&self, slot: usize) -> Result<Arc<Body>, String> {
+        self.take_or(slot, || {})
+    }
+
+    /// [`Window::take`], calling `before_wait` (without the window's lock) once, before it
+    /// first waits for the builder.
+    pub fn take_or(&self, slot: usize, before_wait: impl FnOnce()) -> Result<Arc<Body>, String> {
         let mut st = self.lock();
+        let mut before_wait = Some(before_wait);
         let mut waited = false;
         loop {
             if let Some(b) = st.ready.remove(&slot) {
@@ -300,6 +307,12 @@ impl Window {
             if let Some(e) = &st.failed {
                 return Err(e.clone());
             }
+            if let Some(f) = before_wait.take() {
+                drop(st);
+                f();
+                st = self.lock();
+                continue;
+            }
             waited = true;
             st.wanted = Some(slot);
             self.changed.notify_all();
@@ -315,12 +328,6 @@ impl Window {
         st.held = 0;
         drop(st);
         self.changed.notify_all();
-    }
-
-    /// Whether the body of `slot` is built and waiting (the dispatcher need not wait for it).
-    pub fn is_ready(&self, slot: usize) -> bool {
-        let st = self.lock();
-        st.ready.contains_key(&slot) || st.failed.is_some()
     }
 }
 
