@@ -269,12 +269,8 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         use crate::trace::stats::{PrefixCache, PREFIX_NODES};
         PrefixCache::new(block_size, cfg.server_block_size, PREFIX_NODES)
     });
-    let mut survey = source::Survey::new(theory);
-    let mut check = |p: &source::Planned| {
-        survey
-            .add(p, &head_opts, &prompts)
-            .map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))
-    };
+    let mut survey = source::Survey::new(cfg.trace_name(), theory);
+    let mut check = |p: &source::Planned| survey.add(p, &head_opts, &prompts);
     let speed = cfg.speed.unwrap_or(1.0);
     if !source::streams(&cfg.shaping, cfg.sessions) {
         let (trace, plan, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
@@ -302,10 +298,10 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
             retimed,
         };
         let input = open_all(&cfg.trace, &ImportOptions::default())?;
-        source::Stage::new(input, name.clone(), o).map_err(anyhow::Error::msg)
+        Ok(source::Stage::new(input, name.clone(), o)?)
     };
     let retimed = match source::needs_count(&cfg.shaping) {
-        true => stage(0)?.count_retimed().map_err(anyhow::Error::msg)?,
+        true => stage(0)?.count_retimed()?,
         false => 0,
     };
     let cut = (embedded && cfg.limit.is_none() && cfg.speed.is_none())
@@ -313,13 +309,13 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let mut first = stage(retimed)?;
     let mut total = 0;
     for p in &mut first {
-        let p = p.map_err(anyhow::Error::msg)?;
+        let p = p?;
         total += 1;
         if cut.is_none_or(|c| p.at_ns <= c) {
             check(&p)?;
         }
     }
-    let (left_out, read) = first.finish().map_err(anyhow::Error::msg)?;
+    let (left_out, read) = first.finish()?;
     if let Some(line) = left_out.summary(read) {
         eprintln!("retrace: {line}");
     }

@@ -27,7 +27,29 @@ pub struct Planned {
 }
 
 /// The builder's input, in plan order.
-pub type Source = Box<dyn Iterator<Item = Result<Planned, String>> + Send>;
+pub type Source = Box<dyn Iterator<Item = Result<Planned, PlanError>> + Send>;
+
+/// Why a plan could not be read, shaped or surveyed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{name}: {source}")]
+    Read {
+        name: String,
+        source: crate::trace::TraceError,
+    },
+    #[error("{name}: records out of arrival order")]
+    OutOfOrder { name: String },
+    /// A shaping flag's numbers (the transforms' own message).
+    #[error("{0}")]
+    Shaping(String),
+    /// A planned request that cannot be built.
+    #[error("{name}: request {index}: {why}")]
+    Request {
+        name: String,
+        index: usize,
+        why: String,
+    },
+}
 
 /// Whether the shaping can be applied one record at a time (else the trace is read whole).
 pub fn streams(shaping: &Shaping, sessions: bool) -> bool {
@@ -92,7 +114,7 @@ pub struct Stage {
 }
 
 impl Stage {
-    pub fn new(input: TraceStream, name: String, o: StageOptions) -> Result<Stage, String> {
+    pub fn new(input: TraceStream, name: String, o: StageOptions) -> Result<Stage, PlanError> {
         let s = &o.shaping;
         let window = s
             .window_us
@@ -103,12 +125,14 @@ impl Stage {
                 };
                 Filtering::new(&f)
             })
-            .transpose()?;
+            .transpose()
+            .map_err(PlanError::Shaping)?;
         let retime = s
             .arrivals
             .as_ref()
             .map(|a| Retimer::new(a, s.seed, o.retimed))
-            .transpose()?;
+            .transpose()
+            .map_err(PlanError::Shaping)?;
         Ok(Stage {
             input,
             name,
@@ -127,11 +151,14 @@ impl Stage {
     }
 
     /// The next record past the selection and the window, in arrival order.
-    fn selected(&mut self) -> Option<Result<Request, String>> {
+    fn selected(&mut self) -> Option<Result<Request, PlanError>> {
         loop {
             let r = match self.input.next()? {
                 Ok(r) => r,
-                Err(e) => return Some(Err(format!("{}: {e}", self.name))),
+                Err(source) => {
+                    let name = self.name.clone();
+                    return Some(Err(PlanError::Read { name, source }));
+                }
             };
             self.read += 1;
             if !self.skipped.keep(&r, &self.o.select) {
@@ -145,7 +172,8 @@ impl Stage {
                 None => r,
             };
             if r.arrival_us < self.last_in {
-                return Some(Err(format!("{}: records out of arrival order", self.name)));
+                let name = self.name.clone();
+                return Some(Err(PlanError::OutOfOrder { name }));
             }
             self.last_in = r.arrival_us;
             return Some(Ok(r));
@@ -153,7 +181,7 @@ impl Stage {
     }
 
     /// The next record as shaped (gaps capped, re-timed), before the limit and the shard.
-    fn shaped(&mut self) -> Option<Result<Request, String>> {
+    fn shaped(&mut self) -> Option<Result<Request, PlanError>> {
         let mut r = match self.selected()? {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
@@ -164,14 +192,14 @@ impl Stage {
         if let Some(t) = &mut self.retime {
             match t.next_arrival() {
                 Ok(a) => r.arrival_us = a,
-                Err(e) => return Some(Err(e)),
+                Err(e) => return Some(Err(PlanError::Shaping(e))),
             }
         }
         Some(Ok(r))
     }
 
     /// How many records reach the arrival process (the count `--ramp-up` spreads over).
-    pub fn count_retimed(mut self) -> Result<usize, String> {
+    pub fn count_retimed(mut self) -> Result<usize, PlanError> {
         let mut n = 0;
         while let Some(r) = self.selected() {
             r?;
@@ -182,17 +210,20 @@ impl Stage {
 
     /// Reads the rest of the input to count what the selection leaves out (as a whole read
     /// would): those counts, and how many records the input holds.
-    pub fn finish(mut self) -> Result<(Skipped, usize), String> {
+    pub fn finish(mut self) -> Result<(Skipped, usize), PlanError> {
         self.done = true;
         while let Some(r) = self.input.next() {
-            let r = r.map_err(|e| format!("{}: {e}", self.name))?;
+            let r = r.map_err(|source| PlanError::Read {
+                name: self.name.clone(),
+                source,
+            })?;
             self.read += 1;
             self.skipped.keep(&r, &self.o.select);
         }
         Ok((self.skipped, self.read))
     }
 
-    fn step(&mut self) -> Option<Result<Planned, String>> {
+    fn step(&mut self) -> Option<Result<Planned, PlanError>> {
         loop {
             if self.o.shaping.limit.is_some_and(|n| self.shaped >= n) {
                 return None;
@@ -222,7 +253,7 @@ impl Stage {
 }
 
 impl Iterator for Stage {
-    type Item = Result<Planned, String>;
+    type Item = Result<Planned, PlanError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
@@ -245,6 +276,8 @@ pub fn needs_count(shaping: &Shaping) -> bool {
 /// that every planned request can be built (folded one planned send at a time).
 #[derive(Default)]
 pub struct Survey {
+    /// The trace's name (errors name it).
+    name: String,
     pub planned: usize,
     /// Planned sends that are not side requests.
     pub measured: usize,
@@ -264,9 +297,10 @@ pub struct Survey {
 }
 
 impl Survey {
-    /// Empty; `theory` counts `--scrape-metrics`' theoretical hits.
-    pub fn new(theory: Option<PrefixCache>) -> Survey {
+    /// Empty, for the trace named `name`; `theory` counts `--scrape-metrics`' theoretical hits.
+    pub fn new(name: String, theory: Option<PrefixCache>) -> Survey {
         Survey {
+            name,
             theory,
             ..Default::default()
         }
@@ -278,10 +312,13 @@ impl Survey {
         p: &Planned,
         opts: &BodyOptions,
         prompts: &Prompts,
-    ) -> Result<(), String> {
+    ) -> Result<(), PlanError> {
         let r = &p.record;
-        let head =
-            request::head(r, opts, prompts).map_err(|e| format!("request {}: {e}", p.index))?;
+        let head = request::head(r, opts, prompts).map_err(|why| PlanError::Request {
+            name: self.name.clone(),
+            index: p.index,
+            why,
+        })?;
         self.planned += 1;
         self.measured += usize::from(!head.aux);
         self.span_ns = self.span_ns.max(p.at_ns);

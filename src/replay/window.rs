@@ -9,7 +9,7 @@
 //! that send shows by how much). Each body lives until its request's task ends.
 
 use super::request::{build, BodyOptions, BuiltRequest, Prompts};
-use super::source::{Planned, Source};
+use super::source::{PlanError, Planned, Source};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -187,14 +187,14 @@ impl Window {
 
     fn run(
         self: &Arc<Self>,
-        source: impl Iterator<Item = Result<Planned, String>>,
+        source: impl Iterator<Item = Result<Planned, PlanError>>,
         opts: &BodyOptions,
         prompts: &Prompts,
     ) {
         let _ended = Ended(self);
         let mut work = 0;
         for (slot, planned) in source.enumerate() {
-            let body = planned.and_then(|p| {
+            let body = planned.map_err(|e| e.to_string()).and_then(|p| {
                 if !self.wait_for_room(p.at_ns) {
                     return Err(String::new());
                 }
@@ -369,8 +369,13 @@ mod tests {
     #[test]
     fn a_builder_that_dies_is_an_error_for_the_dispatcher_not_a_hang() {
         // the source fails at its second record
-        let failing: Source =
-            Box::new([Ok(planned(0)), Err("the trace changed".to_string())].into_iter());
+        let failing: Source = Box::new(
+            [
+                Ok(planned(0)),
+                Err(PlanError::Shaping("the trace changed".into())),
+            ]
+            .into_iter(),
+        );
         let w = window(failing, 3);
         w.set_t0(Instant::now());
         let first = w.take(0).expect("slot 0 is built");
