@@ -105,12 +105,14 @@ impl Drop for Handover {
     }
 }
 
-/// A released request's reply to the driver, sent when dropped: with its sample, or without one
-/// when its task ended early (a panic, or the runtime dropping it).
+/// A released request's reply to the driver, sent when dropped: its sample, or a local failure
+/// at its release when its task ended without one (a panic, or the runtime dropping it).
 struct Reply {
-    tx: mpsc::UnboundedSender<(usize, Tag, Option<Sample>)>,
+    tx: mpsc::UnboundedSender<(usize, Tag, Sample)>,
     slot: usize,
     tag: Tag,
+    /// Intended and actual release, ns from t0.
+    released: (u64, u64),
     sample: Option<Sample>,
 }
 
@@ -123,8 +125,16 @@ impl Reply {
 
 impl Drop for Reply {
     fn drop(&mut self) {
-        let tag = std::mem::take(&mut self.tag);
-        let _ = self.tx.send((self.slot, tag, self.sample.take()));
+        let (intended_ns, dispatched_ns) = self.released;
+        let s = self.sample.take().unwrap_or_else(|| Sample {
+            error: Some(Failure::Local),
+            error_detail: Some("request task ended without a result".into()),
+            intended_ns,
+            dispatched_ns,
+            end_ns: dispatched_ns,
+            ..Default::default()
+        });
+        let _ = self.tx.send((self.slot, std::mem::take(&mut self.tag), s));
     }
 }
 
@@ -196,7 +206,7 @@ pub async fn drive(
     opts: DriveOptions,
     mut on_done: impl FnMut(usize, Tag, Sample),
 ) -> Result<Driven, String> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Tag, Option<Sample>)>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Tag, Sample)>();
     let sem = opts
         .max_concurrency
         .map(|c| Arc::new(Semaphore::new(c.max(1))));
@@ -272,7 +282,7 @@ pub async fn drive(
                 };
                 let body = match body {
                     Some(b) => b,
-                    None => match bodies.take(slot) {
+                    None => match bodies.take_or(slot, || flush(&handle, &mut batch)) {
                         Ok(b) => b,
                         Err(e) => {
                             flush(&handle, &mut batch);
@@ -302,6 +312,7 @@ pub async fn drive(
                     tx: tx.clone(),
                     slot,
                     tag: body.tag.clone(),
+                    released: (intended_ns, dispatched_ns),
                     sample: None,
                 };
                 // The request leaves from this thread at its deadline when a connection is idle
@@ -350,11 +361,6 @@ pub async fn drive(
     // Every released request replies once; the channel closes when the dispatcher and every
     // request's task are done.
     while let Some((slot, tag, s)) = rx.recv().await {
-        let s = s.unwrap_or_else(|| Sample {
-            error: Some(Failure::Local),
-            error_detail: Some("request task ended without a result".into()),
-            ..Default::default()
-        });
         first = first.min(s.dispatched_ns);
         last = last.max(s.end_ns);
         on_done(slot, tag, s);
@@ -372,6 +378,40 @@ pub async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's task that ends without its sample (a panic, or dropped unpolled) still
+    /// replies: a local failure at its release, with its tag.
+    #[test]
+    fn a_task_ended_without_a_sample_replies_a_local_failure_at_its_release() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let tag = Tag {
+            work: Some(4),
+            recorded: Some("http_500".into()),
+        };
+        let reply = |slot| Reply {
+            tx: tx.clone(),
+            slot,
+            tag: tag.clone(),
+            released: (1_000, 1_250),
+            sample: None,
+        };
+        let r = reply(7);
+        let task = async move { r.send(Sample::default()) };
+        drop(Box::pin(task)); // never polled
+        let (slot, got, s) = rx.try_recv().unwrap();
+        assert_eq!((slot, &got), (7, &tag));
+        assert_eq!(s.error, Some(Failure::Local));
+        assert_eq!(
+            (s.intended_ns, s.dispatched_ns, s.end_ns),
+            (1_000, 1_250, 1_250)
+        );
+        reply(8).send(Sample {
+            ttft_ns: Some(5),
+            ..Default::default()
+        });
+        let (slot, _, s) = rx.try_recv().unwrap();
+        assert_eq!((slot, s.ttft_ns, s.error), (8, Some(5), None));
+    }
 
     #[test]
     fn sleep_until_never_returns_early() {

@@ -194,26 +194,16 @@ impl Window {
         let _ended = Ended(self);
         let mut work = 0;
         for (slot, planned) in source.enumerate() {
-            let body = planned.map_err(|e| e.to_string()).and_then(|p| {
-                if !self.wait_for_room(p.at_ns) {
-                    return Err(String::new());
-                }
-                let tag = Tag {
-                    work: None,
-                    recorded: p.record.recorded_failure().map(str::to_string),
-                };
-                let req = build(&p.record, p.index as u64, opts, prompts)
-                    .map_err(|e| format!("request {}: {e}", p.index))?;
-                Ok(Body::new(req, p.at_ns, tag, self.stats.clone()))
-            });
-            let mut body = match body {
+            let p = match planned {
+                Ok(p) => p,
+                Err(e) => return self.fail(e.to_string()),
+            };
+            if !self.wait_for_room(p.at_ns) {
+                return;
+            }
+            let mut body = match self.build(p, opts, prompts) {
                 Ok(b) => b,
-                Err(e) if e.is_empty() => return,
-                Err(e) => {
-                    self.lock().failed = Some(e);
-                    self.changed.notify_all();
-                    return;
-                }
+                Err(e) => return self.fail(e),
             };
             if !body.req.aux {
                 body.tag.work = Some(work);
@@ -236,6 +226,23 @@ impl Window {
                 self.changed.notify_all();
             }
         }
+    }
+
+    /// The body of `p`, its record freed once it is built.
+    fn build(&self, p: Planned, opts: &BodyOptions, prompts: &Prompts) -> Result<Body, String> {
+        let tag = Tag {
+            work: None,
+            recorded: p.record.recorded_failure().map(str::to_string),
+        };
+        let req = build(&p.record, p.index as u64, opts, prompts)
+            .map_err(|e| format!("request {}: {e}", p.index))?;
+        Ok(Body::new(req, p.at_ns, tag, self.stats.clone()))
+    }
+
+    /// The builder failed: the dispatcher is told at its next body.
+    fn fail(&self, why: String) {
+        self.lock().failed = Some(why);
+        self.changed.notify_all();
     }
 
     /// The lead of a body due at `at_ns` over its deadline, once the clock runs.
