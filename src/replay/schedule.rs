@@ -63,11 +63,6 @@ pub fn plan(trace: &Trace, opts: &ScheduleOptions) -> Vec<PlannedSend> {
         .collect()
 }
 
-/// The planned span (first to last send), ns.
-pub fn span_ns(plan: &[PlannedSend]) -> u64 {
-    plan.last().map_or(0, |p| p.at_ns)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,7 +136,7 @@ mod tests {
         let idx: Vec<usize> = p.iter().map(|p| p.index).collect();
         assert_eq!(idx, [3, 1, 2, 0]);
         assert!(p.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
-        assert_eq!(span_ns(&p), 20_000_000);
+        assert_eq!(p.last().map(|p| p.at_ns), Some(20_000_000));
     }
 
     #[test]
