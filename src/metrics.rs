@@ -199,9 +199,34 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// One finished request. Times are ns offsets from the run's t0.
+/// One finished request: its [`Scalars`] (read and written through it: `sample.ttft_ns`), its
+/// ITL values and its error's text.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sample {
+    pub scalars: Scalars,
+    pub itls_ns: Vec<u64>,
+    /// Human-readable detail of the error (first bytes of an error body, the I/O error).
+    pub error_detail: Option<String>,
+}
+
+impl std::ops::Deref for Sample {
+    type Target = Scalars;
+    fn deref(&self) -> &Scalars {
+        &self.scalars
+    }
+}
+
+impl std::ops::DerefMut for Sample {
+    fn deref_mut(&mut self) -> &mut Scalars {
+        &mut self.scalars
+    }
+}
+
+/// A finished request's fixed-size part (a [`Sample`] less its ITL values and error detail),
+/// kept for the requests of a run up to its bound: the per-request figures vLLM's statistics are
+/// computed from. Times are ns offsets from the run's t0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Scalars {
     pub input_tokens: u64,
     /// Output tokens (usage chunk, else counted); 0 for a failure without output.
     pub output_tokens: u64,
@@ -219,51 +244,9 @@ pub struct Sample {
     pub ttft_ns: Option<u64>,
     /// End-to-end latency from `sent_ns`.
     pub e2el_ns: Option<u64>,
-    pub itls_ns: Vec<u64>,
     /// When the request finished (last byte, or failure).
     pub end_ns: u64,
-    /// Why it failed; `None` = success (or no content: see [`Sample::ok`]).
-    pub error: Option<Failure>,
-    /// Human-readable detail of the error (first bytes of an error body, the I/O error).
-    pub error_detail: Option<String>,
-    pub server: ServerTimes,
-}
-
-impl Sample {
-    /// The request without its ITL values and error text: what the statistics keep of it.
-    pub fn scalars(&self) -> Scalars {
-        Scalars {
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            intended_ns: self.intended_ns,
-            dispatched_ns: self.dispatched_ns,
-            slot_wait_ns: self.slot_wait_ns,
-            sent_ns: self.sent_ns,
-            ttft_ns: self.ttft_ns,
-            e2el_ns: self.e2el_ns,
-            end_ns: self.end_ns,
-            error: self.error,
-            server: self.server,
-        }
-    }
-    pub fn ok(&self) -> bool {
-        self.scalars().ok()
-    }
-}
-
-/// A finished request's fixed-size part ([`Sample`] less its ITL values and error detail), kept
-/// for every request of a run: the per-request figures vLLM's statistics are computed from.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Scalars {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub intended_ns: u64,
-    pub dispatched_ns: u64,
-    pub slot_wait_ns: u64,
-    pub sent_ns: u64,
-    pub ttft_ns: Option<u64>,
-    pub e2el_ns: Option<u64>,
-    pub end_ns: u64,
+    /// Why it failed; `None` = success (or no content: see [`Scalars::ok`]).
     pub error: Option<Failure>,
     pub server: ServerTimes,
 }
@@ -901,7 +884,7 @@ impl Collector {
 
     /// Folds in the sample of request `index`.
     pub fn add(&mut self, index: usize, s: &Sample) {
-        let sc = s.scalars();
+        let sc = s.scalars;
         self.totals.add(&sc, &self.slo);
         self.hist.record(&sc, &s.itls_ns);
         if index >= self.scalar_bound {
@@ -1180,7 +1163,7 @@ impl Histograms {
     pub fn from_samples(samples: &[Sample]) -> Histograms {
         let mut h = Histograms::default();
         for s in samples {
-            h.record(&s.scalars(), &s.itls_ns);
+            h.record(&s.scalars, &s.itls_ns);
         }
         h
     }
@@ -1297,15 +1280,18 @@ mod tests {
     fn sample(send: u64, ttft: u64, itl: &[u64], out: u64) -> Sample {
         let e2el = ttft + itl.iter().sum::<u64>();
         Sample {
-            input_tokens: 100,
-            output_tokens: out,
-            intended_ns: send,
-            dispatched_ns: send,
-            sent_ns: send,
-            ttft_ns: Some(ttft),
-            e2el_ns: Some(e2el),
+            scalars: Scalars {
+                input_tokens: 100,
+                output_tokens: out,
+                intended_ns: send,
+                dispatched_ns: send,
+                sent_ns: send,
+                ttft_ns: Some(ttft),
+                e2el_ns: Some(e2el),
+                end_ns: send + e2el,
+                ..Default::default()
+            },
             itls_ns: itl.to_vec(),
-            end_ns: send + e2el,
             ..Default::default()
         }
     }
@@ -1360,12 +1346,18 @@ mod tests {
     fn failures_are_counted_by_kind_and_excluded_from_latency() {
         let ok = sample(0, 50 * MS, &[10 * MS], 2);
         let bad = Sample {
-            error: Some(Failure::Http(500)),
+            scalars: Scalars {
+                error: Some(Failure::Http(500)),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let bad2 = Sample {
-            error: Some(Failure::Reset),
-            ttft_ns: Some(MS),
+            scalars: Scalars {
+                error: Some(Failure::Reset),
+                ttft_ns: Some(MS),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let s = summarize(&[ok, bad.clone(), bad, bad2], 2.0, &[99.0]);
@@ -1615,18 +1607,20 @@ mod tests {
             cached_tokens: (i % 5 == 0).then(|| r(22) % 100),
         };
         Sample {
-            input_tokens: 100 + r(7) % 1000,
-            output_tokens: itls.len() as u64 + 1,
-            intended_ns: intended,
-            dispatched_ns: dispatched,
-            slot_wait_ns: slot_wait,
-            sent_ns: sent,
-            ttft_ns: (error == Some(Failure::Reset) || content).then_some(ttft),
-            e2el_ns: content.then_some(e2el),
+            scalars: Scalars {
+                input_tokens: 100 + r(7) % 1000,
+                output_tokens: itls.len() as u64 + 1,
+                intended_ns: intended,
+                dispatched_ns: dispatched,
+                slot_wait_ns: slot_wait,
+                sent_ns: sent,
+                ttft_ns: (error == Some(Failure::Reset) || content).then_some(ttft),
+                e2el_ns: content.then_some(e2el),
+                end_ns: sent + e2el,
+                error,
+                server,
+            },
             itls_ns: if content { itls } else { Vec::new() },
-            end_ns: sent + e2el,
-            error,
-            server,
             ..Default::default()
         }
     }
@@ -1771,10 +1765,13 @@ mod tests {
             let intended = 10 * MS;
             let sent = (intended as i64 + us * 1000) as u64;
             Sample {
-                intended_ns: intended,
-                dispatched_ns: sent,
-                sent_ns: sent,
-                end_ns: sent + MS,
+                scalars: Scalars {
+                    intended_ns: intended,
+                    dispatched_ns: sent,
+                    sent_ns: sent,
+                    end_ns: sent + MS,
+                    ..Default::default()
+                },
                 ..Default::default()
             }
         };
@@ -1802,10 +1799,7 @@ mod tests {
         b.end_ns = 150;
         let mut c = sample(100, 10, &[], 1);
         c.end_ns = 200;
-        assert_eq!(
-            max_concurrency([a.scalars(), b.scalars(), c.scalars()].iter()),
-            2
-        );
+        assert_eq!(max_concurrency([a.scalars, b.scalars, c.scalars].iter()), 2);
     }
 
     /// vLLM's buckets: whole seconds from the first send; a request counts in every second it
@@ -1843,15 +1837,18 @@ mod tests {
                 .map(|i| {
                     let sent = ns(&starts[i]);
                     Sample {
-                        input_tokens: v["input_lens"][i].as_u64().unwrap(),
-                        output_tokens: v["output_lens"][i].as_u64().unwrap(),
-                        intended_ns: sent,
-                        dispatched_ns: sent,
-                        sent_ns: sent,
-                        ttft_ns: Some(ns(&ttfts[i])),
-                        e2el_ns: Some(ns(&lats[i])),
+                        scalars: Scalars {
+                            input_tokens: v["input_lens"][i].as_u64().unwrap(),
+                            output_tokens: v["output_lens"][i].as_u64().unwrap(),
+                            intended_ns: sent,
+                            dispatched_ns: sent,
+                            sent_ns: sent,
+                            ttft_ns: Some(ns(&ttfts[i])),
+                            e2el_ns: Some(ns(&lats[i])),
+                            end_ns: sent + ns(&lats[i]),
+                            ..Default::default()
+                        },
                         itls_ns: itls[i].as_array().unwrap().iter().map(ns).collect(),
-                        end_ns: sent + ns(&lats[i]),
                         ..Default::default()
                     }
                 })

@@ -8,7 +8,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
-use retrace::metrics::{summarize, Histograms, Sample, ServerTimes};
+use retrace::metrics::{summarize, Histograms, Sample, Scalars, ServerTimes};
 use retrace::replay::result::{build, RunInfo, Traffic};
 use retrace::report::{compare, html, load};
 use std::path::PathBuf;
@@ -36,24 +36,26 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
             let e2el = first + itls.iter().sum::<u64>();
             let failed = i % 500 == 7;
             Sample {
-                input_tokens: rng.random_range(100..4000),
-                output_tokens: if failed { 0 } else { out },
-                intended_ns: intended,
-                dispatched_ns: intended + 50_000,
-                slot_wait_ns: sent.saturating_sub(intended + 50_000),
-                sent_ns: sent.max(intended + 50_000),
-                ttft_ns: (!failed).then_some(first),
-                e2el_ns: (!failed).then_some(e2el),
-                itls_ns: if failed { Vec::new() } else { itls },
-                end_ns: sent + if failed { MS } else { e2el },
-                error: failed.then_some(retrace::metrics::Failure::Http(500)),
-                error_detail: None,
-                server: ServerTimes {
-                    queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
-                    ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
-                    prompt_tokens: None,
-                    cached_tokens: None,
+                scalars: Scalars {
+                    input_tokens: rng.random_range(100..4000),
+                    output_tokens: if failed { 0 } else { out },
+                    intended_ns: intended,
+                    dispatched_ns: intended + 50_000,
+                    slot_wait_ns: sent.saturating_sub(intended + 50_000),
+                    sent_ns: sent.max(intended + 50_000),
+                    ttft_ns: (!failed).then_some(first),
+                    e2el_ns: (!failed).then_some(e2el),
+                    end_ns: sent + if failed { MS } else { e2el },
+                    error: failed.then_some(retrace::metrics::Failure::Http(500)),
+                    server: ServerTimes {
+                        queue_ms: (!failed).then(|| first as f64 / MS as f64 * 0.3),
+                        ttft_ms: (!failed).then(|| first as f64 / MS as f64 * 0.55),
+                        prompt_tokens: None,
+                        cached_tokens: None,
+                    },
                 },
+                itls_ns: if failed { Vec::new() } else { itls },
+                error_detail: None,
             }
         })
         .collect()

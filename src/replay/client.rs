@@ -17,7 +17,7 @@
 
 use crate::chunkmemo::ChunkMemo;
 use crate::h1wire::{self, BodyDecoder};
-use crate::metrics::{Failure, Sample, ServerTimes, StreamClock};
+use crate::metrics::{Failure, Sample, Scalars, ServerTimes, StreamClock};
 use crate::sse::SseParser;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
 use std::future::Future;
@@ -105,10 +105,13 @@ impl Client {
         pre: Option<PreSent>,
     ) -> Sample {
         let sample = Sample {
-            input_tokens: req.input_tokens,
-            intended_ns: times.intended_ns,
-            dispatched_ns: times.dispatched_ns,
-            slot_wait_ns: times.slot_wait_ns,
+            scalars: Scalars {
+                input_tokens: req.input_tokens,
+                intended_ns: times.intended_ns,
+                dispatched_ns: times.dispatched_ns,
+                slot_wait_ns: times.slot_wait_ns,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut wire = Vec::new();

@@ -62,12 +62,12 @@ impl Collect {
     /// Folds in the sample of the request tagged `tag`.
     pub fn add(&mut self, tag: Tag, s: Sample) {
         let Some(w) = tag.work else {
-            self.aux.add(&s.scalars());
+            self.aux.add(&s.scalars);
             return;
         };
         outcome::note_error(&mut self.first_errors, &s);
         if let Some(r) = &mut self.recorded {
-            r.add(tag.recorded.as_deref(), &s.scalars());
+            r.add(tag.recorded.as_deref(), &s.scalars);
         }
         self.work.add(w, &s);
         let rec = self.recorded.is_some().then_some(tag.recorded);
@@ -116,7 +116,7 @@ impl Collect {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Failure, Slo, SCALAR_BOUND};
+    use crate::metrics::{Failure, Scalars, Slo, SCALAR_BOUND};
     use serde_json::json;
 
     fn collector(itl_bound: usize) -> Collector {
@@ -129,20 +129,23 @@ mod tests {
 
     fn sample(i: u64, err: Option<Failure>) -> Sample {
         Sample {
-            input_tokens: 10 + i,
-            output_tokens: 3,
-            intended_ns: i * 1_000_000,
-            dispatched_ns: i * 1_000_000,
-            sent_ns: i * 1_000_000 + 500,
-            ttft_ns: err.is_none().then_some(20_000_000 + i),
-            e2el_ns: err.is_none().then_some(40_000_000 + i),
+            scalars: Scalars {
+                input_tokens: 10 + i,
+                output_tokens: 3,
+                intended_ns: i * 1_000_000,
+                dispatched_ns: i * 1_000_000,
+                sent_ns: i * 1_000_000 + 500,
+                ttft_ns: err.is_none().then_some(20_000_000 + i),
+                e2el_ns: err.is_none().then_some(40_000_000 + i),
+                end_ns: i * 1_000_000 + 40_000_000,
+                error: err,
+                ..Default::default()
+            },
             itls_ns: if err.is_none() {
                 vec![10_000_000, 10_000_000 + i]
             } else {
                 Vec::new()
             },
-            end_ns: i * 1_000_000 + 40_000_000,
-            error: err,
             ..Default::default()
         }
     }

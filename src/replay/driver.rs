@@ -26,7 +26,7 @@
 use super::client::{Client, SendTimes};
 use super::sessions::Links;
 use super::window::{Body, Tag, Window};
-use crate::metrics::{Failure, Sample};
+use crate::metrics::{Failure, Sample, Scalars};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::mpsc as std_mpsc;
@@ -127,11 +127,14 @@ impl Drop for Reply {
     fn drop(&mut self) {
         let (intended_ns, dispatched_ns) = self.released;
         let s = self.sample.take().unwrap_or_else(|| Sample {
-            error: Some(Failure::Local),
+            scalars: Scalars {
+                error: Some(Failure::Local),
+                intended_ns,
+                dispatched_ns,
+                end_ns: dispatched_ns,
+                ..Default::default()
+            },
             error_detail: Some("request task ended without a result".into()),
-            intended_ns,
-            dispatched_ns,
-            end_ns: dispatched_ns,
             ..Default::default()
         });
         let _ = self.tx.send((self.slot, std::mem::take(&mut self.tag), s));
@@ -406,7 +409,10 @@ mod tests {
             (1_000, 1_250, 1_250)
         );
         reply(8).send(Sample {
-            ttft_ns: Some(5),
+            scalars: Scalars {
+                ttft_ns: Some(5),
+                ..Default::default()
+            },
             ..Default::default()
         });
         let (slot, _, s) = rx.try_recv().unwrap();

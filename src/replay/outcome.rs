@@ -66,7 +66,7 @@ pub struct FirstError {
 /// Folds `s` into `out`: the first [`FIRST_ERRORS`] distinct (kind, message) failures, in the
 /// order they first came, each with its count.
 pub fn note_error(out: &mut Vec<FirstError>, s: &Sample) {
-    let Some(kind) = replayed_failure(&s.scalars()) else {
+    let Some(kind) = replayed_failure(&s.scalars) else {
         return;
     };
     let message = one_line(s.error_detail.as_deref().unwrap_or(""), MESSAGE_CHARS);
@@ -166,8 +166,11 @@ mod tests {
 
     fn sample(err: Option<Failure>) -> Sample {
         Sample {
-            ttft_ns: err.is_none().then_some(5),
-            error: err,
+            scalars: Scalars {
+                ttft_ns: err.is_none().then_some(5),
+                error: err,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }
@@ -207,7 +210,7 @@ mod tests {
     }
 
     fn scalars(s: &[Sample]) -> Vec<Scalars> {
-        s.iter().map(Sample::scalars).collect()
+        s.iter().map(|x| x.scalars).collect()
     }
 
     fn failed(kind: Failure, detail: &str) -> Sample {

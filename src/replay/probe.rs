@@ -15,7 +15,7 @@
 
 use super::client::{Client, SendTimes};
 use super::request::BuiltRequest;
-use crate::metrics::{self, Failure, Sample};
+use crate::metrics::{self, Failure, Sample, Scalars};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,7 +78,10 @@ pub fn start(
         let mut samples = Vec::with_capacity(k as usize);
         while let Some(r) = set.join_next().await {
             samples.push(r.unwrap_or_else(|e| Sample {
-                error: Some(Failure::Local),
+                scalars: Scalars {
+                    error: Some(Failure::Local),
+                    ..Default::default()
+                },
                 error_detail: Some(format!("probe task: {e}")),
                 ..Default::default()
             }));
@@ -131,15 +134,21 @@ mod tests {
     #[test]
     fn summary_keeps_probes_apart() {
         let ok = |ttft_ms: u64| Sample {
-            input_tokens: PROBE_PROMPT_TOKENS,
-            output_tokens: 1,
-            ttft_ns: Some(ttft_ms * 1_000_000),
-            e2el_ns: Some(ttft_ms * 1_000_000 + 500_000),
-            end_ns: ttft_ms * 1_000_000,
+            scalars: Scalars {
+                input_tokens: PROBE_PROMPT_TOKENS,
+                output_tokens: 1,
+                ttft_ns: Some(ttft_ms * 1_000_000),
+                e2el_ns: Some(ttft_ms * 1_000_000 + 500_000),
+                end_ns: ttft_ms * 1_000_000,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let bad = Sample {
-            error: Some(Failure::Http(503)),
+            scalars: Scalars {
+                error: Some(Failure::Http(503)),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let v = summarize(2.0, &[ok(10), ok(30), bad], 1.0, &[99.0]);

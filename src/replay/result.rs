@@ -286,7 +286,7 @@ impl Row {
             server_input_lens: x.server.prompt_tokens,
             server_cached_tokens: x.server.cached_tokens,
             intended_times: ns_to_s(x.intended_ns),
-            drifts: x.scalars().drift_ns() as f64 / 1e9,
+            drifts: x.scalars.drift_ns() as f64 / 1e9,
             client_queue_times: ns_to_s(x.slot_wait_ns),
             recorded_errors: recorded,
         }
@@ -493,38 +493,44 @@ pub struct Selected {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::metrics::{summarize, ServerTimes};
+    use crate::metrics::{summarize, Scalars, ServerTimes};
 
     const MS: u64 = 1_000_000;
 
     fn samples() -> Vec<Sample> {
         vec![
             Sample {
-                input_tokens: 100,
-                output_tokens: 3,
-                intended_ns: 0,
-                dispatched_ns: 10_000,
-                slot_wait_ns: 10_000,
-                sent_ns: 20_000,
-                ttft_ns: Some(50 * MS),
-                e2el_ns: Some(70 * MS),
-                itls_ns: vec![10 * MS, 10 * MS],
-                end_ns: 70 * MS + 20_000,
-                server: ServerTimes {
-                    queue_ms: Some(1.0),
-                    ttft_ms: Some(40.0),
-                    prompt_tokens: None,
-                    cached_tokens: None,
+                scalars: Scalars {
+                    input_tokens: 100,
+                    output_tokens: 3,
+                    intended_ns: 0,
+                    dispatched_ns: 10_000,
+                    slot_wait_ns: 10_000,
+                    sent_ns: 20_000,
+                    ttft_ns: Some(50 * MS),
+                    e2el_ns: Some(70 * MS),
+                    end_ns: 70 * MS + 20_000,
+                    server: ServerTimes {
+                        queue_ms: Some(1.0),
+                        ttft_ms: Some(40.0),
+                        prompt_tokens: None,
+                        cached_tokens: None,
+                    },
+                    ..Default::default()
                 },
+                itls_ns: vec![10 * MS, 10 * MS],
                 ..Default::default()
             },
             Sample {
-                input_tokens: 200,
-                intended_ns: 5 * MS,
-                dispatched_ns: 5 * MS,
-                sent_ns: 5 * MS,
-                end_ns: 6 * MS,
-                error: Some(crate::metrics::Failure::Http(500)),
+                scalars: Scalars {
+                    input_tokens: 200,
+                    intended_ns: 5 * MS,
+                    dispatched_ns: 5 * MS,
+                    sent_ns: 5 * MS,
+                    end_ns: 6 * MS,
+                    error: Some(crate::metrics::Failure::Http(500)),
+                    ..Default::default()
+                },
                 error_detail: Some("boom".into()),
                 ..Default::default()
             },

@@ -614,34 +614,37 @@ fn pool_stats(m: &mut Map<String, Value>, name: &str, inputs: &[(PathBuf, Value)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{summarize, Sample};
+    use crate::metrics::{summarize, Sample, Scalars};
     use crate::replay::result::build;
 
     const MS: u64 = 1_000_000;
 
     fn sample(i: u64, ok: bool) -> Sample {
         Sample {
-            input_tokens: 100 + i,
-            output_tokens: if ok { 3 + i % 4 } else { 0 },
-            intended_ns: i * 7 * MS,
-            dispatched_ns: i * 7 * MS + 30_000 * (i % 3),
-            sent_ns: i * 7 * MS + 50_000 * (i % 3),
-            ttft_ns: ok.then_some((20 + i * 3 % 17) * MS + i * 1013),
-            e2el_ns: ok.then_some((60 + i * 5 % 23) * MS + i * 7001),
+            scalars: Scalars {
+                input_tokens: 100 + i,
+                output_tokens: if ok { 3 + i % 4 } else { 0 },
+                intended_ns: i * 7 * MS,
+                dispatched_ns: i * 7 * MS + 30_000 * (i % 3),
+                sent_ns: i * 7 * MS + 50_000 * (i % 3),
+                ttft_ns: ok.then_some((20 + i * 3 % 17) * MS + i * 1013),
+                e2el_ns: ok.then_some((60 + i * 5 % 23) * MS + i * 7001),
+                end_ns: i * 7 * MS + 90 * MS,
+                error: (!ok).then_some(crate::metrics::Failure::Http(500)),
+                server: crate::metrics::ServerTimes {
+                    queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
+                    ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
+                    prompt_tokens: None,
+                    cached_tokens: None,
+                },
+                ..Default::default()
+            },
             itls_ns: if ok {
                 (0..(2 + i % 4))
                     .map(|k| (5 + k + i % 5) * MS + k * 333)
                     .collect()
             } else {
                 Vec::new()
-            },
-            end_ns: i * 7 * MS + 90 * MS,
-            error: (!ok).then_some(crate::metrics::Failure::Http(500)),
-            server: crate::metrics::ServerTimes {
-                queue_ms: ok.then_some(1.0 + i as f64 / 8.0),
-                ttft_ms: ok.then_some(10.0 + i as f64 / 4.0),
-                prompt_tokens: None,
-                cached_tokens: None,
             },
             ..Default::default()
         }
@@ -822,9 +825,12 @@ mod tests {
             let ok: Vec<Sample> = ttft
                 .iter()
                 .map(|&s| Sample {
-                    output_tokens: 1,
-                    ttft_ns: Some((s * 1e9) as u64),
-                    e2el_ns: Some((s * 1e9) as u64),
+                    scalars: Scalars {
+                        output_tokens: 1,
+                        ttft_ns: Some((s * 1e9) as u64),
+                        e2el_ns: Some((s * 1e9) as u64),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 })
                 .collect();
