@@ -5,7 +5,7 @@
 //! builder, each time through the same per-record selection, shaping and schedule, so no record
 //! is held beyond the builder's window. `--ramp-up` spreads its rates over the request count, so
 //! it reads the files once more first to count them. `--loop`, `--overlay` and `--sessions` need
-//! the whole trace: then it is read, shaped and planned in memory as before ([`in_plan_order`]).
+//! the whole trace: then it is read, shaped and planned in memory ([`in_plan_order`]).
 
 use super::request::{self, BodyOptions, Prompts};
 use super::schedule::PlannedSend;
