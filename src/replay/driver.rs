@@ -160,7 +160,7 @@ struct Roots {
     links: Option<Arc<Links>>,
     bodies: Arc<Window>,
     /// The next root, peeked: (slot, offset, its body when taken).
-    peeked: Option<(usize, u64, Option<Arc<Body>>)>,
+    peeked: Option<(usize, u64, Option<Body>)>,
     failed: Option<String>,
 }
 
@@ -173,7 +173,7 @@ impl Roots {
         self.peeked.as_ref().map(|p| p.1)
     }
 
-    fn advance(&mut self, before_wait: impl FnOnce()) -> Option<(usize, u64, Option<Arc<Body>>)> {
+    fn advance(&mut self, before_wait: impl FnOnce()) -> Option<(usize, u64, Option<Body>)> {
         if let Some(l) = &self.links {
             let root = (self.next..self.n).find(|&s| l.is_root(s));
             self.next = root.map_or(self.n, |s| s + 1);
@@ -193,7 +193,7 @@ impl Roots {
         }
     }
 
-    fn pop(&mut self) -> Option<(usize, u64, Option<Arc<Body>>)> {
+    fn pop(&mut self) -> Option<(usize, u64, Option<Body>)> {
         self.peek(|| {})?;
         self.peeked.take()
     }
@@ -283,7 +283,7 @@ pub async fn drive(
                         None => break,
                     },
                 };
-                let body = match body {
+                let mut body = match body {
                     Some(b) => b,
                     None => match bodies.take_or(slot, || flush(&handle, &mut batch)) {
                         Ok(b) => b,
@@ -314,7 +314,7 @@ pub async fn drive(
                 let reply = Reply {
                     tx: tx.clone(),
                     slot,
-                    tag: body.tag.clone(),
+                    tag: std::mem::take(&mut body.tag),
                     released: (intended_ns, dispatched_ns),
                     sample: None,
                 };

@@ -109,7 +109,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 /// `--dry-run`: the planned schedule's summary, nothing sent.
 fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
     let p = planning(cfg, cfg.target.is_none())?;
-    print!("{}", p.survey.dry.render());
+    let sv = &p.survey;
+    print!("{}", sv.dry.render(sv.planned, sv.span_ns));
     if let Some(l) = &p.links {
         let dependent = l.pred.iter().filter(|p| p.is_some()).count();
         println!(
@@ -237,6 +238,8 @@ pub struct Planning {
     pub left_out: crate::trace::select::Skipped,
     pub block_size: u32,
     prompts: Prompts,
+    /// The body options, without the model and the target's overheads yet.
+    opts: BodyOptions,
 }
 
 impl Planning {
@@ -257,11 +260,12 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     }
     let block_size = cfg.block_size.unwrap_or(input.header.block_size).max(1);
     let prompts = prompts(cfg, block_size)?;
-    let head_opts = BodyOptions {
+    // The model and the target's overheads are filled in once the target is known.
+    let opts = BodyOptions {
         api: cfg.api,
         model: String::new(),
         model_override: cfg.model.is_some(),
-        extra_body: Default::default(),
+        extra_body: cfg.extra_body.clone(),
         keep_original_limits: cfg.keep_original_limits,
         overheads: Default::default(),
     };
@@ -270,7 +274,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         PrefixCache::new(block_size, cfg.server_block_size, PREFIX_NODES)
     });
     let mut survey = source::Survey::new(cfg.trace_name(), theory);
-    let mut check = |p: &source::Planned| survey.add(p, &head_opts, &prompts);
+    let mut check = |p: &source::Planned| survey.add(p, &opts, &prompts);
     let speed = cfg.speed.unwrap_or(1.0);
     if !source::streams(&cfg.shaping, cfg.sessions) {
         let (trace, plan, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
@@ -287,6 +291,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
             left_out,
             block_size,
             prompts,
+            opts,
         });
     }
     let name = cfg.trace_name();
@@ -329,6 +334,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         left_out,
         block_size,
         prompts,
+        opts,
     })
 }
 
@@ -427,6 +433,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         left_out,
         block_size,
         prompts,
+        opts,
     } = {
         let cfg = cfg.clone();
         tokio::task::spawn_blocking(move || planning(&cfg, embedded))
@@ -454,12 +461,9 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         _ => Default::default(),
     };
     let body_opts = BodyOptions {
-        api: cfg.api,
         model: model.clone(),
-        model_override: cfg.model.is_some(),
-        extra_body: cfg.extra_body.clone(),
-        keep_original_limits: cfg.keep_original_limits,
         overheads,
+        ..opts
     };
     let probe_bodies = match cfg.probe_rate {
         Some(rate) => probe_bodies(&survey, rate, &body_opts, &prompts)?,

@@ -100,7 +100,7 @@ pub struct Stage {
     input: TraceStream,
     name: String,
     o: StageOptions,
-    pub skipped: Skipped,
+    skipped: Skipped,
     window: Option<Filtering>,
     gaps: Option<GapCap>,
     retime: Option<Retimer>,
@@ -353,11 +353,10 @@ impl Survey {
     }
 }
 
-/// The `--dry-run` summary, folded over the planned sends in offset order.
+/// What the `--dry-run` summary adds to the survey's counts, folded over the planned sends in
+/// offset order.
 #[derive(Default)]
 pub struct DryRun {
-    n: usize,
-    last_ns: u64,
     /// Offsets of the sends in the last second.
     second: VecDeque<u64>,
     peak: usize,
@@ -367,8 +366,6 @@ pub struct DryRun {
 
 impl DryRun {
     pub fn add(&mut self, at_ns: u64, input_tokens: u64, output_tokens: u64) {
-        self.n += 1;
-        self.last_ns = self.last_ns.max(at_ns);
         while self
             .second
             .front()
@@ -382,16 +379,17 @@ impl DryRun {
         self.output_tokens += output_tokens;
     }
 
-    pub fn render(&self) -> String {
-        let dur_s = self.last_ns as f64 / 1e9;
+    /// The summary of `planned` sends spanning `span_ns`.
+    pub fn render(&self, planned: usize, span_ns: u64) -> String {
+        let dur_s = span_ns as f64 / 1e9;
         let mean = if dur_s > 0.0 {
-            self.n as f64 / dur_s
+            planned as f64 / dur_s
         } else {
             0.0
         };
         let row = |k: &str, v: String| format!("{k:<40} {v:<10}\n");
         [
-            row("Planned requests:", self.n.to_string()),
+            row("Planned requests:", planned.to_string()),
             row("Schedule duration (s):", format!("{dur_s:.2}")),
             row("Mean request rate (req/s):", format!("{mean:.2}")),
             row(
@@ -415,7 +413,7 @@ mod tests {
         for (at, i, o) in [(0, 10, 1), (500_000_000, 20, 2), (2_000_000_000, 30, 3)] {
             d.add(at, i, o);
         }
-        let s = d.render();
+        let s = d.render(3, 2_000_000_000);
         for want in [
             "Planned requests:                        3",
             "Peak request rate (req/s, 1 s window):   2",

@@ -102,7 +102,7 @@ impl Drop for Body {
 
 #[derive(Default)]
 struct State {
-    ready: HashMap<usize, Arc<Body>>,
+    ready: HashMap<usize, Body>,
     /// Bytes in `ready`.
     held: usize,
     /// The slot the dispatcher waits for, if any.
@@ -140,8 +140,8 @@ pub struct Window {
 }
 
 impl Window {
-    /// Starts the builder thread over `planned` sends of `source` (slot k is its k-th record),
-    /// each record freed as its body is built.
+    /// Starts the builder thread over `source`, which yields the `planned` sends (slot k is its
+    /// k-th record), each record freed as its body is built.
     pub fn start(
         source: Source,
         planned: usize,
@@ -164,7 +164,7 @@ impl Window {
         let me = w.clone();
         std::thread::Builder::new()
             .name("retrace-bodies".into())
-            .spawn(move || me.run(source.take(planned), &opts, &prompts))?;
+            .spawn(move || me.run(source, &opts, &prompts))?;
         Ok(w)
     }
 
@@ -214,7 +214,6 @@ impl Window {
                 .inexact
                 .fetch_add(u64::from(!body.req.exact_prompt), Relaxed);
             self.note_lead(body.at_ns);
-            let body = Arc::new(body);
             let mut st = self.lock();
             st.held += body.req.body.len();
             self.stats.peak_held_bytes.fetch_max(st.held, Relaxed);
@@ -287,13 +286,13 @@ impl Window {
 
     /// The body of `slot` (the dispatcher, before it sleeps to the deadline): waits for the
     /// builder when it is behind, and counts that. Err when a body could not be built.
-    pub fn take(&self, slot: usize) -> Result<Arc<Body>, String> {
+    pub fn take(&self, slot: usize) -> Result<Body, String> {
         self.take_or(slot, || {})
     }
 
     /// [`Window::take`], calling `before_wait` (without the window's lock) once, before it
     /// first waits for the builder.
-    pub fn take_or(&self, slot: usize, before_wait: impl FnOnce()) -> Result<Arc<Body>, String> {
+    pub fn take_or(&self, slot: usize, before_wait: impl FnOnce()) -> Result<Body, String> {
         let mut st = self.lock();
         let mut before_wait = Some(before_wait);
         let mut waited = false;
