@@ -488,10 +488,11 @@ pub struct Summary {
     pub request_throughput: f64,
     pub output_throughput: f64,
     pub total_token_throughput: f64,
-    /// Requests meeting every SLO per second ([`good_requests`]); `None` when no SLO was given.
+    /// Successful requests meeting every SLO (the collector's `Slo`), per second; `None` when no
+    /// SLO was given.
     pub request_goodput: Option<f64>,
     /// vLLM's `max_concurrent_requests`: successful requests active in the busiest whole second
-    /// ([`per_second_peaks`]).
+    /// (`Collector::per_second_peaks`).
     pub max_concurrent_requests: u64,
     /// vLLM's `max_output_tokens_per_s`: content messages in the busiest whole second.
     pub max_output_tokens_per_s: f64,
@@ -504,7 +505,7 @@ pub struct Summary {
     /// TTFT and E2EL measured from the intended send time (free of coordinated omission).
     pub ttft_from_intended: Stats,
     pub e2el_from_intended: Stats,
-    /// Send drift ([`Sample::drift_ns`]) of every request; negative = early.
+    /// Send drift ([`Scalars::drift_ns`]) of every request; negative = early.
     pub drift: Stats,
     /// The dispatcher's part of it (released − intended) of every request.
     pub dispatch_drift: Stats,
