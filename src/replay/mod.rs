@@ -3,7 +3,7 @@
 //! The pipeline, each step its own module: [`Config::from_args`] validates the command line (every
 //! error names its flag); [`replay`] runs three stages. [`prepare`]: [`planning`] reads the trace
 //! one record at a time through the selection, shaping and schedule ([`source`]; whole for
-//! `--loop`, `--overlay` and `--sessions`, planned by [`schedule::plan`]) and surveys the plan,
+//! `--loop`, `--overlay` and `--sessions`) and surveys the plan,
 //! every request's [`request::head`] checked; the [`window`] builder thread reads it again and
 //! builds bodies ahead of the clock, and the [`client::Client`] opens its connections.
 //! [`execute`]: [`driver::drive`] releases requests at absolute deadlines and
@@ -27,7 +27,6 @@ pub mod probe;
 pub mod reader;
 pub mod request;
 pub mod result;
-pub mod schedule;
 pub mod scrape;
 pub mod sessions;
 pub mod shaping;
@@ -167,45 +166,37 @@ pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
 /// The longest schedule a replay accepts (30 days): anything longer is a mistaken flag or trace.
 const MAX_SCHEDULE: Duration = Duration::from_secs(30 * 86_400);
 
-/// Shapes the trace and plans its sends. With the embedded target and neither `--limit` nor
-/// `--speed`, only the first [`EMBEDDED_DEFAULT_SPAN`] of the (shaped) trace is planned.
+/// Without `--limit` and `--speed`, the embedded target plans only the first
+/// [`EMBEDDED_DEFAULT_SPAN`] of the shaped trace: the cut, ns from t0.
+fn embedded_cut(cfg: &Config, embedded: bool) -> Option<u64> {
+    (embedded && cfg.limit.is_none() && cfg.speed.is_none())
+        .then_some(EMBEDDED_DEFAULT_SPAN.as_nanos() as u64)
+}
+
+/// Plans a trace held whole ([`source::plan_whole`]): every send in plan order, cut for the
+/// embedded target, and what the selection left out.
 pub fn plan(
     cfg: &Config,
     mut trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(
-    crate::trace::Trace,
-    Vec<schedule::PlannedSend>,
-    crate::trace::select::Skipped,
-)> {
-    let before = trace.requests.len();
-    let left_out = crate::trace::select::select(&mut trace, &cfg.select);
-    if let Some(line) = left_out.summary(before) {
+) -> anyhow::Result<(Vec<source::Planned>, crate::trace::select::Skipped)> {
+    trace.requests.sort_by_key(|r| r.arrival_us);
+    let records = trace.requests.into_iter().map(Ok);
+    let window = cfg.shaping.window_us;
+    let selected = source::Selected::new(records, cfg.trace_name(), cfg.select, window)?;
+    let speed = cfg.speed.unwrap_or(1.0);
+    let (mut sends, left_out, read) =
+        source::plan_whole(selected, trace.header, &cfg.shaping, speed)?;
+    if let Some(line) = left_out.summary(read) {
         eprintln!("retrace: {line}");
     }
-    let origin = cfg.shaping.apply(&mut trace).map_err(anyhow::Error::msg)?;
-    let speed = cfg.speed.unwrap_or(1.0);
-    let limit = match (cfg.limit, cfg.speed, embedded) {
-        (None, None, true) => {
-            let mut arrivals: Vec<u64> = trace.requests.iter().map(|r| r.arrival_us).collect();
-            arrivals.sort_unstable();
-            let span = EMBEDDED_DEFAULT_SPAN.as_micros() as u64;
-            let n = arrivals.iter().take_while(|&&a| a - origin <= span).count();
-            say_embedded_cut(n, arrivals.len());
-            Some(n)
-        }
-        (l, _, _) => l,
-    };
-    let plan = schedule::plan(
-        &trace,
-        &schedule::ScheduleOptions {
-            speed,
-            limit,
-            origin_us: Some(origin),
-        },
-    );
-    check_span(plan.iter().map(|p| p.at_ns).max().unwrap_or(0))?;
-    Ok((trace, plan, left_out))
+    if let Some(cut) = embedded_cut(cfg, embedded) {
+        let n = sends.partition_point(|p| p.at_ns <= cut);
+        say_embedded_cut(n, sends.len());
+        sends.truncate(n);
+    }
+    check_span(sends.iter().map(|p| p.at_ns).max().unwrap_or(0))?;
+    Ok((sends, left_out))
 }
 
 /// Refuses a schedule longer than [`MAX_SCHEDULE`].
@@ -277,16 +268,15 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let mut check = |p: &source::Planned| survey.add(p, &opts, &prompts);
     let speed = cfg.speed.unwrap_or(1.0);
     if !source::streams(&cfg.shaping, cfg.sessions) {
-        let (trace, plan, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
+        let (sends, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
         let links = match cfg.sessions {
-            true => Some(sessions::link(&trace, &plan, speed).map_err(anyhow::Error::msg)?),
+            true => Some(sessions::link(&sends, speed).map_err(anyhow::Error::msg)?),
             false => None,
         };
-        let chunks = source::in_plan_order(trace, &plan);
-        chunks.iter().flatten().try_for_each(&mut check)?;
+        sends.iter().try_for_each(&mut check)?;
         return Ok(Planning {
             survey,
-            source: source::from_chunks(chunks),
+            source: source::from_sends(sends),
             links,
             left_out,
             block_size,
@@ -295,23 +285,30 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         });
     }
     let name = cfg.trace_name();
-    let stage = |retimed| -> anyhow::Result<source::Stage> {
-        let o = source::StageOptions {
-            select: cfg.select,
-            shaping: cfg.shaping.clone(),
-            speed,
-            retimed,
-        };
+    let selected = || -> anyhow::Result<_> {
         let input = open_all(&cfg.trace, &ImportOptions::default())?;
-        Ok(source::Stage::new(input, name.clone(), o)?)
+        let window = cfg.shaping.window_us;
+        Ok(source::Selected::new(
+            input,
+            name.clone(),
+            cfg.select,
+            window,
+        )?)
     };
     let retimed = match source::needs_count(&cfg.shaping) {
-        true => stage(0)?.count_retimed()?,
+        true => selected()?.try_fold(0, |n, r| r.map(|_| n + 1))?,
         false => 0,
     };
-    let cut = (embedded && cfg.limit.is_none() && cfg.speed.is_none())
-        .then_some(EMBEDDED_DEFAULT_SPAN.as_nanos() as u64);
-    let mut first = stage(retimed)?;
+    let stage = || -> anyhow::Result<_> {
+        Ok(source::Stage::new(
+            selected()?,
+            &cfg.shaping,
+            speed,
+            retimed,
+        )?)
+    };
+    let cut = embedded_cut(cfg, embedded);
+    let mut first = stage()?;
     let mut total = 0;
     for p in &mut first {
         let p = p?;
@@ -320,13 +317,13 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
             check(&p)?;
         }
     }
-    let (left_out, read) = first.finish()?;
+    let (left_out, read) = first.into_inner().finish()?;
     if let Some(line) = left_out.summary(read) {
         eprintln!("retrace: {line}");
     }
     say_embedded_cut(survey.planned, total);
     check_span(survey.span_ns)?;
-    let source = Box::new(stage(retimed)?.take(survey.planned));
+    let source = Box::new(stage()?.take(survey.planned));
     Ok(Planning {
         survey,
         source,

@@ -14,9 +14,8 @@
 //! recorded think time is sent right after its predecessor (think time 0). This module does not
 //! run anything and has no clock.
 
-use super::schedule::PlannedSend;
+use super::source::Planned;
 use crate::metrics::{Scalars, Stats};
-use crate::trace::Trace;
 use std::collections::HashMap;
 
 /// The dependency chain over plan slots (indices into the plan).
@@ -43,7 +42,7 @@ impl Links {
 
 /// Links the planned sends of each session in turn order. Errors when no planned request belongs
 /// to a session (the message is for the `--sessions` flag).
-pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, String> {
+pub fn link(plan: &[Planned], speed: f64) -> Result<Links, String> {
     let speed = if speed.is_finite() && speed > 0.0 {
         speed
     } else {
@@ -52,7 +51,7 @@ pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, St
     let n = plan.len();
     let mut by_session: HashMap<&str, Vec<usize>> = HashMap::new();
     for (slot, p) in plan.iter().enumerate() {
-        if let Some(s) = trace.requests.get(p.index).and_then(|r| r.session.as_ref()) {
+        if let Some(s) = &p.record.session {
             by_session.entry(s.id.as_str()).or_default().push(slot);
         }
     }
@@ -68,14 +67,15 @@ pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, St
     };
     for slots in by_session.values_mut() {
         slots.sort_by_key(|&s| {
-            let r = &trace.requests[plan[s].index];
-            (r.session.as_ref().map_or(0, |x| x.turn), plan[s].at_ns, s)
+            let turn = plan[s].record.session.as_ref().map_or(0, |x| x.turn);
+            (turn, plan[s].at_ns, s)
         });
         for w in slots.windows(2) {
             let (a, b) = (w[0], w[1]);
             links.pred[b] = Some(a);
             links.succ[a] = Some(b);
-            let think_us = trace.requests[plan[b].index]
+            let think_us = plan[b]
+                .record
                 .session
                 .as_ref()
                 .and_then(|s| s.think_us)
@@ -96,7 +96,7 @@ pub fn link(trace: &Trace, plan: &[PlannedSend], speed: f64) -> Result<Links, St
 
 /// The longest a session waits before its last turn is released, ns: its first planned send
 /// plus every think time after it (the server's time comes on top).
-fn longest_hold_ns(links: &Links, plan: &[PlannedSend]) -> u64 {
+fn longest_hold_ns(links: &Links, plan: &[Planned]) -> u64 {
     let chain = |root: usize| {
         let (mut t, mut s) = (plan[root].at_ns, links.succ[root]);
         while let Some(n) = s {
@@ -157,7 +157,7 @@ pub fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Request, Session, TraceHeader};
+    use crate::trace::{Request, Session};
 
     fn req(arrival_ms: u64, session: Option<(&str, u32, u64)>) -> Request {
         Request {
@@ -171,20 +171,23 @@ mod tests {
         }
     }
 
-    fn trace(reqs: Vec<Request>) -> Trace {
-        Trace {
-            header: TraceHeader::imported(64, false, "test"),
-            requests: reqs,
-        }
-    }
-
-    fn plan_all(t: &Trace) -> Vec<PlannedSend> {
-        super::super::schedule::plan(t, &Default::default())
+    /// The sends of requests given in arrival order, offset from the first.
+    fn plan(reqs: Vec<Request>) -> Vec<Planned> {
+        let first = reqs.first().map_or(0, |r| r.arrival_us);
+        let at = |r: &Request| (r.arrival_us - first) * 1000;
+        let sends = reqs.into_iter().enumerate();
+        sends
+            .map(|(index, record)| Planned {
+                index,
+                at_ns: at(&record),
+                record,
+            })
+            .collect()
     }
 
     #[test]
     fn turns_chain_per_session_with_scaled_think_time() {
-        let t = trace(vec![
+        let p = plan(vec![
             req(0, Some(("a", 0, 0))),
             req(5, Some(("b", 0, 0))),
             req(100, Some(("a", 1, 40))),
@@ -192,8 +195,7 @@ mod tests {
             req(300, Some(("a", 2, 60))),
             req(310, None),
         ]);
-        let p = plan_all(&t);
-        let l = link(&t, &p, 2.0).unwrap();
+        let l = link(&p, 2.0).unwrap();
         assert_eq!(l.sessions, 2);
         assert_eq!(l.pred, [None, None, Some(0), Some(1), Some(2), None]);
         assert_eq!(l.succ, [Some(2), Some(3), Some(4), None, None, None]);
@@ -204,28 +206,26 @@ mod tests {
     #[test]
     fn turn_order_wins_over_arrival_and_limit_makes_roots() {
         // Turn numbers decide the chain even when arrivals tie.
-        let t = trace(vec![
+        let p = plan(vec![
             req(10, Some(("s", 1, 5))),
             req(10, Some(("s", 0, 0))),
             req(20, Some(("s", 2, 5))),
         ]);
-        let p = plan_all(&t);
-        let l = link(&t, &p, 1.0).unwrap();
+        let l = link(&p, 1.0).unwrap();
         // slot 0 = request 0 (turn 1), slot 1 = request 1 (turn 0)
         assert_eq!(l.pred, [Some(1), None, Some(0)]);
         // A plan cut by --limit keeps only earlier turns: the rest stays consistent.
         let cut = &p[..2];
-        let l = link(&t, cut, 1.0).unwrap();
+        let l = link(cut, 1.0).unwrap();
         assert_eq!(l.pred, [Some(1), None]);
         assert_eq!(l.succ, [None, Some(0)]);
     }
 
     #[test]
     fn trace_without_sessions_is_refused_naming_the_flag() {
-        let t = trace(vec![req(0, None), req(1, None)]);
-        let e = link(&t, &plan_all(&t), 1.0).unwrap_err();
+        let e = link(&plan(vec![req(0, None), req(1, None)]), 1.0).unwrap_err();
         assert!(e.starts_with("--sessions:"), "{e}");
-        assert!(link(&trace(vec![]), &[], 1.0).is_ok());
+        assert!(link(&[], 1.0).is_ok());
     }
 
     #[test]

@@ -1,17 +1,15 @@
 //! Workload shaping for replay: the `--window`, `--shard`, `--loop`, `--overlay`, `--max-gap`,
-//! `--request-rate`/`--burstiness` and `--ramp-up` options, validated once and applied to the
-//! trace in a fixed order before the schedule is planned ([`super::source::Stage`] applies the
-//! same order one record at a time).
+//! `--request-rate`/`--burstiness` and `--ramp-up` options, validated once; [`super::source`]
+//! applies them in a fixed order.
 //!
 //! Order: window → loop → overlay → max-gap → arrival override → limit → shard. Sharding comes
 //! last so that every shard keeps the arrival times the whole shaped trace would have had (the
-//! plan's origin is the shaped trace's first arrival, see [`Shaping::apply`], which returns it),
-//! and `--limit` is cut before it, so N shards of `--limit L` send the whole run's first L. The transforms
-//! themselves are the pure functions of [`crate::trace::shape`]; this module only orders them.
+//! plan's origin is the shaped trace's first arrival), and `--limit` is cut before it, so N
+//! shards of `--limit L` send the whole run's first L. The transforms themselves are those of
+//! [`crate::trace::shape`] and [`crate::trace::filter`].
 
 use crate::trace::filter;
 use crate::trace::shape::{self, Arrivals};
-use crate::trace::Trace;
 
 /// Validated shaping options (all off by default).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -131,50 +129,12 @@ impl Shaping {
             seed: f.seed,
         })
     }
-
-    /// Applies the shaping in order; returns the origin (first arrival of the shaped trace before
-    /// sharding) that the schedule must measure offsets from.
-    pub fn apply(&self, trace: &mut Trace) -> Result<u64, String> {
-        if let Some(w) = self.window_us {
-            filter::apply(
-                trace,
-                &filter::Filters {
-                    window_us: Some(w),
-                    ..Default::default()
-                },
-            )?;
-        }
-        trace.requests.sort_by_key(|r| r.arrival_us);
-        shape::repeat(trace, self.loops);
-        shape::overlay(trace, self.overlay, self.overlay_distinct);
-        if let Some(g) = self.max_gap_us {
-            shape::cap_gaps(trace, g);
-        }
-        if let Some(a) = &self.arrivals {
-            shape::retime(trace, a, self.seed)?;
-        }
-        let origin = trace
-            .requests
-            .iter()
-            .map(|r| r.arrival_us)
-            .min()
-            .unwrap_or(0);
-        if let Some(n) = self.limit {
-            // the schedule's order: stable by arrival
-            trace.requests.sort_by_key(|r| r.arrival_us);
-            trace.requests.truncate(n);
-        }
-        if let Some((i, n)) = self.shard {
-            shape::shard(trace, i, n);
-        }
-        Ok(origin)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Request, TraceHeader};
+    use crate::trace::Request;
 
     fn flags() -> ShapingFlags<'static> {
         ShapingFlags {
@@ -257,65 +217,62 @@ mod tests {
         assert_eq!(Shaping::from_flags(&flags()).unwrap().loops, 1);
     }
 
+    /// The sends of `reqs` (in arrival order) under `s`: offset and record.
+    fn sends(s: &Shaping, reqs: &[Request]) -> Vec<(u64, Request)> {
+        let records = reqs.iter().cloned().map(Ok);
+        let stage = super::super::source::Stage::new(records, s, 1.0, reqs.len()).unwrap();
+        stage
+            .map(|p| p.map(|p| (p.at_ns, p.record)).unwrap())
+            .collect()
+    }
+
+    fn sharded(shard: Option<&str>, limit: Option<usize>) -> Shaping {
+        let f = ShapingFlags {
+            shard,
+            limit,
+            ..flags()
+        };
+        Shaping::from_flags(&f).unwrap()
+    }
+
     #[test]
     fn shards_keep_the_whole_traces_origin_and_times() {
-        let t = Trace {
-            header: TraceHeader::imported(512, true, "t"),
-            requests: (0..100)
-                .map(|k| Request {
-                    arrival_us: 5_000_000 + k * 1000,
-                    ..Default::default()
-                })
-                .collect(),
-        };
-        let mut all = Vec::new();
-        for i in 0..4 {
-            let s = Shaping::from_flags(&ShapingFlags {
-                shard: Some(["0/4", "1/4", "2/4", "3/4"][i]),
-                ..flags()
+        let reqs: Vec<Request> = (0..100)
+            .map(|k| Request {
+                arrival_us: 5_000_000 + k * 1000,
+                ..Default::default()
             })
-            .unwrap();
-            let mut x = t.clone();
-            assert_eq!(s.apply(&mut x).unwrap(), 5_000_000);
-            all.extend(x.requests);
+            .collect();
+        let whole = sends(&sharded(None, None), &reqs);
+        assert_eq!(whole[0].0, 0);
+        let mut all = Vec::new();
+        for i in ["0/4", "1/4", "2/4", "3/4"] {
+            all.extend(sends(&sharded(Some(i), None), &reqs));
         }
-        all.sort_by_key(|r| r.arrival_us);
-        assert_eq!(all, t.requests);
+        all.sort_by_key(|(at, _)| *at);
+        assert_eq!(all, whole);
     }
 
     #[test]
     fn shards_of_a_limited_run_send_the_whole_runs_first_requests() {
-        let t = Trace {
-            header: TraceHeader::imported(512, true, "t"),
-            requests: (0..100u64)
-                .map(|k| Request {
-                    arrival_us: (k * 7919) % 1000,
-                    input_tokens: k,
-                    ..Default::default()
-                })
-                .collect(),
-        };
-        let limited = |shard| {
-            Shaping::from_flags(&ShapingFlags {
-                limit: Some(30),
-                shard,
-                ..flags()
+        let mut reqs: Vec<Request> = (0..100u64)
+            .map(|k| Request {
+                arrival_us: (k * 7919) % 1000,
+                input_tokens: k,
+                ..Default::default()
             })
-            .unwrap()
-        };
-        let mut whole = t.clone();
-        limited(None).apply(&mut whole).unwrap();
-        assert_eq!(whole.requests.len(), 30);
+            .collect();
+        reqs.sort_by_key(|r| r.arrival_us);
+        let mut whole = sends(&sharded(None, Some(30)), &reqs);
+        assert_eq!(whole.len(), 30);
+        assert_eq!(whole.last().unwrap().1, reqs[29]);
         let mut all = Vec::new();
         for i in ["0/3", "1/3", "2/3"] {
-            let mut x = t.clone();
-            limited(Some(i)).apply(&mut x).unwrap();
-            all.extend(x.requests);
+            all.extend(sends(&sharded(Some(i), Some(30)), &reqs));
         }
-        all.sort_by_key(|r| (r.arrival_us, r.input_tokens));
-        whole
-            .requests
-            .sort_by_key(|r| (r.arrival_us, r.input_tokens));
-        assert_eq!(all, whole.requests);
+        let key = |(at, r): &(u64, Request)| (*at, r.input_tokens);
+        all.sort_by_key(key);
+        whole.sort_by_key(key);
+        assert_eq!(all, whole);
     }
 }

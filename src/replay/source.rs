@@ -1,22 +1,22 @@
 //! The plan's records in send order, as the body builder reads them, and the survey of them
 //! that is taken before the clock ([`Survey`]).
 //!
-//! Streamed ([`Stage`]): the trace files are read twice, once for the survey and once by the
-//! builder, each time through the same per-record selection, shaping and schedule, so no record
-//! is held beyond the builder's window. `--ramp-up` spreads its rates over the request count, so
-//! it reads the files once more first to count them. `--loop`, `--overlay` and `--sessions` need
-//! the whole trace: then it is read, shaped and planned in memory ([`in_plan_order`]).
+//! One order of steps, written once: [`Selected`] (the selection, `--window`), then `--loop`
+//! and `--overlay` when asked, then [`Stage`] (`--max-gap`, the arrival process, `--limit`,
+//! `--shard`, the offsets). Streamed, the trace files are read twice through it, once for the
+//! survey and once by the builder, so no record is held beyond the builder's window;
+//! `--ramp-up` spreads its rates over the request count, so it reads the files once more first
+//! to count them. `--loop`, `--overlay` and `--sessions` need the whole trace: then it is
+//! planned in memory ([`plan_whole`]).
 
 use super::request::{self, BodyOptions, Prompts};
-use super::schedule::PlannedSend;
 use super::shaping::Shaping;
 use crate::metrics::Api;
 use crate::trace::filter::{Filtering, Filters};
 use crate::trace::select::{Selection, Skipped};
 use crate::trace::shape::{self, Arrivals, GapCap, Retimer};
 use crate::trace::stats::PrefixCache;
-use crate::trace::stream::TraceStream;
-use crate::trace::{Request, Trace};
+use crate::trace::{Request, Trace, TraceError, TraceHeader};
 use std::collections::{BTreeMap, VecDeque};
 
 /// One planned send: the record, its index in the shaped trace and its offset from t0.
@@ -59,109 +59,90 @@ pub fn streams(shaping: &Shaping, sessions: bool) -> bool {
 /// Records per chunk of the in-memory plan (freed a chunk at a time as they are built).
 const CHUNK: usize = 4096;
 
-/// The shaped trace's records in plan order, in chunks (records the plan does not send are
-/// freed now, the others a chunk at a time as the builder goes).
-pub fn in_plan_order(trace: Trace, plan: &[PlannedSend]) -> Vec<Vec<Planned>> {
-    let mut records: Vec<Option<Request>> = trace.requests.into_iter().map(Some).collect();
-    plan.chunks(CHUNK)
-        .map(|c| {
-            c.iter()
-                .filter_map(|p| {
-                    let record = records.get_mut(p.index)?.take()?;
-                    Some(Planned {
-                        index: p.index,
-                        at_ns: p.at_ns,
-                        record,
-                    })
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// Chunks as a [`Source`].
-pub fn from_chunks(chunks: Vec<Vec<Planned>>) -> Source {
+/// An in-memory plan as a [`Source`], in chunks, so that the plan's own memory is freed a chunk
+/// at a time as the builder goes.
+pub fn from_sends(sends: Vec<Planned>) -> Source {
+    let mut chunks = Vec::with_capacity(sends.len().div_ceil(CHUNK));
+    let mut rest = sends.into_iter();
+    loop {
+        let c: Vec<Planned> = rest.by_ref().take(CHUNK).collect();
+        if c.is_empty() {
+            break;
+        }
+        chunks.push(c);
+    }
     Box::new(chunks.into_iter().flatten().map(Ok))
 }
 
-/// What shapes a streamed plan (the replay's flags).
-#[derive(Clone)]
-pub struct StageOptions {
-    pub select: Selection,
-    pub shaping: Shaping,
-    pub speed: f64,
-    /// Requests the arrival process re-times (`--ramp-up` spreads its rates over them).
-    pub retimed: usize,
-}
-
-/// A trace stream selected, shaped and planned one record at a time, in the order
-/// [`super::plan`] gives the same trace read whole.
-pub struct Stage {
-    input: TraceStream,
+/// The first steps of the order, one record at a time: the selection, then `--window`. Yields
+/// the records kept, in arrival order (a record out of order is an error).
+pub struct Selected<I> {
+    input: I,
     name: String,
-    o: StageOptions,
+    select: Selection,
     skipped: Skipped,
     window: Option<Filtering>,
-    gaps: Option<GapCap>,
-    retime: Option<Retimer>,
     last_in: u64,
     /// Records read from the input.
     read: usize,
-    origin: Option<u64>,
-    shaped: usize,
-    index: usize,
-    done: bool,
 }
 
-impl Stage {
-    pub fn new(input: TraceStream, name: String, o: StageOptions) -> Result<Stage, PlanError> {
-        let s = &o.shaping;
-        let window = s
-            .window_us
+impl<I: Iterator<Item = Result<Request, TraceError>>> Selected<I> {
+    /// `name` is the trace's, for errors.
+    pub fn new(
+        input: I,
+        name: String,
+        select: Selection,
+        window_us: Option<(u64, u64)>,
+    ) -> Result<Self, PlanError> {
+        let window = window_us
             .map(|w| {
-                let f = Filters {
+                Filtering::new(&Filters {
                     window_us: Some(w),
                     ..Default::default()
-                };
-                Filtering::new(&f)
+                })
             })
             .transpose()
             .map_err(PlanError::Shaping)?;
-        let retime = s
-            .arrivals
-            .as_ref()
-            .map(|a| Retimer::new(a, s.seed, o.retimed))
-            .transpose()
-            .map_err(PlanError::Shaping)?;
-        Ok(Stage {
+        Ok(Selected {
             input,
             name,
+            select,
             skipped: Skipped::default(),
             window,
-            gaps: s.max_gap_us.map(GapCap::new),
-            retime,
             last_in: 0,
             read: 0,
-            origin: None,
-            shaped: 0,
-            index: 0,
-            done: false,
-            o,
         })
     }
 
-    /// The next record past the selection and the window, in arrival order.
-    fn selected(&mut self) -> Option<Result<Request, PlanError>> {
+    fn read_error(&self, source: TraceError) -> PlanError {
+        let name = self.name.clone();
+        PlanError::Read { name, source }
+    }
+
+    /// Reads the rest of the input to count what the selection leaves out (as if every record
+    /// had been read): those counts, and how many records the input holds.
+    pub fn finish(mut self) -> Result<(Skipped, usize), PlanError> {
+        while let Some(r) = self.input.next() {
+            let r = r.map_err(|e| self.read_error(e))?;
+            self.read += 1;
+            self.skipped.keep(&r, &self.select);
+        }
+        Ok((self.skipped, self.read))
+    }
+}
+
+impl<I: Iterator<Item = Result<Request, TraceError>>> Iterator for Selected<I> {
+    type Item = Result<Request, PlanError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
         loop {
             let r = match self.input.next()? {
                 Ok(r) => r,
-                Err(source) => {
-                    let name = self.name.clone();
-                    return Some(Err(PlanError::Read { name, source }));
-                }
+                Err(e) => return Some(Err(self.read_error(e))),
             };
             self.read += 1;
-            if !self.skipped.keep(&r, &self.o.select) {
+            if !self.skipped.keep(&r, &self.select) {
                 continue;
             }
             let r = match &mut self.window {
@@ -179,10 +160,57 @@ impl Stage {
             return Some(Ok(r));
         }
     }
+}
+
+/// The last steps of the order, one record at a time: `--max-gap`, the arrival process,
+/// `--limit`, then `--shard`, each send offset from the first shaped arrival and scaled by
+/// `--speed`. Its input is [`Selected`] (streamed), or the selected records after `--loop` and
+/// `--overlay` (whole).
+pub struct Stage<I> {
+    input: I,
+    gaps: Option<GapCap>,
+    retime: Option<Retimer>,
+    limit: Option<usize>,
+    shard: Option<(u32, u32)>,
+    speed: f64,
+    origin: Option<u64>,
+    shaped: usize,
+    index: usize,
+    done: bool,
+}
+
+impl<I: Iterator<Item = Result<Request, PlanError>>> Stage<I> {
+    /// `retimed` is how many records reach the arrival process (`--ramp-up` spreads its rates
+    /// over them).
+    pub fn new(input: I, s: &Shaping, speed: f64, retimed: usize) -> Result<Self, PlanError> {
+        let retime = s
+            .arrivals
+            .as_ref()
+            .map(|a| Retimer::new(a, s.seed, retimed))
+            .transpose()
+            .map_err(PlanError::Shaping)?;
+        Ok(Stage {
+            input,
+            gaps: s.max_gap_us.map(GapCap::new),
+            retime,
+            limit: s.limit,
+            shard: s.shard,
+            speed,
+            origin: None,
+            shaped: 0,
+            index: 0,
+            done: false,
+        })
+    }
+
+    /// The input, as far as it was read.
+    pub fn into_inner(self) -> I {
+        self.input
+    }
 
     /// The next record as shaped (gaps capped, re-timed), before the limit and the shard.
     fn shaped(&mut self) -> Option<Result<Request, PlanError>> {
-        let mut r = match self.selected()? {
+        let mut r = match self.input.next()? {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
@@ -198,34 +226,9 @@ impl Stage {
         Some(Ok(r))
     }
 
-    /// How many records reach the arrival process (the count `--ramp-up` spreads over).
-    pub fn count_retimed(mut self) -> Result<usize, PlanError> {
-        let mut n = 0;
-        while let Some(r) = self.selected() {
-            r?;
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    /// Reads the rest of the input to count what the selection leaves out (as a whole read
-    /// would): those counts, and how many records the input holds.
-    pub fn finish(mut self) -> Result<(Skipped, usize), PlanError> {
-        self.done = true;
-        while let Some(r) = self.input.next() {
-            let r = r.map_err(|source| PlanError::Read {
-                name: self.name.clone(),
-                source,
-            })?;
-            self.read += 1;
-            self.skipped.keep(&r, &self.o.select);
-        }
-        Ok((self.skipped, self.read))
-    }
-
     fn step(&mut self) -> Option<Result<Planned, PlanError>> {
         loop {
-            if self.o.shaping.limit.is_some_and(|n| self.shaped >= n) {
+            if self.limit.is_some_and(|n| self.shaped >= n) {
                 return None;
             }
             let r = match self.shaped()? {
@@ -235,13 +238,13 @@ impl Stage {
             let origin = *self.origin.get_or_insert(r.arrival_us);
             let k = self.shaped;
             self.shaped += 1;
-            if let Some((i, n)) = self.o.shaping.shard {
+            if let Some((i, n)) = self.shard {
                 if shape::shard_of(&r, k, n) != i {
                     continue;
                 }
             }
             let rel_us = r.arrival_us - origin;
-            let at_ns = (rel_us as f64 * 1000.0 / self.o.speed).round() as u64;
+            let at_ns = (rel_us as f64 * 1000.0 / self.speed).round() as u64;
             self.index += 1;
             return Some(Ok(Planned {
                 index: self.index - 1,
@@ -252,7 +255,7 @@ impl Stage {
     }
 }
 
-impl Iterator for Stage {
+impl<I: Iterator<Item = Result<Request, PlanError>>> Iterator for Stage<I> {
     type Item = Result<Planned, PlanError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -265,6 +268,26 @@ impl Iterator for Stage {
         }
         next
     }
+}
+
+/// The whole-trace plan (`--loop`, `--overlay` and `--sessions` need it): the selection and
+/// the window as streamed, then the copies made in memory, then the same [`Stage`]. Returns
+/// every planned send and what the selection left out.
+pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
+    mut selected: Selected<I>,
+    header: TraceHeader,
+    shaping: &Shaping,
+    speed: f64,
+) -> Result<(Vec<Planned>, Skipped, usize), PlanError> {
+    let requests = selected.by_ref().collect::<Result<Vec<_>, _>>()?;
+    let (left_out, read) = selected.finish()?;
+    let mut trace = Trace { header, requests };
+    shape::repeat(&mut trace, shaping.loops);
+    shape::overlay(&mut trace, shaping.overlay, shaping.overlay_distinct);
+    let n = trace.requests.len();
+    let records = trace.requests.into_iter().map(Ok);
+    let sends = Stage::new(records, shaping, speed, n)?.collect::<Result<_, _>>()?;
+    Ok((sends, left_out, read))
 }
 
 /// Whether the arrival process needs the request count first.
@@ -406,6 +429,34 @@ impl DryRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The offsets `Stage` plans for arrivals `ms` under `--speed` and `--limit`.
+    fn offsets(ms: &[u64], speed: f64, limit: Option<usize>) -> Vec<u64> {
+        let records = ms.iter().map(|&m| {
+            Ok(Request {
+                arrival_us: m * 1000,
+                ..Default::default()
+            })
+        });
+        let s = Shaping {
+            limit,
+            ..Default::default()
+        };
+        let stage = Stage::new(records, &s, speed, ms.len()).unwrap();
+        stage.map(|p| p.unwrap().at_ns).collect()
+    }
+
+    #[test]
+    fn offsets_run_from_the_first_arrival_divided_by_speed_and_limit_keeps_the_first() {
+        let at = offsets(&[1000, 1500, 3000], 1.0, None);
+        assert_eq!(at, [0, 500_000_000, 2_000_000_000]);
+        let at = offsets(&[0, 1000, 3000], 4.0, None);
+        assert_eq!(at, [0, 250_000_000, 750_000_000]);
+        assert_eq!(offsets(&[0, 10], 0.5, None), [0, 20_000_000]);
+        assert_eq!(offsets(&[0, 5, 9], 1.0, Some(2)), [0, 5_000_000]);
+        assert!(offsets(&[0], 1.0, Some(0)).is_empty());
+        assert!(offsets(&[], 1.0, None).is_empty());
+    }
 
     #[test]
     fn dry_run_summary_counts() {

@@ -1,8 +1,9 @@
 //! Workload shaping: pure transforms of a trace's arrivals for "what if" replays.
 //!
-//! Each function maps a [`Trace`] (plus options) to a new arrival pattern; the replay schedule is
-//! then built from the result, so a schedule stays a pure function of trace + options. Offered:
-//! looping (`--loop K`), overlaying time-shifted copies (`--overlay K`, ids kept or made distinct),
+//! Looping and overlaying map a whole [`Trace`]; the rest take one arrival at a time
+//! ([`GapCap`], [`Retimer`], [`shard_of`]), so a streamed replay plan applies them as it reads
+//! (`replay::source` puts them in order). A schedule stays a pure function of trace + options.
+//! Offered: looping (`--loop K`), overlaying time-shifted copies (`--overlay K`, ids kept or made distinct),
 //! capping idle gaps (`--max-gap`), replacing the trace's timing by a synthetic arrival process
 //! (`--request-rate R --burstiness B`, gamma gaps with shape B and mean 1/R exactly as vLLM draws
 //! them, or a linear/exponential ramp between two rates), and deterministic sharding
@@ -30,16 +31,8 @@ pub enum Arrivals {
     },
 }
 
-/// Re-times every request by a synthetic arrival process (order kept).
-pub fn retime(trace: &mut Trace, arrivals: &Arrivals, seed: u64) -> Result<(), String> {
-    let mut t = Retimer::new(arrivals, seed, trace.requests.len())?;
-    for r in &mut trace.requests {
-        r.arrival_us = t.next_arrival()?;
-    }
-    Ok(())
-}
-
-/// [`retime`] one request at a time: the arrivals of requests `0, 1, ...` of `n` in turn.
+/// A synthetic arrival process, one request at a time: the arrivals of requests `0, 1, ...` of
+/// `n` in turn (they replace the recorded ones, order kept).
 pub struct Retimer {
     arrivals: Arrivals,
     rng: rand_chacha::ChaCha8Rng,
@@ -114,15 +107,8 @@ impl Retimer {
     }
 }
 
-/// Caps every idle gap between successive arrivals at `max_gap_us`.
-pub fn cap_gaps(trace: &mut Trace, max_gap_us: u64) {
-    let mut cap = GapCap::new(max_gap_us);
-    for r in &mut trace.requests {
-        r.arrival_us = cap.arrival(r.arrival_us);
-    }
-}
-
-/// [`cap_gaps`] one arrival at a time, in arrival order.
+/// Every idle gap between successive arrivals capped at `max_gap_us`, one arrival at a time, in
+/// arrival order.
 pub struct GapCap {
     max_gap_us: u64,
     prev: Option<(u64, u64)>,
@@ -253,17 +239,6 @@ pub fn shard_of(r: &Request, index: usize, n: u32) -> u32 {
     (h % u64::from(n)) as u32
 }
 
-/// Keeps shard `i` of `n`; arrival times are kept as they were.
-pub fn shard(trace: &mut Trace, i: u32, n: u32) {
-    let reqs = std::mem::take(&mut trace.requests);
-    trace.requests = reqs
-        .into_iter()
-        .enumerate()
-        .filter(|(k, r)| shard_of(r, *k, n) == i)
-        .map(|(_, r)| r)
-        .collect();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +260,29 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    fn retime(t: &mut Trace, arrivals: &Arrivals, seed: u64) -> Result<(), String> {
+        let mut re = Retimer::new(arrivals, seed, t.requests.len())?;
+        for r in &mut t.requests {
+            r.arrival_us = re.next_arrival()?;
+        }
+        Ok(())
+    }
+
+    fn cap_gaps(t: &mut Trace, max_gap_us: u64) {
+        let mut cap = GapCap::new(max_gap_us);
+        for r in &mut t.requests {
+            r.arrival_us = cap.arrival(r.arrival_us);
+        }
+    }
+
+    fn shard(t: &mut Trace, i: u32, n: u32) {
+        let mut k = 0;
+        t.requests.retain(|r| {
+            k += 1;
+            shard_of(r, k - 1, n) == i
+        });
     }
 
     fn gaps_s(t: &Trace) -> Vec<f64> {

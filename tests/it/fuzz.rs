@@ -385,8 +385,8 @@ proptest! {
         };
         prop_assert!(!out_of_range, "accepted a think time out of range");
         let cfg = super::support::replay_cfg(&["s.json", "--sessions", "--speed", speed, "--target", "http://127.0.0.1:9"]);
-        let Ok((trace, plan, _)) = retrace::replay::plan(&cfg, trace, false) else { return Ok(()) };
-        let Ok(links) = retrace::replay::sessions::link(&trace, &plan, speed.parse().unwrap()) else { return Ok(()) };
+        let Ok((plan, _)) = retrace::replay::plan(&cfg, trace, false) else { return Ok(()) };
+        let Ok(links) = retrace::replay::sessions::link(&plan, speed.parse().unwrap()) else { return Ok(()) };
         for root in (0..plan.len()).filter(|&s| links.is_root(s)) {
             let (mut t, mut s) = (plan[root].at_ns, links.succ[root]);
             while let Some(n) = s {
@@ -426,7 +426,7 @@ proptest! {
             requests: (0..n).map(|k| Request { arrival_us: k * gap_s * 1_000_000, input_tokens: 64, ..Default::default() }).collect(),
         };
         match retrace::replay::plan(&cfg, trace, false) {
-            Ok((_, plan, _)) => {
+            Ok((plan, _)) => {
                 let span = plan.iter().map(|p| p.at_ns).max().unwrap_or(0);
                 prop_assert!(span <= THIRTY_DAYS_NS, "planned {:.0} days", span as f64 / 86_400e9);
             }
@@ -513,9 +513,9 @@ fn session_think_times_that_add_up_past_30_days_are_refused() {
     let (trace, _) = read_bytes("s.json", one.as_bytes(), &opts).unwrap();
     let cfg =
         super::support::replay_cfg(&["s.json", "--sessions", "--target", "http://127.0.0.1:9"]);
-    let (trace, plan, _) = retrace::replay::plan(&cfg, trace, false).unwrap();
-    let e = retrace::replay::sessions::link(&trace, &plan, 1.0).unwrap_err();
+    let (plan, _) = retrace::replay::plan(&cfg, trace, false).unwrap();
+    let e = retrace::replay::sessions::link(&plan, 1.0).unwrap_err();
     assert!(e.contains("--sessions") && e.contains("40 days"), "{e}");
-    let fast = retrace::replay::sessions::link(&trace, &plan, 2.0).unwrap();
+    let fast = retrace::replay::sessions::link(&plan, 2.0).unwrap();
     assert_eq!(fast.sessions, 1, "20 days at --speed 2 is within the bound");
 }

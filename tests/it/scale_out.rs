@@ -36,11 +36,11 @@ fn sends(path: &Path, trace: &Trace, extra: &[&str]) -> Vec<Send> {
     let mut args = vec![path.to_str().unwrap(), "--target", "http://127.0.0.1:9"];
     args.extend_from_slice(extra);
     let cfg = support::replay_cfg(&args);
-    let (t, plan, _) = replay::plan(&cfg, trace.clone(), false).unwrap();
+    let (plan, _) = replay::plan(&cfg, trace.clone(), false).unwrap();
     let mut v: Vec<Send> = plan
         .iter()
         .map(|p| {
-            let r = &t.requests[p.index];
+            let r = &p.record;
             let session = r.session.as_ref().map(|s| s.id.clone());
             (p.at_ns, session, format!("{r:?}"))
         })

@@ -213,11 +213,11 @@ fn streamed_plans_equal_whole_trace_plans_on_every_shipped_trace() {
                     assert!(replay::planning(&cfg, embedded).is_err(), "{what}");
                     continue;
                 };
-                let Ok((trace, plan, _)) = replay::plan(&cfg, whole, embedded) else {
+                let Ok((plan, _)) = replay::plan(&cfg, whole, embedded) else {
                     assert!(replay::planning(&cfg, embedded).is_err(), "{what}");
                     continue;
                 };
-                let want = sends(source::from_chunks(source::in_plan_order(trace, &plan)));
+                let want = sends(source::from_sends(plan));
                 let planning =
                     replay::planning(&cfg, embedded).unwrap_or_else(|e| panic!("{what}: {e:#}"));
                 assert_eq!(planning.survey.planned, want.len(), "{what}");
