@@ -53,7 +53,15 @@ use std::process::ExitCode;
 /// Runs one parsed command line.
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        cli::Command::Replay(a) => return replay::run(a),
+        cli::Command::Replay(a) => {
+            let (html, result_json) = (a.report_html.clone(), a.result_json.clone());
+            let Some(out) = replay::run(a)? else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            report::write_replay_report(html.as_deref(), &out.result, result_json.as_deref())?;
+            print!("{}", out.report);
+            return Ok(out.exit_code());
+        }
         cli::Command::Inspect(a) => {
             let out = inspect::run(&a)?;
             std::io::stdout().lock().write_all(out.as_bytes())?;

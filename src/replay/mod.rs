@@ -76,12 +76,24 @@ pub struct Outcome {
     pub sessions: Option<sessions::SessionReport>,
 }
 
-/// Entry point of `retrace replay`.
-pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let (report_html, result_json) = (args.report_html.clone(), args.result_json.clone());
+impl Outcome {
+    /// The process's exit code: every request failed (5), the run is invalid (3), or success.
+    pub fn exit_code(&self) -> ExitCode {
+        match (self.all_failed, self.valid) {
+            (true, _) => ExitCode::from(EXIT_ALL_FAILED),
+            (false, false) => ExitCode::from(EXIT_INVALID),
+            (false, true) => ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// Entry point of `retrace replay`: the finished run, or `None` after `--dry-run` (its summary
+/// printed). The command line writes `--report-html` and prints the console report.
+pub fn run(args: ReplayArgs) -> anyhow::Result<Option<Outcome>> {
     let cfg = Config::from_args(args)?;
     if cfg.dry_run {
-        return dry_run(&cfg);
+        dry_run(&cfg)?;
+        return Ok(None);
     }
     let fds = crate::fdlimit::raise();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -92,21 +104,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         fd_limit: fds,
         ..cfg
     }))?;
-    crate::report::write_replay_report(
-        report_html.as_deref(),
-        &out.result,
-        result_json.as_deref(),
-    )?;
-    print!("{}", out.report);
-    Ok(match (out.all_failed, out.valid) {
-        (true, _) => ExitCode::from(EXIT_ALL_FAILED),
-        (false, false) => ExitCode::from(EXIT_INVALID),
-        (false, true) => ExitCode::SUCCESS,
-    })
+    Ok(Some(out))
 }
 
 /// `--dry-run`: the planned schedule's summary, nothing sent.
-fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
+fn dry_run(cfg: &Config) -> anyhow::Result<()> {
     let p = planning(cfg, cfg.target.is_none())?;
     let sv = &p.survey;
     print!("{}", sv.dry.render(sv.planned, sv.span_ns));
@@ -124,7 +126,7 @@ fn dry_run(cfg: &Config) -> anyhow::Result<ExitCode> {
     if let Some(at) = cfg.start_at {
         println!("start at: {}", start::display(at));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// A running embedded target; shut down after the run.

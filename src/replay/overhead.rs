@@ -9,25 +9,9 @@
 //! so.
 
 use super::client::Client;
-use crate::metrics::Api;
+use super::request::Overheads;
 use crate::synth::{TextBuilder, TextFidelity};
 use serde_json::json;
-
-/// Tokens the target adds to a text prompt, per API.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Overheads {
-    pub completions: u64,
-    pub chat: u64,
-}
-
-impl Overheads {
-    pub fn of(&self, api: Api) -> u64 {
-        match api {
-            Api::Completions => self.completions,
-            Api::Chat => self.chat,
-        }
-    }
-}
 
 /// Length of the sample text, in the replay's tokenizer.
 const SAMPLE_TOKENS: u64 = 32;
@@ -128,6 +112,12 @@ mod tests {
             completions: 1,
             chat: 16,
         };
-        assert_eq!((o.of(Api::Completions), o.of(Api::Chat)), (1, 16));
+        assert_eq!(
+            (
+                o.of(crate::metrics::Api::Completions),
+                o.of(crate::metrics::Api::Chat)
+            ),
+            (1, 16)
+        );
     }
 }

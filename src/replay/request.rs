@@ -38,6 +38,22 @@ pub enum Prompts {
     Text(Box<TextBuilder>),
 }
 
+/// Tokens the target adds to a text prompt, per API (measured by [`super::overhead`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overheads {
+    pub completions: u64,
+    pub chat: u64,
+}
+
+impl Overheads {
+    pub fn of(&self, api: Api) -> u64 {
+        match api {
+            Api::Completions => self.completions,
+            Api::Chat => self.chat,
+        }
+    }
+}
+
 /// Options shared by every body.
 pub struct BodyOptions {
     /// `--endpoint`: the API for synthesised generation prompts (`None`: the recorded one).
@@ -49,7 +65,7 @@ pub struct BodyOptions {
     pub keep_original_limits: bool,
     /// What the target adds to a text prompt ([`super::overhead`]): synthesised text is that
     /// much shorter.
-    pub overheads: super::overhead::Overheads,
+    pub overheads: Overheads,
 }
 
 /// One ready-to-send request.
@@ -500,7 +516,7 @@ mod tests {
         for (api, added) in [(Api::Chat, 4), (Api::Completions, 1)] {
             let tb = TextBuilder::new(crate::synth::test_tokenizer::word_level(), 4, 0).unwrap();
             let mut o = opts(api);
-            o.overheads = super::super::overhead::Overheads {
+            o.overheads = Overheads {
                 completions: 1,
                 chat: 4,
             };

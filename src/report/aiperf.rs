@@ -5,7 +5,7 @@
 //! ITL is our TPOT, its ICL our ITL) and the deliberate differences: docs/compare.md. Also the
 //! merge of per-request exports: every record of every input in one file, by send time.
 
-use super::load::{self, Kind, Requests, Run};
+use super::run::{self, Kind, Requests, Run};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -279,7 +279,7 @@ fn from_records(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
         push(&mut r, &l.rec, t0).map_err(|msg| err(l.no, msg))?;
     }
     let mut scalars = BTreeMap::new();
-    load::add_totals(&r, &mut scalars);
+    run::add_totals(&r, &mut scalars);
     let mut sections = vec![("aiperf.names".to_string(), NAMES.into())];
     if warmup > 0 {
         sections.push(("aiperf.warmup_records_left_out".into(), warmup.into()));

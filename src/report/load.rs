@@ -8,239 +8,15 @@
 //! keep their vLLM key names in [`Run::scalars`]. Errors name the file and the key. This module
 //! does not compute comparisons or statistics beyond turning inputs into samples.
 
+use super::run::add_totals;
+pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
 use crate::metrics::Histograms;
 use crate::replay::sidecar;
 use crate::trace::{self, Trace};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-/// What a file turned out to be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `retrace replay --result-json`.
-    Retrace,
-    /// `vllm bench serve --save-result`.
-    Vllm,
-    /// A recorded (or imported) trace.
-    Trace,
-    /// AIPerf's per-request `profile_export.jsonl`.
-    Aiperf,
-    /// AIPerf's aggregate `profile_export_aiperf.json`: its statistics only.
-    AiperfAggregate,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Retrace => "retrace result",
-            Kind::Vllm => "vllm bench serve result",
-            Kind::Trace => "trace",
-            Kind::Aiperf => "AIPerf per-request export",
-            Kind::AiperfAggregate => "AIPerf aggregate export",
-        }
-    }
-}
-
-/// A latency metric, named as in vLLM's keys (`mean_<name>_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Metric {
-    Ttft,
-    Tpot,
-    Itl,
-    E2el,
-    ClientQueue,
-    ServerQueue,
-    ServerTtft,
-    Unattributed,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 8] = [
-        Metric::Ttft,
-        Metric::Tpot,
-        Metric::Itl,
-        Metric::E2el,
-        Metric::ClientQueue,
-        Metric::ServerQueue,
-        Metric::ServerTtft,
-        Metric::Unattributed,
-    ];
-
-    /// Key fragment: `ttft`, `client_queue`, ...
-    pub fn key(self) -> &'static str {
-        match self {
-            Metric::Ttft => "ttft",
-            Metric::Tpot => "tpot",
-            Metric::Itl => "itl",
-            Metric::E2el => "e2el",
-            Metric::ClientQueue => "client_queue",
-            Metric::ServerQueue => "server_queue",
-            Metric::ServerTtft => "server_ttft",
-            Metric::Unattributed => "unattributed",
-        }
-    }
-
-    /// Human label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Metric::Ttft => "TTFT",
-            Metric::Tpot => "TPOT",
-            Metric::Itl => "ITL",
-            Metric::E2el => "E2EL",
-            Metric::ClientQueue => "client queue",
-            Metric::ServerQueue => "server queue",
-            Metric::ServerTtft => "server TTFT",
-            Metric::Unattributed => "unattributed server time",
-        }
-    }
-
-    /// The histogram retrace results store for this metric, and its unit in ms.
-    fn histogram(self) -> Option<(&'static str, f64)> {
-        match self {
-            Metric::Ttft => Some(("ttft_us", 1e-3)),
-            Metric::Tpot => Some(("tpot_us", 1e-3)),
-            Metric::Itl => Some(("itl_us", 1e-3)),
-            Metric::E2el => Some(("e2el_us", 1e-3)),
-            Metric::ClientQueue => Some(("client_queue_ns", 1e-6)),
-            _ => None,
-        }
-    }
-}
-
-/// Index-aligned per-request arrays, times in seconds (vLLM's layout). Start times are shifted
-/// so the first request starts at 0.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Requests {
-    pub input_lens: Vec<u64>,
-    pub output_lens: Vec<u64>,
-    pub start_s: Vec<f64>,
-    /// When the schedule wanted each request sent (retrace only), same origin as `start_s`.
-    pub intended_s: Option<Vec<f64>>,
-    pub ttft_s: Vec<Option<f64>>,
-    pub latency_s: Vec<Option<f64>>,
-    pub itls_s: Vec<Vec<f64>>,
-    /// `""` on success.
-    pub errors: Vec<String>,
-    pub client_queue_s: Vec<Option<f64>>,
-    pub server_queue_s: Vec<Option<f64>>,
-    pub server_ttft_s: Vec<Option<f64>>,
-    /// Prompt lengths as the server counted them (retrace results), where it said.
-    pub server_input_lens: Vec<Option<u64>>,
-}
-
-impl Requests {
-    pub fn len(&self) -> usize {
-        self.start_s.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.start_s.is_empty()
-    }
-    /// Succeeded with a first token.
-    pub fn ok(&self, i: usize) -> bool {
-        self.errors[i].is_empty() && self.ttft_s[i].is_some()
-    }
-
-    /// The samples of one metric in ms (successful requests; ITL pooled), like vLLM.
-    pub fn samples_ms(&self, m: Metric) -> Vec<f64> {
-        let mut out = Vec::new();
-        for i in 0..self.len() {
-            let ok = self.ok(i);
-            match m {
-                Metric::Ttft if ok => out.extend(self.ttft_s[i].map(|v| v * 1e3)),
-                Metric::E2el if ok => out.extend(self.latency_s[i].map(|v| v * 1e3)),
-                Metric::Tpot if ok => {
-                    if let (Some(t), Some(l)) = (self.ttft_s[i], self.latency_s[i]) {
-                        if self.output_lens[i] > 1 {
-                            out.push((l - t) / (self.output_lens[i] - 1) as f64 * 1e3);
-                        }
-                    }
-                }
-                Metric::Itl if ok => out.extend(self.itls_s[i].iter().map(|v| v * 1e3)),
-                Metric::ClientQueue => out.extend(self.client_queue_s[i].map(|v| v * 1e3)),
-                Metric::ServerQueue if ok => out.extend(self.server_queue_s[i].map(|v| v * 1e3)),
-                Metric::ServerTtft if ok => out.extend(self.server_ttft_s[i].map(|v| v * 1e3)),
-                Metric::Unattributed if ok => {
-                    if let (Some(t), Some(q), Some(s)) = (
-                        self.ttft_s[i],
-                        self.server_queue_s[i],
-                        self.server_ttft_s[i],
-                    ) {
-                        out.push((t - q - s) * 1e3);
-                    }
-                }
-                _ => {}
-            }
-        }
-        out
-    }
-
-    /// When request `i` ended, s (start + E2EL; start + TTFT or start for failures).
-    pub fn end_s(&self, i: usize) -> f64 {
-        self.start_s[i] + self.latency_s[i].or(self.ttft_s[i]).unwrap_or(0.0)
-    }
-}
-
-/// One input, ready to compare or report.
-#[derive(Debug, Clone)]
-pub struct Run {
-    pub path: PathBuf,
-    pub kind: Kind,
-    /// Top-level numbers under their vLLM (or retrace) key names.
-    pub scalars: BTreeMap<String, f64>,
-    /// Top-level strings worth showing (model, target, trace, date, ...).
-    pub info: BTreeMap<String, String>,
-    pub requests: Option<Requests>,
-    /// Whole histograms (retrace results), in ms.
-    pub hists: BTreeMap<Metric, Weighted>,
-    /// The trace itself, when the input was one.
-    pub trace: Option<Trace>,
-    /// `server_metrics.series` of a retrace result (`--scrape-metrics`): `{t, running, waiting,
-    /// kv_cache_usage, ...}` columns, seconds from t0; not validated beyond being an object.
-    pub server_series: Option<serde_json::Value>,
-    /// Flattened scalar leaves of a retrace result's `sessions`, `probes` and `server_metrics`
-    /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report;
-    /// an AIPerf export's notes (`aiperf.*`).
-    pub sections: Vec<(String, Value)>,
-    /// Which requests of its trace a retrace replay sent (its result's `selection`).
-    pub selection: Option<crate::trace::select::Selection>,
-}
-
-impl Run {
-    /// File name for labels.
-    pub fn label(&self) -> String {
-        self.path.file_name().map_or_else(
-            || self.path.display().to_string(),
-            |n| n.to_string_lossy().into(),
-        )
-    }
-
-    /// The samples of a metric in ms, when the input has per-request data.
-    pub fn samples_ms(&self, m: Metric) -> Option<Vec<f64>> {
-        let r = self.requests.as_ref()?;
-        let v = r.samples_ms(m);
-        (!v.is_empty()).then_some(v)
-    }
-
-    /// The distribution of a metric: from per-request samples when present (exact), else from the
-    /// stored histogram.
-    pub fn dist(&self, m: Metric) -> Option<Weighted> {
-        match self.samples_ms(m) {
-            Some(v) => Some(Weighted::from_samples(&v)),
-            None => self.hists.get(&m).cloned().filter(|w| w.n() > 0),
-        }
-    }
-
-    pub fn scalar(&self, key: &str) -> Option<f64> {
-        self.scalars.get(key).copied()
-    }
-
-    /// Requests counted (completed + failed).
-    pub fn total_requests(&self) -> Option<f64> {
-        Some(self.scalar("completed")? + self.scalar("failed").unwrap_or(0.0))
-    }
-}
+use std::path::Path;
 
 /// A load failure naming the file (and key).
 #[derive(Debug, thiserror::Error)]
@@ -651,24 +427,6 @@ fn first_content_us(p: &trace::Response) -> Option<u64> {
     p.ttft_us.or(if whole_body { p.end_us } else { None })
 }
 
-/// `completed`, `failed`, `duration` (first send to last end) and vLLM's throughputs over it, from
-/// per-request data.
-pub(super) fn add_totals(r: &Requests, scalars: &mut BTreeMap<String, f64>) {
-    let completed = (0..r.len()).filter(|&i| r.ok(i)).count();
-    scalars.insert("completed".into(), completed as f64);
-    scalars.insert("failed".into(), (r.len() - completed) as f64);
-    let end = (0..r.len()).map(|i| r.end_s(i)).fold(0.0, f64::max);
-    if end > 0.0 {
-        scalars.insert("duration".into(), end);
-        let ok = || (0..r.len()).filter(|&i| r.ok(i));
-        let out: u64 = ok().map(|i| r.output_lens[i]).sum();
-        let inp: u64 = ok().map(|i| r.input_lens[i]).sum();
-        scalars.insert("request_throughput".into(), completed as f64 / end);
-        scalars.insert("output_throughput".into(), out as f64 / end);
-        scalars.insert("total_token_throughput".into(), (inp + out) as f64 / end);
-    }
-}
-
 /// A trace: workload always; latency from recorded responses when present.
 fn from_trace(path: &Path, t: Trace) -> Run {
     let mut scalars = BTreeMap::new();
@@ -748,8 +506,8 @@ fn from_trace(path: &Path, t: Trace) -> Run {
 mod tests {
     use super::*;
 
-    fn fixture(p: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)
+    fn fixture(p: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(p)
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `retrace compare` and `retrace report`: read runs, compare them, render the result.
 //!
-//! Sub-modules, one concept each: [`load`] (any input → [`load::Run`]; AIPerf exports in [`aiperf`]), [`weighted`] (values with
+//! Sub-modules, one concept each: [`run`] (the model of a run), [`load`] (any input → [`run::Run`]; AIPerf exports in [`aiperf`]), [`weighted`] (values with
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
 //! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
@@ -13,6 +13,7 @@ pub mod load;
 pub mod merge;
 pub mod render;
 pub mod rules;
+pub mod run;
 pub mod weighted;
 pub mod workload;
 

@@ -8,8 +8,8 @@
 //! Rows out of order are sorted (stable) and counted; malformed rows fail with their line number
 //! or, with `skip_bad`, are counted and skipped.
 
-use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
-use super::stream::{Rebase, Row, Rows};
+use super::rows::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::rows::{Rebase, Row, Rows};
 use super::{Request, Session, Trace, TraceError, TraceHeader};
 use chrono::NaiveDateTime;
 use std::io::Read;
@@ -93,7 +93,7 @@ pub fn read_azure(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    super::stream::collect_rows(path, azure_rows(path, data)?, opts)
+    super::rows::collect_rows(path, azure_rows(path, data)?, opts)
 }
 
 /// Azure rows in file order; arrivals are offsets from the earliest row, whose time is the
@@ -126,7 +126,7 @@ pub fn read_burstgpt(
     data: &[u8],
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    super::stream::collect_rows(path, burstgpt_rows(path, data)?, opts)
+    super::rows::collect_rows(path, burstgpt_rows(path, data)?, opts)
 }
 
 /// BurstGPT rows in file order (session turns numbered in file order); arrivals are offsets

@@ -9,7 +9,7 @@
 //! ids). Output length defaults to 256 tokens, vLLM's `--custom-output-len` default.
 
 use super::hash::BlockHasher;
-use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::rows::{ImportReport, ReadOptions, MAX_TOKENS};
 use super::{Params, Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 

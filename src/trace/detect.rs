@@ -7,6 +7,15 @@
 
 use super::{native, TraceError};
 
+/// Options for reading a trace file (`import::read_path`, `stream::open`).
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Force a format instead of detecting it.
+    pub format: Option<Format>,
+    /// Skip (and count) malformed rows instead of failing.
+    pub skip_bad: bool,
+}
+
 /// Trace file formats retrace reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {

@@ -6,8 +6,8 @@
 //! way: the same block size, the same scheme and, for HMAC, the same key (its public
 //! [`KEY_ID`]). Anything else is refused, naming the files.
 
-use super::import::ImportOptions;
-use super::mooncake::ImportReport;
+use super::detect::ImportOptions;
+use super::rows::ImportReport;
 use super::stream::TraceStream;
 use super::{HashScheme, Request, TraceError, TraceHeader};
 use std::cmp::Reverse;

@@ -3,21 +3,12 @@
 //! [`read_path`] detects the format from content (see [`super::detect`]) unless forced, and hands
 //! the bytes to the matching importer. It does not filter or transform (see [`super::filter`]).
 
-use super::mooncake::{self, ImportReport, ReadOptions};
-use super::{azure, custom, native, sessions, Trace, TraceError};
+use super::rows::{ImportReport, ReadOptions};
+use super::{azure, custom, mooncake, native, sessions, Trace, TraceError};
 use std::io::BufReader;
 use std::path::Path;
 
-pub use super::detect::Format;
-
-/// Options for [`read_path`].
-#[derive(Debug, Clone, Default)]
-pub struct ImportOptions {
-    /// Force a format instead of detecting it.
-    pub format: Option<Format>,
-    /// Skip (and count) malformed rows instead of failing.
-    pub skip_bad: bool,
-}
+pub use super::detect::{Format, ImportOptions};
 
 /// Reads a trace file in any supported format.
 /// The whole trace in memory: [`super::stream::open`], collected.

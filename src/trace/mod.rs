@@ -16,6 +16,7 @@ pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
+pub mod rows;
 pub mod select;
 pub mod sessions;
 pub mod shape;

@@ -7,16 +7,13 @@
 //! `mooncake` loaders. Reading keeps ids as they are (they are already dense).
 
 use super::hash::IdCompactor;
-use super::stream::{Rebase, Rows};
+use super::rows::{ImportReport, ReadOptions, Rebase, Rows, MAX_TOKENS};
 use super::{Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
 
 /// Mooncake's block size.
 pub const BLOCK_SIZE: u32 = 512;
-/// Largest token count accepted (10^7): no model's context comes near it, and a larger length
-/// would make a replay build a prompt of gigabytes. Larger values are absurd, not data.
-pub const MAX_TOKENS: u64 = 10_000_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,35 +23,6 @@ struct RowIn {
     output_length: u64,
     #[serde(default)]
     hash_ids: Vec<u64>,
-}
-
-/// Options shared by the line-oriented importers.
-#[derive(Debug, Clone, Default)]
-pub struct ReadOptions {
-    /// Skip (and count) malformed rows instead of failing.
-    pub skip_bad: bool,
-}
-
-/// What an importer skipped or adjusted.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ImportReport {
-    pub rows: u64,
-    /// (line, message) of each skipped row (kept up to 100; `skipped` counts all).
-    pub bad: Vec<(u64, String)>,
-    pub skipped: u64,
-    /// Rows out of time order, sorted (stable) by arrival afterwards.
-    pub reordered: u64,
-    /// For native traces: what was lost to truncation or corruption (see `native::ReadReport`).
-    pub damage: Option<String>,
-}
-
-impl ImportReport {
-    pub fn bad_row(&mut self, line: u64, msg: String) {
-        self.skipped += 1;
-        if self.bad.len() < 100 {
-            self.bad.push((line, super::clip_quoted(&msg)));
-        }
-    }
 }
 
 /// Parses one Mooncake row. Public for fuzzing.
@@ -96,7 +64,7 @@ pub fn read<R: BufRead + Send>(
     input: R,
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    super::stream::collect_rows(path, rows(path, input), opts)
+    super::rows::collect_rows(path, rows(path, input), opts)
 }
 
 /// Mooncake JSONL as rows in file order (blank lines skipped).

@@ -218,7 +218,7 @@ impl RequestWire {
         if arrival < 0 {
             return Err(format!("negative arrival time {arrival} µs"));
         }
-        let max = super::mooncake::MAX_TOKENS;
+        let max = super::rows::MAX_TOKENS;
         if self.i > max || self.o > max {
             return Err(format!(
                 "input {} / output {} tokens: over the limit of {max}",

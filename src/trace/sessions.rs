@@ -7,7 +7,7 @@
 //! trace-wide dense ids (distinct between sessions); every session starts at t0 (the format has
 //! no session start times); each request keeps its session id, turn and think time.
 
-use super::mooncake::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::rows::{ImportReport, ReadOptions, MAX_TOKENS};
 
 /// Longest think time accepted (30 days); a longer one would stall a session-ordered replay.
 const MAX_THINK_S: f64 = 30.0 * 86_400.0;

@@ -11,33 +11,11 @@
 //!   time order is sorted in memory in the second pass (counted as `reordered`).
 //! - Session JSON and vLLM custom JSONL are read whole (one JSON document; text prompts).
 
-use super::mooncake::{ImportReport, ReadOptions};
-use super::{azure, custom, detect, native, sessions, Request, Trace, TraceError, TraceHeader};
-use crate::trace::import::ImportOptions;
+use super::detect::{self, ImportOptions};
+use super::rows::{arrival, collect_rows, origin, walk, ImportReport, ReadOptions, Rows};
+use super::{azure, custom, native, sessions, Request, Trace, TraceError, TraceHeader};
 use std::io::{BufReader, Read};
 use std::path::Path;
-
-/// One parsed row: its line, and its timestamp (µs, the importer's own origin) with the request
-/// (its arrival is set from the timestamp), or why the row is malformed.
-pub(crate) type Row = (u64, Result<(i64, Request), String>);
-
-/// How a row's timestamp becomes an arrival.
-#[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Rebase {
-    /// The timestamp is the arrival.
-    Keep,
-    /// Offsets from the earliest row.
-    FromEarliest,
-    /// Offsets from the earliest row, whose wall-clock time becomes `t0_unix_us`.
-    FromEarliestWallClock,
-}
-
-/// A line-oriented importer's rows in file order.
-pub(crate) struct Rows<'a> {
-    pub header: TraceHeader,
-    pub rebase: Rebase,
-    pub iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
-}
 
 pub type Records = Box<dyn Iterator<Item = Result<Request, TraceError>> + Send>;
 
@@ -159,72 +137,6 @@ pub fn import_report(rep: &native::ReadReport) -> ImportReport {
         damage: (!rep.is_clean()).then(|| rep.summary()),
         ..Default::default()
     }
-}
-
-/// Walks rows with the skip rule: a malformed row fails the read or, with `skip_bad`, is counted
-/// and left out. `keep` gets each good row.
-fn walk(
-    path: &str,
-    rows: Rows<'_>,
-    opts: &ReadOptions,
-    rep: &mut ImportReport,
-    mut keep: impl FnMut(i64, Request),
-) -> Result<(), TraceError> {
-    for row in rows.iter {
-        match row? {
-            (_, Ok((at, r))) => keep(at, r),
-            (line, Err(msg)) if opts.skip_bad => rep.bad_row(line, msg),
-            (line, Err(msg)) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line,
-                    msg,
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The origin arrivals count from, and the header with it.
-fn origin(rebase: Rebase, earliest: Option<i64>, header: &mut TraceHeader) -> i64 {
-    let earliest = earliest.unwrap_or(0);
-    match rebase {
-        Rebase::Keep => 0,
-        Rebase::FromEarliest => earliest,
-        Rebase::FromEarliestWallClock => {
-            header.t0_unix_us = Some(earliest);
-            earliest
-        }
-    }
-}
-
-fn arrival(at: i64, base: i64) -> u64 {
-    at.saturating_sub(base).max(0) as u64
-}
-
-/// A whole line-oriented trace in memory: rows kept, rebased and sorted (stable) by arrival.
-pub(crate) fn collect_rows(
-    path: &str,
-    rows: Rows<'_>,
-    opts: &ReadOptions,
-) -> Result<(Trace, ImportReport), TraceError> {
-    let (mut header, rebase) = (rows.header.clone(), rows.rebase);
-    let mut rep = ImportReport::default();
-    let mut raw = Vec::new();
-    walk(path, rows, opts, &mut rep, |at, r| raw.push((at, r)))?;
-    let base = origin(rebase, raw.iter().map(|r| r.0).min(), &mut header);
-    let requests = raw
-        .into_iter()
-        .map(|(at, r)| Request {
-            arrival_us: arrival(at, base),
-            ..r
-        })
-        .collect::<Vec<_>>();
-    rep.rows = requests.len() as u64;
-    let mut trace = Trace { header, requests };
-    rep.reordered = trace.sort_by_arrival();
-    Ok((trace, rep))
 }
 
 /// Two passes over a line-oriented file: the first checks every row and finds the earliest

@@ -358,7 +358,7 @@ proptest! {
         } else {
             prop_assert!(trace.requests.is_empty());
             let overflows = runs.iter().any(|&(s, l)| l > 0 && s.checked_add(l - 1).is_none());
-            let absurd = input > retrace::trace::mooncake::MAX_TOKENS;
+            let absurd = input > retrace::trace::rows::MAX_TOKENS;
             prop_assert!(odd || overflows || absurd || declared > u128::from(bound), "refused a valid record: {}", rep.summary());
         }
     }

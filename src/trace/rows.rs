@@ -1,0 +1,126 @@
+//! What the line-oriented importers share: their options and report, the bound on token
+//! counts, and rows (parsed lines) turned into arrivals, whether the trace is streamed
+//! ([`super::stream`]) or collected whole ([`collect_rows`]).
+
+use super::{Request, Trace, TraceError, TraceHeader};
+
+/// Largest token count accepted (10^7): no model's context comes near it, and a larger length
+/// would make a replay build a prompt of gigabytes. Larger values are absurd, not data.
+pub const MAX_TOKENS: u64 = 10_000_000;
+
+/// Options shared by the line-oriented importers.
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Skip (and count) malformed rows instead of failing.
+    pub skip_bad: bool,
+}
+
+/// What an importer skipped or adjusted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ImportReport {
+    pub rows: u64,
+    /// (line, message) of each skipped row (kept up to 100; `skipped` counts all).
+    pub bad: Vec<(u64, String)>,
+    pub skipped: u64,
+    /// Rows out of time order, sorted (stable) by arrival afterwards.
+    pub reordered: u64,
+    /// For native traces: what was lost to truncation or corruption (see `native::ReadReport`).
+    pub damage: Option<String>,
+}
+
+impl ImportReport {
+    pub fn bad_row(&mut self, line: u64, msg: String) {
+        self.skipped += 1;
+        if self.bad.len() < 100 {
+            self.bad.push((line, super::clip_quoted(&msg)));
+        }
+    }
+}
+
+/// One parsed row: its line, and its timestamp (µs, the importer's own origin) with the request
+/// (its arrival is set from the timestamp), or why the row is malformed.
+pub(crate) type Row = (u64, Result<(i64, Request), String>);
+
+/// How a row's timestamp becomes an arrival.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Rebase {
+    /// The timestamp is the arrival.
+    Keep,
+    /// Offsets from the earliest row.
+    FromEarliest,
+    /// Offsets from the earliest row, whose wall-clock time becomes `t0_unix_us`.
+    FromEarliestWallClock,
+}
+
+/// A line-oriented importer's rows in file order.
+pub(crate) struct Rows<'a> {
+    pub header: TraceHeader,
+    pub rebase: Rebase,
+    pub iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
+}
+
+/// Walks rows with the skip rule: a malformed row fails the read or, with `skip_bad`, is counted
+/// and left out. `keep` gets each good row.
+pub(crate) fn walk(
+    path: &str,
+    rows: Rows<'_>,
+    opts: &ReadOptions,
+    rep: &mut ImportReport,
+    mut keep: impl FnMut(i64, Request),
+) -> Result<(), TraceError> {
+    for row in rows.iter {
+        match row? {
+            (_, Ok((at, r))) => keep(at, r),
+            (line, Err(msg)) if opts.skip_bad => rep.bad_row(line, msg),
+            (line, Err(msg)) => {
+                return Err(TraceError::Row {
+                    path: path.to_string(),
+                    line,
+                    msg,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The origin arrivals count from, and the header with it.
+pub(crate) fn origin(rebase: Rebase, earliest: Option<i64>, header: &mut TraceHeader) -> i64 {
+    let earliest = earliest.unwrap_or(0);
+    match rebase {
+        Rebase::Keep => 0,
+        Rebase::FromEarliest => earliest,
+        Rebase::FromEarliestWallClock => {
+            header.t0_unix_us = Some(earliest);
+            earliest
+        }
+    }
+}
+
+pub(crate) fn arrival(at: i64, base: i64) -> u64 {
+    at.saturating_sub(base).max(0) as u64
+}
+
+/// A whole line-oriented trace in memory: rows kept, rebased and sorted (stable) by arrival.
+pub(crate) fn collect_rows(
+    path: &str,
+    rows: Rows<'_>,
+    opts: &ReadOptions,
+) -> Result<(Trace, ImportReport), TraceError> {
+    let (mut header, rebase) = (rows.header.clone(), rows.rebase);
+    let mut rep = ImportReport::default();
+    let mut raw = Vec::new();
+    walk(path, rows, opts, &mut rep, |at, r| raw.push((at, r)))?;
+    let base = origin(rebase, raw.iter().map(|r| r.0).min(), &mut header);
+    let requests = raw
+        .into_iter()
+        .map(|(at, r)| Request {
+            arrival_us: arrival(at, base),
+            ..r
+        })
+        .collect::<Vec<_>>();
+    rep.rows = requests.len() as u64;
+    let mut trace = Trace { header, requests };
+    rep.reordered = trace.sort_by_arrival();
+    Ok((trace, rep))
+}
