@@ -1,22 +1,15 @@
-//! The mock's HTTP API: vLLM-compatible routes and request validation; the JSON and SSE text
-//! itself is [`super::format`]'s.
-//!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`, `POST /tokenize`, `GET /version`. Checks in vLLM's order: body JSON and field
-//! types (400), model name (404), prompt length against `max_model_len` (400, also when
-//! streaming); `max_tokens` beyond the context is cut silently as vLLM 0.32 does. Injected status
-//! faults come after validation. A streamed response takes the connection over and the engine
-//! side writes its events to the socket ([`super::stream`], [`super::conn`]); a whole body is
-//! collected on the engine side ([`Collect`]) and sent in one piece. A dropped request cancels
-//! it in the engine. This module does not schedule anything; it only talks to the engine
-//! through its channel.
+//! The mock's HTTP API: vLLM-compatible routes and request validation, in vLLM's order (body and
+//! field types 400, model 404, prompt length 400 also when streaming; `max_tokens` beyond the
+//! context is cut silently); injected status faults come after validation. A streamed response
+//! takes the connection over ([`super::conn`], [`super::stream`]); a whole body is collected on
+//! the engine side ([`Collect`]) and sent in one piece. The JSON text is [`super::format`]'s.
 
-use super::conn::{BoxError, ConnCtx, Hijack, Reply};
-use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Timing};
+use super::conn::{BoxError, ConnCtx, Reply};
+use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Usage};
 use super::faults::{self, FaultPlan};
-use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, FINGERPRINT};
+use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
 use super::prom::Stats;
-use super::stream::{arm_reset, Framing, Stream, StreamSink};
+use super::stream::{arm_reset, Framing, Hijack, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
 use crate::openai::{parse_request_value, Prompt, RequestInfo};
 use crate::trace::Endpoint;
@@ -54,39 +47,26 @@ pub struct Shared {
 #[error("connection reset (injected fault)")]
 struct ResetFault;
 
-/// A whole (non-streamed) answer as the engine finished it.
-enum Whole {
-    Done(Done),
-    Reset,
-}
-
-/// Every choice's tokens and the request's usage and timings.
-struct Done {
+/// A whole (non-streamed) answer: every choice's tokens and finish reason, and the usage.
+#[derive(Default)]
+struct Whole {
     ids: Vec<Vec<u32>>,
     fin: Vec<Option<Finish>>,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    timing: Timing,
+    usage: Usage,
 }
 
 /// The engine's sink for a whole body: tokens are collected on the engine side and the handler
-/// is woken once, when the answer is complete. Dropped unfinished (engine shutdown), the handler
-/// sees its channel closed.
+/// is woken once, when the answer is complete (`None`: the reset fault). Dropped unfinished
+/// (engine shutdown), the handler sees its channel closed.
 struct Collect {
-    id: u64,
     queued: AtomicU32,
-    parts: Mutex<Parts>,
-}
-
-struct Parts {
-    ids: Vec<Vec<u32>>,
-    fin: Vec<Option<Finish>>,
-    tx: Option<oneshot::Sender<Whole>>,
+    parts: Mutex<(Whole, Option<oneshot::Sender<Option<Whole>>>)>,
 }
 
 impl Sink for Collect {
     fn emit(&self, e: Emit, _flush: bool) -> bool {
         let mut p = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        let (w, tx) = &mut *p;
         let whole = match e {
             Emit::Tokens {
                 choice,
@@ -95,43 +75,33 @@ impl Sink for Collect {
                 ..
             } => {
                 let c = choice as usize;
-                if let Some(v) = p.ids.get_mut(c) {
+                if let (Some(v), Some(f)) = (w.ids.get_mut(c), w.fin.get_mut(c)) {
                     v.extend(ids);
-                    p.fin[c] = finish.or(p.fin[c]);
+                    *f = finish.or(*f);
                 }
                 // A closed receiver: the handler is gone.
-                return p.tx.as_ref().is_some_and(|tx| !tx.is_closed());
+                return tx.as_ref().is_some_and(|tx| !tx.is_closed());
             }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => Whole::Done(Done {
-                ids: std::mem::take(&mut p.ids),
-                fin: std::mem::take(&mut p.fin),
-                prompt_tokens,
-                completion_tokens,
-                timing,
+            Emit::Done { usage, .. } => Some(Whole {
+                usage,
+                ..std::mem::take(w)
             }),
-            Emit::Reset { .. } => Whole::Reset,
+            Emit::Reset { .. } => None,
         };
-        p.tx.take().is_some_and(|tx| tx.send(whole).is_ok())
-    }
-    fn key(&self) -> u64 {
-        self.id
+        tx.take().is_some_and(|tx| tx.send(whole).is_ok())
     }
     fn queued(&self) -> &AtomicU32 {
         &self.queued
     }
 }
 
-fn full(status: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Reply {
+fn full(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Reply {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    if let Ok(v) = header::HeaderValue::from_str(ctype) {
-        r.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
+    (r.headers_mut()).insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(ctype),
+    );
     r
 }
 
@@ -152,6 +122,10 @@ pub fn error_response(status: u16, message: &str, param: Option<&str>) -> Reply 
     )
 }
 
+fn shutting_down() -> Reply {
+    error_response(503, "the engine is shutting down", None)
+}
+
 fn detail(status: StatusCode, msg: &str) -> Reply {
     full(
         status,
@@ -168,38 +142,32 @@ pub async fn handle(
 ) -> Result<Reply, BoxError> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let fault_header = req
-        .headers()
-        .get(faults::FAULT_HEADER)
-        .map(|v| v.to_str().map(str::to_string));
+    let forced = req.headers().get(faults::FAULT_HEADER).map(|v| {
+        let v = v
+            .to_str()
+            .map_err(|_| faults::BadFaultHeader("not ASCII".into()));
+        v.and_then(faults::parse_header)
+    });
     let get = method == Method::GET || method == Method::HEAD;
     let direct = StreamConn::new(&req, conn);
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
         return Ok(r);
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-    {
+    let body = http_body_util::Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match body.await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return Ok(error_response(
-                400,
-                &format!("cannot read request body (limit {MAX_BODY} bytes): {e}"),
-                None,
-            ))
+            let msg = format!("cannot read request body (limit {MAX_BODY} bytes): {e}");
+            return Ok(error_response(400, &msg, None));
         }
     };
     direct.conn.request_read();
-    let forced = match fault_header.map(|h| h.map_err(|_| faults::not_ascii())) {
-        None => None,
-        Some(h) => match h.and_then(|v| faults::parse_header(&v)) {
-            Ok(p) => Some(p),
-            Err(e) => return Ok(error_response(400, &e.to_string(), None)),
-        },
+    let forced = match forced.transpose() {
+        Ok(p) => p,
+        Err(e) => return Ok(error_response(400, &e.to_string(), None)),
     };
     if path == "/tokenize" {
-        return Ok(tokenize_route(&sh, &body));
+        return Ok(tokenize_route(&sh, &body).unwrap_or_else(Reply::from));
     }
     // Arrival (what the mock's timings count from): when the read that completed the request
     // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
@@ -247,32 +215,24 @@ fn models(sh: &Shared) -> Reply {
     full(StatusCode::OK, "application/json", s)
 }
 
-fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
-    let v: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return error_response(400, &format!("body is not JSON: {e}"), None),
-    };
-    let tokens = if let Some(m) = v.get("messages") {
-        let Some(m) = m.as_array() else {
-            return error_response(400, "field `messages` must be a list", Some("messages"));
-        };
-        match tokenize::chat_text(m).and_then(|t| sh.tokenizer.encode(&t)) {
-            Ok(t) => t,
-            Err(e) => return error_response(400, &e, Some("messages")),
+fn tokenize_route(sh: &Shared, body: &[u8]) -> Result<Reply, Reject> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| reject(400, format!("body is not JSON: {e}"), None))?;
+    let tokens = match (v.get("messages"), v.get("prompt")) {
+        (Some(m), _) => {
+            let msg = "field `messages` must be a list";
+            let m = m
+                .as_array()
+                .ok_or_else(|| reject(400, msg, Some("messages")))?;
+            let ids = tokenize::chat_text(m).and_then(|t| sh.tokenizer.encode(&t));
+            ids.map_err(|e| reject(400, e, Some("messages")))?
         }
-    } else {
-        match v.get("prompt") {
-            Some(Value::String(s)) => match sh.tokenizer.encode(s) {
-                Ok(t) => t,
-                Err(e) => return error_response(400, &e, Some("prompt")),
-            },
-            _ => {
-                return error_response(
-                    400,
-                    "field `prompt` (text) or `messages` is required",
-                    Some("prompt"),
-                )
-            }
+        (None, Some(Value::String(s))) => {
+            (sh.tokenizer.encode(s)).map_err(|e| reject(400, e, Some("prompt")))?
+        }
+        _ => {
+            let msg = "field `prompt` (text) or `messages` is required";
+            return Err(reject(400, msg, Some("prompt")));
         }
     };
     let mut s = format!(
@@ -281,21 +241,12 @@ fn tokenize_route(sh: &Shared, body: &[u8]) -> Reply {
         sh.max_model_len
     );
     ids_json(&mut s, &tokens);
-    if v.get("return_token_strs").and_then(Value::as_bool) == Some(true) {
-        let strs: Vec<Value> = tokens
-            .iter()
-            .map(|&t| {
-                sh.tokenizer
-                    .token_str(t)
-                    .map(Value::String)
-                    .unwrap_or(Value::Null)
-            })
-            .collect();
-        let _ = write!(s, ",\"token_strs\":{}}}", Value::Array(strs));
-    } else {
-        s.push_str(",\"token_strs\":null}");
-    }
-    full(StatusCode::OK, "application/json", s)
+    let strs = (v.get("return_token_strs").and_then(Value::as_bool) == Some(true)).then(|| {
+        let str = |&t: &u32| sh.tokenizer.token_str(t).map_or(Value::Null, Value::String);
+        Value::Array(tokens.iter().map(str).collect())
+    });
+    let _ = write!(s, ",\"token_strs\":{}}}", strs.unwrap_or(Value::Null));
+    Ok(full(StatusCode::OK, "application/json", s))
 }
 
 /// Seconds since the Unix epoch (`created` fields).
@@ -305,23 +256,7 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn flatten(p: Prompt, out: &mut Vec<Prompt>) {
-    match p {
-        Prompt::Batch(v) => v.into_iter().for_each(|x| flatten(x, out)),
-        x => out.push(x),
-    }
-}
-
-fn random_hex(sh: &Shared, n: u64) -> String {
-    format!(
-        "{:016x}",
-        xxhash_rust::xxh3::xxh3_64_with_seed(&n.to_le_bytes(), sh.seed ^ sh.started_unix)
-    )
-}
-
-/// A request the mock refuses, as vLLM words it (turned into [`error_response`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{status}: {message}")]
+/// A request the mock refuses, as vLLM words it (answered with [`error_response`]).
 struct Reject {
     status: u16,
     message: String,
@@ -336,9 +271,9 @@ fn reject(status: u16, message: impl Into<String>, param: Option<&'static str>) 
     }
 }
 
-impl Reject {
-    fn reply(&self) -> Reply {
-        error_response(self.status, &self.message, self.param)
+impl From<Reject> for Reply {
+    fn from(r: Reject) -> Reply {
+        error_response(r.status, &r.message, r.param)
     }
 }
 
@@ -395,30 +330,37 @@ fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bo
 /// The request's prompts as token ids.
 fn prompts(sh: &Shared, info: &RequestInfo, chat: bool) -> Result<Vec<Vec<u32>>, Reject> {
     if chat {
-        let msgs = info.messages.clone().unwrap_or_default();
-        let ids = tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t));
-        return Ok(vec![ids.map_err(|e| reject(400, e, Some("messages")))?]);
+        let msgs = info.messages.as_deref().unwrap_or_default();
+        return Ok(vec![chat_ids(sh, msgs)?]);
     }
-    let mut flat = Vec::new();
+    let mut out = Vec::new();
     if let Some(p) = info.prompt.clone() {
-        flatten(p, &mut flat);
+        prompt_ids(sh, p, &mut out)?;
     }
-    if flat.is_empty() {
+    if out.is_empty() {
         return Err(reject(400, "field `prompt` is empty", Some("prompt")));
     }
-    let mut out = Vec::with_capacity(flat.len());
-    for p in flat {
-        match p {
-            Prompt::TokenIds(ids) => out.push(ids),
-            Prompt::Text(t) => out.push(
-                sh.tokenizer
-                    .encode(&t)
-                    .map_err(|e| reject(400, e, Some("prompt")))?,
-            ),
-            Prompt::Batch(_) => {}
-        }
-    }
     Ok(out)
+}
+
+/// Appends the token ids of `p` (text tokenized, a batch flattened) to `out`.
+fn prompt_ids(sh: &Shared, p: Prompt, out: &mut Vec<Vec<u32>>) -> Result<(), Reject> {
+    match p {
+        Prompt::Batch(v) => return v.into_iter().try_for_each(|x| prompt_ids(sh, x, out)),
+        Prompt::TokenIds(ids) => out.push(ids),
+        Prompt::Text(t) => out.push(text_ids(sh, &t)?),
+    }
+    Ok(())
+}
+
+fn text_ids(sh: &Shared, text: &str) -> Result<Vec<u32>, Reject> {
+    (sh.tokenizer.encode(text)).map_err(|e| reject(400, e, Some("prompt")))
+}
+
+/// Chat messages through the fixed template, as token ids.
+fn chat_ids(sh: &Shared, messages: &[Value]) -> Result<Vec<u32>, Reject> {
+    let ids = tokenize::chat_text(messages).and_then(|t| sh.tokenizer.encode(&t));
+    ids.map_err(|e| reject(400, e, Some("messages")))
 }
 
 /// One sequence per prompt and choice (`n`), with lengths checked against the context.
@@ -484,152 +426,105 @@ async fn generate(
 ) -> Result<Reply, BoxError> {
     let g = match parse_generate(&sh, body, chat) {
         Ok(g) => g,
-        Err(r) => return Ok(r.reply()),
+        Err(r) => return Ok(r.into()),
     };
     let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
-    if !plan.is_empty() {
+    if plan != FaultPlan::default() {
         sh.stats.faults_injected.fetch_add(plan.count(), Relaxed);
     }
     let slow = plan
         .slow_headers_ms
         .map(|ms| Duration::from_secs_f64(ms / 1e3));
     if let Some(status) = plan.status {
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
+        slow_headers(slow).await;
         let msg = format!("simulated {status} (retrace mock fault injection)");
         return Ok(error_response(status, &msg, None));
     }
     let prompts: Vec<Arc<Vec<u32>>> = g.seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
     let kind = if chat { "chatcmpl" } else { "cmpl" };
+    let hex = xxhash_rust::xxh3::xxh3_64_with_seed(&rn.to_le_bytes(), sh.seed ^ sh.started_unix);
     let head = Head {
-        rn,
         chat,
-        id: format!("{kind}-{}", random_hex(&sh, rn)),
+        id: format!("{kind}-{hex:016x}"),
         created: unix_now(),
+        model: &sh.model,
         return_token_ids: g.return_token_ids,
     };
     let may_reset = plan.reset_after.is_some();
-    let submit = |sink: Arc<dyn Sink>| Submit {
-        id: rn,
-        arrival,
-        seqs: g.seqs,
-        faults: plan,
-        sink,
+    let submit = |sink: Arc<dyn Sink>| {
+        let (id, seqs, faults) = (rn, g.seqs, plan);
+        let req = Submit {
+            id,
+            arrival,
+            seqs,
+            faults,
+            sink,
+        };
+        sh.inbox.submit(&sh.engine, req).is_ok()
     };
     if !g.stream {
-        return whole_response(&sh, &head, prompts, submit, slow, direct).await;
-    }
-    let fmt = Fmt::new(
-        chat,
-        &head.id,
-        head.created,
-        &sh.model,
-        g.include_usage,
-        sh.per_request_metrics,
-        g.return_token_ids,
-        prompts,
-    );
-    let st = Stream::new(
-        fmt,
-        sh.tokenizer.clone(),
-        sh.stats.clone(),
-        sh.engine.clone(),
-        rn,
-        may_reset,
-        direct.framing,
-    );
-    let req = submit(Arc::new(StreamSink(st.clone())));
-    stream_response(&sh, st, req, slow, direct).await
-}
-
-/// What every chunk or body of one answer names.
-struct Head {
-    /// The request's number (the engine's id of it).
-    rn: u64,
-    chat: bool,
-    id: String,
-    created: u64,
-    return_token_ids: bool,
-}
-
-/// A whole (non-streamed) answer: collected on the engine side, sent in one piece (after slow
-/// headers, if any).
-async fn whole_response(
-    sh: &Shared,
-    head: &Head,
-    prompts: Vec<Arc<Vec<u32>>>,
-    submit: impl FnOnce(Arc<dyn Sink>) -> Submit,
-    slow: Option<Duration>,
-    direct: &StreamConn,
-) -> Result<Reply, BoxError> {
-    let n = prompts.len();
-    let (tx, rx) = oneshot::channel();
-    let req = submit(Arc::new(Collect {
-        id: head.rn,
-        queued: AtomicU32::new(0),
-        parts: Mutex::new(Parts {
-            ids: vec![Vec::new(); n],
-            fin: vec![None; n],
-            tx: Some(tx),
-        }),
-    }));
-    if sh.inbox.submit(&sh.engine, req).is_err() {
-        return Ok(error_response(503, "the engine is shutting down", None));
-    }
-    let mut guard = CancelGuard {
-        engine: sh.engine.clone(),
-        id: head.rn,
-        armed: true,
-    };
-    let whole = rx.await;
-    guard.armed = false;
-    let body = match whole {
-        Ok(Whole::Done(d)) => whole_body(sh, head, &prompts, &d),
-        Ok(Whole::Reset) => {
-            arm_reset(direct.conn.fd);
-            return Err(Box::new(ResetFault));
+        let (tx, rx) = oneshot::channel();
+        let n = prompts.len();
+        let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], Usage::default());
+        let collect = Collect {
+            queued: AtomicU32::new(0),
+            parts: Mutex::new((Whole { ids, fin, usage }, Some(tx))),
+        };
+        if !submit(Arc::new(collect)) {
+            return Ok(shutting_down());
         }
-        Err(_) => return Ok(error_response(503, "the engine is shutting down", None)),
-    };
+        let mut guard = CancelGuard(Some((sh.engine.clone(), rn)));
+        let whole = rx.await;
+        guard.0 = None;
+        let body = match whole {
+            Ok(None) => {
+                arm_reset(direct.conn.fd);
+                return Err(Box::new(ResetFault));
+            }
+            Ok(Some(w)) => whole_body(&sh, &head, &prompts, &w),
+            Err(_) => return Ok(shutting_down()),
+        };
+        slow_headers(slow).await;
+        return Ok(full(StatusCode::OK, "application/json", body));
+    }
+    let fmt = Fmt::new(&head, g.include_usage, sh.per_request_metrics, prompts);
+    let (tok, stats, engine) = (sh.tokenizer.clone(), sh.stats.clone(), sh.engine.clone());
+    let st = Stream::new(fmt, tok, stats, engine, rn, may_reset, direct.framing);
+    if !submit(Arc::new(StreamSink(st.clone()))) {
+        return Ok(shutting_down());
+    }
+    stream_response(st, slow, direct).await
+}
+
+async fn slow_headers(slow: Option<Duration>) {
     if let Some(d) = slow {
         tokio::time::sleep(d).await;
     }
-    Ok(full(StatusCode::OK, "application/json", body))
 }
 
-/// A streamed completion: the engine gets a [`Stream`] as the request's sink, then the
-/// connection is taken over so that the events go to the socket directly ([`super::stream`]).
+/// A streamed completion, its request submitted with a [`Stream`] as its sink: the connection is
+/// taken over so that the events go to the socket directly ([`super::stream`]).
 async fn stream_response(
-    sh: &Shared,
     st: Arc<Stream>,
-    req: Submit,
     slow: Option<Duration>,
     direct: &StreamConn,
 ) -> Result<Reply, BoxError> {
-    if sh.inbox.submit(&sh.engine, req).is_err() {
-        return Ok(error_response(503, "the engine is shutting down", None));
-    }
     // Until the connection takes the stream, a dropped handler (client gone) abandons it.
     let mut hijack = Hijack {
-        stream: Some(st),
+        stream: st,
         head: Vec::new(),
         close_after: direct.close_after || direct.framing == Framing::UntilClose,
     };
-    if let Some(d) = slow {
-        tokio::time::sleep(d).await;
-    }
+    slow_headers(slow).await;
     // hyper sends what it still holds of earlier (pipelined) responses first.
     direct.conn.flushed().await;
-    let mut head = String::with_capacity(160);
-    head.push_str(match direct.framing {
+    let head = match direct.framing {
         Framing::Chunked => "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: ",
         Framing::UntilClose => "HTTP/1.0 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ndate: ",
-    });
-    head.push_str(&httpdate::fmt_http_date(std::time::SystemTime::now()));
-    head.push_str("\r\n\r\n");
-    hijack.head = head.into_bytes();
+    };
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now());
+    hijack.head = format!("{head}{date}\r\n\r\n").into_bytes();
     direct.conn.take_over(hijack);
     // hyper's own response is discarded; `connection: close` makes it hand the socket back.
     let mut r = Response::new(Full::new(Bytes::new()));
@@ -665,40 +560,24 @@ impl StreamConn {
     }
 }
 
-struct CancelGuard {
-    engine: mpsc::Sender<Cmd>,
-    id: u64,
-    armed: bool,
-}
+/// Cancels the request in the engine when dropped armed (the handler went away).
+struct CancelGuard(Option<(mpsc::Sender<Cmd>, u64)>);
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = self.engine.send(Cmd::Cancel(self.id));
+        if let Some((engine, id)) = self.0.take() {
+            let _ = engine.send(Cmd::Cancel(id));
         }
     }
 }
 
 /// The JSON body of a whole (non-streamed) answer.
-fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a Done) -> String {
+fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], w: &'a Whole) -> String {
     let chat = head.chat;
     let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
     let mut s = String::with_capacity(256);
-    s.push_str("{\"id\":");
-    json_str(&mut s, &head.id);
-    let object = if chat {
-        "chat.completion"
-    } else {
-        "text_completion"
-    };
-    let created = head.created;
-    let _ = write!(
-        s,
-        ",\"object\":\"{object}\",\"created\":{created},\"model\":"
-    );
-    json_str(&mut s, &sh.model);
-    s.push_str(",\"choices\":[");
-    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&d.ids).zip(&d.fin).enumerate() {
+    head.open(&mut s, false);
+    for (c, ((prompt, ids), fin)) in prompts.iter().zip(&w.ids).zip(&w.fin).enumerate() {
         if c > 0 {
             s.push(',');
         }
@@ -728,7 +607,7 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a
         }
         s.push('}');
     }
-    let (p, c) = (d.prompt_tokens, d.completion_tokens);
+    let (p, c) = (w.usage.prompt_tokens, w.usage.completion_tokens);
     let _ = write!(
         s,
         "],\"service_tier\":null,\"system_fingerprint\":\"{FINGERPRINT}\",\"usage\":{{\"prompt_tokens\":{p},\"total_tokens\":{},\"completion_tokens\":{c},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}",
@@ -740,7 +619,7 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], d: &'a
     });
     if sh.per_request_metrics {
         s.push_str(",\"metrics\":");
-        metrics_json(&mut s, &d.timing, true);
+        metrics_json(&mut s, &w.usage, true);
     }
     s.push('}');
     s

@@ -1,21 +1,13 @@
-//! The simulated KV cache with automatic prefix caching, following vLLM's block manager.
-//!
-//! Capacity is a fixed number of blocks of `block_size` tokens. A full prompt block, once its
-//! prefill is computed, is registered under its chained hash (from
-//! [`crate::trace::hash::BlockHasher`], so a hash names the whole prefix up to that block). A new
-//! sequence reuses the longest run of leading blocks whose hashes are registered, capped so that
-//! the block holding the last prompt token is always recomputed (vLLM's rule):
-//! `hit_tokens = min(matched_blocks, floor((L-1)/B)) * B`. Blocks no sequence references stay
-//! cached and are evicted least-recently-released first when fresh blocks are needed.
-//! Generated (decode) tokens are not registered: the mock's outputs are not meant to be reused.
-//! This module does no timing and knows nothing of requests; the engine owns the policy of when
-//! to allocate.
+//! The simulated KV cache with automatic prefix caching, following vLLM's block manager: full
+//! prompt blocks registered under their chained hash, the longest registered leading run reused
+//! (the block holding the last prompt token always recomputed), unreferenced cached blocks
+//! evicted least-recently-released first (docs/mock.md, "Prefix cache"). This module does no
+//! timing and knows nothing of requests.
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Hashes u64 keys with one multiply instead of SipHash: the engine's own ids (sequential, not
-/// chosen by a client) and the block hashes here (xxh3 outputs, already mixed); both maps are
-/// looked up several times per request or per emitted event.
+/// Hashes u64 keys with one multiply instead of SipHash: the engine's own ids (not chosen by a
+/// client) and block hashes (xxh3 outputs, already mixed).
 #[derive(Default, Clone, Copy)]
 pub struct IdHasher(u64);
 
@@ -76,22 +68,9 @@ impl PrefixCache {
         }
     }
 
-    pub fn block_size(&self) -> u32 {
-        self.block_size
-    }
-
-    /// Blocks referenced by at least one sequence.
-    pub fn blocks_in_use(&self) -> usize {
-        self.in_use
-    }
-
     /// Fraction of blocks referenced by running sequences (vLLM's `kv_cache_usage_perc`, 0..1).
     pub fn usage(&self) -> f64 {
-        if self.blocks.is_empty() {
-            0.0
-        } else {
-            self.in_use as f64 / self.blocks.len() as f64
-        }
+        self.in_use as f64 / self.blocks.len().max(1) as f64
     }
 
     /// Blocks needed for `tokens` tokens.
@@ -207,7 +186,7 @@ mod tests {
 
     /// Runs one request to completion: acquire, register every full prompt block, release.
     fn run(c: &mut PrefixCache, tokens: &[u32]) -> u32 {
-        let bs = c.block_size() as usize;
+        let bs = c.block_size as usize;
         let h = hashes(tokens, bs);
         let need = c.blocks_for(tokens.len() as u32);
         let a = c.acquire(&h, tokens.len() as u32, need).unwrap();
@@ -259,7 +238,7 @@ mod tests {
             "a's first block was evicted, so nothing chains"
         );
         assert!(c.acquire(&[], 0, 5).is_none());
-        assert_eq!(c.blocks_in_use(), 0);
+        assert_eq!(c.in_use, 0);
     }
 
     #[test]

@@ -1,22 +1,16 @@
 //! One client connection: hyper serves its HTTP/1.1 requests, and a streamed completion takes the
 //! socket over so that the engine can write the stream's events directly ([`super::stream`]).
 //!
-//! The take-over: the request handler registers the stream in this connection's [`ConnCtx`] and
-//! answers hyper with an empty `connection: close` response; from that moment the connection's
-//! I/O wrapper swallows what hyper writes (that placeholder response), so hyper ends the
-//! connection as if it had been closed and hands back the socket and any bytes it had read
-//! ahead. This task then writes the real response head (the same bytes hyper writes for an SSE
-//! response) and runs the stream; afterwards the socket goes back to a fresh hyper connection,
-//! with the read-ahead bytes replayed first, unless the client asked to close (or spoke
-//! HTTP/1.0, whose stream ends with the connection). A take-over waits until hyper has sent
-//! everything of earlier responses ([`ConnCtx::flushed`]). Every read of the socket is a `recvmsg` that
-//! also notes when its bytes reached the socket ([`crate::rxstamp`]; [`ConnCtx::last_rx`]), which
-//! the handler takes as the request's arrival once its body is read; bytes read ahead carry their
-//! read's stamp into the next request. Graceful shutdown: no new request is read,
-//! open streams end when the engine stops. This module does not format bodies or decide routes
-//! (the request handler is given to [`serve`]).
+//! The take-over: the handler registers the stream ([`ConnCtx::take_over`]) and answers hyper with
+//! an empty `connection: close` response, which the connection's I/O wrapper swallows; hyper
+//! hands back the socket and the bytes it read ahead. This task then writes the real response
+//! head and runs the stream; afterwards the socket goes back to a fresh hyper connection (the
+//! read-ahead bytes replayed first) unless the client asked to close or spoke HTTP/1.0. Every
+//! read is a `recvmsg` that notes when its bytes reached the socket ([`crate::rxstamp`]), which
+//! the handler takes as the request's arrival ([`ConnCtx::last_rx`]). This module does not
+//! format bodies or decide routes (the request handler is given to [`serve`]).
 
-use super::stream::{self, Outcome};
+use super::stream::{self, Hijack, Outcome};
 use crate::rxstamp;
 use bytes::{Buf, Bytes};
 use std::future::Future;
@@ -29,24 +23,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-
-/// A stream that took the connection over. Dropped without being driven (the connection failed
-/// or the mock was dropped abruptly), it cancels its request.
-pub struct Hijack {
-    pub stream: Option<Arc<stream::Stream>>,
-    /// The response head to write (status line and headers).
-    pub head: Vec<u8>,
-    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
-    pub close_after: bool,
-}
-
-impl Drop for Hijack {
-    fn drop(&mut self) {
-        if let Some(s) = self.stream.take() {
-            s.abandon();
-        }
-    }
-}
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What the request handler answers.
@@ -133,10 +109,6 @@ impl ConnCtx {
             *slot = Some(h);
             self.swallow.store(true, Relaxed);
         }
-    }
-
-    fn take(&self) -> Option<Hijack> {
-        self.hijack.lock().ok().and_then(|mut s| s.take())
     }
 
     /// When the bytes of the connection's latest read reached its socket (the kernel's receive
@@ -245,13 +217,10 @@ impl AsyncRead for ConnIo {
 }
 
 impl ConnIo {
-    fn track<T>(&self, p: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        let was = self.ctx.blocked.swap(p.is_pending(), Relaxed);
-        if was && p.is_ready() {
-            self.ctx.unblocked.notify_one();
-            self.ctx.activity().last = Instant::now();
-        }
-        p
+    /// The socket, unless a stream has taken over (then hyper's writes are discarded).
+    fn live(&mut self) -> Option<Pin<&mut TcpStream>> {
+        let swallow = self.ctx.swallow.load(Relaxed);
+        (!swallow).then(|| Pin::new(&mut self.stream))
     }
 }
 
@@ -261,25 +230,26 @@ impl AsyncWrite for ConnIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.ctx.swallow.load(Relaxed) {
+        let Some(s) = self.live() else {
             return Poll::Ready(Ok(buf.len()));
+        };
+        let p = s.poll_write(cx, buf);
+        // Whether hyper now holds unsent bytes (for `ConnCtx::flushed` and the timeouts).
+        if self.ctx.blocked.swap(p.is_pending(), Relaxed) && p.is_ready() {
+            self.ctx.unblocked.notify_one();
+            self.ctx.activity().last = Instant::now();
         }
-        let p = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.track(p)
+        p
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.stream).poll_flush(cx)
+        self.live()
+            .map_or(Poll::Ready(Ok(())), |s| s.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.ctx.swallow.load(Relaxed) {
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+        self.live()
+            .map_or(Poll::Ready(Ok(())), |s| s.poll_shutdown(cx))
     }
 }
 
@@ -317,17 +287,11 @@ async fn http(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<HttpParts> {
     let ctx = io.ctx.clone();
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
-    let mut conn = Some(conn);
-    let mut stopping = *stop.borrow();
-    if stopping {
-        if let Some(c) = conn.as_mut() {
-            Pin::new(c).graceful_shutdown();
-        }
-    }
+    let conn = hyper::server::conn::http1::Builder::new();
+    let mut conn = Some(conn.serve_connection(hyper_util::rt::TokioIo::new(io), svc));
+    let mut stopping = false;
     let mut stopped = Box::pin(async move {
-        let _ = stop.changed().await;
+        let _ = stop.wait_for(|s| *s).await;
     });
     let mut timer = Box::pin(tokio::time::sleep(timeouts.idle));
     std::future::poll_fn(|cx| {
@@ -358,14 +322,13 @@ async fn http(
 /// Serves one accepted connection until it closes, waits on its client longer than `timeouts`
 /// allow, or the mock stops. Its reads carry the kernel's receive timestamps.
 pub async fn serve(
-    stream: TcpStream,
+    mut stream: TcpStream,
     handler: Handler,
     timeouts: Timeouts,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     rxstamp::enable(stream.as_raw_fd());
-    let mut stream = stream;
     let mut prefix = Bytes::new();
     // When the bytes in `prefix` reached the socket (the latest read that got any of them).
     let mut prefix_rx: Option<Instant> = None;
@@ -382,15 +345,13 @@ pub async fn serve(
             ctx: ctx.clone(),
         };
         let r = http(io, svc, timeouts, stop.clone()).await;
-        let hijack = ctx.take();
+        let hijack = ctx.hijack.lock().ok().and_then(|mut s| s.take());
         let Some(parts) = r else {
             return; // dropping `hijack` abandons its stream
         };
-        let io = parts.io.into_inner();
-        let Some(mut h) = hijack else {
+        let mut io = parts.io.into_inner();
+        let Some(h) = hijack else {
             // hyper ended the connection by itself (close, error, shutdown): close it properly.
-            let mut io = io;
-            io.ctx.swallow.store(false, Relaxed);
             let _ = tokio::io::AsyncWriteExt::shutdown(&mut io).await;
             return;
         };
@@ -399,12 +360,9 @@ pub async fn serve(
         read_ahead.extend_from_slice(&io.prefix);
         let mut ahead_rx = ctx.last_rx();
         stream = io.stream;
-        let Some(st) = h.stream.take() else {
-            return;
-        };
-        let head = std::mem::take(&mut h.head);
-        match stream::drive(st, &mut stream, head, &mut read_ahead, &mut ahead_rx).await {
-            Outcome::Finished if !h.close_after && !*stop.borrow() => {
+        let close_after = h.close_after;
+        match stream::drive(h, &mut stream, &mut read_ahead, &mut ahead_rx).await {
+            Outcome::Finished if !close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;
             }

@@ -1,16 +1,8 @@
-//! The simulated engine's emission side: a thread that runs the scheduler ([`super::sched`])
-//! in real time and hands each token event to its response at its due instant, applying the
-//! request's stall and reset faults on the way, and keeps the engine's counters ([`super::prom`]).
-//!
-//! Events wait for their deadline: the thread sleeps (1 ns timer slack) until the next one,
-//! then hands every due event to its response's [`Sink`]: a stream's sink formats the event and
-//! writes it to the socket ([`super::stream`]), on this thread when at most `DIRECT_MAX` events
-//! are due in this wake-up, else on `WRITERS` writer threads in parallel (a response stays on one writer while it has events queued there, so its
-//! events keep their order). Hand-overs are at least `coalesce` apart, so a burst of close
-//! deadlines costs one wake-up and no event is more than `coalesce` late on the engine's side.
-//! A request reaches the scheduler `request_overhead_ms` after it arrived (front-end latency,
-//! cost-model mode). The response measures lateness when it hands the bytes to the socket. This
-//! module does not format JSON or touch sockets.
+//! The simulated engine's emission side: a thread that runs the scheduler ([`super::sched`]) in
+//! real time, applies each request's stall and reset faults, hands every token event to its
+//! response's [`Sink`] at its due instant and keeps the engine's counters ([`super::prom`]).
+//! The design (deadline wait, coalescing, writer threads, the inbox) is in docs/mock.md,
+//! "Timing design". This module does not format JSON or touch sockets.
 
 use super::cache::IdMap;
 use super::faults::FaultPlan;
@@ -19,27 +11,27 @@ use super::sched::{Event, SchedConfig, Scheduler};
 pub use super::sched::{Finish, SeqIn};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Engine knobs (derived from `MockConfig`).
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub sched: SchedConfig,
-    /// Run the engine thread under SCHED_FIFO (see [`crate::thread_timing::realtime`]).
-    pub realtime: bool,
-    /// Minimum gap between two hand-overs (batches events due close together).
-    pub coalesce: Duration,
-}
-
-/// Threads that call the sinks for large bursts (write streams to their sockets): they spread
-/// the socket work over cores (and over CPU shares on a busy machine); each response always goes
-/// through the same one.
+/// Threads that call the sinks for large bursts, spreading the socket work over cores; each
+/// response always goes through the same one.
 const WRITERS: usize = 2;
 
-/// The engine's own timings of one request (vLLM's per-request `metrics`).
+/// At most this many due events per hand-over are written by the engine thread itself; a larger
+/// burst goes to the writer threads.
+const DIRECT_MAX: usize = 32;
+
+/// Delay between the last token before an injected reset and the reset itself: the tokens
+/// before it reach the client (a TCP reset makes the peer discard data it has not read yet).
+const RESET_GRACE: Duration = Duration::from_millis(20);
+
+/// A finished request's token counts and the engine's own timings of it (vLLM's per-request
+/// `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Timing {
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
     pub queue_ms: f64,
     pub ttft_ms: f64,
     pub generation_ms: f64,
@@ -57,12 +49,7 @@ pub enum Emit {
         finish: Option<Finish>,
     },
     /// All choices finished; follows the last `Tokens`.
-    Done {
-        at: Instant,
-        prompt_tokens: u64,
-        completion_tokens: u64,
-        timing: Timing,
-    },
+    Done { at: Instant, usage: Usage },
     /// Fault: reset the connection now.
     Reset { at: Instant },
 }
@@ -92,20 +79,12 @@ pub trait Sink: Send + Sync {
     /// another event of the same response follows in the same batch: the bytes are queued and
     /// go out with that one, in one write.
     fn emit(&self, e: Emit, flush: bool) -> bool;
-    /// The request's id ([`Submit::id`]): shards responses over the writer threads (so that one
-    /// response's events stay in order) and names the request to abort when the client is gone.
-    fn key(&self) -> u64;
     /// Events of this response handed to a writer thread and not yet taken by it: the engine
     /// writes an event itself only when this is 0, so a response's events stay in order.
     fn queued(&self) -> &std::sync::atomic::AtomicU32;
 }
 
-/// At most this many due events per hand-over are written by the engine thread itself; a larger
-/// burst (the engine fell behind, or a cost-model step ended for many sequences) goes to the
-/// writer threads, which write in parallel.
-const DIRECT_MAX: usize = 32;
-
-/// Sink events (with the sink's key) in hand-over order.
+/// Sink events (with their request's id) in hand-over order.
 type SinkBatch = Vec<(u64, Arc<dyn Sink>, Emit)>;
 
 /// Scratch for [`flush_marks`].
@@ -157,12 +136,8 @@ pub enum Cmd {
 pub struct EngineGone;
 
 /// New requests handed to the engine without waking its thread when it will look anyway before
-/// the request's first event can be due: a burst of C arrivals costs the engine thread one
-/// wake-up instead of C (each a futex wake and a context switch competing with the HTTP threads
-/// for the CPU). The engine publishes when it next looks (`Inbox::wake_at`); a request whose
-/// first event may be due sooner (`arrival + lead`) wakes it. `lead` is the fixed TTFT, or the
-/// front-end latency in cost-model mode (0: every request arriving while the engine sleeps
-/// wakes it).
+/// the request's first event can be due (`arrival + lead`; `lead` is the fixed TTFT, or the
+/// front-end latency in cost-model mode): a burst of arrivals costs one wake-up.
 pub struct Inbox {
     queue: Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
@@ -173,7 +148,8 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    pub fn new(lead: Duration) -> Inbox {
+    pub fn new(cfg: &SchedConfig) -> Inbox {
+        let lead = cfg.fixed.map_or(cfg.front_end(), |(ttft, _)| ttft);
         Inbox {
             queue: Mutex::new(Vec::new()),
             wake_at: AtomicU64::new(0),
@@ -182,13 +158,8 @@ impl Inbox {
         }
     }
 
-    /// The earliest instant a request's first event could be due, for a request arriving at
-    /// `arrival`.
-    pub fn lead(cfg: &SchedConfig) -> Duration {
-        match cfg.fixed {
-            Some((ttft, _)) => ttft,
-            None => Duration::from_secs_f64(cfg.cost.request_overhead_ms.max(0.0) / 1e3),
-        }
+    fn queue(&self) -> MutexGuard<'_, Vec<Submit>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands `s` to the engine; wakes its thread only when it would look too late.
@@ -197,16 +168,12 @@ impl Inbox {
         let due = (s.arrival + self.lead)
             .saturating_duration_since(self.base)
             .as_nanos() as u64;
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+        self.queue().push(s);
         // After the push (the mutex orders it against the engine's last look at the queue).
         if self.wake_at.load(SeqCst) > due {
             return engine.send(Cmd::Wake).map_err(|_| EngineGone);
         }
         Ok(())
-    }
-
-    fn take(&self) -> Vec<Submit> {
-        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Publishes the engine's next look (`None`: only a command wakes it); false when requests
@@ -216,25 +183,18 @@ impl Inbox {
             t.saturating_duration_since(self.base).as_nanos() as u64
         });
         self.wake_at.store(ns.max(1), SeqCst);
-        let empty = self
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
+        let empty = self.queue().is_empty();
         if !empty {
             self.wake_at.store(0, SeqCst);
         }
         empty
-    }
-
-    fn awake(&self) {
-        self.wake_at.store(0, SeqCst);
     }
 }
 
 struct Req {
     sink: Arc<dyn Sink>,
     arrival: Instant,
+    /// The stall-mid fault is cleared once it has struck.
     faults: FaultPlan,
     seqs_left: usize,
     seq_keys: Vec<u64>,
@@ -245,66 +205,15 @@ struct Req {
     last: Option<Instant>,
     /// Stalls so far: each later event comes this much after the scheduler's instant.
     offset: Duration,
-    mid_done: bool,
     any_stop: bool,
-    /// A reset is scheduled; nothing else is sent.
-    reset_pending: bool,
 }
 
-/// Where one hand-over of a request's tokens stands ([`Req::advance`]).
-struct Advance {
-    /// When they go out (the scheduler's instant plus the stalls so far).
-    at: Instant,
-    /// When the request's previous tokens went out.
-    prev: Option<Instant>,
-    /// A stall holds them back (they wait in [`Delayed`]).
-    held: bool,
-    /// The reset fault follows them.
-    reset: bool,
-    /// The request's last tokens.
-    last: bool,
-}
-
-impl Req {
-    /// Accounts for `n` tokens scheduled at `at` (`finish` on a choice's last ones) and applies
-    /// the request's stall and reset faults.
-    fn advance(&mut self, n: u64, finish: Option<Finish>, at: Instant) -> Advance {
-        let held = !self.offset.is_zero();
-        let at = at + self.offset;
-        let prev = self.last.replace(at);
-        self.first.get_or_insert(at);
-        self.produced += n;
-        self.any_stop |= finish == Some(Finish::Stop);
-        let due = |after: u32| self.produced >= u64::from(after);
-        if let Some((_, ms)) = self
-            .faults
-            .stall_mid
-            .filter(|&(a, _)| !self.mid_done && due(a))
-        {
-            self.mid_done = true;
-            self.offset += Duration::from_secs_f64(ms / 1e3);
-        }
-        if finish.is_some() {
-            self.seqs_left = self.seqs_left.saturating_sub(1);
-        }
-        Advance {
-            at,
-            prev,
-            held,
-            reset: self
-                .faults
-                .reset_after
-                .is_some_and(|a| self.produced >= u64::from(a)),
-            last: self.seqs_left == 0 && finish.is_some(),
-        }
-    }
-}
-
-/// Events held back by a stall (or an injected reset), by (due, order): with their request and
-/// sink, so that they are delivered even after the engine has finished the request.
+/// Events held back by a stall (or an injected reset), by (due, order): with their request's id
+/// and sink, so that they are delivered even after the engine has finished the request.
 type Delayed = std::collections::BTreeMap<(Instant, u64), (u64, Arc<dyn Sink>, Emit)>;
 
 /// Stream events due in this wake-up and the writer threads they may go to.
+#[derive(Default)]
 struct Writers {
     now: SinkBatch,
     marks: Marks,
@@ -315,39 +224,30 @@ struct Writers {
 impl Writers {
     /// Starts the writer threads.
     fn spawn(realtime: bool, stats: &Arc<Stats>) -> std::io::Result<(Writers, Vec<Thread>)> {
-        let (mut txs, mut threads) = (Vec::new(), Vec::new());
+        let (mut w, mut threads) = (Writers::default(), Vec::new());
         for i in 0..WRITERS {
             let (tx, rx) = mpsc::channel::<SinkBatch>();
             let st = stats.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("mock-writer-{i}"))
-                    .spawn(move || {
-                        timing_thread(realtime, &st);
-                        writer_loop(rx);
-                    })?,
-            );
-            txs.push(tx);
+            let thread = std::thread::Builder::new().name(format!("mock-writer-{i}"));
+            threads.push(thread.spawn(move || {
+                timing_thread(realtime, &st);
+                writer_loop(rx);
+            })?);
+            w.txs.push(tx);
+            w.out.push(Vec::new());
         }
-        let out = (0..WRITERS).map(|_| Vec::new()).collect();
-        let marks = Marks::default();
-        Ok((
-            Writers {
-                now: Vec::new(),
-                marks,
-                out,
-                txs,
-            },
-            threads,
-        ))
+        Ok((w, threads))
     }
 }
 
 type Thread = std::thread::JoinHandle<()>;
 
 struct Engine {
-    cfg: EngineConfig,
     sched: Scheduler,
+    /// Added to each arrival: the front end's latency (cost-model mode).
+    front_end: Duration,
+    /// Minimum gap between two hand-overs (events due within it go out together).
+    coalesce: Duration,
     stats: Arc<Stats>,
     reqs: IdMap<Req>,
     delayed: Delayed,
@@ -357,22 +257,25 @@ struct Engine {
     writers: Writers,
 }
 
-/// Starts the engine thread (and its writer threads), which takes requests from `inbox`
-/// ([`Inbox::submit`]) and commands from the returned channel.
+/// Starts the engine thread (and its writer threads, SCHED_FIFO with `realtime`), which takes
+/// requests from `inbox` ([`Inbox::submit`]) and commands from the returned channel.
 pub fn spawn(
-    cfg: EngineConfig,
+    sched: SchedConfig,
+    realtime: bool,
+    coalesce: Duration,
     stats: Arc<Stats>,
     inbox: Arc<Inbox>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, Thread)> {
     let (tx, rx) = mpsc::channel();
-    let (writers, threads) = Writers::spawn(cfg.realtime, &stats)?;
+    let (writers, threads) = Writers::spawn(realtime, &stats)?;
     let handle = std::thread::Builder::new()
         .name("mock-engine".into())
         .spawn(move || {
-            timing_thread(cfg.realtime, &stats);
+            timing_thread(realtime, &stats);
             let mut e = Engine {
-                sched: Scheduler::new(cfg.sched.clone()),
-                cfg,
+                front_end: sched.front_end(),
+                sched: Scheduler::new(sched),
+                coalesce,
                 stats,
                 reqs: IdMap::default(),
                 delayed: Delayed::new(),
@@ -384,7 +287,8 @@ pub fn spawn(
             // Requests queued after the last look are dropped with the engine (their responses
             // end as on shutdown); later submits find no engine to wake and fail.
             inbox.wake_at.store(u64::MAX, SeqCst);
-            drop(inbox.take());
+            let left = std::mem::take(&mut *inbox.queue());
+            drop(left);
             // Writers end once their queue is empty and closed; every queued write is done
             // before the engine thread (which shutdown waits for) ends.
             drop(e);
@@ -399,14 +303,8 @@ pub fn spawn(
 /// slice gets the thread onto a busy CPU sooner when a deadline comes; `realtime`: SCHED_FIFO.
 fn timing_thread(realtime: bool, stats: &Stats) {
     crate::thread_timing::precise(true);
-    if realtime && !crate::thread_timing::realtime() {
-        stats.realtime_failed.store(true, Relaxed);
-    }
+    stats.go_realtime(realtime);
 }
-
-/// Delay between the last token before an injected reset and the reset itself: the tokens
-/// before it reach the client (a TCP reset makes the peer discard data it has not read yet).
-const RESET_GRACE: Duration = Duration::from_millis(20);
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -415,98 +313,86 @@ fn ms(d: Duration) -> f64 {
 impl Engine {
     fn run(&mut self, rx: &mpsc::Receiver<Cmd>, inbox: &Inbox) {
         loop {
-            inbox.awake();
-            for s in inbox.take() {
+            inbox.wake_at.store(0, SeqCst);
+            let new = std::mem::take(&mut *inbox.queue()); // not locked while submitting
+            for s in new {
                 self.submit(s);
             }
             loop {
-                match rx.try_recv() {
-                    Ok(Cmd::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return,
-                    Ok(c) => self.handle(c),
+                let c = match rx.try_recv() {
                     Err(mpsc::TryRecvError::Empty) => break,
+                    c => c.ok(),
+                };
+                if !self.command(c) {
+                    return;
                 }
             }
             let now = Instant::now();
             self.progress(now);
             self.write_sinks();
             // The next hand-over happens no sooner than `coalesce` after this one, so events due
-            // within that window go out together (one wake-up for several) and each is at most
-            // `coalesce` late; an isolated event is still handed over on time.
-            let wake = self.next_wake().map(|t| t.max(now + self.cfg.coalesce));
+            // within that window go out together and each is at most `coalesce` late.
+            let wake = self.next_wake().map(|t| t.max(now + self.coalesce));
             if !inbox.publish(wake) {
                 continue; // requests arrived meanwhile
             }
-            let Ok(cmd) = self.wait(rx, wake) else {
-                return;
+            let cmd = match wake {
+                None => rx.recv().ok(),
+                Some(t) => match rx.recv_timeout(t.saturating_duration_since(Instant::now())) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    c => c.ok(),
+                },
             };
-            inbox.awake();
-            match cmd {
-                Some(Cmd::Shutdown) => return,
-                Some(c) => self.handle(c),
-                None => {}
+            inbox.wake_at.store(0, SeqCst);
+            if !self.command(cmd) {
+                return;
             }
         }
     }
 
-    /// Sleeps until `wake`, or until a command comes.
-    fn wait(
-        &self,
-        rx: &mpsc::Receiver<Cmd>,
-        wake: Option<Instant>,
-    ) -> Result<Option<Cmd>, mpsc::RecvError> {
-        let Some(t) = wake else {
-            return rx.recv().map(Some);
-        };
-        let now = Instant::now();
-        if t <= now {
-            return Ok(None);
+    /// Acts on a command (`None`: the channel is closed); false when the engine is to stop.
+    fn command(&mut self, c: Option<Cmd>) -> bool {
+        match c {
+            Some(Cmd::Cancel(id)) => self.abort(id),
+            Some(Cmd::Wake) => {}
+            Some(Cmd::Shutdown) | None => return false,
         }
-        match rx.recv_timeout(t - now) {
-            Ok(c) => Ok(Some(c)),
-            Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(mpsc::RecvError),
-        }
+        true
+    }
+
+    fn next_delayed(&self) -> Option<Instant> {
+        self.delayed.first_key_value().map(|(k, _)| k.0)
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let d = self.delayed.first_key_value().map(|(k, _)| k.0);
-        [d, self.sched.next_due()].into_iter().flatten().min()
-    }
-
-    fn handle(&mut self, c: Cmd) {
-        match c {
-            Cmd::Cancel(id) => self.abort(id),
-            Cmd::Shutdown | Cmd::Wake => {}
-        }
+        [self.next_delayed(), self.sched.next_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn submit(&mut self, s: Submit) {
-        let mut arrival = s.arrival;
-        if !self.sched.fixed() {
-            // The engine sees the request after the front end's latency.
-            arrival += Duration::from_secs_f64(self.cfg.sched.cost.request_overhead_ms / 1e3);
-        }
+        let arrival = s.arrival + self.front_end;
+        let (seqs_left, prompt_tokens) = (
+            s.seqs.len(),
+            s.seqs.iter().map(|q| q.prompt.len() as u64).sum(),
+        );
+        let seq_keys = self.sched.add(s.id, arrival, s.seqs, &mut self.events);
         let req = Req {
             sink: s.sink,
             arrival,
-            seqs_left: s.seqs.len(),
-            seq_keys: Vec::new(),
-            prompt_tokens: s.seqs.iter().map(|q| q.prompt.len() as u64).sum(),
+            seqs_left,
+            seq_keys,
+            prompt_tokens,
             produced: 0,
             scheduled: None,
             first: None,
             last: None,
             offset: Duration::from_secs_f64(s.faults.stall_first_ms.unwrap_or(0.0) / 1e3),
             faults: s.faults,
-            mid_done: false,
             any_stop: false,
-            reset_pending: false,
         };
         self.reqs.insert(s.id, req);
-        let keys = self.sched.add(s.id, arrival, s.seqs, &mut self.events);
-        if let Some(r) = self.reqs.get_mut(&s.id) {
-            r.seq_keys = keys;
-        }
         self.take_events();
         self.update_gauges();
     }
@@ -526,19 +412,18 @@ impl Engine {
     fn progress(&mut self, now: Instant) {
         loop {
             let s = self.sched.next_due().filter(|&t| t <= now);
-            let d = self
-                .delayed
-                .first_key_value()
-                .map(|(k, _)| k.0)
-                .filter(|&t| t <= now);
+            let d = self.next_delayed().filter(|&t| t <= now);
             match (s, d) {
-                (Some(s), Some(d)) if d < s => self.pop_delayed(),
-                (Some(_), _) => {
+                (Some(s), d) if d.is_none_or(|d| s <= d) => {
                     self.sched.run_next(&mut self.events);
                     self.take_events();
                 }
-                (None, Some(_)) => self.pop_delayed(),
-                (None, None) => break,
+                (_, Some(_)) => {
+                    if let Some((_, (rid, sink, e))) = self.delayed.pop_first() {
+                        self.hand_over(rid, sink, e);
+                    }
+                }
+                _ => break,
             }
         }
         self.update_gauges();
@@ -581,33 +466,21 @@ impl Engine {
         }
     }
 
-    /// Hands an event to its sink now (into this wake-up's batch), recording how late the
-    /// engine clock is in doing so.
-    fn hand_over(&mut self, sink: Arc<dyn Sink>, e: Emit) {
+    /// Puts an event in this wake-up's batch, recording how late the engine clock is.
+    fn hand_over(&mut self, rid: u64, sink: Arc<dyn Sink>, e: Emit) {
         let late = Instant::now().saturating_duration_since(e.at());
-        self.stats.record_dispatch(late.as_nanos());
-        self.writers.now.push((sink.key(), sink, e));
+        self.stats.dispatch.record(late);
+        self.writers.now.push((rid, sink, e));
     }
 
     /// Hands `e` over now, or when it is due if a stall holds it back.
-    fn emit(&mut self, req: u64, sink: Arc<dyn Sink>, e: Emit, held: bool) {
+    fn emit(&mut self, rid: u64, sink: Arc<dyn Sink>, e: Emit, held: bool) {
         if !held {
-            return self.hand_over(sink, e);
+            return self.hand_over(rid, sink, e);
         }
         self.delayed_n += 1;
         self.delayed
-            .insert((e.at(), self.delayed_n), (req, sink, e));
-    }
-
-    fn pop_delayed(&mut self) {
-        let Some((_, (req, sink, e))) = self.delayed.pop_first() else {
-            return;
-        };
-        let reset = matches!(e, Emit::Reset { .. });
-        self.hand_over(sink, e);
-        if reset {
-            self.drop_req(req);
-        }
+            .insert((e.at(), self.delayed_n), (rid, sink, e));
     }
 
     /// Writes this wake-up's stream events: a small batch on this thread (no hand-over at all),
@@ -624,14 +497,14 @@ impl Engine {
         // All of one response's events in this batch go the same way (its `queued` count
         // changes only below, and only for responses sent to a writer).
         flush_marks(&w.now, &mut w.marks);
-        for (i, (key, sink, e)) in w.now.drain(..).enumerate() {
+        for (i, (rid, sink, e)) in w.now.drain(..).enumerate() {
             if local && sink.queued().load(Relaxed) == 0 {
                 if !sink.emit(e, w.marks.flush[i]) {
-                    gone.push(key);
+                    gone.push(rid);
                 }
             } else {
                 sink.queued().fetch_add(1, Relaxed);
-                w.out[(key % n as u64) as usize].push((key, sink, e));
+                w.out[(rid % n as u64) as usize].push((rid, sink, e));
             }
         }
         for (tx, b) in w.txs.iter().zip(w.out.iter_mut()) {
@@ -654,48 +527,65 @@ impl Engine {
         finish: Option<Finish>,
         at: Instant,
     ) {
-        let Some(req) = self.reqs.get_mut(&rid).filter(|r| !r.reset_pending) else {
+        let Some(r) = self.reqs.get_mut(&rid) else {
             return;
         };
-        let n = ids.len() as u64;
-        let a = req.advance(n, finish, at);
-        let (arrival, sink) = (req.arrival, req.sink.clone());
-        self.stats.generation_tokens.fetch_add(n, Relaxed);
-        match a.prev {
-            None => self.stats.ttft.observe((a.at - arrival).as_secs_f64()),
-            Some(prev) => self.stats.itl.observe((a.at - prev).as_secs_f64()),
+        let (held, at, n) = (!r.offset.is_zero(), at + r.offset, ids.len() as u64);
+        match r.last.replace(at) {
+            None => self.stats.ttft.observe((at - r.arrival).as_secs_f64()),
+            Some(prev) => self.stats.itl.observe((at - prev).as_secs_f64()),
         }
+        r.first.get_or_insert(at);
+        r.produced += n;
+        r.any_stop |= finish == Some(Finish::Stop);
+        r.seqs_left = r.seqs_left.saturating_sub(usize::from(finish.is_some()));
+        let produced = r.produced;
+        if let Some((_, ms)) = r
+            .faults
+            .stall_mid
+            .filter(|&(a, _)| produced >= u64::from(a))
+        {
+            r.faults.stall_mid = None;
+            r.offset += Duration::from_secs_f64(ms / 1e3);
+        }
+        let reset = r
+            .faults
+            .reset_after
+            .is_some_and(|a| produced >= u64::from(a));
+        let done = (!reset && finish.is_some() && r.seqs_left == 0).then(|| {
+            self.stats.e2e.observe((at - r.arrival).as_secs_f64());
+            let by_reason = match r.any_stop {
+                true => &self.stats.success_stop,
+                false => &self.stats.success_length,
+            };
+            by_reason.fetch_add(1, Relaxed);
+            done_emit(r, at)
+        });
+        let sink = r.sink.clone();
+        self.stats.generation_tokens.fetch_add(n, Relaxed);
         let tokens = Emit::Tokens {
-            at: a.at,
+            at,
             choice,
             ids,
             finish,
         };
-        self.emit(rid, sink.clone(), tokens, a.held);
-        if a.reset {
-            req_reset(self, rid, sink, a.at);
-        } else if a.last {
-            let done = self.reqs.get(&rid).map(|r| done_emit(r, a.at));
-            if let Some(done) = done {
-                self.emit(rid, sink, done, a.held);
-            }
-            self.complete_req(rid);
+        self.emit(rid, sink.clone(), tokens, held);
+        if reset {
+            // The RST follows the tokens; the request ends now.
+            self.emit(
+                rid,
+                sink,
+                Emit::Reset {
+                    at: at + RESET_GRACE,
+                },
+                true,
+            );
+            self.stats.aborted.fetch_add(1, Relaxed);
+            self.drop_req(rid);
+        } else if let Some(done) = done {
+            self.emit(rid, sink, done, held);
+            self.drop_req(rid);
         }
-    }
-
-    fn complete_req(&mut self, rid: u64) {
-        if let Some(r) = self.reqs.get(&rid) {
-            if let Some(l) = r.last {
-                self.stats.e2e.observe((l - r.arrival).as_secs_f64());
-            }
-            let n = if r.any_stop {
-                &self.stats.success_stop
-            } else {
-                &self.stats.success_length
-            };
-            n.fetch_add(1, Relaxed);
-        }
-        self.drop_req(rid);
     }
 
     /// Client went away or asked to cancel.
@@ -704,16 +594,6 @@ impl Engine {
             self.stats.aborted.fetch_add(1, Relaxed);
             self.drop_req(rid);
         }
-    }
-
-    /// Frees a request's sequences but keeps the request until its pending reset is delivered.
-    fn detach_req(&mut self, rid: u64) {
-        let keys = match self.reqs.get_mut(&rid) {
-            Some(r) => std::mem::take(&mut r.seq_keys),
-            None => return,
-        };
-        keys.into_iter().for_each(|k| self.sched.remove(k));
-        self.update_gauges();
     }
 
     /// Forgets a request and frees its sequences' blocks.
@@ -725,18 +605,6 @@ impl Engine {
     }
 }
 
-/// The injected reset of request `rid`, whose last tokens went out at `at`: the RST follows
-/// [`RESET_GRACE`] later; the request's sequences are freed now.
-fn req_reset(e: &mut Engine, rid: u64, sink: Arc<dyn Sink>, at: Instant) {
-    let at = at + RESET_GRACE;
-    e.emit(rid, sink, Emit::Reset { at }, true);
-    if let Some(r) = e.reqs.get_mut(&rid) {
-        r.reset_pending = true;
-    }
-    e.stats.aborted.fetch_add(1, Relaxed);
-    e.detach_req(rid);
-}
-
 /// The request's `Done` at `at`, with the engine's own timings of it.
 fn done_emit(r: &Req, at: Instant) -> Emit {
     let scheduled = r.scheduled.unwrap_or(r.arrival);
@@ -744,34 +612,30 @@ fn done_emit(r: &Req, at: Instant) -> Emit {
     let last = r.last.unwrap_or(at);
     let ttft_ms = ms(first.saturating_duration_since(scheduled));
     let generation_ms = ms(last - first);
-    let mean_itl_ms = if r.produced > 1 {
-        generation_ms / (r.produced - 1) as f64
-    } else {
-        0.0
-    };
+    // With one token or none the generation time is 0.
+    let mean_itl_ms = generation_ms / (r.produced.max(2) - 1) as f64;
     let total = ttft_ms + generation_ms;
-    Emit::Done {
-        at,
+    let usage = Usage {
         prompt_tokens: r.prompt_tokens,
         completion_tokens: r.produced,
-        timing: Timing {
-            queue_ms: ms(scheduled - r.arrival),
-            ttft_ms,
-            generation_ms,
-            mean_itl_ms,
-            tokens_per_second: if total > 0.0 {
-                r.produced as f64 / (total / 1e3)
-            } else {
-                0.0
-            },
+        queue_ms: ms(scheduled - r.arrival),
+        ttft_ms,
+        generation_ms,
+        mean_itl_ms,
+        tokens_per_second: if total > 0.0 {
+            r.produced as f64 / (total / 1e3)
+        } else {
+            0.0
         },
-    }
+    };
+    Emit::Done { at, usage }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::sched::CostModel;
+    use crate::mock::sched::{tests::test_config, CostModel};
+    use proptest::prelude::*;
 
     /// A sink that forwards every event to a channel.
     struct ChanSink(
@@ -782,20 +646,13 @@ mod tests {
         fn emit(&self, e: Emit, _: bool) -> bool {
             self.0.send(e).is_ok()
         }
-        fn key(&self) -> u64 {
-            0
-        }
         fn queued(&self) -> &std::sync::atomic::AtomicU32 {
             &self.1
         }
     }
 
-    fn chan() -> (Arc<dyn Sink>, tokio::sync::mpsc::UnboundedReceiver<Emit>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (Arc::new(ChanSink(tx, Default::default())), rx)
-    }
-
     type Events = tokio::sync::mpsc::UnboundedReceiver<Emit>;
+    const COALESCE: Duration = Duration::from_micros(50);
 
     /// Submits request `id` (one sequence of `prompt`, exactly `max_tokens` tokens, or none)
     /// arrived at `arrival`; the events it gets come on the returned channel.
@@ -806,118 +663,97 @@ mod tests {
         arrival: Instant,
         seq: Option<(Vec<u32>, u32)>,
     ) -> Result<Events, EngineGone> {
-        let (sink, rx) = chan();
+        let (etx, rx) = tokio::sync::mpsc::unbounded_channel();
         let seqs = seq.into_iter().map(|(prompt, max_tokens)| SeqIn {
             prompt,
             max_tokens,
             min_tokens: 0,
             ignore_eos: true,
         });
-        let faults = FaultPlan::default();
-        let seqs = seqs.collect();
-        inbox.submit(
-            tx,
-            Submit {
-                id,
-                arrival,
-                seqs,
-                faults,
-                sink,
-            },
-        )?;
+        let s = Submit {
+            id,
+            arrival,
+            seqs: seqs.collect(),
+            faults: FaultPlan::default(),
+            sink: Arc::new(ChanSink(etx, Default::default())),
+        };
+        inbox.submit(tx, s)?;
         Ok(rx)
     }
 
-    fn engine_cfg(sched: SchedConfig) -> EngineConfig {
-        EngineConfig {
-            sched,
-            realtime: false,
-            coalesce: Duration::from_micros(50),
+    /// A request's events up to its `Done` (panics if it never comes), and its token count.
+    fn until_done(mut rx: Events) -> (Vec<Emit>, u64) {
+        let mut evs = Vec::new();
+        while !matches!(evs.last(), Some(Emit::Done { .. })) {
+            evs.push(rx.blocking_recv().expect("request must finish"));
         }
+        let tokens = evs.iter().map(|e| match e {
+            Emit::Tokens { ids, .. } => ids.len() as u64,
+            _ => 0,
+        });
+        let tokens = tokens.sum();
+        (evs, tokens)
     }
 
-    /// Random workloads on a tiny engine: every request completes with exactly its tokens, its
-    /// events arrive in time order and end with `Done`, and the cache stays within capacity.
-    #[test]
-    fn random_workloads_complete_exactly() {
-        use proptest::prelude::*;
-        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
-            cases: 64,
-            ..Default::default()
-        });
-        let strat = (
-            1u32..=8,
-            1u32..=32,
-            1usize..=4,
-            1u32..=64,
-            proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
-        );
-        runner
-            .run(&strat, |(bs, budget, max_seqs, tpe, reqs)| {
-                let max_len = 140u32;
-                let cfg = engine_cfg(SchedConfig {
-                    fixed: None,
-                    cost: CostModel {
-                        request_overhead_ms: 0.0,
-                        step_overhead_ms: 0.02,
-                        prefill_token_ms: 0.0,
-                        seq_ms: 0.0,
-                        context_token_ms: 0.0,
-                    },
-                    max_num_seqs: max_seqs,
-                    max_num_batched_tokens: budget,
-                    block_size: bs,
-                    kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
-                    tokens_per_event: tpe % 3 + 1,
-                    seed: 1,
-                    eos_prob: 0.0,
-                    vocab: 1000,
-                });
-                let stats = Arc::new(Stats::new("m"));
-                let inbox = Arc::new(Inbox::new(Duration::ZERO));
-                let (tx, th) = spawn(cfg, stats.clone(), inbox.clone()).unwrap();
-                let mut rxs = Vec::new();
-                for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
-                    // prompts of one family share a prefix
-                    let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
-                    let seq = (prompt, (*max_tokens).min(max_len - plen));
-                    let now = Instant::now();
-                    rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+        /// Random workloads on a tiny engine: every request completes with exactly its tokens,
+        /// its events arrive in time order and end with `Done`, and the cache stays within
+        /// capacity.
+        #[test]
+        fn random_workloads_complete_exactly(
+            bs in 1u32..=8,
+            budget in 1u32..=32,
+            max_seqs in 1usize..=4,
+            tpe in 1u32..=64,
+            reqs in proptest::collection::vec((1u32..=120, 1u32..=12, 0u32..3), 1..12),
+        ) {
+            let max_len = 140u32;
+            let cfg = SchedConfig {
+                cost: CostModel {
+                    request_overhead_ms: 0.0,
+                    step_overhead_ms: 0.02,
+                    prefill_token_ms: 0.0,
+                    seq_ms: 0.0,
+                    context_token_ms: 0.0,
+                },
+                max_num_seqs: max_seqs,
+                max_num_batched_tokens: budget,
+                block_size: bs,
+                kv_blocks: (max_len.div_ceil(bs) + 1) as usize,
+                tokens_per_event: tpe % 3 + 1,
+                ..test_config()
+            };
+            let stats = Arc::new(Stats::new("m"));
+            let inbox = Arc::new(Inbox::new(&cfg));
+            let (tx, th) = spawn(cfg, false, COALESCE, stats.clone(), inbox.clone()).unwrap();
+            let mut rxs = Vec::new();
+            for (i, (plen, max_tokens, family)) in reqs.iter().enumerate() {
+                // prompts of one family share a prefix
+                let prompt: Vec<u32> = (0..*plen).map(|t| t + family * 10_000).collect();
+                let seq = (prompt, (*max_tokens).min(max_len - plen));
+                let now = Instant::now();
+                rxs.push(submit(&inbox, &tx, i as u64, now, Some(seq)).unwrap());
+            }
+            for (i, rx) in rxs.into_iter().enumerate() {
+                let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
+                let (evs, got) = until_done(rx);
+                let in_order = evs.windows(2).all(|w| w[1].at() >= w[0].at());
+                prop_assert!(in_order, "events in time order");
+                let reset = evs.iter().any(|e| matches!(e, Emit::Reset { .. }));
+                prop_assert!(!reset, "no reset asked");
+                if let Some(Emit::Done { usage: u, .. }) = evs.last() {
+                    prop_assert_eq!(u.completion_tokens, got);
+                    prop_assert!(u.queue_ms >= 0.0 && u.ttft_ms > 0.0);
                 }
-                for (i, mut rx) in rxs.into_iter().enumerate() {
-                    let want = reqs[i].1.min(max_len - reqs[i].0) as u64;
-                    let mut got = 0u64;
-                    let mut last: Option<Instant> = None;
-                    loop {
-                        let e = rx.blocking_recv().expect("request must finish");
-                        if let Some(l) = last {
-                            prop_assert!(e.at() >= l, "events in time order");
-                        }
-                        last = Some(e.at());
-                        match e {
-                            Emit::Tokens { ids, .. } => got += ids.len() as u64,
-                            Emit::Done {
-                                completion_tokens,
-                                timing,
-                                ..
-                            } => {
-                                prop_assert_eq!(completion_tokens, got);
-                                prop_assert!(timing.queue_ms >= 0.0 && timing.ttft_ms > 0.0);
-                                break;
-                            }
-                            Emit::Reset { .. } => prop_assert!(false, "no reset asked"),
-                        }
-                    }
-                    prop_assert_eq!(got, want);
-                }
-                prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
-                tx.send(Cmd::Shutdown).unwrap();
-                th.join().unwrap();
-                // every block released once the engine is done
-                prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
-                Ok(())
-            })
-            .unwrap();
+                prop_assert_eq!(got, want);
+            }
+            prop_assert!(stats.prefix_hits.load(Relaxed) <= stats.prefix_queries.load(Relaxed));
+            tx.send(Cmd::Shutdown).unwrap();
+            th.join().unwrap();
+            // every block released once the engine is done
+            prop_assert_eq!(f64::from_bits(stats.kv_usage_bits.load(Relaxed)), 0.0);
+        }
     }
 
     /// Requests handed over through the inbox while the engine sleeps (a burst, then stragglers
@@ -925,22 +761,14 @@ mod tests {
     /// engine is woken only when needed (it keeps on time without a wake-up per request).
     #[test]
     fn inbox_requests_are_served_on_time() {
-        let cfg = engine_cfg(SchedConfig {
+        let cfg = SchedConfig {
             fixed: Some((Duration::from_millis(30), Duration::from_millis(5))),
-            cost: CostModel::default(),
-            max_num_seqs: 1000,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            kv_blocks: 10_000,
-            tokens_per_event: 1,
-            seed: 1,
-            eos_prob: 0.0,
-            vocab: 1000,
-        });
-        let inbox = Arc::new(Inbox::new(Inbox::lead(&cfg.sched)));
+            ..test_config()
+        };
+        let inbox = Arc::new(Inbox::new(&cfg));
         assert_eq!(inbox.lead, Duration::from_millis(30));
         let stats = Arc::new(Stats::new("m"));
-        let (tx, th) = spawn(cfg, stats, inbox.clone()).unwrap();
+        let (tx, th) = spawn(cfg, false, COALESCE, stats, inbox.clone()).unwrap();
         let mut rxs = Vec::new();
         for i in 0..60u64 {
             if i >= 40 {
@@ -950,26 +778,15 @@ mod tests {
             let seq = (vec![1, 2, 3, i as u32], 4);
             rxs.push((arrival, submit(&inbox, &tx, i, arrival, Some(seq)).unwrap()));
         }
-        for (arrival, mut rx) in rxs {
-            let mut tokens = 0;
-            let mut first = None;
-            loop {
-                match rx.blocking_recv().expect("request must finish") {
-                    Emit::Tokens { at, ids, .. } => {
-                        first.get_or_insert(at);
-                        tokens += ids.len();
-                    }
-                    Emit::Done { .. } => break,
-                    Emit::Reset { .. } => panic!("no reset asked"),
-                }
-            }
+        for (arrival, rx) in rxs {
+            let (evs, tokens) = until_done(rx);
+            let reset = evs.iter().any(|e| matches!(e, Emit::Reset { .. }));
+            assert!(!reset, "no reset asked");
             assert_eq!(tokens, 4);
-            let first = first.unwrap();
-            assert_eq!(
-                first,
-                arrival + Duration::from_millis(30),
-                "scheduled from arrival"
-            );
+            let first = evs.iter().find(|e| matches!(e, Emit::Tokens { .. }));
+            let first = first.map(Emit::at);
+            let want = arrival + Duration::from_millis(30);
+            assert_eq!(first, Some(want), "scheduled from arrival");
         }
         tx.send(Cmd::Shutdown).unwrap();
         th.join().unwrap();
@@ -979,7 +796,8 @@ mod tests {
 
     #[test]
     fn each_response_flushes_on_its_last_event_in_a_batch() {
-        let (sink, _rx) = chan();
+        let (etx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink: Arc<dyn Sink> = Arc::new(ChanSink(etx, Default::default()));
         let ev = || Emit::Reset { at: Instant::now() };
         for n in [5usize, 200] {
             // keys 0..n, then key 1 and key 3 again

@@ -1,13 +1,6 @@
-//! Injected faults: which misbehaviour a request gets, decided by seeded rates or a request header.
-//!
-//! Kinds: an error status instead of an answer (429/500/503 by default, vLLM-shaped JSON body);
-//! a stall before the first token; a stall in mid-stream after N tokens; a connection reset
-//! (TCP RST, 20 ms after the N-th token so that the client has read it) after N tokens; slow response headers. With rates set by flags, request number `n`
-//! (arrival order, from 0) gets kind `k` when `xxh3(n, k; seed) / 2^64 < rate_k`, so the same seed
-//! and the same request order inject the same faults. The header `x-mock-fault` forces faults for
-//! one request and overrides the rates: a comma-separated list of `status=503`,
-//! `stall-first=MS`, `stall-mid=N:MS`, `reset-after=N`, `slow-headers=MS`, or `none`.
-//! This module only decides; the API and the engine carry the faults out.
+//! Injected faults: which misbehaviour a request gets, decided by seeded rates (request `n` gets
+//! kind `k` when `xxh3(n, k; seed) / 2^64 < rate_k`) or forced by the `x-mock-fault` header
+//! (docs/mock.md, "Faults"). This module only decides; the API and the engine carry them out.
 
 /// The request header that forces faults on one request.
 pub const FAULT_HEADER: &str = "x-mock-fault";
@@ -36,23 +29,6 @@ pub struct FaultConfig {
     pub slow_headers_ms: f64,
 }
 
-impl Default for FaultConfig {
-    fn default() -> Self {
-        FaultConfig {
-            status_rate: 0.0,
-            status_codes: vec![429, 500, 503],
-            stall_first_rate: 0.0,
-            stall_mid_rate: 0.0,
-            stall_ms: 1000.0,
-            stall_after_tokens: 8,
-            reset_rate: 0.0,
-            reset_after_tokens: 4,
-            slow_headers_rate: 0.0,
-            slow_headers_ms: 1000.0,
-        }
-    }
-}
-
 /// The faults one request gets.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FaultPlan {
@@ -65,10 +41,6 @@ pub struct FaultPlan {
 }
 
 impl FaultPlan {
-    pub fn is_empty(&self) -> bool {
-        *self == FaultPlan::default()
-    }
-
     /// Number of distinct faults in the plan (for the injected-faults counter).
     pub fn count(&self) -> u64 {
         [
@@ -94,8 +66,9 @@ fn unit(seed: u64, n: u64, kind: u8) -> f64 {
 impl FaultConfig {
     /// The seeded plan for request number `n`.
     pub fn plan(&self, seed: u64, n: u64) -> FaultPlan {
+        let hit = |kind: u8, rate: f64| rate > 0.0 && unit(seed, n, kind) < rate;
         let mut p = FaultPlan::default();
-        if self.status_rate > 0.0 && unit(seed, n, 1) < self.status_rate {
+        if hit(1, self.status_rate) {
             let codes = if self.status_codes.is_empty() {
                 &[500][..]
             } else {
@@ -104,18 +77,11 @@ impl FaultConfig {
             let i = (unit(seed, n, 2) * codes.len() as f64) as usize;
             p.status = Some(codes[i.min(codes.len() - 1)]);
         }
-        if self.stall_first_rate > 0.0 && unit(seed, n, 3) < self.stall_first_rate {
-            p.stall_first_ms = Some(self.stall_ms);
-        }
-        if self.stall_mid_rate > 0.0 && unit(seed, n, 4) < self.stall_mid_rate {
-            p.stall_mid = Some((self.stall_after_tokens, self.stall_ms));
-        }
-        if self.reset_rate > 0.0 && unit(seed, n, 5) < self.reset_rate {
-            p.reset_after = Some(self.reset_after_tokens);
-        }
-        if self.slow_headers_rate > 0.0 && unit(seed, n, 6) < self.slow_headers_rate {
-            p.slow_headers_ms = Some(self.slow_headers_ms);
-        }
+        p.stall_first_ms = hit(3, self.stall_first_rate).then_some(self.stall_ms);
+        p.stall_mid =
+            hit(4, self.stall_mid_rate).then_some((self.stall_after_tokens, self.stall_ms));
+        p.reset_after = hit(5, self.reset_rate).then_some(self.reset_after_tokens);
+        p.slow_headers_ms = hit(6, self.slow_headers_rate).then_some(self.slow_headers_ms);
         p
     }
 }
@@ -123,29 +89,20 @@ impl FaultConfig {
 /// An `x-mock-fault` header the mock cannot follow (answered with 400).
 #[derive(Debug, thiserror::Error)]
 #[error("{FAULT_HEADER}: {0}")]
-pub struct BadFaultHeader(String);
-
-fn bad(msg: String) -> BadFaultHeader {
-    BadFaultHeader(msg)
-}
-
-/// The header's value is not ASCII.
-pub fn not_ascii() -> BadFaultHeader {
-    bad("not ASCII".into())
-}
+pub struct BadFaultHeader(pub String);
 
 fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
     v.trim()
         .parse::<f64>()
         .ok()
         .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 3_600_000.0)
-        .ok_or_else(|| bad(format!("`{what}` wants milliseconds, got `{v}`")))
+        .ok_or_else(|| BadFaultHeader(format!("`{what}` wants milliseconds, got `{v}`")))
 }
 
 fn count(v: &str, what: &str) -> Result<u32, BadFaultHeader> {
     v.trim()
         .parse::<u32>()
-        .map_err(|_| bad(format!("`{what}` wants a token count, got `{v}`")))
+        .map_err(|_| BadFaultHeader(format!("`{what}` wants a token count, got `{v}`")))
 }
 
 /// Parses the `x-mock-fault` header.
@@ -156,27 +113,22 @@ pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
         match k.trim() {
             "none" => {}
             "status" => {
-                let code = v
-                    .trim()
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|c| (400..=599).contains(c))
-                    .ok_or_else(|| {
-                        bad(format!("`status` wants 400..599, got `{v}`"))
-                    })?;
-                p.status = Some(code);
+                let code = v.trim().parse::<u16>().ok();
+                let code = code.filter(|c| (400..=599).contains(c));
+                let bad = || BadFaultHeader(format!("`status` wants 400..599, got `{v}`"));
+                p.status = Some(code.ok_or_else(bad)?);
             }
             "stall-first" => p.stall_first_ms = Some(ms(v, k)?),
             "stall-mid" => {
                 let (n, d) = v.split_once(':').ok_or_else(|| {
-                    bad(format!("`stall-mid` wants TOKENS:MS, got `{v}`"))
+                    BadFaultHeader(format!("`stall-mid` wants TOKENS:MS, got `{v}`"))
                 })?;
                 p.stall_mid = Some((count(n, k)?, ms(d, k)?));
             }
             "reset-after" => p.reset_after = Some(count(v, k)?),
             "slow-headers" => p.slow_headers_ms = Some(ms(v, k)?),
             other => {
-                return Err(bad(format!(
+                return Err(BadFaultHeader(format!(
                     "unknown fault `{other}` (status, stall-first, stall-mid, reset-after, slow-headers, none)"
                 )))
             }
@@ -213,7 +165,7 @@ mod tests {
         assert_eq!(p.reset_after, Some(3));
         assert_eq!(p.slow_headers_ms, Some(50.0));
         assert_eq!(p.count(), 5);
-        assert!(parse_header("none").unwrap().is_empty());
+        assert_eq!(parse_header("none").unwrap(), FaultPlan::default());
         assert!(parse_header("status=200").is_err());
         assert!(parse_header("stall-mid=5").is_err());
         assert!(parse_header("explode")
@@ -240,7 +192,7 @@ mod tests {
         }
         let resets = a.iter().filter(|p| p.reset_after.is_some()).count();
         assert!((130..270).contains(&resets), "{resets}");
-        assert!(FaultConfig::default().plan(7, 3).is_empty());
+        assert_eq!(FaultConfig::default().plan(7, 3), FaultPlan::default());
         let other: Vec<FaultPlan> = (0..2000).map(|n| c.plan(8, n)).collect();
         assert_ne!(a, other);
     }

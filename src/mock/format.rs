@@ -1,9 +1,7 @@
 //! vLLM 0.32's exact JSON text for streamed chunks and body fragments (field names, order,
-//! `null`s; see `fixtures/vllm/`), written into reused buffers without serde: [`Fmt`] formats one
-//! stream's SSE events, [`json_str`], [`ids_json`] and [`metrics_json`] the shared pieces. This
-//! module does no I/O and decides no routes.
+//! `null`s; see `fixtures/vllm/`), written into reused buffers without serde. No I/O, no routes.
 
-use super::engine::{Finish, Timing};
+use super::engine::{Finish, Usage};
 use super::tokenize::Tokenizer;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -59,7 +57,7 @@ pub(super) fn ids_or_null(out: &mut String, ids: Option<&[u32]>) {
     }
 }
 
-pub(super) fn metrics_json(out: &mut String, t: &Timing, spec: bool) {
+pub(super) fn metrics_json(out: &mut String, t: &Usage, spec: bool) {
     let _ = write!(
         out,
         "{{\"time_to_first_token_ms\":{:?},\"generation_time_ms\":{:?},\"queue_time_ms\":{:?},\"mean_itl_ms\":{:?},\"tokens_per_second\":{:?}",
@@ -69,6 +67,35 @@ pub(super) fn metrics_json(out: &mut String, t: &Timing, spec: bool) {
         out.push_str(",\"speculative_decoding\":null");
     }
     out.push('}');
+}
+
+/// What every chunk or body of one answer names.
+pub(super) struct Head<'a> {
+    pub chat: bool,
+    pub id: String,
+    pub created: u64,
+    pub model: &'a str,
+    pub return_token_ids: bool,
+}
+
+impl Head<'_> {
+    /// Opens a streamed chunk (`chunk`) or a whole body, up to its `"choices":[`.
+    pub(super) fn open(&self, out: &mut String, chunk: bool) {
+        let object = match (self.chat, chunk) {
+            (true, true) => "chat.completion.chunk",
+            (true, false) => "chat.completion",
+            (false, _) => "text_completion",
+        };
+        out.push_str("{\"id\":");
+        json_str(out, &self.id);
+        let created = self.created;
+        let _ = write!(
+            out,
+            ",\"object\":\"{object}\",\"created\":{created},\"model\":"
+        );
+        json_str(out, self.model);
+        out.push_str(",\"choices\":[");
+    }
 }
 
 /// One stream's formatting state.
@@ -86,35 +113,22 @@ pub(super) struct Fmt {
 }
 
 impl Fmt {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        chat: bool,
-        id: &str,
-        created: u64,
-        model: &str,
+        h: &Head,
         include_usage: bool,
         metrics: bool,
-        return_token_ids: bool,
         prompts: Vec<Arc<Vec<u32>>>,
     ) -> Self {
+        let chat = h.chat;
         let mut head = String::with_capacity(128);
-        head.push_str("{\"id\":");
-        json_str(&mut head, id);
-        head.push_str(if chat {
-            ",\"object\":\"chat.completion.chunk\""
-        } else {
-            ",\"object\":\"text_completion\""
-        });
-        let _ = write!(head, ",\"created\":{created},\"model\":");
-        json_str(&mut head, model);
-        head.push_str(",\"choices\":[");
+        h.open(&mut head, true);
         let n = prompts.len();
         Fmt {
             chat,
             head,
             include_usage,
             metrics,
-            return_token_ids,
+            return_token_ids: h.return_token_ids,
             prompts,
             started: vec![false; n],
             choices_left: n,
@@ -131,17 +145,13 @@ impl Fmt {
         finish: Option<Finish>,
     ) {
         let c = choice as usize;
-        let first = !self.started.get(c).copied().unwrap_or(true);
-        if let Some(s) = self.started.get_mut(c) {
-            *s = true;
-        }
+        let first = (self.started.get_mut(c)).is_some_and(|s| !std::mem::replace(s, true));
         if finish.is_some() {
             self.choices_left = self.choices_left.saturating_sub(1);
         }
         let last_chunk = finish.is_some() && self.choices_left == 0 && !self.include_usage;
-        let mut text = std::mem::take(&mut self.text);
-        text.clear();
-        tok.render(ids, &mut text);
+        self.text.clear();
+        tok.render(ids, &mut self.text);
         if self.chat && first {
             out.push_str("data: ");
             out.push_str(&self.head);
@@ -161,7 +171,7 @@ impl Fmt {
         } else {
             "\"text\":"
         });
-        json_str(out, &text);
+        json_str(out, &self.text);
         out.push_str(if self.chat { "}" } else { "" });
         out.push_str(",\"logprobs\":null,\"finish_reason\":");
         match finish {
@@ -189,7 +199,6 @@ impl Fmt {
             let _ = write!(out, ",\"system_fingerprint\":\"{FINGERPRINT}\"");
         }
         out.push_str("}\n\n");
-        self.text = text;
     }
 
     /// Every choice has had its last token (only the usage chunk and `[DONE]` remain).
@@ -197,8 +206,9 @@ impl Fmt {
         self.choices_left == 0
     }
 
-    pub(super) fn done(&self, out: &mut String, prompt: u64, completion: u64, t: &Timing) {
+    pub(super) fn done(&self, out: &mut String, u: &Usage) {
         if self.include_usage {
+            let (prompt, completion) = (u.prompt_tokens, u.completion_tokens);
             out.push_str("data: ");
             out.push_str(&self.head);
             let _ = write!(
@@ -208,7 +218,7 @@ impl Fmt {
             );
             if self.metrics {
                 out.push_str(",\"metrics\":");
-                metrics_json(out, t, false);
+                metrics_json(out, u, false);
             }
             out.push_str("}\n\n");
         }
@@ -223,21 +233,24 @@ mod tests {
     use serde_json::Value;
 
     fn fmt_stream(chat: bool, usage: bool, tids: bool) -> Vec<Value> {
-        let mut f = Fmt::new(
+        let h = Head {
             chat,
-            "cmpl-1",
-            5,
-            "m",
-            usage,
-            true,
-            tids,
-            vec![Arc::new(vec![1, 2, 3])],
-        );
+            id: "cmpl-1".into(),
+            created: 5,
+            model: "m",
+            return_token_ids: tids,
+        };
+        let mut f = Fmt::new(&h, usage, true, vec![Arc::new(vec![1, 2, 3])]);
         let t = Tokenizer::Builtin;
         let mut out = String::new();
         f.tokens(&mut out, &t, 0, &[4], None);
         f.tokens(&mut out, &t, 0, &[5, 6], Some(Finish::Length));
-        f.done(&mut out, 3, 3, &Timing::default());
+        let u = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 3,
+            ..Usage::default()
+        };
+        f.done(&mut out, &u);
         let mut p = SseParser::default();
         let mut evs = Vec::new();
         p.feed(out.as_bytes(), |e| evs.push(e.unwrap().data));

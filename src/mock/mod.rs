@@ -1,18 +1,9 @@
 //! `retrace mock`: a simulated vLLM-compatible inference engine, and the embedded default target
-//! of `retrace replay`.
-//!
-//! [`start`] serves the API ([`api`]) on an already-bound listener and returns a [`MockHandle`]
-//! whose [`MockHandle::shutdown`] stops accepting, ends open streams and waits for connections
-//! to close. Requests go to the engine thread ([`engine`]), which runs a pure scheduler
-//! ([`sched`]: continuous batching with a documented cost model and a prefix cache ([`cache`]),
-//! or fixed TTFT/ITL timing) in real time and emits each token event at its exact instant; the
-//! mock measures its own lateness ([`prom`]). Faults ([`faults`]) and tokenization
-//! ([`tokenize`]) are separate concepts. Connections are HTTP/1.1 or 1.0 (as uvicorn serves
-//! vLLM), parsed by hyper ([`conn`]); a streamed completion takes its connection over and its
-//! events are written to the socket directly ([`stream`], formatted by [`format`]). A request's
-//! timings count from its arrival: the kernel's receive timestamp of the read that completed it
-//! ([`crate::rxstamp`]). This module wires them together and holds the config; it does not
-//! implement any of them.
+//! of `retrace replay` (docs/mock.md). [`start`] serves the API ([`api`]) on a bound listener;
+//! connections ([`conn`]) hand requests to the engine thread ([`engine`]), which runs the pure
+//! scheduler ([`sched`], with the prefix cache [`cache`]) in real time and writes each streamed
+//! event to its socket ([`stream`], text by [`format`]). This module holds the config and wires
+//! the parts together.
 
 pub mod api;
 pub mod cache;
@@ -77,27 +68,19 @@ pub struct MockConfig {
 }
 
 impl Default for MockConfig {
+    /// The CLI's defaults (`retrace mock` with no flags), so that both are written once.
     fn default() -> Self {
-        MockConfig {
-            model: "mock-llama".into(),
-            fixed_timing: None,
-            seed: 0,
-            max_num_seqs: 256,
-            max_num_batched_tokens: Profile::LLAMA8B.max_num_batched_tokens,
-            block_size: 16,
-            kv_cache_tokens: 1 << 20,
-            max_model_len: 131_072,
-            tokens_per_event: 1,
-            enable_per_request_metrics: false,
-            tokenizer: None,
-            cost: Profile::LLAMA8B.cost,
-            eos_prob: 0.002,
-            faults: FaultConfig::default(),
-            io_threads: 2,
-            realtime: false,
-            coalesce_us: 100,
-            timeouts: Timeouts::default(),
-        }
+        use clap::{Args, FromArgMatches};
+        let cmd = crate::cli::MockArgs::augment_args(clap::Command::new("mock"));
+        let args = crate::cli::MockArgs::from_arg_matches(&cmd.get_matches_from(["mock"]));
+        config_from_args(&args.expect("no flags parse")).expect("the defaults are valid")
+    }
+}
+
+impl Default for FaultConfig {
+    /// No faults, and the CLI's fault shapes.
+    fn default() -> Self {
+        MockConfig::default().faults
     }
 }
 
@@ -114,28 +97,42 @@ impl MockConfig {
                 );
             }
         }
-        let u = |v: u32| u64::from(v);
+        let (c, f, n) = (&self.cost, &self.faults, f64::INFINITY);
         for (name, v, lo, hi) in [
-            ("--max-num-seqs", self.max_num_seqs as u64, 1, u64::MAX),
+            ("--max-num-seqs", self.max_num_seqs as f64, 1.0, n),
             (
                 "--max-num-batched-tokens",
-                u(self.max_num_batched_tokens),
-                1,
-                u64::MAX,
+                self.max_num_batched_tokens.into(),
+                1.0,
+                n,
             ),
-            ("--block-size", u(self.block_size), 1, 1 << 16),
-            ("--max-model-len", u(self.max_model_len), 2, u64::MAX),
-            ("--tokens-per-event", u(self.tokens_per_event), 1, u64::MAX),
-            ("--io-threads", self.io_threads as u64, 1, 64),
+            ("--block-size", self.block_size.into(), 1.0, 65536.0),
+            ("--max-model-len", self.max_model_len.into(), 2.0, n),
+            ("--tokens-per-event", self.tokens_per_event.into(), 1.0, n),
+            ("--io-threads", self.io_threads as f64, 1.0, 64.0),
             // It bounds the mock's own lateness.
-            ("--coalesce-us", self.coalesce_us, 0, 1000),
+            ("--coalesce-us", self.coalesce_us as f64, 0.0, 1000.0),
+            ("--eos-prob", self.eos_prob, 0.0, 1.0),
+            ("--request-overhead-ms", c.request_overhead_ms, 0.0, 60e3),
+            ("--step-overhead-ms", c.step_overhead_ms, 0.0, 60e3),
+            ("--prefill-token-ms", c.prefill_token_ms, 0.0, 60e3),
+            ("--seq-ms", c.seq_ms, 0.0, 60e3),
+            ("--context-token-ms", c.context_token_ms, 0.0, 60e3),
+            ("--fault-status-rate", f.status_rate, 0.0, 1.0),
+            ("--fault-stall-first-rate", f.stall_first_rate, 0.0, 1.0),
+            ("--fault-stall-mid-rate", f.stall_mid_rate, 0.0, 1.0),
+            ("--fault-reset-rate", f.reset_rate, 0.0, 1.0),
+            ("--fault-slow-headers-rate", f.slow_headers_rate, 0.0, 1.0),
+            ("--fault-stall-ms", f.stall_ms, 0.0, 3.6e6),
+            ("--fault-slow-headers-ms", f.slow_headers_ms, 0.0, 3.6e6),
         ] {
-            match hi {
-                u64::MAX if v < lo => bail!("{name} must be at least {lo}, got {v}"),
-                _ if !(lo..=hi).contains(&v) => bail!("{name} must be {lo}..={hi}, got {v}"),
-                _ => {}
+            if !(lo..=hi).contains(&v) && hi.is_infinite() {
+                bail!("{name} must be at least {lo}, got {v}");
+            } else if !(lo..=hi).contains(&v) {
+                bail!("{name} must be within {lo}..={hi}, got {v}");
             }
         }
+        let u = |v: u32| u64::from(v);
         let kv = self.kv_cache_tokens;
         if kv < u(self.max_model_len) + u(self.block_size) {
             bail!(
@@ -146,26 +143,6 @@ impl MockConfig {
         if kv / u(self.block_size) > 1 << 26 {
             bail!("--kv-cache-tokens is too large for --block-size (at most 2^26 blocks)");
         }
-        let (c, f) = (&self.cost, &self.faults);
-        for (name, v, hi) in [
-            ("--eos-prob", self.eos_prob, 1.0),
-            ("--request-overhead-ms", c.request_overhead_ms, 60e3),
-            ("--step-overhead-ms", c.step_overhead_ms, 60e3),
-            ("--prefill-token-ms", c.prefill_token_ms, 60e3),
-            ("--seq-ms", c.seq_ms, 60e3),
-            ("--context-token-ms", c.context_token_ms, 60e3),
-            ("--fault-status-rate", f.status_rate, 1.0),
-            ("--fault-stall-first-rate", f.stall_first_rate, 1.0),
-            ("--fault-stall-mid-rate", f.stall_mid_rate, 1.0),
-            ("--fault-reset-rate", f.reset_rate, 1.0),
-            ("--fault-slow-headers-rate", f.slow_headers_rate, 1.0),
-            ("--fault-stall-ms", f.stall_ms, 3.6e6),
-            ("--fault-slow-headers-ms", f.slow_headers_ms, 3.6e6),
-        ] {
-            if !(0.0..=hi).contains(&v) {
-                bail!("{name} must be within 0..={hi}, got {v}");
-            }
-        }
         if self.timeouts.request.is_zero() || self.timeouts.idle.is_zero() {
             bail!("MockConfig::timeouts must not be zero");
         }
@@ -173,6 +150,31 @@ impl MockConfig {
             bail!("--fault-status-codes: {c} is not an error status (400..599)");
         }
         Ok(())
+    }
+
+    fn sched_config(&self, vocab: u32) -> sched::SchedConfig {
+        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
+        sched::SchedConfig {
+            fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
+            cost: self.cost,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            block_size: self.block_size,
+            kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
+            tokens_per_event: self.tokens_per_event,
+            seed: self.seed,
+            eos_prob: self.eos_prob,
+            vocab,
+        }
+    }
+
+    /// The defaults with `profile`'s cost model and step budget.
+    pub fn with_profile(profile: Profile) -> MockConfig {
+        MockConfig {
+            cost: profile.cost,
+            max_num_batched_tokens: profile.max_num_batched_tokens,
+            ..MockConfig::default()
+        }
     }
 }
 
@@ -207,19 +209,7 @@ impl MockHandle {
 
     /// Emission lateness so far.
     pub fn lateness(&self) -> LatenessSummary {
-        self.stats.lateness()
-    }
-
-    /// `realtime` was asked for and the OS refused it for at least one thread.
-    pub fn realtime_refused(&self) -> bool {
-        self.stats
-            .realtime_failed
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The engine clock's part of the lateness (hand-over to the connection task).
-    pub fn dispatch_lateness(&self) -> LatenessSummary {
-        self.stats.dispatch_lateness()
+        self.stats.lateness.summary()
     }
 
     /// The `/metrics` text, without HTTP.
@@ -238,34 +228,39 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("listener has no local address")?;
-    let tokenizer = Arc::new(load_tokenizer(&cfg).await?);
+    // Loaded away from the runtime's threads.
+    let tokenizer = Arc::new(match cfg.tokenizer.clone() {
+        None => tokenize::Tokenizer::Builtin,
+        Some(p) => tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p))
+            .await
+            .context("tokenizer loading task failed")??,
+    });
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
     let stats = Arc::new(prom::Stats::new(&cfg.model));
-    let rt = runtime(&cfg, stats.clone())?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // From here on, an error drops `h`, which stops the runtime.
+    let mut h = MockHandle {
+        addr,
+        stop,
+        task: None,
+        rt: Some(runtime(&cfg, stats.clone())?),
+        stats: stats.clone(),
+    };
+    let rt = h.rt.as_ref().expect("just set");
     // Turns the kernel's receive timestamps on while the mock runs (it does so a moment later,
     // before clients normally send); accepted sockets ask for them too (conn.rs).
     crate::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
     let listener = {
         let _g = rt.enter();
-        tokio::net::TcpListener::from_std(listener)
+        tokio::net::TcpListener::from_std(listener).context("cannot register the listener")?
     };
-    let ecfg = cfg.engine_config(tokenizer.vocab());
-    let inbox = Arc::new(engine::Inbox::new(engine::Inbox::lead(&ecfg.sched)));
-    let started = listener
-        .context("cannot register the listener")
-        .and_then(|l| {
-            let e = engine::spawn(ecfg, stats.clone(), inbox.clone());
-            Ok((l, e.context("cannot start the engine thread")?))
-        });
-    let (listener, (etx, ethread)) = match started {
-        Ok(x) => x,
-        Err(e) => {
-            rt.shutdown_background();
-            return Err(e);
-        }
-    };
+    let scfg = cfg.sched_config(tokenizer.vocab());
+    let inbox = Arc::new(engine::Inbox::new(&scfg));
+    let coalesce = Duration::from_micros(cfg.coalesce_us);
+    let (etx, ethread) = engine::spawn(scfg, cfg.realtime, coalesce, stats.clone(), inbox.clone())
+        .context("cannot start the engine thread")?;
     let shared = Arc::new(api::Shared {
         model: cfg.model.clone(),
         max_model_len: cfg.max_model_len,
@@ -273,7 +268,7 @@ pub async fn start(
         seed: cfg.seed,
         faults: cfg.faults.clone(),
         tokenizer,
-        stats: stats.clone(),
+        stats,
         engine: etx.clone(),
         inbox,
         next_id: AtomicU64::new(0),
@@ -281,7 +276,6 @@ pub async fn start(
     });
     let handler: conn::Handler =
         Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = rt.spawn(async move {
         let mut alive = accept_loop(listener, handler, cfg.timeouts, stop_rx).await;
         // Open streams end when the engine stops; then the connections close.
@@ -289,22 +283,8 @@ pub async fn start(
         let _ = tokio::task::spawn_blocking(move || ethread.join()).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), alive.recv()).await;
     });
-    Ok(MockHandle {
-        addr,
-        stop,
-        task: Some(task),
-        stats,
-        rt: Some(rt),
-    })
-}
-
-/// `cfg.tokenizer` loaded away from the runtime's threads, or the built-in scheme.
-async fn load_tokenizer(cfg: &MockConfig) -> anyhow::Result<tokenize::Tokenizer> {
-    let Some(p) = cfg.tokenizer.clone() else {
-        return Ok(tokenize::Tokenizer::Builtin);
-    };
-    let load = tokio::task::spawn_blocking(move || tokenize::Tokenizer::from_file(&p));
-    load.await.context("tokenizer loading task failed")?
+    h.task = Some(task);
+    Ok(h)
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
@@ -313,13 +293,7 @@ fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::r
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.max(1))
         .thread_name("mock-io")
-        .on_thread_start(move || {
-            if realtime && !crate::thread_timing::realtime() {
-                stats
-                    .realtime_failed
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-        })
+        .on_thread_start(move || stats.go_realtime(realtime))
         .enable_all()
         .build()
         .context("cannot start the mock's runtime")
@@ -367,37 +341,6 @@ fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
             .with_context(|| format!("--fixed-timing: `{x}` is not a number of milliseconds"))
     };
     Ok((p(a)?, p(b)?))
-}
-
-impl MockConfig {
-    fn engine_config(&self, vocab: u32) -> engine::EngineConfig {
-        let ms = |v: f64| Duration::from_secs_f64(v / 1e3);
-        engine::EngineConfig {
-            sched: sched::SchedConfig {
-                fixed: self.fixed_timing.map(|(t, i)| (ms(t), ms(i))),
-                cost: self.cost,
-                max_num_seqs: self.max_num_seqs,
-                max_num_batched_tokens: self.max_num_batched_tokens,
-                block_size: self.block_size,
-                kv_blocks: (self.kv_cache_tokens / u64::from(self.block_size)) as usize,
-                tokens_per_event: self.tokens_per_event,
-                seed: self.seed,
-                eos_prob: self.eos_prob,
-                vocab,
-            },
-            realtime: self.realtime,
-            coalesce: Duration::from_micros(self.coalesce_us),
-        }
-    }
-
-    /// The defaults with `profile`'s cost model and step budget.
-    pub fn with_profile(profile: Profile) -> MockConfig {
-        MockConfig {
-            cost: profile.cost,
-            max_num_batched_tokens: profile.max_num_batched_tokens,
-            ..MockConfig::default()
-        }
-    }
 }
 
 /// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
@@ -471,7 +414,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
         if cfg.realtime {
             // Give the threads a moment to start before reporting.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            if h.realtime_refused() {
+            if h.stats.realtime_failed.load(std::sync::atomic::Ordering::Relaxed) {
                 eprintln!("retrace mock: warning: --realtime refused by the OS (needs CAP_SYS_NICE); running with normal priority");
             }
         }
@@ -479,7 +422,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
             .await
             .context("cannot wait for Ctrl-C")?;
         let l = h.lateness();
-        let d = h.dispatch_lateness();
+        let d = h.stats.dispatch.summary();
         eprintln!(
             "retrace mock: {} events, emission lateness p50 {} us, p99 {} us, p99.9 {} us, max {} us (engine clock alone: p50 {} us, p99 {} us, max {} us)",
             l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us, d.p50_us, d.p99_us, d.max_us

@@ -1,16 +1,11 @@
-//! The mock's counters and histograms, and their Prometheus text rendering for `GET /metrics`.
-//!
-//! Names, labels (`engine="0"`, `model_name`) and buckets follow vLLM 0.32, so dashboards and
-//! retrace's own before/after scrapes read the mock like a real server: request gauges, KV usage,
-//! prefix-cache queries/hits (tokens), prompt/generation token counters, TTFT/ITL/E2E/queue
-//! histograms. The mock adds `retrace_mock_emit_lateness_seconds` (actual minus scheduled time at
-//! which each SSE event was handed to the HTTP connection), which makes its own timing accuracy
-//! checkable, plus quantile gauges of it. Updates are lock-free atomics except the lateness
-//! HdrHistogram (one uncontended mutex per event). This module does not decide what is counted.
+//! The mock's counters and histograms, and their Prometheus text for `GET /metrics`: vLLM 0.32's
+//! names, labels (`engine="0"`, `model_name`) and buckets, plus the mock's own emission lateness
+//! (docs/mock.md, "/metrics"). This module does not decide what is counted.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::Duration;
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -27,7 +22,7 @@ const E2E_BUCKETS: &[f64] = &[
 const LATENESS_BUCKETS_US: &[u64] = &[25, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 100000];
 
 /// A fixed-bucket histogram of seconds.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Histo {
     bounds: &'static [f64],
     counts: Vec<AtomicU64>,
@@ -37,11 +32,11 @@ pub struct Histo {
 
 impl Histo {
     fn new(bounds: &'static [f64]) -> Self {
+        let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
         Histo {
             bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
-            count: AtomicU64::new(0),
+            counts,
+            ..Histo::default()
         }
     }
 
@@ -65,8 +60,45 @@ pub struct LatenessSummary {
     pub max_us: u64,
 }
 
-/// Everything `/metrics` shows.
+/// An HdrHistogram of lateness, in microseconds.
 #[derive(Debug)]
+pub struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
+
+impl Default for Lateness {
+    fn default() -> Self {
+        let h = hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3);
+        Lateness(Mutex::new(h.expect("static histogram bounds are valid")))
+    }
+}
+
+impl Lateness {
+    /// Records one lateness (early counts as 0).
+    pub fn record(&self, late: Duration) {
+        if let Ok(mut h) = self.0.lock() {
+            h.saturating_record((late.as_micros() as u64).max(1));
+        }
+    }
+
+    pub fn summary(&self) -> LatenessSummary {
+        let h = match self.0.lock() {
+            Ok(h) => h.clone(),
+            Err(_) => return LatenessSummary::default(),
+        };
+        if h.is_empty() {
+            return LatenessSummary::default();
+        }
+        LatenessSummary {
+            count: h.len(),
+            p50_us: h.value_at_quantile(0.5),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+        }
+    }
+}
+
+/// Everything `/metrics` shows.
+#[derive(Debug, Default)]
 pub struct Stats {
     pub model: String,
     pub running: AtomicU64,
@@ -87,85 +119,32 @@ pub struct Stats {
     pub itl: Histo,
     pub e2e: Histo,
     pub queue: Histo,
-    lateness: Mutex<hdrhistogram::Histogram<u64>>,
-    /// Engine-side: time the engine thread handed an event over minus its deadline.
-    dispatch: Mutex<hdrhistogram::Histogram<u64>>,
+    /// Each SSE event's bytes handed to the socket minus its scheduled time.
+    pub lateness: Lateness,
+    /// Engine-side: time the engine thread handed an event over minus its deadline (the
+    /// engine clock's part of `lateness`).
+    pub dispatch: Lateness,
 }
 
 impl Stats {
     pub fn new(model: &str) -> Self {
         Stats {
             model: model.to_string(),
-            running: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
-            kv_usage_bits: AtomicU64::new(0f64.to_bits()),
-            prefix_queries: AtomicU64::new(0),
-            prefix_hits: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            generation_tokens: AtomicU64::new(0),
-            success_stop: AtomicU64::new(0),
-            success_length: AtomicU64::new(0),
-            aborted: AtomicU64::new(0),
-            faults_injected: AtomicU64::new(0),
-            realtime_failed: std::sync::atomic::AtomicBool::new(false),
             ttft: Histo::new(TTFT_BUCKETS),
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
             queue: Histo::new(TTFT_BUCKETS),
-            lateness: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("static histogram bounds are valid"),
-            ),
-            dispatch: Mutex::new(
-                hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                    .expect("static histogram bounds are valid"),
-            ),
+            ..Stats::default()
         }
     }
 
-    /// Records one event's emission lateness (negative values, i.e. early, count as 0).
-    pub fn record_lateness(&self, nanos: i128) {
-        let us = (nanos.max(0) / 1000) as u64;
-        if let Ok(mut h) = self.lateness.lock() {
-            h.saturating_record(us.max(1));
+    /// Puts the calling thread under SCHED_FIFO when `realtime`; a refusal is remembered.
+    pub fn go_realtime(&self, realtime: bool) {
+        if realtime && !crate::thread_timing::realtime() {
+            self.realtime_failed.store(true, Relaxed);
         }
     }
 
-    /// Records the engine thread's own lateness in handing an event over.
-    pub fn record_dispatch(&self, nanos: u128) {
-        if let Ok(mut h) = self.dispatch.lock() {
-            h.saturating_record(((nanos / 1000) as u64).max(1));
-        }
-    }
-
-    /// Engine-side dispatch lateness (the part of the emission lateness that is the clock's).
-    pub fn dispatch_lateness(&self) -> LatenessSummary {
-        summarize(&self.dispatch)
-    }
-
-    pub fn lateness(&self) -> LatenessSummary {
-        summarize(&self.lateness)
-    }
-}
-
-fn summarize(m: &Mutex<hdrhistogram::Histogram<u64>>) -> LatenessSummary {
-    let h = match m.lock() {
-        Ok(h) => h.clone(),
-        Err(_) => return LatenessSummary::default(),
-    };
-    if h.is_empty() {
-        return LatenessSummary::default();
-    }
-    LatenessSummary {
-        count: h.len(),
-        p50_us: h.value_at_quantile(0.5),
-        p99_us: h.value_at_quantile(0.99),
-        p999_us: h.value_at_quantile(0.999),
-        max_us: h.max(),
-    }
-}
-
-impl Stats {
     pub fn set_kv_usage(&self, frac: f64) {
         self.kv_usage_bits.store(frac.to_bits(), Relaxed);
     }
@@ -250,30 +229,23 @@ impl Stats {
 
     /// The emission lateness histogram and quantiles, and the engine clock's quantiles.
     fn render_lateness(&self, x: &mut Exposition) {
-        let Ok(h) = self.lateness.lock() else {
-            return;
-        };
-        let buckets = LATENESS_BUCKETS_US
-            .iter()
-            .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));
-        let sum = h.mean() * h.len() as f64 / 1e6;
-        x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
-        let d = self.dispatch_lateness();
-        let v = quantiles([d.p50_us, d.p99_us, d.p999_us, d.max_us]);
+        if let Ok(h) = self.lateness.0.lock() {
+            let buckets = LATENESS_BUCKETS_US
+                .iter()
+                .map(|&b| (b as f64 / 1e6, h.count_between(0, b)));
+            let sum = h.mean() * h.len() as f64 / 1e6;
+            x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
+        }
+        let v = quantiles(self.dispatch.summary());
         x.family("gauge", "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", &v);
-        let v = [0.5, 0.99, 0.999, 1.0].map(|p| {
-            if h.is_empty() {
-                0
-            } else {
-                h.value_at_quantile(p)
-            }
-        });
-        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &quantiles(v));
+        let v = quantiles(self.lateness.summary());
+        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &v);
     }
 }
 
-/// Rows of a quantile gauge in seconds from p50, p99, p99.9 and max in microseconds.
-fn quantiles(us: [u64; 4]) -> [(&'static str, f64); 4] {
+/// Rows of a quantile gauge in seconds.
+fn quantiles(l: LatenessSummary) -> [(&'static str, f64); 4] {
+    let us = [l.p50_us, l.p99_us, l.p999_us, l.max_us];
     let q = [
         r#",quantile="0.5""#,
         r#",quantile="0.99""#,
@@ -351,7 +323,7 @@ mod tests {
         s.prefix_queries.fetch_add(2081, Relaxed);
         s.ttft.observe(0.03);
         s.ttft.observe(0.07);
-        s.record_lateness(300_000);
+        s.lateness.record(Duration::from_micros(300));
         let txt = s.render();
         assert!(
             txt.contains("vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 2081.0")
@@ -363,7 +335,7 @@ mod tests {
             "vllm:time_to_first_token_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.08\"} 2.0"
         ));
         assert!(txt.contains("retrace_mock_emit_lateness_seconds_count"));
-        assert_eq!(s.lateness().count, 1);
-        assert!((299..=301).contains(&s.lateness().p99_us));
+        assert_eq!(s.lateness.summary().count, 1);
+        assert!((299..=301).contains(&s.lateness.summary().p99_us));
     }
 }

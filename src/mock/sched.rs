@@ -1,24 +1,8 @@
 //! The simulated engine's scheduler: a pure function of its state and the time it is asked
 //! about. It never reads a clock, sleeps, touches a socket or a counter; [`super::engine`] asks
 //! it what falls due ([`Scheduler::next_due`]), runs it ([`Scheduler::run_next`]) and hands the
-//! [`Event`]s it produces to the responses.
-//!
-//! **Cost-model mode** (default). Each step admits waiting sequences in arrival order while fewer
-//! than `max_num_seqs` run and the KV cache can reserve their blocks (prompt + output; the cached
-//! prefix is shared, see [`super::cache`]); then spends a budget of `max_num_batched_tokens`: one
-//! decode token for every running sequence past its prefill, then prefill chunks (chunked
-//! prefill). The step lasts `step_ms = overhead + prefill_token_ms × prefill_tokens + seq_ms ×
-//! sequences + context_token_ms × context_tokens` (context = KV tokens attended by the step's
-//! sequences). At the step's end every sequence that finished its prefill emits its first token
-//! and every decoding sequence emits `tokens_per_event` tokens (speculative-decoding style), and
-//! the next step starts at that instant. Timings live on an ideal timeline (a step starts exactly
-//! when the previous one ends, or at the arrival that wakes an idle engine), so the same arrivals
-//! give the same timings.
-//! **Fixed mode** (`fixed = (ttft, itl)`): every sequence's first event comes `ttft` after its
-//! arrival and each next one `itl` later, whatever the load; the cost model is bypassed (prefix
-//! cache counters are still kept).
-//! Output length: `max_tokens` with `ignore_eos`, otherwise a seeded geometric EOS (probability
-//! `eos_prob` per token after `min_tokens`). Output ids: `xxh3(index; seed ^ prompt hash) % vocab`.
+//! [`Event`]s it produces to the responses. Cost-model mode (continuous batching, chunked
+//! prefill, the step-time formula) and fixed mode are described in docs/mock.md, "Engine model".
 
 use super::cache::{Alloc, IdMap, PrefixCache};
 use crate::trace::hash::BlockHasher;
@@ -73,11 +57,7 @@ pub struct UnknownProfile {
 }
 
 impl Profile {
-    /// The calibrated default: a lone 137-token prompt gets a 69.9 ms TTFT and 8.0 ms TPOT
-    /// (Llama-3.1-8B-like). Most of that TTFT is front-end latency (56.4 ms), not compute:
-    /// prefill runs at 25k tokens/s and a decode step reads KV at 50 ns per context token, so
-    /// long prompts and long contexts cost what a single accelerator's memory and compute
-    /// suggest (a 7k-token prompt ≈ 0.4 s TTFT; 64 sequences × 1k context ≈ 19 ms steps).
+    /// The calibrated default (Llama-3.1-8B-like; docs/mock.md has what it gives).
     pub const LLAMA8B: Profile = Profile {
         name: "llama8b",
         cost: CostModel {
@@ -89,9 +69,7 @@ impl Profile {
         },
         max_num_batched_tokens: 2048,
     };
-    /// A fast multi-accelerator node: about 200k prefill tokens/s, 8,192-token steps, cheap KV
-    /// reads, so Mooncake-size prompts (7k-100k tokens) at the traces' own speed are served
-    /// without an ever-growing queue. The embedded target of `retrace replay`.
+    /// A fast multi-accelerator node for Mooncake-size prompts; `retrace replay`'s embedded target.
     pub const FAST: Profile = Profile {
         name: "fast",
         cost: CostModel {
@@ -130,6 +108,16 @@ pub struct SchedConfig {
     pub seed: u64,
     pub eos_prob: f64,
     pub vocab: u32,
+}
+
+impl SchedConfig {
+    /// The front end's latency before a request reaches the engine (cost-model mode only).
+    pub fn front_end(&self) -> Duration {
+        match self.fixed {
+            Some(_) => Duration::ZERO,
+            None => Duration::from_secs_f64(self.cost.request_overhead_ms.max(0.0) / 1e3),
+        }
+    }
 }
 
 /// Why a choice ended.
@@ -267,47 +255,41 @@ impl Scheduler {
             let hashes = self
                 .hasher
                 .chain(&q.prompt, self.cfg.block_size as usize, false);
-            self.seqs.insert(
-                key,
-                Seq {
+            let mut s = Seq {
+                req,
+                choice: choice as u32,
+                prompt_len: q.prompt.len() as u32,
+                hashes,
+                computed: 0,
+                registered: 0,
+                target,
+                finish,
+                generated: 0,
+                out_seed,
+                alloc: Alloc::default(),
+                arrival,
+            };
+            if let Some((ttft, _)) = self.cfg.fixed {
+                // Prefix-cache accounting now, the first event `ttft` after arrival.
+                let need = self.cache.blocks_for(s.prompt_len);
+                if let Some(a) = self.cache.acquire(&s.hashes, s.prompt_len, need) {
+                    s.computed = a.hit_tokens;
+                    s.alloc = a;
+                }
+                out.push(Event::Admitted {
                     req,
-                    choice: choice as u32,
-                    prompt_len: q.prompt.len() as u32,
-                    hashes,
-                    computed: 0,
-                    registered: 0,
-                    target,
-                    finish,
-                    generated: 0,
-                    out_seed,
-                    alloc: Alloc::default(),
-                    arrival,
-                },
-            );
-            keys.push(key);
-            match self.cfg.fixed {
-                Some((ttft, _)) => self.fixed_admit(key, arrival + ttft, out),
-                None => self.waiting.push_back(key),
+                    at: arrival,
+                    prompt_tokens: s.prompt_len,
+                    hit_tokens: s.computed,
+                });
+                self.fixed_next.push(Reverse((arrival + ttft, key)));
+            } else {
+                self.waiting.push_back(key);
             }
+            self.seqs.insert(key, s);
+            keys.push(key);
         }
         keys
-    }
-
-    /// Fixed mode: prefix-cache accounting and the first event's deadline.
-    fn fixed_admit(&mut self, key: u64, first: Instant, out: &mut Vec<Event>) {
-        let s = self.seqs.get_mut(&key).expect("just inserted");
-        let need = self.cache.blocks_for(s.prompt_len);
-        if let Some(a) = self.cache.acquire(&s.hashes, s.prompt_len, need) {
-            s.computed = a.hit_tokens;
-            s.alloc = a;
-        }
-        out.push(Event::Admitted {
-            req: s.req,
-            at: s.arrival,
-            prompt_tokens: s.prompt_len,
-            hit_tokens: s.computed,
-        });
-        self.fixed_next.push(Reverse((first, key)));
     }
 
     /// Forgets a sequence (finished, or its request ended) and frees its blocks.
@@ -328,10 +310,10 @@ impl Scheduler {
         if self.fixed() {
             return self.fixed_next.peek().map(|Reverse((t, _))| *t);
         }
-        match &self.step {
-            Some(s) => Some(s.end),
-            None => self.next_start(),
-        }
+        self.step
+            .as_ref()
+            .map(|s| s.end)
+            .or_else(|| self.next_start())
     }
 
     /// With no step under way: when the next one starts (the last one's end, or the arrival of
@@ -366,24 +348,19 @@ impl Scheduler {
         let Some(s) = self.seqs.get_mut(&key) else {
             return;
         };
+        let mut n = self.cfg.tokens_per_event;
         if s.generated == 0 {
+            n = 1;
             // The prompt is "computed" at the first token: register its full blocks.
             for (h, &b) in s.hashes.iter().zip(&s.alloc.blocks) {
                 self.cache.register(b, *h);
             }
         }
-        let n = if s.generated == 0 {
-            1
-        } else {
-            self.cfg.tokens_per_event.max(1)
-        };
-        let ev = emit_tokens(s, n, self.cfg.vocab, at);
-        if s.generated >= s.target {
+        if emit_tokens(s, n, self.cfg.vocab, at, out) {
             self.remove(key);
         } else {
             self.fixed_next.push(Reverse((at + itl, key)));
         }
-        out.push(ev);
     }
 
     /// Cost-model mode: admits and batches the step starting at `start`.
@@ -487,27 +464,17 @@ impl Scheduler {
                 }
             }
             s.registered = s.registered.max(full);
-            if s.computed >= s.prompt_len {
-                out.push(emit_tokens(s, 1, self.cfg.vocab, end));
-                if s.generated >= s.target {
-                    done.push(key);
-                }
+            if s.computed >= s.prompt_len && emit_tokens(s, 1, self.cfg.vocab, end, out) {
+                done.push(key);
             }
         }
+        let tpe = self.cfg.tokens_per_event;
         for key in step.decode {
             let Some(s) = self.seqs.get_mut(&key) else {
                 continue;
             };
-            if s.generated < s.target {
-                out.push(emit_tokens(
-                    s,
-                    self.cfg.tokens_per_event,
-                    self.cfg.vocab,
-                    end,
-                ));
-                if s.generated >= s.target {
-                    done.push(key);
-                }
+            if s.generated < s.target && emit_tokens(s, tpe, self.cfg.vocab, end, out) {
+                done.push(key);
             }
         }
         for key in done {
@@ -541,20 +508,22 @@ impl Batch {
     }
 }
 
-/// The next (at most) `n` tokens of `s`, due at `at`.
-fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant) -> Event {
+/// Puts the next (at most) `n` tokens of `s`, due at `at`, in `out`; true when they are its last.
+fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant, out: &mut Vec<Event>) -> bool {
     let n = n.max(1).min(s.target - s.generated);
     let ids = (s.generated..s.generated + n)
         .map(|i| token_id(s.out_seed, i, vocab))
         .collect();
     s.generated += n;
-    Event::Tokens {
+    let last = s.generated >= s.target;
+    out.push(Event::Tokens {
         req: s.req,
         choice: s.choice,
         ids,
-        finish: (s.generated >= s.target).then_some(s.finish),
+        finish: last.then_some(s.finish),
         at,
-    }
+    });
+    last
 }
 
 /// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).
@@ -594,8 +563,24 @@ pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A config for tests: cost model `llama8b`, ample capacity, no EOS.
+    pub(crate) fn test_config() -> SchedConfig {
+        SchedConfig {
+            fixed: None,
+            cost: Profile::LLAMA8B.cost,
+            max_num_seqs: 1000,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            kv_blocks: 1 << 16,
+            tokens_per_event: 1,
+            seed: 1,
+            eos_prob: 0.0,
+            vocab: 1000,
+        }
+    }
 
     #[test]
     fn cost_model_calibration() {
@@ -659,16 +644,8 @@ mod tests {
     /// scheduler's own clock: (admission offset, mean ITL) of each, in ms.
     fn batch_run(reqs: u32, max_num_seqs: usize) -> Vec<(f64, f64)> {
         let mut s = Scheduler::new(SchedConfig {
-            fixed: None,
-            cost: Profile::LLAMA8B.cost,
             max_num_seqs,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            kv_blocks: 1 << 16,
-            tokens_per_event: 1,
-            seed: 0,
-            eos_prob: 0.0,
-            vocab: 1000,
+            ..test_config()
         });
         let t0 = Instant::now();
         let mut out = Vec::new();

@@ -1,20 +1,12 @@
-//! The direct SSE writer: a streamed completion whose events the engine thread (or, for large
-//! bursts, a writer thread) formats and hands to the socket itself at each event's due instant,
-//! with one `send` per event, or one for all of a stream's events due together (the last token
-//! and `[DONE]`; a backlog when the machine was busy), and nothing else in between (no channel,
-//! no task wake-up, no HTTP framework on the per-event path).
-//!
-//! hyper parses the request and the response is decided as usual; then the connection is taken
-//! over ([`super::conn`]) and its task writes the response head and whatever events are already
-//! due, after which the engine writes directly (non-blocking, `MSG_NOSIGNAL`). The body is framed
-//! as hyper frames a body of unknown length ([`Framing`]): HTTP/1.1 chunks (upper-case hex size,
-//! one chunk per event), or for HTTP/1.0 the bare bytes, ended by closing. When the socket is full
-//! the engine appends to a pending buffer and the task drains it when the socket is writable;
-//! when the stream is over the connection goes back to hyper for the next request. Lateness is
-//! recorded for each event at the instant its bytes are handed to the socket (`send`), not when
-//! they were formatted. Every access to the socket descriptor by the engine happens under the
-//! stream's lock while the task still owns the socket, so a closed descriptor is never written.
-//! This module does not parse HTTP, schedule events, or decide response shapes (see [`super::api`]).
+//! The one streaming path: a streamed completion's events are formatted and handed to the socket
+//! by the engine thread (or a writer thread) at each event's due instant, one `send` for all of a
+//! stream's events due together, with no channel, task wake-up or HTTP framework in between.
+//! The connection task ([`drive`]) writes the response head and whatever the engine could not
+//! (the socket was full), and watches the client. The body is framed as hyper frames a body of
+//! unknown length ([`Framing`]). Lateness is recorded when an event's bytes go to the socket.
+//! The engine touches the descriptor only under the stream's lock while the task owns the
+//! socket, so a closed descriptor is never written. This module does not parse HTTP, schedule
+//! events, or decide response shapes (see [`super::api`]).
 
 use super::engine::{Cmd, Emit, Sink};
 use super::format::Fmt;
@@ -102,19 +94,8 @@ impl Sink for StreamSink {
     fn emit(&self, e: Emit, flush: bool) -> bool {
         self.0.emit(e, flush)
     }
-    fn key(&self) -> u64 {
-        self.0.id
-    }
     fn queued(&self) -> &AtomicU32 {
         &self.0.queued
-    }
-}
-
-/// Appends `data` framed as `framing` says.
-fn frame(framing: Framing, out: &mut Vec<u8>, data: &[u8]) {
-    match framing {
-        Framing::Chunked => chunk(out, data),
-        Framing::UntilClose => out.extend_from_slice(data),
     }
 }
 
@@ -215,11 +196,11 @@ impl Stream {
     fn record(&self, ats: &[Instant], now: Instant) {
         for &at in ats {
             self.stats
-                .record_lateness(now.saturating_duration_since(at).as_nanos() as i128);
+                .lateness
+                .record(now.saturating_duration_since(at));
         }
     }
 
-    /// True the first time it is called (diagnostic stamps only).
     /// Engine thread: format one event and hand it to the socket now (or queue it).
     fn emit(&self, e: Emit, flush: bool) -> bool {
         let mut guard = self.lock();
@@ -277,19 +258,17 @@ impl Stream {
                 // Not with a reset fault pending: its last tokens must reach the client early.
                 hold = finish.is_some() && st.fmt.all_finished() && !self.may_reset;
             }
-            Emit::Done {
-                prompt_tokens,
-                completion_tokens,
-                timing,
-                ..
-            } => {
-                st.fmt
-                    .done(&mut st.scratch, prompt_tokens, completion_tokens, &timing);
+            Emit::Done { usage, .. } => {
+                st.fmt.done(&mut st.scratch, &usage);
                 st.end = End::Done;
             }
             Emit::Reset { .. } => {}
         }
-        frame(self.framing, &mut st.pending, st.scratch.as_bytes());
+        let data = st.scratch.as_bytes();
+        match self.framing {
+            Framing::Chunked => chunk(&mut st.pending, data),
+            Framing::UntilClose => st.pending.extend_from_slice(data),
+        }
         if st.end == End::Done && self.framing == Framing::Chunked {
             st.pending.extend_from_slice(b"0\r\n\r\n");
         }
@@ -343,108 +322,86 @@ pub enum Outcome {
     Reset,
 }
 
-/// Detaches the engine from the socket on every way out of [`drive`] (also cancellation).
-struct Detach<'a> {
-    s: &'a Stream,
-    finished: bool,
+/// A stream that takes its connection over. Dropped, driven to its end or never driven (the
+/// connection failed, the mock was dropped abruptly), it detaches the engine from the socket and
+/// abandons a stream that had not ended.
+pub struct Hijack {
+    pub stream: Arc<Stream>,
+    /// The response head to write (status line and headers).
+    pub head: Vec<u8>,
+    /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
+    pub close_after: bool,
 }
 
-impl Drop for Detach<'_> {
+impl Drop for Hijack {
     fn drop(&mut self) {
-        if self.finished {
-            self.s.lock().fd = None;
-        } else {
-            self.s.abandon();
-        }
+        self.stream.abandon();
     }
 }
 
-enum Action {
-    Write(Vec<u8>, Vec<Instant>),
-    Wait,
-    End(End),
-    Gone,
-}
-
-/// Connection task: writes `head` and the events due so far, lets the engine write directly,
+/// Connection task: writes the head and the events due so far, lets the engine write directly,
 /// drains when the socket is full, watches for the client going away (bytes it sends meanwhile,
 /// e.g. a pipelined request, are appended to `read_ahead`, at most 1 MiB, and `read_ahead_rx` is
 /// set to when the latest of them reached the socket, see [`crate::rxstamp`]), and says how the
 /// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
 /// this returns.
 pub async fn drive(
-    s: Arc<Stream>,
+    mut h: Hijack,
     stream: &mut TcpStream,
-    head: Vec<u8>,
     read_ahead: &mut Vec<u8>,
     read_ahead_rx: &mut Option<Instant>,
 ) -> Outcome {
     let fd = stream.as_raw_fd();
-    let mut detach = Detach {
-        s: &s,
-        finished: false,
-    };
+    let mut head = Some(std::mem::take(&mut h.head));
+    let s = &*h.stream;
     s.lock().fd = Some(fd);
-    let mut head = Some(head);
     loop {
-        let action = {
+        let write = {
             let mut st = s.lock();
             if st.client_gone {
-                Action::Gone
-            } else if head.is_some() || (st.draining && !st.pending.is_empty()) {
+                return Outcome::Close;
+            }
+            if head.is_some() || (st.draining && !st.pending.is_empty()) {
                 let mut buf = head.take().unwrap_or_default();
                 buf.extend_from_slice(&st.pending);
                 st.pending.clear();
-                Action::Write(buf, std::mem::take(&mut st.pending_at))
+                Some((buf, std::mem::take(&mut st.pending_at)))
             } else {
                 // Everything handed over: the engine writes the next events itself.
                 st.draining = false;
                 match st.end {
-                    End::Open => Action::Wait,
-                    e => Action::End(e),
+                    End::Open => None,
+                    End::Done => return Outcome::Finished,
+                    End::Reset => {
+                        arm_reset(fd);
+                        return Outcome::Reset;
+                    }
+                    End::EngineGone => break,
                 }
             }
         };
-        match action {
-            Action::Write(buf, ats) => {
-                if stream.write_all(&buf).await.is_err() {
-                    return Outcome::Close; // `detach` abandons the request
-                }
-                s.record(&ats, Instant::now());
+        if let Some((buf, ats)) = write {
+            if stream.write_all(&buf).await.is_err() {
+                return Outcome::Close; // dropping `h` abandons the request
             }
-            Action::Gone => return Outcome::Close,
-            Action::End(End::Done) => {
-                detach.finished = true;
-                return Outcome::Finished;
-            }
-            Action::End(End::EngineGone) => {
-                detach.finished = true;
-                s.lock().fd = None;
-                if s.framing == Framing::Chunked {
-                    let _ = stream.write_all(b"0\r\n\r\n").await;
-                }
-                return Outcome::Close;
-            }
-            Action::End(End::Reset) => {
-                detach.finished = true;
-                s.lock().fd = None;
-                arm_reset(fd);
-                return Outcome::Reset;
-            }
-            Action::End(End::Open) => {} // not produced (an open stream waits)
-            Action::Wait => {
-                let reading = read_ahead.len() < 1 << 20;
-                tokio::select! {
-                    _ = s.notify.notified() => {}
-                    r = stream.readable(), if reading => {
-                        if r.is_err() || !read_more(stream, read_ahead, read_ahead_rx) {
-                            return Outcome::Close;
-                        }
-                    }
+            s.record(&ats, Instant::now());
+            continue;
+        }
+        let reading = read_ahead.len() < 1 << 20;
+        tokio::select! {
+            _ = s.notify.notified() => {}
+            r = stream.readable(), if reading => {
+                if r.is_err() || !read_more(stream, read_ahead, read_ahead_rx) {
+                    return Outcome::Close;
                 }
             }
         }
     }
+    // The engine stopped before the stream finished: end the body, then close.
+    if s.framing == Framing::Chunked {
+        let _ = stream.write_all(b"0\r\n\r\n").await;
+    }
+    Outcome::Close
 }
 
 /// Appends what the client sent meanwhile to `buf` (and when it arrived to `rx`); false when
@@ -469,12 +426,8 @@ mod tests {
 
     #[test]
     fn chunks_are_framed_as_hyper_frames_them() {
-        let mut v = Vec::new();
-        chunk(&mut v, &[b'x'; 242]);
-        assert!(v.starts_with(b"F2\r\nxx"));
-        assert!(v.ends_with(b"x\r\n"));
-        assert_eq!(v.len(), 4 + 242 + 2);
-        for n in [1usize, 9, 10, 15, 16, 255, 256, 4096, 65_535, 1 << 20] {
+        // Upper-case hex sizes (242 is F2), as hyper writes them.
+        for n in [1usize, 9, 10, 15, 16, 242, 255, 256, 4096, 65_535, 1 << 20] {
             let mut v = Vec::new();
             let data = vec![b'y'; n];
             chunk(&mut v, &data);

@@ -1,21 +1,11 @@
-//! Prompt tokenization and output-token text for the simulated engine.
-//!
-//! Two schemes. **Built-in** (the default) is deterministic and documented so that users can
-//! predict counts: the text is cut into pieces like GPT-2's pre-tokenizer (an optional leading
-//! space followed by a run of letters, a run of 1 to 3 digits, a run of other non-space symbols,
-//! or a run of whitespace); a letter run longer than 4 characters is further cut into chunks of
-//! 4 characters (the first chunk keeps the leading space). Each piece is one token whose id is
-//! `256 + xxh3(piece bytes) % (32000 - 256)`; a BOS token (id 1) starts every prompt. English
-//! prose comes out near 4 characters per token, like real BPE vocabularies. Output token `id`
-//! renders as a space plus a word from a fixed list ([`WORDS`], index `id % len`).
-//! **HF** (`--tokenizer tokenizer.json`) uses the `tokenizers` crate: exact ids for that vocabulary,
-//! special tokens added as the file says; output ids decode with it.
-//! Chat messages become text with a fixed template (`<|role|>\ncontent\n` per message, then
-//! `<|assistant|>\n`) before tokenization; Jinja chat templates are deliberately not run.
-//! This module does not decide which tokens the engine generates (see `engine`).
+//! Prompt tokenization and output-token text: the documented built-in scheme (GPT-2-like pieces,
+//! letter runs cut into 4-letter chunks, `256 + xxh3(piece) % 31744`, BOS 1; output ids render
+//! as words from [`WORDS`]) or an HF `tokenizer.json`; chat messages through a fixed template
+//! (docs/mock.md, "Tokenization"). This module does not decide which tokens are generated.
 
 use anyhow::Context;
 use serde_json::Value;
+use std::fmt::Write;
 use std::path::Path;
 
 /// Vocabulary size of the built-in scheme.
@@ -37,15 +27,6 @@ pub enum Tokenizer {
     Hf(Box<tokenizers::Tokenizer>),
 }
 
-impl std::fmt::Debug for Tokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Tokenizer::Builtin => f.write_str("Tokenizer::Builtin"),
-            Tokenizer::Hf(_) => f.write_str("Tokenizer::Hf"),
-        }
-    }
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Class {
     Alpha,
@@ -55,69 +36,37 @@ enum Class {
 }
 
 fn class(c: char) -> Class {
-    if c.is_alphabetic() {
-        Class::Alpha
-    } else if c.is_numeric() {
-        Class::Digit
-    } else if c.is_whitespace() {
-        Class::Space
-    } else {
-        Class::Other
+    match c {
+        _ if c.is_alphabetic() => Class::Alpha,
+        _ if c.is_numeric() => Class::Digit,
+        _ if c.is_whitespace() => Class::Space,
+        _ => Class::Other,
     }
 }
 
 /// Cuts text into built-in pieces (see the module doc).
 pub fn builtin_pieces(text: &str) -> Vec<&str> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let start = chars[i].0;
-        let mut j = i;
-        // A single space glues to a following non-space run.
-        if chars[j].1 == ' ' && j + 1 < chars.len() && class(chars[j + 1].1) != Class::Space {
-            j += 1;
-        }
-        let cls = class(chars[j].1);
-        let mut k = j + 1;
-        let limit = match cls {
+    let n = chars.len();
+    let at = |k: usize| chars.get(k).map_or(text.len(), |c| c.0);
+    let cls = |k: usize| class(chars[k].1);
+    // A single space leads the non-space run that follows it.
+    let lead = |k: usize| chars[k].1 == ' ' && k + 1 < n && cls(k + 1) != Class::Space;
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < n {
+        let j = if lead(i) { i + 1 } else { i };
+        let c = cls(j);
+        // At most 3 digits; letter runs are cut into chunks of 4 letters.
+        let limit = match c {
             Class::Digit => 3,
+            Class::Alpha => 4,
             _ => usize::MAX,
         };
-        while k < chars.len() && class(chars[k].1) == cls && k - j < limit {
-            // whitespace runs stop before a space that would lead the next piece
-            if cls == Class::Space
-                && chars[k].1 == ' '
-                && k + 1 < chars.len()
-                && class(chars[k + 1].1) != Class::Space
-            {
-                break;
-            }
+        let mut k = j + 1;
+        while k < n && cls(k) == c && k - j < limit && !(c == Class::Space && lead(k)) {
             k += 1;
         }
-        if cls == Class::Alpha {
-            // Cut letter runs into chunks of 4 letters; the first keeps the leading space.
-            let mut s = i;
-            let mut letters_start = j;
-            while letters_start < k {
-                let e = (letters_start + 4).min(k);
-                let end = if e < chars.len() {
-                    chars[e].0
-                } else {
-                    text.len()
-                };
-                out.push(&text[chars[s].0..end]);
-                s = e;
-                letters_start = e;
-            }
-        } else {
-            let end = if k < chars.len() {
-                chars[k].0
-            } else {
-                text.len()
-            };
-            out.push(&text[start..end]);
-        }
+        out.push(&text[at(i)..at(k)]);
         i = k;
     }
     out
@@ -135,8 +84,7 @@ pub fn message_text(content: &Value) -> String {
         Value::Array(parts) => parts
             .iter()
             .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
+            .collect(),
         _ => String::new(),
     }
 }
@@ -153,11 +101,7 @@ pub fn chat_text(messages: &[Value]) -> Result<String, String> {
             .and_then(Value::as_str)
             .ok_or_else(|| format!("messages[{i}].role must be a string"))?;
         let content = obj.get("content").map(message_text).unwrap_or_default();
-        s.push_str("<|");
-        s.push_str(role);
-        s.push_str("|>\n");
-        s.push_str(&content);
-        s.push('\n');
+        let _ = write!(s, "<|{role}|>\n{content}\n");
     }
     s.push_str("<|assistant|>\n");
     Ok(s)
