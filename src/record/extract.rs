@@ -177,7 +177,6 @@ impl Extractor {
     /// Builds the trace record (`t0` is the recording's time origin), and why the request
     /// body was not parsed if it was not.
     pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Option<String>) {
-        let mut parse_failure = None;
         // The query string is never recorded: some APIs put keys there.
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);
@@ -194,6 +193,38 @@ impl Extractor {
         };
 
         // Response side first: usage decides input length for approximate prompts.
+        let (mut resp, stream_error) = self.response(ex);
+        req.output_tokens = match resp.usage {
+            Some(u) => u.completion_tokens,
+            None => resp.events.iter().map(|e| u64::from(e.tokens)).sum(),
+        };
+        let parse_failure = match parse_body {
+            true => self.request_side(&mut req, ex, resp.usage),
+            false => None,
+        };
+        if resp.error.is_none() {
+            // The upstream's status names its own refusals (a JSON 404 or 400 error body is not
+            // a broken stream); `stream_error` is an error event inside a successful response.
+            resp.error = if ex.status >= 400 {
+                Some(format!("http_{}", ex.status))
+            } else if parse_failure.is_some() {
+                Some("request_parse".into())
+            } else if stream_error.is_some() {
+                Some("stream_error".into())
+            } else {
+                None
+            };
+        }
+        if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
+            req.body = Some(ex.request.data.clone());
+        }
+        req.response = Some(Box::new(resp));
+        (req, parse_failure)
+    }
+
+    /// The response as recorded: status, timing, events (each read as `parse_chunk` reads it),
+    /// usage and server metrics; and the first error event inside the stream.
+    fn response(&self, ex: &Exchange) -> (Response, Option<String>) {
         let mut resp = Response {
             status: ex.status,
             error: ex.error.map(|f| f.as_str().to_string()),
@@ -261,25 +292,30 @@ impl Extractor {
         if self.bodies == Bodies::Full && !ex.response_truncated {
             resp.body = Some(ex.response_body.clone());
         }
-        req.output_tokens = match resp.usage {
-            Some(u) => u.completion_tokens,
-            None => resp.events.iter().map(|e| u64::from(e.tokens)).sum(),
-        };
+        (resp, stream_error)
+    }
 
-        // Request side.
-        let parse = match &req.endpoint {
-            _ if !parse_body => None,
-            _ if ex.request.truncated => Some(Err(format!(
+    /// The request body read: model, parameters, input length and the prompt's block hashes;
+    /// why it could not be read, if so. `usage` is the response's (an approximate prompt
+    /// takes its input length from it).
+    fn request_side(
+        &self,
+        req: &mut Request,
+        ex: &Exchange,
+        usage: Option<crate::trace::Usage>,
+    ) -> Option<String> {
+        let parse = match ex.request.truncated {
+            true => Err(format!(
                 "request body of {} bytes is over the capture cap; not parsed",
                 ex.request.len
-            ))),
-            e => Some(parse_request(e, &ex.request.data)),
+            )),
+            false => parse_request(&req.endpoint, &ex.request.data),
         };
         match parse {
-            Some(Ok(mut info)) => {
+            Ok(mut info) => {
                 req.model = info.model.take();
                 req.params = std::mem::take(&mut info.params);
-                let usage_in = resp.usage.map(|u| u.prompt_tokens);
+                let usage_in = usage.map(|u| u.prompt_tokens);
                 // A token-id prompt is hashed in place (prompt_tokens would copy the ids).
                 let pt = match &info.prompt {
                     Some(openai::Prompt::TokenIds(ids)) => {
@@ -311,32 +347,14 @@ impl Extractor {
                     req.input_tokens = n;
                 }
             }
-            Some(Err(msg)) => {
-                parse_failure = Some(msg);
-                if let Some(u) = resp.usage {
+            Err(msg) => {
+                if let Some(u) = usage {
                     req.input_tokens = u.prompt_tokens;
                 }
+                return Some(msg);
             }
-            None => {}
         }
-        if resp.error.is_none() {
-            // The upstream's status names its own refusals (a JSON 404 or 400 error body is not
-            // a broken stream); `stream_error` is an error event inside a successful response.
-            resp.error = if ex.status >= 400 {
-                Some(format!("http_{}", ex.status))
-            } else if parse_failure.is_some() {
-                Some("request_parse".into())
-            } else if stream_error.is_some() {
-                Some("stream_error".into())
-            } else {
-                None
-            };
-        }
-        if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
-            req.body = Some(ex.request.data.clone());
-        }
-        req.response = Some(Box::new(resp));
-        (req, parse_failure)
+        None
     }
 }
 

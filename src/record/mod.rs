@@ -259,6 +259,58 @@ pub async fn run_with_admin(
     })?;
     let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
     let tls = tls.transpose()?;
+    let (header, extractor) = trace_header_and_extractor(&cfg)?;
+    let t0 = Instant::now();
+    let (recorder, writer) = writer::spawn(
+        cfg.queue,
+        cfg.queue_bytes,
+        writer::FileOptions {
+            dir: cfg.out_dir.clone(),
+            name: cfg.name.clone(),
+            rotate_bytes: cfg.rotate_bytes,
+            rotate_every: cfg.rotate_every,
+            flush_every: cfg.flush_every,
+            space: None,
+        },
+        header,
+        extractor,
+        t0,
+        stats.clone(),
+    )
+    .context("starting the trace writer thread")?;
+
+    let proxies = proxies(&cfg, &connector, &upstream_opts, &recorder, &stats)?;
+    drop(recorder);
+
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let admin_task = admin.map(|l| tokio::spawn(admin::serve(l, stats.clone())));
+    eprintln!("{}", start_line(&listener, admin_addr, &cfg));
+    let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
+        .await
+        .context("starting the I/O threads")?;
+    let files = tokio::task::spawn_blocking(move || writer.close())
+        .await
+        .unwrap_or_default();
+    if let Some(t) = admin_task {
+        t.abort();
+        let _ = t.await;
+    }
+    Ok(RecordStats {
+        requests: stats.requests.load(Relaxed),
+        records_written: stats.records_written.load(Relaxed),
+        records_dropped: stats.records_dropped.load(Relaxed),
+        records_lost_io: stats.records_lost_io.load(Relaxed),
+        write_errors: stats.write_errors.load(Relaxed),
+        files,
+        drained,
+    })
+}
+
+/// The trace files' header (block size, hashing, tokenization, bodies kept, where from) and the
+/// extractor that turns each exchange into a record the same way.
+fn trace_header_and_extractor(
+    cfg: &RecordConfig,
+) -> anyhow::Result<(crate::trace::TraceHeader, extract::Extractor)> {
     let tokenizer = cfg
         .tokenizer
         .as_deref()
@@ -270,7 +322,6 @@ pub async fn run_with_admin(
         Some(k) => crate::trace::hash::BlockHasher::hmac(k),
         None => crate::trace::hash::BlockHasher::xxh3(),
     };
-    let t0 = Instant::now();
     let t0_unix_us = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64);
@@ -302,24 +353,18 @@ pub async fn run_with_admin(
         tokenizer,
         bodies: cfg.bodies,
     };
-    let (recorder, writer) = writer::spawn(
-        cfg.queue,
-        cfg.queue_bytes,
-        writer::FileOptions {
-            dir: cfg.out_dir.clone(),
-            name: cfg.name.clone(),
-            rotate_bytes: cfg.rotate_bytes,
-            rotate_every: cfg.rotate_every,
-            flush_every: cfg.flush_every,
-            space: None,
-        },
-        header,
-        extractor,
-        t0,
-        stats.clone(),
-    )
-    .context("starting the trace writer thread")?;
+    Ok((header, extractor))
+}
 
+/// One proxy per I/O thread, each with its own upstream pool (an upstream connection stays on
+/// its thread).
+fn proxies(
+    cfg: &RecordConfig,
+    connector: &upstream::Connector,
+    upstream_opts: &upstream::UpstreamOptions,
+    recorder: &writer::Recorder,
+    stats: &Arc<stats::Stats>,
+) -> anyhow::Result<Vec<Arc<common::Proxy>>> {
     let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
     let authority: Authority = cfg
         .upstream
@@ -360,34 +405,11 @@ pub async fn run_with_admin(
             total_timeout: cfg.total_timeout,
             capture_max: cfg.capture_max,
             raw,
-            client: upstream::build(&upstream_opts)?,
+            client: upstream::build(upstream_opts)?,
             via: via.clone(),
         }));
     }
-    drop(recorder);
-
-    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
-    let admin_task = admin.map(|l| tokio::spawn(admin::serve(l, stats.clone())));
-    eprintln!("{}", start_line(&listener, admin_addr, &cfg));
-    let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
-        .await
-        .context("starting the I/O threads")?;
-    let files = tokio::task::spawn_blocking(move || writer.close())
-        .await
-        .unwrap_or_default();
-    if let Some(t) = admin_task {
-        t.abort();
-        let _ = t.await;
-    }
-    Ok(RecordStats {
-        requests: stats.requests.load(Relaxed),
-        records_written: stats.records_written.load(Relaxed),
-        records_dropped: stats.records_dropped.load(Relaxed),
-        records_lost_io: stats.records_lost_io.load(Relaxed),
-        write_errors: stats.write_errors.load(Relaxed),
-        files,
-        drained,
-    })
+    Ok(proxies)
 }
 
 /// What the proxy says when it starts: where it listens, forwards (credentials never shown) and

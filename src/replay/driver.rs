@@ -199,6 +199,81 @@ impl Roots {
     }
 }
 
+/// What every released request's task shares.
+struct Release {
+    client: Arc<Client>,
+    sem: Option<Arc<Semaphore>>,
+    links: Option<Arc<Links>>,
+    /// Where a finished turn hands its session's next turn back to the dispatcher.
+    dep_tx: std_mpsc::Sender<(u64, usize)>,
+    tx: mpsc::UnboundedSender<(usize, Tag, Sample)>,
+    t0: Instant,
+}
+
+impl Release {
+    /// The task of the request in `slot`, released now (`released`: its intended and dispatch
+    /// instants, ns from t0). With `presend`, the request leaves from this thread at once when a
+    /// connection is idle and a slot free (`Client::presend`); not within a large simultaneous
+    /// release, whose sends the runtime's workers share.
+    fn task(&self, slot: usize, released: (u64, u64), mut body: Body, presend: bool) -> Task {
+        let (intended_ns, dispatched_ns) = released;
+        let mut times = SendTimes {
+            intended_ns,
+            dispatched_ns,
+            slot_wait_ns: 0,
+        };
+        let (client, sem, t0) = (self.client.clone(), self.sem.clone(), self.t0);
+        let mut next = self.links.as_ref().and_then(|l| {
+            l.succ[slot].map(|s| Handover {
+                tx: self.dep_tx.clone(),
+                slot: s,
+                think_ns: l.think_ns[s],
+                end_ns: None,
+                t0,
+            })
+        });
+        let reply = Reply {
+            tx: self.tx.clone(),
+            slot,
+            tag: std::mem::take(&mut body.tag),
+            released,
+            sample: None,
+        };
+        let mut permit = None;
+        let pre = match presend {
+            true => {
+                permit = sem
+                    .as_ref()
+                    .and_then(|s| s.clone().try_acquire_owned().ok());
+                match sem.is_none() || permit.is_some() {
+                    true => client.presend(&body.req, t0),
+                    false => None,
+                }
+            }
+            false => None,
+        };
+        Box::pin(async move {
+            let _permit = match (&sem, permit) {
+                (_, Some(p)) => Some(p),
+                (Some(s), None) => {
+                    let asked = Instant::now();
+                    let p = s.clone().acquire_owned().await.ok();
+                    times.slot_wait_ns = asked.elapsed().as_nanos() as u64;
+                    p
+                }
+                (None, None) => None,
+            };
+            let s = client.send(&body.req, times, t0, pre).await;
+            drop(body); // freed once sent
+            if let Some(h) = &mut next {
+                h.end_ns = Some(s.end_ns);
+            }
+            drop(next); // releases the next turn before the sample is collected
+            reply.send(s);
+        })
+    }
+}
+
 /// Runs `n` planned sends (their bodies and offsets from `bodies`, in plan order); `on_done`
 /// gets each slot's sample and tag once, as the request finishes. Err when the body builder
 /// failed (once the sends released before it have ended) or the dispatcher could not start.
@@ -235,6 +310,14 @@ pub async fn drive(
             let mut released = 0;
             // Requests released at this instant, handed to the runtime together (see `flush`).
             let mut batch: Vec<Task> = Vec::new();
+            let release = Release {
+                client,
+                sem,
+                links: links.clone(),
+                dep_tx,
+                tx,
+                t0,
+            };
             while released < n {
                 while let Ok((at, slot)) = dep_rx.try_recv() {
                     due.push(Reverse((at, slot)));
@@ -283,7 +366,7 @@ pub async fn drive(
                         None => break,
                     },
                 };
-                let mut body = match body {
+                let body = match body {
                     Some(b) => b,
                     None => match bodies.take_or(slot, || flush(&handle, &mut batch)) {
                         Ok(b) => b,
@@ -296,62 +379,8 @@ pub async fn drive(
                 sleep_until(deadline);
                 released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
-                let mut times = SendTimes {
-                    intended_ns,
-                    dispatched_ns,
-                    slot_wait_ns: 0,
-                };
-                let (client, sem) = (client.clone(), sem.clone());
-                let mut next = links.as_ref().and_then(|l| {
-                    l.succ[slot].map(|s| Handover {
-                        tx: dep_tx.clone(),
-                        slot: s,
-                        think_ns: l.think_ns[s],
-                        end_ns: None,
-                        t0,
-                    })
-                });
-                let reply = Reply {
-                    tx: tx.clone(),
-                    slot,
-                    tag: std::mem::take(&mut body.tag),
-                    released: (intended_ns, dispatched_ns),
-                    sample: None,
-                };
-                // The request leaves from this thread at its deadline when a connection is idle
-                // and a slot free (Client::presend); not within a large simultaneous release,
-                // whose sends the runtime's workers share.
-                let mut permit = None;
-                let pre = if batch.len() < PRESEND_MAX_BATCH {
-                    permit = sem
-                        .as_ref()
-                        .and_then(|s| s.clone().try_acquire_owned().ok());
-                    match sem.is_none() || permit.is_some() {
-                        true => client.presend(&body.req, t0),
-                        false => None,
-                    }
-                } else {
-                    None
-                };
-                batch.push(Box::pin(async move {
-                    let _permit = match (&sem, permit) {
-                        (_, Some(p)) => Some(p),
-                        (Some(s), None) => {
-                            let asked = Instant::now();
-                            let p = s.clone().acquire_owned().await.ok();
-                            times.slot_wait_ns = asked.elapsed().as_nanos() as u64;
-                            p
-                        }
-                        (None, None) => None,
-                    };
-                    let s = client.send(&body.req, times, t0, pre).await;
-                    drop(body); // freed once sent
-                    if let Some(h) = &mut next {
-                        h.end_ns = Some(s.end_ns);
-                    }
-                    drop(next); // releases the next turn before the sample is collected
-                    reply.send(s);
-                }));
+                let presend = batch.len() < PRESEND_MAX_BATCH;
+                batch.push(release.task(slot, (intended_ns, dispatched_ns), body, presend));
             }
             flush(&handle, &mut batch);
             Ok(())

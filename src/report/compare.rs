@@ -451,7 +451,50 @@ fn band(noise: impl Iterator<Item = Option<f64>>, base: Option<f64>) -> Option<f
 pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    let mut thin: Vec<&str> = Vec::new();
+    if let Some(thin) = latency_rows(&mut rows, base, cand, noise, opts) {
+        notes.push(thin);
+    }
+    throughput_rows(&mut rows, base, cand, noise);
+    if let Some(row) = failure_row(base, cand, noise) {
+        rows.push(row);
+    }
+    let paired = paired_ttft(base, cand);
+    notes.extend(input_notes(base, cand, paired.is_none()));
+    if noise.is_empty() && !rows.is_empty() {
+        notes.push(
+            "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
+                .into(),
+        );
+    }
+    for row in &mut rows {
+        settle(row, opts.min_effect);
+    }
+    let workload = workload::compare(base, cand);
+    Comparison {
+        schema: SCHEMA,
+        baseline: Side::of(base),
+        candidate: Side::of(cand),
+        noise: noise.iter().map(Side::of).collect(),
+        seed: opts.seed,
+        confidence: CONFIDENCE,
+        resamples: opts.resamples,
+        rows,
+        paired,
+        workload,
+        notes,
+    }
+}
+
+/// A row per latency statistic of every metric, its interval from the bootstrap (clustered by
+/// request for ITL); the note on statistics with too few samples to judge, if any.
+fn latency_rows(
+    rows: &mut Vec<Row>,
+    base: &Run,
+    cand: &Run,
+    noise: &[Run],
+    opts: &Options,
+) -> Option<String> {
+    let mut thin: Vec<&'static str> = Vec::new();
     for (mi, m) in Metric::ALL.into_iter().enumerate() {
         let db = base.dist(m);
         let dc = cand.dist(m);
@@ -495,6 +538,18 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
             ));
         }
     }
+    (!thin.is_empty()).then(|| {
+        format!(
+            "too few samples to judge {} (needs {} at p90, {} at p99): shown as n/a",
+            thin.join(", "),
+            min_samples(Stat::P90),
+            min_samples(Stat::P99)
+        )
+    })
+}
+
+/// The throughput and goodput rows (no interval: one number per run; judged by the noise runs).
+fn throughput_rows(rows: &mut Vec<Row>, base: &Run, cand: &Run, noise: &[Run]) {
     for (key, label, unit) in [
         ("request_throughput", "request throughput", "req/s"),
         ("output_throughput", "output token throughput", "tok/s"),
@@ -518,41 +573,41 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
             false,
         ));
     }
-    if let (Some((pb, nb)), Some((pc, nc))) = (failure_rate(base), failure_rate(cand)) {
-        let p = (pb * nb + pc * nc) / (nb + nc);
-        let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();
-        let d = pc - pb;
-        // A difference of two rates lies in [-pb, 1 - pb].
-        let ci = Some(((d - Z * se).max(-pb), (d + Z * se).min(1.0 - pb)));
-        let nz = band(noise.iter().map(|n| failure_rate(n).map(|f| f.0)), Some(pb));
-        let mut row = make_row(
-            "failure_rate".into(),
-            "failure rate".into(),
-            "",
-            Better::Lower,
-            Some(pb),
-            Some(pc),
-            ci,
-            nz,
-            false,
-        );
-        if se == 0.0 {
-            // both 0 % or both 100 %: identical
-            row.significant = Some(d != 0.0);
-            row.verdict = verdict(Better::Lower, Some(d), row.significant);
-        }
-        rows.push(row);
+}
+
+/// The failure-rate row: a two-proportion interval of the difference.
+fn failure_row(base: &Run, cand: &Run, noise: &[Run]) -> Option<Row> {
+    let ((pb, nb), (pc, nc)) = (failure_rate(base)?, failure_rate(cand)?);
+    let p = (pb * nb + pc * nc) / (nb + nc);
+    let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();
+    let d = pc - pb;
+    // A difference of two rates lies in [-pb, 1 - pb].
+    let ci = Some(((d - Z * se).max(-pb), (d + Z * se).min(1.0 - pb)));
+    let nz = band(noise.iter().map(|n| failure_rate(n).map(|f| f.0)), Some(pb));
+    let mut row = make_row(
+        "failure_rate".into(),
+        "failure rate".into(),
+        "",
+        Better::Lower,
+        Some(pb),
+        Some(pc),
+        ci,
+        nz,
+        false,
+    );
+    if se == 0.0 {
+        // both 0 % or both 100 %: identical
+        row.significant = Some(d != 0.0);
+        row.verdict = verdict(Better::Lower, Some(d), row.significant);
     }
-    if !thin.is_empty() {
-        notes.push(format!(
-            "too few samples to judge {} (needs {} at p90, {} at p99): shown as n/a",
-            thin.join(", "),
-            min_samples(Stat::P90),
-            min_samples(Stat::P99)
-        ));
-    }
-    let paired = paired_ttft(base, cand);
-    if paired.is_none() {
+    Some(row)
+}
+
+/// What the reader should know of the two runs: not the same requests (`unpaired`), marked
+/// invalid, or without samples.
+fn input_notes(base: &Run, cand: &Run, unpaired: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    if unpaired {
         if let (Some(a), Some(b)) = (&base.requests, &cand.requests) {
             if a.len() != b.len() || a.input_lens != b.input_lens {
                 notes.push(format!(
@@ -584,29 +639,7 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
             ));
         }
     }
-    if noise.is_empty() && !rows.is_empty() {
-        notes.push(
-            "no --noise run: throughput changes cannot be judged; latency significance is sampling noise only, not run-to-run variation"
-                .into(),
-        );
-    }
-    for row in &mut rows {
-        settle(row, opts.min_effect);
-    }
-    let workload = workload::compare(base, cand);
-    Comparison {
-        schema: SCHEMA,
-        baseline: Side::of(base),
-        candidate: Side::of(cand),
-        noise: noise.iter().map(Side::of).collect(),
-        seed: opts.seed,
-        confidence: CONFIDENCE,
-        resamples: opts.resamples,
-        rows,
-        paired,
-        workload,
-        notes,
-    }
+    notes
 }
 
 /// Per-request TTFT ratios when both runs replayed the same requests.

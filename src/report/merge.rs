@@ -90,10 +90,67 @@ fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeEr
 
 /// Merges result objects (`path` names each in errors).
 pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
+    let reqs = check_inputs(inputs)?;
+    let first = &inputs[0].1;
+    let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
+    for k in ARRAY_KEYS
+        .iter()
+        .chain(&["shard", crate::replay::sidecar::KEY])
+    {
+        m.remove(*k);
+    }
+    merge_totals(&mut m, inputs)?;
+    merge_validity(&mut m, inputs);
+    let hists = add_histograms(inputs)?;
+    let percentiles = percentiles_of(first);
+    match reqs.into_iter().collect::<Option<Vec<Requests>>>() {
+        Some(reqs) => merge_detailed(&mut m, inputs, &reqs, &percentiles)?,
+        None => {
+            for (fam, hname) in VLLM_FAMILIES {
+                if let Some(h) = hists.get(hname) {
+                    put_hist_stats(&mut m, fam, h, &percentiles);
+                }
+            }
+            for fam in OUR_FAMILIES {
+                pool_stats(&mut m, fam, inputs, &percentiles);
+            }
+            m.insert("merged_from_histograms".into(), json!(true));
+        }
+    }
+    let encoded = Histograms { by_name: hists }.encode();
+    m.insert("histograms".into(), json!(encoded));
+    m.insert(
+        "merged_from".into(),
+        json!(inputs
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect::<Vec<_>>()),
+    );
+    match merge_sessions(inputs) {
+        Some(v) => m.insert("sessions".into(), v),
+        None => m.remove("sessions"),
+    };
+    m.retain(|k, _| !k.starts_with("probe_"));
+    match merge_probes(inputs) {
+        Some(v) => {
+            m.extend(crate::replay::result::vllm_probe_keys(&v));
+            m.insert("probes".into(), v)
+        }
+        None => m.remove("probes"),
+    };
+    // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
+    // and one shard's view is not the merged run's. Read them in the shard files.
+    m.remove("server_metrics");
+    Ok(Value::Object(m))
+}
+
+/// Checks that the inputs are replay results of one run (schema, the keys that must agree,
+/// histograms, each shard once); each one's per-request arrays, when it has them.
+fn check_inputs(inputs: &[(PathBuf, Value)]) -> Result<Vec<Option<Requests>>, MergeError> {
     let Some((first_path, first)) = inputs.first() else {
         return Err(MergeError::Empty);
     };
-    let mut reqs: Vec<Option<Requests>> = Vec::new();
+    let mut reqs = Vec::new();
     for (path, v) in inputs {
         let schema = v.get("schema").and_then(Value::as_str);
         if schema != Some(crate::replay::result::SCHEMA) {
@@ -127,15 +184,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         reqs.push(load::from_value(path, v)?.requests);
     }
     check_distinct_shards(inputs)?;
-    let detailed = reqs.iter().all(Option::is_some);
+    Ok(reqs)
+}
 
-    let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
-    for k in ARRAY_KEYS
-        .iter()
-        .chain(&["shard", crate::replay::sidecar::KEY])
-    {
-        m.remove(*k);
-    }
+/// The counts and token totals summed, the duration (the longest shard's), the throughputs
+/// over it, goodput, and the peaks (summed: an upper bound).
+fn merge_totals(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> {
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
     for k in SUM_KEYS {
         let mut total = 0u64;
@@ -197,6 +251,11 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
         }
     }
     m.insert("errors_by_kind".into(), json!(errors));
+    Ok(())
+}
+
+/// Valid when every shard is; the invalid ones' reasons, each naming its file.
+fn merge_validity(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) {
     let valid = inputs
         .iter()
         .all(|(_, v)| v.get("valid").and_then(Value::as_bool) != Some(false));
@@ -216,8 +275,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
             json!(reasons.join("; "))
         },
     );
+}
 
-    // histograms: lossless addition
+/// The inputs' histograms added, name by name (lossless).
+fn add_histograms(
+    inputs: &[(PathBuf, Value)],
+) -> Result<BTreeMap<String, hdrhistogram::Histogram<u64>>, MergeError> {
     let mut hists: BTreeMap<String, hdrhistogram::Histogram<u64>> = BTreeMap::new();
     for (path, v) in inputs {
         let Some(Value::Object(h)) = v.get("histograms") else {
@@ -239,84 +302,51 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
             }
         }
     }
+    Ok(hists)
+}
 
-    let percentiles = percentiles_of(first);
-    if detailed {
-        let mut all = Requests::default();
-        let mut drifts = Vec::new();
-        for ((_, v), r) in inputs.iter().zip(&reqs) {
-            let r = r.as_ref().expect("checked: every input is detailed");
-            concat(&mut all, r);
-            // `drifts` (all requests) is not part of load::Requests
-            let d = v.get("drifts").and_then(Value::as_array);
-            drifts.extend((0..r.len()).map(|i| d.and_then(|d| d.get(i)).and_then(Value::as_f64)));
+/// Every input detailed: the statistics computed from all requests, exactly, and the
+/// per-request arrays concatenated in schedule order.
+fn merge_detailed(
+    m: &mut Map<String, Value>,
+    inputs: &[(PathBuf, Value)],
+    reqs: &[Requests],
+    percentiles: &[f64],
+) -> Result<(), MergeError> {
+    let mut all = Requests::default();
+    let mut drifts = Vec::new();
+    for ((_, v), r) in inputs.iter().zip(reqs) {
+        concat(&mut all, r);
+        // `drifts` (all requests) is not part of load::Requests
+        let d = v.get("drifts").and_then(Value::as_array);
+        drifts.extend((0..r.len()).map(|i| d.and_then(|d| d.get(i)).and_then(Value::as_f64)));
+    }
+    for (fam, s) in stats_from_requests(&all, &drifts, percentiles) {
+        put_stats(m, fam, &s, !VLLM_FAMILIES.iter().any(|(f, _)| *f == fam));
+    }
+    let order = schedule_order(inputs, all.len());
+    for k in ARRAY_KEYS {
+        if inputs.iter().all(|(_, v)| v.get(k).is_none()) {
+            continue;
         }
-        for (fam, s) in stats_from_requests(&all, &drifts, &percentiles) {
-            put_stats(
-                &mut m,
-                fam,
-                &s,
-                !VLLM_FAMILIES.iter().any(|(f, _)| *f == fam),
-            );
-        }
-        let order = schedule_order(inputs, all.len());
-        for k in ARRAY_KEYS {
-            if inputs.iter().all(|(_, v)| v.get(k).is_none()) {
-                continue;
-            }
-            let mut out = Vec::new();
-            for (path, v) in inputs {
-                match v.get(k) {
-                    Some(Value::Array(a)) => out.extend(a.iter().cloned()),
-                    Some(_) => return Err(key_err(path, k, "expected an array")),
-                    None => {
-                        let n = v["ttfts"].as_array().map_or(0, Vec::len);
-                        out.extend(std::iter::repeat_n(Value::Null, n));
-                    }
+        let mut out = Vec::new();
+        for (path, v) in inputs {
+            match v.get(k) {
+                Some(Value::Array(a)) => out.extend(a.iter().cloned()),
+                Some(_) => return Err(key_err(path, k, "expected an array")),
+                None => {
+                    let n = v["ttfts"].as_array().map_or(0, Vec::len);
+                    out.extend(std::iter::repeat_n(Value::Null, n));
                 }
             }
-            if out.len() == order.len() {
-                out = order.iter().map(|&i| out[i].take()).collect();
-            }
-            m.insert(k.into(), Value::Array(out));
         }
-        m.insert("merged_from_histograms".into(), json!(false));
-    } else {
-        for (fam, hname) in VLLM_FAMILIES {
-            if let Some(h) = hists.get(hname) {
-                put_hist_stats(&mut m, fam, h, &percentiles);
-            }
+        if out.len() == order.len() {
+            out = order.iter().map(|&i| out[i].take()).collect();
         }
-        for fam in OUR_FAMILIES {
-            pool_stats(&mut m, fam, inputs, &percentiles);
-        }
-        m.insert("merged_from_histograms".into(), json!(true));
+        m.insert(k.into(), Value::Array(out));
     }
-    let encoded = Histograms { by_name: hists }.encode();
-    m.insert("histograms".into(), json!(encoded));
-    m.insert(
-        "merged_from".into(),
-        json!(inputs
-            .iter()
-            .map(|(p, _)| p.display().to_string())
-            .collect::<Vec<_>>()),
-    );
-    match merge_sessions(inputs) {
-        Some(v) => m.insert("sessions".into(), v),
-        None => m.remove("sessions"),
-    };
-    m.retain(|k, _| !k.starts_with("probe_"));
-    match merge_probes(inputs) {
-        Some(v) => {
-            m.extend(crate::replay::result::vllm_probe_keys(&v));
-            m.insert("probes".into(), v)
-        }
-        None => m.remove("probes"),
-    };
-    // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
-    // and one shard's view is not the merged run's. Read them in the shard files.
-    m.remove("server_metrics");
-    Ok(Value::Object(m))
+    m.insert("merged_from_histograms".into(), json!(false));
+    Ok(())
 }
 
 /// Each input once: no result given twice, shards (`shard: "I/N"`) of one count with distinct
