@@ -259,8 +259,7 @@ pub async fn run_with_admin(
     })?;
     let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
     let tls = tls.transpose()?;
-    let (header, extractor) = trace_header_and_extractor(&cfg)?;
-    let t0 = Instant::now();
+    let (header, extractor, t0) = trace_header_and_extractor(&cfg)?;
     let (recorder, writer) = writer::spawn(
         cfg.queue,
         cfg.queue_bytes,
@@ -306,11 +305,12 @@ pub async fn run_with_admin(
     })
 }
 
-/// The trace files' header (block size, hashing, tokenization, bodies kept, where from) and the
-/// extractor that turns each exchange into a record the same way.
+/// The trace files' header (block size, hashing, tokenization, bodies kept, where from), the
+/// extractor that turns each exchange into a record the same way, and the recording's time
+/// origin (taken with the header's wall-clock `t0_unix_us`).
 fn trace_header_and_extractor(
     cfg: &RecordConfig,
-) -> anyhow::Result<(crate::trace::TraceHeader, extract::Extractor)> {
+) -> anyhow::Result<(crate::trace::TraceHeader, extract::Extractor, Instant)> {
     let tokenizer = cfg
         .tokenizer
         .as_deref()
@@ -322,6 +322,7 @@ fn trace_header_and_extractor(
         Some(k) => crate::trace::hash::BlockHasher::hmac(k),
         None => crate::trace::hash::BlockHasher::xxh3(),
     };
+    let t0 = Instant::now();
     let t0_unix_us = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64);
@@ -353,7 +354,7 @@ fn trace_header_and_extractor(
         tokenizer,
         bodies: cfg.bodies,
     };
-    Ok((header, extractor))
+    Ok((header, extractor, t0))
 }
 
 /// One proxy per I/O thread, each with its own upstream pool (an upstream connection stays on
