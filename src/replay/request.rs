@@ -162,7 +162,8 @@ fn synthesised_api(req: &Request, opts: &BodyOptions) -> Api {
     }
 }
 
-/// Builds the request for trace request `req` (its index in the trace is `key`).
+/// Builds the request for trace request `req`; `key` (its position in the plan) seeds what its
+/// hash ids do not fix of a synthesised prompt.
 pub fn build(
     req: &Request,
     key: u64,

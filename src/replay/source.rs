@@ -19,7 +19,7 @@ use crate::trace::stats::PrefixCache;
 use crate::trace::{Request, Trace, TraceError, TraceHeader};
 use std::collections::{BTreeMap, VecDeque};
 
-/// One planned send: the record, its index in the shaped trace and its offset from t0.
+/// One planned send: the record, its position in the plan (from 0) and its offset from t0.
 pub struct Planned {
     pub index: usize,
     pub at_ns: u64,
