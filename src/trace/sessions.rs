@@ -54,30 +54,7 @@ pub fn read(
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
     let text = std::str::from_utf8(data).map_err(|_| err(path, "not UTF-8 text".into()))?;
-    let trimmed = text.trim_start();
-    let sessions: Vec<(u64, Result<SessionIn, String>)> = if trimmed.starts_with('[') {
-        match serde_json::from_str::<Vec<Obj<SessionIn>>>(trimmed) {
-            Ok(v) => v.into_iter().map(|s| (1, Ok(s.0))).collect(),
-            Err(e) => return Err(err(path, format!("line {}: {e}", e.line()))),
-        }
-    } else {
-        // One object (possibly spread over lines) or one object per line.
-        let mut out = Vec::new();
-        let mut de = serde_json::Deserializer::from_str(text).into_iter::<Obj<SessionIn>>();
-        loop {
-            let at = de.byte_offset();
-            let line = text[..at].matches('\n').count() as u64 + 1;
-            match de.next() {
-                None => break,
-                Some(Ok(s)) => out.push((line, Ok(s.0))),
-                Some(Err(e)) => {
-                    out.push((e.line() as u64, Err(e.to_string())));
-                    break;
-                }
-            }
-        }
-        out
-    };
+    let sessions = sessions_in(path, text)?;
     let mut rep = ImportReport::default();
     let mut reqs = Vec::new();
     let mut block_size = None;
@@ -110,19 +87,7 @@ pub fn read(
         let sid = s.id.clone().unwrap_or_else(|| format!("session-{n}"));
         let mut local: HashMap<u64, u64> = HashMap::new();
         for (turn, Obj(r)) in s.requests.into_iter().enumerate() {
-            let bad = if !(r.t.is_finite() && r.t >= 0.0 && r.t < 1e9) {
-                Some(format!("request {turn}: t {} is negative or absurd", r.t))
-            } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
-                Some(format!("request {turn}: token count over {MAX_TOKENS}"))
-            } else {
-                r.think_time
-                    .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
-                    .map(|x| {
-                        format!(
-                            "request {turn}: think_time {x} s is negative or longer than 30 days"
-                        )
-                    })
-            };
+            let bad = problem(turn, &r);
             if let Some(m) = bad {
                 if opts.skip_bad {
                     rep.bad_row(line, format!("session {sid}: {m}"));
@@ -177,6 +142,52 @@ pub fn read(
         },
         rep,
     ))
+}
+
+/// A session as read, or why it could not be, with the line it starts on.
+type SessionAt = (u64, Result<SessionIn, String>);
+
+/// The file's sessions, each with the line it starts on: a JSON array of them, one object, or
+/// one object per line (the first malformed one ends the list).
+fn sessions_in(path: &str, text: &str) -> Result<Vec<SessionAt>, TraceError> {
+    let trimmed = text.trim_start();
+    Ok(if trimmed.starts_with('[') {
+        match serde_json::from_str::<Vec<Obj<SessionIn>>>(trimmed) {
+            Ok(v) => v.into_iter().map(|s| (1, Ok(s.0))).collect(),
+            Err(e) => return Err(err(path, format!("line {}: {e}", e.line()))),
+        }
+    } else {
+        // One object (possibly spread over lines) or one object per line.
+        let mut out = Vec::new();
+        let mut de = serde_json::Deserializer::from_str(text).into_iter::<Obj<SessionIn>>();
+        loop {
+            let at = de.byte_offset();
+            let line = text[..at].matches('\n').count() as u64 + 1;
+            match de.next() {
+                None => break,
+                Some(Ok(s)) => out.push((line, Ok(s.0))),
+                Some(Err(e)) => {
+                    out.push((e.line() as u64, Err(e.to_string())));
+                    break;
+                }
+            }
+        }
+        out
+    })
+}
+
+/// What is wrong with request `turn` of a session, if anything: a time, a token count or a
+/// think time out of range.
+fn problem(turn: usize, r: &ReqIn) -> Option<String> {
+    if !(r.t.is_finite() && r.t >= 0.0 && r.t < 1e9) {
+        Some(format!("request {turn}: t {} is negative or absurd", r.t))
+    } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
+        Some(format!("request {turn}: token count over {MAX_TOKENS}"))
+    } else {
+        r.think_time
+            .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
+            .map(|x| format!("request {turn}: think_time {x} s is negative or longer than 30 days"))
+    }
 }
 
 #[cfg(test)]
