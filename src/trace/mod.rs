@@ -129,6 +129,12 @@ impl TraceHeader {
         }
     }
 
+    /// An error when a record of `input_tokens` tokens carries more hash ids than any reader
+    /// accepts under this header ([`rows::id_limit`]).
+    pub fn check_ids(&self, ids: usize, input_tokens: u64) -> Result<(), String> {
+        rows::check_ids(ids, self.blocks_for(input_tokens), input_tokens)
+    }
+
     /// Number of hash ids a prompt of `input_tokens` tokens has under this header's block rule.
     pub fn blocks_for(&self, input_tokens: u64) -> u64 {
         let b = u64::from(self.block_size.max(1));

@@ -7,7 +7,7 @@
 //! `mooncake` loaders. Reading keeps ids as they are (they are already dense).
 
 use super::hash::IdCompactor;
-use super::rows::{ImportReport, ReadOptions, Rebase, Rows, MAX_TOKENS};
+use super::rows::{check_ids, ImportReport, ReadOptions, Rebase, Rows, MAX_TOKENS};
 use super::{Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 use std::io::{BufRead, Write};
@@ -49,6 +49,8 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
             row.input_length, row.output_length
         ));
     }
+    let blocks = row.input_length.div_ceil(u64::from(BLOCK_SIZE));
+    check_ids(row.hash_ids.len(), blocks, row.input_length)?;
     Ok(Request {
         arrival_us: (ts * 1000.0).round() as u64,
         input_tokens: row.input_length,
@@ -177,6 +179,28 @@ mod tests {
         ] {
             assert!(parse_row(row).is_err(), "{row}");
         }
+    }
+
+    #[test]
+    fn more_hash_ids_than_the_input_length_allows_are_an_error() {
+        let ids = |n: u64| (0..n).map(|k| k.to_string()).collect::<Vec<_>>().join(",");
+        let row = |input: u64, n: u64| {
+            format!(
+                r#"{{"timestamp": 0, "input_length": {input}, "output_length": 1, "hash_ids": [{}]}}"#,
+                ids(n)
+            )
+        };
+        // 1 token is one block: at most 2 * 1 + 16 ids.
+        assert!(parse_row(&row(1, 18)).is_ok());
+        let e = parse_row(&row(1, 19)).unwrap_err();
+        assert!(
+            e.contains("19 hash ids for input length 1 (at most 18)"),
+            "{e}"
+        );
+        assert!(parse_row(&row(1024, 20)).is_ok());
+        let data = format!("{}\n{}\n", row(600, 2), row(1, 20));
+        let e = read("t.jsonl", data.as_bytes(), &ReadOptions::default()).unwrap_err();
+        assert!(e.to_string().starts_with("t.jsonl:2: 20 hash ids"), "{e}");
     }
 
     #[test]

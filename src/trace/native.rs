@@ -225,8 +225,7 @@ impl RequestWire {
                 self.i, self.o
             ));
         }
-        // A prompt's ids cannot outnumber its blocks (twice, with room for re-blocked tails).
-        let id_limit = 2 * header.blocks_for(self.i) + 16;
+        let id_limit = super::rows::id_limit(header.blocks_for(self.i));
         Ok(Request {
             arrival_us: arrival as u64,
             session: self.s,
@@ -389,6 +388,8 @@ pub struct TraceWriter<W: Write> {
     records: u64,
     dropped: u64,
     bytes_written: u64,
+    /// The file's header: its block rule bounds each record's hash ids.
+    header: TraceHeader,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -411,6 +412,7 @@ impl<W: Write> TraceWriter<W> {
             records: 0,
             dropped: 0,
             bytes_written: 0,
+            header: header.clone(),
         };
         let mut hb = Vec::new();
         cbor(
@@ -432,8 +434,15 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Appends a record; closes the frame when it is large enough.
+    /// Appends a record; closes the frame when it is large enough. A record with more hash ids
+    /// than its input length allows under the header ([`TraceHeader::check_ids`]) is refused
+    /// (`InvalidInput`, nothing written): the reader would refuse it, and its frame with it.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+        if let Err(e) = self.header.check_ids(r.hash_ids.len(), r.input_tokens) {
+            let k = self.records + self.in_frame;
+            let msg = format!("record {k}: {e}");
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
         encode_record(r, self.prev_arrival, &mut self.buf);
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
@@ -1027,6 +1036,8 @@ pub fn read_file(path: &Path) -> Result<(Trace, ReadReport), TraceError> {
 }
 
 /// Writes a whole trace to bytes.
+/// The whole trace as native bytes, for tests and benchmarks: panics on a record the writer
+/// refuses ([`TraceWriter::push`]).
 pub fn write_bytes(trace: &Trace, opts: WriteOptions) -> Vec<u8> {
     let mut w = TraceWriter::new(Vec::new(), &trace.header, opts).expect("writing to memory");
     for r in &trace.requests {
@@ -1337,6 +1348,28 @@ mod tests {
     /// Every single-bit flip anywhere in a written file is found: the read fails (the header
     /// frame), reports damage, or gives the very records written (a bit zstd ignores, such as the
     /// frame descriptor's unused bit). Without frame checksums flips changed records unnoticed.
+    #[test]
+    fn a_record_with_more_hash_ids_than_its_input_allows_is_refused_and_the_rest_reads_whole() {
+        let t = sample(6);
+        let mut w = TraceWriter::new(Vec::new(), &t.header, WriteOptions::default()).unwrap();
+        w.push(&t.requests[0]).unwrap();
+        let limit = super::super::rows::id_limit(t.header.blocks_for(1));
+        let over = Request {
+            input_tokens: 1,
+            hash_ids: (0..limit + 1).collect(),
+            ..t.requests[1].clone()
+        };
+        let e = w.push(&over).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(e.to_string().starts_with("record 1: "), "{e}");
+        for r in &t.requests[1..] {
+            w.push(r).unwrap();
+        }
+        let (back, rep) = read_bytes("t", &w.finish().unwrap()).unwrap();
+        assert!(rep.is_clean(), "{}", rep.summary());
+        assert_eq!(back.requests, t.requests);
+    }
+
     #[test]
     fn byte_flips_in_a_native_trace_are_detected_as_damage() {
         let t = sample(60);

@@ -8,6 +8,24 @@ use super::{Request, Trace, TraceError, TraceHeader};
 /// would make a replay build a prompt of gigabytes. Larger values are absurd, not data.
 pub const MAX_TOKENS: u64 = 10_000_000;
 
+/// The most hash ids a prompt of `blocks` blocks may carry: twice its blocks (room for
+/// re-blocked tails), plus 16. Every reader refuses a record with more (an encoded run would
+/// otherwise let a few bytes declare millions of ids), so the native writer will not write one.
+pub fn id_limit(blocks: u64) -> u64 {
+    blocks.saturating_mul(2).saturating_add(16)
+}
+
+/// An error when `ids` hash ids are more than a prompt of `blocks` blocks may carry.
+pub fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<(), String> {
+    let limit = id_limit(blocks);
+    match ids as u64 > limit {
+        true => Err(format!(
+            "{ids} hash ids for input length {input_tokens} (at most {limit})"
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Options shared by the line-oriented importers.
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {

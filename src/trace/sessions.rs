@@ -7,7 +7,7 @@
 //! trace-wide dense ids (distinct between sessions); every session starts at t0 (the format has
 //! no session start times); each request keeps its session id, turn and think time.
 
-use super::rows::{ImportReport, ReadOptions, MAX_TOKENS};
+use super::rows::{check_ids, ImportReport, ReadOptions, MAX_TOKENS};
 
 /// Longest think time accepted (30 days); a longer one would stall a session-ordered replay.
 const MAX_THINK_S: f64 = 30.0 * 86_400.0;
@@ -87,7 +87,7 @@ pub fn read(
         let sid = s.id.clone().unwrap_or_else(|| format!("session-{n}"));
         let mut local: HashMap<u64, u64> = HashMap::new();
         for (turn, Obj(r)) in s.requests.into_iter().enumerate() {
-            let bad = problem(turn, &r);
+            let bad = problem(turn, &r, bs);
             if let Some(m) = bad {
                 if opts.skip_bad {
                     rep.bad_row(line, format!("session {sid}: {m}"));
@@ -176,13 +176,17 @@ fn sessions_in(path: &str, text: &str) -> Result<Vec<SessionAt>, TraceError> {
     })
 }
 
-/// What is wrong with request `turn` of a session, if anything: a time, a token count or a
-/// think time out of range.
-fn problem(turn: usize, r: &ReqIn) -> Option<String> {
+/// What is wrong with request `turn` of a session of block size `bs`, if anything: a time, a
+/// token count, its hash ids or a think time out of range.
+fn problem(turn: usize, r: &ReqIn, bs: u32) -> Option<String> {
+    // The header says whole blocks only (`partial_tail_block: false`).
+    let blocks = r.input / u64::from(bs.max(1));
     if !(r.t.is_finite() && r.t >= 0.0 && r.t < 1e9) {
         Some(format!("request {turn}: t {} is negative or absurd", r.t))
     } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
         Some(format!("request {turn}: token count over {MAX_TOKENS}"))
+    } else if let Err(e) = check_ids(r.hash_ids.len(), blocks, r.input) {
+        Some(format!("request {turn}: {e}"))
     } else {
         r.think_time
             .filter(|x| !(x.is_finite() && (0.0..=MAX_THINK_S).contains(x)))
@@ -243,5 +247,28 @@ mod tests {
                 .to_string();
             assert!(e.contains("expected an object"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_turn_with_more_hash_ids_than_its_whole_blocks_allow_is_refused() {
+        // 100 tokens at block size 64: one whole block, so at most 2 * 1 + 16 ids.
+        let turn = |n: u64| {
+            let ids: Vec<String> = (0..n).map(|k| k.to_string()).collect();
+            format!(
+                r#"{{"id":"a","block_size":64,"requests":[{{"t":0,"in":100,"out":5,"hash_ids":[{}]}}]}}"#,
+                ids.join(",")
+            )
+        };
+        assert!(read("s.json", turn(18).as_bytes(), &ReadOptions::default()).is_ok());
+        let e = read("s.json", turn(19).as_bytes(), &ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("session a: request 0: 19 hash ids for input length 100 (at most 18)"),
+            "{e}"
+        );
+        let skip = ReadOptions { skip_bad: true };
+        let (t, rep) = read("s.json", turn(19).as_bytes(), &skip).unwrap();
+        assert_eq!((t.requests.len(), rep.skipped), (0, 1));
     }
 }

@@ -248,6 +248,42 @@ fn bad_input_names_file_and_line() {
 }
 
 /// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
+/// A Mooncake row with more hash ids than its input length allows is refused at import, naming
+/// the file and line, and `convert` leaves no output (it used to write a native file whose frame
+/// every reader then refused as damaged, losing the good rows with it).
+#[test]
+fn a_row_with_more_hash_ids_than_its_input_allows_is_refused_and_convert_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.jsonl");
+    let ids: Vec<String> = (0..20).map(|k| k.to_string()).collect();
+    let rows = format!(
+        "{{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 4, \"hash_ids\": [0, 1]}}\n\
+         {{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 4, \"hash_ids\": [{}]}}\n",
+        ids.join(", ")
+    );
+    std::fs::write(&src, rows).unwrap();
+    let out = dir.path().join("m.trace.zst");
+    let e = format!(
+        "{:#}",
+        convert(&[
+            "convert",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap()
+        ])
+        .unwrap_err()
+    );
+    assert!(
+        e.contains("m.jsonl:2") && e.contains("20 hash ids for input length 1 (at most 18)"),
+        "{e}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|f| f.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["m.jsonl"], "convert left output behind");
+}
+
 #[test]
 fn a_10_mb_field_is_not_echoed_whole_in_error_messages() {
     let dir = tempfile::tempdir().unwrap();
