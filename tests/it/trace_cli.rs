@@ -247,7 +247,6 @@ fn bad_input_names_file_and_line() {
     assert!(e.contains("--window"), "{e}");
 }
 
-/// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
 /// A Mooncake row with more hash ids than its input length allows is refused at import, naming
 /// the file and line, and `convert` leaves no output (it used to write a native file whose frame
 /// every reader then refused as damaged, losing the good rows with it).
@@ -284,6 +283,7 @@ fn a_row_with_more_hash_ids_than_its_input_allows_is_refused_and_convert_writes_
     assert_eq!(left, ["m.jsonl"], "convert left output behind");
 }
 
+/// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
 #[test]
 fn a_10_mb_field_is_not_echoed_whole_in_error_messages() {
     let dir = tempfile::tempdir().unwrap();
