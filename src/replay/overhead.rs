@@ -112,12 +112,7 @@ mod tests {
             completions: 1,
             chat: 16,
         };
-        assert_eq!(
-            (
-                o.of(crate::metrics::Api::Completions),
-                o.of(crate::metrics::Api::Chat)
-            ),
-            (1, 16)
-        );
+        let (c, chat) = (crate::metrics::Api::Completions, crate::metrics::Api::Chat);
+        assert_eq!((o.of(c), o.of(chat)), (1, 16));
     }
 }

@@ -33,10 +33,7 @@ pub type Source = Box<dyn Iterator<Item = Result<Planned, PlanError>> + Send>;
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error("{name}: {source}")]
-    Read {
-        name: String,
-        source: crate::trace::TraceError,
-    },
+    Read { name: String, source: TraceError },
     #[error("{name}: records out of arrival order")]
     OutOfOrder { name: String },
     /// A shaping flag's numbers (the transforms' own message).

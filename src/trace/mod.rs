@@ -132,17 +132,23 @@ impl TraceHeader {
     /// An error when a record of `input_tokens` tokens carries more hash ids than any reader
     /// accepts under this header ([`rows::id_limit`]).
     pub fn check_ids(&self, ids: usize, input_tokens: u64) -> Result<(), String> {
-        rows::check_ids(ids, self.blocks_for(input_tokens), input_tokens)
+        let blocks = self.blocks_for(input_tokens);
+        rows::check_ids(ids, blocks, input_tokens)
     }
 
     /// Number of hash ids a prompt of `input_tokens` tokens has under this header's block rule.
     pub fn blocks_for(&self, input_tokens: u64) -> u64 {
-        let b = u64::from(self.block_size.max(1));
-        if self.partial_tail_block {
-            input_tokens.div_ceil(b)
-        } else {
-            input_tokens / b
-        }
+        blocks(input_tokens, self.block_size, self.partial_tail_block)
+    }
+}
+
+/// Blocks of `block_size` tokens in a prompt of `input_tokens` tokens: a partial last block
+/// counts when `partial_tail_block` (the header's block rule, also for importers' rows).
+pub fn blocks(input_tokens: u64, block_size: u32, partial_tail_block: bool) -> u64 {
+    let b = u64::from(block_size.max(1));
+    match partial_tail_block {
+        true => input_tokens.div_ceil(b),
+        false => input_tokens / b,
     }
 }
 

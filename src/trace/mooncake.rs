@@ -49,7 +49,7 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
             row.input_length, row.output_length
         ));
     }
-    let blocks = row.input_length.div_ceil(u64::from(BLOCK_SIZE));
+    let blocks = super::blocks(row.input_length, BLOCK_SIZE, true);
     check_ids(row.hash_ids.len(), blocks, row.input_length)?;
     Ok(Request {
         arrival_us: (ts * 1000.0).round() as u64,

@@ -180,7 +180,7 @@ fn sessions_in(path: &str, text: &str) -> Result<Vec<SessionAt>, TraceError> {
 /// token count, its hash ids or a think time out of range.
 fn problem(turn: usize, r: &ReqIn, bs: u32) -> Option<String> {
     // The header says whole blocks only (`partial_tail_block: false`).
-    let blocks = r.input / u64::from(bs.max(1));
+    let blocks = super::blocks(r.input, bs, false);
     if !(r.t.is_finite() && r.t >= 0.0 && r.t < 1e9) {
         Some(format!("request {turn}: t {} is negative or absurd", r.t))
     } else if r.input > MAX_TOKENS || r.out > MAX_TOKENS {
