@@ -287,8 +287,13 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         });
     }
     let name = cfg.trace_name();
-    let selected = || -> anyhow::Result<_> {
-        let input = open_all(&cfg.trace, &ImportOptions::default())?;
+    // The files opened above are the first read; each later one opens them again.
+    let mut opened = Some(input);
+    let mut selected = || -> anyhow::Result<_> {
+        let input = match opened.take() {
+            Some(i) => i,
+            None => open_all(&cfg.trace, &ImportOptions::default())?,
+        };
         let window = cfg.shaping.window_us;
         Ok(source::Selected::new(
             input,
@@ -301,7 +306,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         true => selected()?.try_fold(0, |n, r| r.map(|_| n + 1))?,
         false => 0,
     };
-    let stage = || -> anyhow::Result<_> {
+    let mut stage = || -> anyhow::Result<_> {
         Ok(source::Stage::new(
             selected()?,
             &cfg.shaping,
