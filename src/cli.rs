@@ -84,6 +84,9 @@ pub struct InspectArgs {
     /// Force the input format instead of detecting it.
     #[arg(long, value_enum)]
     pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
     /// Skip (and count) malformed rows instead of stopping at the first.
     #[arg(long)]
     pub skip_bad: bool,
@@ -348,6 +351,9 @@ pub struct ConvertArgs {
     /// Input format (detected from content when absent).
     #[arg(long, value_enum)]
     pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
     /// Output format (from the output name when absent: `.jsonl` → mooncake, else native).
     #[arg(long, value_enum)]
     pub to: Option<OutFormat>,
@@ -393,6 +399,9 @@ pub struct SynthArgs {
     /// Input format (detected from content when absent).
     #[arg(long, value_enum)]
     pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
     /// Output format.
     #[arg(long, value_enum)]
     pub to: Option<OutFormat>,

@@ -27,6 +27,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
     let opts = ImportOptions {
         format: args.from,
         skip_bad: args.skip_bad,
+        block_size: args.trace_block_size,
     };
     let input_name = crate::trace::fleet::names(&args.inputs);
     let mut input = crate::trace::fleet::open_all(&args.inputs, &opts)?;

@@ -21,6 +21,7 @@ pub fn run(args: &InspectArgs) -> Result<String> {
         &ImportOptions {
             format: args.from,
             skip_bad: args.skip_bad,
+            block_size: args.trace_block_size,
         },
     )?;
     let opts = StatsOptions {

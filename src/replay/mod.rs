@@ -242,11 +242,20 @@ impl Planning {
     }
 }
 
+/// How the trace is read: with `--block-size` tokens per hash id when given, so that every
+/// record's hash ids are bounded by the block size the replay uses.
+fn read_options(cfg: &Config) -> ImportOptions {
+    ImportOptions {
+        block_size: cfg.block_size,
+        ..Default::default()
+    }
+}
+
 /// Reads and plans the trace, streamed when the shaping allows and else whole ([`source`]),
 /// and surveys the plan, checking that every planned request can be built; the source reads
 /// it again for the body builder.
 pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
-    let input = open_all(&cfg.trace, &ImportOptions::default())?;
+    let input = open_all(&cfg.trace, &read_options(cfg))?;
     if input.report.skipped > 0 {
         let skipped = input.report.skipped;
         tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace_name());
@@ -292,7 +301,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let mut selected = || -> anyhow::Result<_> {
         let input = match opened.take() {
             Some(i) => i,
-            None => open_all(&cfg.trace, &ImportOptions::default())?,
+            None => open_all(&cfg.trace, &read_options(cfg))?,
         };
         let window = cfg.shaping.window_us;
         Ok(source::Selected::new(

@@ -193,8 +193,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("a.csv:3:"), "{e}");
-        let (_, rep) =
-            read_azure("a.csv", csv.as_bytes(), &ReadOptions { skip_bad: true }).unwrap();
+        let (_, rep) = read_azure(
+            "a.csv",
+            csv.as_bytes(),
+            &ReadOptions {
+                skip_bad: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!((rep.rows, rep.skipped), (1, 1));
     }
 

@@ -14,6 +14,21 @@ pub struct ImportOptions {
     pub format: Option<Format>,
     /// Skip (and count) malformed rows instead of failing.
     pub skip_bad: bool,
+    /// Tokens per hash id to read the trace with (replay's `--block-size`, inspect's and
+    /// convert's `--trace-block-size`), over the file's own (a native or session header) or its
+    /// format's default (Mooncake's 512). Every reader bounds a record's hash ids with it, so it
+    /// is known before any row is read.
+    pub block_size: Option<u32>,
+}
+
+impl ImportOptions {
+    /// What the line-oriented importers take of these options.
+    pub fn read_options(&self) -> super::rows::ReadOptions {
+        super::rows::ReadOptions {
+            skip_bad: self.skip_bad,
+            block_size: self.block_size,
+        }
+    }
 }
 
 /// Trace file formats retrace reads.

@@ -3,7 +3,7 @@
 //! [`read_path`] detects the format from content (see [`super::detect`]) unless forced, and hands
 //! the bytes to the matching importer. It does not filter or transform (see [`super::filter`]).
 
-use super::rows::{ImportReport, ReadOptions};
+use super::rows::ImportReport;
 use super::{azure, custom, mooncake, native, sessions, Trace, TraceError};
 use std::io::BufReader;
 use std::path::Path;
@@ -26,12 +26,10 @@ pub fn read_bytes(
         Some(f) => f,
         None => super::detect::detect(name, data)?,
     };
-    let ro = ReadOptions {
-        skip_bad: opts.skip_bad,
-    };
+    let ro = opts.read_options();
     match format {
         Format::Native => {
-            let (t, rep) = native::read_bytes(name, data)?;
+            let (t, rep) = native::read_bytes_as(name, data, opts.block_size)?;
             if !rep.is_clean() {
                 tracing::warn!("{name}: {}", rep.summary());
             }

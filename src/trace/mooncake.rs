@@ -25,8 +25,8 @@ struct RowIn {
     hash_ids: Vec<u64>,
 }
 
-/// Parses one Mooncake row. Public for fuzzing.
-pub fn parse_row(line: &str) -> Result<Request, String> {
+/// Parses one Mooncake row of `block_size` tokens per hash id. Public for fuzzing.
+pub fn parse_row(line: &str, block_size: u32) -> Result<Request, String> {
     // serde would read a JSON array positionally as the row's fields.
     if !line.trim_start().starts_with('{') {
         return Err("a row must be a JSON object".into());
@@ -49,7 +49,7 @@ pub fn parse_row(line: &str) -> Result<Request, String> {
             row.input_length, row.output_length
         ));
     }
-    let blocks = super::blocks(row.input_length, BLOCK_SIZE, true);
+    let blocks = super::blocks(row.input_length, block_size, true);
     check_ids(row.hash_ids.len(), blocks, row.input_length)?;
     Ok(Request {
         arrival_us: (ts * 1000.0).round() as u64,
@@ -66,12 +66,18 @@ pub fn read<R: BufRead + Send>(
     input: R,
     opts: &ReadOptions,
 ) -> Result<(Trace, ImportReport), TraceError> {
-    super::rows::collect_rows(path, rows(path, input), opts)
+    super::rows::collect_rows(path, rows(path, input, opts.block_size), opts)
 }
 
-/// Mooncake JSONL as rows in file order (blank lines skipped).
-pub(crate) fn rows<'a, R: BufRead + Send + 'a>(path: &str, input: R) -> Rows<'a> {
+/// Mooncake JSONL as rows in file order (blank lines skipped), `block_size` tokens per hash id
+/// (default [`BLOCK_SIZE`]).
+pub(crate) fn rows<'a, R: BufRead + Send + 'a>(
+    path: &str,
+    input: R,
+    block_size: Option<u32>,
+) -> Rows<'a> {
     let name = path.to_string();
+    let bs = block_size.unwrap_or(BLOCK_SIZE);
     let iter = input.lines().enumerate().filter_map(move |(k, line)| {
         let line = match line {
             Ok(l) => l,
@@ -85,11 +91,11 @@ pub(crate) fn rows<'a, R: BufRead + Send + 'a>(path: &str, input: R) -> Rows<'a>
         if line.trim().is_empty() {
             return None;
         }
-        let row = parse_row(&line).map(|r| (r.arrival_us as i64, r));
+        let row = parse_row(&line, bs).map(|r| (r.arrival_us as i64, r));
         Some(Ok((k as u64 + 1, row)))
     });
     Rows {
-        header: TraceHeader::imported(BLOCK_SIZE, true, format!("mooncake:{path}")),
+        header: TraceHeader::imported(bs, true, format!("mooncake:{path}")),
         rebase: Rebase::Keep,
         iter: Box::new(iter),
     }
@@ -161,7 +167,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("t.jsonl:2:"), "{e}");
-        let (t, rep) = read("t.jsonl", data.as_bytes(), &ReadOptions { skip_bad: true }).unwrap();
+        let (t, rep) = read(
+            "t.jsonl",
+            data.as_bytes(),
+            &ReadOptions {
+                skip_bad: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(t.requests.len(), 1);
         assert_eq!(rep.skipped, 1);
         assert_eq!(rep.bad[0].0, 2);
@@ -177,7 +191,7 @@ mod tests {
             r#"[1, 2, 3, []]"#,
             r#"[1,2,3]"#,
         ] {
-            assert!(parse_row(row).is_err(), "{row}");
+            assert!(parse_row(row, BLOCK_SIZE).is_err(), "{row}");
         }
     }
 
@@ -191,16 +205,39 @@ mod tests {
             )
         };
         // 1 token is one block: at most 2 * 1 + 16 ids.
-        assert!(parse_row(&row(1, 18)).is_ok());
-        let e = parse_row(&row(1, 19)).unwrap_err();
+        assert!(parse_row(&row(1, 18), BLOCK_SIZE).is_ok());
+        let e = parse_row(&row(1, 19), BLOCK_SIZE).unwrap_err();
         assert!(
             e.contains("19 hash ids for input length 1 (at most 18)"),
             "{e}"
         );
-        assert!(parse_row(&row(1024, 20)).is_ok());
+        assert!(parse_row(&row(1024, 20), BLOCK_SIZE).is_ok());
         let data = format!("{}\n{}\n", row(600, 2), row(1, 20));
         let e = read("t.jsonl", data.as_bytes(), &ReadOptions::default()).unwrap_err();
         assert!(e.to_string().starts_with("t.jsonl:2: 20 hash ids"), "{e}");
+    }
+
+    #[test]
+    fn rows_are_bounded_by_the_block_size_they_are_read_with() {
+        // A 1729-token prompt in blocks of `bs` tokens: ceil(1729 / bs) ids.
+        for bs in [16u32, 32, 64, 128, 512] {
+            let ids: Vec<String> = (0..1729u32.div_ceil(bs)).map(|k| k.to_string()).collect();
+            let data = format!(
+                "{{\"timestamp\": 0, \"input_length\": 1729, \"output_length\": 1, \"hash_ids\": [{}]}}\n",
+                ids.join(",")
+            );
+            let opts = ReadOptions {
+                block_size: Some(bs),
+                ..Default::default()
+            };
+            let (t, _) =
+                read("m.jsonl", data.as_bytes(), &opts).unwrap_or_else(|e| panic!("{bs}: {e}"));
+            assert_eq!(t.header.block_size, bs);
+            assert_eq!(t.requests[0].hash_ids.len(), ids.len());
+            // Read at Mooncake's 512, the small blocks are too many ids for the prompt.
+            let at_512 = read("m.jsonl", data.as_bytes(), &ReadOptions::default());
+            assert_eq!(at_512.is_ok(), bs >= 128, "{bs}");
+        }
     }
 
     #[test]

@@ -598,8 +598,18 @@ fn decompress_frame(frame: &[u8]) -> Result<Vec<u8>, String> {
 /// Errors only when no header can be read or the version is newer; damage after the header is
 /// reported in the [`ReadReport`] and the good records are returned.
 pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceError> {
+    read_bytes_as(path, data, None)
+}
+
+/// [`read_bytes`], read with `block_size` tokens per hash id instead of the header's when given
+/// (records are bounded by it).
+pub fn read_bytes_as(
+    path: &str,
+    data: &[u8],
+    block_size: Option<u32>,
+) -> Result<(Trace, ReadReport), TraceError> {
     let mut scan = FrameScanner::new(data);
-    let header = read_header(path, &mut scan)?;
+    let header = read_header(path, &mut scan, block_size)?;
     let mut report = ReadReport {
         frames_ok: 1,
         ..Default::default()
@@ -628,8 +638,13 @@ fn io_err(path: &str, source: std::io::Error) -> TraceError {
     }
 }
 
-/// The header frame, checked: magic, version, fields.
-fn read_header<R: Read>(path: &str, scan: &mut FrameScanner<R>) -> Result<TraceHeader, TraceError> {
+/// The header frame, checked: magic, version, fields; its block size replaced by `block_size`
+/// when given.
+fn read_header<R: Read>(
+    path: &str,
+    scan: &mut FrameScanner<R>,
+    block_size: Option<u32>,
+) -> Result<TraceHeader, TraceError> {
     let err = |msg: String| TraceError::File {
         path: path.to_string(),
         msg,
@@ -647,7 +662,11 @@ fn read_header<R: Read>(path: &str, scan: &mut FrameScanner<R>) -> Result<TraceH
     let hw: HeaderWire = hv
         .deserialized()
         .map_err(|e| err(format!("bad header: {e}")))?;
-    Ok(hw.header)
+    let mut header = hw.header;
+    if let Some(b) = block_size {
+        header.block_size = b;
+    }
+    Ok(header)
 }
 
 impl ReadReport {
@@ -833,10 +852,16 @@ impl Ord for Pending {
 impl NativeStream {
     /// Opens `path` and runs the first pass.
     pub fn open(path: &Path) -> Result<NativeStream, TraceError> {
+        Self::open_as(path, None)
+    }
+
+    /// [`Self::open`], read with `block_size` tokens per hash id instead of the header's when
+    /// given (records are bounded by it).
+    pub fn open_as(path: &Path, block_size: Option<u32>) -> Result<NativeStream, TraceError> {
         let name = path.display().to_string();
         let open = || std::fs::File::open(path).map_err(|e| io_err(&path.display().to_string(), e));
         let mut scan = FrameScanner::new(open()?);
-        let header = read_header(&name, &mut scan)?;
+        let header = read_header(&name, &mut scan, block_size)?;
         let mut report = ReadReport {
             frames_ok: 1,
             ..Default::default()

@@ -31,6 +31,9 @@ pub fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<(), Strin
 pub struct ReadOptions {
     /// Skip (and count) malformed rows instead of failing.
     pub skip_bad: bool,
+    /// Tokens per hash id to read the trace with, over what the file says or its format's
+    /// default ([`super::detect::ImportOptions::block_size`]).
+    pub block_size: Option<u32>,
 }
 
 /// What an importer skipped or adjusted.

@@ -74,7 +74,7 @@ pub fn read(
                 })
             }
         };
-        let bs = s.block_size.unwrap_or(64);
+        let bs = opts.block_size.or(s.block_size).unwrap_or(64);
         if *block_size.get_or_insert(bs) != bs {
             return Err(err(
                 path,
@@ -267,7 +267,10 @@ mod tests {
             e.contains("session a: request 0: 19 hash ids for input length 100 (at most 18)"),
             "{e}"
         );
-        let skip = ReadOptions { skip_bad: true };
+        let skip = ReadOptions {
+            skip_bad: true,
+            ..Default::default()
+        };
         let (t, rep) = read("s.json", turn(19).as_bytes(), &skip).unwrap();
         assert_eq!((t.requests.len(), rep.skipped), (0, 1));
     }

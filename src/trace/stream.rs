@@ -81,16 +81,14 @@ pub fn open(path: &Path, opts: &ImportOptions) -> Result<TraceStream, TraceError
             detect::detect(&name, &head)?
         }
     };
-    let ro = ReadOptions {
-        skip_bad: opts.skip_bad,
-    };
+    let ro = opts.read_options();
     let buffered = || file().map(|f| BufReader::with_capacity(1 << 16, f));
     use detect::Format;
     match format {
-        Format::Native => native_stream(path),
-        Format::Mooncake => {
-            stream_rows(&name, &ro, || Ok(super::mooncake::rows(&name, buffered()?)))
-        }
+        Format::Native => native_stream(path, opts.block_size),
+        Format::Mooncake => stream_rows(&name, &ro, || {
+            Ok(super::mooncake::rows(&name, buffered()?, opts.block_size))
+        }),
         Format::Azure => stream_rows(&name, &ro, || azure::azure_rows(&name, buffered()?)),
         Format::Burstgpt => stream_rows(&name, &ro, || azure::burstgpt_rows(&name, buffered()?)),
         Format::Sessions | Format::Custom => {
@@ -114,8 +112,8 @@ pub fn in_memory(trace: Trace, report: ImportReport) -> TraceStream {
     }
 }
 
-fn native_stream(path: &Path) -> Result<TraceStream, TraceError> {
-    let s = native::NativeStream::open(path)?;
+fn native_stream(path: &Path, block_size: Option<u32>) -> Result<TraceStream, TraceError> {
+    let s = native::NativeStream::open_as(path, block_size)?;
     let rep = s.report();
     if !rep.is_clean() {
         tracing::warn!("{}: {}", path.display(), rep.summary());

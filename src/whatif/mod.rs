@@ -27,6 +27,7 @@ pub fn run(args: &SynthArgs) -> Result<String> {
         &ImportOptions {
             format: args.from,
             skip_bad: args.skip_bad,
+            block_size: args.trace_block_size,
         },
     )?;
     let input = args.input.display().to_string();

@@ -77,6 +77,7 @@ fn read_all_formats(data: &[u8]) {
             &ImportOptions {
                 format: Some(f),
                 skip_bad: false,
+                ..Default::default()
             },
         );
         let _ = read_bytes(
@@ -85,6 +86,7 @@ fn read_all_formats(data: &[u8]) {
             &ImportOptions {
                 format: Some(f),
                 skip_bad: true,
+                ..Default::default()
             },
         );
     }
@@ -396,7 +398,7 @@ proptest! {
                 {"t": t, "type": "s", "in": 64, "out": 4, "hash_ids": [1], "think_time": think})).collect();
             serde_json::json!({"id": format!("s{k}"), "block_size": 64, "requests": reqs}).to_string()
         }).collect();
-        let opts = ImportOptions { format: Some(Format::Sessions), skip_bad: false };
+        let opts = ImportOptions { format: Some(Format::Sessions), ..Default::default() };
         let read = read_bytes("s.json", lines.join("\n").as_bytes(), &opts);
         let out_of_range = sessions.iter().flatten().any(|&(_, x)| !(0.0..=2_592_000.0).contains(&x));
         let Ok((trace, _)) = read else {
@@ -528,7 +530,7 @@ fn session_think_times_that_add_up_past_30_days_are_refused() {
     let one = r#"{"id":"a","block_size":64,"requests":[{"t":0,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":0},{"t":1,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":1728000},{"t":2,"type":"s","in":64,"out":4,"hash_ids":[1],"think_time":1728000}]}"#;
     let opts = ImportOptions {
         format: Some(Format::Sessions),
-        skip_bad: false,
+        ..Default::default()
     };
     let (trace, _) = read_bytes("s.json", one.as_bytes(), &opts).unwrap();
     let cfg =

@@ -1,6 +1,6 @@
 //! `inspect` and `convert` end to end on the shipped sample traces.
 
-use super::support::{cli, repo};
+use super::support::{cli, repo, OutputWithin};
 use retrace::cli::Command;
 use sha2::{Digest, Sha256};
 
@@ -283,6 +283,49 @@ fn a_row_with_more_hash_ids_than_its_input_allows_is_refused_and_convert_writes_
     assert_eq!(left, ["m.jsonl"], "convert left output behind");
 }
 
+/// A Mooncake trace of 64-token blocks reads in inspect, convert and replay when the block size
+/// is given: every reader bounds a row's hash ids by the block size it reads with. Without it
+/// (Mooncake's 512), a 1,729-token prompt of 28 ids is refused, naming the line.
+#[test]
+fn a_mooncake_trace_of_64_token_blocks_reads_at_its_block_size_in_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.jsonl");
+    let ids: Vec<String> = (0..28).map(|k| k.to_string()).collect();
+    let row = |t: u64| {
+        format!(
+            "{{\"timestamp\": {t}, \"input_length\": 1729, \"output_length\": 4, \"hash_ids\": [{}]}}\n",
+            ids.join(", ")
+        )
+    };
+    std::fs::write(&src, row(0) + &row(5)).unwrap();
+    let (s, o) = (src.to_str().unwrap(), dir.path().join("m.trace.zst"));
+    let o = o.to_str().unwrap();
+    for args in [
+        vec!["inspect", s],
+        vec!["convert", s, "-o", o],
+        vec!["replay", s, "--dry-run"],
+    ] {
+        let (code, err) = run_bin(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("m.jsonl:1") && err.contains("28 hash ids for input length 1729"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = inspect(&["inspect", s, "--trace-block-size", "64", "--json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stats"]["reuse"]["block_size"], 64);
+    assert_eq!(v["stats"]["reuse"]["block_references"], 56);
+    convert(&["convert", s, "-o", o, "--trace-block-size", "64"]).unwrap();
+    let (t, _) = retrace::trace::import::read_path(o.as_ref(), &Default::default()).unwrap();
+    assert_eq!(t.header.block_size, 64);
+    assert_eq!(t.requests[1].hash_ids.len(), 28);
+    for trace in [s, o] {
+        let (code, err) = run_bin(&["replay", trace, "--dry-run", "--block-size", "64"]);
+        assert_eq!(code, Some(0), "{trace}: {err}");
+    }
+}
+
 /// A 10 MB field is quoted in the error by its first 80 characters and its size, in every importer.
 #[test]
 fn a_10_mb_field_is_not_echoed_whole_in_error_messages() {
@@ -361,8 +404,7 @@ fn run_bin(args: &[&str]) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
         .args(args)
         .env("RETRACE_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
+        .output_within(super::support::CHILD_LIMIT)
         .unwrap();
     (
         out.status.code(),
