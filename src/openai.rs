@@ -219,6 +219,9 @@ pub struct ChunkInfo {
     pub tokens: u32,
     /// The first choice's `finish_reason`, if set.
     pub finish_reason: Option<String>,
+    /// The `index` of the chunk's choice when it has exactly one (vLLM streams each choice of
+    /// `n > 1` in chunks of its own), so that tokens can be counted by choice.
+    pub choice: Option<u32>,
     pub usage: Option<Usage>,
     /// vLLM's `metrics`, else llama.cpp's `timings` ([`Timings`]).
     pub metrics: Option<ServerMetrics>,
@@ -293,6 +296,7 @@ struct TypedResponse {
 
 #[derive(Deserialize)]
 struct TypedChoice<'a> {
+    index: Option<u64>,
     #[serde(borrow)]
     finish_reason: Option<Cow<'a, str>>,
     token_ids: Option<Vec<serde::de::IgnoredAny>>,
@@ -368,6 +372,9 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
     info.finish_reason = choices
         .first()
         .and_then(|c| c.0.finish_reason.as_deref().map(str::to_string));
+    if let [one] = choices.as_slice() {
+        info.choice = one.0.index.and_then(|k| u32::try_from(k).ok());
+    }
     for c in &choices {
         info.tokens = info.tokens.checked_add(c.0.tokens())?;
     }
@@ -428,6 +435,10 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
     }
     if let Some(Value::Array(choices)) = obj.get("choices") {
         info.has_choices = !choices.is_empty();
+        if let [one] = choices.as_slice() {
+            let index = one.get("index").and_then(Value::as_u64);
+            info.choice = index.and_then(|k| u32::try_from(k).ok());
+        }
         for (k, c) in choices.iter().enumerate() {
             if k == 0 {
                 info.finish_reason = c

@@ -280,6 +280,8 @@ impl From<Reject> for Reply {
 /// A completion request as validated: its sequences and how to answer.
 struct Gen {
     seqs: Vec<SeqIn>,
+    /// Prompt tokens counted once per prompt (`seqs` holds each prompt `n` times).
+    prompt_tokens: u64,
     stream: bool,
     include_usage: bool,
     return_token_ids: bool,
@@ -408,8 +410,10 @@ fn sequences(
 fn parse_generate(sh: &Shared, body: &[u8], chat: bool) -> Result<Gen, Reject> {
     let (info, return_token_ids) = request_info(sh, body, chat)?;
     let prompts = prompts(sh, &info, chat)?;
+    let prompt_tokens = prompts.iter().map(|p| p.len() as u64).sum();
     Ok(Gen {
         seqs: sequences(sh, &info, prompts)?,
+        prompt_tokens,
         stream: info.params.stream.unwrap_or(false),
         include_usage: info.params.include_usage.unwrap_or(false),
         return_token_ids,
@@ -458,6 +462,7 @@ async fn generate(
             id,
             arrival,
             seqs,
+            prompt_tokens: g.prompt_tokens,
             faults,
             sink,
         };

@@ -67,6 +67,8 @@ pub struct Submit {
     pub id: u64,
     pub arrival: Instant,
     pub seqs: Vec<SeqIn>,
+    /// Prompt tokens `usage` reports: each prompt once, whatever `n`, as vLLM counts them.
+    pub prompt_tokens: u64,
     pub faults: FaultPlan,
     pub sink: Arc<dyn Sink>,
 }
@@ -373,10 +375,7 @@ impl Engine {
 
     fn submit(&mut self, s: Submit) {
         let arrival = s.arrival + self.front_end;
-        let (seqs_left, prompt_tokens) = (
-            s.seqs.len(),
-            s.seqs.iter().map(|q| q.prompt.len() as u64).sum(),
-        );
+        let (seqs_left, prompt_tokens) = (s.seqs.len(), s.prompt_tokens);
         let seq_keys = self.sched.add(s.id, arrival, s.seqs, &mut self.events);
         let req = Req {
             sink: s.sink,
@@ -670,10 +669,12 @@ mod tests {
             min_tokens: 0,
             ignore_eos: true,
         });
+        let seqs: Vec<SeqIn> = seqs.collect();
         let s = Submit {
             id,
             arrival,
-            seqs: seqs.collect(),
+            prompt_tokens: seqs.iter().map(|q| q.prompt.len() as u64).sum(),
+            seqs,
             faults: FaultPlan::default(),
             sink: Arc::new(ChanSink(etx, Default::default())),
         };

@@ -9,7 +9,7 @@ use crate::chunkmemo::ChunkMemo;
 use crate::openai::{self, BodyInfo};
 use crate::sse::RawEvent;
 use crate::trace::hash::BlockHasher;
-use crate::trace::{Endpoint, Event, Request, Response};
+use crate::trace::{Endpoint, Event, Request, Response, MAX_CHOICES};
 use std::time::{Duration, Instant};
 
 /// A bounded capture of a body.
@@ -169,6 +169,39 @@ pub struct Extractor {
     pub bodies: Bodies,
 }
 
+/// A stream's tokens counted by choice `index` (vLLM streams each choice of `n > 1` in chunks
+/// of its own). Kept only when more than one choice carried tokens and every token-carrying
+/// chunk named one choice within [`MAX_CHOICES`]; otherwise nothing is known by choice.
+#[derive(Default)]
+struct ByChoice {
+    counts: Vec<u32>,
+    unattributed: bool,
+}
+
+impl ByChoice {
+    fn add(&mut self, choice: Option<u32>, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        match choice.map(|k| k as usize).filter(|&k| k < MAX_CHOICES) {
+            Some(k) => {
+                if self.counts.len() <= k {
+                    self.counts.resize(k + 1, 0);
+                }
+                self.counts[k] = self.counts[k].saturating_add(tokens);
+            }
+            None => self.unattributed = true,
+        }
+    }
+
+    fn finish(self) -> Vec<u32> {
+        match !self.unattributed && self.counts.len() > 1 {
+            true => self.counts,
+            false => Vec::new(),
+        }
+    }
+}
+
 fn us(d: Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
 }
@@ -254,6 +287,7 @@ impl Extractor {
             // (`chunkmemo`): the same answers as `parse_chunk`.
             let mut p = crate::sse::SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
+            let mut by_choice = ByChoice::default();
             resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
                 let Ok(ev) = ev else { return };
@@ -271,6 +305,7 @@ impl Extractor {
                     offset_us: off,
                     tokens: c.tokens,
                 });
+                by_choice.add(c.choice, c.tokens);
                 absorb(BodyInfo::from(c), resp);
             };
             let mut from = 0;
@@ -283,6 +318,7 @@ impl Extractor {
             if let Some((at, _)) = ex.frames.last() {
                 p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
+            resp.choice_tokens = by_choice.finish();
         } else if !ex.response_truncated && !ex.frames.is_empty() {
             // What `parse_chunk` says of the body, less what only streamed events use.
             if let Ok(c) = openai::parse_response_body(&ex.response_body) {

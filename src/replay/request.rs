@@ -4,7 +4,9 @@
 //! trace holds it) body.
 //! - A recorded body of a generation request is sent as recorded, except: `model` is replaced
 //!   when `--model` is given; `max_tokens` (or `max_output_tokens` on `/v1/responses`) and
-//!   `ignore_eos` are set from the recorded output length unless `--keep-original-limits`; a
+//!   `ignore_eos` are set from the recorded output length of one choice
+//!   ([`Request::choice_output_tokens`]: with `n > 1`, not the total) unless
+//!   `--keep-original-limits`; a
 //!   streamed request gets `stream_options.include_usage: true` (measurement needs the usage
 //!   chunk); `--extra-body` keys are merged last. `stream` stays as recorded.
 //! - A request that failed in the recording is sent byte for byte as recorded (its model too),
@@ -272,7 +274,8 @@ fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> BuiltRequest {
         obj.insert("model".into(), json!(opts.model));
     }
     if !opts.keep_original_limits {
-        set_limits(obj, &req.endpoint, req.output_tokens);
+        // Each of `n` choices asks for its own recorded length, not the total over them.
+        set_limits(obj, &req.endpoint, req.choice_output_tokens());
     }
     let streamed = obj.get("stream").and_then(Value::as_bool) == Some(true);
     if streamed && matches!(req.endpoint, Endpoint::Completions | Endpoint::Chat) {

@@ -368,7 +368,13 @@ pub struct Response {
     pub cancelled: bool,
     /// Response body text, only when recorded with `--bodies full`.
     pub body: Option<Vec<u8>>,
+    /// Output tokens of each choice by its `index`, when a stream had more than one (`n > 1`;
+    /// at most [`MAX_CHOICES`]); empty otherwise.
+    pub choice_tokens: Vec<u32>,
 }
+
+/// Most choices per response a trace holds counts of ([`Response::choice_tokens`]).
+pub const MAX_CHOICES: usize = 256;
 
 /// One request of a trace.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -413,6 +419,25 @@ impl Request {
     /// Part of the workload (generation or pooling), not an auxiliary call.
     pub fn is_workload(&self) -> bool {
         self.kind() != EndpointKind::Auxiliary
+    }
+
+    /// Output tokens of one choice, the length a replay asks of each: the longest recorded
+    /// choice of a stream of `n > 1` ([`Response::choice_tokens`]), else the total over the
+    /// `n` choices the request asked for, shared evenly (rounded up); never above the recorded
+    /// `max_tokens`.
+    pub fn choice_output_tokens(&self) -> u64 {
+        let counted = self.response.as_deref().map(|r| r.choice_tokens.as_slice());
+        let each = match counted.and_then(|c| c.iter().max()) {
+            Some(&longest) => u64::from(longest),
+            None => {
+                let n = u64::from(self.params.n.unwrap_or(1).max(1));
+                self.output_tokens.div_ceil(n)
+            }
+        };
+        match self.params.max_tokens {
+            Some(cap) => each.min(u64::from(cap)),
+            None => each,
+        }
     }
 
     /// The recorded response failed (an error kind, or a status of 400 or more).
@@ -467,6 +492,24 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_choice_asks_for_its_own_length_never_above_the_recorded_cap() {
+        let mut r = Request {
+            output_tokens: 17,
+            ..Default::default()
+        };
+        assert_eq!(r.choice_output_tokens(), 17);
+        r.params.n = Some(2);
+        assert_eq!(r.choice_output_tokens(), 9, "shared evenly, rounded up");
+        r.response = Some(Box::new(Response {
+            choice_tokens: vec![5, 12],
+            ..Default::default()
+        }));
+        assert_eq!(r.choice_output_tokens(), 12, "the longest counted choice");
+        r.params.max_tokens = Some(10);
+        assert_eq!(r.choice_output_tokens(), 10, "never above max_tokens");
+    }
 
     #[test]
     fn clip_quoted_cuts_long_quoted_input_and_keeps_the_rest() {

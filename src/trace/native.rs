@@ -27,7 +27,8 @@
 //!     eg: [gaps between successive events in µs, the first from arrival], et: [tokens per event]
 //!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
 //!     sm: the server's per-request timings (`trace::ServerMetrics`; `cached_tokens` since 1.3),
-//!     c: cancelled (false), b: response body bytes}`.
+//!     c: cancelled (false), b: response body bytes, ch: [output tokens of each choice by index]
+//!     (only for a stream of `n > 1`; since 1.4)}`.
 //!
 //! Unknown keys are ignored, so a newer *minor* version stays readable.
 //!
@@ -57,7 +58,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
@@ -136,6 +137,8 @@ struct ResponseWire {
     c: bool,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
     b: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ch: Vec<u32>,
 }
 
 mod opt_bytes {
@@ -278,10 +281,15 @@ impl ResponseWire {
             sm: r.server_metrics.clone(),
             c: r.cancelled,
             b: r.body.clone(),
+            ch: r.choice_tokens.clone(),
         }
     }
 
     fn into_response(self) -> Result<Response, String> {
+        if self.ch.len() > super::MAX_CHOICES {
+            let max = super::MAX_CHOICES;
+            return Err(format!("{} choices counted (at most {max})", self.ch.len()));
+        }
         if !self.et.is_empty() && self.et.len() != self.eg.len() {
             return Err(format!(
                 "{} event gaps but {} event token counts",
@@ -316,6 +324,7 @@ impl ResponseWire {
             server_metrics: self.sm,
             cancelled: self.c,
             body: self.b,
+            choice_tokens: self.ch,
         })
     }
 }

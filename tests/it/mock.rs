@@ -1099,9 +1099,25 @@ async fn batched_prompts_and_n_give_indexed_choices() {
         .collect();
     assert_eq!(idx, vec![0, 1, 2, 3]);
     assert_eq!(r["usage"]["completion_tokens"], 12);
-    let r = post(h.addr, "/v1/chat/completions", json!({"messages":[{"role":"user","content":"hi"}],"n":2,"max_tokens":2,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}})).await;
+    // vLLM counts each prompt once in usage, whatever `n`.
+    let one = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt":["a b c",[5,6,7]],"n":1,"max_tokens":3,"ignore_eos":true}),
+    )
+    .await
+    .json();
+    assert!(one["usage"]["prompt_tokens"].as_u64().unwrap() > 3);
+    assert_eq!(r["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+    let chat = |n: u32| json!({"messages":[{"role":"user","content":"hi"}],"n":n,"max_tokens":2,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}});
+    let r = post(h.addr, "/v1/chat/completions", chat(2)).await;
     assert!(r.done());
     let chunks = r.chunks();
+    let one = post(h.addr, "/v1/chat/completions", chat(1)).await.chunks();
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["prompt_tokens"],
+        one.last().unwrap()["usage"]["prompt_tokens"]
+    );
     let roles = chunks
         .iter()
         .filter(|c| c["choices"][0]["delta"]["role"] == "assistant")

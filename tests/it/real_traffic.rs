@@ -51,7 +51,7 @@ pub(super) fn compare_runs(
 }
 
 /// [`compare_runs`] of a recording and a replay result file.
-fn compare_files(
+pub(super) fn compare_files(
     recording: &Path,
     result: &Path,
 ) -> (
