@@ -627,6 +627,12 @@ fn input_notes(base: &Run, cand: &Run, unpaired: bool) -> Vec<String> {
                     .map_or("(no reason given)", String::as_str)
             ));
         }
+        let other = if side == "baseline" { cand } else { base };
+        if other.trace.is_some() && r.trace.is_none() && r.requests.is_none() {
+            notes.push(format!(
+                "no fidelity section: the {side} result has no per-request arrays to pair with the recording (run replay with --detailed)"
+            ));
+        }
         if r.trace.is_some() && r.requests.is_none() {
             notes.push(format!(
                 "{side} is a trace without recorded responses: workload only"
@@ -745,6 +751,32 @@ pub(crate) mod tests {
         resamples: usize,
     ) -> Comparison {
         compare(b, c, noise, &strict(seed, resamples))
+    }
+
+    #[test]
+    fn a_result_without_per_request_arrays_names_the_missing_detailed_flag() {
+        use crate::trace::{Request, Trace, TraceHeader};
+        let mut recording = synth_run(20, 50.0, 1);
+        recording.kind = Kind::Trace;
+        recording.trace = Some(Trace {
+            header: TraceHeader::imported(16, true, "rec"),
+            requests: vec![Request::default(); 20],
+        });
+        let mut result = synth_run(20, 50.0, 2);
+        let cmp = strict_compare(&recording, &result, &[], 1, 50);
+        assert!(
+            !cmp.notes.iter().any(|n| n.contains("--detailed")),
+            "{:?}",
+            cmp.notes
+        );
+        result.requests = None;
+        let cmp = strict_compare(&recording, &result, &[], 1, 50);
+        let note = cmp.notes.iter().find(|n| n.contains("no fidelity section"));
+        assert!(
+            note.is_some_and(|n| n.contains("candidate") && n.contains("--detailed")),
+            "{:?}",
+            cmp.notes
+        );
     }
 
     #[test]

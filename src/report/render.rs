@@ -266,12 +266,13 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     }
     let _ = writeln!(
         s,
-        "{}ISL two-sample KS: D = {:.4}, p = {}; OSL: D = {:.4}, p = {}; gaps: D = {:.4}, p = {}",
+        "{}ISL two-sample KS: D = {:.4}, p = {}; OSL: D = {:.4}, p = {}; gaps (at {} ms): D = {:.4}, p = {}",
         if md { "" } else { "  " },
         w.isl_ks.d,
         pval(w.isl_ks.p_value),
         w.osl_ks.d,
         pval(w.osl_ks.p_value),
+        w.gaps_resolution_ms,
         w.gaps_ks.d,
         pval(w.gaps_ks.p_value)
     );
@@ -318,8 +319,10 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
 /// "Faithful replay" or what kept it from being one.
 fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
     if f.faithful {
-        return "Faithful replay: every request sent, lengths reproduced, schedule as recorded."
-            .into();
+        return format!(
+            "Faithful replay: every request sent, lengths reproduced, schedule as recorded (sent within {:.2} ms at p99).",
+            f.send_tolerance_ms
+        );
     }
     let mut why = Vec::new();
     if f.left_out > 0 {
@@ -337,6 +340,11 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
     let sched = f.schedule_error_ms.as_ref().unwrap_or(&f.arrival_error_ms);
     if sched.p99 > crate::report::workload::FAITHFUL_SCHEDULE_MS {
         why.push(format!("schedule off by {:.2} ms at p99", sched.p99));
+    } else if !f.sent_on_time {
+        why.push(format!(
+            "sent late: the actual sends were {:.2} ms off the recording at p99 (tolerance {:.2} ms; the client or its machine was behind the schedule it planned)",
+            f.arrival_error_ms.p99, f.send_tolerance_ms
+        ));
     }
     format!("Not a faithful replay: {}.", why.join(", "))
 }

@@ -71,13 +71,56 @@ pub struct Fidelity {
     pub left_out: usize,
     /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL.
     pub latency_ks: BTreeMap<String, f64>,
-    /// Every workload request sent and paired, lengths reproduced, the schedule within 1 ms at
-    /// p99.
+    /// The coarser of the two sides' time resolutions ([`resolution_s`]), ms.
+    pub time_resolution_ms: f64,
+    /// How far behind the recording the actual sends may be at p99 ([`send_tolerance_ms`]).
+    pub send_tolerance_ms: f64,
+    /// The actual sends (`arrival_error_ms`) were within `send_tolerance_ms` at p99.
+    pub sent_on_time: bool,
+    /// Every workload request sent and paired, lengths reproduced, the intended schedule within
+    /// 1 ms at p99 and the actual sends within `send_tolerance_ms`.
     pub faithful: bool,
 }
 
-/// The schedule may differ from the recording by this much at p99 and still be faithful.
+/// The intended schedule may differ from the recording by this much at p99 and still be
+/// faithful.
 pub const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
+
+/// The actual sends may differ from the recording by this much at p99 (or by one tick of the
+/// coarser time resolution, if larger) and still be faithful: a client's own send lateness on a
+/// busy machine is of this order, and a run later than this is not "as recorded".
+pub const FAITHFUL_SEND_MS: f64 = 10.0;
+
+/// [`FAITHFUL_SEND_MS`], or one tick of the coarser time resolution when that is larger.
+pub fn send_tolerance_ms(resolution_ms: f64) -> f64 {
+    FAITHFUL_SEND_MS.max(resolution_ms)
+}
+
+/// The time resolution of a set of instants (seconds): the largest of 1 s, 100 ms, ... 1 µs
+/// that every offset from the first is a whole multiple of (a Mooncake trace's integer
+/// milliseconds: 1 ms; a recording's microseconds: 1 µs).
+pub fn resolution_s(times: &[f64]) -> f64 {
+    let Some(&t0) = times.first() else {
+        return 1e-6;
+    };
+    let ticks = [1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5];
+    let whole = |tick: f64| {
+        times.iter().all(|&t| {
+            let k = (t - t0) / tick;
+            (k - k.round()).abs() < 1e-6 * k.abs().max(1.0)
+        })
+    };
+    ticks.into_iter().find(|&t| whole(t)).unwrap_or(1e-6)
+}
+
+/// `times` on a grid of `tick` seconds (rounded to the nearest tick from the first).
+fn on_grid(times: &[f64], tick: f64) -> Vec<f64> {
+    let t0 = times.first().copied().unwrap_or(0.0);
+    times
+        .iter()
+        .map(|&t| ((t - t0) / tick).round() * tick)
+        .collect()
+}
 
 /// The workload section of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -86,8 +129,11 @@ pub struct WorkloadCmp {
     pub candidate: Shape,
     pub isl_ks: Ks,
     pub osl_ks: Ks,
-    /// Between the inter-arrival gaps of the two sides.
+    /// Between the inter-arrival gaps of the two sides, both read at the coarser of their
+    /// time resolutions (`gaps_resolution_ms`): a Mooncake trace's 0 ms gaps and a recording's
+    /// sub-millisecond ones of the same schedule are the same gaps.
     pub gaps_ks: Ks,
+    pub gaps_resolution_ms: f64,
     pub fidelity: Option<Fidelity>,
 }
 
@@ -312,6 +358,12 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     let schedule_p99 = schedule_error_ms
         .as_ref()
         .map_or(arrival_error_ms.p99, |d| d.p99);
+    let recorded: Vec<f64> = (0..n)
+        .map(|i| t.requests[i].arrival_us as f64 / 1e6)
+        .collect();
+    let resolution = resolution_s(&recorded).max(resolution_s(&q.start_s[..n]));
+    let send_tolerance_ms = send_tolerance_ms(resolution * 1e3);
+    let sent_on_time = arrival_error_ms.p99 <= send_tolerance_ms;
     let latency_ks = [
         (Metric::Ttft, "ttft"),
         (Metric::Itl, "itl"),
@@ -330,7 +382,11 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
             && left_out == 0
             && isl_exact == 1.0
             && osl_exact == 1.0
-            && schedule_p99 <= FAITHFUL_SCHEDULE_MS,
+            && schedule_p99 <= FAITHFUL_SCHEDULE_MS
+            && sent_on_time,
+        time_resolution_ms: resolution * 1e3,
+        send_tolerance_ms,
+        sent_on_time,
         schedule_error_ms,
         unpaired,
         left_out,
@@ -356,12 +412,15 @@ pub fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
         (Kind::Retrace | Kind::Vllm | Kind::Aiperf, Kind::Trace) => fidelity(cand, base),
         _ => None,
     };
+    let tick = resolution_s(&vb.arrivals_s).max(resolution_s(&vc.arrivals_s));
+    let gaps_at = |a: &[f64]| gaps(&on_grid(a, tick));
     Some(WorkloadCmp {
         baseline: shape(&vb),
         candidate: shape(&vc),
         isl_ks: ks_2samp(&vb.isl, &vc.isl),
         osl_ks: ks_2samp(&vb.osl, &vc.osl),
-        gaps_ks: ks_2samp(&gaps(&vb.arrivals_s), &gaps(&vc.arrivals_s)),
+        gaps_ks: ks_2samp(&gaps_at(&vb.arrivals_s), &gaps_at(&vc.arrivals_s)),
+        gaps_resolution_ms: tick * 1e3,
         fidelity: fid,
     })
 }
@@ -398,6 +457,114 @@ mod tests {
         // Interleaved samples of one distribution: large p.
         let c: Vec<f64> = (0..1000).map(|i| i as f64 + 0.5).collect();
         assert!(ks_2samp(&a, &c).p_value > 0.99);
+    }
+
+    /// A trace of `arrivals_ms` and a retrace result that planned it exactly and sent request
+    /// `i` at `arrival + late_ms(i)`.
+    fn trace_and_replay(arrivals_ms: &[f64], late_ms: impl Fn(usize) -> f64) -> (Run, Run) {
+        use crate::trace::{Request, Trace, TraceHeader};
+        let run = |kind| Run {
+            path: "x".into(),
+            kind,
+            scalars: BTreeMap::new(),
+            info: BTreeMap::new(),
+            requests: None,
+            hists: BTreeMap::new(),
+            trace: None,
+            server_series: None,
+            sections: Vec::new(),
+            selection: None,
+        };
+        let mut trace = run(Kind::Trace);
+        trace.trace = Some(Trace {
+            header: TraceHeader::imported(512, true, "t"),
+            requests: arrivals_ms
+                .iter()
+                .map(|&a| Request {
+                    arrival_us: (a * 1e3).round() as u64,
+                    input_tokens: 10,
+                    output_tokens: 4,
+                    ..Default::default()
+                })
+                .collect(),
+        });
+        let n = arrivals_ms.len();
+        let intended: Vec<f64> = arrivals_ms.iter().map(|a| a / 1e3).collect();
+        let mut replay = run(Kind::Retrace);
+        replay.requests = Some(crate::report::run::Requests {
+            input_lens: vec![10; n],
+            output_lens: vec![4; n],
+            start_s: (0..n).map(|i| intended[i] + late_ms(i) / 1e3).collect(),
+            intended_s: Some(intended),
+            ttft_s: vec![Some(0.01); n],
+            latency_s: vec![Some(0.02); n],
+            itls_s: vec![Vec::new(); n],
+            errors: vec![String::new(); n],
+            client_queue_s: vec![None; n],
+            server_queue_s: vec![None; n],
+            server_ttft_s: vec![None; n],
+            server_input_lens: vec![None; n],
+        });
+        (trace, replay)
+    }
+
+    #[test]
+    fn actual_send_times_enter_the_schedule_verdict() {
+        let arrivals: Vec<f64> = (0..100)
+            .map(|i| i as f64 * 50.0 + 0.013 * (i % 7) as f64)
+            .collect();
+        let (t, on_time) = trace_and_replay(&arrivals, |i| 0.05 * (i % 3) as f64);
+        let f = fidelity(&t, &on_time).unwrap();
+        assert!(f.sent_on_time && f.faithful, "{f:?}");
+        assert_eq!(f.time_resolution_ms, 1e-3, "microseconds on both sides");
+        assert_eq!(f.send_tolerance_ms, FAITHFUL_SEND_MS);
+        // The plan was exact, but the last sends went out 208 ms late.
+        let (t, late) = trace_and_replay(&arrivals, |i| if i >= 95 { 208.0 } else { 0.0 });
+        let f = fidelity(&t, &late).unwrap();
+        assert!(
+            f.schedule_error_ms.as_ref().unwrap().p99 < 0.01,
+            "planned as recorded"
+        );
+        assert!(f.arrival_error_ms.p99 > 200.0);
+        assert!(!f.sent_on_time && !f.faithful, "{f:?}");
+    }
+
+    #[test]
+    fn time_resolution_is_the_coarsest_tick_every_offset_is_a_multiple_of() {
+        assert_eq!(resolution_s(&[3.0, 5.0, 9.0]), 1.0);
+        assert_eq!(resolution_s(&[0.0, 0.003, 0.017, 3.537]), 1e-3);
+        assert_eq!(resolution_s(&[1.0, 1.000_250, 2.5]), 1e-5);
+        assert_eq!(resolution_s(&[0.1, 0.100_001]), 1e-6);
+        assert_eq!(send_tolerance_ms(1e3), 1e3, "a 1 s trace: one tick");
+    }
+
+    #[test]
+    fn gaps_are_compared_at_the_coarser_time_resolution() {
+        // Mooncake's integer milliseconds, bursts of 4 at one instant about every 3 s (0 ms gaps),
+        // against a recording of that schedule whose burst members came 0.1-0.3 ms apart.
+        let burst = |i: usize| ((i / 4) * 3000 + (i / 4) % 5) as f64;
+        let ms: Vec<f64> = (0..200).map(burst).collect();
+        let (t, _) = trace_and_replay(&ms, |_| 0.0);
+        let recorded: Vec<f64> = (0..200).map(|i| burst(i) + 0.1 * (i % 4) as f64).collect();
+        let (r, _) = trace_and_replay(&recorded, |_| 0.0);
+        let w = compare(&t, &r).unwrap();
+        assert_eq!(w.gaps_resolution_ms, 1.0);
+        assert_eq!(w.gaps_ks.d, 0.0, "the same schedule");
+        let raw = ks_2samp(
+            &gaps(
+                &t.trace
+                    .as_ref()
+                    .map(|x| {
+                        x.requests
+                            .iter()
+                            .map(|q| q.arrival_us as f64 / 1e6)
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap(),
+            ),
+            &gaps(&recorded.iter().map(|a| a / 1e3).collect::<Vec<_>>()),
+        );
+        assert!(raw.d > 0.5, "at microseconds they look unlike: {}", raw.d);
     }
 
     #[test]
