@@ -91,5 +91,5 @@ async fn each_choice_of_n_is_recorded_and_replayed_at_its_own_length() {
     );
     let (_, f) = compare_files(&path, &result);
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0), "{f:?}");
-    assert!(f.faithful, "{f:?}");
+    super::support::assert_faithful_or_sent_late(&f);
 }

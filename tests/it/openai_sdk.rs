@@ -249,5 +249,5 @@ async fn a_recording_of_the_openai_sdk_replays_faithfully() {
     let (_, f) = super::real_traffic::compare_runs(&base, &cand);
     assert_eq!((f.paired, f.unpaired), (6, 0));
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
-    assert!(f.faithful, "{f:?}");
+    super::support::assert_faithful_or_sent_late(&f);
 }

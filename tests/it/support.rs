@@ -110,6 +110,28 @@ impl OutputWithin for std::process::Command {
     }
 }
 
+/// The fidelity verdict of a replay on this machine: faithful, unless this (loaded) machine sent
+/// late, which the verdict must then say, and nothing else may be wrong. The machine's own send
+/// lateness is a benchmark's business, not a test's.
+pub fn assert_faithful_or_sent_late(f: &retrace::report::workload::Fidelity) {
+    if f.sent_on_time {
+        assert!(f.faithful, "{f:?}");
+        return;
+    }
+    assert!(!f.faithful, "{f:?}");
+    let planned = f.schedule_error_ms.as_ref().map_or(0.0, |d| d.p99);
+    assert!(planned <= 1.0, "planned off the recording: {f:?}");
+    assert!(
+        f.paired > 0 && f.unpaired == 0 && f.left_out == 0,
+        "late, and more than late: {f:?}"
+    );
+    assert!(f.isl_exact == 1.0 && f.osl_exact == 1.0, "{f:?}");
+    eprintln!(
+        "this machine sent late (p99 {:.1} ms behind the recording); the verdict says so",
+        f.arrival_error_ms.p99
+    );
+}
+
 /// Path of a file relative to the repository root.
 /// Two results (merged shards and one process) hold the same request count and token totals.
 pub fn assert_same_counts(merged: &serde_json::Value, whole: &serde_json::Value) {
