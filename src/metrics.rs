@@ -249,6 +249,10 @@ pub struct Scalars {
     /// Why it failed; `None` = success (or no content: see [`Scalars::ok`]).
     pub error: Option<Failure>,
     pub server: ServerTimes,
+    /// The response came whole, not as a stream: its first "token" is its end. It stays out of
+    /// TTFT, TPOT, ITL and E2EL (vLLM, which always streams, has no such requests) and is
+    /// reported apart, E2EL only ([`Summary::non_streamed_e2el`]).
+    pub non_streamed: bool,
 }
 
 impl Scalars {
@@ -502,6 +506,10 @@ pub struct Summary {
     pub tpot: Stats,
     pub itl: Stats,
     pub e2el: Stats,
+    /// Successful requests answered whole, not streamed (in the counts and throughputs, not in
+    /// TTFT, TPOT, ITL or E2EL: [`Scalars::non_streamed`]), and their E2EL.
+    pub non_streamed: u64,
+    pub non_streamed_e2el: Stats,
     /// TTFT and E2EL measured from the intended send time (free of coordinated omission).
     pub ttft_from_intended: Stats,
     pub e2el_from_intended: Stats,
@@ -545,14 +553,16 @@ const MAX_SECOND: u64 = 1 << 22;
 
 /// The distributions of [`Summary`] taken from each request (ITL aside), in the order of
 /// [`values`].
-const DISTS: usize = 11;
+const DISTS: usize = 12;
 const DRIFT: usize = 5;
 
 /// Request `s`'s value in each distribution of [`Summary`], in seconds (`None`: not in it):
-/// TTFT, TPOT, E2EL, TTFT and E2EL from intended, then of every request its drift, dispatch
-/// drift and client queue, then the server's queue, TTFT and the unattributed remainder.
+/// TTFT, TPOT, E2EL, TTFT and E2EL from intended (streamed requests), then of every request its
+/// drift, dispatch drift and client queue, then the server's queue, TTFT and the unattributed
+/// remainder (its TTFT part streamed only), then the E2EL of non-streamed requests.
 fn values(s: &Scalars) -> [Option<f64>; DISTS] {
     let ok = |v: Option<f64>| v.filter(|_| s.ok());
+    let streamed = |v: Option<f64>| ok(v).filter(|_| !s.non_streamed);
     let from_int = |v: Option<u64>| {
         v.map(|v| ns_to_s(s.sent_ns.saturating_add(v).saturating_sub(s.intended_ns)))
     };
@@ -563,17 +573,18 @@ fn values(s: &Scalars) -> [Option<f64>; DISTS] {
         _ => None,
     };
     [
-        ok(s.ttft_ns.map(ns_to_s)),
-        ok(s.tpot_s()),
-        ok(s.e2el_ns.map(ns_to_s)),
-        ok(from_int(s.ttft_ns)),
-        ok(from_int(s.e2el_ns)),
+        streamed(s.ttft_ns.map(ns_to_s)),
+        streamed(s.tpot_s()),
+        streamed(s.e2el_ns.map(ns_to_s)),
+        streamed(from_int(s.ttft_ns)),
+        streamed(from_int(s.e2el_ns)),
         Some(s.drift_ns() as f64 / 1e9),
         Some(s.dispatch_drift_ns() as f64 / 1e9),
         Some(ns_to_s(s.client_queue_ns())),
         ok(queue),
         ok(sv.ttft_ms.map(|t| t / 1000.0)),
-        ok(un),
+        streamed(un),
+        ok(s.e2el_ns.map(ns_to_s)).filter(|_| s.non_streamed),
     ]
 }
 
@@ -993,7 +1004,7 @@ impl Collector {
     pub fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
         let t = &self.totals;
         let p = percentiles;
-        let [ttft, tpot, e2el, ttft_i, e2el_i, drift, dispatch_drift, queue, sq, st, un] =
+        let [ttft, tpot, e2el, ttft_i, e2el_i, drift, dispatch_drift, queue, sq, st, un, whole] =
             std::array::from_fn(|d| self.distribution(d, p));
         let per_s = |x: f64| {
             if duration_s > 0.0 {
@@ -1027,6 +1038,8 @@ impl Collector {
             tpot,
             itl: self.itl(p),
             e2el,
+            non_streamed: whole.count as u64,
+            non_streamed_e2el: whole,
             ttft_from_intended: ttft_i,
             e2el_from_intended: e2el_i,
             drift,
@@ -1179,7 +1192,7 @@ impl Histograms {
         }
         rec(h, "drift_abs_ns", s.drift_ns().unsigned_abs());
         rec(h, "client_queue_ns", s.client_queue_ns());
-        if !s.ok() {
+        if !s.ok() || s.non_streamed {
             return;
         }
         if let Some(t) = s.ttft_ns {
@@ -1276,6 +1289,23 @@ mod tests {
         c.on_message(2, true, 2, None);
         assert_eq!(c.output_tokens(), 3);
         assert!(!c.has_usage());
+    }
+
+    #[test]
+    fn non_streamed_requests_are_counted_apart_with_their_e2el_only() {
+        let streamed = sample(0, 50 * MS, &[10 * MS, 10 * MS], 3);
+        let mut whole = sample(MS, 200 * MS, &[], 3);
+        whole.non_streamed = true;
+        let c = Collector::from_samples(&[streamed, whole]);
+        let s = c.summary(1.0, &[50.0, 99.0]);
+        assert_eq!((s.completed, s.non_streamed), (2, 1));
+        assert_eq!((s.ttft.count, s.tpot.count, s.e2el.count), (1, 1, 1));
+        assert!((s.ttft.mean - 50.0).abs() < 1e-9, "{}", s.ttft.mean);
+        assert!((s.e2el.mean - 70.0).abs() < 1e-9, "{}", s.e2el.mean);
+        assert!((s.non_streamed_e2el.mean - 200.0).abs() < 1e-9);
+        assert_eq!(s.total_output_tokens, 6, "both count in the totals");
+        let ttft_hist = &c.histograms().by_name["ttft_us"];
+        assert_eq!(ttft_hist.len(), 1, "nor in the histograms");
     }
 
     fn sample(send: u64, ttft: u64, itl: &[u64], out: u64) -> Sample {
@@ -1620,8 +1650,13 @@ mod tests {
                 end_ns: sent + e2el,
                 error,
                 server,
+                non_streamed: i % 11 == 3,
             },
-            itls_ns: if content { itls } else { Vec::new() },
+            itls_ns: if content && i % 11 != 3 {
+                itls
+            } else {
+                Vec::new()
+            },
             ..Default::default()
         }
     }

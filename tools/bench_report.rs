@@ -53,6 +53,7 @@ fn samples(n: usize, ttft_ms: f64, seed: u64) -> Vec<Sample> {
                         prompt_tokens: None,
                         cached_tokens: None,
                     },
+                    non_streamed: false,
                 },
                 itls_ns: if failed { Vec::new() } else { itls },
                 error_detail: None,

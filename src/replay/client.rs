@@ -377,6 +377,7 @@ impl Stream {
         sample.output_tokens = self.clock.output_tokens();
         sample.ttft_ns = self.clock.ttft_ns();
         sample.e2el_ns = self.clock.e2el_ns();
+        sample.non_streamed = !self.is_sse;
         if err.is_none() && sample.ttft_ns.is_none() {
             let why = "the response ended without a content message";
             err = Some((Failure::NoContent, why.into()));

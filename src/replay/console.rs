@@ -330,6 +330,11 @@ pub fn extra_sections(
             *v,
         );
     }
+    if sum.non_streamed > 0 {
+        rule(&mut out, "Non-streamed (not in TTFT/TPOT/ITL/E2EL)", '-');
+        row(&mut out, "Non-streamed requests:", sum.non_streamed);
+        brief(&mut out, "E2EL (ms):", &sum.non_streamed_e2el);
+    }
     rule(
         &mut out,
         "From intended send time (no coord. omission)",

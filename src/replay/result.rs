@@ -20,7 +20,8 @@
 //!   intended − client queue, i.e. the dispatcher's lateness plus the hand-over to the request's
 //!   task; negative = early), `client_queue` (waiting for a concurrency slot), `server_queue`, `server_ttft` (vLLM
 //!   per-request `metrics`, when the server sent them) and `unattributed` (client TTFT − server queue
-//!   − server TTFT), plus `server_reported` (requests with server metrics), `server_prefix_cache`
+//!   − server TTFT), `non_streamed_e2el` (requests answered whole, kept out of TTFT, TPOT, ITL and
+//!   E2EL; only when there were some), plus `server_reported` (requests with server metrics), `server_prefix_cache`
 //!   (per-request cached tokens, when the server reported them) and `inexact_prompts`.
 //! - **histograms**: `{name: base64 HdrHistogram V2}` for `ttft_us`, `tpot_us`, `itl_us`,
 //!   `e2el_us`, `drift_abs_ns`, `client_queue_ns` (successful requests; drift/queue of all).
@@ -332,6 +333,14 @@ impl ReplayResult {
             ("unattributed", &sum.unattributed),
         ] {
             put_stats(&mut stats, name, s, true);
+        }
+        if sum.non_streamed > 0 {
+            put_stats(
+                &mut stats,
+                "non_streamed_e2el",
+                &sum.non_streamed_e2el,
+                true,
+            );
         }
         let backend = vllm_backend(&info.endpoint).to_string();
         ReplayResult {

@@ -295,6 +295,9 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
         "{o}"
     );
     assert_eq!(r["failed"], 2);
+    // The three non-streamed chats and the text completion are reported apart, E2EL only
+    // (vLLM always streams).
+    assert_eq!(r["count_non_streamed_e2el"], 4);
     // The schedule is the recording's (the machine's own send lateness is a benchmark's
     // business; here only that no send was grossly late).
     let times = |k: &str| -> Vec<f64> { serde_json::from_value(r[k].clone()).unwrap() };
