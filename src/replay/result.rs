@@ -262,6 +262,10 @@ pub struct Row {
     /// A recorded trace's: the request's recorded failure, null when it succeeded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_errors: Option<Option<String>>,
+    /// `true` for a request answered whole, not streamed (null elsewhere; the array is written
+    /// only when there was one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_streamed: Option<bool>,
 }
 
 impl Row {
@@ -290,6 +294,7 @@ impl Row {
             drifts: x.scalars.drift_ns() as f64 / 1e9,
             client_queue_times: ns_to_s(x.slot_wait_ns),
             recorded_errors: recorded,
+            non_streamed: x.non_streamed.then_some(true),
         }
     }
 }

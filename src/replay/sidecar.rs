@@ -19,7 +19,7 @@ pub const THRESHOLD: usize = 100_000;
 pub const KEY: &str = "requests_file";
 
 /// The arrays a sidecar row may hold (other keys are ignored).
-pub const ARRAYS: [&str; 16] = [
+pub const ARRAYS: [&str; 17] = [
     "input_lens",
     "output_lens",
     "ttfts",
@@ -36,6 +36,7 @@ pub const ARRAYS: [&str; 16] = [
     "drifts",
     "client_queue_times",
     "recorded_errors",
+    "non_streamed",
 ];
 
 /// The smallest row, `{"index":0}` and its newline.

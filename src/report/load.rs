@@ -413,6 +413,16 @@ fn requests_from(
             .into_iter()
             .map(|v| v.filter(|x| *x >= 1.0).map(|x| x as u64))
             .collect(),
+        non_streamed: match obj.get("non_streamed") {
+            Some(Value::Array(a)) if a.len() == n => {
+                a.iter().map(|v| v.as_bool() == Some(true)).collect()
+            }
+            Some(_) => {
+                let why = format!("expected an array of {n} booleans or nulls");
+                return Err(key_err(path, "non_streamed", why));
+            }
+            None => Vec::new(),
+        },
     }))
 }
 
@@ -482,6 +492,9 @@ fn from_trace(path: &Path, t: Trace) -> Run {
             r.server_ttft_s
                 .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
             r.server_input_lens.push(None);
+            r.non_streamed.push(
+                resp.is_some_and(|p| p.events.is_empty() && first_content_us(p).is_some()),
+            );
         }
         r
     });
@@ -531,6 +544,20 @@ mod tests {
     }
 
     #[test]
+    fn non_streamed_requests_stay_out_of_the_streamed_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        std::fs::write(&p, r#"{"schema": "retrace.replay/1", "completed": 2, "duration": 1.0, "ttfts": [0.1, 0.5], "input_lens": [1, 1], "output_lens": [3, 3], "latencies": [0.2, 0.5], "itls": [[0.05, 0.05], []], "errors": ["", ""], "non_streamed": [null, true]}"#).unwrap();
+        let r = load(&p).unwrap();
+        assert_eq!(r.samples_ms(Metric::Ttft).unwrap(), [100.0]);
+        assert_eq!(r.samples_ms(Metric::E2el).unwrap(), [200.0]);
+        assert_eq!(r.samples_ms(Metric::Tpot).unwrap().len(), 1);
+        std::fs::write(&p, r#"{"completed": 1, "duration": 1.0, "ttfts": [0.1], "input_lens": [1], "output_lens": [1], "latencies": [0.2], "non_streamed": 7}"#).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("non_streamed"), "{e}");
+    }
+
+    #[test]
     fn bad_key_names_file_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.json");
@@ -568,7 +595,7 @@ mod tests {
     }
 
     #[test]
-    fn a_recorded_non_streamed_completion_counts_as_completed_with_its_end_as_ttft() {
+    fn a_recorded_non_streamed_completion_counts_as_completed_and_stays_out_of_ttft() {
         let resp = |stream: bool, status: u16| trace::Response {
             status,
             ttft_us: stream.then_some(10_000),
@@ -604,7 +631,9 @@ mod tests {
             (r.scalar("completed"), r.scalar("failed")),
             (Some(2.0), Some(1.0))
         );
-        assert_eq!(r.samples_ms(Metric::Ttft).unwrap(), [10.0, 30.0]);
+        // The whole body is reported apart, as a replay reports it (E2EL only).
+        assert_eq!(r.samples_ms(Metric::Ttft).unwrap(), [10.0]);
+        assert_eq!(r.requests.as_ref().unwrap().non_streamed, [false, true, false]);
     }
 
     #[test]

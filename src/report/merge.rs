@@ -56,6 +56,8 @@ const OUR_FAMILIES: [&str; 7] = [
     "server_ttft",
     "unattributed",
 ];
+/// The E2EL of requests answered whole (written only when a run had some).
+const NON_STREAMED: &str = "non_streamed_e2el";
 const VLLM_FAMILIES: [(&str, &str); 4] = [
     ("ttft", "ttft_us"),
     ("tpot", "tpot_us"),
@@ -99,6 +101,8 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     {
         m.remove(*k);
     }
+    // The first input's non-streamed family, if any, is recomputed over all inputs below.
+    m.retain(|k, _| !k.ends_with(NON_STREAMED) && !k.ends_with(&format!("{NON_STREAMED}_ms")));
     merge_totals(&mut m, inputs)?;
     merge_validity(&mut m, inputs);
     let hists = add_histograms(inputs)?;
@@ -113,6 +117,10 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
             }
             for fam in OUR_FAMILIES {
                 pool_stats(&mut m, fam, inputs, &percentiles);
+            }
+            let count = format!("count_{NON_STREAMED}");
+            if inputs.iter().any(|(_, v)| v.get(&count).is_some()) {
+                pool_stats(&mut m, NON_STREAMED, inputs, &percentiles);
             }
             m.insert("merged_from_histograms".into(), json!(true));
         }
@@ -547,6 +555,17 @@ fn stats_from_requests(
         if !r.ok(i) {
             continue;
         }
+        if r.non_streamed.get(i).copied().unwrap_or(false) {
+            // As the run's own statistics: E2EL apart, the server's times kept.
+            f.entry(NON_STREAMED).or_default().extend(r.latency_s[i]);
+            f.entry("server_queue")
+                .or_default()
+                .extend(r.server_queue_s[i]);
+            f.entry("server_ttft")
+                .or_default()
+                .extend(r.server_ttft_s[i]);
+            continue;
+        }
         let t = r.ttft_s[i].unwrap_or(0.0);
         f.entry("ttft").or_default().push(t);
         let from_int =
@@ -574,10 +593,12 @@ fn stats_from_requests(
             f.entry("unattributed").or_default().push(u);
         }
     }
+    let whole = f.contains_key(NON_STREAMED).then_some(NON_STREAMED);
     VLLM_FAMILIES
         .iter()
         .map(|(n, _)| *n)
         .chain(OUR_FAMILIES)
+        .chain(whole)
         .map(|n| {
             (
                 n,

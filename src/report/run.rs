@@ -74,6 +74,14 @@ impl Metric {
         }
     }
 
+    /// Measured on streamed requests only (a whole body has no first token of its own).
+    pub fn streamed_only(self) -> bool {
+        matches!(
+            self,
+            Metric::Ttft | Metric::Tpot | Metric::Itl | Metric::E2el | Metric::Unattributed
+        )
+    }
+
     /// Human label.
     pub fn label(self) -> &'static str {
         match self {
@@ -120,6 +128,10 @@ pub struct Requests {
     pub server_ttft_s: Vec<Option<f64>>,
     /// Prompt lengths as the server counted them (retrace results), where it said.
     pub server_input_lens: Vec<Option<u64>>,
+    /// Requests answered whole, not streamed (retrace results' `non_streamed`, a recording's
+    /// responses without events): kept out of TTFT, TPOT, ITL and E2EL, as the result's own
+    /// statistics keep them. Empty when every request streamed (or the file does not say).
+    pub non_streamed: Vec<bool>,
 }
 
 impl Requests {
@@ -138,7 +150,8 @@ impl Requests {
     pub fn samples_ms(&self, m: Metric) -> Vec<f64> {
         let mut out = Vec::new();
         for i in 0..self.len() {
-            let ok = self.ok(i);
+            let whole = self.non_streamed.get(i).copied().unwrap_or(false);
+            let ok = self.ok(i) && !(whole && m.streamed_only());
             match m {
                 Metric::Ttft if ok => out.extend(self.ttft_s[i].map(|v| v * 1e3)),
                 Metric::E2el if ok => out.extend(self.latency_s[i].map(|v| v * 1e3)),

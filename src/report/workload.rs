@@ -504,6 +504,7 @@ mod tests {
             server_queue_s: vec![None; n],
             server_ttft_s: vec![None; n],
             server_input_lens: vec![None; n],
+            non_streamed: Vec::new(),
         });
         (trace, replay)
     }
