@@ -23,6 +23,9 @@
 //!     iu: include_usage}`, each optional;
 //!   - `s`: session `{id, turn, think_us?}`; `b`: request body, a byte string (only when recorded
 //!     with bodies);
+//!   - `ic` (since 1.4): who counted `i` when it is not known exactly from the request or the
+//!     response's usage: `"server"` (the upstream's own `POST /tokenize` of the prompt) or
+//!     `"estimate"` (the recorder's estimate) (absent: exact);
 //!   - `r`: response `{st: status, er: error kind, hd: µs to headers, tf: µs to first token,
 //!     eg: [gaps between successive events in µs, the first from arrival], et: [tokens per event]
 //!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
@@ -57,7 +60,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
@@ -110,6 +113,8 @@ struct RequestWire {
     b: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     r: Option<ResponseWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ic: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -210,6 +215,7 @@ impl RequestWire {
             s: r.session.clone(),
             b: r.body.clone(),
             r: r.response.as_deref().map(ResponseWire::from_response),
+            ic: r.input_count.wire().map(str::to_string),
         }
     }
 
@@ -245,6 +251,7 @@ impl RequestWire {
                 .map(|r| r.into_response().map(Box::new))
                 .transpose()?,
             body: self.b,
+            input_count: super::InputCount::from_wire(self.ic.as_deref()),
         })
     }
 }
