@@ -330,3 +330,75 @@ async fn unusable_tokenize_answers_leave_the_estimate() {
         }
     }
 }
+
+/// Chats recorded without usage, a tokenizer or the server's count (estimated lengths), replayed
+/// from their bodies into the mock, which counts them otherwise: `compare` does not call the
+/// replay unfaithful for those lengths, and names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_names_estimated_lengths_and_does_not_judge_them() {
+    let mock = || async {
+        retrace::mock::start(
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            retrace::mock::MockConfig {
+                fixed_timing: Some((2.0, 1.0)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+    };
+    let up = mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.block_size = 4;
+    cfg.upstream_tokenize = false;
+    cfg.bodies = retrace::record::Bodies::Request;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = spawn_recorder(cfg).await;
+    for k in 0..3 {
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"question {k}: what is the capital of France?"}}],"stream":true,"max_tokens":4,"ignore_eos":true}}"#
+        );
+        let (st, out) = http(rec.addr, "POST", "/v1/chat/completions", &body).await;
+        assert_eq!(st, 200, "{out}");
+    }
+    let stats = stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (_, recs) = read(&stats.files);
+    assert!(recs.iter().all(|r| r.input_count == InputCount::Estimated));
+
+    let target = mock().await;
+    let result = dir.path().join("replay.json");
+    let out =
+        super::real_traffic::replay_recording(&stats.files[0], &target.addr.to_string(), &result)
+            .await;
+    target.shutdown().await;
+    assert_eq!(out.summary.completed, 3, "{:?}", out.summary.errors);
+    let load = |p: &std::path::Path| retrace::report::load::load(p).unwrap();
+    let replayed = load(&result);
+    let counted = replayed
+        .requests
+        .as_ref()
+        .unwrap()
+        .server_input_lens
+        .clone();
+    assert!(
+        counted
+            .iter()
+            .zip(&recs)
+            .all(|(c, r)| c.is_some_and(|c| c != r.input_tokens)),
+        "the server counted other lengths than the estimates: {counted:?}"
+    );
+    let (cmp, f) = super::real_traffic::compare_runs(&load(&stats.files[0]), &replayed);
+    assert_eq!(f.isl_estimated, 3, "{f:?}");
+    assert!(f.faithful, "{f:?}");
+    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    assert!(!text.contains("lengths differ"), "{text}");
+    assert!(
+        text.contains(
+            "3 input lengths were estimated at record time (no usage, no tokenizer): not judged"
+        ),
+        "{text}"
+    );
+}
