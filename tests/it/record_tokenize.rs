@@ -272,9 +272,10 @@ async fn record_burst(
     (recs, took)
 }
 
-async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+/// Runs the futures as tasks at once; their outputs in order.
+async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = fs.map(tokio::spawn).collect();
