@@ -706,6 +706,14 @@ pub struct RecordArgs {
     /// from the server's usage).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// Never send a request of the proxy's own upstream. Without it (and without --tokenizer), a
+    /// text prompt whose length no usage gave is counted with the upstream's `POST /tokenize`,
+    /// off the forwarding path, rate-bounded (docs/record.md, "Input lengths").
+    #[arg(long)]
+    pub no_upstream_tokenize: bool,
+    /// Most `POST /tokenize` requests of the proxy's own per second (at most 4 in flight).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub upstream_tokenize_rate: u32,
     /// Tokens per hash block (512 matches Mooncake traces).
     #[arg(long, default_value_t = 512)]
     pub block_size: u32,

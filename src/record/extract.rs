@@ -374,6 +374,9 @@ impl Extractor {
                     } else {
                         usage_in.unwrap_or(batch_total.unwrap_or(ids.len() as u64))
                     };
+                    if !exact && usage_in.is_none() {
+                        req.input_count = crate::trace::InputCount::Estimated;
+                    }
                     if !exact {
                         let want = req.input_tokens.div_ceil(bs as u64) as usize;
                         fit(&self.hasher, &mut hashes, want);
@@ -407,7 +410,7 @@ fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<openai::RequestInfo
 }
 
 /// Truncates or extends (by chaining a counter) a hash list to `want` ids.
-fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
+pub(super) fn fit(h: &BlockHasher, hashes: &mut Vec<u64>, want: usize) {
     hashes.truncate(want);
     let mut prev = hashes.last().copied().unwrap_or(0);
     while hashes.len() < want {

@@ -12,6 +12,7 @@ pub mod prompt;
 pub mod proxy;
 pub mod rawpool;
 pub mod server;
+pub mod servertok;
 pub mod stats;
 pub mod tap;
 pub mod timing;
@@ -53,6 +54,11 @@ pub struct RecordConfig {
     /// Secret for HMAC-SHA256 block hashes (the bytes of `--hash-key-file`, trailing newline cut).
     pub hash_key: Option<Vec<u8>>,
     pub tokenizer: Option<PathBuf>,
+    /// Count estimated input lengths with the upstream's `POST /tokenize` (`servertok`); off
+    /// with `--no-upstream-tokenize`, and whenever `tokenizer` is set.
+    pub upstream_tokenize: bool,
+    /// Most `/tokenize` requests of the proxy's own per second.
+    pub upstream_tokenize_rate: u32,
     pub block_size: u32,
     /// Writer queue length (records).
     pub queue: usize,
@@ -112,6 +118,11 @@ impl RecordConfig {
         if a.block_size == 0 {
             bail!("--block-size must be at least 1");
         }
+        if a.upstream_tokenize_rate == 0 {
+            bail!(
+                "--upstream-tokenize-rate must be at least 1 (--no-upstream-tokenize turns it off)"
+            );
+        }
         let admin = match a.admin.as_str() {
             "none" | "off" => None,
             s => Some(
@@ -134,6 +145,8 @@ impl RecordConfig {
             bodies,
             hash_key,
             tokenizer: a.tokenizer.clone(),
+            upstream_tokenize: !a.no_upstream_tokenize,
+            upstream_tokenize_rate: a.upstream_tokenize_rate,
             block_size: a.block_size,
             queue: a.queue.max(1),
             queue_bytes: parse_size(&a.queue_bytes).context("--queue-bytes")?,
@@ -260,6 +273,20 @@ pub async fn run_with_admin(
     let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
     let tls = tls.transpose()?;
     let (header, extractor, t0) = trace_header_and_extractor(&cfg)?;
+    let via = common::via_entry();
+    let servertok = match server_tokenize(&cfg) {
+        true => Some(servertok::ServerTokenizer::new(
+            servertok::Target::new(
+                &cfg.upstream,
+                cfg.upstream_ca.as_deref(),
+                cfg.connect_timeout,
+                via.to_str().unwrap_or("1.1 retrace"),
+            )?,
+            cfg.upstream_tokenize_rate,
+            stats.clone(),
+        )),
+        false => None,
+    };
     let (recorder, writer) = writer::spawn(
         cfg.queue,
         cfg.queue_bytes,
@@ -273,12 +300,13 @@ pub async fn run_with_admin(
         },
         header,
         extractor,
+        servertok,
         t0,
         stats.clone(),
     )
     .context("starting the trace writer thread")?;
 
-    let proxies = proxies(&cfg, &connector, &upstream_opts, &recorder, &stats)?;
+    let proxies = proxies(&cfg, &connector, &upstream_opts, &recorder, &stats, &via)?;
     drop(recorder);
 
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -305,6 +333,13 @@ pub async fn run_with_admin(
     })
 }
 
+/// Whether estimated input lengths are counted with the upstream's `/tokenize`: unless
+/// `--no-upstream-tokenize`, `--tokenizer` (the operator's own count) or `--upstream-http2` (the
+/// requests are HTTP/1.1).
+fn server_tokenize(cfg: &RecordConfig) -> bool {
+    cfg.upstream_tokenize && cfg.tokenizer.is_none() && !cfg.upstream_http2
+}
+
 /// The trace files' header (block size, hashing, tokenization, bodies kept, where from), the
 /// extractor that turns each exchange into a record the same way, and the recording's time
 /// origin (taken with the header's wall-clock `t0_unix_us`).
@@ -327,7 +362,22 @@ fn trace_header_and_extractor(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64);
     let mut meta = std::collections::BTreeMap::new();
-    meta.insert("tokenization".into(), tokenizer.describe().into());
+    if server_tokenize(cfg) {
+        // Per record, `InputCount` says which lengths the server counted and which stayed
+        // estimates (the upstream off, a failed answer, the rate bound).
+        meta.insert("tokenization".into(), "server".into());
+        meta.insert("tokenization_fallback".into(), tokenizer.describe().into());
+        meta.insert(
+            "upstream_tokenize".into(),
+            format!(
+                "POST /tokenize of estimated input lengths, at most {}/s and {} in flight",
+                cfg.upstream_tokenize_rate,
+                servertok::IN_FLIGHT
+            ),
+        );
+    } else {
+        meta.insert("tokenization".into(), tokenizer.describe().into());
+    }
     if let Some(id) = hasher.key_id() {
         meta.insert(crate::trace::fleet::KEY_ID.into(), id);
     }
@@ -365,6 +415,7 @@ fn proxies(
     upstream_opts: &upstream::UpstreamOptions,
     recorder: &writer::Recorder,
     stats: &Arc<stats::Stats>,
+    via: &http::HeaderValue,
 ) -> anyhow::Result<Vec<Arc<common::Proxy>>> {
     let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
     let authority: Authority = cfg
@@ -386,7 +437,6 @@ fn proxies(
         .path_and_query("/")
         .build()
         .context("--upstream")?;
-    let via = common::via_entry();
     let mut proxies = Vec::with_capacity(threads);
     for _ in 0..threads {
         // One pool per I/O thread: an upstream connection stays on its thread.

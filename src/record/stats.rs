@@ -94,6 +94,11 @@ pub struct Stats {
     pub drain_cut: AtomicBool,
     /// The writer's last write or open failed (no frame written since).
     pub writer_failing: AtomicBool,
+    /// The proxy's own `POST /tokenize` requests (`servertok`): counted, failed; and estimated
+    /// input lengths written without asking (bounds, upstream off, recording ended).
+    pub upstream_tokenize_ok: AtomicU64,
+    pub upstream_tokenize_failed: AtomicU64,
+    pub upstream_tokenize_skipped: AtomicU64,
 }
 
 impl Stats {
@@ -119,6 +124,11 @@ impl Stats {
             "retrace_record_requests_total",
             "Requests received from clients.",
             self.requests.load(Relaxed),
+        );
+        counter(
+            "retrace_record_upstream_tokenize_skipped_total",
+            "Estimated input lengths written without asking the upstream (rate or in-flight bound, upstream without /tokenize).",
+            self.upstream_tokenize_skipped.load(Relaxed),
         );
         counter(
             "retrace_record_request_bytes_total",
@@ -233,6 +243,12 @@ impl Stats {
             "retrace_record_forward_delay_seconds",
             "Per forwarded response chunk: from the upstream socket read to the completed write to the client socket (the proxy's own added latency).",
             &mut o,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP retrace_record_upstream_tokenize_total The proxy's own POST /tokenize requests (estimated input lengths counted by the upstream).\n# TYPE retrace_record_upstream_tokenize_total counter\nretrace_record_upstream_tokenize_total{{result=\"ok\"}} {}\nretrace_record_upstream_tokenize_total{{result=\"failed\"}} {}",
+            self.upstream_tokenize_ok.load(Relaxed),
+            self.upstream_tokenize_failed.load(Relaxed)
         );
         o
     }

@@ -5,6 +5,7 @@
 //! recorded exchanges go back to the forwarding path for reuse ([`Recorder::exchange`]).
 
 use super::extract::{Exchange, Extractor};
+use super::servertok::{Ask, ServerTokenizer};
 use super::stats::Stats;
 use crate::trace::native::{TraceWriter, WriteOptions};
 use crate::trace::{Request, TraceHeader};
@@ -86,7 +87,7 @@ impl Recorder {
 
 /// Lowers this thread's CPU priority (nice 10, Linux): under CPU saturation forwarding wins and
 /// the writer falls behind (then drops and counts records) instead (invariant 13).
-fn lower_priority() {
+pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
     unsafe {
@@ -128,12 +129,14 @@ impl WriterHandle {
 }
 
 /// Starts the writer thread.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     queue: usize,
     max_queued_bytes: u64,
     files: FileOptions,
     header: TraceHeader,
     extractor: Extractor,
+    servertok: Option<ServerTokenizer>,
     t0: Instant,
     stats: Arc<Stats>,
 ) -> std::io::Result<(Recorder, WriterHandle)> {
@@ -161,6 +164,7 @@ pub fn spawn(
         cur: None,
         last_failed_open: None,
         extractor,
+        servertok,
         t0,
         stats,
         closed: Vec::new(),
@@ -238,6 +242,8 @@ struct Writer {
     cur: Option<OpenFile>,
     last_failed_open: Option<Instant>,
     extractor: Extractor,
+    /// Counts estimated input lengths with the upstream's `/tokenize` (records held meanwhile).
+    servertok: Option<ServerTokenizer>,
     t0: Instant,
     stats: Arc<Stats>,
     closed: Vec<PathBuf>,
@@ -281,6 +287,7 @@ impl Writer {
                 }
             }
             since_clock = 0;
+            self.poll_tokenize();
             if Instant::now() >= next_flush {
                 self.flush();
                 next_flush = Instant::now() + self.files.flush_every;
@@ -290,6 +297,7 @@ impl Writer {
         while let Ok(Msg::Exchange(ex)) = rx.try_recv() {
             self.record(ex);
         }
+        self.finish_tokenize();
         self.flush();
         self.close_file();
     }
@@ -304,11 +312,49 @@ impl Writer {
         if let Some(t) = req.response.as_ref().and_then(|r| r.ttft_us) {
             self.stats.ttft.observe(Duration::from_micros(t));
         }
-        self.pending.push(req);
+        let ask = match (&self.servertok, req.input_count) {
+            (Some(_), crate::trace::InputCount::Estimated)
+                if ex.request.complete && !ex.request.truncated =>
+            {
+                Ask::of(&req.endpoint, &ex.request.data)
+            }
+            _ => None,
+        };
+        match (ask, self.servertok.as_mut()) {
+            (Some(ask), Some(st)) => st.offer(req, ask, &mut self.pending),
+            _ => self.pending.push(req),
+        }
         self.give_back(ex);
         if self.pending.len() >= 4096 {
             self.flush();
         }
+    }
+
+    /// Takes the records the server has counted (or failed to) into the open frame.
+    fn poll_tokenize(&mut self) {
+        if let Some(st) = self.servertok.as_mut() {
+            let x = &self.extractor;
+            st.poll(&x.hasher, x.block_size, &mut self.pending);
+        }
+    }
+
+    /// At close: answers in flight are waited for (at most the wait for a slot and an answer),
+    /// then every record still held is written with its estimate.
+    fn finish_tokenize(&mut self) {
+        let Some(st) = self.servertok.as_mut() else {
+            return;
+        };
+        let deadline =
+            Instant::now() + super::servertok::MAX_WAIT + super::servertok::ANSWER_TIMEOUT;
+        while st.holds() && Instant::now() < deadline {
+            st.poll(
+                &self.extractor.hasher,
+                self.extractor.block_size,
+                &mut self.pending,
+            );
+            std::thread::sleep(POLL);
+        }
+        st.finish(&mut self.pending);
     }
 
     /// Keeps a recorded exchange for reuse unless it holds large buffers (a long stream's) or
@@ -583,8 +629,17 @@ mod tests {
             bodies: Bodies::None,
         };
         let stats = Arc::new(Stats::default());
-        let (rec, handle) =
-            spawn(64, 1 << 20, files, header, extractor, t0, stats.clone()).unwrap();
+        let (rec, handle) = spawn(
+            64,
+            1 << 20,
+            files,
+            header,
+            extractor,
+            None,
+            t0,
+            stats.clone(),
+        )
+        .unwrap();
         (rec, handle, stats, t0)
     }
 

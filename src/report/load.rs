@@ -492,9 +492,8 @@ fn from_trace(path: &Path, t: Trace) -> Run {
             r.server_ttft_s
                 .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
             r.server_input_lens.push(None);
-            r.non_streamed.push(
-                resp.is_some_and(|p| p.events.is_empty() && first_content_us(p).is_some()),
-            );
+            r.non_streamed
+                .push(resp.is_some_and(|p| p.events.is_empty() && first_content_us(p).is_some()));
         }
         r
     });
@@ -633,7 +632,10 @@ mod tests {
         );
         // The whole body is reported apart, as a replay reports it (E2EL only).
         assert_eq!(r.samples_ms(Metric::Ttft).unwrap(), [10.0]);
-        assert_eq!(r.requests.as_ref().unwrap().non_streamed, [false, true, false]);
+        assert_eq!(
+            r.requests.as_ref().unwrap().non_streamed,
+            [false, true, false]
+        );
     }
 
     #[test]

@@ -279,7 +279,7 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     if let Some(f) = &w.fidelity {
         let _ = writeln!(
             s,
-            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}% ({} counted by the server); output length exact {:.1}% (mean |diff| {:.2} tokens){}",
+            "{}Fidelity (trace vs its replay, {} requests paired, speed {}): arrival error p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; input length exact {:.1}% ({} counted by the server{}); output length exact {:.1}% (mean |diff| {:.2} tokens){}",
             if md { "\n" } else { "  " },
             f.paired,
             f.speed,
@@ -288,6 +288,11 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
             f.arrival_error_ms.max,
             f.isl_exact * 100.0,
             f.isl_server_counted,
+            if f.isl_estimated > 0 {
+                format!("; {} estimated at record time, not judged", f.isl_estimated)
+            } else {
+                String::new()
+            },
             f.osl_exact * 100.0,
             f.osl_mean_abs_diff,
             f.inexact_prompts
@@ -318,9 +323,15 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
 
 /// "Faithful replay" or what kept it from being one.
 fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
+    let estimated = match f.isl_estimated {
+        0 => String::new(),
+        n => format!(
+            " {n} input lengths were estimated at record time (no usage, no tokenizer): not judged."
+        ),
+    };
     if f.faithful {
         return format!(
-            "Faithful replay: every request sent, lengths reproduced, schedule as recorded (sent within {:.2} ms at p99).",
+            "Faithful replay: every request sent, lengths reproduced, schedule as recorded (sent within {:.2} ms at p99).{estimated}",
             f.send_tolerance_ms
         );
     }
@@ -346,7 +357,7 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
             f.arrival_error_ms.p99, f.send_tolerance_ms
         ));
     }
-    format!("Not a faithful replay: {}.", why.join(", "))
+    format!("Not a faithful replay: {}.{estimated}", why.join(", "))
 }
 
 fn pval(p: f64) -> String {

@@ -52,10 +52,15 @@ pub struct Fidelity {
     pub arrival_error_ms: Dist,
     /// Fractions of paired requests with exactly the trace's input / output length. The input
     /// length is the server's count (`usage.prompt_tokens`) where the replay got one, else the
-    /// length the replay meant to send.
+    /// length the replay meant to send. Of the requests whose recorded input length is not an
+    /// estimate (1 when every one is).
     pub isl_exact: f64,
     /// Paired requests whose input length the server counted.
     pub isl_server_counted: usize,
+    /// Paired requests whose recorded input length was an estimate (recorded without usage, a
+    /// tokenizer or the server's count: `InputCount::Estimated`): not judged.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub isl_estimated: usize,
     pub osl_exact: f64,
     /// Mean |output length − trace output length| over successful requests.
     pub osl_mean_abs_diff: f64,
@@ -80,6 +85,10 @@ pub struct Fidelity {
     /// Every workload request sent and paired, lengths reproduced, the intended schedule within
     /// 1 ms at p99 and the actual sends within `send_tolerance_ms`.
     pub faithful: bool,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The intended schedule may differ from the recording by this much at p99 and still be
@@ -337,10 +346,14 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
     let server_isl = |i: usize| q.server_input_lens.get(i).copied().flatten();
     let isl_server_counted = (0..n).filter(|&i| server_isl(i).is_some()).count();
+    // A recorded estimate is no length to reproduce: the replay re-sent the prompt, or one
+    // built to the estimate, and either count says nothing of fidelity.
+    let estimated = |i: usize| t.requests[i].input_count == crate::trace::InputCount::Estimated;
+    let isl_estimated = (0..n).filter(|&i| estimated(i)).count();
     for i in 0..n {
         err.push(((q.start_s[i] - s0) - want(i)).abs() * 1e3);
         let isl = server_isl(i).unwrap_or(q.input_lens[i]);
-        isl_ok += usize::from(isl == t.requests[i].input_tokens);
+        isl_ok += usize::from(!estimated(i) && isl == t.requests[i].input_tokens);
         if q.ok(i) {
             ok_n += 1;
             osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
@@ -348,7 +361,12 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         }
     }
     let arrival_error_ms = Dist::of(err);
-    let isl_exact = isl_ok as f64 / n as f64;
+    let judged = n - isl_estimated;
+    let isl_exact = if judged > 0 {
+        isl_ok as f64 / judged as f64
+    } else {
+        1.0
+    };
     let osl_exact = if ok_n > 0 {
         osl_ok as f64 / ok_n as f64
     } else {
@@ -394,6 +412,7 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         arrival_error_ms,
         isl_exact,
         isl_server_counted,
+        isl_estimated,
         osl_exact,
         osl_mean_abs_diff: if ok_n > 0 {
             osl_diff / ok_n as f64

@@ -396,6 +396,42 @@ pub struct Request {
     pub response: Option<Box<Response>>,
     /// The full request body, only when the user asked for bodies at record time.
     pub body: Option<Vec<u8>>,
+    /// Who counted `input_tokens` (native key `ic`, since 1.4).
+    pub input_count: InputCount,
+}
+
+/// Who counted a record's input length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InputCount {
+    /// Known exactly: token ids, the recorder's `--tokenizer` on a text prompt, the server's
+    /// `usage`, an imported trace's number (and every record of a file older than 1.4).
+    #[default]
+    Exact,
+    /// The server's own `POST /tokenize` of the recorded prompt (exact too).
+    Server,
+    /// The recorder's estimate (4 bytes a token, or a chat rendered without the server's
+    /// template): what the server counted is not known.
+    Estimated,
+}
+
+impl InputCount {
+    /// The native key's value (`None` for [`InputCount::Exact`], which is not written).
+    pub fn wire(self) -> Option<&'static str> {
+        match self {
+            InputCount::Exact => None,
+            InputCount::Server => Some("server"),
+            InputCount::Estimated => Some("estimate"),
+        }
+    }
+
+    /// Reads the native key's value; an unknown value is read as exact (a newer minor's).
+    pub fn from_wire(v: Option<&str>) -> Self {
+        match v {
+            Some("server") => InputCount::Server,
+            Some("estimate") => InputCount::Estimated,
+            _ => InputCount::Exact,
+        }
+    }
 }
 
 impl Request {

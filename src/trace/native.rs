@@ -23,6 +23,9 @@
 //!     iu: include_usage}`, each optional;
 //!   - `s`: session `{id, turn, think_us?}`; `b`: request body, a byte string (only when recorded
 //!     with bodies);
+//!   - `ic` (since 1.4): who counted `i` when it is not known exactly from the request or the
+//!     response's usage: `"server"` (the upstream's own `POST /tokenize` of the prompt) or
+//!     `"estimate"` (the recorder's estimate) (absent: exact);
 //!   - `r`: response `{st: status, er: error kind, hd: µs to headers, tf: µs to first token,
 //!     eg: [gaps between successive events in µs, the first from arrival], et: [tokens per event]
 //!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
@@ -111,6 +114,8 @@ struct RequestWire {
     b: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     r: Option<ResponseWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ic: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -213,6 +218,7 @@ impl RequestWire {
             s: r.session.clone(),
             b: r.body.clone(),
             r: r.response.as_deref().map(ResponseWire::from_response),
+            ic: r.input_count.wire().map(str::to_string),
         }
     }
 
@@ -248,6 +254,7 @@ impl RequestWire {
                 .map(|r| r.into_response().map(Box::new))
                 .transpose()?,
             body: self.b,
+            input_count: super::InputCount::from_wire(self.ic.as_deref()),
         })
     }
 }

@@ -6,7 +6,8 @@
 use proptest::prelude::*;
 use retrace::trace::import::{read_bytes, Format, ImportOptions};
 use retrace::trace::{
-    native, Endpoint, Event, Params, Request, Response, Session, Trace, TraceHeader, Usage,
+    native, Endpoint, Event, InputCount, Params, Request, Response, Session, Trace, TraceHeader,
+    Usage,
 };
 
 const FORMATS: [Format; 6] = [
@@ -182,6 +183,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 arrival_us: t,
                 input_tokens: i,
                 output_tokens: o,
+                // Every label round-trips (the arrival picks one).
+                input_count: [InputCount::Exact, InputCount::Server, InputCount::Estimated]
+                    [(t % 3) as usize],
                 hash_ids,
                 method: None,
                 endpoint: match endpoint {

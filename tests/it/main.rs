@@ -12,6 +12,7 @@ mod real_traffic;
 mod record;
 mod record_h1;
 mod record_scale;
+mod record_tokenize;
 mod record_upgrade;
 mod replay;
 mod replay_h1;
