@@ -1253,6 +1253,33 @@ fn now_utc_compact() -> String {
 mod tests {
     use super::*;
 
+    /// Side requests are not workload; requests that cannot be rebuilt and malformed rows are
+    /// workload left out; the user's own --skip-recorded-failures is neither.
+    #[test]
+    fn the_left_out_share_counts_workload_only() {
+        use crate::trace::select::{Skip, Skipped};
+        let left_out = Skipped(
+            [
+                (Skip::Auxiliary, 50),
+                (Skip::RecordedFailure, 5),
+                (Skip::ChatWithoutTokenizer, 8),
+                (Skip::EmptyPrompt, 1),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        assert_eq!(lost_workload(&left_out, 150, 1), (10, 101));
+        assert_eq!(left_out_reason((10, 101)), None);
+        let why = left_out_reason((11, 101)).unwrap_or_default();
+        assert!(
+            why.starts_with("11 of 101 workload requests left out (10.9%"),
+            "{why}"
+        );
+        assert_eq!(left_out_reason((10, 100)), None);
+        assert!(left_out_reason((11, 100)).is_some());
+        assert_eq!(left_out_reason((0, 0)), None);
+    }
+
     fn cfg(args: &[&str]) -> Config {
         use clap::Parser;
         let mut v = vec!["retrace", "replay", "t.jsonl"];
