@@ -503,7 +503,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         let n = planned.survey.target_text;
         match probe_target_text(cfg, &target_url, &model, planned.block_size).await {
             Ok(src) => {
-                eprintln!("retrace: {n} prompts recorded without a body get their text from the target's /tokenize and /detokenize (exact as it counts them; --tokenizer FILE is faster)");
+                eprintln!("retrace: {n} synthesised text prompts are made by the target's /detokenize and counted by its /tokenize (exact as it counts them; --prompt-mode text --tokenizer FILE is faster)");
                 target_text = Some(src.stats.clone());
                 if let Prompts::Target { text, .. } = &mut planned.prompts {
                     *text = Some(Box::new(src));
