@@ -37,6 +37,8 @@ pub const MAX_FAILURES: u64 = 3;
 pub const MAX_COUNT: u64 = 1 << 24;
 /// Fewer distinct ids than this from the sample: the target's tokenizer is not usable.
 const MIN_VOCAB: usize = 16;
+/// The most tokens the sample of words may come to (a larger answer is refused).
+const MAX_SAMPLE_TOKENS: u64 = 4096;
 
 /// Short common words (one token each in the usual vocabularies; the mock's built-in scheme
 /// makes each a single piece).
@@ -106,15 +108,15 @@ fn count_of(answer: &Value) -> Result<u64, String> {
     Ok(n)
 }
 
-/// The ids of a `/tokenize` answer, at most [`MAX_COUNT`] (checked before they are collected).
-fn tokens_of(answer: &Value) -> Result<Vec<u32>, String> {
+/// The ids of a `/tokenize` answer, at most `budget` (checked before they are collected).
+fn tokens_of(answer: &Value, budget: u64) -> Result<Vec<u32>, String> {
     let list = answer
         .get("tokens")
         .and_then(Value::as_array)
         .ok_or("POST /tokenize: no `tokens` list in the answer")?;
-    if list.len() as u64 > MAX_COUNT {
+    if list.len() as u64 > budget {
         return Err(format!(
-            "POST /tokenize: {} tokens (more than {MAX_COUNT})",
+            "POST /tokenize: {} tokens (more than {budget})",
             list.len()
         ));
     }
@@ -154,10 +156,16 @@ pub async fn probe(
         |prompt: &str| json!({"model": model, "prompt": prompt, "add_special_tokens": false});
     let words = post("/tokenize", bare(&sample)).await?;
     let words_n = count_of(&words)?;
-    let words = tokens_of(&words)?;
+    if words_n > MAX_SAMPLE_TOKENS {
+        return Err(format!(
+            "POST /tokenize: {words_n} tokens for a sample of {} words (more than {MAX_SAMPLE_TOKENS})",
+            SAMPLE_WORDS.split_whitespace().count()
+        ));
+    }
+    let words = tokens_of(&words, MAX_SAMPLE_TOKENS)?;
     // An error here leaves nothing out: the target adds nothing to an empty prompt.
     let empty = match post("/tokenize", bare("")).await {
-        Ok(a) => tokens_of(&a).unwrap_or_default(),
+        Ok(a) => tokens_of(&a, MAX_SAMPLE_TOKENS).unwrap_or_default(),
         Err(_) => Vec::new(),
     };
     let vocab = vocab_of(&words, &empty).ok_or_else(|| {
@@ -313,10 +321,12 @@ mod tests {
         assert!(count_of(&json!({"error": "x"})).is_err());
         let e = count_of(&json!({"count": MAX_COUNT + 1})).unwrap_err();
         assert!(e.contains("more than"), "{e}");
-        assert_eq!(tokens_of(&json!({"tokens": [3, 4]})), Ok(vec![3, 4]));
-        assert!(tokens_of(&json!({"tokens": [3, -1]})).is_err());
-        assert!(tokens_of(&json!({"tokens": [3, 1u64 << 40]})).is_err());
-        assert!(tokens_of(&json!({"count": 2})).is_err());
+        assert_eq!(tokens_of(&json!({"tokens": [3, 4]}), 2), Ok(vec![3, 4]));
+        let e = tokens_of(&json!({"tokens": [3, 4, 5]}), 2).unwrap_err();
+        assert!(e.contains("3 tokens (more than 2)"), "{e}");
+        assert!(tokens_of(&json!({"tokens": [3, -1]}), 9).is_err());
+        assert!(tokens_of(&json!({"tokens": [3, 1u64 << 40]}), 9).is_err());
+        assert!(tokens_of(&json!({"count": 2}), 9).is_err());
     }
 
     #[test]

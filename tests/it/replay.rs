@@ -334,8 +334,11 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--percentiles", "101"], "--percentiles"),
         (&["t", "--extra-body", "[1]"], "--extra-body"),
         (&["t", "--extra-body", "{"], "--extra-body"),
-        (&["t", "--endpoint", "chat"], "--endpoint chat"),
-        (&["t", "--prompt-mode", "text"], "--tokenizer"),
+        // With a tokenizer, chat needs text mode (without one, the target makes the text).
+        (
+            &["t", "--endpoint", "chat", "--tokenizer", "a.json"],
+            "--endpoint chat",
+        ),
         (&["t", "--header", "novalue"], "--header"),
         (
             &["t", "--api-key-env", "RETRACE_TEST_SURELY_UNSET_VAR"],
