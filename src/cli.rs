@@ -97,7 +97,8 @@ pub struct InspectArgs {
 pub enum EndpointArg {
     /// `/v1/completions`
     Completions,
-    /// `/v1/chat/completions` (needs `--prompt-mode text --tokenizer ...`)
+    /// `/v1/chat/completions` (text: from `--prompt-mode text --tokenizer ...`, else from the
+    /// target's /tokenize and /detokenize)
     Chat,
 }
 
@@ -106,14 +107,16 @@ pub enum EndpointArg {
 pub enum PromptModeArg {
     /// Token ids (`"prompt": [ints]`): exact lengths and prefixes, no re-tokenisation.
     TokenIds,
-    /// Text that re-encodes to the same tokens where the tokenizer allows (needs `--tokenizer`).
+    /// Text that re-encodes to the same tokens where the tokenizer allows (`--tokenizer`; without
+    /// one, made and counted by the target's /tokenize and /detokenize).
     Text,
 }
 
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
-/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded), 5 every request failed.
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded, or more than 10% of the workload
+/// left out), 5 every request failed, 6 nothing to send (every request left out).
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or
@@ -207,6 +210,11 @@ pub struct ReplayArgs {
     /// so they fail again the same way).
     #[arg(long)]
     pub skip_recorded_failures: bool,
+    /// Skip (and count) malformed rows of the trace instead of stopping at the first.
+    ///
+    /// They count as workload left out (more than 10% makes the run invalid).
+    #[arg(long)]
+    pub skip_bad: bool,
     /// Total time limit per request, seconds.
     #[arg(long, value_name = "S", default_value_t = 3600.0)]
     pub timeout_s: f64,

@@ -55,8 +55,16 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Replay(a) => {
             let (html, result_json) = (a.report_html.clone(), a.result_json.clone());
-            let Some(out) = replay::run(a)? else {
-                return Ok(ExitCode::SUCCESS);
+            let out = match replay::run(a) {
+                Ok(Some(out)) => out,
+                Ok(None) => return Ok(ExitCode::SUCCESS),
+                Err(e) => match e.downcast_ref::<replay::NothingToSend>() {
+                    Some(n) => {
+                        eprintln!("retrace: {n} (exit {})", replay::EXIT_NOTHING_TO_SEND);
+                        return Ok(ExitCode::from(replay::EXIT_NOTHING_TO_SEND));
+                    }
+                    None => return Err(e),
+                },
             };
             report::write_replay_report(html.as_deref(), &out.result, result_json.as_deref())?;
             print!("{}", out.report);

@@ -169,6 +169,9 @@ pub async fn handle(
     if path == "/tokenize" {
         return Ok(tokenize_route(&sh, &body).unwrap_or_else(Reply::from));
     }
+    if path == "/detokenize" {
+        return Ok(detokenize_route(&sh, &body).unwrap_or_else(Reply::from));
+    }
     // Arrival (what the mock's timings count from): when the read that completed the request
     // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
     // follow count toward TTFT.
@@ -178,7 +181,7 @@ pub async fn handle(
     generate(sh, &body, chat, forced, &direct, arrival).await
 }
 
-/// The answer to every route but the three POST ones that read a body (`None` for those).
+/// The answer to every route but the POST ones that read a body (`None` for those).
 fn simple_route(sh: &Shared, path: &str, get: bool, post: bool) -> Option<Reply> {
     let json = "application/json";
     Some(match (path, get) {
@@ -189,9 +192,13 @@ fn simple_route(sh: &Shared, path: &str, get: bool, post: bool) -> Option<Reply>
             full(StatusCode::OK, ctype, sh.stats.render())
         }
         ("/v1/models", true) => models(sh),
-        ("/v1/completions" | "/v1/chat/completions" | "/tokenize", false) if post => return None,
+        ("/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize", false)
+            if post =>
+        {
+            return None
+        }
         ("/health" | "/version" | "/metrics" | "/v1/models", false)
-        | ("/v1/completions" | "/v1/chat/completions" | "/tokenize", _) => {
+        | ("/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize", _) => {
             detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         }
         _ => detail(StatusCode::NOT_FOUND, "Not Found"),
@@ -246,6 +253,37 @@ fn tokenize_route(sh: &Shared, body: &[u8]) -> Result<Reply, Reject> {
         Value::Array(tokens.iter().map(str).collect())
     });
     let _ = write!(s, ",\"token_strs\":{}}}", strs.unwrap_or(Value::Null));
+    Ok(full(StatusCode::OK, "application/json", s))
+}
+
+/// `POST /detokenize` as vLLM: `{"model", "tokens": [ids]}` → `{"prompt": text}`; at most
+/// [`tokenize::MAX_DETOKENIZE`] tokens, each a vocabulary id (else 400 naming it).
+fn detokenize_route(sh: &Shared, body: &[u8]) -> Result<Reply, Reject> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| reject(400, format!("body is not JSON: {e}"), None))?;
+    let msg = "field `tokens` must be a list of token ids";
+    let list = (v.get("tokens").and_then(Value::as_array))
+        .ok_or_else(|| reject(400, msg, Some("tokens")))?;
+    if list.len() > tokenize::MAX_DETOKENIZE {
+        let msg = format!(
+            "{} tokens: the mock detokenizes at most {} per request",
+            list.len(),
+            tokenize::MAX_DETOKENIZE
+        );
+        return Err(reject(400, msg, Some("tokens")));
+    }
+    let ids = list
+        .iter()
+        .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| reject(400, msg, Some("tokens")))?;
+    let text = sh
+        .tokenizer
+        .decode(&ids)
+        .map_err(|e| reject(400, e, Some("tokens")))?;
+    let mut s = String::from("{\"prompt\":");
+    json_str(&mut s, &text);
+    s.push('}');
     Ok(full(StatusCode::OK, "application/json", s))
 }
 

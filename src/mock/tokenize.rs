@@ -21,6 +21,49 @@ pub const WORDS: [&str; 64] = [
     "engine", "data",
 ];
 
+/// Most tokens one `/detokenize` request may hold (a longer list is refused before its ids are
+/// collected; the body itself is bounded like every request body).
+pub const MAX_DETOKENIZE: usize = 1 << 20;
+
+/// The BOS id of the built-in scheme (the first token of every encoded prompt).
+pub const BUILTIN_BOS: u32 = 1;
+
+/// One text piece per built-in id (`256..BUILTIN_VOCAB`): the first, in a fixed order, of the pieces made of a space
+/// and 1 to 4 lowercase letters (shortest first; then the same with capitals) that the scheme maps to that id. Each is one piece of [`builtin_pieces`] however
+/// pieces are joined, so the text of a list of ids encodes back to BOS and those ids. Built once
+/// (about 0.5 M hashes), at the first `/detokenize`.
+fn builtin_pieces_by_id() -> &'static [Option<Box<str>>] {
+    static TABLE: std::sync::OnceLock<Vec<Option<Box<str>>>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let n = (BUILTIN_VOCAB - 256) as usize;
+        let mut table: Vec<Option<Box<str>>> = vec![None; n];
+        let mut left = n;
+        for alphabet in [b'a'..=b'z', b'A'..=b'Z'] {
+            let letters: Vec<u8> = alphabet.collect();
+            for len in 1..=4u32 {
+                let total = letters.len().pow(len);
+                for mut k in 0..total {
+                    let mut piece = String::with_capacity(5);
+                    piece.push(' ');
+                    for _ in 0..len {
+                        piece.push(letters[k % letters.len()] as char);
+                        k /= letters.len();
+                    }
+                    let slot = &mut table[(builtin_id(&piece) - 256) as usize];
+                    if slot.is_none() {
+                        *slot = Some(piece.into_boxed_str());
+                        left -= 1;
+                        if left == 0 {
+                            return table;
+                        }
+                    }
+                }
+            }
+        }
+        table
+    })
+}
+
 /// A tokenizer: built-in or loaded from a `tokenizer.json`.
 pub enum Tokenizer {
     Builtin,
@@ -131,6 +174,43 @@ impl Tokenizer {
         }
     }
 
+    /// The text of prompt tokens (`/detokenize`): built-in ids as [`builtin_pieces_by_id`] (BOS
+    /// as nothing, since [`Tokenizer::encode`] adds it), so that encoding the text gives BOS and
+    /// the ids again; an HF tokenizer's ids decoded with their special tokens, as vLLM does. An
+    /// id outside the vocabulary is an error naming it.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        match self {
+            Tokenizer::Builtin => {
+                let table = builtin_pieces_by_id();
+                let mut out = String::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    if id == BUILTIN_BOS {
+                        continue;
+                    }
+                    let piece = id
+                        .checked_sub(256)
+                        .and_then(|k| table.get(k as usize))
+                        .and_then(Option::as_deref)
+                        .ok_or_else(|| {
+                            format!("token id {id} is not in the vocabulary (the built-in scheme has BOS {BUILTIN_BOS} and ids 256..{BUILTIN_VOCAB})")
+                        })?;
+                    out.push_str(piece);
+                }
+                Ok(out)
+            }
+            Tokenizer::Hf(t) => {
+                let size = t.get_vocab_size(true) as u32;
+                if let Some(id) = ids.iter().find(|&&id| id >= size) {
+                    return Err(format!(
+                        "token id {id} is not in the vocabulary ({size} tokens)"
+                    ));
+                }
+                t.decode(ids, false)
+                    .map_err(|e| format!("tokenizer failed: {e}"))
+            }
+        }
+    }
+
     /// Vocabulary size output ids are drawn from.
     pub fn vocab(&self) -> u32 {
         match self {
@@ -201,6 +281,30 @@ mod tests {
         assert_eq!(a[0], 1);
         assert_eq!(a.len(), 4);
         assert!(a.iter().all(|&x| x < BUILTIN_VOCAB));
+    }
+
+    /// Every built-in id has a piece, and any list of ids (BOS included) comes back from its
+    /// text: `/detokenize` then `/tokenize` is the identity.
+    #[test]
+    fn builtin_ids_round_trip_through_their_text() {
+        let table = builtin_pieces_by_id();
+        assert!(table.iter().all(Option::is_some), "an id without a piece");
+        let t = Tokenizer::Builtin;
+        let ids: Vec<u32> = (0..3000u32).map(|k| 256 + (k * 7919) % 31744).collect();
+        let text = t.decode(&ids).unwrap();
+        let mut want = vec![BUILTIN_BOS];
+        want.extend(&ids);
+        assert_eq!(t.encode(&text).unwrap(), want);
+        // BOS decodes to nothing; a chat message of the text counts the template beside it.
+        let with_bos: Vec<u32> = [BUILTIN_BOS]
+            .into_iter()
+            .chain(ids[..5].iter().copied())
+            .collect();
+        assert_eq!(t.decode(&with_bos).unwrap(), t.decode(&ids[..5]).unwrap());
+        for bad in [0, 2, 255, BUILTIN_VOCAB, u32::MAX] {
+            let e = t.decode(&[300, bad]).unwrap_err();
+            assert!(e.contains(&format!("token id {bad} ")), "{e}");
+        }
     }
 
     #[test]

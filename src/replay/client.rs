@@ -135,6 +135,17 @@ impl Client {
         route: &str,
         body: &serde_json::Value,
     ) -> Result<serde_json::Value, String> {
+        self.post_json_within(route, body, Duration::from_secs(30))
+            .await
+    }
+
+    /// [`Client::post_json`] within `limit` (the exchange, the answer read whole).
+    pub async fn post_json_within(
+        &self,
+        route: &str,
+        body: &serde_json::Value,
+        limit: Duration,
+    ) -> Result<serde_json::Value, String> {
         let uri = self.target.uri(route)?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let json = body.to_string();
@@ -145,7 +156,7 @@ impl Client {
                 path,
                 &self.target.headers,
                 Some(json.as_bytes()),
-                Duration::from_secs(30),
+                limit,
                 16 << 20,
             )
             .await?;

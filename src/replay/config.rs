@@ -58,6 +58,8 @@ pub struct Config {
     pub dry_run: bool,
     /// `--sessions`: a turn waits for its session's previous turn plus think time.
     pub sessions: bool,
+    /// `--skip-bad`: malformed trace rows are skipped and counted.
+    pub skip_bad: bool,
     /// `--scrape-metrics`: `Some(None)` = the target's /metrics, `Some(Some(url))` = that URL.
     pub scrape_metrics: Option<Option<String>>,
     /// `--server-block-size`, tokens.
@@ -131,7 +133,8 @@ fn goodput(items: &[String]) -> anyhow::Result<metrics::Slo> {
     Ok(slo)
 }
 
-/// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer`.
+/// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer` (without
+/// one, text prompts are made by the target).
 fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
     let prompt_mode = match a.prompt_mode {
         PromptModeArg::TokenIds => PromptMode::TokenIds,
@@ -141,11 +144,9 @@ fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> 
         EndpointArg::Completions => Api::Completions,
         EndpointArg::Chat => Api::Chat,
     });
-    if prompt_mode == PromptMode::Text && a.tokenizer.is_none() {
-        bail!("--prompt-mode text needs --tokenizer (text must re-encode to the trace's blocks)");
-    }
-    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds {
-        bail!("--endpoint chat sends text: add --prompt-mode text and --tokenizer FILE");
+    // Without --tokenizer, text comes from the target's /tokenize and /detokenize.
+    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds && a.tokenizer.is_some() {
+        bail!("--endpoint chat sends text: add --prompt-mode text to use --tokenizer");
     }
     Ok((api, prompt_mode))
 }
@@ -286,11 +287,13 @@ impl Config {
             select: crate::trace::select::Selection {
                 include_aux: a.include_aux,
                 skip_recorded_failures: a.skip_recorded_failures,
-                text_prompts: prompt_mode == PromptMode::Text,
+                // Without --tokenizer, the target may make text (checked once it is known).
+                text_prompts: prompt_mode == PromptMode::Text || a.tokenizer.is_none(),
             },
             prompt_mode,
             dry_run: a.dry_run,
             sessions: a.sessions,
+            skip_bad: a.skip_bad,
             scrape_metrics: a.scrape_metrics,
             server_block_size: a.server_block_size,
             trace: a.trace,

@@ -28,6 +28,7 @@ pub mod reader;
 pub mod request;
 pub mod result;
 pub mod scrape;
+pub mod servertext;
 pub mod sessions;
 pub mod shaping;
 pub mod sidecar;
@@ -58,6 +59,20 @@ pub const EXIT_INVALID: u8 = 3;
 /// Exit status of a run in which no measured request succeeded ([`outcome::all_failed`]); it
 /// wins over [`EXIT_INVALID`].
 pub const EXIT_ALL_FAILED: u8 = 5;
+
+/// Exit status of a replay left with nothing to send ([`NothingToSend`]). Not 4: `compare` uses
+/// 4 ("not judged"), and no exit code means two things across retrace's commands.
+pub const EXIT_NOTHING_TO_SEND: u8 = 6;
+
+/// The most of the workload a replay may leave out (requests it cannot rebuild, malformed rows
+/// skipped with `--skip-bad`) and still be valid: more makes the run invalid (exit 3).
+pub const MAX_LEFT_OUT_SHARE: f64 = 0.10;
+
+/// A replay with nothing to send: every request was left out, or the trace holds none (exit
+/// [`EXIT_NOTHING_TO_SEND`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: nothing to send: {1}")]
+pub struct NothingToSend(pub String, pub String);
 
 /// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
 /// stretch of the trace are replayed, at real speed, so the run takes about a minute.
@@ -179,9 +194,18 @@ fn embedded_cut(cfg: &Config, embedded: bool) -> Option<u64> {
 /// embedded target, and what the selection left out.
 pub fn plan(
     cfg: &Config,
-    mut trace: crate::trace::Trace,
+    trace: crate::trace::Trace,
     embedded: bool,
 ) -> anyhow::Result<(Vec<source::Planned>, crate::trace::select::Skipped)> {
+    plan_counted(cfg, trace, embedded).map(|(sends, left_out, _)| (sends, left_out))
+}
+
+/// [`plan`], with the number of records read.
+fn plan_counted(
+    cfg: &Config,
+    mut trace: crate::trace::Trace,
+    embedded: bool,
+) -> anyhow::Result<(Vec<source::Planned>, crate::trace::select::Skipped, usize)> {
     trace.requests.sort_by_key(|r| r.arrival_us);
     let records = trace.requests.into_iter().map(Ok);
     let window = cfg.shaping.window_us;
@@ -198,7 +222,7 @@ pub fn plan(
         sends.truncate(n);
     }
     check_span(sends.iter().map(|p| p.at_ns).max().unwrap_or(0))?;
-    Ok((sends, left_out))
+    Ok((sends, left_out, read))
 }
 
 /// Refuses a schedule longer than [`MAX_SCHEDULE`].
@@ -229,6 +253,9 @@ pub struct Planning {
     source: source::Source,
     pub links: Option<sessions::Links>,
     pub left_out: crate::trace::select::Skipped,
+    /// Records read from the trace, and malformed rows skipped (`--skip-bad`).
+    pub read: usize,
+    pub malformed: u64,
     pub block_size: u32,
     prompts: Prompts,
     /// The body options, without the model and the target's overheads yet.
@@ -247,6 +274,7 @@ impl Planning {
 fn read_options(cfg: &Config) -> ImportOptions {
     ImportOptions {
         block_size: cfg.block_size,
+        skip_bad: cfg.skip_bad,
         ..Default::default()
     }
 }
@@ -256,9 +284,15 @@ fn read_options(cfg: &Config) -> ImportOptions {
 /// it again for the body builder.
 pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let input = open_all(&cfg.trace, &read_options(cfg))?;
-    if input.report.skipped > 0 {
-        let skipped = input.report.skipped;
-        tracing::warn!("{}: skipped {skipped} malformed rows", cfg.trace_name());
+    let malformed = input.report.skipped;
+    if malformed > 0 {
+        let first = (input.report.bad.first()).map_or(String::new(), |(line, why)| {
+            format!(" (the first at line {line}: {why})")
+        });
+        eprintln!(
+            "retrace: {}: skipped {malformed} malformed rows (--skip-bad){first}",
+            cfg.trace_name()
+        );
     }
     let block_size = cfg.block_size.unwrap_or(input.header.block_size).max(1);
     let prompts = prompts(cfg, block_size)?;
@@ -279,7 +313,7 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let mut check = |p: &source::Planned| survey.add(p, &opts, &prompts);
     let speed = cfg.speed.unwrap_or(1.0);
     if !source::streams(&cfg.shaping, cfg.sessions) {
-        let (sends, left_out) = plan(cfg, input.collect_trace()?.0, embedded)?;
+        let (sends, left_out, read) = plan_counted(cfg, input.collect_trace()?.0, embedded)?;
         let links = match cfg.sessions {
             true => Some(sessions::link(&sends, speed).map_err(anyhow::Error::msg)?),
             false => None,
@@ -290,6 +324,8 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
             source: source::from_sends(sends),
             links,
             left_out,
+            read,
+            malformed,
             block_size,
             prompts,
             opts,
@@ -345,6 +381,8 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         source,
         links: None,
         left_out,
+        read,
+        malformed,
         block_size,
         prompts,
         opts,
@@ -428,6 +466,13 @@ pub struct RunFacts {
     by_endpoint: std::collections::BTreeMap<String, u64>,
     /// Requests the selection left out, and why.
     left_out: crate::trace::select::Skipped,
+    /// The selection in force (`text_prompts`: whether text prompts could be built).
+    select: crate::trace::select::Selection,
+    /// Workload left out (requests that cannot be rebuilt, malformed rows) and workload read.
+    lost: (u64, u64),
+    malformed: u64,
+    /// What the target's tokenizer did, when it made the text prompts.
+    target_text: Option<Arc<servertext::TargetStats>>,
 }
 
 /// Stage 1: reads, plans and surveys the trace, starts the embedded target when there is no
@@ -438,22 +483,10 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         .as_deref()
         .map(ResultFile::open)
         .transpose()?;
-    let embedded = cfg.target.is_none();
-    let Planning {
-        survey,
-        source,
-        links,
-        left_out,
-        block_size,
-        prompts,
-        opts,
-    } = {
-        let cfg = cfg.clone();
-        tokio::task::spawn_blocking(move || planning(&cfg, embedded))
-            .await
-            .context("reading the trace")??
-    };
-    let embedded = match embedded {
+    let is_embedded = cfg.target.is_none();
+    let mut planned = plan_apart(cfg.clone(), is_embedded).await?;
+    nothing_to_send(cfg, &planned)?;
+    let embedded = match is_embedded {
         false => None,
         true => Some(start_embedded_target().await?),
     };
@@ -464,6 +497,45 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         .unwrap_or_default();
     let client = Arc::new(open_client(cfg, &target_url).await?);
     let model = model(cfg, embedded.as_ref(), &client).await?;
+    let mut select = cfg.select;
+    let mut target_text = None;
+    if planned.survey.target_text > 0 {
+        let n = planned.survey.target_text;
+        match probe_target_text(cfg, &target_url, &model, planned.block_size).await {
+            Ok(src) => {
+                eprintln!("retrace: {n} synthesised text prompts are made by the target's /detokenize and counted by its /tokenize (exact as it counts them; --prompt-mode text --tokenizer FILE is faster)");
+                target_text = Some(src.stats.clone());
+                if let Prompts::Target { text, .. } = &mut planned.prompts {
+                    *text = Some(Box::new(src));
+                }
+            }
+            Err(why) if cfg.prompt_mode == PromptMode::Text => anyhow::bail!(
+                "--prompt-mode text without --tokenizer: the target cannot make the text prompts ({why}); give --tokenizer FILE"
+            ),
+            Err(why) => {
+                eprintln!("retrace: the target cannot make text prompts ({why}): chat requests recorded without a body are left out (give --prompt-mode text --tokenizer FILE for them)");
+                select.text_prompts = false;
+                let cfg = Config {
+                    select,
+                    ..cfg.clone()
+                };
+                planned = plan_apart(cfg.clone(), is_embedded).await?;
+                nothing_to_send(&cfg, &planned)?;
+            }
+        }
+    }
+    let lost = lost_workload(&planned.left_out, planned.read, planned.malformed);
+    let Planning {
+        survey,
+        source,
+        links,
+        left_out,
+        malformed,
+        block_size,
+        prompts,
+        opts,
+        ..
+    } = planned;
     // Only synthesised prompts (requests without a recorded body) are fitted to the target.
     let overheads = match &prompts {
         Prompts::Text(tb) if survey.synthesised => {
@@ -478,10 +550,20 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         overheads,
         ..opts
     };
-    let probe_bodies = match cfg.probe_rate {
-        Some(rate) => probe_bodies(&survey, rate, &body_opts, &prompts)?,
-        None => Vec::new(),
+    // Built apart from the runtime: a prompt from the target waits for its answers.
+    let (body_opts, prompts, probe_bodies) = {
+        let (max_hash_id, span_ns, rate) = (survey.max_hash_id, survey.span_ns, cfg.probe_rate);
+        tokio::task::spawn_blocking(move || {
+            let bodies = match rate {
+                Some(rate) => probe_bodies(max_hash_id, span_ns, rate, &body_opts, &prompts),
+                None => Ok(Vec::new()),
+            };
+            (body_opts, prompts, bodies)
+        })
+        .await
+        .context("building the probes")?
     };
+    let probe_bodies = probe_bodies?;
     let theory = scrape::Theory {
         server_block_size: cfg.server_block_size,
         hits: survey.theory.as_ref().map_or(0, |t| t.hits),
@@ -515,6 +597,10 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         endpoint,
         by_endpoint: survey.by_endpoint,
         left_out,
+        select,
+        lost,
+        malformed,
+        target_text,
     };
     Ok(Prepared {
         embedded,
@@ -531,6 +617,72 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         detail: Some(detail),
         facts,
     })
+}
+
+/// [`planning`] on a blocking thread (it reads the trace).
+async fn plan_apart(cfg: Config, embedded: bool) -> anyhow::Result<Planning> {
+    tokio::task::spawn_blocking(move || planning(&cfg, embedded))
+        .await
+        .context("reading the trace")?
+}
+
+/// A plan with no send is [`NothingToSend`], saying why.
+fn nothing_to_send(cfg: &Config, p: &Planning) -> anyhow::Result<()> {
+    if p.survey.planned > 0 {
+        return Ok(());
+    }
+    let malformed = match p.malformed {
+        0 => String::new(),
+        m => format!(" ({m} malformed rows skipped)"),
+    };
+    let why = match p.left_out.summary(p.read) {
+        Some(line) => format!("{line}{malformed}"),
+        None if p.read == 0 => format!("the trace holds no requests{malformed}"),
+        None => "no request falls within the plan (check --window, --limit and --shard)".into(),
+    };
+    Err(NothingToSend(cfg.trace_name(), why).into())
+}
+
+/// The workload left out, and the workload: requests the replay cannot rebuild plus malformed
+/// rows skipped, of the records read that are not side requests plus those rows.
+fn lost_workload(
+    left_out: &crate::trace::select::Skipped,
+    read: usize,
+    malformed: u64,
+) -> (u64, u64) {
+    let side = left_out.count(crate::trace::select::Skip::auxiliary);
+    let lost = left_out.count(crate::trace::select::Skip::unrebuildable) + malformed;
+    (lost, (read as u64).saturating_sub(side) + malformed)
+}
+
+/// Why the run is invalid for what it left out: more than [`MAX_LEFT_OUT_SHARE`] of the
+/// workload.
+fn left_out_reason((lost, workload): (u64, u64)) -> Option<String> {
+    (workload > 0 && lost as f64 > MAX_LEFT_OUT_SHARE * workload as f64).then(|| {
+        format!(
+            "{lost} of {workload} workload requests left out ({:.1}%, more than {:.0}%; see left_out)",
+            100.0 * lost as f64 / workload as f64,
+            100.0 * MAX_LEFT_OUT_SHARE
+        )
+    })
+}
+
+/// Whether the target makes text prompts ([`servertext::probe`]), through connections of its
+/// own (the workload's stay free for the run).
+async fn probe_target_text(
+    cfg: &Config,
+    url: &str,
+    model: &str,
+    block_size: u32,
+) -> Result<servertext::ServerText, String> {
+    let target = target::Target::parse(url, cfg.headers.clone())?;
+    let pool = pool::Pool::new(&target, cfg.target_ca.as_deref()).await?;
+    let client = Arc::new(client::Client {
+        pool,
+        target,
+        timeouts: cfg.timeouts,
+    });
+    servertext::probe(client, model, block_size, cfg.seed).await
 }
 
 /// Where `--detailed` rows go: inline, or to the sidecar beside `--result-json` (opened now, so
@@ -597,11 +749,16 @@ async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::C
 }
 
 /// How prompts are made: token ids from a vocabulary (the tokenizer's or a synthetic one), or
-/// text that re-encodes to the trace's blocks.
+/// text that re-encodes to the trace's blocks; without a tokenizer, text from the target
+/// ([`servertext`], probed once the target is known).
 fn prompts(cfg: &Config, block_size: u32) -> anyhow::Result<Prompts> {
     let Some(p) = &cfg.tokenizer else {
         let v = Vocab::from_size(cfg.vocab_size)?;
-        return Ok(Prompts::Tokens(Synth::new(v, block_size, cfg.seed)));
+        return Ok(Prompts::Target {
+            tokens: Synth::new(v, block_size, cfg.seed),
+            text: None,
+            all_text: cfg.prompt_mode == PromptMode::Text,
+        });
     };
     let tok = synth::load_tokenizer(p)?;
     if cfg.prompt_mode == PromptMode::Text {
@@ -617,13 +774,14 @@ fn prompts(cfg: &Config, block_size: u32) -> anyhow::Result<Prompts> {
 
 /// Probe bodies: fresh hash ids above the trace's, built before the clock like the rest.
 fn probe_bodies(
-    survey: &source::Survey,
+    max_hash_id: Option<u64>,
+    span_ns: u64,
     rate: f64,
     opts: &BodyOptions,
     prompts: &Prompts,
 ) -> anyhow::Result<Vec<BuiltRequest>> {
-    let base = survey.max_hash_id.map_or(0, |m| m.saturating_add(1));
-    let n = probe::bodies_needed(survey.span_ns, rate, 100_000);
+    let base = max_hash_id.map_or(0, |m| m.saturating_add(1));
+    let n = probe::bodies_needed(span_ns, rate, 100_000);
     (0..n as u64)
         .map(|k| {
             let r = crate::trace::Request {
@@ -848,7 +1006,10 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     let work = &ran.collected.work;
     let duration_s = ran.duration_s;
     let summary = work.summary(duration_s, &cfg.percentiles);
-    let invalid_reason = invalid_reason(cfg, work);
+    let invalid_reason = match (invalid_reason(cfg, work), left_out_reason(p.facts.lost)) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
     let held = work.held().unwrap_or_default();
     let sessions = p
         .links
@@ -965,8 +1126,19 @@ fn result_of(
     });
     let recorded = ran.collected.recorded.as_ref();
     r.selected = Some(result::Selected {
-        selection: serde_json::json!(cfg.select),
+        selection: serde_json::json!(facts.select),
         left_out: serde_json::json!(facts.left_out.by_name()),
+        left_out_workload: serde_json::json!({
+            "left_out": facts.lost.0,
+            "workload": facts.lost.1,
+            "share": match facts.lost.1 {
+                0 => 0.0,
+                w => facts.lost.0 as f64 / w as f64,
+            },
+            "malformed_rows": facts.malformed,
+            "limit": MAX_LEFT_OUT_SHARE,
+        }),
+        target_text: facts.target_text.as_ref().map(|t| t.to_json()),
         requests_by_endpoint: facts.by_endpoint.clone(),
         auxiliary: ran.collected.aux.to_json(),
         recorded_outcomes: recorded.map(outcome::Recorded::to_json),
@@ -1080,6 +1252,33 @@ fn now_utc_compact() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Side requests are not workload; requests that cannot be rebuilt and malformed rows are
+    /// workload left out; the user's own --skip-recorded-failures is neither.
+    #[test]
+    fn the_left_out_share_counts_workload_only() {
+        use crate::trace::select::{Skip, Skipped};
+        let left_out = Skipped(
+            [
+                (Skip::Auxiliary, 50),
+                (Skip::RecordedFailure, 5),
+                (Skip::ChatWithoutTokenizer, 8),
+                (Skip::EmptyPrompt, 1),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        assert_eq!(lost_workload(&left_out, 150, 1), (10, 101));
+        assert_eq!(left_out_reason((10, 101)), None);
+        let why = left_out_reason((11, 101)).unwrap_or_default();
+        assert!(
+            why.starts_with("11 of 101 workload requests left out (10.9%"),
+            "{why}"
+        );
+        assert_eq!(left_out_reason((10, 100)), None);
+        assert!(left_out_reason((11, 100)).is_some());
+        assert_eq!(left_out_reason((0, 0)), None);
+    }
 
     fn cfg(args: &[&str]) -> Config {
         use clap::Parser;

@@ -15,11 +15,12 @@
 //!   with their recorded method, path and body.
 //! - Without a body the prompt is synthesised from the request's hash ids ([`crate::synth`]):
 //!   token ids on `/v1/completions` (and `/v1/embeddings`), or text (completions `prompt` or one
-//!   chat user message) with a tokenizer; `max_tokens = output_length` (at least 1),
+//!   chat user message) with a tokenizer, or from the target's own `/tokenize` and `/detokenize`
+//!   without one ([`Prompts::Target`]); `max_tokens = output_length` (at least 1),
 //!   `ignore_eos: true`, `stream: true`, `stream_options.include_usage: true`.
 //!
-//! Which requests are left out, and why, is [`crate::trace::select`]'s. This module does no I/O and
-//! knows nothing of timing.
+//! Which requests are left out, and why, is [`crate::trace::select`]'s. This module does no I/O
+//! (a [`TargetText`] does, on the body builder's thread) and knows nothing of timing.
 
 use crate::metrics::Api;
 use crate::synth::{Synth, TextBuilder, TextFidelity};
@@ -38,6 +39,28 @@ pub enum PromptMode {
 pub enum Prompts {
     Tokens(Synth),
     Text(Box<TextBuilder>),
+    /// No local tokenizer: token ids as [`Prompts::Tokens`], but text from the target's own
+    /// `/tokenize` and `/detokenize` ([`super::servertext`]) for chat, and for every API when
+    /// `all_text` (`--prompt-mode text`); `text` is `None` until the target has been probed.
+    Target {
+        tokens: Synth,
+        text: Option<Box<dyn TargetText>>,
+        all_text: bool,
+    },
+}
+
+/// Text prompts made by the target's tokenizer ([`super::servertext`]).
+pub trait TargetText: Send + Sync {
+    /// A prompt from `hash_ids` that the target counts as exactly `input_tokens` on `api` (its
+    /// template and special tokens included), and whether it does.
+    fn text(&self, hash_ids: &[u64], input_tokens: u64, key: u64, api: Api) -> (String, bool);
+}
+
+impl Prompts {
+    /// A synthesised prompt for `api` is text from the target.
+    pub fn from_target(&self, api: Api) -> bool {
+        matches!(self, Prompts::Target { all_text, .. } if *all_text || api == Api::Chat)
+    }
 }
 
 /// Tokens the target adds to a text prompt, per API (measured by [`super::overhead`]).
@@ -155,6 +178,7 @@ pub fn head(req: &Request, opts: &BodyOptions, prompts: &Prompts) -> Result<Buil
 }
 
 const CHAT_NEEDS_TEXT: &str = "chat needs text prompts: give --prompt-mode text and --tokenizer";
+const TARGET_NOT_PROBED: &str = "text prompts from the target: its /tokenize was not probed";
 
 /// The API of a synthesised prompt: `--endpoint`, else the recorded one (embeddings stay).
 fn synthesised_api(req: &Request, opts: &BodyOptions) -> Api {
@@ -215,7 +239,13 @@ fn synthesised(
     let api = synthesised_api(req, opts);
     let mut exact = true;
     let prompt_value = match prompts {
-        Prompts::Tokens(s) => {
+        Prompts::Target { text, .. } if prompts.from_target(api) => {
+            let src = text.as_deref().ok_or(TARGET_NOT_PROBED)?;
+            let (text, ok) = src.text(&req.hash_ids, req.input_tokens, key, api);
+            exact = ok;
+            json!(text)
+        }
+        Prompts::Tokens(s) | Prompts::Target { tokens: s, .. } => {
             if api == Api::Chat {
                 return Err(CHAT_NEEDS_TEXT.into());
             }

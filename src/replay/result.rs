@@ -502,6 +502,12 @@ pub struct Selected {
     /// Recorded against replayed outcomes (recorded traces).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_outcomes: Option<Value>,
+    /// The workload left out: `{left_out, workload, share, malformed_rows, limit}`.
+    pub left_out_workload: Value,
+    /// Text prompts made by the target's `/tokenize` and `/detokenize`, when used:
+    /// `{prompts, exact, calls, failed_calls, gave_up, first_error}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_text: Option<Value>,
 }
 
 #[cfg(test)]

@@ -307,6 +307,9 @@ pub struct Survey {
     apis: (bool, bool),
     /// A planned request has no recorded body (its prompt is synthesised).
     pub synthesised: bool,
+    /// Planned requests whose synthesised prompt is text from the target
+    /// ([`Prompts::from_target`]).
+    pub target_text: usize,
     /// The largest hash id planned (probes use fresh ids above it).
     pub max_hash_id: Option<u64>,
     /// A planned workload request has a recorded response.
@@ -351,6 +354,8 @@ impl Survey {
             Api::Chat => self.apis.1 = true,
         }
         self.synthesised |= r.body.is_none();
+        let synthesised = r.body.is_none() && r.is_workload();
+        self.target_text += usize::from(synthesised && prompts.from_target(head.api));
         if let Some(&m) = r.hash_ids.iter().max() {
             self.max_hash_id = Some(self.max_hash_id.map_or(m, |x| x.max(m)));
         }

@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 pub struct Selection {
     pub include_aux: bool,
     pub skip_recorded_failures: bool,
-    /// Text prompts can be built (`--tokenizer` with `--prompt-mode text`).
+    /// Text prompts can be built (`--tokenizer` with `--prompt-mode text`, or the target's
+    /// `/tokenize` and `/detokenize` without a tokenizer).
     pub text_prompts: bool,
 }
 
@@ -28,7 +29,8 @@ pub enum Skip {
     AuxiliaryWithoutBody,
     /// Failed in the recording, and `--skip-recorded-failures` was given.
     RecordedFailure,
-    /// A chat request without a recorded body needs `--prompt-mode text --tokenizer`.
+    /// A chat request without a recorded body needs text: `--prompt-mode text --tokenizer`, or a
+    /// target that serves `/tokenize` and `/detokenize`.
     ChatWithoutTokenizer,
     /// `/v1/responses` without a recorded body (its prompts are not synthesised).
     ResponsesWithoutBody,
@@ -52,12 +54,31 @@ impl Skip {
         }
     }
 
+    /// A workload request the replay could not rebuild (not a side request, not one the user
+    /// chose to leave out).
+    pub fn unrebuildable(self) -> bool {
+        matches!(
+            self,
+            Skip::ChatWithoutTokenizer
+                | Skip::ResponsesWithoutBody
+                | Skip::PoolingWithoutBody
+                | Skip::EmptyPrompt
+        )
+    }
+
+    /// A side request (`--include-aux` or not): not part of the workload.
+    pub fn auxiliary(self) -> bool {
+        matches!(self, Skip::Auxiliary | Skip::AuxiliaryWithoutBody)
+    }
+
     fn hint(self) -> &'static str {
         match self {
             Skip::Auxiliary => "--include-aux re-issues them",
             Skip::AuxiliaryWithoutBody => "record with --bodies request to re-issue them",
             Skip::RecordedFailure => "--skip-recorded-failures",
-            Skip::ChatWithoutTokenizer => "give --prompt-mode text --tokenizer FILE",
+            Skip::ChatWithoutTokenizer => {
+                "give --prompt-mode text --tokenizer FILE, or a target serving /tokenize and /detokenize"
+            }
             Skip::ResponsesWithoutBody | Skip::PoolingWithoutBody => "record with --bodies request",
             Skip::EmptyPrompt => "no recorded body and input length 0",
         }
@@ -76,6 +97,15 @@ impl Skipped {
 
     pub fn total(&self) -> u64 {
         self.0.values().sum()
+    }
+
+    /// Requests left out for a reason `which` accepts.
+    pub fn count(&self, which: impl Fn(Skip) -> bool) -> u64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| which(**k))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// One line for the console, or `None` when nothing was left out.

@@ -426,6 +426,79 @@ async fn models_health_tokenize() {
     h.shutdown().await;
 }
 
+/// `POST /detokenize` answers as vLLM does (`{"prompt": text}`), and its text tokenizes back
+/// to the ids (BOS first, as `/tokenize` adds it), in a prompt and in a chat message alike;
+/// ids outside the vocabulary, a list that is not ids and a list over the bound are 400s.
+#[tokio::test]
+async fn detokenize_answers_as_vllm_and_round_trips_through_tokenize() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let t = post(
+        h.addr,
+        "/tokenize",
+        json!({"model": "mock-llama", "prompt": "Hello world, this is a test of 12345 tokens"}),
+    )
+    .await
+    .json();
+    let ids: Vec<u64> = serde_json::from_value(t["tokens"].clone()).unwrap();
+    assert_eq!(ids[0], 1, "BOS");
+    let d = post(
+        h.addr,
+        "/detokenize",
+        json!({"model": "mock-llama", "tokens": ids}),
+    )
+    .await;
+    assert_eq!(d.status, 200);
+    let d = d.json();
+    assert_eq!(
+        d.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["prompt"]
+    );
+    let text = d["prompt"].as_str().unwrap().to_string();
+    let again = post(h.addr, "/tokenize", json!({"prompt": text}))
+        .await
+        .json();
+    assert_eq!(again["tokens"], json!(ids));
+    // ids chosen anywhere in the vocabulary, without BOS
+    let mine: Vec<u32> = (0..500u32).map(|k| 256 + (k * 104_729) % 31_744).collect();
+    let d = post(h.addr, "/detokenize", json!({"tokens": mine}))
+        .await
+        .json();
+    let text = d["prompt"].as_str().unwrap().to_string();
+    let again = post(h.addr, "/tokenize", json!({"prompt": text}))
+        .await
+        .json();
+    assert_eq!(again["count"], 501);
+    let back: Vec<u32> = serde_json::from_value(again["tokens"].clone()).unwrap();
+    assert_eq!(back[1..], mine[..]);
+    // as a chat message: the template's tokens around exactly those ids
+    let chat = |content: &str| json!({"messages": [{"role": "user", "content": content}]});
+    let one = post(h.addr, "/detokenize", json!({"tokens": [mine[0]]}))
+        .await
+        .json();
+    let one = post(h.addr, "/tokenize", chat(one["prompt"].as_str().unwrap()))
+        .await
+        .json();
+    let full = post(h.addr, "/tokenize", chat(&text)).await.json();
+    assert_eq!(
+        full["count"].as_u64().unwrap(),
+        one["count"].as_u64().unwrap() + 499
+    );
+    for (body, what) in [
+        (json!({"tokens": [300, 2]}), "token id 2 "),
+        (json!({"tokens": [300, 32000]}), "token id 32000 "),
+        (json!({"tokens": [300, -1]}), "list of token ids"),
+        (json!({"tokens": "hello"}), "list of token ids"),
+        (json!({"prompt": "hello"}), "list of token ids"),
+        (json!({"tokens": vec![300; (1 << 20) + 1]}), "at most"),
+    ] {
+        let r = post(h.addr, "/detokenize", body).await;
+        assert_eq!(r.status, 400, "{what}");
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains(what), "{msg}");
+    }
+    h.shutdown().await;
+}
+
 /// vLLM's rule, seen in /metrics: hits = min(floor(P/B)*B, floor((L-1)/B)*B), queries = L.
 #[tokio::test]
 async fn prefix_cache_hits_follow_vllm_rule_and_cut_ttft() {

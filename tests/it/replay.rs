@@ -334,8 +334,11 @@ fn invalid_flags_name_the_flag() {
         (&["t", "--percentiles", "101"], "--percentiles"),
         (&["t", "--extra-body", "[1]"], "--extra-body"),
         (&["t", "--extra-body", "{"], "--extra-body"),
-        (&["t", "--endpoint", "chat"], "--endpoint chat"),
-        (&["t", "--prompt-mode", "text"], "--tokenizer"),
+        // With a tokenizer, chat needs text mode (without one, the target makes the text).
+        (
+            &["t", "--endpoint", "chat", "--tokenizer", "a.json"],
+            "--endpoint chat",
+        ),
         (&["t", "--header", "novalue"], "--header"),
         (
             &["t", "--api-key-env", "RETRACE_TEST_SURELY_UNSET_VAR"],
@@ -1066,4 +1069,107 @@ async fn quick_server() -> support::TestServer {
         ..Default::default()
     })
     .await
+}
+
+/// A replay left with nothing to send fails with its own exit code (6) and says why: every
+/// request left out, or a trace without requests (every row malformed, skipped). Nothing is
+/// sent, no target is needed.
+#[test]
+fn a_replay_with_nothing_to_send_exits_6_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // Rows with no prompt and no body: nothing to rebuild.
+    let trace = support::mooncake(dir.path(), &[(0, 0, 3, &[]), (1, 0, 3, &[])]);
+    let result = dir.path().join("run.json");
+    let r = result.to_str().unwrap();
+    let (code, _, err) = replay_child(&trace, "http://127.0.0.1:9", &["--result-json", r]);
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("nothing to send: left out 2 of 2 requests: 2 empty_prompt"),
+        "{err}"
+    );
+    assert!(err.contains("(exit 6)"), "{err}");
+    assert!(
+        !result.exists(),
+        "no result file for a run that did not run"
+    );
+    // Every row malformed, skipped with --skip-bad: no request at all.
+    let bad = dir.path().join("bad.jsonl");
+    let row =
+        "{\"timestamp\": 0, \"input_length\": \"ten\", \"output_length\": 1, \"hash_ids\": []}\n";
+    std::fs::write(&bad, row.repeat(3)).unwrap();
+    let (code, _, err) = replay_child(&bad, "http://127.0.0.1:9", &["--skip-bad"]);
+    assert_eq!(code, Some(6), "{err}");
+    assert!(
+        err.contains("the trace holds no requests (3 malformed rows skipped)"),
+        "{err}"
+    );
+}
+
+/// More than 10% of the workload left out (requests that cannot be rebuilt, malformed rows
+/// skipped) makes the run invalid: exit 3, `valid: false` with the reason in the result file,
+/// `RUN INVALID` on the console; at most 10% is a valid run. `--skip-bad` skips and counts
+/// malformed rows (without it the first one stops the replay, naming its line).
+#[test]
+fn leaving_out_more_than_a_tenth_of_the_workload_is_an_invalid_run() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((1.0, 1.0)),
+        ..Default::default()
+    };
+    let mock = rt.block_on(retrace::mock::start(listener, cfg)).unwrap();
+    let url = format!("http://{}", mock.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("run.json");
+    let r = result.to_str().unwrap();
+    let read = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap()
+    };
+    // 2 of 10 rows have no prompt: 20% left out.
+    let rows: Vec<(u64, u64, u64, &[u64])> = (0..10)
+        .map(|k| (k, if k % 5 == 1 { 0 } else { 10 }, 2, &[][..]))
+        .collect();
+    let trace = support::mooncake(dir.path(), &rows);
+    let (code, out, err) = replay_child(&trace, &url, &["--result-json", r]);
+    assert_eq!(code, Some(3), "{err}");
+    let why = "2 of 10 workload requests left out (20.0%, more than 10%";
+    assert!(out.contains(&format!("RUN INVALID: {why}")), "{out}");
+    let v = read();
+    assert_eq!(v["valid"], false);
+    assert!(v["invalid_reason"].as_str().unwrap().contains(why), "{v}");
+    assert_eq!(v["left_out_workload"]["left_out"], 2);
+    assert_eq!(v["left_out_workload"]["workload"], 10);
+    assert_eq!(v["left_out"]["empty_prompt"], 2);
+    assert_eq!(v["completed"], 8);
+    // 1 of 10: valid.
+    let rows: Vec<(u64, u64, u64, &[u64])> = (0..10)
+        .map(|k| (k, if k == 3 { 0 } else { 10 }, 2, &[][..]))
+        .collect();
+    let trace = support::mooncake(dir.path(), &rows);
+    let (code, out, err) = replay_child(&trace, &url, &["--result-json", r]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("RUN INVALID"), "{out}");
+    assert_eq!(read()["valid"], true);
+    // A malformed row: an error naming its line, unless --skip-bad.
+    let rows: Vec<(u64, u64, u64, &[u64])> = (0..12).map(|k| (k, 10, 2, &[][..])).collect();
+    let trace = support::mooncake(dir.path(), &rows);
+    let mut text = std::fs::read_to_string(&trace).unwrap();
+    text.insert_str(0, "{\"timestamp\": 0, \"input_length\": \"ten\"}\n");
+    std::fs::write(&trace, text).unwrap();
+    let (code, _, err) = replay_child(&trace, &url, &["--result-json", r]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("line 1"), "{err}");
+    let (code, _, err) = replay_child(&trace, &url, &["--skip-bad", "--result-json", r]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("skipped 1 malformed rows (--skip-bad)"),
+        "{err}"
+    );
+    let v = read();
+    assert_eq!(v["completed"], 12);
+    assert_eq!(v["left_out_workload"]["malformed_rows"], 1);
+    assert_eq!(v["left_out_workload"]["workload"], 13);
+    rt.block_on(mock.shutdown());
 }
