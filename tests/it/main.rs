@@ -9,6 +9,7 @@ mod mock;
 mod openai_sdk;
 mod probe;
 mod real_traffic;
+mod real_vllm;
 mod record;
 mod record_h1;
 mod record_scale;
