@@ -309,7 +309,8 @@ pub struct ReplayArgs {
     pub scrape_metrics: Option<Option<String>>,
     /// The server's KV-cache block size in tokens (vLLM `--block-size`).
     ///
-    /// For the theoretical prefix-cache hit count that --scrape-metrics reports.
+    /// For the theoretical prefix-cache hit count that --scrape-metrics reports, when the
+    /// server does not publish its own (vLLM's `vllm:cache_config_info` does).
     #[arg(
         long,
         value_name = "TOKENS",

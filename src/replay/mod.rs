@@ -569,6 +569,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         hits: survey.theory.as_ref().map_or(0, |t| t.hits),
         queries: survey.theory.as_ref().map_or(0, |t| t.queries),
         lower_bound: survey.theory.as_ref().is_some_and(|t| t.full),
+        hits_at: survey.theory.as_ref().map(|t| t.hits_at),
     };
     let detail = detail(cfg, survey.measured)?;
     let bodies = window::Window::start(

@@ -622,6 +622,7 @@ pub(crate) mod tests {
             queries: 3000,
             server_block_size: 16,
             lower_bound: false,
+            hits_at: None,
         };
         v["server_metrics"] = crate::replay::scrape::summarize(&series, &theory);
         v["probes"] = crate::replay::probe::summarize(2.0, &s[..1], 0.5, &[50.0, 99.0]);

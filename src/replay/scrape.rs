@@ -40,6 +40,18 @@ pub struct Point {
     /// The server's TTFT histogram: `_sum` (s) and `_count`.
     pub ttft_sum: Option<f64>,
     pub ttft_count: Option<f64>,
+    /// The KV block size the server publishes (vLLM's `vllm:cache_config_info{block_size}`).
+    pub block_size: Option<u32>,
+}
+
+/// Largest published block size believed (a larger label is not a block size).
+const MAX_BLOCK: u32 = 1 << 16;
+
+/// The block size in `vllm:cache_config_info`'s `block_size` label, when it is a sane one.
+fn published_block_size(p: &prom::Parsed) -> Option<u32> {
+    p.family("vllm:cache_config_info")
+        .find_map(|s| s.label("block_size")?.parse::<u32>().ok())
+        .filter(|b| (1..=MAX_BLOCK).contains(b))
 }
 
 /// A figure's names in one family: alternatives tried in order, each the sum of its names (all
@@ -165,6 +177,7 @@ pub fn read_point(p: &prom::Parsed, t_s: f64) -> Point {
         generation_tokens: read(p, f.generation_tokens),
         ttft_sum: hist("_sum"),
         ttft_count: hist("_count"),
+        block_size: published_block_size(p),
     }
 }
 
@@ -213,6 +226,8 @@ pub struct Theory {
     pub hits: u64,
     pub queries: u64,
     pub server_block_size: u32,
+    /// The hits at each of [`crate::trace::stats::SERVER_BLOCKS`] (none without a theory).
+    pub hits_at: Option<[u64; crate::trace::stats::SERVER_BLOCKS.len()]>,
     /// The plan had more distinct id prefixes than are kept ([`crate::trace::stats::PREFIX_NODES`]):
     /// the hits are a lower bound.
     pub lower_bound: bool,
@@ -239,6 +254,27 @@ fn peak(points: &[Point], f: impl Fn(&Point) -> Option<f64>) -> Option<f64> {
     points.iter().filter_map(f).reduce(f64::max)
 }
 
+/// The server block size theory is judged at, its theoretical hits, and where the size came
+/// from: the one the server publishes when theory was counted at it (`"server"`), else
+/// `--server-block-size` (`"flag"`).
+fn server_block(s: &Series, theory: &Theory) -> (u32, u64, &'static str) {
+    let published = s.points.iter().find_map(|p| p.block_size);
+    let at = |b: u32| {
+        let k = crate::trace::stats::SERVER_BLOCKS
+            .iter()
+            .position(|&x| x == u64::from(b))?;
+        Some(theory.hits_at?[k])
+    };
+    match published {
+        Some(b) if b == theory.server_block_size => (b, theory.hits, "server"),
+        Some(b) => match at(b) {
+            Some(h) => (b, h, "server"),
+            None => (theory.server_block_size, theory.hits, "flag"),
+        },
+        None => (theory.server_block_size, theory.hits, "flag"),
+    }
+}
+
 /// The run's server-side report: the result file's `server_metrics` object (pure).
 pub fn summarize(s: &Series, theory: &Theory) -> Value {
     let (before, after) = match (s.points.first(), s.points.last()) {
@@ -247,7 +283,8 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
     };
     let d = |f: fn(&Point) -> Option<f64>| grew(before, after, f);
     let (hits, queries) = (d(|p| p.hits), d(|p| p.queries));
-    let th_rate = (theory.queries > 0).then(|| theory.hits as f64 / theory.queries as f64);
+    let (block, theory_hits, source) = server_block(s, theory);
+    let th_rate = (theory.queries > 0).then(|| theory_hits as f64 / theory.queries as f64);
     let ttft_ms = ratio(d(|p| p.ttft_sum), d(|p| p.ttft_count)).map(|s| s * 1e3);
     let first = s.points.first().filter(|_| s.before_ok);
     let col = |f: &dyn Fn(&Point) -> Option<f64>| -> Value {
@@ -270,8 +307,9 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
             "hits": hits,
             "queries": queries,
             "hit_rate": ratio(hits, queries),
-            "server_block_size": theory.server_block_size,
-            "theoretical_hits": theory.hits,
+            "server_block_size": block,
+            "server_block_size_from": source,
+            "theoretical_hits": theory_hits,
             "theoretical_queries": theory.queries,
             "theoretical_hit_rate": th_rate,
             "theoretical_lower_bound": theory.lower_bound,
@@ -619,6 +657,7 @@ mod tests {
             queries: 1000,
             server_block_size: 16,
             lower_bound: false,
+            hits_at: None,
         };
         let v = summarize(&s, &th);
         let pc = &v["prefix_cache"];
@@ -632,6 +671,47 @@ mod tests {
         assert_eq!(v["series"]["prefix_cache_hits"], json!([0.0, 50.0, 300.0]));
         assert_eq!(v["series"]["running"], json!([0.0, 4.0, 2.0]));
         assert_eq!(v["series"]["t"][0], -0.01);
+    }
+
+    /// vLLM on CPU runs 128-token blocks while `--server-block-size` defaults to 16: the block
+    /// size the server publishes is the one theory is judged at.
+    #[test]
+    fn theory_is_judged_at_the_block_size_the_server_publishes() {
+        let text = "vllm:cache_config_info{block_size=\"128\",enable_prefix_caching=\"True\"} 1.0\nvllm:num_requests_running 0\n";
+        let p = prom::parse(text);
+        assert_eq!(read_point(&p, 0.0).block_size, Some(128));
+        let mut at = [0u64; crate::trace::stats::SERVER_BLOCKS.len()];
+        at[4] = 256; // SERVER_BLOCKS[4] is 128
+        let th = Theory {
+            hits: 320,
+            queries: 1000,
+            server_block_size: 16,
+            lower_bound: false,
+            hits_at: Some(at),
+        };
+        let mut s = Series {
+            points: vec![read_point(&p, -0.01), read_point(&p, 1.0)],
+            before_ok: true,
+            after_ok: true,
+            ..Default::default()
+        };
+        let pc = summarize(&s, &th)["prefix_cache"].clone();
+        assert_eq!(pc["server_block_size"], 128);
+        assert_eq!(pc["server_block_size_from"], "server");
+        assert_eq!(pc["theoretical_hits"], 256);
+        // A server that does not say: the flag's.
+        s.points.iter_mut().for_each(|p| p.block_size = None);
+        let pc = summarize(&s, &th)["prefix_cache"].clone();
+        assert_eq!(
+            (
+                pc["server_block_size"].clone(),
+                pc["theoretical_hits"].clone()
+            ),
+            (json!(16), json!(320))
+        );
+        assert_eq!(pc["server_block_size_from"], "flag");
+        let absurd = prom::parse("vllm:cache_config_info{block_size=\"99999999\"} 1\n");
+        assert_eq!(read_point(&absurd, 0.0).block_size, None);
     }
 
     #[test]

@@ -588,7 +588,13 @@ pub struct PrefixCache {
     covered: Vec<u64>,
     pub hits: u64,
     pub queries: u64,
+    /// The hits at each of [`SERVER_BLOCKS`] (the server may publish its own block size).
+    pub hits_at: [u64; SERVER_BLOCKS.len()],
 }
+
+/// Server KV block sizes the hits are also counted at, so that a block size the server
+/// publishes (vLLM's `vllm:cache_config_info`) can be judged without a second pass.
+pub const SERVER_BLOCKS: [u64; 7] = [1, 16, 32, 64, 128, 256, 512];
 
 impl PrefixCache {
     pub fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> PrefixCache {
@@ -601,6 +607,7 @@ impl PrefixCache {
             covered: vec![0],
             hits: 0,
             queries: 0,
+            hits_at: [0; SERVER_BLOCKS.len()],
         }
     }
 
@@ -621,8 +628,12 @@ impl PrefixCache {
             }
         }
         let p = p.min(len);
+        let hit = |b: u64| ((p / b) * b).min(((len - 1) / b) * b);
         if len > 0 {
-            self.hits += ((p / b) * b).min(((len - 1) / b) * b);
+            self.hits += hit(b);
+            for (h, &b) in self.hits_at.iter_mut().zip(&SERVER_BLOCKS) {
+                *h += hit(b);
+            }
         }
         let mut node = 0;
         for (k, h) in r.hash_ids.iter().enumerate() {
