@@ -232,10 +232,11 @@ fn push(r: &mut Requests, rec: &Record, t0: u64) -> Result<(), String> {
         None if error.is_empty() => latency_s,
         t => t,
     };
+    // The server's counts (`usage_*`) where AIPerf recorded them, else its own.
     let server_input = tokens(m, "usage_prompt_tokens")?;
-    let input = tokens(m, "input_sequence_length")?.or(server_input);
-    let output = match tokens(m, "output_sequence_length")? {
-        None => tokens(m, "usage_completion_tokens")?,
+    let input = server_input.or(tokens(m, "input_sequence_length")?);
+    let output = match tokens(m, "usage_completion_tokens")? {
+        None => tokens(m, "output_sequence_length")?,
         n => n,
     };
     r.itls_s.push(times_s(m, "inter_chunk_latency")?);
@@ -426,8 +427,9 @@ fn aggregate_counts(
     scalars: &mut BTreeMap<String, f64>,
 ) -> Result<(), String> {
     let completed = count(obj, "request_count")?;
-    let isl = count(obj, "total_isl")?;
-    let osl = count(obj, "total_osl")?;
+    // The server's own counts (`usage_*`) where the export holds them, else AIPerf's.
+    let isl = count(obj, "total_usage_prompt_tokens")?.or(count(obj, "total_isl")?);
+    let osl = count(obj, "total_usage_completion_tokens")?.or(count(obj, "total_osl")?);
     let good = count(obj, "good_request_count")?;
     if let Some(c) = completed {
         scalars.insert("completed".into(), c);
@@ -471,7 +473,35 @@ fn aggregate_counts(
             }
         }
     }
+    // AIPerf's throughputs as it wrote them (over its own profiling span, not recomputed).
+    for (tag, ours) in WRITTEN_RATES {
+        if let Some(v) = rate(obj, tag)? {
+            scalars.insert(ours.into(), v);
+        }
+    }
     Ok(())
+}
+
+/// AIPerf's throughput metrics and the vLLM keys they are.
+const WRITTEN_RATES: [(&str, &str); 4] = [
+    ("request_throughput", "request_throughput"),
+    ("output_token_throughput", "output_throughput"),
+    ("total_token_throughput", "total_token_throughput"),
+    ("goodput", "request_goodput"),
+];
+
+/// `{tag: {avg: X}}` as a rate: a finite, non-negative number.
+fn rate(obj: &Map<String, Value>, tag: &str) -> Result<Option<f64>, String> {
+    let Some(v) = obj.get(tag) else {
+        return Ok(None);
+    };
+    match v.get("avg").and_then(Value::as_f64) {
+        Some(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+        _ => Err(format!(
+            "key `{tag}.avg`: is {}, expected a non-negative number",
+            crate::trace::clip(&v.get("avg").unwrap_or(&Value::Null).to_string())
+        )),
+    }
 }
 
 /// Model, endpoint, target (credentials and query cut), date and validity.
@@ -635,15 +665,18 @@ mod tests {
         for k in ["completed", "failed"] {
             assert_eq!(recs.scalar(k), agg.scalar(k), "{k}");
         }
-        // vLLM's duration (first send → last response) and throughputs over it
-        for k in [
-            "duration",
-            "request_throughput",
-            "output_throughput",
-            "total_token_throughput",
+        // vLLM's duration (first send → last response), and throughputs over it from the
+        // records; the aggregate's throughputs as AIPerf wrote them (over its profiling span)
+        let (a, b) = (recs.scalar("duration").unwrap(), agg.scalar("duration").unwrap());
+        assert!((a - b).abs() / b < 1e-6, "duration: {a} vs {b}");
+        let rps = recs.scalar("request_throughput").unwrap();
+        assert!((rps - 13.0 / a).abs() < 1e-9, "{rps}");
+        for (k, written) in [
+            ("request_throughput", 18.142682436600712),
+            ("output_throughput", 467.52297048163376),
+            ("total_token_throughput", 18410.63590027974),
         ] {
-            let (a, b) = (recs.scalar(k).unwrap(), agg.scalar(k).unwrap());
-            assert!((a - b).abs() / b < 1e-6, "{k}: {a} vs {b}");
+            assert_eq!(agg.scalar(k), Some(written), "{k}");
         }
         let osl: u64 = q.output_lens.iter().sum();
         assert_eq!(Some(osl as f64), agg.scalar("total_output_tokens"));
