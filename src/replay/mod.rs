@@ -473,6 +473,8 @@ pub struct RunFacts {
     malformed: u64,
     /// What the target's tokenizer did, when it made the text prompts.
     target_text: Option<Arc<servertext::TargetStats>>,
+    /// How `--tokenizer`'s text prompts were fitted to the target ([`overhead::measure`]).
+    tokenizer_fit: Option<String>,
 }
 
 /// Stage 1: reads, plans and surveys the trace, starts the embedded target when there is no
@@ -537,11 +539,11 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         ..
     } = planned;
     // Only synthesised prompts (requests without a recorded body) are fitted to the target.
-    let overheads = match &prompts {
+    let (overheads, tokenizer_fit) = match &prompts {
         Prompts::Text(tb) if survey.synthesised => {
             let (o, line) = overhead::measure(&client, &model, tb).await;
             eprintln!("retrace: {line}");
-            o
+            (o, Some(line))
         }
         _ => Default::default(),
     };
@@ -602,6 +604,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         lost,
         malformed,
         target_text,
+        tokenizer_fit,
     };
     Ok(Prepared {
         embedded,
@@ -1140,6 +1143,7 @@ fn result_of(
             "limit": MAX_LEFT_OUT_SHARE,
         }),
         target_text: facts.target_text.as_ref().map(|t| t.to_json()),
+        tokenizer_fit: facts.tokenizer_fit.clone(),
         requests_by_endpoint: facts.by_endpoint.clone(),
         auxiliary: ran.collected.aux.to_json(),
         recorded_outcomes: recorded.map(outcome::Recorded::to_json),

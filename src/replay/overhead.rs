@@ -36,6 +36,11 @@ pub async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overhea
         );
     }
     let prompt = prompt_count(client, model, &text).await;
+    if let Ok(short) = prompt {
+        if let Some(line) = mismatch(client, model, tb, short).await {
+            return (Overheads::default(), line);
+        }
+    }
     let chat = chat_count(client, model, &text).await;
     match (prompt.map(overhead), chat.map(overhead)) {
         (Ok(Some(completions)), Ok(Some(chat))) => (
@@ -51,6 +56,27 @@ pub async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overhea
             "text prompts not fitted: the target's /tokenize counts do not fit the --tokenizer (a different tokenizer?)".into(),
         ),
     }
+}
+
+/// Whether the replay's tokenizer is the target's: a template adds the same tokens to any
+/// prompt, so `SAMPLE_TOKENS` more tokens of the replay's tokenizer must count as that many more
+/// on the target. A line naming the mismatch when they do not (`short`: the target's count of
+/// the sample).
+async fn mismatch(client: &Client, model: &str, tb: &TextBuilder, short: u64) -> Option<String> {
+    let (text, fid) = tb.prompt_text(&[], 2 * SAMPLE_TOKENS, u64::MAX);
+    if fid != TextFidelity::Exact {
+        return None;
+    }
+    let long = prompt_count(client, model, &text).await.ok()?;
+    let more = long.checked_sub(short);
+    (more != Some(SAMPLE_TOKENS)).then(|| mismatch_line(short, long))
+}
+
+fn mismatch_line(short: u64, long: u64) -> String {
+    format!(
+        "the --tokenizer does not match the target's: {SAMPLE_TOKENS} and {} tokens of it count as {short} and {long} on the target, so text prompts will not have the recorded lengths (give the target model's tokenizer.json, or leave --tokenizer out to build prompts through the target)",
+        2 * SAMPLE_TOKENS
+    )
 }
 
 /// The length of a `/tokenize` answer: vLLM's `count`, or llama.cpp's `tokens`.

@@ -508,6 +508,10 @@ pub struct Selected {
     /// `{prompts, exact, calls, failed_calls, gave_up, first_error}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_text: Option<Value>,
+    /// How `--tokenizer`'s text prompts were fitted to the target (its template overhead), or
+    /// why not (the tokenizer does not match the target's), when text prompts were synthesised.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer_fit: Option<String>,
 }
 
 #[cfg(test)]

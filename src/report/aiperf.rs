@@ -667,7 +667,10 @@ mod tests {
         }
         // vLLM's duration (first send → last response), and throughputs over it from the
         // records; the aggregate's throughputs as AIPerf wrote them (over its profiling span)
-        let (a, b) = (recs.scalar("duration").unwrap(), agg.scalar("duration").unwrap());
+        let (a, b) = (
+            recs.scalar("duration").unwrap(),
+            agg.scalar("duration").unwrap(),
+        );
         assert!((a - b).abs() / b < 1e-6, "duration: {a} vs {b}");
         let rps = recs.scalar("request_throughput").unwrap();
         assert!((rps - 13.0 / a).abs() < 1e-9, "{rps}");

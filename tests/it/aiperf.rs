@@ -83,7 +83,10 @@ fn aiperf_aggregate_is_not_refused_as_missing_field_requests() {
         );
         assert!(b < c && (c - b) / b < 0.01, "{key}: {b} vs {c}");
     }
-    assert_eq!(row(&v, "request_throughput")["baseline"], 18.142682436600712);
+    assert_eq!(
+        row(&v, "request_throughput")["baseline"],
+        18.142682436600712
+    );
     let n = notes(&v);
     assert!(
         n.contains("AIPerf aggregate export") && n.contains("no CDF, significance or paired"),

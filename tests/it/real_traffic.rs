@@ -443,6 +443,12 @@ async fn text_prompts_rebuilt_without_bodies_are_counted_as_recorded_by_the_serv
     replay_with(&path, &target.addr.to_string(), &result, &text).await;
     target.shutdown().await;
 
+    let fit: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let fit = fit["tokenizer_fit"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(fit.contains("fitted to the target"), "{fit}");
     let (_, f) = compare_files(&path, &result);
     assert_eq!((f.paired, f.isl_server_counted), (6, 6), "{f:?}");
     assert_eq!(f.isl_exact, 1.0, "{f:?}");
@@ -788,4 +794,51 @@ fn schedules_beyond_a_sane_bound_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("think_time") && e.contains("30 days"), "{e}");
+}
+
+/// A `--tokenizer` that is not the target's is named before the run: a template adds the same
+/// tokens to every prompt, a different tokenizer counts longer text differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenizer_that_does_not_match_the_target_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = super::replay::word_tokenizer(dir.path());
+    let ids: &[u64] = &[0, 1, 2];
+    let trace = super::support::mooncake(dir.path(), &[(0, 40, 2, ids), (5, 40, 2, ids)]);
+    let tok_args = [
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--prompt-mode",
+        "text",
+    ];
+    // A target whose tokenizer reads every character as a token.
+    let chars = dir.path().join("chars.json");
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), 0.into());
+    for (k, c) in (b'a'..=b'z').enumerate() {
+        vocab.insert((c as char).to_string(), (k + 1).into());
+    }
+    let char_level = json!({"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\S"}, "behavior": "Isolated", "invert": false},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}});
+    std::fs::write(&chars, char_level.to_string()).unwrap();
+    let mut fits = Vec::new();
+    for target in [mock_with(Some(&tok)).await, mock_with(Some(&chars)).await] {
+        let result = dir.path().join("r.json");
+        replay_with(&trace, &target.addr.to_string(), &result, &tok_args).await;
+        target.shutdown().await;
+        let v: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+        fits.push(v["tokenizer_fit"].as_str().unwrap_or_default().to_string());
+    }
+    assert!(
+        fits[0].contains("fitted to the target"),
+        "the same tokenizer: {}",
+        fits[0]
+    );
+    assert!(
+        fits[1].contains("does not match the target") && fits[1].contains("tokenizer.json"),
+        "a character-level target: {}",
+        fits[1]
+    );
 }
