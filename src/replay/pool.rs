@@ -44,8 +44,29 @@ impl ConnectError {
                     REACH_LIMIT.as_secs()
                 )
             }
-            _ => self.to_string(),
+            _ => match self.certificate_hint() {
+                Some(hint) => format!("{self}: {hint}"),
+                None => self.to_string(),
+            },
         }
+    }
+
+    /// What to do about a certificate the handshake refused, when that is why it failed.
+    fn certificate_hint(&self) -> Option<&'static str> {
+        use rustls::CertificateError as C;
+        let e = self.source.get_ref()?.downcast_ref::<rustls::Error>()?;
+        let rustls::Error::InvalidCertificate(c) = e else {
+            return None;
+        };
+        // webpki's reason, which rustls passes on as an opaque error.
+        let ca_as_leaf = format!("{c:?}").contains("CaUsedAsEndEntity");
+        Some(match c {
+            _ if ca_as_leaf => "the target serves a CA certificate as its own (a self-signed CA): serve a leaf certificate signed by that CA, and pass the CA with --target-ca FILE",
+            C::UnknownIssuer => "the target's certificate is not signed by a CA this replay trusts: pass the CA that signed it with --target-ca FILE (PEM)",
+            C::NotValidForName | C::NotValidForNameContext { .. } => "the target's certificate is not valid for the host name in --target: use the name it was issued for",
+            C::Expired | C::ExpiredContext { .. } => "the target's certificate has expired",
+            _ => return None,
+        })
     }
 }
 
@@ -377,4 +398,44 @@ async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<
     })
     .await;
     out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(e: rustls::Error) -> ConnectError {
+        ConnectError {
+            stage: "TLS handshake with",
+            addr: "127.0.0.1:8443".parse().unwrap(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        }
+    }
+
+    #[test]
+    fn a_refused_certificate_says_what_to_do() {
+        use rustls::CertificateError as C;
+        let r = refused(rustls::Error::InvalidCertificate(C::UnknownIssuer)).reason();
+        assert!(
+            r.contains("--target-ca FILE") && r.contains("127.0.0.1:8443"),
+            "{r}"
+        );
+        // webpki's CaUsedAsEndEntity reaches rustls as an opaque error.
+        #[derive(Debug)]
+        struct CaUsedAsEndEntity;
+        impl std::fmt::Display for CaUsedAsEndEntity {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("CaUsedAsEndEntity")
+            }
+        }
+        impl std::error::Error for CaUsedAsEndEntity {}
+        let other = rustls::OtherError(std::sync::Arc::new(CaUsedAsEndEntity));
+        let r = refused(rustls::Error::InvalidCertificate(C::Other(other))).reason();
+        assert!(
+            r.contains("serve a leaf certificate") && r.contains("--target-ca"),
+            "{r}"
+        );
+        let r = refused(rustls::Error::DecryptError).reason();
+        assert!(!r.contains("--target-ca"), "{r}");
+    }
 }

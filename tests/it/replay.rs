@@ -901,6 +901,10 @@ async fn https_target_with_private_ca() {
         msg.contains("could not be reached (TLS handshake with"),
         "{msg}"
     );
+    assert!(
+        msg.contains("not signed by a CA this replay trusts") && msg.contains("--target-ca FILE"),
+        "the error says what to do: {msg}"
+    );
     // A CA path that does not exist is a clear error naming the flag.
     let cfg = support::replay_config(&[
         trace.to_str().unwrap(),
