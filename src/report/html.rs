@@ -478,8 +478,15 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> 
 }
 
 fn page(data: &Value) -> String {
-    // `</` inside the JSON would end the script element.
-    let json = data.to_string().replace("</", "<\\/");
+    // Inside the script element the HTML tokenizer reads `</script` as its end and `<!--` with
+    // `<script` as its double-escaped state (which blanks the page): no `<` is left in the data.
+    // `<` only occurs inside JSON strings, where `\u003c` means the same; U+2028 and U+2029
+    // likewise, for any script that evaluates the block.
+    let json = data
+        .to_string()
+        .replace('<', "\\u003c")
+        .replace('\u{2028}', "\\u2028")
+        .replace('\u{2029}', "\\u2029");
     let title = data["title"]
         .as_str()
         .unwrap_or("retrace")
@@ -643,5 +650,20 @@ mod tests {
     fn script_end_tag_in_data_is_escaped() {
         let p = page(&json!({"title": "x</script><b>", "page": "report"}));
         assert_eq!(p.matches("</script>").count(), 2);
+    }
+
+    /// A hostile server string (`<!--` then `<script`) cannot put the tokenizer in its
+    /// double-escaped state: the data block holds no `<` at all, and reads back the same.
+    #[test]
+    fn no_angle_bracket_or_line_separator_is_left_in_the_data_block() {
+        let hostile = "<!-- <script> x \u{2028} \u{2029} </script>";
+        let data = json!({"title": "t", "page": "report", "notes": [hostile]});
+        let p = page(&data);
+        let start = p.find("type=\"application/json\">").unwrap() + 24;
+        let end = start + p[start..].find("</script>").unwrap();
+        let block = &p[start..end];
+        assert!(!block.contains('<') && !block.contains('\u{2028}'), "{block}");
+        let back: Value = serde_json::from_str(block).unwrap();
+        assert_eq!(back["notes"][0], hostile);
     }
 }
