@@ -662,7 +662,10 @@ mod tests {
         let start = p.find("type=\"application/json\">").unwrap() + 24;
         let end = start + p[start..].find("</script>").unwrap();
         let block = &p[start..end];
-        assert!(!block.contains('<') && !block.contains('\u{2028}'), "{block}");
+        assert!(
+            !block.contains('<') && !block.contains('\u{2028}'),
+            "{block}"
+        );
         let back: Value = serde_json::from_str(block).unwrap();
         assert_eq!(back["notes"][0], hostile);
     }

@@ -53,6 +53,12 @@ pub fn detect(path: &str, data: &[u8]) -> Result<Format, TraceError> {
     if native::sniff(data) {
         return Ok(Format::Native);
     }
+    if data.iter().all(u8::is_ascii_whitespace) {
+        return Err(TraceError::File {
+            path: path.to_string(),
+            msg: "the file is empty: no trace in it".into(),
+        });
+    }
     let head = &data[..data.len().min(64 * 1024)];
     let text = String::from_utf8_lossy(head);
     let first = text
@@ -94,6 +100,14 @@ pub fn detect(path: &str, data: &[u8]) -> Result<Format, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_file_is_called_empty() {
+        for data in [&b""[..], b"\n  \n"] {
+            let e = detect("e.jsonl", data).unwrap_err().to_string();
+            assert!(e.contains("e.jsonl") && e.contains("empty"), "{e}");
+        }
+    }
 
     #[test]
     fn detects_each_format() {

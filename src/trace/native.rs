@@ -411,6 +411,11 @@ pub struct TraceWriter<W: Write> {
 impl<W: Write> TraceWriter<W> {
     /// Writes the header frame.
     pub fn new(out: W, header: &TraceHeader, opts: WriteOptions) -> std::io::Result<Self> {
+        if header.block_size == 0 {
+            // Every reader refuses such a header.
+            let msg = "block_size 0: a block holds at least one token";
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
         let mut zc = zstd::bulk::Compressor::new(opts.level)?;
         zc.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
         let mut buf = Vec::with_capacity(1 << 16);
@@ -679,6 +684,11 @@ fn read_header<R: Read>(
         .deserialized()
         .map_err(|e| err(format!("bad header: {e}")))?;
     let mut header = hw.header;
+    if header.block_size == 0 {
+        return Err(err(
+            "bad header: block_size is 0 (a block holds at least one token)".into(),
+        ));
+    }
     if let Some(b) = block_size {
         header.block_size = b;
     }
@@ -1389,6 +1399,31 @@ mod tests {
     /// Every single-bit flip anywhere in a written file is found: the read fails (the header
     /// frame), reports damage, or gives the very records written (a bit zstd ignores, such as the
     /// frame descriptor's unused bit). Without frame checksums flips changed records unnoticed.
+    #[test]
+    fn a_header_with_block_size_0_is_refused_by_the_writer_and_the_reader() {
+        let mut h = TraceHeader::imported(16, true, "t");
+        h.block_size = 0;
+        let e = TraceWriter::new(Vec::new(), &h, WriteOptions::default())
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        // A file written with a good header, its block size then patched to 0 in the header
+        // frame, is refused naming the field.
+        let hw = HeaderWire {
+            magic: MAGIC.into(),
+            version: (VERSION_MAJOR, VERSION_MINOR),
+            header: h,
+        };
+        let mut cbor = Vec::new();
+        ciborium::into_writer(&hw, &mut cbor).unwrap();
+        let frame = zstd::bulk::compress(&cbor, 1).unwrap();
+        let e = read_bytes("z.trace.zst", &frame).unwrap_err().to_string();
+        assert!(
+            e.contains("z.trace.zst") && e.contains("block_size is 0"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn a_record_with_more_hash_ids_than_its_input_allows_is_refused_and_the_rest_reads_whole() {
         let t = sample(6);
