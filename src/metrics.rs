@@ -784,8 +784,8 @@ impl Totals {
             return;
         }
         self.completed += 1;
-        self.input_tokens += s.input_tokens;
-        self.output_tokens += s.output_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(s.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(s.output_tokens);
         self.good += u64::from(!slo.is_empty() && slo.met_by(s));
         let sv = &s.server;
         if sv.queue_ms.is_some() || sv.ttft_ms.is_some() {

@@ -344,6 +344,13 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// Largest usage count believed (the readers' bound on a token count, 10^7): a server's
+/// larger (or negative, or fractional) count makes the chunk malformed.
+pub const MAX_USAGE: u64 = crate::trace::rows::MAX_TOKENS;
+
+/// How [`parse_chunk`]'s error for a usage count out of bounds begins.
+pub const USAGE_ERROR: &str = "usage.";
+
 /// The typed reading of [`parse_chunk`]; `None` where the general path must decide.
 fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
     // serde skips unread strings without checking their UTF-8; the general path refuses them.
@@ -356,6 +363,13 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
         return None;
     }
     let usage = c.usage.or_else(|| c.response.and_then(|r| r.0.usage));
+    // Counts over the bound are the general path's to refuse.
+    if usage
+        .as_ref()
+        .is_some_and(|Obj(u)| u.prompt_tokens > MAX_USAGE || u.completion_tokens > MAX_USAGE)
+    {
+        return None;
+    }
     let mut info = ChunkInfo {
         usage: usage.map(|Obj(u)| Usage {
             prompt_tokens: u.prompt_tokens,
@@ -475,15 +489,18 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
     });
     if let Some(u) = usage {
         // Chat and completions name them prompt/completion tokens, responses input/output.
-        let g = |k: &str, alias: &str| {
-            u.get(k)
-                .or_else(|| u.get(alias))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
+        let g = |k: &str, alias: &str| -> Result<u64, String> {
+            match u.get(k).or_else(|| u.get(alias)) {
+                None | Some(Value::Null) => Ok(0),
+                Some(v) => v.as_u64().filter(|n| *n <= MAX_USAGE).ok_or_else(|| {
+                    let v = crate::trace::clip(&v.to_string()).into_owned();
+                    format!("{USAGE_ERROR}{k} is {v}, not a token count (0 to {MAX_USAGE})")
+                }),
+            }
         };
         info.usage = Some(Usage {
-            prompt_tokens: g("prompt_tokens", "input_tokens"),
-            completion_tokens: g("completion_tokens", "output_tokens"),
+            prompt_tokens: g("prompt_tokens", "input_tokens")?,
+            completion_tokens: g("completion_tokens", "output_tokens")?,
         });
     }
     if let Some(m) = obj.get("metrics").filter(|m| m.is_object()) {
@@ -531,6 +548,37 @@ mod tests {
         let mut out = Vec::new();
         p.feed(raw, |e| out.push(e.unwrap().data));
         out
+    }
+
+    #[test]
+    fn usage_counts_are_bounded() {
+        let chunk = |n: &str| {
+            format!(r#"{{"choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":{n}}}}}"#)
+        };
+        let ok = parse_chunk(chunk("10000000").as_bytes()).unwrap();
+        assert_eq!(ok.usage.unwrap().completion_tokens, 10_000_000);
+        for bad in [
+            "10000001",
+            "18446744073709551615",
+            "1e30",
+            "-7",
+            "1.5",
+            "\"3\"",
+        ] {
+            let e = parse_chunk(chunk(bad).as_bytes()).unwrap_err();
+            assert!(
+                e.starts_with(USAGE_ERROR) && e.contains("completion_tokens"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(
+            parse_chunk(br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":null}}"#)
+                .unwrap()
+                .usage
+                .unwrap()
+                .completion_tokens,
+            0
+        );
     }
 
     #[test]

@@ -202,6 +202,10 @@ impl ByChoice {
     }
 }
 
+/// The error kind of a response whose usage counts are out of bounds
+/// ([`openai::MAX_USAGE`]).
+const MALFORMED_USAGE: &str = "malformed_usage";
+
 fn us(d: Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
 }
@@ -242,8 +246,11 @@ impl Extractor {
                 Some(format!("http_{}", ex.status))
             } else if parse_failure.is_some() {
                 Some("request_parse".into())
-            } else if stream_error.is_some() {
-                Some("stream_error".into())
+            } else if let Some(e) = &stream_error {
+                Some(match e.as_str() {
+                    MALFORMED_USAGE => MALFORMED_USAGE.into(),
+                    _ => "stream_error".into(),
+                })
             } else {
                 None
             };
@@ -288,14 +295,23 @@ impl Extractor {
             let mut p = crate::sse::SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
             let mut by_choice = ByChoice::default();
+            let mut bad_usage = None;
             resp.events.reserve(ex.frames.len());
             let mut on_event = |at: Duration, ev: Result<RawEvent<'_>, _>, resp: &mut Response| {
                 let Ok(ev) = ev else { return };
                 if ev.is_done() {
                     return;
                 }
-                let Ok(c) = memo.parse(ev.data) else {
-                    return;
+                let c = match memo.parse(ev.data) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // A usage count out of bounds makes the response malformed; other
+                        // unreadable events are skipped, as before.
+                        if e.starts_with(openai::USAGE_ERROR) && bad_usage.is_none() {
+                            bad_usage = Some(e);
+                        }
+                        return;
+                    }
                 };
                 let off = us(at);
                 if c.has_choices && resp.ttft_us.is_none() {
@@ -319,10 +335,17 @@ impl Extractor {
                 p.finish_raw(|ev| on_event(*at, ev, &mut resp));
             }
             resp.choice_tokens = by_choice.finish();
+            if bad_usage.is_some() && stream_error.is_none() {
+                stream_error = bad_usage.map(|_| MALFORMED_USAGE.to_string());
+            }
         } else if !ex.response_truncated && !ex.frames.is_empty() {
             // What `parse_chunk` says of the body, less what only streamed events use.
-            if let Ok(c) = openai::parse_response_body(&ex.response_body) {
-                absorb(c, &mut resp);
+            match openai::parse_response_body(&ex.response_body) {
+                Ok(c) => absorb(c, &mut resp),
+                Err(e) if e.starts_with(openai::USAGE_ERROR) => {
+                    stream_error = Some(MALFORMED_USAGE.into());
+                }
+                Err(_) => {}
             }
         }
         if self.bodies == Bodies::Full && !ex.response_truncated {
@@ -581,6 +604,22 @@ mod tests {
         assert_eq!(resp.status, 101);
         assert_eq!(resp.error, None);
         assert!(resp.events.is_empty());
+    }
+
+    /// A usage count out of bounds is not recorded: the response is a malformed one.
+    #[test]
+    fn usage_out_of_bounds_is_recorded_as_a_malformed_response() {
+        let sse = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":18446744073709551615}}\n\ndata: [DONE]\n\n";
+        let body = br#"{"prompt":"hello","max_tokens":2,"stream":true}"#;
+        let e = ex("/v1/completions", body, "text/event-stream", &[(500, sse)]);
+        let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.error.as_deref(), Some(MALFORMED_USAGE));
+        assert_eq!((resp.usage, r.output_tokens), (None, 1));
+        let whole = br#"{"choices":[{"index":0,"text":"a"}],"usage":{"prompt_tokens":-7,"completion_tokens":1}}"#;
+        let e = json_ex(whole);
+        let (r, _) = xt(Bodies::None).to_request(&e, e.arrival);
+        assert_eq!(r.response.unwrap().error.as_deref(), Some(MALFORMED_USAGE));
     }
 
     #[test]

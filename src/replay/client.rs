@@ -893,6 +893,27 @@ mod tests {
         (st.finish(at, Sample::default()), hits)
     }
 
+    /// A server's usage count out of bounds (2^64 − 1, 1e30, −7) fails the request as a
+    /// malformed stream instead of entering the totals.
+    #[test]
+    fn usage_counts_out_of_bounds_make_a_malformed_stream() {
+        for bad in ["18446744073709551615", "1e30", "-7"] {
+            let events = [
+                "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n".to_string(),
+                format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":{bad}}}}}\n\n"),
+            ];
+            let (s, _) = replay_events(Api::Completions, &events, true);
+            assert_eq!(s.error, Some(Failure::MalformedStream), "{bad}");
+            assert!(
+                s.error_detail
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("completion_tokens"),
+                "{bad}"
+            );
+        }
+    }
+
     /// The SSE events of a stream file (`data: ...` lines separated by blank lines).
     fn events_of(raw: &str) -> Vec<String> {
         raw.split_inclusive("\n\n").map(str::to_string).collect()
