@@ -4,7 +4,7 @@
 //! errors for truncated or foreign files.
 
 use crate::compare::{check_rendered, open_headless, shots_dir};
-use crate::support;
+use crate::support::{self, OutputWithin};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -16,7 +16,7 @@ fn fx(name: &str) -> PathBuf {
 fn retrace(args: &[&Path]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_retrace"))
         .args(args)
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap()
 }
 

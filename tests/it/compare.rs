@@ -4,7 +4,7 @@
 //! headless Chromium (no script error, the expected charts, the page's own checks of
 //! `report_check.js`: labels inside their charts, no silent empty chart, timeline hover).
 
-use crate::support::{self, ServerConfig};
+use crate::support::{self, OutputWithin, ServerConfig};
 use clap::Parser;
 use retrace::cli::{Cli, Command};
 use retrace::replay::{self, Config};
@@ -110,7 +110,7 @@ fn compare_two_replays_gates_with_exit_codes() {
             "--format",
             "json",
         ])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(
         out.status.code(),
@@ -152,7 +152,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     let out = bin()
         .args(["compare", s(&r.fast), s(&r.slow), "--noise", s(&r.fast2)])
         .args(["--format", "json"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -166,7 +166,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     let out = bin()
         .args(["compare", s(&r.fast), s(&r.fast2)])
         .args(["--fail-on", "median_ttft_ms>+100%,failure_rate>0.01"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(
         out.status.code(),
@@ -180,6 +180,19 @@ fn compare_two_replays_gates_with_exit_codes() {
     let first = text.lines().next().unwrap();
     assert!(first.ends_with("; gate: PASS (2 rules)"), "{first}");
 
+    // A rule on p99 of 40 requests (1,000 needed) cannot be judged: exit 4, saying so.
+    let out = bin()
+        .args(["compare", s(&r.fast), s(&r.fast2)])
+        .args(["--fail-on", "p99_ttft_ms>+100%"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(
+        text.lines().next().unwrap().contains("NOT JUDGED"),
+        "{text}"
+    );
+
     // A bad rule is a usage error: exit 2, naming the rule.
     let out = bin()
         .args([
@@ -189,7 +202,7 @@ fn compare_two_replays_gates_with_exit_codes() {
             "--fail-on",
             "p99_ttft>+10%",
         ])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -201,7 +214,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     // A missing input is an input error: exit 2, naming the file.
     let out = bin()
         .args(["compare", s(&r.fast), "/nonexistent/cand.json"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/cand.json"));
@@ -209,7 +222,7 @@ fn compare_two_replays_gates_with_exit_codes() {
     // Markdown for PR comments.
     let out = bin()
         .args(["compare", s(&r.fast), s(&r.slow), "--format", "markdown"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let md = String::from_utf8_lossy(&out.stdout);
@@ -249,7 +262,7 @@ fn compare_and_report_read_an_old_format_result() {
     let page = dir.path().join("old.html");
     let out = bin()
         .args(["report", s(&old), "-o", s(&page)])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
@@ -406,7 +419,7 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     let html = dir.path().join("report.html");
     let out = bin()
         .args(["report", s(&r.slow), "-o", s(&html)])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(
         out.status.code(),
@@ -459,7 +472,7 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "--html",
             s(&page),
         ])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let doms = open_headless(&page, &shots_dir().join("compare.png"));
@@ -480,7 +493,7 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     let f = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
     let out = bin()
         .args(["report", s(&f), "-o", s(&html)])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let doms = open_headless(&html, &shots_dir().join("report-vllm.png"));
@@ -500,7 +513,7 @@ fn report_takes_vllms_timeline_itl_thresholds() {
     let out = bin()
         .args(["report", s(&f), "-o", s(&html)])
         .args(["--timeline-itl-thresholds", "10,20"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(
         out.status.code(),
@@ -522,7 +535,7 @@ fn report_of_a_bad_file_is_an_input_error() {
     std::fs::write(&p, "{\"completed\": \"many\", \"duration\": 1}").unwrap();
     let out = bin()
         .args(["report", s(&p), "-o", s(&dir.path().join("x.html"))])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -542,7 +555,7 @@ fn replay_writes_its_html_report() {
     let out = bin()
         .args(["replay", s(&t), "--target", &srv.url(), "--detailed"])
         .args(["--report-html", s(&html)])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -580,7 +593,7 @@ fn compare_two_traces_is_a_workload_comparison() {
 fn compare_json(a: &str, b: &str) -> serde_json::Value {
     let out = bin()
         .args(["compare", a, b, "--format", "json"])
-        .output()
+        .output_within(support::CHILD_LIMIT)
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
