@@ -45,11 +45,21 @@ pub fn replay_cfg(args: &[&str]) -> retrace::replay::Config {
 /// How long a `retrace` child process of a test may run before it counts as hung.
 pub const CHILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(180);
 
-/// A child process that is killed when dropped, so a failed assert never leaks it.
+/// A child process that is killed when dropped, so a failed assert never leaks it. A child
+/// started by [`OutputWithin`] leads its own process group, and the whole group is killed (a
+/// browser's helpers would otherwise keep its pipes open).
 pub struct KillOnDrop(pub std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                // SAFETY: kill(2) with a negative pid signals that process group; it touches no
+                // memory of ours. A group of which this child is not the leader does not exist
+                // (ESRCH), and the direct kill below still applies.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -71,11 +81,13 @@ impl OutputWithin for std::process::Command {
         limit: std::time::Duration,
     ) -> std::io::Result<std::process::Output> {
         use std::io::Read;
+        use std::os::unix::process::CommandExt;
         use std::process::Stdio;
         let child = self
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .spawn()?;
         let mut child = KillOnDrop(child);
         fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
