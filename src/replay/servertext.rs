@@ -2,9 +2,9 @@
 //! `--tokenizer` is given: chat (and every API with `--prompt-mode text`).
 //!
 //! Probed once before the clock ([`probe`]): the target's `POST /tokenize` of a sample of short
-//! common words gives the token ids prompts are drawn from (ids the target itself makes of plain
-//! words, its special tokens taken out), and its `POST /detokenize` must turn ids back into
-//! text. Then, on the body builder's thread ([`super::window`]), each prompt is the
+//! common words gives the token ids prompts are drawn from (ids the target itself makes of whole
+//! words, [`whole_words`], its special tokens taken out), and its `POST /detokenize` must turn
+//! ids back into text. Then, on the body builder's thread ([`super::window`]), each prompt is the
 //! [`Synth`] prompt of the request's hash ids (so prefixes are shared as recorded), turned into
 //! text by `/detokenize` and counted by `/tokenize` in the request's own form (`prompt`, or one
 //! user message in `messages`, the chat template included). When the count is not the
@@ -126,6 +126,35 @@ fn tokens_of(answer: &Value, budget: u64) -> Result<Vec<u32>, String> {
         .ok_or_else(|| "POST /tokenize: a token that is not an id".into())
 }
 
+/// The first character of a token string that opens a word: byte-level BPE's `Ġ` (a space),
+/// SentencePiece's `▁`.
+const WORD_MARKS: [char; 2] = ['\u{120}', '\u{2581}'];
+
+/// The sample's whole-word tokens, read from the answer's `token_strs` (vLLM's
+/// `return_token_strs`): a token whose string opens a word (a [`WORD_MARKS`] character and more)
+/// and is followed by the start of another word, or ends the sample. The pieces of a word the
+/// target splits are left out: drawn at random, a word's tail after another word's start is text
+/// the target tokenizes into other ids (real vLLM, tiny-llama: ` his` is `Ġh` + `is`, ` very` is
+/// `Ġ` + `very`; 2,000 ids of all the sample's pieces came back as 2,009 to 2,016 tokens), so the
+/// prompt's count drifts from its ids' (more rounds, some prompts never exact) and shared ids no
+/// longer make a shared token prefix. `None` when the answer has no strings for its tokens.
+fn whole_words(tokens: &[u32], answer: &Value) -> Option<Vec<u32>> {
+    let strs = answer.get("token_strs")?.as_array()?;
+    if strs.len() != tokens.len() {
+        return None;
+    }
+    let mark = |k: usize| {
+        let mut c = strs[k].as_str().unwrap_or("").chars();
+        let opens = c.next().is_some_and(|c| WORD_MARKS.contains(&c));
+        (opens, opens && c.next().is_some())
+    };
+    let ids = (0..tokens.len())
+        .filter(|&k| mark(k).1 && (k + 1 == tokens.len() || mark(k + 1).0))
+        .map(|k| tokens[k])
+        .collect();
+    Some(ids)
+}
+
 /// The ids prompts are drawn from: the sample's tokens without those the target adds to an
 /// empty prompt (its BOS, when it adds one regardless).
 fn vocab_of(sample: &[u32], added: &[u32]) -> Option<Vocab> {
@@ -154,23 +183,29 @@ pub async fn probe(
     let sample = format!(" {SAMPLE_WORDS}");
     let bare =
         |prompt: &str| json!({"model": model, "prompt": prompt, "add_special_tokens": false});
-    let words = post("/tokenize", bare(&sample)).await?;
-    let words_n = count_of(&words)?;
+    let mut ask = bare(&sample);
+    ask["return_token_strs"] = Value::Bool(true);
+    let answer = post("/tokenize", ask).await?;
+    let words_n = count_of(&answer)?;
     if words_n > MAX_SAMPLE_TOKENS {
         return Err(format!(
             "POST /tokenize: {words_n} tokens for a sample of {} words (more than {MAX_SAMPLE_TOKENS})",
             SAMPLE_WORDS.split_whitespace().count()
         ));
     }
-    let words = tokens_of(&words, MAX_SAMPLE_TOKENS)?;
+    let words = tokens_of(&answer, MAX_SAMPLE_TOKENS)?;
     // An error here leaves nothing out: the target adds nothing to an empty prompt.
     let empty = match post("/tokenize", bare("")).await {
         Ok(a) => tokens_of(&a, MAX_SAMPLE_TOKENS).unwrap_or_default(),
         Err(_) => Vec::new(),
     };
-    let vocab = vocab_of(&words, &empty).ok_or_else(|| {
-        format!("POST /tokenize: fewer than {MIN_VOCAB} distinct ids for a sample of words")
-    })?;
+    // Whole words when the target names its tokens, else every piece of the sample.
+    let vocab = whole_words(&words, &answer)
+        .and_then(|w| vocab_of(&w, &empty))
+        .or_else(|| vocab_of(&words, &empty))
+        .ok_or_else(|| {
+            format!("POST /tokenize: fewer than {MIN_VOCAB} distinct ids for a sample of words")
+        })?;
     let ids: Vec<u32> = vocab.ids().iter().take(64).copied().collect();
     let detok = post("/detokenize", json!({"model": model, "tokens": ids})).await?;
     if !detok.get("prompt").is_some_and(Value::is_string) {
@@ -336,6 +371,52 @@ mod tests {
         assert_eq!(v.len(), 40);
         assert!(!v.ids().contains(&1));
         assert!(vocab_of(&(100..110).collect::<Vec<_>>(), &[]).is_none());
+    }
+
+    /// Real vLLM 0.32 (CPU, tiny-llama): the probe's `/tokenize` of the sample with
+    /// `return_token_strs` (fixtures/vllm/tokenize_sample_words.json), and `/detokenize` then
+    /// `/tokenize` of 48 ids drawn from the whole words and from all the pieces
+    /// (fixtures/vllm/detokenize_roundtrip.json).
+    #[test]
+    fn prompts_are_drawn_from_whole_words_the_target_gives_back() {
+        let answer: Value = serde_json::from_str(include_str!(
+            "../../fixtures/vllm/tokenize_sample_words.json"
+        ))
+        .unwrap();
+        let tokens = tokens_of(&answer, MAX_SAMPLE_TOKENS).unwrap();
+        let strs: Vec<&str> = answer["token_strs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        let id = |s: &str| tokens[strs.iter().position(|t| *t == s).unwrap()];
+        let v = vocab_of(&whole_words(&tokens, &answer).unwrap(), &[]).unwrap();
+        assert_eq!((tokens.len(), v.len()), (135, 100));
+        for piece in ["\u{120}h", "is", "er", "\u{120}", "very", "igh"] {
+            assert!(
+                !v.ids().contains(&id(piece)),
+                "{piece} is a piece of a word"
+            );
+        }
+        for word in ["\u{120}the", "\u{120}like", "\u{120}work", "\u{120}she"] {
+            assert!(v.ids().contains(&id(word)), "{word} is a word");
+        }
+        let trip: Value = serde_json::from_str(include_str!(
+            "../../fixtures/vllm/detokenize_roundtrip.json"
+        ))
+        .unwrap();
+        let ids = |v: &Value| tokens_of(v, 64).unwrap();
+        let (w, p) = (&trip["whole_words"], &trip["all_pieces"]);
+        assert!(ids(w).iter().all(|t| v.ids().contains(t)));
+        assert_eq!(ids(&w["tokenize"]), ids(w), "whole words come back as sent");
+        assert!(ids(p).iter().any(|t| !v.ids().contains(t)));
+        assert_ne!(ids(&p["tokenize"]), ids(p), "pieces glue into other tokens");
+        // Without names (the mock's built-in tokenizer, other servers): every piece, as before.
+        assert_eq!(whole_words(&tokens, &json!({"token_strs": null})), None);
+        assert_eq!(whole_words(&tokens, &json!({"token_strs": ["a"]})), None);
+        let sp = json!({"token_strs": ["\u{2581}a", "\u{2581}b", "c", "\u{2581}d"]});
+        assert_eq!(whole_words(&[1, 2, 3, 4], &sp), Some(vec![1, 4]));
     }
 
     #[test]
