@@ -774,7 +774,7 @@ mod tests {
     }
 
     /// Every data payload of the real vLLM 0.32 streams (fixtures/vllm, copies of
-    /// /work/shared/vllm-samples), the usage+metrics chunk and the non-streamed bodies included,
+    /// ../shared/vllm-samples), the usage+metrics chunk and the non-streamed bodies included,
     /// and of the real llama.cpp streams (fixtures/llamacpp).
     fn real_chunks() -> Vec<String> {
         let mut out = Vec::new();

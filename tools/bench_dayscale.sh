@@ -15,7 +15,7 @@
 #
 # Usage: tools/bench_dayscale.sh [OUTDIR]   (build first: cargo build --release)
 # Env: N, ISL_DIV (default 64), OSL (default 2), GAP_MS (default 1), SPEED (default 4), ROWS,
-#      SOURCE (the conversation trace; default /work/shared/traces/mooncake_conversation_trace.jsonl),
+#      SOURCE (the conversation trace; default ../shared/traces/mooncake_conversation_trace.jsonl, relative to the repository root),
 #      SECTIONS (default "replay io": which parts run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ OSL=${OSL:-2}
 GAP_MS=${GAP_MS:-1}
 SPEED=${SPEED:-4}
 ROWS=${ROWS:-5000000}
-SOURCE=${SOURCE:-/work/shared/traces/mooncake_conversation_trace.jsonl}
+SOURCE=${SOURCE:-../shared/traces/mooncake_conversation_trace.jsonl}
 SECTIONS=${SECTIONS:-"replay io"}
 mkdir -p "$OUT"
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 2; }

@@ -12,7 +12,7 @@
 # warm connections timed out. Needs the real server; never run by CI or tests.
 #
 # Usage: tools/bench_llamacpp.sh [OUTDIR]    (build first: cargo build --release)
-# Env: LCPP (/work/lcpp: its start.sh/stop.sh), PORT (8090), N (100 requests), SPEED (4),
+# Env: LCPP (required: a copy of ../shared/realserver-llamacpp/ set up with its install.sh; its start.sh/stop.sh), PORT (8090), N (100 requests), SPEED (4),
 #      TRACE (traces/mooncake_conversation_1k.jsonl, a Mooncake JSONL: its first N rows are scaled
 #      from 512 to BLOCK tokens per hash id, lengths with them, so prompts fit the 4,096-token
 #      slots; a row that would still not fit its slot, SLOT tokens with MAX_TOKENS of output, is
@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/retrace}
-LCPP=${LCPP:-/work/lcpp}
+LCPP=${LCPP:?set LCPP to a copy of ../shared/realserver-llamacpp/ set up with its install.sh}
 PORT=${PORT:-8090}
 N=${N:-100}
 SPEED=${SPEED:-4}

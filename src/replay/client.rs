@@ -954,7 +954,7 @@ mod tests {
 
     /// Replay's per-event path with the chunk template gives the same sample (TTFT, ITLs, output
     /// tokens from usage or counted, server metrics, errors) as with `parse_chunk` alone, on
-    /// the real vLLM 0.32 streams (fixtures/vllm, copies of /work/shared/vllm-samples).
+    /// the real vLLM 0.32 streams (fixtures/vllm, copies of ../shared/vllm-samples).
     #[test]
     fn chunk_template_gives_parse_chunks_samples_on_real_vllm_streams() {
         let mut hits = 0;
