@@ -276,7 +276,17 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     shaping: &Shaping,
     speed: f64,
 ) -> Result<(Vec<Planned>, Skipped, usize), PlanError> {
-    let requests = selected.by_ref().collect::<Result<Vec<_>, _>>()?;
+    let limit = MAX_WHOLE_SENDS as usize;
+    let requests = selected
+        .by_ref()
+        .take(limit + 1)
+        .collect::<Result<Vec<_>, _>>()?;
+    check_whole(
+        requests.len() as u64,
+        trace_span_us(&requests),
+        shaping,
+        speed,
+    )?;
     let (left_out, read) = selected.finish()?;
     let mut trace = Trace { header, requests };
     shape::repeat(&mut trace, shaping.loops);
@@ -285,6 +295,46 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     let records = trace.requests.into_iter().map(Ok);
     let sends = Stage::new(records, shaping, speed, n)?.collect::<Result<_, _>>()?;
     Ok((sends, left_out, read))
+}
+
+/// Most sends a whole-trace plan holds (`--loop`, `--overlay` and `--sessions` keep the trace
+/// and its copies in memory, a few hundred bytes a send: about 1 GiB): a larger plan is refused
+/// before any copy is made. The streamed plan has no such bound.
+pub const MAX_WHOLE_SENDS: u64 = 4 << 20;
+
+fn trace_span_us(requests: &[Request]) -> u64 {
+    let at = requests.iter().map(|r| r.arrival_us);
+    at.clone().max().unwrap_or(0) - at.min().unwrap_or(0)
+}
+
+/// Refuses, before the copies are made, a whole-trace plan of more than [`MAX_WHOLE_SENDS`]
+/// sends, or one whose `--loop` copies alone run past the longest schedule (30 days).
+fn check_whole(n: u64, span_us: u64, shaping: &Shaping, speed: f64) -> Result<(), PlanError> {
+    let copies = u64::from(shaping.loops.max(1)) * u64::from(shaping.overlay.max(1));
+    let sends = n.saturating_mul(copies);
+    if sends > MAX_WHOLE_SENDS {
+        return Err(PlanError::Shaping(format!(
+            "--loop {} / --overlay {} (or --sessions) over {}{n} requests would hold {sends}{} requests in memory, more than {MAX_WHOLE_SENDS}: replay a --window of the trace, or fewer copies",
+            shaping.loops.max(1),
+            shaping.overlay.max(1),
+            if n > MAX_WHOLE_SENDS { "more than " } else { "" },
+            if n > MAX_WHOLE_SENDS { " or more" } else { "" },
+        )));
+    }
+    // `shape::repeat`'s period: the span and one mean gap.
+    let gap = if n > 1 { span_us / (n - 1) } else { 1_000_000 };
+    let period_us = span_us.saturating_add(gap.max(1));
+    let looped_s = period_us as f64 * f64::from(shaping.loops.max(1)) / 1e6 / speed;
+    let max_s = super::MAX_SCHEDULE.as_secs_f64();
+    if shaping.loops > 1 && looped_s > max_s {
+        return Err(PlanError::Shaping(format!(
+            "--loop {}: the schedule would run for {:.0} days (more than {})",
+            shaping.loops,
+            looped_s / 86_400.0,
+            max_s / 86_400.0
+        )));
+    }
+    Ok(())
 }
 
 /// Whether the arrival process needs the request count first.

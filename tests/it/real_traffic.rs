@@ -842,3 +842,46 @@ async fn a_tokenizer_that_does_not_match_the_target_is_named() {
         fits[1]
     );
 }
+
+/// `--loop` and `--overlay` beyond what a whole-trace plan holds are refused before any copy is
+/// made, naming the flag, under a 1 GiB address-space limit (they once allocated 5.8 GB first).
+#[test]
+fn loop_and_overlay_beyond_the_whole_plan_budget_are_refused_before_copying() {
+    use super::support::{under_memory_limit, OutputWithin, CHILD_LIMIT, MEMORY_LIMIT};
+    let t = super::support::repo("traces/mooncake_conversation_1k.jsonl");
+    for (flag, k, speed, why) in [
+        ("--loop", "4000", "0.1", "days"),
+        ("--loop", "100000", "1", "in memory"),
+        ("--overlay", "100000", "1", "in memory"),
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+        let trace = t.to_str().unwrap();
+        cmd.args(["replay", trace, flag, k, "--dry-run", "--speed", speed]);
+        let out = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+            .output_within(CHILD_LIMIT)
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {k}: {err}");
+        assert!(err.contains(flag) && err.contains(why), "{flag} {k}: {err}");
+    }
+    // Within the budget the copies are planned.
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args([
+        "replay",
+        t.to_str().unwrap(),
+        "--loop",
+        "3",
+        "--dry-run",
+        "--speed",
+        "1",
+    ]);
+    let out = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -65,6 +65,35 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Address space a child under [`under_memory_limit`] may map: 1 GiB.
+pub const MEMORY_LIMIT: u64 = 1 << 30;
+
+/// Runs `cmd` (when spawned) under an address-space limit of `bytes` (`setrlimit(RLIMIT_AS)`),
+/// so that an allocation beyond it fails: the child aborts or reports, and never takes the
+/// machine. glibc's per-thread malloc arenas are capped so that their reservations do not count
+/// against it.
+pub fn under_memory_limit(
+    cmd: &mut std::process::Command,
+    bytes: u64,
+) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    cmd.env("MALLOC_ARENA_MAX", "2");
+    // SAFETY: the closure runs in the child between fork and exec and only calls setrlimit(2),
+    // which is async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &lim) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        })
+    }
+}
+
 /// [`std::process::Command::output`] with a time limit.
 pub trait OutputWithin {
     /// Runs the command to its end and captures stdout and stderr, as `output` does; a child
