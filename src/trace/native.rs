@@ -398,6 +398,8 @@ pub struct TraceWriter<W: Write> {
     zc: zstd::bulk::Compressor<'static>,
     zbuf: Vec<u8>,
     in_frame: u64,
+    /// Hash ids of the open frame's records (at most [`MAX_FRAME_IDS`]).
+    frame_ids: u64,
     frame_opened: Option<std::time::Instant>,
     prev_arrival: u64,
     frames: u64,
@@ -427,6 +429,7 @@ impl<W: Write> TraceWriter<W> {
             zc,
             zbuf: Vec::new(),
             in_frame: 0,
+            frame_ids: 0,
             frame_opened: None,
             prev_arrival: 0,
             frames: 0,
@@ -464,9 +467,15 @@ impl<W: Write> TraceWriter<W> {
             let msg = format!("record {k}: {e}");
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
         }
+        // A frame holds at most MAX_FRAME_IDS ids, as every reader requires.
+        let ids = r.hash_ids.len() as u64;
+        if self.in_frame > 0 && self.frame_ids + ids > MAX_FRAME_IDS {
+            self.flush_frame()?;
+        }
         encode_record(r, self.prev_arrival, &mut self.buf);
         self.prev_arrival = r.arrival_us;
         self.in_frame += 1;
+        self.frame_ids += ids;
         let opened = *self
             .frame_opened
             .get_or_insert_with(std::time::Instant::now);
@@ -515,6 +524,7 @@ impl<W: Write> TraceWriter<W> {
         self.bytes_written += self.zbuf.len() as u64;
         self.records += self.in_frame;
         self.in_frame = 0;
+        self.frame_ids = 0;
         self.frame_opened = None;
         self.prev_arrival = 0;
         self.buf.truncate(FRAME_HEAD_ROOM);
@@ -1034,6 +1044,19 @@ fn check_magic_version(path: &str, v: &ciborium::Value) -> Result<(), TraceError
     Ok(())
 }
 
+/// Most hash ids one frame's records may carry together (32 Mi ids, 256 MiB decoded): a few
+/// bytes of runs can declare millions of ids per record, each record within its own bound
+/// ([`super::rows::id_limit`], at most about 2 × 10^7), so a frame is bounded as a whole too.
+/// The writer starts a new frame rather than pass it; a reader drops a frame over it as damaged.
+pub const MAX_FRAME_IDS: u64 = 1 << 25;
+
+/// The hash ids a record's runs declare (saturating).
+fn run_total(runs: &[u64]) -> u64 {
+    runs.chunks(2)
+        .map(|r| r.get(1).copied().unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+}
+
 /// Decodes one record frame, appending to `out` only if the whole frame is good.
 fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> Result<u64, String> {
     let content = decompress_frame(frame)?;
@@ -1052,14 +1075,20 @@ fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> R
     out.reserve(fw.n as usize);
     let mut prev = 0u64;
     let res = (|| {
+        // The records as read (their ids still runs, as small as the frame), then their ids
+        // counted together, before any is expanded.
+        let mut wires = Vec::with_capacity(fw.n as usize);
+        let mut ids = 0u64;
         for k in 0..fw.n {
             let w: RequestWire =
                 ciborium::from_reader(&mut rd).map_err(|e| format!("record {k}: {e}"))?;
-            let r = w
-                .into_request(prev, header)
-                .map_err(|e| format!("record {k}: {e}"))?;
-            prev = r.arrival_us;
-            out.push(r);
+            ids = ids.saturating_add(run_total(&w.h));
+            if ids > MAX_FRAME_IDS {
+                return Err(format!(
+                    "record {k}: the frame's records declare more than {MAX_FRAME_IDS} hash ids"
+                ));
+            }
+            wires.push(w);
         }
         if !rd.is_empty() {
             return Err(format!(
@@ -1067,6 +1096,13 @@ fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> R
                 rd.len(),
                 fw.n
             ));
+        }
+        for (k, w) in wires.into_iter().enumerate() {
+            let r = w
+                .into_request(prev, header)
+                .map_err(|e| format!("record {k}: {e}"))?;
+            prev = r.arrival_us;
+            out.push(r);
         }
         Ok(())
     })();
@@ -1399,6 +1435,66 @@ mod tests {
     /// Every single-bit flip anywhere in a written file is found: the read fails (the header
     /// frame), reports damage, or gives the very records written (a bit zstd ignores, such as the
     /// frame descriptor's unused bit). Without frame checksums flips changed records unnoticed.
+    /// Records each inside their own bound but not together: a few bytes of runs declaring
+    /// 1,250,016 ids each, 2,000 of them in one frame (20 GB expanded). The frame is dropped as
+    /// damaged before any id is expanded; the good frames around it read whole.
+    #[test]
+    fn a_frame_whose_records_declare_too_many_ids_together_is_damage() {
+        let header = TraceHeader::imported(16, true, "t");
+        let per = super::super::rows::id_limit(header.blocks_for(10_000_000));
+        let rec = |t| RequestWire {
+            t,
+            i: 10_000_000,
+            o: 1,
+            h: vec![0, per],
+            ..RequestWire::from_request(&Request::default(), 0)
+        };
+        let mut content = Vec::new();
+        cbor(
+            &FrameWire {
+                frame: 1,
+                n: 2000,
+                first: 0,
+                dropped: 0,
+            },
+            &mut content,
+        );
+        for k in 0..2000 {
+            cbor(&rec(i64::from(k > 0)), &mut content);
+        }
+        let mut decoded = Vec::new();
+        let e = decode_frame(
+            &zstd::bulk::compress(&content, 3).unwrap(),
+            &header,
+            &mut decoded,
+        )
+        .unwrap_err();
+        assert!(e.contains("more than 33554432 hash ids"), "{e}");
+        assert!(decoded.is_empty());
+        // The writer keeps frames within the bound: one record of that many ids a frame.
+        let big = Request {
+            input_tokens: 10_000_000,
+            hash_ids: (0..per).collect(),
+            ..Default::default()
+        };
+        let mut w = TraceWriter::new(Vec::new(), &header, WriteOptions::default()).unwrap();
+        let fit = (MAX_FRAME_IDS / per) as usize;
+        for _ in 0..fit {
+            w.push(&big).unwrap();
+        }
+        assert_eq!(
+            (w.frames, w.frame_ids),
+            (0, fit as u64 * per),
+            "all fit in the open frame"
+        );
+        w.push(&big).unwrap();
+        assert_eq!(
+            (w.frames, w.frame_ids),
+            (1, per),
+            "one more starts a new frame"
+        );
+    }
+
     #[test]
     fn a_header_with_block_size_0_is_refused_by_the_writer_and_the_reader() {
         let mut h = TraceHeader::imported(16, true, "t");
