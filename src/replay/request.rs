@@ -107,6 +107,11 @@ pub struct BuiltRequest {
     pub input_tokens: u64,
     /// `false` when a text prompt does not re-encode to exactly the synthesised tokens.
     pub exact_prompt: bool,
+    /// Where to cut it: the client cancelled it in the recording ([`Response::cut`]); `None`
+    /// for every other request, which is read to its end.
+    ///
+    /// [`Response::cut`]: crate::trace::Response::cut
+    pub cut: Option<crate::trace::Cut>,
 }
 
 fn api_path(api: Api) -> &'static str {
@@ -174,6 +179,7 @@ pub fn head(req: &Request, opts: &BodyOptions, prompts: &Prompts) -> Result<Buil
         api,
         input_tokens: req.input_tokens,
         exact_prompt: true,
+        cut: None,
     })
 }
 
@@ -197,12 +203,17 @@ pub fn build(
     prompts: &Prompts,
 ) -> Result<BuiltRequest, String> {
     let as_recorded = !req.is_workload() || req.recorded_failure().is_some();
-    match &req.body {
-        Some(body) if as_recorded => Ok(recorded_bytes(req, body.clone())),
-        None if !req.is_workload() => Ok(recorded_bytes(req, Vec::new())),
-        Some(body) => Ok(verbatim(req, body, opts)),
-        None => synthesised(req, key, opts, prompts),
+    let mut built = match &req.body {
+        Some(body) if as_recorded => recorded_bytes(req, body.clone()),
+        None if !req.is_workload() => recorded_bytes(req, Vec::new()),
+        Some(body) => verbatim(req, body, opts),
+        None => synthesised(req, key, opts, prompts)?,
+    };
+    // A request the client cancelled is cut where it was: the server sees the same abort.
+    if req.is_workload() {
+        built.cut = req.response.as_deref().and_then(crate::trace::Response::cut);
     }
+    Ok(built)
 }
 
 /// The recorded method, path and body, unchanged.
@@ -220,6 +231,7 @@ fn recorded_bytes(req: &Request, body: Vec<u8>) -> BuiltRequest {
         api: api_of(&req.endpoint),
         input_tokens: req.input_tokens,
         exact_prompt: true,
+        cut: None,
     }
 }
 
@@ -288,6 +300,7 @@ fn synthesised(
         api,
         input_tokens: req.input_tokens,
         exact_prompt: exact,
+        cut: None,
     })
 }
 
