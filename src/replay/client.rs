@@ -920,8 +920,8 @@ mod tests {
         let idle = Duration::from_millis(40);
         let far = tokio::time::Instant::now() + Duration::from_secs(30);
         // Data every 10 ms for 120 ms (three idle periods), then silence.
-        let total = (Failure::TimeoutTotal, TOTAL_EXCEEDED);
-        let mut t = BodyTimers::new((far, total), idle, Instant::now());
+        let at_total = (Failure::TimeoutTotal, TOTAL_EXCEEDED);
+        let mut t = BodyTimers::new((far, at_total), idle, Instant::now());
         let (kind, last) = run(&mut t, 12).await;
         assert_eq!(kind, Failure::TimeoutIdle);
         assert!(Instant::now() >= last + idle);
@@ -929,7 +929,7 @@ mod tests {
         let start = Instant::now();
         let total = Duration::from_millis(60);
         let at = tokio::time::Instant::from_std(start + total);
-        let mut t = BodyTimers::new((at, total), Duration::from_secs(30), start);
+        let mut t = BodyTimers::new((at, at_total), Duration::from_secs(30), start);
         let (kind, _) = run(&mut t, 3).await;
         assert_eq!(kind, Failure::TimeoutTotal);
         assert!(Instant::now() >= start + total);

@@ -211,7 +211,10 @@ pub fn build(
     };
     // A request the client cancelled is cut where it was: the server sees the same abort.
     if req.is_workload() {
-        built.cut = req.response.as_deref().and_then(crate::trace::Response::cut);
+        built.cut = req
+            .response
+            .as_deref()
+            .and_then(crate::trace::Response::cut);
     }
     Ok(built)
 }
