@@ -11,6 +11,9 @@
 //!   chunk); `--extra-body` keys are merged last. `stream` stays as recorded.
 //! - A request that failed in the recording is sent byte for byte as recorded (its model too),
 //!   so that it fails again the same way; a body that is not a JSON object is sent as recorded.
+//! - A request the client cancelled in the recording asks for its recorded `max_tokens` (its
+//!   recorded length is only what came before the cancel) and carries its cut
+//!   ([`crate::trace::Response::cut`]): the client closes it where the recording's did.
 //! - Auxiliary requests (`--include-aux`: `/tokenize`, `GET /v1/models`, ...) are sent verbatim
 //!   with their recorded method, path and body.
 //! - Without a body the prompt is synthesised from the request's hash ids ([`crate::synth`]):
@@ -287,7 +290,8 @@ fn synthesised(
                 json!([{"role": "user", "content": prompt_value}]),
             ),
         };
-        set_limits(&mut obj, &Endpoint::Completions, req.output_tokens);
+        let asked = cancelled_cap(req).unwrap_or(req.output_tokens);
+        set_limits(&mut obj, &Endpoint::Completions, asked);
         set_stream(&mut obj);
         api_path(api).to_string()
     };
@@ -307,6 +311,20 @@ fn synthesised(
     })
 }
 
+/// The client cancelled `req` in the recording.
+fn is_cancelled(req: &Request) -> bool {
+    req.response.as_deref().is_some_and(|r| r.cancelled)
+}
+
+/// What a cancelled request asks for: its recorded `max_tokens` (the replay cuts it where the
+/// recording did, so it must not end before that). `None` for other requests, or without a cap.
+fn cancelled_cap(req: &Request) -> Option<u64> {
+    is_cancelled(req)
+        .then_some(req.params.max_tokens)
+        .flatten()
+        .map(u64::from)
+}
+
 /// A recorded generation or pooling body, adjusted as the module docs say.
 fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> BuiltRequest {
     let mut v = match serde_json::from_slice::<Value>(body) {
@@ -319,7 +337,13 @@ fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> BuiltRequest {
     if opts.model_override || !obj.contains_key("model") {
         obj.insert("model".into(), json!(opts.model));
     }
-    if !opts.keep_original_limits {
+    if is_cancelled(req) {
+        // Cut where the client went away: the recorded length is what came before the cut, not
+        // what was asked, so the request asks for its recorded cap (or keeps its own limits).
+        if let Some(cap) = cancelled_cap(req) {
+            set_limits(obj, &req.endpoint, cap);
+        }
+    } else if !opts.keep_original_limits {
         // Each of `n` choices asks for its own recorded length, not the total over them.
         set_limits(obj, &req.endpoint, req.choice_output_tokens());
     }

@@ -414,7 +414,8 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
             continue;
         }
         if !q.ok(i) {
-            let kind = match q.errors[i].as_str() {
+            // A result's error is `kind: detail`; the kind names it.
+            let kind = match q.errors[i].split(':').next().unwrap_or("").trim() {
                 "" => "no_content",
                 k => k,
             };
