@@ -145,12 +145,15 @@ pub fn render(st: &TraceStats) -> String {
     if let Some(rec) = &st.recorded {
         let _ = writeln!(
             s,
-            "recorded responses: {} ({} cancelled)",
-            rec.responses, rec.cancelled
+            "recorded responses: {} ({} cancelled); latency of the {} that completed (no cancel, no error, status below 400):",
+            rec.responses, rec.cancelled, rec.completed
         );
         dist_row(&mut s, "  TTFT", &rec.ttft_ms, "ms");
         dist_row(&mut s, "  ITL", &rec.itl_ms, "ms");
         dist_row(&mut s, "  E2E", &rec.e2e_ms, "ms");
+        if let Some(d) = &rec.non_streamed_e2e_ms {
+            dist_row(&mut s, "  E2E non-streamed", d, "ms");
+        }
         if !rec.errors.is_empty() {
             let _ = writeln!(s, "  errors: {}", mix(&rec.errors));
         }

@@ -173,11 +173,15 @@ pub enum Failure {
     TimeoutTotal,
     /// The replayer itself could not run the request.
     Local,
+    /// Cut where the client cancelled it in the recording (after the recorded events, or at
+    /// the recorded end when none came): the replay did what was recorded, the target did not
+    /// fail.
+    CancelledAsRecorded,
 }
 
 impl Failure {
     /// The wire name: `http_503`, `connect`, `reset`, `malformed_stream`, `stream_error`,
-    /// `no_content`, `timeout_idle`, `timeout_total`, `local`.
+    /// `no_content`, `timeout_idle`, `timeout_total`, `local`, `cancelled_as_recorded`.
     pub fn as_str(&self) -> std::borrow::Cow<'static, str> {
         std::borrow::Cow::Borrowed(match self {
             Failure::Http(status) => return format!("http_{status}").into(),
@@ -189,6 +193,7 @@ impl Failure {
             Failure::TimeoutIdle => "timeout_idle",
             Failure::TimeoutTotal => "timeout_total",
             Failure::Local => "local",
+            Failure::CancelledAsRecorded => "cancelled_as_recorded",
         })
     }
 }

@@ -200,6 +200,8 @@ impl Client {
 /// deadline) or the waker changed; otherwise a check is one clock read.
 struct BodyTimers {
     total: Pin<Box<Sleep>>,
+    /// What the `total` deadline means: the total timeout, or a recorded cancel's cut.
+    at_total: (Failure, &'static str),
     idle: Pin<Box<Sleep>>,
     idle_for: Duration,
     /// When the body's last data came; the caller sets it after each read.
@@ -209,9 +211,14 @@ struct BodyTimers {
 }
 
 impl BodyTimers {
-    fn new(deadline: tokio::time::Instant, idle_for: Duration, last_data: Instant) -> Self {
+    fn new(
+        (deadline, at_total): (tokio::time::Instant, (Failure, &'static str)),
+        idle_for: Duration,
+        last_data: Instant,
+    ) -> Self {
         BodyTimers {
             total: Box::pin(tokio::time::sleep_until(deadline)),
+            at_total,
             idle: Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
                 last_data + idle_for,
             ))),
@@ -242,7 +249,7 @@ impl BodyTimers {
                 return Poll::Ready((Failure::TimeoutIdle, IDLE_EXCEEDED));
             }
             if self.total.as_mut().poll(cx).is_ready() {
-                return Poll::Ready((Failure::TimeoutTotal, TOTAL_EXCEEDED));
+                return Poll::Ready(self.at_total);
             }
             break;
         }
@@ -257,6 +264,33 @@ impl BodyTimers {
 
 const IDLE_EXCEEDED: &str = "no data for the idle timeout";
 const TOTAL_EXCEEDED: &str = "request exceeded the total timeout";
+const CUT_AT_END: &str = "cut at its recorded end: the client cancelled it before any event";
+const CUT_AFTER_EVENTS: &str = "cut after its recorded events: the client cancelled it there";
+
+/// The total deadline of a request sent at `sent_ns` and what it means: the total timeout, or
+/// the recorded end of a request the client cancelled before any event ([`Cut::AtUs`]), when
+/// that comes first. One deadline either way, so a cut costs the send path no timer.
+///
+/// [`Cut::AtUs`]: crate::trace::Cut::AtUs
+fn deadline_of(
+    req: &BuiltRequest,
+    t0: Instant,
+    sent_ns: u64,
+    total: Duration,
+) -> (tokio::time::Instant, (Failure, &'static str)) {
+    let timeout = tokio::time::Instant::now() + total;
+    let cut = match req.cut {
+        Some(crate::trace::Cut::AtUs(us)) => t0
+            .checked_add(Duration::from_nanos(sent_ns))
+            .and_then(|t| t.checked_add(Duration::from_micros(us)))
+            .map(tokio::time::Instant::from_std),
+        _ => None,
+    };
+    match cut {
+        Some(c) if c < timeout => (c, (Failure::CancelledAsRecorded, CUT_AT_END)),
+        _ => (timeout, (Failure::TimeoutTotal, TOTAL_EXCEEDED)),
+    }
+}
 
 fn fail(mut s: Sample, t0: Instant, kind: Failure, detail: String) -> Sample {
     s.error = Some(kind);
@@ -278,6 +312,11 @@ struct Stream {
     whole: Vec<u8>,
     err: Option<(Failure, String)>,
     server: ServerTimes,
+    /// Events still to read before a recorded cancel's cut ([`Cut::AfterEvents`]); `None`
+    /// reads to the end.
+    ///
+    /// [`Cut::AfterEvents`]: crate::trace::Cut::AfterEvents
+    cut_left: Option<u32>,
 }
 
 /// One complete message (an SSE event's data, or a whole non-SSE body) arrived at `at`.
@@ -323,6 +362,10 @@ impl Stream {
             whole: Vec::new(),
             err: None,
             server: ServerTimes::default(),
+            cut_left: match req.cut {
+                Some(crate::trace::Cut::AfterEvents(n)) if !req.aux => Some(n),
+                _ => None,
+            },
         }
     }
 
@@ -341,13 +384,30 @@ impl Stream {
             memo,
             err,
             server,
+            cut_left,
             ..
         } = self;
-        parser.feed_raw(data, |ev| match ev {
-            Ok(ev) if ev.is_done() => {}
-            Ok(ev) => on_message(ev.data, at, memo, clock, err, server),
-            Err(e) => {
-                err.get_or_insert((Failure::MalformedStream, format!("{e:?}")));
+        parser.feed_raw(data, |ev| {
+            if *cut_left == Some(0) {
+                return;
+            }
+            match ev {
+                Ok(ev) if ev.is_done() => {}
+                Ok(ev) => {
+                    on_message(ev.data, at, memo, clock, err, server);
+                    if let Some(n) = cut_left {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            err.get_or_insert((
+                                Failure::CancelledAsRecorded,
+                                CUT_AFTER_EVENTS.into(),
+                            ));
+                        }
+                    }
+                }
+                Err(e) => {
+                    err.get_or_insert((Failure::MalformedStream, format!("{e:?}")));
+                }
             }
         });
     }
@@ -433,13 +493,20 @@ impl Client {
             Some(p) if p.written > 0 => p.sent_ns,
             _ => ns_since(t0),
         };
-        let deadline = tokio::time::Instant::now() + timeouts.total;
+        let (deadline, at_deadline) = deadline_of(req, t0, sample.sent_ns, timeouts.total);
         let present = pre.map(|p| (p.conn, p.written));
         let no_head = || "no response headers".to_string();
         let resp = tokio::select! {
             r = self.pool.exchange(&wire, present) => r,
             _ = tokio::time::sleep(timeouts.idle) => return fail(sample, t0, Failure::TimeoutIdle, no_head()),
-            _ = tokio::time::sleep_until(deadline) => return fail(sample, t0, Failure::TimeoutTotal, no_head()),
+            _ = tokio::time::sleep_until(deadline) => {
+                let (kind, why) = at_deadline;
+                let why = match kind {
+                    Failure::TimeoutTotal => no_head(),
+                    _ => why.to_string(),
+                };
+                return fail(sample, t0, kind, why);
+            }
         };
         drop(wire);
         let (mut conn, head) = match resp {
@@ -473,6 +540,7 @@ impl Client {
         let timing = BodyTiming {
             t0,
             deadline: deadline.into_std(),
+            at_deadline,
             idle: timeouts.idle,
             last_data,
         };
@@ -529,7 +597,8 @@ impl Client {
         sample: Sample,
     ) -> Sample {
         let t0 = timing.t0;
-        let mut timers = BodyTimers::new(timing.deadline.into(), timing.idle, timing.last_data);
+        let total = (timing.deadline.into(), timing.at_deadline);
+        let mut timers = BodyTimers::new(total, timing.idle, timing.last_data);
         loop {
             let r = tokio::select! {
                 biased;
@@ -574,6 +643,8 @@ async fn error_body(conn: &mut RawConn, body: &mut BodyDecoder, idle: Duration) 
 struct BodyTiming {
     t0: Instant,
     deadline: Instant,
+    /// What reaching `deadline` means ([`deadline_of`]).
+    at_deadline: (Failure, &'static str),
     idle: Duration,
     last_data: Instant,
 }
@@ -701,7 +772,7 @@ impl super::reader::Job for BodyJob {
     fn tick(&mut self, now: Instant) -> bool {
         let t = &self.timing;
         let (kind, why) = if now >= t.deadline {
-            (Failure::TimeoutTotal, TOTAL_EXCEEDED)
+            t.at_deadline
         } else if now >= t.last_data + t.idle {
             (Failure::TimeoutIdle, IDLE_EXCEEDED)
         } else {
@@ -770,6 +841,7 @@ mod tests {
             api: Api::Completions,
             input_tokens: 4,
             exact_prompt: true,
+            cut: None,
         };
         let t0 = Instant::now();
         for partial in [false, true] {
@@ -848,7 +920,8 @@ mod tests {
         let idle = Duration::from_millis(40);
         let far = tokio::time::Instant::now() + Duration::from_secs(30);
         // Data every 10 ms for 120 ms (three idle periods), then silence.
-        let mut t = BodyTimers::new(far, idle, Instant::now());
+        let at_total = (Failure::TimeoutTotal, TOTAL_EXCEEDED);
+        let mut t = BodyTimers::new((far, at_total), idle, Instant::now());
         let (kind, last) = run(&mut t, 12).await;
         assert_eq!(kind, Failure::TimeoutIdle);
         assert!(Instant::now() >= last + idle);
@@ -856,7 +929,7 @@ mod tests {
         let start = Instant::now();
         let total = Duration::from_millis(60);
         let at = tokio::time::Instant::from_std(start + total);
-        let mut t = BodyTimers::new(at, Duration::from_secs(30), start);
+        let mut t = BodyTimers::new((at, at_total), Duration::from_secs(30), start);
         let (kind, _) = run(&mut t, 3).await;
         assert_eq!(kind, Failure::TimeoutTotal);
         assert!(Instant::now() >= start + total);
@@ -872,6 +945,7 @@ mod tests {
             whole: Vec::new(),
             err: None,
             server: ServerTimes::default(),
+            cut_left: None,
         }
     }
 

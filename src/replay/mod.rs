@@ -1019,7 +1019,13 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         .links
         .as_ref()
         .map(|l| sessions::report(l, &l.at_ns, held, &median_p99_and(&cfg.percentiles)));
-    let same = ran.collected.recorded.as_ref().map_or(0, |r| r.same);
+    // Requests that failed as recorded, or were cut where the client cancelled them, are what
+    // was asked: a run of only those has not failed.
+    let same = ran
+        .collected
+        .recorded
+        .as_ref()
+        .map_or(0, |r| r.same + r.cancelled_as_recorded);
     let all_failed = outcome::all_failed(work.requests(), summary.completed, same);
     let arrays = ran.collected.finish()?;
     let inexact = p
@@ -1147,6 +1153,7 @@ fn result_of(
         requests_by_endpoint: facts.by_endpoint.clone(),
         auxiliary: ran.collected.aux.to_json(),
         recorded_outcomes: recorded.map(outcome::Recorded::to_json),
+        cancelled_as_recorded: recorded.map(outcome::Recorded::cancelled_json),
     });
     r
 }

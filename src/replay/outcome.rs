@@ -108,12 +108,26 @@ pub struct Recorded {
     pub differently: u64,
     pub now_ok: u64,
     pub newly_failed: u64,
+    /// Cut where the client cancelled them in the recording: done as recorded, in none of the
+    /// counts above.
+    pub cancelled_as_recorded: u64,
     errors: BTreeMap<String, u64>,
 }
+
+/// How a replay cuts a request the client cancelled (the result's `cancelled_as_recorded.rule`).
+pub const CUT_RULE: &str = "a request the client cancelled in the recording is cut where it was: after its recorded number of events when some came, else at its recorded end (from the send); the connection is closed there, so the server sees the abort";
 
 impl Recorded {
     /// Folds in a request recorded to fail with `rec` (or to succeed) and replayed as `s`.
     pub fn add(&mut self, rec: Option<&str>, s: &Scalars) {
+        if let Some(k) = rec {
+            self.recorded_failures += 1;
+            *self.errors.entry(k.to_string()).or_default() += 1;
+        }
+        if s.error == Some(crate::metrics::Failure::CancelledAsRecorded) {
+            self.cancelled_as_recorded += 1;
+            return;
+        }
         let replayed = replayed_failure(s);
         match (rec, replayed.as_deref()) {
             (Some(a), Some(b)) if a == b => self.same += 1,
@@ -122,10 +136,11 @@ impl Recorded {
             (None, Some(_)) => self.newly_failed += 1,
             (None, None) => {}
         }
-        if let Some(k) = rec {
-            self.recorded_failures += 1;
-            *self.errors.entry(k.to_string()).or_default() += 1;
-        }
+    }
+
+    /// The result's `cancelled_as_recorded`: `{count, rule}`.
+    pub fn cancelled_json(&self) -> Value {
+        json!({"count": self.cancelled_as_recorded, "rule": CUT_RULE})
     }
 
     pub fn to_json(&self) -> Value {
@@ -148,6 +163,12 @@ pub fn console(rec: Option<&Recorded>, aux: &Auxiliary) -> String {
         s.push_str(&format!(
             "Recorded failures: {} ({} failed again the same way, {} differently, {} now succeed); {} requests newly failed\n",
             v.recorded_failures, v.same, v.differently, v.now_ok, v.newly_failed
+        ));
+    }
+    if let Some(v) = rec.filter(|r| r.cancelled_as_recorded > 0) {
+        s.push_str(&format!(
+            "Cancelled as recorded: {} requests cut where the client cancelled them (after the recorded events, or at the recorded end when none came); not failures of the target\n",
+            v.cancelled_as_recorded
         ));
     }
     if let Some(a) = aux.to_json() {

@@ -11,6 +11,9 @@
 //!   chunk); `--extra-body` keys are merged last. `stream` stays as recorded.
 //! - A request that failed in the recording is sent byte for byte as recorded (its model too),
 //!   so that it fails again the same way; a body that is not a JSON object is sent as recorded.
+//! - A request the client cancelled in the recording asks for its recorded `max_tokens` (its
+//!   recorded length is only what came before the cancel) and carries its cut
+//!   ([`crate::trace::Response::cut`]): the client closes it where the recording's did.
 //! - Auxiliary requests (`--include-aux`: `/tokenize`, `GET /v1/models`, ...) are sent verbatim
 //!   with their recorded method, path and body.
 //! - Without a body the prompt is synthesised from the request's hash ids ([`crate::synth`]):
@@ -107,6 +110,11 @@ pub struct BuiltRequest {
     pub input_tokens: u64,
     /// `false` when a text prompt does not re-encode to exactly the synthesised tokens.
     pub exact_prompt: bool,
+    /// Where to cut it: the client cancelled it in the recording ([`Response::cut`]); `None`
+    /// for every other request, which is read to its end.
+    ///
+    /// [`Response::cut`]: crate::trace::Response::cut
+    pub cut: Option<crate::trace::Cut>,
 }
 
 fn api_path(api: Api) -> &'static str {
@@ -174,6 +182,7 @@ pub fn head(req: &Request, opts: &BodyOptions, prompts: &Prompts) -> Result<Buil
         api,
         input_tokens: req.input_tokens,
         exact_prompt: true,
+        cut: None,
     })
 }
 
@@ -197,12 +206,20 @@ pub fn build(
     prompts: &Prompts,
 ) -> Result<BuiltRequest, String> {
     let as_recorded = !req.is_workload() || req.recorded_failure().is_some();
-    match &req.body {
-        Some(body) if as_recorded => Ok(recorded_bytes(req, body.clone())),
-        None if !req.is_workload() => Ok(recorded_bytes(req, Vec::new())),
-        Some(body) => Ok(verbatim(req, body, opts)),
-        None => synthesised(req, key, opts, prompts),
+    let mut built = match &req.body {
+        Some(body) if as_recorded => recorded_bytes(req, body.clone()),
+        None if !req.is_workload() => recorded_bytes(req, Vec::new()),
+        Some(body) => verbatim(req, body, opts),
+        None => synthesised(req, key, opts, prompts)?,
+    };
+    // A request the client cancelled is cut where it was: the server sees the same abort.
+    if req.is_workload() {
+        built.cut = req
+            .response
+            .as_deref()
+            .and_then(crate::trace::Response::cut);
     }
+    Ok(built)
 }
 
 /// The recorded method, path and body, unchanged.
@@ -220,6 +237,7 @@ fn recorded_bytes(req: &Request, body: Vec<u8>) -> BuiltRequest {
         api: api_of(&req.endpoint),
         input_tokens: req.input_tokens,
         exact_prompt: true,
+        cut: None,
     }
 }
 
@@ -272,7 +290,8 @@ fn synthesised(
                 json!([{"role": "user", "content": prompt_value}]),
             ),
         };
-        set_limits(&mut obj, &Endpoint::Completions, req.output_tokens);
+        let asked = cancelled_cap(req).unwrap_or(req.output_tokens);
+        set_limits(&mut obj, &Endpoint::Completions, asked);
         set_stream(&mut obj);
         api_path(api).to_string()
     };
@@ -288,7 +307,22 @@ fn synthesised(
         api,
         input_tokens: req.input_tokens,
         exact_prompt: exact,
+        cut: None,
     })
+}
+
+/// The client cancelled `req` in the recording.
+fn is_cancelled(req: &Request) -> bool {
+    req.response.as_deref().is_some_and(|r| r.cancelled)
+}
+
+/// What a cancelled request asks for: its recorded `max_tokens` (the replay cuts it where the
+/// recording did, so it must not end before that). `None` for other requests, or without a cap.
+fn cancelled_cap(req: &Request) -> Option<u64> {
+    is_cancelled(req)
+        .then_some(req.params.max_tokens)
+        .flatten()
+        .map(u64::from)
 }
 
 /// A recorded generation or pooling body, adjusted as the module docs say.
@@ -303,7 +337,13 @@ fn verbatim(req: &Request, body: &[u8], opts: &BodyOptions) -> BuiltRequest {
     if opts.model_override || !obj.contains_key("model") {
         obj.insert("model".into(), json!(opts.model));
     }
-    if !opts.keep_original_limits {
+    if is_cancelled(req) {
+        // Cut where the client went away: the recorded length is what came before the cut, not
+        // what was asked, so the request asks for its recorded cap (or keeps its own limits).
+        if let Some(cap) = cancelled_cap(req) {
+            set_limits(obj, &req.endpoint, cap);
+        }
+    } else if !opts.keep_original_limits {
         // Each of `n` choices asks for its own recorded length, not the total over them.
         set_limits(obj, &req.endpoint, req.choice_output_tokens());
     }

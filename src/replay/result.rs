@@ -502,6 +502,10 @@ pub struct Selected {
     /// Recorded against replayed outcomes (recorded traces).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_outcomes: Option<Value>,
+    /// Requests cut where the client cancelled them in the recording (recorded traces):
+    /// `{count, rule}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancelled_as_recorded: Option<Value>,
     /// The workload left out: `{left_out, workload, share, malformed_rows, limit}`.
     pub left_out_workload: Value,
     /// Text prompts made by the target's `/tokenize` and `/detokenize`, when used:

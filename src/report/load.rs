@@ -426,15 +426,48 @@ fn requests_from(
     }))
 }
 
-/// When the response's first content arrived: its first content event when streamed; the
-/// end of a whole (non-streamed) completion body, as replay times one.
-fn first_content_us(p: &trace::Response) -> Option<u64> {
-    let whole_body = p.events.is_empty()
-        && p.status < 400
-        && p.error.is_none()
-        && !p.cancelled
-        && p.usage.is_some();
-    p.ttft_us.or(if whole_body { p.end_us } else { None })
+/// A recording's exchanges as per-request arrays, by the one rule of recorded latency
+/// ([`trace::Response::completed`], shared with `inspect`): an exchange that did not complete
+/// (cancelled, an error, a status of 400 or more) is a failure with its kind and no latency; a
+/// completed one is timed from its arrival, a whole body apart (E2E only), as a replay times it.
+pub fn recorded_requests(work: &[&trace::Request]) -> Requests {
+    let mut r = Requests::default();
+    let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
+    for q in work {
+        r.input_lens.push(q.input_tokens);
+        r.output_lens.push(q.output_tokens);
+        r.start_s.push(q.arrival_us.saturating_sub(t0) as f64 / 1e6);
+        let resp = q.response.as_deref();
+        r.errors.push(match resp {
+            None => "no_response".to_string(),
+            Some(p) if p.completed() => String::new(),
+            Some(p) if p.cancelled => "cancelled".into(),
+            Some(p) if p.status >= 400 => format!("http_{}", p.status),
+            Some(p) => p.error.clone().unwrap_or_else(|| "failed".into()),
+        });
+        let streamed = resp.and_then(trace::Response::streamed_latency_us);
+        let whole = resp.and_then(trace::Response::whole_body_e2e_us);
+        r.ttft_s
+            .push(streamed.map(|(t, _)| t).or(whole).map(|v| v as f64 / 1e6));
+        r.latency_s
+            .push(streamed.map(|(_, e)| e).or(whole).map(|v| v as f64 / 1e6));
+        let itls = resp.filter(|p| p.completed()).map_or_else(Vec::new, |p| {
+            p.events
+                .windows(2)
+                .map(|w| w[1].offset_us.saturating_sub(w[0].offset_us) as f64 / 1e6)
+                .collect()
+        });
+        r.itls_s.push(itls);
+        let sm = resp.and_then(|p| p.server_metrics.as_ref());
+        r.client_queue_s.push(None);
+        r.server_queue_s
+            .push(sm.and_then(|m| m.queue_time_ms).map(|v| v / 1e3));
+        r.server_ttft_s
+            .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
+        r.server_input_lens.push(None);
+        r.non_streamed.push(whole.is_some());
+    }
+    r
 }
 
 /// A trace: workload always; latency from recorded responses when present.
@@ -449,54 +482,7 @@ fn from_trace(path: &Path, t: Trace) -> Run {
         scalars.insert("auxiliary_left_out".to_string(), aux as f64);
     }
     let recorded = work.iter().any(|r| r.response.is_some());
-    let requests = recorded.then(|| {
-        let mut r = Requests::default();
-        let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
-        for q in &work {
-            r.input_lens.push(q.input_tokens);
-            r.output_lens.push(q.output_tokens);
-            r.start_s.push((q.arrival_us - t0) as f64 / 1e6);
-            let resp = q.response.as_deref();
-            let failed = resp.is_none_or(|p| p.status >= 400 || p.error.is_some() || p.cancelled);
-            let err = match resp {
-                None => "no_response".to_string(),
-                Some(p) if p.status >= 400 => format!("http_{}", p.status),
-                Some(p) => p.error.clone().unwrap_or_else(|| {
-                    if p.cancelled {
-                        "cancelled".into()
-                    } else {
-                        String::new()
-                    }
-                }),
-            };
-            r.errors.push(if failed && err.is_empty() {
-                "failed".into()
-            } else {
-                err
-            });
-            r.ttft_s
-                .push(resp.and_then(first_content_us).map(|v| v as f64 / 1e6));
-            r.latency_s
-                .push(resp.and_then(|p| p.end_us).map(|v| v as f64 / 1e6));
-            let itls = resp.map_or_else(Vec::new, |p| {
-                p.events
-                    .windows(2)
-                    .map(|w| w[1].offset_us.saturating_sub(w[0].offset_us) as f64 / 1e6)
-                    .collect()
-            });
-            r.itls_s.push(itls);
-            let sm = resp.and_then(|p| p.server_metrics.as_ref());
-            r.client_queue_s.push(None);
-            r.server_queue_s
-                .push(sm.and_then(|m| m.queue_time_ms).map(|v| v / 1e3));
-            r.server_ttft_s
-                .push(sm.and_then(|m| m.time_to_first_token_ms).map(|v| v / 1e3));
-            r.server_input_lens.push(None);
-            r.non_streamed
-                .push(resp.is_some_and(|p| p.events.is_empty() && first_content_us(p).is_some()));
-        }
-        r
-    });
+    let requests = recorded.then(|| recorded_requests(&work));
     if let Some(r) = &requests {
         add_totals(r, &mut scalars);
     }

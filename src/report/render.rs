@@ -299,6 +299,9 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
                 .map_or(String::new(), |n| format!("; inexact prompts {n}"))
         );
         let _ = writeln!(s, "{}{}", if md { "\n" } else { "  " }, fidelity_verdict(f));
+        if let Some(apart) = apart_line(f) {
+            let _ = writeln!(s, "{}{apart}", if md { "\n" } else { "  " });
+        }
         if !f.latency_ks.is_empty() {
             let ks: Vec<String> = f
                 .latency_ks
@@ -321,6 +324,45 @@ fn workload_lines(w: &WorkloadCmp, md: bool) -> String {
     s
 }
 
+/// `http_500 1 (request 4)`, `cancelled 3 (requests 1, 5, 9)`: each kind, its count and the
+/// first request indices.
+fn named(m: &std::collections::BTreeMap<String, crate::report::workload::Apart>) -> String {
+    m.iter()
+        .map(|(kind, a)| {
+            let idx: Vec<String> = a.first.iter().map(usize::to_string).collect();
+            let more = if a.count > a.first.len() { ", ..." } else { "" };
+            let word = if a.count == 1 { "request" } else { "requests" };
+            format!("{kind} {} ({word} {}{more})", a.count, idx.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The cancels and failures counted apart, named, and whom they blame; `None` when there are
+/// none.
+fn apart_line(f: &crate::report::workload::Fidelity) -> Option<String> {
+    let mut parts = Vec::new();
+    if !f.recorded_apart.is_empty() {
+        parts.push(format!(
+            "did not complete in the recording: {} (the recording's clients or upstream, not the replay: a cancel is replayed as a cancel, a failure sent again)",
+            named(&f.recorded_apart)
+        ));
+    }
+    if !f.replay_failed.is_empty() {
+        parts.push(format!(
+            "failed in the replay only: {} (the target's failures)",
+            named(&f.replay_failed)
+        ));
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "Cancels and failures apart (lengths and latency judged on the {} requests that completed on both sides): {}.",
+            f.completed_both,
+            parts.join("; ")
+        )
+    })
+}
+
 /// "Faithful replay" or what kept it from being one.
 fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
     let estimated = match f.isl_estimated {
@@ -331,8 +373,12 @@ fn fidelity_verdict(f: &crate::report::workload::Fidelity) -> String {
     };
     if f.faithful {
         return format!(
-            "Faithful replay: every request sent, lengths reproduced, schedule as recorded (sent within {:.2} ms at p99).{estimated}",
-            f.send_tolerance_ms
+            "Faithful replay: every request sent, lengths reproduced, schedule as recorded (sent within {:.2} ms at p99){}.{estimated}",
+            f.send_tolerance_ms,
+            match f.recorded_apart.values().map(|a| a.count).sum::<usize>() {
+                0 => String::new(),
+                k => format!("; {k} recorded cancels and failures apart (below)"),
+            }
         );
     }
     let mut why = Vec::new();

@@ -148,8 +148,13 @@ impl Requests {
 
     /// The samples of one metric in ms (successful requests; ITL pooled), like vLLM.
     pub fn samples_ms(&self, m: Metric) -> Vec<f64> {
+        self.samples_ms_of(m, 0..self.len())
+    }
+
+    /// [`Requests::samples_ms`] of the requests `which` only (indices below [`Requests::len`]).
+    pub fn samples_ms_of(&self, m: Metric, which: impl IntoIterator<Item = usize>) -> Vec<f64> {
         let mut out = Vec::new();
-        for i in 0..self.len() {
+        for i in which.into_iter().filter(|&i| i < self.len()) {
             let whole = self.non_streamed.get(i).copied().unwrap_or(false);
             let ok = self.ok(i) && !(whole && m.streamed_only());
             match m {

@@ -74,8 +74,22 @@ pub struct Fidelity {
     /// Workload requests of the trace the replay's selection left out (a chat request without a
     /// tokenizer, `--skip-recorded-failures`, ...; side requests are not counted).
     pub left_out: usize,
-    /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL.
+    /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL, both
+    /// of one population: the paired requests that completed in the recording and in the replay.
     pub latency_ks: BTreeMap<String, f64>,
+    /// Paired requests that completed on both sides (a recording's by
+    /// [`crate::trace::Response::completed`], a replay's with a first token and no error): the
+    /// only ones whose lengths and latency are judged.
+    pub completed_both: usize,
+    /// Paired requests that did not complete in the recording, by kind (`cancelled`: the client
+    /// went away; else the recorded failure, `http_500`, `upstream_connect`, ...): not judged,
+    /// and no fault of the replay.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub recorded_apart: BTreeMap<String, Apart>,
+    /// Paired requests that completed in the recording and failed in the replay, by the
+    /// replay's failure kind: the target's failures, not judged for lengths or latency.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replay_failed: BTreeMap<String, Apart>,
     /// The coarser of the two sides' time resolutions ([`resolution_s`]), ms.
     pub time_resolution_ms: f64,
     /// How far behind the recording the actual sends may be at p99 ([`send_tolerance_ms`]).
@@ -85,6 +99,44 @@ pub struct Fidelity {
     /// Every workload request sent and paired, lengths reproduced, the intended schedule within
     /// 1 ms at p99 and the actual sends within `send_tolerance_ms`.
     pub faithful: bool,
+}
+
+/// Requests of one kind, reported apart: how many, and the first few request indices (their
+/// position among the paired requests, which is their index in the replay's per-request arrays).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Apart {
+    pub count: usize,
+    pub first: Vec<usize>,
+}
+
+/// Request indices an [`Apart`] names.
+pub const APART_NAMED: usize = 5;
+
+fn note_apart(m: &mut BTreeMap<String, Apart>, kind: &str, i: usize) {
+    let a = m.entry(kind.to_string()).or_default();
+    a.count += 1;
+    if a.first.len() < APART_NAMED {
+        a.first.push(i);
+    }
+}
+
+/// Why a recorded request did not complete (`None`: it completed, or the trace recorded no
+/// response, as an imported trace does not).
+fn recorded_apart_kind(q: &crate::trace::Request) -> Option<String> {
+    let r = q.response.as_deref()?;
+    if r.completed() {
+        return None;
+    }
+    if r.cancelled {
+        return Some("cancelled".into());
+    }
+    Some(q.recorded_failure().map_or_else(
+        || "failed".into(),
+        |k| match k {
+            "http_error" => format!("http_{}", r.status),
+            k => k.to_string(),
+        },
+    ))
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -344,6 +396,11 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     });
     let mut err = Vec::with_capacity(n);
     let (mut isl_ok, mut osl_ok, mut osl_diff, mut ok_n) = (0usize, 0usize, 0f64, 0usize);
+    let (mut recorded_apart, mut replay_failed) = (BTreeMap::new(), BTreeMap::new());
+    // Judged: the paired requests that completed on both sides; a recorded cancel or failure,
+    // and a failure of the target, are counted apart and named instead.
+    let mut both = Vec::with_capacity(n);
+    let mut isl_judged = 0usize;
     let server_isl = |i: usize| q.server_input_lens.get(i).copied().flatten();
     let isl_server_counted = (0..n).filter(|&i| server_isl(i).is_some()).count();
     // A recorded estimate is no length to reproduce: the replay re-sent the prompt, or one
@@ -352,34 +409,53 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     let isl_estimated = (0..n).filter(|&i| estimated(i)).count();
     for i in 0..n {
         err.push(((q.start_s[i] - s0) - want(i)).abs() * 1e3);
-        let isl = server_isl(i).unwrap_or(q.input_lens[i]);
-        isl_ok += usize::from(!estimated(i) && isl == t.requests[i].input_tokens);
-        if q.ok(i) {
-            ok_n += 1;
-            osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
-            osl_diff += (q.output_lens[i] as f64 - t.requests[i].output_tokens as f64).abs();
+        if let Some(kind) = recorded_apart_kind(&t.requests[i]) {
+            note_apart(&mut recorded_apart, &kind, i);
+            continue;
         }
+        if !q.ok(i) {
+            // A result's error is `kind: detail`; the kind names it.
+            let kind = match q.errors[i].split(':').next().unwrap_or("").trim() {
+                "" => "no_content",
+                k => k,
+            };
+            note_apart(&mut replay_failed, kind, i);
+            continue;
+        }
+        both.push(i);
+        let isl = server_isl(i).unwrap_or(q.input_lens[i]);
+        isl_judged += usize::from(!estimated(i));
+        isl_ok += usize::from(!estimated(i) && isl == t.requests[i].input_tokens);
+        ok_n += 1;
+        osl_ok += usize::from(q.output_lens[i] == t.requests[i].output_tokens);
+        osl_diff += (q.output_lens[i] as f64 - t.requests[i].output_tokens as f64).abs();
     }
     let arrival_error_ms = Dist::of(err);
-    let judged = n - isl_estimated;
-    let isl_exact = if judged > 0 {
-        isl_ok as f64 / judged as f64
+    let isl_exact = if isl_judged > 0 {
+        isl_ok as f64 / isl_judged as f64
     } else {
         1.0
     };
-    let osl_exact = if ok_n > 0 {
-        osl_ok as f64 / ok_n as f64
-    } else {
-        0.0
+    // Nothing judged: exact when every pair was a recorded cancel or failure, not when the
+    // target failed them all.
+    let osl_exact = match (ok_n, replay_failed.is_empty()) {
+        (0, true) => 1.0,
+        (0, false) => 0.0,
+        (k, _) => osl_ok as f64 / k as f64,
     };
     let unpaired = t.requests.len().saturating_sub(q.len());
     let schedule_p99 = schedule_error_ms
         .as_ref()
         .map_or(arrival_error_ms.p99, |d| d.p99);
-    let recorded: Vec<f64> = (0..n)
+    let arrivals: Vec<f64> = (0..n)
         .map(|i| t.requests[i].arrival_us as f64 / 1e6)
         .collect();
-    let resolution = resolution_s(&recorded).max(resolution_s(&q.start_s[..n]));
+    let resolution = resolution_s(&arrivals).max(resolution_s(&q.start_s[..n]));
+    // The recording's latency by the rule `inspect` uses, indexed as the pairs are.
+    let recorded = trace_run.requests.as_ref().map(|_| {
+        let paired: Vec<&crate::trace::Request> = t.requests[..n].iter().collect();
+        super::load::recorded_requests(&paired)
+    });
     let send_tolerance_ms = send_tolerance_ms(resolution * 1e3);
     let sent_on_time = arrival_error_ms.p99 <= send_tolerance_ms;
     let latency_ks = [
@@ -389,8 +465,11 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
     ]
     .into_iter()
     .filter_map(|(m, name)| {
-        let (a, b) = (trace_run.samples_ms(m)?, replay.samples_ms(m)?);
-        Some((name.to_string(), ks_2samp(&a, &b).d))
+        // One population on both sides: the pairs that completed in both.
+        let rec = recorded.as_ref()?;
+        let a = rec.samples_ms_of(m, both.iter().copied());
+        let b = q.samples_ms_of(m, both.iter().copied());
+        (!a.is_empty() && !b.is_empty()).then(|| (name.to_string(), ks_2samp(&a, &b).d))
     })
     .collect();
     Some(Fidelity {
@@ -409,6 +488,9 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
         unpaired,
         left_out,
         latency_ks,
+        completed_both: ok_n,
+        recorded_apart,
+        replay_failed,
         arrival_error_ms,
         isl_exact,
         isl_server_counted,
@@ -547,6 +629,85 @@ mod tests {
         );
         assert!(f.arrival_error_ms.p99 > 200.0);
         assert!(!f.sent_on_time && !f.faithful, "{f:?}");
+    }
+
+    /// Recorded cancels and failures are counted apart and named; lengths and the latency KS
+    /// are judged on the pairs that completed on both sides, so a replay that cut the cancels
+    /// (fewer tokens) and sent the failures again is still faithful.
+    #[test]
+    fn recorded_cancels_and_failures_are_apart_and_lengths_judged_on_completed_pairs() {
+        use crate::trace::{Event, Response};
+        let arrivals: Vec<f64> = (0..6).map(|i| i as f64 * 10.0).collect();
+        let (mut t, mut r) = trace_and_replay(&arrivals, |_| 0.0);
+        let streamed = |end: u64| Response {
+            status: 200,
+            ttft_us: Some(10_000),
+            events: vec![
+                Event {
+                    offset_us: 10_000,
+                    tokens: 1,
+                },
+                Event {
+                    offset_us: end,
+                    tokens: 3,
+                },
+            ],
+            end_us: Some(end),
+            ..Default::default()
+        };
+        let tr = t.trace.as_mut().unwrap();
+        for (i, q) in tr.requests.iter_mut().enumerate() {
+            q.response = Some(Box::new(streamed(20_000 + i as u64)));
+        }
+        // Request 1: cancelled after 2 events, with a 12 s end; request 3: cancelled before
+        // any event; request 4: an upstream 500.
+        let resp = |i: usize, tr: &mut Trace| tr.requests[i].response.as_mut().unwrap().clone();
+        let mut c = resp(1, tr);
+        (c.cancelled, c.end_us) = (true, Some(12_000_000));
+        tr.requests[1].response = Some(c);
+        tr.requests[1].output_tokens = 2;
+        tr.requests[3].response = Some(Box::new(Response {
+            status: 200,
+            cancelled: true,
+            end_us: Some(150_000),
+            ..Default::default()
+        }));
+        tr.requests[3].output_tokens = 0;
+        tr.requests[4].response = Some(Box::new(Response {
+            status: 500,
+            error: Some("http_500".into()),
+            end_us: Some(1_000),
+            ..Default::default()
+        }));
+        tr.requests[4].output_tokens = 0;
+        let work: Vec<_> = tr.requests.iter().collect();
+        t.requests = Some(crate::report::load::recorded_requests(&work));
+        let q = r.requests.as_mut().unwrap();
+        for i in [1, 3] {
+            q.errors[i] = "cancelled_as_recorded".into();
+            q.output_lens[i] = 1;
+        }
+        q.output_lens[4] = 4; // the 500 succeeded when sent again
+        q.latency_s = (0..6).map(|i| Some((20_000 + i) as f64 / 1e6)).collect();
+        let f = fidelity(&t, &r).unwrap();
+        assert_eq!(f.completed_both, 3, "{f:?}");
+        assert_eq!(f.recorded_apart["cancelled"].first, [1, 3]);
+        assert_eq!(f.recorded_apart["http_500"].first, [4]);
+        assert!(f.replay_failed.is_empty());
+        assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
+        assert!(f.faithful, "{f:?}");
+        // The 12 s cancel is in neither side's E2EL, nor the replay's cut requests: the same
+        // three requests on both sides, timed alike.
+        assert_eq!(
+            (f.latency_ks["e2el"], f.latency_ks["ttft"]),
+            (0.0, 0.0),
+            "{f:?}"
+        );
+        // A failure of the target on a request that completed in the recording is named too.
+        r.requests.as_mut().unwrap().errors[2] = "http_503".into();
+        let f = fidelity(&t, &r).unwrap();
+        assert_eq!(f.replay_failed["http_503"].first, [2]);
+        assert_eq!(f.completed_both, 2);
     }
 
     #[test]

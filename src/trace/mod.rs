@@ -373,6 +373,58 @@ pub struct Response {
     pub choice_tokens: Vec<u32>,
 }
 
+impl Response {
+    /// The exchange completed: the client did not cancel it, no error, a status below 400.
+    /// Only completed exchanges make a recording's latency: `inspect`'s recorded figures and
+    /// `compare`'s recorded side are both drawn by this one rule.
+    pub fn completed(&self) -> bool {
+        !self.cancelled && self.error.is_none() && self.status < 400
+    }
+
+    /// A completed response that came whole (no events), with usage: a non-streamed body.
+    pub fn is_whole_body(&self) -> bool {
+        self.completed() && self.events.is_empty() && self.ttft_us.is_none() && self.usage.is_some()
+    }
+
+    /// The recorded latency of a streamed exchange that completed: (TTFT, E2E) in µs from
+    /// arrival. A whole body is timed apart ([`Response::whole_body_e2e_us`]), E2E only, as a
+    /// replay times one and vLLM has none.
+    pub fn streamed_latency_us(&self) -> Option<(u64, u64)> {
+        if !self.completed() || self.is_whole_body() {
+            return None;
+        }
+        Some((self.ttft_us?, self.end_us?))
+    }
+
+    /// The E2E latency of a completed whole (non-streamed) body, µs from arrival.
+    pub fn whole_body_e2e_us(&self) -> Option<u64> {
+        self.is_whole_body().then_some(self.end_us).flatten()
+    }
+
+    /// How a replay cuts this exchange when the client cancelled it: after the recorded number
+    /// of events when some came, else at its recorded end (µs from the send). `None` when the
+    /// client did not cancel.
+    pub fn cut(&self) -> Option<Cut> {
+        if !self.cancelled {
+            return None;
+        }
+        match u32::try_from(self.events.len()) {
+            Ok(0) => Some(Cut::AtUs(self.end_us.unwrap_or(0))),
+            Ok(n) => Some(Cut::AfterEvents(n)),
+            Err(_) => Some(Cut::AfterEvents(u32::MAX)),
+        }
+    }
+}
+
+/// Where a replay cuts a request the client cancelled in the recording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// After this many SSE events (the recorded events).
+    AfterEvents(u32),
+    /// This long after the send, in µs, when no event came (the recorded end from arrival).
+    AtUs(u64),
+}
+
 /// Most choices per response a trace holds counts of ([`Response::choice_tokens`]).
 pub const MAX_CHOICES: usize = 256;
 

@@ -222,6 +222,13 @@ pub struct Recorded {
     /// Error kind → count (HTTP statuses ≥ 400 count as `http_<status>`).
     pub errors: BTreeMap<String, u64>,
     pub cancelled: u64,
+    /// Exchanges that completed ([`crate::trace::Response::completed`]): the only ones in
+    /// `ttft_ms`, `itl_ms` and `e2e_ms` (the rule `compare` draws its recorded side by).
+    pub completed: u64,
+    /// E2E of completed whole (non-streamed) bodies, apart from the streamed `e2e_ms`, as a
+    /// replay reports them; absent when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_streamed_e2e_ms: Option<Dist>,
 }
 
 /// Everything `inspect` reports. Field names are the `--json` schema.
@@ -314,6 +321,7 @@ pub struct StatsAcc {
     rec: Recorded,
     ttft_us: Values,
     e2e_us: Values,
+    whole_e2e_us: Values,
     itl_us: Values,
 }
 
@@ -365,6 +373,7 @@ impl StatsAcc {
             rec: Recorded::default(),
             ttft_us: Values::new(values),
             e2e_us: Values::new(values),
+            whole_e2e_us: Values::new(values),
             itl_us: Values::new(values),
         }
     }
@@ -441,20 +450,23 @@ impl StatsAcc {
         let Some(resp) = &r.response else { return };
         let rec = &mut self.rec;
         rec.responses += 1;
-        // Recorded latencies in µs; u32 holds 71 minutes (longer ones count as that).
-        if let Some(t) = resp.ttft_us {
-            self.ttft_us.push(t);
-        }
-        if let Some(e) = resp.end_us {
-            self.e2e_us.push(e);
-        }
-        // ITL between successive content events (those carrying tokens), as vLLM pools them.
-        let mut prev = None;
-        for e in resp.events.iter().filter(|e| e.tokens > 0) {
-            if let Some(p) = prev {
-                self.itl_us.push(e.offset_us - p);
+        // Recorded latencies in µs (u32 holds 71 minutes; longer ones count as that), of the
+        // exchanges that completed only: a cancel or a failure is counted, not timed.
+        rec.completed += u64::from(resp.completed());
+        if let Some((ttft, e2e)) = resp.streamed_latency_us() {
+            self.ttft_us.push(ttft);
+            self.e2e_us.push(e2e);
+            // ITL between successive content events (those carrying tokens), as vLLM pools them.
+            let mut prev = None;
+            for e in resp.events.iter().filter(|e| e.tokens > 0) {
+                if let Some(p) = prev {
+                    self.itl_us.push(e.offset_us.saturating_sub(p));
+                }
+                prev = Some(e.offset_us);
             }
-            prev = Some(e.offset_us);
+        }
+        if let Some(e2e) = resp.whole_body_e2e_us() {
+            self.whole_e2e_us.push(e2e);
         }
         if let Some(kind) = &resp.error {
             *rec.errors.entry(kind.clone()).or_default() += 1;
@@ -484,6 +496,8 @@ impl StatsAcc {
             ttft_ms: dist(self.ttft_us, 1e3, "ttft_ms"),
             itl_ms: dist(self.itl_us, 1e3, "itl_ms"),
             e2e_ms: dist(self.e2e_us, 1e3, "e2e_ms"),
+            non_streamed_e2e_ms: (self.whole_e2e_us.count > 0)
+                .then(|| dist(self.whole_e2e_us, 1e3, "non_streamed_e2e_ms")),
             ..self.rec
         });
         let false_positive_rate = self.seen.false_positive_rate();
@@ -869,6 +883,55 @@ mod tests {
         assert_eq!(r.errors.get("http_503"), Some(&1));
         assert_eq!(r.errors.get("upstream_reset"), Some(&1));
         assert_eq!(r.cancelled, 1);
+        assert_eq!(r.completed, 1);
+    }
+
+    /// `inspect`'s recorded E2E and `compare`'s recorded side draw one population: exchanges
+    /// that completed (a cancel, an error kind or a status of 400 or more is counted, not timed).
+    #[test]
+    fn inspect_and_compare_time_the_same_recorded_exchanges() {
+        use crate::report::load::recorded_requests;
+        use crate::report::run::Metric;
+        use crate::trace::{Event, Response};
+        let mut t = trace(&[(0, &[]), (10, &[]), (20, &[]), (30, &[]), (40, &[])]);
+        let streamed = |end: u64, cancelled: bool, status: u16| Response {
+            status,
+            ttft_us: Some(5_000),
+            events: vec![
+                Event {
+                    offset_us: 5_000,
+                    tokens: 1,
+                },
+                Event {
+                    offset_us: end,
+                    tokens: 1,
+                },
+            ],
+            end_us: Some(end),
+            cancelled,
+            ..Default::default()
+        };
+        t.requests[0].response = Some(Box::new(streamed(40_000, false, 200)));
+        t.requests[1].response = Some(Box::new(streamed(12_000_000, true, 200)));
+        t.requests[2].response = Some(Box::new(streamed(9_000_000, false, 500)));
+        t.requests[3].response = Some(Box::new(Response {
+            status: 0,
+            error: Some("upstream_connect".into()),
+            end_us: Some(7_000_000),
+            ..Default::default()
+        }));
+        t.requests[4].response = Some(Box::new(streamed(60_000, false, 200)));
+        let rec = compute(&t, &StatsOptions::default()).recorded.unwrap();
+        assert_eq!((rec.completed, rec.e2e_ms.count), (2, 2));
+        assert_eq!(
+            rec.e2e_ms.max, 60.0,
+            "no cancelled or failed exchange timed"
+        );
+        let work: Vec<_> = t.requests.iter().collect();
+        let mut e2e = recorded_requests(&work).samples_ms(Metric::E2el);
+        e2e.sort_by(f64::total_cmp);
+        assert_eq!(e2e, [40.0, 60.0]);
+        assert_eq!(Dist::of(e2e), rec.e2e_ms);
     }
 
     #[test]
