@@ -246,13 +246,11 @@ impl Extractor {
                 Some(format!("http_{}", ex.status))
             } else if parse_failure.is_some() {
                 Some("request_parse".into())
-            } else if let Some(e) = &stream_error {
-                Some(match e.as_str() {
+            } else {
+                stream_error.as_deref().map(|e| match e {
                     MALFORMED_USAGE => MALFORMED_USAGE.into(),
                     _ => "stream_error".into(),
                 })
-            } else {
-                None
             };
         }
         if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
