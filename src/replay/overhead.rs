@@ -9,6 +9,7 @@
 //! so.
 
 use super::client::Client;
+use super::servertext::count_of;
 use super::request::Overheads;
 use crate::synth::{TextBuilder, TextFidelity};
 use serde_json::json;
@@ -79,19 +80,12 @@ fn mismatch_line(short: u64, long: u64) -> String {
     )
 }
 
-/// The length of a `/tokenize` answer: vLLM's `count`, or llama.cpp's `tokens`.
-fn count_of(answer: &serde_json::Value) -> Option<u64> {
-    answer["count"]
-        .as_u64()
-        .or_else(|| answer["tokens"].as_array().map(|t| t.len() as u64))
-}
-
 /// `POST /tokenize` of `text` as a prompt, special tokens included (vLLM reads `prompt`,
 /// llama.cpp `content` and `add_special`).
 async fn prompt_count(client: &Client, model: &str, text: &str) -> Result<u64, String> {
     let body = json!({"model": model, "prompt": text, "content": text, "add_special": true});
     let answer = client.post_json("/tokenize", &body).await?;
-    count_of(&answer).ok_or_else(|| "POST /tokenize: no token count in the answer".into())
+    count_of(&answer)
 }
 
 /// The length of one user message `text` as a chat prompt: vLLM's `/tokenize` with `messages`;
@@ -113,19 +107,12 @@ async fn chat_count(client: &Client, model: &str, text: &str) -> Result<u64, Str
         .ok_or("POST /apply-template: no `prompt` in the answer")?;
     let body = json!({"content": prompt, "add_special": true, "parse_special": true});
     let answer = client.post_json("/tokenize", &body).await?;
-    count_of(&answer).ok_or_else(|| "POST /tokenize: no token count in the answer".into())
+    count_of(&answer)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_tokenize_answer_is_counted_in_either_server_shape() {
-        assert_eq!(count_of(&json!({"count": 7, "tokens": [1, 2]})), Some(7));
-        assert_eq!(count_of(&json!({"tokens": [0, 615, 80]})), Some(3));
-        assert_eq!(count_of(&json!({"error": "x"})), None);
-    }
 
     #[test]
     fn an_overhead_is_the_count_beyond_the_sample() {

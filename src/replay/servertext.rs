@@ -90,8 +90,8 @@ pub struct ServerText {
 }
 
 /// The count of a `/tokenize` answer (vLLM's `count`, else the length of `tokens`), refused
-/// above [`MAX_COUNT`].
-fn count_of(answer: &Value) -> Result<u64, String> {
+/// above [`MAX_COUNT`]. The one reader of such answers (also [`super::overhead`]'s).
+pub(super) fn count_of(answer: &Value) -> Result<u64, String> {
     let n = match answer.get("count").and_then(Value::as_u64) {
         Some(n) => n,
         None => answer
