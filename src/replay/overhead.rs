@@ -9,8 +9,8 @@
 //! so.
 
 use super::client::Client;
-use super::servertext::count_of;
 use super::request::Overheads;
+use super::servertext::count_of;
 use crate::synth::{TextBuilder, TextFidelity};
 use serde_json::json;
 

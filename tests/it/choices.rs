@@ -59,6 +59,7 @@ async fn each_choice_of_n_is_recorded_and_replayed_at_its_own_length() {
         assert_eq!(resp.status(), 200, "{path} n={n}");
         resp.into_body().collect().await.expect("whole body");
     }
+    drop(client);
     stop_recorder(rec.stop, rec.task).await;
     up.shutdown().await;
 
