@@ -302,6 +302,7 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
 /// before any copy is made. The streamed plan has no such bound.
 pub const MAX_WHOLE_SENDS: u64 = 4 << 20;
 
+/// [`Trace::span_us`] of `requests` (first to last arrival), as `shape::repeat` measures it.
 fn trace_span_us(requests: &[Request]) -> u64 {
     let at = requests.iter().map(|r| r.arrival_us);
     at.clone().max().unwrap_or(0) - at.min().unwrap_or(0)
