@@ -462,6 +462,15 @@ impl<W: Write> TraceWriter<W> {
     /// than its input length allows under the header ([`TraceHeader::check_ids`]) is refused
     /// (`InvalidInput`, nothing written): the reader would refuse it, and its frame with it.
     pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+        // Every reader refuses an arrival past i64::MAX µs (its delta would turn negative).
+        if i64::try_from(r.arrival_us).is_err() {
+            let k = self.records + self.in_frame;
+            let msg = format!(
+                "record {k}: arrival {} µs is beyond any trace",
+                r.arrival_us
+            );
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
         if let Err(e) = self.header.check_ids(r.hash_ids.len(), r.input_tokens) {
             let k = self.records + self.in_frame;
             let msg = format!("record {k}: {e}");
@@ -1492,6 +1501,25 @@ mod tests {
             (w.frames, w.frame_ids),
             (1, per),
             "one more starts a new frame"
+        );
+    }
+
+    #[test]
+    fn the_writer_refuses_an_arrival_every_reader_would_refuse() {
+        let h = TraceHeader::imported(16, true, "t");
+        let mut w = TraceWriter::new(Vec::new(), &h, WriteOptions::default()).unwrap();
+        let late = Request {
+            arrival_us: u64::MAX,
+            ..Default::default()
+        };
+        let e = w.push(&late).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        w.push(&Request::default()).unwrap();
+        let (back, rep) = read_bytes("t", &w.finish().unwrap()).unwrap();
+        assert!(
+            rep.is_clean() && back.requests.len() == 1,
+            "{}",
+            rep.summary()
         );
     }
 

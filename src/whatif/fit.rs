@@ -422,6 +422,18 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
             "{requests} requests is more than the 10^8 synth writes"
         )));
     }
+    let max_s = super::MAX_SPAN_US as f64 / 1e6;
+    let span_s = match s.duration_us {
+        Some(d) => d as f64 / 1e6,
+        None => requests as f64 / rate,
+    };
+    if !(span_s <= max_s) {
+        return Err(WhatIfError::Option(format!(
+            "{requests} requests at {rate} req/s would span {:.0} days (more than {}): check --rate, --duration and --scale-users",
+            span_s / 86_400.0,
+            max_s / 86_400.0
+        )));
+    }
     // given only a duration, the duration ends the output (its rate varies): this only bounds it
     let requests = match (s.requests, s.duration_us) {
         (None, Some(_)) => requests * 2 + 1000,

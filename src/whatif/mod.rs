@@ -11,6 +11,10 @@ use crate::cli::SynthArgs;
 use crate::trace::import::{read_path, ImportOptions};
 use anyhow::Result;
 
+/// The longest span a synthesised trace may have (365 days): `--speedup`, `--rate` or
+/// `--duration` asking for more is refused before anything is made.
+pub const MAX_SPAN_US: u64 = 365 * 86_400_000_000;
+
 /// Errors of `synth`'s own making (reading and writing keep theirs).
 #[derive(Debug, thiserror::Error)]
 pub enum WhatIfError {

@@ -88,6 +88,21 @@ pub fn apply(trace: &mut Trace, t: &Transforms) -> Result<Applied, WhatIfError> 
         }
     }
     if t.speedup != 1.0 {
+        let last = trace
+            .requests
+            .iter()
+            .map(|r| r.arrival_us)
+            .max()
+            .unwrap_or(0);
+        let span_us = last as f64 / t.speedup;
+        if span_us > super::MAX_SPAN_US as f64 {
+            return Err(WhatIfError::Option(format!(
+                "--speedup {}: the output would span {:.0} days (more than {})",
+                t.speedup,
+                span_us / 86_400e6,
+                super::MAX_SPAN_US / 86_400_000_000
+            )));
+        }
         let div = |v: u64| (v as f64 / t.speedup).round() as u64;
         for r in &mut trace.requests {
             r.arrival_us = div(r.arrival_us);

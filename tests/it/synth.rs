@@ -470,3 +470,38 @@ fn fitted_output_holds_no_input_hash() {
         .iter()
         .all(|r| r.body.is_none() && r.response.is_none()));
 }
+
+/// Time factors that would put the output beyond a sane span (or every arrival at one
+/// saturated instant) are refused before anything is written, naming the flag, under a 1 GiB
+/// address-space limit; nothing is left at the output path.
+#[test]
+fn speedup_and_fitted_rates_beyond_a_sane_span_are_refused() {
+    use super::support::{under_memory_limit, OutputWithin, CHILD_LIMIT, MEMORY_LIMIT};
+    let dir = tempfile::tempdir().unwrap();
+    let input = repo("traces/mooncake_conversation_1k.jsonl");
+    let out = dir.path().join("out.jsonl");
+    for (args, flag) in [
+        (vec!["--speedup", "1e-12"], "--speedup"),
+        (vec!["--fit", "--rate", "1e-300"], "--rate"),
+        (vec!["--fit", "--rate", "1e-9"], "--rate"),
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+        cmd.args([
+            "synth",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        cmd.args(&args);
+        let o = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+            .output_within(CHILD_LIMIT)
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("days"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+}
