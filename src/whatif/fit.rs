@@ -427,7 +427,7 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
         Some(d) => d as f64 / 1e6,
         None => requests as f64 / rate,
     };
-    if !(span_s <= max_s) {
+    if span_s.is_nan() || span_s > max_s {
         return Err(WhatIfError::Option(format!(
             "{requests} requests at {rate} req/s would span {:.0} days (more than {}): check --rate, --duration and --scale-users",
             span_s / 86_400.0,
