@@ -225,30 +225,33 @@ impl Comparison {
 /// Schema of the JSON output.
 pub const SCHEMA: &str = "retrace.compare/1";
 
-/// Point values of the four statistics of `m`: the file's own key when present, else exact
-/// samples (sorted once), else the histogram (approximate).
+/// Point values of the four statistics of `m`: the file's own key when it agrees with the
+/// file's exact samples (to 10^-6, float noise) or there are none; else the samples' figure
+/// (sorted once), the data the intervals are drawn from, so a point always lies in its
+/// interval; else the histogram (approximate).
 fn points(run: &Run, m: Metric) -> [Option<(f64, bool)>; 4] {
     let mut sorted: Option<Option<Vec<f64>>> = None;
     Stat::ALL.map(|stat| {
-        let key = format!("{}_{}_ms", stat.key(), m.key());
-        let count_key = format!("count_{}", m.key());
-        let has_count = run.scalar(&count_key).is_none_or(|c| c > 0.0);
-        if let Some(v) = run.scalar(&key).filter(|_| has_count) {
-            return Some((v, false));
-        }
         let s = sorted.get_or_insert_with(|| {
             run.samples_ms(m).map(|mut s| {
                 s.sort_by(f64::total_cmp);
                 s
             })
         });
-        if let Some(s) = s {
-            let v = match stat {
-                Stat::Mean => crate::metrics::np_mean(s),
-                Stat::Median => percentile_sorted(s, 50.0),
-                Stat::P90 => percentile_sorted(s, 90.0),
-                Stat::P99 => percentile_sorted(s, 99.0),
-            };
+        let exact = s.as_ref().map(|s| match stat {
+            Stat::Mean => crate::metrics::np_mean(s),
+            Stat::Median => percentile_sorted(s, 50.0),
+            Stat::P90 => percentile_sorted(s, 90.0),
+            Stat::P99 => percentile_sorted(s, 99.0),
+        });
+        let key = format!("{}_{}_ms", stat.key(), m.key());
+        let count_key = format!("count_{}", m.key());
+        let has_count = run.scalar(&count_key).is_none_or(|c| c > 0.0);
+        let agrees = |v: f64| exact.is_none_or(|x| (v - x).abs() <= 1e-6 * x.abs().max(1e-3));
+        if let Some(v) = run.scalar(&key).filter(|&v| has_count && agrees(v)) {
+            return Some((v, false));
+        }
+        if let Some(v) = exact {
             return Some((v, false));
         }
         let w = run.hists.get(&m).filter(|w| w.n() > 0)?;
@@ -751,6 +754,34 @@ pub(crate) mod tests {
         resamples: usize,
     ) -> Comparison {
         compare(b, c, noise, &strict(seed, resamples))
+    }
+
+    /// A file whose own key disagrees with its per-request arrays (edited, or hostile) gets the
+    /// arrays' figure: the point and its interval come from the same data.
+    #[test]
+    fn a_point_estimate_comes_from_the_samples_its_interval_comes_from() {
+        let b = synth_run(400, 100.0, 1);
+        let mut c = synth_run(400, 100.0, 1);
+        c.scalars.insert("mean_ttft_ms".into(), 0.0);
+        let cmp = strict_compare(&b, &c, &[], 3, 200);
+        let row = cmp.row("mean_ttft_ms").unwrap();
+        assert_eq!(row.candidate, row.baseline, "{row:?}");
+        let (lo, hi) = row.ci.unwrap();
+        let change = row.abs_change.unwrap();
+        assert!(lo <= change && change <= hi, "{row:?}");
+        // A key that agrees with the samples (float noise) is taken as written.
+        let mut d = synth_run(400, 100.0, 1);
+        let exact = strict_compare(&b, &d, &[], 3, 50)
+            .row("mean_ttft_ms")
+            .unwrap()
+            .candidate;
+        let written = exact.unwrap() * (1.0 + 1e-9);
+        d.scalars.insert("mean_ttft_ms".into(), written);
+        let row = strict_compare(&b, &d, &[], 3, 50)
+            .row("mean_ttft_ms")
+            .unwrap()
+            .clone();
+        assert_eq!(row.candidate, Some(written));
     }
 
     #[test]

@@ -334,6 +334,14 @@ fn requests_from(
             .map(|v| v.unwrap_or(0.0).max(0.0) as u64)
             .collect())
     };
+    // A latency is never negative: such a value is a damaged file, not a failed request.
+    for key in ["ttfts", "latencies"] {
+        if let Some(v) = f64_array(path, obj, key)? {
+            if let Some(i) = v.iter().position(|x| x.is_some_and(|x| x < 0.0)) {
+                return Err(key_err(path, key, format!("element {i} is negative")));
+            }
+        }
+    }
     let input_lens = lens("input_lens")?;
     let output_lens = lens("output_lens")?;
     // older vLLM versions write no `latencies`: E2EL (and TPOT) are then unknown per request
@@ -526,6 +534,27 @@ mod tests {
         let tpot = r.samples_ms(Metric::Tpot).unwrap();
         let mean = tpot.iter().sum::<f64>() / tpot.len() as f64;
         assert!((mean - r.scalar("mean_tpot_ms").unwrap()).abs() < 1e-6);
+    }
+
+    /// A negative latency is a damaged file, named, never a failure that histograms stand in for.
+    #[test]
+    fn a_negative_ttft_or_latency_is_an_error_naming_key_and_element() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        for (key, body) in [
+            ("ttfts", r#""ttfts": [0.1, -0.2], "latencies": [0.2, 0.3]"#),
+            (
+                "latencies",
+                r#""ttfts": [0.1, 0.2], "latencies": [0.2, -1e300]"#,
+            ),
+        ] {
+            std::fs::write(&p, format!(r#"{{"completed": 2, "duration": 1.0, "input_lens": [1, 1], "output_lens": [1, 1], {body}}}"#)).unwrap();
+            let e = load(&p).unwrap_err().to_string();
+            assert!(
+                e.contains("r.json") && e.contains(key) && e.contains("element 1"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
