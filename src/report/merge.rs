@@ -264,17 +264,20 @@ fn merge_totals(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) -> Resu
 
 /// Valid when every shard is; the invalid ones' reasons, each naming its file.
 fn merge_validity(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) {
-    let valid = inputs
-        .iter()
-        .all(|(_, v)| v.get("valid").and_then(Value::as_bool) != Some(false));
+    let missing = missing_shards(inputs);
+    let valid = missing.is_none()
+        && inputs
+            .iter()
+            .all(|(_, v)| v.get("valid").and_then(Value::as_bool) != Some(false));
     m.insert("valid".into(), json!(valid));
-    let reasons: Vec<String> = inputs
+    let mut reasons: Vec<String> = inputs
         .iter()
         .filter_map(|(p, v)| {
             let r = v.get("invalid_reason")?.as_str()?;
             Some(format!("{}: {r}", p.display()))
         })
         .collect();
+    reasons.extend(missing);
     m.insert(
         "invalid_reason".into(),
         if reasons.is_empty() {
@@ -283,6 +286,20 @@ fn merge_validity(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) {
             json!(reasons.join("; "))
         },
     );
+}
+
+/// Why the inputs do not make a whole split, if they do not: shards (`shard: "I/N"`) given
+/// that do not cover 0..N−1 (each is given once: [`check_distinct_shards`]).
+fn missing_shards(inputs: &[(PathBuf, Value)]) -> Option<String> {
+    let shards: Vec<(u32, u32)> = inputs
+        .iter()
+        .filter_map(|(_, v)| crate::trace::shape::parse_shard(v.get("shard")?.as_str()?).ok())
+        .collect();
+    let &(_, n) = shards.first()?;
+    let given = shards.iter().filter(|s| s.1 == n).count() as u64;
+    (given < u64::from(n)).then(|| {
+        format!("the merge holds {given} of {n} shards: not the whole run (give every shard I/{n})")
+    })
 }
 
 /// The inputs' histograms added, name by name (lossless).
@@ -728,6 +745,25 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// Shards that do not cover 0..N−1 merge into an invalid result saying so.
+    #[test]
+    fn a_merge_of_some_shards_only_is_not_a_valid_whole_run() {
+        let mut inputs = shards(false);
+        for (k, (_, v)) in inputs.iter_mut().enumerate() {
+            v["shard"] = json!(format!("{k}/3"));
+        }
+        let whole = merge(&inputs).unwrap();
+        assert_eq!(
+            (whole["valid"].clone(), whole["invalid_reason"].clone()),
+            (json!(true), Value::Null)
+        );
+        inputs.remove(1);
+        let part = merge(&inputs).unwrap();
+        assert_eq!(part["valid"], json!(false));
+        let why = part["invalid_reason"].as_str().unwrap();
+        assert!(why.contains("2 of 3 shards"), "{why}");
     }
 
     /// The histograms every result file has.
