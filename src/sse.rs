@@ -23,11 +23,13 @@ impl SseEvent {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SseError {
     /// An event grew beyond the cap before its terminating blank line; it was dropped.
+    #[error("an SSE event grew beyond {0} bytes before its end")]
     EventTooLarge(usize),
     /// The payload was not UTF-8; the event was dropped.
+    #[error("an SSE event's data is not UTF-8")]
     NotUtf8,
 }
 
@@ -247,6 +249,12 @@ mod tests {
             event: None,
             data: s.into(),
         })
+    }
+
+    #[test]
+    fn errors_read_as_words() {
+        let e = SseError::EventTooLarge(16 << 20).to_string();
+        assert_eq!(e, "an SSE event grew beyond 16777216 bytes before its end");
     }
 
     #[test]

@@ -406,7 +406,7 @@ impl Stream {
                     }
                 }
                 Err(e) => {
-                    err.get_or_insert((Failure::MalformedStream, format!("{e:?}")));
+                    err.get_or_insert((Failure::MalformedStream, e.to_string()));
                 }
             }
         });
@@ -435,7 +435,7 @@ impl Stream {
                     match ev {
                         Ok(ev) if ev.is_done() => {}
                         Ok(ev) => on_message(ev.data.as_bytes(), end, memo, clock, err, server),
-                        Err(e) => *err = Some((Failure::MalformedStream, format!("{e:?}"))),
+                        Err(e) => *err = Some((Failure::MalformedStream, e.to_string())),
                     }
                 }
             } else {

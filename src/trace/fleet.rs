@@ -34,6 +34,27 @@ fn hashing(h: &TraceHeader) -> (u32, HashScheme, bool, Option<&String>) {
     )
 }
 
+/// The hashing fields in which `h` differs from `first`, each named with both values.
+fn differences(h: &TraceHeader, first: &TraceHeader) -> Vec<String> {
+    let (b, sc, tail, k) = hashing(h);
+    let (b0, sc0, tail0, k0) = hashing(first);
+    let key = |k: Option<&String>| k.map_or("none", String::as_str).to_string();
+    let mut out = Vec::new();
+    if b != b0 {
+        out.push(format!("block_size {b} vs {b0}"));
+    }
+    if sc != sc0 {
+        out.push(format!("hash_scheme {sc:?} vs {sc0:?}"));
+    }
+    if tail != tail0 {
+        out.push(format!("partial_tail_block {tail} vs {tail0}"));
+    }
+    if k != k0 {
+        out.push(format!("hash key {} vs {}", key(k), key(k0)));
+    }
+    out
+}
+
 /// Checks that `inputs` can be merged by wall clock; returns the earliest t0.
 fn check(inputs: &[(String, TraceStream)]) -> Result<i64, TraceError> {
     let Some((first_path, first)) = inputs.first() else {
@@ -47,14 +68,11 @@ fn check(inputs: &[(String, TraceStream)]) -> Result<i64, TraceError> {
             ));
         }
         if hashing(&s.header) != hashing(&first.header) {
-            let (b, sc, _, k) = hashing(&s.header);
-            let (b0, s0, _, k0) = hashing(&first.header);
+            let differs = differences(&s.header, &first.header).join(", ");
             return Err(refuse(
                 path,
                 format!(
-                    "hashes blocks differently from {first_path} (block size {b} vs {b0}, {sc:?} vs {s0:?}, key {} vs {}): its hash ids cannot be merged",
-                    k.map_or("none", String::as_str),
-                    k0.map_or("none", String::as_str)
+                    "hashes blocks differently from {first_path} ({differs}): its hash ids cannot be merged"
                 ),
             ));
         }
@@ -266,7 +284,15 @@ mod tests {
         assert!(msg.contains("Xxh3"), "{msg}");
         let mut bs = k1();
         bs.header.block_size = 512;
-        assert!(e(k1(), bs).contains("block size 512 vs 16"));
+        let msg = e(k1(), bs);
+        assert!(
+            msg.contains("(block_size 512 vs 16)"),
+            "only the field that differs: {msg}"
+        );
+        let mut floor = k1();
+        floor.header.partial_tail_block = false;
+        let msg = e(k1(), floor);
+        assert!(msg.contains("(partial_tail_block false vs true)"), "{msg}");
         let mut dense = rec(0, &[1], HashScheme::Dense, None);
         assert!(e(dense.clone(), dense.clone()).contains("dense"));
         assert!(e(dense.clone(), k1()).contains("differently"));
