@@ -33,8 +33,9 @@ pub const MAX_ROUNDS: usize = 4;
 pub const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Failed calls in a row after which the target is not asked again.
 pub const MAX_FAILURES: u64 = 3;
-/// The most tokens a `/tokenize` answer may count (larger: a bad answer).
-pub const MAX_COUNT: u64 = 1 << 24;
+/// The most tokens a `/tokenize` answer may count (larger: a bad answer): the readers' bound on
+/// any token count.
+pub const MAX_COUNT: u64 = crate::trace::rows::MAX_TOKENS;
 /// Fewer distinct ids than this from the sample: the target's tokenizer is not usable.
 const MIN_VOCAB: usize = 16;
 /// The most tokens the sample of words may come to (a larger answer is refused).
