@@ -56,10 +56,13 @@ async fn probes_run_beside_the_workload_outside_the_concurrency_limit() {
     assert_eq!(p["completed"].as_u64().unwrap(), sent, "{p}");
     assert_eq!(p["failed"], 0);
     assert_eq!(p["rate"], 10.0);
-    // Outside the limit: no probe waited ~400 ms for the workload's slot.
+    // Outside the limit: the server held a probe open beside the workload's one request.
+    assert!(
+        srv.max_in_flight.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "a probe waited for the workload's slot"
+    );
     let ttft = &p["ttft"];
     assert!(ttft["min_ms"].as_f64().unwrap() >= 30.0, "{ttft}");
-    assert!(ttft["max_ms"].as_f64().unwrap() < 300.0, "{ttft}");
     assert!(p["e2el"]["mean_ms"].as_f64().unwrap() >= ttft["mean_ms"].as_f64().unwrap());
     assert!(o.report.contains("Probe requests (--probe-request-rate)"));
     assert!(o.report.contains("Probe TTFT (ms):"));

@@ -94,6 +94,37 @@ pub fn under_memory_limit(
     }
 }
 
+/// Says why a test skips where cargo shows it: on the process's own standard error, past the
+/// test harness's capture (which takes only the print macros), so a passing run still shows it.
+pub fn say_skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// Waits for `child` to exit, at most `limit`: a child still running then is killed (with its
+/// process group, if it leads one) and the test fails (it hung).
+pub fn wait_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().expect("wait for the child") {
+            return s;
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: signals to the child this test started (and to its own group, if any).
+            unsafe {
+                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+                libc::kill(child.id() as libc::pid_t, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("the child still ran after {limit:?} (hung)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// [`std::process::Command::output`] with a time limit.
 pub trait OutputWithin {
     /// Runs the command to its end and captures stdout and stderr, as `output` does; a child
@@ -234,6 +265,11 @@ pub struct TestServer {
     pub requests: Arc<AtomicU64>,
     /// Prompt token-id arrays received, in arrival order.
     pub prompts: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    /// When each completion request's head reached the server (seconds since the Unix epoch),
+    /// in arrival order: the server's own clock, however late a test's watcher wakes.
+    pub arrivals: Arc<std::sync::Mutex<Vec<f64>>>,
+    /// The most completion requests the server held open at once (head read to stream end).
+    pub max_in_flight: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -267,7 +303,12 @@ async fn handle(
     req: Request<hyper::body::Incoming>,
     cfg: ServerConfig,
     prompts: Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    arrivals: Arc<std::sync::Mutex<Vec<f64>>>,
+    open: InFlight,
 ) -> Result<Response<Body>, Infallible> {
+    let arrived = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let path = req.uri().path().to_string();
     if path == "/v1/models" {
         let body =
@@ -282,6 +323,8 @@ async fn handle(
             "application/json",
         ));
     }
+    arrivals.lock().unwrap().push(arrived);
+    let open = open.enter();
     let Ok(bytes) = req.into_body().collect().await else {
         return Ok(full(400, "bad body", "text/plain"));
     };
@@ -308,6 +351,7 @@ async fn handle(
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
     tokio::spawn(async move {
+        let _open = open;
         let send = |s: String| {
             let tx = tx.clone();
             async move { tx.send(Ok(Frame::data(Bytes::from(s)))).await.is_ok() }
@@ -373,6 +417,30 @@ async fn handle(
         .expect("valid response"))
 }
 
+/// Counts the server's open completion requests and keeps their maximum.
+#[derive(Clone, Default)]
+struct InFlight {
+    now: Arc<AtomicU64>,
+    max: Arc<AtomicU64>,
+}
+
+/// One open request of [`InFlight`], closed when dropped.
+struct Open(InFlight);
+
+impl InFlight {
+    fn enter(self) -> Open {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        Open(self)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A response body fed by a channel (frames as the server task produces them).
 struct FrameChan(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
 
@@ -395,18 +463,22 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
     let addr = listener.local_addr().expect("local addr");
     let requests = Arc::new(AtomicU64::new(0));
     let prompts = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (r2, p2) = (requests.clone(), prompts.clone());
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let open = InFlight::default();
+    let max_in_flight = open.max.clone();
+    let (r2, p2, a2) = (requests.clone(), prompts.clone(), arrivals.clone());
     let task = tokio::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else {
                 continue;
             };
             let _ = sock.set_nodelay(true);
-            let (cfg, r, p) = (cfg.clone(), r2.clone(), p2.clone());
+            let (cfg, r, p, a) = (cfg.clone(), r2.clone(), p2.clone(), a2.clone());
+            let open = open.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     r.fetch_add(1, Ordering::Relaxed);
-                    handle(req, cfg.clone(), p.clone())
+                    handle(req, cfg.clone(), p.clone(), a.clone(), open.clone())
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(sock), svc)
@@ -418,6 +490,8 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
         addr,
         requests,
         prompts,
+        arrivals,
+        max_in_flight,
         task,
     }
 }
