@@ -136,8 +136,11 @@ async fn turns_wait_for_predecessor_plus_think_time_and_drift_is_reported() {
         assert!(o.report.contains("Drift from recorded arrival (ms):"));
         let r = o.sessions.unwrap();
         assert_eq!(r.dependent_turns, 9);
-        // Dispatch drift (against pred end + think) stays a dispatcher measurement: small.
-        assert!(o.summary.drift.mean < 50.0, "{}", o.summary.drift.mean);
+        // Dispatch drift is measured for every send against its own due instant (pred end +
+        // think), never more than a timer tick before it: how late a loaded machine is belongs to a benchmark.
+        let d = &o.summary.drift;
+        assert_eq!(d.count, 12, "{d:?}");
+        assert!(d.min > -1.0 && d.mean >= d.min, "{d:?}");
     }
     mock.shutdown().await;
     // The embedded default target (no --target): the same ordering holds.
