@@ -1,6 +1,7 @@
 //! `retrace mock` end to end over loopback: vLLM conformance of streams and errors (against
 //! `fixtures/vllm/`), prefix-cache accounting, batching, fixed timing, faults, determinism.
 
+use crate::support;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use retrace::mock::{self, MockConfig, MockHandle};
@@ -65,7 +66,24 @@ impl Reply {
     }
 }
 
+/// One request to the mock on a new connection, read to its end; a mock that has not
+/// finished answering within [`support::CHILD_LIMIT`] fails the test (it hung).
 async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    hdrs: &[(&str, &str)],
+) -> Reply {
+    tokio::time::timeout(
+        support::CHILD_LIMIT,
+        send_unbounded(addr, method, path, body, hdrs),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{method} {path}: no whole answer within the limit"))
+}
+
+async fn send_unbounded(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -43,25 +43,28 @@ fn chunks_for(k: u64) -> Vec<Bytes> {
 /// An upstream that streams `chunks_for(id)` (id from the request's first prompt token), one
 /// chunk every 10 ms, and counts the connections it accepted.
 async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
-    upstream_with(|_| {}).await
+    let (addr, conns, _) = upstream_with(|_| {}).await;
+    (addr, conns)
 }
 
-/// [`upstream`] with its HTTP/1 connection settings changed by `tweak`.
+/// [`upstream`] with its HTTP/1 connection settings changed by `tweak`; also counts the
+/// connections it has closed.
 async fn upstream_with(
     tweak: impl Fn(&mut hyper::server::conn::http1::Builder) + Send + Sync + 'static,
-) -> (SocketAddr, Arc<AtomicU64>) {
+) -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
     let tweak = Arc::new(tweak);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let conns = Arc::new(AtomicU64::new(0));
-    let c2 = conns.clone();
+    let closed = Arc::new(AtomicU64::new(0));
+    let (c2, closed2) = (conns.clone(), closed.clone());
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = l.accept().await else {
                 return;
             };
             c2.fetch_add(1, Ordering::Relaxed);
-            let tweak = tweak.clone();
+            let (tweak, closed) = (tweak.clone(), closed2.clone());
             tokio::spawn(async move {
                 let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
                     let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -84,10 +87,11 @@ async fn upstream_with(
                 let mut b = hyper::server::conn::http1::Builder::new();
                 tweak(&mut b);
                 let _ = b.serve_connection(TokioIo::new(tcp), svc).await;
+                closed.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
-    (addr, conns)
+    (addr, conns, closed)
 }
 
 /// Raises the soft open-file limit towards the hard limit (the test holds ~2 sockets per stream).
@@ -282,8 +286,8 @@ async fn sequential_requests_reuse_one_pooled_upstream_connection() {
 /// request: the pool drops closed connections and dials again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_closing_connections_costs_no_request() {
-    for (name, close_each, gap) in [("no keep-alive", true, 0u64), ("idle close", false, 150)] {
-        let (up, up_conns) = upstream_with(move |b| {
+    for (name, close_each) in [("no keep-alive", true), ("idle close", false)] {
+        let (up, up_conns, up_closed) = upstream_with(move |b| {
             if close_each {
                 b.keep_alive(false);
             } else {
@@ -296,7 +300,16 @@ async fn upstream_closing_connections_costs_no_request() {
         let p = proxy(up, 1).await;
         let c = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         for k in 0..5 {
-            tokio::time::sleep(Duration::from_millis(gap)).await;
+            // Each request after the first goes out once the upstream has closed the
+            // connection the proxy's pool still holds.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while up_closed.load(Ordering::SeqCst) < k {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{name}: upstream closed"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             let req = Request::post(format!("http://{}/v1/completions", p.addr))
                 .body(Full::new(body_for(k)))
                 .unwrap();

@@ -350,13 +350,11 @@ async fn a_websocket_upgrade_is_tunnelled_both_ways_and_recorded_without_payload
     assert_eq!(s.get("authorization"), Some("Bearer sk-SECRET-AUTH"));
 
     // /metrics counts the upgrade and the tunnel's bytes (the tunnel has closed).
-    let mut m = String::new();
-    for _ in 0..50 {
-        m = rec.metrics().await;
-        if metric(&m, "retrace_record_tunnels_open") == 0 {
-            break;
-        }
+    let mut m = rec.metrics().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&m, "retrace_record_tunnels_open") != 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        m = rec.metrics().await;
     }
     assert_eq!(metric(&m, "retrace_record_upgrades_total"), 1);
     assert_eq!(metric(&m, "retrace_record_tunnels_open"), 0);
@@ -491,9 +489,14 @@ async fn a_draining_proxy_keeps_a_tunnel_until_just_before_its_deadline() {
     assert_eq!(read_response_head(&mut c, &mut buf).await.status, 101);
     assert_eq!(read_n(&mut c, &mut buf, 5).await, b"hello");
     let stopping = Instant::now();
+    let addr = rec.addr;
     let stop = tokio::spawn(rec.stop());
-    // Still working while the proxy drains.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Still working while the proxy drains: it has stopped accepting (its listener is gone).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "the proxy kept accepting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     c.write_all(b"still there?").await.unwrap();
     assert_eq!(read_n(&mut c, &mut buf, 12).await, b"still there?");
     // Cut a little before the deadline: the client sees the end.
