@@ -118,7 +118,7 @@ async fn a_recording_of_the_openai_sdk_replays_faithfully() {
         Ok(p) => p,
         Err(why) if std::env::var_os("CI").is_some() => panic!("CI must run this test: {why}"),
         Err(why) => {
-            eprintln!("skipping the openai SDK test: {why}");
+            crate::support::say_skipped("the openai SDK test", &why);
             return;
         }
     };

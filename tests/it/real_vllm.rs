@@ -95,7 +95,7 @@ fn real_vllm_counts_the_theoretical_prefix_hits_at_64_token_trace_blocks() {
     let dir = match install() {
         Ok(d) => d,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            crate::support::say_skipped("the real vLLM test", &why);
             return;
         }
     };

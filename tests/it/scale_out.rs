@@ -327,7 +327,7 @@ fn k8s_manifests_pass_the_kubernetes_schema() {
         Ok(p) => p,
         Err(why) if std::env::var_os("CI").is_some() => panic!("CI must run this test: {why}"),
         Err(why) => {
-            eprintln!("skipping the Kubernetes manifest test: {why}");
+            crate::support::say_skipped("the Kubernetes manifest test", &why);
             return;
         }
     };
