@@ -276,13 +276,18 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     shaping: &Shaping,
     speed: f64,
 ) -> Result<(Vec<Planned>, Skipped, usize), PlanError> {
-    let limit = MAX_WHOLE_SENDS as usize;
-    let requests = selected
-        .by_ref()
-        .take(limit + 1)
-        .collect::<Result<Vec<_>, _>>()?;
+    let (mut requests, mut bytes) = (Vec::new(), 0u64);
+    for r in selected.by_ref() {
+        let r = r?;
+        bytes = bytes.saturating_add(held_bytes(&r));
+        requests.push(r);
+        if bytes > MAX_WHOLE_BYTES {
+            break;
+        }
+    }
     check_whole(
         requests.len() as u64,
+        bytes,
         trace_span_us(&requests),
         shaping,
         speed,
@@ -293,14 +298,38 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     shape::overlay(&mut trace, shaping.overlay, shaping.overlay_distinct);
     let n = trace.requests.len();
     let records = trace.requests.into_iter().map(Ok);
-    let sends = Stage::new(records, shaping, speed, n)?.collect::<Result<_, _>>()?;
+    let mut sends = Vec::with_capacity(n);
+    for p in Stage::new(records, shaping, speed, n)? {
+        sends.push(p?);
+    }
     Ok((sends, left_out, read))
 }
 
-/// Most sends a whole-trace plan holds (`--loop`, `--overlay` and `--sessions` keep the trace
-/// and its copies in memory, a few hundred bytes a send: about 1 GiB): a larger plan is refused
-/// before any copy is made. The streamed plan has no such bound.
-pub const MAX_WHOLE_SENDS: u64 = 4 << 20;
+/// Most bytes a whole-trace plan holds (512 MiB): `--loop`, `--overlay` and `--sessions` keep
+/// the trace, its copies and their planned sends in memory ([`held_bytes`] a request), so a
+/// larger plan is refused before any copy is made, leaving room within a 1 GiB process. The
+/// streamed plan has no such bound.
+pub const MAX_WHOLE_BYTES: u64 = 512 << 20;
+
+/// What one request of a whole-trace plan holds: the copy made of it and its planned send (the
+/// record moves into the send, but the copies' buffer lives until the plan is made), and its
+/// hash ids, body, response events and names.
+fn held_bytes(r: &Request) -> u64 {
+    let fixed = std::mem::size_of::<Request>() + std::mem::size_of::<Planned>();
+    let response = r.response.as_deref().map_or(0, |x| {
+        std::mem::size_of::<crate::trace::Response>()
+            + x.events.len() * std::mem::size_of::<crate::trace::Event>()
+            + x.choice_tokens.len() * 4
+            + x.body.as_ref().map_or(0, Vec::len)
+            + x.error.as_ref().map_or(0, String::len)
+    });
+    let names = [&r.model, &r.method]
+        .iter()
+        .map(|s| s.as_ref().map_or(0, String::len))
+        .sum::<usize>()
+        + r.session.as_ref().map_or(0, |s| s.id.len() + 8);
+    (fixed + r.hash_ids.len() * 8 + r.body.as_ref().map_or(0, Vec::len) + response + names) as u64
+}
 
 /// [`Trace::span_us`] of `requests` (first to last arrival), as `shape::repeat` measures it.
 fn trace_span_us(requests: &[Request]) -> u64 {
@@ -308,20 +337,16 @@ fn trace_span_us(requests: &[Request]) -> u64 {
     at.clone().max().unwrap_or(0) - at.min().unwrap_or(0)
 }
 
-/// Refuses, before the copies are made, a whole-trace plan of more than [`MAX_WHOLE_SENDS`]
-/// sends, or one whose `--loop` copies alone run past the longest schedule (30 days).
-fn check_whole(n: u64, span_us: u64, shaping: &Shaping, speed: f64) -> Result<(), PlanError> {
-    let copies = u64::from(shaping.loops.max(1)) * u64::from(shaping.overlay.max(1));
-    let sends = n.saturating_mul(copies);
-    if sends > MAX_WHOLE_SENDS {
-        return Err(PlanError::Shaping(format!(
-            "--loop {} / --overlay {} (or --sessions) over {}{n} requests would hold {sends}{} requests in memory, more than {MAX_WHOLE_SENDS}: replay a --window of the trace, or fewer copies",
-            shaping.loops.max(1),
-            shaping.overlay.max(1),
-            if n > MAX_WHOLE_SENDS { "more than " } else { "" },
-            if n > MAX_WHOLE_SENDS { " or more" } else { "" },
-        )));
-    }
+/// Refuses, before the copies are made, a whole-trace plan whose `--loop` copies alone run past
+/// the longest schedule (30 days), or one of more than [`MAX_WHOLE_BYTES`] (`bytes` for one copy
+/// of the `n` requests read, or a part of them when that alone was over).
+fn check_whole(
+    n: u64,
+    bytes: u64,
+    span_us: u64,
+    shaping: &Shaping,
+    speed: f64,
+) -> Result<(), PlanError> {
     // `shape::repeat`'s period: the span and one mean gap.
     let gap = if n > 1 { span_us / (n - 1) } else { 1_000_000 };
     let period_us = span_us.saturating_add(gap.max(1));
@@ -333,6 +358,18 @@ fn check_whole(n: u64, span_us: u64, shaping: &Shaping, speed: f64) -> Result<()
             shaping.loops,
             looped_s / 86_400.0,
             max_s / 86_400.0
+        )));
+    }
+    let copies = u64::from(shaping.loops.max(1)) * u64::from(shaping.overlay.max(1));
+    let held = bytes.saturating_mul(copies);
+    if held > MAX_WHOLE_BYTES {
+        let over = if bytes > MAX_WHOLE_BYTES { "more than " } else { "" };
+        return Err(PlanError::Shaping(format!(
+            "--loop {} / --overlay {} (or --sessions) over {over}{n} requests would hold {over}{} MiB of requests in memory, more than {} MiB: replay a --window of the trace, or fewer copies",
+            shaping.loops.max(1),
+            shaping.overlay.max(1),
+            held >> 20,
+            MAX_WHOLE_BYTES >> 20,
         )));
     }
     Ok(())

@@ -175,6 +175,7 @@ pub fn repeat(trace: &mut Trace, k: u32) {
     let gap = if n > 1 { span / (n - 1) } else { 1_000_000 };
     let period = span + gap.max(1);
     let orig = std::mem::take(&mut trace.requests);
+    trace.requests.reserve_exact(orig.len() * k as usize);
     for i in 0..u64::from(k) {
         trace
             .requests
@@ -197,6 +198,7 @@ pub fn overlay(trace: &mut Trace, k: u32, distinct: bool) {
     let span = trace.span_us();
     let d = distinct.then(|| (trace.header.hash_scheme, stride(trace)));
     let orig = std::mem::take(&mut trace.requests);
+    trace.requests.reserve_exact(orig.len() * k as usize);
     for i in 0..u64::from(k) {
         let off = span * i / u64::from(k);
         trace.requests.extend(orig.iter().map(|r| {

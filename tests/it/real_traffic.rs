@@ -851,7 +851,7 @@ fn loop_and_overlay_beyond_the_whole_plan_budget_are_refused_before_copying() {
     let t = super::support::repo("traces/mooncake_conversation_1k.jsonl");
     for (flag, k, speed, why) in [
         ("--loop", "4000", "0.1", "days"),
-        ("--loop", "100000", "1", "in memory"),
+        ("--loop", "100000", "1000", "in memory"),
         ("--overlay", "100000", "1", "in memory"),
     ] {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
