@@ -1,6 +1,7 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
 mod aiperf;
+mod budget;
 mod cancels;
 mod choices;
 mod compare;
