@@ -349,6 +349,9 @@ pub enum OutFormat {
 ///
 /// Fleet: `retrace convert proxy-a.trace.zst proxy-b.trace.zst -o fleet.trace.zst` merges
 /// recordings by wall clock (same block size and hash key, or a clear refusal).
+///
+/// Stopped by SIGINT or SIGTERM, it leaves no output (nor its `.partial` file) and exits 130 or
+/// 143.
 #[derive(Debug, clap::Args)]
 pub struct ConvertArgs {
     /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
@@ -397,7 +400,8 @@ pub struct ConvertArgs {
 /// Without --fit the input's requests are transformed one by one (AIPerf 0.13's synthesis
 /// options); with --fit a model of the input (prefix tree, sessions, arrivals, lengths) is
 /// learned and a new trace sampled from it, with new hash ids. Deterministic from --seed.
-/// Details and the differences from AIPerf: docs/synth.md.
+/// Details and the differences from AIPerf: docs/synth.md. Stopped by SIGINT or SIGTERM, it
+/// leaves no output (nor its `.partial` file) and exits 130 or 143.
 #[derive(Debug, clap::Args)]
 pub struct SynthArgs {
     /// Input trace (any format `inspect` reads).

@@ -5,6 +5,7 @@ mod cancels;
 mod choices;
 mod compare;
 mod fuzz;
+mod interrupt;
 mod merge;
 mod mock;
 mod openai_sdk;
