@@ -45,8 +45,14 @@ pub struct Partial {
 impl Partial {
     /// Creates `path.partial` (truncating a leftover one).
     pub fn create(path: &Path) -> std::io::Result<(Partial, File)> {
+        Partial::create_as(path, "partial")
+    }
+
+    /// Creates `path.SUFFIX` (truncating a leftover one), to be renamed to `path`.
+    pub fn create_as(path: &Path, suffix: &str) -> std::io::Result<(Partial, File)> {
         let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
+        partial.push(".");
+        partial.push(suffix);
         let partial = PathBuf::from(partial);
         let mut open = open_files();
         let file = File::create(&partial)?;
@@ -58,6 +64,11 @@ impl Partial {
             committed: false,
         };
         Ok((p, file))
+    }
+
+    /// The file being written (`path.partial`).
+    pub fn partial_path(&self) -> &Path {
+        &self.partial
     }
 
     /// Syncs `file` (the one [`Partial::create`] opened) and renames it to PATH.

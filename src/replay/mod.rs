@@ -1027,7 +1027,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         .as_ref()
         .map_or(0, |r| r.same + r.cancelled_as_recorded);
     let all_failed = outcome::all_failed(work.requests(), summary.completed, same);
-    let arrays = ran.collected.finish()?;
+    let arrays = ran.collected.finish(true)?;
     let inexact = p
         .bodies
         .stats
