@@ -116,7 +116,9 @@ pub enum PromptModeArg {
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
 /// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded, or more than 10% of the workload
-/// left out), 5 every request failed, 6 nothing to send (every request left out).
+/// left out), 5 every request failed, 6 nothing to send (every request left out), 130 / 143
+/// interrupted by SIGINT / SIGTERM (the result, marked invalid, holds what was measured; a
+/// second signal exits at once).
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or

@@ -224,7 +224,7 @@ mod tests {
         let file = Detail::File(sidecar::Writer::create(&path).unwrap());
         let mut streamed = Collect::new(false, n, file, collector(1 << 20));
         for &i in measured.iter().rev() {
-            let err = (i % 7 == 0).then_some(Failure::Reset);
+            let err = (i % 7 == 0).then_some(Failure::Interrupted);
             inline.add(tag(Some(i), None), sample(i as u64, err));
             streamed.add(tag(Some(i), None), sample(i as u64, err));
         }
@@ -235,7 +235,7 @@ mod tests {
         assert_eq!(got, want);
         let lens: Vec<u64> = measured.iter().map(|&i| 10 + i as u64).collect();
         assert_eq!(got["input_lens"], json!(lens));
-        assert_eq!(got["errors"][0], json!("reset"));
+        assert_eq!(got["errors"][0], json!("interrupted"));
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "{left:?}");
         // Measured without gaps, the file is kept as written.
