@@ -116,7 +116,9 @@ pub enum PromptModeArg {
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
 /// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded, or more than 10% of the workload
-/// left out), 5 every request failed, 6 nothing to send (every request left out).
+/// left out), 5 every request failed, 6 nothing to send (every request left out), 130 / 143
+/// interrupted by SIGINT / SIGTERM (the result, marked invalid, holds what was measured; a
+/// second signal exits at once).
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or
@@ -349,6 +351,9 @@ pub enum OutFormat {
 ///
 /// Fleet: `retrace convert proxy-a.trace.zst proxy-b.trace.zst -o fleet.trace.zst` merges
 /// recordings by wall clock (same block size and hash key, or a clear refusal).
+///
+/// Stopped by SIGINT or SIGTERM, it leaves no output (nor its `.partial` file) and exits 130 or
+/// 143.
 #[derive(Debug, clap::Args)]
 pub struct ConvertArgs {
     /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
@@ -397,7 +402,8 @@ pub struct ConvertArgs {
 /// Without --fit the input's requests are transformed one by one (AIPerf 0.13's synthesis
 /// options); with --fit a model of the input (prefix tree, sessions, arrivals, lengths) is
 /// learned and a new trace sampled from it, with new hash ids. Deterministic from --seed.
-/// Details and the differences from AIPerf: docs/synth.md.
+/// Details and the differences from AIPerf: docs/synth.md. Stopped by SIGINT or SIGTERM, it
+/// leaves no output (nor its `.partial` file) and exits 130 or 143.
 #[derive(Debug, clap::Args)]
 pub struct SynthArgs {
     /// Input trace (any format `inspect` reads).

@@ -39,6 +39,7 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod rxstamp;
+pub mod signal;
 pub mod sse;
 pub mod synth;
 pub mod thread_timing;
@@ -47,6 +48,7 @@ pub mod trace;
 pub mod userinfo;
 pub mod whatif;
 
+use anyhow::Context;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -75,10 +77,12 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             std::io::stdout().lock().write_all(out.as_bytes())?;
         }
         cli::Command::Convert(a) => {
+            abandon_on_signal("convert", &a.output)?;
             let msg = convert::run(&a)?;
             eprintln!("{msg}");
         }
         cli::Command::Synth(a) => {
+            abandon_on_signal("synth", &a.output)?;
             let msg = whatif::run(&a)?;
             eprintln!("{msg}");
         }
@@ -89,4 +93,15 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Record(a) => return record::main(&a),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `convert` and `synth` stopped by SIGINT or SIGTERM: their partial output is removed and
+/// they exit 130 or 143 ([`signal::exit_on_signal`]).
+fn abandon_on_signal(command: &'static str, output: &std::path::Path) -> anyhow::Result<()> {
+    let out = match output.to_str() {
+        Some("-") => "its output on stdout is cut short".to_string(),
+        _ => format!("{} not written", output.display()),
+    };
+    signal::exit_on_signal(move |s| format!("retrace {command}: {s}: stopped; {out}"))
+        .context("handling SIGINT and SIGTERM")
 }

@@ -177,11 +177,15 @@ pub enum Failure {
     /// the recorded end when none came): the replay did what was recorded, the target did not
     /// fail.
     CancelledAsRecorded,
+    /// The run was interrupted (SIGINT, SIGTERM) before the request ended: cut in flight, or
+    /// released and not sent.
+    Interrupted,
 }
 
 impl Failure {
     /// The wire name: `http_503`, `connect`, `reset`, `malformed_stream`, `stream_error`,
-    /// `no_content`, `timeout_idle`, `timeout_total`, `local`, `cancelled_as_recorded`.
+    /// `no_content`, `timeout_idle`, `timeout_total`, `local`, `cancelled_as_recorded`,
+    /// `interrupted`.
     pub fn as_str(&self) -> std::borrow::Cow<'static, str> {
         std::borrow::Cow::Borrowed(match self {
             Failure::Http(status) => return format!("http_{status}").into(),
@@ -194,6 +198,7 @@ impl Failure {
             Failure::TimeoutTotal => "timeout_total",
             Failure::Local => "local",
             Failure::CancelledAsRecorded => "cancelled_as_recorded",
+            Failure::Interrupted => "interrupted",
         })
     }
 }

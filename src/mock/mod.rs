@@ -390,7 +390,7 @@ pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> 
     Ok(cfg)
 }
 
-/// `retrace mock`: serves until Ctrl-C, then prints the emission-lateness summary.
+/// `retrace mock`: serves until SIGINT or SIGTERM, then prints the emission-lateness summary.
 pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
     let cfg = config_from_args(&a)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -398,6 +398,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
+        let stop = crate::signal::shutdown();
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("--listen {}: cannot bind", a.listen))?;
@@ -418,9 +419,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
                 eprintln!("retrace mock: warning: --realtime refused by the OS (needs CAP_SYS_NICE); running with normal priority");
             }
         }
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot wait for Ctrl-C")?;
+        stop.await;
         let l = h.lateness();
         let d = h.stats.dispatch.summary();
         eprintln!(

@@ -476,35 +476,6 @@ fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) ->
     )
 }
 
-/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
-/// future is first polled: a signal that arrives while the proxy starts up still stops it
-/// cleanly. Call it inside the runtime.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let handlers =
-            signal(SignalKind::interrupt()).and_then(|i| Ok((i, signal(SignalKind::terminate())?)));
-        async move {
-            match handlers {
-                Ok((mut int, mut term)) => {
-                    tokio::select! {
-                        _ = int.recv() => {},
-                        _ = term.recv() => {},
-                    }
-                }
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 /// Binds `addr` with a deep accept backlog (4096, capped by the kernel's `somaxconn`), so a burst
 /// of new client connections is queued rather than dropped (a dropped SYN costs the client a
 /// one-second retransmit). Host names fall back to the default backlog.
@@ -536,11 +507,14 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .build()
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
-        let stop = shutdown_signal();
+        let stop = crate::signal::shutdown();
         let listener = listen(&args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
-        run(listener, cfg, stop).await
+        run(listener, cfg, async move {
+            stop.await;
+        })
+        .await
     })?;
     eprintln!(
         "retrace record: {} requests, {} records written, {} dropped (queue full), {} lost (write errors: {}), files: {}",

@@ -83,11 +83,19 @@ impl Collect {
     }
 
     /// Ends the per-request arrays: inline, or the sidecar written and renamed (an error when
-    /// it could not be, or when it lacks a request).
-    pub fn finish(&mut self) -> anyhow::Result<Arrays> {
-        let n = self.measured;
+    /// it could not be, or when it lacks a request). `whole`: every planned request was
+    /// measured; else (a halted run) the arrays hold the requests measured, in schedule order.
+    pub fn finish(&mut self, whole: bool) -> anyhow::Result<Arrays> {
+        let n = match whole {
+            true => self.measured,
+            false => self.work.requests() as usize,
+        };
         Ok(match std::mem::replace(&mut self.detail, Detail::Off) {
             Detail::Off => Arrays::default(),
+            Detail::Inline(rows) if !whole => Arrays {
+                inline: Some(arrays(rows.into_iter().flatten())),
+                file: None,
+            },
             Detail::Inline(rows) => Arrays {
                 inline: Some(arrays(
                     rows.into_iter()
@@ -190,8 +198,8 @@ mod tests {
         for (slot, s) in samples.iter().enumerate().rev() {
             streamed.add(tag(Some(slot), rec[slot].clone()), s.clone());
         }
-        let want = inline.finish().unwrap().inline.unwrap();
-        let name = streamed.finish().unwrap().file.unwrap();
+        let want = inline.finish(true).unwrap().inline.unwrap();
+        let name = streamed.finish(true).unwrap().file.unwrap();
         assert_eq!(name, "run.requests.jsonl");
         let got = sidecar::read(&path, n as usize).unwrap();
         assert_eq!(got, want);
@@ -200,6 +208,50 @@ mod tests {
         assert_eq!(
             inline.work.summary(1.0, &[99.0]),
             streamed.work.summary(1.0, &[99.0])
+        );
+    }
+
+    /// A halted run measures some of its requests, with gaps between their indices (a session
+    /// run's turns not yet released): its arrays, inline or in the sidecar (renumbered), hold
+    /// the requests measured in schedule order, and the sidecar leaves no partial file.
+    #[test]
+    fn a_halted_runs_arrays_hold_the_requests_measured_in_schedule_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.requests.jsonl");
+        let n = 300;
+        let measured: Vec<usize> = (0..n).filter(|i| i % 3 != 1 && *i < 250).collect();
+        let mut inline = Collect::new(false, n, Detail::Inline(Vec::new()), collector(1 << 20));
+        let file = Detail::File(sidecar::Writer::create(&path).unwrap());
+        let mut streamed = Collect::new(false, n, file, collector(1 << 20));
+        for &i in measured.iter().rev() {
+            let err = (i % 7 == 0).then_some(Failure::Interrupted);
+            inline.add(tag(Some(i), None), sample(i as u64, err));
+            streamed.add(tag(Some(i), None), sample(i as u64, err));
+        }
+        let want = inline.finish(false).unwrap().inline.unwrap();
+        let name = streamed.finish(false).unwrap().file.unwrap();
+        assert_eq!(name, "run.requests.jsonl");
+        let got = sidecar::read(&path, measured.len()).unwrap();
+        assert_eq!(got, want);
+        let lens: Vec<u64> = measured.iter().map(|&i| 10 + i as u64).collect();
+        assert_eq!(got["input_lens"], json!(lens));
+        assert_eq!(got["errors"][0], json!("interrupted"));
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        // Measured without gaps, the file is kept as written.
+        let path = dir.path().join("prefix.requests.jsonl");
+        let file = Detail::File(sidecar::Writer::create(&path).unwrap());
+        let mut c = Collect::new(false, n, file, collector(1 << 20));
+        for i in (0..40).rev() {
+            c.add(tag(Some(i), None), sample(i as u64, None));
+        }
+        let written = std::fs::read(dir.path().join("prefix.requests.jsonl.partial")).unwrap();
+        c.finish(false).unwrap();
+        let kept = std::fs::read(&path).unwrap();
+        assert!(kept.len() >= written.len() && kept.starts_with(&written));
+        assert_eq!(
+            sidecar::read(&path, 40).unwrap()["input_lens"][39],
+            json!(49)
         );
     }
 
@@ -225,7 +277,7 @@ mod tests {
         let sum = c.work.summary(1.0, &[99.0]);
         assert!(sum.itl_from_histogram && sum.scalars_from_histogram);
         assert_eq!((sum.itl.count, sum.completed), (2 * n, n as u64));
-        c.finish().unwrap();
+        c.finish(true).unwrap();
         let got = sidecar::read(&path, n).unwrap();
         let itls = got["itls"].as_array().unwrap();
         assert_eq!(itls.len(), n);

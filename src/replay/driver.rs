@@ -22,20 +22,88 @@
 //! hand-over channel with a timeout instead of sleeping). A dependent turn's
 //! `intended_ns` is that deadline, so drift keeps meaning lateness of the send (and the dispatch
 //! drift, lateness of the dispatcher), not the think time.
+//!
+//! A run can be halted ([`Halt`], replay's first SIGINT or SIGTERM): the dispatcher releases
+//! nothing after it (it looks at the halt at least every [`HALT_CHECK`] while it waits), a
+//! released request still waiting for its concurrency slot is not sent, and the requests in
+//! flight get [`HALT_GRACE`] to end before they are cut. Each request released yields its one
+//! sample still: those not sent or cut with [`Failure::Interrupted`].
 
 use super::client::{Client, SendTimes};
 use super::sessions::Links;
 use super::window::{Body, Tag, Window};
 use crate::metrics::{Failure, Sample, Scalars};
+use crate::signal::Signal;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 /// How far in the future t0 is set, so the dispatcher and runtime are settled at the first send.
 pub const START_LEAD: Duration = Duration::from_millis(20);
+
+/// How long the requests in flight when a run is halted may take to end before they are cut.
+pub const HALT_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest the dispatcher sleeps or waits without looking at the halt.
+const HALT_CHECK: Duration = Duration::from_millis(50);
+
+/// Where a run stands when a signal comes ([`Halt::halt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Before the clock: nothing was sent.
+    #[default]
+    Setup,
+    /// Driving: the signal halts the run.
+    Running,
+    /// Every request ended: the run is whole.
+    Ended,
+}
+
+/// A run's halt by a signal: set once while it runs, seen by the dispatcher, every released
+/// request's task and [`drive`]'s collection (see the module docs).
+#[derive(Default)]
+pub struct Halt {
+    /// The phase and the signal, under one lock: a signal halts a running drive or none.
+    state: Mutex<(Phase, Option<Signal>)>,
+    halted: AtomicBool,
+    woken: Notify,
+}
+
+impl Halt {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Phase, Option<Signal>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The run enters `phase` (the clock starts, or its last request ended).
+    pub fn enter(&self, phase: Phase) {
+        self.lock().0 = phase;
+    }
+
+    /// A signal came: it halts the run when the run is [`Phase::Running`] (the first signal
+    /// counts); the phase it found.
+    pub fn halt(&self, s: Signal) -> Phase {
+        let mut st = self.lock();
+        if st.0 == Phase::Running && st.1.is_none() {
+            st.1 = Some(s);
+            self.halted.store(true, Ordering::Release);
+            self.woken.notify_one();
+        }
+        st.0
+    }
+
+    /// The signal that halted the run.
+    pub fn by(&self) -> Option<Signal> {
+        self.lock().1
+    }
+
+    fn is_halted(&self) -> bool {
+        self.halted.load(Ordering::Acquire)
+    }
+}
 
 /// What the driver needs besides the plan.
 pub struct DriveOptions {
@@ -44,6 +112,8 @@ pub struct DriveOptions {
     pub links: Option<Links>,
     /// The replay's t0 (offsets are from it); `None` = [`START_LEAD`] from now.
     pub t0: Option<Instant>,
+    /// Set when a signal halts the run.
+    pub halt: Arc<Halt>,
 }
 
 /// A released request's task, not yet spawned.
@@ -141,14 +211,42 @@ impl Drop for Reply {
     }
 }
 
-/// Blocks the calling thread until `deadline` (returns at once when it has passed).
-fn sleep_until(deadline: Instant) {
+/// Blocks the calling thread until `deadline` (returns at once when it has passed); false when
+/// the run was halted first (looked at every [`HALT_CHECK`]).
+fn sleep_until(deadline: Instant, halt: &Halt) -> bool {
     loop {
+        if halt.is_halted() {
+            return false;
+        }
         let now = Instant::now();
         if now >= deadline {
-            return;
+            return true;
         }
-        std::thread::sleep(deadline - now);
+        std::thread::sleep((deadline - now).min(HALT_CHECK));
+    }
+}
+
+/// The sample of a released request the halt ended before it did: `what` happened to it.
+fn interrupted(req_tokens: u64, times: SendTimes, t0: Instant, what: &str) -> Sample {
+    Sample {
+        scalars: Scalars {
+            input_tokens: req_tokens,
+            error: Some(Failure::Interrupted),
+            intended_ns: times.intended_ns,
+            dispatched_ns: times.dispatched_ns,
+            slot_wait_ns: times.slot_wait_ns,
+            end_ns: Instant::now().saturating_duration_since(t0).as_nanos() as u64,
+            ..Default::default()
+        },
+        error_detail: Some(format!("{what}: the run was interrupted")),
+        ..Default::default()
+    }
+}
+
+/// Resolves once the requests in flight are to be cut (never, if that is not going to happen).
+async fn cut(mut rx: watch::Receiver<bool>) {
+    if rx.wait_for(|cut| *cut).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -208,6 +306,9 @@ struct Release {
     dep_tx: std_mpsc::Sender<(u64, usize)>,
     tx: mpsc::UnboundedSender<(usize, Tag, Sample)>,
     t0: Instant,
+    halt: Arc<Halt>,
+    /// Turns true [`HALT_GRACE`] after a halt: the requests still in flight are cut.
+    cut: watch::Receiver<bool>,
 }
 
 impl Release {
@@ -223,6 +324,7 @@ impl Release {
             slot_wait_ns: 0,
         };
         let (client, sem, t0) = (self.client.clone(), self.sem.clone(), self.t0);
+        let (halt, cut_rx) = (self.halt.clone(), self.cut.clone());
         let mut next = self.links.as_ref().and_then(|l| {
             l.succ[slot].map(|s| Handover {
                 tx: self.dep_tx.clone(),
@@ -263,7 +365,16 @@ impl Release {
                 }
                 (None, None) => None,
             };
-            let s = client.send(&body.req, times, t0, pre).await;
+            let tokens = body.req.input_tokens;
+            let s = if pre.is_none() && halt.is_halted() {
+                interrupted(tokens, times, t0, "not sent")
+            } else {
+                tokio::select! {
+                    biased;
+                    s = client.send(&body.req, times, t0, pre) => s,
+                    () = cut(cut_rx) => interrupted(tokens, times, t0, "cut in flight"),
+                }
+            };
             drop(body); // freed once sent
             if let Some(h) = &mut next {
                 h.end_ns = Some(s.end_ns);
@@ -275,8 +386,9 @@ impl Release {
 }
 
 /// Runs `n` planned sends (their bodies and offsets from `bodies`, in plan order); `on_done`
-/// gets each slot's sample and tag once, as the request finishes. Err when the body builder
-/// failed (once the sends released before it have ended) or the dispatcher could not start.
+/// gets each released slot's sample and tag once, as the request finishes (every slot, unless
+/// the run is halted). Err when the body builder failed (once the sends released before it
+/// have ended) or the dispatcher could not start.
 pub async fn drive(
     n: usize,
     bodies: Arc<Window>,
@@ -291,6 +403,9 @@ pub async fn drive(
     let handle = tokio::runtime::Handle::current();
     let t0 = opts.t0.unwrap_or_else(|| Instant::now() + START_LEAD);
     let links = opts.links.map(Arc::new);
+    let halt = opts.halt;
+    let (cut_tx, cut_rx) = watch::channel(false);
+    let dispatcher_halt = halt.clone();
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
         .spawn(move || {
@@ -310,6 +425,7 @@ pub async fn drive(
             let mut released = 0;
             // Requests released at this instant, handed to the runtime together (see `flush`).
             let mut batch: Vec<Task> = Vec::new();
+            let halt = dispatcher_halt;
             let release = Release {
                 client,
                 sem,
@@ -317,8 +433,10 @@ pub async fn drive(
                 dep_tx,
                 tx,
                 t0,
+                halt: halt.clone(),
+                cut: cut_rx,
             };
-            while released < n {
+            while released < n && !halt.is_halted() {
                 while let Ok((at, slot)) = dep_rx.try_recv() {
                     due.push(Reverse((at, slot)));
                 }
@@ -333,12 +451,13 @@ pub async fn drive(
                     (None, None) => {
                         // Nothing due until a running turn ends.
                         flush(&handle, &mut batch);
-                        match dep_rx.recv() {
+                        match dep_rx.recv_timeout(HALT_CHECK) {
                             Ok((at, slot)) => {
                                 due.push(Reverse((at, slot)));
                                 continue;
                             }
-                            Err(_) => break,
+                            Err(std_mpsc::RecvTimeoutError::Timeout) => continue,
+                            Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
                         }
                     }
                     (Some(a), None) | (None, Some(a)) => a,
@@ -350,9 +469,13 @@ pub async fn drive(
                 }
                 if links.is_some() {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    if let Ok((at, slot)) = dep_rx.recv_timeout(left) {
-                        due.push(Reverse((at, slot)));
-                        continue;
+                    match dep_rx.recv_timeout(left.min(HALT_CHECK)) {
+                        Ok((at, slot)) => {
+                            due.push(Reverse((at, slot)));
+                            continue;
+                        }
+                        Err(_) if left > HALT_CHECK => continue,
+                        Err(_) => {}
                     }
                 }
                 // The body is taken before the sleep: none is built on the send path.
@@ -376,7 +499,9 @@ pub async fn drive(
                         }
                     },
                 };
-                sleep_until(deadline);
+                if !sleep_until(deadline, &halt) {
+                    break;
+                }
                 released += 1;
                 let dispatched_ns = Instant::now().saturating_duration_since(t0).as_nanos() as u64;
                 let presend = batch.len() < PRESEND_MAX_BATCH;
@@ -390,12 +515,29 @@ pub async fn drive(
         Err(e) => return Err(format!("starting the dispatcher thread: {e}")),
     };
     let (mut first, mut last) = (u64::MAX, 0u64);
+    let mut grace = Some(cut_tx);
     // Every released request replies once; the channel closes when the dispatcher and every
     // request's task are done.
-    while let Some((slot, tag, s)) = rx.recv().await {
-        first = first.min(s.dispatched_ns);
-        last = last.max(s.end_ns);
-        on_done(slot, tag, s);
+    loop {
+        tokio::select! {
+            got = rx.recv() => {
+                let Some((slot, tag, s)) = got else { break };
+                // The run's span is its measured requests': not the halt's grace.
+                if s.error != Some(Failure::Interrupted) {
+                    first = first.min(s.dispatched_ns);
+                    last = last.max(s.end_ns);
+                }
+                on_done(slot, tag, s);
+            }
+            () = halt.woken.notified(), if grace.is_some() => {
+                if let Some(tx) = grace.take() {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(HALT_GRACE).await;
+                        let _ = tx.send(true);
+                    });
+                }
+            }
+        }
     }
     match dispatcher.join() {
         Ok(Err(e)) => return Err(e),
@@ -450,12 +592,32 @@ mod tests {
 
     #[test]
     fn sleep_until_never_returns_early() {
+        let halt = Halt::default();
         let start = Instant::now();
         for k in 1..=5u64 {
             let d = start + Duration::from_micros(300 * k);
-            sleep_until(d);
+            assert!(sleep_until(d, &halt));
             assert!(Instant::now() >= d);
         }
-        sleep_until(start); // a past deadline returns at once
+        assert!(sleep_until(start, &halt)); // a past deadline returns at once
+    }
+
+    /// A signal halts a running drive only (the first one counts); a halted sleep of the
+    /// dispatcher says so instead of releasing.
+    #[test]
+    fn a_signal_halts_a_running_drive_only() {
+        let halt = Halt::default();
+        assert_eq!(halt.halt(Signal::Interrupt), Phase::Setup);
+        assert_eq!(halt.by(), None);
+        halt.enter(Phase::Running);
+        assert_eq!(halt.halt(Signal::Terminate), Phase::Running);
+        assert_eq!(halt.halt(Signal::Interrupt), Phase::Running);
+        assert_eq!(halt.by(), Some(Signal::Terminate));
+        let far = Instant::now() + Duration::from_secs(3600);
+        assert!(!sleep_until(far, &halt));
+        let ended = Halt::default();
+        ended.enter(Phase::Ended);
+        assert_eq!(ended.halt(Signal::Interrupt), Phase::Ended);
+        assert_eq!(ended.by(), None);
     }
 }

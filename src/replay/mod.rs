@@ -12,7 +12,9 @@
 //! statistics, [`console`] renders them and [`result`] makes the result file. Without `--target`,
 //! the embedded simulated engine is started on a loopback port (see [`start_embedded_target`]).
 //! A failed request is data; only a broken setup (bad flag, unreadable trace, a target that
-//! cannot be reached) is an error.
+//! cannot be reached) is an error. The first SIGINT or SIGTERM halts a running replay
+//! ([`driver::Halt`]): its result is what was measured, marked invalid, and it exits 130 or 143
+//! ([`on_signals`]).
 
 pub mod client;
 pub mod collect;
@@ -41,6 +43,7 @@ pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
 use crate::cli::ReplayArgs;
 use crate::metrics;
+use crate::signal::{Signal, Signals};
 use crate::synth::{self, Synth, TextBuilder, Vocab};
 use crate::trace::fleet::open_all;
 use crate::trace::import::ImportOptions;
@@ -89,11 +92,17 @@ pub struct Outcome {
     pub all_failed: bool,
     /// `--sessions`: how the session-ordered replay went.
     pub sessions: Option<sessions::SessionReport>,
+    /// The signal that halted the run.
+    pub interrupted: Option<Signal>,
 }
 
 impl Outcome {
-    /// The process's exit code: every request failed (5), the run is invalid (3), or success.
+    /// The process's exit code: interrupted (130 for SIGINT, 143 for SIGTERM), every request
+    /// failed (5), the run is invalid (3), or success.
     pub fn exit_code(&self) -> ExitCode {
+        if let Some(s) = self.interrupted {
+            return ExitCode::from(s.exit_code());
+        }
         match (self.all_failed, self.valid) {
             (true, _) => ExitCode::from(EXIT_ALL_FAILED),
             (false, false) => ExitCode::from(EXIT_INVALID),
@@ -115,11 +124,40 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Option<Outcome>> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let out = rt.block_on(replay(Config {
-        fd_limit: fds,
-        ..cfg
-    }))?;
+    let halt = Arc::new(driver::Halt::default());
+    let out = rt.block_on(async {
+        let signals = Signals::install().context("handling SIGINT and SIGTERM")?;
+        tokio::spawn(on_signals(signals, halt.clone()));
+        let cfg = Config {
+            fd_limit: fds,
+            ..cfg
+        };
+        replay_with(cfg, halt).await
+    })?;
     Ok(Some(out))
+}
+
+/// The first SIGINT or SIGTERM halts the run ([`driver::Halt`]), which then writes its result;
+/// before the clock starts it ends the process, nothing sent and nothing written; a second
+/// signal ends it at once. No partial file is left ([`crate::partial::exit`]).
+async fn on_signals(mut signals: Signals, halt: Arc<driver::Halt>) {
+    let first = signals.recv().await;
+    match halt.halt(first) {
+        driver::Phase::Setup => {
+            eprintln!("retrace: {first}: stopped before the run began; nothing written");
+            crate::partial::exit(first.exit_code());
+        }
+        driver::Phase::Running => eprintln!(
+            "retrace: {first}: sending no more requests; those in flight get {} s to end, then the result is written (a second signal exits at once)",
+            driver::HALT_GRACE.as_secs()
+        ),
+        driver::Phase::Ended => {
+            eprintln!("retrace: {first}: the run has ended; writing its result (a second signal exits at once)");
+        }
+    }
+    let again = signals.recv().await;
+    eprintln!("retrace: {again}: exiting at once; no result written");
+    crate::partial::exit(again.exit_code())
 }
 
 /// `--dry-run`: the planned schedule's summary, nothing sent.
@@ -391,10 +429,19 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
 pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
+    replay_with(cfg, Arc::default()).await
+}
+
+/// [`replay`], which `halt` may halt.
+pub async fn replay_with(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result<Outcome> {
     let mut prepared = prepare(&cfg).await?;
-    let ran = execute(&cfg, &mut prepared).await?;
+    let ran = execute(&cfg, &mut prepared, halt).await?;
     if let Some(e) = prepared.embedded.take() {
-        e.handle.shutdown().await;
+        match ran.interrupted {
+            None => e.handle.shutdown().await,
+            // Its streams were cut: no graceful wait for them.
+            Some(_) => drop(e),
+        }
     }
     assemble(&cfg, &prepared, ran)
 }
@@ -853,11 +900,17 @@ pub struct Ran {
     probes: Option<(u64, serde_json::Value)>,
     server_metrics: Option<serde_json::Value>,
     embedded_target: bool,
+    /// The signal that halted the run.
+    interrupted: Option<Signal>,
 }
 
 /// Stage 2: starts the clock (after the first scrape, or at `--start-at`), drives the plan with
 /// probes and scrapes beside it, and stops them when the last request ended.
-pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
+pub async fn execute(
+    cfg: &Config,
+    p: &mut Prepared,
+    halt: Arc<driver::Halt>,
+) -> anyhow::Result<Ran> {
     let fixed = fixed_t0(cfg)?;
     let scraper = p
         .scrape
@@ -877,7 +930,10 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
     p.bodies.set_t0(t0);
     let detail = p.detail.take().unwrap_or(collect::Detail::Off);
     let mut collected = collect::Collect::new(p.recorded, p.measured, detail, collector(cfg, p));
-    let driven = drive(cfg, p, t0, &mut collected).await;
+    halt.enter(driver::Phase::Running);
+    let driven = drive(cfg, p, t0, &mut collected, halt.clone()).await;
+    halt.enter(driver::Phase::Ended);
+    let interrupted = halt.by();
     p.bodies.stop();
     let duration_s = driven.map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))?;
     let inexact = p
@@ -919,6 +975,7 @@ pub async fn execute(cfg: &Config, p: &mut Prepared) -> anyhow::Result<Ran> {
         probes,
         server_metrics,
         embedded_target: p.embedded.is_some(),
+        interrupted,
     })
 }
 
@@ -929,12 +986,14 @@ async fn drive(
     p: &Prepared,
     t0: Instant,
     collected: &mut collect::Collect,
+    halt: Arc<driver::Halt>,
 ) -> Result<f64, String> {
     let bar = progress_bar(cfg, p.planned);
     let opts = driver::DriveOptions {
         max_concurrency: cfg.max_concurrency,
         links: p.links.clone(),
         t0: Some(t0),
+        halt,
     };
     let mut failed = 0u64;
     let driven = driver::drive(
@@ -1010,24 +1069,31 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     let work = &ran.collected.work;
     let duration_s = ran.duration_s;
     let summary = work.summary(duration_s, &cfg.percentiles);
-    let invalid_reason = match (invalid_reason(cfg, work), left_out_reason(p.facts.lost)) {
-        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-        (a, b) => a.or(b),
-    };
+    let kind = metrics::Failure::Interrupted.as_str();
+    let cut = summary.errors.get(kind.as_ref()).copied().unwrap_or(0);
+    let reasons = [
+        ran.interrupted
+            .map(|s| interrupted_reason(s, work.requests(), cut, p.measured)),
+        invalid_reason(cfg, work),
+        left_out_reason(p.facts.lost),
+    ];
+    let reasons: Vec<String> = reasons.into_iter().flatten().collect();
+    let invalid_reason = (!reasons.is_empty()).then(|| reasons.join("; "));
     let held = work.held().unwrap_or_default();
     let sessions = p
         .links
         .as_ref()
         .map(|l| sessions::report(l, &l.at_ns, held, &median_p99_and(&cfg.percentiles)));
     // Requests that failed as recorded, or were cut where the client cancelled them, are what
-    // was asked: a run of only those has not failed.
+    // was asked, and those the halt cut are not the target's: a run of only those has not
+    // failed.
     let same = ran
         .collected
         .recorded
         .as_ref()
         .map_or(0, |r| r.same + r.cancelled_as_recorded);
-    let all_failed = outcome::all_failed(work.requests(), summary.completed, same);
-    let arrays = ran.collected.finish()?;
+    let all_failed = outcome::all_failed(work.requests(), summary.completed, same + cut);
+    let arrays = ran.collected.finish(ran.interrupted.is_none())?;
     let inexact = p
         .bodies
         .stats
@@ -1056,6 +1122,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         valid: invalid_reason.is_none(),
         all_failed,
         sessions,
+        interrupted: ran.interrupted,
     })
 }
 
@@ -1168,6 +1235,15 @@ fn body_builder(cfg: &Config, st: &window::BuilderStats) -> result::BodyBuilder 
         min_lead_ms: (lead != i64::MAX).then(|| lead as f64 / 1e6),
         peak_bytes: st.peak_live_bytes.load(Relaxed) as u64,
     }
+}
+
+/// Why a halted run is invalid: `signal` stopped it with `measured` of the `planned` workload
+/// requests in the result, `cut` of them cut in flight or not sent.
+fn interrupted_reason(signal: Signal, measured: u64, cut: u64, planned: usize) -> String {
+    format!(
+        "interrupted by {signal}: {measured} of {planned} planned requests measured ({cut} of them cut in flight or not sent, error kind `{}`)",
+        metrics::Failure::Interrupted
+    )
 }
 
 /// Why the run is invalid: its p99 send drift exceeded `--max-drift-ms`.

@@ -3,6 +3,8 @@
 //! finishes, holding its `index` (schedule position) and its element of every per-request array
 //! under the array's name ([`super::result::Row`]). [`Writer`] streams the rows through
 //! [`crate::partial`]; [`read`] puts them back as the result's index-aligned arrays ([`Columns`]).
+//! The indices of a file are 0..N-1: rows written with gaps (a halted run measured only some of
+//! its requests) are renumbered in index order when the file is finished.
 //! Format: docs/result-format.md.
 
 use serde::Serialize;
@@ -102,9 +104,12 @@ impl Columns {
 pub struct Writer {
     partial: crate::partial::Partial,
     out: BufWriter<std::fs::File>,
+    path: PathBuf,
     name: String,
     error: Option<std::io::Error>,
     rows: usize,
+    /// The indices written, a bit each.
+    seen: Vec<u64>,
 }
 
 #[derive(Serialize)]
@@ -123,9 +128,11 @@ impl Writer {
         Ok(Writer {
             partial,
             out: BufWriter::with_capacity(1 << 16, file),
+            path: path.to_path_buf(),
             name,
             error: None,
             rows: 0,
+            seen: Vec::new(),
         })
     }
 
@@ -141,6 +148,11 @@ impl Writer {
             Ok(()) => self.rows += 1,
             Err(e) => self.error = Some(e),
         }
+        let word = index / 64;
+        if self.seen.len() <= word {
+            self.seen.resize(word + 1, 0);
+        }
+        self.seen[word] |= 1 << (index % 64);
     }
 
     /// Rows written so far.
@@ -148,15 +160,58 @@ impl Writer {
         self.rows
     }
 
-    /// Flushes and renames the file; its name, for the result's [`KEY`].
+    /// Flushes and renames the file (its rows renumbered first when their indices have gaps);
+    /// its name, for the result's [`KEY`].
     pub fn finish(self) -> std::io::Result<String> {
         if let Some(e) = self.error {
             return Err(e);
         }
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
-        self.partial.commit(file)?;
+        let top = self
+            .seen
+            .iter()
+            .rposition(|w| *w != 0)
+            .map_or(0, |k| 64 * k + 64 - self.seen[k].leading_zeros() as usize);
+        if top == self.rows {
+            self.partial.commit(file)?;
+        } else {
+            drop(file);
+            renumber(&self.partial, &self.path, &self.seen)?;
+        }
         Ok(self.name)
     }
+}
+
+/// Writes the rows of `from` to `path` (through a partial file of its own), each row's index
+/// replaced by its rank among the indices `seen`.
+fn renumber(from: &crate::partial::Partial, path: &Path, seen: &[u64]) -> std::io::Result<()> {
+    let mut before = Vec::with_capacity(seen.len());
+    let mut n = 0usize;
+    for w in seen {
+        before.push(n);
+        n += w.count_ones() as usize;
+    }
+    let rank =
+        |i: usize| before[i / 64] + (seen[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize;
+    let src = std::io::BufReader::new(std::fs::File::open(from.partial_path())?);
+    let (to, file) = crate::partial::Partial::create_as(path, "renumbered.partial")?;
+    let mut out = BufWriter::with_capacity(1 << 16, file);
+    const HEAD: &str = "{\"index\":";
+    for line in src.lines() {
+        let line = line?;
+        let rest = line.strip_prefix(HEAD).unwrap_or_default();
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let index = rest[..digits]
+            .parse::<usize>()
+            .ok()
+            .filter(|i| i / 64 < seen.len());
+        let Some(i) = index else {
+            let bad = format!("{}: a row without its index", from.partial_path().display());
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, bad));
+        };
+        writeln!(out, "{HEAD}{}{}", rank(i), &rest[digits..])?;
+    }
+    to.commit(out.into_inner().map_err(|e| e.into_error())?)
 }
 
 /// The arrays of the `n` requests in the sidecar `path`. A line that is not a row, an index out

@@ -6,6 +6,7 @@ mod cancels;
 mod choices;
 mod compare;
 mod fuzz;
+mod interrupt;
 mod merge;
 mod mock;
 mod openai_sdk;

@@ -1837,8 +1837,7 @@ fn drain_deadline_is_recorded_as_drain_deadline() {
         s
     });
     let signalled = std::time::Instant::now();
-    // SAFETY: a signal to the child this test started.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    super::support::send_signal(&child.0, libc::SIGINT);
     let status = super::support::wait_within(&mut child.0, super::support::CHILD_LIMIT);
     let took = signalled.elapsed();
     assert!(status.success(), "{status}");
@@ -1951,8 +1950,7 @@ fn record_prints_where_it_listens_forwards_and_writes() {
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(wait_listening(port));
-    // SAFETY: a signal to the child this test started.
-    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGINT) };
+    super::support::send_signal(&child.0, libc::SIGINT);
     assert!(super::support::wait_within(&mut child.0, super::support::CHILD_LIMIT).success());
     let mut log = String::new();
     std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();

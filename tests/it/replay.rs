@@ -152,7 +152,9 @@ async fn connection_refused_is_a_failure_not_an_error() {
     .unwrap();
     let mut p = replay::prepare(&cfg).await.unwrap();
     gone.join().unwrap(); // the listener is gone before the clock starts
-    let ran = replay::execute(&cfg, &mut p).await.unwrap();
+    let ran = replay::execute(&cfg, &mut p, Default::default())
+        .await
+        .unwrap();
     let o = replay::assemble(&cfg, &p, ran).unwrap();
     assert_eq!(o.summary.failed, 2);
     assert_eq!(
@@ -1011,7 +1013,9 @@ async fn a_trace_far_larger_than_the_body_window_replays_with_bodies_freed() {
         max_bytes,
     };
     let mut p = replay::prepare(&cfg).await.unwrap();
-    let ran = replay::execute(&cfg, &mut p).await.unwrap();
+    let ran = replay::execute(&cfg, &mut p, Default::default())
+        .await
+        .unwrap();
     let st = p.builder_stats();
     let (built, bodies) = (st.built.load(Relaxed), st.peak_live_bodies.load(Relaxed));
     let (held, peak) = (

@@ -140,46 +140,125 @@ impl OutputWithin for std::process::Command {
         &mut self,
         limit: std::time::Duration,
     ) -> std::io::Result<std::process::Output> {
+        Running::spawn(self)?.wait_within(limit)
+    }
+}
+
+/// A child leading its own process group, its stdout and stderr drained on threads as it runs
+/// (stderr readable so far: [`Running::stderr`]); killed, group and all, when dropped.
+pub struct Running {
+    child: KillOnDrop,
+    out: std::thread::JoinHandle<Vec<u8>>,
+    err: Arc<std::sync::Mutex<Vec<u8>>>,
+    err_done: std::thread::JoinHandle<()>,
+}
+
+impl Running {
+    /// Spawns `cmd` with no stdin and its stdout and stderr piped.
+    pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<Running> {
         use std::io::Read;
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
-        let child = self
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .spawn()?;
         let mut child = KillOnDrop(child);
-        fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = r.read_to_end(&mut v);
-                v
-            })
+        let mut stdout = child.0.stdout.take().expect("piped stdout");
+        let out = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = stdout.read_to_end(&mut v);
+            v
+        });
+        let mut stderr = child.0.stderr.take().expect("piped stderr");
+        let err = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = err.clone();
+        let err_done = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Ok(Running {
+            child,
+            out,
+            err,
+            err_done,
+        })
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGINT`) to the child.
+    pub fn signal(&self, sig: libc::c_int) {
+        send_signal(&self.child.0, sig);
+    }
+
+    /// Its stderr so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.err.lock().unwrap()).into_owned()
+    }
+
+    /// Whether it has ended.
+    pub fn ended(&mut self) -> bool {
+        self.child.0.try_wait().ok().flatten().is_some()
+    }
+
+    /// Waits (polling, at most `limit`) until `cond` holds of its stderr so far (or of
+    /// something else); panics with its stderr when it does not, or when the child ended first.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        limit: std::time::Duration,
+        mut cond: impl FnMut(&str) -> bool,
+    ) {
+        let deadline = std::time::Instant::now() + limit;
+        while !cond(&self.stderr()) {
+            assert!(!self.ended(), "ended before {what}: {}", self.stderr());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what} within {limit:?}: {}",
+                self.stderr()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let out = drain(child.0.stdout.take().expect("piped stdout"));
-        let err = drain(child.0.stderr.take().expect("piped stderr"));
+    }
+
+    /// Waits for the child's end and its output; a child still running after `limit` is killed
+    /// and the test fails (it hung).
+    pub fn wait_within(
+        mut self,
+        limit: std::time::Duration,
+    ) -> std::io::Result<std::process::Output> {
         let deadline = std::time::Instant::now() + limit;
         let status = loop {
-            if let Some(s) = child.0.try_wait()? {
+            if let Some(s) = self.child.0.try_wait()? {
                 break s;
             }
             if std::time::Instant::now() >= deadline {
-                drop(child);
-                let err = err.join().unwrap_or_default();
-                panic!(
-                    "the child still ran after {limit:?} (hung); its stderr: {}",
-                    String::from_utf8_lossy(&err)
-                );
+                let err = self.stderr();
+                drop(self);
+                panic!("the child still ran after {limit:?} (hung); its stderr: {err}");
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
+        let _ = self.err_done.join();
+        let stderr = std::mem::take(&mut *self.err.lock().unwrap());
         Ok(std::process::Output {
             status,
-            stdout: out.join().unwrap_or_default(),
-            stderr: err.join().unwrap_or_default(),
+            stdout: self.out.join().unwrap_or_default(),
+            stderr,
         })
     }
+}
+
+/// Sends `sig` to `child`, a child this test started and has not reaped.
+pub fn send_signal(child: &std::process::Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    // SAFETY: kill(2) on the pid of a child of this test that is not reaped yet (its `Child` is
+    // alive and not waited for), so the pid is not another process's; it touches no memory.
+    let r = unsafe { libc::kill(pid, sig) };
+    assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
 }
 
 /// The fidelity verdict of a replay on this machine: faithful, unless this (loaded) machine sent
