@@ -89,8 +89,9 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
     from_result(path, obj, is_retrace)
 }
 
-/// A result naming a sidecar file (`requests_file`, beside the result file `path`): its rows put
-/// back as the result's per-request arrays, so the result reads as one with inline arrays.
+/// A result naming a sidecar file (`requests_file`: a plain file beside the result file `path`,
+/// [`sidecar::beside`]): its rows put back as the result's per-request arrays, so the result
+/// reads as one with inline arrays. A result with arrays both inline and in a sidecar is refused.
 pub fn with_sidecar(
     path: &Path,
     obj: &mut serde_json::Map<String, Value>,
@@ -101,6 +102,10 @@ pub fn with_sidecar(
     let name = name
         .as_str()
         .ok_or_else(|| key_err(path, sidecar::KEY, "expected a file name"))?;
+    if let Some(k) = sidecar::ARRAYS.iter().find(|k| obj.contains_key(**k)) {
+        let msg = format!("names a sidecar, and the result holds `{k}` inline: its per-request arrays are in one place or the other");
+        return Err(key_err(path, sidecar::KEY, msg));
+    }
     let n = obj
         .get("num_prompts")
         .and_then(Value::as_u64)
@@ -112,7 +117,7 @@ pub fn with_sidecar(
                 "expected the count of the sidecar's rows",
             )
         })?;
-    let file = path.parent().unwrap_or(Path::new("")).join(name);
+    let file = sidecar::beside(path, name)?;
     let arrays = sidecar::read(&file, n)?;
     obj.extend(arrays);
     Ok(())

@@ -1,0 +1,155 @@
+//! The readers of result files (`compare`, `report`, `merge`) and the commands that take several
+//! inputs, on hostile inputs through the real binary, each child under the 1 GiB address-space
+//! limit and a time limit: each such input is an error naming the file (and the key or line).
+
+use crate::support::{self, OutputWithin, MEMORY_LIMIT};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `retrace ARGS` under the memory limit: its exit code and stderr.
+fn run(args: &[&Path]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(args).env("RETRACE_LOG", "warn");
+    let out = support::under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `compare R R`, `report R -o ..`, `merge R -o ..` of the result `r`, each one's exit code and
+/// stderr.
+fn each_reader(r: &Path, dir: &Path) -> Vec<(&'static str, Option<i32>, String)> {
+    let (html, merged) = (dir.join("out.html"), dir.join("out.json"));
+    let p = |s: &'static str| Path::new(s);
+    [
+        ("compare", vec![p("compare"), r, r]),
+        ("report", vec![p("report"), r, p("-o"), &html]),
+        ("merge", vec![p("merge"), r, p("-o"), &merged]),
+    ]
+    .into_iter()
+    .map(|(name, args)| {
+        let (code, err) = run(&args);
+        (name, code, err)
+    })
+    .collect()
+}
+
+/// A retrace result of `n` requests (all completed) with `extra` keys, written as `dir/NAME`.
+fn result(dir: &Path, name: &str, n: u64, extra: Value) -> PathBuf {
+    let mut v = json!({
+        "schema": "retrace.replay/1", "trace": "t.jsonl", "seed": 0, "speed": 1.0,
+        "endpoint_type": "completions", "model_id": "m", "prompt_mode": "token-ids",
+        "num_prompts": n, "completed": n, "failed": 0, "duration": 1.0, "histograms": {},
+    });
+    v.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let p = dir.join(name);
+    std::fs::write(&p, v.to_string()).unwrap();
+    p
+}
+
+/// `n` sidecar rows: request `i` with a TTFT of `i` ms.
+fn rows(n: u64) -> String {
+    (0..n)
+        .map(|i| {
+            let t = (i + 1) as f64 / 1e3;
+            format!(
+                "{{\"index\":{i},\"input_lens\":10,\"output_lens\":1,\"ttfts\":{t},\"latencies\":{t},\"itls\":[],\"errors\":\"\",\"start_times\":{t}}}\n"
+            )
+        })
+        .collect()
+}
+
+/// A sidecar of one line longer than the row budget (a sparse file of 1.25 GiB of NUL bytes, one
+/// line: read whole, it would not fit in the 1 GiB address space) is an error naming the file
+/// and the line, from each reader, without ever holding the line.
+#[test]
+fn a_sidecar_line_past_the_row_budget_fails_cleanly_under_the_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = dir.path().join("r.requests.jsonl");
+    let f = std::fs::File::create(&side).unwrap();
+    f.set_len(5 << 28).unwrap();
+    drop(f);
+    let r = result(
+        dir.path(),
+        "r.json",
+        1,
+        json!({"requests_file": "r.requests.jsonl"}),
+    );
+    for (name, code, err) in each_reader(&r, dir.path()) {
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(
+            err.contains("r.requests.jsonl: line 1: longer than 16 MiB"),
+            "{name}: {err}"
+        );
+    }
+}
+
+/// `requests_file` names only a regular file beside the result: an absolute path, a path
+/// upwards, a device, a FIFO (never opened, so nothing blocks), a symbolic link out of the
+/// directory, an empty name are refused by each reader, naming the result file and the key; a
+/// plain file beside it reads.
+#[test]
+fn a_requests_file_that_is_no_plain_file_beside_the_result_is_refused() {
+    let top = tempfile::tempdir().unwrap();
+    let dir = top.path().join("runs");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(top.path().join("x.jsonl"), rows(2)).unwrap();
+    std::fs::write(dir.join("ok.jsonl"), rows(2)).unwrap();
+    std::os::unix::fs::symlink(top.path().join("x.jsonl"), dir.join("out.jsonl")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a valid NUL-terminated path; it touches no memory of ours.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let ok = result(&dir, "ok.json", 2, json!({"requests_file": "ok.jsonl"}));
+    for (name, code, err) in each_reader(&ok, &dir) {
+        assert_eq!(code, Some(0), "{name}: {err}");
+    }
+    for (file, why) in [
+        ("/etc/passwd", "not a bare file name"),
+        ("../x.jsonl", "not a bare file name"),
+        ("/dev/zero", "not a bare file name"),
+        ("", "not a bare file name"),
+        ("..", "not a bare file name"),
+        ("fifo", "is a FIFO"),
+        ("out.jsonl", "is a symbolic link"),
+    ] {
+        let r = result(&dir, "r.json", 2, json!({"requests_file": file}));
+        for (name, code, err) in each_reader(&r, &dir) {
+            assert_eq!(code, Some(2), "{file:?} {name}: {err}");
+            assert!(
+                err.contains("r.json: key `requests_file`") && err.contains(why),
+                "{file:?} {name}: {err}"
+            );
+        }
+    }
+}
+
+/// A result whose arrays are inline and also named in a sidecar (of half its requests) is
+/// refused: no reader keeps one half silently.
+#[test]
+fn a_result_with_arrays_both_inline_and_in_a_sidecar_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("half.jsonl"), rows(2)).unwrap();
+    let t = [0.001, 0.002, 0.003, 0.004];
+    let r = result(
+        dir.path(),
+        "r.json",
+        2,
+        json!({
+            "requests_file": "half.jsonl", "ttfts": t, "latencies": t, "input_lens": [1, 1, 1, 1],
+            "output_lens": [1, 1, 1, 1], "errors": ["", "", "", ""], "itls": [[], [], [], []],
+        }),
+    );
+    for (name, code, err) in each_reader(&r, dir.path()) {
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(
+            err.contains("r.json: key `requests_file`") && err.contains("inline"),
+            "{name}: {err}"
+        );
+    }
+}
