@@ -8,6 +8,7 @@
 //! keep their vLLM key names in [`Run::scalars`]. Errors name the file and the key. This module
 //! does not compute comparisons or statistics beyond turning inputs into samples.
 
+use super::bounds;
 use super::run::add_totals;
 pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
@@ -157,18 +158,8 @@ fn f64_array(
         .map(Some)
 }
 
-/// Counts of a result file: non-negative integers (a negative or float count such as 1e300 is
-/// not a count).
-const COUNT_KEYS: [&str; 5] = [
-    "num_prompts",
-    "completed",
-    "failed",
-    "total_input_tokens",
-    "total_output_tokens",
-];
-
-/// The schema this build writes, counts that are counts, and a finite non-negative duration.
-fn check_schema_and_counts(
+/// The schema this build writes, and scalars within [`bounds`].
+fn check_schema_and_scalars(
     path: &Path,
     obj: &serde_json::Map<String, Value>,
     is_retrace: bool,
@@ -184,30 +175,7 @@ fn check_schema_and_counts(
             format!("is {found}, this retrace reads {want}"),
         ));
     }
-    for k in COUNT_KEYS {
-        match obj.get(k) {
-            Some(v) if !v.is_u64() => {
-                let v = trace::clip(&v.to_string()).into_owned();
-                return Err(key_err(
-                    path,
-                    k,
-                    format!("is {v}, expected a non-negative integer"),
-                ));
-            }
-            _ => {}
-        }
-    }
-    match obj.get("duration") {
-        Some(v) if !v.as_f64().is_some_and(|d| d.is_finite() && d >= 0.0) => Err(key_err(
-            path,
-            "duration",
-            format!(
-                "is {}, expected a non-negative number of seconds",
-                trace::clip(&v.to_string())
-            ),
-        )),
-        _ => Ok(()),
-    }
+    bounds::check_scalars(obj, is_retrace).map_err(|b| key_err(path, &b.key, b.msg))
 }
 
 fn from_result(
@@ -233,7 +201,7 @@ fn from_result(
             _ => {}
         }
     }
-    check_schema_and_counts(path, obj, is_retrace)?;
+    check_schema_and_scalars(path, obj, is_retrace)?;
     let mut hists = BTreeMap::new();
     if let Some(h) = obj.get("histograms") {
         let Value::Object(h) = h else {
@@ -252,7 +220,7 @@ fn from_result(
             hists.insert(m, Weighted::from_histogram(&hist, unit));
         }
     }
-    let requests = requests_from(path, obj)?;
+    let requests = requests_from(path, obj, is_retrace)?;
     Ok(Run {
         path: path.to_path_buf(),
         kind: if is_retrace {
@@ -302,14 +270,17 @@ fn flatten(prefix: &str, v: &Value) -> Vec<(String, Value)> {
     out
 }
 
+/// The per-request arrays, each checked within [`bounds`] first.
 fn requests_from(
     path: &Path,
     obj: &serde_json::Map<String, Value>,
+    is_retrace: bool,
 ) -> Result<Option<Requests>, LoadError> {
-    let Some(ttfts) = f64_array(path, obj, "ttfts")? else {
+    let checked =
+        bounds::check_arrays(obj, is_retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
+    let (Some(n), Some(ttfts)) = (checked, f64_array(path, obj, "ttfts")?) else {
         return Ok(None);
     };
-    let n = ttfts.len();
     let need = |key: &str| -> Result<Vec<Option<f64>>, LoadError> {
         let v = f64_array(path, obj, key)?
             .ok_or_else(|| key_err(path, key, "missing (ttfts is present)"))?;
@@ -339,14 +310,6 @@ fn requests_from(
             .map(|v| v.unwrap_or(0.0).max(0.0) as u64)
             .collect())
     };
-    // A latency is never negative: such a value is a damaged file, not a failed request.
-    for key in ["ttfts", "latencies"] {
-        if let Some(v) = f64_array(path, obj, key)? {
-            if let Some(i) = v.iter().position(|x| x.is_some_and(|x| x < 0.0)) {
-                return Err(key_err(path, key, format!("element {i} is negative")));
-            }
-        }
-    }
     let input_lens = lens("input_lens")?;
     let output_lens = lens("output_lens")?;
     // older vLLM versions write no `latencies`: E2EL (and TPOT) are then unknown per request
@@ -397,7 +360,7 @@ fn requests_from(
         .copied()
         .fold(f64::INFINITY, f64::min);
     let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    let intended = f64_array(path, obj, "intended_times")?.filter(|v| v.len() == n);
+    let intended = f64_array(path, obj, "intended_times")?;
     // retrace's start times and intended times share t0; shift both by the same origin.
     let origin = match &intended {
         Some(v) => v.iter().flatten().copied().fold(t0, f64::min),

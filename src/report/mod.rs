@@ -7,6 +7,7 @@
 //! only glues them to the command line and writes files; it computes nothing itself.
 
 pub mod aiperf;
+pub mod bounds;
 pub mod compare;
 pub mod html;
 pub mod load;

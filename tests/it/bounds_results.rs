@@ -153,3 +153,65 @@ fn a_result_with_arrays_both_inline_and_in_a_sidecar_is_refused() {
         );
     }
 }
+
+/// A shard whose per-request arrays hold more requests than its counts, or whose values are
+/// absurd, is refused by merge naming file and key, as compare refuses it: nothing is cut to a
+/// count, nothing past the bounds is written.
+#[test]
+fn merge_refuses_shards_whose_arrays_or_values_disagree_or_are_absurd() {
+    let dir = tempfile::tempdir().unwrap();
+    let arrays = |t: &[f64]| {
+        let n = t.len();
+        json!({"ttfts": t, "latencies": t, "input_lens": vec![1; n], "output_lens": vec![1; n],
+               "errors": vec![""; n], "itls": vec![Vec::<f64>::new(); n], "shard": "0/2"})
+    };
+    let good = result(dir.path(), "a.json", 2, arrays(&[0.01, 0.02]));
+    let with = |name: &str, n: u64, mut v: Value, extra: Value| {
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v["shard"] = json!("1/2");
+        result(dir.path(), name, n, v)
+    };
+    for (name, n, v, extra, key) in [
+        (
+            "b.json",
+            2,
+            arrays(&[0.01, 0.02, 0.03, 0.04]),
+            json!({}),
+            "`ttfts`",
+        ),
+        ("c.json", 2, arrays(&[0.01, 1e303]), json!({}), "`ttfts`"),
+        (
+            "d.json",
+            2,
+            arrays(&[0.01, 0.02]),
+            json!({"max_output_tokens_per_s": 1e303}),
+            "`max_output_tokens_per_s`",
+        ),
+        (
+            "e.json",
+            2,
+            arrays(&[0.01, 0.02]),
+            json!({"duration": 1e300}),
+            "`duration`",
+        ),
+        (
+            "f.json",
+            2,
+            arrays(&[0.01, 0.02]),
+            json!({"completed": 1}),
+            "`failed`",
+        ),
+    ] {
+        let bad = with(name, n, v, extra);
+        let o = dir.path().join("o.json");
+        let (code, err) = run(&[Path::new("merge"), &good, &bad, Path::new("-o"), &o]);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains(name) && err.contains(key), "{name}: {err}");
+        assert!(!o.exists(), "{name}: nothing written");
+        let (code, err) = run(&[Path::new("compare"), &good, &bad]);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains(name) && err.contains(key), "{name}: {err}");
+    }
+}
