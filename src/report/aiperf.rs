@@ -258,8 +258,36 @@ fn push(r: &mut Requests, rec: &Record, t0: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Each request once: a record whose `x_request_id` an earlier record has (of this export or of
+/// an earlier input of a merge: `seen`) is refused, naming both. Records without an id pass.
+fn check_once<'p>(
+    seen: &mut HashMap<String, (&'p Path, usize)>,
+    path: &'p Path,
+    l: &Line<'_>,
+) -> Result<(), AiperfError> {
+    let Some(id) = l.rec.metadata.x_request_id.as_deref() else {
+        return Ok(());
+    };
+    match seen.insert(id.to_string(), (path, l.no)) {
+        None => Ok(()),
+        Some((earlier, no)) => Err(AiperfError::Record {
+            path: path.display().to_string(),
+            line: l.no,
+            msg: format!(
+                "request {} is also at line {no} of {}: each request counts once",
+                crate::trace::clip(id),
+                earlier.display()
+            ),
+        }),
+    }
+}
+
 fn from_records(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
     let mut lines = records(path, data)?;
+    let mut seen = HashMap::new();
+    for l in &lines {
+        check_once(&mut seen, path, l)?;
+    }
     let all = lines.len();
     lines.retain(|l| l.rec.metadata.benchmark_phase.as_deref() != Some("warmup"));
     let warmup = all - lines.len();
@@ -556,7 +584,7 @@ pub fn merge_records(inputs: &[(PathBuf, Vec<u8>)]) -> Result<(Vec<u8>, usize), 
         msg,
     };
     let mut lines: Vec<(u64, &[u8])> = Vec::new();
-    let mut seen: HashMap<String, &Path> = HashMap::new();
+    let mut seen = HashMap::new();
     for (path, data) in inputs {
         match detect(data) {
             Some(Format::Records) => {}
@@ -579,18 +607,7 @@ pub fn merge_records(inputs: &[(PathBuf, Vec<u8>)]) -> Result<(Vec<u8>, usize), 
             }
         }
         for l in records(path, data)? {
-            if let Some(id) = l.rec.metadata.x_request_id.as_deref() {
-                if let Some(earlier) = seen.insert(id.to_string(), path) {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "line {}: request {id} is also in {}: each request counts once",
-                            l.no,
-                            earlier.display()
-                        ),
-                    ));
-                }
-            }
+            check_once(&mut seen, path, &l)?;
             lines.push((l.rec.metadata.request_start_ns, l.raw));
         }
     }

@@ -80,7 +80,7 @@ pub enum MergeError {
     Load(#[from] load::LoadError),
     #[error("merge needs at least one input")]
     Empty,
-    #[error("{path}: given twice (the same result as {earlier}): each input counts once")]
+    #[error("{path}: given twice (the same as {earlier}): each input counts once")]
     Twice { path: String, earlier: String },
 }
 

@@ -215,3 +215,110 @@ fn merge_refuses_shards_whose_arrays_or_values_disagree_or_are_absurd() {
         assert!(err.contains(name) && err.contains(key), "{name}: {err}");
     }
 }
+
+/// A recording (a native trace with a wall-clock start) of 10 requests, `dir/a.trace.zst`.
+fn recording(dir: &Path) -> PathBuf {
+    use retrace::trace::{native, Request, TraceHeader};
+    let mut header = TraceHeader::imported(16, true, "test");
+    header.t0_unix_us = Some(1_000_000);
+    let records = (0..10u64).map(|k| {
+        Ok::<_, retrace::trace::TraceError>(Request {
+            arrival_us: k * 1000,
+            input_tokens: 16,
+            output_tokens: 1,
+            ..Default::default()
+        })
+    });
+    let p = dir.join("a.trace.zst");
+    native::write_file_from(&p, &header, Default::default(), records).unwrap();
+    p
+}
+
+/// Several inputs name each file once, under any name (a symbolic link, `dir/./f`): a trace set
+/// (inspect, convert, replay), a merge (also of AIPerf exports without request ids), compare's
+/// `--noise` runs beside its baseline and candidate.
+#[test]
+fn the_same_file_given_twice_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = recording(d);
+    let again = d.join(".").join("a.trace.zst");
+    let link = d.join("link.trace.zst");
+    std::os::unix::fs::symlink(&a, &link).unwrap();
+    let o = d.join("o.out");
+    let p = Path::new;
+    for args in [
+        vec![p("inspect"), &a, &again],
+        vec![p("convert"), &a, &link, p("-o"), &o],
+        vec![p("replay"), &a, &link, p("--dry-run")],
+    ] {
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("given twice") && err.contains("a.trace.zst"),
+            "{args:?}: {err}"
+        );
+    }
+    // AIPerf records without request ids: only the file's identity tells
+    let recs: String =
+        std::fs::read_to_string(support::repo("fixtures/aiperf/profile_export.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                v["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("x_request_id");
+                format!("{v}\n")
+            })
+            .collect();
+    let x = d.join("x.jsonl");
+    std::fs::write(&x, recs).unwrap();
+    let xl = d.join("xl.jsonl");
+    std::os::unix::fs::symlink(&x, &xl).unwrap();
+    let (code, err) = run(&[p("merge"), &x, &xl, p("-o"), &o]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("xl.jsonl: given twice"), "{err}");
+    let b = result(d, "b.json", 0, json!({}));
+    let c = result(d, "c.json", 0, json!({}));
+    let bl = d.join("bl.json");
+    std::os::unix::fs::symlink(&b, &bl).unwrap();
+    for noise in [&bl, &c] {
+        let (code, err) = run(&[p("compare"), &b, &c, p("--noise"), noise]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("--noise") && err.contains("given twice"),
+            "{err}"
+        );
+    }
+    let (code, err) = run(&[p("compare"), &b, &c, p("--noise"), &x, p("--noise"), &xl]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("xl.jsonl: given twice"), "{err}");
+    // a run compared with itself counts nothing twice
+    let (code, err) = run(&[p("compare"), &b, &bl]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// An AIPerf per-request export holding each record twice is refused by compare and report as
+/// merge refuses two exports sharing a request: the line and the earlier one named.
+#[test]
+fn an_aiperf_export_with_each_record_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let once =
+        std::fs::read_to_string(support::repo("fixtures/aiperf/profile_export.jsonl")).unwrap();
+    let twice = dir.path().join("twice.jsonl");
+    std::fs::write(&twice, format!("{once}{once}")).unwrap();
+    let n = once.lines().count();
+    for (name, code, err) in each_reader(&twice, dir.path()) {
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(
+            err.contains(&format!(
+                "twice.jsonl: AIPerf per-request export, line {}",
+                n + 1
+            )) && err.contains("is also at line 1 of")
+                && err.contains("each request counts once"),
+            "{name}: {err}"
+        );
+    }
+}
