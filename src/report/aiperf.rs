@@ -47,6 +47,10 @@ const AGGREGATE_LIMITS: &str = "per-metric statistics only (AIPerf's own): no pe
     CDFs, timeline, time series, length histograms, significance or paired comparison; the \
     run's profile_export.jsonl has them";
 
+/// The most bytes [`detect`] parses: a first line longer than this is no record it recognises
+/// unless it begins with `{"metadata"` (as AIPerf writes every record).
+const DETECT_BYTES: usize = 1 << 20;
+
 /// The export a file's content is, if it is one. A per-request export's first line is a record
 /// (`{"metadata": ...`); an aggregate names `aiperf_version` in its first lines (AIPerf writes it
 /// second), so a truncated file is still recognised and its error says what is wrong.
@@ -64,6 +68,9 @@ pub fn detect(data: &[u8]) -> Option<Format> {
         return Some(Format::Aggregate);
     }
     let first = data.split(|b| *b == b'\n').next().unwrap_or(data);
+    if first.len() > DETECT_BYTES {
+        return None;
+    }
     match serde_json::from_slice::<Value>(first) {
         Ok(Value::Object(o))
             if o.get("metadata").is_some_and(Value::is_object) && o.contains_key("metrics") =>

@@ -37,10 +37,66 @@ pub enum LoadError {
         "{path}: not a retrace result, a vllm bench serve result, an AIPerf export, or a trace: {msg}"
     )]
     Unknown { path: String, msg: String },
+    #[error(
+        "{path}: JSON nested {JSON_DEPTH_LIMIT} levels deep at byte {at}: past serde_json's recursion limit, not read"
+    )]
+    TooDeep { path: String, at: usize },
+    #[error("{path}: not JSON: {msg}")]
+    NotJson { path: String, msg: String },
     #[error(transparent)]
     Aiperf(#[from] super::aiperf::AiperfError),
     #[error(transparent)]
     Sidecar(#[from] sidecar::SidecarError),
+}
+
+/// The depth of nesting at which serde_json stops reading a JSON value (its recursion limit).
+pub const JSON_DEPTH_LIMIT: usize = 128;
+
+/// Where the first JSON value in `data` reaches [`JSON_DEPTH_LIMIT`] levels of nesting, if it
+/// does: the offset of the bracket that does (strings skipped; the scan ends with the value).
+fn too_deep(data: &[u8]) -> Option<usize> {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for (i, &b) in data.iter().enumerate() {
+        if in_str {
+            match b {
+                _ if esc => esc = false,
+                b'\\' => esc = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth >= JSON_DEPTH_LIMIT {
+                    return Some(i);
+                }
+            }
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `data` (the file `path`) as one JSON value: nested past serde_json's recursion limit or not
+/// JSON, an error naming the file and saying which.
+pub fn parse_json(path: &Path, data: &[u8]) -> Result<Value, LoadError> {
+    let name = || path.display().to_string();
+    if let Some(at) = too_deep(data) {
+        return Err(LoadError::TooDeep { path: name(), at });
+    }
+    serde_json::from_slice(data).map_err(|e| LoadError::NotJson {
+        path: name(),
+        msg: e.to_string(),
+    })
 }
 
 /// Reads any supported input.
@@ -51,6 +107,11 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
         source: e,
     })?;
     let first = data.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if matches!(first, Some(b'{' | b'[')) {
+        if let Some(at) = too_deep(&data) {
+            return Err(LoadError::TooDeep { path: name, at });
+        }
+    }
     if first == Some(b'{') {
         if let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&data) {
             let is_retrace = obj
@@ -618,6 +679,30 @@ mod tests {
         assert_eq!(
             r.requests.as_ref().unwrap().non_streamed,
             [false, true, false]
+        );
+    }
+
+    /// The depth limit is serde_json's own (127 levels read, 128 not); brackets inside strings
+    /// do not count.
+    #[test]
+    fn json_nested_to_serde_jsons_recursion_limit_is_found_outside_strings() {
+        let nested = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
+        let (ok, deep) = (nested(JSON_DEPTH_LIMIT - 1), nested(JSON_DEPTH_LIMIT));
+        assert!(serde_json::from_str::<Value>(&ok).is_ok());
+        assert!(serde_json::from_str::<Value>(&deep).is_err());
+        assert_eq!(too_deep(ok.as_bytes()), None);
+        assert_eq!(too_deep(deep.as_bytes()), Some(JSON_DEPTH_LIMIT - 1));
+        let quoted = format!("{{\"a\": \"\\\"{}\"}}", "[".repeat(500));
+        assert!(serde_json::from_str::<Value>(&quoted).is_ok(), "{quoted}");
+        assert_eq!(too_deep(quoted.as_bytes()), None);
+        // only the first value of a JSONL file
+        let lines = format!("{{}}\n{deep}");
+        assert_eq!(too_deep(lines.as_bytes()), None);
+        let e = parse_json(Path::new("d.json"), deep.as_bytes()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("d.json: JSON nested 128 levels deep"),
+            "{e}"
         );
     }
 

@@ -184,8 +184,7 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut inputs = Vec::with_capacity(raw.len());
     for (p, data) in raw {
-        let mut v: serde_json::Value =
-            serde_json::from_slice(&data).with_context(|| format!("{}: not JSON", p.display()))?;
+        let mut v = load::parse_json(&p, &data)?;
         if let Some(obj) = v.as_object_mut() {
             load::with_sidecar(&p, obj)?;
         }

@@ -322,3 +322,27 @@ fn an_aiperf_export_with_each_record_twice_is_refused() {
         );
     }
 }
+
+/// A JSON file nested past serde_json's recursion limit (100,000 levels) is named with that
+/// reason by compare, report and merge alike, not read as an unknown trace.
+#[test]
+fn json_nested_past_the_recursion_limit_is_named_alike_by_every_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.json");
+    let depth = 100_000;
+    let text = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+    std::fs::write(&deep, text).unwrap();
+    let errs: Vec<String> = each_reader(&deep, dir.path())
+        .into_iter()
+        .map(|(name, code, err)| {
+            assert_eq!(code, Some(2), "{name}: {err}");
+            assert!(
+                err.contains("deep.json: JSON nested 128 levels deep")
+                    && err.contains("recursion limit"),
+                "{name}: {err}"
+            );
+            err
+        })
+        .collect();
+    assert!(errs.iter().all(|e| *e == errs[0]), "{errs:?}");
+}
