@@ -27,6 +27,7 @@ pub mod chunkmemo;
 pub mod cli;
 pub mod convert;
 pub mod fdlimit;
+pub mod fileid;
 pub mod h1wire;
 pub mod inspect;
 pub mod metrics;

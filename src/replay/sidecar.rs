@@ -10,7 +10,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufRead, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Above this many measured requests a `--detailed` result's per-request arrays go to the
@@ -44,6 +44,14 @@ pub const ARRAYS: [&str; 17] = [
 /// The smallest row, `{"index":0}` and its newline.
 const MIN_ROW_BYTES: u64 = 12;
 
+/// The longest line read as a row. A real row holds one request's scalars (a few hundred bytes)
+/// and its ITLs, about 12 bytes each: 16 MiB holds over a million, far above any real output.
+pub const MAX_ROW_BYTES: usize = 16 << 20;
+
+/// The most rows read from a sidecar (a stated bound above any real run; reading takes about
+/// 1 KiB of memory a row). A sidecar holds exactly the result's `num_prompts` rows.
+pub const MAX_ROWS: usize = 1 << 24;
+
 /// The sidecar of the result file `result`: `run.json` → `run.requests.jsonl`.
 pub fn path_for(result: &Path) -> PathBuf {
     result.with_extension("requests.jsonl")
@@ -65,6 +73,53 @@ pub enum SidecarError {
     },
     #[error("{path}: {msg}")]
     File { path: String, msg: String },
+    /// The result's `requests_file` names no plain file beside it.
+    #[error("{result}: key `{KEY}`: {msg}")]
+    Refused { result: String, msg: String },
+}
+
+/// The sidecar the result file `result` names (`requests_file`: `name`), which must be a bare
+/// file name (no `/`, not `.` or `..`, not empty) of a regular file in the result's directory:
+/// never a path elsewhere, a symbolic link, a device or a FIFO (checked without opening it).
+pub fn beside(result: &Path, name: &str) -> Result<PathBuf, SidecarError> {
+    let refuse = |msg: String| SidecarError::Refused {
+        result: result.display().to_string(),
+        msg,
+    };
+    let shown = crate::trace::clip(name);
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(refuse(format!(
+            "`{shown}` is not a bare file name: the sidecar is a file beside the result"
+        )));
+    }
+    let path = result.parent().unwrap_or(Path::new("")).join(name);
+    let meta = std::fs::symlink_metadata(&path)
+        .map_err(|e| refuse(format!("`{shown}`: cannot read {}: {e}", path.display())))?;
+    if !meta.file_type().is_file() {
+        let kind = file_kind(&meta.file_type());
+        return Err(refuse(format!(
+            "`{shown}` is {kind}: the sidecar must be a regular file beside the result"
+        )));
+    }
+    Ok(path)
+}
+
+/// What a file that is not a regular file is, for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Rows by index → index-aligned arrays, null where a row lacks a key.
@@ -214,34 +269,59 @@ fn renumber(from: &crate::partial::Partial, path: &Path, seen: &[u64]) -> std::i
     to.commit(out.into_inner().map_err(|e| e.into_error())?)
 }
 
-/// The arrays of the `n` requests in the sidecar `path`. A line that is not a row, an index out
-/// of range or given twice, a request missing, or a file too short to hold `n` rows is an error
-/// naming the file (and the line).
+/// The arrays of the `n` requests in the sidecar `path`. A line that is not a row or is longer
+/// than [`MAX_ROW_BYTES`], an index out of range or given twice, a request missing, more than
+/// [`MAX_ROWS`] requests, a file too short to hold `n` rows, or one that is not a regular file is
+/// an error naming the file (and the line).
 pub fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
     let name = path.display().to_string();
     let io = |source| SidecarError::Io {
         path: name.clone(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let file = open_regular(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        let msg = format!("is {}, not a regular file", file_kind(&meta.file_type()));
+        return Err(SidecarError::File { path: name, msg });
+    }
+    let len = meta.len();
+    if n > MAX_ROWS {
+        let msg = format!("the result's {n} requests are more than the {MAX_ROWS} rows read");
+        return Err(SidecarError::File { path: name, msg });
+    }
     if n as u64 > len / MIN_ROW_BYTES {
         let msg = format!("{len} bytes cannot hold the result's {n} requests");
         return Err(SidecarError::File { path: name, msg });
     }
     let mut cols = Columns::new(n);
     let mut seen = vec![false; n];
-    for (k, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(io)?;
-        if line.trim().is_empty() {
-            continue;
-        }
+    let mut reader = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    for k in 0.. {
         let bad = |msg: String| SidecarError::Line {
             path: name.clone(),
             line: k + 1,
             msg,
         };
-        let mut row = match serde_json::from_str(&line) {
+        line.clear();
+        let limit = MAX_ROW_BYTES as u64 + 1;
+        if (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut line)
+            .map_err(io)?
+            == 0
+        {
+            break;
+        }
+        if line.len() > MAX_ROW_BYTES {
+            let mib = MAX_ROW_BYTES >> 20;
+            return Err(bad(format!("longer than {mib} MiB: not a request's row")));
+        }
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        let mut row = match serde_json::from_slice(&line) {
             Ok(Value::Object(m)) => m,
             Ok(_) => return Err(bad("not a JSON object".into())),
             Err(e) => return Err(bad(format!("not JSON: {e}"))),
@@ -264,6 +344,16 @@ pub fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
         return Err(SidecarError::File { path: name, msg });
     }
     Ok(cols.into_map())
+}
+
+/// `path` opened for reading without following a symbolic link and without waiting for a
+/// writer (a FIFO opens at once; [`read`] then refuses it as not a regular file).
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
 }
 
 /// Moves the per-request arrays ([`ARRAYS`]) of `result` into a sidecar at `path` (`retrace

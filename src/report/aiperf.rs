@@ -47,6 +47,10 @@ const AGGREGATE_LIMITS: &str = "per-metric statistics only (AIPerf's own): no pe
     CDFs, timeline, time series, length histograms, significance or paired comparison; the \
     run's profile_export.jsonl has them";
 
+/// The most bytes [`detect`] parses: a first line longer than this is no record it recognises
+/// unless it begins with `{"metadata"` (as AIPerf writes every record).
+const DETECT_BYTES: usize = 1 << 20;
+
 /// The export a file's content is, if it is one. A per-request export's first line is a record
 /// (`{"metadata": ...`); an aggregate names `aiperf_version` in its first lines (AIPerf writes it
 /// second), so a truncated file is still recognised and its error says what is wrong.
@@ -64,6 +68,9 @@ pub fn detect(data: &[u8]) -> Option<Format> {
         return Some(Format::Aggregate);
     }
     let first = data.split(|b| *b == b'\n').next().unwrap_or(data);
+    if first.len() > DETECT_BYTES {
+        return None;
+    }
     match serde_json::from_slice::<Value>(first) {
         Ok(Value::Object(o))
             if o.get("metadata").is_some_and(Value::is_object) && o.contains_key("metrics") =>
@@ -258,8 +265,36 @@ fn push(r: &mut Requests, rec: &Record, t0: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Each request once: a record whose `x_request_id` an earlier record has (of this export or of
+/// an earlier input of a merge: `seen`) is refused, naming both. Records without an id pass.
+fn check_once<'p>(
+    seen: &mut HashMap<String, (&'p Path, usize)>,
+    path: &'p Path,
+    l: &Line<'_>,
+) -> Result<(), AiperfError> {
+    let Some(id) = l.rec.metadata.x_request_id.as_deref() else {
+        return Ok(());
+    };
+    match seen.insert(id.to_string(), (path, l.no)) {
+        None => Ok(()),
+        Some((earlier, no)) => Err(AiperfError::Record {
+            path: path.display().to_string(),
+            line: l.no,
+            msg: format!(
+                "request {} is also at line {no} of {}: each request counts once",
+                crate::trace::clip(id),
+                earlier.display()
+            ),
+        }),
+    }
+}
+
 fn from_records(path: &Path, data: &[u8]) -> Result<Run, AiperfError> {
     let mut lines = records(path, data)?;
+    let mut seen = HashMap::new();
+    for l in &lines {
+        check_once(&mut seen, path, l)?;
+    }
     let all = lines.len();
     lines.retain(|l| l.rec.metadata.benchmark_phase.as_deref() != Some("warmup"));
     let warmup = all - lines.len();
@@ -556,7 +591,7 @@ pub fn merge_records(inputs: &[(PathBuf, Vec<u8>)]) -> Result<(Vec<u8>, usize), 
         msg,
     };
     let mut lines: Vec<(u64, &[u8])> = Vec::new();
-    let mut seen: HashMap<String, &Path> = HashMap::new();
+    let mut seen = HashMap::new();
     for (path, data) in inputs {
         match detect(data) {
             Some(Format::Records) => {}
@@ -579,18 +614,7 @@ pub fn merge_records(inputs: &[(PathBuf, Vec<u8>)]) -> Result<(Vec<u8>, usize), 
             }
         }
         for l in records(path, data)? {
-            if let Some(id) = l.rec.metadata.x_request_id.as_deref() {
-                if let Some(earlier) = seen.insert(id.to_string(), path) {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "line {}: request {id} is also in {}: each request counts once",
-                            l.no,
-                            earlier.display()
-                        ),
-                    ));
-                }
-            }
+            check_once(&mut seen, path, &l)?;
             lines.push((l.rec.metadata.request_start_ns, l.raw));
         }
     }

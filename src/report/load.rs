@@ -8,6 +8,7 @@
 //! keep their vLLM key names in [`Run::scalars`]. Errors name the file and the key. This module
 //! does not compute comparisons or statistics beyond turning inputs into samples.
 
+use super::bounds;
 use super::run::add_totals;
 pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
@@ -36,10 +37,66 @@ pub enum LoadError {
         "{path}: not a retrace result, a vllm bench serve result, an AIPerf export, or a trace: {msg}"
     )]
     Unknown { path: String, msg: String },
+    #[error(
+        "{path}: JSON nested {JSON_DEPTH_LIMIT} levels deep at byte {at}: past serde_json's recursion limit, not read"
+    )]
+    TooDeep { path: String, at: usize },
+    #[error("{path}: not JSON: {msg}")]
+    NotJson { path: String, msg: String },
     #[error(transparent)]
     Aiperf(#[from] super::aiperf::AiperfError),
     #[error(transparent)]
     Sidecar(#[from] sidecar::SidecarError),
+}
+
+/// The depth of nesting at which serde_json stops reading a JSON value (its recursion limit).
+pub const JSON_DEPTH_LIMIT: usize = 128;
+
+/// Where the first JSON value in `data` reaches [`JSON_DEPTH_LIMIT`] levels of nesting, if it
+/// does: the offset of the bracket that does (strings skipped; the scan ends with the value).
+fn too_deep(data: &[u8]) -> Option<usize> {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for (i, &b) in data.iter().enumerate() {
+        if in_str {
+            match b {
+                _ if esc => esc = false,
+                b'\\' => esc = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth >= JSON_DEPTH_LIMIT {
+                    return Some(i);
+                }
+            }
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `data` (the file `path`) as one JSON value: nested past serde_json's recursion limit or not
+/// JSON, an error naming the file and saying which.
+pub fn parse_json(path: &Path, data: &[u8]) -> Result<Value, LoadError> {
+    let name = || path.display().to_string();
+    if let Some(at) = too_deep(data) {
+        return Err(LoadError::TooDeep { path: name(), at });
+    }
+    serde_json::from_slice(data).map_err(|e| LoadError::NotJson {
+        path: name(),
+        msg: e.to_string(),
+    })
 }
 
 /// Reads any supported input.
@@ -50,6 +107,11 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
         source: e,
     })?;
     let first = data.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if matches!(first, Some(b'{' | b'[')) {
+        if let Some(at) = too_deep(&data) {
+            return Err(LoadError::TooDeep { path: name, at });
+        }
+    }
     if first == Some(b'{') {
         if let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&data) {
             let is_retrace = obj
@@ -89,8 +151,9 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
     from_result(path, obj, is_retrace)
 }
 
-/// A result naming a sidecar file (`requests_file`, beside the result file `path`): its rows put
-/// back as the result's per-request arrays, so the result reads as one with inline arrays.
+/// A result naming a sidecar file (`requests_file`: a plain file beside the result file `path`,
+/// [`sidecar::beside`]): its rows put back as the result's per-request arrays, so the result
+/// reads as one with inline arrays. A result with arrays both inline and in a sidecar is refused.
 pub fn with_sidecar(
     path: &Path,
     obj: &mut serde_json::Map<String, Value>,
@@ -101,6 +164,10 @@ pub fn with_sidecar(
     let name = name
         .as_str()
         .ok_or_else(|| key_err(path, sidecar::KEY, "expected a file name"))?;
+    if let Some(k) = sidecar::ARRAYS.iter().find(|k| obj.contains_key(**k)) {
+        let msg = format!("names a sidecar, and the result holds `{k}` inline: its per-request arrays are in one place or the other");
+        return Err(key_err(path, sidecar::KEY, msg));
+    }
     let n = obj
         .get("num_prompts")
         .and_then(Value::as_u64)
@@ -112,7 +179,7 @@ pub fn with_sidecar(
                 "expected the count of the sidecar's rows",
             )
         })?;
-    let file = path.parent().unwrap_or(Path::new("")).join(name);
+    let file = sidecar::beside(path, name)?;
     let arrays = sidecar::read(&file, n)?;
     obj.extend(arrays);
     Ok(())
@@ -152,18 +219,8 @@ fn f64_array(
         .map(Some)
 }
 
-/// Counts of a result file: non-negative integers (a negative or float count such as 1e300 is
-/// not a count).
-const COUNT_KEYS: [&str; 5] = [
-    "num_prompts",
-    "completed",
-    "failed",
-    "total_input_tokens",
-    "total_output_tokens",
-];
-
-/// The schema this build writes, counts that are counts, and a finite non-negative duration.
-fn check_schema_and_counts(
+/// The schema this build writes, and scalars within [`bounds`].
+fn check_schema_and_scalars(
     path: &Path,
     obj: &serde_json::Map<String, Value>,
     is_retrace: bool,
@@ -179,30 +236,7 @@ fn check_schema_and_counts(
             format!("is {found}, this retrace reads {want}"),
         ));
     }
-    for k in COUNT_KEYS {
-        match obj.get(k) {
-            Some(v) if !v.is_u64() => {
-                let v = trace::clip(&v.to_string()).into_owned();
-                return Err(key_err(
-                    path,
-                    k,
-                    format!("is {v}, expected a non-negative integer"),
-                ));
-            }
-            _ => {}
-        }
-    }
-    match obj.get("duration") {
-        Some(v) if !v.as_f64().is_some_and(|d| d.is_finite() && d >= 0.0) => Err(key_err(
-            path,
-            "duration",
-            format!(
-                "is {}, expected a non-negative number of seconds",
-                trace::clip(&v.to_string())
-            ),
-        )),
-        _ => Ok(()),
-    }
+    bounds::check_scalars(obj, is_retrace).map_err(|b| key_err(path, &b.key, b.msg))
 }
 
 fn from_result(
@@ -228,7 +262,7 @@ fn from_result(
             _ => {}
         }
     }
-    check_schema_and_counts(path, obj, is_retrace)?;
+    check_schema_and_scalars(path, obj, is_retrace)?;
     let mut hists = BTreeMap::new();
     if let Some(h) = obj.get("histograms") {
         let Value::Object(h) = h else {
@@ -247,7 +281,7 @@ fn from_result(
             hists.insert(m, Weighted::from_histogram(&hist, unit));
         }
     }
-    let requests = requests_from(path, obj)?;
+    let requests = requests_from(path, obj, is_retrace)?;
     Ok(Run {
         path: path.to_path_buf(),
         kind: if is_retrace {
@@ -297,14 +331,17 @@ fn flatten(prefix: &str, v: &Value) -> Vec<(String, Value)> {
     out
 }
 
+/// The per-request arrays, each checked within [`bounds`] first.
 fn requests_from(
     path: &Path,
     obj: &serde_json::Map<String, Value>,
+    is_retrace: bool,
 ) -> Result<Option<Requests>, LoadError> {
-    let Some(ttfts) = f64_array(path, obj, "ttfts")? else {
+    let checked =
+        bounds::check_arrays(obj, is_retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
+    let (Some(n), Some(ttfts)) = (checked, f64_array(path, obj, "ttfts")?) else {
         return Ok(None);
     };
-    let n = ttfts.len();
     let need = |key: &str| -> Result<Vec<Option<f64>>, LoadError> {
         let v = f64_array(path, obj, key)?
             .ok_or_else(|| key_err(path, key, "missing (ttfts is present)"))?;
@@ -334,14 +371,6 @@ fn requests_from(
             .map(|v| v.unwrap_or(0.0).max(0.0) as u64)
             .collect())
     };
-    // A latency is never negative: such a value is a damaged file, not a failed request.
-    for key in ["ttfts", "latencies"] {
-        if let Some(v) = f64_array(path, obj, key)? {
-            if let Some(i) = v.iter().position(|x| x.is_some_and(|x| x < 0.0)) {
-                return Err(key_err(path, key, format!("element {i} is negative")));
-            }
-        }
-    }
     let input_lens = lens("input_lens")?;
     let output_lens = lens("output_lens")?;
     // older vLLM versions write no `latencies`: E2EL (and TPOT) are then unknown per request
@@ -392,7 +421,7 @@ fn requests_from(
         .copied()
         .fold(f64::INFINITY, f64::min);
     let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    let intended = f64_array(path, obj, "intended_times")?.filter(|v| v.len() == n);
+    let intended = f64_array(path, obj, "intended_times")?;
     // retrace's start times and intended times share t0; shift both by the same origin.
     let origin = match &intended {
         Some(v) => v.iter().flatten().copied().fold(t0, f64::min),
@@ -650,6 +679,30 @@ mod tests {
         assert_eq!(
             r.requests.as_ref().unwrap().non_streamed,
             [false, true, false]
+        );
+    }
+
+    /// The depth limit is serde_json's own (127 levels read, 128 not); brackets inside strings
+    /// do not count.
+    #[test]
+    fn json_nested_to_serde_jsons_recursion_limit_is_found_outside_strings() {
+        let nested = |d: usize| format!("{}{}", "[".repeat(d), "]".repeat(d));
+        let (ok, deep) = (nested(JSON_DEPTH_LIMIT - 1), nested(JSON_DEPTH_LIMIT));
+        assert!(serde_json::from_str::<Value>(&ok).is_ok());
+        assert!(serde_json::from_str::<Value>(&deep).is_err());
+        assert_eq!(too_deep(ok.as_bytes()), None);
+        assert_eq!(too_deep(deep.as_bytes()), Some(JSON_DEPTH_LIMIT - 1));
+        let quoted = format!("{{\"a\": \"\\\"{}\"}}", "[".repeat(500));
+        assert!(serde_json::from_str::<Value>(&quoted).is_ok(), "{quoted}");
+        assert_eq!(too_deep(quoted.as_bytes()), None);
+        // only the first value of a JSONL file
+        let lines = format!("{{}}\n{deep}");
+        assert_eq!(too_deep(lines.as_bytes()), None);
+        let e = parse_json(Path::new("d.json"), deep.as_bytes()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("d.json: JSON nested 128 levels deep"),
+            "{e}"
         );
     }
 

@@ -12,8 +12,10 @@
 //! exactly where possible (count, mean, std, min, max) with medians/percentiles null; the output
 //! then says `merged_from_histograms: true`. Inputs must agree on `trace`, `seed`, `speed`,
 //! `endpoint_type`, `model_id` and `prompt_mode`. Each input is validated by
-//! [`super::load::from_value`] (the one reader of result files). This module does not read or
-//! write files; it does not merge vLLM's own result files.
+//! [`super::load::from_value`] (the one reader of result files, within [`super::bounds`]); counts
+//! are summed exactly (a sum past 2^64 − 1 is refused), and the merged result passes the same
+//! reader before it is returned. This module does not read or write files; it does not merge
+//! vLLM's own result files.
 
 use super::load::{self, Requests};
 use crate::metrics::{percentile_label, Histograms, Stats};
@@ -78,7 +80,7 @@ pub enum MergeError {
     Load(#[from] load::LoadError),
     #[error("merge needs at least one input")]
     Empty,
-    #[error("{path}: given twice (the same result as {earlier}): each input counts once")]
+    #[error("{path}: given twice (the same as {earlier}): each input counts once")]
     Twice { path: String, earlier: String },
 }
 
@@ -134,12 +136,12 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
             .map(|(p, _)| p.display().to_string())
             .collect::<Vec<_>>()),
     );
-    match merge_sessions(inputs) {
+    match merge_sessions(inputs)? {
         Some(v) => m.insert("sessions".into(), v),
         None => m.remove("sessions"),
     };
     m.retain(|k, _| !k.starts_with("probe_"));
-    match merge_probes(inputs) {
+    match merge_probes(inputs)? {
         Some(v) => {
             m.extend(crate::replay::result::vllm_probe_keys(&v));
             m.insert("probes".into(), v)
@@ -149,7 +151,10 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     // Every shard scraped the same server, whose counters saw all shards' traffic: not additive,
     // and one shard's view is not the merged run's. Read them in the shard files.
     m.remove("server_metrics");
-    Ok(Value::Object(m))
+    let merged = Value::Object(m);
+    // What the readers would refuse is never written.
+    load::from_value(std::path::Path::new("the merged result"), &merged)?;
+    Ok(merged)
 }
 
 /// Checks that the inputs are replay results of one run (schema, the keys that must agree,
@@ -200,17 +205,7 @@ fn check_inputs(inputs: &[(PathBuf, Value)]) -> Result<Vec<Option<Requests>>, Me
 fn merge_totals(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> {
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
     for k in SUM_KEYS {
-        let mut total = 0u64;
-        for (path, v) in inputs {
-            match v.get(k) {
-                None => {}
-                Some(x) => {
-                    total += x
-                        .as_u64()
-                        .ok_or_else(|| key_err(path, k, "expected a non-negative integer"))?
-                }
-            }
-        }
+        let total = sum_counts(inputs, k, |v| v.get(k))?;
         m.insert(k.into(), json!(total));
     }
     let mut duration = 0.0f64;
@@ -250,16 +245,53 @@ fn merge_totals(m: &mut Map<String, Value>, inputs: &[(PathBuf, Value)]) -> Resu
             None => m.remove(k),
         };
     }
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    for (_, v) in inputs {
-        if let Some(Value::Object(e)) = v.get("errors_by_kind") {
-            for (k, c) in e {
-                *errors.entry(k.clone()).or_default() += c.as_u64().unwrap_or(0);
-            }
-        }
-    }
+    let errors = sum_by_kind(inputs, "errors_by_kind", |v| v.get("errors_by_kind"))?;
     m.insert("errors_by_kind".into(), json!(errors));
     Ok(())
+}
+
+/// The `{kind: count}` objects `get` gives of each input (`key` names them) summed kind by kind,
+/// as [`sum_counts`].
+fn sum_by_kind(
+    inputs: &[(PathBuf, Value)],
+    key: &str,
+    get: impl Fn(&Value) -> Option<&Value>,
+) -> Result<BTreeMap<String, u64>, MergeError> {
+    let kinds: std::collections::BTreeSet<&String> = inputs
+        .iter()
+        .filter_map(|(_, v)| get(v)?.as_object())
+        .flat_map(|e| e.keys())
+        .collect();
+    let mut out = BTreeMap::new();
+    for kind in kinds {
+        let total = sum_counts(inputs, &format!("{key}.{kind}"), |v| get(v)?.get(kind))?;
+        out.insert(kind.clone(), total);
+    }
+    Ok(out)
+}
+
+/// The sum of the count `get` gives of each input (`key` names it): each a non-negative integer,
+/// the sum refused where it would pass 2^64 − 1 (never wrapped or saturated).
+fn sum_counts(
+    inputs: &[(PathBuf, Value)],
+    key: &str,
+    get: impl Fn(&Value) -> Option<&Value>,
+) -> Result<u64, MergeError> {
+    let mut total = 0u64;
+    for (path, v) in inputs {
+        let Some(x) = get(v) else { continue };
+        let c = x
+            .as_u64()
+            .ok_or_else(|| key_err(path, key, "expected a non-negative integer"))?;
+        total = total.checked_add(c).ok_or_else(|| {
+            key_err(
+                path,
+                key,
+                format!("is {c}: the inputs' sum would pass 2^64 - 1"),
+            )
+        })?;
+    }
+    Ok(total)
 }
 
 /// Valid when every shard is; the invalid ones' reasons, each naming its file.
@@ -365,9 +397,15 @@ fn merge_detailed(
                 }
             }
         }
-        if out.len() == order.len() {
-            out = order.iter().map(|&i| out[i].take()).collect();
+        if out.len() != order.len() {
+            let msg = format!(
+                "the inputs hold {} elements of {} requests: the arrays cannot be merged whole",
+                out.len(),
+                order.len()
+            );
+            return Err(key_err(&inputs[0].0, k, msg));
         }
+        out = order.iter().map(|&i| out[i].take()).collect();
         m.insert(k.into(), Value::Array(out));
     }
     m.insert("merged_from_histograms".into(), json!(false));
@@ -407,13 +445,13 @@ fn check_distinct_shards(inputs: &[(PathBuf, Value)]) -> Result<(), MergeError> 
 /// `--sessions` reports of shards (sessions are kept whole by `--shard`): counts summed, the drift
 /// distribution pooled exactly where it can be (count, mean, std, min, max); median and
 /// percentiles null (`pooled: true`). `None` when no input has one.
-fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Option<Value> {
+fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Result<Option<Value>, MergeError> {
     let all: Vec<&Value> = inputs
         .iter()
         .filter_map(|(_, v)| v.get("sessions"))
         .collect();
     if all.is_empty() {
-        return None;
+        return Ok(None);
     }
     let mut m = Map::new();
     for k in [
@@ -422,39 +460,40 @@ fn merge_sessions(inputs: &[(PathBuf, Value)]) -> Option<Value> {
         "dependent_turns",
         "released_after_failure",
     ] {
-        let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
+        let total = sum_counts(inputs, &format!("sessions.{k}"), |v| {
+            v.get("sessions")?.get(k)
+        })?;
         m.insert(k.into(), json!(total));
     }
     let drifts: Vec<&Value> = all.iter().map(|v| &v["drift"]).collect();
     m.insert("drift".into(), pool_dist(&drifts));
-    Some(Value::Object(m))
+    Ok(Some(Value::Object(m)))
 }
 
 /// `--probe-request-rate` reports of shards: each shard sent its own probes, so rates and counts
 /// add; `ttft`, `e2el`, `drift` pooled like [`pool_dist`]. `None` when no input has one.
-fn merge_probes(inputs: &[(PathBuf, Value)]) -> Option<Value> {
+fn merge_probes(inputs: &[(PathBuf, Value)]) -> Result<Option<Value>, MergeError> {
     let all: Vec<&Value> = inputs.iter().filter_map(|(_, v)| v.get("probes")).collect();
-    let first = all.first()?;
+    let Some(first) = all.first() else {
+        return Ok(None);
+    };
     let mut m = Map::new();
     m.insert("prompt_tokens".into(), first["prompt_tokens"].clone());
     let rate: f64 = all.iter().filter_map(|v| v["rate"].as_f64()).sum();
     m.insert("rate".into(), json!(rate));
     for k in ["sent", "completed", "failed"] {
-        let total: u64 = all.iter().filter_map(|v| v.get(k)?.as_u64()).sum();
+        let total = sum_counts(inputs, &format!("probes.{k}"), |v| v.get("probes")?.get(k))?;
         m.insert(k.into(), json!(total));
     }
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    for v in &all {
-        for (k, c) in v["errors_by_kind"].as_object().into_iter().flatten() {
-            *errors.entry(k.clone()).or_default() += c.as_u64().unwrap_or(0);
-        }
-    }
+    let errors = sum_by_kind(inputs, "probes.errors_by_kind", |v| {
+        v.get("probes")?.get("errors_by_kind")
+    })?;
     m.insert("errors_by_kind".into(), json!(errors));
     for k in ["ttft", "e2el", "drift"] {
         let d: Vec<&Value> = all.iter().map(|v| &v[k]).collect();
         m.insert(k.into(), pool_dist(&d));
     }
-    Some(Value::Object(m))
+    Ok(Some(Value::Object(m)))
 }
 
 /// Pools `{count, mean_ms, std_ms, min_ms, max_ms, median_ms, pP_ms}` distributions exactly
@@ -1047,6 +1086,24 @@ mod tests {
             "{e}"
         );
         assert!(merge(&[]).is_err());
+    }
+
+    /// Counts are summed exactly or refused: a sum past 2^64 − 1 is never wrapped or saturated.
+    #[test]
+    fn counts_whose_sum_would_pass_u64_are_refused_naming_file_and_key() {
+        let mut sh = shards(false);
+        for (k, (_, v)) in sh.iter_mut().enumerate().take(2) {
+            let big = (1u64 << 63) + k as u64;
+            for key in ["num_prompts", "completed"] {
+                v[key] = json!(big);
+            }
+            v["failed"] = json!(0);
+        }
+        let e = merge(&sh[..2]).unwrap_err().to_string();
+        assert!(
+            e.contains("shard-1.json") && e.contains("`num_prompts`") && e.contains("2^64"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! only glues them to the command line and writes files; it computes nothing itself.
 
 pub mod aiperf;
+pub mod bounds;
 pub mod compare;
 pub mod html;
 pub mod load;
@@ -32,6 +33,7 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         Some(spec) => rules::parse(spec)?,
         None => Vec::new(),
     };
+    check_noise_runs_distinct(a)?;
     let base = load::load(&a.baseline)?;
     let cand = load::load(&a.candidate)?;
     let noise = a
@@ -74,6 +76,33 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         outcomes.len()
     );
     Ok(ExitCode::from(1))
+}
+
+/// Each `--noise` run is another file than the baseline, the candidate and the other noise runs
+/// (under any name): a file given twice would count as a rerun it is not. The baseline and the
+/// candidate may be one file (a comparison with itself counts nothing twice).
+fn check_noise_runs_distinct(a: &CompareArgs) -> anyhow::Result<()> {
+    let mut earlier = vec![
+        ("the baseline", &a.baseline),
+        ("the candidate", &a.candidate),
+    ];
+    for p in &a.noise {
+        let Some(id) = crate::fileid::id(p) else {
+            continue;
+        };
+        if let Some((role, q)) = earlier
+            .iter()
+            .find(|(_, q)| crate::fileid::id(q) == Some(id))
+        {
+            anyhow::bail!(
+                "--noise {}: given twice (the same file as {role} {}): each run counts once",
+                p.display(),
+                q.display()
+            );
+        }
+        earlier.push(("--noise", p));
+    }
+    Ok(())
 }
 
 /// Parses `--thresholds-ms A,B`.
@@ -130,6 +159,13 @@ pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
 pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
+    if let Some((earlier, later)) = crate::fileid::first_repeat(&a.inputs) {
+        return Err(merge::MergeError::Twice {
+            path: a.inputs[later].display().to_string(),
+            earlier: a.inputs[earlier].display().to_string(),
+        }
+        .into());
+    }
     let mut raw = Vec::with_capacity(a.inputs.len());
     for p in &a.inputs {
         let data = std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
@@ -148,8 +184,7 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut inputs = Vec::with_capacity(raw.len());
     for (p, data) in raw {
-        let mut v: serde_json::Value =
-            serde_json::from_slice(&data).with_context(|| format!("{}: not JSON", p.display()))?;
+        let mut v = load::parse_json(&p, &data)?;
         if let Some(obj) = v.as_object_mut() {
             load::with_sidecar(&p, obj)?;
         }

@@ -174,10 +174,18 @@ pub fn names(paths: &[PathBuf]) -> String {
     names.join(" ")
 }
 
-/// Opens one trace file as a stream, or several recordings merged by wall clock.
+/// Opens one trace file as a stream, or several recordings merged by wall clock (each file once:
+/// one given twice, under any name, is refused).
 pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, TraceError> {
     if let [one] = paths {
         return super::stream::open(one, opts);
+    }
+    if let Some((earlier, later)) = crate::fileid::first_repeat(paths) {
+        let msg = format!(
+            "given twice (the same file as {}): each recording counts once",
+            paths[earlier].display()
+        );
+        return Err(refuse(&paths[later].display().to_string(), msg));
     }
     let inputs = paths
         .iter()

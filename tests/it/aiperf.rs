@@ -253,12 +253,19 @@ fn merge_of_aiperf_exports_and_its_refusal_of_aggregates() {
     assert_eq!(v["paired"]["n"], 13);
     assert_eq!(row(&v, "mean_ttft_ms")["abs_change"], 0.0);
 
+    // another file holding the same requests: refused by their ids
+    let pa_copy = dir.path().join("a-copy.jsonl");
+    std::fs::copy(&pa, &pa_copy).unwrap();
     for (inputs, want) in [
         (
             vec![pa.clone(), fx("profile_export_aiperf.json")],
             "per-request profile_export.jsonl files instead",
         ),
-        (vec![pa.clone(), pa.clone()], "each request counts once"),
+        (
+            vec![pa.clone(), pa_copy.clone()],
+            "each request counts once",
+        ),
+        (vec![pa.clone(), pa.clone()], "given twice"),
     ] {
         let mut args: Vec<&Path> = vec![p("merge")];
         args.extend(inputs.iter().map(PathBuf::as_path));

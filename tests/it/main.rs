@@ -1,6 +1,7 @@
 //! retrace's single integration-test binary: every area adds a module here.
 
 mod aiperf;
+mod bounds_results;
 mod budget;
 mod cancels;
 mod choices;
