@@ -102,7 +102,7 @@ pub fn parse_json(path: &Path, data: &[u8]) -> Result<Value, LoadError> {
 /// Reads any supported input.
 pub fn load(path: &Path) -> Result<Run, LoadError> {
     let name = path.display().to_string();
-    let data = std::fs::read(path).map_err(|e| LoadError::Io {
+    let data = trace::rows::read_whole(path).map_err(|e| LoadError::Io {
         path: name.clone(),
         source: e,
     })?;

@@ -168,7 +168,8 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut raw = Vec::with_capacity(a.inputs.len());
     for p in &a.inputs {
-        let data = std::fs::read(p).with_context(|| format!("{}: cannot read", p.display()))?;
+        let data = crate::trace::rows::read_whole(p)
+            .with_context(|| format!("{}: cannot read", p.display()))?;
         raw.push((p.clone(), data));
     }
     if raw.iter().any(|(_, d)| aiperf::detect(d).is_some()) {

@@ -8,6 +8,39 @@ use super::{Request, Trace, TraceError, TraceHeader};
 /// would make a replay build a prompt of gigabytes. Larger values are absurd, not data.
 pub const MAX_TOKENS: u64 = 10_000_000;
 
+/// Largest file read whole into memory (256 MiB): a JSON document (a result, a session trace,
+/// an AIPerf export) is parsed at several times its size, so a larger one is refused before it
+/// is read, and line formats are streamed instead.
+pub const MAX_WHOLE_FILE: u64 = 256 << 20;
+
+/// The bytes of `path`, read whole: at most [`MAX_WHOLE_FILE`] (a larger file, or a pipe that
+/// passes it, is an `InvalidData` error saying so; nothing past the bound is held).
+pub fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let size = f.metadata().map_or(0, |m| m.len());
+    if size > MAX_WHOLE_FILE {
+        return Err(too_large(size));
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    f.take(MAX_WHOLE_FILE + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > MAX_WHOLE_FILE {
+        return Err(too_large(data.len() as u64));
+    }
+    Ok(data)
+}
+
+fn too_large(size: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "{} MiB or more, past the {} MiB a file read whole may hold",
+            size >> 20,
+            MAX_WHOLE_FILE >> 20
+        ),
+    )
+}
+
 /// The most hash ids a prompt of `blocks` blocks may carry: twice its blocks (room for
 /// re-blocked tails), plus 16. Every reader refuses a record with more (an encoded run would
 /// otherwise let a few bytes declare millions of ids), so the native writer will not write one.
@@ -144,4 +177,22 @@ pub(crate) fn collect_rows(
     let mut trace = Trace { header, requests };
     rep.reordered = trace.sort_by_arrival();
     Ok((trace, rep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_past_the_whole_file_budget_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big.json");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(MAX_WHOLE_FILE + 1).unwrap(); // sparse: nothing written
+        let e = read_whole(&p).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("past the 256 MiB"), "{e}");
+        f.set_len(10).unwrap();
+        assert_eq!(read_whole(&p).unwrap(), vec![0u8; 10]);
+    }
 }

@@ -92,7 +92,7 @@ pub fn open(path: &Path, opts: &ImportOptions) -> Result<TraceStream, TraceError
         Format::Azure => stream_rows(&name, &ro, || azure::azure_rows(&name, buffered()?)),
         Format::Burstgpt => stream_rows(&name, &ro, || azure::burstgpt_rows(&name, buffered()?)),
         Format::Sessions | Format::Custom => {
-            let data = std::fs::read(path).map_err(io)?;
+            let data = super::rows::read_whole(path).map_err(io)?;
             let (t, rep) = match format {
                 Format::Sessions => sessions::read(&name, &data, &ro)?,
                 _ => custom::read(&name, &data, &ro)?,
