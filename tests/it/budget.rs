@@ -286,7 +286,10 @@ fn a_sidecar_of_one_huge_line_is_read_within_the_budget() {
         vec!["report", r, "-o", page.to_str().unwrap()],
         vec!["merge", r, "-o", merged.to_str().unwrap()],
     ] {
-        let _ = run_bounded(&args);
+        match run_bounded(&args) {
+            Ending::Refused(err) => assert!(err.contains("r.requests.jsonl"), "{args:?}: {err}"),
+            Ending::Done => panic!("{args:?} read a one-line sidecar of 1.2 GB"),
+        }
     }
 }
 
