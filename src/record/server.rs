@@ -49,6 +49,7 @@ fn http_builder() -> Builder<TokioExecutor> {
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_header_list_size(super::common::H2_HEADER_LIST)
         .max_concurrent_streams(Some(10_000));
     builder
 }

@@ -1,0 +1,243 @@
+//! `retrace record` at its bounds: request heads too large for either engine, responses longer
+//! than the capture cap, file names (several recorders on one `--out`, a prefix too long for
+//! the file system) and the drain deadline.
+//!
+//! Servers run in-process on 127.0.0.1:0; the one child process runs under a memory and a time
+//! limit.
+
+use super::support::{self, ChanBody, OutputWithin as _};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use retrace::record::{self, RecordConfig, RecordStats};
+use retrace::trace::{native, InputCount, Request as TraceRequest};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+// ---------- a scripted upstream ----------
+
+/// What the upstream answers a request with: the response head and the chunks its body is
+/// fed with (the sender side is handed to `feed`).
+type Script = Arc<dyn Fn(&http::request::Parts, mpsc::Sender<Bytes>) -> Response<()> + Send + Sync>;
+
+/// An HTTP/1.1 upstream on 127.0.0.1:0 that answers every request with `script`; the paths of
+/// the requests it received (in order) are in the returned list.
+async fn upstream(
+    script: impl Fn(&http::request::Parts, mpsc::Sender<Bytes>) -> Response<()> + Send + Sync + 'static,
+) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let script: Script = Arc::new(script);
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let (script, seen) = (script.clone(), s2.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (script, seen) = (script.clone(), seen.clone());
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        seen.lock().unwrap().push(parts.uri.path().to_string());
+                        let _ = body.collect().await;
+                        let (tx, rx) = mpsc::channel(64);
+                        let (head, ()) = script(&parts, tx).into_parts();
+                        Ok::<_, Infallible>(Response::from_parts(head, ChanBody(rx)))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn sse_head() -> Response<()> {
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(())
+        .unwrap()
+}
+
+/// A recorder in front of `up` writing into `dir`, with `tweak` applied to the defaults.
+async fn recorder(
+    up: SocketAddr,
+    dir: &Path,
+    tweak: impl FnOnce(&mut RecordConfig),
+) -> support::Recorder {
+    let mut cfg = RecordConfig::new(&format!("http://{up}"), dir).unwrap();
+    cfg.flush_every = Duration::from_millis(50);
+    cfg.block_size = 16;
+    tweak(&mut cfg);
+    support::spawn_recorder(cfg).await
+}
+
+/// Stops a recorder and reads every record it wrote (each file read clean).
+async fn stop(r: support::Recorder) -> (RecordStats, Vec<TraceRequest>) {
+    let stats = support::stop_recorder(r.stop, r.task).await;
+    let mut recs = Vec::new();
+    for f in &stats.files {
+        let (t, rep) = native::read_file(f).unwrap();
+        assert!(rep.is_clean(), "{}", rep.summary());
+        recs.extend(t.requests);
+    }
+    recs.sort_by_key(|r| r.arrival_us);
+    (stats, recs)
+}
+
+// ---------- request heads ----------
+
+/// `n` header fields of about 1000 bytes each (hex digits, as a token or a cookie carries).
+fn big_headers(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|k| {
+            let v: String = (0..63)
+                .map(|j| format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&[k as u8, j as u8])))
+                .collect::<String>()[..1000]
+                .to_string();
+            (format!("x-pad-{k}"), v)
+        })
+        .collect()
+}
+
+fn with_headers(uri: &str, headers: &[(String, String)]) -> Request<Full<Bytes>> {
+    let mut b = Request::builder().method("POST").uri(uri);
+    for (k, v) in headers {
+        b = b.header(k, v);
+    }
+    b.body(Full::new(Bytes::from_static(b"{}"))).unwrap()
+}
+
+/// Over HTTP/2, a request head over the limit HTTP/1.1 has (64 KiB) is a 431 on its own stream,
+/// with the JSON error an HTTP/1.1 client gets for it; a head under it is forwarded, and another
+/// stream of the same connection, in flight all along, completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_request_heads_over_the_limit_are_431_on_their_stream_and_the_connection_lives() {
+    // `/slow` sends one event, then its last when the test says so.
+    let (release_tx, release_rx) = tokio::sync::watch::channel(false);
+    let (up, seen) = upstream(move |p, tx| {
+        if p.uri.path() == "/slow" {
+            let mut release = release_rx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(Bytes::from_static(b"data: {\"a\":1}\n\n")).await;
+                let _ = release.wait_for(|r| *r).await;
+                let _ = tx.send(Bytes::from_static(b"data: {\"a\":2}\n\n")).await;
+            });
+            return sse_head();
+        }
+        let _ = tx.try_send(Bytes::from_static(b"ok"));
+        Response::new(())
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let rec = recorder(up, dir.path(), |_| {}).await;
+    let tcp = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let limit = Duration::from_secs(20);
+    let base = format!("http://{}", rec.addr);
+
+    let mut s = send.clone();
+    let slow = tokio::time::timeout(
+        limit,
+        s.send_request(with_headers(&format!("{base}/slow"), &[])),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(slow.status(), StatusCode::OK);
+    let mut slow = slow.into_body();
+    let first = tokio::time::timeout(limit, slow.frame()).await.unwrap();
+    assert!(
+        first.unwrap().unwrap().is_data(),
+        "the first event is through"
+    );
+
+    // About 60 KB of fields: forwarded. About 100 KB: refused on its stream.
+    let mut s = send.clone();
+    let ok = tokio::time::timeout(
+        limit,
+        s.send_request(with_headers(&format!("{base}/small"), &big_headers(60))),
+    )
+    .await
+    .expect("answer in time")
+    .expect("an answer, not a connection error");
+    assert_eq!(ok.status(), StatusCode::OK);
+    let mut s = send.clone();
+    let big = tokio::time::timeout(
+        limit,
+        s.send_request(with_headers(&format!("{base}/big"), &big_headers(100))),
+    )
+    .await
+    .expect("answer in time")
+    .expect("an answer, not a connection error");
+    assert_eq!(big.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let body = tokio::time::timeout(limit, big.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+    assert_eq!(v["error"]["type"], "request_header_too_large", "{v}");
+
+    // The stream in flight completes on the same connection, which takes new streams.
+    release_tx.send_replace(true);
+    let rest = tokio::time::timeout(limit, slow.collect())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&rest.to_bytes()[..], b"data: {\"a\":2}\n\n");
+    let mut s = send.clone();
+    let again = tokio::time::timeout(
+        limit,
+        s.send_request(with_headers(&format!("{base}/again"), &[])),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(*seen.lock().unwrap(), ["/slow", "/small", "/again"]);
+
+    // An HTTP/1.1 client gets the same answer to the same head.
+    let tcp = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
+    let (mut s1, c1) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(c1);
+    let h1 = tokio::time::timeout(
+        limit,
+        s1.send_request(with_headers(&format!("{base}/big"), &big_headers(100))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(h1.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let body = tokio::time::timeout(limit, h1.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap();
+    let v1: serde_json::Value = serde_json::from_slice(&body.to_bytes()).unwrap();
+    assert_eq!(v1["error"]["type"], v["error"]["type"]);
+
+    drop(send);
+    conn.abort();
+    let (_, recs) = stop(rec).await;
+    let paths: Vec<&str> = recs.iter().map(|r| r.endpoint.as_str()).collect();
+    assert_eq!(paths, ["/slow", "/small", "/again"]);
+}
+
