@@ -315,7 +315,8 @@ pub async fn run_with_admin(
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    let files = tokio::task::spawn_blocking(move || writer.close())
+    let deadline = drained.deadline.into_std();
+    let files = tokio::task::spawn_blocking(move || writer.close(Some(deadline)))
         .await
         .unwrap_or_default();
     if let Some(t) = admin_task {
@@ -329,7 +330,7 @@ pub async fn run_with_admin(
         records_lost_io: stats.records_lost_io.load(Relaxed),
         write_errors: stats.write_errors.load(Relaxed),
         files,
-        drained,
+        drained: drained.all,
     })
 }
 

@@ -23,7 +23,8 @@ const POLL: Duration = Duration::from_millis(5);
 
 enum Msg {
     Exchange(Box<Exchange>),
-    Close,
+    /// Close the file; records waiting for the upstream's `/tokenize` wait no later than this.
+    Close(Option<Instant>),
 }
 
 /// Recorded exchanges the writer hands back for reuse, at most this many.
@@ -121,9 +122,10 @@ pub struct WriterHandle {
 
 impl WriterHandle {
     /// Asks the writer to close its file and waits for it (blocking; call off the async runtime);
-    /// returns the files it closed, in order.
-    pub fn close(self) -> Vec<PathBuf> {
-        let _ = self.tx.send(Msg::Close);
+    /// returns the files it closed, in order. Records still waiting for the upstream's
+    /// `/tokenize` count wait until `deadline` at most (the drain's), then keep their estimate.
+    pub fn close(self, deadline: Option<Instant>) -> Vec<PathBuf> {
+        let _ = self.tx.send(Msg::Close(deadline));
         self.join.join().unwrap_or_default()
     }
 }
@@ -271,7 +273,7 @@ impl Writer {
         // forwarding path pay a wake-up. While records keep coming the clock is read every 64.
         let mut next_flush = Instant::now() + self.files.flush_every;
         let mut since_clock = 0u32;
-        loop {
+        let deadline = loop {
             match rx.try_recv() {
                 Ok(Msg::Exchange(ex)) => {
                     self.record(ex);
@@ -280,7 +282,8 @@ impl Writer {
                         continue;
                     }
                 }
-                Ok(Msg::Close) | Err(TryRecvError::Disconnected) => break,
+                Ok(Msg::Close(deadline)) => break deadline,
+                Err(TryRecvError::Disconnected) => break None,
                 Err(TryRecvError::Empty) => {
                     let wait = next_flush.saturating_duration_since(Instant::now());
                     std::thread::sleep(wait.min(POLL));
@@ -292,12 +295,12 @@ impl Writer {
                 self.flush();
                 next_flush = Instant::now() + self.files.flush_every;
             }
-        }
+        };
         // Drain what is already queued, then close.
         while let Ok(Msg::Exchange(ex)) = rx.try_recv() {
             self.record(ex);
         }
-        self.finish_tokenize();
+        self.finish_tokenize(deadline);
         self.flush();
         self.close_file();
     }
@@ -312,9 +315,11 @@ impl Writer {
         if let Some(t) = req.response.as_ref().and_then(|r| r.ttft_us) {
             self.stats.ttft.observe(Duration::from_micros(t));
         }
+        // Past the drain deadline the proxy is closing: nothing more is asked.
+        let cut = self.stats.drain_cut.load(Relaxed);
         let ask = match (&self.servertok, req.input_count) {
             (Some(_), crate::trace::InputCount::Estimated)
-                if ex.request.complete && !ex.request.truncated =>
+                if ex.request.complete && !ex.request.truncated && !cut =>
             {
                 Ask::of(&req.endpoint, &ex.request.data)
             }
@@ -338,14 +343,18 @@ impl Writer {
         }
     }
 
-    /// At close: answers in flight are waited for (at most the wait for a slot and an answer),
+    /// At close: answers in flight are waited for (at most the wait for a slot and an answer,
+    /// and not past `deadline`, the drain's; not at all once the drain deadline cut exchanges),
     /// then every record still held is written with its estimate.
-    fn finish_tokenize(&mut self) {
+    fn finish_tokenize(&mut self, deadline: Option<Instant>) {
         let Some(st) = self.servertok.as_mut() else {
             return;
         };
-        let deadline =
-            Instant::now() + super::servertok::MAX_WAIT + super::servertok::ANSWER_TIMEOUT;
+        let most = Instant::now() + super::servertok::MAX_WAIT + super::servertok::ANSWER_TIMEOUT;
+        let deadline = match self.stats.drain_cut.load(Relaxed) {
+            true => Instant::now(),
+            false => deadline.map_or(most, |d| d.min(most)),
+        };
         while st.holds() && Instant::now() < deadline {
             st.poll(
                 &self.extractor.hasher,
@@ -684,7 +693,7 @@ mod tests {
             rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/b"));
         }
         wait_for(&stats.records_lost_io, 2);
-        let files = handle.close();
+        let files = handle.close(None);
         assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
         assert_eq!(
             files,
@@ -705,7 +714,7 @@ mod tests {
         let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_millis(20), space);
         rec.submit(rec.exchange(t0, "GET", "/a"));
         wait_for(&stats.records_lost_io, 1);
-        assert!(handle.close().is_empty());
+        assert!(handle.close(None).is_empty());
         assert_eq!(names_in(dir.path()), Vec::<String>::new());
     }
 
@@ -720,7 +729,7 @@ mod tests {
             let ex = rec.exchange(t0 + Duration::from_millis(ms), "GET", path);
             rec.submit(ex);
         }
-        let files = handle.close();
+        let files = handle.close(None);
         assert_eq!(stats.records_written.load(Relaxed), 5);
         let (trace, _) = crate::trace::native::read_file(&files[0]).unwrap();
         let got: Vec<(u64, String)> = trace

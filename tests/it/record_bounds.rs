@@ -241,3 +241,61 @@ async fn http2_request_heads_over_the_limit_are_431_on_their_stream_and_the_conn
     assert_eq!(paths, ["/slow", "/small", "/again"]);
 }
 
+// ---------- the drain ----------
+
+/// At the drain deadline the exchanges still in flight are cut and the trace is closed: a cut
+/// record whose input length is an estimate keeps it, and the proxy asks the upstream's
+/// `/tokenize` (which here never answers) nothing more after the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_cut_by_the_drain_deadline_keep_their_estimate_without_asking_the_upstream() {
+    let (up, seen) = upstream(|p, tx| {
+        if p.uri.path() == "/tokenize" {
+            // Never answered: the body waits for a chunk that never comes.
+            tokio::spawn(async move { tx.closed().await });
+            return Response::new(());
+        }
+        tokio::spawn(async move {
+            let _ = tx
+                .send(Bytes::from_static(
+                    b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n",
+                ))
+                .await;
+            tx.closed().await;
+        });
+        sse_head()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let rec = recorder(up, dir.path(), |c| {
+        c.drain_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let body = r#"{"model":"m","prompt":"a text prompt of some words","stream":true}"#;
+    let req = Request::post(format!("http://{}/v1/completions", rec.addr))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut resp = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(20), resp.frame())
+        .await
+        .unwrap();
+    assert!(first.unwrap().unwrap().is_data(), "the stream is in flight");
+
+    let (stats, recs) = stop(rec).await;
+    assert!(!stats.drained);
+    assert_eq!(stats.files.len(), 1, "the trace is closed");
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    let resp = r.response.as_ref().unwrap();
+    assert_eq!(resp.error.as_deref(), Some("drain_deadline"));
+    assert_eq!(r.input_count, InputCount::Estimated);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["/v1/completions"],
+        "nothing asked after the deadline"
+    );
+}
