@@ -240,7 +240,7 @@ struct Writer {
     files: FileOptions,
     header: TraceHeader,
     start_tag: String,
-    seq: u32,
+    seq: u64,
     cur: Option<OpenFile>,
     last_failed_open: Option<Instant>,
     extractor: Extractor,
@@ -475,16 +475,7 @@ impl Writer {
 
     fn open(&mut self) -> std::io::Result<OpenFile> {
         std::fs::create_dir_all(&self.files.dir)?;
-        self.seq += 1;
-        let path = self.files.dir.join(format!(
-            "{}-{}-{:04}.trace.zst",
-            self.files.name, self.start_tag, self.seq
-        ));
-        let partial = partial_path(&path);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&partial)?;
+        let (file, partial, path) = self.claim_name()?;
         let sink = Sink {
             file,
             written: 0,
@@ -498,6 +489,41 @@ impl Writer {
                     self.seq -= 1;
                 }
             })
+    }
+
+    /// Takes the next free file name: its `.partial` is created with `create_new`, and no
+    /// closed file has that name. A name another recorder on the same `--out` holds or has
+    /// closed (one started in the same second) is passed over at once for the next sequence
+    /// number. Any other error leaves the sequence number for the next try.
+    fn claim_name(&mut self) -> std::io::Result<(File, PathBuf, PathBuf)> {
+        for _ in 0..NAME_TRIES {
+            self.seq += 1;
+            let name = file_name(&self.files.name, &self.start_tag, self.seq);
+            let path = self.files.dir.join(name);
+            let partial = partial_path(&path);
+            let created = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&partial);
+            match created {
+                // Checked after the `.partial` is ours: whoever closed a file of this name
+                // held its `.partial` before, so none can appear from now on.
+                Ok(file) if std::fs::symlink_metadata(&path).is_err() => {
+                    return Ok((file, partial, path))
+                }
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&partial);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    self.seq -= 1;
+                    return Err(e);
+                }
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "{NAME_TRIES} file names in a row are taken"
+        )))
     }
 
     /// Writes the header of a new file.
@@ -582,6 +608,14 @@ fn seal_file(partial: &Path, path: &Path, len: u64, records: u64) -> std::io::Re
         }
     }
     Ok(true)
+}
+
+/// Names taken by other recorders passed over in a row before opening a file fails.
+const NAME_TRIES: u32 = 1000;
+
+/// A trace file's name: `<name>-<start>-<seq>.trace.zst`.
+fn file_name(name: &str, start_tag: &str, seq: u64) -> String {
+    format!("{name}-{start_tag}-{seq:04}.trace.zst")
 }
 
 /// Refuses an output directory trace files cannot be written to (a regular file, a path below

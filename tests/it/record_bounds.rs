@@ -241,6 +241,106 @@ async fn http2_request_heads_over_the_limit_are_431_on_their_stream_and_the_conn
     assert_eq!(paths, ["/slow", "/small", "/again"]);
 }
 
+// ---------- file names ----------
+
+/// A trace writer into `dir` as a recorder starting at `t0_unix_us` has (so two writers given
+/// the same one start in the same second), closing a frame every 20 ms.
+fn writer(
+    dir: &Path,
+    t0_unix_us: i64,
+) -> (
+    record::writer::Recorder,
+    record::writer::WriterHandle,
+    Arc<record::stats::Stats>,
+    Instant,
+) {
+    let t0 = Instant::now();
+    let header = retrace::trace::TraceHeader {
+        t0_unix_us: Some(t0_unix_us),
+        ..retrace::trace::TraceHeader::imported(16, true, "test")
+    };
+    let files = record::writer::FileOptions {
+        dir: dir.to_path_buf(),
+        name: "rec".into(),
+        rotate_bytes: 1 << 30,
+        rotate_every: Duration::from_secs(3600),
+        flush_every: Duration::from_millis(20),
+        space: None,
+    };
+    let extractor = record::extract::Extractor {
+        hasher: retrace::trace::hash::BlockHasher::xxh3(),
+        block_size: 16,
+        tokenizer: record::prompt::TextTokenizer::Approx,
+        bodies: record::Bodies::None,
+    };
+    let stats = Arc::new(record::stats::Stats::default());
+    let (rec, handle) = record::writer::spawn(
+        64,
+        1 << 20,
+        files,
+        header,
+        extractor,
+        None,
+        t0,
+        stats.clone(),
+    )
+    .unwrap();
+    (rec, handle, stats, t0)
+}
+
+/// Waits until the writer has written or lost `want` records (at most 30 s: a hang).
+fn wait_handled(stats: &record::stats::Stats, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let handled = || stats.records_written.load(Relaxed) + stats.records_lost_io.load(Relaxed);
+    while handled() < want {
+        assert!(Instant::now() < deadline, "{} of {want} records", handled());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Recorders started in the same second on one `--out` take different file names at once: a
+/// name whose `.partial` another holds, or that another has closed, is passed over, so no
+/// record is lost to a taken name and no closed file is replaced.
+#[test]
+fn recorders_started_in_one_second_on_one_out_take_their_own_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let t0_unix_us = 1_764_000_000_000_000;
+    let (a, a_close, a_stats, t0) = writer(dir.path(), t0_unix_us);
+    let (b, b_close, b_stats, _) = writer(dir.path(), t0_unix_us);
+    // A opens the first name and holds it open; B, started in the same second, records too.
+    a.submit(a.exchange(t0, "GET", "/a"));
+    wait_handled(&a_stats, 1);
+    b.submit(b.exchange(t0, "GET", "/b"));
+    wait_handled(&b_stats, 1);
+    // A closes its file; a third recorder of the same second starts after that.
+    let mut files = a_close.close(None);
+    let (c, c_close, c_stats, _) = writer(dir.path(), t0_unix_us);
+    c.submit(c.exchange(t0, "GET", "/c"));
+    wait_handled(&c_stats, 1);
+    files.extend(b_close.close(None));
+    files.extend(c_close.close(None));
+
+    for s in [&a_stats, &b_stats, &c_stats] {
+        assert_eq!(s.records_lost_io.load(Relaxed), 0);
+        assert_eq!(s.write_errors.load(Relaxed), 0);
+    }
+    files.sort();
+    files.dedup();
+    assert_eq!(files.len(), 3, "{files:?}");
+    let mut paths = Vec::new();
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let f = f.unwrap().path();
+        assert!(files.contains(&f), "{} is not a closed trace", f.display());
+        let (t, _) = native::read_file(&f).unwrap();
+        paths.extend(t.requests.iter().map(|r| r.endpoint.as_str().to_string()));
+    }
+    paths.sort();
+    assert_eq!(paths, ["/a", "/b", "/c"]);
+}
+
+/// A `--name` too long for the file system under `--out` stops `record` at start-up with an
+/// error naming `--name`, before anything is served.
+
 // ---------- the drain ----------
 
 /// At the drain deadline the exchanges still in flight are cut and the trace is closed: a cut
