@@ -270,6 +270,13 @@ pub async fn run_with_admin(
             cfg.out_dir.display()
         )
     })?;
+    writer::check_name(&cfg.out_dir, &cfg.name).map_err(|(len, e)| {
+        anyhow::anyhow!(
+            "--name {:?}: trace files of names up to {len} bytes cannot be created in {}: {e}",
+            cfg.name,
+            cfg.out_dir.display()
+        )
+    })?;
     let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
     let tls = tls.transpose()?;
     let (header, extractor, t0) = trace_header_and_extractor(&cfg)?;

@@ -630,6 +630,25 @@ pub fn check_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_file(&probe)
 }
 
+/// Refuses a file name prefix the directory cannot hold (too long for its file system): creates
+/// and removes a file of the longest name the writer uses (a `.partial` with a ten-digit
+/// sequence number, which no recording reaches). Returns the probe's name length on error.
+pub fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)> {
+    let probe = partial_path(Path::new(&file_name(
+        name,
+        "00000000T000000Z",
+        9_999_999_999,
+    )));
+    let len = probe.as_os_str().len();
+    let path = dir.join(probe);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path);
+    made.and_then(|_| std::fs::remove_file(&path))
+        .map_err(|e| (len, e))
+}
+
 /// `<path>.partial`.
 pub fn partial_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();

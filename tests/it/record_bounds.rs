@@ -340,6 +340,31 @@ fn recorders_started_in_one_second_on_one_out_take_their_own_file_names() {
 
 /// A `--name` too long for the file system under `--out` stops `record` at start-up with an
 /// error naming `--name`, before anything is served.
+#[test]
+fn a_name_too_long_for_the_file_system_fails_at_start_up_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let name = "n".repeat(300);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args([
+        "record",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:9",
+    ])
+    .arg("--out")
+    .arg(&out)
+    .args(["--admin", "none", "--name", &name]);
+    support::under_memory_limit(&mut cmd, support::MEMORY_LIMIT);
+    let o = cmd.output_within(Duration::from_secs(60)).unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("--name"), "{err}");
+    assert!(err.contains("cannot be created"), "{err}");
+    assert!(!err.contains("listening on"), "nothing is served: {err}");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "no file left");
+}
 
 // ---------- the drain ----------
 
