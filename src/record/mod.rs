@@ -8,6 +8,7 @@ pub mod common;
 pub mod extract;
 pub mod failure;
 pub mod h1;
+pub mod pastcap;
 pub mod prompt;
 pub mod proxy;
 pub mod rawpool;

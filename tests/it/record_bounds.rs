@@ -424,3 +424,86 @@ async fn records_cut_by_the_drain_deadline_keep_their_estimate_without_asking_th
         "nothing asked after the deadline"
     );
 }
+
+// ---------- responses past the capture cap ----------
+
+/// A completion stream of `n` one-token events sent ten to a chunk, then a usage event and
+/// `[DONE]`.
+fn long_stream(n: usize, tx: mpsc::Sender<Bytes>) {
+    tokio::spawn(async move {
+        let ev = "data: {\"choices\":[{\"index\":0,\"text\":\" tok\"}]}\n\n";
+        for _ in 0..n / 10 {
+            if tx.send(Bytes::from(ev.repeat(10))).await.is_err() {
+                return;
+            }
+        }
+        let usage = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n"
+        );
+        let _ = tx.send(Bytes::from(usage)).await;
+    });
+}
+
+/// A response longer than `--capture-max` keeps counting past it: every event is in the record,
+/// timed where it ended, the usage at the end gives the output length, and the record says it
+/// ran past the cap (which `inspect` counts); over HTTP/1.1 and HTTP/2 alike. Past the timing
+/// bound (a quarter of the cap in events) the count stops, and the record says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_longer_than_capture_max_keeps_its_event_count_timing_and_usage() {
+    const N: usize = 3000;
+    let (up, _) = upstream(|_, tx| {
+        long_stream(N, tx);
+        sse_head()
+    })
+    .await;
+    for (cap, http2) in [(64 << 10, false), (64 << 10, true), (4 << 10, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = recorder(up, dir.path(), |c| c.capture_max = cap).await;
+        let body = r#"{"model":"m","prompt":[1,2,3],"stream":true,"max_tokens":3000}"#;
+        let req = Request::post(format!("http://{}/v1/completions", rec.addr))
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http2_only(http2)
+            .build_http();
+        let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+            .await
+            .unwrap()
+            .unwrap()
+            .to_bytes();
+        assert!(got.len() > cap, "the stream is longer than the cap");
+        let (_, recs) = stop(rec).await;
+        let (r, case) = (&recs[0], format!("cap {cap}, http2 {http2}"));
+        let resp = r.response.as_ref().unwrap();
+        assert_eq!(resp.error, None, "{case}");
+        assert_eq!(r.output_tokens, N as u64, "{case}: the usage past the cap");
+        let past = resp.past_cap.expect("marked as past the cap");
+        let offsets: Vec<u64> = resp.events.iter().map(|e| e.offset_us).collect();
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{case}");
+        assert!(resp.end_us.unwrap() >= *offsets.last().unwrap(), "{case}");
+        let last = resp.events.last().unwrap();
+        assert_eq!(last.tokens, 0, "{case}: the usage event is read");
+        if cap == 64 << 10 {
+            assert!(!past.stopped, "{case}");
+            assert_eq!(resp.events.len(), N + 1, "{case}: every event");
+            let captured = resp.events.len() as u64 - past.events;
+            assert!(captured > 0 && captured < N as u64 / 2, "{case}: {past:?}");
+            let tokens: u64 = resp.events.iter().map(|e| u64::from(e.tokens)).sum();
+            assert_eq!(tokens, N as u64, "{case}");
+        } else {
+            assert!(past.stopped, "{case}");
+            // At most a quarter of the cap in events past it, and the last one.
+            assert_eq!(past.events, (cap / 4) as u64 + 1, "{case}");
+        }
+        let trace = retrace::trace::Trace {
+            header: retrace::trace::TraceHeader::imported(16, true, "test"),
+            requests: recs.clone(),
+        };
+        let st = retrace::trace::stats::compute(&trace, &Default::default());
+        assert_eq!(st.recorded.unwrap().past_capture_cap, 1, "{case}");
+    }
+}
