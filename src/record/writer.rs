@@ -315,17 +315,18 @@ impl Writer {
         if let Some(t) = req.response.as_ref().and_then(|r| r.ttft_us) {
             self.stats.ttft.observe(Duration::from_micros(t));
         }
-        // Past the drain deadline the proxy is closing: nothing more is asked.
-        let cut = self.stats.drain_cut.load(Relaxed);
         let ask = match (&self.servertok, req.input_count) {
             (Some(_), crate::trace::InputCount::Estimated)
-                if ex.request.complete && !ex.request.truncated && !cut =>
+                if ex.request.complete && !ex.request.truncated =>
             {
                 Ask::of(&req.endpoint, &ex.request.data)
             }
             _ => None,
         };
+        // Past the drain deadline the proxy is closing: nothing more is asked.
+        let cut = self.stats.drain_cut.load(Relaxed);
         match (ask, self.servertok.as_mut()) {
+            (Some(_), Some(st)) if cut => st.skip(req, &mut self.pending),
             (Some(ask), Some(st)) => st.offer(req, ask, &mut self.pending),
             _ => self.pending.push(req),
         }
