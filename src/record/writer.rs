@@ -646,8 +646,12 @@ pub fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)>
         .write(true)
         .create_new(true)
         .open(&path);
-    made.and_then(|_| std::fs::remove_file(&path))
-        .map_err(|e| (len, e))
+    match made {
+        Ok(_) => std::fs::remove_file(&path).map_err(|e| (len, e)),
+        // Another recorder's probe of the same name: the name fits.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err((len, e)),
+    }
 }
 
 /// `<path>.partial`.

@@ -366,6 +366,23 @@ fn a_name_too_long_for_the_file_system_fails_at_start_up_naming_the_flag() {
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "no file left");
 }
 
+/// The start-up probe of `--name` (a file of the longest name, created and removed) that a
+/// recorder starting at the same moment holds does not stop another recorder on the same
+/// `--out`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorder_starts_beside_the_name_probe_of_another() {
+    let (up, _) = upstream(|_, _| Response::new(())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir
+        .path()
+        .join("retrace-00000000T000000Z-9999999999.trace.zst.partial");
+    std::fs::write(&probe, b"").unwrap();
+    let rec = recorder(up, dir.path(), |_| {}).await;
+    let (stats, _) = stop(rec).await;
+    assert!(stats.drained);
+    assert!(probe.exists(), "another recorder's probe is left alone");
+}
+
 // ---------- the drain ----------
 
 /// At the drain deadline the exchanges still in flight are cut and the trace is closed: a cut
