@@ -499,6 +499,17 @@ impl<W: Write> TraceWriter<W> {
             );
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
         }
+        if let Some(resp) = r.response.as_deref() {
+            let n = resp.past_cap.map_or(0, |p| p.events);
+            if n > resp.events.len() as u64 {
+                let k = self.records + self.in_frame;
+                let msg = format!(
+                    "record {k}: {n} events past the capture cap, of {} events",
+                    resp.events.len()
+                );
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+            }
+        }
         if let Err(e) = self.header.check_ids(r.hash_ids.len(), r.input_tokens) {
             let k = self.records + self.in_frame;
             let msg = format!("record {k}: {e}");
@@ -1320,6 +1331,23 @@ mod tests {
             ..Default::default()
         };
         let e = over.into_response().unwrap_err();
+        assert!(
+            e.contains("2 events past the capture cap, of 1 events"),
+            "{e}"
+        );
+        // The writer refuses what the readers refuse.
+        let header = TraceHeader::imported(16, true, "t");
+        let mut w = TraceWriter::new(Vec::new(), &header, WriteOptions::default()).unwrap();
+        let mut bad = resp.clone();
+        bad.past_cap = Some(PastCap {
+            events: 2,
+            stopped: false,
+        });
+        let r = Request {
+            response: Some(Box::new(bad)),
+            ..Default::default()
+        };
+        let e = w.push(&r).unwrap_err().to_string();
         assert!(
             e.contains("2 events past the capture cap, of 1 events"),
             "{e}"

@@ -524,3 +524,51 @@ async fn a_response_longer_than_capture_max_keeps_its_event_count_timing_and_usa
         assert_eq!(st.recorded.unwrap().past_capture_cap, 1, "{case}");
     }
 }
+
+/// `inspect` says how many recorded responses ran past the capture cap, in text and JSON.
+#[test]
+fn inspect_counts_responses_past_the_capture_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let resp = |past_cap| retrace::trace::Response {
+        status: 200,
+        events: vec![retrace::trace::Event {
+            offset_us: 10,
+            tokens: 1,
+        }],
+        end_us: Some(20),
+        past_cap,
+        ..Default::default()
+    };
+    let requests = [None, Some(retrace::trace::PastCap::default())]
+        .into_iter()
+        .map(|p| TraceRequest {
+            output_tokens: 1,
+            response: Some(Box::new(resp(p))),
+            ..Default::default()
+        })
+        .collect();
+    let trace = retrace::trace::Trace {
+        header: retrace::trace::TraceHeader::imported(16, true, "test"),
+        requests,
+    };
+    let path = dir.path().join("t.trace.zst");
+    std::fs::write(&path, native::write_bytes(&trace, Default::default())).unwrap();
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+        cmd.arg("inspect").arg(&path);
+        if json {
+            cmd.arg("--json");
+        }
+        support::under_memory_limit(&mut cmd, support::MEMORY_LIMIT);
+        let o = cmd.output_within(Duration::from_secs(60)).unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8(o.stdout).unwrap();
+        match json {
+            false => assert!(out.contains("past the capture cap: 1 "), "{out}"),
+            true => {
+                let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+                assert_eq!(v["stats"]["recorded"]["past_capture_cap"], 1, "{out}");
+            }
+        }
+    }
+}
