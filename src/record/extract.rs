@@ -226,8 +226,9 @@ fn is_sse(content_type: &str) -> bool {
 
 /// Adds a stream's events past the capture cap to `resp`: one token each where they ended,
 /// the first of them its TTFT if none came before; the last event, when its bytes were kept,
-/// read through `on_event` (the stream's own reader: its tokens, usage, server timings). Events past the readers'
-/// token bound are taken off again (the count then stopped). Returns the record's note.
+/// read through `on_event` (the stream's own reader: its tokens, usage, server timings).
+/// Events past the readers' token bound are taken off again (the count then stopped).
+/// Returns the record's note.
 fn past_cap_events(
     u: &Uncaptured,
     resp: &mut Response,
