@@ -2,8 +2,7 @@
 //! than the capture cap, file names (several recorders on one `--out`, a prefix too long for
 //! the file system) and the drain deadline.
 //!
-//! Servers run in-process on 127.0.0.1:0; the one child process runs under a memory and a time
-//! limit.
+//! Servers run in-process on 127.0.0.1:0; child processes run under a memory and a time limit.
 
 use super::support::{self, ChanBody, OutputWithin as _};
 use bytes::Bytes;
@@ -24,8 +23,8 @@ use tokio::sync::mpsc;
 
 // ---------- a scripted upstream ----------
 
-/// What the upstream answers a request with: the response head and the chunks its body is
-/// fed with (the sender side is handed to `feed`).
+/// What the upstream answers a request with: the response head; the body is fed through the
+/// sender it is handed (ends when the sender is dropped).
 type Script = Arc<dyn Fn(&http::request::Parts, mpsc::Sender<Bytes>) -> Response<()> + Send + Sync>;
 
 /// An HTTP/1.1 upstream on 127.0.0.1:0 that answers every request with `script`; the paths of
