@@ -739,7 +739,7 @@ pub struct RecordArgs {
     #[arg(long, default_value = "512MiB", value_name = "SIZE")]
     pub queue_bytes: String,
     /// Bytes captured per request and per response body for recording (bodies are always
-    /// forwarded whole).
+    /// forwarded whole; a stream's events are still counted past it).
     #[arg(long, default_value = "16MiB", value_name = "SIZE")]
     pub capture_max: String,
     /// Start a new trace file after this many compressed bytes.

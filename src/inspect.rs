@@ -157,6 +157,13 @@ pub fn render(st: &TraceStats) -> String {
         if !rec.errors.is_empty() {
             let _ = writeln!(s, "  errors: {}", mix(&rec.errors));
         }
+        if rec.past_capture_cap > 0 {
+            let _ = writeln!(
+                s,
+                "  past the capture cap: {} (events counted and timed, one token each, unread)",
+                rec.past_capture_cap
+            );
+        }
     }
     if !st.approximate.is_empty() {
         let fpr = r.false_positive_rate.map_or(String::new(), |f| {

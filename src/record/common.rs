@@ -23,6 +23,13 @@ pub type Drain = watch::Receiver<Option<Instant>>;
 
 /// Largest response head accepted from the upstream, on both paths (bytes).
 pub const MAX_RESPONSE_HEAD: usize = crate::h1wire::MAX_HEAD;
+/// Largest request head accepted from a client, by both engines (bytes, as HTTP/1.1 writes
+/// it); a larger one, or one of more than [`crate::h1wire::MAX_HEADERS`] fields, is a 431.
+pub const MAX_REQUEST_HEAD: usize = crate::h1wire::MAX_HEAD;
+/// The header list HTTP/2 connections decode (`SETTINGS_MAX_HEADER_LIST_SIZE`): room enough
+/// that a head over [`MAX_REQUEST_HEAD`] is decoded and answered 431 on its own stream (h2
+/// itself answers 431 above this; its decoder gives the connection up at several times it).
+pub const H2_HEADER_LIST: u32 = 4 * MAX_REQUEST_HEAD as u32;
 /// The message of the 502 for a response head over [`MAX_RESPONSE_HEAD`].
 pub const HEAD_TOO_LARGE: &str = "response head from upstream too large";
 /// The message of the 504 for [`Failure::TimeoutHeaders`].
@@ -72,9 +79,14 @@ pub fn via_entry() -> HeaderValue {
     HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("1.1 retrace"))
 }
 
-/// Why a request's header map cannot be forwarded (the rules [`crate::h1wire`] applies to raw
-/// heads): two `Host` fields (400), or our `Via` entry (508, a loop).
-pub fn refused(h: &HeaderMap, via: &HeaderValue) -> Option<HeadError> {
+/// Why a request head cannot be forwarded (the rules [`crate::h1wire`] applies to raw heads):
+/// over [`MAX_REQUEST_HEAD`] or [`crate::h1wire::MAX_HEADERS`] fields (431), two `Host` fields
+/// (400), or our `Via` entry (508, a loop).
+pub fn refused(head: &http::request::Parts, via: &HeaderValue) -> Option<HeadError> {
+    let h = &head.headers;
+    if h.len() > crate::h1wire::MAX_HEADERS || request_head_size(head) > MAX_REQUEST_HEAD {
+        return Some(HeadError::TooLarge);
+    }
     if h.get_all(header::HOST).iter().count() > 1 {
         return Some(HeadError::Malformed("more than one host header"));
     }
@@ -183,6 +195,17 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// The size of a head's fields as HTTP/1.1 writes them (`name: value\r\n`).
 pub fn head_size(h: &HeaderMap) -> usize {
     h.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum()
+}
+
+/// The size of a request head as HTTP/1.1 writes it: request line, `Host` (from an HTTP/2
+/// `:authority`), fields and the blank line.
+fn request_head_size(head: &http::request::Parts) -> usize {
+    let target = head.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let host = match head.headers.contains_key(header::HOST) {
+        true => 0,
+        false => head.uri.authority().map_or(0, |a| a.as_str().len() + 8),
+    };
+    head.method.as_str().len() + 1 + target + 11 + host + head_size(&head.headers) + 2
 }
 
 #[cfg(test)]

@@ -4,12 +4,13 @@
 //! ([`crate::chunkmemo`]), or a non-streamed body read. The rules are in docs/record.md, "What a
 //! record holds". Pure: no I/O, no clock reads.
 
+use super::pastcap::Uncaptured;
 use super::prompt::{batch_len, TextTokenizer};
 use crate::chunkmemo::ChunkMemo;
 use crate::openai::{self, BodyInfo};
-use crate::sse::RawEvent;
+use crate::sse::{RawEvent, SseError};
 use crate::trace::hash::BlockHasher;
-use crate::trace::{Endpoint, Event, Request, Response, MAX_CHOICES};
+use crate::trace::{Endpoint, Event, PastCap, Request, Response, MAX_CHOICES};
 use std::time::{Duration, Instant};
 
 /// A bounded capture of a body.
@@ -69,6 +70,8 @@ pub struct Exchange {
     pub frames: Vec<(Duration, usize)>,
     pub response_len: u64,
     pub response_truncated: bool,
+    /// An SSE body past the capture cap: its events counted and timed, unread.
+    pub past_cap: Option<Box<Uncaptured>>,
     pub end: Option<Duration>,
     /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
     pub error: Option<super::failure::Failure>,
@@ -78,7 +81,8 @@ pub struct Exchange {
 impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
     pub fn captured_bytes(&self) -> u64 {
-        (self.request.data.len() + self.response_body.len()) as u64
+        let past = self.past_cap.as_ref().map_or(0, |u| u.held_bytes());
+        (self.request.data.len() + self.response_body.len() + past) as u64
     }
 
     /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
@@ -108,6 +112,7 @@ impl Exchange {
             + self.path.capacity()
             + self.content_type.capacity()
             + self.frames.capacity() * std::mem::size_of::<(Duration, usize)>()
+            + self.past_cap.as_ref().map_or(0, |u| u.held_bytes())
     }
 
     pub fn new(arrival: Instant, method: String, path: String) -> Self {
@@ -123,6 +128,7 @@ impl Exchange {
             frames: Vec::new(),
             response_len: 0,
             response_truncated: false,
+            past_cap: None,
             end: None,
             error: None,
             cancelled: false,
@@ -130,13 +136,24 @@ impl Exchange {
     }
 
     /// Notes one response data frame at `at` after arrival (a copy; see [`Captured::note`]).
+    /// Past `max` bytes nothing more is copied; an SSE body's events are still counted and
+    /// timed, at most `max / 4` of them (4 bytes each), and its last event kept ([`Uncaptured`]).
     pub fn note_response(&mut self, at: Duration, data: &[u8], max: usize) {
         self.response_len += data.len() as u64;
-        if self.response_truncated || data.is_empty() {
+        if data.is_empty() {
             return;
         }
-        if self.response_len > max as u64 {
+        if !self.response_truncated && self.response_len > max as u64 {
             self.response_truncated = true;
+            if is_sse(&self.content_type) {
+                let u = Uncaptured::new(&self.response_body, at, max / 4);
+                self.past_cap = Some(Box::new(u));
+            }
+        }
+        if self.response_truncated {
+            if let Some(u) = self.past_cap.as_mut() {
+                u.note(at, data);
+            }
         } else {
             let spare = self.response_body.capacity() - self.response_body.len();
             // The first frame exactly (a one-frame body is the usual non-streamed response),
@@ -199,6 +216,58 @@ impl ByChoice {
             true => self.counts,
             false => Vec::new(),
         }
+    }
+}
+
+/// Whether a response's `Content-Type` is an SSE stream.
+fn is_sse(content_type: &str) -> bool {
+    content_type.trim_start().starts_with("text/event-stream")
+}
+
+/// Adds a stream's events past the capture cap to `resp`: one token each where they ended,
+/// the first of them its TTFT if none came before; the last event, when its bytes were kept,
+/// read through `on_event` (the stream's own reader: its tokens, usage, server timings).
+/// Events past the readers' token bound are taken off again (the count then stopped).
+/// Returns the record's note.
+fn past_cap_events(
+    u: &Uncaptured,
+    resp: &mut Response,
+    on_event: &mut impl FnMut(Duration, Result<RawEvent<'_>, SseError>, &mut Response),
+) -> PastCap {
+    let counted = u.counted();
+    let n0 = resp.events.len();
+    let ends = counted.ends_us.iter();
+    resp.events.extend(ends.map(|&offset_us| Event {
+        offset_us,
+        tokens: 1,
+    }));
+    if resp.ttft_us.is_none() {
+        resp.ttft_us = resp.events.get(n0).map(|e| e.offset_us);
+    }
+    match counted.last {
+        // Read as every captured event is (one that does not parse is left out alike).
+        Some((end, Some(bytes))) => {
+            let at = Duration::from_micros(end);
+            let mut p = crate::sse::SseParser::new(4 << 20);
+            p.feed_raw(bytes, |ev| on_event(at, ev, resp));
+            p.finish_raw(|ev| on_event(at, ev, resp));
+        }
+        // Over the size kept: counted as the others.
+        Some((end, None)) => resp.events.push(Event {
+            offset_us: end,
+            tokens: 1,
+        }),
+        None => {}
+    }
+    let mut total: u64 = resp.events.iter().map(|e| u64::from(e.tokens)).sum();
+    let mut stopped = counted.stopped;
+    while total > crate::trace::rows::MAX_TOKENS && resp.events.len() > n0 {
+        total -= resp.events.pop().map_or(0, |e| u64::from(e.tokens));
+        stopped = true;
+    }
+    PastCap {
+        events: (resp.events.len() - n0) as u64,
+        stopped,
     }
 }
 
@@ -271,10 +340,7 @@ impl Extractor {
             cancelled: ex.cancelled,
             ..Default::default()
         };
-        let is_sse = ex
-            .content_type
-            .trim_start()
-            .starts_with("text/event-stream");
+        let is_sse = is_sse(&ex.content_type);
         let mut stream_error = None;
         let mut absorb = |c: BodyInfo, resp: &mut Response| {
             if c.usage.is_some() {
@@ -329,14 +395,24 @@ impl Extractor {
                 });
                 from = end;
             }
-            if let Some((at, _)) = ex.frames.last() {
-                p.finish_raw(|ev| on_event(*at, ev, &mut resp));
+            match (&ex.past_cap, ex.frames.last()) {
+                // Cut at the cap: the event in progress ends past it.
+                (Some(u), _) => {
+                    let past = past_cap_events(u, &mut resp, &mut on_event);
+                    by_choice.add(None, 1);
+                    resp.past_cap = Some(past);
+                }
+                (None, _) if ex.response_truncated => resp.past_cap = Some(PastCap::default()),
+                (None, Some((at, _))) => p.finish_raw(|ev| on_event(*at, ev, &mut resp)),
+                (None, None) => {}
             }
             resp.choice_tokens = by_choice.finish();
             if bad_usage.is_some() && stream_error.is_none() {
                 stream_error = bad_usage.map(|_| MALFORMED_USAGE.to_string());
             }
-        } else if !ex.response_truncated && !ex.frames.is_empty() {
+        } else if ex.response_truncated {
+            resp.past_cap = Some(PastCap::default());
+        } else if !ex.frames.is_empty() {
             // What `parse_chunk` says of the body, less what only streamed events use.
             match openai::parse_response_body(&ex.response_body) {
                 Ok(c) => absorb(c, &mut resp),
@@ -460,6 +536,7 @@ mod tests {
     }
 
     const METRICS: &str = include_str!("../../fixtures/vllm/per_request_metrics_example.txt");
+    const SSE: &str = "text/event-stream; charset=utf-8";
 
     /// A non-streamed `/v1/completions` exchange with a text prompt and this response body.
     fn json_ex(body: &[u8]) -> Exchange {
@@ -478,6 +555,38 @@ mod tests {
             block_size: 4,
             tokenizer: TextTokenizer::Approx,
             bodies,
+        }
+    }
+
+    /// A real vLLM stream (token-id prompt, usage at the end) under a capture cap that falls
+    /// inside an event, read by odd-sized frames: every event is counted once, the last is read.
+    #[test]
+    fn a_stream_past_the_capture_cap_keeps_every_event_once() {
+        let s = include_bytes!("../../fixtures/vllm/completions_tokenids_stream.sse");
+        let body = br#"{"model":"m","prompt":[1,2,3,4,5,6,7],"stream":true}"#;
+        let read = |cap: usize| {
+            let mut e = ex("/v1/completions", body, SSE, &[]);
+            for (k, c) in s.chunks(37).enumerate() {
+                e.note_response(Duration::from_micros(1000 + 10 * k as u64), c, cap);
+            }
+            let t0 = e.arrival;
+            let (r, _) = xt(Bodies::None).to_request(&e, t0);
+            r
+        };
+        let want = read(1 << 20).response.unwrap();
+        assert!(want.past_cap.is_none());
+        for cap in [20, 100, 301, s.len() - 20] {
+            let r = read(cap);
+            let resp = r.response.unwrap();
+            assert_eq!(
+                resp.events, want.events,
+                "cap {cap}: each event once, timed alike"
+            );
+            assert_eq!(resp.ttft_us, want.ttft_us, "cap {cap}");
+            assert_eq!(resp.usage, want.usage, "cap {cap}: the last event is read");
+            assert_eq!(r.output_tokens, 4, "cap {cap}");
+            let past = resp.past_cap.unwrap();
+            assert!(!past.stopped && past.events > 0, "cap {cap}: {past:?}");
         }
     }
 

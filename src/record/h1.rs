@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Sleep;
 
-/// Client read buffer (grown only for a large request head, up to [`h1wire::MAX_HEAD`]).
+/// Client read buffer (grown only for a large request head, up to [`common::MAX_REQUEST_HEAD`]).
 const CLIENT_BUF: usize = 4096;
 /// Upstream read buffer: one read becomes one client write.
 const UPSTREAM_BUF: usize = 8192;
@@ -215,7 +215,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if idle && self.drain.borrow().is_some() {
                 return Ok(None);
             }
-            if !self.cbuf.make_room(h1wire::MAX_HEAD) {
+            if !self.cbuf.make_room(common::MAX_REQUEST_HEAD) {
                 return Err(HeadError::TooLarge);
             }
             let (cbuf, client) = (&mut self.cbuf, &mut self.client);

@@ -8,6 +8,7 @@ pub mod common;
 pub mod extract;
 pub mod failure;
 pub mod h1;
+pub mod pastcap;
 pub mod prompt;
 pub mod proxy;
 pub mod rawpool;
@@ -270,6 +271,13 @@ pub async fn run_with_admin(
             cfg.out_dir.display()
         )
     })?;
+    writer::check_name(&cfg.out_dir, &cfg.name).map_err(|(len, e)| {
+        anyhow::anyhow!(
+            "--name {:?}: trace files of names up to {len} bytes cannot be created in {}: {e}",
+            cfg.name,
+            cfg.out_dir.display()
+        )
+    })?;
     let tls = cfg.tls.as_ref().map(|(c, k)| server::tls_acceptor(c, k));
     let tls = tls.transpose()?;
     let (header, extractor, t0) = trace_header_and_extractor(&cfg)?;
@@ -315,7 +323,8 @@ pub async fn run_with_admin(
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
-    let files = tokio::task::spawn_blocking(move || writer.close())
+    let deadline = drained.deadline.into_std();
+    let files = tokio::task::spawn_blocking(move || writer.close(Some(deadline)))
         .await
         .unwrap_or_default();
     if let Some(t) = admin_task {
@@ -329,7 +338,7 @@ pub async fn run_with_admin(
         records_lost_io: stats.records_lost_io.load(Relaxed),
         write_errors: stats.write_errors.load(Relaxed),
         files,
-        drained,
+        drained: drained.all,
     })
 }
 

@@ -73,7 +73,7 @@ pub async fn handle(
         .requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
-    if let Some(e) = common::refused(&parts.headers, &p.via) {
+    if let Some(e) = common::refused(&parts, &p.via) {
         return Ok(error_response(e.status(), common::refusal(e).0, e.reason()));
     }
     let pq = parts

@@ -49,6 +49,7 @@ fn http_builder() -> Builder<TokioExecutor> {
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_header_list_size(super::common::H2_HEADER_LIST)
         .max_concurrent_streams(Some(10_000));
     builder
 }
@@ -83,7 +84,16 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<(bool, Vec<u8
     }
 }
 
-/// Serves until `shutdown` resolves, then drains for at most `drain`; returns whether every
+/// How a drain ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Drained {
+    /// Every connection finished within the drain timeout.
+    pub all: bool,
+    /// The drain's deadline: the signal plus the drain timeout.
+    pub deadline: tokio::time::Instant,
+}
+
+/// Serves until `shutdown` resolves, then drains for at most `drain`; says whether every
 /// connection finished in time. Connections are dealt round-robin to one single-threaded
 /// runtime per entry of `proxies`, so a connection and its upstream socket share a thread.
 pub async fn serve(
@@ -92,7 +102,7 @@ pub async fn serve(
     proxies: Vec<Arc<Proxy>>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
-) -> std::io::Result<bool> {
+) -> std::io::Result<Drained> {
     let builder = http_builder();
     let stats = proxies.first().map(|p| p.stats.clone());
     let graceful = GracefulShutdown::new();
@@ -162,8 +172,9 @@ pub async fn serve(
     drop(drain_rx);
     // Tunnels are cut a tenth of the drain timeout (at most 100 ms) before its end.
     let cut_margin = (drain / 10).min(Duration::from_millis(100));
-    drain_tx.send_replace(Some(tokio::time::Instant::now() + drain - cut_margin));
-    let drained = tokio::time::timeout(drain, async {
+    let deadline = tokio::time::Instant::now() + drain;
+    drain_tx.send_replace(Some(deadline - cut_margin));
+    let drained = tokio::time::timeout_at(deadline, async {
         graceful.shutdown().await;
         drain_tx.closed().await;
     })
@@ -185,7 +196,10 @@ pub async fn serve(
         }
     })
     .await;
-    Ok(drained)
+    Ok(Drained {
+        all: drained,
+        deadline,
+    })
 }
 
 /// Drops the closed idle upstream sockets of this I/O thread's pool, every second.

@@ -498,7 +498,7 @@ impl ServerTokenizer {
     }
 
     /// A record given back with its estimate (counted as not asked).
-    fn skip(&self, req: Request, out: &mut Vec<Request>) {
+    pub fn skip(&self, req: Request, out: &mut Vec<Request>) {
         self.stats.upstream_tokenize_skipped.fetch_add(1, Relaxed);
         out.push(req);
     }

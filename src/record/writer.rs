@@ -23,7 +23,8 @@ const POLL: Duration = Duration::from_millis(5);
 
 enum Msg {
     Exchange(Box<Exchange>),
-    Close,
+    /// Close the file; records waiting for the upstream's `/tokenize` wait no later than this.
+    Close(Option<Instant>),
 }
 
 /// Recorded exchanges the writer hands back for reuse, at most this many.
@@ -121,9 +122,10 @@ pub struct WriterHandle {
 
 impl WriterHandle {
     /// Asks the writer to close its file and waits for it (blocking; call off the async runtime);
-    /// returns the files it closed, in order.
-    pub fn close(self) -> Vec<PathBuf> {
-        let _ = self.tx.send(Msg::Close);
+    /// returns the files it closed, in order. Records still waiting for the upstream's
+    /// `/tokenize` count wait until `deadline` at most (the drain's), then keep their estimate.
+    pub fn close(self, deadline: Option<Instant>) -> Vec<PathBuf> {
+        let _ = self.tx.send(Msg::Close(deadline));
         self.join.join().unwrap_or_default()
     }
 }
@@ -238,7 +240,7 @@ struct Writer {
     files: FileOptions,
     header: TraceHeader,
     start_tag: String,
-    seq: u32,
+    seq: u64,
     cur: Option<OpenFile>,
     last_failed_open: Option<Instant>,
     extractor: Extractor,
@@ -271,7 +273,7 @@ impl Writer {
         // forwarding path pay a wake-up. While records keep coming the clock is read every 64.
         let mut next_flush = Instant::now() + self.files.flush_every;
         let mut since_clock = 0u32;
-        loop {
+        let deadline = loop {
             match rx.try_recv() {
                 Ok(Msg::Exchange(ex)) => {
                     self.record(ex);
@@ -280,7 +282,8 @@ impl Writer {
                         continue;
                     }
                 }
-                Ok(Msg::Close) | Err(TryRecvError::Disconnected) => break,
+                Ok(Msg::Close(deadline)) => break deadline,
+                Err(TryRecvError::Disconnected) => break None,
                 Err(TryRecvError::Empty) => {
                     let wait = next_flush.saturating_duration_since(Instant::now());
                     std::thread::sleep(wait.min(POLL));
@@ -292,12 +295,12 @@ impl Writer {
                 self.flush();
                 next_flush = Instant::now() + self.files.flush_every;
             }
-        }
+        };
         // Drain what is already queued, then close.
         while let Ok(Msg::Exchange(ex)) = rx.try_recv() {
             self.record(ex);
         }
-        self.finish_tokenize();
+        self.finish_tokenize(deadline);
         self.flush();
         self.close_file();
     }
@@ -320,7 +323,10 @@ impl Writer {
             }
             _ => None,
         };
+        // Past the drain deadline the proxy is closing: nothing more is asked.
+        let cut = self.stats.drain_cut.load(Relaxed);
         match (ask, self.servertok.as_mut()) {
+            (Some(_), Some(st)) if cut => st.skip(req, &mut self.pending),
             (Some(ask), Some(st)) => st.offer(req, ask, &mut self.pending),
             _ => self.pending.push(req),
         }
@@ -338,14 +344,18 @@ impl Writer {
         }
     }
 
-    /// At close: answers in flight are waited for (at most the wait for a slot and an answer),
+    /// At close: answers in flight are waited for (at most the wait for a slot and an answer,
+    /// and not past `deadline`, the drain's; not at all once the drain deadline cut exchanges),
     /// then every record still held is written with its estimate.
-    fn finish_tokenize(&mut self) {
+    fn finish_tokenize(&mut self, deadline: Option<Instant>) {
         let Some(st) = self.servertok.as_mut() else {
             return;
         };
-        let deadline =
-            Instant::now() + super::servertok::MAX_WAIT + super::servertok::ANSWER_TIMEOUT;
+        let most = Instant::now() + super::servertok::MAX_WAIT + super::servertok::ANSWER_TIMEOUT;
+        let deadline = match self.stats.drain_cut.load(Relaxed) {
+            true => Instant::now(),
+            false => deadline.map_or(most, |d| d.min(most)),
+        };
         while st.holds() && Instant::now() < deadline {
             st.poll(
                 &self.extractor.hasher,
@@ -466,16 +476,7 @@ impl Writer {
 
     fn open(&mut self) -> std::io::Result<OpenFile> {
         std::fs::create_dir_all(&self.files.dir)?;
-        self.seq += 1;
-        let path = self.files.dir.join(format!(
-            "{}-{}-{:04}.trace.zst",
-            self.files.name, self.start_tag, self.seq
-        ));
-        let partial = partial_path(&path);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&partial)?;
+        let (file, partial, path) = self.claim_name()?;
         let sink = Sink {
             file,
             written: 0,
@@ -489,6 +490,41 @@ impl Writer {
                     self.seq -= 1;
                 }
             })
+    }
+
+    /// Takes the next free file name: its `.partial` is created with `create_new`, and no
+    /// closed file has that name. A name another recorder on the same `--out` holds or has
+    /// closed (one started in the same second) is passed over at once for the next sequence
+    /// number. Any other error leaves the sequence number for the next try.
+    fn claim_name(&mut self) -> std::io::Result<(File, PathBuf, PathBuf)> {
+        for _ in 0..NAME_TRIES {
+            self.seq += 1;
+            let name = file_name(&self.files.name, &self.start_tag, self.seq);
+            let path = self.files.dir.join(name);
+            let partial = partial_path(&path);
+            let created = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&partial);
+            match created {
+                // Checked after the `.partial` is ours: whoever closed a file of this name
+                // held its `.partial` before, so none can appear from now on.
+                Ok(file) if std::fs::symlink_metadata(&path).is_err() => {
+                    return Ok((file, partial, path))
+                }
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&partial);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    self.seq -= 1;
+                    return Err(e);
+                }
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "{NAME_TRIES} file names in a row are taken"
+        )))
     }
 
     /// Writes the header of a new file.
@@ -575,6 +611,14 @@ fn seal_file(partial: &Path, path: &Path, len: u64, records: u64) -> std::io::Re
     Ok(true)
 }
 
+/// Names taken by other recorders passed over in a row before opening a file fails.
+const NAME_TRIES: u32 = 1000;
+
+/// A trace file's name: `<name>-<start>-<seq>.trace.zst`.
+fn file_name(name: &str, start_tag: &str, seq: u64) -> String {
+    format!("{name}-{start_tag}-{seq:04}.trace.zst")
+}
+
 /// Refuses an output directory trace files cannot be written to (a regular file, a path below
 /// one, a read-only directory): creates it if missing, then writes and removes a probe file.
 pub fn check_dir(dir: &Path) -> std::io::Result<()> {
@@ -585,6 +629,29 @@ pub fn check_dir(dir: &Path) -> std::io::Result<()> {
     let probe = dir.join(format!(".retrace-probe-{}", std::process::id()));
     std::fs::write(&probe, b"")?;
     std::fs::remove_file(&probe)
+}
+
+/// Refuses a file name prefix the directory cannot hold (too long for its file system): creates
+/// and removes a file of the longest name the writer uses (a `.partial` with a ten-digit
+/// sequence number, which no recording reaches). Returns the probe's name length on error.
+pub fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)> {
+    let probe = partial_path(Path::new(&file_name(
+        name,
+        "00000000T000000Z",
+        9_999_999_999,
+    )));
+    let len = probe.as_os_str().len();
+    let path = dir.join(probe);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path);
+    match made {
+        Ok(_) => std::fs::remove_file(&path).map_err(|e| (len, e)),
+        // Another recorder's probe of the same name: the name fits.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err((len, e)),
+    }
 }
 
 /// `<path>.partial`.
@@ -684,7 +751,7 @@ mod tests {
             rec.submit(rec.exchange(t0 + Duration::from_millis(k), "GET", "/b"));
         }
         wait_for(&stats.records_lost_io, 2);
-        let files = handle.close();
+        let files = handle.close(None);
         assert_eq!(names_in(dir.path()), ["t-19700101T000000Z-0001.trace.zst"]);
         assert_eq!(
             files,
@@ -705,7 +772,7 @@ mod tests {
         let (rec, handle, stats, t0) = writer_in(dir.path(), Duration::from_millis(20), space);
         rec.submit(rec.exchange(t0, "GET", "/a"));
         wait_for(&stats.records_lost_io, 1);
-        assert!(handle.close().is_empty());
+        assert!(handle.close(None).is_empty());
         assert_eq!(names_in(dir.path()), Vec::<String>::new());
     }
 
@@ -720,7 +787,7 @@ mod tests {
             let ex = rec.exchange(t0 + Duration::from_millis(ms), "GET", path);
             rec.submit(ex);
         }
-        let files = handle.close();
+        let files = handle.close(None);
         assert_eq!(stats.records_written.load(Relaxed), 5);
         let (trace, _) = crate::trace::native::read_file(&files[0]).unwrap();
         let got: Vec<(u64, String)> = trace

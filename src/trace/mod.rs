@@ -371,6 +371,21 @@ pub struct Response {
     /// Output tokens of each choice by its `index`, when a stream had more than one (`n > 1`;
     /// at most [`MAX_CHOICES`]); empty otherwise.
     pub choice_tokens: Vec<u32>,
+    /// The body was longer than the recorder's capture cap (`--capture-max`): what it counted
+    /// past it, unread (native key `x`, since 1.5). `None`: the body was read whole.
+    pub past_cap: Option<PastCap>,
+}
+
+/// What a recorder counted of a response body past its capture cap, without reading it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PastCap {
+    /// SSE events that ended past the cap: the last `events` of [`Response::events`], timed
+    /// where they ended, one token each (their data unread), except the stream's last event,
+    /// which is read (its tokens, usage and server metrics).
+    pub events: u64,
+    /// The count stopped at the recorder's bound: later events are in no figure of the record
+    /// but the server's usage, when the last event had one.
+    pub stopped: bool,
 }
 
 impl Response {

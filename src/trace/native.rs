@@ -31,7 +31,10 @@
 //!     (omitted when every event carried one token), en: µs to end, u: [prompt, completion] usage,
 //!     sm: the server's per-request timings (`trace::ServerMetrics`; `cached_tokens` since 1.3),
 //!     c: cancelled (false), b: response body bytes, ch: [output tokens of each choice by index]
-//!     (only for a stream of `n > 1`; since 1.4)}`.
+//!     (only for a stream of `n > 1`; since 1.4), x: the body ran past the recorder's capture
+//!     cap (since 1.5; absent: read whole) {n: SSE events that ended past it, the last n of eg,
+//!     counted but unread, one token each but the stream's last (0), s: the count stopped at the
+//!     recorder's bound, later events in no figure but u (false)}}`.
 //!
 //! Unknown keys are ignored, so a newer *minor* version stays readable.
 //!
@@ -50,7 +53,7 @@
 //! declared size (capped at [`MAX_FRAME_CONTENT`]).
 
 use super::{
-    Endpoint, Event, HashScheme, Params, Request, Response, ServerMetrics, Session, Trace,
+    Endpoint, Event, HashScheme, Params, PastCap, Request, Response, ServerMetrics, Session, Trace,
     TraceError, TraceHeader, Usage,
 };
 use serde::{Deserialize, Serialize};
@@ -61,7 +64,7 @@ use std::path::Path;
 
 pub const MAGIC: &str = "retrace-trace";
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 4;
+pub const VERSION_MINOR: u16 = 5;
 /// Largest decompressed frame the reader accepts.
 pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
@@ -144,6 +147,16 @@ struct ResponseWire {
     b: Option<Vec<u8>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     ch: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    x: Option<PastCapWire>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct PastCapWire {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    n: u64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    s: bool,
 }
 
 mod opt_bytes {
@@ -289,6 +302,10 @@ impl ResponseWire {
             c: r.cancelled,
             b: r.body.clone(),
             ch: r.choice_tokens.clone(),
+            x: r.past_cap.map(|p| PastCapWire {
+                n: p.events,
+                s: p.stopped,
+            }),
         }
     }
 
@@ -296,6 +313,13 @@ impl ResponseWire {
         if self.ch.len() > super::MAX_CHOICES {
             let max = super::MAX_CHOICES;
             return Err(format!("{} choices counted (at most {max})", self.ch.len()));
+        }
+        if let Some(x) = self.x.as_ref().filter(|x| x.n > self.eg.len() as u64) {
+            return Err(format!(
+                "{} events past the capture cap, of {} events",
+                x.n,
+                self.eg.len()
+            ));
         }
         if !self.et.is_empty() && self.et.len() != self.eg.len() {
             return Err(format!(
@@ -332,6 +356,10 @@ impl ResponseWire {
             cancelled: self.c,
             body: self.b,
             choice_tokens: self.ch,
+            past_cap: self.x.map(|x| PastCap {
+                events: x.n,
+                stopped: x.s,
+            }),
         })
     }
 }
@@ -470,6 +498,17 @@ impl<W: Write> TraceWriter<W> {
                 r.arrival_us
             );
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+        }
+        if let Some(resp) = r.response.as_deref() {
+            let n = resp.past_cap.map_or(0, |p| p.events);
+            if n > resp.events.len() as u64 {
+                let k = self.records + self.in_frame;
+                let msg = format!(
+                    "record {k}: {n} events past the capture cap, of {} events",
+                    resp.events.len()
+                );
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+            }
         }
         if let Err(e) = self.header.check_ids(r.hash_ids.len(), r.input_tokens) {
             let k = self.records + self.in_frame;
@@ -1255,6 +1294,64 @@ mod tests {
             "small frame_bytes must make several frames"
         );
         assert_eq!(back, t);
+    }
+
+    /// A past-the-cap note round-trips; one counting more events than the record has is
+    /// refused, and a reader that knows no `x` reads the rest of the record as it was.
+    #[test]
+    fn past_cap_notes_round_trip_and_are_checked() {
+        let resp = Response {
+            status: 200,
+            events: vec![Event {
+                offset_us: 3,
+                tokens: 1,
+            }],
+            past_cap: Some(PastCap {
+                events: 1,
+                stopped: true,
+            }),
+            ..Default::default()
+        };
+        let wire = ResponseWire::from_response(&resp);
+        assert_eq!(wire.x.as_ref().map(|x| (x.n, x.s)), Some((1, true)));
+        let mut buf = Vec::new();
+        cbor(&wire, &mut buf);
+        let back: ResponseWire = ciborium::from_reader(buf.as_slice()).unwrap();
+        assert_eq!(back.into_response().unwrap(), resp);
+        #[derive(Deserialize)]
+        struct Older {
+            eg: Vec<u64>,
+            st: u16,
+        }
+        let old: Older = ciborium::from_reader(buf.as_slice()).unwrap();
+        assert_eq!((old.eg, old.st), (vec![3], 200));
+        let over = ResponseWire {
+            eg: vec![3],
+            x: Some(PastCapWire { n: 2, s: false }),
+            ..Default::default()
+        };
+        let e = over.into_response().unwrap_err();
+        assert!(
+            e.contains("2 events past the capture cap, of 1 events"),
+            "{e}"
+        );
+        // The writer refuses what the readers refuse.
+        let header = TraceHeader::imported(16, true, "t");
+        let mut w = TraceWriter::new(Vec::new(), &header, WriteOptions::default()).unwrap();
+        let mut bad = resp.clone();
+        bad.past_cap = Some(PastCap {
+            events: 2,
+            stopped: false,
+        });
+        let r = Request {
+            response: Some(Box::new(bad)),
+            ..Default::default()
+        };
+        let e = w.push(&r).unwrap_err().to_string();
+        assert!(
+            e.contains("2 events past the capture cap, of 1 events"),
+            "{e}"
+        );
     }
 
     #[test]

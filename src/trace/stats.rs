@@ -222,6 +222,9 @@ pub struct Recorded {
     /// Error kind → count (HTTP statuses ≥ 400 count as `http_<status>`).
     pub errors: BTreeMap<String, u64>,
     pub cancelled: u64,
+    /// Responses longer than the recorder's capture cap ([`crate::trace::Response::past_cap`]):
+    /// counted past it, not read.
+    pub past_capture_cap: u64,
     /// Exchanges that completed ([`crate::trace::Response::completed`]): the only ones in
     /// `ttft_ms`, `itl_ms` and `e2e_ms` (the rule `compare` draws its recorded side by).
     pub completed: u64,
@@ -476,6 +479,7 @@ impl StatsAcc {
                 .or_default() += 1;
         }
         rec.cancelled += u64::from(resp.cancelled);
+        rec.past_capture_cap += u64::from(resp.past_cap.is_some());
     }
 
     pub fn finish(self) -> TraceStats {

@@ -6,8 +6,8 @@
 use proptest::prelude::*;
 use retrace::trace::import::{read_bytes, Format, ImportOptions};
 use retrace::trace::{
-    native, Endpoint, Event, InputCount, Params, Request, Response, Session, Trace, TraceHeader,
-    Usage,
+    native, Endpoint, Event, InputCount, Params, PastCap, Request, Response, Session, Trace,
+    TraceHeader, Usage,
 };
 
 const FORMATS: [Format; 6] = [
@@ -205,6 +205,15 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 session: sess.map(|(id, turn, think_us)| Session { id, turn, think_us }),
                 response: resp.map(|(status, evs, cancelled, rbody)| {
                     let mut off = 0;
+                    // Every past-the-cap note round-trips (the arrival picks one).
+                    let past_cap = [
+                        None,
+                        Some(PastCap::default()),
+                        Some(PastCap {
+                            events: evs.len() as u64,
+                            stopped: t % 2 == 0,
+                        }),
+                    ][(t % 3) as usize];
                     let events = evs
                         .into_iter()
                         .map(|(g, tokens)| {
@@ -225,6 +234,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                             completion_tokens: o,
                         }),
                         ttft_us: Some(5),
+                        past_cap,
                         ..Default::default()
                     })
                 }),

@@ -15,6 +15,7 @@ mod probe;
 mod real_traffic;
 mod real_vllm;
 mod record;
+mod record_bounds;
 mod record_h1;
 mod record_scale;
 mod record_tokenize;
