@@ -490,3 +490,40 @@ fn a_merge_that_fails_half_way_leaves_no_output() {
         assert!(!dir.path().join(format!("{out}.partial")).exists());
     }
 }
+
+/// `retrace ARGS` under the 1 GiB address-space limit, within the hang limit: (exit code,
+/// stdout, stderr).
+fn run_limited(args: &[&str]) -> (Option<i32>, String, String) {
+    use super::support::{under_memory_limit, CHILD_LIMIT, MEMORY_LIMIT};
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(args).env("RETRACE_LOG", "warn");
+    let o = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// Six frames each at the frame bound (195 M ids in a 4 KB file), their arrivals interleaved so
+/// that the merge by arrival has all six open at once: `convert` and `replay --dry-run` read
+/// them under 1 GiB, for a reader holds one record's ids expanded (it held every open frame's,
+/// 1.5 GB here).
+#[test]
+fn overlapping_frames_at_the_id_bound_are_read_one_record_of_ids_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::overlapping_frames_at_the_id_bound(&input, 6);
+    let (inp, out) = (input.to_str().unwrap(), dir.path().join("out.trace.zst"));
+    let (code, _, err) = run_limited(&["convert", inp, "-o", out.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("156 rows read (0 skipped), 156 written"),
+        "{err}"
+    );
+    let (code, stdout, err) = run_limited(&["replay", inp, "--dry-run"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        stdout.contains("Planned requests:") && stdout.contains("156"),
+        "{stdout}"
+    );
+}
