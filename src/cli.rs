@@ -74,7 +74,7 @@ pub struct InspectArgs {
     /// Print JSON (schema: docs/inspect-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Also report the prefix hit rate with an LRU cache of this many blocks.
+    /// Also report the prefix hit rate with an LRU cache of this many blocks (at most 4194304).
     #[arg(long, value_name = "N")]
     pub cache_blocks: Option<u64>,
     /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;

@@ -527,3 +527,34 @@ fn overlapping_frames_at_the_id_bound_are_read_one_record_of_ids_at_a_time() {
         "{stdout}"
     );
 }
+
+/// Past the exact id set's budget `inspect` estimates in bounded memory and says so, also with
+/// `--block-size` (a piece's id is computed, never tabled: the table of 10 M pieces took more than
+/// 1 GiB); an LRU past its budget is refused naming the flag before anything is allocated.
+#[test]
+fn inspect_past_its_id_budgets_estimates_in_bounded_memory_or_refuses_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    // 8 records of 1,250,016 distinct ids: 10 M ids, past the 8 Mi held exactly
+    super::support::records_of_many_ids(&input, 8);
+    let inp = input.to_str().unwrap();
+    let (code, stdout, err) = run_limited(&["inspect", inp, "--cache-blocks", "100000"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        stdout.contains("10000128 distinct of 10000128 references"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("estimated") && stdout.contains("distinct_blocks"),
+        "{stdout}"
+    );
+    let (code, stdout, err) = run_limited(&["inspect", inp, "--block-size", "24"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("(24 tokens per block)"), "{stdout}");
+    let (code, _, err) = run_limited(&["inspect", inp, "--cache-blocks", "1000000000"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--cache-blocks 1000000000: at most 4194304 blocks"),
+        "{err}"
+    );
+}
