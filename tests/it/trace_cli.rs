@@ -558,3 +558,30 @@ fn inspect_past_its_id_budgets_estimates_in_bounded_memory_or_refuses_the_flag()
         "{err}"
     );
 }
+
+/// A Mooncake export numbers ids in memory: past 8 Mi distinct ids it is refused with a message
+/// that says so and names native output, and leaves no file (it held every id, 10 M here).
+#[test]
+fn a_mooncake_export_past_its_id_budget_is_refused_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::records_of_many_ids(&input, 8);
+    let out = dir.path().join("out.jsonl");
+    let (code, _, err) = run_limited(&[
+        "convert",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("more than 8388608 distinct hash ids") && err.contains(".trace.zst"),
+        "{err}"
+    );
+    assert!(err.contains("out.jsonl"), "names the output: {err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the input"
+    );
+}
