@@ -8,12 +8,20 @@ pub mod fit;
 pub mod transforms;
 
 use crate::cli::SynthArgs;
-use crate::trace::import::{read_path, ImportOptions};
+use crate::trace::import::ImportOptions;
+use crate::trace::rows::ImportReport;
+use crate::trace::Trace;
 use anyhow::Result;
 
 /// The longest span a synthesised trace may have (365 days): `--speedup`, `--rate` or
 /// `--duration` asking for more is refused before anything is made.
 pub const MAX_SPAN_US: u64 = 365 * 86_400_000_000;
+
+/// Most records `synth` reads (4 Mi): it holds its input in memory whole.
+pub const MAX_INPUT_REQUESTS: u64 = 1 << 22;
+/// Most hash ids those records carry together (32 Mi, 256 MiB; the fit keeps a few times that
+/// again per id, docs/synth.md).
+pub const MAX_INPUT_IDS: u64 = 1 << 25;
 
 /// Errors of `synth`'s own making (reading and writing keep theirs).
 #[derive(Debug, thiserror::Error)]
@@ -22,18 +30,17 @@ pub enum WhatIfError {
     Option(String),
     #[error("cannot fit a model: {0}")]
     Fit(String),
+    #[error("{path}: more {what} than the {max} synth holds in memory (it reads its input whole: cut it first with convert --window or --head)")]
+    TooLarge {
+        path: String,
+        what: &'static str,
+        max: u64,
+    },
 }
 
 /// Runs `synth`; returns a one-line summary for stderr.
 pub fn run(args: &SynthArgs) -> Result<String> {
-    let (trace, rep) = read_path(
-        &args.input,
-        &ImportOptions {
-            format: args.from,
-            skip_bad: args.skip_bad,
-            block_size: args.trace_block_size,
-        },
-    )?;
+    let (trace, rep) = read_input(args)?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
     let (out, what) = match args.fit {
@@ -47,6 +54,37 @@ pub fn run(args: &SynthArgs) -> Result<String> {
         rep.skipped,
         args.output.display()
     ))
+}
+
+/// The input whole, within [`MAX_INPUT_REQUESTS`] (counted by the reader's first pass, before
+/// any record is kept) and [`MAX_INPUT_IDS`] (counted as the records are kept).
+fn read_input(args: &SynthArgs) -> Result<(Trace, ImportReport)> {
+    let opts = ImportOptions {
+        format: args.from,
+        skip_bad: args.skip_bad,
+        block_size: args.trace_block_size,
+    };
+    let stream = crate::trace::stream::open(&args.input, &opts)?;
+    let too_large = |what, max| WhatIfError::TooLarge {
+        path: args.input.display().to_string(),
+        what,
+        max,
+    };
+    let rows = stream.report.rows;
+    if rows > MAX_INPUT_REQUESTS {
+        return Err(too_large("records", MAX_INPUT_REQUESTS).into());
+    }
+    let (header, report) = (stream.header.clone(), stream.report.clone());
+    let (mut requests, mut ids) = (Vec::with_capacity(rows as usize), 0u64);
+    for r in stream {
+        let r = r?;
+        ids += r.hash_ids.len() as u64;
+        if ids > MAX_INPUT_IDS {
+            return Err(too_large("hash ids", MAX_INPUT_IDS).into());
+        }
+        requests.push(r);
+    }
+    Ok((Trace { header, requests }, report))
 }
 
 /// `--fit`: a model of `trace`, sampled anew; and the summary's note on it.

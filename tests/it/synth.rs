@@ -505,3 +505,41 @@ fn speedup_and_fitted_rates_beyond_a_sane_span_are_refused() {
         assert!(!out.exists(), "{args:?} wrote {}", out.display());
     }
 }
+
+/// `retrace ARGS` under the 1 GiB address-space limit, within the hang limit: (exit code,
+/// stderr).
+fn run_limited(args: &[&str]) -> (Option<i32>, String) {
+    use super::support::{under_memory_limit, OutputWithin, CHILD_LIMIT, MEMORY_LIMIT};
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(args).env("RETRACE_LOG", "warn");
+    let o = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// synth holds its input whole: a 4 KB file whose runs declare 195 M hash ids is refused in
+/// both modes, naming the file and the budget, before more than the budget is held (it was read
+/// whole: past 1 GiB); nothing is written.
+#[test]
+fn synth_refuses_an_input_past_its_id_budget_before_holding_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::overlapping_frames_at_the_id_bound(&input, 6);
+    let out = dir.path().join("out.trace.zst");
+    let (inp, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    for fit in [false, true] {
+        let mut args = vec!["synth", inp, "-o", o];
+        args.extend(fit.then_some("--fit"));
+        let (code, err) = run_limited(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("runs.trace.zst: more hash ids than the 33554432 synth holds in memory"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.exists(), "{args:?}");
+    }
+}
