@@ -205,14 +205,12 @@ fn rows_of(reqs: &[&Request]) -> Vec<Row> {
 #[derive(Default)]
 struct Recency {
     tree: Vec<u32>,
-    marks: Vec<bool>,
     total: u64,
     now: u64,
 }
 
 impl Recency {
     fn add(&mut self, t: u64, up: bool) {
-        self.marks[t as usize] = up;
         let mut i = t as usize;
         while i < self.tree.len() {
             if up {
@@ -248,13 +246,13 @@ impl Recency {
         self.now
     }
 
+    /// Twice the times (a power of two). Every mark is below the old length L, so of the new
+    /// entries only L's range (0, L] holds any: all of them.
     fn grow(&mut self) {
-        let n = (self.tree.len() * 2).max(1024);
-        self.marks.resize(n, false);
-        self.tree = vec![0; n];
-        let marked: Vec<u64> = (1..n as u64).filter(|&t| self.marks[t as usize]).collect();
-        for t in marked {
-            self.add(t, true);
+        let old = self.tree.len();
+        self.tree.resize((old * 2).max(1024), 0);
+        if old > 0 {
+            self.tree[old] = self.total as u32;
         }
     }
 
@@ -578,7 +576,61 @@ struct Node {
     /// The number of blocks of the request that last accessed it.
     reach: u32,
     /// Children by the time of their last access.
-    kids: BTreeMap<u64, usize>,
+    kids: Kids,
+}
+
+/// A node's children by the time of their last access. Most nodes have one (a request's own
+/// blocks form a chain), held inline: a map costs a few hundred bytes.
+#[derive(Default)]
+enum Kids {
+    #[default]
+    None,
+    One(u64, usize),
+    Many(BTreeMap<u64, usize>),
+}
+
+impl Kids {
+    fn insert(&mut self, t: u64, child: usize) {
+        *self = match std::mem::take(self) {
+            Kids::None => Kids::One(t, child),
+            Kids::One(t0, c0) => Kids::Many(BTreeMap::from([(t0, c0), (t, child)])),
+            Kids::Many(mut m) => {
+                m.insert(t, child);
+                Kids::Many(m)
+            }
+        };
+    }
+
+    fn remove(&mut self, t: u64) {
+        match self {
+            Kids::One(t0, _) if *t0 == t => *self = Kids::None,
+            Kids::Many(m) => {
+                m.remove(&t);
+            }
+            _ => {}
+        }
+    }
+
+    fn get(&self, t: u64) -> Option<usize> {
+        self.range(t..=t).next()
+    }
+
+    /// The children last accessed within `times`, oldest first.
+    fn range(
+        &self,
+        times: impl std::ops::RangeBounds<u64>,
+    ) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        let one = match self {
+            Kids::One(t, c) if times.contains(t) => Some(*c),
+            _ => None,
+        };
+        let many = match self {
+            Kids::Many(m) => Some(m.range(times)),
+            _ => None,
+        };
+        one.into_iter()
+            .chain(many.into_iter().flatten().map(|(_, &c)| c))
+    }
 }
 
 /// The generated prefix tree and its block accesses.
@@ -608,36 +660,34 @@ impl Tree {
         let deep = |c: &&usize| self.nodes[**c].height >= h;
         let whole = |c: &&usize| deep(c) && self.nodes[**c].reach >= step.end;
         let off = |c: &usize| (self.nodes[*c].reach.saturating_sub(step.end)).abs_diff(step.below);
-        let older = || kids.range(..=t).rev().map(|(_, c)| c);
-        let newer = || kids.range(t + 1..).map(|(_, c)| c);
-        let best = |it: &mut dyn Iterator<Item = &usize>| -> Option<usize> {
-            it.filter(whole)
-                .take(CANDIDATES)
-                .min_by_key(|c| off(c))
-                .copied()
+        let older = || kids.range(..=t).rev();
+        let newer = || kids.range(t + 1..);
+        let best = |it: &mut dyn Iterator<Item = usize>| -> Option<usize> {
+            it.filter(|c| whole(&c)).take(CANDIDATES).min_by_key(off)
         };
         best(&mut older())
             .or_else(|| best(&mut newer()))
-            .or_else(|| older().find(deep).copied())
-            .or_else(|| newer().find(deep).copied())
-            .or_else(|| kids.values().copied().max_by_key(|&c| self.nodes[c].height))
+            .or_else(|| older().find(|c| deep(&c)))
+            .or_else(|| newer().find(|c| deep(&c)))
+            .or_else(|| kids.range(..).max_by_key(|&c| self.nodes[c].height))
     }
 
     /// The child of `node` the same request accessed right after it, if any.
     fn next_of_same_request(&self, node: usize) -> Option<usize> {
         let last = self.nodes[node].last;
-        (node != 0).then(|| self.nodes[node].kids.get(&(last + 1)).copied())?
+        (node != 0).then(|| self.nodes[node].kids.get(last + 1))?
     }
 
     fn touch(&mut self, node: usize) {
         let (parent, last) = (self.nodes[node].parent, self.nodes[node].last);
         let now = self.rec.access(last);
         let kids = &mut self.nodes[parent].kids;
-        kids.remove(&last);
+        kids.remove(last);
         kids.insert(now, node);
         self.nodes[node].last = now;
     }
 
+    /// A new child of `parent`; its ancestors' heights are left to [`Tree::raise`].
     fn add(&mut self, parent: usize) -> usize {
         let n = self.nodes.len();
         let depth = self.nodes[parent].depth + 1;
@@ -647,13 +697,19 @@ impl Tree {
             height: depth,
             ..Default::default()
         });
-        let mut up = parent;
+        self.touch(n);
+        n
+    }
+
+    /// The heights above `node` raised to its depth, once for a whole chain of new blocks (a
+    /// walk per block would be quadratic in a request's length).
+    fn raise(&mut self, node: usize) {
+        let depth = self.nodes[node].depth;
+        let mut up = self.nodes[node].parent;
         while up != 0 && self.nodes[up].height < depth {
             self.nodes[up].height = depth;
             up = self.nodes[up].parent;
         }
-        self.touch(n);
-        n
     }
 
     /// Ids of a request of `blocks` blocks whose cached path follows `steps` (see [`Row`]): level
@@ -684,9 +740,13 @@ impl Tree {
         for &n in &path {
             self.touch(n);
         }
+        let shared = path.len();
         while (path.len() as u32) < blocks {
             let at = path.last().copied().unwrap_or(0);
             path.push(self.add(at));
+        }
+        if path.len() > shared {
+            self.raise(path[path.len() - 1]);
         }
         for &n in &path {
             self.nodes[n].reach = blocks;

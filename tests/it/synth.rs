@@ -543,3 +543,25 @@ fn synth_refuses_an_input_past_its_id_budget_before_holding_it() {
         assert!(!out.exists(), "{args:?}");
     }
 }
+
+/// Requests of a million blocks each (two, 10^7 tokens at 16 per block) are fitted and sampled
+/// in time linear in their blocks: each new block of the tree raised every ancestor's height, a
+/// walk as long as the request, so one such request took hours.
+#[test]
+fn a_fitted_request_of_a_million_blocks_is_sampled_in_linear_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::records_of_many_ids(&input, 2);
+    let out = dir.path().join("out.trace.zst");
+    let args = [
+        "synth",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (code, err) = run_limited(&[&args[..], &["--fit", "--level", "1"]].concat());
+    assert_eq!(code, Some(0), "{err}");
+    let t = read(&out);
+    assert_eq!(t.requests.len(), 2);
+    assert!(t.requests.iter().all(|r| r.hash_ids.len() == 1_250_016));
+}
