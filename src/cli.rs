@@ -445,7 +445,7 @@ pub struct SynthArgs {
     /// Learn a model of the input and sample a new trace from it (new hash ids).
     #[arg(long)]
     pub fit: bool,
-    /// With --fit: requests to write (default: the input's count).
+    /// With --fit: requests to write (default: the input's count; at most 10^8).
     #[arg(long, value_name = "N", requires = "fit")]
     pub requests: Option<u64>,
     /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.

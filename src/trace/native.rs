@@ -1200,13 +1200,14 @@ pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), 
 }
 
 /// Writes `records` to a file as they come (via a `.partial` file renamed when complete and
-/// removed on an error, [`crate::partial`]); returns how many were written.
-pub fn write_file_from<R: std::borrow::Borrow<Request>>(
+/// removed on an error, [`crate::partial`], the records' own included); returns how many were
+/// written.
+pub fn write_file_from<R: std::borrow::Borrow<Request>, E: From<TraceError>>(
     path: &Path,
     header: &TraceHeader,
     opts: WriteOptions,
-    records: impl Iterator<Item = Result<R, TraceError>>,
-) -> Result<u64, TraceError> {
+    records: impl Iterator<Item = Result<R, E>>,
+) -> Result<u64, E> {
     let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
     let (partial, f) = crate::partial::Partial::create(path).map_err(io)?;
     let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;

@@ -43,12 +43,26 @@ pub fn run(args: &SynthArgs) -> Result<String> {
     let (trace, rep) = read_input(args)?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
-    let (out, what) = match args.fit {
-        true => fitted(args, &trace)?,
-        false => transformed(args, trace)?,
+    let (out, to, level) = (&args.output, args.to, args.level);
+    let (written, what, left_out) = match args.fit {
+        true => {
+            let model = fit::fit(&trace)?;
+            drop(trace);
+            let mut sample = fit::sample(&model, &fit_size(args)?, args.seed)?;
+            note_fit(&mut sample.header, args.seed, &model);
+            let header = sample.header.clone();
+            let records = sample.map(|r| r.map_err(Into::into));
+            let (n, left) = crate::convert::write_stream(header, records, out, to, level, &input)?;
+            (n, fit_summary(&model), left)
+        }
+        false => {
+            let (t, what) = transformed(args, trace)?;
+            let records = t.requests.into_iter().map(Ok);
+            let (n, left) =
+                crate::convert::write_stream(t.header, records, out, to, level, &input)?;
+            (n, what, left)
+        }
     };
-    let (written, left_out) =
-        crate::convert::write_out(&out, &args.output, args.to, args.level, &input)?;
     Ok(format!(
         "{input}: {rows_in} rows read ({} skipped), {written} written to {}{what}{left_out}",
         rep.skipped,
@@ -87,30 +101,36 @@ fn read_input(args: &SynthArgs) -> Result<(Trace, ImportReport)> {
     Ok((Trace { header, requests }, report))
 }
 
-/// `--fit`: a model of `trace`, sampled anew; and the summary's note on it.
-fn fitted(args: &SynthArgs, trace: &crate::trace::Trace) -> Result<(crate::trace::Trace, String)> {
-    let model = fit::fit(trace)?;
+/// `--fit`'s output size, from the flags.
+fn fit_size(args: &SynthArgs) -> Result<fit::Size, WhatIfError> {
     let duration_us = args
         .duration
         .as_deref()
         .map(crate::trace::filter::parse_duration_us)
         .transpose()
         .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
-    let size = fit::Size {
+    Ok(fit::Size {
         requests: args.requests,
         duration_us,
         rate: args.rate,
         scale_users: args.scale_users,
-    };
-    let mut t = fit::sample(&model, &size, args.seed)?;
-    let what = format!(
+    })
+}
+
+/// The summary's note on a fitted model.
+fn fit_summary(model: &fit::Model) -> String {
+    format!(
         "; fitted: {:.2} req/s, gap gamma shape {:.2}, {} sessions",
         model.rate_rps,
         model.gamma_shape,
         model.session_count()
-    );
-    let meta = &mut t.header.meta;
-    meta.insert("synth".into(), format!("fitted model, seed {}", args.seed));
+    )
+}
+
+/// What a fitted output's header says of its making.
+fn note_fit(header: &mut crate::trace::TraceHeader, seed: u64, model: &fit::Model) {
+    let meta = &mut header.meta;
+    meta.insert("synth".into(), format!("fitted model, seed {seed}"));
     meta.insert(
         "hash_ids".into(),
         "new: drawn from a counter; none is an id of the input or maps back to one".into(),
@@ -120,7 +140,6 @@ fn fitted(args: &SynthArgs, trace: &crate::trace::Trace) -> Result<(crate::trace
         "fit_gap_gamma_shape".into(),
         format!("{:.6}", model.gamma_shape),
     );
-    Ok((t, what))
 }
 
 /// AIPerf's transforms applied to `trace`; and the summary's note on what they left out.
