@@ -162,7 +162,8 @@ pub fn write_stream(
 }
 
 /// Writes `records` under `header` to `output` (`-` is stdout) as `to`, one record at a time;
-/// returns how many were written.
+/// returns how many were written. Native frames are cut by size only, so the same records give
+/// the same bytes however long they take to come.
 fn write_records(
     mut header: TraceHeader,
     mut records: impl Iterator<Item = Result<Request>>,
@@ -210,6 +211,7 @@ fn write_records(
                 .insert("converted_from".into(), source.to_string());
             let opts = native::WriteOptions {
                 level,
+                frame_age: None,
                 ..Default::default()
             };
             if out_name == "-" {
