@@ -74,7 +74,7 @@ pub struct InspectArgs {
     /// Print JSON (schema: docs/inspect-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Also report the prefix hit rate with an LRU cache of this many blocks.
+    /// Also report the prefix hit rate with an LRU cache of this many blocks (at most 4194304).
     #[arg(long, value_name = "N")]
     pub cache_blocks: Option<u64>,
     /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;
@@ -451,7 +451,7 @@ pub struct SynthArgs {
     /// Learn a model of the input and sample a new trace from it (new hash ids).
     #[arg(long)]
     pub fit: bool,
-    /// With --fit: requests to write (default: the input's count).
+    /// With --fit: requests to write (default: the input's count; at most 10^8).
     #[arg(long, value_name = "N", requires = "fit")]
     pub requests: Option<u64>,
     /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.

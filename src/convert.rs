@@ -5,7 +5,7 @@ use crate::cli::{ConvertArgs, OutFormat};
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::ImportOptions;
 use crate::trace::{mooncake, native};
-use crate::trace::{Request, Trace, TraceError, TraceHeader};
+use crate::trace::{Request, Trace, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::Path;
@@ -60,7 +60,7 @@ pub fn run(args: &ConvertArgs) -> Result<String> {
         }
         let r = match input.next()? {
             Ok(r) => r,
-            Err(e) => return Some(Err(e)),
+            Err(e) => return Some(Err(e.into())),
         };
         let Some(mut r) = filters.keep(r) else {
             continue;
@@ -138,22 +138,35 @@ pub fn write_out(
     level: i32,
     source: &str,
 ) -> Result<(u64, String)> {
+    let records = trace.requests.iter().map(|r| Ok(r.clone()));
+    write_stream(trace.header.clone(), records, output, to, level, source)
+}
+
+/// [`write_out`] of `records` under `header`, written one at a time as they come: none is
+/// kept. An error from `records` ends the output (no file is left, as for a failed input).
+pub fn write_stream(
+    header: TraceHeader,
+    records: impl Iterator<Item = Result<Request>>,
+    output: &Path,
+    to: Option<OutFormat>,
+    level: i32,
+    source: &str,
+) -> Result<(u64, String)> {
     let to = out_format(to, output);
     let mut left = LeftOut::default();
-    let records = trace
-        .requests
-        .iter()
-        .filter(|r| to != OutFormat::Mooncake || left.is_mooncake_row(r))
-        .map(|r| Ok(r.clone()));
-    let written = write_records(trace.header.clone(), records, output, to, level, source)?;
+    let records = records.filter(|r| {
+        to != OutFormat::Mooncake || r.as_ref().map_or(true, |r| left.is_mooncake_row(r))
+    });
+    let written = write_records(header, records, output, to, level, source)?;
     Ok((written, left.summary()))
 }
 
 /// Writes `records` under `header` to `output` (`-` is stdout) as `to`, one record at a time;
-/// returns how many were written.
+/// returns how many were written. Native frames are cut by size only, so the same records give
+/// the same bytes however long they take to come.
 fn write_records(
     mut header: TraceHeader,
-    mut records: impl Iterator<Item = Result<Request, TraceError>>,
+    mut records: impl Iterator<Item = Result<Request>>,
     output: &Path,
     to: OutFormat,
     level: i32,
@@ -198,6 +211,7 @@ fn write_records(
                 .insert("converted_from".into(), source.to_string());
             let opts = native::WriteOptions {
                 level,
+                frame_age: None,
                 ..Default::default()
             };
             if out_name == "-" {

@@ -6,7 +6,7 @@
 
 use crate::cli::InspectArgs;
 use crate::trace::import::ImportOptions;
-use crate::trace::stats::{Dist, StatsAcc, StatsOptions, TraceStats};
+use crate::trace::stats::{Dist, StatsAcc, StatsOptions, TraceStats, MAX_CACHE_BLOCKS};
 use anyhow::Result;
 use serde_json::json;
 use std::fmt::Write as _;
@@ -15,6 +15,11 @@ use std::fmt::Write as _;
 pub fn run(args: &InspectArgs) -> Result<String> {
     if args.block_size == Some(0) {
         anyhow::bail!("--block-size must be at least 1");
+    }
+    if let Some(n) = args.cache_blocks.filter(|&n| n > MAX_CACHE_BLOCKS) {
+        anyhow::bail!(
+            "--cache-blocks {n}: at most {MAX_CACHE_BLOCKS} blocks (the simulated LRU cache is held in memory)"
+        );
     }
     let stream = crate::trace::fleet::open_all(
         &args.files,

@@ -363,7 +363,11 @@ fn check_whole(
     let copies = u64::from(shaping.loops.max(1)) * u64::from(shaping.overlay.max(1));
     let held = bytes.saturating_mul(copies);
     if held > MAX_WHOLE_BYTES {
-        let over = if bytes > MAX_WHOLE_BYTES { "more than " } else { "" };
+        let over = if bytes > MAX_WHOLE_BYTES {
+            "more than "
+        } else {
+            ""
+        };
         return Err(PlanError::Shaping(format!(
             "--loop {} / --overlay {} (or --sessions) over {over}{n} requests would hold {over}{} MiB of requests in memory, more than {} MiB: replay a --window of the trace, or fewer copies",
             shaping.loops.max(1),

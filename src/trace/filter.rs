@@ -145,8 +145,8 @@ impl Reblock {
 /// `(h, j)`, exact for prompts that share `h` (chained ids: they share every token up to its
 /// end); prompts whose ids differ at a position are taken to differ from that block's first
 /// token (ids say nothing finer, so sharing is a lower bound), and tokens past the last id (a
-/// floor trace's unhashed tail) as unique. The pieces are then merged by [`reblock`]. Ids come
-/// out dense.
+/// floor trace's unhashed tail) as unique. The pieces are then merged by [`reblock`]. A piece's
+/// id is derived from `(h, j)` alone ([`Rechunk`]: no table, whatever the trace's size).
 pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
     let mut rc = Rechunk::new(&trace.header, new_bs)?;
     for r in &mut trace.requests {
@@ -156,7 +156,10 @@ pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// [`rechunk`] one request at a time (split ids are numbered as they are first seen).
+/// [`rechunk`] one request at a time. Piece `j` of id `h` is `xxh3(h)` seeded with `j`, an
+/// unhashed tail's pieces `xxh3(n)` seeded with `u64::MAX` for a counter `n`: computed, never
+/// stored, so memory holds one request's pieces (distinct pairs collide with probability about
+/// pairs² / 2^65, a few in 10^10 at a billion ids).
 pub struct Rechunk {
     new_bs: u32,
     /// Set when `new_bs` is not a whole multiple: the gcd-sized pieces and their ids.
@@ -167,8 +170,8 @@ pub struct Rechunk {
 struct Split {
     pieces: super::TraceHeader,
     k: u64,
-    ids: std::collections::HashMap<(u64, u64), u64>,
-    next: u64,
+    /// Tail pieces so far.
+    tails: u64,
 }
 
 impl Rechunk {
@@ -192,8 +195,7 @@ impl Rechunk {
         let split = Split {
             pieces,
             k: u64::from(old / g),
-            ids: Default::default(),
-            next: 0,
+            tails: 0,
         };
         Ok(Rechunk {
             new_bs,
@@ -213,21 +215,14 @@ impl Rechunk {
         };
         let n = sp.pieces.blocks_for(input_tokens);
         let mut fine = Vec::with_capacity(n.min(1 << 20) as usize);
+        use xxhash_rust::xxh3::xxh3_64_with_seed as xxh3;
         for i in 0..n {
-            let mut fresh = || {
-                sp.next += 1;
-                sp.next - 1
-            };
             let id = match h.get((i / sp.k) as usize) {
-                Some(&id) => match sp.ids.get(&(id, i % sp.k)) {
-                    Some(&x) => x,
-                    None => {
-                        let x = fresh();
-                        sp.ids.insert((id, i % sp.k), x);
-                        x
-                    }
-                },
-                None => fresh(),
+                Some(&id) => xxh3(&id.to_le_bytes(), i % sp.k),
+                None => {
+                    sp.tails += 1;
+                    xxh3(&sp.tails.to_le_bytes(), u64::MAX)
+                }
             };
             fine.push(id);
         }
@@ -239,7 +234,7 @@ impl Rechunk {
         let mut h = old.clone();
         h.block_size = self.new_bs;
         if self.split.is_some() {
-            h.hash_scheme = super::HashScheme::Dense;
+            h.hash_scheme = super::HashScheme::Xxh3;
         }
         h
     }

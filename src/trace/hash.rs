@@ -129,6 +129,13 @@ impl IdCompactor {
         let next = self.map.len() as u64;
         *self.map.entry(raw).or_insert(next)
     }
+    /// [`Self::id`] while fewer than `max` ids are held; `None` for a new id past them.
+    pub fn id_within(&mut self, raw: u64, max: usize) -> Option<u64> {
+        if self.map.len() >= max && !self.map.contains_key(&raw) {
+            return None;
+        }
+        Some(self.id(raw))
+    }
     /// Number of distinct ids seen.
     pub fn len(&self) -> usize {
         self.map.len()

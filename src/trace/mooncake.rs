@@ -110,7 +110,13 @@ pub fn write<W: Write>(trace: &Trace, out: W) -> std::io::Result<()> {
     w.finish().map(drop)
 }
 
-/// [`write`] one request at a time.
+/// Most distinct hash ids a Mooncake export numbers (8 Mi, a table of about 272 MiB): the ids
+/// are compacted to 0..N-1 in memory, so a trace with more is refused (native output keeps
+/// ids as they are and holds none).
+pub const MAX_EXPORT_IDS: usize = 1 << 23;
+
+/// [`write`] one request at a time; a request past [`MAX_EXPORT_IDS`] distinct ids is refused
+/// (`InvalidData`).
 pub struct MooncakeWriter<W: Write> {
     out: W,
     ids: IdCompactor,
@@ -132,7 +138,15 @@ impl<W: Write> MooncakeWriter<W> {
         let (out, hs) = (&mut self.out, &mut self.hs);
         let t0 = *self.t0.get_or_insert(r.arrival_us);
         hs.clear();
-        hs.extend(r.hash_ids.iter().map(|&h| self.ids.id(h)));
+        for &h in &r.hash_ids {
+            let Some(id) = self.ids.id_within(h, MAX_EXPORT_IDS) else {
+                let msg = format!(
+                    "more than {MAX_EXPORT_IDS} distinct hash ids: a Mooncake export numbers ids in memory, at most that many (write native, .trace.zst, instead)"
+                );
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, msg));
+            };
+            hs.push(id);
+        }
         // Python's json.dumps layout (", " and ": "), as the published traces are written.
         let ts = (r.arrival_us.saturating_sub(t0) + 500) / 1000;
         write!(

@@ -191,6 +191,13 @@ pub fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
 
 /// Decodes flat runs; `limit` caps the total ids (corrupt input must not allocate unboundedly).
 pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
+    let total = check_runs(runs, limit)?;
+    Ok(expand_runs(runs, total))
+}
+
+/// The number of ids flat runs declare, checked as [`decode_runs`] checks them, nothing
+/// allocated: an even length, no overflow, at most `limit` ids.
+fn check_runs(runs: &[u64], limit: u64) -> Result<u64, String> {
     if runs.len() % 2 != 0 {
         return Err("hash id runs have odd length".into());
     }
@@ -201,14 +208,40 @@ pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
     if total > limit {
         return Err(format!("{total} hash ids exceed the limit of {limit}"));
     }
-    let mut out = Vec::with_capacity(total as usize);
-    for r in runs.chunks(2) {
-        if r[1] > 0 && r[0].checked_add(r[1] - 1).is_none() {
-            return Err("hash id run overflows u64".into());
-        }
-        out.extend((0..r[1]).map(|k| r[0] + k));
+    if runs
+        .chunks(2)
+        .any(|r| r[1] > 0 && r[0].checked_add(r[1] - 1).is_none())
+    {
+        return Err("hash id run overflows u64".into());
     }
-    Ok(out)
+    Ok(total)
+}
+
+/// The ids of runs that passed [`check_runs`] (`total` of them).
+fn expand_runs(runs: &[u64], total: u64) -> Vec<u64> {
+    let mut out = Vec::with_capacity(total as usize);
+    for r in runs.chunks_exact(2) {
+        out.extend((0..r[1]).map(|k| r[0].wrapping_add(k)));
+    }
+    out
+}
+
+/// A decoded record whose hash ids are still the runs it was stored as (checked, as small as
+/// its frame): they are expanded only when the record is handed out, so a reader holds the
+/// expanded ids of one record at a time, never a frame's.
+struct Unexpanded {
+    req: Request,
+    runs: Vec<u64>,
+    ids: u64,
+}
+
+impl Unexpanded {
+    fn expand(self) -> Request {
+        Request {
+            hash_ids: expand_runs(&self.runs, self.ids),
+            ..self.req
+        }
+    }
 }
 
 impl RequestWire {
@@ -235,7 +268,12 @@ impl RequestWire {
         }
     }
 
-    fn into_request(self, prev_arrival: u64, header: &TraceHeader) -> Result<Request, String> {
+    /// The record, checked whole; its ids left as runs.
+    fn into_unexpanded(
+        self,
+        prev_arrival: u64,
+        header: &TraceHeader,
+    ) -> Result<Unexpanded, String> {
         let arrival = prev_arrival as i64 + self.t;
         if arrival < 0 {
             return Err(format!("negative arrival time {arrival} µs"));
@@ -248,7 +286,9 @@ impl RequestWire {
             ));
         }
         let id_limit = super::rows::id_limit(header.blocks_for(self.i));
-        Ok(Request {
+        let ids = check_runs(&self.h, id_limit)
+            .map_err(|e| format!("{e} (input length {} allows {id_limit})", self.i))?;
+        let req = Request {
             arrival_us: arrival as u64,
             session: self.s,
             method: self.v,
@@ -260,14 +300,18 @@ impl RequestWire {
             params: self.p,
             input_tokens: self.i,
             output_tokens: self.o,
-            hash_ids: decode_runs(&self.h, id_limit)
-                .map_err(|e| format!("{e} (input length {} allows {id_limit})", self.i))?,
+            hash_ids: Vec::new(),
             response: self
                 .r
                 .map(|r| r.into_response().map(Box::new))
                 .transpose()?,
             body: self.b,
             input_count: super::InputCount::from_wire(self.ic.as_deref()),
+        };
+        Ok(Unexpanded {
+            req,
+            runs: self.h,
+            ids,
         })
     }
 }
@@ -693,13 +737,14 @@ pub fn read_bytes_as(
         frames_ok: 1,
         ..Default::default()
     };
-    let mut requests = Vec::new();
+    let (mut requests, mut frame_records) = (Vec::new(), Vec::new());
     while let Some(item) = scan.next_item().map_err(|e| io_err(path, e))? {
         if let Scanned::Frame(pos, frame) = item {
-            match decode_frame(&frame, &header, &mut requests) {
+            match decode_frame(&frame, &header, &mut frame_records) {
                 Ok(dropped) => report.good_frame(dropped),
                 Err(msg) => report.corrupt.push((pos, msg)),
             }
+            requests.extend(frame_records.drain(..).map(Unexpanded::expand));
         } else {
             report.note(item);
         }
@@ -898,8 +943,10 @@ struct FrameEntry {
 /// every frame once (the [`ReadReport`], each good frame's place and earliest arrival); the
 /// second merges the frames by arrival, decoding a frame only when its earliest record is due,
 /// so memory holds the frames whose arrival ranges overlap (a recording's frames overlap by the
-/// longest request's duration), never the whole file. The records and report equal
-/// [`read_bytes`] of the same file.
+/// longest request's duration), never the whole file. Hash ids stay runs until a record is
+/// handed out: however many ids a file's runs declare, the expanded ids in memory are one
+/// record's (at most [`super::rows::id_limit`]). The records and report equal [`read_bytes`]
+/// of the same file.
 pub struct NativeStream {
     path: String,
     file: std::fs::File,
@@ -913,7 +960,7 @@ pub struct NativeStream {
 /// A decoded record waiting for its turn: ordered by arrival, then file position.
 struct Pending {
     key: (u64, usize, usize),
-    req: Request,
+    rec: Unexpanded,
 }
 
 impl PartialEq for Pending {
@@ -966,12 +1013,12 @@ impl NativeStream {
                     continue;
                 }
             }
-            for r in &scratch {
+            for r in scratch.iter().map(|u| &u.req) {
                 report.reordered += u64::from(report.records > 0 && r.arrival_us < last);
                 last = r.arrival_us;
                 report.records += 1;
             }
-            if let Some(min_arrival) = scratch.iter().map(|r| r.arrival_us).min() {
+            if let Some(min_arrival) = scratch.iter().map(|u| u.req.arrival_us).min() {
                 frames.push(FrameEntry {
                     offset,
                     len: frame.len(),
@@ -1021,9 +1068,9 @@ impl NativeStream {
             path: self.path.clone(),
             msg: format!("frame at byte {} changed while reading: {msg}", f.offset),
         })?;
-        for (j, req) in reqs.into_iter().enumerate() {
-            let key = (req.arrival_us, k, j);
-            self.due.push(Reverse(Pending { key, req }));
+        for (j, rec) in reqs.into_iter().enumerate() {
+            let key = (rec.req.arrival_us, k, j);
+            self.due.push(Reverse(Pending { key, rec }));
         }
         Ok(())
     }
@@ -1049,7 +1096,7 @@ impl Iterator for NativeStream {
                 }
             }
         }
-        self.due.pop().map(|Reverse(p)| Ok(p.req))
+        self.due.pop().map(|Reverse(p)| Ok(p.rec.expand()))
     }
 }
 
@@ -1105,8 +1152,13 @@ fn run_total(runs: &[u64]) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// Decodes one record frame, appending to `out` only if the whole frame is good.
-fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> Result<u64, String> {
+/// Decodes one record frame, appending to `out` only if the whole frame is good (its records'
+/// ids left as runs).
+fn decode_frame(
+    frame: &[u8],
+    header: &TraceHeader,
+    out: &mut Vec<Unexpanded>,
+) -> Result<u64, String> {
     let content = decompress_frame(frame)?;
     let mut rd = content.as_slice();
     let fw: FrameWire =
@@ -1147,9 +1199,9 @@ fn decode_frame(frame: &[u8], header: &TraceHeader, out: &mut Vec<Request>) -> R
         }
         for (k, w) in wires.into_iter().enumerate() {
             let r = w
-                .into_request(prev, header)
+                .into_unexpanded(prev, header)
                 .map_err(|e| format!("record {k}: {e}"))?;
-            prev = r.arrival_us;
+            prev = r.req.arrival_us;
             out.push(r);
         }
         Ok(())
@@ -1187,13 +1239,14 @@ pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), 
 }
 
 /// Writes `records` to a file as they come (via a `.partial` file renamed when complete and
-/// removed on an error, [`crate::partial`]); returns how many were written.
-pub fn write_file_from<R: std::borrow::Borrow<Request>>(
+/// removed on an error, [`crate::partial`], the records' own included); returns how many were
+/// written.
+pub fn write_file_from<R: std::borrow::Borrow<Request>, E: From<TraceError>>(
     path: &Path,
     header: &TraceHeader,
     opts: WriteOptions,
-    records: impl Iterator<Item = Result<R, TraceError>>,
-) -> Result<u64, TraceError> {
+    records: impl Iterator<Item = Result<R, E>>,
+) -> Result<u64, E> {
     let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
     let (partial, f) = crate::partial::Partial::create(path).map_err(io)?;
     let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;

@@ -265,10 +265,15 @@ pub struct TraceStats {
     pub approximate: Vec<&'static str>,
 }
 
+/// Most blocks `inspect --cache-blocks` simulates an LRU cache of (4 Mi: about 256 MiB, the
+/// cache's table allocated up front).
+pub const MAX_CACHE_BLOCKS: u64 = 1 << 22;
+
 /// Options for [`compute`].
 #[derive(Debug, Clone, Default)]
 pub struct StatsOptions {
-    /// Also simulate an LRU cache of this many blocks.
+    /// Also simulate an LRU cache of this many blocks (at most [`MAX_CACHE_BLOCKS`]: more is
+    /// taken as that many).
     pub cache_blocks: Option<u64>,
     /// Prefix figures at this many tokens per block ([`super::filter::rechunk`]).
     pub block_size: Option<u32>,
@@ -347,7 +352,7 @@ impl StatsAcc {
         let block_size = opts.block_size.filter(|_| rechunk.is_some());
         let block_size = block_size.unwrap_or(header.block_size);
         let cache = opts.cache_blocks.map(|cap| {
-            let n = std::num::NonZeroUsize::new(cap.min(usize::MAX as u64) as usize);
+            let n = std::num::NonZeroUsize::new(cap.min(MAX_CACHE_BLOCKS) as usize);
             (
                 cap,
                 lru::LruCache::new(n.unwrap_or(std::num::NonZeroUsize::MIN)),

@@ -89,6 +89,8 @@ pub struct Model {
     /// Gamma shape of the gaps by moments (1 = Poisson, below 1 bursty).
     pub gamma_shape: f64,
     pub requests: u64,
+    /// Mean hash ids per request.
+    ids_per_request: f64,
 }
 
 impl Model {
@@ -154,6 +156,8 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
         rate_rps,
         gamma_shape: gamma_shape(&all),
         requests: reqs.len() as u64,
+        ids_per_request: reqs.iter().map(|r| r.hash_ids.len() as f64).sum::<f64>()
+            / reqs.len() as f64,
     })
 }
 
@@ -205,14 +209,12 @@ fn rows_of(reqs: &[&Request]) -> Vec<Row> {
 #[derive(Default)]
 struct Recency {
     tree: Vec<u32>,
-    marks: Vec<bool>,
     total: u64,
     now: u64,
 }
 
 impl Recency {
     fn add(&mut self, t: u64, up: bool) {
-        self.marks[t as usize] = up;
         let mut i = t as usize;
         while i < self.tree.len() {
             if up {
@@ -248,13 +250,13 @@ impl Recency {
         self.now
     }
 
+    /// Twice the times (a power of two). Every mark is below the old length L, so of the new
+    /// entries only L's range (0, L] holds any: all of them.
     fn grow(&mut self) {
-        let n = (self.tree.len() * 2).max(1024);
-        self.marks.resize(n, false);
-        self.tree = vec![0; n];
-        let marked: Vec<u64> = (1..n as u64).filter(|&t| self.marks[t as usize]).collect();
-        for t in marked {
-            self.add(t, true);
+        let old = self.tree.len();
+        self.tree.resize((old * 2).max(1024), 0);
+        if old > 0 {
+            self.tree[old] = self.total as u32;
         }
     }
 
@@ -417,9 +419,18 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
         (None, Some(d)) => (rate * d as f64 / 1e6).round() as u64,
         (None, None) => (m.requests as f64 * s.scale_users).round() as u64,
     };
-    if requests > 100_000_000 {
+    if requests > MAX_REQUESTS {
         return Err(WhatIfError::Option(format!(
-            "{requests} requests is more than the 10^8 synth writes"
+            "{}: {requests} requests, more than the {MAX_REQUESTS} synth --fit writes",
+            size_flags(s)
+        )));
+    }
+    let ids = requests as f64 * m.ids_per_request;
+    if m.sessions.is_empty() && ids > MAX_HELD_IDS as f64 {
+        return Err(WhatIfError::Option(format!(
+            "{}: {requests} requests of {:.1} hash ids on average make about {ids:.0}, more than the {MAX_HELD_IDS} the sampled prefix tree holds in memory",
+            size_flags(s),
+            m.ids_per_request
         )));
     }
     let max_s = super::MAX_SPAN_US as f64 / 1e6;
@@ -452,21 +463,73 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
     })
 }
 
+/// The flags that set the output's size, as given (for messages).
+fn size_flags(s: &Size) -> String {
+    let mut f = Vec::new();
+    if let Some(n) = s.requests {
+        f.push(format!("--requests {n}"));
+    }
+    if let Some(d) = s.duration_us {
+        f.push(format!("--duration {}s", d as f64 / 1e6));
+    }
+    if let Some(r) = s.rate {
+        f.push(format!("--rate {r}"));
+    }
+    if s.scale_users != 1.0 || f.is_empty() {
+        f.push(format!("--scale-users {}", s.scale_users));
+    }
+    f.join(" ")
+}
+
+/// Most requests `synth --fit` writes (10^8).
+pub const MAX_REQUESTS: u64 = 100_000_000;
+/// Most hash ids the sampler holds (64 Mi, at most 72 bytes each: under 5 GiB): every block
+/// access of the generated prefix tree (request mode), or the ids of the turns of sessions in
+/// flight (session mode). A size expected to pass it is refused before sampling; one that
+/// passes it anyway ends the output with an error.
+pub const MAX_HELD_IDS: u64 = 1 << 26;
+
+/// A sampled trace: its header, and its requests made one at a time in arrival order (nothing
+/// else kept but the generated prefix tree, or the turns of the sessions in flight).
+pub struct Sample<'m> {
+    pub header: TraceHeader,
+    requests: Sampler<'m>,
+}
+
+enum Sampler<'m> {
+    Requests(Box<Requests<'m>>),
+    Sessions(Box<Sessions<'m>>),
+}
+
+impl Iterator for Sample<'_> {
+    type Item = Result<Request, WhatIfError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        match &mut self.requests {
+            Sampler::Requests(s) => s.next(),
+            Sampler::Sessions(s) => s.next(),
+        }
+    }
+}
+
 /// Samples a new trace from the model.
-pub fn sample(m: &Model, s: &Size, seed: u64) -> Result<Trace, WhatIfError> {
+pub fn sample<'m>(m: &'m Model, s: &Size, seed: u64) -> Result<Sample<'m>, WhatIfError> {
     let p = plan(m, s)?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut header =
         TraceHeader::imported(m.block_size, m.partial_tail_block, "retrace synth --fit");
     header.hash_scheme = HashScheme::Dense;
-    let requests = if m.sessions.is_empty() {
-        sample_requests(m, &p, &mut rng)
-    } else {
-        sample_sessions(m, &p, &mut rng)
+    let requests = match m.sessions.is_empty() {
+        true => Sampler::Requests(Box::new(Requests::new(m, p, rng))),
+        false => Sampler::Sessions(Box::new(Sessions::new(m, p, rng))),
     };
-    let mut t = Trace { header, requests };
-    t.sort_by_arrival();
-    Ok(t)
+    Ok(Sample { header, requests })
+}
+
+/// The error of a sample that passed [`MAX_HELD_IDS`] after all.
+fn too_many_ids() -> WhatIfError {
+    WhatIfError::Option(format!(
+        "the sampled requests passed {MAX_HELD_IDS} hash ids held in memory: ask for fewer (--requests, --duration)"
+    ))
 }
 
 /// A sample dealt without replacement, shuffled anew each time it runs out.
@@ -578,7 +641,61 @@ struct Node {
     /// The number of blocks of the request that last accessed it.
     reach: u32,
     /// Children by the time of their last access.
-    kids: BTreeMap<u64, usize>,
+    kids: Kids,
+}
+
+/// A node's children by the time of their last access. Most nodes have one (a request's own
+/// blocks form a chain), held inline: a map costs a few hundred bytes.
+#[derive(Default)]
+enum Kids {
+    #[default]
+    None,
+    One(u64, usize),
+    Many(BTreeMap<u64, usize>),
+}
+
+impl Kids {
+    fn insert(&mut self, t: u64, child: usize) {
+        *self = match std::mem::take(self) {
+            Kids::None => Kids::One(t, child),
+            Kids::One(t0, c0) => Kids::Many(BTreeMap::from([(t0, c0), (t, child)])),
+            Kids::Many(mut m) => {
+                m.insert(t, child);
+                Kids::Many(m)
+            }
+        };
+    }
+
+    fn remove(&mut self, t: u64) {
+        match self {
+            Kids::One(t0, _) if *t0 == t => *self = Kids::None,
+            Kids::Many(m) => {
+                m.remove(&t);
+            }
+            _ => {}
+        }
+    }
+
+    fn get(&self, t: u64) -> Option<usize> {
+        self.range(t..=t).next()
+    }
+
+    /// The children last accessed within `times`, oldest first.
+    fn range(
+        &self,
+        times: impl std::ops::RangeBounds<u64>,
+    ) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        let one = match self {
+            Kids::One(t, c) if times.contains(t) => Some(*c),
+            _ => None,
+        };
+        let many = match self {
+            Kids::Many(m) => Some(m.range(times)),
+            _ => None,
+        };
+        one.into_iter()
+            .chain(many.into_iter().flatten().map(|(_, &c)| c))
+    }
 }
 
 /// The generated prefix tree and its block accesses.
@@ -608,36 +725,34 @@ impl Tree {
         let deep = |c: &&usize| self.nodes[**c].height >= h;
         let whole = |c: &&usize| deep(c) && self.nodes[**c].reach >= step.end;
         let off = |c: &usize| (self.nodes[*c].reach.saturating_sub(step.end)).abs_diff(step.below);
-        let older = || kids.range(..=t).rev().map(|(_, c)| c);
-        let newer = || kids.range(t + 1..).map(|(_, c)| c);
-        let best = |it: &mut dyn Iterator<Item = &usize>| -> Option<usize> {
-            it.filter(whole)
-                .take(CANDIDATES)
-                .min_by_key(|c| off(c))
-                .copied()
+        let older = || kids.range(..=t).rev();
+        let newer = || kids.range(t + 1..);
+        let best = |it: &mut dyn Iterator<Item = usize>| -> Option<usize> {
+            it.filter(|c| whole(&c)).take(CANDIDATES).min_by_key(off)
         };
         best(&mut older())
             .or_else(|| best(&mut newer()))
-            .or_else(|| older().find(deep).copied())
-            .or_else(|| newer().find(deep).copied())
-            .or_else(|| kids.values().copied().max_by_key(|&c| self.nodes[c].height))
+            .or_else(|| older().find(|c| deep(&c)))
+            .or_else(|| newer().find(|c| deep(&c)))
+            .or_else(|| kids.range(..).max_by_key(|&c| self.nodes[c].height))
     }
 
     /// The child of `node` the same request accessed right after it, if any.
     fn next_of_same_request(&self, node: usize) -> Option<usize> {
         let last = self.nodes[node].last;
-        (node != 0).then(|| self.nodes[node].kids.get(&(last + 1)).copied())?
+        (node != 0).then(|| self.nodes[node].kids.get(last + 1))?
     }
 
     fn touch(&mut self, node: usize) {
         let (parent, last) = (self.nodes[node].parent, self.nodes[node].last);
         let now = self.rec.access(last);
         let kids = &mut self.nodes[parent].kids;
-        kids.remove(&last);
+        kids.remove(last);
         kids.insert(now, node);
         self.nodes[node].last = now;
     }
 
+    /// A new child of `parent`; its ancestors' heights are left to [`Tree::raise`].
     fn add(&mut self, parent: usize) -> usize {
         let n = self.nodes.len();
         let depth = self.nodes[parent].depth + 1;
@@ -647,13 +762,19 @@ impl Tree {
             height: depth,
             ..Default::default()
         });
-        let mut up = parent;
+        self.touch(n);
+        n
+    }
+
+    /// The heights above `node` raised to its depth, once for a whole chain of new blocks (a
+    /// walk per block would be quadratic in a request's length).
+    fn raise(&mut self, node: usize) {
+        let depth = self.nodes[node].depth;
+        let mut up = self.nodes[node].parent;
         while up != 0 && self.nodes[up].height < depth {
             self.nodes[up].height = depth;
             up = self.nodes[up].parent;
         }
-        self.touch(n);
-        n
     }
 
     /// Ids of a request of `blocks` blocks whose cached path follows `steps` (see [`Row`]): level
@@ -684,9 +805,13 @@ impl Tree {
         for &n in &path {
             self.touch(n);
         }
+        let shared = path.len();
         while (path.len() as u32) < blocks {
             let at = path.last().copied().unwrap_or(0);
             path.push(self.add(at));
+        }
+        if path.len() > shared {
+            self.raise(path[path.len() - 1]);
         }
         for &n in &path {
             self.nodes[n].reach = blocks;
@@ -695,23 +820,56 @@ impl Tree {
     }
 }
 
-fn sample_requests(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
-    let mut clock = Clock::new(m);
-    let mut rows: Vec<Deck<u32>> = m.window_rows.iter().map(|v| Deck::new(v.clone())).collect();
-    // the input's first request opens the output: it is the one that found no tree before it
-    if let Some(d) = rows.first_mut() {
-        d.open_with(0, rng);
+/// Request mode: each request's arrival from the clock (in order), a row of its window, and
+/// ids from the generated tree.
+struct Requests<'m> {
+    m: &'m Model,
+    p: Plan,
+    rng: rand_chacha::ChaCha8Rng,
+    clock: Clock,
+    rows: Vec<Deck<u32>>,
+    tree: Tree,
+    made: u64,
+    ids: u64,
+}
+
+impl<'m> Requests<'m> {
+    fn new(m: &'m Model, p: Plan, mut rng: rand_chacha::ChaCha8Rng) -> Requests<'m> {
+        let mut rows: Vec<Deck<u32>> = m.window_rows.iter().map(|v| Deck::new(v.clone())).collect();
+        // the input's first request opens the output: it is the one that found no tree before it
+        if let Some(d) = rows.first_mut() {
+            d.open_with(0, &mut rng);
+        }
+        Requests {
+            m,
+            p,
+            rng,
+            clock: Clock::new(m),
+            rows,
+            tree: Tree::default(),
+            made: 0,
+            ids: 0,
+        }
     }
-    let mut tree = Tree::default();
-    let mut out = Vec::with_capacity(p.requests.min(1 << 24) as usize);
-    for _ in 0..p.requests {
-        let (at, w) = clock.next(m, p, rng);
+
+    fn next(&mut self) -> Option<Result<Request, WhatIfError>> {
+        let (m, p, rng) = (self.m, &self.p, &mut self.rng);
+        if self.made >= p.requests {
+            return None;
+        }
+        let (at, w) = self.clock.next(m, p, rng);
         if p.until_us.is_some_and(|u| at > u) {
-            break;
+            self.made = p.requests;
+            return None;
         }
         // a row of the window: lengths and reuse as they were at this point of the span
-        let i = rows.get_mut(w).and_then(|d| d.draw(rng));
+        let i = self.rows.get_mut(w).and_then(|d| d.draw(rng));
         let row = &m.rows[i.map_or_else(|| rng.random_range(0..m.rows.len()), |i| i as usize)];
+        self.ids += u64::from(row.blocks);
+        if self.ids > MAX_HELD_IDS {
+            self.made = p.requests;
+            return Some(Err(too_many_ids()));
+        }
         let steps: Vec<Step> = row
             .steps
             .iter()
@@ -722,37 +880,110 @@ fn sample_requests(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
             .collect();
         let mut r = row.proto.clone();
         r.arrival_us = at;
-        r.hash_ids = tree.request(row.blocks, &steps);
-        out.push(r);
+        r.hash_ids = self.tree.request(row.blocks, &steps);
+        self.made += 1;
+        Some(Ok(r))
     }
-    out
 }
 
-fn sample_sessions(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
-    let mut clock = Clock::new(m);
-    // a session start gap is the request gap times the mean turns per session
-    let turns_per = m.requests as f64 / m.sessions.len() as f64;
-    let starts_only = m.windows.iter().all(|w| w.iter().all(|&g| g == 0));
-    let mut next_id = 0u64;
-    let shared: Vec<u64> = (0..u64::from(m.shared_blocks)).collect();
-    next_id += u64::from(m.shared_blocks);
-    let mut out: Vec<Request> = Vec::new();
-    let mut copy = 0u64;
-    while (out.len() as u64) < p.requests {
-        let start = if starts_only {
-            // the input gives no session start times (all at t0): Poisson starts at its rate
-            let rate = m.rate_rps / turns_per / p.gap_scale;
-            let t = clock.t_us as u64;
-            let u: f64 = rng.random_range(f64::EPSILON..1.0);
-            clock.t_us += -u.ln() * 1e6 / rate.max(1e-12);
+/// A generated session turn waiting for its arrival: ordered by arrival, then by generation.
+struct Waiting {
+    key: (u64, u64),
+    req: Request,
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, o: &Self) -> bool {
+        self.key == o.key
+    }
+}
+impl Eq for Waiting {}
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Waiting {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.key.cmp(&o.key)
+    }
+}
+
+/// Session mode: whole sessions drawn at session starts (in order); their turns wait in a heap
+/// until no session yet to start can come before them (a turn is never before its session's
+/// start), so they leave in arrival order, ties in the order made. Sessions are made until
+/// `p.requests` turns are, and the first `p.requests` by arrival written.
+struct Sessions<'m> {
+    m: &'m Model,
+    p: Plan,
+    rng: rand_chacha::ChaCha8Rng,
+    clock: Clock,
+    /// A session start gap is the request gap times the mean turns per session.
+    turns_per: f64,
+    /// The input gives no session start times (all at t0): Poisson starts at its rate.
+    starts_only: bool,
+    next_id: u64,
+    shared: Vec<u64>,
+    copy: u64,
+    made: u64,
+    written: u64,
+    /// The start of the next session, drawn; `None` once no more are made.
+    next_start: Option<u64>,
+    done: bool,
+    waiting: std::collections::BinaryHeap<std::cmp::Reverse<Waiting>>,
+    /// Hash ids of the waiting turns.
+    held: u64,
+}
+
+impl<'m> Sessions<'m> {
+    fn new(m: &'m Model, p: Plan, rng: rand_chacha::ChaCha8Rng) -> Sessions<'m> {
+        Sessions {
+            m,
+            p,
+            rng,
+            clock: Clock::new(m),
+            turns_per: m.requests as f64 / m.sessions.len() as f64,
+            starts_only: m.windows.iter().all(|w| w.iter().all(|&g| g == 0)),
+            next_id: u64::from(m.shared_blocks),
+            shared: (0..u64::from(m.shared_blocks)).collect(),
+            copy: 0,
+            made: 0,
+            written: 0,
+            next_start: None,
+            done: false,
+            waiting: Default::default(),
+            held: 0,
+        }
+    }
+
+    /// Draws the next session's start, unless enough turns are made or it is past the end.
+    fn draw_start(&mut self) {
+        if self.done || self.next_start.is_some() {
+            return;
+        }
+        if self.made >= self.p.requests {
+            self.done = true;
+            return;
+        }
+        let start = if self.starts_only {
+            let rate = self.m.rate_rps / self.turns_per / self.p.gap_scale;
+            let t = self.clock.t_us as u64;
+            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            self.clock.t_us += -u.ln() * 1e6 / rate.max(1e-12);
             t
         } else {
-            clock.next(m, p, rng).0
+            self.clock.next(self.m, &self.p, &mut self.rng).0
         };
-        if p.until_us.is_some_and(|u| start > u) {
-            break;
+        match self.p.until_us.is_some_and(|u| start > u) {
+            true => self.done = true,
+            false => self.next_start = Some(start),
         }
-        let s = &m.sessions[rng.random_range(0..m.sessions.len())];
+    }
+
+    /// A whole session from `start`, its turns put to wait.
+    fn make_session(&mut self, start: u64) {
+        let m = self.m;
+        let s = &m.sessions[self.rng.random_range(0..m.sessions.len())];
         let locals = s
             .turns
             .iter()
@@ -760,13 +991,13 @@ fn sample_sessions(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
             .filter_map(|l| l.ok())
             .max()
             .map_or(0, |x| u64::from(x) + 1);
-        let base = next_id;
-        next_id += locals;
+        let base = self.next_id;
+        self.next_id += locals;
         for (turn, t) in s.turns.iter().enumerate() {
             let mut r = t.proto.clone();
             r.arrival_us = start + t.offset_us;
             r.session = Some(Session {
-                id: format!("s{copy}"),
+                id: format!("s{}", self.copy),
                 turn: turn as u32,
                 think_us: t.think_us,
             });
@@ -775,19 +1006,48 @@ fn sample_sessions(m: &Model, p: &Plan, rng: &mut impl Rng) -> Vec<Request> {
                 .iter()
                 .map(|l| match l {
                     Ok(i) => base + u64::from(*i),
-                    Err(j) => shared[*j as usize],
+                    Err(j) => self.shared[*j as usize],
                 })
                 .collect();
-            out.push(r);
+            self.held += r.hash_ids.len() as u64;
+            let key = (r.arrival_us, self.made);
+            self.waiting
+                .push(std::cmp::Reverse(Waiting { key, req: r }));
+            self.made += 1;
         }
-        copy += 1;
+        self.copy += 1;
     }
-    out.sort_by_key(|r| r.arrival_us);
-    out.truncate(p.requests as usize);
-    if let Some(u) = p.until_us {
-        out.retain(|r| r.arrival_us <= u);
+
+    fn next(&mut self) -> Option<Result<Request, WhatIfError>> {
+        loop {
+            if self.written >= self.p.requests {
+                return None;
+            }
+            self.draw_start();
+            if self.held > MAX_HELD_IDS {
+                self.written = self.p.requests;
+                return Some(Err(too_many_ids()));
+            }
+            let due = self.waiting.peek().map(|w| w.0.key.0);
+            match (due, self.next_start) {
+                (Some(at), Some(start)) if at <= start => break,
+                (_, Some(start)) => {
+                    self.next_start = None;
+                    self.make_session(start);
+                }
+                (Some(_), None) => break,
+                (None, None) => return None,
+            }
+        }
+        let std::cmp::Reverse(w) = self.waiting.pop()?;
+        self.held -= w.req.hash_ids.len() as u64;
+        if self.p.until_us.is_some_and(|u| w.req.arrival_us > u) {
+            self.written = self.p.requests;
+            return None;
+        }
+        self.written += 1;
+        Some(Ok(w.req))
     }
-    out
 }
 
 #[cfg(test)]
@@ -874,14 +1134,17 @@ mod tests {
         };
         assert_eq!(plan(&m, &size(None, None, None)).unwrap().requests, 101);
         // arrivals at 0, 10 ms, ... 10 s; at 5 req/s every 200 ms
-        let n = |s: Size| sample(&m, &s, 1).unwrap().requests.len();
+        let n = |s: Size| sample(&m, &s, 1).unwrap().count();
         assert_eq!(n(size(None, Some(10_000_000), None)), 1001);
         assert_eq!(n(size(None, Some(10_000_000), Some(5.0))), 51);
         let p = plan(&m, &size(Some(50), Some(1_000_000), None)).unwrap();
         assert!((p.gap_scale - 2.0).abs() < 1e-9);
-        let out = sample(&m, &size(Some(400), None, None), 1).unwrap();
-        assert_eq!(out.requests.len(), 400);
+        let out: Vec<Request> = sample(&m, &size(Some(400), None, None), 1)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(out.len(), 400);
         // the input's rate is kept (its gaps are all 10 ms), so the span grows
-        assert_eq!(out.span_us(), 3_990_000);
+        assert_eq!(out[399].arrival_us - out[0].arrival_us, 3_990_000);
     }
 }

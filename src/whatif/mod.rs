@@ -8,12 +8,20 @@ pub mod fit;
 pub mod transforms;
 
 use crate::cli::SynthArgs;
-use crate::trace::import::{read_path, ImportOptions};
-use anyhow::Result;
+use crate::trace::import::ImportOptions;
+use crate::trace::rows::ImportReport;
+use crate::trace::Trace;
+use anyhow::{Context, Result};
 
 /// The longest span a synthesised trace may have (365 days): `--speedup`, `--rate` or
 /// `--duration` asking for more is refused before anything is made.
 pub const MAX_SPAN_US: u64 = 365 * 86_400_000_000;
+
+/// Most records `synth` reads (4 Mi): it holds its input in memory whole.
+pub const MAX_INPUT_REQUESTS: u64 = 1 << 22;
+/// Most hash ids those records carry together (32 Mi, 256 MiB; the fit keeps a few times that
+/// again per id, docs/synth.md).
+pub const MAX_INPUT_IDS: u64 = 1 << 25;
 
 /// Errors of `synth`'s own making (reading and writing keep theirs).
 #[derive(Debug, thiserror::Error)]
@@ -22,26 +30,39 @@ pub enum WhatIfError {
     Option(String),
     #[error("cannot fit a model: {0}")]
     Fit(String),
+    #[error("{path}: more {what} than the {max} synth holds in memory (it reads its input whole: cut it first with convert --window or --head)")]
+    TooLarge {
+        path: String,
+        what: &'static str,
+        max: u64,
+    },
 }
 
 /// Runs `synth`; returns a one-line summary for stderr.
 pub fn run(args: &SynthArgs) -> Result<String> {
-    let (trace, rep) = read_path(
-        &args.input,
-        &ImportOptions {
-            format: args.from,
-            skip_bad: args.skip_bad,
-            block_size: args.trace_block_size,
-        },
-    )?;
+    let (trace, rep) = read_input(args)?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
-    let (out, what) = match args.fit {
-        true => fitted(args, &trace)?,
-        false => transformed(args, trace)?,
+    let (out, to, level) = (&args.output, args.to, args.level);
+    let (written, what, left_out) = match args.fit {
+        true => {
+            let model = fit::fit(&trace).with_context(|| input.clone())?;
+            drop(trace);
+            let mut sample = fit::sample(&model, &fit_size(args)?, args.seed)?;
+            note_fit(&mut sample.header, args.seed, &model);
+            let header = sample.header.clone();
+            let records = sample.map(|r| r.map_err(Into::into));
+            let (n, left) = crate::convert::write_stream(header, records, out, to, level, &input)?;
+            (n, fit_summary(&model), left)
+        }
+        false => {
+            let (t, what) = transformed(args, trace)?;
+            let records = t.requests.into_iter().map(Ok);
+            let (n, left) =
+                crate::convert::write_stream(t.header, records, out, to, level, &input)?;
+            (n, what, left)
+        }
     };
-    let (written, left_out) =
-        crate::convert::write_out(&out, &args.output, args.to, args.level, &input)?;
     Ok(format!(
         "{input}: {rows_in} rows read ({} skipped), {written} written to {}{what}{left_out}",
         rep.skipped,
@@ -49,30 +70,67 @@ pub fn run(args: &SynthArgs) -> Result<String> {
     ))
 }
 
-/// `--fit`: a model of `trace`, sampled anew; and the summary's note on it.
-fn fitted(args: &SynthArgs, trace: &crate::trace::Trace) -> Result<(crate::trace::Trace, String)> {
-    let model = fit::fit(trace)?;
+/// The input whole, within [`MAX_INPUT_REQUESTS`] (counted by the reader's first pass, before
+/// any record is kept) and [`MAX_INPUT_IDS`] (counted as the records are kept).
+fn read_input(args: &SynthArgs) -> Result<(Trace, ImportReport)> {
+    let opts = ImportOptions {
+        format: args.from,
+        skip_bad: args.skip_bad,
+        block_size: args.trace_block_size,
+    };
+    let stream = crate::trace::stream::open(&args.input, &opts)?;
+    let too_large = |what, max| WhatIfError::TooLarge {
+        path: args.input.display().to_string(),
+        what,
+        max,
+    };
+    let rows = stream.report.rows;
+    if rows > MAX_INPUT_REQUESTS {
+        return Err(too_large("records", MAX_INPUT_REQUESTS).into());
+    }
+    let (header, report) = (stream.header.clone(), stream.report.clone());
+    let (mut requests, mut ids) = (Vec::with_capacity(rows as usize), 0u64);
+    for r in stream {
+        let r = r?;
+        ids += r.hash_ids.len() as u64;
+        if ids > MAX_INPUT_IDS {
+            return Err(too_large("hash ids", MAX_INPUT_IDS).into());
+        }
+        requests.push(r);
+    }
+    Ok((Trace { header, requests }, report))
+}
+
+/// `--fit`'s output size, from the flags.
+fn fit_size(args: &SynthArgs) -> Result<fit::Size, WhatIfError> {
     let duration_us = args
         .duration
         .as_deref()
         .map(crate::trace::filter::parse_duration_us)
         .transpose()
         .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
-    let size = fit::Size {
+    Ok(fit::Size {
         requests: args.requests,
         duration_us,
         rate: args.rate,
         scale_users: args.scale_users,
-    };
-    let mut t = fit::sample(&model, &size, args.seed)?;
-    let what = format!(
+    })
+}
+
+/// The summary's note on a fitted model.
+fn fit_summary(model: &fit::Model) -> String {
+    format!(
         "; fitted: {:.2} req/s, gap gamma shape {:.2}, {} sessions",
         model.rate_rps,
         model.gamma_shape,
         model.session_count()
-    );
-    let meta = &mut t.header.meta;
-    meta.insert("synth".into(), format!("fitted model, seed {}", args.seed));
+    )
+}
+
+/// What a fitted output's header says of its making.
+fn note_fit(header: &mut crate::trace::TraceHeader, seed: u64, model: &fit::Model) {
+    let meta = &mut header.meta;
+    meta.insert("synth".into(), format!("fitted model, seed {seed}"));
     meta.insert(
         "hash_ids".into(),
         "new: drawn from a counter; none is an id of the input or maps back to one".into(),
@@ -82,7 +140,6 @@ fn fitted(args: &SynthArgs, trace: &crate::trace::Trace) -> Result<(crate::trace
         "fit_gap_gamma_shape".into(),
         format!("{:.6}", model.gamma_shape),
     );
-    Ok((t, what))
 }
 
 /// AIPerf's transforms applied to `trace`; and the summary's note on what they left out.

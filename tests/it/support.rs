@@ -633,3 +633,80 @@ pub async fn stop_recorder(
         .unwrap()
         .unwrap()
 }
+
+/// Hash ids of a record of 10^7 input tokens at 16 tokens per block: the most any reader allows
+/// it (2 × blocks + 16).
+pub const RECORD_IDS: u64 = 1_250_016;
+
+/// Writes a native trace of 16-token blocks whose records carry their hash ids as runs, frame
+/// by frame without expanding any: `frames[k]` lists frame k's records as (arrival delta from
+/// the previous record of the frame in µs, runs `[start, len, ...]`), each of 10^7 input tokens.
+/// A few bytes declare millions of ids, so a small file expands to any total.
+pub fn native_of_runs(path: &Path, frames: &[Vec<(i64, Vec<u64>)>]) {
+    #[derive(serde::Serialize)]
+    struct FrameHead {
+        frame: u64,
+        n: u64,
+        first: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct Record<'a> {
+        t: i64,
+        i: u64,
+        o: u64,
+        h: &'a [u64],
+    }
+    let header = retrace::trace::TraceHeader::imported(16, true, "runs");
+    let opts = retrace::trace::native::WriteOptions::default();
+    let w = retrace::trace::native::TraceWriter::new(Vec::new(), &header, opts).unwrap();
+    let mut out = w.finish().unwrap();
+    let mut first = 0u64;
+    for (k, recs) in frames.iter().enumerate() {
+        let mut content = Vec::new();
+        let head = FrameHead {
+            frame: k as u64 + 1,
+            n: recs.len() as u64,
+            first,
+        };
+        ciborium::into_writer(&head, &mut content).unwrap();
+        for (t, h) in recs {
+            let r = Record {
+                t: *t,
+                i: 10_000_000,
+                o: 1,
+                h,
+            };
+            ciborium::into_writer(&r, &mut content).unwrap();
+        }
+        out.extend(zstd::bulk::compress(&content, 3).unwrap());
+        first += recs.len() as u64;
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// `records` records of [`RECORD_IDS`] distinct ids each in one frame, 1 µs apart: the 264-byte
+/// file that expands to 2 × 10^7 ids at 16 records.
+pub fn records_of_many_ids(path: &Path, records: u64) {
+    let recs = (0..records)
+        .map(|k| (i64::from(k > 0), vec![k * RECORD_IDS, RECORD_IDS]))
+        .collect();
+    native_of_runs(path, &[recs]);
+}
+
+/// `frames` frames each at the frame bound (26 records of [`RECORD_IDS`] distinct ids: 32.5 Mi
+/// ids of the 32 Mi allowed), their arrivals interleaved (frame f's records at f, f + frames,
+/// ...), so that a merge by arrival has every frame open at once.
+pub fn overlapping_frames_at_the_id_bound(path: &Path, frames: u64) {
+    let per_frame = retrace::trace::native::MAX_FRAME_IDS / RECORD_IDS;
+    let all: Vec<Vec<(i64, Vec<u64>)>> = (0..frames)
+        .map(|f| {
+            (0..per_frame)
+                .map(|k| {
+                    let t = if k == 0 { f as i64 } else { frames as i64 };
+                    (t, vec![(f * per_frame + k) * RECORD_IDS, RECORD_IDS])
+                })
+                .collect()
+        })
+        .collect();
+    native_of_runs(path, &all);
+}

@@ -505,3 +505,129 @@ fn speedup_and_fitted_rates_beyond_a_sane_span_are_refused() {
         assert!(!out.exists(), "{args:?} wrote {}", out.display());
     }
 }
+
+/// `retrace ARGS` under the 1 GiB address-space limit, within the hang limit: (exit code,
+/// stderr).
+fn run_limited(args: &[&str]) -> (Option<i32>, String) {
+    use super::support::{under_memory_limit, OutputWithin, CHILD_LIMIT, MEMORY_LIMIT};
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(args).env("RETRACE_LOG", "warn");
+    let o = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The records of a native file, counted by the reader's first pass.
+fn records_in(p: &Path) -> u64 {
+    retrace::trace::native::NativeStream::open(p)
+        .unwrap()
+        .report()
+        .records
+}
+
+/// synth holds its input whole: a 4 KB file whose runs declare 195 M hash ids is refused in
+/// both modes, naming the file and the budget, before more than the budget is held (it was read
+/// whole: past 1 GiB); nothing is written.
+#[test]
+fn synth_refuses_an_input_past_its_id_budget_before_holding_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::overlapping_frames_at_the_id_bound(&input, 6);
+    let out = dir.path().join("out.trace.zst");
+    let (inp, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    for fit in [false, true] {
+        let mut args = vec!["synth", inp, "-o", o];
+        args.extend(fit.then_some("--fit"));
+        let (code, err) = run_limited(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("runs.trace.zst: more hash ids than the 33554432 synth holds in memory"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.exists(), "{args:?}");
+    }
+}
+
+/// Requests of a million blocks each (two, 10^7 tokens at 16 per block) are fitted and sampled
+/// in time linear in their blocks: each new block of the tree raised every ancestor's height, a
+/// walk as long as the request, so one such request took hours.
+#[test]
+fn a_fitted_request_of_a_million_blocks_is_sampled_in_linear_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::records_of_many_ids(&input, 2);
+    let out = dir.path().join("out.trace.zst");
+    let args = [
+        "synth",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let (code, err) = run_limited(&[&args[..], &["--fit", "--level", "1"]].concat());
+    assert_eq!(code, Some(0), "{err}");
+    let t = read(&out);
+    assert_eq!(t.requests.len(), 2);
+    assert!(t.requests.iter().all(|r| r.hash_ids.len() == 1_250_016));
+}
+
+/// `synth --fit` streams what it samples to the writer, in arrival order: half a million
+/// requests (request mode) and two hundred thousand session turns are written under 1 GiB (at
+/// 4.4 KB a request kept, the first took 2.2 GB; the turns 1.2 GB).
+#[test]
+fn synth_fit_streams_large_outputs_under_1_gib() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.trace.zst");
+    for (input, n) in [
+        (conversation(), "500000"),
+        (repo("traces/kv_cache_tester_trace_0012.json"), "200000"),
+    ] {
+        let args = [
+            "synth",
+            input.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let size = ["--fit", "--requests", n, "--level", "1"];
+        let (code, err) = run_limited(&[&args[..], &size].concat());
+        assert_eq!(code, Some(0), "{n}: {err}");
+        assert!(err.contains(&format!(" {n} written to")), "{err}");
+        assert_eq!(records_in(&out).to_string(), n);
+        let s = retrace::trace::native::NativeStream::open(&out).unwrap();
+        assert_eq!(s.report().reordered, 0, "{n}: written in arrival order");
+    }
+}
+
+/// Sizes past `--fit`'s budgets are refused before sampling, naming the flag: more than 10^8
+/// requests, or more hash ids than the sampled prefix tree holds (5 M requests of 24 ids on
+/// average); nothing is written.
+#[test]
+fn fitted_sizes_past_the_budgets_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.trace.zst");
+    let input = repo("traces/mooncake_conversation_1k.jsonl");
+    let args = [
+        "synth",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    for (n, says) in [
+        ("100000001", "more than the 100000000 synth --fit writes"),
+        (
+            "5000000",
+            "more than the 67108864 the sampled prefix tree holds",
+        ),
+    ] {
+        let (code, err) = run_limited(&[&args[..], &["--fit", "--requests", n]].concat());
+        assert_eq!(code, Some(2), "{n}: {err}");
+        assert!(
+            err.contains(&format!("--requests {n}: ")) && err.contains(says),
+            "{err}"
+        );
+        assert!(!out.exists());
+    }
+}

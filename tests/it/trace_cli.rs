@@ -490,3 +490,98 @@ fn a_merge_that_fails_half_way_leaves_no_output() {
         assert!(!dir.path().join(format!("{out}.partial")).exists());
     }
 }
+
+/// `retrace ARGS` under the 1 GiB address-space limit, within the hang limit: (exit code,
+/// stdout, stderr).
+fn run_limited(args: &[&str]) -> (Option<i32>, String, String) {
+    use super::support::{under_memory_limit, CHILD_LIMIT, MEMORY_LIMIT};
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(args).env("RETRACE_LOG", "warn");
+    let o = under_memory_limit(&mut cmd, MEMORY_LIMIT)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// Six frames each at the frame bound (195 M ids in a 4 KB file), their arrivals interleaved so
+/// that the merge by arrival has all six open at once: `convert` and `replay --dry-run` read
+/// them under 1 GiB, for a reader holds one record's ids expanded (it held every open frame's,
+/// 1.5 GB here).
+#[test]
+fn overlapping_frames_at_the_id_bound_are_read_one_record_of_ids_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::overlapping_frames_at_the_id_bound(&input, 6);
+    let (inp, out) = (input.to_str().unwrap(), dir.path().join("out.trace.zst"));
+    let (code, _, err) = run_limited(&["convert", inp, "-o", out.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("156 rows read (0 skipped), 156 written"),
+        "{err}"
+    );
+    let (code, stdout, err) = run_limited(&["replay", inp, "--dry-run"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        stdout.contains("Planned requests:") && stdout.contains("156"),
+        "{stdout}"
+    );
+}
+
+/// Past the exact id set's budget `inspect` estimates in bounded memory and says so, also with
+/// `--block-size` (a piece's id is computed, never tabled: the table of 10 M pieces took more than
+/// 1 GiB); an LRU past its budget is refused naming the flag before anything is allocated.
+#[test]
+fn inspect_past_its_id_budgets_estimates_in_bounded_memory_or_refuses_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    // 8 records of 1,250,016 distinct ids: 10 M ids, past the 8 Mi held exactly
+    super::support::records_of_many_ids(&input, 8);
+    let inp = input.to_str().unwrap();
+    let (code, stdout, err) = run_limited(&["inspect", inp, "--cache-blocks", "100000"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        stdout.contains("10000128 distinct of 10000128 references"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("estimated") && stdout.contains("distinct_blocks"),
+        "{stdout}"
+    );
+    let (code, stdout, err) = run_limited(&["inspect", inp, "--block-size", "24"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("(24 tokens per block)"), "{stdout}");
+    let (code, _, err) = run_limited(&["inspect", inp, "--cache-blocks", "1000000000"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--cache-blocks 1000000000: at most 4194304 blocks"),
+        "{err}"
+    );
+}
+
+/// A Mooncake export numbers ids in memory: past 8 Mi distinct ids it is refused with a message
+/// that says so and names native output, and leaves no file (it held every id, 10 M here).
+#[test]
+fn a_mooncake_export_past_its_id_budget_is_refused_and_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("runs.trace.zst");
+    super::support::records_of_many_ids(&input, 8);
+    let out = dir.path().join("out.jsonl");
+    let (code, _, err) = run_limited(&[
+        "convert",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("more than 8388608 distinct hash ids") && err.contains(".trace.zst"),
+        "{err}"
+    );
+    assert!(err.contains("out.jsonl"), "names the output: {err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the input"
+    );
+}
