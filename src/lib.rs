@@ -1,53 +1,35 @@
 //! retrace: record, replay, compare and simulate LLM inference traffic.
 //!
-//! Module map (see ARCHITECTURE.md for the invariants):
+//! Module map, from the ground up (see ARCHITECTURE.md for the flows and the rules):
+//! - [`sys`]: operating-system helpers (sockets, receive timestamps, TLS, signals, files).
+//! - [`wire`]: wire formats, pure: HTTP/1.1 framing, SSE, OpenAI shapes, Prometheus text.
 //! - [`trace`]: the data model and on-disk formats (native `*.trace.zst`, importers, exporters,
 //!   filters, statistics); pure and synchronous.
-//! - [`sse`]: incremental SSE splitter; pure.
-//! - [`openai`]: request and stream-chunk shapes we read; pure.
-//! - [`chunkmemo`]: a stream's chunks read by comparison with the previous one (record, replay); pure.
-//! - [`h1wire`]: HTTP/1.1 heads (parse, rewrite for the next hop) and chunked framing; pure.
-//! - [`prom`]: Prometheus text exposition parser (scraping servers' `/metrics`); pure.
 //! - [`metrics`]: per-request samples → vLLM-exact statistics and HdrHistograms; pure.
-//! - [`replay`]: schedule (pure), driver (absolute deadlines), client (one request → one sample),
-//!   result file and console report.
-//! - [`synth`]: deterministic token blocks from hash ids (prompt synthesis); pure.
-//! - [`report`]: `compare` and `report`: load results/traces, significance, workload, `--fail-on`,
-//!   text/markdown/json and self-contained HTML.
-//! - [`inspect`], [`convert`]: the commands of the same names.
-//! - [`whatif`]: `synth`, what-if traces (AIPerf's transforms, a fitted model); pure but its entry.
-//! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
+//! - [`result`]: the replay result file (`retrace.replay/1`), its sidecar and its value bounds.
+//! - [`replay`]: the plan (what is sent when, with which body), the HTTP transport, the
+//!   driver (absolute deadlines) and the console report.
 //! - [`record`]: the recording proxy (`retrace record`).
-//! - [`cli`]: command-line definitions (clap); no logic.
+//! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
+//! - [`report`]: `compare`, `report` and `merge`.
+//! - [`inspect`], [`convert`], [`synth`]: the commands of the same names.
+//! - [`cli`]: command-line definitions (clap).
 //!
 //! [`run`] matches each subcommand to its module.
 
-pub mod bytescan;
-pub mod chunkmemo;
 pub mod cli;
 pub mod convert;
-pub mod fdlimit;
-pub mod fileid;
-pub mod h1wire;
 pub mod inspect;
 pub mod metrics;
 pub mod mock;
-pub mod netio;
-pub mod openai;
-pub mod partial;
-pub mod prom;
 pub mod record;
 pub mod replay;
 pub mod report;
-pub mod rxstamp;
-pub mod signal;
-pub mod sse;
+pub mod result;
 pub mod synth;
-pub mod thread_timing;
-pub mod tls;
+pub mod sys;
 pub mod trace;
-pub mod userinfo;
-pub mod whatif;
+pub mod wire;
 
 use anyhow::Context;
 use std::io::Write;
@@ -84,7 +66,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         }
         cli::Command::Synth(a) => {
             abandon_on_signal("synth", &a.output)?;
-            let msg = whatif::run(&a)?;
+            let msg = synth::run(&a)?;
             eprintln!("{msg}");
         }
         cli::Command::Compare(a) => return report::run_compare(&a),
@@ -97,12 +79,12 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// `convert` and `synth` stopped by SIGINT or SIGTERM: their partial output is removed and
-/// they exit 130 or 143 ([`signal::exit_on_signal`]).
+/// they exit 130 or 143 ([`sys::signal::exit_on_signal`]).
 fn abandon_on_signal(command: &'static str, output: &std::path::Path) -> anyhow::Result<()> {
     let out = match output.to_str() {
         Some("-") => "its output on stdout is cut short".to_string(),
         _ => format!("{} not written", output.display()),
     };
-    signal::exit_on_signal(move |s| format!("retrace {command}: {s}: stopped; {out}"))
+    sys::signal::exit_on_signal(move |s| format!("retrace {command}: {s}: stopped; {out}"))
         .context("handling SIGINT and SIGTERM")
 }

@@ -47,7 +47,7 @@ fn sample(name: &str) -> Vec<u8> {
 fn measure_chunk(data: &[u8], n: u64) -> String {
     let mut last = None;
     for _ in 0..n {
-        last = Some(retrace::openai::parse_chunk(black_box(data)));
+        last = Some(retrace::wire::openai::parse_chunk(black_box(data)));
     }
     format!("{last:?}")
 }
@@ -56,7 +56,7 @@ fn measure_chunk(data: &[u8], n: u64) -> String {
 fn measure_body(data: &[u8], n: u64) -> String {
     let mut last = None;
     for _ in 0..n {
-        last = Some(retrace::openai::parse_response_body(black_box(data)));
+        last = Some(retrace::wire::openai::parse_response_body(black_box(data)));
     }
     format!("{last:?}")
 }

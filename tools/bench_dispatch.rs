@@ -10,7 +10,7 @@
 //! Bounded: `--rounds` × 4 × `--deadlines` ms of deadlines; the hog threads stop when it ends.
 //! Usage: `cargo run --release --example bench_dispatch -- [--hogs 3] [--rounds 5] [--deadlines 2000]`
 
-use retrace::thread_timing::precise as precise_sleep_setup;
+use retrace::sys::thread_timing::precise as precise_sleep_setup;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -160,7 +160,7 @@ async fn stream_loop(
             return;
         };
         let mut b = resp.into_body();
-        let mut p = retrace::sse::SseParser::default();
+        let mut p = retrace::wire::sse::SseParser::default();
         let mut last: Option<Instant> = None;
         let mut n = 0u64;
         while let Some(f) = b.frame().await {

@@ -9,8 +9,8 @@
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
 use retrace::metrics::{summarize, Histograms, Sample, Scalars, ServerTimes};
-use retrace::replay::result::{build, RunInfo, Traffic};
 use retrace::report::{compare, html, load};
+use retrace::result::{build, RunInfo, Traffic};
 use std::path::PathBuf;
 use std::time::Instant;
 

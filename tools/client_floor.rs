@@ -9,7 +9,7 @@
 //! clock starts; a timerfd (armed for each deadline, 1 ns resolution) releases each send
 //! at the trace's offset; each readable socket gets one read, timed either by the clock after the
 //! read (`--rx-stamp read`) or by the kernel's receive timestamp of its bytes (`--rx-stamp kernel`,
-//! `retrace::rxstamp`, as `retrace replay`'s default).
+//! `retrace::sys::rxstamp`, as `retrace replay`'s default).
 //!
 //! It speaks only to `retrace mock` (or anything that writes each SSE event in its own HTTP chunk
 //! and ends the body with the zero-length chunk): an event is a `data: {` whose JSON is not the
@@ -263,7 +263,7 @@ struct Conn {
 }
 
 /// One read, and when its bytes arrived: with `kernel`, the kernel's receive stamp through
-/// `retrace::rxstamp` (what `retrace replay --rx-stamp kernel` uses), else the read's own instant.
+/// `retrace::sys::rxstamp` (what `retrace replay --rx-stamp kernel` uses), else the read's own instant.
 fn read_stamped(
     sock: &mut TcpStream,
     buf: &mut [u8],
@@ -276,7 +276,7 @@ fn read_stamped(
     // SAFETY: viewing initialised bytes as MaybeUninit is sound; the kernel writes only
     // initialised bytes into them.
     let dst = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-    retrace::rxstamp::recv(sock.as_raw_fd(), dst)
+    retrace::sys::rxstamp::recv(sock.as_raw_fd(), dst)
 }
 
 /// Arms the timerfd to fire at `when` (relative to now; at once if it is due).
@@ -320,7 +320,7 @@ fn dial(cfg: &Config) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect(cfg.target)?;
     s.set_nodelay(true)?;
     if cfg.kernel_rx {
-        retrace::rxstamp::enable(s.as_raw_fd());
+        retrace::sys::rxstamp::enable(s.as_raw_fd());
     }
     s.set_nonblocking(true)?;
     Ok(s)

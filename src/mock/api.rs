@@ -1,18 +1,18 @@
 //! The mock's HTTP API: vLLM-compatible routes and request validation, in vLLM's order (body and
 //! field types 400, model 404, prompt length 400 also when streaming; `max_tokens` beyond the
 //! context is cut silently); injected status faults come after validation. A streamed response
-//! takes the connection over ([`super::conn`], [`super::stream`]); a whole body is collected on
+//! takes the connection over ([`super::conn`], [`super::emit`]); a whole body is collected on
 //! the engine side ([`Collect`]) and sent in one piece. The JSON text is [`super::format`]'s.
 
 use super::conn::{BoxError, ConnCtx, Reply};
+use super::emit::{arm_reset, Framing, Hijack, Stream, StreamSink};
 use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Usage};
+use super::exposition::Stats;
 use super::faults::{self, FaultPlan};
 use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
-use super::prom::Stats;
-use super::stream::{arm_reset, Framing, Hijack, Stream, StreamSink};
 use super::tokenize::{self, Tokenizer};
-use crate::openai::{parse_request_value, Prompt, RequestInfo};
 use crate::trace::Endpoint;
+use crate::wire::openai::{parse_request_value, Prompt, RequestInfo};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -173,7 +173,7 @@ pub async fn handle(
         return Ok(detokenize_route(&sh, &body).unwrap_or_else(Reply::from));
     }
     // Arrival (what the mock's timings count from): when the read that completed the request
-    // got its bytes from the kernel (`crate::rxstamp`). Body parsing and tokenization that
+    // got its bytes from the kernel (`crate::sys::rxstamp`). Body parsing and tokenization that
     // follow count toward TTFT.
     let now = Instant::now();
     let arrival = direct.conn.last_rx().map_or(now, |rx| rx.min(now));
@@ -330,7 +330,7 @@ struct Gen {
 /// the JSON value path), the model, `stream_options`, then `return_token_ids`.
 fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bool), Reject> {
     let fast = (!chat)
-        .then(|| crate::openai::parse_completion_fast(body))
+        .then(|| crate::wire::openai::parse_completion_fast(body))
         .flatten();
     let (info, stream_options_set, return_token_ids) = match fast {
         Some(f) => (f.info, f.stream_options_set, Some(f.return_token_ids)),
@@ -547,7 +547,7 @@ async fn slow_headers(slow: Option<Duration>) {
 }
 
 /// A streamed completion, its request submitted with a [`Stream`] as its sink: the connection is
-/// taken over so that the events go to the socket directly ([`super::stream`]).
+/// taken over so that the events go to the socket directly ([`super::emit`]).
 async fn stream_response(
     st: Arc<Stream>,
     slow: Option<Duration>,

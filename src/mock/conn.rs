@@ -1,17 +1,17 @@
 //! One client connection: hyper serves its HTTP/1.1 requests, and a streamed completion takes the
-//! socket over so that the engine can write the stream's events directly ([`super::stream`]).
+//! socket over so that the engine can write the stream's events directly ([`super::emit`]).
 //!
 //! The take-over: the handler registers the stream ([`ConnCtx::take_over`]) and answers hyper with
 //! an empty `connection: close` response, which the connection's I/O wrapper swallows; hyper
 //! hands back the socket and the bytes it read ahead. This task then writes the real response
 //! head and runs the stream; afterwards the socket goes back to a fresh hyper connection (the
 //! read-ahead bytes replayed first) unless the client asked to close or spoke HTTP/1.0. Every
-//! read is a `recvmsg` that notes when its bytes reached the socket ([`crate::rxstamp`]), which
+//! read is a `recvmsg` that notes when its bytes reached the socket ([`crate::sys::rxstamp`]), which
 //! the handler takes as the request's arrival ([`ConnCtx::last_rx`]). This module does not
 //! format bodies or decide routes (the request handler is given to [`serve`]).
 
-use super::stream::{self, Hijack, Outcome};
-use crate::rxstamp;
+use super::emit::{self, Hijack, Outcome};
+use crate::sys::rxstamp;
 use bytes::{Buf, Bytes};
 use std::future::Future;
 use std::io;
@@ -58,7 +58,7 @@ struct Activity {
     handling: bool,
     /// The latest instant the connection finished something (a response, a blocked write).
     last: Instant,
-    /// When the bytes of the latest read reached the socket ([`crate::rxstamp`]).
+    /// When the bytes of the latest read reached the socket ([`crate::sys::rxstamp`]).
     rx: Option<Instant>,
 }
 
@@ -189,7 +189,7 @@ impl AsyncRead for ConnIo {
             self.prefix.advance(n);
             return Poll::Ready(Ok(()));
         }
-        // One `recvmsg` per read, with the kernel's receive timestamp (`crate::rxstamp`).
+        // One `recvmsg` per read, with the kernel's receive timestamp (`crate::sys::rxstamp`).
         let this = &mut *self;
         let fd = this.stream.as_raw_fd();
         loop {
@@ -361,7 +361,7 @@ pub async fn serve(
         let mut ahead_rx = ctx.last_rx();
         stream = io.stream;
         let close_after = h.close_after;
-        match stream::drive(h, &mut stream, &mut read_ahead, &mut ahead_rx).await {
+        match emit::drive(h, &mut stream, &mut read_ahead, &mut ahead_rx).await {
             Outcome::Finished if !close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;

@@ -1,12 +1,12 @@
 //! The simulated engine's emission side: a thread that runs the scheduler ([`super::sched`]) in
 //! real time, applies each request's stall and reset faults, hands every token event to its
-//! response's [`Sink`] at its due instant and keeps the engine's counters ([`super::prom`]).
+//! response's [`Sink`] at its due instant and keeps the engine's counters ([`super::exposition`]).
 //! The design (deadline wait, coalescing, writer threads, the inbox) is in docs/mock.md,
 //! "Timing design". This module does not format JSON or touch sockets.
 
 use super::cache::IdMap;
+use super::exposition::Stats;
 use super::faults::FaultPlan;
-use super::prom::Stats;
 use super::sched::{Event, SchedConfig, Scheduler};
 pub use super::sched::{Finish, SeqIn};
 use std::sync::atomic::AtomicU64;
@@ -74,7 +74,7 @@ pub struct Submit {
 }
 
 /// A response that takes each event at its due instant, on the engine thread or a writer thread
-/// (a stream, `super::stream`, formats it and hands its bytes to the socket at once).
+/// (a stream, `super::emit`, formats it and hands its bytes to the socket at once).
 pub trait Sink: Send + Sync {
     /// Takes one event; false when the client is gone (the engine then aborts the request; a
     /// sink called on a writer thread also sends `Cmd::Cancel` itself). `flush: false` when
@@ -304,7 +304,7 @@ pub fn spawn(
 /// Timed waits wake within microseconds instead of the default 50 µs slack, and a short EEVDF
 /// slice gets the thread onto a busy CPU sooner when a deadline comes; `realtime`: SCHED_FIFO.
 fn timing_thread(realtime: bool, stats: &Stats) {
-    crate::thread_timing::precise(true);
+    crate::sys::thread_timing::precise(true);
     stats.go_realtime(realtime);
 }
 

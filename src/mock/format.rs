@@ -229,7 +229,7 @@ impl Fmt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::SseParser;
+    use crate::wire::sse::SseParser;
     use serde_json::Value;
 
     fn fmt_stream(chat: bool, usage: bool, tids: bool) -> Vec<Value> {

@@ -8,18 +8,18 @@
 pub mod api;
 pub mod cache;
 pub mod conn;
+pub mod emit;
 pub mod engine;
+pub mod exposition;
 pub mod faults;
 pub mod format;
-pub mod prom;
 pub mod sched;
-pub mod stream;
 pub mod tokenize;
 
 use anyhow::{bail, Context};
 pub use conn::Timeouts;
+pub use exposition::LatenessSummary;
 pub use faults::FaultConfig;
-pub use prom::LatenessSummary;
 pub use sched::{CostModel, Profile};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -183,7 +183,7 @@ pub struct MockHandle {
     pub addr: SocketAddr,
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
-    stats: Arc<prom::Stats>,
+    stats: Arc<exposition::Stats>,
     /// The mock's own runtime: its I/O threads are not shared with the caller's tasks, so a busy
     /// client in the same process (replay) does not delay the mock's emissions.
     rt: Option<tokio::runtime::Runtime>,
@@ -238,7 +238,7 @@ pub async fn start(
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
-    let stats = Arc::new(prom::Stats::new(&cfg.model));
+    let stats = Arc::new(exposition::Stats::new(&cfg.model));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     // From here on, an error drops `h`, which stops the runtime.
     let mut h = MockHandle {
@@ -251,7 +251,7 @@ pub async fn start(
     let rt = h.rt.as_ref().expect("just set");
     // Turns the kernel's receive timestamps on while the mock runs (it does so a moment later,
     // before clients normally send); accepted sockets ask for them too (conn.rs).
-    crate::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
+    crate::sys::rxstamp::enable(std::os::fd::AsRawFd::as_raw_fd(&listener));
     let listener = {
         let _g = rt.enter();
         tokio::net::TcpListener::from_std(listener).context("cannot register the listener")?
@@ -288,7 +288,10 @@ pub async fn start(
 }
 
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
-fn runtime(cfg: &MockConfig, stats: Arc<prom::Stats>) -> anyhow::Result<tokio::runtime::Runtime> {
+fn runtime(
+    cfg: &MockConfig,
+    stats: Arc<exposition::Stats>,
+) -> anyhow::Result<tokio::runtime::Runtime> {
     let realtime = cfg.realtime;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.io_threads.max(1))
@@ -398,7 +401,7 @@ pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let stop = crate::signal::shutdown();
+        let stop = crate::sys::signal::shutdown();
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("--listen {}: cannot bind", a.listen))?;

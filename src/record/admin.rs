@@ -1,7 +1,7 @@
 //! The admin endpoint on its own listener: `GET /metrics` (Prometheus text) and `GET /healthz`
 //! (503 while the trace writer cannot write).
 
-use super::stats::Stats;
+use super::counters::Stats;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;

@@ -1,14 +1,14 @@
 //! What both engines share (`h1`, and `proxy` for HTTP/2), in the manner of pingora's
 //! `proxy_common.rs`: per-I/O-thread settings, the drain signal, header rules on header maps
-//! (the hop-by-hop list is [`crate::h1wire::is_hop_by_hop`] for raw heads too), deadlines,
+//! (the hop-by-hop list is [`crate::wire::h1::is_hop_by_hop`] for raw heads too), deadlines,
 //! failure classification and the JSON error body.
 
+use super::counters::Stats;
 use super::failure::Failure;
 use super::rawpool::RawPool;
-use super::stats::Stats;
 use super::upstream::UpstreamClient;
 use super::writer::Recorder;
-use crate::h1wire::HeadError;
+use crate::wire::h1::HeadError;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme};
 use std::sync::Arc;
@@ -22,10 +22,10 @@ use tokio::time::Instant;
 pub type Drain = watch::Receiver<Option<Instant>>;
 
 /// Largest response head accepted from the upstream, on both paths (bytes).
-pub const MAX_RESPONSE_HEAD: usize = crate::h1wire::MAX_HEAD;
+pub const MAX_RESPONSE_HEAD: usize = crate::wire::h1::MAX_HEAD;
 /// Largest request head accepted from a client, by both engines (bytes, as HTTP/1.1 writes
-/// it); a larger one, or one of more than [`crate::h1wire::MAX_HEADERS`] fields, is a 431.
-pub const MAX_REQUEST_HEAD: usize = crate::h1wire::MAX_HEAD;
+/// it); a larger one, or one of more than [`crate::wire::h1::MAX_HEADERS`] fields, is a 431.
+pub const MAX_REQUEST_HEAD: usize = crate::wire::h1::MAX_HEAD;
 /// The header list HTTP/2 connections decode (`SETTINGS_MAX_HEADER_LIST_SIZE`): room enough
 /// that a head over [`MAX_REQUEST_HEAD`] is decoded and answered 431 on its own stream (h2
 /// itself answers 431 above this; its decoder gives the connection up at several times it).
@@ -79,18 +79,18 @@ pub fn via_entry() -> HeaderValue {
     HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("1.1 retrace"))
 }
 
-/// Why a request head cannot be forwarded (the rules [`crate::h1wire`] applies to raw heads):
-/// over [`MAX_REQUEST_HEAD`] or [`crate::h1wire::MAX_HEADERS`] fields (431), two `Host` fields
+/// Why a request head cannot be forwarded (the rules [`crate::wire::h1`] applies to raw heads):
+/// over [`MAX_REQUEST_HEAD`] or [`crate::wire::h1::MAX_HEADERS`] fields (431), two `Host` fields
 /// (400), or our `Via` entry (508, a loop).
 pub fn refused(head: &http::request::Parts, via: &HeaderValue) -> Option<HeadError> {
     let h = &head.headers;
-    if h.len() > crate::h1wire::MAX_HEADERS || request_head_size(head) > MAX_REQUEST_HEAD {
+    if h.len() > crate::wire::h1::MAX_HEADERS || request_head_size(head) > MAX_REQUEST_HEAD {
         return Some(HeadError::TooLarge);
     }
     if h.get_all(header::HOST).iter().count() > 1 {
         return Some(HeadError::Malformed("more than one host header"));
     }
-    let ours = |v: &HeaderValue| crate::h1wire::via_names(v.as_bytes(), via.as_bytes());
+    let ours = |v: &HeaderValue| crate::wire::h1::via_names(v.as_bytes(), via.as_bytes());
     h.get_all(header::VIA)
         .iter()
         .any(ours)
@@ -159,7 +159,7 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 /// wins, and the next hop frames the body itself).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Most messages carry none: one pass over the names, no lookups.
-    if !h.keys().any(|n| crate::h1wire::is_hop_by_hop(n.as_str())) {
+    if !h.keys().any(|n| crate::wire::h1::is_hop_by_hop(n.as_str())) {
         return;
     }
     let named: Vec<HeaderName> = h
@@ -181,7 +181,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
         .any(|v| v.to_str().is_ok_and(|s| s.contains("trailers")));
     let hop: Vec<HeaderName> = h
         .keys()
-        .filter(|n| crate::h1wire::is_hop_by_hop(n.as_str()))
+        .filter(|n| crate::wire::h1::is_hop_by_hop(n.as_str()))
         .cloned()
         .collect();
     for n in hop {

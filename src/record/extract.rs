@@ -1,16 +1,16 @@
 //! Turns what the proxy saw of one exchange ([`Exchange`]: raw observation) into a trace record,
-//! on the writer thread: the request parsed ([`crate::openai`]), the prompt tokenized
-//! ([`super::prompt`]) and hashed, SSE events split ([`crate::sse`]) and read
-//! ([`crate::chunkmemo`]), or a non-streamed body read. The rules are in docs/record.md, "What a
+//! on the writer thread: the request parsed ([`crate::wire::openai`]), the prompt tokenized
+//! ([`super::prompt`]) and hashed, SSE events split ([`crate::wire::sse`]) and read
+//! ([`crate::wire::chunkmemo`]), or a non-streamed body read. The rules are in docs/record.md, "What a
 //! record holds". Pure: no I/O, no clock reads.
 
 use super::pastcap::Uncaptured;
 use super::prompt::{batch_len, TextTokenizer};
-use crate::chunkmemo::ChunkMemo;
-use crate::openai::{self, BodyInfo};
-use crate::sse::{RawEvent, SseError};
 use crate::trace::hash::BlockHasher;
 use crate::trace::{Endpoint, Event, PastCap, Request, Response, MAX_CHOICES};
+use crate::wire::chunkmemo::ChunkMemo;
+use crate::wire::openai::{self, BodyInfo};
+use crate::wire::sse::{RawEvent, SseError};
 use std::time::{Duration, Instant};
 
 /// A bounded capture of a body.
@@ -248,7 +248,7 @@ fn past_cap_events(
         // Read as every captured event is (one that does not parse is left out alike).
         Some((end, Some(bytes))) => {
             let at = Duration::from_micros(end);
-            let mut p = crate::sse::SseParser::new(4 << 20);
+            let mut p = crate::wire::sse::SseParser::new(4 << 20);
             p.feed_raw(bytes, |ev| on_event(at, ev, resp));
             p.finish_raw(|ev| on_event(at, ev, resp));
         }
@@ -356,7 +356,7 @@ impl Extractor {
         if is_sse {
             // Events are lent by the splitter and read through the stream's chunk template
             // (`chunkmemo`): the same answers as `parse_chunk`.
-            let mut p = crate::sse::SseParser::new(4 << 20);
+            let mut p = crate::wire::sse::SseParser::new(4 << 20);
             let mut memo = ChunkMemo::default();
             let mut by_choice = ByChoice::default();
             let mut bad_usage = None;
@@ -905,7 +905,7 @@ mod tests {
             include_bytes!("../../fixtures/vllm/chat_stream.sse"),
             include_bytes!("../../fixtures/vllm/return_token_ids_stream.sse"),
         ] {
-            let mut p = crate::sse::SseParser::default();
+            let mut p = crate::wire::sse::SseParser::default();
             p.feed(raw, |e| bodies.push(e.unwrap().data.into_bytes()));
         }
         for b in [

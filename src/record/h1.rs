@@ -1,6 +1,6 @@
 //! retrace's own HTTP/1.1 engine, for HTTP/1.1 clients of an HTTP/1.1 upstream: one task per
 //! client connection, nginx-style (docs/record.md, "Forwarding"). The task reads a request head,
-//! rewrites it ([`crate::h1wire`]), writes it to an upstream socket from this I/O thread's
+//! rewrites it ([`crate::wire::h1`]), writes it to an upstream socket from this I/O thread's
 //! [`RawPool`], then one poll loop moves bytes both ways: request body out, interim and final
 //! response heads back, then each upstream read written to the client before the next read.
 //! Body framing is followed to find each message's end; decoded payload goes to the capture.
@@ -12,8 +12,8 @@ use super::failure::Failure;
 use super::rawpool::RawPool;
 use super::tap::{lock, Pending};
 use super::tunnel;
-use crate::h1wire::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
-use crate::netio::ClientStream;
+use crate::sys::netio::ClientStream;
+use crate::wire::h1::{self, ChunkedDecoder, Framing, HeadError, RequestHead, ResponseOptions};
 use std::future::{poll_fn, Future as _};
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -206,7 +206,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 let (host, via) = (self.p.host.as_bytes(), self.p.via.as_bytes());
                 let base = &self.p.base_path;
                 if let Some(h) =
-                    h1wire::parse_request(self.cbuf.data(), host, base, via, &mut self.out)?
+                    h1::parse_request(self.cbuf.data(), host, base, via, &mut self.out)?
                 {
                     return Ok(Some(h));
                 }
@@ -511,7 +511,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
 
     /// Frames request-body bytes at the front of the client buffer (all of them unframed),
     /// noting the payload; returns how many belong to the body.
-    fn frame_request(&mut self, ex: &mut Ex) -> Result<usize, h1wire::ChunkError> {
+    fn frame_request(&mut self, ex: &mut Ex) -> Result<usize, h1::ChunkError> {
         let data = self.cbuf.data();
         let max = self.p.capture_max;
         let (k, decoded) = match &mut ex.req {
@@ -843,7 +843,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// returns whether one was complete.
     fn take_response_head(&mut self, ex: &mut Ex) -> Result<bool, Outcome> {
         let opts = ex.opts_now(&self.drain);
-        let h = match h1wire::parse_response(self.ubuf.data(), opts, &mut self.out) {
+        let h = match h1::parse_response(self.ubuf.data(), opts, &mut self.out) {
             Ok(None) => return Ok(false),
             Ok(Some(h)) => h,
             Err(HeadError::TooLarge) => {
@@ -890,7 +890,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         up: &mut ClientStream,
     ) -> Step {
         let limit = if ex.phase == Phase::Head {
-            h1wire::MAX_HEAD + 1
+            h1::MAX_HEAD + 1
         } else {
             UPSTREAM_BUF
         };
@@ -940,7 +940,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     }
 
     /// The final response head arrived (already rewritten into `out`).
-    fn on_final_head(&mut self, ex: &mut Ex, h: h1wire::ResponseHead) {
+    fn on_final_head(&mut self, ex: &mut Ex, h: h1::ResponseHead) {
         let after = ex.arrival.elapsed();
         // Bytes after a 101 head are the new protocol's: they stay in the upstream buffer for
         // the tunnel (the head has no body, so the exchange is done once the head is out).

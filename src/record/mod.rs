@@ -5,16 +5,16 @@
 pub mod admin;
 mod buf;
 pub mod common;
+pub mod counters;
 pub mod extract;
 pub mod failure;
 pub mod h1;
+pub mod h2;
 pub mod pastcap;
 pub mod prompt;
-pub mod proxy;
 pub mod rawpool;
 pub mod server;
 pub mod servertok;
-pub mod stats;
 pub mod tap;
 pub mod timing;
 pub mod tunnel;
@@ -174,8 +174,8 @@ fn read_hash_key(p: &std::path::Path) -> anyhow::Result<Vec<u8>> {
 }
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
-    crate::userinfo::refuse("--upstream", s).map_err(anyhow::Error::msg)?;
-    crate::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
+    crate::sys::userinfo::refuse("--upstream", s).map_err(anyhow::Error::msg)?;
+    crate::sys::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
         .with_context(|| format!("--upstream {s:?} is not a URL (expected http://host:port)"))?;
@@ -254,7 +254,7 @@ pub async fn run_with_admin(
     cfg: RecordConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<RecordStats> {
-    let stats = Arc::new(stats::Stats::default());
+    let stats = Arc::new(counters::Stats::default());
     let https = cfg.upstream.scheme_str() == Some("https");
     let upstream_opts = upstream::UpstreamOptions {
         connect_timeout: cfg.connect_timeout,
@@ -423,7 +423,7 @@ fn proxies(
     connector: &upstream::Connector,
     upstream_opts: &upstream::UpstreamOptions,
     recorder: &writer::Recorder,
-    stats: &Arc<stats::Stats>,
+    stats: &Arc<counters::Stats>,
     via: &http::HeaderValue,
 ) -> anyhow::Result<Vec<Arc<common::Proxy>>> {
     let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
@@ -476,7 +476,7 @@ fn proxies(
 /// writes, and its admin endpoint.
 fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) -> String {
     let at = l.local_addr().map_or("?".to_string(), |a| a.to_string());
-    let upstream = crate::userinfo::redact(&cfg.upstream.to_string());
+    let upstream = crate::sys::userinfo::redact(&cfg.upstream.to_string());
     let out = cfg.out_dir.join(format!("{}-*.trace.zst", cfg.name));
     let admin = admin.map_or(String::new(), |a| format!("; /metrics and /healthz on {a}"));
     format!(
@@ -506,7 +506,7 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
 pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
     let cfg = RecordConfig::from_args(args)?;
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
-    if let Some(n) = crate::fdlimit::raise() {
+    if let Some(n) = crate::sys::fdlimit::raise() {
         tracing::debug!("open-file limit: {n}");
     }
     // This runtime only accepts, serves the admin endpoint and closes the trace; connections are
@@ -516,7 +516,7 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .build()
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
-        let stop = crate::signal::shutdown();
+        let stop = crate::sys::signal::shutdown();
         let listener = listen(&args.listen)
             .await
             .with_context(|| format!("--listen {}: cannot listen", args.listen))?;

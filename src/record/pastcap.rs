@@ -1,11 +1,11 @@
 //! An SSE response body past the capture cap (`--capture-max`), noted without keeping it: where
-//! each event ends ([`crate::sse::EventEnds`], timed by the read that completed it, as a
+//! each event ends ([`crate::wire::sse::EventEnds`], timed by the read that completed it, as a
 //! captured event is) and the bytes of the last complete event, which the writer reads for the
 //! stream's usage and server timings. Bounded: 4 bytes of timing per event, at most as many
 //! bytes as the cap (then the count stops, said in the record), and [`TAIL_MAX`] bytes twice.
 //! Noted on the forwarding path: a byte scan and a copy of the last event, no parsing.
 
-use crate::sse::{after_last_blank_line, EventEnds};
+use crate::wire::sse::{after_last_blank_line, EventEnds};
 use std::time::Duration;
 
 /// The last event's bytes are kept up to this size (usage and timings fit many times over).

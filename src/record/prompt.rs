@@ -3,7 +3,7 @@
 //! conversation that extends an earlier one shares its block hashes (docs/record.md, "What a
 //! record holds"). Whether the ids are exact is returned, so the caller can prefer `usage`.
 
-use crate::openai::{Prompt, RequestInfo};
+use crate::wire::openai::{Prompt, RequestInfo};
 use serde_json::Value;
 
 /// How text becomes tokens.
@@ -135,8 +135,8 @@ fn approx(bytes: &[u8], out: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::parse_request;
     use crate::trace::Endpoint;
+    use crate::wire::openai::parse_request;
 
     #[test]
     fn token_ids_are_exact() {

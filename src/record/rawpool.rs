@@ -5,7 +5,7 @@
 
 use super::tap::{lock, BoxError};
 use super::upstream::Connector;
-use crate::netio::ClientStream;
+use crate::sys::netio::ClientStream;
 use http::Uri;
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -23,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 /// Builds the TLS acceptor from PEM files; errors name the flag and file.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
-    let certs = crate::tls::load_certs(cert).context("--tls-cert")?;
+    let certs = crate::sys::tls::load_certs(cert).context("--tls-cert")?;
     let key_pem = std::fs::read(key).with_context(|| format!("--tls-key {}", key.display()))?;
     let key_der = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .with_context(|| format!("--tls-key {}: not PEM", key.display()))?
@@ -287,7 +287,7 @@ where
     let clock = Arc::new(WriteClock::new(proxy.stats.clone()));
     let svc = {
         let clock = clock.clone();
-        service_fn(move |req| super::proxy::handle(proxy.clone(), req, clock.clone()))
+        service_fn(move |req| super::h2::handle(proxy.clone(), req, clock.clone()))
     };
     let io = WriteStamped::new(TokioIo::new(io), clock);
     watcher.watch(builder.serve_connection(io, svc)).await

@@ -17,7 +17,7 @@
 //! meanwhile. The requests carry no client credentials (vLLM serves `/tokenize` outside its
 //! `--api-key` check), the proxy's `Via` entry (a loop is refused as 508) and `Connection: close`.
 
-use super::stats::Stats;
+use super::counters::Stats;
 use crate::trace::hash::BlockHasher;
 use crate::trace::rows::MAX_TOKENS;
 use crate::trace::{Endpoint, InputCount, Request};
@@ -245,7 +245,7 @@ impl Target {
         let https = upstream.scheme_str() == Some("https");
         let host = upstream.host().unwrap_or("").to_string();
         let tls = https
-            .then(|| crate::tls::client_config(ca, "--upstream-ca", &[b"http/1.1"]))
+            .then(|| crate::sys::tls::client_config(ca, "--upstream-ca", &[b"http/1.1"]))
             .transpose()?;
         Ok(Target {
             port: upstream.port_u16().unwrap_or(if https { 443 } else { 80 }),
@@ -381,7 +381,7 @@ fn exchange<S: Read + Write>(
     let (status, hl, len, chunked) = parsed.ok_or("closed before an answer")?;
     let raw = &buf[hl..];
     let body = if chunked {
-        let mut d = crate::h1wire::ChunkedDecoder::new();
+        let mut d = crate::wire::h1::ChunkedDecoder::new();
         let mut out = Vec::with_capacity(raw.len());
         d.feed(raw, |a, b| out.extend_from_slice(&raw[a..b]))
             .map_err(|e| format!("answer framing: {e}"))?;

@@ -3,9 +3,9 @@
 //! invariant 1). [`ResponseTap`] also enforces the idle-gap and total timeouts. [`Pending`] is an
 //! exchange in flight, handed to the writer queue exactly once however it ends.
 
+use super::counters::Stats;
 use super::extract::{Captured, Exchange};
 use super::failure::Failure;
-use super::stats::Stats;
 use super::timing::{now_ns, WriteClock};
 use super::writer::Recorder;
 use bytes::Bytes;

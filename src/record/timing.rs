@@ -3,7 +3,7 @@
 //! `now − pending_since` when a write to the client socket completes. With HTTP/2 a write
 //! completes the connection's oldest pending chunk. Stamps are nanoseconds in relaxed atomics.
 
-use super::stats::Stats;
+use super::counters::Stats;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use std::io;
 use std::pin::Pin;

@@ -4,8 +4,8 @@
 //! drain cuts it; no idle or total timeout. [`record`] turns its end into the exchange's record.
 
 use super::buf::Buf;
+use super::counters::Stats;
 use super::failure::Failure;
-use super::stats::Stats;
 use super::tap::Pending;
 use std::future::poll_fn;
 use std::pin::Pin;

@@ -1,9 +1,9 @@
 //! Dialing the upstream (plain TCP or rustls) for both engines, and hyper-util's pooling client
 //! for the HTTP/2 one. TLS trusts `--upstream-ca` when given, else the system bundle
-//! ([`crate::tls`]); ALPN offers `h2` only with `--upstream-http2`, else `http/1.1`.
+//! ([`crate::sys::tls`]); ALPN offers `h2` only with `--upstream-http2`, else `http/1.1`.
 
 use super::tap::{BoxError, RequestTap};
-use crate::netio::ClientStream;
+use crate::sys::netio::ClientStream;
 use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
@@ -110,7 +110,7 @@ pub fn connector(o: &UpstreamOptions) -> anyhow::Result<Connector> {
     http.set_keepalive(Some(Duration::from_secs(60)));
     let tls = if o.https {
         let alpn: &[&[u8]] = if o.http2 { &[b"h2"] } else { &[b"http/1.1"] };
-        let cfg = crate::tls::client_config(o.ca.as_deref(), "--upstream-ca", alpn)?;
+        let cfg = crate::sys::tls::client_config(o.ca.as_deref(), "--upstream-ca", alpn)?;
         Some(TlsConnector::from(cfg))
     } else {
         None

@@ -4,9 +4,9 @@
 //! ([`super::extract`]), closes a frame at least every `flush_every` and rotates by size and age;
 //! recorded exchanges go back to the forwarding path for reuse ([`Recorder::exchange`]).
 
+use super::counters::Stats;
 use super::extract::{Exchange, Extractor};
 use super::servertok::{Ask, ServerTokenizer};
-use super::stats::Stats;
 use crate::trace::native::{TraceWriter, WriteOptions};
 use crate::trace::{Request, TraceHeader};
 use std::fs::File;

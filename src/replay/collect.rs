@@ -4,11 +4,11 @@
 //! inline arrays, or appended to the sidecar file when the run measures more than
 //! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
 
-use super::outcome::{self, Auxiliary, FirstError, Recorded};
-use super::result::{arrays, Row};
-use super::sidecar;
-use super::window::Tag;
 use crate::metrics::{Collector, Sample};
+use crate::replay::outcome::{self, Auxiliary, FirstError, Recorded};
+use crate::replay::plan::body::Tag;
+use crate::result::sidecar;
+use crate::result::{arrays, Row};
 use serde_json::{Map, Value};
 
 /// Where `--detailed` rows go.

@@ -1,10 +1,11 @@
 //! `retrace replay`'s validated configuration: [`Config::from_args`] checks the command line, one
 //! small parser per flag group; every error names its flag.
 
-use super::request::PromptMode;
-use super::{shaping, start, target::Timeouts};
 use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
 use crate::metrics::{self, Api};
+use crate::replay::http::request::PromptMode;
+use crate::replay::http::target::Timeouts;
+use crate::replay::plan::{shaping, start};
 use anyhow::{anyhow, bail};
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use std::io::IsTerminal;
@@ -81,9 +82,9 @@ pub struct Tuning {
     pub reader_threads: usize,
     /// `--read-batch-us`.
     pub read_batch: Duration,
-    /// The body builder's window: constants ([`super::window::LEAD`], [`super::window::MAX_BYTES`]),
+    /// The body builder's window: constants ([`crate::replay::plan::body::LEAD`], [`crate::replay::plan::body::MAX_BYTES`]),
     /// not flags; tests make it small.
-    pub window: super::window::Limits,
+    pub window: crate::replay::plan::body::Limits,
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -155,7 +156,7 @@ fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> 
 fn headers(a: &ReplayArgs) -> anyhow::Result<HeaderMap> {
     let mut headers = HeaderMap::new();
     for h in &a.header {
-        let (k, v) = super::target::parse_header(h).map_err(|e| anyhow!(e))?;
+        let (k, v) = crate::replay::http::target::parse_header(h).map_err(|e| anyhow!(e))?;
         headers.append(k, v);
     }
     if let Some(var) = &a.api_key_env {
@@ -203,7 +204,7 @@ fn check_measurement_flags(a: &ReplayArgs) -> anyhow::Result<()> {
         bail!("--server-block-size 0: must be at least 1");
     }
     if let Some(Some(u)) = &a.scrape_metrics {
-        crate::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
+        crate::sys::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
         if !u.starts_with("http://") {
             bail!("--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics");
         }

@@ -8,9 +8,9 @@
 //! the server-side TTFT breakdown (client TTFT = server queue + server TTFT + unattributed).
 //! Renders to a `String`; printing is the caller's business.
 
-use super::outcome::FirstError;
-use super::result::RunInfo;
 use crate::metrics::{percentile_label, Stats, Summary};
+use crate::replay::outcome::FirstError;
+use crate::result::RunInfo;
 use std::fmt::Write as _;
 
 // vLLM's `{:<40} {:<10}` (and `{:<10.2f}`): the value padded to 10 columns, trailing spaces
@@ -116,7 +116,7 @@ pub fn vllm_block(sum: &Summary, info: &RunInfo, probes: Option<&serde_json::Val
 
 /// vLLM's `Probe Requests` rows (only when a probe completed, as vLLM).
 fn vllm_probe_rows(out: &mut String, p: &serde_json::Value) {
-    let keys = super::result::vllm_probe_keys(p);
+    let keys = crate::result::vllm_probe_keys(p);
     let count = |k: &str| keys.get(k).and_then(serde_json::Value::as_u64);
     let Some(done) = count("probe_completed") else {
         return;
@@ -151,7 +151,7 @@ fn brief_line(out: &mut String, label: &str, [mean, median, max]: [f64; 3], p99:
 }
 
 /// The `--sessions` section: turn ordering and drift from the recorded arrivals.
-pub fn sessions_section(r: &crate::replay::sessions::SessionReport) -> String {
+pub fn sessions_section(r: &crate::replay::plan::turns::SessionReport) -> String {
     let mut out = String::new();
     rule(&mut out, "Session ordering (--sessions)", '-');
     row(&mut out, "Sessions:", r.sessions);
@@ -473,7 +473,7 @@ mod tests {
                 .to_vec(),
         };
         (sum.ttft, sum.tpot, sum.itl) = (st("ttft"), st("tpot"), st("itl"));
-        let mut info = crate::replay::result::tests::info();
+        let mut info = crate::result::tests::info();
         info.max_concurrency = Some(u("max_concurrency") as usize);
         info.traffic.request_rate = v["request_rate"].clone();
         let probes = serde_json::json!({

@@ -1,9 +1,9 @@
 //! The driver: executes a plan against absolute deadlines from a monotonic t0.
 //!
 //! A dedicated dispatcher thread walks the plan in order (each send's offset comes with its body
-//! from [`super::window`], or for `--sessions` from the links) and releases each request at
+//! from [`crate::replay::plan::body`], or for `--sessions` from the links) and releases each request at
 //! `t0 + at_ns`: it sleeps with the thread's timer slack lowered to 1 ns (Linux `prctl`) and a
-//! short EEVDF slice ([`crate::thread_timing`], unprivileged), so releases land within tens of
+//! short EEVDF slice ([`crate::sys::thread_timing`], unprivileged), so releases land within tens of
 //! microseconds instead of tokio's 1 ms timer-wheel granularity. It does not spin: a thread that
 //! sleeps keeps its scheduler credit, so with CPU hogs on every core its wake-ups still preempt
 //! them, while one that spins spends that credit and is then preempted for milliseconds
@@ -13,9 +13,9 @@
 //! the same instant reach the runtime together, see `flush`) that waits for a
 //! concurrency slot (client queue time, measured), then runs [`Client::send`]. Every request
 //! yields exactly one sample. The driver owns no policy: what to send when comes from the schedule,
-//! bodies come from [`super::window`], taken before the sleep to each deadline.
+//! bodies come from [`crate::replay::plan::body`], taken before the sleep to each deadline.
 //!
-//! With session links ([`super::sessions::Links`], `--sessions`) the dispatcher walks only the
+//! With session links ([`crate::replay::plan::turns::Links`], `--sessions`) the dispatcher walks only the
 //! roots of the plan; a dependent turn is handed to it by its predecessor's task when that ends
 //! (success or failure, or even a panic: the hand-over sits in a drop guard) with the deadline
 //! `predecessor end + think time`, and the dispatcher merges those into its walk (it waits on the
@@ -29,11 +29,11 @@
 //! flight get [`HALT_GRACE`] to end before they are cut. Each request released yields its one
 //! sample still: those not sent or cut with [`Failure::Interrupted`].
 
-use super::client::{Client, SendTimes};
-use super::sessions::Links;
-use super::window::{Body, Tag, Window};
 use crate::metrics::{Failure, Sample, Scalars};
-use crate::signal::Signal;
+use crate::replay::http::client::{Client, SendTimes};
+use crate::replay::plan::body::{Body, Tag, Window};
+use crate::replay::plan::turns::Links;
+use crate::sys::signal::Signal;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -409,7 +409,7 @@ pub async fn drive(
     let dispatcher = std::thread::Builder::new()
         .name("retrace-dispatch".into())
         .spawn(move || {
-            let short_slice = crate::thread_timing::precise(true);
+            let short_slice = crate::sys::thread_timing::precise(true);
             tracing::debug!(short_slice, "dispatcher thread set up");
             // Dependent turns handed over by their predecessor's task: (deadline ns, slot).
             let (dep_tx, dep_rx) = std_mpsc::channel::<(u64, usize)>();

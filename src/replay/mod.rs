@@ -4,10 +4,10 @@
 //! error names its flag); [`replay`] runs three stages. [`prepare`]: [`planning`] reads the trace
 //! one record at a time through the selection, shaping and schedule ([`source`]; whole for
 //! `--loop`, `--overlay` and `--sessions`) and surveys the plan,
-//! every request's [`request::head`] checked; the [`window`] builder thread reads it again and
-//! builds bodies ahead of the clock, and the [`client::Client`] opens its connections.
+//! every request's [`http::request::head`] checked; the [`window`] builder thread reads it again and
+//! builds bodies ahead of the clock, and the [`http::client::Client`] opens its connections.
 //! [`execute`]: [`driver::drive`] releases requests at absolute deadlines and
-//! [`client::Client::send`] turns each into a [`crate::metrics::Sample`], beside the optional
+//! [`http::client::Client::send`] turns each into a [`crate::metrics::Sample`], beside the optional
 //! probes and metric scrapes. [`assemble`]: [`crate::metrics::summarize`] computes vLLM-exact
 //! statistics, [`console`] renders them and [`result`] makes the result file. Without `--target`,
 //! the embedded simulated engine is started on a loopback port (see [`start_embedded_target`]).
@@ -16,40 +16,27 @@
 //! ([`driver::Halt`]): its result is what was measured, marked invalid, and it exits 130 or 143
 //! ([`on_signals`]).
 
-pub mod client;
 pub mod collect;
 pub mod config;
 pub mod console;
 pub mod driver;
-pub mod h1client;
+pub mod http;
 pub mod outcome;
-pub mod overhead;
-pub mod pool;
+pub mod plan;
 pub mod probe;
-pub mod reader;
-pub mod request;
-pub mod result;
 pub mod scrape;
-pub mod servertext;
-pub mod sessions;
-pub mod shaping;
-pub mod sidecar;
-pub mod source;
-pub mod start;
-pub mod target;
-pub mod window;
 
 pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
 use crate::cli::ReplayArgs;
 use crate::metrics;
-use crate::signal::{Signal, Signals};
-use crate::synth::{self, Synth, TextBuilder, Vocab};
+use crate::replay::plan::prompts::{self, Synth, TextBuilder, Vocab};
+use crate::sys::signal::{Signal, Signals};
 use crate::trace::fleet::open_all;
 use crate::trace::import::ImportOptions;
 use anyhow::{anyhow, Context};
+use http::request::{BodyOptions, BuiltRequest, PromptMode, Prompts};
 use hyper::header::HeaderMap;
-use request::{BodyOptions, BuiltRequest, PromptMode, Prompts};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -91,7 +78,7 @@ pub struct Outcome {
     /// No measured request succeeded (and not every one failed as recorded).
     pub all_failed: bool,
     /// `--sessions`: how the session-ordered replay went.
-    pub sessions: Option<sessions::SessionReport>,
+    pub sessions: Option<plan::turns::SessionReport>,
     /// The signal that halted the run.
     pub interrupted: Option<Signal>,
 }
@@ -119,7 +106,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Option<Outcome>> {
         dry_run(&cfg)?;
         return Ok(None);
     }
-    let fds = crate::fdlimit::raise();
+    let fds = crate::sys::fdlimit::raise();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -139,13 +126,13 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<Option<Outcome>> {
 
 /// The first SIGINT or SIGTERM halts the run ([`driver::Halt`]), which then writes its result;
 /// before the clock starts it ends the process, nothing sent and nothing written; a second
-/// signal ends it at once. No partial file is left ([`crate::partial::exit`]).
+/// signal ends it at once. No partial file is left ([`crate::sys::partial::exit`]).
 async fn on_signals(mut signals: Signals, halt: Arc<driver::Halt>) {
     let first = signals.recv().await;
     match halt.halt(first) {
         driver::Phase::Setup => {
             eprintln!("retrace: {first}: stopped before the run began; nothing written");
-            crate::partial::exit(first.exit_code());
+            crate::sys::partial::exit(first.exit_code());
         }
         driver::Phase::Running => eprintln!(
             "retrace: {first}: sending no more requests; those in flight get {} s to end, then the result is written (a second signal exits at once)",
@@ -157,7 +144,7 @@ async fn on_signals(mut signals: Signals, halt: Arc<driver::Halt>) {
     }
     let again = signals.recv().await;
     eprintln!("retrace: {again}: exiting at once; no result written");
-    crate::partial::exit(again.exit_code())
+    crate::sys::partial::exit(again.exit_code())
 }
 
 /// `--dry-run`: the planned schedule's summary, nothing sent.
@@ -177,7 +164,7 @@ fn dry_run(cfg: &Config) -> anyhow::Result<()> {
         println!("probes: {rate}/s, about {n} over the planned span (more if the run outlasts it)");
     }
     if let Some(at) = cfg.start_at {
-        println!("start at: {}", start::display(at));
+        println!("start at: {}", plan::start::display(at));
     }
     Ok(())
 }
@@ -228,13 +215,13 @@ fn embedded_cut(cfg: &Config, embedded: bool) -> Option<u64> {
         .then_some(EMBEDDED_DEFAULT_SPAN.as_nanos() as u64)
 }
 
-/// Plans a trace held whole ([`source::plan_whole`]): every send in plan order, cut for the
+/// Plans a trace held whole ([`plan::source::plan_whole`]): every send in plan order, cut for the
 /// embedded target, and what the selection left out.
 pub fn plan(
     cfg: &Config,
     trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(Vec<source::Planned>, crate::trace::select::Skipped)> {
+) -> anyhow::Result<(Vec<plan::source::Planned>, crate::trace::select::Skipped)> {
     plan_counted(cfg, trace, embedded).map(|(sends, left_out, _)| (sends, left_out))
 }
 
@@ -243,14 +230,18 @@ fn plan_counted(
     cfg: &Config,
     mut trace: crate::trace::Trace,
     embedded: bool,
-) -> anyhow::Result<(Vec<source::Planned>, crate::trace::select::Skipped, usize)> {
+) -> anyhow::Result<(
+    Vec<plan::source::Planned>,
+    crate::trace::select::Skipped,
+    usize,
+)> {
     trace.requests.sort_by_key(|r| r.arrival_us);
     let records = trace.requests.into_iter().map(Ok);
     let window = cfg.shaping.window_us;
-    let selected = source::Selected::new(records, cfg.trace_name(), cfg.select, window)?;
+    let selected = plan::source::Selected::new(records, cfg.trace_name(), cfg.select, window)?;
     let speed = cfg.speed.unwrap_or(1.0);
     let (mut sends, left_out, read) =
-        source::plan_whole(selected, trace.header, &cfg.shaping, speed)?;
+        plan::source::plan_whole(selected, trace.header, &cfg.shaping, speed)?;
     if let Some(line) = left_out.summary(read) {
         eprintln!("retrace: {line}");
     }
@@ -287,9 +278,9 @@ fn say_embedded_cut(planned: usize, total: usize) {
 
 /// The plan, surveyed before the clock, and the body builder's source for it.
 pub struct Planning {
-    pub survey: source::Survey,
-    source: source::Source,
-    pub links: Option<sessions::Links>,
+    pub survey: plan::source::Survey,
+    source: plan::source::Source,
+    pub links: Option<plan::turns::Links>,
     pub left_out: crate::trace::select::Skipped,
     /// Records read from the trace, and malformed rows skipped (`--skip-bad`).
     pub read: usize,
@@ -302,7 +293,7 @@ pub struct Planning {
 
 impl Planning {
     /// The body builder's source.
-    pub fn into_source(self) -> source::Source {
+    pub fn into_source(self) -> plan::source::Source {
         self.source
     }
 }
@@ -347,19 +338,19 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         use crate::trace::stats::{PrefixCache, PREFIX_NODES};
         PrefixCache::new(block_size, cfg.server_block_size, PREFIX_NODES)
     });
-    let mut survey = source::Survey::new(cfg.trace_name(), theory);
-    let mut check = |p: &source::Planned| survey.add(p, &opts, &prompts);
+    let mut survey = plan::source::Survey::new(cfg.trace_name(), theory);
+    let mut check = |p: &plan::source::Planned| survey.add(p, &opts, &prompts);
     let speed = cfg.speed.unwrap_or(1.0);
-    if !source::streams(&cfg.shaping, cfg.sessions) {
+    if !plan::source::streams(&cfg.shaping, cfg.sessions) {
         let (sends, left_out, read) = plan_counted(cfg, input.collect_trace()?.0, embedded)?;
         let links = match cfg.sessions {
-            true => Some(sessions::link(&sends, speed).map_err(anyhow::Error::msg)?),
+            true => Some(plan::turns::link(&sends, speed).map_err(anyhow::Error::msg)?),
             false => None,
         };
         sends.iter().try_for_each(&mut check)?;
         return Ok(Planning {
             survey,
-            source: source::from_sends(sends),
+            source: plan::source::from_sends(sends),
             links,
             left_out,
             read,
@@ -378,19 +369,19 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
             None => open_all(&cfg.trace, &read_options(cfg))?,
         };
         let window = cfg.shaping.window_us;
-        Ok(source::Selected::new(
+        Ok(plan::source::Selected::new(
             input,
             name.clone(),
             cfg.select,
             window,
         )?)
     };
-    let retimed = match source::needs_count(&cfg.shaping) {
+    let retimed = match plan::source::needs_count(&cfg.shaping) {
         true => selected()?.try_fold(0, |n, r| r.map(|_| n + 1))?,
         false => 0,
     };
     let mut stage = || -> anyhow::Result<_> {
-        Ok(source::Stage::new(
+        Ok(plan::source::Stage::new(
             selected()?,
             &cfg.shaping,
             speed,
@@ -449,12 +440,12 @@ pub async fn replay_with(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result
 /// Everything made before the clock starts.
 pub struct Prepared {
     embedded: Option<Embedded>,
-    client: Arc<client::Client>,
+    client: Arc<http::client::Client>,
     /// Planned sends.
     planned: usize,
-    links: Option<sessions::Links>,
+    links: Option<plan::turns::Links>,
     /// The body builder's window (bodies are built during the run, ahead of the clock).
-    bodies: Arc<window::Window>,
+    bodies: Arc<plan::body::Window>,
     /// Planned sends that are not side requests (`--include-aux`).
     measured: usize,
     /// The trace holds recorded responses.
@@ -470,18 +461,18 @@ pub struct Prepared {
     facts: RunFacts,
 }
 
-/// `--result-json`, opened before the run ([`crate::partial`]), so that a path that cannot be
+/// `--result-json`, opened before the run ([`crate::sys::partial`]), so that a path that cannot be
 /// written fails before anything is sent and a run that uses up its open files still has its
 /// file; a run that fails removes the partial file, and an old result stays whole.
 struct ResultFile {
-    partial: crate::partial::Partial,
+    partial: crate::sys::partial::Partial,
     file: std::fs::File,
     path: PathBuf,
 }
 
 impl ResultFile {
     fn open(path: &Path) -> anyhow::Result<ResultFile> {
-        let (partial, file) = crate::partial::Partial::create(path)
+        let (partial, file) = crate::sys::partial::Partial::create(path)
             .with_context(|| format!("--result-json {}: cannot write", path.display()))?;
         let path = path.to_path_buf();
         Ok(ResultFile {
@@ -519,8 +510,8 @@ pub struct RunFacts {
     lost: (u64, u64),
     malformed: u64,
     /// What the target's tokenizer did, when it made the text prompts.
-    target_text: Option<Arc<servertext::TargetStats>>,
-    /// How `--tokenizer`'s text prompts were fitted to the target ([`overhead::measure`]).
+    target_text: Option<Arc<plan::servertext::TargetStats>>,
+    /// How `--tokenizer`'s text prompts were fitted to the target ([`http::overhead::measure`]).
     tokenizer_fit: Option<String>,
 }
 
@@ -588,7 +579,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     // Only synthesised prompts (requests without a recorded body) are fitted to the target.
     let (overheads, tokenizer_fit) = match &prompts {
         Prompts::Text(tb) if survey.synthesised => {
-            let (o, line) = overhead::measure(&client, &model, tb).await;
+            let (o, line) = http::overhead::measure(&client, &model, tb).await;
             eprintln!("retrace: {line}");
             (o, Some(line))
         }
@@ -621,7 +612,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         hits_at: survey.theory.as_ref().map(|t| t.hits_at),
     };
     let detail = detail(cfg, survey.measured)?;
-    let bodies = window::Window::start(
+    let bodies = plan::body::Window::start(
         source,
         survey.planned,
         body_opts,
@@ -718,33 +709,33 @@ fn left_out_reason((lost, workload): (u64, u64)) -> Option<String> {
     })
 }
 
-/// Whether the target makes text prompts ([`servertext::probe`]), through connections of its
+/// Whether the target makes text prompts ([`plan::servertext::probe`]), through connections of its
 /// own (the workload's stay free for the run).
 async fn probe_target_text(
     cfg: &Config,
     url: &str,
     model: &str,
     block_size: u32,
-) -> Result<servertext::ServerText, String> {
-    let target = target::Target::parse(url, cfg.headers.clone())?;
-    let pool = pool::Pool::new(&target, cfg.target_ca.as_deref()).await?;
-    let client = Arc::new(client::Client {
+) -> Result<plan::servertext::ServerText, String> {
+    let target = http::target::Target::parse(url, cfg.headers.clone())?;
+    let pool = http::pool::Pool::new(&target, cfg.target_ca.as_deref()).await?;
+    let client = Arc::new(http::client::Client {
         pool,
         target,
         timeouts: cfg.timeouts,
     });
-    servertext::probe(client, model, block_size, cfg.seed).await
+    plan::servertext::probe(client, model, block_size, cfg.seed).await
 }
 
 /// Where `--detailed` rows go: inline, or to the sidecar beside `--result-json` (opened now, so
-/// that an unwritable path fails before the run) when more than [`sidecar::THRESHOLD`]
+/// that an unwritable path fails before the run) when more than [`crate::result::sidecar::THRESHOLD`]
 /// requests are measured.
 fn detail(cfg: &Config, measured: usize) -> anyhow::Result<collect::Detail> {
     Ok(match (&cfg.result_json, cfg.detailed) {
         (_, false) => collect::Detail::Off,
-        (Some(r), true) if measured > sidecar::THRESHOLD => {
-            let path = sidecar::path_for(r);
-            let w = sidecar::Writer::create(&path)
+        (Some(r), true) if measured > crate::result::sidecar::THRESHOLD => {
+            let path = crate::result::sidecar::path_for(r);
+            let w = crate::result::sidecar::Writer::create(&path)
                 .with_context(|| format!("--detailed: {}: cannot write", path.display()))?;
             collect::Detail::File(w)
         }
@@ -754,7 +745,7 @@ fn detail(cfg: &Config, measured: usize) -> anyhow::Result<collect::Detail> {
 
 impl Prepared {
     /// What the body builder did so far.
-    pub fn builder_stats(&self) -> &window::BuilderStats {
+    pub fn builder_stats(&self) -> &plan::body::BuilderStats {
         &self.bodies.stats
     }
 }
@@ -763,7 +754,7 @@ impl Prepared {
 async fn model(
     cfg: &Config,
     embedded: Option<&Embedded>,
-    client: &client::Client,
+    client: &http::client::Client,
 ) -> anyhow::Result<String> {
     match (&cfg.model, embedded) {
         (Some(m), _) => Ok(m.clone()),
@@ -777,10 +768,11 @@ async fn model(
 
 /// The client for `target_url`: its pool, kernel stamps and reader threads as tuned, and one
 /// connection opened to check that the target can be reached.
-async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::Client> {
-    let target = target::Target::parse(target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?;
+async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<http::client::Client> {
+    let target =
+        http::target::Target::parse(target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?;
     let t = &cfg.tuning;
-    let pool = pool::Pool::new(&target, cfg.target_ca.as_deref())
+    let pool = http::pool::Pool::new(&target, cfg.target_ca.as_deref())
         .await
         .map_err(|e| anyhow!("--target {target_url}: {e}"))?
         .with_kernel_rx(t.kernel_rx)
@@ -792,7 +784,7 @@ async fn open_client(cfg: &Config, target_url: &str) -> anyhow::Result<client::C
             e.reason()
         )
     })?;
-    Ok(client::Client {
+    Ok(http::client::Client {
         pool,
         target,
         timeouts: cfg.timeouts,
@@ -811,7 +803,7 @@ fn prompts(cfg: &Config, block_size: u32) -> anyhow::Result<Prompts> {
             all_text: cfg.prompt_mode == PromptMode::Text,
         });
     };
-    let tok = synth::load_tokenizer(p)?;
+    let tok = prompts::load_tokenizer(p)?;
     if cfg.prompt_mode == PromptMode::Text {
         let tb = TextBuilder::new(tok, block_size, cfg.seed).ok_or_else(|| {
             anyhow!("--tokenizer {}: fewer than 64 tokens decode to a plain space-led word; text prompts cannot be built exactly (use --prompt-mode token-ids)", p.display())
@@ -841,7 +833,7 @@ fn probe_bodies(
                 hash_ids: vec![base.saturating_add(k)],
                 ..Default::default()
             };
-            request::build(&r, u64::MAX - k, opts, prompts)
+            http::request::build(&r, u64::MAX - k, opts, prompts)
                 .map_err(|e| anyhow!("--probe-request-rate: building a probe: {e}"))
         })
         .collect()
@@ -865,15 +857,15 @@ async fn wait_for_start_at(cfg: &Config) {
     if let Ok(ahead) = at.duration_since(std::time::SystemTime::now()) {
         eprintln!(
             "retrace: --start-at: starting at {} (in {:.1} s)",
-            start::display(at),
+            plan::start::display(at),
             ahead.as_secs_f64()
         );
-        tokio::time::sleep(ahead.saturating_sub(start::WARM_LEAD)).await;
+        tokio::time::sleep(ahead.saturating_sub(plan::start::WARM_LEAD)).await;
     }
 }
 
 /// Opens connections before the clock starts, a bounded number at a time.
-async fn warm(cfg: &Config, client: &client::Client, planned: usize) {
+async fn warm(cfg: &Config, client: &http::client::Client, planned: usize) {
     let warm = cfg
         .tuning
         .warm_connections
@@ -1038,7 +1030,7 @@ fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
 async fn scrape_before(
     cfg: &Config,
     url: Option<&str>,
-    target: &target::Target,
+    target: &http::target::Target,
 ) -> anyhow::Result<scrape::Before> {
     let (url, headers) = match url {
         Some(u) => (u.to_string(), HeaderMap::new()),
@@ -1083,7 +1075,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     let sessions = p
         .links
         .as_ref()
-        .map(|l| sessions::report(l, &l.at_ns, held, &median_p99_and(&cfg.percentiles)));
+        .map(|l| plan::turns::report(l, &l.at_ns, held, &median_p99_and(&cfg.percentiles)));
     // Requests that failed as recorded, or were cut where the client cancelled them, are what
     // was asked, and those the halt cut are not the target's: a run of only those has not
     // failed.
@@ -1103,7 +1095,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     let mut r = result_of(cfg, p, &ran, &info, &summary);
     r.detailed = arrays.inline;
     r.requests_file = arrays.file;
-    r.sessions = sessions.as_ref().map(result::sessions_json);
+    r.sessions = sessions.as_ref().map(crate::result::sessions_json);
     let result = r.to_value();
     let file = p
         .result_file
@@ -1132,9 +1124,9 @@ fn console_report(
     cfg: &Config,
     p: &Prepared,
     ran: &Ran,
-    info: &result::RunInfo,
+    info: &crate::result::RunInfo,
     summary: &metrics::Summary,
-    sessions: Option<&sessions::SessionReport>,
+    sessions: Option<&plan::turns::SessionReport>,
     (invalid_reason, all_failed): (Option<&str>, bool),
 ) -> String {
     let firsts = &ran.collected.first_errors;
@@ -1179,22 +1171,24 @@ fn result_of(
     cfg: &Config,
     p: &Prepared,
     ran: &Ran,
-    info: &result::RunInfo,
+    info: &crate::result::RunInfo,
     summary: &metrics::Summary,
-) -> result::ReplayResult {
+) -> crate::result::ReplayResult {
     let (facts, work) = (&p.facts, &ran.collected.work);
     let n = work.requests() as usize;
-    let mut r = result::ReplayResult::new(info, summary, work.histograms(), n);
+    let mut r = crate::result::ReplayResult::new(info, summary, work.histograms(), n);
     r.server_metrics = ran.server_metrics.clone();
     r.probes = ran.probes.as_ref().map(|p| p.1.clone());
-    r.run = Some(result::RunExtras {
-        start_at: cfg.start_at.map(start::display),
+    r.run = Some(crate::result::RunExtras {
+        start_at: cfg.start_at.map(plan::start::display),
         rx_stamp: facts.rx_stamp,
-        body_readers: facts.readers.map(|(threads, batch)| result::BodyReaders {
-            threads,
-            batch_us: batch.as_micros() as u64,
-        }),
-        client_cpu: result::ClientCpu {
+        body_readers: facts
+            .readers
+            .map(|(threads, batch)| crate::result::BodyReaders {
+                threads,
+                batch_us: batch.as_micros() as u64,
+            }),
+        client_cpu: crate::result::ClientCpu {
             setup_s: ran.cpu_setup_s,
             run_s: ran.cpu_run_s,
             embedded_target: ran.embedded_target,
@@ -1202,7 +1196,7 @@ fn result_of(
         body_builder: body_builder(cfg, &p.bodies.stats),
     });
     let recorded = ran.collected.recorded.as_ref();
-    r.selected = Some(result::Selected {
+    r.selected = Some(crate::result::Selected {
         selection: serde_json::json!(facts.select),
         left_out: serde_json::json!(facts.left_out.by_name()),
         left_out_workload: serde_json::json!({
@@ -1225,10 +1219,10 @@ fn result_of(
     r
 }
 
-fn body_builder(cfg: &Config, st: &window::BuilderStats) -> result::BodyBuilder {
+fn body_builder(cfg: &Config, st: &plan::body::BuilderStats) -> crate::result::BodyBuilder {
     use std::sync::atomic::Ordering::Relaxed;
     let lead = st.min_lead_ns.load(Relaxed);
-    result::BodyBuilder {
+    crate::result::BodyBuilder {
         lead_s: cfg.tuning.window.lead.as_secs_f64(),
         window_mib: cfg.tuning.window.max_bytes as f64 / (1 << 20) as f64,
         late: st.late.load(Relaxed),
@@ -1262,8 +1256,8 @@ fn run_info(
     facts: &RunFacts,
     inexact: u64,
     invalid_reason: Option<String>,
-) -> result::RunInfo {
-    result::RunInfo {
+) -> crate::result::RunInfo {
+    crate::result::RunInfo {
         date: now_utc_compact(),
         trace: cfg.trace_name(),
         target: match cfg.target {
@@ -1274,7 +1268,7 @@ fn run_info(
         endpoint: facts.endpoint.clone(),
         tokenizer_id: cfg.tokenizer.as_ref().map(|p| p.display().to_string()),
         label: None,
-        traffic: result::Traffic::of(cfg.shaping.arrivals.as_ref()),
+        traffic: crate::result::Traffic::of(cfg.shaping.arrivals.as_ref()),
         speed: facts.speed,
         max_concurrency: cfg.max_concurrency,
         seed: cfg.seed,
@@ -1321,7 +1315,7 @@ fn fixed_t0(cfg: &Config) -> anyhow::Result<Option<std::time::Instant>> {
     match cfg.start_at {
         None => Ok(None),
         Some(at) => Ok(Some(
-            start::t0_for(at, std::time::SystemTime::now(), std::time::Instant::now())
+            plan::start::t0_for(at, std::time::SystemTime::now(), std::time::Instant::now())
                 .map_err(anyhow::Error::msg)?,
         )),
     }
@@ -1388,9 +1382,9 @@ mod tests {
         let r = dir.path().join("run.json");
         let r = r.to_str().unwrap();
         let c = cfg(&["--detailed", "--result-json", r]);
-        let over = sidecar::THRESHOLD + 1;
+        let over = crate::result::sidecar::THRESHOLD + 1;
         assert!(matches!(
-            detail(&c, sidecar::THRESHOLD),
+            detail(&c, crate::result::sidecar::THRESHOLD),
             Ok(Detail::Inline(_))
         ));
         let d = detail(&c, over).unwrap();

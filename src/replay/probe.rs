@@ -13,9 +13,9 @@
 //! the workload's precise dispatcher; their drift is reported. This module builds no bodies and
 //! does not print.
 
-use super::client::{Client, SendTimes};
-use super::request::BuiltRequest;
 use crate::metrics::{self, Failure, Sample, Scalars};
+use crate::replay::http::client::{Client, SendTimes};
+use crate::replay::http::request::BuiltRequest;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //!
 //! [`before`] GETs the URL once, before the replay opens its warm connections (retried once
 //! after a failure); [`start`] then spawns a task that GETs it at t0 + 1 s, t0 + 2 s, ... until
-//! told to stop, then once more (the "after" point). Each exposition is parsed by [`crate::prom`]
+//! told to stop, then once more (the "after" point). Each exposition is parsed by [`crate::wire::prom`]
 //! and reduced to a [`Point`] by [`read_point`] (pure) under its server [`Family`]'s names
 //! ([`FAMILIES`]: vLLM, SGLang, llama.cpp): requests running and waiting, KV-cache usage,
 //! prefix-cache hits and queries, prompt and generation tokens, the server's TTFT histogram.
@@ -15,8 +15,8 @@
 //! [`crate::trace::stats::vllm_prefix_cache`]), peaks, and the time series for the result file.
 //! A failed scrape is counted and skipped; it never fails the run. Only `http://` URLs.
 
-use super::pool::Pool;
-use crate::prom;
+use crate::replay::http::pool::Pool;
+use crate::wire::prom;
 use hyper::{HeaderMap, Uri};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -350,7 +350,11 @@ impl ScrapeTarget {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("--scrape-metrics {url:?} is not a URL: {e}"))?;
-        let target = super::target::Target::parse_as(url, HeaderMap::new(), "--scrape-metrics")?;
+        let target = crate::replay::http::target::Target::parse_as(
+            url,
+            HeaderMap::new(),
+            "--scrape-metrics",
+        )?;
         let path: Uri = uri
             .path_and_query()
             .map_or("/metrics", |p| {

@@ -548,7 +548,7 @@ fn aggregate_info(obj: &Map<String, Value>) -> BTreeMap<String, String> {
         s(&cfg["models"]["items"][0]["name"]).or_else(|| s(&cfg["endpoint"]["model_names"][0]));
     let target = s(&cfg["endpoint"]["urls"][0]).map(|u| {
         let u = u.split(['?', '#']).next().unwrap_or("");
-        crate::userinfo::redact(u)
+        crate::sys::userinfo::redact(u)
     });
     let date = obj.get("start_time").and_then(s);
     let endpoint = s(&cfg["endpoint"]["type"]);

@@ -8,12 +8,12 @@
 //! keep their vLLM key names in [`Run::scalars`]. Errors name the file and the key. This module
 //! does not compute comparisons or statistics beyond turning inputs into samples.
 
-use super::bounds;
 use super::run::add_totals;
 pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
 use crate::metrics::Histograms;
-use crate::replay::sidecar;
+use crate::result::bounds;
+use crate::result::sidecar;
 use crate::trace::{self, Trace};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -226,10 +226,10 @@ fn check_schema_and_scalars(
     is_retrace: bool,
 ) -> Result<(), LoadError> {
     let schema = obj.get("schema");
-    if is_retrace && schema.and_then(Value::as_str) != Some(crate::replay::result::SCHEMA) {
+    if is_retrace && schema.and_then(Value::as_str) != Some(crate::result::SCHEMA) {
         let found: String =
             schema.map_or_else(|| "missing".into(), |s| trace::clip(&s.to_string()).into());
-        let want = crate::replay::result::SCHEMA;
+        let want = crate::result::SCHEMA;
         return Err(key_err(
             path,
             "schema",

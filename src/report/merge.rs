@@ -12,14 +12,14 @@
 //! exactly where possible (count, mean, std, min, max) with medians/percentiles null; the output
 //! then says `merged_from_histograms: true`. Inputs must agree on `trace`, `seed`, `speed`,
 //! `endpoint_type`, `model_id` and `prompt_mode`. Each input is validated by
-//! [`super::load::from_value`] (the one reader of result files, within [`super::bounds`]); counts
+//! [`super::load::from_value`] (the one reader of result files, within [`crate::result::bounds`]); counts
 //! are summed exactly (a sum past 2^64 − 1 is refused), and the merged result passes the same
 //! reader before it is returned. This module does not read or write files; it does not merge
 //! vLLM's own result files.
 
 use super::load::{self, Requests};
 use crate::metrics::{percentile_label, Histograms, Stats};
-use crate::replay::result::put_stats;
+use crate::result::put_stats;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed` (the sidecar's list: every one is merged).
-pub use crate::replay::sidecar::ARRAYS as ARRAY_KEYS;
+pub use crate::result::sidecar::ARRAYS as ARRAY_KEYS;
 
 /// Integer counts that are summed.
 const SUM_KEYS: [&str; 7] = [
@@ -99,7 +99,7 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();
     for k in ARRAY_KEYS
         .iter()
-        .chain(&["shard", crate::replay::sidecar::KEY])
+        .chain(&["shard", crate::result::sidecar::KEY])
     {
         m.remove(*k);
     }
@@ -143,7 +143,7 @@ pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     m.retain(|k, _| !k.starts_with("probe_"));
     match merge_probes(inputs)? {
         Some(v) => {
-            m.extend(crate::replay::result::vllm_probe_keys(&v));
+            m.extend(crate::result::vllm_probe_keys(&v));
             m.insert("probes".into(), v)
         }
         None => m.remove("probes"),
@@ -166,14 +166,14 @@ fn check_inputs(inputs: &[(PathBuf, Value)]) -> Result<Vec<Option<Requests>>, Me
     let mut reqs = Vec::new();
     for (path, v) in inputs {
         let schema = v.get("schema").and_then(Value::as_str);
-        if schema != Some(crate::replay::result::SCHEMA) {
+        if schema != Some(crate::result::SCHEMA) {
             return Err(key_err(
                 path,
                 "schema",
                 format!(
                     "is {}, merge reads only {} (retrace replay --result-json)",
                     schema.map_or_else(|| "missing".to_string(), |s| format!("`{s}`")),
-                    crate::replay::result::SCHEMA
+                    crate::result::SCHEMA
                 ),
             ));
         }
@@ -722,7 +722,7 @@ fn pool_stats(m: &mut Map<String, Value>, name: &str, inputs: &[(PathBuf, Value)
 mod tests {
     use super::*;
     use crate::metrics::{summarize, Sample, Scalars};
-    use crate::replay::result::build;
+    use crate::result::build;
 
     const MS: u64 = 1_000_000;
 
@@ -758,7 +758,7 @@ mod tests {
     }
 
     fn result(samples: &[Sample], detailed: bool, duration: f64) -> Value {
-        let info = crate::replay::result::tests::info();
+        let info = crate::result::tests::info();
         let sum = summarize(samples, duration, &[50.0, 99.0]);
         build(
             &info,
@@ -909,7 +909,7 @@ mod tests {
     /// max), percentiles null; without any, no `sessions` key.
     #[test]
     fn session_reports_are_summed_and_pooled() {
-        use crate::replay::sessions::SessionReport;
+        use crate::replay::plan::turns::SessionReport;
         let drifts = [vec![0.010, 0.020], vec![0.030, 0.050, 0.040]];
         let mut inputs = shards(false);
         assert!(merge(&inputs).unwrap().get("sessions").is_none());
@@ -921,7 +921,7 @@ mod tests {
                 released_after_failure: k,
                 drift: Stats::from_seconds(&drifts[k], &[50.0, 99.0]),
             };
-            v["sessions"] = crate::replay::result::sessions_json(&r);
+            v["sessions"] = crate::result::sessions_json(&r);
         }
         let m = merge(&inputs).unwrap();
         let s = &m["sessions"];

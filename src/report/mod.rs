@@ -7,7 +7,6 @@
 //! only glues them to the command line and writes files; it computes nothing itself.
 
 pub mod aiperf;
-pub mod bounds;
 pub mod compare;
 pub mod html;
 pub mod load;
@@ -87,12 +86,12 @@ fn check_noise_runs_distinct(a: &CompareArgs) -> anyhow::Result<()> {
         ("the candidate", &a.candidate),
     ];
     for p in &a.noise {
-        let Some(id) = crate::fileid::id(p) else {
+        let Some(id) = crate::sys::fileid::id(p) else {
             continue;
         };
         if let Some((role, q)) = earlier
             .iter()
-            .find(|(_, q)| crate::fileid::id(q) == Some(id))
+            .find(|(_, q)| crate::sys::fileid::id(q) == Some(id))
         {
             anyhow::bail!(
                 "--noise {}: given twice (the same file as {role} {}): each run counts once",
@@ -129,7 +128,7 @@ pub fn write_replay_report(
 ) -> anyhow::Result<()> {
     let Some(path) = path else { return Ok(()) };
     let run = match (result.as_object(), result_json) {
-        (Some(obj), Some(rj)) if obj.contains_key(crate::replay::sidecar::KEY) => {
+        (Some(obj), Some(rj)) if obj.contains_key(crate::result::sidecar::KEY) => {
             let mut obj = obj.clone();
             load::with_sidecar(rj, &mut obj)?;
             load::from_value(path, &serde_json::Value::Object(obj))?
@@ -159,7 +158,7 @@ pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
 pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
-    if let Some((earlier, later)) = crate::fileid::first_repeat(&a.inputs) {
+    if let Some((earlier, later)) = crate::sys::fileid::first_repeat(&a.inputs) {
         return Err(merge::MergeError::Twice {
             path: a.inputs[later].display().to_string(),
             earlier: a.inputs[earlier].display().to_string(),
@@ -193,11 +192,11 @@ pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
     }
     let mut merged = merge::merge(&inputs)?;
     let rows = merged["num_prompts"].as_u64().unwrap_or(0);
-    if rows > crate::replay::sidecar::THRESHOLD as u64 && merged.get("ttfts").is_some() {
-        let path = crate::replay::sidecar::path_for(&a.output);
-        let name = crate::replay::sidecar::write_arrays(&path, &mut merged)
+    if rows > crate::result::sidecar::THRESHOLD as u64 && merged.get("ttfts").is_some() {
+        let path = crate::result::sidecar::path_for(&a.output);
+        let name = crate::result::sidecar::write_arrays(&path, &mut merged)
             .with_context(|| format!("{}: cannot write", path.display()))?;
-        merged[crate::replay::sidecar::KEY] = serde_json::json!(name);
+        merged[crate::result::sidecar::KEY] = serde_json::json!(name);
     }
     if inputs.len() > 1 && merged["target"] == "embedded-mock" {
         eprintln!(

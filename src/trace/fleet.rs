@@ -180,7 +180,7 @@ pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, 
     if let [one] = paths {
         return super::stream::open(one, opts);
     }
-    if let Some((earlier, later)) = crate::fileid::first_repeat(paths) {
+    if let Some((earlier, later)) = crate::sys::fileid::first_repeat(paths) {
         let msg = format!(
             "given twice (the same file as {}): each recording counts once",
             paths[earlier].display()

@@ -4,7 +4,7 @@
 //! the bytes to the matching importer. It does not filter or transform (see [`super::filter`]).
 
 use super::rows::ImportReport;
-use super::{azure, custom, mooncake, native, sessions, Trace, TraceError};
+use super::{agentic, azure, custom, mooncake, native, Trace, TraceError};
 use std::io::BufReader;
 use std::path::Path;
 
@@ -38,7 +38,7 @@ pub fn read_bytes(
         Format::Mooncake => mooncake::read(name, BufReader::new(data), &ro),
         Format::Azure => azure::read_azure(name, data, &ro),
         Format::Burstgpt => azure::read_burstgpt(name, data, &ro),
-        Format::Sessions => sessions::read(name, data, &ro),
+        Format::Sessions => agentic::read(name, data, &ro),
         Format::Custom => custom::read(name, data, &ro),
     }
 }

@@ -7,6 +7,7 @@
 //!
 //! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
 
+pub mod agentic;
 pub mod azure;
 pub mod custom;
 pub mod detect;
@@ -18,7 +19,6 @@ pub mod mooncake;
 pub mod native;
 pub mod rows;
 pub mod select;
-pub mod sessions;
 pub mod shape;
 pub mod stats;
 pub mod stream;
@@ -329,7 +329,7 @@ pub struct Usage {
 
 /// A response's own timing report, in milliseconds: vLLM's per-request `metrics` object
 /// (`--enable-per-request-metrics`), or llama.cpp's `timings` mapped onto the same meanings
-/// (`crate::openai`; docs/replay.md says which field maps to which).
+/// (`crate::wire::openai`; docs/replay.md says which field maps to which).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]

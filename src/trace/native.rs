@@ -1239,7 +1239,7 @@ pub fn write_file(path: &Path, trace: &Trace, opts: WriteOptions) -> Result<(), 
 }
 
 /// Writes `records` to a file as they come (via a `.partial` file renamed when complete and
-/// removed on an error, [`crate::partial`], the records' own included); returns how many were
+/// removed on an error, [`crate::sys::partial`], the records' own included); returns how many were
 /// written.
 pub fn write_file_from<R: std::borrow::Borrow<Request>, E: From<TraceError>>(
     path: &Path,
@@ -1248,7 +1248,7 @@ pub fn write_file_from<R: std::borrow::Borrow<Request>, E: From<TraceError>>(
     records: impl Iterator<Item = Result<R, E>>,
 ) -> Result<u64, E> {
     let io = |e: std::io::Error| io_err(&path.display().to_string(), e);
-    let (partial, f) = crate::partial::Partial::create(path).map_err(io)?;
+    let (partial, f) = crate::sys::partial::Partial::create(path).map_err(io)?;
     let mut w = TraceWriter::new(std::io::BufWriter::new(f), header, opts).map_err(io)?;
     for r in records {
         w.push(r?.borrow()).map_err(io)?;

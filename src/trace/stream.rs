@@ -13,7 +13,7 @@
 
 use super::detect::{self, ImportOptions};
 use super::rows::{arrival, collect_rows, origin, walk, ImportReport, ReadOptions, Rows};
-use super::{azure, custom, native, sessions, Request, Trace, TraceError, TraceHeader};
+use super::{agentic, azure, custom, native, Request, Trace, TraceError, TraceHeader};
 use std::io::{BufReader, Read};
 use std::path::Path;
 
@@ -94,7 +94,7 @@ pub fn open(path: &Path, opts: &ImportOptions) -> Result<TraceStream, TraceError
         Format::Sessions | Format::Custom => {
             let data = super::rows::read_whole(path).map_err(io)?;
             let (t, rep) = match format {
-                Format::Sessions => sessions::read(&name, &data, &ro)?,
+                Format::Sessions => agentic::read(&name, &data, &ro)?,
                 _ => custom::read(&name, &data, &ro)?,
             };
             Ok(in_memory(t, rep))

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use retrace::mock::MockConfig;
 use retrace::record::{Bodies, RecordConfig};
 use retrace::report::run::Metric;
-use retrace::sse::SseParser;
+use retrace::wire::sse::SseParser;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -422,7 +422,7 @@ proptest! {
         prop_assert!(!out_of_range, "accepted a think time out of range");
         let cfg = super::support::replay_cfg(&["s.json", "--sessions", "--speed", speed, "--target", "http://127.0.0.1:9"]);
         let Ok((plan, _)) = retrace::replay::plan(&cfg, trace, false) else { return Ok(()) };
-        let Ok(links) = retrace::replay::sessions::link(&plan, speed.parse().unwrap()) else { return Ok(()) };
+        let Ok(links) = retrace::replay::plan::turns::link(&plan, speed.parse().unwrap()) else { return Ok(()) };
         for root in (0..plan.len()).filter(|&s| links.is_root(s)) {
             let (mut t, mut s) = (plan[root].at_ns, links.succ[root]);
             while let Some(n) = s {
@@ -551,8 +551,8 @@ fn session_think_times_that_add_up_past_30_days_are_refused() {
     let cfg =
         super::support::replay_cfg(&["s.json", "--sessions", "--target", "http://127.0.0.1:9"]);
     let (plan, _) = retrace::replay::plan(&cfg, trace, false).unwrap();
-    let e = retrace::replay::sessions::link(&plan, 1.0).unwrap_err();
+    let e = retrace::replay::plan::turns::link(&plan, 1.0).unwrap_err();
     assert!(e.contains("--sessions") && e.contains("40 days"), "{e}");
-    let fast = retrace::replay::sessions::link(&plan, 2.0).unwrap();
+    let fast = retrace::replay::plan::turns::link(&plan, 2.0).unwrap();
     assert_eq!(fast.sessions, 1, "20 days at --speed 2 is within the bound");
 }

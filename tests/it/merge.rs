@@ -285,7 +285,7 @@ fn merge_refuses_foreign_or_mismatched_inputs() {
 /// `path`'s result with its per-request arrays moved to a sidecar file, written as `dir/NAME`
 /// (the same file name, another directory: the sidecar is found beside its result).
 fn with_sidecar(path: &Path, dir: &Path) -> PathBuf {
-    use retrace::replay::sidecar;
+    use retrace::result::sidecar;
     let out = dir.join(path.file_name().unwrap());
     let mut v = read(path);
     let name = sidecar::write_arrays(&sidecar::path_for(&out), &mut v).unwrap();
@@ -351,7 +351,7 @@ fn sidecar_results_read_like_inline_ones_in_compare_report_and_merge() {
     assert_eq!(inline, from_side);
 
     // damaged: a cut line, then a missing request
-    let file = retrace::replay::sidecar::path_for(&whole_s);
+    let file = retrace::result::sidecar::path_for(&whole_s);
     let text = std::fs::read_to_string(&file).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     std::fs::write(&file, format!("{}\n{}", lines[0], &lines[1][..10])).unwrap();

@@ -5,7 +5,7 @@ use crate::support;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use retrace::mock::{self, MockConfig, MockHandle};
-use retrace::sse::SseParser;
+use retrace::wire::sse::SseParser;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -737,7 +737,7 @@ fn credentials_in_urls_are_refused_without_being_shown() {
     let e =
         super::support::replay_config(&["t.jsonl", "--target", "http://user:SECRET@127.0.0.1:9/"])
             .and_then(|c| {
-                retrace::replay::target::Target::parse(
+                retrace::replay::http::target::Target::parse(
                     c.target.as_deref().unwrap_or(""),
                     Default::default(),
                 )
@@ -757,7 +757,7 @@ fn a_query_string_in_target_or_upstream_is_refused_without_being_shown() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--upstream") && !e.contains("SECRET"), "{e}");
-    let e = retrace::replay::target::Target::parse(
+    let e = retrace::replay::http::target::Target::parse(
         "http://127.0.0.1:9/?api_key=sk-SECRET",
         Default::default(),
     )

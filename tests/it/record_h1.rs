@@ -118,7 +118,7 @@ async fn read_more(s: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>) -> Optio
 
 /// Decodes a chunked body from `buf` (reading more as needed) with the library's decoder.
 async fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    let mut d = retrace::h1wire::ChunkedDecoder::new();
+    let mut d = retrace::wire::h1::ChunkedDecoder::new();
     let mut out = Vec::new();
     loop {
         let n = d.feed(buf, |a, b| out.extend_from_slice(&buf[a..b])).ok()?;
@@ -185,7 +185,7 @@ async fn read_response(
                 .header("transfer-encoding")
                 .is_some_and(|v| v.contains("chunked"))
             {
-                let mut d = retrace::h1wire::ChunkedDecoder::new();
+                let mut d = retrace::wire::h1::ChunkedDecoder::new();
                 loop {
                     let mut body = Vec::new();
                     let k = d

@@ -530,7 +530,7 @@ async fn a_tunnel_works_over_tls_on_both_hops() {
     .unwrap();
     let (up, seen) = upstream_with(Some(acc)).await;
     let client_tls = tokio_rustls::TlsConnector::from(
-        retrace::tls::client_config(Some(&repo("fixtures/tls/ca.pem")), "ca", &[b"http/1.1"])
+        retrace::sys::tls::client_config(Some(&repo("fixtures/tls/ca.pem")), "ca", &[b"http/1.1"])
             .unwrap(),
     );
     let rec = start_with(

@@ -1008,7 +1008,7 @@ async fn a_trace_far_larger_than_the_body_window_replays_with_bodies_freed() {
         "4",
     ]);
     let max_bytes = 64 << 10;
-    cfg.tuning.window = replay::window::Limits {
+    cfg.tuning.window = replay::plan::body::Limits {
         lead: Duration::from_millis(20),
         max_bytes,
     };

@@ -15,7 +15,7 @@ const LRU_BLOCKS: u64 = 10_000;
 
 fn synth(args: &[&str]) -> String {
     match cli(args).command {
-        Command::Synth(a) => retrace::whatif::run(&a).unwrap(),
+        Command::Synth(a) => retrace::synth::run(&a).unwrap(),
         _ => unreachable!(),
     }
 }

@@ -164,7 +164,7 @@ fn native_stream_equals_whole_read_on_damaged_files() {
 }
 
 /// The records, send offsets and indexes of a plan, in plan order.
-fn sends(source: retrace::replay::source::Source) -> Vec<(usize, u64, Request)> {
+fn sends(source: retrace::replay::plan::source::Source) -> Vec<(usize, u64, Request)> {
     source
         .map(|p| p.map(|p| (p.index, p.at_ns, p.record)))
         .collect::<Result<_, _>>()
@@ -175,7 +175,7 @@ fn sends(source: retrace::replay::source::Source) -> Vec<(usize, u64, Request)> 
 /// and at the same offsets: every shipped trace, under each shaping that streams.
 #[test]
 fn streamed_plans_equal_whole_trace_plans_on_every_shipped_trace() {
-    use retrace::replay::{self, source};
+    use retrace::replay::{self, plan::source};
     let flag_sets: [&[&str]; 8] = [
         &[],
         &["--window", "2s..40s"],
