@@ -425,14 +425,6 @@ fn plan(m: &Model, s: &Size) -> Result<Plan, WhatIfError> {
             size_flags(s)
         )));
     }
-    let ids = requests as f64 * m.ids_per_request;
-    if m.sessions.is_empty() && ids > MAX_HELD_IDS as f64 {
-        return Err(WhatIfError::Option(format!(
-            "{}: {requests} requests of {:.1} hash ids on average make about {ids:.0}, more than the {MAX_HELD_IDS} the sampled prefix tree holds in memory",
-            size_flags(s),
-            m.ids_per_request
-        )));
-    }
     let max_s = super::MAX_SPAN_US as f64 / 1e6;
     let span_s = match s.duration_us {
         Some(d) => d as f64 / 1e6,
@@ -483,11 +475,15 @@ fn size_flags(s: &Size) -> String {
 
 /// Most requests `synth --fit` writes (10^8).
 pub const MAX_REQUESTS: u64 = 100_000_000;
-/// Most hash ids the sampler holds (64 Mi, at most 72 bytes each: under 5 GiB): every block
-/// access of the generated prefix tree (request mode), or the ids of the turns of sessions in
-/// flight (session mode). A size expected to pass it is refused before sampling; one that
-/// passes it anyway ends the output with an error.
-pub const MAX_HELD_IDS: u64 = 1 << 26;
+/// Most hash ids of the turns of sessions in flight the sampler holds (session mode; 16 Mi, 128
+/// MiB of ids); a sample that passes it ends the output with an error.
+pub const MAX_HELD_IDS: u64 = 1 << 24;
+
+/// Most block accesses one generated prefix tree records (request mode; 4 Mi, at most about
+/// 80 bytes each). A request that would pass it starts a new tree with fresh ids, as a cache
+/// emptied: only reuse across that cut is lost, and a reuse distance past 4 Mi blocks is past
+/// every real KV cache.
+pub const MAX_TREE_ACCESSES: u64 = 1 << 22;
 
 /// A sampled trace: its header, and its requests made one at a time in arrival order (nothing
 /// else kept but the generated prefix tree, or the turns of the sessions in flight).
@@ -829,8 +825,11 @@ struct Requests<'m> {
     clock: Clock,
     rows: Vec<Deck<u32>>,
     tree: Tree,
+    /// Most block accesses of one tree ([`MAX_TREE_ACCESSES`]).
+    tree_cap: u64,
+    /// The ids of the trees before this one: this tree's ids start after them.
+    base: u64,
     made: u64,
-    ids: u64,
 }
 
 impl<'m> Requests<'m> {
@@ -847,8 +846,9 @@ impl<'m> Requests<'m> {
             clock: Clock::new(m),
             rows,
             tree: Tree::default(),
+            tree_cap: MAX_TREE_ACCESSES,
+            base: 0,
             made: 0,
-            ids: 0,
         }
     }
 
@@ -865,10 +865,9 @@ impl<'m> Requests<'m> {
         // a row of the window: lengths and reuse as they were at this point of the span
         let i = self.rows.get_mut(w).and_then(|d| d.draw(rng));
         let row = &m.rows[i.map_or_else(|| rng.random_range(0..m.rows.len()), |i| i as usize)];
-        self.ids += u64::from(row.blocks);
-        if self.ids > MAX_HELD_IDS {
-            self.made = p.requests;
-            return Some(Err(too_many_ids()));
+        if self.tree.rec.now > 0 && self.tree.rec.now + u64::from(row.blocks) > self.tree_cap {
+            self.base += self.tree.nodes.len() as u64;
+            self.tree = Tree::default();
         }
         let steps: Vec<Step> = row
             .steps
@@ -880,7 +879,10 @@ impl<'m> Requests<'m> {
             .collect();
         let mut r = row.proto.clone();
         r.arrival_us = at;
-        r.hash_ids = self.tree.request(row.blocks, &steps);
+        let base = self.base;
+        r.hash_ids = (self.tree.request(row.blocks, &steps).into_iter())
+            .map(|id| base + id)
+            .collect();
         self.made += 1;
         Some(Ok(r))
     }
@@ -1146,5 +1148,43 @@ mod tests {
         assert_eq!(out.len(), 400);
         // the input's rate is kept (its gaps are all 10 ms), so the span grows
         assert_eq!(out[399].arrival_us - out[0].arrival_us, 3_990_000);
+    }
+
+    #[test]
+    fn a_tree_past_its_cap_starts_anew_with_fresh_ids() {
+        // every request shares the first two blocks of the one before it
+        let t = Trace {
+            header: TraceHeader::imported(16, true, "t"),
+            requests: (0..40)
+                .map(|i| req(i * 1000, 64, &[0, 1, 100 + 2 * i, 101 + 2 * i]))
+                .collect(),
+        };
+        let m = fit(&t).unwrap();
+        let size = Size {
+            requests: Some(200),
+            duration_us: None,
+            rate: None,
+            scale_users: 1.0,
+        };
+        let rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let mut s = Requests::new(&m, plan(&m, &size).unwrap(), rng);
+        s.tree_cap = 40;
+        let (mut cuts, mut seen_before_cut) = (0, std::collections::HashSet::new());
+        let mut this_tree = std::collections::HashSet::new();
+        let mut base = 0;
+        while let Some(r) = s.next() {
+            let r = r.unwrap();
+            assert!(s.tree.rec.now <= 40, "{} accesses held", s.tree.rec.now);
+            if s.base != base {
+                cuts += 1;
+                base = s.base;
+                seen_before_cut.extend(this_tree.drain());
+            }
+            assert!(r.hash_ids.iter().all(|h| !seen_before_cut.contains(h)));
+            this_tree.extend(r.hash_ids.iter().copied());
+        }
+        assert!(cuts >= 10, "{cuts} cuts");
+        // reuse goes on within each tree
+        assert!(this_tree.len() < 40);
     }
 }
