@@ -32,7 +32,7 @@ pub enum Api {
 
 /// vLLM's timing rules for one stream, applied incrementally. Times are ns offsets on one clock.
 #[derive(Debug, Clone)]
-pub struct StreamClock {
+pub(crate) struct StreamClock {
     api: Api,
     send_ns: u64,
     first_ns: Option<u64>,
@@ -43,7 +43,7 @@ pub struct StreamClock {
 }
 
 impl StreamClock {
-    pub fn new(api: Api, send_ns: u64) -> StreamClock {
+    pub(crate) fn new(api: Api, send_ns: u64) -> StreamClock {
         StreamClock {
             api,
             send_ns,
@@ -57,7 +57,13 @@ impl StreamClock {
 
     /// One SSE message (not `[DONE]`) that arrived at `at_ns`: whether its `choices` array was
     /// non-empty, how many tokens it carried, and its `usage.completion_tokens` if any.
-    pub fn on_message(&mut self, at_ns: u64, has_choices: bool, tokens: u32, usage: Option<u64>) {
+    pub(crate) fn on_message(
+        &mut self,
+        at_ns: u64,
+        has_choices: bool,
+        tokens: u32,
+        usage: Option<u64>,
+    ) {
         self.chunk_tokens += u64::from(tokens);
         if has_choices {
             match self.first_ns {
@@ -84,36 +90,33 @@ impl StreamClock {
     }
 
     /// TTFT from the send time, once a content message arrived.
-    pub fn ttft_ns(&self) -> Option<u64> {
+    pub(crate) fn ttft_ns(&self) -> Option<u64> {
         self.first_ns.map(|f| f.saturating_sub(self.send_ns))
     }
 
-    /// Arrival of the first content message.
-    pub fn first_ns(&self) -> Option<u64> {
-        self.first_ns
-    }
-
     /// E2EL from the send time (see the module docs for which message ends it).
-    pub fn e2el_ns(&self) -> Option<u64> {
+    pub(crate) fn e2el_ns(&self) -> Option<u64> {
         self.first_ns?;
         self.recent_ns.map(|r| r.saturating_sub(self.send_ns))
     }
 
-    pub fn itls_ns(&self) -> &[u64] {
+    #[cfg(test)]
+    pub(crate) fn itls_ns(&self) -> &[u64] {
         &self.itls_ns
     }
 
-    pub fn into_itls(self) -> Vec<u64> {
+    pub(crate) fn into_itls(self) -> Vec<u64> {
         self.itls_ns
     }
 
     /// Output tokens: the usage chunk's `completion_tokens`, else the tokens counted in chunks.
-    pub fn output_tokens(&self) -> u64 {
+    pub(crate) fn output_tokens(&self) -> u64 {
         self.usage_tokens.unwrap_or(self.chunk_tokens)
     }
 
     /// Whether the count came from the server's usage chunk.
-    pub fn has_usage(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_usage(&self) -> bool {
         self.usage_tokens.is_some()
     }
 }
@@ -131,22 +134,22 @@ pub struct ServerTimes {
 
 /// Client TTFT − server queue − server TTFT (any one unit): the time neither server figure
 /// covers. A server that reports no queue time (llama.cpp) has its queue wait in it.
-pub fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: f64) -> f64 {
+pub(crate) fn unattributed(client_ttft: f64, queue: Option<f64>, server_ttft: f64) -> f64 {
     client_ttft - queue.unwrap_or(0.0) - server_ttft
 }
 
 /// The per-request prefix-cache hits the server reported (`cached_tokens`), over the requests
 /// that reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct ServerCache {
-    pub requests: u64,
-    pub cached_tokens: u64,
+pub(crate) struct ServerCache {
+    pub(crate) requests: u64,
+    pub(crate) cached_tokens: u64,
     /// Their prompt tokens (the server's count where it said, else what was sent).
-    pub prompt_tokens: u64,
+    pub(crate) prompt_tokens: u64,
 }
 
 impl ServerCache {
-    pub fn hit_rate(&self) -> Option<f64> {
+    pub(crate) fn hit_rate(&self) -> Option<f64> {
         (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
     }
 }
@@ -186,7 +189,7 @@ impl Failure {
     /// The wire name: `http_503`, `connect`, `reset`, `malformed_stream`, `stream_error`,
     /// `no_content`, `timeout_idle`, `timeout_total`, `local`, `cancelled_as_recorded`,
     /// `interrupted`.
-    pub fn as_str(&self) -> std::borrow::Cow<'static, str> {
+    pub(crate) fn as_str(&self) -> std::borrow::Cow<'static, str> {
         std::borrow::Cow::Borrowed(match self {
             Failure::Http(status) => return format!("http_{status}").into(),
             Failure::Connect => "connect",
@@ -266,14 +269,14 @@ pub struct Scalars {
 }
 
 impl Scalars {
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.error.is_none() && self.ttft_ns.is_some()
     }
     /// Send drift: how late the request was actually sent, less the time it waited for a
     /// concurrency slot (sent − slot wait − intended; negative = early). It is the dispatcher's
     /// lateness plus the hand-over to the request's task and the request's serialisation. A
     /// request that failed before it was sent counts its dispatch drift.
-    pub fn drift_ns(&self) -> i64 {
+    pub(crate) fn drift_ns(&self) -> i64 {
         if self.sent_ns >= self.dispatched_ns && self.sent_ns > 0 {
             self.sent_ns.saturating_sub(self.slot_wait_ns) as i64 - self.intended_ns as i64
         } else {
@@ -281,27 +284,27 @@ impl Scalars {
         }
     }
     /// The dispatcher's own lateness: release − intended.
-    pub fn dispatch_drift_ns(&self) -> i64 {
+    pub(crate) fn dispatch_drift_ns(&self) -> i64 {
         self.dispatched_ns as i64 - self.intended_ns as i64
     }
     /// Client queue: time waiting for a concurrency slot.
-    pub fn client_queue_ns(&self) -> u64 {
+    pub(crate) fn client_queue_ns(&self) -> u64 {
         self.slot_wait_ns
     }
     /// TPOT in seconds, per vLLM (only when more than one output token).
-    pub fn tpot_s(&self) -> Option<f64> {
+    pub(crate) fn tpot_s(&self) -> Option<f64> {
         let (t, e) = (self.ttft_ns?, self.e2el_ns?);
         (self.output_tokens > 1)
             .then(|| (ns_to_s(e) - ns_to_s(t)) / (self.output_tokens - 1) as f64)
     }
 }
 
-pub fn ns_to_s(ns: u64) -> f64 {
+pub(crate) fn ns_to_s(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
 /// numpy's pairwise summation (`np.add.reduce` over a contiguous float64 array).
-pub fn np_sum(a: &[f64]) -> f64 {
+pub(crate) fn np_sum(a: &[f64]) -> f64 {
     const BLOCK: usize = 128;
     let n = a.len();
     if n < 8 {
@@ -334,7 +337,7 @@ pub fn np_sum(a: &[f64]) -> f64 {
 }
 
 /// `np.mean` (0 for an empty slice, as vLLM's `np.mean(x or 0)`).
-pub fn np_mean(a: &[f64]) -> f64 {
+pub(crate) fn np_mean(a: &[f64]) -> f64 {
     if a.is_empty() {
         return 0.0;
     }
@@ -342,7 +345,7 @@ pub fn np_mean(a: &[f64]) -> f64 {
 }
 
 /// `np.std` (population).
-pub fn np_std(a: &[f64]) -> f64 {
+pub(crate) fn np_std(a: &[f64]) -> f64 {
     if a.is_empty() {
         return 0.0;
     }
@@ -358,7 +361,7 @@ pub fn np_std(a: &[f64]) -> f64 {
 }
 
 /// `np.percentile(a, p)` with the default linear method, on an already sorted slice.
-pub fn np_percentile_sorted(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn np_percentile_sorted(sorted: &[f64], p: f64) -> f64 {
     let n = sorted.len();
     if n == 0 {
         return 0.0;
@@ -387,7 +390,7 @@ pub fn np_percentile_sorted(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// `np.median`.
-pub fn np_median_sorted(sorted: &[f64]) -> f64 {
+pub(crate) fn np_median_sorted(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     match n {
         0 => 0.0,
@@ -401,18 +404,18 @@ pub fn np_median_sorted(sorted: &[f64]) -> f64 {
 pub struct Stats {
     pub count: usize,
     pub mean: f64,
-    pub median: f64,
-    pub std: f64,
+    pub(crate) median: f64,
+    pub(crate) std: f64,
     pub min: f64,
     pub max: f64,
     /// (percentile, value) in the order asked.
-    pub percentiles: Vec<(f64, f64)>,
+    pub(crate) percentiles: Vec<(f64, f64)>,
 }
 
 impl Stats {
     /// As `{count, mean_ms, median_ms, std_ms, min_ms, max_ms, pP_ms}` (the result file's
     /// sessions and probes sections).
-    pub fn to_json_ms(&self) -> serde_json::Value {
+    pub(crate) fn to_json_ms(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
         m.insert("count".into(), self.count.into());
         for (k, v) in [
@@ -434,7 +437,7 @@ impl Stats {
     }
 
     /// From samples in seconds (vLLM computes in seconds and scales to ms afterwards).
-    pub fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
+    pub(crate) fn from_seconds(values: &[f64], percentiles: &[f64]) -> Stats {
         let mut sorted = values.to_vec();
         // Values equal under total_cmp are the same bits, so an unstable sort gives the same.
         sorted.sort_unstable_by(f64::total_cmp);
@@ -453,7 +456,7 @@ impl Stats {
     }
 
     /// From a histogram of values `per_ms` to the ms (1000 for µs), to its 3 significant digits.
-    pub fn from_histogram(h: &Histogram<u64>, per_ms: f64, percentiles: &[f64]) -> Stats {
+    pub(crate) fn from_histogram(h: &Histogram<u64>, per_ms: f64, percentiles: &[f64]) -> Stats {
         let ms = |v: f64| v / per_ms;
         let q = |x: f64| match h.is_empty() {
             true => 0.0,
@@ -474,7 +477,7 @@ impl Stats {
         }
     }
 
-    pub fn percentile(&self, p: f64) -> Option<f64> {
+    pub(crate) fn percentile(&self, p: f64) -> Option<f64> {
         self.percentiles
             .iter()
             .find(|(q, _)| *q == p)
@@ -483,7 +486,7 @@ impl Stats {
 }
 
 /// How vLLM names a percentile in keys and labels: `99`, `99.9`.
-pub fn percentile_label(p: f64) -> String {
+pub(crate) fn percentile_label(p: f64) -> String {
     if p.fract() == 0.0 {
         format!("{}", p as i64)
     } else {
@@ -500,16 +503,16 @@ pub struct Summary {
     pub total_input_tokens: u64,
     pub total_output_tokens: u64,
     pub request_throughput: f64,
-    pub output_throughput: f64,
-    pub total_token_throughput: f64,
+    pub(crate) output_throughput: f64,
+    pub(crate) total_token_throughput: f64,
     /// Successful requests meeting every SLO (the collector's `Slo`), per second; `None` when no
     /// SLO was given.
     pub request_goodput: Option<f64>,
     /// vLLM's `max_concurrent_requests`: successful requests active in the busiest whole second
     /// (`Collector::per_second_peaks`).
-    pub max_concurrent_requests: u64,
+    pub(crate) max_concurrent_requests: u64,
     /// vLLM's `max_output_tokens_per_s`: content messages in the busiest whole second.
-    pub max_output_tokens_per_s: f64,
+    pub(crate) max_output_tokens_per_s: f64,
     /// Peak requests in flight at one instant (sent, not finished; failures included).
     pub peak_in_flight: u64,
     pub ttft: Stats,
@@ -518,11 +521,11 @@ pub struct Summary {
     pub e2el: Stats,
     /// Successful requests answered whole, not streamed (in the counts and throughputs, not in
     /// TTFT, TPOT, ITL or E2EL: [`Scalars::non_streamed`]), and their E2EL.
-    pub non_streamed: u64,
-    pub non_streamed_e2el: Stats,
+    pub(crate) non_streamed: u64,
+    pub(crate) non_streamed_e2el: Stats,
     /// TTFT and E2EL measured from the intended send time (free of coordinated omission).
     pub ttft_from_intended: Stats,
-    pub e2el_from_intended: Stats,
+    pub(crate) e2el_from_intended: Stats,
     /// Send drift ([`Scalars::drift_ns`]) of every request; negative = early.
     pub drift: Stats,
     /// The dispatcher's part of it (released − intended) of every request.
@@ -536,27 +539,27 @@ pub struct Summary {
     /// [`unattributed`], for requests with a server TTFT.
     pub unattributed: Stats,
     /// `None` when no request reported cached tokens.
-    pub server_cache: Option<ServerCache>,
+    pub(crate) server_cache: Option<ServerCache>,
     /// Failures by kind.
     pub errors: BTreeMap<String, u64>,
     /// The run held more ITL values than [`ITL_BOUND`]: `itl` is from the HdrHistogram and
     /// `max_output_tokens_per_s` counts whole seconds of the run clock.
-    pub itl_from_histogram: bool,
+    pub(crate) itl_from_histogram: bool,
     /// The run measured more requests than [`SCALAR_BOUND`]: every statistic but the counts
     /// and totals is from running aggregates (mean, std, min and max exact by running sums,
     /// median and percentiles from HdrHistograms), and the peaks count buckets of the run clock
     /// (docs/replay.md#memory). Implies `itl_from_histogram`.
-    pub scalars_from_histogram: bool,
+    pub(crate) scalars_from_histogram: bool,
 }
 
 /// How many ITL values a run keeps exactly (8 bytes each, at most 128 MiB): beyond them the ITL
 /// statistics come from the `itl_us` HdrHistogram ([`Collector::itl_from_histogram`]).
-pub const ITL_BOUND: usize = 16 << 20;
+pub(crate) const ITL_BOUND: usize = 16 << 20;
 
 /// How many requests a run keeps exactly (their [`Scalars`] and ITL index, 176 bytes each, at
 /// most 352 MiB): beyond them every statistic comes from running aggregates
 /// ([`Collector::scalars_from_histogram`], docs/replay.md#memory).
-pub const SCALAR_BOUND: usize = 2 << 20;
+pub(crate) const SCALAR_BOUND: usize = 2 << 20;
 
 /// The latest second of the run clock the token peak counts (48 days; a run is at most 30).
 const MAX_SECOND: u64 = 1 << 22;
@@ -736,6 +739,7 @@ impl Overlaps {
         max
     }
 
+    #[cfg(test)]
     fn bytes(&self) -> usize {
         (self.starts.capacity() + self.ends.capacity()) * std::mem::size_of::<u32>()
     }
@@ -867,7 +871,7 @@ impl Held {
 /// statistics see requests in schedule order as vLLM does) and ITL values, from which the
 /// statistics are then computed exactly.
 #[derive(Debug, Clone)]
-pub struct Collector {
+pub(crate) struct Collector {
     held: Option<Held>,
     itl_bound: usize,
     scalar_bound: usize,
@@ -880,7 +884,7 @@ pub struct Collector {
 impl Collector {
     /// Keeping at most `itl_bound` ITL values and requests below index `scalar_bound`
     /// exactly; goodput counts the requests meeting `slo`.
-    pub fn new(itl_bound: usize, scalar_bound: usize, slo: Slo) -> Collector {
+    pub(crate) fn new(itl_bound: usize, scalar_bound: usize, slo: Slo) -> Collector {
         Collector {
             held: Some(Held {
                 itls: Some(Vec::new()),
@@ -896,7 +900,7 @@ impl Collector {
     }
 
     /// `samples`, each at its position.
-    pub fn from_samples(samples: &[Sample]) -> Collector {
+    pub(crate) fn from_samples(samples: &[Sample]) -> Collector {
         let mut c = Collector::new(ITL_BOUND, SCALAR_BOUND, Slo::default());
         for (i, s) in samples.iter().enumerate() {
             c.add(i, s);
@@ -905,7 +909,7 @@ impl Collector {
     }
 
     /// Folds in the sample of request `index`.
-    pub fn add(&mut self, index: usize, s: &Sample) {
+    pub(crate) fn add(&mut self, index: usize, s: &Sample) {
         let sc = s.scalars;
         self.totals.add(&sc, &self.slo);
         self.hist.record(&sc, &s.itls_ns);
@@ -937,33 +941,34 @@ impl Collector {
     }
 
     /// Requests folded in.
-    pub fn requests(&self) -> u64 {
+    pub(crate) fn requests(&self) -> u64 {
         self.totals.requests
     }
 
     /// Every request's scalars by index, while the run held them (see [`SCALAR_BOUND`]).
-    pub fn held(&self) -> Option<&[Option<Scalars>]> {
+    pub(crate) fn held(&self) -> Option<&[Option<Scalars>]> {
         self.held.as_ref().map(|h| h.scalars.as_slice())
     }
 
-    pub fn histograms(&self) -> &Histograms {
+    pub(crate) fn histograms(&self) -> &Histograms {
         &self.hist
     }
 
     /// The ITL values went over the bound and were let go: ITL statistics come from the `itl_us`
     /// histogram and the token peak from whole seconds of the run clock.
-    pub fn itl_from_histogram(&self) -> bool {
+    pub(crate) fn itl_from_histogram(&self) -> bool {
         self.held.as_ref().is_none_or(|h| h.itls.is_none())
     }
 
     /// The requests went over the bound and were let go: see [`Summary::scalars_from_histogram`].
-    pub fn scalars_from_histogram(&self) -> bool {
+    pub(crate) fn scalars_from_histogram(&self) -> bool {
         self.held.is_none()
     }
 
     /// Bytes this collector holds for the run's requests (histograms aside: their size is set by
     /// the range of values, not by their number).
-    pub fn retained_bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn retained_bytes(&self) -> usize {
         use std::mem::size_of;
         let held = self.held.as_ref().map_or(0, |h| {
             h.scalars.capacity() * size_of::<Option<Scalars>>()
@@ -990,7 +995,7 @@ impl Collector {
     }
 
     /// The send drift of every request ([`Summary::drift`]).
-    pub fn drift(&self, percentiles: &[f64]) -> Stats {
+    pub(crate) fn drift(&self, percentiles: &[f64]) -> Stats {
         self.distribution(DRIFT, percentiles)
     }
 
@@ -1011,7 +1016,7 @@ impl Collector {
     }
 
     /// The summary; `duration_s` is first dispatch to last completion.
-    pub fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
+    pub(crate) fn summary(&self, duration_s: f64, percentiles: &[f64]) -> Summary {
         let t = &self.totals;
         let p = percentiles;
         let [ttft, tpot, e2el, ttft_i, e2el_i, drift, dispatch_drift, queue, sq, st, un, whole] =
@@ -1118,19 +1123,19 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
 /// Service-level objectives for goodput, in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Slo {
-    pub ttft_ms: Option<f64>,
-    pub tpot_ms: Option<f64>,
-    pub e2el_ms: Option<f64>,
+    pub(crate) ttft_ms: Option<f64>,
+    pub(crate) tpot_ms: Option<f64>,
+    pub(crate) e2el_ms: Option<f64>,
 }
 
 impl Slo {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Slo::default()
     }
 
     /// Whether successful request `s` meets every given objective, as vLLM counts it (a request
     /// with one output token has TPOT 0 for this check).
-    pub fn met_by(&self, s: &Scalars) -> bool {
+    pub(crate) fn met_by(&self, s: &Scalars) -> bool {
         let ttft = s.ttft_ns.map_or(0.0, ns_to_s) * 1000.0;
         let e2el = s.e2el_ns.map_or(0.0, ns_to_s) * 1000.0;
         let tpot = s.tpot_s().unwrap_or(0.0) * 1000.0;
@@ -1161,7 +1166,7 @@ fn max_concurrency<'a>(samples: impl Iterator<Item = &'a Scalars>) -> u64 {
 #[derive(Debug, Clone)]
 pub struct Histograms {
     /// name → histogram; units in the name (`ttft_us`, `drift_abs_ns`, ...).
-    pub by_name: BTreeMap<String, Histogram<u64>>,
+    pub(crate) by_name: BTreeMap<String, Histogram<u64>>,
 }
 
 impl Default for Histograms {
@@ -1193,7 +1198,7 @@ impl Histograms {
     }
 
     /// Adds one request: its drift and client queue always, its latencies when it succeeded.
-    pub fn record(&mut self, s: &Scalars, itls_ns: &[u64]) {
+    pub(crate) fn record(&mut self, s: &Scalars, itls_ns: &[u64]) {
         let h = &mut self.by_name;
         fn rec(h: &mut BTreeMap<String, Histogram<u64>>, name: &str, v: u64) {
             if let Some(hist) = h.get_mut(name) {
@@ -1223,7 +1228,7 @@ impl Histograms {
     }
 
     /// name → base64 of the V2 serialisation.
-    pub fn encode(&self) -> BTreeMap<String, String> {
+    pub(crate) fn encode(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
         let mut ser = V2Serializer::new();
         for (name, h) in &self.by_name {

@@ -27,19 +27,19 @@ const MAX_BODY: usize = 64 << 20;
 const MAX_CHOICES: usize = 128;
 
 /// What every request handler shares.
-pub struct Shared {
-    pub model: String,
-    pub max_model_len: u32,
-    pub per_request_metrics: bool,
-    pub seed: u64,
-    pub faults: faults::FaultConfig,
-    pub tokenizer: Arc<Tokenizer>,
-    pub stats: Arc<Stats>,
-    pub engine: mpsc::Sender<Cmd>,
+pub(crate) struct Shared {
+    pub(crate) model: String,
+    pub(crate) max_model_len: u32,
+    pub(crate) per_request_metrics: bool,
+    pub(crate) seed: u64,
+    pub(crate) faults: faults::FaultConfig,
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) engine: mpsc::Sender<Cmd>,
     /// New requests go here (the engine thread is woken only when needed).
-    pub inbox: Arc<super::engine::Inbox>,
-    pub next_id: AtomicU64,
-    pub started_unix: u64,
+    pub(crate) inbox: Arc<super::engine::Inbox>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) started_unix: u64,
 }
 
 /// The injected reset of a whole-body response: hyper drops the connection (`SO_LINGER 0` is set).
@@ -106,7 +106,7 @@ fn full(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Repl
 }
 
 /// A vLLM error body: `{"error":{"message","type","param","code"}}`.
-pub fn error_response(status: u16, message: &str, param: Option<&str>) -> Reply {
+pub(crate) fn error_response(status: u16, message: &str, param: Option<&str>) -> Reply {
     let mut s = String::from("{\"error\":{\"message\":");
     json_str(&mut s, message);
     let _ = write!(s, ",\"type\":\"{}\",\"param\":", faults::error_type(status));
@@ -135,7 +135,7 @@ fn detail(status: StatusCode, msg: &str) -> Reply {
 }
 
 /// Serves one HTTP request arriving on the connection described by `conn`.
-pub async fn handle(
+pub(crate) async fn handle(
     req: Request<hyper::body::Incoming>,
     sh: Arc<Shared>,
     conn: Arc<ConnCtx>,
@@ -288,7 +288,7 @@ fn detokenize_route(sh: &Shared, body: &[u8]) -> Result<Reply, Reject> {
 }
 
 /// Seconds since the Unix epoch (`created` fields).
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     let now = std::time::SystemTime::now();
     now.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -579,7 +579,7 @@ async fn stream_response(
 }
 
 /// How the connection can carry a streamed response.
-pub struct StreamConn {
+pub(crate) struct StreamConn {
     framing: Framing,
     close_after: bool,
     conn: Arc<ConnCtx>,

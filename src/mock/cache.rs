@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 /// Hashes u64 keys with one multiply instead of SipHash: the engine's own ids (not chosen by a
 /// client) and block hashes (xxh3 outputs, already mixed).
 #[derive(Default, Clone, Copy)]
-pub struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -26,7 +26,7 @@ impl std::hash::Hasher for IdHasher {
 }
 
 /// A map keyed by u64 with [`IdHasher`].
-pub type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
 
 #[derive(Debug, Clone, Default)]
 struct Block {
@@ -38,14 +38,14 @@ struct Block {
 
 /// The blocks a sequence holds.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Alloc {
-    pub blocks: Vec<u32>,
+pub(crate) struct Alloc {
+    pub(crate) blocks: Vec<u32>,
     /// Prompt tokens whose KV came from the cache (whole blocks).
-    pub hit_tokens: u32,
+    pub(crate) hit_tokens: u32,
 }
 
 #[derive(Debug)]
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     block_size: u32,
     blocks: Vec<Block>,
     free: Vec<u32>,
@@ -56,7 +56,7 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
-    pub fn new(total_blocks: usize, block_size: u32) -> Self {
+    pub(crate) fn new(total_blocks: usize, block_size: u32) -> Self {
         PrefixCache {
             block_size: block_size.max(1),
             blocks: vec![Block::default(); total_blocks],
@@ -69,12 +69,12 @@ impl PrefixCache {
     }
 
     /// Fraction of blocks referenced by running sequences (vLLM's `kv_cache_usage_perc`, 0..1).
-    pub fn usage(&self) -> f64 {
+    pub(crate) fn usage(&self) -> f64 {
         self.in_use as f64 / self.blocks.len().max(1) as f64
     }
 
     /// Blocks needed for `tokens` tokens.
-    pub fn blocks_for(&self, tokens: u32) -> usize {
+    pub(crate) fn blocks_for(&self, tokens: u32) -> usize {
         tokens.div_ceil(self.block_size) as usize
     }
 
@@ -91,7 +91,7 @@ impl PrefixCache {
 
     /// Takes the cached prefix of `hashes` plus fresh blocks up to `need_blocks` in all, or
     /// returns `None` (changing nothing) when capacity does not allow it.
-    pub fn acquire(
+    pub(crate) fn acquire(
         &mut self,
         hashes: &[u64],
         prompt_len: u32,
@@ -145,7 +145,7 @@ impl PrefixCache {
 
     /// Registers a computed full block under its chained hash. When another block already holds
     /// that hash (two sequences computed the same prefix concurrently), the first one stays.
-    pub fn register(&mut self, id: u32, hash: u64) {
+    pub(crate) fn register(&mut self, id: u32, hash: u64) {
         if self.by_hash.contains_key(&hash) || self.blocks[id as usize].hash.is_some() {
             return;
         }
@@ -154,7 +154,7 @@ impl PrefixCache {
     }
 
     /// Drops one reference to each block; unreferenced cached blocks become evictable (LRU).
-    pub fn release(&mut self, blocks: &[u32]) {
+    pub(crate) fn release(&mut self, blocks: &[u32]) {
         for &id in blocks {
             let b = &mut self.blocks[id as usize];
             if b.refs == 0 {

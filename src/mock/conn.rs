@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What the request handler answers.
-pub type Reply = http::Response<http_body_util::Full<Bytes>>;
+pub(crate) type Reply = http::Response<http_body_util::Full<Bytes>>;
 type HandlerFuture = Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxError>> + Send>>;
 /// The request handler (`super::api::handle` with its shared state).
-pub type Handler =
+pub(crate) type Handler =
     Arc<dyn Fn(http::Request<hyper::body::Incoming>, Arc<ConnCtx>) -> HandlerFuture + Send + Sync>;
 
 /// How long a connection waits for its client (the CLI always uses [`Timeouts::default`]).
@@ -63,9 +63,9 @@ struct Activity {
 }
 
 /// What the request handler knows about its connection.
-pub struct ConnCtx {
+pub(crate) struct ConnCtx {
     /// The socket (for the reset fault of a whole-body response).
-    pub fd: RawFd,
+    pub(crate) fd: RawFd,
     swallow: AtomicBool,
     /// hyper's last write attempt did not complete (it holds unsent bytes).
     blocked: AtomicBool,
@@ -97,14 +97,14 @@ impl ConnCtx {
 
     /// Returns once hyper holds no unsent bytes of earlier responses (a pipelining client that
     /// does not read keeps it waiting, as it would keep hyper's own next response waiting).
-    pub async fn flushed(&self) {
+    pub(crate) async fn flushed(&self) {
         while self.blocked.load(Relaxed) {
             self.unblocked.notified().await;
         }
     }
 
     /// Registers the stream; everything hyper writes from now on is discarded.
-    pub fn take_over(&self, h: Hijack) {
+    pub(crate) fn take_over(&self, h: Hijack) {
         if let Ok(mut slot) = self.hijack.lock() {
             *slot = Some(h);
             self.swallow.store(true, Relaxed);
@@ -114,12 +114,12 @@ impl ConnCtx {
     /// When the bytes of the connection's latest read reached its socket (the kernel's receive
     /// timestamp, or the read's own instant): after a request's body has been read, the arrival
     /// of the read that completed it. `None` before any read.
-    pub fn last_rx(&self) -> Option<Instant> {
+    pub(crate) fn last_rx(&self) -> Option<Instant> {
         self.activity().rx
     }
 
     /// The request's body has been read: its time limit no longer runs.
-    pub fn request_read(&self) {
+    pub(crate) fn request_read(&self) {
         self.activity().request_since = None;
     }
 
@@ -321,7 +321,7 @@ async fn http(
 
 /// Serves one accepted connection until it closes, waits on its client longer than `timeouts`
 /// allow, or the mock stops. Its reads carry the kernel's receive timestamps.
-pub async fn serve(
+pub(crate) async fn serve(
     mut stream: TcpStream,
     handler: Handler,
     timeouts: Timeouts,

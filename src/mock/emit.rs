@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 
 /// How a streamed body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// HTTP/1.1 chunked transfer coding; the connection stays open afterwards.
     Chunked,
     /// HTTP/1.0: the body is the bytes until the connection closes.
@@ -29,7 +29,7 @@ pub enum Framing {
 }
 
 /// Sets `SO_LINGER {on, 0}` so that closing the socket sends a TCP RST.
-pub fn arm_reset(fd: RawFd) {
+pub(crate) fn arm_reset(fd: RawFd) {
     // SAFETY: `fd` is the connection's socket, open while its request is being served.
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     let _ = socket2::SockRef::from(&fd).set_linger(Some(std::time::Duration::ZERO));
@@ -63,7 +63,7 @@ struct State {
 }
 
 /// One streamed response, shared by the engine (through [`StreamSink`]) and the connection task.
-pub struct Stream {
+pub(crate) struct Stream {
     state: Mutex<State>,
     notify: tokio::sync::Notify,
     tok: Arc<Tokenizer>,
@@ -77,7 +77,7 @@ pub struct Stream {
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
 /// the connection to end the body.
-pub struct StreamSink(pub Arc<Stream>);
+pub(crate) struct StreamSink(pub Arc<Stream>);
 
 impl Drop for StreamSink {
     fn drop(&mut self) {
@@ -299,7 +299,7 @@ impl Stream {
 
     /// The request will not be served (the client left before the stream started, or the
     /// connection failed): the engine stops producing for it.
-    pub fn abandon(&self) {
+    pub(crate) fn abandon(&self) {
         let mut st = self.lock();
         st.fd = None;
         let was_open = !st.client_gone && st.end == End::Open;
@@ -313,7 +313,7 @@ impl Stream {
 
 /// How a taken-over stream ended, for the connection.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Body complete: the connection can serve its next request.
     Finished,
     /// Close the connection (client gone, or the engine stopped).
@@ -325,12 +325,12 @@ pub enum Outcome {
 /// A stream that takes its connection over. Dropped, driven to its end or never driven (the
 /// connection failed, the mock was dropped abruptly), it detaches the engine from the socket and
 /// abandons a stream that had not ended.
-pub struct Hijack {
-    pub stream: Arc<Stream>,
+pub(crate) struct Hijack {
+    pub(crate) stream: Arc<Stream>,
     /// The response head to write (status line and headers).
-    pub head: Vec<u8>,
+    pub(crate) head: Vec<u8>,
     /// Close after the stream (the client asked for `connection: close`, or spoke HTTP/1.0).
-    pub close_after: bool,
+    pub(crate) close_after: bool,
 }
 
 impl Drop for Hijack {
@@ -345,7 +345,7 @@ impl Drop for Hijack {
 /// set to when the latest of them reached the socket, see [`crate::sys::rxstamp`]), and says how the
 /// stream ended. The socket stays owned by the caller, and the engine no longer touches it once
 /// this returns.
-pub async fn drive(
+pub(crate) async fn drive(
     mut h: Hijack,
     stream: &mut TcpStream,
     read_ahead: &mut Vec<u8>,

@@ -8,7 +8,7 @@ use super::cache::IdMap;
 use super::exposition::Stats;
 use super::faults::FaultPlan;
 use super::sched::{Event, SchedConfig, Scheduler};
-pub use super::sched::{Finish, SeqIn};
+pub(crate) use super::sched::{Finish, SeqIn};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -29,19 +29,19 @@ const RESET_GRACE: Duration = Duration::from_millis(20);
 /// A finished request's token counts and the engine's own timings of it (vLLM's per-request
 /// `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
-    pub queue_ms: f64,
-    pub ttft_ms: f64,
-    pub generation_ms: f64,
-    pub mean_itl_ms: f64,
-    pub tokens_per_second: f64,
+    pub(crate) queue_ms: f64,
+    pub(crate) ttft_ms: f64,
+    pub(crate) generation_ms: f64,
+    pub(crate) mean_itl_ms: f64,
+    pub(crate) tokens_per_second: f64,
 }
 
 /// What the engine sends to a response, each at an exact instant.
 #[derive(Debug)]
-pub enum Emit {
+pub(crate) enum Emit {
     Tokens {
         at: Instant,
         choice: u32,
@@ -55,7 +55,7 @@ pub enum Emit {
 }
 
 impl Emit {
-    pub fn at(&self) -> Instant {
+    pub(crate) fn at(&self) -> Instant {
         match self {
             Emit::Tokens { at, .. } | Emit::Done { at, .. } | Emit::Reset { at } => *at,
         }
@@ -63,19 +63,19 @@ impl Emit {
 }
 
 /// A request handed to the engine.
-pub struct Submit {
-    pub id: u64,
-    pub arrival: Instant,
-    pub seqs: Vec<SeqIn>,
+pub(crate) struct Submit {
+    pub(crate) id: u64,
+    pub(crate) arrival: Instant,
+    pub(crate) seqs: Vec<SeqIn>,
     /// Prompt tokens `usage` reports: each prompt once, whatever `n`, as vLLM counts them.
-    pub prompt_tokens: u64,
-    pub faults: FaultPlan,
-    pub sink: Arc<dyn Sink>,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) faults: FaultPlan,
+    pub(crate) sink: Arc<dyn Sink>,
 }
 
 /// A response that takes each event at its due instant, on the engine thread or a writer thread
 /// (a stream, `super::emit`, formats it and hands its bytes to the socket at once).
-pub trait Sink: Send + Sync {
+pub(crate) trait Sink: Send + Sync {
     /// Takes one event; false when the client is gone (the engine then aborts the request; a
     /// sink called on a writer thread also sends `Cmd::Cancel` itself). `flush: false` when
     /// another event of the same response follows in the same batch: the bytes are queued and
@@ -125,7 +125,7 @@ fn writer_loop(rx: mpsc::Receiver<SinkBatch>) {
 }
 
 #[derive(Debug)]
-pub enum Cmd {
+pub(crate) enum Cmd {
     Cancel(u64),
     Shutdown,
     /// Look at the [`Inbox`] now.
@@ -135,12 +135,12 @@ pub enum Cmd {
 /// The engine thread has ended (the mock is shutting down).
 #[derive(Debug, thiserror::Error)]
 #[error("the engine has stopped")]
-pub struct EngineGone;
+pub(crate) struct EngineGone;
 
 /// New requests handed to the engine without waking its thread when it will look anyway before
 /// the request's first event can be due (`arrival + lead`; `lead` is the fixed TTFT, or the
 /// front-end latency in cost-model mode): a burst of arrivals costs one wake-up.
-pub struct Inbox {
+pub(crate) struct Inbox {
     queue: Mutex<Vec<Submit>>,
     /// ns after `base` at which the engine will next drain the queue; 0 while it is awake,
     /// `u64::MAX` while it waits for a command.
@@ -150,7 +150,7 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    pub fn new(cfg: &SchedConfig) -> Inbox {
+    pub(crate) fn new(cfg: &SchedConfig) -> Inbox {
         let lead = cfg.fixed.map_or(cfg.front_end(), |(ttft, _)| ttft);
         Inbox {
             queue: Mutex::new(Vec::new()),
@@ -166,7 +166,7 @@ impl Inbox {
 
     /// Hands `s` to the engine; wakes its thread only when it would look too late.
     /// Err: the engine thread is gone (shutting down).
-    pub fn submit(&self, engine: &mpsc::Sender<Cmd>, s: Submit) -> Result<(), EngineGone> {
+    pub(crate) fn submit(&self, engine: &mpsc::Sender<Cmd>, s: Submit) -> Result<(), EngineGone> {
         let due = (s.arrival + self.lead)
             .saturating_duration_since(self.base)
             .as_nanos() as u64;
@@ -261,7 +261,7 @@ struct Engine {
 
 /// Starts the engine thread (and its writer threads, SCHED_FIFO with `realtime`), which takes
 /// requests from `inbox` ([`Inbox::submit`]) and commands from the returned channel.
-pub fn spawn(
+pub(crate) fn spawn(
     sched: SchedConfig,
     realtime: bool,
     coalesce: Duration,

@@ -23,7 +23,7 @@ const LATENESS_BUCKETS_US: &[u64] = &[25, 50, 100, 250, 500, 1000, 2000, 5000, 1
 
 /// A fixed-bucket histogram of seconds.
 #[derive(Debug, Default)]
-pub struct Histo {
+pub(crate) struct Histo {
     bounds: &'static [f64],
     counts: Vec<AtomicU64>,
     sum_ns: AtomicU64,
@@ -40,7 +40,7 @@ impl Histo {
         }
     }
 
-    pub fn observe(&self, secs: f64) {
+    pub(crate) fn observe(&self, secs: f64) {
         let secs = secs.max(0.0);
         if let Some(i) = self.bounds.iter().position(|&b| secs <= b) {
             self.counts[i].fetch_add(1, Relaxed);
@@ -54,15 +54,15 @@ impl Histo {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LatenessSummary {
     pub count: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub p999_us: u64,
-    pub max_us: u64,
+    pub(crate) p50_us: u64,
+    pub(crate) p99_us: u64,
+    pub(crate) p999_us: u64,
+    pub(crate) max_us: u64,
 }
 
 /// An HdrHistogram of lateness, in microseconds.
 #[derive(Debug)]
-pub struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
+pub(crate) struct Lateness(Mutex<hdrhistogram::Histogram<u64>>);
 
 impl Default for Lateness {
     fn default() -> Self {
@@ -73,13 +73,13 @@ impl Default for Lateness {
 
 impl Lateness {
     /// Records one lateness (early counts as 0).
-    pub fn record(&self, late: Duration) {
+    pub(crate) fn record(&self, late: Duration) {
         if let Ok(mut h) = self.0.lock() {
             h.saturating_record((late.as_micros() as u64).max(1));
         }
     }
 
-    pub fn summary(&self) -> LatenessSummary {
+    pub(crate) fn summary(&self) -> LatenessSummary {
         let h = match self.0.lock() {
             Ok(h) => h.clone(),
             Err(_) => return LatenessSummary::default(),
@@ -99,35 +99,35 @@ impl Lateness {
 
 /// Everything `/metrics` shows.
 #[derive(Debug, Default)]
-pub struct Stats {
-    pub model: String,
-    pub running: AtomicU64,
-    pub waiting: AtomicU64,
+pub(crate) struct Stats {
+    pub(crate) model: String,
+    pub(crate) running: AtomicU64,
+    pub(crate) waiting: AtomicU64,
     /// `kv_cache_usage_perc` as f64 bits.
-    pub kv_usage_bits: AtomicU64,
-    pub prefix_queries: AtomicU64,
-    pub prefix_hits: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub generation_tokens: AtomicU64,
-    pub success_stop: AtomicU64,
-    pub success_length: AtomicU64,
-    pub aborted: AtomicU64,
-    pub faults_injected: AtomicU64,
+    pub(crate) kv_usage_bits: AtomicU64,
+    pub(crate) prefix_queries: AtomicU64,
+    pub(crate) prefix_hits: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) generation_tokens: AtomicU64,
+    pub(crate) success_stop: AtomicU64,
+    pub(crate) success_length: AtomicU64,
+    pub(crate) aborted: AtomicU64,
+    pub(crate) faults_injected: AtomicU64,
     /// `realtime` was asked for but the OS refused it.
-    pub realtime_failed: std::sync::atomic::AtomicBool,
-    pub ttft: Histo,
-    pub itl: Histo,
-    pub e2e: Histo,
-    pub queue: Histo,
+    pub(crate) realtime_failed: std::sync::atomic::AtomicBool,
+    pub(crate) ttft: Histo,
+    pub(crate) itl: Histo,
+    pub(crate) e2e: Histo,
+    pub(crate) queue: Histo,
     /// Each SSE event's bytes handed to the socket minus its scheduled time.
-    pub lateness: Lateness,
+    pub(crate) lateness: Lateness,
     /// Engine-side: time the engine thread handed an event over minus its deadline (the
     /// engine clock's part of `lateness`).
-    pub dispatch: Lateness,
+    pub(crate) dispatch: Lateness,
 }
 
 impl Stats {
-    pub fn new(model: &str) -> Self {
+    pub(crate) fn new(model: &str) -> Self {
         Stats {
             model: model.to_string(),
             ttft: Histo::new(TTFT_BUCKETS),
@@ -139,18 +139,18 @@ impl Stats {
     }
 
     /// Puts the calling thread under SCHED_FIFO when `realtime`; a refusal is remembered.
-    pub fn go_realtime(&self, realtime: bool) {
+    pub(crate) fn go_realtime(&self, realtime: bool) {
         if realtime && !crate::sys::thread_timing::realtime() {
             self.realtime_failed.store(true, Relaxed);
         }
     }
 
-    pub fn set_kv_usage(&self, frac: f64) {
+    pub(crate) fn set_kv_usage(&self, frac: f64) {
         self.kv_usage_bits.store(frac.to_bits(), Relaxed);
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let labels = format!(
             "engine=\"0\",model_name=\"{}\"",
             self.model.replace('"', "'")

@@ -3,7 +3,7 @@
 //! (docs/mock.md, "Faults"). This module only decides; the API and the engine carry them out.
 
 /// The request header that forces faults on one request.
-pub const FAULT_HEADER: &str = "x-mock-fault";
+pub(crate) const FAULT_HEADER: &str = "x-mock-fault";
 
 /// Fault rates and shapes (flags).
 #[derive(Debug, Clone, PartialEq)]
@@ -31,18 +31,18 @@ pub struct FaultConfig {
 
 /// The faults one request gets.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultPlan {
-    pub status: Option<u16>,
-    pub stall_first_ms: Option<f64>,
+pub(crate) struct FaultPlan {
+    pub(crate) status: Option<u16>,
+    pub(crate) stall_first_ms: Option<f64>,
     /// (tokens before the stall, stall ms)
-    pub stall_mid: Option<(u32, f64)>,
-    pub reset_after: Option<u32>,
-    pub slow_headers_ms: Option<f64>,
+    pub(crate) stall_mid: Option<(u32, f64)>,
+    pub(crate) reset_after: Option<u32>,
+    pub(crate) slow_headers_ms: Option<f64>,
 }
 
 impl FaultPlan {
     /// Number of distinct faults in the plan (for the injected-faults counter).
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         [
             self.status.is_some(),
             self.stall_first_ms.is_some(),
@@ -65,7 +65,7 @@ fn unit(seed: u64, n: u64, kind: u8) -> f64 {
 
 impl FaultConfig {
     /// The seeded plan for request number `n`.
-    pub fn plan(&self, seed: u64, n: u64) -> FaultPlan {
+    pub(crate) fn plan(&self, seed: u64, n: u64) -> FaultPlan {
         let hit = |kind: u8, rate: f64| rate > 0.0 && unit(seed, n, kind) < rate;
         let mut p = FaultPlan::default();
         if hit(1, self.status_rate) {
@@ -89,7 +89,7 @@ impl FaultConfig {
 /// An `x-mock-fault` header the mock cannot follow (answered with 400).
 #[derive(Debug, thiserror::Error)]
 #[error("{FAULT_HEADER}: {0}")]
-pub struct BadFaultHeader(pub String);
+pub(crate) struct BadFaultHeader(pub String);
 
 fn ms(v: &str, what: &str) -> Result<f64, BadFaultHeader> {
     v.trim()
@@ -106,7 +106,7 @@ fn count(v: &str, what: &str) -> Result<u32, BadFaultHeader> {
 }
 
 /// Parses the `x-mock-fault` header.
-pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
+pub(crate) fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
     let mut p = FaultPlan::default();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (k, v) = item.split_once('=').unwrap_or((item, ""));
@@ -138,7 +138,7 @@ pub fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
 }
 
 /// vLLM-style error type name for a status.
-pub fn error_type(status: u16) -> &'static str {
+pub(crate) fn error_type(status: u16) -> &'static str {
     match status {
         400 => "BadRequestError",
         404 => "NotFoundError",

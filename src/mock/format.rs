@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 /// `system_fingerprint` the mock reports.
-pub const FINGERPRINT: &str = "vllm-0.32.0-retrace-mock";
+pub(crate) const FINGERPRINT: &str = "vllm-0.32.0-retrace-mock";
 
 /// Appends `s` as a JSON string literal, escaped exactly as serde_json (and Python's json with
 /// `ensure_ascii=False`) does: `"` and `\` and control characters; nothing else. No allocation.
@@ -71,11 +71,11 @@ pub(super) fn metrics_json(out: &mut String, t: &Usage, spec: bool) {
 
 /// What every chunk or body of one answer names.
 pub(super) struct Head<'a> {
-    pub chat: bool,
-    pub id: String,
-    pub created: u64,
-    pub model: &'a str,
-    pub return_token_ids: bool,
+    pub(crate) chat: bool,
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: &'a str,
+    pub(crate) return_token_ids: bool,
 }
 
 impl Head<'_> {

@@ -43,15 +43,15 @@ impl CostModel {
 /// A named engine model: the cost model and the step token budget (`retrace mock --profile`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Profile {
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     pub cost: CostModel,
-    pub max_num_batched_tokens: u32,
+    pub(crate) max_num_batched_tokens: u32,
 }
 
 /// `--profile` names no known profile.
 #[derive(Debug, thiserror::Error)]
 #[error("--profile: unknown profile `{name}` (known: {known})")]
-pub struct UnknownProfile {
+pub(crate) struct UnknownProfile {
     name: String,
     known: String,
 }
@@ -81,10 +81,10 @@ impl Profile {
         },
         max_num_batched_tokens: 8192,
     };
-    pub const ALL: [Profile; 2] = [Profile::LLAMA8B, Profile::FAST];
+    pub(crate) const ALL: [Profile; 2] = [Profile::LLAMA8B, Profile::FAST];
 
     /// The profile called `name`; the error lists the known ones.
-    pub fn by_name(name: &str) -> Result<Profile, UnknownProfile> {
+    pub(crate) fn by_name(name: &str) -> Result<Profile, UnknownProfile> {
         Profile::ALL
             .into_iter()
             .find(|p| p.name == name)
@@ -97,22 +97,22 @@ impl Profile {
 
 /// Scheduler knobs (derived from `MockConfig`).
 #[derive(Debug, Clone)]
-pub struct SchedConfig {
-    pub fixed: Option<(Duration, Duration)>,
-    pub cost: CostModel,
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: u32,
-    pub block_size: u32,
-    pub kv_blocks: usize,
-    pub tokens_per_event: u32,
-    pub seed: u64,
-    pub eos_prob: f64,
-    pub vocab: u32,
+pub(crate) struct SchedConfig {
+    pub(crate) fixed: Option<(Duration, Duration)>,
+    pub(crate) cost: CostModel,
+    pub(crate) max_num_seqs: usize,
+    pub(crate) max_num_batched_tokens: u32,
+    pub(crate) block_size: u32,
+    pub(crate) kv_blocks: usize,
+    pub(crate) tokens_per_event: u32,
+    pub(crate) seed: u64,
+    pub(crate) eos_prob: f64,
+    pub(crate) vocab: u32,
 }
 
 impl SchedConfig {
     /// The front end's latency before a request reaches the engine (cost-model mode only).
-    pub fn front_end(&self) -> Duration {
+    pub(crate) fn front_end(&self) -> Duration {
         match self.fixed {
             Some(_) => Duration::ZERO,
             None => Duration::from_secs_f64(self.cost.request_overhead_ms.max(0.0) / 1e3),
@@ -122,13 +122,13 @@ impl SchedConfig {
 
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(crate) enum Finish {
     Stop,
     Length,
 }
 
 impl Finish {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
@@ -138,17 +138,17 @@ impl Finish {
 
 /// One prompt to complete (a choice).
 #[derive(Debug, Clone)]
-pub struct SeqIn {
-    pub prompt: Vec<u32>,
+pub(crate) struct SeqIn {
+    pub(crate) prompt: Vec<u32>,
     /// Already clamped to the context length; at least 1.
-    pub max_tokens: u32,
-    pub min_tokens: u32,
-    pub ignore_eos: bool,
+    pub(crate) max_tokens: u32,
+    pub(crate) min_tokens: u32,
+    pub(crate) ignore_eos: bool,
 }
 
 /// What the scheduler decided, in time order.
 #[derive(Debug, PartialEq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A sequence of `req` got its KV blocks at `at`: `hit_tokens` of its prompt came from the
     /// prefix cache.
     Admitted {
@@ -192,7 +192,7 @@ struct Step {
 }
 
 /// The scheduler's state (see the module doc).
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     cfg: SchedConfig,
     cache: PrefixCache,
     hasher: BlockHasher,
@@ -207,7 +207,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(cfg: SchedConfig) -> Scheduler {
+    pub(crate) fn new(cfg: SchedConfig) -> Scheduler {
         Scheduler {
             cache: PrefixCache::new(cfg.kv_blocks, cfg.block_size),
             cfg,
@@ -222,23 +222,23 @@ impl Scheduler {
         }
     }
 
-    pub fn fixed(&self) -> bool {
+    pub(crate) fn fixed(&self) -> bool {
         self.cfg.fixed.is_some()
     }
 
     /// Sequences in the running batch and waiting for it (cost-model mode).
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (self.running.len(), self.waiting.len())
     }
 
     /// The KV cache's used fraction.
-    pub fn kv_usage(&self) -> f64 {
+    pub(crate) fn kv_usage(&self) -> f64 {
         self.cache.usage()
     }
 
     /// Queues request `req`'s choices, arrived (at the engine) at `arrival`; returns their
     /// sequence keys. Fixed mode admits them at once.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         req: u64,
         arrival: Instant,
@@ -293,7 +293,7 @@ impl Scheduler {
     }
 
     /// Forgets a sequence (finished, or its request ended) and frees its blocks.
-    pub fn remove(&mut self, key: u64) {
+    pub(crate) fn remove(&mut self, key: u64) {
         if let Some(s) = self.seqs.remove(&key) {
             self.cache.release(&s.alloc.blocks);
             if let Some(p) = self.running.iter().position(|&k| k == key) {
@@ -306,7 +306,7 @@ impl Scheduler {
 
     /// When the next thing happens: a fixed-mode event, the current step's end, or the start of
     /// the next step.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         if self.fixed() {
             return self.fixed_next.peek().map(|Reverse((t, _))| *t);
         }
@@ -328,7 +328,7 @@ impl Scheduler {
     }
 
     /// Runs what is due at [`Scheduler::next_due`] (the caller decides that it is due).
-    pub fn run_next(&mut self, out: &mut Vec<Event>) {
+    pub(crate) fn run_next(&mut self, out: &mut Vec<Event>) {
         if self.fixed() {
             if let Some(Reverse((at, key))) = self.fixed_next.pop() {
                 self.fixed_event(key, at, out);
@@ -545,7 +545,7 @@ fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
 }
 
 /// Output length and finish reason for one sequence (see the module doc).
-pub fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
+pub(crate) fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
     let max = s.max_tokens.max(1);
     if s.ignore_eos || eos_prob <= 0.0 || s.min_tokens >= max {
         return (max, Finish::Length);

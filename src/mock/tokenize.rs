@@ -9,10 +9,10 @@ use std::fmt::Write;
 use std::path::Path;
 
 /// Vocabulary size of the built-in scheme.
-pub const BUILTIN_VOCAB: u32 = 32000;
+pub(crate) const BUILTIN_VOCAB: u32 = 32000;
 
 /// Words output tokens render as in the built-in scheme.
-pub const WORDS: [&str; 64] = [
+pub(crate) const WORDS: [&str; 64] = [
     "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with", "be",
     "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have",
     "an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
@@ -23,10 +23,10 @@ pub const WORDS: [&str; 64] = [
 
 /// Most tokens one `/detokenize` request may hold (a longer list is refused before its ids are
 /// collected; the body itself is bounded like every request body).
-pub const MAX_DETOKENIZE: usize = 1 << 20;
+pub(crate) const MAX_DETOKENIZE: usize = 1 << 20;
 
 /// The BOS id of the built-in scheme (the first token of every encoded prompt).
-pub const BUILTIN_BOS: u32 = 1;
+pub(crate) const BUILTIN_BOS: u32 = 1;
 
 /// One text piece per built-in id (`256..BUILTIN_VOCAB`): the first, in a fixed order, of the pieces made of a space
 /// and 1 to 4 lowercase letters (shortest first; then the same with capitals) that the scheme maps to that id. Each is one piece of [`builtin_pieces`] however
@@ -65,7 +65,7 @@ fn builtin_pieces_by_id() -> &'static [Option<Box<str>>] {
 }
 
 /// A tokenizer: built-in or loaded from a `tokenizer.json`.
-pub enum Tokenizer {
+pub(crate) enum Tokenizer {
     Builtin,
     Hf(Box<tokenizers::Tokenizer>),
 }
@@ -88,7 +88,7 @@ fn class(c: char) -> Class {
 }
 
 /// Cuts text into built-in pieces (see the module doc).
-pub fn builtin_pieces(text: &str) -> Vec<&str> {
+pub(crate) fn builtin_pieces(text: &str) -> Vec<&str> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let n = chars.len();
     let at = |k: usize| chars.get(k).map_or(text.len(), |c| c.0);
@@ -121,7 +121,7 @@ fn builtin_id(piece: &str) -> u32 {
 
 /// The text of one chat message's `content` (a string, or a list of `{"type":"text","text":..}`
 /// parts; other parts are skipped).
-pub fn message_text(content: &Value) -> String {
+pub(crate) fn message_text(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts
@@ -133,7 +133,7 @@ pub fn message_text(content: &Value) -> String {
 }
 
 /// The fixed chat template (see the module doc). Errors name the message that is malformed.
-pub fn chat_text(messages: &[Value]) -> Result<String, String> {
+pub(crate) fn chat_text(messages: &[Value]) -> Result<String, String> {
     let mut s = String::new();
     for (i, m) in messages.iter().enumerate() {
         let obj = m
@@ -152,7 +152,7 @@ pub fn chat_text(messages: &[Value]) -> Result<String, String> {
 
 impl Tokenizer {
     /// Loads `tokenizer.json`; the error names the file.
-    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn from_file(path: &Path) -> anyhow::Result<Self> {
         let t = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("--tokenizer {}: cannot load", path.display()))?;
@@ -160,7 +160,7 @@ impl Tokenizer {
     }
 
     /// Tokenizes a text prompt.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         match self {
             Tokenizer::Builtin => {
                 let mut v = vec![1];
@@ -178,7 +178,7 @@ impl Tokenizer {
     /// as nothing, since [`Tokenizer::encode`] adds it), so that encoding the text gives BOS and
     /// the ids again; an HF tokenizer's ids decoded with their special tokens, as vLLM does. An
     /// id outside the vocabulary is an error naming it.
-    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+    pub(crate) fn decode(&self, ids: &[u32]) -> Result<String, String> {
         match self {
             Tokenizer::Builtin => {
                 let table = builtin_pieces_by_id();
@@ -212,7 +212,7 @@ impl Tokenizer {
     }
 
     /// Vocabulary size output ids are drawn from.
-    pub fn vocab(&self) -> u32 {
+    pub(crate) fn vocab(&self) -> u32 {
         match self {
             Tokenizer::Builtin => BUILTIN_VOCAB,
             Tokenizer::Hf(t) => (t.get_vocab_size(false) as u32).max(1),
@@ -220,7 +220,7 @@ impl Tokenizer {
     }
 
     /// Appends the text of output tokens to `out`.
-    pub fn render(&self, ids: &[u32], out: &mut String) {
+    pub(crate) fn render(&self, ids: &[u32], out: &mut String) {
         match self {
             Tokenizer::Builtin => {
                 for &id in ids {
@@ -237,7 +237,7 @@ impl Tokenizer {
     }
 
     /// A token's string form (for `/tokenize` with `return_token_strs`).
-    pub fn token_str(&self, id: u32) -> Option<String> {
+    pub(crate) fn token_str(&self, id: u32) -> Option<String> {
         match self {
             Tokenizer::Builtin => None,
             Tokenizer::Hf(t) => t.id_to_token(id),

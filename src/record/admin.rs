@@ -45,7 +45,7 @@ async fn handle(
 }
 
 /// Serves the admin endpoint until the task is aborted.
-pub async fn serve(listener: TcpListener, stats: Arc<Stats>) {
+pub(crate) async fn serve(listener: TcpListener, stats: Arc<Stats>) {
     loop {
         let tcp = match listener.accept().await {
             Ok((tcp, _)) => tcp,

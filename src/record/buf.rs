@@ -8,14 +8,14 @@ use tokio::io::{AsyncRead, ReadBuf};
 
 /// A byte buffer read from the front: the data is `v[start..]`.
 #[derive(Default)]
-pub struct Buf {
-    pub v: Vec<u8>,
-    pub start: usize,
+pub(crate) struct Buf {
+    pub(crate) v: Vec<u8>,
+    pub(crate) start: usize,
 }
 
 impl Buf {
     #[inline]
-    pub fn new(v: Vec<u8>, cap: usize) -> Self {
+    pub(crate) fn new(v: Vec<u8>, cap: usize) -> Self {
         let mut v = v;
         if v.capacity() < cap {
             v.reserve_exact(cap - v.len());
@@ -24,17 +24,17 @@ impl Buf {
     }
 
     #[inline]
-    pub fn data(&self) -> &[u8] {
+    pub(crate) fn data(&self) -> &[u8] {
         &self.v[self.start..]
     }
 
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.v.len() - self.start
     }
 
     #[inline]
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.start += n;
         if self.start >= self.v.len() {
             self.v.clear();
@@ -43,7 +43,7 @@ impl Buf {
     }
 
     #[inline]
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.v.clear();
         self.start = 0;
     }
@@ -51,7 +51,7 @@ impl Buf {
     /// Moves the data to the front and makes room for at least one more byte, growing the
     /// capacity only up to `limit`. Returns whether there is room.
     #[inline]
-    pub fn make_room(&mut self, limit: usize) -> bool {
+    pub(crate) fn make_room(&mut self, limit: usize) -> bool {
         if self.v.len() < self.v.capacity() {
             return true;
         }
@@ -69,7 +69,7 @@ impl Buf {
     }
 
     /// Reads once into the free capacity (which must not be empty).
-    pub fn poll_read_from<R: AsyncRead + Unpin + ?Sized>(
+    pub(crate) fn poll_read_from<R: AsyncRead + Unpin + ?Sized>(
         &mut self,
         r: &mut R,
         cx: &mut Context<'_>,

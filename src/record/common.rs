@@ -19,53 +19,53 @@ use tokio::time::Instant;
 /// The drain signal: `None` while serving; once the proxy drains, the instant at which upgraded
 /// tunnels are cut (a little before the drain deadline, so their records say so instead of the
 /// runtime dropping them). Every receiver is dropped when its connection or tunnel ends.
-pub type Drain = watch::Receiver<Option<Instant>>;
+pub(crate) type Drain = watch::Receiver<Option<Instant>>;
 
 /// Largest response head accepted from the upstream, on both paths (bytes).
-pub const MAX_RESPONSE_HEAD: usize = crate::wire::h1::MAX_HEAD;
+pub(crate) const MAX_RESPONSE_HEAD: usize = crate::wire::h1::MAX_HEAD;
 /// Largest request head accepted from a client, by both engines (bytes, as HTTP/1.1 writes
 /// it); a larger one, or one of more than [`crate::wire::h1::MAX_HEADERS`] fields, is a 431.
-pub const MAX_REQUEST_HEAD: usize = crate::wire::h1::MAX_HEAD;
+pub(crate) const MAX_REQUEST_HEAD: usize = crate::wire::h1::MAX_HEAD;
 /// The header list HTTP/2 connections decode (`SETTINGS_MAX_HEADER_LIST_SIZE`): room enough
 /// that a head over [`MAX_REQUEST_HEAD`] is decoded and answered 431 on its own stream (h2
 /// itself answers 431 above this; its decoder gives the connection up at several times it).
-pub const H2_HEADER_LIST: u32 = 4 * MAX_REQUEST_HEAD as u32;
+pub(crate) const H2_HEADER_LIST: u32 = 4 * MAX_REQUEST_HEAD as u32;
 /// The message of the 502 for a response head over [`MAX_RESPONSE_HEAD`].
-pub const HEAD_TOO_LARGE: &str = "response head from upstream too large";
+pub(crate) const HEAD_TOO_LARGE: &str = "response head from upstream too large";
 /// The message of the 504 for [`Failure::TimeoutHeaders`].
-pub const NO_HEADERS: &str = "upstream sent no response headers within the timeout";
+pub(crate) const NO_HEADERS: &str = "upstream sent no response headers within the timeout";
 /// How long a request that reached no upstream may take to hand over the rest of its body for
 /// the record, before the client gets its error.
-pub const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
 
 /// Forwarding settings and shared handles of one I/O thread.
-pub struct Proxy {
-    pub recorder: Recorder,
-    pub stats: Arc<Stats>,
-    pub scheme: Scheme,
-    pub authority: Authority,
+pub(crate) struct Proxy {
+    pub(crate) recorder: Recorder,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) scheme: Scheme,
+    pub(crate) authority: Authority,
     /// `Host` sent upstream by the own loop (the upstream authority).
-    pub host: HeaderValue,
+    pub(crate) host: HeaderValue,
     /// Upstream base path without a trailing slash ("" for none).
-    pub base_path: String,
-    pub http2_upstream: bool,
-    pub headers_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub total_timeout: Option<Duration>,
-    pub capture_max: usize,
+    pub(crate) base_path: String,
+    pub(crate) http2_upstream: bool,
+    pub(crate) headers_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) total_timeout: Option<Duration>,
+    pub(crate) capture_max: usize,
     /// Raw upstream sockets of the own HTTP/1.1 loop; `None` with an HTTP/2 upstream (then every
     /// client is served by hyper).
-    pub raw: Option<RawPool>,
+    pub(crate) raw: Option<RawPool>,
     /// hyper-util's pooling client (HTTP/1.1 or HTTP/2 upstream) for exchanges hyper serves.
-    pub client: UpstreamClient,
+    pub(crate) client: UpstreamClient,
     /// The `Via` entry added to forwarded requests ([`via_entry`]).
-    pub via: HeaderValue,
+    pub(crate) via: HeaderValue,
 }
 
 impl Proxy {
     /// The response-header deadline (never past the total one) and the total deadline of an
     /// exchange that arrived at `arrival`.
-    pub fn deadlines(&self, arrival: Instant) -> (Instant, Option<Instant>) {
+    pub(crate) fn deadlines(&self, arrival: Instant) -> (Instant, Option<Instant>) {
         let total = self.total_timeout.map(|t| arrival + t);
         let headers = arrival + self.headers_timeout;
         (total.map_or(headers, |t| t.min(headers)), total)
@@ -74,7 +74,7 @@ impl Proxy {
 
 /// This proxy's `Via` entry (RFC 9110 §7.6.3), `1.1 retrace-<random id>`: a request that arrives
 /// carrying it went round a loop (an `--upstream` pointing back at the proxy) and is refused.
-pub fn via_entry() -> HeaderValue {
+pub(crate) fn via_entry() -> HeaderValue {
     let v = format!("1.1 retrace-{:016x}", rand::random::<u64>());
     HeaderValue::from_str(&v).unwrap_or(HeaderValue::from_static("1.1 retrace"))
 }
@@ -82,7 +82,7 @@ pub fn via_entry() -> HeaderValue {
 /// Why a request head cannot be forwarded (the rules [`crate::wire::h1`] applies to raw heads):
 /// over [`MAX_REQUEST_HEAD`] or [`crate::wire::h1::MAX_HEADERS`] fields (431), two `Host` fields
 /// (400), or our `Via` entry (508, a loop).
-pub fn refused(head: &http::request::Parts, via: &HeaderValue) -> Option<HeadError> {
+pub(crate) fn refused(head: &http::request::Parts, via: &HeaderValue) -> Option<HeadError> {
     let h = &head.headers;
     if h.len() > crate::wire::h1::MAX_HEADERS || request_head_size(head) > MAX_REQUEST_HEAD {
         return Some(HeadError::TooLarge);
@@ -98,7 +98,7 @@ pub fn refused(head: &http::request::Parts, via: &HeaderValue) -> Option<HeadErr
 }
 
 /// The error kind and reason phrase of a refused request head.
-pub fn refusal(e: HeadError) -> (&'static str, &'static str) {
+pub(crate) fn refusal(e: HeadError) -> (&'static str, &'static str) {
     match e {
         HeadError::TooLarge => (
             "request_header_too_large",
@@ -110,7 +110,7 @@ pub fn refusal(e: HeadError) -> (&'static str, &'static str) {
 }
 
 /// The OpenAI-style JSON error body the proxy answers with.
-pub fn error_json(status: u16, kind: &str, msg: &str) -> String {
+pub(crate) fn error_json(status: u16, kind: &str, msg: &str) -> String {
     serde_json::json!({
         "error": {
             "message": format!("retrace record: {msg}"),
@@ -123,7 +123,7 @@ pub fn error_json(status: u16, kind: &str, msg: &str) -> String {
 
 /// Names a failure to reach the upstream before the response head: `is_connect` when dialing
 /// failed; `user_body` when the client's own body broke the request.
-pub fn classify(
+pub(crate) fn classify(
     is_connect: bool,
     user_body: bool,
     e: &(dyn std::error::Error + 'static),
@@ -142,14 +142,14 @@ pub fn classify(
 }
 
 /// An error and its sources, outermost first.
-pub fn chain<'a>(
+pub(crate) fn chain<'a>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
     std::iter::successors(Some(e), |s| s.source())
 }
 
 /// An error and its chain of sources, `: `-joined.
-pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let parts: Vec<String> = chain(e).map(ToString::to_string).collect();
     parts.join(": ")
 }
@@ -157,7 +157,7 @@ pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1) in place, keeping `TE: trailers`. A message
 /// with `Transfer-Encoding` also loses its `Content-Length` (RFC 9112 §6.3: the transfer coding
 /// wins, and the next hop frames the body itself).
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Most messages carry none: one pass over the names, no lookups.
     if !h.keys().any(|n| crate::wire::h1::is_hop_by_hop(n.as_str())) {
         return;
@@ -193,7 +193,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The size of a head's fields as HTTP/1.1 writes them (`name: value\r\n`).
-pub fn head_size(h: &HeaderMap) -> usize {
+pub(crate) fn head_size(h: &HeaderMap) -> usize {
     h.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum()
 }
 

@@ -20,7 +20,7 @@ const FINE_BUCKETS: &[f64] = &[
 
 /// A cumulative-bucket latency histogram (buckets from 10 µs to 1 s when `FINE`).
 #[derive(Debug, Default)]
-pub struct Histogram<const FINE: bool = false> {
+pub(crate) struct Histogram<const FINE: bool = false> {
     counts: [AtomicU64; BUCKETS.len() + 1],
     sum_ns: AtomicU64,
     count: AtomicU64,
@@ -35,7 +35,7 @@ impl<const FINE: bool> Histogram<FINE> {
         }
     }
 
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
         let bounds = self.bounds();
         let k = bounds.iter().position(|b| s <= *b).unwrap_or(bounds.len());
@@ -44,7 +44,8 @@ impl<const FINE: bool> Histogram<FINE> {
         self.count.fetch_add(1, Relaxed);
     }
 
-    pub fn count(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
         self.count.load(Relaxed)
     }
 
@@ -65,57 +66,57 @@ impl<const FINE: bool> Histogram<FINE> {
 /// All counters of one proxy instance.
 #[derive(Debug, Default)]
 pub struct Stats {
-    pub requests: AtomicU64,
-    pub in_flight: AtomicI64,
-    pub responses_by_class: [AtomicU64; 6],
-    pub request_bytes: AtomicU64,
-    pub response_bytes: AtomicU64,
-    pub upstream_errors: [AtomicU64; Failure::COUNTED.len()],
-    pub client_cancelled: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) in_flight: AtomicI64,
+    pub(crate) responses_by_class: [AtomicU64; 6],
+    pub(crate) request_bytes: AtomicU64,
+    pub(crate) response_bytes: AtomicU64,
+    pub(crate) upstream_errors: [AtomicU64; Failure::COUNTED.len()],
+    pub(crate) client_cancelled: AtomicU64,
     /// Records dropped because the writer queue was full.
-    pub records_dropped: AtomicU64,
+    pub(crate) records_dropped: AtomicU64,
     /// Records lost because the trace file could not be written.
     pub records_lost_io: AtomicU64,
     pub records_written: AtomicU64,
     pub write_errors: AtomicU64,
-    pub parse_failures: AtomicU64,
-    pub files_closed: AtomicU64,
-    pub headers_latency: Histogram,
-    pub ttft: Histogram,
-    pub duration: Histogram,
+    pub(crate) parse_failures: AtomicU64,
+    pub(crate) files_closed: AtomicU64,
+    pub(crate) headers_latency: Histogram,
+    pub(crate) ttft: Histogram,
+    pub(crate) duration: Histogram,
     /// Per forwarded chunk: upstream socket read → client socket write completed.
-    pub forward_delay: Histogram<true>,
+    pub(crate) forward_delay: Histogram<true>,
     /// Exchanges switched to another protocol (101) and tunnelled.
-    pub upgrades: AtomicU64,
-    pub tunnels_open: AtomicI64,
-    pub tunnel_bytes_to_upstream: AtomicU64,
-    pub tunnel_bytes_to_client: AtomicU64,
+    pub(crate) upgrades: AtomicU64,
+    pub(crate) tunnels_open: AtomicI64,
+    pub(crate) tunnel_bytes_to_upstream: AtomicU64,
+    pub(crate) tunnel_bytes_to_client: AtomicU64,
     /// The drain deadline passed: exchanges still open end as [`Failure::DrainDeadline`].
-    pub drain_cut: AtomicBool,
+    pub(crate) drain_cut: AtomicBool,
     /// The writer's last write or open failed (no frame written since).
-    pub writer_failing: AtomicBool,
+    pub(crate) writer_failing: AtomicBool,
     /// The proxy's own `POST /tokenize` requests (`servertok`): counted, failed; and estimated
     /// input lengths written without asking (bounds, upstream off, recording ended).
-    pub upstream_tokenize_ok: AtomicU64,
-    pub upstream_tokenize_failed: AtomicU64,
-    pub upstream_tokenize_skipped: AtomicU64,
+    pub(crate) upstream_tokenize_ok: AtomicU64,
+    pub(crate) upstream_tokenize_failed: AtomicU64,
+    pub(crate) upstream_tokenize_skipped: AtomicU64,
 }
 
 impl Stats {
     /// Counts a failure (a kind `/metrics` does not list is not counted).
-    pub fn upstream_error(&self, f: Failure) {
+    pub(crate) fn upstream_error(&self, f: Failure) {
         if let Some(k) = Failure::COUNTED.iter().position(|x| *x == f) {
             self.upstream_errors[k].fetch_add(1, Relaxed);
         }
     }
 
-    pub fn response_status(&self, status: u16) {
+    pub(crate) fn response_status(&self, status: u16) {
         let class = usize::from(status / 100).min(5);
         self.responses_by_class[class].fetch_add(1, Relaxed);
     }
 
     /// Prometheus text exposition (version 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut o = String::with_capacity(4096);
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

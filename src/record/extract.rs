@@ -15,21 +15,21 @@ use std::time::{Duration, Instant};
 
 /// A bounded capture of a body.
 #[derive(Debug, Default)]
-pub struct Captured {
+pub(crate) struct Captured {
     /// The captured bytes, frames concatenated (empty when `truncated`).
-    pub data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
     /// Total body bytes seen (captured or not).
-    pub len: u64,
+    pub(crate) len: u64,
     /// The body was longer than the capture cap; `data` was released.
-    pub truncated: bool,
+    pub(crate) truncated: bool,
     /// The body ended normally.
-    pub complete: bool,
+    pub(crate) complete: bool,
 }
 
 impl Captured {
     /// Notes one data frame, keeping a copy while under `max` bytes (a copy, not a `Bytes`
     /// clone, which would keep hyper's connection read buffer alive until the exchange ends).
-    pub fn note(&mut self, data: &[u8], max: usize) {
+    pub(crate) fn note(&mut self, data: &[u8], max: usize) {
         self.len += data.len() as u64;
         if self.truncated {
             return;
@@ -54,33 +54,33 @@ impl Captured {
 /// What the proxy saw of one request/response.
 #[derive(Debug)]
 pub struct Exchange {
-    pub arrival: Instant,
-    pub method: String,
+    pub(crate) arrival: Instant,
+    pub(crate) method: String,
     /// Path and query as the client sent them.
-    pub path: String,
-    pub request: Captured,
+    pub(crate) path: String,
+    pub(crate) request: Captured,
     /// 0 when no response head arrived from upstream.
-    pub status: u16,
+    pub(crate) status: u16,
     /// The response's `Content-Type` value (empty when none came).
-    pub content_type: String,
-    pub headers_after: Option<Duration>,
+    pub(crate) content_type: String,
+    pub(crate) headers_after: Option<Duration>,
     /// The captured response bytes, frames concatenated (none past the capture cap).
-    pub response_body: Vec<u8>,
+    pub(crate) response_body: Vec<u8>,
     /// Each captured response frame: its arrival offset and where it ends in `response_body`.
-    pub frames: Vec<(Duration, usize)>,
-    pub response_len: u64,
-    pub response_truncated: bool,
+    pub(crate) frames: Vec<(Duration, usize)>,
+    pub(crate) response_len: u64,
+    pub(crate) response_truncated: bool,
     /// An SSE body past the capture cap: its events counted and timed, unread.
-    pub past_cap: Option<Box<Uncaptured>>,
-    pub end: Option<Duration>,
+    pub(crate) past_cap: Option<Box<Uncaptured>>,
+    pub(crate) end: Option<Duration>,
     /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
-    pub error: Option<super::failure::Failure>,
-    pub cancelled: bool,
+    pub(crate) error: Option<super::failure::Failure>,
+    pub(crate) cancelled: bool,
 }
 
 impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
-    pub fn captured_bytes(&self) -> u64 {
+    pub(crate) fn captured_bytes(&self) -> u64 {
         let past = self.past_cap.as_ref().map_or(0, |u| u.held_bytes());
         (self.request.data.len() + self.response_body.len() + past) as u64
     }
@@ -88,7 +88,7 @@ impl Exchange {
     /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
     /// for a new request arriving at `arrival`: every field as [`Exchange::new`] sets it (method
     /// and path empty, for the caller to fill), the buffers emptied but kept.
-    pub fn reuse(&mut self, arrival: Instant) {
+    pub(crate) fn reuse(&mut self, arrival: Instant) {
         let old = std::mem::replace(self, Exchange::new(arrival, String::new(), String::new()));
         self.method = old.method;
         self.path = old.path;
@@ -105,7 +105,7 @@ impl Exchange {
     }
 
     /// Buffer capacity this exchange would keep if recycled.
-    pub fn retained_bytes(&self) -> usize {
+    pub(crate) fn retained_bytes(&self) -> usize {
         self.request.data.capacity()
             + self.response_body.capacity()
             + self.method.capacity()
@@ -115,7 +115,7 @@ impl Exchange {
             + self.past_cap.as_ref().map_or(0, |u| u.held_bytes())
     }
 
-    pub fn new(arrival: Instant, method: String, path: String) -> Self {
+    pub(crate) fn new(arrival: Instant, method: String, path: String) -> Self {
         Exchange {
             arrival,
             method,
@@ -138,7 +138,7 @@ impl Exchange {
     /// Notes one response data frame at `at` after arrival (a copy; see [`Captured::note`]).
     /// Past `max` bytes nothing more is copied; an SSE body's events are still counted and
     /// timed, at most `max / 4` of them (4 bytes each), and its last event kept ([`Uncaptured`]).
-    pub fn note_response(&mut self, at: Duration, data: &[u8], max: usize) {
+    pub(crate) fn note_response(&mut self, at: Duration, data: &[u8], max: usize) {
         self.response_len += data.len() as u64;
         if data.is_empty() {
             return;
@@ -282,7 +282,7 @@ fn us(d: Duration) -> u64 {
 impl Extractor {
     /// Builds the trace record (`t0` is the recording's time origin), and why the request
     /// body was not parsed if it was not.
-    pub fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Option<String>) {
+    pub(crate) fn to_request(&self, ex: &Exchange, t0: Instant) -> (Request, Option<String>) {
         // The query string is never recorded: some APIs put keys there.
         let no_query = ex.path.bytes().position(|b| b == b'?');
         let endpoint = Endpoint::from_path(&ex.path[..no_query.unwrap_or(ex.path.len())]);

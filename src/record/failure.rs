@@ -4,7 +4,7 @@
 
 /// A transport failure of one exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Dialing the upstream failed.
     UpstreamConnect,
     /// Dialing the upstream timed out.
@@ -35,7 +35,7 @@ pub enum Failure {
 
 impl Failure {
     /// The kinds `/metrics` counts, in its order.
-    pub const COUNTED: [Failure; 10] = [
+    pub(crate) const COUNTED: [Failure; 10] = [
         Failure::UpstreamConnect,
         Failure::TimeoutConnect,
         Failure::TimeoutHeaders,
@@ -49,7 +49,7 @@ impl Failure {
     ];
 
     /// The wire name (trace records, metrics labels, JSON error `type`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Failure::UpstreamConnect => "upstream_connect",
             Failure::TimeoutConnect => "timeout_connect",
@@ -67,7 +67,7 @@ impl Failure {
     }
 
     /// Status and reason phrase for a failure before the response head.
-    pub fn status(self) -> (u16, &'static str) {
+    pub(crate) fn status(self) -> (u16, &'static str) {
         match self {
             Failure::TimeoutConnect | Failure::TimeoutHeaders => (504, "Gateway Timeout"),
             Failure::ClientBody | Failure::Other => (400, "Bad Request"),
@@ -77,7 +77,7 @@ impl Failure {
 
     /// Whether the proxy logs it as an upstream failure (the client's own faults and the
     /// upstream's silence are not worth a warning per request).
-    pub fn is_upstream_fault(self) -> bool {
+    pub(crate) fn is_upstream_fault(self) -> bool {
         !matches!(
             self,
             Failure::ClientBody

@@ -29,7 +29,7 @@ const CLIENT_BUF: usize = 4096;
 /// Upstream read buffer: one read becomes one client write.
 const UPSTREAM_BUF: usize = 8192;
 /// A request head must be complete this long after the connection starts waiting for it.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// An idle keep-alive client connection frees its buffers after this long without a request.
 const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
@@ -149,7 +149,7 @@ struct Conn<'a, C> {
 /// from it (protocol detection). `drain` turns `Some` when the proxy shuts down: idle
 /// connections close at once, busy ones after their exchange, upgraded tunnels at the instant
 /// it names.
-pub async fn serve<C>(client: C, initial: Vec<u8>, proxy: Arc<Proxy>, drain: Drain)
+pub(crate) async fn serve<C>(client: C, initial: Vec<u8>, proxy: Arc<Proxy>, drain: Drain)
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {

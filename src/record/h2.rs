@@ -63,7 +63,7 @@ fn target(p: &Proxy, pq: &str) -> Result<Uri, http::Error> {
 
 /// Forwards one request and returns the (tapped) response. `client` is the client
 /// connection's write clock (forwarding delay).
-pub async fn handle(
+pub(crate) async fn handle(
     p: Arc<Proxy>,
     req: Request<Incoming>,
     client: Arc<WriteClock>,

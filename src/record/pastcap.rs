@@ -9,11 +9,11 @@ use crate::wire::sse::{after_last_blank_line, EventEnds};
 use std::time::Duration;
 
 /// The last event's bytes are kept up to this size (usage and timings fit many times over).
-pub const TAIL_MAX: usize = 64 << 10;
+pub(crate) const TAIL_MAX: usize = 64 << 10;
 
 /// What is noted of an SSE body once it passed the capture cap.
 #[derive(Debug)]
-pub struct Uncaptured {
+pub(crate) struct Uncaptured {
     ends: EventEnds,
     count: Count,
 }
@@ -98,19 +98,19 @@ fn us(d: Duration) -> u64 {
 
 /// The events past the cap, as the record takes them.
 #[derive(Debug, PartialEq)]
-pub struct Counted<'a> {
+pub(crate) struct Counted<'a> {
     /// Where each event but the last ended, µs after arrival.
-    pub ends_us: Vec<u64>,
+    pub(crate) ends_us: Vec<u64>,
     /// The last event: where it ended and its bytes, when they were kept.
-    pub last: Option<(u64, Option<&'a [u8]>)>,
+    pub(crate) last: Option<(u64, Option<&'a [u8]>)>,
     /// More events ended than are counted.
-    pub stopped: bool,
+    pub(crate) stopped: bool,
 }
 
 impl Uncaptured {
     /// Starts past the cap, passed in a read that arrived at `at`: `captured` is the body's
     /// bytes before it (the end of an event may be among them); at most `max_events` timed.
-    pub fn new(captured: &[u8], at: Duration, max_events: usize) -> Self {
+    pub(crate) fn new(captured: &[u8], at: Duration, max_events: usize) -> Self {
         let from = after_last_blank_line(captured);
         let mut ends = EventEnds::default();
         // No event ends after the last blank line: these bytes only set where `ends` is.
@@ -132,7 +132,7 @@ impl Uncaptured {
     }
 
     /// Notes a read of body bytes that arrived at `at`.
-    pub fn note(&mut self, at: Duration, data: &[u8]) {
+    pub(crate) fn note(&mut self, at: Duration, data: &[u8]) {
         let at_us = us(at);
         let count = &mut self.count;
         count.read_us = at_us;
@@ -147,7 +147,7 @@ impl Uncaptured {
 
     /// The events past the cap, the stream having ended (an event left without its blank line
     /// counts, as the parser returns it).
-    pub fn counted(&self) -> Counted<'_> {
+    pub(crate) fn counted(&self) -> Counted<'_> {
         let c = &self.count;
         let mut ends_us = Vec::with_capacity(c.gaps.len() + 1);
         let mut t = c.start_us;
@@ -178,7 +178,7 @@ impl Uncaptured {
     }
 
     /// Bytes held (what it costs in the writer queue).
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         let c = &self.count;
         c.gaps.capacity() * 4 + c.cur.bytes.capacity() + c.last.bytes.capacity()
     }

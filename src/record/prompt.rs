@@ -17,21 +17,21 @@ pub enum TextTokenizer {
 
 /// The tokens of a prompt and whether they are what the server sees.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PromptTokens {
-    pub ids: Vec<u32>,
-    pub exact: bool,
+pub(crate) struct PromptTokens {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) exact: bool,
 }
 
 impl TextTokenizer {
     /// Loads `tokenizer.json`; the error names the file.
-    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+    pub(crate) fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
         let t = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", path.display()))?;
         Ok(TextTokenizer::Hf(Box::new(t)))
     }
 
     /// A short description for the trace header.
-    pub fn describe(&self) -> &'static str {
+    pub(crate) fn describe(&self) -> &'static str {
         match self {
             TextTokenizer::Approx => "approx-4-bytes-per-token",
             TextTokenizer::Hf(_) => "hf-tokenizer",
@@ -58,7 +58,7 @@ impl TextTokenizer {
     }
 
     /// Tokens of the request's prompt (first prompt of a batch), or `None` when it has none.
-    pub fn prompt_tokens(&self, info: &RequestInfo) -> Option<PromptTokens> {
+    pub(crate) fn prompt_tokens(&self, info: &RequestInfo) -> Option<PromptTokens> {
         if let Some(p) = &info.prompt {
             let mut p = p;
             while let Prompt::Batch(items) = p {
@@ -87,7 +87,7 @@ impl TextTokenizer {
 }
 
 /// Total tokens of every prompt of a batch (for `input_tokens`), when all are token ids or text.
-pub fn batch_len(tok: &TextTokenizer, p: &Prompt) -> u64 {
+pub(crate) fn batch_len(tok: &TextTokenizer, p: &Prompt) -> u64 {
     match p {
         Prompt::TokenIds(ids) => ids.len() as u64,
         Prompt::Text(s) => {
@@ -100,7 +100,7 @@ pub fn batch_len(tok: &TextTokenizer, p: &Prompt) -> u64 {
 }
 
 /// Canonical rendering of one chat message (see the module doc).
-pub fn render_message(m: &Value) -> String {
+pub(crate) fn render_message(m: &Value) -> String {
     let Some(obj) = m.as_object() else {
         return format!("<|?|>\n{m}\n");
     };

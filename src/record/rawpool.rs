@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tower_service::Service as _;
 
 /// Idle upstream sockets of one I/O thread.
-pub struct RawPool {
+pub(crate) struct RawPool {
     connector: Connector,
     /// `scheme://authority` the connector dials.
     dst: Uri,
@@ -22,7 +22,7 @@ pub struct RawPool {
 }
 
 impl RawPool {
-    pub fn new(connector: Connector, dst: Uri, idle_timeout: Duration) -> Self {
+    pub(crate) fn new(connector: Connector, dst: Uri, idle_timeout: Duration) -> Self {
         RawPool {
             connector,
             dst,
@@ -32,7 +32,7 @@ impl RawPool {
     }
 
     /// The most recently used idle socket that is still open, if any.
-    pub fn checkout(&self) -> Option<ClientStream> {
+    pub(crate) fn checkout(&self) -> Option<ClientStream> {
         let mut idle = lock(&self.idle);
         let now = Instant::now();
         while idle
@@ -50,19 +50,19 @@ impl RawPool {
     }
 
     /// Drops idle sockets the upstream closed or that idled longer than the idle timeout.
-    pub fn reap(&self) {
+    pub(crate) fn reap(&self) {
         let now = Instant::now();
         let fresh = |since: &Instant| now.duration_since(*since) <= self.idle_timeout;
         lock(&self.idle).retain_mut(|(up, since)| fresh(since) && !up.is_closed());
     }
 
     /// Gives back a socket whose last response ended cleanly.
-    pub fn checkin(&self, up: ClientStream) {
+    pub(crate) fn checkin(&self, up: ClientStream) {
         lock(&self.idle).push_back((up, Instant::now()));
     }
 
     /// Dials a new socket (connect timeout and TLS as configured).
-    pub async fn connect(&self) -> Result<ClientStream, BoxError> {
+    pub(crate) async fn connect(&self) -> Result<ClientStream, BoxError> {
         Ok(self
             .connector
             .clone()

@@ -86,17 +86,17 @@ async fn sniff(tcp: &mut tokio::net::TcpStream) -> std::io::Result<(bool, Vec<u8
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy)]
-pub struct Drained {
+pub(crate) struct Drained {
     /// Every connection finished within the drain timeout.
-    pub all: bool,
+    pub(crate) all: bool,
     /// The drain's deadline: the signal plus the drain timeout.
-    pub deadline: tokio::time::Instant,
+    pub(crate) deadline: tokio::time::Instant,
 }
 
 /// Serves until `shutdown` resolves, then drains for at most `drain`; says whether every
 /// connection finished in time. Connections are dealt round-robin to one single-threaded
 /// runtime per entry of `proxies`, so a connection and its upstream socket share a thread.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     proxies: Vec<Arc<Proxy>>,

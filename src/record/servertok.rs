@@ -31,15 +31,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Requests in flight at most (one worker thread each).
-pub const IN_FLIGHT: usize = 4;
+pub(crate) const IN_FLIGHT: usize = 4;
 /// A record waits at most this long for a free slot.
-pub const MAX_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(1);
 /// Connect, send and answer, at most this long.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// After an upstream that does not serve `/tokenize`, ask again after this long.
-pub const RETRY_OFF: Duration = Duration::from_secs(60);
+pub(crate) const RETRY_OFF: Duration = Duration::from_secs(60);
 /// A larger answer is refused unread (about 2 M token ids).
-pub const MAX_ANSWER_BYTES: usize = 16 << 20;
+pub(crate) const MAX_ANSWER_BYTES: usize = 16 << 20;
 /// Prompt bytes the waiting records may hold.
 const MAX_WAITING_BYTES: usize = 64 << 20;
 
@@ -57,7 +57,7 @@ const CHAT_FIELDS: [&str; 8] = [
 
 /// What to ask the server: the recorded prompt, as the request gave it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// A completion's text prompt (`add_special_tokens` when the request set it).
     Text {
         model: Option<String>,
@@ -71,7 +71,7 @@ pub enum Ask {
 impl Ask {
     /// The question for a recorded request body, when it is one the server can count: a
     /// completion with one text prompt, or a chat with a list of messages.
-    pub fn of(endpoint: &Endpoint, body: &[u8]) -> Option<Ask> {
+    pub(crate) fn of(endpoint: &Endpoint, body: &[u8]) -> Option<Ask> {
         let v: Value = serde_json::from_slice(body).ok()?;
         let model = v.get("model").and_then(Value::as_str).map(str::to_string);
         match endpoint {
@@ -147,10 +147,10 @@ impl Ask {
 
 /// A server's count of a prompt.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    pub count: u64,
+pub(crate) struct Answer {
+    pub(crate) count: u64,
     /// The token ids, when the answer listed them (then `count` is their number).
-    pub tokens: Option<Vec<u32>>,
+    pub(crate) tokens: Option<Vec<u32>>,
 }
 
 /// Token ids, refused past [`MAX_TOKENS`] before more is allocated.
@@ -221,7 +221,7 @@ fn parse_answer(body: &[u8], d: Dialect, empty_prompt: bool) -> Result<Answer, S
 
 /// Where `/tokenize` is, and how to reach it.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     host: String,
     port: u16,
     /// The upstream's base path + `/tokenize`.
@@ -236,7 +236,7 @@ pub struct Target {
 impl Target {
     /// The target for the upstream base URL `upstream` (TLS trusting `ca` or the system
     /// bundle); `via` is the proxy's own `Via` entry.
-    pub fn new(
+    pub(crate) fn new(
         upstream: &http::Uri,
         ca: Option<&std::path::Path>,
         connect_timeout: Duration,
@@ -476,7 +476,7 @@ pub struct ServerTokenizer {
 
 impl ServerTokenizer {
     /// At most `rate` requests a second (and [`IN_FLIGHT`] at a time) to `target`.
-    pub fn new(target: Target, rate: u32, stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(target: Target, rate: u32, stats: Arc<Stats>) -> Self {
         let (done_tx, done_rx) = channel();
         ServerTokenizer {
             target,
@@ -498,14 +498,14 @@ impl ServerTokenizer {
     }
 
     /// A record given back with its estimate (counted as not asked).
-    pub fn skip(&self, req: Request, out: &mut Vec<Request>) {
+    pub(crate) fn skip(&self, req: Request, out: &mut Vec<Request>) {
         self.stats.upstream_tokenize_skipped.fetch_add(1, Relaxed);
         out.push(req);
     }
 
     /// Takes a record whose input length is an estimate, to be counted by the server; or, when
     /// the server is not asked now (off, over the bounds), puts it in `out` as it is.
-    pub fn offer(&mut self, req: Request, ask: Ask, out: &mut Vec<Request>) {
+    pub(crate) fn offer(&mut self, req: Request, ask: Ask, out: &mut Vec<Request>) {
         let now = Instant::now();
         let off = self.off_until.is_some_and(|t| now < t);
         let unservable = self.dialect == Some(Dialect::LlamaCpp) && matches!(ask, Ask::Chat(_));
@@ -588,7 +588,7 @@ impl ServerTokenizer {
 
     /// Takes the answers that came: counted records (hashed with `hasher` in blocks of
     /// `block_size`) and the failed ones go to `out`; then sends what the bounds allow.
-    pub fn poll(&mut self, hasher: &BlockHasher, block_size: u32, out: &mut Vec<Request>) {
+    pub(crate) fn poll(&mut self, hasher: &BlockHasher, block_size: u32, out: &mut Vec<Request>) {
         while let Ok(done) = self.done_rx.try_recv() {
             self.in_flight = self.in_flight.saturating_sub(1);
             let Some(mut req) = self.held.remove(&done.id) else {
@@ -635,12 +635,12 @@ impl ServerTokenizer {
     }
 
     /// Records are held (waiting, or asked).
-    pub fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         !self.held.is_empty()
     }
 
     /// Every record still held goes to `out` with its estimate (the recording ends).
-    pub fn finish(&mut self, out: &mut Vec<Request>) {
+    pub(crate) fn finish(&mut self, out: &mut Vec<Request>) {
         self.waiting.clear();
         self.waiting_bytes = 0;
         for (_, r) in self.held.drain() {

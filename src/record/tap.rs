@@ -19,23 +19,23 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error the proxy raises on a response body (timeouts).
 #[derive(Debug, thiserror::Error)]
 #[error("retrace: {0}")]
-pub struct TapError(pub &'static str);
+pub(crate) struct TapError(pub &'static str);
 
 /// Locks a mutex even if a panicking thread poisoned it (what it guards is plain data).
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where a [`RequestTap`] dropped before the end of its body leaves the rest of it.
-pub type Unsent = Arc<Mutex<Option<Incoming>>>;
+pub(crate) type Unsent = Arc<Mutex<Option<Incoming>>>;
 
 /// The client's request body on its way upstream.
-pub struct RequestTap {
+pub(crate) struct RequestTap {
     inner: Option<Incoming>,
     cap: Arc<Mutex<Captured>>,
     max: usize,
@@ -46,7 +46,7 @@ pub struct RequestTap {
 impl RequestTap {
     /// When the tap is dropped before its body ended (the client that sent it upstream gave
     /// up, e.g. no connection), the rest goes into `unsent` for the record to read.
-    pub fn new(
+    pub(crate) fn new(
         inner: Incoming,
         cap: Arc<Mutex<Captured>>,
         max: usize,
@@ -125,12 +125,12 @@ struct TapState {
 
 /// An exchange in progress: finished exactly once, by [`Pending::end`], by the [`ResponseTap`]
 /// it is moved into, or by its `Drop` (the client left first), which records it as cancelled.
-pub struct Pending(Option<TapState>);
+pub(crate) struct Pending(Option<TapState>);
 
 impl Pending {
     /// Starts recording `ex`: its (reused) capture buffer moves to the returned capture, which
     /// the request side notes into, and comes back when the exchange ends.
-    pub fn new(
+    pub(crate) fn new(
         mut ex: Box<Exchange>,
         recorder: &Recorder,
         stats: &Arc<Stats>,
@@ -150,12 +150,12 @@ impl Pending {
     }
 
     /// The exchange being recorded (to note status and header time).
-    pub fn exchange(&mut self) -> Option<&mut Exchange> {
+    pub(crate) fn exchange(&mut self) -> Option<&mut Exchange> {
         self.0.as_mut().map(|s| &mut *s.ex)
     }
 
     /// Finishes with an error kind (counted) and whether the client went away.
-    pub fn end(mut self, error: Option<Failure>, cancelled: bool) {
+    pub(crate) fn end(mut self, error: Option<Failure>, cancelled: bool) {
         self.finish(error, cancelled);
     }
 
@@ -202,7 +202,7 @@ fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
 }
 
 /// The upstream response body on its way to the client.
-pub struct ResponseTap {
+pub(crate) struct ResponseTap {
     inner: Incoming,
     pending: Pending,
     idle_for: Duration,
@@ -216,7 +216,7 @@ pub struct ResponseTap {
 impl ResponseTap {
     /// `total_deadline` is the absolute end of the optional total timeout; `client` the client
     /// connection's write clock.
-    pub fn new(
+    pub(crate) fn new(
         inner: Incoming,
         pending: Pending,
         idle_for: Duration,
@@ -314,4 +314,4 @@ impl Drop for ResponseTap {
 }
 
 /// The response body the proxy returns: a tapped upstream body or a small body of our own.
-pub type ProxyBody = http_body_util::Either<ResponseTap, http_body_util::Full<Bytes>>;
+pub(crate) type ProxyBody = http_body_util::Either<ResponseTap, http_body_util::Full<Bytes>>;

@@ -18,19 +18,19 @@ fn base() -> Instant {
 }
 
 /// Nanoseconds since the process-wide base instant (never 0, which means "none").
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     (base().elapsed().as_nanos() as u64).max(1)
 }
 
 /// The client connection's oldest forwarded-but-not-yet-written chunk.
 #[derive(Debug)]
-pub struct WriteClock {
+pub(crate) struct WriteClock {
     pending_since_ns: AtomicU64,
     stats: Arc<Stats>,
 }
 
 impl WriteClock {
-    pub fn new(stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(stats: Arc<Stats>) -> Self {
         WriteClock {
             pending_since_ns: AtomicU64::new(0),
             stats,
@@ -38,7 +38,7 @@ impl WriteClock {
     }
 
     /// Marks a chunk read from upstream at `read_ns` as handed to this connection.
-    pub fn pending(&self, read_ns: u64) {
+    pub(crate) fn pending(&self, read_ns: u64) {
         let _ = self
             .pending_since_ns
             .compare_exchange(0, read_ns, Relaxed, Relaxed);
@@ -58,13 +58,13 @@ impl WriteClock {
 }
 
 /// A client connection that observes the forwarding delay when its writes complete.
-pub struct WriteStamped<T> {
+pub(crate) struct WriteStamped<T> {
     inner: T,
     clock: Arc<WriteClock>,
 }
 
 impl<T> WriteStamped<T> {
-    pub fn new(inner: T, clock: Arc<WriteClock>) -> Self {
+    pub(crate) fn new(inner: T, clock: Arc<WriteClock>) -> Self {
         WriteStamped { inner, clock }
     }
 }

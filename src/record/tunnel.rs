@@ -21,7 +21,7 @@ const TUNNEL_BUF: usize = 16 << 10;
 
 /// How a tunnel ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum How {
+pub(crate) enum How {
     /// Both sides closed their sending side.
     Closed,
     /// Reading from or writing to the client failed (a reset, usually).
@@ -143,7 +143,7 @@ impl Drop for OpenGauge<'_> {
 /// `to_client` are bytes read before the switch that belong to the tunnel (a client that did
 /// not wait for the 101, a frame the upstream sent with it). `drain` carries the instant a
 /// draining proxy cuts tunnels (`None` while serving).
-pub async fn run<C, U>(
+pub(crate) async fn run<C, U>(
     client: &mut C,
     upstream: &mut U,
     to_upstream: Buf,
@@ -204,7 +204,7 @@ where
 /// Finishes an upgraded exchange's record: its end is the tunnel's end; a failed upstream is
 /// `upstream_reset`, a failed client a cancellation, a drain cut [`Failure::DrainDeadline`] (not counted as
 /// an upstream error). Status and header time were noted when the 101 arrived.
-pub fn record(pending: Pending, how: How) {
+pub(crate) fn record(pending: Pending, how: How) {
     match how {
         How::Closed => pending.end(None, false),
         How::ClientFailed => pending.end(None, true),

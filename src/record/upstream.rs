@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_rustls::TlsConnector;
 
-pub type UpstreamClient = Client<Connector, RequestTap>;
+pub(crate) type UpstreamClient = Client<Connector, RequestTap>;
 
 /// Dials the upstream.
 #[derive(Clone)]
@@ -36,7 +36,7 @@ impl Connection for ClientStream {
 }
 
 /// The upstream socket as hyper's I/O.
-pub type UpstreamIo = TokioIo<ClientStream>;
+pub(crate) type UpstreamIo = TokioIo<ClientStream>;
 
 impl tower_service::Service<Uri> for Connector {
     type Response = UpstreamIo;
@@ -102,7 +102,7 @@ where
 }
 
 /// The dialer for `o`: plain TCP (connect timeout, TCP_NODELAY, keepalive), TLS for https.
-pub fn connector(o: &UpstreamOptions) -> anyhow::Result<Connector> {
+pub(crate) fn connector(o: &UpstreamOptions) -> anyhow::Result<Connector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

@@ -621,7 +621,7 @@ fn file_name(name: &str, start_tag: &str, seq: u64) -> String {
 
 /// Refuses an output directory trace files cannot be written to (a regular file, a path below
 /// one, a read-only directory): creates it if missing, then writes and removes a probe file.
-pub fn check_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn check_dir(dir: &Path) -> std::io::Result<()> {
     if dir.exists() && !dir.is_dir() {
         return Err(std::io::Error::other("it is not a directory"));
     }
@@ -634,7 +634,7 @@ pub fn check_dir(dir: &Path) -> std::io::Result<()> {
 /// Refuses a file name prefix the directory cannot hold (too long for its file system): creates
 /// and removes a file of the longest name the writer uses (a `.partial` with a ten-digit
 /// sequence number, which no recording reaches). Returns the probe's name length on error.
-pub fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)> {
+pub(crate) fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)> {
     let probe = partial_path(Path::new(&file_name(
         name,
         "00000000T000000Z",
@@ -655,7 +655,7 @@ pub fn check_name(dir: &Path, name: &str) -> Result<(), (usize, std::io::Error)>
 }
 
 /// `<path>.partial`.
-pub fn partial_path(path: &Path) -> PathBuf {
+pub(crate) fn partial_path(path: &Path) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(".partial");
     PathBuf::from(s)

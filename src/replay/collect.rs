@@ -12,7 +12,7 @@ use crate::result::{arrays, Row};
 use serde_json::{Map, Value};
 
 /// Where `--detailed` rows go.
-pub enum Detail {
+pub(crate) enum Detail {
     Off,
     /// By workload index, for the result's inline arrays.
     Inline(Vec<Option<Row>>),
@@ -20,14 +20,14 @@ pub enum Detail {
 }
 
 /// What the run keeps of its finished requests.
-pub struct Collect {
-    pub work: Collector,
+pub(crate) struct Collect {
+    pub(crate) work: Collector,
     /// Side requests (`--include-aux`).
-    pub aux: Auxiliary,
-    pub first_errors: Vec<FirstError>,
+    pub(crate) aux: Auxiliary,
+    pub(crate) first_errors: Vec<FirstError>,
     /// Recorded against replayed outcomes, when the trace holds recorded responses (each
     /// request's recorded failure kind is in its tag).
-    pub recorded: Option<Recorded>,
+    pub(crate) recorded: Option<Recorded>,
     /// Workload requests measured.
     measured: usize,
     detail: Detail,
@@ -35,16 +35,16 @@ pub struct Collect {
 
 /// The per-request arrays of a finished run: inline, or the sidecar's file name.
 #[derive(Debug, Default)]
-pub struct Arrays {
-    pub inline: Option<Map<String, Value>>,
-    pub file: Option<String>,
+pub(crate) struct Arrays {
+    pub(crate) inline: Option<Map<String, Value>>,
+    pub(crate) file: Option<String>,
 }
 
 impl Collect {
     /// For `measured` workload requests (their index is in each sample's [`Tag`]); `recorded`:
     /// the trace holds recorded responses; `detail` for the workload's requests, folded into
     /// `work`.
-    pub fn new(recorded: bool, measured: usize, detail: Detail, work: Collector) -> Collect {
+    pub(crate) fn new(recorded: bool, measured: usize, detail: Detail, work: Collector) -> Collect {
         let detail = match detail {
             Detail::Inline(_) => Detail::Inline(vec![None; measured]),
             d => d,
@@ -60,7 +60,7 @@ impl Collect {
     }
 
     /// Folds in the sample of the request tagged `tag`.
-    pub fn add(&mut self, tag: Tag, s: Sample) {
+    pub(crate) fn add(&mut self, tag: Tag, s: Sample) {
         let Some(w) = tag.work else {
             self.aux.add(&s.scalars);
             return;
@@ -85,7 +85,7 @@ impl Collect {
     /// Ends the per-request arrays: inline, or the sidecar written and renamed (an error when
     /// it could not be, or when it lacks a request). `whole`: every planned request was
     /// measured; else (a halted run) the arrays hold the requests measured, in schedule order.
-    pub fn finish(&mut self, whole: bool) -> anyhow::Result<Arrays> {
+    pub(crate) fn finish(&mut self, whole: bool) -> anyhow::Result<Arrays> {
         let n = match whole {
             true => self.measured,
             false => self.work.requests() as usize,

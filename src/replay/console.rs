@@ -60,7 +60,11 @@ fn metric(out: &mut String, title: &str, short: &str, s: &Stats) {
 
 /// vLLM's block, byte for byte in `vllm bench serve` 0.32's layout and row order (default
 /// `--percentile-metrics`: TTFT, TPOT, ITL); `probes`: the result's `probes` summary.
-pub fn vllm_block(sum: &Summary, info: &RunInfo, probes: Option<&serde_json::Value>) -> String {
+pub(crate) fn vllm_block(
+    sum: &Summary,
+    info: &RunInfo,
+    probes: Option<&serde_json::Value>,
+) -> String {
     let mut out = String::new();
     rule(&mut out, " Serving Benchmark Result ", '=');
     vrow(&mut out, "Successful requests:", sum.completed);
@@ -151,7 +155,7 @@ fn brief_line(out: &mut String, label: &str, [mean, median, max]: [f64; 3], p99:
 }
 
 /// The `--sessions` section: turn ordering and drift from the recorded arrivals.
-pub fn sessions_section(r: &crate::replay::plan::turns::SessionReport) -> String {
+pub(crate) fn sessions_section(r: &crate::replay::plan::turns::SessionReport) -> String {
     let mut out = String::new();
     rule(&mut out, "Session ordering (--sessions)", '-');
     row(&mut out, "Sessions:", r.sessions);
@@ -173,7 +177,7 @@ pub fn sessions_section(r: &crate::replay::plan::turns::SessionReport) -> String
 }
 
 /// The `--scrape-metrics` section, from the result's `server_metrics` object.
-pub fn server_metrics_section(v: &serde_json::Value) -> String {
+pub(crate) fn server_metrics_section(v: &serde_json::Value) -> String {
     let mut out = String::new();
     rule(&mut out, "Server metrics (--scrape-metrics)", '-');
     let num = |x: &serde_json::Value| x.as_f64();
@@ -268,7 +272,7 @@ pub fn server_metrics_section(v: &serde_json::Value) -> String {
 }
 
 /// The `--probe-request-rate` section, from the result's `probes` object.
-pub fn probes_section(v: &serde_json::Value) -> String {
+pub(crate) fn probes_section(v: &serde_json::Value) -> String {
     let mut out = String::new();
     rule(&mut out, "Probe requests (--probe-request-rate)", '-');
     row(
@@ -286,7 +290,7 @@ pub fn probes_section(v: &serde_json::Value) -> String {
 }
 
 /// Our sections, after vLLM's block; `first_errors`: the first distinct failure messages.
-pub fn extra_sections(
+pub(crate) fn extra_sections(
     sum: &Summary,
     max_drift_ms: Option<f64>,
     first_errors: &[FirstError],

@@ -43,17 +43,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 /// How far in the future t0 is set, so the dispatcher and runtime are settled at the first send.
-pub const START_LEAD: Duration = Duration::from_millis(20);
+pub(crate) const START_LEAD: Duration = Duration::from_millis(20);
 
 /// How long the requests in flight when a run is halted may take to end before they are cut.
-pub const HALT_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const HALT_GRACE: Duration = Duration::from_secs(2);
 
 /// The longest the dispatcher sleeps or waits without looking at the halt.
 const HALT_CHECK: Duration = Duration::from_millis(50);
 
 /// Where a run stands when a signal comes ([`Halt::halt`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Before the clock: nothing was sent.
     #[default]
     Setup,
@@ -79,13 +79,13 @@ impl Halt {
     }
 
     /// The run enters `phase` (the clock starts, or its last request ended).
-    pub fn enter(&self, phase: Phase) {
+    pub(crate) fn enter(&self, phase: Phase) {
         self.lock().0 = phase;
     }
 
     /// A signal came: it halts the run when the run is [`Phase::Running`] (the first signal
     /// counts); the phase it found.
-    pub fn halt(&self, s: Signal) -> Phase {
+    pub(crate) fn halt(&self, s: Signal) -> Phase {
         let mut st = self.lock();
         if st.0 == Phase::Running && st.1.is_none() {
             st.1 = Some(s);
@@ -96,7 +96,7 @@ impl Halt {
     }
 
     /// The signal that halted the run.
-    pub fn by(&self) -> Option<Signal> {
+    pub(crate) fn by(&self) -> Option<Signal> {
         self.lock().1
     }
 
@@ -106,14 +106,14 @@ impl Halt {
 }
 
 /// What the driver needs besides the plan.
-pub struct DriveOptions {
-    pub max_concurrency: Option<usize>,
+pub(crate) struct DriveOptions {
+    pub(crate) max_concurrency: Option<usize>,
     /// Session links over plan slots (`--sessions`): dependent turns wait for their predecessor.
-    pub links: Option<Links>,
+    pub(crate) links: Option<Links>,
     /// The replay's t0 (offsets are from it); `None` = [`START_LEAD`] from now.
-    pub t0: Option<Instant>,
+    pub(crate) t0: Option<Instant>,
     /// Set when a signal halts the run.
-    pub halt: Arc<Halt>,
+    pub(crate) halt: Arc<Halt>,
 }
 
 /// A released request's task, not yet spawned.
@@ -151,9 +151,9 @@ fn flush(handle: &tokio::runtime::Handle, batch: &mut Vec<Task>) {
 }
 
 /// The outcome of a drive (the samples went to `on_done`).
-pub struct Driven {
+pub(crate) struct Driven {
     /// First dispatch to last completion, seconds (vLLM's benchmark duration).
-    pub duration_s: f64,
+    pub(crate) duration_s: f64,
 }
 
 /// Hands the next turn of a session to the dispatcher when dropped: at the end of its
@@ -389,7 +389,7 @@ impl Release {
 /// gets each released slot's sample and tag once, as the request finishes (every slot, unless
 /// the run is halted). Err when the body builder failed (once the sends released before it
 /// have ended) or the dispatcher could not start.
-pub async fn drive(
+pub(crate) async fn drive(
     n: usize,
     bodies: Arc<Window>,
     client: Arc<Client>,

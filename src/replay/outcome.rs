@@ -12,19 +12,19 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// How many distinct failure messages the console shows, and how many characters of each.
-pub const FIRST_ERRORS: usize = 3;
+pub(crate) const FIRST_ERRORS: usize = 3;
 const MESSAGE_CHARS: usize = 200;
 
 /// The side requests sent (`--include-aux`), folded as they finish.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Auxiliary {
+pub(crate) struct Auxiliary {
     sent: u64,
     ok: u64,
     errors: BTreeMap<String, u64>,
 }
 
 impl Auxiliary {
-    pub fn add(&mut self, s: &Scalars) {
+    pub(crate) fn add(&mut self, s: &Scalars) {
         self.sent += 1;
         match s.error {
             None => self.ok += 1,
@@ -34,13 +34,13 @@ impl Auxiliary {
 
     /// The result's `auxiliary` object: `{sent, ok, errors: {kind: n}}`, or `None` when none
     /// was sent.
-    pub fn to_json(&self) -> Option<Value> {
+    pub(crate) fn to_json(&self) -> Option<Value> {
         (self.sent > 0).then(|| json!({"sent": self.sent, "ok": self.ok, "errors": self.errors}))
     }
 }
 
 /// How a replayed request failed (its kind's wire name), `None` when it succeeded.
-pub fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
+pub(crate) fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
     match s.ok() {
         true => None,
         false => Some(s.error.map_or("failed".into(), |e| e.as_str())),
@@ -50,22 +50,22 @@ pub fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
 /// Whether the run failed as a whole: requests were measured (`measured`), none succeeded
 /// (`completed`), and not every one of them failed the way it was recorded to (`same`, as in
 /// [`Recorded`]; a recording whose requests all failed, replayed faithfully, is not a failed run).
-pub fn all_failed(measured: u64, completed: u64, same: u64) -> bool {
+pub(crate) fn all_failed(measured: u64, completed: u64, same: u64) -> bool {
     measured > 0 && completed == 0 && same < measured
 }
 
 /// A failure message and how many measured requests failed with it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FirstError {
-    pub kind: String,
+pub(crate) struct FirstError {
+    pub(crate) kind: String,
     /// The detail (an error body's first bytes, the I/O error) on one line, at most 200 chars.
-    pub message: String,
-    pub count: u64,
+    pub(crate) message: String,
+    pub(crate) count: u64,
 }
 
 /// Folds `s` into `out`: the first [`FIRST_ERRORS`] distinct (kind, message) failures, in the
 /// order they first came, each with its count.
-pub fn note_error(out: &mut Vec<FirstError>, s: &Sample) {
+pub(crate) fn note_error(out: &mut Vec<FirstError>, s: &Sample) {
     let Some(kind) = replayed_failure(&s.scalars) else {
         return;
     };
@@ -101,25 +101,25 @@ fn one_line(text: &str, max: usize) -> String {
 /// Recorded against replayed outcomes of the measured requests, folded as they finish (the
 /// result's `recorded_outcomes`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Recorded {
-    pub recorded_failures: u64,
+pub(crate) struct Recorded {
+    pub(crate) recorded_failures: u64,
     /// Failed again the same way.
-    pub same: u64,
-    pub differently: u64,
-    pub now_ok: u64,
-    pub newly_failed: u64,
+    pub(crate) same: u64,
+    pub(crate) differently: u64,
+    pub(crate) now_ok: u64,
+    pub(crate) newly_failed: u64,
     /// Cut where the client cancelled them in the recording: done as recorded, in none of the
     /// counts above.
-    pub cancelled_as_recorded: u64,
+    pub(crate) cancelled_as_recorded: u64,
     errors: BTreeMap<String, u64>,
 }
 
 /// How a replay cuts a request the client cancelled (the result's `cancelled_as_recorded.rule`).
-pub const CUT_RULE: &str = "a request the client cancelled in the recording is cut where it was: after its recorded number of events when some came, else at its recorded end (from the send); the connection is closed there, so the server sees the abort";
+pub(crate) const CUT_RULE: &str = "a request the client cancelled in the recording is cut where it was: after its recorded number of events when some came, else at its recorded end (from the send); the connection is closed there, so the server sees the abort";
 
 impl Recorded {
     /// Folds in a request recorded to fail with `rec` (or to succeed) and replayed as `s`.
-    pub fn add(&mut self, rec: Option<&str>, s: &Scalars) {
+    pub(crate) fn add(&mut self, rec: Option<&str>, s: &Scalars) {
         if let Some(k) = rec {
             self.recorded_failures += 1;
             *self.errors.entry(k.to_string()).or_default() += 1;
@@ -139,11 +139,11 @@ impl Recorded {
     }
 
     /// The result's `cancelled_as_recorded`: `{count, rule}`.
-    pub fn cancelled_json(&self) -> Value {
+    pub(crate) fn cancelled_json(&self) -> Value {
         json!({"count": self.cancelled_as_recorded, "rule": CUT_RULE})
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "recorded_failures": self.recorded_failures,
             "failed_again_same_way": self.same,
@@ -157,7 +157,7 @@ impl Recorded {
 
 /// The console lines after vLLM's block: how the recording's failures and its side requests
 /// fared (empty when there are neither).
-pub fn console(rec: Option<&Recorded>, aux: &Auxiliary) -> String {
+pub(crate) fn console(rec: Option<&Recorded>, aux: &Auxiliary) -> String {
     let mut s = String::new();
     if let Some(v) = rec.filter(|r| r.recorded_failures > 0) {
         s.push_str(&format!(

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Prompt length of a probe, tokens (shorter than any KV block in use: it never hits the cache).
-pub const PROBE_PROMPT_TOKENS: u64 = 8;
+pub(crate) const PROBE_PROMPT_TOKENS: u64 = 8;
 
 /// Distinct probe bodies to build for a plan spanning `span_ns` at `rate` per second: one per
 /// planned probe plus one, at most `cap`.
-pub fn bodies_needed(span_ns: u64, rate: f64, cap: usize) -> usize {
+pub(crate) fn bodies_needed(span_ns: u64, rate: f64, cap: usize) -> usize {
     let n = (span_ns as f64 / 1e9 * rate).ceil();
     if n.is_finite() && n >= 0.0 {
         (n as usize).saturating_add(1).clamp(1, cap.max(1))
@@ -35,18 +35,18 @@ pub fn bodies_needed(span_ns: u64, rate: f64, cap: usize) -> usize {
 }
 
 /// The send offset of probe `k`, ns from t0.
-pub fn offset_ns(k: u64, rate: f64) -> u64 {
+pub(crate) fn offset_ns(k: u64, rate: f64) -> u64 {
     (k as f64 * 1e9 / rate).round() as u64
 }
 
 /// A running prober.
-pub struct Prober {
+pub(crate) struct Prober {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Vec<Sample>>,
 }
 
 /// Starts sending probes at `t0 + k / rate`.
-pub fn start(
+pub(crate) fn start(
     rate: f64,
     bodies: Arc<Vec<BuiltRequest>>,
     client: Arc<Client>,
@@ -94,7 +94,7 @@ pub fn start(
 
 impl Prober {
     /// Stops sending (the workload is done) and waits for the probes in flight.
-    pub async fn finish(self) -> Vec<Sample> {
+    pub(crate) async fn finish(self) -> Vec<Sample> {
         let _ = self.stop.send(true);
         self.task.await.unwrap_or_default()
     }
@@ -102,7 +102,12 @@ impl Prober {
 
 /// The result file's `probes` object (pure): rate, counts, failures by kind, and the TTFT, E2EL
 /// and dispatch-drift distributions of the probes.
-pub fn summarize(rate: f64, samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Value {
+pub(crate) fn summarize(
+    rate: f64,
+    samples: &[Sample],
+    duration_s: f64,
+    percentiles: &[f64],
+) -> Value {
     let sum = metrics::summarize(samples, duration_s, percentiles);
     json!({
         "rate": rate,

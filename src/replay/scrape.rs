@@ -22,26 +22,26 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// Time between scrapes during the run.
-pub const INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
 
 /// One scrape, reduced to what the report uses. `None` = the server does not expose it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Point {
+pub(crate) struct Point {
     /// Seconds from the replay's t0 (negative before it).
-    pub t_s: f64,
-    pub running: Option<f64>,
-    pub waiting: Option<f64>,
+    pub(crate) t_s: f64,
+    pub(crate) running: Option<f64>,
+    pub(crate) waiting: Option<f64>,
     /// KV-cache usage, as the server reports it (vLLM: a fraction 0..1).
-    pub kv_usage: Option<f64>,
-    pub hits: Option<f64>,
-    pub queries: Option<f64>,
-    pub prompt_tokens: Option<f64>,
-    pub generation_tokens: Option<f64>,
+    pub(crate) kv_usage: Option<f64>,
+    pub(crate) hits: Option<f64>,
+    pub(crate) queries: Option<f64>,
+    pub(crate) prompt_tokens: Option<f64>,
+    pub(crate) generation_tokens: Option<f64>,
     /// The server's TTFT histogram: `_sum` (s) and `_count`.
-    pub ttft_sum: Option<f64>,
-    pub ttft_count: Option<f64>,
+    pub(crate) ttft_sum: Option<f64>,
+    pub(crate) ttft_count: Option<f64>,
     /// The KV block size the server publishes (vLLM's `vllm:cache_config_info{block_size}`).
-    pub block_size: Option<u32>,
+    pub(crate) block_size: Option<u32>,
 }
 
 /// Largest published block size believed (a larger label is not a block size).
@@ -60,8 +60,8 @@ type Names = &'static [&'static [&'static str]];
 
 /// One server family's metric names for the figures the report uses (the table in
 /// docs/result-format.md).
-pub struct Family {
-    pub name: &'static str,
+pub(crate) struct Family {
+    pub(crate) name: &'static str,
     /// Every metric of the family starts with it; the first family with a sample so named is
     /// the server's.
     prefix: &'static str,
@@ -78,7 +78,7 @@ pub struct Family {
 }
 
 /// vLLM (V1, then V0's `gpu_` names), SGLang, llama.cpp.
-pub const FAMILIES: [Family; 3] = [
+pub(crate) const FAMILIES: [Family; 3] = [
     Family {
         name: "vLLM",
         prefix: "vllm:",
@@ -151,14 +151,14 @@ fn read(p: &prom::Parsed, names: Names) -> Option<f64> {
 }
 
 /// The family of an exposition: the first of [`FAMILIES`] with a sample under its prefix.
-pub fn family(p: &prom::Parsed) -> Option<&'static Family> {
+pub(crate) fn family(p: &prom::Parsed) -> Option<&'static Family> {
     FAMILIES
         .iter()
         .find(|f| p.samples.iter().any(|s| s.name.starts_with(f.prefix)))
 }
 
 /// Reads the metrics the report uses from one exposition, under its family's names (pure).
-pub fn read_point(p: &prom::Parsed, t_s: f64) -> Point {
+pub(crate) fn read_point(p: &prom::Parsed, t_s: f64) -> Point {
     let Some(f) = family(p) else {
         return Point {
             t_s,
@@ -197,21 +197,21 @@ fn names_seen(p: &prom::Parsed, n: usize) -> Vec<String> {
 
 /// Everything the scraper saw.
 #[derive(Debug, Clone, Default)]
-pub struct Series {
-    pub url: String,
+pub(crate) struct Series {
+    pub(crate) url: String,
     /// Successful scrapes in time order; the first is "before", the last "after" when
     /// `before_ok` / `after_ok`.
-    pub points: Vec<Point>,
-    pub before_ok: bool,
-    pub after_ok: bool,
-    pub failed: u64,
-    pub last_error: Option<String>,
+    pub(crate) points: Vec<Point>,
+    pub(crate) before_ok: bool,
+    pub(crate) after_ok: bool,
+    pub(crate) failed: u64,
+    pub(crate) last_error: Option<String>,
     /// Lines of the expositions the parser skipped (summed over scrapes).
-    pub bad_lines: u64,
+    pub(crate) bad_lines: u64,
     /// The server's family, from the first scrape that showed one.
-    pub family: Option<&'static Family>,
+    pub(crate) family: Option<&'static Family>,
     /// While no family is known: a few metric names the last successful scrape held.
-    pub seen: Vec<String>,
+    pub(crate) seen: Vec<String>,
 }
 
 impl std::fmt::Debug for Family {
@@ -222,15 +222,15 @@ impl std::fmt::Debug for Family {
 
 /// The theoretical prefix-cache counters for what was sent (tokens).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Theory {
-    pub hits: u64,
-    pub queries: u64,
-    pub server_block_size: u32,
+pub(crate) struct Theory {
+    pub(crate) hits: u64,
+    pub(crate) queries: u64,
+    pub(crate) server_block_size: u32,
     /// The hits at each of [`crate::trace::stats::SERVER_BLOCKS`] (none without a theory).
-    pub hits_at: Option<[u64; crate::trace::stats::SERVER_BLOCKS.len()]>,
+    pub(crate) hits_at: Option<[u64; crate::trace::stats::SERVER_BLOCKS.len()]>,
     /// The plan had more distinct id prefixes than are kept ([`crate::trace::stats::PREFIX_NODES`]):
     /// the hits are a lower bound.
-    pub lower_bound: bool,
+    pub(crate) lower_bound: bool,
 }
 
 fn delta(before: Option<f64>, after: Option<f64>) -> Option<f64> {
@@ -276,7 +276,7 @@ fn server_block(s: &Series, theory: &Theory) -> (u32, u64, &'static str) {
 }
 
 /// The run's server-side report: the result file's `server_metrics` object (pure).
-pub fn summarize(s: &Series, theory: &Theory) -> Value {
+pub(crate) fn summarize(s: &Series, theory: &Theory) -> Value {
     let (before, after) = match (s.points.first(), s.points.last()) {
         (Some(b), Some(a)) if s.before_ok && s.after_ok => (Some(b), Some(a)),
         _ => (None, None),
@@ -332,8 +332,8 @@ pub fn summarize(s: &Series, theory: &Theory) -> Value {
 }
 
 /// Where to scrape.
-pub struct ScrapeTarget {
-    pub url: String,
+pub(crate) struct ScrapeTarget {
+    pub(crate) url: String,
     pool: Pool,
     uri: Uri,
     headers: HeaderMap,
@@ -342,7 +342,7 @@ pub struct ScrapeTarget {
 impl ScrapeTarget {
     /// `url` = `http://host:port/path`; `headers` go with every GET (the target's, when the URL is
     /// the target's own `/metrics`).
-    pub async fn new(
+    pub(crate) async fn new(
         url: &str,
         headers: HeaderMap,
         ca: Option<&std::path::Path>,
@@ -378,7 +378,7 @@ impl ScrapeTarget {
     }
 
     /// One GET; the body as text.
-    pub async fn get(&self) -> Result<String, String> {
+    pub(crate) async fn get(&self) -> Result<String, String> {
         let path = self.uri.path_and_query().map_or("/metrics", |p| p.as_str());
         let (status, body) = self
             .pool
@@ -392,11 +392,11 @@ impl ScrapeTarget {
 }
 
 /// A running scraper (see the module docs).
-pub struct Scraper {
+pub(crate) struct Scraper {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<(ScrapeTarget, Series)>,
     /// The replay's t0 the series is timed against.
-    pub t0: Instant,
+    pub(crate) t0: Instant,
 }
 
 fn t_s(t0: Instant) -> f64 {
@@ -430,7 +430,7 @@ async fn scrape_into(target: &ScrapeTarget, t0: Instant, s: &mut Series) -> bool
 }
 
 /// The "before" point and where to scrape next.
-pub struct Before {
+pub(crate) struct Before {
     target: ScrapeTarget,
     series: Series,
     taken: Instant,
@@ -439,7 +439,7 @@ pub struct Before {
 /// Takes the "before" point now, retried once after a failure (a timeout or an error). The
 /// caller does it before opening the replay's warm connections, which can keep a server with
 /// few HTTP threads (llama.cpp: 8 by default) from answering in time.
-pub async fn before(target: ScrapeTarget) -> Before {
+pub(crate) async fn before(target: ScrapeTarget) -> Before {
     let mut series = Series {
         url: target.url.clone(),
         ..Default::default()
@@ -457,7 +457,7 @@ pub async fn before(target: ScrapeTarget) -> Before {
 /// Scrapes every [`INTERVAL`] from t0 until [`Scraper::finish`], after the [`before`] point.
 /// `t0` = `None`: t0 is set `lead` from now (the caller passes [`Scraper::t0`] on to the
 /// driver).
-pub fn start(b: Before, t0: Option<Instant>, lead: Duration) -> Scraper {
+pub(crate) fn start(b: Before, t0: Option<Instant>, lead: Duration) -> Scraper {
     let Before {
         target,
         mut series,
@@ -486,7 +486,7 @@ pub fn start(b: Before, t0: Option<Instant>, lead: Duration) -> Scraper {
 
 impl Scraper {
     /// Stops the periodic scrapes and takes the "after" point.
-    pub async fn finish(self) -> Series {
+    pub(crate) async fn finish(self) -> Series {
         let _ = self.stop.send(true);
         match self.task.await {
             Ok((target, mut series)) => {

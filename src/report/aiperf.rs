@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Which AIPerf export a file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// `profile_export.jsonl`.
     Records,
     /// `profile_export_aiperf.json`.
@@ -54,7 +54,7 @@ const DETECT_BYTES: usize = 1 << 20;
 /// The export a file's content is, if it is one. A per-request export's first line is a record
 /// (`{"metadata": ...`); an aggregate names `aiperf_version` in its first lines (AIPerf writes it
 /// second), so a truncated file is still recognised and its error says what is wrong.
-pub fn detect(data: &[u8]) -> Option<Format> {
+pub(crate) fn detect(data: &[u8]) -> Option<Format> {
     let start = data.iter().position(|b| !b.is_ascii_whitespace())?;
     let data = &data[start..];
     let head = String::from_utf8_lossy(&data[..data.len().min(1024)]);
@@ -82,7 +82,7 @@ pub fn detect(data: &[u8]) -> Option<Format> {
 }
 
 /// Reads an export [`detect`] recognised.
-pub fn read(path: &Path, data: &[u8], format: Format) -> Result<Run, AiperfError> {
+pub(crate) fn read(path: &Path, data: &[u8], format: Format) -> Result<Run, AiperfError> {
     match format {
         Format::Records => from_records(path, data),
         Format::Aggregate => from_aggregate(path, data),
@@ -585,7 +585,9 @@ fn aggregate_info(obj: &Map<String, Value>) -> BTreeMap<String, String> {
 /// JSONL ordered by send time (AIPerf's wall-clock `request_start_ns`). Returns the file and its
 /// record count. An aggregate is refused (percentiles of several runs cannot be combined), as is
 /// a request (`x_request_id`) found twice.
-pub fn merge_records(inputs: &[(PathBuf, Vec<u8>)]) -> Result<(Vec<u8>, usize), AiperfError> {
+pub(crate) fn merge_records(
+    inputs: &[(PathBuf, Vec<u8>)],
+) -> Result<(Vec<u8>, usize), AiperfError> {
     let refuse = |path: &Path, msg: String| AiperfError::Merge {
         path: path.display().to_string(),
         msg,

@@ -32,7 +32,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 /// Two-sided confidence level of every interval.
-pub const CONFIDENCE: f64 = 0.99;
+pub(crate) const CONFIDENCE: f64 = 0.99;
 /// Normal quantile for [`CONFIDENCE`].
 const Z: f64 = 2.575_829_303_548_901;
 
@@ -88,20 +88,20 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Paired {
     /// Requests successful in both runs.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Geometric mean of candidate/baseline TTFT.
     pub geo_mean_ratio: f64,
-    pub ci: (f64, f64),
-    pub p10: f64,
-    pub p50: f64,
-    pub p90: f64,
+    pub(crate) ci: (f64, f64),
+    pub(crate) p10: f64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
     /// Fraction of requests more than 10 % slower / faster in the candidate.
-    pub slower_10pct: f64,
-    pub faster_10pct: f64,
-    pub significant: bool,
+    pub(crate) slower_10pct: f64,
+    pub(crate) faster_10pct: f64,
+    pub(crate) significant: bool,
     /// Sorted ratios, downsampled, for the chart.
     #[serde(skip)]
-    pub cdf: Vec<(f64, f64)>,
+    pub(crate) cdf: Vec<(f64, f64)>,
 }
 
 /// The smallest change that counts (`--min-effect`): below it a change is "no change", however
@@ -117,10 +117,10 @@ pub enum MinEffect {
 
 impl MinEffect {
     /// The default: 1 % of the baseline.
-    pub const DEFAULT: MinEffect = MinEffect::Relative(0.01);
+    pub(crate) const DEFAULT: MinEffect = MinEffect::Relative(0.01);
 
     /// Parses `1%`, `0.5%` or an absolute `0.2`.
-    pub fn parse(s: &str) -> Result<MinEffect, String> {
+    pub(crate) fn parse(s: &str) -> Result<MinEffect, String> {
         let bad =
             || format!("--min-effect `{s}`: give a percentage like 1% or a non-negative number");
         let t = s.trim();
@@ -261,7 +261,7 @@ fn points(run: &Run, m: Metric) -> [Option<(f64, bool)>; 4] {
 
 /// Fewest samples per side for a bootstrap interval of `stat` to mean something: at least 10
 /// samples beyond a tail percentile, 20 for the mean and median.
-pub fn min_samples(stat: Stat) -> u64 {
+pub(crate) fn min_samples(stat: Stat) -> u64 {
     match stat {
         Stat::Mean | Stat::Median => 20,
         Stat::P90 => 100,

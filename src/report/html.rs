@@ -21,13 +21,13 @@ use super::weighted::Weighted;
 use serde_json::{json, Value};
 
 /// Most requests drawn in the timeline.
-pub const TIMELINE_ROWS: usize = 1500;
+pub(crate) const TIMELINE_ROWS: usize = 1500;
 /// Requests in the detail window of a large run's timeline.
-pub const DETAIL_ROWS: usize = 300;
+pub(crate) const DETAIL_ROWS: usize = 300;
 /// Most ITL runs kept per timeline row (the rest merge into the last run).
 const RUNS_PER_ROW: usize = 120;
 /// Most bins of a time series.
-pub const SERIES_BINS: usize = 300;
+pub(crate) const SERIES_BINS: usize = 300;
 const CDF_POINTS: usize = 200;
 const HIST_BINS: usize = 40;
 /// Longest error message kept per distinct error in the timeline.

@@ -50,7 +50,7 @@ pub enum LoadError {
 }
 
 /// The depth of nesting at which serde_json stops reading a JSON value (its recursion limit).
-pub const JSON_DEPTH_LIMIT: usize = 128;
+pub(crate) const JSON_DEPTH_LIMIT: usize = 128;
 
 /// Where the first JSON value in `data` reaches [`JSON_DEPTH_LIMIT`] levels of nesting, if it
 /// does: the offset of the bracket that does (strings skipped; the scan ends with the value).
@@ -88,7 +88,7 @@ fn too_deep(data: &[u8]) -> Option<usize> {
 
 /// `data` (the file `path`) as one JSON value: nested past serde_json's recursion limit or not
 /// JSON, an error naming the file and saying which.
-pub fn parse_json(path: &Path, data: &[u8]) -> Result<Value, LoadError> {
+pub(crate) fn parse_json(path: &Path, data: &[u8]) -> Result<Value, LoadError> {
     let name = || path.display().to_string();
     if let Some(at) = too_deep(data) {
         return Err(LoadError::TooDeep { path: name(), at });
@@ -154,7 +154,7 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
 /// A result naming a sidecar file (`requests_file`: a plain file beside the result file `path`,
 /// [`sidecar::beside`]): its rows put back as the result's per-request arrays, so the result
 /// reads as one with inline arrays. A result with arrays both inline and in a sidecar is refused.
-pub fn with_sidecar(
+pub(crate) fn with_sidecar(
     path: &Path,
     obj: &mut serde_json::Map<String, Value>,
 ) -> Result<(), LoadError> {
@@ -467,7 +467,7 @@ fn requests_from(
 /// ([`trace::Response::completed`], shared with `inspect`): an exchange that did not complete
 /// (cancelled, an error, a status of 400 or more) is a failure with its kind and no latency; a
 /// completed one is timed from its arrival, a whole body apart (E2E only), as a replay times it.
-pub fn recorded_requests(work: &[&trace::Request]) -> Requests {
+pub(crate) fn recorded_requests(work: &[&trace::Request]) -> Requests {
     let mut r = Requests::default();
     let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
     for q in work {

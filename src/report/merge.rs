@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Keys every input must share (a merge of different experiments is meaningless).
-pub const SAME_KEYS: [&str; 6] = [
+pub(crate) const SAME_KEYS: [&str; 6] = [
     "trace",
     "seed",
     "speed",
@@ -35,7 +35,7 @@ pub const SAME_KEYS: [&str; 6] = [
 ];
 
 /// Per-request arrays written by `--detailed` (the sidecar's list: every one is merged).
-pub use crate::result::sidecar::ARRAYS as ARRAY_KEYS;
+pub(crate) use crate::result::sidecar::ARRAYS as ARRAY_KEYS;
 
 /// Integer counts that are summed.
 const SUM_KEYS: [&str; 7] = [
@@ -69,7 +69,7 @@ const VLLM_FAMILIES: [(&str, &str); 4] = [
 
 /// A merge failure naming the file and the key.
 #[derive(Debug, thiserror::Error)]
-pub enum MergeError {
+pub(crate) enum MergeError {
     #[error("{path}: key `{key}`: {msg}")]
     Key {
         path: String,
@@ -93,7 +93,7 @@ fn key_err(path: &std::path::Path, key: &str, msg: impl Into<String>) -> MergeEr
 }
 
 /// Merges result objects (`path` names each in errors).
-pub fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
+pub(crate) fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     let reqs = check_inputs(inputs)?;
     let first = &inputs[0].1;
     let mut m: Map<String, Value> = first.as_object().cloned().unwrap_or_default();

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 /// Comparison operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Op {
+pub(crate) enum Op {
     Gt,
     Ge,
     Lt,
@@ -52,7 +52,7 @@ impl Op {
 /// What the threshold is compared with.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Threshold {
+pub(crate) enum Threshold {
     /// Relative change, as a fraction (+10 % → 0.10).
     Relative(f64),
     /// Absolute change in the metric's unit.
@@ -64,18 +64,18 @@ pub enum Threshold {
 /// One parsed rule.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Rule {
-    pub text: String,
-    pub metric: String,
-    pub op: Op,
-    pub threshold: Threshold,
+    pub(crate) text: String,
+    pub(crate) metric: String,
+    pub(crate) op: Op,
+    pub(crate) threshold: Threshold,
 }
 
 /// A rule that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--fail-on rule `{rule}`: {msg}")]
 pub struct RuleError {
-    pub rule: String,
-    pub msg: String,
+    pub(crate) rule: String,
+    pub(crate) msg: String,
 }
 
 const STATS: [&str; 4] = ["mean", "median", "p90", "p99"];
@@ -189,25 +189,25 @@ pub fn parse(spec: &str) -> Result<Vec<Rule>, RuleError> {
 /// The outcome of one rule.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome {
-    pub rule: String,
+    pub(crate) rule: String,
     pub tripped: bool,
     /// The threshold was crossed but the change is not significant.
-    pub ignored_as_noise: bool,
+    pub(crate) ignored_as_noise: bool,
     /// Too few samples to judge the change (the row's `n/a`): neither a pass nor a failure.
-    pub not_judged: bool,
+    pub(crate) not_judged: bool,
     /// The value compared with the threshold.
     pub observed: f64,
     pub message: String,
     /// The message in a few words, for the verdict line (`p99_ttft_ms +12.00% > +10%`).
-    pub brief: String,
+    pub(crate) brief: String,
 }
 
 /// A rule that cannot be evaluated (its metric is missing from an input).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("--fail-on rule `{rule}` cannot be evaluated: {msg}")]
 pub struct EvalError {
-    pub rule: String,
-    pub msg: String,
+    pub(crate) rule: String,
+    pub(crate) msg: String,
 }
 
 /// Evaluates every rule.
@@ -313,7 +313,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
 
 /// A rise of the candidate's failure rate beyond this (absolute) makes its latency and
 /// throughput incomparable with the baseline's: every rule on them fails.
-pub const FAILURE_GUARD: f64 = 0.05;
+pub(crate) const FAILURE_GUARD: f64 = 0.05;
 
 /// Why the candidate's figures cannot pass, if its failure rate rose beyond [`FAILURE_GUARD`]
 /// (a candidate with no successful request included) or is unknown.

@@ -24,7 +24,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Retrace => "retrace result",
             Kind::Vllm => "vllm bench serve result",
@@ -49,7 +49,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub(crate) const ALL: [Metric; 8] = [
         Metric::Ttft,
         Metric::Tpot,
         Metric::Itl,
@@ -61,7 +61,7 @@ impl Metric {
     ];
 
     /// Key fragment: `ttft`, `client_queue`, ...
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Metric::Ttft => "ttft",
             Metric::Tpot => "tpot",
@@ -75,7 +75,7 @@ impl Metric {
     }
 
     /// Measured on streamed requests only (a whole body has no first token of its own).
-    pub fn streamed_only(self) -> bool {
+    pub(crate) fn streamed_only(self) -> bool {
         matches!(
             self,
             Metric::Ttft | Metric::Tpot | Metric::Itl | Metric::E2el | Metric::Unattributed
@@ -83,7 +83,7 @@ impl Metric {
     }
 
     /// Human label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Metric::Ttft => "TTFT",
             Metric::Tpot => "TPOT",
@@ -113,19 +113,19 @@ impl Metric {
 /// so the first request starts at 0.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Requests {
-    pub input_lens: Vec<u64>,
-    pub output_lens: Vec<u64>,
-    pub start_s: Vec<f64>,
+    pub(crate) input_lens: Vec<u64>,
+    pub(crate) output_lens: Vec<u64>,
+    pub(crate) start_s: Vec<f64>,
     /// When the schedule wanted each request sent (retrace only), same origin as `start_s`.
-    pub intended_s: Option<Vec<f64>>,
-    pub ttft_s: Vec<Option<f64>>,
-    pub latency_s: Vec<Option<f64>>,
-    pub itls_s: Vec<Vec<f64>>,
+    pub(crate) intended_s: Option<Vec<f64>>,
+    pub(crate) ttft_s: Vec<Option<f64>>,
+    pub(crate) latency_s: Vec<Option<f64>>,
+    pub(crate) itls_s: Vec<Vec<f64>>,
     /// `""` on success.
-    pub errors: Vec<String>,
-    pub client_queue_s: Vec<Option<f64>>,
-    pub server_queue_s: Vec<Option<f64>>,
-    pub server_ttft_s: Vec<Option<f64>>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) client_queue_s: Vec<Option<f64>>,
+    pub(crate) server_queue_s: Vec<Option<f64>>,
+    pub(crate) server_ttft_s: Vec<Option<f64>>,
     /// Prompt lengths as the server counted them (retrace results), where it said.
     pub server_input_lens: Vec<Option<u64>>,
     /// Requests answered whole, not streamed (retrace results' `non_streamed`, a recording's
@@ -147,12 +147,16 @@ impl Requests {
     }
 
     /// The samples of one metric in ms (successful requests; ITL pooled), like vLLM.
-    pub fn samples_ms(&self, m: Metric) -> Vec<f64> {
+    pub(crate) fn samples_ms(&self, m: Metric) -> Vec<f64> {
         self.samples_ms_of(m, 0..self.len())
     }
 
     /// [`Requests::samples_ms`] of the requests `which` only (indices below [`Requests::len`]).
-    pub fn samples_ms_of(&self, m: Metric, which: impl IntoIterator<Item = usize>) -> Vec<f64> {
+    pub(crate) fn samples_ms_of(
+        &self,
+        m: Metric,
+        which: impl IntoIterator<Item = usize>,
+    ) -> Vec<f64> {
         let mut out = Vec::new();
         for i in which.into_iter().filter(|&i| i < self.len()) {
             let whole = self.non_streamed.get(i).copied().unwrap_or(false);
@@ -187,7 +191,7 @@ impl Requests {
     }
 
     /// When request `i` ended, s (start + E2EL; start + TTFT or start for failures).
-    pub fn end_s(&self, i: usize) -> f64 {
+    pub(crate) fn end_s(&self, i: usize) -> f64 {
         self.start_s[i] + self.latency_s[i].or(self.ttft_s[i]).unwrap_or(0.0)
     }
 }
@@ -195,31 +199,31 @@ impl Requests {
 /// One input, ready to compare or report.
 #[derive(Debug, Clone)]
 pub struct Run {
-    pub path: PathBuf,
-    pub kind: Kind,
+    pub(crate) path: PathBuf,
+    pub(crate) kind: Kind,
     /// Top-level numbers under their vLLM (or retrace) key names.
     pub scalars: BTreeMap<String, f64>,
     /// Top-level strings worth showing (model, target, trace, date, ...).
-    pub info: BTreeMap<String, String>,
+    pub(crate) info: BTreeMap<String, String>,
     pub requests: Option<Requests>,
     /// Whole histograms (retrace results), in ms.
-    pub hists: BTreeMap<Metric, Weighted>,
+    pub(crate) hists: BTreeMap<Metric, Weighted>,
     /// The trace itself, when the input was one.
-    pub trace: Option<Trace>,
+    pub(crate) trace: Option<Trace>,
     /// `server_metrics.series` of a retrace result (`--scrape-metrics`): `{t, running, waiting,
     /// kv_cache_usage, ...}` columns, seconds from t0; not validated beyond being an object.
-    pub server_series: Option<serde_json::Value>,
+    pub(crate) server_series: Option<serde_json::Value>,
     /// Flattened scalar leaves of a retrace result's `sessions`, `probes` and `server_metrics`
     /// objects (`probes.ttft.p99`, ...; the time series excluded), in file order, for the report;
     /// an AIPerf export's notes (`aiperf.*`).
-    pub sections: Vec<(String, Value)>,
+    pub(crate) sections: Vec<(String, Value)>,
     /// Which requests of its trace a retrace replay sent (its result's `selection`).
-    pub selection: Option<crate::trace::select::Selection>,
+    pub(crate) selection: Option<crate::trace::select::Selection>,
 }
 
 impl Run {
     /// File name for labels.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         self.path.file_name().map_or_else(
             || self.path.display().to_string(),
             |n| n.to_string_lossy().into(),
@@ -235,7 +239,7 @@ impl Run {
 
     /// The distribution of a metric: from per-request samples when present (exact), else from the
     /// stored histogram.
-    pub fn dist(&self, m: Metric) -> Option<Weighted> {
+    pub(crate) fn dist(&self, m: Metric) -> Option<Weighted> {
         match self.samples_ms(m) {
             Some(v) => Some(Weighted::from_samples(&v)),
             None => self.hists.get(&m).cloned().filter(|w| w.n() > 0),
@@ -247,14 +251,14 @@ impl Run {
     }
 
     /// Requests counted (completed + failed).
-    pub fn total_requests(&self) -> Option<f64> {
+    pub(crate) fn total_requests(&self) -> Option<f64> {
         Some(self.scalar("completed")? + self.scalar("failed").unwrap_or(0.0))
     }
 }
 
 /// `completed`, `failed`, `duration` (first send to last end) and vLLM's throughputs over it, from
 /// per-request data.
-pub fn add_totals(r: &Requests, scalars: &mut BTreeMap<String, f64>) {
+pub(crate) fn add_totals(r: &Requests, scalars: &mut BTreeMap<String, f64>) {
     let completed = (0..r.len()).filter(|&i| r.ok(i)).count();
     scalars.insert("completed".into(), completed as f64);
     scalars.insert("failed".into(), (r.len() - completed) as f64);

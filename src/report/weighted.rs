@@ -14,27 +14,27 @@ use rand::Rng;
 use rand_distr::{Binomial, Distribution};
 
 /// Above this many distinct sample values, samples are grouped on the log grid.
-pub const EXACT_MAX: usize = 4096;
+pub(crate) const EXACT_MAX: usize = 4096;
 const GRID: f64 = 1.001;
 
 /// Sorted distinct values (ms) and their counts.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Weighted {
-    pub values: Vec<f64>,
-    pub counts: Vec<u64>,
+pub(crate) struct Weighted {
+    pub(crate) values: Vec<f64>,
+    pub(crate) counts: Vec<u64>,
 }
 
 /// mean and the p50/p90/p99 of a distribution.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Quad {
-    pub mean: f64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
+pub(crate) struct Quad {
+    pub(crate) mean: f64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
 }
 
 impl Quad {
-    pub fn get(&self, stat: Stat) -> f64 {
+    pub(crate) fn get(&self, stat: Stat) -> f64 {
         match stat {
             Stat::Mean => self.mean,
             Stat::Median => self.p50,
@@ -46,7 +46,7 @@ impl Quad {
 
 /// The statistics a comparison reports per latency metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Stat {
+pub(crate) enum Stat {
     Mean,
     Median,
     P90,
@@ -54,9 +54,9 @@ pub enum Stat {
 }
 
 impl Stat {
-    pub const ALL: [Stat; 4] = [Stat::Mean, Stat::Median, Stat::P90, Stat::P99];
+    pub(crate) const ALL: [Stat; 4] = [Stat::Mean, Stat::Median, Stat::P90, Stat::P99];
     /// Key prefix as in vLLM's keys: `mean`, `median`, `p90`, `p99`.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Stat::Mean => "mean",
             Stat::Median => "median",
@@ -68,7 +68,7 @@ impl Stat {
 
 impl Weighted {
     /// From exact samples (any order; NaN dropped).
-    pub fn from_samples(v: &[f64]) -> Weighted {
+    pub(crate) fn from_samples(v: &[f64]) -> Weighted {
         let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
         s.sort_by(f64::total_cmp);
         let mut w = Weighted::default();
@@ -126,7 +126,7 @@ impl Weighted {
 
     /// From an HdrHistogram whose unit times `unit_ms` is milliseconds (each bucket at its
     /// median-equivalent value).
-    pub fn from_histogram(h: &Histogram<u64>, unit_ms: f64) -> Weighted {
+    pub(crate) fn from_histogram(h: &Histogram<u64>, unit_ms: f64) -> Weighted {
         let mut w = Weighted::default();
         for it in h.iter_recorded() {
             let v = h.median_equivalent(it.value_iterated_to()) as f64 * unit_ms;
@@ -135,23 +135,23 @@ impl Weighted {
         w
     }
 
-    pub fn n(&self) -> u64 {
+    pub(crate) fn n(&self) -> u64 {
         self.counts.iter().sum()
     }
 
     /// mean and linear-interpolated (numpy) percentiles of the expanded sample.
-    pub fn quad(&self) -> Quad {
+    pub(crate) fn quad(&self) -> Quad {
         quad_of(&self.values, &self.counts)
     }
 
     /// Percentile `q` (0..=100), numpy's linear interpolation over the expanded sample.
-    pub fn percentile(&self, q: f64) -> f64 {
+    pub(crate) fn percentile(&self, q: f64) -> f64 {
         percentiles_of(&self.values, &self.counts, &[q])[0]
     }
 
     /// A bootstrap resample: new counts over the same values, same total. Draws `n` bucket
     /// indices directly when that is cheaper than one binomial per bucket.
-    pub fn resample<R: Rng>(&self, rng: &mut R) -> Vec<u64> {
+    pub(crate) fn resample<R: Rng>(&self, rng: &mut R) -> Vec<u64> {
         let total = self.n();
         let mut out = vec![0u64; self.counts.len()];
         if total == 0 {
@@ -185,7 +185,7 @@ impl Weighted {
     }
 
     /// `points` (x, F(x)) pairs of the empirical CDF, evenly spaced in probability, for charts.
-    pub fn cdf_points(&self, points: usize) -> Vec<(f64, f64)> {
+    pub(crate) fn cdf_points(&self, points: usize) -> Vec<(f64, f64)> {
         let n = self.n();
         if n == 0 {
             return Vec::new();
@@ -202,7 +202,7 @@ impl Weighted {
 }
 
 /// mean, p50, p90, p99 over `values` with `counts`.
-pub fn quad_of(values: &[f64], counts: &[u64]) -> Quad {
+pub(crate) fn quad_of(values: &[f64], counts: &[u64]) -> Quad {
     let n: u64 = counts.iter().sum();
     if n == 0 {
         return Quad::default();
@@ -229,7 +229,7 @@ fn cumulative(counts: &[u64]) -> Vec<u64> {
 }
 
 /// Linear-interpolated percentiles (ascending `qs` for one pass; any order works).
-pub fn percentiles_of(values: &[f64], counts: &[u64], qs: &[f64]) -> Vec<f64> {
+pub(crate) fn percentiles_of(values: &[f64], counts: &[u64], qs: &[f64]) -> Vec<f64> {
     let n: u64 = counts.iter().sum();
     if n == 0 {
         return vec![0.0; qs.len()];

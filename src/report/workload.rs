@@ -17,20 +17,20 @@ use std::collections::BTreeMap;
 
 /// One side's workload figures.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Shape {
-    pub requests: usize,
-    pub duration_s: f64,
-    pub rate_rps: f64,
+pub(crate) struct Shape {
+    pub(crate) requests: usize,
+    pub(crate) duration_s: f64,
+    pub(crate) rate_rps: f64,
     /// Coefficient of variation of inter-arrival gaps.
-    pub gap_cv: f64,
-    pub isl: Dist,
-    pub osl: Dist,
+    pub(crate) gap_cv: f64,
+    pub(crate) isl: Dist,
+    pub(crate) osl: Dist,
     /// Traces only.
-    pub reuse: Option<Reuse>,
-    pub models: BTreeMap<String, u64>,
-    pub endpoints: BTreeMap<String, u64>,
+    pub(crate) reuse: Option<Reuse>,
+    pub(crate) models: BTreeMap<String, u64>,
+    pub(crate) endpoints: BTreeMap<String, u64>,
     /// A trace's side requests (`/tokenize`, `GET /v1/models`, ...), left out of every figure.
-    pub auxiliary_left_out: u64,
+    pub(crate) auxiliary_left_out: u64,
 }
 
 /// Two-sample Kolmogorov–Smirnov result.
@@ -39,7 +39,7 @@ pub struct Ks {
     /// sup |F1 − F2|.
     pub d: f64,
     /// Asymptotic p-value (Kolmogorov distribution with Stephens' small-sample correction).
-    pub p_value: f64,
+    pub(crate) p_value: f64,
 }
 
 /// A recorded trace against its replay.
@@ -47,7 +47,7 @@ pub struct Ks {
 pub struct Fidelity {
     /// Requests paired by position.
     pub paired: usize,
-    pub speed: f64,
+    pub(crate) speed: f64,
     /// |actual send offset − arrival offset / speed|, ms.
     pub arrival_error_ms: Dist,
     /// Fractions of paired requests with exactly the trace's input / output length. The input
@@ -63,9 +63,9 @@ pub struct Fidelity {
     pub isl_estimated: usize,
     pub osl_exact: f64,
     /// Mean |output length − trace output length| over successful requests.
-    pub osl_mean_abs_diff: f64,
+    pub(crate) osl_mean_abs_diff: f64,
     /// Prompts the replayer could not build at the exact length (retrace's `inexact_prompts`).
-    pub inexact_prompts: Option<f64>,
+    pub(crate) inexact_prompts: Option<f64>,
     /// |intended send offset − arrival offset / speed|, ms (retrace results: the schedule
     /// itself, free of the machine's send lateness).
     pub schedule_error_ms: Option<Dist>,
@@ -76,7 +76,7 @@ pub struct Fidelity {
     pub left_out: usize,
     /// Two-sample KS statistic D between the recorded and the replayed TTFT, ITL, E2EL, both
     /// of one population: the paired requests that completed in the recording and in the replay.
-    pub latency_ks: BTreeMap<String, f64>,
+    pub(crate) latency_ks: BTreeMap<String, f64>,
     /// Paired requests that completed on both sides (a recording's by
     /// [`crate::trace::Response::completed`], a replay's with a first token and no error): the
     /// only ones whose lengths and latency are judged.
@@ -91,9 +91,9 @@ pub struct Fidelity {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub replay_failed: BTreeMap<String, Apart>,
     /// The coarser of the two sides' time resolutions ([`resolution_s`]), ms.
-    pub time_resolution_ms: f64,
+    pub(crate) time_resolution_ms: f64,
     /// How far behind the recording the actual sends may be at p99 ([`send_tolerance_ms`]).
-    pub send_tolerance_ms: f64,
+    pub(crate) send_tolerance_ms: f64,
     /// The actual sends (`arrival_error_ms`) were within `send_tolerance_ms` at p99.
     pub sent_on_time: bool,
     /// Every workload request sent and paired, lengths reproduced, the intended schedule within
@@ -105,12 +105,12 @@ pub struct Fidelity {
 /// position among the paired requests, which is their index in the replay's per-request arrays).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Apart {
-    pub count: usize,
+    pub(crate) count: usize,
     pub first: Vec<usize>,
 }
 
 /// Request indices an [`Apart`] names.
-pub const APART_NAMED: usize = 5;
+pub(crate) const APART_NAMED: usize = 5;
 
 fn note_apart(m: &mut BTreeMap<String, Apart>, kind: &str, i: usize) {
     let a = m.entry(kind.to_string()).or_default();
@@ -145,22 +145,22 @@ fn is_zero(n: &usize) -> bool {
 
 /// The intended schedule may differ from the recording by this much at p99 and still be
 /// faithful.
-pub const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
+pub(crate) const FAITHFUL_SCHEDULE_MS: f64 = 1.0;
 
 /// The actual sends may differ from the recording by this much at p99 (or by one tick of the
 /// coarser time resolution, if larger) and still be faithful: a client's own send lateness on a
 /// busy machine is of this order, and a run later than this is not "as recorded".
-pub const FAITHFUL_SEND_MS: f64 = 10.0;
+pub(crate) const FAITHFUL_SEND_MS: f64 = 10.0;
 
 /// [`FAITHFUL_SEND_MS`], or one tick of the coarser time resolution when that is larger.
-pub fn send_tolerance_ms(resolution_ms: f64) -> f64 {
+pub(crate) fn send_tolerance_ms(resolution_ms: f64) -> f64 {
     FAITHFUL_SEND_MS.max(resolution_ms)
 }
 
 /// The time resolution of a set of instants (seconds): the largest of 1 s, 100 ms, ... 1 µs
 /// that every offset from the first is a whole multiple of (a Mooncake trace's integer
 /// milliseconds: 1 ms; a recording's microseconds: 1 µs).
-pub fn resolution_s(times: &[f64]) -> f64 {
+pub(crate) fn resolution_s(times: &[f64]) -> f64 {
     let Some(&t0) = times.first() else {
         return 1e-6;
     };
@@ -186,15 +186,15 @@ fn on_grid(times: &[f64], tick: f64) -> Vec<f64> {
 /// The workload section of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkloadCmp {
-    pub baseline: Shape,
-    pub candidate: Shape,
+    pub(crate) baseline: Shape,
+    pub(crate) candidate: Shape,
     pub isl_ks: Ks,
     pub osl_ks: Ks,
     /// Between the inter-arrival gaps of the two sides, both read at the coarser of their
     /// time resolutions (`gaps_resolution_ms`): a Mooncake trace's 0 ms gaps and a recording's
     /// sub-millisecond ones of the same schedule are the same gaps.
-    pub gaps_ks: Ks,
-    pub gaps_resolution_ms: f64,
+    pub(crate) gaps_ks: Ks,
+    pub(crate) gaps_resolution_ms: f64,
     pub fidelity: Option<Fidelity>,
 }
 
@@ -232,7 +232,7 @@ fn view(r: &Run) -> Option<View> {
 
 /// Input lengths of the workload requests (a trace's side requests left out) and, as a result
 /// file counts them, output lengths of those that succeeded.
-pub fn lengths(r: &Run) -> Option<(Vec<f64>, Vec<f64>)> {
+pub(crate) fn lengths(r: &Run) -> Option<(Vec<f64>, Vec<f64>)> {
     if let Some(t) = &r.trace {
         let work = || t.requests.iter().filter(|q| q.is_workload());
         let osl = work().filter(|q| q.recorded_failure().is_none());
@@ -259,7 +259,7 @@ fn gaps(arrivals: &[f64]) -> Vec<f64> {
 }
 
 /// Coefficient of variation of the gaps between sorted arrivals (population std / mean).
-pub fn gap_cv(arrivals: &[f64]) -> f64 {
+pub(crate) fn gap_cv(arrivals: &[f64]) -> f64 {
     let gaps = gaps(arrivals);
     if gaps.len() < 2 {
         return 0.0;
@@ -506,7 +506,7 @@ fn fidelity(trace_run: &Run, replay: &Run) -> Option<Fidelity> {
 }
 
 /// The workload comparison, when both sides carry arrivals and lengths.
-pub fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
+pub(crate) fn compare(base: &Run, cand: &Run) -> Option<WorkloadCmp> {
     let (vb, vc) = (view(base)?, view(cand)?);
     let fid = match (base.kind, cand.kind) {
         (Kind::Trace, Kind::Retrace | Kind::Vllm | Kind::Aiperf) => fidelity(base, cand),

@@ -14,16 +14,16 @@ use serde_json::{Map, Value};
 
 /// The longest time a result may hold: a latency, a drift, the run's duration, the span of its
 /// send times (a year and a day, far above any real run).
-pub const MAX_SECONDS: f64 = 366.0 * 86_400.0;
+pub(crate) const MAX_SECONDS: f64 = 366.0 * 86_400.0;
 
 /// The most tokens a request may count (the readers' token bound).
-pub const MAX_TOKENS: u64 = crate::trace::rows::MAX_TOKENS;
+pub(crate) const MAX_TOKENS: u64 = crate::trace::rows::MAX_TOKENS;
 
 /// A value out of bounds: its key (`a.b` inside a section) and what is wrong with it.
 #[derive(Debug, PartialEq)]
-pub struct Bad {
-    pub key: String,
-    pub msg: String,
+pub(crate) struct Bad {
+    pub(crate) key: String,
+    pub(crate) msg: String,
 }
 
 /// `x` as JSON, cut for a message.
@@ -114,7 +114,7 @@ fn elem_fault(kind: Elem, x: &Value) -> Option<String> {
 /// The per-request arrays of `obj`: each one present an array of the same length as `ttfts` (a
 /// retrace result's: `num_prompts`), each element of its kind, the send times within a span of
 /// [`MAX_SECONDS`]. Returns their length, `None` when the result has no `ttfts`.
-pub fn check_arrays(obj: &Map<String, Value>, retrace: bool) -> Result<Option<usize>, Bad> {
+pub(crate) fn check_arrays(obj: &Map<String, Value>, retrace: bool) -> Result<Option<usize>, Bad> {
     let present: Vec<(&str, Elem, &Value)> = ELEMS
         .iter()
         .filter_map(|&(k, e)| Some((k, e, obj.get(k)?)))
@@ -235,7 +235,7 @@ fn ms_fault(key: &str, x: &Value) -> Option<String> {
 
 /// The scalars of a result: counts, the duration, `*_ms` statistics, rates, `errors_by_kind`,
 /// and the `sessions` and `probes` sections' counts and times.
-pub fn check_scalars(obj: &Map<String, Value>, retrace: bool) -> Result<(), Bad> {
+pub(crate) fn check_scalars(obj: &Map<String, Value>, retrace: bool) -> Result<(), Bad> {
     let mut counts = std::collections::BTreeMap::new();
     for k in COUNT_KEYS {
         if let Some(c) = count(obj, k)? {

@@ -34,7 +34,7 @@
 //! This module builds the result ([`ReplayResult`]); it does not print or write files. Its
 //! sidecar ([`sidecar`]) and the bounds its values are read within ([`bounds`]) live beside it.
 
-pub mod bounds;
+pub(crate) mod bounds;
 pub mod sidecar;
 
 use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Stats, Summary};
@@ -43,7 +43,7 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
 /// Schema identifier written into every result.
-pub const SCHEMA: &str = "retrace.replay/1";
+pub(crate) const SCHEMA: &str = "retrace.replay/1";
 
 /// Run facts that are not measurements (keys of the result as they are).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -82,14 +82,14 @@ pub struct RunInfo {
 /// `ramp_up_end_rps`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Traffic {
-    pub request_rate: Value,
-    pub burstiness: f64,
+    pub(crate) request_rate: Value,
+    pub(crate) burstiness: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ramp_up_strategy: Option<&'static str>,
+    pub(crate) ramp_up_strategy: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ramp_up_start_rps: Option<f64>,
+    pub(crate) ramp_up_start_rps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ramp_up_end_rps: Option<f64>,
+    pub(crate) ramp_up_end_rps: Option<f64>,
 }
 
 impl Traffic {
@@ -140,13 +140,13 @@ impl Traffic {
     }
 
     /// The configured rate vLLM prints as `Request rate configured (RPS)` (finite rates only).
-    pub fn configured_rate(&self) -> Option<f64> {
+    pub(crate) fn configured_rate(&self) -> Option<f64> {
         self.request_rate.as_f64()
     }
 }
 
 /// vLLM's backend name for our API label (`endpoint_type` and `backend`).
-pub fn vllm_backend(endpoint: &str) -> &str {
+pub(crate) fn vllm_backend(endpoint: &str) -> &str {
     match endpoint {
         "completions" => "openai",
         "chat" => "openai-chat",
@@ -173,108 +173,108 @@ pub(crate) fn put_stats(m: &mut Map<String, Value>, name: &str, s: &Stats, extra
 /// One replay's result, serialised once ([`ReplayResult::to_value`]); the keys are the module
 /// docs' (serde_json sorts them).
 #[derive(Debug, Clone, Serialize)]
-pub struct ReplayResult {
-    pub schema: &'static str,
-    pub retrace_version: &'static str,
+pub(crate) struct ReplayResult {
+    pub(crate) schema: &'static str,
+    pub(crate) retrace_version: &'static str,
     /// vLLM's backend name: `openai` (completions), `openai-chat`, or `mixed`.
-    pub backend: String,
+    pub(crate) backend: String,
     /// The same as `backend`, as vLLM writes it.
-    pub endpoint_type: String,
-    pub num_prompts: usize,
+    pub(crate) endpoint_type: String,
+    pub(crate) num_prompts: usize,
     #[serde(flatten)]
-    pub info: RunInfo,
-    pub duration: f64,
-    pub completed: u64,
-    pub failed: u64,
-    pub total_input_tokens: u64,
-    pub total_output_tokens: u64,
-    pub request_throughput: f64,
-    pub request_goodput: Option<f64>,
-    pub output_throughput: f64,
-    pub total_token_throughput: f64,
-    pub max_concurrent_requests: u64,
-    pub max_output_tokens_per_s: f64,
+    pub(crate) info: RunInfo,
+    pub(crate) duration: f64,
+    pub(crate) completed: u64,
+    pub(crate) failed: u64,
+    pub(crate) total_input_tokens: u64,
+    pub(crate) total_output_tokens: u64,
+    pub(crate) request_throughput: f64,
+    pub(crate) request_goodput: Option<f64>,
+    pub(crate) output_throughput: f64,
+    pub(crate) total_token_throughput: f64,
+    pub(crate) max_concurrent_requests: u64,
+    pub(crate) max_output_tokens_per_s: f64,
     /// vLLM's inverse real-time factor of audio input: 0 (no audio).
-    pub rtfx: f64,
+    pub(crate) rtfx: f64,
     /// Ours: peak requests in flight at one instant.
-    pub peak_in_flight: u64,
+    pub(crate) peak_in_flight: u64,
     /// The statistics families (`mean_ttft_ms`, `p99_drift_ms`, `count_client_queue`, ...).
     #[serde(flatten)]
-    pub stats: Map<String, Value>,
-    pub errors_by_kind: BTreeMap<String, u64>,
-    pub server_reported: u64,
+    pub(crate) stats: Map<String, Value>,
+    pub(crate) errors_by_kind: BTreeMap<String, u64>,
+    pub(crate) server_reported: u64,
     /// Per-request prefix-cache hits the server reported (llama.cpp `timings.cache_n`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_prefix_cache: Option<Value>,
-    pub histograms: BTreeMap<String, String>,
+    pub(crate) server_prefix_cache: Option<Value>,
+    pub(crate) histograms: BTreeMap<String, String>,
     /// `--detailed`: the per-request arrays inline ([`arrays`]) ...
     #[serde(flatten)]
-    pub detailed: Option<Map<String, Value>>,
+    pub(crate) detailed: Option<Map<String, Value>>,
     /// ... or the name of the sidecar file holding them (beside the result file).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub requests_file: Option<String>,
+    pub(crate) requests_file: Option<String>,
     /// ITL statistics from the histogram: the run had more ITL values than it keeps exactly.
-    pub itl_from_histogram: bool,
+    pub(crate) itl_from_histogram: bool,
     /// Every statistic from running aggregates: the run measured more requests than it keeps.
-    pub scalars_from_histogram: bool,
+    pub(crate) scalars_from_histogram: bool,
     /// `--sessions`: [`sessions_json`].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sessions: Option<Value>,
+    pub(crate) sessions: Option<Value>,
     /// `--scrape-metrics`'s summary.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_metrics: Option<Value>,
+    pub(crate) server_metrics: Option<Value>,
     /// `--probe-request-rate`'s summary.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub probes: Option<Value>,
+    pub(crate) probes: Option<Value>,
     /// How the run was measured (a real replay always has it).
     #[serde(flatten)]
-    pub run: Option<RunExtras>,
+    pub(crate) run: Option<RunExtras>,
     /// What was sent of a recording (a real replay always has it).
     #[serde(flatten)]
-    pub selected: Option<Selected>,
+    pub(crate) selected: Option<Selected>,
 }
 
 /// One measured request's element of every per-request array (`--detailed`), under the array's
 /// name: the result's arrays are these rows by schedule index (inline), or the lines of its
 /// sidecar file ([`crate::result::sidecar`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    pub input_lens: u64,
-    pub output_lens: u64,
+pub(crate) struct Row {
+    pub(crate) input_lens: u64,
+    pub(crate) output_lens: u64,
     /// 0 when none.
-    pub ttfts: f64,
-    pub itls: Vec<f64>,
+    pub(crate) ttfts: f64,
+    pub(crate) itls: Vec<f64>,
     /// E2EL, 0 when none.
-    pub latencies: f64,
+    pub(crate) latencies: f64,
     /// Actual send, from t0.
-    pub start_times: f64,
+    pub(crate) start_times: f64,
     /// vLLM's: actual send − intended send (slot wait and send drift together).
-    pub queue_times: f64,
+    pub(crate) queue_times: f64,
     /// "" on success, else `kind: detail`.
-    pub errors: String,
-    pub server_queue_times: Option<f64>,
-    pub server_ttfts: Option<f64>,
+    pub(crate) errors: String,
+    pub(crate) server_queue_times: Option<f64>,
+    pub(crate) server_ttfts: Option<f64>,
     /// The prompt's length as the server counted it (`usage.prompt_tokens`), null where unknown.
-    pub server_input_lens: Option<u64>,
+    pub(crate) server_input_lens: Option<u64>,
     /// Prompt tokens the server took from its cache (the array exists when some request
     /// reported them, null elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_cached_tokens: Option<u64>,
-    pub intended_times: f64,
-    pub drifts: f64,
-    pub client_queue_times: f64,
+    pub(crate) server_cached_tokens: Option<u64>,
+    pub(crate) intended_times: f64,
+    pub(crate) drifts: f64,
+    pub(crate) client_queue_times: f64,
     /// A recorded trace's: the request's recorded failure, null when it succeeded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub recorded_errors: Option<Option<String>>,
+    pub(crate) recorded_errors: Option<Option<String>>,
     /// `true` for a request answered whole, not streamed (null elsewhere; the array is written
     /// only when there was one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub non_streamed: Option<bool>,
+    pub(crate) non_streamed: Option<bool>,
 }
 
 impl Row {
     /// `recorded`: the recorded failure, for a recorded trace.
-    pub fn of(x: &Sample, recorded: Option<Option<String>>) -> Row {
+    pub(crate) fn of(x: &Sample, recorded: Option<Option<String>>) -> Row {
         let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
         Row {
             input_lens: x.input_tokens,
@@ -304,7 +304,7 @@ impl Row {
 }
 
 /// `rows` (by schedule index) as the result's index-aligned arrays.
-pub fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
+pub(crate) fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
     let rows: Vec<Row> = rows.into_iter().collect();
     let mut cols = crate::result::sidecar::Columns::new(rows.len());
     for (i, r) in rows.into_iter().enumerate() {
@@ -317,7 +317,7 @@ pub fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
 
 impl ReplayResult {
     /// The result of a run of `num_prompts` measured requests, without per-request arrays.
-    pub fn new(
+    pub(crate) fn new(
         info: &RunInfo,
         sum: &Summary,
         hist: &Histograms,
@@ -393,7 +393,7 @@ impl ReplayResult {
     }
 
     /// The result as one JSON object (with vLLM's `probe_*` keys when probes completed).
-    pub fn to_value(&self) -> Value {
+    pub(crate) fn to_value(&self) -> Value {
         let mut v =
             serde_json::to_value(self).unwrap_or_else(|e| json!({ "error": e.to_string() }));
         if let (Some(m), Some(p)) = (v.as_object_mut(), &self.probes) {
@@ -405,7 +405,7 @@ impl ReplayResult {
 
 /// vLLM's `probe_completed`, `probe_failed`, `probe_{median,p99,max}_e2el_ms` from our `probes`
 /// summary; none when no probe completed (as vLLM).
-pub fn vllm_probe_keys(p: &Value) -> Map<String, Value> {
+pub(crate) fn vllm_probe_keys(p: &Value) -> Map<String, Value> {
     let mut m = Map::new();
     if p["completed"].as_u64().unwrap_or(0) == 0 {
         return m;
@@ -438,7 +438,7 @@ pub fn build(
 /// The `--sessions` report as the result's `sessions`: `{sessions, turns, dependent_turns,
 /// released_after_failure, drift}` (drift = actual release − recorded arrival of each dependent
 /// turn, ms).
-pub fn sessions_json(r: &crate::replay::plan::turns::SessionReport) -> Value {
+pub(crate) fn sessions_json(r: &crate::replay::plan::turns::SessionReport) -> Value {
     json!({
         "sessions": r.sessions,
         "turns": r.turns,
@@ -450,76 +450,76 @@ pub fn sessions_json(r: &crate::replay::plan::turns::SessionReport) -> Value {
 
 /// How the run was measured and what ran beside it.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunExtras {
+pub(crate) struct RunExtras {
     /// `--start-at`, as displayed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_at: Option<String>,
+    pub(crate) start_at: Option<String>,
     /// `kernel` or `read` (see [`crate::replay::http::pool::Pool::rx_stamp`]).
-    pub rx_stamp: &'static str,
+    pub(crate) rx_stamp: &'static str,
     /// Reader threads and their batch window; null when bodies were read on the tasks.
-    pub body_readers: Option<BodyReaders>,
-    pub client_cpu: ClientCpu,
-    pub body_builder: BodyBuilder,
+    pub(crate) body_readers: Option<BodyReaders>,
+    pub(crate) client_cpu: ClientCpu,
+    pub(crate) body_builder: BodyBuilder,
 }
 
 /// The body builder ([`crate::replay::plan::body`]): its window and whether it kept ahead.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct BodyBuilder {
-    pub lead_s: f64,
-    pub window_mib: f64,
+pub(crate) struct BodyBuilder {
+    pub(crate) lead_s: f64,
+    pub(crate) window_mib: f64,
     /// Bodies ready only after their deadline.
-    pub late: u64,
+    pub(crate) late: u64,
     /// Least time from a body being ready to its deadline, during the run (null: all were
     /// built before the clock started).
-    pub min_lead_ms: Option<f64>,
+    pub(crate) min_lead_ms: Option<f64>,
     /// Most body bytes alive at once (built and not yet freed, in flight included).
-    pub peak_bytes: u64,
+    pub(crate) peak_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct BodyReaders {
-    pub threads: usize,
-    pub batch_us: u64,
+pub(crate) struct BodyReaders {
+    pub(crate) threads: usize,
+    pub(crate) batch_us: u64,
 }
 
 /// The replayer's CPU time before the clock and during the run, seconds.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct ClientCpu {
-    pub setup_s: f64,
-    pub run_s: f64,
+pub(crate) struct ClientCpu {
+    pub(crate) setup_s: f64,
+    pub(crate) run_s: f64,
     /// The embedded mock ran in this process (its CPU is in the figures).
-    pub embedded_target: bool,
+    pub(crate) embedded_target: bool,
 }
 
 /// What the replay sent of a recording, and how it compares with the recording.
 #[derive(Debug, Clone, Serialize)]
-pub struct Selected {
+pub(crate) struct Selected {
     /// `--include-aux`, `--skip-recorded-failures`.
-    pub selection: Value,
+    pub(crate) selection: Value,
     /// Requests left out, by reason.
-    pub left_out: Value,
+    pub(crate) left_out: Value,
     /// `METHOD path` → requests sent.
-    pub requests_by_endpoint: BTreeMap<String, u64>,
+    pub(crate) requests_by_endpoint: BTreeMap<String, u64>,
     /// Side requests sent (`--include-aux`): `{sent, ok, errors}`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub auxiliary: Option<Value>,
+    pub(crate) auxiliary: Option<Value>,
     /// Recorded against replayed outcomes (recorded traces).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub recorded_outcomes: Option<Value>,
+    pub(crate) recorded_outcomes: Option<Value>,
     /// Requests cut where the client cancelled them in the recording (recorded traces):
     /// `{count, rule}`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cancelled_as_recorded: Option<Value>,
+    pub(crate) cancelled_as_recorded: Option<Value>,
     /// The workload left out: `{left_out, workload, share, malformed_rows, limit}`.
-    pub left_out_workload: Value,
+    pub(crate) left_out_workload: Value,
     /// Text prompts made by the target's `/tokenize` and `/detokenize`, when used:
     /// `{prompts, exact, calls, failed_calls, gave_up, first_error}`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub target_text: Option<Value>,
+    pub(crate) target_text: Option<Value>,
     /// How `--tokenizer`'s text prompts were fitted to the target (its template overhead), or
     /// why not (the tokenizer does not match the target's), when text prompts were synthesised.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokenizer_fit: Option<String>,
+    pub(crate) tokenizer_fit: Option<String>,
 }
 
 #[cfg(test)]

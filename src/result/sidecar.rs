@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 
 /// Above this many measured requests a `--detailed` result's per-request arrays go to the
 /// sidecar file; at or below it they stay inline (one file, vLLM's layout).
-pub const THRESHOLD: usize = 100_000;
+pub(crate) const THRESHOLD: usize = 100_000;
 
 /// The result's key naming the sidecar file (a file name, beside the result file).
 pub const KEY: &str = "requests_file";
 
 /// The arrays a sidecar row may hold (other keys are ignored).
-pub const ARRAYS: [&str; 17] = [
+pub(crate) const ARRAYS: [&str; 17] = [
     "input_lens",
     "output_lens",
     "ttfts",
@@ -46,11 +46,11 @@ const MIN_ROW_BYTES: u64 = 12;
 
 /// The longest line read as a row. A real row holds one request's scalars (a few hundred bytes)
 /// and its ITLs, about 12 bytes each: 16 MiB holds over a million, far above any real output.
-pub const MAX_ROW_BYTES: usize = 16 << 20;
+pub(crate) const MAX_ROW_BYTES: usize = 16 << 20;
 
 /// The most rows read from a sidecar (a stated bound above any real run; reading takes about
 /// 1 KiB of memory a row). A sidecar holds exactly the result's `num_prompts` rows.
-pub const MAX_ROWS: usize = 1 << 24;
+pub(crate) const MAX_ROWS: usize = 1 << 24;
 
 /// The sidecar of the result file `result`: `run.json` → `run.requests.jsonl`.
 pub fn path_for(result: &Path) -> PathBuf {
@@ -81,7 +81,7 @@ pub enum SidecarError {
 /// The sidecar the result file `result` names (`requests_file`: `name`), which must be a bare
 /// file name (no `/`, not `.` or `..`, not empty) of a regular file in the result's directory:
 /// never a path elsewhere, a symbolic link, a device or a FIFO (checked without opening it).
-pub fn beside(result: &Path, name: &str) -> Result<PathBuf, SidecarError> {
+pub(crate) fn beside(result: &Path, name: &str) -> Result<PathBuf, SidecarError> {
     let refuse = |msg: String| SidecarError::Refused {
         result: result.display().to_string(),
         msg,
@@ -123,13 +123,13 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
 }
 
 /// Rows by index → index-aligned arrays, null where a row lacks a key.
-pub struct Columns {
+pub(crate) struct Columns {
     n: usize,
     cols: BTreeMap<String, Vec<Value>>,
 }
 
 impl Columns {
-    pub fn new(n: usize) -> Columns {
+    pub(crate) fn new(n: usize) -> Columns {
         Columns {
             n,
             cols: BTreeMap::new(),
@@ -137,7 +137,7 @@ impl Columns {
     }
 
     /// Row `index` (< n).
-    pub fn put(&mut self, index: usize, row: Map<String, Value>) {
+    pub(crate) fn put(&mut self, index: usize, row: Map<String, Value>) {
         let n = self.n;
         for (k, v) in row {
             let col = self.cols.entry(k).or_insert_with(|| vec![Value::Null; n]);
@@ -147,7 +147,7 @@ impl Columns {
         }
     }
 
-    pub fn into_map(self) -> Map<String, Value> {
+    pub(crate) fn into_map(self) -> Map<String, Value> {
         self.cols
             .into_iter()
             .map(|(k, v)| (k, Value::Array(v)))
@@ -156,7 +156,7 @@ impl Columns {
 }
 
 /// The sidecar being written (`PATH.partial` until [`Writer::finish`]).
-pub struct Writer {
+pub(crate) struct Writer {
     partial: crate::sys::partial::Partial,
     out: BufWriter<std::fs::File>,
     path: PathBuf,
@@ -175,7 +175,7 @@ struct Line<'a, T> {
 }
 
 impl Writer {
-    pub fn create(path: &Path) -> std::io::Result<Writer> {
+    pub(crate) fn create(path: &Path) -> std::io::Result<Writer> {
         let (partial, file) = crate::sys::partial::Partial::create(path)?;
         let name = path
             .file_name()
@@ -192,7 +192,7 @@ impl Writer {
     }
 
     /// Appends request `index`'s row; the first write error is kept for [`Writer::finish`].
-    pub fn write(&mut self, index: usize, row: &impl Serialize) {
+    pub(crate) fn write(&mut self, index: usize, row: &impl Serialize) {
         if self.error.is_some() {
             return;
         }
@@ -211,13 +211,13 @@ impl Writer {
     }
 
     /// Rows written so far.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
     /// Flushes and renames the file (its rows renumbered first when their indices have gaps);
     /// its name, for the result's [`KEY`].
-    pub fn finish(self) -> std::io::Result<String> {
+    pub(crate) fn finish(self) -> std::io::Result<String> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -273,7 +273,7 @@ fn renumber(from: &crate::sys::partial::Partial, path: &Path, seen: &[u64]) -> s
 /// than [`MAX_ROW_BYTES`], an index out of range or given twice, a request missing, more than
 /// [`MAX_ROWS`] requests, a file too short to hold `n` rows, or one that is not a regular file is
 /// an error naming the file (and the line).
-pub fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
+pub(crate) fn read(path: &Path, n: usize) -> Result<Map<String, Value>, SidecarError> {
     let name = path.display().to_string();
     let io = |source| SidecarError::Io {
         path: name.clone(),

@@ -72,7 +72,7 @@ struct Turn {
 
 /// The learned model.
 #[derive(Debug, Clone)]
-pub struct Model {
+pub(crate) struct Model {
     block_size: u32,
     partial_tail_block: bool,
     rows: Vec<Row>,
@@ -85,31 +85,29 @@ pub struct Model {
     /// The windows are the hours of the day (the input spans a day or more).
     daily: bool,
     /// Mean arrival rate of requests.
-    pub rate_rps: f64,
+    pub(crate) rate_rps: f64,
     /// Gamma shape of the gaps by moments (1 = Poisson, below 1 bursty).
-    pub gamma_shape: f64,
-    pub requests: u64,
-    /// Mean hash ids per request.
-    ids_per_request: f64,
+    pub(crate) gamma_shape: f64,
+    pub(crate) requests: u64,
 }
 
 impl Model {
-    pub fn session_count(&self) -> usize {
+    pub(crate) fn session_count(&self) -> usize {
         self.sessions.len()
     }
 }
 
 /// The size of the output.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Size {
-    pub requests: Option<u64>,
-    pub duration_us: Option<u64>,
-    pub rate: Option<f64>,
-    pub scale_users: f64,
+pub(crate) struct Size {
+    pub(crate) requests: Option<u64>,
+    pub(crate) duration_us: Option<u64>,
+    pub(crate) rate: Option<f64>,
+    pub(crate) scale_users: f64,
 }
 
 /// Learns the model from the trace's workload.
-pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
+pub(crate) fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
     let reqs: Vec<&Request> = trace.requests.iter().filter(|r| r.is_workload()).collect();
     if reqs.len() < 2 {
         return Err(WhatIfError::Fit(
@@ -156,8 +154,6 @@ pub fn fit(trace: &Trace) -> Result<Model, WhatIfError> {
         rate_rps,
         gamma_shape: gamma_shape(&all),
         requests: reqs.len() as u64,
-        ids_per_request: reqs.iter().map(|r| r.hash_ids.len() as f64).sum::<f64>()
-            / reqs.len() as f64,
     })
 }
 
@@ -474,21 +470,21 @@ fn size_flags(s: &Size) -> String {
 }
 
 /// Most requests `synth --fit` writes (10^8).
-pub const MAX_REQUESTS: u64 = 100_000_000;
+pub(crate) const MAX_REQUESTS: u64 = 100_000_000;
 /// Most hash ids of the turns of sessions in flight the sampler holds (session mode; 16 Mi, 128
 /// MiB of ids); a sample that passes it ends the output with an error.
-pub const MAX_HELD_IDS: u64 = 1 << 24;
+pub(crate) const MAX_HELD_IDS: u64 = 1 << 24;
 
 /// Most block accesses one generated prefix tree records (request mode; 4 Mi, at most about
 /// 80 bytes each). A request that would pass it starts a new tree with fresh ids, as a cache
 /// emptied: only reuse across that cut is lost, and a reuse distance past 4 Mi blocks is past
 /// every real KV cache.
-pub const MAX_TREE_ACCESSES: u64 = 1 << 22;
+pub(crate) const MAX_TREE_ACCESSES: u64 = 1 << 22;
 
 /// A sampled trace: its header, and its requests made one at a time in arrival order (nothing
 /// else kept but the generated prefix tree, or the turns of the sessions in flight).
-pub struct Sample<'m> {
-    pub header: TraceHeader,
+pub(crate) struct Sample<'m> {
+    pub(crate) header: TraceHeader,
     requests: Sampler<'m>,
 }
 
@@ -508,7 +504,7 @@ impl Iterator for Sample<'_> {
 }
 
 /// Samples a new trace from the model.
-pub fn sample<'m>(m: &'m Model, s: &Size, seed: u64) -> Result<Sample<'m>, WhatIfError> {
+pub(crate) fn sample<'m>(m: &'m Model, s: &Size, seed: u64) -> Result<Sample<'m>, WhatIfError> {
     let p = plan(m, s)?;
     let rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut header =

@@ -11,15 +11,15 @@ use std::collections::HashMap;
 
 /// The transforms; [`Default`] changes nothing.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Transforms {
-    pub speedup: f64,
-    pub prefix_len: f64,
-    pub prefix_root: u32,
-    pub prompt_len: f64,
-    pub scale_lengths: Option<f64>,
-    pub max_isl: Option<u64>,
-    pub max_osl: Option<u64>,
-    pub seed: u64,
+pub(crate) struct Transforms {
+    pub(crate) speedup: f64,
+    pub(crate) prefix_len: f64,
+    pub(crate) prefix_root: u32,
+    pub(crate) prompt_len: f64,
+    pub(crate) scale_lengths: Option<f64>,
+    pub(crate) max_isl: Option<u64>,
+    pub(crate) max_osl: Option<u64>,
+    pub(crate) seed: u64,
 }
 
 impl Default for Transforms {
@@ -39,9 +39,9 @@ impl Default for Transforms {
 
 /// What the transforms left out or changed, for the summary line.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Applied {
-    pub dropped_max_isl: u64,
-    pub capped_max_osl: u64,
+pub(crate) struct Applied {
+    pub(crate) dropped_max_isl: u64,
+    pub(crate) capped_max_osl: u64,
 }
 
 fn positive(name: &str, v: f64) -> Result<(), WhatIfError> {
@@ -55,7 +55,7 @@ fn positive(name: &str, v: f64) -> Result<(), WhatIfError> {
 }
 
 /// Applies the transforms to the trace's workload requests in place.
-pub fn apply(trace: &mut Trace, t: &Transforms) -> Result<Applied, WhatIfError> {
+pub(crate) fn apply(trace: &mut Trace, t: &Transforms) -> Result<Applied, WhatIfError> {
     positive("--speedup", t.speedup)?;
     positive("--prefix-len-multiplier", t.prefix_len)?;
     positive("--prompt-len-multiplier", t.prompt_len)?;

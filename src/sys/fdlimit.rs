@@ -2,7 +2,7 @@
 
 /// Raises the soft open-file limit to the hard limit and returns the limit now in force (`None`
 /// when unknown).
-pub fn raise() -> Option<u64> {
+pub(crate) fn raise() -> Option<u64> {
     #[cfg(unix)]
     // SAFETY: getrlimit/setrlimit on RLIMIT_NOFILE with a valid, initialised struct.
     unsafe {

@@ -6,13 +6,13 @@ use std::path::Path;
 
 /// The file `path` names (symbolic links followed): its device and inode; `None` when it cannot
 /// be looked up.
-pub fn id(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn id(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The first path (`later`) naming the same file as an earlier one (`earlier`), as indexes
 /// `(earlier, later)`. A path that cannot be looked up is skipped: its reader reports it.
-pub fn first_repeat<P: AsRef<Path>>(paths: &[P]) -> Option<(usize, usize)> {
+pub(crate) fn first_repeat<P: AsRef<Path>>(paths: &[P]) -> Option<(usize, usize)> {
     let ids: Vec<Option<(u64, u64)>> = paths.iter().map(|p| id(p.as_ref())).collect();
     ids.iter().enumerate().find_map(|(later, id)| {
         let id = id.as_ref()?;

@@ -1,12 +1,12 @@
 //! Operating-system helpers: sockets, receive timestamps, TLS, timer slack, file limits,
 //! signals, files written whole, file identity, credentials in URLs.
 
-pub mod fdlimit;
-pub mod fileid;
-pub mod netio;
-pub mod partial;
+pub(crate) mod fdlimit;
+pub(crate) mod fileid;
+pub(crate) mod netio;
+pub(crate) mod partial;
 pub mod rxstamp;
-pub mod signal;
+pub(crate) mod signal;
 pub mod thread_timing;
 pub mod tls;
-pub mod userinfo;
+pub(crate) mod userinfo;

@@ -72,7 +72,7 @@ impl AsyncWrite for ClientStream {
 
 impl ClientStream {
     /// Whether the peer closed (or wrote unasked bytes on) this idle socket. Never blocks.
-    pub fn is_closed(&mut self) -> bool {
+    pub(crate) fn is_closed(&mut self) -> bool {
         let mut byte = [0u8; 1];
         let mut buf = ReadBuf::new(&mut byte);
         let mut cx = Context::from_waker(std::task::Waker::noop());

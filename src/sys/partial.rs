@@ -18,7 +18,7 @@ fn open_files() -> MutexGuard<'static, Vec<PathBuf>> {
 
 /// Removes every partial file this process has open and exits with `code` (a signal stopped a
 /// command that cannot finish its output).
-pub fn exit(code: u8) -> ! {
+pub(crate) fn exit(code: u8) -> ! {
     let open = open_files();
     for p in open.iter() {
         let _ = std::fs::remove_file(p);
@@ -36,7 +36,7 @@ fn forget(open: &mut Vec<PathBuf>, path: &Path) {
 
 /// `PATH.partial`, open for writing; [`Partial::commit`] renames it to PATH.
 #[derive(Debug)]
-pub struct Partial {
+pub(crate) struct Partial {
     partial: PathBuf,
     path: PathBuf,
     committed: bool,
@@ -44,12 +44,12 @@ pub struct Partial {
 
 impl Partial {
     /// Creates `path.partial` (truncating a leftover one).
-    pub fn create(path: &Path) -> std::io::Result<(Partial, File)> {
+    pub(crate) fn create(path: &Path) -> std::io::Result<(Partial, File)> {
         Partial::create_as(path, "partial")
     }
 
     /// Creates `path.SUFFIX` (truncating a leftover one), to be renamed to `path`.
-    pub fn create_as(path: &Path, suffix: &str) -> std::io::Result<(Partial, File)> {
+    pub(crate) fn create_as(path: &Path, suffix: &str) -> std::io::Result<(Partial, File)> {
         let mut partial = path.as_os_str().to_owned();
         partial.push(".");
         partial.push(suffix);
@@ -67,12 +67,12 @@ impl Partial {
     }
 
     /// The file being written (`path.partial`).
-    pub fn partial_path(&self) -> &Path {
+    pub(crate) fn partial_path(&self) -> &Path {
         &self.partial
     }
 
     /// Syncs `file` (the one [`Partial::create`] opened) and renames it to PATH.
-    pub fn commit(mut self, file: File) -> std::io::Result<()> {
+    pub(crate) fn commit(mut self, file: File) -> std::io::Result<()> {
         file.sync_all()?;
         drop(file);
         let mut open = open_files();

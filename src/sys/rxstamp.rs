@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// Elsewhere than Linux the reads are not stamped by the kernel: they fall back to the instant
 /// they return.
 #[cfg(not(target_os = "linux"))]
-pub fn enable(_fd: RawFd) -> bool {
+pub(crate) fn enable(_fd: RawFd) -> bool {
     false
 }
 
@@ -63,7 +63,7 @@ fn realtime_ns() -> i128 {
 
 /// The instant a kernel timestamp (`CLOCK_REALTIME` ns) names, seen from `now` (taken right
 /// after the read) and the wall clock then; `now` itself when the stamp is not plausible.
-pub fn to_instant(stamp_rt_ns: i128, now: Instant, now_rt_ns: i128) -> Instant {
+pub(crate) fn to_instant(stamp_rt_ns: i128, now: Instant, now_rt_ns: i128) -> Instant {
     let age = now_rt_ns - stamp_rt_ns;
     if age < 0 || age > MAX_AGE.as_nanos() as i128 {
         return now;
@@ -134,7 +134,7 @@ pub fn recv(fd: RawFd, buf: &mut [MaybeUninit<u8>]) -> io::Result<(usize, Instan
 /// socket is most likely drained) also clears the socket's readiness, as tokio's own `poll_read`
 /// does, so that the next read waits for the next readiness event instead of making one more
 /// `recvmsg` that finds nothing. `WouldBlock` when nothing was there.
-pub fn try_recv(
+pub(crate) fn try_recv(
     stream: &tokio::net::TcpStream,
     fd: RawFd,
     buf: &mut [MaybeUninit<u8>],

@@ -17,7 +17,7 @@ pub enum Signal {
 impl Signal {
     /// The exit status of a command it stopped: 128 + the signal's number (130, 143), as a shell
     /// reports a process the signal ended.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Signal::Interrupt => 130,
             Signal::Terminate => 143,
@@ -35,14 +35,14 @@ impl fmt::Display for Signal {
 }
 
 /// SIGINT and SIGTERM as they arrive.
-pub struct Signals {
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl Signals {
     /// Handles both signals from now on (call inside a runtime).
-    pub fn install() -> std::io::Result<Signals> {
+    pub(crate) fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
@@ -51,7 +51,7 @@ impl Signals {
     }
 
     /// The next signal.
-    pub async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         tokio::select! {
             _ = self.int.recv() => Signal::Interrupt,
             _ = self.term.recv() => Signal::Terminate,
@@ -62,7 +62,7 @@ impl Signals {
 /// Resolves on the first SIGINT or SIGTERM. The handlers are installed when this is called, not
 /// when the future is first polled: a signal that arrives while a server starts up still stops
 /// it cleanly. Call it inside the runtime.
-pub fn shutdown() -> impl std::future::Future<Output = Signal> {
+pub(crate) fn shutdown() -> impl std::future::Future<Output = Signal> {
     let signals = Signals::install();
     async move {
         match signals {
@@ -79,7 +79,9 @@ pub fn shutdown() -> impl std::future::Future<Output = Signal> {
 /// For a command that writes its output without a runtime (`convert`, `synth`): on SIGINT or
 /// SIGTERM, prints `said(signal)`, removes every partial file ([`crate::sys::partial::exit`]) and
 /// exits with the signal's code. Handled on a thread of its own, installed before this returns.
-pub fn exit_on_signal(said: impl Fn(Signal) -> String + Send + 'static) -> std::io::Result<()> {
+pub(crate) fn exit_on_signal(
+    said: impl Fn(Signal) -> String + Send + 'static,
+) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

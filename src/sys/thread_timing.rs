@@ -26,7 +26,7 @@ struct SchedAttr {
 /// minimum is 100 µs). A short slice gives the thread an earlier virtual deadline, so on a busy
 /// machine it preempts CPU-bound threads sooner when its timer fires. It needs no privilege and
 /// changes neither policy nor nice; older kernels ignore or refuse it.
-pub const SHORT_SLICE_NS: u64 = 100_000;
+pub(crate) const SHORT_SLICE_NS: u64 = 100_000;
 
 /// Lowers the calling thread's timer slack to 1 ns so timed sleeps wake within microseconds, and
 /// with `short_slice` asks for a [`SHORT_SLICE_NS`] scheduler slice; returns whether the slice
@@ -60,7 +60,7 @@ pub fn precise(short_slice: bool) -> bool {
 /// as it wakes instead of waiting for a fair-scheduler slice. Returns false when not permitted
 /// (needs CAP_SYS_NICE). Callers must sleep between deadlines (the kernel's RT throttling still
 /// applies).
-pub fn realtime() -> bool {
+pub(crate) fn realtime() -> bool {
     #[cfg(target_os = "linux")]
     {
         let p = libc::sched_param { sched_priority: 10 };

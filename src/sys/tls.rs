@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Reads every certificate of a PEM file.
-pub fn load_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+pub(crate) fn load_certs(
+    path: &Path,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let certs = rustls_pemfile::certs(&mut data.as_slice())
         .collect::<Result<Vec<_>, _>>()
@@ -22,7 +24,7 @@ pub fn load_certs(path: &Path) -> anyhow::Result<Vec<rustls::pki_types::Certific
 }
 
 /// The trust roots: the CA file given by `flag` (named in errors), else the system bundle.
-pub fn root_store(ca: Option<&Path>, flag: &str) -> anyhow::Result<rustls::RootCertStore> {
+pub(crate) fn root_store(ca: Option<&Path>, flag: &str) -> anyhow::Result<rustls::RootCertStore> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(p) = ca {
         for c in load_certs(p).with_context(|| flag.to_string())? {

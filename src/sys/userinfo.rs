@@ -13,12 +13,12 @@ fn span(url: &str) -> Option<(usize, usize)> {
 }
 
 /// Does `url` carry credentials before its host?
-pub fn present(url: &str) -> bool {
+pub(crate) fn present(url: &str) -> bool {
     span(url).is_some()
 }
 
 /// `url` with any credentials replaced by `***@`.
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match span(url) {
         Some((a, b)) => format!("{}***@{}", &url[..a], &url[b..]),
         None => url.to_string(),
@@ -26,7 +26,7 @@ pub fn redact(url: &str) -> String {
 }
 
 /// An error naming `flag` when `url` carries credentials (the URL is shown redacted).
-pub fn refuse(flag: &str, url: &str) -> Result<(), String> {
+pub(crate) fn refuse(flag: &str, url: &str) -> Result<(), String> {
     match present(url) {
         true => Err(format!(
             "{flag} {}: credentials in the URL are not accepted (they would reach logs and \
@@ -41,7 +41,7 @@ pub fn refuse(flag: &str, url: &str) -> Result<(), String> {
 /// An error naming `flag` when the base URL `url` (API paths are appended to it) has a query
 /// string or fragment; it could only break the paths, and may hold a key. The URL is shown
 /// without it.
-pub fn refuse_query(flag: &str, url: &str) -> Result<(), String> {
+pub(crate) fn refuse_query(flag: &str, url: &str) -> Result<(), String> {
     match url.find(['?', '#']) {
         Some(at) => Err(format!(
             "{flag} {}: a query string or fragment is not accepted (API paths are appended to \

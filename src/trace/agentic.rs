@@ -48,7 +48,7 @@ fn err(path: &str, msg: String) -> TraceError {
 }
 
 /// Reads a session trace file.
-pub fn read(
+pub(crate) fn read(
     path: &str,
     data: &[u8],
     opts: &ReadOptions,

@@ -41,7 +41,7 @@ fn tokens(field: &str, name: &str) -> Result<u64, String> {
 }
 
 /// Parses an Azure TIMESTAMP into µs since the Unix epoch (UTC assumed).
-pub fn parse_azure_time(s: &str) -> Result<i64, String> {
+pub(crate) fn parse_azure_time(s: &str) -> Result<i64, String> {
     let t = NaiveDateTime::parse_from_str(s.trim(), "%Y-%m-%d %H:%M:%S%.f")
         .map_err(|e| format!("TIMESTAMP `{}`: {e}", s.trim()))?;
     Ok(t.and_utc().timestamp_micros())
@@ -88,7 +88,7 @@ fn csv_rows<'a, R: Read + Send + 'a>(
 }
 
 /// Reads an Azure LLM inference trace CSV.
-pub fn read_azure(
+pub(crate) fn read_azure(
     path: &str,
     data: &[u8],
     opts: &ReadOptions,
@@ -121,7 +121,7 @@ pub(crate) fn azure_rows<'a, R: Read + Send + 'a>(
 }
 
 /// Reads a BurstGPT CSV.
-pub fn read_burstgpt(
+pub(crate) fn read_burstgpt(
     path: &str,
     data: &[u8],
     opts: &ReadOptions,

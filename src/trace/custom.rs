@@ -14,9 +14,9 @@ use super::{Params, Request, Trace, TraceError, TraceHeader};
 use serde::Deserialize;
 
 /// Bytes per token in the approximation.
-pub const BYTES_PER_TOKEN: usize = 4;
+pub(crate) const BYTES_PER_TOKEN: usize = 4;
 /// vLLM's default output length for the custom dataset.
-pub const DEFAULT_OUTPUT_LEN: u64 = 256;
+pub(crate) const DEFAULT_OUTPUT_LEN: u64 = 256;
 const BLOCK: u32 = 16;
 
 #[derive(Deserialize)]
@@ -27,7 +27,7 @@ struct Row {
 }
 
 /// Reads vLLM custom JSONL.
-pub fn read(
+pub(crate) fn read(
     path: &str,
     data: &[u8],
     opts: &ReadOptions,

@@ -15,7 +15,7 @@ use std::collections::BinaryHeap;
 use std::path::PathBuf;
 
 /// Header meta key naming the HMAC key a recording used (see `BlockHasher::key_id`).
-pub const KEY_ID: &str = "hash_key_id";
+pub(crate) const KEY_ID: &str = "hash_key_id";
 
 fn refuse(path: &str, msg: String) -> TraceError {
     TraceError::File {
@@ -169,14 +169,14 @@ impl Iterator for Merged {
 }
 
 /// The input files' names as commands print them: joined by spaces.
-pub fn names(paths: &[PathBuf]) -> String {
+pub(crate) fn names(paths: &[PathBuf]) -> String {
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     names.join(" ")
 }
 
 /// Opens one trace file as a stream, or several recordings merged by wall clock (each file once:
 /// one given twice, under any name, is refused).
-pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, TraceError> {
+pub(crate) fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, TraceError> {
     if let [one] = paths {
         return super::stream::open(one, opts);
     }
@@ -196,7 +196,7 @@ pub fn open_all(paths: &[PathBuf], opts: &ImportOptions) -> Result<TraceStream, 
 
 /// Merges recordings (path, stream) by wall clock into one stream in arrival order, reading
 /// each input as it goes (memory: one record per input).
-pub fn merge(inputs: Vec<(String, TraceStream)>) -> Result<TraceStream, TraceError> {
+pub(crate) fn merge(inputs: Vec<(String, TraceStream)>) -> Result<TraceStream, TraceError> {
     let t0 = check(&inputs)?;
     let mut header = inputs[0].1.header.clone();
     header.t0_unix_us = Some(t0);

@@ -53,7 +53,7 @@ impl BlockHasher {
         BlockHasher::Hmac(Box::new(mac))
     }
 
-    pub fn scheme(&self) -> HashScheme {
+    pub(crate) fn scheme(&self) -> HashScheme {
         match self {
             BlockHasher::Xxh3 => HashScheme::Xxh3,
             BlockHasher::Hmac(_) => HashScheme::HmacSha256,
@@ -62,7 +62,7 @@ impl BlockHasher {
 
     /// A public name of the HMAC key (16 hex digits of HMAC(key, "retrace key id")): equal for
     /// recordings made with the same key, and saying nothing of the key; `None` for xxh3.
-    pub fn key_id(&self) -> Option<String> {
+    pub(crate) fn key_id(&self) -> Option<String> {
         match self {
             BlockHasher::Xxh3 => None,
             BlockHasher::Hmac(mac) => {
@@ -75,7 +75,7 @@ impl BlockHasher {
     }
 
     /// The hash of one block given the previous block's hash.
-    pub fn block(&self, prev: u64, tokens: &[u32]) -> u64 {
+    pub(crate) fn block(&self, prev: u64, tokens: &[u32]) -> u64 {
         match self {
             BlockHasher::Xxh3 => {
                 let mut buf = Vec::with_capacity(tokens.len() * 4);
@@ -117,36 +117,30 @@ impl BlockHasher {
 
 /// Maps arbitrary ids to dense ids 0..N-1 in order of first appearance (as Mooncake exports do).
 #[derive(Debug, Default)]
-pub struct IdCompactor {
+pub(crate) struct IdCompactor {
     map: HashMap<u64, u64>,
 }
 
 impl IdCompactor {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
-    pub fn id(&mut self, raw: u64) -> u64 {
+    pub(crate) fn id(&mut self, raw: u64) -> u64 {
         let next = self.map.len() as u64;
         *self.map.entry(raw).or_insert(next)
     }
     /// [`Self::id`] while fewer than `max` ids are held; `None` for a new id past them.
-    pub fn id_within(&mut self, raw: u64, max: usize) -> Option<u64> {
+    pub(crate) fn id_within(&mut self, raw: u64, max: usize) -> Option<u64> {
         if self.map.len() >= max && !self.map.contains_key(&raw) {
             return None;
         }
         Some(self.id(raw))
     }
-    /// Number of distinct ids seen.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
 }
 
 /// Compacts every request's ids, in order, to 0..N-1 by first appearance.
-pub fn compact_ids<'a>(lists: impl IntoIterator<Item = &'a [u64]>) -> Vec<Vec<u64>> {
+#[cfg(test)]
+pub(crate) fn compact_ids<'a>(lists: impl IntoIterator<Item = &'a [u64]>) -> Vec<Vec<u64>> {
     let mut c = IdCompactor::new();
     lists
         .into_iter()

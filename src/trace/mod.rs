@@ -7,19 +7,19 @@
 //!
 //! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
 
-pub mod agentic;
-pub mod azure;
-pub mod custom;
+pub(crate) mod agentic;
+pub(crate) mod azure;
+pub(crate) mod custom;
 pub mod detect;
 pub mod filter;
-pub mod fleet;
+pub(crate) mod fleet;
 pub mod hash;
 pub mod import;
 pub mod mooncake;
 pub mod native;
 pub mod rows;
-pub mod select;
-pub mod shape;
+pub(crate) mod select;
+pub(crate) mod shape;
 pub mod stats;
 pub mod stream;
 
@@ -55,10 +55,10 @@ pub enum TraceError {
 }
 
 /// Characters of quoted input an error message shows.
-pub const CLIP_CHARS: usize = 80;
+pub(crate) const CLIP_CHARS: usize = 80;
 
 /// Input quoted in an error message: its first [`CLIP_CHARS`] characters, then `… (N bytes)`.
-pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(CLIP_CHARS) {
         None => s.into(),
         Some((cut, _)) => format!("{}… ({} bytes)", &s[..cut], s.len()).into(),
@@ -67,7 +67,7 @@ pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// `msg` with each part quoted in `"` (backslash escapes skipped, as serde quotes input) or
 /// backticks (as our messages do) cut by [`clip`]; an unclosed quote runs to the end.
-pub fn clip_quoted(msg: &str) -> String {
+pub(crate) fn clip_quoted(msg: &str) -> String {
     let mut out = String::new();
     let mut rest = msg;
     while let Some(k) = rest.find(['"', '`']) {
@@ -144,7 +144,7 @@ impl TraceHeader {
 
 /// Blocks of `block_size` tokens in a prompt of `input_tokens` tokens: a partial last block
 /// counts when `partial_tail_block` (the header's block rule, also for importers' rows).
-pub fn blocks(input_tokens: u64, block_size: u32, partial_tail_block: bool) -> u64 {
+pub(crate) fn blocks(input_tokens: u64, block_size: u32, partial_tail_block: bool) -> u64 {
     let b = u64::from(block_size.max(1));
     match partial_tail_block {
         true => input_tokens.div_ceil(b),
@@ -170,7 +170,7 @@ pub enum Endpoint {
 
 /// What an exchange is to the workload (trace format 1.1; derived from method and endpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EndpointKind {
+pub(crate) enum EndpointKind {
     /// Completions, chat completions, responses: the workload replay re-issues.
     Generation,
     /// Embeddings, rerank, score, classify, pooling: a workload of its own.
@@ -180,21 +180,13 @@ pub enum EndpointKind {
     Auxiliary,
 }
 
-impl EndpointKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndpointKind::Generation => "generation",
-            EndpointKind::Pooling => "pooling",
-            EndpointKind::Auxiliary => "auxiliary",
-        }
-    }
-}
+impl EndpointKind {}
 
 /// Last path segments of the pooling APIs (vLLM's and the common rerank/score routes).
 const POOLING_SEGMENTS: &[&str] = &["rerank", "score", "classify", "pooling"];
 
 impl Endpoint {
-    pub fn from_path(path: &str) -> Endpoint {
+    pub(crate) fn from_path(path: &str) -> Endpoint {
         let p = path.split('?').next().unwrap_or(path).trim_end_matches('/');
         if p.ends_with("/chat/completions") {
             Endpoint::Chat
@@ -274,7 +266,7 @@ pub struct Params {
 }
 
 impl Params {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Params::default()
     }
 }
@@ -302,7 +294,7 @@ pub struct Event {
 
 /// `T` read from a JSON object only: serde's derived readers take a struct from an array too
 /// (`[1,2,3]` as its fields in order), which no format we read means.
-pub struct Obj<T>(pub T);
+pub(crate) struct Obj<T>(pub T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -337,14 +329,14 @@ pub struct ServerMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_time_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation_time_ms: Option<f64>,
+    pub(crate) generation_time_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_itl_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_per_second: Option<f64>,
+    pub(crate) tokens_per_second: Option<f64>,
     /// Prompt tokens the server took from its prefix cache (llama.cpp's `cache_n`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
 }
 
 /// What the server did with a recorded request. Offsets are µs from the request's arrival.
@@ -397,14 +389,14 @@ impl Response {
     }
 
     /// A completed response that came whole (no events), with usage: a non-streamed body.
-    pub fn is_whole_body(&self) -> bool {
+    pub(crate) fn is_whole_body(&self) -> bool {
         self.completed() && self.events.is_empty() && self.ttft_us.is_none() && self.usage.is_some()
     }
 
     /// The recorded latency of a streamed exchange that completed: (TTFT, E2E) in µs from
     /// arrival. A whole body is timed apart ([`Response::whole_body_e2e_us`]), E2E only, as a
     /// replay times one and vLLM has none.
-    pub fn streamed_latency_us(&self) -> Option<(u64, u64)> {
+    pub(crate) fn streamed_latency_us(&self) -> Option<(u64, u64)> {
         if !self.completed() || self.is_whole_body() {
             return None;
         }
@@ -412,14 +404,14 @@ impl Response {
     }
 
     /// The E2E latency of a completed whole (non-streamed) body, µs from arrival.
-    pub fn whole_body_e2e_us(&self) -> Option<u64> {
+    pub(crate) fn whole_body_e2e_us(&self) -> Option<u64> {
         self.is_whole_body().then_some(self.end_us).flatten()
     }
 
     /// How a replay cuts this exchange when the client cancelled it: after the recorded number
     /// of events when some came, else at its recorded end (µs from the send). `None` when the
     /// client did not cancel.
-    pub fn cut(&self) -> Option<Cut> {
+    pub(crate) fn cut(&self) -> Option<Cut> {
         if !self.cancelled {
             return None;
         }
@@ -433,7 +425,7 @@ impl Response {
 
 /// Where a replay cuts a request the client cancelled in the recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cut {
+pub(crate) enum Cut {
     /// After this many SSE events (the recorded events).
     AfterEvents(u32),
     /// This long after the send, in µs, when no event came (the recorded end from arrival).
@@ -441,7 +433,7 @@ pub enum Cut {
 }
 
 /// Most choices per response a trace holds counts of ([`Response::choice_tokens`]).
-pub const MAX_CHOICES: usize = 256;
+pub(crate) const MAX_CHOICES: usize = 256;
 
 /// One request of a trace.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -483,7 +475,7 @@ pub enum InputCount {
 
 impl InputCount {
     /// The native key's value (`None` for [`InputCount::Exact`], which is not written).
-    pub fn wire(self) -> Option<&'static str> {
+    pub(crate) fn wire(self) -> Option<&'static str> {
         match self {
             InputCount::Exact => None,
             InputCount::Server => Some("server"),
@@ -492,7 +484,7 @@ impl InputCount {
     }
 
     /// Reads the native key's value; an unknown value is read as exact (a newer minor's).
-    pub fn from_wire(v: Option<&str>) -> Self {
+    pub(crate) fn from_wire(v: Option<&str>) -> Self {
         match v {
             Some("server") => InputCount::Server,
             Some("estimate") => InputCount::Estimated,
@@ -503,7 +495,7 @@ impl InputCount {
 
 impl Request {
     /// What this exchange is to the workload: anything but a `POST` is auxiliary.
-    pub fn kind(&self) -> EndpointKind {
+    pub(crate) fn kind(&self) -> EndpointKind {
         match self.method {
             Some(_) => EndpointKind::Auxiliary,
             None => self.endpoint.kind(),
@@ -563,7 +555,7 @@ pub struct Trace {
 
 impl Trace {
     /// Duration from t0 to the last arrival, in µs.
-    pub fn span_us(&self) -> u64 {
+    pub(crate) fn span_us(&self) -> u64 {
         let first = self.requests.first().map_or(0, |r| r.arrival_us);
         let last = self.requests.last().map_or(0, |r| r.arrival_us);
         last.saturating_sub(first)
@@ -571,7 +563,7 @@ impl Trace {
 
     /// Puts the requests in arrival order (stable: equal arrivals keep their file order) and
     /// says how many were out of order. Every reader yields this one canonical order.
-    pub fn sort_by_arrival(&mut self) -> u64 {
+    pub(crate) fn sort_by_arrival(&mut self) -> u64 {
         let late = self
             .requests
             .windows(2)
@@ -585,7 +577,7 @@ impl Trace {
 
     /// Keeps only the workload (generation and pooling requests); returns how many auxiliary
     /// requests it left out.
-    pub fn drop_auxiliary(&mut self) -> u64 {
+    pub(crate) fn drop_auxiliary(&mut self) -> u64 {
         let before = self.requests.len();
         self.requests.retain(Request::is_workload);
         (before - self.requests.len()) as u64

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use std::io::{BufRead, Write};
 
 /// Mooncake's block size.
-pub const BLOCK_SIZE: u32 = 512;
+pub(crate) const BLOCK_SIZE: u32 = 512;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +26,7 @@ struct RowIn {
 }
 
 /// Parses one Mooncake row of `block_size` tokens per hash id. Public for fuzzing.
-pub fn parse_row(line: &str, block_size: u32) -> Result<Request, String> {
+pub(crate) fn parse_row(line: &str, block_size: u32) -> Result<Request, String> {
     // serde would read a JSON array positionally as the row's fields.
     if !line.trim_start().starts_with('{') {
         return Err("a row must be a JSON object".into());
@@ -113,11 +113,11 @@ pub fn write<W: Write>(trace: &Trace, out: W) -> std::io::Result<()> {
 /// Most distinct hash ids a Mooncake export numbers (8 Mi, a table of about 272 MiB): the ids
 /// are compacted to 0..N-1 in memory, so a trace with more is refused (native output keeps
 /// ids as they are and holds none).
-pub const MAX_EXPORT_IDS: usize = 1 << 23;
+pub(crate) const MAX_EXPORT_IDS: usize = 1 << 23;
 
 /// [`write`] one request at a time; a request past [`MAX_EXPORT_IDS`] distinct ids is refused
 /// (`InvalidData`).
-pub struct MooncakeWriter<W: Write> {
+pub(crate) struct MooncakeWriter<W: Write> {
     out: W,
     ids: IdCompactor,
     t0: Option<u64>,
@@ -125,7 +125,7 @@ pub struct MooncakeWriter<W: Write> {
 }
 
 impl<W: Write> MooncakeWriter<W> {
-    pub fn new(out: W) -> Self {
+    pub(crate) fn new(out: W) -> Self {
         MooncakeWriter {
             out,
             ids: IdCompactor::new(),
@@ -134,7 +134,7 @@ impl<W: Write> MooncakeWriter<W> {
         }
     }
 
-    pub fn push(&mut self, r: &Request) -> std::io::Result<()> {
+    pub(crate) fn push(&mut self, r: &Request) -> std::io::Result<()> {
         let (out, hs) = (&mut self.out, &mut self.hs);
         let t0 = *self.t0.get_or_insert(r.arrival_us);
         hs.clear();
@@ -163,7 +163,7 @@ impl<W: Write> MooncakeWriter<W> {
         out.write_all(b"]}\n")
     }
 
-    pub fn finish(mut self) -> std::io::Result<W> {
+    pub(crate) fn finish(mut self) -> std::io::Result<W> {
         self.out.flush()?;
         Ok(self.out)
     }

@@ -58,15 +58,15 @@ use super::{
 };
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::io::{Read, Write};
 use std::path::Path;
 
-pub const MAGIC: &str = "retrace-trace";
-pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 5;
+pub(crate) const MAGIC: &str = "retrace-trace";
+pub(crate) const VERSION_MAJOR: u16 = 1;
+pub(crate) const VERSION_MINOR: u16 = 5;
 /// Largest decompressed frame the reader accepts.
-pub const MAX_FRAME_CONTENT: u64 = 256 << 20;
+pub(crate) const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 
 #[derive(Serialize, Deserialize)]
@@ -161,19 +161,21 @@ struct PastCapWire {
 
 mod opt_bytes {
     use serde::{Deserialize, Deserializer, Serializer};
-    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
         match v {
             Some(b) => s.serialize_bytes(b),
             None => s.serialize_none(),
         }
     }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<u8>>, D::Error> {
         Ok(Option::<serde_bytes::ByteBuf>::deserialize(d)?.map(|b| b.into_vec()))
     }
 }
 
 /// Encodes ids as flat runs of consecutive values.
-pub fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
+pub(crate) fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
     let mut i = 0;
     while i < ids.len() {
         let start = ids[i];
@@ -190,7 +192,8 @@ pub fn encode_runs(ids: &[u64], out: &mut Vec<u64>) {
 }
 
 /// Decodes flat runs; `limit` caps the total ids (corrupt input must not allocate unboundedly).
-pub fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
+#[cfg(test)]
+pub(crate) fn decode_runs(runs: &[u64], limit: u64) -> Result<Vec<u64>, String> {
     let total = check_runs(runs, limit)?;
     Ok(expand_runs(runs, total))
 }
@@ -582,12 +585,12 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Records that `n` more records were dropped upstream of the writer (kept in frame headers).
-    pub fn note_dropped(&mut self, n: u64) {
+    pub(crate) fn note_dropped(&mut self, n: u64) {
         self.dropped += n;
     }
 
     /// Closes the open frame (if it holds records) and flushes the output.
-    pub fn flush_frame(&mut self) -> std::io::Result<()> {
+    pub(crate) fn flush_frame(&mut self) -> std::io::Result<()> {
         if self.in_frame == 0 {
             return self.out.flush();
         }
@@ -624,12 +627,12 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// Records written so far (including the open frame).
-    pub fn records(&self) -> u64 {
+    pub(crate) fn records(&self) -> u64 {
         self.records + self.in_frame
     }
 
     /// Compressed bytes written so far (closed frames only).
-    pub fn bytes_written(&self) -> u64 {
+    pub(crate) fn bytes_written(&self) -> u64 {
         self.bytes_written
     }
 
@@ -639,7 +642,7 @@ impl<W: Write> TraceWriter<W> {
         Ok(self.out)
     }
 
-    pub fn get_mut(&mut self) -> &mut W {
+    pub(crate) fn get_mut(&mut self) -> &mut W {
         &mut self.out
     }
 }
@@ -653,7 +656,7 @@ pub struct ReadReport {
     /// Byte offset where a truncated (incomplete) last frame starts, if the file was cut.
     pub truncated_at: Option<u64>,
     /// Bytes after the last complete frame that could not be used.
-    pub bytes_lost: u64,
+    pub(crate) bytes_lost: u64,
     /// Corrupt frames: (byte offset, what was wrong).
     pub corrupt: Vec<(u64, String)>,
     /// Records dropped by the writer, as its last frame header said.
@@ -726,7 +729,7 @@ pub fn read_bytes(path: &str, data: &[u8]) -> Result<(Trace, ReadReport), TraceE
 
 /// [`read_bytes`], read with `block_size` tokens per hash id instead of the header's when given
 /// (records are bounded by it).
-pub fn read_bytes_as(
+pub(crate) fn read_bytes_as(
     path: &str,
     data: &[u8],
     block_size: Option<u32>,
@@ -988,7 +991,10 @@ impl NativeStream {
 
     /// [`Self::open`], read with `block_size` tokens per hash id instead of the header's when
     /// given (records are bounded by it).
-    pub fn open_as(path: &Path, block_size: Option<u32>) -> Result<NativeStream, TraceError> {
+    pub(crate) fn open_as(
+        path: &Path,
+        block_size: Option<u32>,
+    ) -> Result<NativeStream, TraceError> {
         let name = path.display().to_string();
         let open = || std::fs::File::open(path).map_err(|e| io_err(&path.display().to_string(), e));
         let mut scan = FrameScanner::new(open()?);
@@ -1038,7 +1044,7 @@ impl NativeStream {
         })
     }
 
-    pub fn header(&self) -> &TraceHeader {
+    pub(crate) fn header(&self) -> &TraceHeader {
         &self.header
     }
 
@@ -1048,7 +1054,7 @@ impl NativeStream {
     }
 
     /// The earliest arrival in the file (from the first pass; nothing decoded).
-    pub fn earliest(&self) -> Option<u64> {
+    pub(crate) fn earliest(&self) -> Option<u64> {
         self.frames.front().map(|(_, f)| f.min_arrival)
     }
 
@@ -1258,14 +1264,6 @@ pub fn write_file_from<R: std::borrow::Borrow<Request>, E: From<TraceError>>(
     let f = bw.into_inner().map_err(|e| io(e.into_error()))?;
     partial.commit(f).map_err(io)?;
     Ok(n)
-}
-
-/// Header meta helper: a map from pairs.
-pub fn meta(pairs: &[(&str, String)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect()
 }
 
 #[allow(dead_code)]

@@ -11,11 +11,11 @@ pub const MAX_TOKENS: u64 = 10_000_000;
 /// Largest file read whole into memory (256 MiB): a JSON document (a result, a session trace,
 /// an AIPerf export) is parsed at several times its size, so a larger one is refused before it
 /// is read, and line formats are streamed instead.
-pub const MAX_WHOLE_FILE: u64 = 256 << 20;
+pub(crate) const MAX_WHOLE_FILE: u64 = 256 << 20;
 
 /// The bytes of `path`, read whole: at most [`MAX_WHOLE_FILE`] (a larger file, or a pipe that
 /// passes it, is an `InvalidData` error saying so; nothing past the bound is held).
-pub fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let f = std::fs::File::open(path)?;
     let size = f.metadata().map_or(0, |m| m.len());
@@ -44,12 +44,12 @@ fn too_large(size: u64) -> std::io::Error {
 /// The most hash ids a prompt of `blocks` blocks may carry: twice its blocks (room for
 /// re-blocked tails), plus 16. Every reader refuses a record with more (an encoded run would
 /// otherwise let a few bytes declare millions of ids), so the native writer will not write one.
-pub fn id_limit(blocks: u64) -> u64 {
+pub(crate) fn id_limit(blocks: u64) -> u64 {
     blocks.saturating_mul(2).saturating_add(16)
 }
 
 /// An error when `ids` hash ids are more than a prompt of `blocks` blocks may carry.
-pub fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<(), String> {
+pub(crate) fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<(), String> {
     let limit = id_limit(blocks);
     match ids as u64 > limit {
         true => Err(format!(
@@ -63,27 +63,27 @@ pub fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<(), Strin
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
     /// Skip (and count) malformed rows instead of failing.
-    pub skip_bad: bool,
+    pub(crate) skip_bad: bool,
     /// Tokens per hash id to read the trace with, over what the file says or its format's
     /// default ([`super::detect::ImportOptions::block_size`]).
-    pub block_size: Option<u32>,
+    pub(crate) block_size: Option<u32>,
 }
 
 /// What an importer skipped or adjusted.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ImportReport {
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// (line, message) of each skipped row (kept up to 100; `skipped` counts all).
-    pub bad: Vec<(u64, String)>,
-    pub skipped: u64,
+    pub(crate) bad: Vec<(u64, String)>,
+    pub(crate) skipped: u64,
     /// Rows out of time order, sorted (stable) by arrival afterwards.
-    pub reordered: u64,
+    pub(crate) reordered: u64,
     /// For native traces: what was lost to truncation or corruption (see `native::ReadReport`).
-    pub damage: Option<String>,
+    pub(crate) damage: Option<String>,
 }
 
 impl ImportReport {
-    pub fn bad_row(&mut self, line: u64, msg: String) {
+    pub(crate) fn bad_row(&mut self, line: u64, msg: String) {
         self.skipped += 1;
         if self.bad.len() < 100 {
             self.bad.push((line, super::clip_quoted(&msg)));
@@ -108,9 +108,9 @@ pub(crate) enum Rebase {
 
 /// A line-oriented importer's rows in file order.
 pub(crate) struct Rows<'a> {
-    pub header: TraceHeader,
-    pub rebase: Rebase,
-    pub iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
+    pub(crate) header: TraceHeader,
+    pub(crate) rebase: Rebase,
+    pub(crate) iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
 }
 
 /// Walks rows with the skip rule: a malformed row fails the read or, with `skip_bad`, is counted

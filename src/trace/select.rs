@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 /// What the user chose (`--include-aux`, `--skip-recorded-failures`) and what the run can build.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Selection {
-    pub include_aux: bool,
-    pub skip_recorded_failures: bool,
+    pub(crate) include_aux: bool,
+    pub(crate) skip_recorded_failures: bool,
     /// Text prompts can be built (`--tokenizer` with `--prompt-mode text`, or the target's
     /// `/tokenize` and `/detokenize` without a tokenizer).
-    pub text_prompts: bool,
+    pub(crate) text_prompts: bool,
 }
 
 /// Why a request was left out.
@@ -42,7 +42,7 @@ pub enum Skip {
 }
 
 impl Skip {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Skip::Auxiliary => "auxiliary",
             Skip::AuxiliaryWithoutBody => "auxiliary_without_body",
@@ -56,7 +56,7 @@ impl Skip {
 
     /// A workload request the replay could not rebuild (not a side request, not one the user
     /// chose to leave out).
-    pub fn unrebuildable(self) -> bool {
+    pub(crate) fn unrebuildable(self) -> bool {
         matches!(
             self,
             Skip::ChatWithoutTokenizer
@@ -67,7 +67,7 @@ impl Skip {
     }
 
     /// A side request (`--include-aux` or not): not part of the workload.
-    pub fn auxiliary(self) -> bool {
+    pub(crate) fn auxiliary(self) -> bool {
         matches!(self, Skip::Auxiliary | Skip::AuxiliaryWithoutBody)
     }
 
@@ -91,16 +91,16 @@ pub struct Skipped(pub BTreeMap<Skip, u64>);
 
 impl Skipped {
     /// Reason name → count (the result file's `left_out`).
-    pub fn by_name(&self) -> BTreeMap<&'static str, u64> {
+    pub(crate) fn by_name(&self) -> BTreeMap<&'static str, u64> {
         self.0.iter().map(|(k, n)| (k.as_str(), *n)).collect()
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.0.values().sum()
     }
 
     /// Requests left out for a reason `which` accepts.
-    pub fn count(&self, which: impl Fn(Skip) -> bool) -> u64 {
+    pub(crate) fn count(&self, which: impl Fn(Skip) -> bool) -> u64 {
         self.0
             .iter()
             .filter(|(k, _)| which(**k))
@@ -109,7 +109,7 @@ impl Skipped {
     }
 
     /// One line for the console, or `None` when nothing was left out.
-    pub fn summary(&self, of: usize) -> Option<String> {
+    pub(crate) fn summary(&self, of: usize) -> Option<String> {
         if self.0.is_empty() {
             return None;
         }
@@ -151,7 +151,7 @@ fn reason(r: &Request, s: &Selection) -> Option<Skip> {
 }
 
 /// Keeps the requests a replay sends (order kept) and counts the rest by reason.
-pub fn select(trace: &mut Trace, s: &Selection) -> Skipped {
+pub(crate) fn select(trace: &mut Trace, s: &Selection) -> Skipped {
     let mut skipped = Skipped::default();
     trace.requests.retain(|r| skipped.keep(r, s));
     skipped
@@ -159,7 +159,7 @@ pub fn select(trace: &mut Trace, s: &Selection) -> Skipped {
 
 impl Skipped {
     /// [`select`] one request at a time: whether `r` is sent (else counted by its reason).
-    pub fn keep(&mut self, r: &Request, s: &Selection) -> bool {
+    pub(crate) fn keep(&mut self, r: &Request, s: &Selection) -> bool {
         match reason(r, s) {
             Some(k) => {
                 *self.0.entry(k).or_default() += 1;

@@ -33,7 +33,7 @@ pub enum Arrivals {
 
 /// A synthetic arrival process, one request at a time: the arrivals of requests `0, 1, ...` of
 /// `n` in turn (they replace the recorded ones, order kept).
-pub struct Retimer {
+pub(crate) struct Retimer {
     arrivals: Arrivals,
     rng: rand_chacha::ChaCha8Rng,
     n: usize,
@@ -47,7 +47,7 @@ fn gamma(rate: f64, b: f64) -> Result<Gamma<f64>, String> {
 
 impl Retimer {
     /// Checks the process's numbers; `n` is how many requests it re-times (a ramp spreads over it).
-    pub fn new(arrivals: &Arrivals, seed: u64, n: usize) -> Result<Retimer, String> {
+    pub(crate) fn new(arrivals: &Arrivals, seed: u64, n: usize) -> Result<Retimer, String> {
         let check = |name: &str, v: f64| match v.is_finite() && v > 0.0 {
             true => Ok(()),
             false => Err(format!("{name} must be a positive number, got {v}")),
@@ -80,7 +80,7 @@ impl Retimer {
     }
 
     /// The next request's arrival, µs.
-    pub fn next_arrival(&mut self) -> Result<u64, String> {
+    pub(crate) fn next_arrival(&mut self) -> Result<u64, String> {
         let k = self.k;
         self.k += 1;
         let (rate, burstiness) = match self.arrivals {
@@ -109,13 +109,13 @@ impl Retimer {
 
 /// Every idle gap between successive arrivals capped at `max_gap_us`, one arrival at a time, in
 /// arrival order.
-pub struct GapCap {
+pub(crate) struct GapCap {
     max_gap_us: u64,
     prev: Option<(u64, u64)>,
 }
 
 impl GapCap {
-    pub fn new(max_gap_us: u64) -> GapCap {
+    pub(crate) fn new(max_gap_us: u64) -> GapCap {
         GapCap {
             max_gap_us,
             prev: None,
@@ -123,7 +123,7 @@ impl GapCap {
     }
 
     /// The capped arrival of the next request, which arrived at `arrival_us`.
-    pub fn arrival(&mut self, arrival_us: u64) -> u64 {
+    pub(crate) fn arrival(&mut self, arrival_us: u64) -> u64 {
         let out = match self.prev {
             None => arrival_us,
             Some((p_in, p_out)) => p_out + arrival_us.saturating_sub(p_in).min(self.max_gap_us),
@@ -166,7 +166,7 @@ pub(crate) fn stride(trace: &Trace) -> u64 {
 
 /// Repeats the trace `k` times back to back; each repeat starts one mean inter-arrival gap after
 /// the previous one's last arrival. Hash ids are kept (later loops hit what earlier ones cached).
-pub fn repeat(trace: &mut Trace, k: u32) {
+pub(crate) fn repeat(trace: &mut Trace, k: u32) {
     if k <= 1 || trace.requests.is_empty() {
         return;
     }
@@ -191,7 +191,7 @@ pub fn repeat(trace: &mut Trace, k: u32) {
 
 /// Overlays `k` copies of the trace, copy `i` shifted by `i/k` of its span, raising load while
 /// keeping burst shape. With `distinct`, each copy gets its own hash ids (no cross-copy reuse).
-pub fn overlay(trace: &mut Trace, k: u32, distinct: bool) {
+pub(crate) fn overlay(trace: &mut Trace, k: u32, distinct: bool) {
     if k <= 1 || trace.requests.is_empty() {
         return;
     }
@@ -213,7 +213,7 @@ pub fn overlay(trace: &mut Trace, k: u32, distinct: bool) {
 }
 
 /// Parses `I/N` (0-based shard index I of N).
-pub fn parse_shard(s: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_shard(s: &str) -> Result<(u32, u32), String> {
     let (i, n) = s
         .split_once('/')
         .ok_or_else(|| format!("shard `{s}` must look like I/N, e.g. 0/4"))?;
@@ -233,7 +233,7 @@ pub fn parse_shard(s: &str) -> Result<(u32, u32), String> {
 
 /// Which shard of `n` a request belongs to: by session id when it has one (sessions stay whole),
 /// else by its index in the trace. Deterministic across processes.
-pub fn shard_of(r: &Request, index: usize, n: u32) -> u32 {
+pub(crate) fn shard_of(r: &Request, index: usize, n: u32) -> u32 {
     let h = match &r.session {
         Some(s) => xxhash_rust::xxh3::xxh3_64(s.id.as_bytes()),
         None => xxhash_rust::xxh3::xxh3_64(&(index as u64).to_le_bytes()),

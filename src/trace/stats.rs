@@ -22,7 +22,7 @@ pub struct Dist {
     pub count: u64,
     pub mean: f64,
     pub p50: f64,
-    pub p90: f64,
+    pub(crate) p90: f64,
     pub p99: f64,
     pub max: f64,
 }
@@ -45,9 +45,9 @@ impl Dist {
 }
 
 /// How many values a distribution keeps exactly; past it, the rest go into a histogram.
-pub const EXACT_VALUES: usize = 1 << 23;
+pub(crate) const EXACT_VALUES: usize = 1 << 23;
 /// How many distinct hash ids are tracked exactly; past it, a Bloom filter of [`BLOOM_BITS`].
-pub const EXACT_IDS: usize = 1 << 23;
+pub(crate) const EXACT_IDS: usize = 1 << 23;
 
 /// A distribution's values (integers: tokens or µs): exact up to a cap (numpy's percentiles),
 /// then a histogram of 3 significant digits (percentiles within 0.1 %); count, mean and max stay
@@ -113,7 +113,7 @@ impl Values {
 }
 
 /// Bits of the Bloom filter that replaces the exact id set past [`EXACT_IDS`] (256 MiB).
-pub const BLOOM_BITS: u64 = 1 << 31;
+pub(crate) const BLOOM_BITS: u64 = 1 << 31;
 /// Bit positions per id in the Bloom filter.
 const BLOOM_K: u32 = 4;
 
@@ -198,30 +198,30 @@ impl IdSet {
 pub struct Reuse {
     pub block_size: u32,
     pub block_references: u64,
-    pub distinct_blocks: u64,
+    pub(crate) distinct_blocks: u64,
     pub block_reuse: f64,
     pub mean_prefix_hit_rate: f64,
     /// (cache size in blocks, hit rate), when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lru_blocks: Option<u64>,
+    pub(crate) lru_blocks: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lru_hit_rate: Option<f64>,
     /// Past the exact id set's bound: the Bloom filter's false-positive rate, about as much as
     /// `block_reuse` and `mean_prefix_hit_rate` may over-count.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub false_positive_rate: Option<f64>,
+    pub(crate) false_positive_rate: Option<f64>,
 }
 
 /// Latency recorded in the trace (recorded traces only), in milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Recorded {
-    pub responses: u64,
-    pub ttft_ms: Dist,
-    pub itl_ms: Dist,
+    pub(crate) responses: u64,
+    pub(crate) ttft_ms: Dist,
+    pub(crate) itl_ms: Dist,
     pub e2e_ms: Dist,
     /// Error kind → count (HTTP statuses ≥ 400 count as `http_<status>`).
-    pub errors: BTreeMap<String, u64>,
-    pub cancelled: u64,
+    pub(crate) errors: BTreeMap<String, u64>,
+    pub(crate) cancelled: u64,
     /// Responses longer than the recorder's capture cap ([`crate::trace::Response::past_cap`]):
     /// counted past it, not read.
     pub past_capture_cap: u64,
@@ -231,7 +231,7 @@ pub struct Recorded {
     /// E2E of completed whole (non-streamed) bodies, apart from the streamed `e2e_ms`, as a
     /// replay reports them; absent when there were none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub non_streamed_e2e_ms: Option<Dist>,
+    pub(crate) non_streamed_e2e_ms: Option<Dist>,
 }
 
 /// Everything `inspect` reports. Field names are the `--json` schema.
@@ -241,20 +241,20 @@ pub struct TraceStats {
     pub duration_s: f64,
     pub mean_rate_rps: f64,
     /// Most arrivals within any 1-second window.
-    pub peak_rate_rps: u64,
+    pub(crate) peak_rate_rps: u64,
     pub isl: Dist,
     pub osl: Dist,
     pub reuse: Reuse,
-    pub sessions: u64,
+    pub(crate) sessions: u64,
     /// Turns per session (sessions only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub turns: Option<Dist>,
+    pub(crate) turns: Option<Dist>,
     /// endpoint → count
-    pub endpoints: BTreeMap<String, u64>,
+    pub(crate) endpoints: BTreeMap<String, u64>,
     /// model → count (requests without a model are not counted)
-    pub models: BTreeMap<String, u64>,
+    pub(crate) models: BTreeMap<String, u64>,
     /// Side requests left out of every statistic above: `METHOD path` → count.
-    pub auxiliary: BTreeMap<String, u64>,
+    pub(crate) auxiliary: BTreeMap<String, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded: Option<Recorded>,
     /// Figures estimated to keep memory bounded on a very large trace (docs/inspect-json.md):
@@ -262,12 +262,12 @@ pub struct TraceStats {
     /// `distinct_blocks` (the ids in a Bloom filter: block reuse and prefix hit rate may
     /// over-count by `reuse.false_positive_rate`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub approximate: Vec<&'static str>,
+    pub(crate) approximate: Vec<&'static str>,
 }
 
 /// Most blocks `inspect --cache-blocks` simulates an LRU cache of (4 Mi: about 256 MiB, the
 /// cache's table allocated up front).
-pub const MAX_CACHE_BLOCKS: u64 = 1 << 22;
+pub(crate) const MAX_CACHE_BLOCKS: u64 = 1 << 22;
 
 /// Options for [`compute`].
 #[derive(Debug, Clone, Default)]
@@ -304,7 +304,7 @@ pub fn compute(trace: &Trace, opts: &StatsOptions) -> TraceStats {
 /// [`EXACT_VALUES`], then a histogram; the distinct hash ids up to [`EXACT_IDS`], then a Bloom
 /// filter of [`BLOOM_BITS`]; the LRU's `--cache-blocks`; one counter per session and per endpoint and
 /// model; the arrivals of the last second (the peak rate assumes pushes in arrival order).
-pub struct StatsAcc {
+pub(crate) struct StatsAcc {
     block_size: u32,
     /// `--block-size`: the prefix figures' ids re-chunked.
     rechunk: Option<super::filter::Rechunk>,
@@ -334,7 +334,7 @@ pub struct StatsAcc {
 }
 
 impl StatsAcc {
-    pub fn new(header: &super::TraceHeader, opts: &StatsOptions) -> StatsAcc {
+    pub(crate) fn new(header: &super::TraceHeader, opts: &StatsOptions) -> StatsAcc {
         Self::bounded(header, opts, EXACT_VALUES, (EXACT_IDS, BLOOM_BITS))
     }
 
@@ -386,7 +386,7 @@ impl StatsAcc {
         }
     }
 
-    pub fn push(&mut self, r: &Request) {
+    pub(crate) fn push(&mut self, r: &Request) {
         if !r.is_workload() {
             *self.auxiliary.entry(r.route()).or_default() += 1;
             return;
@@ -487,7 +487,7 @@ impl StatsAcc {
         rec.past_capture_cap += u64::from(resp.past_cap.is_some());
     }
 
-    pub fn finish(self) -> TraceStats {
+    pub(crate) fn finish(self) -> TraceStats {
         let n = self.n;
         let span_us = self.last.saturating_sub(self.first.unwrap_or(0));
         let duration_s = span_us as f64 / 1e6;
@@ -581,7 +581,8 @@ fn peak_of(mut arrivals: Vec<u64>) -> u64 {
 /// of the full one), ids are chained (equal ids at equal positions after an equal prefix mean
 /// equal tokens), so P is the longest id-prefix shared with any earlier request, in tokens,
 /// capped by both lengths. Concurrent requests and eviction only lower the real count.
-pub fn vllm_prefix_cache(
+#[cfg(test)]
+pub(crate) fn vllm_prefix_cache(
     trace: &Trace,
     order: impl IntoIterator<Item = usize>,
     block_tokens: u32,
@@ -595,32 +596,32 @@ pub fn vllm_prefix_cache(
 }
 
 /// Most trie nodes a [`PrefixCache`] holds (about 50 bytes each).
-pub const PREFIX_NODES: usize = 2 << 20;
+pub(crate) const PREFIX_NODES: usize = 2 << 20;
 
 /// [`vllm_prefix_cache`] one request at a time, in send order (memory: a trie node per distinct
 /// id prefix, at most `max_nodes`; past them no prefix is added, so the hits counted are a lower
 /// bound and `full` says so).
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     max_nodes: usize,
-    pub full: bool,
+    pub(crate) full: bool,
     block_tokens: u64,
     server_block: u64,
     /// A trie of id prefixes; `covered[node]` = the most tokens an earlier request computed
     /// through that node.
     child: std::collections::HashMap<(usize, u64), usize>,
     covered: Vec<u64>,
-    pub hits: u64,
-    pub queries: u64,
+    pub(crate) hits: u64,
+    pub(crate) queries: u64,
     /// The hits at each of [`SERVER_BLOCKS`] (the server may publish its own block size).
-    pub hits_at: [u64; SERVER_BLOCKS.len()],
+    pub(crate) hits_at: [u64; SERVER_BLOCKS.len()],
 }
 
 /// Server KV block sizes the hits are also counted at, so that a block size the server
 /// publishes (vLLM's `vllm:cache_config_info`) can be judged without a second pass.
-pub const SERVER_BLOCKS: [u64; 7] = [1, 16, 32, 64, 128, 256, 512];
+pub(crate) const SERVER_BLOCKS: [u64; 7] = [1, 16, 32, 64, 128, 256, 512];
 
 impl PrefixCache {
-    pub fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> PrefixCache {
+    pub(crate) fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> PrefixCache {
         PrefixCache {
             max_nodes,
             full: false,
@@ -635,7 +636,7 @@ impl PrefixCache {
     }
 
     /// Counts `r`'s queries and hits, then adds its prefix.
-    pub fn add(&mut self, r: &Request) {
+    pub(crate) fn add(&mut self, r: &Request) {
         let (t, b) = (self.block_tokens, self.server_block);
         let len = r.input_tokens;
         self.queries += len;

@@ -17,16 +17,16 @@ use super::{agentic, azure, custom, native, Request, Trace, TraceError, TraceHea
 use std::io::{BufReader, Read};
 use std::path::Path;
 
-pub type Records = Box<dyn Iterator<Item = Result<Request, TraceError>> + Send>;
+pub(crate) type Records = Box<dyn Iterator<Item = Result<Request, TraceError>> + Send>;
 
 /// A trace file's records in arrival order, read as they are used.
 pub struct TraceStream {
-    pub header: TraceHeader,
+    pub(crate) header: TraceHeader,
     /// Rows, skipped rows, reordering and damage: known before the first record.
-    pub report: ImportReport,
+    pub(crate) report: ImportReport,
     /// The first record's arrival, when known before it is read (native files: from the first
     /// pass), so that a merge can leave a stream unread until its time comes.
-    pub earliest: Option<u64>,
+    pub(crate) earliest: Option<u64>,
     records: Records,
 }
 
@@ -39,7 +39,7 @@ impl Iterator for TraceStream {
 
 impl TraceStream {
     /// A stream of `records` under `header`.
-    pub fn new(header: TraceHeader, report: ImportReport, records: Records) -> TraceStream {
+    pub(crate) fn new(header: TraceHeader, report: ImportReport, records: Records) -> TraceStream {
         TraceStream {
             header,
             report,
@@ -103,7 +103,7 @@ pub fn open(path: &Path, opts: &ImportOptions) -> Result<TraceStream, TraceError
 }
 
 /// A trace already in memory, as a stream.
-pub fn in_memory(trace: Trace, report: ImportReport) -> TraceStream {
+pub(crate) fn in_memory(trace: Trace, report: ImportReport) -> TraceStream {
     TraceStream {
         earliest: trace.requests.iter().map(|r| r.arrival_us).min(),
         header: trace.header,
@@ -128,7 +128,7 @@ fn native_stream(path: &Path, block_size: Option<u32>) -> Result<TraceStream, Tr
 }
 
 /// A native read report as an importer's.
-pub fn import_report(rep: &native::ReadReport) -> ImportReport {
+pub(crate) fn import_report(rep: &native::ReadReport) -> ImportReport {
     ImportReport {
         rows: rep.records,
         reordered: rep.reordered,

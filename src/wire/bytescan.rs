@@ -24,7 +24,7 @@ fn eq_mask(x: u64, c: u8) -> u64 {
 /// Index of the first byte in `hay[from..]` that ends a plain run inside a JSON string: `"`,
 /// `\` or a control character (below 0x20); `hay.len()` when there is none.
 #[inline]
-pub fn find_json_special(hay: &[u8], from: usize) -> usize {
+pub(crate) fn find_json_special(hay: &[u8], from: usize) -> usize {
     let mut i = from;
     while i + 8 <= hay.len() {
         let x = word(hay, i);

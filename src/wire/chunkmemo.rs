@@ -31,7 +31,7 @@ const PATTERNS: [&[u8]; 3] = [
 
 /// The last parsed chunk of a stream, kept as a template for the next ones.
 #[derive(Debug, Default)]
-pub struct ChunkMemo {
+pub(crate) struct ChunkMemo {
     /// The template's bytes (reused across templates and streams).
     data: Vec<u8>,
     /// Contents of the varying string: `data[start..end]`.
@@ -40,17 +40,18 @@ pub struct ChunkMemo {
     info: ChunkInfo,
     valid: bool,
     /// How many chunks the template answered (for tests and benchmarks).
-    pub hits: u64,
+    pub(crate) hits: u64,
 }
 
 impl ChunkMemo {
     /// Forgets the template (a new stream starts).
-    pub fn reset(&mut self) {
+    #[cfg(test)]
+    pub(crate) fn reset(&mut self) {
         self.valid = false;
     }
 
     /// What [`parse_chunk`] says of `data`, from the template when `data` matches it.
-    pub fn parse(&mut self, data: &[u8]) -> Result<ChunkInfo, String> {
+    pub(crate) fn parse(&mut self, data: &[u8]) -> Result<ChunkInfo, String> {
         if self.valid && self.matches(data) {
             self.hits += 1;
             return Ok(self.info.clone());

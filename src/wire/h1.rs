@@ -23,16 +23,16 @@
 //! allocation beyond the output head and the two strings of a request line. It does not read sockets or decide timeouts (see `h1`).
 
 /// Largest request or response head accepted (bytes).
-pub const MAX_HEAD: usize = 64 << 10;
+pub(crate) const MAX_HEAD: usize = 64 << 10;
 /// Most header fields accepted in one head.
-pub const MAX_HEADERS: usize = 128;
+pub(crate) const MAX_HEADERS: usize = 128;
 /// Longest chunk-size line (with extensions) or trailer section accepted by [`ChunkedDecoder`].
 const MAX_CHUNK_LINE: u32 = 4096;
 const MAX_TRAILERS: u32 = 64 << 10;
 
 /// How a message body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// No body.
     None,
     /// Exactly this many bytes (never 0: that is [`Framing::None`]).
@@ -45,7 +45,7 @@ pub enum Framing {
 
 /// Why a head was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeadError {
+pub(crate) enum HeadError {
     /// Longer than [`MAX_HEAD`] or more than [`MAX_HEADERS`] fields (431 for a request).
     TooLarge,
     /// Not HTTP/1.x, or framing that cannot be forwarded safely (400 for a request).
@@ -56,7 +56,7 @@ pub enum HeadError {
 
 impl HeadError {
     /// The status a client gets for a request head refused this way.
-    pub fn status(self) -> u16 {
+    pub(crate) fn status(self) -> u16 {
         match self {
             HeadError::TooLarge => 431,
             HeadError::Malformed(_) => 400,
@@ -64,7 +64,7 @@ impl HeadError {
         }
     }
 
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             HeadError::TooLarge => "request header fields too large",
             HeadError::Malformed(why) => why,
@@ -77,40 +77,40 @@ impl HeadError {
 
 /// A parsed request head (the rewritten head went to the output buffer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestHead {
+pub(crate) struct RequestHead {
     /// Bytes of the head in the input, blank line included.
-    pub len: usize,
+    pub(crate) len: usize,
     /// Where the method is in the parsed buffer (see [`RequestHead::method_in`]): positions,
     /// not a copy, so parsing a head allocates nothing.
-    pub method: std::ops::Range<usize>,
+    pub(crate) method: std::ops::Range<usize>,
     /// Where the path and query are in the parsed buffer, as the client sent them
     /// (origin-form; from absolute-form when given so; see [`RequestHead::path_into`]).
-    pub path: std::ops::Range<usize>,
+    pub(crate) path: std::ops::Range<usize>,
     /// The target had a query but no path (`?q`, `http://h?q`): the path is `/` + `buf[path]`.
-    pub path_slash: bool,
+    pub(crate) path_slash: bool,
     /// [`Framing::None`], [`Framing::Length`] or [`Framing::Chunked`].
-    pub body: Framing,
+    pub(crate) body: Framing,
     /// The client lets the connection carry another request (HTTP/1.1 without `close`).
-    pub keep_alive: bool,
+    pub(crate) keep_alive: bool,
     /// HTTP/1.0: chunked responses are decoded for it and the connection closes after.
-    pub http10: bool,
+    pub(crate) http10: bool,
     /// A `HEAD` request: the response has no body whatever its headers say.
-    pub is_head: bool,
+    pub(crate) is_head: bool,
     /// The request asks to switch protocols (`Connection: upgrade` + `Upgrade`, HTTP/1.1, not
     /// `h2c`): the head for the upstream kept its `Upgrade` field and says `connection: upgrade`.
-    pub upgrade: bool,
+    pub(crate) upgrade: bool,
 }
 
 impl RequestHead {
     /// The method, from the buffer the head was parsed from.
-    pub fn method_in<'a>(&self, buf: &'a [u8]) -> &'a str {
+    pub(crate) fn method_in<'a>(&self, buf: &'a [u8]) -> &'a str {
         buf.get(self.method.clone())
             .and_then(|b| std::str::from_utf8(b).ok())
             .unwrap_or("")
     }
 
     /// Appends the path and query (origin-form) to `out`, from the buffer the head was parsed from.
-    pub fn path_into(&self, buf: &[u8], out: &mut String) {
+    pub(crate) fn path_into(&self, buf: &[u8], out: &mut String) {
         if self.path_slash {
             out.push('/');
         }
@@ -135,32 +135,32 @@ fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
 
 /// A parsed response head (the rewritten head went to the output buffer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResponseHead {
-    pub len: usize,
-    pub status: u16,
-    pub body: Framing,
+pub(crate) struct ResponseHead {
+    pub(crate) len: usize,
+    pub(crate) status: u16,
+    pub(crate) body: Framing,
     /// The upstream keeps the connection open after this response.
-    pub reusable: bool,
+    pub(crate) reusable: bool,
     /// The `Content-Type` value, copied (from [`parse_response_head`]; [`parse_response`],
     /// the recorder's, leaves it `None` and gives its position instead).
-    pub content_type: Option<String>,
+    pub(crate) content_type: Option<String>,
     /// Where the `Content-Type` value is in the parsed buffer.
-    pub content_type_at: Option<std::ops::Range<usize>>,
+    pub(crate) content_type_at: Option<std::ops::Range<usize>>,
 }
 
 /// How to write a response head for the client.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ResponseOptions {
+pub(crate) struct ResponseOptions {
     /// The request was `HEAD`.
-    pub head_request: bool,
+    pub(crate) head_request: bool,
     /// The client connection closes after this response (`Connection: close` is written).
-    pub close: bool,
+    pub(crate) close: bool,
     /// The client speaks HTTP/1.0: a chunked body is sent decoded, so no `Transfer-Encoding`.
-    pub dechunk: bool,
+    pub(crate) dechunk: bool,
     /// The request asked to switch protocols ([`RequestHead::upgrade`]): a `101 Switching
     /// Protocols` is accepted and written with its `Upgrade` field and `connection: upgrade`
     /// (never `connection: close`).
-    pub upgrade: bool,
+    pub(crate) upgrade: bool,
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -169,7 +169,7 @@ fn eq(a: &str, b: &str) -> bool {
 
 /// Hop-by-hop by itself (RFC 9110 §7.6.1), without being named in `Connection`: the one list
 /// both of record's paths apply (raw heads here, header maps in `record::common`).
-pub fn is_hop_by_hop(name: &str) -> bool {
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
     eq(name, "connection")
         || eq(name, "transfer-encoding")
         || eq(name, "upgrade")
@@ -325,7 +325,7 @@ fn origin_form(target: &str) -> Result<&str, HeadError> {
 
 /// Whether a `Via` field value carries the pseudonym of `entry` (`1.1 retrace-ab12` →
 /// `retrace-ab12`): a request that does came back to the proxy that added it.
-pub fn via_names(value: &[u8], entry: &[u8]) -> bool {
+pub(crate) fn via_names(value: &[u8], entry: &[u8]) -> bool {
     let id = entry.split(|&b| b == b' ').nth(1).unwrap_or(entry);
     !id.is_empty() && value.windows(id.len()).any(|w| w.eq_ignore_ascii_case(id))
 }
@@ -346,7 +346,7 @@ fn check_request_fields(headers: &[httparse::Header<'_>], via: &[u8]) -> Result<
 /// refuses a buffer of [`MAX_HEAD`] bytes that is still incomplete, see [`incomplete_limit`]).
 /// On success the head for the upstream (`host` as `Host`, `base_path` prepended, `via` added as
 /// a `Via` field unless empty) is in `out`.
-pub fn parse_request(
+pub(crate) fn parse_request(
     buf: &[u8],
     host: &[u8],
     base_path: &str,
@@ -414,7 +414,7 @@ pub fn parse_request(
 }
 
 /// `Err(TooLarge)` when an incomplete head already fills [`MAX_HEAD`] bytes.
-pub fn incomplete_limit(have: usize) -> Result<(), HeadError> {
+pub(crate) fn incomplete_limit(have: usize) -> Result<(), HeadError> {
     if have >= MAX_HEAD {
         Err(HeadError::TooLarge)
     } else {
@@ -427,7 +427,7 @@ pub fn incomplete_limit(have: usize) -> Result<(), HeadError> {
 /// head for another hop. `head_request`: the request was `HEAD` (no body whatever the headers
 /// say). `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
 /// skips `len` bytes and parses again.
-pub fn parse_response_head(
+pub(crate) fn parse_response_head(
     buf: &[u8],
     head_request: bool,
 ) -> Result<Option<ResponseHead>, HeadError> {
@@ -526,7 +526,7 @@ fn response_head(
 /// Parses one response head at the start of `buf` and writes the head for the client to `out`.
 /// `Ok(None)`: incomplete. Interim (1xx) heads come back with [`Framing::None`]; the caller
 /// forwards them and parses again.
-pub fn parse_response(
+pub(crate) fn parse_response(
     buf: &[u8],
     o: ResponseOptions,
     out: &mut Vec<u8>,
@@ -585,7 +585,7 @@ fn write_response_head(
 /// line, `Host`, the caller's `fields` (names and values as given; the caller guarantees they are
 /// valid header tokens and values), `content-length`, blank line, then `body`, so that the whole
 /// request goes out in one write. Nothing is validated or rewritten here.
-pub fn write_request<'a>(
+pub(crate) fn write_request<'a>(
     method: &str,
     path: &str,
     host: &[u8],
@@ -601,7 +601,7 @@ pub fn write_request<'a>(
 
 /// [`write_request`]'s head alone (for a body of `body_len` bytes sent after it, e.g. by one
 /// vectored write): appended to `out`.
-pub fn write_request_head<'a>(
+pub(crate) fn write_request_head<'a>(
     method: &str,
     path: &str,
     host: &[u8],
@@ -807,7 +807,7 @@ impl ChunkedDecoder {
 /// payload and says where the body ends. The end of a [`Framing::Close`] body is the sender's
 /// close, which the caller sees (`at_eof`); this type only counts and decodes.
 #[derive(Debug, Clone)]
-pub struct BodyDecoder {
+pub(crate) struct BodyDecoder {
     framing: Framing,
     left: u64,
     chunked: ChunkedDecoder,
@@ -815,7 +815,7 @@ pub struct BodyDecoder {
 }
 
 impl BodyDecoder {
-    pub fn new(framing: Framing) -> Self {
+    pub(crate) fn new(framing: Framing) -> Self {
         BodyDecoder {
             framing,
             left: match framing {
@@ -828,14 +828,14 @@ impl BodyDecoder {
     }
 
     /// The whole body has been seen (never true for [`Framing::Close`]).
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.done
     }
 
     /// Consumes body bytes from `buf`, calling `payload` with each run of payload bytes (in place,
     /// no copy); stops right after the end of the body and returns how many bytes of `buf` it used
     /// (fewer than `buf.len()` only when the body ended inside `buf`).
-    pub fn feed(
+    pub(crate) fn feed(
         &mut self,
         buf: &[u8],
         mut payload: impl FnMut(&[u8]),
@@ -872,7 +872,7 @@ impl BodyDecoder {
 
     /// What is missing when the connection ends now: `None` when the body is complete (a
     /// [`Framing::Close`] body ends exactly here), otherwise why it is truncated.
-    pub fn at_eof(&self) -> Option<&'static str> {
+    pub(crate) fn at_eof(&self) -> Option<&'static str> {
         match (self.done, self.framing) {
             (true, _) | (_, Framing::Close) => None,
             (_, Framing::Length(_)) => {

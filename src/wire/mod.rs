@@ -1,9 +1,9 @@
 //! Wire formats, pure: HTTP/1.1 framing, SSE, the OpenAI shapes, the chunk memo, the byte
 //! scanner, and Prometheus text.
 
-pub mod bytescan;
-pub mod chunkmemo;
+pub(crate) mod bytescan;
+pub(crate) mod chunkmemo;
 pub mod h1;
 pub mod openai;
-pub mod prom;
+pub(crate) mod prom;
 pub mod sse;

@@ -16,7 +16,7 @@ use std::borrow::Cow;
 
 /// A `/v1/completions` prompt.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
+pub(crate) enum Prompt {
     Text(String),
     TokenIds(Vec<u32>),
     /// A list of prompts (batched request).
@@ -25,13 +25,13 @@ pub enum Prompt {
 
 /// What a request body says.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestInfo {
-    pub model: Option<String>,
+pub(crate) struct RequestInfo {
+    pub(crate) model: Option<String>,
     /// Completions prompt, when present.
-    pub prompt: Option<Prompt>,
+    pub(crate) prompt: Option<Prompt>,
     /// Chat messages, as sent.
-    pub messages: Option<Vec<Value>>,
-    pub params: Params,
+    pub(crate) messages: Option<Vec<Value>>,
+    pub(crate) params: Params,
 }
 
 fn field_err(name: &str, want: &str) -> String {
@@ -87,13 +87,13 @@ fn parse_prompt(v: &Value) -> Result<Prompt, String> {
 }
 
 /// Parses a request body for `endpoint`.
-pub fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, String> {
+pub(crate) fn parse_request(endpoint: &Endpoint, body: &[u8]) -> Result<RequestInfo, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     parse_request_value(endpoint, &v)
 }
 
 /// [`parse_request`] of a body already parsed as JSON.
-pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo, String> {
+pub(crate) fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo, String> {
     let obj = v.as_object().ok_or("body is not a JSON object")?;
     let mut info = RequestInfo {
         model: opt(obj, "model", "a string", |v| v.as_str().map(str::to_string))?,
@@ -143,12 +143,12 @@ pub fn parse_request_value(endpoint: &Endpoint, v: &Value) -> Result<RequestInfo
 /// A `/v1/completions` body with token-id prompts, as [`parse_request`] reads it, plus the two
 /// fields the mock checks besides.
 #[derive(Debug, Clone, PartialEq)]
-pub struct FastCompletion {
-    pub info: RequestInfo,
+pub(crate) struct FastCompletion {
+    pub(crate) info: RequestInfo,
     /// `stream_options` is present and not null.
-    pub stream_options_set: bool,
+    pub(crate) stream_options_set: bool,
     /// `return_token_ids` (absent or null: false).
-    pub return_token_ids: bool,
+    pub(crate) return_token_ids: bool,
 }
 
 /// The fields of a token-id completion body, typed: serde reads a token array straight into a
@@ -179,7 +179,7 @@ struct TypedStreamOptions {
 /// into typed fields. `None` for anything else (a text or batched prompt, a wrong type, a
 /// duplicate key, malformed JSON): use [`parse_request`], which decides and words the error.
 /// Agrees with [`parse_request`] where it answers (tested).
-pub fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
+pub(crate) fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
     // serde skips unread strings without checking their UTF-8; the general path refuses them.
     if !body.is_ascii() {
         std::str::from_utf8(body).ok()?;
@@ -213,20 +213,20 @@ pub fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChunkInfo {
     /// `choices` is present and non-empty (vLLM's TTFT/ITL rule looks at exactly this).
-    pub has_choices: bool,
+    pub(crate) has_choices: bool,
     /// Tokens carried: the length of `token_ids` when the server sent them, else 1 per choice
     /// with non-empty text/content (0 for a role-only or usage-only chunk).
-    pub tokens: u32,
+    pub(crate) tokens: u32,
     /// The first choice's `finish_reason`, if set.
-    pub finish_reason: Option<String>,
+    pub(crate) finish_reason: Option<String>,
     /// The `index` of the chunk's choice when it has exactly one (vLLM streams each choice of
     /// `n > 1` in chunks of its own), so that tokens can be counted by choice.
-    pub choice: Option<u32>,
-    pub usage: Option<Usage>,
+    pub(crate) choice: Option<u32>,
+    pub(crate) usage: Option<Usage>,
     /// vLLM's `metrics`, else llama.cpp's `timings` ([`Timings`]).
-    pub metrics: Option<ServerMetrics>,
+    pub(crate) metrics: Option<ServerMetrics>,
     /// The chunk is an error object (`{"error": ...}` or `{"object": "error"}`).
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// llama.cpp's per-response `timings` object (on the last streamed chunk, or in the body), the
@@ -346,10 +346,10 @@ where
 
 /// Largest usage count believed (the readers' bound on a token count, 10^7): a server's
 /// larger (or negative, or fractional) count makes the chunk malformed.
-pub const MAX_USAGE: u64 = crate::trace::rows::MAX_TOKENS;
+pub(crate) const MAX_USAGE: u64 = crate::trace::rows::MAX_TOKENS;
 
 /// How [`parse_chunk`]'s error for a usage count out of bounds begins.
-pub const USAGE_ERROR: &str = "usage.";
+pub(crate) const USAGE_ERROR: &str = "usage.";
 
 /// The typed reading of [`parse_chunk`]; `None` where the general path must decide.
 fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
@@ -517,10 +517,10 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
 /// only a streamed event needs (whether it has choices, tokens, finish reason).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BodyInfo {
-    pub usage: Option<Usage>,
-    pub metrics: Option<ServerMetrics>,
+    pub(crate) usage: Option<Usage>,
+    pub(crate) metrics: Option<ServerMetrics>,
     /// The body is an error object (as [`ChunkInfo::error`]).
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 impl From<ChunkInfo> for BodyInfo {

@@ -13,17 +13,17 @@
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
+pub(crate) struct Sample {
+    pub(crate) name: String,
+    pub(crate) labels: Vec<(String, String)>,
+    pub(crate) value: f64,
     /// Milliseconds since the epoch, when the line carries one.
-    pub timestamp_ms: Option<i64>,
+    pub(crate) timestamp_ms: Option<i64>,
 }
 
 impl Sample {
     /// The value of label `k`.
-    pub fn label(&self, k: &str) -> Option<&str> {
+    pub(crate) fn label(&self, k: &str) -> Option<&str> {
         self.labels
             .iter()
             .find(|(n, _)| n == k)
@@ -33,27 +33,27 @@ impl Sample {
 
 /// A parsed exposition.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Parsed {
-    pub samples: Vec<Sample>,
+pub(crate) struct Parsed {
+    pub(crate) samples: Vec<Sample>,
     /// Skipped lines: (1-based line number, what was wrong).
-    pub bad_lines: Vec<(usize, String)>,
+    pub(crate) bad_lines: Vec<(usize, String)>,
 }
 
 impl Parsed {
     /// Samples named `name` (all label sets).
-    pub fn family<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
+    pub(crate) fn family<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
         self.samples.iter().filter(move |s| s.name == name)
     }
 
     /// Sum of `name` over its label sets (e.g. over data-parallel engines); `None` when absent.
-    pub fn sum(&self, name: &str) -> Option<f64> {
+    pub(crate) fn sum(&self, name: &str) -> Option<f64> {
         let mut it = self.family(name).peekable();
         it.peek()?;
         Some(it.map(|s| s.value).sum())
     }
 
     /// Mean of `name` over its label sets (for ratios such as KV-cache usage); `None` when absent.
-    pub fn mean(&self, name: &str) -> Option<f64> {
+    pub(crate) fn mean(&self, name: &str) -> Option<f64> {
         let (n, s) = self
             .family(name)
             .fold((0usize, 0.0), |(n, s), x| (n + 1, s + x.value));
@@ -62,7 +62,7 @@ impl Parsed {
 }
 
 /// Parses an exposition; malformed lines are skipped and listed.
-pub fn parse(text: &str) -> Parsed {
+pub(crate) fn parse(text: &str) -> Parsed {
     let mut out = Parsed::default();
     for (i, raw) in text.split('\n').enumerate() {
         let line = raw.strip_suffix('\r').unwrap_or(raw).trim_start();

@@ -12,7 +12,7 @@
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SseEvent {
     /// The `event:` field, if any.
-    pub event: Option<String>,
+    pub(crate) event: Option<String>,
     /// The joined `data:` lines.
     pub data: String,
 }
@@ -53,7 +53,7 @@ impl Default for SseParser {
 }
 
 impl SseParser {
-    pub fn new(max_event_bytes: usize) -> Self {
+    pub(crate) fn new(max_event_bytes: usize) -> Self {
         SseParser {
             line: Vec::new(),
             data: Vec::new(),
@@ -72,7 +72,7 @@ impl SseParser {
 
     /// Ends the stream: an event left without its blank line is returned (servers that close
     /// right after the last `data:` line are common).
-    pub fn finish(&mut self) -> Option<Result<SseEvent, SseError>> {
+    pub(crate) fn finish(&mut self) -> Option<Result<SseEvent, SseError>> {
         let mut out = None;
         self.finish_raw(|e| out = Some(e.and_then(RawEvent::to_owned)));
         out
@@ -81,7 +81,7 @@ impl SseParser {
     /// [`SseParser::feed`] without copies: each event's data is lent to `on_event` as bytes
     /// (not checked for UTF-8; the JSON layer does that), from a buffer reused across events,
     /// and a line that lies whole in `chunk` is read in place.
-    pub fn feed_raw(
+    pub(crate) fn feed_raw(
         &mut self,
         chunk: &[u8],
         mut on_event: impl FnMut(Result<RawEvent<'_>, SseError>),
@@ -113,7 +113,7 @@ impl SseParser {
     }
 
     /// [`SseParser::finish`] without copies.
-    pub fn finish_raw(&mut self, mut on_event: impl FnMut(Result<RawEvent<'_>, SseError>)) {
+    pub(crate) fn finish_raw(&mut self, mut on_event: impl FnMut(Result<RawEvent<'_>, SseError>)) {
         let mut emitted = false;
         if !self.line.is_empty() {
             self.line_end(&[], &mut |e| {
@@ -206,15 +206,15 @@ impl SseParser {
 
 /// One complete event, borrowed from the parser ([`SseParser::feed_raw`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawEvent<'a> {
-    pub event: Option<&'a str>,
+pub(crate) struct RawEvent<'a> {
+    pub(crate) event: Option<&'a str>,
     /// The joined `data:` lines, as sent (not checked for UTF-8).
-    pub data: &'a [u8],
+    pub(crate) data: &'a [u8],
 }
 
 impl RawEvent<'_> {
     /// `data: [DONE]`, the OpenAI end-of-stream marker.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.data.trim_ascii() == b"[DONE]"
     }
 
@@ -234,7 +234,7 @@ impl RawEvent<'_> {
 /// (where in a line it is, whether the event has data, whether that data is `[DONE]` so far),
 /// whatever the stream; the recorder counts a body past its capture cap with it.
 #[derive(Debug, Clone, Default)]
-pub struct EventEnds {
+pub(crate) struct EventEnds {
     last_was_cr: bool,
     line: Line,
     has_data: bool,
@@ -279,7 +279,7 @@ fn done_step(s: u8, b: u8) -> u8 {
 impl EventEnds {
     /// Feeds a chunk; calls `on_end(i)` for every event completed in it, `i` being the index
     /// just past the byte that completed it.
-    pub fn feed(&mut self, chunk: &[u8], mut on_end: impl FnMut(usize)) {
+    pub(crate) fn feed(&mut self, chunk: &[u8], mut on_end: impl FnMut(usize)) {
         let mut i = 0;
         while i < chunk.len() {
             let j = memchr::memchr2(b'\n', b'\r', &chunk[i..]).map_or(chunk.len(), |k| i + k);
@@ -299,7 +299,7 @@ impl EventEnds {
 
     /// The stream ended: whether an event left without its blank line counts (as
     /// [`SseParser::finish`] returns it).
-    pub fn finish(&mut self) -> bool {
+    pub(crate) fn finish(&mut self) -> bool {
         if self.line != Line::Start && self.line_end() {
             return true;
         }
@@ -377,7 +377,7 @@ impl EventEnds {
 /// of the last blank line in `bytes` (so the bytes from there on are the start of an event not
 /// yet complete, and an [`EventEnds`] fed them alone is where one fed all of `bytes` would be);
 /// 0 when there is none.
-pub fn after_last_blank_line(bytes: &[u8]) -> usize {
+pub(crate) fn after_last_blank_line(bytes: &[u8]) -> usize {
     let mut end = bytes.len();
     while let Some(i) = memchr::memrchr2(b'\n', b'\r', &bytes[..end]) {
         // Two line ends in a row (a CRLF is one): the second starts a blank line.

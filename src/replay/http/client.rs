@@ -37,15 +37,15 @@ fn ns_since(t0: Instant) -> u64 {
 
 /// What the dispatcher knows about a request before it is sent.
 #[derive(Debug, Clone, Copy)]
-pub struct SendTimes {
-    pub intended_ns: u64,
-    pub dispatched_ns: u64,
+pub(crate) struct SendTimes {
+    pub(crate) intended_ns: u64,
+    pub(crate) dispatched_ns: u64,
     /// Time the request's task waited for a concurrency slot (0 without a limit).
-    pub slot_wait_ns: u64,
+    pub(crate) slot_wait_ns: u64,
 }
 
 /// A request the dispatcher already started sending at its release ([`Client::presend`]).
-pub struct PreSent {
+pub(crate) struct PreSent {
     conn: RawConn,
     /// Bytes of the request that went out (head, then body); 0 when the socket took none.
     written: usize,
@@ -54,10 +54,10 @@ pub struct PreSent {
 }
 
 /// The replayer's client: a target, its connection pool and the per-request limits.
-pub struct Client {
-    pub pool: Pool,
-    pub target: Target,
-    pub timeouts: Timeouts,
+pub(crate) struct Client {
+    pub(crate) pool: Pool,
+    pub(crate) target: Target,
+    pub(crate) timeouts: Timeouts,
 }
 
 impl Client {
@@ -68,7 +68,7 @@ impl Client {
     /// whatever the socket did not take and reads the response; the kernel stamps the response's
     /// bytes on arrival, so a late task does not delay its TTFT. `None` (the task sends it all)
     /// for TLS targets, a bad path, or no idle connection.
-    pub fn presend(&self, req: &BuiltRequest, t0: Instant) -> Option<PreSent> {
+    pub(crate) fn presend(&self, req: &BuiltRequest, t0: Instant) -> Option<PreSent> {
         if !self.pool.is_plain() || self.target.tls {
             return None;
         }
@@ -97,7 +97,7 @@ impl Client {
 
     /// Sends `req` now and measures it. `sent_ns` is taken after the request was serialized,
     /// immediately before it is written, or is when the dispatcher began writing it (`pre`).
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         req: &BuiltRequest,
         times: SendTimes,
@@ -130,7 +130,7 @@ impl Client {
     }
 
     /// `POST route` with a JSON body; the JSON answer of a 2xx.
-    pub async fn post_json(
+    pub(crate) async fn post_json(
         &self,
         route: &str,
         body: &serde_json::Value,
@@ -140,7 +140,7 @@ impl Client {
     }
 
     /// [`Client::post_json`] within `limit` (the exchange, the answer read whole).
-    pub async fn post_json_within(
+    pub(crate) async fn post_json_within(
         &self,
         route: &str,
         body: &serde_json::Value,
@@ -167,7 +167,7 @@ impl Client {
     }
 
     /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
-    pub async fn first_model(&self) -> Result<String, String> {
+    pub(crate) async fn first_model(&self) -> Result<String, String> {
         let uri = self.target.uri("/v1/models")?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let (status, body) = self

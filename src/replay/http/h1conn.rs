@@ -21,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Why a request could not get a response head.
 #[derive(Debug)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// The TCP connect or TLS handshake failed.
     Connect(String),
     /// The connection broke before a response head.
@@ -62,7 +62,7 @@ impl ReadBuf {
 /// One keep-alive connection of the own client. `I` is its socket: the runtime's
 /// [`ClientStream`], or a plain [`std::net::TcpStream`] while a reader thread reads the body
 /// ([`RawConn::detach`], [`RawConn::attach`]).
-pub struct RawConn<I = ClientStream> {
+pub(crate) struct RawConn<I = ClientStream> {
     io: I,
     rb: ReadBuf,
     /// Reads of a plain socket ask the kernel when their bytes arrived.
@@ -72,17 +72,17 @@ pub struct RawConn<I = ClientStream> {
 
 impl<I> RawConn<I> {
     /// When the bytes of the latest read reached this host (see the module doc).
-    pub fn last_rx(&self) -> Instant {
+    pub(crate) fn last_rx(&self) -> Instant {
         self.last_rx
     }
 
     /// Bytes read but not yet consumed.
-    pub fn pending(&self) -> &[u8] {
+    pub(crate) fn pending(&self) -> &[u8] {
         &self.rb.buf[self.rb.start..self.rb.filled]
     }
 
     /// Marks all pending bytes consumed.
-    pub fn consume_all(&mut self) {
+    pub(crate) fn consume_all(&mut self) {
         self.rb.start = 0;
         self.rb.filled = 0;
     }
@@ -126,7 +126,7 @@ impl RawConn<()> {
 impl RawConn {
     /// `kernel_rx`: stamp reads with the kernel's receive time (plain TCP only; turns the
     /// socket's `SO_TIMESTAMPNS` on).
-    pub fn new(io: ClientStream, kernel_rx: bool) -> RawConn {
+    pub(crate) fn new(io: ClientStream, kernel_rx: bool) -> RawConn {
         let kernel_rx = match &io {
             ClientStream::Plain(s) => kernel_rx && crate::sys::rxstamp::enable(s.as_raw_fd()),
             ClientStream::Tls(_) => false,
@@ -144,14 +144,14 @@ impl RawConn {
     }
 
     /// Plain TCP: a reader thread can take it ([`RawConn::detach`]).
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         matches!(self.io, ClientStream::Plain(_))
     }
 
     /// The plain socket taken off the runtime's reactor, with its buffer and pending bytes, for
     /// a reader thread ([`crate::replay::http::reader`]). A TLS connection cannot be detached (an error:
     /// check [`RawConn::is_plain`] first). On an error the connection is gone.
-    pub fn detach(self) -> std::io::Result<RawConn<std::net::TcpStream>> {
+    pub(crate) fn detach(self) -> std::io::Result<RawConn<std::net::TcpStream>> {
         match self.split() {
             (ClientStream::Plain(s), rest) => Ok(rest.join(s.into_std()?)),
             (ClientStream::Tls(_), _) => Err(std::io::Error::new(
@@ -163,12 +163,12 @@ impl RawConn {
 
     /// No sign that the server closed the idle connection (readable EOF, an error or
     /// unsolicited bytes all mean it is unusable). Never blocks.
-    pub fn looks_open(&mut self) -> bool {
+    pub(crate) fn looks_open(&mut self) -> bool {
         !self.io.is_closed()
     }
 
     /// One socket read appended to the pending bytes; `Ok(0)` is the server's close.
-    pub async fn read(&mut self) -> std::io::Result<usize> {
+    pub(crate) async fn read(&mut self) -> std::io::Result<usize> {
         let dst = self.rb.spare();
         let (n, at) = match &mut self.io {
             ClientStream::Plain(s) if self.kernel_rx => {
@@ -198,7 +198,7 @@ impl RawConn {
     /// (the dispatcher's): how many bytes went out. `WouldBlock` when the kernel took nothing;
     /// TLS connections always answer `WouldBlock` (their records are written by the request's
     /// task).
-    pub fn try_send(&mut self, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
+    pub(crate) fn try_send(&mut self, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
         match &self.io {
             ClientStream::Plain(s) => send_now(
                 s,
@@ -270,14 +270,14 @@ fn send_now(s: &tokio::net::TcpStream, bufs: &[std::io::IoSlice<'_>]) -> std::io
 
 impl RawConn<std::net::TcpStream> {
     /// The socket (for the reader thread's registration).
-    pub fn fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.io.as_raw_fd()
     }
 
     /// One non-blocking read appended to the pending bytes: how many bytes, and whether they
     /// filled the room there was (then more may be waiting; a shorter read drained the
     /// socket). `Ok((0, _))` is the server's close; `WouldBlock` when nothing was there.
-    pub fn read_now(&mut self) -> std::io::Result<(usize, bool)> {
+    pub(crate) fn read_now(&mut self) -> std::io::Result<(usize, bool)> {
         let fd = self.io.as_raw_fd();
         let kernel_rx = self.kernel_rx;
         let dst = self.rb.spare();
@@ -300,7 +300,7 @@ impl RawConn<std::net::TcpStream> {
     }
 
     /// Back on the runtime's reactor (call from within the runtime).
-    pub fn attach(self) -> std::io::Result<RawConn> {
+    pub(crate) fn attach(self) -> std::io::Result<RawConn> {
         let (io, rest) = self.split();
         Ok(rest.join(ClientStream::Plain(tokio::net::TcpStream::from_std(io)?)))
     }

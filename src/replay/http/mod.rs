@@ -1,9 +1,9 @@
 //! The transport: requests built, sent over pooled HTTP/1.1 connections, and their streams read.
 
-pub mod client;
-pub mod h1conn;
-pub mod overhead;
-pub mod pool;
-pub mod reader;
-pub mod request;
+pub(crate) mod client;
+pub(crate) mod h1conn;
+pub(crate) mod overhead;
+pub(crate) mod pool;
+pub(crate) mod reader;
+pub(crate) mod request;
 pub mod target;

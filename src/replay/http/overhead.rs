@@ -28,7 +28,7 @@ fn overhead(count: u64) -> Option<u64> {
 }
 
 /// Measures the target's overheads; the second value is a line for the console.
-pub async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overheads, String) {
+pub(crate) async fn measure(client: &Client, model: &str, tb: &TextBuilder) -> (Overheads, String) {
     let (text, fid) = tb.prompt_text(&[], SAMPLE_TOKENS, u64::MAX);
     if fid != TextFidelity::Exact {
         return (

@@ -26,7 +26,7 @@ use std::time::Duration;
 /// Why a connection to the target could not be opened: the TCP connect or the TLS handshake.
 #[derive(Debug, thiserror::Error)]
 #[error("{stage} {addr}: {source}")]
-pub struct ConnectError {
+pub(crate) struct ConnectError {
     stage: &'static str,
     addr: SocketAddr,
     source: std::io::Error,
@@ -34,7 +34,7 @@ pub struct ConnectError {
 
 impl ConnectError {
     /// What went wrong, in words: `connection refused at 127.0.0.1:1`.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self.source.kind() {
             std::io::ErrorKind::ConnectionRefused => format!("connection refused at {}", self.addr),
             std::io::ErrorKind::TimedOut => {
@@ -74,7 +74,7 @@ impl ConnectError {
 const REACH_LIMIT: Duration = Duration::from_secs(30);
 
 /// A pool of connections to one address.
-pub struct Pool {
+pub(crate) struct Pool {
     addr: SocketAddr,
     /// TLS connector and server name for `https://` targets.
     tls: Option<(
@@ -92,7 +92,7 @@ pub struct Pool {
 
 impl Pool {
     /// A pool for `target` (its `host:port` resolved once); `ca` is `--target-ca`.
-    pub async fn new(target: &Target, ca: Option<&Path>) -> Result<Pool, String> {
+    pub(crate) async fn new(target: &Target, ca: Option<&Path>) -> Result<Pool, String> {
         let authority = target.authority.as_str();
         let tls = if target.tls {
             let cfg = crate::sys::tls::client_config(ca, "--target-ca", &[b"http/1.1"])
@@ -121,7 +121,7 @@ impl Pool {
     }
 
     /// Stamp reads with the kernel's receive time (plain TCP targets).
-    pub fn with_kernel_rx(mut self, on: bool) -> Pool {
+    pub(crate) fn with_kernel_rx(mut self, on: bool) -> Pool {
         self.kernel_rx = on;
         self
     }
@@ -131,7 +131,7 @@ impl Pool {
     /// applies only with kernel stamps (were the kernel to refuse one socket its stamps, that
     /// socket's reads would count from the read, up to `batch` late; Linux TCP sockets always
     /// accept them).
-    pub fn with_readers(mut self, n: usize, batch: Duration) -> std::io::Result<Pool> {
+    pub(crate) fn with_readers(mut self, n: usize, batch: Duration) -> std::io::Result<Pool> {
         let batch = if self.kernel_rx {
             batch
         } else {
@@ -146,13 +146,13 @@ impl Pool {
     }
 
     /// The reader threads, if bodies are read on them.
-    pub fn readers(&self) -> Option<&crate::replay::http::reader::Readers> {
+    pub(crate) fn readers(&self) -> Option<&crate::replay::http::reader::Readers> {
         self.readers.as_ref()
     }
 
     /// What the responses' arrival instants are: `"kernel"` (plain TCP with kernel stamps; a
     /// read the kernel did not stamp falls back to its own instant) or `"read"`.
-    pub fn rx_stamp(&self) -> &'static str {
+    pub(crate) fn rx_stamp(&self) -> &'static str {
         if self.kernel_rx && self.tls.is_none() {
             "kernel"
         } else {
@@ -161,17 +161,17 @@ impl Pool {
     }
 
     /// Plain `http://` (no TLS wrapping of connections).
-    pub fn is_plain(&self) -> bool {
+    pub(crate) fn is_plain(&self) -> bool {
         self.tls.is_none()
     }
 
     /// The `Host` header value (`host:port`).
-    pub fn host(&self) -> &[u8] {
+    pub(crate) fn host(&self) -> &[u8] {
         self.host.as_bytes()
     }
 
     /// Opens a connection: TCP (`TCP_NODELAY`), then TLS for `https://`.
-    pub async fn connect(&self) -> Result<RawConn, ConnectError> {
+    pub(crate) async fn connect(&self) -> Result<RawConn, ConnectError> {
         let addr = self.addr;
         let stream = tokio::net::TcpStream::connect(addr)
             .await
@@ -199,7 +199,7 @@ impl Pool {
 
     /// Opens one connection (kept idle for the run), within 30 s: whether the target can be
     /// reached at all.
-    pub async fn reach(&self) -> Result<(), ConnectError> {
+    pub(crate) async fn reach(&self) -> Result<(), ConnectError> {
         let conn = tokio::time::timeout(REACH_LIMIT, self.connect())
             .await
             .map_err(|_| ConnectError {
@@ -212,7 +212,7 @@ impl Pool {
     }
 
     /// The most recently used idle connection that the server has not visibly closed.
-    pub fn take(&self) -> Option<RawConn> {
+    pub(crate) fn take(&self) -> Option<RawConn> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(mut c) = idle.pop() {
             if c.looks_open() {
@@ -223,7 +223,7 @@ impl Pool {
     }
 
     /// Returns a connection whose last response was read exactly to its end.
-    pub fn checkin(&self, conn: RawConn) {
+    pub(crate) fn checkin(&self, conn: RawConn) {
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -231,7 +231,7 @@ impl Pool {
     }
 
     /// Opens up to `n` connections, at most `parallel` connects at a time; returns how many opened.
-    pub async fn warm(&self, n: usize, parallel: usize) -> usize {
+    pub(crate) async fn warm(&self, n: usize, parallel: usize) -> usize {
         let mut opened = 0;
         let mut left = n;
         while left > 0 {
@@ -260,7 +260,7 @@ impl Pool {
     /// written (by the dispatcher, [`RawConn::try_send`]); the rest is written here. The
     /// connection goes back with [`Pool::checkin`] only if its body was read exactly to the end
     /// and the head allows reuse.
-    pub async fn exchange(
+    pub(crate) async fn exchange(
         &self,
         wire: &[u8],
         mut present: Option<(RawConn, usize)>,
@@ -305,7 +305,7 @@ impl Pool {
 
     /// `GET path` with `headers`, the whole exchange within `limit`: the status and the body (at
     /// most `max_body` bytes, else an error). For `/v1/models` and metric scrapes.
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         path: &str,
         headers: &HeaderMap,
@@ -316,7 +316,7 @@ impl Pool {
     }
 
     /// [`Pool::get`] with any method and an optional JSON body (e.g. `POST /tokenize`).
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: &str,
         path: &str,

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 /// How often every job is asked whether one of its timeouts passed (the precision of body
 /// timeouts, which are seconds long).
-pub const TICK: Duration = Duration::from_millis(20);
+pub(crate) const TICK: Duration = Duration::from_millis(20);
 
 const WAKE: Token = Token(0);
 
 /// A socket being read on a reader thread.
-pub trait Job: Send {
+pub(crate) trait Job: Send {
     /// The socket (non-blocking); the reader registers it for readability, edge-triggered.
     fn fd(&self) -> RawFd;
     /// The socket became readable (or was closed or failed): read until the socket is drained
@@ -66,7 +66,7 @@ impl Drop for Exit<'_> {
 
 /// A set of reader threads; dropping it stops them (jobs still running are dropped, so their
 /// tasks see the channel closed).
-pub struct Readers {
+pub(crate) struct Readers {
     batch: Duration,
     shards: Vec<Arc<Shard>>,
     threads: Vec<JoinHandle<()>>,
@@ -77,7 +77,7 @@ impl Readers {
     /// this long after the round began before it looks for readable sockets again, so that one
     /// wake-up reads many (only when every read carries the kernel's arrival stamp: two chunks
     /// of one stream that arrive within `batch` are read together and get the later stamp).
-    pub fn start(n: usize, batch: Duration) -> std::io::Result<Readers> {
+    pub(crate) fn start(n: usize, batch: Duration) -> std::io::Result<Readers> {
         let mut shards = Vec::new();
         let mut threads = Vec::new();
         for i in 0..n.max(1) {
@@ -105,23 +105,18 @@ impl Readers {
     }
 
     /// Number of reader threads.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards.len()
     }
 
     /// The batch window the threads keep between rounds of reads.
-    pub fn batch(&self) -> Duration {
+    pub(crate) fn batch(&self) -> Duration {
         self.batch
-    }
-
-    /// Never empty (at least one thread); for clippy's `len_without_is_empty`.
-    pub fn is_empty(&self) -> bool {
-        self.shards.is_empty()
     }
 
     /// Hands `job` to the reader with the fewest jobs. With no reader thread left (only after a
     /// bug made one panic) the job is dropped: its task sees the channel closed.
-    pub fn submit(&self, job: Box<dyn Job>) {
+    pub(crate) fn submit(&self, job: Box<dyn Job>) {
         let Some(shard) = self
             .shards
             .iter()

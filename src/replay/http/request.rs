@@ -39,7 +39,7 @@ pub enum PromptMode {
 }
 
 /// Where synthesised prompts come from.
-pub enum Prompts {
+pub(crate) enum Prompts {
     Tokens(Synth),
     Text(Box<TextBuilder>),
     /// No local tokenizer: token ids as [`Prompts::Tokens`], but text from the target's own
@@ -53,7 +53,7 @@ pub enum Prompts {
 }
 
 /// Text prompts made by the target's tokenizer ([`crate::replay::plan::servertext`]).
-pub trait TargetText: Send + Sync {
+pub(crate) trait TargetText: Send + Sync {
     /// A prompt from `hash_ids` that the target counts as exactly `input_tokens` on `api` (its
     /// template and special tokens included), and whether it does.
     fn text(&self, hash_ids: &[u64], input_tokens: u64, key: u64, api: Api) -> (String, bool);
@@ -61,20 +61,20 @@ pub trait TargetText: Send + Sync {
 
 impl Prompts {
     /// A synthesised prompt for `api` is text from the target.
-    pub fn from_target(&self, api: Api) -> bool {
+    pub(crate) fn text_from_target(&self, api: Api) -> bool {
         matches!(self, Prompts::Target { all_text, .. } if *all_text || api == Api::Chat)
     }
 }
 
 /// Tokens the target adds to a text prompt, per API (measured by [`crate::replay::http::overhead`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Overheads {
-    pub completions: u64,
-    pub chat: u64,
+pub(crate) struct Overheads {
+    pub(crate) completions: u64,
+    pub(crate) chat: u64,
 }
 
 impl Overheads {
-    pub fn of(&self, api: Api) -> u64 {
+    pub(crate) fn of(&self, api: Api) -> u64 {
         match api {
             Api::Completions => self.completions,
             Api::Chat => self.chat,
@@ -83,38 +83,38 @@ impl Overheads {
 }
 
 /// Options shared by every body.
-pub struct BodyOptions {
+pub(crate) struct BodyOptions {
     /// `--endpoint`: the API for synthesised generation prompts (`None`: the recorded one).
-    pub api: Option<Api>,
-    pub model: String,
+    pub(crate) api: Option<Api>,
+    pub(crate) model: String,
     /// `--model` was given explicitly (replaces the model of verbatim bodies too).
-    pub model_override: bool,
-    pub extra_body: Map<String, Value>,
-    pub keep_original_limits: bool,
+    pub(crate) model_override: bool,
+    pub(crate) extra_body: Map<String, Value>,
+    pub(crate) keep_original_limits: bool,
     /// What the target adds to a text prompt ([`crate::replay::http::overhead`]): synthesised text is that
     /// much shorter.
-    pub overheads: Overheads,
+    pub(crate) overheads: Overheads,
 }
 
 /// One ready-to-send request.
 #[derive(Debug, Clone)]
-pub struct BuiltRequest {
-    pub method: http::Method,
+pub(crate) struct BuiltRequest {
+    pub(crate) method: http::Method,
     /// An auxiliary request (`--include-aux`): sent and timed, its body not read as a response.
-    pub aux: bool,
+    pub(crate) aux: bool,
     /// Path relative to the target's base (`/v1/completions`).
-    pub path: String,
-    pub body: Bytes,
-    pub api: Api,
+    pub(crate) path: String,
+    pub(crate) body: Bytes,
+    pub(crate) api: Api,
     /// Prompt tokens as the trace says (what vLLM's `input_lens` reports).
-    pub input_tokens: u64,
+    pub(crate) input_tokens: u64,
     /// `false` when a text prompt does not re-encode to exactly the synthesised tokens.
-    pub exact_prompt: bool,
+    pub(crate) exact_prompt: bool,
     /// Where to cut it: the client cancelled it in the recording ([`Response::cut`]); `None`
     /// for every other request, which is read to its end.
     ///
     /// [`Response::cut`]: crate::trace::Response::cut
-    pub cut: Option<crate::trace::Cut>,
+    pub(crate) cut: Option<crate::trace::Cut>,
 }
 
 fn api_path(api: Api) -> &'static str {
@@ -161,7 +161,11 @@ fn set_include_usage(obj: &mut Map<String, Value>) {
 /// What [`build`] will make of `req`, without the body: method, path, API, whether it is a side
 /// request; the same error `build` would give. Cheap: checked for every request before the
 /// clock, while bodies are built during the run ([`crate::replay::plan::body`]).
-pub fn head(req: &Request, opts: &BodyOptions, prompts: &Prompts) -> Result<BuiltRequest, String> {
+pub(crate) fn head(
+    req: &Request,
+    opts: &BodyOptions,
+    prompts: &Prompts,
+) -> Result<BuiltRequest, String> {
     let as_recorded = !req.is_workload() || req.recorded_failure().is_some();
     if as_recorded || req.body.is_some() {
         return Ok(recorded_bytes(req, Vec::new()));
@@ -199,7 +203,7 @@ fn synthesised_api(req: &Request, opts: &BodyOptions) -> Api {
 
 /// Builds the request for trace request `req`; `key` (its position in the plan) seeds what its
 /// hash ids do not fix of a synthesised prompt.
-pub fn build(
+pub(crate) fn build(
     req: &Request,
     key: u64,
     opts: &BodyOptions,
@@ -257,7 +261,7 @@ fn synthesised(
     let api = synthesised_api(req, opts);
     let mut exact = true;
     let prompt_value = match prompts {
-        Prompts::Target { text, .. } if prompts.from_target(api) => {
+        Prompts::Target { text, .. } if prompts.text_from_target(api) => {
             let src = text.as_deref().ok_or(TARGET_NOT_PROBED)?;
             let (text, ok) = src.text(&req.hash_ids, req.input_tokens, key, api);
             exact = ok;

@@ -9,15 +9,15 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Target {
     /// `host:port`.
-    pub authority: String,
+    pub(crate) authority: String,
     /// The host alone (TLS server name).
-    pub host: String,
+    pub(crate) host: String,
     /// `https://`: connections are wrapped in TLS.
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// Base path prefix (no trailing slash; usually empty).
-    pub base_path: String,
+    pub(crate) base_path: String,
     /// Headers sent with every request (auth included; never printed).
-    pub headers: HeaderMap,
+    pub(crate) headers: HeaderMap,
 }
 
 impl Target {
@@ -27,7 +27,7 @@ impl Target {
     }
 
     /// Parses a server URL given by `flag` (named in errors).
-    pub fn parse_as(url: &str, headers: HeaderMap, flag: &str) -> Result<Target, String> {
+    pub(crate) fn parse_as(url: &str, headers: HeaderMap, flag: &str) -> Result<Target, String> {
         crate::sys::userinfo::refuse(flag, url)?;
         crate::sys::userinfo::refuse_query(flag, url)?;
         let url = url.trim_end_matches('/');
@@ -68,14 +68,14 @@ impl Target {
     }
 
     /// The origin-form request target for `path`.
-    pub fn uri(&self, path: &str) -> Result<Uri, String> {
+    pub(crate) fn uri(&self, path: &str) -> Result<Uri, String> {
         format!("{}{}", self.base_path, path)
             .parse()
             .map_err(|e| format!("bad request URI: {e}"))
     }
 
     /// `http://authority/base` for display (no headers).
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
         format!("{scheme}://{}{}", self.authority, self.base_path)
     }
@@ -87,11 +87,11 @@ pub struct Timeouts {
     /// No byte (headers or body) for this long → `timeout_idle`.
     pub idle: Duration,
     /// The whole request took longer → `timeout_total`.
-    pub total: Duration,
+    pub(crate) total: Duration,
 }
 
 /// Parses one `--header K=V` (or `K: V`).
-pub fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
+pub(crate) fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (k, v) = s
         .split_once('=')
         .or_else(|| s.split_once(':'))

@@ -16,9 +16,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How far ahead of the clock (schedule time) bodies are built.
-pub const LEAD: Duration = Duration::from_secs(3);
+pub(crate) const LEAD: Duration = Duration::from_secs(3);
 /// Most bytes of bodies built and not yet released.
-pub const MAX_BYTES: usize = 128 << 20;
+pub(crate) const MAX_BYTES: usize = 128 << 20;
 
 /// The window's limits ([`LEAD`], [`MAX_BYTES`]; tests make them small).
 #[derive(Debug, Clone, Copy)]
@@ -41,11 +41,11 @@ impl Default for Limits {
 pub struct BuilderStats {
     pub built: AtomicU64,
     /// Bodies ready only after their request's deadline (the dispatcher waited for them).
-    pub late: AtomicU64,
+    pub(crate) late: AtomicU64,
     /// Least time from a body being ready to its request's deadline, ns (negative: late).
-    pub min_lead_ns: AtomicI64,
+    pub(crate) min_lead_ns: AtomicI64,
     /// Text prompts that do not re-encode exactly.
-    pub inexact: AtomicU64,
+    pub(crate) inexact: AtomicU64,
     /// Most body bytes built and not yet released (the window itself: at most
     /// `max_bytes` plus one body).
     pub peak_held_bytes: AtomicUsize,
@@ -59,20 +59,20 @@ pub struct BuilderStats {
 
 /// A built body and what the run needs to know of its request; dropping it (when its request's
 /// task ends) frees it and is counted.
-pub struct Body {
-    pub req: BuiltRequest,
+pub(crate) struct Body {
+    pub(crate) req: BuiltRequest,
     /// Send offset from t0, ns.
-    pub at_ns: u64,
-    pub tag: Tag,
+    pub(crate) at_ns: u64,
+    pub(crate) tag: Tag,
     stats: Arc<BuilderStats>,
 }
 
 /// Where a request's sample goes: its workload index (plan order among the requests that are
 /// not side requests; `None` for a side request) and its recorded failure kind.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Tag {
-    pub work: Option<usize>,
-    pub recorded: Option<String>,
+pub(crate) struct Tag {
+    pub(crate) work: Option<usize>,
+    pub(crate) recorded: Option<String>,
 }
 
 impl Body {
@@ -129,11 +129,11 @@ impl Drop for Ended<'_> {
 }
 
 /// The window between the builder thread and the dispatcher.
-pub struct Window {
+pub(crate) struct Window {
     state: Mutex<State>,
     changed: Condvar,
     t0: OnceLock<Instant>,
-    pub stats: Arc<BuilderStats>,
+    pub(crate) stats: Arc<BuilderStats>,
     /// Slots the source is to yield.
     planned: usize,
     limits: Limits,
@@ -142,7 +142,7 @@ pub struct Window {
 impl Window {
     /// Starts the builder thread over `source`, which yields the `planned` sends (slot k is its
     /// k-th record), each record freed as its body is built.
-    pub fn start(
+    pub(crate) fn start(
         source: Source,
         planned: usize,
         opts: BodyOptions,
@@ -169,7 +169,7 @@ impl Window {
     }
 
     /// The clock started: deadlines count from `t0`.
-    pub fn set_t0(&self, t0: Instant) {
+    pub(crate) fn set_t0(&self, t0: Instant) {
         let _ = self.t0.set(t0);
         self.changed.notify_all();
     }
@@ -286,13 +286,14 @@ impl Window {
 
     /// The body of `slot` (the dispatcher, before it sleeps to the deadline): waits for the
     /// builder when it is behind, and counts that. Err when a body could not be built.
-    pub fn take(&self, slot: usize) -> Result<Body, String> {
+    #[cfg(test)]
+    pub(crate) fn take(&self, slot: usize) -> Result<Body, String> {
         self.take_or(slot, || {})
     }
 
     /// [`Window::take`], calling `before_wait` (without the window's lock) once, before it
     /// first waits for the builder.
-    pub fn take_or(&self, slot: usize, before_wait: impl FnOnce()) -> Result<Body, String> {
+    pub(crate) fn take_or(&self, slot: usize, before_wait: impl FnOnce()) -> Result<Body, String> {
         let mut st = self.lock();
         let mut before_wait = Some(before_wait);
         let mut waited = false;
@@ -327,7 +328,7 @@ impl Window {
     }
 
     /// Stops the builder (the run ended or failed) and frees the bodies not sent.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let mut st = self.lock();
         st.stop = true;
         st.ready.clear();

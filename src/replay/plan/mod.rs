@@ -1,9 +1,9 @@
 //! The plan: which records are sent, when, in which order, and with which bodies.
 
 pub mod body;
-pub mod prompts;
-pub mod servertext;
-pub mod shaping;
+pub(crate) mod prompts;
+pub(crate) mod servertext;
+pub(crate) mod shaping;
 pub mod source;
-pub mod start;
+pub(crate) mod start;
 pub mod turns;

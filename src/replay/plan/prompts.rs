@@ -22,14 +22,14 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Token ids below this are never drawn without a tokenizer (unk/bos/eos/pad live there in most
 /// vocabularies).
-pub const RESERVED_LOW_IDS: u32 = 16;
+pub(crate) const RESERVED_LOW_IDS: u32 = 16;
 
 /// Domain tag separating per-request filler blocks from trace ids.
 const FILLER_TAG: u64 = 0xF111_E700_0000_0000;
 
 /// Errors building a vocabulary.
 #[derive(Debug, thiserror::Error)]
-pub enum SynthError {
+pub(crate) enum SynthError {
     #[error("--vocab-size {0} is too small: need more than {RESERVED_LOW_IDS} ids")]
     VocabTooSmall(u32),
     #[error("--tokenizer {path}: {msg}")]
@@ -38,13 +38,13 @@ pub enum SynthError {
 
 /// The token ids prompts are drawn from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Vocab {
+pub(crate) struct Vocab {
     ids: Vec<u32>,
 }
 
 impl Vocab {
     /// Ids `RESERVED_LOW_IDS..vocab_size`.
-    pub fn from_size(vocab_size: u32) -> Result<Vocab, SynthError> {
+    pub(crate) fn from_size(vocab_size: u32) -> Result<Vocab, SynthError> {
         if vocab_size <= RESERVED_LOW_IDS {
             return Err(SynthError::VocabTooSmall(vocab_size));
         }
@@ -54,14 +54,14 @@ impl Vocab {
     }
 
     /// An explicit list of ids (sorted, deduplicated).
-    pub fn from_ids(mut ids: Vec<u32>) -> Option<Vocab> {
+    pub(crate) fn from_ids(mut ids: Vec<u32>) -> Option<Vocab> {
         ids.sort_unstable();
         ids.dedup();
         (!ids.is_empty()).then_some(Vocab { ids })
     }
 
     /// Every id of `tok` that is not a special/added token.
-    pub fn from_tokenizer(tok: &tokenizers::Tokenizer) -> Option<Vocab> {
+    pub(crate) fn from_tokenizer(tok: &tokenizers::Tokenizer) -> Option<Vocab> {
         let special: HashSet<u32> = tok
             .get_added_tokens_decoder()
             .iter()
@@ -76,21 +76,17 @@ impl Vocab {
         Vocab::from_ids(ids)
     }
 
-    pub fn ids(&self) -> &[u32] {
+    pub(crate) fn ids(&self) -> &[u32] {
         &self.ids
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
     }
 }
 
 /// Loads a Hugging Face `tokenizer.json`.
-pub fn load_tokenizer(path: &std::path::Path) -> Result<tokenizers::Tokenizer, SynthError> {
+pub(crate) fn load_tokenizer(path: &std::path::Path) -> Result<tokenizers::Tokenizer, SynthError> {
     tokenizers::Tokenizer::from_file(path).map_err(|e| SynthError::Tokenizer {
         path: path.display().to_string(),
         msg: e.to_string(),
@@ -99,23 +95,19 @@ pub fn load_tokenizer(path: &std::path::Path) -> Result<tokenizers::Tokenizer, S
 
 /// Synthesises prompts from hash ids.
 #[derive(Debug, Clone)]
-pub struct Synth {
+pub(crate) struct Synth {
     vocab: Vocab,
     block_size: u32,
     seed: u64,
 }
 
 impl Synth {
-    pub fn new(vocab: Vocab, block_size: u32, seed: u64) -> Synth {
+    pub(crate) fn new(vocab: Vocab, block_size: u32, seed: u64) -> Synth {
         Synth {
             vocab,
             block_size: block_size.max(1),
             seed,
         }
-    }
-
-    pub fn block_size(&self) -> u32 {
-        self.block_size
     }
 
     fn token(&self, id: u64, i: u32) -> u32 {
@@ -130,13 +122,14 @@ impl Synth {
     }
 
     /// The first `len` tokens (at most one block) of block `id`, appended to `out`.
-    pub fn push_block(&self, id: u64, len: u32, out: &mut Vec<u32>) {
+    pub(crate) fn push_block(&self, id: u64, len: u32, out: &mut Vec<u32>) {
         let len = len.min(self.block_size);
         out.extend((0..len).map(|i| self.token(id, i)));
     }
 
     /// The first `len` tokens of block `id`.
-    pub fn block(&self, id: u64, len: u32) -> Vec<u32> {
+    #[cfg(test)]
+    pub(crate) fn block(&self, id: u64, len: u32) -> Vec<u32> {
         let mut v = Vec::with_capacity(len as usize);
         self.push_block(id, len, &mut v);
         v
@@ -144,7 +137,7 @@ impl Synth {
 
     /// The prompt of a request: its blocks in order, exactly `input_tokens` long. `request_key`
     /// identifies the request (its index in the trace) for the filler past the last id.
-    pub fn prompt(&self, hash_ids: &[u64], input_tokens: u64, request_key: u64) -> Vec<u32> {
+    pub(crate) fn prompt(&self, hash_ids: &[u64], input_tokens: u64, request_key: u64) -> Vec<u32> {
         let total = input_tokens as usize;
         let mut out = Vec::with_capacity(total);
         let bs = self.block_size as usize;
@@ -168,7 +161,7 @@ impl Synth {
 
 /// How well a text prompt matches its token blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextFidelity {
+pub(crate) enum TextFidelity {
     /// Re-encoding the text gives exactly the token ids.
     Exact,
     /// Re-encoding gives a different sequence (`got` tokens instead of `want`).
@@ -176,7 +169,7 @@ pub enum TextFidelity {
 }
 
 /// Builds text prompts that re-encode to the synthesised token blocks.
-pub struct TextBuilder {
+pub(crate) struct TextBuilder {
     tok: tokenizers::Tokenizer,
     synth: Synth,
 }
@@ -185,7 +178,11 @@ impl TextBuilder {
     /// Restricts the vocabulary to tokens that decode to a space-led run of ASCII letters and
     /// re-encode alone to themselves, so concatenations split back at word boundaries. Returns
     /// `None` when the tokenizer has fewer than 64 such tokens.
-    pub fn new(tok: tokenizers::Tokenizer, block_size: u32, seed: u64) -> Option<TextBuilder> {
+    pub(crate) fn new(
+        tok: tokenizers::Tokenizer,
+        block_size: u32,
+        seed: u64,
+    ) -> Option<TextBuilder> {
         let mut ids = Vec::new();
         let mut by_id: Vec<(u32, String)> = tok
             .get_vocab(false)
@@ -224,12 +221,13 @@ impl TextBuilder {
         })
     }
 
-    pub fn synth(&self) -> &Synth {
+    #[cfg(test)]
+    pub(crate) fn synth(&self) -> &Synth {
         &self.synth
     }
 
     /// Text for a prompt, and whether it re-encodes exactly (without special tokens).
-    pub fn prompt_text(
+    pub(crate) fn prompt_text(
         &self,
         hash_ids: &[u64],
         input_tokens: u64,
@@ -346,7 +344,7 @@ pub(crate) mod test_tokenizer {
     //! A small byte-level word tokenizer for tests (no tokenizer files ship with the crate).
 
     /// Words `aa..` plus special tokens `<s>` (0) and `</s>` (1), and one odd token (`Ġ1x`).
-    pub fn word_level() -> tokenizers::Tokenizer {
+    pub(crate) fn word_level() -> tokenizers::Tokenizer {
         let mut vocab = serde_json::Map::new();
         vocab.insert("<s>".into(), 0.into());
         vocab.insert("</s>".into(), 1.into());

@@ -28,14 +28,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Rounds of `/detokenize` + `/tokenize` for one prompt (at most twice as many calls).
-pub const MAX_ROUNDS: usize = 4;
+pub(crate) const MAX_ROUNDS: usize = 4;
 /// Time for one call.
-pub const CALL_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// Failed calls in a row after which the target is not asked again.
-pub const MAX_FAILURES: u64 = 3;
+pub(crate) const MAX_FAILURES: u64 = 3;
 /// The most tokens a `/tokenize` answer may count (larger: a bad answer): the readers' bound on
 /// any token count.
-pub const MAX_COUNT: u64 = crate::trace::rows::MAX_TOKENS;
+pub(crate) const MAX_COUNT: u64 = crate::trace::rows::MAX_TOKENS;
 /// Fewer distinct ids than this from the sample: the target's tokenizer is not usable.
 const MIN_VOCAB: usize = 16;
 /// The most tokens the sample of words may come to (a larger answer is refused).
@@ -52,19 +52,19 @@ case seem area move read word play run end far home kind live mind";
 
 /// What the target's tokenizer did for the run (the result's `target_text`).
 #[derive(Debug, Default)]
-pub struct TargetStats {
-    pub prompts: AtomicU64,
+pub(crate) struct TargetStats {
+    pub(crate) prompts: AtomicU64,
     /// Prompts the target counted as exactly their recorded length.
-    pub exact: AtomicU64,
-    pub calls: AtomicU64,
-    pub failed_calls: AtomicU64,
+    pub(crate) exact: AtomicU64,
+    pub(crate) calls: AtomicU64,
+    pub(crate) failed_calls: AtomicU64,
     /// The target stopped being asked ([`MAX_FAILURES`] failures in a row).
-    pub gave_up: AtomicBool,
-    pub first_error: Mutex<Option<String>>,
+    pub(crate) gave_up: AtomicBool,
+    pub(crate) first_error: Mutex<Option<String>>,
 }
 
 impl TargetStats {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "prompts": self.prompts.load(Relaxed),
             "exact": self.exact.load(Relaxed),
@@ -78,7 +78,7 @@ impl TargetStats {
 
 /// The target's tokenizer, as probed: its client (its own connections, apart from the
 /// workload's), the runtime its calls run on, and the ids prompts are drawn from.
-pub struct ServerText {
+pub(crate) struct ServerText {
     client: Arc<Client>,
     rt: tokio::runtime::Handle,
     model: String,
@@ -87,7 +87,7 @@ pub struct ServerText {
     /// prompt's first guess.
     added: [AtomicI64; 2],
     failures_in_a_row: AtomicU64,
-    pub stats: Arc<TargetStats>,
+    pub(crate) stats: Arc<TargetStats>,
 }
 
 /// The count of a `/tokenize` answer (vLLM's `count`, else the length of `tokens`), refused
@@ -171,7 +171,7 @@ fn vocab_of(sample: &[u32], added: &[u32]) -> Option<Vocab> {
 
 /// Whether the target serves `/tokenize` and `/detokenize` for `model`: the prompt source, or
 /// why not (one line). A few calls, each within [`CALL_LIMIT`].
-pub async fn probe(
+pub(crate) async fn probe(
     client: Arc<Client>,
     model: &str,
     block_size: u32,

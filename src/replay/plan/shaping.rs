@@ -14,39 +14,39 @@ use crate::trace::shape::{self, Arrivals};
 /// Validated shaping options (all off by default).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Shaping {
-    pub window_us: Option<(u64, u64)>,
-    pub loops: u32,
-    pub overlay: u32,
-    pub overlay_distinct: bool,
-    pub max_gap_us: Option<u64>,
-    pub arrivals: Option<Arrivals>,
-    pub shard: Option<(u32, u32)>,
+    pub(crate) window_us: Option<(u64, u64)>,
+    pub(crate) loops: u32,
+    pub(crate) overlay: u32,
+    pub(crate) overlay_distinct: bool,
+    pub(crate) max_gap_us: Option<u64>,
+    pub(crate) arrivals: Option<Arrivals>,
+    pub(crate) shard: Option<(u32, u32)>,
     /// `--limit`: the shaped trace's first N arrivals, kept before sharding.
-    pub limit: Option<usize>,
-    pub seed: u64,
+    pub(crate) limit: Option<usize>,
+    pub(crate) seed: u64,
 }
 
 /// The raw flag values, as the CLI gives them.
 #[derive(Debug, Clone, Default)]
-pub struct ShapingFlags<'a> {
-    pub window: Option<&'a str>,
-    pub loops: Option<u32>,
-    pub overlay: Option<u32>,
-    pub overlay_distinct: bool,
-    pub max_gap: Option<&'a str>,
-    pub request_rate: Option<f64>,
-    pub burstiness: f64,
-    pub ramp_up: Option<&'a str>,
-    pub ramp_up_start_rps: Option<f64>,
-    pub ramp_up_end_rps: Option<f64>,
-    pub shard: Option<&'a str>,
-    pub limit: Option<usize>,
-    pub seed: u64,
+pub(crate) struct ShapingFlags<'a> {
+    pub(crate) window: Option<&'a str>,
+    pub(crate) loops: Option<u32>,
+    pub(crate) overlay: Option<u32>,
+    pub(crate) overlay_distinct: bool,
+    pub(crate) max_gap: Option<&'a str>,
+    pub(crate) request_rate: Option<f64>,
+    pub(crate) burstiness: f64,
+    pub(crate) ramp_up: Option<&'a str>,
+    pub(crate) ramp_up_start_rps: Option<f64>,
+    pub(crate) ramp_up_end_rps: Option<f64>,
+    pub(crate) shard: Option<&'a str>,
+    pub(crate) limit: Option<usize>,
+    pub(crate) seed: u64,
 }
 
 impl Shaping {
     /// Validates the flags; every error names its flag.
-    pub fn from_flags(f: &ShapingFlags) -> Result<Shaping, String> {
+    pub(crate) fn from_flags(f: &ShapingFlags) -> Result<Shaping, String> {
         let window_us = f
             .window
             .map(filter::parse_window)

@@ -49,7 +49,7 @@ pub enum PlanError {
 }
 
 /// Whether the shaping can be applied one record at a time (else the trace is read whole).
-pub fn streams(shaping: &Shaping, sessions: bool) -> bool {
+pub(crate) fn streams(shaping: &Shaping, sessions: bool) -> bool {
     !sessions && shaping.loops <= 1 && shaping.overlay <= 1
 }
 
@@ -73,7 +73,7 @@ pub fn from_sends(sends: Vec<Planned>) -> Source {
 
 /// The first steps of the order, one record at a time: the selection, then `--window`. Yields
 /// the records kept, in arrival order (a record out of order is an error).
-pub struct Selected<I> {
+pub(crate) struct Selected<I> {
     input: I,
     name: String,
     select: Selection,
@@ -86,7 +86,7 @@ pub struct Selected<I> {
 
 impl<I: Iterator<Item = Result<Request, TraceError>>> Selected<I> {
     /// `name` is the trace's, for errors.
-    pub fn new(
+    pub(crate) fn new(
         input: I,
         name: String,
         select: Selection,
@@ -119,7 +119,7 @@ impl<I: Iterator<Item = Result<Request, TraceError>>> Selected<I> {
 
     /// Reads the rest of the input to count what the selection leaves out (as if every record
     /// had been read): those counts, and how many records the input holds.
-    pub fn finish(mut self) -> Result<(Skipped, usize), PlanError> {
+    pub(crate) fn finish(mut self) -> Result<(Skipped, usize), PlanError> {
         while let Some(r) = self.input.next() {
             let r = r.map_err(|e| self.read_error(e))?;
             self.read += 1;
@@ -163,7 +163,7 @@ impl<I: Iterator<Item = Result<Request, TraceError>>> Iterator for Selected<I> {
 /// `--limit`, then `--shard`, each send offset from the first shaped arrival and scaled by
 /// `--speed`. Its input is [`Selected`] (streamed), or the selected records after `--loop` and
 /// `--overlay` (whole).
-pub struct Stage<I> {
+pub(crate) struct Stage<I> {
     input: I,
     gaps: Option<GapCap>,
     retime: Option<Retimer>,
@@ -179,7 +179,12 @@ pub struct Stage<I> {
 impl<I: Iterator<Item = Result<Request, PlanError>>> Stage<I> {
     /// `retimed` is how many records reach the arrival process (`--ramp-up` spreads its rates
     /// over them).
-    pub fn new(input: I, s: &Shaping, speed: f64, retimed: usize) -> Result<Self, PlanError> {
+    pub(crate) fn new(
+        input: I,
+        s: &Shaping,
+        speed: f64,
+        retimed: usize,
+    ) -> Result<Self, PlanError> {
         let retime = s
             .arrivals
             .as_ref()
@@ -201,7 +206,7 @@ impl<I: Iterator<Item = Result<Request, PlanError>>> Stage<I> {
     }
 
     /// The input, as far as it was read.
-    pub fn into_inner(self) -> I {
+    pub(crate) fn into_inner(self) -> I {
         self.input
     }
 
@@ -270,7 +275,7 @@ impl<I: Iterator<Item = Result<Request, PlanError>>> Iterator for Stage<I> {
 /// The whole-trace plan (`--loop`, `--overlay` and `--sessions` need it): the selection and
 /// the window as streamed, then the copies made in memory, then the same [`Stage`]. Returns
 /// every planned send and what the selection left out.
-pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
+pub(crate) fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     mut selected: Selected<I>,
     header: TraceHeader,
     shaping: &Shaping,
@@ -309,7 +314,7 @@ pub fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
 /// the trace, its copies and their planned sends in memory ([`held_bytes`] a request), so a
 /// larger plan is refused before any copy is made, leaving room within a 1 GiB process. The
 /// streamed plan has no such bound.
-pub const MAX_WHOLE_BYTES: u64 = 512 << 20;
+pub(crate) const MAX_WHOLE_BYTES: u64 = 512 << 20;
 
 /// What one request of a whole-trace plan holds: the copy made of it and its planned send (the
 /// record moves into the send, but the copies' buffer lives until the plan is made), and its
@@ -380,7 +385,7 @@ fn check_whole(
 }
 
 /// Whether the arrival process needs the request count first.
-pub fn needs_count(shaping: &Shaping) -> bool {
+pub(crate) fn needs_count(shaping: &Shaping) -> bool {
     matches!(shaping.arrivals, Some(Arrivals::Ramp { .. }))
 }
 
@@ -392,28 +397,28 @@ pub struct Survey {
     name: String,
     pub planned: usize,
     /// Planned sends that are not side requests.
-    pub measured: usize,
-    pub span_ns: u64,
+    pub(crate) measured: usize,
+    pub(crate) span_ns: u64,
     /// `METHOD path` → requests planned.
-    pub by_endpoint: BTreeMap<String, u64>,
+    pub(crate) by_endpoint: BTreeMap<String, u64>,
     apis: (bool, bool),
     /// A planned request has no recorded body (its prompt is synthesised).
-    pub synthesised: bool,
+    pub(crate) synthesised: bool,
     /// Planned requests whose synthesised prompt is text from the target
     /// ([`Prompts::from_target`]).
-    pub target_text: usize,
+    pub(crate) target_text: usize,
     /// The largest hash id planned (probes use fresh ids above it).
-    pub max_hash_id: Option<u64>,
+    pub(crate) max_hash_id: Option<u64>,
     /// A planned workload request has a recorded response.
-    pub recorded: bool,
+    pub(crate) recorded: bool,
     /// `--scrape-metrics`' theoretical prefix-cache hits.
-    pub theory: Option<PrefixCache>,
-    pub dry: DryRun,
+    pub(crate) theory: Option<PrefixCache>,
+    pub(crate) dry: DryRun,
 }
 
 impl Survey {
     /// Empty, for the trace named `name`; `theory` counts `--scrape-metrics`' theoretical hits.
-    pub fn new(name: String, theory: Option<PrefixCache>) -> Survey {
+    pub(crate) fn new(name: String, theory: Option<PrefixCache>) -> Survey {
         Survey {
             name,
             theory,
@@ -422,7 +427,7 @@ impl Survey {
     }
 
     /// Folds in planned send `p`; an error names why its request cannot be built.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         p: &Planned,
         opts: &BodyOptions,
@@ -447,7 +452,7 @@ impl Survey {
         }
         self.synthesised |= r.body.is_none();
         let synthesised = r.body.is_none() && r.is_workload();
-        self.target_text += usize::from(synthesised && prompts.from_target(head.api));
+        self.target_text += usize::from(synthesised && prompts.text_from_target(head.api));
         if let Some(&m) = r.hash_ids.iter().max() {
             self.max_hash_id = Some(self.max_hash_id.map_or(m, |x| x.max(m)));
         }
@@ -460,7 +465,7 @@ impl Survey {
     }
 
     /// The result's `endpoint`: the one API every planned request used, or `mixed`.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         match self.apis {
             (true, true) => "mixed",
             (false, true) => "chat",
@@ -473,7 +478,7 @@ impl Survey {
 /// What the `--dry-run` summary adds to the survey's counts, folded over the planned sends in
 /// offset order.
 #[derive(Default)]
-pub struct DryRun {
+pub(crate) struct DryRun {
     /// Offsets of the sends in the last second.
     second: VecDeque<u64>,
     peak: usize,
@@ -482,7 +487,7 @@ pub struct DryRun {
 }
 
 impl DryRun {
-    pub fn add(&mut self, at_ns: u64, input_tokens: u64, output_tokens: u64) {
+    pub(crate) fn add(&mut self, at_ns: u64, input_tokens: u64, output_tokens: u64) {
         while self
             .second
             .front()
@@ -497,7 +502,7 @@ impl DryRun {
     }
 
     /// The summary of `planned` sends spanning `span_ns`.
-    pub fn render(&self, planned: usize, span_ns: u64) -> String {
+    pub(crate) fn render(&self, planned: usize, span_ns: u64) -> String {
         let dur_s = span_ns as f64 / 1e9;
         let mean = if dur_s > 0.0 {
             planned as f64 / dur_s

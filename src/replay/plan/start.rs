@@ -13,21 +13,21 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How far in the past a start time may be (parsing, and at t0).
-pub const PAST_TOLERANCE: Duration = Duration::from_secs(5);
+pub(crate) const PAST_TOLERANCE: Duration = Duration::from_secs(5);
 
 /// How far ahead a start time may be.
-pub const MAX_AHEAD: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_AHEAD: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Connections are opened (and the "before" scrape taken) this long before the start instant:
 /// servers close idle keep-alive connections after a few seconds (uvicorn: 5 s).
-pub const WARM_LEAD: Duration = Duration::from_secs(2);
+pub(crate) const WARM_LEAD: Duration = Duration::from_secs(2);
 
 fn rfc3339(t: SystemTime) -> String {
     chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// Parses `--start-at` against `now`.
-pub fn parse(s: &str, now: SystemTime) -> Result<SystemTime, String> {
+pub(crate) fn parse(s: &str, now: SystemTime) -> Result<SystemTime, String> {
     let s = s.trim();
     let at = if let Ok(secs) = s.parse::<f64>() {
         if !(secs.is_finite() && (0.0..1e11).contains(&secs)) {
@@ -71,7 +71,11 @@ pub fn parse(s: &str, now: SystemTime) -> Result<SystemTime, String> {
 }
 
 /// The monotonic instant of wall-clock `at`, given (`now_sys`, `now_mono`) read together.
-pub fn t0_for(at: SystemTime, now_sys: SystemTime, now_mono: Instant) -> Result<Instant, String> {
+pub(crate) fn t0_for(
+    at: SystemTime,
+    now_sys: SystemTime,
+    now_mono: Instant,
+) -> Result<Instant, String> {
     match at.duration_since(now_sys) {
         Ok(ahead) => Ok(now_mono + ahead),
         Err(e) => {
@@ -92,7 +96,7 @@ pub fn t0_for(at: SystemTime, now_sys: SystemTime, now_mono: Instant) -> Result<
 }
 
 /// For display: the instant as RFC 3339 (UTC, milliseconds).
-pub fn display(at: SystemTime) -> String {
+pub(crate) fn display(at: SystemTime) -> String {
     rfc3339(at)
 }
 

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Links {
     /// The previous turn of the slot's session, when it is planned.
-    pub pred: Vec<Option<usize>>,
+    pub(crate) pred: Vec<Option<usize>>,
     /// The next turn of the slot's session, when it is planned.
     pub succ: Vec<Option<usize>>,
     /// Think time before the slot is sent, after its predecessor ends, ns (already `/ speed`).
@@ -30,7 +30,7 @@ pub struct Links {
     /// Distinct sessions among the planned sends.
     pub sessions: usize,
     /// Each slot's planned offset, ns (a root is released then).
-    pub at_ns: Vec<u64>,
+    pub(crate) at_ns: Vec<u64>,
 }
 
 impl Links {
@@ -115,19 +115,19 @@ fn longest_hold_ns(links: &Links, plan: &[Planned]) -> u64 {
 /// How the session-ordered replay went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionReport {
-    pub sessions: usize,
+    pub(crate) sessions: usize,
     /// Planned sends (all turns).
-    pub turns: usize,
+    pub(crate) turns: usize,
     /// Turns released by their predecessor's completion.
     pub dependent_turns: usize,
     /// Dependent turns whose predecessor failed (they were still sent).
-    pub released_after_failure: usize,
+    pub(crate) released_after_failure: usize,
     /// Per dependent turn: actual release − recorded offset, ms (negative = earlier than recorded).
-    pub drift: Stats,
+    pub(crate) drift: Stats,
 }
 
 /// Summarises a session-ordered run. `samples` and `recorded_ns` are slot-aligned with `links`.
-pub fn report(
+pub(crate) fn report(
     links: &Links,
     recorded_ns: &[u64],
     samples: &[Option<Scalars>],
