@@ -1095,7 +1095,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
     let mut r = result_of(cfg, p, &ran, &info, &summary);
     r.detailed = arrays.inline;
     r.requests_file = arrays.file;
-    r.sessions = sessions.as_ref().map(crate::result::sessions_json);
+    r.sessions = sessions.as_ref().map(|s| s.to_json());
     let result = r.to_value();
     let file = p
         .result_file

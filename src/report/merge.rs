@@ -921,7 +921,7 @@ mod tests {
                 released_after_failure: k,
                 drift: Stats::from_seconds(&drifts[k], &[50.0, 99.0]),
             };
-            v["sessions"] = crate::result::sessions_json(&r);
+            v["sessions"] = r.to_json();
         }
         let m = merge(&inputs).unwrap();
         let s = &m["sessions"];

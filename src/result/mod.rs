@@ -217,7 +217,7 @@ pub(crate) struct ReplayResult {
     pub(crate) itl_from_histogram: bool,
     /// Every statistic from running aggregates: the run measured more requests than it keeps.
     pub(crate) scalars_from_histogram: bool,
-    /// `--sessions`: [`sessions_json`].
+    /// `--sessions`: replay's session report (`SessionReport::to_json`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) sessions: Option<Value>,
     /// `--scrape-metrics`'s summary.
@@ -435,19 +435,6 @@ pub fn build(
     r.to_value()
 }
 
-/// The `--sessions` report as the result's `sessions`: `{sessions, turns, dependent_turns,
-/// released_after_failure, drift}` (drift = actual release − recorded arrival of each dependent
-/// turn, ms).
-pub(crate) fn sessions_json(r: &crate::replay::plan::turns::SessionReport) -> Value {
-    json!({
-        "sessions": r.sessions,
-        "turns": r.turns,
-        "dependent_turns": r.dependent_turns,
-        "released_after_failure": r.released_after_failure,
-        "drift": r.drift.to_json_ms(),
-    })
-}
-
 /// How the run was measured and what ran beside it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RunExtras {
@@ -609,7 +596,7 @@ pub(crate) mod tests {
             released_after_failure: 1,
             drift: Stats::from_seconds(&[0.010, -0.002, 0.030], &[50.0, 99.0]),
         };
-        v["sessions"] = sessions_json(&r);
+        v["sessions"] = r.to_json();
         let point = |t_s: f64, x: f64| crate::replay::scrape::Point {
             t_s,
             running: Some(x),

@@ -8,6 +8,7 @@ mod choices;
 mod compare;
 mod fuzz;
 mod interrupt;
+mod layers;
 mod merge;
 mod mock;
 mod openai_sdk;

@@ -154,6 +154,21 @@ pub(crate) fn report(
     }
 }
 
+impl SessionReport {
+    /// The report as the result's `sessions`: `{sessions, turns, dependent_turns,
+    /// released_after_failure, drift}` (drift = actual release − recorded arrival of each
+    /// dependent turn, ms).
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "dependent_turns": self.dependent_turns,
+            "released_after_failure": self.released_after_failure,
+            "drift": self.drift.to_json_ms(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
