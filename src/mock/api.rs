@@ -4,15 +4,16 @@
 //! takes the connection over ([`super::conn`], [`super::emit`]); a whole body is collected on
 //! the engine side ([`Collect`]) and sent in one piece. The JSON text is [`super::format`]'s.
 
-use super::conn::{BoxError, ConnCtx, Reply};
-use super::emit::{arm_reset, Framing, Hijack, Stream, StreamSink};
-use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, Usage};
-use super::exposition::Stats;
+use super::conn::{ConnCtx, Reply};
+use super::emit::{arm_reset, BodyFraming, Hijack, Stream, StreamSink};
+use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, TokenUsage};
+use super::exposition::EngineCounters;
 use super::faults::{self, FaultPlan};
 use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
 use super::tokenize::{self, Tokenizer};
 use crate::trace::Endpoint;
 use crate::wire::openai::{parse_request_value, Prompt, RequestInfo};
+use crate::wire::BoxError;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -34,7 +35,7 @@ pub(crate) struct Shared {
     pub(crate) seed: u64,
     pub(crate) faults: faults::FaultConfig,
     pub(crate) tokenizer: Arc<Tokenizer>,
-    pub(crate) stats: Arc<Stats>,
+    pub(crate) stats: Arc<EngineCounters>,
     pub(crate) engine: mpsc::Sender<Cmd>,
     /// New requests go here (the engine thread is woken only when needed).
     pub(crate) inbox: Arc<super::engine::Inbox>,
@@ -52,7 +53,7 @@ struct ResetFault;
 struct Whole {
     ids: Vec<Vec<u32>>,
     fin: Vec<Option<Finish>>,
-    usage: Usage,
+    usage: TokenUsage,
 }
 
 /// The engine's sink for a whole body: tokens are collected on the engine side and the handler
@@ -509,7 +510,7 @@ async fn generate(
     if !g.stream {
         let (tx, rx) = oneshot::channel();
         let n = prompts.len();
-        let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], Usage::default());
+        let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], TokenUsage::default());
         let collect = Collect {
             queued: AtomicU32::new(0),
             parts: Mutex::new((Whole { ids, fin, usage }, Some(tx))),
@@ -557,14 +558,14 @@ async fn stream_response(
     let mut hijack = Hijack {
         stream: st,
         head: Vec::new(),
-        close_after: direct.close_after || direct.framing == Framing::UntilClose,
+        close_after: direct.close_after || direct.framing == BodyFraming::UntilClose,
     };
     slow_headers(slow).await;
     // hyper sends what it still holds of earlier (pipelined) responses first.
     direct.conn.flushed().await;
     let head = match direct.framing {
-        Framing::Chunked => "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: ",
-        Framing::UntilClose => "HTTP/1.0 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ndate: ",
+        BodyFraming::Chunked => "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\ndate: ",
+        BodyFraming::UntilClose => "HTTP/1.0 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ndate: ",
     };
     let date = httpdate::fmt_http_date(std::time::SystemTime::now());
     hijack.head = format!("{head}{date}\r\n\r\n").into_bytes();
@@ -580,7 +581,7 @@ async fn stream_response(
 
 /// How the connection can carry a streamed response.
 pub(crate) struct StreamConn {
-    framing: Framing,
+    framing: BodyFraming,
     close_after: bool,
     conn: Arc<ConnCtx>,
 }
@@ -594,8 +595,8 @@ impl StreamConn {
         StreamConn {
             // As hyper frames a body of unknown length: chunked for HTTP/1.1, else until close.
             framing: match req.version() {
-                http::Version::HTTP_11 => Framing::Chunked,
-                _ => Framing::UntilClose,
+                http::Version::HTTP_11 => BodyFraming::Chunked,
+                _ => BodyFraming::UntilClose,
             },
             close_after: req.headers().get_all(header::CONNECTION).iter().any(close),
             conn,

@@ -10,7 +10,7 @@
 //! the handler takes as the request's arrival ([`ConnCtx::last_rx`]). This module does not
 //! format bodies or decide routes (the request handler is given to [`serve`]).
 
-use super::emit::{self, Hijack, Outcome};
+use super::emit::{self, Hijack, StreamEnd};
 use crate::sys::rxstamp;
 use bytes::{Buf, Bytes};
 use std::future::Future;
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::wire::BoxError;
 /// What the request handler answers.
 pub(crate) type Reply = http::Response<http_body_util::Full<Bytes>>;
 type HandlerFuture = Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxError>> + Send>>;
@@ -362,11 +362,11 @@ pub(crate) async fn serve(
         stream = io.stream;
         let close_after = h.close_after;
         match emit::drive(h, &mut stream, &mut read_ahead, &mut ahead_rx).await {
-            Outcome::Finished if !close_after && !*stop.borrow() => {
+            StreamEnd::Finished if !close_after && !*stop.borrow() => {
                 prefix = Bytes::from(read_ahead);
                 prefix_rx = ahead_rx;
             }
-            Outcome::Reset => return, // dropping the socket sends the RST
+            StreamEnd::Reset => return, // dropping the socket sends the RST
             _ => {
                 let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
                 return;

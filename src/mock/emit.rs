@@ -3,13 +3,13 @@
 //! stream's events due together, with no channel, task wake-up or HTTP framework in between.
 //! The connection task ([`drive`]) writes the response head and whatever the engine could not
 //! (the socket was full), and watches the client. The body is framed as hyper frames a body of
-//! unknown length ([`Framing`]). Lateness is recorded when an event's bytes go to the socket.
+//! unknown length ([`BodyFraming`]). Lateness is recorded when an event's bytes go to the socket.
 //! The engine touches the descriptor only under the stream's lock while the task owns the
 //! socket, so a closed descriptor is never written. This module does not parse HTTP, schedule
 //! events, or decide response shapes (see [`super::api`]).
 
 use super::engine::{Cmd, Emit, Sink};
-use super::exposition::Stats;
+use super::exposition::EngineCounters;
 use super::format::Fmt;
 use super::tokenize::Tokenizer;
 use std::os::fd::{AsRawFd, RawFd};
@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 
 /// How a streamed body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
+pub(crate) enum BodyFraming {
     /// HTTP/1.1 chunked transfer coding; the connection stays open afterwards.
     Chunked,
     /// HTTP/1.0: the body is the bytes until the connection closes.
@@ -67,12 +67,12 @@ pub(crate) struct Stream {
     state: Mutex<State>,
     notify: tokio::sync::Notify,
     tok: Arc<Tokenizer>,
-    stats: Arc<Stats>,
+    stats: Arc<EngineCounters>,
     engine: mpsc::Sender<Cmd>,
     id: u64,
     may_reset: bool,
     queued: AtomicU32,
-    framing: Framing,
+    framing: BodyFraming,
 }
 
 /// The engine's handle. Dropping the last one before the stream ended (engine shutdown) tells
@@ -160,11 +160,11 @@ impl Stream {
     pub(super) fn new(
         fmt: Fmt,
         tok: Arc<Tokenizer>,
-        stats: Arc<Stats>,
+        stats: Arc<EngineCounters>,
         engine: mpsc::Sender<Cmd>,
         id: u64,
         may_reset: bool,
-        framing: Framing,
+        framing: BodyFraming,
     ) -> Arc<Stream> {
         Arc::new(Stream {
             state: Mutex::new(State {
@@ -266,10 +266,10 @@ impl Stream {
         }
         let data = st.scratch.as_bytes();
         match self.framing {
-            Framing::Chunked => chunk(&mut st.pending, data),
-            Framing::UntilClose => st.pending.extend_from_slice(data),
+            BodyFraming::Chunked => chunk(&mut st.pending, data),
+            BodyFraming::UntilClose => st.pending.extend_from_slice(data),
         }
-        if st.end == End::Done && self.framing == Framing::Chunked {
+        if st.end == End::Done && self.framing == BodyFraming::Chunked {
             st.pending.extend_from_slice(b"0\r\n\r\n");
         }
         st.pending_at.push(at);
@@ -313,7 +313,7 @@ impl Stream {
 
 /// How a taken-over stream ended, for the connection.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum StreamEnd {
     /// Body complete: the connection can serve its next request.
     Finished,
     /// Close the connection (client gone, or the engine stopped).
@@ -350,7 +350,7 @@ pub(crate) async fn drive(
     stream: &mut TcpStream,
     read_ahead: &mut Vec<u8>,
     read_ahead_rx: &mut Option<Instant>,
-) -> Outcome {
+) -> StreamEnd {
     let fd = stream.as_raw_fd();
     let mut head = Some(std::mem::take(&mut h.head));
     let s = &*h.stream;
@@ -359,7 +359,7 @@ pub(crate) async fn drive(
         let write = {
             let mut st = s.lock();
             if st.client_gone {
-                return Outcome::Close;
+                return StreamEnd::Close;
             }
             if head.is_some() || (st.draining && !st.pending.is_empty()) {
                 let mut buf = head.take().unwrap_or_default();
@@ -371,10 +371,10 @@ pub(crate) async fn drive(
                 st.draining = false;
                 match st.end {
                     End::Open => None,
-                    End::Done => return Outcome::Finished,
+                    End::Done => return StreamEnd::Finished,
                     End::Reset => {
                         arm_reset(fd);
-                        return Outcome::Reset;
+                        return StreamEnd::Reset;
                     }
                     End::EngineGone => break,
                 }
@@ -382,7 +382,7 @@ pub(crate) async fn drive(
         };
         if let Some((buf, ats)) = write {
             if stream.write_all(&buf).await.is_err() {
-                return Outcome::Close; // dropping `h` abandons the request
+                return StreamEnd::Close; // dropping `h` abandons the request
             }
             s.record(&ats, Instant::now());
             continue;
@@ -392,16 +392,16 @@ pub(crate) async fn drive(
             _ = s.notify.notified() => {}
             r = stream.readable(), if reading => {
                 if r.is_err() || !read_more(stream, read_ahead, read_ahead_rx) {
-                    return Outcome::Close;
+                    return StreamEnd::Close;
                 }
             }
         }
     }
     // The engine stopped before the stream finished: end the body, then close.
-    if s.framing == Framing::Chunked {
+    if s.framing == BodyFraming::Chunked {
         let _ = stream.write_all(b"0\r\n\r\n").await;
     }
-    Outcome::Close
+    StreamEnd::Close
 }
 
 /// Appends what the client sent meanwhile to `buf` (and when it arrived to `rx`); false when

@@ -5,9 +5,9 @@
 //! "Timing design". This module does not format JSON or touch sockets.
 
 use super::cache::IdMap;
-use super::exposition::Stats;
+use super::exposition::EngineCounters;
 use super::faults::FaultPlan;
-use super::sched::{Event, SchedConfig, Scheduler};
+use super::sched::{EngineEvent, SchedConfig, Scheduler};
 pub(crate) use super::sched::{Finish, SeqIn};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -29,7 +29,7 @@ const RESET_GRACE: Duration = Duration::from_millis(20);
 /// A finished request's token counts and the engine's own timings of it (vLLM's per-request
 /// `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Usage {
+pub(crate) struct TokenUsage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub(crate) queue_ms: f64,
@@ -49,7 +49,7 @@ pub(crate) enum Emit {
         finish: Option<Finish>,
     },
     /// All choices finished; follows the last `Tokens`.
-    Done { at: Instant, usage: Usage },
+    Done { at: Instant, usage: TokenUsage },
     /// Fault: reset the connection now.
     Reset { at: Instant },
 }
@@ -225,7 +225,10 @@ struct Writers {
 
 impl Writers {
     /// Starts the writer threads.
-    fn spawn(realtime: bool, stats: &Arc<Stats>) -> std::io::Result<(Writers, Vec<Thread>)> {
+    fn spawn(
+        realtime: bool,
+        stats: &Arc<EngineCounters>,
+    ) -> std::io::Result<(Writers, Vec<Thread>)> {
         let (mut w, mut threads) = (Writers::default(), Vec::new());
         for i in 0..WRITERS {
             let (tx, rx) = mpsc::channel::<SinkBatch>();
@@ -250,12 +253,12 @@ struct Engine {
     front_end: Duration,
     /// Minimum gap between two hand-overs (events due within it go out together).
     coalesce: Duration,
-    stats: Arc<Stats>,
+    stats: Arc<EngineCounters>,
     reqs: IdMap<Req>,
     delayed: Delayed,
     delayed_n: u64,
     /// The scheduler's events (scratch).
-    events: Vec<Event>,
+    events: Vec<EngineEvent>,
     writers: Writers,
 }
 
@@ -265,7 +268,7 @@ pub(crate) fn spawn(
     sched: SchedConfig,
     realtime: bool,
     coalesce: Duration,
-    stats: Arc<Stats>,
+    stats: Arc<EngineCounters>,
     inbox: Arc<Inbox>,
 ) -> std::io::Result<(mpsc::Sender<Cmd>, Thread)> {
     let (tx, rx) = mpsc::channel();
@@ -303,7 +306,7 @@ pub(crate) fn spawn(
 
 /// Timed waits wake within microseconds instead of the default 50 µs slack, and a short EEVDF
 /// slice gets the thread onto a busy CPU sooner when a deadline comes; `realtime`: SCHED_FIFO.
-fn timing_thread(realtime: bool, stats: &Stats) {
+fn timing_thread(realtime: bool, stats: &EngineCounters) {
     crate::sys::thread_timing::precise(true);
     stats.go_realtime(realtime);
 }
@@ -433,20 +436,20 @@ impl Engine {
         let mut events = std::mem::take(&mut self.events);
         for e in events.drain(..) {
             match e {
-                Event::Admitted {
+                EngineEvent::Admitted {
                     req,
                     at,
                     prompt_tokens,
                     hit_tokens,
                 } => self.admitted(req, at, prompt_tokens, hit_tokens),
-                Event::Tokens {
+                EngineEvent::Tokens {
                     req,
                     choice,
                     ids,
                     finish,
                     at,
                 } => self.deliver(req, choice, ids, finish, at),
-                Event::Rejected { req } => self.abort(req),
+                EngineEvent::Rejected { req } => self.abort(req),
             }
         }
         self.events = events;
@@ -614,7 +617,7 @@ fn done_emit(r: &Req, at: Instant) -> Emit {
     // With one token or none the generation time is 0.
     let mean_itl_ms = generation_ms / (r.produced.max(2) - 1) as f64;
     let total = ttft_ms + generation_ms;
-    let usage = Usage {
+    let usage = TokenUsage {
         prompt_tokens: r.prompt_tokens,
         completion_tokens: r.produced,
         queue_ms: ms(scheduled - r.arrival),
@@ -725,7 +728,7 @@ mod tests {
                 tokens_per_event: tpe % 3 + 1,
                 ..test_config()
             };
-            let stats = Arc::new(Stats::new("m"));
+            let stats = Arc::new(EngineCounters::new("m"));
             let inbox = Arc::new(Inbox::new(&cfg));
             let (tx, th) = spawn(cfg, false, COALESCE, stats.clone(), inbox.clone()).unwrap();
             let mut rxs = Vec::new();
@@ -768,7 +771,7 @@ mod tests {
         };
         let inbox = Arc::new(Inbox::new(&cfg));
         assert_eq!(inbox.lead, Duration::from_millis(30));
-        let stats = Arc::new(Stats::new("m"));
+        let stats = Arc::new(EngineCounters::new("m"));
         let (tx, th) = spawn(cfg, false, COALESCE, stats, inbox.clone()).unwrap();
         let mut rxs = Vec::new();
         for i in 0..60u64 {

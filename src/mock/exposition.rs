@@ -99,7 +99,7 @@ impl Lateness {
 
 /// Everything `/metrics` shows.
 #[derive(Debug, Default)]
-pub(crate) struct Stats {
+pub(crate) struct EngineCounters {
     pub(crate) model: String,
     pub(crate) running: AtomicU64,
     pub(crate) waiting: AtomicU64,
@@ -126,15 +126,15 @@ pub(crate) struct Stats {
     pub(crate) dispatch: Lateness,
 }
 
-impl Stats {
+impl EngineCounters {
     pub(crate) fn new(model: &str) -> Self {
-        Stats {
+        EngineCounters {
             model: model.to_string(),
             ttft: Histo::new(TTFT_BUCKETS),
             itl: Histo::new(ITL_BUCKETS),
             e2e: Histo::new(E2E_BUCKETS),
             queue: Histo::new(TTFT_BUCKETS),
-            ..Stats::default()
+            ..EngineCounters::default()
         }
     }
 
@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn renders_vllm_names_and_cumulative_buckets() {
-        let s = Stats::new("m");
+        let s = EngineCounters::new("m");
         s.prefix_queries.fetch_add(2081, Relaxed);
         s.ttft.observe(0.03);
         s.ttft.observe(0.07);

@@ -1,7 +1,7 @@
 //! vLLM 0.32's exact JSON text for streamed chunks and body fragments (field names, order,
 //! `null`s; see `fixtures/vllm/`), written into reused buffers without serde. No I/O, no routes.
 
-use super::engine::{Finish, Usage};
+use super::engine::{Finish, TokenUsage};
 use super::tokenize::Tokenizer;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub(super) fn ids_or_null(out: &mut String, ids: Option<&[u32]>) {
     }
 }
 
-pub(super) fn metrics_json(out: &mut String, t: &Usage, spec: bool) {
+pub(super) fn metrics_json(out: &mut String, t: &TokenUsage, spec: bool) {
     let _ = write!(
         out,
         "{{\"time_to_first_token_ms\":{:?},\"generation_time_ms\":{:?},\"queue_time_ms\":{:?},\"mean_itl_ms\":{:?},\"tokens_per_second\":{:?}",
@@ -206,7 +206,7 @@ impl Fmt {
         self.choices_left == 0
     }
 
-    pub(super) fn done(&self, out: &mut String, u: &Usage) {
+    pub(super) fn done(&self, out: &mut String, u: &TokenUsage) {
         if self.include_usage {
             let (prompt, completion) = (u.prompt_tokens, u.completion_tokens);
             out.push_str("data: ");
@@ -245,10 +245,10 @@ mod tests {
         let mut out = String::new();
         f.tokens(&mut out, &t, 0, &[4], None);
         f.tokens(&mut out, &t, 0, &[5, 6], Some(Finish::Length));
-        let u = Usage {
+        let u = TokenUsage {
             prompt_tokens: 3,
             completion_tokens: 3,
-            ..Usage::default()
+            ..TokenUsage::default()
         };
         f.done(&mut out, &u);
         let mut p = SseParser::default();

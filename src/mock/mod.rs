@@ -183,7 +183,7 @@ pub struct MockHandle {
     pub addr: SocketAddr,
     stop: tokio::sync::watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
-    stats: Arc<exposition::Stats>,
+    stats: Arc<exposition::EngineCounters>,
     /// The mock's own runtime: its I/O threads are not shared with the caller's tasks, so a busy
     /// client in the same process (replay) does not delay the mock's emissions.
     rt: Option<tokio::runtime::Runtime>,
@@ -238,7 +238,7 @@ pub async fn start(
     let listener = listener
         .into_std()
         .context("cannot detach the listener from the caller's runtime")?;
-    let stats = Arc::new(exposition::Stats::new(&cfg.model));
+    let stats = Arc::new(exposition::EngineCounters::new(&cfg.model));
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     // From here on, an error drops `h`, which stops the runtime.
     let mut h = MockHandle {
@@ -290,7 +290,7 @@ pub async fn start(
 /// The mock's own runtime (`io_threads` threads, SCHED_FIFO with `realtime`).
 fn runtime(
     cfg: &MockConfig,
-    stats: Arc<exposition::Stats>,
+    stats: Arc<exposition::EngineCounters>,
 ) -> anyhow::Result<tokio::runtime::Runtime> {
     let realtime = cfg.realtime;
     tokio::runtime::Builder::new_multi_thread()

@@ -1,7 +1,7 @@
 //! The simulated engine's scheduler: a pure function of its state and the time it is asked
 //! about. It never reads a clock, sleeps, touches a socket or a counter; [`super::engine`] asks
 //! it what falls due ([`Scheduler::next_due`]), runs it ([`Scheduler::run_next`]) and hands the
-//! [`Event`]s it produces to the responses. Cost-model mode (continuous batching, chunked
+//! [`EngineEvent`]s it produces to the responses. Cost-model mode (continuous batching, chunked
 //! prefill, the step-time formula) and fixed mode are described in docs/mock.md, "Engine model".
 
 use super::cache::{Alloc, IdMap, PrefixCache};
@@ -148,7 +148,7 @@ pub(crate) struct SeqIn {
 
 /// What the scheduler decided, in time order.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Event {
+pub(crate) enum EngineEvent {
     /// A sequence of `req` got its KV blocks at `at`: `hit_tokens` of its prompt came from the
     /// prefix cache.
     Admitted {
@@ -243,7 +243,7 @@ impl Scheduler {
         req: u64,
         arrival: Instant,
         seqs: Vec<SeqIn>,
-        out: &mut Vec<Event>,
+        out: &mut Vec<EngineEvent>,
     ) -> Vec<u64> {
         let mut keys = Vec::with_capacity(seqs.len());
         for (choice, q) in seqs.into_iter().enumerate() {
@@ -276,7 +276,7 @@ impl Scheduler {
                     s.computed = a.hit_tokens;
                     s.alloc = a;
                 }
-                out.push(Event::Admitted {
+                out.push(EngineEvent::Admitted {
                     req,
                     at: arrival,
                     prompt_tokens: s.prompt_len,
@@ -328,7 +328,7 @@ impl Scheduler {
     }
 
     /// Runs what is due at [`Scheduler::next_due`] (the caller decides that it is due).
-    pub(crate) fn run_next(&mut self, out: &mut Vec<Event>) {
+    pub(crate) fn run_next(&mut self, out: &mut Vec<EngineEvent>) {
         if self.fixed() {
             if let Some(Reverse((at, key))) = self.fixed_next.pop() {
                 self.fixed_event(key, at, out);
@@ -341,7 +341,7 @@ impl Scheduler {
     }
 
     /// Fixed mode: one event of one sequence.
-    fn fixed_event(&mut self, key: u64, at: Instant, out: &mut Vec<Event>) {
+    fn fixed_event(&mut self, key: u64, at: Instant, out: &mut Vec<EngineEvent>) {
         let Some((_, itl)) = self.cfg.fixed else {
             return;
         };
@@ -364,7 +364,7 @@ impl Scheduler {
     }
 
     /// Cost-model mode: admits and batches the step starting at `start`.
-    fn plan_step(&mut self, start: Instant, out: &mut Vec<Event>) {
+    fn plan_step(&mut self, start: Instant, out: &mut Vec<EngineEvent>) {
         let mut b = Batch {
             budget: self.cfg.max_num_batched_tokens.max(1),
             ..Batch::default()
@@ -398,7 +398,7 @@ impl Scheduler {
                     .map(|(k, _)| *k)
                     .collect();
                 keys.into_iter().for_each(|k| self.remove(k));
-                out.push(Event::Rejected { req });
+                out.push(EngineEvent::Rejected { req });
             }
             return;
         }
@@ -416,7 +416,7 @@ impl Scheduler {
     }
 
     /// Moves waiting sequences that arrived by `start` into the batch while it has room.
-    fn admit(&mut self, start: Instant, b: &mut Batch, out: &mut Vec<Event>) {
+    fn admit(&mut self, start: Instant, b: &mut Batch, out: &mut Vec<EngineEvent>) {
         while b.budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&k) = self.waiting.front() else {
                 break;
@@ -434,7 +434,7 @@ impl Scheduler {
             s.computed = alloc.hit_tokens;
             s.registered = (alloc.hit_tokens / self.cfg.block_size) as usize;
             s.alloc = alloc;
-            out.push(Event::Admitted {
+            out.push(EngineEvent::Admitted {
                 req: s.req,
                 at: start,
                 prompt_tokens: s.prompt_len,
@@ -446,7 +446,7 @@ impl Scheduler {
     }
 
     /// Cost-model mode: the current step ends; its sequences get their tokens.
-    fn finish_step(&mut self, out: &mut Vec<Event>) {
+    fn finish_step(&mut self, out: &mut Vec<EngineEvent>) {
         let Some(step) = self.step.take() else {
             return;
         };
@@ -509,14 +509,14 @@ impl Batch {
 }
 
 /// Puts the next (at most) `n` tokens of `s`, due at `at`, in `out`; true when they are its last.
-fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant, out: &mut Vec<Event>) -> bool {
+fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant, out: &mut Vec<EngineEvent>) -> bool {
     let n = n.max(1).min(s.target - s.generated);
     let ids = (s.generated..s.generated + n)
         .map(|i| token_id(s.out_seed, i, vocab))
         .collect();
     s.generated += n;
     let last = s.generated >= s.target;
-    out.push(Event::Tokens {
+    out.push(EngineEvent::Tokens {
         req: s.req,
         choice: s.choice,
         ids,
@@ -666,9 +666,9 @@ pub(crate) mod tests {
         let mut r = vec![(f64::NAN, Vec::new()); reqs as usize];
         for e in out {
             match e {
-                Event::Admitted { req, at, .. } => r[req as usize].0 = ms(at),
-                Event::Tokens { req, at, .. } => r[req as usize].1.push(ms(at)),
-                Event::Rejected { .. } => panic!("nothing is too large here"),
+                EngineEvent::Admitted { req, at, .. } => r[req as usize].0 = ms(at),
+                EngineEvent::Tokens { req, at, .. } => r[req as usize].1.push(ms(at)),
+                EngineEvent::Rejected { .. } => panic!("nothing is too large here"),
             }
         }
         r.into_iter()

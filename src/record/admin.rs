@@ -1,7 +1,7 @@
 //! The admin endpoint on its own listener: `GET /metrics` (Prometheus text) and `GET /healthz`
 //! (503 while the trace writer cannot write).
 
-use super::counters::Stats;
+use super::counters::ProxyCounters;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 async fn handle(
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, ctype, body) = match (req.method(), req.uri().path()) {
@@ -45,7 +45,7 @@ async fn handle(
 }
 
 /// Serves the admin endpoint until the task is aborted.
-pub(crate) async fn serve(listener: TcpListener, stats: Arc<Stats>) {
+pub(crate) async fn serve(listener: TcpListener, stats: Arc<ProxyCounters>) {
     loop {
         let tcp = match listener.accept().await {
             Ok((tcp, _)) => tcp,

@@ -3,8 +3,8 @@
 //! (the hop-by-hop list is [`crate::wire::h1::is_hop_by_hop`] for raw heads too), deadlines,
 //! failure classification and the JSON error body.
 
-use super::counters::Stats;
-use super::failure::Failure;
+use super::counters::ProxyCounters;
+use super::failure::ProxyFailure;
 use super::rawpool::RawPool;
 use super::upstream::UpstreamClient;
 use super::writer::Recorder;
@@ -32,7 +32,7 @@ pub(crate) const MAX_REQUEST_HEAD: usize = crate::wire::h1::MAX_HEAD;
 pub(crate) const H2_HEADER_LIST: u32 = 4 * MAX_REQUEST_HEAD as u32;
 /// The message of the 502 for a response head over [`MAX_RESPONSE_HEAD`].
 pub(crate) const HEAD_TOO_LARGE: &str = "response head from upstream too large";
-/// The message of the 504 for [`Failure::TimeoutHeaders`].
+/// The message of the 504 for [`ProxyFailure::TimeoutHeaders`].
 pub(crate) const NO_HEADERS: &str = "upstream sent no response headers within the timeout";
 /// How long a request that reached no upstream may take to hand over the rest of its body for
 /// the record, before the client gets its error.
@@ -41,7 +41,7 @@ pub(crate) const UNSENT_BODY_WAIT: Duration = Duration::from_secs(2);
 /// Forwarding settings and shared handles of one I/O thread.
 pub(crate) struct Proxy {
     pub(crate) recorder: Recorder,
-    pub(crate) stats: Arc<Stats>,
+    pub(crate) stats: Arc<ProxyCounters>,
     pub(crate) scheme: Scheme,
     pub(crate) authority: Authority,
     /// `Host` sent upstream by the own loop (the upstream authority).
@@ -127,17 +127,17 @@ pub(crate) fn classify(
     is_connect: bool,
     user_body: bool,
     e: &(dyn std::error::Error + 'static),
-) -> Failure {
+) -> ProxyFailure {
     let timed_out = chain(e).any(|s| {
         let io = s.downcast_ref::<std::io::Error>();
         io.is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
             || s.to_string().contains("timed out")
     });
     match (is_connect, timed_out, user_body) {
-        (true, true, _) => Failure::TimeoutConnect,
-        (true, false, _) => Failure::UpstreamConnect,
-        (false, _, true) => Failure::ClientBody,
-        (false, _, false) => Failure::UpstreamClosed,
+        (true, true, _) => ProxyFailure::TimeoutConnect,
+        (true, false, _) => ProxyFailure::UpstreamConnect,
+        (false, _, true) => ProxyFailure::ClientBody,
+        (false, _, false) => ProxyFailure::UpstreamClosed,
     }
 }
 
@@ -233,10 +233,10 @@ mod tests {
     #[test]
     fn connect_failures_are_timeouts_or_refusals() {
         let t = std::io::Error::new(std::io::ErrorKind::TimedOut, "x");
-        assert_eq!(classify(true, false, &t), Failure::TimeoutConnect);
+        assert_eq!(classify(true, false, &t), ProxyFailure::TimeoutConnect);
         let r = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(classify(true, false, &r), Failure::UpstreamConnect);
-        assert_eq!(classify(false, false, &r), Failure::UpstreamClosed);
-        assert_eq!(classify(false, true, &r), Failure::ClientBody);
+        assert_eq!(classify(true, false, &r), ProxyFailure::UpstreamConnect);
+        assert_eq!(classify(false, false, &r), ProxyFailure::UpstreamClosed);
+        assert_eq!(classify(false, true, &r), ProxyFailure::ClientBody);
     }
 }

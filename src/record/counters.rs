@@ -1,7 +1,7 @@
 //! Live counters of the recording proxy (relaxed atomics: the forwarding path pays an
 //! uncontended add) and their Prometheus text rendering.
 
-use super::failure::Failure;
+use super::failure::ProxyFailure;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -65,13 +65,13 @@ impl<const FINE: bool> Histogram<FINE> {
 
 /// All counters of one proxy instance.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub struct ProxyCounters {
     pub(crate) requests: AtomicU64,
     pub(crate) in_flight: AtomicI64,
     pub(crate) responses_by_class: [AtomicU64; 6],
     pub(crate) request_bytes: AtomicU64,
     pub(crate) response_bytes: AtomicU64,
-    pub(crate) upstream_errors: [AtomicU64; Failure::COUNTED.len()],
+    pub(crate) upstream_errors: [AtomicU64; ProxyFailure::COUNTED.len()],
     pub(crate) client_cancelled: AtomicU64,
     /// Records dropped because the writer queue was full.
     pub(crate) records_dropped: AtomicU64,
@@ -91,7 +91,7 @@ pub struct Stats {
     pub(crate) tunnels_open: AtomicI64,
     pub(crate) tunnel_bytes_to_upstream: AtomicU64,
     pub(crate) tunnel_bytes_to_client: AtomicU64,
-    /// The drain deadline passed: exchanges still open end as [`Failure::DrainDeadline`].
+    /// The drain deadline passed: exchanges still open end as [`ProxyFailure::DrainDeadline`].
     pub(crate) drain_cut: AtomicBool,
     /// The writer's last write or open failed (no frame written since).
     pub(crate) writer_failing: AtomicBool,
@@ -102,10 +102,10 @@ pub struct Stats {
     pub(crate) upstream_tokenize_skipped: AtomicU64,
 }
 
-impl Stats {
+impl ProxyCounters {
     /// Counts a failure (a kind `/metrics` does not list is not counted).
-    pub(crate) fn upstream_error(&self, f: Failure) {
-        if let Some(k) = Failure::COUNTED.iter().position(|x| *x == f) {
+    pub(crate) fn upstream_error(&self, f: ProxyFailure) {
+        if let Some(k) = ProxyFailure::COUNTED.iter().position(|x| *x == f) {
             self.upstream_errors[k].fetch_add(1, Relaxed);
         }
     }
@@ -217,7 +217,7 @@ impl Stats {
             o,
             "# HELP retrace_record_upstream_errors_total Failed exchanges by error kind.\n# TYPE retrace_record_upstream_errors_total counter"
         );
-        for (k, f) in Failure::COUNTED.iter().enumerate() {
+        for (k, f) in ProxyFailure::COUNTED.iter().enumerate() {
             let name = f.as_str();
             let _ = writeln!(
                 o,
@@ -261,11 +261,11 @@ mod tests {
 
     #[test]
     fn renders_counters_and_cumulative_buckets() {
-        let s = Stats::default();
+        let s = ProxyCounters::default();
         s.requests.fetch_add(3, Relaxed);
-        s.upstream_error(Failure::UpstreamConnect);
-        s.upstream_error(Failure::Other);
-        s.upstream_error(Failure::DrainDeadline);
+        s.upstream_error(ProxyFailure::UpstreamConnect);
+        s.upstream_error(ProxyFailure::Other);
+        s.upstream_error(ProxyFailure::DrainDeadline);
         s.headers_latency.observe(Duration::from_micros(700));
         s.headers_latency.observe(Duration::from_millis(20));
         let t = s.render();

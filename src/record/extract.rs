@@ -74,7 +74,7 @@ pub struct Exchange {
     pub(crate) past_cap: Option<Box<Uncaptured>>,
     pub(crate) end: Option<Duration>,
     /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
-    pub(crate) error: Option<super::failure::Failure>,
+    pub(crate) error: Option<super::failure::ProxyFailure>,
     pub(crate) cancelled: bool,
 }
 

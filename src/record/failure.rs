@@ -1,10 +1,10 @@
-//! Why an exchange failed on the proxy's side, one type for both engines: [`Failure::as_str`] is
-//! the wire name of trace records and `/metrics`, [`Failure::status`] what a client gets before
+//! Why an exchange failed on the proxy's side, one type for both engines: [`ProxyFailure::as_str`] is
+//! the wire name of trace records and `/metrics`, [`ProxyFailure::status`] what a client gets before
 //! the response head.
 
 /// A transport failure of one exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failure {
+pub(crate) enum ProxyFailure {
     /// Dialing the upstream failed.
     UpstreamConnect,
     /// Dialing the upstream timed out.
@@ -33,44 +33,44 @@ pub(crate) enum Failure {
     BodyUnsent,
 }
 
-impl Failure {
+impl ProxyFailure {
     /// The kinds `/metrics` counts, in its order.
-    pub(crate) const COUNTED: [Failure; 10] = [
-        Failure::UpstreamConnect,
-        Failure::TimeoutConnect,
-        Failure::TimeoutHeaders,
-        Failure::UpstreamClosed,
-        Failure::UpstreamReset,
-        Failure::TimeoutIdle,
-        Failure::TimeoutTotal,
-        Failure::UpstreamFraming,
-        Failure::ClientBody,
-        Failure::Other,
+    pub(crate) const COUNTED: [ProxyFailure; 10] = [
+        ProxyFailure::UpstreamConnect,
+        ProxyFailure::TimeoutConnect,
+        ProxyFailure::TimeoutHeaders,
+        ProxyFailure::UpstreamClosed,
+        ProxyFailure::UpstreamReset,
+        ProxyFailure::TimeoutIdle,
+        ProxyFailure::TimeoutTotal,
+        ProxyFailure::UpstreamFraming,
+        ProxyFailure::ClientBody,
+        ProxyFailure::Other,
     ];
 
     /// The wire name (trace records, metrics labels, JSON error `type`).
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Failure::UpstreamConnect => "upstream_connect",
-            Failure::TimeoutConnect => "timeout_connect",
-            Failure::TimeoutHeaders => "timeout_headers",
-            Failure::UpstreamClosed => "upstream_closed",
-            Failure::UpstreamReset => "upstream_reset",
-            Failure::TimeoutIdle => "timeout_idle",
-            Failure::TimeoutTotal => "timeout_total",
-            Failure::UpstreamFraming => "upstream_framing",
-            Failure::ClientBody => "client_body",
-            Failure::Other => "other",
-            Failure::DrainDeadline => "drain_deadline",
-            Failure::BodyUnsent => "request_body_unsent",
+            ProxyFailure::UpstreamConnect => "upstream_connect",
+            ProxyFailure::TimeoutConnect => "timeout_connect",
+            ProxyFailure::TimeoutHeaders => "timeout_headers",
+            ProxyFailure::UpstreamClosed => "upstream_closed",
+            ProxyFailure::UpstreamReset => "upstream_reset",
+            ProxyFailure::TimeoutIdle => "timeout_idle",
+            ProxyFailure::TimeoutTotal => "timeout_total",
+            ProxyFailure::UpstreamFraming => "upstream_framing",
+            ProxyFailure::ClientBody => "client_body",
+            ProxyFailure::Other => "other",
+            ProxyFailure::DrainDeadline => "drain_deadline",
+            ProxyFailure::BodyUnsent => "request_body_unsent",
         }
     }
 
     /// Status and reason phrase for a failure before the response head.
     pub(crate) fn status(self) -> (u16, &'static str) {
         match self {
-            Failure::TimeoutConnect | Failure::TimeoutHeaders => (504, "Gateway Timeout"),
-            Failure::ClientBody | Failure::Other => (400, "Bad Request"),
+            ProxyFailure::TimeoutConnect | ProxyFailure::TimeoutHeaders => (504, "Gateway Timeout"),
+            ProxyFailure::ClientBody | ProxyFailure::Other => (400, "Bad Request"),
             _ => (502, "Bad Gateway"),
         }
     }
@@ -80,15 +80,15 @@ impl Failure {
     pub(crate) fn is_upstream_fault(self) -> bool {
         !matches!(
             self,
-            Failure::ClientBody
-                | Failure::TimeoutHeaders
-                | Failure::DrainDeadline
-                | Failure::BodyUnsent
+            ProxyFailure::ClientBody
+                | ProxyFailure::TimeoutHeaders
+                | ProxyFailure::DrainDeadline
+                | ProxyFailure::BodyUnsent
         )
     }
 }
 
-impl std::fmt::Display for Failure {
+impl std::fmt::Display for ProxyFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -100,12 +100,12 @@ mod tests {
 
     #[test]
     fn statuses_follow_the_kind() {
-        assert_eq!(Failure::TimeoutConnect.status().0, 504);
-        assert_eq!(Failure::TimeoutHeaders.status().0, 504);
-        assert_eq!(Failure::UpstreamConnect.status().0, 502);
-        assert_eq!(Failure::UpstreamClosed.status().0, 502);
-        assert_eq!(Failure::ClientBody.status().0, 400);
-        let names: Vec<&str> = Failure::COUNTED.iter().map(|f| f.as_str()).collect();
+        assert_eq!(ProxyFailure::TimeoutConnect.status().0, 504);
+        assert_eq!(ProxyFailure::TimeoutHeaders.status().0, 504);
+        assert_eq!(ProxyFailure::UpstreamConnect.status().0, 502);
+        assert_eq!(ProxyFailure::UpstreamClosed.status().0, 502);
+        assert_eq!(ProxyFailure::ClientBody.status().0, 400);
+        let names: Vec<&str> = ProxyFailure::COUNTED.iter().map(|f| f.as_str()).collect();
         assert_eq!(names.last(), Some(&"other"));
         assert_eq!(names.len(), 10);
     }

@@ -8,7 +8,7 @@
 use super::buf::Buf;
 use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::Captured;
-use super::failure::Failure;
+use super::failure::ProxyFailure;
 use super::rawpool::RawPool;
 use super::tap::{lock, Pending};
 use super::tunnel;
@@ -89,9 +89,9 @@ enum Outcome {
     /// The first write to a pooled upstream socket failed: nothing was sent.
     Retry,
     /// No response head: the client gets a JSON error (kind, message).
-    BeforeHead(Failure, String),
+    BeforeHead(ProxyFailure, String),
     /// After the head: the client connection is closed without a clean end.
-    Cut(Failure),
+    Cut(ProxyFailure),
 }
 
 /// One request/response in flight.
@@ -126,7 +126,7 @@ struct Ex {
     upgraded: bool,
     /// The response broke off with this failure: what came before it goes to the client, then
     /// the connection is cut.
-    cut: Option<Failure>,
+    cut: Option<ProxyFailure>,
     pending: Pending,
     cap: Arc<Mutex<Captured>>,
 }
@@ -355,7 +355,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                         }
                         Err(_) => {
                             let msg = common::NO_HEADERS.into();
-                            break (Outcome::BeforeHead(Failure::TimeoutHeaders, msg), None);
+                            break (Outcome::BeforeHead(ProxyFailure::TimeoutHeaders, msg), None);
                         }
                     }
                 }
@@ -389,7 +389,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 }
                 // Answered before the whole request body went upstream: the record says so.
                 ex.pending
-                    .end((!req_done).then_some(Failure::BodyUnsent), false);
+                    .end((!req_done).then_some(ProxyFailure::BodyUnsent), false);
                 return ex.keep_client && req_done && self.drain.borrow().is_none();
             }
             Outcome::Cancelled => {
@@ -404,7 +404,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             Outcome::Retry => {
                 let msg = "writing upstream: the upstream connection was closed";
-                (Failure::UpstreamClosed, msg.into())
+                (ProxyFailure::UpstreamClosed, msg.into())
             }
             Outcome::BeforeHead(kind, msg) => (kind, msg),
         };
@@ -548,7 +548,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     /// Frames response bytes at the front of the upstream buffer (body phase), noting the
     /// payload; sets up what goes to the client. Invalid chunked framing ends the response: the
     /// bytes up to the last payload before it still go out, then the connection is cut
-    /// ([`Failure::UpstreamFraming`]).
+    /// ([`ProxyFailure::UpstreamFraming`]).
     fn frame_response(&mut self, ex: &mut Ex) {
         let data = self.ubuf.data();
         let at = ex.last_read.saturating_duration_since(ex.arrival);
@@ -580,7 +580,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     Ok(k) => k,
                     Err(e) => {
                         tracing::debug!("response from upstream: {e}");
-                        ex.cut = Some(Failure::UpstreamFraming);
+                        ex.cut = Some(ProxyFailure::UpstreamFraming);
                         valid
                     }
                 }
@@ -673,20 +673,20 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             if ex.phase == Phase::Head {
                 if now >= ex.headers_deadline {
                     let msg = common::NO_HEADERS.into();
-                    return Err(Outcome::BeforeHead(Failure::TimeoutHeaders, msg));
+                    return Err(Outcome::BeforeHead(ProxyFailure::TimeoutHeaders, msg));
                 }
                 self.sleep.as_mut().reset(ex.headers_deadline);
                 continue;
             }
             if ex.total_deadline.is_some_and(|t| now >= t) {
-                return Err(Outcome::Cut(Failure::TimeoutTotal));
+                return Err(Outcome::Cut(ProxyFailure::TimeoutTotal));
             }
             if self.client_bound(ex) || ex.phase == Phase::Done {
                 ex.last_activity = now;
             }
             let idle_due = ex.last_activity + self.p.idle_timeout;
             if now >= idle_due {
-                return Err(Outcome::Cut(Failure::TimeoutIdle));
+                return Err(Outcome::Cut(ProxyFailure::TimeoutIdle));
             }
             let next = ex.total_deadline.map_or(idle_due, |t| t.min(idle_due));
             self.sleep.as_mut().reset(next);
@@ -710,10 +710,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                 Ok(true)
             }
             Err(e) if ex.phase == Phase::Head => Err(Outcome::BeforeHead(
-                Failure::ClientBody,
+                ProxyFailure::ClientBody,
                 format!("request body: {e}"),
             )),
-            Err(_) => Err(Outcome::Cut(Failure::ClientBody)),
+            Err(_) => Err(Outcome::Cut(ProxyFailure::ClientBody)),
         }
     }
 
@@ -848,11 +848,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             Ok(Some(h)) => h,
             Err(HeadError::TooLarge) => {
                 let msg = common::HEAD_TOO_LARGE.into();
-                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+                return Err(Outcome::BeforeHead(ProxyFailure::UpstreamClosed, msg));
             }
             Err(e) => {
                 let msg = format!("bad response head from upstream: {}", e.reason());
-                return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+                return Err(Outcome::BeforeHead(ProxyFailure::UpstreamClosed, msg));
             }
         };
         // A 101 (only accepted when asked for) is final: the connection switches protocols
@@ -896,7 +896,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         };
         if !self.ubuf.make_room(limit) {
             let msg = common::HEAD_TOO_LARGE.into();
-            return Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg));
+            return Err(Outcome::BeforeHead(ProxyFailure::UpstreamClosed, msg));
         }
         match self.ubuf.poll_read_from(up, cx) {
             Poll::Ready(Ok(n)) if n > 0 => {
@@ -911,7 +911,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                     Phase::Head => {
                         let msg =
                             format!("the upstream connection {what} before the response head");
-                        Err(Outcome::BeforeHead(Failure::UpstreamClosed, msg))
+                        Err(Outcome::BeforeHead(ProxyFailure::UpstreamClosed, msg))
                     }
                     _ if matches!(ex.resp, BodyState::Close) && eof => {
                         ex.resp = BodyState::Done;
@@ -920,7 +920,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
                         ex.keep_client = false;
                         Ok(true)
                     }
-                    _ => Err(Outcome::Cut(Failure::UpstreamReset)),
+                    _ => Err(Outcome::Cut(ProxyFailure::UpstreamReset)),
                 }
             }
             Poll::Pending => Ok(false),

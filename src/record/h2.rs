@@ -3,7 +3,7 @@
 //! `common`. No protocol switch happens here, so `Upgrade` stays hop-by-hop and a 101 is a 502.
 
 use super::common::{self, classify, describe, error_json, Proxy};
-use super::failure::Failure;
+use super::failure::ProxyFailure;
 use super::tap::{lock, Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
 use super::timing::WriteClock;
 use http::header::{self, HeaderValue};
@@ -24,7 +24,7 @@ fn error_response(status: u16, kind: &str, msg: &str) -> Response<ProxyBody> {
 }
 
 /// Finishes an exchange that got no usable response head and answers the client.
-fn fail(pending: Pending, f: Failure, msg: &str) -> Response<ProxyBody> {
+fn fail(pending: Pending, f: ProxyFailure, msg: &str) -> Response<ProxyBody> {
     pending.end(Some(f), false);
     error_response(f.status().0, f.as_str(), msg)
 }
@@ -88,7 +88,7 @@ pub(crate) async fn handle(
     let uri = match target(&p, &pq) {
         Ok(u) => u,
         Err(e) => {
-            pending.end(Some(Failure::Other), false);
+            pending.end(Some(ProxyFailure::Other), false);
             let msg = format!("cannot forward {pq:?}: {e}");
             return Ok(error_response(400, "bad_request", &msg));
         }
@@ -115,7 +115,11 @@ pub(crate) async fn handle(
     let (headers_deadline, total_deadline) = p.deadlines(arrival);
     let resp = match tokio::time::timeout_at(headers_deadline, p.client.request(up)).await {
         Err(_) => {
-            return Ok(fail(pending, Failure::TimeoutHeaders, common::NO_HEADERS));
+            return Ok(fail(
+                pending,
+                ProxyFailure::TimeoutHeaders,
+                common::NO_HEADERS,
+            ));
         }
         Ok(Err(e)) => {
             let f = classify(e.is_connect(), user_body(&e), &e);
@@ -136,7 +140,7 @@ pub(crate) async fn handle(
     if common::head_size(&parts.headers) > common::MAX_RESPONSE_HEAD {
         return Ok(fail(
             pending,
-            Failure::UpstreamClosed,
+            ProxyFailure::UpstreamClosed,
             common::HEAD_TOO_LARGE,
         ));
     }
@@ -155,7 +159,7 @@ pub(crate) async fn handle(
     }
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         let msg = "upstream: unrequested 101 switching protocols";
-        return Ok(fail(pending, Failure::UpstreamClosed, msg));
+        return Ok(fail(pending, ProxyFailure::UpstreamClosed, msg));
     }
     common::strip_hop_by_hop(&mut parts.headers);
     let tap = ResponseTap::new(body, pending, p.idle_timeout, total_deadline, client);

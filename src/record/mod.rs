@@ -254,7 +254,7 @@ pub async fn run_with_admin(
     cfg: RecordConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<RecordStats> {
-    let stats = Arc::new(counters::Stats::default());
+    let stats = Arc::new(counters::ProxyCounters::default());
     let https = cfg.upstream.scheme_str() == Some("https");
     let upstream_opts = upstream::UpstreamOptions {
         connect_timeout: cfg.connect_timeout,
@@ -284,7 +284,7 @@ pub async fn run_with_admin(
     let via = common::via_entry();
     let servertok = match server_tokenize(&cfg) {
         true => Some(servertok::ServerTokenizer::new(
-            servertok::Target::new(
+            servertok::TokenizeTarget::new(
                 &cfg.upstream,
                 cfg.upstream_ca.as_deref(),
                 cfg.connect_timeout,
@@ -423,7 +423,7 @@ fn proxies(
     connector: &upstream::Connector,
     upstream_opts: &upstream::UpstreamOptions,
     recorder: &writer::Recorder,
-    stats: &Arc<counters::Stats>,
+    stats: &Arc<counters::ProxyCounters>,
     via: &http::HeaderValue,
 ) -> anyhow::Result<Vec<Arc<common::Proxy>>> {
     let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);

@@ -3,9 +3,10 @@
 //! upstream (a non-blocking read probe) are skipped at checkout and reaped every second, so none
 //! stay in CLOSE-WAIT; a socket comes back only after a response that ended cleanly.
 
-use super::tap::{lock, BoxError};
+use super::tap::lock;
 use super::upstream::Connector;
 use crate::sys::netio::ClientStream;
+use crate::wire::BoxError;
 use http::Uri;
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -17,7 +17,7 @@
 //! meanwhile. The requests carry no client credentials (vLLM serves `/tokenize` outside its
 //! `--api-key` check), the proxy's `Via` entry (a loop is refused as 508) and `Connection: close`.
 
-use super::counters::Stats;
+use super::counters::ProxyCounters;
 use crate::trace::hash::BlockHasher;
 use crate::trace::rows::MAX_TOKENS;
 use crate::trace::{Endpoint, InputCount, Request};
@@ -221,7 +221,7 @@ fn parse_answer(body: &[u8], d: Dialect, empty_prompt: bool) -> Result<Answer, S
 
 /// Where `/tokenize` is, and how to reach it.
 #[derive(Clone)]
-pub(crate) struct Target {
+pub(crate) struct TokenizeTarget {
     host: String,
     port: u16,
     /// The upstream's base path + `/tokenize`.
@@ -233,7 +233,7 @@ pub(crate) struct Target {
     via: String,
 }
 
-impl Target {
+impl TokenizeTarget {
     /// The target for the upstream base URL `upstream` (TLS trusting `ca` or the system
     /// bundle); `via` is the proxy's own `Via` entry.
     pub(crate) fn new(
@@ -241,13 +241,13 @@ impl Target {
         ca: Option<&std::path::Path>,
         connect_timeout: Duration,
         via: &str,
-    ) -> anyhow::Result<Target> {
+    ) -> anyhow::Result<TokenizeTarget> {
         let https = upstream.scheme_str() == Some("https");
         let host = upstream.host().unwrap_or("").to_string();
         let tls = https
             .then(|| crate::sys::tls::client_config(ca, "--upstream-ca", &[b"http/1.1"]))
             .transpose()?;
-        Ok(Target {
+        Ok(TokenizeTarget {
             port: upstream.port_u16().unwrap_or(if https { 443 } else { 80 }),
             path: format!("{}/tokenize", upstream.path().trim_end_matches('/')),
             authority: upstream.authority().map_or(host.clone(), |a| a.to_string()),
@@ -409,7 +409,7 @@ fn not_served(status: u16) -> bool {
 }
 
 /// Asks the server, in the shape it is known to serve, else finding it (vLLM's first).
-fn ask_server(t: &Target, ask: &Ask, known: Option<Dialect>) -> Outcome {
+fn ask_server(t: &TokenizeTarget, ask: &Ask, known: Option<Dialect>) -> Outcome {
     let empty = ask.is_empty_text();
     if known != Some(Dialect::LlamaCpp) {
         match t.post(&ask.vllm_body()) {
@@ -456,9 +456,9 @@ struct Done {
 
 /// The writer thread's side: records held while the server counts them.
 pub struct ServerTokenizer {
-    target: Target,
+    target: TokenizeTarget,
     rate: u32,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     dialect: Option<Dialect>,
     off_until: Option<Instant>,
     /// Tokens of the rate bucket, and when it was last filled.
@@ -476,7 +476,7 @@ pub struct ServerTokenizer {
 
 impl ServerTokenizer {
     /// At most `rate` requests a second (and [`IN_FLIGHT`] at a time) to `target`.
-    pub(crate) fn new(target: Target, rate: u32, stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(target: TokenizeTarget, rate: u32, stats: Arc<ProxyCounters>) -> Self {
         let (done_tx, done_rx) = channel();
         ServerTokenizer {
             target,
@@ -667,7 +667,7 @@ fn apply(req: &mut Request, a: Answer, hasher: &BlockHasher, block_size: u32) {
     }
 }
 
-fn worker(t: &Target, jobs: &Mutex<Receiver<Job>>, done: &Sender<Done>) {
+fn worker(t: &TokenizeTarget, jobs: &Mutex<Receiver<Job>>, done: &Sender<Done>) {
     super::writer::lower_priority();
     loop {
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();

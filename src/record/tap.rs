@@ -3,9 +3,9 @@
 //! invariant 1). [`ResponseTap`] also enforces the idle-gap and total timeouts. [`Pending`] is an
 //! exchange in flight, handed to the writer queue exactly once however it ends.
 
-use super::counters::Stats;
+use super::counters::ProxyCounters;
 use super::extract::{Captured, Exchange};
-use super::failure::Failure;
+use super::failure::ProxyFailure;
 use super::timing::{now_ns, WriteClock};
 use super::writer::Recorder;
 use bytes::Bytes;
@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::wire::BoxError;
 
 /// An error the proxy raises on a response body (timeouts).
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ pub(crate) struct RequestTap {
     inner: Option<Incoming>,
     cap: Arc<Mutex<Captured>>,
     max: usize,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     unsent: Option<Unsent>,
 }
 
@@ -50,7 +50,7 @@ impl RequestTap {
         inner: Incoming,
         cap: Arc<Mutex<Captured>>,
         max: usize,
-        stats: Arc<Stats>,
+        stats: Arc<ProxyCounters>,
         unsent: Option<Unsent>,
     ) -> Self {
         RequestTap {
@@ -119,7 +119,7 @@ struct TapState {
     ex: Box<Exchange>,
     req: Arc<Mutex<Captured>>,
     recorder: Recorder,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     max: usize,
 }
 
@@ -133,7 +133,7 @@ impl Pending {
     pub(crate) fn new(
         mut ex: Box<Exchange>,
         recorder: &Recorder,
-        stats: &Arc<Stats>,
+        stats: &Arc<ProxyCounters>,
         max: usize,
     ) -> (Self, Arc<Mutex<Captured>>) {
         stats.in_flight.fetch_add(1, Relaxed);
@@ -155,11 +155,11 @@ impl Pending {
     }
 
     /// Finishes with an error kind (counted) and whether the client went away.
-    pub(crate) fn end(mut self, error: Option<Failure>, cancelled: bool) {
+    pub(crate) fn end(mut self, error: Option<ProxyFailure>, cancelled: bool) {
         self.finish(error, cancelled);
     }
 
-    fn finish(&mut self, error: Option<Failure>, cancelled: bool) {
+    fn finish(&mut self, error: Option<ProxyFailure>, cancelled: bool) {
         if let Some(st) = self.0.take() {
             finish(st, error, cancelled);
         }
@@ -175,7 +175,7 @@ impl Drop for Pending {
 }
 
 /// Notes the failure (counted) and whether the client went away, and hands the exchange over.
-fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
+fn finish(mut st: TapState, error: Option<ProxyFailure>, cancelled: bool) {
     if let Some(f) = error {
         st.ex.error = Some(f);
         st.stats.upstream_error(f);
@@ -184,7 +184,7 @@ fn finish(mut st: TapState, error: Option<Failure>, cancelled: bool) {
     if st.ex.cancelled && st.stats.drain_cut.load(Relaxed) {
         // Dropped with its I/O thread at the drain deadline: not the client's doing.
         st.ex.cancelled = false;
-        st.ex.error = Some(Failure::DrainDeadline);
+        st.ex.error = Some(ProxyFailure::DrainDeadline);
     }
     let now = st.ex.arrival.elapsed();
     st.ex.end = Some(now);
@@ -250,7 +250,7 @@ impl Body for ResponseTap {
         }
         if let Some(t) = this.total.as_mut() {
             if t.as_mut().poll(cx).is_ready() {
-                this.pending.finish(Some(Failure::TimeoutTotal), false);
+                this.pending.finish(Some(ProxyFailure::TimeoutTotal), false);
                 return Poll::Ready(Some(Err(Box::new(TapError(
                     "total timeout reached; response cut",
                 )))));
@@ -271,7 +271,8 @@ impl Body for ResponseTap {
                 Poll::Ready(Some(Ok(f)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.pending.finish(Some(Failure::UpstreamReset), false);
+                this.pending
+                    .finish(Some(ProxyFailure::UpstreamReset), false);
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             Poll::Ready(None) => {
@@ -285,7 +286,7 @@ impl Body for ResponseTap {
                         this.idle.as_mut().reset(due);
                         continue;
                     }
-                    this.pending.finish(Some(Failure::TimeoutIdle), false);
+                    this.pending.finish(Some(ProxyFailure::TimeoutIdle), false);
                     return Poll::Ready(Some(Err(Box::new(TapError(
                         "no data from upstream within the idle timeout; response cut",
                     )))));

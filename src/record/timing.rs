@@ -3,7 +3,7 @@
 //! `now − pending_since` when a write to the client socket completes. With HTTP/2 a write
 //! completes the connection's oldest pending chunk. Stamps are nanoseconds in relaxed atomics.
 
-use super::counters::Stats;
+use super::counters::ProxyCounters;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use std::io;
 use std::pin::Pin;
@@ -26,11 +26,11 @@ pub(crate) fn now_ns() -> u64 {
 #[derive(Debug)]
 pub(crate) struct WriteClock {
     pending_since_ns: AtomicU64,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
 }
 
 impl WriteClock {
-    pub(crate) fn new(stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(stats: Arc<ProxyCounters>) -> Self {
         WriteClock {
             pending_since_ns: AtomicU64::new(0),
             stats,
@@ -121,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_write_observes_the_oldest_pending_chunk_once() {
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(ProxyCounters::default());
         let c = WriteClock::new(stats.clone());
         let t0 = now_ns();
         c.pending(t0);

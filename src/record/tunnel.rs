@@ -4,8 +4,8 @@
 //! drain cuts it; no idle or total timeout. [`record`] turns its end into the exchange's record.
 
 use super::buf::Buf;
-use super::counters::Stats;
-use super::failure::Failure;
+use super::counters::ProxyCounters;
+use super::failure::ProxyFailure;
 use super::tap::Pending;
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -124,10 +124,10 @@ impl Dir {
 }
 
 /// Counts a tunnel in `tunnels_open` while it lives (also when its task is dropped).
-struct OpenGauge<'a>(&'a Stats);
+struct OpenGauge<'a>(&'a ProxyCounters);
 
 impl<'a> OpenGauge<'a> {
-    fn new(stats: &'a Stats) -> Self {
+    fn new(stats: &'a ProxyCounters) -> Self {
         stats.tunnels_open.fetch_add(1, Relaxed);
         OpenGauge(stats)
     }
@@ -149,7 +149,7 @@ pub(crate) async fn run<C, U>(
     to_upstream: Buf,
     to_client: Buf,
     drain: &mut watch::Receiver<Option<Instant>>,
-    stats: &Stats,
+    stats: &ProxyCounters,
 ) -> How
 where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -202,14 +202,14 @@ where
 }
 
 /// Finishes an upgraded exchange's record: its end is the tunnel's end; a failed upstream is
-/// `upstream_reset`, a failed client a cancellation, a drain cut [`Failure::DrainDeadline`] (not counted as
+/// `upstream_reset`, a failed client a cancellation, a drain cut [`ProxyFailure::DrainDeadline`] (not counted as
 /// an upstream error). Status and header time were noted when the 101 arrived.
 pub(crate) fn record(pending: Pending, how: How) {
     match how {
         How::Closed => pending.end(None, false),
         How::ClientFailed => pending.end(None, true),
-        How::UpstreamFailed => pending.end(Some(Failure::UpstreamReset), false),
-        How::Drained => pending.end(Some(Failure::DrainDeadline), false),
+        How::UpstreamFailed => pending.end(Some(ProxyFailure::UpstreamReset), false),
+        How::Drained => pending.end(Some(ProxyFailure::DrainDeadline), false),
     }
 }
 
@@ -223,7 +223,7 @@ mod tests {
 
     #[tokio::test]
     async fn bytes_flow_both_ways_and_half_close_is_passed_on() {
-        let stats = Stats::default();
+        let stats = ProxyCounters::default();
         let (mut client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, mut upstream) = tokio::io::duplex(64);
         let mut no_drain = watch::channel(None).1;
@@ -278,7 +278,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_vanished_upstream_fails_the_tunnel_and_a_drain_cuts_it() {
-        let stats = Stats::default();
+        let stats = ProxyCounters::default();
         let (_client, mut proxy_c) = tokio::io::duplex(64);
         let (mut proxy_u, upstream) = tokio::io::duplex(64);
         drop(upstream);

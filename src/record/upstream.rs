@@ -2,8 +2,9 @@
 //! for the HTTP/2 one. TLS trusts `--upstream-ca` when given, else the system bundle
 //! ([`crate::sys::tls`]); ALPN offers `h2` only with `--upstream-http2`, else `http/1.1`.
 
-use super::tap::{BoxError, RequestTap};
+use super::tap::RequestTap;
 use crate::sys::netio::ClientStream;
+use crate::wire::BoxError;
 use hyper::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;

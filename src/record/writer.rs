@@ -4,7 +4,7 @@
 //! ([`super::extract`]), closes a frame at least every `flush_every` and rotates by size and age;
 //! recorded exchanges go back to the forwarding path for reuse ([`Recorder::exchange`]).
 
-use super::counters::Stats;
+use super::counters::ProxyCounters;
 use super::extract::{Exchange, Extractor};
 use super::servertok::{Ask, ServerTokenizer};
 use crate::trace::native::{TraceWriter, WriteOptions};
@@ -46,7 +46,7 @@ fn lock_spare(s: &Spare) -> std::sync::MutexGuard<'_, Vec<Box<Exchange>>> {
 #[derive(Clone)]
 pub struct Recorder {
     tx: SyncSender<Msg>,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     /// Captured bytes currently queued, and the budget for them.
     queued_bytes: Arc<AtomicU64>,
     max_queued_bytes: u64,
@@ -140,7 +140,7 @@ pub fn spawn(
     extractor: Extractor,
     servertok: Option<ServerTokenizer>,
     t0: Instant,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
 ) -> std::io::Result<(Recorder, WriterHandle)> {
     let (tx, rx) = sync_channel(queue.max(1));
     let queued_bytes = Arc::new(AtomicU64::new(0));
@@ -247,7 +247,7 @@ struct Writer {
     /// Counts estimated input lengths with the upstream's `/tokenize` (records held meanwhile).
     servertok: Option<ServerTokenizer>,
     t0: Instant,
-    stats: Arc<Stats>,
+    stats: Arc<ProxyCounters>,
     closed: Vec<PathBuf>,
     noted_dropped: u64,
     /// Records of the open frame, sorted by arrival before they are pushed.
@@ -674,7 +674,7 @@ mod tests {
         dir: &Path,
         flush: Duration,
         space: Option<Arc<AtomicU64>>,
-    ) -> (Recorder, WriterHandle, Arc<Stats>, Instant) {
+    ) -> (Recorder, WriterHandle, Arc<ProxyCounters>, Instant) {
         let t0 = Instant::now();
         let header = TraceHeader {
             hash_scheme: BlockHasher::xxh3().scheme(),
@@ -695,7 +695,7 @@ mod tests {
             tokenizer: TextTokenizer::Approx,
             bodies: Bodies::None,
         };
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(ProxyCounters::default());
         let (rec, handle) = spawn(
             64,
             1 << 20,

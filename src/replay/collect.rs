@@ -1,21 +1,21 @@
 //! Each finished request folded in as it completes: the workload's statistics
 //! ([`Collector`]: running aggregates, and per request its fixed-size scalars and ITL values up
-//! to their bounds), side requests apart, the first failure messages, and with `--detailed` its [`Row`]: kept for the result's
+//! to their bounds), side requests apart, the first failure messages, and with `--detailed` its [`RequestRow`]: kept for the result's
 //! inline arrays, or appended to the sidecar file when the run measures more than
 //! [`sidecar::THRESHOLD`] requests. No [`Sample`] is held past its arrival.
 
 use crate::metrics::{Collector, Sample};
-use crate::replay::outcome::{self, Auxiliary, FirstError, Recorded};
+use crate::replay::outcome::{self, Auxiliary, FirstError, RecordedOutcomes};
 use crate::replay::plan::body::Tag;
 use crate::result::sidecar;
-use crate::result::{arrays, Row};
+use crate::result::{arrays, RequestRow};
 use serde_json::{Map, Value};
 
 /// Where `--detailed` rows go.
 pub(crate) enum Detail {
     Off,
     /// By workload index, for the result's inline arrays.
-    Inline(Vec<Option<Row>>),
+    Inline(Vec<Option<RequestRow>>),
     File(sidecar::Writer),
 }
 
@@ -25,9 +25,9 @@ pub(crate) struct Collect {
     /// Side requests (`--include-aux`).
     pub(crate) aux: Auxiliary,
     pub(crate) first_errors: Vec<FirstError>,
-    /// Recorded against replayed outcomes, when the trace holds recorded responses (each
+    /// RecordedOutcomes against replayed outcomes, when the trace holds recorded responses (each
     /// request's recorded failure kind is in its tag).
-    pub(crate) recorded: Option<Recorded>,
+    pub(crate) recorded: Option<RecordedOutcomes>,
     /// Workload requests measured.
     measured: usize,
     detail: Detail,
@@ -53,7 +53,7 @@ impl Collect {
             work,
             aux: Auxiliary::default(),
             first_errors: Vec::new(),
-            recorded: recorded.then(Recorded::default),
+            recorded: recorded.then(RecordedOutcomes::default),
             measured,
             detail,
         }
@@ -75,10 +75,10 @@ impl Collect {
             Detail::Off => {}
             Detail::Inline(rows) => {
                 if let Some(r) = rows.get_mut(w) {
-                    *r = Some(Row::of(&s, rec));
+                    *r = Some(RequestRow::of(&s, rec));
                 }
             }
-            Detail::File(f) => f.write(w, &Row::of(&s, rec)),
+            Detail::File(f) => f.write(w, &RequestRow::of(&s, rec)),
         }
     }
 
@@ -97,10 +97,9 @@ impl Collect {
                 file: None,
             },
             Detail::Inline(rows) => Arrays {
-                inline: Some(arrays(
-                    rows.into_iter()
-                        .map(|r| r.unwrap_or_else(|| Row::of(&Sample::default(), None))),
-                )),
+                inline: Some(arrays(rows.into_iter().map(|r| {
+                    r.unwrap_or_else(|| RequestRow::of(&Sample::default(), None))
+                }))),
                 file: None,
             },
             Detail::File(f) => {

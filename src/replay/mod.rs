@@ -335,8 +335,8 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
         overheads: Default::default(),
     };
     let theory = cfg.scrape_metrics.as_ref().map(|_| {
-        use crate::trace::stats::{PrefixCache, PREFIX_NODES};
-        PrefixCache::new(block_size, cfg.server_block_size, PREFIX_NODES)
+        use crate::trace::stats::{CacheSim, PREFIX_NODES};
+        CacheSim::new(block_size, cfg.server_block_size, PREFIX_NODES)
     });
     let mut survey = plan::source::Survey::new(cfg.trace_name(), theory);
     let mut check = |p: &plan::source::Planned| survey.add(p, &opts, &prompts);
@@ -1196,7 +1196,7 @@ fn result_of(
         body_builder: body_builder(cfg, &p.bodies.stats),
     });
     let recorded = ran.collected.recorded.as_ref();
-    r.selected = Some(crate::result::Selected {
+    r.selected = Some(crate::result::SentOfRecording {
         selection: serde_json::json!(facts.select),
         left_out: serde_json::json!(facts.left_out.by_name()),
         left_out_workload: serde_json::json!({
@@ -1213,8 +1213,8 @@ fn result_of(
         tokenizer_fit: facts.tokenizer_fit.clone(),
         requests_by_endpoint: facts.by_endpoint.clone(),
         auxiliary: ran.collected.aux.to_json(),
-        recorded_outcomes: recorded.map(outcome::Recorded::to_json),
-        cancelled_as_recorded: recorded.map(outcome::Recorded::cancelled_json),
+        recorded_outcomes: recorded.map(outcome::RecordedOutcomes::to_json),
+        cancelled_as_recorded: recorded.map(outcome::RecordedOutcomes::cancelled_json),
     });
     r
 }

@@ -49,7 +49,7 @@ pub(crate) fn replayed_failure(s: &Scalars) -> Option<Cow<'static, str>> {
 
 /// Whether the run failed as a whole: requests were measured (`measured`), none succeeded
 /// (`completed`), and not every one of them failed the way it was recorded to (`same`, as in
-/// [`Recorded`]; a recording whose requests all failed, replayed faithfully, is not a failed run).
+/// [`RecordedOutcomes`]; a recording whose requests all failed, replayed faithfully, is not a failed run).
 pub(crate) fn all_failed(measured: u64, completed: u64, same: u64) -> bool {
     measured > 0 && completed == 0 && same < measured
 }
@@ -98,10 +98,10 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// Recorded against replayed outcomes of the measured requests, folded as they finish (the
+/// RecordedOutcomes against replayed outcomes of the measured requests, folded as they finish (the
 /// result's `recorded_outcomes`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Recorded {
+pub(crate) struct RecordedOutcomes {
     pub(crate) recorded_failures: u64,
     /// Failed again the same way.
     pub(crate) same: u64,
@@ -117,7 +117,7 @@ pub(crate) struct Recorded {
 /// How a replay cuts a request the client cancelled (the result's `cancelled_as_recorded.rule`).
 pub(crate) const CUT_RULE: &str = "a request the client cancelled in the recording is cut where it was: after its recorded number of events when some came, else at its recorded end (from the send); the connection is closed there, so the server sees the abort";
 
-impl Recorded {
+impl RecordedOutcomes {
     /// Folds in a request recorded to fail with `rec` (or to succeed) and replayed as `s`.
     pub(crate) fn add(&mut self, rec: Option<&str>, s: &Scalars) {
         if let Some(k) = rec {
@@ -157,11 +157,11 @@ impl Recorded {
 
 /// The console lines after vLLM's block: how the recording's failures and its side requests
 /// fared (empty when there are neither).
-pub(crate) fn console(rec: Option<&Recorded>, aux: &Auxiliary) -> String {
+pub(crate) fn console(rec: Option<&RecordedOutcomes>, aux: &Auxiliary) -> String {
     let mut s = String::new();
     if let Some(v) = rec.filter(|r| r.recorded_failures > 0) {
         s.push_str(&format!(
-            "Recorded failures: {} ({} failed again the same way, {} differently, {} now succeed); {} requests newly failed\n",
+            "RecordedOutcomes failures: {} ({} failed again the same way, {} differently, {} now succeed); {} requests newly failed\n",
             v.recorded_failures, v.same, v.differently, v.now_ok, v.newly_failed
         ));
     }
@@ -212,7 +212,7 @@ mod tests {
             sample(Some(Failure::Reset)),
             sample(None),
         ];
-        let mut r = Recorded::default();
+        let mut r = RecordedOutcomes::default();
         for (rec, s) in rec.iter().zip(scalars(&samples)) {
             r.add(*rec, &s);
         }
@@ -224,10 +224,10 @@ mod tests {
         assert_eq!(v["now_succeed"], 1);
         assert_eq!(v["recorded_errors"]["http_404"], 2);
         let line = console(Some(&r), &Auxiliary::default());
-        assert!(line.starts_with("Recorded failures: 3 (1 failed again the same way, 1 differently, 1 now succeed); 1 requests newly failed"), "{line}");
+        assert!(line.starts_with("RecordedOutcomes failures: 3 (1 failed again the same way, 1 differently, 1 now succeed); 1 requests newly failed"), "{line}");
         let none = Auxiliary::default();
         assert_eq!(console(None, &none), "");
-        assert_eq!(console(Some(&Recorded::default()), &none), "");
+        assert_eq!(console(Some(&RecordedOutcomes::default()), &none), "");
     }
 
     fn scalars(s: &[Sample]) -> Vec<Scalars> {
@@ -246,7 +246,7 @@ mod tests {
     #[test]
     fn recorded_failures_that_fail_again_the_same_way_are_not_a_failed_run() {
         let fold = |rec: &[Option<&str>], s: &[Sample]| {
-            let mut r = Recorded::default();
+            let mut r = RecordedOutcomes::default();
             for (rec, s) in rec.iter().zip(scalars(s)) {
                 r.add(*rec, &s);
             }

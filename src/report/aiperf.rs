@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Which AIPerf export a file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
+pub(crate) enum ExportKind {
     /// `profile_export.jsonl`.
     Records,
     /// `profile_export_aiperf.json`.
@@ -54,7 +54,7 @@ const DETECT_BYTES: usize = 1 << 20;
 /// The export a file's content is, if it is one. A per-request export's first line is a record
 /// (`{"metadata": ...`); an aggregate names `aiperf_version` in its first lines (AIPerf writes it
 /// second), so a truncated file is still recognised and its error says what is wrong.
-pub(crate) fn detect(data: &[u8]) -> Option<Format> {
+pub(crate) fn detect(data: &[u8]) -> Option<ExportKind> {
     let start = data.iter().position(|b| !b.is_ascii_whitespace())?;
     let data = &data[start..];
     let head = String::from_utf8_lossy(&data[..data.len().min(1024)]);
@@ -62,10 +62,10 @@ pub(crate) fn detect(data: &[u8]) -> Option<Format> {
         return None;
     }
     if head[1..].trim_start().starts_with("\"metadata\"") {
-        return Some(Format::Records);
+        return Some(ExportKind::Records);
     }
     if head.contains("\"aiperf_version\"") {
-        return Some(Format::Aggregate);
+        return Some(ExportKind::Aggregate);
     }
     let first = data.split(|b| *b == b'\n').next().unwrap_or(data);
     if first.len() > DETECT_BYTES {
@@ -75,17 +75,17 @@ pub(crate) fn detect(data: &[u8]) -> Option<Format> {
         Ok(Value::Object(o))
             if o.get("metadata").is_some_and(Value::is_object) && o.contains_key("metrics") =>
         {
-            Some(Format::Records)
+            Some(ExportKind::Records)
         }
         _ => None,
     }
 }
 
 /// Reads an export [`detect`] recognised.
-pub(crate) fn read(path: &Path, data: &[u8], format: Format) -> Result<Run, AiperfError> {
+pub(crate) fn read(path: &Path, data: &[u8], format: ExportKind) -> Result<Run, AiperfError> {
     match format {
-        Format::Records => from_records(path, data),
-        Format::Aggregate => from_aggregate(path, data),
+        ExportKind::Records => from_records(path, data),
+        ExportKind::Aggregate => from_aggregate(path, data),
     }
 }
 
@@ -596,8 +596,8 @@ pub(crate) fn merge_records(
     let mut seen = HashMap::new();
     for (path, data) in inputs {
         match detect(data) {
-            Some(Format::Records) => {}
-            Some(Format::Aggregate) => {
+            Some(ExportKind::Records) => {}
+            Some(ExportKind::Aggregate) => {
                 return Err(refuse(
                     path,
                     "an AIPerf aggregate (profile_export_aiperf.json) holds each run's \

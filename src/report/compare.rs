@@ -62,7 +62,7 @@ pub enum Verdict {
 
 /// One compared number.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Row {
+pub struct MetricRow {
     /// Key (vLLM-style): `p99_ttft_ms`, `request_throughput`, `failure_rate`.
     pub key: String,
     pub label: String,
@@ -168,7 +168,7 @@ impl Default for Options {
 
 /// Makes a row's interval hold its own point estimate (a bootstrap of a discrete statistic can
 /// collapse to a point beside it) and its significance respect the minimum effect.
-fn settle(row: &mut Row, min_effect: MinEffect) {
+fn settle(row: &mut MetricRow, min_effect: MinEffect) {
     let Some(d) = row.abs_change else { return };
     if let Some((lo, hi)) = row.ci {
         row.ci = Some((lo.min(d), hi.max(d)));
@@ -209,7 +209,7 @@ pub struct Comparison {
     pub seed: u64,
     pub confidence: f64,
     pub resamples: usize,
-    pub rows: Vec<Row>,
+    pub rows: Vec<MetricRow>,
     pub paired: Option<Paired>,
     pub workload: Option<WorkloadCmp>,
     /// Caveats worth reading (different traces, invalid runs, missing data).
@@ -217,7 +217,7 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    pub fn row(&self, key: &str) -> Option<&Row> {
+    pub fn row(&self, key: &str) -> Option<&MetricRow> {
         self.rows.iter().find(|r| r.key == key)
     }
 }
@@ -412,7 +412,7 @@ fn make_row(
     ci: Option<(f64, f64)>,
     noise: Option<f64>,
     approx: bool,
-) -> Row {
+) -> MetricRow {
     let abs = match (b, c) {
         (Some(b), Some(c)) => Some(c - b),
         _ => None,
@@ -422,7 +422,7 @@ fn make_row(
         _ => None,
     };
     let significant = judge(ci, abs, noise);
-    Row {
+    MetricRow {
         key,
         label,
         unit,
@@ -491,7 +491,7 @@ pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Compari
 /// A row per latency statistic of every metric, its interval from the bootstrap (clustered by
 /// request for ITL); the note on statistics with too few samples to judge, if any.
 fn latency_rows(
-    rows: &mut Vec<Row>,
+    rows: &mut Vec<MetricRow>,
     base: &Run,
     cand: &Run,
     noise: &[Run],
@@ -552,7 +552,7 @@ fn latency_rows(
 }
 
 /// The throughput and goodput rows (no interval: one number per run; judged by the noise runs).
-fn throughput_rows(rows: &mut Vec<Row>, base: &Run, cand: &Run, noise: &[Run]) {
+fn throughput_rows(rows: &mut Vec<MetricRow>, base: &Run, cand: &Run, noise: &[Run]) {
     for (key, label, unit) in [
         ("request_throughput", "request throughput", "req/s"),
         ("output_throughput", "output token throughput", "tok/s"),
@@ -579,7 +579,7 @@ fn throughput_rows(rows: &mut Vec<Row>, base: &Run, cand: &Run, noise: &[Run]) {
 }
 
 /// The failure-rate row: a two-proportion interval of the difference.
-fn failure_row(base: &Run, cand: &Run, noise: &[Run]) -> Option<Row> {
+fn failure_row(base: &Run, cand: &Run, noise: &[Run]) -> Option<MetricRow> {
     let ((pb, nb), (pc, nc)) = (failure_rate(base)?, failure_rate(cand)?);
     let p = (pb * nb + pc * nc) / (nb + nc);
     let se = (p * (1.0 - p) * (1.0 / nb + 1.0 / nc)).sqrt();

@@ -8,8 +8,8 @@
 //! (`rule`, `tripped`, `ignored_as_noise`, `not_judged`, `observed`, `message`, `brief`), `failed`
 //! and `verdict` ([`Overall`]). Text and Markdown open with the verdict line.
 
-use super::compare::{Comparison, Row, Verdict};
-use super::rules::Outcome;
+use super::compare::{Comparison, MetricRow, Verdict};
+use super::rules::RuleOutcome;
 use super::workload::{Shape, WorkloadCmp};
 use serde::Serialize;
 use std::fmt::Write;
@@ -17,7 +17,7 @@ use std::fmt::Write;
 /// Output format of `compare` (`--format`).
 pub use crate::cli::CompareFormat as Format;
 
-pub fn render(cmp: &Comparison, rules: &[Outcome], format: Format) -> String {
+pub fn render(cmp: &Comparison, rules: &[RuleOutcome], format: Format) -> String {
     match format {
         Format::Text => table(cmp, rules, false),
         Format::Markdown => table(cmp, rules, true),
@@ -57,7 +57,7 @@ pub struct GateRule {
 }
 
 impl Overall {
-    pub fn of(cmp: &Comparison, rules: &[Outcome]) -> Overall {
+    pub fn of(cmp: &Comparison, rules: &[RuleOutcome]) -> Overall {
         let n = |v: Verdict| cmp.rows.iter().filter(|r| r.verdict == v).count();
         let (worse, better, unchanged) = (n(Verdict::Worse), n(Verdict::Better), n(Verdict::Same));
         let (not_judged, missing) = (n(Verdict::Unknown), n(Verdict::Missing));
@@ -91,10 +91,10 @@ impl Overall {
     }
 }
 
-fn gate(rules: &[Outcome]) -> Gate {
+fn gate(rules: &[RuleOutcome]) -> Gate {
     let tripped = rules.iter().any(|o| o.tripped);
     let unjudged = rules.iter().any(|o| o.not_judged);
-    let (result, decided): (_, fn(&Outcome) -> bool) = match (tripped, unjudged) {
+    let (result, decided): (_, fn(&RuleOutcome) -> bool) = match (tripped, unjudged) {
         (true, _) => ("fail", |o| o.tripped),
         (false, true) => ("not_judged", |o| o.not_judged),
         _ => ("pass", |_| false),
@@ -144,7 +144,7 @@ fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{:+.1}%", v * 100.0))
 }
 
-fn ci(r: &Row) -> String {
+fn ci(r: &MetricRow) -> String {
     r.ci.map_or_else(
         || "-".into(),
         |(a, b)| format!("[{}, {}]", signed(Some(a)), signed(Some(b))),
@@ -163,7 +163,7 @@ pub(super) fn verdict(v: Verdict, md: bool) -> &'static str {
 }
 
 /// A row's label with its unit, `~` when approximate.
-pub(super) fn label(r: &Row) -> String {
+pub(super) fn label(r: &MetricRow) -> String {
     let unit = if r.unit.is_empty() {
         String::new()
     } else {
@@ -454,7 +454,7 @@ fn table_row(c: [&str; 7], md: bool) -> String {
 }
 
 /// The text (`md` false) or Markdown report: the same sections in the same order.
-fn table(cmp: &Comparison, rules: &[Outcome], md: bool) -> String {
+fn table(cmp: &Comparison, rules: &[RuleOutcome], md: bool) -> String {
     let line = Overall::of(cmp, rules).line;
     let mut s = match md {
         true => format!("**{line}**\n\n## retrace compare\n\n"),
@@ -516,7 +516,7 @@ fn table(cmp: &Comparison, rules: &[Outcome], md: bool) -> String {
     s
 }
 
-fn json(cmp: &Comparison, rules: &[Outcome]) -> String {
+fn json(cmp: &Comparison, rules: &[RuleOutcome]) -> String {
     let mut v = serde_json::to_value(cmp).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
         m.insert(

@@ -188,7 +188,7 @@ pub fn parse(spec: &str) -> Result<Vec<Rule>, RuleError> {
 
 /// The outcome of one rule.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Outcome {
+pub struct RuleOutcome {
     pub(crate) rule: String,
     pub tripped: bool,
     /// The threshold was crossed but the change is not significant.
@@ -211,12 +211,12 @@ pub struct EvalError {
 }
 
 /// Evaluates every rule.
-pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<Outcome>, EvalError> {
+pub fn evaluate(rules: &[Rule], cmp: &Comparison) -> Result<Vec<RuleOutcome>, EvalError> {
     rules.iter().map(|rule| evaluate_one(rule, cmp)).collect()
 }
 
-fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
-    let outcome = |observed: f64, message: String| Outcome {
+fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<RuleOutcome, EvalError> {
+    let outcome = |observed: f64, message: String| RuleOutcome {
         rule: rule.text.clone(),
         tripped: false,
         ignored_as_noise: false,
@@ -232,7 +232,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
     // Before anything is read: a failed candidate's figures may be missing altogether.
     if let Some(why) = failed_candidate(cmp).filter(|_| rule.metric != "failure_rate") {
         let message = format!("FAIL {}: {why}", rule.text);
-        return Ok(Outcome {
+        return Ok(RuleOutcome {
             tripped: true,
             brief: format!("{}: the candidate's failure rate rose", rule.metric),
             ..outcome(f64::NAN, message)
@@ -262,7 +262,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
     };
     if !a.is_finite() {
         let message = format!("FAIL {}: {what} is {a_text}, which never passes", rule.text);
-        return Ok(Outcome {
+        return Ok(RuleOutcome {
             tripped: true,
             brief: format!("{} {what} {a_text}", rule.metric),
             ..outcome(a, message)
@@ -274,7 +274,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
             "not judged {}: {what} {a_text}, too few samples to tell it from noise",
             rule.text
         );
-        return Ok(Outcome {
+        return Ok(RuleOutcome {
             not_judged: true,
             brief: format!("{}: too few samples", rule.metric),
             ..outcome(a, message)
@@ -303,7 +303,7 @@ fn evaluate_one(rule: &Rule, cmp: &Comparison) -> Result<Outcome, EvalError> {
         true => format!("{} {a_text} {} {t_text}", rule.metric, rule.op.as_str()),
         false => rule.text.clone(),
     };
-    Ok(Outcome {
+    Ok(RuleOutcome {
         tripped,
         ignored_as_noise: noise,
         brief,

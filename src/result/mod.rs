@@ -231,14 +231,14 @@ pub(crate) struct ReplayResult {
     pub(crate) run: Option<RunExtras>,
     /// What was sent of a recording (a real replay always has it).
     #[serde(flatten)]
-    pub(crate) selected: Option<Selected>,
+    pub(crate) selected: Option<SentOfRecording>,
 }
 
 /// One measured request's element of every per-request array (`--detailed`), under the array's
 /// name: the result's arrays are these rows by schedule index (inline), or the lines of its
 /// sidecar file ([`crate::result::sidecar`]).
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Row {
+pub(crate) struct RequestRow {
     pub(crate) input_lens: u64,
     pub(crate) output_lens: u64,
     /// 0 when none.
@@ -272,11 +272,11 @@ pub(crate) struct Row {
     pub(crate) non_streamed: Option<bool>,
 }
 
-impl Row {
+impl RequestRow {
     /// `recorded`: the recorded failure, for a recorded trace.
-    pub(crate) fn of(x: &Sample, recorded: Option<Option<String>>) -> Row {
+    pub(crate) fn of(x: &Sample, recorded: Option<Option<String>>) -> RequestRow {
         let opt_s = |v: Option<u64>| v.map_or(0.0, ns_to_s);
-        Row {
+        RequestRow {
             input_lens: x.input_tokens,
             output_lens: x.output_tokens,
             ttfts: opt_s(x.ttft_ns),
@@ -304,8 +304,8 @@ impl Row {
 }
 
 /// `rows` (by schedule index) as the result's index-aligned arrays.
-pub(crate) fn arrays(rows: impl IntoIterator<Item = Row>) -> Map<String, Value> {
-    let rows: Vec<Row> = rows.into_iter().collect();
+pub(crate) fn arrays(rows: impl IntoIterator<Item = RequestRow>) -> Map<String, Value> {
+    let rows: Vec<RequestRow> = rows.into_iter().collect();
     let mut cols = crate::result::sidecar::Columns::new(rows.len());
     for (i, r) in rows.into_iter().enumerate() {
         if let Ok(Value::Object(m)) = serde_json::to_value(r) {
@@ -431,7 +431,7 @@ pub fn build(
     detailed: bool,
 ) -> Value {
     let mut r = ReplayResult::new(info, sum, hist, samples.len());
-    r.detailed = detailed.then(|| arrays(samples.iter().map(|s| Row::of(s, None))));
+    r.detailed = detailed.then(|| arrays(samples.iter().map(|s| RequestRow::of(s, None))));
     r.to_value()
 }
 
@@ -480,7 +480,7 @@ pub(crate) struct ClientCpu {
 
 /// What the replay sent of a recording, and how it compares with the recording.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Selected {
+pub(crate) struct SentOfRecording {
     /// `--include-aux`, `--skip-recorded-failures`.
     pub(crate) selection: Value,
     /// Requests left out, by reason.
@@ -645,7 +645,7 @@ pub(crate) mod tests {
         let percentiles = [50.0, 90.0, 99.0];
         let sum = summarize(&s, 0.1, &percentiles);
         let mut r = ReplayResult::new(&info(), &sum, &Histograms::from_samples(&s), s.len());
-        r.detailed = Some(arrays(s.iter().map(|x| Row::of(x, None))));
+        r.detailed = Some(arrays(s.iter().map(|x| RequestRow::of(x, None))));
         r.probes = Some(crate::replay::probe::summarize(
             2.0,
             &s[..1],

@@ -1,7 +1,7 @@
 //! The sidecar file of a large `--detailed` result (`RUN.requests.jsonl` beside `RUN.json`, named
 //! by the result's `requests_file`): one JSON object per measured request, appended as each
 //! finishes, holding its `index` (schedule position) and its element of every per-request array
-//! under the array's name ([`crate::result::Row`]). [`Writer`] streams the rows through
+//! under the array's name ([`crate::result::RequestRow`]). [`Writer`] streams the rows through
 //! [`crate::sys::partial`]; [`read`] puts them back as the result's index-aligned arrays ([`Columns`]).
 //! The indices of a file are 0..N-1: rows written with gaps (a halted run measured only some of
 //! its requests) are renumbered in index order when the file is finished.
@@ -136,7 +136,7 @@ impl Columns {
         }
     }
 
-    /// Row `index` (< n).
+    /// RequestRow `index` (< n).
     pub(crate) fn put(&mut self, index: usize, row: Map<String, Value>) {
         let n = self.n;
         for (k, v) in row {

@@ -483,7 +483,7 @@ pub(crate) const MAX_TREE_ACCESSES: u64 = 1 << 22;
 
 /// A sampled trace: its header, and its requests made one at a time in arrival order (nothing
 /// else kept but the generated prefix tree, or the turns of the sessions in flight).
-pub(crate) struct Sample<'m> {
+pub(crate) struct FittedSample<'m> {
     pub(crate) header: TraceHeader,
     requests: Sampler<'m>,
 }
@@ -493,7 +493,7 @@ enum Sampler<'m> {
     Sessions(Box<Sessions<'m>>),
 }
 
-impl Iterator for Sample<'_> {
+impl Iterator for FittedSample<'_> {
     type Item = Result<Request, WhatIfError>;
     fn next(&mut self) -> Option<Self::Item> {
         match &mut self.requests {
@@ -504,7 +504,11 @@ impl Iterator for Sample<'_> {
 }
 
 /// Samples a new trace from the model.
-pub(crate) fn sample<'m>(m: &'m Model, s: &Size, seed: u64) -> Result<Sample<'m>, WhatIfError> {
+pub(crate) fn sample<'m>(
+    m: &'m Model,
+    s: &Size,
+    seed: u64,
+) -> Result<FittedSample<'m>, WhatIfError> {
     let p = plan(m, s)?;
     let rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut header =
@@ -514,7 +518,7 @@ pub(crate) fn sample<'m>(m: &'m Model, s: &Size, seed: u64) -> Result<Sample<'m>
         true => Sampler::Requests(Box::new(Requests::new(m, p, rng))),
         false => Sampler::Sessions(Box::new(Sessions::new(m, p, rng))),
     };
-    Ok(Sample { header, requests })
+    Ok(FittedSample { header, requests })
 }
 
 /// The error of a sample that passed [`MAX_HELD_IDS`] after all.

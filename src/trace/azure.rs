@@ -9,7 +9,7 @@
 //! or, with `skip_bad`, are counted and skipped.
 
 use super::rows::{ImportReport, ReadOptions, MAX_TOKENS};
-use super::rows::{Rebase, Row, Rows};
+use super::rows::{LineRow, Rebase, Rows};
 use super::{Request, Session, Trace, TraceError, TraceHeader};
 use chrono::NaiveDateTime;
 use std::io::Read;
@@ -80,7 +80,7 @@ fn open<R: Read, const N: usize>(
 fn csv_rows<'a, R: Read + Send + 'a>(
     rd: csv::Reader<R>,
     mut parse: impl FnMut(&csv::StringRecord) -> Result<(i64, Request), String> + Send + 'a,
-) -> Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a> {
+) -> Box<dyn Iterator<Item = Result<LineRow, TraceError>> + Send + 'a> {
     Box::new(rd.into_records().enumerate().map(move |(k, rec)| {
         let row = rec.map_err(|e| e.to_string()).and_then(|r| parse(&r));
         Ok((k as u64 + 2, row))

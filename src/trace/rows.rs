@@ -93,7 +93,7 @@ impl ImportReport {
 
 /// One parsed row: its line, and its timestamp (µs, the importer's own origin) with the request
 /// (its arrival is set from the timestamp), or why the row is malformed.
-pub(crate) type Row = (u64, Result<(i64, Request), String>);
+pub(crate) type LineRow = (u64, Result<(i64, Request), String>);
 
 /// How a row's timestamp becomes an arrival.
 #[derive(Clone, Copy, PartialEq)]
@@ -110,7 +110,7 @@ pub(crate) enum Rebase {
 pub(crate) struct Rows<'a> {
     pub(crate) header: TraceHeader,
     pub(crate) rebase: Rebase,
-    pub(crate) iter: Box<dyn Iterator<Item = Result<Row, TraceError>> + Send + 'a>,
+    pub(crate) iter: Box<dyn Iterator<Item = Result<LineRow, TraceError>> + Send + 'a>,
 }
 
 /// Walks rows with the skip rule: a malformed row fails the read or, with `skip_bad`, is counted

@@ -588,20 +588,20 @@ pub(crate) fn vllm_prefix_cache(
     block_tokens: u32,
     server_block: u32,
 ) -> (u64, u64) {
-    let mut c = PrefixCache::new(block_tokens, server_block, usize::MAX);
+    let mut c = CacheSim::new(block_tokens, server_block, usize::MAX);
     for r in order.into_iter().filter_map(|i| trace.requests.get(i)) {
         c.add(r);
     }
     (c.hits, c.queries)
 }
 
-/// Most trie nodes a [`PrefixCache`] holds (about 50 bytes each).
+/// Most trie nodes a [`CacheSim`] holds (about 50 bytes each).
 pub(crate) const PREFIX_NODES: usize = 2 << 20;
 
 /// [`vllm_prefix_cache`] one request at a time, in send order (memory: a trie node per distinct
 /// id prefix, at most `max_nodes`; past them no prefix is added, so the hits counted are a lower
 /// bound and `full` says so).
-pub(crate) struct PrefixCache {
+pub(crate) struct CacheSim {
     max_nodes: usize,
     pub(crate) full: bool,
     block_tokens: u64,
@@ -620,9 +620,9 @@ pub(crate) struct PrefixCache {
 /// publishes (vLLM's `vllm:cache_config_info`) can be judged without a second pass.
 pub(crate) const SERVER_BLOCKS: [u64; 7] = [1, 16, 32, 64, 128, 256, 512];
 
-impl PrefixCache {
-    pub(crate) fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> PrefixCache {
-        PrefixCache {
+impl CacheSim {
+    pub(crate) fn new(block_tokens: u32, server_block: u32, max_nodes: usize) -> CacheSim {
+        CacheSim {
             max_nodes,
             full: false,
             block_tokens: u64::from(block_tokens.max(1)),
@@ -701,7 +701,7 @@ mod tests {
             })
             .collect();
         let run = |max_nodes| {
-            let mut c = PrefixCache::new(16, 16, max_nodes);
+            let mut c = CacheSim::new(16, 16, max_nodes);
             reqs.iter().for_each(|r| c.add(r));
             c
         };

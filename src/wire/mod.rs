@@ -7,3 +7,6 @@ pub mod h1;
 pub mod openai;
 pub(crate) mod prom;
 pub mod sse;
+
+/// The error of an HTTP body or service (hyper's boxed error).
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,7 +13,7 @@
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Sample {
+pub(crate) struct PromSample {
     pub(crate) name: String,
     pub(crate) labels: Vec<(String, String)>,
     pub(crate) value: f64,
@@ -21,7 +21,7 @@ pub(crate) struct Sample {
     pub(crate) timestamp_ms: Option<i64>,
 }
 
-impl Sample {
+impl PromSample {
     /// The value of label `k`.
     pub(crate) fn label(&self, k: &str) -> Option<&str> {
         self.labels
@@ -34,14 +34,14 @@ impl Sample {
 /// A parsed exposition.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Parsed {
-    pub(crate) samples: Vec<Sample>,
+    pub(crate) samples: Vec<PromSample>,
     /// Skipped lines: (1-based line number, what was wrong).
     pub(crate) bad_lines: Vec<(usize, String)>,
 }
 
 impl Parsed {
     /// Samples named `name` (all label sets).
-    pub(crate) fn family<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
+    pub(crate) fn family<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a PromSample> + 'a {
         self.samples.iter().filter(move |s| s.name == name)
     }
 
@@ -98,7 +98,7 @@ fn take_name(s: &str, colons: bool) -> Option<(&str, &str)> {
     Some((&s[..end], &s[end..]))
 }
 
-fn parse_line(line: &str) -> Result<Sample, String> {
+fn parse_line(line: &str) -> Result<PromSample, String> {
     let (name, mut rest) =
         take_name(line, true).ok_or_else(|| format!("no metric name at {:?}", clip(line)))?;
     let mut labels = Vec::new();
@@ -153,7 +153,7 @@ fn parse_line(line: &str) -> Result<Sample, String> {
             Some(x) => return Err(format!("{name}: unexpected {x:?} after the timestamp")),
         }
     }
-    Ok(Sample {
+    Ok(PromSample {
         name: name.to_string(),
         labels,
         value,
@@ -212,12 +212,12 @@ mod tests {
         // every vLLM line parses.
         assert_eq!(p.samples.len(), 24);
         assert!(p.bad_lines.iter().all(|(_, m)| !m.starts_with("vllm:")));
-        let last: Vec<&Sample> = p.family("vllm:prefix_cache_hits_total").collect();
+        let last: Vec<&PromSample> = p.family("vllm:prefix_cache_hits_total").collect();
         assert_eq!(last.len(), 3);
         assert_eq!(last[2].value, 1920.0);
         assert_eq!(last[2].label("model_name"), Some("tiny-llama"));
         assert_eq!(last[2].label("engine"), Some("0"));
-        let by_src: Vec<&Sample> = p
+        let by_src: Vec<&PromSample> = p
             .family("vllm:prompt_tokens_by_source_total")
             .filter(|s| s.label("source") == Some("local_cache_hit"))
             .collect();
@@ -322,7 +322,7 @@ ok2{x=\"y\"} 2";
     /// What the mock serves parses cleanly (the mock is replay's default target).
     #[test]
     fn the_mock_exposition_parses_without_bad_lines() {
-        let text = crate::mock::exposition::Stats::new("mock-llama").render();
+        let text = crate::mock::exposition::EngineCounters::new("mock-llama").render();
         let p = parse(&text);
         assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
         assert!(p.sum("vllm:prefix_cache_hits_total").is_some());

@@ -325,10 +325,10 @@ fn gate_row(
     base: f64,
     cand: f64,
     significant: Option<bool>,
-) -> retrace::report::compare::Row {
-    use retrace::report::compare::{Better, Row, Verdict};
+) -> retrace::report::compare::MetricRow {
+    use retrace::report::compare::{Better, MetricRow, Verdict};
     let abs = cand - base;
-    Row {
+    MetricRow {
         key: key.into(),
         label: key.into(),
         unit: "ms",

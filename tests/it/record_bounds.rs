@@ -250,7 +250,7 @@ fn writer(
 ) -> (
     record::writer::Recorder,
     record::writer::WriterHandle,
-    Arc<record::counters::Stats>,
+    Arc<record::counters::ProxyCounters>,
     Instant,
 ) {
     let t0 = Instant::now();
@@ -272,7 +272,7 @@ fn writer(
         tokenizer: record::prompt::TextTokenizer::Approx,
         bodies: record::Bodies::None,
     };
-    let stats = Arc::new(record::counters::Stats::default());
+    let stats = Arc::new(record::counters::ProxyCounters::default());
     let (rec, handle) = record::writer::spawn(
         64,
         1 << 20,
@@ -288,7 +288,7 @@ fn writer(
 }
 
 /// Waits until the writer has written or lost `want` records (at most 30 s: a hang).
-fn wait_handled(stats: &record::counters::Stats, want: u64) {
+fn wait_handled(stats: &record::counters::ProxyCounters, want: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let handled = || stats.records_written.load(Relaxed) + stats.records_lost_io.load(Relaxed);
     while handled() < want {

@@ -15,7 +15,7 @@ use crate::replay::plan::shaping::Shaping;
 use crate::trace::filter::{Filtering, Filters};
 use crate::trace::select::{Selection, Skipped};
 use crate::trace::shape::{self, Arrivals, GapCap, Retimer};
-use crate::trace::stats::PrefixCache;
+use crate::trace::stats::CacheSim;
 use crate::trace::{Request, Trace, TraceError, TraceHeader};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -412,13 +412,13 @@ pub struct Survey {
     /// A planned workload request has a recorded response.
     pub(crate) recorded: bool,
     /// `--scrape-metrics`' theoretical prefix-cache hits.
-    pub(crate) theory: Option<PrefixCache>,
+    pub(crate) theory: Option<CacheSim>,
     pub(crate) dry: DryRun,
 }
 
 impl Survey {
     /// Empty, for the trace named `name`; `theory` counts `--scrape-metrics`' theoretical hits.
-    pub(crate) fn new(name: String, theory: Option<PrefixCache>) -> Survey {
+    pub(crate) fn new(name: String, theory: Option<CacheSim>) -> Survey {
         Survey {
             name,
             theory,
