@@ -1,6 +1,12 @@
 //! Command-line interface: one clap `Args` struct per subcommand; doc comments are the help text.
 //! No logic lives here.
 
+mod values;
+
+use crate::convert::OutFormat;
+use crate::metrics::Api;
+use crate::replay::http::request::PromptMode;
+use crate::report::render::Format as CompareFormat;
 use crate::trace::import::Format;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -92,26 +98,6 @@ pub struct InspectArgs {
     pub skip_bad: bool,
 }
 
-/// Which API replayed requests use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum EndpointArg {
-    /// `/v1/completions`
-    Completions,
-    /// `/v1/chat/completions` (text: from `--prompt-mode text --tokenizer ...`, else from the
-    /// target's /tokenize and /detokenize)
-    Chat,
-}
-
-/// How synthesised prompts are sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PromptModeArg {
-    /// Token ids (`"prompt": [ints]`): exact lengths and prefixes, no re-tokenisation.
-    TokenIds,
-    /// Text that re-encodes to the same tokens where the tokenizer allows (`--tokenizer`; without
-    /// one, made and counted by the target's /tokenize and /detokenize).
-    Text,
-}
-
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
@@ -140,7 +126,7 @@ pub struct ReplayArgs {
     /// API to call with synthesised prompts (default: each request's recorded endpoint;
     /// completions for traces that do not say, such as Mooncake).
     #[arg(long, value_enum)]
-    pub endpoint: Option<EndpointArg>,
+    pub endpoint: Option<Api>,
     /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X")]
     pub speed: Option<f64>,
@@ -165,8 +151,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<u32>,
     /// How prompts are sent.
-    #[arg(long, value_enum, default_value_t = PromptModeArg::TokenIds)]
-    pub prompt_mode: PromptModeArg,
+    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds)]
+    pub prompt_mode: PromptMode,
     /// Seed of prompt synthesis (same seed, same prompts, in any process).
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
@@ -336,15 +322,6 @@ pub struct ReplayArgs {
     pub start_at: Option<String>,
 }
 
-/// Output formats `convert` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutFormat {
-    /// retrace's native `*.trace.zst`.
-    Native,
-    /// Mooncake JSONL (ids compacted to 0..N-1; loads in vllm bench serve timed_trace, AIPerf, SGLang).
-    Mooncake,
-}
-
 /// Convert a trace between formats, or merge the recordings of several proxies into one.
 ///
 /// Example: `retrace convert ../mooncake_trace.jsonl -o mooncake.trace.zst --window 0s..600s --speed 2`
@@ -466,14 +443,6 @@ pub struct SynthArgs {
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,
-}
-
-/// Output format of `compare`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CompareFormat {
-    Text,
-    Markdown,
-    Json,
 }
 
 /// Compare a candidate run against a baseline.

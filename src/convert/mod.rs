@@ -1,7 +1,7 @@
 //! The `convert` command: stream any supported trace through the filters into native or
 //! Mooncake, one record at a time (several recordings merged by wall clock as they are read).
 
-use crate::cli::{ConvertArgs, OutFormat};
+use crate::cli::ConvertArgs;
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::ImportOptions;
 use crate::trace::{mooncake, native};
@@ -9,6 +9,15 @@ use crate::trace::{Request, Trace, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::Path;
+
+/// Output formats `convert` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutFormat {
+    /// retrace's native `*.trace.zst`.
+    Native,
+    /// Mooncake JSONL (ids compacted to 0..N-1; loads in vllm bench serve timed_trace, AIPerf, SGLang).
+    Mooncake,
+}
 
 /// Runs `convert`; returns a one-line summary for stderr.
 pub fn run(args: &ConvertArgs) -> Result<String> {

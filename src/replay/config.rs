@@ -1,7 +1,7 @@
 //! `retrace replay`'s validated configuration: [`Config::from_args`] checks the command line, one
 //! small parser per flag group; every error names its flag.
 
-use crate::cli::{EndpointArg, PromptModeArg, ReplayArgs};
+use crate::cli::ReplayArgs;
 use crate::metrics::{self, Api};
 use crate::replay::http::request::PromptMode;
 use crate::replay::http::target::Timeouts;
@@ -137,14 +137,7 @@ fn goodput(items: &[String]) -> anyhow::Result<metrics::Slo> {
 /// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer` (without
 /// one, text prompts are made by the target).
 fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
-    let prompt_mode = match a.prompt_mode {
-        PromptModeArg::TokenIds => PromptMode::TokenIds,
-        PromptModeArg::Text => PromptMode::Text,
-    };
-    let api = a.endpoint.map(|e| match e {
-        EndpointArg::Completions => Api::Completions,
-        EndpointArg::Chat => Api::Chat,
-    });
+    let (api, prompt_mode) = (a.endpoint, a.prompt_mode);
     // Without --tokenizer, text comes from the target's /tokenize and /detokenize.
     if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds && a.tokenizer.is_some() {
         bail!("--endpoint chat sends text: add --prompt-mode text to use --tokenizer");
