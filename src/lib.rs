@@ -56,17 +56,19 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             return Ok(out.exit_code());
         }
         cli::Command::Inspect(a) => {
-            let out = inspect::run(&a)?;
+            let out = inspect::run(&a.options())?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
         }
         cli::Command::Convert(a) => {
-            abandon_on_signal("convert", &a.output)?;
-            let msg = convert::run(&a)?;
+            let opts = a.options()?;
+            abandon_on_signal("convert", &opts.output)?;
+            let msg = convert::run(&opts)?;
             eprintln!("{msg}");
         }
         cli::Command::Synth(a) => {
-            abandon_on_signal("synth", &a.output)?;
-            let msg = synth::run(&a)?;
+            let opts = a.options()?;
+            abandon_on_signal("synth", &opts.output)?;
+            let msg = synth::run(&opts)?;
             eprintln!("{msg}");
         }
         cli::Command::Compare(a) => return report::run_compare(&a),

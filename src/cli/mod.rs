@@ -1,13 +1,19 @@
-//! Command-line interface: one clap `Args` struct per subcommand; doc comments are the help text.
-//! No logic lives here.
+//! Command-line interface: one clap `Args` struct per subcommand (doc comments are the help
+//! text), the value parsers ([`values`]), and each `Args`' conversion to the options its engine
+//! runs with. The engines know nothing of clap.
 
-mod values;
+mod convert;
+mod inspect;
+mod synth;
+pub mod values;
 
-use crate::convert::OutFormat;
+pub use convert::ConvertArgs;
+pub use inspect::InspectArgs;
+pub use synth::SynthArgs;
+
 use crate::metrics::Api;
 use crate::replay::http::request::PromptMode;
 use crate::report::render::Format as CompareFormat;
-use crate::trace::import::Format;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -66,36 +72,6 @@ pub enum Command {
     Mock(MockArgs),
     /// Record live traffic: a transparent proxy in front of an OpenAI-compatible server.
     Record(Box<RecordArgs>),
-}
-
-/// Summarise a trace.
-///
-/// Example: `retrace inspect traces/mooncake_conversation_1k.jsonl --cache-blocks 10000`
-#[derive(Debug, clap::Args)]
-pub struct InspectArgs {
-    /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL); several
-    /// recordings (a rotated set, or several proxies) are merged by wall clock as they are read.
-    #[arg(required = true, num_args = 1..)]
-    pub files: Vec<PathBuf>,
-    /// Print JSON (schema: docs/inspect-json.md) instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// Also report the prefix hit rate with an LRU cache of this many blocks (at most 4194304).
-    #[arg(long, value_name = "N")]
-    pub cache_blocks: Option<u64>,
-    /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;
-    /// docs/synth.md says how).
-    #[arg(long, value_name = "N")]
-    pub block_size: Option<u32>,
-    /// Force the input format instead of detecting it.
-    #[arg(long, value_enum)]
-    pub from: Option<Format>,
-    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
-    /// Skip (and count) malformed rows instead of stopping at the first.
-    #[arg(long)]
-    pub skip_bad: bool,
 }
 
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
@@ -320,129 +296,6 @@ pub struct ReplayArgs {
     /// than 5 s in the past is refused.
     #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
     pub start_at: Option<String>,
-}
-
-/// Convert a trace between formats, or merge the recordings of several proxies into one.
-///
-/// Example: `retrace convert ../mooncake_trace.jsonl -o mooncake.trace.zst --window 0s..600s --speed 2`
-///
-/// Fleet: `retrace convert proxy-a.trace.zst proxy-b.trace.zst -o fleet.trace.zst` merges
-/// recordings by wall clock (same block size and hash key, or a clear refusal).
-///
-/// Stopped by SIGINT or SIGTERM, it leaves no output (nor its `.partial` file) and exits 130 or
-/// 143.
-#[derive(Debug, clap::Args)]
-pub struct ConvertArgs {
-    /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
-    #[arg(required = true, num_args = 1..)]
-    pub inputs: Vec<PathBuf>,
-    /// Output file; `-` writes to stdout.
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// Input format (detected from content when absent).
-    #[arg(long, value_enum)]
-    pub from: Option<Format>,
-    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
-    /// Output format (from the output name when absent: `.jsonl` → mooncake, else native).
-    #[arg(long, value_enum)]
-    pub to: Option<OutFormat>,
-    /// Skip (and count) malformed rows instead of stopping at the first.
-    #[arg(long)]
-    pub skip_bad: bool,
-    /// Keep arrivals in START..END of trace time (e.g. `60s..600s`, `..90s`); offsets restart at START.
-    #[arg(long, value_name = "START..END")]
-    pub window: Option<String>,
-    /// Keep only the first N requests (after --window).
-    #[arg(long, value_name = "N")]
-    pub head: Option<usize>,
-    /// Keep one request in K (after --head).
-    #[arg(long, value_name = "K", default_value_t = 1)]
-    pub sample: usize,
-    /// Bake in a speed factor: arrival offsets are divided by X (2 = twice as fast).
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub speed: f64,
-    /// Re-block hash ids to N tokens per id, a whole multiple of the trace's block size (e.g. a
-    /// recording hashed at 16 exported as Mooncake's 512).
-    #[arg(long, value_name = "N")]
-    pub block_size: Option<u32>,
-    /// zstd level for native output (1-22).
-    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
-    pub level: i32,
-}
-
-/// Write a what-if trace.
-///
-/// Example: `retrace synth traces/mooncake_conversation_1k.jsonl -o small.jsonl --scale-lengths 0.0625 --max-osl 256`
-///
-/// Without --fit the input's requests are transformed one by one (AIPerf 0.13's synthesis
-/// options); with --fit a model of the input (prefix tree, sessions, arrivals, lengths) is
-/// learned and a new trace sampled from it, with new hash ids. Deterministic from --seed.
-/// Details and the differences from AIPerf: docs/synth.md. Stopped by SIGINT or SIGTERM, it
-/// leaves no output (nor its `.partial` file) and exits 130 or 143.
-#[derive(Debug, clap::Args)]
-pub struct SynthArgs {
-    /// Input trace (any format `inspect` reads).
-    pub input: PathBuf,
-    /// Output file (format from the name as `convert` picks it, or --to); `-` writes to stdout.
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// Input format (detected from content when absent).
-    #[arg(long, value_enum)]
-    pub from: Option<Format>,
-    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
-    /// Output format.
-    #[arg(long, value_enum)]
-    pub to: Option<OutFormat>,
-    /// Skip (and count) malformed rows instead of stopping at the first.
-    #[arg(long)]
-    pub skip_bad: bool,
-    /// Seed of every random choice (same input and seed, same output).
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
-    /// Arrivals (and think times) divided by X: 2 is twice the rate.
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub speedup: f64,
-    /// Shared prefix paths X times as long (in blocks).
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub prefix_len_multiplier: f64,
-    /// Requests spread over K independent copies of the prefix tree (reuse falls).
-    #[arg(long, value_name = "K", default_value_t = 1)]
-    pub prefix_root_multiplier: u32,
-    /// Unique (unshared) part of each prompt X times as long.
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub prompt_len_multiplier: f64,
-    /// Every input length and the block size times X, hash ids kept: the same prefix tree at
-    /// another token scale (block size × X must be a whole number).
-    #[arg(long, value_name = "X", conflicts_with_all = ["prefix_len_multiplier", "prompt_len_multiplier"])]
-    pub scale_lengths: Option<f64>,
-    /// Drop requests whose input length (after the multipliers) is above N.
-    #[arg(long, value_name = "N")]
-    pub max_isl: Option<u64>,
-    /// Cap output lengths at N.
-    #[arg(long, value_name = "N")]
-    pub max_osl: Option<u64>,
-    /// Learn a model of the input and sample a new trace from it (new hash ids).
-    #[arg(long)]
-    pub fit: bool,
-    /// With --fit: requests to write (default: the input's count; at most 10^8).
-    #[arg(long, value_name = "N", requires = "fit")]
-    pub requests: Option<u64>,
-    /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.
-    #[arg(long, value_name = "D", requires = "fit")]
-    pub duration: Option<String>,
-    /// With --fit: mean arrival rate in requests/s (default: the input's).
-    #[arg(long, value_name = "R", requires = "fit")]
-    pub rate: Option<f64>,
-    /// With --fit: K times the independent users (sessions and prefix roots), at K times the rate.
-    #[arg(long, value_name = "K", default_value_t = 1.0, requires = "fit")]
-    pub scale_users: f64,
-    /// zstd level for native output (1-22).
-    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
-    pub level: i32,
 }
 
 /// Compare a candidate run against a baseline.

@@ -23,6 +23,7 @@ pub mod writer;
 
 pub use extract::Bodies;
 
+use crate::cli::values::{parse_duration, parse_size};
 use anyhow::{bail, Context as _};
 use http::uri::{Authority, Scheme};
 use http::Uri;
@@ -190,30 +191,6 @@ fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
         bail!("--upstream {s:?}: an upstream URL takes no query");
     }
     Ok(u)
-}
-
-/// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let us = crate::trace::filter::parse_duration_us(s).map_err(anyhow::Error::msg)?;
-    Ok(Duration::from_micros(us))
-}
-
-/// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let i = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let n: u64 = t[..i]
-        .parse()
-        .with_context(|| format!("{s:?} is not a size (like 64MiB)"))?;
-    let mul: u64 = match t[i..].trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        u => bail!("{s:?}: unknown unit {u:?} (use KiB, MiB or GiB)"),
-    };
-    n.checked_mul(mul)
-        .with_context(|| format!("{s:?} is too large"))
 }
 
 /// What a recording did, returned when it stops.
@@ -545,17 +522,6 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_and_sizes() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
-        assert_eq!(parse_size("1000").unwrap(), 1000);
-        assert!(parse_size("1XB").is_err());
-    }
 
     #[test]
     fn upstream_urls() {

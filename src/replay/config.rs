@@ -1,7 +1,7 @@
 //! `retrace replay`'s validated configuration: [`Config::from_args`] checks the command line, one
 //! small parser per flag group; every error names its flag.
 
-use crate::cli::ReplayArgs;
+use crate::cli::{values, ReplayArgs};
 use crate::metrics::{self, Api};
 use crate::replay::http::request::PromptMode;
 use crate::replay::http::target::Timeouts;
@@ -173,12 +173,15 @@ fn extra_body(s: Option<&str>) -> anyhow::Result<serde_json::Map<String, serde_j
 }
 
 fn shaping(a: &ReplayArgs) -> anyhow::Result<shaping::Shaping> {
+    let window_us = values::parse_flag("--window", a.window.as_deref(), values::parse_window)?;
+    let max_gap_us =
+        values::parse_flag("--max-gap", a.max_gap.as_deref(), values::parse_duration_us)?;
     shaping::Shaping::from_flags(&shaping::ShapingFlags {
-        window: a.window.as_deref(),
+        window_us,
         loops: a.loop_count,
         overlay: a.overlay,
         overlay_distinct: a.overlay_distinct,
-        max_gap: a.max_gap.as_deref(),
+        max_gap_us,
         request_rate: a.request_rate,
         burstiness: a.burstiness,
         ramp_up: a.ramp_up.as_deref(),
