@@ -71,10 +71,10 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = synth::run(&opts)?;
             eprintln!("{msg}");
         }
-        cli::Command::Compare(a) => return report::run_compare(&a),
-        cli::Command::Report(a) => return report::run_report(&a),
-        cli::Command::Merge(a) => return report::run_merge(&a),
-        cli::Command::Mock(a) => return mock::run(a),
+        cli::Command::Compare(a) => return report::run_compare(&a.options()?),
+        cli::Command::Report(a) => return report::run_report(&a.options()?),
+        cli::Command::Merge(a) => return report::run_merge(&a.options()),
+        cli::Command::Mock(a) => return mock::run(&a.listen, a.config()?),
         cli::Command::Record(a) => return record::main(&a),
     }
     Ok(ExitCode::SUCCESS)

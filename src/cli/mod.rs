@@ -4,16 +4,19 @@
 
 mod convert;
 mod inspect;
+mod mock;
+mod report;
 mod synth;
 pub mod values;
 
 pub use convert::ConvertArgs;
 pub use inspect::InspectArgs;
+pub use mock::MockArgs;
+pub use report::{CompareArgs, MergeArgs, ReportArgs};
 pub use synth::SynthArgs;
 
 use crate::metrics::Api;
 use crate::replay::http::request::PromptMode;
-use crate::report::render::Format as CompareFormat;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -296,188 +299,6 @@ pub struct ReplayArgs {
     /// than 5 s in the past is refused.
     #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
     pub start_at: Option<String>,
-}
-
-/// Compare a candidate run against a baseline.
-///
-/// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
-///
-/// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
-/// paired comparison), `vllm bench serve --save-result` files, AIPerf exports
-/// (`profile_export.jsonl`, or `profile_export_aiperf.json`: its statistics only), or traces.
-/// Exit status: 0 ok,
-/// 1 a `--fail-on` rule tripped, 2 usage or input error, 4 no rule tripped but some could not be
-/// judged (too few samples).
-#[derive(Debug, clap::Args)]
-pub struct CompareArgs {
-    /// The reference run.
-    pub baseline: PathBuf,
-    /// The run under test.
-    pub candidate: PathBuf,
-    /// Another run of the baseline (same trace, same target): changes count only beyond the
-    /// largest difference between such a run and the baseline. Repeat for several reruns.
-    #[arg(long, value_name = "OTHER_BASELINE")]
-    pub noise: Vec<PathBuf>,
-    /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
-    /// (+N% relative change, +N absolute change, N the candidate's value).
-    #[arg(long, value_name = "RULES")]
-    pub fail_on: Option<String>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
-    pub format: CompareFormat,
-    /// Also write the comparison as a self-contained HTML page.
-    #[arg(long, value_name = "FILE")]
-    pub html: Option<PathBuf>,
-    /// Smallest change that counts: a percentage of the baseline (`1%`, the default) or an
-    /// absolute amount in the metric's unit (`0.5`); smaller changes are "no change".
-    #[arg(long, value_name = "X%|X", default_value = "1%")]
-    pub min_effect: String,
-    /// Seed of the bootstrap resampling (same seed, same intervals).
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
-    /// Bootstrap resamples per metric.
-    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
-    pub resamples: u64,
-}
-
-/// Write a self-contained HTML report of one run.
-///
-/// Example: `retrace report result.json -o report.html`
-///
-/// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
-/// result, an AIPerf export, or a recorded trace. The page needs no network.
-#[derive(Debug, clap::Args)]
-pub struct ReportArgs {
-    /// Result or trace file.
-    pub input: PathBuf,
-    /// Output HTML file.
-    #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
-    /// Timeline colours of inter-token gaps, as vLLM's `--timeline-itl-thresholds`: green below A
-    /// ms, orange below B ms, red above; TTFT has its own colour.
-    #[arg(
-        long,
-        visible_alias = "timeline-itl-thresholds",
-        value_name = "A,B",
-        default_value = "25,50"
-    )]
-    pub thresholds_ms: String,
-}
-
-/// Options of `retrace merge` (help text on the `Merge` command).
-#[derive(Debug, clap::Args)]
-pub struct MergeArgs {
-    /// Result files (`retrace.replay/1`), or AIPerf per-request exports.
-    #[arg(required = true, num_args = 1..)]
-    pub inputs: Vec<PathBuf>,
-    /// Output result file.
-    #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
-}
-
-/// Options of `retrace mock` (help text on the `Mock` command).
-#[derive(Debug, clap::Args)]
-pub struct MockArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8000")]
-    pub listen: String,
-    /// Served model name (requests naming another model get 404).
-    #[arg(long, default_value = "mock-llama")]
-    pub model: String,
-    /// Exact timings whatever the load, bypassing the cost model: TTFT_MS,ITL_MS (e.g. 50,10).
-    #[arg(long, value_name = "TTFT_MS,ITL_MS")]
-    pub fixed_timing: Option<String>,
-    /// Maximum number of sequences running in one batch.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    /// Engine profile: cost model and step token budget. `llama8b` (default: the calibrated
-    /// Llama-3.1-8B-like figures, ~70 ms TTFT / ~8 ms TPOT for a 137-token prompt) or `fast`
-    /// (≈200k prefill tokens/s, 8,192-token steps; the embedded target of `retrace replay`).
-    #[arg(long, default_value = "llama8b", value_name = "NAME")]
-    pub profile: String,
-    /// Token budget of one scheduler step (decode tokens + prefill chunks) [default: from --profile].
-    #[arg(long)]
-    pub max_num_batched_tokens: Option<u32>,
-    /// KV cache block size in tokens (prefix-cache granularity).
-    #[arg(long, default_value_t = 16)]
-    pub block_size: u32,
-    /// KV cache capacity in tokens; unreferenced cached blocks are evicted LRU beyond it.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub kv_cache_tokens: u64,
-    /// Context length; a prompt of this many tokens or more gets HTTP 400.
-    #[arg(long, default_value_t = 131072)]
-    pub max_model_len: u32,
-    /// Tokens carried by each SSE event after the first (as speculative decoding does).
-    #[arg(long, default_value_t = 1, value_name = "K")]
-    pub tokens_per_event: u32,
-    /// Add vLLM's per-request `metrics` object (queue, TTFT, generation time, mean ITL, tokens/s).
-    #[arg(long)]
-    pub enable_per_request_metrics: bool,
-    /// HF tokenizer.json for exact tokenization (default: the documented built-in scheme).
-    #[arg(long, value_name = "tokenizer.json")]
-    pub tokenizer: Option<PathBuf>,
-    /// Seed for generated tokens, EOS positions and injected faults.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
-    #[arg(long, default_value_t = 0.002)]
-    pub eos_prob: f64,
-    /// Cost model: front-end latency of every request before the engine queues it (HTTP,
-    /// tokenization), ms; part of the client's TTFT, not of the engine's [default: from --profile].
-    #[arg(long)]
-    pub request_overhead_ms: Option<f64>,
-    /// Cost model: fixed time of every scheduler step, ms [default: from --profile].
-    #[arg(long)]
-    pub step_overhead_ms: Option<f64>,
-    /// Cost model: time per prefill token, ms [default: from --profile].
-    #[arg(long)]
-    pub prefill_token_ms: Option<f64>,
-    /// Cost model: time per sequence in the step, ms [default: from --profile].
-    #[arg(long)]
-    pub seq_ms: Option<f64>,
-    /// Cost model: time per context (KV) token attended in the step, ms [default: from --profile].
-    #[arg(long)]
-    pub context_token_ms: Option<f64>,
-    /// Fraction of requests answered with an error status (from --fault-status-codes).
-    #[arg(long, default_value_t = 0.0)]
-    pub fault_status_rate: f64,
-    /// Statuses for --fault-status-rate, comma-separated.
-    #[arg(long, default_value = "429,500,503", value_delimiter = ',')]
-    pub fault_status_codes: Vec<u16>,
-    /// Fraction of requests that stall --fault-stall-ms before their first token.
-    #[arg(long, default_value_t = 0.0)]
-    pub fault_stall_first_rate: f64,
-    /// Fraction of requests that stall --fault-stall-ms after --fault-stall-after tokens.
-    #[arg(long, default_value_t = 0.0)]
-    pub fault_stall_mid_rate: f64,
-    /// Length of an injected stall, ms.
-    #[arg(long, default_value_t = 1000.0)]
-    pub fault_stall_ms: f64,
-    /// Tokens sent before a mid-stream stall.
-    #[arg(long, default_value_t = 8)]
-    pub fault_stall_after: u32,
-    /// Fraction of requests whose connection is reset (TCP RST) after --fault-reset-after tokens.
-    #[arg(long, default_value_t = 0.0)]
-    pub fault_reset_rate: f64,
-    /// Tokens sent before an injected reset.
-    #[arg(long, default_value_t = 4)]
-    pub fault_reset_after: u32,
-    /// Fraction of requests whose response headers are delayed by --fault-slow-headers-ms.
-    #[arg(long, default_value_t = 0.0)]
-    pub fault_slow_headers_rate: f64,
-    /// Delay of slow response headers, ms.
-    #[arg(long, default_value_t = 1000.0)]
-    pub fault_slow_headers_ms: f64,
-    // Tuning knobs, hidden from --help (docs/tuning.md, `## mock`).
-    /// Threads serving HTTP connections (the engine has its own thread besides).
-    #[arg(long, default_value_t = 2, hide = true)]
-    pub io_threads: usize,
-    /// Run the engine, writer and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE).
-    #[arg(long, hide = true)]
-    pub realtime: bool,
-    /// Emission clock: minimum gap between hand-overs, µs.
-    #[arg(long, default_value_t = 100, hide = true)]
-    pub coalesce_us: u64,
 }
 
 /// Put retrace inline in front of a server and record its traffic into native traces, without
