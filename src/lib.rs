@@ -75,7 +75,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Report(a) => return report::run_report(&a.options()?),
         cli::Command::Merge(a) => return report::run_merge(&a.options()),
         cli::Command::Mock(a) => return mock::run(&a.listen, a.config()?),
-        cli::Command::Record(a) => return record::main(&a),
+        cli::Command::Record(a) => return record::run(&a.listen, a.config()?),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -596,7 +596,7 @@ async fn credentials_never_reach_the_trace_and_hmac_keys_the_hashes() {
         let retrace::cli::Command::Record(a) = args.command else {
             unreachable!()
         };
-        let parsed = RecordConfig::from_args(&a).unwrap();
+        let parsed = a.config().unwrap();
         c.hash_key = parsed.hash_key;
         c.bodies = parsed.bodies;
     })
