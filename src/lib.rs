@@ -40,7 +40,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Replay(a) => {
             let (html, result_json) = (a.report_html.clone(), a.result_json.clone());
-            let out = match replay::run(a) {
+            let out = match replay::run(a.config()?) {
                 Ok(Some(out)) => out,
                 Ok(None) => return Ok(ExitCode::SUCCESS),
                 Err(e) => match e.downcast_ref::<replay::NothingToSend>() {
