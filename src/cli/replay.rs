@@ -458,3 +458,31 @@ fn tuning(a: &ReplayArgs) -> anyhow::Result<Tuning> {
         window: Default::default(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> anyhow::Result<Config> {
+        let mut v = vec!["retrace", "replay", "t.jsonl"];
+        v.extend_from_slice(args);
+        match <crate::cli::Cli as clap::Parser>::parse_from(v).command {
+            crate::cli::Command::Replay(a) => a.config(),
+            _ => unreachable!("replay"),
+        }
+    }
+
+    #[test]
+    fn duration_errors_name_the_flag() {
+        for (args, flag) in [
+            (["--window", "3s"], "--window"),
+            (["--max-gap", "x"], "--max-gap"),
+        ] {
+            let e = config(&args).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e} should name {flag}");
+        }
+        let c = config(&["--window", "1s..2s", "--max-gap", "5s"]).unwrap();
+        assert_eq!(c.shaping.window_us, Some((1_000_000, 2_000_000)));
+        assert_eq!(c.shaping.max_gap_us, Some(5_000_000));
+    }
+}
