@@ -40,7 +40,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Replay(a) => {
             let (html, result_json) = (a.report_html.clone(), a.result_json.clone());
-            let out = match replay::run(a) {
+            let out = match replay::run(a.config()?) {
                 Ok(Some(out)) => out,
                 Ok(None) => return Ok(ExitCode::SUCCESS),
                 Err(e) => match e.downcast_ref::<replay::NothingToSend>() {
@@ -56,24 +56,26 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             return Ok(out.exit_code());
         }
         cli::Command::Inspect(a) => {
-            let out = inspect::run(&a)?;
+            let out = inspect::run(&a.options())?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
         }
         cli::Command::Convert(a) => {
-            abandon_on_signal("convert", &a.output)?;
-            let msg = convert::run(&a)?;
+            let opts = a.options()?;
+            abandon_on_signal("convert", &opts.output)?;
+            let msg = convert::run(&opts)?;
             eprintln!("{msg}");
         }
         cli::Command::Synth(a) => {
-            abandon_on_signal("synth", &a.output)?;
-            let msg = synth::run(&a)?;
+            let opts = a.options()?;
+            abandon_on_signal("synth", &opts.output)?;
+            let msg = synth::run(&opts)?;
             eprintln!("{msg}");
         }
-        cli::Command::Compare(a) => return report::run_compare(&a),
-        cli::Command::Report(a) => return report::run_report(&a),
-        cli::Command::Merge(a) => return report::run_merge(&a),
-        cli::Command::Mock(a) => return mock::run(a),
-        cli::Command::Record(a) => return record::main(&a),
+        cli::Command::Compare(a) => return report::run_compare(&a.options()?),
+        cli::Command::Report(a) => return report::run_report(&a.options()?),
+        cli::Command::Merge(a) => return report::run_merge(&a.options()),
+        cli::Command::Mock(a) => return mock::run(&a.listen, a.config()?),
+        cli::Command::Record(a) => return record::run(&a.listen, a.config()?),
     }
     Ok(ExitCode::SUCCESS)
 }

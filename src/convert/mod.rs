@@ -1,44 +1,54 @@
 //! The `convert` command: stream any supported trace through the filters into native or
 //! Mooncake, one record at a time (several recordings merged by wall clock as they are read).
 
-use crate::cli::{ConvertArgs, OutFormat};
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::ImportOptions;
 use crate::trace::{mooncake, native};
 use crate::trace::{Request, Trace, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Output formats `convert` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutFormat {
+    /// retrace's native `*.trace.zst`.
+    Native,
+    /// Mooncake JSONL (ids compacted to 0..N-1; loads in vllm bench serve timed_trace, AIPerf, SGLang).
+    Mooncake,
+}
+
+/// What `convert` reads, keeps and writes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Input traces; several recordings are merged by wall clock.
+    pub inputs: Vec<PathBuf>,
+    /// Output file; `-` is stdout.
+    pub output: PathBuf,
+    pub import: ImportOptions,
+    /// Output format (`None`: from the output's name).
+    pub to: Option<OutFormat>,
+    /// Window, head, sampling and speed, in that order.
+    pub filters: Filters,
+    /// Re-block hash ids to this many tokens per id.
+    pub block_size: Option<u32>,
+    /// zstd level of native output.
+    pub level: i32,
+}
 
 /// Runs `convert`; returns a one-line summary for stderr.
-pub fn run(args: &ConvertArgs) -> Result<String> {
-    let window = args
-        .window
-        .as_deref()
-        .map(filter::parse_window)
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("--window: {e}"))?;
-    if !(args.speed.is_finite() && args.speed > 0.0) {
-        anyhow::bail!("--speed must be a positive number, got {}", args.speed);
+pub fn run(args: &Options) -> Result<String> {
+    let speed = args.filters.speed;
+    if !(speed.is_finite() && speed > 0.0) {
+        anyhow::bail!("--speed must be a positive number, got {speed}");
     }
-    if args.sample == 0 {
+    if args.filters.sample_every == 0 {
         anyhow::bail!("--sample must be at least 1");
     }
-    let opts = ImportOptions {
-        format: args.from,
-        skip_bad: args.skip_bad,
-        block_size: args.trace_block_size,
-    };
     let input_name = crate::trace::fleet::names(&args.inputs);
-    let mut input = crate::trace::fleet::open_all(&args.inputs, &opts)?;
+    let mut input = crate::trace::fleet::open_all(&args.inputs, &args.import)?;
     let rows_in = input.report.rows;
-    let mut filters = filter::Filtering::new(&Filters {
-        window_us: window,
-        head: args.head,
-        sample_every: args.sample,
-        speed: args.speed,
-    })
-    .map_err(anyhow::Error::msg)?;
+    let mut filters = filter::Filtering::new(&args.filters).map_err(anyhow::Error::msg)?;
     let reblock = match args.block_size {
         Some(bs) => {
             let rb = filter::Reblock::new(&input.header, bs)

@@ -4,43 +4,44 @@
 //! The JSON form is `{"file", "format_note", "import": {...}, "stats": TraceStats}` as documented
 //! in `docs/inspect-json.md`; a test holds it to that schema.
 
-use crate::cli::InspectArgs;
 use crate::trace::import::ImportOptions;
 use crate::trace::stats::{Dist, StatsAcc, StatsOptions, TraceStats, MAX_CACHE_BLOCKS};
 use anyhow::Result;
 use serde_json::json;
 use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// What `inspect` reads and reports.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Trace files; several are merged by wall clock as they are read.
+    pub files: Vec<PathBuf>,
+    pub import: ImportOptions,
+    /// JSON (docs/inspect-json.md) instead of text.
+    pub json: bool,
+    /// The simulated LRU cache and the block size of the prefix statistics.
+    pub stats: StatsOptions,
+}
 
 /// Runs `inspect`, returning what to print.
-pub fn run(args: &InspectArgs) -> Result<String> {
-    if args.block_size == Some(0) {
+pub fn run(opts: &Options) -> Result<String> {
+    if opts.stats.block_size == Some(0) {
         anyhow::bail!("--block-size must be at least 1");
     }
-    if let Some(n) = args.cache_blocks.filter(|&n| n > MAX_CACHE_BLOCKS) {
+    if let Some(n) = opts.stats.cache_blocks.filter(|&n| n > MAX_CACHE_BLOCKS) {
         anyhow::bail!(
             "--cache-blocks {n}: at most {MAX_CACHE_BLOCKS} blocks (the simulated LRU cache is held in memory)"
         );
     }
-    let stream = crate::trace::fleet::open_all(
-        &args.files,
-        &ImportOptions {
-            format: args.from,
-            skip_bad: args.skip_bad,
-            block_size: args.trace_block_size,
-        },
-    )?;
-    let opts = StatsOptions {
-        cache_blocks: args.cache_blocks,
-        block_size: args.block_size,
-    };
-    let name = crate::trace::fleet::names(&args.files);
-    let mut acc = StatsAcc::new(&stream.header, &opts);
+    let stream = crate::trace::fleet::open_all(&opts.files, &opts.import)?;
+    let name = crate::trace::fleet::names(&opts.files);
+    let mut acc = StatsAcc::new(&stream.header, &opts.stats);
     let (header, rep) = (stream.header.clone(), stream.report.clone());
     for r in stream {
         acc.push(&r?);
     }
     let stats = acc.finish();
-    if args.json {
+    if opts.json {
         let v = json!({
             "file": name,
             "source": header.source,

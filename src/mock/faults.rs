@@ -29,6 +29,24 @@ pub struct FaultConfig {
     pub slow_headers_ms: f64,
 }
 
+impl Default for FaultConfig {
+    /// No faults; the shapes `retrace mock` defaults to.
+    fn default() -> Self {
+        FaultConfig {
+            status_rate: 0.0,
+            status_codes: vec![429, 500, 503],
+            stall_first_rate: 0.0,
+            stall_mid_rate: 0.0,
+            stall_ms: 1000.0,
+            stall_after_tokens: 8,
+            reset_rate: 0.0,
+            reset_after_tokens: 4,
+            slow_headers_rate: 0.0,
+            slow_headers_ms: 1000.0,
+        }
+    }
+}
+
 /// The faults one request gets.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct FaultPlan {

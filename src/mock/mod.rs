@@ -68,19 +68,28 @@ pub struct MockConfig {
 }
 
 impl Default for MockConfig {
-    /// The CLI's defaults (`retrace mock` with no flags), so that both are written once.
+    /// `retrace mock` with no flags: its defaults are these.
     fn default() -> Self {
-        use clap::{Args, FromArgMatches};
-        let cmd = crate::cli::MockArgs::augment_args(clap::Command::new("mock"));
-        let args = crate::cli::MockArgs::from_arg_matches(&cmd.get_matches_from(["mock"]));
-        config_from_args(&args.expect("no flags parse")).expect("the defaults are valid")
-    }
-}
-
-impl Default for FaultConfig {
-    /// No faults, and the CLI's fault shapes.
-    fn default() -> Self {
-        MockConfig::default().faults
+        MockConfig {
+            model: "mock-llama".into(),
+            fixed_timing: None,
+            seed: 0,
+            max_num_seqs: 256,
+            max_num_batched_tokens: Profile::DEFAULT.max_num_batched_tokens,
+            block_size: 16,
+            kv_cache_tokens: 1 << 20,
+            max_model_len: 131072,
+            tokens_per_event: 1,
+            enable_per_request_metrics: false,
+            tokenizer: None,
+            cost: Profile::DEFAULT.cost,
+            eos_prob: 0.002,
+            faults: FaultConfig::default(),
+            io_threads: 2,
+            realtime: false,
+            coalesce_us: 100,
+            timeouts: Timeouts::default(),
+        }
     }
 }
 
@@ -333,78 +342,18 @@ async fn accept_loop(
     alive_rx
 }
 
-/// Parses `TTFT_MS,ITL_MS`.
-fn parse_fixed(s: &str) -> anyhow::Result<(f64, f64)> {
-    let (a, b) = s
-        .split_once(',')
-        .with_context(|| format!("--fixed-timing wants TTFT_MS,ITL_MS (e.g. 50,10), got `{s}`"))?;
-    let p = |x: &str| {
-        x.trim()
-            .parse::<f64>()
-            .with_context(|| format!("--fixed-timing: `{x}` is not a number of milliseconds"))
-    };
-    Ok((p(a)?, p(b)?))
-}
-
-/// The config a command line asks for: `--profile`, then any cost-model flag given overrides it.
-pub fn config_from_args(a: &crate::cli::MockArgs) -> anyhow::Result<MockConfig> {
-    let profile = Profile::by_name(&a.profile)?;
-    let p = profile.cost;
-    let cfg = MockConfig {
-        model: a.model.clone(),
-        fixed_timing: a.fixed_timing.as_deref().map(parse_fixed).transpose()?,
-        seed: a.seed,
-        max_num_seqs: a.max_num_seqs,
-        max_num_batched_tokens: a
-            .max_num_batched_tokens
-            .unwrap_or(profile.max_num_batched_tokens),
-        block_size: a.block_size,
-        kv_cache_tokens: a.kv_cache_tokens,
-        max_model_len: a.max_model_len,
-        tokens_per_event: a.tokens_per_event,
-        enable_per_request_metrics: a.enable_per_request_metrics,
-        tokenizer: a.tokenizer.clone(),
-        cost: CostModel {
-            request_overhead_ms: a.request_overhead_ms.unwrap_or(p.request_overhead_ms),
-            step_overhead_ms: a.step_overhead_ms.unwrap_or(p.step_overhead_ms),
-            prefill_token_ms: a.prefill_token_ms.unwrap_or(p.prefill_token_ms),
-            seq_ms: a.seq_ms.unwrap_or(p.seq_ms),
-            context_token_ms: a.context_token_ms.unwrap_or(p.context_token_ms),
-        },
-        eos_prob: a.eos_prob,
-        io_threads: a.io_threads,
-        realtime: a.realtime,
-        coalesce_us: a.coalesce_us,
-        timeouts: Timeouts::default(),
-        faults: FaultConfig {
-            status_rate: a.fault_status_rate,
-            status_codes: a.fault_status_codes.clone(),
-            stall_first_rate: a.fault_stall_first_rate,
-            stall_mid_rate: a.fault_stall_mid_rate,
-            stall_ms: a.fault_stall_ms,
-            stall_after_tokens: a.fault_stall_after,
-            reset_rate: a.fault_reset_rate,
-            reset_after_tokens: a.fault_reset_after,
-            slow_headers_rate: a.fault_slow_headers_rate,
-            slow_headers_ms: a.fault_slow_headers_ms,
-        },
-    };
-    cfg.validate()?;
-    Ok(cfg)
-}
-
-/// `retrace mock`: serves until SIGINT or SIGTERM, then prints the emission-lateness summary.
-pub fn run(a: crate::cli::MockArgs) -> anyhow::Result<std::process::ExitCode> {
-    let cfg = config_from_args(&a)?;
+/// `retrace mock`: serves `cfg` on `listen` until SIGINT or SIGTERM, then prints the
+/// emission-lateness summary.
+pub fn run(listen: &str, cfg: MockConfig) -> anyhow::Result<std::process::ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
         let stop = crate::sys::signal::shutdown();
-        let listener = tokio::net::TcpListener::bind(&a.listen)
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .with_context(|| format!("--listen {}: cannot bind", a.listen))?;
+            .with_context(|| format!("--listen {listen}: cannot bind"))?;
         let h = start(listener, cfg.clone()).await?;
         eprintln!(
             "retrace mock: serving model `{}` on http://{} ({})",

@@ -27,7 +27,7 @@ pub struct CostModel {
 
 impl Default for CostModel {
     fn default() -> Self {
-        Profile::LLAMA8B.cost
+        Profile::DEFAULT.cost
     }
 }
 
@@ -82,6 +82,8 @@ impl Profile {
         max_num_batched_tokens: 8192,
     };
     pub(crate) const ALL: [Profile; 2] = [Profile::LLAMA8B, Profile::FAST];
+    /// The profile of `retrace mock` without `--profile`.
+    pub(crate) const DEFAULT: Profile = Profile::LLAMA8B;
 
     /// The profile called `name`; the error lists the known ones.
     pub(crate) fn by_name(name: &str) -> Result<Profile, UnknownProfile> {

@@ -1,6 +1,6 @@
 //! `retrace record`: a transparent recording proxy in front of an OpenAI-compatible server
-//! (module map in ARCHITECTURE.md, behaviour in docs/record.md). [`run`] takes an already-bound
-//! listener and a shutdown future (invariant 6).
+//! (module map in ARCHITECTURE.md, behaviour in docs/record.md). [`serve`] takes an already-bound
+//! listener and a shutdown future (invariant 6); [`run`] is the command.
 
 pub mod admin;
 mod buf;
@@ -76,101 +76,63 @@ pub struct RecordConfig {
     pub io_threads: usize,
 }
 
-impl RecordConfig {
-    /// The command line's defaults for an upstream and output directory, the admin endpoint off.
-    pub fn new(upstream: &str, out_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
-        use clap::{Args as _, FromArgMatches as _};
-        let cmd = crate::cli::RecordArgs::augment_args(clap::Command::new("record"));
-        let argv = [
-            "record",
-            "--listen=-",
-            "--upstream=-",
-            "--out=-",
-            "--admin=none",
-        ];
-        let mut a = crate::cli::RecordArgs::from_arg_matches(&cmd.try_get_matches_from(argv)?)?;
-        a.upstream = upstream.into();
-        a.out = out_dir.into();
-        Self::from_args(&a)
-    }
+/// The defaults of [`RecordConfig`] (`retrace record`'s, but for the admin endpoint, which
+/// [`RecordConfig::new`] leaves off).
+pub mod defaults {
+    use super::Bodies;
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::time::Duration;
 
-    /// Builds the config from the command line; errors name the flag.
-    pub fn from_args(a: &crate::cli::RecordArgs) -> anyhow::Result<Self> {
-        let upstream = parse_upstream(&a.upstream)?;
-        if a.name.is_empty() || a.name.contains(['/', '\\']) {
-            bail!("--name {:?}: must be a plain file name prefix", a.name);
-        }
-        let tls = match (&a.tls_cert, &a.tls_key) {
-            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
-            (None, None) => None,
-            _ => bail!("--tls-cert and --tls-key go together"),
-        };
-        let total_timeout = match a.total_timeout.as_deref() {
-            None | Some("none") | Some("off") => None,
-            Some(s) => Some(parse_duration(s).context("--total-timeout")?),
-        };
-        let bodies = match a.bodies.as_str() {
-            "none" => Bodies::None,
-            "request" => Bodies::Request,
-            "full" => Bodies::Full,
-            other => bail!("--bodies {other:?}: expected none, request or full"),
-        };
-        let hash_key = a.hash_key_file.as_deref().map(read_hash_key).transpose()?;
-        if a.block_size == 0 {
-            bail!("--block-size must be at least 1");
-        }
-        if a.upstream_tokenize_rate == 0 {
-            bail!(
-                "--upstream-tokenize-rate must be at least 1 (--no-upstream-tokenize turns it off)"
-            );
-        }
-        let admin = match a.admin.as_str() {
-            "none" | "off" => None,
-            s => Some(
-                s.parse()
-                    .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
-            ),
-        };
-        Ok(RecordConfig {
-            upstream,
-            out_dir: a.out.clone(),
-            name: a.name.clone(),
-            tls,
-            upstream_ca: a.upstream_ca.clone(),
-            upstream_http2: a.upstream_http2,
-            connect_timeout: parse_duration(&a.connect_timeout).context("--connect-timeout")?,
-            headers_timeout: parse_duration(&a.headers_timeout).context("--headers-timeout")?,
-            idle_timeout: parse_duration(&a.idle_timeout).context("--idle-timeout")?,
-            total_timeout,
-            drain_timeout: parse_duration(&a.drain_timeout).context("--drain-timeout")?,
-            bodies,
-            hash_key,
-            tokenizer: a.tokenizer.clone(),
-            upstream_tokenize: !a.no_upstream_tokenize,
-            upstream_tokenize_rate: a.upstream_tokenize_rate,
-            block_size: a.block_size,
-            queue: a.queue.max(1),
-            queue_bytes: parse_size(&a.queue_bytes).context("--queue-bytes")?,
-            capture_max: parse_size(&a.capture_max).context("--capture-max")? as usize,
-            rotate_bytes: parse_size(&a.rotate_size).context("--rotate-size")?,
-            rotate_every: parse_duration(&a.rotate_interval).context("--rotate-interval")?,
-            flush_every: Duration::from_secs(1),
-            admin,
-            io_threads: a.io_threads,
-        })
-    }
+    pub const NAME: &str = "retrace";
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const BODIES: Bodies = Bodies::None;
+    pub const UPSTREAM_TOKENIZE_RATE: u32 = 20;
+    pub const BLOCK_SIZE: u32 = 512;
+    pub const QUEUE: usize = 65536;
+    pub const QUEUE_BYTES: u64 = 512 << 20;
+    pub const CAPTURE_MAX: u64 = 16 << 20;
+    pub const ROTATE_BYTES: u64 = 256 << 20;
+    pub const ROTATE_EVERY: Duration = Duration::from_secs(3600);
+    pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+    /// The command line's admin endpoint.
+    pub const ADMIN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
+    pub const IO_THREADS: usize = 0;
 }
 
-/// The `--hash-key-file` key: the file's bytes, trailing whitespace cut.
-fn read_hash_key(p: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    let mut k = std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
-    while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
-        k.pop();
+impl RecordConfig {
+    /// The [`defaults`] for an upstream and output directory, the admin endpoint off.
+    pub fn new(upstream: &str, out_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
+        Ok(RecordConfig {
+            upstream: parse_upstream(upstream)?,
+            out_dir: out_dir.into(),
+            name: defaults::NAME.into(),
+            tls: None,
+            upstream_ca: None,
+            upstream_http2: false,
+            connect_timeout: defaults::CONNECT_TIMEOUT,
+            headers_timeout: defaults::HEADERS_TIMEOUT,
+            idle_timeout: defaults::IDLE_TIMEOUT,
+            total_timeout: None,
+            drain_timeout: defaults::DRAIN_TIMEOUT,
+            bodies: defaults::BODIES,
+            hash_key: None,
+            tokenizer: None,
+            upstream_tokenize: true,
+            upstream_tokenize_rate: defaults::UPSTREAM_TOKENIZE_RATE,
+            block_size: defaults::BLOCK_SIZE,
+            queue: defaults::QUEUE,
+            queue_bytes: defaults::QUEUE_BYTES,
+            capture_max: defaults::CAPTURE_MAX as usize,
+            rotate_bytes: defaults::ROTATE_BYTES,
+            rotate_every: defaults::ROTATE_EVERY,
+            flush_every: defaults::FLUSH_EVERY,
+            admin: None,
+            io_threads: defaults::IO_THREADS,
+        })
     }
-    if k.is_empty() {
-        bail!("--hash-key-file {}: the key is empty", p.display());
-    }
-    Ok(k)
 }
 
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
@@ -192,30 +154,6 @@ fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
     Ok(u)
 }
 
-/// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let us = crate::trace::filter::parse_duration_us(s).map_err(anyhow::Error::msg)?;
-    Ok(Duration::from_micros(us))
-}
-
-/// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let i = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let n: u64 = t[..i]
-        .parse()
-        .with_context(|| format!("{s:?} is not a size (like 64MiB)"))?;
-    let mul: u64 = match t[i..].trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        u => bail!("{s:?}: unknown unit {u:?} (use KiB, MiB or GiB)"),
-    };
-    n.checked_mul(mul)
-        .with_context(|| format!("{s:?} is too large"))
-}
-
 /// What a recording did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RecordStats {
@@ -231,7 +169,7 @@ pub struct RecordStats {
 }
 
 /// Runs the proxy on `listener` until `shutdown` resolves; binds `cfg.admin` if set.
-pub async fn run(
+pub async fn serve(
     listener: TcpListener,
     cfg: RecordConfig,
     shutdown: impl Future<Output = ()>,
@@ -247,7 +185,7 @@ pub async fn run(
     run_with_admin(listener, admin, cfg, shutdown).await
 }
 
-/// [`run`] with an already-bound admin listener (tests bind port 0).
+/// [`serve`] with an already-bound admin listener (tests bind port 0).
 pub async fn run_with_admin(
     listener: TcpListener,
     admin: Option<TcpListener>,
@@ -488,7 +426,7 @@ fn start_line(l: &TcpListener, admin: Option<SocketAddr>, cfg: &RecordConfig) ->
 /// Binds `addr` with a deep accept backlog (4096, capped by the kernel's `somaxconn`), so a burst
 /// of new client connections is queued rather than dropped (a dropped SYN costs the client a
 /// one-second retransmit). Host names fall back to the default backlog.
-async fn listen(addr: &str) -> std::io::Result<TcpListener> {
+async fn bind(addr: &str) -> std::io::Result<TcpListener> {
     let Ok(sa) = addr.parse::<SocketAddr>() else {
         return TcpListener::bind(addr).await;
     };
@@ -502,9 +440,8 @@ async fn listen(addr: &str) -> std::io::Result<TcpListener> {
     sock.listen(4096)
 }
 
-/// The `retrace record` command: binds, runs until SIGINT/SIGTERM, prints a summary.
-pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitCode> {
-    let cfg = RecordConfig::from_args(args)?;
+/// The `retrace record` command: binds `listen`, runs until SIGINT/SIGTERM, prints a summary.
+pub fn run(listen: &str, cfg: RecordConfig) -> anyhow::Result<std::process::ExitCode> {
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
     if let Some(n) = crate::sys::fdlimit::raise() {
         tracing::debug!("open-file limit: {n}");
@@ -517,10 +454,10 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
         .context("starting the async runtime")?;
     let stats = rt.block_on(async {
         let stop = crate::sys::signal::shutdown();
-        let listener = listen(&args.listen)
+        let listener = bind(listen)
             .await
-            .with_context(|| format!("--listen {}: cannot listen", args.listen))?;
-        run(listener, cfg, async move {
+            .with_context(|| format!("--listen {listen}: cannot listen"))?;
+        serve(listener, cfg, async move {
             stop.await;
         })
         .await
@@ -545,17 +482,6 @@ pub fn main(args: &crate::cli::RecordArgs) -> anyhow::Result<std::process::ExitC
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_and_sizes() {
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
-        assert_eq!(parse_size("1000").unwrap(), 1000);
-        assert!(parse_size("1XB").is_err());
-    }
 
     #[test]
     fn upstream_urls() {

@@ -1,7 +1,7 @@
 //! `retrace replay`: re-issue a trace against an OpenAI-compatible server at its own timing.
 //!
-//! The pipeline, each step its own module: [`Config::from_args`] validates the command line (every
-//! error names its flag); [`replay`] runs three stages. [`prepare`]: [`planning`] reads the trace
+//! The pipeline, each step its own module: a validated [`Config`] (the command line's, every
+//! error naming its flag); [`replay`] runs three stages. [`prepare`]: [`planning`] reads the trace
 //! one record at a time through the selection, shaping and schedule ([`source`]; whole for
 //! `--loop`, `--overlay` and `--sessions`) and surveys the plan,
 //! every request's [`http::request::head`] checked; the [`window`] builder thread reads it again and
@@ -28,7 +28,6 @@ pub mod scrape;
 
 pub use config::{Config, Tuning, DEFAULT_VOCAB};
 
-use crate::cli::ReplayArgs;
 use crate::metrics;
 use crate::replay::plan::prompts::{self, Synth, TextBuilder, Vocab};
 use crate::sys::signal::{Signal, Signals};
@@ -100,8 +99,7 @@ impl Outcome {
 
 /// Entry point of `retrace replay`: the finished run, or `None` after `--dry-run` (its summary
 /// printed). The command line writes `--report-html` and prints the console report.
-pub fn run(args: ReplayArgs) -> anyhow::Result<Option<Outcome>> {
-    let cfg = Config::from_args(args)?;
+pub fn run(cfg: Config) -> anyhow::Result<Option<Outcome>> {
     if cfg.dry_run {
         dry_run(&cfg)?;
         return Ok(None);
@@ -611,7 +609,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         lower_bound: survey.theory.as_ref().is_some_and(|t| t.full),
         hits_at: survey.theory.as_ref().map(|t| t.hits_at),
     };
-    let detail = detail(cfg, survey.measured)?;
+    let detail = detail(cfg.result_json.as_deref(), cfg.detailed, survey.measured)?;
     let bodies = plan::body::Window::start(
         source,
         survey.planned,
@@ -730,8 +728,12 @@ async fn probe_target_text(
 /// Where `--detailed` rows go: inline, or to the sidecar beside `--result-json` (opened now, so
 /// that an unwritable path fails before the run) when more than [`crate::result::sidecar::THRESHOLD`]
 /// requests are measured.
-fn detail(cfg: &Config, measured: usize) -> anyhow::Result<collect::Detail> {
-    Ok(match (&cfg.result_json, cfg.detailed) {
+fn detail(
+    result_json: Option<&std::path::Path>,
+    detailed: bool,
+    measured: usize,
+) -> anyhow::Result<collect::Detail> {
+    Ok(match (result_json, detailed) {
         (_, false) => collect::Detail::Off,
         (Some(r), true) if measured > crate::result::sidecar::THRESHOLD => {
             let path = crate::result::sidecar::path_for(r);
@@ -1362,16 +1364,6 @@ mod tests {
         assert_eq!(left_out_reason((0, 0)), None);
     }
 
-    fn cfg(args: &[&str]) -> Config {
-        use clap::Parser;
-        let mut v = vec!["retrace", "replay", "t.jsonl"];
-        v.extend_from_slice(args);
-        match crate::cli::Cli::parse_from(v).command {
-            crate::cli::Command::Replay(a) => Config::from_args(a).unwrap(),
-            _ => unreachable!("replay"),
-        }
-    }
-
     /// `--detailed` keeps its arrays inline up to the threshold; above it the sidecar beside
     /// `--result-json` is opened before the run (removed when the run is abandoned; an
     /// unwritable one fails at once); without a result file they stay inline.
@@ -1380,29 +1372,22 @@ mod tests {
         use collect::Detail;
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path().join("run.json");
-        let r = r.to_str().unwrap();
-        let c = cfg(&["--detailed", "--result-json", r]);
+        let r = Some(r.as_path());
         let over = crate::result::sidecar::THRESHOLD + 1;
         assert!(matches!(
-            detail(&c, crate::result::sidecar::THRESHOLD),
+            detail(r, true, crate::result::sidecar::THRESHOLD),
             Ok(Detail::Inline(_))
         ));
-        let d = detail(&c, over).unwrap();
+        let d = detail(r, true, over).unwrap();
         assert!(matches!(d, Detail::File(_)));
         let partial = dir.path().join("run.requests.jsonl.partial");
         assert!(partial.exists());
         drop(d);
         assert!(!partial.exists(), "an abandoned run leaves no partial file");
-        assert!(matches!(
-            detail(&cfg(&["--detailed"]), over),
-            Ok(Detail::Inline(_))
-        ));
-        assert!(matches!(
-            detail(&cfg(&["--result-json", r]), over),
-            Ok(Detail::Off)
-        ));
-        let bad = cfg(&["--detailed", "--result-json", "/nonexistent/dir/run.json"]);
-        let e = detail(&bad, over).err().unwrap().to_string();
+        assert!(matches!(detail(None, true, over), Ok(Detail::Inline(_))));
+        assert!(matches!(detail(r, false, over), Ok(Detail::Off)));
+        let bad = std::path::Path::new("/nonexistent/dir/run.json");
+        let e = detail(Some(bad), true, over).err().unwrap().to_string();
         assert!(
             e.contains("run.requests.jsonl") && e.contains("cannot write"),
             "{e}"

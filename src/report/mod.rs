@@ -4,7 +4,7 @@
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
 //! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
-//! only glues them to the command line and writes files; it computes nothing itself.
+//! only runs the commands on their options and writes files; it computes nothing itself.
 
 pub mod aiperf;
 pub mod compare;
@@ -17,21 +17,52 @@ pub mod run;
 pub mod weighted;
 pub mod workload;
 
-use crate::cli::{CompareArgs, MergeArgs, ReportArgs};
 use anyhow::Context;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// `compare`'s exit status when no rule tripped but some could not be judged (too few samples).
 pub const NOT_JUDGED: u8 = 4;
 
+/// What `compare` reads, judges and writes.
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    pub baseline: PathBuf,
+    pub candidate: PathBuf,
+    /// Other runs of the baseline.
+    pub noise: Vec<PathBuf>,
+    /// The `--fail-on` rules.
+    pub rules: Vec<rules::Rule>,
+    pub format: render::Format,
+    /// Also write the comparison as an HTML page here.
+    pub html: Option<PathBuf>,
+    pub compare: compare::Options,
+}
+
+/// What `report` reads and writes.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// Result or trace file.
+    pub input: PathBuf,
+    /// Output HTML file.
+    pub output: PathBuf,
+    /// Timeline colours of inter-token gaps: green below the first, orange below the second, ms.
+    pub thresholds_ms: (f64, f64),
+}
+
+/// What `merge` reads and writes.
+#[derive(Debug, Clone)]
+pub struct MergeOptions {
+    /// Result files, or AIPerf per-request exports.
+    pub inputs: Vec<PathBuf>,
+    /// Output result file.
+    pub output: PathBuf,
+}
+
 /// `retrace compare`: exit 1 when a `--fail-on` rule trips, [`NOT_JUDGED`] when none tripped but
 /// some could not be judged; errors (exit 2) for bad input.
-pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
-    let rules = match &a.fail_on {
-        Some(spec) => rules::parse(spec)?,
-        None => Vec::new(),
-    };
+pub fn run_compare(a: &CompareOptions) -> anyhow::Result<ExitCode> {
     check_noise_runs_distinct(a)?;
     let base = load::load(&a.baseline)?;
     let cand = load::load(&a.candidate)?;
@@ -40,13 +71,8 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|p| load::load(p))
         .collect::<Result<Vec<_>, _>>()?;
-    let opts = compare::Options {
-        min_effect: compare::MinEffect::parse(&a.min_effect).map_err(anyhow::Error::msg)?,
-        seed: a.seed,
-        resamples: a.resamples as usize,
-    };
-    let cmp = compare::compare(&base, &cand, &noise, &opts);
-    let outcomes = rules::evaluate(&rules, &cmp)?;
+    let cmp = compare::compare(&base, &cand, &noise, &a.compare);
+    let outcomes = rules::evaluate(&a.rules, &cmp)?;
     if let Some(path) = &a.html {
         let page = html::compare_page(&cmp, &base, &cand, &noise);
         std::fs::write(path, page)
@@ -80,7 +106,7 @@ pub fn run_compare(a: &CompareArgs) -> anyhow::Result<ExitCode> {
 /// Each `--noise` run is another file than the baseline, the candidate and the other noise runs
 /// (under any name): a file given twice would count as a rerun it is not. The baseline and the
 /// candidate may be one file (a comparison with itself counts nothing twice).
-fn check_noise_runs_distinct(a: &CompareArgs) -> anyhow::Result<()> {
+fn check_noise_runs_distinct(a: &CompareOptions) -> anyhow::Result<()> {
     let mut earlier = vec![
         ("the baseline", &a.baseline),
         ("the candidate", &a.candidate),
@@ -102,21 +128,6 @@ fn check_noise_runs_distinct(a: &CompareArgs) -> anyhow::Result<()> {
         earlier.push(("--noise", p));
     }
     Ok(())
-}
-
-/// Parses `--thresholds-ms A,B`.
-pub fn parse_thresholds(s: &str) -> anyhow::Result<(f64, f64)> {
-    let v: Vec<f64> = s
-        .split(',')
-        .map(|x| x.trim().parse::<f64>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| anyhow::anyhow!("--thresholds-ms `{s}`: expected two numbers like 25,50"))?;
-    match v[..] {
-        [a, b] if a > 0.0 && b > a && b.is_finite() => Ok((a, b)),
-        _ => anyhow::bail!(
-            "--thresholds-ms `{s}`: expected two increasing positive numbers like 25,50"
-        ),
-    }
 }
 
 /// `replay --report-html FILE`: the report of a result that is still in memory (its sidecar, if
@@ -142,10 +153,9 @@ pub fn write_replay_report(
 }
 
 /// `retrace report`.
-pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
-    let thresholds = parse_thresholds(&a.thresholds_ms)?;
+pub fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
     let run = load::load(&a.input)?;
-    let page = html::report_page(&run, thresholds);
+    let page = html::report_page(&run, a.thresholds_ms);
     std::fs::write(&a.output, &page)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
     eprintln!(
@@ -157,7 +167,7 @@ pub fn run_report(a: &ReportArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
-pub fn run_merge(a: &MergeArgs) -> anyhow::Result<ExitCode> {
+pub fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
     if let Some((earlier, later)) = crate::sys::fileid::first_repeat(&a.inputs) {
         return Err(merge::MergeError::Twice {
             path: a.inputs[later].display().to_string(),

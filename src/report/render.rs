@@ -15,7 +15,12 @@ use serde::Serialize;
 use std::fmt::Write;
 
 /// Output format of `compare` (`--format`).
-pub use crate::cli::CompareFormat as Format;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Markdown,
+    Json,
+}
 
 pub fn render(cmp: &Comparison, rules: &[RuleOutcome], format: Format) -> String {
     match format {

@@ -7,11 +7,11 @@
 pub mod fit;
 pub mod transforms;
 
-use crate::cli::SynthArgs;
 use crate::trace::import::ImportOptions;
 use crate::trace::rows::ImportReport;
 use crate::trace::Trace;
 use anyhow::{Context, Result};
+use std::path::PathBuf;
 
 /// The longest span a synthesised trace may have (365 days): `--speedup`, `--rate` or
 /// `--duration` asking for more is refused before anything is made.
@@ -38,25 +38,48 @@ pub enum WhatIfError {
     },
 }
 
+/// What `synth` reads, makes and writes.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub input: PathBuf,
+    /// Output file; `-` is stdout.
+    pub output: PathBuf,
+    pub import: ImportOptions,
+    /// Output format (`None`: from the output's name, as `convert` picks it).
+    pub to: Option<crate::convert::OutFormat>,
+    /// zstd level of native output.
+    pub level: i32,
+    pub mode: Mode,
+}
+
+/// How the output is made from the input.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// AIPerf's transforms, request by request.
+    Transform(transforms::Transforms),
+    /// A model of the input, sampled anew.
+    Fit { size: fit::Size, seed: u64 },
+}
+
 /// Runs `synth`; returns a one-line summary for stderr.
-pub fn run(args: &SynthArgs) -> Result<String> {
+pub fn run(args: &Options) -> Result<String> {
     let (trace, rep) = read_input(args)?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
     let (out, to, level) = (&args.output, args.to, args.level);
-    let (written, what, left_out) = match args.fit {
-        true => {
+    let (written, what, left_out) = match &args.mode {
+        Mode::Fit { size, seed } => {
             let model = fit::fit(&trace).with_context(|| input.clone())?;
             drop(trace);
-            let mut sample = fit::sample(&model, &fit_size(args)?, args.seed)?;
-            note_fit(&mut sample.header, args.seed, &model);
+            let mut sample = fit::sample(&model, size, *seed)?;
+            note_fit(&mut sample.header, *seed, &model);
             let header = sample.header.clone();
             let records = sample.map(|r| r.map_err(Into::into));
             let (n, left) = crate::convert::write_stream(header, records, out, to, level, &input)?;
             (n, fit_summary(&model), left)
         }
-        false => {
-            let (t, what) = transformed(args, trace)?;
+        Mode::Transform(t) => {
+            let (t, what) = transformed(t, trace)?;
             let records = t.requests.into_iter().map(Ok);
             let (n, left) =
                 crate::convert::write_stream(t.header, records, out, to, level, &input)?;
@@ -72,13 +95,8 @@ pub fn run(args: &SynthArgs) -> Result<String> {
 
 /// The input whole, within [`MAX_INPUT_REQUESTS`] (counted by the reader's first pass, before
 /// any record is kept) and [`MAX_INPUT_IDS`] (counted as the records are kept).
-fn read_input(args: &SynthArgs) -> Result<(Trace, ImportReport)> {
-    let opts = ImportOptions {
-        format: args.from,
-        skip_bad: args.skip_bad,
-        block_size: args.trace_block_size,
-    };
-    let stream = crate::trace::stream::open(&args.input, &opts)?;
+fn read_input(args: &Options) -> Result<(Trace, ImportReport)> {
+    let stream = crate::trace::stream::open(&args.input, &args.import)?;
     let too_large = |what, max| WhatIfError::TooLarge {
         path: args.input.display().to_string(),
         what,
@@ -99,22 +117,6 @@ fn read_input(args: &SynthArgs) -> Result<(Trace, ImportReport)> {
         requests.push(r);
     }
     Ok((Trace { header, requests }, report))
-}
-
-/// `--fit`'s output size, from the flags.
-fn fit_size(args: &SynthArgs) -> Result<fit::Size, WhatIfError> {
-    let duration_us = args
-        .duration
-        .as_deref()
-        .map(crate::trace::filter::parse_duration_us)
-        .transpose()
-        .map_err(|e| WhatIfError::Option(format!("--duration: {e}")))?;
-    Ok(fit::Size {
-        requests: args.requests,
-        duration_us,
-        rate: args.rate,
-        scale_users: args.scale_users,
-    })
 }
 
 /// The summary's note on a fitted model.
@@ -144,20 +146,10 @@ fn note_fit(header: &mut crate::trace::TraceHeader, seed: u64, model: &fit::Mode
 
 /// AIPerf's transforms applied to `trace`; and the summary's note on what they left out.
 fn transformed(
-    args: &SynthArgs,
+    t: &transforms::Transforms,
     mut trace: crate::trace::Trace,
 ) -> Result<(crate::trace::Trace, String)> {
-    let t = transforms::Transforms {
-        speedup: args.speedup,
-        prefix_len: args.prefix_len_multiplier,
-        prefix_root: args.prefix_root_multiplier,
-        prompt_len: args.prompt_len_multiplier,
-        scale_lengths: args.scale_lengths,
-        max_isl: args.max_isl,
-        max_osl: args.max_osl,
-        seed: args.seed,
-    };
-    let applied = transforms::apply(&mut trace, &t)?;
+    let applied = transforms::apply(&mut trace, t)?;
     let mut what = String::new();
     if applied.dropped_max_isl + applied.capped_max_osl > 0 {
         what = format!(
@@ -165,7 +157,7 @@ fn transformed(
             applied.dropped_max_isl, applied.capped_max_osl
         );
     }
-    trace.header.meta.insert("synth".into(), describe(&t));
+    trace.header.meta.insert("synth".into(), describe(t));
     Ok((trace, what))
 }
 

@@ -32,7 +32,7 @@ impl ImportOptions {
 }
 
 /// Trace file formats retrace reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// retrace's own `*.trace.zst`.
     Native,

@@ -7,7 +7,7 @@
 use crate::support::{self, OutputWithin, ServerConfig};
 use clap::Parser;
 use retrace::cli::{Cli, Command};
-use retrace::replay::{self, Config};
+use retrace::replay;
 use std::path::{Path, PathBuf};
 use std::process::Command as Proc;
 use std::time::Duration;
@@ -55,7 +55,7 @@ async fn replay_to(trace: &Path, ttft_ms: u64, out: &Path) {
     let Command::Replay(a) = cli.command else {
         unreachable!()
     };
-    let o = replay::replay(Config::from_args(a).unwrap()).await.unwrap();
+    let o = replay::replay(a.config().unwrap()).await.unwrap();
     assert_eq!(o.summary.failed, 0, "{:?}", o.summary.errors);
 }
 

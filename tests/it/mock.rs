@@ -1023,7 +1023,7 @@ fn config_errors_name_the_flag() {
         let mut v = vec!["mock"];
         v.extend_from_slice(args);
         match crate::support::cli(&v).command {
-            retrace::cli::Command::Mock(a) => mock::config_from_args(&a),
+            retrace::cli::Command::Mock(a) => a.config(),
             _ => unreachable!(),
         }
     };
@@ -1596,7 +1596,7 @@ async fn profiles_pick_the_cost_model_and_flags_override_them() {
         let mut v = vec!["mock"];
         v.extend_from_slice(args);
         match crate::support::cli(&v).command {
-            retrace::cli::Command::Mock(a) => mock::config_from_args(&a),
+            retrace::cli::Command::Mock(a) => a.config(),
             _ => unreachable!(),
         }
     };

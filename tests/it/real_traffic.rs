@@ -69,7 +69,7 @@ fn convert(args: &[&str]) -> anyhow::Result<()> {
     let retrace::cli::Command::Convert(a) = super::support::cli(&argv).command else {
         unreachable!()
     };
-    retrace::convert::run(&a).map(|_| ())
+    retrace::convert::run(&a.options()?).map(|_| ())
 }
 
 /// One exchange of the mix: method, path, body (empty for GET), expected status.
@@ -673,7 +673,7 @@ async fn recordings_of_a_fleet_merge_into_one_workload() {
         let retrace::cli::Command::Inspect(a) = super::support::cli(&argv).command else {
             unreachable!()
         };
-        let v: Value = serde_json::from_str(&retrace::inspect::run(&a).unwrap()).unwrap();
+        let v: Value = serde_json::from_str(&retrace::inspect::run(&a.options()).unwrap()).unwrap();
         v["stats"].clone()
     };
     assert_eq!(stats(&[a_s, b_s]), stats(&[m_s]));

@@ -596,7 +596,7 @@ async fn credentials_never_reach_the_trace_and_hmac_keys_the_hashes() {
         let retrace::cli::Command::Record(a) = args.command else {
             unreachable!()
         };
-        let parsed = RecordConfig::from_args(&a).unwrap();
+        let parsed = a.config().unwrap();
         c.hash_key = parsed.hash_key;
         c.bodies = parsed.bodies;
     })
@@ -1686,9 +1686,7 @@ async fn replay_through_the_proxy_into_the_mock_round_trips_to_mooncake() {
     let retrace::cli::Command::Replay(a) = args.command else {
         unreachable!()
     };
-    let o = retrace::replay::replay(retrace::replay::Config::from_args(a).unwrap())
-        .await
-        .unwrap();
+    let o = retrace::replay::replay(a.config().unwrap()).await.unwrap();
     assert_eq!(
         (o.summary.completed, o.summary.failed),
         (30, 0),

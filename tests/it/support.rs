@@ -32,7 +32,7 @@ pub fn replay_config(args: &[&str]) -> anyhow::Result<retrace::replay::Config> {
     let mut v = vec!["retrace", "replay"];
     v.extend_from_slice(args);
     match <retrace::cli::Cli as clap::Parser>::try_parse_from(v)?.command {
-        retrace::cli::Command::Replay(a) => retrace::replay::Config::from_args(a),
+        retrace::cli::Command::Replay(a) => a.config(),
         _ => unreachable!("replay subcommand"),
     }
 }

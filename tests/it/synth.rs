@@ -15,7 +15,7 @@ const LRU_BLOCKS: u64 = 10_000;
 
 fn synth(args: &[&str]) -> String {
     match cli(args).command {
-        Command::Synth(a) => retrace::synth::run(&a).unwrap(),
+        Command::Synth(a) => retrace::synth::run(&a.options().unwrap()).unwrap(),
         _ => unreachable!(),
     }
 }
@@ -253,7 +253,7 @@ fn inspect_block_size_rechunks_hash_ids() {
     assert!(r64.block_references > 7 * r512.block_references);
     assert!((r64.block_reuse - r512.block_reuse).abs() < 0.02, "{r64:?}");
     let e = match cli(&["inspect", "x", "--block-size", "0"]).command {
-        Command::Inspect(a) => retrace::inspect::run(&a).unwrap_err().to_string(),
+        Command::Inspect(a) => retrace::inspect::run(&a.options()).unwrap_err().to_string(),
         _ => unreachable!(),
     };
     assert!(e.contains("at least 1"), "{e}");

@@ -6,14 +6,14 @@ use sha2::{Digest, Sha256};
 
 fn inspect(args: &[&str]) -> anyhow::Result<String> {
     match cli(args).command {
-        Command::Inspect(a) => retrace::inspect::run(&a),
+        Command::Inspect(a) => retrace::inspect::run(&a.options()),
         _ => unreachable!(),
     }
 }
 
 fn convert(args: &[&str]) -> anyhow::Result<String> {
     match cli(args).command {
-        Command::Convert(a) => retrace::convert::run(&a),
+        Command::Convert(a) => retrace::convert::run(&a.options()?),
         _ => unreachable!(),
     }
 }

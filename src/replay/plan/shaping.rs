@@ -8,7 +8,6 @@
 //! shards of `--limit L` send the whole run's first L. The transforms themselves are those of
 //! [`crate::trace::shape`] and [`crate::trace::filter`].
 
-use crate::trace::filter;
 use crate::trace::shape::{self, Arrivals};
 
 /// Validated shaping options (all off by default).
@@ -26,14 +25,16 @@ pub struct Shaping {
     pub(crate) seed: u64,
 }
 
-/// The raw flag values, as the CLI gives them.
+/// The flag values, durations parsed.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ShapingFlags<'a> {
-    pub(crate) window: Option<&'a str>,
+    /// `--window`, parsed: `[start, end)` in µs of trace time.
+    pub(crate) window_us: Option<(u64, u64)>,
     pub(crate) loops: Option<u32>,
     pub(crate) overlay: Option<u32>,
     pub(crate) overlay_distinct: bool,
-    pub(crate) max_gap: Option<&'a str>,
+    /// `--max-gap`, parsed, in µs.
+    pub(crate) max_gap_us: Option<u64>,
     pub(crate) request_rate: Option<f64>,
     pub(crate) burstiness: f64,
     pub(crate) ramp_up: Option<&'a str>,
@@ -47,16 +48,6 @@ pub(crate) struct ShapingFlags<'a> {
 impl Shaping {
     /// Validates the flags; every error names its flag.
     pub(crate) fn from_flags(f: &ShapingFlags) -> Result<Shaping, String> {
-        let window_us = f
-            .window
-            .map(filter::parse_window)
-            .transpose()
-            .map_err(|e| format!("--window: {e}"))?;
-        let max_gap_us = f
-            .max_gap
-            .map(filter::parse_duration_us)
-            .transpose()
-            .map_err(|e| format!("--max-gap: {e}"))?;
         if f.loops == Some(0) {
             return Err("--loop 0: must be at least 1".into());
         }
@@ -118,11 +109,11 @@ impl Shaping {
             .transpose()
             .map_err(|e| format!("--shard: {e}"))?;
         Ok(Shaping {
-            window_us,
+            window_us: f.window_us,
             loops: f.loops.unwrap_or(1),
             overlay: f.overlay.unwrap_or(1),
             overlay_distinct: f.overlay_distinct,
-            max_gap_us,
+            max_gap_us: f.max_gap_us,
             arrivals,
             shard,
             limit: f.limit,
@@ -146,13 +137,6 @@ mod tests {
     #[test]
     fn flag_errors_name_the_flag() {
         let cases: Vec<(ShapingFlags, &str)> = vec![
-            (
-                ShapingFlags {
-                    window: Some("3s"),
-                    ..flags()
-                },
-                "--window",
-            ),
             (
                 ShapingFlags {
                     loops: Some(0),
@@ -201,13 +185,6 @@ mod tests {
                     ..flags()
                 },
                 "--shard",
-            ),
-            (
-                ShapingFlags {
-                    max_gap: Some("x"),
-                    ..flags()
-                },
-                "--max-gap",
             ),
         ];
         for (f, flag) in cases {

@@ -1,0 +1,81 @@
+//! `retrace convert`'s command line and its [`convert::Options`].
+
+use super::values::{parse_flag, parse_window};
+use crate::convert::{self, OutFormat};
+use crate::trace::filter::Filters;
+use crate::trace::import::{Format, ImportOptions};
+use std::path::PathBuf;
+
+/// Convert a trace between formats, or merge the recordings of several proxies into one.
+///
+/// Example: `retrace convert ../mooncake_trace.jsonl -o mooncake.trace.zst --window 0s..600s --speed 2`
+///
+/// Fleet: `retrace convert proxy-a.trace.zst proxy-b.trace.zst -o fleet.trace.zst` merges
+/// recordings by wall clock (same block size and hash key, or a clear refusal).
+///
+/// Stopped by SIGINT or SIGTERM, it leaves no output (nor its `.partial` file) and exits 130 or
+/// 143.
+#[derive(Debug, clap::Args)]
+pub struct ConvertArgs {
+    /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
+    #[arg(required = true, num_args = 1..)]
+    pub inputs: Vec<PathBuf>,
+    /// Output file; `-` writes to stdout.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Input format (detected from content when absent).
+    #[arg(long, value_enum)]
+    pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
+    /// Output format (from the output name when absent: `.jsonl` → mooncake, else native).
+    #[arg(long, value_enum)]
+    pub to: Option<OutFormat>,
+    /// Skip (and count) malformed rows instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Keep arrivals in START..END of trace time (e.g. `60s..600s`, `..90s`); offsets restart at START.
+    #[arg(long, value_name = "START..END")]
+    pub window: Option<String>,
+    /// Keep only the first N requests (after --window).
+    #[arg(long, value_name = "N")]
+    pub head: Option<usize>,
+    /// Keep one request in K (after --head).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub sample: usize,
+    /// Bake in a speed factor: arrival offsets are divided by X (2 = twice as fast).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub speed: f64,
+    /// Re-block hash ids to N tokens per id, a whole multiple of the trace's block size (e.g. a
+    /// recording hashed at 16 exported as Mooncake's 512).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+    /// zstd level for native output (1-22).
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub level: i32,
+}
+
+impl ConvertArgs {
+    /// The options `convert` runs with; `--window` parsed.
+    pub fn options(&self) -> anyhow::Result<convert::Options> {
+        Ok(convert::Options {
+            inputs: self.inputs.clone(),
+            output: self.output.clone(),
+            import: ImportOptions {
+                format: self.from,
+                skip_bad: self.skip_bad,
+                block_size: self.trace_block_size,
+            },
+            to: self.to,
+            filters: Filters {
+                window_us: parse_flag("--window", self.window.as_deref(), parse_window)?,
+                head: self.head,
+                sample_every: self.sample,
+                speed: self.speed,
+            },
+            block_size: self.block_size,
+            level: self.level,
+        })
+    }
+}

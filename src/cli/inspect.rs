@@ -1,0 +1,55 @@
+//! `retrace inspect`'s command line and its [`inspect::Options`].
+
+use crate::inspect;
+use crate::trace::import::{Format, ImportOptions};
+use crate::trace::stats::StatsOptions;
+use std::path::PathBuf;
+
+/// Summarise a trace.
+///
+/// Example: `retrace inspect traces/mooncake_conversation_1k.jsonl --cache-blocks 10000`
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL); several
+    /// recordings (a rotated set, or several proxies) are merged by wall clock as they are read.
+    #[arg(required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Print JSON (schema: docs/inspect-json.md) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also report the prefix hit rate with an LRU cache of this many blocks (at most 4194304).
+    #[arg(long, value_name = "N")]
+    pub cache_blocks: Option<u64>,
+    /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;
+    /// docs/synth.md says how).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+    /// Force the input format instead of detecting it.
+    #[arg(long, value_enum)]
+    pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
+    /// Skip (and count) malformed rows instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+}
+
+impl InspectArgs {
+    /// The options `inspect` runs with.
+    pub fn options(&self) -> inspect::Options {
+        inspect::Options {
+            files: self.files.clone(),
+            import: ImportOptions {
+                format: self.from,
+                skip_bad: self.skip_bad,
+                block_size: self.trace_block_size,
+            },
+            json: self.json,
+            stats: StatsOptions {
+                cache_blocks: self.cache_blocks,
+                block_size: self.block_size,
+            },
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! `retrace record`'s command line and its [`RecordConfig`]. The flags' defaults are
+//! [`defaults`]'.
+
+use super::values::{duration_text, parse_duration, parse_size, size_text};
+use crate::record::{defaults, Bodies, RecordConfig};
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+
+/// Put retrace inline in front of a server and record its traffic into native traces, without
+/// changing a byte of it. Prompt and completion text are not stored unless `--bodies` says so;
+/// credentials (Authorization, api-key, cookies) never reach a trace.
+///
+/// Example: `retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/`
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example:\n  retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/\n\nFiles: DIR/<name>-<start>-<seq>.trace.zst (written as .partial, renamed when closed).\nPrompt/completion text is not stored unless --bodies says so; credentials never are."
+)]
+pub struct RecordArgs {
+    /// Address to accept clients on (HTTP/1.1 and HTTP/2; TLS with --tls-cert/--tls-key).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: String,
+    /// The server to forward to, e.g. `http://127.0.0.1:8001` or `https://llm.internal/prefix`.
+    #[arg(long, value_name = "URL")]
+    pub upstream: String,
+    /// Directory for trace files `<name>-<start>-<seq>.trace.zst` (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// File name prefix of the trace files.
+    #[arg(long, default_value = defaults::NAME)]
+    pub name: String,
+    /// PEM certificate chain to terminate TLS (ALPN h2 and http/1.1); needs --tls-key.
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust for an https upstream (default: the system bundle).
+    #[arg(long, value_name = "PEM")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Speak HTTP/2 to the upstream (h2c prior knowledge, or ALPN h2 over TLS).
+    #[arg(long)]
+    pub upstream_http2: bool,
+    /// Limit for connecting to the upstream.
+    #[arg(long, default_value_t = duration_text(defaults::CONNECT_TIMEOUT), value_name = "DURATION")]
+    pub connect_timeout: String,
+    /// Limit from request arrival to the upstream's response headers (long: a queued
+    /// non-streamed generation sends its headers at the end).
+    #[arg(long, default_value_t = duration_text(defaults::HEADERS_TIMEOUT), value_name = "DURATION")]
+    pub headers_timeout: String,
+    /// Longest silence between two response chunks before the response is cut.
+    #[arg(long, default_value_t = duration_text(defaults::IDLE_TIMEOUT), value_name = "DURATION")]
+    pub idle_timeout: String,
+    /// Optional limit on a whole exchange (`none` by default: long generations are normal).
+    #[arg(long, value_name = "DURATION")]
+    pub total_timeout: Option<String>,
+    /// On SIGINT/SIGTERM, how long in-flight streams may take to finish before the trace is closed
+    /// (upgraded tunnels, e.g. WebSockets, are cut just before; see docs/record.md).
+    #[arg(long, default_value_t = duration_text(defaults::DRAIN_TIMEOUT), value_name = "DURATION")]
+    pub drain_timeout: String,
+    /// Bodies to keep in the trace: none (default), request (prompts), full (prompts and outputs).
+    #[arg(long, default_value = bodies_name(defaults::BODIES), value_name = "none|request|full")]
+    pub bodies: String,
+    /// File holding a secret key: block hashes become HMAC-SHA256, so a shared trace cannot be
+    /// matched against guessed prompts.
+    #[arg(long, value_name = "FILE")]
+    pub hash_key_file: Option<PathBuf>,
+    /// Hugging Face `tokenizer.json` for exact text-prompt blocks (token-id prompts are always
+    /// exact; without it text is approximated as 4 bytes per token and the input length is taken
+    /// from the server's usage).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Never send a request of the proxy's own upstream. Without it (and without --tokenizer), a
+    /// text prompt whose length no usage gave is counted with the upstream's `POST /tokenize`,
+    /// off the forwarding path, rate-bounded (docs/record.md, "Input lengths").
+    #[arg(long)]
+    pub no_upstream_tokenize: bool,
+    /// Most `POST /tokenize` requests of the proxy's own per second (at most 4 in flight).
+    #[arg(long, default_value_t = defaults::UPSTREAM_TOKENIZE_RATE, value_name = "N")]
+    pub upstream_tokenize_rate: u32,
+    /// Tokens per hash block (512 matches Mooncake traces).
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
+    pub block_size: u32,
+    /// Records the writer may queue; beyond that records are dropped and counted, never traffic slowed.
+    #[arg(long, default_value_t = defaults::QUEUE)]
+    pub queue: usize,
+    /// Captured body bytes the writer queue may hold (bounds memory when the disk is slow).
+    #[arg(long, default_value_t = size_text(defaults::QUEUE_BYTES), value_name = "SIZE")]
+    pub queue_bytes: String,
+    /// Bytes captured per request and per response body for recording (bodies are always
+    /// forwarded whole; a stream's events are still counted past it).
+    #[arg(long, default_value_t = size_text(defaults::CAPTURE_MAX), value_name = "SIZE")]
+    pub capture_max: String,
+    /// Start a new trace file after this many compressed bytes.
+    #[arg(long, default_value_t = size_text(defaults::ROTATE_BYTES), value_name = "SIZE")]
+    pub rotate_size: String,
+    /// Start a new trace file after this long.
+    #[arg(long, default_value_t = duration_text(defaults::ROTATE_EVERY), value_name = "DURATION")]
+    pub rotate_interval: String,
+    /// Admin endpoint (`/metrics`, `/healthz`); `none` turns it off.
+    #[arg(long, default_value_t = defaults::ADMIN.to_string(), value_name = "ADDR")]
+    pub admin: String,
+    /// Threads serving connections, each a single-threaded runtime (0: one per CPU). Tuning,
+    /// hidden: see docs/tuning.md.
+    #[arg(long, default_value_t = defaults::IO_THREADS, value_name = "N", hide = true)]
+    pub io_threads: usize,
+}
+
+impl RecordArgs {
+    /// The config the command line asks for; errors name the flag.
+    pub fn config(&self) -> anyhow::Result<RecordConfig> {
+        let a = self;
+        let base = RecordConfig::new(&a.upstream, a.out.clone())?;
+        if a.name.is_empty() || a.name.contains(['/', '\\']) {
+            bail!("--name {:?}: must be a plain file name prefix", a.name);
+        }
+        let tls = match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together"),
+        };
+        let total_timeout = match a.total_timeout.as_deref() {
+            None | Some("none") | Some("off") => None,
+            Some(s) => Some(parse_duration(s).context("--total-timeout")?),
+        };
+        let bodies = parse_bodies(&a.bodies)?;
+        let hash_key = a.hash_key_file.as_deref().map(read_hash_key).transpose()?;
+        if a.block_size == 0 {
+            bail!("--block-size must be at least 1");
+        }
+        if a.upstream_tokenize_rate == 0 {
+            bail!(
+                "--upstream-tokenize-rate must be at least 1 (--no-upstream-tokenize turns it off)"
+            );
+        }
+        let admin = match a.admin.as_str() {
+            "none" | "off" => None,
+            s => Some(
+                s.parse()
+                    .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
+            ),
+        };
+        Ok(RecordConfig {
+            name: a.name.clone(),
+            tls,
+            upstream_ca: a.upstream_ca.clone(),
+            upstream_http2: a.upstream_http2,
+            connect_timeout: parse_duration(&a.connect_timeout).context("--connect-timeout")?,
+            headers_timeout: parse_duration(&a.headers_timeout).context("--headers-timeout")?,
+            idle_timeout: parse_duration(&a.idle_timeout).context("--idle-timeout")?,
+            total_timeout,
+            drain_timeout: parse_duration(&a.drain_timeout).context("--drain-timeout")?,
+            bodies,
+            hash_key,
+            tokenizer: a.tokenizer.clone(),
+            upstream_tokenize: !a.no_upstream_tokenize,
+            upstream_tokenize_rate: a.upstream_tokenize_rate,
+            block_size: a.block_size,
+            queue: a.queue.max(1),
+            queue_bytes: parse_size(&a.queue_bytes).context("--queue-bytes")?,
+            capture_max: parse_size(&a.capture_max).context("--capture-max")? as usize,
+            rotate_bytes: parse_size(&a.rotate_size).context("--rotate-size")?,
+            rotate_every: parse_duration(&a.rotate_interval).context("--rotate-interval")?,
+            admin,
+            io_threads: a.io_threads,
+            ..base
+        })
+    }
+}
+
+/// `--bodies`' names of [`Bodies`].
+const BODIES: [(&str, Bodies); 3] = [
+    ("none", Bodies::None),
+    ("request", Bodies::Request),
+    ("full", Bodies::Full),
+];
+
+/// The name `--bodies` gives `b`.
+fn bodies_name(b: Bodies) -> &'static str {
+    BODIES
+        .iter()
+        .find(|(_, v)| *v == b)
+        .map_or("none", |(n, _)| n)
+}
+
+fn parse_bodies(s: &str) -> anyhow::Result<Bodies> {
+    match BODIES.iter().find(|(n, _)| *n == s) {
+        Some((_, b)) => Ok(*b),
+        None => bail!("--bodies {s:?}: expected none, request or full"),
+    }
+}
+
+/// The `--hash-key-file` key: the file's bytes, trailing whitespace cut.
+fn read_hash_key(p: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let mut k = std::fs::read(p).with_context(|| format!("--hash-key-file {}", p.display()))?;
+    while k.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        k.pop();
+    }
+    if k.is_empty() {
+        bail!("--hash-key-file {}: the key is empty", p.display());
+    }
+    Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn required_flags_alone_give_the_defaults() {
+        let argv = [
+            "retrace",
+            "record",
+            "--listen=-",
+            "--upstream=http://h:1",
+            "--out=o",
+        ];
+        let cli = <crate::cli::Cli as clap::Parser>::parse_from(argv);
+        let crate::cli::Command::Record(a) = cli.command else {
+            unreachable!("record")
+        };
+        let mut expected = RecordConfig::new("http://h:1", "o").unwrap();
+        expected.admin = Some(defaults::ADMIN);
+        let parsed = a.config().unwrap();
+        assert_eq!(format!("{parsed:?}"), format!("{expected:?}"));
+    }
+}

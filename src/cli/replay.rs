@@ -1,0 +1,488 @@
+//! `retrace replay`'s command line and its conversion to a [`Config`]: one small parser per flag
+//! group; every error names its flag.
+
+use super::values;
+use crate::metrics::{self, Api};
+use crate::replay::http::request::PromptMode;
+use crate::replay::http::target::Timeouts;
+use crate::replay::plan::{shaping, start};
+use crate::replay::{Config, Tuning, DEFAULT_VOCAB};
+use anyhow::{anyhow, bail};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+/// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
+///
+/// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
+/// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded, or more than 10% of the workload
+/// left out), 5 every request failed, 6 nothing to send (every request left out), 130 / 143
+/// interrupted by SIGINT / SIGTERM (the result, marked invalid, holds what was measured; a
+/// second signal exits at once).
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or
+    /// several proxies) are merged by wall clock.
+    #[arg(required = true, num_args = 1..)]
+    pub trace: Vec<PathBuf>,
+    /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
+    /// embedded mock).
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+    /// CA (PEM) of an `https://` target (default: the system bundle).
+    ///
+    /// Verification is never turned off.
+    #[arg(long, value_name = "FILE")]
+    pub target_ca: Option<PathBuf>,
+    /// Model name to send (default: the first model the target lists at /v1/models).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// API to call with synthesised prompts (default: each request's recorded endpoint;
+    /// completions for traces that do not say, such as Mooncake).
+    #[arg(long, value_enum)]
+    pub endpoint: Option<Api>,
+    /// Time compression: 2 replays twice as fast (default 1).
+    #[arg(long, value_name = "X")]
+    pub speed: Option<f64>,
+    /// Replay only the first N requests (default: all).
+    ///
+    /// With --shard, the shards split the trace's first N. With the embedded mock and neither
+    /// --limit nor --speed, the first 45 s of the trace.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Cap on requests in flight; waiting time is reported as client queue time.
+    #[arg(long, value_name = "C")]
+    pub max_concurrency: Option<usize>,
+    /// Tokens per hash id (default: the trace's, 512 for Mooncake).
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<u32>,
+    /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
+    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
+    pub tokenizer: Option<PathBuf>,
+    /// Vocabulary size without a tokenizer (default 4096).
+    ///
+    /// Ids below 16 are never used.
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u32>,
+    /// How prompts are sent.
+    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds)]
+    pub prompt_mode: PromptMode,
+    /// Seed of prompt synthesis (same seed, same prompts, in any process).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Write the result (vLLM keys + ours + histograms) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub result_json: Option<PathBuf>,
+    /// Add per-request arrays to the result file.
+    #[arg(long)]
+    pub detailed: bool,
+    /// Also write the run's self-contained HTML report (`retrace report`).
+    ///
+    /// With --detailed it has the per-request timeline and time series.
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
+    /// Extra request header `K=V` (repeatable).
+    #[arg(long, value_name = "K=V")]
+    pub header: Vec<String>,
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// JSON object merged into every request body (its keys win).
+    #[arg(long, value_name = "JSON")]
+    pub extra_body: Option<String>,
+    /// Mark the run invalid (exit 3) when p99 send drift exceeds D ms.
+    ///
+    /// Send drift is actual send − intended time, less any --max-concurrency slot wait.
+    #[arg(long, value_name = "D")]
+    pub max_drift_ms: Option<f64>,
+    /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).
+    #[arg(long, value_name = "METRIC:MS", num_args = 1..)]
+    pub goodput: Vec<String>,
+    /// Percentiles to report, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "99")]
+    pub percentiles: String,
+    /// Replay recorded bodies with their own max_tokens/ignore_eos.
+    #[arg(long)]
+    pub keep_original_limits: bool,
+    /// Also re-issue a recording's side requests (`/tokenize`, `GET /v1/models`, `/metrics`,
+    /// ...) verbatim; by default they are left out of the workload and counted.
+    #[arg(long)]
+    pub include_aux: bool,
+    /// Leave out requests that failed in the recording (by default they are sent as recorded,
+    /// so they fail again the same way).
+    #[arg(long)]
+    pub skip_recorded_failures: bool,
+    /// Skip (and count) malformed rows of the trace instead of stopping at the first.
+    ///
+    /// They count as workload left out (more than 10% makes the run invalid).
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Total time limit per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 3600.0)]
+    pub timeout_s: f64,
+    /// Limit on silence (no headers, no body bytes) per request, seconds.
+    #[arg(long, value_name = "S", default_value_t = 300.0)]
+    pub idle_timeout_s: f64,
+    // Tuning knobs: hidden from --help, documented in docs/tuning.md.
+    /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
+    /// 128; never more than the number of requests; 0 = none).
+    #[arg(long, value_name = "N", hide = true)]
+    pub warm_connections: Option<usize>,
+    /// When a response's bytes count as received (plain `http://` targets): `kernel` (the
+    /// kernel's receive timestamp of each socket read) or `read` (when the replayer read them).
+    #[arg(
+        long,
+        default_value = "kernel",
+        value_name = "kernel|read",
+        hide = true
+    )]
+    pub rx_stamp: String,
+    /// Threads that read streamed plain `http://` response bodies (`auto`: one per CPU, at most
+    /// 4; `0`: every body is read by its request's task).
+    #[arg(long, default_value = "auto", value_name = "N|auto", hide = true)]
+    pub reader_threads: String,
+    /// With reader threads and `--rx-stamp kernel`: how long a reader thread waits after a wake-up
+    /// before it looks again, so one wake-up reads many streams.
+    #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
+    pub read_batch_us: u64,
+    /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
+    #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
+    pub window: Option<String>,
+    /// Repeat the trace K times back to back (hash ids kept: later loops hit the cache).
+    #[arg(long = "loop", value_name = "K", help_heading = "Workload shaping")]
+    pub loop_count: Option<u32>,
+    /// Overlay K copies of the trace, each shifted by 1/K of its span: K times the load, same
+    /// burst shape.
+    #[arg(long, value_name = "K", help_heading = "Workload shaping")]
+    pub overlay: Option<u32>,
+    /// Give each overlaid copy its own hash ids (no prefix sharing between copies).
+    #[arg(long, help_heading = "Workload shaping")]
+    pub overlay_distinct: bool,
+    /// Cap idle gaps between arrivals at D (e.g. `5s`).
+    #[arg(long, value_name = "D", help_heading = "Workload shaping")]
+    pub max_gap: Option<String>,
+    /// Replace the trace's timing by gamma gaps at R requests/s (`inf`: all at once).
+    ///
+    /// As `vllm bench serve --request-rate` does.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub request_rate: Option<f64>,
+    /// Gamma shape of the gaps: 1 = Poisson, < 1 burstier, > 1 more regular.
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = 1.0,
+        help_heading = "Workload shaping"
+    )]
+    pub burstiness: f64,
+    /// Ramp the request rate from --ramp-up-start-rps to --ramp-up-end-rps over the run.
+    #[arg(
+        long,
+        value_name = "linear|exponential",
+        help_heading = "Workload shaping"
+    )]
+    pub ramp_up: Option<String>,
+    /// Request rate at the start of --ramp-up.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub ramp_up_start_rps: Option<f64>,
+    /// Request rate at the end of --ramp-up.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub ramp_up_end_rps: Option<f64>,
+    /// Replay shard I of N (0-based): a deterministic 1/N of the requests.
+    ///
+    /// Sessions are kept whole, arrival times as in the whole trace.
+    #[arg(long, value_name = "I/N", help_heading = "Workload shaping")]
+    pub shard: Option<String>,
+    /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Send a turn only when its session's previous turn finished, plus its think time.
+    ///
+    /// Session-ordered replay of a multi-turn trace: a turn waits for the previous turn of its
+    /// session (failed or not) plus its think time (/ --speed); first turns keep their planned
+    /// times. Reports how far turns drifted from their recorded arrivals.
+    #[arg(long, help_heading = "Workload shaping")]
+    pub sessions: bool,
+    /// Read the server's Prometheus metrics during the run (default URL: the target's /metrics).
+    ///
+    /// Before, every second during, and after the run: achieved prefix-cache hit rate beside the
+    /// trace's theoretical one, running/waiting requests and KV-cache usage over time (console +
+    /// result file). Another URL with `--scrape-metrics=http://host:port/metrics`.
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics")]
+    pub scrape_metrics: Option<Option<String>>,
+    /// The server's KV-cache block size in tokens (vLLM `--block-size`).
+    ///
+    /// For the theoretical prefix-cache hit count that --scrape-metrics reports, when the
+    /// server does not publish its own (vLLM's `vllm:cache_config_info` does).
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        default_value_t = 16,
+        help_heading = "Server metrics"
+    )]
+    pub server_block_size: u32,
+    /// Also send small probe requests at R per second, reported separately.
+    ///
+    /// Probes (8-token fresh prompt, 1 output token) go beside the workload, outside
+    /// --max-concurrency; their TTFT and E2E latency show how much the workload slows unrelated
+    /// traffic, never mixed into the metrics.
+    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    pub probe_request_rate: Option<f64>,
+    /// Start the clock (t0) at this wall-clock time: Unix seconds or RFC 3339.
+    ///
+    /// E.g. `2026-11-29T22:00:00Z`. Shards started separately then replay one timeline together
+    /// (machine clocks synced by NTP). Bodies and connections are prepared before it; a time more
+    /// than 5 s in the past is refused.
+    #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
+    pub start_at: Option<String>,
+}
+
+impl ReplayArgs {
+    /// The config the command line asks for, validated; every error names the flag.
+    pub fn config(self) -> anyhow::Result<Config> {
+        let a = self;
+        if let Some(s) = a.speed {
+            positive("--speed", s)?;
+            if !(1e-6..=1e6).contains(&s) {
+                bail!("--speed {s}: give a factor between 0.000001 and 1000000");
+            }
+        }
+        at_least_one("--max-concurrency", a.max_concurrency)?;
+        at_least_one("--block-size", a.block_size)?;
+        check_measurement_flags(&a)?;
+        let (api, prompt_mode) = api_and_prompts(&a)?;
+        let probe_rate = match a.probe_request_rate {
+            Some(r) => Some(positive("--probe-request-rate", r)?),
+            None => None,
+        };
+        let start_at = match &a.start_at {
+            Some(t) => Some(start::parse(t, SystemTime::now()).map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        let timeouts = Timeouts {
+            idle: Duration::from_secs_f64(positive("--idle-timeout-s", a.idle_timeout_s)?),
+            total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
+        };
+        Ok(Config {
+            percentiles: percentiles(&a.percentiles)?,
+            slo: goodput(&a.goodput)?,
+            headers: headers(&a)?,
+            extra_body: extra_body(a.extra_body.as_deref())?,
+            shaping: shaping(&a)?,
+            tuning: tuning(&a)?,
+            timeouts,
+            probe_rate,
+            start_at,
+            api,
+            select: crate::trace::select::Selection {
+                include_aux: a.include_aux,
+                skip_recorded_failures: a.skip_recorded_failures,
+                // Without --tokenizer, the target may make text (checked once it is known).
+                text_prompts: prompt_mode == PromptMode::Text || a.tokenizer.is_none(),
+            },
+            prompt_mode,
+            dry_run: a.dry_run,
+            sessions: a.sessions,
+            skip_bad: a.skip_bad,
+            scrape_metrics: a.scrape_metrics,
+            server_block_size: a.server_block_size,
+            trace: a.trace,
+            target: a.target,
+            target_ca: a.target_ca,
+            model: a.model,
+            speed: a.speed,
+            limit: a.limit,
+            max_concurrency: a.max_concurrency,
+            block_size: a.block_size,
+            tokenizer: a.tokenizer,
+            vocab_size: a.vocab_size.unwrap_or(DEFAULT_VOCAB),
+            seed: a.seed,
+            result_json: a.result_json,
+            detailed: a.detailed,
+            max_drift_ms: a.max_drift_ms,
+            keep_original_limits: a.keep_original_limits,
+            progress: std::io::stderr().is_terminal(),
+            fd_limit: None,
+        })
+    }
+}
+
+fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        bail!("{flag} {v}: must be a positive number")
+    }
+}
+
+fn at_least_one<T: PartialEq + From<u8>>(flag: &str, v: Option<T>) -> anyhow::Result<()> {
+    if v == Some(T::from(0)) {
+        bail!("{flag} 0: must be at least 1");
+    }
+    Ok(())
+}
+
+fn percentiles(list: &str) -> anyhow::Result<Vec<f64>> {
+    list.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|p| (0.0..=100.0).contains(p))
+                .ok_or_else(|| anyhow!("--percentiles {list:?}: {s:?} is not a number in 0..=100"))
+        })
+        .collect()
+}
+
+fn goodput(items: &[String]) -> anyhow::Result<metrics::Slo> {
+    let mut slo = metrics::Slo::default();
+    for item in items {
+        let bad = || anyhow!("--goodput {item:?}: expected ttft:MS, tpot:MS or e2el:MS");
+        let (k, v) = item.split_once(':').ok_or_else(bad)?;
+        let ms: f64 = v.trim().parse().map_err(|_| bad())?;
+        if !(ms.is_finite() && ms >= 0.0) {
+            return Err(bad());
+        }
+        match k.trim() {
+            "ttft" => slo.ttft_ms = Some(ms),
+            "tpot" => slo.tpot_ms = Some(ms),
+            "e2el" => slo.e2el_ms = Some(ms),
+            _ => return Err(bad()),
+        }
+    }
+    Ok(slo)
+}
+
+/// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer` (without
+/// one, text prompts are made by the target).
+fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
+    let (api, prompt_mode) = (a.endpoint, a.prompt_mode);
+    // Without --tokenizer, text comes from the target's /tokenize and /detokenize.
+    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds && a.tokenizer.is_some() {
+        bail!("--endpoint chat sends text: add --prompt-mode text to use --tokenizer");
+    }
+    Ok((api, prompt_mode))
+}
+
+/// `--header` values and the `--api-key-env` key.
+fn headers(a: &ReplayArgs) -> anyhow::Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    for h in &a.header {
+        let (k, v) = crate::replay::http::target::parse_header(h).map_err(|e| anyhow!(e))?;
+        headers.append(k, v);
+    }
+    if let Some(var) = &a.api_key_env {
+        let key = std::env::var(var)
+            .map_err(|_| anyhow!("--api-key-env {var}: environment variable {var} is not set"))?;
+        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+            .map_err(|_| anyhow!("--api-key-env {var}: the key is not a valid header value"))?;
+        v.set_sensitive(true);
+        headers.insert(AUTHORIZATION, v);
+    }
+    Ok(headers)
+}
+
+fn extra_body(s: Option<&str>) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    match s.map(serde_json::from_str::<serde_json::Value>) {
+        None => Ok(serde_json::Map::new()),
+        Some(Ok(serde_json::Value::Object(m))) => Ok(m),
+        Some(Ok(_)) => bail!("--extra-body: must be a JSON object, like '{{\"temperature\":0}}'"),
+        Some(Err(e)) => bail!("--extra-body: not JSON: {e}"),
+    }
+}
+
+fn shaping(a: &ReplayArgs) -> anyhow::Result<shaping::Shaping> {
+    let window_us = values::parse_flag("--window", a.window.as_deref(), values::parse_window)?;
+    let max_gap_us =
+        values::parse_flag("--max-gap", a.max_gap.as_deref(), values::parse_duration_us)?;
+    shaping::Shaping::from_flags(&shaping::ShapingFlags {
+        window_us,
+        loops: a.loop_count,
+        overlay: a.overlay,
+        overlay_distinct: a.overlay_distinct,
+        max_gap_us,
+        request_rate: a.request_rate,
+        burstiness: a.burstiness,
+        ramp_up: a.ramp_up.as_deref(),
+        ramp_up_start_rps: a.ramp_up_start_rps,
+        ramp_up_end_rps: a.ramp_up_end_rps,
+        shard: a.shard.as_deref(),
+        limit: a.limit,
+        seed: a.seed,
+    })
+    .map_err(anyhow::Error::msg)
+}
+
+/// `--scrape-metrics`, `--max-drift-ms`, `--server-block-size`: checked, nothing to convert.
+fn check_measurement_flags(a: &ReplayArgs) -> anyhow::Result<()> {
+    if a.server_block_size == 0 {
+        bail!("--server-block-size 0: must be at least 1");
+    }
+    if let Some(Some(u)) = &a.scrape_metrics {
+        crate::sys::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
+        if !u.starts_with("http://") {
+            bail!("--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics");
+        }
+    }
+    if let Some(d) = a.max_drift_ms {
+        if !(d.is_finite() && d >= 0.0) {
+            bail!("--max-drift-ms {d}: must be a non-negative number");
+        }
+    }
+    Ok(())
+}
+
+/// The hidden tuning knobs.
+fn tuning(a: &ReplayArgs) -> anyhow::Result<Tuning> {
+    let reader_threads = match a.reader_threads.as_str() {
+        "auto" => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+        n => match n.parse::<usize>() {
+            Ok(v) if v <= 64 => v,
+            _ => bail!("--reader-threads {n:?}: give a number of threads (0 to 64) or auto"),
+        },
+    };
+    if a.read_batch_us > 5_000 {
+        bail!("--read-batch-us {}: at most 5000 (5 ms)", a.read_batch_us);
+    }
+    let kernel_rx = match a.rx_stamp.as_str() {
+        "kernel" => true,
+        "read" => false,
+        other => bail!("--rx-stamp {other:?}: give kernel or read"),
+    };
+    Ok(Tuning {
+        warm_connections: a.warm_connections,
+        kernel_rx,
+        reader_threads,
+        read_batch: Duration::from_micros(a.read_batch_us),
+        window: Default::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> anyhow::Result<Config> {
+        let mut v = vec!["retrace", "replay", "t.jsonl"];
+        v.extend_from_slice(args);
+        match <crate::cli::Cli as clap::Parser>::parse_from(v).command {
+            crate::cli::Command::Replay(a) => a.config(),
+            _ => unreachable!("replay"),
+        }
+    }
+
+    #[test]
+    fn duration_errors_name_the_flag() {
+        for (args, flag) in [
+            (["--window", "3s"], "--window"),
+            (["--max-gap", "x"], "--max-gap"),
+        ] {
+            let e = config(&args).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e} should name {flag}");
+        }
+        let c = config(&["--window", "1s..2s", "--max-gap", "5s"]).unwrap();
+        assert_eq!(c.shaping.window_us, Some((1_000_000, 2_000_000)));
+        assert_eq!(c.shaping.max_gap_us, Some(5_000_000));
+    }
+}

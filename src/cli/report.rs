@@ -1,0 +1,142 @@
+//! `retrace compare`, `report` and `merge`: their command lines and options.
+
+use crate::report::render::Format as CompareFormat;
+use crate::report::{self, compare, rules};
+use std::path::PathBuf;
+
+/// Compare a candidate run against a baseline.
+///
+/// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
+///
+/// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
+/// paired comparison), `vllm bench serve --save-result` files, AIPerf exports
+/// (`profile_export.jsonl`, or `profile_export_aiperf.json`: its statistics only), or traces.
+/// Exit status: 0 ok,
+/// 1 a `--fail-on` rule tripped, 2 usage or input error, 4 no rule tripped but some could not be
+/// judged (too few samples).
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The reference run.
+    pub baseline: PathBuf,
+    /// The run under test.
+    pub candidate: PathBuf,
+    /// Another run of the baseline (same trace, same target): changes count only beyond the
+    /// largest difference between such a run and the baseline. Repeat for several reruns.
+    #[arg(long, value_name = "OTHER_BASELINE")]
+    pub noise: Vec<PathBuf>,
+    /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
+    /// (+N% relative change, +N absolute change, N the candidate's value).
+    #[arg(long, value_name = "RULES")]
+    pub fail_on: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
+    pub format: CompareFormat,
+    /// Also write the comparison as a self-contained HTML page.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Smallest change that counts: a percentage of the baseline (`1%`, the default) or an
+    /// absolute amount in the metric's unit (`0.5`); smaller changes are "no change".
+    #[arg(long, value_name = "X%|X", default_value = "1%")]
+    pub min_effect: String,
+    /// Seed of the bootstrap resampling (same seed, same intervals).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Bootstrap resamples per metric.
+    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+    pub resamples: u64,
+}
+
+/// Write a self-contained HTML report of one run.
+///
+/// Example: `retrace report result.json -o report.html`
+///
+/// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
+/// result, an AIPerf export, or a recorded trace. The page needs no network.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Result or trace file.
+    pub input: PathBuf,
+    /// Output HTML file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Timeline colours of inter-token gaps, as vLLM's `--timeline-itl-thresholds`: green below A
+    /// ms, orange below B ms, red above; TTFT has its own colour.
+    #[arg(
+        long,
+        visible_alias = "timeline-itl-thresholds",
+        value_name = "A,B",
+        default_value = "25,50"
+    )]
+    pub thresholds_ms: String,
+}
+
+/// Options of `retrace merge` (help text on the `Merge` command).
+#[derive(Debug, clap::Args)]
+pub struct MergeArgs {
+    /// Result files (`retrace.replay/1`), or AIPerf per-request exports.
+    #[arg(required = true, num_args = 1..)]
+    pub inputs: Vec<PathBuf>,
+    /// Output result file.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+impl CompareArgs {
+    /// The options `compare` runs with; `--fail-on` and `--min-effect` parsed.
+    pub fn options(&self) -> anyhow::Result<report::CompareOptions> {
+        let rules = match &self.fail_on {
+            Some(spec) => rules::parse(spec)?,
+            None => Vec::new(),
+        };
+        let min_effect = compare::MinEffect::parse(&self.min_effect).map_err(anyhow::Error::msg)?;
+        Ok(report::CompareOptions {
+            baseline: self.baseline.clone(),
+            candidate: self.candidate.clone(),
+            noise: self.noise.clone(),
+            rules,
+            format: self.format,
+            html: self.html.clone(),
+            compare: compare::Options {
+                min_effect,
+                seed: self.seed,
+                resamples: self.resamples as usize,
+            },
+        })
+    }
+}
+
+impl ReportArgs {
+    /// The options `report` runs with; `--thresholds-ms` parsed.
+    pub fn options(&self) -> anyhow::Result<report::ReportOptions> {
+        Ok(report::ReportOptions {
+            input: self.input.clone(),
+            output: self.output.clone(),
+            thresholds_ms: parse_thresholds(&self.thresholds_ms)?,
+        })
+    }
+}
+
+impl MergeArgs {
+    /// The options `merge` runs with.
+    pub fn options(&self) -> report::MergeOptions {
+        report::MergeOptions {
+            inputs: self.inputs.clone(),
+            output: self.output.clone(),
+        }
+    }
+}
+
+/// Parses `--thresholds-ms A,B`.
+fn parse_thresholds(s: &str) -> anyhow::Result<(f64, f64)> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| anyhow::anyhow!("--thresholds-ms `{s}`: expected two numbers like 25,50"))?;
+    match v[..] {
+        [a, b] if a > 0.0 && b > a && b.is_finite() => Ok((a, b)),
+        _ => anyhow::bail!(
+            "--thresholds-ms `{s}`: expected two increasing positive numbers like 25,50"
+        ),
+    }
+}

@@ -1,0 +1,123 @@
+//! `retrace synth`'s command line and its [`synth::Options`].
+
+use super::values::{parse_duration_us, parse_flag};
+use crate::convert::OutFormat;
+use crate::synth::{self, fit, transforms::Transforms, Mode};
+use crate::trace::import::{Format, ImportOptions};
+use std::path::PathBuf;
+
+/// Write a what-if trace.
+///
+/// Example: `retrace synth traces/mooncake_conversation_1k.jsonl -o small.jsonl --scale-lengths 0.0625 --max-osl 256`
+///
+/// Without --fit the input's requests are transformed one by one (AIPerf 0.13's synthesis
+/// options); with --fit a model of the input (prefix tree, sessions, arrivals, lengths) is
+/// learned and a new trace sampled from it, with new hash ids. Deterministic from --seed.
+/// Details and the differences from AIPerf: docs/synth.md. Stopped by SIGINT or SIGTERM, it
+/// leaves no output (nor its `.partial` file) and exits 130 or 143.
+#[derive(Debug, clap::Args)]
+pub struct SynthArgs {
+    /// Input trace (any format `inspect` reads).
+    pub input: PathBuf,
+    /// Output file (format from the name as `convert` picks it, or --to); `-` writes to stdout.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Input format (detected from content when absent).
+    #[arg(long, value_enum)]
+    pub from: Option<Format>,
+    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub trace_block_size: Option<u32>,
+    /// Output format.
+    #[arg(long, value_enum)]
+    pub to: Option<OutFormat>,
+    /// Skip (and count) malformed rows instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Seed of every random choice (same input and seed, same output).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Arrivals (and think times) divided by X: 2 is twice the rate.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Shared prefix paths X times as long (in blocks).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub prefix_len_multiplier: f64,
+    /// Requests spread over K independent copies of the prefix tree (reuse falls).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub prefix_root_multiplier: u32,
+    /// Unique (unshared) part of each prompt X times as long.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub prompt_len_multiplier: f64,
+    /// Every input length and the block size times X, hash ids kept: the same prefix tree at
+    /// another token scale (block size × X must be a whole number).
+    #[arg(long, value_name = "X", conflicts_with_all = ["prefix_len_multiplier", "prompt_len_multiplier"])]
+    pub scale_lengths: Option<f64>,
+    /// Drop requests whose input length (after the multipliers) is above N.
+    #[arg(long, value_name = "N")]
+    pub max_isl: Option<u64>,
+    /// Cap output lengths at N.
+    #[arg(long, value_name = "N")]
+    pub max_osl: Option<u64>,
+    /// Learn a model of the input and sample a new trace from it (new hash ids).
+    #[arg(long)]
+    pub fit: bool,
+    /// With --fit: requests to write (default: the input's count; at most 10^8).
+    #[arg(long, value_name = "N", requires = "fit")]
+    pub requests: Option<u64>,
+    /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.
+    #[arg(long, value_name = "D", requires = "fit")]
+    pub duration: Option<String>,
+    /// With --fit: mean arrival rate in requests/s (default: the input's).
+    #[arg(long, value_name = "R", requires = "fit")]
+    pub rate: Option<f64>,
+    /// With --fit: K times the independent users (sessions and prefix roots), at K times the rate.
+    #[arg(long, value_name = "K", default_value_t = 1.0, requires = "fit")]
+    pub scale_users: f64,
+    /// zstd level for native output (1-22).
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub level: i32,
+}
+
+impl SynthArgs {
+    /// The options `synth` runs with; `--duration` parsed.
+    pub fn options(&self) -> anyhow::Result<synth::Options> {
+        Ok(synth::Options {
+            input: self.input.clone(),
+            output: self.output.clone(),
+            import: ImportOptions {
+                format: self.from,
+                skip_bad: self.skip_bad,
+                block_size: self.trace_block_size,
+            },
+            to: self.to,
+            level: self.level,
+            mode: self.mode()?,
+        })
+    }
+
+    fn mode(&self) -> anyhow::Result<Mode> {
+        if !self.fit {
+            return Ok(Mode::Transform(Transforms {
+                speedup: self.speedup,
+                prefix_len: self.prefix_len_multiplier,
+                prefix_root: self.prefix_root_multiplier,
+                prompt_len: self.prompt_len_multiplier,
+                scale_lengths: self.scale_lengths,
+                max_isl: self.max_isl,
+                max_osl: self.max_osl,
+                seed: self.seed,
+            }));
+        }
+        let size = fit::Size {
+            requests: self.requests,
+            duration_us: parse_flag("--duration", self.duration.as_deref(), parse_duration_us)?,
+            rate: self.rate,
+            scale_users: self.scale_users,
+        };
+        Ok(Mode::Fit {
+            size,
+            seed: self.seed,
+        })
+    }
+}
