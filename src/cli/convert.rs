@@ -19,41 +19,41 @@ use std::path::PathBuf;
 pub struct ConvertArgs {
     /// Input trace (any format `inspect` reads); several recordings are merged by wall clock.
     #[arg(required = true, num_args = 1..)]
-    pub inputs: Vec<PathBuf>,
+    pub(crate) inputs: Vec<PathBuf>,
     /// Output file; `-` writes to stdout.
     #[arg(short, long)]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Input format (detected from content when absent).
     #[arg(long, value_enum)]
-    pub from: Option<Format>,
+    pub(crate) from: Option<Format>,
     /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
+    pub(crate) trace_block_size: Option<u32>,
     /// Output format (from the output name when absent: `.jsonl` → mooncake, else native).
     #[arg(long, value_enum)]
-    pub to: Option<OutFormat>,
+    pub(crate) to: Option<OutFormat>,
     /// Skip (and count) malformed rows instead of stopping at the first.
     #[arg(long)]
-    pub skip_bad: bool,
+    pub(crate) skip_bad: bool,
     /// Keep arrivals in START..END of trace time (e.g. `60s..600s`, `..90s`); offsets restart at START.
     #[arg(long, value_name = "START..END")]
-    pub window: Option<String>,
+    pub(crate) window: Option<String>,
     /// Keep only the first N requests (after --window).
     #[arg(long, value_name = "N")]
-    pub head: Option<usize>,
+    pub(crate) head: Option<usize>,
     /// Keep one request in K (after --head).
     #[arg(long, value_name = "K", default_value_t = 1)]
-    pub sample: usize,
+    pub(crate) sample: usize,
     /// Bake in a speed factor: arrival offsets are divided by X (2 = twice as fast).
     #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub speed: f64,
+    pub(crate) speed: f64,
     /// Re-block hash ids to N tokens per id, a whole multiple of the trace's block size (e.g. a
     /// recording hashed at 16 exported as Mooncake's 512).
     #[arg(long, value_name = "N")]
-    pub block_size: Option<u32>,
+    pub(crate) block_size: Option<u32>,
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
-    pub level: i32,
+    pub(crate) level: i32,
 }
 
 impl ConvertArgs {

@@ -13,26 +13,26 @@ pub struct InspectArgs {
     /// Trace file (native, Mooncake, Azure, BurstGPT, session JSON, vLLM custom JSONL); several
     /// recordings (a rotated set, or several proxies) are merged by wall clock as they are read.
     #[arg(required = true, num_args = 1..)]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
     /// Print JSON (schema: docs/inspect-json.md) instead of text.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Also report the prefix hit rate with an LRU cache of this many blocks (at most 4194304).
     #[arg(long, value_name = "N")]
-    pub cache_blocks: Option<u64>,
+    pub(crate) cache_blocks: Option<u64>,
     /// Prefix statistics at N tokens per block instead of the trace's (re-chunked hash ids;
     /// docs/synth.md says how).
     #[arg(long, value_name = "N")]
-    pub block_size: Option<u32>,
+    pub(crate) block_size: Option<u32>,
     /// Force the input format instead of detecting it.
     #[arg(long, value_enum)]
-    pub from: Option<Format>,
+    pub(crate) from: Option<Format>,
     /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
+    pub(crate) trace_block_size: Option<u32>,
     /// Skip (and count) malformed rows instead of stopping at the first.
     #[arg(long)]
-    pub skip_bad: bool,
+    pub(crate) skip_bad: bool,
 }
 
 impl InspectArgs {

@@ -23,104 +23,104 @@ fn status_codes_text() -> &'static str {
 pub struct MockArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8000")]
-    pub listen: String,
+    pub(crate) listen: String,
     /// Served model name (requests naming another model get 404).
     #[arg(long, default_value_t = MockConfig::default().model)]
-    pub model: String,
+    pub(crate) model: String,
     /// Exact timings whatever the load, bypassing the cost model: TTFT_MS,ITL_MS (e.g. 50,10).
     #[arg(long, value_name = "TTFT_MS,ITL_MS")]
-    pub fixed_timing: Option<String>,
+    pub(crate) fixed_timing: Option<String>,
     /// Maximum number of sequences running in one batch.
     #[arg(long, default_value_t = MockConfig::default().max_num_seqs)]
-    pub max_num_seqs: usize,
+    pub(crate) max_num_seqs: usize,
     /// Engine profile: cost model and step token budget. `llama8b` (default: the calibrated
     /// Llama-3.1-8B-like figures, ~70 ms TTFT / ~8 ms TPOT for a 137-token prompt) or `fast`
     /// (≈200k prefill tokens/s, 8,192-token steps; the embedded target of `retrace replay`).
     #[arg(long, default_value = Profile::DEFAULT.name, value_name = "NAME")]
-    pub profile: String,
+    pub(crate) profile: String,
     /// Token budget of one scheduler step (decode tokens + prefill chunks) [default: from --profile].
     #[arg(long)]
-    pub max_num_batched_tokens: Option<u32>,
+    pub(crate) max_num_batched_tokens: Option<u32>,
     /// KV cache block size in tokens (prefix-cache granularity).
     #[arg(long, default_value_t = MockConfig::default().block_size)]
-    pub block_size: u32,
+    pub(crate) block_size: u32,
     /// KV cache capacity in tokens; unreferenced cached blocks are evicted LRU beyond it.
     #[arg(long, default_value_t = MockConfig::default().kv_cache_tokens)]
-    pub kv_cache_tokens: u64,
+    pub(crate) kv_cache_tokens: u64,
     /// Context length; a prompt of this many tokens or more gets HTTP 400.
     #[arg(long, default_value_t = MockConfig::default().max_model_len)]
-    pub max_model_len: u32,
+    pub(crate) max_model_len: u32,
     /// Tokens carried by each SSE event after the first (as speculative decoding does).
     #[arg(long, default_value_t = MockConfig::default().tokens_per_event, value_name = "K")]
-    pub tokens_per_event: u32,
+    pub(crate) tokens_per_event: u32,
     /// Add vLLM's per-request `metrics` object (queue, TTFT, generation time, mean ITL, tokens/s).
     #[arg(long)]
-    pub enable_per_request_metrics: bool,
+    pub(crate) enable_per_request_metrics: bool,
     /// HF tokenizer.json for exact tokenization (default: the documented built-in scheme).
     #[arg(long, value_name = "tokenizer.json")]
-    pub tokenizer: Option<PathBuf>,
+    pub(crate) tokenizer: Option<PathBuf>,
     /// Seed for generated tokens, EOS positions and injected faults.
     #[arg(long, default_value_t = MockConfig::default().seed)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Per-token EOS probability after min_tokens when the request does not set ignore_eos.
     #[arg(long, default_value_t = MockConfig::default().eos_prob)]
-    pub eos_prob: f64,
+    pub(crate) eos_prob: f64,
     /// Cost model: front-end latency of every request before the engine queues it (HTTP,
     /// tokenization), ms; part of the client's TTFT, not of the engine's [default: from --profile].
     #[arg(long)]
-    pub request_overhead_ms: Option<f64>,
+    pub(crate) request_overhead_ms: Option<f64>,
     /// Cost model: fixed time of every scheduler step, ms [default: from --profile].
     #[arg(long)]
-    pub step_overhead_ms: Option<f64>,
+    pub(crate) step_overhead_ms: Option<f64>,
     /// Cost model: time per prefill token, ms [default: from --profile].
     #[arg(long)]
-    pub prefill_token_ms: Option<f64>,
+    pub(crate) prefill_token_ms: Option<f64>,
     /// Cost model: time per sequence in the step, ms [default: from --profile].
     #[arg(long)]
-    pub seq_ms: Option<f64>,
+    pub(crate) seq_ms: Option<f64>,
     /// Cost model: time per context (KV) token attended in the step, ms [default: from --profile].
     #[arg(long)]
-    pub context_token_ms: Option<f64>,
+    pub(crate) context_token_ms: Option<f64>,
     /// Fraction of requests answered with an error status (from --fault-status-codes).
     #[arg(long, default_value_t = MockConfig::default().faults.status_rate)]
-    pub fault_status_rate: f64,
+    pub(crate) fault_status_rate: f64,
     /// Statuses for --fault-status-rate, comma-separated.
     #[arg(long, default_value = status_codes_text(), value_delimiter = ',')]
-    pub fault_status_codes: Vec<u16>,
+    pub(crate) fault_status_codes: Vec<u16>,
     /// Fraction of requests that stall --fault-stall-ms before their first token.
     #[arg(long, default_value_t = MockConfig::default().faults.stall_first_rate)]
-    pub fault_stall_first_rate: f64,
+    pub(crate) fault_stall_first_rate: f64,
     /// Fraction of requests that stall --fault-stall-ms after --fault-stall-after tokens.
     #[arg(long, default_value_t = MockConfig::default().faults.stall_mid_rate)]
-    pub fault_stall_mid_rate: f64,
+    pub(crate) fault_stall_mid_rate: f64,
     /// Length of an injected stall, ms.
     #[arg(long, default_value_t = MockConfig::default().faults.stall_ms)]
-    pub fault_stall_ms: f64,
+    pub(crate) fault_stall_ms: f64,
     /// Tokens sent before a mid-stream stall.
     #[arg(long, default_value_t = MockConfig::default().faults.stall_after_tokens)]
-    pub fault_stall_after: u32,
+    pub(crate) fault_stall_after: u32,
     /// Fraction of requests whose connection is reset (TCP RST) after --fault-reset-after tokens.
     #[arg(long, default_value_t = MockConfig::default().faults.reset_rate)]
-    pub fault_reset_rate: f64,
+    pub(crate) fault_reset_rate: f64,
     /// Tokens sent before an injected reset.
     #[arg(long, default_value_t = MockConfig::default().faults.reset_after_tokens)]
-    pub fault_reset_after: u32,
+    pub(crate) fault_reset_after: u32,
     /// Fraction of requests whose response headers are delayed by --fault-slow-headers-ms.
     #[arg(long, default_value_t = MockConfig::default().faults.slow_headers_rate)]
-    pub fault_slow_headers_rate: f64,
+    pub(crate) fault_slow_headers_rate: f64,
     /// Delay of slow response headers, ms.
     #[arg(long, default_value_t = MockConfig::default().faults.slow_headers_ms)]
-    pub fault_slow_headers_ms: f64,
+    pub(crate) fault_slow_headers_ms: f64,
     // Tuning knobs, hidden from --help (docs/tuning.md, `## mock`).
     /// Threads serving HTTP connections (the engine has its own thread besides).
     #[arg(long, default_value_t = MockConfig::default().io_threads, hide = true)]
-    pub io_threads: usize,
+    pub(crate) io_threads: usize,
     /// Run the engine, writer and HTTP threads under SCHED_FIFO (needs CAP_SYS_NICE).
     #[arg(long, hide = true)]
-    pub realtime: bool,
+    pub(crate) realtime: bool,
     /// Emission clock: minimum gap between hand-overs, µs.
     #[arg(long, default_value_t = MockConfig::default().coalesce_us, hide = true)]
-    pub coalesce_us: u64,
+    pub(crate) coalesce_us: u64,
 }
 
 /// Parses `TTFT_MS,ITL_MS`.

@@ -11,13 +11,13 @@ mod report;
 mod synth;
 mod values;
 
-pub use convert::ConvertArgs;
-pub use inspect::InspectArgs;
-pub use mock::MockArgs;
-pub use record::RecordArgs;
-pub use replay::ReplayArgs;
-pub use report::{CompareArgs, MergeArgs, ReportArgs};
-pub use synth::SynthArgs;
+pub(crate) use convert::ConvertArgs;
+pub(crate) use inspect::InspectArgs;
+pub(crate) use mock::MockArgs;
+pub(crate) use record::RecordArgs;
+pub(crate) use replay::ReplayArgs;
+pub(crate) use report::{CompareArgs, MergeArgs, ReportArgs};
+pub(crate) use synth::SynthArgs;
 
 use clap::{Parser, Subcommand};
 

@@ -18,91 +18,91 @@ use std::path::PathBuf;
 pub struct RecordArgs {
     /// Address to accept clients on (HTTP/1.1 and HTTP/2; TLS with --tls-cert/--tls-key).
     #[arg(long, value_name = "ADDR")]
-    pub listen: String,
+    pub(crate) listen: String,
     /// The server to forward to, e.g. `http://127.0.0.1:8001` or `https://llm.internal/prefix`.
     #[arg(long, value_name = "URL")]
-    pub upstream: String,
+    pub(crate) upstream: String,
     /// Directory for trace files `<name>-<start>-<seq>.trace.zst` (created if missing).
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
     /// File name prefix of the trace files.
     #[arg(long, default_value = defaults::NAME)]
-    pub name: String,
+    pub(crate) name: String,
     /// PEM certificate chain to terminate TLS (ALPN h2 and http/1.1); needs --tls-key.
     #[arg(long, value_name = "PEM")]
-    pub tls_cert: Option<PathBuf>,
+    pub(crate) tls_cert: Option<PathBuf>,
     /// PEM private key for --tls-cert.
     #[arg(long, value_name = "PEM")]
-    pub tls_key: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) to trust for an https upstream (default: the system bundle).
     #[arg(long, value_name = "PEM")]
-    pub upstream_ca: Option<PathBuf>,
+    pub(crate) upstream_ca: Option<PathBuf>,
     /// Speak HTTP/2 to the upstream (h2c prior knowledge, or ALPN h2 over TLS).
     #[arg(long)]
-    pub upstream_http2: bool,
+    pub(crate) upstream_http2: bool,
     /// Limit for connecting to the upstream.
     #[arg(long, default_value_t = duration_text(defaults::CONNECT_TIMEOUT), value_name = "DURATION")]
-    pub connect_timeout: String,
+    pub(crate) connect_timeout: String,
     /// Limit from request arrival to the upstream's response headers (long: a queued
     /// non-streamed generation sends its headers at the end).
     #[arg(long, default_value_t = duration_text(defaults::HEADERS_TIMEOUT), value_name = "DURATION")]
-    pub headers_timeout: String,
+    pub(crate) headers_timeout: String,
     /// Longest silence between two response chunks before the response is cut.
     #[arg(long, default_value_t = duration_text(defaults::IDLE_TIMEOUT), value_name = "DURATION")]
-    pub idle_timeout: String,
+    pub(crate) idle_timeout: String,
     /// Optional limit on a whole exchange (`none` by default: long generations are normal).
     #[arg(long, value_name = "DURATION")]
-    pub total_timeout: Option<String>,
+    pub(crate) total_timeout: Option<String>,
     /// On SIGINT/SIGTERM, how long in-flight streams may take to finish before the trace is closed
     /// (upgraded tunnels, e.g. WebSockets, are cut just before; see docs/record.md).
     #[arg(long, default_value_t = duration_text(defaults::DRAIN_TIMEOUT), value_name = "DURATION")]
-    pub drain_timeout: String,
+    pub(crate) drain_timeout: String,
     /// Bodies to keep in the trace: none (default), request (prompts), full (prompts and outputs).
     #[arg(long, default_value = bodies_name(defaults::BODIES), value_name = "none|request|full")]
-    pub bodies: String,
+    pub(crate) bodies: String,
     /// File holding a secret key: block hashes become HMAC-SHA256, so a shared trace cannot be
     /// matched against guessed prompts.
     #[arg(long, value_name = "FILE")]
-    pub hash_key_file: Option<PathBuf>,
+    pub(crate) hash_key_file: Option<PathBuf>,
     /// Hugging Face `tokenizer.json` for exact text-prompt blocks (token-id prompts are always
     /// exact; without it text is approximated as 4 bytes per token and the input length is taken
     /// from the server's usage).
     #[arg(long, value_name = "FILE")]
-    pub tokenizer: Option<PathBuf>,
+    pub(crate) tokenizer: Option<PathBuf>,
     /// Never send a request of the proxy's own upstream. Without it (and without --tokenizer), a
     /// text prompt whose length no usage gave is counted with the upstream's `POST /tokenize`,
     /// off the forwarding path, rate-bounded (docs/record.md, "Input lengths").
     #[arg(long)]
-    pub no_upstream_tokenize: bool,
+    pub(crate) no_upstream_tokenize: bool,
     /// Most `POST /tokenize` requests of the proxy's own per second (at most 4 in flight).
     #[arg(long, default_value_t = defaults::UPSTREAM_TOKENIZE_RATE, value_name = "N")]
-    pub upstream_tokenize_rate: u32,
+    pub(crate) upstream_tokenize_rate: u32,
     /// Tokens per hash block (512 matches Mooncake traces).
     #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
-    pub block_size: u32,
+    pub(crate) block_size: u32,
     /// Records the writer may queue; beyond that records are dropped and counted, never traffic slowed.
     #[arg(long, default_value_t = defaults::QUEUE)]
-    pub queue: usize,
+    pub(crate) queue: usize,
     /// Captured body bytes the writer queue may hold (bounds memory when the disk is slow).
     #[arg(long, default_value_t = size_text(defaults::QUEUE_BYTES), value_name = "SIZE")]
-    pub queue_bytes: String,
+    pub(crate) queue_bytes: String,
     /// Bytes captured per request and per response body for recording (bodies are always
     /// forwarded whole; a stream's events are still counted past it).
     #[arg(long, default_value_t = size_text(defaults::CAPTURE_MAX), value_name = "SIZE")]
-    pub capture_max: String,
+    pub(crate) capture_max: String,
     /// Start a new trace file after this many compressed bytes.
     #[arg(long, default_value_t = size_text(defaults::ROTATE_BYTES), value_name = "SIZE")]
-    pub rotate_size: String,
+    pub(crate) rotate_size: String,
     /// Start a new trace file after this long.
     #[arg(long, default_value_t = duration_text(defaults::ROTATE_EVERY), value_name = "DURATION")]
-    pub rotate_interval: String,
+    pub(crate) rotate_interval: String,
     /// Admin endpoint (`/metrics`, `/healthz`); `none` turns it off.
     #[arg(long, default_value_t = defaults::ADMIN.to_string(), value_name = "ADDR")]
-    pub admin: String,
+    pub(crate) admin: String,
     /// Threads serving connections, each a single-threaded runtime (0: one per CPU). Tuning,
     /// hidden: see docs/tuning.md.
     #[arg(long, default_value_t = defaults::IO_THREADS, value_name = "N", hide = true)]
-    pub io_threads: usize,
+    pub(crate) io_threads: usize,
 }
 
 impl RecordArgs {

@@ -17,33 +17,33 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
     /// The reference run.
-    pub baseline: PathBuf,
+    pub(crate) baseline: PathBuf,
     /// The run under test.
-    pub candidate: PathBuf,
+    pub(crate) candidate: PathBuf,
     /// Another run of the baseline (same trace, same target): changes count only beyond the
     /// largest difference between such a run and the baseline. Repeat for several reruns.
     #[arg(long, value_name = "OTHER_BASELINE")]
-    pub noise: Vec<PathBuf>,
+    pub(crate) noise: Vec<PathBuf>,
     /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
     /// (+N% relative change, +N absolute change, N the candidate's value).
     #[arg(long, value_name = "RULES")]
-    pub fail_on: Option<String>,
+    pub(crate) fail_on: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
-    pub format: CompareFormat,
+    pub(crate) format: CompareFormat,
     /// Also write the comparison as a self-contained HTML page.
     #[arg(long, value_name = "FILE")]
-    pub html: Option<PathBuf>,
+    pub(crate) html: Option<PathBuf>,
     /// Smallest change that counts: a percentage of the baseline (`1%`, the default) or an
     /// absolute amount in the metric's unit (`0.5`); smaller changes are "no change".
     #[arg(long, value_name = "X%|X", default_value = "1%")]
-    pub min_effect: String,
+    pub(crate) min_effect: String,
     /// Seed of the bootstrap resampling (same seed, same intervals).
     #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Bootstrap resamples per metric.
     #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
-    pub resamples: u64,
+    pub(crate) resamples: u64,
 }
 
 /// Write a self-contained HTML report of one run.
@@ -55,10 +55,10 @@ pub struct CompareArgs {
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
     /// Result or trace file.
-    pub input: PathBuf,
+    pub(crate) input: PathBuf,
     /// Output HTML file.
     #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Timeline colours of inter-token gaps, as vLLM's `--timeline-itl-thresholds`: green below A
     /// ms, orange below B ms, red above; TTFT has its own colour.
     #[arg(
@@ -67,7 +67,7 @@ pub struct ReportArgs {
         value_name = "A,B",
         default_value = "25,50"
     )]
-    pub thresholds_ms: String,
+    pub(crate) thresholds_ms: String,
 }
 
 /// Options of `retrace merge` (help text on the `Merge` command).
@@ -75,15 +75,15 @@ pub struct ReportArgs {
 pub struct MergeArgs {
     /// Result files (`retrace.replay/1`), or AIPerf per-request exports.
     #[arg(required = true, num_args = 1..)]
-    pub inputs: Vec<PathBuf>,
+    pub(crate) inputs: Vec<PathBuf>,
     /// Output result file.
     #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
 }
 
 impl CompareArgs {
     /// The options `compare` runs with; `--fail-on` and `--min-effect` parsed.
-    pub fn options(&self) -> anyhow::Result<report::CompareOptions> {
+    pub(crate) fn options(&self) -> anyhow::Result<report::CompareOptions> {
         let rules = match &self.fail_on {
             Some(spec) => rules::parse(spec)?,
             None => Vec::new(),
@@ -107,7 +107,7 @@ impl CompareArgs {
 
 impl ReportArgs {
     /// The options `report` runs with; `--thresholds-ms` parsed.
-    pub fn options(&self) -> anyhow::Result<report::ReportOptions> {
+    pub(crate) fn options(&self) -> anyhow::Result<report::ReportOptions> {
         Ok(report::ReportOptions {
             input: self.input.clone(),
             output: self.output.clone(),
@@ -118,7 +118,7 @@ impl ReportArgs {
 
 impl MergeArgs {
     /// The options `merge` runs with.
-    pub fn options(&self) -> report::MergeOptions {
+    pub(crate) fn options(&self) -> report::MergeOptions {
         report::MergeOptions {
             inputs: self.inputs.clone(),
             output: self.output.clone(),

@@ -18,65 +18,65 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct SynthArgs {
     /// Input trace (any format `inspect` reads).
-    pub input: PathBuf,
+    pub(crate) input: PathBuf,
     /// Output file (format from the name as `convert` picks it, or --to); `-` writes to stdout.
     #[arg(short, long)]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Input format (detected from content when absent).
     #[arg(long, value_enum)]
-    pub from: Option<Format>,
+    pub(crate) from: Option<Format>,
     /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub trace_block_size: Option<u32>,
+    pub(crate) trace_block_size: Option<u32>,
     /// Output format.
     #[arg(long, value_enum)]
-    pub to: Option<OutFormat>,
+    pub(crate) to: Option<OutFormat>,
     /// Skip (and count) malformed rows instead of stopping at the first.
     #[arg(long)]
-    pub skip_bad: bool,
+    pub(crate) skip_bad: bool,
     /// Seed of every random choice (same input and seed, same output).
     #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// Arrivals (and think times) divided by X: 2 is twice the rate.
     #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub speedup: f64,
+    pub(crate) speedup: f64,
     /// Shared prefix paths X times as long (in blocks).
     #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub prefix_len_multiplier: f64,
+    pub(crate) prefix_len_multiplier: f64,
     /// Requests spread over K independent copies of the prefix tree (reuse falls).
     #[arg(long, value_name = "K", default_value_t = 1)]
-    pub prefix_root_multiplier: u32,
+    pub(crate) prefix_root_multiplier: u32,
     /// Unique (unshared) part of each prompt X times as long.
     #[arg(long, value_name = "X", default_value_t = 1.0)]
-    pub prompt_len_multiplier: f64,
+    pub(crate) prompt_len_multiplier: f64,
     /// Every input length and the block size times X, hash ids kept: the same prefix tree at
     /// another token scale (block size × X must be a whole number).
     #[arg(long, value_name = "X", conflicts_with_all = ["prefix_len_multiplier", "prompt_len_multiplier"])]
-    pub scale_lengths: Option<f64>,
+    pub(crate) scale_lengths: Option<f64>,
     /// Drop requests whose input length (after the multipliers) is above N.
     #[arg(long, value_name = "N")]
-    pub max_isl: Option<u64>,
+    pub(crate) max_isl: Option<u64>,
     /// Cap output lengths at N.
     #[arg(long, value_name = "N")]
-    pub max_osl: Option<u64>,
+    pub(crate) max_osl: Option<u64>,
     /// Learn a model of the input and sample a new trace from it (new hash ids).
     #[arg(long)]
-    pub fit: bool,
+    pub(crate) fit: bool,
     /// With --fit: requests to write (default: the input's count; at most 10^8).
     #[arg(long, value_name = "N", requires = "fit")]
-    pub requests: Option<u64>,
+    pub(crate) requests: Option<u64>,
     /// With --fit: span of the output (e.g. `2h`); with --rate or alone the count follows.
     #[arg(long, value_name = "D", requires = "fit")]
-    pub duration: Option<String>,
+    pub(crate) duration: Option<String>,
     /// With --fit: mean arrival rate in requests/s (default: the input's).
     #[arg(long, value_name = "R", requires = "fit")]
-    pub rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
     /// With --fit: K times the independent users (sessions and prefix roots), at K times the rate.
     #[arg(long, value_name = "K", default_value_t = 1.0, requires = "fit")]
-    pub scale_users: f64,
+    pub(crate) scale_users: f64,
     /// zstd level for native output (1-22).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
-    pub level: i32,
+    pub(crate) level: i32,
 }
 
 impl SynthArgs {

@@ -13,7 +13,7 @@ use clap::ValueEnum;
 use std::time::Duration;
 
 /// Parses `START..END` with units `ms`, `s` (default), `m`, `h`; either side may be empty.
-pub fn parse_window(s: &str) -> Result<(u64, u64), String> {
+pub(crate) fn parse_window(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s
         .split_once("..")
         .ok_or_else(|| format!("window `{s}` must look like START..END, e.g. 60s..120s"))?;
@@ -34,7 +34,7 @@ pub fn parse_window(s: &str) -> Result<(u64, u64), String> {
 }
 
 /// Parses `1.5s`, `250ms`, `2m` (or `2min`), `1h`, `30` (seconds) into µs.
-pub fn parse_duration_us(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_duration_us(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mul) = if let Some(n) = s.strip_suffix("min") {
         (n, 60e6)
@@ -62,7 +62,7 @@ pub fn parse_duration_us(s: &str) -> Result<u64, String> {
 }
 
 /// An optional flag's value parsed by `parse`; the error names `flag`.
-pub fn parse_flag<T>(
+pub(crate) fn parse_flag<T>(
     flag: &str,
     value: Option<&str>,
     parse: impl Fn(&str) -> Result<T, String>,
@@ -74,14 +74,14 @@ pub fn parse_flag<T>(
 }
 
 /// Parses `250ms`, `10s`, `5m`, `1h` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+pub(crate) fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_micros(
         parse_duration_us(s).map_err(anyhow::Error::msg)?,
     ))
 }
 
 /// `d` as [`parse_duration`] reads it back, in the largest whole unit (`15m`, `30s`, `250ms`).
-pub fn duration_text(d: Duration) -> String {
+pub(crate) fn duration_text(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
         _ if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
@@ -92,7 +92,7 @@ pub fn duration_text(d: Duration) -> String {
 }
 
 /// Parses `64MiB`, `1GiB`, `512KiB`, `1000000` (bytes); `K/M/G` mean the binary units too.
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+pub(crate) fn parse_size(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     let i = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let n: u64 = t[..i]
@@ -110,7 +110,7 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
 }
 
 /// `bytes` as [`parse_size`] reads it back, in the largest whole binary unit (`512MiB`).
-pub fn size_text(bytes: u64) -> String {
+pub(crate) fn size_text(bytes: u64) -> String {
     match [(30, "GiB"), (20, "MiB"), (10, "KiB")]
         .into_iter()
         .find(|&(shift, _)| bytes > 0 && bytes % (1 << shift) == 0)

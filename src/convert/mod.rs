@@ -4,14 +4,14 @@
 use crate::trace::filter::{self, Filters};
 use crate::trace::import::ImportOptions;
 use crate::trace::{mooncake, native};
-use crate::trace::{Request, Trace, TraceHeader};
+use crate::trace::{Request, TraceHeader};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Output formats `convert` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutFormat {
+pub(crate) enum OutFormat {
     /// retrace's native `*.trace.zst`.
     Native,
     /// Mooncake JSONL (ids compacted to 0..N-1; loads in vllm bench serve timed_trace, AIPerf, SGLang).
@@ -22,18 +22,18 @@ pub enum OutFormat {
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Input traces; several recordings are merged by wall clock.
-    pub inputs: Vec<PathBuf>,
+    pub(crate) inputs: Vec<PathBuf>,
     /// Output file; `-` is stdout.
-    pub output: PathBuf,
-    pub import: ImportOptions,
+    pub(crate) output: PathBuf,
+    pub(crate) import: ImportOptions,
     /// Output format (`None`: from the output's name).
-    pub to: Option<OutFormat>,
+    pub(crate) to: Option<OutFormat>,
     /// Window, head, sampling and speed, in that order.
-    pub filters: Filters,
+    pub(crate) filters: Filters,
     /// Re-block hash ids to this many tokens per id.
-    pub block_size: Option<u32>,
+    pub(crate) block_size: Option<u32>,
     /// zstd level of native output.
-    pub level: i32,
+    pub(crate) level: i32,
 }
 
 /// Runs `convert`; returns a one-line summary for stderr.
@@ -138,23 +138,9 @@ fn out_format(to: Option<OutFormat>, output: &Path) -> OutFormat {
     })
 }
 
-/// Writes a whole `trace` to `output` (`-` is stdout) as `to` or as its name says; returns the
-/// rows written and what a Mooncake export left out (`""` when nothing). `source` names the input
-/// in warnings and in the native header's `converted_from`.
-pub fn write_out(
-    trace: &Trace,
-    output: &Path,
-    to: Option<OutFormat>,
-    level: i32,
-    source: &str,
-) -> Result<(u64, String)> {
-    let records = trace.requests.iter().map(|r| Ok(r.clone()));
-    write_stream(trace.header.clone(), records, output, to, level, source)
-}
-
 /// [`write_out`] of `records` under `header`, written one at a time as they come: none is
 /// kept. An error from `records` ends the output (no file is left, as for a failed input).
-pub fn write_stream(
+pub(crate) fn write_stream(
     header: TraceHeader,
     records: impl Iterator<Item = Result<Request>>,
     output: &Path,

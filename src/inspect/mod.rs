@@ -15,12 +15,12 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Trace files; several are merged by wall clock as they are read.
-    pub files: Vec<PathBuf>,
-    pub import: ImportOptions,
+    pub(crate) files: Vec<PathBuf>,
+    pub(crate) import: ImportOptions,
     /// JSON (docs/inspect-json.md) instead of text.
-    pub json: bool,
+    pub(crate) json: bool,
     /// The simulated LRU cache and the block size of the prefix statistics.
-    pub stats: StatsOptions,
+    pub(crate) stats: StatsOptions,
 }
 
 /// Runs `inspect`, returning what to print.
@@ -80,7 +80,7 @@ fn dist_row(s: &mut String, name: &str, d: &Dist, unit: &str) {
 }
 
 /// Renders stats as text.
-pub fn render(st: &TraceStats) -> String {
+pub(crate) fn render(st: &TraceStats) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{:<22} {}", "requests", st.requests);
     let _ = writeln!(s, "{:<22} {:.1} s", "duration", st.duration_s);

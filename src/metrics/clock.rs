@@ -1,6 +1,6 @@
 /// Which API the stream came from (the rules differ, see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
+pub(crate) enum Api {
     Completions,
     Chat,
 }

@@ -570,7 +570,7 @@ pub fn summarize(samples: &[Sample], duration_s: f64, percentiles: &[f64]) -> Su
 
 /// Service-level objectives for goodput, in ms (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Slo {
+pub(crate) struct Slo {
     pub(crate) ttft_ms: Option<f64>,
     pub(crate) tpot_ms: Option<f64>,
     pub(crate) e2el_ms: Option<f64>,

@@ -24,7 +24,7 @@ use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
 
 mod clock;
-pub use clock::*;
+pub(crate) use clock::*;
 mod sample;
 pub use sample::*;
 mod numpy;

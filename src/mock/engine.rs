@@ -30,8 +30,8 @@ const RESET_GRACE: Duration = Duration::from_millis(20);
 /// `metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct TokenUsage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) completion_tokens: u64,
     pub(crate) queue_ms: f64,
     pub(crate) ttft_ms: f64,
     pub(crate) generation_ms: f64,

@@ -5,20 +5,20 @@
 //! event to its socket ([`stream`], text by [`format`]). This module holds the config and wires
 //! the parts together.
 
-pub mod api;
-pub mod cache;
-pub mod conn;
-pub mod emit;
-pub mod engine;
-pub mod exposition;
-pub mod faults;
-pub mod format;
-pub mod sched;
-pub mod tokenize;
+pub(crate) mod api;
+pub(crate) mod cache;
+pub(crate) mod conn;
+pub(crate) mod emit;
+pub(crate) mod engine;
+pub(crate) mod exposition;
+pub(crate) mod faults;
+pub(crate) mod format;
+pub(crate) mod sched;
+pub(crate) mod tokenize;
 
 use anyhow::{bail, Context};
 pub use conn::Timeouts;
-pub use exposition::LatenessSummary;
+pub(crate) use exposition::LatenessSummary;
 pub use faults::FaultConfig;
 pub use sched::{CostModel, Profile};
 use std::net::SocketAddr;
@@ -95,7 +95,7 @@ impl Default for MockConfig {
 
 impl MockConfig {
     /// Checks the knobs; errors name the flag.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
         if self.model.is_empty() {
             bail!("--model must not be empty");
         }
@@ -344,7 +344,7 @@ async fn accept_loop(
 
 /// `retrace mock`: serves `cfg` on `listen` until SIGINT or SIGTERM, then prints the
 /// emission-lateness summary.
-pub fn run(listen: &str, cfg: MockConfig) -> anyhow::Result<std::process::ExitCode> {
+pub(crate) fn run(listen: &str, cfg: MockConfig) -> anyhow::Result<std::process::ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -2,22 +2,22 @@
 //! (module map in ARCHITECTURE.md, behaviour in docs/record.md). [`serve`] takes an already-bound
 //! listener and a shutdown future (invariant 6); [`run`] is the command.
 
-pub mod admin;
+pub(crate) mod admin;
 mod buf;
-pub mod common;
+pub(crate) mod common;
 pub mod counters;
 pub mod extract;
-pub mod failure;
-pub mod h1;
-pub mod h2;
-pub mod pastcap;
+pub(crate) mod failure;
+pub(crate) mod h1;
+pub(crate) mod h2;
+pub(crate) mod pastcap;
 pub mod prompt;
-pub mod rawpool;
+pub(crate) mod rawpool;
 pub mod server;
-pub mod servertok;
-pub mod tap;
-pub mod timing;
-pub mod tunnel;
+pub(crate) mod servertok;
+pub(crate) mod tap;
+pub(crate) mod timing;
+pub(crate) mod tunnel;
 pub mod upstream;
 pub mod writer;
 
@@ -38,15 +38,15 @@ use tokio::net::TcpListener;
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     /// Upstream base URL (`http://host:port` or `https://host/prefix`).
-    pub upstream: Uri,
-    pub out_dir: PathBuf,
+    pub(crate) upstream: Uri,
+    pub(crate) out_dir: PathBuf,
     /// File name prefix.
-    pub name: String,
+    pub(crate) name: String,
     /// `(cert, key)` PEM files to terminate TLS.
     pub tls: Option<(PathBuf, PathBuf)>,
     pub upstream_ca: Option<PathBuf>,
     pub upstream_http2: bool,
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     pub headers_timeout: Duration,
     pub idle_timeout: Duration,
     pub total_timeout: Option<Duration>,
@@ -62,44 +62,45 @@ pub struct RecordConfig {
     pub upstream_tokenize_rate: u32,
     pub block_size: u32,
     /// Writer queue length (records).
-    pub queue: usize,
+    pub(crate) queue: usize,
     /// Captured body bytes the writer queue may hold.
     pub queue_bytes: u64,
     /// Bytes captured per request body and per response body.
     pub capture_max: usize,
     pub rotate_bytes: u64,
-    pub rotate_every: Duration,
+    pub(crate) rotate_every: Duration,
     pub flush_every: Duration,
     /// Admin endpoint address (`None`: off).
-    pub admin: Option<SocketAddr>,
+    pub(crate) admin: Option<SocketAddr>,
     /// Single-threaded I/O runtimes serving connections (0: one per CPU).
     pub io_threads: usize,
 }
 
 /// The defaults of [`RecordConfig`] (`retrace record`'s, but for the admin endpoint, which
 /// [`RecordConfig::new`] leaves off).
-pub mod defaults {
+pub(crate) mod defaults {
     use super::Bodies;
     use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
     use std::time::Duration;
 
-    pub const NAME: &str = "retrace";
-    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-    pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
-    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-    pub const BODIES: Bodies = Bodies::None;
-    pub const UPSTREAM_TOKENIZE_RATE: u32 = 20;
-    pub const BLOCK_SIZE: u32 = 512;
-    pub const QUEUE: usize = 65536;
-    pub const QUEUE_BYTES: u64 = 512 << 20;
-    pub const CAPTURE_MAX: u64 = 16 << 20;
-    pub const ROTATE_BYTES: u64 = 256 << 20;
-    pub const ROTATE_EVERY: Duration = Duration::from_secs(3600);
-    pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+    pub(crate) const NAME: &str = "retrace";
+    pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const HEADERS_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+    pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+    pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    pub(crate) const BODIES: Bodies = Bodies::None;
+    pub(crate) const UPSTREAM_TOKENIZE_RATE: u32 = 20;
+    pub(crate) const BLOCK_SIZE: u32 = 512;
+    pub(crate) const QUEUE: usize = 65536;
+    pub(crate) const QUEUE_BYTES: u64 = 512 << 20;
+    pub(crate) const CAPTURE_MAX: u64 = 16 << 20;
+    pub(crate) const ROTATE_BYTES: u64 = 256 << 20;
+    pub(crate) const ROTATE_EVERY: Duration = Duration::from_secs(3600);
+    pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
     /// The command line's admin endpoint.
-    pub const ADMIN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
-    pub const IO_THREADS: usize = 0;
+    pub(crate) const ADMIN: SocketAddr =
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9464));
+    pub(crate) const IO_THREADS: usize = 0;
 }
 
 impl RecordConfig {
@@ -160,7 +161,7 @@ pub struct RecordStats {
     pub requests: u64,
     pub records_written: u64,
     pub records_dropped: u64,
-    pub records_lost_io: u64,
+    pub(crate) records_lost_io: u64,
     pub write_errors: u64,
     /// Closed trace files, in order.
     pub files: Vec<PathBuf>,
@@ -169,7 +170,7 @@ pub struct RecordStats {
 }
 
 /// Runs the proxy on `listener` until `shutdown` resolves; binds `cfg.admin` if set.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     cfg: RecordConfig,
     shutdown: impl Future<Output = ()>,
@@ -441,7 +442,7 @@ async fn bind(addr: &str) -> std::io::Result<TcpListener> {
 }
 
 /// The `retrace record` command: binds `listen`, runs until SIGINT/SIGTERM, prints a summary.
-pub fn run(listen: &str, cfg: RecordConfig) -> anyhow::Result<std::process::ExitCode> {
+pub(crate) fn run(listen: &str, cfg: RecordConfig) -> anyhow::Result<std::process::ExitCode> {
     // Each proxied HTTP/1.1 stream holds a client and an upstream socket.
     if let Some(n) = crate::sys::fdlimit::raise() {
         tracing::debug!("open-file limit: {n}");

@@ -10,71 +10,71 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 /// Default vocabulary size without a tokenizer.
-pub const DEFAULT_VOCAB: u32 = 4096;
+pub(crate) const DEFAULT_VOCAB: u32 = 4096;
 
 /// A validated replay configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The trace: one file, or several recordings merged by wall clock.
-    pub trace: Vec<PathBuf>,
+    pub(crate) trace: Vec<PathBuf>,
     pub target: Option<String>,
     /// `--target-ca`: trust roots for an https target (default: system bundle).
-    pub target_ca: Option<PathBuf>,
-    pub model: Option<String>,
+    pub(crate) target_ca: Option<PathBuf>,
+    pub(crate) model: Option<String>,
     /// `--endpoint`: the API of synthesised prompts (`None`: each request's recorded one).
-    pub api: Option<Api>,
+    pub(crate) api: Option<Api>,
     /// `--include-aux`, `--skip-recorded-failures`: which requests are sent.
-    pub select: crate::trace::select::Selection,
-    pub speed: Option<f64>,
-    pub limit: Option<usize>,
-    pub max_concurrency: Option<usize>,
-    pub block_size: Option<u32>,
-    pub tokenizer: Option<PathBuf>,
-    pub vocab_size: u32,
-    pub prompt_mode: PromptMode,
-    pub seed: u64,
-    pub result_json: Option<PathBuf>,
-    pub detailed: bool,
+    pub(crate) select: crate::trace::select::Selection,
+    pub(crate) speed: Option<f64>,
+    pub(crate) limit: Option<usize>,
+    pub(crate) max_concurrency: Option<usize>,
+    pub(crate) block_size: Option<u32>,
+    pub(crate) tokenizer: Option<PathBuf>,
+    pub(crate) vocab_size: u32,
+    pub(crate) prompt_mode: PromptMode,
+    pub(crate) seed: u64,
+    pub(crate) result_json: Option<PathBuf>,
+    pub(crate) detailed: bool,
     /// Extra headers, the API key included (never printed or written).
-    pub headers: HeaderMap,
-    pub extra_body: serde_json::Map<String, serde_json::Value>,
-    pub max_drift_ms: Option<f64>,
-    pub percentiles: Vec<f64>,
+    pub(crate) headers: HeaderMap,
+    pub(crate) extra_body: serde_json::Map<String, serde_json::Value>,
+    pub(crate) max_drift_ms: Option<f64>,
+    pub(crate) percentiles: Vec<f64>,
     /// `--goodput` objectives (empty = no goodput).
-    pub slo: metrics::Slo,
-    pub keep_original_limits: bool,
-    pub timeouts: Timeouts,
+    pub(crate) slo: metrics::Slo,
+    pub(crate) keep_original_limits: bool,
+    pub(crate) timeouts: Timeouts,
     /// The hidden tuning knobs (docs/tuning.md).
     pub tuning: Tuning,
     /// Show a progress bar (stderr is a terminal).
-    pub progress: bool,
+    pub(crate) progress: bool,
     /// The open-file limit in force, when known (warns when streams may exceed it).
-    pub fd_limit: Option<u64>,
+    pub(crate) fd_limit: Option<u64>,
     /// Workload shaping applied to the trace before planning.
-    pub shaping: shaping::Shaping,
+    pub(crate) shaping: shaping::Shaping,
     /// Print the schedule summary and exit.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// `--sessions`: a turn waits for its session's previous turn plus think time.
-    pub sessions: bool,
+    pub(crate) sessions: bool,
     /// `--skip-bad`: malformed trace rows are skipped and counted.
-    pub skip_bad: bool,
+    pub(crate) skip_bad: bool,
     /// `--scrape-metrics`: `Some(None)` = the target's /metrics, `Some(Some(url))` = that URL.
-    pub scrape_metrics: Option<Option<String>>,
+    pub(crate) scrape_metrics: Option<Option<String>>,
     /// `--server-block-size`, tokens.
-    pub server_block_size: u32,
+    pub(crate) server_block_size: u32,
     /// `--probe-request-rate`, probes per second.
-    pub probe_rate: Option<f64>,
+    pub(crate) probe_rate: Option<f64>,
     /// `--start-at`: the wall-clock instant of t0.
-    pub start_at: Option<SystemTime>,
+    pub(crate) start_at: Option<SystemTime>,
 }
 
 /// The hidden knobs of the client and the dispatcher.
 #[derive(Debug, Clone, Copy)]
 pub struct Tuning {
     /// Connections opened before the clock starts (`None` = --max-concurrency, else 128).
-    pub warm_connections: Option<usize>,
+    pub(crate) warm_connections: Option<usize>,
     /// `--rx-stamp kernel`: events are stamped when they reached this host.
-    pub kernel_rx: bool,
+    pub(crate) kernel_rx: bool,
     /// `--reader-threads`, resolved (0 = bodies read on the tasks).
     pub reader_threads: usize,
     /// `--read-batch-us`.
@@ -86,7 +86,7 @@ pub struct Tuning {
 
 impl Config {
     /// The trace's file name(s), as errors and the result file name it.
-    pub fn trace_name(&self) -> String {
+    pub(crate) fn trace_name(&self) -> String {
         crate::trace::fleet::names(&self.trace)
     }
 }

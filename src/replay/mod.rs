@@ -16,17 +16,18 @@
 //! ([`driver::Halt`]): its result is what was measured, marked invalid, and it exits 130 or 143
 //! ([`on_signals`]).
 
-pub mod collect;
-pub mod config;
-pub mod console;
-pub mod driver;
+pub(crate) mod collect;
+pub(crate) mod config;
+pub(crate) mod console;
+pub(crate) mod driver;
 pub mod http;
-pub mod outcome;
+pub(crate) mod outcome;
 pub mod plan;
-pub mod probe;
-pub mod scrape;
+pub(crate) mod probe;
+pub(crate) mod scrape;
 
-pub use config::{Config, Tuning, DEFAULT_VOCAB};
+pub(crate) use config::DEFAULT_VOCAB;
+pub use config::{Config, Tuning};
 
 use crate::metrics;
 use crate::replay::plan::prompts::{self, Synth, TextBuilder, Vocab};
@@ -43,29 +44,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Exit status of a run whose p99 drift exceeded `--max-drift-ms`.
-pub const EXIT_INVALID: u8 = 3;
+pub(crate) const EXIT_INVALID: u8 = 3;
 
 /// Exit status of a run in which no measured request succeeded ([`outcome::all_failed`]); it
 /// wins over [`EXIT_INVALID`].
-pub const EXIT_ALL_FAILED: u8 = 5;
+pub(crate) const EXIT_ALL_FAILED: u8 = 5;
 
 /// Exit status of a replay left with nothing to send ([`NothingToSend`]). Not 4: `compare` uses
 /// 4 ("not judged"), and no exit code means two things across retrace's commands.
-pub const EXIT_NOTHING_TO_SEND: u8 = 6;
+pub(crate) const EXIT_NOTHING_TO_SEND: u8 = 6;
 
 /// The most of the workload a replay may leave out (requests it cannot rebuild, malformed rows
 /// skipped with `--skip-bad`) and still be valid: more makes the run invalid (exit 3).
-pub const MAX_LEFT_OUT_SHARE: f64 = 0.10;
+pub(crate) const MAX_LEFT_OUT_SHARE: f64 = 0.10;
 
 /// A replay with nothing to send: every request was left out, or the trace holds none (exit
 /// [`EXIT_NOTHING_TO_SEND`]).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}: nothing to send: {1}")]
-pub struct NothingToSend(pub String, pub String);
+pub(crate) struct NothingToSend(pub String, pub(crate) String);
 
 /// With the embedded target and neither `--speed` nor `--limit`, only the requests of this first
 /// stretch of the trace are replayed, at real speed, so the run takes about a minute.
-pub const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
+pub(crate) const EMBEDDED_DEFAULT_SPAN: Duration = Duration::from_secs(45);
 
 /// What a finished replay produced.
 pub struct Outcome {
@@ -79,13 +80,13 @@ pub struct Outcome {
     /// `--sessions`: how the session-ordered replay went.
     pub sessions: Option<plan::turns::SessionReport>,
     /// The signal that halted the run.
-    pub interrupted: Option<Signal>,
+    pub(crate) interrupted: Option<Signal>,
 }
 
 impl Outcome {
     /// The process's exit code: interrupted (130 for SIGINT, 143 for SIGTERM), every request
     /// failed (5), the run is invalid (3), or success.
-    pub fn exit_code(&self) -> ExitCode {
+    pub(crate) fn exit_code(&self) -> ExitCode {
         if let Some(s) = self.interrupted {
             return ExitCode::from(s.exit_code());
         }
@@ -99,7 +100,7 @@ impl Outcome {
 
 /// Entry point of `retrace replay`: the finished run, or `None` after `--dry-run` (its summary
 /// printed). The command line writes `--report-html` and prints the console report.
-pub fn run(cfg: Config) -> anyhow::Result<Option<Outcome>> {
+pub(crate) fn run(cfg: Config) -> anyhow::Result<Option<Outcome>> {
     if cfg.dry_run {
         dry_run(&cfg)?;
         return Ok(None);
@@ -168,9 +169,9 @@ fn dry_run(cfg: &Config) -> anyhow::Result<()> {
 }
 
 /// A running embedded target; shut down after the run.
-pub struct Embedded {
-    pub url: String,
-    pub model: String,
+pub(crate) struct Embedded {
+    pub(crate) url: String,
+    pub(crate) model: String,
     handle: crate::mock::MockHandle,
 }
 
@@ -187,7 +188,7 @@ pub fn embedded_mock_config() -> crate::mock::MockConfig {
 }
 
 /// Starts the embedded simulated engine ([`embedded_mock_config`]) on an ephemeral loopback port.
-pub async fn start_embedded_target() -> anyhow::Result<Embedded> {
+pub(crate) async fn start_embedded_target() -> anyhow::Result<Embedded> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding a loopback port for the embedded mock")?;
@@ -278,12 +279,12 @@ fn say_embedded_cut(planned: usize, total: usize) {
 pub struct Planning {
     pub survey: plan::source::Survey,
     source: plan::source::Source,
-    pub links: Option<plan::turns::Links>,
-    pub left_out: crate::trace::select::Skipped,
+    pub(crate) links: Option<plan::turns::Links>,
+    pub(crate) left_out: crate::trace::select::Skipped,
     /// Records read from the trace, and malformed rows skipped (`--skip-bad`).
-    pub read: usize,
-    pub malformed: u64,
-    pub block_size: u32,
+    pub(crate) read: usize,
+    pub(crate) malformed: u64,
+    pub(crate) block_size: u32,
     prompts: Prompts,
     /// The body options, without the model and the target's overheads yet.
     opts: BodyOptions,
@@ -422,7 +423,7 @@ pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
 }
 
 /// [`replay`], which `halt` may halt.
-pub async fn replay_with(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result<Outcome> {
+pub(crate) async fn replay_with(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result<Outcome> {
     let mut prepared = prepare(&cfg).await?;
     let ran = execute(&cfg, &mut prepared, halt).await?;
     if let Some(e) = prepared.embedded.take() {
@@ -488,7 +489,7 @@ impl ResultFile {
 }
 
 /// What the result file says about the run besides its measurements.
-pub struct RunFacts {
+pub(crate) struct RunFacts {
     target_url: String,
     model: String,
     speed: f64,

@@ -6,15 +6,15 @@
 //! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
 //! only runs the commands on their options and writes files; it computes nothing itself.
 
-pub mod aiperf;
+pub(crate) mod aiperf;
 pub mod compare;
 pub mod html;
 pub mod load;
-pub mod merge;
+pub(crate) mod merge;
 pub mod render;
 pub mod rules;
 pub mod run;
-pub mod weighted;
+pub(crate) mod weighted;
 pub mod workload;
 
 use anyhow::Context;
@@ -23,46 +23,46 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// `compare`'s exit status when no rule tripped but some could not be judged (too few samples).
-pub const NOT_JUDGED: u8 = 4;
+pub(crate) const NOT_JUDGED: u8 = 4;
 
 /// What `compare` reads, judges and writes.
 #[derive(Debug, Clone)]
-pub struct CompareOptions {
-    pub baseline: PathBuf,
-    pub candidate: PathBuf,
+pub(crate) struct CompareOptions {
+    pub(crate) baseline: PathBuf,
+    pub(crate) candidate: PathBuf,
     /// Other runs of the baseline.
-    pub noise: Vec<PathBuf>,
+    pub(crate) noise: Vec<PathBuf>,
     /// The `--fail-on` rules.
-    pub rules: Vec<rules::Rule>,
-    pub format: render::Format,
+    pub(crate) rules: Vec<rules::Rule>,
+    pub(crate) format: render::Format,
     /// Also write the comparison as an HTML page here.
-    pub html: Option<PathBuf>,
-    pub compare: compare::Options,
+    pub(crate) html: Option<PathBuf>,
+    pub(crate) compare: compare::Options,
 }
 
 /// What `report` reads and writes.
 #[derive(Debug, Clone)]
-pub struct ReportOptions {
+pub(crate) struct ReportOptions {
     /// Result or trace file.
-    pub input: PathBuf,
+    pub(crate) input: PathBuf,
     /// Output HTML file.
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Timeline colours of inter-token gaps: green below the first, orange below the second, ms.
-    pub thresholds_ms: (f64, f64),
+    pub(crate) thresholds_ms: (f64, f64),
 }
 
 /// What `merge` reads and writes.
 #[derive(Debug, Clone)]
-pub struct MergeOptions {
+pub(crate) struct MergeOptions {
     /// Result files, or AIPerf per-request exports.
-    pub inputs: Vec<PathBuf>,
+    pub(crate) inputs: Vec<PathBuf>,
     /// Output result file.
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
 }
 
 /// `retrace compare`: exit 1 when a `--fail-on` rule trips, [`NOT_JUDGED`] when none tripped but
 /// some could not be judged; errors (exit 2) for bad input.
-pub fn run_compare(a: &CompareOptions) -> anyhow::Result<ExitCode> {
+pub(crate) fn run_compare(a: &CompareOptions) -> anyhow::Result<ExitCode> {
     check_noise_runs_distinct(a)?;
     let base = load::load(&a.baseline)?;
     let cand = load::load(&a.candidate)?;
@@ -132,7 +132,7 @@ fn check_noise_runs_distinct(a: &CompareOptions) -> anyhow::Result<()> {
 
 /// `replay --report-html FILE`: the report of a result that is still in memory (its sidecar, if
 /// it names one, beside `result_json`).
-pub fn write_replay_report(
+pub(crate) fn write_replay_report(
     path: Option<&std::path::Path>,
     result: &serde_json::Value,
     result_json: Option<&std::path::Path>,
@@ -153,7 +153,7 @@ pub fn write_replay_report(
 }
 
 /// `retrace report`.
-pub fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
+pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
     let run = load::load(&a.input)?;
     let page = html::report_page(&run, a.thresholds_ms);
     std::fs::write(&a.output, &page)
@@ -167,7 +167,7 @@ pub fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
 }
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
-pub fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
+pub(crate) fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
     if let Some((earlier, later)) = crate::sys::fileid::first_repeat(&a.inputs) {
         return Err(merge::MergeError::Twice {
             path: a.inputs[later].display().to_string(),

@@ -32,37 +32,37 @@ pub fn render(cmp: &Comparison, rules: &[RuleOutcome], format: Format) -> String
 
 /// The whole comparison in one verdict: how many rows got each verdict, and the `--fail-on` gate.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Overall {
-    pub worse: usize,
-    pub better: usize,
-    pub unchanged: usize,
+pub(crate) struct Overall {
+    pub(crate) worse: usize,
+    pub(crate) better: usize,
+    pub(crate) unchanged: usize,
     /// Rows whose significance could not be judged (`n/a`).
-    pub not_judged: usize,
+    pub(crate) not_judged: usize,
     /// Rows one side lacks.
-    pub missing: usize,
+    pub(crate) missing: usize,
     /// Absent without `--fail-on` rules.
-    pub gate: Option<Gate>,
+    pub(crate) gate: Option<Gate>,
     /// The line text and Markdown print first.
-    pub line: String,
+    pub(crate) line: String,
 }
 
 /// The `--fail-on` rules together: `fail` when one tripped, else `not_judged` when one could not
 /// be judged, else `pass` (exit 1, 4, 0).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Gate {
-    pub result: &'static str,
+pub(crate) struct Gate {
+    pub(crate) result: &'static str,
     /// The rules that decided it (tripped, or not judged): `rule`, `brief`.
-    pub failing: Vec<GateRule>,
+    pub(crate) failing: Vec<GateRule>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GateRule {
-    pub rule: String,
-    pub brief: String,
+pub(crate) struct GateRule {
+    pub(crate) rule: String,
+    pub(crate) brief: String,
 }
 
 impl Overall {
-    pub fn of(cmp: &Comparison, rules: &[RuleOutcome]) -> Overall {
+    pub(crate) fn of(cmp: &Comparison, rules: &[RuleOutcome]) -> Overall {
         let n = |v: Verdict| cmp.rows.iter().filter(|r| r.verdict == v).count();
         let (worse, better, unchanged) = (n(Verdict::Worse), n(Verdict::Better), n(Verdict::Same));
         let (not_judged, missing) = (n(Verdict::Unknown), n(Verdict::Missing));
@@ -116,7 +116,7 @@ fn gate(rules: &[RuleOutcome]) -> Gate {
 }
 
 /// Human form of a number: 4 significant-ish digits.
-pub fn num(v: f64) -> String {
+pub(crate) fn num(v: f64) -> String {
     let a = v.abs();
     if v == 0.0 {
         "0".into()

@@ -99,7 +99,7 @@ impl Model {
 
 /// The size of the output.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Size {
+pub(crate) struct Size {
     pub(crate) requests: Option<u64>,
     pub(crate) duration_us: Option<u64>,
     pub(crate) rate: Option<f64>,

@@ -4,8 +4,8 @@
 //! model of the input and samples a new trace with new hash ids. Both are pure; this file reads
 //! the input and writes the output with `convert`'s writer.
 
-pub mod fit;
-pub mod transforms;
+pub(crate) mod fit;
+pub(crate) mod transforms;
 
 use crate::trace::import::ImportOptions;
 use crate::trace::rows::ImportReport;
@@ -15,17 +15,17 @@ use std::path::PathBuf;
 
 /// The longest span a synthesised trace may have (365 days): `--speedup`, `--rate` or
 /// `--duration` asking for more is refused before anything is made.
-pub const MAX_SPAN_US: u64 = 365 * 86_400_000_000;
+pub(crate) const MAX_SPAN_US: u64 = 365 * 86_400_000_000;
 
 /// Most records `synth` reads (4 Mi): it holds its input in memory whole.
-pub const MAX_INPUT_REQUESTS: u64 = 1 << 22;
+pub(crate) const MAX_INPUT_REQUESTS: u64 = 1 << 22;
 /// Most hash ids those records carry together (32 Mi, 256 MiB; the fit keeps a few times that
 /// again per id, docs/synth.md).
-pub const MAX_INPUT_IDS: u64 = 1 << 25;
+pub(crate) const MAX_INPUT_IDS: u64 = 1 << 25;
 
 /// Errors of `synth`'s own making (reading and writing keep theirs).
 #[derive(Debug, thiserror::Error)]
-pub enum WhatIfError {
+pub(crate) enum WhatIfError {
     #[error("{0}")]
     Option(String),
     #[error("cannot fit a model: {0}")]
@@ -41,20 +41,20 @@ pub enum WhatIfError {
 /// What `synth` reads, makes and writes.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub input: PathBuf,
+    pub(crate) input: PathBuf,
     /// Output file; `-` is stdout.
-    pub output: PathBuf,
-    pub import: ImportOptions,
+    pub(crate) output: PathBuf,
+    pub(crate) import: ImportOptions,
     /// Output format (`None`: from the output's name, as `convert` picks it).
-    pub to: Option<crate::convert::OutFormat>,
+    pub(crate) to: Option<crate::convert::OutFormat>,
     /// zstd level of native output.
-    pub level: i32,
-    pub mode: Mode,
+    pub(crate) level: i32,
+    pub(crate) mode: Mode,
 }
 
 /// How the output is made from the input.
 #[derive(Debug, Clone)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// AIPerf's transforms, request by request.
     Transform(transforms::Transforms),
     /// A model of the input, sampled anew.

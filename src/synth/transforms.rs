@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 /// The transforms; [`Default`] changes nothing.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Transforms {
+pub(crate) struct Transforms {
     pub(crate) speedup: f64,
     pub(crate) prefix_len: f64,
     pub(crate) prefix_root: u32,

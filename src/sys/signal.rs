@@ -9,7 +9,7 @@ use std::fmt;
 
 /// SIGINT or SIGTERM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     Interrupt,
     Terminate,
 }

@@ -23,7 +23,7 @@ pub struct ImportOptions {
 
 impl ImportOptions {
     /// What the line-oriented importers take of these options.
-    pub fn read_options(&self) -> super::rows::ReadOptions {
+    pub(crate) fn read_options(&self) -> super::rows::ReadOptions {
         super::rows::ReadOptions {
             skip_bad: self.skip_bad,
             block_size: self.block_size,

@@ -9,15 +9,15 @@ use super::Trace;
 
 /// Conversion filters. `None`/`1` means "keep everything".
 #[derive(Debug, Clone, PartialEq)]
-pub struct Filters {
+pub(crate) struct Filters {
     /// `[start, end)` in µs of trace time.
-    pub window_us: Option<(u64, u64)>,
+    pub(crate) window_us: Option<(u64, u64)>,
     /// Keep only the first N requests (after the window).
-    pub head: Option<usize>,
+    pub(crate) head: Option<usize>,
     /// Keep every K-th request (1 keeps all).
-    pub sample_every: usize,
+    pub(crate) sample_every: usize,
     /// Divide arrival offsets by this.
-    pub speed: f64,
+    pub(crate) speed: f64,
 }
 
 impl Default for Filters {
@@ -47,14 +47,14 @@ pub fn reblock(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
 }
 
 /// [`reblock`] one request at a time.
-pub struct Reblock {
+pub(crate) struct Reblock {
     /// Fine blocks per coarse block (1: nothing to do), and whether tails are partial.
     k: usize,
     tail: bool,
 }
 
 impl Reblock {
-    pub fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Reblock, String> {
+    pub(crate) fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Reblock, String> {
         let old = header.block_size;
         if new_bs != old && (old == 0 || new_bs == 0 || new_bs % old != 0) {
             return Err(format!(
@@ -72,7 +72,7 @@ impl Reblock {
         })
     }
 
-    pub fn apply(&self, r: &mut super::Request) {
+    pub(crate) fn apply(&self, r: &mut super::Request) {
         if self.k > 1 {
             r.hash_ids = self.ids(&r.hash_ids);
         }
@@ -98,7 +98,8 @@ impl Reblock {
 /// token (ids say nothing finer, so sharing is a lower bound), and tokens past the last id (a
 /// floor trace's unhashed tail) as unique. The pieces are then merged by [`reblock`]. A piece's
 /// id is derived from `(h, j)` alone ([`Rechunk`]: no table, whatever the trace's size).
-pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
+#[cfg(test)]
+pub(crate) fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
     let mut rc = Rechunk::new(&trace.header, new_bs)?;
     for r in &mut trace.requests {
         r.hash_ids = rc.ids(r.input_tokens, &r.hash_ids);
@@ -111,7 +112,8 @@ pub fn rechunk(trace: &mut Trace, new_bs: u32) -> Result<(), String> {
 /// unhashed tail's pieces `xxh3(n)` seeded with `u64::MAX` for a counter `n`: computed, never
 /// stored, so memory holds one request's pieces (distinct pairs collide with probability about
 /// pairs² / 2^65, a few in 10^10 at a billion ids).
-pub struct Rechunk {
+pub(crate) struct Rechunk {
+    #[cfg(test)]
     new_bs: u32,
     /// Set when `new_bs` is not a whole multiple: the gcd-sized pieces and their ids.
     split: Option<Split>,
@@ -126,7 +128,7 @@ struct Split {
 }
 
 impl Rechunk {
-    pub fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Rechunk, String> {
+    pub(crate) fn new(header: &super::TraceHeader, new_bs: u32) -> Result<Rechunk, String> {
         let old = header.block_size;
         if new_bs == 0 || old == 0 {
             return Err("block size must be at least 1".into());
@@ -134,6 +136,7 @@ impl Rechunk {
         if new_bs % old == 0 {
             let merge = Reblock::new(header, new_bs)?;
             return Ok(Rechunk {
+                #[cfg(test)]
                 new_bs,
                 split: None,
                 merge,
@@ -149,6 +152,7 @@ impl Rechunk {
             tails: 0,
         };
         Ok(Rechunk {
+            #[cfg(test)]
             new_bs,
             split: Some(split),
             merge,
@@ -156,7 +160,7 @@ impl Rechunk {
     }
 
     /// The ids at `new_bs` of a prompt of `input_tokens` with ids `h`.
-    pub fn ids(&mut self, input_tokens: u64, h: &[u64]) -> Vec<u64> {
+    pub(crate) fn ids(&mut self, input_tokens: u64, h: &[u64]) -> Vec<u64> {
         let Some(sp) = &mut self.split else {
             return if self.merge.k > 1 {
                 self.merge.ids(h)
@@ -181,7 +185,8 @@ impl Rechunk {
     }
 
     /// The header of the re-chunked trace.
-    pub fn header(&self, old: &super::TraceHeader) -> super::TraceHeader {
+    #[cfg(test)]
+    pub(crate) fn header(&self, old: &super::TraceHeader) -> super::TraceHeader {
         let mut h = old.clone();
         h.block_size = self.new_bs;
         if self.split.is_some() {
@@ -200,7 +205,8 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 /// Applies the filters in place.
-pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
+#[cfg(test)]
+pub(crate) fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
     let mut run = Filtering::new(f)?;
     let reqs = std::mem::take(&mut trace.requests);
     trace.requests = reqs.into_iter().filter_map(|r| run.keep(r)).collect();
@@ -208,14 +214,14 @@ pub fn apply(trace: &mut Trace, f: &Filters) -> Result<(), String> {
 }
 
 /// [`apply`] one request at a time, in arrival order.
-pub struct Filtering {
+pub(crate) struct Filtering {
     f: Filters,
     /// Requests inside the window so far.
     seen: usize,
 }
 
 impl Filtering {
-    pub fn new(f: &Filters) -> Result<Filtering, String> {
+    pub(crate) fn new(f: &Filters) -> Result<Filtering, String> {
         if !(f.speed.is_finite() && f.speed > 0.0) {
             return Err(format!("speed {} must be a positive number", f.speed));
         }
@@ -229,12 +235,12 @@ impl Filtering {
     }
 
     /// True once `--head` is reached: no later request is kept.
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.f.head.is_some_and(|n| self.seen >= n)
     }
 
     /// The request as kept, or `None`.
-    pub fn keep(&mut self, mut r: super::Request) -> Option<super::Request> {
+    pub(crate) fn keep(&mut self, mut r: super::Request) -> Option<super::Request> {
         if let Some((a, b)) = self.f.window_us {
             if r.arrival_us < a || r.arrival_us >= b {
                 return None;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 /// What the user chose (`--include-aux`, `--skip-recorded-failures`) and what the run can build.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Selection {
+pub(crate) struct Selection {
     pub(crate) include_aux: bool,
     pub(crate) skip_recorded_failures: bool,
     /// Text prompts can be built (`--tokenizer` with `--prompt-mode text`, or the target's

@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 
 /// How prompts are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptMode {
+pub(crate) enum PromptMode {
     TokenIds,
     Text,
 }

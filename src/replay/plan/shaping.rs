@@ -12,7 +12,7 @@ use crate::trace::shape::{self, Arrivals};
 
 /// Validated shaping options (all off by default).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Shaping {
+pub(crate) struct Shaping {
     pub(crate) window_us: Option<(u64, u64)>,
     pub(crate) loops: u32,
     pub(crate) overlay: u32,
