@@ -1,11 +1,11 @@
 //! The loop on traffic from a real client: the official `openai` Python SDK
-//! (`tools/openai_sdk_traffic.py`, in the venv `tools/venv_openai.sh` makes) talks to the mock
+//! (`tests/it/openai_sdk_traffic.py`, in the venv `tools/venv/openai.sh` makes) talks to the mock
 //! through `retrace record --bodies request`; the recording replays against a fresh mock (side
 //! requests included) with the same requests per endpoint, every request re-issued as it was
 //! made, the same lengths, recorded failures failing the same way, and `compare RECORDING
 //! REPLAY` calling it faithful.
 //!
-//! The venv's python is `RETRACE_OPENAI_PYTHON`, else `tools/.venv-openai/bin/python`. Without
+//! The venv's python is `RETRACE_OPENAI_PYTHON`, else `tools/venv/.openai/bin/python`. Without
 //! either the test says why and skips, except under CI (`CI` set), where that is a failure.
 
 use retrace::record::{Bodies, RecordConfig};
@@ -32,12 +32,12 @@ fn python() -> Result<PathBuf, String> {
             ))
         };
     }
-    let p = repo("tools/.venv-openai/bin/python");
+    let p = repo("tools/venv/.openai/bin/python");
     if p.is_file() {
         Ok(p)
     } else {
         Err(format!(
-            "no openai venv ({} missing, RETRACE_OPENAI_PYTHON unset): run tools/venv_openai.sh",
+            "no openai venv ({} missing, RETRACE_OPENAI_PYTHON unset): run tools/venv/openai.sh",
             p.display()
         ))
     }
@@ -49,7 +49,7 @@ type Calls = Vec<(String, u64, Option<u64>)>;
 /// Runs the SDK script against `base`, at most 60 s (the child is killed if it overruns).
 async fn run_sdk(python: &Path, base: &str) -> Calls {
     let child = tokio::process::Command::new(python)
-        .arg(repo("tools/openai_sdk_traffic.py"))
+        .arg(repo("tests/it/openai_sdk_traffic.py"))
         .arg(base)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("OPENAI_BASE_URL")

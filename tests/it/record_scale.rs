@@ -2,8 +2,8 @@
 //! one connection, each proxied on its own pooled HTTP/1.1 upstream connection, all byte-identical
 //! and all in the trace; and upstream keep-alive reuse.
 //!
-//! The 10,000-stream version is the benchmark `tools/bench_record_h2.sh` (numbers in
-//! `tools/bench_record.md`); this test asserts correctness only, never timing.
+//! The 10,000-stream version is the benchmark `tools/bench/bench_record_h2.sh` (numbers in
+//! `tools/bench/bench_record.md`); this test asserts correctness only, never timing.
 
 use bytes::Bytes;
 use http::Request;

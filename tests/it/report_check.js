@@ -1,5 +1,5 @@
 // Checks a rendered report or compare page from inside it (appended after the page's own script by
-// tests/it/compare.rs and tools/report_screenshots.sh): every SVG label inside its chart, no chart
+// tests/it/compare.rs and tools/bench/report_screenshots.sh): every SVG label inside its chart, no chart
 // empty without saying "no data", no clipped text block, and hovering a timeline bar (whole run,
 // then zoomed in) shows that request's TTFT. Leaves the hover shown for screenshots. Writes one
 // line per finding into the hidden pre#retrace-check: "ok ..." or "FAIL ...".

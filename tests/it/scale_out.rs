@@ -4,8 +4,8 @@
 //! local process against the mock and merged by `tools/k8s/merge-shards.yaml`'s command, equal
 //! one process; and both manifests pass a Kubernetes schema validator.
 //!
-//! The validator is `kubernetes-validate` (PyPI) from the venv `tools/venv_k8s.sh` makes:
-//! `RETRACE_K8S_VALIDATE`, else `tools/.venv-k8s/bin/kubernetes-validate`. Without either the
+//! The validator is `kubernetes-validate` (PyPI) from the venv `tools/venv/k8s.sh` makes:
+//! `RETRACE_K8S_VALIDATE`, else `tools/venv/.k8s/bin/kubernetes-validate`. Without either the
 //! manifest test says why and skips, except under CI (`CI` set), where that is a failure.
 
 use crate::support::{self, OutputWithin};
@@ -272,7 +272,7 @@ fn four_shards_started_together_match_one_process() {
     }
     // Latencies: each request's no shorter than the mock's exact timing, and both runs' typical
     // TTFT near it (a loaded machine only adds; the ceiling says "did not hang"). The comparison
-    // within the noise band is tools/bench_shards.sh's (docs/benchmarks.md).
+    // within the noise band is tools/bench/bench_shards.sh's (docs/benchmarks.md).
     for (name, v) in [("merged", &merged), ("whole", &whole)] {
         let outs = v["output_lens"].as_array().unwrap();
         for (k, e2el) in v["latencies"].as_array().unwrap().iter().enumerate() {
@@ -296,7 +296,7 @@ fn validator() -> Result<PathBuf, String> {
     let (p, from) = match std::env::var_os("RETRACE_K8S_VALIDATE") {
         Some(p) => (PathBuf::from(p), "RETRACE_K8S_VALIDATE"),
         None => (
-            support::repo("tools/.venv-k8s/bin/kubernetes-validate"),
+            support::repo("tools/venv/.k8s/bin/kubernetes-validate"),
             "the default venv (RETRACE_K8S_VALIDATE unset)",
         ),
     };
@@ -304,7 +304,7 @@ fn validator() -> Result<PathBuf, String> {
         Ok(p)
     } else {
         Err(format!(
-            "{} from {from} does not exist: run tools/venv_k8s.sh",
+            "{} from {from} does not exist: run tools/venv/k8s.sh",
             p.display()
         ))
     }
