@@ -943,10 +943,11 @@ async fn stalled_responses_fail_by_idle_or_total_timeout_on_both_body_paths() {
     let url = format!("http://{}", mock.addr);
     let dir = tempfile::tempdir().unwrap();
     let trace = support::mooncake(dir.path(), &[(0, 10, 6, &[0]), (5, 10, 6, &[1])]);
-    let cases: [(&str, &str, &str, &str); 3] = [
+    let cases: [(&str, &str, &str, &str); 4] = [
         ("stall-mid=2:1500", "0.3", "30", "timeout_idle"),
         ("stall-mid=2:1500", "30", "0.4", "timeout_total"),
         ("slow-headers=1500", "0.3", "30", "timeout_idle"),
+        ("slow-headers=1500", "30", "0.4", "timeout_total"),
     ];
     // Bodies are read on the reader threads by default, on the tasks with 0.
     for readers in ["auto", "0"] {

@@ -209,6 +209,10 @@ impl RawConn {
     }
 
     pub(super) async fn write_all(&mut self, wire: &[u8]) -> std::io::Result<()> {
+        // Nothing left (the dispatcher's `try_send` wrote it all): no zero-length send.
+        if wire.is_empty() {
+            return Ok(());
+        }
         let mut done = 0;
         if let ClientStream::Plain(s) = &self.io {
             match send_now(s, &[std::io::IoSlice::new(wire)]) {
