@@ -443,7 +443,7 @@ mod tests {
 
     /// vLLM's own numbers of a real `vllm bench serve` run (its `--save-result` file), rendered
     /// by us, give that run's console block row by row, trailing padding included
-    /// (fixtures/vllm/bench_serve_console_block.txt, tools/vllm_console_fixture.sh).
+    /// (fixtures/vllm/bench_serve_console_block.txt, tools/bench/vllm_console_fixture.sh).
     #[test]
     fn block_matches_real_vllm_block_row_by_row() {
         let real = include_str!("../../fixtures/vllm/bench_serve_console_block.txt");

@@ -7,7 +7,7 @@
 //! microseconds instead of tokio's 1 ms timer-wheel granularity. It does not spin: a thread that
 //! sleeps keeps its scheduler credit, so with CPU hogs on every core its wake-ups still preempt
 //! them, while one that spins spends that credit and is then preempted for milliseconds
-//! (`tools/bench_dispatch.rs` measures both). Deadlines are absolute, so a late release never
+//! (`tools/bench/bench_dispatch.rs` measures both). Deadlines are absolute, so a late release never
 //! shifts later ones (no drift accumulation); a late dispatcher releases everything already due
 //! back to back. Each released request becomes a tokio task (requests released at
 //! the same instant reach the runtime together, see `flush`) that waits for a
