@@ -668,7 +668,7 @@ fn apply(req: &mut Request, a: Answer, hasher: &BlockHasher, block_size: u32) {
 }
 
 fn worker(t: &TokenizeTarget, jobs: &Mutex<Receiver<Job>>, done: &Sender<Done>) {
-    super::writer::lower_priority();
+    crate::sys::thread_timing::lower_priority();
     loop {
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok(job) = job else { return };

@@ -86,19 +86,6 @@ impl Recorder {
     }
 }
 
-/// Lowers this thread's CPU priority (nice 10, Linux): under CPU saturation forwarding wins and
-/// the writer falls behind (then drops and counts records) instead (invariant 13).
-pub(super) fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
-            tracing::debug!("could not lower the writer thread's priority");
-        }
-    }
-}
-
 /// Where and how files are written.
 #[derive(Debug, Clone)]
 pub struct FileOptions {
@@ -180,7 +167,7 @@ pub fn spawn(
     let join = std::thread::Builder::new()
         .name("retrace-record-writer".into())
         .spawn(move || {
-            lower_priority();
+            crate::sys::thread_timing::lower_priority();
             w.run(rx);
             w.closed
         })?;

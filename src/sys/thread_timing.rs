@@ -1,5 +1,6 @@
 //! How a deadline-driven thread (the replay dispatcher, the mock's engine) asks Linux to wake it
-//! on time: 1 ns timer slack, a short EEVDF slice, and optionally SCHED_FIFO.
+//! on time (1 ns timer slack, a short EEVDF slice, and optionally SCHED_FIFO), and how a
+//! background thread gives way (nice 10).
 //!
 //! Each call affects only the calling thread and reports whether the kernel accepted it; none
 //! needs privilege except [`realtime`] (CAP_SYS_NICE). On other systems the calls do nothing
@@ -69,4 +70,17 @@ pub(crate) fn realtime() -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     false
+}
+
+/// Lowers this thread's CPU priority (nice 10, Linux): under CPU saturation forwarding wins and
+/// a background thread (the recorder's writer, its /tokenize counts) falls behind instead.
+pub(crate) fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority on this thread's own id; no memory is passed.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        if libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0 {
+            tracing::debug!("could not lower this thread's priority");
+        }
+    }
 }
