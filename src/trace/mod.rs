@@ -3,7 +3,7 @@
 //! A [`Trace`] is a [`TraceHeader`] plus [`Request`]s sorted by arrival. Every other part of retrace
 //! reads and writes this model: importers fill it from public formats, the recorder fills it from
 //! live traffic, the replayer turns it into a schedule. Times are monotonic offsets in microseconds
-//! from the trace's t0 (invariant 2 in ARCHITECTURE.md); wall-clock time appears once, in the header.
+//! from the trace's t0 (invariant 1 in ARCHITECTURE.md); wall-clock time appears once, in the header.
 //!
 //! This module and its children are pure and synchronous: no tokio, no hyper, no printing.
 
