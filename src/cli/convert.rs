@@ -1,4 +1,4 @@
-//! `retrace convert`'s command line and its [`convert::Options`].
+//! `retrace convert`'s command line and its [`convert::ConvertOptions`].
 
 use super::values::{parse_flag, parse_window};
 use crate::convert::{self, OutFormat};
@@ -58,8 +58,8 @@ pub struct ConvertArgs {
 
 impl ConvertArgs {
     /// The options `convert` runs with; `--window` parsed.
-    pub fn options(&self) -> anyhow::Result<convert::Options> {
-        Ok(convert::Options {
+    pub fn options(&self) -> anyhow::Result<convert::ConvertOptions> {
+        Ok(convert::ConvertOptions {
             inputs: self.inputs.clone(),
             output: self.output.clone(),
             import: ImportOptions {

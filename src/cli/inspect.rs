@@ -1,4 +1,4 @@
-//! `retrace inspect`'s command line and its [`inspect::Options`].
+//! `retrace inspect`'s command line and its [`inspect::InspectOptions`].
 
 use crate::inspect;
 use crate::trace::import::{Format, ImportOptions};
@@ -37,8 +37,8 @@ pub struct InspectArgs {
 
 impl InspectArgs {
     /// The options `inspect` runs with.
-    pub fn options(&self) -> inspect::Options {
-        inspect::Options {
+    pub fn options(&self) -> inspect::InspectOptions {
+        inspect::InspectOptions {
             files: self.files.clone(),
             import: ImportOptions {
                 format: self.from,

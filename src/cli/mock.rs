@@ -1,7 +1,7 @@
 //! `retrace mock`'s command line and its [`MockConfig`]. The flags' defaults are
 //! [`MockConfig::default`]'s.
 
-use crate::mock::{CostModel, FaultConfig, MockConfig, Profile, Timeouts};
+use crate::mock::{ConnTimeouts, CostModel, FaultConfig, MockConfig, Profile};
 use anyhow::Context;
 use std::path::PathBuf;
 
@@ -168,7 +168,7 @@ impl MockArgs {
             io_threads: a.io_threads,
             realtime: a.realtime,
             coalesce_us: a.coalesce_us,
-            timeouts: Timeouts::default(),
+            timeouts: ConnTimeouts::default(),
             faults: FaultConfig {
                 status_rate: a.fault_status_rate,
                 status_codes: a.fault_status_codes.clone(),

@@ -1,6 +1,6 @@
 //! `retrace compare`, `report` and `merge`: their command lines and options.
 
-use crate::report::render::Format as CompareFormat;
+use crate::report::render::RenderFormat as CompareFormat;
 use crate::report::{self, compare, rules};
 use std::path::PathBuf;
 
@@ -96,7 +96,7 @@ impl CompareArgs {
             rules,
             format: self.format,
             html: self.html.clone(),
-            compare: compare::Options {
+            compare: compare::Settings {
                 min_effect,
                 seed: self.seed,
                 resamples: self.resamples as usize,

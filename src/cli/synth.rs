@@ -1,4 +1,4 @@
-//! `retrace synth`'s command line and its [`synth::Options`].
+//! `retrace synth`'s command line and its [`synth::SynthOptions`].
 
 use super::values::{parse_duration_us, parse_flag};
 use crate::convert::OutFormat;
@@ -81,8 +81,8 @@ pub struct SynthArgs {
 
 impl SynthArgs {
     /// The options `synth` runs with; `--duration` parsed.
-    pub fn options(&self) -> anyhow::Result<synth::Options> {
-        Ok(synth::Options {
+    pub fn options(&self) -> anyhow::Result<synth::SynthOptions> {
+        Ok(synth::SynthOptions {
             input: self.input.clone(),
             output: self.output.clone(),
             import: ImportOptions {

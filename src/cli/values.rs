@@ -5,7 +5,7 @@
 use crate::convert::OutFormat;
 use crate::metrics::Api;
 use crate::replay::http::request::PromptMode;
-use crate::report::render::Format as CompareFormat;
+use crate::report::render::RenderFormat as CompareFormat;
 use crate::trace::import::Format;
 use anyhow::{bail, Context};
 use clap::builder::PossibleValue;

@@ -20,7 +20,7 @@ pub(crate) enum OutFormat {
 
 /// What `convert` reads, keeps and writes.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct ConvertOptions {
     /// Input traces; several recordings are merged by wall clock.
     pub(crate) inputs: Vec<PathBuf>,
     /// Output file; `-` is stdout.
@@ -37,7 +37,7 @@ pub struct Options {
 }
 
 /// Runs `convert`; returns a one-line summary for stderr.
-pub fn run(args: &Options) -> Result<String> {
+pub fn run(args: &ConvertOptions) -> Result<String> {
     let speed = args.filters.speed;
     if !(speed.is_finite() && speed > 0.0) {
         anyhow::bail!("--speed must be a positive number, got {speed}");

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 /// What `inspect` reads and reports.
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub struct InspectOptions {
     /// Trace files; several are merged by wall clock as they are read.
     pub(crate) files: Vec<PathBuf>,
     pub(crate) import: ImportOptions,
@@ -24,7 +24,7 @@ pub struct Options {
 }
 
 /// Runs `inspect`, returning what to print.
-pub fn run(opts: &Options) -> Result<String> {
+pub fn run(opts: &InspectOptions) -> Result<String> {
     if opts.stats.block_size == Some(0) {
         anyhow::bail!("--block-size must be at least 1");
     }

@@ -32,18 +32,18 @@ type HandlerFuture = Pin<Box<dyn std::future::Future<Output = Result<Reply, BoxE
 pub(crate) type Handler =
     Arc<dyn Fn(http::Request<hyper::body::Incoming>, Arc<ConnCtx>) -> HandlerFuture + Send + Sync>;
 
-/// How long a connection waits for its client (the CLI always uses [`Timeouts::default`]).
+/// How long a connection waits for its client (the CLI always uses [`ConnTimeouts::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
+pub struct ConnTimeouts {
     /// A request (head and body) must have arrived this long after its first byte was read.
     pub request: Duration,
     /// A connection with no request under way is closed after this long.
     pub idle: Duration,
 }
 
-impl Default for Timeouts {
+impl Default for ConnTimeouts {
     fn default() -> Self {
-        Timeouts {
+        ConnTimeouts {
             request: Duration::from_secs(30),
             idle: Duration::from_secs(60),
         }
@@ -147,7 +147,7 @@ impl ConnCtx {
 
     /// When the connection is to be closed for waiting on its client too long (`None`: it is
     /// busy serving a request, writing, or streaming).
-    fn deadline(&self, t: &Timeouts) -> Option<Instant> {
+    fn deadline(&self, t: &ConnTimeouts) -> Option<Instant> {
         if self.swallow.load(Relaxed) || self.blocked.load(Relaxed) {
             return None;
         }
@@ -283,7 +283,7 @@ type HttpParts = hyper::server::conn::http1::Parts<hyper_util::rt::TokioIo<ConnI
 async fn http(
     io: ConnIo,
     svc: Svc,
-    timeouts: Timeouts,
+    timeouts: ConnTimeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Option<HttpParts> {
     let ctx = io.ctx.clone();
@@ -324,7 +324,7 @@ async fn http(
 pub(crate) async fn serve(
     mut stream: TcpStream,
     handler: Handler,
-    timeouts: Timeouts,
+    timeouts: ConnTimeouts,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);

@@ -17,7 +17,7 @@ pub(crate) mod sched;
 pub(crate) mod tokenize;
 
 use anyhow::{bail, Context};
-pub use conn::Timeouts;
+pub use conn::ConnTimeouts;
 pub(crate) use exposition::LatenessSummary;
 pub use faults::FaultConfig;
 pub use sched::{CostModel, Profile};
@@ -64,7 +64,7 @@ pub struct MockConfig {
     pub coalesce_us: u64,
     /// How long a connection waits for a request to arrive whole, or idle, before it is closed
     /// (library only: the CLI keeps the defaults, 30 s and 60 s).
-    pub timeouts: Timeouts,
+    pub timeouts: ConnTimeouts,
 }
 
 impl Default for MockConfig {
@@ -88,7 +88,7 @@ impl Default for MockConfig {
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
-            timeouts: Timeouts::default(),
+            timeouts: ConnTimeouts::default(),
         }
     }
 }
@@ -315,7 +315,7 @@ fn runtime(
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     handler: conn::Handler,
-    timeouts: Timeouts,
+    timeouts: ConnTimeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::sync::mpsc::Receiver<()> {
     // Every connection task holds a clone; when all are gone, `recv` returns None.

@@ -149,16 +149,16 @@ impl MinEffect {
 
 /// Comparison settings.
 #[derive(Debug, Clone, Copy)]
-pub struct Options {
+pub struct Settings {
     pub seed: u64,
     /// Bootstrap resamples per metric.
     pub resamples: usize,
     pub min_effect: MinEffect,
 }
 
-impl Default for Options {
+impl Default for Settings {
     fn default() -> Self {
-        Options {
+        Settings {
             seed: 0,
             resamples: 400,
             min_effect: MinEffect::DEFAULT,
@@ -285,7 +285,7 @@ fn interval(mut d: Vec<f64>) -> (f64, f64) {
 }
 
 /// Bootstrap intervals of candidate − baseline for the four statistics of one metric.
-fn bootstrap(b: &Weighted, c: &Weighted, opts: &Options, salt: u64) -> [(f64, f64); 4] {
+fn bootstrap(b: &Weighted, c: &Weighted, opts: &Settings, salt: u64) -> [(f64, f64); 4] {
     let mut rng = rng(opts.seed, salt);
     let mut diffs: [Vec<f64>; 4] = Default::default();
     for _ in 0..opts.resamples.max(10) {
@@ -348,7 +348,7 @@ fn clustered_intervals(
     b: &Clusters,
     c: &Clusters,
     pooled: [(f64, f64); 4],
-    opts: &Options,
+    opts: &Settings,
     salt: u64,
 ) -> [(f64, f64); 4] {
     let mut rng = rng(opts.seed ^ 0xC1, salt);
@@ -451,7 +451,7 @@ fn band(noise: impl Iterator<Item = Option<f64>>, base: Option<f64>) -> Option<f
 }
 
 /// Compares `cand` against `base`; `noise` holds reruns of the baseline.
-pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Options) -> Comparison {
+pub fn compare(base: &Run, cand: &Run, noise: &[Run], opts: &Settings) -> Comparison {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     if let Some(thin) = latency_rows(&mut rows, base, cand, noise, opts) {
@@ -495,7 +495,7 @@ fn latency_rows(
     base: &Run,
     cand: &Run,
     noise: &[Run],
-    opts: &Options,
+    opts: &Settings,
 ) -> Option<String> {
     let mut thin: Vec<&'static str> = Vec::new();
     for (mi, m) in Metric::ALL.into_iter().enumerate() {
@@ -736,9 +736,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// Options that count every significant change (no minimum effect).
-    pub(crate) fn strict(seed: u64, resamples: usize) -> Options {
-        Options {
+    /// Settings that count every significant change (no minimum effect).
+    pub(crate) fn strict(seed: u64, resamples: usize) -> Settings {
+        Settings {
             min_effect: MinEffect::Absolute(0.0),
             seed,
             resamples,

@@ -461,7 +461,7 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> 
             "pts": p.cdf.iter().map(|(x, y)| json!([r3(*x * 1000.0) / 1000.0, r3(*y)])).collect::<Vec<_>>(),
         })
     });
-    let text = super::render::render(cmp, &[], super::render::Format::Text);
+    let text = super::render::render(cmp, &[], super::render::RenderFormat::Text);
     let data = json!({
         "page": "compare",
         "title": format!("retrace compare: {} vs {}", base.label(), cand.label()),

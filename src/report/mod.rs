@@ -34,10 +34,10 @@ pub(crate) struct CompareOptions {
     pub(crate) noise: Vec<PathBuf>,
     /// The `--fail-on` rules.
     pub(crate) rules: Vec<rules::Rule>,
-    pub(crate) format: render::Format,
+    pub(crate) format: render::RenderFormat,
     /// Also write the comparison as an HTML page here.
     pub(crate) html: Option<PathBuf>,
-    pub(crate) compare: compare::Options,
+    pub(crate) compare: compare::Settings,
 }
 
 /// What `report` reads and writes.

@@ -16,17 +16,17 @@ use std::fmt::Write;
 
 /// Output format of `compare` (`--format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub enum RenderFormat {
     Text,
     Markdown,
     Json,
 }
 
-pub fn render(cmp: &Comparison, rules: &[RuleOutcome], format: Format) -> String {
+pub fn render(cmp: &Comparison, rules: &[RuleOutcome], format: RenderFormat) -> String {
     match format {
-        Format::Text => table(cmp, rules, false),
-        Format::Markdown => table(cmp, rules, true),
-        Format::Json => json(cmp, rules),
+        RenderFormat::Text => table(cmp, rules, false),
+        RenderFormat::Markdown => table(cmp, rules, true),
+        RenderFormat::Json => json(cmp, rules),
     }
 }
 
@@ -589,13 +589,13 @@ mod tests {
             &cmp,
         )
         .unwrap();
-        let mut t = render(&cmp, &rules, Format::Text);
+        let mut t = render(&cmp, &rules, RenderFormat::Text);
         // the synthetic runs' paths are not files; keep the snapshot free of them
         t = t
             .replace("synthetic-1.json", "BASE")
             .replace("synthetic-2.json", "CAND");
         insta::assert_snapshot!("compare_text", mask_intervals(&t));
-        let m = render(&cmp, &rules, Format::Markdown)
+        let m = render(&cmp, &rules, RenderFormat::Markdown)
             .replace("synthetic-1.json", "BASE")
             .replace("synthetic-2.json", "CAND");
         insta::assert_snapshot!("compare_markdown", mask_intervals(&m));
@@ -606,14 +606,15 @@ mod tests {
         let b = synth_run(500, 100.0, 1);
         let c = synth_run(500, 150.0, 2);
         let cmp = strict_compare(&b, &c, &[], 1, 100);
-        let t = render(&cmp, &[], Format::Text);
+        let t = render(&cmp, &[], RenderFormat::Text);
         assert!(t.contains("mean TTFT (ms)") && t.contains("WORSE"), "{t}");
-        let m = render(&cmp, &[], Format::Markdown);
+        let m = render(&cmp, &[], RenderFormat::Markdown);
         assert!(
             m.contains("| mean TTFT (ms) |") && m.contains("**worse**"),
             "{m}"
         );
-        let j: serde_json::Value = serde_json::from_str(&render(&cmp, &[], Format::Json)).unwrap();
+        let j: serde_json::Value =
+            serde_json::from_str(&render(&cmp, &[], RenderFormat::Json)).unwrap();
         assert_eq!(j["schema"], "retrace.compare/1");
         assert_eq!(j["failed"], false);
         let row = j["rows"]

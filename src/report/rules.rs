@@ -338,7 +338,7 @@ fn fmt_opt(v: Option<f64>) -> String {
 mod tests {
     use super::*;
     use crate::report::compare::tests::{strict_compare, synth_run};
-    use crate::report::compare::{compare, MinEffect, Options, Verdict};
+    use crate::report::compare::{compare, MinEffect, Settings, Verdict};
     use crate::report::load::Run;
 
     #[test]
@@ -411,7 +411,7 @@ mod tests {
             b,
             c,
             &[],
-            &Options {
+            &Settings {
                 seed: 7,
                 resamples: 200,
                 ..Default::default()

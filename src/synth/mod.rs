@@ -40,7 +40,7 @@ pub(crate) enum WhatIfError {
 
 /// What `synth` reads, makes and writes.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct SynthOptions {
     pub(crate) input: PathBuf,
     /// Output file; `-` is stdout.
     pub(crate) output: PathBuf,
@@ -62,7 +62,7 @@ pub(crate) enum Mode {
 }
 
 /// Runs `synth`; returns a one-line summary for stderr.
-pub fn run(args: &Options) -> Result<String> {
+pub fn run(args: &SynthOptions) -> Result<String> {
     let (trace, rep) = read_input(args)?;
     let input = args.input.display().to_string();
     let rows_in = trace.requests.len();
@@ -95,7 +95,7 @@ pub fn run(args: &Options) -> Result<String> {
 
 /// The input whole, within [`MAX_INPUT_REQUESTS`] (counted by the reader's first pass, before
 /// any record is kept) and [`MAX_INPUT_IDS`] (counted as the records are kept).
-fn read_input(args: &Options) -> Result<(Trace, ImportReport)> {
+fn read_input(args: &SynthOptions) -> Result<(Trace, ImportReport)> {
     let stream = crate::trace::stream::open(&args.input, &args.import)?;
     let too_large = |what, max| WhatIfError::TooLarge {
         path: args.input.display().to_string(),

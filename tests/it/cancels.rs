@@ -242,7 +242,8 @@ async fn recorded_cancels_are_replayed_as_cancels_and_compare_names_them_apart()
     assert_eq!(f.completed_both, 3);
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0), "{f:?}");
     super::support::assert_faithful_or_sent_late(&f);
-    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    let text =
+        retrace::report::render::render(&cmp, &[], retrace::report::render::RenderFormat::Text);
     assert!(!text.contains("lengths differ"), "{text}");
     assert!(
         text.contains("Cancels and failures apart") && text.contains("cancelled 2 (requests 1, 3)"),

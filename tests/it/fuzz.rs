@@ -486,7 +486,7 @@ proptest! {
         let cand_failed = ((n as f64 * cand_failed_frac) as usize).min(n);
         let b = load::from_value("b.json".as_ref(), &result_json(n, base_failed, 0.1, &jitter)).unwrap();
         let c = load::from_value("c.json".as_ref(), &result_json(n, cand_failed, 0.1 * slower, &jitter)).unwrap();
-        let opts = compare::Options { resamples: 50, ..Default::default() };
+        let opts = compare::Settings { resamples: 50, ..Default::default() };
         let cmp = compare::compare(&b, &c, &[], &opts);
         let rules = gate::parse(&rules.join(",")).unwrap();
         // docs/compare.md's promise, stated here on its own: more than 5 percentage points.

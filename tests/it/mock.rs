@@ -1737,7 +1737,7 @@ async fn closed_by_peer(s: &mut tokio::net::TcpStream) {
 async fn mock_closes_half_sent_heads_and_idle_connections() {
     use tokio::io::AsyncWriteExt;
     let h = start(MockConfig {
-        timeouts: mock::Timeouts {
+        timeouts: mock::ConnTimeouts {
             request: Duration::from_millis(200),
             idle: Duration::from_millis(300),
         },

@@ -328,7 +328,8 @@ async fn a_recording_of_real_client_traffic_replays_faithfully() {
     assert_eq!(f.isl_server_counted, 13, "{f:?}");
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     super::support::assert_faithful_or_sent_late(&f);
-    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    let text =
+        retrace::report::render::render(&cmp, &[], retrace::report::render::RenderFormat::Text);
     let verdict = match f.sent_on_time {
         true => "Faithful replay",
         false => "sent late",
@@ -375,7 +376,8 @@ async fn a_replay_that_left_workload_requests_out_is_not_called_faithful() {
     let (cmp, f) = compare_files(&path, &result);
     assert_eq!(f.left_out, chats, "{f:?}");
     assert!(!f.faithful, "{f:?}");
-    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    let text =
+        retrace::report::render::render(&cmp, &[], retrace::report::render::RenderFormat::Text);
     assert!(text.contains("Not a faithful replay"), "{text}");
     assert!(
         text.contains(&format!("{chats} workload requests left out")),

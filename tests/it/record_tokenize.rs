@@ -394,7 +394,8 @@ async fn compare_names_estimated_lengths_and_does_not_judge_them() {
     let (cmp, f) = super::real_traffic::compare_runs(&load(&stats.files[0]), &replayed);
     assert_eq!(f.isl_estimated, 3, "{f:?}");
     assert!(f.faithful, "{f:?}");
-    let text = retrace::report::render::render(&cmp, &[], retrace::report::render::Format::Text);
+    let text =
+        retrace::report::render::render(&cmp, &[], retrace::report::render::RenderFormat::Text);
     assert!(!text.contains("lengths differ"), "{text}");
     assert!(
         text.contains(

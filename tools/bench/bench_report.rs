@@ -127,7 +127,7 @@ fn main() {
 
     let c = load::load(&cand).expect("load cand");
     let t = Instant::now();
-    let cmp = compare::compare(&b, &c, &[], &compare::Options::default());
+    let cmp = compare::compare(&b, &c, &[], &compare::Settings::default());
     let cmp_s = t.elapsed().as_secs_f64();
     let page = html::compare_page(&cmp, &b, &c, &[]);
     let cpath = dir.join("compare.html");

@@ -112,10 +112,10 @@ fn _scheme_is_serializable(_: HashScheme) {}
 
 mod records;
 pub(crate) use records::*;
-mod writer;
-pub use writer::*;
-mod reader;
-pub use reader::*;
+mod write;
+pub use write::*;
+mod read;
+pub use read::*;
 
 #[cfg(test)]
 mod tests;
