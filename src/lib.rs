@@ -12,11 +12,13 @@
 //! - [`record`]: the recording proxy (`retrace record`).
 //! - [`mock`]: the simulated vLLM-compatible engine (`retrace mock`, replay's default target).
 //! - [`report`]: `compare`, `report` and `merge`.
+//! - [`capacity`]: steps of a trace at scaled speeds, searched for the highest within an SLO.
 //! - [`inspect`], [`convert`], [`synth`]: the commands of the same names.
 //! - [`cli`]: command-line definitions (clap).
 //!
 //! [`run`] matches each subcommand to its module.
 
+pub mod capacity;
 pub mod cli;
 pub mod convert;
 pub mod inspect;
@@ -71,6 +73,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             let msg = synth::run(&opts)?;
             eprintln!("{msg}");
         }
+        cli::Command::Capacity(a) => return capacity::run(a.options()?),
         cli::Command::Compare(a) => return report::run_compare(&a.options()?),
         cli::Command::Report(a) => return report::run_report(&a.options()?),
         cli::Command::Merge(a) => return report::run_merge(&a.options()),

@@ -2,6 +2,7 @@
 //! text), the value parsers (`values`), and each `Args`' conversion to the options its engine
 //! runs with. The engines know nothing of clap.
 
+mod capacity;
 mod convert;
 mod inspect;
 mod mock;
@@ -11,6 +12,7 @@ mod report;
 mod synth;
 mod values;
 
+pub(crate) use capacity::CapacityArgs;
 pub(crate) use convert::ConvertArgs;
 pub(crate) use inspect::InspectArgs;
 pub(crate) use mock::MockArgs;
@@ -37,6 +39,9 @@ pub enum Command {
     /// Replay a trace against an OpenAI-compatible server (the embedded mock by default) at its
     /// own timing, with vLLM-exact latency metrics.
     Replay(ReplayArgs),
+    /// How many times a trace's own load a server takes within an SLO: steps of the trace at
+    /// scaled speeds, searched.
+    Capacity(CapacityArgs),
     /// Convert a trace between formats (native, Mooncake JSONL), with optional filters.
     Convert(ConvertArgs),
     /// Write a what-if trace from a recording: AIPerf's transforms (speedup, prefix and prompt

@@ -13,6 +13,15 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+/// `--timeout-s`' default.
+const TIMEOUT_S: f64 = 3600.0;
+/// `--idle-timeout-s`' default.
+const IDLE_TIMEOUT_S: f64 = 300.0;
+/// `--server-block-size`'s default (vLLM's `--block-size`).
+const SERVER_BLOCK_SIZE: u32 = 16;
+/// `--read-batch-us`' default.
+const READ_BATCH_US: u64 = 500;
+
 /// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
@@ -26,22 +35,8 @@ pub struct ReplayArgs {
     /// several proxies) are merged by wall clock.
     #[arg(required = true, num_args = 1..)]
     pub(crate) trace: Vec<PathBuf>,
-    /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
-    /// embedded mock).
-    #[arg(long, value_name = "URL")]
-    pub(crate) target: Option<String>,
-    /// CA (PEM) of an `https://` target (default: the system bundle).
-    ///
-    /// Verification is never turned off.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) target_ca: Option<PathBuf>,
-    /// Model name to send (default: the first model the target lists at /v1/models).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) model: Option<String>,
-    /// API to call with synthesised prompts (default: each request's recorded endpoint;
-    /// completions for traces that do not say, such as Mooncake).
-    #[arg(long, value_enum)]
-    pub(crate) endpoint: Option<Api>,
+    #[command(flatten)]
+    pub(crate) target: TargetArgs,
     /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X")]
     pub(crate) speed: Option<f64>,
@@ -54,23 +49,8 @@ pub struct ReplayArgs {
     /// Cap on requests in flight; waiting time is reported as client queue time.
     #[arg(long, value_name = "C")]
     pub(crate) max_concurrency: Option<usize>,
-    /// Tokens per hash id (default: the trace's, 512 for Mooncake).
-    #[arg(long, value_name = "N")]
-    pub(crate) block_size: Option<u32>,
-    /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
-    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
-    pub(crate) tokenizer: Option<PathBuf>,
-    /// Vocabulary size without a tokenizer (default 4096).
-    ///
-    /// Ids below 16 are never used.
-    #[arg(long, value_name = "N")]
-    pub(crate) vocab_size: Option<u32>,
-    /// How prompts are sent.
-    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds)]
-    pub(crate) prompt_mode: PromptMode,
-    /// Seed of prompt synthesis (same seed, same prompts, in any process).
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub(crate) seed: u64,
+    #[command(flatten)]
+    pub(crate) prompts: PromptArgs,
     /// Write the result (vLLM keys + ours + histograms) to this JSON file.
     #[arg(long, value_name = "FILE")]
     pub(crate) result_json: Option<PathBuf>,
@@ -82,15 +62,8 @@ pub struct ReplayArgs {
     /// With --detailed it has the per-request timeline and time series.
     #[arg(long, value_name = "FILE")]
     pub(crate) report_html: Option<PathBuf>,
-    /// Extra request header `K=V` (repeatable).
-    #[arg(long, value_name = "K=V")]
-    pub(crate) header: Vec<String>,
-    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
-    #[arg(long, value_name = "VAR")]
-    pub(crate) api_key_env: Option<String>,
-    /// JSON object merged into every request body (its keys win).
-    #[arg(long, value_name = "JSON")]
-    pub(crate) extra_body: Option<String>,
+    #[command(flatten)]
+    pub(crate) requests: RequestArgs,
     /// Mark the run invalid (exit 3) when p99 send drift exceeds D ms.
     ///
     /// Send drift is actual send − intended time, less any --max-concurrency slot wait.
@@ -119,10 +92,10 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub(crate) skip_bad: bool,
     /// Total time limit per request, seconds.
-    #[arg(long, value_name = "S", default_value_t = 3600.0)]
+    #[arg(long, value_name = "S", default_value_t = TIMEOUT_S)]
     pub(crate) timeout_s: f64,
     /// Limit on silence (no headers, no body bytes) per request, seconds.
-    #[arg(long, value_name = "S", default_value_t = 300.0)]
+    #[arg(long, value_name = "S", default_value_t = IDLE_TIMEOUT_S)]
     pub(crate) idle_timeout_s: f64,
     // Tuning knobs: hidden from --help, documented in docs/tuning.md.
     /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
@@ -144,7 +117,7 @@ pub struct ReplayArgs {
     pub(crate) reader_threads: String,
     /// With reader threads and `--rx-stamp kernel`: how long a reader thread waits after a wake-up
     /// before it looks again, so one wake-up reads many streams.
-    #[arg(long, default_value_t = 500, value_name = "US", hide = true)]
+    #[arg(long, default_value_t = READ_BATCH_US, value_name = "US", hide = true)]
     pub(crate) read_batch_us: u64,
     /// Replay only arrivals in START..END of trace time (e.g. `600s..1200s`, `..90s`).
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
@@ -217,7 +190,7 @@ pub struct ReplayArgs {
     #[arg(
         long,
         value_name = "TOKENS",
-        default_value_t = 16,
+        default_value_t = SERVER_BLOCK_SIZE,
         help_heading = "Server metrics"
     )]
     pub(crate) server_block_size: u32,
@@ -237,6 +210,63 @@ pub struct ReplayArgs {
     pub(crate) start_at: Option<String>,
 }
 
+/// The target: where the requests go, and as what model and API (replay's and capacity's).
+#[derive(Debug, clap::Args)]
+pub struct TargetArgs {
+    /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
+    /// embedded mock).
+    #[arg(long, value_name = "URL")]
+    pub(crate) target: Option<String>,
+    /// CA (PEM) of an `https://` target (default: the system bundle).
+    ///
+    /// Verification is never turned off.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) target_ca: Option<PathBuf>,
+    /// Model name to send (default: the first model the target lists at /v1/models).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) model: Option<String>,
+    /// API to call with synthesised prompts (default: each request's recorded endpoint;
+    /// completions for traces that do not say, such as Mooncake).
+    #[arg(long, value_enum)]
+    pub(crate) endpoint: Option<Api>,
+}
+
+/// How prompts are made (replay's and capacity's).
+#[derive(Debug, clap::Args)]
+pub struct PromptArgs {
+    /// Tokens per hash id (default: the trace's, 512 for Mooncake).
+    #[arg(long, value_name = "N")]
+    pub(crate) block_size: Option<u32>,
+    /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
+    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
+    pub(crate) tokenizer: Option<PathBuf>,
+    /// Vocabulary size without a tokenizer (default 4096).
+    ///
+    /// Ids below 16 are never used.
+    #[arg(long, value_name = "N")]
+    pub(crate) vocab_size: Option<u32>,
+    /// How prompts are sent.
+    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds)]
+    pub(crate) prompt_mode: PromptMode,
+    /// Seed of prompt synthesis (same seed, same prompts, in any process).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub(crate) seed: u64,
+}
+
+/// What every request carries besides its prompt (replay's and capacity's).
+#[derive(Debug, clap::Args)]
+pub struct RequestArgs {
+    /// Extra request header `K=V` (repeatable).
+    #[arg(long, value_name = "K=V")]
+    pub(crate) header: Vec<String>,
+    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
+    #[arg(long, value_name = "VAR")]
+    pub(crate) api_key_env: Option<String>,
+    /// JSON object merged into every request body (its keys win).
+    #[arg(long, value_name = "JSON")]
+    pub(crate) extra_body: Option<String>,
+}
+
 impl ReplayArgs {
     /// The config the command line asks for, validated; every error names the flag.
     pub fn config(self) -> anyhow::Result<Config> {
@@ -248,9 +278,7 @@ impl ReplayArgs {
             }
         }
         at_least_one("--max-concurrency", a.max_concurrency)?;
-        at_least_one("--block-size", a.block_size)?;
         check_measurement_flags(&a)?;
-        let (api, prompt_mode) = api_and_prompts(&a)?;
         let probe_rate = match a.probe_request_rate {
             Some(r) => Some(positive("--probe-request-rate", r)?),
             None => None,
@@ -263,48 +291,103 @@ impl ReplayArgs {
             idle: Duration::from_secs_f64(positive("--idle-timeout-s", a.idle_timeout_s)?),
             total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
         };
+        let base = base_config(a.trace.clone(), &a.target, &a.prompts, &a.requests)?;
         Ok(Config {
             percentiles: percentiles(&a.percentiles)?,
             slo: goodput(&a.goodput)?,
-            headers: headers(&a)?,
-            extra_body: extra_body(a.extra_body.as_deref())?,
             shaping: shaping(&a)?,
             tuning: tuning(&a)?,
             timeouts,
             probe_rate,
             start_at,
-            api,
             select: crate::trace::select::Selection {
                 include_aux: a.include_aux,
                 skip_recorded_failures: a.skip_recorded_failures,
-                // Without --tokenizer, the target may make text (checked once it is known).
-                text_prompts: prompt_mode == PromptMode::Text || a.tokenizer.is_none(),
+                ..base.select
             },
-            prompt_mode,
             dry_run: a.dry_run,
             sessions: a.sessions,
             skip_bad: a.skip_bad,
             scrape_metrics: a.scrape_metrics,
             server_block_size: a.server_block_size,
-            trace: a.trace,
-            target: a.target,
-            target_ca: a.target_ca,
-            model: a.model,
             speed: a.speed,
             limit: a.limit,
             max_concurrency: a.max_concurrency,
-            block_size: a.block_size,
-            tokenizer: a.tokenizer,
-            vocab_size: a.vocab_size.unwrap_or(DEFAULT_VOCAB),
-            seed: a.seed,
             result_json: a.result_json,
             detailed: a.detailed,
             max_drift_ms: a.max_drift_ms,
             keep_original_limits: a.keep_original_limits,
-            progress: std::io::stderr().is_terminal(),
-            fd_limit: None,
+            ..base
         })
     }
+}
+
+/// A replay of `trace` to the target, prompts and request flags given, everything else at its
+/// default (replay's other flags unset): what `replay` and `capacity` share.
+pub(crate) fn base_config(
+    trace: Vec<PathBuf>,
+    t: &TargetArgs,
+    p: &PromptArgs,
+    r: &RequestArgs,
+) -> anyhow::Result<Config> {
+    at_least_one("--block-size", p.block_size)?;
+    let (api, prompt_mode) = api_and_prompts(t, p)?;
+    Ok(Config {
+        trace,
+        target: t.target.clone(),
+        target_ca: t.target_ca.clone(),
+        model: t.model.clone(),
+        api,
+        select: crate::trace::select::Selection {
+            include_aux: false,
+            skip_recorded_failures: false,
+            // Without --tokenizer, the target may make text (checked once it is known).
+            text_prompts: prompt_mode == PromptMode::Text || p.tokenizer.is_none(),
+        },
+        speed: None,
+        limit: None,
+        max_concurrency: None,
+        block_size: p.block_size,
+        tokenizer: p.tokenizer.clone(),
+        vocab_size: p.vocab_size.unwrap_or(DEFAULT_VOCAB),
+        prompt_mode,
+        seed: p.seed,
+        result_json: None,
+        detailed: false,
+        headers: headers(r)?,
+        extra_body: extra_body(r.extra_body.as_deref())?,
+        max_drift_ms: None,
+        percentiles: vec![99.0],
+        slo: metrics::Slo::default(),
+        keep_original_limits: false,
+        timeouts: Timeouts {
+            idle: Duration::from_secs_f64(IDLE_TIMEOUT_S),
+            total: Duration::from_secs_f64(TIMEOUT_S),
+        },
+        tuning: Tuning {
+            warm_connections: None,
+            kernel_rx: true,
+            reader_threads: reader_threads("auto")?,
+            read_batch: Duration::from_micros(READ_BATCH_US),
+            window: Default::default(),
+        },
+        progress: std::io::stderr().is_terminal(),
+        fd_limit: None,
+        shaping: shaping::Shaping {
+            loops: 1,
+            overlay: 1,
+            seed: p.seed,
+            ..Default::default()
+        },
+        dry_run: false,
+        sessions: false,
+        skip_bad: false,
+        scrape_metrics: None,
+        server_block_size: SERVER_BLOCK_SIZE,
+        probe_rate: None,
+        start_at: None,
+        stretch: None,
+    })
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -356,17 +439,17 @@ fn goodput(items: &[String]) -> anyhow::Result<metrics::Slo> {
 
 /// `--endpoint` and `--prompt-mode`, which must fit together and with `--tokenizer` (without
 /// one, text prompts are made by the target).
-fn api_and_prompts(a: &ReplayArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
-    let (api, prompt_mode) = (a.endpoint, a.prompt_mode);
+fn api_and_prompts(t: &TargetArgs, p: &PromptArgs) -> anyhow::Result<(Option<Api>, PromptMode)> {
+    let (api, prompt_mode) = (t.endpoint, p.prompt_mode);
     // Without --tokenizer, text comes from the target's /tokenize and /detokenize.
-    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds && a.tokenizer.is_some() {
+    if api == Some(Api::Chat) && prompt_mode == PromptMode::TokenIds && p.tokenizer.is_some() {
         bail!("--endpoint chat sends text: add --prompt-mode text to use --tokenizer");
     }
     Ok((api, prompt_mode))
 }
 
 /// `--header` values and the `--api-key-env` key.
-fn headers(a: &ReplayArgs) -> anyhow::Result<HeaderMap> {
+fn headers(a: &RequestArgs) -> anyhow::Result<HeaderMap> {
     let mut headers = HeaderMap::new();
     for h in &a.header {
         let (k, v) = crate::replay::http::target::parse_header(h).map_err(|e| anyhow!(e))?;
@@ -409,7 +492,7 @@ fn shaping(a: &ReplayArgs) -> anyhow::Result<shaping::Shaping> {
         ramp_up_end_rps: a.ramp_up_end_rps,
         shard: a.shard.as_deref(),
         limit: a.limit,
-        seed: a.seed,
+        seed: a.prompts.seed,
     })
     .map_err(anyhow::Error::msg)
 }
@@ -433,15 +516,20 @@ fn check_measurement_flags(a: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The hidden tuning knobs.
-fn tuning(a: &ReplayArgs) -> anyhow::Result<Tuning> {
-    let reader_threads = match a.reader_threads.as_str() {
+/// `--reader-threads`: `auto` is one per CPU, at most 4.
+fn reader_threads(v: &str) -> anyhow::Result<usize> {
+    Ok(match v {
         "auto" => std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         n => match n.parse::<usize>() {
             Ok(v) if v <= 64 => v,
             _ => bail!("--reader-threads {n:?}: give a number of threads (0 to 64) or auto"),
         },
-    };
+    })
+}
+
+/// The hidden tuning knobs.
+fn tuning(a: &ReplayArgs) -> anyhow::Result<Tuning> {
+    let reader_threads = reader_threads(&a.reader_threads)?;
     if a.read_batch_us > 5_000 {
         bail!("--read-batch-us {}: at most 5000 (5 ms)", a.read_batch_us);
     }

@@ -1,7 +1,7 @@
 use super::*;
 
 /// Statistics of one metric, in ms.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Stats {
     pub count: usize,
     pub mean: f64,
@@ -96,7 +96,7 @@ pub(crate) fn percentile_label(p: f64) -> String {
 }
 
 /// Everything a run measured, summarised.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
     pub completed: u64,
     pub failed: u64,

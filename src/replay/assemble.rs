@@ -22,6 +22,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
             .map(|s| interrupted_reason(s, work.requests(), cut, p.measured)),
         invalid_reason(cfg, work),
         left_out_reason(p.facts.lost),
+        ran.gave_up.as_ref().map(|why| format!("given up: {why}")),
     ];
     let reasons: Vec<String> = reasons.into_iter().flatten().collect();
     let invalid_reason = (!reasons.is_empty()).then(|| reasons.join("; "));
@@ -39,7 +40,9 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         .as_ref()
         .map_or(0, |r| r.same + r.cancelled_as_recorded);
     let all_failed = outcome::all_failed(work.requests(), summary.completed, same + cut);
-    let arrays = ran.collected.finish(ran.interrupted.is_none())?;
+    // A halted run, or a step's measured stretch, holds part of the plan's requests.
+    let whole = ran.interrupted.is_none() && ran.collected.watch.is_none();
+    let arrays = ran.collected.finish(whole)?;
     let inexact = p
         .bodies
         .stats
@@ -69,6 +72,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         all_failed,
         sessions,
         interrupted: ran.interrupted,
+        stretch: ran.collected.watch.as_ref().map(step::Watch::measured),
     })
 }
 

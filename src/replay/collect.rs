@@ -7,6 +7,7 @@
 use crate::metrics::{Collector, Sample};
 use crate::replay::outcome::{self, Auxiliary, FirstError, RecordedOutcomes};
 use crate::replay::plan::body::Tag;
+use crate::replay::step::Watch;
 use crate::result::sidecar;
 use crate::result::{arrays, RequestRow};
 use serde_json::{Map, Value};
@@ -31,6 +32,8 @@ pub(crate) struct Collect {
     /// Workload requests measured.
     measured: usize,
     detail: Detail,
+    /// `capacity`'s step: which requests are measured, and when the step is lost.
+    pub(crate) watch: Option<Watch>,
 }
 
 /// The per-request arrays of a finished run: inline, or the sidecar's file name.
@@ -56,15 +59,21 @@ impl Collect {
             recorded: recorded.then(RecordedOutcomes::default),
             measured,
             detail,
+            watch: None,
         }
     }
 
-    /// Folds in the sample of the request tagged `tag`.
-    pub(crate) fn add(&mut self, tag: Tag, s: Sample) {
+    /// Folds in the sample of the request tagged `tag`; true when it loses the step's objective
+    /// ([`Watch::lose`]), so the run is to be given up.
+    pub(crate) fn add(&mut self, tag: Tag, s: Sample) -> bool {
         let Some(w) = tag.work else {
             self.aux.add(&s.scalars);
-            return;
+            return false;
         };
+        if self.watch.as_mut().is_some_and(|x| !x.measures(&s)) {
+            return false;
+        }
+        let lost = self.watch.as_mut().is_some_and(|x| x.lose(&s));
         outcome::note_error(&mut self.first_errors, &s);
         if let Some(r) = &mut self.recorded {
             r.add(tag.recorded.as_deref(), &s.scalars);
@@ -80,6 +89,7 @@ impl Collect {
             }
             Detail::File(f) => f.write(w, &RequestRow::of(&s, rec)),
         }
+        lost
     }
 
     /// Ends the per-request arrays: inline, or the sidecar written and renamed (an error when

@@ -66,6 +66,8 @@ pub struct Config {
     pub(crate) probe_rate: Option<f64>,
     /// `--start-at`: the wall-clock instant of t0.
     pub(crate) start_at: Option<SystemTime>,
+    /// `capacity`'s step: its warm-up and when it is given up (no flag of replay's).
+    pub(crate) stretch: Option<crate::replay::step::Stretch>,
 }
 
 /// The hidden knobs of the client and the dispatcher.

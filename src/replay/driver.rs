@@ -95,6 +95,16 @@ impl Halt {
         st.0
     }
 
+    /// The run is given up (`capacity`'s step lost its objective): halted as by a signal, with
+    /// none named.
+    pub(crate) fn give_up(&self) {
+        let st = self.lock();
+        if st.0 == Phase::Running && st.1.is_none() {
+            self.halted.store(true, Ordering::Release);
+            self.woken.notify_one();
+        }
+    }
+
     /// The signal that halted the run.
     pub(crate) fn by(&self) -> Option<Signal> {
         self.lock().1

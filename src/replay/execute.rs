@@ -14,6 +14,8 @@ pub struct Ran {
     pub(super) embedded_target: bool,
     /// The signal that halted the run.
     pub(super) interrupted: Option<Signal>,
+    /// Why the run was given up (`capacity`'s step lost its objective).
+    pub(super) gave_up: Option<String>,
 }
 
 /// Stage 2: starts the clock (after the first scrape, or at `--start-at`), drives the plan with
@@ -42,12 +44,19 @@ pub async fn execute(
     p.bodies.set_t0(t0);
     let detail = p.detail.take().unwrap_or(collect::Detail::Off);
     let mut collected = collect::Collect::new(p.recorded, p.measured, detail, collector(cfg, p));
+    collected.watch = cfg
+        .stretch
+        .as_ref()
+        .map(|s| step::Watch::new(s, p.measured));
     halt.enter(driver::Phase::Running);
     let driven = drive(cfg, p, t0, &mut collected, halt.clone()).await;
     halt.enter(driver::Phase::Ended);
     let interrupted = halt.by();
     p.bodies.stop();
-    let duration_s = driven.map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))?;
+    let driven_s = driven.map_err(|e| anyhow!("{}: {e}", cfg.trace_name()))?;
+    let watch = collected.watch.as_ref();
+    let duration_s = watch.and_then(step::Watch::duration_s).unwrap_or(driven_s);
+    let gave_up = watch.and_then(|w| w.lost.clone());
     let inexact = p
         .bodies
         .stats
@@ -88,6 +97,7 @@ pub async fn execute(
         server_metrics,
         embedded_target: p.embedded.is_some(),
         interrupted,
+        gave_up,
     })
 }
 
@@ -105,7 +115,7 @@ pub(super) async fn drive(
         max_concurrency: cfg.max_concurrency,
         links: p.links.clone(),
         t0: Some(t0),
-        halt,
+        halt: halt.clone(),
     };
     let mut failed = 0u64;
     let driven = driver::drive(
@@ -121,7 +131,9 @@ pub(super) async fn drive(
                 }
                 pb.inc(1);
             }
-            collected.add(tag, s);
+            if collected.add(tag, s) {
+                halt.give_up();
+            }
         },
     )
     .await;

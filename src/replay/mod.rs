@@ -25,6 +25,7 @@ pub(crate) mod outcome;
 pub mod plan;
 pub(crate) mod probe;
 pub(crate) mod scrape;
+pub(crate) mod step;
 
 pub(crate) use config::DEFAULT_VOCAB;
 pub use config::{Config, Tuning};
@@ -81,6 +82,8 @@ pub struct Outcome {
     pub sessions: Option<plan::turns::SessionReport>,
     /// The signal that halted the run.
     pub(crate) interrupted: Option<Signal>,
+    /// `capacity`'s step: its warm-up, and why it was given up.
+    pub(crate) stretch: Option<step::Measured>,
 }
 
 impl Outcome {

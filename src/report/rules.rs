@@ -31,7 +31,7 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn holds(self, a: f64, b: f64) -> bool {
+    pub(crate) fn holds(self, a: f64, b: f64) -> bool {
         match self {
             Op::Gt => a > b,
             Op::Ge => a >= b,
@@ -39,7 +39,7 @@ impl Op {
             Op::Le => a <= b,
         }
     }
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Op::Gt => ">",
             Op::Ge => ">=",

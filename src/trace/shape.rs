@@ -165,11 +165,14 @@ pub(crate) fn stride(trace: &Trace) -> u64 {
 }
 
 /// Repeats the trace `k` times back to back; each repeat starts one mean inter-arrival gap after
-/// the previous one's last arrival. Hash ids are kept (later loops hit what earlier ones cached).
-pub(crate) fn repeat(trace: &mut Trace, k: u32) {
+/// the previous one's last arrival. Hash ids are kept (later loops hit what earlier ones cached);
+/// with `distinct`, each later copy gets its own hash ids, as [`overlay`]'s do (no copy shares a
+/// cached prefix with another).
+pub(crate) fn repeat(trace: &mut Trace, k: u32, distinct: bool) {
     if k <= 1 || trace.requests.is_empty() {
         return;
     }
+    let d = distinct.then(|| (trace.header.hash_scheme, stride(trace)));
     let span = trace.span_us();
     let n = trace.requests.len() as u64;
     let gap = if n > 1 { span / (n - 1) } else { 1_000_000 };
@@ -177,9 +180,10 @@ pub(crate) fn repeat(trace: &mut Trace, k: u32) {
     let orig = std::mem::take(&mut trace.requests);
     trace.requests.reserve_exact(orig.len() * k as usize);
     for i in 0..u64::from(k) {
-        trace
-            .requests
-            .extend(orig.iter().map(|r| copy_of(r, i, i * period, None)));
+        trace.requests.extend(
+            orig.iter()
+                .map(|r| copy_of(r, i, i * period, d.filter(|_| i > 0))),
+        );
         if i == 0 {
             // the first copy keeps its session ids as they were
             for (c, o) in trace.requests.iter_mut().zip(&orig) {
@@ -404,7 +408,7 @@ mod tests {
     #[test]
     fn loop_and_overlay() {
         let mut t = trace(4, 1_000);
-        repeat(&mut t, 3);
+        repeat(&mut t, 3, false);
         assert_eq!(t.requests.len(), 12);
         assert_eq!(t.requests[4].arrival_us, 4_000);
         assert_eq!(t.requests[4].hash_ids, t.requests[0].hash_ids);
@@ -428,6 +432,24 @@ mod tests {
         let mut same = trace(4, 1_000);
         overlay(&mut same, 2, false);
         assert!(same.requests.iter().all(|r| r.hash_ids[0] == 0));
+    }
+
+    #[test]
+    fn distinct_loops_keep_reuse_inside_each_copy_and_share_nothing_across() {
+        let mut t = trace(4, 1_000);
+        repeat(&mut t, 3, true);
+        assert_eq!(t.requests.len(), 12);
+        assert_eq!(t.requests[4].arrival_us, 4_000);
+        // the first copy keeps its ids; each later copy its own, the shared root 0 included
+        assert_eq!(t.requests[0].hash_ids, vec![0, 1]);
+        let roots: Vec<u64> = (0..3).map(|c| t.requests[c * 4].hash_ids[0]).collect();
+        assert_eq!(roots, vec![0, 5, 10]);
+        for (copy, root) in t.requests.chunks(4).zip(&roots) {
+            assert!(
+                copy.iter().all(|r| r.hash_ids[0] == *root),
+                "reuse kept in copy {root}"
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@ mod aiperf;
 mod bounds_results;
 mod budget;
 mod cancels;
+mod capacity;
 mod choices;
 mod compare;
 mod fuzz;

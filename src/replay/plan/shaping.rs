@@ -23,6 +23,11 @@ pub(crate) struct Shaping {
     /// `--limit`: the shaped trace's first N arrivals, kept before sharding.
     pub(crate) limit: Option<usize>,
     pub(crate) seed: u64,
+    /// `capacity`'s: the `--loop` copies get their own hash ids (no flag of replay's).
+    pub(crate) loop_distinct: bool,
+    /// `capacity`'s: only sends planned before this offset from t0 (ns, after `--speed`), a
+    /// fixed stretch of wall-clock time (no flag of replay's).
+    pub(crate) until_ns: Option<u64>,
 }
 
 /// The flag values, durations parsed.
@@ -118,6 +123,8 @@ impl Shaping {
             shard,
             limit: f.limit,
             seed: f.seed,
+            loop_distinct: false,
+            until_ns: None,
         })
     }
 }

@@ -170,6 +170,8 @@ pub(crate) struct Stage<I> {
     limit: Option<usize>,
     shard: Option<(u32, u32)>,
     speed: f64,
+    /// [`Shaping::until_ns`]: the plan ends at the first send due at or after it.
+    until_ns: Option<u64>,
     origin: Option<u64>,
     shaped: usize,
     index: usize,
@@ -198,6 +200,7 @@ impl<I: Iterator<Item = Result<Request, PlanError>>> Stage<I> {
             limit: s.limit,
             shard: s.shard,
             speed,
+            until_ns: s.until_ns,
             origin: None,
             shaped: 0,
             index: 0,
@@ -247,6 +250,9 @@ impl<I: Iterator<Item = Result<Request, PlanError>>> Stage<I> {
             }
             let rel_us = r.arrival_us - origin;
             let at_ns = (rel_us as f64 * 1000.0 / self.speed).round() as u64;
+            if self.until_ns.is_some_and(|u| at_ns >= u) {
+                return None;
+            }
             self.index += 1;
             return Some(Ok(Planned {
                 index: self.index - 1,
@@ -299,7 +305,7 @@ pub(crate) fn plan_whole<I: Iterator<Item = Result<Request, TraceError>>>(
     )?;
     let (left_out, read) = selected.finish()?;
     let mut trace = Trace { header, requests };
-    shape::repeat(&mut trace, shaping.loops);
+    shape::repeat(&mut trace, shaping.loops, shaping.loop_distinct);
     shape::overlay(&mut trace, shaping.overlay, shaping.overlay_distinct);
     let n = trace.requests.len();
     let records = trace.requests.into_iter().map(Ok);
@@ -487,6 +493,11 @@ pub(crate) struct DryRun {
 }
 
 impl DryRun {
+    /// The plan's output tokens (`max_tokens` as sent).
+    pub(crate) fn output_tokens(&self) -> u64 {
+        self.output_tokens
+    }
+
     pub(crate) fn add(&mut self, at_ns: u64, input_tokens: u64, output_tokens: u64) {
         while self
             .second
@@ -555,6 +566,23 @@ mod tests {
         assert_eq!(offsets(&[0, 5, 9], 1.0, Some(2)), [0, 5_000_000]);
         assert!(offsets(&[0], 1.0, Some(0)).is_empty());
         assert!(offsets(&[], 1.0, None).is_empty());
+    }
+
+    #[test]
+    fn until_ends_the_plan_at_the_first_send_due_at_or_after_it() {
+        let records = [0u64, 1000, 2000, 3000].map(|m| {
+            Ok(Request {
+                arrival_us: m * 1000,
+                ..Default::default()
+            })
+        });
+        let s = Shaping {
+            until_ns: Some(1_000_000_000),
+            ..Default::default()
+        };
+        let stage = Stage::new(records.into_iter(), &s, 2.0, 4).unwrap();
+        let at: Vec<u64> = stage.map(|p| p.unwrap().at_ns).collect();
+        assert_eq!(at, [0, 500_000_000], "at speed 2, the sends due before 1 s");
     }
 
     #[test]
