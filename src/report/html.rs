@@ -477,6 +477,11 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> 
     page(&data)
 }
 
+/// The page of a capacity search (see [`super::capacity`]).
+pub(crate) fn capacity_page(data: &Value) -> String {
+    page(data)
+}
+
 fn page(data: &Value) -> String {
     // Inside the script element the HTML tokenizer reads `</script` as its end and `<!--` with
     // `<script` as its double-escaped state (which blanks the page): no `<` is left in the data.

@@ -120,6 +120,13 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
                 .is_some_and(|s| s.starts_with("retrace.replay/"));
             let is_vllm = obj.contains_key("completed")
                 && (obj.contains_key("duration") || obj.contains_key("mean_ttft_ms"));
+            let schema = obj.get("schema").and_then(Value::as_str).unwrap_or("");
+            if schema.starts_with(super::capacity::SCHEMA_PREFIX) {
+                return Err(LoadError::Unknown {
+                    path: name,
+                    msg: "a capacity result: give one of its steps' results (`steps[i].result`, a replay result)".into(),
+                });
+            }
             if is_retrace || is_vllm {
                 with_sidecar(path, &mut obj)?;
                 return from_result(path, &obj, is_retrace);

@@ -7,6 +7,7 @@
 //! only runs the commands on their options and writes files; it computes nothing itself.
 
 pub(crate) mod aiperf;
+pub(crate) mod capacity;
 pub mod compare;
 pub mod html;
 pub mod load;
@@ -154,8 +155,10 @@ pub(crate) fn write_replay_report(
 
 /// `retrace report`.
 pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
-    let run = load::load(&a.input)?;
-    let page = html::report_page(&run, a.thresholds_ms);
+    let page = match capacity_file(&a.input)? {
+        Some(v) => html::capacity_page(&capacity::page_data(&a.input.display().to_string(), &v)?),
+        None => html::report_page(&load::load(&a.input)?, a.thresholds_ms),
+    };
     std::fs::write(&a.output, &page)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
     eprintln!(
@@ -164,6 +167,19 @@ pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
         page.len() as f64 / 1024.0
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file `path` as JSON when it is a capacity result (`retrace capacity --result-json`).
+fn capacity_file(path: &std::path::Path) -> anyhow::Result<Option<serde_json::Value>> {
+    let data = crate::trace::rows::read_whole(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if !data.starts_with(b"{") {
+        return Ok(None);
+    }
+    match load::parse_json(path, &data) {
+        Ok(v) if capacity::is_capacity(&v) => Ok(Some(v)),
+        _ => Ok(None),
+    }
 }
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.

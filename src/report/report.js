@@ -407,6 +407,33 @@ function compare(app, D) {
   h('pre', {}, section(app, 'text', 'Text report'), D.text);
 }
 
+// A capacity search: latency and throughput against offered load, the SLO's bounds and the
+// knee (the answer's offered rate) as dashed lines named in the legend.
+function capacity(app, D) {
+  h('div', {'class': 'note', id: 'capacity-answer'}, section(app, 'answer', 'Answer'), D.answer);
+  var g = h('div', {'class': 'grid'}, section(app, 'curves', 'Against offered load'));
+  var xs = [], top = {};
+  function span(series, key) {
+    top[key] = 0;
+    series.forEach(function (se) { se.pts.forEach(function (p) { xs.push(p[0]); top[key] = Math.max(top[key], p[1]); }); });
+  }
+  span(D.latency, 'lat'); span(D.throughput, 'tput');
+  var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
+  function marks(series, key) {
+    var out = series.slice();
+    if (key === 'lat') D.slo_lines.forEach(function (l, i) {
+      out.push({name: l.name, pts: [[x0, l.y], [x1, l.y]], dash: true, color: COLORS[(3 + i) % COLORS.length]});
+      top[key] = Math.max(top[key], l.y);
+    });
+    if (D.knee != null) out.push({name: 'capacity', pts: [[D.knee, 0], [D.knee, top[key]]], dash: true, color: '#c0392b'});
+    return out;
+  }
+  lineChart(g, 'chart-capacity-latency', 'Latency against offered load', marks(D.latency, 'lat'), {xlabel: 'offered requests/s', ylabel: 'ms', unit: 'req/s'});
+  lineChart(g, 'chart-capacity-throughput', 'Throughput against offered load', marks(D.throughput, 'tput'), {xlabel: 'offered requests/s', ylabel: 'requests/s', unit: 'req/s'});
+  table(section(app, 'steps', 'Steps, in the order they ran'), 'table-capacity-steps',
+    ['factor', 'offered req/s', 'achieved req/s', 'output tok/s', 'p50 TTFT ms', 'p99 TTFT ms', 'p99 ITL ms', 'failed', 'SLO'], D.steps);
+}
+
 function fail(e) {
   var m = String(e && e.message || e);
   document.body.setAttribute('data-render-error', m);
@@ -417,7 +444,7 @@ try {
   var D = JSON.parse(document.getElementById('retrace-data').textContent), app = document.getElementById('app');
   h('h1', {}, app, D.title);
   h('div', {'class': 'sub'}, app, D.subtitle);
-  if (D.page === 'compare') compare(app, D); else report(app, D);
+  if (D.page === 'compare') compare(app, D); else if (D.page === 'capacity') capacity(app, D); else report(app, D);
   var n = document.querySelectorAll('.chart').length;
   document.body.setAttribute('data-rendered', String(n));
   h('div', {id: 'render-ok', hidden: 'hidden'}, document.body, 'rendered ' + n + ' charts');

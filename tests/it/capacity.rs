@@ -170,6 +170,60 @@ fn the_answer_brackets_a_known_saturation_point() {
     }
     assert!(stderr.contains("step 1 at 1×"), "{stderr}");
     rt.block_on(mock.shutdown());
+    report_renders(&result, dir.path());
+}
+
+/// `retrace report` of a capacity file: latency and throughput against offered load (with the
+/// SLO line and the knee) and the steps' table, drawn in headless Chromium with the page checks.
+fn report_renders(result: &Path, dir: &Path) {
+    use super::compare::{check_rendered, open_headless, shots_dir};
+    use super::support::OutputWithin;
+    let html = dir.join("capacity.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("report")
+        .arg(result)
+        .arg("-o")
+        .arg(&html)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    for needle in [
+        "\"page\":\"capacity\"",
+        "\"knee\":",
+        "\"slo_lines\":[{\"name\":\"SLO p99_ttft_ms\\u003c=300\"",
+    ] {
+        assert!(page.contains(needle), "missing {needle}");
+    }
+    let doms = open_headless(&html, &shots_dir().join("capacity.png"));
+    check_rendered(
+        &doms,
+        &[
+            "capacity-answer",
+            "chart-capacity-latency",
+            "chart-capacity-throughput",
+            "table-capacity-steps",
+        ],
+        &["ok empty charts say \"no data\""],
+    );
+    // compare names a capacity file and says what to give it instead
+    let out = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("compare")
+        .arg(result)
+        .arg(result)
+        .output_within(CHILD_LIMIT)
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a capacity result: give one of its steps' results"),
+        "{err}"
+    );
 }
 
 #[test]
