@@ -69,7 +69,7 @@ pub enum Command {
     /// Example: `retrace mock --listen 127.0.0.1:8000 --model mock-llama --fixed-timing 50,10`
     ///
     /// Serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /health and /metrics
-    /// in vLLM 0.32's shapes. Without --fixed-timing a continuous-batching scheduler times each
+    /// in vLLM 0.32's shapes (and /detokenize, /reset_prefix_cache). Without --fixed-timing a continuous-batching scheduler times each
     /// step with a cost model chosen by --profile: `llama8b` (default; a lone 137-token prompt
     /// gets ~70 ms TTFT, ~8 ms TPOT; a 7k-token prompt ~0.4 s) or `fast`
     /// (≈200k prefill tokens/s: Mooncake-size prompts at trace speed; replay's embedded target),

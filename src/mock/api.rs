@@ -151,6 +151,9 @@ pub(crate) async fn handle(
     });
     let get = method == Method::GET || method == Method::HEAD;
     let direct = StreamConn::new(&req, conn);
+    if path == "/reset_prefix_cache" && method == Method::POST {
+        return Ok(reset_prefix_cache(&sh).await);
+    }
     if let Some(r) = simple_route(&sh, &path, get, method == Method::POST) {
         return Ok(r);
     }
@@ -180,6 +183,23 @@ pub(crate) async fn handle(
     let arrival = direct.conn.last_rx().map_or(now, |rx| rx.min(now));
     let chat = path == "/v1/chat/completions";
     generate(sh, &body, chat, forced, &direct, arrival).await
+}
+
+/// `POST /reset_prefix_cache`: 200 as vLLM answers, whether or not the cache could be emptied
+/// (not while a running sequence holds blocks; vLLM then only logs it).
+async fn reset_prefix_cache(sh: &Shared) -> Reply {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if sh.engine.send(Cmd::ResetPrefixCache(tx)).is_err() {
+        return detail(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped");
+    }
+    match rx.await {
+        Ok(true) => full(StatusCode::OK, "application/json", ""),
+        Ok(false) => {
+            tracing::warn!("reset_prefix_cache: blocks in use by running requests; nothing reset");
+            full(StatusCode::OK, "application/json", "")
+        }
+        Err(_) => detail(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"),
+    }
 }
 
 /// The answer to every route but the POST ones that read a body (`None` for those).

@@ -153,6 +153,21 @@ impl PrefixCache {
         self.by_hash.insert(hash, id);
     }
 
+    /// vLLM's `reset_prefix_cache`: forgets every cached block, when no running sequence holds
+    /// one (true); else changes nothing (false), as vLLM does.
+    pub(crate) fn reset(&mut self) -> bool {
+        if self.in_use > 0 {
+            return false;
+        }
+        for b in &mut self.blocks {
+            b.hash = None;
+        }
+        self.by_hash.clear();
+        self.lru.clear();
+        self.free = (0..self.blocks.len() as u32).rev().collect();
+        true
+    }
+
     /// Drops one reference to each block; unreferenced cached blocks become evictable (LRU).
     pub(crate) fn release(&mut self, blocks: &[u32]) {
         for &id in blocks {
@@ -195,6 +210,21 @@ mod tests {
         }
         c.release(&a.blocks);
         a.hit_tokens
+    }
+
+    #[test]
+    fn a_reset_forgets_every_cached_block_unless_one_is_in_use() {
+        let mut c = PrefixCache::new(8, 4);
+        let p: Vec<u32> = (0..12).collect();
+        run(&mut c, &p);
+        assert_eq!(run(&mut c, &p), 8, "cached");
+        assert!(c.reset());
+        assert_eq!(run(&mut c, &p), 0, "forgotten");
+        let h = hashes(&p, 4);
+        let held = c.acquire(&h, 12, 3).unwrap();
+        assert!(!c.reset(), "a running sequence holds blocks");
+        c.release(&held.blocks);
+        assert!(c.reset());
     }
 
     /// vLLM's rule: hits = min(floor(P/B)*B, floor((L-1)/B)*B).

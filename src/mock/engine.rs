@@ -127,6 +127,8 @@ fn writer_loop(rx: mpsc::Receiver<SinkBatch>) {
 #[derive(Debug)]
 pub(crate) enum Cmd {
     Cancel(u64),
+    /// `POST /reset_prefix_cache`: whether the cache was emptied.
+    ResetPrefixCache(tokio::sync::oneshot::Sender<bool>),
     Shutdown,
     /// Look at the [`Inbox`] now.
     Wake,
@@ -359,6 +361,9 @@ impl Engine {
     fn command(&mut self, c: Option<Cmd>) -> bool {
         match c {
             Some(Cmd::Cancel(id)) => self.abort(id),
+            Some(Cmd::ResetPrefixCache(done)) => {
+                let _ = done.send(self.sched.reset_prefix_cache());
+            }
             Some(Cmd::Wake) => {}
             Some(Cmd::Shutdown) | None => return false,
         }

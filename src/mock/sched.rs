@@ -233,6 +233,11 @@ impl Scheduler {
         (self.running.len(), self.waiting.len())
     }
 
+    /// `POST /reset_prefix_cache` ([`PrefixCache::reset`]).
+    pub(crate) fn reset_prefix_cache(&mut self) -> bool {
+        self.cache.reset()
+    }
+
     /// The KV cache's used fraction.
     pub(crate) fn kv_usage(&self) -> f64 {
         self.cache.usage()

@@ -454,3 +454,85 @@ fn a_speed_that_needs_too_many_copies_is_refused_within_the_memory_limit() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("copies of the trace"), "{stderr}");
 }
+
+/// The trace of 10 requests over 0.5 s sharing a 1,024-token prefix (two 512-token hash ids).
+fn shared_prefix(dir: &Path) -> PathBuf {
+    let rows: Vec<(u64, u64, u64, &[u64])> =
+        (0..10).map(|i| (i * 50, 1024, 2, &[0u64, 1][..])).collect();
+    mooncake(dir, &rows)
+}
+
+#[test]
+fn reset_prefix_cache_empties_the_targets_cache_before_each_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = shared_prefix(dir.path());
+    // Steps of 1 s at 1× (20 requests in 2 copies of the trace) and 2× (40 in 4). The second
+    // step's first 2 copies reuse the first step's hash ids: without a reset all of their 20
+    // requests hit, with one their first requests miss again. A hit takes 1,008 tokens (63
+    // blocks of 16).
+    let hits = |reset: bool| {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mock = fixed_mock(&rt, 5.0);
+        let result = dir.path().join(format!("cap-{reset}.json"));
+        let mut args = vec![
+            "--slo",
+            "failure_rate<=0",
+            "--speeds",
+            "1,2",
+            "--step",
+            "1s",
+        ];
+        args.extend(["--warmup", "0s"]);
+        if reset {
+            args.push("--reset-prefix-cache");
+        }
+        let out = capacity(&trace, &url(&mock), &result, &args)
+            .wait_within(CHILD_LIMIT)
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let h = counter(&mock, "vllm:prefix_cache_hits_total") / 1008.0;
+        rt.block_on(mock.shutdown());
+        h
+    };
+    assert_eq!(hits(false), 18.0 + 20.0 + 18.0);
+    assert_eq!(hits(true), 18.0 + 36.0);
+}
+
+#[test]
+fn a_target_without_reset_prefix_cache_is_named_once_and_the_search_goes_on() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let srv = rt.block_on(super::support::start(Default::default()));
+    let dir = tempfile::tempdir().unwrap();
+    // 8 output tokens: the test server's fault modes answer 2 to 5
+    let trace = even(dir.path(), 20, 100, 8);
+    let result = dir.path().join("cap.json");
+    let target = format!("http://{}", srv.addr);
+    let out = capacity(
+        &trace,
+        &target,
+        &result,
+        &[
+            "--slo",
+            "failure_rate<=0",
+            "--speeds",
+            "1,2",
+            "--step",
+            "1s",
+            "--warmup",
+            "0s",
+            "--reset-prefix-cache",
+        ],
+    )
+    .wait_within(CHILD_LIMIT)
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let says = "answered POST /reset_prefix_cache with HTTP 404; the steps share its prefix cache";
+    assert_eq!(stderr.matches(says).count(), 1, "{stderr}");
+    assert_eq!(read_json(&result)["steps"].as_array().unwrap().len(), 2);
+}
