@@ -16,6 +16,7 @@
 pub(crate) mod search;
 pub(crate) mod slo;
 mod table;
+mod why;
 
 use crate::replay::{self, step, Config};
 use crate::sys::signal::{Signal, Signals};
@@ -224,6 +225,9 @@ async fn search_all(o: &CapacityOptions, base: Base) -> anyhow::Result<ExitCode>
         "{}",
         table::answer_line(&answer_view(&search, &steps), &o.slo)
     );
+    if let Some(w) = why_line(&search, &steps) {
+        println!("why: {w}");
+    }
     if let Some(s) = stop.by() {
         return Ok(ExitCode::from(s.exit_code()));
     }
@@ -335,6 +339,18 @@ fn progress(s: &search::Search, steps: &[Step], speed: f64, o: &CapacityOptions,
     );
 }
 
+/// `--scrape-metrics`: why the answer is where it is ([`why`]).
+fn why_line(search: &search::Search, steps: &[Step]) -> Option<String> {
+    let gauges: Vec<why::Gauges> = steps
+        .iter()
+        .map(|s| why::Gauges {
+            speed: s.speed,
+            metrics: &s.result["server_metrics"],
+        })
+        .collect();
+    why::why(&gauges, search.answer().failed_at)
+}
+
 fn steps_view(steps: &[Step]) -> Vec<table::Row> {
     steps
         .iter()
@@ -430,6 +446,7 @@ fn result_json(o: &CapacityOptions, base: &Base, search: &search::Search, steps:
             "limited_by": a.limited_by,
             "request_throughput": a.rps,
             "output_throughput": a.output_tps,
+            "why": why_line(search, steps),
         },
     })
 }

@@ -1,7 +1,7 @@
 //! `retrace capacity`'s command line and its [`CapacityOptions`]; the target, prompt and
 //! request flags are replay's own ([`super::replay`]).
 
-use super::replay::{base_config, PromptArgs, RequestArgs, TargetArgs};
+use super::replay::{base_config, scrape_url, PromptArgs, RequestArgs, TargetArgs};
 use super::values::parse_duration_us;
 use crate::capacity::{search, slo, CapacityOptions};
 use anyhow::{anyhow, bail};
@@ -67,6 +67,10 @@ pub struct CapacityArgs {
     /// Cap on requests in flight, as replay's.
     #[arg(long, value_name = "C")]
     pub(crate) max_concurrency: Option<usize>,
+    /// Read the server's Prometheus metrics during each step, as replay's (default URL: the
+    /// target's /metrics), and say why the capacity is where it is (queue, KV cache, batch).
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true)]
+    pub(crate) scrape_metrics: Option<Option<String>>,
     /// Empty the target's prefix cache before each step (vLLM's `POST /reset_prefix_cache`).
     #[arg(long)]
     pub(crate) reset_prefix_cache: bool,
@@ -88,6 +92,10 @@ impl CapacityArgs {
             bail!("--max-concurrency 0: must be at least 1");
         }
         replay.max_concurrency = a.max_concurrency;
+        if let Some(Some(u)) = &a.scrape_metrics {
+            scrape_url(u)?;
+        }
+        replay.scrape_metrics = a.scrape_metrics.clone();
         let plan = match &a.speeds {
             Some(list) => search::Plan::Ladder(speeds(list)?),
             None => search_plan(&a)?,

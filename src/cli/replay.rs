@@ -503,10 +503,7 @@ fn check_measurement_flags(a: &ReplayArgs) -> anyhow::Result<()> {
         bail!("--server-block-size 0: must be at least 1");
     }
     if let Some(Some(u)) = &a.scrape_metrics {
-        crate::sys::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
-        if !u.starts_with("http://") {
-            bail!("--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics");
-        }
+        scrape_url(u)?;
     }
     if let Some(d) = a.max_drift_ms {
         if !(d.is_finite() && d >= 0.0) {
@@ -525,6 +522,15 @@ fn reader_threads(v: &str) -> anyhow::Result<usize> {
             _ => bail!("--reader-threads {n:?}: give a number of threads (0 to 64) or auto"),
         },
     })
+}
+
+/// `--scrape-metrics=URL` (replay's and capacity's): plain http, no credentials in it.
+pub(crate) fn scrape_url(u: &str) -> anyhow::Result<()> {
+    crate::sys::userinfo::refuse("--scrape-metrics", u).map_err(anyhow::Error::msg)?;
+    if !u.starts_with("http://") {
+        bail!("--scrape-metrics={u}: give an http:// URL, like http://127.0.0.1:8000/metrics");
+    }
+    Ok(())
 }
 
 /// The hidden tuning knobs.

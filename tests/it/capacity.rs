@@ -112,6 +112,7 @@ fn the_answer_brackets_a_known_saturation_point() {
             "1s",
             "--precision",
             "0.1",
+            "--scrape-metrics",
         ],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
@@ -148,6 +149,21 @@ fn the_answer_brackets_a_known_saturation_point() {
         "{stdout}"
     );
     assert!(stdout.contains("limited by p99 TTFT"), "{stdout}");
+    // the mock's gauges: its queue builds, its 8 running sequences are the limit
+    assert!(
+        stdout.contains("why: waiting queue grows from "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("running requests capped at 8 while others wait: batch-bound"),
+        "{stdout}"
+    );
+    assert!(
+        r["capacity"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("batch-bound")),
+        "{r}"
+    );
     // the met boundary was run twice (--repeats 2)
     let runs_at_lo = steps
         .iter()
