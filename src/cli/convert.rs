@@ -1,9 +1,9 @@
 //! `retrace convert`'s command line and its [`convert::ConvertOptions`].
 
+use super::input::InputFormat;
 use super::values::{parse_flag, parse_window};
 use crate::convert::{self, OutFormat};
 use crate::trace::filter::Filters;
-use crate::trace::import::{Format, ImportOptions};
 use std::path::PathBuf;
 
 /// Convert a trace between formats, or merge the recordings of several proxies into one.
@@ -23,12 +23,8 @@ pub struct ConvertArgs {
     /// Output file; `-` writes to stdout.
     #[arg(short, long)]
     pub(crate) output: PathBuf,
-    /// Input format (detected from content when absent).
-    #[arg(long, value_enum)]
-    pub(crate) from: Option<Format>,
-    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) trace_block_size: Option<u32>,
+    #[command(flatten)]
+    pub(crate) input_format: InputFormat,
     /// Output format (from the output name when absent: `.jsonl` → mooncake, else native).
     #[arg(long, value_enum)]
     pub(crate) to: Option<OutFormat>,
@@ -62,11 +58,7 @@ impl ConvertArgs {
         Ok(convert::ConvertOptions {
             inputs: self.inputs.clone(),
             output: self.output.clone(),
-            import: ImportOptions {
-                format: self.from,
-                skip_bad: self.skip_bad,
-                block_size: self.trace_block_size,
-            },
+            import: self.input_format.import(self.skip_bad),
             to: self.to,
             filters: Filters {
                 window_us: parse_flag("--window", self.window.as_deref(), parse_window)?,

@@ -1,9 +1,11 @@
 //! Command-line interface: one clap `Args` struct per subcommand (doc comments are the help
-//! text), the value parsers (`values`), and each `Args`' conversion to the options its engine
-//! runs with. The engines know nothing of clap.
+//! text), the value parsers (`values`), the input flags `convert` and `synth` share (`input`),
+//! and each `Args`' conversion to the options its engine runs with. The engines know nothing of
+//! clap.
 
 mod capacity;
 mod convert;
+mod input;
 mod inspect;
 mod mock;
 mod record;

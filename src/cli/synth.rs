@@ -1,9 +1,9 @@
 //! `retrace synth`'s command line and its [`synth::SynthOptions`].
 
+use super::input::InputFormat;
 use super::values::{parse_duration_us, parse_flag};
 use crate::convert::OutFormat;
 use crate::synth::{self, fit, transforms::Transforms, Mode};
-use crate::trace::import::{Format, ImportOptions};
 use std::path::PathBuf;
 
 /// Write a what-if trace.
@@ -22,12 +22,8 @@ pub struct SynthArgs {
     /// Output file (format from the name as `convert` picks it, or --to); `-` writes to stdout.
     #[arg(short, long)]
     pub(crate) output: PathBuf,
-    /// Input format (detected from content when absent).
-    #[arg(long, value_enum)]
-    pub(crate) from: Option<Format>,
-    /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) trace_block_size: Option<u32>,
+    #[command(flatten)]
+    pub(crate) input_format: InputFormat,
     /// Output format.
     #[arg(long, value_enum)]
     pub(crate) to: Option<OutFormat>,
@@ -85,11 +81,7 @@ impl SynthArgs {
         Ok(synth::SynthOptions {
             input: self.input.clone(),
             output: self.output.clone(),
-            import: ImportOptions {
-                format: self.from,
-                skip_bad: self.skip_bad,
-                block_size: self.trace_block_size,
-            },
+            import: self.input_format.import(self.skip_bad),
             to: self.to,
             level: self.level,
             mode: self.mode()?,

@@ -2,7 +2,7 @@
 //! names, labels (`engine="0"`, `model_name`) and buckets, plus the mock's own emission lateness
 //! (docs/mock.md, "/metrics"). This module does not decide what is counted.
 
-use std::fmt::Write;
+use crate::wire::prom::{Kind, PromWriter};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -151,13 +151,10 @@ impl EngineCounters {
 
     /// The Prometheus text exposition.
     pub(crate) fn render(&self) -> String {
-        let labels = format!(
-            "engine=\"0\",model_name=\"{}\"",
-            self.model.replace('"', "'")
-        );
         let mut x = Exposition {
-            out: String::with_capacity(8192),
-            labels,
+            w: PromWriter::with_capacity(8192),
+            // A double quote in the model's name shows as `'`.
+            model: self.model.replace('"', "'"),
         };
         let n = |a: &AtomicU64| a.load(Relaxed) as f64;
         let (hits, prompt) = (n(&self.prefix_hits), n(&self.prompt_tokens));
@@ -184,12 +181,13 @@ impl EngineCounters {
             prompt,
         );
         x.family(
-            "counter",
+            Kind::Counter,
             "vllm:prompt_tokens_by_source_total Number of prompt tokens by source.",
+            "source",
             &[
-                (r#",source="local_compute""#, (prompt - hits).max(0.0)),
-                (r#",source="local_cache_hit""#, hits),
-                (r#",source="external_kv_transfer""#, 0.0),
+                ("local_compute", (prompt - hits).max(0.0)),
+                ("local_cache_hit", hits),
+                ("external_kv_transfer", 0.0),
             ],
         );
         x.counter("vllm:prompt_tokens_cached_total Number of cached prompt tokens (local prefix cache hits).", hits);
@@ -198,12 +196,13 @@ impl EngineCounters {
             n(&self.generation_tokens),
         );
         x.family(
-            "counter",
+            Kind::Counter,
             "vllm:request_success_total Count of successfully processed requests.",
+            "finished_reason",
             &[
-                (r#",finished_reason="stop""#, n(&self.success_stop)),
-                (r#",finished_reason="length""#, n(&self.success_length)),
-                (r#",finished_reason="abort""#, n(&self.aborted)),
+                ("stop", n(&self.success_stop)),
+                ("length", n(&self.success_length)),
+                ("abort", n(&self.aborted)),
             ],
         );
         x.histo(
@@ -224,7 +223,7 @@ impl EngineCounters {
         );
         x.counter("retrace_mock_faults_injected_total Faults injected by the mock (status, stall, reset, slow headers).", n(&self.faults_injected));
         self.render_lateness(&mut x);
-        x.out
+        x.w.finish()
     }
 
     /// The emission lateness histogram and quantiles, and the engine clock's quantiles.
@@ -237,52 +236,60 @@ impl EngineCounters {
             x.histogram("retrace_mock_emit_lateness_seconds SSE event emission lateness: time handed to the connection minus scheduled time.", buckets, h.len(), sum);
         }
         let v = quantiles(self.dispatch.summary());
-        x.family("gauge", "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", &v);
+        x.family(Kind::Gauge, "retrace_mock_dispatch_lateness_quantile_seconds Quantiles of the engine clock's lateness in handing events over (part of the emit lateness).", "quantile", &v);
         let v = quantiles(self.lateness.summary());
-        x.family("gauge", "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", &v);
+        x.family(Kind::Gauge, "retrace_mock_emit_lateness_quantile_seconds Quantiles of SSE event emission lateness since start.", "quantile", &v);
     }
 }
 
 /// Rows of a quantile gauge in seconds.
 fn quantiles(l: LatenessSummary) -> [(&'static str, f64); 4] {
     let us = [l.p50_us, l.p99_us, l.p999_us, l.max_us];
-    let q = [
-        r#",quantile="0.5""#,
-        r#",quantile="0.99""#,
-        r#",quantile="0.999""#,
-        r#",quantile="1""#,
-    ];
+    let q = ["0.5", "0.99", "0.999", "1"];
     [0, 1, 2, 3].map(|i| (q[i], us[i] as f64 / 1e6))
 }
 
-/// Prometheus text being written; each family is named by `"NAME HELP TEXT"`.
+/// The mock's exposition: each family is named by `"NAME HELP TEXT"`, each sample carries
+/// `engine="0",model_name=...`, values are written as vLLM writes them (`2081.0`).
 struct Exposition {
-    out: String,
-    labels: String,
+    w: PromWriter,
+    model: String,
 }
 
 impl Exposition {
     /// `# HELP` and `# TYPE`; returns the name.
-    fn head<'a>(&mut self, kind: &str, name_help: &'a str) -> &'a str {
-        let name = name_help.split_once(' ').map_or(name_help, |(n, _)| n);
-        let _ = writeln!(self.out, "# HELP {name_help}\n# TYPE {name} {kind}");
+    fn head<'a>(&mut self, kind: Kind, name_help: &'a str) -> &'a str {
+        let (name, help) = name_help.split_once(' ').unwrap_or((name_help, ""));
+        self.w.family(name, kind, help);
         name
     }
 
-    /// One family with a sample per row (extra labels such as `,source="x"`, or none; value).
-    fn family(&mut self, kind: &str, name_help: &str, rows: &[(&str, f64)]) {
+    /// One family with a sample per row (the value of label `label`, value).
+    fn family(&mut self, kind: Kind, name_help: &str, label: &str, rows: &[(&str, f64)]) {
         let name = self.head(kind, name_help);
-        for (extra, v) in rows {
-            let _ = writeln!(self.out, "{name}{{{}{extra}}} {v:?}", self.labels);
+        for &(l, v) in rows {
+            let labels = [
+                ("engine", "0"),
+                ("model_name", self.model.as_str()),
+                (label, l),
+            ];
+            self.w.sample(name, &labels, format_args!("{v:?}"));
         }
     }
 
+    /// One family of one sample.
+    fn single(&mut self, kind: Kind, name_help: &str, v: f64) {
+        let name = self.head(kind, name_help);
+        let labels = [("engine", "0"), ("model_name", self.model.as_str())];
+        self.w.sample(name, &labels, format_args!("{v:?}"));
+    }
+
     fn gauge(&mut self, name_help: &str, v: f64) {
-        self.family("gauge", name_help, &[("", v)]);
+        self.single(Kind::Gauge, name_help, v);
     }
 
     fn counter(&mut self, name_help: &str, v: f64) {
-        self.family("counter", name_help, &[("", v)]);
+        self.single(Kind::Counter, name_help, v);
     }
 
     fn histo(&mut self, h: &Histo, name_help: &str) {
@@ -303,13 +310,15 @@ impl Exposition {
         n: u64,
         sum: f64,
     ) {
-        let (name, l) = (self.head("histogram", name_help), &self.labels);
+        let name = self.head(Kind::Histogram, name_help);
+        let l = [("engine", "0"), ("model_name", self.model.as_str())];
         for (b, c) in buckets {
-            let _ = writeln!(self.out, "{name}_bucket{{{l},le=\"{b:?}\"}} {c}.0");
+            self.w
+                .bucket(name, &l, format_args!("{b:?}"), format_args!("{c}.0"));
         }
-        let _ = writeln!(self.out, "{name}_bucket{{{l},le=\"+Inf\"}} {n}.0");
-        let _ = writeln!(self.out, "{name}_count{{{l}}} {n}.0");
-        let _ = writeln!(self.out, "{name}_sum{{{l}}} {sum:?}");
+        self.w.bucket(name, &l, "+Inf", format_args!("{n}.0"));
+        self.w.count(name, &l, format_args!("{n}.0"));
+        self.w.sum(name, &l, format_args!("{sum:?}"));
     }
 }
 

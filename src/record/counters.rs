@@ -2,7 +2,7 @@
 //! uncontended add) and their Prometheus text rendering.
 
 use super::failure::ProxyFailure;
-use std::fmt::Write as _;
+use crate::wire::prom::{Kind, PromWriter};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -49,17 +49,17 @@ impl<const FINE: bool> Histogram<FINE> {
         self.count.load(Relaxed)
     }
 
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    fn render(&self, name: &str, help: &str, w: &mut PromWriter) {
+        w.family(name, Kind::Histogram, help);
         let (bounds, mut cum) = (self.bounds(), 0u64);
         for (k, b) in bounds.iter().enumerate() {
             cum += self.counts[k].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+            w.bucket(name, &[], b, cum);
         }
         cum += self.counts[bounds.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum_ns.load(Relaxed) as f64 / 1e9);
-        let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
+        w.bucket(name, &[], "+Inf", cum);
+        w.sum(name, &[], self.sum_ns.load(Relaxed) as f64 / 1e9);
+        w.count(name, &[], self.count.load(Relaxed));
     }
 }
 
@@ -117,9 +117,10 @@ impl ProxyCounters {
 
     /// Prometheus text exposition (version 0.0.4).
     pub(crate) fn render(&self) -> String {
-        let mut o = String::with_capacity(4096);
+        let mut w = PromWriter::with_capacity(4096);
         let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            w.family(name, Kind::Counter, help);
+            w.sample(name, &[], v);
         };
         counter(
             "retrace_record_requests_total",
@@ -181,77 +182,66 @@ impl ProxyCounters {
             "Exchanges the upstream switched to another protocol (101, e.g. WebSocket), tunnelled.",
             self.upgrades.load(Relaxed),
         );
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_tunnel_bytes_total Bytes carried by upgraded tunnels (never parsed or stored).\n# TYPE retrace_record_tunnel_bytes_total counter\nretrace_record_tunnel_bytes_total{{direction=\"to_upstream\"}} {}\nretrace_record_tunnel_bytes_total{{direction=\"to_client\"}} {}",
-            self.tunnel_bytes_to_upstream.load(Relaxed),
-            self.tunnel_bytes_to_client.load(Relaxed)
+        let name = "retrace_record_tunnel_bytes_total";
+        w.family(
+            name,
+            Kind::Counter,
+            "Bytes carried by upgraded tunnels (never parsed or stored).",
         );
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_tunnels_open Upgraded tunnels open now.\n# TYPE retrace_record_tunnels_open gauge\nretrace_record_tunnels_open {}",
-            self.tunnels_open.load(Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_in_flight Requests currently being proxied.\n# TYPE retrace_record_in_flight gauge\nretrace_record_in_flight {}",
-            self.in_flight.load(Relaxed)
-        );
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_responses_total Responses sent to clients by status class.\n# TYPE retrace_record_responses_total counter"
-        );
+        let to_upstream = self.tunnel_bytes_to_upstream.load(Relaxed);
+        w.sample(name, &[("direction", "to_upstream")], to_upstream);
+        let to_client = self.tunnel_bytes_to_client.load(Relaxed);
+        w.sample(name, &[("direction", "to_client")], to_client);
+        let name = "retrace_record_tunnels_open";
+        w.family(name, Kind::Gauge, "Upgraded tunnels open now.");
+        w.sample(name, &[], self.tunnels_open.load(Relaxed));
+        let name = "retrace_record_in_flight";
+        w.family(name, Kind::Gauge, "Requests currently being proxied.");
+        w.sample(name, &[], self.in_flight.load(Relaxed));
+        let name = "retrace_record_responses_total";
+        let help = "Responses sent to clients by status class.";
+        w.family(name, Kind::Counter, help);
         for (k, c) in self.responses_by_class.iter().enumerate() {
-            let label = if k == 0 {
+            let class = if k == 0 {
                 "none".to_string()
             } else {
                 format!("{k}xx")
             };
-            let _ = writeln!(
-                o,
-                "retrace_record_responses_total{{class=\"{label}\"}} {}",
-                c.load(Relaxed)
-            );
+            w.sample(name, &[("class", &class)], c.load(Relaxed));
         }
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_upstream_errors_total Failed exchanges by error kind.\n# TYPE retrace_record_upstream_errors_total counter"
-        );
+        let name = "retrace_record_upstream_errors_total";
+        w.family(name, Kind::Counter, "Failed exchanges by error kind.");
         for (k, f) in ProxyFailure::COUNTED.iter().enumerate() {
-            let name = f.as_str();
-            let _ = writeln!(
-                o,
-                "retrace_record_upstream_errors_total{{kind=\"{name}\"}} {}",
-                self.upstream_errors[k].load(Relaxed)
-            );
+            let n = self.upstream_errors[k].load(Relaxed);
+            w.sample(name, &[("kind", f.as_str())], n);
         }
         self.headers_latency.render(
             "retrace_record_upstream_headers_seconds",
             "Time from request arrival to upstream response headers.",
-            &mut o,
+            &mut w,
         );
         self.ttft.render(
             "retrace_record_ttft_seconds",
             "Time from request arrival to the first SSE event with non-empty choices.",
-            &mut o,
+            &mut w,
         );
         self.duration.render(
             "retrace_record_duration_seconds",
             "Time from request arrival to the end of the response (upgraded tunnels not included).",
-            &mut o,
+            &mut w,
         );
         self.forward_delay.render(
             "retrace_record_forward_delay_seconds",
             "Per forwarded response chunk: from the upstream socket read to the completed write to the client socket (the proxy's own added latency).",
-            &mut o,
+            &mut w,
         );
-        let _ = writeln!(
-            o,
-            "# HELP retrace_record_upstream_tokenize_total The proxy's own POST /tokenize requests (estimated input lengths counted by the upstream).\n# TYPE retrace_record_upstream_tokenize_total counter\nretrace_record_upstream_tokenize_total{{result=\"ok\"}} {}\nretrace_record_upstream_tokenize_total{{result=\"failed\"}} {}",
-            self.upstream_tokenize_ok.load(Relaxed),
-            self.upstream_tokenize_failed.load(Relaxed)
-        );
-        o
+        let name = "retrace_record_upstream_tokenize_total";
+        w.family(name, Kind::Counter, "The proxy's own POST /tokenize requests (estimated input lengths counted by the upstream).");
+        let ok = self.upstream_tokenize_ok.load(Relaxed);
+        w.sample(name, &[("result", "ok")], ok);
+        let failed = self.upstream_tokenize_failed.load(Relaxed);
+        w.sample(name, &[("result", "failed")], failed);
+        w.finish()
     }
 }
 

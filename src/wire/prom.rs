@@ -1,5 +1,6 @@
 //! Prometheus text exposition format (version 0.0.4, and the sample lines of OpenMetrics): text →
-//! samples `(name, labels, value)`.
+//! samples `(name, labels, value)`, and [`PromWriter`], the writer of the mock's and the
+//! recorder's `/metrics`.
 //!
 //! What a scraper of vLLM/SGLang/llama.cpp `/metrics` needs, exactly: `# HELP` / `# TYPE` / other comments
 //! and blank lines are skipped; a sample line is `name[{label="value",...}] value [timestamp]`
@@ -10,6 +11,8 @@
 //! scrape: it is reported with its 1-based line number and skipped (one odd metric must not hide
 //! the others). Pure: no I/O; it does not check that a family's `# TYPE` matches its samples, and
 //! does not interpret histograms or summaries beyond their plain sample lines.
+
+use std::fmt::{self, Display, Write as _};
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,6 +203,145 @@ fn clip(s: &str) -> &str {
     }
 }
 
+/// The type a family's `# TYPE` line declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// An exposition being written: per family, [`PromWriter::family`] and then its samples. Names
+/// are written as given; label values are escaped (`\\`, `\"`, `\n`), help texts too (`\\`,
+/// `\n`); values are written with their `Display` (the caller picks `1`, `1.0` or `+Inf`). A
+/// histogram is its [`PromWriter::bucket`] lines (cumulative, the last `le="+Inf"`), its `_sum`
+/// and its `_count`, in the order the caller writes them.
+#[derive(Debug, Default)]
+pub(crate) struct PromWriter {
+    out: String,
+}
+
+impl PromWriter {
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
+        PromWriter {
+            out: String::with_capacity(bytes),
+        }
+    }
+
+    /// `# HELP name help` and `# TYPE name kind`.
+    pub(crate) fn family(&mut self, name: &str, kind: Kind, help: &str) {
+        self.out.push_str("# HELP ");
+        self.out.push_str(name);
+        self.out.push(' ');
+        let _ = Escaped::help(&mut self.out).write_str(help);
+        let _ = writeln!(self.out, "\n# TYPE {name} {}", kind.as_str());
+    }
+
+    /// `name{k="v",...} value`, or `name value` without labels.
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+        self.line(name, "", labels, None, &value);
+    }
+
+    /// A histogram bucket: `name_bucket{k="v",...,le="le"} count`.
+    pub(crate) fn bucket(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        le: impl Display,
+        count: impl Display,
+    ) {
+        self.line(name, "_bucket", labels, Some(&le), &count);
+    }
+
+    /// A histogram's `name_sum`.
+    pub(crate) fn sum(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+        self.line(name, "_sum", labels, None, &value);
+    }
+
+    /// A histogram's `name_count`.
+    pub(crate) fn count(&mut self, name: &str, labels: &[(&str, &str)], value: impl Display) {
+        self.line(name, "_count", labels, None, &value);
+    }
+
+    /// The text written.
+    pub(crate) fn finish(self) -> String {
+        self.out
+    }
+
+    fn line(
+        &mut self,
+        name: &str,
+        suffix: &str,
+        labels: &[(&str, &str)],
+        le: Option<&dyn Display>,
+        value: &dyn Display,
+    ) {
+        let out = &mut self.out;
+        out.push_str(name);
+        out.push_str(suffix);
+        if !labels.is_empty() || le.is_some() {
+            let mut sep = '{';
+            for (k, v) in labels {
+                out.push(sep);
+                out.push_str(k);
+                out.push_str("=\"");
+                let _ = Escaped::label(out).write_str(v);
+                out.push('"');
+                sep = ',';
+            }
+            if let Some(le) = le {
+                out.push(sep);
+                out.push_str("le=\"");
+                let _ = write!(Escaped::label(out), "{le}");
+                out.push('"');
+            }
+            out.push('}');
+        }
+        let _ = writeln!(out, " {value}");
+    }
+}
+
+/// Writes through to a string with the text format's escapes: backslash and newline, and the
+/// double quote in label values.
+struct Escaped<'a> {
+    out: &'a mut String,
+    quote: bool,
+}
+
+impl<'a> Escaped<'a> {
+    fn label(out: &'a mut String) -> Self {
+        Escaped { out, quote: true }
+    }
+
+    fn help(out: &'a mut String) -> Self {
+        Escaped { out, quote: false }
+    }
+}
+
+impl fmt::Write for Escaped<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            match c {
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '"' if self.quote => self.out.push_str("\\\""),
+                c => self.out.push(c),
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,5 +469,67 @@ ok2{x=\"y\"} 2";
         assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
         assert!(p.sum("vllm:prefix_cache_hits_total").is_some());
         assert!(p.sum("vllm:num_requests_waiting").is_some());
+    }
+
+    #[test]
+    fn the_writer_escapes_label_values_and_help() {
+        let mut w = PromWriter::default();
+        w.family("m", Kind::Gauge, "a \\ b\nc \"q\"");
+        w.sample("m", &[("path", "C:\\DIR"), ("e", "x\n\"y\"")], 1);
+        w.sample("plain", &[], 2.5);
+        assert_eq!(
+            w.finish(),
+            "# HELP m a \\\\ b\\nc \"q\"\n# TYPE m gauge\n\
+             m{path=\"C:\\\\DIR\",e=\"x\\n\\\"y\\\"\"} 1\n\
+             plain 2.5\n"
+        );
+    }
+
+    #[test]
+    fn what_the_writer_writes_parses_back() {
+        let labels = [("model_name", "we\"ird\\ \nname"), ("engine", "0")];
+        let mut w = PromWriter::default();
+        w.family("c_total", Kind::Counter, "A counter.");
+        w.sample("c_total", &labels, 3);
+        w.sample("c_total", &[], 4);
+        w.family("h_seconds", Kind::Histogram, "A histogram.");
+        w.bucket("h_seconds", &labels, 0.5, 1);
+        w.bucket("h_seconds", &[], "+Inf", 2);
+        w.sum("h_seconds", &labels, 0.75);
+        w.count("h_seconds", &[], 2);
+        let p = parse(&w.finish());
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let names: Vec<&str> = p.samples.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "c_total",
+                "c_total",
+                "h_seconds_bucket",
+                "h_seconds_bucket",
+                "h_seconds_sum",
+                "h_seconds_count"
+            ]
+        );
+        let s = &p.samples[0];
+        assert_eq!(s.label("model_name"), Some("we\"ird\\ \nname"));
+        assert_eq!((s.labels.len(), s.value), (2, 3.0));
+        assert_eq!(p.samples[2].label("le"), Some("0.5"));
+        assert_eq!(p.samples[2].label("model_name"), labels[0].1.into());
+        assert_eq!(p.samples[3].labels, [("le".into(), "+Inf".into())]);
+        assert_eq!(p.samples[4].value, 0.75);
+    }
+
+    /// So does what the recorder serves.
+    #[test]
+    fn the_record_exposition_parses_without_bad_lines() {
+        let c = crate::record::counters::ProxyCounters::default();
+        c.response_status(200);
+        let p = parse(&c.render());
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        assert_eq!(p.sum("retrace_record_responses_total"), Some(1.0));
+        assert!(p
+            .sum("retrace_record_forward_delay_seconds_count")
+            .is_some());
     }
 }
