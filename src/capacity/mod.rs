@@ -197,6 +197,15 @@ async fn search_all(o: &CapacityOptions, base: Base) -> anyhow::Result<ExitCode>
         }
         progress(&search, &steps, speed, o, started);
         match run_step(o, &base, speed, &stop).await {
+            // A step a signal halted is kept, and judges nothing.
+            Ok(s) if stop.by().is_some() => {
+                steps.push(Step {
+                    slo_met: false,
+                    because: Some("interrupted".into()),
+                    ..s
+                });
+                break;
+            }
             Ok(s) => {
                 search.record(speed, s.slo_met);
                 steps.push(s);

@@ -552,3 +552,43 @@ fn a_target_without_reset_prefix_cache_is_named_once_and_the_search_goes_on() {
     assert_eq!(stderr.matches(says).count(), 1, "{stderr}");
     assert_eq!(read_json(&result)["steps"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn sigint_halts_the_running_step_keeps_it_and_exits_130() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mock = fixed_mock(&rt, 5.0);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = even(dir.path(), 600, 100, 2);
+    let result = dir.path().join("cap.json");
+    let mut run = capacity(
+        &trace,
+        &url(&mock),
+        &result,
+        &[
+            "--slo",
+            "p99_ttft_ms<=2000",
+            "--step",
+            "50s",
+            "--warmup",
+            "0s",
+        ],
+    );
+    run.wait_for("the first step", CHILD_LIMIT, |e| e.contains("step 1 at"));
+    // the signal goes once the step has had a request answered
+    let answered = || counter(&mock, "vllm:request_success_total");
+    run.wait_for("an answered request", CHILD_LIMIT, |_| answered() > 0.0);
+    run.signal(libc::SIGINT);
+    let out = run.wait_within(CHILD_LIMIT).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    let r = read_json(&result);
+    let steps = r["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{r}");
+    assert_eq!(steps[0]["not_met_because"], "interrupted");
+    assert_eq!(
+        r["capacity"]["speed"],
+        Value::Null,
+        "a halted step judges nothing"
+    );
+    rt.block_on(mock.shutdown());
+}
