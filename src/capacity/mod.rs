@@ -4,7 +4,9 @@
 //! stretch of wall-clock time: the `--warmup` (sent, not measured), then the `--step` (measured),
 //! then it drains. A trace too short for the factor is repeated back to back, each copy with
 //! fresh hash ids (`--loop`'s copies, with `--overlay-distinct`'s ids): every copy keeps its own
-//! prefix reuse and shares no cached prefix with another. [`search`] picks the factors; [`slo`]
+//! prefix reuse and shares no cached prefix with another, and each step's copies are numbered
+//! after the previous steps', so no step finds another's prompts in the target's cache.
+//! [`search`] picks the factors; [`slo`]
 //! judges each step on its summary; a step whose SLO is lost whatever the rest of it does is
 //! given up at once ([`crate::replay::step`]). Between steps nothing is in flight (each step
 //! drains), and with `--reset-prefix-cache` the target's prefix cache is emptied.
@@ -127,14 +129,16 @@ fn survey(o: &CapacityOptions) -> anyhow::Result<Base> {
     })
 }
 
-/// The step at `speed`'s replay configuration.
-fn step_config(o: &CapacityOptions, base: &Base, speed: f64) -> (Config, u32) {
+/// The step at `speed`'s replay configuration; its copies of the trace get the hash ids of the
+/// copies numbered from `first` (those before went to earlier steps), so that no step finds
+/// another's prompts in the target's cache.
+fn step_config(o: &CapacityOptions, base: &Base, speed: f64, first: u64) -> (Config, u32) {
     let stretch = o.warmup + o.step;
     let copies = base.copies(speed, stretch);
     let mut c = o.replay.clone();
     c.speed = Some(speed);
     c.shaping.loops = copies;
-    c.shaping.loop_distinct = copies > 1;
+    c.shaping.loop_distinct = Some(first);
     c.shaping.until_ns = Some(stretch.as_nanos() as u64);
     c.stretch = Some(step::Stretch {
         warmup_ns: o.warmup.as_nanos() as u64,
@@ -196,7 +200,8 @@ async fn search_all(o: &CapacityOptions, base: Base) -> anyhow::Result<ExitCode>
             reset_missing = !reset_prefix_cache(&o.replay).await?;
         }
         progress(&search, &steps, speed, o, started);
-        match run_step(o, &base, speed, &stop).await {
+        let first = steps.iter().map(|s| u64::from(s.copies)).sum::<u64>();
+        match run_step(o, &base, (speed, first), &stop).await {
             // A step a signal halted is kept, and judges nothing.
             Ok(s) if stop.by().is_some() => {
                 steps.push(Step {
@@ -251,10 +256,10 @@ async fn search_all(o: &CapacityOptions, base: Base) -> anyhow::Result<ExitCode>
 async fn run_step(
     o: &CapacityOptions,
     base: &Base,
-    speed: f64,
+    (speed, first): (f64, u64),
     stop: &Stop,
 ) -> anyhow::Result<Step> {
-    let (cfg, copies) = step_config(o, base, speed);
+    let (cfg, copies) = step_config(o, base, speed, first);
     let halt = Arc::new(replay::driver::Halt::default());
     *stop.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(halt.clone());
     let t = Instant::now();

@@ -136,7 +136,7 @@ impl GapCap {
 pub(crate) fn distinct_id(scheme: HashScheme, id: u64, copy: u64, stride: u64) -> u64 {
     match scheme {
         // Dense ids stay dense: copy k uses k*stride + id.
-        HashScheme::Dense => copy * stride + id,
+        HashScheme::Dense => copy.wrapping_mul(stride).wrapping_add(id),
         _ => xxhash_rust::xxh3::xxh3_64_with_seed(&id.to_le_bytes(), copy),
     }
 }
@@ -166,13 +166,16 @@ pub(crate) fn stride(trace: &Trace) -> u64 {
 
 /// Repeats the trace `k` times back to back; each repeat starts one mean inter-arrival gap after
 /// the previous one's last arrival. Hash ids are kept (later loops hit what earlier ones cached);
-/// with `distinct`, each later copy gets its own hash ids, as [`overlay`]'s do (no copy shares a
-/// cached prefix with another).
-pub(crate) fn repeat(trace: &mut Trace, k: u32, distinct: bool) {
-    if k <= 1 || trace.requests.is_empty() {
+/// with `distinct: Some(first)`, copy `i` gets the hash ids of copy number `first + i`, as
+/// [`overlay`]'s copies get theirs (number 0 keeps the trace's): no copy shares a cached prefix
+/// with another, nor with copies numbered before `first`.
+pub(crate) fn repeat(trace: &mut Trace, k: u32, distinct: Option<u64>) {
+    let first = distinct.unwrap_or(0);
+    if (k <= 1 && first == 0) || trace.requests.is_empty() {
         return;
     }
-    let d = distinct.then(|| (trace.header.hash_scheme, stride(trace)));
+    let k = k.max(1);
+    let d = distinct.map(|_| (trace.header.hash_scheme, stride(trace)));
     let span = trace.span_us();
     let n = trace.requests.len() as u64;
     let gap = if n > 1 { span / (n - 1) } else { 1_000_000 };
@@ -182,7 +185,7 @@ pub(crate) fn repeat(trace: &mut Trace, k: u32, distinct: bool) {
     for i in 0..u64::from(k) {
         trace.requests.extend(
             orig.iter()
-                .map(|r| copy_of(r, i, i * period, d.filter(|_| i > 0))),
+                .map(|r| copy_of(r, first + i, i * period, d.filter(|_| first + i > 0))),
         );
         if i == 0 {
             // the first copy keeps its session ids as they were
@@ -408,7 +411,7 @@ mod tests {
     #[test]
     fn loop_and_overlay() {
         let mut t = trace(4, 1_000);
-        repeat(&mut t, 3, false);
+        repeat(&mut t, 3, None);
         assert_eq!(t.requests.len(), 12);
         assert_eq!(t.requests[4].arrival_us, 4_000);
         assert_eq!(t.requests[4].hash_ids, t.requests[0].hash_ids);
@@ -437,7 +440,7 @@ mod tests {
     #[test]
     fn distinct_loops_keep_reuse_inside_each_copy_and_share_nothing_across() {
         let mut t = trace(4, 1_000);
-        repeat(&mut t, 3, true);
+        repeat(&mut t, 3, Some(0));
         assert_eq!(t.requests.len(), 12);
         assert_eq!(t.requests[4].arrival_us, 4_000);
         // the first copy keeps its ids; each later copy its own, the shared root 0 included
@@ -450,6 +453,11 @@ mod tests {
                 "reuse kept in copy {root}"
             );
         }
+        // numbered from 3: none shares an id with the copies 0 to 2 above
+        let mut later = trace(4, 1_000);
+        repeat(&mut later, 1, Some(3));
+        assert_eq!(later.requests.len(), 4);
+        assert!(later.requests.iter().all(|r| r.hash_ids[0] == 15));
     }
 
     #[test]

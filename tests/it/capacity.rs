@@ -479,13 +479,13 @@ fn shared_prefix(dir: &Path) -> PathBuf {
 }
 
 #[test]
-fn reset_prefix_cache_empties_the_targets_cache_before_each_step() {
+fn steps_never_share_prompts_and_reset_prefix_cache_reaches_the_mock() {
     let dir = tempfile::tempdir().unwrap();
     let trace = shared_prefix(dir.path());
-    // Steps of 1 s at 1× (20 requests in 2 copies of the trace) and 2× (40 in 4). The second
-    // step's first 2 copies reuse the first step's hash ids: without a reset all of their 20
-    // requests hit, with one their first requests miss again. A hit takes 1,008 tokens (63
-    // blocks of 16).
+    // Steps of 1 s at 1× (20 requests in 2 copies of the trace) and 2× (40 in 4). Every copy,
+    // in any step, has its own hash ids: its first request misses and the other 9 hit 1,008
+    // tokens (63 blocks of 16), with or without a reset between the steps. The mock answers
+    // the reset (no warning); its emptying is the cache's unit test.
     let hits = |reset: bool| {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let mock = fixed_mock(&rt, 5.0);
@@ -505,18 +505,22 @@ fn reset_prefix_cache_empties_the_targets_cache_before_each_step() {
         let out = capacity(&trace, &url(&mock), &result, &args)
             .wait_within(CHILD_LIMIT)
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(!stderr.contains("reset_prefix_cache"), "{stderr}");
+        let copies: Vec<u64> = read_json(&result)["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["copies"].as_u64().unwrap())
+            .collect();
+        assert_eq!(copies, [2, 4]);
         let h = counter(&mock, "vllm:prefix_cache_hits_total") / 1008.0;
         rt.block_on(mock.shutdown());
         h
     };
-    assert_eq!(hits(false), 18.0 + 20.0 + 18.0);
-    assert_eq!(hits(true), 18.0 + 36.0);
+    assert_eq!(hits(false), 6.0 * 9.0);
+    assert_eq!(hits(true), 6.0 * 9.0);
 }
 
 #[test]

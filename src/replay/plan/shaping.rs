@@ -23,8 +23,9 @@ pub(crate) struct Shaping {
     /// `--limit`: the shaped trace's first N arrivals, kept before sharding.
     pub(crate) limit: Option<usize>,
     pub(crate) seed: u64,
-    /// `capacity`'s: the `--loop` copies get their own hash ids (no flag of replay's).
-    pub(crate) loop_distinct: bool,
+    /// `capacity`'s: the `--loop` copies get their own hash ids, those of copies numbered from
+    /// this one on (0 keeps the trace's in the first copy; no flag of replay's).
+    pub(crate) loop_distinct: Option<u64>,
     /// `capacity`'s: only sends planned before this offset from t0 (ns, after `--speed`), a
     /// fixed stretch of wall-clock time (no flag of replay's).
     pub(crate) until_ns: Option<u64>,
@@ -123,7 +124,7 @@ impl Shaping {
             shard,
             limit: f.limit,
             seed: f.seed,
-            loop_distinct: false,
+            loop_distinct: None,
             until_ns: None,
         })
     }

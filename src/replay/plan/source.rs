@@ -50,7 +50,7 @@ pub enum PlanError {
 
 /// Whether the shaping can be applied one record at a time (else the trace is read whole).
 pub(crate) fn streams(shaping: &Shaping, sessions: bool) -> bool {
-    !sessions && shaping.loops <= 1 && shaping.overlay <= 1
+    !sessions && shaping.loops <= 1 && shaping.overlay <= 1 && shaping.loop_distinct.is_none()
 }
 
 /// Records per chunk of the in-memory plan (freed a chunk at a time as they are built).
