@@ -142,7 +142,7 @@ pub(crate) fn write_replay_report(
     let run = match (result.as_object(), result_json) {
         (Some(obj), Some(rj)) if obj.contains_key(crate::result::sidecar::KEY) => {
             let mut obj = obj.clone();
-            load::with_sidecar(rj, &mut obj)?;
+            crate::result::read::with_sidecar(rj, &mut obj)?;
             load::from_value(path, &serde_json::Value::Object(obj))?
         }
         _ => load::from_value(path, result)?,
@@ -155,9 +155,11 @@ pub(crate) fn write_replay_report(
 
 /// `retrace report`.
 pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
-    let page = match capacity_file(&a.input)? {
+    let data = crate::trace::rows::read_whole(&a.input)
+        .with_context(|| format!("{}: cannot read", a.input.display()))?;
+    let page = match capacity_file(&a.input, &data) {
         Some(v) => html::capacity_page(&capacity::page_data(&a.input.display().to_string(), &v)?),
-        None => html::report_page(&load::load(&a.input)?, a.thresholds_ms),
+        None => html::report_page(&load::load_bytes(&a.input, &data)?, a.thresholds_ms),
     };
     std::fs::write(&a.output, &page)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
@@ -169,17 +171,15 @@ pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The file `path` as JSON when it is a capacity result (`retrace capacity --result-json`).
-fn capacity_file(path: &std::path::Path) -> anyhow::Result<Option<serde_json::Value>> {
-    let data = crate::trace::rows::read_whole(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
+/// The file `path` (read into `data`) as JSON when it is a capacity result (`retrace capacity
+/// --result-json`).
+fn capacity_file(path: &std::path::Path, data: &[u8]) -> Option<serde_json::Value> {
     if !data.starts_with(b"{") {
-        return Ok(None);
+        return None;
     }
-    match load::parse_json(path, &data) {
-        Ok(v) if capacity::is_capacity(&v) => Ok(Some(v)),
-        _ => Ok(None),
-    }
+    crate::result::read::parse_json(path, data)
+        .ok()
+        .filter(capacity::is_capacity)
 }
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
@@ -210,9 +210,9 @@ pub(crate) fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
     }
     let mut inputs = Vec::with_capacity(raw.len());
     for (p, data) in raw {
-        let mut v = load::parse_json(&p, &data)?;
+        let mut v = crate::result::read::parse_json(&p, &data)?;
         if let Some(obj) = v.as_object_mut() {
-            load::with_sidecar(&p, obj)?;
+            crate::result::read::with_sidecar(&p, obj)?;
         }
         inputs.push((p, v));
     }

@@ -35,6 +35,7 @@
 //! sidecar ([`sidecar`]) and the bounds its values are read within ([`bounds`]) live beside it.
 
 pub(crate) mod bounds;
+pub(crate) mod read;
 pub mod sidecar;
 
 use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Stats, Summary};
@@ -516,7 +517,7 @@ pub(crate) mod tests {
 
     const MS: u64 = 1_000_000;
 
-    fn samples() -> Vec<Sample> {
+    pub(crate) fn samples() -> Vec<Sample> {
         vec![
             Sample {
                 scalars: Scalars {
