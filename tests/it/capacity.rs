@@ -59,12 +59,20 @@ fn fixed_mock(rt: &tokio::runtime::Runtime, ttft_ms: f64) -> MockHandle {
     )
 }
 
-fn capacity(trace: &Path, target: &str, result: &Path, args: &[&str]) -> Running {
+/// How one test's search runs: its SLO, and its steps' length and warm-up.
+struct Steps<'a> {
+    slo: &'a str,
+    step: &'a str,
+    warmup: &'a str,
+}
+
+fn capacity(trace: &Path, target: &str, result: &Path, s: Steps, args: &[&str]) -> Running {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
     cmd.arg("capacity")
         .arg(trace)
         .args(["--target", target, "--result-json"])
         .arg(result)
+        .args(["--slo", s.slo, "--step", s.step, "--warmup", s.warmup])
         .args(args);
     Running::spawn(under_memory_limit(&mut cmd, MEMORY_LIMIT)).unwrap()
 }
@@ -103,17 +111,12 @@ fn the_answer_brackets_a_known_saturation_point() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=300",
-            "--step",
-            "3s",
-            "--warmup",
-            "1s",
-            "--precision",
-            "0.1",
-            "--scrape-metrics",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=300",
+            step: "3s",
+            warmup: "1s",
+        },
+        &["--precision", "0.1", "--scrape-metrics"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -254,16 +257,12 @@ fn the_warm_up_is_sent_and_not_measured() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=1000",
-            "--speeds",
-            "1",
-            "--step",
-            "1s",
-            "--warmup",
-            "1s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=1000",
+            step: "1s",
+            warmup: "1s",
+        },
+        &["--speeds", "1"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     assert_eq!(
@@ -294,16 +293,12 @@ fn a_short_trace_is_extended_with_copies_that_share_no_prefix() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "failure_rate<=0",
-            "--speeds",
-            "2",
-            "--step",
-            "1s",
-            "--warmup",
-            "1s",
-        ],
+        Steps {
+            slo: "failure_rate<=0",
+            step: "1s",
+            warmup: "1s",
+        },
+        &["--speeds", "2"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     assert_eq!(
@@ -337,16 +332,12 @@ fn an_slo_always_met_says_at_least_the_highest_speed() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=2000",
-            "--max-speed",
-            "4",
-            "--step",
-            "1s",
-            "--warmup",
-            "0s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=2000",
+            step: "1s",
+            warmup: "0s",
+        },
+        &["--max-speed", "4"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -379,16 +370,12 @@ fn an_slo_never_met_says_so_and_exits_7() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=10",
-            "--min-speed",
-            "0.5",
-            "--step",
-            "2s",
-            "--warmup",
-            "0s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=10",
+            step: "2s",
+            warmup: "0s",
+        },
+        &["--min-speed", "0.5"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -425,14 +412,12 @@ fn a_target_that_dies_mid_search_keeps_the_steps_done() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=2000",
-            "--step",
-            "1s",
-            "--warmup",
-            "0s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=2000",
+            step: "1s",
+            warmup: "0s",
+        },
+        &[],
     );
     run.wait_for("the second step", CHILD_LIMIT, |e| e.contains("step 2 at"));
     rt.block_on(mock.shutdown());
@@ -456,14 +441,12 @@ fn a_speed_that_needs_too_many_copies_is_refused_within_the_memory_limit() {
         &trace,
         "http://127.0.0.1:9",
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=1",
-            "--speeds",
-            "1000000",
-            "--step",
-            "86400s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=1",
+            step: "86400s",
+            warmup: "10s",
+        },
+        &["--speeds", "1000000"],
     );
     let out = run.wait_within(CHILD_LIMIT).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -490,19 +473,16 @@ fn steps_never_share_prompts_and_reset_prefix_cache_reaches_the_mock() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let mock = fixed_mock(&rt, 5.0);
         let result = dir.path().join(format!("cap-{reset}.json"));
-        let mut args = vec![
-            "--slo",
-            "failure_rate<=0",
-            "--speeds",
-            "1,2",
-            "--step",
-            "1s",
-        ];
-        args.extend(["--warmup", "0s"]);
+        let mut args = vec!["--speeds", "1,2"];
         if reset {
             args.push("--reset-prefix-cache");
         }
-        let out = capacity(&trace, &url(&mock), &result, &args)
+        let steps = Steps {
+            slo: "failure_rate<=0",
+            step: "1s",
+            warmup: "0s",
+        };
+        let out = capacity(&trace, &url(&mock), &result, steps, &args)
             .wait_within(CHILD_LIMIT)
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -536,17 +516,12 @@ fn a_target_without_reset_prefix_cache_is_named_once_and_the_search_goes_on() {
         &trace,
         &target,
         &result,
-        &[
-            "--slo",
-            "failure_rate<=0",
-            "--speeds",
-            "1,2",
-            "--step",
-            "1s",
-            "--warmup",
-            "0s",
-            "--reset-prefix-cache",
-        ],
+        Steps {
+            slo: "failure_rate<=0",
+            step: "1s",
+            warmup: "0s",
+        },
+        &["--speeds", "1,2", "--reset-prefix-cache"],
     )
     .wait_within(CHILD_LIMIT)
     .unwrap();
@@ -568,14 +543,12 @@ fn sigint_halts_the_running_step_keeps_it_and_exits_130() {
         &trace,
         &url(&mock),
         &result,
-        &[
-            "--slo",
-            "p99_ttft_ms<=2000",
-            "--step",
-            "50s",
-            "--warmup",
-            "0s",
-        ],
+        Steps {
+            slo: "p99_ttft_ms<=2000",
+            step: "50s",
+            warmup: "0s",
+        },
+        &[],
     );
     run.wait_for("the first step", CHILD_LIMIT, |e| e.contains("step 1 at"));
     // the signal goes once the step has had a request answered
