@@ -392,8 +392,8 @@ fn answer_view(search: &search::Search, steps: &[Step]) -> table::AnswerView {
     table::AnswerView {
         speed: a.speed,
         at_least: a.speed.is_some() && a.failed_at.is_none(),
-        rps: at(a.speed).map(|s| s.summary.request_throughput),
-        output_tps: at(a.speed).map(|s| s.summary.output_throughput),
+        rps: at(a.speed).map(|s| s.offered_rps),
+        output_tps: at(a.speed).map(|s| s.offered_output_tps),
         limited_by,
     }
 }

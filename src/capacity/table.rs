@@ -23,6 +23,8 @@ pub(crate) struct Row {
 pub(crate) struct AnswerView {
     pub(crate) speed: Option<f64>,
     pub(crate) at_least: bool,
+    /// The load offered at the answer's factor (what the deployment took within the SLO; the
+    /// achieved rate is in the step's row, lower by the drain).
     pub(crate) rps: Option<f64>,
     pub(crate) output_tps: Option<f64>,
     /// The metric (or the reason) the first step past the answer failed on.
@@ -110,7 +112,7 @@ pub(crate) fn answer_line(a: &AnswerView, slo: &Slo) -> String {
         );
     };
     let rate = match (a.rps, a.output_tps) {
-        (Some(r), Some(t)) => format!(" ({r:.1} req/s, {} output tok/s)", tokens(t)),
+        (Some(r), Some(t)) => format!(" (offered {r:.1} req/s, {} output tok/s)", tokens(t)),
         _ => String::new(),
     };
     let tail = match (&a.limited_by, a.at_least) {
@@ -138,7 +140,7 @@ mod tests {
         };
         assert_eq!(
             answer_line(&a, &slo),
-            "capacity: 2.6× the recorded traffic (41.0 req/s, 9.8k output tok/s) within p99_ttft_ms<=500; limited by p99 TTFT"
+            "capacity: 2.6× the recorded traffic (offered 41.0 req/s, 9.8k output tok/s) within p99_ttft_ms<=500; limited by p99 TTFT"
         );
         let all = AnswerView {
             at_least: true,
