@@ -365,6 +365,13 @@ fn why_line(search: &search::Search, steps: &[Step]) -> Option<String> {
     why::why(&gauges, search.answer().failed_at)
 }
 
+/// Requests of step `s` cut in flight or not sent (a given-up or interrupted step's).
+fn cut_of(s: &Step) -> u64 {
+    let kind = crate::metrics::Failure::Interrupted.as_str();
+    let cut = s.summary.errors.get(kind.as_ref()).copied().unwrap_or(0);
+    cut.min(s.summary.failed)
+}
+
 fn steps_view(steps: &[Step]) -> Vec<table::Row> {
     steps
         .iter()
@@ -378,7 +385,8 @@ fn steps_view(steps: &[Step]) -> Vec<table::Row> {
             p99_ttft_ms: slo::value(&s.summary, "p99_ttft_ms"),
             p99_itl_ms: slo::value(&s.summary, "p99_itl_ms"),
             goodput: s.summary.request_goodput,
-            failed: s.summary.failed,
+            failed: s.summary.failed - cut_of(s),
+            cut: cut_of(s),
             slo_met: s.slo_met,
             because: s.because.clone(),
         })

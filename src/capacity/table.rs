@@ -14,7 +14,10 @@ pub(crate) struct Row {
     pub(crate) p99_ttft_ms: Option<f64>,
     pub(crate) p99_itl_ms: Option<f64>,
     pub(crate) goodput: Option<f64>,
+    /// Failed requests, those the early cut stopped aside.
     pub(crate) failed: u64,
+    /// Requests a step given up early cut in flight or did not send.
+    pub(crate) cut: u64,
     pub(crate) slo_met: bool,
     pub(crate) because: Option<String>,
 }
@@ -57,7 +60,9 @@ pub(crate) fn render(rows: &[Row], slo: &Slo) -> String {
         let verdict = match (&r.because, r.slo_met) {
             (_, true) => "met".to_string(),
             // The whole reason is in the result file (`not_met_because`).
-            (Some(why), false) if why.starts_with("given up") => "NOT met (given up early)".into(),
+            (Some(why), false) if why.starts_with("given up") => {
+                format!("NOT met (given up early; {} cut)", r.cut)
+            }
             (Some(why), false) => format!("NOT met ({why})"),
             (None, false) => "NOT met".to_string(),
         };
@@ -127,6 +132,33 @@ pub(crate) fn answer_line(a: &AnswerView, slo: &Slo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step given up early counts the requests its cut stopped apart from its failures.
+    #[test]
+    fn a_given_up_step_shows_its_cut_requests_apart_from_its_failures() {
+        let slo = super::super::slo::parse("p99_ttft_ms<=500").unwrap();
+        let row = Row {
+            speed: 8.0,
+            offered_rps: 80.0,
+            achieved_rps: 20.0,
+            offered_output_tps: 800.0,
+            achieved_output_tps: 200.0,
+            p50_ttft_ms: Some(900.0),
+            p99_ttft_ms: Some(2000.0),
+            p99_itl_ms: Some(10.0),
+            goodput: None,
+            failed: 3,
+            cut: 41,
+            slo_met: false,
+            because: Some("given up: 12 of 200 requests missed".into()),
+        };
+        let text = render(&[row], &slo);
+        let line = text.lines().nth(2).unwrap();
+        assert!(
+            line.ends_with("      3  NOT met (given up early; 41 cut)"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn the_answer_says_the_factor_the_rates_and_the_limit() {
