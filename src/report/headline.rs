@@ -128,7 +128,8 @@ fn intended_samples(q: &Requests) -> Option<[Vec<f64>; 3]> {
             out[0].extend(q.ttft_s[i].map(|t| (t + late) * 1e3));
             out[1].extend(q.latency_s[i].map(|t| (t + late) * 1e3));
         }
-        out[2].push((late - q.client_queue_s[i].unwrap_or(0.0)) * 1e3);
+        let queued = q.client_queue_s.get(i).copied().flatten().unwrap_or(0.0);
+        out[2].push((late - queued) * 1e3);
     }
     Some(out)
 }

@@ -3,6 +3,10 @@
 //! SVG charts and one canvas timeline with hover read-outs and a zoomable time axis; no network
 //! fetches, no external fonts or scripts.
 //!
+//! The report page answers first: its headline (the verdict and cards, [`super::headline`]), then
+//! latency over time, then the distributions, the raw figures folded last; the comparison page
+//! opens with its verdict line and the `--fail-on` gate.
+//!
 //! Rust computes everything the page shows (downsampled so 100,000 requests stay under 1 MB):
 //! CDF points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
 //! stride plus the slowest, each with its index, TTFT, tokens, error and runs of ITL gaps grouped
