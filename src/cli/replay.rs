@@ -405,7 +405,7 @@ fn at_least_one<T: PartialEq + From<u8>>(flag: &str, v: Option<T>) -> anyhow::Re
     Ok(())
 }
 
-fn percentiles(list: &str) -> anyhow::Result<Vec<f64>> {
+pub(super) fn percentiles(list: &str) -> anyhow::Result<Vec<f64>> {
     list.split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|s| {

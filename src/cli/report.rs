@@ -68,6 +68,9 @@ pub struct ReportArgs {
         default_value = "25,50"
     )]
     pub(crate) thresholds_ms: String,
+    /// Percentiles of the latency tables, comma-separated (at most 12).
+    #[arg(long, value_name = "LIST", default_value = "50,90,95,99,99.9")]
+    pub(crate) percentiles: String,
 }
 
 /// Options of `retrace merge` (help text on the `Merge` command).
@@ -112,6 +115,7 @@ impl ReportArgs {
             input: self.input.clone(),
             output: self.output.clone(),
             thresholds_ms: parse_thresholds(&self.thresholds_ms)?,
+            percentiles: parse_percentiles(&self.percentiles)?,
         })
     }
 }
@@ -124,6 +128,20 @@ impl MergeArgs {
             output: self.output.clone(),
         }
     }
+}
+
+/// Parses `--percentiles LIST`: replay's grammar, at most
+/// [`report::headline::MAX_PERCENTILES`] of them, at least one.
+fn parse_percentiles(s: &str) -> anyhow::Result<Vec<f64>> {
+    let v = super::replay::percentiles(s)?;
+    let max = report::headline::MAX_PERCENTILES;
+    if v.is_empty() || v.len() > max {
+        anyhow::bail!(
+            "--percentiles {s:?}: expected 1 to {max} percentiles, got {}",
+            v.len()
+        );
+    }
+    Ok(v)
 }
 
 /// Parses `--thresholds-ms A,B`.

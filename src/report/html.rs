@@ -3,6 +3,10 @@
 //! SVG charts and one canvas timeline with hover read-outs and a zoomable time axis; no network
 //! fetches, no external fonts or scripts.
 //!
+//! The report page answers first: its headline (the verdict and cards, [`super::headline`]), then
+//! latency over time, then the distributions, the raw figures folded last; the comparison page
+//! opens with its verdict line and the `--fail-on` gate.
+//!
 //! Rust computes everything the page shows (downsampled so 100,000 requests stay under 1 MB):
 //! CDF points, percentile tables, the timeline rows (at most [`TIMELINE_ROWS`] requests: an even
 //! stride plus the slowest, each with its index, TTFT, tokens, error and runs of ITL gaps grouped
@@ -15,8 +19,12 @@
 //! read files or compute comparisons.
 
 use super::compare::{Comparison, Verdict};
+use super::headline::{
+    cards, human_label, intended_table, percentile_table, table_head, verdict, DEFAULT_PERCENTILES,
+};
 use super::load::{Metric, Requests, Run};
-use super::render::{label, num, verdict};
+use super::render::{label, num, verdict as verdict_word, Overall};
+use super::rules::RuleOutcome;
 use super::weighted::Weighted;
 use serde_json::{json, Value};
 
@@ -216,6 +224,7 @@ fn series(run: &Run) -> Option<Value> {
             queued.push((q.start_s[i], -1));
         }
     }
+    let (ttft_p50, ttft_p99) = ttft_over_time(q, bins, &bin, w);
     let conc = peak(&mut inflight);
     let qd = peak(&mut queued);
     let sqd = peak(&mut server_queued);
@@ -246,12 +255,40 @@ fn series(run: &Run) -> Option<Value> {
         "server_waiting": scraped("waiting"),
         "server_kv": scraped("kv_cache_usage"),
         "t": times,
+        "ttft_p50": ttft_p50,
+        "ttft_p99": ttft_p99,
         "completions": per_s(done),
         "tokens": per_s(toks),
         "concurrency": conc,
         "queue": if queued.is_empty() { Value::Null } else { json!(qd) },
         "server_queue": if server_queued.is_empty() { Value::Null } else { json!(sqd) },
     }))
+}
+
+/// TTFT over time: the p50 and p99 of the successful requests sent in each bin, as `[t, ms]`
+/// points (bins with no such request left out).
+fn ttft_over_time(q: &Requests, bins: usize, bin: &dyn Fn(f64) -> usize, w: f64) -> (Value, Value) {
+    let mut by_bin: Vec<Vec<f64>> = vec![Vec::new(); bins];
+    for i in (0..q.len()).filter(|&i| q.ok(i)) {
+        if !q.non_streamed.get(i).copied().unwrap_or(false) {
+            by_bin[bin(q.start_s[i].max(0.0))].extend(q.ttft_s[i].map(|t| t * 1e3));
+        }
+    }
+    let at = |p: f64| -> Value {
+        let pts: Vec<Value> = by_bin
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(b, v)| {
+                json!([
+                    r3((b as f64 + 0.5) * w),
+                    r3(Weighted::from_samples(v).percentile(p))
+                ])
+            })
+            .collect();
+        Value::Array(pts)
+    };
+    (at(50.0), at(99.0))
 }
 
 fn histogram(v: &[f64]) -> Option<Value> {
@@ -306,45 +343,6 @@ fn breakdown(run: &Run) -> Option<Value> {
     )
 }
 
-/// A metric's row from the file's own statistics (`mean_ttft_ms`, ...), without samples.
-fn file_stats_row(run: &Run, m: Metric) -> Option<Value> {
-    let k = |s: &str| run.scalar(&format!("{s}_{}_ms", m.key())).map(r3);
-    let n = run.scalar(&format!("count_{}", m.key()));
-    Some(json!([
-        m.label(),
-        n,
-        k("mean")?,
-        k("median"),
-        k("p90"),
-        k("p99"),
-        k("max")
-    ]))
-}
-
-fn percentile_table(run: &Run) -> (Value, Value) {
-    let mut rows = Vec::new();
-    let mut cdfs = Vec::new();
-    for m in Metric::ALL {
-        let Some(w) = run.dist(m) else {
-            rows.extend(file_stats_row(run, m)); // an aggregate (AIPerf's): no CDF
-            continue;
-        };
-        let qd = w.quad();
-        let approx = run.samples_ms(m).is_none();
-        rows.push(json!([
-            format!("{}{}", m.label(), if approx { " ~" } else { "" }),
-            w.n(),
-            r3(qd.mean),
-            r3(qd.p50),
-            r3(qd.p90),
-            r3(qd.p99),
-            r3(w.percentile(100.0))
-        ]));
-        cdfs.push(json!({"key": m.key(), "label": m.label(), "pts": cdf_json(&w)}));
-    }
-    (Value::Array(rows), Value::Array(cdfs))
-}
-
 fn summary(run: &Run) -> Value {
     let mut out = Vec::new();
     for (k, label) in [
@@ -359,7 +357,7 @@ fn summary(run: &Run) -> Value {
         ("server_reported", "requests with server metrics"),
     ] {
         if let Some(v) = run.scalar(k) {
-            out.push(json!([label, num(v)]));
+            out.push(json!([label, num(v), k]));
         }
     }
     for k in [
@@ -372,7 +370,7 @@ fn summary(run: &Run) -> Value {
         "source",
     ] {
         if let Some(v) = run.info.get(k) {
-            out.push(json!([k, v]));
+            out.push(json!([human_label(k), v, k]));
         }
     }
     // --sessions / --probe-request-rate / --scrape-metrics summaries, one row per leaf
@@ -381,22 +379,32 @@ fn summary(run: &Run) -> Value {
             Value::Number(n) => n.as_f64().map_or_else(|| v.clone(), |f| json!(num(f))),
             _ => v.clone(),
         };
-        out.push(json!([k, shown]));
+        out.push(json!([human_label(k), shown, k]));
     }
     Value::Array(out)
 }
 
-/// The report page for one run.
+/// The report page for one run, at the default percentiles.
 pub fn report_page(run: &Run, thresholds: (f64, f64)) -> String {
-    let (pct, cdfs) = percentile_table(run);
+    report_page_at(run, thresholds, &DEFAULT_PERCENTILES)
+}
+
+/// The report page for one run: the headline (verdict and cards) first, then latency over time,
+/// then the distributions at the percentiles `ps`, the raw figures last.
+pub(crate) fn report_page_at(run: &Run, thresholds: (f64, f64), ps: &[f64]) -> String {
+    let (pct, cdfs) = percentile_table(run, ps, cdf_json);
     let (isl, osl) = lengths(run);
     let data = json!({
         "page": "report",
         "title": format!("retrace report: {}", run.label()),
         "subtitle": format!("{} · {}", run.kind.as_str(), run.path.display()),
         "thresholds": [thresholds.0, thresholds.1],
+        "verdict": verdict(run),
+        "cards": cards(run),
         "summary": summary(run),
+        "percentile_head": table_head(ps),
         "percentiles": pct,
+        "intended": intended_table(run, ps),
         "cdfs": cdfs,
         "timeline": timeline(run, thresholds),
         "series": series(run),
@@ -407,15 +415,21 @@ pub fn report_page(run: &Run, thresholds: (f64, f64)) -> String {
     page(&data)
 }
 
-/// The comparison page.
-pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> String {
+/// The comparison page: its verdict line and the `--fail-on` gate (`rules`) first.
+pub fn compare_page(
+    cmp: &Comparison,
+    rules: &[RuleOutcome],
+    base: &Run,
+    cand: &Run,
+    noise: &[Run],
+) -> String {
     let rows: Vec<Value> = cmp
         .rows
         .iter()
         .map(|r| {
             let v = match r.verdict {
                 Verdict::Worse => "worse",
-                v => verdict(v, false),
+                v => verdict_word(v, false),
             };
             json!([
                 label(r),
@@ -461,9 +475,12 @@ pub fn compare_page(cmp: &Comparison, base: &Run, cand: &Run, noise: &[Run]) -> 
             "pts": p.cdf.iter().map(|(x, y)| json!([r3(*x * 1000.0) / 1000.0, r3(*y)])).collect::<Vec<_>>(),
         })
     });
-    let text = super::render::render(cmp, &[], super::render::RenderFormat::Text);
+    let text = super::render::render(cmp, rules, super::render::RenderFormat::Text);
+    let overall = Overall::of(cmp, rules);
     let data = json!({
         "page": "compare",
+        "verdict": {"line": overall.line, "gate": overall.gate.as_ref().map(|g| g.result),
+                    "rules": rules.iter().map(|o| json!([o.tripped, o.not_judged, o.message])).collect::<Vec<_>>()},
         "title": format!("retrace compare: {} vs {}", base.label(), cand.label()),
         "subtitle": format!("baseline {} · candidate {}{}", base.path.display(), cand.path.display(),
             noise.iter().map(|n| format!(" · noise {}", n.path.display())).collect::<String>()),

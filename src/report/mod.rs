@@ -3,12 +3,13 @@
 //! Sub-modules, one concept each: [`run`] (the model of a run), [`load`] (any input → [`run::Run`]; AIPerf exports in [`aiperf`]), [`weighted`] (values with
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
-//! (`--fail-on`), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
+//! (`--fail-on`), [`headline`] (what the report page says first), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
 //! only runs the commands on their options and writes files; it computes nothing itself.
 
 pub(crate) mod aiperf;
 pub(crate) mod capacity;
 pub mod compare;
+pub(crate) mod headline;
 pub mod html;
 pub mod load;
 pub(crate) mod merge;
@@ -50,6 +51,8 @@ pub(crate) struct ReportOptions {
     pub(crate) output: PathBuf,
     /// Timeline colours of inter-token gaps: green below the first, orange below the second, ms.
     pub(crate) thresholds_ms: (f64, f64),
+    /// The percentiles the tables show (`--percentiles`).
+    pub(crate) percentiles: Vec<f64>,
 }
 
 /// What `merge` reads and writes.
@@ -75,7 +78,7 @@ pub(crate) fn run_compare(a: &CompareOptions) -> anyhow::Result<ExitCode> {
     let cmp = compare::compare(&base, &cand, &noise, &a.compare);
     let outcomes = rules::evaluate(&a.rules, &cmp)?;
     if let Some(path) = &a.html {
-        let page = html::compare_page(&cmp, &base, &cand, &noise);
+        let page = html::compare_page(&cmp, &outcomes, &base, &cand, &noise);
         std::fs::write(path, page)
             .with_context(|| format!("--html {}: cannot write", path.display()))?;
     }
@@ -159,7 +162,11 @@ pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("{}: cannot read", a.input.display()))?;
     let page = match capacity_file(&a.input, &data) {
         Some(v) => html::capacity_page(&capacity::page_data(&a.input.display().to_string(), &v)?),
-        None => html::report_page(&load::load_bytes(&a.input, &data)?, a.thresholds_ms),
+        None => html::report_page_at(
+            &load::load_bytes(&a.input, &data)?,
+            a.thresholds_ms,
+            &a.percentiles,
+        ),
     };
     std::fs::write(&a.output, &page)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;

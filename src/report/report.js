@@ -3,7 +3,8 @@
 (function () {
 'use strict';
 var NS = 'http://www.w3.org/2000/svg';
-var COLORS = ['#2e86c1', '#e67e22', '#7f8c8d', '#8e44ad'];
+// Series colours: a chart never gives two of its series the same one.
+var COLORS = ['#2e86c1', '#e67e22', '#7f8c8d', '#8e44ad', '#27ae60', '#d4ac0d', '#16a085', '#e84393'];
 // vLLM's --plot-timeline colours: TTFT, then inter-token gaps below / between / above the thresholds.
 var TTFT_COLOR = '#636efa', CLS = ['#109618', '#ff7f0e', '#d62728'], FAILED = '#95a5a6';
 
@@ -152,7 +153,7 @@ function cdfChart(parent, id, title, series, unit, xlabel) {
   return lineChart(parent, id, title, series, {xlabel: xlabel || unit, ylabel: 'fraction', logx: true, ymax: 1, cdf: true, unit: unit});
 }
 
-function barChart(parent, id, title, hist, xlabel) {
+function barChart(parent, id, title, hist, xlabel, ylabel) {
   var W = 440, H = 250, L = 56, R = 16, T = 24, B = 38;
   var c = card(parent, id);
   var svg = s('svg', {width: W, height: H, 'class': 'chart'}, c);
@@ -174,6 +175,7 @@ function barChart(parent, id, title, hist, xlabel) {
     keepInside(s('text', {x: L + v / hist.width * bw, y: H - B + 15, 'text-anchor': 'middle'}, ax, fmt(v)), W);
   });
   s('text', {x: (L + W - R) / 2, y: H - 6, 'text-anchor': 'middle'}, svg, xlabel);
+  s('text', {x: 12, y: (T + H - B) / 2, transform: 'rotate(-90 12 ' + ((T + H - B) / 2) + ')', 'text-anchor': 'middle'}, svg, ylabel);
   hoverBox(svg, L, T, W - L - R, H - T - B, function (px) {
     var i = Math.max(0, Math.min(n - 1, Math.floor((px - L) / bw)));
     readout.textContent = fmt(i * hist.width) + '-' + fmt((i + 1) * hist.width) + ' ' + xlabel + ': ' + hist.counts[i] + ' requests';
@@ -339,39 +341,62 @@ function breakdown(parent, B) {
   return svg;
 }
 
+// The answer first: the verdict and one card per headline figure.
+function headline(app, D) {
+  var sec = section(app, 'headline', 'Headline');
+  h('div', {'class': 'verdict ' + D.verdict.state, id: 'verdict-line'}, sec, D.verdict.text);
+  var cs = h('div', {'class': 'cards'}, sec);
+  D.cards.forEach(function (c) {
+    var k = h('div', {'class': 'hcard', id: 'card-' + c.id}, cs);
+    h('div', {'class': 'hl'}, k, c.label);
+    h('div', {'class': 'hv'}, k, c.value);
+    if (c.sub) h('div', {'class': 'hs'}, k, c.sub);
+  });
+}
+
 function report(app, D) {
-  table(section(app, 'summary', 'Summary'), 'table-summary', ['', ''], D.summary);
-  var lat = section(app, 'latency', 'Latency');
-  table(lat, 'table-percentiles', ['metric (ms)', 'n', 'mean', 'p50', 'p90', 'p99', 'max'], D.percentiles);
-  var g = h('div', {'class': 'grid'}, lat);
-  D.cdfs.forEach(function (c) { cdfChart(g, 'chart-cdf-' + c.key, c.label + ' CDF', [{name: c.label, pts: c.pts}], 'ms'); });
-  if (D.timeline) {
-    var tl = section(app, 'timeline', 'Timeline'), T = D.timeline;
-    timeline(tl, 'chart-timeline', T, D.thresholds, 'One row per request (' + T.shown + ' of ' + T.total + ' shown' + (T.shown < T.total ? ': an even sample plus the slowest by E2EL' : '') + ').');
-    if (T.detail) {
-      h('h2', {}, tl, 'Timeline detail: the ' + T.detail.shown + ' consecutive requests around the worst TTFT (' + fmt(T.detail.worst_ttft_ms) + ' ms)');
-      timeline(tl, 'chart-timeline-detail', T.detail, D.thresholds, 'Every request in this window, from ' + fmt(T.detail.from_s) + ' s.');
+  headline(app, D);
+  var S = D.series, z = function (a) { return S.t.map(function (t, i) { return [t, a[i]]; }); };
+  if (D.timeline || (S && S.ttft_p50.length)) {
+    var lt = section(app, 'latency-over-time', 'Latency over time');
+    if (S && S.ttft_p50.length) lineChart(h('div', {'class': 'grid'}, lt), 'chart-ttft-over-time', 'TTFT by send time (per bin)',
+      [{name: 'p50', pts: S.ttft_p50}, {name: 'p99', pts: S.ttft_p99}], {xlabel: 's', ylabel: 'ms', unit: 's'});
+    if (D.timeline) {
+      var T = D.timeline;
+      timeline(lt, 'chart-timeline', T, D.thresholds, 'One row per request (' + T.shown + ' of ' + T.total + ' shown' + (T.shown < T.total ? ': an even sample plus the slowest by E2EL' : '') + ').');
+      if (T.detail) {
+        h('h2', {}, lt, 'Timeline detail: the ' + T.detail.shown + ' consecutive requests around the worst TTFT (' + fmt(T.detail.worst_ttft_ms) + ' ms)');
+        timeline(lt, 'chart-timeline-detail', T.detail, D.thresholds, 'Every request in this window, from ' + fmt(T.detail.from_s) + ' s.');
+      }
     }
   }
-  if (D.series) {
-    var se = section(app, 'over-time', 'Over time'), g2 = h('div', {'class': 'grid'}, se), S = D.series;
-    var z = function (a) { return S.t.map(function (t, i) { return [t, a[i]]; }); };
+  if (S) {
+    var se = section(app, 'over-time', 'Throughput and concurrency over time'), g2 = h('div', {'class': 'grid'}, se);
     lineChart(g2, 'chart-throughput', 'Throughput', [{name: 'output tok/s', pts: z(S.tokens)}], {xlabel: 's', ylabel: 'tokens/s', unit: 's'});
     lineChart(g2, 'chart-completions', 'Completions', [{name: 'req/s', pts: z(S.completions)}], {xlabel: 's', ylabel: 'requests/s', unit: 's'});
-    var cs = [{name: 'in flight', pts: z(S.concurrency)}];
+    var cs = [{name: 'in flight', pts: z(S.concurrency), color: COLORS[0]}];
     if (S.queue) cs.push({name: 'client queue', pts: z(S.queue), color: COLORS[1]});
     if (S.server_queue) cs.push({name: 'server queue*', pts: z(S.server_queue), color: COLORS[3]});
-    if (S.server_running) cs.push({name: 'server running', pts: S.server_running, color: COLORS[2], dash: true});
-    if (S.server_waiting) cs.push({name: 'server waiting', pts: S.server_waiting, color: COLORS[3], dash: true});
+    if (S.server_running) cs.push({name: 'server running', pts: S.server_running, color: COLORS[4], dash: true});
+    if (S.server_waiting) cs.push({name: 'server waiting', pts: S.server_waiting, color: COLORS[6], dash: true});
     lineChart(g2, 'chart-concurrency', 'Concurrency and queue depth (peak per bin)', cs, {xlabel: 's', ylabel: 'requests', unit: 's'});
     if (S.server_kv) lineChart(g2, 'chart-server-kv', 'Server KV-cache usage (scraped)', [{name: 'KV usage', pts: S.server_kv}], {xlabel: 's', ylabel: 'fraction', unit: 's'});
     if (S.server_queue) h('div', {'class': 'sub'}, se, '* server queue depth from each request\'s reported queue time, placed at its send time (the server does not say when it queued).');
     if (S.server_running || S.server_waiting) h('div', {'class': 'sub'}, se, 'Dashed: the server\'s own /metrics gauges, scraped every second (--scrape-metrics).');
   }
+  var lat = section(app, 'latency', 'Distributions');
+  table(lat, 'table-percentiles', D.percentile_head, D.percentiles);
+  h('div', {'class': 'sub'}, lat, 'Latency from the actual send time, as vllm bench serve measures it; std is the population std. ~: from the stored histogram (0.1% precision).');
+  if (D.intended.length) {
+    h('h3', {}, lat, 'From the intended send time (free of coordinated omission) and send drift');
+    table(lat, 'table-intended', D.percentile_head, D.intended);
+  }
+  var g = h('div', {'class': 'grid'}, lat);
+  D.cdfs.forEach(function (c) { cdfChart(g, 'chart-cdf-' + c.key, c.label + ' CDF', [{name: c.label, pts: c.pts}], 'ms'); });
   if (D.isl || D.osl) {
     var g3 = h('div', {'class': 'grid'}, section(app, 'lengths', 'Lengths'));
-    if (D.isl) barChart(g3, 'chart-isl', 'Input lengths (ISL)', D.isl, 'tokens');
-    if (D.osl) barChart(g3, 'chart-osl', 'Output lengths (OSL)', D.osl, 'tokens');
+    if (D.isl) barChart(g3, 'chart-isl', 'Input lengths (ISL)', D.isl, 'tokens', 'requests');
+    if (D.osl) barChart(g3, 'chart-osl', 'Output lengths (OSL)', D.osl, 'tokens', 'requests');
   }
   if (D.breakdown) {
     var bd = section(app, 'breakdown', 'Server-side breakdown of client TTFT'), B = D.breakdown;
@@ -381,9 +406,20 @@ function report(app, D) {
        ['unattributed (client TTFT - queue - server TTFT)'].concat(B.unattributed), ['client TTFT'].concat(B.client_ttft)]);
     h('div', {'class': 'sub'}, bd, 'Unattributed time is inside the server but covered by neither metric (e.g. waiting for the engine loop), plus client and network overhead.');
   }
+  var det = h('details', {id: 'details'}, h('section', {id: 'raw'}, app));
+  h('summary', {}, det, 'Every figure of the input (' + D.summary.length + ')');
+  table(det, 'table-summary', ['figure', 'value', 'key'], D.summary);
 }
 
 function compare(app, D) {
+  var V = D.verdict, vs = section(app, 'verdict', 'Verdict');
+  var state = V.gate === 'fail' ? 'invalid' : V.gate === 'not_judged' ? 'unknown' : (V.gate === 'pass' ? 'valid' : 'plain');
+  h('div', {'class': 'verdict ' + state, id: 'verdict-line'}, vs, V.line);
+  if (!V.rules.length) h('div', {'class': 'sub', id: 'gate'}, vs, 'No --fail-on rules: no gate.');
+  else {
+    var gl = h('ul', {id: 'gate'}, vs);
+    V.rules.forEach(function (r) { h('li', {'class': r[0] ? 'worse' : (r[1] ? '' : 'better')}, gl, r[2]); });
+  }
   var t = section(app, 'metrics', 'Metrics');
   table(t, 'table-compare', ['metric', 'baseline', 'candidate', 'change', 'rel', 'interval of change', 'verdict'], D.rows, 6);
   (D.notes || []).forEach(function (n) { h('div', {'class': 'note'}, t, n); });

@@ -442,8 +442,21 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     check_rendered(
         &doms,
         &[
+            "headline",
+            "verdict-line",
+            "card-ok",
+            "card-failed",
+            "card-req-s",
+            "card-tok-s",
+            "card-ttft",
+            "card-itl",
+            "card-e2el",
+            "card-drift",
+            "chart-ttft-over-time",
+            "details",
             "table-summary",
             "table-percentiles",
+            "table-intended",
             "chart-cdf-ttft",
             "chart-cdf-itl",
             "chart-cdf-e2el",
@@ -455,6 +468,8 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "chart-breakdown",
         ],
         &[
+            "ok #headline first, 8 headline cards above the fold",
+            "ok each chart's series in distinct colours",
             "ok whole run: hovering request #",
             "ok Shift+drag pans the zoomed timeline",
             "ok double-click resets the timeline",
@@ -480,6 +495,8 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             s(&r.slow),
             "--noise",
             s(&r.fast2),
+            "--fail-on",
+            "failure_rate>0.5",
             "--html",
             s(&page),
         ])
@@ -490,6 +507,9 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
     check_rendered(
         &doms,
         &[
+            "verdict",
+            "verdict-line",
+            "gate",
             "table-compare",
             "chart-cdf-ttft",
             "chart-cdf-tpot",
@@ -497,7 +517,12 @@ fn html_report_and_compare_page_render_in_headless_chromium() {
             "chart-cdf-isl",
             "chart-cdf-osl",
         ],
-        &["ok CDF hover reads \"baseline p"],
+        &["ok #verdict first", "ok CDF hover reads \"baseline p"],
+    );
+    let html_text = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html_text.contains("\"gate\":\"pass\""),
+        "the gate's result in the page"
     );
 
     // The report of the real vLLM result (no server metrics: no breakdown chart, no error).
@@ -537,6 +562,38 @@ fn report_takes_vllms_timeline_itl_thresholds() {
         page.contains("\"thresholds\":[10.0,20.0]"),
         "thresholds not in the page"
     );
+}
+
+/// `--percentiles` picks the tables' columns; a bad list is an error naming the flag.
+#[test]
+fn report_takes_its_percentiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("r.html");
+    let f = support::repo("fixtures/vllm/bench_serve_result_timed_trace.json");
+    let out = bin()
+        .args(["report", s(&f), "-o", s(&html), "--percentiles", "50,99.9"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("\"percentile_head\":[\"metric (ms)\",\"n\",\"mean\",\"std\",\"p50\",\"p99.9\",\"max\"]"),
+        "table head not in the page"
+    );
+    for bad in ["50,101", "", "1,2,3,4,5,6,7,8,9,10,11,12,13"] {
+        let out = bin()
+            .args(["report", s(&f), "-o", s(&html), "--percentiles", bad])
+            .output_within(support::CHILD_LIMIT)
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--percentiles {bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--percentiles"), "{err}");
+    }
 }
 
 #[test]

@@ -1,6 +1,8 @@
 // Checks a rendered report or compare page from inside it (appended after the page's own script by
-// tests/it/compare.rs and tools/bench/report_screenshots.sh): every SVG label inside its chart, no chart
-// empty without saying "no data", no clipped text block, and hovering a timeline bar (whole run,
+// tests/it/compare.rs and tools/bench/report_screenshots.sh): the answer first (the report's
+// headline, the compare page's verdict, with every headline card above the fold), every SVG label
+// inside its chart, each series of a chart in its own colour, no chart empty without saying "no
+// data", no clipped text block, and hovering a timeline bar (whole run,
 // then zoomed in) shows that request's TTFT. Leaves the hover shown for screenshots. Writes one
 // line per finding into the hidden pre#retrace-check: "ok ..." or "FAIL ...".
 (function () {
@@ -104,6 +106,33 @@ function timelineHover(D) {
   hoverRow(svg, rows, z.ids.indexOf(r[0]), 'zoomed');
 }
 
+// The page's first section is its answer (#headline, #verdict or #answer), right under the title,
+// and every headline card lies wholly within the first window height.
+function answerFirst() {
+  var first = document.querySelector('#app > section');
+  var want = {report: 'headline', compare: 'verdict', capacity: 'answer'}[D.page] || 'headline';
+  if (!first || first.id !== want) return bad('the first section is ' + (first ? '#' + first.id : 'missing') + ', not #' + want);
+  var before = Array.prototype.filter.call(document.getElementById('app').children, function (e) { return e.tagName !== 'SECTION' && e.compareDocumentPosition(first) & 4; });
+  if (before.some(function (e) { return e.tagName !== 'H1' && !e.classList.contains('sub'); })) bad('#' + want + ' has more than the title above it');
+  var cards = document.querySelectorAll('#headline .hcard'), below = [];
+  cards.forEach(function (c) { var b = c.getBoundingClientRect(); if (!(b.height > 0) || b.bottom > window.innerHeight) below.push(c.id); });
+  if (below.length) return bad('headline cards below the fold (' + window.innerHeight + ' px): ' + below.join(', '));
+  ok('#' + want + ' first' + (cards.length ? ', ' + cards.length + ' headline cards above the fold' : ''));
+}
+
+// Each chart draws its series in distinct colours.
+function distinctColours() {
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    var seen = {};
+    svg.querySelectorAll('path.mark').forEach(function (p) {
+      var c = p.getAttribute('stroke');
+      if (seen[c]) bad(name(svg) + ': two series drawn in ' + c);
+      seen[c] = true;
+    });
+  });
+  ok('each chart\'s series in distinct colours');
+}
+
 function cdfHover() {
   var r = document.querySelector('[id^="chart-cdf-"] .hover');
   if (!r) return;
@@ -115,6 +144,8 @@ function cdfHover() {
 
 try {
   var D = JSON.parse(document.getElementById('retrace-data').textContent);
+  answerFirst();
+  distinctColours();
   labelsInside();
   noEmptyChart();
   cdfHover();

@@ -1,7 +1,7 @@
 //! `retrace replay --scrape-metrics` end to end: against the embedded mock (vLLM-named
 //! `/metrics`) the achieved prefix-cache hits equal the theoretical count for a trace with known
 //! reuse, the time series lands in the result file; an explicit URL works; an unreachable one is
-//! counted, never fatal; flag errors name the flag.
+//! counted, never fatal; flag errors name the flag; the report's headline shows the hit rate.
 
 use crate::support;
 use retrace::replay::{self};
@@ -81,6 +81,26 @@ async fn achieved_hits_on_the_embedded_mock_equal_the_theoretical_count() {
         "{}",
         o.report
     );
+    // The report's headline holds the achieved hit rate against the theoretical one.
+    let run = retrace::report::load::load(&out).unwrap();
+    let page = retrace::report::html::report_page(&run, (25.0, 50.0));
+    let card = page_data(&page)["cards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "prefix-cache")
+        .cloned()
+        .expect("a prefix-cache card");
+    assert_eq!(card["value"], "68.5%");
+    assert_eq!(card["sub"], "theoretical 68.5%");
+}
+
+/// The data block of a report page.
+fn page_data(page: &str) -> Value {
+    let open = "<script id=\"retrace-data\" type=\"application/json\">";
+    let start = page.find(open).expect("a data block") + open.len();
+    let end = start + page[start..].find("</script>").unwrap();
+    serde_json::from_str(&page[start..end]).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,7 +129,7 @@ fn main() {
     let t = Instant::now();
     let cmp = compare::compare(&b, &c, &[], &compare::Settings::default());
     let cmp_s = t.elapsed().as_secs_f64();
-    let page = html::compare_page(&cmp, &b, &c, &[]);
+    let page = html::compare_page(&cmp, &[], &b, &c, &[]);
     let cpath = dir.join("compare.html");
     std::fs::write(&cpath, &page).expect("write compare page");
     let row = cmp.row("median_ttft_ms").expect("row");

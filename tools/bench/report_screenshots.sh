@@ -2,7 +2,7 @@
 # Screenshots of the HTML report and the compare page at 1400 px and 800 px wide, with a timeline
 # hover (zoomed in, request ids shown) and a CDF hover, into tools/bench/results/. Two replays of
 # traces/azure_conv_100.csv against `retrace mock` (per-request metrics, 3% error statuses, 5% mid-stream
-# stalls): speed 4, then speed 8 with --max-concurrency 8. The page runs tests/it/report_check.js
+# stalls): speed 4, then speed 8 with --max-concurrency 8, compared with a --fail-on gate. The page runs tests/it/report_check.js
 # (the browser test's checks, which leave the hovers shown); its findings are printed and saved
 # in OUT_DIR/report-screenshots.txt.
 # Usage: tools/bench/report_screenshots.sh [OUT_DIR]   (needs chromium; builds the debug binary)
@@ -23,8 +23,11 @@ for _ in $(seq 50); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && br
   --result-json "$work/base.json" >/dev/null
 "$bin" replay traces/azure_conv_100.csv --target "http://127.0.0.1:$port" --speed 8 --max-concurrency 8 \
   --detailed --result-json "$work/cand.json" >/dev/null
-"$bin" report "$work/base.json" -o "$work/report.html"
-"$bin" compare "$work/base.json" "$work/cand.json" --html "$work/compare.html" >/dev/null || true
+# from inside the work folder, so the pages name the files, not a temporary path
+bin_abs=$(realpath "$bin")
+(cd "$work" && "$bin_abs" report base.json -o report.html)
+(cd "$work" && "$bin_abs" compare base.json cand.json --fail-on "p99_ttft_ms>+25%,failure_rate>0.05" \
+  --html compare.html >/dev/null) || true
 flags=(--headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update
        --disable-sync --no-first-run --disable-dev-shm-usage --hide-scrollbars)
 chrome() { local prof; prof=$(mktemp -d -p "$work"); timeout 120 chromium "${flags[@]}" --user-data-dir="$prof" "$@" 2>/dev/null; }
