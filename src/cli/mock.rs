@@ -1,7 +1,7 @@
 //! `retrace mock`'s command line and its [`MockConfig`]. The flags' defaults are
 //! [`MockConfig::default`]'s.
 
-use crate::mock::{ConnTimeouts, CostModel, FaultConfig, MockConfig, Profile};
+use crate::mock::{ApiKey, ConnTimeouts, CostModel, FaultConfig, MockConfig, Profile};
 use anyhow::Context;
 use std::path::PathBuf;
 
@@ -59,6 +59,10 @@ pub struct MockArgs {
     /// HF tokenizer.json for exact tokenization (default: the documented built-in scheme).
     #[arg(long, value_name = "tokenizer.json")]
     pub(crate) tokenizer: Option<PathBuf>,
+    /// Answer 401 to every request under /v1 without `Authorization: Bearer KEY`, as vLLM's
+    /// --api-key does (/health, /metrics, /tokenize and /detokenize stay open).
+    #[arg(long, value_name = "KEY")]
+    pub(crate) api_key: Option<String>,
     /// Seed for generated tokens, EOS positions and injected faults.
     #[arg(long, default_value_t = MockConfig::default().seed)]
     pub(crate) seed: u64,
@@ -143,6 +147,9 @@ impl MockArgs {
         let a = self;
         let profile = Profile::by_name(&a.profile)?;
         let p = profile.cost;
+        if a.api_key.as_deref() == Some("") {
+            anyhow::bail!("--api-key: the key is empty");
+        }
         let cfg = MockConfig {
             model: a.model.clone(),
             fixed_timing: a.fixed_timing.as_deref().map(parse_fixed).transpose()?,
@@ -169,6 +176,7 @@ impl MockArgs {
             realtime: a.realtime,
             coalesce_us: a.coalesce_us,
             timeouts: ConnTimeouts::default(),
+            api_key: a.api_key.as_deref().and_then(ApiKey::new),
             faults: FaultConfig {
                 status_rate: a.fault_status_rate,
                 status_codes: a.fault_status_codes.clone(),

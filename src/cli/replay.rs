@@ -259,7 +259,9 @@ pub struct RequestArgs {
     /// Extra request header `K=V` (repeatable).
     #[arg(long, value_name = "K=V")]
     pub(crate) header: Vec<String>,
-    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
+    /// Environment variable holding the API key, sent as `Authorization: Bearer` (default:
+    /// `OPENAI_API_KEY` when it is set, as the openai SDK reads it). The key is never printed
+    /// or stored.
     #[arg(long, value_name = "VAR")]
     pub(crate) api_key_env: Option<String>,
     /// JSON object merged into every request body (its keys win).
@@ -448,22 +450,56 @@ fn api_and_prompts(t: &TargetArgs, p: &PromptArgs) -> anyhow::Result<(Option<Api
     Ok((api, prompt_mode))
 }
 
-/// `--header` values and the `--api-key-env` key.
+/// The environment variable the key is read from without `--api-key-env`, as the `openai` SDK
+/// and `vllm bench serve` read it.
+pub(crate) const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
+
+/// `--header` values and the API key ([`api_key`]), read from the process environment.
 fn headers(a: &RequestArgs) -> anyhow::Result<HeaderMap> {
+    headers_with(a, &|var| std::env::var(var).ok())
+}
+
+/// [`headers`] with `env` as the environment.
+fn headers_with(
+    a: &RequestArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<HeaderMap> {
     let mut headers = HeaderMap::new();
     for h in &a.header {
         let (k, v) = crate::replay::http::target::parse_header(h).map_err(|e| anyhow!(e))?;
         headers.append(k, v);
     }
-    if let Some(var) = &a.api_key_env {
-        let key = std::env::var(var)
-            .map_err(|_| anyhow!("--api-key-env {var}: environment variable {var} is not set"))?;
-        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
-            .map_err(|_| anyhow!("--api-key-env {var}: the key is not a valid header value"))?;
-        v.set_sensitive(true);
+    let explicit = headers.contains_key(AUTHORIZATION);
+    if let Some(v) = api_key(a.api_key_env.as_deref(), explicit, env)? {
         headers.insert(AUTHORIZATION, v);
     }
     Ok(headers)
+}
+
+/// The `Authorization: Bearer` value: the key in `--api-key-env VAR`; without the flag, the key
+/// in `OPENAI_API_KEY` when it is set and not empty, unless `--header` gave an Authorization of
+/// its own (`explicit`). The value is marked sensitive, and no error shows the key.
+fn api_key(
+    flag: Option<&str>,
+    explicit: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<HeaderValue>> {
+    let (key, from) = match flag {
+        Some(var) => match env(var) {
+            Some(k) if !k.trim().is_empty() => (k, format!("--api-key-env {var}")),
+            Some(_) => bail!("--api-key-env {var}: environment variable {var} is empty"),
+            None => bail!("--api-key-env {var}: environment variable {var} is not set"),
+        },
+        None if explicit => return Ok(None),
+        None => match env(OPENAI_API_KEY) {
+            Some(k) if !k.trim().is_empty() => (k, OPENAI_API_KEY.to_string()),
+            _ => return Ok(None),
+        },
+    };
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+        .map_err(|_| anyhow!("{from}: the key is not a valid header value"))?;
+    v.set_sensitive(true);
+    Ok(Some(v))
 }
 
 fn extra_body(s: Option<&str>) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -578,5 +614,53 @@ mod tests {
         let c = config(&["--window", "1s..2s", "--max-gap", "5s"]).unwrap();
         assert_eq!(c.shaping.window_us, Some((1_000_000, 2_000_000)));
         assert_eq!(c.shaping.max_gap_us, Some(5_000_000));
+    }
+
+    /// The `Authorization` value `args` give when the environment holds `env`.
+    fn auth(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Option<String>> {
+        let mut v = vec!["retrace", "replay", "t.jsonl"];
+        v.extend_from_slice(args);
+        let crate::cli::Command::Replay(a) =
+            <crate::cli::Cli as clap::Parser>::parse_from(v).command
+        else {
+            unreachable!("replay")
+        };
+        let lookup = |var: &str| {
+            env.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        };
+        let h = headers_with(&a.requests, &lookup)?;
+        Ok(h.get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap().to_string()))
+    }
+
+    #[test]
+    fn api_key_flag_beats_openai_api_key_which_is_used_without_it() {
+        let both = [("MY_KEY", "from-flag"), (OPENAI_API_KEY, "from-env")];
+        let flag = auth(&["--api-key-env", "MY_KEY"], &both).unwrap();
+        assert_eq!(flag.as_deref(), Some("Bearer from-flag"));
+        let env = auth(&[], &both).unwrap();
+        assert_eq!(env.as_deref(), Some("Bearer from-env"));
+        assert_eq!(auth(&[], &[]).unwrap(), None, "neither: no header");
+        assert_eq!(auth(&[], &[(OPENAI_API_KEY, " ")]).unwrap(), None, "empty");
+        // An Authorization header given by hand is not replaced by the environment's key.
+        let own = auth(&["--header", "Authorization=Bearer own"], &both).unwrap();
+        assert_eq!(own.as_deref(), Some("Bearer own"));
+    }
+
+    #[test]
+    fn api_key_errors_name_the_variable_and_never_the_key() {
+        let e = auth(&["--api-key-env", "MY_KEY"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--api-key-env MY_KEY") && e.contains("not set"),
+            "{e}"
+        );
+        let bad = [(OPENAI_API_KEY, "sk-secret\nline")];
+        let e = auth(&[], &bad).unwrap_err().to_string();
+        assert!(e.contains(OPENAI_API_KEY), "{e}");
+        assert!(!e.contains("sk-secret"), "{e}");
     }
 }
