@@ -8,15 +8,25 @@ use anyhow::{anyhow, bail};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The end of `capacity --help` (and of `-h`).
+const EXAMPLES: &str = "\
+Examples:
+  # the most load a server takes with p99 TTFT within 500 ms: a search
+  retrace capacity traces/mooncake_conversation_1k.jsonl \\
+    --target http://127.0.0.1:8000 --slo \"p99_ttft_ms<=500\" --step 20s \\
+    --result-json cap.json
+  # three speeds instead of a search, against the embedded simulated engine
+  retrace capacity traces/mooncake_conversation_1k.jsonl --speeds 1,2,4 \\
+    --step 4s --warmup 1s --slo \"p99_ttft_ms<=2000\" --result-json cap.json";
+
 /// The most speeds `--speeds` takes (one search never runs more steps).
 const MAX_SPEEDS: usize = search::MAX_STEPS;
 
 /// `--step`, `--warmup`: at most a day each.
 const MAX_STRETCH: Duration = Duration::from_secs(86_400);
 
-/// How many times the trace's own load the target takes within an SLO.
-///
-/// Example: `retrace capacity traces/mooncake_conversation_1k.jsonl --target http://127.0.0.1:8000 --slo p99_ttft_ms<=500`
+/// How many times a trace's own load a server takes within an SLO: steps of the trace at scaled
+/// speeds, searched.
 ///
 /// Each step replays the trace with its timing scaled by a factor (as replay's --speed) for
 /// --warmup (not measured) plus --step of wall-clock time, then drains. A trace too short for a
@@ -28,6 +38,7 @@ const MAX_STRETCH: Duration = Duration::from_secs(86_400);
 /// may be "at least" --max-speed), 2 error (a target that died: the steps done are in
 /// --result-json), 7 the SLO was not met at any speed tried, 130 / 143 interrupted.
 #[derive(Debug, clap::Args)]
+#[command(after_help = EXAMPLES)]
 pub struct CapacityArgs {
     /// Trace file (any format `retrace inspect` reads); several recordings are merged by wall
     /// clock.
@@ -40,42 +51,71 @@ pub struct CapacityArgs {
     ///
     /// vLLM's goodput terms (`ttft:500`, `tpot:MS`, `e2el:MS`) read as `p99_M_ms<=MS` and set the
     /// goodput objective.
-    #[arg(long, value_name = "RULES")]
+    #[arg(long, value_name = "RULES", help_heading = "Search")]
     pub(crate) slo: String,
     /// Run these speeds, each once, instead of searching (e.g. `0.5,1,2,4`).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", help_heading = "Search")]
     pub(crate) speeds: Option<String>,
     /// Measured wall-clock time of each step, after its warm-up.
-    #[arg(long, value_name = "D", default_value = "60s")]
+    #[arg(long, value_name = "D", default_value = "60s", help_heading = "Search")]
     pub(crate) step: String,
     /// Wall-clock time each step runs before it is measured (its requests are sent, not
     /// measured).
-    #[arg(long, value_name = "D", default_value = "10s")]
+    #[arg(long, value_name = "D", default_value = "10s", help_heading = "Search")]
     pub(crate) warmup: String,
     /// The search ends when the speeds met and not met are this close, relative.
-    #[arg(long, value_name = "F", default_value_t = 0.05)]
+    #[arg(
+        long,
+        value_name = "F",
+        default_value_t = 0.05,
+        help_heading = "Search",
+        hide_short_help = true
+    )]
     pub(crate) precision: f64,
     /// Runs of each boundary speed; a speed meets the SLO when more than half of its runs do.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 2,
+        help_heading = "Search",
+        hide_short_help = true
+    )]
     pub(crate) repeats: u32,
     /// The highest speed the search tries; met there, the answer is "at least".
-    #[arg(long, value_name = "X", default_value_t = 64.0)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 64.0,
+        help_heading = "Search",
+        hide_short_help = true
+    )]
     pub(crate) max_speed: f64,
     /// The lowest speed the search tries; not met there, the SLO is never met (exit 7).
-    #[arg(long, value_name = "X", default_value_t = 0.125)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.125,
+        help_heading = "Search",
+        hide_short_help = true
+    )]
     pub(crate) min_speed: f64,
     /// Cap on requests in flight, as replay's.
-    #[arg(long, value_name = "C")]
+    #[arg(
+        long,
+        value_name = "C",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
     pub(crate) max_concurrency: Option<usize>,
     /// Read the server's Prometheus metrics during each step, as replay's (default URL: the
     /// target's /metrics), and say why the capacity is where it is (queue, KV cache, batch).
-    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true)]
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics", hide_short_help = true)]
     pub(crate) scrape_metrics: Option<Option<String>>,
     /// Empty the target's prefix cache before each step (vLLM's `POST /reset_prefix_cache`).
-    #[arg(long)]
+    #[arg(long, help_heading = "Target", hide_short_help = true)]
     pub(crate) reset_prefix_cache: bool,
     /// Write the steps (each with its full replay result) and the answer to this JSON file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Results")]
     pub(crate) result_json: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) prompts: PromptArgs,

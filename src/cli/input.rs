@@ -7,10 +7,15 @@ use crate::trace::import::{Format, ImportOptions};
 #[derive(Debug, clap::Args)]
 pub(crate) struct InputFormat {
     /// Input format (detected from content when absent).
-    #[arg(long, value_enum)]
+    #[arg(
+        long,
+        value_enum,
+        help_heading = "Input and output",
+        hide_short_help = true
+    )]
     pub(crate) from: Option<Format>,
     /// Tokens per hash id of the input (default: what the file says; 512 for Mooncake).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Input and output", hide_short_help = true)]
     pub(crate) trace_block_size: Option<u32>,
 }
 

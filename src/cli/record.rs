@@ -6,98 +6,116 @@ use crate::record::{defaults, Bodies, RecordConfig};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-/// Put retrace inline in front of a server and record its traffic into native traces, without
-/// changing a byte of it. Prompt and completion text are not stored unless `--bodies` says so;
-/// credentials (Authorization, api-key, cookies) never reach a trace.
+/// Record live traffic: a transparent proxy in front of an OpenAI-compatible server.
 ///
-/// Example: `retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/`
+/// Put retrace inline in front of a server and record its traffic into native traces, without
+/// changing a byte of it. Files: DIR/<name>-<start>-<seq>.trace.zst (written as .partial,
+/// renamed when closed). Prompt and completion text are not stored unless `--bodies` says so;
+/// credentials (Authorization, api-key, cookies) never reach a trace. Details: docs/record.md.
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Example:\n  retrace record --listen 0.0.0.0:8000 --upstream http://127.0.0.1:8001 --out traces/\n\nFiles: DIR/<name>-<start>-<seq>.trace.zst (written as .partial, renamed when closed).\nPrompt/completion text is not stored unless --bodies says so; credentials never are."
-)]
+#[command(after_help = "\
+Examples:
+  # clients talk to :8080 instead of the server's :8000; prompts kept
+  retrace record --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000 \\
+    --out recorded/ --bodies request")]
 pub struct RecordArgs {
     /// Address to accept clients on (HTTP/1.1 and HTTP/2; TLS with --tls-cert/--tls-key).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", help_heading = "Proxy")]
     pub(crate) listen: String,
     /// The server to forward to, e.g. `http://127.0.0.1:8001` or `https://llm.internal/prefix`.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", help_heading = "Proxy")]
     pub(crate) upstream: String,
     /// Directory for trace files `<name>-<start>-<seq>.trace.zst` (created if missing).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Proxy")]
     pub(crate) out: PathBuf,
     /// File name prefix of the trace files.
-    #[arg(long, default_value = defaults::NAME)]
+    #[arg(long, default_value = defaults::NAME, help_heading = "Proxy", hide_short_help = true)]
     pub(crate) name: String,
     /// PEM certificate chain to terminate TLS (ALPN h2 and http/1.1); needs --tls-key.
-    #[arg(long, value_name = "PEM")]
+    #[arg(long, value_name = "PEM", help_heading = "TLS", hide_short_help = true)]
     pub(crate) tls_cert: Option<PathBuf>,
     /// PEM private key for --tls-cert.
-    #[arg(long, value_name = "PEM")]
+    #[arg(long, value_name = "PEM", help_heading = "TLS", hide_short_help = true)]
     pub(crate) tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) to trust for an https upstream (default: the system bundle).
-    #[arg(long, value_name = "PEM")]
+    #[arg(long, value_name = "PEM", help_heading = "TLS", hide_short_help = true)]
     pub(crate) upstream_ca: Option<PathBuf>,
     /// Speak HTTP/2 to the upstream (h2c prior knowledge, or ALPN h2 over TLS).
-    #[arg(long)]
+    #[arg(long, help_heading = "TLS", hide_short_help = true)]
     pub(crate) upstream_http2: bool,
     /// Limit for connecting to the upstream.
-    #[arg(long, default_value_t = duration_text(defaults::CONNECT_TIMEOUT), value_name = "DURATION")]
+    #[arg(long, default_value_t = duration_text(defaults::CONNECT_TIMEOUT), value_name = "DURATION", help_heading = "Limits", hide_short_help = true)]
     pub(crate) connect_timeout: String,
     /// Limit from request arrival to the upstream's response headers (long: a queued
     /// non-streamed generation sends its headers at the end).
-    #[arg(long, default_value_t = duration_text(defaults::HEADERS_TIMEOUT), value_name = "DURATION")]
+    #[arg(long, default_value_t = duration_text(defaults::HEADERS_TIMEOUT), value_name = "DURATION", help_heading = "Limits", hide_short_help = true)]
     pub(crate) headers_timeout: String,
     /// Longest silence between two response chunks before the response is cut.
-    #[arg(long, default_value_t = duration_text(defaults::IDLE_TIMEOUT), value_name = "DURATION")]
+    #[arg(long, default_value_t = duration_text(defaults::IDLE_TIMEOUT), value_name = "DURATION", help_heading = "Limits", hide_short_help = true)]
     pub(crate) idle_timeout: String,
     /// Optional limit on a whole exchange (`none` by default: long generations are normal).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        help_heading = "Limits",
+        hide_short_help = true
+    )]
     pub(crate) total_timeout: Option<String>,
     /// On SIGINT/SIGTERM, how long in-flight streams may take to finish before the trace is closed
     /// (upgraded tunnels, e.g. WebSockets, are cut just before; see docs/record.md).
-    #[arg(long, default_value_t = duration_text(defaults::DRAIN_TIMEOUT), value_name = "DURATION")]
+    #[arg(long, default_value_t = duration_text(defaults::DRAIN_TIMEOUT), value_name = "DURATION", help_heading = "Limits", hide_short_help = true)]
     pub(crate) drain_timeout: String,
     /// Bodies to keep in the trace: none (default), request (prompts), full (prompts and outputs).
-    #[arg(long, default_value = bodies_name(defaults::BODIES), value_name = "none|request|full")]
+    #[arg(long, default_value = bodies_name(defaults::BODIES), value_name = "none|request|full", help_heading = "What is kept")]
     pub(crate) bodies: String,
     /// File holding a secret key: block hashes become HMAC-SHA256, so a shared trace cannot be
     /// matched against guessed prompts.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "What is kept",
+        hide_short_help = true
+    )]
     pub(crate) hash_key_file: Option<PathBuf>,
     /// Hugging Face `tokenizer.json` for exact text-prompt blocks (token-id prompts are always
     /// exact; without it text is approximated as 4 bytes per token and the input length is taken
     /// from the server's usage).
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "What is kept",
+        hide_short_help = true
+    )]
     pub(crate) tokenizer: Option<PathBuf>,
     /// Never send a request of the proxy's own upstream. Without it (and without --tokenizer), a
     /// text prompt whose length no usage gave is counted with the upstream's `POST /tokenize`,
     /// off the forwarding path, rate-bounded (docs/record.md, "Input lengths").
-    #[arg(long)]
+    #[arg(long, help_heading = "What is kept", hide_short_help = true)]
     pub(crate) no_upstream_tokenize: bool,
     /// Most `POST /tokenize` requests of the proxy's own per second (at most 4 in flight).
-    #[arg(long, default_value_t = defaults::UPSTREAM_TOKENIZE_RATE, value_name = "N")]
+    #[arg(long, default_value_t = defaults::UPSTREAM_TOKENIZE_RATE, value_name = "N", help_heading = "What is kept", hide_short_help = true)]
     pub(crate) upstream_tokenize_rate: u32,
     /// Tokens per hash block (512 matches Mooncake traces).
-    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE, help_heading = "What is kept", hide_short_help = true)]
     pub(crate) block_size: u32,
     /// Records the writer may queue; beyond that records are dropped and counted, never traffic slowed.
-    #[arg(long, default_value_t = defaults::QUEUE)]
+    #[arg(long, default_value_t = defaults::QUEUE, help_heading = "Limits", hide_short_help = true)]
     pub(crate) queue: usize,
     /// Captured body bytes the writer queue may hold (bounds memory when the disk is slow).
-    #[arg(long, default_value_t = size_text(defaults::QUEUE_BYTES), value_name = "SIZE")]
+    #[arg(long, default_value_t = size_text(defaults::QUEUE_BYTES), value_name = "SIZE", help_heading = "Limits", hide_short_help = true)]
     pub(crate) queue_bytes: String,
     /// Bytes captured per request and per response body for recording (bodies are always
     /// forwarded whole; a stream's events are still counted past it).
-    #[arg(long, default_value_t = size_text(defaults::CAPTURE_MAX), value_name = "SIZE")]
+    #[arg(long, default_value_t = size_text(defaults::CAPTURE_MAX), value_name = "SIZE", help_heading = "Limits", hide_short_help = true)]
     pub(crate) capture_max: String,
     /// Start a new trace file after this many compressed bytes.
-    #[arg(long, default_value_t = size_text(defaults::ROTATE_BYTES), value_name = "SIZE")]
+    #[arg(long, default_value_t = size_text(defaults::ROTATE_BYTES), value_name = "SIZE", help_heading = "Files", hide_short_help = true)]
     pub(crate) rotate_size: String,
     /// Start a new trace file after this long.
-    #[arg(long, default_value_t = duration_text(defaults::ROTATE_EVERY), value_name = "DURATION")]
+    #[arg(long, default_value_t = duration_text(defaults::ROTATE_EVERY), value_name = "DURATION", help_heading = "Files", hide_short_help = true)]
     pub(crate) rotate_interval: String,
     /// Admin endpoint (`/metrics`, `/healthz`); `none` turns it off.
-    #[arg(long, default_value_t = defaults::ADMIN.to_string(), value_name = "ADDR")]
+    #[arg(long, default_value_t = defaults::ADMIN.to_string(), value_name = "ADDR", help_heading = "Files", hide_short_help = true)]
     pub(crate) admin: String,
     /// Threads serving connections, each a single-threaded runtime (0: one per CPU). Tuning,
     /// hidden: see docs/tuning.md.

@@ -13,6 +13,17 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+/// The end of `replay --help` (and of `-h`).
+const EXAMPLES: &str = "\
+Examples:
+  # 40 requests at 4x the trace's speed, against the embedded simulated engine
+  retrace replay traces/mooncake_conversation_1k.jsonl --limit 40 --speed 4 \\
+    --result-json base.json
+  # a server of your own (its key in OPENAI_API_KEY) at 8 requests/s, per request
+  retrace replay traces/mooncake_conversation_1k.jsonl \\
+    --target http://127.0.0.1:8000 --request-rate 8 --limit 40 \\
+    --result-json cand.json --detailed";
+
 /// `--timeout-s`' default.
 const TIMEOUT_S: f64 = 3600.0;
 /// `--idle-timeout-s`' default.
@@ -22,7 +33,8 @@ const SERVER_BLOCK_SIZE: u32 = 16;
 /// `--read-batch-us`' default.
 const READ_BATCH_US: u64 = 500;
 
-/// Example: `retrace replay traces/mooncake_conversation_1k.jsonl --speed 4 --result-json out.json`
+/// Replay a trace against an OpenAI-compatible server (the embedded mock by default) at its
+/// own timing, with vLLM-exact latency metrics.
 ///
 /// Without `--target` the embedded simulated engine is started on a loopback port. Exit status:
 /// 0 done, 2 error, 3 run invalid (`--max-drift-ms` exceeded, or more than 10% of the workload
@@ -30,6 +42,7 @@ const READ_BATCH_US: u64 = 500;
 /// interrupted by SIGINT / SIGTERM (the result, marked invalid, holds what was measured; a
 /// second signal exits at once).
 #[derive(Debug, clap::Args)]
+#[command(after_help = EXAMPLES)]
 pub struct ReplayArgs {
     /// Trace file (any format `retrace inspect` reads); several recordings (a rotated set, or
     /// several proxies) are merged by wall clock.
@@ -38,64 +51,80 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub(crate) target: TargetArgs,
     /// Time compression: 2 replays twice as fast (default 1).
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", help_heading = "Workload shaping")]
     pub(crate) speed: Option<f64>,
     /// Replay only the first N requests (default: all).
     ///
     /// With --shard, the shards split the trace's first N. With the embedded mock and neither
     /// --limit nor --speed, the first 45 s of the trace.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Workload shaping")]
     pub(crate) limit: Option<usize>,
     /// Cap on requests in flight; waiting time is reported as client queue time.
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", help_heading = "Workload shaping")]
     pub(crate) max_concurrency: Option<usize>,
     #[command(flatten)]
     pub(crate) prompts: PromptArgs,
     /// Write the result (vLLM keys + ours + histograms) to this JSON file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Results")]
     pub(crate) result_json: Option<PathBuf>,
     /// Add per-request arrays to the result file.
-    #[arg(long)]
+    #[arg(long, help_heading = "Results")]
     pub(crate) detailed: bool,
     /// Also write the run's self-contained HTML report (`retrace report`).
     ///
     /// With --detailed it has the per-request timeline and time series.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Results",
+        hide_short_help = true
+    )]
     pub(crate) report_html: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) requests: RequestArgs,
     /// Mark the run invalid (exit 3) when p99 send drift exceeds D ms.
     ///
     /// Send drift is actual send − intended time, less any --max-concurrency slot wait.
-    #[arg(long, value_name = "D")]
+    #[arg(
+        long,
+        value_name = "D",
+        help_heading = "Results",
+        hide_short_help = true
+    )]
     pub(crate) max_drift_ms: Option<f64>,
     /// Service-level objectives for goodput, as vLLM: `ttft:MS tpot:MS e2el:MS` (any subset).
-    #[arg(long, value_name = "METRIC:MS", num_args = 1..)]
+    #[arg(long, value_name = "METRIC:MS", num_args = 1.., help_heading = "Results", hide_short_help = true)]
     pub(crate) goodput: Vec<String>,
     /// Percentiles to report, comma-separated.
-    #[arg(long, value_name = "LIST", default_value = "99")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "99",
+        help_heading = "Results",
+        hide_short_help = true
+    )]
     pub(crate) percentiles: String,
     /// Replay recorded bodies with their own max_tokens/ignore_eos.
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace", hide_short_help = true)]
     pub(crate) keep_original_limits: bool,
     /// Also re-issue a recording's side requests (`/tokenize`, `GET /v1/models`, `/metrics`,
     /// ...) verbatim; by default they are left out of the workload and counted.
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace", hide_short_help = true)]
     pub(crate) include_aux: bool,
     /// Leave out requests that failed in the recording (by default they are sent as recorded,
     /// so they fail again the same way).
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace", hide_short_help = true)]
     pub(crate) skip_recorded_failures: bool,
     /// Skip (and count) malformed rows of the trace instead of stopping at the first.
     ///
     /// They count as workload left out (more than 10% makes the run invalid).
-    #[arg(long)]
+    #[arg(long, help_heading = "Trace", hide_short_help = true)]
     pub(crate) skip_bad: bool,
     /// Total time limit per request, seconds.
-    #[arg(long, value_name = "S", default_value_t = TIMEOUT_S)]
+    #[arg(long, value_name = "S", default_value_t = TIMEOUT_S, help_heading = "Target", hide_short_help = true)]
     pub(crate) timeout_s: f64,
     /// Limit on silence (no headers, no body bytes) per request, seconds.
-    #[arg(long, value_name = "S", default_value_t = IDLE_TIMEOUT_S)]
+    #[arg(long, value_name = "S", default_value_t = IDLE_TIMEOUT_S, help_heading = "Target", hide_short_help = true)]
     pub(crate) idle_timeout_s: f64,
     // Tuning knobs: hidden from --help, documented in docs/tuning.md.
     /// Keep-alive connections to open before the clock starts (default: --max-concurrency, else
@@ -123,17 +152,32 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "START..END", help_heading = "Workload shaping")]
     pub(crate) window: Option<String>,
     /// Repeat the trace K times back to back (hash ids kept: later loops hit the cache).
-    #[arg(long = "loop", value_name = "K", help_heading = "Workload shaping")]
+    #[arg(
+        long = "loop",
+        value_name = "K",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) loop_count: Option<u32>,
     /// Overlay K copies of the trace, each shifted by 1/K of its span: K times the load, same
     /// burst shape.
-    #[arg(long, value_name = "K", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "K",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) overlay: Option<u32>,
     /// Give each overlaid copy its own hash ids (no prefix sharing between copies).
-    #[arg(long, help_heading = "Workload shaping")]
+    #[arg(long, help_heading = "Workload shaping", hide_short_help = true)]
     pub(crate) overlay_distinct: bool,
     /// Cap idle gaps between arrivals at D (e.g. `5s`).
-    #[arg(long, value_name = "D", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "D",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) max_gap: Option<String>,
     /// Replace the trace's timing by gamma gaps at R requests/s (`inf`: all at once).
     ///
@@ -145,43 +189,60 @@ pub struct ReplayArgs {
         long,
         value_name = "B",
         default_value_t = 1.0,
-        help_heading = "Workload shaping"
+        help_heading = "Workload shaping",
+        hide_short_help = true
     )]
     pub(crate) burstiness: f64,
     /// Ramp the request rate from --ramp-up-start-rps to --ramp-up-end-rps over the run.
     #[arg(
         long,
         value_name = "linear|exponential",
-        help_heading = "Workload shaping"
+        help_heading = "Workload shaping",
+        hide_short_help = true
     )]
     pub(crate) ramp_up: Option<String>,
     /// Request rate at the start of --ramp-up.
-    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "R",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) ramp_up_start_rps: Option<f64>,
     /// Request rate at the end of --ramp-up.
-    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "R",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) ramp_up_end_rps: Option<f64>,
     /// Replay shard I of N (0-based): a deterministic 1/N of the requests.
     ///
     /// Sessions are kept whole, arrival times as in the whole trace.
-    #[arg(long, value_name = "I/N", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "I/N",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) shard: Option<String>,
     /// Print the planned schedule's summary (requests, duration, rates, tokens) and exit.
-    #[arg(long)]
+    #[arg(long, help_heading = "Workload shaping")]
     pub(crate) dry_run: bool,
     /// Send a turn only when its session's previous turn finished, plus its think time.
     ///
     /// Session-ordered replay of a multi-turn trace: a turn waits for the previous turn of its
     /// session (failed or not) plus its think time (/ --speed); first turns keep their planned
     /// times. Reports how far turns drifted from their recorded arrivals.
-    #[arg(long, help_heading = "Workload shaping")]
+    #[arg(long, help_heading = "Workload shaping", hide_short_help = true)]
     pub(crate) sessions: bool,
     /// Read the server's Prometheus metrics during the run (default URL: the target's /metrics).
     ///
     /// Before, every second during, and after the run: achieved prefix-cache hit rate beside the
     /// trace's theoretical one, running/waiting requests and KV-cache usage over time (console +
     /// result file). Another URL with `--scrape-metrics=http://host:port/metrics`.
-    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics")]
+    #[arg(long, value_name = "URL", num_args = 0..=1, require_equals = true, help_heading = "Server metrics", hide_short_help = true)]
     pub(crate) scrape_metrics: Option<Option<String>>,
     /// The server's KV-cache block size in tokens (vLLM `--block-size`).
     ///
@@ -190,23 +251,31 @@ pub struct ReplayArgs {
     #[arg(
         long,
         value_name = "TOKENS",
-        default_value_t = SERVER_BLOCK_SIZE,
-        help_heading = "Server metrics"
-    )]
+        default_value_t = SERVER_BLOCK_SIZE, help_heading = "Server metrics", hide_short_help = true)]
     pub(crate) server_block_size: u32,
     /// Also send small probe requests at R per second, reported separately.
     ///
     /// Probes (8-token fresh prompt, 1 output token) go beside the workload, outside
     /// --max-concurrency; their TTFT and E2E latency show how much the workload slows unrelated
     /// traffic, never mixed into the metrics.
-    #[arg(long, value_name = "R", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "R",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) probe_request_rate: Option<f64>,
     /// Start the clock (t0) at this wall-clock time: Unix seconds or RFC 3339.
     ///
     /// E.g. `2026-11-29T22:00:00Z`. Shards started separately then replay one timeline together
     /// (machine clocks synced by NTP). Bodies and connections are prepared before it; a time more
     /// than 5 s in the past is refused.
-    #[arg(long, value_name = "TIME", help_heading = "Workload shaping")]
+    #[arg(
+        long,
+        value_name = "TIME",
+        help_heading = "Workload shaping",
+        hide_short_help = true
+    )]
     pub(crate) start_at: Option<String>,
 }
 
@@ -215,19 +284,24 @@ pub struct ReplayArgs {
 pub struct TargetArgs {
     /// Server base URL, `http://` or `https://`, e.g. `http://127.0.0.1:8000` (default: the
     /// embedded mock).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", help_heading = "Target")]
     pub(crate) target: Option<String>,
     /// CA (PEM) of an `https://` target (default: the system bundle).
     ///
     /// Verification is never turned off.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
     pub(crate) target_ca: Option<PathBuf>,
     /// Model name to send (default: the first model the target lists at /v1/models).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help_heading = "Target")]
     pub(crate) model: Option<String>,
     /// API to call with synthesised prompts (default: each request's recorded endpoint;
     /// completions for traces that do not say, such as Mooncake).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = "Target", hide_short_help = true)]
     pub(crate) endpoint: Option<Api>,
 }
 
@@ -235,21 +309,43 @@ pub struct TargetArgs {
 #[derive(Debug, clap::Args)]
 pub struct PromptArgs {
     /// Tokens per hash id (default: the trace's, 512 for Mooncake).
-    #[arg(long, value_name = "N")]
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Prompts",
+        hide_short_help = true
+    )]
     pub(crate) block_size: Option<u32>,
     /// Hugging Face tokenizer.json of the target model (vocabulary, special tokens, text mode).
-    #[arg(long, value_name = "FILE", conflicts_with = "vocab_size")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "vocab_size",
+        help_heading = "Prompts",
+        hide_short_help = true
+    )]
     pub(crate) tokenizer: Option<PathBuf>,
     /// Vocabulary size without a tokenizer (default 4096).
     ///
     /// Ids below 16 are never used.
-    #[arg(long, value_name = "N")]
+    #[arg(
+        long,
+        value_name = "N",
+        help_heading = "Prompts",
+        hide_short_help = true
+    )]
     pub(crate) vocab_size: Option<u32>,
     /// How prompts are sent.
-    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds)]
+    #[arg(long, value_enum, default_value_t = PromptMode::TokenIds, help_heading = "Prompts", hide_short_help = true)]
     pub(crate) prompt_mode: PromptMode,
     /// Seed of prompt synthesis (same seed, same prompts, in any process).
-    #[arg(long, value_name = "S", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 0,
+        help_heading = "Prompts",
+        hide_short_help = true
+    )]
     pub(crate) seed: u64,
 }
 
@@ -257,13 +353,25 @@ pub struct PromptArgs {
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
     /// Extra request header `K=V` (repeatable).
-    #[arg(long, value_name = "K=V")]
+    #[arg(
+        long,
+        value_name = "K=V",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
     pub(crate) header: Vec<String>,
-    /// Environment variable holding the API key (sent as `Authorization: Bearer`; never printed).
-    #[arg(long, value_name = "VAR")]
+    /// Environment variable holding the API key, sent as `Authorization: Bearer` (default:
+    /// `OPENAI_API_KEY` when it is set, as the openai SDK reads it). The key is never printed
+    /// or stored.
+    #[arg(long, value_name = "VAR", help_heading = "Target")]
     pub(crate) api_key_env: Option<String>,
     /// JSON object merged into every request body (its keys win).
-    #[arg(long, value_name = "JSON")]
+    #[arg(
+        long,
+        value_name = "JSON",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
     pub(crate) extra_body: Option<String>,
 }
 
@@ -448,22 +556,56 @@ fn api_and_prompts(t: &TargetArgs, p: &PromptArgs) -> anyhow::Result<(Option<Api
     Ok((api, prompt_mode))
 }
 
-/// `--header` values and the `--api-key-env` key.
+/// The environment variable the key is read from without `--api-key-env`, as the `openai` SDK
+/// and `vllm bench serve` read it.
+pub(crate) const OPENAI_API_KEY: &str = "OPENAI_API_KEY";
+
+/// `--header` values and the API key ([`api_key`]), read from the process environment.
 fn headers(a: &RequestArgs) -> anyhow::Result<HeaderMap> {
+    headers_with(a, &|var| std::env::var(var).ok())
+}
+
+/// [`headers`] with `env` as the environment.
+fn headers_with(
+    a: &RequestArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<HeaderMap> {
     let mut headers = HeaderMap::new();
     for h in &a.header {
         let (k, v) = crate::replay::http::target::parse_header(h).map_err(|e| anyhow!(e))?;
         headers.append(k, v);
     }
-    if let Some(var) = &a.api_key_env {
-        let key = std::env::var(var)
-            .map_err(|_| anyhow!("--api-key-env {var}: environment variable {var} is not set"))?;
-        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
-            .map_err(|_| anyhow!("--api-key-env {var}: the key is not a valid header value"))?;
-        v.set_sensitive(true);
+    let explicit = headers.contains_key(AUTHORIZATION);
+    if let Some(v) = api_key(a.api_key_env.as_deref(), explicit, env)? {
         headers.insert(AUTHORIZATION, v);
     }
     Ok(headers)
+}
+
+/// The `Authorization: Bearer` value: the key in `--api-key-env VAR`; without the flag, the key
+/// in `OPENAI_API_KEY` when it is set and not empty, unless `--header` gave an Authorization of
+/// its own (`explicit`). The value is marked sensitive, and no error shows the key.
+fn api_key(
+    flag: Option<&str>,
+    explicit: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<HeaderValue>> {
+    let (key, from) = match flag {
+        Some(var) => match env(var) {
+            Some(k) if !k.trim().is_empty() => (k, format!("--api-key-env {var}")),
+            Some(_) => bail!("--api-key-env {var}: environment variable {var} is empty"),
+            None => bail!("--api-key-env {var}: environment variable {var} is not set"),
+        },
+        None if explicit => return Ok(None),
+        None => match env(OPENAI_API_KEY) {
+            Some(k) if !k.trim().is_empty() => (k, OPENAI_API_KEY.to_string()),
+            _ => return Ok(None),
+        },
+    };
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+        .map_err(|_| anyhow!("{from}: the key is not a valid header value"))?;
+    v.set_sensitive(true);
+    Ok(Some(v))
 }
 
 fn extra_body(s: Option<&str>) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
@@ -578,5 +720,53 @@ mod tests {
         let c = config(&["--window", "1s..2s", "--max-gap", "5s"]).unwrap();
         assert_eq!(c.shaping.window_us, Some((1_000_000, 2_000_000)));
         assert_eq!(c.shaping.max_gap_us, Some(5_000_000));
+    }
+
+    /// The `Authorization` value `args` give when the environment holds `env`.
+    fn auth(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Option<String>> {
+        let mut v = vec!["retrace", "replay", "t.jsonl"];
+        v.extend_from_slice(args);
+        let crate::cli::Command::Replay(a) =
+            <crate::cli::Cli as clap::Parser>::parse_from(v).command
+        else {
+            unreachable!("replay")
+        };
+        let lookup = |var: &str| {
+            env.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        };
+        let h = headers_with(&a.requests, &lookup)?;
+        Ok(h.get(AUTHORIZATION)
+            .map(|v| v.to_str().unwrap().to_string()))
+    }
+
+    #[test]
+    fn api_key_flag_beats_openai_api_key_which_is_used_without_it() {
+        let both = [("MY_KEY", "from-flag"), (OPENAI_API_KEY, "from-env")];
+        let flag = auth(&["--api-key-env", "MY_KEY"], &both).unwrap();
+        assert_eq!(flag.as_deref(), Some("Bearer from-flag"));
+        let env = auth(&[], &both).unwrap();
+        assert_eq!(env.as_deref(), Some("Bearer from-env"));
+        assert_eq!(auth(&[], &[]).unwrap(), None, "neither: no header");
+        assert_eq!(auth(&[], &[(OPENAI_API_KEY, " ")]).unwrap(), None, "empty");
+        // An Authorization header given by hand is not replaced by the environment's key.
+        let own = auth(&["--header", "Authorization=Bearer own"], &both).unwrap();
+        assert_eq!(own.as_deref(), Some("Bearer own"));
+    }
+
+    #[test]
+    fn api_key_errors_name_the_variable_and_never_the_key() {
+        let e = auth(&["--api-key-env", "MY_KEY"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--api-key-env MY_KEY") && e.contains("not set"),
+            "{e}"
+        );
+        let bad = [(OPENAI_API_KEY, "sk-secret\nline")];
+        let e = auth(&[], &bad).unwrap_err().to_string();
+        assert!(e.contains(OPENAI_API_KEY), "{e}");
+        assert!(!e.contains("sk-secret"), "{e}");
     }
 }

@@ -4,9 +4,9 @@ use crate::report::render::RenderFormat as CompareFormat;
 use crate::report::{self, compare, rules};
 use std::path::PathBuf;
 
-/// Compare a candidate run against a baseline.
-///
-/// Example: `retrace compare base.json cand.json --noise base2.json --fail-on "p99_ttft_ms>+10%,failure_rate>0.01" --html cmp.html`
+/// Compare two runs (retrace results, vllm bench serve results, AIPerf exports, or traces):
+/// per-metric change with significance, paired per-request TTFT, workload, and `--fail-on`
+/// gating for CI.
 ///
 /// Inputs: `retrace replay --result-json` files (add `--detailed` for per-request samples and
 /// paired comparison), `vllm bench serve --save-result` files, AIPerf exports
@@ -15,6 +15,13 @@ use std::path::PathBuf;
 /// 1 a `--fail-on` rule tripped, 2 usage or input error, 4 no rule tripped but some could not be
 /// judged (too few samples).
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  # did the candidate get slower? (exit 1: a rule tripped; 4: cannot judge)
+  retrace compare base.json cand.json \\
+    --fail-on \"mean_ttft_ms>+10%,failure_rate>0.01\" --html cmp.html
+  # a trace against its replay: faithful or not, how far latencies are apart
+  retrace compare traces/mooncake_conversation_1k.jsonl cand.json")]
 pub struct CompareArgs {
     /// The reference run.
     pub(crate) baseline: PathBuf,
@@ -22,37 +29,52 @@ pub struct CompareArgs {
     pub(crate) candidate: PathBuf,
     /// Another run of the baseline (same trace, same target): changes count only beyond the
     /// largest difference between such a run and the baseline. Repeat for several reruns.
-    #[arg(long, value_name = "OTHER_BASELINE")]
+    #[arg(long, value_name = "OTHER_BASELINE", help_heading = "Options")]
     pub(crate) noise: Vec<PathBuf>,
     /// Comma-separated rules, e.g. `p99_ttft_ms>+10%,mean_tpot_ms>+5%,failure_rate>0.01`
     /// (+N% relative change, +N absolute change, N the candidate's value).
-    #[arg(long, value_name = "RULES")]
+    #[arg(long, value_name = "RULES", help_heading = "Options")]
     pub(crate) fail_on: Option<String>,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = CompareFormat::Text)]
+    #[arg(long, value_enum, default_value_t = CompareFormat::Text, help_heading = "Options", hide_short_help = true)]
     pub(crate) format: CompareFormat,
     /// Also write the comparison as a self-contained HTML page.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Options")]
     pub(crate) html: Option<PathBuf>,
     /// Smallest change that counts: a percentage of the baseline (`1%`, the default) or an
     /// absolute amount in the metric's unit (`0.5`); smaller changes are "no change".
-    #[arg(long, value_name = "X%|X", default_value = "1%")]
+    #[arg(
+        long,
+        value_name = "X%|X",
+        default_value = "1%",
+        help_heading = "Options",
+        hide_short_help = true
+    )]
     pub(crate) min_effect: String,
     /// Seed of the bootstrap resampling (same seed, same intervals).
-    #[arg(long, value_name = "S", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 0,
+        help_heading = "Options",
+        hide_short_help = true
+    )]
     pub(crate) seed: u64,
     /// Bootstrap resamples per metric.
-    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+    #[arg(long, value_name = "N", default_value_t = 400, value_parser = clap::value_parser!(u64).range(10..=100_000), help_heading = "Options", hide_short_help = true)]
     pub(crate) resamples: u64,
 }
 
-/// Write a self-contained HTML report of one run.
-///
-/// Example: `retrace report result.json -o report.html`
+/// Write one self-contained HTML report of a run (timeline, CDFs, throughput, breakdown).
 ///
 /// Input: a retrace result (`--detailed` gives the timeline and time series), a vllm bench serve
 /// result, an AIPerf export, or a recorded trace. The page needs no network.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  retrace report cand.json -o report.html
+  # a capacity result: latency and throughput against offered load
+  retrace report cap.json -o capacity.html")]
 pub struct ReportArgs {
     /// Result or trace file.
     pub(crate) input: PathBuf,
@@ -73,8 +95,24 @@ pub struct ReportArgs {
     pub(crate) percentiles: String,
 }
 
-/// Options of `retrace merge` (help text on the `Merge` command).
+/// Merge replay result files (e.g. the shards of `replay --shard I/N`) into one result.
+///
+/// Histograms are added (lossless), counts and tokens summed, `duration` is the longest
+/// input's (shards run concurrently), per-request arrays concatenated. Statistics are
+/// recomputed from the per-request data when every input was `--detailed` (then they equal one
+/// process's), else from the merged histograms (`merged_from_histograms: true`). Inputs must
+/// share trace, seed, speed, endpoint, model and prompt mode. Details: docs/scale-out.md.
+/// AIPerf per-request exports (`profile_export.jsonl`) merge into one such export: every
+/// record, ordered by send time (docs/compare.md).
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Examples:
+  # the two shards of a run (on two machines, started together with --start-at)
+  retrace replay traces/mooncake_conversation_1k.jsonl --limit 40 --shard 0/2 \\
+    --target http://127.0.0.1:8000 --result-json shard-0.json
+  retrace replay traces/mooncake_conversation_1k.jsonl --limit 40 --shard 1/2 \\
+    --target http://127.0.0.1:8000 --result-json shard-1.json
+  retrace merge shard-0.json shard-1.json -o all.json")]
 pub struct MergeArgs {
     /// Result files (`retrace.replay/1`), or AIPerf per-request exports.
     #[arg(required = true, num_args = 1..)]

@@ -159,6 +159,7 @@ pub(crate) fn parse_header(value: &str) -> Result<FaultPlan, BadFaultHeader> {
 pub(crate) fn error_type(status: u16) -> &'static str {
     match status {
         400 => "BadRequestError",
+        401 => "AuthenticationError",
         404 => "NotFoundError",
         429 => "RateLimitError",
         500 => "InternalServerError",

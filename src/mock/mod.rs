@@ -6,6 +6,7 @@
 //! the parts together.
 
 pub(crate) mod api;
+pub(crate) mod auth;
 pub(crate) mod cache;
 pub(crate) mod conn;
 pub(crate) mod emit;
@@ -17,6 +18,7 @@ pub(crate) mod sched;
 pub(crate) mod tokenize;
 
 use anyhow::{bail, Context};
+pub use auth::ApiKey;
 pub use conn::ConnTimeouts;
 pub(crate) use exposition::LatenessSummary;
 pub use faults::FaultConfig;
@@ -65,6 +67,9 @@ pub struct MockConfig {
     /// How long a connection waits for a request to arrive whole, or idle, before it is closed
     /// (library only: the CLI keeps the defaults, 30 s and 60 s).
     pub timeouts: ConnTimeouts,
+    /// `--api-key`: requests under `/v1` without `Authorization: Bearer KEY` get 401
+    /// ([`auth`]).
+    pub api_key: Option<ApiKey>,
 }
 
 impl Default for MockConfig {
@@ -89,6 +94,7 @@ impl Default for MockConfig {
             realtime: false,
             coalesce_us: 100,
             timeouts: ConnTimeouts::default(),
+            api_key: None,
         }
     }
 }
@@ -283,8 +289,11 @@ pub async fn start(
         next_id: AtomicU64::new(0),
         started_unix: api::unix_now(),
     });
-    let handler: conn::Handler =
-        Arc::new(move |req, ctx| Box::pin(api::handle(req, shared.clone(), ctx)));
+    let key = cfg.api_key.clone();
+    let handler: conn::Handler = Arc::new(move |req, ctx| match auth::refuse(&req, key.as_ref()) {
+        Some(refused) => Box::pin(std::future::ready(Ok(refused))),
+        None => Box::pin(api::handle(req, shared.clone(), ctx)),
+    });
     let task = rt.spawn(async move {
         let mut alive = accept_loop(listener, handler, cfg.timeouts, stop_rx).await;
         // Open streams end when the engine stops; then the connections close.

@@ -304,6 +304,9 @@ pub(crate) fn extra_sections(
     for (kind, n) in &sum.errors {
         row(&mut out, &format!("  {kind}:"), n);
     }
+    if sum.errors.contains_key("http_401") || sum.errors.contains_key("http_403") {
+        let _ = writeln!(out, "  ({})", crate::replay::http::target::KEY_HINT);
+    }
     if !first_errors.is_empty() {
         let _ = writeln!(out, "First error messages:");
     }

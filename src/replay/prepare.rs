@@ -345,10 +345,7 @@ pub(super) async fn model(
     match (&cfg.model, embedded) {
         (Some(m), _) => Ok(m.clone()),
         (None, Some(e)) => Ok(e.model.clone()),
-        (None, None) => client
-            .first_model()
-            .await
-            .map_err(|e| anyhow!("{e} (or give --model)")),
+        (None, None) => Ok(client.first_model().await?),
     }
 }
 

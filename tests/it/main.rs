@@ -9,6 +9,7 @@ mod choices;
 mod compare;
 mod fuzz;
 mod interrupt;
+mod keys;
 mod layers;
 mod merge;
 mod mock;

@@ -29,7 +29,7 @@ use tokio::time::Sleep;
 use crate::replay::http::h1conn::{RawConn, SendError};
 use crate::replay::http::pool::Pool;
 use crate::replay::http::request::BuiltRequest;
-use crate::replay::http::target::{Target, Timeouts};
+use crate::replay::http::target::{answered, NoModel, Target, Timeouts};
 
 fn ns_since(t0: Instant) -> u64 {
     Instant::now().saturating_duration_since(t0).as_nanos() as u64
@@ -161,14 +161,14 @@ impl Client {
             )
             .await?;
         if !(200..300).contains(&status) {
-            return Err(format!("POST {route} answered HTTP {status}"));
+            return Err(answered(&format!("POST {route}"), status));
         }
         serde_json::from_slice(&answer).map_err(|e| format!("POST {route}: not JSON: {e}"))
     }
 
     /// Asks the target for its first model (`GET /v1/models`), as `vllm bench serve` does.
-    pub(crate) async fn first_model(&self) -> Result<String, String> {
-        let uri = self.target.uri("/v1/models")?;
+    pub(crate) async fn first_model(&self) -> Result<String, NoModel> {
+        let uri = self.target.uri("/v1/models").map_err(NoModel::Other)?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let (status, body) = self
             .pool
@@ -179,16 +179,19 @@ impl Client {
                 16 << 20,
             )
             .await
-            .map_err(|e| format!("GET /v1/models at {}: {e}", self.target.url()))?;
-        if !(200..300).contains(&status) {
-            return Err(format!("GET /v1/models answered HTTP {status}"));
+            .map_err(|e| NoModel::Other(format!("GET /v1/models at {}: {e}", self.target.url())))?;
+        if let 401 | 403 = status {
+            return Err(NoModel::Refused(answered("GET /v1/models", status)));
         }
-        let v: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: not JSON: {e}"))?;
+        if !(200..300).contains(&status) {
+            return Err(NoModel::Other(answered("GET /v1/models", status)));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| NoModel::Other(format!("GET /v1/models: not JSON: {e}")))?;
         v["data"][0]["id"]
             .as_str()
             .map(str::to_string)
-            .ok_or_else(|| "GET /v1/models listed no model; give --model".to_string())
+            .ok_or_else(|| NoModel::Other("GET /v1/models listed no model".to_string()))
     }
 }
 

@@ -5,6 +5,30 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::{HeaderMap, Uri};
 use std::time::Duration;
 
+/// What a target that refused a request for want of a key (HTTP 401 or 403) is told to be
+/// given.
+pub(crate) const KEY_HINT: &str =
+    "the target wants an API key: give --api-key-env VAR, or set OPENAI_API_KEY";
+
+/// `{what} answered HTTP {status}`, with [`KEY_HINT`] when the status is 401 or 403.
+pub(crate) fn answered(what: &str, status: u16) -> String {
+    match status {
+        401 | 403 => format!("{what} answered HTTP {status}: {KEY_HINT}"),
+        _ => format!("{what} answered HTTP {status}"),
+    }
+}
+
+/// Why the target named no model to send.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoModel {
+    /// It refused the request for want of a key (401, 403): `--model` would not help.
+    #[error("{0}")]
+    Refused(String),
+    /// Anything else: `--model` names one instead.
+    #[error("{0} (or give --model)")]
+    Other(String),
+}
+
 /// Where requests go.
 #[derive(Debug, Clone)]
 pub struct Target {
