@@ -168,6 +168,7 @@ impl MockArgs {
             io_threads: a.io_threads,
             realtime: a.realtime,
             coalesce_us: a.coalesce_us,
+            embedding_dim: MockConfig::default().embedding_dim,
             timeouts: ConnTimeouts::default(),
             faults: FaultConfig {
                 status_rate: a.fault_status_rate,
