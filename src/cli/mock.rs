@@ -195,6 +195,7 @@ impl MockArgs {
             io_threads: a.io_threads,
             realtime: a.realtime,
             coalesce_us: a.coalesce_us,
+            embedding_dim: MockConfig::default().embedding_dim,
             timeouts: ConnTimeouts::default(),
             api_key: a.api_key.as_deref().and_then(ApiKey::new),
             faults: FaultConfig {

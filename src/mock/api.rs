@@ -9,7 +9,12 @@ use super::emit::{arm_reset, BodyFraming, Hijack, Stream, StreamSink};
 use super::engine::{Cmd, Emit, Finish, SeqIn, Sink, Submit, TokenUsage};
 use super::exposition::EngineCounters;
 use super::faults::{self, FaultPlan};
-use super::format::{ids_json, ids_or_null, json_str, metrics_json, Fmt, Head, FINGERPRINT};
+use super::format::{
+    ids_json, ids_or_null, json_str, metrics_json, stop_reason, Fmt, Head, FINGERPRINT,
+};
+use super::responses::Events;
+use super::sched;
+use super::shape::{self, Api, Ask, Shaped};
 use super::tokenize::{self, Tokenizer};
 use crate::trace::Endpoint;
 use crate::wire::openai::{parse_request_value, Prompt, RequestInfo};
@@ -33,6 +38,10 @@ pub(crate) struct Shared {
     pub(crate) max_model_len: u32,
     pub(crate) per_request_metrics: bool,
     pub(crate) seed: u64,
+    /// `MockConfig::eos_prob` (a shaped request's output is decided when it arrives).
+    pub(crate) eos_prob: f64,
+    /// `MockConfig::embedding_dim`.
+    pub(crate) embedding_dim: u32,
     pub(crate) faults: faults::FaultConfig,
     pub(crate) tokenizer: Arc<Tokenizer>,
     pub(crate) stats: Arc<EngineCounters>,
@@ -181,8 +190,13 @@ pub(crate) async fn handle(
     // follow count toward TTFT.
     let now = Instant::now();
     let arrival = direct.conn.last_rx().map_or(now, |rx| rx.min(now));
-    let chat = path == "/v1/chat/completions";
-    generate(sh, &body, chat, forced, &direct, arrival).await
+    let api = match path.as_str() {
+        "/v1/chat/completions" => Api::Chat,
+        "/v1/responses" => Api::Responses,
+        "/v1/embeddings" => return embeddings(sh, &body, &direct, arrival).await,
+        _ => Api::Completions,
+    };
+    generate(sh, &body, api, forced, &direct, arrival).await
 }
 
 /// `POST /reset_prefix_cache`: 200 as vLLM answers, whether or not the cache could be emptied
@@ -202,6 +216,16 @@ async fn reset_prefix_cache(sh: &Shared) -> Reply {
     }
 }
 
+/// The routes that take a POST body.
+const POST_ROUTES: [&str; 6] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+];
+
 /// The answer to every route but the POST ones that read a body (`None` for those).
 fn simple_route(sh: &Shared, path: &str, get: bool, post: bool) -> Option<Reply> {
     let json = "application/json";
@@ -213,13 +237,11 @@ fn simple_route(sh: &Shared, path: &str, get: bool, post: bool) -> Option<Reply>
             full(StatusCode::OK, ctype, sh.stats.render())
         }
         ("/v1/models", true) => models(sh),
-        ("/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize", false)
-            if post =>
-        {
-            return None
+        (p, false) if post && POST_ROUTES.contains(&p) => return None,
+        ("/health" | "/version" | "/metrics" | "/v1/models", false) => {
+            detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         }
-        ("/health" | "/version" | "/metrics" | "/v1/models", false)
-        | ("/v1/completions" | "/v1/chat/completions" | "/tokenize" | "/detokenize", _) => {
+        (p, _) if POST_ROUTES.contains(&p) => {
             detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         }
         _ => detail(StatusCode::NOT_FOUND, "Not Found"),
@@ -344,24 +366,42 @@ struct Gen {
     stream: bool,
     include_usage: bool,
     return_token_ids: bool,
+    /// The outputs, decided now, of a request that asked for more than plain text.
+    shaped: Option<Arc<Shaped>>,
+    max_tokens: Option<u32>,
 }
 
-/// What a request body says, with `return_token_ids`, checked in vLLM's order: the body and its
-/// fields (the common token-id completion typed, anything else and every error through
-/// the JSON value path), the model, `stream_options`, then `return_token_ids`.
-fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bool), Reject> {
-    let fast = (!chat)
+/// What a request body says: its fields, `return_token_ids`, what it asks of its output, and
+/// `instructions` (responses).
+struct Parsed {
+    info: RequestInfo,
+    return_token_ids: bool,
+    ask: Option<Ask>,
+    instructions: Option<String>,
+}
+
+/// What a request body says, checked in vLLM's order: the body and its fields (the common
+/// token-id completion typed, anything else and every error through the JSON value path), the
+/// model, `stream_options`, then `return_token_ids`.
+fn request_info(sh: &Shared, body: &[u8], api: Api) -> Result<Parsed, Reject> {
+    let fast = (api == Api::Completions)
         .then(|| crate::wire::openai::parse_completion_fast(body))
         .flatten();
-    let (info, stream_options_set, return_token_ids) = match fast {
-        Some(f) => (f.info, f.stream_options_set, Some(f.return_token_ids)),
+    let (info, stream_options_set, return_token_ids, ask, instructions) = match fast {
+        Some(f) => (
+            f.info,
+            f.stream_options_set,
+            Some(f.return_token_ids),
+            None,
+            None,
+        ),
         None => {
             let raw: Value = serde_json::from_slice(body)
                 .map_err(|e| reject(400, format!("JSON decode error: {e}"), None))?;
-            let endpoint = if chat {
-                Endpoint::Chat
-            } else {
-                Endpoint::Completions
+            let endpoint = match api {
+                Api::Chat => Endpoint::Chat,
+                Api::Completions => Endpoint::Completions,
+                Api::Responses => Endpoint::Responses,
             };
             let info = parse_request_value(&endpoint, &raw).map_err(|e| reject(400, e, None))?;
             let rti = match raw.get("return_token_ids") {
@@ -370,7 +410,16 @@ fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bo
                 Some(_) => None,
             };
             let so = raw.get("stream_options").is_some_and(|v| !v.is_null());
-            (info, so, rti)
+            let ask = shape::ask(&raw, api).map_err(|(m, f)| reject(400, m, Some(f)))?;
+            let instructions = match raw.get("instructions") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => {
+                    let msg = "field `instructions` must be a string";
+                    return Err(reject(400, msg, Some("instructions")));
+                }
+            };
+            (info, so, rti, ask, instructions)
         }
     };
     if let Some(m) = info.model.as_ref().filter(|m| **m != sh.model) {
@@ -385,14 +434,36 @@ fn request_info(sh: &Shared, body: &[u8], chat: bool) -> Result<(RequestInfo, bo
         let msg = "field `return_token_ids` must be a boolean";
         reject(400, msg, Some("return_token_ids"))
     })?;
-    Ok((info, rti))
+    Ok(Parsed {
+        info,
+        return_token_ids: rti,
+        ask,
+        instructions,
+    })
 }
 
-/// The request's prompts as token ids.
-fn prompts(sh: &Shared, info: &RequestInfo, chat: bool) -> Result<Vec<Vec<u32>>, Reject> {
-    if chat {
-        let msgs = info.messages.as_deref().unwrap_or_default();
-        return Ok(vec![chat_ids(sh, msgs)?]);
+/// The request's prompts as token ids. A responses `input` is a chat: `instructions` as the
+/// system message, then the input text as the user's message or the input's messages.
+fn prompts(sh: &Shared, p: &Parsed, api: Api) -> Result<Vec<Vec<u32>>, Reject> {
+    let info = &p.info;
+    match api {
+        Api::Chat => {
+            let msgs = info.messages.as_deref().unwrap_or_default();
+            return Ok(vec![chat_ids(sh, msgs)?]);
+        }
+        Api::Responses => {
+            let mut msgs = Vec::new();
+            if let Some(i) = &p.instructions {
+                msgs.push(serde_json::json!({"role": "system", "content": i}));
+            }
+            if let Some(Prompt::Text(t)) = &info.prompt {
+                msgs.push(serde_json::json!({"role": "user", "content": t}));
+            }
+            msgs.extend(info.messages.iter().flatten().cloned());
+            let ids = tokenize::chat_text(&msgs).and_then(|t| sh.tokenizer.encode(&t));
+            return Ok(vec![ids.map_err(|e| reject(400, e, Some("input")))?]);
+        }
+        Api::Completions => {}
     }
     let mut out = Vec::new();
     if let Some(p) = info.prompt.clone() {
@@ -460,38 +531,205 @@ fn sequences(
             max_tokens,
             min_tokens: info.params.min_tokens.unwrap_or(0).min(max_tokens),
             ignore_eos: info.params.ignore_eos.unwrap_or(false),
+            stop_after: None,
         };
         seqs.extend(std::iter::repeat_n(q, n));
     }
     Ok(seqs)
 }
 
-fn parse_generate(sh: &Shared, body: &[u8], chat: bool) -> Result<Gen, Reject> {
-    let (info, return_token_ids) = request_info(sh, body, chat)?;
-    let prompts = prompts(sh, &info, chat)?;
-    let prompt_tokens = prompts.iter().map(|p| p.len() as u64).sum();
-    Ok(Gen {
-        seqs: sequences(sh, &info, prompts)?,
-        prompt_tokens,
-        stream: info.params.stream.unwrap_or(false),
-        include_usage: info.params.include_usage.unwrap_or(false),
-        return_token_ids,
+/// Decides the outputs of a request that asks for more than plain text (each choice's tokens
+/// are those the engine will generate: `sched::token_id`), within [`shape::MAX_SHAPED_TOKENS`];
+/// a stop string found in one ends that choice early.
+fn shape_outputs(sh: &Shared, ask: Ask, seqs: &mut [SeqIn], rn: u64) -> Result<Shaped, Reject> {
+    let vocab = sh.tokenizer.vocab();
+    let lens: Vec<(u64, u32)> = (seqs.iter().enumerate())
+        .map(|(c, q)| {
+            let seed = sched::out_seed(sh.seed, &q.prompt, c as u32);
+            (seed, sched::natural_len(q, seed, sh.eos_prob).0)
+        })
+        .collect();
+    let total: u64 = lens.iter().map(|(_, l)| u64::from(*l)).sum();
+    if total > shape::MAX_SHAPED_TOKENS {
+        let msg = format!(
+            "{total} output tokens: the mock serves at most {} per request with response_format, tools, stop or logprobs",
+            shape::MAX_SHAPED_TOKENS
+        );
+        return Err(reject(400, msg, Some("max_tokens")));
+    }
+    let mut scripts = Vec::with_capacity(seqs.len());
+    for (q, (seed, len)) in seqs.iter_mut().zip(lens) {
+        let ids: Vec<u32> = (0..len).map(|i| sched::token_id(seed, i, vocab)).collect();
+        let s = shape::script(&ask, &sh.tokenizer, &ids, seed);
+        if s.stop.is_some() {
+            q.stop_after = Some(s.len() as u32);
+        }
+        scripts.push(s);
+    }
+    let call_ids = (0..seqs.len() as u64)
+        .map(|c| shape::tool_call_id(sh.seed ^ sh.started_unix ^ rn.wrapping_mul(131) ^ c))
+        .collect();
+    Ok(Shaped {
+        ask,
+        scripts,
+        call_ids,
     })
+}
+
+fn parse_generate(sh: &Shared, body: &[u8], api: Api, rn: u64) -> Result<Gen, Reject> {
+    let mut p = request_info(sh, body, api)?;
+    if api == Api::Responses {
+        p.info.params.n = None;
+    }
+    let prompts = prompts(sh, &p, api)?;
+    let prompt_tokens = prompts.iter().map(|p| p.len() as u64).sum();
+    let mut seqs = sequences(sh, &p.info, prompts)?;
+    let shaped = match p.ask.take() {
+        Some(ask) => Some(Arc::new(shape_outputs(sh, ask, &mut seqs, rn)?)),
+        None => None,
+    };
+    Ok(Gen {
+        seqs,
+        prompt_tokens,
+        stream: p.info.params.stream.unwrap_or(false),
+        include_usage: p.info.params.include_usage.unwrap_or(false),
+        return_token_ids: p.return_token_ids,
+        shaped,
+        max_tokens: p.info.params.max_tokens,
+    })
+}
+
+/// Submits `seqs` to the engine and waits for their whole answer (`None` with a reply: the
+/// engine is shutting down; `Err`: the reset fault).
+async fn collect_whole(
+    sh: &Shared,
+    req: Submit,
+    direct: &StreamConn,
+) -> Result<Result<Whole, Reply>, BoxError> {
+    let (tx, rx) = oneshot::channel();
+    let n = req.seqs.len();
+    let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], TokenUsage::default());
+    let rn = req.id;
+    let collect = Collect {
+        queued: AtomicU32::new(0),
+        parts: Mutex::new((Whole { ids, fin, usage }, Some(tx))),
+    };
+    let req = Submit {
+        sink: Arc::new(collect),
+        ..req
+    };
+    if sh.inbox.submit(&sh.engine, req).is_err() {
+        return Ok(Err(shutting_down()));
+    }
+    let mut guard = CancelGuard(Some((sh.engine.clone(), rn)));
+    let whole = rx.await;
+    guard.0 = None;
+    match whole {
+        Ok(None) => {
+            arm_reset(direct.conn.fd);
+            Err(Box::new(ResetFault))
+        }
+        Ok(Some(w)) => Ok(Ok(w)),
+        Err(_) => Ok(Err(shutting_down())),
+    }
+}
+
+/// A sink that is never called: replaced by the one the answer needs.
+struct NoSink;
+
+impl Sink for NoSink {
+    fn emit(&self, _: Emit, _: bool) -> bool {
+        false
+    }
+    fn queued(&self) -> &AtomicU32 {
+        static ZERO: AtomicU32 = AtomicU32::new(0);
+        &ZERO
+    }
+}
+
+/// `POST /v1/embeddings`: each input is prefilled by the engine (one token, not returned), then
+/// answered whole ([`super::embed`]).
+async fn embeddings(
+    sh: Arc<Shared>,
+    body: &[u8],
+    direct: &StreamConn,
+    arrival: Instant,
+) -> Result<Reply, BoxError> {
+    let raw: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(error_response(
+                400,
+                &format!("JSON decode error: {e}"),
+                None,
+            ))
+        }
+    };
+    let ask = match super::embed::ask(&raw, sh.embedding_dim) {
+        Ok(a) => a,
+        Err((m, f)) => return Ok(error_response(400, &m, Some(f))),
+    };
+    let parsed = parse_request_value(&Endpoint::Embeddings, &raw)
+        .map_err(|e| reject(400, e, None))
+        .and_then(|info| {
+            if let Some(m) = info.model.as_ref().filter(|m| **m != sh.model) {
+                let msg = format!("The model `{m}` does not exist.");
+                return Err(reject(404, msg, Some("model")));
+            }
+            let mut out = Vec::new();
+            if let Some(p) = info.prompt {
+                prompt_ids(&sh, p, &mut out)?;
+            }
+            if out.is_empty() {
+                return Err(reject(400, "field `input` is empty", Some("input")));
+            }
+            let info = RequestInfo {
+                params: crate::trace::Params {
+                    max_tokens: Some(1),
+                    ignore_eos: Some(true),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            sequences(&sh, &info, out)
+        });
+    let seqs = match parsed {
+        Ok(s) => s,
+        Err(r) => return Ok(r.into()),
+    };
+    let inputs: Vec<Arc<Vec<u32>>> = seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
+    let rn = sh.next_id.fetch_add(1, Relaxed);
+    let req = Submit {
+        id: rn,
+        arrival,
+        prompt_tokens: inputs.iter().map(|p| p.len() as u64).sum(),
+        seqs,
+        faults: FaultPlan::default(),
+        sink: Arc::new(NoSink),
+    };
+    let hex = xxhash_rust::xxh3::xxh3_64_with_seed(&rn.to_le_bytes(), sh.seed ^ sh.started_unix);
+    if let Err(r) = collect_whole(&sh, req, direct).await? {
+        return Ok(r);
+    }
+    let id = format!("embd-{hex:016x}");
+    let (model, seed) = (&sh.model, sh.seed);
+    let body = super::embed::body(&id, unix_now(), model, seed, ask, &inputs);
+    Ok(full(StatusCode::OK, "application/json", body))
 }
 
 async fn generate(
     sh: Arc<Shared>,
     body: &[u8],
-    chat: bool,
+    api: Api,
     forced: Option<FaultPlan>,
     direct: &StreamConn,
     arrival: Instant,
 ) -> Result<Reply, BoxError> {
-    let g = match parse_generate(&sh, body, chat) {
+    let rn = sh.next_id.fetch_add(1, Relaxed);
+    let g = match parse_generate(&sh, body, api, rn) {
         Ok(g) => g,
         Err(r) => return Ok(r.into()),
     };
-    let rn = sh.next_id.fetch_add(1, Relaxed);
     let plan = forced.unwrap_or_else(|| sh.faults.plan(sh.seed, rn));
     if plan != FaultPlan::default() {
         sh.stats.faults_injected.fetch_add(plan.count(), Relaxed);
@@ -505,6 +743,7 @@ async fn generate(
         return Ok(error_response(status, &msg, None));
     }
     let prompts: Vec<Arc<Vec<u32>>> = g.seqs.iter().map(|s| Arc::new(s.prompt.clone())).collect();
+    let chat = api != Api::Completions;
     let kind = if chat { "chatcmpl" } else { "cmpl" };
     let hex = xxhash_rust::xxh3::xxh3_64_with_seed(&rn.to_le_bytes(), sh.seed ^ sh.started_unix);
     let head = Head {
@@ -514,51 +753,57 @@ async fn generate(
         model: &sh.model,
         return_token_ids: g.return_token_ids,
     };
+    let events = (api == Api::Responses).then(|| {
+        Events::new(
+            &format!("{hex:016x}"),
+            head.created,
+            &sh.model,
+            g.max_tokens,
+        )
+    });
     let may_reset = plan.reset_after.is_some();
-    let submit = |sink: Arc<dyn Sink>| {
-        let (id, seqs, faults) = (rn, g.seqs, plan);
-        let req = Submit {
-            id,
-            arrival,
-            seqs,
-            prompt_tokens: g.prompt_tokens,
-            faults,
-            sink,
-        };
-        sh.inbox.submit(&sh.engine, req).is_ok()
+    let req = Submit {
+        id: rn,
+        arrival,
+        seqs: g.seqs,
+        prompt_tokens: g.prompt_tokens,
+        faults: plan,
+        sink: Arc::new(NoSink),
     };
     if !g.stream {
-        let (tx, rx) = oneshot::channel();
-        let n = prompts.len();
-        let (ids, fin, usage) = (vec![Vec::new(); n], vec![None; n], TokenUsage::default());
-        let collect = Collect {
-            queued: AtomicU32::new(0),
-            parts: Mutex::new((Whole { ids, fin, usage }, Some(tx))),
+        let w = match collect_whole(&sh, req, direct).await? {
+            Ok(w) => w,
+            Err(r) => return Ok(r),
         };
-        if !submit(Arc::new(collect)) {
-            return Ok(shutting_down());
-        }
-        let mut guard = CancelGuard(Some((sh.engine.clone(), rn)));
-        let whole = rx.await;
-        guard.0 = None;
-        let body = match whole {
-            Ok(None) => {
-                arm_reset(direct.conn.fd);
-                return Err(Box::new(ResetFault));
-            }
-            Ok(Some(w)) => whole_body(&sh, &head, &prompts, &w),
-            Err(_) => return Ok(shutting_down()),
+        let body = match &events {
+            Some(ev) => ev.whole(&whole_text(&sh, &g.shaped, &w, 0), &w.usage),
+            None => whole_body(&sh, &head, &prompts, &w, g.shaped.as_deref()),
         };
         slow_headers(slow).await;
         return Ok(full(StatusCode::OK, "application/json", body));
     }
-    let fmt = Fmt::new(&head, g.include_usage, sh.per_request_metrics, prompts);
+    let mut fmt = Fmt::new(
+        &head,
+        g.include_usage,
+        sh.per_request_metrics,
+        prompts,
+        g.shaped,
+    );
+    let mut prelude = String::new();
+    if let Some(mut ev) = events {
+        ev.prelude(&mut prelude);
+        fmt.responses = Some(ev);
+    }
     let (tok, stats, engine) = (sh.tokenizer.clone(), sh.stats.clone(), sh.engine.clone());
     let st = Stream::new(fmt, tok, stats, engine, rn, may_reset, direct.framing);
-    if !submit(Arc::new(StreamSink(st.clone()))) {
+    let req = Submit {
+        sink: Arc::new(StreamSink(st.clone())),
+        ..req
+    };
+    if sh.inbox.submit(&sh.engine, req).is_err() {
         return Ok(shutting_down());
     }
-    stream_response(st, slow, direct).await
+    stream_response(st, slow, direct, prelude.as_bytes()).await
 }
 
 async fn slow_headers(slow: Option<Duration>) {
@@ -573,6 +818,7 @@ async fn stream_response(
     st: Arc<Stream>,
     slow: Option<Duration>,
     direct: &StreamConn,
+    prelude: &[u8],
 ) -> Result<Reply, BoxError> {
     // Until the connection takes the stream, a dropped handler (client gone) abandons it.
     let mut hijack = Hijack {
@@ -589,6 +835,12 @@ async fn stream_response(
     };
     let date = httpdate::fmt_http_date(std::time::SystemTime::now());
     hijack.head = format!("{head}{date}\r\n\r\n").into_bytes();
+    // Events due at once (a response's `response.created`) go out with the head.
+    match direct.framing {
+        _ if prelude.is_empty() => {}
+        BodyFraming::Chunked => super::emit::chunk(&mut hijack.head, prelude),
+        BodyFraming::UntilClose => hijack.head.extend_from_slice(prelude),
+    }
     direct.conn.take_over(hijack);
     // hyper's own response is discarded; `connection: close` makes it hand the socket back.
     let mut r = Response::new(Full::new(Bytes::new()));
@@ -635,8 +887,27 @@ impl Drop for CancelGuard {
     }
 }
 
-/// The JSON body of a whole (non-streamed) answer.
-fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], w: &'a Whole) -> String {
+/// Choice `c`'s whole text: its script's, else its tokens rendered.
+fn whole_text(sh: &Shared, shaped: &Option<Arc<Shaped>>, w: &Whole, c: usize) -> String {
+    match shaped.as_ref().and_then(|s| s.scripts.get(c)) {
+        Some(s) => s.text.clone(),
+        None => {
+            let mut text = String::new();
+            sh.tokenizer
+                .render(w.ids.get(c).map_or(&[][..], |v| v), &mut text);
+            text
+        }
+    }
+}
+
+/// The JSON body of a whole (non-streamed) chat or completion answer.
+fn whole_body<'a>(
+    sh: &Shared,
+    head: &Head,
+    prompts: &'a [Arc<Vec<u32>>],
+    w: &'a Whole,
+    shaped: Option<&Shaped>,
+) -> String {
     let chat = head.chat;
     let tids = |ids: &'a [u32]| head.return_token_ids.then_some(ids);
     let mut s = String::with_capacity(256);
@@ -645,24 +916,47 @@ fn whole_body<'a>(sh: &Shared, head: &Head, prompts: &'a [Arc<Vec<u32>>], w: &'a
         if c > 0 {
             s.push(',');
         }
+        let script = shaped.and_then(|x| x.scripts.get(c));
         let mut text = String::new();
-        sh.tokenizer.render(ids, &mut text);
+        match script {
+            Some(sc) => text.push_str(&sc.text),
+            None => sh.tokenizer.render(ids, &mut text),
+        }
         let f = fin.unwrap_or(Finish::Length).as_str();
+        let f = shaped.map_or(f, |x| x.finish(f));
+        let tool = shaped.and_then(|x| x.tool());
         if chat {
             let _ = write!(
                 s,
                 "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":"
             );
-            json_str(&mut s, &text);
-            s.push_str(",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[],\"reasoning\":null}");
+            match tool {
+                Some(_) => s.push_str("null"),
+                None => json_str(&mut s, &text),
+            }
+            s.push_str(",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[");
+            if let (Some(name), Some(x)) = (tool, shaped) {
+                s.push_str("{\"id\":");
+                json_str(&mut s, x.call_ids.get(c).map_or("", |v| v.as_str()));
+                s.push_str(",\"type\":\"function\",\"function\":{\"name\":");
+                json_str(&mut s, name);
+                s.push_str(",\"arguments\":");
+                json_str(&mut s, &text);
+                s.push_str("}}");
+            }
+            s.push_str("],\"reasoning\":null}");
         } else {
             let _ = write!(s, "{{\"index\":{c},\"text\":");
             json_str(&mut s, &text);
         }
-        let _ = write!(
-            s,
-            ",\"logprobs\":null,\"finish_reason\":\"{f}\",\"stop_reason\":null,\"token_ids\":"
-        );
+        s.push_str(",\"logprobs\":");
+        match (shaped.and_then(|x| x.ask.logprobs), script) {
+            (Some(lp), Some(sc)) => shape::logprobs_json(&mut s, lp, sc, 0, sc.len()),
+            _ => s.push_str("null"),
+        }
+        let _ = write!(s, ",\"finish_reason\":\"{f}\",\"stop_reason\":");
+        stop_reason(&mut s, script);
+        s.push_str(",\"token_ids\":");
         ids_or_null(&mut s, tids(ids));
         if !chat {
             s.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":");

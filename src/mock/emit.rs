@@ -100,7 +100,7 @@ impl Sink for StreamSink {
 }
 
 /// Appends `data` as one HTTP/1.1 chunk, framed as hyper frames it.
-fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     // Upper-case hex size without a temporary String (this runs once per event).
     let mut hex = [0u8; 16];
     let mut i = hex.len();

@@ -676,6 +676,7 @@ mod tests {
             max_tokens,
             min_tokens: 0,
             ignore_eos: true,
+            stop_after: None,
         });
         let seqs: Vec<SeqIn> = seqs.collect();
         let s = Submit {

@@ -2,6 +2,7 @@
 //! `null`s; see `fixtures/vllm/`), written into reused buffers without serde. No I/O, no routes.
 
 use super::engine::{Finish, TokenUsage};
+use super::shape::{logprobs_json, Shaped};
 use super::tokenize::Tokenizer;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -69,6 +70,14 @@ pub(super) fn metrics_json(out: &mut String, t: &TokenUsage, spec: bool) {
     out.push('}');
 }
 
+/// `stop_reason`: the stop string that ended the output, else `null`.
+pub(super) fn stop_reason(out: &mut String, s: Option<&super::shape::Script>) {
+    match s.and_then(|s| s.stop.as_deref()) {
+        Some(st) => json_str(out, st),
+        None => out.push_str("null"),
+    }
+}
+
 /// What every chunk or body of one answer names.
 pub(super) struct Head<'a> {
     pub(crate) chat: bool,
@@ -108,6 +117,11 @@ pub(super) struct Fmt {
     prompts: Vec<Arc<Vec<u32>>>,
     started: Vec<bool>,
     choices_left: usize,
+    /// The outputs of a shaped request, and how many tokens of each choice went out.
+    shaped: Option<Arc<Shaped>>,
+    pos: Vec<usize>,
+    /// `/v1/responses` events instead of chunks.
+    pub(super) responses: Option<super::responses::Events>,
     /// Scratch for one event's text (reused: no allocation per event).
     text: String,
 }
@@ -118,6 +132,7 @@ impl Fmt {
         include_usage: bool,
         metrics: bool,
         prompts: Vec<Arc<Vec<u32>>>,
+        shaped: Option<Arc<Shaped>>,
     ) -> Self {
         let chat = h.chat;
         let mut head = String::with_capacity(128);
@@ -132,6 +147,9 @@ impl Fmt {
             prompts,
             started: vec![false; n],
             choices_left: n,
+            shaped,
+            pos: vec![0; n],
+            responses: None,
             text: String::new(),
         }
     }
@@ -151,7 +169,19 @@ impl Fmt {
         }
         let last_chunk = finish.is_some() && self.choices_left == 0 && !self.include_usage;
         self.text.clear();
-        tok.render(ids, &mut self.text);
+        let from = self.pos.get(c).copied().unwrap_or(0);
+        if let Some(p) = self.pos.get_mut(c) {
+            *p += ids.len();
+        }
+        let script = self.shaped.as_ref().and_then(|sh| sh.scripts.get(c));
+        match script {
+            Some(s) => self.text.push_str(s.span(from, ids.len())),
+            None => tok.render(ids, &mut self.text),
+        }
+        if let Some(r) = self.responses.as_mut() {
+            r.delta(out, &self.text);
+            return;
+        }
         if self.chat && first {
             out.push_str("data: ");
             out.push_str(&self.head);
@@ -163,26 +193,57 @@ impl Fmt {
             ids_or_null(out, p.map(|p| &p[..]));
             out.push_str(",\"prompt_text\":null}\n\n");
         }
+        let shaped = self.shaped.as_deref();
         out.push_str("data: ");
         out.push_str(&self.head);
         let _ = write!(out, "{{\"index\":{choice},");
-        out.push_str(if self.chat {
-            "\"delta\":{\"content\":"
-        } else {
-            "\"text\":"
-        });
-        json_str(out, &self.text);
-        out.push_str(if self.chat { "}" } else { "" });
-        out.push_str(",\"logprobs\":null,\"finish_reason\":");
+        match (self.chat, shaped.and_then(|s| s.tool())) {
+            (true, Some(name)) => {
+                out.push_str("\"delta\":{\"tool_calls\":[{");
+                if first {
+                    let id = shaped.and_then(|s| s.call_ids.get(c));
+                    json_str(out, "id");
+                    out.push(':');
+                    json_str(out, id.map_or("", |s| s.as_str()));
+                    out.push_str(",\"type\":\"function\",");
+                }
+                out.push_str("\"index\":0,\"function\":{");
+                if first {
+                    out.push_str("\"name\":");
+                    json_str(out, name);
+                    out.push(',');
+                }
+                out.push_str("\"arguments\":");
+                json_str(out, &self.text);
+                out.push_str("}}]}");
+            }
+            (true, None) => {
+                out.push_str("\"delta\":{\"content\":");
+                json_str(out, &self.text);
+                out.push('}');
+            }
+            (false, _) => {
+                out.push_str("\"text\":");
+                json_str(out, &self.text);
+            }
+        }
+        out.push_str(",\"logprobs\":");
+        match (shaped.and_then(|s| s.ask.logprobs), script) {
+            (Some(lp), Some(s)) => logprobs_json(out, lp, s, from, ids.len()),
+            _ => out.push_str("null"),
+        }
+        out.push_str(",\"finish_reason\":");
         match finish {
             Some(f) => {
-                let _ = write!(out, "\"{}\"", f.as_str());
+                let f = shaped.map_or(f.as_str(), |s| s.finish(f.as_str()));
+                let _ = write!(out, "\"{f}\"");
             }
             None => out.push_str("null"),
         }
         // A chat chunk names `stop_reason` only on its last chunk, a completion chunk always.
         if !self.chat || finish.is_some() {
-            out.push_str(",\"stop_reason\":null");
+            out.push_str(",\"stop_reason\":");
+            stop_reason(out, script.filter(|_| finish.is_some()));
         }
         if !self.chat {
             out.push_str(",\"prompt_token_ids\":");
@@ -206,7 +267,11 @@ impl Fmt {
         self.choices_left == 0
     }
 
-    pub(super) fn done(&self, out: &mut String, u: &TokenUsage) {
+    pub(super) fn done(&mut self, out: &mut String, u: &TokenUsage) {
+        if let Some(r) = self.responses.as_mut() {
+            r.done(out, u);
+            return;
+        }
         if self.include_usage {
             let (prompt, completion) = (u.prompt_tokens, u.completion_tokens);
             out.push_str("data: ");
@@ -240,7 +305,7 @@ mod tests {
             model: "m",
             return_token_ids: tids,
         };
-        let mut f = Fmt::new(&h, usage, true, vec![Arc::new(vec![1, 2, 3])]);
+        let mut f = Fmt::new(&h, usage, true, vec![Arc::new(vec![1, 2, 3])], None);
         let t = Tokenizer::Builtin;
         let mut out = String::new();
         f.tokens(&mut out, &t, 0, &[4], None);

@@ -9,12 +9,15 @@ pub(crate) mod api;
 pub(crate) mod auth;
 pub(crate) mod cache;
 pub(crate) mod conn;
+pub(crate) mod embed;
 pub(crate) mod emit;
 pub(crate) mod engine;
 pub(crate) mod exposition;
 pub(crate) mod faults;
 pub(crate) mod format;
+pub(crate) mod responses;
 pub(crate) mod sched;
+pub(crate) mod shape;
 pub(crate) mod tokenize;
 
 use anyhow::{bail, Context};
@@ -64,6 +67,8 @@ pub struct MockConfig {
     /// Minimum gap between two hand-overs of due events, in microseconds: events due within it
     /// go out together (less CPU per event), each at most this much late on the engine's side.
     pub coalesce_us: u64,
+    /// Dimension of `/v1/embeddings` vectors (at most 8,192; `dimensions` may ask fewer).
+    pub embedding_dim: u32,
     /// How long a connection waits for a request to arrive whole, or idle, before it is closed
     /// (library only: the CLI keeps the defaults, 30 s and 60 s).
     pub timeouts: ConnTimeouts,
@@ -93,6 +98,7 @@ impl Default for MockConfig {
             io_threads: 2,
             realtime: false,
             coalesce_us: 100,
+            embedding_dim: 1024,
             timeouts: ConnTimeouts::default(),
             api_key: None,
         }
@@ -128,6 +134,12 @@ impl MockConfig {
             // It bounds the mock's own lateness.
             ("--coalesce-us", self.coalesce_us as f64, 0.0, 1000.0),
             ("--eos-prob", self.eos_prob, 0.0, 1.0),
+            (
+                "MockConfig::embedding_dim",
+                self.embedding_dim.into(),
+                1.0,
+                embed::MAX_DIM.into(),
+            ),
             ("--request-overhead-ms", c.request_overhead_ms, 0.0, 60e3),
             ("--step-overhead-ms", c.step_overhead_ms, 0.0, 60e3),
             ("--prefill-token-ms", c.prefill_token_ms, 0.0, 60e3),
@@ -281,6 +293,8 @@ pub async fn start(
         max_model_len: cfg.max_model_len,
         per_request_metrics: cfg.enable_per_request_metrics,
         seed: cfg.seed,
+        eos_prob: cfg.eos_prob,
+        embedding_dim: cfg.embedding_dim,
         faults: cfg.faults.clone(),
         tokenizer,
         stats,

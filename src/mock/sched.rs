@@ -146,6 +146,9 @@ pub(crate) struct SeqIn {
     pub(crate) max_tokens: u32,
     pub(crate) min_tokens: u32,
     pub(crate) ignore_eos: bool,
+    /// A stop string ends the output after this many tokens (`finish_reason: "stop"`), when
+    /// that comes before its own end (the API finds it: `super::shape`).
+    pub(crate) stop_after: Option<u32>,
 }
 
 /// What the scheduler decided, in time order.
@@ -254,8 +257,7 @@ impl Scheduler {
     ) -> Vec<u64> {
         let mut keys = Vec::with_capacity(seqs.len());
         for (choice, q) in seqs.into_iter().enumerate() {
-            let out_seed =
-                self.cfg.seed ^ prompt_hash(&q.prompt) ^ (choice as u64).wrapping_mul(0x9E37_79B9);
+            let out_seed = out_seed(self.cfg.seed, &q.prompt, choice as u32);
             let (target, finish) = output_len(&q, out_seed, self.cfg.eos_prob);
             let key = self.next_seq;
             self.next_seq += 1;
@@ -533,6 +535,11 @@ fn emit_tokens(s: &mut Seq, n: u32, vocab: u32, at: Instant, out: &mut Vec<Engin
     last
 }
 
+/// The seed of choice `choice`'s output tokens for `prompt` (docs/mock.md, "Determinism").
+pub(crate) fn out_seed(seed: u64, prompt: &[u32], choice: u32) -> u64 {
+    seed ^ prompt_hash(prompt) ^ u64::from(choice).wrapping_mul(0x9E37_79B9)
+}
+
 /// xxh3 of the prompt's ids as little-endian bytes (the output tokens' seed).
 fn prompt_hash(prompt: &[u32]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -546,13 +553,23 @@ fn prompt_hash(prompt: &[u32]) -> u64 {
     h.digest()
 }
 
-fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
+/// Output token `i` of the choice whose seed is `out_seed`.
+pub(crate) fn token_id(out_seed: u64, i: u32, vocab: u32) -> u32 {
     (xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), out_seed) % u64::from(vocab.max(1)))
         as u32
 }
 
 /// Output length and finish reason for one sequence (see the module doc).
 pub(crate) fn output_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
+    let (len, finish) = natural_len(s, out_seed, eos_prob);
+    match s.stop_after {
+        Some(k) if (1..=len).contains(&k) => (k, Finish::Stop),
+        _ => (len, finish),
+    }
+}
+
+/// Output length and finish reason without stop strings.
+pub(crate) fn natural_len(s: &SeqIn, out_seed: u64, eos_prob: f64) -> (u32, Finish) {
     let max = s.max_tokens.max(1);
     if s.ignore_eos || eos_prob <= 0.0 || s.min_tokens >= max {
         return (max, Finish::Length);
@@ -631,10 +648,12 @@ pub(crate) mod tests {
             max_tokens: 50,
             min_tokens: 0,
             ignore_eos: true,
+            stop_after: None,
         };
         assert_eq!(output_len(&s, 1, 0.5), (50, Finish::Length));
         let s = SeqIn {
             ignore_eos: false,
+            stop_after: None,
             min_tokens: 10,
             ..s
         };
@@ -663,6 +682,7 @@ pub(crate) mod tests {
                 max_tokens: 16,
                 min_tokens: 0,
                 ignore_eos: true,
+                stop_after: None,
             };
             s.add(u64::from(i), t0, vec![q], &mut out);
         }

@@ -168,6 +168,10 @@ struct TypedCompletion {
     temperature: Option<f64>,
     stream_options: Option<Obj<TypedStreamOptions>>,
     return_token_ids: Option<bool>,
+    /// Fields that shape the mock's output: a body with any of them takes the general path.
+    stop: Option<serde::de::IgnoredAny>,
+    logprobs: Option<serde::de::IgnoredAny>,
+    response_format: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +189,9 @@ pub(crate) fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
         std::str::from_utf8(body).ok()?;
     }
     let Obj(t): Obj<TypedCompletion> = serde_json::from_slice(body).ok()?;
+    if t.stop.is_some() || t.logprobs.is_some() || t.response_format.is_some() {
+        return None;
+    }
     let info = RequestInfo {
         model: t.model,
         prompt: Some(Prompt::TokenIds(t.prompt)),
@@ -212,10 +219,12 @@ pub(crate) fn parse_completion_fast(body: &[u8]) -> Option<FastCompletion> {
 /// What one streamed chunk (or a whole non-streamed body) says.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChunkInfo {
-    /// `choices` is present and non-empty (vLLM's TTFT/ITL rule looks at exactly this).
+    /// `choices` is present and non-empty (vLLM's TTFT/ITL rule looks at exactly this), or the
+    /// message carries text otherwise (a responses text delta), or is a whole pooling or
+    /// responses answer.
     pub(crate) has_choices: bool,
     /// Tokens carried: the length of `token_ids` when the server sent them, else 1 per choice
-    /// with non-empty text/content (0 for a role-only or usage-only chunk).
+    /// with non-empty text/content or a tool-call delta (0 for a role-only or usage-only chunk).
     pub(crate) tokens: u32,
     /// The first choice's `finish_reason`, if set.
     pub(crate) finish_reason: Option<String>,
@@ -287,6 +296,10 @@ struct TypedChunk<'a> {
     #[serde(borrow)]
     delta: Option<Cow<'a, str>>,
     response: Option<Obj<TypedResponse>>,
+    /// A pooling answer's results (`/v1/embeddings`: `"object": "list"`).
+    data: Option<Vec<serde::de::IgnoredAny>>,
+    /// A whole `/v1/responses` answer's items (`"object": "response"`).
+    output: Option<Vec<serde::de::IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -314,6 +327,8 @@ struct TypedText<'a> {
     content: Option<Option<Cow<'a, str>>>,
     #[serde(borrow, default, deserialize_with = "present")]
     reasoning_content: Option<Option<Cow<'a, str>>>,
+    /// A streamed tool call's pieces (a delta with no text).
+    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
 }
 
 #[derive(Deserialize)]
@@ -396,12 +411,21 @@ fn typed_chunk(data: &[u8]) -> Option<ChunkInfo> {
         info.has_choices = true;
         info.tokens += u32::from(c.delta.is_some_and(|d| !d.is_empty()));
     }
+    let items = match c.object.as_deref() {
+        Some("list") => c.data,
+        Some("response") => c.output,
+        _ => None,
+    };
+    if items.is_some_and(|d| !d.is_empty()) {
+        info.has_choices = true;
+    }
     Some(info)
 }
 
 impl TypedChoice<'_> {
     /// `token_ids`' length, else 1 if the first present of `text`, `delta.content`,
-    /// `delta.reasoning_content`, `message.content` is a non-empty string.
+    /// `delta.reasoning_content`, `message.content` is a non-empty string, or `delta.tool_calls` is a
+    /// non-empty list.
     fn tokens(&self) -> u32 {
         if let Some(ids) = &self.token_ids {
             return ids.len() as u32;
@@ -413,7 +437,10 @@ impl TypedChoice<'_> {
             .or_else(|| delta.and_then(|d| d.content.as_ref()))
             .or_else(|| delta.and_then(|d| d.reasoning_content.as_ref()))
             .or_else(|| self.message.as_ref().and_then(|m| m.0.content.as_ref()));
-        u32::from(text.is_some_and(|t| t.as_deref().is_some_and(|t| !t.is_empty())))
+        let call = delta
+            .and_then(|d| d.tool_calls.as_ref())
+            .is_some_and(|c| !c.is_empty());
+        u32::from(text.is_some_and(|t| t.as_deref().is_some_and(|t| !t.is_empty())) || call)
     }
 }
 
@@ -469,7 +496,10 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
                 .or_else(|| c.get("delta").and_then(|d| d.get("content")))
                 .or_else(|| c.get("delta").and_then(|d| d.get("reasoning_content")))
                 .or_else(|| c.get("message").and_then(|d| d.get("content")));
-            if text.and_then(Value::as_str).is_some_and(|t| !t.is_empty()) {
+            let call = (c.get("delta").and_then(|d| d.get("tool_calls")))
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
+            if text.and_then(Value::as_str).is_some_and(|t| !t.is_empty()) || call {
                 info.tokens += 1;
             }
         }
@@ -481,6 +511,18 @@ fn parse_chunk_general(data: &[u8]) -> Result<ChunkInfo, String> {
                 .and_then(Value::as_str)
                 .is_some_and(|d| !d.is_empty()),
         );
+    }
+    // A pooling answer (embeddings) or a whole responses answer is its one content message.
+    let items = match obj.get("object").and_then(Value::as_str) {
+        Some("list") => obj.get("data"),
+        Some("response") => obj.get("output"),
+        _ => None,
+    };
+    if items
+        .and_then(Value::as_array)
+        .is_some_and(|d| !d.is_empty())
+    {
+        info.has_choices = true;
     }
     let usage = obj.get("usage").filter(|u| !u.is_null()).or_else(|| {
         obj.get("response")
@@ -996,6 +1038,19 @@ mod tests {
         assert_eq!(infos[0].usage, None);
         let body = br#"{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"Hello"}]}],"usage":{"input_tokens":7,"output_tokens":2}}"#;
         assert_eq!(parse_response_body(body).unwrap().usage, Some(usage));
+        // A whole responses answer, or an embeddings answer, is one content message.
+        let emb = br#"{"id":"embd-1","object":"list","data":[{"index":0,"object":"embedding","embedding":[0.5]}],"usage":{"prompt_tokens":3,"total_tokens":3}}"#;
+        for whole in [&body[..], &emb[..]] {
+            let typed = typed_chunk(whole).unwrap();
+            assert!(typed.has_choices);
+            assert_eq!(Ok(typed), parse_chunk_general(whole));
+        }
+        let call = br#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]},"finish_reason":null}]}"#;
+        let typed = typed_chunk(call).unwrap();
+        assert_eq!((typed.has_choices, typed.tokens), (true, 1));
+        assert_eq!(Ok(typed), parse_chunk_general(call));
+        let empty = br#"{"object":"list","data":[]}"#;
+        assert!(!parse_chunk(empty).unwrap().has_choices);
         let failed = br#"{"type":"response.failed","response":{"error":{"message":"boom"}}}"#;
         assert_eq!(parse_chunk(failed).unwrap().error.as_deref(), Some("boom"));
     }

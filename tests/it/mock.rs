@@ -1858,3 +1858,588 @@ async fn pipelined_stream_waits_for_an_unsent_response() {
     );
     h.shutdown().await;
 }
+
+// ---------- what vLLM serves besides plain text: responses, embeddings, tools, JSON, logprobs, stop
+
+/// `(event name, data)` of every event of an SSE body (`event:` line, then `data:` line).
+fn named_events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).unwrap();
+    text.split_terminator("\n\n")
+        .map(|ev| {
+            let (name, data) = ev.split_once('\n').unwrap_or_else(|| panic!("{ev}"));
+            let name = name
+                .strip_prefix("event: ")
+                .unwrap_or_else(|| panic!("{ev}"));
+            let data = data
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("{ev}"));
+            (name.to_string(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    k.sort_unstable();
+    k
+}
+
+async fn tokenize_count(addr: SocketAddr, body: Value) -> u64 {
+    post(addr, "/tokenize", body).await.json()["count"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn responses_stream_and_body_have_the_responses_api_shapes() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let req = json!({"model": "mock-llama", "input": "Tell me about caches", "instructions": "Be brief",
+        "max_output_tokens": 5, "ignore_eos": true, "stream": true});
+    let r = post(h.addr, "/v1/responses", req.clone()).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    assert!(!r.done(), "the Responses API sends no [DONE]");
+    let evs = named_events(&r.body);
+    let kinds: Vec<&str> = evs.iter().map(|(k, _)| k.as_str()).collect();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(["response.output_text.delta"; 5]);
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(kinds, want);
+    for (k, (kind, v)) in evs.iter().enumerate() {
+        assert_eq!(v["type"], *kind);
+        assert_eq!(v["sequence_number"], k as u64);
+    }
+    let delta = &evs[4].1;
+    assert_eq!(
+        keys(delta),
+        [
+            "content_index",
+            "delta",
+            "item_id",
+            "logprobs",
+            "output_index",
+            "sequence_number",
+            "type"
+        ]
+    );
+    assert!(delta["delta"].is_string());
+    let text: String = evs[4..9]
+        .iter()
+        .map(|(_, v)| v["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(evs[9].1["text"], text.as_str());
+    let done = &evs[12].1["response"];
+    assert_eq!(done["object"], "response");
+    assert_eq!(done["status"], "completed");
+    assert_eq!(done["output"][0]["type"], "message");
+    assert_eq!(done["output"][0]["content"][0]["text"], text.as_str());
+    // Input: the instructions and the input as a chat, counted as /tokenize counts that chat.
+    let msgs = json!([{"role": "system", "content": "Be brief"},
+        {"role": "user", "content": "Tell me about caches"}]);
+    let n = tokenize_count(h.addr, json!({"messages": msgs})).await;
+    let u = &done["usage"];
+    assert_eq!(
+        keys(u),
+        [
+            "input_tokens",
+            "input_tokens_details",
+            "output_tokens",
+            "output_tokens_details",
+            "total_tokens"
+        ]
+    );
+    assert_eq!(
+        (u["input_tokens"].as_u64(), u["output_tokens"].as_u64()),
+        (Some(n), Some(5))
+    );
+    assert_eq!(u["total_tokens"], n + 5);
+    // Not streamed: the same response object, whole, the same text (same seed and prompt).
+    let mut whole = req;
+    whole["stream"] = json!(false);
+    let b = post(h.addr, "/v1/responses", whole).await.json();
+    assert_eq!(shape(&b), shape(done), "{b}");
+    assert_eq!(b["output"][0]["content"][0]["text"], text.as_str());
+    assert_eq!(b["usage"], *u);
+    // Input as messages; JSON mode through text.format.
+    let j = post(
+        h.addr,
+        "/v1/responses",
+        json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        "text": {"format": {"type": "json_object"}}, "max_output_tokens": 9, "ignore_eos": true}),
+    )
+    .await
+    .json();
+    let t = j["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(t).unwrap().is_object(), "{t}");
+    assert_eq!(j["usage"]["output_tokens"], 9);
+    let bad = post(h.addr, "/v1/responses", json!({"input": 3})).await;
+    assert_eq!(bad.status, 400);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn embeddings_answer_as_vllm_and_refuse_counts_beyond_their_bounds() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let one = post(
+        h.addr,
+        "/v1/embeddings",
+        json!({"model": "mock-llama", "input": "hello world"}),
+    )
+    .await;
+    assert_eq!(one.status, 200);
+    let v = one.json();
+    assert_eq!(
+        keys(&v),
+        ["created", "data", "id", "model", "object", "usage"]
+    );
+    assert_eq!(v["object"], "list");
+    assert_eq!(keys(&v["data"][0]), ["embedding", "index", "object"]);
+    assert_eq!(v["data"][0]["object"], "embedding");
+    let e = v["data"][0]["embedding"].as_array().unwrap();
+    assert_eq!(e.len(), MockConfig::default().embedding_dim as usize);
+    let norm: f64 = e.iter().map(|x| x.as_f64().unwrap().powi(2)).sum();
+    assert!(
+        (norm - 1.0).abs() < 1e-4,
+        "unit vectors, as vLLM normalises them: {norm}"
+    );
+    let n = tokenize_count(h.addr, json!({"prompt": "hello world"})).await;
+    assert_eq!(v["usage"]["prompt_tokens"], n);
+    assert_eq!(v["usage"]["total_tokens"], n);
+    // A list: one vector per input, in order; the same input gives the same vector.
+    let list = post(
+        h.addr,
+        "/v1/embeddings",
+        json!({"input": ["hello world", "other", [5, 6, 7]], "dimensions": 8}),
+    )
+    .await
+    .json();
+    let data = list["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    assert_eq!(data[2]["index"], 2);
+    assert_eq!(data[0]["embedding"].as_array().unwrap().len(), 8);
+    assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    let again = post(
+        h.addr,
+        "/v1/embeddings",
+        json!({"input": ["hello world"], "dimensions": 8}),
+    )
+    .await
+    .json();
+    assert_eq!(again["data"][0]["embedding"], data[0]["embedding"]);
+    assert_eq!(
+        list["usage"]["prompt_tokens"],
+        n + tokenize_count(h.addr, json!({"prompt": "other"})).await + 3
+    );
+    // Bounded: the count and the dimension are refused before anything is made for them.
+    let many = vec!["x"; 100_000];
+    for (body, field) in [
+        (json!({"input": many}), "input"),
+        (json!({"input": "x", "dimensions": 1 << 30}), "dimensions"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+    ] {
+        let r = post(h.addr, "/v1/embeddings", body).await;
+        assert_eq!(r.status, 400, "{field}");
+        assert_eq!(r.json()["error"]["param"], field);
+    }
+    assert_eq!(
+        post(
+            h.addr,
+            "/v1/embeddings",
+            json!({"model": "other", "input": "x"})
+        )
+        .await
+        .status,
+        404
+    );
+    assert_eq!(
+        send(h.addr, "GET", "/v1/embeddings", "", &[]).await.status,
+        405
+    );
+    h.shutdown().await;
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}])
+}
+
+#[tokio::test]
+async fn tool_calls_come_in_vllm_shape_streamed_and_whole() {
+    let h = start(fixed(1.0, 1.0)).await;
+    let req = json!({"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": weather_tools(),
+        "max_tokens": 20, "ignore_eos": true});
+    let b = post(h.addr, "/v1/chat/completions", req.clone())
+        .await
+        .json();
+    let c = &b["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls");
+    let m = &c["message"];
+    assert!(m["content"].is_null());
+    let call = &m["tool_calls"][0];
+    assert_eq!(keys(call), ["function", "id", "type"]);
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+    assert_eq!(keys(&call["function"]), ["arguments", "name"]);
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(keys(&args), ["city", "unit"], "the schema's properties");
+    assert_eq!(b["usage"]["completion_tokens"], 20);
+    // Streamed: the role chunk, then tool-call deltas as vLLM sends them.
+    let mut s = req.clone();
+    s["stream"] = json!(true);
+    s["stream_options"] = json!({"include_usage": true});
+    let r = post(h.addr, "/v1/chat/completions", s).await;
+    assert!(r.done());
+    let ch = r.chunks();
+    assert_eq!(
+        ch[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let first = &ch[1]["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(keys(first), ["function", "id", "index", "type"]);
+    assert_eq!(keys(&first["function"]), ["arguments", "name"]);
+    assert_eq!(first["function"]["name"], "get_weather");
+    let later = &ch[2]["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(keys(later), ["function", "index"]);
+    assert_eq!(keys(&later["function"]), ["arguments"]);
+    let deltas: Vec<&Value> = ch
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .collect();
+    assert_eq!(deltas.len(), 20);
+    let args: String = deltas
+        .iter()
+        .map(|c| {
+            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        args,
+        call["function"]["arguments"].as_str().unwrap(),
+        "same seed, same call"
+    );
+    assert_eq!(deltas[19]["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(ch.last().unwrap()["usage"]["completion_tokens"], 20);
+    // tool_choice "none": plain text; a named function must be among the tools.
+    let mut none = req.clone();
+    none["tool_choice"] = json!("none");
+    let b = post(h.addr, "/v1/chat/completions", none).await.json();
+    assert_eq!(b["choices"][0]["message"]["tool_calls"], json!([]));
+    assert!(b["choices"][0]["message"]["content"].is_string());
+    let mut named = req;
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "nope"}});
+    let r = post(h.addr, "/v1/chat/completions", named).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("tool_choice"))
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn json_mode_gives_valid_json_at_any_length() {
+    let h = start(fixed(0.0, 0.0)).await;
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+        "properties": {"answer": {"type": "string"}, "why": {"type": "string"}}}}});
+    for (k, max) in [1u32, 2, 3, 9, 33].into_iter().enumerate() {
+        let rf = if k % 2 == 0 {
+            json!({"type": "json_object"})
+        } else {
+            schema.clone()
+        };
+        let chat = json!({"messages": [{"role": "user", "content": "json please"}], "response_format": rf,
+            "max_tokens": max, "ignore_eos": true});
+        let b = post(h.addr, "/v1/chat/completions", chat.clone())
+            .await
+            .json();
+        let t = b["choices"][0]["message"]["content"].as_str().unwrap();
+        let v: Value = serde_json::from_str(t).unwrap_or_else(|e| panic!("{max} tokens: {e}: {t}"));
+        assert!(v.is_object());
+        assert_eq!(
+            b["usage"]["completion_tokens"], max,
+            "the length budget is kept"
+        );
+        let mut s = chat;
+        s["stream"] = json!(true);
+        let joined: String = post(h.addr, "/v1/chat/completions", s)
+            .await
+            .chunks()
+            .iter()
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect();
+        assert_eq!(joined, t, "{max} tokens streamed");
+        // Completions with a token-id prompt too (not the typed fast path).
+        let c = post(
+            h.addr,
+            "/v1/completions",
+            json!({"prompt": [5, 6, 7], "response_format": rf_clone(k, &schema),
+            "max_tokens": max, "ignore_eos": true}),
+        )
+        .await
+        .json();
+        serde_json::from_str::<Value>(c["choices"][0]["text"].as_str().unwrap()).unwrap();
+    }
+    // Cut by its own end (EOS) as well: valid JSON whatever ended it.
+    let b = post(
+        h.addr,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_object"}, "max_tokens": 4000}),
+    )
+    .await
+    .json();
+    serde_json::from_str::<Value>(b["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    h.shutdown().await;
+}
+
+fn rf_clone(k: usize, schema: &Value) -> Value {
+    if k % 2 == 0 {
+        json!({"type": "json_object"})
+    } else {
+        schema.clone()
+    }
+}
+
+#[tokio::test]
+async fn logprobs_come_in_vllm_shapes() {
+    let h = start(fixed(0.0, 0.0)).await;
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 2,
+        "max_tokens": 6, "ignore_eos": true});
+    let b = post(h.addr, "/v1/chat/completions", chat.clone())
+        .await
+        .json();
+    let lp = &b["choices"][0]["logprobs"];
+    let content = lp["content"].as_array().unwrap();
+    assert_eq!(content.len(), 6);
+    assert_eq!(
+        keys(&content[0]),
+        ["bytes", "logprob", "token", "top_logprobs"]
+    );
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        keys(&content[0]["top_logprobs"][0]),
+        ["bytes", "logprob", "token"]
+    );
+    let joined: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        joined,
+        b["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let mut s = chat;
+    s["stream"] = json!(true);
+    let ch = post(h.addr, "/v1/chat/completions", s).await.chunks();
+    let streamed: Vec<&Value> = ch[1..]
+        .iter()
+        .map(|c| &c["choices"][0]["logprobs"]["content"][0])
+        .collect();
+    assert_eq!(streamed.len(), 6);
+    assert_eq!(*streamed[3], content[3]);
+    // Completions: logprobs N.
+    let c = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt": "hello", "logprobs": 3, "max_tokens": 4, "ignore_eos": true}),
+    )
+    .await
+    .json();
+    let lp = &c["choices"][0]["logprobs"];
+    assert_eq!(
+        keys(lp),
+        ["text_offset", "token_logprobs", "tokens", "top_logprobs"]
+    );
+    for k in ["text_offset", "token_logprobs", "tokens", "top_logprobs"] {
+        assert_eq!(lp[k].as_array().unwrap().len(), 4, "{k}");
+    }
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3);
+    let joined: String = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(joined, c["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(lp["text_offset"][0], 0);
+    let r = post(
+        h.addr,
+        "/v1/completions",
+        json!({"prompt": "x", "logprobs": 99}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("logprobs"))
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn stop_strings_cut_the_output_as_vllm_does() {
+    let h = start(fixed(0.0, 0.0)).await;
+    let base = json!({"prompt": [9, 8, 7], "max_tokens": 30, "ignore_eos": true});
+    let full = post(h.addr, "/v1/completions", base.clone()).await.json();
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    // The output's 6th token (" word") as the stop string: the text ends where it first
+    // appears, the tokens with the one that completes it.
+    let words: Vec<String> = text.split(' ').skip(1).map(|w| format!(" {w}")).collect();
+    assert_eq!(words.len(), 30);
+    let stop = words[5].clone();
+    let at = text.find(&stop).unwrap();
+    let mut end = 0;
+    let tokens_to = 1 + words
+        .iter()
+        .take_while(|w| {
+            end += w.len();
+            end < at + stop.len()
+        })
+        .count() as u64;
+    let mut req = base;
+    req["stop"] = json!(["never-there", stop]);
+    let b = post(h.addr, "/v1/completions", req.clone()).await.json();
+    let c = &b["choices"][0];
+    assert_eq!(c["text"], &text[..at]);
+    assert_eq!(c["finish_reason"], "stop");
+    assert_eq!(c["stop_reason"], stop.as_str());
+    assert_eq!(
+        b["usage"]["completion_tokens"], tokens_to,
+        "the token that completed the stop string counts"
+    );
+    req["stream"] = json!(true);
+    req["stream_options"] = json!({"include_usage": true});
+    let ch = post(h.addr, "/v1/completions", req).await.chunks();
+    let joined: String = ch
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, &text[..at]);
+    let last = &ch[ch.len() - 2]["choices"][0];
+    assert_eq!(
+        (last["finish_reason"].clone(), last["stop_reason"].clone()),
+        (json!("stop"), json!(stop))
+    );
+    assert_eq!(ch.last().unwrap()["usage"]["completion_tokens"], tokens_to);
+    // Chat too.
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "ignore_eos": true});
+    let t = post(h.addr, "/v1/chat/completions", chat.clone())
+        .await
+        .json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = format!(" {}", t.split(' ').nth(3).unwrap());
+    let mut s = chat;
+    s["stop"] = json!(w);
+    let b = post(h.addr, "/v1/chat/completions", s).await.json();
+    assert_eq!(
+        b["choices"][0]["message"]["content"],
+        &t[..t.find(&w).unwrap()]
+    );
+    assert_eq!(b["choices"][0]["finish_reason"], "stop");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_responses_embeddings_tools_and_json_replay_against_the_embedded_mock() {
+    use retrace::record::{Bodies, RecordConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let up = start(fixed(5.0, 1.0)).await;
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().join("rec")).unwrap();
+    cfg.bodies = Bodies::Request;
+    cfg.flush_every = Duration::from_millis(100);
+    let rec = support::spawn_recorder(cfg).await;
+    let user = |t: &str| json!([{"role": "user", "content": t}]);
+    let traffic = [
+        (
+            "/v1/responses",
+            json!({"input": "stream me", "max_output_tokens": 6, "stream": true}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": user("whole"), "instructions": "terse", "max_output_tokens": 4}),
+        ),
+        ("/v1/embeddings", json!({"input": "embed this"})),
+        (
+            "/v1/embeddings",
+            json!({"input": ["a", "b c"], "encoding_format": "base64"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user("weather?"), "tools": weather_tools(), "max_tokens": 12, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user("json"), "response_format": {"type": "json_object"}, "max_tokens": 7}),
+        ),
+    ];
+    for (path, body) in &traffic {
+        let r = send(rec.addr, "POST", path, &body.to_string(), &[]).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    support::stop_recorder(rec.stop, rec.task).await;
+    up.shutdown().await;
+    let (path, trace) = crate::real_traffic::read_trace(&dir.path().join("rec"));
+    let work: Vec<_> = trace.requests.iter().filter(|r| r.is_workload()).collect();
+    assert_eq!(work.len(), traffic.len());
+    assert!(
+        work.iter().all(|r| r.recorded_failure().is_none()),
+        "{work:?}"
+    );
+    // Replayed against the embedded default target (no --target).
+    let result = dir.path().join("replay.json");
+    let args = [
+        path.to_str().unwrap(),
+        "--detailed",
+        "--result-json",
+        result.to_str().unwrap(),
+    ];
+    let out = tokio::time::timeout(
+        support::CHILD_LIMIT,
+        retrace::replay::replay(support::replay_cfg(&args)),
+    )
+    .await
+    .expect("replay ends")
+    .unwrap();
+    let r = &out.result;
+    assert_eq!(
+        (r["completed"].clone(), r["failed"].clone()),
+        (json!(6), json!(0)),
+        "{:?}",
+        out.summary.errors
+    );
+    let lens = |k: &str| -> Vec<u64> { serde_json::from_value(r[k].clone()).unwrap() };
+    let want_in: Vec<u64> = work.iter().map(|q| q.input_tokens).collect();
+    let want_out: Vec<u64> = work.iter().map(|q| q.output_tokens).collect();
+    assert_eq!(lens("input_lens"), want_in);
+    assert_eq!(lens("output_lens"), want_out);
+}
