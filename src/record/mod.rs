@@ -333,10 +333,7 @@ fn trace_header_and_extractor(
         "bodies".into(),
         format!("{:?}", cfg.bodies).to_ascii_lowercase(),
     );
-    meta.insert(
-        "record_order".into(),
-        "completion order; sorted by arrival within each frame".into(),
-    );
+    meta.insert("record_order".into(), crate::trace::COMPLETION_ORDER.into());
     let header = crate::trace::TraceHeader {
         block_size: cfg.block_size,
         hash_scheme: hasher.scheme(),
