@@ -139,7 +139,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn signed(v: Option<f64>) -> String {
     match v {
-        Some(v) if v == 0.0 => "0".into(),
+        Some(0.0) => "0".into(),
         Some(v) if v > 0.0 => format!("+{}", num(v)),
         Some(v) => num(v),
         None => "-".into(),
@@ -148,7 +148,7 @@ fn signed(v: Option<f64>) -> String {
 
 fn pct(v: Option<f64>) -> String {
     match v {
-        Some(v) if v == 0.0 => "0%".into(),
+        Some(0.0) => "0%".into(),
         Some(v) => format!("{:+.1}%", v * 100.0),
         None => "-".into(),
     }
