@@ -25,6 +25,7 @@ impl InputFormat {
         ImportOptions {
             format: self.from,
             skip_bad,
+            offer_skip_bad: true,
             block_size: self.trace_block_size,
         }
     }

@@ -51,6 +51,7 @@ impl InspectArgs {
             import: ImportOptions {
                 format: self.from,
                 skip_bad: self.skip_bad,
+                offer_skip_bad: true,
                 block_size: self.trace_block_size,
             },
             json: self.json,

@@ -47,7 +47,7 @@ pub fn run(args: &ConvertOptions) -> Result<String> {
     }
     let input_name = crate::trace::fleet::names(&args.inputs);
     let mut input = crate::trace::fleet::open_all(&args.inputs, &args.import)?;
-    let rows_in = input.report.rows;
+    let read = input.report.read_summary();
     let mut filters = filter::Filtering::new(&args.filters).map_err(anyhow::Error::msg)?;
     let reblock = match args.block_size {
         Some(bs) => {
@@ -60,7 +60,6 @@ pub fn run(args: &ConvertOptions) -> Result<String> {
     };
     let to = out_format(args.to, &args.output);
     let out_name = args.output.display().to_string();
-    let skipped = input.report.skipped;
     let header = input.header.clone();
     let mut left = LeftOut::default();
     let mooncake = to == OutFormat::Mooncake;
@@ -84,12 +83,7 @@ pub fn run(args: &ConvertOptions) -> Result<String> {
     });
     let written = write_records(header, records, &args.output, to, args.level, &input_name)?;
     Ok(format!(
-        "{}: {} rows read ({} skipped), {} written to {}{}",
-        input_name,
-        rows_in,
-        skipped,
-        written,
-        out_name,
+        "{input_name}: {read}, {written} written to {out_name}{}",
         left.summary()
     ))
 }

@@ -61,7 +61,8 @@ pub fn run(opts: &InspectOptions) -> Result<String> {
     if rep.skipped > 0 {
         writeln!(s, "skipped {} malformed rows", rep.skipped)?;
     }
-    if rep.reordered > 0 {
+    // A recording is written in completion order: records out of arrival order are expected.
+    if rep.reordered > 0 && !header.in_completion_order() {
         writeln!(s, "{} rows were out of time order (sorted)", rep.reordered)?;
     }
     if let Some(d) = &rep.damage {
@@ -183,4 +184,64 @@ pub(crate) fn render(st: &TraceStats) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::native::{TraceWriter, WriteOptions};
+    use crate::trace::{Request, TraceHeader};
+
+    /// Two frames, the second's record arriving before the first's, under `header`.
+    fn two_frames_out_of_order(path: &std::path::Path, header: &TraceHeader) {
+        let f = std::fs::File::create(path).unwrap();
+        let mut w = TraceWriter::new(f, header, WriteOptions::default()).unwrap();
+        for at in [2_000_000, 1_000_000] {
+            let r = Request {
+                arrival_us: at,
+                input_tokens: 10,
+                output_tokens: 2,
+                hash_ids: vec![at],
+                ..Default::default()
+            };
+            w.push(&r).unwrap();
+            w.flush_frame().unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    fn inspect(path: &std::path::Path) -> String {
+        run(&InspectOptions {
+            files: vec![path.to_path_buf()],
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    /// A recording is written in completion order, so records out of arrival order are expected
+    /// and not called a problem; another trace out of order still says it was sorted.
+    #[test]
+    fn records_out_of_order_are_named_only_when_not_a_recording() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut header = TraceHeader::imported(16, true, "record --upstream http://u");
+        header
+            .meta
+            .insert("record_order".into(), crate::trace::COMPLETION_ORDER.into());
+        let rec = dir.path().join("rec.trace.zst");
+        two_frames_out_of_order(&rec, &header);
+        let said = inspect(&rec);
+        let requests = |s: &str| {
+            s.lines()
+                .any(|l| l.split_whitespace().eq(["requests", "2"]))
+        };
+        assert!(requests(&said), "{said}");
+        assert!(!said.contains("out of time order"), "{said}");
+        let other = dir.path().join("other.trace.zst");
+        two_frames_out_of_order(&other, &TraceHeader::imported(16, true, "t"));
+        let said = inspect(&other);
+        assert!(
+            said.contains("1 rows were out of time order (sorted)"),
+            "{said}"
+        );
+    }
 }

@@ -118,3 +118,46 @@ pub(crate) fn connector(o: &UpstreamOptions) -> anyhow::Result<Connector> {
     };
     Ok(Connector { http, tls })
 }
+
+/// How long the start-up probe of the upstream waits for its TCP connection.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why the upstream at `uri` takes no TCP connection within `timeout` (its name resolved
+/// within it too), or `None` when it takes one (closed at once; nothing is sent).
+pub(crate) async fn unreachable(uri: &Uri, timeout: Duration) -> Option<String> {
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let https = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let connect = tokio::net::TcpStream::connect((host, port));
+    match tokio::time::timeout(timeout, connect).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("connecting to {host}:{port}: {e}")),
+        Err(_) => Some(format!(
+            "connecting to {host}:{port}: no answer within {} s",
+            timeout.as_secs()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listening upstream answers the probe; a closed port is named with the error.
+    #[tokio::test]
+    async fn the_probe_tells_a_listening_upstream_from_a_closed_port() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open: Uri = format!("http://{}", l.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        assert_eq!(unreachable(&open, PROBE_TIMEOUT).await, None);
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let closed: Uri = format!("http://127.0.0.1:{port}/v1").parse().unwrap();
+        let why = unreachable(&closed, PROBE_TIMEOUT).await.unwrap();
+        assert!(
+            why.starts_with(&format!("connecting to 127.0.0.1:{port}: ")),
+            "{why}"
+        );
+    }
+}

@@ -58,6 +58,8 @@ pub struct Config {
     pub(crate) sessions: bool,
     /// `--skip-bad`: malformed trace rows are skipped and counted.
     pub(crate) skip_bad: bool,
+    /// The command has `--skip-bad` (replay does, capacity does not): errors name it.
+    pub(crate) offer_skip_bad: bool,
     /// `--scrape-metrics`: `Some(None)` = the target's /metrics, `Some(Some(url))` = that URL.
     pub(crate) scrape_metrics: Option<Option<String>>,
     /// `--server-block-size`, tokens.

@@ -289,6 +289,15 @@ pub(crate) fn probes_section(v: &serde_json::Value) -> String {
     out
 }
 
+/// Our instant peak, told apart from vLLM's per-second one printed above it.
+fn peak_rows(out: &mut String, peak_in_flight: u64) {
+    row(out, "Peak requests in flight (instant):", peak_in_flight);
+    let _ = writeln!(
+        out,
+        "  (sent, not yet ended, at one instant, failures included; vLLM's \"Peak concurrent\n   requests\" above counts the successes active at any time in the busiest whole second)"
+    );
+}
+
 /// Our sections, after vLLM's block; `first_errors`: the first distinct failure messages.
 pub(crate) fn extra_sections(
     sum: &Summary,
@@ -313,7 +322,7 @@ pub(crate) fn extra_sections(
     for e in first_errors {
         let _ = writeln!(out, "  {} ({}): {}", e.kind, e.count, e.message);
     }
-    row(&mut out, "Peak requests in flight:", sum.peak_in_flight);
+    peak_rows(&mut out, sum.peak_in_flight);
     if sum.scalars_from_histogram {
         let _ = writeln!(
             out,
@@ -421,6 +430,21 @@ pub(crate) fn extra_sections(
 mod tests {
     use super::*;
     use crate::metrics::{summarize, Sample};
+
+    /// Our instant peak is labelled as such and told apart from vLLM's per-second peak.
+    #[test]
+    fn the_two_peaks_are_told_apart() {
+        let mut sum = summarize(&[Sample::default()], 1.0, &[99.0]);
+        sum.peak_in_flight = 7;
+        let ours = extra_sections(&sum, None, &[], 0);
+        let row = ours
+            .lines()
+            .find(|l| l.starts_with("Peak requests in flight (instant):"))
+            .unwrap_or_else(|| panic!("{ours}"));
+        assert!(row.ends_with(" 7"), "{row}");
+        assert!(ours.contains("at one instant, failures included"), "{ours}");
+        assert!(ours.contains("busiest whole second"), "{ours}");
+    }
 
     /// A summary past the request bound says its statistics are from running aggregates.
     #[test]

@@ -36,7 +36,7 @@ use crate::replay::plan::turns::Links;
 use crate::sys::signal::Signal;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -124,6 +124,9 @@ pub(crate) struct DriveOptions {
     pub(crate) t0: Option<Instant>,
     /// Set when a signal halts the run.
     pub(crate) halt: Arc<Halt>,
+    /// Counts each request as it leaves for the target, past its concurrency slot (the
+    /// progress line's requests in flight).
+    pub(crate) sent: Option<Arc<AtomicU64>>,
 }
 
 /// A released request's task, not yet spawned.
@@ -319,6 +322,8 @@ struct Release {
     halt: Arc<Halt>,
     /// Turns true [`HALT_GRACE`] after a halt: the requests still in flight are cut.
     cut: watch::Receiver<bool>,
+    /// Counts the requests sent ([`DriveOptions::sent`]).
+    sent: Option<Arc<AtomicU64>>,
 }
 
 impl Release {
@@ -335,6 +340,7 @@ impl Release {
         };
         let (client, sem, t0) = (self.client.clone(), self.sem.clone(), self.t0);
         let (halt, cut_rx) = (self.halt.clone(), self.cut.clone());
+        let sent = self.sent.clone();
         let mut next = self.links.as_ref().and_then(|l| {
             l.succ[slot].map(|s| Handover {
                 tx: self.dep_tx.clone(),
@@ -379,6 +385,9 @@ impl Release {
             let s = if pre.is_none() && halt.is_halted() {
                 interrupted(tokens, times, t0, "not sent")
             } else {
+                if let Some(n) = &sent {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
                 tokio::select! {
                     biased;
                     s = client.send(&body.req, times, t0, pre) => s,
@@ -445,6 +454,7 @@ pub(crate) async fn drive(
                 t0,
                 halt: halt.clone(),
                 cut: cut_rx,
+                sent: opts.sent,
             };
             while released < n && !halt.is_halted() {
                 while let Ok((at, slot)) = dep_rx.try_recv() {

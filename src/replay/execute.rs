@@ -110,25 +110,24 @@ pub(super) async fn drive(
     collected: &mut collect::Collect,
     halt: Arc<driver::Halt>,
 ) -> Result<f64, String> {
-    let bar = progress_bar(cfg, p.planned);
+    let live = cfg.progress.then(|| Arc::new(progress::Live::default()));
+    let last_send = Duration::from_nanos(p.span_ns);
+    let bar = (live.clone()).map(|l| progress::bar(p.planned, t0, last_send, l));
     let opts = driver::DriveOptions {
         max_concurrency: cfg.max_concurrency,
         links: p.links.clone(),
         t0: Some(t0),
         halt: halt.clone(),
+        sent: live.as_ref().map(|l| l.sent.clone()),
     };
-    let mut failed = 0u64;
     let driven = driver::drive(
         p.planned,
         p.bodies.clone(),
         p.client.clone(),
         opts,
         |_, tag, s| {
-            if let Some(pb) = &bar {
-                if !s.ok() {
-                    failed += 1;
-                    pb.set_message(format!("({failed} failed)"));
-                }
+            if let (Some(pb), Some(l)) = (&bar, &live) {
+                l.ended(s.ok());
                 pb.inc(1);
             }
             if collected.add(tag, s) {
@@ -141,20 +140,6 @@ pub(super) async fn drive(
         pb.finish_and_clear();
     }
     Ok(driven?.duration_s)
-}
-
-pub(super) fn progress_bar(cfg: &Config, n: usize) -> Option<indicatif::ProgressBar> {
-    if !cfg.progress {
-        return None;
-    }
-    let pb = indicatif::ProgressBar::new(n as u64);
-    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}",
-    ) {
-        pb.set_style(style);
-    }
-    Some(pb)
 }
 
 /// `--scrape-metrics`: `url`, else the target's own `/metrics` (with the target's headers); the

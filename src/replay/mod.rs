@@ -24,6 +24,7 @@ pub mod http;
 pub(crate) mod outcome;
 pub mod plan;
 pub(crate) mod probe;
+pub(crate) mod progress;
 pub(crate) mod scrape;
 pub(crate) mod step;
 

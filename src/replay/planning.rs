@@ -99,6 +99,7 @@ pub(super) fn read_options(cfg: &Config) -> ImportOptions {
     ImportOptions {
         block_size: cfg.block_size,
         skip_bad: cfg.skip_bad,
+        offer_skip_bad: cfg.offer_skip_bad,
         ..Default::default()
     }
 }
@@ -111,11 +112,12 @@ pub fn planning(cfg: &Config, embedded: bool) -> anyhow::Result<Planning> {
     let malformed = input.report.skipped;
     if malformed > 0 {
         let first = (input.report.bad.first()).map_or(String::new(), |(line, why)| {
-            format!(" (the first at line {line}: {why})")
+            format!("; the first at line {line}: {why}")
         });
         eprintln!(
-            "retrace: {}: skipped {malformed} malformed rows (--skip-bad){first}",
-            cfg.trace_name()
+            "retrace: {}: {} with --skip-bad{first}",
+            cfg.trace_name(),
+            input.report.read_summary()
         );
     }
     let block_size = cfg.block_size.unwrap_or(input.header.block_size).max(1);

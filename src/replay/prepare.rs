@@ -25,6 +25,8 @@ pub struct Prepared {
     pub(super) client: Arc<http::client::Client>,
     /// Planned sends.
     pub(super) planned: usize,
+    /// The last planned send's offset from t0, ns (`--speed` applied).
+    pub(super) span_ns: u64,
     pub(super) links: Option<plan::turns::Links>,
     /// The body builder's window (bodies are built during the run, ahead of the clock).
     pub(super) bodies: Arc<plan::body::Window>,
@@ -230,6 +232,7 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
         embedded,
         client,
         planned: survey.planned,
+        span_ns: survey.span_ns,
         links,
         bodies,
         measured: survey.measured,

@@ -82,6 +82,11 @@ pub struct MetricRow {
     pub verdict: Verdict,
     /// A value came from a histogram (bucket precision), not exact samples or the file's key.
     pub approx: bool,
+    /// What a relative `--min-effect` is a fraction of: the baseline, or for a part of TTFT
+    /// (server queue, server TTFT, unattributed time) the baseline's TTFT, the whole it is
+    /// part of.
+    #[serde(skip)]
+    pub effect_base: Option<f64>,
 }
 
 /// Paired per-request TTFT comparison (same trace replayed by both runs).
@@ -174,7 +179,8 @@ fn settle(row: &mut MetricRow, min_effect: MinEffect) {
         row.ci = Some((lo.min(d), hi.max(d)));
         row.significant = judge(row.ci, row.abs_change, row.noise);
     }
-    if row.significant == Some(true) && min_effect.too_small(d, row.baseline) {
+    let base = row.effect_base.or(row.baseline);
+    if row.significant == Some(true) && min_effect.too_small(d, base) {
         row.significant = Some(false);
     }
     row.verdict = verdict(row.better, row.abs_change, row.significant);
@@ -401,6 +407,15 @@ fn judge(ci: Option<(f64, f64)>, abs: Option<f64>, noise: Option<f64>) -> Option
     }
 }
 
+/// A difference of two numbers of magnitude `scale` as 0 when it is float rounding (within
+/// 10^-9 of `scale`): two equal statistics computed apart differ by about 10^-14.
+fn denoise(d: f64, scale: f64) -> f64 {
+    match d.abs() <= 1e-9 * scale {
+        true => 0.0,
+        false => d,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn make_row(
     key: String,
@@ -414,9 +429,11 @@ fn make_row(
     approx: bool,
 ) -> MetricRow {
     let abs = match (b, c) {
-        (Some(b), Some(c)) => Some(c - b),
+        (Some(b), Some(c)) => Some(denoise(c - b, b.abs().max(c.abs()))),
         _ => None,
     };
+    let scale = b.unwrap_or(0.0).abs().max(c.unwrap_or(0.0).abs());
+    let ci = ci.map(|(lo, hi)| (denoise(lo, scale), denoise(hi, scale)));
     let rel = match (b, abs) {
         (Some(b), Some(d)) if b != 0.0 => Some(d / b),
         _ => None,
@@ -436,6 +453,7 @@ fn make_row(
         significant,
         verdict: verdict(better, abs, significant),
         approx,
+        effect_base: None,
     }
 }
 
@@ -498,6 +516,7 @@ fn latency_rows(
     opts: &Settings,
 ) -> Option<String> {
     let mut thin: Vec<&'static str> = Vec::new();
+    let ttft_base = points(base, Metric::Ttft);
     for (mi, m) in Metric::ALL.into_iter().enumerate() {
         let db = base.dist(m);
         let dc = cand.dist(m);
@@ -511,6 +530,8 @@ fn latency_rows(
             }
         }
         let (ptb, ptc) = (points(base, m), points(cand, m));
+        // A part of TTFT is small beside it: its change counts against the TTFT's size.
+        let whole = m.part_of_ttft().then_some(&ttft_base);
         let ptn: Vec<_> = noise.iter().map(|n| points(n, m)).collect();
         for (si, stat) in Stat::ALL.into_iter().enumerate() {
             let (pb, pc) = (ptb[si], ptc[si]);
@@ -528,7 +549,7 @@ fn latency_rows(
             if !enough && cis.is_some() && !thin.contains(&stat.key()) {
                 thin.push(stat.key());
             }
-            rows.push(make_row(
+            let mut row = make_row(
                 format!("{}_{}_ms", stat.key(), m.key()),
                 format!("{} {}", stat.key(), m.label()),
                 "ms",
@@ -538,7 +559,9 @@ fn latency_rows(
                 cis.filter(|_| enough).map(|c| c[si]),
                 nz,
                 approx,
-            ));
+            );
+            row.effect_base = whole.and_then(|w| w[si]).map(|p| p.0);
+            rows.push(row);
         }
     }
     (!thin.is_empty()).then(|| {
@@ -754,6 +777,72 @@ pub(crate) mod tests {
         resamples: usize,
     ) -> Comparison {
         compare(b, c, noise, &strict(seed, resamples))
+    }
+
+    /// `synth_run` with each TTFT split into a server queue of half of it, `unattributed_ms` of
+    /// unattributed server time and the rest server TTFT.
+    fn split_run(seed: u64, unattributed_ms: f64) -> Run {
+        let mut run = synth_run(400, 50.0, seed);
+        let r = run.requests.as_mut().unwrap();
+        for i in 0..r.ttft_s.len() {
+            let t = r.ttft_s[i].unwrap();
+            r.server_queue_s[i] = Some(t / 2.0);
+            r.server_ttft_s[i] = Some(t / 2.0 - unattributed_ms / 1e3);
+        }
+        run
+    }
+
+    /// A part of TTFT changes only by at least `--min-effect` of the TTFT: +0.26 ms of
+    /// unattributed server time beside a 50 ms TTFT (26 % of the part, 0.5 % of the whole) is
+    /// no change, however narrow its interval; +5 ms is worse.
+    #[test]
+    fn a_tiny_change_of_a_part_of_ttft_is_not_worse() {
+        let settings = Settings::default();
+        let b = split_run(1, 1.0);
+        let tiny = compare(&b, &split_run(1, 1.26), &[], &settings);
+        let row = tiny.row("mean_unattributed_ms").unwrap();
+        assert!((row.abs_change.unwrap() - 0.26).abs() < 1e-6, "{row:?}");
+        assert!(row.rel_change.unwrap() > 0.25, "{row:?}");
+        assert!(row.ci.unwrap().0 > 0.0, "{row:?}");
+        assert_eq!(row.significant, Some(false), "{row:?}");
+        assert_eq!(row.verdict, Verdict::Same, "{row:?}");
+        let worse = tiny.rows.iter().filter(|r| r.verdict == Verdict::Worse);
+        assert_eq!(worse.count(), 0, "{:?}", tiny.rows);
+        let big = compare(&b, &split_run(1, 6.0), &[], &settings);
+        let row = big.row("mean_unattributed_ms").unwrap();
+        assert_eq!(row.verdict, Verdict::Worse, "{row:?}");
+    }
+
+    /// Two equal statistics computed apart differ by float rounding (1e-14): the change is 0,
+    /// printed `0`, not `+2.84e-14`.
+    #[test]
+    fn float_noise_is_no_change() {
+        let row = make_row(
+            "mean_ttft_ms".into(),
+            "mean TTFT".into(),
+            "ms",
+            Better::Lower,
+            Some(0.1 + 0.2),
+            Some(0.3),
+            Some((-2.8e-14, 5.6e-14)),
+            None,
+            false,
+        );
+        assert_eq!(row.abs_change, Some(0.0));
+        assert_eq!(row.rel_change, Some(0.0));
+        assert_eq!(row.ci, Some((0.0, 0.0)));
+        let real = make_row(
+            "mean_ttft_ms".into(),
+            "mean TTFT".into(),
+            "ms",
+            Better::Lower,
+            Some(0.3),
+            Some(0.3 + 1e-6),
+            None,
+            None,
+            false,
+        );
+        assert!(real.abs_change.unwrap() > 0.0, "{real:?}");
     }
 
     /// A file whose own key disagrees with its per-request arrays (edited, or hostile) gets the

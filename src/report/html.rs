@@ -352,7 +352,14 @@ fn summary(run: &Run) -> Value {
         ("request_throughput", "request throughput (req/s)"),
         ("output_throughput", "output throughput (tok/s)"),
         ("total_token_throughput", "total token throughput (tok/s)"),
-        ("max_concurrent_requests", "max concurrent requests"),
+        (
+            "max_concurrent_requests",
+            "peak concurrent requests (vLLM's: successes active in the busiest second)",
+        ),
+        (
+            "peak_in_flight",
+            "peak requests in flight (at one instant, failures included)",
+        ),
         ("request_goodput", "request goodput (req/s)"),
         ("server_reported", "requests with server metrics"),
     ] {

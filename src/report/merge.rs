@@ -157,6 +157,38 @@ pub(crate) fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     Ok(merged)
 }
 
+/// How far apart on the wall clock runs may seem and still be taken as run together: `date`
+/// has whole seconds and is written once the run has ended (its last scrape and probes too).
+const APART_SLACK_S: f64 = 5.0;
+
+/// An input's run on the wall clock, s since the epoch: from `date` (UTC, written as the run
+/// ended) less its `duration`, to `date`.
+fn wall_span(v: &Value) -> Option<(f64, f64)> {
+    let date = v.get("date")?.as_str()?;
+    let end = chrono::NaiveDateTime::parse_from_str(date, "%Y%m%d-%H%M%S").ok()?;
+    let end = end.and_utc().timestamp() as f64;
+    Some((end - v.get("duration")?.as_f64()?, end))
+}
+
+/// A warning when the inputs did not all run at the same time: one ended before another
+/// started (shards run one after another never loaded the server together).
+pub(crate) fn apart(inputs: &[(PathBuf, Value)]) -> Option<String> {
+    let spans: Vec<(&PathBuf, (f64, f64))> = inputs
+        .iter()
+        .filter_map(|(p, v)| Some((p, wall_span(v)?)))
+        .collect();
+    let (ended, (_, first_end)) = spans.iter().min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))?;
+    let (started, (last_start, _)) = spans.iter().max_by(|a, b| a.1 .0.total_cmp(&b.1 .0))?;
+    let gap = last_start - first_end;
+    (gap > APART_SLACK_S).then(|| {
+        format!(
+            "the inputs did not run at the same time: {} ended about {gap:.0} s before {} started, so the server never had their load together and the merged latencies, throughputs and peaks are not one run's (start shards together with replay --start-at)",
+            ended.display(),
+            started.display()
+        )
+    })
+}
+
 /// Checks that the inputs are replay results of one run (schema, the keys that must agree,
 /// histograms, each shard once); each one's per-request arrays, when it has them.
 fn check_inputs(inputs: &[(PathBuf, Value)]) -> Result<Vec<Option<Requests>>, MergeError> {
@@ -784,6 +816,32 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// Shards whose runs overlap on the wall clock (within the slack of `date`'s whole seconds)
+    /// merge quietly; one that ended before another started is named in a warning.
+    #[test]
+    fn inputs_that_did_not_run_together_are_named() {
+        let mut inputs = shards(false);
+        // Durations 1, 2 and 3 s; all ended within seconds of one another.
+        for (k, d) in ["20260101-000000", "20260101-000002", "20260101-000004"]
+            .iter()
+            .enumerate()
+        {
+            inputs[k].1["date"] = json!(d);
+        }
+        assert_eq!(apart(&inputs), None);
+        // The third ran a minute later (from 00:00:57 to 00:01:00).
+        inputs[2].1["date"] = json!("20260101-000100");
+        let w = apart(&inputs).unwrap();
+        assert!(
+            w.contains("shard-0.json ended about 57 s before shard-2.json started"),
+            "{w}"
+        );
+        assert!(w.contains("--start-at"), "{w}");
+        // Without a readable date nothing is claimed.
+        inputs[2].1["date"] = json!("soon");
+        assert_eq!(apart(&inputs), None);
     }
 
     /// Shards that do not cover 0..N−1 merge into an invalid result saying so.

@@ -224,6 +224,9 @@ pub(crate) fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
         inputs.push((p, v));
     }
     let mut merged = merge::merge(&inputs)?;
+    if let Some(w) = merge::apart(&inputs) {
+        eprintln!("retrace merge: warning: {w}");
+    }
     let rows = merged["num_prompts"].as_u64().unwrap_or(0);
     if rows > crate::result::sidecar::THRESHOLD as u64 && merged.get("ttfts").is_some() {
         let path = crate::result::sidecar::path_for(&a.output);

@@ -139,14 +139,19 @@ fn opt(v: Option<f64>) -> String {
 
 fn signed(v: Option<f64>) -> String {
     match v {
-        Some(v) if v >= 0.0 => format!("+{}", num(v)),
+        Some(0.0) => "0".into(),
+        Some(v) if v > 0.0 => format!("+{}", num(v)),
         Some(v) => num(v),
         None => "-".into(),
     }
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{:+.1}%", v * 100.0))
+    match v {
+        Some(0.0) => "0%".into(),
+        Some(v) => format!("{:+.1}%", v * 100.0),
+        None => "-".into(),
+    }
 }
 
 fn ci(r: &MetricRow) -> String {
@@ -546,6 +551,18 @@ fn json(cmp: &Comparison, rules: &[RuleOutcome]) -> String {
 mod tests {
     use super::*;
     use crate::report::compare::tests::{strict_compare, synth_run};
+
+    /// No change prints as 0 (not `+0`, `+0.0%` or a float's rounding error); a change keeps
+    /// its sign.
+    #[test]
+    fn no_change_prints_0() {
+        assert_eq!(signed(Some(0.0)), "0");
+        assert_eq!(signed(Some(-0.0)), "0");
+        assert_eq!(pct(Some(0.0)), "0%");
+        assert_eq!(signed(Some(0.26)), "+0.2600");
+        assert_eq!(signed(Some(-1.5)), "-1.50");
+        assert_eq!(pct(Some(0.161)), "+16.1%");
+    }
 
     /// `s` with each bootstrap interval's bounds masked, in the same width: a snapshot holds the
     /// layout and the point figures, not the resampler's draws (what the intervals find is

@@ -82,6 +82,14 @@ impl Metric {
         )
     }
 
+    /// A part of client TTFT (client TTFT = server queue + server TTFT + unattributed time).
+    pub(crate) fn part_of_ttft(self) -> bool {
+        matches!(
+            self,
+            Metric::ServerQueue | Metric::ServerTtft | Metric::Unattributed
+        )
+    }
+
     /// Human label.
     pub(crate) fn label(self) -> &'static str {
         match self {

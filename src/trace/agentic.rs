@@ -66,13 +66,7 @@ pub(crate) fn read(
                 rep.bad_row(line, m);
                 continue;
             }
-            Err(m) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line,
-                    msg: m,
-                })
-            }
+            Err(m) => return Err(super::rows::row_error(path, line, m, opts)),
         };
         let bs = opts.block_size.or(s.block_size).unwrap_or(64);
         if *block_size.get_or_insert(bs) != bs {

@@ -58,13 +58,7 @@ pub(crate) fn read(
                 rep.bad_row(lineno, m);
                 continue;
             }
-            Err(m) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line: lineno,
-                    msg: m,
-                })
-            }
+            Err(m) => return Err(super::rows::row_error(path, lineno, m, opts)),
         };
         let bytes = row.prompt.as_bytes();
         let chunk = BYTES_PER_TOKEN * BLOCK as usize;

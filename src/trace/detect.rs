@@ -14,6 +14,8 @@ pub struct ImportOptions {
     pub format: Option<Format>,
     /// Skip (and count) malformed rows instead of failing.
     pub skip_bad: bool,
+    /// The command has `--skip-bad`: a malformed row's error names it.
+    pub offer_skip_bad: bool,
     /// Tokens per hash id to read the trace with (replay's `--block-size`, inspect's and
     /// convert's `--trace-block-size`), over the file's own (a native or session header) or its
     /// format's default (Mooncake's 512). Every reader bounds a record's hash ids with it, so it
@@ -26,6 +28,7 @@ impl ImportOptions {
     pub(crate) fn read_options(&self) -> super::rows::ReadOptions {
         super::rows::ReadOptions {
             skip_bad: self.skip_bad,
+            offer_skip_bad: self.offer_skip_bad,
             block_size: self.block_size,
         }
     }

@@ -115,7 +115,16 @@ pub struct TraceHeader {
     pub meta: BTreeMap<String, String>,
 }
 
+/// The `record_order` meta value of a recording: the recorder writes each record when its
+/// exchange ends, so records are in completion order, not arrival order (readers sort them).
+pub(crate) const COMPLETION_ORDER: &str = "completion order; sorted by arrival within each frame";
+
 impl TraceHeader {
+    /// Written in completion order (a recording): records out of arrival order are expected.
+    pub(crate) fn in_completion_order(&self) -> bool {
+        self.meta.get("record_order").map(String::as_str) == Some(COMPLETION_ORDER)
+    }
+
     /// A header for ids imported from a trace that already carries dense prefix-chained ids.
     pub fn imported(block_size: u32, partial_tail_block: bool, source: impl Into<String>) -> Self {
         TraceHeader {

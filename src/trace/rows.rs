@@ -64,6 +64,8 @@ pub(crate) fn check_ids(ids: usize, blocks: u64, input_tokens: u64) -> Result<()
 pub struct ReadOptions {
     /// Skip (and count) malformed rows instead of failing.
     pub(crate) skip_bad: bool,
+    /// The command has `--skip-bad`: a malformed row's error names it.
+    pub(crate) offer_skip_bad: bool,
     /// Tokens per hash id to read the trace with, over what the file says or its format's
     /// default ([`super::detect::ImportOptions::block_size`]).
     pub(crate) block_size: Option<u32>,
@@ -87,6 +89,16 @@ impl ImportReport {
         self.skipped += 1;
         if self.bad.len() < 100 {
             self.bad.push((line, super::clip_quoted(&msg)));
+        }
+    }
+
+    /// Rows read, the malformed ones skipped (`--skip-bad`) among them, so the counts add up:
+    /// `8 rows read (2 malformed, skipped)`.
+    pub(crate) fn read_summary(&self) -> String {
+        let read = self.rows.saturating_add(self.skipped);
+        match self.skipped {
+            0 => format!("{read} rows read"),
+            n => format!("{read} rows read ({n} malformed, skipped)"),
         }
     }
 }
@@ -126,16 +138,23 @@ pub(crate) fn walk(
         match row? {
             (_, Ok((at, r))) => keep(at, r),
             (line, Err(msg)) if opts.skip_bad => rep.bad_row(line, msg),
-            (line, Err(msg)) => {
-                return Err(TraceError::Row {
-                    path: path.to_string(),
-                    line,
-                    msg,
-                })
-            }
+            (line, Err(msg)) => return Err(row_error(path, line, msg, opts)),
         }
     }
     Ok(())
+}
+
+/// The error of malformed row `line`: it names `--skip-bad` when the command has the flag.
+pub(crate) fn row_error(path: &str, line: u64, msg: String, opts: &ReadOptions) -> TraceError {
+    let msg = match opts.offer_skip_bad {
+        true => format!("{msg} (--skip-bad skips and counts malformed rows)"),
+        false => msg,
+    };
+    TraceError::Row {
+        path: path.to_string(),
+        line,
+        msg,
+    }
 }
 
 /// The origin arrivals count from, and the header with it.

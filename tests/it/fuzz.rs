@@ -342,6 +342,7 @@ fn gate_row(
         significant,
         verdict: Verdict::Unknown,
         approx: false,
+        effect_base: None,
     }
 }
 

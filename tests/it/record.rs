@@ -1958,3 +1958,46 @@ fn record_prints_where_it_listens_forwards_and_writes() {
     );
     assert!(log.lines().next().is_some_and(|l| l == want), "{log}");
 }
+
+/// An upstream that takes no connection at start-up is warned about (a bounded TCP probe in the
+/// background), and the proxy keeps running: it still serves (a 502 for the refused upstream)
+/// and stops cleanly on SIGINT.
+#[test]
+fn an_upstream_that_does_not_answer_at_start_up_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(["record", "--listen", "127.0.0.1:0", "--admin", "none"])
+        .args(["--upstream", &format!("http://127.0.0.1:{port}"), "--out"])
+        .arg(dir.path());
+    let mut rec = super::support::Running::spawn(&mut cmd).unwrap();
+    let limit = std::time::Duration::from_secs(30);
+    let warning = format!("warning: the upstream http://127.0.0.1:{port}/ does not answer");
+    rec.wait_for("the warning", limit, |e| e.contains(&warning));
+    assert!(!rec.ended(), "{}", rec.stderr());
+    let err = rec.stderr();
+    assert!(err.contains("serving goes on"), "{err}");
+    let at = err
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or_else(|| panic!("{err}"));
+    let mut s = std::net::TcpStream::connect(at).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 502"), "{reply}");
+    rec.signal(libc::SIGINT);
+    let o = rec.wait_within(limit).unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -1172,11 +1172,15 @@ fn leaving_out_more_than_a_tenth_of_the_workload_is_an_invalid_run() {
     std::fs::write(&trace, text).unwrap();
     let (code, _, err) = replay_child(&trace, &url, &["--result-json", r]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("line 1"), "{err}");
+    assert!(err.contains(":1: "), "{err}");
+    assert!(
+        err.contains("--skip-bad skips and counts malformed rows"),
+        "{err}"
+    );
     let (code, _, err) = replay_child(&trace, &url, &["--skip-bad", "--result-json", r]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        err.contains("skipped 1 malformed rows (--skip-bad)"),
+        err.contains("13 rows read (1 malformed, skipped) with --skip-bad; the first at line 1"),
         "{err}"
     );
     let v = read();

@@ -516,10 +516,7 @@ fn overlapping_frames_at_the_id_bound_are_read_one_record_of_ids_at_a_time() {
     let (inp, out) = (input.to_str().unwrap(), dir.path().join("out.trace.zst"));
     let (code, _, err) = run_limited(&["convert", inp, "-o", out.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(
-        err.contains("156 rows read (0 skipped), 156 written"),
-        "{err}"
-    );
+    assert!(err.contains("156 rows read, 156 written"), "{err}");
     let (code, stdout, err) = run_limited(&["replay", inp, "--dry-run"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
@@ -584,4 +581,42 @@ fn a_mooncake_export_past_its_id_budget_is_refused_and_leaves_no_file() {
         1,
         "only the input"
     );
+}
+
+/// `convert --skip-bad` of 8 lines of which 2 are malformed: 8 read, 2 of them skipped, 6
+/// written (the counts add up); without the flag the first bad line stops it, naming the line
+/// and `--skip-bad`, as it does `inspect`.
+#[test]
+fn convert_skip_bad_counts_add_up_and_a_bad_line_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.jsonl");
+    let mut rows = String::new();
+    for k in 0..8 {
+        match k {
+            2 | 5 => rows.push_str("{\"timestamp\": 1, \"input_length\": \"ten\"}\n"),
+            _ => rows.push_str(&format!(
+                "{{\"timestamp\": {k}, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [{k}]}}\n"
+            )),
+        }
+    }
+    std::fs::write(&p, rows).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let (inp, o) = (p.to_str().unwrap(), out.to_str().unwrap());
+    let said = convert(&["convert", inp, "-o", o, "--skip-bad"]).unwrap();
+    assert!(
+        said.contains("8 rows read (2 malformed, skipped), 6 written"),
+        "{said}"
+    );
+    for args in [&["convert", inp, "-o", o][..], &["inspect", inp][..]] {
+        let e = match args[0] {
+            "convert" => convert(args),
+            _ => inspect(args),
+        };
+        let e = format!("{:#}", e.unwrap_err());
+        assert!(e.contains("m.jsonl:3:"), "{e}");
+        assert!(
+            e.contains("--skip-bad skips and counts malformed rows"),
+            "{e}"
+        );
+    }
 }
