@@ -259,7 +259,6 @@ pub async fn run_with_admin(
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
     let admin_task = admin.map(|l| tokio::spawn(admin::serve(l, stats.clone())));
     eprintln!("{}", start_line(&listener, admin_addr, &cfg));
-    let probe = tokio::spawn(warn_if_unreachable(cfg.upstream.clone()));
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
@@ -267,7 +266,6 @@ pub async fn run_with_admin(
     let files = tokio::task::spawn_blocking(move || writer.close(Some(deadline)))
         .await
         .unwrap_or_default();
-    probe.abort();
     if let Some(t) = admin_task {
         t.abort();
         let _ = t.await;
@@ -352,17 +350,6 @@ fn trace_header_and_extractor(
         bodies: cfg.bodies,
     };
     Ok((header, extractor, t0))
-}
-
-/// Warns when the upstream takes no TCP connection at start-up ([`upstream::unreachable`]);
-/// the proxy serves on either way (the upstream may come up later).
-async fn warn_if_unreachable(upstream: Uri) {
-    if let Some(why) = upstream::unreachable(&upstream, upstream::PROBE_TIMEOUT).await {
-        let upstream = crate::sys::userinfo::redact(&upstream.to_string());
-        eprintln!(
-            "retrace record: warning: the upstream {upstream} does not answer ({why}); serving goes on, and requests get a 502 or 504 until it answers"
-        );
-    }
 }
 
 /// One proxy per I/O thread, each with its own upstream pool (an upstream connection stays on
