@@ -9,6 +9,7 @@ use crate::sys::netio::ClientStream;
 use crate::wire::BoxError;
 use http::Uri;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_service::Service as _;
@@ -62,13 +63,41 @@ impl RawPool {
         lock(&self.idle).push_back((up, Instant::now()));
     }
 
-    /// Dials a new socket (connect timeout and TLS as configured).
+    /// Dials a new socket (connect timeout and TLS as configured). The first dial of the
+    /// process that fails is warned about ([`warn_unreachable`]).
     pub(crate) async fn connect(&self) -> Result<ClientStream, BoxError> {
-        Ok(self
-            .connector
-            .clone()
-            .call(self.dst.clone())
-            .await?
-            .into_inner())
+        match self.connector.clone().call(self.dst.clone()).await {
+            Ok(s) => Ok(s.into_inner()),
+            Err(e) => {
+                warn_unreachable(&self.dst, &*e);
+                Err(e)
+            }
+        }
     }
+}
+
+/// Set once a failed dial of the upstream has been warned about.
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Warns, once per process, that the upstream `dst` takes no connection (`why`), so that a
+/// recorder started in front of a server that is not up says so at its first request rather
+/// than only answering 502s. Nothing is dialled for it: the upstream sees no extra connection.
+fn warn_unreachable(dst: &Uri, why: &dyn std::error::Error) {
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let dst = crate::sys::userinfo::redact(&dst.to_string());
+    eprintln!("{}", unreachable_line(&dst, why));
+}
+
+fn unreachable_line(dst: &str, why: &dyn std::error::Error) -> String {
+    let mut why_text = why.to_string();
+    let mut src = why.source();
+    while let Some(s) = src {
+        why_text = format!("{why_text}: {s}");
+        src = s.source();
+    }
+    format!(
+        "retrace record: warning: the upstream {dst} does not answer ({why_text}); serving goes on, and requests get a 502 or 504 until it answers"
+    )
 }

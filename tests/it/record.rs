@@ -1958,3 +1958,50 @@ fn record_prints_where_it_listens_forwards_and_writes() {
     );
     assert!(log.lines().next().is_some_and(|l| l == want), "{log}");
 }
+
+/// A recorder in front of an upstream that takes no connection serves on: the first request
+/// gets a 502 and a warning naming the upstream, once; SIGINT still ends it cleanly.
+#[test]
+fn an_upstream_that_does_not_answer_is_warned_about_once_and_serving_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(["record", "--listen", "127.0.0.1:0", "--admin", "none"])
+        .args(["--upstream", &format!("http://127.0.0.1:{port}"), "--out"])
+        .arg(dir.path());
+    let mut rec = super::support::Running::spawn(&mut cmd).unwrap();
+    let limit = std::time::Duration::from_secs(30);
+    rec.wait_for("the listening line", limit, |e| e.contains("listening on "));
+    let err = rec.stderr();
+    let at = err
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_string();
+    let ask = || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&at).unwrap();
+        s.set_read_timeout(Some(limit)).unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        reply
+    };
+    let reply = ask();
+    assert!(reply.starts_with("HTTP/1.1 502"), "{reply}");
+    let warning = format!("warning: the upstream http://127.0.0.1:{port}/ does not answer");
+    rec.wait_for("the warning", limit, |e| e.contains(&warning));
+    assert!(!rec.ended(), "{}", rec.stderr());
+    let reply = ask();
+    assert!(reply.starts_with("HTTP/1.1 502"), "{reply}");
+    rec.signal(libc::SIGINT);
+    let o = rec.wait_within(limit).unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches(&warning).count(), 1, "{err}");
+    assert!(err.contains("serving goes on"), "{err}");
+}
