@@ -56,9 +56,13 @@ impl Events {
     fn response(&self, out: &mut String, status: &str, text: Option<&str>, u: Option<&TokenUsage>) {
         out.push_str("{\"id\":");
         json_str(out, &self.id);
+        let details = match status {
+            INCOMPLETE => "{\"reason\":\"max_output_tokens\"}",
+            _ => "null",
+        };
         let _ = write!(
             out,
-            ",\"created_at\":{},\"incomplete_details\":null,\"instructions\":null,\"metadata\":null,\"model\":",
+            ",\"created_at\":{},\"incomplete_details\":{details},\"instructions\":null,\"metadata\":null,\"model\":",
             self.created
         );
         json_str(out, &self.model);
@@ -162,17 +166,30 @@ impl Events {
         out.push_str("}\n\n");
         self.open(out, "response.completed");
         out.push_str("\"response\":");
-        self.response(out, "completed", Some(&text), Some(u));
+        self.response(out, self.end_status(u), Some(&text), Some(u));
         out.push_str("}\n\n");
     }
 
     /// The non-streamed body.
     pub(crate) fn whole(&self, text: &str, u: &TokenUsage) -> String {
         let mut s = String::with_capacity(text.len() + 768);
-        self.response(&mut s, "completed", Some(text), Some(u));
+        self.response(&mut s, self.end_status(u), Some(text), Some(u));
         s
     }
+
+    /// The response's status at its end: `incomplete` when `max_output_tokens` ended it, as
+    /// vLLM 0.32 says it (with `incomplete_details.reason`; its last event is still
+    /// `response.completed`), else `completed`.
+    fn end_status(&self, u: &TokenUsage) -> &'static str {
+        match self.max_output_tokens {
+            Some(m) if u.completion_tokens >= u64::from(m) => INCOMPLETE,
+            _ => "completed",
+        }
+    }
 }
+
+/// A response's status when `max_output_tokens` ended it.
+const INCOMPLETE: &str = "incomplete";
 
 /// An `output_text` content part (`logprobs`: its JSON text).
 fn part(out: &mut String, text: &str, logprobs: &str) {
@@ -239,5 +256,37 @@ mod tests {
         let whole: Value = serde_json::from_str(&e.whole(" x", &u)).unwrap();
         assert_eq!(whole["object"], "response");
         assert_eq!(whole["output"][0]["content"][0]["type"], "output_text");
+        assert_eq!(whole["incomplete_details"], Value::Null);
+    }
+
+    /// Output ended by `max_output_tokens` is `incomplete`, as real vLLM 0.32 says it (captured
+    /// in `fixtures/vllm/responses_max_output_tokens.json`); the message itself is completed.
+    #[test]
+    fn output_cut_by_max_output_tokens_is_incomplete_as_vllm_says() {
+        let real: Value = serde_json::from_str(include_str!(
+            "../../fixtures/vllm/responses_max_output_tokens.json"
+        ))
+        .unwrap();
+        let e = Events::new("ab", 7, "m", Some(4));
+        let u = TokenUsage {
+            prompt_tokens: 5,
+            completion_tokens: 4,
+            ..TokenUsage::default()
+        };
+        let whole: Value = serde_json::from_str(&e.whole(" a b c d", &u)).unwrap();
+        for v in [&real, &whole] {
+            assert_eq!(v["status"], "incomplete");
+            assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+            assert_eq!(v["output"][0]["status"], "completed");
+        }
+        let mut out = String::new();
+        let mut s = Events::new("ab", 7, "m", Some(4));
+        s.prelude(&mut out);
+        s.delta(&mut out, " a");
+        s.done(&mut out, &u);
+        let last = out.trim_end().rsplit("\n").next().unwrap();
+        let last: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(last["type"], "response.completed");
+        assert_eq!(last["response"]["status"], "incomplete");
     }
 }
