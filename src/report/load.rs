@@ -13,7 +13,7 @@ use super::run::add_totals;
 pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
 use crate::result::read::ReadError;
-use crate::result::read::{self, Columns, Origin, ResultFile};
+use crate::result::read::{self, Origin, ResultFile};
 use crate::trace::{self, Trace};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -85,18 +85,13 @@ pub(crate) fn load_bytes(path: &Path, data: &[u8]) -> Result<Run, LoadError> {
 /// A result object already in memory (`replay --report-html`, a merged result); `path` names it
 /// in errors and labels.
 pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
-    let Value::Object(obj) = v else {
-        return Err(LoadError::Unknown {
+    match read::from_value(path, v)? {
+        Some(f) => from_result(path, f),
+        None => Err(LoadError::Unknown {
             path: path.display().to_string(),
             msg: "the result is not a JSON object".into(),
-        });
-    };
-    let origin = if obj.contains_key("schema") {
-        Origin::Retrace
-    } else {
-        Origin::Vllm
-    };
-    from_result(path, read::check(path, obj.clone(), origin)?)
+        }),
+    }
 }
 
 /// A result file as a [`Run`]: its numbers and strings, its whole histograms in ms, its
@@ -118,7 +113,7 @@ fn from_result(path: &Path, f: ResultFile) -> Result<Run, LoadError> {
             Origin::Retrace => Kind::Retrace,
             Origin::Vllm => Kind::Vllm,
         },
-        requests: f.columns.as_ref().map(requests_from),
+        requests: f.columns.as_ref().map(Requests::from_columns),
         hists,
         trace: None,
         server_series: doc
@@ -158,50 +153,6 @@ fn flatten(prefix: &str, v: &Value) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     walk(prefix.to_string(), v, 0, &mut out);
     out
-}
-
-/// A result's per-request arrays as [`Requests`]: times from the first send (or the first
-/// intended send, when earlier), 0 as "no first token" (vLLM's and ours).
-fn requests_from(c: &Columns) -> Requests {
-    let t0 = c
-        .start_times
-        .iter()
-        .flatten()
-        .copied()
-        .fold(f64::INFINITY, f64::min);
-    let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    // retrace's start times and intended times share t0; shift both by the same origin.
-    let origin = match &c.intended_times {
-        Some(v) => v.iter().flatten().copied().fold(t0, f64::min),
-        None => t0,
-    };
-    let pos = |v: &Option<f64>| v.filter(|x| *x > 0.0);
-    Requests {
-        input_lens: c.input_lens.clone(),
-        output_lens: c.output_lens.clone(),
-        start_s: c
-            .start_times
-            .iter()
-            .map(|v| v.map_or(0.0, |x| x - origin))
-            .collect(),
-        intended_s: c
-            .intended_times
-            .as_ref()
-            .map(|v| v.iter().map(|x| x.unwrap_or(0.0) - origin).collect()),
-        ttft_s: c.ttfts.iter().map(pos).collect(),
-        latency_s: c.latencies.iter().map(pos).collect(),
-        itls_s: c.itls.clone(),
-        errors: c.errors.clone(),
-        client_queue_s: c.client_queue_times.clone(),
-        server_queue_s: c.server_queue_times.clone(),
-        server_ttft_s: c.server_ttfts.clone(),
-        server_input_lens: c
-            .server_input_lens
-            .iter()
-            .map(|v| v.filter(|x| *x >= 1.0).map(|x| x as u64))
-            .collect(),
-        non_streamed: c.non_streamed.clone(),
-    }
 }
 
 /// A recording's exchanges as per-request arrays, by the one rule of recorded latency

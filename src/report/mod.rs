@@ -3,8 +3,9 @@
 //! Sub-modules, one concept each: [`run`] (the model of a run), [`load`] (any input → [`run::Run`]; AIPerf exports in [`aiperf`]), [`weighted`] (values with
 //! counts: statistics, CDFs, bootstrap resamples), [`compare`] (per-metric change and
 //! significance, paired TTFT), [`workload`] (arrivals, lengths, KS, fidelity), [`rules`]
-//! (`--fail-on`), [`headline`] (what the report page says first), [`merge`] (shard results → one result), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
-//! only runs the commands on their options and writes files; it computes nothing itself.
+//! (`--fail-on`), [`headline`] (what the report page says first), [`render`] (text/markdown/json) and [`html`] (self-contained pages). This file
+//! only runs the commands on their options and writes files (`merge`'s rules are
+//! [`crate::result::merge`]'s, AIPerf's [`aiperf`]'s); it computes nothing itself.
 
 pub(crate) mod aiperf;
 pub(crate) mod capacity;
@@ -12,7 +13,6 @@ pub mod compare;
 pub(crate) mod headline;
 pub mod html;
 pub mod load;
-pub(crate) mod merge;
 pub mod render;
 pub mod rules;
 pub mod run;
@@ -192,7 +192,7 @@ fn capacity_file(path: &std::path::Path, data: &[u8]) -> Option<serde_json::Valu
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.
 pub(crate) fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
     if let Some((earlier, later)) = crate::sys::fileid::first_repeat(&a.inputs) {
-        return Err(merge::MergeError::Twice {
+        return Err(crate::result::merge::MergeError::Twice {
             path: a.inputs[later].display().to_string(),
             earlier: a.inputs[earlier].display().to_string(),
         }
@@ -223,8 +223,8 @@ pub(crate) fn run_merge(a: &MergeOptions) -> anyhow::Result<ExitCode> {
         }
         inputs.push((p, v));
     }
-    let mut merged = merge::merge(&inputs)?;
-    if let Some(w) = merge::apart(&inputs) {
+    let mut merged = crate::result::merge::merge(&inputs)?;
+    if let Some(w) = crate::result::merge::apart(&inputs) {
         eprintln!("retrace merge: warning: {w}");
     }
     let rows = merged["num_prompts"].as_u64().unwrap_or(0);

@@ -3,6 +3,7 @@
 //! its per-request arrays ([`Requests`]) and its distributions ([`Metric`], [`Weighted`]).
 
 use super::weighted::Weighted;
+pub use crate::result::Requests;
 use crate::trace::Trace;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -117,43 +118,7 @@ impl Metric {
     }
 }
 
-/// Index-aligned per-request arrays, times in seconds (vLLM's layout). Start times are shifted
-/// so the first request starts at 0.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Requests {
-    pub(crate) input_lens: Vec<u64>,
-    pub(crate) output_lens: Vec<u64>,
-    pub(crate) start_s: Vec<f64>,
-    /// When the schedule wanted each request sent (retrace only), same origin as `start_s`.
-    pub(crate) intended_s: Option<Vec<f64>>,
-    pub(crate) ttft_s: Vec<Option<f64>>,
-    pub(crate) latency_s: Vec<Option<f64>>,
-    pub(crate) itls_s: Vec<Vec<f64>>,
-    /// `""` on success.
-    pub(crate) errors: Vec<String>,
-    pub(crate) client_queue_s: Vec<Option<f64>>,
-    pub(crate) server_queue_s: Vec<Option<f64>>,
-    pub(crate) server_ttft_s: Vec<Option<f64>>,
-    /// Prompt lengths as the server counted them (retrace results), where it said.
-    pub server_input_lens: Vec<Option<u64>>,
-    /// Requests answered whole, not streamed (retrace results' `non_streamed`, a recording's
-    /// responses without events): kept out of TTFT, TPOT, ITL and E2EL, as the result's own
-    /// statistics keep them. Empty when every request streamed (or the file does not say).
-    pub non_streamed: Vec<bool>,
-}
-
 impl Requests {
-    pub fn len(&self) -> usize {
-        self.start_s.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.start_s.is_empty()
-    }
-    /// Succeeded with a first token.
-    pub fn ok(&self, i: usize) -> bool {
-        self.errors[i].is_empty() && self.ttft_s[i].is_some()
-    }
-
     /// The samples of one metric in ms (successful requests; ITL pooled), like vLLM.
     pub(crate) fn samples_ms(&self, m: Metric) -> Vec<f64> {
         self.samples_ms_of(m, 0..self.len())
@@ -196,11 +161,6 @@ impl Requests {
             }
         }
         out
-    }
-
-    /// When request `i` ended, s (start + E2EL; start + TTFT or start for failures).
-    pub(crate) fn end_s(&self, i: usize) -> f64 {
-        self.start_s[i] + self.latency_s[i].or(self.ttft_s[i]).unwrap_or(0.0)
     }
 }
 

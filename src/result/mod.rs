@@ -35,8 +35,12 @@
 //! sidecar ([`sidecar`]) and the bounds its values are read within ([`bounds`]) live beside it.
 
 pub(crate) mod bounds;
+pub(crate) mod merge;
 pub(crate) mod read;
+mod requests;
 pub mod sidecar;
+
+pub use requests::Requests;
 
 use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Stats, Summary};
 use serde::Serialize;
@@ -557,7 +561,7 @@ pub(crate) mod tests {
         ]
     }
 
-    /// A fixed run description for tests (also used by `report::merge`'s tests).
+    /// A fixed run description for tests (also used by `result::merge`'s tests).
     pub(crate) fn info() -> RunInfo {
         RunInfo {
             date: "20260101-000000".into(),

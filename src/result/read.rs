@@ -223,6 +223,19 @@ pub(crate) fn check(
     })
 }
 
+/// A result object already in memory (`replay --report-html`, a merged result) checked as
+/// [`check`] checks a file: ours when it has a `schema`, else vLLM's. `None`: not an object.
+pub(crate) fn from_value(path: &Path, v: &Value) -> Result<Option<ResultFile>, ReadError> {
+    let Value::Object(obj) = v else {
+        return Ok(None);
+    };
+    let origin = match obj.contains_key("schema") {
+        true => Origin::Retrace,
+        false => Origin::Vllm,
+    };
+    check(path, obj.clone(), origin).map(Some)
+}
+
 impl ResultFile {
     /// The whole histogram `name` (`ttft_us`, ...) decoded, `None` when the file has none.
     pub(crate) fn histogram(&self, name: &str) -> Result<Option<Histogram<u64>>, ReadError> {

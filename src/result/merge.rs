@@ -12,14 +12,15 @@
 //! exactly where possible (count, mean, std, min, max) with medians/percentiles null; the output
 //! then says `merged_from_histograms: true`. Inputs must agree on `trace`, `seed`, `speed`,
 //! `endpoint_type`, `model_id` and `prompt_mode`. Each input is validated by
-//! [`super::load::from_value`] (the one reader of result files, within [`crate::result::bounds`]); counts
+//! [`super::read`] (the one reader of result files, within [`super::bounds`]); counts
 //! are summed exactly (a sum past 2^64 − 1 is refused), and the merged result passes the same
 //! reader before it is returned. This module does not read or write files; it does not merge
 //! vLLM's own result files.
 
-use super::load::{self, Requests};
+use super::put_stats;
+use super::read::{self, ReadError};
+use super::Requests;
 use crate::metrics::{percentile_label, Histograms, Stats};
-use crate::result::put_stats;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -77,7 +78,7 @@ pub(crate) enum MergeError {
         msg: String,
     },
     #[error(transparent)]
-    Load(#[from] load::LoadError),
+    Read(#[from] ReadError),
     #[error("merge needs at least one input")]
     Empty,
     #[error("{path}: given twice (the same as {earlier}): each input counts once")]
@@ -153,7 +154,7 @@ pub(crate) fn merge(inputs: &[(PathBuf, Value)]) -> Result<Value, MergeError> {
     m.remove("server_metrics");
     let merged = Value::Object(m);
     // What the readers would refuse is never written.
-    load::from_value(std::path::Path::new("the merged result"), &merged)?;
+    read::from_value(std::path::Path::new("the merged result"), &merged)?;
     Ok(merged)
 }
 
@@ -226,7 +227,8 @@ fn check_inputs(inputs: &[(PathBuf, Value)]) -> Result<Vec<Option<Requests>>, Me
         if !v.get("histograms").is_some_and(Value::is_object) {
             return Err(key_err(path, "histograms", "missing or not an object"));
         }
-        reqs.push(load::from_value(path, v)?.requests);
+        let file = read::from_value(path, v)?;
+        reqs.push(file.and_then(|f| f.columns.as_ref().map(Requests::from_columns)));
     }
     check_distinct_shards(inputs)?;
     Ok(reqs)
