@@ -1943,7 +1943,9 @@ async fn responses_stream_and_body_have_the_responses_api_shapes() {
     assert_eq!(evs[9].1["text"], text.as_str());
     let done = &evs[12].1["response"];
     assert_eq!(done["object"], "response");
-    assert_eq!(done["status"], "completed");
+    // Cut by max_output_tokens (ignore_eos): incomplete, as real vLLM 0.32 says it.
+    assert_eq!(done["status"], "incomplete");
+    assert_eq!(done["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(done["output"][0]["type"], "message");
     assert_eq!(done["output"][0]["content"][0]["text"], text.as_str());
     // Input: the instructions and the input as a chat, counted as /tokenize counts that chat.
