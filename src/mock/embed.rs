@@ -170,6 +170,35 @@ mod tests {
         assert_eq!(floats, vector(0, &[1, 5], 8));
     }
 
+    /// The body has real vLLM 0.32's keys (`fixtures/vllm/embeddings_two_inputs.json`, its
+    /// vectors cut to 4 values): the same at the top and in each item; in `usage`, vLLM's only
+    /// other key is null there.
+    #[test]
+    fn body_keys_are_those_of_a_real_vllm_answer() {
+        let real: Value = serde_json::from_str(include_str!(
+            "../../fixtures/vllm/embeddings_two_inputs.json"
+        ))
+        .unwrap();
+        let ins = vec![Arc::new(vec![1, 5]), Arc::new(vec![1, 6, 7])];
+        let f = EmbedAsk {
+            dim: 4,
+            base64: false,
+        };
+        let mock: Value = serde_json::from_str(&body("embd-1", 3, "m", 0, f, &ins)).unwrap();
+        let keys = |v: &Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        assert_eq!(keys(&mock), keys(&real));
+        assert_eq!(keys(&mock["data"][1]), keys(&real["data"][1]));
+        for k in keys(&real["usage"]) {
+            let shared = mock["usage"].get(&k).is_some();
+            assert!(shared || real["usage"][&k].is_null(), "usage.{k}");
+        }
+        assert_eq!(mock["data"].as_array().unwrap().len(), 2);
+    }
+
     #[test]
     fn counts_and_dimensions_beyond_the_bounds_are_refused() {
         let many = json!({"input": vec!["x"; MAX_INPUTS + 1]});
