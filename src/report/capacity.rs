@@ -56,13 +56,6 @@ pub enum CapacityFileError {
     TooMany { path: String, n: usize },
 }
 
-/// Whether `v` is a capacity result.
-pub(crate) fn is_capacity(v: &Value) -> bool {
-    v.get("schema")
-        .and_then(Value::as_str)
-        .is_some_and(|s| s.starts_with(SCHEMA_PREFIX))
-}
-
 /// The page's data for the capacity file `v` (read from `path`).
 pub(crate) fn page_data(path: &str, v: &Value) -> Result<Value, CapacityFileError> {
     let n = v["steps"].as_array().map_or(0, Vec::len);

@@ -12,8 +12,7 @@
 use super::run::add_totals;
 pub use super::run::{Kind, Metric, Requests, Run};
 use super::weighted::Weighted;
-use crate::result::read::ReadError;
-use crate::result::read::{self, Origin, ResultFile};
+use crate::result::read::{self, Origin, ReadError, ResultFile};
 use crate::trace::{self, Trace};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -46,8 +45,28 @@ pub fn load(path: &Path) -> Result<Run, LoadError> {
     load_bytes(path, &data)
 }
 
-/// [`load`] of the file `path` already read into `data`.
-pub(crate) fn load_bytes(path: &Path, data: &[u8]) -> Result<Run, LoadError> {
+/// What a file given to `report` is: a run, or a capacity result (`retrace capacity
+/// --result-json`), which has a page of its own.
+pub(crate) enum Input {
+    Run(Box<Run>),
+    Capacity(Value),
+}
+
+/// [`load`] of the file `path` already read into `data`; a capacity result is an error naming
+/// what to give instead.
+fn load_bytes(path: &Path, data: &[u8]) -> Result<Run, LoadError> {
+    match read_input(path, data)? {
+        Input::Run(r) => Ok(*r),
+        Input::Capacity(_) => Err(LoadError::Unknown {
+            path: path.display().to_string(),
+            msg: "a capacity result: give one of its steps' results (`steps[i].result`, a replay result)".into(),
+        }),
+    }
+}
+
+/// The file `path`, already read into `data`, as a run or a capacity result, its JSON parsed
+/// once.
+pub(crate) fn read_input(path: &Path, data: &[u8]) -> Result<Input, LoadError> {
     let name = path.display().to_string();
     let first = data.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if matches!(first, Some(b'{' | b'[')) {
@@ -59,22 +78,22 @@ pub(crate) fn load_bytes(path: &Path, data: &[u8]) -> Result<Run, LoadError> {
         if let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(data) {
             let schema = obj.get("schema").and_then(Value::as_str).unwrap_or("");
             if schema.starts_with(super::capacity::SCHEMA_PREFIX) {
-                return Err(LoadError::Unknown {
-                    path: name,
-                    msg: "a capacity result: give one of its steps' results (`steps[i].result`, a replay result)".into(),
-                });
+                return Ok(Input::Capacity(Value::Object(obj)));
             }
             if let Some(origin) = read::origin(&obj) {
                 read::with_sidecar(path, &mut obj)?;
-                return from_result(path, read::check(path, obj, origin)?);
+                let run = from_result(path, read::check(path, &obj, origin)?)?;
+                return Ok(Input::Run(Box::new(run)));
             }
         }
     }
     if let Some(format) = super::aiperf::detect(data) {
-        return Ok(super::aiperf::read(path, data, format)?);
+        return Ok(Input::Run(Box::new(super::aiperf::read(
+            path, data, format,
+        )?)));
     }
     match trace::import::read_bytes(&name, data, &Default::default()) {
-        Ok((t, _)) => Ok(from_trace(path, t)),
+        Ok((t, _)) => Ok(Input::Run(Box::new(from_trace(path, t)))),
         Err(e) => Err(LoadError::Unknown {
             path: name,
             msg: e.to_string(),
@@ -96,7 +115,7 @@ pub fn from_value(path: &Path, v: &Value) -> Result<Run, LoadError> {
 
 /// A result file as a [`Run`]: its numbers and strings, its whole histograms in ms, its
 /// per-request arrays from the first send, and its sections flattened for the report.
-fn from_result(path: &Path, f: ResultFile) -> Result<Run, LoadError> {
+fn from_result(path: &Path, f: ResultFile<'_>) -> Result<Run, LoadError> {
     let mut hists = BTreeMap::new();
     for m in Metric::ALL {
         let Some((name, unit)) = m.histogram() else {
@@ -106,7 +125,7 @@ fn from_result(path: &Path, f: ResultFile) -> Result<Run, LoadError> {
             hists.insert(m, Weighted::from_histogram(&h, unit));
         }
     }
-    let doc = &f.doc;
+    let doc = f.doc;
     Ok(Run {
         path: path.to_path_buf(),
         kind: match f.origin {

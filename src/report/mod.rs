@@ -160,13 +160,11 @@ pub(crate) fn write_replay_report(
 pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
     let data = crate::trace::rows::read_whole(&a.input)
         .with_context(|| format!("{}: cannot read", a.input.display()))?;
-    let page = match capacity_file(&a.input, &data) {
-        Some(v) => html::capacity_page(&capacity::page_data(&a.input.display().to_string(), &v)?),
-        None => html::report_page_at(
-            &load::load_bytes(&a.input, &data)?,
-            a.thresholds_ms,
-            &a.percentiles,
-        ),
+    let page = match load::read_input(&a.input, &data)? {
+        load::Input::Capacity(v) => {
+            html::capacity_page(&capacity::page_data(&a.input.display().to_string(), &v)?)
+        }
+        load::Input::Run(run) => html::report_page_at(&run, a.thresholds_ms, &a.percentiles),
     };
     std::fs::write(&a.output, &page)
         .with_context(|| format!("-o {}: cannot write", a.output.display()))?;
@@ -176,17 +174,6 @@ pub(crate) fn run_report(a: &ReportOptions) -> anyhow::Result<ExitCode> {
         page.len() as f64 / 1024.0
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// The file `path` (read into `data`) as JSON when it is a capacity result (`retrace capacity
-/// --result-json`).
-fn capacity_file(path: &std::path::Path, data: &[u8]) -> Option<serde_json::Value> {
-    if !data.starts_with(b"{") {
-        return None;
-    }
-    crate::result::read::parse_json(path, data)
-        .ok()
-        .filter(capacity::is_capacity)
 }
 
 /// `retrace merge`: shard results → one result file; AIPerf per-request exports → one such export.

@@ -47,7 +47,7 @@ pub(crate) enum Origin {
 
 /// One result file, read and checked.
 #[derive(Debug, Clone)]
-pub(crate) struct ResultFile {
+pub(crate) struct ResultFile<'a> {
     pub(crate) origin: Origin,
     /// Top-level numbers under their keys.
     pub(crate) scalars: BTreeMap<String, f64>,
@@ -56,7 +56,7 @@ pub(crate) struct ResultFile {
     /// The per-request arrays, when the file has them (`ttfts` present).
     pub(crate) columns: Option<Columns>,
     /// The whole object as written, the sidecar's arrays put back.
-    pub(crate) doc: Map<String, Value>,
+    pub(crate) doc: &'a Map<String, Value>,
     path: String,
 }
 
@@ -175,11 +175,11 @@ pub(crate) fn with_sidecar(path: &Path, obj: &mut Map<String, Value>) -> Result<
 
 /// `doc` (the file `path`, its sidecar already put back) checked: a retrace result of the schema
 /// this build writes, every scalar and array within [`bounds`], the arrays typed.
-pub(crate) fn check(
+pub(crate) fn check<'a>(
     path: &Path,
-    doc: Map<String, Value>,
+    doc: &'a Map<String, Value>,
     origin: Origin,
-) -> Result<ResultFile, ReadError> {
+) -> Result<ResultFile<'a>, ReadError> {
     let retrace = origin == Origin::Retrace;
     let schema = doc.get("schema");
     if retrace && schema.and_then(Value::as_str) != Some(super::SCHEMA) {
@@ -190,14 +190,14 @@ pub(crate) fn check(
         let msg = format!("is {found}, this retrace reads {}", super::SCHEMA);
         return Err(key_err(path, "schema", msg));
     }
-    bounds::check_scalars(&doc, retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
-    let n = bounds::check_arrays(&doc, retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
+    bounds::check_scalars(doc, retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
+    let n = bounds::check_arrays(doc, retrace).map_err(|b| key_err(path, &b.key, b.msg))?;
     let columns = match n {
-        Some(n) => Some(columns(path, &doc, n)?),
+        Some(n) => Some(columns(path, doc, n)?),
         None => None,
     };
     let (mut scalars, mut info) = (BTreeMap::new(), BTreeMap::new());
-    for (k, v) in &doc {
+    for (k, v) in doc {
         match v {
             Value::Number(n) => {
                 if let Some(f) = n.as_f64() {
@@ -225,7 +225,10 @@ pub(crate) fn check(
 
 /// A result object already in memory (`replay --report-html`, a merged result) checked as
 /// [`check`] checks a file: ours when it has a `schema`, else vLLM's. `None`: not an object.
-pub(crate) fn from_value(path: &Path, v: &Value) -> Result<Option<ResultFile>, ReadError> {
+pub(crate) fn from_value<'a>(
+    path: &Path,
+    v: &'a Value,
+) -> Result<Option<ResultFile<'a>>, ReadError> {
     let Value::Object(obj) = v else {
         return Ok(None);
     };
@@ -233,10 +236,10 @@ pub(crate) fn from_value(path: &Path, v: &Value) -> Result<Option<ResultFile>, R
         true => Origin::Retrace,
         false => Origin::Vllm,
     };
-    check(path, obj.clone(), origin).map(Some)
+    check(path, obj, origin).map(Some)
 }
 
-impl ResultFile {
+impl ResultFile<'_> {
     /// The whole histogram `name` (`ttft_us`, ...) decoded, `None` when the file has none.
     pub(crate) fn histogram(&self, name: &str) -> Result<Option<Histogram<u64>>, ReadError> {
         let Some(h) = self.doc.get("histograms") else {
@@ -435,7 +438,8 @@ mod tests {
         let sum = crate::metrics::summarize(&s, 0.1, &[50.0, 99.0]);
         let h = Histograms::from_samples(&s);
         let v = crate::result::build(&crate::result::tests::info(), &sum, &h, &s, true);
-        let f = check(Path::new("r.json"), doc(v), Origin::Retrace).unwrap();
+        let d = doc(v);
+        let f = check(Path::new("r.json"), &d, Origin::Retrace).unwrap();
         let c = f.columns.as_ref().unwrap();
         assert_eq!(c.ttfts.len(), 2);
         assert_eq!(
@@ -454,11 +458,11 @@ mod tests {
     #[test]
     fn an_other_schema_or_a_short_array_is_refused_naming_file_and_key() {
         let other = doc(serde_json::json!({"schema": "retrace.replay/9", "completed": 1}));
-        let e = check(Path::new("a.json"), other, Origin::Retrace).unwrap_err();
+        let e = check(Path::new("a.json"), &other, Origin::Retrace).unwrap_err();
         assert!(e.to_string().starts_with("a.json: key `schema`"), "{e}");
         let short = doc(serde_json::json!({"completed": 2, "duration": 1.0,
             "ttfts": [0.1, 0.2], "input_lens": [1, 1], "output_lens": [1, 1], "itls": [[]]}));
-        let e = check(Path::new("b.json"), short, Origin::Vllm).unwrap_err();
+        let e = check(Path::new("b.json"), &short, Origin::Vllm).unwrap_err();
         assert!(
             e.to_string().contains("b.json") && e.to_string().contains("itls"),
             "{e}"
@@ -467,7 +471,7 @@ mod tests {
             serde_json::json!({"schema": crate::result::SCHEMA, "completed": 1,
             "histograms": {"ttft_us": 7}}),
         );
-        let f = check(Path::new("c.json"), bad, Origin::Retrace).unwrap();
+        let f = check(Path::new("c.json"), &bad, Origin::Retrace).unwrap();
         let e = f.histogram("ttft_us").unwrap_err().to_string();
         assert!(e.starts_with("c.json: key `histograms.ttft_us`"), "{e}");
     }
