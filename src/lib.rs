@@ -74,6 +74,9 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             eprintln!("{msg}");
         }
         cli::Command::Capacity(a) => return capacity::run(a.options()?),
+        cli::Command::Compare(a) if a.is_shadow() => {
+            return report::run_shadow_compare(&a.shadow_options()?)
+        }
         cli::Command::Compare(a) => return report::run_compare(&a.options()?),
         cli::Command::Report(a) => return report::run_report(&a.options()?),
         cli::Command::Merge(a) => return report::run_merge(&a.options()),

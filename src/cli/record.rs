@@ -2,6 +2,7 @@
 //! [`defaults`]'.
 
 use super::values::{duration_text, parse_duration, parse_size, size_text};
+use crate::record::shadow::{Secret, ShadowConfig};
 use crate::record::{defaults, Bodies, RecordConfig};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
@@ -121,6 +122,49 @@ pub struct RecordArgs {
     /// hidden: see docs/tuning.md.
     #[arg(long, default_value_t = defaults::IO_THREADS, value_name = "N", hide = true)]
     pub(crate) io_threads: usize,
+    /// Also send a copy of each workload request to this candidate server, timed as the
+    /// upstream's response is and kept in the same record (repeatable, at most 4). The client is
+    /// answered by the upstream alone. Judge it with `retrace compare --shadow`; docs/shadow.md.
+    #[arg(long, value_name = "URL", help_heading = "Shadow")]
+    pub(crate) shadow: Vec<String>,
+    /// A second copy of the upstream's own build, mirrored too: `compare --shadow` flags only
+    /// what exceeds the upstream–control spread.
+    #[arg(
+        long,
+        value_name = "URL",
+        help_heading = "Shadow",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_control: Option<String>,
+    /// The `model` the copies ask for (default: the client's).
+    #[arg(
+        long,
+        value_name = "NAME",
+        help_heading = "Shadow",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_model: Option<String>,
+    /// The environment variable holding the shadows' API key (the client's credentials are never
+    /// sent to a shadow).
+    #[arg(
+        long,
+        value_name = "VAR",
+        help_heading = "Shadow",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_api_key_env: Option<String>,
+    /// The share of workload requests mirrored, chosen by the request body's hash (0 to 1).
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "F",
+        help_heading = "Shadow",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_fraction: f64,
+    /// Most copies in flight at once; beyond it a copy is skipped and counted.
+    #[arg(long, default_value_t = crate::record::shadow::DEFAULT_MAX_IN_FLIGHT, value_name = "N", help_heading = "Shadow", hide_short_help = true)]
+    pub(crate) shadow_max_in_flight: usize,
 }
 
 impl RecordArgs {
@@ -157,7 +201,9 @@ impl RecordArgs {
                     .with_context(|| format!("--admin {s:?}: expected IP:PORT or none"))?,
             ),
         };
+        let shadow = self.shadow_config(&base)?;
         Ok(RecordConfig {
+            shadow,
             name: a.name.clone(),
             tls,
             upstream_ca: a.upstream_ca.clone(),
@@ -182,6 +228,44 @@ impl RecordArgs {
             io_threads: a.io_threads,
             ..base
         })
+    }
+}
+
+impl RecordArgs {
+    /// The `--shadow` flags' configuration (`None` without `--shadow`).
+    fn shadow_config(&self, base: &RecordConfig) -> anyhow::Result<Option<ShadowConfig>> {
+        let a = self;
+        if a.shadow.is_empty() {
+            let given = [
+                (a.shadow_control.is_some(), "--shadow-control"),
+                (a.shadow_model.is_some(), "--shadow-model"),
+                (a.shadow_api_key_env.is_some(), "--shadow-api-key-env"),
+            ];
+            if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
+                bail!("{flag} needs --shadow URL");
+            }
+            return Ok(None);
+        }
+        if !(0.0..=1.0).contains(&a.shadow_fraction) {
+            bail!(
+                "--shadow-fraction {}: must be between 0 and 1",
+                a.shadow_fraction
+            );
+        }
+        if a.shadow_max_in_flight == 0 {
+            bail!("--shadow-max-in-flight must be at least 1");
+        }
+        let mut sc =
+            ShadowConfig::new(&a.shadow, a.shadow_control.as_deref(), base.upstream_uri())?;
+        sc.model = a.shadow_model.clone();
+        sc.fraction = a.shadow_fraction;
+        sc.max_in_flight = a.shadow_max_in_flight;
+        if let Some(var) = &a.shadow_api_key_env {
+            let key = std::env::var(var)
+                .with_context(|| format!("--shadow-api-key-env {var}: the variable is not set"))?;
+            sc.api_key = Some(Secret(key.trim().to_string()));
+        }
+        Ok(Some(sc))
     }
 }
 

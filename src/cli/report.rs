@@ -24,9 +24,15 @@ Examples:
   retrace compare traces/mooncake_conversation_1k.jsonl cand.json")]
 pub struct CompareArgs {
     /// The reference run.
-    pub(crate) baseline: PathBuf,
+    #[arg(required_unless_present = "shadow")]
+    pub(crate) baseline: Option<PathBuf>,
     /// The run under test.
-    pub(crate) candidate: PathBuf,
+    #[arg(required_unless_present = "shadow")]
+    pub(crate) candidate: Option<PathBuf>,
+    /// Judge each shadow of a recording made with `record --shadow` (its files, e.g. rotated
+    /// ones) against the primary, request by request; a `--shadow-control` is the noise band.
+    #[arg(long, value_name = "RECORDING", num_args = 1.., conflicts_with_all = ["baseline", "candidate", "noise", "html"], help_heading = "Options")]
+    pub(crate) shadow: Vec<PathBuf>,
     /// Another run of the baseline (same trace, same target): changes count only beyond the
     /// largest difference between such a run and the baseline. Repeat for several reruns.
     #[arg(long, value_name = "OTHER_BASELINE", help_heading = "Options")]
@@ -130,13 +136,42 @@ impl CompareArgs {
             None => Vec::new(),
         };
         let min_effect = compare::MinEffect::parse(&self.min_effect).map_err(anyhow::Error::msg)?;
+        let (Some(baseline), Some(candidate)) = (&self.baseline, &self.candidate) else {
+            anyhow::bail!("compare takes a BASELINE and a CANDIDATE, or --shadow RECORDING");
+        };
         Ok(report::CompareOptions {
-            baseline: self.baseline.clone(),
-            candidate: self.candidate.clone(),
+            baseline: baseline.clone(),
+            candidate: candidate.clone(),
             noise: self.noise.clone(),
             rules,
             format: self.format,
             html: self.html.clone(),
+            compare: compare::Settings {
+                min_effect,
+                seed: self.seed,
+                resamples: self.resamples as usize,
+            },
+        })
+    }
+}
+
+impl CompareArgs {
+    /// Whether this is `compare --shadow`.
+    pub(crate) fn is_shadow(&self) -> bool {
+        !self.shadow.is_empty()
+    }
+
+    /// The options `compare --shadow` runs with.
+    pub(crate) fn shadow_options(&self) -> anyhow::Result<report::ShadowCompareOptions> {
+        let rules = match &self.fail_on {
+            Some(spec) => rules::parse(spec)?,
+            None => Vec::new(),
+        };
+        let min_effect = compare::MinEffect::parse(&self.min_effect).map_err(anyhow::Error::msg)?;
+        Ok(report::ShadowCompareOptions {
+            recordings: self.shadow.clone(),
+            rules,
+            format: self.format,
             compare: compare::Settings {
                 min_effect,
                 seed: self.seed,

@@ -60,6 +60,8 @@ pub(crate) struct Proxy {
     pub(crate) client: UpstreamClient,
     /// The `Via` entry added to forwarded requests ([`via_entry`]).
     pub(crate) via: HeaderValue,
+    /// The shadow side, with `--shadow`.
+    pub(crate) shadow: Option<Arc<super::shadow::Shadower>>,
 }
 
 impl Proxy {

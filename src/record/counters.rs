@@ -63,6 +63,40 @@ impl<const FINE: bool> Histogram<FINE> {
     }
 }
 
+/// Why a shadow copy has no measurement (`shadow::Skip::as_str` names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// `--shadow-max-in-flight` copies were running.
+    InFlight = 0,
+    /// The shadows' byte budget was spent.
+    Bytes,
+    /// The request body was over `--capture-max`, so no copy of it was kept.
+    BodyOverCap,
+    /// The primary's record went out before the copy ended (the byte budget).
+    Budget,
+    /// The proxy was draining.
+    Draining,
+}
+
+impl Skip {
+    pub(crate) const ALL: [Skip; 5] = [
+        Skip::InFlight,
+        Skip::Bytes,
+        Skip::BodyOverCap,
+        Skip::Budget,
+        Skip::Draining,
+    ];
+}
+
+/// The counters of one shadow target.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowCounters {
+    pub(crate) mirrored: AtomicU64,
+    pub(crate) skipped: [AtomicU64; Skip::ALL.len()],
+    /// Copies that ended with a failure kind or a status of 400 or more.
+    pub(crate) failed: AtomicU64,
+}
+
 /// All counters of one proxy instance.
 #[derive(Debug, Default)]
 pub struct ProxyCounters {
@@ -100,6 +134,11 @@ pub struct ProxyCounters {
     pub(crate) upstream_tokenize_ok: AtomicU64,
     pub(crate) upstream_tokenize_failed: AtomicU64,
     pub(crate) upstream_tokenize_skipped: AtomicU64,
+    /// Per shadow target, by index (set when the proxy shadows).
+    pub(crate) shadows: std::sync::OnceLock<Vec<ShadowCounters>>,
+    /// Shadow copies running now, and the budget bytes they and their waiting primaries hold.
+    pub(crate) shadow_in_flight: AtomicU64,
+    pub(crate) shadow_bytes: AtomicU64,
 }
 
 impl ProxyCounters {
@@ -241,7 +280,48 @@ impl ProxyCounters {
         w.sample(name, &[("result", "ok")], ok);
         let failed = self.upstream_tokenize_failed.load(Relaxed);
         w.sample(name, &[("result", "failed")], failed);
+        if let Some(shadows) = self.shadows.get() {
+            render_shadows(shadows, &mut w);
+            let name = "retrace_record_shadow_in_flight";
+            w.family(name, Kind::Gauge, "Shadow copies running now.");
+            w.sample(name, &[], self.shadow_in_flight.load(Relaxed));
+            let name = "retrace_record_shadow_bytes";
+            let help = "Bytes shadowing holds now: copies' bodies and captures, and primaries waiting for their copies.";
+            w.family(name, Kind::Gauge, help);
+            w.sample(name, &[], self.shadow_bytes.load(Relaxed));
+        }
         w.finish()
+    }
+}
+
+/// The shadow targets' counters, labelled by target index.
+fn render_shadows(shadows: &[ShadowCounters], w: &mut PromWriter) {
+    let name = "retrace_record_shadow_mirrored_total";
+    w.family(
+        name,
+        Kind::Counter,
+        "Requests copied to each shadow target.",
+    );
+    for (k, c) in shadows.iter().enumerate() {
+        let k = k.to_string();
+        w.sample(name, &[("shadow", &k)], c.mirrored.load(Relaxed));
+    }
+    let name = "retrace_record_shadow_skipped_total";
+    let help = "Copies not sent, or whose measurement was given up, by reason.";
+    w.family(name, Kind::Counter, help);
+    for (k, c) in shadows.iter().enumerate() {
+        let k = k.to_string();
+        for (r, why) in Skip::ALL.iter().enumerate() {
+            let n = c.skipped[r].load(Relaxed);
+            w.sample(name, &[("shadow", &k), ("reason", why.as_str())], n);
+        }
+    }
+    let name = "retrace_record_shadow_failed_total";
+    let help = "Copies that failed (a failure kind, or a status of 400 or more).";
+    w.family(name, Kind::Counter, help);
+    for (k, c) in shadows.iter().enumerate() {
+        let k = k.to_string();
+        w.sample(name, &[("shadow", &k)], c.failed.load(Relaxed));
     }
 }
 

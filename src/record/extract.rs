@@ -6,7 +6,9 @@
 
 use super::pastcap::Uncaptured;
 use super::prompt::{batch_len, TextTokenizer};
+use super::shadow::Copy;
 use crate::trace::hash::BlockHasher;
+use crate::trace::shadow::{Agreement, ShadowCopy};
 use crate::trace::{Endpoint, Event, PastCap, Request, Response, MAX_CHOICES};
 use crate::wire::chunkmemo::ChunkMemo;
 use crate::wire::openai::{self, BodyInfo};
@@ -24,6 +26,8 @@ pub(crate) struct Captured {
     pub(crate) truncated: bool,
     /// The body ended normally.
     pub(crate) complete: bool,
+    /// The request's shadow copies, when it was mirrored (`record --shadow`).
+    pub(crate) ticket: Option<super::shadow::Ticket>,
 }
 
 impl Captured {
@@ -48,6 +52,7 @@ impl Captured {
         self.len = 0;
         self.truncated = false;
         self.complete = false;
+        self.ticket = None;
     }
 }
 
@@ -76,13 +81,23 @@ pub struct Exchange {
     /// Transport failure (`upstream_connect`, `upstream_reset`, `timeout_idle`, ...).
     pub(crate) error: Option<super::failure::ProxyFailure>,
     pub(crate) cancelled: bool,
+    /// The request's shadow copies by target index, as they ended (`record --shadow`).
+    pub(crate) shadows: Vec<(u8, super::shadow::Copy)>,
 }
 
 impl Exchange {
     /// Bytes of body captures this exchange holds (what it costs in the writer queue).
     pub(crate) fn captured_bytes(&self) -> u64 {
         let past = self.past_cap.as_ref().map_or(0, |u| u.held_bytes());
-        (self.request.data.len() + self.response_body.len() + past) as u64
+        let copies: u64 = self
+            .shadows
+            .iter()
+            .map(|(_, c)| match c {
+                super::shadow::Copy::Done(e) => e.captured_bytes(),
+                super::shadow::Copy::Skipped(_) => 0,
+            })
+            .sum();
+        (self.request.data.len() + self.response_body.len() + past) as u64 + copies
     }
 
     /// Readies a used exchange (one the writer handed back, see `writer::Recorder::exchange`)
@@ -132,6 +147,7 @@ impl Exchange {
             end: None,
             error: None,
             cancelled: false,
+            shadows: Vec::new(),
         }
     }
 
@@ -275,6 +291,30 @@ fn past_cap_events(
 /// ([`openai::MAX_USAGE`]).
 const MALFORMED_USAGE: &str = "malformed_usage";
 
+/// The error kind of a response without a transport failure: the upstream's status names its
+/// own refusals (a JSON 404 or 400 error body is not a broken stream); `stream_error` is an
+/// error event inside a successful response.
+fn error_kind(status: u16, parse_failure: bool, stream_error: Option<&str>) -> Option<String> {
+    if status >= 400 {
+        Some(format!("http_{status}"))
+    } else if parse_failure {
+        Some("request_parse".into())
+    } else {
+        stream_error.map(|e| match e {
+            MALFORMED_USAGE => MALFORMED_USAGE.into(),
+            _ => "stream_error".into(),
+        })
+    }
+}
+
+/// The generated text of a response read whole and completed.
+fn whole_output(ex: &Exchange, resp: &Response) -> Option<Vec<u8>> {
+    if !resp.completed() || ex.response_truncated {
+        return None;
+    }
+    crate::wire::output::text(is_sse(&ex.content_type), &ex.response_body)
+}
+
 fn us(d: Duration) -> u64 {
     d.as_micros().min(u128::from(u64::MAX)) as u64
 }
@@ -309,24 +349,54 @@ impl Extractor {
             false => None,
         };
         if resp.error.is_none() {
-            // The upstream's status names its own refusals (a JSON 404 or 400 error body is not
-            // a broken stream); `stream_error` is an error event inside a successful response.
-            resp.error = if ex.status >= 400 {
-                Some(format!("http_{}", ex.status))
-            } else if parse_failure.is_some() {
-                Some("request_parse".into())
-            } else {
-                stream_error.as_deref().map(|e| match e {
-                    MALFORMED_USAGE => MALFORMED_USAGE.into(),
-                    _ => "stream_error".into(),
-                })
-            };
+            resp.error = error_kind(ex.status, parse_failure.is_some(), stream_error.as_deref());
         }
         if self.bodies != Bodies::None && !ex.request.truncated && ex.request.complete {
             req.body = Some(ex.request.data.clone());
         }
+        if !ex.shadows.is_empty() {
+            req.shadows = self.shadow_copies(ex, &resp);
+        }
         req.response = Some(Box::new(resp));
         (req, parse_failure)
+    }
+
+    /// The request's shadow copies as recorded: each response read as the primary's is, and,
+    /// for a deterministic request, how far its output agrees with the primary's.
+    fn shadow_copies(&self, ex: &Exchange, primary: &Response) -> Vec<ShadowCopy> {
+        let deterministic = ex.request.complete
+            && !ex.request.truncated
+            && crate::wire::output::deterministic(&ex.request.data);
+        let primary_text = deterministic.then(|| whole_output(ex, primary)).flatten();
+        let copy = |(k, c): &(u8, Copy)| match c {
+            Copy::Skipped(why) => ShadowCopy {
+                target: *k,
+                skipped: Some(why.as_str().into()),
+                ..Default::default()
+            },
+            Copy::Done(s) => {
+                let (mut resp, stream_error) = self.response(s);
+                if resp.error.is_none() {
+                    resp.error = error_kind(s.status, false, stream_error.as_deref());
+                }
+                let agreement = match (&primary_text, whole_output(s, &resp)) {
+                    (Some(a), Some(b)) => Some(Agreement::of(a, &b)),
+                    _ => None,
+                };
+                ShadowCopy {
+                    target: *k,
+                    sent_us: us(s.arrival.saturating_duration_since(ex.arrival)),
+                    skipped: None,
+                    output_tokens: match resp.usage {
+                        Some(u) => u.completion_tokens,
+                        None => resp.events.iter().map(|e| u64::from(e.tokens)).sum(),
+                    },
+                    response: Some(Box::new(resp)),
+                    agreement,
+                }
+            }
+        };
+        ex.shadows.iter().map(copy).collect()
     }
 
     /// The response as recorded: status, timing, events (each read as `parse_chunk` reads it),

@@ -31,6 +31,10 @@ pub(crate) enum ProxyFailure {
     /// The upstream answered before the whole request body was sent to it (and stopped
     /// reading); the answer was forwarded. Not counted as an upstream error.
     BodyUnsent,
+    /// A shadow's response ran past `--capture-max`: the copy was cut there.
+    CaptureMax,
+    /// A shadow copy was cut because the shadows' byte budget was spent.
+    ShadowBudget,
 }
 
 impl ProxyFailure {
@@ -63,6 +67,8 @@ impl ProxyFailure {
             ProxyFailure::Other => "other",
             ProxyFailure::DrainDeadline => "drain_deadline",
             ProxyFailure::BodyUnsent => "request_body_unsent",
+            ProxyFailure::CaptureMax => "capture_max",
+            ProxyFailure::ShadowBudget => "shadow_budget",
         }
     }
 

@@ -10,6 +10,7 @@ use super::common::{self, classify, describe, error_json, Drain, Proxy};
 use super::extract::Captured;
 use super::failure::ProxyFailure;
 use super::rawpool::RawPool;
+use super::shadow;
 use super::tap::{lock, Pending};
 use super::tunnel;
 use crate::sys::netio::ClientStream;
@@ -300,14 +301,14 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         let data = self.cbuf.data();
         let mut ex = p.recorder.exchange(arrival, h.method_in(data), "");
         h.path_into(data, &mut ex.path);
-        let (pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
+        let (mut pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
         self.cbuf.consume(h.len);
         if self.ubuf.v.capacity() < UPSTREAM_BUF {
             self.ubuf.v.reserve_exact(UPSTREAM_BUF);
         }
         let req = BodyState::new(h.body);
         if req.done() {
-            lock(&cap).complete = true;
+            shadow::request_done(p.shadow.as_ref(), &mut pending, &cap);
         }
         let (headers_deadline, total_deadline) = p.deadlines(t_arrival);
         let mut ex = Ex {
@@ -540,7 +541,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             .request_bytes
             .fetch_add(decoded as u64, Relaxed);
         if ex.req.done() {
-            lock(&ex.cap).complete = true;
+            shadow::request_done(self.p.shadow.as_ref(), &mut ex.pending, &ex.cap);
         }
         Ok(k)
     }

@@ -4,7 +4,7 @@
 
 use super::common::{self, classify, describe, error_json, Proxy};
 use super::failure::ProxyFailure;
-use super::tap::{lock, Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
+use super::tap::{lock, Mirror, Pending, ProxyBody, RequestTap, ResponseTap, Unsent};
 use super::timing::WriteClock;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -104,12 +104,18 @@ pub(crate) async fn handle(
         Version::HTTP_11
     };
     let unsent = Unsent::default();
+    let mirror = p.shadow.as_ref().map(|sh| Mirror {
+        shadow: sh.clone(),
+        method: parts.method.as_str().to_string(),
+        path: pq.clone(),
+    });
     let tap = RequestTap::new(
         body,
         cap.clone(),
         p.capture_max,
         p.stats.clone(),
         Some(unsent.clone()),
+        mirror,
     );
     let up = Request::from_parts(parts, tap);
     let (headers_deadline, total_deadline) = p.deadlines(arrival);
@@ -129,7 +135,7 @@ pub(crate) async fn handle(
             }
             let left = lock(&unsent).take();
             if let Some(body) = left {
-                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone(), None);
+                let tap = RequestTap::new(body, cap, p.capture_max, p.stats.clone(), None, None);
                 read_for_record(tap, p.capture_max).await;
             }
             return Ok(fail(pending, f, &format!("upstream: {msg}")));

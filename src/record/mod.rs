@@ -15,6 +15,7 @@ pub mod prompt;
 pub(crate) mod rawpool;
 pub mod server;
 pub(crate) mod servertok;
+pub mod shadow;
 pub(crate) mod tap;
 pub(crate) mod timing;
 pub(crate) mod tunnel;
@@ -74,6 +75,8 @@ pub struct RecordConfig {
     pub(crate) admin: Option<SocketAddr>,
     /// Single-threaded I/O runtimes serving connections (0: one per CPU).
     pub io_threads: usize,
+    /// `--shadow`: copies of workload requests to candidate servers.
+    pub shadow: Option<shadow::ShadowConfig>,
 }
 
 /// The defaults of [`RecordConfig`] (`retrace record`'s, but for the admin endpoint, which
@@ -132,25 +135,39 @@ impl RecordConfig {
             flush_every: defaults::FLUSH_EVERY,
             admin: None,
             io_threads: defaults::IO_THREADS,
+            shadow: None,
         })
     }
 }
 
+impl RecordConfig {
+    /// The upstream URL.
+    pub fn upstream_uri(&self) -> &Uri {
+        &self.upstream
+    }
+}
+
 fn parse_upstream(s: &str) -> anyhow::Result<Uri> {
-    crate::sys::userinfo::refuse("--upstream", s).map_err(anyhow::Error::msg)?;
-    crate::sys::userinfo::refuse_query("--upstream", s).map_err(anyhow::Error::msg)?;
+    parse_url("--upstream", s)
+}
+
+/// An upstream or shadow URL (`flag` names it in errors): http or https, a host, no
+/// credentials and no query (shown redacted).
+pub(crate) fn parse_url(flag: &str, s: &str) -> anyhow::Result<Uri> {
+    crate::sys::userinfo::refuse(flag, s).map_err(anyhow::Error::msg)?;
+    crate::sys::userinfo::refuse_query(flag, s).map_err(anyhow::Error::msg)?;
     let u: Uri = s
         .parse()
-        .with_context(|| format!("--upstream {s:?} is not a URL (expected http://host:port)"))?;
+        .with_context(|| format!("{flag} {s:?} is not a URL (expected http://host:port)"))?;
     match u.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => bail!("--upstream {s:?}: the scheme must be http or https"),
+        _ => bail!("{flag} {s:?}: the scheme must be http or https"),
     }
     if u.authority().is_none() {
-        bail!("--upstream {s:?}: no host");
+        bail!("{flag} {s:?}: no host");
     }
     if u.query().is_some() {
-        bail!("--upstream {s:?}: an upstream URL takes no query");
+        bail!("{flag} {s:?}: an upstream URL takes no query");
     }
     Ok(u)
 }
@@ -253,7 +270,38 @@ pub async fn run_with_admin(
     )
     .context("starting the trace writer thread")?;
 
-    let proxies = proxies(&cfg, &connector, &upstream_opts, &recorder, &stats, &via)?;
+    let shadow_rt = match &cfg.shadow {
+        Some(sc) => {
+            if let Ok(at) = listener.local_addr() {
+                sc.refuse_self(at)?;
+            }
+            Some(shadow::runtime()?)
+        }
+        None => None,
+    };
+    let shadower = match (&cfg.shadow, &shadow_rt) {
+        (Some(sc), Some(rt)) => Some(shadow::Shadower::new(
+            sc,
+            &upstream_opts,
+            shadow::Limits {
+                headers: cfg.headers_timeout,
+                idle: cfg.idle_timeout,
+                total: cfg.total_timeout.unwrap_or(shadow::COPY_TOTAL),
+                capture_max: cfg.capture_max,
+            },
+            via.clone(),
+            stats.clone(),
+            rt.handle().clone(),
+        )?),
+        _ => None,
+    };
+    let up = Upstream {
+        connector: &connector,
+        opts: &upstream_opts,
+        via: &via,
+        shadow: shadower.as_ref(),
+    };
+    let proxies = proxies(&cfg, &up, &recorder, &stats)?;
     drop(recorder);
 
     let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -262,6 +310,16 @@ pub async fn run_with_admin(
     let drained = server::serve(listener, tls, proxies, shutdown, cfg.drain_timeout)
         .await
         .context("starting the I/O threads")?;
+    let mut drained_all = drained.all;
+    if let Some(sh) = shadower {
+        drained_all &= sh.drain(drained.deadline).await;
+        drop(sh);
+    }
+    if let Some(rt) = shadow_rt {
+        // Copies still running after the cut end as `drain_deadline` when their tasks drop.
+        let _ =
+            tokio::task::spawn_blocking(move || rt.shutdown_timeout(Duration::from_secs(1))).await;
+    }
     let deadline = drained.deadline.into_std();
     let files = tokio::task::spawn_blocking(move || writer.close(Some(deadline)))
         .await
@@ -277,7 +335,7 @@ pub async fn run_with_admin(
         records_lost_io: stats.records_lost_io.load(Relaxed),
         write_errors: stats.write_errors.load(Relaxed),
         files,
-        drained: drained.all,
+        drained: drained_all,
     })
 }
 
@@ -334,6 +392,18 @@ fn trace_header_and_extractor(
         format!("{:?}", cfg.bodies).to_ascii_lowercase(),
     );
     meta.insert("record_order".into(), crate::trace::COMPLETION_ORDER.into());
+    if let Some(sc) = &cfg.shadow {
+        use crate::trace::shadow as ts;
+        for (k, (role, u)) in sc.targets.iter().enumerate() {
+            meta.insert(ts::meta_key(k), ts::meta_value(*role, &shadow::redact(u)));
+        }
+        if let Some(m) = &sc.model {
+            meta.insert("shadow_model".into(), m.clone());
+        }
+        if sc.fraction < 1.0 {
+            meta.insert("shadow_fraction".into(), sc.fraction.to_string());
+        }
+    }
     let header = crate::trace::TraceHeader {
         block_size: cfg.block_size,
         hash_scheme: hasher.scheme(),
@@ -352,16 +422,29 @@ fn trace_header_and_extractor(
     Ok((header, extractor, t0))
 }
 
+/// Where the proxies forward: the upstream's dialer and options, the `Via` entry, the shadows.
+#[derive(Clone, Copy)]
+struct Upstream<'a> {
+    connector: &'a upstream::Connector,
+    opts: &'a upstream::UpstreamOptions,
+    via: &'a http::HeaderValue,
+    shadow: Option<&'a Arc<shadow::Shadower>>,
+}
+
 /// One proxy per I/O thread, each with its own upstream pool (an upstream connection stays on
 /// its thread).
 fn proxies(
     cfg: &RecordConfig,
-    connector: &upstream::Connector,
-    upstream_opts: &upstream::UpstreamOptions,
+    up: &Upstream<'_>,
     recorder: &writer::Recorder,
     stats: &Arc<counters::ProxyCounters>,
-    via: &http::HeaderValue,
 ) -> anyhow::Result<Vec<Arc<common::Proxy>>> {
+    let Upstream {
+        connector,
+        opts: upstream_opts,
+        via,
+        shadow,
+    } = *up;
     let scheme: Scheme = cfg.upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
     let authority: Authority = cfg
         .upstream
@@ -403,6 +486,7 @@ fn proxies(
             raw,
             client: upstream::build(upstream_opts)?,
             via: via.clone(),
+            shadow: shadow.cloned(),
         }));
     }
     Ok(proxies)

@@ -41,6 +41,15 @@ pub(crate) struct RequestTap {
     max: usize,
     stats: Arc<ProxyCounters>,
     unsent: Option<Unsent>,
+    /// Where the complete body is offered to the shadows: (shadows, method, path).
+    mirror: Option<Mirror>,
+}
+
+/// A request to offer to the shadows once its body is complete.
+pub(crate) struct Mirror {
+    pub(crate) shadow: Arc<super::shadow::Shadower>,
+    pub(crate) method: String,
+    pub(crate) path: String,
 }
 
 impl RequestTap {
@@ -52,6 +61,7 @@ impl RequestTap {
         max: usize,
         stats: Arc<ProxyCounters>,
         unsent: Option<Unsent>,
+        mirror: Option<Mirror>,
     ) -> Self {
         RequestTap {
             inner: Some(inner),
@@ -59,6 +69,14 @@ impl RequestTap {
             max,
             stats,
             unsent,
+            mirror,
+        }
+    }
+
+    fn complete(&mut self, c: &mut Captured) {
+        match self.mirror.take() {
+            Some(m) => super::shadow::body_complete(Some(&m.shadow), &m.method, &m.path, c),
+            None => c.complete = true,
         }
     }
 }
@@ -86,19 +104,24 @@ impl Body for RequestTap {
             return Poll::Ready(None);
         };
         let r = Pin::new(&mut *inner).poll_frame(cx);
+        let ended = inner.is_end_stream();
         match &r {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
                     this.stats.request_bytes.fetch_add(d.len() as u64, Relaxed);
-                    let mut c = lock(&this.cap);
+                    let cap = this.cap.clone();
+                    let mut c = lock(&cap);
                     c.note(d, this.max);
                     // hyper stops polling once a body with a known length says it has ended.
-                    if inner.is_end_stream() {
-                        c.complete = true;
+                    if ended {
+                        this.complete(&mut c);
                     }
                 }
             }
-            Poll::Ready(None) => lock(&this.cap).complete = true,
+            Poll::Ready(None) => {
+                let cap = this.cap.clone();
+                this.complete(&mut lock(&cap));
+            }
             _ => {}
         }
         r
@@ -198,7 +221,10 @@ fn finish(mut st: TapState, error: Option<ProxyFailure>, cancelled: bool) {
     if st.ex.cancelled {
         st.stats.client_cancelled.fetch_add(1, Relaxed);
     }
-    st.recorder.submit(st.ex);
+    match st.ex.request.ticket.take() {
+        Some(t) => t.park(st.ex, &st.recorder),
+        None => st.recorder.submit(st.ex),
+    }
 }
 
 /// The upstream response body on its way to the client.

@@ -173,7 +173,7 @@ impl Default for Settings {
 
 /// Makes a row's interval hold its own point estimate (a bootstrap of a discrete statistic can
 /// collapse to a point beside it) and its significance respect the minimum effect.
-fn settle(row: &mut MetricRow, min_effect: MinEffect) {
+pub(crate) fn settle(row: &mut MetricRow, min_effect: MinEffect) {
     let Some(d) = row.abs_change else { return };
     if let Some((lo, hi)) = row.ci {
         row.ci = Some((lo.min(d), hi.max(d)));

@@ -16,6 +16,7 @@ pub mod load;
 pub mod render;
 pub mod rules;
 pub mod run;
+pub mod shadow;
 pub(crate) mod weighted;
 pub mod workload;
 
@@ -40,6 +41,44 @@ pub(crate) struct CompareOptions {
     /// Also write the comparison as an HTML page here.
     pub(crate) html: Option<PathBuf>,
     pub(crate) compare: compare::Settings,
+}
+
+/// What `compare --shadow` reads and judges.
+#[derive(Debug, Clone)]
+pub(crate) struct ShadowCompareOptions {
+    /// The files of one shadowed recording.
+    pub(crate) recordings: Vec<PathBuf>,
+    pub(crate) rules: Vec<rules::Rule>,
+    pub(crate) format: render::RenderFormat,
+    pub(crate) compare: compare::Settings,
+}
+
+/// `retrace compare --shadow`: each candidate judged as [`run_compare`] judges a candidate run,
+/// with the same exit codes (the worst over the candidates).
+pub(crate) fn run_shadow_compare(a: &ShadowCompareOptions) -> anyhow::Result<ExitCode> {
+    let judged = shadow::compare_shadows(&a.recordings, &a.compare)?;
+    let mut outcomes = Vec::with_capacity(judged.len());
+    for j in &judged {
+        outcomes.push(rules::evaluate(&a.rules, &j.comparison)?);
+    }
+    std::io::stdout()
+        .lock()
+        .write_all(shadow::render(&judged, &outcomes, a.format).as_bytes())?;
+    let mut code = ExitCode::SUCCESS;
+    let (mut tripped, mut unjudged) = (0, false);
+    for (j, o) in judged.iter().zip(&outcomes) {
+        for r in o.iter().filter(|r| r.tripped || r.not_judged) {
+            eprintln!("retrace compare: shadow {}: {}", j.target.index, r.message);
+        }
+        tripped += o.iter().filter(|r| r.tripped).count();
+        unjudged |= o.iter().any(|r| r.not_judged);
+    }
+    if tripped > 0 {
+        code = ExitCode::from(1);
+    } else if unjudged {
+        code = ExitCode::from(NOT_JUDGED);
+    }
+    Ok(code)
 }
 
 /// What `report` reads and writes.

@@ -19,6 +19,7 @@ pub mod mooncake;
 pub mod native;
 pub mod rows;
 pub(crate) mod select;
+pub mod shadow;
 pub(crate) mod shape;
 pub mod stats;
 pub mod stream;
@@ -237,7 +238,7 @@ impl Endpoint {
             Endpoint::Other(p) => p,
         }
     }
-    fn kind(&self) -> EndpointKind {
+    pub(crate) fn kind(&self) -> EndpointKind {
         match self {
             Endpoint::Completions | Endpoint::Chat | Endpoint::Responses => {
                 EndpointKind::Generation
@@ -466,6 +467,9 @@ pub struct Request {
     pub body: Option<Vec<u8>>,
     /// Who counted `input_tokens` (native key `ic`, since 1.4).
     pub input_count: InputCount,
+    /// The copies a shadowing recorder sent of this request, one per target at most (native
+    /// key `sh`, since 1.6; at most [`shadow::MAX_SHADOWS`]).
+    pub shadows: Vec<shadow::ShadowCopy>,
 }
 
 /// Who counted a record's input length.

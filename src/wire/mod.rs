@@ -5,6 +5,7 @@ pub(crate) mod bytescan;
 pub(crate) mod chunkmemo;
 pub mod h1;
 pub mod openai;
+pub(crate) mod output;
 pub(crate) mod prom;
 pub mod sse;
 

@@ -5,6 +5,7 @@
 
 use proptest::prelude::*;
 use retrace::trace::import::{read_bytes, Format, ImportOptions};
+use retrace::trace::shadow::{Agreement, ShadowCopy};
 use retrace::trace::{
     native, Endpoint, Event, InputCount, Params, PastCap, Request, Response, Session, Trace,
     TraceHeader, Usage,
@@ -239,6 +240,29 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     })
                 }),
                 body,
+                // Every shape of shadow copy round-trips (the arrival picks one).
+                shadows: match t % 4 {
+                    0 => Vec::new(),
+                    k => vec![ShadowCopy {
+                        target: (k - 1) as u8,
+                        sent_us: t % 97,
+                        skipped: (k == 2).then(|| "in_flight".to_string()),
+                        response: (k == 3).then(|| {
+                            Box::new(Response {
+                                status: 200,
+                                ttft_us: Some(7),
+                                end_us: Some(9),
+                                events: vec![Event {
+                                    offset_us: 7,
+                                    tokens: 2,
+                                }],
+                                ..Default::default()
+                            })
+                        }),
+                        output_tokens: o,
+                        agreement: (k == 1).then(|| Agreement::of(b"same", b"same text")),
+                    }],
+                },
             },
         )
 }

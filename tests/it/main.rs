@@ -28,6 +28,7 @@ mod replay_h1;
 mod scale_out;
 mod scrape;
 mod sessions;
+mod shadow;
 mod start_at;
 mod support;
 mod synth;

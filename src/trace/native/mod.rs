@@ -34,7 +34,12 @@
 //!     (only for a stream of `n > 1`; since 1.4), x: the body ran past the recorder's capture
 //!     cap (since 1.5; absent: read whole) {n: SSE events that ended past it, the last n of eg,
 //!     counted but unread, one token each but the stream's last (0), s: the count stopped at the
-//!     recorder's bound, later events in no figure but u (false)}}`.
+//!     recorder's bound, later events in no figure but u (false)}}`;
+//!   - `sh` (since 1.6): the copies a shadowing recorder sent, at most 5, each `{k: the
+//!     target's index (header meta `shadow.K`), d: µs from the arrival to the copy's send,
+//!     sk: why it has no measurement, r: its response as `r` above (offsets from its send),
+//!     o: its output tokens, ag: [primary output xxh3, shadow output xxh3, agreeing prefix,
+//!     primary length, shadow length] in bytes of text, for a deterministic request}`.
 //!
 //! Unknown keys are ignored, so a newer *minor* version stays readable.
 //!
@@ -64,7 +69,7 @@ use std::path::Path;
 
 pub(crate) const MAGIC: &str = "retrace-trace";
 pub(crate) const VERSION_MAJOR: u16 = 1;
-pub(crate) const VERSION_MINOR: u16 = 5;
+pub(crate) const VERSION_MINOR: u16 = 6;
 /// Largest decompressed frame the reader accepts.
 pub(crate) const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];

@@ -1,4 +1,5 @@
 use super::*;
+use crate::trace::shadow::{Agreement, ShadowCopy, MAX_SHADOWS};
 
 #[derive(Serialize, Deserialize)]
 pub(super) struct HeaderWire {
@@ -50,6 +51,86 @@ pub(super) struct RequestWire {
     pub(super) r: Option<ResponseWire>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) ic: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) sh: Vec<ShadowWire>,
+}
+
+/// A shadow copy (`trace::shadow::ShadowCopy`).
+#[derive(Serialize, Deserialize, Default)]
+pub(super) struct ShadowWire {
+    #[serde(default)]
+    pub(super) k: u8,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) d: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) sk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) r: Option<ResponseWire>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) o: u64,
+    /// `[primary hash, shadow hash, agreeing prefix, primary length, shadow length]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ag: Option<(u64, u64, u64, u64, u64)>,
+}
+
+impl ShadowWire {
+    fn from_copy(c: &ShadowCopy) -> ShadowWire {
+        ShadowWire {
+            k: c.target,
+            d: c.sent_us,
+            sk: c.skipped.clone(),
+            r: c.response.as_deref().map(ResponseWire::from_response),
+            o: c.output_tokens,
+            ag: c.agreement.map(|a| {
+                (
+                    a.primary_hash,
+                    a.shadow_hash,
+                    a.prefix,
+                    a.primary_len,
+                    a.shadow_len,
+                )
+            }),
+        }
+    }
+
+    fn into_copy(self) -> Result<ShadowCopy, String> {
+        if usize::from(self.k) >= MAX_SHADOWS {
+            return Err(format!("shadow target {} (at most {MAX_SHADOWS})", self.k));
+        }
+        if self.o > crate::trace::rows::MAX_TOKENS {
+            let max = crate::trace::rows::MAX_TOKENS;
+            return Err(format!(
+                "shadow output of {} tokens: over the limit of {max}",
+                self.o
+            ));
+        }
+        let agreement = match self.ag {
+            Some((_, _, p, a, b)) if p > a.min(b) => {
+                return Err(format!(
+                    "shadow agreement prefix {p} is longer than an output ({a}, {b} bytes)"
+                ));
+            }
+            Some((primary_hash, shadow_hash, prefix, primary_len, shadow_len)) => Some(Agreement {
+                primary_hash,
+                shadow_hash,
+                prefix,
+                primary_len,
+                shadow_len,
+            }),
+            None => None,
+        };
+        Ok(ShadowCopy {
+            target: self.k,
+            sent_us: self.d,
+            skipped: self.sk,
+            response: self
+                .r
+                .map(|r| r.into_response().map(Box::new))
+                .transpose()?,
+            output_tokens: self.o,
+            agreement,
+        })
+    }
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -199,6 +280,7 @@ impl RequestWire {
             b: r.body.clone(),
             r: r.response.as_deref().map(ResponseWire::from_response),
             ic: r.input_count.wire().map(str::to_string),
+            sh: r.shadows.iter().map(ShadowWire::from_copy).collect(),
         }
     }
 
@@ -217,6 +299,12 @@ impl RequestWire {
             return Err(format!(
                 "input {} / output {} tokens: over the limit of {max}",
                 self.i, self.o
+            ));
+        }
+        if self.sh.len() > MAX_SHADOWS {
+            return Err(format!(
+                "{} shadow copies (at most {MAX_SHADOWS})",
+                self.sh.len()
             ));
         }
         let id_limit = crate::trace::rows::id_limit(header.blocks_for(self.i));
@@ -241,6 +329,11 @@ impl RequestWire {
                 .transpose()?,
             body: self.b,
             input_count: crate::trace::InputCount::from_wire(self.ic.as_deref()),
+            shadows: self
+                .sh
+                .into_iter()
+                .map(ShadowWire::into_copy)
+                .collect::<Result<_, _>>()?,
         };
         Ok(Unexpanded {
             req,
