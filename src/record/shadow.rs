@@ -460,11 +460,10 @@ fn no_query(path: &str) -> &str {
 fn body_failure(e: &hyper::Error) -> ProxyFailure {
     let framing = e.is_parse()
         || chain(e).any(|s| {
-            s.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| {
-                    use std::io::ErrorKind::{InvalidData, InvalidInput};
-                    matches!(io.kind(), InvalidData | InvalidInput)
-                })
+            s.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                use std::io::ErrorKind::{InvalidData, InvalidInput};
+                matches!(io.kind(), InvalidData | InvalidInput)
+            })
         });
     match framing {
         true => ProxyFailure::UpstreamFraming,

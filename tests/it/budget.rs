@@ -6,7 +6,8 @@
 //! The inputs are the shapes that once passed a per-record bound but not a total one: native
 //! frames whose hash-id runs declare millions of ids in a few bytes (fixed cases and
 //! proptest-generated frames of many records), repetitions (`--loop`, `--overlay`), a fitted
-//! synthetic workload of many requests, a one-line sidecar and an AIPerf export of one huge line.
+//! synthetic workload of many requests, a one-line sidecar and an AIPerf export of one huge line;
+//! records declare up to 7 shadow copies (a reader allows 5), read by `compare --shadow` too.
 
 use crate::support::{self, OutputWithin, MEMORY_LIMIT};
 use ciborium::Value as Cbor;
@@ -20,6 +21,8 @@ use std::process::Command;
 struct Rec {
     input: u64,
     runs: Vec<u64>,
+    /// Shadow copies (`sh`) the record declares (a reader allows 5).
+    copies: u64,
 }
 
 fn map(entries: Vec<(&str, Cbor)>) -> Cbor {
@@ -51,7 +54,14 @@ fn native(dir: &Path, name: &str, frames: &[Vec<Rec>]) -> PathBuf {
         ("t0_unix_us", Cbor::Null),
         ("writer", Cbor::Text("hostile".into())),
         ("source", Cbor::Text("test".into())),
-        ("meta", Cbor::Map(Vec::new())),
+        // a shadowed recording's header: `compare --shadow` reads every record too
+        (
+            "meta",
+            map(vec![(
+                "shadow.0",
+                Cbor::Text("candidate http://127.0.0.1:9".into()),
+            )]),
+        ),
     ]);
     let mut file = Vec::new();
     let mut h = Vec::new();
@@ -67,11 +77,13 @@ fn native(dir: &Path, name: &str, frames: &[Vec<Rec>]) -> PathBuf {
         ]);
         cbor_bytes(&fh, &mut content);
         for (j, r) in recs.iter().enumerate() {
+            let copy = |k: u64| map(vec![("k", int(k % 5)), ("o", int(4))]);
             let m = map(vec![
                 ("t", int(u64::from(j > 0) * 1000)),
                 ("i", int(r.input)),
                 ("o", int(4)),
                 ("h", Cbor::Array(r.runs.iter().map(|&x| int(x)).collect())),
+                ("sh", Cbor::Array((0..r.copies).map(copy).collect())),
             ]);
             cbor_bytes(&m, &mut content);
         }
@@ -95,6 +107,7 @@ fn wide(n: usize, ids: u64) -> Vec<Rec> {
         .map(|k| Rec {
             input: 10_000_000,
             runs: vec![k * ids, ids],
+            copies: k % 7,
         })
         .collect()
 }
@@ -159,6 +172,7 @@ fn every_trace_command(trace: &Path, out: &Path) -> Vec<(String, Ending)> {
         // `synth --fit` reads these inputs as `synth` does (refused past 32 Mi ids); its
         // sampler's budgets are held by a_fitted_workload_of_many_requests_...
         vec!["report", t, "-o", &page],
+        vec!["compare", "--shadow", t],
     ];
     cases
         .iter()
@@ -339,16 +353,19 @@ fn an_aiperf_export_of_one_huge_line_is_read_within_the_budget() {
 }
 
 fn hostile_frames() -> impl Strategy<Value = Vec<Vec<Rec>>> {
-    let rec = (1u64..=RECORD_IDS, 0u64..1 << 40, 1usize..4).prop_map(|(ids, start, pieces)| {
-        let per = (ids / pieces as u64).max(1);
-        let runs = (0..pieces as u64)
-            .flat_map(|p| [start + p * (per + 7), per])
-            .collect();
-        Rec {
-            input: 10_000_000,
-            runs,
-        }
-    });
+    let rec = (1u64..=RECORD_IDS, 0u64..1 << 40, 1usize..4, 0u64..8).prop_map(
+        |(ids, start, pieces, copies)| {
+            let per = (ids / pieces as u64).max(1);
+            let runs = (0..pieces as u64)
+                .flat_map(|p| [start + p * (per + 7), per])
+                .collect();
+            Rec {
+                input: 10_000_000,
+                runs,
+                copies,
+            }
+        },
+    );
     proptest::collection::vec(proptest::collection::vec(rec, 1..24), 1..4)
 }
 

@@ -1,4 +1,4 @@
-//! The dependency rules of `src/` (ARCHITECTURE.md, invariant 27), read from the code itself:
+//! The dependency rules of `src/` (ARCHITECTURE.md, invariant 28), read from the code itself:
 //! every `crate::` path and every mention of clap outside comments and test modules (a
 //! `tests.rs` file, or a `#[cfg(test)] mod`), by the folder of `src/` it sits in. A rule broken
 //! names the file, the line and the rule.

@@ -352,7 +352,10 @@ fn k8s_manifests_pass_the_kubernetes_schema() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 2, "replay-shards.yaml and merge-shards.yaml");
+    assert_eq!(
+        seen, 3,
+        "replay-shards.yaml, merge-shards.yaml and shadow-sidecar.yaml"
+    );
     // the validator does check: a misspelt key and a wrong type are refused
     let good = std::fs::read_to_string(support::repo("tools/k8s/replay-shards.yaml")).unwrap();
     for (what, bad) in [

@@ -585,3 +585,88 @@ async fn a_shadow_that_is_the_proxy_itself_is_refused() {
     let e = format!("{:#}", r.unwrap_err());
     assert!(e.contains("the proxy itself"), "{e}");
 }
+
+#[test]
+fn the_sidecar_manifest_runs_a_command_record_accepts() {
+    let yaml = std::fs::read_to_string(support::repo("tools/k8s/shadow-sidecar.yaml")).unwrap();
+    let args: Vec<String> = yaml
+        .lines()
+        .skip_while(|l| l.trim() != r#"command: ["retrace"]"#)
+        .skip(2)
+        .take_while(|l| l.trim().starts_with("- "))
+        .map(|l| {
+            l.trim()
+                .trim_start_matches("- ")
+                .trim_matches('"')
+                .to_string()
+        })
+        .collect();
+    assert_eq!(args.first().map(String::as_str), Some("record"), "{args:?}");
+    // the key's variable is the pod's (from its Secret): left out here
+    let at = args
+        .iter()
+        .position(|a| a == "--shadow-api-key-env")
+        .unwrap();
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    argv.drain(at..at + 2);
+    let retrace::cli::Command::Record(a) = support::cli(&argv).command else {
+        unreachable!()
+    };
+    let cfg = a.config().unwrap();
+    let sc = cfg.shadow.expect("a shadowing recorder");
+    assert_eq!(sc.targets.len(), 2, "a candidate and a control");
+    assert_eq!(sc.fraction, 0.25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadowed_recording_is_read_by_every_path() {
+    let (primary, cand) = (
+        support::start(ServerConfig::default()).await,
+        support::start(ServerConfig::default()).await,
+    );
+    let (rec, dir) = recorder(&primary.url(), &[cand.url()], None, |_| {}).await;
+    let proxy = format!("http://{}/v1/completions", rec.addr);
+    let c = client();
+    for k in 0..3 {
+        assert_eq!(post(&c, &proxy, &completion(k, 4), &[]).await.0, 200);
+    }
+    let (files, recs) = stop(rec).await;
+    assert!(recs.iter().all(|r| r.shadows.len() == 1));
+    let t = files[0].to_str().unwrap().to_string();
+    let o = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let (jsonl, copy, result) = (o("m.jsonl"), o("copy.trace.zst"), o("r.json"));
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+        cmd.args(args);
+        let o = support::Running::spawn(&mut cmd)
+            .unwrap()
+            .wait_within(support::CHILD_LIMIT)
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "retrace {}: {said}", args.join(" "));
+    };
+    run(&["inspect", &t]);
+    run(&["convert", &t, "-o", &jsonl]);
+    run(&["convert", &t, "-o", &copy]);
+    run(&["replay", &t, "--dry-run"]);
+    run(&[
+        "replay",
+        &t,
+        "--result-json",
+        &result,
+        "--detailed",
+        "--speed",
+        "10",
+    ]);
+    run(&["compare", &t, &result]);
+    // native to native keeps the copies and the header's targets
+    let (back, _) = native::read_file(std::path::Path::new(&copy)).unwrap();
+    let mut back = back.requests;
+    back.sort_by_key(|r| r.arrival_us);
+    assert_eq!(
+        back.iter().map(|r| r.shadows.clone()).collect::<Vec<_>>(),
+        recs.iter().map(|r| r.shadows.clone()).collect::<Vec<_>>()
+    );
+    let (v, _) = compare_json(&[copy.into()], &[]);
+    assert_eq!(v["shadows"][0]["target"]["pairs"], 3);
+}
