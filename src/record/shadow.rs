@@ -187,6 +187,9 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("retrace-shadow")
+        // Under CPU saturation forwarding wins and the copies fall behind: their figures then
+        // read slow, and so do a control's, whose noise band covers it.
+        .on_thread_start(crate::sys::thread_timing::lower_priority)
         .enable_all()
         .build()
         .context("starting the shadow thread")

@@ -173,6 +173,17 @@ enum Stat {
     P99Delta,
 }
 
+impl Stat {
+    /// The statistic whose sample floor (`compare::min_samples`) applies.
+    fn weighted(self) -> super::weighted::Stat {
+        match self {
+            Stat::Mean => super::weighted::Stat::Mean,
+            Stat::MedianDelta => super::weighted::Stat::Median,
+            Stat::P99Diff | Stat::P99Delta => super::weighted::Stat::P99,
+        }
+    }
+}
+
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
@@ -241,7 +252,9 @@ fn rows(acc: &Acc, opts: &Settings) -> Vec<MetricRow> {
         ];
         for (k, (name, s, pa, pb)) in stats.into_iter().enumerate() {
             let change = stat(pairs, s);
-            let ci = interval(pairs, s, opts, (m * 8 + k) as u64);
+            // as in `compare`: a statistic of too few pairs has no interval (n/a)
+            let enough = pairs.len() as u64 >= compare::min_samples(s.weighted());
+            let ci = enough.then(|| interval(pairs, s, opts, (m * 8 + k) as u64));
             rows.push(MetricRow {
                 key: format!("{name}_{key}_ms"),
                 label: format!("{name} {label}"),
@@ -251,7 +264,7 @@ fn rows(acc: &Acc, opts: &Settings) -> Vec<MetricRow> {
                 abs_change: Some(change),
                 rel_change: (pa != 0.0).then(|| change / pa),
                 better: Better::Lower,
-                ci: Some(ci),
+                ci,
                 noise: None,
                 significant: None,
                 verdict: compare::Verdict::Unknown,
@@ -320,10 +333,11 @@ pub(crate) fn compare_shadows(
             compare::settle(row, opts.min_effect);
         }
         let mut sum = accs[k].sum.clone();
+        let floor = compare::min_samples(super::weighted::Stat::P99) as usize;
         sum.delta_p99 = METRICS
             .iter()
             .enumerate()
-            .filter(|(m, _)| accs[k].lat[*m].len() >= 2)
+            .filter(|(m, _)| accs[k].lat[*m].len() >= floor)
             .map(|(m, (key, _))| {
                 let pairs = &accs[k].lat[m];
                 let ci = interval(pairs, Stat::P99Delta, opts, 100 + m as u64);
@@ -335,6 +349,11 @@ pub(crate) fn compare_shadows(
             })
             .collect();
         let mut notes = Vec::new();
+        if sum.pairs < floor as u64 {
+            notes.push(format!(
+                "too few pairs to judge p99 (needs {floor}): shown as n/a, and no p99 of the per-request delta"
+            ));
+        }
         if sum.pairs_unused > 0 {
             notes.push(format!(
                 "{} pairs past the first {MAX_PAIRS} were counted, not used",

@@ -15,7 +15,10 @@
 #     the load average while it runs.
 # retrace-b: a second retrace recorder for A/B comparisons in one run, interleaved round by round:
 #   REC_B_BIN (another build, default the same binary), REC_B_ARGS (extra flags), REC_B_ENV
-#   (environment assignments, e.g. "RUST_LOG=debug").
+#   (environment assignments, e.g. "RUST_LOG=debug"). SHADOW=up gives retrace-b a `--shadow` to a
+#   second upstream of its own (SHADOW_TTFT_MS, SHADOW_ITL_MS; default the upstream's timing),
+#   SHADOW=down a `--shadow` to a closed port; the summary then adds retrace-b's shadow counters
+#   and both recorders' peak RSS.
 # Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
@@ -58,11 +61,23 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 start_upstream_and_recorder
 
+SUP=$((BASE + 12))
+SHADOW_ARGS=
+case "${SHADOW:-}" in
+  up)
+    $GEN "$TGT/examples/bench_record" upstream --listen 127.0.0.1:$SUP --ttft-ms "${SHADOW_TTFT_MS:-$TTFT_MS}" \
+      --itl-ms "${SHADOW_ITL_MS:-$ITL_MS}" --tokens "$TOKENS" --lifetime-s 3600 &
+    PIDS+=($!)
+    SHADOW_ARGS="--shadow http://127.0.0.1:$SUP" ;;
+  down) SHADOW_ARGS="--shadow http://127.0.0.1:9" ;;
+  "") ;;
+  *) echo "SHADOW=$SHADOW: expected up or down" >&2; exit 2 ;;
+esac
 REC3_PID=
 if [[ " $TARGETS " == *" retrace-b "* ]]; then
   # shellcheck disable=SC2086
   env RUST_LOG=warn ${REC_B_ENV:-} $PRX "${REC_B_BIN:-$TGT/retrace}" record --listen 127.0.0.1:$REC3 \
-    --upstream http://127.0.0.1:$UP --out "$WORK/traces-b" --admin 127.0.0.1:$ADM3 ${REC_B_ARGS:-} \
+    --upstream http://127.0.0.1:$UP --out "$WORK/traces-b" --admin 127.0.0.1:$ADM3 ${REC_B_ARGS:-} $SHADOW_ARGS \
     2>"$WORK/retrace-b.log" &
   REC3_PID=$!
   PIDS+=($REC3_PID)
@@ -201,6 +216,13 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
+if [ -n "$SHADOW_ARGS" ] && [ -n "$REC3_PID" ]; then
+  curl -s "http://127.0.0.1:$ADM3/metrics" | grep '^retrace_record_shadow' | grep -v ' 0$' >"$OUT/shadow-metrics.txt" || true
+  echo "retrace-b shadow counters (non-zero):" >&2; cat "$OUT/shadow-metrics.txt" >&2
+fi
+for p in "$REC_PID" ${REC3_PID:+"$REC3_PID"}; do
+  echo "peak RSS of pid $p: $(awk '/VmHWM/ {print $2, $3}' "/proc/$p/status")" >&2
+done
 kill -TERM "$REC_PID" ${REC3_PID:+"$REC3_PID"}
 wait "$REC_PID" ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
