@@ -131,11 +131,7 @@ pub struct MergeArgs {
 impl CompareArgs {
     /// The options `compare` runs with; `--fail-on` and `--min-effect` parsed.
     pub(crate) fn options(&self) -> anyhow::Result<report::CompareOptions> {
-        let rules = match &self.fail_on {
-            Some(spec) => rules::parse(spec)?,
-            None => Vec::new(),
-        };
-        let min_effect = compare::MinEffect::parse(&self.min_effect).map_err(anyhow::Error::msg)?;
+        let (rules, settings) = self.judging()?;
         let (Some(baseline), Some(candidate)) = (&self.baseline, &self.candidate) else {
             anyhow::bail!("compare takes a BASELINE and a CANDIDATE, or --shadow RECORDING");
         };
@@ -146,16 +142,10 @@ impl CompareArgs {
             rules,
             format: self.format,
             html: self.html.clone(),
-            compare: compare::Settings {
-                min_effect,
-                seed: self.seed,
-                resamples: self.resamples as usize,
-            },
+            compare: settings,
         })
     }
-}
 
-impl CompareArgs {
     /// Whether this is `compare --shadow`.
     pub(crate) fn is_shadow(&self) -> bool {
         !self.shadow.is_empty()
@@ -163,21 +153,28 @@ impl CompareArgs {
 
     /// The options `compare --shadow` runs with.
     pub(crate) fn shadow_options(&self) -> anyhow::Result<report::ShadowCompareOptions> {
+        let (rules, settings) = self.judging()?;
+        Ok(report::ShadowCompareOptions {
+            recordings: self.shadow.clone(),
+            rules,
+            format: self.format,
+            compare: settings,
+        })
+    }
+
+    /// The `--fail-on` rules and the significance settings, parsed.
+    fn judging(&self) -> anyhow::Result<(Vec<rules::Rule>, compare::Settings)> {
         let rules = match &self.fail_on {
             Some(spec) => rules::parse(spec)?,
             None => Vec::new(),
         };
         let min_effect = compare::MinEffect::parse(&self.min_effect).map_err(anyhow::Error::msg)?;
-        Ok(report::ShadowCompareOptions {
-            recordings: self.shadow.clone(),
-            rules,
-            format: self.format,
-            compare: compare::Settings {
-                min_effect,
-                seed: self.seed,
-                resamples: self.resamples as usize,
-            },
-        })
+        let settings = compare::Settings {
+            min_effect,
+            seed: self.seed,
+            resamples: self.resamples as usize,
+        };
+        Ok((rules, settings))
     }
 }
 

@@ -37,8 +37,11 @@ pub fn run(opts: &InspectOptions) -> Result<String> {
     let name = crate::trace::fleet::names(&opts.files);
     let mut acc = StatsAcc::new(&stream.header, &opts.stats);
     let (header, rep) = (stream.header.clone(), stream.report.clone());
+    let mut copies = Copies::new(&header);
     for r in stream {
-        acc.push(&r?);
+        let r = r?;
+        copies.push(&r);
+        acc.push(&r);
     }
     let stats = acc.finish();
     if opts.json {
@@ -69,7 +72,58 @@ pub fn run(opts: &InspectOptions) -> Result<String> {
         writeln!(s, "damaged file: {d}")?;
     }
     s.push_str(&render(&stats));
+    for line in copies.lines() {
+        writeln!(s, "{line}")?;
+    }
     Ok(s)
+}
+
+/// A shadowed recording's copies, counted per target (`record --shadow`).
+struct Copies {
+    targets: Vec<(crate::trace::shadow::Role, String)>,
+    /// Per target: copies, skipped, failed (a copy sent that did not complete).
+    counts: Vec<[u64; 3]>,
+}
+
+impl Copies {
+    fn new(header: &crate::trace::TraceHeader) -> Copies {
+        let targets = crate::trace::shadow::targets(&header.meta);
+        let counts = vec![[0; 3]; targets.len()];
+        Copies { targets, counts }
+    }
+
+    fn push(&mut self, r: &crate::trace::Request) {
+        for c in &r.shadows {
+            let Some(n) = self.counts.get_mut(usize::from(c.target)) else {
+                continue;
+            };
+            n[0] += 1;
+            match (&c.skipped, c.response.as_deref()) {
+                (Some(_), _) | (None, None) => n[1] += 1,
+                (None, Some(resp)) if !resp.completed() => n[2] += 1,
+                _ => {}
+            }
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        let per = self.targets.iter().zip(&self.counts).enumerate();
+        let mut v: Vec<String> = per
+            .map(|(k, ((role, url), [n, skipped, failed]))| {
+                format!(
+                    "  shadow {k} ({} {url}): {n} copies, {skipped} skipped, {failed} failed",
+                    role.as_str()
+                )
+            })
+            .collect();
+        if !v.is_empty() {
+            v.insert(
+                0,
+                "shadow copies (judge them with `retrace compare --shadow`):".into(),
+            );
+        }
+        v
+    }
 }
 
 fn dist_row(s: &mut String, name: &str, d: &Dist, unit: &str) {

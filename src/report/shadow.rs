@@ -317,97 +317,106 @@ pub(crate) fn compare_shadows(
     }
     let all_rows: Vec<Vec<MetricRow>> = accs.iter().map(|a| rows(a, opts)).collect();
     let control = targets.iter().position(|(r, _)| *r == Role::Control);
-    let mut out = Vec::new();
-    for (k, (role, _)) in targets.iter().enumerate() {
-        if *role == Role::Control {
-            continue;
-        }
-        let mut rows = all_rows[k].clone();
-        rows.extend(failure_row(&accs[k].sum));
-        for row in &mut rows {
-            let band = control.and_then(|c| {
-                let r = all_rows[c].iter().find(|r| r.key == row.key)?;
-                r.abs_change.map(f64::abs)
-            });
-            row.noise = band;
-            compare::settle(row, opts.min_effect);
-        }
-        let mut sum = accs[k].sum.clone();
-        let floor = compare::min_samples(super::weighted::Stat::P99) as usize;
-        sum.delta_p99 = METRICS
-            .iter()
-            .enumerate()
-            .filter(|(m, _)| accs[k].lat[*m].len() >= floor)
-            .map(|(m, (key, _))| {
-                let pairs = &accs[k].lat[m];
-                let ci = interval(pairs, Stat::P99Delta, opts, 100 + m as u64);
-                (
-                    format!("p99_delta_{key}_ms"),
-                    stat(pairs, Stat::P99Delta),
-                    ci,
-                )
-            })
-            .collect();
-        let mut notes = Vec::new();
-        if sum.pairs < floor as u64 {
-            notes.push(format!(
-                "too few pairs to judge p99 (needs {floor}): shown as n/a, and no p99 of the per-request delta"
-            ));
-        }
-        if sum.pairs_unused > 0 {
-            notes.push(format!(
-                "{} pairs past the first {MAX_PAIRS} were counted, not used",
-                sum.pairs_unused
-            ));
-        }
-        if accs[k].lat[3].len() > BOOTSTRAP_MAX {
-            notes.push(format!(
-                "intervals drawn from {BOOTSTRAP_MAX} pairs of {} (an even stride): wider than the whole would give",
-                accs[k].lat[3].len()
-            ));
-        }
-        let side = |what: &str, n: u64| Side {
-            path: what.to_string(),
-            kind: "shadow",
-            requests: Some(n as f64),
-        };
-        let comparison = Comparison {
-            schema: compare::SCHEMA,
-            baseline: Side {
-                kind: "primary",
-                ..side(&paths_label(paths), sum.pairs)
-            },
-            candidate: side(&format!("shadow {k} {}", sum.url), sum.pairs),
-            noise: control
-                .map(|c| {
-                    side(
-                        &format!("shadow {c} {} (control)", accs[c].sum.url),
-                        accs[c].sum.pairs,
-                    )
-                })
-                .into_iter()
-                .collect(),
-            seed: opts.seed,
-            confidence: compare::CONFIDENCE,
-            resamples: opts.resamples,
-            rows,
-            paired: None,
-            workload: None,
-            notes,
-        };
-        out.push(ShadowComparison {
-            target: sum,
-            control: control.map(|c| accs[c].sum.clone()),
-            comparison,
-        });
-    }
+    let control = control.map(|c| (&accs[c].sum, all_rows[c].as_slice()));
+    let label = paths_label(paths);
+    let out: Vec<ShadowComparison> = targets
+        .iter()
+        .enumerate()
+        .filter(|(_, (role, _))| *role == Role::Candidate)
+        .map(|(k, _)| judge(&accs[k], all_rows[k].clone(), control, &label, opts))
+        .collect();
     if out.is_empty() {
-        anyhow::bail!(
-            "{}: no shadow candidate in this recording (record with --shadow URL)",
-            paths_label(paths)
-        );
+        anyhow::bail!("{label}: no shadow candidate in this recording (record with --shadow URL)");
     }
     Ok(out)
+}
+
+/// One candidate's rows settled against the control's changes (the noise band), its summary
+/// with the p99 of its per-request deltas, and the notes on what was left out.
+fn judge(
+    acc: &Acc,
+    mut rows: Vec<MetricRow>,
+    control: Option<(&TargetSummary, &[MetricRow])>,
+    label: &str,
+    opts: &Settings,
+) -> ShadowComparison {
+    rows.extend(failure_row(&acc.sum));
+    for row in &mut rows {
+        row.noise = control.and_then(|(_, c)| {
+            let r = c.iter().find(|r| r.key == row.key)?;
+            r.abs_change.map(f64::abs)
+        });
+        compare::settle(row, opts.min_effect);
+    }
+    let mut sum = acc.sum.clone();
+    let floor = compare::min_samples(super::weighted::Stat::P99) as usize;
+    sum.delta_p99 = METRICS
+        .iter()
+        .enumerate()
+        .filter(|(m, _)| acc.lat[*m].len() >= floor)
+        .map(|(m, (key, _))| {
+            let pairs = &acc.lat[m];
+            let ci = interval(pairs, Stat::P99Delta, opts, 100 + m as u64);
+            let p99 = stat(pairs, Stat::P99Delta);
+            (format!("p99_delta_{key}_ms"), p99, ci)
+        })
+        .collect();
+    let side = |what: String, n: u64, kind: &'static str| Side {
+        path: what,
+        kind,
+        requests: Some(n as f64),
+    };
+    let comparison = Comparison {
+        schema: compare::SCHEMA,
+        baseline: side(label.to_string(), sum.pairs, "primary"),
+        candidate: side(
+            format!("shadow {} {}", sum.index, sum.url),
+            sum.pairs,
+            "shadow",
+        ),
+        noise: control
+            .map(|(c, _)| {
+                let what = format!("shadow {} {} (control)", c.index, c.url);
+                side(what, c.pairs, "shadow")
+            })
+            .into_iter()
+            .collect(),
+        seed: opts.seed,
+        confidence: compare::CONFIDENCE,
+        resamples: opts.resamples,
+        rows,
+        paired: None,
+        workload: None,
+        notes: notes(acc, floor),
+    };
+    ShadowComparison {
+        target: sum,
+        control: control.map(|(c, _)| c.clone()),
+        comparison,
+    }
+}
+
+/// What a candidate's comparison leaves out, said.
+fn notes(acc: &Acc, floor: usize) -> Vec<String> {
+    let mut notes = Vec::new();
+    if acc.sum.pairs < floor as u64 {
+        notes.push(format!(
+            "too few pairs to judge p99 (needs {floor}): shown as n/a, and no p99 of the per-request delta"
+        ));
+    }
+    if acc.sum.pairs_unused > 0 {
+        notes.push(format!(
+            "{} pairs past the first {MAX_PAIRS} were counted, not used",
+            acc.sum.pairs_unused
+        ));
+    }
+    let kept = acc.lat[3].len();
+    if kept > BOOTSTRAP_MAX {
+        notes.push(format!(
+            "intervals drawn from {BOOTSTRAP_MAX} pairs of {kept} (an even stride): wider than the whole would give"
+        ));
+    }
+    notes
 }
 
 fn paths_label(paths: &[PathBuf]) -> String {

@@ -644,8 +644,14 @@ async fn a_shadowed_recording_is_read_by_every_path() {
             .unwrap();
         let said = String::from_utf8_lossy(&o.stderr).to_string();
         assert!(o.status.success(), "retrace {}: {said}", args.join(" "));
+        String::from_utf8_lossy(&o.stdout).to_string()
     };
-    run(&["inspect", &t]);
+    let seen = run(&["inspect", &t]);
+    assert!(
+        seen.contains("shadow 0 (candidate http://")
+            && seen.contains("3 copies, 0 skipped, 0 failed"),
+        "{seen}"
+    );
     run(&["convert", &t, "-o", &jsonl]);
     run(&["convert", &t, "-o", &copy]);
     run(&["replay", &t, "--dry-run"]);
@@ -669,4 +675,32 @@ async fn a_shadowed_recording_is_read_by_every_path() {
     );
     let (v, _) = compare_json(&[copy.into()], &[]);
     assert_eq!(v["shadows"][0]["target"]["pairs"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_still_running_at_the_drain_deadline_are_cut_and_recorded() {
+    let primary = support::start(ServerConfig::default()).await;
+    let (endless, _) = raw_server(|mut s| async move {
+        let _ = s.write_all(SSE_HEAD).await;
+        while s.write_all(&sse_chunk("x")).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (rec, _dir) = recorder(&primary.url(), &[endless], None, |c| {
+        c.drain_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let proxy = format!("http://{}/v1/completions", rec.addr);
+    let c = client();
+    for k in 0..3 {
+        assert_eq!(post(&c, &proxy, &completion(k, 4), &[]).await.0, 200);
+    }
+    let (_, recs) = stop(rec).await;
+    assert_eq!(recs.len(), 3, "every primary is written, its copy cut");
+    for r in &recs {
+        let copy = r.shadows[0].response.as_ref().unwrap();
+        assert_eq!(copy.error.as_deref(), Some("drain_deadline"));
+        assert!(!copy.events.is_empty(), "what came before the cut is kept");
+    }
 }
