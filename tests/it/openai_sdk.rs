@@ -260,3 +260,50 @@ async fn a_recording_of_the_openai_sdk_replays_faithfully() {
     assert_eq!((f.isl_exact, f.osl_exact), (1.0, 1.0));
     super::support::assert_faithful_or_sent_late(&f);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_gets_through_a_shadowing_proxy_what_it_gets_directly() {
+    let python = match python() {
+        Ok(p) => p,
+        Err(why) if std::env::var_os("CI").is_some() => panic!("CI must run this test: {why}"),
+        Err(why) => {
+            crate::support::say_skipped("the openai SDK shadow test", &why);
+            return;
+        }
+    };
+    let (up, shadow) = (mock().await, mock().await);
+    let direct = run_sdk(&python, &format!("http://{}", up.addr)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg =
+        RecordConfig::new(&format!("http://{}", up.addr), dir.path().to_path_buf()).unwrap();
+    cfg.flush_every = Duration::from_millis(100);
+    let to = [format!("http://{}", shadow.addr)];
+    let sc = retrace::record::shadow::ShadowConfig::new(&to, None, cfg.upstream_uri()).unwrap();
+    cfg.shadow = Some(sc);
+    let rec = spawn_recorder(cfg).await;
+    let via = run_sdk(&python, &format!("http://{}", rec.addr)).await;
+    stop_recorder(rec.stop, rec.task).await;
+    assert_eq!(
+        via, direct,
+        "the SDK sees the same answers with a shadow behind the proxy"
+    );
+    let (_, trace) = read_trace(dir.path());
+    for r in &trace.requests {
+        // workload requests are mirrored (the failing ones too), the side request is not
+        let want = usize::from(r.is_workload());
+        assert_eq!(r.shadows.len(), want, "{}", r.route());
+    }
+    let copies: Vec<u16> = trace
+        .requests
+        .iter()
+        .flat_map(|r| r.shadows.iter())
+        .map(|c| c.response.as_ref().map_or(0, |x| x.status))
+        .collect();
+    assert_eq!(
+        copies,
+        [200, 200, 200, 200, 404, 400],
+        "the shadow answered each copy alike"
+    );
+    up.shutdown().await;
+    shadow.shutdown().await;
+}
