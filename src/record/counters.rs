@@ -63,7 +63,7 @@ impl<const FINE: bool> Histogram<FINE> {
     }
 }
 
-/// Why a shadow copy has no measurement (`shadow::Skip::as_str` names them).
+/// Why a shadow copy has no measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Skip {
     /// `--shadow-max-in-flight` copies were running.
@@ -79,6 +79,17 @@ pub(crate) enum Skip {
 }
 
 impl Skip {
+    /// The reason's name (trace records, `/metrics` labels).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Skip::InFlight => "in_flight",
+            Skip::Bytes => "bytes",
+            Skip::BodyOverCap => "body_over_cap",
+            Skip::Budget => "budget",
+            Skip::Draining => "draining",
+        }
+    }
+
     pub(crate) const ALL: [Skip; 5] = [
         Skip::InFlight,
         Skip::Bytes,

@@ -135,19 +135,6 @@ fn same_target(a: &Uri, b: &Uri) -> bool {
         && a.path().trim_end_matches('/') == b.path().trim_end_matches('/')
 }
 
-/// Why a copy has no measurement.
-impl Skip {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Skip::InFlight => "in_flight",
-            Skip::Bytes => "bytes",
-            Skip::BodyOverCap => "body_over_cap",
-            Skip::Budget => "budget",
-            Skip::Draining => "draining",
-        }
-    }
-}
-
 /// One shadow target: where, and its own pooling client.
 struct Target {
     scheme: http::uri::Scheme,

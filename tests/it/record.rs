@@ -1964,9 +1964,7 @@ fn record_prints_where_it_listens_forwards_and_writes() {
 #[test]
 fn an_upstream_that_does_not_answer_is_warned_about_once_and_serving_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let (_held, port) = super::support::refusing_port();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
     cmd.args(["record", "--listen", "127.0.0.1:0", "--admin", "none"])
         .args(["--upstream", &format!("http://127.0.0.1:{port}"), "--out"])

@@ -275,11 +275,9 @@ fn sse_chunk(text: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faulty_shadows_never_delay_fail_or_alter_a_client_response() {
     let primary = support::start(ServerConfig::default()).await;
-    // down: a port bound, then freed
-    let down = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    // down: a port that refuses connections
+    let (_held, port) = support::refusing_port();
+    let down = format!("http://127.0.0.1:{port}");
     // endless: one event every 5 ms, never an end
     let (endless, _) = raw_server(|mut s| async move {
         let _ = s.write_all(SSE_HEAD).await;

@@ -710,3 +710,14 @@ pub fn overlapping_frames_at_the_id_bound(path: &Path, frames: u64) {
         .collect();
     native_of_runs(path, &all);
 }
+
+/// A loopback port that refuses connections and stays this test's while the returned socket
+/// lives: bound, never listening. (A port bound and freed could be handed to the next bind on
+/// port 0, such as the proxy's own listener, which would then answer on it.)
+pub fn refusing_port() -> (socket2::Socket, u16) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    s.bind(&any.into()).unwrap();
+    let port = s.local_addr().unwrap().as_socket().unwrap().port();
+    (s, port)
+}
