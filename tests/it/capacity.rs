@@ -466,9 +466,12 @@ fn steps_never_share_prompts_and_reset_prefix_cache_reaches_the_mock() {
     let dir = tempfile::tempdir().unwrap();
     let trace = shared_prefix(dir.path());
     // Steps of 1 s at 1× (20 requests in 2 copies of the trace) and 2× (40 in 4). Every copy,
-    // in any step, has its own hash ids: its first request misses and the other 9 hit 1,008
-    // tokens (63 blocks of 16), with or without a reset between the steps. The mock answers
-    // the reset (no warning); its emptying is the cache's unit test.
+    // in any step, has its own hash ids: its first request misses and the other 9 can hit 1,008
+    // tokens (63 blocks of 16), with or without a reset between the steps. A prompt shared with
+    // an earlier copy or step would make a copy's first request hit too. On a loaded machine a
+    // request can arrive before its copy's first has been prefilled and miss as well, so the
+    // bound is exact only from above. The mock answers the reset (no warning); its emptying is
+    // the cache's unit test.
     let hits = |reset: bool| {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let mock = fixed_mock(&rt, 5.0);
@@ -499,8 +502,13 @@ fn steps_never_share_prompts_and_reset_prefix_cache_reaches_the_mock() {
         rt.block_on(mock.shutdown());
         h
     };
-    assert_eq!(hits(false), 6.0 * 9.0);
-    assert_eq!(hits(true), 6.0 * 9.0);
+    for reset in [false, true] {
+        let h = hits(reset);
+        assert!(
+            h.fract() == 0.0 && h > 0.0 && h <= 6.0 * 9.0,
+            "reset {reset}: {h} hits of 1,008 tokens, expected whole hits, at most 6 copies x 9"
+        );
+    }
 }
 
 #[test]

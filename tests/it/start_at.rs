@@ -34,8 +34,9 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
         .collect();
     std::fs::write(&trace, rows).unwrap();
     // Setup (trace, bodies, connections) must end before the instant, even on a loaded machine.
-    let start = unix_now() + 4.0;
-    let at = format!("{start:.3}");
+    // The instant is the one passed on the command line, rounded to the millisecond as written.
+    let at = format!("{:.3}", unix_now() + 4.0);
+    let start: f64 = at.parse().unwrap();
     let url = srv.url();
     let shard = |i: &str| {
         let shard = format!("{i}/2");
@@ -62,7 +63,7 @@ async fn two_shards_begin_together_at_the_agreed_instant() {
     let first = arrivals.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(
         first >= start,
-        "a request reached the server {:.3} s before --start-at",
+        "a request reached the server {:.6} s before --start-at",
         start - first
     );
     let done = unix_now();
