@@ -54,7 +54,9 @@ pub(crate) struct Mirror {
 
 impl RequestTap {
     /// When the tap is dropped before its body ended (the client that sent it upstream gave
-    /// up, e.g. no connection), the rest goes into `unsent` for the record to read.
+    /// up, e.g. no connection), the rest goes into `unsent` for the record to read. A body that
+    /// is over already (an HTTP/2 request whose head ended its stream) is complete at once:
+    /// hyper never polls it.
     pub(crate) fn new(
         inner: Incoming,
         cap: Arc<Mutex<Captured>>,
@@ -63,14 +65,20 @@ impl RequestTap {
         unsent: Option<Unsent>,
         mirror: Option<Mirror>,
     ) -> Self {
-        RequestTap {
+        let over = inner.is_end_stream();
+        let mut tap = RequestTap {
             inner: Some(inner),
             cap,
             max,
             stats,
             unsent,
             mirror,
+        };
+        if over {
+            let cap = tap.cap.clone();
+            tap.complete(&mut lock(&cap));
         }
+        tap
     }
 
     fn complete(&mut self, c: &mut Captured) {

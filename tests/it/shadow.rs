@@ -702,3 +702,50 @@ async fn copies_still_running_at_the_drain_deadline_are_cut_and_recorded() {
         assert!(!copy.events.is_empty(), "what came before the cut is kept");
     }
 }
+
+/// An HTTP/2 client's POST whose head ends its stream (no body at all) is mirrored like one
+/// with a body: hyper never polls an ended body, so the copy starts from the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_post_without_a_body_is_mirrored() {
+    let primary = support::start(ServerConfig::default()).await;
+    let (shadow, heads) = raw_server(|mut s| async move {
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+            )
+            .await;
+    })
+    .await;
+    let (rec, _dir) = recorder(&primary.url(), &[shadow], None, |_| {}).await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let url = format!("http://{}/v1/completions", rec.addr);
+    for body in [String::new(), completion(0, 4)] {
+        let req = Request::post(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let exchange = async {
+            let resp = h2.request(req).await.expect("a response head");
+            resp.into_body().collect().await.expect("a whole body");
+        };
+        tokio::time::timeout(Duration::from_secs(30), exchange)
+            .await
+            .expect("a response in time");
+    }
+    let (_, recs) = stop(rec).await;
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert_eq!(r.shadows.len(), 1, "{r:?}");
+        let copy = &r.shadows[0];
+        assert_eq!(copy.skipped, None, "{r:?}");
+        assert_eq!(copy.response.as_ref().unwrap().status, 200, "{r:?}");
+    }
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    assert!(
+        heads.iter().all(|h| h.starts_with("POST /v1/completions ")),
+        "{heads:?}"
+    );
+}
