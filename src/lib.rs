@@ -55,6 +55,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             };
             report::write_replay_report(html.as_deref(), &out.result, result_json.as_deref())?;
             print!("{}", out.report);
+            print!("{}", replay::console::shadows(&out, result_json.as_deref()));
             return Ok(out.exit_code());
         }
         cli::Command::Inspect(a) => {

@@ -4,8 +4,9 @@
 use super::values;
 use crate::metrics::{self, Api};
 use crate::replay::http::request::PromptMode;
-use crate::replay::http::target::Timeouts;
+use crate::replay::http::target::{Target, Timeouts};
 use crate::replay::plan::{shaping, start};
+use crate::replay::shadow::{ShadowTarget, MAX_SHADOWS};
 use crate::replay::{Config, Tuning, DEFAULT_VOCAB};
 use anyhow::{anyhow, bail};
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION};
@@ -50,6 +51,28 @@ pub struct ReplayArgs {
     pub(crate) trace: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) target: TargetArgs,
+    /// Also send every planned request to this server, due at the same instant as to --target
+    /// (repeatable, at most 4). Each shadow's result goes beside --result-json as
+    /// NAME.shadow-K.json, with per-request rows for `retrace compare` to pair; docs/shadow.md.
+    #[arg(long, value_name = "URL", help_heading = "Target")]
+    pub(crate) shadow: Vec<String>,
+    /// The `model` the shadows are sent (default: --model, else each shadow's first listed).
+    #[arg(
+        long,
+        value_name = "NAME",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_model: Option<String>,
+    /// The environment variable holding the shadows' API key (the target's key and --header
+    /// values are never sent to a shadow).
+    #[arg(
+        long,
+        value_name = "VAR",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_api_key_env: Option<String>,
     /// Time compression: 2 replays twice as fast (default 1).
     #[arg(long, value_name = "X", help_heading = "Workload shaping")]
     pub(crate) speed: Option<f64>,
@@ -400,7 +423,11 @@ impl ReplayArgs {
             total: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
         };
         let base = base_config(a.trace.clone(), &a.target, &a.prompts, &a.requests)?;
+        let shadows = shadows(&a, &|var| std::env::var(var).ok())?;
         Ok(Config {
+            // A shadowed replay's sides are paired by their per-request rows.
+            detailed: a.detailed || !shadows.is_empty(),
+            shadows,
             percentiles: percentiles(&a.percentiles)?,
             slo: goodput(&a.goodput)?,
             shaping: shaping(&a)?,
@@ -423,7 +450,6 @@ impl ReplayArgs {
             limit: a.limit,
             max_concurrency: a.max_concurrency,
             result_json: a.result_json,
-            detailed: a.detailed,
             max_drift_ms: a.max_drift_ms,
             keep_original_limits: a.keep_original_limits,
             ..base
@@ -444,6 +470,9 @@ pub(crate) fn base_config(
     Ok(Config {
         trace,
         target: t.target.clone(),
+        target_flag: "--target",
+        shadows: Vec::new(),
+        meet: None,
         target_ca: t.target_ca.clone(),
         model: t.model.clone(),
         api,
@@ -498,6 +527,76 @@ pub(crate) fn base_config(
         start_at: None,
         stretch: None,
     })
+}
+
+/// `--shadow` and its flags: each URL checked as `--target` is, none the target's or another
+/// shadow's, each with only the key of `--shadow-api-key-env` (read from `env`).
+fn shadows(
+    a: &ReplayArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Vec<ShadowTarget>> {
+    if a.shadow.is_empty() {
+        let given = [
+            (a.shadow_model.is_some(), "--shadow-model"),
+            (a.shadow_api_key_env.is_some(), "--shadow-api-key-env"),
+        ];
+        if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
+            bail!("{flag} needs --shadow URL");
+        }
+        return Ok(Vec::new());
+    }
+    if a.shadow.len() > MAX_SHADOWS {
+        bail!(
+            "--shadow: at most {MAX_SHADOWS} shadows ({} given)",
+            a.shadow.len()
+        );
+    }
+    let Some(target) = &a.target.target else {
+        bail!("--shadow needs --target URL: the target is the other side of the comparison");
+    };
+    if a.sessions {
+        bail!("--shadow with --sessions: a turn's send time depends on its target's answers, so the sides could not send at the same instants");
+    }
+    let place = |u: &str, flag: &str| -> anyhow::Result<String> {
+        let t = Target::parse_as(u, HeaderMap::new(), flag).map_err(|e| anyhow!(e))?;
+        Ok(t.url())
+    };
+    let mut seen = vec![place(target, "--target")?];
+    let headers = shadow_headers(a.shadow_api_key_env.as_deref(), env)?;
+    let mut out = Vec::new();
+    for u in &a.shadow {
+        let at = place(u, "--shadow")?;
+        if seen.contains(&at) {
+            bail!(
+                "--shadow {at}: already a target of this replay; a shadow must be another server"
+            );
+        }
+        seen.push(at);
+        out.push(ShadowTarget {
+            url: u.clone(),
+            model: a.shadow_model.clone(),
+            headers: headers.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// The shadows' headers: their `Authorization: Bearer` from `--shadow-api-key-env VAR`, if given.
+fn shadow_headers(
+    var: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    let Some(var) = var else { return Ok(headers) };
+    let key = match env(var) {
+        Some(k) if !k.trim().is_empty() => k,
+        _ => bail!("--shadow-api-key-env {var}: environment variable {var} is not set or empty"),
+    };
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+        .map_err(|_| anyhow!("--shadow-api-key-env {var}: the key is not a valid header value"))?;
+    v.set_sensitive(true);
+    headers.insert(AUTHORIZATION, v);
+    Ok(headers)
 }
 
 fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
@@ -770,5 +869,38 @@ mod tests {
         let e = auth(&[], &bad).unwrap_err().to_string();
         assert!(e.contains(OPENAI_API_KEY), "{e}");
         assert!(!e.contains("sk-secret"), "{e}");
+    }
+
+    #[test]
+    fn a_shadow_gets_its_own_key_and_never_the_targets() {
+        let args = |extra: &[&str]| {
+            let mut v = vec![
+                "retrace",
+                "replay",
+                "t.jsonl",
+                "--target",
+                "http://127.0.0.1:9",
+            ];
+            v.extend_from_slice(&["--shadow", "http://127.0.0.1:10"]);
+            v.extend_from_slice(extra);
+            match <crate::cli::Cli as clap::Parser>::parse_from(v).command {
+                crate::cli::Command::Replay(a) => a,
+                _ => unreachable!("replay"),
+            }
+        };
+        let env = |var: &str| match var {
+            "SHADOW_KEY" => Some("sk-shadow".to_string()),
+            OPENAI_API_KEY => Some("sk-target".to_string()),
+            _ => None,
+        };
+        let target_key = ["--header", "Authorization=Bearer sk-target"];
+        let none = shadows(&args(&target_key), &env).unwrap();
+        assert!(none[0].headers.is_empty(), "{:?}", none[0].headers);
+        let own = shadows(&args(&["--shadow-api-key-env", "SHADOW_KEY"]), &env).unwrap();
+        let v = own[0].headers.get(AUTHORIZATION).unwrap();
+        assert_eq!(v.to_str().unwrap(), "Bearer sk-shadow");
+        assert!(v.is_sensitive());
+        let e = shadows(&args(&["--shadow-api-key-env", "NOPE"]), &env).unwrap_err();
+        assert!(e.to_string().contains("--shadow-api-key-env NOPE"), "{e}");
     }
 }

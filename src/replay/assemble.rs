@@ -73,6 +73,7 @@ pub fn assemble(cfg: &Config, p: &Prepared, mut ran: Ran) -> anyhow::Result<Outc
         sessions,
         interrupted: ran.interrupted,
         stretch: ran.collected.watch.as_ref().map(step::Watch::measured),
+        shadows: Vec::new(),
     })
 }
 

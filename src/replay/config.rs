@@ -18,6 +18,13 @@ pub struct Config {
     /// The trace: one file, or several recordings merged by wall clock.
     pub(crate) trace: Vec<PathBuf>,
     pub target: Option<String>,
+    /// The flag that named the target, as errors name it (`--target`, or `--shadow` for a
+    /// shadow's side).
+    pub(crate) target_flag: &'static str,
+    /// `--shadow`: candidates sent every planned request at the same instant as the target.
+    pub(crate) shadows: Vec<crate::replay::shadow::ShadowTarget>,
+    /// Where a shadowed replay's sides agree on t0 (none for a single target).
+    pub(crate) meet: Option<std::sync::Arc<crate::replay::shadow::Meet>>,
     /// `--target-ca`: trust roots for an https target (default: system bundle).
     pub(crate) target_ca: Option<PathBuf>,
     pub(crate) model: Option<String>,

@@ -426,6 +426,52 @@ pub(crate) fn extra_sections(
     out
 }
 
+/// `--shadow`: each shadow's own report after the target's, then the sides side by side (mean
+/// TTFT and E2EL, failures) and how to pair them request by request.
+pub(crate) fn shadows(
+    out: &crate::replay::Outcome,
+    result_json: Option<&std::path::Path>,
+) -> String {
+    let mut s = String::new();
+    if out.shadows.is_empty() {
+        return s;
+    }
+    for (k, (url, o)) in out.shadows.iter().enumerate() {
+        let _ = writeln!(s);
+        rule(&mut s, &format!(" shadow {}: {url} ", k + 1), '#');
+        s.push_str(&o.report);
+    }
+    let _ = writeln!(s);
+    rule(
+        &mut s,
+        " retrace: the sides, sent at the same instants ",
+        '=',
+    );
+    let side = |s: &mut String, name: &str, m: &Summary| {
+        let _ = writeln!(
+            s,
+            "{name:<24} mean TTFT {:>9.2} ms   mean E2EL {:>10.2} ms   failed {}",
+            m.ttft.mean, m.e2el.mean, m.failed
+        );
+    };
+    side(&mut s, "target", &out.summary);
+    for (k, (_, o)) in out.shadows.iter().enumerate() {
+        side(&mut s, &format!("shadow {}", k + 1), &o.summary);
+    }
+    if let Some(p) = result_json {
+        for k in 1..=out.shadows.len() {
+            let other = crate::replay::shadow::result_path(p, k);
+            let _ = writeln!(
+                s,
+                "Paired per request: retrace compare {} {}",
+                p.display(),
+                other.display()
+            );
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

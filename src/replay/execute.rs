@@ -25,7 +25,10 @@ pub async fn execute(
     p: &mut Prepared,
     halt: Arc<driver::Halt>,
 ) -> anyhow::Result<Ran> {
-    let fixed = fixed_t0(cfg)?;
+    let fixed = match &cfg.meet {
+        Some(meet) => Some(meet.t0().await),
+        None => fixed_t0(cfg)?,
+    };
     let scraper = p
         .scrape
         .take()

@@ -26,6 +26,7 @@ pub mod plan;
 pub(crate) mod probe;
 pub(crate) mod progress;
 pub(crate) mod scrape;
+pub(crate) mod shadow;
 pub(crate) mod step;
 
 pub(crate) use config::DEFAULT_VOCAB;
@@ -85,19 +86,29 @@ pub struct Outcome {
     pub(crate) interrupted: Option<Signal>,
     /// `capacity`'s step: its warm-up, and why it was given up.
     pub(crate) stretch: Option<step::Measured>,
+    /// `--shadow`: each shadow's URL and its own outcome.
+    pub shadows: Vec<(String, Outcome)>,
 }
 
 impl Outcome {
     /// The process's exit code: interrupted (130 for SIGINT, 143 for SIGTERM), every request
-    /// failed (5), the run is invalid (3), or success.
+    /// failed (5), the run is invalid (3), or success; with shadows, the first side's (the
+    /// target first) that is not success.
     pub(crate) fn exit_code(&self) -> ExitCode {
+        let own = self.own_exit_code();
+        let shadows = self.shadows.iter().map(|(_, o)| o.own_exit_code());
+        let code = std::iter::once(own).chain(shadows).find(|&c| c != 0);
+        ExitCode::from(code.unwrap_or(0))
+    }
+
+    fn own_exit_code(&self) -> u8 {
         if let Some(s) = self.interrupted {
-            return ExitCode::from(s.exit_code());
+            return s.exit_code();
         }
         match (self.all_failed, self.valid) {
-            (true, _) => ExitCode::from(EXIT_ALL_FAILED),
-            (false, false) => ExitCode::from(EXIT_INVALID),
-            (false, true) => ExitCode::SUCCESS,
+            (true, _) => EXIT_ALL_FAILED,
+            (false, false) => EXIT_INVALID,
+            (false, true) => 0,
         }
     }
 }
@@ -122,7 +133,7 @@ pub(crate) fn run(cfg: Config) -> anyhow::Result<Option<Outcome>> {
             fd_limit: fds,
             ..cfg
         };
-        replay_with(cfg, halt).await
+        replay_all(cfg, halt).await
     })?;
     Ok(Some(out))
 }

@@ -2,7 +2,15 @@ use super::*;
 
 /// Runs a whole replay and renders it (async part of [`run`]; tests call it directly).
 pub async fn replay(cfg: Config) -> anyhow::Result<Outcome> {
-    replay_with(cfg, Arc::default()).await
+    replay_all(cfg, Arc::default()).await
+}
+
+/// [`replay_with`] for a single target, [`shadow::replay_sides`] with `--shadow`.
+pub(crate) async fn replay_all(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result<Outcome> {
+    match cfg.shadows.is_empty() {
+        true => replay_with(cfg, halt).await,
+        false => shadow::replay_sides(cfg, halt).await,
+    }
 }
 
 /// [`replay`], which `halt` may halt.
@@ -358,18 +366,19 @@ pub(super) async fn open_client(
     cfg: &Config,
     target_url: &str,
 ) -> anyhow::Result<http::client::Client> {
-    let target =
-        http::target::Target::parse(target_url, cfg.headers.clone()).map_err(|e| anyhow!(e))?;
+    let flag = cfg.target_flag;
+    let target = http::target::Target::parse_as(target_url, cfg.headers.clone(), flag)
+        .map_err(|e| anyhow!(e))?;
     let t = &cfg.tuning;
     let pool = http::pool::Pool::new(&target, cfg.target_ca.as_deref())
         .await
-        .map_err(|e| anyhow!("--target {target_url}: {e}"))?
+        .map_err(|e| anyhow!("{flag} {target_url}: {e}"))?
         .with_kernel_rx(t.kernel_rx)
         .with_readers(t.reader_threads, t.read_batch)
         .context("starting the reader threads")?;
     pool.reach().await.map_err(|e| {
         anyhow!(
-            "--target {target_url}: the target could not be reached ({})",
+            "{flag} {target_url}: the target could not be reached ({})",
             e.reason()
         )
     })?;

@@ -25,6 +25,7 @@ mod record_tokenize;
 mod record_upgrade;
 mod replay;
 mod replay_h1;
+mod replay_shadow;
 mod scale_out;
 mod scrape;
 mod sessions;

@@ -349,6 +349,8 @@ pub struct TestServer {
     pub arrivals: Arc<std::sync::Mutex<Vec<f64>>>,
     /// The most completion requests the server held open at once (head read to stream end).
     pub max_in_flight: Arc<AtomicU64>,
+    /// Each request's `Authorization` value, in arrival order (`""` without one).
+    pub authorizations: Arc<std::sync::Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -546,6 +548,8 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
     let open = InFlight::default();
     let max_in_flight = open.max.clone();
     let (r2, p2, a2) = (requests.clone(), prompts.clone(), arrivals.clone());
+    let authorizations = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let auth2 = authorizations.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok((sock, _)) = listener.accept().await else {
@@ -554,9 +558,15 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
             let _ = sock.set_nodelay(true);
             let (cfg, r, p, a) = (cfg.clone(), r2.clone(), p2.clone(), a2.clone());
             let open = open.clone();
+            let auth = auth2.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     r.fetch_add(1, Ordering::Relaxed);
+                    let key = req.headers().get(hyper::header::AUTHORIZATION);
+                    let key = key.map_or(String::new(), |v| {
+                        String::from_utf8_lossy(v.as_bytes()).into()
+                    });
+                    auth.lock().unwrap().push(key);
                     handle(req, cfg.clone(), p.clone(), a.clone(), open.clone())
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -571,6 +581,7 @@ pub async fn start(cfg: ServerConfig) -> TestServer {
         prompts,
         arrivals,
         max_in_flight,
+        authorizations,
         task,
     }
 }

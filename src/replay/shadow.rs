@@ -1,0 +1,145 @@
+//! `replay --target A --shadow B`: one plan replayed against each target at the same instants.
+//!
+//! Each side is a whole replay of its own (its plan, body builder, connections, dispatcher and
+//! result), made from the same configuration, so each side builds the same bodies (the model
+//! name aside) and each send is due at the same `t0 + offset / speed`. The sides prepare apart
+//! and then meet ([`Meet`]): the last to be ready sets the shared t0. A setup error of any side
+//! ends them all.
+
+use super::*;
+use std::sync::OnceLock;
+
+/// The most shadows a replay takes (as `record --shadow`).
+pub(crate) const MAX_SHADOWS: usize = 4;
+
+/// A candidate a replay also sends every planned request to.
+#[derive(Debug, Clone)]
+pub struct ShadowTarget {
+    pub(crate) url: String,
+    /// `--shadow-model` (else `--model`, else the shadow's first listed model).
+    pub(crate) model: Option<String>,
+    /// The shadow's own headers: its key from `--shadow-api-key-env`, nothing of the target's.
+    pub(crate) headers: HeaderMap,
+}
+
+/// Where the sides of a replay agree on t0.
+#[derive(Debug)]
+pub(crate) struct Meet {
+    ready: tokio::sync::Barrier,
+    t0: OnceLock<Instant>,
+}
+
+impl Meet {
+    fn new(sides: usize) -> Meet {
+        Meet {
+            ready: tokio::sync::Barrier::new(sides),
+            t0: OnceLock::new(),
+        }
+    }
+
+    /// Waits until every side is ready; the shared t0, [`driver::START_LEAD`] after the last
+    /// arrival.
+    pub(crate) async fn t0(&self) -> Instant {
+        self.ready.wait().await;
+        *self.t0.get_or_init(|| Instant::now() + driver::START_LEAD)
+    }
+}
+
+/// Shadow `k`'s (1-based) result file beside the target's: `base.json` → `base.shadow-1.json`.
+pub(crate) fn result_path(primary: &Path, k: usize) -> PathBuf {
+    let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match primary.extension() {
+        Some(ext) => format!("{stem}.shadow-{k}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.shadow-{k}"),
+    };
+    primary.with_file_name(name)
+}
+
+/// The sides' configurations: the target's first, then each shadow's. Without `--start-at` they
+/// share a [`Meet`].
+fn sides(cfg: &Config) -> Vec<Config> {
+    let meet = cfg
+        .start_at
+        .is_none()
+        .then(|| Arc::new(Meet::new(cfg.shadows.len() + 1)));
+    let primary = Config {
+        shadows: Vec::new(),
+        meet: meet.clone(),
+        ..cfg.clone()
+    };
+    let mut out = vec![primary.clone()];
+    for (k, s) in cfg.shadows.iter().enumerate() {
+        out.push(Config {
+            target: Some(s.url.clone()),
+            target_flag: "--shadow",
+            model: s.model.clone().or_else(|| cfg.model.clone()),
+            headers: s.headers.clone(),
+            result_json: cfg.result_json.as_deref().map(|p| result_path(p, k + 1)),
+            // An explicit URL is the target's; a shadow's own /metrics otherwise.
+            scrape_metrics: cfg.scrape_metrics.as_ref().map(|_| None),
+            progress: false,
+            ..primary.clone()
+        });
+    }
+    out
+}
+
+/// Runs every side; the target's outcome, with each shadow's in [`Outcome::shadows`].
+pub(crate) async fn replay_sides(cfg: Config, halt: Arc<driver::Halt>) -> anyhow::Result<Outcome> {
+    let mut set = tokio::task::JoinSet::new();
+    for (k, side) in sides(&cfg).into_iter().enumerate() {
+        let halt = halt.clone();
+        set.spawn(async move { (k, replay_with(side, halt).await) });
+    }
+    let mut outs: Vec<Option<Outcome>> = (0..=cfg.shadows.len()).map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        let (k, out) = joined.context("a replay side stopped")?;
+        match out {
+            Ok(o) => outs[k] = Some(o),
+            Err(e) => {
+                set.abort_all();
+                return Err(e);
+            }
+        }
+    }
+    let mut outs = outs.into_iter().flatten();
+    let mut primary = outs
+        .next()
+        .context("the target's side ended without a result")?;
+    primary.shadows = cfg
+        .shadows
+        .iter()
+        .map(|s| s.url.clone())
+        .zip(outs)
+        .collect();
+    Ok(primary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shadow_results_sit_beside_the_targets() {
+        let p = Path::new("out/base.json");
+        assert_eq!(result_path(p, 1), Path::new("out/base.shadow-1.json"));
+        assert_eq!(result_path(Path::new("r"), 2), Path::new("r.shadow-2"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sides_share_the_t0_the_last_one_sets() {
+        let meet = Arc::new(Meet::new(2));
+        let early = tokio::spawn({
+            let m = meet.clone();
+            async move { m.t0().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before_last = Instant::now();
+        let t0 = meet.t0().await;
+        assert_eq!(early.await.unwrap(), t0);
+        assert!(
+            t0 >= before_last + driver::START_LEAD,
+            "set by the last to arrive"
+        );
+    }
+}

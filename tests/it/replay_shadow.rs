@@ -1,0 +1,167 @@
+//! `retrace replay --target A --shadow B`: every planned request goes to both servers with the
+//! same prompt, the target's credentials never reach the shadow, each side writes its own result
+//! and `compare` pairs the two request by request; flags that cannot hold are refused, naming
+//! the flag, and a shadow that cannot be reached ends the run before anything is sent.
+
+use crate::support::{self, OutputWithin, ServerConfig};
+use retrace::replay;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// `n` requests 25 ms apart, each its own prompt.
+fn trace(dir: &Path, n: u64) -> std::path::PathBuf {
+    let rows: Vec<(u64, u64, u64, Vec<u64>)> = (0..n)
+        .map(|i| (i * 25, 200 + i % 3, 6, vec![2 * i, 2 * i + 1]))
+        .collect();
+    let rows: Vec<(u64, u64, u64, &[u64])> = rows
+        .iter()
+        .map(|(t, i, o, h)| (*t, *i, *o, &h[..]))
+        .collect();
+    support::mooncake(dir, &rows)
+}
+
+fn server(ttft_ms: u64) -> ServerConfig {
+    ServerConfig {
+        ttft: Duration::from_millis(ttft_ms),
+        itl: Duration::from_millis(4),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
+    let (a, b) = (
+        support::start(server(20)).await,
+        support::start(server(60)).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 24);
+    let base = dir.path().join("base.json");
+    let (ua, ub) = (a.url(), b.url());
+    let cfg = support::replay_cfg(&[
+        t.to_str().unwrap(),
+        "--target",
+        &ua,
+        "--shadow",
+        &ub,
+        "--model",
+        "test-model",
+        "--header",
+        "Authorization=Bearer sk-target-only",
+        "--result-json",
+        base.to_str().unwrap(),
+    ]);
+    let out = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
+        .await
+        .expect("the replay ends")
+        .expect("a shadowed replay");
+    assert_eq!(out.summary.completed, 24);
+    assert_eq!(out.shadows.len(), 1);
+    let (url, shadow) = &out.shadows[0];
+    assert_eq!(url, &ub);
+    assert_eq!((shadow.summary.completed, shadow.summary.failed), (24, 0));
+    // The same prompts reached each server.
+    let sorted = |p: &std::sync::Mutex<Vec<serde_json::Value>>| {
+        let mut v: Vec<String> = p.lock().unwrap().iter().map(|x| x.to_string()).collect();
+        v.sort();
+        v
+    };
+    let (pa, pb) = (sorted(&a.prompts), sorted(&b.prompts));
+    assert_eq!(pa.len(), 24);
+    assert_eq!(pa, pb, "both sides are sent the same prompts");
+    // The target's key went to the target alone.
+    let keys_a = a.authorizations.lock().unwrap().clone();
+    let keys_b = b.authorizations.lock().unwrap().clone();
+    assert!(
+        keys_a.iter().all(|k| k == "Bearer sk-target-only"),
+        "{keys_a:?}"
+    );
+    assert!(
+        keys_b.len() >= 24 && keys_b.iter().all(|k| k.is_empty()),
+        "{keys_b:?}"
+    );
+    // Each side wrote its result, with per-request rows that compare pairs.
+    let other = dir.path().join("base.shadow-1.json");
+    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["compare", base.to_str().unwrap(), other.to_str().unwrap()])
+        .args(["--format", "json"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("compare's JSON");
+    let paired = &v["paired"];
+    assert_eq!(paired["n"], 24, "{paired}");
+    // 60 ms against 20 ms of server TTFT: each shadow request is slower than its pair, and a
+    // loaded machine can only add to both sides.
+    let ratio = paired["geo_mean_ratio"].as_f64().unwrap();
+    assert!(ratio > 1.5, "{paired}");
+    assert_eq!(paired["significant"], true, "{paired}");
+}
+
+#[test]
+fn shadow_flags_that_cannot_hold_are_refused_naming_the_flag() {
+    let t = "traces/mooncake_conversation_1k.jsonl";
+    let err = |extra: &[&str]| {
+        let mut args = vec![t];
+        args.extend_from_slice(extra);
+        match support::replay_config(&args) {
+            Ok(_) => panic!("{extra:?} was accepted"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let target = ["--target", "http://127.0.0.1:9"];
+    let e = err(&["--shadow", "http://127.0.0.1:10"]);
+    assert!(e.contains("--shadow needs --target"), "{e}");
+    let e = err(&[&target[..], &["--shadow", "http://127.0.0.1:9/v1/"]].concat());
+    assert!(
+        e.contains("--shadow http://127.0.0.1:9") && e.contains("another server"),
+        "{e}"
+    );
+    let e = err(&[&target[..], &["--shadow-model", "m"]].concat());
+    assert!(e.contains("--shadow-model needs --shadow URL"), "{e}");
+    let e = err(&[&target[..], &["--shadow", "http://u:SECRET@127.0.0.1:10"]].concat());
+    assert!(e.contains("--shadow") && !e.contains("SECRET"), "{e}");
+    let e = err(&[
+        &target[..],
+        &["--shadow", "http://127.0.0.1:10", "--sessions"],
+    ]
+    .concat());
+    assert!(e.contains("--shadow with --sessions"), "{e}");
+    let five: Vec<String> = (10..15).map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let mut args = target.to_vec();
+    for u in &five {
+        args.extend(["--shadow", u.as_str()]);
+    }
+    let e = err(&args);
+    assert!(e.contains("at most 4"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_that_cannot_be_reached_ends_the_run_before_anything_is_sent() {
+    let a = support::start(server(5)).await;
+    let (_held, port) = support::refusing_port();
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 4);
+    let (ua, ub) = (a.url(), format!("http://127.0.0.1:{port}"));
+    let cfg = support::replay_cfg(&[
+        t.to_str().unwrap(),
+        "--target",
+        &ua,
+        "--shadow",
+        &ub,
+        "--model",
+        "test-model",
+    ]);
+    let e = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
+        .await
+        .expect("the replay ends")
+        .err()
+        .expect("an unreachable shadow is an error");
+    let e = format!("{e:#}");
+    assert!(e.contains(&format!("--shadow {ub}")), "{e}");
+    assert!(
+        a.prompts.lock().unwrap().is_empty(),
+        "nothing sent to the target"
+    );
+}
