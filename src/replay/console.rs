@@ -459,15 +459,11 @@ pub(crate) fn shadows(
         side(&mut s, &format!("shadow {}", k + 1), &o.summary);
     }
     if let Some(p) = result_json {
-        for k in 1..=out.shadows.len() {
-            let other = crate::replay::shadow::result_path(p, k);
-            let _ = writeln!(
-                s,
-                "Paired per request: retrace compare {} {}",
-                p.display(),
-                other.display()
-            );
-        }
+        let _ = writeln!(
+            s,
+            "Paired per request: retrace compare --shadow {}",
+            p.display()
+        );
     }
     s
 }

@@ -90,6 +90,9 @@ pub struct TargetSummary {
     pub mean_prefix_fraction: Option<f64>,
     /// p99 of the per-request deltas per metric: (key, value, bootstrap interval).
     pub delta_p99: Vec<(String, f64, (f64, f64))>,
+    /// The sides are replay results, which keep no outputs: agreement is not known.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub outputs_unknown: bool,
 }
 
 /// One target's pairs while the recording is read.
@@ -123,18 +126,23 @@ impl Acc {
         if !(p_ok && s_ok) {
             return;
         }
+        let (a, b) = (
+            latencies(primary, req.output_tokens),
+            latencies(s, c.output_tokens),
+        );
+        self.pair(a, b, (req.output_tokens, c.output_tokens));
+    }
+
+    /// A request both sides completed: its latencies, and each side's output tokens.
+    fn pair(&mut self, a: Lat, b: Lat, out: (u64, u64)) {
         self.sum.pairs += 1;
-        self.out.0 += req.output_tokens as f64;
-        self.out.1 += c.output_tokens as f64;
+        self.out.0 += out.0 as f64;
+        self.out.1 += out.1 as f64;
         self.out.2 += 1;
         if self.lat[3].len() >= MAX_PAIRS {
             self.sum.pairs_unused += 1;
             return;
         }
-        let (a, b) = (
-            latencies(primary, req.output_tokens),
-            latencies(s, c.output_tokens),
-        );
         for m in 0..4 {
             if let (Some(x), Some(y)) = (a[m], b[m]) {
                 self.lat[m].push((x, y));
@@ -427,8 +435,118 @@ fn paths_label(paths: &[PathBuf]) -> String {
 /// A recording's shadow targets by index.
 type Targets = Vec<(Role, String)>;
 
-/// The targets (from the first file; every file must name the same) and their pairs.
+/// The targets and their pairs: of a shadowed recording's files, or of a `replay --shadow`
+/// result (a JSON object, known by its content) and the shadows' results beside it.
 fn read(paths: &[PathBuf]) -> anyhow::Result<(Targets, Vec<Acc>)> {
+    match paths {
+        [p] if is_json_object(p) => read_results(p),
+        _ => read_recordings(paths),
+    }
+}
+
+/// The file's first byte other than white space is `{` (a result; a native trace is zstd).
+fn is_json_object(p: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(p).and_then(|mut f| f.read(&mut head));
+    let head = &head[..n.unwrap_or(0)];
+    head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// A `replay --shadow` target's result and each `NAME.shadow-K.json` beside it, paired by
+/// request (the sides sent the same plan, so row i of each is the same request).
+fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
+    let target = load_rows(path)?;
+    let mut targets = Targets::new();
+    let mut accs = Vec::new();
+    for k in 1..=crate::replay::shadow::MAX_SHADOWS {
+        let sp = crate::replay::shadow::result_path(path, k);
+        if !sp.exists() {
+            break;
+        }
+        let shadow = load_rows(&sp)?;
+        if shadow.len() != target.len() || shadow.input_lens != target.input_lens {
+            anyhow::bail!(
+                "{}: not the same requests as {} ({} against {} rows, or other input lengths)",
+                sp.display(),
+                path.display(),
+                shadow.len(),
+                target.len()
+            );
+        }
+        let mut acc = Acc {
+            sum: TargetSummary {
+                index: k,
+                role: Role::Candidate.as_str(),
+                url: sp.display().to_string(),
+                outputs_unknown: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for i in 0..target.len() {
+            acc.add_row(&target, &shadow, i);
+        }
+        targets.push((Role::Candidate, acc.sum.url.clone()));
+        accs.push(acc);
+    }
+    if targets.is_empty() {
+        let beside = crate::replay::shadow::result_path(path, 1);
+        anyhow::bail!(
+            "{}: no shadow's result beside it ({}; replay with --shadow URL --result-json {})",
+            path.display(),
+            beside.display(),
+            path.display()
+        );
+    }
+    Ok((targets, accs))
+}
+
+/// A result's per-request rows, or an error naming the file.
+fn load_rows(p: &Path) -> anyhow::Result<crate::result::Requests> {
+    let run = super::load::load(p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    run.requests.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: no per-request rows (a replay with --shadow writes them; else --detailed)",
+            p.display()
+        )
+    })
+}
+
+/// Row `i`'s latencies in ms; a request answered whole has only its E2EL.
+fn row_latencies(r: &crate::result::Requests, i: usize) -> Lat {
+    let ms = |s: f64| s * 1000.0;
+    let e2el = r.latency_s[i].map(ms);
+    let whole = r.non_streamed.get(i).copied().unwrap_or(false);
+    let Some(ttft) = r.ttft_s[i].map(ms).filter(|_| !whole) else {
+        return [None, None, None, e2el];
+    };
+    let out = r.output_lens[i];
+    let tpot = e2el
+        .filter(|_| out > 1)
+        .map(|e| (e - ttft) / (out - 1) as f64);
+    let gaps = &r.itls_s[i];
+    let itl = (!gaps.is_empty()).then(|| ms(gaps.iter().sum::<f64>()) / gaps.len() as f64);
+    [Some(ttft), tpot, itl, e2el]
+}
+
+impl Acc {
+    /// Row `i` of two results of the same plan: counted, and paired when both succeeded.
+    fn add_row(&mut self, a: &crate::result::Requests, b: &crate::result::Requests, i: usize) {
+        self.sum.copies += 1;
+        let ok = |r: &crate::result::Requests| r.errors[i].is_empty();
+        let (p_ok, s_ok) = (ok(a), ok(b));
+        self.sum.primary_failed += u64::from(!p_ok);
+        self.sum.shadow_failed += u64::from(!s_ok);
+        if p_ok && s_ok {
+            let out = (a.output_lens[i], b.output_lens[i]);
+            self.pair(row_latencies(a, i), row_latencies(b, i), out);
+        }
+    }
+}
+
+/// The targets (from the first file; every file must name the same) and their pairs.
+fn read_recordings(paths: &[PathBuf]) -> anyhow::Result<(Targets, Vec<Acc>)> {
     let mut targets: Option<Targets> = None;
     let mut accs: Vec<Acc> = Vec::new();
     for p in paths {
@@ -561,6 +679,7 @@ fn extra_lines(t: &TargetSummary) -> Vec<String> {
         ));
     }
     v.push(match t.deterministic {
+        _ if t.outputs_unknown => "output agreement: not known (replay results keep no outputs; a recording made with record --shadow has it)".into(),
         0 => "output agreement: no deterministic request (temperature 0 or a seed) read whole on both sides".into(),
         n => format!(
             "output agreement, {n} deterministic requests: {} identical, mean agreeing prefix {}",

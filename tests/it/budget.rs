@@ -310,11 +310,14 @@ fn a_sidecar_of_one_huge_line_is_read_within_the_budget() {
         .to_string(),
     )
     .unwrap();
+    // A `replay --shadow` pair: the shadow's result beside it, naming the same sidecar.
+    std::fs::copy(&result, dir.path().join("r.shadow-1.json")).unwrap();
     let r = result.to_str().unwrap();
     let page = dir.path().join("p.html");
     let merged = dir.path().join("m.json");
     for args in [
         vec!["compare", r, r],
+        vec!["compare", "--shadow", r],
         vec!["report", r, "-o", page.to_str().unwrap()],
         vec!["merge", r, "-o", merged.to_str().unwrap()],
     ] {

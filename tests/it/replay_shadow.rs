@@ -1,6 +1,7 @@
 //! `retrace replay --target A --shadow B`: every planned request goes to both servers with the
 //! same prompt, the target's credentials never reach the shadow, each side writes its own result
-//! and `compare` pairs the two request by request; flags that cannot hold are refused, naming
+//! and `compare` (its paired TTFT) and `compare --shadow` (every metric) pair the two request by
+//! request; flags that cannot hold are refused, naming
 //! the flag, and a shadow that cannot be reached ends the run before anything is sent.
 
 use crate::support::{self, OutputWithin, ServerConfig};
@@ -97,6 +98,25 @@ async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
     let ratio = paired["geo_mean_ratio"].as_f64().unwrap();
     assert!(ratio > 1.5, "{paired}");
     assert_eq!(paired["significant"], true, "{paired}");
+    // compare --shadow of the target's result pairs every metric: the median of the
+    // per-request TTFT deltas is the configured 40 ms.
+    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["compare", "--shadow", base.to_str().unwrap()])
+        .args(["--format", "json"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&res.stdout).expect("compare --shadow's JSON");
+    let judged = &v["shadows"][0];
+    assert_eq!(judged["target"]["pairs"], 24, "{judged}");
+    let rows = judged["comparison"]["rows"].as_array().unwrap();
+    let row = |k: &str| rows.iter().find(|r| r["key"] == k).unwrap().clone();
+    let median = row("median_ttft_ms");
+    let d = median["abs_change"].as_f64().unwrap();
+    assert!((d - 40.0).abs() < 5.0, "{median}");
+    assert_eq!(median["verdict"], "worse", "{median}");
+    let itl = row("median_itl_ms")["abs_change"].as_f64().unwrap();
+    assert!(itl.abs() < 2.0, "the same 4 ms ITL on both sides: {itl}");
 }
 
 #[test]
