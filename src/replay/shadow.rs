@@ -9,8 +9,7 @@
 use super::*;
 use std::sync::OnceLock;
 
-/// The most shadows a replay takes (as `record --shadow`).
-pub(crate) const MAX_SHADOWS: usize = 4;
+use crate::result::shadow_result_path;
 
 /// A candidate a replay also sends every planned request to.
 #[derive(Debug, Clone)]
@@ -45,16 +44,6 @@ impl Meet {
     }
 }
 
-/// Shadow `k`'s (1-based) result file beside the target's: `base.json` → `base.shadow-1.json`.
-pub(crate) fn result_path(primary: &Path, k: usize) -> PathBuf {
-    let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
-    let name = match primary.extension() {
-        Some(ext) => format!("{stem}.shadow-{k}.{}", ext.to_string_lossy()),
-        None => format!("{stem}.shadow-{k}"),
-    };
-    primary.with_file_name(name)
-}
-
 /// The sides' configurations: the target's first, then each shadow's. Without `--start-at` they
 /// share a [`Meet`].
 fn sides(cfg: &Config) -> Vec<Config> {
@@ -74,7 +63,10 @@ fn sides(cfg: &Config) -> Vec<Config> {
             target_flag: "--shadow",
             model: s.model.clone().or_else(|| cfg.model.clone()),
             headers: s.headers.clone(),
-            result_json: cfg.result_json.as_deref().map(|p| result_path(p, k + 1)),
+            result_json: cfg
+                .result_json
+                .as_deref()
+                .map(|p| shadow_result_path(p, k + 1)),
             // An explicit URL is the target's; a shadow's own /metrics otherwise.
             scrape_metrics: cfg.scrape_metrics.as_ref().map(|_| None),
             progress: false,
@@ -118,13 +110,6 @@ pub(crate) async fn replay_sides(cfg: Config, halt: Arc<driver::Halt>) -> anyhow
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shadow_results_sit_beside_the_targets() {
-        let p = Path::new("out/base.json");
-        assert_eq!(result_path(p, 1), Path::new("out/base.shadow-1.json"));
-        assert_eq!(result_path(Path::new("r"), 2), Path::new("r.shadow-2"));
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_sides_share_the_t0_the_last_one_sets() {

@@ -459,8 +459,8 @@ fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
     let target = load_rows(path)?;
     let mut targets = Targets::new();
     let mut accs = Vec::new();
-    for k in 1..=crate::replay::shadow::MAX_SHADOWS {
-        let sp = crate::replay::shadow::result_path(path, k);
+    for k in 1..=crate::result::MAX_SHADOWS {
+        let sp = crate::result::shadow_result_path(path, k);
         if !sp.exists() {
             break;
         }
@@ -491,7 +491,7 @@ fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
         accs.push(acc);
     }
     if targets.is_empty() {
-        let beside = crate::replay::shadow::result_path(path, 1);
+        let beside = crate::result::shadow_result_path(path, 1);
         anyhow::bail!(
             "{}: no shadow's result beside it ({}; replay with --shadow URL --result-json {})",
             path.display(),

@@ -46,6 +46,20 @@ use crate::metrics::{ns_to_s, percentile_label, Failure, Histograms, Sample, Sta
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The most shadows a replay takes (as `record --shadow`), so the most shadow results beside one.
+pub(crate) const MAX_SHADOWS: usize = 4;
+
+/// Shadow `k`'s (1-based) result file beside the target's: `base.json` → `base.shadow-1.json`.
+pub(crate) fn shadow_result_path(primary: &Path, k: usize) -> PathBuf {
+    let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match primary.extension() {
+        Some(ext) => format!("{stem}.shadow-{k}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.shadow-{k}"),
+    };
+    primary.with_file_name(name)
+}
 
 /// Schema identifier written into every result.
 pub(crate) const SCHEMA: &str = "retrace.replay/1";
@@ -517,6 +531,20 @@ pub(crate) struct SentOfRecording {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn shadow_results_sit_beside_the_targets() {
+        let p = Path::new("out/base.json");
+        assert_eq!(
+            shadow_result_path(p, 1),
+            Path::new("out/base.shadow-1.json")
+        );
+        assert_eq!(
+            shadow_result_path(Path::new("r"), 2),
+            Path::new("r.shadow-2")
+        );
+    }
+
     use crate::metrics::{summarize, Scalars, ServerTimes};
 
     const MS: u64 = 1_000_000;
