@@ -57,6 +57,16 @@ pub struct ReplayArgs {
     /// NAME.shadow-K.json, with per-request rows for `retrace compare` to pair; docs/shadow.md.
     #[arg(long, value_name = "URL", help_heading = "Target")]
     pub(crate) shadow: Vec<String>,
+    /// A server running the target's own build, sent every request as the shadows are: its
+    /// changes against the target are the noise band `retrace compare --shadow` judges the
+    /// shadows by. Its result goes beside --result-json as NAME.control.json (needs --shadow).
+    #[arg(
+        long,
+        value_name = "URL",
+        help_heading = "Target",
+        hide_short_help = true
+    )]
+    pub(crate) shadow_control: Option<String>,
     /// The `model` the shadows are sent (default: --model, else each shadow's first listed).
     #[arg(
         long,
@@ -540,6 +550,7 @@ fn shadows(
         let given = [
             (a.shadow_model.is_some(), "--shadow-model"),
             (a.shadow_api_key_env.is_some(), "--shadow-api-key-env"),
+            (a.shadow_control.is_some(), "--shadow-control"),
         ];
         if let Some((_, flag)) = given.iter().find(|(g, _)| *g) {
             bail!("{flag} needs --shadow URL");
@@ -565,18 +576,18 @@ fn shadows(
     let mut seen = vec![place(target, "--target")?];
     let headers = shadow_headers(a.shadow_api_key_env.as_deref(), env)?;
     let mut out = Vec::new();
-    for u in &a.shadow {
-        let at = place(u, "--shadow")?;
+    let control = a.shadow_control.iter().map(|u| (u, "--shadow-control"));
+    for (u, flag) in a.shadow.iter().map(|u| (u, "--shadow")).chain(control) {
+        let at = place(u, flag)?;
         if seen.contains(&at) {
-            bail!(
-                "--shadow {at}: already a target of this replay; a shadow must be another server"
-            );
+            bail!("{flag} {at}: already a target of this replay; a shadow must be another server");
         }
         seen.push(at);
         out.push(ShadowTarget {
             url: u.clone(),
             model: a.shadow_model.clone(),
             headers: headers.clone(),
+            control: flag == "--shadow-control",
         });
     }
     Ok(out)

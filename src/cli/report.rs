@@ -31,7 +31,8 @@ pub struct CompareArgs {
     pub(crate) candidate: Option<PathBuf>,
     /// Judge each shadow of a recording made with `record --shadow` (its files, e.g. rotated
     /// ones) against the primary, request by request; a `--shadow-control` is the noise band.
-    /// Or the result of `replay --shadow` (RUN.json), paired with each RUN.shadow-K.json beside it.
+    /// Or the result of `replay --shadow` (RUN.json), paired with each RUN.shadow-K.json beside
+    /// it, RUN.control.json as the noise band.
     #[arg(long, value_name = "RECORDING", num_args = 1.., conflicts_with_all = ["baseline", "candidate", "noise", "html"], help_heading = "Options")]
     pub(crate) shadow: Vec<PathBuf>,
     /// Another run of the baseline (same trace, same target): changes count only beyond the

@@ -436,10 +436,10 @@ pub(crate) fn shadows(
     if out.shadows.is_empty() {
         return s;
     }
-    for (k, (url, o)) in out.shadows.iter().enumerate() {
+    for side in &out.shadows {
         let _ = writeln!(s);
-        rule(&mut s, &format!(" shadow {}: {url} ", k + 1), '#');
-        s.push_str(&o.report);
+        rule(&mut s, &format!(" {}: {} ", side.name, side.url), '#');
+        s.push_str(&side.outcome.report);
     }
     let _ = writeln!(s);
     rule(
@@ -455,8 +455,8 @@ pub(crate) fn shadows(
         );
     };
     side(&mut s, "target", &out.summary);
-    for (k, (_, o)) in out.shadows.iter().enumerate() {
-        side(&mut s, &format!("shadow {}", k + 1), &o.summary);
+    for sd in &out.shadows {
+        side(&mut s, &sd.name, &sd.outcome.summary);
     }
     if let Some(p) = result_json {
         let _ = writeln!(

@@ -31,6 +31,7 @@ pub(crate) mod step;
 
 pub(crate) use config::DEFAULT_VOCAB;
 pub use config::{Config, Tuning};
+pub use shadow::ShadowSide;
 
 use crate::metrics;
 use crate::replay::plan::prompts::{self, Synth, TextBuilder, Vocab};
@@ -86,8 +87,8 @@ pub struct Outcome {
     pub(crate) interrupted: Option<Signal>,
     /// `capacity`'s step: its warm-up, and why it was given up.
     pub(crate) stretch: Option<step::Measured>,
-    /// `--shadow`: each shadow's URL and its own outcome.
-    pub shadows: Vec<(String, Outcome)>,
+    /// `--shadow` and `--shadow-control`: each shadow's own outcome.
+    pub shadows: Vec<ShadowSide>,
 }
 
 impl Outcome {
@@ -96,7 +97,7 @@ impl Outcome {
     /// target first) that is not success.
     pub(crate) fn exit_code(&self) -> ExitCode {
         let own = self.own_exit_code();
-        let shadows = self.shadows.iter().map(|(_, o)| o.own_exit_code());
+        let shadows = self.shadows.iter().map(|s| s.outcome.own_exit_code());
         let code = std::iter::once(own).chain(shadows).find(|&c| c != 0);
         ExitCode::from(code.unwrap_or(0))
     }

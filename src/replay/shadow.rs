@@ -9,7 +9,7 @@
 use super::*;
 use std::sync::OnceLock;
 
-use crate::result::shadow_result_path;
+use crate::result::{control_result_path, shadow_result_path};
 
 /// A candidate a replay also sends every planned request to.
 #[derive(Debug, Clone)]
@@ -19,6 +19,16 @@ pub struct ShadowTarget {
     pub(crate) model: Option<String>,
     /// The shadow's own headers: its key from `--shadow-api-key-env`, nothing of the target's.
     pub(crate) headers: HeaderMap,
+    /// `--shadow-control`: the target's own build, whose changes are the noise band.
+    pub(crate) control: bool,
+}
+
+/// A shadow side's outcome, with the name the console and `compare --shadow` give it.
+pub struct ShadowSide {
+    /// `shadow K` (1-based, in `--shadow` order) or `control`.
+    pub name: String,
+    pub url: String,
+    pub outcome: Outcome,
 }
 
 /// Where the sides of a replay agree on t0.
@@ -58,15 +68,20 @@ fn sides(cfg: &Config) -> Vec<Config> {
     };
     let mut out = vec![primary.clone()];
     for (k, s) in cfg.shadows.iter().enumerate() {
+        let result_json = cfg.result_json.as_deref().map(|p| match s.control {
+            true => control_result_path(p),
+            false => shadow_result_path(p, k + 1),
+        });
         out.push(Config {
             target: Some(s.url.clone()),
-            target_flag: "--shadow",
+            target_flag: if s.control {
+                "--shadow-control"
+            } else {
+                "--shadow"
+            },
             model: s.model.clone().or_else(|| cfg.model.clone()),
             headers: s.headers.clone(),
-            result_json: cfg
-                .result_json
-                .as_deref()
-                .map(|p| shadow_result_path(p, k + 1)),
+            result_json,
             // An explicit URL is the target's; a shadow's own /metrics otherwise.
             scrape_metrics: cfg.scrape_metrics.as_ref().map(|_| None),
             progress: false,
@@ -98,11 +113,16 @@ pub(crate) async fn replay_sides(cfg: Config, halt: Arc<driver::Halt>) -> anyhow
     let mut primary = outs
         .next()
         .context("the target's side ended without a result")?;
-    primary.shadows = cfg
-        .shadows
-        .iter()
-        .map(|s| s.url.clone())
+    primary.shadows = (cfg.shadows.iter().enumerate())
         .zip(outs)
+        .map(|((k, s), outcome)| ShadowSide {
+            name: match s.control {
+                true => "control".to_string(),
+                false => format!("shadow {}", k + 1),
+            },
+            url: s.url.clone(),
+            outcome,
+        })
         .collect();
     Ok(primary)
 }

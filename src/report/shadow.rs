@@ -453,44 +453,23 @@ fn is_json_object(p: &Path) -> bool {
     head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
-/// A `replay --shadow` target's result and each `NAME.shadow-K.json` beside it, paired by
-/// request (the sides sent the same plan, so row i of each is the same request).
+/// A `replay --shadow` target's result and each `NAME.shadow-K.json` (and `NAME.control.json`)
+/// beside it, paired by request (the sides sent the same plan, so row i of each is the same
+/// request).
 fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
     let target = load_rows(path)?;
+    let candidates = (1..=crate::result::MAX_SHADOWS)
+        .map(|k| (Role::Candidate, crate::result::shadow_result_path(path, k)))
+        .take_while(|(_, p)| p.exists());
+    let control = Some(crate::result::control_result_path(path)).filter(|p| p.exists());
+    let sides = candidates.chain(control.map(|p| (Role::Control, p)));
     let mut targets = Targets::new();
     let mut accs = Vec::new();
-    for k in 1..=crate::result::MAX_SHADOWS {
-        let sp = crate::result::shadow_result_path(path, k);
-        if !sp.exists() {
-            break;
-        }
-        let shadow = load_rows(&sp)?;
-        if shadow.len() != target.len() || shadow.input_lens != target.input_lens {
-            anyhow::bail!(
-                "{}: not the same requests as {} ({} against {} rows, or other input lengths)",
-                sp.display(),
-                path.display(),
-                shadow.len(),
-                target.len()
-            );
-        }
-        let mut acc = Acc {
-            sum: TargetSummary {
-                index: k,
-                role: Role::Candidate.as_str(),
-                url: sp.display().to_string(),
-                outputs_unknown: true,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        for i in 0..target.len() {
-            acc.add_row(&target, &shadow, i);
-        }
-        targets.push((Role::Candidate, acc.sum.url.clone()));
-        accs.push(acc);
+    for (k, (role, sp)) in sides.enumerate() {
+        accs.push(side_rows(path, &target, k + 1, role, &sp)?);
+        targets.push((role, sp.display().to_string()));
     }
-    if targets.is_empty() {
+    if !targets.iter().any(|(r, _)| *r == Role::Candidate) {
         let beside = crate::result::shadow_result_path(path, 1);
         anyhow::bail!(
             "{}: no shadow's result beside it ({}; replay with --shadow URL --result-json {})",
@@ -500,6 +479,40 @@ fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
         );
     }
     Ok((targets, accs))
+}
+
+/// The side in result `sp` paired with the target's rows, request by request.
+fn side_rows(
+    path: &Path,
+    target: &crate::result::Requests,
+    index: usize,
+    role: Role,
+    sp: &Path,
+) -> anyhow::Result<Acc> {
+    let shadow = load_rows(sp)?;
+    if shadow.len() != target.len() || shadow.input_lens != target.input_lens {
+        anyhow::bail!(
+            "{}: not the same requests as {} ({} against {} rows, or other input lengths)",
+            sp.display(),
+            path.display(),
+            shadow.len(),
+            target.len()
+        );
+    }
+    let mut acc = Acc {
+        sum: TargetSummary {
+            index,
+            role: role.as_str(),
+            url: sp.display().to_string(),
+            outputs_unknown: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for i in 0..target.len() {
+        acc.add_row(target, &shadow, i);
+    }
+    Ok(acc)
 }
 
 /// A result's per-request rows, or an error naming the file.

@@ -61,6 +61,16 @@ pub(crate) fn shadow_result_path(primary: &Path, k: usize) -> PathBuf {
     primary.with_file_name(name)
 }
 
+/// The control's result file beside the target's: `base.json` → `base.control.json`.
+pub(crate) fn control_result_path(primary: &Path) -> PathBuf {
+    let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match primary.extension() {
+        Some(ext) => format!("{stem}.control.{}", ext.to_string_lossy()),
+        None => format!("{stem}.control"),
+    };
+    primary.with_file_name(name)
+}
+
 /// Schema identifier written into every result.
 pub(crate) const SCHEMA: &str = "retrace.replay/1";
 
@@ -543,6 +553,8 @@ pub(crate) mod tests {
             shadow_result_path(Path::new("r"), 2),
             Path::new("r.shadow-2")
         );
+        assert_eq!(control_result_path(p), Path::new("out/base.control.json"));
+        assert_eq!(control_result_path(Path::new("r")), Path::new("r.control"));
     }
 
     use crate::metrics::{summarize, Scalars, ServerTimes};

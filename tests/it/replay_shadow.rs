@@ -59,8 +59,12 @@ async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
         .expect("a shadowed replay");
     assert_eq!(out.summary.completed, 24);
     assert_eq!(out.shadows.len(), 1);
-    let (url, shadow) = &out.shadows[0];
-    assert_eq!(url, &ub);
+    let side = &out.shadows[0];
+    assert_eq!(
+        (side.name.as_str(), side.url.as_str()),
+        ("shadow 1", ub.as_str())
+    );
+    let shadow = &side.outcome;
     assert_eq!((shadow.summary.completed, shadow.summary.failed), (24, 0));
     // The same prompts reached each server.
     let sorted = |p: &std::sync::Mutex<Vec<serde_json::Value>>| {
@@ -119,6 +123,67 @@ async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
     assert!(itl.abs() < 2.0, "the same 4 ms ITL on both sides: {itl}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_side_is_the_noise_band_compare_judges_the_shadow_by() {
+    let (a, b, c) = (
+        support::start(server(20)).await,
+        support::start(server(60)).await,
+        support::start(server(20)).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 24);
+    let base = dir.path().join("base.json");
+    let (ua, ub, uc) = (a.url(), b.url(), c.url());
+    let cfg = support::replay_cfg(&[
+        t.to_str().unwrap(),
+        "--target",
+        &ua,
+        "--shadow",
+        &ub,
+        "--shadow-control",
+        &uc,
+        "--model",
+        "test-model",
+        "--header",
+        "Authorization=Bearer sk-target-only",
+        "--result-json",
+        base.to_str().unwrap(),
+    ]);
+    let out = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
+        .await
+        .expect("the replay ends")
+        .expect("a replay with a control");
+    let names: Vec<(&str, &str)> = (out.shadows.iter())
+        .map(|s| (s.name.as_str(), s.url.as_str()))
+        .collect();
+    assert_eq!(names, [("shadow 1", ub.as_str()), ("control", uc.as_str())]);
+    let control = &out.shadows[1].outcome.summary;
+    assert_eq!((control.completed, control.failed), (24, 0));
+    let keys_c = c.authorizations.lock().unwrap().clone();
+    assert!(keys_c.iter().all(|k| k.is_empty()), "{keys_c:?}");
+    assert!(dir.path().join("base.control.json").exists());
+    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["compare", "--shadow", base.to_str().unwrap()])
+        .args(["--format", "json"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&res.stdout).expect("compare --shadow's JSON");
+    let shadows = v["shadows"].as_array().unwrap();
+    assert_eq!(shadows.len(), 1, "the control is the noise band: {v}");
+    let judged = &shadows[0];
+    assert_eq!(judged["control"]["role"], "control", "{judged}");
+    assert_eq!(judged["control"]["pairs"], 24, "{judged}");
+    let rows = judged["comparison"]["rows"].as_array().unwrap();
+    let median = rows.iter().find(|r| r["key"] == "median_ttft_ms").unwrap();
+    let d = median["abs_change"].as_f64().unwrap();
+    assert!((d - 40.0).abs() < 5.0, "{median}");
+    assert_eq!(median["verdict"], "worse", "{median}");
+    // the control, the target's twin, moved by far less than the shadow
+    let noise = median["noise"].as_f64().unwrap();
+    assert!(noise < 5.0, "the control differs by {noise} ms");
+}
+
 #[test]
 fn shadow_flags_that_cannot_hold_are_refused_naming_the_flag() {
     let t = "traces/mooncake_conversation_1k.jsonl";
@@ -136,6 +201,18 @@ fn shadow_flags_that_cannot_hold_are_refused_naming_the_flag() {
     let e = err(&[&target[..], &["--shadow", "http://127.0.0.1:9/v1/"]].concat());
     assert!(
         e.contains("--shadow http://127.0.0.1:9") && e.contains("another server"),
+        "{e}"
+    );
+    let e = err(&[&target[..], &["--shadow-control", "http://127.0.0.1:10"]].concat());
+    assert!(e.contains("--shadow-control needs --shadow URL"), "{e}");
+    let e = err(&[
+        &target[..],
+        &["--shadow", "http://127.0.0.1:10"],
+        &["--shadow-control", "http://127.0.0.1:10"],
+    ]
+    .concat());
+    assert!(
+        e.contains("--shadow-control http://127.0.0.1:10") && e.contains("another server"),
         "{e}"
     );
     let e = err(&[&target[..], &["--shadow-model", "m"]].concat());
