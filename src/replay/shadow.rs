@@ -7,9 +7,8 @@
 //! ends them all.
 
 use super::*;
-use std::sync::OnceLock;
-
 use crate::result::{control_result_path, shadow_result_path};
+use std::sync::OnceLock;
 
 /// A candidate a replay also sends every planned request to.
 #[derive(Debug, Clone)]

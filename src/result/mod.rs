@@ -53,20 +53,20 @@ pub(crate) const MAX_SHADOWS: usize = 4;
 
 /// Shadow `k`'s (1-based) result file beside the target's: `base.json` → `base.shadow-1.json`.
 pub(crate) fn shadow_result_path(primary: &Path, k: usize) -> PathBuf {
-    let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
-    let name = match primary.extension() {
-        Some(ext) => format!("{stem}.shadow-{k}.{}", ext.to_string_lossy()),
-        None => format!("{stem}.shadow-{k}"),
-    };
-    primary.with_file_name(name)
+    beside(primary, &format!("shadow-{k}"))
 }
 
 /// The control's result file beside the target's: `base.json` → `base.control.json`.
 pub(crate) fn control_result_path(primary: &Path) -> PathBuf {
+    beside(primary, "control")
+}
+
+/// `primary` with `.tag` before its extension.
+fn beside(primary: &Path, tag: &str) -> PathBuf {
     let stem = primary.file_stem().unwrap_or_default().to_string_lossy();
     let name = match primary.extension() {
-        Some(ext) => format!("{stem}.control.{}", ext.to_string_lossy()),
-        None => format!("{stem}.control"),
+        Some(ext) => format!("{stem}.{tag}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{tag}"),
     };
     primary.with_file_name(name)
 }
@@ -542,6 +542,8 @@ pub(crate) struct SentOfRecording {
 pub(crate) mod tests {
     use super::*;
 
+    use crate::metrics::{summarize, Scalars, ServerTimes};
+
     #[test]
     fn shadow_results_sit_beside_the_targets() {
         let p = Path::new("out/base.json");
@@ -556,8 +558,6 @@ pub(crate) mod tests {
         assert_eq!(control_result_path(p), Path::new("out/base.control.json"));
         assert_eq!(control_result_path(Path::new("r")), Path::new("r.control"));
     }
-
-    use crate::metrics::{summarize, Scalars, ServerTimes};
 
     const MS: u64 = 1_000_000;
 

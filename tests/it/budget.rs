@@ -310,8 +310,11 @@ fn a_sidecar_of_one_huge_line_is_read_within_the_budget() {
         .to_string(),
     )
     .unwrap();
-    // A `replay --shadow` pair: the shadow's result beside it, naming the same sidecar.
-    std::fs::copy(&result, dir.path().join("r.shadow-1.json")).unwrap();
+    // A `replay --shadow` run: a shadow's and a control's result beside it, naming the same
+    // sidecar.
+    for side in ["r.shadow-1.json", "r.control.json"] {
+        std::fs::copy(&result, dir.path().join(side)).unwrap();
+    }
     let r = result.to_str().unwrap();
     let page = dir.path().join("p.html");
     let merged = dir.path().join("m.json");

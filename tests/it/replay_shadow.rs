@@ -30,6 +30,57 @@ fn server(ttft_ms: u64) -> ServerConfig {
     }
 }
 
+/// 24 requests replayed against `target` and shadowed to `shadow` (plus `extra` flags), the
+/// target's result at `dir/base.json`.
+async fn shadowed(dir: &Path, target: &str, shadow: &str, extra: &[&str]) -> replay::Outcome {
+    let t = trace(dir, 24);
+    let base = dir.join("base.json");
+    let mut args = vec![
+        t.to_str().unwrap(),
+        "--target",
+        target,
+        "--shadow",
+        shadow,
+        "--model",
+        "test-model",
+        "--header",
+        "Authorization=Bearer sk-target-only",
+        "--result-json",
+        base.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let cfg = support::replay_cfg(&args);
+    tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
+        .await
+        .expect("the replay ends")
+        .expect("a shadowed replay")
+}
+
+/// `retrace compare --shadow BASE --format json`'s first judged shadow and its rows.
+fn compare_shadow(base: &Path) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["compare", "--shadow", base.to_str().unwrap()])
+        .args(["--format", "json"])
+        .output_within(support::CHILD_LIMIT)
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&res.stdout).expect("compare --shadow's JSON");
+    let shadows = v["shadows"].as_array().expect("judged shadows");
+    assert_eq!(
+        shadows.len(),
+        1,
+        "one candidate (a control is no candidate): {v}"
+    );
+    let judged = shadows[0].clone();
+    let rows = judged["comparison"]["rows"].as_array().unwrap().clone();
+    (judged, rows)
+}
+
+/// The row of `key`.
+fn row(rows: &[serde_json::Value], key: &str) -> serde_json::Value {
+    rows.iter().find(|r| r["key"] == key).unwrap().clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
     let (a, b) = (
@@ -37,26 +88,9 @@ async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
         support::start(server(60)).await,
     );
     let dir = tempfile::tempdir().unwrap();
-    let t = trace(dir.path(), 24);
     let base = dir.path().join("base.json");
     let (ua, ub) = (a.url(), b.url());
-    let cfg = support::replay_cfg(&[
-        t.to_str().unwrap(),
-        "--target",
-        &ua,
-        "--shadow",
-        &ub,
-        "--model",
-        "test-model",
-        "--header",
-        "Authorization=Bearer sk-target-only",
-        "--result-json",
-        base.to_str().unwrap(),
-    ]);
-    let out = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
-        .await
-        .expect("the replay ends")
-        .expect("a shadowed replay");
+    let out = shadowed(dir.path(), &ua, &ub, &[]).await;
     assert_eq!(out.summary.completed, 24);
     assert_eq!(out.shadows.len(), 1);
     let side = &out.shadows[0];
@@ -104,22 +138,13 @@ async fn each_request_goes_to_both_targets_and_compare_pairs_them() {
     assert_eq!(paired["significant"], true, "{paired}");
     // compare --shadow of the target's result pairs every metric: the median of the
     // per-request TTFT deltas is the configured 40 ms.
-    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
-        .args(["compare", "--shadow", base.to_str().unwrap()])
-        .args(["--format", "json"])
-        .output_within(support::CHILD_LIMIT)
-        .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&res.stdout).expect("compare --shadow's JSON");
-    let judged = &v["shadows"][0];
+    let (judged, rows) = compare_shadow(&base);
     assert_eq!(judged["target"]["pairs"], 24, "{judged}");
-    let rows = judged["comparison"]["rows"].as_array().unwrap();
-    let row = |k: &str| rows.iter().find(|r| r["key"] == k).unwrap().clone();
-    let median = row("median_ttft_ms");
+    let median = row(&rows, "median_ttft_ms");
     let d = median["abs_change"].as_f64().unwrap();
     assert!((d - 40.0).abs() < 5.0, "{median}");
     assert_eq!(median["verdict"], "worse", "{median}");
-    let itl = row("median_itl_ms")["abs_change"].as_f64().unwrap();
+    let itl = row(&rows, "median_itl_ms")["abs_change"].as_f64().unwrap();
     assert!(itl.abs() < 2.0, "the same 4 ms ITL on both sides: {itl}");
 }
 
@@ -131,28 +156,9 @@ async fn a_control_side_is_the_noise_band_compare_judges_the_shadow_by() {
         support::start(server(20)).await,
     );
     let dir = tempfile::tempdir().unwrap();
-    let t = trace(dir.path(), 24);
     let base = dir.path().join("base.json");
     let (ua, ub, uc) = (a.url(), b.url(), c.url());
-    let cfg = support::replay_cfg(&[
-        t.to_str().unwrap(),
-        "--target",
-        &ua,
-        "--shadow",
-        &ub,
-        "--shadow-control",
-        &uc,
-        "--model",
-        "test-model",
-        "--header",
-        "Authorization=Bearer sk-target-only",
-        "--result-json",
-        base.to_str().unwrap(),
-    ]);
-    let out = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
-        .await
-        .expect("the replay ends")
-        .expect("a replay with a control");
+    let out = shadowed(dir.path(), &ua, &ub, &["--shadow-control", &uc]).await;
     let names: Vec<(&str, &str)> = (out.shadows.iter())
         .map(|s| (s.name.as_str(), s.url.as_str()))
         .collect();
@@ -160,22 +166,15 @@ async fn a_control_side_is_the_noise_band_compare_judges_the_shadow_by() {
     let control = &out.shadows[1].outcome.summary;
     assert_eq!((control.completed, control.failed), (24, 0));
     let keys_c = c.authorizations.lock().unwrap().clone();
-    assert!(keys_c.iter().all(|k| k.is_empty()), "{keys_c:?}");
+    assert!(
+        keys_c.len() >= 24 && keys_c.iter().all(|k| k.is_empty()),
+        "{keys_c:?}"
+    );
     assert!(dir.path().join("base.control.json").exists());
-    let res = Command::new(env!("CARGO_BIN_EXE_retrace"))
-        .args(["compare", "--shadow", base.to_str().unwrap()])
-        .args(["--format", "json"])
-        .output_within(support::CHILD_LIMIT)
-        .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&res.stdout).expect("compare --shadow's JSON");
-    let shadows = v["shadows"].as_array().unwrap();
-    assert_eq!(shadows.len(), 1, "the control is the noise band: {v}");
-    let judged = &shadows[0];
+    let (judged, rows) = compare_shadow(&base);
     assert_eq!(judged["control"]["role"], "control", "{judged}");
     assert_eq!(judged["control"]["pairs"], 24, "{judged}");
-    let rows = judged["comparison"]["rows"].as_array().unwrap();
-    let median = rows.iter().find(|r| r["key"] == "median_ttft_ms").unwrap();
+    let median = row(&rows, "median_ttft_ms");
     let d = median["abs_change"].as_f64().unwrap();
     assert!((d - 40.0).abs() < 5.0, "{median}");
     assert_eq!(median["verdict"], "worse", "{median}");

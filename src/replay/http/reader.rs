@@ -124,8 +124,8 @@ impl Readers {
     }
 
     /// Hands `job` to the first reader while all readers hold fewer than [`FILL`] jobs together,
-    /// else to the reader with the fewest. With no reader thread left (only after a bug made one panic) the job is dropped:
-    /// its task sees the channel closed.
+    /// else to the reader with the fewest. With no reader thread left (only after a bug made one
+    /// panic) the job is dropped: its task sees the channel closed.
     pub(crate) fn submit(&self, job: Box<dyn Job>) {
         let Some(shard) = self.pick() else {
             return;
