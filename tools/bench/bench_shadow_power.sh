@@ -10,7 +10,14 @@
 # For each N it prints whether median TTFT was called worse (the change significant at 99 % and
 # above --min-effect), and the smallest N that was, for each way.
 #
-# Usage: tools/bench/bench_shadow_power.sh    (NS="10 20 40 80 160 320 640" RATE=20 TRACE=...)
+# MOCKS=batching runs both mocks on the continuous-batching cost model of `--profile fast`
+# instead, the candidate with `--request-overhead-ms 2` (2 ms more before the engine queues each
+# request): TTFT then varies with the prompt and the queue, as on a real server. PAIRED=replay
+# makes the paired way `replay --shadow --limit N` (target primary, shadow candidate), judged
+# by `compare --shadow`, for each N.
+#
+# Usage: tools/bench/bench_shadow_power.sh    (NS="10 20 40 80 160 320 640" RATE=20 TRACE=...
+#        MOCKS=fixed|batching PAIRED=record|replay)
 # Talks to 127.0.0.1 only; every run is bounded by its request count and a timeout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,8 +37,14 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-timeout 3600 "$R" mock --listen 127.0.0.1:$A --fixed-timing 50,10 2>"$WORK/a.log" & PIDS+=($!)
-timeout 3600 "$R" mock --listen 127.0.0.1:$B --fixed-timing 52,10 2>"$WORK/b.log" & PIDS+=($!)
+MOCKS=${MOCKS:-fixed}; PAIRED=${PAIRED:-record}
+case $MOCKS in
+  fixed) MA=(--fixed-timing 50,10); MB=(--fixed-timing 52,10) ;;
+  batching) MA=(--profile fast); MB=(--profile fast --request-overhead-ms 2) ;;
+  *) echo "MOCKS=$MOCKS: give fixed or batching" >&2; exit 2 ;;
+esac
+timeout 3600 "$R" mock --listen 127.0.0.1:$A "${MA[@]}" 2>"$WORK/a.log" & PIDS+=($!)
+timeout 3600 "$R" mock --listen 127.0.0.1:$B "${MB[@]}" 2>"$WORK/b.log" & PIDS+=($!)
 sleep 1
 NMAX=$(echo "$NS" | tr ' ' '\n' | sort -n | tail -1)
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
@@ -47,6 +60,17 @@ print(row["verdict"], "%+.2f" % (row["abs_change"] or 0))
 PY
 }
 
+echo "mocks: $MOCKS (${MA[*]} against ${MB[*]}); paired way: $PAIRED" >&2
+: >"$OUT/power.txt"
+if [ "$PAIRED" = replay ]; then
+echo "== paired: for each N, one replay --shadow (target the primary, shadow the candidate)" >&2
+for n in $NS; do
+  timeout 1800 "$R" replay "$TRACE" --target http://127.0.0.1:$A --shadow http://127.0.0.1:$B \
+    --limit "$n" --request-rate "$RATE" --result-json "$WORK/s$n.json" >/dev/null 2>"$WORK/s$n.log"
+  timeout 600 "$R" compare --shadow "$WORK/s$n.json" --format json >"$WORK/p$n.json" || true
+  echo "paired $n $(verdict "$WORK/p$n.json")" | tee -a "$OUT/power.txt"
+done
+else
 echo "== paired: $NMAX requests at $RATE req/s through record --shadow" >&2
 timeout 3600 "$R" record --listen 127.0.0.1:$P --upstream http://127.0.0.1:$A \
   --shadow http://127.0.0.1:$B --out "$WORK/rec" --admin none 2>"$WORK/rec.log" & REC=$!
@@ -57,12 +81,12 @@ timeout 1800 "$R" replay "$TRACE" --target http://127.0.0.1:$P --limit "$NMAX" -
 kill -INT "$REC"; wait "$REC" 2>/dev/null || true
 REC_FILES=("$WORK"/rec/*.trace.zst)
 timeout 600 "$R" convert "${REC_FILES[@]}" -o "$WORK/rec.trace.zst" 2>/dev/null
-: >"$OUT/power.txt"
 for n in $NS; do
   timeout 600 "$R" convert "$WORK/rec.trace.zst" --head "$n" -o "$WORK/p$n.trace.zst" 2>/dev/null
   timeout 600 "$R" compare --shadow "$WORK/p$n.trace.zst" --format json >"$WORK/p$n.json" || true
   echo "paired $n $(verdict "$WORK/p$n.json")" | tee -a "$OUT/power.txt"
 done
+fi
 
 echo "== unpaired: for each N, a replay against the primary, then one against the candidate" >&2
 for n in $NS; do
