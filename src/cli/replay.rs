@@ -599,15 +599,10 @@ fn shadow_headers(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<HeaderMap> {
     let mut headers = HeaderMap::new();
-    let Some(var) = var else { return Ok(headers) };
-    let key = match env(var) {
-        Some(k) if !k.trim().is_empty() => k,
-        _ => bail!("--shadow-api-key-env {var}: environment variable {var} is not set or empty"),
-    };
-    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
-        .map_err(|_| anyhow!("--shadow-api-key-env {var}: the key is not a valid header value"))?;
-    v.set_sensitive(true);
-    headers.insert(AUTHORIZATION, v);
+    if let Some(var) = var {
+        let v = bearer_from_env("--shadow-api-key-env", var, env)?;
+        headers.insert(AUTHORIZATION, v);
+    }
     Ok(headers)
 }
 
@@ -703,22 +698,36 @@ fn api_key(
     explicit: bool,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<HeaderValue>> {
-    let (key, from) = match flag {
-        Some(var) => match env(var) {
-            Some(k) if !k.trim().is_empty() => (k, format!("--api-key-env {var}")),
-            Some(_) => bail!("--api-key-env {var}: environment variable {var} is empty"),
-            None => bail!("--api-key-env {var}: environment variable {var} is not set"),
-        },
-        None if explicit => return Ok(None),
+    match flag {
+        Some(var) => bearer_from_env("--api-key-env", var, env).map(Some),
+        None if explicit => Ok(None),
         None => match env(OPENAI_API_KEY) {
-            Some(k) if !k.trim().is_empty() => (k, OPENAI_API_KEY.to_string()),
-            _ => return Ok(None),
+            Some(k) if !k.trim().is_empty() => bearer(&k, OPENAI_API_KEY).map(Some),
+            _ => Ok(None),
         },
-    };
+    }
+}
+
+/// [`bearer`] of the key in environment variable `var`, which `flag` named.
+fn bearer_from_env(
+    flag: &str,
+    var: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<HeaderValue> {
+    match env(var) {
+        Some(k) if !k.trim().is_empty() => bearer(&k, &format!("{flag} {var}")),
+        Some(_) => bail!("{flag} {var}: environment variable {var} is empty"),
+        None => bail!("{flag} {var}: environment variable {var} is not set"),
+    }
+}
+
+/// `Bearer KEY` as a header value marked sensitive; an invalid key is named by where it came
+/// from (`from`), never shown.
+fn bearer(key: &str, from: &str) -> anyhow::Result<HeaderValue> {
     let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim()))
         .map_err(|_| anyhow!("{from}: the key is not a valid header value"))?;
     v.set_sensitive(true);
-    Ok(Some(v))
+    Ok(v)
 }
 
 fn extra_body(s: Option<&str>) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
