@@ -261,3 +261,49 @@ async fn a_shadow_that_cannot_be_reached_ends_the_run_before_anything_is_sent() 
         "nothing sent to the target"
     );
 }
+
+/// The most sides a replay takes (the target, 4 shadows and a control), each a replay of its
+/// own, run as a user runs it: within the 1 GiB address space of the other bounded tests, each
+/// side's result written whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_sides_replay_within_the_memory_limit() {
+    let mut servers = Vec::new();
+    for _ in 0..6 {
+        servers.push(support::start(server(5)).await);
+    }
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), 24);
+    let base = dir.path().join("base.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.args(["replay", t.to_str().unwrap(), "--target", &urls[0]]);
+    for u in &urls[1..5] {
+        cmd.args(["--shadow", u]);
+    }
+    cmd.args(["--shadow-control", &urls[5], "--model", "test-model"]);
+    cmd.args(["--result-json", base.to_str().unwrap()]);
+    support::under_memory_limit(&mut cmd, support::MEMORY_LIMIT);
+    let out = tokio::task::spawn_blocking(move || cmd.output_within(support::CHILD_LIMIT))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let names = [
+        "base.shadow-1.json",
+        "base.shadow-4.json",
+        "base.control.json",
+    ];
+    for name in ["base.json"].iter().chain(&names) {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(name)).unwrap()).unwrap();
+        assert_eq!(v["completed"], 24, "{name}");
+    }
+    for s in &servers {
+        assert_eq!(
+            s.prompts.lock().unwrap().len(),
+            24,
+            "every side sent every request"
+        );
+    }
+}
