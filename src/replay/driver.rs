@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 /// How far in the future t0 is set, so the dispatcher and runtime are settled at the first send.
 pub(crate) const START_LEAD: Duration = Duration::from_millis(20);
@@ -70,7 +70,9 @@ pub struct Halt {
     /// The phase and the signal, under one lock: a signal halts a running drive or none.
     state: Mutex<(Phase, Option<Signal>)>,
     halted: AtomicBool,
-    woken: Notify,
+    /// Turns true at the halt: every side's [`drive`] of a shadowed replay sees it (one wake-up
+    /// permit would reach one side only).
+    woken: watch::Sender<bool>,
 }
 
 impl Halt {
@@ -90,7 +92,7 @@ impl Halt {
         if st.0 == Phase::Running && st.1.is_none() {
             st.1 = Some(s);
             self.halted.store(true, Ordering::Release);
-            self.woken.notify_one();
+            self.woken.send_replace(true);
         }
         st.0
     }
@@ -101,7 +103,7 @@ impl Halt {
         let st = self.lock();
         if st.0 == Phase::Running && st.1.is_none() {
             self.halted.store(true, Ordering::Release);
-            self.woken.notify_one();
+            self.woken.send_replace(true);
         }
     }
 
@@ -536,6 +538,7 @@ pub(crate) async fn drive(
     };
     let (mut first, mut last) = (u64::MAX, 0u64);
     let mut grace = Some(cut_tx);
+    let mut halted = halt.woken.subscribe();
     // Every released request replies once; the channel closes when the dispatcher and every
     // request's task are done.
     loop {
@@ -549,7 +552,7 @@ pub(crate) async fn drive(
                 }
                 on_done(slot, tag, s);
             }
-            () = halt.woken.notified(), if grace.is_some() => {
+            _ = halted.wait_for(|h| *h), if grace.is_some() => {
                 if let Some(tx) = grace.take() {
                     tokio::spawn(async move {
                         tokio::time::sleep(HALT_GRACE).await;

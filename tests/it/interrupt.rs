@@ -272,3 +272,37 @@ fn synth_stopped_by_a_signal_removes_its_partial_output() {
     let args = ["synth", input.to_str().unwrap()];
     stopped_writer_leaves_nothing(&args, dir.path(), libc::SIGINT, 130);
 }
+
+/// A shadowed replay halted while each side's one request is in flight: every side's request
+/// is cut after the grace (not only the first side's), each side's result says so, and the run
+/// exits 130 without waiting for an answer.
+#[test]
+fn a_shadowed_replay_halted_in_flight_cuts_every_side() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (a, b) = (mock(&rt, 3_000_000.0), mock(&rt, 3_000_000.0));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = trace(dir.path(), 1);
+    let result = dir.path().join("run.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.arg("replay")
+        .arg(&trace)
+        .args(["--target", &format!("http://{}", a.addr)])
+        .args(["--shadow", &format!("http://{}", b.addr)])
+        .args(["--model", "mock-llama", "--result-json"])
+        .arg(&result);
+    let mut child = Running::spawn(under_memory_limit(&mut cmd, MEMORY_LIMIT)).unwrap();
+    let running = |m: &MockHandle| metric(m, "vllm:num_requests_running", "") >= 1.0;
+    child.wait_for("both requests in flight", CHILD_LIMIT, |_| {
+        running(&a) && running(&b)
+    });
+    child.signal(libc::SIGINT);
+    let out = child.wait_within(CHILD_LIMIT).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    for side in ["run.json", "run.shadow-1.json"] {
+        let r = read_json(&dir.path().join(side));
+        assert_eq!(r["errors_by_kind"]["interrupted"], 1, "{side}: {r}");
+        assert_eq!(r["completed"], 0, "{side}: {r}");
+    }
+    assert_eq!(partials(dir.path()), Vec::<String>::new());
+}
