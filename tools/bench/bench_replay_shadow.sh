@@ -5,8 +5,10 @@
 # A third mode, `double`, is a single target at twice the rate (--speed 2): as many sends as the
 # dual run makes, from one dispatcher. Rounds rotate the modes; prints each run's p99 / max send drift per side, then the
 # medians over ROUNDS and the ratio dual / single of the p99 drift medians.
+# With BIN_B (another build), a fourth mode `dual_b` is the dual run by that build, in the same
+# rounds (A/B of the dual path).
 # Usage: tools/bench/bench_replay_shadow.sh   (build first: cargo build --release)
-# Env: RATE (default 1000), SECONDS_ (default 5), ROUNDS (default 3), BIN.
+# Env: RATE (default 1000), SECONDS_ (default 5), ROUNDS (default 3), BIN, BIN_B.
 # Loopback only; bounded by RATE × SECONDS_ requests a run and a 300 s limit on every replay.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,12 +27,12 @@ with open(path, "w") as f:
         f.write(json.dumps({"timestamp": i * 1000 // rate, "input_length": 100, "output_length": 2, "hash_ids": [i]}) + "\n")
 PY
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-mock() { # mock: a fresh mock, its URL on stdout
+mock() { # mock VAR: a fresh mock, its URL in VAR (not in a subshell: its pid is kept to stop it)
   local p; p=$(port)
   "$BIN" mock --listen "127.0.0.1:$p" --fixed-timing 50,10 --max-num-seqs 100000 >/dev/null 2>&1 &
   PIDS+=($!)
   for _ in $(seq 50); do curl -sf "http://127.0.0.1:$p/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
-  echo "http://127.0.0.1:$p"
+  printf -v "$1" '%s' "http://127.0.0.1:$p"
 }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(f"{d[k]:.3f}" for k in sys.argv[2:]))' "$@"; }
 echo "# bench_replay_shadow $(date -u +%Y-%m-%dT%H:%MZ): $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -38,13 +40,15 @@ echo "# open loop, $RATE req/s for $SECS s ($N requests), 2-token outputs, $ROUN
 printf "%-6s %-7s %-8s %-14s %-14s %-10s %-10s\n" round mode side p99_drift_ms max_drift_ms mean_ttft failed
 for r in $(seq "$ROUNDS"); do
   case $((r % 3)) in 1) order="single dual double" ;; 2) order="dual double single" ;; *) order="double single dual" ;; esac
+  [ -n "${BIN_B:-}" ] && case $((r % 2)) in 1) order="$order dual_b" ;; *) order="dual_b $order" ;; esac
   for mode in $order; do
-    A=$(mock); B=$(mock)
+    mock A; mock B
+    bin=$BIN; [ "$mode" = dual_b ] && bin=$BIN_B
     args=("$T/open.jsonl" --target "$A" --model mock-llama --detailed --result-json "$T/$mode.json")
-    [ "$mode" = dual ] && args+=(--shadow "$B")
+    case $mode in dual*) args+=(--shadow "$B") ;; esac
     [ "$mode" = double ] && args+=(--speed 2)
-    timeout 300 "$BIN" replay "${args[@]}" >"$T/$mode.log" 2>&1 || { echo "replay failed:"; tail -5 "$T/$mode.log"; exit 1; }
-    sides=("target:$T/$mode.json"); [ "$mode" = dual ] && sides+=("shadow:$T/$mode.shadow-1.json")
+    timeout 300 "$bin" replay "${args[@]}" >"$T/$mode.log" 2>&1 || { echo "replay failed:"; tail -5 "$T/$mode.log"; exit 1; }
+    sides=("target:$T/$mode.json"); case $mode in dual*) sides+=("shadow:$T/$mode.shadow-1.json") ;; esac
     for s in "${sides[@]}"; do
       read -r PD MD MT F <<<"$(field "${s#*:}" p99_drift_ms max_drift_ms mean_ttft_ms failed)"
       printf "%-6s %-7s %-8s %-14s %-14s %-10s %-10s\n" "$r" "$mode" "${s%%:*}" "$PD" "$MD" "$MT" "$F" | tee -a "$T/rows"
@@ -62,4 +66,7 @@ single, dual_t, dual_s = med("single", "target"), med("dual", "target"), med("du
 double = med("double", "target")
 print(f"median p99 send drift ms: single {single:.3f}; dual: target {dual_t:.3f}, shadow {dual_s:.3f}; single at twice the rate {double:.3f}")
 print(f"dual / single: target {dual_t / single:.2f}, shadow {dual_s / single:.2f}")
+b_t, b_s = med("dual_b", "target"), med("dual_b", "shadow")
+if b_t == b_t:
+    print(f"BIN_B dual: target {b_t:.3f}, shadow {b_s:.3f}; dual / BIN_B dual: target {dual_t / b_t:.2f}, shadow {dual_s / b_s:.2f}")
 PY
