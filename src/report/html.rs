@@ -418,8 +418,70 @@ pub(crate) fn report_page_at(run: &Run, thresholds: (f64, f64), ps: &[f64]) -> S
         "isl": histogram(&isl),
         "osl": histogram(&osl),
         "breakdown": breakdown(run),
+        "shadows": shadows(run, thresholds),
     });
     page(&data)
+}
+
+/// Each latency metric's CDF of `base` beside `cand`'s (and `noise`'s), where both have it.
+fn cdfs_beside(base: &Run, cand: &Run, noise: Option<&Run>) -> Vec<Value> {
+    let mut cdfs = Vec::new();
+    for m in Metric::ALL {
+        let (Some(b), Some(c)) = (base.dist(m), cand.dist(m)) else {
+            continue;
+        };
+        cdfs.push(json!({
+            "key": m.key(),
+            "label": m.label(),
+            "base": cdf_json(&b),
+            "cand": cdf_json(&c),
+            "noise": noise.and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
+        }));
+    }
+    cdfs
+}
+
+/// A shadowed recording's shadows, each beside the primary: the CDFs of both sides, the CDF
+/// of the paired per-request change (TTFT, E2EL) with its median, and the shadow's timeline.
+fn shadows(run: &Run, t: (f64, f64)) -> Vec<Value> {
+    let Some(trace) = &run.trace else {
+        return Vec::new();
+    };
+    let side = |b: super::shadow::Beside| {
+        let shadow = Run {
+            path: run.path.clone(),
+            kind: run.kind,
+            scalars: Default::default(),
+            info: Default::default(),
+            requests: Some(b.requests),
+            hists: Default::default(),
+            trace: None,
+            server_series: None,
+            sections: Vec::new(),
+            selection: None,
+        };
+        let deltas: Vec<Value> = [
+            ("ttft", "TTFT", b.ttft_delta_ms),
+            ("e2el", "E2EL", b.e2el_delta_ms),
+        ]
+        .into_iter()
+        .filter(|(_, _, d)| !d.is_empty())
+        .map(|(key, label, mut d)| {
+            d.sort_by(f64::total_cmp);
+            let median = crate::metrics::np_percentile_sorted(&d, 50.0);
+            json!({"key": key, "label": label, "n": d.len(), "median": r3(median),
+                       "pts": cdf_json(&Weighted::from_samples(&d))})
+        })
+        .collect();
+        json!({
+            "name": b.name,
+            "pairs": b.pairs,
+            "cdfs": cdfs_beside(run, &shadow, None),
+            "deltas": deltas,
+            "timeline": timeline(&shadow, t),
+        })
+    };
+    super::shadow::beside(trace).into_iter().map(side).collect()
 }
 
 /// The comparison page: its verdict line and the `--fail-on` gate (`rules`) first.
@@ -449,19 +511,7 @@ pub fn compare_page(
             ])
         })
         .collect();
-    let mut cdfs = Vec::new();
-    for m in Metric::ALL {
-        let (Some(b), Some(c)) = (base.dist(m), cand.dist(m)) else {
-            continue;
-        };
-        cdfs.push(json!({
-            "key": m.key(),
-            "label": m.label(),
-            "base": cdf_json(&b),
-            "cand": cdf_json(&c),
-            "noise": noise.first().and_then(|n| n.dist(m)).map(|w| cdf_json(&w)),
-        }));
-    }
+    let cdfs = cdfs_beside(base, cand, noise.first());
     let mut lens = Vec::new();
     let ((bi, bo), (ci, co)) = (lengths(base), lengths(cand));
     for (key, label, b, c) in [

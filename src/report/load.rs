@@ -179,13 +179,36 @@ fn flatten(prefix: &str, v: &Value) -> Vec<(String, Value)> {
 /// (cancelled, an error, a status of 400 or more) is a failure with its kind and no latency; a
 /// completed one is timed from its arrival, a whole body apart (E2E only), as a replay times it.
 pub(crate) fn recorded_requests(work: &[&trace::Request]) -> Requests {
-    let mut r = Requests::default();
     let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
-    for q in work {
+    let rows = work.iter().map(|q| Answered {
+        input_tokens: q.input_tokens,
+        output_tokens: q.output_tokens,
+        arrival_us: q.arrival_us,
+        response: q.response.as_deref(),
+    });
+    answered_requests(rows, t0)
+}
+
+/// One recorded answer: the primary's, or a shadow's copy of the same request.
+pub(crate) struct Answered<'a> {
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    pub(crate) arrival_us: u64,
+    pub(crate) response: Option<&'a trace::Response>,
+}
+
+/// The per-request columns of recorded answers, their start times from `t0_us`.
+pub(crate) fn answered_requests<'a>(
+    rows: impl Iterator<Item = Answered<'a>>,
+    t0_us: u64,
+) -> Requests {
+    let mut r = Requests::default();
+    for q in rows {
         r.input_lens.push(q.input_tokens);
         r.output_lens.push(q.output_tokens);
-        r.start_s.push(q.arrival_us.saturating_sub(t0) as f64 / 1e6);
-        let resp = q.response.as_deref();
+        r.start_s
+            .push(q.arrival_us.saturating_sub(t0_us) as f64 / 1e6);
+        let resp = q.response;
         r.errors.push(match resp {
             None => "no_response".to_string(),
             Some(p) if p.completed() => String::new(),

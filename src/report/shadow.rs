@@ -404,6 +404,55 @@ fn judge(
     }
 }
 
+/// A shadow target of a recording beside its primary, for `retrace report`.
+pub(crate) struct Beside {
+    /// `shadow K (candidate URL)`.
+    pub(crate) name: String,
+    /// The shadow's answers, one row per copy sent, at its request's arrival (the primary's
+    /// clock, so the two timelines line up).
+    pub(crate) requests: crate::result::Requests,
+    /// Requests both sides completed.
+    pub(crate) pairs: u64,
+    /// Per-request change, shadow − primary, in ms: TTFT and E2EL, of the pairs kept.
+    pub(crate) ttft_delta_ms: Vec<f64>,
+    pub(crate) e2el_delta_ms: Vec<f64>,
+}
+
+/// Each shadow target of recording `t` beside its primary (none when it has no shadow). Bounded
+/// as the recording is: one row per copy, at most [`MAX_PAIRS`] deltas per metric.
+pub(crate) fn beside(t: &crate::trace::Trace) -> Vec<Beside> {
+    let work: Vec<&Request> = t.requests.iter().filter(|r| r.is_workload()).collect();
+    let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
+    let targets = ts::targets(&t.header.meta);
+    let side = |k: usize, role: Role, url: &str| {
+        let mut acc = Acc::default();
+        let copies = work.iter().filter_map(|r| {
+            let c = r.shadows.iter().find(|c| usize::from(c.target) == k)?;
+            if let Some(p) = r.response.as_deref() {
+                acc.add(r, p, c);
+            }
+            c.skipped.is_none().then_some(super::load::Answered {
+                input_tokens: r.input_tokens,
+                output_tokens: c.output_tokens,
+                arrival_us: r.arrival_us,
+                response: c.response.as_deref(),
+            })
+        });
+        let requests = super::load::answered_requests(copies, t0);
+        let delta = |m: usize| acc.lat[m].iter().map(|(a, b)| b - a).collect();
+        Beside {
+            name: format!("shadow {k} ({} {url})", role.as_str()),
+            requests,
+            pairs: acc.sum.pairs,
+            ttft_delta_ms: delta(0),
+            e2el_delta_ms: delta(3),
+        }
+    };
+    (targets.iter().enumerate())
+        .map(|(k, (role, url))| side(k, *role, url))
+        .collect()
+}
+
 /// What a candidate's comparison leaves out, said.
 fn notes(acc: &Acc, floor: usize) -> Vec<String> {
     let mut notes = Vec::new();

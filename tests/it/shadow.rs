@@ -212,6 +212,78 @@ async fn paired_shadow_compare_finds_the_configured_differences_and_none_in_a_co
     // a rule gates as on result files
     let (_, code) = compare_json(&files, &["--fail-on", "median_ttft_ms>+1"]);
     assert_eq!(code, 1);
+    report_shows_each_shadow_beside_the_primary(&files[0], _dir.path());
+}
+
+/// `retrace report` of the recording above: each shadow beside the primary (both sides' CDFs,
+/// the paired change with its median, the shadow's timeline), rendered without a script error.
+fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std::path::Path) {
+    let page = dir.join("report.html");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.arg("report").arg(rec).arg("-o").arg(&page);
+    let out = support::Running::spawn(&mut cmd)
+        .unwrap()
+        .wait_within(support::CHILD_LIMIT)
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let data = html
+        .split("<script id=\"retrace-data\" type=\"application/json\">")
+        .nth(1)
+        .and_then(|s| s.split_once("</script>"))
+        .map(|(d, _)| d)
+        .expect("the page's data");
+    let data: serde_json::Value = serde_json::from_str(data).unwrap();
+    let sides = data["shadows"].as_array().unwrap();
+    assert_eq!(sides.len(), 2, "the candidate and the control");
+    let median = |side: &serde_json::Value, key: &str| {
+        let d = side["deltas"].as_array().unwrap();
+        let d = d.iter().find(|d| d["key"] == key).unwrap();
+        assert_eq!(d["n"], 48);
+        d["median"].as_f64().unwrap()
+    };
+    let (cand, control) = (&sides[0], &sides[1]);
+    assert!(cand["name"]
+        .as_str()
+        .unwrap()
+        .starts_with("shadow 0 (candidate http://"));
+    assert_eq!(cand["pairs"], 48);
+    let d = median(cand, "ttft");
+    assert!(
+        (1.0..=3.0).contains(&d),
+        "TTFT change {d} ms, configured +2 ms"
+    );
+    // E2EL: +2 ms of TTFT and 7 gaps each 2 ms longer
+    let d = median(cand, "e2el");
+    assert!(
+        (13.0..=19.0).contains(&d),
+        "E2EL change {d} ms, configured +16 ms"
+    );
+    assert!(median(control, "ttft").abs() < 1.0, "{control}");
+    let keys: Vec<&str> = (cand["cdfs"].as_array().unwrap().iter())
+        .filter_map(|c| c["key"].as_str())
+        .collect();
+    assert!(keys.contains(&"ttft") && keys.contains(&"e2el"), "{keys:?}");
+    assert_eq!(cand["timeline"]["total"], 48);
+    let doms = crate::compare::open_headless(
+        &page,
+        &crate::compare::shots_dir().join("report-shadow.png"),
+    );
+    crate::compare::check_rendered(
+        &doms,
+        &[
+            "shadow-0",
+            "chart-shadow-0-cdf-ttft",
+            "chart-shadow-0-delta-ttft",
+            "chart-shadow-0-timeline",
+            "shadow-1",
+        ],
+        &[],
+    );
 }
 
 /// A raw server: reads a request head and its `Content-Length` body, notes the head, then
