@@ -151,7 +151,7 @@ async fn paired_shadow_compare_finds_the_configured_differences_and_none_in_a_co
         server(32, 7).await,
         server(30, 5).await,
     );
-    let (rec, _dir) = recorder(&primary.url(), &[cand.url()], Some(&control.url()), |_| {}).await;
+    let (rec, dir) = recorder(&primary.url(), &[cand.url()], Some(&control.url()), |_| {}).await;
     let proxy = format!("http://{}/v1/completions", rec.addr);
     let direct = format!("{}/v1/completions", primary.url());
     // Four keep-alive clients, 12 requests each; every proxied body is the direct one's bytes.
@@ -212,7 +212,7 @@ async fn paired_shadow_compare_finds_the_configured_differences_and_none_in_a_co
     // a rule gates as on result files
     let (_, code) = compare_json(&files, &["--fail-on", "median_ttft_ms>+1"]);
     assert_eq!(code, 1);
-    report_shows_each_shadow_beside_the_primary(&files[0], _dir.path());
+    report_shows_each_shadow_beside_the_primary(&files[0], dir.path());
 }
 
 /// `retrace report` of the recording above: each shadow beside the primary (both sides' CDFs,
@@ -260,7 +260,7 @@ fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std:
     // E2EL: +2 ms of TTFT and 7 gaps each 2 ms longer
     let d = median(cand, "e2el");
     assert!(
-        (13.0..=19.0).contains(&d),
+        (12.0..=20.0).contains(&d),
         "E2EL change {d} ms, configured +16 ms"
     );
     assert!(median(control, "ttft").abs() < 1.0, "{control}");
