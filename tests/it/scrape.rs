@@ -96,7 +96,7 @@ async fn achieved_hits_on_the_embedded_mock_equal_the_theoretical_count() {
 }
 
 /// The data block of a report page.
-fn page_data(page: &str) -> Value {
+pub(crate) fn page_data(page: &str) -> Value {
     let open = "<script id=\"retrace-data\" type=\"application/json\">";
     let start = page.find(open).expect("a data block") + open.len();
     let end = start + page[start..].find("</script>").unwrap();

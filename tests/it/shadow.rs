@@ -231,13 +231,7 @@ fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std:
         String::from_utf8_lossy(&out.stderr)
     );
     let html = std::fs::read_to_string(&page).unwrap();
-    let data = html
-        .split("<script id=\"retrace-data\" type=\"application/json\">")
-        .nth(1)
-        .and_then(|s| s.split_once("</script>"))
-        .map(|(d, _)| d)
-        .expect("the page's data");
-    let data: serde_json::Value = serde_json::from_str(data).unwrap();
+    let data = crate::scrape::page_data(&html);
     let sides = data["shadows"].as_array().unwrap();
     assert_eq!(sides.len(), 2, "the candidate and the control");
     let median = |side: &serde_json::Value, key: &str| {
