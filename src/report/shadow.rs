@@ -421,9 +421,12 @@ pub(crate) struct Beside {
 /// Each shadow target of recording `t` beside its primary (none when it has no shadow). Bounded
 /// as the recording is: one row per copy, at most [`MAX_PAIRS`] deltas per metric.
 pub(crate) fn beside(t: &crate::trace::Trace) -> Vec<Beside> {
+    let targets = ts::targets(&t.header.meta);
+    if targets.is_empty() {
+        return Vec::new();
+    }
     let work: Vec<&Request> = t.requests.iter().filter(|r| r.is_workload()).collect();
     let t0 = work.iter().map(|q| q.arrival_us).min().unwrap_or(0);
-    let targets = ts::targets(&t.header.meta);
     let side = |k: usize, role: Role, url: &str| {
         let mut acc = Acc::default();
         let copies = work.iter().filter_map(|r| {
