@@ -484,6 +484,7 @@ pub(crate) fn base_config(
         target_flag: "--target",
         shadows: Vec::new(),
         meet: None,
+        text_from: None,
         target_ca: t.target_ca.clone(),
         model: t.model.clone(),
         api,

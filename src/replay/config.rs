@@ -25,6 +25,9 @@ pub struct Config {
     pub(crate) shadows: Vec<crate::replay::shadow::ShadowTarget>,
     /// Where a shadowed replay's sides agree on t0 (none for a single target).
     pub(crate) meet: Option<std::sync::Arc<crate::replay::shadow::Meet>>,
+    /// On a shadow's side, the replay's target, whose tokenizer makes and fits the text prompts
+    /// (so every side sends the same body); `None`: the side's own target.
+    pub(crate) text_from: Option<crate::replay::shadow::TextFrom>,
     /// `--target-ca`: trust roots for an https target (default: system bundle).
     pub(crate) target_ca: Option<PathBuf>,
     pub(crate) model: Option<String>,

@@ -171,7 +171,8 @@ pub async fn prepare(cfg: &Config) -> anyhow::Result<Prepared> {
     // Only synthesised prompts (requests without a recorded body) are fitted to the target.
     let (overheads, tokenizer_fit) = match &prompts {
         Prompts::Text(tb) if survey.synthesised => {
-            let (o, line) = http::overhead::measure(&client, &model, tb).await;
+            let (fit, fit_model) = text_source(cfg, &target_url, &model).await?;
+            let (o, line) = http::overhead::measure(&fit, &fit_model, tb).await;
             eprintln!("retrace: {line}");
             (o, Some(line))
         }
@@ -302,22 +303,50 @@ pub(super) fn left_out_reason((lost, workload): (u64, u64)) -> Option<String> {
     })
 }
 
-/// Whether the target makes text prompts ([`plan::servertext::probe`]), through connections of its
-/// own (the workload's stay free for the run).
+/// Whether the target makes text prompts ([`plan::servertext::probe`]): the side's own, or on a
+/// shadow's side the replay's ([`Config::text_from`]).
 pub(super) async fn probe_target_text(
     cfg: &Config,
     url: &str,
     model: &str,
     block_size: u32,
 ) -> Result<plan::servertext::ServerText, String> {
-    let target = http::target::Target::parse(url, cfg.headers.clone())?;
-    let pool = http::pool::Pool::new(&target, cfg.target_ca.as_deref()).await?;
+    let (client, model) = text_source(cfg, url, model)
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    plan::servertext::probe(client, &model, block_size, cfg.seed).await
+}
+
+/// The client and model of the server whose tokenizer makes and fits text prompts, through
+/// connections of its own (the workload's stay free for the run): the side's own target at
+/// `url` with `model`, or the replay's target on a shadow's side.
+async fn text_source(
+    cfg: &Config,
+    url: &str,
+    model: &str,
+) -> anyhow::Result<(Arc<http::client::Client>, String)> {
+    let (url, headers) = match &cfg.text_from {
+        Some(t) => (t.url.as_str(), t.headers.clone()),
+        None => (url, cfg.headers.clone()),
+    };
+    let target = http::target::Target::parse(url, headers).map_err(|e| anyhow!(e))?;
+    let pool = http::pool::Pool::new(&target, cfg.target_ca.as_deref())
+        .await
+        .map_err(|e| anyhow!("{url}: {e}"))?;
     let client = Arc::new(http::client::Client {
         pool,
         target,
         timeouts: cfg.timeouts,
     });
-    plan::servertext::probe(client, model, block_size, cfg.seed).await
+    let model = match cfg.text_from.as_ref().map(|t| &t.model) {
+        None => model.to_string(),
+        Some(Some(m)) => m.clone(),
+        Some(None) => client
+            .first_model()
+            .await
+            .with_context(|| format!("{url}: the model whose tokenizer makes the text"))?,
+    };
+    Ok((client, model))
 }
 
 /// Where `--detailed` rows go: inline, or to the sidecar beside `--result-json` (opened now, so

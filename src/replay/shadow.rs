@@ -2,7 +2,8 @@
 //!
 //! Each side is a whole replay of its own (its plan, body builder, connections, dispatcher and
 //! result), made from the same configuration, so each side builds the same bodies (the model
-//! name aside) and each send is due at the same `t0 + offset / speed`. The sides prepare apart
+//! name aside) and each send is due at the same `t0 + offset / speed`. Text prompts are made and
+//! fitted by the target's tokenizer on every side ([`TextFrom`]). The sides prepare apart
 //! and then meet ([`Meet`]): the last to be ready sets the shared t0. A setup error of any side
 //! ends them all.
 
@@ -20,6 +21,16 @@ pub struct ShadowTarget {
     pub(crate) headers: HeaderMap,
     /// `--shadow-control`: the target's own build, whose changes are the noise band.
     pub(crate) control: bool,
+}
+
+/// The server whose tokenizer makes and fits a shadow side's text prompts: the replay's target,
+/// so that each side is sent the target's text, not its own tokenizer's.
+#[derive(Debug, Clone)]
+pub(crate) struct TextFrom {
+    pub(crate) url: String,
+    pub(crate) headers: HeaderMap,
+    /// `--model`, else the target's first listed model.
+    pub(crate) model: Option<String>,
 }
 
 /// A shadow side's outcome, with the name the console and `compare --shadow` give it.
@@ -66,6 +77,11 @@ fn sides(cfg: &Config) -> Vec<Config> {
         ..cfg.clone()
     };
     let mut out = vec![primary.clone()];
+    let text_from = cfg.target.clone().map(|url| TextFrom {
+        url,
+        headers: cfg.headers.clone(),
+        model: cfg.model.clone(),
+    });
     for (k, s) in cfg.shadows.iter().enumerate() {
         let result_json = cfg.result_json.as_deref().map(|p| match s.control {
             true => control_result_path(p),
@@ -80,6 +96,7 @@ fn sides(cfg: &Config) -> Vec<Config> {
             },
             model: s.model.clone().or_else(|| cfg.model.clone()),
             headers: s.headers.clone(),
+            text_from: text_from.clone(),
             result_json,
             // An explicit URL is the target's; a shadow's own /metrics otherwise.
             scrape_metrics: cfg.scrape_metrics.as_ref().map(|_| None),

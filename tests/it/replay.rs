@@ -705,16 +705,20 @@ fn no_target_replays_against_the_embedded_mock() {
 
 /// A byte-level word tokenizer (`Ġaa`..`Ġzh` plus specials), written as a tokenizer.json.
 pub(super) fn word_tokenizer(dir: &Path) -> PathBuf {
+    let pairs = (b'a'..=b'z')
+        .flat_map(|a| (b'a'..=b'h').map(move |b| format!("{}{}", a as char, b as char)));
+    tokenizer_of_words(dir, pairs)
+}
+
+/// A word-level HF tokenizer.json in `dir` of `<s>`, `</s>`, `<unk>` and each of `words` after a
+/// space, numbered in that order.
+pub(super) fn tokenizer_of_words(dir: &Path, words: impl Iterator<Item = String>) -> PathBuf {
     let mut vocab = serde_json::Map::new();
     vocab.insert("<s>".into(), 0.into());
     vocab.insert("</s>".into(), 1.into());
     vocab.insert("<unk>".into(), 2.into());
-    let mut id = 3u32;
-    for a in b'a'..=b'z' {
-        for b in b'a'..=b'h' {
-            vocab.insert(format!("Ġ{}{}", a as char, b as char), id.into());
-            id += 1;
-        }
+    for (id, w) in (3u32..).zip(words) {
+        vocab.insert(format!("Ġ{w}"), id.into());
     }
     let special = |id: u32, s: &str| {
         serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false,

@@ -307,3 +307,124 @@ async fn six_sides_replay_within_the_memory_limit() {
         );
     }
 }
+
+/// The bodies of the workload (sorted) a proxy recording bodies saw in front of the target (a
+/// mock with `tok_a`, else the built-in scheme) and in front of the shadow (`tok_b`), replaying 8
+/// requests without bodies with `args`; and the target's result.
+async fn bodies_on_each_side(
+    dir: &Path,
+    tok_a: Option<std::path::PathBuf>,
+    tok_b: Option<std::path::PathBuf>,
+    args: &[&str],
+) -> (Vec<String>, Vec<String>, serde_json::Value) {
+    use crate::real_traffic::read_trace;
+    use retrace::mock::MockConfig;
+    use retrace::record::{Bodies, RecordConfig};
+    let mock = |tokenizer: Option<std::path::PathBuf>| async move {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cfg = MockConfig {
+            fixed_timing: Some((15.0, 2.0)),
+            tokenizer,
+            ..Default::default()
+        };
+        retrace::mock::start(l, cfg).await.unwrap()
+    };
+    let (ma, mb) = (mock(tok_a).await, mock(tok_b).await);
+    let recorder = |up: std::net::SocketAddr, name: &str| {
+        let mut cfg = RecordConfig::new(&format!("http://{up}"), dir.join(name)).unwrap();
+        cfg.bodies = Bodies::Request;
+        cfg.flush_every = Duration::from_millis(100);
+        support::spawn_recorder(cfg)
+    };
+    let (ra, rb) = (recorder(ma.addr, "a").await, recorder(mb.addr, "b").await);
+    let rows: Vec<(u64, u64, u64, Vec<u64>)> = (0..8)
+        .map(|i| (i * 20, 40 + 3 * i, 3, vec![0, 1 + i]))
+        .collect();
+    let rows: Vec<(u64, u64, u64, &[u64])> = rows
+        .iter()
+        .map(|(t, i, o, h)| (*t, *i, *o, &h[..]))
+        .collect();
+    let t = support::mooncake(dir, &rows);
+    let base = dir.join("base.json");
+    let (ua, ub) = (format!("http://{}", ra.addr), format!("http://{}", rb.addr));
+    let mut all = vec![t.to_str().unwrap(), "--target", &ua, "--shadow", &ub];
+    all.extend_from_slice(&[
+        "--block-size",
+        "16",
+        "--result-json",
+        base.to_str().unwrap(),
+    ]);
+    all.extend_from_slice(args);
+    let cfg = support::replay_cfg(&all);
+    let out = tokio::time::timeout(Duration::from_secs(120), replay::replay(cfg))
+        .await
+        .expect("the replay ends")
+        .expect("a shadowed replay");
+    assert_eq!(out.summary.completed, 8);
+    assert_eq!(out.shadows[0].outcome.summary.completed, 8);
+    support::stop_recorder(ra.stop, ra.task).await;
+    support::stop_recorder(rb.stop, rb.task).await;
+    ma.shutdown().await;
+    mb.shutdown().await;
+    let bodies = |name: &str| {
+        let (_, trace) = read_trace(&dir.join(name));
+        let mut v: Vec<String> = (trace.requests.iter())
+            .filter_map(|r| r.body.as_deref())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            // The workload's; the tokenizer's calls are recorded too.
+            .filter(|b| b.contains("\"max_tokens\":"))
+            .collect();
+        v.sort();
+        v
+    };
+    let r = serde_json::from_slice(&std::fs::read(&base).unwrap()).unwrap();
+    (bodies("a"), bodies("b"), r)
+}
+
+/// A word-level tokenizer of 74 common words in `dir` (it makes text of the probe's sample,
+/// and `--tokenizer` text).
+fn common_words(dir: &Path) -> std::path::PathBuf {
+    let words = "the of and to in is it that for on was with he as at by be this are or his \
+                 from but not have an they you were her she had all one we can has more if \
+                 will my so no do up out its who our him what when them then than some time \
+                 only new may into also two any like very man day way use each make many over";
+    crate::replay::tokenizer_of_words(dir, words.split(' ').map(String::from))
+}
+
+/// With text prompts made by a server's tokenizer (`--prompt-mode text` and no `--tokenizer`:
+/// the target's `/detokenize`), the shadow is sent the target's text, not its own tokenizer's:
+/// the two mocks' tokenizers differ (the built-in scheme, and a word-level one of common words
+/// that makes text too), and a proxy recording bodies in front of each sees the same bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shadow_is_sent_the_text_of_the_targets_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = common_words(dir.path());
+    let args = ["--prompt-mode", "text"];
+    let (a, b, r) = bodies_on_each_side(dir.path(), None, Some(tok), &args).await;
+    assert_eq!(a.len(), 8, "{a:?}");
+    assert_eq!(a, b, "the shadow is sent the target's text");
+    // The target's tokenizer counted each as recorded.
+    assert_eq!(r["target_text"]["exact"], 8, "{}", r["target_text"]);
+}
+
+/// With `--tokenizer`, the chat text is fitted to the target's chat template (measured with its
+/// `/tokenize`), and the shadow is sent that same text, however its own template differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shadow_is_sent_text_fitted_to_the_targets_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = common_words(dir.path());
+    let t = tok.to_str().unwrap().to_string();
+    let args = [
+        "--tokenizer",
+        &t,
+        "--prompt-mode",
+        "text",
+        "--endpoint",
+        "chat",
+    ];
+    let (a, b, r) = bodies_on_each_side(dir.path(), Some(tok.clone()), None, &args).await;
+    let fit = r["tokenizer_fit"].as_str().unwrap_or_default();
+    assert!(fit.contains("fitted to the target"), "{fit}");
+    assert_eq!(a.len(), 8, "{a:?}");
+    assert_eq!(a, b, "the shadow is sent the text fitted to the target");
+}
