@@ -441,11 +441,27 @@ fn cdfs_beside(base: &Run, cand: &Run, noise: Option<&Run>) -> Vec<Value> {
     cdfs
 }
 
-/// A shadowed recording's shadows, each beside the primary: the CDFs of both sides, the CDF
-/// of the paired per-request change (TTFT, E2EL) with its median, and the shadow's timeline.
+/// The shadows of a shadowed recording, or the results beside a `replay --shadow` result, each
+/// beside the primary: the CDFs of both sides, the CDF of the paired per-request change (TTFT,
+/// E2EL) with its median, and the shadow's timeline. A shadow's result that cannot be paired
+/// leaves the shadows out, said on stderr.
 fn shadows(run: &Run, t: (f64, f64)) -> Vec<Value> {
-    let Some(trace) = &run.trace else {
-        return Vec::new();
+    let sides = match (&run.trace, &run.requests) {
+        (Some(trace), _) => super::shadow::beside(trace),
+        (None, Some(rows)) if run.kind == super::run::Kind::Retrace => {
+            match super::shadow::beside_results(&run.path, rows) {
+                Ok(sides) => sides,
+                Err(e) => {
+                    eprintln!("retrace report: the shadows are left out: {e:#}");
+                    Vec::new()
+                }
+            }
+        }
+        _ => Vec::new(),
+    };
+    let primary = match run.trace {
+        Some(_) => "primary",
+        None => "target",
     };
     let side = |b: super::shadow::Beside| {
         let shadow = Run {
@@ -475,13 +491,14 @@ fn shadows(run: &Run, t: (f64, f64)) -> Vec<Value> {
         .collect();
         json!({
             "name": b.name,
+            "primary": primary,
             "pairs": b.pairs,
             "cdfs": cdfs_beside(run, &shadow, None),
             "deltas": deltas,
             "timeline": timeline(&shadow, t),
         })
     };
-    super::shadow::beside(trace).into_iter().map(side).collect()
+    sides.into_iter().map(side).collect()
 }
 
 /// The comparison page: its verdict line and the `--fail-on` gate (`rules`) first.

@@ -412,20 +412,21 @@ function report(app, D) {
   table(det, 'table-summary', ['figure', 'value', 'key'], D.summary);
 }
 
-// A shadow of a recording beside its primary: both sides' CDFs, the paired change, its timeline.
+// A shadow beside its primary (the target of a replay): both sides' CDFs, the paired change,
+// its timeline.
 function shadowBeside(app, sh, k, th) {
-  var sec = section(app, 'shadow-' + k, sh.name + ' beside the primary');
+  var p = sh.primary, sec = section(app, 'shadow-' + k, sh.name + ' beside the ' + p);
   h('div', {'class': 'sub'}, sec, sh.pairs + ' requests both completed (the pairs). ' +
     sh.deltas.map(function (d) { return 'Median ' + d.label + ' change ' + (d.median >= 0 ? '+' : '') + fmt(d.median) + ' ms'; }).join('; ') +
-    (sh.deltas.length ? ' (shadow − primary, per request; retrace compare --shadow judges it).' : ''));
+    (sh.deltas.length ? ' (shadow − ' + p + ', per request; retrace compare --shadow judges it).' : ''));
   var g = h('div', {'class': 'grid'}, sec);
   sh.cdfs.forEach(function (c) {
-    cdfChart(g, 'chart-shadow-' + k + '-cdf-' + c.key, c.label + ' CDF', [{name: 'primary', pts: c.base}, {name: 'shadow', pts: c.cand}], 'ms');
+    cdfChart(g, 'chart-shadow-' + k + '-cdf-' + c.key, c.label + ' CDF', [{name: p, pts: c.base}, {name: 'shadow', pts: c.cand}], 'ms');
   });
   sh.deltas.forEach(function (d) {
-    cdfChart(g, 'chart-shadow-' + k + '-delta-' + d.key, 'Paired ' + d.label + ' change CDF (' + d.n + ' pairs)', [{name: 'shadow − primary', pts: d.pts}], 'ms');
+    cdfChart(g, 'chart-shadow-' + k + '-delta-' + d.key, 'Paired ' + d.label + ' change CDF (' + d.n + ' pairs)', [{name: 'shadow − ' + p, pts: d.pts}], 'ms');
   });
-  if (sh.timeline) timeline(sec, 'chart-shadow-' + k + '-timeline', sh.timeline, th, 'The shadow\'s answers, one row per copy sent, on the primary\'s clock (' + sh.timeline.shown + ' of ' + sh.timeline.total + ' shown).');
+  if (sh.timeline) timeline(sec, 'chart-shadow-' + k + '-timeline', sh.timeline, th, 'The shadow\'s answers, one row per ' + (p === 'primary' ? 'copy' : 'request') + ' sent, on the ' + p + '\'s clock (' + sh.timeline.shown + ' of ' + sh.timeline.total + ' shown).');
 }
 
 function compare(app, D) {

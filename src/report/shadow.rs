@@ -418,6 +418,40 @@ pub(crate) struct Beside {
     pub(crate) e2el_delta_ms: Vec<f64>,
 }
 
+impl Beside {
+    /// The side named `name`, its rows `requests`, and the deltas of its pairs with the primary.
+    fn of(name: String, requests: crate::result::Requests, acc: &Acc) -> Beside {
+        let delta = |m: usize| acc.lat[m].iter().map(|(a, b)| b - a).collect();
+        Beside {
+            name,
+            requests,
+            pairs: acc.sum.pairs,
+            ttft_delta_ms: delta(0),
+            e2el_delta_ms: delta(3),
+        }
+    }
+}
+
+/// Each shadow's result beside `replay --shadow` result `path`, paired with its rows `target`
+/// row by row, for `retrace report`: none without a shadow's result beside it. Bounded as the
+/// result reader bounds each file; an error names the file that cannot be paired.
+pub(crate) fn beside_results(
+    path: &Path,
+    target: &crate::result::Requests,
+) -> anyhow::Result<Vec<Beside>> {
+    let mut out = Vec::new();
+    for (k, (role, sp)) in results_beside(path).into_iter().enumerate() {
+        let shadow = load_rows(&sp)?;
+        let acc = side_rows(path, target, &shadow, k + 1, role, &sp)?;
+        let name = match role {
+            Role::Control => format!("control ({})", sp.display()),
+            Role::Candidate => format!("shadow {} (candidate {})", k + 1, sp.display()),
+        };
+        out.push(Beside::of(name, shadow, &acc));
+    }
+    Ok(out)
+}
+
 /// Each shadow target of recording `t` beside its primary (none when it has no shadow). Bounded
 /// as the recording is: one row per copy, at most [`MAX_PAIRS`] deltas per metric.
 pub(crate) fn beside(t: &crate::trace::Trace) -> Vec<Beside> {
@@ -442,14 +476,8 @@ pub(crate) fn beside(t: &crate::trace::Trace) -> Vec<Beside> {
             })
         });
         let requests = super::load::answered_requests(copies, t0);
-        let delta = |m: usize| acc.lat[m].iter().map(|(a, b)| b - a).collect();
-        Beside {
-            name: format!("shadow {k} ({} {url})", role.as_str()),
-            requests,
-            pairs: acc.sum.pairs,
-            ttft_delta_ms: delta(0),
-            e2el_delta_ms: delta(3),
-        }
+        let name = format!("shadow {k} ({} {url})", role.as_str());
+        Beside::of(name, requests, &acc)
     };
     (targets.iter().enumerate())
         .map(|(k, (role, url))| side(k, *role, url))
@@ -510,15 +538,11 @@ fn is_json_object(p: &Path) -> bool {
 /// request).
 fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
     let target = load_rows(path)?;
-    let candidates = (1..=crate::result::MAX_SHADOWS)
-        .map(|k| (Role::Candidate, crate::result::shadow_result_path(path, k)))
-        .take_while(|(_, p)| p.exists());
-    let control = Some(crate::result::control_result_path(path)).filter(|p| p.exists());
-    let sides = candidates.chain(control.map(|p| (Role::Control, p)));
     let mut targets = Targets::new();
     let mut accs = Vec::new();
-    for (k, (role, sp)) in sides.enumerate() {
-        accs.push(side_rows(path, &target, k + 1, role, &sp)?);
+    for (k, (role, sp)) in results_beside(path).into_iter().enumerate() {
+        let shadow = load_rows(&sp)?;
+        accs.push(side_rows(path, &target, &shadow, k + 1, role, &sp)?);
         targets.push((role, sp.display().to_string()));
     }
     if !targets.iter().any(|(r, _)| *r == Role::Candidate) {
@@ -533,15 +557,28 @@ fn read_results(path: &Path) -> anyhow::Result<(Targets, Vec<Acc>)> {
     Ok((targets, accs))
 }
 
-/// The side in result `sp` paired with the target's rows, request by request.
+/// The results beside `replay --shadow` result `path`: each `NAME.shadow-K.json` there (K from
+/// 1, up to the first missing), then `NAME.control.json` if there.
+fn results_beside(path: &Path) -> Vec<(Role, PathBuf)> {
+    let candidates = (1..=crate::result::MAX_SHADOWS)
+        .map(|k| (Role::Candidate, crate::result::shadow_result_path(path, k)))
+        .take_while(|(_, p)| p.exists());
+    let control = Some(crate::result::control_result_path(path)).filter(|p| p.exists());
+    candidates
+        .chain(control.map(|p| (Role::Control, p)))
+        .collect()
+}
+
+/// The side of result `sp` (its rows `shadow`) paired with the target's rows, request by
+/// request.
 fn side_rows(
     path: &Path,
     target: &crate::result::Requests,
+    shadow: &crate::result::Requests,
     index: usize,
     role: Role,
     sp: &Path,
 ) -> anyhow::Result<Acc> {
-    let shadow = load_rows(sp)?;
     if shadow.len() != target.len() || shadow.input_lens != target.input_lens {
         anyhow::bail!(
             "{}: not the same requests as {} ({} against {} rows, or other input lengths)",
@@ -562,7 +599,7 @@ fn side_rows(
         ..Default::default()
     };
     for i in 0..target.len() {
-        acc.add_row(target, &shadow, i);
+        acc.add_row(target, shadow, i);
     }
     Ok(acc)
 }

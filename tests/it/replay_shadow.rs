@@ -181,6 +181,80 @@ async fn a_control_side_is_the_noise_band_compare_judges_the_shadow_by() {
     // the control, the target's twin, moved by far less than the shadow
     let noise = median["noise"].as_f64().unwrap();
     assert!(noise < 5.0, "the control differs by {noise} ms");
+    report_shows_each_side_beside_the_target(&base, dir.path());
+}
+
+/// `retrace report` of the target's result `base`: the shadow's and the control's results
+/// beside it, each beside the target (both sides' CDFs, the paired change with its median, the
+/// side's timeline), rendered without a script error. A shadow's result of other requests
+/// leaves the shadows out, said, and the report of the target stands.
+fn report_shows_each_side_beside_the_target(base: &Path, dir: &Path) {
+    let page = dir.join("report.html");
+    let report = |page: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
+        cmd.arg("report").arg(base).arg("-o").arg(page);
+        let out = support::Running::spawn(&mut cmd)
+            .unwrap()
+            .wait_within(support::CHILD_LIMIT)
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let html = std::fs::read_to_string(page).unwrap();
+        (crate::scrape::page_data(&html), stderr)
+    };
+    let (data, _) = report(&page);
+    let sides = data["shadows"].as_array().unwrap();
+    assert_eq!(sides.len(), 2, "the shadow and the control");
+    let (cand, control) = (&sides[0], &sides[1]);
+    let name = cand["name"].as_str().unwrap();
+    assert!(name.starts_with("shadow 1 (candidate "), "{name}");
+    assert!(name.ends_with("base.shadow-1.json)"), "{name}");
+    assert!(control["name"].as_str().unwrap().starts_with("control ("));
+    assert_eq!(
+        (cand["pairs"].clone(), cand["primary"].clone()),
+        (24.into(), "target".into())
+    );
+    let median = |side: &serde_json::Value, key: &str| {
+        let d = side["deltas"].as_array().unwrap();
+        let d = d.iter().find(|d| d["key"] == key).unwrap();
+        assert_eq!(d["n"], 24);
+        d["median"].as_f64().unwrap()
+    };
+    // 60 ms against 20 ms of server TTFT; the control is the target's twin
+    let d = median(cand, "ttft");
+    assert!(
+        (d - 40.0).abs() < 5.0,
+        "TTFT change {d} ms, configured +40 ms"
+    );
+    assert!(median(control, "ttft").abs() < 5.0, "{control}");
+    assert_eq!(cand["timeline"]["total"], 24);
+    let doms = crate::compare::open_headless(
+        &page,
+        &crate::compare::shots_dir().join("report-replay-shadow.png"),
+    );
+    crate::compare::check_rendered(
+        &doms,
+        &[
+            "shadow-0",
+            "chart-shadow-0-cdf-ttft",
+            "chart-shadow-0-delta-ttft",
+            "chart-shadow-0-timeline",
+            "shadow-1",
+        ],
+        &[],
+    );
+    // The shadow's result made of other requests: the target's report alone, and why.
+    let shadow = dir.join("base.shadow-1.json");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&shadow).unwrap()).unwrap();
+    let rows = v["input_lens"].as_array_mut().unwrap();
+    rows[0] = (rows[0].as_u64().unwrap() + 1).into();
+    std::fs::write(&shadow, v.to_string()).unwrap();
+    let (data, stderr) = report(&dir.join("report-2.html"));
+    assert_eq!(data["shadows"], serde_json::json!([]));
+    assert!(stderr.contains("the shadows are left out"), "{stderr}");
+    assert!(stderr.contains("not the same requests"), "{stderr}");
+    assert!(data["cdfs"].as_array().is_some_and(|c| !c.is_empty()));
 }
 
 #[test]
