@@ -144,3 +144,35 @@ fn real_vllm_counts_the_theoretical_prefix_hits_at_64_token_trace_blocks() {
     assert_eq!(pc["queries"].as_f64(), Some(QUERIES as f64), "{pc}");
     drop(server);
 }
+
+/// `replay --target VLLM --shadow MOCK --prompt-mode text`, no `--tokenizer`: the real vLLM's
+/// `/detokenize` makes the text prompts and its `/tokenize` counts each as recorded, and the
+/// mock shadow, whose tokenizer is another, is sent the very same bodies (seen by a proxy
+/// recording bodies in front of each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_makes_the_text_every_side_of_a_shadowed_replay_is_sent() {
+    let dir = match install() {
+        Ok(d) => d,
+        Err(why) => {
+            crate::support::say_skipped("the real vLLM shadow test", &why);
+            return;
+        }
+    };
+    let server = tokio::task::spawn_blocking(move || start(&dir))
+        .await
+        .unwrap();
+    let vllm: std::net::SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
+    let mock = crate::replay_shadow::mock_of(None).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--prompt-mode", "text", "--timeout-s", "60"];
+    let (a, b, r) =
+        crate::replay_shadow::bodies_on_each_side(tmp.path(), vllm, mock.addr, &args).await;
+    mock.shutdown().await;
+    tokio::task::spawn_blocking(move || drop(server))
+        .await
+        .unwrap();
+    assert_eq!(a.len(), 8, "{a:?}");
+    assert_eq!(a, b, "the shadow is sent vLLM's text");
+    assert_eq!(r["target_text"]["prompts"], 8, "{}", r["target_text"]);
+    assert_eq!(r["target_text"]["exact"], 8, "{}", r["target_text"]);
+}

@@ -382,35 +382,35 @@ async fn six_sides_replay_within_the_memory_limit() {
     }
 }
 
-/// The bodies of the workload (sorted) a proxy recording bodies saw in front of the target (a
-/// mock with `tok_a`, else the built-in scheme) and in front of the shadow (`tok_b`), replaying 8
-/// requests without bodies with `args`; and the target's result.
-async fn bodies_on_each_side(
+/// The mock with fixed timing, counting tokens with `tokenizer` (else its built-in scheme).
+pub(crate) async fn mock_of(tokenizer: Option<std::path::PathBuf>) -> retrace::mock::MockHandle {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = retrace::mock::MockConfig {
+        fixed_timing: Some((15.0, 2.0)),
+        tokenizer,
+        ..Default::default()
+    };
+    retrace::mock::start(l, cfg).await.unwrap()
+}
+
+/// The bodies of the workload (sorted, `model` taken out: the one field a shadow may be sent
+/// otherwise) a proxy recording bodies saw in front of the target `up_a` and in front of the
+/// shadow `up_b`, replaying 8 requests without bodies with `args`; and the target's result.
+pub(crate) async fn bodies_on_each_side(
     dir: &Path,
-    tok_a: Option<std::path::PathBuf>,
-    tok_b: Option<std::path::PathBuf>,
+    up_a: std::net::SocketAddr,
+    up_b: std::net::SocketAddr,
     args: &[&str],
 ) -> (Vec<String>, Vec<String>, serde_json::Value) {
     use crate::real_traffic::read_trace;
-    use retrace::mock::MockConfig;
     use retrace::record::{Bodies, RecordConfig};
-    let mock = |tokenizer: Option<std::path::PathBuf>| async move {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let cfg = MockConfig {
-            fixed_timing: Some((15.0, 2.0)),
-            tokenizer,
-            ..Default::default()
-        };
-        retrace::mock::start(l, cfg).await.unwrap()
-    };
-    let (ma, mb) = (mock(tok_a).await, mock(tok_b).await);
     let recorder = |up: std::net::SocketAddr, name: &str| {
         let mut cfg = RecordConfig::new(&format!("http://{up}"), dir.join(name)).unwrap();
         cfg.bodies = Bodies::Request;
         cfg.flush_every = Duration::from_millis(100);
         support::spawn_recorder(cfg)
     };
-    let (ra, rb) = (recorder(ma.addr, "a").await, recorder(mb.addr, "b").await);
+    let (ra, rb) = (recorder(up_a, "a").await, recorder(up_b, "b").await);
     let rows: Vec<(u64, u64, u64, Vec<u64>)> = (0..8)
         .map(|i| (i * 20, 40 + 3 * i, 3, vec![0, 1 + i]))
         .collect();
@@ -434,19 +434,21 @@ async fn bodies_on_each_side(
         .await
         .expect("the replay ends")
         .expect("a shadowed replay");
-    assert_eq!(out.summary.completed, 8);
+    assert_eq!(out.summary.completed, 8, "{:?}", out.summary);
     assert_eq!(out.shadows[0].outcome.summary.completed, 8);
     support::stop_recorder(ra.stop, ra.task).await;
     support::stop_recorder(rb.stop, rb.task).await;
-    ma.shutdown().await;
-    mb.shutdown().await;
     let bodies = |name: &str| {
         let (_, trace) = read_trace(&dir.join(name));
         let mut v: Vec<String> = (trace.requests.iter())
             .filter_map(|r| r.body.as_deref())
-            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
             // The workload's; the tokenizer's calls are recorded too.
-            .filter(|b| b.contains("\"max_tokens\":"))
+            .filter(|b| b.get("max_tokens").is_some())
+            .map(|mut b| {
+                b.as_object_mut().unwrap().remove("model");
+                b.to_string()
+            })
             .collect();
         v.sort();
         v
@@ -473,8 +475,11 @@ fn common_words(dir: &Path) -> std::path::PathBuf {
 async fn the_shadow_is_sent_the_text_of_the_targets_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
     let tok = common_words(dir.path());
+    let (ma, mb) = (mock_of(None).await, mock_of(Some(tok)).await);
     let args = ["--prompt-mode", "text"];
-    let (a, b, r) = bodies_on_each_side(dir.path(), None, Some(tok), &args).await;
+    let (a, b, r) = bodies_on_each_side(dir.path(), ma.addr, mb.addr, &args).await;
+    ma.shutdown().await;
+    mb.shutdown().await;
     assert_eq!(a.len(), 8, "{a:?}");
     assert_eq!(a, b, "the shadow is sent the target's text");
     // The target's tokenizer counted each as recorded.
@@ -496,7 +501,10 @@ async fn the_shadow_is_sent_text_fitted_to_the_targets_template() {
         "--endpoint",
         "chat",
     ];
-    let (a, b, r) = bodies_on_each_side(dir.path(), Some(tok.clone()), None, &args).await;
+    let (ma, mb) = (mock_of(Some(tok.clone())).await, mock_of(None).await);
+    let (a, b, r) = bodies_on_each_side(dir.path(), ma.addr, mb.addr, &args).await;
+    ma.shutdown().await;
+    mb.shutdown().await;
     let fit = r["tokenizer_fit"].as_str().unwrap_or_default();
     assert!(fit.contains("fitted to the target"), "{fit}");
     assert_eq!(a.len(), 8, "{a:?}");
