@@ -151,6 +151,14 @@ impl Exchange {
         }
     }
 
+    /// Whether the response as captured is a whole SSE stream: its last event is `[DONE]`
+    /// (a body past the capture cap is not looked at).
+    pub(crate) fn sse_done(&self) -> bool {
+        !self.response_truncated
+            && is_sse(&self.content_type)
+            && crate::wire::sse::ends_with_done(&self.response_body)
+    }
+
     /// Notes one response data frame at `at` after arrival (a copy; see [`Captured::note`]).
     /// Past `max` bytes nothing more is copied; an SSE body's events are still counted and
     /// timed, at most `max / 4` of them (4 bytes each), and its last event kept ([`Uncaptured`]).

@@ -379,6 +379,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             up => up,
         };
+        // Gone once it had the whole stream: `[DONE]` forwarded (a client may close before the
+        // last chunk of the chunked body comes, as the openai SDK does).
+        let had_all =
+            !self.client_bound(&ex) && ex.pending.exchange().is_some_and(|e| e.sse_done());
         self.ubuf.clear();
         self.out.clear();
         let (kind, msg) = match outcome {
@@ -395,7 +399,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             Outcome::Cancelled => {
                 drop(up);
-                ex.pending.end(None, true);
+                ex.pending.end(None, !had_all);
                 return false;
             }
             Outcome::Cut(kind) => {

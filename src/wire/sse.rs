@@ -394,9 +394,41 @@ pub(crate) fn after_last_blank_line(bytes: &[u8]) -> usize {
     0
 }
 
+/// Whether the last event of an SSE body is `data: [DONE]`, its blank line included and only
+/// line ends after it: the stream said it is over. Looks at the last event alone.
+pub(crate) fn ends_with_done(body: &[u8]) -> bool {
+    let end = after_last_blank_line(body);
+    if end == 0 || !body[end..].iter().all(|b| matches!(b, b'\r' | b'\n')) {
+        return false;
+    }
+    let start = after_last_blank_line(&body[..end - 1]);
+    let mut last = None;
+    SseParser::new(64).feed(&body[start..], |e| last = Some(e));
+    matches!(last, Some(Ok(e)) if e.is_done())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_ends_with_done_only_when_its_last_event_is_done() {
+        let ev = "data: {\"choices\":[]}\n\n";
+        assert!(ends_with_done(format!("{ev}data: [DONE]\n\n").as_bytes()));
+        assert!(ends_with_done(b"data:[DONE]\r\n\r\n"));
+        assert!(ends_with_done(
+            format!("{ev}\r\ndata: [DONE]\r\n\r\n").as_bytes()
+        ));
+        // Not yet ended, another event after it, or no [DONE] at all.
+        assert!(!ends_with_done(format!("{ev}data: [DONE]\n").as_bytes()));
+        assert!(!ends_with_done(format!("data: [DONE]\n\n{ev}").as_bytes()));
+        assert!(!ends_with_done(
+            format!("data: [DONE]\n\ndata: x").as_bytes()
+        ));
+        assert!(!ends_with_done(ev.as_bytes()));
+        assert!(!ends_with_done(b"data: [DONE] and more\n\n"));
+        assert!(!ends_with_done(b""));
+    }
 
     fn all(chunks: &[&[u8]]) -> Vec<Result<SseEvent, SseError>> {
         let mut p = SseParser::new(64);

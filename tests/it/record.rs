@@ -837,6 +837,70 @@ async fn upstream_reset_mid_stream_breaks_the_client_stream_and_is_recorded() {
     assert!(!resp.cancelled);
 }
 
+/// A client that stops reading at `data: [DONE]` and closes (the openai SDK does) before the
+/// upstream's last chunk of the chunked body arrives (uvicorn writes it apart, as real vLLM
+/// does) got the whole stream: recorded as completed, not as a cancel the replay would repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        let ev = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n";
+        for e in [ev, ev, "data: [DONE]\n\n"] {
+            s.write_all(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes())
+                .await
+                .unwrap();
+            s.flush().await.unwrap();
+        }
+        // The last chunk would come later: the proxy closes first, when the client leaves.
+        let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
+        let _ = closed_tx.send(matches!(closed, Ok(Ok(0)) | Ok(Err(_))));
+    });
+    let rec = start(&format!("http://{addr}"), |_, _| {}).await;
+    let mut c = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
+    let body = r#"{"prompt":"hi","stream":true}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while !seen.windows(12).any(|w| w == b"data: [DONE]") {
+        let n = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("the stream in time")
+            .unwrap();
+        assert!(n > 0, "the stream ended before [DONE]");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(c);
+    let closed = tokio::time::timeout(Duration::from_secs(20), closed_rx)
+        .await
+        .expect("the upstream connection closed in time")
+        .unwrap();
+    assert!(closed, "the proxy closes the upstream connection");
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert!(!resp.cancelled, "the client had the whole stream");
+    assert_eq!((resp.status, resp.error.as_deref()), (200, None));
+    assert_eq!(resp.events.len(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_gone_mid_stream_closes_upstream_and_is_recorded_as_cancelled() {
     let (gone_tx, mut gone_rx) = mpsc::unbounded_channel();
