@@ -422,9 +422,7 @@ mod tests {
         // Not yet ended, another event after it, or no [DONE] at all.
         assert!(!ends_with_done(format!("{ev}data: [DONE]\n").as_bytes()));
         assert!(!ends_with_done(format!("data: [DONE]\n\n{ev}").as_bytes()));
-        assert!(!ends_with_done(
-            format!("data: [DONE]\n\ndata: x").as_bytes()
-        ));
+        assert!(!ends_with_done(b"data: [DONE]\n\ndata: x"));
         assert!(!ends_with_done(ev.as_bytes()));
         assert!(!ends_with_done(b"data: [DONE] and more\n\n"));
         assert!(!ends_with_done(b""));
