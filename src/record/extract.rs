@@ -83,6 +83,8 @@ pub struct Exchange {
     pub(crate) cancelled: bool,
     /// The request's shadow copies by target index, as they ended (`record --shadow`).
     pub(crate) shadows: Vec<(u8, super::shadow::Copy)>,
+    /// When the copies were offered: the request was whole.
+    pub(crate) shadows_offered: Option<Instant>,
 }
 
 impl Exchange {
@@ -148,6 +150,7 @@ impl Exchange {
             error: None,
             cancelled: false,
             shadows: Vec::new(),
+            shadows_offered: None,
         }
     }
 
@@ -383,6 +386,7 @@ impl Extractor {
                 ..Default::default()
             },
             Copy::Done(s) => {
+                let ready = ex.shadows_offered.unwrap_or(s.arrival);
                 let (mut resp, stream_error) = self.response(s);
                 if resp.error.is_none() {
                     resp.error = error_kind(s.status, false, stream_error.as_deref());
@@ -394,6 +398,7 @@ impl Extractor {
                 ShadowCopy {
                     target: *k,
                     sent_us: us(s.arrival.saturating_duration_since(ex.arrival)),
+                    ready_us: us(ready.saturating_duration_since(ex.arrival)),
                     skipped: None,
                     output_tokens: match resp.usage {
                         Some(u) => u.completion_tokens,

@@ -517,6 +517,8 @@ impl Drop for CopyGuard {
 /// The copies of one request and its primary exchange, met whichever ends last.
 pub(crate) struct Join {
     shadower: Arc<Shadower>,
+    /// When the request was whole and its copies offered.
+    offered: Instant,
     st: Mutex<JoinState>,
 }
 
@@ -540,6 +542,7 @@ impl Join {
     fn new(shadower: Arc<Shadower>, n: usize) -> Join {
         Join {
             shadower,
+            offered: Instant::now(),
             st: Mutex::new(JoinState {
                 copies: (0..n).map(|_| None).collect(),
                 left: n,
@@ -588,6 +591,7 @@ impl Join {
             .enumerate()
             .map(|(k, c)| (k as u8, c.unwrap_or(Copy::Skipped(Skip::Budget))))
             .collect();
+        ex.shadows_offered = Some(self.offered);
         st.handed_over = true;
         self.shadower.give_bytes(std::mem::take(&mut st.bytes));
         rec.submit(ex);

@@ -127,7 +127,7 @@ impl Acc {
             return;
         }
         let (a, b) = (
-            latencies(primary, req.output_tokens),
+            from_ready(latencies(primary, req.output_tokens), c.ready_us),
             latencies(s, c.output_tokens),
         );
         self.pair(a, b, (req.output_tokens, c.output_tokens));
@@ -166,6 +166,17 @@ impl Acc {
             s.mean_prefix_fraction = Some(self.prefix_sum / s.deterministic as f64);
         }
     }
+}
+
+/// The primary's latencies `lat` timed from `ready_us` after its arrival (its request whole,
+/// the copy offered), as the copy's are from its send: TTFT and E2EL less that time, so that
+/// the client's upload of the body counts on neither side.
+fn from_ready(mut lat: Lat, ready_us: u64) -> Lat {
+    let ready_ms = ready_us as f64 / 1000.0;
+    for m in [0, 3] {
+        lat[m] = lat[m].map(|v| (v - ready_ms).max(0.0));
+    }
+    lat
 }
 
 /// The statistics of a paired metric: (key prefix, value of pairs).

@@ -58,6 +58,11 @@ pub struct ShadowCopy {
     pub target: u8,
     /// µs from the primary's arrival to the copy's send.
     pub sent_us: u64,
+    /// µs from the primary's arrival to the moment its request was whole and the copy was
+    /// offered (at most `sent_us`; 0 in recordings before format 1.7): the origin `compare
+    /// --shadow` times the primary's TTFT and E2EL from, as the copy's are from its send, so
+    /// that the client's upload of the body counts on neither side.
+    pub ready_us: u64,
     /// Why there is no measurement: the copy was not sent (`in_flight`, `bytes`,
     /// `body_over_cap`), or its measurement was given up (`budget`).
     pub skipped: Option<String>,

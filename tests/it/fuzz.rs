@@ -246,6 +246,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                     k => vec![ShadowCopy {
                         target: (k - 1) as u8,
                         sent_us: t % 97,
+                        ready_us: (t % 61).min(t % 97),
                         skipped: (k == 2).then(|| "in_flight".to_string()),
                         response: (k == 3).then(|| {
                             Box::new(Response {

@@ -215,6 +215,64 @@ async fn paired_shadow_compare_finds_the_configured_differences_and_none_in_a_co
     report_shows_each_shadow_beside_the_primary(&files[0], dir.path());
 }
 
+/// A client that writes the request head, then its body 40 ms later (the Python openai SDK
+/// writes them apart): the copy goes out once the body is whole, and the pairs time the
+/// primary from that moment too, so a twin shadow reads no change (not 40 ms faster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
+    let twin = || {
+        support::start(ServerConfig {
+            ttft: Duration::from_millis(20),
+            itl: Duration::from_millis(5),
+            ..Default::default()
+        })
+    };
+    let (primary, shadow) = (twin().await, twin().await);
+    let (rec, _dir) = recorder(&primary.url(), &[shadow.url()], None, |_| {}).await;
+    for k in 0..6 {
+        let body = completion(k, 4);
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut c = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
+        c.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        c.write_all(body.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut got))
+            .await
+            .expect("the response in time")
+            .unwrap();
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    let (files, recs) = stop(rec).await;
+    assert_eq!(recs.len(), 6);
+    for r in &recs {
+        let c = &r.shadows[0];
+        assert!(
+            c.ready_us >= 35_000,
+            "the request was whole about 40 ms in: {c:?}"
+        );
+        assert!(c.sent_us >= c.ready_us);
+    }
+    let (v, code) = compare_json(&files, &[]);
+    assert_eq!(code, 0, "{v}");
+    let judged = &v["shadows"][0];
+    assert_eq!(judged["target"]["pairs"], 6, "{judged}");
+    for key in ["median_ttft_ms", "median_e2el_ms"] {
+        let d = row(judged, key)["abs_change"].as_f64().unwrap();
+        assert!(
+            d.abs() < 10.0,
+            "{key}: {d} ms between twins; 40 ms is the upload"
+        );
+    }
+}
+
 /// `retrace report` of the recording above: each shadow beside the primary (both sides' CDFs,
 /// the paired change with its median, the shadow's timeline), rendered without a script error.
 fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std::path::Path) {

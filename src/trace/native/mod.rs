@@ -37,7 +37,7 @@
 //!     recorder's bound, later events in no figure but u (false)}}`;
 //!   - `sh` (since 1.6): the copies a shadowing recorder sent, at most 5, each `{k: the
 //!     target's index (header meta `shadow.K`), d: µs from the arrival to the copy's send,
-//!     sk: why it has no measurement, r: its response as `r` above (offsets from its send),
+//!     q (since 1.7): µs from the arrival to the request being whole (the copy offered), sk: why it has no measurement, r: its response as `r` above (offsets from its send),
 //!     o: its output tokens, ag: [primary output xxh3, shadow output xxh3, agreeing prefix,
 //!     primary length, shadow length] in bytes of text, for a deterministic request}`.
 //!
@@ -69,7 +69,7 @@ use std::path::Path;
 
 pub(crate) const MAGIC: &str = "retrace-trace";
 pub(crate) const VERSION_MAJOR: u16 = 1;
-pub(crate) const VERSION_MINOR: u16 = 6;
+pub(crate) const VERSION_MINOR: u16 = 7;
 /// Largest decompressed frame the reader accepts.
 pub(crate) const MAX_FRAME_CONTENT: u64 = 256 << 20;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];

@@ -62,6 +62,9 @@ pub(super) struct ShadowWire {
     pub(super) k: u8,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(super) d: u64,
+    /// µs from the primary's arrival to its request being whole (format 1.7).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) q: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) sk: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +81,7 @@ impl ShadowWire {
         ShadowWire {
             k: c.target,
             d: c.sent_us,
+            q: c.ready_us,
             sk: c.skipped.clone(),
             r: c.response.as_deref().map(ResponseWire::from_response),
             o: c.output_tokens,
@@ -122,6 +126,7 @@ impl ShadowWire {
         Ok(ShadowCopy {
             target: self.k,
             sent_us: self.d,
+            ready_us: self.q.min(self.d),
             skipped: self.sk,
             response: self
                 .r
