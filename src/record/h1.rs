@@ -379,10 +379,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             up => up,
         };
-        // Gone once it had the whole stream: `[DONE]` forwarded (a client may close before the
-        // last chunk of the chunked body comes, as the openai SDK does).
-        let had_all =
-            !self.client_bound(&ex) && ex.pending.exchange().is_some_and(|e| e.sse_done());
+        let delivered = !self.client_bound(&ex);
         self.ubuf.clear();
         self.out.clear();
         let (kind, msg) = match outcome {
@@ -399,6 +396,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             Outcome::Cancelled => {
                 drop(up);
+                // Gone once it had the whole stream: `[DONE]` forwarded (a client may close
+                // before the last chunk of the chunked body comes, as the openai SDK does).
+                let had_all = delivered && ex.pending.exchange().is_some_and(|e| e.sse_done());
                 ex.pending.end(None, !had_all);
                 return false;
             }

@@ -344,8 +344,8 @@ impl Drop for ResponseTap {
         // Dropped before the end: the client went away (or the server dropped the body of a
         // response that has none, e.g. HEAD or 204), unless it had the whole stream (`[DONE]`
         // handed on before the body's own end).
-        let had_all = (self.pending.0.as_ref()).is_some_and(|st| st.ex.sse_done());
-        let cancelled = !self.inner.is_end_stream() && !had_all;
+        let had_all = || (self.pending.0.as_ref()).is_some_and(|st| st.ex.sse_done());
+        let cancelled = !self.inner.is_end_stream() && !had_all();
         self.pending.finish(None, cancelled);
     }
 }

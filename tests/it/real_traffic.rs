@@ -532,7 +532,8 @@ async fn chats_recorded_without_bodies_replay_through_the_targets_tokenizer() {
     let (_, f) = compare_files(&path, &result);
     assert_eq!((f.paired, f.isl_server_counted), (8, 8), "{f:?}");
     assert_eq!(f.isl_exact, 1.0, "{f:?}");
-    assert!(f.faithful, "{f:?}");
+    // A loaded machine may send late: the verdict then says so, the rest still holds.
+    super::support::assert_faithful_or_sent_late(&f);
 }
 
 /// A target whose tokenizer cannot make the text (here: the mock with a tokenizer that knows

@@ -786,22 +786,31 @@ async fn upstream_down_is_the_same_502_for_an_http2_client_and_its_prompt_is_rec
     assert_eq!(recs[0].input_tokens, 1);
 }
 
+/// Reads a request head (and whatever follows it in the same reads) from a raw socket; false
+/// when the peer closed first.
+async fn read_head(s: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 65536];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_reset_mid_stream_breaks_the_client_stream_and_is_recorded() {
     // A raw upstream that sends two events of a chunked SSE response, then resets the connection.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let (mut s, _) = l.accept().await.unwrap();
-        let mut buf = vec![0u8; 65536];
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            if n == 0 {
-                return;
-            }
-            got.extend_from_slice(&buf[..n]);
+        if !read_head(&mut s).await {
+            return;
         }
         let ev = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n";
         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
@@ -848,14 +857,8 @@ async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
-        let mut buf = vec![0u8; 65536];
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).await.unwrap();
-            if n == 0 {
-                return;
-            }
-            got.extend_from_slice(&buf[..n]);
+        if !read_head(&mut s).await {
+            return;
         }
         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
         s.write_all(head.as_bytes()).await.unwrap();
@@ -867,6 +870,7 @@ async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
             s.flush().await.unwrap();
         }
         // The last chunk would come later: the proxy closes first, when the client leaves.
+        let mut buf = [0u8; 64];
         let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
         let _ = closed_tx.send(matches!(closed, Ok(Ok(0)) | Ok(Err(_))));
     });

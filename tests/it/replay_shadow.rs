@@ -228,21 +228,7 @@ fn report_shows_each_side_beside_the_target(base: &Path, dir: &Path) {
     );
     assert!(median(control, "ttft").abs() < 5.0, "{control}");
     assert_eq!(cand["timeline"]["total"], 24);
-    let doms = crate::compare::open_headless(
-        &page,
-        &crate::compare::shots_dir().join("report-replay-shadow.png"),
-    );
-    crate::compare::check_rendered(
-        &doms,
-        &[
-            "shadow-0",
-            "chart-shadow-0-cdf-ttft",
-            "chart-shadow-0-delta-ttft",
-            "chart-shadow-0-timeline",
-            "shadow-1",
-        ],
-        &[],
-    );
+    crate::shadow::two_shadow_sections_render(&page, "report-replay-shadow.png");
     // The shadow's result made of other requests: the target's report alone, and why.
     let shadow = dir.join("base.shadow-1.json");
     let mut v: serde_json::Value =

@@ -215,9 +215,9 @@ async fn paired_shadow_compare_finds_the_configured_differences_and_none_in_a_co
     report_shows_each_shadow_beside_the_primary(&files[0], dir.path());
 }
 
-/// A client that writes the request head, then its body 40 ms later (the Python openai SDK
+/// A client that writes the request head, then its body 200 ms later (the Python openai SDK
 /// writes them apart): the copy goes out once the body is whole, and the pairs time the
-/// primary from that moment too, so a twin shadow reads no change (not 40 ms faster).
+/// primary from that moment too, so a twin shadow reads no change (not 200 ms faster).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
     let twin = || {
@@ -237,7 +237,7 @@ async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
         );
         let mut c = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
         c.write_all(head.as_bytes()).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
         c.write_all(body.as_bytes()).await.unwrap();
         let mut got = Vec::new();
         tokio::time::timeout(Duration::from_secs(20), c.read_to_end(&mut got))
@@ -255,8 +255,9 @@ async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
     for r in &recs {
         let c = &r.shadows[0];
         assert!(
-            c.ready_us >= 35_000,
-            "the request was whole about 40 ms in: {c:?}"
+            // Less only when the proxy read the head that late.
+            c.ready_us >= 100_000,
+            "the request was whole about 200 ms in: {c:?}"
         );
         assert!(c.sent_us >= c.ready_us);
     }
@@ -267,8 +268,8 @@ async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
     for key in ["median_ttft_ms", "median_e2el_ms"] {
         let d = row(judged, key)["abs_change"].as_f64().unwrap();
         assert!(
-            d.abs() < 10.0,
-            "{key}: {d} ms between twins; 40 ms is the upload"
+            d.abs() < 50.0,
+            "{key}: {d} ms between twins; 200 ms is the upload"
         );
     }
 }
@@ -321,10 +322,13 @@ fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std:
         .collect();
     assert!(keys.contains(&"ttft") && keys.contains(&"e2el"), "{keys:?}");
     assert_eq!(cand["timeline"]["total"], 48);
-    let doms = crate::compare::open_headless(
-        &page,
-        &crate::compare::shots_dir().join("report-shadow.png"),
-    );
+    two_shadow_sections_render(&page, "report-shadow.png");
+}
+
+/// The report page `page` renders in headless Chromium (screenshot `shot`) with no script
+/// error, two shadow sections, and the first one's charts inside it.
+pub(crate) fn two_shadow_sections_render(page: &std::path::Path, shot: &str) {
+    let doms = crate::compare::open_headless(page, &crate::compare::shots_dir().join(shot));
     crate::compare::check_rendered(
         &doms,
         &[

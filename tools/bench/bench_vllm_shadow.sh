@@ -20,7 +20,7 @@ PY="$RETRACE_VLLM/venv-vllm/bin/python"   # the vLLM venv carries the openai SDK
 WORK=$(mktemp -d)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 A=$(free_port); B=$(free_port); C=
-[ "$CONTROL" = 1 ] && C=$(free_port)
+if [ "$CONTROL" = 1 ]; then C=$(free_port); fi
 cleanup() {
   pkill -INT -f "$BIN record --listen 127.0.0.1:$REC " 2>/dev/null || true
   timeout 60 "$RETRACE_VLLM/stop.sh" "$A" >/dev/null 2>&1 || true

@@ -37,7 +37,8 @@
 //!     recorder's bound, later events in no figure but u (false)}}`;
 //!   - `sh` (since 1.6): the copies a shadowing recorder sent, at most 5, each `{k: the
 //!     target's index (header meta `shadow.K`), d: µs from the arrival to the copy's send,
-//!     q (since 1.7): µs from the arrival to the request being whole (the copy offered), sk: why it has no measurement, r: its response as `r` above (offsets from its send),
+//!     q (since 1.7): µs from the arrival to the request being whole (the copy offered),
+//!     sk: why it has no measurement, r: its response as `r` above (offsets from its send),
 //!     o: its output tokens, ag: [primary output xxh3, shadow output xxh3, agreeing prefix,
 //!     primary length, shadow length] in bytes of text, for a deterministic request}`.
 //!
