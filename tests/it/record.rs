@@ -846,15 +846,14 @@ async fn upstream_reset_mid_stream_breaks_the_client_stream_and_is_recorded() {
     assert!(!resp.cancelled);
 }
 
-/// A client that stops reading at `data: [DONE]` and closes (the openai SDK does) before the
-/// upstream's last chunk of the chunked body arrives (uvicorn writes it apart, as real vLLM
-/// does) got the whole stream: recorded as completed, not as a cancel the replay would repeat.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
+/// A raw upstream that answers one request with two SSE events and `data: [DONE]`, and holds
+/// back the chunked body's last chunk (uvicorn writes it apart, as real vLLM does); the
+/// receiver says whether the proxy closed the connection (within 20 s).
+async fn upstream_holding_its_last_chunk() -> (SocketAddr, oneshot::Receiver<bool>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed_rx) = oneshot::channel();
     tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
         if !read_head(&mut s).await {
@@ -869,11 +868,35 @@ async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
                 .unwrap();
             s.flush().await.unwrap();
         }
-        // The last chunk would come later: the proxy closes first, when the client leaves.
         let mut buf = [0u8; 64];
         let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
         let _ = closed_tx.send(matches!(closed, Ok(Ok(0)) | Ok(Err(_))));
     });
+    (addr, closed_rx)
+}
+
+/// After the client left at `[DONE]`: the proxy closed the upstream connection, and the record
+/// is of a completed stream of two events.
+async fn recorded_whole(rec: Rec, closed: oneshot::Receiver<bool>) {
+    let closed = tokio::time::timeout(Duration::from_secs(20), closed)
+        .await
+        .expect("the upstream connection closed in time")
+        .unwrap();
+    assert!(closed, "the proxy closes the upstream connection");
+    let (_, recs, _, _d) = rec.stop().await;
+    let resp = recs[0].response.as_ref().unwrap();
+    assert!(!resp.cancelled, "the client had the whole stream");
+    assert_eq!((resp.status, resp.error.as_deref()), (200, None));
+    assert_eq!(resp.events.len(), 2);
+}
+
+/// A client that stops reading at `data: [DONE]` and closes (the openai SDK does) before the
+/// upstream's last chunk of the chunked body arrives got the whole stream: recorded as
+/// completed, not as a cancel the replay would repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, closed) = upstream_holding_its_last_chunk().await;
     let rec = start(&format!("http://{addr}"), |_, _| {}).await;
     let mut c = tokio::net::TcpStream::connect(rec.addr).await.unwrap();
     let body = r#"{"prompt":"hi","stream":true}"#;
@@ -893,16 +916,39 @@ async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
         seen.extend_from_slice(&buf[..n]);
     }
     drop(c);
-    let closed = tokio::time::timeout(Duration::from_secs(20), closed_rx)
-        .await
-        .expect("the upstream connection closed in time")
+    recorded_whole(rec, closed).await;
+}
+
+/// The same over HTTP/2: the client cancels its stream once it read `[DONE]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_gone_after_done_is_not_recorded_as_cancelled() {
+    let (addr, closed) = upstream_holding_its_last_chunk().await;
+    let rec = start(&format!("http://{addr}"), |_, _| {}).await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = Request::post(rec.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"prompt":"hi","stream":true}"#,
+        )))
         .unwrap();
-    assert!(closed, "the proxy closes the upstream connection");
-    let (_, recs, _, _d) = rec.stop().await;
-    let resp = recs[0].response.as_ref().unwrap();
-    assert!(!resp.cancelled, "the client had the whole stream");
-    assert_eq!((resp.status, resp.error.as_deref()), (200, None));
-    assert_eq!(resp.events.len(), 2);
+    let read = async {
+        let mut body = h2.request(req).await.expect("a response head").into_body();
+        let mut seen = Vec::new();
+        while !seen.windows(12).any(|w| w == b"data: [DONE]") {
+            let f = body.frame().await.expect("a frame before [DONE]").unwrap();
+            if let Ok(d) = f.into_data() {
+                seen.extend_from_slice(&d);
+            }
+        }
+        // Dropping the body cancels the stream (RST_STREAM).
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the stream in time");
+    drop(h2);
+    recorded_whole(rec, closed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
