@@ -379,7 +379,6 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             up => up,
         };
-        let delivered = !self.client_bound(&ex);
         self.ubuf.clear();
         self.out.clear();
         let (kind, msg) = match outcome {
@@ -396,10 +395,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             }
             Outcome::Cancelled => {
                 drop(up);
-                // Gone once it had the whole stream: `[DONE]` forwarded (a client may close
-                // before the last chunk of the chunked body comes, as the openai SDK does).
-                let had_all = delivered && ex.pending.exchange().is_some_and(|e| e.sse_done());
-                ex.pending.end(None, !had_all);
+                ex.pending.end(None, true);
                 return false;
             }
             Outcome::Cut(kind) => {

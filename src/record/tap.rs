@@ -211,7 +211,10 @@ fn finish(mut st: TapState, error: Option<ProxyFailure>, cancelled: bool) {
         st.ex.error = Some(f);
         st.stats.upstream_error(f);
     }
-    st.ex.cancelled = cancelled;
+    // A client gone once it had the whole stream, `[DONE]` included, did not cancel it: it may
+    // close before the chunked body's last chunk comes (the openai SDK does, and real vLLM
+    // writes that chunk apart).
+    st.ex.cancelled = cancelled && !st.ex.sse_done();
     if st.ex.cancelled && st.stats.drain_cut.load(Relaxed) {
         // Dropped with its I/O thread at the drain deadline: not the client's doing.
         st.ex.cancelled = false;
@@ -342,10 +345,8 @@ impl Body for ResponseTap {
 impl Drop for ResponseTap {
     fn drop(&mut self) {
         // Dropped before the end: the client went away (or the server dropped the body of a
-        // response that has none, e.g. HEAD or 204), unless it had the whole stream (`[DONE]`
-        // handed on before the body's own end).
-        let had_all = || (self.pending.0.as_ref()).is_some_and(|st| st.ex.sse_done());
-        let cancelled = !self.inner.is_end_stream() && !had_all();
+        // response that has none, e.g. HEAD or 204).
+        let cancelled = !self.inner.is_end_stream();
         self.pending.finish(None, cancelled);
     }
 }
