@@ -190,18 +190,7 @@ async fn a_control_side_is_the_noise_band_compare_judges_the_shadow_by() {
 /// leaves the shadows out, said, and the report of the target stands.
 fn report_shows_each_side_beside_the_target(base: &Path, dir: &Path) {
     let page = dir.join("report.html");
-    let report = |page: &Path| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_retrace"));
-        cmd.arg("report").arg(base).arg("-o").arg(page);
-        let out = support::Running::spawn(&mut cmd)
-            .unwrap()
-            .wait_within(support::CHILD_LIMIT)
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        let html = std::fs::read_to_string(page).unwrap();
-        (crate::scrape::page_data(&html), stderr)
-    };
+    let report = |page: &Path| crate::shadow::report_data(base, page);
     let (data, _) = report(&page);
     let sides = data["shadows"].as_array().unwrap();
     assert_eq!(sides.len(), 2, "the shadow and the control");

@@ -278,19 +278,7 @@ async fn a_slow_upload_counts_on_neither_side_of_a_pair() {
 /// the paired change with its median, the shadow's timeline), rendered without a script error.
 fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std::path::Path) {
     let page = dir.join("report.html");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
-    cmd.arg("report").arg(rec).arg("-o").arg(&page);
-    let out = support::Running::spawn(&mut cmd)
-        .unwrap()
-        .wait_within(support::CHILD_LIMIT)
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let html = std::fs::read_to_string(&page).unwrap();
-    let data = crate::scrape::page_data(&html);
+    let (data, _) = report_data(rec, &page);
     let sides = data["shadows"].as_array().unwrap();
     assert_eq!(sides.len(), 2, "the candidate and the control");
     let median = |side: &serde_json::Value, key: &str| {
@@ -323,6 +311,23 @@ fn report_shows_each_shadow_beside_the_primary(rec: &std::path::Path, dir: &std:
     assert!(keys.contains(&"ttft") && keys.contains(&"e2el"), "{keys:?}");
     assert_eq!(cand["timeline"]["total"], 48);
     two_shadow_sections_render(&page, "report-shadow.png");
+}
+
+/// `retrace report INPUT -o PAGE`, which must succeed: the page's data and the stderr.
+pub(crate) fn report_data(
+    input: &std::path::Path,
+    page: &std::path::Path,
+) -> (serde_json::Value, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"));
+    cmd.arg("report").arg(input).arg("-o").arg(page);
+    let out = support::Running::spawn(&mut cmd)
+        .unwrap()
+        .wait_within(support::CHILD_LIMIT)
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let html = std::fs::read_to_string(page).unwrap();
+    (crate::scrape::page_data(&html), stderr)
 }
 
 /// The report page `page` renders in headless Chromium (screenshot `shot`) with no script
