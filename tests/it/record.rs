@@ -868,9 +868,14 @@ async fn upstream_holding_its_last_chunk() -> (SocketAddr, oneshot::Receiver<boo
                 .unwrap();
             s.flush().await.unwrap();
         }
-        let mut buf = [0u8; 64];
-        let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
-        let _ = closed_tx.send(matches!(closed, Ok(Ok(0)) | Ok(Err(_))));
+        // Read to the end: the request body may come after the head (hyper's client writes
+        // them apart), and must not end the wait.
+        let until_closed = async {
+            let mut buf = [0u8; 1024];
+            while let Ok(1..) = s.read(&mut buf).await {}
+        };
+        let closed = tokio::time::timeout(Duration::from_secs(20), until_closed).await;
+        let _ = closed_tx.send(closed.is_ok());
     });
     (addr, closed_rx)
 }
@@ -921,9 +926,7 @@ async fn a_client_gone_after_done_is_not_recorded_as_cancelled() {
     recorded_whole(rec, Some(closed)).await;
 }
 
-/// The same over HTTP/2: the client cancels its stream once it read `[DONE]`. (When the hyper
-/// path closes the upstream connection after that is not asserted: on a loaded machine it once
-/// took more than 20 s.)
+/// The same over HTTP/2: the client cancels its stream once it read `[DONE]`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_gone_after_done_is_not_recorded_as_cancelled() {
     let (addr, closed) = upstream_holding_its_last_chunk().await;
@@ -952,8 +955,7 @@ async fn an_http2_client_gone_after_done_is_not_recorded_as_cancelled() {
         .await
         .expect("the stream in time");
     drop(h2);
-    drop(closed);
-    recorded_whole(rec, None).await;
+    recorded_whole(rec, Some(closed)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
