@@ -27,7 +27,9 @@ use tokio::time::Sleep;
 
 /// Client read buffer (grown only for a large request head, up to [`common::MAX_REQUEST_HEAD`]).
 const CLIENT_BUF: usize = 4096;
-/// Upstream read buffer: one read becomes one client write.
+/// Upstream read buffer: one read becomes one client write. It starts at a page (an SSE event
+/// is a few hundred bytes) and grows to the most once a read fills it.
+const UPSTREAM_BUF_FIRST: usize = 4096;
 const UPSTREAM_BUF: usize = 8192;
 /// A request head must be complete this long after the connection starts waiting for it.
 pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -162,7 +164,7 @@ where
         p: &proxy,
         pool,
         cbuf: Buf::new(initial, CLIENT_BUF),
-        ubuf: Buf::new(Vec::new(), UPSTREAM_BUF),
+        ubuf: Buf::new(Vec::new(), UPSTREAM_BUF_FIRST),
         out: Vec::with_capacity(1024),
         scratch: Vec::new(),
         sleep: Box::pin(tokio::time::sleep(HEAD_TIMEOUT)),
@@ -174,7 +176,7 @@ where
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(e) => {
-                c.reject(e).await;
+                Box::pin(c.reject(e)).await;
                 return;
             }
         };
@@ -183,7 +185,7 @@ where
         }
     }
     if c.linger || c.cbuf.len() > 0 {
-        c.linger_close().await;
+        Box::pin(c.linger_close()).await;
     } else {
         let _ = tokio::time::timeout(Duration::from_secs(1), c.client.shutdown()).await;
     }
@@ -303,8 +305,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
         h.path_into(data, &mut ex.path);
         let (mut pending, cap) = Pending::new(ex, &p.recorder, &p.stats, p.capture_max);
         self.cbuf.consume(h.len);
-        if self.ubuf.v.capacity() < UPSTREAM_BUF {
-            self.ubuf.v.reserve_exact(UPSTREAM_BUF);
+        if self.ubuf.v.capacity() < UPSTREAM_BUF_FIRST {
+            self.ubuf.v.reserve_exact(UPSTREAM_BUF_FIRST);
         }
         let req = BodyState::new(h.body);
         if req.done() {
@@ -348,7 +350,8 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let (mut up, reused) = match pooled {
                 Some(u) => (u, true),
                 None => {
-                    match tokio::time::timeout_at(headers_deadline, self.pool.connect()).await {
+                    let connect = Box::pin(self.pool.connect());
+                    match tokio::time::timeout_at(headers_deadline, connect).await {
                         Ok(Ok(u)) => (u, false),
                         Ok(Err(e)) => {
                             let kind = classify(true, false, &*e);
@@ -375,7 +378,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
     async fn finish(&mut self, mut ex: Ex, outcome: Outcome, up: Option<ClientStream>) -> bool {
         let up = match up {
             Some(up) if ex.upgraded && matches!(outcome, Outcome::Done) => {
-                return self.tunnel(ex, up).await
+                return Box::pin(self.tunnel(ex, up)).await
             }
             up => up,
         };
@@ -414,15 +417,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             tracing::warn!("upstream request failed ({kind}): {msg}");
         }
         // The record still wants the prompt: read the rest of the body (capped, briefly).
-        let body_read = self.read_for_record(&mut ex).await;
+        let body_read = Box::pin(self.read_for_record(&mut ex)).await;
         self.linger |= !body_read;
         ex.pending.end(Some(kind), false);
         let (status, reason) = kind.status();
         let keep = body_read && ex.keep_client && self.drain.borrow().is_none();
         let wait = Duration::from_secs(10);
-        let ok = self
-            .answer_error(status, reason, kind.as_str(), &msg, keep, wait)
-            .await;
+        let ok = Box::pin(self.answer_error(status, reason, kind.as_str(), &msg, keep, wait)).await;
         keep && ok
     }
 
@@ -899,8 +900,13 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Conn<'_, C> {
             let msg = common::HEAD_TOO_LARGE.into();
             return Err(Outcome::BeforeHead(ProxyFailure::UpstreamClosed, msg));
         }
+        let spare = self.ubuf.v.capacity() - self.ubuf.v.len();
         match self.ubuf.poll_read_from(up, cx) {
             Poll::Ready(Ok(n)) if n > 0 => {
+                if n == spare && self.ubuf.v.capacity() < UPSTREAM_BUF {
+                    // The read filled the buffer (a bulk body): the next take the most.
+                    self.ubuf.v.reserve_exact(UPSTREAM_BUF - self.ubuf.v.len());
+                }
                 ex.last_read = Instant::now();
                 ex.last_activity = tokio::time::Instant::from_std(ex.last_read);
                 Ok(true)

@@ -221,6 +221,11 @@ struct Thread {
     tls: Option<TlsAcceptor>,
 }
 
+type ConnResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Serves one accepted connection. Plain HTTP/1.1, the path most connections take, runs inline;
+/// TLS and hyper are boxed, so that each connection's task holds only what its own path needs
+/// (a task's whole future is written when it is spawned, and kept while the connection is open).
 async fn serve_conn(c: Conn, thread: Arc<Thread>) {
     let Conn {
         tcp,
@@ -228,49 +233,71 @@ async fn serve_conn(c: Conn, thread: Arc<Thread>) {
         watcher,
         drain,
     } = c;
-    let mut tcp = match tokio::net::TcpStream::from_std(tcp) {
+    let tcp = match tokio::net::TcpStream::from_std(tcp) {
         Ok(tcp) => tcp,
         Err(e) => return tracing::warn!("connection from {peer}: {e}"),
     };
     let (builder, proxy) = (&thread.builder, thread.proxy.clone());
-    let own = proxy.raw.is_some();
     let res = match thread.tls.clone() {
-        None if own => {
-            // HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
-            let sniffed = tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await;
-            let Ok(Ok((h2, pre))) = sniffed else { return };
-            if !h2 {
-                return super::h1::serve(tcp, pre, proxy, drain).await;
-            }
-            // The bytes read while sniffing are read again first.
-            let mut pre = std::io::Cursor::new(pre);
-            pre.get_mut().shrink_to_fit();
-            let (r, w) = tokio::io::split(tcp);
-            let io = tokio::io::join(pre.chain(r), w);
-            serve_hyper(io, watcher, builder, proxy).await
-        }
-        None => serve_hyper(tcp, watcher, builder, proxy).await,
-        Some(acc) => {
-            let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!("TLS handshake with {peer} failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!("TLS handshake with {peer} timed out");
-                    return;
-                }
-            };
-            if own && s.get_ref().1.alpn_protocol() != Some(b"h2") {
-                return super::h1::serve(s, Vec::new(), proxy, drain).await;
-            }
-            serve_hyper(s, watcher, builder, proxy).await
-        }
+        None if proxy.raw.is_some() => serve_plain(tcp, watcher, builder, proxy, drain).await,
+        None => Box::pin(serve_hyper(tcp, watcher, builder, proxy)).await,
+        Some(acc) => Box::pin(serve_tls(tcp, acc, peer, watcher, builder, proxy, drain)).await,
     };
     if let Err(e) = res {
         tracing::debug!("connection from {peer}: {e}");
     }
+}
+
+/// HTTP/1.1 goes to the own loop; the HTTP/2 preface (h2c) to hyper.
+async fn serve_plain(
+    mut tcp: tokio::net::TcpStream,
+    watcher: Watcher,
+    builder: &Builder<TokioExecutor>,
+    proxy: Arc<Proxy>,
+    drain: Drain,
+) -> ConnResult {
+    let sniffed = tokio::time::timeout(super::h1::HEAD_TIMEOUT, sniff(&mut tcp)).await;
+    let Ok(Ok((h2, pre))) = sniffed else {
+        return Ok(());
+    };
+    if !h2 {
+        super::h1::serve(tcp, pre, proxy, drain).await;
+        return Ok(());
+    }
+    // The bytes read while sniffing are read again first.
+    let mut pre = std::io::Cursor::new(pre);
+    pre.get_mut().shrink_to_fit();
+    let (r, w) = tokio::io::split(tcp);
+    let io = tokio::io::join(pre.chain(r), w);
+    Box::pin(serve_hyper(io, watcher, builder, proxy)).await
+}
+
+/// The TLS handshake, then ALPN picks the engine (the own loop unless `h2`, or if there is none).
+async fn serve_tls(
+    tcp: tokio::net::TcpStream,
+    acc: TlsAcceptor,
+    peer: SocketAddr,
+    watcher: Watcher,
+    builder: &Builder<TokioExecutor>,
+    proxy: Arc<Proxy>,
+    drain: Drain,
+) -> ConnResult {
+    let s = match tokio::time::timeout(Duration::from_secs(10), acc.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!("TLS handshake with {peer} failed: {e}");
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake with {peer} timed out");
+            return Ok(());
+        }
+    };
+    if proxy.raw.is_some() && s.get_ref().1.alpn_protocol() != Some(b"h2") {
+        super::h1::serve(s, Vec::new(), proxy, drain).await;
+        return Ok(());
+    }
+    serve_hyper(s, watcher, builder, proxy).await
 }
 
 /// Serves one connection with hyper (HTTP/2, or HTTP/1.1 towards an HTTP/2 upstream) until it
@@ -280,7 +307,7 @@ async fn serve_hyper<I>(
     watcher: Watcher,
     builder: &Builder<TokioExecutor>,
     proxy: Arc<Proxy>,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+) -> ConnResult
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

@@ -613,6 +613,48 @@ async fn chunk_framing_passes_through_byte_for_byte() {
     );
 }
 
+/// A bulk answer (larger than the upstream read buffer's first size, which grows once a read
+/// fills it) comes back byte for byte, whole and chunked, twice on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_response_passes_byte_for_byte_as_the_read_buffer_grows() {
+    let bulk: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let b2 = bulk.clone();
+    let (up, _) = raw_upstream(move |_, path, _| {
+        let pieces = if path == "/chunked" {
+            let mut v = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            for c in b2.chunks(100_000) {
+                v.extend(format!("{:x}\r\n", c.len()).as_bytes());
+                v.extend_from_slice(c);
+                v.extend(b"\r\n");
+            }
+            v.extend(b"0\r\n\r\n");
+            vec![v]
+        } else {
+            vec![ok(&b2, "")]
+        };
+        Answer {
+            pieces,
+            close: false,
+        }
+    })
+    .await;
+    let rec = start(up).await;
+    let mut c = TcpStream::connect(rec.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for path in ["/whole", "/chunked", "/whole"] {
+        let req = format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}");
+        c.write_all(req.as_bytes()).await.unwrap();
+        let r = read_response(&mut c, &mut buf, false).await;
+        assert_eq!(r.status, 200);
+        assert!(r.body == bulk, "{path}: the body changed on the way");
+    }
+    let recs = rec.records().await;
+    assert_eq!(recs.len(), 3);
+    assert!(recs
+        .iter()
+        .all(|r| r.response.as_ref().unwrap().error.is_none()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http10_client_gets_a_decoded_body_and_a_close() {
     let (up, _) = raw_upstream(|_, _, _| Answer {
