@@ -13,6 +13,8 @@
 #     chunks/s on one core) it is above floor-epoll (one thread switch per chunk instead of one
 #     wake-up per burst of chunks, see tools/bench/bench_record.md), and its 2,000 threads raise
 #     the load average while it runs.
+# retrace-a: a second recorder of this build with retrace's flags, so that retrace against
+#   retrace-a is an A/A pair: the same-run noise band that a difference of retrace-b is read against.
 # retrace-b: a second retrace recorder for A/B comparisons in one run, interleaved round by round:
 #   REC_B_BIN (another build, default the same binary), REC_B_ARGS (extra flags), REC_B_ENV
 #   (environment assignments, e.g. "RUST_LOG=debug"). SHADOW=up gives retrace-b a `--shadow` to a
@@ -48,6 +50,7 @@ IDLE=${IDLE:-1000}
 BASE=${BASE_PORT:-18100}
 UP=$((BASE + 1)); REC=$((BASE + 2)); NGX=$((BASE + 3)); ADM=$((BASE + 4)); REC2=$((BASE + 5)); ADM2=$((BASE + 6))
 FLR=$((BASE + 7)); FLR2=$((BASE + 8)); FLR3=$((BASE + 9)); REC3=$((BASE + 10)); ADM3=$((BASE + 11))
+REC4=$((BASE + 13)); ADM4=$((BASE + 14))
 FLOOR_SPIN_US=${FLOOR_SPIN_US:-50}
 TARGETS=${TARGETS:-direct floor-epoll retrace nginx}
 PROXIES=$(echo "$TARGETS" | tr ' ' '\n' | grep -v '^direct$' | tr '\n' ' ')
@@ -82,6 +85,13 @@ if [[ " $TARGETS " == *" retrace-b "* ]]; then
   REC3_PID=$!
   PIDS+=($REC3_PID)
 fi
+REC4_PID=
+if [[ " $TARGETS " == *" retrace-a "* ]]; then
+  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC4 --upstream http://127.0.0.1:$UP \
+    --out "$WORK/traces-a" --admin 127.0.0.1:$ADM4 2>"$WORK/retrace-a.log" &
+  REC4_PID=$!
+  PIDS+=($REC4_PID)
+fi
 FLR_PID=; FLR2_PID=; FLR3_PID=
 if [[ " $TARGETS " == *" floor-spin "* ]]; then
   $PRX "$TGT/examples/fwd_floor" --listen 127.0.0.1:$FLR3 --upstream 127.0.0.1:$UP --mode epoll --spin-us "$FLOOR_SPIN_US" --lifetime-s 3600 2>"$WORK/floor-spin.log" &
@@ -107,7 +117,7 @@ $PRX nginx -c "$WORK/nginx.conf" -p "$WORK/nginx" &
 NGX_PID=$!
 PIDS+=($NGX_PID)
 
-for port in $UP $REC $NGX ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3} ${REC3_PID:+$REC3}; do
+for port in $UP $REC $NGX ${FLR_PID:+$FLR} ${FLR2_PID:+$FLR2} ${FLR3_PID:+$FLR3} ${REC3_PID:+$REC3} ${REC4_PID:+$REC4}; do
   for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$port/small" -d '{}' && break
     sleep 0.1
@@ -118,6 +128,7 @@ url() {
   case $1 in
     direct) echo "http://127.0.0.1:$UP$2" ;;
     retrace) echo "http://127.0.0.1:$REC$2" ;;
+    retrace-a) echo "http://127.0.0.1:$REC4$2" ;;
     retrace-b) echo "http://127.0.0.1:$REC3$2" ;;
     nginx) echo "http://127.0.0.1:$NGX$2" ;;
     floor) echo "http://127.0.0.1:$FLR$2" ;;
@@ -159,11 +170,11 @@ sched_counts() { # "minor_faults major_faults involuntary_switches" of a process
 # ran something else while this machine had work. A 10 ms steal tick during a phase can alone
 # make its tail latency jump, for every target alike.
 steal_ticks() { awk '/^cpu /{print $9; exit}' /proc/stat; }
-proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
+proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-a) echo "$REC4_PID" ;; retrace-b) echo "$REC3_PID" ;; nginx) echo "$NGX_PID" ;;
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
-  local port=$ADM; [ "$1" = retrace-b ] && port=$ADM3
+  local port=$ADM; [ "$1" = retrace-b ] && port=$ADM3; [ "$1" = retrace-a ] && port=$ADM4
   curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
 }
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks, page
@@ -220,18 +231,24 @@ if [ -n "$SHADOW_ARGS" ] && [ -n "$REC3_PID" ]; then
   curl -s "http://127.0.0.1:$ADM3/metrics" | grep '^retrace_record_shadow' | grep -v ' 0$' >"$OUT/shadow-metrics.txt" || true
   echo "retrace-b shadow counters (non-zero):" >&2; cat "$OUT/shadow-metrics.txt" >&2
 fi
-for p in "$REC_PID" ${REC3_PID:+"$REC3_PID"}; do
+for p in "$REC_PID" ${REC4_PID:+"$REC4_PID"} ${REC3_PID:+"$REC3_PID"}; do
   echo "peak RSS of pid $p: $(awk '/VmHWM/ {print $2, $3}' "/proc/$p/status")" >&2
 done
-kill -TERM "$REC_PID" ${REC3_PID:+"$REC3_PID"}
-wait "$REC_PID" ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
+kill -TERM "$REC_PID" ${REC4_PID:+"$REC4_PID"} ${REC3_PID:+"$REC3_PID"}
+wait "$REC_PID" ${REC4_PID:+"$REC4_PID"} ${REC3_PID:+"$REC3_PID"} 2>/dev/null || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >&2 || true
 grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retrace-summary.txt" || true
+if [ "${SHADOW:-}" = up ] && [ -n "$REC3_PID" ]; then
+  # The shadow upstream has the primary's timing unless SHADOW_TTFT_MS/SHADOW_ITL_MS say otherwise:
+  # the paired changes are then what the copies' own path adds to a shadow's readings.
+  "$TGT/retrace" compare --shadow "$WORK"/traces-b/* >"$OUT/shadow-compare.txt" 2>&1 || true
+  echo "compare --shadow of retrace-b's recording:" >&2; cat "$OUT/shadow-compare.txt" >&2
+fi
 
 python3 - "$RES" "$OUT/summary.md" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-b", "nginx"]
+TARGETS = ["direct", "floor", "floor-epoll", "floor-spin", "retrace", "retrace-a", "retrace-b", "nginx"]
 out = []
 st = [r for r in rows if r["kind"] == "stream"]
 if st:
