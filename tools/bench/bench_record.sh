@@ -20,7 +20,8 @@
 #   (environment assignments, e.g. "RUST_LOG=debug"). SHADOW=up gives retrace-b a `--shadow` to a
 #   second upstream of its own (SHADOW_TTFT_MS, SHADOW_ITL_MS; default the upstream's timing),
 #   SHADOW=down a `--shadow` to a closed port; the summary then adds retrace-b's shadow counters
-#   and both recorders' peak RSS.
+#   and both recorders' peak RSS. SHADOW_NICE=19 runs that second upstream at the lowest priority,
+#   standing in for a shadow on another machine (its own readings are then not the primary's).
 # Every proxy target (floors included) goes through every phase, pinned alike under PIN=1.
 # Measures, per target, interleaved over ROUNDS rounds:
 #   - client TTFT and ITL at CONC concurrent streams (REQS requests of TOKENS tokens each);
@@ -68,7 +69,7 @@ SUP=$((BASE + 12))
 SHADOW_ARGS=
 case "${SHADOW:-}" in
   up)
-    $GEN "$TGT/examples/bench_record" upstream --listen 127.0.0.1:$SUP --ttft-ms "${SHADOW_TTFT_MS:-$TTFT_MS}" \
+    ${SHADOW_NICE:+nice -n "$SHADOW_NICE"} $GEN "$TGT/examples/bench_record" upstream --listen 127.0.0.1:$SUP --ttft-ms "${SHADOW_TTFT_MS:-$TTFT_MS}" \
       --itl-ms "${SHADOW_ITL_MS:-$ITL_MS}" --tokens "$TOKENS" --lifetime-s 3600 &
     PIDS+=($!)
     SHADOW_ARGS="--shadow http://127.0.0.1:$SUP" ;;
