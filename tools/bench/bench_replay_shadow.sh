@@ -8,7 +8,9 @@
 # With BIN_B (another build), a fourth mode `dual_b` is the dual run by that build, in the same
 # rounds (A/B of the dual path).
 # Usage: tools/bench/bench_replay_shadow.sh   (build first: cargo build --release)
-# Env: RATE (default 1000), SECONDS_ (default 5), ROUNDS (default 3), BIN, BIN_B.
+# Env: RATE (default 1000), SECONDS_ (default 5), ROUNDS (default 3), BIN, BIN_B, MOCK_NICE (run
+# the mocks at this nice value, e.g. 19: on these shared cores a mock woken by a send can then not
+# preempt a dispatcher, as a server on another machine cannot; every mode alike).
 # Loopback only; bounded by RATE × SECONDS_ requests a run and a 300 s limit on every replay.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,14 +31,14 @@ PY
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 mock() { # mock VAR: a fresh mock, its URL in VAR (not in a subshell: its pid is kept to stop it)
   local p; p=$(port)
-  "$BIN" mock --listen "127.0.0.1:$p" --fixed-timing 50,10 --max-num-seqs 100000 >/dev/null 2>&1 &
+  ${MOCK_NICE:+nice -n "$MOCK_NICE"} "$BIN" mock --listen "127.0.0.1:$p" --fixed-timing 50,10 --max-num-seqs 100000 >/dev/null 2>&1 &
   PIDS+=($!)
   for _ in $(seq 50); do curl -sf "http://127.0.0.1:$p/v1/models" >/dev/null 2>&1 && break; sleep 0.1; done
   printf -v "$1" '%s' "http://127.0.0.1:$p"
 }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(" ".join(f"{d[k]:.3f}" for k in sys.argv[2:]))' "$@"; }
 echo "# bench_replay_shadow $(date -u +%Y-%m-%dT%H:%MZ): $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# open loop, $RATE req/s for $SECS s ($N requests), 2-token outputs, $ROUNDS rounds"
+echo "# open loop, $RATE req/s for $SECS s ($N requests), 2-token outputs, $ROUNDS rounds, mocks at nice ${MOCK_NICE:-0}"
 printf "%-6s %-7s %-8s %-14s %-14s %-10s %-10s\n" round mode side p99_drift_ms max_drift_ms mean_ttft failed
 for r in $(seq "$ROUNDS"); do
   case $((r % 3)) in 1) order="single dual double" ;; 2) order="dual double single" ;; *) order="double single dual" ;; esac
