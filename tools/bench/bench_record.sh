@@ -242,7 +242,7 @@ grep -h "retrace record:" "$WORK/retrace.log" | sed 's/, files:.*//' >"$OUT/retr
 if [ "${SHADOW:-}" = up ] && [ -n "$REC3_PID" ]; then
   # The shadow upstream has the primary's timing unless SHADOW_TTFT_MS/SHADOW_ITL_MS say otherwise:
   # the paired changes are then what the copies' own path adds to a shadow's readings.
-  "$TGT/retrace" compare --shadow "$WORK"/traces-b/* >"$OUT/shadow-compare.txt" 2>&1 || true
+  timeout 300 "$TGT/retrace" compare --shadow "$WORK"/traces-b/* >"$OUT/shadow-compare.txt" 2>&1 || true
   echo "compare --shadow of retrace-b's recording:" >&2; cat "$OUT/shadow-compare.txt" >&2
 fi
 
