@@ -88,10 +88,8 @@ if [[ " $TARGETS " == *" retrace-b "* ]]; then
 fi
 REC4_PID=
 if [[ " $TARGETS " == *" retrace-a "* ]]; then
-  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC4 --upstream http://127.0.0.1:$UP \
-    --out "$WORK/traces-a" --admin 127.0.0.1:$ADM4 2>"$WORK/retrace-a.log" &
+  start_recorder a $REC4 $ADM4
   REC4_PID=$!
-  PIDS+=($REC4_PID)
 fi
 FLR_PID=; FLR2_PID=; FLR3_PID=
 if [[ " $TARGETS " == *" floor-spin "* ]]; then
@@ -175,7 +173,7 @@ proxy_pid() { case $1 in retrace) echo "$REC_PID" ;; retrace-a) echo "$REC4_PID"
   floor) echo "$FLR_PID" ;; floor-epoll) echo "$FLR2_PID" ;; floor-spin) echo "$FLR3_PID" ;; *) echo "" ;; esac; }
 # retrace's own per-chunk forwarding delay histogram (admin endpoint), as "le=count;..." text.
 fwd_hist() {
-  local port=$ADM; [ "$1" = retrace-b ] && port=$ADM3; [ "$1" = retrace-a ] && port=$ADM4
+  local port; case $1 in retrace-a) port=$ADM4 ;; retrace-b) port=$ADM3 ;; *) port=$ADM ;; esac
   curl -s "http://127.0.0.1:$port/metrics" | grep '^retrace_record_forward_delay_seconds_bucket' | tr -d '"' | tr '\n' ';'
 }
 measure() { # kind target command... ; appends one JSON line with the proxy's CPU ticks, page

@@ -27,14 +27,21 @@ bench_cleanup() {
   rm -rf "$WORK"
 }
 
+# start_recorder NAME PORT ADMIN: this build's recorder with the bench's flags, in front of the
+# upstream, recording to $WORK/traces[-NAME]; its pid is in $! and in PIDS.
+start_recorder() {
+  local dir=traces${1:+-$1} log=retrace${1:+-$1}.log
+  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$2 --upstream http://127.0.0.1:$UP \
+    --out "$WORK/$dir" --admin 127.0.0.1:$3 2>"$WORK/$log" &
+  PIDS+=($!)
+}
+
 start_upstream_and_recorder() {
   B="$TGT/examples/bench_record"
   $GEN "$B" upstream --listen 127.0.0.1:$UP --ttft-ms "$TTFT_MS" --itl-ms "$ITL_MS" --tokens "$TOKENS" --lifetime-s 3600 &
   PIDS+=($!)
-  RUST_LOG=warn $PRX "$TGT/retrace" record --listen 127.0.0.1:$REC --upstream http://127.0.0.1:$UP \
-    --out "$WORK/traces" --admin 127.0.0.1:$ADM 2>"$WORK/retrace.log" &
+  start_recorder "" $REC $ADM
   REC_PID=$!
-  PIDS+=($REC_PID)
 }
 
 # nginx as the peer reverse proxy (buffering off both ways, HTTP/1.1 keep-alive pool upstream),
