@@ -165,6 +165,20 @@ sched_counts() { # "minor_faults major_faults involuntary_switches" of a process
   done
   echo "$mn $mj $nv"
 }
+# A recorder's CPU ticks by thread role, as "io record shadow other": its I/O threads
+# (retrace-io-*), the recording writer (retrace-record-*: the writer, and /tokenize counts when
+# on), the shadow copies' thread (retrace-shadow), and the rest. Thread names are read as the
+# kernel keeps them (15 characters).
+role_ticks() {
+  local io=0 rec=0 sh=0 oth=0 t c n
+  for t in /proc/"$1"/task/*; do
+    c=$(cat "$t/comm" 2>/dev/null) || continue
+    n=$(awk '{print $14 + $15}' "$t/stat" 2>/dev/null || echo 0)
+    case $c in retrace-io-*) io=$((io + n)) ;; retrace-record-*) rec=$((rec + n)) ;;
+      retrace-shadow*) sh=$((sh + n)) ;; *) oth=$((oth + n)) ;; esac
+  done
+  echo "$io $rec $sh $oth"
+}
 # The VM's stolen time so far (jiffies, all CPUs; /proc/stat's 8th cpu field): time the hypervisor
 # ran something else while this machine had work. A 10 ms steal tick during a phase can alone
 # make its tail latency jump, for every target alike.
@@ -181,16 +195,22 @@ measure() { # kind target command... ; appends one JSON line with the proxy's CP
   local kind=$1 t=$2; shift 2
   local pid c0=0 c1=0 line h0="" h1=""
   pid=$(proxy_pid "$t")
-  local s0="0 0 0" s1="0 0 0" mn0 mj0 nv0 mn1 mj1 nv1 st0 st1
+  local s0="0 0 0" s1="0 0 0" mn0 mj0 nv0 mn1 mj1 nv1 st0 st1 ro0="0 0 0 0" ro1="0 0 0 0" roles=""
   [ -n "$pid" ] && c0=$(cpu_ticks "$pid") && s0=$(sched_counts "$pid")
+  [[ "$t" == retrace* ]] && ro0=$(role_ticks "$pid")
   st0=$(steal_ticks)
   [[ "$t" == retrace* ]] && h0=$(fwd_hist "$t")
   line=$("$@")
   st1=$(steal_ticks)
   [ -n "$pid" ] && c1=$(cpu_ticks "$pid") && s1=$(sched_counts "$pid")
-  [[ "$t" == retrace* ]] && h1=$(fwd_hist "$t")
+  [[ "$t" == retrace* ]] && h1=$(fwd_hist "$t") && ro1=$(role_ticks "$pid")
   read -r mn0 mj0 nv0 <<<"$s0"; read -r mn1 mj1 nv1 <<<"$s1"
-  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"minflt\":$((mn1 - mn0)),\"majflt\":$((mj1 - mj0)),\"nvcsw\":$((nv1 - nv0)),\"steal_ticks\":$((st1 - st0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",${line#\{}" >>"$RES"
+  if [[ "$t" == retrace* ]]; then
+    local a b c d e f g k
+    read -r a b c d <<<"$ro0"; read -r e f g k <<<"$ro1"
+    roles="\"role_ticks\":{\"io\":$((e - a)),\"record\":$((f - b)),\"shadow\":$((g - c)),\"other\":$((k - d))},"
+  fi
+  echo "{\"kind\":\"$kind\",\"round\":$r,\"cpu_ticks\":$((c1 - c0)),\"minflt\":$((mn1 - mn0)),\"majflt\":$((mj1 - mj0)),\"nvcsw\":$((nv1 - nv0)),\"steal_ticks\":$((st1 - st0)),\"fwd0\":\"$h0\",\"fwd1\":\"$h1\",$roles${line#\{}" >>"$RES"
   echo "$line" >&2
 }
 
@@ -281,12 +301,20 @@ for kind in ["stream", "small"]:
         if rs:
             # stream runs send one unmeasured warm-up request per connection too
             sent = lambda r: r["requests"] + (r["concurrency"] if kind == "stream" else 0)
-            us = statistics.median(r["cpu_ticks"] * 1e6 / HZ / sent(r) for r in rs)
-            cpu.append(f"| {kind} | {t} | {us:.1f} |")
+            per = lambda ticks, r: ticks * 1e6 / HZ / sent(r)
+            us = statistics.median(per(r["cpu_ticks"], r) for r in rs)
+            # A recorder's split by thread role; "-" for the others.
+            split = " | ".join(
+                f"{statistics.median(per(r['role_ticks'][k], r) for r in rs):.1f}"
+                if all("role_ticks" in r for r in rs) else "-"
+                for k in ["io", "record", "shadow", "other"])
+            cpu.append(f"| {kind} | {t} | {us:.1f} | {split} |")
 if cpu:
-    out.append("\nProxy CPU time per request (user+system, all threads/workers; median over rounds):\n")
-    out.append("| phase | proxy | CPU µs per request |")
-    out.append("|---|---|---|")
+    out.append("\nProxy CPU time per request (user+system, all threads/workers; median over rounds). A recorder's")
+    out.append("total is split by thread: I/O threads (forwarding and taps), the recording writer, the shadow")
+    out.append("copies' thread, and the rest (each column its own median, so they need not add up):\n")
+    out.append("| phase | proxy | CPU µs per request | I/O threads | recording | shadow copies | other |")
+    out.append("|---|---|---|---|---|---|---|")
     out.extend(cpu)
 sm = [r for r in rows if r["kind"] == "small"]
 if sm:
